@@ -1,0 +1,31 @@
+# Two commands matter on a fresh machine: `make demo` and `make test`.
+# Both create the virtualenv (.venv) and install the project with its dev extras first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q -n 2
+
+demo: install
+	$(BIN)/fedforest simulate --dataset breast_cancer --clients 4 --profile secure
+
+lint: install
+	$(BIN)/ruff check fedforest_secure server_app client_app tests benchmarks
+	$(BIN)/mypy fedforest_secure
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache fedforest-run

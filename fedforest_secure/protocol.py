@@ -1,0 +1,284 @@
+"""Messages between the coordinator (server side) and the workers (client side).
+
+One training job is a sequence of *rounds*. In each round the coordinator issues one :class:`Task`
+to every participating client and every client answers with one :class:`Reply`:
+
+* ``Reply.summable`` is a flat float64 vector laid out as ``Task.layout`` says (blocks of
+  statistics such as node totals or per-bin histograms). The server may only ever learn the sum
+  of these vectors over clients; under secure aggregation they travel masked.
+* ``Reply.disclosed`` holds per-client items the task asked for in the clear (``Task.disclose``),
+  such as the paper's per-client quantile sketches. A profile must allow each of them.
+
+The same objects travel in process and over HTTPS: :func:`pack` / :func:`unpack` give a compact,
+bounded binary form (a JSON header describing typed arrays, then the raw little-endian arrays).
+This module holds no network code.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidMessage
+
+__all__ = [
+    "Block",
+    "Reply",
+    "StatKind",
+    "Task",
+    "TaskKind",
+    "layout_size",
+    "pack",
+    "split_blocks",
+    "unpack",
+]
+
+_MAGIC = b"FFS1"
+_MAX_HEADER = 1 << 20  # 1 MiB of JSON header at most
+_MAX_BODY = 1 << 31  # 2 GiB of array data at most
+_DTYPES = {
+    "float64": np.dtype("<f8"),
+    "int64": np.dtype("<i8"),
+    "int32": np.dtype("<i4"),
+    "uint64": np.dtype("<u8"),
+    "uint8": np.dtype("u1"),
+    "bool": np.dtype("?"),
+}
+
+
+class TaskKind(str, enum.Enum):
+    """What a round asks of the clients."""
+
+    #: Route rows through the previous level's splits, send node totals (summable) and, if asked,
+    #: per-client sketches (disclosed).
+    SKETCH = "sketch"
+    #: Per node and feature slot, a histogram of statistics over bins cut by the given thresholds.
+    HISTOGRAM = "histogram"
+
+
+class StatKind(str, enum.Enum):
+    """The meaning of one column of a statistics block; fixes its fixed-point encoding."""
+
+    COUNT = "count"  # weighted row counts (integers)
+    SUM = "sum"  # sum of y
+    SUMSQ = "sumsq"  # sum of y^2
+    GAIN = "gain"  # n-weighted local impurity gains (AvgImp)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of the summable vector: ``shape`` whose last axis has one kind per column."""
+
+    name: str
+    shape: tuple[int, ...]
+    kinds: tuple[StatKind, ...]
+
+    def __post_init__(self) -> None:
+        if not self.shape or self.shape[-1] != len(self.kinds):
+            raise ValueError(f"block {self.name!r}: last axis must have one kind per column")
+        if any(s < 0 for s in self.shape):
+            raise ValueError(f"block {self.name!r}: negative dimension")
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "kinds": [k.value for k in self.kinds]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Block:
+        return cls(
+            name=str(obj["name"]),
+            shape=tuple(int(s) for s in obj["shape"]),
+            kinds=tuple(StatKind(k) for k in obj["kinds"]),
+        )
+
+
+def layout_size(layout: tuple[Block, ...]) -> int:
+    """Length of the flat summable vector for ``layout``."""
+    return sum(b.size for b in layout)
+
+
+def split_blocks(vector: np.ndarray, layout: tuple[Block, ...]) -> dict[str, np.ndarray]:
+    """Cut a flat vector into the named, shaped blocks of ``layout`` (views, no copy)."""
+    if vector.shape != (layout_size(layout),):
+        raise InvalidMessage("vector does not match the layout")
+    out: dict[str, np.ndarray] = {}
+    start = 0
+    for b in layout:
+        out[b.name] = vector[start : start + b.size].reshape(b.shape)
+        start += b.size
+    return out
+
+
+def kinds_vector(layout: tuple[Block, ...]) -> np.ndarray:
+    """The :class:`StatKind` of every entry of the flat vector, as an array of strings."""
+    parts = [np.tile(np.array([k.value for k in b.kinds]), b.size // max(len(b.kinds), 1))
+             for b in layout]
+    return np.concatenate(parts) if parts else np.array([], dtype="<U8")
+
+
+@dataclass
+class Task:
+    """One round's request, identical for every client of the round."""
+
+    job_id: str
+    round_id: int
+    kind: TaskKind
+    level: int
+    params: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    layout: tuple[Block, ...] = ()
+    disclose: tuple[str, ...] = ()
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "type": "task",
+            "job_id": self.job_id,
+            "round_id": self.round_id,
+            "kind": self.kind.value,
+            "level": self.level,
+            "params": self.params,
+            "layout": [b.to_json() for b in self.layout],
+            "disclose": list(self.disclose),
+        }
+
+    def to_bytes(self) -> bytes:
+        return pack(self.header(), self.arrays)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Task:
+        header, arrays = unpack(data)
+        try:
+            if header.get("type") != "task":
+                raise InvalidMessage("not a task")
+            return cls(
+                job_id=str(header["job_id"]),
+                round_id=int(header["round_id"]),
+                kind=TaskKind(header["kind"]),
+                level=int(header["level"]),
+                params=dict(header["params"]),
+                arrays=arrays,
+                layout=tuple(Block.from_json(b) for b in header["layout"]),
+                disclose=tuple(str(d) for d in header["disclose"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidMessage("malformed task") from exc
+
+    def digest(self) -> bytes:
+        """SHA-256 of the canonical encoding: binds masks to exactly this question."""
+        return hashlib.sha256(self.to_bytes()).digest()
+
+
+@dataclass
+class Reply:
+    """One client's answer to one :class:`Task`."""
+
+    round_id: int
+    summable: np.ndarray
+    disclosed: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        arrays = {"__summable__": self.summable, **self.disclosed}
+        return pack({"type": "reply", "round_id": self.round_id}, arrays)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Reply:
+        header, arrays = unpack(data)
+        if header.get("type") != "reply" or "__summable__" not in arrays:
+            raise InvalidMessage("not a reply")
+        try:
+            round_id = int(header["round_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidMessage("malformed reply") from exc
+        summable = arrays.pop("__summable__")
+        return cls(round_id=round_id, summable=summable, disclosed=arrays)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def pack(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Encode a JSON-able header and named arrays as ``MAGIC | len | header | data``."""
+    descr = []
+    chunks = []
+    offset = 0
+    for name in sorted(arrays):
+        arr = np.asarray(arrays[name])
+        dname = next((k for k, dt in _DTYPES.items() if arr.dtype == dt
+                      or (arr.dtype.kind == dt.kind and arr.dtype.itemsize == dt.itemsize)), None)
+        if dname is None:
+            raise TypeError(f"array {name!r} has unsupported dtype {arr.dtype}")
+        raw = np.ascontiguousarray(arr, dtype=_DTYPES[dname]).tobytes()
+        descr.append({"name": name, "dtype": dname, "shape": list(arr.shape),
+                      "offset": offset, "nbytes": len(raw)})
+        chunks.append(raw)
+        offset += len(raw)
+    head = json.dumps({"header": _jsonable(dict(header)), "arrays": descr},
+                      sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    if len(head) > _MAX_HEADER:
+        raise ValueError("header too large")
+    return _MAGIC + struct.pack("<I", len(head)) + head + b"".join(chunks)
+
+
+def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Inverse of :func:`pack`. Any defect raises the same opaque :class:`InvalidMessage`."""
+    try:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidMessage("not bytes")
+        view = memoryview(data)
+        if len(view) < 8 or bytes(view[:4]) != _MAGIC:
+            raise InvalidMessage("bad magic")
+        (hlen,) = struct.unpack("<I", view[4:8])
+        if hlen > _MAX_HEADER or 8 + hlen > len(view):
+            raise InvalidMessage("bad header length")
+        meta = json.loads(bytes(view[8 : 8 + hlen]))
+        if not isinstance(meta, dict) or set(meta) != {"header", "arrays"}:
+            raise InvalidMessage("bad header")
+        body = view[8 + hlen :]
+        if len(body) > _MAX_BODY:
+            raise InvalidMessage("body too large")
+        arrays: dict[str, np.ndarray] = {}
+        expected = 0
+        for d in meta["arrays"]:
+            dt = _DTYPES[d["dtype"]]
+            shape = tuple(int(s) for s in d["shape"])
+            if any(s < 0 for s in shape):
+                raise InvalidMessage("negative shape")
+            count = int(np.prod(shape, dtype=np.int64))
+            nbytes = int(d["nbytes"])
+            off = int(d["offset"])
+            if nbytes != count * dt.itemsize or off != expected or off + nbytes > len(body):
+                raise InvalidMessage("array bounds")
+            arrays[str(d["name"])] = np.frombuffer(
+                body[off : off + nbytes], dtype=dt).reshape(shape).copy()
+            expected = off + nbytes
+        if expected != len(body):
+            raise InvalidMessage("trailing bytes")
+        header = meta["header"]
+        if not isinstance(header, dict):
+            raise InvalidMessage("bad header")
+        return header, arrays
+    except InvalidMessage:
+        raise
+    except (ValueError, KeyError, TypeError, struct.error, OverflowError) as exc:
+        raise InvalidMessage("malformed message") from exc
