@@ -1,0 +1,160 @@
+"""Benchmark of secure aggregation: one client's masking and the server's unmasking.
+
+Runs the real protocol (``SecAggClient`` / ``SecAggServer``) for each vector length and number of
+clients K, with one client dropping after sharing (so the server reconstructs a masking key too),
+and times:
+
+* client: fixed-point encoding of a float64 vector + ``mask`` (self mask and K-1 pairwise masks);
+* server: ``finish`` (sum of uploads, Shamir reconstruction, removal of every mask).
+
+If Flower (``flwr``) is importable, its SecAgg+ primitives are timed on the same sizes: client =
+``quantize`` + ``pseudo_rand_gen`` for the self mask and K-1 pairwise masks +
+``parameters_addition`` + ``parameters_mod``; server = ``combine_shares`` per survivor + one
+dropped key, ``pseudo_rand_gen`` per mask removed, ``parameters_subtraction`` + mod. The ratio is
+Flower's time over ours (higher is better for us). Flower is imported lazily and skipped if absent.
+
+    python benchmarks/secagg.py                      # 10^4..10^6 entries, K = 5, 10, 50
+    python benchmarks/secagg.py --big                # also 10^7 entries
+    python benchmarks/secagg.py --sizes 1e6 --clients 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fedforest_secure.secagg import RingCodec, SecAggServer
+from fedforest_secure.secagg.driver import InProcessSecureSum
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def ours(n: int, k: int, repeat: int) -> tuple[float, float, float]:
+    """(client masking s, server unmasking s, client share_keys s) for one round."""
+    agg = InProcessSecureSum(range(k), threshold=0.67, job_id="bench")
+    codec = RingCodec(np.full(n, 20), np.full(n, 1e3), k)
+    rng = np.random.default_rng(0)
+    values = rng.uniform(-1, 1, n)
+    digest = hashlib.sha256(b"bench").digest()
+    client_t, server_t, share_t = [], [], []
+    for r in range(repeat):
+        server = SecAggServer("bench", r, "q", digest, n, 0.67, agg.directory)
+        for c in agg.clients.values():
+            server.receive_advert(c.advertise(r))
+        setup = server.setup()
+        for u, c in agg.clients.items():
+            t0 = time.perf_counter()
+            bundle = c.share_keys(setup)
+            if u == 0:
+                share_t.append(time.perf_counter() - t0)
+            server.receive_shares(bundle)
+        deliveries = server.deliver_shares()
+        for u, c in agg.clients.items():
+            if u == k - 1:
+                continue  # drops after sharing
+            t0 = time.perf_counter()
+            x = codec.encode(values)
+            header, masked = c.mask(deliveries[u], x)
+            if u == 0:
+                client_t.append(time.perf_counter() - t0)
+            server.receive_upload(header, masked)
+        req = server.request_unmask()
+        for u in req.survivors:
+            server.receive_unmask(agg.clients[u].unmask(req))
+        t0 = time.perf_counter()
+        server.finish()
+        server_t.append(time.perf_counter() - t0)
+    return min(client_t), min(server_t), min(share_t)
+
+
+def flower(n: int, k: int, repeat: int) -> tuple[float, float, float] | None:
+    """The same work with Flower's SecAgg+ primitives, or ``None`` if flwr is not installed."""
+    try:
+        from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+        from flwr.common.secure_aggregation.ndarrays_arithmetic import (
+            parameters_addition,
+            parameters_mod,
+            parameters_subtraction,
+        )
+        from flwr.common.secure_aggregation.quantization import quantize
+        from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+    except ImportError:
+        return None
+    mod_range = 1 << 32
+    rng = np.random.default_rng(0)
+    params = [rng.uniform(-1, 1, n)]
+    dims = [(n,)]
+    seeds = [hashlib.sha256(b"%d" % i).digest() for i in range(k)]
+    t = -(-67 * k // 100)
+
+    def client() -> None:
+        q = quantize(params, 3.0, 1 << 22)
+        masked = parameters_addition(q, pseudo_rand_gen(seeds[0], mod_range, dims))
+        for j in range(1, k):
+            masked = parameters_addition(masked, pseudo_rand_gen(seeds[j], mod_range, dims))
+        parameters_mod(masked, mod_range)
+
+    def share() -> None:
+        create_shares(seeds[0], t, k)
+        create_shares(seeds[1], t, k)
+
+    shares = [create_shares(s, t, k) for s in seeds]
+    upload_sum = [rng.integers(0, mod_range, n, dtype=np.int64)]
+
+    def server() -> None:
+        total = upload_sum
+        for u in range(k - 1):  # self masks of the survivors
+            combine_shares(shares[u][:t])
+            total = parameters_subtraction(total, pseudo_rand_gen(seeds[u], mod_range, dims))
+        combine_shares(shares[k - 1][:t])  # the dropped client's key
+        for u in range(k - 1):  # its pairwise masks with every survivor
+            total = parameters_subtraction(total, pseudo_rand_gen(seeds[u], mod_range, dims))
+        parameters_mod(total, mod_range)
+
+    return _best(client, repeat), _best(server, repeat), _best(share, repeat)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6])
+    ap.add_argument("--clients", type=int, nargs="+", default=[5, 10, 50])
+    ap.add_argument("--big", action="store_true", help="also run 10^7 entries")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-flower", action="store_true")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes] + ([10**7] if args.big else [])
+    head = (f"{'entries':>9} {'K':>3} | {'client ms':>9} {'Mentry/s':>8} {'server ms':>9} "
+            f"{'share ms':>8} | {'flwr cli ms':>11} {'flwr srv ms':>11} {'flwr shr':>8} | "
+            f"{'cli x':>6} {'srv x':>6}")
+    print(head)
+    print("-" * len(head))
+    for n in sizes:
+        for k in args.clients:
+            c, s, sh = ours(n, k, args.repeat)
+            fl = None if args.no_flower else flower(n, k, args.repeat)
+            line = (f"{n:>9} {k:>3} | {c * 1e3:>9.1f} {n / c / 1e6:>8.1f} {s * 1e3:>9.1f} "
+                    f"{sh * 1e3:>8.2f} | ")
+            if fl is None:
+                line += f"{'n/a':>11} {'n/a':>11} {'n/a':>8} | {'-':>6} {'-':>6}"
+            else:
+                line += (f"{fl[0] * 1e3:>11.1f} {fl[1] * 1e3:>11.1f} {fl[2] * 1e3:>8.2f} | "
+                         f"{fl[0] / c:>6.1f} {fl[1] / s:>6.1f}")
+            print(line, flush=True)
+    if not args.no_flower and flower(10, 3, 1) is None:
+        print("flwr not installed: Flower comparison skipped (pip install flwr)")
+
+
+if __name__ == "__main__":
+    main()

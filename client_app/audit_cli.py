@@ -1,0 +1,108 @@
+"""``fedforest audit show|verify|export``: inspect, verify and export an audit log.
+
+``--db`` takes a SQLite file path or any SQLAlchemy URL. ``verify`` exits with 0 only if the
+chains, the stored arrays and the given receipts all agree, and prints every problem otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from fedforest_secure.audit import (
+    AuditLog,
+    export_csv,
+    export_jsonl,
+    render_tables,
+    verify_log,
+)
+from fedforest_secure.errors import AuditError
+
+__all__ = ["audit_app"]
+
+audit_app = typer.Typer(help="Inspect, verify and export an audit log.", no_args_is_help=True)
+
+DbOption = Annotated[str, typer.Option("--db", help="SQLite file path or SQLAlchemy URL.")]
+JobOption = Annotated[str | None, typer.Option("--job", help="Only this job.")]
+
+
+class ExportFormat(enum.StrEnum):
+    JSONL = "jsonl"
+    CSV = "csv"
+
+
+def _table_console() -> Console:
+    """A console for tables: the terminal's width, or a wide one when output is redirected."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _open(db: str, console: Console) -> AuditLog:
+    try:
+        return AuditLog(db, create=False)
+    except AuditError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=1) from exc
+
+
+@audit_app.command()
+def show(
+    db: DbOption,
+    job: JobOption = None,
+    round_id: Annotated[int | None, typer.Option("--round", help="Only this round.")] = None,
+) -> None:
+    """Show what the server saw: per round clients, layout, aggregate; disclosures flagged."""
+    console = _table_console()
+    with _open(db, console) as log:
+        if job is not None and job not in log.jobs():
+            console.print(f"[red]error:[/red] job {job!r} is not in the log")
+            raise typer.Exit(code=1)
+        tables = render_tables(log, job_id=job, round_id=round_id)
+        if not tables:
+            console.print("the audit log is empty")
+        for table in tables:
+            console.print(table)
+
+
+@audit_app.command()
+def verify(
+    db: DbOption,
+    receipts: Annotated[Path | None, typer.Option(
+        "--receipts", help="Directory of client receipts (*.jsonl) to cross-check.")] = None,
+    job: JobOption = None,
+) -> None:
+    """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees."""
+    report = verify_log(db, receipts_dir=receipts, job_id=job)
+    for problem in report.problems:
+        typer.echo(f"PROBLEM {problem}")
+    summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "
+               f"{report.receipts_checked} receipt(s) checked")
+    if report.ok:
+        typer.echo(f"OK: {summary}")
+        return
+    typer.echo(f"FAILED: {len(report.problems)} problem(s); {summary}")
+    raise typer.Exit(code=1)
+
+
+@audit_app.command()
+def export(
+    db: DbOption,
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="jsonl or csv.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Output file (default stdout).")] = None,
+    job: JobOption = None,
+) -> None:
+    """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests)."""
+    console = Console(stderr=True)
+    writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
+    with _open(db, console) as log:
+        if out is None:
+            count = writer(log, sys.stdout, job)
+        else:
+            with out.open("w", encoding="utf-8", newline="") as fp:
+                count = writer(log, fp, job)
+    console.print(f"exported {count} entries", highlight=False)

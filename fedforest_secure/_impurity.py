@@ -1,0 +1,50 @@
+"""Impurities from additive sufficient statistics (Theorem 4 of the paper).
+
+A statistics vector is ``(n, sum y, sum y^2)`` for regression or the class counts
+``(n_1..n_C)`` for classification, so the statistics of a union are sums. All functions work on
+arrays whose last axis is the statistics axis and return ``n * impurity`` ("weighted impurity"),
+so that a split's gain is ``wimp(parent) - wimp(left) - wimp(right)`` = ``n * Delta I``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["counts_of", "node_values", "weighted_impurity"]
+
+
+def counts_of(stats: np.ndarray, task: str) -> np.ndarray:
+    """Number of (weighted) rows behind each statistics vector."""
+    return stats[..., 0] if task == "regression" else stats.sum(axis=-1)
+
+
+def weighted_impurity(stats: np.ndarray, task: str, criterion: str) -> np.ndarray:
+    """``n * impurity`` for each statistics vector (0 where n <= 0)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if task == "regression":
+            n, s, q = stats[..., 0], stats[..., 1], stats[..., 2]
+            out = q - np.where(n > 0, s * s / np.where(n > 0, n, 1.0), 0.0)
+            return np.where(n > 0, np.maximum(out, 0.0), 0.0)
+        c = np.maximum(stats, 0.0)
+        n = c.sum(axis=-1)
+        safe_n = np.where(n > 0, n, 1.0)
+        if criterion == "gini":
+            out = n - (c * c).sum(axis=-1) / safe_n
+        elif criterion == "entropy":
+            p = c / safe_n[..., None]
+            logp = np.log2(np.where(p > 0, p, 1.0))
+            out = -n * (p * logp).sum(axis=-1)
+        else:
+            raise ValueError(f"unknown criterion {criterion!r}")
+        return np.where(n > 0, np.maximum(out, 0.0), 0.0)
+
+
+def node_values(stats: np.ndarray, task: str) -> np.ndarray:
+    """Leaf values: the mean of y (shape (..., 1)) or class proportions (shape (..., C))."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if task == "regression":
+            n = stats[..., 0]
+            return (stats[..., 1] / np.where(n > 0, n, 1.0))[..., None]
+        c = np.maximum(stats, 0.0)
+        n = c.sum(axis=-1, keepdims=True)
+        return c / np.where(n > 0, n, 1.0)

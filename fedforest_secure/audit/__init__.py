@@ -1,0 +1,53 @@
+"""Append-only, hash-chained audit log of every aggregate exchanged in a federated job.
+
+::
+
+    from fedforest_secure.audit import AuditLog, EntryKind, verify_log
+
+    log = AuditLog("sqlite:///audit.db")            # or a path, AuditLog(engine=...), in_memory()
+    head = log.append("job-1", EntryKind.ROUND, payload, {"aggregate": total})
+    rec = log.job("job-1"); rec.round(task, uploads=digests, aggregate=total, masked=True)
+    report = verify_log(log, receipts_dir="receipts/")   # report.ok, report.problems
+
+Each job is its own chain of entries ``seq = 1..n``; entry hashes are
+``SHA-256(prev_hash (32 raw bytes) || canonical JSON body)`` with a genesis ``prev_hash`` of 64
+zeros. :mod:`fedforest_secure.audit.entry` fixes the byte format precisely, so anyone can verify a
+log (or an export) independently; :mod:`~fedforest_secure.audit.kinds` lists each kind's payload;
+:mod:`~fedforest_secure.audit.receipts` describes what clients keep to detect a rewritten log.
+"""
+
+from __future__ import annotations
+
+from .entry import GENESIS, ArrayInfo, Entry
+from .export import export_csv, export_jsonl, import_jsonl, read_csv, read_jsonl
+from .kinds import EntryKind
+from .log import AuditLog
+from .receipts import Receipt, read_receipts, upload_digest, write_receipt
+from .recorder import JobRecorder
+from .show import render_tables
+from .verify import VerifyReport, verify_entries, verify_log
+from .views import contains_per_client_plaintext, summarize_array
+
+__all__ = [
+    "GENESIS",
+    "ArrayInfo",
+    "AuditLog",
+    "Entry",
+    "EntryKind",
+    "JobRecorder",
+    "Receipt",
+    "VerifyReport",
+    "contains_per_client_plaintext",
+    "export_csv",
+    "export_jsonl",
+    "import_jsonl",
+    "read_csv",
+    "read_jsonl",
+    "read_receipts",
+    "render_tables",
+    "summarize_array",
+    "upload_digest",
+    "verify_entries",
+    "verify_log",
+    "write_receipt",
+]

@@ -1,0 +1,100 @@
+"""Client receipts: what a client keeps so it can later hold the server's audit log to account.
+
+For every upload a client writes one :class:`Receipt` as a JSON line to a file in its receipts
+directory (``<dir>/<client>.jsonl`` by default). A receipt pins two facts:
+
+* ``upload_digest``: SHA-256 hex of the exact bytes uploaded (masked or not) for
+  ``(job_id, round_id)``. The log's round entry must list this digest for this client.
+* ``chain_head_seen`` at ``seq_seen``: the chain head the server announced to the client (with the
+  task). The log's entry ``seq_seen`` of the job must have exactly this hash (``seq_seen = 0``
+  means the genesis value). Since every hash covers all earlier entries, a log rewritten before
+  ``seq_seen`` — even with all hashes recomputed — disagrees with the receipt, and a log cut
+  short before ``seq_seen`` lacks the entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .entry import GENESIS, is_hex_digest
+
+__all__ = ["Receipt", "read_receipts", "upload_digest", "write_receipt"]
+
+_FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "seq_seen")
+
+
+def upload_digest(data: bytes) -> str:
+    """SHA-256 hex of the exact bytes of one upload (what receipts and round entries hold)."""
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A client's record of one upload and of the chain head it saw."""
+
+    job_id: str
+    round_id: int
+    client: str
+    upload_digest: str
+    chain_head_seen: str
+    seq_seen: int
+
+    def __post_init__(self) -> None:
+        for name in ("job_id", "client"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"receipt {name} must be a non-empty string")
+        for name in ("round_id", "seq_seen"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"receipt {name} must be a non-negative integer")
+        for name in ("upload_digest", "chain_head_seen"):
+            if not is_hex_digest(getattr(self, name)):
+                raise ValueError(f"receipt {name} must be a sha256 hex digest")
+        if (self.seq_seen == 0) != (self.chain_head_seen == GENESIS):
+            raise ValueError("receipt: seq_seen 0 goes with the genesis head, and only with it")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Receipt:
+        """Parse a receipt; ``ValueError`` on missing, extra or mistyped fields."""
+        if not isinstance(obj, dict) or set(obj) != set(_FIELDS):
+            raise ValueError(f"a receipt has exactly the fields {', '.join(_FIELDS)}")
+        return cls(**{name: obj[name] for name in _FIELDS})
+
+    @property
+    def label(self) -> str:
+        return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}"
+
+
+def write_receipt(directory: str | Path, receipt: Receipt, *, filename: str | None = None) -> Path:
+    """Append ``receipt`` as one JSON line to ``directory/<client>.jsonl`` (or ``filename``)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = filename or f"{receipt.client}.jsonl"
+    if Path(name).name != name or not name.endswith(".jsonl"):
+        raise ValueError(f"bad receipt file name {name!r}")
+    path = folder / name
+    with path.open("a", encoding="utf-8") as fp:
+        fp.write(json.dumps(receipt.to_json(), sort_keys=True) + "\n")
+    return path
+
+
+def read_receipts(directory: str | Path) -> Iterator[tuple[str, Receipt | ValueError]]:
+    """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line."""
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        with path.open(encoding="utf-8") as fp:
+            for lineno, line in enumerate(fp, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path.name}:{lineno}"
+                try:
+                    yield where, Receipt.from_json(json.loads(line))
+                except (ValueError, TypeError) as exc:
+                    yield where, ValueError(str(exc))

@@ -1,0 +1,96 @@
+"""Render a log as rich tables: per job, one row per entry, per-client plaintext flagged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import AuditError
+from .entry import Entry
+from .kinds import EntryKind
+from .log import AuditLog
+from .views import is_per_client_plaintext, summarize_array
+
+__all__ = ["render_tables"]
+
+_MAX_CLIENTS = 6
+_MAX_TEXT = 80
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+
+
+def _clients(names: list[Any]) -> str:
+    shown = ", ".join(str(n) for n in names[:_MAX_CLIENTS])
+    more = len(names) - _MAX_CLIENTS
+    return f"{shown} (+{more})" if more > 0 else shown
+
+
+def _layout(payload: dict[str, Any]) -> str:
+    blocks = payload.get("layout") or []
+    parts = [f"{b.get('name')}{tuple(b.get('shape', ()))}" for b in blocks if isinstance(b, dict)]
+    return _clip(" ".join(parts))
+
+
+def _aggregate(log: AuditLog, entry: Entry, name: str) -> str:
+    try:
+        return str(summarize_array(log.array(entry, name)))
+    except (AuditError, KeyError) as exc:
+        return f"UNREADABLE ({exc})"
+
+
+def _details(payload: dict[str, Any]) -> str:
+    skip = {"round_id", "clients", "uploads", "layout", "params", "task_digest"}
+    rest = {k: v for k, v in payload.items() if k not in skip and v not in (None, "", [])}
+    return _clip(" ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted(rest.items())))
+
+
+def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
+    try:
+        payload = entry.payload
+    except ValueError:
+        return [str(entry.seq), entry.kind, "", "", "", "", Text("UNREADABLE", "bold red")]
+    round_id = "" if entry.round_id is None else str(entry.round_id)
+    clients, layout, aggregate = "", "", ""
+    if entry.kind == EntryKind.ROUND.value:
+        clients = _clients(list(payload.get("clients", [])))
+        kind = f"round/{payload.get('task_kind', '?')}"
+        layout = _layout(payload)
+        aggregate = _aggregate(log, entry, "aggregate")
+        note = Text("masked uploads, sum only") if payload.get("masked") is True \
+            else Text("PLAINTEXT uploads: per-client vectors seen", "bold red")
+    elif entry.kind == EntryKind.DISCLOSURE.value:
+        kind = entry.kind
+        clients = str(payload.get("client", ""))
+        aggregate = _aggregate(log, entry, "data")
+        note = Text(f"PER-CLIENT PLAINTEXT: {payload.get('item', '?')}", "bold red")
+    else:
+        kind = entry.kind
+        if "client" in payload:
+            clients = str(payload["client"])
+        note = Text(_details(payload))
+    return [str(entry.seq), kind, round_id, clients, layout, aggregate, note]
+
+
+def render_tables(log: AuditLog, job_id: str | None = None,
+                  round_id: int | None = None) -> list[Table]:
+    """One table per job of what the server saw (only ``round_id``'s entries if given)."""
+    jobs = [job_id] if job_id is not None else log.jobs()
+    tables = []
+    for job in jobs:
+        entries = log.entries(job_id=job, round_id=round_id)
+        flagged = sum(is_per_client_plaintext(e) for e in entries)
+        caption = (f"{flagged} entr{'y' if flagged == 1 else 'ies'} with per-client plaintext"
+                   if flagged else "no per-client plaintext")
+        table = Table(title=f"audit log of job {job!r} (head {log.head(job)[:16]}...)",
+                      caption=caption)
+        for column in ("seq", "kind", "round", "clients", "layout", "aggregate", "notes"):
+            table.add_column(column, overflow="fold")
+        for entry in entries:
+            table.add_row(*_row(log, entry))
+        tables.append(table)
+    return tables

@@ -1,0 +1,268 @@
+"""Check an audit log: its hash chains, its stored arrays, and the clients' receipts.
+
+Every problem is one line naming what it concerns — ``job 'j' seq 3 (round): ...`` for entries,
+``receipt alice.jsonl:2 (client 'alice', job 'j', round 4): ...`` for receipts — and verification
+never stops at the first problem. Per job it checks that
+
+* every entry's stored ``hash`` equals the recomputed one (a changed field, payload included);
+* ``seq`` runs 1, 2, ..., n without gaps or duplicates (a deleted entry);
+* entry 1 links to the genesis value and each later entry to its predecessor's hash;
+* rows were inserted in ``seq`` order (entries moved around);
+* payloads are canonical JSON of a known kind with the required keys;
+* each stored array is present and its bytes hash to the digest in the entry;
+
+and, given a receipts directory, that every receipt agrees with the log
+(see :mod:`fedforest_secure.audit.receipts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import Engine, select
+
+from ..errors import AuditError
+from . import _tables as t
+from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
+from .kinds import EntryKind, check_payload
+from .log import AuditLog
+from .receipts import Receipt, read_receipts
+
+__all__ = ["VerifyReport", "verify_entries", "verify_log"]
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of a verification: ``ok`` only if no problem was found."""
+
+    problems: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    entries_checked: int = 0
+    receipts_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_for_problems(self) -> None:
+        """Raise :class:`AuditError` listing every problem, if there is any."""
+        if self.problems:
+            raise AuditError("audit log does not verify:\n" + "\n".join(self.problems))
+
+
+def _check_entry(entry: Entry) -> list[str]:
+    """Problems with one entry taken alone: hash, encoding, kind and payload."""
+    out: list[str] = []
+    where = entry.label
+    if not is_hex_digest(entry.prev_hash):
+        out.append(f"{where}: prev_hash is not a sha256 hex digest")
+    elif entry.computed_hash() != entry.hash:
+        out.append(f"{where}: hash mismatch, the entry was changed "
+                   f"(stored {entry.hash[:16]}..., recomputed {entry.computed_hash()[:16]}...)")
+    try:
+        payload = entry.payload
+        arrays = entry.arrays
+    except ValueError as exc:
+        return [*out, f"{where}: unreadable payload or arrays ({exc})"]
+    if canonical_json(payload) != entry.payload_json:
+        out.append(f"{where}: payload text is not canonical JSON")
+    if canonical_json({k: v.to_json() for k, v in arrays.items()}) != entry.arrays_json:
+        out.append(f"{where}: arrays text is not canonical JSON")
+    try:
+        check_payload(EntryKind(entry.kind), payload, set(arrays))
+    except ValueError as exc:
+        out.append(f"{where}: {exc}")
+    return out
+
+
+def _check_chain(entries: Sequence[Entry]) -> list[str]:
+    """Problems with one job's entries, given in ``seq`` order."""
+    out: list[str] = []
+    prev: Entry | None = None
+    for entry in entries:
+        out.extend(_check_entry(entry))
+        expected_seq = 1 if prev is None else prev.seq + 1
+        if entry.seq < expected_seq:
+            out.append(f"{entry.label}: duplicate or out-of-range seq")
+        elif entry.seq > expected_seq:
+            missing = (f"seq {expected_seq}" if entry.seq == expected_seq + 1
+                       else f"seq {expected_seq}..{entry.seq - 1}")
+            out.append(f"job {entry.job_id!r}: {missing} missing (deleted?) before "
+                       f"{entry.label}")
+        expected_prev = GENESIS if prev is None else prev.hash
+        if entry.prev_hash != expected_prev:
+            target = "the genesis value" if prev is None else f"the hash of seq {prev.seq}"
+            out.append(f"{entry.label}: prev_hash does not link to {target}")
+        if prev is not None and prev.row_id is not None and entry.row_id is not None \
+                and entry.row_id < prev.row_id:
+            out.append(f"{entry.label}: stored before seq {prev.seq} (entries reordered)")
+        prev = entry
+    return out
+
+
+def verify_entries(entries: Iterable[Entry]) -> VerifyReport:
+    """Check the chains of entries read from anywhere (e.g. an export); arrays are not checked."""
+    by_job: dict[str, list[Entry]] = defaultdict(list)
+    for entry in entries:
+        by_job[entry.job_id].append(entry)
+    report = VerifyReport(jobs=sorted(by_job))
+    for job in report.jobs:
+        chain = sorted(by_job[job], key=lambda e: (e.seq, e.row_id or 0))
+        report.problems.extend(_check_chain(chain))
+        report.entries_checked += len(chain)
+    return report
+
+
+def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -> list[str]:
+    """Stream the stored arrays (one blob in memory at a time) against the entries' digests."""
+    out: list[str] = []
+    expected: dict[tuple[str, int], tuple[Entry, dict[str, ArrayInfo]]] = {}
+    for entry in entries:
+        try:
+            expected.setdefault((entry.job_id, entry.seq), (entry, entry.arrays))
+        except ValueError:
+            continue  # already reported as unreadable
+    found: set[tuple[str, int, str]] = set()
+    query = select(t.arrays).order_by(t.arrays.c.job_id, t.arrays.c.seq, t.arrays.c.name)
+    if job_id is not None:
+        query = query.where(t.arrays.c.job_id == job_id)
+    with log.engine.connect() as conn:
+        for row in conn.execute(query):
+            key, name, blob = (str(row.job_id), int(row.seq)), str(row.name), bytes(row.data)
+            found.add((*key, name))
+            if key not in expected:
+                out.append(f"job {key[0]!r} seq {key[1]}: stored array {name!r} belongs to "
+                           "no entry")
+                continue
+            entry, infos = expected[key]
+            info = infos.get(name)
+            if info is None:
+                out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
+            elif hashlib.sha256(blob).hexdigest() != info.sha256:
+                out.append(f"{entry.label}: stored array {name!r} does not match its digest "
+                           "(array changed)")
+            else:
+                try:
+                    decode_array(info, blob)
+                except ValueError as exc:
+                    out.append(f"{entry.label}: stored array {name!r}: {exc}")
+    for (job, seq), (entry, infos) in sorted(expected.items()):
+        for name in sorted(infos):
+            if (job, seq, name) not in found:
+                out.append(f"{entry.label}: stored array {name!r} is missing")
+    return out
+
+
+def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
+    out: list[str] = []
+    query = select(t.entries.c.job_id, t.entries.c.seq, t.entries.c.kind,
+                   t.entries.c.round_id, t.entries.c.payload)
+    if job_id is not None:
+        query = query.where(t.entries.c.job_id == job_id)
+    with log.engine.connect() as conn:
+        for row in conn.execute(query):
+            try:
+                value = json.loads(row.payload).get("round_id")
+            except (ValueError, AttributeError):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                value = None
+            if row.round_id != value:
+                out.append(f"job {row.job_id!r} seq {row.seq} ({row.kind}): round_id column "
+                           "disagrees with the payload")
+    return out
+
+
+def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
+                    job_id: str | None) -> tuple[list[str], int]:
+    if not receipts_dir.is_dir():
+        return [f"receipts directory {receipts_dir} does not exist"], 0
+    chains: dict[str, dict[int, Entry]] = defaultdict(dict)
+    rounds: dict[tuple[str, int], list[Entry]] = defaultdict(list)
+    for entry in entries:
+        chains[entry.job_id].setdefault(entry.seq, entry)
+        if entry.kind == EntryKind.ROUND.value and entry.round_id is not None:
+            rounds[(entry.job_id, entry.round_id)].append(entry)
+    out: list[str] = []
+    count = 0
+    for where, receipt in read_receipts(receipts_dir):
+        if isinstance(receipt, ValueError):
+            out.append(f"receipt {where}: malformed ({receipt})")
+            continue
+        if job_id is not None and receipt.job_id != job_id:
+            continue
+        count += 1
+        out.extend(f"receipt {where} ({receipt.label}): {p}"
+                   for p in _receipt_problems(receipt, chains, rounds))
+    return out, count
+
+
+def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],
+                      rounds: Mapping[tuple[str, int], Sequence[Entry]]) -> list[str]:
+    chain = chains.get(receipt.job_id)
+    if chain is None:
+        return ["the job is not in the log"]
+    out: list[str] = []
+    if receipt.seq_seen > 0:
+        seen = chain.get(receipt.seq_seen)
+        if seen is None:
+            out.append(f"the log has no entry seq {receipt.seq_seen} (deleted or truncated)")
+        elif seen.hash != receipt.chain_head_seen:
+            out.append(f"chain head seen at seq {receipt.seq_seen} differs from the log's "
+                       f"{seen.label} (log rewritten)")
+    candidates = rounds.get((receipt.job_id, receipt.round_id), [])
+    if not candidates:
+        out.append("the log has no round entry for this round")
+        return out
+    listed = []
+    for entry in candidates:
+        uploads = entry.payload.get("uploads")
+        if isinstance(uploads, dict) and receipt.client in uploads:
+            listed.append((entry, uploads[receipt.client]))
+    if not listed:
+        seqs = ", ".join(str(e.seq) for e in candidates)
+        out.append(f"round entry seq {seqs} does not list this client's upload")
+    elif not any(digest == receipt.upload_digest for _, digest in listed):
+        seqs = ", ".join(str(e.seq) for e, _ in listed)
+        out.append(f"upload digest differs from the one in round entry seq {seqs}")
+    return out
+
+
+def verify_log(log_or_url: AuditLog | Engine | str | Path,
+               receipts_dir: str | Path | None = None, *,
+               job_id: str | None = None) -> VerifyReport:
+    """Verify every job (or ``job_id``) of a log, and the receipts in ``receipts_dir`` if given.
+
+    ``log_or_url`` is an :class:`AuditLog`, an engine, a SQLAlchemy URL or a SQLite file path;
+    a database without an audit log is reported as a problem, not created.
+    """
+    owned: AuditLog | None = None
+    if isinstance(log_or_url, AuditLog):
+        log = log_or_url
+    else:
+        try:
+            if isinstance(log_or_url, Engine):
+                log = AuditLog(engine=log_or_url, create=False)
+            else:
+                log = owned = AuditLog(log_or_url, create=False)
+        except AuditError as exc:
+            return VerifyReport(problems=[str(exc)])
+    try:
+        entries = log.entries(job_id=job_id)
+        report = verify_entries(entries)
+        report.problems.extend(_check_round_column(log, job_id))
+        report.problems.extend(_check_arrays(log, entries, job_id))
+        if job_id is not None and not entries:
+            report.problems.append(f"job {job_id!r} is not in the log")
+        if receipts_dir is not None:
+            found, report.receipts_checked = _check_receipts(entries, Path(receipts_dir), job_id)
+            report.problems.extend(found)
+        return report
+    finally:
+        if owned is not None:
+            owned.close()

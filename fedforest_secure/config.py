@@ -1,0 +1,128 @@
+"""The configuration of one training job, shared by the coordinator and every worker.
+
+A :class:`JobConfig` is fixed when the job is created and never changes; the server stores it,
+sends it to each joining client, and logs it in the audit log. Everything here is public within
+the federation (hyper-parameters, schema-level facts, the privacy profile).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["METHODS", "JobConfig", "resolve_max_features"]
+
+METHODS = ("quantiles", "avgimp", "exact", "histogram")
+
+
+def resolve_max_features(max_features: Any, n_features: int) -> int:
+    """Number of features sampled per node, with scikit-learn's meanings.
+
+    ``None`` -> all; ``"sqrt"`` / ``"log2"``; a float in (0, 1] -> that fraction (at least 1);
+    an int -> that many.
+    """
+    if max_features is None:
+        return n_features
+    if isinstance(max_features, str):
+        if max_features == "sqrt":
+            return max(1, int(math.sqrt(n_features)))
+        if max_features == "log2":
+            return max(1, int(math.log2(n_features)))
+        raise ValueError(f"max_features must be None, 'sqrt', 'log2', an int or a float; "
+                         f"got {max_features!r}")
+    if isinstance(max_features, bool):
+        raise ValueError("max_features must not be a bool")
+    if isinstance(max_features, int):
+        if not 1 <= max_features <= n_features:
+            raise ValueError(f"max_features={max_features} must be in [1, {n_features}]")
+        return max_features
+    if isinstance(max_features, float):
+        if not 0.0 < max_features <= 1.0:
+            raise ValueError(f"max_features={max_features} must be in (0, 1]")
+        return max(1, int(max_features * n_features))
+    raise ValueError(f"unsupported max_features {max_features!r}")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything both sides of a job must agree on."""
+
+    job_id: str
+    task: str  # "regression" | "classification"
+    n_features: int
+    n_clients: int
+    feature_kinds: tuple[str, ...] = ()  # "continuous" | "categorical", per feature
+    n_levels: tuple[int, ...] = ()  # levels per categorical feature, 0 for continuous
+    feature_bounds: tuple[tuple[float, float], ...] | None = None  # public bounds, if known
+    n_classes: int = 0
+    target_bound: float = 0.0  # max |y| (public), for the fixed-point scale of sums
+    n_estimators: int = 50
+    max_depth: int = 8
+    min_samples_leaf: int = 5
+    min_samples_split: int = 2
+    min_impurity_decrease: float = 0.0
+    max_features: int = 1
+    bootstrap: bool = True
+    n_bins: int = 32
+    method: str = "quantiles"
+    top_l: int | None = None
+    split_on_client: bool = False
+    criterion: str = "mse"  # "mse" | "gini" | "entropy"
+    random_state: int = 0
+    profile: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.task not in ("regression", "classification"):
+            raise ValueError(f"task must be 'regression' or 'classification', not {self.task!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, not {self.method!r}")
+        if self.task == "classification" and self.n_classes < 2:
+            raise ValueError("classification needs n_classes >= 2")
+        if self.task == "regression" and self.criterion != "mse":
+            raise ValueError("regression supports criterion='mse' only")
+        if self.task == "classification" and self.criterion not in ("gini", "entropy"):
+            raise ValueError("classification criterion must be 'gini' or 'entropy'")
+        for name in ("n_features", "n_clients", "n_estimators", "max_depth", "min_samples_leaf"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.min_samples_split < 2:
+            raise ValueError("min_samples_split must be >= 2")
+        if self.n_bins < 2:
+            raise ValueError("n_bins must be >= 2")
+        if not 1 <= self.max_features <= self.n_features:
+            raise ValueError("max_features must be resolved to an int in [1, n_features]")
+        if self.top_l is not None and not 1 <= self.top_l <= self.n_features:
+            raise ValueError("top_l must be None or in [1, n_features]")
+        if self.max_depth > 60:
+            raise ValueError("max_depth must be <= 60")
+        if self.feature_kinds and len(self.feature_kinds) != self.n_features:
+            raise ValueError("feature_kinds must have one entry per feature")
+        if self.n_levels and len(self.n_levels) != self.n_features:
+            raise ValueError("n_levels must have one entry per feature")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.feature_kinds or ("continuous",) * self.n_features
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.n_levels or (0,) * self.n_features
+
+    @property
+    def n_stats(self) -> int:
+        """Width S of a sufficient-statistics vector: (n, sum y, sum y^2) or class counts."""
+        return 3 if self.task == "regression" else self.n_classes
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobConfig:
+        obj = json.loads(text)
+        for key in ("feature_kinds", "n_levels"):
+            obj[key] = tuple(obj.get(key, ()))
+        if obj.get("feature_bounds") is not None:
+            obj["feature_bounds"] = tuple(tuple(b) for b in obj["feature_bounds"])
+        return cls(**obj)

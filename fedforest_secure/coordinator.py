@@ -1,0 +1,455 @@
+"""The server side of one job: level-wise planning over all trees (Algorithm 1 of the paper).
+
+The coordinator never sees a row. Per depth level it issues, for all active nodes of all trees
+at once, one SKETCH round (routing through the previous level's splits, node totals, and the
+sketch the method needs), optionally the refinement rounds of the secure pooled-CDF sketch, and
+one HISTOGRAM round (per-bin statistics at the candidate thresholds). Training T trees of depth
+M therefore takes O(M) rounds, whatever T. Gains are exact functions of summed statistics
+(Theorem 4); candidate thresholds come from the pooled sketch CDF (Theorem 1).
+
+It is deterministic given the :class:`~fedforest_secure.config.JobConfig` and the aggregates it
+receives, so a restarted server rebuilds it by replaying stored rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _impurity, _sketch, _splits
+from .config import JobConfig
+from .errors import InvalidMessage, ProfileError, ProtocolError
+from .model import ForestModel, Tree
+from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
+from .worker import CAT, CLIENT, LEAF, NUM, stats_kinds, totals_block
+
+__all__ = ["Coordinator"]
+
+_Received = tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]
+
+
+class _TreeBuilder:
+    def __init__(self, n_out: int) -> None:
+        self.kind: list[int] = []
+        self.feature: list[int] = []
+        self.threshold: list[float] = []
+        self.left: list[int] = []
+        self.right: list[int] = []
+        self.value: list[np.ndarray] = []
+        self.n: list[float] = []
+        self.sets: dict[int, list[int]] = {}
+        self.n_out = n_out
+
+    def add(self) -> int:
+        self.kind.append(LEAF)
+        self.feature.append(-1)
+        self.threshold.append(0.0)
+        self.left.append(-1)
+        self.right.append(-1)
+        self.value.append(np.zeros(self.n_out))
+        self.n.append(0.0)
+        return len(self.kind) - 1
+
+    def build(self) -> Tree:
+        return Tree(kind=np.array(self.kind, dtype=np.int64),
+                    feature=np.array(self.feature, dtype=np.int64),
+                    threshold=np.array(self.threshold, dtype=np.float64),
+                    left=np.array(self.left, dtype=np.int64),
+                    right=np.array(self.right, dtype=np.int64),
+                    value=np.array(self.value, dtype=np.float64).reshape(len(self.kind), -1),
+                    n=np.array(self.n, dtype=np.float64), sets=dict(self.sets))
+
+
+class Coordinator:
+    """Server side of one job. Drive it with :meth:`next_task` / :meth:`submit`."""
+
+    def __init__(self, config: JobConfig) -> None:
+        self.config = config
+        prof = dict(config.profile)
+        self._sketch_kind = str(prof.get("sketch", "quantiles"))
+        self._h_policy = str(prof.get("h_splits", "clear"))
+        self._rows_per_point = int(prof.get("rows_per_sketch_point", 0) or 0)
+        if config.split_on_client and self._h_policy == "off":
+            raise ProfileError("split_on_client=True but the privacy profile has h_splits='off'")
+        if config.method == "exact" and prof.get("secure_aggregation"):
+            raise ProfileError("method='exact' discloses every node value; use the open profile")
+        if self._sketch_kind == "secure_cdf" and config.method in ("quantiles", "avgimp"):
+            if config.feature_bounds is None:
+                raise ProfileError("the secure_cdf sketch needs public feature bounds "
+                                   "(set them in the schema)")
+        self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
+        self._round = 0
+        self._model: ForestModel | None = None
+        self.rounds_by_kind: dict[str, int] = {}
+        self._gen = self._run()
+        self._pending: Task | None = next(self._gen)
+
+    # ------------------------------------------------------------------ public driving API
+    def next_task(self) -> Task | None:
+        """The task of the current round, or None once the forest is trained."""
+        return self._pending
+
+    def submit(self, round_id: int, total: np.ndarray,
+               disclosed: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+               participants: Sequence[int] | None = None) -> None:
+        """Hand in the aggregate of the current round (and any per-client disclosures)."""
+        task = self._pending
+        if task is None:
+            raise ProtocolError("the job is finished; no round is open")
+        if round_id != task.round_id:
+            raise ProtocolError(f"aggregate for round {round_id}, but round {task.round_id} is open")
+        total = np.asarray(total, dtype=np.float64)
+        if total.shape != (layout_size(task.layout),):
+            raise InvalidMessage("aggregate does not match the round's layout")
+        if not np.isfinite(total).all():
+            raise InvalidMessage("aggregate has non-finite entries")
+        disc: dict[int, dict[str, np.ndarray]] = {}
+        for k, items in (disclosed or {}).items():
+            extra = set(items) - self._allowed_disclosures(task)
+            if extra:
+                raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
+            disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
+        blocks = split_blocks(total, task.layout)
+        try:
+            self._pending = self._gen.send((blocks, disc))
+        except StopIteration as stop:
+            self._model = stop.value
+            self._pending = None
+
+    def result(self) -> ForestModel:
+        if self._model is None:
+            raise ProtocolError("training has not finished")
+        return self._model
+
+    @property
+    def done(self) -> bool:
+        return self._model is not None
+
+    @staticmethod
+    def _allowed_disclosures(task: Task) -> set[str]:
+        names = set(task.disclose)
+        if "sketch_points" in names:
+            names.add("sketch_counts")
+        if "unique" in names:
+            names |= {"unique_ptr", "unique_vals"}
+        names.discard("unique")
+        return names
+
+    # ------------------------------------------------------------------ helpers
+    def _task(self, kind: TaskKind, level: int, params: dict[str, Any],
+              arrays: dict[str, np.ndarray], layout: tuple[Block, ...],
+              disclose: tuple[str, ...] = ()) -> Task:
+        self._round += 1
+        self.rounds_by_kind[kind.value] = self.rounds_by_kind.get(kind.value, 0) + 1
+        return Task(job_id=self.config.job_id, round_id=self._round, kind=kind, level=level,
+                    params=params, arrays=arrays, layout=layout, disclose=disclose)
+
+    def _sample_features(self, n_nodes: int) -> np.ndarray:
+        d, m = self.config.n_features, self.config.max_features
+        if m == d:
+            return np.tile(np.arange(d, dtype=np.int64), (n_nodes, 1))
+        keys = self._rng.random((n_nodes, d))
+        return np.argsort(keys, axis=1)[:, :m].astype(np.int64)
+
+    # ------------------------------------------------------------------ the level loop
+    def _run(self) -> Generator[Task, _Received, ForestModel]:
+        cfg = self.config
+        T, S = cfg.n_estimators, cfg.n_stats
+        n_out = 1 if cfg.task == "regression" else cfg.n_classes
+        kinds = np.array(cfg.kinds)
+        is_cat = kinds == "categorical"
+        trees = [_TreeBuilder(n_out) for _ in range(T)]
+        lvl_tree = np.arange(T, dtype=np.int64)
+        lvl_node = np.array([t.add() for t in trees], dtype=np.int64)
+        parent_value = np.zeros((T, n_out))
+        root_n = np.zeros(T)
+        bounds = (np.array(cfg.feature_bounds, dtype=np.float64)
+                  if cfg.feature_bounds is not None else None)
+        box_lo = np.tile(bounds[:, 0], (T, 1)) if bounds is not None else None
+        box_hi = np.tile(bounds[:, 1], (T, 1)) if bounds is not None else None
+        routing: dict[str, np.ndarray] | None = None
+        grid_lohi: np.ndarray | None = None
+        use_h = cfg.split_on_client and self._h_policy in ("clear", "noisy")
+        for level in range(cfg.max_depth + 1):
+            n_nodes = lvl_tree.size
+            if n_nodes == 0:
+                break
+            last = level == cfg.max_depth
+            arrays: dict[str, np.ndarray] = dict(routing) if routing is not None else {}
+            params: dict[str, Any] = {"n_nodes": int(n_nodes)}
+            disclose: list[str] = []
+            feats = self._sample_features(n_nodes) if not last else None
+            if feats is not None:
+                arrays["features"] = feats
+                if cfg.method in ("quantiles", "avgimp") and self._sketch_kind == "quantiles":
+                    disclose.append("sketch_points")
+                    params["n_points"] = cfg.n_bins
+                if cfg.method == "avgimp" and cfg.top_l is not None:
+                    disclose.append("top_l")
+                    params["top_l"] = cfg.top_l
+                    params.setdefault("n_points", cfg.n_bins)
+                if cfg.method == "exact":
+                    disclose.append("unique")
+                if cfg.method == "histogram" and grid_lohi is None and bounds is None:
+                    disclose.append("minmax")
+            if use_h and not last:
+                disclose.append("node_stats")
+            task = self._task(TaskKind.SKETCH, level, params, arrays,
+                              (totals_block(cfg, n_nodes),), tuple(disclose))
+            blocks, disc = yield task
+            totals = blocks["totals"]
+            n = _impurity.counts_of(totals, cfg.task)
+            if level == 0:
+                root_n = np.maximum(n, 1e-300)
+            values = _impurity.node_values(totals, cfg.task)
+            empty = n <= 0
+            values[empty] = parent_value[empty]
+            for i in range(n_nodes):
+                tb = trees[lvl_tree[i]]
+                tb.value[lvl_node[i]] = values[i]
+                tb.n[lvl_node[i]] = float(n[i])
+            if last:
+                break
+            if "minmax" in disclose:
+                mm = np.stack([disc[k]["minmax"] for k in sorted(disc)])
+                grid_lohi = np.stack([mm[:, :, 0].min(axis=0), mm[:, :, 1].max(axis=0)], axis=1)
+            imp = _impurity.weighted_impurity(totals, cfg.task, cfg.criterion)
+            scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
+                if cfg.task == "regression" else np.ones(n_nodes)
+            pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
+            can = (n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf) & ~pure & ~empty
+            ev = np.flatnonzero(can)
+            assert feats is not None
+            ev_feats = feats[ev].copy()
+            m = ev_feats.shape[1]
+            # ---- candidates
+            if cfg.method in ("quantiles", "avgimp"):
+                if self._sketch_kind == "quantiles":
+                    thr = self._quantile_candidates(disc, ev, ev_feats, is_cat)
+                else:
+                    assert box_lo is not None and box_hi is not None
+                    lo = box_lo[np.arange(n_nodes)[:, None], feats][ev]
+                    hi = box_hi[np.arange(n_nodes)[:, None], feats][ev]
+                    thr = yield from self._secure_cdf(level, ev, ev_feats, lo, hi, n[ev], is_cat)
+            elif cfg.method == "exact":
+                thr = self._exact_candidates(disc, ev, ev_feats, n_nodes, m, is_cat)
+            else:
+                lohi = grid_lohi if bounds is None else bounds
+                assert lohi is not None
+                thr = self._histogram_candidates(lohi, ev_feats, is_cat)
+            thr = self._add_categorical(thr, ev_feats, is_cat)
+            if cfg.method == "avgimp" and cfg.top_l is not None and ev.size:
+                keep = np.zeros_like(ev_feats, dtype=bool)
+                for k in disc:
+                    top = disc[k]["top_l"][ev]
+                    sent = disc[k]["sketch_counts"][ev] > 0 if "sketch_counts" in disc[k] \
+                        else np.ones(ev.size, dtype=bool)
+                    rows = np.repeat(np.arange(ev.size), top.shape[1])
+                    keep[rows[np.repeat(sent, top.shape[1])],
+                         top[sent].ravel()] = True
+                ev_feats = np.where(keep, ev_feats, -1)
+            # ---- evaluation round
+            bt = thr.shape[2]
+            mode = "gain" if cfg.method == "avgimp" else "full"
+            if mode == "full":
+                layout = (Block("hist", (ev.size, m, bt + 1, S), stats_kinds(cfg)),)
+            else:
+                layout = (Block("gain", (ev.size, m, bt, 2), (StatKind.GAIN, StatKind.COUNT)),)
+            task = self._task(TaskKind.HISTOGRAM, level, {"stats": mode},
+                              {"nodes": ev, "features": ev_feats, "thresholds": thr}, layout)
+            blocks, _ = yield task
+            gain, slot, idx, left_stats, split_kind, split_set = self._choose(
+                blocks, mode, thr, ev_feats, is_cat, totals[ev], n[ev])
+            # ---- H splits from per-client node summaries (no extra round)
+            if use_h and ev.size:
+                per_client = np.stack([disc[k]["node_stats"] for k in sorted(disc)])
+                clients = np.array(sorted(disc))
+                for e, i in enumerate(ev):
+                    g, left_cl, _ = _splits.best_grouping(
+                        per_client[:, i, :], cfg.task, cfg.criterion, cfg.min_samples_leaf)
+                    if g > gain[e]:
+                        gain[e] = g
+                        split_kind[e] = CLIENT
+                        split_set[e] = [int(clients[c]) for c in left_cl]
+            # ---- apply decisions, build the next level
+            ok = np.isfinite(gain) & (gain / root_n[lvl_tree[ev]] + 1e-15 >= cfg.min_impurity_decrease)
+            r_kind = np.full(n_nodes, LEAF, dtype=np.int32)
+            r_feat = np.full(n_nodes, -1, dtype=np.int32)
+            r_thr = np.zeros(n_nodes)
+            r_left = np.full(n_nodes, -1, dtype=np.int32)
+            r_right = np.full(n_nodes, -1, dtype=np.int32)
+            set_lists: list[list[int]] = [[] for _ in range(n_nodes)]
+            nt: list[int] = []
+            nn: list[int] = []
+            nxt_lo: list[np.ndarray] = []
+            nxt_hi: list[np.ndarray] = []
+            pv: list[np.ndarray] = []
+            for e, i in enumerate(ev):
+                if not ok[e]:
+                    continue
+                t, nd = int(lvl_tree[i]), int(lvl_node[i])
+                tb = trees[t]
+                kind = int(split_kind[e])
+                feat = int(ev_feats[e, slot[e]]) if kind != CLIENT else -1
+                tb.kind[nd] = kind
+                tb.feature[nd] = feat
+                r_kind[i], r_feat[i] = kind, feat
+                if kind == NUM:
+                    tb.threshold[nd] = r_thr[i] = float(thr[e, slot[e], idx[e]])
+                else:
+                    tb.sets[nd] = split_set[e]
+                    set_lists[i] = split_set[e]
+                lc, rc = tb.add(), tb.add()
+                tb.left[nd], tb.right[nd] = lc, rc
+                r_left[i], r_right[i] = len(nt), len(nt) + 1
+                nt += [t, t]
+                nn += [lc, rc]
+                pv += [values[i], values[i]]
+                if box_lo is not None and box_hi is not None:
+                    lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
+                    lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()
+                    if kind == NUM:
+                        hi_l[feat] = min(hi_l[feat], r_thr[i])
+                        lo_r[feat] = max(lo_r[feat], r_thr[i])
+                    nxt_lo += [lo_l, lo_r]
+                    nxt_hi += [hi_l, hi_r]
+            ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+            ptr[1:] = np.cumsum([len(s) for s in set_lists])
+            vals = np.array([v for s in set_lists for v in s], dtype=np.int32)
+            routing = {"route_kind": r_kind, "route_feature": r_feat, "route_threshold": r_thr,
+                       "route_left": r_left, "route_right": r_right,
+                       "route_set_ptr": ptr, "route_set_vals": vals}
+            lvl_tree = np.array(nt, dtype=np.int64)
+            lvl_node = np.array(nn, dtype=np.int64)
+            parent_value = np.array(pv).reshape(-1, n_out)
+            if box_lo is not None:
+                box_lo = np.array(nxt_lo).reshape(-1, cfg.n_features)
+                box_hi = np.array(nxt_hi).reshape(-1, cfg.n_features)
+        return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
+                           n_clients=cfg.n_clients, trees=[t.build() for t in trees],
+                           meta={"rounds": self._round, "rounds_by_kind": dict(self.rounds_by_kind)})
+
+    # ------------------------------------------------------------------ candidates
+    def _quantile_candidates(self, disc: dict[int, dict[str, np.ndarray]], ev: np.ndarray,
+                             feats: np.ndarray, is_cat: np.ndarray) -> np.ndarray:
+        B = self.config.n_bins
+        E, m = feats.shape
+        clients = sorted(disc)
+        if E == 0 or not clients:
+            return np.full((E, m, B - 1), np.inf)
+        pts = np.stack([disc[k]["sketch_points"][ev] for k in clients], axis=2)  # (E, m, K, P)
+        cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
+        P = pts.shape[3]
+        rows = pts.reshape(E * m, len(clients), P)
+        counts = np.repeat(cnt, m, axis=0)
+        thr = _sketch.pooled_candidates(rows, counts, B).reshape(E, m, B - 1)
+        return thr
+
+    def _exact_candidates(self, disc: dict[int, dict[str, np.ndarray]], ev: np.ndarray,
+                          feats: np.ndarray, n_nodes: int, m: int,
+                          is_cat: np.ndarray) -> np.ndarray:
+        E = ev.size
+        per_block: list[np.ndarray] = []
+        for e, i in enumerate(ev):
+            for s in range(m):
+                b = i * m + s
+                parts = [disc[k]["unique_vals"][disc[k]["unique_ptr"][b]:disc[k]["unique_ptr"][b + 1]]
+                         for k in disc]
+                u = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+                mid = (u[:-1] + u[1:]) / 2.0
+                mid = np.where(mid == u[1:], u[:-1], mid)  # scikit-learn's rounding guard
+                per_block.append(mid)
+        width = max([p.size for p in per_block], default=0)
+        out = np.full((E * m, max(width, 1)), np.inf)
+        for r, p in enumerate(per_block):
+            out[r, : p.size] = p
+        return out.reshape(E, m, max(width, 1))
+
+    def _histogram_candidates(self, lohi: np.ndarray, feats: np.ndarray,
+                              is_cat: np.ndarray) -> np.ndarray:
+        """Fixed-width bins on the global [min, max] of each feature (Kalloori et al.)."""
+        B = self.config.n_bins
+        frac = np.arange(1, B) / B
+        lo, hi = lohi[feats, 0], lohi[feats, 1]
+        thr = lo[..., None] + (hi - lo)[..., None] * frac
+        thr = np.where((hi > lo)[..., None], thr, np.inf)
+        return thr
+
+    def _add_categorical(self, thr: np.ndarray, feats: np.ndarray,
+                         is_cat: np.ndarray) -> np.ndarray:
+        """Categorical slots get cuts k + 0.5 so that the histogram bins are the levels."""
+        if not is_cat.any() or feats.size == 0:
+            return thr
+        levels = self.config.levels
+        width = max(thr.shape[2], max(levels) - 1)
+        out = np.full(thr.shape[:2] + (width,), np.inf)
+        out[:, :, : thr.shape[2]] = thr
+        cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]
+        for e, s in zip(*np.nonzero(cat_slot), strict=True):
+            nl = levels[feats[e, s]]
+            out[e, s, :] = np.inf
+            out[e, s, : nl - 1] = np.arange(nl - 1) + 0.5
+        return out
+
+    def _secure_cdf(self, level: int, ev: np.ndarray, feats: np.ndarray, lo: np.ndarray,
+                    hi: np.ndarray, n_ev: np.ndarray, is_cat: np.ndarray
+                    ) -> Generator[Task, _Received, np.ndarray]:
+        """Pooled-CDF sketch from securely summed counts, refined coarse to fine.
+
+        Counts on a grid inside each node's box (public bounds intersected with the ancestors'
+        splits) are aggregated like any other statistic. Cells holding more than ``1/(2B)`` of
+        the node's pooled mass are subdivided in further rounds, so that the candidates, read
+        off the piecewise-linear pooled CDF, have a pooled rank error near ``1/B``.
+        """
+        from ._secure_cdf import SecureCdfPlanner
+
+        planner = SecureCdfPlanner(lo, hi, feats, is_cat, n_ev, self.config.n_bins,
+                                   self._rows_per_point)
+        while (grid := planner.next_grid()) is not None:
+            task = self._task(TaskKind.HISTOGRAM, level, {"stats": "count", "purpose": "sketch"},
+                              {"nodes": ev, "features": planner.active_features(), "thresholds": grid},
+                              (Block("counts", (ev.size, feats.shape[1], grid.shape[2] + 1, 1),
+                                     (StatKind.COUNT,)),))
+            blocks, _ = yield task
+            planner.receive(blocks["counts"][..., 0])
+        return planner.candidates()
+
+    # ------------------------------------------------------------------ decisions
+    def _choose(self, blocks: dict[str, np.ndarray], mode: str, thr: np.ndarray,
+                feats: np.ndarray, is_cat: np.ndarray, totals: np.ndarray, n: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
+        cfg = self.config
+        E, m, bt = thr.shape
+        cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]
+        num_slot = (feats >= 0) & ~cat_slot
+        split_kind = np.full(E, NUM, dtype=np.int64)
+        split_set: list[list[int]] = [[] for _ in range(E)]
+        if mode == "full":
+            hist = blocks["hist"]
+            gain, slot, idx, lstats = _splits.best_numeric(
+                hist, thr, num_slot, cfg.task, cfg.criterion, cfg.min_samples_leaf)
+            for e, s in zip(*np.nonzero(cat_slot), strict=True):
+                nl = cfg.levels[feats[e, s]]
+                g, left, ls = _splits.best_grouping(hist[e, s, :nl], cfg.task, cfg.criterion,
+                                                    cfg.min_samples_leaf)
+                if g > gain[e]:
+                    gain[e], slot[e], lstats[e] = g, s, ls
+                    split_kind[e] = CAT
+                    split_set[e] = left
+        else:
+            g = blocks["gain"][..., 0]
+            nl = blocks["gain"][..., 1]
+            nr = n[:, None, None] - nl
+            ok = ((nl >= cfg.min_samples_leaf) & (nr >= cfg.min_samples_leaf)
+                  & np.isfinite(thr) & num_slot[:, :, None])
+            g = np.where(ok, g, -np.inf)
+            flat = g.reshape(E, -1)
+            best = np.argmax(flat, axis=1) if E else np.zeros(0, dtype=np.int64)
+            gain = flat[np.arange(E), best] if E else np.zeros(0)
+            slot, idx = np.divmod(best, max(bt, 1))
+            lstats = np.zeros((E, cfg.n_stats))
+            # AvgImp scores are n-weighted averages of local gains; comparable across nodes only
+            # through the min_impurity_decrease test, which we apply on the same scale.
+        return gain, slot, idx, lstats, split_kind, split_set

@@ -1,0 +1,244 @@
+"""scikit-learn style estimators: ``FedForestRegressor`` and ``FedForestClassifier``.
+
+``fit(X, y, client=h)`` splits the rows by the client indicator ``h`` into in-process clients
+that run the real protocol (workers, coordinator, aggregation under the chosen privacy
+profile); the rows are never pooled. The public feature bounds the secure sketch needs are
+inferred from the data here (the in-process facade plays every part); a real deployment takes
+them from the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+
+from .config import METHODS, JobConfig, resolve_max_features
+from .errors import NotFittedError, SchemaError
+from .federation import RoundRecord, run_in_process
+from .model import ForestModel
+
+__all__ = ["FedForestClassifier", "FedForestRegressor"]
+
+_FORMAT = "fedforest-secure/estimator/v1"
+
+
+def _profile_dict(profile: Any) -> dict[str, Any]:
+    from .privacy import PrivacyProfile, load_profile
+
+    prof = profile if isinstance(profile, PrivacyProfile) else load_profile(profile)
+    return prof.to_dict()
+
+
+class _FedForestBase(BaseEstimator):  # type: ignore[misc]
+    _task = "regression"
+
+    def __init__(self, *, n_estimators: int = 50, max_depth: int = 8, min_samples_leaf: int = 5,
+                 min_samples_split: int = 2, min_impurity_decrease: float = 0.0,
+                 max_features: Any = 1 / 3, bootstrap: bool = True, n_bins: int = 32,
+                 method: str = "quantiles", top_l: int | None = None,
+                 split_on_client: bool = False, profile: Any = "open",
+                 random_state: int | None = 0) -> None:
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.min_samples_split = min_samples_split
+        self.min_impurity_decrease = min_impurity_decrease
+        self.max_features = max_features
+        self.bootstrap = bootstrap
+        self.n_bins = n_bins
+        self.method = method
+        self.top_l = top_l
+        self.split_on_client = split_on_client
+        self.profile = profile
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ helpers
+    def _criterion(self) -> str:
+        return "mse"
+
+    def _check_X(self, X: Any) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise SchemaError(f"X must be 2-dimensional, got shape {X.shape}")
+        if not np.isfinite(X).all():
+            r, c = np.argwhere(~np.isfinite(X))[0]
+            raise SchemaError(f"X has a non-finite value at row {r}, column {c}")
+        return X
+
+    def _encode_y(self, y: Any) -> tuple[np.ndarray, float]:
+        y = np.asarray(y, dtype=np.float64)
+        if not np.isfinite(y).all():
+            raise SchemaError("y has non-finite values")
+        return y, float(np.max(np.abs(y))) if y.size else 1.0
+
+    def _client_codes(self, client: Any, n: int, fitting: bool) -> np.ndarray:
+        if client is None:
+            if fitting:
+                self.clients_ = np.array([0])
+            return np.zeros(n, dtype=np.int64)
+        client = np.asarray(client)
+        if client.shape != (n,):
+            raise SchemaError(f"client must have shape ({n},), got {client.shape}")
+        if fitting:
+            self.clients_ = np.unique(client)
+        codes = np.searchsorted(self.clients_, client)
+        codes = np.clip(codes, 0, len(self.clients_) - 1)
+        unknown = self.clients_[codes] != client
+        if unknown.any():
+            raise SchemaError(f"unknown client {client[unknown][0]!r}; the forest knows "
+                              f"{self.clients_.tolist()}")
+        return codes.astype(np.int64)
+
+    # ------------------------------------------------------------------ fit / predict
+    def fit(self, X: Any, y: Any, client: Any = None,
+            on_round: Any = None) -> _FedForestBase:
+        """Train over in-process clients.
+
+        Parameters
+        ----------
+        X : array of shape (n, d)
+        y : array of shape (n,)
+        client : array of shape (n,), the institution of each row (None: one client)
+        on_round : optional callback receiving each round's :class:`RoundRecord`
+        """
+        X = self._check_X(X)
+        y = np.asarray(y)
+        if y.shape != (X.shape[0],):
+            raise SchemaError(f"y must have shape ({X.shape[0]},), got {y.shape}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        h = self._client_codes(client, X.shape[0], fitting=True)
+        y_enc, target_bound = self._encode_y(y)
+        K = len(self.clients_)
+        d = X.shape[1]
+        lo, hi = X.min(axis=0), X.max(axis=0)
+        hi = np.where(hi > lo, hi, lo + 1.0)
+        seed = int(self.random_state) if self.random_state is not None else \
+            int(np.random.SeedSequence().generate_state(1)[0])
+        self.profile_ = _profile_dict(self.profile)
+        config = JobConfig(
+            job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
+            n_clients=K, n_classes=len(getattr(self, "classes_", [])),
+            feature_bounds=tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True)),
+            target_bound=max(target_bound, 1e-12), n_estimators=self.n_estimators,
+            max_depth=self.max_depth, min_samples_leaf=self.min_samples_leaf,
+            min_samples_split=self.min_samples_split,
+            min_impurity_decrease=self.min_impurity_decrease,
+            max_features=resolve_max_features(self.max_features, d), bootstrap=self.bootstrap,
+            n_bins=self.n_bins, method=self.method, top_l=self.top_l,
+            split_on_client=self.split_on_client, criterion=self._criterion(),
+            random_state=seed, profile=self.profile_)
+        clients = [(X[h == k], y_enc[h == k]) for k in range(K)]
+        self.config_ = config
+        self.model_ = run_in_process(config, clients, on_round=on_round)
+        self.n_features_in_ = d
+        self.n_clients_ = K
+        return self
+
+    def _check_fitted(self) -> ForestModel:
+        if not hasattr(self, "model_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
+        return self.model_
+
+    def _values(self, X: Any, client: Any) -> np.ndarray:
+        model = self._check_fitted()
+        X = self._check_X(X)
+        if X.shape[1] != self.n_features_in_:
+            raise SchemaError(f"X has {X.shape[1]} features, the forest expects "
+                              f"{self.n_features_in_}")
+        codes = None if client is None else self._client_codes(client, X.shape[0], False)
+        return model.predict_values(X, codes)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write the fitted estimator (parameters, profile, model) as JSON."""
+        model = self._check_fitted()
+        params = self.get_params()
+        params["profile"] = self.profile_
+        doc = {"format": _FORMAT, "class": type(self).__name__, "params": params,
+               "clients": self.clients_.tolist(), "model": model.to_dict(),
+               "config": json.loads(self.config_.to_json())}
+        if hasattr(self, "classes_"):
+            doc["classes"] = self.classes_.tolist()
+        Path(path).write_text(json.dumps(doc, sort_keys=True, allow_nan=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("format") != _FORMAT or doc.get("class") != cls.__name__:
+            raise ValueError(f"{path} is not a saved {cls.__name__}")
+        est = cls(**doc["params"])
+        est.model_ = ForestModel.from_json(json.dumps(doc["model"]))
+        est.config_ = JobConfig.from_json(json.dumps(doc["config"]))
+        est.profile_ = doc["params"]["profile"]
+        est.clients_ = np.array(doc["clients"])
+        est.n_features_in_ = est.model_.n_features
+        est.n_clients_ = len(est.clients_)
+        if "classes" in doc:
+            est.classes_ = np.array(doc["classes"])
+        return est
+
+
+class FedForestRegressor(RegressorMixin, _FedForestBase):  # type: ignore[misc]
+    """Federated random forest regressor (FedForest, Khellaf et al.)."""
+
+    _task = "regression"
+
+    def predict(self, X: Any, client: Any = None) -> np.ndarray:
+        """Predicted values, shape (n,). ``client`` is needed only if the forest splits on H."""
+        return self._values(X, client)[:, 0]
+
+    def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:
+        from sklearn.metrics import r2_score
+
+        return float(r2_score(y, self.predict(X, client), sample_weight=sample_weight))
+
+
+class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc]
+    """Federated random forest classifier (FedForest, Khellaf et al.)."""
+
+    _task = "classification"
+
+    def __init__(self, *, n_estimators: int = 50, max_depth: int = 8, min_samples_leaf: int = 5,
+                 min_samples_split: int = 2, min_impurity_decrease: float = 0.0,
+                 max_features: Any = "sqrt", bootstrap: bool = True, n_bins: int = 32,
+                 method: str = "quantiles", top_l: int | None = None,
+                 split_on_client: bool = False, profile: Any = "open",
+                 criterion: str = "gini", random_state: int | None = 0) -> None:
+        super().__init__(n_estimators=n_estimators, max_depth=max_depth,
+                         min_samples_leaf=min_samples_leaf, min_samples_split=min_samples_split,
+                         min_impurity_decrease=min_impurity_decrease, max_features=max_features,
+                         bootstrap=bootstrap, n_bins=n_bins, method=method, top_l=top_l,
+                         split_on_client=split_on_client, profile=profile,
+                         random_state=random_state)
+        self.criterion = criterion
+
+    def _criterion(self) -> str:
+        if self.criterion not in ("gini", "entropy"):
+            raise ValueError(f"criterion must be 'gini' or 'entropy', got {self.criterion!r}")
+        return self.criterion
+
+    def _encode_y(self, y: Any) -> tuple[np.ndarray, float]:
+        y = np.asarray(y)
+        self.classes_ = np.unique(y)
+        if self.classes_.size < 2:
+            raise SchemaError("classification needs at least two classes in y")
+        return np.searchsorted(self.classes_, y).astype(np.int64), 1.0
+
+    def predict_proba(self, X: Any, client: Any = None) -> np.ndarray:
+        """Class probabilities, shape (n, n_classes), columns ordered as ``classes_``."""
+        return self._values(X, client)
+
+    def predict(self, X: Any, client: Any = None) -> np.ndarray:
+        """Predicted classes, shape (n,)."""
+        return self.classes_[np.argmax(self.predict_proba(X, client), axis=1)]
+
+    def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:
+        from sklearn.metrics import accuracy_score
+
+        return float(accuracy_score(y, self.predict(X, client), sample_weight=sample_weight))

@@ -1,0 +1,98 @@
+"""In-process federation: the coordinator and one worker per client in one Python process.
+
+This is the reference transport. The HTTPS deployment (``server_app`` / ``client_app``) moves the
+same :class:`~fedforest_secure.protocol.Task` and :class:`~fedforest_secure.protocol.Reply`
+objects over the network instead; the model is the same for the same seeds and profile.
+
+Per round every client answers the task; the aggregator turns the replies' summable vectors
+into their sum, which is all the coordinator receives, together with the per-client items the
+profile discloses. With ``fixed_point`` the vectors are encoded into the 64-bit ring first
+(and, with ``secure_aggregation``, masked so that only the sum can be recovered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .config import JobConfig
+from .coordinator import Coordinator
+from .model import ForestModel
+from .protocol import Reply, Task
+from .worker import Worker
+
+__all__ = ["Aggregator", "PlainSum", "RoundRecord", "client_seed", "run_in_process"]
+
+
+def client_seed(config: JobConfig, client_index: int) -> np.random.SeedSequence:
+    """The seed of a client's own randomness (its bootstrap), derived from the job's seed."""
+    return np.random.SeedSequence([config.random_state, 0xC1, client_index])
+
+
+class Aggregator(Protocol):
+    def aggregate(self, task: Task, replies: Mapping[int, Reply]) -> np.ndarray: ...
+
+
+class PlainSum:
+    """Sums float64 vectors in the clear, in client order (the open profile)."""
+
+    def aggregate(self, task: Task, replies: Mapping[int, Reply]) -> np.ndarray:
+        total = np.zeros_like(next(iter(replies.values())).summable, dtype=np.float64)
+        for k in sorted(replies):
+            total += replies[k].summable
+        return total
+
+
+@dataclass
+class RoundRecord:
+    """What the server saw in one round (for audits and tests)."""
+
+    task: Task
+    total: np.ndarray
+    disclosed: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    participants: list[int] = field(default_factory=list)
+
+
+def make_aggregator(config: JobConfig) -> Aggregator:
+    """The aggregator the job's profile calls for."""
+    prof = config.profile
+    if prof.get("fixed_point") or prof.get("secure_aggregation"):
+        from .secure_sum import RingAggregator
+
+        return RingAggregator(config)
+    return PlainSum()
+
+
+def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
+                   aggregator: Aggregator | None = None,
+                   on_round: Callable[[RoundRecord], None] | None = None,
+                   workers: Sequence[Worker] | None = None) -> ForestModel:
+    """Train a forest with every client in this process, through the real protocol.
+
+    Parameters
+    ----------
+    config : the job configuration
+    clients : one ``(X_k, y_k)`` per client, in client-index order
+    aggregator : how summable vectors are added up (default: what the profile asks for)
+    on_round : called with what the server saw after each round (audit hook)
+    """
+    if len(clients) != config.n_clients:
+        raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
+    if workers is None:
+        workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k))
+                   for k, (X, y) in enumerate(clients)]
+    agg = aggregator or make_aggregator(config)
+    coord = Coordinator(config)
+    while (task := coord.next_task()) is not None:
+        replies = {k: w.handle(task) for k, w in enumerate(workers)}
+        total = agg.aggregate(task, replies)
+        disclosed = {k: r.disclosed for k, r in replies.items() if r.disclosed}
+        coord.submit(task.round_id, total, disclosed, participants=sorted(replies))
+        if on_round is not None:
+            on_round(RoundRecord(task, total, disclosed, sorted(replies)))
+    model = coord.result()
+    model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
+    return model

@@ -1,0 +1,323 @@
+"""Privacy profiles: which protections a training job combines, and what it discloses.
+
+A profile is a TOML file validated by :class:`PrivacyProfile`. Three ship with the package
+(``open``, ``secure``, ``secure-dp``); :func:`load_profile` reads one of them or any TOML file and
+applies keyword overrides::
+
+    load_profile("secure-dp", epsilon=2.0)
+    load_profile("secure", secure_aggregation=False)
+
+Rules enforced here (each violation is a :class:`~fedforest_secure.errors.ProfileError`):
+
+* ``secure_aggregation = true`` needs ``fixed_point = true`` (masks live in the fixed-point ring),
+  ``rows_per_sketch_point >= 2`` and ``min_clients >= 2`` (with one client the "sum" is its value).
+* ``[dp]`` needs ``secure_aggregation = true``: noise is *distributed* (each client adds a share
+  so that only the sum carries the calibrated scale), so in the clear every client's vector would
+  carry only a fraction of it. It also refuses anything disclosed in plaintext (``sketch =
+  "quantiles"``, ``h_splits = "clear"``), which would void the guarantee.
+* ``h_splits = "noisy"`` needs ``[dp]`` (the noise scale comes from it).
+* ``dp.dropout_tolerance`` must cover the dropouts the unmasking threshold accepts
+  (``dropout_tolerance >= 1 - threshold``); when omitted it defaults to ``1 - threshold``.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from ..errors import ProfileError
+
+__all__ = ["DPConfig", "PrivacyProfile", "available_profiles", "load_profile"]
+
+_PROFILE_DIR = "profiles"
+
+
+class DPConfig(BaseModel):
+    """The ``[dp]`` section: differential privacy of everything the server learns.
+
+    Attributes
+    ----------
+    epsilon : float
+        Total privacy budget for one training job, finite and > 0.
+    delta : float
+        Total delta in (0, 1) (the Gaussian mechanism needs delta > 0).
+    mechanism : {"gaussian_discrete"}
+        Distributed discrete Gaussian noise on fixed-point integers.
+    dropout_tolerance : float or None
+        Fraction of a round's clients that may drop while the sum still carries the full noise
+        scale; each client adds variance ``sigma**2 / K_min`` with
+        ``K_min = ceil(K * (1 - dropout_tolerance))``. None means ``1 - threshold``.
+    max_multiplicity : int
+        Cap on a record's bootstrap multiplicity ``m_max`` (workers clip to it); it scales every
+        sensitivity.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    epsilon: float
+    delta: float
+    mechanism: Literal["gaussian_discrete"] = "gaussian_discrete"
+    dropout_tolerance: float | None = None
+    max_multiplicity: int = 4
+
+    @model_validator(mode="after")
+    def _validate(self) -> DPConfig:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be finite and > 0, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1) for Gaussian noise, got {self.delta}")
+        tol = self.dropout_tolerance
+        if tol is not None and not 0 <= tol < 1:
+            raise ValueError(f"dropout_tolerance must be in [0, 1), got {tol}")
+        if self.max_multiplicity < 1:
+            raise ValueError(f"max_multiplicity must be >= 1, got {self.max_multiplicity}")
+        return self
+
+
+class PrivacyProfile(BaseModel):
+    """A validated privacy profile (immutable).
+
+    Attributes
+    ----------
+    name : str
+    secure_aggregation : bool
+        Pairwise masking; False means plain sums with identical results.
+    threshold : float
+        Fraction of the round's clients needed to unmask, in (0, 1].
+    sketch : {"quantiles", "secure_cdf"}
+        The paper's per-client quantile sketches (disclosed) or a pooled CDF sketch whose counts
+        are aggregated like any other statistic.
+    rows_per_sketch_point : int
+        Adaptive B: a sketch point summarises at least this many rows (>= 1; 1 is the paper's
+        ``B < n`` rule; secure profiles need >= 2).
+    abstain_below : int
+        A client with fewer rows than this at a node contributes nothing for it (0: never).
+    h_splits : {"off", "noisy", "clear"}
+        Splits on the client indicator H: not at all, on DP-noised per-client summaries, or on
+        plaintext per-client summaries.
+    dp : DPConfig or None
+        Differential privacy; None means no noise.
+    fixed_point : bool
+        Encode summable vectors in the fixed-point ring. A profile with
+        ``secure_aggregation = false`` and the same ``fixed_point``/``frac_bits`` grows the same
+        forest, split for split.
+    frac_bits : int
+        Fractional bits of the fixed-point encoding of real-valued sums (0..40).
+    min_clients : int
+        Sums over fewer clients are refused (default 3 with secure aggregation, else 1).
+    description : str
+        Free text for humans.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str
+    secure_aggregation: bool
+    threshold: float = 1.0
+    sketch: Literal["quantiles", "secure_cdf"]
+    rows_per_sketch_point: int = 1
+    abstain_below: int = 0
+    h_splits: Literal["off", "noisy", "clear"] = "off"
+    dp: DPConfig | None = None
+    fixed_point: bool = False
+    frac_bits: int = 24
+    min_clients: int = 1
+    description: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "min_clients" not in data:
+            data = dict(data)
+            data["min_clients"] = 3 if data.get("secure_aggregation") is True else 1
+        return data
+
+    @model_validator(mode="after")
+    def _validate(self) -> PrivacyProfile:
+        if not self.name.strip():
+            raise ValueError("name must not be empty")
+        if not (math.isfinite(self.threshold) and 0 < self.threshold <= 1):
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.rows_per_sketch_point < 1:
+            raise ValueError(
+                f"rows_per_sketch_point must be >= 1, got {self.rows_per_sketch_point}"
+            )
+        if self.abstain_below < 0:
+            raise ValueError(f"abstain_below must be >= 0, got {self.abstain_below}")
+        if not 0 <= self.frac_bits <= 40:
+            raise ValueError(f"frac_bits must be in [0, 40], got {self.frac_bits}")
+        if self.min_clients < 1:
+            raise ValueError(f"min_clients must be >= 1, got {self.min_clients}")
+        if self.secure_aggregation:
+            if not self.fixed_point:
+                raise ValueError("secure_aggregation = true needs fixed_point = true")
+            if self.rows_per_sketch_point < 2:
+                raise ValueError(
+                    "secure_aggregation = true needs rows_per_sketch_point >= 2 "
+                    "(a sketch point must not pin a single row)"
+                )
+            if self.min_clients < 2:
+                raise ValueError("secure_aggregation = true needs min_clients >= 2")
+        if self.h_splits == "noisy" and self.dp is None:
+            raise ValueError('h_splits = "noisy" needs a [dp] section for the noise scale')
+        if self.dp is not None:
+            if not self.secure_aggregation:
+                raise ValueError(
+                    "dp needs secure_aggregation = true: the noise is split across clients so "
+                    "only the sum carries the calibrated scale"
+                )
+            if self.sketch == "quantiles":
+                raise ValueError('dp is incompatible with sketch = "quantiles" (plaintext)')
+            if self.h_splits == "clear":
+                raise ValueError('dp is incompatible with h_splits = "clear" (plaintext)')
+            tol = self.dp.dropout_tolerance
+            if tol is not None and tol < 1 - self.threshold - 1e-12:
+                raise ValueError(
+                    f"dp.dropout_tolerance ({tol}) must be >= 1 - threshold "
+                    f"({1 - self.threshold:.6g}): rounds the threshold accepts would carry less "
+                    "noise than calibrated"
+                )
+        return self
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def dropout_tolerance(self) -> float:
+        """The DP dropout tolerance in effect (``1 - threshold`` unless set; 0 without dp)."""
+        if self.dp is None:
+            return 0.0
+        if self.dp.dropout_tolerance is not None:
+            return self.dp.dropout_tolerance
+        return max(0.0, 1.0 - self.threshold)
+
+    @property
+    def disclosures(self) -> list[str]:
+        """Everything this profile lets the server learn beyond (noised) sums over clients."""
+        out: list[str] = []
+        if not self.secure_aggregation:
+            out.append("per-client statistic vectors (no secure aggregation)")
+        if self.sketch == "quantiles":
+            out.append("per-client quantile sketches")
+        if self.h_splits == "clear":
+            out.append("per-client node summaries")
+        elif self.h_splits == "noisy":
+            out.append("noisy per-client node summaries")
+        return out
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a JSON-ready mapping (for model files)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyProfile:
+        """Validate a mapping; every failure is a :class:`ProfileError`."""
+        if not isinstance(data, Mapping):
+            raise ProfileError(f"a profile must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise ProfileError(_format_error(exc, data)) from None
+
+    def to_toml(self) -> str:
+        """TOML text that :func:`load_profile` reads back to an equal profile."""
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+
+def _format_error(exc: ValidationError, data: Mapping[str, Any]) -> str:
+    name = data.get("name") if isinstance(data, Mapping) else None
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(k) for k in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    label = f" {name!r}" if isinstance(name, str) else ""
+    return f"invalid privacy profile{label}: " + "; ".join(parts)
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    root = resources.files(__package__).joinpath(_PROFILE_DIR)
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def _read_toml(source: str | Path) -> dict[str, Any]:
+    if isinstance(source, str) and source in available_profiles():
+        res = resources.files(__package__).joinpath(_PROFILE_DIR).joinpath(f"{source}.toml")
+        text = res.read_text(encoding="utf-8")
+        where = f"shipped profile {source!r}"
+    else:
+        path = Path(source)
+        if not (path.suffix == ".toml" or path.exists() or isinstance(source, Path)):
+            raise ProfileError(
+                f"unknown profile {str(source)!r}: not one of {available_profiles()} "
+                "and not a path to a .toml file"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"cannot read profile file {path}: {exc}") from None
+        where = str(path)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"cannot parse {where}: {exc}") from None
+
+
+def load_profile(name_or_path: str | Path | PrivacyProfile, **overrides: Any) -> PrivacyProfile:
+    """Load a shipped profile, a TOML file, or copy a profile, applying keyword overrides.
+
+    Parameters
+    ----------
+    name_or_path : str, Path or PrivacyProfile
+        ``"open"``, ``"secure"``, ``"secure-dp"``, a path to a TOML file, or a profile.
+    **overrides
+        Top-level fields (``secure_aggregation=False``, ``dp=None``, ``dp={...}``) or fields of
+        the ``[dp]`` section (``epsilon=2.0``, ``delta=1e-7``); the latter need a profile with
+        a ``[dp]`` section (or a ``dp=`` override).
+
+    Raises
+    ------
+    ProfileError
+        Unknown name or keyword, unreadable file, or a profile that does not validate.
+    """
+    if isinstance(name_or_path, PrivacyProfile):
+        data = name_or_path.model_dump()
+    elif isinstance(name_or_path, str | Path):
+        data = _read_toml(name_or_path)
+    else:
+        raise ProfileError(
+            f"expected a profile name, path or PrivacyProfile, got {type(name_or_path).__name__}"
+        )
+    if not overrides:
+        return PrivacyProfile.from_dict(data)
+    top = set(PrivacyProfile.model_fields)
+    dp_fields = set(DPConfig.model_fields)
+    dp_over = {k: v for k, v in overrides.items() if k in dp_fields and k not in top}
+    unknown = sorted(set(overrides) - top - dp_fields)
+    if unknown:
+        raise ProfileError(
+            f"unknown profile override(s) {unknown}; valid: {sorted(top | dp_fields)}"
+        )
+    for k, v in overrides.items():
+        if k in top:
+            data[k] = v
+    if dp_over:
+        dp = data.get("dp")
+        if isinstance(dp, DPConfig):
+            dp = dp.model_dump()
+        if not isinstance(dp, Mapping):
+            raise ProfileError(
+                f"cannot override {sorted(dp_over)}: profile {data.get('name')!r} has no [dp] "
+                "section (pass dp={...} or start from 'secure-dp')"
+            )
+        data["dp"] = {**dp, **dp_over}
+    return PrivacyProfile.from_dict(data)

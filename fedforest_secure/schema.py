@@ -1,0 +1,658 @@
+"""The data schema both sides of a federation share.
+
+A schema names the features (continuous with public bounds, or categorical with levels), the
+target (regression with public bounds, or classification with classes) and, optionally, the column
+that says which client a row belongs to. The coordinator and every client load the same schema
+file; a client validates its table against it before anything leaves the site.
+
+Schema files are TOML or JSON::
+
+    client_column = "hospital"
+
+    [target]
+    name = "los"
+    kind = "regression"
+    bounds = [0.0, 365.0]
+
+    [[features]]
+    name = "age"
+    kind = "continuous"
+    bounds = [0.0, 120.0]
+
+    [[features]]
+    name = "sex"
+    kind = "categorical"
+    levels = ["F", "M"]
+
+Bounds are *public*: they fix fixed-point scales, the secure sketch grid and differential-privacy
+sensitivities. Data outside them is an error, never silently clipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import tomllib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import tomli_w
+from numpy.typing import ArrayLike, NDArray
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import SchemaError
+
+__all__ = ["Feature", "Schema", "Target"]
+
+_MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
+_Bounds = tuple[StrictFloat, StrictFloat]
+_Column = Sequence[Any] | NDArray[Any]
+
+
+def _check_bounds(bounds: tuple[float, float] | None) -> None:
+    if bounds is None:
+        return
+    lo, hi = bounds
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"bounds must be finite, got [{lo}, {hi}]")
+    if not lo < hi:
+        raise ValueError(f"lower bound must be < upper bound, got [{lo}, {hi}]")
+
+
+def _check_labels(labels: list[str], what: str) -> None:
+    if len(labels) < 2:
+        raise ValueError(f"needs at least 2 {what}, got {len(labels)}")
+    if any(not s.strip() or s != s.strip() for s in labels):
+        raise ValueError(f"{what} must be non-empty strings without surrounding spaces")
+    dups = sorted(lab for lab, count in Counter(labels).items() if count > 1)
+    if dups:
+        raise ValueError(f"duplicate {what}: {dups}")
+
+
+def _check_name(name: str) -> None:
+    if not name.strip() or name != name.strip():
+        raise ValueError(f"name must be non-empty without surrounding spaces, got {name!r}")
+
+
+def _name_field(cls: type[BaseModel], v: str) -> str:
+    _check_name(v)
+    return v
+
+
+def _bounds_field(
+    cls: type[BaseModel], v: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    _check_bounds(v)
+    return v
+
+
+class Feature(BaseModel):
+    """One input column.
+
+    Attributes
+    ----------
+    name : str
+        Column name in the table.
+    kind : {"continuous", "categorical"}
+    bounds : (float, float) or None
+        Public ``[lo, hi]`` range of a continuous feature (finite, ``lo < hi``).
+    levels : list of str or None
+        Levels of a categorical feature (at least 2, unique); encoded as codes ``0..L-1``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["continuous", "categorical"]
+    bounds: _Bounds | None = None
+    levels: list[str] | None = None
+
+    _name = field_validator("name")(_name_field)
+    _bounds = field_validator("bounds")(_bounds_field)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            _check_labels(v, "levels")
+        return v
+
+    @model_validator(mode="after")
+    def _validate(self) -> Feature:
+        if self.kind == "continuous":
+            if self.levels is not None:
+                raise ValueError("a continuous feature has no levels")
+        else:
+            if self.bounds is not None:
+                raise ValueError("a categorical feature has no bounds")
+            if self.levels is None:
+                raise ValueError("a categorical feature needs levels")
+        return self
+
+
+class Target(BaseModel):
+    """The response column.
+
+    Attributes
+    ----------
+    name : str
+    kind : {"regression", "classification"}
+    bounds : (float, float) or None
+        Public range of a regression target (needed for fixed-point scales and DP).
+    classes : list of str or None
+        Class labels of a classification target (at least 2, unique); encoded as ``0..C-1``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    kind: Literal["regression", "classification"]
+    bounds: _Bounds | None = None
+    classes: list[str] | None = None
+
+    _name = field_validator("name")(_name_field)
+    _bounds = field_validator("bounds")(_bounds_field)
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            _check_labels(v, "classes")
+        return v
+
+    @model_validator(mode="after")
+    def _validate(self) -> Target:
+        if self.kind == "regression":
+            if self.classes is not None:
+                raise ValueError("a regression target has no classes")
+        else:
+            if self.bounds is not None:
+                raise ValueError("a classification target has no bounds")
+            if self.classes is None:
+                raise ValueError("a classification target needs classes")
+        return self
+
+
+def _format_error(exc: ValidationError, data: Any) -> str:
+    parts = []
+    for err in exc.errors():
+        loc: list[str] = []
+        for i, key in enumerate(err["loc"]):
+            if isinstance(key, int) and loc:
+                loc[-1] += f"[{key}]"
+                if err["loc"][:i] == ("features",) and isinstance(data, Mapping):
+                    feats = data.get("features")
+                    if isinstance(feats, list) and key < len(feats):
+                        name = feats[key].get("name") if isinstance(feats[key], Mapping) else None
+                        if isinstance(name, str):
+                            loc[-1] += f" ({name!r})"
+            else:
+                loc.append(str(key))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+    return "invalid schema: " + "; ".join(parts)
+
+
+def _canon(value: Any) -> str:
+    """Canonical text of a label: strings stripped, integral numbers without ``.0``."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if math.isfinite(v) and v.is_integer():
+            return str(int(v))
+        return repr(v)
+    return str(value).strip()
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a cell for error messages (numpy scalars shown as plain Python values)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _MISSING
+    if isinstance(value, float | np.floating):
+        return math.isnan(float(value))
+    return False
+
+
+class Schema(BaseModel):
+    """Feature kinds, public bounds and target of a federated table.
+
+    Attributes
+    ----------
+    features : list of Feature
+    target : Target
+    client_column : str or None
+        Column holding each row's client (site) identifier, if the table has one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    features: list[Feature]
+    target: Target
+    client_column: str | None = None
+
+    @model_validator(mode="after")
+    def _validate(self) -> Schema:
+        if not self.features:
+            raise ValueError("features: at least one feature is needed")
+        names = [f.name for f in self.features] + [self.target.name]
+        if self.client_column is not None:
+            _check_name(self.client_column)
+            names.append(self.client_column)
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                raise ValueError(f"duplicate column name {n!r}")
+            seen.add(n)
+        return self
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Schema:
+        """Validate a schema given as a mapping.
+
+        Raises
+        ------
+        SchemaError
+            Naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
+        """
+        if not isinstance(data, Mapping):
+            raise SchemaError(f"a schema must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise SchemaError(_format_error(exc, data)) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Schema:
+        """Read a schema from a ``.toml`` or ``.json`` file."""
+        p = Path(path)
+        try:
+            raw = p.read_bytes()
+        except OSError as exc:
+            raise SchemaError(f"cannot read schema file {p}: {exc.strerror}") from None
+        try:
+            if p.suffix.lower() == ".json":
+                data = json.loads(raw)
+            else:
+                data = tomllib.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"cannot parse schema file {p}: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/TOML-ready mapping (absent optional fields left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def dump(self, path: str | Path) -> None:
+        """Write the schema to ``path`` (TOML unless the suffix is ``.json``)."""
+        p = Path(path)
+        if p.suffix.lower() == ".json":
+            p.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        else:
+            p.write_text(tomli_w.dumps(self.to_dict()), encoding="utf-8")
+
+    @classmethod
+    def infer(
+        cls,
+        X: ArrayLike,
+        y: ArrayLike,
+        feature_names: Sequence[str] | None = None,
+        task: Literal["regression", "classification"] = "regression",
+        categorical: Sequence[int | str] | None = None,
+    ) -> Schema:
+        """Build a schema from in-process data.
+
+        .. warning::
+           Disclosure: the bounds and levels are taken *from the data*, so the schema reveals
+           each feature's pooled minimum and maximum (and the set of target classes). This is for
+           the in-process scikit-learn facade only; a real federation writes its public bounds
+           into a schema file.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        feature_names : sequence of str, optional
+            Default ``x0, x1, ...``.
+        task : {"regression", "classification"}
+        categorical : sequence of int or str, optional
+            Indices or names of categorical features; their levels are the sorted unique values.
+        """
+        Xa = np.asarray(X)
+        ya = np.asarray(y)
+        if Xa.ndim != 2 or Xa.shape[0] == 0 or Xa.shape[1] == 0:
+            raise SchemaError(f"X must be a non-empty 2-D array, got shape {Xa.shape}")
+        if ya.ndim != 1 or ya.shape[0] != Xa.shape[0]:
+            raise SchemaError(f"y must have shape ({Xa.shape[0]},), got {ya.shape}")
+        d = Xa.shape[1]
+        names = [f"x{j}" for j in range(d)] if feature_names is None else list(feature_names)
+        if len(names) != d:
+            raise SchemaError(f"feature_names has {len(names)} names for {d} columns")
+        cat: set[int] = set()
+        for c in categorical or ():
+            if isinstance(c, str):
+                if c not in names:
+                    raise SchemaError(f"categorical: unknown feature {c!r}")
+                cat.add(names.index(c))
+            elif isinstance(c, int | np.integer) and 0 <= int(c) < d:
+                cat.add(int(c))
+            else:
+                raise SchemaError(f"categorical: bad feature index {c!r}")
+        feats: list[dict[str, Any]] = []
+        for j, name in enumerate(names):
+            col = Xa[:, j]
+            if j in cat:
+                levels = sorted({_canon(v) for v in col}, key=_label_sort_key)
+                feats.append({"name": name, "kind": "categorical", "levels": levels})
+            else:
+                vals = _numeric_column(col, name)
+                lo, hi = float(vals.min()), float(vals.max())
+                if lo == hi:
+                    hi = lo + 1.0
+                feats.append({"name": name, "kind": "continuous", "bounds": (lo, hi)})
+        target: dict[str, Any] = {"name": "y", "kind": task}
+        if task == "classification":
+            target["classes"] = sorted({_canon(v) for v in ya}, key=_label_sort_key)
+        elif task == "regression":
+            yv = _numeric_column(ya, "y")
+            lo, hi = float(yv.min()), float(yv.max())
+            target["bounds"] = (lo, hi if hi > lo else lo + 1.0)
+        else:
+            raise SchemaError(f"task must be 'regression' or 'classification', got {task!r}")
+        return cls.from_dict({"features": feats, "target": target})
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def n_features(self) -> int:
+        """Number of features ``d``."""
+        return len(self.features)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Feature names in column order."""
+        return [f.name for f in self.features]
+
+    @property
+    def feature_kinds(self) -> list[str]:
+        """``"continuous"`` or ``"categorical"`` per feature."""
+        return [f.kind for f in self.features]
+
+    @property
+    def n_levels(self) -> list[int]:
+        """Number of levels per feature (0 for continuous features)."""
+        return [len(f.levels) if f.levels is not None else 0 for f in self.features]
+
+    @property
+    def bounds_array(self) -> NDArray[np.float64]:
+        """Array of shape (d, 2): public ``[lo, hi]`` per feature, NaN where absent."""
+        out = np.full((self.n_features, 2), np.nan)
+        for j, f in enumerate(self.features):
+            if f.bounds is not None:
+                out[j] = f.bounds
+        return out
+
+    @property
+    def is_classification(self) -> bool:
+        """Whether the target is a class label."""
+        return self.target.kind == "classification"
+
+    @property
+    def n_classes(self) -> int:
+        """Number of classes (0 for regression)."""
+        return len(self.target.classes) if self.target.classes is not None else 0
+
+    def missing_bounds(self) -> list[str]:
+        """Names of continuous features (and a regression target) without public bounds."""
+        out = [f.name for f in self.features if f.kind == "continuous" and f.bounds is None]
+        if self.target.kind == "regression" and self.target.bounds is None:
+            out.append(self.target.name)
+        return out
+
+    # ------------------------------------------------------------------ tables
+    def read_csv(
+        self, path: str | Path, *, with_target: bool = True
+    ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
+        """Read and validate a CSV file with a header row.
+
+        Parameters
+        ----------
+        path : str or Path
+        with_target : bool, default True
+            False for tables to predict on (no target column needed, ``y`` is None).
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features), float64
+            Continuous values as read; categorical features as level codes ``0..L-1``.
+        y : ndarray of shape (n_samples,) or None
+            float64 for regression, int64 class codes ``0..C-1`` for classification.
+        client : ndarray of str of shape (n_samples,) or None
+            The client column when the schema names one.
+
+        Raises
+        ------
+        SchemaError
+            Naming the column and the 1-based data row of the first problem.
+        """
+        p = Path(path)
+        try:
+            with p.open(newline="", encoding="utf-8-sig") as fh:
+                reader = csv.reader(fh)
+                header = next(reader, None)
+                if header is None:
+                    raise SchemaError(f"{p}: empty file, expected a header row")
+                header = [h.strip() for h in header]
+                rows = list(reader)
+        except OSError as exc:
+            raise SchemaError(f"cannot read {p}: {exc.strerror}") from None
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise SchemaError(f"{p}: malformed CSV: {exc}") from None
+        if len(set(header)) != len(header):
+            raise SchemaError(f"{p}: duplicate column names in header")
+        for i, row in enumerate(rows, start=1):
+            if len(row) != len(header):
+                raise SchemaError(
+                    f"row {i}: has {len(row)} cells, the header has {len(header)} columns"
+                )
+        columns = {h: [r[k] for r in rows] for k, h in enumerate(header)}
+        return self._encode(columns, len(rows), with_target=with_target)
+
+    def validate_table(
+        self, table: Any, *, with_target: bool = True
+    ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
+        """Validate an in-memory table; same checks and outputs as :meth:`read_csv`.
+
+        Parameters
+        ----------
+        table : DataFrame-like, mapping of column -> sequence, or iterable of row mappings
+            Anything with ``.columns`` and ``table[col]`` (e.g. a pandas DataFrame), a dict of
+            columns, or a list of ``{column: value}`` rows.
+        """
+        columns: dict[str, list[Any]]
+        if hasattr(table, "columns") and not isinstance(table, Mapping):
+            columns = {str(c): list(table[c]) for c in table.columns}
+        elif isinstance(table, Mapping):
+            columns = {str(k): list(v) for k, v in table.items()}
+        elif isinstance(table, Iterable):
+            rows = list(table)
+            columns = {}
+            for i, row in enumerate(rows, start=1):
+                if not isinstance(row, Mapping):
+                    raise SchemaError(f"row {i}: expected a mapping of column to value")
+            names = self._needed_columns(with_target)
+            for name in names:
+                col = []
+                for i, row in enumerate(rows, start=1):
+                    if name not in row:
+                        raise SchemaError(f"column {name!r}, row {i}: missing")
+                    col.append(row[name])
+                columns[name] = col
+        else:
+            raise SchemaError(f"cannot read a table from {type(table).__name__}")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise SchemaError("columns have different lengths")
+        n = lengths.pop() if lengths else 0
+        return self._encode(columns, n, with_target=with_target)
+
+    def check_arrays(
+        self, X: ArrayLike, y: ArrayLike | None = None
+    ) -> tuple[NDArray[np.float64], NDArray[Any] | None]:
+        """Validate numpy input against the schema.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Columns in schema order; categorical columns hold level labels (or numbers whose
+            canonical text is a level, e.g. ``1.0`` for level ``"1"``).
+        y : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features), float64 with categorical level codes
+        y : ndarray of shape (n_samples,) or None
+            float64 for regression, int64 class codes for classification.
+        """
+        Xa = np.asarray(X)
+        if Xa.ndim != 2 or Xa.shape[1] != self.n_features:
+            raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xa.shape}")
+        columns: dict[str, _Column] = {f.name: Xa[:, j] for j, f in enumerate(self.features)}
+        if y is not None:
+            ya = np.asarray(y)
+            if ya.shape != (Xa.shape[0],):
+                raise SchemaError(f"y must have shape ({Xa.shape[0]},), got {ya.shape}")
+            columns[self.target.name] = ya
+        Xo, yo, _ = self._encode(columns, Xa.shape[0], with_target=y is not None, with_client=False)
+        return Xo, yo
+
+    def encode_target(self, y: ArrayLike) -> NDArray[Any]:
+        """Validate and encode a target vector (float64, or int64 class codes)."""
+        ya = np.asarray(y)
+        if ya.ndim != 1:
+            raise SchemaError(f"y must be 1-D, got shape {ya.shape}")
+        return self._encode_target(ya)
+
+    # ------------------------------------------------------------------ internals
+    def _needed_columns(self, with_target: bool, with_client: bool = True) -> list[str]:
+        names = self.feature_names
+        if with_target:
+            names.append(self.target.name)
+        if with_client and self.client_column is not None:
+            names.append(self.client_column)
+        return names
+
+    def _encode(
+        self,
+        columns: Mapping[str, _Column],
+        n_rows: int,
+        *,
+        with_target: bool,
+        with_client: bool = True,
+    ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
+        for name in self._needed_columns(with_target, with_client):
+            if name not in columns:
+                raise SchemaError(f"column {name!r}: missing from the table")
+        if n_rows == 0:
+            raise SchemaError("the table has no data rows")
+        X = np.empty((n_rows, self.n_features), dtype=np.float64)
+        for j, f in enumerate(self.features):
+            col = columns[f.name]
+            if f.kind == "continuous":
+                X[:, j] = _numeric_column(col, f.name, f.bounds)
+            else:
+                X[:, j] = _label_codes(col, f.name, f.levels or [], "level")
+        y = self._encode_target(columns[self.target.name]) if with_target else None
+        client = None
+        if with_client and self.client_column is not None:
+            raw = columns[self.client_column]
+            for i, v in enumerate(raw, start=1):
+                if _is_missing(v):
+                    raise SchemaError(f"column {self.client_column!r}, row {i}: missing value")
+            client = np.array([_canon(v) for v in raw], dtype=np.str_)
+        return X, y, client
+
+    def _encode_target(self, col: _Column) -> NDArray[Any]:
+        t = self.target
+        if t.kind == "regression":
+            return _numeric_column(col, t.name, t.bounds)
+        return _label_codes(col, t.name, t.classes or [], "class").astype(np.int64)
+
+
+def _label_sort_key(label: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(label), label)
+    except ValueError:
+        return (1, 0.0, label)
+
+
+def _numeric_column(
+    col: _Column, name: str, bounds: tuple[float, float] | None = None
+) -> NDArray[np.float64]:
+    arr = np.asarray(col)
+    if arr.dtype.kind in "fiu":
+        out = arr.astype(np.float64)
+        bad = ~np.isfinite(out)
+        if bad.any():
+            i = int(np.argmax(bad)) + 1
+            raise SchemaError(f"column {name!r}, row {i}: missing or non-finite value")
+    else:
+        out = np.empty(len(arr), dtype=np.float64)
+        for i, v in enumerate(arr, start=1):
+            if _is_missing(v):
+                raise SchemaError(f"column {name!r}, row {i}: missing value")
+            if isinstance(v, bool | np.bool_):
+                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
+            try:
+                x = float(v.strip() if isinstance(v, str) else v)
+            except (TypeError, ValueError):
+                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number") from None
+            if not math.isfinite(x):
+                raise SchemaError(f"column {name!r}, row {i}: non-finite value {_show(v)}")
+            out[i - 1] = x
+    if bounds is not None:
+        lo, hi = bounds
+        bad = (out < lo) | (out > hi)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SchemaError(
+                f"column {name!r}, row {i + 1}: value {_show(out[i])} outside the public bounds "
+                f"[{lo}, {hi}]"
+            )
+    return out
+
+
+def _label_codes(col: _Column, name: str, labels: list[str], what: str) -> NDArray[np.float64]:
+    index = {lab: k for k, lab in enumerate(labels)}
+    out = np.empty(len(col), dtype=np.float64)
+    for i, v in enumerate(col, start=1):
+        if _is_missing(v) and _canon(v) not in index:
+            raise SchemaError(f"column {name!r}, row {i}: missing value")
+        code = index.get(_canon(v))
+        if code is None:
+            raise SchemaError(f"column {name!r}, row {i}: unknown {what} {_canon(v)!r}")
+        out[i - 1] = code
+    return out

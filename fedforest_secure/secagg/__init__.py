@@ -1,0 +1,52 @@
+"""Secure aggregation by pairwise masking with Shamir-shared keys (Bonawitz et al. 2017).
+
+This is the recipe layer: "mask this vector for round r" and "unmask this sum", with the privacy
+rules enforced. The primitives (X25519 + HKDF, AES-CTR PRG, Shamir, ring encoding) live in the
+private :mod:`fedforest_secure.secagg._primitives` and are imported only from here.
+
+* :class:`InProcessSecureSum` runs whole rounds in one process (the engine's entry point).
+* :class:`SecAggClient` / :class:`SecAggServer` are the transport-agnostic state machines;
+  :mod:`.messages` holds the wire messages (pydantic; vectors travel beside them as uint64).
+* :func:`encode`, :func:`decode`, :class:`RingCodec`: range-checked fixed-point ring encoding.
+
+Masks are fresh every round: every round draws a new masking key pair and self-mask seed, and the
+pairwise seeds are bound to ``job|round|i|j|task_digest``.
+"""
+
+from __future__ import annotations
+
+from .client import ClientStage, SecAggClient
+from .driver import InProcessSecureSum, Upload
+from .encoding import RingCodec, decode, encode
+from .messages import (
+    KeyAdvert,
+    MaskedUpload,
+    RoundSetup,
+    ShareBundle,
+    ShareDelivery,
+    UnmaskRequest,
+    UnmaskResponse,
+    parse,
+)
+from .server import KeyMismatch, SecAggServer, ServerStage
+
+__all__ = [
+    "ClientStage",
+    "InProcessSecureSum",
+    "KeyAdvert",
+    "KeyMismatch",
+    "MaskedUpload",
+    "RingCodec",
+    "RoundSetup",
+    "SecAggClient",
+    "SecAggServer",
+    "ServerStage",
+    "ShareBundle",
+    "ShareDelivery",
+    "UnmaskRequest",
+    "UnmaskResponse",
+    "Upload",
+    "decode",
+    "encode",
+    "parse",
+]

@@ -1,0 +1,90 @@
+"""Fixed-point encoding of float64 vectors into the ring Z_{2^64} (numpy uint64, wraparound).
+
+``encode`` maps ``x`` to ``round(x * 2^f)`` as a signed 64-bit integer stored as uint64 (two's
+complement); ``decode`` reads a sum back as signed and divides by ``2^f``. Sums of encodings are
+exact as long as the true integer sum stays within the signed range, which the range check
+guarantees *before* encoding: every ``|x| <= max_abs`` and ``n_clients * round(max_abs * 2^f)
+<= 2^63 - 1``.
+
+Quantisation error bound: each encoded entry is off by at most ``2^-(f+1)`` (round to nearest),
+so ``|decode(sum_k encode(x_k)) - sum_k x_k| <= n_clients * 2^-(f+1)`` in exact arithmetic. The
+final int64 -> float64 conversion in ``decode`` adds a relative error of at most ``2^-53`` of the
+decoded value (nothing when the integer sum is below ``2^53``, e.g. for counts).
+
+``frac_bits`` and ``max_abs`` may be scalars or per-entry arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_INT64_MAX = (1 << 63) - 1
+MAX_FRAC_BITS = 62
+
+
+def _per_entry(name: str, value: np.ndarray | float | int, size: int, dtype: type) -> np.ndarray:
+    arr = np.asarray(value, dtype=dtype)
+    if arr.ndim == 0:
+        return np.full(size, arr, dtype=dtype)
+    if arr.shape != (size,):
+        raise ValueError(f"{name} must be a scalar or have one entry per value ({size})")
+    return arr
+
+
+def check_config(frac_bits: np.ndarray, max_abs: np.ndarray, n_clients: int) -> None:
+    """Raise ``ValueError`` (with the first offending index) for an unsafe configuration."""
+    if n_clients < 1:
+        raise ValueError("n_clients must be at least 1")
+    bad = np.flatnonzero((frac_bits < 0) | (frac_bits > MAX_FRAC_BITS))
+    if bad.size:
+        raise ValueError(f"frac_bits[{bad[0]}] = {frac_bits[bad[0]]} outside [0, {MAX_FRAC_BITS}]")
+    bad = np.flatnonzero(~np.isfinite(max_abs) | (max_abs < 0))
+    if bad.size:
+        raise ValueError(f"max_abs[{bad[0]}] = {max_abs[bad[0]]} must be finite and >= 0")
+    # Exact integer check of n * round(max_abs * 2^f) <= 2^63 - 1 (float64 rounding would lie).
+    scaled = np.ldexp(max_abs, frac_bits.astype(np.int64))
+    limit = np.ldexp(1.0, 63) / n_clients
+    suspicious = np.flatnonzero(np.rint(scaled) >= limit * (1 - 1e-12))
+    for i in suspicious:
+        if n_clients * int(np.rint(scaled[i])) > _INT64_MAX:
+            raise ValueError(
+                f"max_abs[{i}] = {max_abs[i]} with frac_bits {frac_bits[i]} lets {n_clients} "
+                "clients overflow the signed 64-bit ring")
+
+
+def first_out_of_range(values: np.ndarray, max_abs: np.ndarray) -> int | None:
+    """Index of the first value that is not finite or exceeds its ``max_abs``, else ``None``."""
+    ok = np.abs(values) <= max_abs  # NaN compares False; max_abs is finite, so inf fails too
+    if ok.all():
+        return None
+    return int(np.flatnonzero(~ok)[0])
+
+
+def encode(values: np.ndarray, factor: np.ndarray | float) -> np.ndarray:
+    """``round(values * factor)`` as uint64 (two's complement), ``factor = scale(frac_bits)``.
+
+    No range check here.
+    """
+    scaled = np.multiply(values, factor)  # exact: a power of two
+    np.rint(scaled, out=scaled)
+    return scaled.astype(np.int64).view(np.uint64)
+
+
+def scale(frac_bits: np.ndarray) -> np.ndarray | float:
+    """``2.0 ** frac_bits`` as float64 (exact); a scalar when every entry has the same bits."""
+    if frac_bits.size and (frac_bits == frac_bits[0]).all():
+        return float(2.0 ** int(frac_bits[0]))
+    return np.ldexp(np.ones(frac_bits.shape), frac_bits.astype(np.int64))
+
+
+def decode(total: np.ndarray, frac_bits: np.ndarray) -> np.ndarray:
+    """Read a uint64 (sum of encodings) as signed and divide by ``2^frac_bits``."""
+    signed = np.ascontiguousarray(total, dtype=np.uint64).view(np.int64)
+    out = signed.astype(np.float64)
+    np.divide(out, scale(frac_bits), out=out)  # exact: a power of two
+    return out
+
+
+def broadcast(name: str, value: np.ndarray | float | int, size: int, dtype: type) -> np.ndarray:
+    """``value`` as a per-entry array of ``size`` (scalars are repeated)."""
+    return _per_entry(name, value, size, dtype)

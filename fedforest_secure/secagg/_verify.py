@@ -1,0 +1,39 @@
+"""Checks shared by client and server: advert signatures and roster validation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from ..errors import InvalidMessage
+from ._rounds import advert_payload
+from .messages import KeyAdvert
+
+
+def verify_advert(advert: object, directory: Mapping[int, bytes], job_id: str,
+                  round_id: int | None = None) -> KeyAdvert:
+    """``advert`` if it is a :class:`KeyAdvert` for this job (and round) signed by its client."""
+    if not isinstance(advert, KeyAdvert):
+        raise InvalidMessage("not a key advertisement")
+    if advert.job_id != job_id or (round_id is not None and advert.round_id != round_id):
+        raise InvalidMessage("key advertisement for another job or round")
+    identity = directory.get(advert.client_id)
+    if identity is None:
+        raise InvalidMessage("key advertisement from an unknown client")
+    payload = advert_payload(advert.job_id, advert.round_id, advert.client_id, advert.enc_key,
+                             advert.mask_key, advert.self_mask_commit)
+    try:
+        VerifyKey(identity).verify(payload, advert.signature)
+    except (BadSignatureError, ValueError, TypeError) as exc:
+        raise InvalidMessage("bad key advertisement signature") from exc
+    return advert
+
+
+def unique_ids(ids: Iterable[int], what: str) -> list[int]:
+    """``ids`` as a list, or :class:`InvalidMessage` if one repeats."""
+    out = list(ids)
+    if len(out) != len(set(out)):
+        raise InvalidMessage(f"duplicate client in {what}")
+    return out

@@ -1,0 +1,302 @@
+"""The client side of secure aggregation: one :class:`SecAggClient` per client and job.
+
+Per round ``r`` the client (Bonawitz et al. 2017, with the SecAgg+ sparse graph as an option):
+
+1. ``advertise(r)``: draws a fresh X25519 masking key pair and a fresh 32-byte self-mask seed
+   ``b_u`` and signs them (with its per-job encryption key) under its Ed25519 identity. The
+   advert for ``r + 1`` may be produced while round ``r`` is still running and ride along on
+   ``r``'s upload or unmask response (``next_advert``).
+2. ``share_keys(setup)``: verifies every advert of the roster, Shamir-shares ``b_u`` and the masking
+   private key among its group with threshold ``t`` and encrypts each pair of shares to its peer.
+3. ``mask(delivery, x)``: decrypts the shares it received and uploads
+   ``y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)`` in Z_{2^64}, over the peers
+   ``v`` that shared. The round's secrets are then dropped from memory.
+4. ``unmask(request)``: reveals self-mask shares of survivors and masking-key shares of dropped
+   peers, under the privacy rules below (a breach is ``errors.RefusedRequest``):
+
+   * never both kinds of share for the same peer in one round (even across repeated requests);
+   * never when fewer than ``t`` clients survive, nor for a sum over fewer than 3 clients;
+   * never the same ``(job, question)`` twice with a different set of survivors.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from nacl.exceptions import CryptoError
+from nacl.public import Box, PrivateKey, PublicKey
+from nacl.signing import SigningKey
+
+from ..errors import InvalidMessage, ProtocolError, RefusedRequest
+from ._primitives import _kdf, _prg, _shamir
+from ._rounds import (
+    advert_payload,
+    check_job_id,
+    graph_seed,
+    local_threshold,
+    mask_info,
+    neighbour_groups,
+    self_mask_commitment,
+    share_header,
+)
+from ._verify import unique_ids, verify_advert
+from .messages import (
+    KeyAdvert,
+    MaskedUpload,
+    RoundSetup,
+    ShareBundle,
+    ShareDelivery,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+
+__all__ = ["ClientStage", "SecAggClient"]
+
+_SELF, _KEY = "self-mask", "masking-key"
+
+
+class ClientStage(enum.Enum):
+    """Where the client is in its current round."""
+
+    IDLE = "idle"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    DONE = "done"
+
+
+@dataclass
+class _RoundKeys:
+    mask_private: bytes
+    self_seed: bytes
+    advert: KeyAdvert
+
+
+@dataclass
+class _Round:
+    round_id: int
+    question: str
+    task_digest: bytes
+    threshold: int
+    vector_length: int
+    adverts: dict[int, KeyAdvert]
+    group: frozenset[int]
+    keys: _RoundKeys | None
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)  # sender -> (b, sk) shares
+    revealed: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class SecAggClient:
+    """Client state machine for one job. ``directory`` maps client ids to Ed25519 verify keys."""
+
+    client_id: int
+    job_id: str
+    identity: SigningKey
+    directory: Mapping[int, bytes]
+    stage: ClientStage = ClientStage.IDLE
+    round_id: int = -1
+    _enc_key: PrivateKey = field(default_factory=PrivateKey.generate, repr=False)
+    _keys: dict[int, _RoundKeys] = field(default_factory=dict, repr=False)
+    _round: _Round | None = field(default=None, repr=False)
+    _answered: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        check_job_id(self.job_id)
+        if self.directory.get(self.client_id) != bytes(self.identity.verify_key):
+            raise ValueError("the directory must hold this client's own verify key")
+
+    # -- 1. advertise ------------------------------------------------------------------------
+    def advertise(self, round_id: int) -> KeyAdvert:
+        """Fresh, signed round keys for ``round_id`` (may be the next round while one runs)."""
+        return self._advertise_from_parts(round_id, _kdf.generate_private_key(),
+                                          secrets.token_bytes(32))
+
+    def _advertise_from_parts(self, round_id: int, mask_private: bytes,
+                              self_seed: bytes) -> KeyAdvert:
+        if isinstance(round_id, bool) or not isinstance(round_id, int) or round_id < 0:
+            raise TypeError("round_id must be a non-negative int")
+        if round_id <= self.round_id:
+            raise ProtocolError(f"round {round_id} is not after the current round {self.round_id}")
+        if round_id in self._keys:
+            raise ProtocolError(f"keys for round {round_id} were already advertised")
+        if len(mask_private) != 32 or len(self_seed) != 32:
+            raise ValueError("masking key and self-mask seed are 32 bytes each")
+        enc = bytes(self._enc_key.public_key)
+        mask_pub = _kdf.public_key(mask_private)
+        commit = self_mask_commitment(self.job_id, round_id, self.client_id, self_seed)
+        sig = self.identity.sign(advert_payload(self.job_id, round_id, self.client_id, enc,
+                                                mask_pub, commit)).signature
+        advert = KeyAdvert(job_id=self.job_id, round_id=round_id, client_id=self.client_id,
+                           enc_key=enc, mask_key=mask_pub, self_mask_commit=commit, signature=sig)
+        self._keys = {r: k for r, k in self._keys.items() if r > self.round_id}
+        self._keys[round_id] = _RoundKeys(mask_private, self_seed, advert)
+        if self.stage in (ClientStage.IDLE, ClientStage.DONE):
+            self.round_id, self.stage, self._round = round_id, ClientStage.ADVERTISED, None
+        return advert
+
+    def pending_advert(self, round_id: int) -> KeyAdvert | None:
+        """The advert already made for ``round_id`` and not yet used, if any."""
+        keys = self._keys.get(round_id)
+        if keys is None or round_id < self.round_id:
+            return None
+        if round_id == self.round_id and self.stage is not ClientStage.ADVERTISED:
+            return None
+        return keys.advert
+
+    # -- 2. share keys -----------------------------------------------------------------------
+    def share_keys(self, setup: RoundSetup) -> ShareBundle:
+        """Check the roster and return this client's encrypted Shamir shares for its group."""
+        return self._share_keys_from_parts(setup, secrets.randbelow)
+
+    def _share_keys_from_parts(self, setup: RoundSetup,
+                               randbelow: Callable[[int], int]) -> ShareBundle:
+        if not isinstance(setup, RoundSetup) or setup.job_id != self.job_id:
+            raise InvalidMessage("not a round setup for this job")
+        r = setup.round_id
+        keys = self._keys.get(r)
+        if keys is None or (r == self.round_id and self.stage is not ClientStage.ADVERTISED):
+            raise ProtocolError(f"round setup for round {r} arrived in stage {self.stage.value} "
+                                f"of round {self.round_id} (keys not advertised or already shared)")
+        ids = unique_ids((a.client_id for a in setup.adverts), "roster")
+        adverts = {a.client_id: verify_advert(a, self.directory, self.job_id, r)
+                   for a in setup.adverts}
+        if adverts.get(self.client_id) != keys.advert:
+            raise InvalidMessage("the roster does not carry this client's advertisement")
+        n, t = len(ids), setup.threshold
+        if n < 3:
+            raise RefusedRequest(f"refusing a sum over {n} < 3 clients")
+        if not n // 2 < t <= n:
+            raise RefusedRequest(f"threshold {t} of {n} clients is not a strict majority")
+        seed = graph_seed(self.job_id, r, setup.task_digest, ids)
+        group = neighbour_groups(ids, setup.neighbours, seed)[self.client_id]
+        t_local = local_threshold(t, n, len(group))
+        xs = [u + 1 for u in sorted(group)]
+        b = int.from_bytes(keys.self_seed, "big")
+        sk = int.from_bytes(keys.mask_private, "big")
+        b_sh = _shamir._split_from_parts(b, t_local, xs, [randbelow(_shamir.PRIME)
+                                                          for _ in range(t_local - 1)])
+        sk_sh = _shamir._split_from_parts(sk, t_local, xs, [randbelow(_shamir.PRIME)
+                                                            for _ in range(t_local - 1)])
+        cts: dict[int, bytes] = {}
+        for v in sorted(group - {self.client_id}):
+            box = Box(self._enc_key, PublicKey(adverts[v].enc_key))
+            plain = (share_header(self.job_id, r, self.client_id, v)
+                     + _shamir.to_bytes(b_sh[v + 1]) + _shamir.to_bytes(sk_sh[v + 1]))
+            cts[v] = bytes(box.encrypt(plain))
+        me = self.client_id + 1
+        self._round = _Round(r, setup.question, setup.task_digest, t, setup.vector_length,
+                             adverts, group, keys,
+                             held={self.client_id: (b_sh[me], sk_sh[me])})
+        self._keys = {q: k for q, k in self._keys.items() if q > r}
+        self.round_id, self.stage = r, ClientStage.SHARED
+        return ShareBundle(job_id=self.job_id, round_id=r, sender=self.client_id, ciphertexts=cts)
+
+    # -- 3. masked upload --------------------------------------------------------------------
+    def mask(self, delivery: ShareDelivery, vector: np.ndarray, *,
+             next_advert: KeyAdvert | None = None) -> tuple[MaskedUpload, np.ndarray]:
+        """Decrypt the delivered shares and return the upload header and the masked vector."""
+        rnd = self._expect(ClientStage.SHARED, delivery, ShareDelivery)
+        if delivery.recipient != self.client_id:
+            raise InvalidMessage("share delivery addressed to another client")
+        x = np.asarray(vector)
+        if x.dtype != np.uint64 or x.shape != (rnd.vector_length,):
+            raise TypeError(f"the vector to mask must be a numpy uint64 array of "
+                            f"{rnd.vector_length} entries")
+        peers = set(delivery.ciphertexts)
+        if not peers <= rnd.group - {self.client_id}:
+            raise InvalidMessage("shares from clients outside this client's group")
+        opened = {v: self._open_share(rnd, v, ct) for v, ct in delivery.ciphertexts.items()}
+        keys = rnd.keys
+        if keys is None:
+            raise ProtocolError("round keys already consumed")
+        src = np.ascontiguousarray(x)
+        masked = np.empty_like(src)
+        plus, minus = [keys.self_seed], []
+        for v in sorted(peers):
+            info = mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest)
+            try:
+                s_uv = _kdf.derive_seed(keys.mask_private, rnd.adverts[v].mask_key, info)
+            except ValueError as exc:
+                raise InvalidMessage("bad masking key in the roster") from exc
+            (plus if v > self.client_id else minus).append(s_uv)
+        _prg.apply_masks(masked, plus, minus, src=src)
+        rnd.held.update(opened)
+        rnd.keys = None  # the round's secrets are no longer needed
+        self.stage = ClientStage.MASKED
+        header = MaskedUpload(job_id=self.job_id, round_id=rnd.round_id, sender=self.client_id,
+                              length=int(masked.shape[0]), next_advert=next_advert)
+        return header, masked
+
+    def _open_share(self, rnd: _Round, sender: int, ct: bytes) -> tuple[int, int]:
+        head = share_header(self.job_id, rnd.round_id, sender, self.client_id)
+        try:
+            box = Box(self._enc_key, PublicKey(rnd.adverts[sender].enc_key))
+            plain = box.decrypt(ct)
+            if not plain.startswith(head) or len(plain) != len(head) + 2 * _shamir.SHARE_BYTES:
+                raise ValueError("share context mismatch")
+            body = plain[len(head):]
+            return (_shamir.from_bytes(body[:_shamir.SHARE_BYTES]),
+                    _shamir.from_bytes(body[_shamir.SHARE_BYTES:]))
+        except (CryptoError, ValueError, TypeError, KeyError) as exc:
+            raise InvalidMessage("share ciphertext does not authenticate") from exc
+
+    # -- 4. unmask ---------------------------------------------------------------------------
+    def unmask(self, request: UnmaskRequest, *,
+               next_advert: KeyAdvert | None = None) -> UnmaskResponse:
+        """Reveal the shares the server needs, or refuse (:class:`RefusedRequest`)."""
+        if self.stage is ClientStage.DONE:
+            rnd = self._expect(ClientStage.DONE, request, UnmaskRequest)
+        else:
+            rnd = self._expect(ClientStage.MASKED, request, UnmaskRequest)
+        survivors = set(unique_ids(request.survivors, "survivors"))
+        dropped = set(unique_ids(request.dropped, "dropped"))
+        if not (survivors | dropped) <= set(rnd.adverts):
+            raise InvalidMessage("unmask request names clients outside the round")
+        if request.question != rnd.question:
+            raise InvalidMessage("unmask request for another question")
+        if self.client_id not in survivors:
+            raise ProtocolError("unmask request does not list this client as a survivor")
+        both = survivors & dropped
+        if both:
+            raise RefusedRequest(f"refusing both a self-mask and a key share of client "
+                                 f"{min(both)} in round {rnd.round_id}")
+        if len(survivors) < rnd.threshold:
+            raise RefusedRequest(f"only {len(survivors)} survivors, fewer than t={rnd.threshold}")
+        if len(survivors) < 3:
+            raise RefusedRequest(f"refusing a sum over {len(survivors)} < 3 clients")
+        members = frozenset(survivors)
+        previous = self._answered.get(rnd.question)
+        if previous is not None and previous != members:
+            raise RefusedRequest(f"question {rnd.question!r} of job {self.job_id} was already "
+                                 "answered for a different set of clients")
+        wanted = {u: _SELF for u in survivors} | {v: _KEY for v in dropped}
+        for peer, kind in wanted.items():
+            if rnd.revealed.get(peer, kind) != kind:
+                raise RefusedRequest(f"already revealed the {rnd.revealed[peer]} share of client "
+                                     f"{peer} in round {rnd.round_id}; refusing its {kind} share")
+        self._answered[rnd.question] = members
+        rnd.revealed.update({p: k for p, k in wanted.items() if p in rnd.held})
+        self.stage = ClientStage.DONE
+        return UnmaskResponse(
+            job_id=self.job_id, round_id=rnd.round_id, sender=self.client_id,
+            self_mask_shares={u: _shamir.to_bytes(rnd.held[u][0])
+                              for u in sorted(survivors) if u in rnd.held},
+            key_shares={v: _shamir.to_bytes(rnd.held[v][1])
+                        for v in sorted(dropped) if v in rnd.held},
+            next_advert=next_advert)
+
+    def _expect(self, stage: ClientStage, msg: object, kind: type) -> _Round:
+        if not isinstance(msg, kind):
+            raise InvalidMessage(f"expected a {kind.__name__}")
+        job, r = getattr(msg, "job_id", None), getattr(msg, "round_id", None)
+        if job != self.job_id:
+            raise InvalidMessage("message for another job")
+        if self.stage is not stage or self._round is None or r != self.round_id:
+            raise ProtocolError(f"{kind.__name__} for round {r} arrived in stage "
+                                f"{self.stage.value} of round {self.round_id}")
+        return self._round

@@ -1,0 +1,274 @@
+"""The server side of one secure-aggregation round: :class:`SecAggServer`.
+
+The server relays messages and only ever learns the sum of the survivors' vectors. Its stages
+advance by explicit calls; anything out of order is ``errors.ProtocolError``::
+
+    COLLECT_ADVERTS --setup()--> COLLECT_SHARES --deliver_shares()--> COLLECT_UPLOADS
+        --request_unmask()--> COLLECT_UNMASK --finish()--> DONE      (or ABORTED on any abort)
+
+With fewer than ``t`` clients left at any stage the round aborts with
+:class:`~fedforest_secure.errors.AbortedRound` and no partial sum. After reconstruction every
+masking private key is checked against its advertised public key, and every self-mask seed against
+its advertised commitment (Shamir shares carry no integrity): a mismatch is :class:`KeyMismatch`.
+
+Adverts for the next round that ride along on uploads or unmask responses are verified and kept in
+:attr:`SecAggServer.next_adverts`, to be fed to the next round's server with ``receive_advert``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import AbortedRound, InvalidMessage, ProtocolError
+from ._primitives import _kdf, _prg, _shamir
+from ._rounds import (
+    check_job_id,
+    graph_seed,
+    local_threshold,
+    mask_info,
+    neighbour_groups,
+    resolve_threshold,
+    self_mask_commitment,
+)
+from ._verify import verify_advert
+from .messages import (
+    KeyAdvert,
+    MaskedUpload,
+    RoundSetup,
+    ShareBundle,
+    ShareDelivery,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+
+__all__ = ["KeyMismatch", "SecAggServer", "ServerStage"]
+
+
+class KeyMismatch(AbortedRound):
+    """A reconstructed secret does not match what its owner advertised (a corrupt share)."""
+
+
+class ServerStage(enum.Enum):
+    """What the server is waiting for."""
+
+    COLLECT_ADVERTS = "collect-adverts"
+    COLLECT_SHARES = "collect-shares"
+    COLLECT_UPLOADS = "collect-uploads"
+    COLLECT_UNMASK = "collect-unmask"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+@dataclass
+class SecAggServer:
+    """Server state machine for round ``round_id`` of ``job_id``.
+
+    ``threshold`` is a fraction of the round's clients (rounded up) or an absolute count;
+    ``neighbours=None`` is the complete graph, an int ``k`` the SecAgg+ sparse graph.
+    """
+
+    job_id: str
+    round_id: int
+    question: str
+    task_digest: bytes
+    vector_length: int
+    threshold: float | int
+    directory: Mapping[int, bytes]
+    neighbours: int | None = None
+    stage: ServerStage = ServerStage.COLLECT_ADVERTS
+    next_adverts: dict[int, KeyAdvert] = field(default_factory=dict)
+    _adverts: dict[int, KeyAdvert] = field(default_factory=dict, repr=False)
+    _t: int = 0
+    _groups: dict[int, frozenset[int]] = field(default_factory=dict, repr=False)
+    _bundles: dict[int, ShareBundle] = field(default_factory=dict, repr=False)
+    _uploads: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _dropped: frozenset[int] = frozenset()
+    _responses: dict[int, UnmaskResponse] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        check_job_id(self.job_id)
+        if len(self.task_digest) != 32:
+            raise ValueError("task_digest must be 32 bytes")
+        if self.vector_length < 0:
+            raise ValueError("vector_length must be non-negative")
+        resolve_threshold(self.threshold, 3)  # type and range check only
+
+    @property
+    def t(self) -> int:
+        """The round's threshold (known once :meth:`setup` has fixed the roster)."""
+        return self._t
+
+    def _stage(self, expected: ServerStage, what: str) -> None:
+        if self.stage is not expected:
+            raise ProtocolError(f"{what} in stage {self.stage.value}, expected {expected.value}")
+
+    def _check_msg(self, msg: object, kind: type, sender: int, senders: object) -> None:
+        if not isinstance(msg, kind):
+            raise InvalidMessage(f"expected a {kind.__name__}")
+        if msg.job_id != self.job_id or msg.round_id != self.round_id:  # type: ignore[attr-defined]
+            raise ProtocolError(f"{kind.__name__} for another job or round")
+        if sender not in senders:  # type: ignore[operator]
+            raise ProtocolError(f"{kind.__name__} from client {sender}, not expected now")
+
+    def _abort(self, reason: str) -> AbortedRound:
+        self.stage = ServerStage.ABORTED
+        self._uploads.clear()
+        return AbortedRound(reason)
+
+    # -- adverts ---------------------------------------------------------------------------------
+    def receive_advert(self, advert: KeyAdvert) -> None:
+        """Accept one client's signed round keys."""
+        self._stage(ServerStage.COLLECT_ADVERTS, "key advertisement")
+        verify_advert(advert, self.directory, self.job_id, self.round_id)
+        if advert.client_id in self._adverts:
+            raise ProtocolError(f"client {advert.client_id} already advertised for this round")
+        self._adverts[advert.client_id] = advert
+
+    def setup(self) -> RoundSetup:
+        """Close the roster U1 and return the message every client of the round receives."""
+        self._stage(ServerStage.COLLECT_ADVERTS, "setup")
+        n = len(self._adverts)
+        t = resolve_threshold(self.threshold, n)
+        if n < 3 or not n // 2 < t <= n:
+            raise self._abort(f"{n} clients with threshold {t}: need n >= 3 and n/2 < t <= n")
+        self._t = t
+        ids = sorted(self._adverts)
+        seed = graph_seed(self.job_id, self.round_id, self.task_digest, ids)
+        self._groups = neighbour_groups(ids, self.neighbours, seed)
+        self.stage = ServerStage.COLLECT_SHARES
+        return RoundSetup(job_id=self.job_id, round_id=self.round_id, question=self.question,
+                          task_digest=self.task_digest, threshold=t, neighbours=self.neighbours,
+                          vector_length=self.vector_length,
+                          adverts=tuple(self._adverts[u] for u in ids))
+
+    # -- shares ----------------------------------------------------------------------------------
+    def receive_shares(self, bundle: ShareBundle) -> None:
+        """Accept one client's encrypted shares (one ciphertext for every peer of its group)."""
+        self._stage(ServerStage.COLLECT_SHARES, "share bundle")
+        self._check_msg(bundle, ShareBundle, getattr(bundle, "sender", -1), self._adverts)
+        if bundle.sender in self._bundles:
+            raise ProtocolError(f"client {bundle.sender} already sent its shares")
+        if set(bundle.ciphertexts) != self._groups[bundle.sender] - {bundle.sender}:
+            raise InvalidMessage("share bundle does not address exactly the sender's peers")
+        self._bundles[bundle.sender] = bundle
+
+    def deliver_shares(self) -> dict[int, ShareDelivery]:
+        """Close U2 (clients that shared) and route each ciphertext to its recipient."""
+        self._stage(ServerStage.COLLECT_SHARES, "share delivery")
+        if len(self._bundles) < self._t:
+            raise self._abort(f"only {len(self._bundles)} clients shared keys, t={self._t}")
+        out: dict[int, ShareDelivery] = {}
+        for v in sorted(self._bundles):
+            cts = {u: b.ciphertexts[v] for u, b in sorted(self._bundles.items())
+                   if v in b.ciphertexts}
+            out[v] = ShareDelivery(job_id=self.job_id, round_id=self.round_id, recipient=v,
+                                   ciphertexts=cts)
+        self.stage = ServerStage.COLLECT_UPLOADS
+        return out
+
+    # -- uploads ---------------------------------------------------------------------------------
+    def receive_upload(self, header: MaskedUpload, vector: np.ndarray) -> None:
+        """Accept one masked vector (uint64, ``vector_length`` entries) from a client of U2."""
+        self._stage(ServerStage.COLLECT_UPLOADS, "masked upload")
+        self._check_msg(header, MaskedUpload, getattr(header, "sender", -1), self._bundles)
+        if header.sender in self._uploads:
+            raise ProtocolError(f"client {header.sender} already uploaded (replay?)")
+        arr = np.asarray(vector)
+        if (arr.dtype != np.uint64 or arr.shape != (self.vector_length,)
+                or header.length != self.vector_length):
+            raise InvalidMessage("masked vector has the wrong type or length")
+        self._take_next(header.next_advert)
+        self._uploads[header.sender] = np.array(arr, dtype=np.uint64, copy=True)
+
+    def _take_next(self, advert: KeyAdvert | None) -> None:
+        if advert is not None:
+            verify_advert(advert, self.directory, self.job_id, self.round_id + 1)
+            self.next_adverts[advert.client_id] = advert
+
+    def request_unmask(self) -> UnmaskRequest:
+        """Close U3 (clients that uploaded); abort if fewer than ``t`` are left."""
+        self._stage(ServerStage.COLLECT_UPLOADS, "unmask request")
+        if len(self._uploads) < self._t:
+            raise self._abort(f"only {len(self._uploads)} masked uploads, t={self._t}")
+        self._dropped = frozenset(self._bundles) - frozenset(self._uploads)
+        self.stage = ServerStage.COLLECT_UNMASK
+        return UnmaskRequest(job_id=self.job_id, round_id=self.round_id, question=self.question,
+                             survivors=tuple(sorted(self._uploads)),
+                             dropped=tuple(sorted(self._dropped)))
+
+    # -- unmask ----------------------------------------------------------------------------------
+    def receive_unmask(self, response: UnmaskResponse) -> None:
+        """Accept one survivor's revealed shares."""
+        self._stage(ServerStage.COLLECT_UNMASK, "unmask response")
+        self._check_msg(response, UnmaskResponse, getattr(response, "sender", -1), self._uploads)
+        u = response.sender
+        if u in self._responses:
+            raise ProtocolError(f"client {u} already answered the unmask request")
+        group = self._groups[u]
+        if (set(response.self_mask_shares) != group & set(self._uploads)
+                or set(response.key_shares) != group & self._dropped):
+            raise InvalidMessage("unmask response does not hold exactly the requested shares")
+        self._take_next(response.next_advert)
+        self._responses[u] = response
+
+    def _reconstruct(self, owner: int, kind: str) -> bytes:
+        group = self._groups[owner]
+        t_local = local_threshold(self._t, len(self._adverts), len(group))
+        shares = {}
+        for w, resp in self._responses.items():
+            table = resp.self_mask_shares if kind == "self" else resp.key_shares
+            if owner in table:
+                shares[w + 1] = _shamir.from_bytes(table[owner])
+        if len(shares) < t_local:
+            raise self._abort(f"only {len(shares)} shares of client {owner}, need {t_local}")
+        secret = _shamir.combine(shares, t_local)
+        if secret >= 1 << 256:
+            raise self._mismatch(owner, kind)
+        return secret.to_bytes(32, "big")
+
+    def _mismatch(self, owner: int, kind: str) -> KeyMismatch:
+        self.stage = ServerStage.ABORTED
+        self._uploads.clear()
+        what = "self-mask seed" if kind == "self" else "masking private key"
+        return KeyMismatch(f"reconstructed {what} of client {owner} does not match its "
+                           "advertisement (a corrupt share): no sum is released")
+
+    def finish(self) -> np.ndarray:
+        """Remove every mask and return the uint64 sum of the survivors' vectors."""
+        self._stage(ServerStage.COLLECT_UNMASK, "finish")
+        if len(self._responses) < self._t:
+            raise self._abort(f"only {len(self._responses)} unmask responses, t={self._t}")
+        survivors = sorted(self._uploads)
+        total = np.zeros(self.vector_length, dtype=np.uint64)
+        for u in survivors:
+            np.add(total, self._uploads[u], out=total)
+        plus: list[bytes] = []
+        minus: list[bytes] = []
+        for u in survivors:
+            seed = self._reconstruct(u, "self")
+            commit = self_mask_commitment(self.job_id, self.round_id, u, seed)
+            if not hmac.compare_digest(commit, self._adverts[u].self_mask_commit):
+                raise self._mismatch(u, "self")
+            minus.append(seed)
+        for v in sorted(self._dropped):
+            sk = self._reconstruct(v, "key")
+            try:
+                ok = hmac.compare_digest(_kdf.public_key(sk), self._adverts[v].mask_key)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise self._mismatch(v, "key")
+            for u in sorted(self._groups[v] & set(survivors)):
+                info = mask_info(self.job_id, self.round_id, u, v, self.task_digest)
+                s_uv = _kdf.derive_seed(sk, self._adverts[u].mask_key, info)
+                # u added +PRG(s_uv) if v > u and -PRG(s_uv) if v < u: undo that.
+                (minus if v > u else plus).append(s_uv)
+        _prg.apply_masks(total, plus, minus)
+        self.stage = ServerStage.DONE
+        self._uploads.clear()
+        return total

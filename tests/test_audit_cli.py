@@ -1,0 +1,131 @@
+"""`fedforest audit show|verify|export` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from client_app.audit_cli import audit_app
+from fedforest_secure.audit import (
+    AuditLog,
+    Receipt,
+    import_jsonl,
+    read_csv,
+    upload_digest,
+    verify_entries,
+    verify_log,
+    write_receipt,
+)
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A finished job at ``tmp_path/audit.db`` with receipts in ``tmp_path/receipts``."""
+    path = tmp_path / "audit.db"
+    with AuditLog(path) as log:
+        rec = log.job("j1")
+        rec.job_created(schema={}, hyperparameters={}, profile="secure")
+        rec.client_joined("alice")
+        head, seq = log.head("j1"), 2
+        digest = upload_digest(b"alice-0")
+        write_receipt(tmp_path / "receipts", Receipt("j1", 0, "alice", digest, head, seq))
+        task = Task(job_id="j1", round_id=0, kind=TaskKind.SKETCH, level=0,
+                    layout=(Block("totals", (1, 1), (StatKind.COUNT,)),))
+        rec.round(task, uploads={"alice": digest}, aggregate=np.array([12.0]), masked=True)
+        rec.disclosure(client="alice", item="sketch", data=np.arange(3.0), round_id=0)
+    return path
+
+
+def test_show(db: Path) -> None:
+    result = runner.invoke(audit_app, ["show", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "j1" in result.output and "round/sketch" in result.output
+    assert "PER-CLIENT PLAINTEXT" in result.output
+
+
+def test_show_one_round_by_url(db: Path) -> None:
+    result = runner.invoke(audit_app, ["show", "--db", f"sqlite:///{db}", "--job", "j1",
+                                       "--round", "0"])
+    assert result.exit_code == 0, result.output
+    assert "client_joined" not in result.output and "round/sketch" in result.output
+
+
+def test_show_unknown_job_or_db(db: Path, tmp_path: Path) -> None:
+    assert runner.invoke(audit_app, ["show", "--db", str(db), "--job", "zz"]).exit_code == 1
+    result = runner.invoke(audit_app, ["show", "--db", str(tmp_path / "none.db")])
+    assert result.exit_code == 1 and "no audit log" in result.output
+
+
+def test_verify_ok(db: Path) -> None:
+    result = runner.invoke(audit_app, ["verify", "--db", str(db), "--receipts",
+                                       str(db.parent / "receipts")])
+    assert result.exit_code == 0, result.output
+    assert "OK: 4 entries in 1 job(s), 1 receipt(s) checked" in result.output
+
+
+def test_verify_reports_each_problem(db: Path) -> None:
+    with AuditLog(db) as log, log.engine.begin() as conn:
+        conn.execute(text("UPDATE audit_entries SET payload = :p WHERE seq = 2"),
+                     {"p": '{"client":"mallory"}'})
+        conn.execute(text("DELETE FROM audit_entries WHERE seq = 3"))
+    result = runner.invoke(audit_app, ["verify", "--db", str(db)])
+    assert result.exit_code == 1
+    assert "PROBLEM job 'j1' seq 2 (client_joined): hash mismatch" in result.output
+    assert "PROBLEM job 'j1': seq 3 missing (deleted?) before job 'j1' seq 4" in result.output
+    assert "PROBLEM job 'j1' seq 4 (disclosure): prev_hash does not link" in result.output
+    assert "FAILED" in result.output
+
+
+def test_verify_reports_bad_receipt(db: Path) -> None:
+    receipts = db.parent / "receipts"
+    write_receipt(receipts, Receipt("j1", 0, "bob", upload_digest(b"x"), "0" * 64, 0))
+    result = runner.invoke(audit_app, ["verify", "--db", str(db), "--receipts", str(receipts)])
+    assert result.exit_code == 1
+    assert "PROBLEM receipt bob.jsonl:1 (client 'bob', job 'j1', round 0)" in result.output
+
+
+def test_verify_missing_db(tmp_path: Path) -> None:
+    result = runner.invoke(audit_app, ["verify", "--db", str(tmp_path / "none.db")])
+    assert result.exit_code == 1 and "no audit log" in result.output
+
+
+def test_export_jsonl_round_trips(db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "log.jsonl"
+    result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    with AuditLog.in_memory() as copy, out.open() as fp:
+        assert import_jsonl(copy, fp) == 4
+        assert copy.head("j1") == AuditLog(db).head("j1")
+        assert verify_log(copy).ok
+
+
+def test_export_csv_to_stdout(db: Path) -> None:
+    result = runner.invoke(audit_app, ["export", "--db", f"sqlite:///{db}", "--format", "csv",
+                                       "--job", "j1"])
+    assert result.exit_code == 0
+    body = result.stdout
+    assert body.startswith("job_id,seq,kind,round_id,timestamp,payload,arrays,prev_hash,hash")
+    entries = read_csv(io.StringIO(body[: body.index("exported")] if "exported" in body
+                                   else body))
+    assert len(entries) == 4 and verify_entries(entries).ok
+
+
+def test_export_rejects_unknown_format(db: Path) -> None:
+    result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "xml"])
+    assert result.exit_code == 2
+
+
+def test_export_jsonl_stdout_is_json(db: Path) -> None:
+    result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl"])
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    assert [json.loads(ln)["seq"] for ln in lines] == [1, 2, 3, 4]

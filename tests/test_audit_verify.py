@@ -1,0 +1,302 @@
+"""verify_log: an honest log verifies; every tampering done behind the API's back is named."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from fedforest_secure.audit import (
+    GENESIS,
+    AuditLog,
+    Receipt,
+    upload_digest,
+    verify_log,
+    write_receipt,
+)
+from fedforest_secure.audit.entry import Entry
+from fedforest_secure.errors import AuditError
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+
+JOB = "job-1"
+CLIENTS = ("alice", "bob")
+# seq: 1 job_created, 2-3 joins, 4 round 0, 5 disclosure, 6 round 1, 7 dp_spend, 8 split, 9 model
+KINDS = ["job_created", "client_joined", "client_joined", "round", "disclosure", "round",
+         "dp_spend", "split", "model"]
+
+
+def _task(round_id: int) -> Task:
+    layout = (Block("totals", (2, 3), (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)),)
+    return Task(job_id=JOB, round_id=round_id, kind=TaskKind.HISTOGRAM, level=round_id,
+                params={"nodes": [0, 1]}, arrays={"thresholds": np.linspace(0, 1, 4)},
+                layout=layout)
+
+
+def build_job(log: AuditLog, receipts: Path) -> None:
+    """A small job; each client keeps a receipt per upload, as a real client would."""
+    rec = log.job(JOB)
+    rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
+                    profile={"name": "secure"})
+    for c in CLIENTS:
+        rec.client_joined(c)
+    for round_id in (0, 1):
+        seq, head = log.tip(JOB)  # the server announces this with the task
+        uploads = {c: upload_digest(f"{c}/{round_id}".encode()) for c in CLIENTS}
+        for c in CLIENTS:
+            write_receipt(receipts, Receipt(JOB, round_id, c, uploads[c], head, seq))
+        rec.round(_task(round_id), uploads=uploads, aggregate=np.arange(6.0) + round_id,
+                  masked=True)
+        if round_id == 0:
+            rec.disclosure(client="alice", item="sketch", data=np.arange(3.0), round_id=0)
+    rec.dp_spend(epsilon=0.5, delta=1e-6, mechanism="gaussian", total_epsilon=0.5,
+                 total_delta=1e-6)
+    rec.split([{"tree": 0, "node": 0, "feature": "x", "threshold": 0.5}], round_id=1)
+    rec.model(digest="cd" * 32)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[AuditLog, Path]]:
+    log = AuditLog(tmp_path / "audit.db")
+    receipts = tmp_path / "receipts"
+    build_job(log, receipts)
+    yield log, receipts
+    log.close()
+
+
+def sql(log: AuditLog, statement: str, **params: object) -> None:
+    with log.engine.begin() as conn:
+        conn.execute(text(statement), params)
+
+
+def label(seq: int) -> str:
+    return f"job '{JOB}' seq {seq} ({KINDS[seq - 1]})"
+
+
+def test_honest_log_verifies(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.entries_checked == 9 and report.receipts_checked == 4
+    assert [e.kind for e in log.entries()] == KINDS
+    report.raise_for_problems()
+
+
+def test_verify_by_url_and_by_path(setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    assert verify_log(tmp_path / "audit.db").ok
+    assert verify_log(f"sqlite:///{tmp_path / 'audit.db'}", job_id=JOB).ok
+    assert verify_log(setup[0].engine).ok
+
+
+@pytest.mark.parametrize("seq", range(1, 10))
+def test_changed_payload_is_named(setup: tuple[AuditLog, Path], seq: int) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET payload = :pre || substr(payload, 2) WHERE seq = :s",
+        pre='{"aa":0,', s=seq)
+    report = verify_log(log)
+    assert not report.ok
+    assert any(p.startswith(label(seq)) and "hash mismatch" in p for p in report.problems)
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("kind", "client_dropped"), ("timestamp", "2000-01-01T00:00:00.000000+00:00"),
+    ("job_id", "job-2"), ("hash", "e" * 64), ("arrays", "{}")])
+def test_changed_columns_are_detected(setup: tuple[AuditLog, Path], column: str,
+                                      value: str) -> None:
+    log, _ = setup
+    sql(log, f"UPDATE audit_entries SET {column} = :v WHERE seq = 4", v=value)
+    report = verify_log(log)
+    assert not report.ok
+    assert any("seq 4" in p for p in report.problems)
+
+
+def test_non_canonical_payload_text_is_detected(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET payload = replace(payload, ',', ', ') WHERE seq = 1")
+    problems = verify_log(log).problems
+    assert any(p.startswith(label(1)) and "canonical" in p for p in problems)
+
+
+def test_round_id_column_is_checked(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET round_id = 7 WHERE seq = 6")
+    assert any(p.startswith(label(6)) and "round_id column" in p
+               for p in verify_log(log).problems)
+
+
+@pytest.mark.parametrize(("seq", "name"), [(4, "aggregate"), (4, "task/thresholds"),
+                                           (5, "data")])
+def test_changed_stored_array_is_named(setup: tuple[AuditLog, Path], seq: int,
+                                       name: str) -> None:
+    log, _ = setup
+    entry = log.entries(job_id=JOB)[seq - 1]
+    before = log.array(entry, name)
+    with log.engine.begin() as conn:
+        blob = conn.execute(text("SELECT data FROM audit_arrays WHERE seq = :s AND name = :n"),
+                            {"s": seq, "n": name}).scalar_one()
+        forged = blob[:-8] + np.float64(before.ravel()[-1] + 1).tobytes()
+        conn.execute(text("UPDATE audit_arrays SET data = :d WHERE seq = :s AND name = :n"),
+                     {"d": forged, "s": seq, "n": name})
+    report = verify_log(log)
+    assert [p for p in report.problems if p.startswith(label(seq))] == [
+        f"{label(seq)}: stored array {name!r} does not match its digest (array changed)"]
+    with pytest.raises(AuditError, match="sha256"):
+        log.array(entry, name)
+
+
+def test_missing_and_extra_arrays_are_named(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "DELETE FROM audit_arrays WHERE seq = 5")
+    sql(log, "INSERT INTO audit_arrays (job_id, seq, name, data) VALUES (:j, 6, 'extra', :d)",
+        j=JOB, d=b"x")
+    problems = verify_log(log).problems
+    assert f"{label(5)}: stored array 'data' is missing" in problems
+    assert f"{label(6)}: stored array 'extra' is not listed in the entry" in problems
+
+
+@pytest.mark.parametrize("seq", range(1, 9))
+def test_deleted_entry_is_named(setup: tuple[AuditLog, Path], seq: int) -> None:
+    log, _ = setup
+    sql(log, "DELETE FROM audit_entries WHERE seq = :s", s=seq)
+    problems = verify_log(log).problems
+    assert any(p.startswith(f"job '{JOB}': seq {seq} missing") and label(seq + 1) in p
+               for p in problems), problems
+    assert any(p.startswith(label(seq + 1)) and "prev_hash" in p for p in problems)
+
+
+def test_truncated_tail_is_caught_by_receipts(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    sql(log, "DELETE FROM audit_entries WHERE seq >= 6")
+    sql(log, "DELETE FROM audit_arrays WHERE seq >= 6")
+    assert verify_log(log).ok  # a clean prefix of a chain is a valid chain...
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert len(problems) == 2  # ...but both round-1 receipts find no round entry
+    assert all("round 1): the log has no round entry" in p for p in problems)
+
+
+def test_swapped_entries_are_named(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET seq = -1 WHERE seq = 4")
+    sql(log, "UPDATE audit_entries SET seq = 4 WHERE seq = 5")
+    sql(log, "UPDATE audit_entries SET seq = 5 WHERE seq = -1")
+    problems = verify_log(log).problems
+    assert any(p.startswith(f"job '{JOB}' seq 4 (disclosure): hash mismatch") for p in problems)
+    assert any(p.startswith(f"job '{JOB}' seq 5 (round): hash mismatch") for p in problems)
+    assert any("seq 5 (round): stored before seq 4" in p for p in problems)
+
+
+def test_rows_reinserted_out_of_order_are_named(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    cols = "job_id, seq, kind, round_id, timestamp, payload, arrays, prev_hash, hash"
+    with log.engine.begin() as conn:
+        conn.execute(text(f"CREATE TEMP TABLE t AS SELECT {cols} FROM audit_entries "
+                          "WHERE seq = 3"))
+        conn.execute(text("DELETE FROM audit_entries WHERE seq = 3"))
+        conn.execute(text(f"INSERT INTO audit_entries ({cols}) SELECT {cols} FROM t"))
+    assert verify_log(log).problems == [f"{label(4)}: stored before seq 3 (entries reordered)"]
+
+
+def test_broken_prev_hash_link_is_named(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET prev_hash = :p WHERE seq = 7", p="1" * 64)
+    sql(log, "UPDATE audit_entries SET prev_hash = 'zz' WHERE seq = 2")
+    problems = verify_log(log).problems
+    assert f"{label(7)}: prev_hash does not link to the hash of seq 6" in problems
+    assert f"{label(2)}: prev_hash is not a sha256 hex digest" in problems
+
+
+def test_genesis_link_is_checked(setup: tuple[AuditLog, Path]) -> None:
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET prev_hash = :p WHERE seq = 1", p="1" * 64)
+    assert f"{label(1)}: prev_hash does not link to the genesis value" in \
+        verify_log(log).problems
+
+
+def rewrite_from(log: AuditLog, seq: int, change: dict[str, object]) -> None:
+    """Rewrite a chain like a careful forger: change entry ``seq``, recompute every later hash."""
+    entries = log.entries(job_id=JOB)
+    prev = entries[seq - 2].hash if seq > 1 else GENESIS
+    with log.engine.begin() as conn:
+        for e in entries[seq - 1:]:
+            payload = {**e.payload, **change} if e.seq == seq else e.payload
+            new = Entry.build(job_id=e.job_id, seq=e.seq, kind=e.kind, timestamp=e.timestamp,
+                              payload=payload, arrays=e.arrays, prev_hash=prev)
+            conn.execute(text("UPDATE audit_entries SET payload = :pl, prev_hash = :p, "
+                              "hash = :h WHERE job_id = :j AND seq = :s"),
+                         {"pl": new.payload_json, "p": new.prev_hash, "h": new.hash,
+                          "j": JOB, "s": e.seq})
+            prev = new.hash
+
+
+def test_rewritten_chain_is_caught_by_receipts(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    forged = {"alice": upload_digest(b"forged"), "bob": upload_digest(b"bob/0")}
+    rewrite_from(log, 4, {"uploads": forged})
+    assert verify_log(log).ok  # the chain alone is consistent again
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert any(p.startswith("receipt alice.jsonl:1 (client 'alice', job 'job-1', round 0)")
+               and "upload digest differs" in p for p in problems), problems
+    assert any(p.startswith("receipt alice.jsonl:2 (client 'alice', job 'job-1', round 1)")
+               and "chain head seen at seq 5 differs" in p and "log rewritten" in p
+               for p in problems), problems
+    assert not any(p.startswith("receipt bob.jsonl:1") for p in problems)
+
+
+def test_receipt_disagreeing_with_log_is_named(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    head = log.entries(job_id=JOB)[2].hash
+    write_receipt(receipts, Receipt(JOB, 1, "bob", upload_digest(b"other"), head, 3))
+    write_receipt(receipts, Receipt(JOB, 0, "carol", upload_digest(b"c"), head, 3))
+    write_receipt(receipts, Receipt(JOB, 9, "bob", upload_digest(b"b"), head, 40))
+    write_receipt(receipts, Receipt("job-x", 0, "bob", upload_digest(b"b"), GENESIS, 0))
+    (receipts / "junk.jsonl").write_text('{"job_id": "job-1"}\nnot json\n')
+    report = verify_log(log, receipts_dir=receipts)
+    problems = report.problems
+    assert "receipt bob.jsonl:3 (client 'bob', job 'job-1', round 1): upload digest differs " \
+           "from the one in round entry seq 6" in problems
+    assert "receipt carol.jsonl:1 (client 'carol', job 'job-1', round 0): round entry seq 4 " \
+           "does not list this client's upload" in problems
+    assert any(p.startswith("receipt bob.jsonl:4") and "no entry seq 40" in p for p in problems)
+    assert any(p.startswith("receipt bob.jsonl:4") and "no round entry" in p for p in problems)
+    assert any(p.startswith("receipt bob.jsonl:5") and "not in the log" in p for p in problems)
+    assert sum(p.startswith("receipt junk.jsonl:") and "malformed" in p for p in problems) == 2
+    assert len(problems) == 7
+
+
+def test_receipts_dir_must_exist(setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    report = verify_log(setup[0], receipts_dir=tmp_path / "nope")
+    assert not report.ok and "does not exist" in report.problems[0]
+
+
+def test_job_filter(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    log.job("job-2").client_joined("zed")
+    sql(log, "UPDATE audit_entries SET payload = '{\"client\":\"eve\"}' WHERE job_id = 'job-2'")
+    assert verify_log(log, receipts, job_id=JOB).ok
+    assert not verify_log(log, receipts).ok
+    assert verify_log(log, job_id="nope").problems == ["job 'nope' is not in the log"]
+
+
+def test_missing_database_is_a_problem_not_a_new_file(tmp_path: Path) -> None:
+    report = verify_log(tmp_path / "none.db")
+    assert not report.ok and not (tmp_path / "none.db").exists()
+    with pytest.raises(AuditError, match="does not verify"):
+        report.raise_for_problems()
+
+
+def test_receipt_validation() -> None:
+    ok = Receipt(JOB, 0, "a", "a" * 64, GENESIS, 0)
+    assert Receipt.from_json(json.loads(json.dumps(ok.to_json()))) == ok
+    bads: list[dict[str, Any]] = [
+        {"seq_seen": 1}, {"upload_digest": "xyz"}, {"round_id": -1}, {"client": ""},
+        {"chain_head_seen": "b" * 64}]
+    for bad in bads:
+        with pytest.raises(ValueError):
+            dataclasses.replace(ok, **bad)
+    with pytest.raises(ValueError):
+        Receipt.from_json({**ok.to_json(), "extra": 1})

@@ -1,0 +1,172 @@
+"""Real uvicorn server (TLS, mTLS) and real client processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from client_app.sim_data import SiteData
+from client_app.simulate import (
+    _job_status,
+    free_port,
+    start_client,
+    start_server,
+    wait_healthy,
+    write_server_config,
+)
+from fedforest_secure.federation import run_in_process
+from fedforest_secure.model import ForestModel
+from fedforest_secure.pki import init_dev_pki
+from server_app.audit_hook import open_audit
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.jobspec import build_config, load_job_spec
+from server_app.runtime import ServerState
+from server_app.settings import load_settings
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Fed:
+    root: Path
+    url: str
+    certs: Path
+    server_toml: Path
+    sites: list[SiteData]
+    job_toml: Path
+    parts: list
+
+
+def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
+              min_clients: int | None = None) -> Fed:
+    job_toml = job_dir(root, parts, feat, n_clients=n_clients, deadline=deadline,
+                       min_clients=min_clients)
+    names = [f"client-{k}" for k in range(n_clients)]
+    certs = root / "certs"
+    init_dev_pki(certs, n_clients, client_names=names)
+    port = free_port()
+    server_toml = write_server_config(root, port, certs)
+    settings = load_settings(server_toml)
+    db = Database(settings.database)
+    tokens = [add_client(db, n) for n in names]
+    ServerState(db, open_audit(None)).create_job(load_job_spec(job_toml))
+    db.dispose()
+    sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
+             for k, (n, t) in enumerate(zip(names, tokens, strict=True))]
+    return Fed(root, f"https://127.0.0.1:{port}", certs, server_toml, sites, job_toml,
+               parts[:n_clients])
+
+
+def launch_server(fed: Fed) -> subprocess.Popen[bytes]:
+    proc = start_server(fed.server_toml, fed.root / "server.log")
+    wait_healthy(fed.url, fed.certs / "ca.pem", proc, cert=fed.certs / "client-0.pem",
+                 key=fed.certs / "client-0.key")
+    return proc
+
+
+def launch_client(fed: Fed, k: int) -> subprocess.Popen[bytes]:
+    s = fed.sites[k]
+    return start_client(s, fed.url, "job-a", fed.certs, fed.root / "state" / s.name,
+                        fed.root / f"{s.name}.log", fed.root / f"{s.name}.model.json")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def trees(model: ForestModel) -> dict:
+    d = model.to_dict()
+    d.pop("meta", None)
+    return d
+
+
+def reference(fed: Fed) -> ForestModel:
+    config = build_config(load_job_spec(fed.job_toml))
+    return run_in_process(config, [(X.astype(float), y) for X, y in fed.parts])
+
+
+def wait_round(fed: Fed, at_least: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = _job_status(fed.root / "server.db", "job-a")
+        if st["round"] >= at_least or st["status"] in ("done", "failed"):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the job did not reach the round in time")
+
+
+def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    server = launch_server(fed)
+    try:
+        clients = [launch_client(fed, k) for k in range(3)]
+        codes = [c.wait(120) for c in clients]
+    finally:
+        stop(server)
+    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    got = ForestModel.from_json((fed.root / "client-1.model.json").read_text())
+    assert trees(got) == trees(reference(fed))
+    receipts = (fed.root / "state" / "client-0" / "receipts.jsonl").read_text().splitlines()
+    assert len(receipts) >= 2 and "upload_sha256" in json.loads(receipts[0])
+
+
+def test_client_killed_mid_job_is_dropped_and_training_completes(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=3.0, min_clients=3)
+    server = launch_server(fed)
+    try:
+        clients = [launch_client(fed, k) for k in range(5)]
+        wait_round(fed, 3)
+        os.kill(clients[4].pid, signal.SIGKILL)
+        codes = [c.wait(120) for c in clients[:4]]
+        clients[4].wait(5)
+    finally:
+        stop(server)
+    assert codes == [0, 0, 0, 0]
+    st = _job_status(fed.root / "server.db", "job-a")
+    assert st["status"] == "done"
+    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    from server_app.db import MemberRow
+
+    with db.session() as s:
+        states = {m.client_index: m.state for m in s.query(MemberRow)}
+    db.dispose()
+    assert states[4] == "dropped" and all(states[k] == "active" for k in range(4))
+
+
+def test_server_restart_mid_job_gives_the_same_model(tmp_path: Path, tiny_parts,
+                                                     job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    server = launch_server(fed)
+    clients = [launch_client(fed, k) for k in range(3)]
+    try:
+        wait_round(fed, 4)
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        time.sleep(0.5)
+        server = launch_server(fed)
+        codes = [c.wait(120) for c in clients]
+    finally:
+        stop(server)
+        for c in clients:
+            stop(c)
+    assert codes == [0, 0, 0]
+    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    assert trees(got) == trees(reference(fed))

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import threading
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from client_app.transport import tls_context
+from fedforest_secure.pki import (
+    DevPKI,
+    create_ca,
+    init_dev_pki,
+    issue_certificate,
+    load_certificate,
+    verify_signed_by,
+)
+
+
+def test_dev_pki_files_and_sans(dev_pki: DevPKI) -> None:
+    ca = load_certificate(dev_pki.ca_cert)
+    server = load_certificate(dev_pki.server_cert)
+    assert verify_signed_by(server, ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+    assert len(dev_pki.client_certs) == 5
+    assert all(verify_signed_by(load_certificate(p), ca) for p in dev_pki.client_certs)
+    assert (dev_pki.server_key.stat().st_mode & 0o777) == 0o600
+
+
+def test_foreign_certificate_is_not_signed_by_ca(dev_pki: DevPKI) -> None:
+    rogue = issue_certificate(create_ca("rogue"), "127.0.0.1", server=True, hosts=("127.0.0.1",))
+    assert not verify_signed_by(rogue.cert, load_certificate(dev_pki.ca_cert))
+
+
+def test_server_certificate_needs_hosts() -> None:
+    with pytest.raises(ValueError):
+        issue_certificate(create_ca(), "srv", server=True)
+
+
+def _tls_server(cert: Path, key: Path) -> tuple[int, threading.Thread]:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    port = sock.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        try:
+            ctx.wrap_socket(conn, server_side=True).close()
+        except (ssl.SSLError, OSError):
+            pass
+        finally:
+            sock.close()
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    return port, th
+
+
+def _handshake(port: int, ctx: ssl.SSLContext) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1"):
+        pass
+
+
+def test_client_refuses_server_cert_from_another_ca(dev_pki: DevPKI, tmp_path: Path) -> None:
+    rogue = init_dev_pki(tmp_path / "rogue", 0)
+    port, th = _tls_server(rogue.server_cert, rogue.server_key)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(port, tls_context(dev_pki.ca_cert))
+    th.join(5)
+
+
+def test_client_accepts_server_cert_from_federation_ca(dev_pki: DevPKI) -> None:
+    port, th = _tls_server(dev_pki.server_cert, dev_pki.server_key)
+    _handshake(port, tls_context(dev_pki.ca_cert))
+    th.join(5)

@@ -1,0 +1,107 @@
+"""Fixed-point ring encoding: round trips, the quantisation bound, overflow as an error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedforest_secure.errors import OverflowRisk
+from fedforest_secure.protocol import StatKind
+from fedforest_secure.secagg import RingCodec, decode, encode
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.lists(finite, min_size=4, max_size=4), min_size=1, max_size=12),
+    frac_bits=st.integers(min_value=0, max_value=32),
+)
+def test_sum_of_encodings_is_within_the_quantisation_bound(
+        values: list[list[float]], frac_bits: int) -> None:
+    k = len(values)
+    total = np.zeros(4, dtype=np.uint64)
+    for row in values:
+        total += encode(np.array(row), frac_bits, 1e6, k)
+    got = decode(total, frac_bits)
+    exact = np.array([math.fsum(col) for col in zip(*values, strict=True)])
+    bound = k * 2.0 ** -(frac_bits + 1)
+    # float64 rounding of the decoded value (relative 2^-53) on top of the exact-arithmetic bound
+    slack = np.abs(exact) * 2.0**-52
+    assert (np.abs(got - exact) <= bound + slack).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=-(2**40), max_value=2**40), min_size=1, max_size=20))
+def test_counts_are_exact(counts: list[int]) -> None:
+    arr = np.array(counts, dtype=np.float64)
+    enc = encode(arr, 0, 2.0**40, 1000)
+    assert np.array_equal(decode(enc, 0), arr)
+    # The sum of 1000 copies is still exact.
+    total = np.zeros_like(enc)
+    for _ in range(7):
+        total += enc
+    assert np.array_equal(decode(total, 0), 7 * arr)
+
+
+def test_negative_values_use_twos_complement() -> None:
+    enc = encode(np.array([-1.0, -0.5, 0.25]), 2, 10.0, 3)
+    assert enc.dtype == np.uint64
+    assert enc[0] == np.uint64(2**64 - 4)
+    assert np.array_equal(decode(enc, 2), np.array([-1.0, -0.5, 0.25]))
+
+
+def test_value_above_max_abs_names_index_and_value() -> None:
+    with pytest.raises(OverflowRisk, match=r"value\[2\] = 11\.5"):
+        encode(np.array([0.0, 1.0, 11.5]), 8, 10.0, 5)
+    with pytest.raises(OverflowRisk, match=r"value\[1\] = nan"):
+        encode(np.array([0.0, np.nan]), 8, 10.0, 5)
+    with pytest.raises(OverflowRisk, match=r"value\[0\] = -inf"):
+        encode(np.array([-np.inf]), 8, 10.0, 5)
+
+
+def test_configuration_that_could_overflow_is_rejected() -> None:
+    # 2 clients * 2^62 = 2^63 does not fit in int64, even though each value is in range.
+    with pytest.raises(OverflowRisk, match="overflow"):
+        encode(np.array([1.0]), 62, 1.0, 2)
+    encode(np.array([1.0]), 61, 1.0, 3)  # 3 * 2^61 < 2^63: fine
+    with pytest.raises(OverflowRisk):
+        encode(np.array([1.0]), 61, 1.0, 4)  # 4 * 2^61 = 2^63
+    # The largest safe sum really does not wrap.
+    k = 3
+    enc = encode(np.array([-1.0, 1.0]), 61, 1.0, k)
+    total = enc * np.uint64(k)
+    assert np.array_equal(decode(total, 61), np.array([-3.0, 3.0]))
+
+
+def test_ring_codec_per_entry_from_kinds() -> None:
+    kinds = [StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ, StatKind.COUNT]
+    codec = RingCodec.from_kinds(
+        kinds, frac_bits={StatKind.SUM: 20, StatKind.SUMSQ: 16},
+        max_abs={StatKind.COUNT: 1e6, StatKind.SUM: 1e4, StatKind.SUMSQ: 1e8}, n_clients=10)
+    assert codec.frac_bits.tolist() == [0, 20, 16, 0]
+    x = np.array([3.0, 1.2345678, 5.5, 9.0])
+    out = codec.decode(codec.encode(x) + codec.encode(x))
+    assert out[0] == 6.0 and out[3] == 18.0
+    assert (np.abs(out - 2 * x) <= codec.error_bound()).all()
+    with pytest.raises(OverflowRisk, match=r"value\[2\]"):
+        codec.encode(np.array([1.0, 1.0, 2e8, 1.0]))
+    with pytest.raises(ValueError, match="gain"):
+        RingCodec.from_kinds([StatKind.GAIN], frac_bits={}, max_abs={}, n_clients=2)
+    with pytest.raises(ValueError):
+        codec.encode(np.zeros(3))
+
+
+def test_bad_codec_arguments() -> None:
+    with pytest.raises(OverflowRisk):
+        RingCodec(np.array([63]), np.array([1.0]), 2)
+    with pytest.raises(OverflowRisk):
+        RingCodec(np.array([0]), np.array([-1.0]), 2)
+    with pytest.raises(ValueError):
+        RingCodec(np.array([0, 1]), np.array([1.0]), 2)
+    with pytest.raises(ValueError):
+        decode(np.zeros(2, dtype=np.int64), 0)

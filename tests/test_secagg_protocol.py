@@ -1,0 +1,361 @@
+"""Secure aggregation rounds: exact sums under dropouts, refusals, aborts, a curious server."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fedforest_secure.secagg as secagg
+from fedforest_secure.errors import AbortedRound, InvalidMessage, ProtocolError, RefusedRequest
+from fedforest_secure.secagg import (
+    ClientStage,
+    InProcessSecureSum,
+    KeyMismatch,
+    SecAggServer,
+    UnmaskRequest,
+    UnmaskResponse,
+    Upload,
+)
+from fedforest_secure.secagg._primitives import _prg, _shamir
+
+DIGEST = hashlib.sha256(b"task").digest()
+L = 257
+
+
+def _vectors(ids: list[int], seed: int = 0) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {u: rng.integers(0, 2**64, L, dtype=np.uint64) for u in ids}
+
+
+def _sum(vecs: dict[int, np.ndarray], ids: object) -> np.ndarray:
+    total = np.zeros(L, dtype=np.uint64)
+    for u in ids:  # type: ignore[attr-defined]
+        total += vecs[u]
+    return total
+
+
+def test_exported_names() -> None:
+    assert set(secagg.__all__) == {
+        "ClientStage", "InProcessSecureSum", "KeyAdvert", "KeyMismatch", "MaskedUpload",
+        "RingCodec", "RoundSetup", "SecAggClient", "SecAggServer", "ServerStage", "ShareBundle",
+        "ShareDelivery", "UnmaskRequest", "UnmaskResponse", "Upload", "decode", "encode", "parse"}
+
+
+# -- exact sums ------------------------------------------------------------------------------
+def test_every_dropout_pattern_of_five_clients() -> None:
+    """K=5, t=3: every way of losing up to K - t = 2 clients, at either stage."""
+    ids = list(range(5))
+    vecs = _vectors(ids)
+    agg = InProcessSecureSum(ids, threshold=3, job_id="job-1")
+    patterns = 0
+    for k in range(3):
+        for lost in itertools.combinations(ids, k):
+            for stages in itertools.product((0, 1), repeat=k):
+                d1 = {u for u, s in zip(lost, stages, strict=True) if s == 0}
+                d2 = {u for u, s in zip(lost, stages, strict=True) if s == 1}
+                total = agg.sum(f"q{patterns}", DIGEST, vecs, drop_after_sharing=d1,
+                                drop_after_upload=d2)
+                assert np.array_equal(total, _sum(vecs, set(ids) - d1))
+                patterns += 1
+    assert patterns == 1 + 5 * 2 + 10 * 4
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), k=st.integers(min_value=3, max_value=9))
+def test_random_dropouts_give_exact_sums(data: st.DataObject, k: int) -> None:
+    ids = list(range(10, 10 + k))
+    agg = InProcessSecureSum(ids, threshold=0.67, job_id="hyp")
+    t = -(-67 * k // 100)
+    lost = data.draw(st.lists(st.sampled_from(ids), unique=True, max_size=k - t))
+    d1 = set(data.draw(st.sets(st.sampled_from(lost))) if lost else set())
+    d2 = set(lost) - d1
+    vecs = _vectors(ids, seed=k)
+    total = agg.sum("q", DIGEST, vecs, drop_after_sharing=d1, drop_after_upload=d2)
+    assert np.array_equal(total, _sum(vecs, set(ids) - d1))
+
+
+def test_sparse_graph_sum_with_dropouts() -> None:
+    ids = list(range(16))
+    vecs = _vectors(ids)
+    agg = InProcessSecureSum(ids, threshold=0.67, job_id="plus", neighbours=6)
+    total = agg.sum("q", DIGEST, vecs, drop_after_sharing={3}, drop_after_upload={8})
+    assert np.array_equal(total, _sum(vecs, set(ids) - {3}))
+    # Each upload is masked with its ~6 neighbours only, not all 15 peers.
+    bundles = [m for m in agg.transcript if isinstance(m, secagg.ShareBundle)]
+    assert all(len(b.ciphertexts) == 6 for b in bundles)
+
+
+def test_many_rounds_piggyback_next_adverts() -> None:
+    ids = list(range(6))
+    agg = InProcessSecureSum(ids, threshold=0.67, job_id="j")
+    for r in range(3):
+        vecs = _vectors(ids, seed=r)
+        assert np.array_equal(agg.sum(f"r{r}", DIGEST, vecs), _sum(vecs, ids))
+    adverts = [m for m in agg.transcript if isinstance(m, secagg.KeyAdvert)]
+    # Only round 0 used a separate advertisement; later rounds rode on unmask responses.
+    assert {a.round_id for a in adverts} == {0}
+    riders = [m.next_advert for m in agg.transcript
+              if isinstance(m, UnmaskResponse) and m.next_advert is not None]
+    assert {a.round_id for a in riders} == {1, 2, 3}
+
+
+# -- aborts and refusals ---------------------------------------------------------------------
+def test_fewer_than_t_uploads_aborts_without_partial_sum() -> None:
+    ids = list(range(5))
+    agg = InProcessSecureSum(ids, threshold=4, job_id="j")
+    with pytest.raises(AbortedRound, match="masked uploads"):
+        agg.sum("q", DIGEST, _vectors(ids), drop_after_sharing={0, 1})
+    assert agg.last_server is not None
+    assert agg.last_server.stage is secagg.ServerStage.ABORTED
+    with pytest.raises(ProtocolError):
+        agg.last_server.finish()
+
+
+def test_fewer_than_t_unmask_responses_aborts() -> None:
+    ids = list(range(5))
+    agg = InProcessSecureSum(ids, threshold=4, job_id="j")
+    with pytest.raises(AbortedRound, match="unmask responses"):
+        agg.sum("q", DIGEST, _vectors(ids), drop_after_upload={0, 1})
+
+
+def test_same_question_different_set_is_refused() -> None:
+    ids = list(range(5))
+    agg = InProcessSecureSum(ids, threshold=3, job_id="j")
+    vecs = _vectors(ids)
+    agg.sum("level 3 / histogram", DIGEST, vecs)
+    agg.sum("level 3 / histogram", DIGEST, vecs)  # same set again: allowed (a retry)
+    with pytest.raises(RefusedRequest, match="different set"):
+        agg.sum("level 3 / histogram", DIGEST, vecs, drop_after_sharing={4})
+    with pytest.raises(RefusedRequest, match="different set"):
+        agg.sum("level 3 / histogram", DIGEST, {u: vecs[u] for u in ids[:4]})
+    agg.sum("level 4 / histogram", DIGEST, vecs, drop_after_sharing={4})
+
+
+def test_fewer_than_three_clients_is_refused_or_rejected() -> None:
+    with pytest.raises(ValueError):
+        InProcessSecureSum([0, 1], threshold=2, job_id="j")
+    agg = InProcessSecureSum(range(4), threshold=2, job_id="j")
+    vecs = _vectors([0, 1])
+    with pytest.raises(AbortedRound, match="n >= 3"):
+        agg.sum("q", DIGEST, vecs)
+
+
+def _run_to_unmask(k: int = 5, t: int = 3, drop: frozenset[int] = frozenset()):  # type: ignore[no-untyped-def]
+    agg = InProcessSecureSum(range(k), threshold=t, job_id="j")
+    server = SecAggServer("j", 0, "q", DIGEST, L, t, agg.directory)
+    vecs = _vectors(list(range(k)))
+    for c in agg.clients.values():
+        server.receive_advert(c.advertise(0))
+    setup = server.setup()
+    for c in agg.clients.values():
+        server.receive_shares(c.share_keys(setup))
+    deliveries = server.deliver_shares()
+    for u, c in agg.clients.items():
+        if u not in drop:
+            server.receive_upload(*c.mask(deliveries[u], vecs[u]))
+    return agg, server, vecs
+
+
+def test_client_refuses_both_kinds_for_one_peer() -> None:
+    agg, server, _ = _run_to_unmask(drop=frozenset({4}))
+    honest = server.request_unmask()
+    assert honest.dropped == (4,)
+    c0 = agg.clients[0]
+    evil = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2, 3),
+                         dropped=(3, 4))
+    with pytest.raises(RefusedRequest, match="both"):
+        c0.unmask(evil)
+    assert c0.stage is ClientStage.MASKED  # refusing changed nothing
+    c0.unmask(honest)
+    # A second request that now calls survivor 3 dropped is refused (across requests).
+    evil2 = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2),
+                          dropped=(3, 4))
+    with pytest.raises(RefusedRequest):
+        c0.unmask(evil2)
+    # Repeating the honest request is fine (lost response).
+    assert c0.unmask(honest).self_mask_shares.keys() == {0, 1, 2, 3}
+
+
+def test_client_refuses_fewer_than_t_survivors() -> None:
+    agg, server, _ = _run_to_unmask(k=7, t=5)
+    small = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2, 3),
+                          dropped=(4, 5, 6))
+    with pytest.raises(RefusedRequest, match="fewer than t"):
+        agg.clients[0].unmask(small)
+
+
+def test_client_refuses_sum_over_fewer_than_three() -> None:
+    agg, server, _ = _run_to_unmask(k=3, t=2)
+    tiny = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1), dropped=(2,))
+    with pytest.raises(RefusedRequest, match="< 3"):
+        agg.clients[0].unmask(tiny)
+
+
+def test_reconstructed_key_mismatch_is_detected() -> None:
+    agg, server, _ = _run_to_unmask(k=5, t=3, drop=frozenset({4}))
+    req = server.request_unmask()
+    for u in (0, 1, 2):
+        resp = agg.clients[u].unmask(req)
+        if u == 0:  # corrupt one key share of the dropped client
+            bad = _shamir.to_bytes((_shamir.from_bytes(resp.key_shares[4]) + 1) % _shamir.PRIME)
+            resp = resp.model_copy(update={"key_shares": {4: bad}})
+        server.receive_unmask(resp)
+    with pytest.raises(KeyMismatch, match="masking private key of client 4"):
+        server.finish()
+    assert server.stage is secagg.ServerStage.ABORTED
+
+
+def test_corrupt_self_mask_share_is_detected() -> None:
+    agg, server, _ = _run_to_unmask(k=4, t=3)
+    req = server.request_unmask()
+    for u in (0, 1, 2):
+        resp = agg.clients[u].unmask(req)
+        if u == 1:
+            shares = dict(resp.self_mask_shares)
+            shares[2] = _shamir.to_bytes(7)
+            resp = resp.model_copy(update={"self_mask_shares": shares})
+        server.receive_unmask(resp)
+    with pytest.raises(KeyMismatch, match="self-mask seed of client 2"):
+        server.finish()
+
+
+# -- state machine and message checks --------------------------------------------------------
+def test_out_of_order_and_replayed_messages() -> None:
+    agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
+    server = SecAggServer("j", 0, "q", DIGEST, L, 3, agg.directory)
+    c = agg.clients[0]
+    vec = np.zeros(L, dtype=np.uint64)
+    with pytest.raises(ProtocolError, match="stage"):
+        server.request_unmask()
+    with pytest.raises(ProtocolError, match="stage"):
+        server.finish()
+    adverts = [cl.advertise(0) for cl in agg.clients.values()]
+    for a in adverts:
+        server.receive_advert(a)
+    with pytest.raises(ProtocolError, match="already advertised"):
+        server.receive_advert(adverts[0])
+    setup = server.setup()
+    with pytest.raises(ProtocolError):
+        server.receive_advert(adverts[0])
+    bundle = c.share_keys(setup)
+    with pytest.raises(ProtocolError, match="stage"):
+        c.share_keys(setup)
+    server.receive_shares(bundle)
+    with pytest.raises(ProtocolError, match="already sent"):
+        server.receive_shares(bundle)
+    for u in (1, 2, 3):
+        server.receive_shares(agg.clients[u].share_keys(setup))
+    deliveries = server.deliver_shares()
+    with pytest.raises(ProtocolError, match="stage"):
+        c.unmask(UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2),
+                               dropped=()))
+    header, masked = c.mask(deliveries[0], vec)
+    server.receive_upload(header, masked)
+    with pytest.raises(ProtocolError, match="already uploaded"):
+        server.receive_upload(header, masked)
+    with pytest.raises(InvalidMessage):
+        server.receive_upload(header.model_copy(update={"sender": 1}), masked[:-1])
+    with pytest.raises(ProtocolError, match="another job or round"):
+        server.receive_upload(header.model_copy(update={"round_id": 1, "sender": 1}), masked)
+
+
+def test_forged_advert_and_tampered_share_are_invalid() -> None:
+    agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
+    server = SecAggServer("j", 0, "q", DIGEST, L, 3, agg.directory)
+    a = agg.clients[0].advertise(0)
+    with pytest.raises(InvalidMessage):
+        server.receive_advert(a.model_copy(update={"mask_key": bytes(32)}))
+    with pytest.raises(InvalidMessage):
+        server.receive_advert(a.model_copy(update={"client_id": 1}))
+    server.receive_advert(a)
+    for u in (1, 2, 3):
+        server.receive_advert(agg.clients[u].advertise(0))
+    setup = server.setup()
+    for u in range(4):
+        server.receive_shares(agg.clients[u].share_keys(setup))
+    deliveries = server.deliver_shares()
+    d = deliveries[0]
+    ct = bytearray(d.ciphertexts[1])
+    ct[-1] ^= 1
+    with pytest.raises(InvalidMessage):
+        agg.clients[0].mask(d.model_copy(update={"ciphertexts": {**d.ciphertexts, 1: bytes(ct)}}),
+                            np.zeros(L, dtype=np.uint64))
+    # A ciphertext meant for client 2 relayed to client 0 does not open either.
+    with pytest.raises(InvalidMessage):
+        agg.clients[0].mask(deliveries[2].model_copy(update={"recipient": 0}),
+                            np.zeros(L, dtype=np.uint64))
+    # Failed attempts changed nothing: the genuine delivery still works.
+    header, _ = agg.clients[0].mask(d, np.zeros(L, dtype=np.uint64))
+    assert header.sender == 0
+
+
+def test_json_round_trip_and_parse_errors() -> None:
+    agg = InProcessSecureSum(range(3), threshold=2, job_id="j")
+    a = agg.clients[0].advertise(0)
+    assert secagg.parse(secagg.KeyAdvert, a.model_dump_json()) == a
+    for bad in (b"{}", b"not json", a.model_dump_json().replace('"j"', '"j|x"'),
+                a.model_dump_json()[:-1] + ',"extra":1}'):
+        with pytest.raises(InvalidMessage):
+            secagg.parse(secagg.KeyAdvert, bad)
+
+
+# -- what a curious server learns ------------------------------------------------------------
+def test_curious_server_cannot_recover_any_vector() -> None:
+    ids = list(range(6))
+    vecs = _vectors(ids, seed=5)
+    agg = InProcessSecureSum(ids, threshold=4, job_id="curious")
+    total = agg.sum("q", DIGEST, vecs, drop_after_sharing={5})
+    survivors = [0, 1, 2, 3, 4]
+    uploads = {m.header.sender: m.vector for m in agg.transcript if isinstance(m, Upload)}
+    responses = [m for m in agg.transcript if isinstance(m, UnmaskResponse)]
+    assert set(uploads) == set(survivors)
+    # Everything revealed: self-mask seeds of survivors (reconstructed from shares).
+    self_masks = {}
+    for u in survivors:
+        shares = {r.sender + 1: _shamir.from_bytes(r.self_mask_shares[u]) for r in responses}
+        seed = _shamir.combine(shares, 4).to_bytes(32, "big")
+        self_masks[u] = _prg.expand(seed, L)
+    for u in survivors:
+        assert not np.array_equal(uploads[u], vecs[u])
+        assert not np.array_equal(uploads[u] - self_masks[u], vecs[u])
+        # Nothing of the plaintext survives, entry by entry.
+        assert np.count_nonzero(uploads[u] - self_masks[u] == vecs[u]) == 0
+    # Any proper subset (>= 1 client) of uploads, minus its self-masks, is not its sum.
+    for k in range(1, len(survivors)):
+        for subset in itertools.combinations(survivors, k):
+            partial = np.zeros(L, dtype=np.uint64)
+            for u in subset:
+                partial += uploads[u] - self_masks[u]
+            assert not np.array_equal(partial, _sum(vecs, subset))
+    assert np.array_equal(total, _sum(vecs, survivors))
+
+
+def test_masks_are_fresh_each_round_and_bound_to_the_task() -> None:
+    ids = list(range(4))
+    vecs = {u: np.zeros(L, dtype=np.uint64) for u in ids}
+    agg = InProcessSecureSum(ids, threshold=3, job_id="fresh")
+    agg.sum("a", DIGEST, vecs)
+    agg.sum("b", DIGEST, vecs)
+    agg.sum("c", hashlib.sha256(b"other task").digest(), vecs)
+    ups = [m for m in agg.transcript if isinstance(m, Upload) and m.header.sender == 0]
+    assert len(ups) == 3
+    for x, y in itertools.combinations(ups, 2):
+        assert np.count_nonzero(x.vector == y.vector) == 0
+        assert not np.array_equal(x.vector - y.vector, (x.vector - y.vector)[0])
+
+
+def test_task_digest_changes_the_pairwise_masks() -> None:
+    """Same round keys, only the task digest differs: every pairwise mask changes."""
+    from fedforest_secure.secagg._primitives import _kdf
+    from fedforest_secure.secagg._rounds import mask_info
+
+    a, b = _kdf.generate_private_key(), _kdf.generate_private_key()
+    s1 = _kdf.derive_seed(a, _kdf.public_key(b), mask_info("j", 0, 0, 1, DIGEST))
+    s2 = _kdf.derive_seed(a, _kdf.public_key(b), mask_info("j", 0, 0, 1, bytes(32)))
+    assert s1 != s2
+    assert np.count_nonzero(_prg.expand(s1, L) == _prg.expand(s2, L)) == 0

@@ -1,0 +1,208 @@
+"""API tests (FastAPI TestClient): auth, 4xx on bad input, state unchanged after rejections."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from fedforest_secure.config import JobConfig
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Task, pack
+from fedforest_secure.worker import Worker
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit
+from server_app.auth import add_client
+from server_app.db import Database, RoundRow, UploadRow
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.serve import check_transport
+from server_app.settings import ConfigError, ServerSettings
+from server_app.uploads import make_upload
+
+with warnings.catch_warnings():
+    # starlette warns that its TestClient will move from httpx to httpx2; narrow and local.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+K = 3
+
+
+@pytest.fixture()
+def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+    parts, feat = tiny_parts
+    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    outsider = add_client(db, "outsider")
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_toml))
+    app = create_app(db, state=state, tick_seconds=60)
+    with TestClient(app) as http:
+        yield {"http": http, "db": db, "tokens": tokens, "outsider": outsider, "parts": parts}
+    db.dispose()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def join_all(env: dict) -> list[dict]:
+    return [env["http"].post("/v1/jobs/job-a/join", headers=auth(t)).json()
+            for t in env["tokens"]]
+
+
+def get_task(env: dict, k: int) -> Task:
+    r = env["http"].get("/v1/jobs/job-a/task", headers=auth(env["tokens"][k]))
+    assert r.status_code == 200, r.text
+    return Task.from_bytes(r.content)
+
+
+def reply_body(env: dict, info: dict, k: int, task: Task) -> bytes:
+    config = JobConfig.from_json(__import__("json").dumps(info["config"]))
+    X, y = env["parts"][k]
+    w = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
+    rep = w.handle(task)
+    return make_upload(task, rep.summable, rep.disclosed)
+
+
+def upload(env: dict, k: int, round_id: int, body: bytes, job: str = "job-a"):
+    return env["http"].post(f"/v1/jobs/{job}/rounds/{round_id}/upload", content=body,
+                            headers={**auth(env["tokens"][k]),
+                                     "Content-Type": "application/octet-stream"})
+
+
+def snapshot(db: Database) -> tuple:
+    with db.session() as s:
+        return (s.scalar(select(func.count()).select_from(UploadRow)),
+                s.scalar(select(func.count()).select_from(RoundRow)),
+                tuple(s.scalars(select(RoundRow.running_sum))))
+
+
+def test_health_and_openapi(env: dict) -> None:
+    http = env["http"]
+    assert http.get("/health").json()["status"] == "ok"
+    paths = http.get("/openapi.json").json()["paths"]
+    assert "/v1/jobs/{job_id}/rounds/{round_id}/upload" in paths
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"},
+                                     {"Authorization": "Bearer ffs_AAAAAAAAAAAAAAAA_" + "x" * 43},
+                                     {"Authorization": "Basic abc"}])
+def test_unauthenticated_is_401(env: dict, headers: dict) -> None:
+    r = env["http"].post("/v1/jobs/job-a/join", headers=headers)
+    assert r.status_code == 401
+    assert r.json()["error"] == "unauthenticated"
+
+
+def test_outsider_and_unknown_job_are_404(env: dict) -> None:
+    http = env["http"]
+    r = http.post("/v1/jobs/job-a/join", headers=auth(env["outsider"]))
+    assert r.status_code == 404 and r.json()["error"] == "unknown_job"
+    r = http.get("/v1/jobs/nope/task", headers=auth(env["tokens"][0]))
+    assert r.status_code == 404
+    r = http.get("/v1/jobs/bad%20id/task", headers=auth(env["tokens"][0]))
+    assert r.status_code == 422
+
+
+def test_job_waits_for_all_joins_then_serves_tasks(env: dict) -> None:
+    http = env["http"]
+    http.post("/v1/jobs/job-a/join", headers=auth(env["tokens"][0]))
+    r = http.get("/v1/jobs/job-a/task", headers=auth(env["tokens"][0]))
+    assert r.status_code == 204 and r.headers["X-FedForest-Status"] == "wait"
+    join_all(env)
+    task = get_task(env, 0)
+    assert task.round_id >= 0 and task.job_id == "job-a"
+    st = http.get("/v1/jobs/job-a", headers=auth(env["tokens"][1])).json()
+    assert st["status"] == "running" and st["active_clients"] == K
+
+
+def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
+    infos = join_all(env)
+    task = get_task(env, 0)
+    good = reply_body(env, infos[0], 0, task)
+    before = snapshot(env["db"])
+    cases = {
+        "malformed": (b"garbage", 400),
+        "truncated": (good[:-8], 400),
+        "wrong_round_path": (good, 409),  # sent to round 5
+        "wrong_layout": (make_upload(task, np.zeros(3), {}), 400),
+        "nan": (make_upload(task, np.full(reply_body_len(good), np.nan), {}), 400),
+        "wrong_header": (pack({"type": "upload", "job_id": "job-a", "round_id": task.round_id,
+                               "task_digest": "00" * 32, "encoding": "float64"},
+                              {"__summable__": np.zeros(reply_body_len(good))}), 409),
+    }
+    for name, (body, status) in cases.items():
+        rid = task.round_id + 5 if name == "wrong_round_path" else task.round_id
+        if name == "wrong_round_path":
+            body = good.replace(f'"round_id":{task.round_id}'.encode(),
+                                f'"round_id":{rid}'.encode())
+        r = upload(env, 0, rid, body)
+        assert r.status_code == status, (name, r.text)
+        assert set(r.json()) >= {"error", "detail"}
+        assert snapshot(env["db"]) == before, name
+    r = env["http"].post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=good,
+                         headers={**auth(env["tokens"][0]), "Content-Type": "application/json"})
+    assert r.status_code == 415
+    r = upload(env, 0, task.round_id, good, job="other-job")
+    assert r.status_code == 400  # header names job-a
+    assert snapshot(env["db"]) == before
+
+
+def reply_body_len(body: bytes) -> int:
+    from fedforest_secure.protocol import unpack
+
+    return int(unpack(body)[1]["__summable__"].shape[0])
+
+
+def test_duplicate_upload_is_idempotent_and_replay_rejected(env: dict) -> None:
+    infos = join_all(env)
+    task = get_task(env, 0)
+    r0 = task.round_id
+    bodies = [reply_body(env, infos[k], k, task) for k in range(K)]
+    first = upload(env, 0, r0, bodies[0])
+    assert first.status_code == 200 and not first.json()["duplicate"]
+    again = upload(env, 0, r0, bodies[0])
+    assert again.status_code == 200 and again.json()["duplicate"]
+    assert again.json()["upload_sha256"] == hashlib.sha256(bodies[0]).hexdigest()
+    # a different vector for the same round is a conflict, and counted nowhere
+    other = bodies[1]
+    r = upload(env, 0, r0, make_upload(task, np.zeros(reply_body_len(bodies[0])), {}))
+    assert r.status_code == 409 and r.json()["error"] == "conflicting_upload"
+    with env["db"].session() as s:
+        assert s.scalar(select(func.count()).select_from(UploadRow)) == 1
+    for k in (1, 2):
+        assert upload(env, k, r0, bodies[k]).status_code == 200
+    # round 0 is closed now: a replay is a 409 that says it was counted
+    r = upload(env, 0, r0, bodies[0])
+    assert r.status_code == 409 and r.json()["error"] == "round_closed"
+    assert r.json()["counted"] is True
+    r = upload(env, 1, r0, other[:-1] + b"\x01")
+    assert r.status_code in (400, 409)
+    nxt = get_task(env, 0)
+    assert nxt.round_id > r0
+
+
+def test_task_of_any_issued_round_and_unknown_round(env: dict) -> None:
+    join_all(env)
+    http = env["http"]
+    r0 = get_task(env, 0).round_id
+    r = http.get(f"/v1/jobs/job-a/rounds/{r0}/task", headers=auth(env["tokens"][2]))
+    assert r.status_code == 200
+    r = http.get("/v1/jobs/job-a/rounds/9/task", headers=auth(env["tokens"][2]))
+    assert r.status_code == 404
+    r = http.get("/v1/jobs/job-a/model", headers=auth(env["tokens"][2]))
+    assert r.status_code == 409 and r.json()["error"] == "no_model"
+
+
+def test_plain_http_refused_off_loopback(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        check_transport(ServerSettings(host="0.0.0.0"), insecure_dev=True)
+    with pytest.raises(ConfigError):
+        check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=False)
+    check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=True)
