@@ -1,0 +1,157 @@
+"""Data preparation for ``fedforest simulate``: one CSV, token and certificate per site."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .simulate import SimulateOptions
+
+__all__ = ["SimData", "SiteData", "load_table", "prepare_sites", "write_site_files"]
+
+
+@dataclass
+class SiteData:
+    name: str
+    csv: Path
+    schema: Path
+    token: str
+    X: np.ndarray
+    y: np.ndarray
+
+
+@dataclass
+class SimData:
+    job_id: str
+    task: str
+    sites: list[SiteData]
+    X_test: np.ndarray
+    y_test: np.ndarray
+    job_toml: Path
+
+
+def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
+    """``(X, y, task, feature_names)``; from fedforest_secure.datasets, else scikit-learn."""
+    try:
+        from fedforest_secure.datasets import load_dataset
+    except ImportError:
+        from sklearn import datasets as skd
+
+        loader = {"breast_cancer": skd.load_breast_cancer, "diabetes": skd.load_diabetes,
+                  "wine": skd.load_wine}[name.replace("-", "_").lower()]
+        b = loader()
+        task = "regression" if name.startswith("diab") else "classification"
+        return (np.asarray(b.data, float), np.asarray(b.target), task,
+                [f"x{j}" for j in range(b.data.shape[1])])
+    ds = load_dataset(name)
+    return ds.X, ds.y, ds.task, [f"x{j}" for j in range(ds.X.shape[1])]
+
+
+def _partition(y: np.ndarray, task: str, k: int, alpha: float, seed: int) -> np.ndarray:
+    try:
+        from fedforest_secure.datasets import dirichlet_partition
+    except ImportError:
+        rng = np.random.default_rng(seed)
+        return rng.integers(0, k, y.shape[0])
+    target = y.astype(np.int64) if task == "classification" else y.astype(np.float64)
+    return np.asarray(dirichlet_partition(target, k, alpha, seed, min_size=10))
+
+
+def schema_dict(X: np.ndarray, y: np.ndarray, task: str, names: list[str]) -> dict[str, Any]:
+    """A schema whose public bounds cover the whole table (in a simulation, the pooled range)."""
+    feats = []
+    for j, name in enumerate(names):
+        lo, hi = float(X[:, j].min()), float(X[:, j].max())
+        feats.append({"name": name, "kind": "continuous",
+                      "bounds": [lo, hi if hi > lo else lo + 1.0]})
+    if task == "classification":
+        target: dict[str, Any] = {"name": "y", "kind": "classification",
+                                  "classes": [str(c) for c in range(int(y.max()) + 1)]}
+    else:
+        lo, hi = float(y.min()), float(y.max())
+        target = {"name": "y", "kind": "regression", "bounds": [lo, hi if hi > lo else lo + 1]}
+    return {"features": feats, "target": target}
+
+
+def write_schema(path: Path, schema: dict[str, Any]) -> None:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(schema))
+
+
+def write_csv(path: Path, X: np.ndarray, y: np.ndarray, names: list[str], task: str) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*names, "y"])
+        for row, t in zip(X.tolist(), y.tolist(), strict=True):
+            w.writerow([repr(float(v)) for v in row]
+                       + [str(int(t)) if task == "classification" else repr(float(t))])
+
+
+def write_job_toml(path: Path, job_id: str, names: list[str], profile: str, deadline: float,
+                   forest: dict[str, Any], min_clients: int | None = None) -> None:
+    import tomli_w
+
+    doc: dict[str, Any] = {"id": job_id, "clients": names, "profile": profile,
+                           "schema": "schema.toml", "round_deadline": deadline,
+                           "forest": forest}
+    if min_clients is not None:
+        doc["min_clients"] = min_clients
+    path.write_text(tomli_w.dumps(doc))
+
+
+def write_site_files(out: Path, names: list[str], parts: list[tuple[np.ndarray, np.ndarray]],
+                     feat_names: list[str], task: str, schema: dict[str, Any]) -> list[Path]:
+    write_schema(out / "schema.toml", schema)
+    paths = []
+    for name, (X, y) in zip(names, parts, strict=True):
+        (out / "sites").mkdir(exist_ok=True)
+        p = out / "sites" / f"{name}.csv"
+        write_csv(p, X, y, feat_names, task)
+        paths.append(p)
+    return paths
+
+
+def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_toml: Path
+                  ) -> SimData:
+    """Write schema, CSVs, job.toml; register the clients and create the job on the server DB."""
+    from server_app.audit_hook import open_audit
+    from server_app.auth import add_client
+    from server_app.db import Database
+    from server_app.jobspec import load_job_spec
+    from server_app.runtime import ServerState
+    from server_app.settings import load_settings
+
+    X, y, task, feat = load_table(opts.dataset)
+    rng = np.random.default_rng(opts.seed)
+    idx = rng.permutation(X.shape[0])
+    if opts.max_rows is not None:
+        idx = idx[: opts.max_rows]
+    n_test = max(1, len(idx) // 5)
+    test, train = idx[:n_test], idx[n_test:]
+    part = _partition(y[train], task, opts.clients, opts.alpha, opts.seed)
+    parts = [(X[train][part == k], y[train][part == k]) for k in range(opts.clients)]
+    schema = schema_dict(X, y, task, feat)
+    csvs = write_site_files(out, names, parts, feat, task, schema)
+    forest = {"n_estimators": opts.trees, "max_depth": opts.depth, "n_bins": opts.bins,
+              "random_state": opts.seed, "min_samples_leaf": 5, **opts.extra_forest}
+    job_id = f"sim-{opts.dataset.replace('_', '-')}"
+    job_toml = out / "job.toml"
+    write_job_toml(job_toml, job_id, names, opts.profile, opts.round_deadline, forest)
+    settings = load_settings(server_toml)
+    db = Database(settings.database)
+    tokens = [add_client(db, n) for n in names]
+    audit = open_audit(settings.audit_database)
+    ServerState(db, audit).create_job(load_job_spec(job_toml))
+    close = getattr(getattr(audit, "_log", None), "close", None)
+    if callable(close):
+        close()
+    db.dispose()
+    sites = [SiteData(n, p, out / "schema.toml", t, Xk, yk)
+             for n, p, t, (Xk, yk) in zip(names, csvs, tokens, parts, strict=True)]
+    return SimData(job_id, task, sites, X[test], y[test], job_toml)

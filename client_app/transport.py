@@ -1,0 +1,112 @@
+"""HTTPS transport of a client: TLS verified against the federation CA, retries with backoff.
+
+There is deliberately no way to switch certificate verification off: the only trust anchor is
+the CA file given on the command line (plus an optional client certificate for mTLS).
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fedforest_secure.errors import FedForestError
+
+__all__ = ["ApiRejected", "Transport", "TransportFailed", "tls_context"]
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class ApiRejected(FedForestError):
+    """The server refused a request with a 4xx; ``code`` and ``detail`` come from its JSON."""
+
+    def __init__(self, status: int, code: str, detail: str, body: dict[str, Any]) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail, self.body = status, code, detail, body
+
+
+class TransportFailed(FedForestError):
+    """The server stayed unreachable for longer than the retry budget."""
+
+
+def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """Verify the server against ``ca`` only (hostname checked); present ``cert`` if given."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
+    return ctx
+
+
+@dataclass
+class Transport:
+    """A small wrapper over :class:`httpx.Client` with bounded exponential backoff."""
+
+    base_url: str
+    token: str
+    ca: Path | None
+    cert: Path | None = None
+    key: Path | None = None
+    retry_budget_s: float = 300.0
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.base_url.startswith("https://"):
+            if self.ca is None:
+                raise ValueError("an https server needs --ca (the federation CA certificate)")
+            verify: ssl.SSLContext | bool = tls_context(self.ca, self.cert, self.key)
+        elif self.base_url.startswith("http://127.0.0.1"):
+            verify = True  # plain HTTP only towards a loopback server run with --insecure-dev
+        else:
+            raise ValueError("the server URL must be https:// (http:// only for 127.0.0.1)")
+        self._http = httpx.Client(base_url=self.base_url, verify=verify,
+                                  timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                  headers={"Authorization": f"Bearer {self.token}"})
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, *, content: bytes | None = None,
+                ok_statuses: tuple[int, ...] = (200,)) -> httpx.Response:
+        """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`."""
+        headers = {"Content-Type": "application/octet-stream"} if content is not None else {}
+        delay, start = 0.2, time.monotonic()
+        while True:
+            try:
+                resp = self._http.request(method, path, content=content, headers=headers)
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
+                        exc):
+                    raise TransportFailed(f"TLS verification of {self.base_url} failed: "
+                                          f"{exc}") from exc
+                err: str = f"{type(exc).__name__}: {exc}"
+            else:
+                self.bytes_sent += len(content or b"") + len(path) + 200
+                self.bytes_received += len(resp.content)
+                if resp.status_code in ok_statuses or resp.status_code == 204:
+                    return resp
+                if resp.status_code not in _RETRY_STATUS:
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        body = {"error": "http_error", "detail": resp.text[:200]}
+                    raise ApiRejected(resp.status_code, str(body.get("error", "")),
+                                      str(body.get("detail", "")), body)
+                err = f"HTTP {resp.status_code}"
+            if time.monotonic() - start > self.retry_budget_s:
+                raise TransportFailed(f"{method} {path}: giving up after "
+                                      f"{self.retry_budget_s:.0f}s ({err})")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def get_json(self, path: str) -> Any:
+        return self.request("GET", path).json()
+
+    def post_json(self, path: str) -> Any:
+        return self.request("POST", path).json()

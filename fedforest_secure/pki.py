@@ -1,0 +1,190 @@
+"""A small development PKI for a federation: one CA, a server certificate, client certificates.
+
+Real deployments should use their institutions' own PKI; this module exists so that every
+transport in FedForest Secure runs over verified TLS, even on a laptop::
+
+    paths = init_dev_pki(Path("certs"), n_clients=4)
+    # certs/ca.pem, certs/server.pem, certs/server.key, certs/client-0.pem, certs/client-0.key, ...
+
+Keys are EC P-256; the server certificate names ``localhost`` and ``127.0.0.1`` (and any extra
+host names given) as subject alternative names. Private keys are written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = [
+    "CertifiedKey",
+    "DevPKI",
+    "create_ca",
+    "init_dev_pki",
+    "issue_certificate",
+    "load_certificate",
+    "verify_signed_by",
+]
+
+_VALIDITY_DAYS = 365
+_DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+@dataclass(frozen=True)
+class CertifiedKey:
+    """A private key with its certificate."""
+
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def write(self, cert_path: Path, key_path: Path) -> None:
+        cert_path.write_bytes(self.cert_pem())
+        _write_private(key_path, self.key_pem())
+
+
+@dataclass(frozen=True)
+class DevPKI:
+    """Where :func:`init_dev_pki` wrote its files."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    client_certs: list[Path] = field(default_factory=list)
+    client_keys: list[Path] = field(default_factory=list)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, 0o600)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "FedForest Secure federation"),
+        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+    ])
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC)
+
+
+def create_ca(common_name: str = "FedForest dev CA", *, days: int = _VALIDITY_DAYS,
+              now: _dt.datetime | None = None) -> CertifiedKey:
+    """A self-signed certificate authority (path length 0: it signs leaves only)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = (now or _now()) - _dt.timedelta(minutes=5)
+    name = _name(common_name)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + _dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return CertifiedKey(key, cert)
+
+
+def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
+                      hosts: tuple[str, ...] = (), days: int = _VALIDITY_DAYS,
+                      now: _dt.datetime | None = None) -> CertifiedKey:
+    """A leaf certificate signed by ``ca``: TLS server auth (with SANs ``hosts``) or client auth."""
+    if server and not hosts:
+        raise ValueError("a server certificate needs at least one host name or IP address")
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = (now or _now()) - _dt.timedelta(minutes=5)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + _dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=True, key_cert_sign=False, crl_sign=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+                       critical=False)
+    )
+    if hosts:
+        sans: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                sans.append(x509.DNSName(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return CertifiedKey(key, builder.sign(ca.key, hashes.SHA256()))
+
+
+def load_certificate(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(Path(path).read_bytes())
+
+
+def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
+    """True if ``cert`` carries a valid signature by ``ca_cert`` (no chain or time checks)."""
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT_HOSTS,
+                 client_names: list[str] | None = None) -> DevPKI:
+    """Write a dev CA, a server certificate for ``hosts`` and ``n_clients`` client certificates."""
+    if n_clients < 0:
+        raise ValueError("n_clients must be >= 0")
+    names = client_names if client_names is not None else [f"client-{k}" for k in range(n_clients)]
+    if len(names) != n_clients:
+        raise ValueError("client_names must have n_clients entries")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ca = create_ca()
+    ca.write(out / "ca.pem", out / "ca.key")
+    server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)
+    server.write(out / "server.pem", out / "server.key")
+    certs, keys = [], []
+    for name in names:
+        leaf = issue_certificate(ca, name, server=False)
+        leaf.write(out / f"{name}.pem", out / f"{name}.key")
+        certs.append(out / f"{name}.pem")
+        keys.append(out / f"{name}.key")
+    return DevPKI(out / "ca.pem", out / "ca.key", out / "server.pem", out / "server.key",
+                  certs, keys)

@@ -1,0 +1,189 @@
+"""The FastAPI application: routes, authentication, error mapping, the deadline ticker.
+
+Routes (all under ``/v1`` need ``Authorization: Bearer <token>``):
+
+=======  ===========================================  ==========================================
+GET      /health                                      liveness, no auth
+GET      /v1/me                                       who the token belongs to
+GET      /v1/jobs                                     the jobs this client is invited to
+POST     /v1/jobs/{job}/join                          join; returns the JobConfig and index
+GET      /v1/jobs/{job}                               status, round, members, audit head
+GET      /v1/jobs/{job}/task                          the current task (octet-stream) or 204
+GET      /v1/jobs/{job}/rounds                        every issued round (for client replay)
+GET      /v1/jobs/{job}/rounds/{r}/task               the task of round r (octet-stream)
+POST     /v1/jobs/{job}/rounds/{r}/upload             the client's vector (octet-stream)
+GET      /v1/jobs/{job}/model                         the final model (JSON), members only
+=======  ===========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .audit_hook import AuditSink, NullAudit
+from .auth import authenticate
+from .db import ClientRow, Database
+from .errors import ApiError
+from .runtime import ServerState
+
+__all__ = ["create_app"]
+
+_log = logging.getLogger("fedforest.server")
+OCTET = "application/octet-stream"
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
+
+
+class Health(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: str
+    version: str
+
+
+class Me(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def _client(request: Request,
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+                  ) -> ClientRow:
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise ApiError(401, "unauthenticated", "send 'Authorization: Bearer <token>'")
+    row = await run_in_threadpool(authenticate, request.app.state.db, creds.credentials)
+    if row is None:
+        raise ApiError(401, "unauthenticated", "unknown or revoked token")
+    return row
+
+
+Client = Annotated[ClientRow, Depends(_client)]
+
+
+def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,
+               max_upload_bytes: int = 1 << 30, state: ServerState | None = None) -> FastAPI:
+    """Build the app around a database (and an audit sink)."""
+    st = state or ServerState(db, audit or NullAudit())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(tick_seconds)
+                try:
+                    await run_in_threadpool(st.tick)
+                except Exception:  # keep ticking; the failure is logged
+                    _log.exception("deadline tick failed")
+
+        task = asyncio.create_task(ticker())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
+    app.state.server = st
+    app.state.db = db
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return JSONResponse({"error": "invalid_request", "detail": "the request does not "
+                             "validate", "errors": errs}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": "http_error", "detail": str(exc.detail)},
+                            status_code=exc.status_code)
+
+    @app.get("/health", response_model=Health, tags=["meta"])
+    async def health() -> Health:
+        return Health(status="ok", version=__version__)
+
+    @app.get("/v1/me", response_model=Me, tags=["meta"])
+    async def me(c: Client) -> Me:
+        return Me(name=c.name)
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    async def jobs(c: Client) -> list[dict[str, Any]]:
+        return await run_in_threadpool(st.jobs_of, c)
+
+    @app.post("/v1/jobs/{job_id}/join", tags=["jobs"])
+    async def join(job_id: JobId, c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.join, c, job_id)
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    async def status(job_id: JobId, c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.status, c, job_id)
+
+    @app.get("/v1/jobs/{job_id}/task", tags=["rounds"],
+             responses={200: {"content": {OCTET: {}}}, 204: {"description": "nothing to do"}})
+    async def task(job_id: JobId, c: Client) -> Response:
+        offer = await run_in_threadpool(st.offer, c, job_id)
+        headers = {"X-FedForest-Status": offer.status}
+        if offer.detail:
+            headers["X-FedForest-Detail"] = offer.detail[:200]
+        if offer.status != "task" or offer.body is None:
+            return Response(status_code=204, headers=headers)
+        headers.update({
+            "X-FedForest-Round": str(offer.round_id),
+            "X-FedForest-Task-Digest": str(offer.digest),
+            "X-FedForest-Deadline-In": f"{offer.deadline_in:.3f}",
+            "X-FedForest-Audit-Head": str(offer.audit_head),
+            "X-FedForest-Phase": str(offer.phase),
+        })
+        return Response(content=offer.body, media_type=OCTET, headers=headers)
+
+    @app.get("/v1/jobs/{job_id}/rounds", tags=["rounds"])
+    async def rounds(job_id: JobId, c: Client) -> list[dict[str, Any]]:
+        return await run_in_threadpool(st.rounds, c, job_id)
+
+    @app.get("/v1/jobs/{job_id}/rounds/{round_id}/task", tags=["rounds"],
+             responses={200: {"content": {OCTET: {}}}})
+    async def round_task(job_id: JobId, round_id: RoundId, c: Client) -> Response:
+        body = await run_in_threadpool(st.task_bytes, c, job_id, round_id)
+        return Response(content=body, media_type=OCTET)
+
+    @app.post("/v1/jobs/{job_id}/rounds/{round_id}/upload", tags=["rounds"],
+              openapi_extra={"requestBody": {"required": True, "content": {OCTET: {
+                  "schema": {"type": "string", "format": "binary"}}}}})
+    async def upload(job_id: JobId, round_id: RoundId, request: Request, c: Client
+                     ) -> dict[str, Any]:
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip() != OCTET:
+            raise ApiError(415, "unsupported_media_type", f"uploads are {OCTET}")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > max_upload_bytes):
+            raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_upload_bytes:
+                raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
+        return await run_in_threadpool(st.upload, c, job_id, round_id, bytes(body))
+
+    @app.get("/v1/jobs/{job_id}/model", tags=["jobs"])
+    async def model(job_id: JobId, c: Client) -> Response:
+        text = await run_in_threadpool(st.model, c, job_id)
+        return Response(content=text, media_type="application/json")
+
+    return app

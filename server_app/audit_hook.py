@@ -1,0 +1,67 @@
+"""A small adapter between the server and :mod:`fedforest_secure.audit`.
+
+The server records job creation, joins, drops, every round, disclosures and the model digest,
+and sends the chain head with every task. If the audit module is not installed (or no audit
+database is configured) a :class:`NullAudit` keeps the same interface and a genesis head.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["AuditSink", "NullAudit", "open_audit"]
+
+GENESIS = "0" * 64
+_log = logging.getLogger("fedforest.server.audit")
+
+
+class AuditSink(Protocol):
+    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None) -> None: ...
+
+    def head(self, job_id: str) -> str: ...
+
+
+class NullAudit:
+    """Records nothing; the head stays at genesis."""
+
+    enabled = False
+
+    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        return None
+
+    def head(self, job_id: str) -> str:
+        return GENESIS
+
+
+class _AuditLogSink:
+    enabled = True
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        self._log.append(job_id, kind, dict(payload), dict(arrays or {}))
+
+    def head(self, job_id: str) -> str:
+        return str(self._log.head(job_id))
+
+
+def open_audit(url: str | None) -> AuditSink:
+    """The audit log at ``url`` (SQLAlchemy URL or SQLite path), or a :class:`NullAudit`."""
+    if not url:
+        return NullAudit()
+    try:
+        from fedforest_secure.audit import AuditLog
+    except ImportError:
+        _log.warning("fedforest_secure.audit is not available: audit logging disabled")
+        return NullAudit()
+    opener = getattr(AuditLog, "open", None)
+    log = opener(url) if callable(opener) else AuditLog(url)
+    return _AuditLogSink(log)

@@ -1,0 +1,64 @@
+"""Per-institution bearer tokens: issued once, stored hashed, compared in constant time.
+
+A token reads ``ffs_<token_id>_<secret>``: the id finds the row, the secret is checked against
+the stored SHA-256 with :func:`hmac.compare_digest`. Tokens carry 256 bits of entropy, so a fast
+hash is enough (no password stretching is needed for random secrets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+
+from sqlalchemy import select
+
+from .db import ClientRow, Database
+
+__all__ = ["TokenError", "add_client", "authenticate", "hash_secret", "new_token"]
+
+_TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class TokenError(ValueError):
+    """A client name that is taken or malformed."""
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(b"fedforest/v1/token|" + secret.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str, str]:
+    """Return ``(token, token_id, secret)`` with fresh randomness from :mod:`secrets`."""
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    token_id = "".join(secrets.choice(alphabet) for _ in range(16))
+    secret = secrets.token_urlsafe(32)
+    return f"ffs_{token_id}_{secret}", token_id, secret
+
+
+def add_client(db: Database, name: str) -> str:
+    """Register institution ``name`` and return its token (shown once, never stored)."""
+    if not _NAME_RE.match(name):
+        raise TokenError("client names are 1-64 characters: letters, digits, '_', '.', '-'")
+    token, token_id, secret = new_token()
+    with db.session() as sess:
+        if sess.scalar(select(ClientRow).where(ClientRow.name == name)) is not None:
+            raise TokenError(f"client {name!r} already exists")
+        sess.add(ClientRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
+    return token
+
+
+def authenticate(db: Database, token: str) -> ClientRow | None:
+    """The client owning ``token``, or None. Constant-time in the secret."""
+    match = _TOKEN_RE.match(token)
+    if match is None:
+        hmac.compare_digest(hash_secret("x"), hash_secret("y"))  # keep timing uniform
+        return None
+    token_id, secret = match.groups()
+    with db.session() as sess:
+        row = sess.scalar(select(ClientRow).where(ClientRow.token_id == token_id))
+    expected = row.token_hash if row is not None else hash_secret("no such token")
+    ok = hmac.compare_digest(expected, hash_secret(secret))
+    return row if (ok and row is not None) else None

@@ -1,0 +1,160 @@
+"""Persistent server state (SQLAlchemy 2). SQLite by default, any SQLAlchemy URL by config.
+
+Everything a restarted server needs lives here: clients and their hashed tokens, jobs and their
+configuration, memberships, every task issued (the exact bytes), every upload's digest, the
+running sum of the open round, and the aggregate handed to the coordinator for each closed round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import (
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+__all__ = [
+    "Base",
+    "ClientRow",
+    "Database",
+    "JobRow",
+    "MemberRow",
+    "RoundRow",
+    "SecAggMessageRow",
+    "UploadRow",
+]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ClientRow(Base):
+    """An institution, identified by a bearer token (only its hash is stored)."""
+
+    __tablename__ = "clients"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[str] = mapped_column(String(32), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec_json: Mapped[str] = mapped_column(Text)  # the operator's job spec, as validated
+    config_json: Mapped[str] = mapped_column(Text)  # JobConfig.to_json()
+    status: Mapped[str] = mapped_column(String(16), default="waiting")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    min_clients: Mapped[int] = mapped_column(Integer)
+    round_deadline_s: Mapped[float] = mapped_column(Float)
+    current_round: Mapped[int] = mapped_column(Integer, default=-1)
+    model_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
+class MemberRow(Base):
+    """A client invited to a job; ``client_index`` is its position in the job's client list."""
+
+    __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("job_id", "client_index"),)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    client_id: Mapped[int] = mapped_column(ForeignKey("clients.id"), primary_key=True)
+    client_index: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="invited")  # invited|active|dropped
+    joined_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dropped_round: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class RoundRow(Base):
+    __tablename__ = "rounds"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    round_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    level: Mapped[int] = mapped_column(Integer)
+    task_blob: Mapped[bytes] = mapped_column(LargeBinary)
+    task_digest: Mapped[str] = mapped_column(String(64))
+    encoding: Mapped[str] = mapped_column(String(8))  # "float64" | "uint64"
+    participants_json: Mapped[str] = mapped_column(Text)  # client indices asked
+    issued_at: Mapped[float] = mapped_column(Float)
+    deadline_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="open")  # open|closed
+    phase: Mapped[str] = mapped_column(String(16), default="upload")  # secagg stage or upload
+    dropped_json: Mapped[str] = mapped_column(Text, default="[]")  # dropped during this round
+    running_sum: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    aggregate: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # packed float64
+    disclosed_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    contributors_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    closed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class UploadRow(Base):
+    __tablename__ = "uploads"
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    round_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    client_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    received_at: Mapped[float] = mapped_column(Float, default=time.time)
+    # Plain float64 sums are kept per client and added in client order when the round closes,
+    # so the float result is bit-identical to the in-process run. Masked (uint64) uploads are
+    # added into RoundRow.running_sum on arrival and not kept.
+    summable: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    disclosed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class SecAggMessageRow(Base):
+    """One secure-aggregation message of one client for one round and stage (relayed as is)."""
+
+    __tablename__ = "secagg_messages"
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    round_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    stage: Mapped[str] = mapped_column(String(32), primary_key=True)
+    client_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    body: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))
+
+
+class Database:
+    """An engine plus a session factory; creates the tables on first use."""
+
+    def __init__(self, url: str) -> None:
+        kwargs: dict[str, object] = {}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        self.url = url
+        self.engine: Engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed on success, rolled back on any exception."""
+        with self._factory() as sess, sess.begin():
+            yield sess
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
+    cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()

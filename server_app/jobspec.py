@@ -1,0 +1,222 @@
+"""The operator's job file (``fedforest server create-job --job job.toml``) and its JobConfig.
+
+Example::
+
+    id = "readmission-2024"
+    clients = ["hospital-a", "hospital-b", "hospital-c"]   # order fixes each client's index
+    profile = "secure"            # a profile shipped with the package, or a path to a TOML file
+    schema = "schema.toml"        # the schema every client validates its table against
+    round_deadline = 120.0        # seconds a client has to answer one round
+    min_clients = 2               # optional; default: the profile's threshold x len(clients)
+
+    [forest]                      # hyper-parameters, scikit-learn meanings
+    n_estimators = 50
+    max_depth = 8
+    random_state = 0
+
+    [data]                        # optional: facts normally read from the schema
+    task = "classification"
+    n_features = 30
+    n_classes = 2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedforest_secure.config import JobConfig, resolve_max_features
+
+from .settings import ConfigError
+
+__all__ = ["ForestParams", "JobSpec", "build_config", "load_job_spec", "resolve_profile"]
+
+
+class ForestParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_estimators: int = Field(default=50, ge=1, le=10_000)
+    max_depth: int = Field(default=8, ge=1, le=60)
+    min_samples_leaf: int = Field(default=5, ge=1)
+    min_samples_split: int = Field(default=2, ge=2)
+    min_impurity_decrease: float = Field(default=0.0, ge=0.0)
+    max_features: int | float | str | None = 1 / 3
+    bootstrap: bool = True
+    n_bins: int = Field(default=32, ge=2, le=4096)
+    method: str = "quantiles"
+    top_l: int | None = None
+    split_on_client: bool = False
+    criterion: str | None = None
+    random_state: int = 0
+
+
+class DataFacts(BaseModel):
+    """Schema-level facts, for jobs created without a schema file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str
+    n_features: int = Field(ge=1)
+    n_classes: int = 0
+    target_bound: float = 0.0
+    feature_kinds: list[str] = Field(default_factory=list)
+    n_levels: list[int] = Field(default_factory=list)
+    feature_bounds: list[tuple[float, float]] | None = None
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    clients: list[str] = Field(min_length=1, max_length=1000)
+    profile: str = "secure"
+    profile_overrides: dict[str, Any] = Field(default_factory=dict)
+    schema_text: str | None = None  # the schema file's text, embedded by load_job_spec
+    round_deadline: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+    min_clients: int | None = Field(default=None, ge=1)
+    forest: ForestParams = Field(default_factory=ForestParams)
+    data: DataFacts | None = None
+
+    @field_validator("clients")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("client names must be unique")
+        return v
+
+    def schema_sha256(self) -> str | None:
+        if self.schema_text is None:
+            return None
+        return hashlib.sha256(self.schema_text.encode()).hexdigest()
+
+
+def load_job_spec(path: Path) -> JobSpec:
+    """Read ``job.toml``; embeds the schema file (and a profile file) it names."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"job file not found: {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid job file {path}: {exc}") from exc
+    base = path.resolve().parent
+    schema = raw.pop("schema", None)
+    if schema is not None:
+        schema_path = Path(schema) if Path(schema).is_absolute() else base / schema
+        try:
+            raw["schema_text"] = schema_path.read_text()
+        except FileNotFoundError as exc:
+            raise ConfigError(f"schema file not found: {schema_path}") from exc
+    prof = raw.get("profile")
+    if isinstance(prof, str) and prof.endswith(".toml"):
+        ppath = Path(prof) if Path(prof).is_absolute() else base / prof
+        raw["profile"] = str(ppath.resolve())
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid job file {path}: {exc}") from exc
+
+
+_BUILTIN_PROFILES: dict[str, dict[str, Any]] = {  # used only until fedforest_secure.privacy lands
+    "open": {"name": "open", "secure_aggregation": False, "fixed_point": False,
+             "threshold": 0.5, "sketch": "quantiles", "abstain_below": 0, "h_splits": "clear"},
+    "secure": {"name": "secure", "secure_aggregation": True, "fixed_point": True,
+               "threshold": 0.67, "sketch": "secure_cdf", "rows_per_sketch_point": 2,
+               "abstain_below": 5, "h_splits": "off"},
+}
+
+
+def resolve_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The profile as a plain dict (what :class:`JobConfig` carries)."""
+    overrides = overrides or {}
+    try:
+        from fedforest_secure.privacy import load_profile
+    except ImportError:
+        if name not in _BUILTIN_PROFILES:
+            raise ConfigError(f"unknown profile {name!r}") from None
+        return {**_BUILTIN_PROFILES[name], **overrides}
+    try:
+        prof = load_profile(name, **overrides)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"profile {name!r}: {exc}") from exc
+    if isinstance(prof, dict):
+        return dict(prof)
+    dump = getattr(prof, "to_dict", None) or prof.model_dump
+    return dict(json.loads(json.dumps(dump(), default=str)))
+
+
+def _schema_facts(schema_text: str) -> dict[str, Any]:
+    """JobConfig fields read from a schema file (TOML or JSON), via fedforest_secure.schema."""
+    try:
+        from fedforest_secure.schema import Schema
+    except ImportError as exc:
+        raise ConfigError("this build has no fedforest_secure.schema; give a [data] table") from exc
+    try:
+        raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
+            tomllib.loads(schema_text)
+        schema = Schema.from_dict(raw)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"invalid schema: {exc}") from exc
+    bounds = []
+    for (lo, hi), kind, levels in zip(schema.bounds_array.tolist(), schema.feature_kinds,
+                                      schema.n_levels, strict=True):
+        if kind == "categorical":
+            bounds.append((0.0, float(max(levels - 1, 1))))
+        elif math.isnan(lo) or math.isnan(hi):
+            bounds = None
+            break
+        else:
+            bounds.append((float(lo), float(hi)))
+    target_bound = 1.0
+    if not schema.is_classification and schema.target.bounds is not None:
+        target_bound = float(max(abs(b) for b in schema.target.bounds))
+    return {
+        "task": "classification" if schema.is_classification else "regression",
+        "n_features": schema.n_features,
+        "feature_kinds": tuple(schema.feature_kinds),
+        "n_levels": tuple(schema.n_levels),
+        "feature_bounds": tuple(bounds) if bounds is not None else None,
+        "n_classes": schema.n_classes,
+        "target_bound": max(target_bound, 1e-12),
+    }
+
+
+def build_config(spec: JobSpec) -> JobConfig:
+    """The job's :class:`JobConfig` from the spec (schema facts + forest + profile)."""
+    if spec.data is not None:
+        facts: dict[str, Any] = spec.data.model_dump()
+        facts["feature_kinds"] = tuple(facts["feature_kinds"])
+        facts["n_levels"] = tuple(facts["n_levels"])
+        if facts["feature_bounds"] is not None:
+            facts["feature_bounds"] = tuple(tuple(b) for b in facts["feature_bounds"])
+    elif spec.schema_text is not None:
+        facts = _schema_facts(spec.schema_text)
+    else:
+        raise ConfigError("a job needs a schema file or a [data] table")
+    forest = spec.forest.model_dump()
+    try:
+        forest["max_features"] = resolve_max_features(forest["max_features"],
+                                                      int(facts["n_features"]))
+        if forest["criterion"] is None:
+            forest["criterion"] = "mse" if facts["task"] == "regression" else "gini"
+        return JobConfig(job_id=spec.id, n_clients=len(spec.clients),
+                         profile=resolve_profile(spec.profile, spec.profile_overrides),
+                         **facts, **forest)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"job {spec.id!r}: {exc}") from exc
+
+
+def default_min_clients(spec: JobSpec, profile: dict[str, Any]) -> int:
+    """t: the profile's threshold fraction of the job's clients (at least 1)."""
+    if spec.min_clients is not None:
+        if spec.min_clients > len(spec.clients):
+            raise ConfigError("min_clients exceeds the number of clients")
+        return spec.min_clients
+    frac = float(profile.get("threshold", 0.0) or 0.0)
+    return max(1, math.ceil(frac * len(spec.clients) - 1e-9))

@@ -1,0 +1,45 @@
+"""Start the server with uvicorn: TLS always, plain HTTP only with ``insecure_dev`` on loopback."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import uvicorn
+
+from .app import create_app
+from .audit_hook import open_audit
+from .db import Database
+from .settings import LOOPBACK, ConfigError, ServerSettings
+
+__all__ = ["check_transport", "run_server"]
+
+
+def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
+    """Refuse any configuration that would serve plain HTTP beyond 127.0.0.1."""
+    if insecure_dev:
+        if settings.host != LOOPBACK:
+            raise ConfigError("--insecure-dev serves plain HTTP and is allowed on 127.0.0.1 only")
+        return
+    if settings.tls is None:
+        raise ConfigError("the server needs [tls] cert and key (or --insecure-dev on 127.0.0.1)")
+    for path in (settings.tls.cert, settings.tls.key, settings.tls.client_ca):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"TLS file not found: {path}")
+
+
+def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
+               port: int | None = None) -> None:
+    check_transport(settings, insecure_dev=insecure_dev)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    db = Database(settings.database)
+    app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
+                     max_upload_bytes=settings.max_upload_bytes)
+    kwargs: dict[str, object] = {}
+    if not insecure_dev and settings.tls is not None:
+        kwargs = {"ssl_certfile": str(settings.tls.cert), "ssl_keyfile": str(settings.tls.key)}
+        if settings.tls.client_ca is not None:
+            kwargs["ssl_ca_certs"] = str(settings.tls.client_ca)
+            kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    uvicorn.run(app, host=settings.host, port=settings.port if port is None else port,
+                log_level="warning", access_log=False, timeout_graceful_shutdown=2, **kwargs)

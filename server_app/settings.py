@@ -1,0 +1,92 @@
+"""Server configuration, read from a TOML file (``fedforest server --config server.toml``).
+
+Example::
+
+    host = "127.0.0.1"
+    port = 8443
+    database = "sqlite:///fedforest-server.db"   # any SQLAlchemy URL
+    audit_database = "sqlite:///fedforest-audit.db"
+    tick_seconds = 0.5
+
+    [tls]
+    cert = "certs/server.pem"
+    key = "certs/server.key"
+    client_ca = "certs/ca.pem"    # optional: require client certificates signed by this CA
+
+Relative paths (and relative SQLite files) are resolved against the config file's directory.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedforest_secure.errors import FedForestError
+
+__all__ = ["ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class ConfigError(FedForestError, ValueError):
+    """A server or job configuration file that does not validate."""
+
+
+class TLSSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = LOOPBACK
+    port: int = Field(default=8443, ge=0, le=65535)
+    database: str = "sqlite:///fedforest-server.db"
+    audit_database: str | None = None
+    tick_seconds: float = Field(default=0.5, gt=0, le=60)
+    max_upload_bytes: int = Field(default=1 << 30, gt=0)
+    tls: TLSSettings | None = None
+
+    def resolved(self, base: Path) -> ServerSettings:
+        """Resolve relative paths against ``base`` (the config file's directory)."""
+        upd: dict[str, object] = {
+            "database": _resolve_url(self.database, base),
+            "audit_database": (_resolve_url(self.audit_database, base)
+                               if self.audit_database else None),
+        }
+        if self.tls is not None:
+            upd["tls"] = TLSSettings(
+                cert=_resolve(self.tls.cert, base), key=_resolve(self.tls.key, base),
+                client_ca=_resolve(self.tls.client_ca, base) if self.tls.client_ca else None)
+        return self.model_copy(update=upd)
+
+
+def _resolve(path: Path, base: Path) -> Path:
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _resolve_url(url: str, base: Path) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith("sqlite:////"):
+        rest = url[len(prefix):]
+        if rest and rest != ":memory:":
+            return prefix + str(_resolve(Path(rest), base))
+    return url
+
+
+def load_settings(path: Path) -> ServerSettings:
+    """Read and validate ``server.toml``; any defect is a :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+        return ServerSettings.model_validate(raw).resolved(path.resolve().parent)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"server config not found: {path}") from exc
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise ConfigError(f"invalid server config {path}: {exc}") from exc

@@ -1,0 +1,95 @@
+"""Parsing and checking one client's upload for one round (binary, :func:`protocol.pack`).
+
+An upload is ``pack(header, arrays)`` with::
+
+    header = {"type": "upload", "job_id": ..., "round_id": ..., "task_digest": <hex>,
+              "encoding": "uint64" | "float64"}
+    arrays = {"__summable__": <flat vector laid out as the task says>, <disclosed item>: ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedforest_secure.errors import InvalidMessage
+from fedforest_secure.protocol import Task, layout_size, pack, unpack
+
+from .errors import ApiError
+
+__all__ = ["ParsedUpload", "make_upload", "parse_upload"]
+
+SUMMABLE = "__summable__"
+
+
+@dataclass(frozen=True)
+class ParsedUpload:
+    job_id: str
+    round_id: int
+    task_digest: str
+    encoding: str
+    summable: np.ndarray
+    disclosed: dict[str, np.ndarray]
+    digest: str  # SHA-256 of the exact body
+
+
+def make_upload(task: Task, summable: np.ndarray, disclosed: dict[str, np.ndarray]) -> bytes:
+    """The body a client sends for ``task`` (``summable`` already encoded/masked if uint64)."""
+    encoding = "uint64" if summable.dtype == np.uint64 else "float64"
+    header = {"type": "upload", "job_id": task.job_id, "round_id": task.round_id,
+              "task_digest": task.digest().hex(), "encoding": encoding}
+    if SUMMABLE in disclosed:
+        raise ValueError(f"{SUMMABLE!r} is reserved")
+    return pack(header, {SUMMABLE: summable, **disclosed})
+
+
+def parse_upload(body: bytes) -> ParsedUpload:
+    """Decode an upload body; any defect is a 400 that says no more than necessary."""
+    try:
+        header, arrays = unpack(body)
+    except InvalidMessage as exc:
+        raise ApiError(400, "malformed_upload", "the body is not a valid upload message") from exc
+    if header.get("type") != "upload" or SUMMABLE not in arrays:
+        raise ApiError(400, "malformed_upload", "the body is not an upload message")
+    try:
+        job_id = str(header["job_id"])
+        round_id = int(header["round_id"])
+        task_digest = str(header["task_digest"])
+        encoding = str(header["encoding"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ApiError(400, "malformed_upload", "the upload header is incomplete") from exc
+    if encoding not in ("uint64", "float64"):
+        raise ApiError(400, "malformed_upload", "encoding must be 'uint64' or 'float64'")
+    summable = arrays.pop(SUMMABLE)
+    return ParsedUpload(job_id, round_id, task_digest, encoding, summable, arrays,
+                        hashlib.sha256(body).hexdigest())
+
+
+def allowed_disclosures(task: Task) -> set[str]:
+    """Names a client may disclose for ``task`` (the coordinator's own rule when available)."""
+    try:
+        from fedforest_secure.coordinator import Coordinator
+    except ImportError:
+        return set(task.disclose)
+    return set(Coordinator._allowed_disclosures(task))
+
+
+def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str) -> None:
+    """The upload answers exactly this task, in the round's encoding and layout."""
+    if up.task_digest != task_digest:
+        raise ApiError(409, "wrong_task", "the upload answers a different task than this round's")
+    if up.encoding != encoding:
+        raise ApiError(400, "wrong_encoding", f"this round expects {encoding} vectors")
+    want = np.dtype(np.uint64) if encoding == "uint64" else np.dtype(np.float64)
+    n = layout_size(task.layout)
+    if up.summable.dtype != want or up.summable.shape != (n,):
+        raise ApiError(400, "wrong_layout",
+                       f"the summable vector must be {encoding} of length {n}")
+    if encoding == "float64" and not np.isfinite(up.summable).all():
+        raise ApiError(400, "non_finite", "the summable vector holds NaN or infinity")
+    extra = sorted(set(up.disclosed) - allowed_disclosures(task))
+    if extra:
+        raise ApiError(400, "undisclosable",
+                       f"items not requested for disclosure in this round: {extra}")
