@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from client_app.audit_cli import audit_app
 from fedforest_secure.errors import FedForestError
 
 __all__ = ["app"]
@@ -22,6 +22,7 @@ pki_cli = typer.Typer(help="Development certificates (a CA, a server and client 
                       no_args_is_help=True)
 app.add_typer(server_cli, name="server")
 app.add_typer(pki_cli, name="pki")
+app.add_typer(audit_app, name="audit")
 console = Console(stderr=True)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="server.toml")]
@@ -30,16 +31,6 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="server.toml")]
 def _fail(exc: Exception) -> None:
     console.print(f"[red]error:[/red] {exc}")
     raise typer.Exit(2)
-
-
-def _mount_audit() -> None:
-    if importlib.util.find_spec("client_app.audit_cli") is None:
-        return
-    try:
-        from client_app.audit_cli import audit_app
-    except ImportError:
-        return
-    app.add_typer(audit_app, name="audit")
 
 
 # ---------------------------------------------------------------------- server
@@ -175,11 +166,13 @@ def simulate(
     alpha: Annotated[float, typer.Option(help="Dirichlet heterogeneity")] = 0.5,
     profile: Annotated[str, typer.Option(help="open | secure | secure-dp | path")] = "secure",
     out: Annotated[Path, typer.Option(help="output directory")] = Path("fedforest-run"),
-    trees: Annotated[int, typer.Option(help="number of trees T")] = 10,
-    depth: Annotated[int, typer.Option(help="maximum depth M")] = 4,
+    trees: Annotated[int, typer.Option(help="number of trees T")] = 20,
+    depth: Annotated[int, typer.Option(help="maximum depth M")] = 6,
     bins: Annotated[int, typer.Option(help="sketch size B")] = 16,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
     max_rows: Annotated[int | None, typer.Option(help="subsample the dataset")] = None,
+    round_deadline: Annotated[float, typer.Option(
+        help="seconds a client has for each step of a round before it is dropped")] = 60.0,
 ) -> None:
     """Server + K client processes over HTTPS on 127.0.0.1, then a comparison table."""
     from .simulate import SimulateOptions, run_simulation
@@ -187,12 +180,11 @@ def simulate(
     try:
         run_simulation(SimulateOptions(dataset=dataset, clients=clients, alpha=alpha,
                                        profile=profile, out=out, trees=trees, depth=depth,
-                                       bins=bins, seed=seed, max_rows=max_rows))
+                                       bins=bins, seed=seed, max_rows=max_rows,
+                                       round_deadline=round_deadline))
     except FedForestError as exc:
         _fail(exc)
 
-
-_mount_audit()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

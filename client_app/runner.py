@@ -1,15 +1,19 @@
 """The client loop: join, replay after a restart, answer tasks, upload, download the model.
 
-Only two kinds of things leave the site: the summable vector of each round (fixed-point encoded,
-and masked under secure aggregation, so the server can only learn the sum over clients) and the
-per-client items the job's privacy profile discloses.
+Only two kinds of things leave the site: the summable vector of each round (fixed-point encoded
+by :func:`fedforest_secure.secure_sum.encode_contribution`, and masked under secure aggregation,
+so the server can only learn the sum over clients) and the per-client items the job's privacy
+profile discloses.
+
+After every upload the client writes an audit :class:`~fedforest_secure.audit.Receipt` (the
+upload's SHA-256 and the audit-chain tip the server announced with the task) to
+``<state dir>/receipts/<client>.jsonl``; ``fedforest audit verify --receipts`` checks them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError, ProtocolError
-from fedforest_secure.protocol import Task, TaskKind
+from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
+from fedforest_secure.protocol import Reply, Task, TaskKind
 from server_app.uploads import make_upload
 
 from .data import load_site_table, schema_sha256
@@ -49,7 +53,7 @@ class ClientOptions:
 
 @dataclass
 class ClientResult:
-    status: str  # "done" | "failed" | "dropped"
+    status: str  # "done" | "failed" | "dropped" | "refused"
     detail: str = ""
     model_path: Path | None = None
     rounds: int = 0
@@ -60,10 +64,59 @@ class ClientResult:
 
 def _engine() -> tuple[Any, Any, Any]:
     from fedforest_secure.federation import client_seed
+    from fedforest_secure.secure_sum import encode_contribution
     from fedforest_secure.worker import Worker
-    from server_app.engine import make_codec
 
-    return Worker, client_seed, make_codec
+    return Worker, client_seed, encode_contribution
+
+
+#: Seconds a long-polling request may wait on the server for something new.
+LONG_POLL_S = 10.0
+
+
+@dataclass
+class _Ctx:
+    """What one run of the client loop shares between its steps."""
+
+    opts: ClientOptions
+    tr: Transport
+    state: ClientState
+    config: JobConfig
+    job: str
+    index: int
+    name: str
+    worker: Any
+    encode: Any
+    result: ClientResult
+    progress: Progress
+    bar: Any
+
+    def show(self, task: Task, what: str = "") -> None:
+        self.progress.update(self.bar, completed=task.level,
+                             description=f"job {self.job} · level {task.level} · round "
+                                         f"{task.round_id} ({task.kind.value}){what}")
+
+    def contribution(self, task: Task, reply: Reply) -> np.ndarray:
+        ring = bool(self.config.profile.get("fixed_point",
+                                            self.config.profile.get("secure_aggregation")))
+        if ring:
+            return np.asarray(self.encode(self.config, task, reply))
+        return np.asarray(reply.summable, dtype=np.float64)
+
+    def receipt(self, task: Task, body: bytes, seq: Any, head: Any,
+                server_receipt: dict[str, Any] | None) -> None:
+        from fedforest_secure.audit import Receipt, write_receipt
+
+        if server_receipt is not None:
+            self.state.add_receipt(server_receipt)
+            self.result.receipts.append(server_receipt)
+        try:
+            rec = Receipt(job_id=self.job, round_id=task.round_id, client=self.name,
+                          upload_digest=hashlib.sha256(body).hexdigest(),
+                          chain_head_seen=str(head), seq_seen=int(seq))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
+        write_receipt(self.state.root / "receipts", rec)
 
 
 def run_client(opts: ClientOptions) -> ClientResult:
@@ -82,17 +135,21 @@ def run_client(opts: ClientOptions) -> ClientResult:
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, y: np.ndarray,
          console: Console) -> ClientResult:
     job = opts.job
-    info = tr.post_json(f"/v1/jobs/{job}/join")
+    identity = None
+    info = tr.post_json(f"/v1/jobs/{job}/join", _join_body(tr, state, job))
     want = info.get("schema_sha256")
     if want is not None and want != schema_sha256(opts.schema):
         raise FedForestError("the local schema file differs from the job's schema; "
                              "get the federation's schema file")
     config = JobConfig.from_json(json.dumps(info["config"]))
     k = int(info["client_index"])
-    Worker, client_seed, make_codec = _engine()
+    Worker, client_seed, encode = _engine()
     worker = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
-    ring = bool(config.profile.get("fixed_point", config.profile.get("secure_aggregation")))
-    secagg = _secagg_session(config, tr, state, job, k)
+    secure_hint = bool(config.profile.get("secure_aggregation"))
+    if secure_hint:
+        from .secagg_session import identity_key
+
+        identity = identity_key(state, job)
     console.log(f"joined job {job} as client {k} of {config.n_clients} "
                 f"({len(y)} rows, profile {config.profile.get('name', '?')})")
     _replay(tr, job, worker)
@@ -102,30 +159,12 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
                         console=console, disable=opts.quiet)
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
-        while True:
-            resp = tr.request("GET", f"/v1/jobs/{job}/task")
-            status = resp.headers.get("X-FedForest-Status", "")
-            if resp.status_code == 204:
-                if status in ("done", "failed", "dropped"):
-                    result.status, result.detail = status, resp.headers.get(
-                        "X-FedForest-Detail", "")
-                    break
-                time.sleep(opts.poll_s)
-                continue
-            task = _check_task(resp.content, resp.headers, job)
-            progress.update(bar, completed=task.level,
-                            description=f"job {job} · level {task.level} · round {task.round_id}"
-                                        f" ({task.kind.value})")
-            reply = worker.handle(task)
-            vector = make_codec(config, task).encode(reply.summable) if ring else reply.summable
-            if secagg is not None:
-                vector = secagg.mask(task, vector)
-            receipt = _upload(tr, job, task, vector, reply.disclosed)
-            if receipt is not None:
-                receipt["audit_head_at_task"] = resp.headers.get("X-FedForest-Audit-Head")
-                state.add_receipt(receipt)
-                result.receipts.append(receipt)
-            result.rounds += 1
+        ctx = _Ctx(opts, tr, state, config, job, k, str(info.get("client_name") or f"client-{k}"),
+                   worker, encode, result, progress, bar)
+        if secure_hint and identity is not None:
+            _run_secure(ctx, identity, console)
+        else:
+            _run_open(ctx)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
         model = tr.request("GET", f"/v1/jobs/{job}/model").content
@@ -137,7 +176,96 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     else:
         console.log(f"job {job} ended: {result.status} {result.detail}")
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
+    (opts.state_dir / "stats.json").write_text(json.dumps({
+        "job": job, "status": result.status, "rounds": result.rounds,
+        "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received}))
     return result
+
+
+def _join_body(tr: Transport, state: ClientState, job: str) -> dict[str, Any] | None:
+    """Every client registers its Ed25519 identity key (used only by secure jobs)."""
+    from .secagg_session import identity_key
+
+    return {"identity_key": bytes(identity_key(state, job).verify_key).hex()}
+
+
+def _run_open(ctx: _Ctx) -> None:
+    """Plain (or fixed-point) sums: one GET task / POST upload per round."""
+    tr, job, result = ctx.tr, ctx.job, ctx.result
+    while True:
+        resp = tr.request("GET", f"/v1/jobs/{job}/task", params={"wait": LONG_POLL_S})
+        status = resp.headers.get("X-FedForest-Status", "")
+        if resp.status_code == 204:
+            if status in ("done", "failed", "dropped"):
+                result.status, result.detail = status, resp.headers.get(
+                    "X-FedForest-Detail", "")
+                return
+            continue
+        task = _check_task(resp.content, resp.headers, job)
+        ctx.show(task)
+        reply = ctx.worker.handle(task)
+        body = make_upload(task, ctx.contribution(task, reply), reply.disclosed)
+        receipt = _upload(tr, job, task, body)
+        ctx.receipt(task, body, resp.headers.get("X-FedForest-Audit-Seq", "0"),
+                    resp.headers.get("X-FedForest-Audit-Head", ""), receipt)
+        result.rounds += 1
+
+
+def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
+    """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
+    from .secagg_session import SecAggSession
+
+    tr, job, result = ctx.tr, ctx.job, ctx.result
+    session = SecAggSession(ctx.config, tr, job, ctx.index, identity)
+    task: Task | None = None
+    reply: Reply | None = None
+    vector: np.ndarray | None = None
+    while True:
+        o = tr.get_json(f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S})
+        status = o.get("status")
+        if status in ("done", "failed", "dropped"):
+            result.status, result.detail = str(status), str(o.get("detail", ""))
+            return
+        if status != "task":
+            continue
+        if session.client is None:
+            session.connect()
+        r = int(o["round_id"])
+        if task is None or task.round_id != r:
+            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
+            if hashlib.sha256(body).hexdigest() != o.get("task_digest"):
+                raise ProtocolError(f"round {r}: the task does not match its announced digest")
+            task = Task.from_bytes(body)
+            if task.job_id != job or task.round_id != r:
+                raise ProtocolError("the server sent a task of another job or round")
+            reply = ctx.worker.handle(task)
+            vector = ctx.contribution(task, reply)
+        action = o.get("action")
+        ctx.show(task, f" · {action}")
+        try:
+            if action == "advert":
+                session.advert(r)
+            elif action == "share":
+                session.share(task, str(o["message"]))
+            elif action == "upload":
+                if reply is None or vector is None:
+                    raise ProtocolError("upload requested before the task was answered")
+                header, masked = session.mask(task, str(o["message"]), vector)
+                body = make_upload(task, masked, reply.disclosed, secagg=header)
+                receipt = _upload(tr, job, task, body)
+                ctx.receipt(task, body, o.get("audit_seq", 0), o.get("audit_head", ""),
+                            receipt)
+                result.rounds += 1
+            elif action == "unmask":
+                session.unmask(task, str(o["message"]))
+        except RefusedRequest as exc:
+            console.log(f"[red]refused[/red] the server's request in round {r}: {exc}")
+            result.status, result.detail = "refused", f"round {r}: {exc}"
+            return
+        except ApiRejected as exc:
+            if exc.code in ("wrong_phase", "round_closed"):
+                continue  # the phase moved on (e.g. a deadline passed): ask again
+            raise
 
 
 def _check_task(body: bytes, headers: Any, job: str) -> Task:
@@ -162,9 +290,7 @@ def _replay(tr: Transport, job: str, worker: Any) -> None:
         worker.handle(Task.from_bytes(body))
 
 
-def _upload(tr: Transport, job: str, task: Task, vector: np.ndarray,
-            disclosed: dict[str, np.ndarray]) -> dict[str, Any] | None:
-    body = make_upload(task, vector, disclosed)
+def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:
     try:
         return dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
                                content=body).json())
@@ -172,16 +298,3 @@ def _upload(tr: Transport, job: str, task: Task, vector: np.ndarray,
         if exc.code == "round_closed" and exc.body.get("counted"):
             return None  # a retry of an upload the server already counted
         raise
-
-
-def _secagg_session(config: JobConfig, tr: Transport, state: ClientState, job: str,
-                    k: int) -> Any:
-    if not config.profile.get("secure_aggregation"):
-        return None
-    try:
-        from .secagg_session import SecAggSession
-    except ImportError:
-        # Never fall back to unmasked uploads for a profile that promises masking.
-        raise FedForestError("this build cannot yet run secure aggregation over HTTPS; "
-                             "use a profile with secure_aggregation = false") from None
-    return SecAggSession(config, tr, state, job, k)

@@ -35,8 +35,22 @@ class SimData:
     job_toml: Path
 
 
+def synthetic_table(n: int, d: int = 20, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A synthetic regression table of ``n`` rows (for transport benchmarks at any size)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).round(4)
+    y = X[:, 0] + 2.0 * np.sin(X[:, 1]) + X[:, 2] * X[:, 3] + rng.normal(scale=0.5, size=n)
+    return X, y
+
+
 def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
-    """``(X, y, task, feature_names)``; from fedforest_secure.datasets, else scikit-learn."""
+    """``(X, y, task, feature_names)``; from fedforest_secure.datasets, else scikit-learn.
+
+    ``synthetic-<n>`` is a synthetic regression table of ``n`` rows and 20 features.
+    """
+    if name.startswith("synthetic-") and name.split("-", 1)[1].isdigit():
+        X, y = synthetic_table(int(name.split("-", 1)[1]))
+        return X, y, "regression", [f"x{j}" for j in range(X.shape[1])]
     try:
         from fedforest_secure.datasets import load_dataset
     except ImportError:

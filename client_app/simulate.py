@@ -37,8 +37,8 @@ class SimulateOptions:
     alpha: float = 0.5
     profile: str = "secure"
     out: Path = Path("fedforest-run")
-    trees: int = 10
-    depth: int = 4
+    trees: int = 20
+    depth: int = 6
     bins: int = 16
     seed: int = 0
     max_rows: int | None = None
@@ -93,7 +93,8 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
         if proc.poll() is not None:
             raise FedForestError(f"the server exited with code {proc.returncode}")
         try:
-            if httpx.get(url + "/health", verify=tls_context(ca, cert, key), timeout=2).status_code == 200:
+            ctx = tls_context(ca, cert, key)
+            if httpx.get(url + "/health", verify=ctx, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -129,6 +130,8 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     t0 = time.monotonic()
     console.rule(f"FedForest simulation: {opts.dataset}, {opts.clients} institutions, "
                  f"profile {opts.profile}")
+    console.print(f"forest: T={opts.trees} trees, maximum depth M={opts.depth}, sketch size "
+                  f"B={opts.bins} (change with --trees/--depth/--bins)")
     names = [f"client-{k}" for k in range(opts.clients)]
     certs = out / "certs"
     init_dev_pki(certs, opts.clients, client_names=names)
@@ -147,7 +150,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
         wait_healthy(url, certs / "ca.pem", server, cert=certs / f"{names[0]}.pem",
                      key=certs / f"{names[0]}.key")
         console.print(f"3. server listening on {url} (TLS with client certificates)")
-        for k, site in enumerate(sim.sites):
+        for site in sim.sites:
             procs.append(start_client(site, url, sim.job_id, certs, out / "clients" / site.name,
                                       out / "logs" / f"{site.name}.log",
                                       out / "clients" / f"{site.name}.model.json"))
@@ -171,13 +174,37 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     (out / "model.json").write_text(model_text)
     model = ForestModel.from_json(model_text)
     wall = time.monotonic() - t0
+    receipts = collect_receipts(out)
+    audit = _audit_summary(out / "audit.db", receipts, sim.job_id)
     scores = evaluate(model, sim, opts)
-    _print_table(scores, sim, opts, wall)
-    console.print(f"model: {out / 'model.json'}   audit log: {out / 'audit.db'} "
-                  f"(inspect with `fedforest audit show --db {out / 'audit.db'}`)   "
-                  f"logs: {out / 'logs'}")
+    _print_table(scores, sim, opts, wall, status["round"])
+    _print_where(out, audit)
     return {"scores": scores, "wall_s": wall, "client_exit_codes": codes, "out": out,
-            "model_digest": status["model_digest"]}
+            "model_digest": status["model_digest"], "receipts": receipts, "audit": audit,
+            "rounds": status["round"]}
+
+
+def collect_receipts(out: Path, states: Path | None = None) -> Path:
+    """Copy every client's audit receipts (``<states>/*/receipts/*.jsonl``, by default
+    ``out/clients``) to ``out/receipts``."""
+    import shutil
+
+    dest = out / "receipts"
+    dest.mkdir(exist_ok=True)
+    for path in sorted((states or out / "clients").glob("*/receipts/*.jsonl")):
+        shutil.copyfile(path, dest / path.name)
+    return dest
+
+
+def _audit_summary(db: Path, receipts: Path, job_id: str) -> dict[str, Any]:
+    from fedforest_secure.audit import AuditLog, contains_per_client_plaintext, verify_log
+
+    report = verify_log(db, receipts_dir=receipts)
+    with AuditLog(db, create=False) as log:
+        plain = contains_per_client_plaintext(log, job_id)
+        n = len(log.entries(job_id=job_id))
+    return {"ok": report.ok, "problems": list(report.problems), "entries": n,
+            "receipts_checked": report.receipts_checked, "plaintext_entries": len(plain)}
 
 
 def _job_status(db_path: Path, job_id: str) -> dict[str, Any]:
@@ -223,22 +250,46 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
         db.dispose()
 
 
-def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: float) -> None:
+def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: float,
+                 rounds: int) -> None:
     metric = scores["metric"]
-    table = Table(title=f"{opts.dataset}: test {metric} ({len(sim.y_test)} held-out rows)")
+    secure = opts.profile.startswith("secure")
+    table = Table(title=f"{opts.dataset}: test {metric} on {len(sim.y_test)} held-out rows "
+                        "(higher is better)")
     table.add_column("method")
     table.add_column(metric, justify="right")
-    table.add_column("what it sees")
-    table.add_row("FedForest over HTTPS", f"{scores['fedforest']:.4f}",
-                  f"only sums over the {opts.clients} sites (profile {opts.profile})")
+    table.add_column("who sees what")
+    sees = (f"the server sees only masked vectors and their sum over the {opts.clients} sites"
+            if secure else f"the server sees each site's statistics (profile {opts.profile})")
+    table.add_row(f"FedForest over HTTPS (profile {opts.profile})",
+                  f"{scores['fedforest']:.4f}", sees)
     table.add_row("centralized random forest", f"{scores['centralized']:.4f}",
-                  "all rows pooled in one place (not allowed in practice)")
+                  "all rows pooled in one place (what federation avoids)")
     table.add_row("local learning (mean over sites)", f"{scores['local']:.4f}",
                   "each site alone, on its own rows")
     console.print(table)
-    console.print(f"T={opts.trees} trees, depth {opts.depth}, B={opts.bins} bins; "
-                  f"wall time {wall:.1f}s. FedForest should be close to the centralized forest "
-                  "and better than local learning when the sites are heterogeneous.")
+    console.print(f"T={opts.trees} trees, maximum depth {opts.depth}, B={opts.bins} bins, "
+                  f"{opts.clients} sites, {rounds} aggregation rounds; wall time {wall:.1f}s. "
+                  "FedForest should be close to the centralized forest and better than local "
+                  "learning when the sites are heterogeneous.")
+
+
+def _print_where(out: Path, audit: dict[str, Any]) -> None:
+    db = out / "audit.db"
+    status = "[green]OK[/green]" if audit["ok"] else "[red]PROBLEMS[/red]"
+    console.print(f"audit log: {audit['entries']} entries, {audit['receipts_checked']} client "
+                  f"receipts cross-checked: {status}; entries with per-client plaintext: "
+                  f"{audit['plaintext_entries']}")
+    for problem in audit["problems"][:5]:
+        console.print(f"  [red]problem:[/red] {problem}")
+    console.print(f"model:     {out / 'model.json'}\n"
+                  f"audit log: {db}\n"
+                  f"receipts:  {out / 'receipts'} (one file per site)\n"
+                  f"logs:      {out / 'logs'}")
+    console.print("next, try:\n"
+                  f"  fedforest audit show --db {db}\n"
+                  f"  fedforest audit verify --db {db} --receipts {out / 'receipts'}",
+                  highlight=False, soft_wrap=True)
 
 
 def _np_seed(seed: int) -> np.random.Generator:

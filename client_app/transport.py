@@ -73,13 +73,16 @@ class Transport:
         self._http.close()
 
     def request(self, method: str, path: str, *, content: bytes | None = None,
-                ok_statuses: tuple[int, ...] = (200,)) -> httpx.Response:
+                ok_statuses: tuple[int, ...] = (200,),
+                content_type: str = "application/octet-stream",
+                params: dict[str, Any] | None = None) -> httpx.Response:
         """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`."""
-        headers = {"Content-Type": "application/octet-stream"} if content is not None else {}
+        headers = {"Content-Type": content_type} if content is not None else {}
         delay, start = 0.2, time.monotonic()
         while True:
             try:
-                resp = self._http.request(method, path, content=content, headers=headers)
+                resp = self._http.request(method, path, content=content, headers=headers,
+                                          params=params)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -105,8 +108,13 @@ class Transport:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    def get_json(self, path: str) -> Any:
-        return self.request("GET", path).json()
+    def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self.request("GET", path, params=params).json()
 
-    def post_json(self, path: str) -> Any:
-        return self.request("POST", path).json()
+    def post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        if body is None:
+            return self.request("POST", path).json()
+        import json
+
+        return self.request("POST", path, content=json.dumps(body).encode(),
+                            content_type="application/json").json()

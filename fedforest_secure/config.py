@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,11 +35,13 @@ def resolve_max_features(max_features: Any, n_features: int) -> int:
                          f"got {max_features!r}")
     if isinstance(max_features, bool):
         raise ValueError("max_features must not be a bool")
-    if isinstance(max_features, int):
+    if isinstance(max_features, numbers.Integral):
+        max_features = int(max_features)
         if not 1 <= max_features <= n_features:
             raise ValueError(f"max_features={max_features} must be in [1, {n_features}]")
         return max_features
-    if isinstance(max_features, float):
+    if isinstance(max_features, numbers.Real):
+        max_features = float(max_features)
         if not 0.0 < max_features <= 1.0:
             raise ValueError(f"max_features={max_features} must be in (0, 1]")
         return max(1, int(max_features * n_features))
@@ -65,6 +68,9 @@ class JobConfig:
     min_impurity_decrease: float = 0.0
     max_features: int = 1
     bootstrap: bool = True
+    #: "" (from ``bootstrap``: "bootstrap" or "all") or "disjoint": every row in exactly one
+    #: tree (parallel composition under differential privacy)
+    row_sampling: str = ""
     n_bins: int = 32
     method: str = "quantiles"
     top_l: int | None = None
@@ -95,6 +101,8 @@ class JobConfig:
             raise ValueError("max_features must be resolved to an int in [1, n_features]")
         if self.top_l is not None and not 1 <= self.top_l <= self.n_features:
             raise ValueError("top_l must be None or in [1, n_features]")
+        if self.row_sampling not in ("", "bootstrap", "all", "disjoint"):
+            raise ValueError("row_sampling must be '', 'bootstrap', 'all' or 'disjoint'")
         if self.max_depth > 60:
             raise ValueError("max_depth must be <= 60")
         if self.feature_kinds and len(self.feature_kinds) != self.n_features:
@@ -109,6 +117,17 @@ class JobConfig:
     @property
     def levels(self) -> tuple[int, ...]:
         return self.n_levels or (0,) * self.n_features
+
+    @property
+    def sampling(self) -> str:
+        """How each client draws the rows of each tree: bootstrap, all, or disjoint."""
+        return self.row_sampling or ("bootstrap" if self.bootstrap else "all")
+
+    @property
+    def dp(self) -> dict[str, Any] | None:
+        """The profile's ``[dp]`` section, or None."""
+        dp = self.profile.get("dp")
+        return dict(dp) if dp else None
 
     @property
     def n_stats(self) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _impurity, _sketch, _splits
 from .config import JobConfig
-from .errors import InvalidMessage, ProfileError, ProtocolError
+from .errors import BudgetError, InvalidMessage, ProfileError, ProtocolError
 from .model import ForestModel, Tree
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
 from .worker import CAT, CLIENT, LEAF, NUM, stats_kinds, totals_block
@@ -79,10 +79,25 @@ class Coordinator:
             if config.feature_bounds is None:
                 raise ProfileError("the secure_cdf sketch needs public feature bounds "
                                    "(set them in the schema)")
+        self._dp = config.dp
+        if self._dp is not None:
+            if config.feature_bounds is None or (config.task == "regression"
+                                                 and not config.target_bound > 0):
+                raise BudgetError("differential privacy needs public feature and target bounds; "
+                                  "refusing to infer them from data")
+            from .privacy.accountant import PrivacyAccountant
+
+            # releases: one histogram round per level, and the leaves' totals
+            self.accountant = PrivacyAccountant(float(self._dp["epsilon"]),
+                                                float(self._dp["delta"]),
+                                                n_rounds=config.max_depth + 1)
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
         self._round = 0
         self._model: ForestModel | None = None
         self.rounds_by_kind: dict[str, int] = {}
+        #: every DP release: round, budget share, running totals, noise scales
+        self.dp_spends: list[dict[str, Any]] = []
+        self._k_min = 0
         self._gen = self._run()
         self._pending: Task | None = next(self._gen)
 
@@ -111,6 +126,10 @@ class Coordinator:
             if extra:
                 raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
             disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
+        if (self._dp is not None and participants is not None and task.layout
+                and len(participants) < self._k_min):
+            raise ProtocolError(f"{len(participants)} clients contributed; the DP noise is "
+                                f"calibrated for at least {self._k_min}: sum not released")
         blocks = split_blocks(total, task.layout)
         try:
             self._pending = self._gen.send((blocks, disc))
@@ -143,8 +162,54 @@ class Coordinator:
               disclose: tuple[str, ...] = ()) -> Task:
         self._round += 1
         self.rounds_by_kind[kind.value] = self.rounds_by_kind.get(kind.value, 0) + 1
+        if self._dp is not None and layout_size(layout) > 0:
+            params = dict(params, dp=self._noise_params(kind, level, layout))
         return Task(job_id=self.config.job_id, round_id=self._round, kind=kind, level=level,
                     params=params, arrays=arrays, layout=layout, disclose=disclose)
+
+    def _noise_params(self, kind: TaskKind, level: int, layout: tuple[Block, ...]
+                      ) -> dict[str, Any]:
+        """Spend one round's budget share and calibrate each statistic kind's client noise.
+
+        The round's (epsilon, delta) is split evenly over the statistic kinds in the vector
+        (basic composition); each kind gets distributed discrete Gaussian noise calibrated in
+        ring units to the per-record sensitivity of a per-bin histogram (invariant 3): a record
+        counts once per feature slot and tree it sits in, times its bootstrap multiplicity.
+        """
+        from .privacy import histogram_sensitivity, plan_distributed_noise
+        from .secure_sum import entry_scale_bits
+
+        cfg = self.config
+        dp = self._dp or {}
+        spend = self.accountant.spend(f"round {self._round} ({kind.value}, level {level})")
+        present = sorted({k.value for b in layout for k in b.kinds})
+        eps_k, delta_k = spend.epsilon / len(present), spend.delta / len(present)
+        trees = 1 if cfg.sampling == "disjoint" else cfg.n_estimators
+        mult = 1 if cfg.sampling in ("disjoint", "all") else int(dp.get("max_multiplicity", 4))
+        slots = max((b.shape[1] for b in layout if b.name == "hist"), default=1)
+        tol = float(dp.get("dropout_tolerance") or
+                    max(0.0, 1.0 - float(cfg.profile.get("threshold", 1.0))))
+        dims = layout_size(layout)
+        sigmas: dict[str, float] = {}
+        names = {"count": "class_count" if cfg.task == "classification" else "count",
+                 "sum": "sum", "sumsq": "sum_sq"}
+        for kv in present:
+            if kv not in names:
+                raise BudgetError(f"no DP calibration for statistic {kv!r}")
+            sens = histogram_sensitivity(
+                names[kv], n_features=slots, n_trees=trees, max_multiplicity=mult,
+                target_bounds=(-cfg.target_bound, cfg.target_bound))
+            sens = sens.scaled(entry_scale_bits(cfg, StatKind(kv)))
+            plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=cfg.n_clients,
+                                          dropout_tolerance=min(tol, 0.999), dims=dims)
+            sigmas[kv] = plan.sigma_client
+            self._k_min = plan.k_min
+        self.dp_spends.append({"round": self._round, "kind": kind.value, "level": level,
+                               "epsilon": spend.epsilon, "delta": spend.delta,
+                               "mechanism": "gaussian_discrete (distributed)",
+                               "total_epsilon": spend.total_epsilon,
+                               "total_delta": spend.total_delta, "sigma_client": sigmas})
+        return {"sigma": sigmas, "epsilon": spend.epsilon, "delta": spend.delta}
 
     def _sample_features(self, n_nodes: int) -> np.ndarray:
         d, m = self.config.n_features, self.config.max_features
@@ -196,17 +261,23 @@ class Coordinator:
                     disclose.append("minmax")
             if use_h and not last:
                 disclose.append("node_stats")
+            dp_mode = self._dp is not None
+            # under DP the sketch round releases nothing but the leaves' totals: node totals
+            # come from the (noisy) histogram of the same level, which saves budget
+            release = not dp_mode or last
+            params["totals"] = release
             task = self._task(TaskKind.SKETCH, level, params, arrays,
-                              (totals_block(cfg, n_nodes),), tuple(disclose))
+                              (totals_block(cfg, n_nodes),) if release else (),
+                              tuple(disclose))
             blocks, disc = yield task
-            totals = blocks["totals"]
+            totals = blocks["totals"] if release else np.ones((n_nodes, S))
             n = _impurity.counts_of(totals, cfg.task)
-            if level == 0:
+            if level == 0 and release:
                 root_n = np.maximum(n, 1e-300)
             values = _impurity.node_values(totals, cfg.task)
             empty = n <= 0
             values[empty] = parent_value[empty]
-            for i in range(n_nodes):
+            for i in range(n_nodes if release else 0):
                 tb = trees[lvl_tree[i]]
                 tb.value[lvl_node[i]] = values[i]
                 tb.n[lvl_node[i]] = float(n[i])
@@ -215,21 +286,34 @@ class Coordinator:
             if "minmax" in disclose:
                 mm = np.stack([disc[k]["minmax"] for k in sorted(disc)])
                 grid_lohi = np.stack([mm[:, :, 0].min(axis=0), mm[:, :, 1].max(axis=0)], axis=1)
-            imp = _impurity.weighted_impurity(totals, cfg.task, cfg.criterion)
-            scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
-                if cfg.task == "regression" else np.ones(n_nodes)
-            pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
-            can = (n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf) & ~pure & ~empty
-            ev = np.flatnonzero(can)
-            assert feats is not None
+            if release:
+                imp = _impurity.weighted_impurity(totals, cfg.task, cfg.criterion)
+                scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
+                    if cfg.task == "regression" else np.ones(n_nodes)
+                pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
+                can = ((n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf)
+                       & ~pure & ~empty)
+            else:
+                can = np.ones(n_nodes, dtype=bool)
+            ev = np.flatnonzero(can) if release else np.arange(n_nodes)
+            if feats is None:  # pragma: no cover - only the last level has no features
+                raise ProtocolError("internal: no features sampled")
             ev_feats = feats[ev].copy()
             m = ev_feats.shape[1]
             # ---- candidates
-            if cfg.method in ("quantiles", "avgimp"):
+            if dp_mode:
+                if box_lo is None or box_hi is None:  # pragma: no cover - checked in __init__
+                    raise BudgetError("differential privacy needs public feature bounds")
+                thr = self._histogram_candidates(
+                    np.stack([box_lo[np.arange(n_nodes)[:, None], feats][ev],
+                              box_hi[np.arange(n_nodes)[:, None], feats][ev]], axis=-1),
+                    None, is_cat)
+            elif cfg.method in ("quantiles", "avgimp"):
                 if self._sketch_kind == "quantiles":
                     thr = self._quantile_candidates(disc, ev, ev_feats, is_cat)
                 else:
-                    assert box_lo is not None and box_hi is not None
+                    if box_lo is None or box_hi is None:  # pragma: no cover - __init__ checks
+                        raise ProfileError("the secure_cdf sketch needs public feature bounds")
                     lo = box_lo[np.arange(n_nodes)[:, None], feats][ev]
                     hi = box_hi[np.arange(n_nodes)[:, None], feats][ev]
                     thr = yield from self._secure_cdf(level, ev, ev_feats, lo, hi, n[ev], is_cat)
@@ -237,7 +321,8 @@ class Coordinator:
                 thr = self._exact_candidates(disc, ev, ev_feats, n_nodes, m, is_cat)
             else:
                 lohi = grid_lohi if bounds is None else bounds
-                assert lohi is not None
+                if lohi is None:  # pragma: no cover - minmax was requested above
+                    raise ProtocolError("internal: no histogram range")
                 thr = self._histogram_candidates(lohi, ev_feats, is_cat)
             thr = self._add_categorical(thr, ev_feats, is_cat)
             if cfg.method == "avgimp" and cfg.top_l is not None and ev.size:
@@ -252,7 +337,7 @@ class Coordinator:
                 ev_feats = np.where(keep, ev_feats, -1)
             # ---- evaluation round
             bt = thr.shape[2]
-            mode = "gain" if cfg.method == "avgimp" else "full"
+            mode = "gain" if cfg.method == "avgimp" and not dp_mode else "full"
             if mode == "full":
                 layout = (Block("hist", (ev.size, m, bt + 1, S), stats_kinds(cfg)),)
             else:
@@ -260,6 +345,21 @@ class Coordinator:
             task = self._task(TaskKind.HISTOGRAM, level, {"stats": mode},
                               {"nodes": ev, "features": ev_feats, "thresholds": thr}, layout)
             blocks, _ = yield task
+            if not release:  # DP: node totals from the noisy histogram, averaged over slots
+                valid_slot = (ev_feats >= 0)[..., None]
+                slot_tot = blocks["hist"].sum(axis=2)
+                totals = (slot_tot * valid_slot).sum(axis=1) / np.maximum(valid_slot.sum(axis=1), 1)
+                n = _impurity.counts_of(totals, cfg.task)
+                if level == 0:
+                    root_n = np.maximum(n, 1.0)
+                values = _impurity.node_values(totals, cfg.task)
+                empty = n <= 0
+                values[empty] = parent_value[empty]
+                for i in range(n_nodes):
+                    tb = trees[lvl_tree[i]]
+                    tb.value[lvl_node[i]] = values[i]
+                    tb.n[lvl_node[i]] = float(n[i])
+                can = (n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf) & ~empty
             gain, slot, idx, left_stats, split_kind, split_set = self._choose(
                 blocks, mode, thr, ev_feats, is_cat, totals[ev], n[ev])
             # ---- H splits from per-client node summaries (no extra round)
@@ -274,7 +374,8 @@ class Coordinator:
                         split_kind[e] = CLIENT
                         split_set[e] = [int(clients[c]) for c in left_cl]
             # ---- apply decisions, build the next level
-            ok = np.isfinite(gain) & (gain / root_n[lvl_tree[ev]] + 1e-15 >= cfg.min_impurity_decrease)
+            ok = (np.isfinite(gain) & can[ev]
+                  & (gain / root_n[lvl_tree[ev]] + 1e-15 >= cfg.min_impurity_decrease))
             r_kind = np.full(n_nodes, LEAF, dtype=np.int32)
             r_feat = np.full(n_nodes, -1, dtype=np.int32)
             r_thr = np.zeros(n_nodes)
@@ -367,12 +468,16 @@ class Coordinator:
             out[r, : p.size] = p
         return out.reshape(E, m, max(width, 1))
 
-    def _histogram_candidates(self, lohi: np.ndarray, feats: np.ndarray,
+    def _histogram_candidates(self, lohi: np.ndarray, feats: np.ndarray | None,
                               is_cat: np.ndarray) -> np.ndarray:
-        """Fixed-width bins on the global [min, max] of each feature (Kalloori et al.)."""
+        """Fixed-width bins on [lo, hi]: the global [min, max] of each feature (Kalloori et al.),
+        or, with ``feats=None``, per (node, slot) ranges given directly (the node's box)."""
         B = self.config.n_bins
         frac = np.arange(1, B) / B
-        lo, hi = lohi[feats, 0], lohi[feats, 1]
+        if feats is None:
+            lo, hi = lohi[..., 0], lohi[..., 1]
+        else:
+            lo, hi = lohi[feats, 0], lohi[feats, 1]
         thr = lo[..., None] + (hi - lo)[..., None] * frac
         thr = np.where((hi > lo)[..., None], thr, np.inf)
         return thr

@@ -26,6 +26,9 @@ __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
 _FORMAT = "fedforest-secure/estimator/v1"
 
+#: Defaults under a DP profile when the user leaves a hyper-parameter unset (docs/privacy.md).
+_DP_DEFAULTS: dict[str, Any] = {"n_estimators": 4, "max_depth": 3, "n_bins": 8, "max_features": 3}
+
 
 def _profile_dict(profile: Any) -> dict[str, Any]:
     from .privacy import PrivacyProfile, load_profile
@@ -37,9 +40,10 @@ def _profile_dict(profile: Any) -> dict[str, Any]:
 class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     _task = "regression"
 
-    def __init__(self, *, n_estimators: int = 50, max_depth: int = 8, min_samples_leaf: int = 5,
-                 min_samples_split: int = 2, min_impurity_decrease: float = 0.0,
-                 max_features: Any = 1 / 3, bootstrap: bool = True, n_bins: int = 32,
+    def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
+                 min_samples_leaf: int = 5, min_samples_split: int = 2,
+                 min_impurity_decrease: float = 0.0, max_features: Any = "auto",
+                 bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
                  random_state: int | None = 0) -> None:
@@ -60,6 +64,35 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     # ------------------------------------------------------------------ helpers
     def _criterion(self) -> str:
         return "mse"
+
+    def _resolved(self, d: int, dp: bool) -> dict[str, Any]:
+        """Hyper-parameters with ``None`` / ``"auto"`` replaced by defaults.
+
+        Without DP: the paper's (50 trees, depth 8, B = 32, d/3 features for regression and
+        sqrt(d) for classification, client-stratified bootstrap). Under a DP profile every
+        release costs budget, so the defaults favour few, shallow trees on disjoint row sets
+        (each row in one tree: parallel composition) with coarse bins; see docs/privacy.md.
+        """
+        auto_mf = (1 / 3 if self._task == "regression" else "sqrt")
+        out = {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
+               "n_bins": self.n_bins, "max_features": self.max_features,
+               "sampling": None if self.bootstrap is None else
+               ("bootstrap" if self.bootstrap else "all")}
+        defaults = ({"n_estimators": _DP_DEFAULTS["n_estimators"],
+                     "max_depth": _DP_DEFAULTS["max_depth"], "n_bins": _DP_DEFAULTS["n_bins"],
+                     "max_features": _DP_DEFAULTS["max_features"], "sampling": "disjoint"}
+                    if dp else
+                    {"n_estimators": 50, "max_depth": 8, "n_bins": 32, "max_features": auto_mf,
+                     "sampling": "bootstrap"})
+        for key, val in defaults.items():
+            if key == "max_features":  # None keeps scikit-learn's meaning: all features
+                if isinstance(out[key], str) and out[key] == "auto":
+                    out[key] = val
+            elif out[key] is None:
+                out[key] = val
+        if isinstance(out["max_features"], int) and not isinstance(out["max_features"], bool):
+            out["max_features"] = min(out["max_features"], d)
+        return out
 
     def _check_X(self, X: Any) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -118,6 +151,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         d = X.shape[1]
         lo, hi = X.min(axis=0), X.max(axis=0)
         hi = np.where(hi > lo, hi, lo + 1.0)
+        hp = self._resolved(d, bool(_profile_dict(self.profile).get("dp")))
         seed = int(self.random_state) if self.random_state is not None else \
             int(np.random.SeedSequence().generate_state(1)[0])
         self.profile_ = _profile_dict(self.profile)
@@ -125,12 +159,13 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
             n_clients=K, n_classes=len(getattr(self, "classes_", [])),
             feature_bounds=tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True)),
-            target_bound=max(target_bound, 1e-12), n_estimators=self.n_estimators,
-            max_depth=self.max_depth, min_samples_leaf=self.min_samples_leaf,
+            target_bound=max(target_bound, 1e-12), n_estimators=hp["n_estimators"],
+            max_depth=hp["max_depth"], min_samples_leaf=self.min_samples_leaf,
             min_samples_split=self.min_samples_split,
             min_impurity_decrease=self.min_impurity_decrease,
-            max_features=resolve_max_features(self.max_features, d), bootstrap=self.bootstrap,
-            n_bins=self.n_bins, method=self.method, top_l=self.top_l,
+            max_features=resolve_max_features(hp["max_features"], d),
+            bootstrap=hp["sampling"] == "bootstrap", row_sampling=hp["sampling"],
+            n_bins=hp["n_bins"], method=self.method, top_l=self.top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
             random_state=seed, profile=self.profile_)
         clients = [(X[h == k], y_enc[h == k]) for k in range(K)]
@@ -204,9 +239,10 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
 
     _task = "classification"
 
-    def __init__(self, *, n_estimators: int = 50, max_depth: int = 8, min_samples_leaf: int = 5,
-                 min_samples_split: int = 2, min_impurity_decrease: float = 0.0,
-                 max_features: Any = "sqrt", bootstrap: bool = True, n_bins: int = 32,
+    def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
+                 min_samples_leaf: int = 5, min_samples_split: int = 2,
+                 min_impurity_decrease: float = 0.0, max_features: Any = "auto",
+                 bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
                  criterion: str = "gini", random_state: int | None = 0) -> None:
@@ -236,6 +272,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
 
     def predict(self, X: Any, client: Any = None) -> np.ndarray:
         """Predicted classes, shape (n,)."""
+        self._check_fitted()
         return self.classes_[np.argmax(self.predict_proba(X, client), axis=1)]
 
     def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:

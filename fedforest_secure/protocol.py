@@ -170,7 +170,7 @@ class Task:
                 layout=tuple(Block.from_json(b) for b in header["layout"]),
                 disclose=tuple(str(d) for d in header["disclose"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InvalidMessage("malformed task") from exc
 
     def digest(self) -> bytes:
@@ -197,7 +197,7 @@ class Reply:
             raise InvalidMessage("not a reply")
         try:
             round_id = int(header["round_id"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InvalidMessage("malformed reply") from exc
         summable = arrays.pop("__summable__")
         return cls(round_id=round_id, summable=summable, disclosed=arrays)
@@ -259,8 +259,12 @@ def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             raise InvalidMessage("body too large")
         arrays: dict[str, np.ndarray] = {}
         expected = 0
+        if not isinstance(meta["arrays"], list):
+            raise InvalidMessage("bad array table")
         for d in meta["arrays"]:
             dt = _DTYPES[d["dtype"]]
+            if not isinstance(d["shape"], list) or str(d["name"]) in arrays:
+                raise InvalidMessage("bad array entry")
             shape = tuple(int(s) for s in d["shape"])
             if any(s < 0 for s in shape):
                 raise InvalidMessage("negative shape")
@@ -280,5 +284,5 @@ def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return header, arrays
     except InvalidMessage:
         raise
-    except (ValueError, KeyError, TypeError, struct.error, OverflowError) as exc:
+    except (ValueError, KeyError, TypeError, struct.error, OverflowError, RecursionError) as exc:
         raise InvalidMessage("malformed message") from exc

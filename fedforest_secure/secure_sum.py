@@ -20,7 +20,7 @@ from .config import JobConfig
 from .protocol import Reply, StatKind, Task, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 
-__all__ = ["RingAggregator", "StatCodec", "make_codec"]
+__all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
@@ -45,16 +45,28 @@ class StatCodec:
         return self.scale * np.ldexp(1.0, -self.ring.frac_bits)
 
 
-def make_codec(config: JobConfig, task: Task) -> StatCodec:
-    """The codec of a task's summable vector, from its layout's statistic kinds."""
-    kinds = kinds_vector(task.layout)
-    frac = int(config.profile.get("frac_bits", 24))
+def _scales(config: JobConfig) -> dict[str, float]:
     bound = float(config.target_bound) if config.task == "regression" else 1.0
     bound = bound if bound > 0 else 1.0
     gain_scale = bound * bound if config.task == "regression" else max(
         1.0, math.log2(max(config.n_classes, 2)))
-    scales = {StatKind.COUNT.value: 1.0, StatKind.SUM.value: bound,
-              StatKind.SUMSQ.value: bound * bound, StatKind.GAIN.value: gain_scale}
+    return {StatKind.COUNT.value: 1.0, StatKind.SUM.value: bound,
+            StatKind.SUMSQ.value: bound * bound, StatKind.GAIN.value: gain_scale}
+
+
+def entry_scale_bits(config: JobConfig, kind: StatKind) -> float:
+    """Ring units per unit of a statistic of this kind: ``2**frac_bits / scale`` (1 for counts)."""
+    if kind is StatKind.COUNT:
+        return 1.0
+    frac = int(config.profile.get("frac_bits", 24))
+    return float(2.0**frac) / _scales(config)[kind.value]
+
+
+def make_codec(config: JobConfig, task: Task) -> StatCodec:
+    """The codec of a task's summable vector, from its layout's statistic kinds."""
+    kinds = kinds_vector(task.layout)
+    frac = int(config.profile.get("frac_bits", 24))
+    scales = _scales(config)
     scale = np.ones(kinds.size)
     for k, v in scales.items():
         scale[kinds == k] = v
@@ -64,6 +76,27 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
                  StatKind.SUMSQ: _MAX_ROWS, StatKind.GAIN: _MAX_ROWS},
         n_clients=max(config.n_clients, 1))
     return StatCodec(ring=ring, scale=scale)
+
+
+def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarray:
+    """What a client uploads for a round: its reply encoded in the ring (plus DP noise, if any).
+
+    This runs on the client, before masking; the server only ever adds these up.
+    """
+    codec = make_codec(config, task)
+    encoded = codec.encode(reply.summable)
+    dp = task.params.get("dp")
+    if dp and encoded.size:
+        from .privacy import sample_discrete_gaussian
+
+        kinds = kinds_vector(task.layout)
+        noise = np.zeros(encoded.size, dtype=np.int64)
+        for kind, sigma in dict(dp["sigma"]).items():
+            sel = kinds == kind
+            if float(sigma) > 0 and sel.any():
+                noise[sel] = sample_discrete_gaussian(float(sigma), int(sel.sum()))
+        encoded = encoded + noise.view(np.uint64)  # wraps mod 2^64: signed noise in the ring
+    return encoded
 
 
 class RingAggregator:
@@ -87,7 +120,7 @@ class RingAggregator:
 
     def aggregate(self, task: Task, replies: Mapping[int, Reply]) -> np.ndarray:
         codec = make_codec(self.config, task)
-        encoded = {k: codec.encode(r.summable) for k, r in replies.items()}
+        encoded = {k: encode_contribution(self.config, task, r) for k, r in replies.items()}
         self.last_encoded = encoded
         if self._secagg is not None:
             question = f"level {task.level}/{task.kind.value}/round {task.round_id}"

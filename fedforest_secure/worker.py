@@ -95,10 +95,16 @@ class Worker:
         # client-stratified bootstrap: n_k draws with replacement from the client's own rows
         rng = np.random.default_rng(seed)
         T = config.n_estimators
-        if config.bootstrap:
+        if config.sampling == "bootstrap":
             w = np.empty((T, n), dtype=np.int64)
             for t in range(T):
                 w[t] = np.bincount(rng.integers(0, n, n), minlength=n)
+            dp = config.dp
+            if dp is not None:  # DP sensitivities assume a capped multiplicity
+                np.minimum(w, int(dp.get("max_multiplicity", 4)), out=w)
+        elif config.sampling == "disjoint":  # every row in exactly one tree
+            w = np.zeros((T, n), dtype=np.int64)
+            w[rng.integers(0, T, n), np.arange(n)] = 1
         else:
             w = np.ones((T, n), dtype=np.int64)
         tt, rr = np.nonzero(w)
@@ -111,6 +117,7 @@ class Worker:
         self._sorted_vals: np.ndarray | None = None
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
+        self._last_digest = b""
         #: number of nodes this client abstained from, per level (for audits and tests)
         self.abstained: dict[int, int] = {}
 
@@ -182,7 +189,11 @@ class Worker:
         """Answer one task. Answering the same round twice returns the same reply."""
         if task.job_id != self.config.job_id:
             raise ProtocolError("task belongs to another job")
+        digest = task.digest()
         if self._last_reply is not None and task.round_id == self._last_round:
+            if digest != self._last_digest:
+                raise ProtocolError(f"round {task.round_id} was already answered for another "
+                                    "question; refusing to answer it twice")
             return self._last_reply
         if self._last_round is not None and task.round_id < self._last_round:
             raise ProtocolError(f"round {task.round_id} is older than round {self._last_round}")
@@ -194,13 +205,20 @@ class Worker:
             raise ProtocolError(f"unknown task kind {task.kind}")
         if reply.summable.shape != (layout_size(task.layout),):
             raise ProtocolError("reply does not match the task layout")
-        self._last_round, self._last_reply = task.round_id, reply
+        self._last_round, self._last_reply, self._last_digest = task.round_id, reply, digest
         return reply
 
     # ------------------------------------------------------------------ sketch round
     def _sketch(self, task: Task) -> Reply:
         level = task.level
-        n_nodes = int(task.params["n_nodes"])
+        try:
+            n_nodes = int(task.params["n_nodes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError("sketch task lacks a valid n_nodes") from exc
+        feats = task.arrays.get("features")
+        if feats is not None and (feats.ndim != 2 or feats.shape[0] != n_nodes
+                                  or (feats >= self.config.n_features).any()):
+            raise ProtocolError("features must have one row per node and valid indices")
         if level == self._level + 1:
             self._route(task)
             self._level = level
@@ -215,7 +233,6 @@ class Worker:
         totals = self._node_totals(n_nodes)
         disclosed: dict[str, np.ndarray] = {}
         want = set(task.disclose)
-        feats = task.arrays.get("features")
         if "node_stats" in want:
             disclosed["node_stats"] = totals.copy()
         if "minmax" in want:
@@ -238,7 +255,8 @@ class Worker:
                 ptr, vals = self._unique_values(feats, n_nodes * m)
                 disclosed["unique_ptr"] = ptr
                 disclosed["unique_vals"] = vals
-        return Reply(round_id=task.round_id, summable=totals.ravel(), disclosed=disclosed)
+        summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
+        return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
 
     def _sort_level(self, feats: np.ndarray) -> None:
         """Sort every (pair, slot) of the level by (block, code) once; later rounds reuse it.

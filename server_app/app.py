@@ -6,14 +6,24 @@ Routes (all under ``/v1`` need ``Authorization: Bearer <token>``):
 GET      /health                                      liveness, no auth
 GET      /v1/me                                       who the token belongs to
 GET      /v1/jobs                                     the jobs this client is invited to
-POST     /v1/jobs/{job}/join                          join; returns the JobConfig and index
+POST     /v1/jobs/{job}/join                          join (secure jobs: {"identity_key": hex});
+                                                      returns the JobConfig and index
 GET      /v1/jobs/{job}                               status, round, members, audit head
-GET      /v1/jobs/{job}/task                          the current task (octet-stream) or 204
+GET      /v1/jobs/{job}/directory                     clients' Ed25519 identity keys (relayed)
+GET      /v1/jobs/{job}/task?wait=s                   the current task (octet-stream) or 204
+GET      /v1/jobs/{job}/secagg?wait=s                 secure rounds: what to send now (JSON)
+POST     /v1/jobs/{job}/rounds/{r}/secagg/advert      KeyAdvert (JSON)
+POST     /v1/jobs/{job}/rounds/{r}/secagg/shares      ShareBundle (JSON)
+POST     /v1/jobs/{job}/rounds/{r}/secagg/unmask      UnmaskResponse (JSON)
+POST     /v1/jobs/{job}/rounds/{r}/secagg/refuse      {"reason": ...}: the client refuses
 GET      /v1/jobs/{job}/rounds                        every issued round (for client replay)
 GET      /v1/jobs/{job}/rounds/{r}/task               the task of round r (octet-stream)
 POST     /v1/jobs/{job}/rounds/{r}/upload             the client's vector (octet-stream)
 GET      /v1/jobs/{job}/model                         the final model (JSON), members only
 =======  ===========================================  ==========================================
+
+``?wait=s`` long-polls: the request returns as soon as something changes for the client (at
+most ``s`` <= 30 seconds later), so clients need not poll in a tight loop.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -45,6 +55,18 @@ _log = logging.getLogger("fedforest.server")
 OCTET = "application/octet-stream"
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
+Wait = Annotated[float, Query(ge=0.0, le=30.0)]
+JSON_MAX = 4 << 20  # secure-aggregation messages are small; bound them
+
+
+class JoinBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    identity_key: str | None = None  # Ed25519 verify key, 64 hex characters
+
+
+class RefuseBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str
 
 
 class Health(BaseModel):
@@ -128,8 +150,61 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         return await run_in_threadpool(st.jobs_of, c)
 
     @app.post("/v1/jobs/{job_id}/join", tags=["jobs"])
-    async def join(job_id: JobId, c: Client) -> dict[str, Any]:
-        return await run_in_threadpool(st.join, c, job_id)
+    async def join(job_id: JobId, c: Client, body: JoinBody | None = None) -> dict[str, Any]:
+        key: bytes | None = None
+        if body is not None and body.identity_key is not None:
+            try:
+                key = bytes.fromhex(body.identity_key)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_identity", "identity_key must be hex") from exc
+            if len(key) != 32:
+                raise ApiError(400, "invalid_identity", "identity_key must be 32 bytes")
+        return await run_in_threadpool(st.join, c, job_id, key)
+
+    @app.get("/v1/jobs/{job_id}/directory", tags=["secagg"])
+    async def directory(job_id: JobId, c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.directory, c, job_id)
+
+    async def _long_poll(fn: Any, is_wait: Any, wait: float) -> Any:
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            gen = st.generation
+            out = await run_in_threadpool(fn)
+            left = deadline - asyncio.get_running_loop().time()
+            if not is_wait(out) or left <= 0:
+                return out
+            await run_in_threadpool(st.wait_change, gen, min(left, 1.0))
+
+    @app.get("/v1/jobs/{job_id}/secagg", tags=["secagg"])
+    async def secagg_next(job_id: JobId, c: Client, wait: Wait = 0.0) -> dict[str, Any]:
+        out: dict[str, Any] = await _long_poll(lambda: st.secagg_offer(c, job_id),
+                                               lambda o: o.get("status") == "wait", wait)
+        return out
+
+    async def _json_body(request: Request) -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > JSON_MAX:
+                raise ApiError(413, "too_large", f"messages are at most {JSON_MAX} bytes")
+        return bytes(body)
+
+    for _kind in ("advert", "shares", "unmask"):
+        def _make(kind: str) -> Any:
+            async def post_secagg(job_id: JobId, round_id: RoundId, request: Request,
+                                  c: Client) -> dict[str, Any]:
+                body = await _json_body(request)
+                return await run_in_threadpool(st.secagg_message, c, job_id, round_id, kind,
+                                               body)
+            post_secagg.__name__ = f"post_secagg_{kind}"
+            return post_secagg
+        app.post(f"/v1/jobs/{{job_id}}/rounds/{{round_id}}/secagg/{_kind}",
+                 tags=["secagg"])(_make(_kind))
+
+    @app.post("/v1/jobs/{job_id}/rounds/{round_id}/secagg/refuse", tags=["secagg"])
+    async def refuse(job_id: JobId, round_id: RoundId, body: RefuseBody,
+                     c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.secagg_refuse, c, job_id, round_id, body.reason)
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     async def status(job_id: JobId, c: Client) -> dict[str, Any]:
@@ -137,8 +212,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
 
     @app.get("/v1/jobs/{job_id}/task", tags=["rounds"],
              responses={200: {"content": {OCTET: {}}}, 204: {"description": "nothing to do"}})
-    async def task(job_id: JobId, c: Client) -> Response:
-        offer = await run_in_threadpool(st.offer, c, job_id)
+    async def task(job_id: JobId, c: Client, wait: Wait = 0.0) -> Response:
+        offer = await _long_poll(lambda: st.offer(c, job_id), lambda o: o.status == "wait",
+                                 wait)
         headers = {"X-FedForest-Status": offer.status}
         if offer.detail:
             headers["X-FedForest-Detail"] = offer.detail[:200]
@@ -149,6 +225,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             "X-FedForest-Task-Digest": str(offer.digest),
             "X-FedForest-Deadline-In": f"{offer.deadline_in:.3f}",
             "X-FedForest-Audit-Head": str(offer.audit_head),
+            "X-FedForest-Audit-Seq": str(offer.audit_seq),
             "X-FedForest-Phase": str(offer.phase),
         })
         return Response(content=offer.body, media_type=OCTET, headers=headers)
@@ -179,7 +256,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             body += chunk
             if len(body) > max_upload_bytes:
                 raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
-        return await run_in_threadpool(st.upload, c, job_id, round_id, bytes(body))
+        out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id,
+                                                      bytes(body))
+        return out
 
     @app.get("/v1/jobs/{job_id}/model", tags=["jobs"])
     async def model(job_id: JobId, c: Client) -> Response:

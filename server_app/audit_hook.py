@@ -1,7 +1,8 @@
 """A small adapter between the server and :mod:`fedforest_secure.audit`.
 
 The server records job creation, joins, drops, every round, disclosures and the model digest,
-and sends the chain head with every task. If the audit module is not installed (or no audit
+and sends the chain tip (seq and hash) with every task, which clients keep in their
+receipts. If the audit module is not installed (or no audit
 database is configured) a :class:`NullAudit` keeps the same interface and a genesis head.
 """
 
@@ -25,6 +26,8 @@ class AuditSink(Protocol):
 
     def head(self, job_id: str) -> str: ...
 
+    def tip(self, job_id: str) -> tuple[int, str]: ...
+
 
 class NullAudit:
     """Records nothing; the head stays at genesis."""
@@ -37,6 +40,12 @@ class NullAudit:
 
     def head(self, job_id: str) -> str:
         return GENESIS
+
+    def tip(self, job_id: str) -> tuple[int, str]:
+        return 0, GENESIS
+
+    def close(self) -> None:
+        return None
 
 
 class _AuditLogSink:
@@ -51,6 +60,14 @@ class _AuditLogSink:
 
     def head(self, job_id: str) -> str:
         return str(self._log.head(job_id))
+
+    def tip(self, job_id: str) -> tuple[int, str]:
+        """``(seq, hash)`` of the job's last entry: sent with every task for client receipts."""
+        seq, head = self._log.tip(job_id)
+        return int(seq), str(head)
+
+    def close(self) -> None:
+        self._log.close()
 
 
 def open_audit(url: str | None) -> AuditSink:

@@ -213,10 +213,12 @@ def build_config(spec: JobSpec) -> JobConfig:
 
 
 def default_min_clients(spec: JobSpec, profile: dict[str, Any]) -> int:
-    """t: the profile's threshold fraction of the job's clients (at least 1)."""
+    """t: the profile's threshold fraction of the job's clients (at least 1, and at least the
+    profile's own ``min_clients``)."""
     if spec.min_clients is not None:
         if spec.min_clients > len(spec.clients):
             raise ConfigError("min_clients exceeds the number of clients")
         return spec.min_clients
     frac = float(profile.get("threshold", 0.0) or 0.0)
-    return max(1, math.ceil(frac * len(spec.clients) - 1e-9))
+    floor = min(int(profile.get("min_clients", 1) or 1), len(spec.clients))
+    return max(1, floor, math.ceil(frac * len(spec.clients) - 1e-9))

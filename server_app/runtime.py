@@ -8,7 +8,10 @@ digests of the uploads it already counted.
 
 A round moves through phases. Without secure aggregation there is one phase, ``upload``. With it,
 the :mod:`server_app.secagg_bridge` adds the key-advertisement / share / unmask phases around the
-masked upload (see that module).
+masked upload (see that module); each phase gets the full round deadline.
+
+Every state change notifies :attr:`ServerState.changed`, so long-polling requests
+(``?wait=``) return as soon as there is something new for their client.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import numpy as np
 from sqlalchemy import select
 
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import AbortedRound, InvalidMessage, ProtocolError
 from fedforest_secure.protocol import Task, pack, unpack
+from fedforest_secure.secagg import KeyAdvert, MaskedUpload, ShareBundle, UnmaskResponse, parse
 
 from . import engine
 from .audit_hook import AuditSink
-from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
+from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
 from .jobspec import JobSpec, build_config, default_min_clients
+from .secagg_bridge import SecAggBridge, SecureRound
 from .settings import ConfigError
 from .uploads import ParsedUpload, check_against_task, parse_upload
 
@@ -68,6 +74,7 @@ class TaskOffer:
     audit_head: str | None = None
     phase: str | None = None
     detail: str = ""
+    audit_seq: int | None = None
 
 
 class ServerState:
@@ -79,8 +86,26 @@ class ServerState:
         self.audit = audit
         self.clock = clock
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.generation = 0
         self._rts: dict[str, JobRuntime] = {}
 
+    def _notify(self) -> None:
+        with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
+
+    def wait_change(self, generation: int, timeout: float) -> None:
+        """Block until the state changed after ``generation`` (or ``timeout`` seconds)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.generation != generation, timeout)
+
+    def _tip(self, job_id: str) -> tuple[int, str]:
+        tip = getattr(self.audit, "tip", None)
+        if callable(tip):
+            seq, head = tip(job_id)
+            return int(seq), str(head)
+        return 0, self.audit.head(job_id)
     # ------------------------------------------------------------------ operator actions
     def create_job(self, spec: JobSpec) -> JobRow:
         config = build_config(spec)
@@ -145,29 +170,64 @@ class ServerState:
                 }
 
     # ------------------------------------------------------------------ join
-    def join(self, client: ClientRow, job_id: str) -> dict[str, Any]:
+    def join(self, client: ClientRow, job_id: str, identity_key: bytes | None = None
+             ) -> dict[str, Any]:
+        """Join a job. Secure jobs need the client's long-term Ed25519 verify key (32 bytes),
+        registered once, audited, and relayed to the other clients in the directory."""
         with self.lock:
             with self.db.session() as sess:
                 job, member = self._member(sess, client, job_id)
                 if member.state == "dropped":
                     raise ApiError(403, "dropped",
                                    f"this client was dropped at round {member.dropped_round}")
+                secure = engine.uses_secagg(JobConfig.from_json(job.config_json))
+                idx = member.client_index
+                stored = sess.get(SecAggMessageRow, (job_id, -1, "identity", idx))
+                if secure:
+                    if identity_key is None or len(identity_key) != 32:
+                        raise ApiError(400, "identity_required", "this job uses secure "
+                                       "aggregation: join with your Ed25519 identity key "
+                                       "(32 bytes, hex) as {\"identity_key\": ...}")
+                    if stored is not None and stored.body != identity_key.hex():
+                        raise ApiError(409, "identity_mismatch", "this client joined with "
+                                       "another identity key; it cannot change mid-job")
                 first = member.state == "invited"
                 if first:
                     if job.status != "waiting":
                         raise ApiError(409, "job_started", "the job started without this client")
                     member.state = "active"
                     member.joined_at = self.clock()
+                    if secure and identity_key is not None and stored is None:
+                        sess.add(SecAggMessageRow(
+                            job_id=job_id, round_id=-1, stage="identity", client_index=idx,
+                            body=identity_key.hex(),
+                            digest=hashlib.sha256(identity_key).hexdigest()))
                 spec = JobSpec.model_validate_json(job.spec_json)
-                info = {"job_id": job.id, "client_index": member.client_index,
+                info = {"job_id": job.id, "client_index": idx, "client_name": client.name,
                         "config": json.loads(job.config_json), "status": job.status,
                         "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
-                        "round_deadline": job.round_deadline_s}
+                        "round_deadline": job.round_deadline_s, "secure_aggregation": secure}
             if first:
-                self.audit.append(job_id, "client_joined",
-                                  {"client": client.name, "client_index": info["client_index"]})
+                payload: dict[str, Any] = {"client": client.name, "client_index": idx}
+                if secure and identity_key is not None:
+                    payload["identity_key"] = identity_key.hex()
+                self.audit.append(job_id, "client_joined", payload)
             self._maybe_start(job_id)
+            self._notify()
             return info
+
+    def directory(self, client: ClientRow, job_id: str) -> dict[str, Any]:
+        """The job's identity directory ``{client index: Ed25519 verify key hex}``, relayed."""
+        with self.db.session() as sess:
+            job, _member = self._member(sess, client, job_id)
+            rows = sess.scalars(select(SecAggMessageRow).where(
+                SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == -1,
+                SecAggMessageRow.stage == "identity"))
+            n = len(list(sess.scalars(select(MemberRow.client_index).where(
+                MemberRow.job_id == job_id))))
+            keys = {str(r.client_index): r.body for r in rows}
+            return {"job_id": job_id, "n_clients": n, "complete": len(keys) == n,
+                    "keys": keys}
 
     def _maybe_start(self, job_id: str) -> None:
         with self.db.session() as sess:
@@ -204,14 +264,128 @@ class ServerState:
                     return TaskOffer("wait", detail="no open round")
                 if member.client_index not in json.loads(rr.participants_json):
                     return TaskOffer("wait", detail="not a participant of this round")
+                if rr.phase != "upload" or engine.uses_secagg(
+                        JobConfig.from_json(job.config_json)):
+                    return TaskOffer("wait", round_id=rr.round_id, phase=rr.phase,
+                                     detail="secure aggregation: follow GET /v1/jobs/{job}/secagg")
                 done = sess.get(UploadRow, (job_id, rr.round_id, member.client_index))
                 if done is not None:
                     return TaskOffer("wait", round_id=rr.round_id,
                                      detail="upload received; waiting for the other clients")
+                seq, head = self._tip(job_id)
                 return TaskOffer("task", round_id=rr.round_id, body=rr.task_blob,
                                  digest=rr.task_digest,
                                  deadline_in=max(0.0, rr.deadline_at - self.clock()),
-                                 audit_head=self.audit.head(job_id), phase=rr.phase)
+                                 audit_head=head, audit_seq=seq, phase=rr.phase)
+
+    # ------------------------------------------------------------------ secure aggregation
+    def secagg_offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
+        """What this client must do now in the open secure round (or what to wait for)."""
+        with self.lock:
+            self._tick_job(job_id)
+            with self.db.session() as sess:
+                job, member = self._member(sess, client, job_id)
+                if member.state == "dropped":
+                    return {"status": "dropped",
+                            "detail": f"dropped at round {member.dropped_round}"}
+                if job.status in ("done", "failed"):
+                    return {"status": job.status, "detail": job.reason}
+                if member.state != "active":
+                    raise ApiError(409, "not_joined", "join the job first")
+                if job.status != "running":
+                    return {"status": "wait", "detail": "waiting for all clients to join"}
+                rt = self._runtime(job_id)
+                bridge = rt.extra.get("secagg")
+                if bridge is None:
+                    raise ApiError(409, "not_secure", "this job does not use secure aggregation")
+                rr = sess.get(RoundRow, (job_id, job.current_round))
+                sr = bridge.current
+                if rr is None or rr.status != "open" or sr is None or \
+                        sr.round_id != rr.round_id:
+                    return {"status": "wait", "detail": "no open round"}
+                action, message = sr.action_for(member.client_index)
+                seq, head = self._tip(job_id)
+                return {"status": "task" if action != "wait" else "wait", "action": action,
+                        "round_id": rr.round_id, "phase": sr.phase,
+                        "task_digest": rr.task_digest, "message": message,
+                        "deadline_in": max(0.0, rr.deadline_at - self.clock()),
+                        "audit_seq": seq, "audit_head": head,
+                        "detail": "" if action != "wait" else f"waiting for the other clients "
+                                                              f"({sr.phase})"}
+
+    def _secure_member(self, sess: Any, client: ClientRow, job_id: str, round_id: int,
+                       phase: str) -> tuple[JobRuntime, JobRow, RoundRow, SecureRound, int]:
+        job, member = self._member(sess, client, job_id)
+        rr = self._round_for_upload(sess, job, member, round_id)
+        rt = self._runtime(job_id)
+        bridge = rt.extra.get("secagg")
+        if bridge is None:
+            raise ApiError(409, "not_secure", "this job does not use secure aggregation")
+        sr = bridge.current
+        if rr.status != "open" or sr is None or sr.round_id != round_id:
+            raise ApiError(409, "round_closed", f"round {round_id} is not open")
+        if sr.phase != phase:
+            raise ApiError(409, "wrong_phase", f"round {round_id} is in phase {sr.phase}, "
+                           f"not {phase}")
+        if member.client_index not in sr.participants:
+            raise ApiError(403, "not_participant",
+                           f"this client is not a participant of round {round_id}")
+        return rt, job, rr, sr, member.client_index
+
+    def _secagg_call(self, fn: Callable[[], None]) -> None:
+        """Run one state-machine step; map its rejections to 4xx (nothing changes on error)."""
+        try:
+            fn()
+        except InvalidMessage as exc:
+            raise ApiError(400, "invalid_message", str(exc)) from exc
+        except AbortedRound:
+            raise
+        except ProtocolError as exc:
+            raise ApiError(409, "protocol_error", str(exc)) from exc
+
+    def secagg_message(self, client: ClientRow, job_id: str, round_id: int, kind: str,
+                       body: bytes) -> dict[str, Any]:
+        """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON)."""
+        model, phase = {"advert": (KeyAdvert, "advertise"), "shares": (ShareBundle, "share"),
+                        "unmask": (UnmaskResponse, "unmask")}[kind]
+        try:
+            msg: Any = parse(model, body)
+        except InvalidMessage as exc:
+            raise ApiError(400, "invalid_message", str(exc)) from exc
+        with self.lock:
+            self._tick_job(job_id)
+            with self._guard(job_id), self.db.session() as sess:
+                rt, job, rr, sr, idx = self._secure_member(sess, client, job_id, round_id, phase)
+                sender = msg.client_id if kind == "advert" else msg.sender
+                if sender != idx:
+                    raise ApiError(403, "wrong_sender", "the message names another client")
+                handler = {"advert": sr.server.receive_advert,
+                           "shares": sr.server.receive_shares,
+                           "unmask": sr.server.receive_unmask}[kind]
+                self._secagg_call(lambda: handler(msg))
+                self._secure_progress(rt, sess, job, rr)
+            self._notify()
+            return {"job_id": job_id, "round_id": round_id, "accepted": kind}
+
+    def secagg_refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
+                      ) -> dict[str, Any]:
+        """A client refuses a request (a privacy rule); it leaves the job, and says why."""
+        with self.lock:
+            with self._guard(job_id), self.db.session() as sess:
+                job, member = self._member(sess, client, job_id)
+                rt = self._runtime(job_id)
+                bridge = rt.extra.get("secagg")
+                rr = sess.get(RoundRow, (job_id, job.current_round))
+                why = f"refused: {reason[:300]}"
+                sr = bridge.current if bridge is not None else None
+                if sr is not None and rr is not None and rr.status == "open":
+                    sr.refused[member.client_index] = reason[:300]
+                    sr.dropped.add(member.client_index)
+                self._drop(rt, sess, job, [member.client_index], job.current_round, reason=why)
+                if sr is not None and rr is not None and rr.status == "open":
+                    self._secure_progress(rt, sess, job, rr)
+            self._notify()
+            return {"job_id": job_id, "round_id": round_id, "recorded": True}
 
     def rounds(self, client: ClientRow, job_id: str) -> list[dict[str, Any]]:
         with self.db.session() as sess:
@@ -269,10 +443,71 @@ class ServerState:
                 if rt.task is None or rt.task.round_id != round_id:
                     raise ApiError(409, "wrong_round", "the round is not open")
                 check_against_task(up, rt.task, rr.task_digest, rr.encoding)
-                self._accumulate(rt, sess, rr, idx, up)
-                receipt = self._receipt(rr, idx, up.digest, duplicate=False)
+                bridge = rt.extra.get("secagg")
+                if bridge is not None:
+                    with self._guard(job_id):
+                        self._secure_upload(rt, sess, job, rr, idx, up)
+                        receipt = self._receipt(rr, idx, up.digest, duplicate=False)
+                else:
+                    self._accumulate(rt, sess, rr, idx, up)
+                    receipt = self._receipt(rr, idx, up.digest, duplicate=False)
             self._maybe_close(job_id)
+            self._notify()
             return receipt
+
+    def _secure_upload(self, rt: JobRuntime, sess: Any, job: JobRow, rr: RoundRow, idx: int,
+                       up: ParsedUpload) -> None:
+        sr = rt.extra["secagg"].current
+        if sr is None or sr.round_id != rr.round_id or sr.phase != "upload":
+            raise ApiError(409, "wrong_phase", f"round {rr.round_id} is not collecting uploads")
+        if up.secagg is None:
+            raise ApiError(400, "malformed_upload", "a masked upload needs its secagg header")
+        try:
+            header = parse(MaskedUpload, up.secagg)
+        except InvalidMessage as exc:
+            raise ApiError(400, "invalid_message", str(exc)) from exc
+        if header.sender != idx:
+            raise ApiError(403, "wrong_sender", "the upload header names another client")
+        self._secagg_call(lambda: sr.server.receive_upload(header, up.summable))
+        disclosed = pack({"type": "disclosed"}, up.disclosed) if up.disclosed else None
+        sess.add(UploadRow(job_id=rr.job_id, round_id=rr.round_id, client_index=idx,
+                           digest=up.digest, received_at=self.clock(), summable=None,
+                           disclosed=disclosed))
+        sess.flush()
+        self._secure_progress(rt, sess, job, rr)
+
+    def _secure_progress(self, rt: JobRuntime, sess: Any, job: JobRow, rr: RoundRow, *,
+                         force: bool = False) -> None:
+        """Advance the open secure round through every phase that is complete (or, with
+        ``force``, close the current phase with whoever answered); finish it at the end."""
+        bridge: SecAggBridge = rt.extra["secagg"]
+        sr = bridge.current
+        if sr is None or sr.round_id != rr.round_id or rr.status != "open":
+            return
+        phase = sr.phase
+        try:
+            while sr.phase in ("advertise", "share", "upload", "unmask"):
+                phase = sr.phase
+                if sr.missing() and not force:
+                    break
+                force = False
+                if phase == "unmask":
+                    ring = sr.server.finish()
+                    bridge.finished(sr)
+                    contributors = sorted(int(u) for u in (sr.request.survivors
+                                                           if sr.request else ()))
+                    self._close(rt, sess, job, rr, contributors, ring=ring, secure=sr)
+                    return
+                sr.advance()
+                rr.phase = sr.phase
+                rr.deadline_at = self.clock() + job.round_deadline_s
+        except AbortedRound as exc:
+            bridge.current = None
+            refused = "; ".join(f"{rt.names[k]} refused ({why})" for k, why in sr.refused.items())
+            self._fail(sess, job, f"round {rr.round_id}: secure aggregation aborted in phase "
+                       f"{phase}: {exc}"
+                       + (f" [{refused}]" if refused else "")
+                       + "; no partial sum was released", rr)
 
     def _round_for_upload(self, sess: Any, job: JobRow, member: MemberRow,
                           round_id: int) -> RoundRow:
@@ -351,6 +586,9 @@ class ServerState:
             rr = sess.get(RoundRow, (job_id, job.current_round))
             if job.status != "running" or rr is None or rr.status != "open":
                 return
+            if rt.extra.get("secagg") is not None:
+                self._secure_progress(rt, sess, job, rr)
+                return
             expected = set(json.loads(rr.participants_json)) - set(json.loads(rr.dropped_json))
             got = self._contributors(sess, rr)
             if expected <= set(got):
@@ -363,6 +601,20 @@ class ServerState:
             assert_row(job)
             rr = sess.get(RoundRow, (job_id, job.current_round))
             if job.status != "running" or rr is None or rr.status != "open":
+                return
+            bridge = rt.extra.get("secagg")
+            if bridge is not None:
+                sr = bridge.current
+                if sr is None or sr.round_id != rr.round_id:
+                    return
+                late = sorted(sr.missing())
+                dropped = self._drop(rt, sess, job, late, rr.round_id,
+                                     reason=f"missed the round deadline (phase {sr.phase})")
+                sr.dropped.update(late)
+                rr.dropped_json = json.dumps(sorted(set(json.loads(rr.dropped_json))
+                                                    | set(dropped)))
+                self._secure_progress(rt, sess, job, rr, force=True)
+                self._notify()
                 return
             got = self._contributors(sess, rr)
             late = sorted(set(json.loads(rr.participants_json)) - set(got))
@@ -377,7 +629,7 @@ class ServerState:
                 self._fail(sess, job, reason, rr)
 
     def _drop(self, rt: JobRuntime, sess: Any, job: JobRow, indices: list[int],
-              round_id: int) -> list[int]:
+              round_id: int, reason: str = "missed the round deadline") -> list[int]:
         out = []
         for idx in indices:
             member = sess.scalar(select(MemberRow).where(
@@ -388,8 +640,7 @@ class ServerState:
             member.dropped_round = round_id
             out.append(idx)
             self.audit.append(job.id, "client_dropped", {
-                "client": rt.names[idx], "round_id": round_id,
-                "reason": "missed the round deadline"})
+                "client": rt.names[idx], "round_id": round_id, "reason": reason})
             _log.warning("job %s: client %s dropped at round %d", job.id, rt.names[idx],
                          round_id)
         return out
@@ -397,19 +648,28 @@ class ServerState:
     def _fail(self, sess: Any, job: JobRow, reason: str, rr: RoundRow | None) -> None:
         job.status = "failed"
         job.reason = reason
+        rt = self._rts.get(job.id)
+        if rt is not None and rt.extra.get("secagg") is not None:
+            rt.extra["secagg"].current = None
         if rr is not None:
             self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
                                                         "reason": reason})
         _log.error("job %s failed: %s", job.id, reason)
 
     def _close(self, rt: JobRuntime, sess: Any, job: JobRow, rr: RoundRow,
-               contributors: list[int]) -> None:
+               contributors: list[int], *, ring: np.ndarray | None = None,
+               secure: SecureRound | None = None) -> None:
         task = rt.task
         if task is None or task.round_id != rr.round_id:
             raise RuntimeError("runtime out of step with the database")
         uploads = {u.client_index: u for u in sess.scalars(select(UploadRow).where(
             UploadRow.job_id == job.id, UploadRow.round_id == rr.round_id))}
-        total = self._total(rt, rr, contributors, uploads)
+        if set(contributors) - set(uploads):
+            raise RuntimeError("a survivor of the secure round has no upload row")
+        if ring is not None:
+            total = np.asarray(rt.codec.decode(ring), dtype=np.float64)
+        else:
+            total = self._total(rt, rr, contributors, uploads)
         disclosed = {idx: unpack(uploads[idx].disclosed)[1] if uploads[idx].disclosed else {}
                      for idx in contributors}
         rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=list(contributors))
@@ -423,7 +683,7 @@ class ServerState:
         rr.running_sum = None
         for u in uploads.values():
             u.summable = None
-        self._audit_round(rt, rr, task, contributors, uploads, total, disclosed)
+        self._audit_round(rt, rr, task, contributors, uploads, total, disclosed, secure)
         self._issue_next(rt, sess, job)
 
     def _total(self, rt: JobRuntime, rr: RoundRow, contributors: list[int],
@@ -431,9 +691,6 @@ class ServerState:
         if rr.encoding == "uint64":
             ring = (np.frombuffer(rr.running_sum, dtype="<u8").copy() if rr.running_sum
                     else np.zeros(0, dtype=np.uint64))
-            bridge = rt.extra.get("secagg")
-            if bridge is not None:
-                ring = bridge.unmask(rr, ring, contributors)
             return np.asarray(rt.codec.decode(ring), dtype=np.float64)
         total: np.ndarray | None = None
         for idx in contributors:  # client order: bit-identical to the in-process sum
@@ -445,10 +702,21 @@ class ServerState:
 
     def _audit_round(self, rt: JobRuntime, rr: RoundRow, task: Task, contributors: list[int],
                      uploads: dict[int, UploadRow], total: np.ndarray,
-                     disclosed: dict[int, dict[str, np.ndarray]]) -> None:
+                     disclosed: dict[int, dict[str, np.ndarray]],
+                     secure: SecureRound | None = None) -> None:
         names = [rt.names[i] for i in contributors]
         arrays = {"aggregate": total, **{f"task/{k}": v for k, v in task.arrays.items()}}
-        self.audit.append(rt.job_id, "round", {
+        extra: dict[str, Any] = {}
+        if secure is not None:
+            req = secure.request
+            extra["secagg"] = {
+                "threshold": secure.server.t,
+                "advertised": [rt.names[i] for i in sorted(secure.server.advertised)],
+                "shared": [rt.names[i] for i in sorted(secure.server.shared)],
+                "recovered": [rt.names[i] for i in (req.dropped if req else ())],
+                "unmasked_by": [rt.names[i] for i in sorted(secure.server.answered)],
+            }
+        self.audit.append(rt.job_id, "round", {**extra,
             "round_id": rr.round_id, "clients": names,
             "uploads": {rt.names[i]: uploads[i].digest for i in contributors},
             "masked": bool(rt.extra.get("secagg") is not None),
@@ -496,6 +764,25 @@ class ServerState:
         job.current_round = task.round_id
         rt.task = task
         rt.codec = engine.make_codec(rt.config, task) if ring else None
+        bridge = rt.extra.get("secagg")
+        if bridge is not None:
+            sess.flush()
+            if not bridge.directory:
+                bridge.directory = self._load_directory(sess, job.id)
+            missing = sorted(set(active) - set(bridge.directory))
+            if missing:
+                self._fail(sess, job, f"clients {missing} have no registered identity key", None)
+                return
+            bridge.start(task, active)
+            rr = sess.get(RoundRow, (job.id, task.round_id))
+            rr.phase = bridge.current.phase if bridge.current else "advertise"
+            self._secure_progress(rt, sess, job, rr)
+
+    def _load_directory(self, sess: Any, job_id: str) -> dict[int, bytes]:
+        rows = sess.scalars(select(SecAggMessageRow).where(
+            SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == -1,
+            SecAggMessageRow.stage == "identity"))
+        return {int(r.client_index): bytes.fromhex(r.body) for r in rows}
 
     # ------------------------------------------------------------------ runtime (re)build
     def _guard(self, job_id: str) -> _Evict:
@@ -514,6 +801,10 @@ class ServerState:
                 select(MemberRow, ClientRow).join(ClientRow, ClientRow.id == MemberRow.client_id)
                 .where(MemberRow.job_id == job_id))}
             rt = JobRuntime(job_id, config, names, job.min_clients, job.round_deadline_s)
+            if engine.uses_secagg(config):
+                rt.extra["secagg"] = SecAggBridge(
+                    job_id, _secagg_threshold(config),
+                    neighbours=config.profile.get("neighbours"))
             if job.status in ("running", "waiting"):
                 rt.coord = engine.new_coordinator(config)
                 rounds = list(sess.scalars(select(RoundRow).where(RoundRow.job_id == job_id)
@@ -534,6 +825,10 @@ class ServerState:
                 raise RuntimeError(f"replayed task of round {rr.round_id} does not match the "
                                    "stored one")
             if rr.status == "open":
+                if rt.extra.get("secagg") is not None:
+                    raise RuntimeError(f"the server restarted during secure-aggregation round "
+                                       f"{rr.round_id}; its masking state is not persisted "
+                                       "(the clients' round keys are bound to it)")
                 rt.task = task
                 rt.codec = engine.make_codec(rt.config, task) if engine.uses_ring(
                     rt.config) else None
@@ -548,13 +843,20 @@ class ServerState:
             rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=contributors)
 
 
+def _secagg_threshold(config: JobConfig) -> float | int:
+    thr = config.profile.get("threshold", 0.67)
+    return int(thr) if isinstance(thr, int) and not isinstance(thr, bool) else float(thr)
+
+
 def assert_row(row: object) -> None:
     if row is None:
         raise RuntimeError("row vanished")
 
 
 class _Evict:
-    """On any exception inside the block, forget the job's in-memory runtime (DB rolls back)."""
+    """On an unexpected exception inside the block, forget the job's in-memory runtime (the DB
+    rolls back). A 4xx rejection (:class:`ApiError`) is raised before anything changes, so the
+    runtime is kept: for a secure round it holds the masking state, which cannot be rebuilt."""
 
     def __init__(self, state: ServerState, job_id: str) -> None:
         self.state, self.job_id = state, job_id
@@ -563,5 +865,6 @@ class _Evict:
         return None
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
+        if exc_type is not None and not (isinstance(exc_type, type)
+                                         and issubclass(exc_type, ApiError)):
             self.state._rts.pop(self.job_id, None)

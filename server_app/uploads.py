@@ -3,7 +3,8 @@
 An upload is ``pack(header, arrays)`` with::
 
     header = {"type": "upload", "job_id": ..., "round_id": ..., "task_digest": <hex>,
-              "encoding": "uint64" | "float64"}
+              "encoding": "uint64" | "float64",
+              "secagg": <MaskedUpload JSON>}     # only under secure aggregation
     arrays = {"__summable__": <flat vector laid out as the task says>, <disclosed item>: ...}
 """
 
@@ -33,13 +34,19 @@ class ParsedUpload:
     summable: np.ndarray
     disclosed: dict[str, np.ndarray]
     digest: str  # SHA-256 of the exact body
+    secagg: str | None = None  # the MaskedUpload header (JSON) of a masked vector
 
 
-def make_upload(task: Task, summable: np.ndarray, disclosed: dict[str, np.ndarray]) -> bytes:
-    """The body a client sends for ``task`` (``summable`` already encoded/masked if uint64)."""
+def make_upload(task: Task, summable: np.ndarray, disclosed: dict[str, np.ndarray], *,
+                secagg: str | None = None) -> bytes:
+    """The body a client sends for ``task`` (``summable`` already encoded/masked if uint64;
+    ``secagg`` the :class:`~fedforest_secure.secagg.MaskedUpload` header as JSON)."""
     encoding = "uint64" if summable.dtype == np.uint64 else "float64"
-    header = {"type": "upload", "job_id": task.job_id, "round_id": task.round_id,
-              "task_digest": task.digest().hex(), "encoding": encoding}
+    header: dict[str, object] = {"type": "upload", "job_id": task.job_id,
+                                 "round_id": task.round_id,
+                                 "task_digest": task.digest().hex(), "encoding": encoding}
+    if secagg is not None:
+        header["secagg"] = secagg
     if SUMMABLE in disclosed:
         raise ValueError(f"{SUMMABLE!r} is reserved")
     return pack(header, {SUMMABLE: summable, **disclosed})
@@ -62,9 +69,12 @@ def parse_upload(body: bytes) -> ParsedUpload:
         raise ApiError(400, "malformed_upload", "the upload header is incomplete") from exc
     if encoding not in ("uint64", "float64"):
         raise ApiError(400, "malformed_upload", "encoding must be 'uint64' or 'float64'")
+    secagg = header.get("secagg")
+    if secagg is not None and (not isinstance(secagg, str) or len(secagg) > 4096):
+        raise ApiError(400, "malformed_upload", "the secagg header must be a short JSON string")
     summable = arrays.pop(SUMMABLE)
     return ParsedUpload(job_id, round_id, task_digest, encoding, summable, arrays,
-                        hashlib.sha256(body).hexdigest())
+                        hashlib.sha256(body).hexdigest(), secagg)
 
 
 def allowed_disclosures(task: Task) -> set[str]:

@@ -26,7 +26,8 @@ def tiny_parts() -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str]]:
 
 def make_job_dir(root: Path, parts: list[tuple[np.ndarray, np.ndarray]], feat: list[str],
                  *, n_clients: int, deadline: float = 30.0, min_clients: int | None = None,
-                 job_id: str = "job-a", trees: int = 3, depth: int = 3) -> Path:
+                 job_id: str = "job-a", trees: int = 3, depth: int = 3,
+                 profile: str = "open") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     parts = parts[:n_clients]
     X = np.concatenate([p[0] for p in parts])
@@ -34,7 +35,7 @@ def make_job_dir(root: Path, parts: list[tuple[np.ndarray, np.ndarray]], feat: l
     names = [f"client-{k}" for k in range(n_clients)]
     write_site_files(root, names, parts, feat, "classification",
                      schema_dict(X, y, "classification", feat))
-    write_job_toml(root / "job.toml", job_id, names, "open", deadline,
+    write_job_toml(root / "job.toml", job_id, names, profile, deadline,
                    {"n_estimators": trees, "max_depth": depth, "n_bins": 8,
                     "random_state": 3, "min_samples_leaf": 3}, min_clients=min_clients)
     return root / "job.toml"

@@ -15,12 +15,14 @@ import pytest
 from client_app.sim_data import SiteData
 from client_app.simulate import (
     _job_status,
+    collect_receipts,
     free_port,
     start_client,
     start_server,
     wait_healthy,
     write_server_config,
 )
+from fedforest_secure.audit import AuditLog, contains_per_client_plaintext, verify_log
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from fedforest_secure.pki import init_dev_pki
@@ -46,9 +48,9 @@ class Fed:
 
 
 def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
-              min_clients: int | None = None) -> Fed:
+              min_clients: int | None = None, profile: str = "open") -> Fed:
     job_toml = job_dir(root, parts, feat, n_clients=n_clients, deadline=deadline,
-                       min_clients=min_clients)
+                       min_clients=min_clients, profile=profile)
     names = [f"client-{k}" for k in range(n_clients)]
     certs = root / "certs"
     init_dev_pki(certs, n_clients, client_names=names)
@@ -57,7 +59,9 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     settings = load_settings(server_toml)
     db = Database(settings.database)
     tokens = [add_client(db, n) for n in names]
-    ServerState(db, open_audit(None)).create_job(load_job_spec(job_toml))
+    audit = open_audit(settings.audit_database)
+    ServerState(db, audit).create_job(load_job_spec(job_toml))
+    audit.close()  # type: ignore[attr-defined]
     db.dispose()
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
              for k, (n, t) in enumerate(zip(names, tokens, strict=True))]
@@ -123,6 +127,15 @@ def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir) -> Non
     assert trees(got) == trees(reference(fed))
     receipts = (fed.root / "state" / "client-0" / "receipts.jsonl").read_text().splitlines()
     assert len(receipts) >= 2 and "upload_sha256" in json.loads(receipts[0])
+    # the audit log verifies against every client's receipts, and shows the open profile's
+    # per-client plaintext: unmasked rounds and the disclosed quantile sketches
+    report = verify_log(fed.root / "audit.db", receipts_dir=collect_receipts(
+        fed.root, fed.root / "state"))
+    assert report.ok, report.problems
+    assert report.receipts_checked == 3 * len(receipts)
+    with AuditLog(fed.root / "audit.db", create=False) as log:
+        plain = contains_per_client_plaintext(log, "job-a")
+    assert {e.kind for e in plain} == {"round", "disclosure"}
 
 
 def test_client_killed_mid_job_is_dropped_and_training_completes(

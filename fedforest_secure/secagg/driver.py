@@ -47,10 +47,14 @@ class InProcessSecureSum:
         Job identifier bound into every key derivation.
     neighbours : int or None
         ``None`` for the complete graph, ``k`` for the SecAgg+ sparse graph of degree ~k.
+    streaming : bool
+        Run the server in accumulate mode: masked vectors are added into one running sum as
+        they arrive instead of being kept (memory O(vector); same result).
     """
 
     def __init__(self, client_ids: Iterable[int], threshold: float | int = 0.67,
-                 job_id: str = "job", neighbours: int | None = None) -> None:
+                 job_id: str = "job", neighbours: int | None = None, *,
+                 streaming: bool = False) -> None:
         ids = sorted(set(int(i) for i in client_ids))
         if len(ids) < 3:
             raise ValueError("secure aggregation needs at least 3 clients")
@@ -60,6 +64,7 @@ class InProcessSecureSum:
         self.threshold = threshold
         self.job_id = job_id
         self.neighbours = neighbours
+        self.streaming = streaming
         self.round_id = 0
         self.transcript: list[Any] = []
         self._next_adverts: dict[int, KeyAdvert] = {}
@@ -91,7 +96,7 @@ class InProcessSecureSum:
         r = self.round_id
         self.round_id += 1
         server = SecAggServer(self.job_id, r, question, task_digest, shape[0], self.threshold,
-                              self.directory, self.neighbours)
+                              self.directory, self.neighbours, streaming=self.streaming)
         self.last_server = server
         for u in parts:
             advert = self.clients[u].pending_advert(r) or self.clients[u].advertise(r)

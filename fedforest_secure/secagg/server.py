@@ -13,6 +13,10 @@ its advertised commitment (Shamir shares carry no integrity): a mismatch is :cla
 
 Adverts for the next round that ride along on uploads or unmask responses are verified and kept in
 :attr:`SecAggServer.next_adverts`, to be fed to the next round's server with ``receive_advert``.
+
+With ``streaming=True`` every accepted masked vector is added into one running uint64 sum as it
+arrives and is not kept: the server's memory is O(vector) instead of O(K x vector). The result is
+the same (addition mod 2^64 commutes); only the senders' ids are remembered.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from .messages import (
 
 __all__ = ["KeyMismatch", "SecAggServer", "ServerStage"]
 
+_EMPTY = np.zeros(0, dtype=np.uint64)  # placeholder for a streamed upload (already summed)
+
 
 class KeyMismatch(AbortedRound):
     """A reconstructed secret does not match what its owner advertised (a corrupt share)."""
@@ -80,6 +86,7 @@ class SecAggServer:
     threshold: float | int
     directory: Mapping[int, bytes]
     neighbours: int | None = None
+    streaming: bool = False
     stage: ServerStage = ServerStage.COLLECT_ADVERTS
     next_adverts: dict[int, KeyAdvert] = field(default_factory=dict)
     _adverts: dict[int, KeyAdvert] = field(default_factory=dict, repr=False)
@@ -87,6 +94,7 @@ class SecAggServer:
     _groups: dict[int, frozenset[int]] = field(default_factory=dict, repr=False)
     _bundles: dict[int, ShareBundle] = field(default_factory=dict, repr=False)
     _uploads: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _running: np.ndarray | None = field(default=None, repr=False)
     _dropped: frozenset[int] = frozenset()
     _responses: dict[int, UnmaskResponse] = field(default_factory=dict, repr=False)
 
@@ -116,9 +124,33 @@ class SecAggServer:
             raise ProtocolError(f"{kind.__name__} from client {sender}, not expected now")
 
     def _abort(self, reason: str) -> AbortedRound:
+        self._discard()
+        return AbortedRound(reason)
+
+    def _discard(self) -> None:
         self.stage = ServerStage.ABORTED
         self._uploads.clear()
-        return AbortedRound(reason)
+        self._running = None
+
+    @property
+    def uploaded(self) -> frozenset[int]:
+        """Clients whose masked upload was accepted this round (U3 once closed)."""
+        return frozenset(self._uploads)
+
+    @property
+    def shared(self) -> frozenset[int]:
+        """Clients whose share bundle was accepted this round (U2 once closed)."""
+        return frozenset(self._bundles)
+
+    @property
+    def advertised(self) -> frozenset[int]:
+        """Clients whose key advertisement was accepted this round (U1 once closed)."""
+        return frozenset(self._adverts)
+
+    @property
+    def answered(self) -> frozenset[int]:
+        """Survivors whose unmask response was accepted."""
+        return frozenset(self._responses)
 
     # -- adverts ---------------------------------------------------------------------------------
     def receive_advert(self, advert: KeyAdvert) -> None:
@@ -183,7 +215,13 @@ class SecAggServer:
                 or header.length != self.vector_length):
             raise InvalidMessage("masked vector has the wrong type or length")
         self._take_next(header.next_advert)
-        self._uploads[header.sender] = np.array(arr, dtype=np.uint64, copy=True)
+        if self.streaming:
+            if self._running is None:
+                self._running = np.zeros(self.vector_length, dtype=np.uint64)
+            np.add(self._running, arr, out=self._running)  # wraps mod 2^64 by design
+            self._uploads[header.sender] = _EMPTY  # remember the sender, not the vector
+        else:
+            self._uploads[header.sender] = np.array(arr, dtype=np.uint64, copy=True)
 
     def _take_next(self, advert: KeyAdvert | None) -> None:
         if advert is not None:
@@ -232,8 +270,7 @@ class SecAggServer:
         return secret.to_bytes(32, "big")
 
     def _mismatch(self, owner: int, kind: str) -> KeyMismatch:
-        self.stage = ServerStage.ABORTED
-        self._uploads.clear()
+        self._discard()
         what = "self-mask seed" if kind == "self" else "masking private key"
         return KeyMismatch(f"reconstructed {what} of client {owner} does not match its "
                            "advertisement (a corrupt share): no sum is released")
@@ -244,9 +281,13 @@ class SecAggServer:
         if len(self._responses) < self._t:
             raise self._abort(f"only {len(self._responses)} unmask responses, t={self._t}")
         survivors = sorted(self._uploads)
-        total = np.zeros(self.vector_length, dtype=np.uint64)
-        for u in survivors:
-            np.add(total, self._uploads[u], out=total)
+        if self.streaming:
+            total = (self._running.copy() if self._running is not None
+                     else np.zeros(self.vector_length, dtype=np.uint64))
+        else:
+            total = np.zeros(self.vector_length, dtype=np.uint64)
+            for u in survivors:
+                np.add(total, self._uploads[u], out=total)
         plus: list[bytes] = []
         minus: list[bytes] = []
         for u in survivors:
@@ -271,4 +312,5 @@ class SecAggServer:
         _prg.apply_masks(total, plus, minus)
         self.stage = ServerStage.DONE
         self._uploads.clear()
+        self._running = None
         return total

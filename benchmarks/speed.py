@@ -1,0 +1,98 @@
+"""Wall time and peak memory of FedForest ``fit`` against scikit-learn's random forest.
+
+Each measurement runs in a fresh child process (so peak RSS is that fit's own), and the
+contenders alternate within one run, since these machines are shared and noisy: compare the
+ratios, not the absolute seconds.
+
+    python benchmarks/speed.py                      # n = 10k, 100k (default)
+    python benchmarks/speed.py --sizes 10000 100000 1000000 --repeat 3
+    python benchmarks/speed.py --contenders open secure secure-plain --sizes 10000
+
+Contenders: ``sklearn`` (RandomForestRegressor, n_jobs=1), ``open`` (FedForest, in process,
+open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``secure-plain``
+(the same profile with ``secure_aggregation = false``: identical forest, no masks).
+Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _data(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = X[:, 0] + np.sin(2 * X[:, 1]) + X[:, 2] * X[:, 3] + 0.3 * rng.normal(size=n)
+    h = rng.integers(0, k, n)
+    return X, y, h
+
+
+def _child(contender: str, n: int, trees: int, depth: int) -> None:
+    X, y, h = _data(n, 20, 10)
+    if contender == "sklearn":
+        from sklearn.ensemble import RandomForestRegressor
+
+        model = RandomForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
+                                      max_features=1 / 3, n_jobs=1, random_state=0)
+        t0 = time.perf_counter()
+        model.fit(X, y)
+    else:
+        from fedforest_secure import FedForestRegressor, load_profile
+
+        profile = {"open": "open", "secure": "secure",
+                   "secure-plain": load_profile("secure", secure_aggregation=False)}[contender]
+        model = FedForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
+                                   max_features=1 / 3, profile=profile, random_state=0)
+        t0 = time.perf_counter()
+        model.fit(X, y, client=h)
+    seconds = time.perf_counter() - t0
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib}))
+
+
+def _measure(contender: str, n: int, trees: int, depth: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--child", contender, "--sizes", str(n),
+                          "--trees", str(trees), "--depth", str(depth)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--contenders", nargs="+", default=["sklearn", "open"])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--trees", type=int, default=50)
+    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args.child, args.sizes[0], args.trees, args.depth)
+        return
+    base = args.contenders[0]
+    print(f"T={args.trees} depth={args.depth} d=20 K=10; median of {args.repeat}; "
+          f"ratios against {base}")
+    print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'peak MiB':>9} {'time x':>7} {'mem x':>6}")
+    for n in args.sizes:
+        runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
+        for _ in range(args.repeat):
+            for c in args.contenders:  # alternate contenders within each repetition
+                runs[c].append(_measure(c, n, args.trees, args.depth))
+        med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in ("seconds", "peak_mib")}
+               for c in args.contenders}
+        for c in args.contenders:
+            print(f"{n:>9} {c:>13} {med[c]['seconds']:>9.2f} {med[c]['peak_mib']:>9.0f} "
+                  f"{med[c]['seconds'] / med[base]['seconds']:>7.2f} "
+                  f"{med[c]['peak_mib'] / med[base]['peak_mib']:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Tests for fedforest_secure.coordinator: round structure, submit() checks, H splits,
+categorical splits and profile checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedforest_secure import FedForestRegressor
+from fedforest_secure.config import JobConfig
+from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.errors import InvalidMessage, ProfileError, ProtocolError
+from fedforest_secure.federation import PlainSum, RoundRecord, client_seed, run_in_process
+from fedforest_secure.privacy import load_profile
+from fedforest_secure.protocol import TaskKind, layout_size
+from fedforest_secure.worker import CAT, CLIENT, Worker
+
+OPEN = load_profile("open").to_dict()
+
+
+def _cfg(**kw: Any) -> JobConfig:
+    base: dict[str, Any] = dict(job_id="job", task="regression", n_features=3, n_clients=3,
+                                n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2,
+                                n_bins=8, profile=OPEN, random_state=1)
+    base.update(kw)
+    return JobConfig(**base)
+
+
+def _clients(n: int = 400, K: int = 3, d: int = 3,
+             seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(K):
+        X = rng.normal(loc=0.2 * k, size=(n // K, d))
+        y = X[:, 0] * 2 + np.sin(3 * X[:, 1]) + 0.1 * rng.normal(size=n // K)
+        out.append((X, y))
+    return out
+
+
+@pytest.mark.parametrize("method", ["quantiles", "histogram", "avgimp"])
+def test_rounds_are_two_per_level_plus_one_whatever_the_number_of_trees(method: str) -> None:
+    depth = 3
+    counts = []
+    for T in (1, 6):
+        cfg = _cfg(n_estimators=T, max_depth=depth, method=method,
+                   feature_bounds=((-5.0, 5.0),) * 3)
+        recs: list[RoundRecord] = []
+        model = run_in_process(cfg, _clients(), on_round=recs.append)
+        kinds = [r.task.kind.value for r in recs]
+        assert all(t.depth == depth for t in model.trees)  # every level had work to do
+        assert len(kinds) == 2 * depth + 1
+        assert kinds == ["sketch", "histogram"] * depth + ["sketch"]
+        assert model.meta["rounds"] == len(kinds)
+        counts.append(len(kinds))
+    assert counts[0] == counts[1]
+
+
+def _drive(cfg: JobConfig, clients: list[tuple[np.ndarray, np.ndarray]],
+           tamper: Any = None) -> Coordinator:
+    workers = [Worker(cfg, X, y, client_index=k, seed=client_seed(cfg, k))
+               for k, (X, y) in enumerate(clients)]
+    coord = Coordinator(cfg)
+    agg = PlainSum()
+    while (task := coord.next_task()) is not None:
+        replies = {k: w.handle(task) for k, w in enumerate(workers)}
+        total = agg.aggregate(task, replies)
+        disc = {k: r.disclosed for k, r in replies.items() if r.disclosed}
+        if tamper is not None:
+            tamper(coord, task, total, disc)
+        coord.submit(task.round_id, total, disc)
+    return coord
+
+
+def test_submit_rejects_bad_aggregates_and_changes_nothing() -> None:
+    cfg = _cfg()
+    clients = _clients()
+    reference = _drive(cfg, clients).result()
+    seen: list[int] = []
+
+    def tamper(coord: Coordinator, task: Any, total: np.ndarray, disc: dict) -> None:
+        seen.append(task.round_id)
+        with pytest.raises(ProtocolError):
+            coord.submit(task.round_id + 1, total, disc)
+        with pytest.raises(ProtocolError):
+            coord.submit(task.round_id - 1, total, disc)
+        with pytest.raises(InvalidMessage):
+            coord.submit(task.round_id, total[:-1], disc)
+        with pytest.raises(InvalidMessage):
+            coord.submit(task.round_id, np.concatenate([total, [0.0]]), disc)
+        bad = total.copy()
+        bad[0] = np.nan
+        with pytest.raises(InvalidMessage):
+            coord.submit(task.round_id, bad, disc)
+        bad[0] = np.inf
+        with pytest.raises(InvalidMessage):
+            coord.submit(task.round_id, bad, disc)
+        with pytest.raises(ProtocolError):  # something the round did not ask for
+            coord.submit(task.round_id, total, {0: {"raw_rows": np.zeros(3)}})
+        if task.kind == TaskKind.HISTOGRAM:
+            with pytest.raises(ProtocolError):  # sketches only travel in sketch rounds
+                coord.submit(task.round_id, total, {0: {"sketch_points": np.zeros(3)}})
+        assert coord.next_task() is task  # still the same open round
+
+    tampered = _drive(cfg, clients, tamper).result()
+    assert len(seen) == 2 * cfg.max_depth + 1
+    assert tampered.to_json() == reference.to_json()
+    coord = _drive(cfg, clients)
+    assert coord.done and coord.next_task() is None
+    with pytest.raises(ProtocolError):
+        coord.submit(99, np.zeros(1))
+
+
+def test_result_before_training_finishes() -> None:
+    coord = Coordinator(_cfg())
+    assert not coord.done
+    with pytest.raises(ProtocolError):
+        coord.result()
+    task = coord.next_task()
+    assert task is not None and task.round_id == 1 and task.level == 0
+    assert layout_size(task.layout) == 2 * 3  # T nodes x (n, sum y, sum y^2)
+
+
+def _shifted_clients(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = 300
+    h = np.repeat(np.arange(3), n // 3)
+    X = rng.normal(size=(n, 2))
+    y = 0.3 * X[:, 0] + 10.0 * h + 0.1 * rng.normal(size=n)  # outcome shift by client only
+    return X, y, h
+
+
+def test_h_splits_on_client_shift() -> None:
+    X, y, h = _shifted_clients()
+    est = FedForestRegressor(n_estimators=3, max_depth=3, min_samples_leaf=5,
+                             max_features=None, split_on_client=True, n_bins=8,
+                             random_state=0).fit(X, y, client=h)
+    trees = est.model_.trees
+    assert all(t.kind[0] == CLIENT for t in trees)  # the client shift dominates the root
+    assert est.model_.uses_client
+    pred = est.predict(X, client=h)
+    for k in range(3):
+        assert abs(pred[h == k].mean() - y[h == k].mean()) < 0.5
+    with pytest.raises(ValueError, match="client"):
+        est.predict(X)
+    # the same rows attributed to another client get that client's level
+    assert np.all(est.predict(X[:5], client=np.full(5, 2)) > 15)
+    # without H splits the root cannot isolate the shift
+    plain = FedForestRegressor(n_estimators=3, max_depth=3, min_samples_leaf=5,
+                               max_features=None, n_bins=8, random_state=0).fit(X, y, client=h)
+    assert not plain.model_.uses_client
+    assert plain.predict(X).shape == (300,)
+
+
+def test_h_splits_refused_by_profiles_without_them() -> None:
+    with pytest.raises(ProfileError):
+        Coordinator(_cfg(split_on_client=True,
+                         profile=load_profile("open", h_splits="off").to_dict()))
+
+
+def test_h_split_rounds_disclose_node_stats_only_when_enabled() -> None:
+    X, y, h = _shifted_clients()
+    clients = [(X[h == k], y[h == k]) for k in range(3)]
+    recs: list[RoundRecord] = []
+    run_in_process(_cfg(n_features=2, max_features=2, split_on_client=True), clients,
+                   on_round=recs.append)
+    assert all("node_stats" in r.task.disclose for r in recs
+               if r.task.kind == TaskKind.SKETCH and r.task.level < 3)
+    recs.clear()
+    run_in_process(_cfg(n_features=2, max_features=2), clients, on_round=recs.append)
+    assert not any("node_stats" in r.task.disclose for r in recs)
+
+
+def test_categorical_split_by_level_sets() -> None:
+    rng = np.random.default_rng(2)
+    n = 360
+    lv = rng.integers(0, 6, n)
+    x1 = rng.normal(size=n)
+    y = np.where(np.isin(lv, [1, 3, 4]), 5.0, 0.0) + 0.1 * x1 + 0.05 * rng.normal(size=n)
+    X = np.column_stack([lv.astype(float), x1])
+    h = np.arange(n) % 3
+    cfg = _cfg(n_features=2, max_features=2, n_estimators=1, max_depth=1, bootstrap=False,
+               feature_kinds=("categorical", "continuous"), n_levels=(6, 0))
+    model = run_in_process(cfg, [(X[h == k], y[h == k]) for k in range(3)])
+    tree = model.trees[0]
+    assert tree.kind[0] == CAT and tree.feature[0] == 0
+    assert set(tree.sets[0]) in ({1, 3, 4}, {0, 2, 5})
+    pred = model.predict(X)
+    left = np.isin(lv, tree.sets[0])
+    np.testing.assert_allclose(pred[left], y[left].mean(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pred[~left], y[~left].mean(), rtol=0, atol=1e-12)
+    # deeper: the forest follows the level structure
+    cfg2 = _cfg(n_features=2, max_features=2, n_estimators=3, max_depth=4,
+                feature_kinds=("categorical", "continuous"), n_levels=(6, 0))
+    m2 = run_in_process(cfg2, [(X[h == k], y[h == k]) for k in range(3)])
+    p2 = m2.predict(X)
+    assert np.abs(p2 - y).mean() < 0.2
+    # an unseen level code at prediction goes right, never crashes
+    assert np.isfinite(m2.predict(np.array([[7.0, 0.0]]))).all()
+
+
+def test_profile_checks() -> None:
+    secure = load_profile("secure").to_dict()
+    with pytest.raises(ProfileError):  # exact discloses every value
+        Coordinator(_cfg(method="exact", profile=secure))
+    with pytest.raises(ProfileError):  # the secure sketch needs public bounds
+        Coordinator(_cfg(profile=secure))
+    Coordinator(_cfg(profile=secure, feature_bounds=((0.0, 1.0),) * 3))
+
+
+def test_deterministic_given_config() -> None:
+    cfg = _cfg()
+    a = run_in_process(cfg, _clients())
+    b = run_in_process(cfg, _clients())
+    assert a.to_json() == b.to_json()
+    c = run_in_process(_cfg(random_state=2), _clients())
+    assert c.to_json() != a.to_json()

@@ -1,0 +1,141 @@
+"""Tests for fedforest_secure.federation and secure_sum: invariants 1 and 2 in process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
+from fedforest_secure.config import JobConfig
+from fedforest_secure.federation import PlainSum, RoundRecord, make_aggregator, run_in_process
+from fedforest_secure.protocol import Reply, Task, TaskKind
+from fedforest_secure.secagg import Upload
+from fedforest_secure.secure_sum import RingAggregator, make_codec
+
+
+def _data(task: str, seed: int = 0, n: int = 160, K: int = 4) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    h = np.arange(n) % K
+    if task == "regression":
+        y = X[:, 0] + np.sin(2 * X[:, 1]) + 0.2 * rng.normal(size=n) + 0.3 * h
+    else:
+        y = (X[:, 0] + 0.5 * X[:, 2] + 0.3 * rng.normal(size=n) > 0).astype(int)
+    return X, y, h
+
+
+_SMALL = dict(n_estimators=3, max_depth=3, min_samples_leaf=3, n_bins=8, random_state=4)
+
+
+@pytest.mark.parametrize("cls,task", [(FedForestRegressor, "regression"),
+                                      (FedForestClassifier, "classification")])
+def test_invariant2_secure_aggregation_is_exact(cls: Any, task: str) -> None:
+    X, y, h = _data(task)
+    secure = cls(profile="secure", **_SMALL).fit(X, y, client=h)
+    plain = cls(profile=load_profile("secure", secure_aggregation=False), **_SMALL).fit(
+        X, y, client=h)
+    assert secure.model_.to_json() == plain.model_.to_json()
+    assert secure.model_.digest() == plain.model_.digest()
+    assert sum(t.n_nodes for t in secure.model_.trees) > 3 * 3  # the trees did grow
+    if task == "regression":
+        assert secure.predict(X).tobytes() == plain.predict(X).tobytes()
+    else:
+        assert secure.predict_proba(X).tobytes() == plain.predict_proba(X).tobytes()
+
+
+class _Recorder:
+    """Wraps an aggregator and records what it was given."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[Task, dict[int, Reply]]] = []
+
+    def aggregate(self, task: Task, replies: Mapping[int, Reply]) -> np.ndarray:
+        self.calls.append((task, dict(replies)))
+        return self.inner.aggregate(task, replies)
+
+
+def _config(profile: str, K: int = 4, **kw: Any) -> tuple[JobConfig, list]:
+    X, y, h = _data("regression", K=K)
+    cfg = JobConfig(job_id="fed", task="regression", n_features=3, n_clients=K,
+                    feature_bounds=((-5.0, 5.0),) * 3, target_bound=float(np.abs(y).max()),
+                    n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2, n_bins=8,
+                    profile=load_profile(profile, **kw).to_dict())
+    return cfg, [(X[h == k], y[h == k]) for k in range(K)]
+
+
+def test_secure_profile_sums_everything_through_secagg() -> None:
+    cfg, clients = _config("secure")
+    assert isinstance(make_aggregator(cfg), RingAggregator)
+    ring = RingAggregator(cfg)
+    rec = _Recorder(ring)
+    rounds: list[RoundRecord] = []
+    run_in_process(cfg, clients, aggregator=rec, on_round=rounds.append)
+    K = cfg.n_clients
+    assert len(rounds) == len(rec.calls) >= 2 * cfg.max_depth + 1
+    # nothing is disclosed in the clear, nothing is even asked for
+    for r in rounds:
+        assert r.disclosed == {}
+        assert r.task.disclose == ()
+    for _, replies in rec.calls:
+        assert sorted(replies) == list(range(K))
+        assert all(rep.disclosed == {} for rep in replies.values())
+    # one masked upload per client per round, each as long as that round's vector
+    uploads = [m for m in ring.transcript if isinstance(m, Upload)]
+    assert len(uploads) == K * len(rounds)
+    sizes = [make_codec(cfg, t).ring.size for t, _ in rec.calls]
+    assert sorted(u.vector.size for u in uploads) == sorted(s for s in sizes for _ in range(K))
+    assert ring._secagg is not None and ring._secagg.round_id == len(rounds)
+    # what the server holds per round is the sum, and the uploads are not the encodings
+    last_task, last_replies = rec.calls[-1]
+    np.testing.assert_allclose(rounds[-1].total, sum(r.summable for r in last_replies.values()),
+                               rtol=0, atol=1e-5)
+    last_uploads = uploads[-K:]
+    for up in last_uploads:
+        assert not any(np.array_equal(up.vector, enc) for enc in ring.last_encoded.values())
+    # the secure sketch asks for counts in extra histogram rounds, no quantiles
+    assert any(r.task.params.get("purpose") == "sketch" for r in rounds)
+
+
+def test_open_profile_discloses_sketches() -> None:
+    cfg, clients = _config("open")
+    assert isinstance(make_aggregator(cfg), PlainSum)
+    rounds: list[RoundRecord] = []
+    run_in_process(cfg, clients, on_round=rounds.append)
+    sketch_rounds = [r for r in rounds if r.task.kind == TaskKind.SKETCH
+                     and r.task.level < cfg.max_depth]
+    assert sketch_rounds
+    for r in sketch_rounds:
+        assert "sketch_points" in r.task.disclose
+        assert sorted(r.disclosed) == list(range(cfg.n_clients))
+        for items in r.disclosed.values():
+            assert {"sketch_points", "sketch_counts"} <= set(items)
+
+
+def test_fixed_point_without_masking_matches_masked_round_by_round() -> None:
+    cfg_s, clients = _config("secure")
+    cfg_p, _ = _config("secure", secure_aggregation=False)
+    totals: dict[str, list[np.ndarray]] = {"s": [], "p": []}
+    run_in_process(cfg_s, clients, on_round=lambda r: totals["s"].append(r.total))
+    run_in_process(cfg_p, clients, on_round=lambda r: totals["p"].append(r.total))
+    assert len(totals["s"]) == len(totals["p"])
+    for a, b in zip(totals["s"], totals["p"], strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_run_in_process_checks_client_count() -> None:
+    cfg, clients = _config("open")
+    with pytest.raises(ValueError):
+        run_in_process(cfg, clients[:-1])
+
+
+def test_abstentions_are_recorded_in_the_model() -> None:
+    cfg, clients = _config("secure")
+    model = run_in_process(cfg, clients)
+    ab = model.meta["abstained"]
+    assert set(ab) == {str(k) for k in range(cfg.n_clients)}
+    # with 40 rows per client, depth-3 nodes of under 5 rows exist in some client
+    assert sum(v for per in ab.values() for v in per.values()) > 0

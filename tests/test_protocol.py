@@ -1,0 +1,259 @@
+"""Tests for fedforest_secure.protocol: the binary message format and Task / Reply objects."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fedforest_secure.errors import InvalidMessage, ProtocolError
+from fedforest_secure.protocol import (
+    Block,
+    Reply,
+    StatKind,
+    Task,
+    TaskKind,
+    layout_size,
+    pack,
+    split_blocks,
+    unpack,
+)
+
+_ALLOWED = ["<f8", "<i8", "<i4", "<u8", "u1", "?"]
+
+
+def _frame(head: bytes, body: bytes = b"") -> bytes:
+    return b"FFS1" + struct.pack("<I", len(head)) + head + body
+
+
+def _arrays() -> st.SearchStrategy[dict[str, np.ndarray]]:
+    arr = st.sampled_from(_ALLOWED).flatmap(
+        lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3,
+                                                             min_side=0, max_side=5)))
+    return st.dictionaries(st.text(min_size=1, max_size=8), arr, max_size=4)
+
+
+_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=10))
+_json = st.recursive(_json_scalar, lambda c: st.one_of(
+    st.lists(c, max_size=3), st.dictionaries(st.text(max_size=5), c, max_size=3)), max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(header=st.dictionaries(st.text(max_size=6), _json, max_size=4), arrays=_arrays())
+def test_pack_unpack_round_trip(header: dict, arrays: dict[str, np.ndarray]) -> None:
+    data = pack(header, arrays)
+    h2, a2 = unpack(data)
+    assert h2 == header
+    assert set(a2) == set(arrays)
+    for name, arr in arrays.items():
+        got = a2[name]
+        assert got.shape == arr.shape
+        assert got.dtype.kind == arr.dtype.kind and got.dtype.itemsize == arr.dtype.itemsize
+        # bit-for-bit (NaN payloads included)
+        assert got.tobytes() == np.ascontiguousarray(arr).tobytes()
+    # canonical: packing what was unpacked gives the same bytes
+    assert pack(h2, a2) == data
+
+
+def _task() -> Task:
+    rng = np.random.default_rng(1)
+    return Task(job_id="job-x", round_id=7, kind=TaskKind.HISTOGRAM, level=2,
+                params={"stats": "full", "n": 3},
+                arrays={"nodes": np.array([0, 2], dtype=np.int64),
+                        "features": rng.integers(0, 4, (2, 3)),
+                        "thresholds": np.sort(rng.normal(size=(2, 3, 4)), axis=2)},
+                layout=(Block("hist", (2, 3, 5, 3), (StatKind.COUNT, StatKind.SUM,
+                                                     StatKind.SUMSQ)),),
+                disclose=("sketch_points",))
+
+
+def test_task_and_reply_round_trip() -> None:
+    task = _task()
+    back = Task.from_bytes(task.to_bytes())
+    assert back.header() == task.header()
+    assert back.digest() == task.digest()
+    for k, v in task.arrays.items():
+        np.testing.assert_array_equal(back.arrays[k], v)
+    reply = Reply(round_id=7, summable=np.arange(6, dtype=np.float64) / 3,
+                  disclosed={"sketch_points": np.full((2, 2), np.nan)})
+    r2 = Reply.from_bytes(reply.to_bytes())
+    assert r2.round_id == 7
+    assert r2.summable.tobytes() == reply.summable.tobytes()
+    assert set(r2.disclosed) == {"sketch_points"}
+    # a changed parameter changes the digest masks are bound to
+    task.params["n"] = 4
+    assert Task.from_bytes(task.to_bytes()).digest() != back.digest()
+
+
+def test_task_reply_type_confusion() -> None:
+    reply = Reply(round_id=1, summable=np.zeros(2))
+    with pytest.raises(InvalidMessage):
+        Task.from_bytes(reply.to_bytes())
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(_task().to_bytes())
+    assert issubclass(InvalidMessage, ProtocolError)
+
+
+def test_layout_helpers() -> None:
+    layout = (Block("a", (2, 3), (StatKind.COUNT,) * 3), Block("b", (4, 1), (StatKind.GAIN,)))
+    assert layout_size(layout) == 10
+    parts = split_blocks(np.arange(10.0), layout)
+    np.testing.assert_array_equal(parts["a"], np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(parts["b"], np.arange(6.0, 10.0).reshape(4, 1))
+    with pytest.raises(InvalidMessage):
+        split_blocks(np.arange(9.0), layout)
+    with pytest.raises(ValueError):
+        Block("bad", (2, 3), (StatKind.COUNT,))
+    with pytest.raises(ValueError):
+        Block("neg", (-1, 1), (StatKind.COUNT,))
+
+
+def test_pack_rejects_unsupported_dtype() -> None:
+    with pytest.raises(TypeError):
+        pack({}, {"x": np.zeros(2, dtype=np.float32)})
+    with pytest.raises(TypeError):
+        pack({}, {"x": np.array(["a"])})
+
+
+# ---------------------------------------------------------------------------- malformed input
+def _valid() -> bytes:
+    return pack({"type": "reply", "round_id": 3},
+                {"__summable__": np.arange(4.0), "b": np.arange(3, dtype=np.int32)})
+
+
+def test_every_truncation_is_invalid() -> None:
+    data = _valid()
+    for cut in range(len(data)):
+        with pytest.raises(InvalidMessage):
+            unpack(data[:cut])
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"XXXX" + _valid()[4:],  # bad magic
+    _valid() + b"\x00",  # trailing byte
+    b"FFS1" + struct.pack("<I", 10**6) + b"{}",  # header length beyond the data
+    b"FFS1" + struct.pack("<I", (1 << 20) + 1) + b"{" * ((1 << 20) + 1),  # header too long
+    _frame(b"{not json"),
+    _frame(b"\xff\xfe garbage"),
+    _frame(b"[]"),
+    _frame(b'{"header": {}}'),
+    _frame(b'{"header": [], "arrays": []}'),
+    _frame(b'{"header": {}, "arrays": [], "extra": 1}'),
+    _frame(b'{"header": {}, "arrays": 5}'),
+    _frame(b'{"header": {}, "arrays": ["x"]}'),
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "float32", "shape": [1],
+                                                  "offset": 0, "nbytes": 4}]}).encode(),
+           b"\x00" * 4),  # unsupported dtype
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "float64", "shape": [2],
+                                                  "offset": 0, "nbytes": 8}]}).encode(),
+           b"\x00" * 8),  # nbytes does not match the shape
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "float64", "shape": [2],
+                                                  "offset": 0, "nbytes": 16}]}).encode(),
+           b"\x00" * 8),  # array runs past the body
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "float64", "shape": [1],
+                                                  "offset": 8, "nbytes": 8}]}).encode(),
+           b"\x00" * 16),  # gap before the array
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "uint8", "shape": [-1],
+                                                  "offset": 0, "nbytes": 0}]}).encode()),
+    _frame(json.dumps({"header": {}, "arrays": [{"name": "x", "dtype": "uint8",
+                                                  "shape": [2**62, 2**62],
+                                                  "offset": 0, "nbytes": 0}]}).encode()),
+    _frame(b'{"header": {}, "arrays": [{"name": "x", "dtype": "uint8", "shape": [Infinity],'
+           b' "offset": 0, "nbytes": 0}]}'),
+])
+def test_malformed_messages_raise_invalid_message(data: bytes) -> None:
+    with pytest.raises(InvalidMessage):
+        unpack(data)
+    with pytest.raises(InvalidMessage):
+        Task.from_bytes(data)
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(data)
+
+
+def test_not_bytes_is_invalid() -> None:
+    with pytest.raises(InvalidMessage):
+        unpack("FFS1 text")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("header", [
+    {"type": "task"},
+    {"type": "task", "job_id": "j", "round_id": "x", "kind": "sketch", "level": 0,
+     "params": {}, "layout": [], "disclose": []},
+    {"type": "task", "job_id": "j", "round_id": 1, "kind": "nope", "level": 0,
+     "params": {}, "layout": [], "disclose": []},
+    {"type": "task", "job_id": "j", "round_id": 1, "kind": "sketch", "level": 0,
+     "params": 3, "layout": [], "disclose": []},
+    {"type": "task", "job_id": "j", "round_id": 1, "kind": "sketch", "level": 0,
+     "params": {}, "layout": [{"name": "a", "shape": [2], "kinds": ["bogus"]}], "disclose": []},
+    {"type": "task", "job_id": "j", "round_id": 1, "kind": "sketch", "level": 0,
+     "params": {}, "layout": [{"name": "a", "shape": [2, 2], "kinds": ["count"]}],
+     "disclose": []},
+    {"type": "task", "job_id": "j", "round_id": 1, "kind": "sketch", "level": 0,
+     "params": {}, "layout": ["a"], "disclose": []},
+])
+def test_malformed_task_headers(header: dict) -> None:
+    with pytest.raises(InvalidMessage):
+        Task.from_bytes(pack(header, {}))
+
+
+def test_malformed_reply_headers() -> None:
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(pack({"type": "reply", "round_id": 1}, {}))  # no summable vector
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(pack({"type": "reply", "round_id": "x"}, {"__summable__": np.zeros(1)}))
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(pack({"type": "reply"}, {"__summable__": np.zeros(1)}))
+
+
+def test_infinite_round_id_in_task_is_invalid() -> None:
+    head = (b'{"arrays":[],"header":{"disclose":[],"job_id":"j","kind":"sketch","layout":[],'
+            b'"level":0,"params":{},"round_id":Infinity,"type":"task"}}')
+    with pytest.raises(InvalidMessage):
+        Task.from_bytes(_frame(head))
+
+
+def test_infinite_round_id_in_reply_is_invalid() -> None:
+    good = pack({"type": "reply", "round_id": 0}, {"__summable__": np.zeros(1)})
+    hlen = struct.unpack("<I", good[4:8])[0]
+    head = good[8:8 + hlen].replace(b'"round_id":0', b'"round_id":Infinity')
+    with pytest.raises(InvalidMessage):
+        Reply.from_bytes(_frame(head, good[8 + hlen:]))
+
+
+def test_deeply_nested_header_is_invalid() -> None:
+    with pytest.raises(InvalidMessage):
+        unpack(_frame(b"[" * 100_000))
+
+
+def _only_invalid(fn, data: bytes) -> None:  # type: ignore[no-untyped-def]
+    try:
+        fn(data)
+    except InvalidMessage:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_random_bytes(data: bytes) -> None:
+    for fn in (unpack, Task.from_bytes, Reply.from_bytes):
+        _only_invalid(fn, data)
+        _only_invalid(fn, b"FFS1" + data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pos=st.integers(0, 10_000), byte=st.integers(0, 255), cut=st.integers(0, 10_000))
+def test_fuzz_mutated_valid_messages(pos: int, byte: int, cut: int) -> None:
+    for base in (_valid(), _task().to_bytes()):
+        data = bytearray(base)
+        data[pos % len(data)] = byte
+        mutated = bytes(data)
+        for fn in (unpack, Task.from_bytes, Reply.from_bytes):
+            _only_invalid(fn, mutated)
+            _only_invalid(fn, mutated[: cut % (len(mutated) + 1)])

@@ -1,0 +1,225 @@
+"""Secure aggregation through the REST API (TestClient, in-process clients, a manual clock)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nacl.signing import SigningKey
+
+from fedforest_secure.config import JobConfig
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Task
+from fedforest_secure.secagg import RoundSetup, SecAggClient, ShareDelivery, UnmaskRequest, parse
+from fedforest_secure.secure_sum import encode_contribution, make_codec
+from fedforest_secure.worker import Worker
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit
+from server_app.auth import add_client
+from server_app.db import Database, JobRow, RoundRow
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.uploads import make_upload
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+K = 4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+    parts, feat = tiny_parts
+    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile="secure",
+                       deadline=30.0)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    clock = Clock()
+    state = ServerState(db, NullAudit(), clock=clock)
+    state.create_job(load_job_spec(job_toml))
+    app = create_app(db, state=state, tick_seconds=3600)
+    with TestClient(app) as http:
+        yield {"http": http, "db": db, "tokens": tokens, "parts": parts, "clock": clock,
+               "state": state}
+    db.dispose()
+
+
+def h(env: dict, k: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {env['tokens'][k]}"}
+
+
+def join_all(env: dict) -> tuple[JobConfig, dict[int, SecAggClient]]:
+    keys = {k: SigningKey.generate() for k in range(K)}
+    for k in range(K):
+        r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, k),
+                             json={"identity_key": bytes(keys[k].verify_key).hex()})
+        assert r.status_code == 200, r.text
+        info = r.json()
+    config = JobConfig.from_json(json.dumps(info["config"]))
+    d = env["http"].get("/v1/jobs/job-a/directory", headers=h(env, 0)).json()
+    assert d["complete"]
+    directory = {int(i): bytes.fromhex(v) for i, v in d["keys"].items()}
+    return config, {k: SecAggClient(k, "job-a", keys[k], directory) for k in range(K)}
+
+
+def offer(env: dict, k: int) -> dict:
+    return env["http"].get("/v1/jobs/job-a/secagg", headers=h(env, k)).json()
+
+
+def post(env: dict, k: int, r: int, kind: str, body: str):
+    return env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/{kind}", headers={
+        **h(env, k), "Content-Type": "application/json"}, content=body.encode())
+
+
+def first_round(env: dict, config: JobConfig) -> tuple[Task, dict[int, np.ndarray], dict]:
+    o = offer(env, 0)
+    assert o["status"] == "task" and o["action"] == "advert"
+    r = o["round_id"]
+    task = Task.from_bytes(env["http"].get(f"/v1/jobs/job-a/rounds/{r}/task",
+                                           headers=h(env, 0)).content)
+    vectors, replies = {}, {}
+    for k in range(K):
+        X, y = env["parts"][k]
+        w = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
+        replies[k] = w.handle(task)
+        vectors[k] = encode_contribution(config, task, replies[k])
+    return task, vectors, replies
+
+
+def run_until_upload(env: dict, sa: dict[int, SecAggClient], r: int) -> None:
+    for k in range(K):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code == 200
+    for k in range(K):
+        o = offer(env, k)
+        assert o["action"] == "share", o
+        bundle = sa[k].share_keys(parse(RoundSetup, o["message"]))
+        assert post(env, k, r, "shares", bundle.model_dump_json()).status_code == 200
+
+
+def upload(env: dict, sa: dict, k: int, task: Task, vec: np.ndarray):
+    o = offer(env, k)
+    assert o["action"] == "upload", o
+    header, masked = sa[k].mask(parse(ShareDelivery, o["message"]), vec)
+    body = make_upload(task, masked, {}, secagg=header.model_dump_json())
+    return env["http"].post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=body,
+                            headers={**h(env, k), "Content-Type": "application/octet-stream"})
+
+
+def unmask(env: dict, sa: dict, k: int, r: int):
+    o = offer(env, k)
+    assert o["action"] == "unmask", o
+    resp = sa[k].unmask(parse(UnmaskRequest, o["message"]), next_advert=sa[k].advertise(r + 1))
+    return post(env, k, r, "unmask", resp.model_dump_json())
+
+
+def aggregate(env: dict, r: int) -> np.ndarray:
+    with env["db"].session() as s:
+        rr = s.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.status == "closed"
+        return np.frombuffer(rr.aggregate, dtype="<f8").copy()
+
+
+def test_join_of_a_secure_job_needs_an_identity_key(env: dict) -> None:
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0))
+    assert r.status_code == 400 and r.json()["error"] == "identity_required"
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json={"identity_key": "zz"})
+    assert r.status_code == 400
+    key = SigningKey.generate()
+    body = {"identity_key": bytes(key.verify_key).hex()}
+    assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json=body).status_code \
+        == 200
+    other = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json=other)
+    assert r.status_code == 409 and r.json()["error"] == "identity_mismatch"
+
+
+def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+    # steady state: the next round's adverts rode on the unmask responses
+    o = offer(env, 0)
+    assert o["round_id"] == r + 1 and o["action"] == "share"
+
+
+def test_bad_secagg_messages_are_rejected_and_change_nothing(env: dict) -> None:
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    adv = sa[1].advertise(r).model_dump_json()
+    assert post(env, 0, r, "advert", adv).status_code == 403  # names another client
+    assert post(env, 0, r, "advert", "{not json").status_code == 400
+    assert post(env, 0, r, "shares", "{}").status_code == 400
+    forged = json.loads(sa[0].advertise(r).model_dump_json())
+    forged["mask_key"] = forged["enc_key"]  # breaks the signature
+    assert post(env, 0, r, "advert", json.dumps(forged)).json()["error"] == "invalid_message"
+    assert offer(env, 0)["action"] == "advert"  # still owed: nothing was accepted
+
+
+def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered(
+        env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K - 1):  # client 3 shared its keys but never uploads
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    assert offer(env, 3)["status"] == "dropped"
+    for k in range(K - 1):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(
+        sum((vecs[k] for k in range(K - 1)), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+
+
+def test_too_few_clients_left_fails_the_job_with_a_clear_reason(env: dict) -> None:
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    for k in range(2):  # t = ceil(0.67 * 4) = 3: two adverts are not enough
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code \
+            == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    o = offer(env, 0)
+    assert o["status"] == "failed" and "no partial sum was released" in o["detail"]
+    with env["db"].session() as s:
+        assert s.get(JobRow, "job-a").status == "failed"
+
+
+def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None:
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    for k in (1, 2):
+        r2 = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, k),
+                              json={"reason": "refusing both shares of client 0"})
+        assert r2.status_code == 200
+    o = offer(env, 1)
+    assert o["status"] == "dropped"
+    for k in (0, 3):
+        post(env, k, r, "advert", sa[k].advertise(r).model_dump_json())
+    o = offer(env, 0)
+    assert o["status"] == "failed" and "refused" in o["detail"], o

@@ -1,0 +1,354 @@
+"""Tests for fedforest_secure.worker: routing, histograms, abstention, adaptive B, bad tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import ProtocolError, SchemaError
+from fedforest_secure.privacy import load_profile
+from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
+from fedforest_secure.worker import CAT, CLIENT, LEAF, NUM, Worker
+
+REG = (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)
+
+
+def _cfg(**kw: Any) -> JobConfig:
+    base: dict[str, Any] = dict(job_id="job", task="regression", n_features=3, n_clients=3,
+                                n_estimators=4, max_features=3, n_bins=8, bootstrap=True)
+    base.update(kw)
+    return JobConfig(**base)
+
+
+def _sketch_task(rid: int, level: int, n_nodes: int, S: int = 3, *, feats: Any = None,
+                 routing: dict[str, np.ndarray] | None = None, job: str = "job",
+                 disclose: tuple[str, ...] = (), n_points: int = 8) -> Task:
+    arrays = dict(routing or {})
+    if feats is not None:
+        arrays["features"] = np.asarray(feats, dtype=np.int64)
+    return Task(job_id=job, round_id=rid, kind=TaskKind.SKETCH, level=level,
+                params={"n_nodes": n_nodes, "n_points": n_points}, arrays=arrays,
+                layout=(Block("totals", (n_nodes, S), (StatKind.COUNT,) * S if S != 3 else REG),),
+                disclose=disclose)
+
+
+def _hist_task(rid: int, level: int, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+               S: int = 3, mode: str = "full") -> Task:
+    E, m, bt = thr.shape
+    width = {"full": S, "count": 1, "gain": 2}[mode]
+    return Task(job_id="job", round_id=rid, kind=TaskKind.HISTOGRAM, level=level,
+                params={"stats": mode},
+                arrays={"nodes": np.asarray(nodes, dtype=np.int64),
+                        "features": np.asarray(feats, dtype=np.int64), "thresholds": thr},
+                layout=(Block("h", (E, m, bt + (mode != "gain"), width),
+                              (StatKind.COUNT,) * width),))
+
+
+def _multiplicities(cfg: JobConfig, n: int, seed: int) -> np.ndarray:
+    """Bootstrap multiplicities recovered through the public protocol (a histogram with one
+    bin per row on a feature whose values are distinct)."""
+    cfg = dataclasses.replace(cfg, feature_kinds=(), n_levels=())  # multiplicities only
+    X = np.arange(n, dtype=float)[:, None] * np.ones((1, cfg.n_features))
+    w = Worker(cfg, X, np.zeros(n), client_index=0, seed=seed)
+    T = cfg.n_estimators
+    feats = np.zeros((T, cfg.n_features), dtype=np.int64)
+    w.handle(_sketch_task(1, 0, T, feats=feats))
+    thr = np.broadcast_to(np.arange(n, dtype=float), (T, cfg.n_features, n)).copy()
+    out = w.handle(_hist_task(2, 0, np.arange(T), feats, thr, mode="count"))
+    return out.summable.reshape(T, cfg.n_features, n + 1)[:, 0, :n]
+
+
+def _random_routing(rng: np.random.Generator, T: int, cfg: JobConfig, X: np.ndarray
+                    ) -> tuple[dict[str, np.ndarray], int, list[tuple]]:
+    kinds = np.array([NUM, CAT, CLIENT, LEAF] * T)[:T]
+    rng.shuffle(kinds)
+    feat = np.full(T, -1, dtype=np.int32)
+    thr = np.zeros(T)
+    left = np.full(T, -1, dtype=np.int32)
+    right = np.full(T, -1, dtype=np.int32)
+    sets: list[list[int]] = []
+    desc: list[tuple] = []
+    nxt = 0
+    for t, k in enumerate(kinds):
+        s: list[int] = []
+        if k == NUM:
+            feat[t] = rng.choice([0, 2])
+            thr[t] = float(rng.choice(X[:, feat[t]]))  # on a data value: tests x <= t exactly
+        elif k == CAT:
+            feat[t] = 1
+            s = sorted(rng.choice(4, size=2, replace=False).tolist())
+        elif k == CLIENT:
+            s = [0, 2] if t % 2 else [1]
+        if k != LEAF:
+            left[t], right[t] = nxt, nxt + 1
+            nxt += 2
+        sets.append(s)
+        desc.append((int(k), int(feat[t]), float(thr[t]), int(left[t]), int(right[t]), set(s)))
+    ptr = np.concatenate([[0], np.cumsum([len(s) for s in sets])]).astype(np.int64)
+    vals = np.array([v for s in sets for v in s], dtype=np.int32)
+    routing = {"route_kind": kinds.astype(np.int32), "route_feature": feat,
+               "route_threshold": thr, "route_left": left, "route_right": right,
+               "route_set_ptr": ptr, "route_set_vals": vals}
+    return routing, nxt, desc
+
+
+@pytest.mark.parametrize("client_index", [0, 1, 2])
+def test_routing_matches_per_row_reference(client_index: int) -> None:
+    rng = np.random.default_rng(client_index)
+    T, n = 12, 80
+    cfg = _cfg(n_estimators=T, feature_kinds=("continuous", "categorical", "continuous"),
+               n_levels=(0, 4, 0))
+    X = np.column_stack([rng.normal(size=n).round(1), rng.integers(0, 4, n), rng.random(n)])
+    y = rng.normal(size=n)
+    w = Worker(cfg, X, y, client_index=client_index, seed=99)
+    w.handle(_sketch_task(1, 0, T))
+    routing, n_children, desc = _random_routing(rng, T, cfg, X)
+    rep = w.handle(_sketch_task(2, 1, n_children, routing=routing))
+    got = rep.summable.reshape(n_children, 3)
+    mult = _multiplicities(cfg, n, 99)
+    ref = np.zeros((n_children, 3))
+    for t, (k, f, th, lc, rc, s) in enumerate(desc):
+        for i in range(n):
+            if k == LEAF or mult[t, i] == 0:
+                continue
+            if k == NUM:
+                go_left = X[i, f] <= th
+            elif k == CAT:
+                go_left = int(X[i, f]) in s
+            else:
+                go_left = client_index in s
+            c = lc if go_left else rc
+            ref[c] += mult[t, i] * np.array([1.0, y[i], y[i] ** 2])
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    assert got[:, 0].sum() > 0
+
+
+def test_histogram_matches_brute_force() -> None:
+    rng = np.random.default_rng(4)
+    n, T, d = 90, 3, 3
+    cfg = _cfg(n_estimators=T)
+    X = rng.normal(size=(n, d)).round(1)  # ties and thresholds that hit data values
+    y = rng.normal(size=n)
+    w = Worker(cfg, X, y, client_index=0, seed=5)
+    feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
+    w.handle(_sketch_task(1, 0, T, feats=feats))
+    mult = _multiplicities(cfg, n, 5)
+    nodes = np.array([0, 2])
+    bt = 7
+    thr = np.full((2, d, bt), np.inf)
+    for e in range(2):
+        for s in range(d):
+            k = int(rng.integers(1, bt + 1))
+            cand = np.concatenate([rng.choice(X[:, feats[nodes[e], s]], 2), rng.normal(size=k)])
+            thr[e, s, :k] = np.sort(cand)[:k]
+    thr[1, 1, 2] = thr[1, 1, 1]  # a repeated threshold: an empty bin between them
+    rep = w.handle(_hist_task(2, 0, nodes, feats[nodes], thr))
+    got = rep.summable.reshape(2, d, bt + 1, 3)
+    ref = np.zeros_like(got)
+    for e, nd in enumerate(nodes):
+        for s in range(d):
+            f = feats[nd, s]
+            for i in range(n):
+                b = int(np.searchsorted(thr[e, s], X[i, f], side="left"))  # t_{b-1} < x <= t_b
+                ref[e, s, b] += mult[nd, i] * np.array([1.0, y[i], y[i] ** 2])
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-10)
+    # count mode and classification give the same bins
+    rep_c = w.handle(_hist_task(3, 0, nodes, feats[nodes], thr, mode="count"))
+    np.testing.assert_allclose(rep_c.summable.reshape(2, d, bt + 1), ref[..., 0])
+
+
+def test_histogram_classification_counts() -> None:
+    rng = np.random.default_rng(6)
+    n, C = 50, 3
+    cfg = _cfg(task="classification", n_classes=C, criterion="gini", n_estimators=1,
+               bootstrap=False)
+    X = rng.normal(size=(n, 3))
+    y = rng.integers(0, C, n)
+    w = Worker(cfg, X, y, client_index=1, seed=0)
+    feats = np.array([[0, 1, 2]])
+    w.handle(_sketch_task(1, 0, 1, S=C, feats=feats))
+    thr = np.sort(rng.normal(size=(1, 3, 4)), axis=2)
+    got = w.handle(_hist_task(2, 0, np.array([0]), feats, thr, S=C)).summable.reshape(1, 3, 5, C)
+    for s in range(3):
+        b = np.searchsorted(thr[0, s], X[:, s], side="left")
+        ref = np.zeros((5, C))
+        np.add.at(ref, (b, y), 1.0)
+        np.testing.assert_array_equal(got[0, s], ref)
+
+
+def test_abstention_zeroes_small_nodes_and_counts_them() -> None:
+    prof = load_profile("open", abstain_below=5).to_dict()
+    T = 3
+    cfg = _cfg(n_estimators=T, bootstrap=False, profile=prof)
+    X = np.column_stack([np.arange(10.0), np.zeros(10), np.zeros(10)])
+    y = np.arange(10.0)
+    w = Worker(cfg, X, y, client_index=0, seed=0)
+    rep0 = w.handle(_sketch_task(1, 0, T))
+    np.testing.assert_array_equal(rep0.summable.reshape(T, 3)[:, 0], [10, 10, 10])
+    assert w.abstained[0] == 0
+    # tree 0: 3 rows left (abstain), 7 right; tree 1: 5 / 5 (both kept); tree 2: leaf
+    routing = {"route_kind": np.array([NUM, NUM, LEAF], dtype=np.int32),
+               "route_feature": np.array([0, 0, -1], dtype=np.int32),
+               "route_threshold": np.array([2.0, 4.0, 0.0]),
+               "route_left": np.array([0, 2, -1], dtype=np.int32),
+               "route_right": np.array([1, 3, -1], dtype=np.int32),
+               "route_set_ptr": np.zeros(4, dtype=np.int64),
+               "route_set_vals": np.zeros(0, dtype=np.int32)}
+    rep = w.handle(_sketch_task(2, 1, 4, routing=routing, feats=np.zeros((4, 3))))
+    tot = rep.summable.reshape(4, 3)
+    np.testing.assert_array_equal(tot[:, 0], [0, 7, 5, 5])
+    np.testing.assert_allclose(tot[1], [7, sum(range(3, 10)), sum(v * v for v in range(3, 10))])
+    assert w.abstained[1] == 1
+    # abstained rows are gone from later statistics of the level too
+    thr = np.full((4, 3, 1), 100.0)
+    h = w.handle(_hist_task(3, 1, np.arange(4), np.zeros((4, 3)), thr))
+    np.testing.assert_array_equal(h.summable.reshape(4, 3, 2, 3)[:, 0, 0, 0], [0, 7, 5, 5])
+    # without the rule the small node is reported
+    w2 = Worker(_cfg(n_estimators=T, bootstrap=False), X, y, client_index=0, seed=0)
+    w2.handle(_sketch_task(1, 0, T))
+    tot2 = w2.handle(_sketch_task(2, 1, 4, routing=routing)).summable.reshape(4, 3)
+    np.testing.assert_array_equal(tot2[:, 0], [3, 7, 5, 5])
+    assert w2.abstained == {}
+
+
+def test_sketch_disclosures_are_only_what_was_asked() -> None:
+    rng = np.random.default_rng(0)
+    cfg = _cfg(n_estimators=2)
+    w = Worker(cfg, rng.normal(size=(30, 3)), rng.normal(size=30), client_index=0, seed=0)
+    rep = w.handle(_sketch_task(1, 0, 2, feats=[[0, 1, 2], [2, 1, 0]]))
+    assert rep.disclosed == {}
+    w2 = Worker(cfg, rng.normal(size=(30, 3)), rng.normal(size=30), client_index=0, seed=0)
+    rep2 = w2.handle(_sketch_task(1, 0, 2, feats=[[0, 1, 2], [2, 1, 0]],
+                                  disclose=("sketch_points", "node_stats")))
+    assert set(rep2.disclosed) == {"sketch_points", "sketch_counts", "node_stats"}
+    np.testing.assert_array_equal(rep2.disclosed["node_stats"].ravel(), rep2.summable)
+
+
+# ---------------------------------------------------------------------------- bad tasks
+def _ready_worker() -> tuple[Worker, np.ndarray]:
+    rng = np.random.default_rng(1)
+    cfg = _cfg(n_estimators=2)
+    w = Worker(cfg, rng.normal(size=(40, 3)), rng.normal(size=40), client_index=0, seed=0)
+    feats = np.array([[0, 1, 2], [1, 2, 0]])
+    w.handle(_sketch_task(5, 0, 2, feats=feats))
+    return w, feats
+
+
+def test_bad_tasks_raise_protocol_error() -> None:
+    w, feats = _ready_worker()
+    good_thr = np.sort(np.random.default_rng(0).normal(size=(2, 3, 4)), axis=2)
+    with pytest.raises(ProtocolError):  # another job
+        w.handle(_sketch_task(6, 0, 2, job="other"))
+    with pytest.raises(ProtocolError):  # stale round
+        w.handle(_hist_task(4, 0, np.arange(2), feats, good_thr))
+    with pytest.raises(ProtocolError):  # level skipped
+        w.handle(_sketch_task(6, 2, 2))
+    with pytest.raises(ProtocolError):  # histogram for another level
+        w.handle(_hist_task(6, 1, np.arange(2), feats, good_thr))
+    with pytest.raises(ProtocolError):  # unsorted thresholds
+        w.handle(_hist_task(6, 0, np.arange(2), feats, good_thr[:, :, ::-1].copy()))
+    bad_nan = good_thr.copy()
+    bad_nan[0, 0, 0] = np.nan
+    with pytest.raises(ProtocolError):
+        w.handle(_hist_task(6, 0, np.arange(2), feats, bad_nan))
+    with pytest.raises(ProtocolError):  # thresholds for the wrong number of slots
+        w.handle(_hist_task(6, 0, np.arange(2), feats, good_thr[:, :2]))
+    with pytest.raises(ProtocolError):  # node out of range
+        w.handle(_hist_task(6, 0, np.array([0, 2]), feats, good_thr))
+    with pytest.raises(ProtocolError):  # nodes not increasing
+        w.handle(_hist_task(6, 0, np.array([1, 0]), feats[::-1], good_thr))
+    with pytest.raises(ProtocolError):  # features differ from the level's sketch
+        w.handle(_hist_task(6, 0, np.arange(2), feats[::-1].copy(), good_thr))
+    with pytest.raises(ProtocolError):  # feature index out of range
+        w.handle(_hist_task(6, 0, np.arange(2), feats + 3, good_thr))
+    with pytest.raises(ProtocolError):  # statistics mode unknown
+        t = _hist_task(6, 0, np.arange(2), feats, good_thr)
+        t.params["stats"] = "secret"
+        w.handle(t)
+    with pytest.raises(ProtocolError):  # level-0 task carrying routing
+        w.handle(_sketch_task(6, 0, 2, routing={"route_kind": np.zeros(2, dtype=np.int32)}))
+    with pytest.raises(ProtocolError):  # routing for the wrong number of nodes
+        w.handle(_sketch_task(6, 1, 2, routing=_leaf_routing(3)))
+    # after all that, the worker still answers the next round like a fresh one
+    fresh, _ = _ready_worker()
+    a = w.handle(_hist_task(6, 0, np.arange(2), feats, good_thr))
+    b = fresh.handle(_hist_task(6, 0, np.arange(2), feats, good_thr))
+    np.testing.assert_array_equal(a.summable, b.summable)
+
+
+def _leaf_routing(n: int, split_first: bool = False) -> dict[str, np.ndarray]:
+    kind = np.full(n, LEAF, dtype=np.int32)
+    left = np.full(n, -1, dtype=np.int32)
+    right = np.full(n, -1, dtype=np.int32)
+    if split_first:
+        kind[0], left[0], right[0] = NUM, 0, 1
+    return {"route_kind": kind, "route_feature": np.zeros(n, dtype=np.int32),
+            "route_threshold": np.zeros(n), "route_left": left, "route_right": right,
+            "route_set_ptr": np.zeros(n + 1, dtype=np.int64),
+            "route_set_vals": np.zeros(0, dtype=np.int32)}
+
+
+def test_histogram_before_sketch_features_is_refused() -> None:
+    rng = np.random.default_rng(1)
+    w = Worker(_cfg(n_estimators=1), rng.normal(size=(10, 3)), rng.normal(size=10),
+               client_index=0, seed=0)
+    w.handle(_sketch_task(1, 0, 1))  # no features: nothing to cut
+    with pytest.raises(ProtocolError):
+        w.handle(_hist_task(2, 0, np.array([0]), np.array([[0, 1, 2]]), np.zeros((1, 3, 1))))
+
+
+def test_replay_returns_the_same_reply() -> None:
+    w, feats = _ready_worker()
+    thr = np.sort(np.random.default_rng(0).normal(size=(2, 3, 4)), axis=2)
+    a = w.handle(_hist_task(6, 0, np.arange(2), feats, thr))
+    b = w.handle(_hist_task(6, 0, np.arange(2), feats, thr))
+    assert isinstance(b, Reply) and b.round_id == 6
+    np.testing.assert_array_equal(a.summable, b.summable)
+    # a replayed sketch of the next level does not route twice
+    r1 = w.handle(_sketch_task(7, 1, 2, routing=_leaf_routing(2, split_first=True)))
+    r2 = w.handle(_sketch_task(7, 1, 2, routing=_leaf_routing(2, split_first=True)))
+    np.testing.assert_array_equal(r1.summable, r2.summable)
+    assert r1.summable.reshape(2, 3)[:, 0].sum() == 40
+
+
+def test_rejected_sketch_task_changes_nothing() -> None:
+    w, _ = _ready_worker()
+    fresh, _ = _ready_worker()
+    bad = _sketch_task(6, 1, 2, routing=_leaf_routing(2, split_first=False),
+                       feats=np.full((2, 3), 9))  # feature index out of range
+    with pytest.raises(ProtocolError):
+        w.handle(bad)
+    good = _sketch_task(6, 1, 2, routing=_leaf_routing(2, split_first=True))
+    np.testing.assert_array_equal(w.handle(good).summable, fresh.handle(good).summable)
+
+
+def test_constructor_rejects_bad_tables() -> None:
+    cfg = _cfg()
+    with pytest.raises(SchemaError):
+        Worker(cfg, np.zeros((4, 2)), np.zeros(4), client_index=0)
+    with pytest.raises(SchemaError):
+        Worker(cfg, np.zeros((0, 3)), np.zeros(0), client_index=0)
+    with pytest.raises(SchemaError):
+        Worker(cfg, np.zeros((4, 3)), np.zeros(3), client_index=0)
+    X = np.zeros((4, 3))
+    X[1, 2] = np.inf
+    with pytest.raises(SchemaError):
+        Worker(cfg, X, np.zeros(4), client_index=0)
+    with pytest.raises(SchemaError):
+        Worker(cfg, np.zeros((4, 3)), np.array([0, 1, np.nan, 2]), client_index=0)
+    with pytest.raises(ValueError):
+        Worker(cfg, np.zeros((4, 3)), np.zeros(4), client_index=3)
+    ccfg = _cfg(task="classification", n_classes=2, criterion="gini")
+    with pytest.raises(SchemaError):
+        Worker(ccfg, np.zeros((3, 3)), np.array([0, 1, 2]), client_index=0)
+    with pytest.raises(SchemaError):
+        Worker(ccfg, np.zeros((3, 3)), np.array([0, 0.5, 1]), client_index=0)
+    cat = _cfg(feature_kinds=("categorical", "continuous", "continuous"), n_levels=(3, 0, 0))
+    with pytest.raises(SchemaError):
+        Worker(cat, np.array([[0, 0, 0], [3, 0, 0]], dtype=float), np.zeros(2), client_index=0)
+    with pytest.raises(SchemaError):
+        Worker(cat, np.array([[0.5, 0, 0]]), np.zeros(1), client_index=0)
