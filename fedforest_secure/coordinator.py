@@ -87,10 +87,11 @@ class Coordinator:
                                   "refusing to infer them from data")
             from .privacy.accountant import PrivacyAccountant
 
-            # releases: one histogram round per level, and the leaves' totals
+            # releases: one histogram round per level; node and leaf values come from the same
+            # noisy histograms, so no other round releases anything
             self.accountant = PrivacyAccountant(float(self._dp["epsilon"]),
                                                 float(self._dp["delta"]),
-                                                n_rounds=config.max_depth + 1)
+                                                n_rounds=config.max_depth)
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
         self._round = 0
         self._model: ForestModel | None = None
@@ -262,9 +263,9 @@ class Coordinator:
             if use_h and not last:
                 disclose.append("node_stats")
             dp_mode = self._dp is not None
-            # under DP the sketch round releases nothing but the leaves' totals: node totals
-            # come from the (noisy) histogram of the same level, which saves budget
-            release = not dp_mode or last
+            # under DP the sketch round releases nothing: node totals come from the (noisy)
+            # histogram of the same level and leaf values from the parent's, which saves budget
+            release = not dp_mode
             params["totals"] = release
             task = self._task(TaskKind.SKETCH, level, params, arrays,
                               (totals_block(cfg, n_nodes),) if release else (),
@@ -282,6 +283,9 @@ class Coordinator:
                 tb.value[lvl_node[i]] = values[i]
                 tb.n[lvl_node[i]] = float(n[i])
             if last:
+                if dp_mode:  # leaves at max depth: values from the parent's noisy histogram
+                    for i in range(n_nodes):
+                        trees[lvl_tree[i]].value[lvl_node[i]] = parent_value[i]
                 break
             if "minmax" in disclose:
                 mm = np.stack([disc[k]["minmax"] for k in sorted(disc)])
@@ -407,7 +411,16 @@ class Coordinator:
                 r_left[i], r_right[i] = len(nt), len(nt) + 1
                 nt += [t, t]
                 nn += [lc, rc]
-                pv += [values[i], values[i]]
+                if dp_mode and kind != CLIENT:  # children's values from this noisy histogram
+                    right_stats = blocks["hist"][e, slot[e]].sum(axis=0) - left_stats[e]
+                    child = _impurity.node_values(np.stack([left_stats[e], right_stats]),
+                                                  cfg.task)
+                    bad = _impurity.counts_of(np.stack([left_stats[e], right_stats]),
+                                              cfg.task) <= 0
+                    child[bad] = values[i]
+                    pv += [child[0], child[1]]
+                else:
+                    pv += [values[i], values[i]]
                 if box_lo is not None and box_hi is not None:
                     lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
                     lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()

@@ -34,6 +34,8 @@ __all__ = [
     "StatKind",
     "Task",
     "TaskKind",
+    "kind_code",
+    "kinds_vector",
     "layout_size",
     "pack",
     "split_blocks",
@@ -119,11 +121,20 @@ def split_blocks(vector: np.ndarray, layout: tuple[Block, ...]) -> dict[str, np.
     return out
 
 
+_KIND_ORDER = tuple(StatKind)
+
+
 def kinds_vector(layout: tuple[Block, ...]) -> np.ndarray:
-    """The :class:`StatKind` of every entry of the flat vector, as an array of strings."""
-    parts = [np.tile(np.array([k.value for k in b.kinds]), b.size // max(len(b.kinds), 1))
-             for b in layout]
-    return np.concatenate(parts) if parts else np.array([], dtype="<U8")
+    """The :class:`StatKind` of every entry of the flat vector, as small integer codes
+    (indices into ``tuple(StatKind)``)."""
+    parts = [np.tile(np.array([_KIND_ORDER.index(k) for k in b.kinds], dtype=np.int8),
+                     b.size // max(len(b.kinds), 1)) for b in layout]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int8)
+
+
+def kind_code(kind: StatKind) -> int:
+    """The integer code :func:`kinds_vector` uses for ``kind``."""
+    return _KIND_ORDER.index(kind)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import JobConfig
-from .protocol import Reply, StatKind, Task, kinds_vector
+from .protocol import Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 
 __all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec"]
@@ -64,18 +64,27 @@ def entry_scale_bits(config: JobConfig, kind: StatKind) -> float:
 
 def make_codec(config: JobConfig, task: Task) -> StatCodec:
     """The codec of a task's summable vector, from its layout's statistic kinds."""
+    key = (config.to_json(), task.round_id, task.layout)
+    hit = _CODEC_CACHE.get(key)
+    if hit is not None:
+        return hit
     kinds = kinds_vector(task.layout)
     frac = int(config.profile.get("frac_bits", 24))
     scales = _scales(config)
-    scale = np.ones(kinds.size)
-    for k, v in scales.items():
-        scale[kinds == k] = v
-    ring = RingCodec.from_kinds(
-        kinds.tolist(), frac_bits={k: frac for k in StatKind},
-        max_abs={StatKind.COUNT: _MAX_COUNT, StatKind.SUM: _MAX_ROWS,
-                 StatKind.SUMSQ: _MAX_ROWS, StatKind.GAIN: _MAX_ROWS},
-        n_clients=max(config.n_clients, 1))
-    return StatCodec(ring=ring, scale=scale)
+    per_kind_scale = np.array([scales[k.value] for k in StatKind])
+    per_kind_bits = np.array([0 if k is StatKind.COUNT else frac for k in StatKind],
+                             dtype=np.int64)
+    per_kind_max = np.array([_MAX_COUNT if k is StatKind.COUNT else _MAX_ROWS
+                             for k in StatKind])
+    ring = RingCodec(per_kind_bits[kinds], per_kind_max[kinds], max(config.n_clients, 1))
+    codec = StatCodec(ring=ring, scale=per_kind_scale[kinds])
+    if len(_CODEC_CACHE) >= 4:
+        _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
+    _CODEC_CACHE[key] = codec
+    return codec
+
+
+_CODEC_CACHE: dict[object, StatCodec] = {}
 
 
 def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarray:
@@ -92,7 +101,7 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
         kinds = kinds_vector(task.layout)
         noise = np.zeros(encoded.size, dtype=np.int64)
         for kind, sigma in dict(dp["sigma"]).items():
-            sel = kinds == kind
+            sel = kinds == kind_code(StatKind(kind))
             if float(sigma) > 0 and sel.any():
                 noise[sel] = sample_discrete_gaussian(float(sigma), int(sel.sum()))
         encoded = encoded + noise.view(np.uint64)  # wraps mod 2^64: signed noise in the ring

@@ -87,7 +87,10 @@ class Worker:
         self._uniq = [np.unique(X[:, j]) for j in range(d)]
         self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in self._uniq])])
         self._uniq_all = np.concatenate(self._uniq)
-        self._ustride = int(max(u.size for u in self._uniq)) + 1
+        # codes of a block live in [block << cbits, (block + 1) << cbits): shifts, not divisions
+        self._cbits = int(max(u.size for u in self._uniq) + 1).bit_length()
+        self._ustride = 1 << self._cbits
+        self._rbits = int(n).bit_length() + 8  # row index and bootstrap weight (8 bits)
         codes = np.empty((d, n), dtype=np.int32)
         for j in range(d):
             codes[j] = np.searchsorted(self._uniq[j], X[:, j])
@@ -268,24 +271,27 @@ class Worker:
         """
         m = feats.shape[1]
         n = self.n_rows
-        f = feats[self._p_node]  # (P, m)
-        flat_idx = f * n + self._p_row[:, None]
-        code = np.take(self._codes, flat_idx.ravel() if (f >= 0).all() else
-                       np.where(f >= 0, flat_idx, 0).ravel()).reshape(f.shape)
-        low = n * 256
+        f = feats.astype(np.int32)[self._p_node]  # (P, m)
+        valid = bool((f >= 0).all())
+        flat_idx = f * np.int32(n) + self._p_row.astype(np.int32)[:, None]
+        if not valid:
+            flat_idx[f < 0] = 0
+        code = np.take(self._codes, flat_idx)
         wmax = int(self._p_w.max()) if self._p_w.size else 0
-        fits = wmax < 256 and int(feats.size) * self._ustride * low < (1 << 62)
+        nblk_bits = int(max(feats.size, 1)).bit_length()
+        fits = (wmax < 256 and nblk_bits + self._cbits + self._rbits <= 62
+                and n < (1 << 31))
         if fits:
             key = self._p_node[:, None] * m + np.arange(m)[None, :]
-            key *= self._ustride
-            key += code
-            key *= low
-            key += (self._p_row * 256 + self._p_w.astype(np.int64))[:, None]
-            key = key[f >= 0] if (f < 0).any() else key.ravel()
+            key <<= self._cbits
+            key |= code
+            key <<= self._rbits
+            key |= ((self._p_row << 8) | self._p_w.astype(np.int64))[:, None]
+            key = key.ravel() if valid else key[f >= 0]
             key.sort()
-            bc_s, rw = np.divmod(key, low)
-            row_s = rw >> 8
-            w_s = (rw & 255).astype(np.float64)
+            bc_s = key >> self._rbits
+            row_s = (key >> 8) & ((1 << (self._rbits - 8)) - 1)
+            w_s = (key & 255).astype(np.float64)
         else:  # pragma: no cover - huge levels or multiplicities >= 256
             ok = (f >= 0).ravel()
             blk = (self._p_node[:, None] * m + np.arange(m)[None, :]).ravel()[ok]
@@ -318,7 +324,7 @@ class Worker:
         _, bc_s, _, w = self._sorted  # type: ignore[misc]
         if bc_s.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
-        blk, code = np.divmod(bc_s, self._ustride)
+        blk, code = bc_s >> self._cbits, bc_s & (self._ustride - 1)
         cw = np.cumsum(w)
         bw = np.bincount(blk, weights=w, minlength=nblk)
         bcnt = np.bincount(blk, minlength=nblk)
@@ -351,7 +357,7 @@ class Worker:
             return np.zeros(nblk + 1, dtype=np.int64), np.zeros(0)
         new = np.ones(bc_s.size, dtype=bool)
         new[1:] = bc_s[1:] != bc_s[:-1]
-        ub, uc = np.divmod(bc_s[new], self._ustride)
+        ub, uc = bc_s[new] >> self._cbits, bc_s[new] & (self._ustride - 1)
         fslot = feats.reshape(-1)[ub]
         vals = self._uniq_all[self._uniq_off[fslot] + uc]
         ptr = np.concatenate([[0], np.cumsum(np.bincount(ub, minlength=nblk))])
@@ -390,7 +396,8 @@ class Worker:
         return out
 
     # ------------------------------------------------------------------ histogram round
-    def _hist(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    def _hist(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+              counts_only: bool = False) -> np.ndarray:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
         Each bin is a contiguous run of the level's sorted order, so its statistics are one
@@ -403,12 +410,17 @@ class Worker:
         bc_s = self._sorted_for(feats, nodes)
         stride = self._ustride
         # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut
-        cuts = np.full(thr.shape, stride - 1, dtype=np.int64)
-        fb = np.broadcast_to(feats[:, :, None], thr.shape)
-        finite = np.isfinite(thr) & (fb >= 0)
-        for j in np.unique(feats[feats >= 0]):
-            msk = finite & (fb == j)
-            cuts[msk] = np.searchsorted(self._uniq[j], thr[msk], side="right")
+        cuts = np.full(thr.size, stride - 1, dtype=np.int64)
+        fb = np.broadcast_to(feats[:, :, None], thr.shape).ravel()
+        tflat = thr.ravel()
+        idx = np.flatnonzero(np.isfinite(tflat) & (fb >= 0))
+        idx = idx[np.argsort(fb[idx], kind="stable")]  # group the thresholds by feature
+        fs = fb[idx]
+        for j in np.unique(fs):
+            a, b = np.searchsorted(fs, j, side="left"), np.searchsorted(fs, j, side="right")
+            sel = idx[a:b]
+            cuts[sel] = np.searchsorted(self._uniq[j], tflat[sel], side="right")
+        cuts = cuts.reshape(thr.shape)
         blk = nodes[:, None] * m + np.arange(m)[None, :]  # (E, m) level block ids
         base = blk * stride
         bounds = np.empty((n_eval, m, nb + 1), dtype=np.int64)
@@ -417,6 +429,10 @@ class Worker:
         bounds[:, :, nb] = base + stride
         pos = np.searchsorted(bc_s, bounds.ravel(), side="left")
         vals = self._sorted_stats()
+        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
+            vals = (vals[:, :1] if self.config.task == "regression"
+                    else vals.sum(axis=1, keepdims=True))
+            S = 1
         # bins are consecutive runs of the sorted order and nodes ascend, so pos is monotone:
         # one reduceat gives every bin's sum ([pos_i, pos_i+1)); empty runs are zeroed below
         sums = np.add.reduceat(vals, pos, axis=0).reshape(n_eval, m, nb + 1, S)[:, :, :nb]
@@ -475,12 +491,12 @@ class Worker:
             raise ProtocolError("histogram task arrays are inconsistent")
         if thr.shape[2] and (thr[:, :, 1:] < thr[:, :, :-1]).any():
             raise ProtocolError("thresholds must be sorted per node and slot")
-        hist = self._hist(nodes, feats, thr)
         mode = task.params.get("stats", "full")
+        hist = self._hist(nodes, feats, thr, counts_only=mode == "count")
         if mode == "full":
             vec = hist
         elif mode == "count":
-            vec = _impurity.counts_of(hist, self.config.task)[..., None]
+            vec = hist
         elif mode == "gain":
             g = self._gains_from_hist(hist)
             left_n = np.cumsum(_impurity.counts_of(hist, self.config.task), axis=2)[:, :, :-1]

@@ -1,0 +1,531 @@
+"""Utility with and without privacy: FedForest profiles against central baselines.
+
+:func:`run_comparison` trains, on the same train/test split and the same client partition per
+seed, every method of the comparison and scores it on the held-out rows:
+
+========================  ==================================================================
+``fedforest-open``        FedForest, ``open`` profile (the paper's protocol in the clear)
+``fedforest-secure``      FedForest, ``secure`` profile (secure aggregation, pooled CDF sketch)
+``fedforest-secure-dp``   FedForest, ``load_profile("secure-dp", epsilon=eps)`` at each finite
+                          epsilon, hyper-parameters left unset so the DP defaults apply
+``diffprivlib-rf``        diffprivlib's centrally trained DP ``RandomForestClassifier`` at each
+                          finite epsilon (classification only: diffprivlib 0.6 has no DP
+                          random-forest regressor)
+``diffprivlib-linreg``    diffprivlib's central DP ``LinearRegression`` (regression only; the
+                          only DP regressor diffprivlib ships)
+``centralized-rf``        scikit-learn random forest on the pooled training rows (no privacy)
+``local``                 local learning: one forest per client, each test row predicted by
+                          its owner's forest
+========================  ==================================================================
+
+Protocol per seed ``s``: a 70/30 split (stratified for classification) with ``random_state=s``;
+the training rows are spread over ``K`` clients by :func:`~.datasets.dirichlet_partition` on the
+training features (covariate shift; concentration ``alpha``). Held-out rows get an owner for
+local learning: their nearest training row's client (standardised features), i.e. a held-out
+sample of the client mixture. A table with its own client column keeps it instead.
+The metric is balanced accuracy (classification) or R^2 (regression). Nothing is tuned on the
+test rows. The module has no network code; the ``fedforest compare`` command wraps it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DP_METHODS",
+    "METHOD_LABELS",
+    "ComparisonResult",
+    "format_table",
+    "load_csv_table",
+    "parse_epsilons",
+    "plot",
+    "read_csv",
+    "run_comparison",
+    "to_csv",
+    "to_markdown",
+]
+
+INF = math.inf
+
+#: Human-readable names, in table order.
+METHOD_LABELS: dict[str, str] = {
+    "fedforest-open": "FedForest open",
+    "fedforest-secure": "FedForest secure",
+    "fedforest-secure-dp": "FedForest secure-dp",
+    "diffprivlib-rf": "diffprivlib RF (central DP)",
+    "diffprivlib-linreg": "diffprivlib LinearRegression (central DP)",
+    "centralized-rf": "Centralized RF (sklearn)",
+    "local": "Local learning",
+}
+#: Methods trained once per finite epsilon; the others once per seed (shown under epsilon = inf).
+DP_METHODS = ("fedforest-secure-dp", "diffprivlib-rf", "diffprivlib-linreg")
+
+
+def parse_epsilons(text: str | Iterable[Any]) -> list[float]:
+    """``"0.5,1,inf"`` (or an iterable) -> sorted unique floats; ``inf`` means "no DP"."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: set[float] = set()
+    for item in items:
+        s = str(item).strip().lower()
+        if not s:
+            continue
+        v = INF if s in ("inf", "infinity", "∞", "none") else float(s)
+        if math.isnan(v) or v <= 0:
+            raise ValueError(f"epsilon must be > 0 or inf, got {item!r}")
+        out.add(v)
+    if not out:
+        raise ValueError("no epsilon given")
+    return sorted(out)
+
+
+def _eps_label(eps: float) -> str:
+    return "inf" if math.isinf(eps) else f"{eps:g}"
+
+
+@dataclass
+class ComparisonResult:
+    """Scores of every (method, epsilon) over the seeds.
+
+    ``scores[method][eps]`` lists one score per seed (``eps = inf`` for the methods without
+    DP). ``seconds[method]`` is the total training+prediction time of the method.
+    """
+
+    dataset: str
+    task: str
+    metric: str
+    epsilons: list[float]
+    seeds: list[int]
+    n_clients: int
+    alpha: float
+    scores: dict[str, dict[float, list[float]]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def methods(self) -> list[str]:
+        order = list(METHOD_LABELS)
+        return sorted(self.scores, key=lambda m: order.index(m) if m in order else len(order))
+
+    @property
+    def columns(self) -> list[float]:
+        """Finite epsilons of the run, then inf (the column of the methods without DP)."""
+        return [e for e in self.epsilons if math.isfinite(e)] + [INF]
+
+    def add(self, method: str, eps: float, score: float, seconds: float) -> None:
+        self.scores.setdefault(method, {}).setdefault(eps, []).append(float(score))
+        self.seconds[method] = self.seconds.get(method, 0.0) + seconds
+
+    def stats(self, method: str, eps: float) -> tuple[float, float, int] | None:
+        """(mean, std, n) of a cell, or None if the method was not run there (std: ddof=0)."""
+        vals = self.scores.get(method, {}).get(eps)
+        if not vals:
+            return None
+        a = np.asarray(vals, dtype=np.float64)
+        return float(a.mean()), float(a.std()), int(a.size)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat record per (method, epsilon): the CSV rows."""
+        out = []
+        for m in self.methods:
+            for eps in self.columns:
+                st = self.stats(m, eps)
+                if st is None:
+                    continue
+                out.append({"dataset": self.dataset, "task": self.task, "metric": self.metric,
+                            "method": m, "label": METHOD_LABELS.get(m, m),
+                            "epsilon": _eps_label(eps), "mean": st[0], "std": st[1],
+                            "n_seeds": st[2],
+                            "scores": ";".join(f"{v:.6f}" for v in self.scores[m][eps])})
+        return out
+
+
+# ------------------------------------------------------------------------------ data
+@dataclass
+class _Split:
+    Xtr: np.ndarray
+    ytr: np.ndarray
+    htr: np.ndarray
+    Xte: np.ndarray
+    yte: np.ndarray
+    hte: np.ndarray
+
+
+def load_csv_table(path: str | Path, target: str, client_column: str | None = None,
+                   task: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str]:
+    """Read a CSV with a header: numeric feature columns, a target and optionally a client column.
+
+    Returns ``(X, y, client, task)``. ``task="auto"``: classification if the target is not
+    numeric or holds at most 20 distinct integers, else regression. Client values may be any
+    strings; they are mapped to codes ``0..K-1``.
+    """
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: empty CSV")
+        names = list(reader.fieldnames)
+        for col in (target, client_column):
+            if col is not None and col not in names:
+                raise ValueError(f"{path}: no column {col!r} (columns: {names})")
+        rows = list(reader)
+    feats = [c for c in names if c not in (target, client_column)]
+    if not feats:
+        raise ValueError(f"{path}: no feature columns")
+    try:
+        X = np.array([[float(r[c]) for c in feats] for r in rows], dtype=np.float64)
+    except ValueError as exc:
+        raise ValueError(f"{path}: feature columns must be numeric ({exc})") from None
+    raw_y = [r[target] for r in rows]
+    try:
+        y_num: np.ndarray | None = np.array([float(v) for v in raw_y])
+    except ValueError:
+        y_num = None
+    if task == "auto":
+        if y_num is None:
+            task = "classification"
+        else:
+            ints = np.all(y_num == np.round(y_num))
+            task = "classification" if ints and np.unique(y_num).size <= 20 else "regression"
+    if task == "classification":
+        _, y = np.unique(np.array(raw_y) if y_num is None else y_num, return_inverse=True)
+        y = y.astype(np.int64)
+    elif task == "regression":
+        if y_num is None:
+            raise ValueError(f"{path}: regression target {target!r} must be numeric")
+        y = y_num
+    else:
+        raise ValueError(f"task must be auto, classification or regression, got {task!r}")
+    client = None
+    if client_column is not None:
+        _, client = np.unique(np.array([r[client_column] for r in rows]), return_inverse=True)
+        client = client.astype(np.int64)
+    return X, y, client, task
+
+
+def _owner_of(Xtr: np.ndarray, htr: np.ndarray, Xte: np.ndarray) -> np.ndarray:
+    """Client of each held-out row: the client of its nearest training row (standardised)."""
+    mu, sd = Xtr.mean(axis=0), Xtr.std(axis=0)
+    sd = np.where(sd > 0, sd, 1.0)
+    A, B = (Xtr - mu) / sd, (Xte - mu) / sd
+    d2 = (B * B).sum(1)[:, None] - 2 * B @ A.T + (A * A).sum(1)[None, :]
+    return np.asarray(htr[np.argmin(d2, axis=1)], dtype=np.int64)
+
+
+def _split(X: np.ndarray, y: np.ndarray, client: np.ndarray | None, task: str, seed: int,
+           n_clients: int, alpha: float) -> _Split:
+    from sklearn.model_selection import train_test_split
+
+    from .datasets import dirichlet_partition
+
+    idx = np.arange(X.shape[0])
+    tr, te = train_test_split(idx, test_size=0.3, random_state=seed,
+                              stratify=y if task == "classification" else None)
+    Xtr, Xte, ytr, yte = X[tr], X[te], y[tr], y[te]
+    if client is not None:
+        htr, hte = client[tr], client[te]
+    else:
+        min_size = max(2, min(10, Xtr.shape[0] // (2 * n_clients)))
+        htr = dirichlet_partition(Xtr, n_clients, alpha, seed, min_size=min_size)
+        hte = _owner_of(Xtr, htr, Xte)
+    return _Split(Xtr, ytr, htr, Xte, yte, hte)
+
+
+# ------------------------------------------------------------------------------ methods
+def _score(task: str, y: np.ndarray, pred: np.ndarray) -> float:
+    from sklearn.metrics import balanced_accuracy_score, r2_score
+
+    if task == "classification":
+        return float(balanced_accuracy_score(y, pred))
+    return float(r2_score(y, pred))
+
+
+def _fedforest(task: str, profile: Any, params: dict[str, Any], seed: int) -> Any:
+    from .estimators import FedForestClassifier, FedForestRegressor
+
+    cls = FedForestClassifier if task == "classification" else FedForestRegressor
+    return cls(profile=profile, random_state=seed, **params)
+
+
+def _fit_predict(model: Any, s: _Split, with_client: bool = True) -> np.ndarray:
+    if with_client:
+        model.fit(s.Xtr, s.ytr, client=s.htr)
+        return np.asarray(model.predict(s.Xte, client=s.hte))
+    model.fit(s.Xtr, s.ytr)
+    return np.asarray(model.predict(s.Xte))
+
+
+def _quiet(fn: Callable[[], np.ndarray]) -> np.ndarray:
+    """Run diffprivlib code with its warnings silenced (locally: the test suite errors on them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+def _diffprivlib_rf(s: _Split, eps: float, params: dict[str, Any], seed: int) -> np.ndarray:
+    from diffprivlib.models import RandomForestClassifier
+
+    bounds = (s.Xtr.min(axis=0), s.Xtr.max(axis=0))  # from the training data
+    model = RandomForestClassifier(
+        n_estimators=int(params.get("n_estimators", 50)), epsilon=eps, bounds=bounds,
+        classes=np.unique(s.ytr), max_depth=int(params.get("max_depth", 8)),
+        random_state=seed, n_jobs=1)
+    return _quiet(lambda: _fit_predict(model, s, with_client=False))
+
+
+def _diffprivlib_linreg(s: _Split, eps: float, seed: int) -> np.ndarray:
+    from diffprivlib.models import LinearRegression
+
+    model = LinearRegression(epsilon=eps, bounds_X=(s.Xtr.min(axis=0), s.Xtr.max(axis=0)),
+                             bounds_y=(float(s.ytr.min()), float(s.ytr.max())),
+                             random_state=seed)
+    return _quiet(lambda: _fit_predict(model, s, with_client=False))
+
+
+def _default_methods(task: str) -> list[str]:
+    dp_base = "diffprivlib-rf" if task == "classification" else "diffprivlib-linreg"
+    return ["fedforest-open", "fedforest-secure", "fedforest-secure-dp", dp_base,
+            "centralized-rf", "local"]
+
+
+def run_comparison(
+    dataset: str | None = None,
+    *,
+    epsilons: Sequence[float] | str = (0.5, 1, 2, 4, 8, INF),
+    seeds: int | Sequence[int] = 5,
+    n_clients: int = 4,
+    alpha: float = 1.0,
+    methods: Sequence[str] | None = None,
+    fed_params: dict[str, Any] | None = None,
+    dp_params: dict[str, Any] | None = None,
+    baseline_params: dict[str, Any] | None = None,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray | None, str] | None = None,
+    name: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ComparisonResult:
+    """Train and score every method on the same splits (module docstring).
+
+    Parameters
+    ----------
+    dataset : name for :func:`~.datasets.load_dataset` (or pass ``data``)
+    epsilons : finite values are the DP budgets; ``inf`` is always the no-DP column
+    seeds : a count (seeds ``0..n-1``) or explicit seeds
+    n_clients, alpha : Dirichlet partition of the training rows (ignored with a client column)
+    methods : subset of :data:`METHOD_LABELS` (default: all that apply to the task)
+    fed_params : FedForest hyper-parameters for the open and secure profiles (default: the
+        estimators' defaults, 50 trees of depth 8, B = 32)
+    dp_params : FedForest hyper-parameters under secure-dp (default: none, so the DP defaults
+        of the estimators apply)
+    baseline_params : ``n_estimators`` / ``max_depth`` of the central and local forests and of
+        diffprivlib's (default 50 and 8)
+    data : ``(X, y, client or None, task)`` instead of a named dataset
+    progress : called with a short message after every fit
+    """
+    from .baselines import CentralizedRF, LocalLearning
+    from .privacy import load_profile
+
+    if data is None:
+        if dataset is None:
+            raise ValueError("give a dataset name or data=(X, y, client, task)")
+        from .datasets import load_dataset
+
+        ds = load_dataset(dataset)
+        X, y, client, task = ds.X, ds.y, ds.client, str(ds.task)
+        name = name or dataset
+    else:
+        X, y, client, task = data
+        X = np.asarray(X, dtype=np.float64)
+        y = np.asarray(y)
+        name = name or dataset or "table"
+    eps_list = parse_epsilons(epsilons if not isinstance(epsilons, str) else epsilons)
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list:
+        raise ValueError("at least one seed is needed")
+    chosen = list(methods) if methods is not None else _default_methods(task)
+    unknown = [m for m in chosen if m not in METHOD_LABELS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHOD_LABELS)}")
+    if task == "regression" and "diffprivlib-rf" in chosen:
+        raise ValueError("diffprivlib has no DP random-forest regressor; use diffprivlib-linreg")
+    if task == "classification" and "diffprivlib-linreg" in chosen:
+        raise ValueError("diffprivlib-linreg is a regression baseline")
+    fed = dict(fed_params or {})
+    dpp = dict(dp_params or {})
+    base = {"n_estimators": 50, "max_depth": 8, **(baseline_params or {})}
+    finite = [e for e in eps_list if math.isfinite(e)]
+    res = ComparisonResult(
+        dataset=name, task=task,
+        metric="balanced_accuracy" if task == "classification" else "r2",
+        epsilons=eps_list, seeds=seed_list, n_clients=n_clients if client is None
+        else int(np.unique(client).size), alpha=alpha,
+        settings={"fed_params": fed, "dp_params": dpp, "baseline_params": base,
+                  "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
+                  "client_column": client is not None, "methods": chosen})
+
+    def note(msg: str) -> None:
+        if progress is not None:
+            progress(msg)
+
+    def fit_one(m: str, eps: float, s: _Split, seed: int) -> np.ndarray:
+        if m == "fedforest-open":
+            return _fit_predict(_fedforest(task, "open", fed, seed), s)
+        if m == "fedforest-secure":
+            return _fit_predict(_fedforest(task, "secure", fed, seed), s)
+        if m == "fedforest-secure-dp":
+            prof = load_profile("secure-dp", epsilon=float(eps))
+            return _fit_predict(_fedforest(task, prof, dpp, seed), s)
+        if m == "diffprivlib-rf":
+            return _diffprivlib_rf(s, eps, base, seed)
+        if m == "diffprivlib-linreg":
+            return _diffprivlib_linreg(s, eps, seed)
+        cls = CentralizedRF if m == "centralized-rf" else LocalLearning
+        return _fit_predict(cls(task=task, n_estimators=base["n_estimators"],
+                                max_depth=base["max_depth"], random_state=seed), s)
+
+    for seed in seed_list:
+        split = _split(X, y, client, task, seed, n_clients, alpha)
+        for m in chosen:
+            for eps in (finite if m in DP_METHODS else [INF]):
+                t0 = time.perf_counter()
+                score = _score(task, split.yte, fit_one(m, eps, split, seed))
+                res.add(m, eps, score, time.perf_counter() - t0)
+                note(f"seed {seed} {m} eps={_eps_label(eps)}: {score:.4f}")
+    return res
+
+
+# ------------------------------------------------------------------------------ outputs
+def _cell(res: ComparisonResult, m: str, eps: float) -> str:
+    st = res.stats(m, eps)
+    if st is None:
+        return "—"
+    return f"{st[0]:.3f} ± {st[1]:.3f}"
+
+
+def _header(eps: float) -> str:
+    return "ε=∞ (no DP)" if math.isinf(eps) else f"ε={eps:g}"
+
+
+def format_table(res: ComparisonResult) -> Any:
+    """A :class:`rich.table.Table`: a row per method, a column per epsilon, mean ± std."""
+    from rich.table import Table
+
+    metric = "balanced accuracy" if res.metric == "balanced_accuracy" else "R²"
+    table = Table(title=f"{res.dataset}: {metric} on the held-out 30% (mean ± std over "
+                        f"{len(res.seeds)} seed(s), K={res.n_clients})")
+    table.add_column("method")
+    for eps in res.columns:
+        table.add_column(_header(eps), justify="right")
+    for m in res.methods:
+        table.add_row(METHOD_LABELS.get(m, m), *[_cell(res, m, e) for e in res.columns])
+    return table
+
+
+def to_markdown(res: ComparisonResult) -> str:
+    """The same table in Markdown (for docs)."""
+    head = "| method | " + " | ".join(_header(e) for e in res.columns) + " |"
+    sep = "|---|" + "---:|" * len(res.columns)
+    lines = [head, sep]
+    for m in res.methods:
+        lines.append(f"| {METHOD_LABELS.get(m, m)} | "
+                     + " | ".join(_cell(res, m, e) for e in res.columns) + " |")
+    return "\n".join(lines)
+
+
+def to_csv(res: ComparisonResult, path: str | Path) -> Path:
+    """One row per (method, epsilon): mean, std, number of seeds and the per-seed scores."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = ["dataset", "task", "metric", "method", "label", "epsilon", "mean", "std",
+              "n_seeds", "scores"]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for row in res.rows():
+            w.writerow({**row, "mean": f"{row['mean']:.6f}", "std": f"{row['std']:.6f}"})
+    return path
+
+
+def read_csv(path: str | Path, *, n_clients: int = 0, alpha: float = math.nan
+             ) -> ComparisonResult:
+    """Rebuild a :class:`ComparisonResult` from :func:`to_csv` output (per-seed scores kept;
+    seeds are renumbered 0..n-1 and timings are not stored)."""
+    with Path(path).open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    eps = sorted({INF if r["epsilon"] == "inf" else float(r["epsilon"]) for r in rows})
+    res = ComparisonResult(dataset=rows[0]["dataset"], task=rows[0]["task"],
+                           metric=rows[0]["metric"], epsilons=eps,
+                           seeds=list(range(max(int(r["n_seeds"]) for r in rows))),
+                           n_clients=n_clients, alpha=alpha)
+    for r in rows:
+        e = INF if r["epsilon"] == "inf" else float(r["epsilon"])
+        for v in r["scores"].split(";"):
+            res.add(r["method"], e, float(v), 0.0)
+    return res
+
+
+def plot(res: ComparisonResult, path: str | Path) -> Path:
+    """Utility against epsilon (log x axis), inf at the right edge, error bars = std.
+
+    DP methods are lines over the finite epsilons; methods without DP are a point at the inf
+    edge and a dashed horizontal reference line across the plot.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    finite = [e for e in res.columns if math.isfinite(e)]
+    lo = min(finite) if finite else 1.0
+    hi = max(finite) if finite else 1.0
+    x_inf = hi * 4.0
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    plain = [m for m in res.methods if m not in DP_METHODS]
+    for i, m in enumerate(res.methods):
+        color = f"C{i}"
+        label = METHOD_LABELS.get(m, m)
+        xs, mu, sd = [], [], []
+        # methods without DP share the inf column: spread them a little so bars stay readable
+        shift = 1.07 ** (plain.index(m) - (len(plain) - 1) / 2) if m in plain else 1.0
+        for e in res.columns:
+            st = res.stats(m, e)
+            if st is not None:
+                xs.append(x_inf * shift if math.isinf(e) else e)
+                mu.append(st[0])
+                sd.append(st[1])
+        if not xs:
+            continue
+        if m in DP_METHODS:
+            ax.errorbar(xs, mu, yerr=sd, marker="o", capsize=3, color=color, label=label)
+        else:
+            ax.errorbar(xs, mu, yerr=sd, marker="s", capsize=3, color=color, label=label,
+                        linestyle="none")
+            ax.axhline(mu[-1], color=color, linestyle="--", linewidth=0.9, alpha=0.7)
+    ax.set_xscale("log")
+    ticks = finite + [x_inf]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{e:g}" for e in finite] + ["∞"])
+    ax.minorticks_off()
+    ax.set_xlim(lo / 1.6, x_inf * 1.6)
+    if finite:
+        ax.axvline(math.sqrt(hi * x_inf), color="0.6", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("privacy budget ε (whole training job)")
+    ax.set_ylabel("balanced accuracy" if res.metric == "balanced_accuracy" else "R²")
+    ax.set_title(f"{res.dataset}: utility vs ε ({len(res.seeds)} seed(s), K={res.n_clients}, "
+                 f"α={res.alpha:g})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

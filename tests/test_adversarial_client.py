@@ -1,0 +1,219 @@
+"""A malicious client: out-of-range values, malformed masked uploads, uploads after being dropped,
+and poisoning that the protocol cannot see (inside the masked sum).
+
+Where the protocol can see a value it range-checks it: the client's codec refuses anything outside
+the fixed-point range before encoding (``OverflowRisk``), and the server checks every upload's
+type, length, round, task digest and sender. Inside the masked sum the server sees only uniform
+ring elements, so an in-range but false contribution is accepted and shifts the aggregate: the
+last test demonstrates that residual risk (threat_model.md says so).
+"""
+
+# ruff: noqa: F811  (the `env` fixture is imported from test_server_secagg_api and used as a parameter)
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_fuzz_api import db_snapshot, secagg_snapshot
+from test_server_secagg_api import (
+    aggregate,
+    env,  # noqa: F401 - the secure-job fixture (K=4, manual clock), reused
+    first_round,
+    h,
+    join_all,
+    offer,
+    run_until_upload,
+    unmask,
+)
+from test_server_secagg_api import upload as secure_upload
+
+from fedforest_secure.errors import OverflowRisk
+from fedforest_secure.protocol import Reply, Task, pack
+from fedforest_secure.secagg import ShareDelivery, parse
+from fedforest_secure.secure_sum import encode_contribution, make_codec
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.uploads import make_upload
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+K = 4
+OCTET = {"Content-Type": "application/octet-stream"}
+
+
+def state_of(env: dict[str, Any]) -> tuple[Any, ...]:
+    return db_snapshot(env["db"]), secagg_snapshot(env["state"])
+
+
+# -- range checks before encoding ------------------------------------------------------------
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, 2.0**40, -(2.0**40)])
+def test_out_of_range_contribution_is_refused_before_encoding(env: dict, bad: float) -> None:
+    config, _ = join_all(env)
+    task, vecs, replies = first_round(env, config)
+    summable = replies[0].summable.copy()
+    summable[1] = bad  # a count no site can have, or not a number at all
+    evil = Reply(round_id=task.round_id, summable=summable, disclosed={})
+    with pytest.raises(OverflowRisk, match=r"value\[1\]"):
+        encode_contribution(config, task, evil)
+    # the honest encoding is unaffected, and its decode is exact for counts
+    codec = make_codec(config, task)
+    assert np.array_equal(codec.decode(vecs[0]), replies[0].summable)
+
+
+# -- malformed masked uploads ----------------------------------------------------------------
+def _masked(env: dict, sa: dict, k: int, task: Task, vec: np.ndarray) -> tuple[str, np.ndarray]:
+    o = offer(env, k)
+    assert o["action"] == "upload", o
+    header, masked = sa[k].mask(parse(ShareDelivery, o["message"]), vec)
+    return header.model_dump_json(), masked
+
+
+def _post(env: dict, k: int, round_id: int, body: bytes, job: str = "job-a") -> Any:
+    return env["http"].post(f"/v1/jobs/{job}/rounds/{round_id}/upload", content=body,
+                            headers={**h(env, k), **OCTET})
+
+
+def test_malformed_masked_uploads_are_rejected_and_change_nothing(env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    header, masked = _masked(env, sa, 0, task, vecs[0])
+    other_header = json.loads(header) | {"sender": 1}
+    wrong_round = json.loads(header) | {"round_id": r + 1}
+    good = make_upload(task, masked, {}, secagg=header)
+    cases: dict[str, tuple[bytes, int]] = {
+        "wrong_length": (make_upload(task, masked[:-1], {}, secagg=header), 400),
+        "float_not_ring": (make_upload(task, masked.astype(np.float64), {}, secagg=header), 400),
+        "truncated": (good[:-8], 400),
+        "no_secagg_header": (make_upload(task, masked, {}), 400),
+        "header_names_another_client": (
+            make_upload(task, masked, {}, secagg=json.dumps(other_header)), 403),
+        "header_for_another_round": (
+            make_upload(task, masked, {}, secagg=json.dumps(wrong_round)), 409),
+        "another_task": (pack({"type": "upload", "job_id": "job-a", "round_id": r,
+                               "task_digest": "00" * 32, "encoding": "uint64",
+                               "secagg": header}, {"__summable__": masked}), 409),
+        "plaintext_riding_along": (
+            make_upload(task, masked, {"node_stats": np.ones(3)}, secagg=header), 400),
+    }
+    before = state_of(env)
+    for name, (body, status) in cases.items():
+        resp = _post(env, 0, r, body)
+        assert resp.status_code == status, (name, resp.text)
+        assert {"error", "detail"} <= set(resp.json()), name
+        assert state_of(env) == before, name
+    # the same body sent to a round that is not open, or under a job it does not name
+    assert _post(env, 0, r + 1, good).status_code == 400  # the header names round r
+    assert _post(env, 0, r, good, job="job-b").status_code == 400
+    assert state_of(env) == before
+    # the genuine upload still goes through; its replay is the same receipt, a variant a 409
+    first = _post(env, 0, r, good)
+    assert first.status_code == 200 and not first.json()["duplicate"]
+    after = state_of(env)
+    again = _post(env, 0, r, good)
+    assert again.status_code == 200 and again.json()["duplicate"]
+    variant = make_upload(task, masked + np.uint64(1), {}, secagg=header)
+    assert _post(env, 0, r, variant).json()["error"] in ("conflicting_upload", "protocol_error")
+    assert state_of(env) == after
+
+
+def test_a_dropped_client_cannot_upload_or_unmask_afterwards(env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    late_header, late_masked = _masked(env, sa, 3, task, vecs[3])  # prepared, never sent in time
+    for k in range(K - 1):
+        assert secure_upload(env, sa, k, task, vecs[k]).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()  # client 3 misses the upload deadline: dropped, its masks recovered
+    assert offer(env, 3)["status"] == "dropped"
+    before = state_of(env)
+    resp = _post(env, 3, r, make_upload(task, late_masked, {}, secagg=late_header))
+    assert resp.status_code == 403 and resp.json()["error"] == "dropped"
+    resp = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/unmask", content=b"{}",
+                            headers={**h(env, 3), "Content-Type": "application/json"})
+    assert resp.status_code == 400  # a malformed body is refused before anything else
+    resp = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 3), json={
+        "identity_key": bytes(sa[3].identity.verify_key).hex()})
+    assert resp.status_code == 403 and resp.json()["error"] == "dropped"
+    assert state_of(env) == before
+    for k in range(K - 1):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum((vecs[k] for k in range(K - 1)),
+                                               np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)  # the late vector is in no sum
+
+
+# -- residual risk: in-range poisoning inside the masked sum ---------------------------------
+def test_residual_in_range_poisoning_inside_the_masked_sum_shifts_the_aggregate(
+        env: dict) -> None:
+    """RESIDUAL (documented): the server cannot check a masked contribution. A client that
+    reports 50x its counts (well inside the codec's range) is accepted, and the released sum
+    moves by exactly the poison. Nothing in secure aggregation can detect this."""
+    config, sa = join_all(env)
+    task, vecs, replies = first_round(env, config)
+    r = task.round_id
+    poison = replies[0].summable * 49.0
+    lying = Reply(round_id=r, summable=replies[0].summable + poison, disclosed={})
+    bad_vec = encode_contribution(config, task, lying)  # passes the range check
+    run_until_upload(env, sa, r)
+    assert secure_upload(env, sa, 0, task, bad_vec).status_code == 200
+    for k in range(1, K):
+        assert secure_upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):
+        assert unmask(env, sa, k, r).status_code == 200
+    honest = sum((rep.summable for rep in replies.values()), np.zeros_like(poison))
+    got = aggregate(env, r)
+    assert not np.array_equal(got, honest)
+    np.testing.assert_allclose(got - honest, poison, rtol=0, atol=1e-6)
+
+
+# -- open profile: plaintext uploads are only checked for shape and finiteness ---------------
+@pytest.fixture()
+def open_env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+    parts, feat = tiny_parts
+    toml = job_dir(tmp_path / "job", parts, feat, n_clients=3)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(3)]
+    state = ServerState(db, NullAudit(), clock=lambda: 1000.0)
+    state.create_job(load_job_spec(toml))
+    app = create_app(db, state=state, tick_seconds=3600)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        yield {"http": http, "db": db, "tokens": tokens, "state": state}
+    db.dispose()
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: open-profile uploads are checked for finiteness "
+                   "only, not against any bound: clients uploading 1e308 make the round's "
+                   "float64 sum overflow to inf; closing the round raises InvalidMessage inside "
+                   "the request (HTTP 500) and every retry or deadline tick fails the same way, "
+                   "so one malicious client wedges the job")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the overflow itself
+def test_open_profile_upload_of_huge_finite_values_is_a_4xx_not_a_wedged_job(
+        open_env: dict) -> None:
+    http, tokens = open_env["http"], open_env["tokens"]
+    auth = [{"Authorization": f"Bearer {t}"} for t in tokens]
+    for a in auth:
+        assert http.post("/v1/jobs/job-a/join", headers=a).status_code == 200
+    resp = http.get("/v1/jobs/job-a/task", headers=auth[0])
+    task = Task.from_bytes(resp.content)
+    n = sum(b.size for b in task.layout)
+    huge = make_upload(task, np.full(n, 1e308), {})
+    statuses = [http.post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=huge,
+                          headers={**a, **OCTET}).status_code for a in auth]
+    assert all(s < 500 for s in statuses), statuses
+    status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
+    assert status["status"] in ("running", "failed") and status["round_id"] >= task.round_id

@@ -1,0 +1,398 @@
+"""An actively malicious server against the client side of secure aggregation.
+
+The harness plays the server: it builds honest messages with the real
+:class:`~fedforest_secure.secagg.SecAggServer`, then tampers with them before they reach a real
+:class:`~fedforest_secure.secagg.SecAggClient` (or the HTTPS client's
+:class:`~client_app.secagg_session.SecAggSession`, through a recording fake transport). For every
+attack the client must refuse with a clear error, stay where it was (a later honest message
+still works), and reveal nothing: no share it holds appears in anything it sent or raised.
+
+Attacks the client does *not* stop today are strict xfails marked ``VULN`` (see threat_model.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from nacl.signing import SigningKey
+
+from client_app.secagg_session import SecAggSession, question_of
+from fedforest_secure import load_profile
+from fedforest_secure.config import JobConfig
+from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+from fedforest_secure.secagg import (
+    ClientStage,
+    InProcessSecureSum,
+    RoundSetup,
+    SecAggClient,
+    SecAggServer,
+    UnmaskRequest,
+)
+from fedforest_secure.secagg._primitives import _shamir
+from fedforest_secure.secure_sum import encode_contribution, make_codec
+from fedforest_secure.worker import Worker
+
+JOB = "job-m"
+L = 16
+
+
+def _task(round_id: int, length: int = L) -> Task:
+    return Task(job_id=JOB, round_id=round_id, kind=TaskKind.HISTOGRAM, level=0,
+                params={"stats": "count"},
+                layout=(Block("hist", (length, 1), (StatKind.COUNT,)),))
+
+
+@dataclass
+class FakeTransport:
+    """Records every request a SecAggSession makes; serves a fixed identity directory."""
+
+    directory: dict[str, Any]
+    sent: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self.directory
+
+    def request(self, method: str, path: str, *, content: bytes | None = None,
+                content_type: str = "application/octet-stream", **_: Any) -> Any:
+        self.sent.append((method, path, content or b""))
+        return None
+
+
+class Federation:
+    """K real clients with Ed25519 identities, and an honest server state machine per round."""
+
+    def __init__(self, k: int = 4, threshold: int = 3) -> None:
+        self.k, self.threshold = k, threshold
+        self.keys = {u: SigningKey.generate() for u in range(k)}
+        self.directory = {u: bytes(s.verify_key) for u, s in self.keys.items()}
+        self.clients = {u: SecAggClient(u, JOB, self.keys[u], self.directory) for u in range(k)}
+
+    def server(self, task: Task) -> SecAggServer:
+        return SecAggServer(JOB, task.round_id, question_of(task), task.digest(), L,
+                            self.threshold, self.directory)
+
+    def setup(self, task: Task) -> tuple[SecAggServer, RoundSetup]:
+        server = self.server(task)
+        for c in self.clients.values():
+            server.receive_advert(c.pending_advert(task.round_id) or c.advertise(task.round_id))
+        return server, server.setup()
+
+    def to_unmask(self, task: Task, drop: frozenset[int] = frozenset()
+                  ) -> tuple[SecAggServer, UnmaskRequest]:
+        server, setup = self.setup(task)
+        for c in self.clients.values():
+            server.receive_shares(c.share_keys(setup))
+        deliveries = server.deliver_shares()
+        for u, c in self.clients.items():
+            if u not in drop:
+                server.receive_upload(*c.mask(deliveries[u], np.full(L, u, dtype=np.uint64)))
+        return server, server.request_unmask()
+
+
+def held_share_strings(client: SecAggClient) -> list[str]:
+    """Every encoding of every share the client holds (hex, base64, decimal)."""
+    rnd = client._round
+    assert rnd is not None and rnd.held
+    out = []
+    for pair in rnd.held.values():
+        for share in pair:
+            raw = _shamir.to_bytes(share)
+            out += [raw.hex(), base64.b64encode(raw).decode(), str(share)]
+    return out
+
+
+def assert_reveals_nothing(client: SecAggClient, exc: BaseException,
+                           sent: list[tuple[str, str, bytes]] = ()) -> None:  # type: ignore[assignment]
+    text = str(exc) + repr(exc.args) + "".join(body.decode("latin-1") for _, _, body in sent)
+    for s in held_share_strings(client):
+        assert s not in text
+
+
+def _session(fed: Federation, u: int) -> tuple[SecAggSession, FakeTransport]:
+    tr = FakeTransport({"complete": True,
+                        "keys": {str(v): k.hex() for v, k in fed.directory.items()}})
+    config, _ = _secure_config()
+    session = SecAggSession(config, tr, JOB, u, fed.keys[u])  # type: ignore[arg-type]
+    session.connect(timeout_s=1.0)
+    return session, tr
+
+
+# -- both shares of one peer -----------------------------------------------------------------
+def test_client_refuses_both_shares_of_one_peer_and_sends_only_its_refusal() -> None:
+    fed = Federation(k=5, threshold=3)
+    task = _task(0)
+    session, tr = _session(fed, 0)
+    fed.clients[0] = session.client  # type: ignore[assignment]
+    _, honest = fed.to_unmask(task, drop=frozenset({4}))
+    assert honest.dropped == (4,)
+    # the server calls survivor 1 dropped as well: that would unmask client 1's vector
+    evil = honest.model_copy(update={"dropped": (1, 4)})
+    with pytest.raises(RefusedRequest, match="both a self-mask and a key share of client 1") \
+            as info:
+        session.unmask(task, evil.model_dump_json())
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _ in tr.sent] == [("POST", "refuse")]
+    assert set(json.loads(tr.sent[0][2])) == {"reason"}
+    assert_reveals_nothing(session.client, info.value, tr.sent)  # type: ignore[arg-type]
+    assert session.client.stage is ClientStage.MASKED  # type: ignore[union-attr]
+    # asking again later, after an honest answer, is refused too (across requests)
+    resp = session.client.unmask(honest)  # type: ignore[union-attr]
+    assert set(resp.self_mask_shares) == {0, 1, 2, 3} and set(resp.key_shares) == {4}
+    with pytest.raises(RefusedRequest, match="already (answered|revealed)") as info2:
+        session.client.unmask(honest.model_copy(update={  # type: ignore[union-attr]
+            "survivors": (0, 2, 3), "dropped": (1, 4)}))
+    assert_reveals_nothing(session.client, info2.value)  # type: ignore[arg-type]
+
+
+# -- a roster or survivor set below the threshold --------------------------------------------
+@pytest.mark.parametrize("attack", ["two_clients", "minority_threshold", "threshold_above_n"])
+def test_client_refuses_a_roster_below_threshold(attack: str) -> None:
+    fed = Federation(k=4, threshold=3)
+    task = _task(0)
+    _, setup = fed.setup(task)
+    if attack == "two_clients":  # a "sum" over the target and one other client
+        evil = setup.model_copy(update={"adverts": setup.adverts[:2], "threshold": 2})
+        exc_type, match = RefusedRequest, "< 3 clients"
+    elif attack == "minority_threshold":  # t = 2 of 4: two colluders could unmask anyone
+        evil = setup.model_copy(update={"threshold": 2})
+        exc_type, match = RefusedRequest, "not a strict majority"
+    else:
+        evil = setup.model_copy(update={"threshold": 5})
+        exc_type, match = RefusedRequest, "not a strict majority"
+    c0 = fed.clients[0]
+    with pytest.raises(exc_type, match=match):
+        c0.share_keys(evil)
+    assert c0.stage is ClientStage.ADVERTISED  # nothing happened: the honest setup still works
+    assert set(c0.share_keys(setup).ciphertexts) == {1, 2, 3}
+
+
+def test_client_refuses_to_unmask_for_fewer_than_t_survivors() -> None:
+    fed = Federation(k=5, threshold=4)
+    task = _task(0)
+    _, honest = fed.to_unmask(task)
+    evil = honest.model_copy(update={"survivors": (0, 1, 2), "dropped": (3, 4)})
+    c0 = fed.clients[0]
+    with pytest.raises(RefusedRequest, match="fewer than t=4") as info:
+        c0.unmask(evil)
+    assert_reveals_nothing(c0, info.value)
+    assert c0.stage is ClientStage.MASKED
+
+
+# -- replays of an old round ------------------------------------------------------------------
+def test_client_rejects_every_message_replayed_from_an_old_round() -> None:
+    fed = Federation()
+    t0, t1 = _task(0), _task(1)
+    server0, setup0 = fed.setup(t0)
+    for c in fed.clients.values():
+        server0.receive_shares(c.share_keys(setup0))
+    deliveries0 = server0.deliver_shares()
+    for u, c in fed.clients.items():
+        server0.receive_upload(*c.mask(deliveries0[u], np.zeros(L, dtype=np.uint64)))
+    request0 = server0.request_unmask()
+    for c in fed.clients.values():
+        server0.receive_unmask(c.unmask(request0))
+    server0.finish()
+    # round 1 starts; the server replays round 0's messages to client 0 at each step
+    c0 = fed.clients[0]
+    c0.advertise(1)
+    with pytest.raises(ProtocolError):
+        c0.share_keys(setup0)  # round 0's roster: keys of round 0 are gone
+    _, setup1 = fed.setup(t1)
+    c0.share_keys(setup1)
+    with pytest.raises(ProtocolError):
+        c0.mask(deliveries0[0], np.zeros(L, dtype=np.uint64))
+    with pytest.raises(ProtocolError):
+        c0.unmask(request0)
+    assert c0.round_id == 1 and c0.stage is ClientStage.SHARED
+    # a round-0 advert cannot be slipped into round 1's roster either
+    stale = setup0.adverts[1]
+    with pytest.raises(InvalidMessage, match="another job or round"):
+        fed.clients[2].share_keys(setup1.model_copy(update={
+            "adverts": (setup1.adverts[0], stale, *setup1.adverts[2:])}))
+
+
+# -- swapped or forged keys -------------------------------------------------------------------
+@pytest.mark.parametrize("attack", ["swap_mask_key", "swap_enc_key", "relabel", "foreign_key",
+                                    "drop_own_advert"])
+def test_client_rejects_swapped_or_forged_public_keys(attack: str) -> None:
+    fed = Federation()
+    task = _task(0)
+    _, setup = fed.setup(task)
+    adverts = list(setup.adverts)
+    a1, a2 = adverts[1], adverts[2]
+    if attack == "swap_mask_key":  # the server's own masking key in place of client 1's
+        adverts[1] = a1.model_copy(update={"mask_key": a2.mask_key})
+    elif attack == "swap_enc_key":  # shares for client 1 would be encrypted to the server
+        adverts[1] = a1.model_copy(update={"enc_key": a2.enc_key})
+    elif attack == "relabel":  # client 2's signed advert presented as client 1's
+        adverts[1] = a2.model_copy(update={"client_id": 1})
+    elif attack == "foreign_key":  # an advert signed by a key the directory does not hold
+        rogue = SigningKey.generate()
+        evil_dir = {**fed.directory, 1: bytes(rogue.verify_key)}
+        mallory = SecAggClient(1, JOB, rogue, evil_dir)
+        adverts[1] = mallory.advertise(0)
+    else:
+        adverts = adverts[1:]
+    c0 = fed.clients[0]
+    with pytest.raises(InvalidMessage):
+        c0.share_keys(setup.model_copy(update={"adverts": tuple(adverts)}))
+    assert c0.stage is ClientStage.ADVERTISED
+    c0.share_keys(setup)
+
+
+def test_session_refuses_a_directory_without_its_own_identity() -> None:
+    fed = Federation()
+    keys = {str(v): k.hex() for v, k in fed.directory.items()}
+    keys["0"] = bytes(SigningKey.generate().verify_key).hex()  # the server substitutes a key
+    tr = FakeTransport({"complete": True, "keys": keys})
+    config, _ = _secure_config()
+    session = SecAggSession(config, tr, JOB, 0, fed.keys[0])  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="substituting keys"):
+        session.connect(timeout_s=1.0)
+    assert session.client is None and tr.sent == []
+
+
+# -- a round setup for another task -----------------------------------------------------------
+@pytest.mark.parametrize("field_", ["task_digest", "question", "vector_length", "round_id"])
+def test_session_refuses_a_setup_whose_task_differs_from_the_task_it_received(
+        field_: str) -> None:
+    fed = Federation()
+    task = _task(0)
+    session, tr = _session(fed, 0)
+    fed.clients[0] = session.client  # type: ignore[assignment]
+    _, setup = fed.setup(task)
+    other = {"task_digest": hashlib.sha256(b"another task").digest(),
+             "question": "level 0/histogram/round 7", "vector_length": L + 1,
+             "round_id": 5}[field_]
+    evil = setup.model_copy(update={field_: other})
+    with pytest.raises(ProtocolError, match="does not describe the task"):
+        session.share(task, evil.model_dump_json())
+    assert tr.sent == []  # no share left the client
+    assert session.client.stage is ClientStage.ADVERTISED  # type: ignore[union-attr]
+    session.share(task, setup.model_dump_json())
+    assert [p.rsplit("/", 1)[-1] for _, p, _ in tr.sent] == ["shares"]
+
+
+# -- residual risk: the server controls the directory (Sybils) ---------------------------------
+def test_residual_a_server_that_registers_sybil_clients_learns_a_lone_honest_vector() -> None:
+    """RESIDUAL (documented): identities are registered through the server. A server that
+    invents K-1 clients of a job and plays them itself learns the one honest client's vector
+    from the "sum". Out-of-band checks of the directory (the audit log's ``client_joined``
+    identity keys, compared between institutions) are the only defence."""
+    agg = InProcessSecureSum(range(4), threshold=3, job_id=JOB)
+    rng = np.random.default_rng(0)
+    vecs = {u: rng.integers(0, 2**64, L, dtype=np.uint64) for u in range(4)}
+    total = agg.sum("q", hashlib.sha256(b"t").digest(), vecs)
+    sybils = np.zeros(L, dtype=np.uint64)
+    for u in (1, 2, 3):  # the server knows what its own puppets uploaded
+        sybils += vecs[u]
+    assert np.array_equal(total - sybils, vecs[0])
+
+
+# -- a server that changes the task itself ----------------------------------------------------
+def _secure_config(profile: str = "secure", **kw: Any) -> tuple[JobConfig, list]:
+    rng = np.random.default_rng(3)
+    K, n = 4, 160
+    X = rng.uniform(-2, 2, size=(n, 3))
+    h = np.arange(n) % K
+    y = X[:, 0] + 0.3 * rng.normal(size=n)
+    cfg = JobConfig(job_id=JOB, task="regression", n_features=3, n_clients=K,
+                    feature_bounds=((-2.0, 2.0),) * 3, target_bound=float(np.abs(y).max()),
+                    n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2, n_bins=8,
+                    profile=load_profile(profile, **kw).to_dict())
+    return cfg, [(X[h == k], y[h == k]) for k in range(K)]
+
+
+def _workers(cfg: JobConfig, clients: list) -> list[Worker]:
+    return [Worker(cfg, X, y, client_index=k, seed=client_seed(cfg, k))
+            for k, (X, y) in enumerate(clients)]
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: a Worker discloses whatever task.disclose asks, "
+                   "whatever its privacy profile: under 'secure' a malicious server gets the "
+                   "site's exact feature values ('unique'), min/max, per-client node totals "
+                   "and quantile sketches in the clear")
+def test_secure_worker_refuses_to_disclose_what_its_profile_forbids() -> None:
+    cfg, clients = _secure_config("secure")
+    assert load_profile("secure").disclosures == []
+    w = _workers(cfg, clients)[0]
+    honest = Coordinator(cfg).next_task()
+    assert honest is not None and honest.disclose == ()
+    evil = Task(job_id=honest.job_id, round_id=honest.round_id, kind=honest.kind,
+                level=honest.level, params={**honest.params, "n_points": 8},
+                arrays=honest.arrays, layout=honest.layout,
+                disclose=("unique", "minmax", "node_stats", "sketch_points"))
+    try:
+        reply = w.handle(evil)
+    except FedForestError:
+        return  # refused: the fix
+    assert reply.disclosed == {}, f"plaintext disclosed under 'secure': {sorted(reply.disclosed)}"
+
+
+def _advance(coord: Coordinator, ws: list[Worker], stop: Any) -> Task:
+    """Run honest rounds (plain sums) until the coordinator issues a task with ``stop(task)``."""
+    task = coord.next_task()
+    while task is not None and not stop(task):
+        rep = {k: wk.handle(task) for k, wk in enumerate(ws)}
+        coord.submit(task.round_id, sum(r.summable for r in rep.values()),
+                     participants=sorted(rep))
+        task = coord.next_task()
+    assert task is not None
+    return task
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: the distributed DP noise scale comes from the "
+                   "task (task.params['dp']), which the server writes: a server that sets sigma "
+                   "to 0 or drops 'dp' gets noiseless per-client contributions under secure-dp")
+@pytest.mark.parametrize("tamper", ["sigma_zero", "dp_removed"])
+def test_secure_dp_client_does_not_let_the_server_turn_its_noise_off(tamper: str) -> None:
+    cfg, clients = _secure_config("secure-dp")
+    ws = _workers(cfg, clients)
+    task = _advance(Coordinator(cfg), ws, lambda t: bool(t.layout))
+    assert float(min(task.params["dp"]["sigma"].values())) > 0
+    params = dict(task.params)
+    if tamper == "sigma_zero":
+        params["dp"] = {**params["dp"], "sigma": {k: 0.0 for k in params["dp"]["sigma"]}}
+    else:
+        params.pop("dp")
+    evil = Task(job_id=task.job_id, round_id=task.round_id, kind=task.kind, level=task.level,
+                params=params, arrays=task.arrays, layout=task.layout, disclose=task.disclose)
+    reply = ws[0].handle(evil)
+    noiseless = make_codec(cfg, evil).encode(reply.summable)
+    try:
+        sent = encode_contribution(cfg, evil, reply)
+    except FedForestError:
+        return  # refused: the fix
+    assert not np.array_equal(sent, noiseless), "the client uploaded its exact statistics"
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: the 'same question, different set' refusal keys "
+                   "on the question string, which contains the round id the server picks: a "
+                   "server re-asks the same histogram in a new round without client 3 and "
+                   "subtracts the two sums to get client 3's exact histogram")
+def test_clients_refuse_the_same_histogram_over_a_smaller_set() -> None:
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    task = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    agg = InProcessSecureSum(range(4), threshold=0.67, job_id=JOB)
+    agg.round_id = task.round_id
+    enc1 = {k: encode_contribution(cfg, task, wk.handle(task)) for k, wk in enumerate(ws)}
+    total1 = agg.sum(question_of(task), task.digest(), enc1)
+    again = Task(job_id=task.job_id, round_id=task.round_id + 1, kind=task.kind,
+                 level=task.level, params=task.params, arrays=task.arrays, layout=task.layout,
+                 disclose=task.disclose)
+    try:
+        enc2 = {k: encode_contribution(cfg, again, ws[k].handle(again)) for k in (0, 1, 2)}
+        total2 = agg.sum(question_of(again), again.digest(), enc2)
+    except (RefusedRequest, ProtocolError):
+        return  # refused: the fix
+    assert not np.array_equal(total1 - total2, enc1[3]), \
+        "the server recovered client 3's exact histogram by differencing two rounds"

@@ -1,0 +1,196 @@
+"""Network attacker and authentication: tokens, cross-job access, TLS and plain-HTTP refusal."""
+
+from __future__ import annotations
+
+import hmac
+import types
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nacl.signing import SigningKey
+from test_fuzz_api import db_snapshot
+from test_pki import _tls_server
+
+import server_app.auth as auth_module
+from client_app.transport import Transport, TransportFailed
+from fedforest_secure.pki import DevPKI, init_dev_pki
+from fedforest_secure.protocol import Task
+from fedforest_secure.secagg import SecAggClient
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit
+from server_app.auth import add_client, authenticate
+from server_app.db import Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.uploads import make_upload
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+
+# -- tokens ----------------------------------------------------------------------------------
+class _Spy:
+    """Stands in for the ``hmac`` module inside server_app.auth and records compare_digest."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Any]] = []
+
+    def compare_digest(self, a: Any, b: Any) -> bool:
+        self.calls.append((a, b))
+        return hmac.compare_digest(a, b)
+
+
+def test_tokens_are_checked_with_compare_digest_on_every_path(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'auth.db'}")
+    token = add_client(db, "site-a")
+    spy = _Spy()
+    monkeypatch.setattr(auth_module, "hmac", types.SimpleNamespace(
+        compare_digest=spy.compare_digest))
+    prefix, token_id, secret = token.split("_", 2)
+    wrong_secret = f"{prefix}_{token_id}_{'A' * 43}"
+    unknown_id = f"{prefix}_{'B' * 16}_{secret}"
+    cases = {token: True, wrong_secret: False, unknown_id: False, "garbage": False, "": False}
+    for candidate, ok in cases.items():
+        before = len(spy.calls)
+        row = authenticate(db, candidate)
+        assert (row is not None) is ok, candidate
+        assert len(spy.calls) == before + 1, f"no constant-time comparison for {candidate!r}"
+        a, b = spy.calls[-1]
+        # what is compared are two fixed-length digests, never the raw secret
+        assert len(a) == len(b) == 64 and secret not in (a, b)
+    # and through the HTTP layer
+    app = create_app(db, state=ServerState(db, NullAudit()), tick_seconds=3600)
+    with TestClient(app) as http:
+        before = len(spy.calls)
+        r = http.get("/v1/me", headers={"Authorization": f"Bearer {wrong_secret}"})
+        assert r.status_code == 401 and len(spy.calls) == before + 1
+        r = http.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["name"] == "site-a"
+    db.dispose()
+
+
+# -- cross-job requests ----------------------------------------------------------------------
+@pytest.fixture()
+def two_jobs(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict[str, Any]]:
+    """job-a (open) has clients 0-3; job-b (secure) has clients 0-2. Client 3 is job-a's only."""
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(4)]
+    state = ServerState(db, NullAudit(), clock=lambda: 1000.0)
+    for job_id, n, profile in (("job-a", 4, "open"), ("job-b", 3, "secure")):
+        state.create_job(load_job_spec(job_dir(tmp_path / job_id, parts, feat, n_clients=n,
+                                               job_id=job_id, profile=profile)))
+    app = create_app(db, state=state, tick_seconds=3600)
+    with TestClient(app) as http:
+        hdr = [{"Authorization": f"Bearer {t}"} for t in tokens]
+        for k in range(4):
+            assert http.post("/v1/jobs/job-a/join", headers=hdr[k]).status_code == 200
+        for k in range(3):
+            key = bytes(SigningKey.generate().verify_key).hex()
+            assert http.post("/v1/jobs/job-b/join", headers=hdr[k],
+                             json={"identity_key": key}).status_code == 200
+        yield {"http": http, "db": db, "hdr": hdr}
+    db.dispose()
+
+
+def test_a_member_of_one_job_gets_404_on_every_route_of_another(two_jobs: dict) -> None:
+    http, hdr, db = two_jobs["http"], two_jobs["hdr"], two_jobs["db"]
+    rb = http.get("/v1/jobs/job-b", headers=hdr[0]).json()["round_id"]
+    task_b = Task.from_bytes(http.get(f"/v1/jobs/job-b/rounds/{rb}/task", headers=hdr[0]).content)
+    body_b = make_upload(task_b, np.zeros(sum(b.size for b in task_b.layout), dtype=np.uint64),
+                         {})
+    key = SigningKey.generate()
+    intruder = SecAggClient(0, "job-b", key, {0: bytes(key.verify_key)})
+    advert = intruder.advertise(rb).model_dump_json().encode()
+    json_hdr = {**hdr[3], "Content-Type": "application/json"}
+    requests = [
+        ("GET", "/v1/jobs/job-b", {}), ("GET", "/v1/jobs/job-b/task", {}),
+        ("GET", "/v1/jobs/job-b/secagg", {}), ("GET", "/v1/jobs/job-b/rounds", {}),
+        ("GET", f"/v1/jobs/job-b/rounds/{rb}/task", {}), ("GET", "/v1/jobs/job-b/model", {}),
+        ("GET", "/v1/jobs/job-b/directory", {}), ("POST", "/v1/jobs/job-b/join", {}),
+        ("POST", f"/v1/jobs/job-b/rounds/{rb}/upload",
+         {"content": body_b, "headers": {**hdr[3], "Content-Type": "application/octet-stream"}}),
+        ("POST", f"/v1/jobs/job-b/rounds/{rb}/secagg/advert",
+         {"content": advert, "headers": json_hdr}),
+        ("POST", f"/v1/jobs/job-b/rounds/{rb}/secagg/refuse",
+         {"json": {"reason": "x"}, "headers": hdr[3]}),
+    ]
+    before = db_snapshot(db)
+    for method, path, kw in requests:
+        kw = {"headers": hdr[3], **kw}
+        r = http.request(method, path, **kw)
+        assert r.status_code == 404 and r.json()["error"] == "unknown_job", (method, path, r.text)
+        if path.endswith("/upload"):
+            continue  # the body's own header names job-b, so job-zz is a header mismatch
+        # the answer for "not your job" is the same as for "no such job": no probing
+        r2 = http.request(method, path.replace("job-b", "job-zz"), **kw)
+        assert (r2.status_code, r2.json()["error"]) == (404, "unknown_job"), path
+    assert db_snapshot(db) == before
+    # job-b's own members still see it
+    assert http.get("/v1/jobs/job-b", headers=hdr[1]).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer "},
+                                     {"Authorization": "bearer ffs_x"},
+                                     {"Authorization": "Token abc"}])
+def test_every_job_route_needs_a_token(two_jobs: dict, headers: dict) -> None:
+    http, db = two_jobs["http"], two_jobs["db"]
+    before = db_snapshot(db)
+    paths = [r.path for r in http.app.routes if getattr(r, "path", "").startswith("/v1/")]
+    assert len(paths) >= 15
+    for route in http.app.routes:
+        path = getattr(route, "path", "")
+        if not path.startswith("/v1/"):
+            continue
+        url = path.replace("{job_id}", "job-a").replace("{round_id}", "1")
+        for method in sorted(route.methods - {"HEAD"}):  # type: ignore[attr-defined]
+            r = http.request(method, url, headers=headers)
+            assert r.status_code in (401, 403), (method, url, r.status_code)
+            assert r.json()["error"] in ("unauthenticated", "http_error"), r.text
+    assert db_snapshot(db) == before
+
+
+# -- TLS and plain HTTP ------------------------------------------------------------------------
+def test_transport_refuses_a_server_certificate_from_another_ca(dev_pki: DevPKI,
+                                                               tmp_path: Path) -> None:
+    rogue = init_dev_pki(tmp_path / "rogue", 0)
+    port, th = _tls_server(rogue.server_cert, rogue.server_key)
+    tr = Transport(f"https://127.0.0.1:{port}", "tok", dev_pki.ca_cert, retry_budget_s=0.0)
+    try:
+        with pytest.raises(TransportFailed, match="TLS verification"):
+            tr.request("GET", "/health")
+    finally:
+        tr.close()
+        th.join(5)
+
+
+@pytest.mark.parametrize("url", ["http://fedforest.example.org:8443", "http://10.0.0.1",
+                                 "http://localhost.example.org", "ftp://127.0.0.1",
+                                 "fedforest.example.org"])
+def test_transport_refuses_plain_http_off_loopback(url: str) -> None:
+    with pytest.raises(ValueError):
+        Transport(url, "tok", None)
+
+
+def test_transport_needs_the_federation_ca_for_https() -> None:
+    with pytest.raises(ValueError, match="--ca"):
+        Transport("https://fedforest.example.org", "tok", None)
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: client_app.transport allows plain HTTP when the "
+                   "URL merely starts with 'http://127.0.0.1': 'http://127.0.0.1.evil.example' "
+                   "and 'http://127.0.0.1@evil.example' send the bearer token and every upload "
+                   "unencrypted to a remote host")
+@pytest.mark.parametrize("url", ["http://127.0.0.1.evil.example:8080",
+                                 "http://127.0.0.1@evil.example"])
+def test_transport_plain_http_only_to_a_loopback_host(url: str) -> None:
+    with pytest.raises(ValueError):
+        tr = Transport(url, "tok", None)
+        tr.close()

@@ -1,0 +1,125 @@
+"""Tests for fedforest_secure.compare and ``fedforest compare``: tiny settings, all outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from client_app.cli import app
+from fedforest_secure.compare import (
+    ComparisonResult,
+    format_table,
+    load_csv_table,
+    parse_epsilons,
+    plot,
+    read_csv,
+    run_comparison,
+    to_csv,
+    to_markdown,
+)
+
+TINY = dict(n_estimators=3, max_depth=3, n_bins=8)
+BASE = dict(n_estimators=5, max_depth=4)
+
+
+def _render(table: object) -> str:
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_parse_epsilons() -> None:
+    assert parse_epsilons("8, 0.5,1,inf,1") == [0.5, 1.0, 8.0, math.inf]
+    assert parse_epsilons([2, "inf"]) == [2.0, math.inf]
+    for bad in ("0", "-1,2", "", "nan"):
+        with pytest.raises(ValueError):
+            parse_epsilons(bad)
+
+
+def test_run_comparison_classification_outputs(tmp_path: Path) -> None:
+    res = run_comparison("breast_cancer", epsilons="1,inf", seeds=1, n_clients=4,
+                         fed_params=TINY, baseline_params=BASE)
+    assert isinstance(res, ComparisonResult)
+    assert res.metric == "balanced_accuracy" and res.columns == [1.0, math.inf]
+    assert res.methods == ["fedforest-open", "fedforest-secure", "fedforest-secure-dp",
+                           "diffprivlib-rf", "centralized-rf", "local"]
+    # DP methods at the finite epsilon only; the others in the no-DP column only
+    for m in ("fedforest-secure-dp", "diffprivlib-rf"):
+        assert set(res.scores[m]) == {1.0}
+    for m in ("fedforest-open", "fedforest-secure", "centralized-rf", "local"):
+        assert set(res.scores[m]) == {math.inf}
+    for per_eps in res.scores.values():
+        for vals in per_eps.values():
+            assert len(vals) == 1 and 0.0 <= vals[0] <= 1.0
+    # the non-private federated forests learn something on breast cancer
+    assert res.stats("fedforest-open", math.inf)[0] > 0.8  # type: ignore[index]
+    text = _render(format_table(res))
+    assert "FedForest secure-dp" in text and "diffprivlib RF" in text and "±" in text
+    assert "ε=1" in text and "ε=∞" in text
+    md = to_markdown(res)
+    assert md.count("\n") == 1 + len(res.methods)
+    out = to_csv(res, tmp_path / "c.csv")
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == 6
+    assert {r["epsilon"] for r in rows} == {"1", "inf"}
+    assert all(r["n_seeds"] == "1" for r in rows)
+    back = read_csv(out, n_clients=4, alpha=1.0)
+    assert to_markdown(back) == md  # the CSV holds everything the table shows
+    png = plot(res, tmp_path / "c.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_run_comparison_regression_on_a_table_with_clients(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 180
+    X = rng.normal(size=(n, 3))
+    h = np.arange(n) % 3
+    y = X[:, 0] + 0.5 * X[:, 1] + 0.1 * rng.normal(size=n) + 0.2 * h
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["a", "b", "c", "site", "target"])
+        for i in range(n):
+            w.writerow([*X[i], f"site-{h[i]}", y[i]])
+    Xl, yl, hl, task = load_csv_table(path, "target", "site")
+    assert task == "regression" and Xl.shape == (n, 3) and set(hl.tolist()) == {0, 1, 2}
+    res = run_comparison(data=(Xl, yl, hl, task), name="t", epsilons=[2, math.inf], seeds=[0, 1],
+                         fed_params=TINY, baseline_params=BASE)
+    assert res.metric == "r2" and res.n_clients == 3
+    assert "diffprivlib-rf" not in res.scores  # diffprivlib has no DP forest regressor
+    assert set(res.scores["diffprivlib-linreg"]) == {2.0}
+    assert len(res.scores["fedforest-secure-dp"][2.0]) == 2
+    assert res.stats("centralized-rf", math.inf)[0] > 0.5  # type: ignore[index]
+    plot(res, tmp_path / "r.png")
+    with pytest.raises(ValueError, match="no DP random-forest regressor"):
+        run_comparison(data=(Xl, yl, hl, task), methods=["diffprivlib-rf"], seeds=1)
+
+
+def test_cli_compare_on_a_csv(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    n = 150
+    X = rng.normal(size=(n, 3))
+    h = rng.integers(0, 3, n)
+    y = (X[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(int)
+    path = tmp_path / "cls.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["x0", "x1", "x2", "hospital", "label"])
+        for i in range(n):
+            w.writerow([*X[i], h[i], ["no", "yes"][y[i]]])
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["compare", "--csv", str(path), "--target", "label",
+                                 "--client-column", "hospital", "--epsilons", "4,inf",
+                                 "--seeds", "1", "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (out / "compare_cls.png").exists() and (out / "compare_cls.csv").exists()
+    assert "FedForest secure-dp" in r.output
+    bad = CliRunner().invoke(app, ["compare", "--epsilons", "-1"])
+    assert bad.exit_code == 2
