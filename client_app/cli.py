@@ -126,6 +126,12 @@ def client(
     out: Annotated[Path | None, typer.Option(help="where to save the model")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     retry_budget: Annotated[float, typer.Option(help="seconds to keep retrying")] = 300.0,
+    profile: Annotated[str | None, typer.Option(
+        help="the privacy profile this site accepts (open | secure | secure-dp | path to a "
+             "TOML file): the client refuses a job whose profile differs")] = None,
+    insecure_dev: Annotated[bool, typer.Option(
+        "--insecure-dev", help="allow plain http:// to a loopback server run with "
+                               "--insecure-dev (development only)")] = False,
 ) -> None:
     """Join a job as one institution and train until the job ends."""
     from .runner import ClientOptions, run_client
@@ -134,7 +140,8 @@ def client(
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
                                        schema=schema, ca=ca, cert=cert, key=key,
                                        state_dir=state_dir, model_out=out, quiet=quiet,
-                                       retry_budget_s=retry_budget))
+                                       retry_budget_s=retry_budget, profile=profile,
+                                       insecure_dev=insecure_dev))
     except (FedForestError, ValueError, OSError) as exc:
         _fail(exc)
         return

@@ -31,7 +31,50 @@ from .data import load_site_table, schema_sha256
 from .state import ClientState
 from .transport import ApiRejected, Transport
 
-__all__ = ["ClientOptions", "ClientResult", "run_client"]
+__all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "check_job_profile",
+           "pinned_profile", "run_client"]
+
+
+class ProfileRefused(FedForestError):
+    """The job's privacy profile is not the one this site pinned: the client takes no part."""
+
+
+#: Profile fields that are labels for humans, not privacy settings.
+_PROFILE_LABELS = frozenset({"name", "description"})
+
+
+def pinned_profile(name_or_path: str) -> dict[str, Any]:
+    """The profile a site pins with ``--profile`` (shipped name or TOML path), as a dict."""
+    from fedforest_secure.privacy import load_profile
+
+    return load_profile(name_or_path).to_dict()
+
+
+def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
+    """Refuse (:class:`ProfileRefused`) a job whose profile differs from the pinned one.
+
+    Every privacy setting must be equal (secure aggregation, fixed point, threshold, sketch,
+    abstention, H-splits, the whole ``dp`` section with its budget, ``min_clients``, ...); only
+    the labels ``name`` and ``description`` may differ. A server cannot hand the site a weaker
+    profile (``open``, ``secure_aggregation = false``, a larger or missing DP budget), nor a
+    different one that it claims is equivalent.
+    """
+    from fedforest_secure.privacy import PrivacyProfile
+
+    want = pinned.get("name", "?")
+    try:
+        job = PrivacyProfile.from_dict(job_profile).to_dict()
+    except FedForestError as exc:
+        raise ProfileRefused(f"the job's privacy profile is not a valid profile ({exc}); this "
+                             f"site pinned {want!r}: refusing to take part") from None
+    diffs = sorted(k for k in set(pinned) | set(job)
+                   if k not in _PROFILE_LABELS and pinned.get(k) != job.get(k))
+    if diffs:
+        shown = "; ".join(f"{k}: job {job.get(k)!r}, pinned {pinned.get(k)!r}" for k in diffs)
+        raise ProfileRefused(
+            f"the job's privacy profile {job.get('name', '?')!r} is not the profile this site "
+            f"pinned ({want!r}): {shown}. Refusing to take part: nothing was sent beyond the "
+            "join request")
 
 
 @dataclass
@@ -49,6 +92,11 @@ class ClientOptions:
     poll_s: float = 0.2
     retry_budget_s: float = 300.0
     quiet: bool = False
+    #: The privacy profile this site accepts (a shipped name or a TOML path): the job's profile
+    #: must match it, or the client refuses right after the join response (``--profile``).
+    profile: str | None = None
+    #: Allow plain ``http://`` to a loopback server (``--insecure-dev``); never anything else.
+    insecure_dev: bool = False
 
 
 @dataclass
@@ -122,21 +170,29 @@ class _Ctx:
 def run_client(opts: ClientOptions) -> ClientResult:
     """Run one institution's side of a job until the job ends (or this client is dropped)."""
     X, y = load_site_table(opts.data, opts.schema)  # validated before anything is sent
+    pinned = pinned_profile(opts.profile) if opts.profile is not None else None
     console = Console(stderr=True, quiet=opts.quiet)
     tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
-                   retry_budget_s=opts.retry_budget_s)
+                   retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev)
     state = ClientState(opts.state_dir)
     try:
-        return _run(opts, tr, state, X, y, console)
+        return _run(opts, tr, state, X, y, console, pinned)
     finally:
         tr.close()
 
 
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, y: np.ndarray,
-         console: Console) -> ClientResult:
+         console: Console, pinned: dict[str, Any] | None = None) -> ClientResult:
     job = opts.job
     identity = None
     info = tr.post_json(f"/v1/jobs/{job}/join", _join_body(tr, state, job))
+    if not isinstance(info, dict) or not isinstance(info.get("config"), dict):
+        raise ProtocolError("malformed join response")
+    if pinned is not None:  # before anything else leaves the site
+        check_job_profile(pinned, info["config"].get("profile"))
+    else:
+        console.log("[yellow]warning:[/yellow] no --profile pinned: this site accepts the "
+                    "privacy profile the server states for the job")
     want = info.get("schema_sha256")
     if want is not None and want != schema_sha256(opts.schema):
         raise FedForestError("the local schema file differs from the job's schema; "

@@ -8,7 +8,9 @@ says what the server needs from this client now:
 ``advert``  the signed round keys (only for the first round, or after a round without us:
             afterwards the next round's advert rides on every unmask response)
 ``share``   the RoundSetup; we check it is for the task we were given (digest, question and
-            vector length), then post our encrypted Shamir shares
+            vector length), then post our encrypted Shamir shares. The question is
+            :func:`question_key` (the task's content without its round id), so the same statistic
+            re-asked in a later round over a different set of clients is refused at unmask
 ``upload``  the ShareDelivery; we mask ``encode_contribution(config, task, reply)`` and post it
             as a binary body
 ``unmask``  the UnmaskRequest; we reveal shares, or refuse (:class:`RefusedRequest`), in which
@@ -33,16 +35,17 @@ from fedforest_secure.secagg import (
     UnmaskRequest,
     parse,
 )
+from server_app.secagg_bridge import question_key
 
 from .state import ClientState
 from .transport import Transport
 
-__all__ = ["SecAggSession", "identity_key", "question_of"]
+__all__ = ["SecAggSession", "identity_key", "question_key", "question_of"]
 
-
-def question_of(task: Task) -> str:
-    """The question a round's secure sum answers (the server must announce the same)."""
-    return f"level {task.level}/{task.kind.value}/round {task.round_id}"
+#: The question a round's secure sum answers: the task's content without its round id (the
+#: server must announce the same). Keyed this way, "the same question for a different set of
+#: clients" is refused even when the server re-asks it in a later round.
+question_of = question_key
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:

@@ -103,7 +103,10 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
 
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
-                 model_out: Path) -> subprocess.Popen[bytes]:
+                 model_out: Path, *, profile: str | None = None,
+                 insecure_dev: bool = False) -> subprocess.Popen[bytes]:
+    """One client process. ``profile`` pins the privacy profile the site accepts (the job's
+    own); ``insecure_dev`` only when the server itself runs with ``--insecure-dev``."""
     env = _child_env()
     env["FEDFOREST_TOKEN"] = site.token
     cmd = [sys.executable, "-m", "client_app", "client", "--server", url, "--job", job,
@@ -111,6 +114,11 @@ def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, l
            str(certs / "ca.pem"), "--cert", str(certs / f"{site.name}.pem"), "--key",
            str(certs / f"{site.name}.key"), "--state-dir", str(state), "--out",
            str(model_out), "--quiet", "--retry-budget", "120"]
+    if profile is not None:
+        cmd += ["--profile", str(Path(profile).resolve()) if Path(profile).is_file()
+                else profile]
+    if insecure_dev:
+        cmd.append("--insecure-dev")
     with log.open("ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
 
@@ -153,7 +161,8 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
         for site in sim.sites:
             procs.append(start_client(site, url, sim.job_id, certs, out / "clients" / site.name,
                                       out / "logs" / f"{site.name}.log",
-                                      out / "clients" / f"{site.name}.model.json"))
+                                      out / "clients" / f"{site.name}.model.json",
+                                      profile=opts.profile))  # the server runs TLS: no http
         console.print(f"4. {len(procs)} client processes started; training...")
         _watch(out / "server.db", sim.job_id, opts.depth, procs)
         codes = [p.wait() for p in procs]

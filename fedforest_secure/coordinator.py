@@ -170,47 +170,33 @@ class Coordinator:
 
     def _noise_params(self, kind: TaskKind, level: int, layout: tuple[Block, ...]
                       ) -> dict[str, Any]:
-        """Spend one round's budget share and calibrate each statistic kind's client noise.
+        """Spend one round's budget share; the noise scales (which every client recomputes
+        from its own profile, see :func:`~fedforest_secure.secure_sum.noise_sigmas`) are
+        published in the task and the audit log for transparency only."""
+        from .secure_sum import noise_sigmas
 
-        The round's (epsilon, delta) is split evenly over the statistic kinds in the vector
-        (basic composition); each kind gets distributed discrete Gaussian noise calibrated in
-        ring units to the per-record sensitivity of a per-bin histogram (invariant 3): a record
-        counts once per feature slot and tree it sits in, times its bootstrap multiplicity.
-        """
-        from .privacy import histogram_sensitivity, plan_distributed_noise
-        from .secure_sum import entry_scale_bits
-
-        cfg = self.config
-        dp = self._dp or {}
         spend = self.accountant.spend(f"round {self._round} ({kind.value}, level {level})")
-        present = sorted({k.value for b in layout for k in b.kinds})
-        eps_k, delta_k = spend.epsilon / len(present), spend.delta / len(present)
-        trees = 1 if cfg.sampling == "disjoint" else cfg.n_estimators
-        mult = 1 if cfg.sampling in ("disjoint", "all") else int(dp.get("max_multiplicity", 4))
-        slots = max((b.shape[1] for b in layout if b.name == "hist"), default=1)
-        tol = float(dp.get("dropout_tolerance") or
-                    max(0.0, 1.0 - float(cfg.profile.get("threshold", 1.0))))
-        dims = layout_size(layout)
-        sigmas: dict[str, float] = {}
-        names = {"count": "class_count" if cfg.task == "classification" else "count",
-                 "sum": "sum", "sumsq": "sum_sq"}
-        for kv in present:
-            if kv not in names:
-                raise BudgetError(f"no DP calibration for statistic {kv!r}")
-            sens = histogram_sensitivity(
-                names[kv], n_features=slots, n_trees=trees, max_multiplicity=mult,
-                target_bounds=(-cfg.target_bound, cfg.target_bound))
-            sens = sens.scaled(entry_scale_bits(cfg, StatKind(kv)))
-            plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=cfg.n_clients,
-                                          dropout_tolerance=min(tol, 0.999), dims=dims)
-            sigmas[kv] = plan.sigma_client
-            self._k_min = plan.k_min
+        sigmas, k_min = noise_sigmas(self.config, layout)
+        self._k_min = k_min
         self.dp_spends.append({"round": self._round, "kind": kind.value, "level": level,
                                "epsilon": spend.epsilon, "delta": spend.delta,
                                "mechanism": "gaussian_discrete (distributed)",
                                "total_epsilon": spend.total_epsilon,
                                "total_delta": spend.total_delta, "sigma_client": sigmas})
         return {"sigma": sigmas, "epsilon": spend.epsilon, "delta": spend.delta}
+
+    def _dp_values(self, stats: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """Node values from noisy statistics: the parent's value where the noisy count is too
+        small to trust (below ``min_samples_leaf``), regression means clipped to the public
+        target bounds and class proportions kept non-negative (post-processing)."""
+        cfg = self.config
+        n = _impurity.counts_of(stats, cfg.task)
+        values = _impurity.node_values(stats, cfg.task)
+        weak = n < max(cfg.min_samples_leaf, 1)
+        values[weak] = fallback[weak]
+        if cfg.task == "regression":
+            np.clip(values, -cfg.target_bound, cfg.target_bound, out=values)
+        return values
 
     def _sample_features(self, n_nodes: int) -> np.ndarray:
         d, m = self.config.n_features, self.config.max_features
@@ -356,9 +342,8 @@ class Coordinator:
                 n = _impurity.counts_of(totals, cfg.task)
                 if level == 0:
                     root_n = np.maximum(n, 1.0)
-                values = _impurity.node_values(totals, cfg.task)
+                values = self._dp_values(totals, parent_value)
                 empty = n <= 0
-                values[empty] = parent_value[empty]
                 for i in range(n_nodes):
                     tb = trees[lvl_tree[i]]
                     tb.value[lvl_node[i]] = values[i]
@@ -413,11 +398,8 @@ class Coordinator:
                 nn += [lc, rc]
                 if dp_mode and kind != CLIENT:  # children's values from this noisy histogram
                     right_stats = blocks["hist"][e, slot[e]].sum(axis=0) - left_stats[e]
-                    child = _impurity.node_values(np.stack([left_stats[e], right_stats]),
-                                                  cfg.task)
-                    bad = _impurity.counts_of(np.stack([left_stats[e], right_stats]),
-                                              cfg.task) <= 0
-                    child[bad] = values[i]
+                    child = self._dp_values(np.stack([left_stats[e], right_stats]),
+                                            np.stack([values[i], values[i]]))
                     pv += [child[0], child[1]]
                 else:
                     pv += [values[i], values[i]]

@@ -188,6 +188,17 @@ class Task:
         """SHA-256 of the canonical encoding: binds masks to exactly this question."""
         return hashlib.sha256(self.to_bytes()).digest()
 
+    def question_digest(self) -> bytes:
+        """SHA-256 of the task with its round id blanked: the *question* it asks.
+
+        Two rounds that ask the same question have the same question digest; a client answers
+        a question once, so a server cannot re-ask it over a smaller set of clients and
+        subtract the sums (differencing).
+        """
+        head = self.header()
+        head["round_id"] = 0
+        return hashlib.sha256(pack(head, self.arrays)).digest()
+
 
 @dataclass
 class Reply:

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import JobConfig
-from .protocol import Reply, StatKind, Task, kind_code, kinds_vector
+from .errors import BudgetError
+from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 
-__all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec"]
+__all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec",
+           "noise_sigmas"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
@@ -87,6 +89,53 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
 _CODEC_CACHE: dict[object, StatCodec] = {}
 
 
+def noise_sigmas(config: JobConfig, layout: tuple[Block, ...]) -> tuple[dict[str, float], int]:
+    """Each client's discrete-Gaussian noise scale (ring units) per statistic kind of a release.
+
+    A pure function of the job's public configuration and the round's layout, so every client
+    computes it from its own profile: the server cannot lower it. One release gets an equal
+    share ``epsilon / max_depth`` (basic composition, diffprivlib's accountant on the server
+    records it), split evenly over the statistic kinds in the vector. Sensitivity follows from
+    per-bin histograms (invariant 3): a record counts once per feature slot and tree it sits
+    in, times its bootstrap multiplicity. Returns the scales and ``K_min``, the survivors the
+    noise is calibrated for.
+    """
+    from .privacy import histogram_sensitivity, plan_distributed_noise
+    from .privacy.accountant import PrivacyAccountant
+
+    dp = config.dp
+    if dp is None:
+        return {}, 0
+    share_eps, share_delta = PrivacyAccountant(
+        float(dp["epsilon"]), float(dp["delta"]), n_rounds=config.max_depth).per_round
+    present = sorted({k.value for b in layout for k in b.kinds})
+    if not present:
+        return {}, 0
+    eps_k, delta_k = share_eps / len(present), share_delta / len(present)
+    trees = 1 if config.sampling == "disjoint" else config.n_estimators
+    mult = 1 if config.sampling in ("disjoint", "all") else int(dp.get("max_multiplicity", 4))
+    slots = max((b.shape[1] for b in layout if b.name == "hist"), default=1)
+    tol = float(dp.get("dropout_tolerance") or
+                max(0.0, 1.0 - float(config.profile.get("threshold", 1.0))))
+    dims = sum(b.size for b in layout)
+    names = {"count": "class_count" if config.task == "classification" else "count",
+             "sum": "sum", "sumsq": "sum_sq"}
+    sigmas: dict[str, float] = {}
+    k_min = 0
+    for kv in present:
+        if kv not in names:
+            raise BudgetError(f"no DP calibration for statistic {kv!r}")
+        sens = histogram_sensitivity(
+            names[kv], n_features=slots, n_trees=trees, max_multiplicity=mult,
+            target_bounds=(-config.target_bound, config.target_bound))
+        sens = sens.scaled(entry_scale_bits(config, StatKind(kv)))
+        plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=config.n_clients,
+                                      dropout_tolerance=min(tol, 0.999), dims=max(dims, 1))
+        sigmas[kv] = plan.sigma_client
+        k_min = plan.k_min
+    return sigmas, k_min
+
+
 def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarray:
     """What a client uploads for a round: its reply encoded in the ring (plus DP noise, if any).
 
@@ -94,13 +143,14 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
     """
     codec = make_codec(config, task)
     encoded = codec.encode(reply.summable)
-    dp = task.params.get("dp")
-    if dp and encoded.size:
+    if config.dp is not None and encoded.size:
         from .privacy import sample_discrete_gaussian
 
+        # the client's own calibration: never the server's word (task.params is informational)
+        sigmas, _ = noise_sigmas(config, task.layout)
         kinds = kinds_vector(task.layout)
         noise = np.zeros(encoded.size, dtype=np.int64)
-        for kind, sigma in dict(dp["sigma"]).items():
+        for kind, sigma in sigmas.items():
             sel = kinds == kind_code(StatKind(kind))
             if float(sigma) > 0 and sel.any():
                 noise[sel] = sample_discrete_gaussian(float(sigma), int(sel.sum()))
@@ -132,7 +182,7 @@ class RingAggregator:
         encoded = {k: encode_contribution(self.config, task, r) for k, r in replies.items()}
         self.last_encoded = encoded
         if self._secagg is not None:
-            question = f"level {task.level}/{task.kind.value}/round {task.round_id}"
+            question = task.question_digest().hex()  # differencing: one answer per question
             total = self._secagg.sum(question, task.digest(), encoded)
         else:
             total = np.zeros(codec.ring.size, dtype=np.uint64)

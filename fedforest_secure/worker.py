@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _impurity
 from .config import JobConfig
-from .errors import ProtocolError, SchemaError
+from .errors import ProtocolError, RefusedRequest, SchemaError
 from .protocol import Block, Reply, StatKind, Task, TaskKind, layout_size
 
 __all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
@@ -121,6 +121,8 @@ class Worker:
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
         self._last_digest = b""
+        self._questions: set[bytes] = set()
+        self._dp_releases = 0
         #: number of nodes this client abstained from, per level (for audits and tests)
         self.abstained: dict[int, int] = {}
 
@@ -200,6 +202,16 @@ class Worker:
             return self._last_reply
         if self._last_round is not None and task.round_id < self._last_round:
             raise ProtocolError(f"round {task.round_id} is older than round {self._last_round}")
+        self._check_disclosures(task)
+        question = task.question_digest()
+        if question in self._questions:
+            raise RefusedRequest("this question was already answered in an earlier round; "
+                                 "answering it again could isolate a client by differencing")
+        if self.config.dp is not None and task.layout:
+            limit = self.config.max_depth
+            if self._dp_releases >= limit:
+                raise RefusedRequest(f"privacy budget spent: this client releases at most "
+                                     f"{limit} noisy aggregates per job")
         if task.kind == TaskKind.SKETCH:
             reply = self._sketch(task)
         elif task.kind == TaskKind.HISTOGRAM:
@@ -209,7 +221,34 @@ class Worker:
         if reply.summable.shape != (layout_size(task.layout),):
             raise ProtocolError("reply does not match the task layout")
         self._last_round, self._last_reply, self._last_digest = task.round_id, reply, digest
+        self._questions.add(question)
+        if self.config.dp is not None and task.layout:
+            self._dp_releases += 1
         return reply
+
+    def allowed_disclosures(self) -> set[str]:
+        """What this client's own profile lets it disclose beyond sums.
+
+        Without secure aggregation the profile is open about per-client statistics. With it,
+        only what the profile names: quantile sketches (``sketch = "quantiles"``) and, with
+        ``h_splits = "clear"``, per-client node summaries. Anything else is refused, whatever
+        the task asks (a malicious server cannot widen the disclosure).
+        """
+        prof = self._profile
+        if not prof.get("secure_aggregation"):
+            return {"sketch_points", "top_l", "unique", "minmax", "node_stats"}
+        allowed: set[str] = set()
+        if prof.get("sketch") == "quantiles" and not prof.get("dp"):
+            allowed.add("sketch_points")
+        if prof.get("h_splits") == "clear" and not prof.get("dp"):
+            allowed.add("node_stats")
+        return allowed
+
+    def _check_disclosures(self, task: Task) -> None:
+        extra = set(task.disclose) - self.allowed_disclosures()
+        if extra:
+            raise RefusedRequest(f"the privacy profile {self._profile.get('name', '?')!r} "
+                                 f"forbids disclosing {sorted(extra)}")
 
     # ------------------------------------------------------------------ sketch round
     def _sketch(self, task: Task) -> Reply:
@@ -338,7 +377,10 @@ class Worker:
         r = int(self._profile.get("rows_per_sketch_point", 0) or 0)
         bk = np.full(present.size, n_points, dtype=np.int64)
         if r >= 1:
-            bk = np.clip((bw[present] // r).astype(np.int64), 1, n_points)
+            bk = np.minimum((bw[present] // r).astype(np.int64), n_points)
+            # fewer than r rows: no point at all (a lone min or max would be a record's value)
+            keep = bk >= 1
+            present, bk = present[keep], bk[keep]
         b = np.arange(n_points + 1)
         levels = b[None, :] / bk[:, None]
         valid = b[None, :] <= bk[:, None]

@@ -29,7 +29,7 @@ import numpy as np
 from sqlalchemy import select
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import AbortedRound, InvalidMessage, ProtocolError
+from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
 from fedforest_secure.protocol import Task, pack, unpack
 from fedforest_secure.secagg import KeyAdvert, MaskedUpload, ShareBundle, UnmaskResponse, parse
 
@@ -442,8 +442,9 @@ class ServerState:
                                    f"this client is not a participant of round {round_id}")
                 if rt.task is None or rt.task.round_id != round_id:
                     raise ApiError(409, "wrong_round", "the round is not open")
-                check_against_task(up, rt.task, rr.task_digest, rr.encoding)
                 bridge = rt.extra.get("secagg")
+                check_against_task(up, rt.task, rr.task_digest, rr.encoding,
+                                   None if bridge is not None else self._bounds(rt))
                 if bridge is not None:
                     with self._guard(job_id):
                         self._secure_upload(rt, sess, job, rr, idx, up)
@@ -454,6 +455,17 @@ class ServerState:
             self._maybe_close(job_id)
             self._notify()
             return receipt
+
+    def _bounds(self, rt: JobRuntime) -> engine.PlainBounds:
+        """The open round's plaintext bounds (computed once per round)."""
+        task = rt.task
+        assert task is not None
+        cached = rt.extra.get("bounds")
+        if cached is None or cached[0] != task.round_id:
+            cached = (task.round_id, engine.plain_bounds(rt.config, task))
+            rt.extra["bounds"] = cached
+        bounds: engine.PlainBounds = cached[1]
+        return bounds
 
     def _secure_upload(self, rt: JobRuntime, sess: Any, job: JobRow, rr: RoundRow, idx: int,
                        up: ParsedUpload) -> None:
@@ -672,7 +684,23 @@ class ServerState:
             total = self._total(rt, rr, contributors, uploads)
         disclosed = {idx: unpack(uploads[idx].disclosed)[1] if uploads[idx].disclosed else {}
                      for idx in contributors}
-        rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=list(contributors))
+        problem = None
+        if not np.isfinite(total).all():
+            problem = "the aggregate has non-finite entries"
+        else:
+            try:
+                rt.coord.submit(rr.round_id, total, disclosed=disclosed,
+                                participants=list(contributors))
+            except (FedForestError, ValueError, ArithmeticError) as exc:
+                problem = f"the aggregate was rejected ({type(exc).__name__}: {exc})"
+        if problem is not None:
+            # fail the round and the job once, cleanly: never a 5xx on every retry and tick
+            for u in uploads.values():
+                u.summable = None
+            rr.running_sum = None
+            self._fail(sess, job, f"round {rr.round_id}: {problem}; training stopped and no "
+                       "aggregate was released", rr)
+            return
         rr.status = "closed"
         rr.closed_at = self.clock()
         rr.aggregate = total.astype("<f8").tobytes()
@@ -695,7 +723,8 @@ class ServerState:
         total: np.ndarray | None = None
         for idx in contributors:  # client order: bit-identical to the in-process sum
             vec = np.frombuffer(uploads[idx].summable or b"", dtype="<f8")
-            total = vec.copy() if total is None else total + vec
+            with np.errstate(over="ignore", invalid="ignore"):  # checked by the caller
+                total = vec.copy() if total is None else total + vec
         if total is None:
             raise RuntimeError("closing a round without uploads")
         return total

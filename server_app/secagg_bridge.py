@@ -35,7 +35,7 @@ from fedforest_secure.secagg import (
     UnmaskRequest,
 )
 
-__all__ = ["PHASES", "SecAggBridge", "SecureRound", "question_of"]
+__all__ = ["PHASES", "SecAggBridge", "SecureRound", "question_key", "question_of"]
 
 PHASES = {
     ServerStage.COLLECT_ADVERTS: "advertise",
@@ -47,9 +47,22 @@ PHASES = {
 }
 
 
-def question_of(task: Task) -> str:
-    """The secure-aggregation question of a task; clients recompute and check it."""
-    return f"level {task.level}/{task.kind.value}/round {task.round_id}"
+def question_key(task: Task) -> str:
+    """The secure-aggregation question of a task: its *content*, without the round id.
+
+    :meth:`Task.question_digest` (SHA-256 of the task's canonical bytes with ``round_id`` set
+    to 0), hex: the same key the in-process :class:`~fedforest_secure.secure_sum.RingAggregator`
+    uses. The same histogram re-asked in a later round is the same question, and a client
+    answers a question for one set of clients only (``SecAggClient`` refuses it for a different
+    set), so a server cannot subtract two sums of one statistic over sets that differ by one
+    client. Clients recompute it from the task they fetched and refuse a round setup that
+    announces another question.
+    """
+    return task.question_digest().hex()
+
+
+#: Kept for callers of the old name; the same function.
+question_of = question_key
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.protocol import Task, layout_size, pack, unpack
 
+from .engine import PlainBounds
 from .errors import ApiError
 
 __all__ = ["ParsedUpload", "make_upload", "parse_upload"]
@@ -86,8 +87,13 @@ def allowed_disclosures(task: Task) -> set[str]:
     return set(Coordinator._allowed_disclosures(task))
 
 
-def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str) -> None:
-    """The upload answers exactly this task, in the round's encoding and layout."""
+def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str,
+                       bounds: PlainBounds | None = None) -> None:
+    """The upload answers exactly this task, in the round's encoding and layout.
+
+    ``bounds`` (plaintext rounds only: the server sees each client's vector) range-checks every
+    entry against the codec's public bound, so no client can push the round's sum out of range
+    (float64 overflow to inf, or a wrapped ring sum); masked vectors cannot be checked."""
     if up.task_digest != task_digest:
         raise ApiError(409, "wrong_task", "the upload answers a different task than this round's")
     if up.encoding != encoding:
@@ -99,6 +105,18 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
                        f"the summable vector must be {encoding} of length {n}")
     if encoding == "float64" and not np.isfinite(up.summable).all():
         raise ApiError(400, "non_finite", "the summable vector holds NaN or infinity")
+    if bounds is not None:
+        bad = bounds.first_violation(up.summable)
+        if bad is not None:
+            if encoding == "uint64":
+                shown = f"{int(up.summable.view(np.int64)[bad])} ring units"
+                limit = f"{int(bounds.ring[bad])}"
+            else:
+                shown, limit = f"{float(up.summable[bad])!r}", f"{float(bounds.value[bad]):.6g}"
+            raise ApiError(400, "out_of_range",
+                           f"summable[{bad}] = {shown} is outside the public bound "
+                           f"[-{limit}, {limit}] of this entry (max_abs x scale of the round's "
+                           "codec); the upload was not stored")
     extra = sorted(set(up.disclosed) - allowed_disclosures(task))
     if extra:
         raise ApiError(400, "undisclosable",

@@ -32,10 +32,13 @@ from test_server_secagg_api import (
 )
 from test_server_secagg_api import upload as secure_upload
 
+from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import OverflowRisk
+from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Reply, Task, pack
 from fedforest_secure.secagg import ShareDelivery, parse
 from fedforest_secure.secure_sum import encode_contribution, make_codec
+from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
@@ -181,39 +184,132 @@ def test_residual_in_range_poisoning_inside_the_masked_sum_shifts_the_aggregate(
     np.testing.assert_allclose(got - honest, poison, rtol=0, atol=1e-6)
 
 
-# -- open profile: plaintext uploads are only checked for shape and finiteness ---------------
-@pytest.fixture()
-def open_env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
-    parts, feat = tiny_parts
-    toml = job_dir(tmp_path / "job", parts, feat, n_clients=3)
+# -- plaintext uploads (no masking) are range-checked against the codec's public bounds -------
+def _plain_env(tmp_path: Path, parts: list, feat: list, job_dir: Any, profile: str = "open"
+               ) -> Iterator[dict]:
+    toml = job_dir(tmp_path / "job", parts, feat, n_clients=3, profile=profile)
     db = Database(f"sqlite:///{tmp_path / 'server.db'}")
     tokens = [add_client(db, f"client-{k}") for k in range(3)]
     state = ServerState(db, NullAudit(), clock=lambda: 1000.0)
     state.create_job(load_job_spec(toml))
     app = create_app(db, state=state, tick_seconds=3600)
     with TestClient(app, raise_server_exceptions=False) as http:
-        yield {"http": http, "db": db, "tokens": tokens, "state": state}
+        yield {"http": http, "db": db, "tokens": tokens, "state": state, "parts": parts[:3]}
     db.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: open-profile uploads are checked for finiteness "
-                   "only, not against any bound: clients uploading 1e308 make the round's "
-                   "float64 sum overflow to inf; closing the round raises InvalidMessage inside "
-                   "the request (HTTP 500) and every retry or deadline tick fails the same way, "
-                   "so one malicious client wedges the job")
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the overflow itself
-def test_open_profile_upload_of_huge_finite_values_is_a_4xx_not_a_wedged_job(
-        open_env: dict) -> None:
-    http, tokens = open_env["http"], open_env["tokens"]
-    auth = [{"Authorization": f"Bearer {t}"} for t in tokens]
+@pytest.fixture()
+def open_env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+    parts, feat = tiny_parts
+    yield from _plain_env(tmp_path, parts, feat, job_dir)
+
+
+def _join_plain(env: dict) -> tuple[list[dict[str, str]], JobConfig, Task]:
+    http = env["http"]
+    auth = [{"Authorization": f"Bearer {t}"} for t in env["tokens"]]
     for a in auth:
-        assert http.post("/v1/jobs/job-a/join", headers=a).status_code == 200
+        resp = http.post("/v1/jobs/job-a/join", headers=a)
+        assert resp.status_code == 200
+    config = JobConfig.from_json(json.dumps(resp.json()["config"]))
     resp = http.get("/v1/jobs/job-a/task", headers=auth[0])
-    task = Task.from_bytes(resp.content)
+    assert resp.status_code == 200
+    return auth, config, Task.from_bytes(resp.content)
+
+
+def _honest_bodies(env: dict, config: JobConfig, task: Task) -> list[bytes]:
+    out = []
+    for k, (X, y) in enumerate(env["parts"]):
+        reply = Worker(config, X, y, client_index=k, seed=client_seed(config, k)).handle(task)
+        vec = (encode_contribution(config, task, reply) if config.profile.get("fixed_point")
+               else reply.summable.astype(np.float64))
+        out.append(make_upload(task, vec, reply.disclosed))
+    return out
+
+
+def _post_plain(env: dict, auth: dict[str, str], task: Task, body: bytes) -> Any:
+    return env["http"].post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=body,
+                            headers={**auth, **OCTET})
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 2.0**37, 1e20])
+def test_open_profile_upload_of_huge_finite_values_is_a_4xx_not_a_wedged_job(
+        open_env: dict, value: float) -> None:
+    http = open_env["http"]
+    auth, config, task = _join_plain(open_env)
+    n = sum(b.size for b in task.layout)
+    assert n > 0
+    before = db_snapshot(open_env["db"])
+    huge = make_upload(task, np.full(n, value), {})
+    resps = [_post_plain(open_env, a, task, huge) for a in auth]
+    assert [r.status_code for r in resps] == [400] * 3, [r.text for r in resps]
+    for r in resps:
+        body = r.json()
+        assert body["error"] == "out_of_range"
+        assert "summable[0]" in body["detail"] and "not stored" in body["detail"]
+    assert db_snapshot(open_env["db"]) == before  # nothing stored
+    status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
+    assert status["status"] == "running" and status["round_id"] == task.round_id
+    # one entry out of range is enough to refuse the whole vector
+    honest = _honest_bodies(open_env, config, task)
+    from fedforest_secure.protocol import unpack
+
+    _, arrays = unpack(honest[0])
+    vec = arrays.pop("__summable__").copy()
+    vec[-1] = value
+    assert _post_plain(open_env, auth[0], task, make_upload(task, vec, arrays)).status_code == 400
+    assert db_snapshot(open_env["db"]) == before
+    # the honest uploads still close the round: the job is not wedged
+    for a, body in zip(auth, honest, strict=True):
+        assert _post_plain(open_env, a, task, body).status_code == 200
+    status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
+    assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+
+
+def test_a_non_finite_aggregate_fails_the_job_once_with_a_reason_never_a_5xx(
+        open_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: were a non-finite sum to get past the upload checks, closing the round
+    fails the job with a clear reason (HTTP 200 for the upload), and later requests and
+    deadline ticks see a failed job instead of repeating the error."""
+    monkeypatch.setattr(ServerState, "_bounds", lambda self, rt: None)  # no range check
+    http, state = open_env["http"], open_env["state"]
+    auth, _, task = _join_plain(open_env)
     n = sum(b.size for b in task.layout)
     huge = make_upload(task, np.full(n, 1e308), {})
-    statuses = [http.post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=huge,
-                          headers={**a, **OCTET}).status_code for a in auth]
-    assert all(s < 500 for s in statuses), statuses
+    statuses = [_post_plain(open_env, a, task, huge).status_code for a in auth]
+    assert statuses == [200, 200, 200]
     status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
-    assert status["status"] in ("running", "failed") and status["round_id"] >= task.round_id
+    assert status["status"] == "failed"
+    assert f"round {task.round_id}" in status["reason"] and "non-finite" in status["reason"]
+    state.tick()  # no exception, nothing changes
+    resp = http.get("/v1/jobs/job-a/task", headers=auth[1])
+    assert resp.status_code == 204 and resp.headers["X-FedForest-Status"] == "failed"
+    assert _post_plain(open_env, auth[0], task, huge).status_code < 500
+
+
+def test_a_fixed_point_upload_in_the_clear_is_range_checked_in_ring_units(
+        tmp_path: Path, tiny_parts: Any, job_dir: Any) -> None:
+    """``secure_aggregation = false`` with ``fixed_point``: the ring encodings are summed in the
+    clear, so each one is checked against ``round(max_abs * 2^frac_bits)`` (no wrapped sum)."""
+    from fedforest_secure import load_profile
+
+    prof = tmp_path / "fixed-clear.toml"
+    prof.write_text(load_profile("secure", secure_aggregation=False, name="fixed-clear")
+                    .to_toml())
+    parts, feat = tiny_parts
+    gen = _plain_env(tmp_path, parts, feat, job_dir, profile=str(prof))
+    env = next(gen)
+    try:
+        auth, config, task = _join_plain(env)
+        n = sum(b.size for b in task.layout)
+        before = db_snapshot(env["db"])
+        for bad in (np.uint64(2**63), np.uint64(2**62), np.uint64(2**64 - 2**62)):
+            resp = _post_plain(env, auth[0], task, make_upload(task, np.full(n, bad), {}))
+            assert resp.status_code == 400 and resp.json()["error"] == "out_of_range"
+            assert "ring units" in resp.json()["detail"]
+        assert db_snapshot(env["db"]) == before
+        for a, body in zip(auth, _honest_bodies(env, config, task), strict=True):
+            assert _post_plain(env, a, task, body).status_code == 200
+        status = env["http"].get("/v1/jobs/job-a", headers=auth[0]).json()
+        assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+    finally:
+        gen.close()

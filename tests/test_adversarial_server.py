@@ -316,10 +316,6 @@ def _workers(cfg: JobConfig, clients: list) -> list[Worker]:
             for k, (X, y) in enumerate(clients)]
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: a Worker discloses whatever task.disclose asks, "
-                   "whatever its privacy profile: under 'secure' a malicious server gets the "
-                   "site's exact feature values ('unique'), min/max, per-client node totals "
-                   "and quantile sketches in the clear")
 def test_secure_worker_refuses_to_disclose_what_its_profile_forbids() -> None:
     cfg, clients = _secure_config("secure")
     assert load_profile("secure").disclosures == []
@@ -349,9 +345,6 @@ def _advance(coord: Coordinator, ws: list[Worker], stop: Any) -> Task:
     return task
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: the distributed DP noise scale comes from the "
-                   "task (task.params['dp']), which the server writes: a server that sets sigma "
-                   "to 0 or drops 'dp' gets noiseless per-client contributions under secure-dp")
 @pytest.mark.parametrize("tamper", ["sigma_zero", "dp_removed"])
 def test_secure_dp_client_does_not_let_the_server_turn_its_noise_off(tamper: str) -> None:
     cfg, clients = _secure_config("secure-dp")
@@ -374,10 +367,6 @@ def test_secure_dp_client_does_not_let_the_server_turn_its_noise_off(tamper: str
     assert not np.array_equal(sent, noiseless), "the client uploaded its exact statistics"
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: the 'same question, different set' refusal keys "
-                   "on the question string, which contains the round id the server picks: a "
-                   "server re-asks the same histogram in a new round without client 3 and "
-                   "subtracts the two sums to get client 3's exact histogram")
 def test_clients_refuse_the_same_histogram_over_a_smaller_set() -> None:
     cfg, clients = _secure_config("secure")
     ws = _workers(cfg, clients)

@@ -184,13 +184,62 @@ def test_transport_needs_the_federation_ca_for_https() -> None:
         Transport("https://fedforest.example.org", "tok", None)
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: client_app.transport allows plain HTTP when the "
-                   "URL merely starts with 'http://127.0.0.1': 'http://127.0.0.1.evil.example' "
-                   "and 'http://127.0.0.1@evil.example' send the bearer token and every upload "
-                   "unencrypted to a remote host")
+@pytest.mark.parametrize("insecure_dev", [False, True])
 @pytest.mark.parametrize("url", ["http://127.0.0.1.evil.example:8080",
-                                 "http://127.0.0.1@evil.example"])
-def test_transport_plain_http_only_to_a_loopback_host(url: str) -> None:
+                                 "http://127.0.0.1@evil.example",
+                                 "http://127.0.0.1:80@evil.example",
+                                 "http://user:pw@127.0.0.1:8080",
+                                 "http://localhost.evil.example",
+                                 "http://127.0.0.1\\@evil.example",
+                                 "http://0x7f.0.0.1", "http://2130706433",
+                                 "http://[::ffff:7f00:1]", "http://10.0.0.1",
+                                 "https://127.0.0.1@evil.example"])
+def test_transport_plain_http_only_to_a_loopback_host(url: str, insecure_dev: bool) -> None:
+    """The URL is parsed, never prefix-matched: a host that merely starts like a loopback
+    address, user-info hiding the real host, or a non-loopback host is refused, with or without
+    ``--insecure-dev``."""
     with pytest.raises(ValueError):
-        tr = Transport(url, "tok", None)
+        tr = Transport(url, "tok", None, insecure_dev=insecure_dev)
         tr.close()
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://127.8.9.10",
+                                 "http://localhost:8080", "http://[::1]:8080",
+                                 "http://LOCALHOST:1/prefix"])
+def test_plain_http_to_loopback_needs_the_explicit_insecure_dev_flag(url: str) -> None:
+    with pytest.raises(ValueError, match="--insecure-dev"):
+        Transport(url, "tok", None)
+    tr = Transport(url, "tok", None, insecure_dev=True)
+    tr.close()
+
+
+def test_the_client_command_refuses_plain_http_without_insecure_dev(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from client_app.cli import app
+
+    (tmp_path / "data.csv").write_text("x0,y\n1.0,0\n")
+    (tmp_path / "schema.toml").write_text("")
+    args = ["client", "--server", "http://127.0.0.1@evil.example", "--token", "t", "--job",
+            "j", "--data", str(tmp_path / "data.csv"), "--schema", str(tmp_path / "schema.toml"),
+            "--state-dir", str(tmp_path / "state")]
+    help_text = CliRunner().invoke(app, ["client", "--help"], env={"COLUMNS": "200"}).output
+    assert "--insecure-dev" in help_text and "--profile" in help_text
+    from client_app import runner
+
+    seen: list[str] = []
+
+    def fake_table(data: Path, schema: Path) -> tuple[np.ndarray, np.ndarray]:
+        seen.append("loaded")
+        return np.zeros((1, 1)), np.zeros(1)
+
+    import unittest.mock as mock
+
+    with mock.patch.object(runner, "load_site_table", fake_table):
+        for extra, match in (([], "user-info"), (["--insecure-dev"], "user-info")):
+            res = CliRunner().invoke(app, args + extra)
+            assert res.exit_code == 2 and match in res.output, res.output
+        args[2] = "http://127.0.0.1:9"
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "--insecure-dev" in res.output, res.output
+    assert seen == ["loaded"] * 3

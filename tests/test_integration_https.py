@@ -45,6 +45,7 @@ class Fed:
     sites: list[SiteData]
     job_toml: Path
     parts: list
+    profile: str = "open"  # the job's profile, which every client pins with --profile
 
 
 def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
@@ -66,7 +67,7 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
              for k, (n, t) in enumerate(zip(names, tokens, strict=True))]
     return Fed(root, f"https://127.0.0.1:{port}", certs, server_toml, sites, job_toml,
-               parts[:n_clients])
+               parts[:n_clients], profile)
 
 
 def launch_server(fed: Fed) -> subprocess.Popen[bytes]:
@@ -79,7 +80,8 @@ def launch_server(fed: Fed) -> subprocess.Popen[bytes]:
 def launch_client(fed: Fed, k: int) -> subprocess.Popen[bytes]:
     s = fed.sites[k]
     return start_client(s, fed.url, "job-a", fed.certs, fed.root / "state" / s.name,
-                        fed.root / f"{s.name}.log", fed.root / f"{s.name}.model.json")
+                        fed.root / f"{s.name}.log", fed.root / f"{s.name}.model.json",
+                        profile=fed.profile)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -190,8 +190,6 @@ def test_adaptive_b_open_limits_per_client_sketch_points(r: int) -> None:
     assert checked > 0 and binding > 0  # the limit was below B somewhere
 
 
-@pytest.mark.xfail(strict=True, reason="worker clips B_k to >= 1: a client with 0 < n_k < r "
-                   "rows at a node still discloses 2 points (its min and max); reported")
 def test_adaptive_b_open_small_nodes_disclose_at_most_one_point() -> None:
     """The documented rule (a sketch point summarises >= r rows) on nodes with n_k < r."""
     sketches, _ = _open_sketches(3)
@@ -326,13 +324,18 @@ def test_dp_noise_of_the_aggregate_matches_calibration(monkeypatch: pytest.Monke
 
 
 def test_dp_noise_check_catches_a_miscalibrated_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Clients that add 20% too little noise (a wrong sigma in the task) fail the check."""
+    """Clients that add 20% too little noise (a miscalibrated client) fail the check.
+
+    Clients compute their noise scale from their own profile (``noise_sigmas``), never from
+    the task, so the miscalibration is injected there."""
+    from fedforest_secure import secure_sum
+
     cfg, task = _dp_round()
     good = dict(task.params["dp"]["sigma"])
-    bad = Task(job_id=task.job_id, round_id=task.round_id, kind=task.kind, level=task.level,
-               params=dict(task.params, dp=dict(task.params["dp"],
-                                                sigma={k: v / 1.2 for k, v in good.items()})),
-               arrays=task.arrays, layout=task.layout)
+    real = secure_sum.noise_sigmas
+    monkeypatch.setattr(secure_sum, "noise_sigmas", lambda c, layout: (
+        {k: v / 1.2 for k, v in real(c, layout)[0].items()}, real(c, layout)[1]))
+    bad = task
     noise = _decoded_noise(cfg, bad, reps=400, seed=12, monkeypatch=monkeypatch)
     for kind, sigma_client in good.items():
         expected = sigma_client * math.sqrt(K) / entry_scale_bits(cfg, StatKind(kind))
@@ -359,7 +362,7 @@ def test_profile_is_stored_in_the_model_file(cls: Any, tmp_path: Path) -> None:
     assert back.config_.profile == prof.to_dict()
     # the DP defaults that were in effect are recorded too
     assert back.config_.n_estimators == est.config_.n_estimators
-    assert back.config_.sampling == "disjoint"
+    assert back.config_.sampling == est.config_.sampling == "all"  # DP default: every row
     np.testing.assert_array_equal(back.predict(X), est.predict(X))
 
 
@@ -396,8 +399,6 @@ def test_sketch_size_below_two_is_refused(profile: str) -> None:
             X, y, client=h)
 
 
-@pytest.mark.xfail(strict=True, reason="load() restores params['profile'] as a dict, which "
-                   "_profile_dict/load_profile do not accept; reported")
 def test_a_loaded_estimator_refits_with_its_stored_profile(tmp_path: Path) -> None:
     X, y, h = _data(n=120)
     prof = load_profile("secure-dp", epsilon=3.0)

@@ -1,0 +1,167 @@
+"""A site pins its privacy profile (``fedforest client --profile``); a server cannot downgrade it.
+
+The client gets the job's configuration, profile included, from the server's join response. With
+``--profile`` it compares that profile with its own, field by field, right after the join
+response and refuses a job whose profile differs (``open`` for a ``secure`` site, secure
+aggregation switched off under a ``secure`` label, another DP budget, a lower threshold, ...):
+nothing is sent beyond the join request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from client_app import runner
+from client_app.runner import ClientOptions, ProfileRefused, check_job_profile, pinned_profile
+from client_app.state import ClientState
+from fedforest_secure import load_profile
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
+
+JOB = "job-p"
+
+
+def _config(profile: dict[str, Any]) -> JobConfig:
+    return JobConfig(job_id=JOB, task="regression", n_features=2, n_clients=4,
+                     feature_bounds=((-1.0, 1.0),) * 2, target_bound=1.0, n_estimators=1,
+                     max_depth=2, min_samples_leaf=2, max_features=2, n_bins=4,
+                     profile=profile)
+
+
+@dataclass
+class RecordingTransport:
+    """Answers the join with a fixed job configuration and records every request."""
+
+    profile: dict[str, Any]
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def post_json(self, path: str, body: Any = None) -> Any:
+        self.sent.append(("POST", path))
+        return {"job_id": JOB, "client_index": 0, "client_name": "site-0",
+                "config": json.loads(_config(self.profile).to_json()), "status": "waiting"}
+
+    def get_json(self, path: str, params: Any = None) -> Any:
+        self.sent.append(("GET", path))
+        raise AssertionError(f"the client sent {path} after the join")
+
+    def request(self, method: str, path: str, **_: Any) -> Any:
+        self.sent.append((method, path))
+        raise AssertionError(f"the client sent {method} {path} after the join")
+
+
+def _lying_secure() -> dict[str, Any]:
+    """An ``open`` profile relabelled ``secure``: the name is not what is checked."""
+    d = load_profile("open").to_dict()
+    d["name"], d["description"] = "secure", load_profile("secure").description
+    return d
+
+
+DOWNGRADES = {
+    "open_for_secure": ("secure", lambda: load_profile("open").to_dict()),
+    "no_secagg_under_the_secure_label": ("secure", _lying_secure),
+    "secure_for_secure_dp": ("secure-dp", lambda: load_profile("secure").to_dict()),
+    "larger_dp_budget": ("secure-dp", lambda: load_profile("secure-dp", epsilon=8.0).to_dict()),
+    "smaller_delta_is_still_different": (
+        "secure-dp", lambda: load_profile("secure-dp", delta=1e-9).to_dict()),
+    "minority_threshold": ("secure", lambda: load_profile("secure", threshold=0.4).to_dict()),
+    "no_abstention": ("secure", lambda: load_profile("secure", abstain_below=0).to_dict()),
+    "clear_h_splits": ("secure", lambda: load_profile("secure", h_splits="clear").to_dict()),
+    "open_for_secure_dp": ("secure-dp", lambda: load_profile("open").to_dict()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DOWNGRADES))
+def test_client_refuses_a_job_whose_profile_differs_from_its_pin(case: str,
+                                                                 tmp_path: Path) -> None:
+    pin, job_profile = DOWNGRADES[case]
+    tr = RecordingTransport(job_profile())
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True, profile=pin)
+    with pytest.raises(ProfileRefused, match=f"pinned \\({pin!r}\\)") as info:
+        runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                    Console(quiet=True), pinned_profile(pin))
+    assert "nothing was sent beyond the join request" in str(info.value)
+    assert tr.sent == [("POST", f"/v1/jobs/{JOB}/join")]
+    assert not (opts.state_dir / "stats.json").exists()
+
+
+def test_the_refusal_names_each_setting_that_differs() -> None:
+    with pytest.raises(ProfileRefused) as info:
+        check_job_profile(pinned_profile("secure"), load_profile("open").to_dict())
+    msg = str(info.value)
+    for key in ("secure_aggregation: job False, pinned True", "fixed_point", "threshold",
+                "sketch", "abstain_below", "h_splits", "min_clients"):
+        assert key in msg, key
+    with pytest.raises(ProfileRefused, match="dp: job"):
+        check_job_profile(pinned_profile("secure-dp"),
+                          load_profile("secure-dp", epsilon=4.0).to_dict())
+
+
+@pytest.mark.parametrize("bad", [None, "secure", {"name": "secure"},
+                                 {**load_profile("secure").to_dict(), "extra": 1}])
+def test_an_invalid_job_profile_is_refused(bad: Any) -> None:
+    with pytest.raises(ProfileRefused, match="not a valid profile"):
+        check_job_profile(pinned_profile("secure"), bad)
+
+
+@pytest.mark.parametrize("name", ["open", "secure", "secure-dp"])
+def test_the_same_profile_is_accepted_whatever_its_labels(name: str, tmp_path: Path) -> None:
+    job = load_profile(name).to_dict()
+    check_job_profile(pinned_profile(name), job)
+    check_job_profile(pinned_profile(name), {**job, "name": "site-copy", "description": "x"})
+    # a pin may be a TOML file holding the same settings
+    path = tmp_path / "mine.toml"
+    path.write_text(load_profile(name).to_toml())
+    check_job_profile(pinned_profile(str(path)), job)
+
+
+def test_an_unknown_pin_fails_before_anything_is_sent(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
+
+    def no_transport(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a transport was opened")
+
+    monkeypatch.setattr(runner, "Transport", no_transport)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True, profile="no-such-profile")
+    with pytest.raises(FedForestError, match="unknown profile"):
+        runner.run_client(opts)
+
+
+def test_simulate_pins_the_job_profile_on_every_client(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from client_app import simulate
+    from client_app.sim_data import SiteData
+
+    cmds: list[list[str]] = []
+
+    class FakePopen:
+        def __init__(self, cmd: list[str], **_: Any) -> None:
+            cmds.append(cmd)
+
+    monkeypatch.setattr(simulate.subprocess, "Popen", FakePopen)
+    site = SiteData("client-0", tmp_path / "c.csv", tmp_path / "s.toml", "tok",
+                    np.zeros((1, 1)), np.zeros(1))
+    simulate.start_client(site, "https://127.0.0.1:1", JOB, tmp_path, tmp_path / "st",
+                          tmp_path / "log", tmp_path / "m.json", profile="secure-dp")
+    simulate.start_client(site, "https://127.0.0.1:1", JOB, tmp_path, tmp_path / "st",
+                          tmp_path / "log", tmp_path / "m.json")
+    first, second = cmds
+    assert first[first.index("--profile") + 1] == "secure-dp"
+    assert "--insecure-dev" not in first and "--profile" not in second
+    import inspect
+
+    src = inspect.getsource(simulate.run_simulation)
+    assert "profile=opts.profile" in src
