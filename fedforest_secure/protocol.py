@@ -123,6 +123,21 @@ def split_blocks(vector: np.ndarray, layout: tuple[Block, ...]) -> dict[str, np.
 
 _KIND_ORDER = tuple(StatKind)
 
+#: Task parameters a client reads, per task kind; anything else is refused (a server must not
+#: dress up a repeated question as a new one with an unused parameter).
+TASK_PARAMS: dict[TaskKind, frozenset[str]] = {
+    TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "dp"}),
+    TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp"}),
+}
+TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
+    TaskKind.SKETCH: frozenset({"features", "route_kind", "route_feature", "route_threshold",
+                                "route_left", "route_right", "route_set_ptr",
+                                "route_set_vals"}),
+    TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
+}
+#: Parameters published for transparency only (clients recompute them): not part of a question.
+_INFORMATIONAL = frozenset({"dp", "purpose"})
+
 
 def kinds_vector(layout: tuple[Block, ...]) -> np.ndarray:
     """The :class:`StatKind` of every entry of the flat vector, as small integer codes
@@ -197,6 +212,8 @@ class Task:
         """
         head = self.header()
         head["round_id"] = 0
+        # informational parameters the client does not act on cannot make a question "new"
+        head["params"] = {k: v for k, v in self.params.items() if k not in _INFORMATIONAL}
         return hashlib.sha256(pack(head, self.arrays)).digest()
 
 

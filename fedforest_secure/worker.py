@@ -24,7 +24,8 @@ import numpy as np
 from . import _impurity
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
-from .protocol import Block, Reply, StatKind, Task, TaskKind, layout_size
+from .protocol import (TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind,
+                       layout_size)
 
 __all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
 
@@ -203,6 +204,10 @@ class Worker:
         if self._last_round is not None and task.round_id < self._last_round:
             raise ProtocolError(f"round {task.round_id} is older than round {self._last_round}")
         self._check_disclosures(task)
+        extra = (set(task.params) - TASK_PARAMS[task.kind]) | (
+            set(task.arrays) - TASK_ARRAYS[task.kind])
+        if extra:
+            raise ProtocolError(f"task carries fields this client does not use: {sorted(extra)}")
         question = task.question_digest()
         if question in self._questions:
             raise RefusedRequest("this question was already answered in an earlier round; "
@@ -363,13 +368,14 @@ class Worker:
         _, bc_s, _, w = self._sorted  # type: ignore[misc]
         if bc_s.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
-        blk, code = bc_s >> self._cbits, bc_s & (self._ustride - 1)
         cw = np.cumsum(w)
-        bw = np.bincount(blk, weights=w, minlength=nblk)
-        bcnt = np.bincount(blk, minlength=nblk)
-        end = np.cumsum(bcnt)
-        start = end - bcnt
-        before = np.where(start > 0, cw[np.maximum(start - 1, 0)], 0.0)
+        # block boundaries by search (nblk queries), not by a pass over every entry
+        edges = np.searchsorted(bc_s, np.arange(nblk + 1, dtype=np.int64) << self._cbits)
+        start, end = edges[:-1], edges[1:]
+        bcnt = end - start
+        cw0 = np.concatenate([[0.0], cw])
+        before = cw0[start]
+        bw = cw0[end] - before
         cont = np.array([k == "continuous" for k in self.config.kinds])
         present = np.flatnonzero((bcnt > 0) & cont[feats.reshape(-1).clip(0)]
                                  & (feats.reshape(-1) >= 0))
@@ -388,7 +394,8 @@ class Worker:
         idx = np.searchsorted(cw, target.ravel(), side="left").reshape(target.shape)
         idx = np.minimum(idx, (end[present] - 1)[:, None])
         fslot = feats.reshape(-1)[present]
-        vals = self._uniq_all[self._uniq_off[fslot][:, None] + code[idx]]
+        code = bc_s[idx] & (self._ustride - 1)
+        vals = self._uniq_all[self._uniq_off[fslot][:, None] + code]
         out[present] = np.where(valid, vals, np.nan)
         return out.reshape(n_nodes, m, n_points + 1)
 

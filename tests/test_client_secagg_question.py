@@ -127,10 +127,6 @@ def test_every_client_refuses_so_no_sum_over_the_smaller_set_is_released() -> No
         server.finish()
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: the question key is the digest of the whole task "
-                   "minus its round id, and the Worker ignores parameters it does not know: a "
-                   "server that adds a junk parameter (params['nonce']) re-asks an identical "
-                   "histogram as a 'new' question over a smaller set and subtracts the sums")
 def test_a_junk_parameter_does_not_make_the_same_histogram_a_new_question() -> None:
     from test_adversarial_server import _advance, _secure_config, _workers
 

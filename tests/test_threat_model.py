@@ -33,7 +33,7 @@ def section(title: str) -> list[str]:
 def table_rows(title: str) -> list[str]:
     """Body rows of the first table of a section (header and separator dropped)."""
     rows = [ln for ln in section(title) if ln.startswith("|")]
-    assert len(rows) >= 3 and set(rows[1]) <= set("|-: "), f"no table in {title!r}"
+    assert len(rows) >= 2 and set(rows[1]) <= set("|-: "), f"no table in {title!r}"
     return rows[2:]
 
 
@@ -58,9 +58,9 @@ def marks(func: Any) -> list[Any]:
 
 
 def test_every_row_names_at_least_one_test() -> None:
-    for title in (CLAIMS, VULNS):
+    assert table_rows(CLAIMS), CLAIMS
+    for title in (CLAIMS, VULNS):  # the open-vulnerabilities table may be empty
         rows = table_rows(title)
-        assert rows, title
         for row in rows:
             assert NODE_RE.search(row), f"row without a test node id in {title!r}: {row[:80]}"
     ids = [row.split("|")[1].strip() for row in table_rows(CLAIMS) + table_rows(VULNS)]
@@ -83,8 +83,7 @@ def test_claims_name_existing_tests_that_are_expected_to_pass() -> None:
 
 def test_vulnerabilities_name_strict_vuln_xfails() -> None:
     ids = node_ids(VULNS)
-    assert ids
-    for nid in ids:
+    for nid in ids:  # none open is fine; every open one must be a strict VULN xfail
         xfails = [m for m in marks(resolve_test(nid)) if m.name == "xfail"]
         assert xfails, f"{nid} is not an xfail"
         assert all(m.kwargs.get("strict") is True for m in xfails), nid
