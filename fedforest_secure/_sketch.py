@@ -17,6 +17,9 @@ import numpy as np
 
 __all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
 
+#: rows are processed in chunks of about this many sketch points (bounds peak memory)
+_CHUNK_ENTRIES = 1 << 20
+
 
 def client_quantiles(values: np.ndarray, weights: np.ndarray | None, n_points: int) -> np.ndarray:
     """Reference (unvectorised) weighted quantile points ``Q(b / n_points)``, ``b = 0..n_points``.
@@ -127,7 +130,11 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
         Sorted distinct thresholds per row, padded with ``+inf``. A threshold ``t`` splits a
         row to the left when ``x <= t``.
     """
-    R, K, _ = points.shape
+    R, K, P = points.shape
+    chunk = max(1, _CHUNK_ENTRIES // max(K * P, 1))
+    if R > chunk:  # bounded memory: the event arrays are R x K x P wide
+        return np.concatenate([pooled_candidates(points[i:i + chunk], counts[i:i + chunk],
+                                                 n_bins) for i in range(0, R, chunk)])
     counts = np.where(np.isnan(points).all(axis=2), 0.0, np.maximum(counts, 0.0))
     tot = counts.sum(axis=1, keepdims=True)
     weights = np.divide(counts, tot, out=np.zeros_like(counts), where=tot > 0)

@@ -538,6 +538,9 @@ class Coordinator:
                     gain[e], slot[e], lstats[e] = g, s, ls
                     split_kind[e] = CAT
                     split_set[e] = left
+        elif E == 0:
+            z = np.zeros(0, dtype=np.int64)
+            gain, slot, idx, lstats = np.zeros(0), z, z, np.zeros((0, cfg.n_stats))
         else:
             g = blocks["gain"][..., 0]
             nl = blocks["gain"][..., 1]

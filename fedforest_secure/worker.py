@@ -118,7 +118,6 @@ class Worker:
         self._level = 0
         self._n_nodes = T
         self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._sorted_vals: np.ndarray | None = None
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
         self._last_digest = b""
@@ -334,8 +333,8 @@ class Worker:
             key = key.ravel() if valid else key[f >= 0]
             key.sort()
             bc_s = key >> self._rbits
-            row_s = (key >> 8) & ((1 << (self._rbits - 8)) - 1)
-            w_s = (key & 255).astype(np.float64)
+            row_s = ((key >> 8) & ((1 << (self._rbits - 8)) - 1)).astype(np.int32)
+            w_s = (key & 255).astype(np.uint8)  # compact: all workers of a process hold one
         else:  # pragma: no cover - huge levels or multiplicities >= 256
             ok = (f >= 0).ravel()
             blk = (self._p_node[:, None] * m + np.arange(m)[None, :]).ravel()[ok]
@@ -345,7 +344,6 @@ class Worker:
             order = np.lexsort((rows, bc))
             bc_s, row_s, w_s = bc[order], rows[order], ww[order]
         self._sorted = (feats.copy(), bc_s, row_s, w_s)
-        self._sorted_vals = None
 
     def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> np.ndarray:
         """The level's sorted block*stride+code keys, checking the features match."""
@@ -365,10 +363,10 @@ class Worker:
         n_nodes, m = feats.shape
         nblk = n_nodes * m
         out = np.full((nblk, n_points + 1), np.nan)
-        _, bc_s, _, w = self._sorted  # type: ignore[misc]
+        _, bc_s, _, w8 = self._sorted  # type: ignore[misc]
         if bc_s.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
-        cw = np.cumsum(w)
+        cw = np.cumsum(w8, dtype=np.float64)
         # block boundaries by search (nblk queries), not by a pass over every entry
         edges = np.searchsorted(bc_s, np.arange(nblk + 1, dtype=np.int64) << self._cbits)
         start, end = edges[:-1], edges[1:]
@@ -492,10 +490,9 @@ class Worker:
 
     def _sorted_stats(self) -> np.ndarray:
         """Weighted row statistics in the level's sorted order, plus a zero sentinel row."""
-        if self._sorted_vals is not None:
-            return self._sorted_vals
         S = self.config.n_stats
-        _, _, rows, w = self._sorted  # type: ignore[misc]
+        _, _, rows, w8 = self._sorted  # type: ignore[misc]
+        w = w8.astype(np.float64)
         n = w.size
         if self.config.task == "regression":
             vals = np.empty((n + 1, S))  # the sentinel row: pos may equal len(rows)
@@ -507,7 +504,6 @@ class Worker:
         else:
             vals = np.zeros((n + 1, S))
             vals[np.arange(n), np.take(self._y, rows)] = w
-        self._sorted_vals = vals
         return vals
 
     def _gains_from_hist(self, hist: np.ndarray) -> np.ndarray:

@@ -216,3 +216,17 @@ def test_deterministic_given_config() -> None:
     assert a.to_json() == b.to_json()
     c = run_in_process(_cfg(random_state=2), _clients())
     assert c.to_json() != a.to_json()
+
+
+def test_avgimp_level_without_splittable_nodes() -> None:
+    """Regression: AvgImp used to crash (reshape of an empty gain block) when no node of a
+    level could be split."""
+    from fedforest_secure import FedForestRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = (X[:, 0] > 0).astype(float)
+    model = FedForestRegressor(method="avgimp", top_l=3, n_estimators=2).fit(
+        X, y, client=np.repeat([0, 1], 20))
+    assert model.model_.trees[0].n_nodes > 1  # it did split before running out of nodes
+    assert ((model.predict(X) > 0.5) == (y > 0.5)).mean() > 0.7
