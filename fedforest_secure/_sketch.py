@@ -99,6 +99,23 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     return xs, s, dj, F
 
 
+def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> np.ndarray:
+    """For cuts at event positions ``x_i``: the midpoint to the next distinct event where the
+    pooled CDF is flat in between (slope 0 after the last event at ``x_i``), else ``x_i``."""
+    R, E = xs.shape
+    # index of the last event of each run of equal positions
+    last = np.ones((R, E), dtype=bool)
+    last[:, :-1] = xs[:, 1:] != xs[:, :-1]
+    idx = np.where(last, np.arange(E)[None, :], E)
+    run_end = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
+    e = np.take_along_axis(run_end, i, axis=1)
+    has_next = e + 1 < E
+    nxt = np.take_along_axis(xs, np.minimum(e + 1, E - 1), axis=1)
+    flat = np.take_along_axis(s, np.minimum(e, E - 1), axis=1) == 0
+    gap = has_next & flat & (nxt > x_i)
+    return np.where(gap, (x_i + nxt) / 2.0, x_i)
+
+
 def mixture_cdf(points: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Evaluate the pooled sketch CDF ``F~`` of each row at the points ``x`` of shape (R, Q)."""
     xs, s, dj, F = _events(points, weights)
@@ -178,8 +195,14 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     u = levels[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
         interp = x_prev + (u - F_prev) / s_prev
-    t = np.where((i > 0) & (s_prev > 0) & (u <= left_limit + 1e-12), interp, x_i)
+    ramp = (i > 0) & (s_prev > 0) & (u <= left_limit + 1e-12)
+    t = np.where(ramp, interp, x_i)
     t = np.clip(t, x_prev, x_i)
+    # A cut at a point after which the pooled CDF stays flat (a gap between clients' data)
+    # goes to the middle of the gap, like CART's midpoints: the same training rows fall on
+    # each side, and rows just beyond the last observed value are not cut off.
+    inside_ramp = ramp & (u < left_limit - 1e-12) & (t < x_i)  # else the cut sits at x_i
+    t = np.where(inside_ramp, t, _mid_gap(xs, s, i, x_i))
     t = np.where(tot > 0, t, np.inf)
     t.sort(axis=1)
     dup = np.zeros_like(t, dtype=bool)

@@ -145,7 +145,11 @@ def test_pooled_candidates_rank_error(fed: Any) -> None:
     assert fin.size >= 1
     assert np.all(np.diff(fin) > 0)  # sorted, distinct, +inf padded at the end
     assert np.isinf(thr[fin.size:]).all()
-    lo = _pooled_cdf(values, weights, fin, strict=True) - 1.0 / B - EPS  # F(t^-) - 1/B
+    # a threshold acts through the partition it induces, i.e. through the largest data value
+    # at or below it (a cut moved to the middle of an empty gap splits the rows the same way)
+    allv = np.sort(np.concatenate(values))
+    eff = allv[np.maximum(np.searchsorted(allv, fin, side="right") - 1, 0)]
+    lo = _pooled_cdf(values, weights, eff, strict=True) - 1.0 / B - EPS  # F(t^-) - 1/B
     hi = _pooled_cdf(values, weights, fin) + 1.0 / B + EPS  # F(t) + 1/B
     levels = np.arange(1, B) / B
     ok = (lo[:, None] <= levels[None, :]) & (levels[None, :] <= hi[:, None])
@@ -273,3 +277,16 @@ def test_worker_adaptive_sketch_size(r: int) -> None:
                 mult = counts[t, j, : u.size]
                 ref = client_quantiles(u[mult > 0], mult[mult > 0], bk)
                 np.testing.assert_array_equal(pts[t, j, : bk + 1], ref)
+
+
+def test_cut_between_disjoint_clients_goes_to_the_middle_of_the_gap() -> None:
+    """Where the pooled sketch CDF is flat (no client has data in between), the cut is the
+    midpoint of the gap, as CART's midpoints are, not the last observed value of one client."""
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(-5, 1, 150), rng.normal(5, 1, 150)
+    B = 32
+    pts = np.stack([client_quantiles(a, None, B), client_quantiles(b, None, B)])[None]
+    thr = pooled_candidates(pts, np.array([[150.0, 150.0]]), B)[0]
+    inside = thr[(thr > a.max()) & (thr < b.min())]
+    assert inside.size == 1
+    assert inside[0] == pytest.approx((a.max() + b.min()) / 2)
