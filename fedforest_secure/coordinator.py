@@ -98,6 +98,9 @@ class Coordinator:
         self.rounds_by_kind: dict[str, int] = {}
         #: every DP release: round, budget share, running totals, noise scales
         self.dp_spends: list[dict[str, Any]] = []
+        #: split decisions per level: tree, node, kind, feature, threshold, left set
+        self.decisions: list[dict[str, Any]] = []
+        self._events_seen = (0, 0)
         self._k_min = 0
         self._gen = self._run()
         self._pending: Task | None = next(self._gen)
@@ -142,6 +145,12 @@ class Coordinator:
         if self._model is None:
             raise ProtocolError("training has not finished")
         return self._model
+
+    def pop_events(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """DP spends and split decisions recorded since the last call (for the audit log)."""
+        a, b = self._events_seen
+        self._events_seen = (len(self.dp_spends), len(self.decisions))
+        return self.dp_spends[a:], self.decisions[b:]
 
     @property
     def done(self) -> bool:
@@ -411,6 +420,12 @@ class Coordinator:
                         lo_r[feat] = max(lo_r[feat], r_thr[i])
                     nxt_lo += [lo_l, lo_r]
                     nxt_hi += [hi_l, hi_r]
+            self.decisions.append({"level": level, "splits": [
+                {"tree": int(lvl_tree[i]), "node": int(lvl_node[i]),
+                 "kind": {NUM: "numeric", CAT: "categorical", CLIENT: "client"}[int(r_kind[i])],
+                 "feature": int(r_feat[i]), "threshold": float(r_thr[i]),
+                 "left_set": [int(v) for v in set_lists[i]]}
+                for i in range(n_nodes) if r_kind[i] != LEAF]})
             ptr = np.zeros(n_nodes + 1, dtype=np.int64)
             ptr[1:] = np.cumsum([len(s) for s in set_lists])
             vals = np.array([v for s in set_lists for v in s], dtype=np.int32)

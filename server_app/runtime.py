@@ -712,6 +712,16 @@ class ServerState:
         for u in uploads.values():
             u.summable = None
         self._audit_round(rt, rr, task, contributors, uploads, total, disclosed, secure)
+        spends, decisions = rt.coord.pop_events()
+        for sp in spends:
+            self.audit.append(rt.job_id, "dp_spend", {
+                "epsilon": sp["epsilon"], "delta": sp["delta"], "mechanism": sp["mechanism"],
+                "total_epsilon": sp["total_epsilon"], "total_delta": sp["total_delta"],
+                "round_id": sp["round"], "sigma_client": sp["sigma_client"]})
+        for dec in decisions:
+            self.audit.append(rt.job_id, "split", {"splits": dec["splits"],
+                                                   "level": dec["level"],
+                                                   "round_id": rr.round_id})
         self._issue_next(rt, sess, job)
 
     def _total(self, rt: JobRuntime, rr: RoundRow, contributors: list[int],
@@ -870,6 +880,7 @@ class ServerState:
                 idx, name = key.split("/", 1)
                 disclosed[int(idx)][name] = arr
             rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=contributors)
+            rt.coord.pop_events()  # replayed rounds were audited when they first closed
 
 
 def _secagg_threshold(config: JobConfig) -> float | int:

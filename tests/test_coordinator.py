@@ -230,3 +230,40 @@ def test_avgimp_level_without_splittable_nodes() -> None:
         X, y, client=np.repeat([0, 1], 20))
     assert model.model_.trees[0].n_nodes > 1  # it did split before running out of nodes
     assert ((model.predict(X) > 0.5) == (y > 0.5)).mean() > 0.7
+
+
+def test_dp_spends_and_split_decisions_are_reported_for_the_audit_log() -> None:
+    """Under secure-dp every release spends an equal share through the accountant, the
+    running total never exceeds the budget, and every split decision is reported once."""
+    from fedforest_secure.config import JobConfig
+    from fedforest_secure.coordinator import Coordinator
+    from fedforest_secure.federation import client_seed
+    from fedforest_secure.privacy import load_profile
+    from fedforest_secure.secure_sum import RingAggregator
+    from fedforest_secure.worker import Worker
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(240, 4))
+    y = (X[:, 0] > 0).astype(int)
+    prof = load_profile("secure-dp", epsilon=2.0).to_dict()
+    cfg = JobConfig(job_id="dp-audit", task="classification", n_features=4, n_clients=3,
+                    n_classes=2, n_estimators=3, max_depth=3, max_features=2, n_bins=4,
+                    bootstrap=False, row_sampling="all", criterion="gini", profile=prof,
+                    feature_bounds=((-5.0, 5.0),) * 4, target_bound=1.0)
+    parts = np.arange(240) % 3
+    workers = [Worker(cfg, X[parts == k], y[parts == k], client_index=k,
+                      seed=client_seed(cfg, k)) for k in range(3)]
+    coord, agg = Coordinator(cfg), RingAggregator(cfg)
+    spends, decisions = [], []
+    while (task := coord.next_task()) is not None:
+        replies = {k: w.handle(task) for k, w in enumerate(workers)}
+        coord.submit(task.round_id, agg.aggregate(task, replies), participants=[0, 1, 2])
+        sp, dec = coord.pop_events()
+        spends += sp
+        decisions += dec
+    assert len(spends) == cfg.max_depth
+    assert all(s["total_epsilon"] <= 2.0 + 1e-9 for s in spends)
+    assert spends[-1]["total_epsilon"] == pytest.approx(2.0, rel=1e-6)
+    n_splits = sum(int((t.kind != 0).sum()) for t in coord.result().trees)
+    assert sum(len(d["splits"]) for d in decisions) == n_splits
+    assert coord.pop_events() == ([], [])

@@ -54,7 +54,13 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     with AuditLog(fed.root / "audit.db", create=False) as log:
         assert contains_per_client_plaintext(log, "job-a") == []
         joined = [e for e in log.entries(job_id="job-a") if e.kind == "client_joined"]
+        splits = [s for e in log.entries(job_id="job-a") if e.kind == "split"
+                  for s in e.payload["splits"]]
+        models = [e for e in log.entries(job_id="job-a") if e.kind == "model"]
     assert len(joined) == 3 and all(len(e.payload["identity_key"]) == 64 for e in joined)
+    # every split decision of the forest is in the log, and the final model's digest
+    assert len(splits) == sum(int((t.kind != 0).sum()) for t in got.trees)
+    assert len(models) == 1
 
 
 def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
