@@ -56,6 +56,21 @@ class RoundRecord:
     participants: list[int] = field(default_factory=list)
 
 
+def _stream_plain(task: Task, workers: Sequence[Worker]
+                  ) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
+    """Add the clients' vectors one by one, in client order (same floats as PlainSum)."""
+    total: np.ndarray | None = None
+    disclosed: dict[int, dict[str, np.ndarray]] = {}
+    for k, w in enumerate(workers):
+        reply = w.handle(task)
+        if total is None:
+            total = np.zeros_like(reply.summable, dtype=np.float64)
+        total += reply.summable
+        if reply.disclosed:
+            disclosed[k] = reply.disclosed
+    return (total if total is not None else np.zeros(0)), disclosed
+
+
 def make_aggregator(config: JobConfig) -> Aggregator:
     """The aggregator the job's profile calls for."""
     prof = config.profile
@@ -82,17 +97,21 @@ def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
     if len(clients) != config.n_clients:
         raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
     if workers is None:
-        workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k))
-                   for k, (X, y) in enumerate(clients)]
+        workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k),
+                          keep_last_reply=False) for k, (X, y) in enumerate(clients)]
     agg = aggregator or make_aggregator(config)
     coord = Coordinator(config)
     while (task := coord.next_task()) is not None:
-        replies = {k: w.handle(task) for k, w in enumerate(workers)}
-        total = agg.aggregate(task, replies)
-        disclosed = {k: r.disclosed for k, r in replies.items() if r.disclosed}
-        coord.submit(task.round_id, total, disclosed, participants=sorted(replies))
+        if isinstance(agg, PlainSum) and on_round is None:
+            # plain sums stream: one client's vector at a time (memory O(vector), not K x)
+            total, disclosed = _stream_plain(task, workers)
+        else:
+            replies = {k: w.handle(task) for k, w in enumerate(workers)}
+            total = agg.aggregate(task, replies)
+            disclosed = {k: r.disclosed for k, r in replies.items() if r.disclosed}
+        coord.submit(task.round_id, total, disclosed, participants=list(range(len(workers))))
         if on_round is not None:
-            on_round(RoundRecord(task, total, disclosed, sorted(replies)))
+            on_round(RoundRecord(task, total, disclosed, list(range(len(workers)))))
     model = coord.result()
     model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
     return model

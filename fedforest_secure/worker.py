@@ -45,7 +45,8 @@ class Worker:
     """
 
     def __init__(self, config: JobConfig, X: Any, y: Any, *, client_index: int,
-                 seed: int | np.random.SeedSequence | None = None) -> None:
+                 seed: int | np.random.SeedSequence | None = None,
+                 keep_last_reply: bool = True) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y)
         if X.ndim != 2 or X.shape[1] != config.n_features:
@@ -118,9 +119,11 @@ class Worker:
         self._level = 0
         self._n_nodes = T
         self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._level_feats: np.ndarray | None = None
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
         self._last_digest = b""
+        self._keep_last_reply = keep_last_reply
         self._questions: set[bytes] = set()
         self._dp_releases = 0
         #: number of nodes this client abstained from, per level (for audits and tests)
@@ -195,10 +198,12 @@ class Worker:
         if task.job_id != self.config.job_id:
             raise ProtocolError("task belongs to another job")
         digest = task.digest()
-        if self._last_reply is not None and task.round_id == self._last_round:
+        if self._last_round is not None and task.round_id == self._last_round:
             if digest != self._last_digest:
                 raise ProtocolError(f"round {task.round_id} was already answered for another "
                                     "question; refusing to answer it twice")
+            if self._last_reply is None:
+                raise ProtocolError(f"round {task.round_id} was already answered")
             return self._last_reply
         if self._last_round is not None and task.round_id < self._last_round:
             raise ProtocolError(f"round {task.round_id} is older than round {self._last_round}")
@@ -224,7 +229,12 @@ class Worker:
             raise ProtocolError(f"unknown task kind {task.kind}")
         if reply.summable.shape != (layout_size(task.layout),):
             raise ProtocolError("reply does not match the task layout")
-        self._last_round, self._last_reply, self._last_digest = task.round_id, reply, digest
+        self._last_round, self._last_digest = task.round_id, digest
+        # the last reply is kept so a retried round gets the same answer; an in-process
+        # federation, which never retries, can skip keeping it (memory)
+        self._last_reply = reply if self._keep_last_reply else None
+        if task.kind == TaskKind.HISTOGRAM and task.params.get("stats", "full") != "count":
+            self._sorted = None  # the level's last round: free its sorted arrays
         self._questions.add(question)
         if self.config.dp is not None and task.layout:
             self._dp_releases += 1
@@ -273,6 +283,7 @@ class Worker:
                                 f"{self._level}; replay the earlier sketch tasks first")
         self._n_nodes = n_nodes
         self._sorted = None
+        self._level_feats = None
         if self._p_node.size and self._p_node.max() >= n_nodes:
             raise ProtocolError("node count does not match routing")
         self._abstain(n_nodes)
@@ -344,12 +355,15 @@ class Worker:
             order = np.lexsort((rows, bc))
             bc_s, row_s, w_s = bc[order], rows[order], ww[order]
         self._sorted = (feats.copy(), bc_s, row_s, w_s)
+        self._level_feats = feats.copy()
 
     def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> np.ndarray:
         """The level's sorted block*stride+code keys, checking the features match."""
         if self._sorted is None:
-            raise ProtocolError("no sketch round for this level yet")
-        level_feats, bc_s, _, _ = self._sorted
+            if self._level_feats is None:
+                raise ProtocolError("no sketch round for this level yet")
+            self._sort_level(self._level_feats)  # freed after the level's last round; redo
+        level_feats, bc_s, _, _ = self._sorted  # type: ignore[misc]
         ref = level_feats[nodes]
         if ref.shape != feats.shape or ((feats >= 0) & (feats != ref)).any():
             raise ProtocolError("histogram features differ from the level's sketch features")
