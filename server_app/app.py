@@ -20,6 +20,7 @@ GET      /v1/jobs/{job}/rounds                        every issued round (for cl
 GET      /v1/jobs/{job}/rounds/{r}/task               the task of round r (octet-stream)
 POST     /v1/jobs/{job}/rounds/{r}/upload             the client's vector (octet-stream)
 GET      /v1/jobs/{job}/model                         the final model (JSON), members only
+GET      /v1/jobs/{job}/audit                         the job's audit log (JSON lines), members only
 =======  ===========================================  ==========================================
 
 ``?wait=s`` long-polls: the request returns as soon as something changes for the client (at
@@ -259,6 +260,12 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id,
                                                       bytes(body))
         return out
+
+    @app.get("/v1/jobs/{job_id}/audit", tags=["jobs"],
+             responses={200: {"content": {"application/x-ndjson": {}}}})
+    async def audit_log(job_id: JobId, c: Client) -> Response:
+        text = await run_in_threadpool(st.audit_log, c, job_id)
+        return Response(content=text, media_type="application/x-ndjson")
 
     @app.get("/v1/jobs/{job_id}/model", tags=["jobs"])
     async def model(job_id: JobId, c: Client) -> Response:

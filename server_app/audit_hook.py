@@ -28,6 +28,8 @@ class AuditSink(Protocol):
 
     def tip(self, job_id: str) -> tuple[int, str]: ...
 
+    def export(self, job_id: str) -> str: ...
+
 
 class NullAudit:
     """Records nothing; the head stays at genesis."""
@@ -43,6 +45,9 @@ class NullAudit:
 
     def tip(self, job_id: str) -> tuple[int, str]:
         return 0, GENESIS
+
+    def export(self, job_id: str) -> str:
+        return ""
 
     def close(self) -> None:
         return None
@@ -65,6 +70,16 @@ class _AuditLogSink:
         """``(seq, hash)`` of the job's last entry: sent with every task for client receipts."""
         seq, head = self._log.tip(job_id)
         return int(seq), str(head)
+
+    def export(self, job_id: str) -> str:
+        """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""
+        import io
+
+        from fedforest_secure.audit import export_jsonl
+
+        buf = io.StringIO()
+        export_jsonl(self._log, buf, job_id=job_id)
+        return buf.getvalue()
 
     def close(self) -> None:
         self._log.close()

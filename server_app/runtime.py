@@ -404,6 +404,13 @@ class ServerState:
                 raise ApiError(404, "unknown_round", f"round {round_id} was not issued")
             return rr.task_blob
 
+    def audit_log(self, client: ClientRow, job_id: str) -> str:
+        """A member's copy of its job's audit log (JSON lines). Other jobs' logs are not
+        served over HTTP: the operator reads them from the audit database."""
+        with self.db.session() as sess:
+            self._member(sess, client, job_id)
+        return self.audit.export(job_id)
+
     def model(self, client: ClientRow, job_id: str) -> str:
         with self.db.session() as sess:
             job, _ = self._member(sess, client, job_id)
