@@ -73,6 +73,9 @@ class Coordinator:
         self._rows_per_point = int(prof.get("rows_per_sketch_point", 0) or 0)
         if config.split_on_client and self._h_policy == "off":
             raise ProfileError("split_on_client=True but the privacy profile has h_splits='off'")
+        if config.split_on_client and self._h_policy == "noisy":
+            raise ProfileError("h_splits='noisy' (H-splits on DP-noised per-client summaries) is "
+                               "not implemented yet; use h_splits='off' or 'clear'")
         if config.method == "exact" and prof.get("secure_aggregation"):
             raise ProfileError("method='exact' discloses every node value; use the open profile")
         if self._sketch_kind == "secure_cdf" and config.method in ("quantiles", "avgimp"):
