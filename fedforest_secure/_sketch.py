@@ -184,7 +184,8 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     offs = 2.0 * np.arange(R)[:, None]
     flatF = (F + offs).ravel()
     targets = (levels[None, :] - 1e-12 + offs).ravel()
-    i = np.searchsorted(flatF, targets, side="left").reshape(R, n_bins - 1) - np.arange(R)[:, None] * E
+    i = (np.searchsorted(flatF, targets, side="left").reshape(R, n_bins - 1)
+         - np.arange(R)[:, None] * E)
     i = np.clip(i, 0, E - 1)
     prev = np.maximum(i - 1, 0)
     F_prev = np.take_along_axis(F, prev, axis=1)

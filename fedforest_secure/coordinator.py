@@ -121,7 +121,8 @@ class Coordinator:
         if task is None:
             raise ProtocolError("the job is finished; no round is open")
         if round_id != task.round_id:
-            raise ProtocolError(f"aggregate for round {round_id}, but round {task.round_id} is open")
+            raise ProtocolError(f"aggregate for round {round_id}, but round {task.round_id} "
+                                "is open")
         total = np.asarray(total, dtype=np.float64)
         if total.shape != (layout_size(task.layout),):
             raise InvalidMessage("aggregate does not match the round's layout")
@@ -443,7 +444,8 @@ class Coordinator:
                 box_hi = np.array(nxt_hi).reshape(-1, cfg.n_features)
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
-                           meta={"rounds": self._round, "rounds_by_kind": dict(self.rounds_by_kind)})
+                           meta={"rounds": self._round,
+                                 "rounds_by_kind": dict(self.rounds_by_kind)})
 
     # ------------------------------------------------------------------ candidates
     def _quantile_candidates(self, disc: dict[int, dict[str, np.ndarray]], ev: np.ndarray,
@@ -466,11 +468,11 @@ class Coordinator:
                           is_cat: np.ndarray) -> np.ndarray:
         E = ev.size
         per_block: list[np.ndarray] = []
-        for e, i in enumerate(ev):
+        for i in ev:
             for s in range(m):
                 b = i * m + s
-                parts = [disc[k]["unique_vals"][disc[k]["unique_ptr"][b]:disc[k]["unique_ptr"][b + 1]]
-                         for k in disc]
+                parts = [disc[k]["unique_vals"][disc[k]["unique_ptr"][b]:
+                                                disc[k]["unique_ptr"][b + 1]] for k in disc]
                 u = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
                 mid = (u[:-1] + u[1:]) / 2.0
                 mid = np.where(mid == u[1:], u[:-1], mid)  # scikit-learn's rounding guard
@@ -527,7 +529,8 @@ class Coordinator:
                                    self._rows_per_point)
         while (grid := planner.next_grid()) is not None:
             task = self._task(TaskKind.HISTOGRAM, level, {"stats": "count", "purpose": "sketch"},
-                              {"nodes": ev, "features": planner.active_features(), "thresholds": grid},
+                              {"nodes": ev, "features": planner.active_features(),
+                               "thresholds": grid},
                               (Block("counts", (ev.size, feats.shape[1], grid.shape[2] + 1, 1),
                                      (StatKind.COUNT,)),))
             blocks, _ = yield task
@@ -537,7 +540,8 @@ class Coordinator:
     # ------------------------------------------------------------------ decisions
     def _choose(self, blocks: dict[str, np.ndarray], mode: str, thr: np.ndarray,
                 feats: np.ndarray, is_cat: np.ndarray, totals: np.ndarray, n: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[list[int]]]:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                           list[list[int]]]:
         cfg = self.config
         E, m, bt = thr.shape
         cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]

@@ -20,7 +20,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
-from .federation import RoundRecord, run_in_process
+from .federation import run_in_process
 from .model import ForestModel
 
 __all__ = ["FedForestClassifier", "FedForestRegressor"]

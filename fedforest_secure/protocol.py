@@ -55,7 +55,7 @@ _DTYPES = {
 }
 
 
-class TaskKind(str, enum.Enum):
+class TaskKind(enum.StrEnum):
     """What a round asks of the clients."""
 
     #: Route rows through the previous level's splits, send node totals (summable) and, if asked,
@@ -65,7 +65,7 @@ class TaskKind(str, enum.Enum):
     HISTOGRAM = "histogram"
 
 
-class StatKind(str, enum.Enum):
+class StatKind(enum.StrEnum):
     """The meaning of one column of a statistics block; fixes its fixed-point encoding."""
 
     COUNT = "count"  # weighted row counts (integers)
@@ -93,7 +93,8 @@ class Block:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "kinds": [k.value for k in self.kinds]}
+        return {"name": self.name, "shape": list(self.shape),
+                "kinds": [k.value for k in self.kinds]}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Block:

@@ -24,8 +24,7 @@ import numpy as np
 from . import _impurity
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
-from .protocol import (TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind,
-                       layout_size)
+from .protocol import TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind, layout_size
 
 __all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
 
