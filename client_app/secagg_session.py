@@ -121,7 +121,8 @@ class SecAggSession:
         delivery = parse(ShareDelivery, message)
         if delivery.round_id != task.round_id:
             raise ProtocolError("share delivery for another round")
-        header, masked = self._sa().mask(delivery, vector)
+        # the plain encoding is not needed after masking: mask it in place (no second buffer)
+        header, masked = self._sa().mask(delivery, vector, inplace=True)
         return header.model_dump_json(), masked
 
     def unmask(self, task: Task, message: str) -> None:

@@ -359,3 +359,37 @@ def test_task_digest_changes_the_pairwise_masks() -> None:
     s2 = _kdf.derive_seed(a, _kdf.public_key(b), mask_info("j", 0, 0, 1, bytes(32)))
     assert s1 != s2
     assert np.count_nonzero(_prg.expand(s1, L) == _prg.expand(s2, L)) == 0
+
+
+def test_inplace_masking_gives_the_same_exact_sum() -> None:
+    """``mask(..., inplace=True)`` overwrites the caller's vector with its masked value and the
+    unmasked sum is still exact (the client runner masks its fresh encoding in place)."""
+    import hashlib as _hashlib
+
+    from fedforest_secure.secagg import InProcessSecureSum as _Driver
+    from fedforest_secure.secagg import SecAggServer as _Server
+
+    k, n = 4, 1000
+    agg = _Driver(range(k), threshold=0.67, job_id="inplace")
+    digest = _hashlib.sha256(b"inplace").digest()
+    server = _Server("inplace", 0, "q", digest, n, 0.67, agg.directory)
+    for c in agg.clients.values():
+        server.receive_advert(c.advertise(0))
+    setup = server.setup()
+    for c in agg.clients.values():
+        server.receive_shares(c.share_keys(setup))
+    deliveries = server.deliver_shares()
+    rng = np.random.default_rng(7)
+    plain = {u: rng.integers(0, 2**63, n, dtype=np.uint64) for u in range(k)}
+    for u, c in agg.clients.items():
+        vec = plain[u].copy()
+        header, masked = c.mask(deliveries[u], vec, inplace=True)
+        assert masked is vec and not np.array_equal(vec, plain[u])
+        server.receive_upload(header, masked)
+    req = server.request_unmask()
+    for u in req.survivors:
+        server.receive_unmask(agg.clients[u].unmask(req))
+    expected = np.zeros(n, dtype=np.uint64)
+    for v in plain.values():
+        expected += v
+    np.testing.assert_array_equal(server.finish(), expected)

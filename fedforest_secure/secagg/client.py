@@ -198,8 +198,14 @@ class SecAggClient:
 
     # -- 3. masked upload --------------------------------------------------------------------
     def mask(self, delivery: ShareDelivery, vector: np.ndarray, *,
-             next_advert: KeyAdvert | None = None) -> tuple[MaskedUpload, np.ndarray]:
-        """Decrypt the delivered shares and return the upload header and the masked vector."""
+             next_advert: KeyAdvert | None = None,
+             inplace: bool = False) -> tuple[MaskedUpload, np.ndarray]:
+        """Decrypt the delivered shares and return the upload header and the masked vector.
+
+        With ``inplace=True`` the (contiguous, writable) ``vector`` itself is overwritten with
+        its masked value and returned: no second buffer, for callers that drop the plain
+        encoding anyway (the client runner does).
+        """
         rnd = self._expect(ClientStage.SHARED, delivery, ShareDelivery)
         if delivery.recipient != self.client_id:
             raise InvalidMessage("share delivery addressed to another client")
@@ -214,8 +220,10 @@ class SecAggClient:
         keys = rnd.keys
         if keys is None:
             raise ProtocolError("round keys already consumed")
-        src = np.ascontiguousarray(x)
-        masked = np.empty_like(src)
+        if inplace and not (x.flags.c_contiguous and x.flags.writeable):
+            raise ValueError("inplace masking needs a contiguous, writable vector")
+        src = x if inplace else np.ascontiguousarray(x)
+        masked = src if inplace else np.empty_like(src)
         plus, minus = [keys.self_seed], []
         for v in sorted(peers):
             info = mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest)
@@ -224,7 +232,7 @@ class SecAggClient:
             except ValueError as exc:
                 raise InvalidMessage("bad masking key in the roster") from exc
             (plus if v > self.client_id else minus).append(s_uv)
-        _prg.apply_masks(masked, plus, minus, src=src)
+        _prg.apply_masks(masked, plus, minus, src=None if inplace else src)
         rnd.held.update(opened)
         rnd.keys = None  # the round's secrets are no longer needed
         self.stage = ClientStage.MASKED

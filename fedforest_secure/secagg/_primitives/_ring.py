@@ -19,6 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 _INT64_MAX = (1 << 63) - 1
+_MAGIC = 1.5 * 2.0**52
+_MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
+_MAGIC_LIMIT = 2.0**50
 MAX_FRAC_BITS = 62
 
 
@@ -54,6 +57,12 @@ def check_config(frac_bits: np.ndarray, max_abs: np.ndarray, n_clients: int) -> 
 
 def first_out_of_range(values: np.ndarray, max_abs: np.ndarray) -> int | None:
     """Index of the first value that is not finite or exceeds its ``max_abs``, else ``None``."""
+    if values.size and max_abs.size and max_abs[0] == max_abs[-1] and (
+            max_abs.min() == max_abs.max()):
+        # one bound for all: two reductions, no temporaries (NaN makes max/min NaN: slow path)
+        lim = float(max_abs[0])
+        if float(values.max()) <= lim and float(values.min()) >= -lim:
+            return None
     ok = np.abs(values) <= max_abs  # NaN compares False; max_abs is finite, so inf fails too
     if ok.all():
         return None
@@ -66,6 +75,13 @@ def encode(values: np.ndarray, factor: np.ndarray | float) -> np.ndarray:
     No range check here.
     """
     scaled = np.multiply(values, factor)  # exact: a power of two
+    if scaled.size and float(np.abs(scaled).max()) < _MAGIC_LIMIT:
+        # round-half-even to an integer in place: adding 1.5 * 2^52 leaves the integer in the
+        # low mantissa bits (same rounding as np.rint), and no int64 copy is allocated
+        scaled += _MAGIC
+        ints = scaled.view(np.int64)
+        ints -= _MAGIC_BITS
+        return ints.view(np.uint64)
     np.rint(scaled, out=scaled)
     return scaled.astype(np.int64).view(np.uint64)
 
