@@ -71,51 +71,6 @@ def make_method(name: str, task: str, seed: int, n_estimators: int | None = None
     raise ValueError(f"unknown method {name!r}")
 
 
-# ------------------------------------------------------------------------------- engine shim
-AVGIMP_SHIM_NOTE = ""
-
-
-def install_avgimp_empty_level_shim() -> str:
-    """Work around an engine bug, only if it is present; returns a note for the report.
-
-    ``Coordinator._choose`` crashes in AvgImp mode when no node of a level can be split
-    (``g.reshape(E, -1)`` with ``E == 0`` raises "cannot reshape array of size 0"). That happens
-    whenever every node of some level is pure or smaller than 2 * min_samples_leaf, i.e. on most
-    small datasets. With no node to evaluate the only correct outcome is "no split", which the
-    shim returns; every other call goes to the engine's own code.
-    """
-    global AVGIMP_SHIM_NOTE
-    from fedforest_secure import coordinator as C
-
-    if getattr(C.Coordinator._choose, "_bench_shim", False):
-        return AVGIMP_SHIM_NOTE
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(40, 3))
-    try:
-        FedForestRegressor(method="avgimp", top_l=3, n_estimators=2, max_depth=8,
-                           min_samples_leaf=5).fit(X, (X[:, 0] > 0).astype(float),
-                                                   client=np.repeat([0, 1], 20))
-        return ""
-    except ValueError as exc:
-        if "reshape" not in str(exc):
-            raise
-    orig = C.Coordinator._choose
-
-    def _choose(self: Any, blocks: Any, mode: str, thr: np.ndarray, *args: Any) -> Any:
-        if mode == "gain" and thr.shape[0] == 0:
-            S = self.config.n_stats
-            return (np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                    np.zeros((0, S)), np.zeros(0, np.int64), [])
-        return orig(self, blocks, mode, thr, *args)
-
-    _choose._bench_shim = True  # type: ignore[attr-defined]
-    C.Coordinator._choose = _choose
-    AVGIMP_SHIM_NOTE = ("engine bug worked around: Coordinator._choose crashes for "
-                        "method='avgimp' when a level has no splittable node; the benchmark "
-                        "patches that case to 'no split' (see docs/benchmarks.md)")
-    return AVGIMP_SHIM_NOTE
-
-
 # ------------------------------------------------------------------------------- metrics
 def mse(y: np.ndarray, p: np.ndarray) -> float:
     return float(mean_squared_error(y, p))

@@ -26,9 +26,6 @@ Deviations from the paper, each stated in the printed notes:
   ``--supports-max-features third`` uses d/3.
 * ``appendix`` runs madelon (2600 x 500) with ``--heavy-reps`` (default 1) draws unless
   ``--reps`` is given: AvgImp alone takes about 4 min per fit on 2 cores.
-* With ``method="avgimp"``, ``Coordinator._choose`` crashes when a level has no splittable node.
-  If that bug is present, a probe detects it and ``_common.install_avgimp_empty_level_shim``
-  handles that single case as "no split".
 """
 
 from __future__ import annotations
@@ -64,7 +61,6 @@ from _common import (  # noqa: E402
     client_holdout,
     fit_predict,
     fmt,
-    install_avgimp_empty_level_shim,
     make_method,
     mse,
     progress,
@@ -548,9 +544,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"<!-- benchmarks/paper.py {' '.join(sys.argv[1:] if argv is None else argv)} | "
           f"{time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()} | "
           f"python {platform.python_version()} | T={b.T} -->\n")
-    shim = install_avgimp_empty_level_shim()
-    if shim:
-        print(f"> NOTE: {shim}\n")
     t_all = time.perf_counter()
     for exp in todo:
         t0 = time.perf_counter()

@@ -597,14 +597,22 @@ class ServerState:
         return sorted(sess.scalars(select(UploadRow.client_index).where(
             UploadRow.job_id == rr.job_id, UploadRow.round_id == rr.round_id)))
 
+    def _open_round(self, sess: Any, job_id: str) -> tuple[JobRow, RoundRow] | None:
+        """The running job and its open round, or None when there is nothing to act on."""
+        job = sess.get(JobRow, job_id)
+        assert_row(job)
+        rr = sess.get(RoundRow, (job_id, job.current_round))
+        if job.status != "running" or rr is None or rr.status != "open":
+            return None
+        return job, rr
+
     def _maybe_close(self, job_id: str) -> None:
         rt = self._runtime(job_id)
         with self._guard(job_id), self.db.session() as sess:
-            job = sess.get(JobRow, job_id)
-            assert_row(job)
-            rr = sess.get(RoundRow, (job_id, job.current_round))
-            if job.status != "running" or rr is None or rr.status != "open":
+            found = self._open_round(sess, job_id)
+            if found is None:
                 return
+            job, rr = found
             if rt.extra.get("secagg") is not None:
                 self._secure_progress(rt, sess, job, rr)
                 return
@@ -616,11 +624,10 @@ class ServerState:
     def _deadline(self, job_id: str) -> None:
         rt = self._runtime(job_id)
         with self._guard(job_id), self.db.session() as sess:
-            job = sess.get(JobRow, job_id)
-            assert_row(job)
-            rr = sess.get(RoundRow, (job_id, job.current_round))
-            if job.status != "running" or rr is None or rr.status != "open":
+            found = self._open_round(sess, job_id)
+            if found is None:
                 return
+            job, rr = found
             bridge = rt.extra.get("secagg")
             if bridge is not None:
                 sr = bridge.current
@@ -630,15 +637,14 @@ class ServerState:
                 dropped = self._drop(rt, sess, job, late, rr.round_id,
                                      reason=f"missed the round deadline (phase {sr.phase})")
                 sr.dropped.update(late)
-                rr.dropped_json = json.dumps(sorted(set(json.loads(rr.dropped_json))
-                                                    | set(dropped)))
+                _add_dropped(rr, dropped)
                 self._secure_progress(rt, sess, job, rr, force=True)
                 self._notify()
                 return
             got = self._contributors(sess, rr)
             late = sorted(set(json.loads(rr.participants_json)) - set(got))
             dropped = self._drop(rt, sess, job, late, rr.round_id)
-            rr.dropped_json = json.dumps(sorted(set(json.loads(rr.dropped_json)) | set(dropped)))
+            _add_dropped(rr, dropped)
             if len(got) >= job.min_clients:
                 self._close(rt, sess, job, rr, got)
             else:
@@ -888,6 +894,11 @@ class ServerState:
                 disclosed[int(idx)][name] = arr
             rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=contributors)
             rt.coord.pop_events()  # replayed rounds were audited when they first closed
+
+
+def _add_dropped(rr: RoundRow, dropped: list[int]) -> None:
+    """Record more dropped clients on a round (a sorted JSON list, no duplicates)."""
+    rr.dropped_json = json.dumps(sorted(set(json.loads(rr.dropped_json)) | set(dropped)))
 
 
 def _secagg_threshold(config: JobConfig) -> float | int:
