@@ -32,8 +32,15 @@ AVG_XH = "FedForest AvgImp/Top-3 (X,H)"
 HIST = "Fed Histogram (Kalloori)"
 ENS = "Local Ensemble (Hauschild)"
 LOCAL = "Local Learning"
+# FedForest under the ``secure`` privacy profile: secure aggregation of every statistic, the
+# pooled ``secure_cdf`` sketch, abstention below 5 rows, sums over >= 3 clients, no H-splits.
+SECURE_X = "FedForest secure (X)"
 
-ALL_METHODS = (CENT_X, CENT_XH, QUANT_X, QUANT_XH, AVG_X, AVG_XH, HIST, ENS, LOCAL)
+ALL_METHODS = (CENT_X, CENT_XH, QUANT_X, QUANT_XH, AVG_X, AVG_XH, HIST, ENS, LOCAL, SECURE_X)
+# Short names for ``--methods``.
+METHOD_KEYS = {"cent_x": CENT_X, "cent_xh": CENT_XH, "quant_x": QUANT_X, "quant_xh": QUANT_XH,
+               "avg_x": AVG_X, "avg_xh": AVG_XH, "hist": HIST, "ens": ENS, "local": LOCAL,
+               "secure_x": SECURE_X}
 
 
 def max_features_for(task: str) -> Any:
@@ -45,8 +52,8 @@ def make_method(name: str, task: str, seed: int, n_estimators: int | None = None
     """A fresh, unfitted model for method ``name`` with the paper's hyper-parameters.
 
     Every model has ``fit(X, y, client=h)`` and ``predict(X, client=h)``; FedForest runs the
-    in-process protocol with the ``open`` profile. ``max_features=None``: the paper's d/3 or
-    sqrt(d).
+    in-process protocol with the ``open`` profile, except :data:`SECURE_X` (the ``secure``
+    profile, same hyper-parameters). ``max_features=None``: the paper's d/3 or sqrt(d).
     """
     T = n_estimators or PAPER_HP["n_estimators"]
     mf = max_features_for(task) if max_features is None else max_features
@@ -68,6 +75,9 @@ def make_method(name: str, task: str, seed: int, n_estimators: int | None = None
                    **fed)
     if name == HIST:
         return Fed(method="histogram", **fed)
+    if name == SECURE_X:
+        # the profile sets the sketch (secure_cdf), abstention and the minimum of 3 clients
+        return Fed(method="quantiles", **dict(fed, profile="secure"))
     raise ValueError(f"unknown method {name!r}")
 
 

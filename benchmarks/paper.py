@@ -4,9 +4,12 @@ Every experiment uses the paper's hyper-parameters: T = 50 trees, max depth 8, m
 B = 32 candidates per feature, L = 3 for AvgImp/Top-L, max_features d/3 (regression) and
 sqrt(d) (classification), client-stratified bootstrap. FedForest runs its real in-process
 protocol with the ``open`` profile (plain sums, disclosed quantile sketches and clear
-H-splits). The privacy profiles are compared elsewhere. Tables print ``mean ± std`` (sample
-std) over ``--reps`` draws. Where the paper publishes numbers (appendix tables), they are
-hard-coded from the .tex source and printed in a ``paper`` row under ours.
+H-splits). ``--profiles open secure`` adds a "FedForest secure (X)" column (the ``secure``
+profile: every statistic through secure aggregation, pooled ``secure_cdf`` sketch, abstention,
+sums over >= 3 clients, no H-splits) and a closing side-by-side table of it against the open
+profile's Quantiles (X). Tables print ``mean ± std`` (sample std) over ``--reps`` draws.
+Where the paper publishes numbers (appendix tables), they are hard-coded from the .tex source
+and printed in a ``paper`` row under ours.
 
     python benchmarks/paper.py synthetic             # Section 5: homogeneous / cov. / outcome shift
     python benchmarks/paper.py disjoint              # appendix: disjoint supports (gamma)
@@ -16,6 +19,8 @@ hard-coded from the .tex source and printed in a ``paper`` row under ours.
     python benchmarks/paper.py fragmentation         # appendix: Banknote, K = 1..100
     python benchmarks/paper.py heart                 # Section 5: Fed-Heart-Disease (FLamby)
     python benchmarks/paper.py all --quick           # smoke run of everything
+    python benchmarks/paper.py synthetic heart --profiles open secure \
+        --methods cent_x,quant_x,secure_x --reps 2   # secure vs open, a subset of methods
 
 Data seeds are ``0..reps-1`` and model seeds ``1000 + rep``, so runs are reproducible.
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import platform
 import sys
 import time
@@ -53,9 +59,11 @@ from _common import (  # noqa: E402
     ENS,
     HIST,
     LOCAL,
+    METHOD_KEYS,
     PAPER_HP,
     QUANT_X,
     QUANT_XH,
+    SECURE_X,
     acc,
     bacc,
     client_holdout,
@@ -242,6 +250,56 @@ class Bench:
         self.supports_mf: Any = 1.0 if smf == "all" else (1 / 3 if smf == "third" else smf)
         self.supports_mf_label = {"all": "all 5 features", "third": "d/3 = 1 of 5"}.get(
             smf, smf)
+        self.profiles: tuple[str, ...] = tuple(args.profiles)
+        self.only: set[str] | None = None
+        if args.methods:
+            keys = [k.strip() for k in args.methods.split(",") if k.strip()]
+            unknown = [k for k in keys if k not in METHOD_KEYS]
+            if unknown:
+                raise SystemExit(f"unknown --methods {unknown}; choose from "
+                                 f"{', '.join(METHOD_KEYS)}")
+            self.only = {METHOD_KEYS[k] for k in keys}
+        self.skipped: dict[str, set[str]] = {}
+        # (experiment, condition, open values, secure values, paper cell, higher is better)
+        self.compare: list[tuple[str, str, list[float], list[float], str | None, bool]] = []
+
+    def methods(self, base: Sequence[str]) -> tuple[str, ...]:
+        """The experiment's methods under ``--profiles`` and ``--methods``.
+
+        ``secure`` adds :data:`SECURE_X` right after the open Quantiles (X) column; without
+        ``open`` the open-profile FedForest methods are dropped (baselines stay).
+        """
+        out = list(base)
+        if "open" not in self.profiles:
+            out = [m for m in out if m not in _OPEN_FEDFOREST]
+        if "secure" in self.profiles and SECURE_X not in out:
+            at = out.index(QUANT_X) + 1 if QUANT_X in out else len(out)
+            out.insert(at, SECURE_X)
+        if self.only is not None:
+            out = [m for m in out if m in self.only]
+        return tuple(out)
+
+    def feasible(self, exp: str, method: str, client: np.ndarray) -> bool:
+        """The secure profile refuses sums over fewer than 3 clients: skip it (noted)."""
+        if method == SECURE_X and np.unique(client).size < 3:
+            self.skipped.setdefault(exp, set()).add(
+                f"{SECURE_X} not run where K < 3 (the secure profile refuses sums over fewer "
+                "than 3 clients)")
+            return False
+        return True
+
+    def compare_note(self, exp: str) -> list[str]:
+        return sorted(self.skipped.get(exp, ()))
+
+    def record_compare(self, exp: str, conds: Sequence[Any], labels: Sequence[str],
+                       res: Results, paper: dict[str, dict[Any, str]] | None,
+                       higher_better: bool) -> None:
+        for c, lab in zip(conds, labels, strict=True):
+            cell = res.get(str(c), {})
+            if QUANT_X in cell and SECURE_X in cell:
+                self.compare.append((exp, lab, cell[QUANT_X], cell[SECURE_X],
+                                     _paper_cell(paper, QUANT_X, c) if paper else None,
+                                     higher_better))
 
     def reps(self, default: int) -> int:
         if self.reps_arg is not None:
@@ -254,6 +312,8 @@ class Bench:
                     res: Results, max_features: Any = None) -> None:
         Xtr, ytr, htr, Xte, yte, hte = data
         for m in methods:
+            if not self.feasible(exp, m, htr):
+                continue
             model = make_method(m, task, 1000 + rep, self.T, max_features=max_features)
             run = fit_predict(model, Xtr, ytr, htr, Xte, hte)
             res.setdefault(cond, {}).setdefault(m, []).append(metric(yte, run.pred))
@@ -263,6 +323,52 @@ class Bench:
         t = self.timings.get(exp, {})
         parts = [f"{m} {np.mean(v):.1f}" for m, v in t.items()]
         return "mean fit time per model (s): " + ", ".join(parts)
+
+
+_OPEN_FEDFOREST = (QUANT_X, QUANT_XH, AVG_X, AVG_XH, HIST)
+
+
+def _paper_std(cell: str | None) -> float:
+    """The ``± std`` of a published cell (``nan`` if none)."""
+    if not cell or "±" not in cell:
+        return math.nan
+    try:
+        return float(cell.split("±")[1])
+    except ValueError:
+        return math.nan
+
+
+def side_by_side(b: Bench) -> str:
+    """Secure profile vs open profile (Quantiles (X)) on every condition both ran."""
+    rows = []
+    n_within = 0
+    for exp, cond, op, se, paper, higher in b.compare:
+        mo, so = float(np.mean(op)), float(np.std(op, ddof=1)) if len(op) > 1 else math.nan
+        ms = float(np.mean(se))
+        delta = ms - mo
+        spread = _paper_std(paper)
+        source = "paper"
+        if not np.isfinite(spread):
+            spread, source = so, "ours"
+        worse = delta < -1e-12 if higher else delta > 1e-12
+        within = bool(np.isfinite(spread) and abs(delta) <= spread)
+        n_within += within
+        if not np.isfinite(spread):
+            verdict = "n/a" + (" (worse)" if worse else "")
+        else:
+            verdict = ("yes" if within else "no") + (" (worse)" if worse and not within else "")
+        rows.append([f"{exp}: {cond}", fmt(op), fmt(se), f"{delta:+.3f}",
+                     paper or "-", f"{spread:.3f} ({source})" if np.isfinite(spread) else "-",
+                     verdict])
+    header = ["benchmark: condition", QUANT_X + " (open)", SECURE_X, "Δ secure − open",
+              "paper Quantiles (X)", "spread", "|Δ| ≤ spread"]
+    return table(
+        "Secure profile vs open profile", header, rows,
+        ["spread = the paper's published std of FedForest Quantiles (X) for that cell when it "
+         "exists, else the sample std of our open-profile runs over the reps.",
+         "Δ = secure mean − open mean; 'worse' follows the metric (MSE lower is better, R² / "
+         "accuracy higher is better).",
+         f"{n_within} of {len(rows)} cells within the spread."])
 
 
 def _paper_cell(ref: dict[Any, dict[Any, str]] | None, method: str, cond: Any) -> str:
@@ -287,23 +393,25 @@ def method_table(title: str, conds: Sequence[Any], cond_labels: Sequence[str],
 def exp_synthetic(b: Bench) -> str:
     reps = b.reps(5)
     n_k = 60 if b.quick else 200
+    methods = b.methods(SYNTHETIC_METHODS)
     res: Results = {}
     for setting in SETTINGS:
         for rep in range(reps):
             progress(f"synthetic {setting} rep {rep + 1}/{reps}")
             tr, te = make_federated_regression(setting, n_clients=10, n_per_client=n_k, d=20,
                                                seed=rep)
-            b.run_methods("synthetic", setting, SYNTHETIC_METHODS, "regression", rep,
+            b.run_methods("synthetic", setting, methods, "regression", rep,
                           (tr.X, tr.y, tr.client, te.X, te.y, te.client), mse, res)
     b.raw["synthetic"] = res
     paper: dict[str, dict[Any, str]] = {}
     for s, d in PAPER_SYNTHETIC.items():
         for m, v in d.items():
             paper.setdefault(m, {})[s] = v
+    labels = ["homogeneous", "covariate shift", "outcome shift"]
+    b.record_compare("synthetic MSE", SETTINGS, labels, res, paper, higher_better=False)
     return method_table(
         f"Section 5 synthetic settings: test MSE (lower is better), K=10, n_k={n_k}, d=20, "
-        f"{reps} draws", SETTINGS, ["homogeneous", "covariate shift", "outcome shift"],
-        SYNTHETIC_METHODS, res, paper,
+        f"{reps} draws", SETTINGS, labels, methods, res, paper,
         [f"30% of each client's rows held out; mean ± std over {reps} draws (paper: 150 draws, "
          "results shown only as figures).",
          "paper rows: homogeneous = Table 'outlier_degradation' at 0% (20 draws; the paper's "
@@ -320,23 +428,26 @@ def _exp_supports(b: Bench, name: str, maker: Callable[..., Any],
                   paper: dict[str, dict[Any, str]], note: str) -> str:
     reps = b.reps(5)
     mf = b.supports_mf
+    methods = b.methods(SUPPORT_METHODS)
     res: Results = {}
     for g in GAMMAS:
         for rep in range(reps):
             progress(f"{name} gamma={g} rep {rep + 1}/{reps}")
             tr, te = maker(g, n_per_client=150, d=5, seed=rep)
-            b.run_methods(name, str(g), SUPPORT_METHODS, "regression", rep,
+            b.run_methods(name, str(g), methods, "regression", rep,
                           (tr.X, tr.y, tr.client, te.X, te.y, te.client), mse, res,
                           max_features=mf)
     b.raw[name] = res
+    b.record_compare(f"{name} MSE", GAMMAS, [f"γ={g:g}" for g in GAMMAS], res, paper,
+                     higher_better=False)
     return method_table(
         f"{name} supports: test MSE vs shift gamma (K=2, n_k=150, d=5, {reps} draws)",
-        GAMMAS, [f"γ={g:g}" for g in GAMMAS], SUPPORT_METHODS, res, paper,
+        GAMMAS, [f"γ={g:g}" for g in GAMMAS], methods, res, paper,
         [note, f"30% of each client's rows held out; max_features = {b.supports_mf_label} "
          "(the appendix states only depth 8 and 50 trees; its ~1.2 MSE at γ=0 needs all "
          "features: with d/3 = 1 of 5, centralized sklearn RF gets ~4.7 here); "
          f"mean ± std over {reps} draws (paper: number of draws not stated).",
-         b.timing_note(name)])
+         *b.compare_note(name), b.timing_note(name)])
 
 
 def exp_disjoint(b: Bench) -> str:
@@ -359,6 +470,7 @@ OUTLIER_METHODS = (CENT_X, AVG_X, QUANT_X, HIST, ENS, LOCAL)
 def exp_outliers(b: Bench) -> str:
     reps = b.reps(5)
     n_k = 60 if b.quick else 200
+    methods = b.methods(OUTLIER_METHODS)
     res: Results = {}
     for rep in range(reps):
         tr, te = make_federated_regression("homogeneous", n_clients=10, n_per_client=n_k,
@@ -366,12 +478,14 @@ def exp_outliers(b: Bench) -> str:
         for frac in FRACTIONS:
             progress(f"outliers {frac:.0%} rep {rep + 1}/{reps}")
             Xc, _ = contaminate_outliers(tr.X, frac, np.random.default_rng([rep, 7]))
-            b.run_methods("outliers", str(frac), OUTLIER_METHODS, "regression", rep,
+            b.run_methods("outliers", str(frac), methods, "regression", rep,
                           (Xc, tr.y, tr.client, te.X, te.y, te.client), mse, res)
     b.raw["outliers"] = res
+    b.record_compare("outliers MSE", FRACTIONS, [f"{f:.0%}" for f in FRACTIONS], res,
+                     PAPER_OUTLIERS, higher_better=False)
     return method_table(
         f"Outliers: test MSE vs fraction of training rows with X·1000 (homogeneous setting, "
-        f"{reps} draws)", FRACTIONS, [f"{f:.0%}" for f in FRACTIONS], OUTLIER_METHODS, res,
+        f"{reps} draws)", FRACTIONS, [f"{f:.0%}" for f in FRACTIONS], methods, res,
         PAPER_OUTLIERS,
         ["Training rows contaminated across all clients; the test sample is clean. Histogram "
          "bins span the global [min, max] of the (contaminated) training data.",
@@ -389,6 +503,7 @@ def exp_appendix(b: Bench, datasets: Sequence[str], heavy_reps: int) -> str:
     res: Results = {}
     rows = []
     skipped = []
+    methods = b.methods(APPENDIX_METHODS)
     for name in datasets:
         try:
             ds = load_dataset(name)
@@ -410,15 +525,19 @@ def exp_appendix(b: Bench, datasets: Sequence[str], heavy_reps: int) -> str:
                     sub = np.sort(rng.choice(X.shape[0], 1000, replace=False))
                     Xr, yr = X[sub], y[sub]
                 client = dirichlet_partition(Xr, 20, alpha, rng, min_size=5)
-                b.run_methods("appendix", cond, APPENDIX_METHODS, ds.task, rep,
+                b.run_methods("appendix", cond, methods, ds.task, rep,
                               _holdout_data(Xr, yr, client, rng), metric, res)
             sizes = np.bincount(client, minlength=20)
             label = f"{name} ({'R²' if ds.task == 'regression' else 'bal. acc'}) α={alpha:g}"
-            rows.append([label, str(reps)] + [fmt(res[cond].get(m)) for m in APPENDIX_METHODS]
+            rows.append([label, str(reps)] + [fmt(res.get(cond, {}).get(m)) for m in methods]
                         + [f"{sizes.min()}-{sizes.max()}"])
             ref = PAPER_APPENDIX.get(name, {}).get(alpha)
             if ref is not None:
-                rows.append(["  paper", ""] + [ref[m] for m in APPENDIX_METHODS] + [""])
+                rows.append(["  paper", ""] + [ref.get(m, "-") for m in methods] + [""])
+            paper = {m: {cond: v} for m, v in ref.items()} if ref is not None else None
+            b.record_compare(f"appendix {'R²' if ds.task == 'regression' else 'bal. acc'}",
+                             [cond], [f"{name} α={alpha:g}"], res, paper,
+                             higher_better=True)
     b.raw["appendix"] = res
     notes = ["Dirichlet covariate-shift partition (k-means groups on standardised X, "
              "dirichlet_partition(X, K=20, alpha, min_size=5)), then 30% of each client's rows "
@@ -428,7 +547,8 @@ def exp_appendix(b: Bench, datasets: Sequence[str], heavy_reps: int) -> str:
              "offline.", b.timing_note("appendix")]
     if skipped:
         notes.append("skipped: " + "; ".join(skipped))
-    header = ["dataset / α", "reps"] + list(APPENDIX_METHODS) + ["client n"]
+    notes += b.compare_note("appendix")
+    header = ["dataset / α", "reps"] + list(methods) + ["client n"]
     return table("Appendix benchmark: Dirichlet partition over K=20 clients", header, rows,
                  notes)
 
@@ -442,20 +562,24 @@ def exp_fragmentation(b: Bench) -> str:
     ds = load_dataset("banknote")
     res: Results = {}
     ks = (1, 5, 20, 100) if b.quick else KS
+    methods = b.methods(FRAG_METHODS)
     for K in ks:
         for rep in range(reps):
             progress(f"fragmentation K={K} rep {rep + 1}/{reps}")
             rng = np.random.default_rng([rep, 13])
             client = even_partition(ds.n_samples, K, rng)
-            b.run_methods("fragmentation", str(K), FRAG_METHODS, "classification", rep,
+            b.run_methods("fragmentation", str(K), methods, "classification", rep,
                           _holdout_data(ds.X, ds.y, client, rng), bacc, res)
     b.raw["fragmentation"] = res
+    b.record_compare("fragmentation bal. acc", ks, [f"K={k}" for k in ks], res,
+                     PAPER_FRAGMENTATION, higher_better=True)
     return method_table(
         f"Fragmentation: Banknote balanced accuracy vs number of clients K ({reps} draws)",
-        ks, [f"K={k}" for k in ks], FRAG_METHODS, res, PAPER_FRAGMENTATION,
+        ks, [f"K={k}" for k in ks], methods, res, PAPER_FRAGMENTATION,
         ["even_partition into K equal random shards, 30% of each shard held out (about 4 test "
          "rows per client at K=100). The paper's metric is not stated; balanced accuracy as in "
-         "the appendix benchmark.", b.timing_note("fragmentation")])
+         "the appendix benchmark.", *b.compare_note("fragmentation"),
+         b.timing_note("fragmentation")])
 
 
 # ----------------------------------------------------------------------------- heart
@@ -483,9 +607,10 @@ def exp_heart(b: Bench) -> str:
     tr, te = load_fed_heart_disease()
     centers = ("Cleveland", "Hungary", "Switzerland", "VA")
     res: dict[str, dict[str, list[float]]] = {}
+    methods = b.methods(HEART_METHODS)
     for rep in range(reps):
         progress(f"heart rep {rep + 1}/{reps}")
-        for m in HEART_METHODS:
+        for m in methods:
             run = fit_predict(make_method(m, "classification", 1000 + rep, b.T),
                               tr.X, tr.y, tr.client, te.X, te.client)
             b.timings.setdefault("heart", {}).setdefault(m, []).append(run.fit_s)
@@ -496,7 +621,10 @@ def exp_heart(b: Bench) -> str:
                 cell.setdefault(f"c{k}", []).append(acc(te.y[rows], run.pred[rows]))
     b.raw["heart"] = res
     cols = ["pooled"] + [f"c{k}" for k in range(4)]
-    rows = [[m] + [fmt(res[m][c]) for c in cols] for m in HEART_METHODS]
+    rows = [[m] + [fmt(res[m][c]) for c in cols] for m in methods]
+    by_cond: Results = {c: {m: res[m][c] for m in methods} for c in cols}
+    b.record_compare("heart accuracy", cols, ["pooled test"] + list(centers), by_cond, None,
+                     higher_better=True)
     try:
         ref = _flamby_reference()
         tests = ["Pooled Test"] + [f"client_test_{k}" for k in range(4)]
@@ -524,7 +652,7 @@ EXPERIMENTS = ("synthetic", "disjoint", "overlapping", "outliers", "appendix", "
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=EXPERIMENTS + ("all",))
+    p.add_argument("experiment", nargs="+", choices=EXPERIMENTS + ("all",))
     p.add_argument("--reps", type=int, default=None,
                    help="draws per cell (default: synthetic/supports/outliers/heart 5, "
                         "appendix/fragmentation 3; 1 with --quick)")
@@ -537,10 +665,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--supports-max-features", choices=("all", "third"), default="all",
                    help="disjoint/overlapping: features tried per node (default all 5; "
                         "'third' = the main text's d/3, i.e. 1)")
+    p.add_argument("--profiles", nargs="+", choices=("open", "secure"), default=["open"],
+                   help="privacy profiles of FedForest to run; 'secure' adds a "
+                        f"'{SECURE_X}' column and a side-by-side table against the open "
+                        "Quantiles (X)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of methods to run, from: "
+                        + ", ".join(METHOD_KEYS))
     p.add_argument("--json", type=Path, default=None, help="also write the raw per-rep scores")
     args = p.parse_args(argv)
     b = Bench(args)
-    todo = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
+    todo = EXPERIMENTS if "all" in args.experiment else tuple(args.experiment)
     print(f"<!-- benchmarks/paper.py {' '.join(sys.argv[1:] if argv is None else argv)} | "
           f"{time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()} | "
           f"python {platform.python_version()} | T={b.T} -->\n")
@@ -554,9 +689,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = globals()[f"exp_{exp}"](b)
         print(text)
         print(f"_{exp}: {time.perf_counter() - t0:.0f} s wall_\n", flush=True)
+        if args.json is not None:  # after every experiment, so a long run keeps what it has
+            args.json.write_text(json.dumps(dict(b.raw, side_by_side=b.compare), indent=1,
+                                            sort_keys=True))
+    if b.compare:
+        print(side_by_side(b))
     print(f"_total: {time.perf_counter() - t_all:.0f} s wall_")
-    if args.json is not None:
-        args.json.write_text(json.dumps(b.raw, indent=1, sort_keys=True))
     return 0
 
 

@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
-_CHUNK_ENTRIES = 1 << 20
+CHUNK_ENTRIES = 1 << 18
 
 
 def client_quantiles(values: np.ndarray, weights: np.ndarray | None, n_points: int) -> np.ndarray:
@@ -148,7 +148,7 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
         row to the left when ``x <= t``.
     """
     R, K, P = points.shape
-    chunk = max(1, _CHUNK_ENTRIES // max(K * P, 1))
+    chunk = max(1, CHUNK_ENTRIES // max(K * P, 1))
     if R > chunk:  # bounded memory: the event arrays are R x K x P wide
         return np.concatenate([pooled_candidates(points[i:i + chunk], counts[i:i + chunk],
                                                  n_bins) for i in range(0, R, chunk)])

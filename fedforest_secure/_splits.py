@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _impurity
 
-__all__ = ["best_numeric", "best_grouping"]
+__all__ = ["best_numeric", "best_grouping", "clean_noisy_groups"]
 
 
 def best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,
@@ -99,3 +99,26 @@ def best_grouping(groups: np.ndarray, task: str, criterion: str, min_leaf: float
     if not np.isfinite(g[i]):
         return none
     return float(g[i]), sorted(int(v) for v in subsets[i]), lefts[i]
+
+
+def clean_noisy_groups(groups: np.ndarray, task: str, bound: float | None = None) -> np.ndarray:
+    """Make DP-noised per-group statistics consistent (post-processing, no privacy cost).
+
+    Class counts are clipped at 0. For regression, a group whose noisy count is not positive
+    is dropped (all zeros); otherwise the sum is kept within ``[-bound n, bound n]`` (when the
+    public target bound is given) and the sum of squares within ``[sum**2 / n, bound**2 n]``,
+    so that means and impurities stay in range.
+    """
+    g = np.array(groups, dtype=np.float64, copy=True)
+    if task != "regression":
+        return np.maximum(g, 0.0)
+    n = g[..., 0]
+    absent = n <= 0
+    safe = np.where(absent, 1.0, n)
+    if bound is not None:
+        g[..., 1] = np.clip(g[..., 1], -bound * safe, bound * safe)
+    lo = g[..., 1] ** 2 / safe
+    hi = np.inf if bound is None else bound * bound * safe
+    g[..., 2] = np.clip(g[..., 2], lo, hi)
+    g[absent] = 0.0
+    return g

@@ -73,9 +73,13 @@ class Coordinator:
         self._rows_per_point = int(prof.get("rows_per_sketch_point", 0) or 0)
         if config.split_on_client and self._h_policy == "off":
             raise ProfileError("split_on_client=True but the privacy profile has h_splits='off'")
-        if config.split_on_client and self._h_policy == "noisy":
-            raise ProfileError("h_splits='noisy' (H-splits on DP-noised per-client summaries) is "
-                               "not implemented yet; use h_splits='off' or 'clear'")
+        # h_splits = "noisy": per-client node summaries carry each client's own DP noise
+        # (privacy/hsplits.py); they need a budget, so without [dp] the job fails closed
+        self._noisy_h = bool(config.split_on_client and self._h_policy == "noisy")
+        if self._noisy_h and config.dp is None:
+            raise BudgetError("h_splits='noisy' adds DP noise to per-client node summaries and "
+                              "needs a [dp] budget (dp.epsilon and dp.h_epsilon); refusing to "
+                              "train without one")
         if config.method == "exact" and prof.get("secure_aggregation"):
             raise ProfileError("method='exact' discloses every node value; use the open profile")
         if self._sketch_kind == "secure_cdf" and config.method in ("quantiles", "avgimp"):
@@ -88,13 +92,13 @@ class Coordinator:
                                                  and not config.target_bound > 0):
                 raise BudgetError("differential privacy needs public feature and target bounds; "
                                   "refusing to infer them from data")
-            from .privacy.accountant import PrivacyAccountant
+            from .privacy.hsplits import job_budget
 
             # releases: one histogram round per level; node and leaf values come from the same
-            # noisy histograms, so no other round releases anything
-            self.accountant = PrivacyAccountant(float(self._dp["epsilon"]),
-                                                float(self._dp["delta"]),
-                                                n_rounds=config.max_depth)
+            # noisy histograms, so no other round releases anything, except (noisy H-splits)
+            # one set of noisy per-client node summaries per splitting level
+            self._budget = job_budget(self._dp, config.max_depth, noisy_h=self._noisy_h)
+            self.accountant = self._budget.accountant()
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
         self._round = 0
         self._model: ForestModel | None = None
@@ -188,7 +192,9 @@ class Coordinator:
         published in the task and the audit log for transparency only."""
         from .secure_sum import noise_sigmas
 
-        spend = self.accountant.spend(f"round {self._round} ({kind.value}, level {level})")
+        eps, delta = self._budget.sum_share
+        spend = self.accountant.spend(f"round {self._round} ({kind.value}, level {level})",
+                                      epsilon=eps, delta=delta)
         sigmas, k_min = noise_sigmas(self.config, layout)
         self._k_min = k_min
         self.dp_spends.append({"round": self._round, "kind": kind.value, "level": level,
@@ -197,6 +203,25 @@ class Coordinator:
                                "total_epsilon": spend.total_epsilon,
                                "total_delta": spend.total_delta, "sigma_client": sigmas})
         return {"sigma": sigmas, "epsilon": spend.epsilon, "delta": spend.delta}
+
+    def _spend_node_stats(self, level: int, n_nodes: int) -> None:
+        """Noisy H-splits: charge this round's per-client node summaries (each client adds
+        local noise for its own release, see :mod:`~fedforest_secure.privacy.hsplits`)."""
+        from .privacy.hsplits import node_stats_noise
+
+        share = self._budget.h_share
+        if share is None:  # pragma: no cover - job_budget(noisy_h=True) sets it
+            raise BudgetError("no budget for noisy node summaries")
+        spend = self.accountant.spend(
+            f"round {self._round} (node_stats, level {level})",
+            mechanism="gaussian_discrete (local, per client)", epsilon=share[0], delta=share[1])
+        noise = node_stats_noise(self.config, n_nodes)
+        self.dp_spends.append({"round": self._round, "kind": "node_stats", "level": level,
+                               "epsilon": spend.epsilon, "delta": spend.delta,
+                               "mechanism": "gaussian_discrete (local, per-client node summaries)",
+                               "total_epsilon": spend.total_epsilon,
+                               "total_delta": spend.total_delta,
+                               "sigma_client": {"node_stats": noise.sigma_values.tolist()}})
 
     def _dp_values(self, stats: np.ndarray, fallback: np.ndarray) -> np.ndarray:
         """Node values from noisy statistics: the parent's value where the noisy count is too
@@ -269,7 +294,10 @@ class Coordinator:
             task = self._task(TaskKind.SKETCH, level, params, arrays,
                               (totals_block(cfg, n_nodes),) if release else (),
                               tuple(disclose))
+            if self._noisy_h and "node_stats" in disclose:
+                self._spend_node_stats(level, n_nodes)
             blocks, disc = yield task
+            disc = {k: dict(v) for k, v in disc.items()}  # own copy: items are dropped below
             totals = blocks["totals"] if release else np.ones((n_nodes, S))
             n = _impurity.counts_of(totals, cfg.task)
             if level == 0 and release:
@@ -328,6 +356,9 @@ class Coordinator:
                     raise ProtocolError("internal: no histogram range")
                 thr = self._histogram_candidates(lohi, ev_feats, is_cat)
             thr = self._add_categorical(thr, ev_feats, is_cat)
+            for k in disc:  # the sketches are spent: free them before the evaluation round
+                for name in ("sketch_points", "unique_vals", "unique_ptr"):
+                    disc[k].pop(name, None)
             if cfg.method == "avgimp" and cfg.top_l is not None and ev.size:
                 keep = np.zeros_like(ev_feats, dtype=bool)
                 for k in disc:
@@ -365,16 +396,23 @@ class Coordinator:
             gain, slot, idx, left_stats, split_kind, split_set = self._choose(
                 blocks, mode, thr, ev_feats, is_cat, totals[ev], n[ev])
             # ---- H splits from per-client node summaries (no extra round)
+            h_left: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             if use_h and ev.size:
-                per_client = np.stack([disc[k]["node_stats"] for k in sorted(disc)])
-                clients = np.array(sorted(disc))
+                clients = np.array(sorted(k for k in disc if "node_stats" in disc[k]))
+                per_client = np.stack([disc[k]["node_stats"] for k in clients]) \
+                    if clients.size else np.zeros((0, n_nodes, S))
+                if self._noisy_h:  # post-processing of the noisy summaries
+                    per_client = _splits.clean_noisy_groups(
+                        per_client, cfg.task,
+                        cfg.target_bound if cfg.task == "regression" else None)
                 for e, i in enumerate(ev):
-                    g, left_cl, _ = _splits.best_grouping(
+                    g, left_cl, ls = _splits.best_grouping(
                         per_client[:, i, :], cfg.task, cfg.criterion, cfg.min_samples_leaf)
                     if g > gain[e]:
                         gain[e] = g
                         split_kind[e] = CLIENT
                         split_set[e] = [int(clients[c]) for c in left_cl]
+                        h_left[e] = (ls, per_client[:, i, :].sum(axis=0) - ls)
             # ---- apply decisions, build the next level
             ok = (np.isfinite(gain) & can[ev]
                   & (gain / root_n[lvl_tree[ev]] + 1e-15 >= cfg.min_impurity_decrease))
@@ -413,6 +451,9 @@ class Coordinator:
                     right_stats = blocks["hist"][e, slot[e]].sum(axis=0) - left_stats[e]
                     child = self._dp_values(np.stack([left_stats[e], right_stats]),
                                             np.stack([values[i], values[i]]))
+                    pv += [child[0], child[1]]
+                elif dp_mode and e in h_left:  # noisy H-split: from the noisy client sums
+                    child = self._dp_values(np.stack(h_left[e]), np.stack([values[i], values[i]]))
                     pv += [child[0], child[1]]
                 else:
                     pv += [values[i], values[i]]
@@ -455,12 +496,19 @@ class Coordinator:
         clients = sorted(disc)
         if E == 0 or not clients:
             return np.full((E, m, B - 1), np.inf)
-        pts = np.stack([disc[k]["sketch_points"][ev] for k in clients], axis=2)  # (E, m, K, P)
+        K = len(clients)
         cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
-        P = pts.shape[3]
-        rows = pts.reshape(E * m, len(clients), P)
-        counts = np.repeat(cnt, m, axis=0)
-        thr = _sketch.pooled_candidates(rows, counts, B).reshape(E, m, B - 1)
+        P = disc[clients[0]]["sketch_points"].shape[2]
+        thr = np.empty((E, m, B - 1))
+        # the clients' sketches are gathered a run of nodes at a time: never a K-fold copy
+        step = max(1, _sketch.CHUNK_ENTRIES // max(K * P * m, 1))
+        for a in range(0, E, step):
+            sel = ev[a:a + step]
+            pts = np.stack([disc[k]["sketch_points"][sel] for k in clients], axis=2)
+            rows = pts.reshape(sel.size * m, K, P)
+            counts = np.repeat(cnt[a:a + step], m, axis=0)
+            thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B).reshape(sel.size, m,
+                                                                                 B - 1)
         return thr
 
     def _exact_candidates(self, disc: dict[int, dict[str, np.ndarray]], ev: np.ndarray,

@@ -93,12 +93,16 @@ def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
     clients : one ``(X_k, y_k)`` per client, in client-index order
     aggregator : how summable vectors are added up (default: what the profile asks for)
     on_round : called with what the server saw after each round (audit hook)
+    workers : ready-made workers, one per client, in client-index order (then ``clients`` is
+        not used)
     """
-    if len(clients) != config.n_clients:
-        raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
+    given = len(workers) if workers is not None else len(clients)
+    if given != config.n_clients:
+        raise ValueError(f"config expects {config.n_clients} clients, got {given}")
     if workers is None:
         workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k),
-                          keep_last_reply=False) for k, (X, y) in enumerate(clients)]
+                          keep_last_reply=False, keep_level_order=None)
+                   for k, (X, y) in enumerate(clients)]
     agg = aggregator or make_aggregator(config)
     coord = Coordinator(config)
     while (task := coord.next_task()) is not None:
@@ -112,6 +116,7 @@ def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
         coord.submit(task.round_id, total, disclosed, participants=list(range(len(workers))))
         if on_round is not None:
             on_round(RoundRecord(task, total, disclosed, list(range(len(workers)))))
+        del total, disclosed  # the next round's workers should not share memory with these
     model = coord.result()
     model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
     return model

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _impurity
+from ._order import LevelOrder
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
 from .protocol import TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind, layout_size
@@ -29,6 +30,10 @@ from .protocol import TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, Ta
 __all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
 
 LEAF, NUM, CAT, CLIENT = 0, 1, 2, 3
+
+#: with ``keep_level_order=None``, a worker keeps its level order between rounds while the
+#: compact order takes at most this many bytes (in-process federations hold K of them)
+KEEP_ORDER_BYTES = 32 << 20
 
 
 class Worker:
@@ -41,11 +46,18 @@ class Worker:
     y : array of shape (n_k,), targets (class codes 0..C-1 for classification)
     client_index : this client's index in 0..K-1 (its value of the client indicator H)
     seed : seed of this client's own randomness (bootstrap)
+    keep_last_reply : keep the last reply, so a retried round gets the same answer (a client
+        behind a network needs it; an in-process federation never retries)
+    keep_level_order : keep the level's sorted order between its rounds (one sort per level,
+        5 bytes per entry in between); False frees it after every round and sorts again when
+        the next round of the level needs it: a little more time, less memory when many
+        workers share one process. None (auto): keep it while it takes at most
+        :data:`KEEP_ORDER_BYTES`.
     """
 
     def __init__(self, config: JobConfig, X: Any, y: Any, *, client_index: int,
                  seed: int | np.random.SeedSequence | None = None,
-                 keep_last_reply: bool = True) -> None:
+                 keep_last_reply: bool = True, keep_level_order: bool | None = True) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y)
         if X.ndim != 2 or X.shape[1] != config.n_features:
@@ -78,12 +90,14 @@ class Worker:
             self._y = yi
             self._stats = np.zeros((n, config.n_classes))
             self._stats[np.arange(n), yi] = 1.0
+        self._stats_cm = np.ascontiguousarray(self._stats.T)  # one contiguous row per statistic
+        del self._stats
         for j, (kind, nl) in enumerate(zip(config.kinds, config.levels, strict=True)):
             if kind == "categorical":
                 col = X[:, j]
                 if (col != np.round(col)).any() or col.min() < 0 or col.max() >= nl:
                     raise SchemaError(f"categorical column {j} must hold level codes 0..{nl - 1}")
-        self._X = X
+        # the table itself is not kept: codes and distinct values answer every question
         # exact integer codes: rank among the client's distinct values of each feature
         self._uniq = [np.unique(X[:, j]) for j in range(d)]
         self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in self._uniq])])
@@ -112,17 +126,21 @@ class Worker:
         else:
             w = np.ones((T, n), dtype=np.int64)
         tt, rr = np.nonzero(w)
-        self._p_row = rr.astype(np.int64)
-        self._p_node = tt.astype(np.int64)  # level 0: node index == tree index
-        self._p_w = w[tt, rr].astype(np.float64)
+        # compact pair arrays: every worker of an in-process federation holds its own
+        self._p_row = rr.astype(np.int32 if n < 2**31 else np.int64)
+        self._p_node = tt.astype(np.int32)  # level 0: node index == tree index
+        pw = w[tt, rr]
+        self._p_w = pw.astype(np.uint8) if pw.size and pw.max() < 256 else pw
+        del w, tt, rr, pw
         self._level = 0
         self._n_nodes = T
-        self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._sorted: LevelOrder | None = None
         self._level_feats: np.ndarray | None = None
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
         self._last_digest = b""
         self._keep_last_reply = keep_last_reply
+        self._keep_order = keep_level_order
         self._questions: set[bytes] = set()
         self._dp_releases = 0
         #: number of nodes this client abstained from, per level (for audits and tests)
@@ -145,8 +163,16 @@ class Worker:
         k = kind[node]
         go_left = np.zeros(node.size, dtype=bool)
         num = k == NUM
-        if num.any():
-            go_left[num] = self._X[self._p_row[num], feat[node[num]]] <= thr[node[num]]
+        if num.any():  # x <= t  <=>  code < (number of distinct values <= t)
+            num_nodes = np.flatnonzero(kind == NUM)
+            if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= self.config.n_features).any():
+                raise ProtocolError("routing names a feature this job does not have")
+            cut = np.zeros(kind.size, dtype=np.int64)
+            for j in np.unique(feat[num_nodes]):
+                sel = num_nodes[feat[num_nodes] == j]
+                cut[sel] = np.searchsorted(self._uniq[j], thr[sel], side="right")
+            nn = node[num]
+            go_left[num] = self._codes[feat[nn] * self.n_rows + self._p_row[num]] < cut[nn]
         cat = k == CAT
         if cat.any():
             cat_nodes = np.flatnonzero(kind == CAT)
@@ -156,7 +182,9 @@ class Worker:
             pos[cat_nodes] = np.arange(cat_nodes.size)
             for i, nd in enumerate(cat_nodes):
                 table[i, vals[ptr[nd]:ptr[nd + 1]]] = True
-            lv = self._X[self._p_row[cat], feat[node[cat]]].astype(np.int64)
+            fc = feat[node[cat]]
+            code = self._codes[fc * self.n_rows + self._p_row[cat]]
+            lv = self._uniq_all[self._uniq_off[fc] + code].astype(np.int64)
             go_left[cat] = table[pos[node[cat]], lv]
         cli = k == CLIENT
         if cli.any():
@@ -169,14 +197,16 @@ class Worker:
         keep = new >= 0
         self._p_row = self._p_row[keep]
         self._p_w = self._p_w[keep]
-        self._p_node = new[keep]
+        new = new[keep]
+        self._p_node = new.astype(np.int32) if new.size and new.max() < 2**31 else new
 
     def _node_totals(self, n_nodes: int) -> np.ndarray:
         S = self.config.n_stats
         out = np.zeros((n_nodes, S))
         for c in range(S):
-            out[:, c] = np.bincount(self._p_node, weights=self._p_w * self._stats[self._p_row, c],
-                                    minlength=n_nodes)
+            wc = np.take(self._stats_cm[c], self._p_row)
+            wc *= self._p_w
+            out[:, c] = np.bincount(self._p_node, weights=wc, minlength=n_nodes)
         return out
 
     def _abstain(self, n_nodes: int) -> None:
@@ -232,8 +262,14 @@ class Worker:
         # the last reply is kept so a retried round gets the same answer; an in-process
         # federation, which never retries, can skip keeping it (memory)
         self._last_reply = reply if self._keep_last_reply else None
-        if task.kind == TaskKind.HISTOGRAM and task.params.get("stats", "full") != "count":
-            self._sorted = None  # the level's last round: free its sorted arrays
+        keep = self._keep_order
+        if keep is None:  # auto: keep a small order, re-sort a large one
+            keep = self._sorted is not None and 5 * self._sorted.size <= KEEP_ORDER_BYTES
+        if (task.kind == TaskKind.HISTOGRAM and task.params.get("stats", "full") != "count") \
+                or not keep:
+            self._sorted = None  # free the sorted order (the next round of the level re-sorts)
+        elif self._sorted is not None:
+            self._sorted.compact()  # until the level's next round
         self._questions.add(question)
         if self.config.dp is not None and task.layout:
             self._dp_releases += 1
@@ -244,16 +280,22 @@ class Worker:
 
         Without secure aggregation the profile is open about per-client statistics. With it,
         only what the profile names: quantile sketches (``sketch = "quantiles"``) and, with
-        ``h_splits = "clear"``, per-client node summaries. Anything else is refused, whatever
-        the task asks (a malicious server cannot widen the disclosure).
+        ``h_splits = "clear"`` (``"noisy"`` under DP: noised), per-client node summaries.
+        Anything else is refused, whatever the task asks (a malicious server cannot widen the
+        disclosure). ``h_splits = "off"`` refuses node summaries in every profile.
         """
         prof = self._profile
+        # --- node summaries for H-splits (h_splits: "off" never, "clear" as they are,
+        # "noisy" only with the client's own DP noise, privacy/hsplits.py) ---
+        h = prof.get("h_splits")
+        node_stats = h == "clear" and not prof.get("dp") or h == "noisy" and bool(prof.get("dp"))
         if not prof.get("secure_aggregation"):
-            return {"sketch_points", "top_l", "unique", "minmax", "node_stats"}
+            return {"sketch_points", "top_l", "unique", "minmax"} | (
+                set() if h == "off" else {"node_stats"})
         allowed: set[str] = set()
         if prof.get("sketch") == "quantiles" and not prof.get("dp"):
             allowed.add("sketch_points")
-        if prof.get("h_splits") == "clear" and not prof.get("dp"):
+        if node_stats:
             allowed.add("node_stats")
         return allowed
 
@@ -290,9 +332,17 @@ class Worker:
         disclosed: dict[str, np.ndarray] = {}
         want = set(task.disclose)
         if "node_stats" in want:
-            disclosed["node_stats"] = totals.copy()
+            # --- h_splits = "noisy": one DP-noised release per level (privacy/hsplits.py) ---
+            if self._profile.get("h_splits") == "noisy":
+                from .privacy.hsplits import NodeStatsRelease
+
+                if getattr(self, "_h_release", None) is None:
+                    self._h_release = NodeStatsRelease(self.config)
+                disclosed["node_stats"] = self._h_release.release(level, totals)
+            else:
+                disclosed["node_stats"] = totals.copy()
         if "minmax" in want:
-            disclosed["minmax"] = np.stack([self._X.min(axis=0), self._X.max(axis=0)], axis=1)
+            disclosed["minmax"] = np.array([[u[0], u[-1]] for u in self._uniq])
         if feats is not None:
             feats = feats.astype(np.int64)
             if feats.shape[0] != n_nodes or (feats >= self.config.n_features).any():
@@ -318,103 +368,87 @@ class Worker:
         """Sort every (pair, slot) of the level by (block, code) once; later rounds reuse it.
 
         A block is one (node, feature slot). The sorted order serves the quantile sketch, the
-        distinct values, and every histogram of the level: a bin is a contiguous run of it.
-        Row and bootstrap weight ride in the low bits of the sort key, so no gather through a
-        permutation is needed afterwards.
+        distinct values, and every histogram of the level: a bin is a contiguous run of it
+        (see :class:`~fedforest_secure._order.LevelOrder`).
         """
-        m = feats.shape[1]
-        n = self.n_rows
-        f = feats.astype(np.int32)[self._p_node]  # (P, m)
-        valid = bool((f >= 0).all())
-        flat_idx = f * np.int32(n) + self._p_row.astype(np.int32)[:, None]
-        if not valid:
-            flat_idx[f < 0] = 0
-        code = np.take(self._codes, flat_idx)
-        wmax = int(self._p_w.max()) if self._p_w.size else 0
-        nblk_bits = int(max(feats.size, 1)).bit_length()
-        fits = (wmax < 256 and nblk_bits + self._cbits + self._rbits <= 62
-                and n < (1 << 31))
-        if fits:
-            key = self._p_node[:, None] * m + np.arange(m)[None, :]
-            key <<= self._cbits
-            key |= code
-            key <<= self._rbits
-            key |= ((self._p_row << 8) | self._p_w.astype(np.int64))[:, None]
-            key = key.ravel() if valid else key[f >= 0]
-            key.sort()
-            bc_s = key >> self._rbits
-            row_s = ((key >> 8) & ((1 << (self._rbits - 8)) - 1)).astype(np.int32)
-            w_s = (key & 255).astype(np.uint8)  # compact: all workers of a process hold one
-        else:  # pragma: no cover - huge levels or multiplicities >= 256
-            ok = (f >= 0).ravel()
-            blk = (self._p_node[:, None] * m + np.arange(m)[None, :]).ravel()[ok]
-            bc = blk * self._ustride + code.ravel()[ok]
-            rows = np.broadcast_to(self._p_row[:, None], f.shape).ravel()[ok]
-            ww = np.broadcast_to(self._p_w[:, None], f.shape).ravel()[ok]
-            order = np.lexsort((rows, bc))
-            bc_s, row_s, w_s = bc[order], rows[order], ww[order]
-        self._sorted = (feats.copy(), bc_s, row_s, w_s)
-        self._level_feats = feats.copy()
+        self._sorted = LevelOrder(feats, self._p_node, self._p_row, self._p_w, self._codes,
+                                  self.n_rows, self._cbits)
+        self._level_feats = self._sorted.feats
 
-    def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """The level's sorted block*stride+code keys, checking the features match."""
+    def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> LevelOrder:
+        """The level's sorted order, checking the features match the sketch round's."""
         if self._sorted is None:
             if self._level_feats is None:
                 raise ProtocolError("no sketch round for this level yet")
             self._sort_level(self._level_feats)  # freed after the level's last round; redo
-        level_feats, bc_s, _, _ = self._sorted  # type: ignore[misc]
-        ref = level_feats[nodes]
+        order = self._sorted
+        assert order is not None
+        ref = order.feats[nodes]
         if ref.shape != feats.shape or ((feats >= 0) & (feats != ref)).any():
             raise ProtocolError("histogram features differ from the level's sketch features")
-        return bc_s
+        return order
 
     def _quantile_points(self, feats: np.ndarray, n_points: int) -> np.ndarray:
         """Weighted quantile points Q(b/B_k), b = 0..B_k, per (node, slot); NaN-padded.
 
-        Categorical slots get no points.
+        Categorical slots get no points. Blocks are processed in runs of a bounded number of
+        entries, so the scratch memory does not grow with the level.
         """
         n_nodes, m = feats.shape
         nblk = n_nodes * m
         out = np.full((nblk, n_points + 1), np.nan)
-        _, bc_s, _, w8 = self._sorted  # type: ignore[misc]
-        if bc_s.size == 0:
+        order = self._sorted
+        assert order is not None
+        if order.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
-        cw = np.cumsum(w8, dtype=np.float64)
         # block boundaries by search (nblk queries), not by a pass over every entry
-        edges = np.searchsorted(bc_s, np.arange(nblk + 1, dtype=np.int64) << self._cbits)
-        start, end = edges[:-1], edges[1:]
-        bcnt = end - start
-        cw0 = np.concatenate([[0.0], cw])
-        before = cw0[start]
-        bw = cw0[end] - before
+        edges = order.search(np.arange(nblk + 1, dtype=np.int64) << self._cbits)
         cont = np.array([k == "continuous" for k in self.config.kinds])
-        present = np.flatnonzero((bcnt > 0) & cont[feats.reshape(-1).clip(0)]
-                                 & (feats.reshape(-1) >= 0))
-        # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
+        fl = feats.reshape(-1)
+        wanted = cont[fl.clip(0)] & (fl >= 0)
         r = int(self._profile.get("rows_per_sketch_point", 0) or 0)
-        bk = np.full(present.size, n_points, dtype=np.int64)
-        if r >= 1:
-            bk = np.minimum((bw[present] // r).astype(np.int64), n_points)
-            # fewer than r rows: no point at all (a lone min or max would be a record's value)
-            keep = bk >= 1
-            present, bk = present[keep], bk[keep]
         b = np.arange(n_points + 1)
-        levels = b[None, :] / bk[:, None]
-        valid = b[None, :] <= bk[:, None]
-        target = before[present, None] + np.maximum(levels * bw[present, None], 0.5)
-        idx = np.searchsorted(cw, target.ravel(), side="left").reshape(target.shape)
-        idx = np.minimum(idx, (end[present] - 1)[:, None])
-        fslot = feats.reshape(-1)[present]
-        code = bc_s[idx] & (self._ustride - 1)
-        vals = self._uniq_all[self._uniq_off[fslot][:, None] + code]
-        out[present] = np.where(valid, vals, np.nan)
+        for b0, b1 in order.chunks(edges):
+            e0, e1 = int(edges[b0]), int(edges[b1])
+            if e1 == e0:
+                continue
+            w = order.weights(e0, e1)
+            cw = np.cumsum(w)
+            start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
+            cw0 = np.concatenate([[0], cw])
+            before = cw0[start]
+            bw = cw0[end] - before
+            present = np.flatnonzero((end > start) & wanted[b0:b1])
+            # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
+            bk = np.full(present.size, n_points, dtype=np.int64)
+            if r >= 1:
+                bk = np.minimum(bw[present] // r, n_points)
+                # fewer than r rows: no point at all (a lone min or max would be a record)
+                keep = bk >= 1
+                present, bk = present[keep], bk[keep]
+            levels = b[None, :] / bk[:, None]
+            valid = b[None, :] <= bk[:, None]
+            bwp = bw[present].astype(np.float64)
+            target = before[present, None] + np.maximum(levels * bwp[:, None], 0.5)
+            idx = order.first_reaching(cw, w, target.ravel()).reshape(target.shape)
+            del w, cw, target
+            np.minimum(idx, (end[present] - 1)[:, None], out=idx)
+            idx += e0
+            fslot = fl[b0:b1][present]
+            code = order.codes_at(idx)
+            code += self._uniq_off[fslot][:, None]
+            vals = self._uniq_all[code]
+            vals[~valid] = np.nan
+            out[b0 + present] = vals
         return out.reshape(n_nodes, m, n_points + 1)
 
     def _unique_values(self, feats: np.ndarray, nblk: int) -> tuple[np.ndarray, np.ndarray]:
         """Distinct values per (node, slot) in CSR form (the exact method's disclosure)."""
-        _, bc_s, _, _ = self._sorted  # type: ignore[misc]
-        if bc_s.size == 0:
+        order = self._sorted
+        assert order is not None
+        if order.size == 0:
             return np.zeros(nblk + 1, dtype=np.int64), np.zeros(0)
+        bc_s = order.block_codes()
         new = np.ones(bc_s.size, dtype=bool)
         new[1:] = bc_s[1:] != bc_s[:-1]
         ub, uc = bc_s[new] >> self._cbits, bc_s[new] & (self._ustride - 1)
@@ -464,60 +498,85 @@ class Worker:
         segment sum (``np.add.reduceat``): no per-row search, no cancellation across bins.
         """
         n_eval, m = feats.shape
-        bt = thr.shape[2]
-        S = self.config.n_stats
-        nb = bt + 1
-        bc_s = self._sorted_for(feats, nodes)
+        nb = thr.shape[2] + 1
+        S = 1 if counts_only else self.config.n_stats
+        order = self._sorted_for(feats, nodes)
         stride = self._ustride
-        # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut
-        cuts = np.full(thr.size, stride - 1, dtype=np.int64)
-        fb = np.broadcast_to(feats[:, :, None], thr.shape).ravel()
-        tflat = thr.ravel()
-        idx = np.flatnonzero(np.isfinite(tflat) & (fb >= 0))
-        idx = idx[np.argsort(fb[idx], kind="stable")]  # group the thresholds by feature
-        fs = fb[idx]
-        for j in np.unique(fs):
-            a, b = np.searchsorted(fs, j, side="left"), np.searchsorted(fs, j, side="right")
-            sel = idx[a:b]
-            cuts[sel] = np.searchsorted(self._uniq[j], tflat[sel], side="right")
-        cuts = cuts.reshape(thr.shape)
-        blk = nodes[:, None] * m + np.arange(m)[None, :]  # (E, m) level block ids
-        base = blk * stride
-        bounds = np.empty((n_eval, m, nb + 1), dtype=np.int64)
-        bounds[:, :, 0] = base
-        bounds[:, :, 1:nb] = base[:, :, None] + cuts
-        bounds[:, :, nb] = base + stride
-        pos = np.searchsorted(bc_s, bounds.ravel(), side="left")
-        vals = self._sorted_stats()
-        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
-            vals = (vals[:, :1] if self.config.task == "regression"
-                    else vals.sum(axis=1, keepdims=True))
-            S = 1
-        # bins are consecutive runs of the sorted order and nodes ascend, so pos is monotone:
-        # one reduceat gives every bin's sum ([pos_i, pos_i+1)); empty runs are zeroed below
-        sums = np.add.reduceat(vals, pos, axis=0).reshape(n_eval, m, nb + 1, S)[:, :, :nb]
-        p3 = pos.reshape(n_eval, m, nb + 1)
-        empty = (p3[:, :, 1:] <= p3[:, :, :-1]) | (feats < 0)[:, :, None]
-        sums[empty] = 0.0
+        blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
+        # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
+        starts, ends = order.block_edges(blk)
+        # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut;
+        # cutkey[i, b] = (block << cbits) | cut, one feature at a time
+        cutkey = np.empty((blk.size, nb - 1), dtype=np.int64)
+        cutkey[:] = stride - 1  # no cut (padding): the bin runs to the end of the block
+        fl = feats.ravel()
+        thr2 = thr.reshape(blk.size, nb - 1)
+        for j in np.unique(fl[fl >= 0]):
+            sel = np.flatnonzero(fl == j)
+            t = thr2[sel]
+            c = np.searchsorted(self._uniq[j], t, side="right")
+            fin = np.isfinite(t)
+            cutkey[sel] = np.where(fin, c, stride - 1)
+        cutkey += (blk << self._cbits)[:, None]
+        sums = np.zeros((blk.size, nb, S))
+        edges = np.append(starts, ends[-1] if blk.size else 0)
+        # bins are consecutive runs of the sorted order, so each bin's statistics are one
+        # segment sum (reduceat over [pos_i, pos_i+1)) of the bin's own rows: no cancellation
+        # across bins. Runs of blocks keep the scratch memory bounded.
+        for i0, i1 in order.chunks(edges):
+            e0 = int(starts[i0])
+            e1 = int(ends[i1 - 1])
+            if e1 <= e0:
+                continue
+            pos = np.empty((i1 - i0, nb + 1), dtype=np.int64)
+            pos[:, 1:nb] = order.search(cutkey[i0:i1].ravel(), e0, e1).reshape(-1, nb - 1)
+            pos[:, 0] = starts[i0:i1] - e0
+            pos[:, nb] = ends[i0:i1] - e0
+            cols = self._sorted_stats(order, counts_only, e0, e1)
+            flat = pos.ravel()
+            part = sums[i0:i1]
+            for c, col in enumerate(cols):
+                seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
+                part[:, :, c] = seg
+            del cols
+            part[pos[:, 1:] <= pos[:, :-1]] = 0.0  # empty runs
+        sums = sums.reshape(n_eval, m, nb, S)
+        sums[feats < 0] = 0.0
         return sums
 
-    def _sorted_stats(self) -> np.ndarray:
-        """Weighted row statistics in the level's sorted order, plus a zero sentinel row."""
-        S = self.config.n_stats
-        _, _, rows, w8 = self._sorted  # type: ignore[misc]
-        w = w8.astype(np.float64)
-        n = w.size
+    def _sorted_stats(self, order: LevelOrder, counts_only: bool, lo: int, hi: int
+                      ) -> list[np.ndarray]:
+        """Weighted row statistics of entries ``[lo, hi)`` in the level's sorted order, one
+        contiguous column per statistic, each with a zero sentinel at the end (a bin may start
+        at the last entry)."""
+        n = hi - lo
+        w = order.weights(lo, hi)
+        wf = np.empty(n + 1)
+        wf[:n] = w
+        wf[n] = 0.0
+        del w
+        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
+            return [wf]
+        rows = order.rows(lo, hi)
         if self.config.task == "regression":
-            vals = np.empty((n + 1, S))  # the sentinel row: pos may equal len(rows)
             yv = np.take(self._y, rows)
-            np.copyto(vals[:-1, 0], w)
-            np.multiply(w, yv, out=vals[:-1, 1])
-            np.multiply(vals[:-1, 1], yv, out=vals[:-1, 2])
-            vals[-1] = 0.0
-        else:
-            vals = np.zeros((n + 1, S))
-            vals[np.arange(n), np.take(self._y, rows)] = w
-        return vals
+            del rows
+            wy = np.empty(n + 1)
+            np.multiply(wf[:n], yv, out=wy[:n])
+            wy[n] = 0.0
+            wyy = np.empty(n + 1)
+            np.multiply(wy[:n], yv, out=wyy[:n])
+            wyy[n] = 0.0
+            return [wf, wy, wyy]
+        yc = np.take(self._y, rows)
+        del rows
+        cols = []
+        for c in range(self.config.n_classes):
+            col = np.zeros(n + 1)
+            hit = yc == c
+            col[:n][hit] = wf[:n][hit]
+            cols.append(col)
+        return cols
 
     def _gains_from_hist(self, hist: np.ndarray) -> np.ndarray:
         """n-weighted local gains per threshold (the client's own CART gains), shape (E, m, Bt)."""

@@ -304,3 +304,36 @@ def test_avgimp_top_l_discloses_and_uses_shortlist(friedman: Any) -> None:
         # at most K * L distinct features survive per node
         assert ((feats >= 0).sum(axis=1) <= 3 * 3).all()
         assert ((feats >= 0).sum(axis=1) >= 3).all()
+
+
+# ---------------------------------------------------------------------------- DP defaults
+@pytest.mark.parametrize(("eps", "trees", "depth"), [(1.0, 4, 1), (2.0, 8, 1), (4.0, 8, 2)])
+def test_dp_defaults_follow_the_budget_and_the_width(eps: float, trees: int, depth: int) -> None:
+    """Unset hyper-parameters under a DP profile: fewer histograms per release at small
+    epsilon (trees x features per node), stumps below epsilon = 4, a tenth of the features."""
+    rng = np.random.default_rng(0)
+    h = np.repeat(np.arange(3), 40)
+    for d, feats in ((30, 3), (13, 1)):
+        X = rng.normal(size=(120, d))
+        y = (X[:, 0] > 0).astype(int)
+        est = FedForestClassifier(profile=load_profile("secure-dp", epsilon=eps)).fit(
+            X, y, client=h)
+        cfg = est.config_
+        assert (cfg.n_estimators, cfg.max_depth, cfg.max_features, cfg.n_bins) == (
+            trees, depth, feats, 4)
+        assert cfg.sampling == "all" and len(est.model_.trees) == trees
+    # what the user sets is kept
+    est = FedForestClassifier(n_estimators=3, max_features=2, max_depth=2,
+                              profile=load_profile("secure-dp", epsilon=1.0)).fit(X, y, client=h)
+    assert (est.config_.n_estimators, est.config_.max_features, est.config_.max_depth) == (
+        3, 2, 2)
+
+
+def test_dp_regression_defaults_are_unchanged() -> None:
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(120, 10))
+    y = X[:, 0] + 0.1 * rng.normal(size=120)
+    est = FedForestRegressor(profile=load_profile("secure-dp", epsilon=1.0)).fit(
+        X, y, client=np.repeat(np.arange(3), 40))
+    cfg = est.config_
+    assert (cfg.n_estimators, cfg.max_depth, cfg.max_features, cfg.n_bins) == (8, 1, 2, 4)

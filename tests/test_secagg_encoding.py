@@ -105,3 +105,63 @@ def test_bad_codec_arguments() -> None:
         RingCodec(np.array([0, 1]), np.array([1.0]), 2)
     with pytest.raises(ValueError):
         decode(np.zeros(2, dtype=np.int64), 0)
+
+
+# -- blocked encoder -------------------------------------------------------------------------
+def _reference(values: np.ndarray, frac_bits: np.ndarray) -> np.ndarray:
+    """round-half-even(values * 2^f) as two's complement uint64, one entry at a time in Python
+    integers (independent of the vectorised encoder)."""
+    out = []
+    for v, f in zip(values.tolist(), frac_bits.tolist(), strict=True):
+        out.append(round(v * 2**f) % 2**64)  # Python's round is half-to-even
+    return np.array(out, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("n", [1, 5, (1 << 14) - 1, 1 << 14, 3 * (1 << 14) + 7])
+def test_blocked_encoding_matches_exact_rounding(n: int) -> None:
+    rng = np.random.default_rng(n)
+    values = rng.uniform(-1e3, 1e3, n)
+    values[:3] = [0.5 / 2**20, -2.5 / 2**20, 1.5 / 2**20][:min(3, n)]  # exact ties: half-even
+    uniform = RingCodec(np.full(n, 20), np.full(n, 1e3), 10)
+    got = uniform.encode(values)
+    assert np.array_equal(got, _reference(values, np.full(n, 20)))
+    # per-entry bits and bounds take the per-entry paths; out= is written, not reallocated
+    fb = rng.integers(0, 30, n)
+    per_entry = RingCodec(fb, np.where(fb % 2 == 0, 1e3, 2e3), 10)
+    out = np.zeros(n, dtype=np.uint64)
+    assert per_entry.encode(values, out=out) is out
+    assert np.array_equal(out, _reference(values, fb))
+
+
+def test_blocked_encoding_of_large_values_uses_exact_rounding() -> None:
+    # |value * 2^f| >= 2^50: the magic-number shortcut does not apply; results stay exact
+    values = np.array([2.0**55 + 2048.0, -(2.0**52) - 1.0, 3.0, 2.0**40 + 0.5])
+    codec = RingCodec(np.array([0, 0, 10, 12]), np.array([2.0**56, 2.0**56, 10.0, 2.0**41]), 3)
+    assert not codec._bounded
+    assert np.array_equal(codec.encode(values), _reference(values, np.array([0, 0, 10, 12])))
+
+
+def test_out_of_range_value_in_a_later_block_names_its_index() -> None:
+    n = 3 * (1 << 14)
+    for bound in (np.full(n, 10.0), np.r_[np.full(n - 1, 10.0), 20.0]):  # uniform, per entry
+        codec = RingCodec(np.full(n, 8), bound, 5)
+        for bad_value in (10.5, np.nan, -np.inf):
+            x = np.zeros(n)
+            x[(1 << 14) + 17] = bad_value
+            with pytest.raises(OverflowRisk, match=rf"value\[{(1 << 14) + 17}\]"):
+                codec.encode(x)
+            with pytest.raises(OverflowRisk, match=rf"value\[{(1 << 14) + 17}\]"):
+                codec.block_encoder(x)((1 << 14), 2 * (1 << 14), np.empty(1 << 14, np.uint64))
+
+
+def test_block_encoder_fills_any_slice() -> None:
+    n = 1000
+    codec = RingCodec(np.full(n, 16), np.full(n, 50.0), 4)
+    x = np.random.default_rng(3).uniform(-50, 50, n)
+    out = np.empty(n, dtype=np.uint64)
+    fill = codec.block_encoder(x)
+    for a, b in ((0, 300), (300, 301), (301, n)):
+        fill(a, b, out[a:b])
+    assert np.array_equal(out, codec.encode(x))
+    with pytest.raises(ValueError):
+        codec.block_encoder(np.zeros(n + 1))

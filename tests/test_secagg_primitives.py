@@ -189,3 +189,32 @@ def test_blocked_apply_masks_matches_full_expansion(n: int) -> None:
     _prg.apply_masks(out, seeds[:3], seeds[3:], src=src)
     assert np.array_equal(out, want)
     assert np.array_equal(src, np.arange(n, dtype=np.uint64))  # input untouched
+
+
+@pytest.mark.parametrize("n", [1, 1 << 14, (1 << 15) + 5])
+def test_apply_masks_with_a_block_fill_masks_the_filled_input(n: int) -> None:
+    seeds = [hashlib.sha256(b"f%d" % i).digest() for i in range(5)]
+    plain = np.random.default_rng(n).integers(0, 2**64, n, dtype=np.uint64)
+    want = plain.copy()
+    _prg.apply_masks(want, seeds[:2], seeds[2:])
+    calls: list[tuple[int, int]] = []
+
+    def fill(start: int, stop: int, block: np.ndarray) -> None:
+        calls.append((start, stop))
+        block[:] = plain[start:stop]
+
+    acc = np.zeros(n, dtype=np.uint64)
+    _prg.apply_masks(acc, seeds[:2], seeds[2:], fill=fill)
+    assert np.array_equal(acc, want)
+    assert calls[0][0] == 0 and calls[-1][1] == n  # every entry filled, in order, once
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(calls))
+    with pytest.raises(ValueError, match="src or fill"):
+        _prg.apply_masks(acc, seeds[:1], [], src=plain, fill=fill)
+
+
+def test_derive_seeds_matches_one_by_one_derivation() -> None:
+    me = _kdf.generate_private_key()
+    peers = [(_kdf.public_key(_kdf.generate_private_key()), b"info-%d" % i) for i in range(4)]
+    assert _kdf.derive_seeds(me, peers) == [_kdf.derive_seed(me, p, i) for p, i in peers]
+    with pytest.raises(ValueError, match="agreement"):
+        _kdf.derive_seeds(me, [*peers, (bytes(32), b"x")])  # low-order point

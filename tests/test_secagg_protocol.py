@@ -393,3 +393,59 @@ def test_inplace_masking_gives_the_same_exact_sum() -> None:
     for v in plain.values():
         expected += v
     np.testing.assert_array_equal(server.finish(), expected)
+
+
+def _round_to_masking(k: int, n: int, job: str):  # type: ignore[no-untyped-def]
+    agg = InProcessSecureSum(range(k), threshold=0.67, job_id=job)
+    server = SecAggServer(job, 0, "q", DIGEST, n, 0.67, agg.directory)
+    for c in agg.clients.values():
+        server.receive_advert(c.advertise(0))
+    setup = server.setup()
+    for c in agg.clients.values():
+        server.receive_shares(c.share_keys(setup))
+    return agg, server, server.deliver_shares()
+
+
+def test_fused_encode_and_mask_gives_the_exact_sum_of_encodings() -> None:
+    """``mask(delivery, floats, codec=codec)`` uploads what ``mask(delivery, codec.encode(x))``
+    would: the unmasked sum equals the sum of the clients' encodings, bit for bit."""
+    k, n = 5, (1 << 14) + 123  # more than one block
+    codec = secagg.RingCodec(np.full(n, 20), np.full(n, 100.0), k)
+    agg, server, deliveries = _round_to_masking(k, n, "fused")
+    rng = np.random.default_rng(11)
+    plain = {u: rng.uniform(-100, 100, n) for u in range(k)}
+    for u, c in agg.clients.items():
+        if u % 2:
+            header, masked = c.mask(deliveries[u], plain[u], codec=codec)
+        else:
+            header, masked = c.mask(deliveries[u], codec.encode(plain[u]))
+        assert not np.array_equal(masked, codec.encode(plain[u]))
+        server.receive_upload(header, masked)
+    req = server.request_unmask()
+    for u in req.survivors:
+        server.receive_unmask(agg.clients[u].unmask(req))
+    expected = np.zeros(n, dtype=np.uint64)
+    for x in plain.values():
+        expected += codec.encode(x)
+    total = server.finish()
+    np.testing.assert_array_equal(total, expected)
+    exact = np.sum(list(plain.values()), axis=0)
+    assert (np.abs(codec.decode(total) - exact) <= codec.error_bound() + 1e-9).all()
+
+
+def test_fused_masking_of_an_out_of_range_value_burns_the_round_keys() -> None:
+    from fedforest_secure.errors import OverflowRisk
+
+    k, n = 3, 3 * (1 << 14)
+    codec = secagg.RingCodec(np.full(n, 8), np.full(n, 1.0), k)
+    agg, _, deliveries = _round_to_masking(k, n, "burn")
+    bad = np.zeros(n)
+    bad[-1] = 2.0  # in the last block: earlier blocks were already masked
+    with pytest.raises(OverflowRisk, match=rf"value\[{n - 1}\]"):
+        agg.clients[0].mask(deliveries[0], bad, codec=codec)
+    # no second vector under the same masks: the client can no longer upload this round
+    with pytest.raises(ProtocolError, match="consumed"):
+        agg.clients[0].mask(deliveries[0], np.zeros(n), codec=codec)
+    with pytest.raises(ValueError, match="codec encodes"):
+        agg.clients[1].mask(deliveries[1], np.zeros(n),
+                            codec=secagg.RingCodec(np.full(4, 8), np.full(4, 1.0), k))

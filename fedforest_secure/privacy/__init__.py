@@ -9,6 +9,9 @@ Public API (everything in ``__all__``):
   :func:`sample_discrete_gaussian`, :class:`ChaChaRandom`, :func:`min_survivors`,
   :func:`require_dp_ready`, :func:`rho_for`, :func:`zcdp_delta`
 * budget: :class:`PrivacyAccountant`, :class:`Spend`
+
+Noisy per-client node summaries for ``h_splits = "noisy"`` live in :mod:`.hsplits` (used by the
+worker and the coordinator, not re-exported).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ Rules enforced here (each violation is a :class:`~fedforest_secure.errors.Profil
   so that only the sum carries the calibrated scale), so in the clear every client's vector would
   carry only a fraction of it. It also refuses anything disclosed in plaintext (``sketch =
   "quantiles"``, ``h_splits = "clear"``), which would void the guarantee.
-* ``h_splits = "noisy"`` needs ``[dp]`` (the noise scale comes from it).
+* ``h_splits = "noisy"`` needs ``[dp]`` (the noise scale comes from it); a job that splits on
+  the client also needs ``dp.h_epsilon``, the budget of the noisy per-client node summaries
+  (:mod:`.hsplits`; the coordinator fails closed without it).
 * ``dp.dropout_tolerance`` must cover the dropouts the unmasking threshold accepts
   (``dropout_tolerance >= 1 - threshold``); when omitted it defaults to ``1 - threshold``.
 """
@@ -57,6 +59,11 @@ class DPConfig(BaseModel):
     max_multiplicity : int
         Cap on a record's bootstrap multiplicity ``m_max`` (workers clip to it); it scales every
         sensitivity.
+    h_epsilon : float or None
+        Budget of the noisy per-client node summaries of ``h_splits = "noisy"``, spent *in
+        addition to* ``epsilon`` (which the aggregated sums use): such a job is
+        ``(epsilon + h_epsilon, 1 - (1 - delta)**2)``-DP. Required for noisy H-splits (a job
+        without it fails closed); ignored otherwise.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -66,6 +73,7 @@ class DPConfig(BaseModel):
     mechanism: Literal["gaussian_discrete"] = "gaussian_discrete"
     dropout_tolerance: float | None = None
     max_multiplicity: int = 4
+    h_epsilon: float | None = None
 
     @model_validator(mode="after")
     def _validate(self) -> DPConfig:
@@ -78,6 +86,9 @@ class DPConfig(BaseModel):
             raise ValueError(f"dropout_tolerance must be in [0, 1), got {tol}")
         if self.max_multiplicity < 1:
             raise ValueError(f"max_multiplicity must be >= 1, got {self.max_multiplicity}")
+        h = self.h_epsilon
+        if h is not None and not (math.isfinite(h) and h > 0):
+            raise ValueError(f"h_epsilon must be finite and > 0, got {h}")
         return self
 
 

@@ -44,6 +44,7 @@ from ._rounds import (
     share_header,
 )
 from ._verify import unique_ids, verify_advert
+from .encoding import RingCodec
 from .messages import (
     KeyAdvert,
     MaskedUpload,
@@ -104,6 +105,7 @@ class SecAggClient:
     _keys: dict[int, _RoundKeys] = field(default_factory=dict, repr=False)
     _round: _Round | None = field(default=None, repr=False)
     _answered: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
+    _boxes: dict[bytes, Box] = field(default_factory=dict, repr=False)  # peer enc key -> Box
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -184,7 +186,7 @@ class SecAggClient:
                                                             for _ in range(t_local - 1)])
         cts: dict[int, bytes] = {}
         for v in sorted(group - {self.client_id}):
-            box = Box(self._enc_key, PublicKey(adverts[v].enc_key))
+            box = self._box(adverts[v].enc_key)
             plain = (share_header(self.job_id, r, self.client_id, v)
                      + _shamir.to_bytes(b_sh[v + 1]) + _shamir.to_bytes(sk_sh[v + 1]))
             cts[v] = bytes(box.encrypt(plain))
@@ -198,19 +200,34 @@ class SecAggClient:
 
     # -- 3. masked upload --------------------------------------------------------------------
     def mask(self, delivery: ShareDelivery, vector: np.ndarray, *,
-             next_advert: KeyAdvert | None = None,
-             inplace: bool = False) -> tuple[MaskedUpload, np.ndarray]:
+             next_advert: KeyAdvert | None = None, inplace: bool = False,
+             codec: RingCodec | None = None) -> tuple[MaskedUpload, np.ndarray]:
         """Decrypt the delivered shares and return the upload header and the masked vector.
 
         With ``inplace=True`` the (contiguous, writable) ``vector`` itself is overwritten with
         its masked value and returned: no second buffer, for callers that drop the plain
         encoding anyway (the client runner does).
+
+        With ``codec`` (a :class:`~fedforest_secure.secagg.RingCodec` of the round's length),
+        ``vector`` holds the float statistics themselves: each block is range-checked, encoded
+        and masked while it sits in cache (one pass; the same upload as
+        ``mask(delivery, codec.encode(vector))``). A value out of range raises
+        :class:`~fedforest_secure.errors.OverflowRisk` and burns the round's keys, so the
+        same masks can never cover a second vector: the client drops out of the round.
         """
         rnd = self._expect(ClientStage.SHARED, delivery, ShareDelivery)
         if delivery.recipient != self.client_id:
             raise InvalidMessage("share delivery addressed to another client")
         x = np.asarray(vector)
-        if x.dtype != np.uint64 or x.shape != (rnd.vector_length,):
+        fill = None
+        if codec is not None:
+            if inplace:
+                raise ValueError("inplace masking takes an encoded uint64 vector, not a codec")
+            if codec.size != rnd.vector_length:
+                raise ValueError(f"the codec encodes {codec.size} entries, the round "
+                                 f"{rnd.vector_length}")
+            fill = codec.block_encoder(x)
+        elif x.dtype != np.uint64 or x.shape != (rnd.vector_length,):
             raise TypeError(f"the vector to mask must be a numpy uint64 array of "
                             f"{rnd.vector_length} entries")
         peers = set(delivery.ciphertexts)
@@ -222,17 +239,27 @@ class SecAggClient:
             raise ProtocolError("round keys already consumed")
         if inplace and not (x.flags.c_contiguous and x.flags.writeable):
             raise ValueError("inplace masking needs a contiguous, writable vector")
-        src = x if inplace else np.ascontiguousarray(x)
-        masked = src if inplace else np.empty_like(src)
-        plus, minus = [keys.self_seed], []
-        for v in sorted(peers):
-            info = mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest)
-            try:
-                s_uv = _kdf.derive_seed(keys.mask_private, rnd.adverts[v].mask_key, info)
-            except ValueError as exc:
-                raise InvalidMessage("bad masking key in the roster") from exc
-            (plus if v > self.client_id else minus).append(s_uv)
-        _prg.apply_masks(masked, plus, minus, src=None if inplace else src)
+        if fill is not None:
+            src, masked = None, np.empty(rnd.vector_length, dtype=np.uint64)
+        else:
+            src = x if inplace else np.ascontiguousarray(x)
+            masked = src if inplace else np.empty_like(src)
+        order = sorted(peers)
+        try:
+            seeds = _kdf.derive_seeds(keys.mask_private, [
+                (rnd.adverts[v].mask_key,
+                 mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest))
+                for v in order])
+        except ValueError as exc:
+            raise InvalidMessage("bad masking key in the roster") from exc
+        plus = [keys.self_seed] + [s for v, s in zip(order, seeds, strict=True)
+                                   if v > self.client_id]
+        minus = [s for v, s in zip(order, seeds, strict=True) if v < self.client_id]
+        try:
+            _prg.apply_masks(masked, plus, minus, src=None if inplace else src, fill=fill)
+        except BaseException:
+            rnd.keys = None  # never mask another vector with these seeds
+            raise
         rnd.held.update(opened)
         rnd.keys = None  # the round's secrets are no longer needed
         self.stage = ClientStage.MASKED
@@ -243,8 +270,7 @@ class SecAggClient:
     def _open_share(self, rnd: _Round, sender: int, ct: bytes) -> tuple[int, int]:
         head = share_header(self.job_id, rnd.round_id, sender, self.client_id)
         try:
-            box = Box(self._enc_key, PublicKey(rnd.adverts[sender].enc_key))
-            plain = box.decrypt(ct)
+            plain = self._box(rnd.adverts[sender].enc_key).decrypt(ct)
             if not plain.startswith(head) or len(plain) != len(head) + 2 * _shamir.SHARE_BYTES:
                 raise ValueError("share context mismatch")
             body = plain[len(head):]
@@ -252,6 +278,14 @@ class SecAggClient:
                     _shamir.from_bytes(body[_shamir.SHARE_BYTES:]))
         except (CryptoError, ValueError, TypeError, KeyError) as exc:
             raise InvalidMessage("share ciphertext does not authenticate") from exc
+
+    def _box(self, peer_enc_key: bytes) -> Box:
+        """The authenticated box with a peer's per-job encryption key (its X25519 agreement is
+        computed once per job and peer, not once per round)."""
+        box = self._boxes.get(peer_enc_key)
+        if box is None:
+            box = self._boxes[peer_enc_key] = Box(self._enc_key, PublicKey(peer_enc_key))
+        return box
 
     # -- 4. unmask ---------------------------------------------------------------------------
     def unmask(self, request: UnmaskRequest, *,

@@ -10,7 +10,7 @@ a relative ``2^-53``, which is zero while the integer sum stays below ``2^53``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +42,8 @@ class RingCodec:
     max_abs: np.ndarray
     n_clients: int
     _scale: np.ndarray | float = field(init=False, repr=False, compare=False, default=1.0)
+    _limit: np.ndarray | float = field(init=False, repr=False, compare=False, default=0.0)
+    _bounded: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         fb = np.asarray(self.frac_bits)
@@ -57,7 +59,14 @@ class RingCodec:
             raise OverflowRisk(str(exc)) from None
         object.__setattr__(self, "frac_bits", fb)
         object.__setattr__(self, "max_abs", ma)
-        object.__setattr__(self, "_scale", _ring.scale(fb))
+        scale = _ring.scale(fb)
+        object.__setattr__(self, "_scale", scale)
+        # one bound for every entry: a scalar range check (two reductions per block)
+        uniform = ma.size > 0 and float(ma.min()) == float(ma.max())
+        object.__setattr__(self, "_limit", float(ma[0]) if uniform else ma)
+        # every in-range |value * 2^f| is below 2^50: the encoder's fast rounding is exact
+        object.__setattr__(self, "_bounded", bool(
+            ma.size == 0 or float(np.max(ma * scale)) < 2.0**50))
 
     @classmethod
     def from_kinds(cls, kinds: Sequence[StatKind | str], *, frac_bits: Mapping[StatKind, int],
@@ -80,17 +89,46 @@ class RingCodec:
         """Per-entry bound on ``|decode(sum of encodings) - sum of values|`` (exact arithmetic)."""
         return self.n_clients * np.ldexp(0.5, -self.frac_bits)
 
-    def encode(self, values: np.ndarray) -> np.ndarray:
-        """Range-check then encode one client's float vector into uint64."""
+    def encode(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Range-check then encode one client's float vector into uint64.
+
+        Each block of entries is checked before it is encoded, in one cache-friendly pass;
+        ``out`` (a contiguous uint64 vector of :attr:`size`) receives the encoding instead of a
+        fresh array. On :class:`~fedforest_secure.errors.OverflowRisk` nothing is returned and
+        ``out`` holds a partial encoding, to be discarded.
+        """
         vals = _as_values(values)
         if vals.shape != (self.size,):
             raise ValueError(f"expected {self.size} values, got {vals.shape}")
-        bad = _ring.first_out_of_range(vals, self.max_abs)
-        if bad is not None:
-            raise OverflowRisk(
-                f"value[{bad}] = {float(vals[bad])!r} is outside [-{self.max_abs[bad]}, "
-                f"{self.max_abs[bad]}]: {self.n_clients} clients could overflow the ring")
-        return _ring.encode(vals, self._scale)
+        try:
+            return _ring.encode(vals, self._scale, limit=self._limit, out=out,
+                                bounded=self._bounded)
+        except _ring.OutOfRange as exc:
+            raise self._overflow(vals, exc.index) from None
+
+    def block_encoder(self, values: np.ndarray) -> Callable[[int, int, np.ndarray], None]:
+        """``fill(start, stop, out)``: range-check and encode ``values[start:stop]`` into
+        ``out``, for masking block by block (``SecAggClient.mask(..., codec=)``).
+
+        ``fill`` raises :class:`~fedforest_secure.errors.OverflowRisk` for a value out of range.
+        """
+        vals = _as_values(values)
+        if vals.shape != (self.size,):
+            raise ValueError(f"expected {self.size} values, got {vals.shape}")
+
+        def fill(start: int, stop: int, out: np.ndarray) -> None:
+            try:
+                _ring.encode_block(vals, self._scale, self._limit, self._bounded, start, stop,
+                                   out)
+            except _ring.OutOfRange as exc:
+                raise self._overflow(vals, exc.index) from None
+
+        return fill
+
+    def _overflow(self, vals: np.ndarray, bad: int) -> OverflowRisk:
+        return OverflowRisk(
+            f"value[{bad}] = {float(vals[bad])!r} is outside [-{self.max_abs[bad]}, "
+            f"{self.max_abs[bad]}]: {self.n_clients} clients could overflow the ring")
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """The float64 values of a uint64 sum of encodings."""

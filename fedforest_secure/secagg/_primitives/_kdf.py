@@ -46,3 +46,19 @@ def agree(private: bytes, peer_public: bytes) -> bytes:
 def derive_seed(private: bytes, peer_public: bytes, info: bytes) -> bytes:
     """A 256-bit pairwise seed: ``HKDF-SHA256(X25519(private, peer_public), info)``."""
     return hkdf_sha256(agree(private, peer_public), info)
+
+
+def derive_seeds(private: bytes, peers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """:func:`derive_seed` for each ``(peer_public, info)``, loading ``private`` once.
+
+    Raises ``ValueError`` if any agreement fails (a malformed or low-order peer key).
+    """
+    key = X25519PrivateKey.from_private_bytes(private)
+    out = []
+    for peer_public, info in peers:
+        try:
+            secret = key.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        except (InvalidKey, ValueError) as exc:
+            raise ValueError("X25519 agreement failed") from exc
+        out.append(hkdf_sha256(secret, info))
+    return out

@@ -8,6 +8,8 @@ to (or subtracted from) the accumulator in place; numpy uint64 arithmetic wraps 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -58,11 +60,15 @@ class Expander:
 
 
 def apply_masks(acc: np.ndarray, plus: list[bytes], minus: list[bytes],
-                src: np.ndarray | None = None) -> None:
+                src: np.ndarray | None = None,
+                fill: Callable[[int, int, np.ndarray], None] | None = None) -> None:
     """``acc = (src or acc) + sum PRG(p) - sum PRG(m)`` modulo 2^64, block by block.
 
     With ``src`` (same shape and dtype as ``acc``) the input is read from ``src`` and ``acc``
-    is only written, which saves a copy when masking a vector the caller keeps.
+    is only written, which saves a copy when masking a vector the caller keeps. With ``fill``,
+    ``fill(start, stop, block)`` writes the input of ``acc[start:stop]`` into ``block`` (that
+    very slice) just before it is masked, e.g. a fixed-point encoder: the plain block is
+    produced and masked while it sits in cache, in one pass over ``acc``.
 
     All keystreams advance together over cache-sized blocks, so each block of ``acc`` is read
     and written while it is hot in cache (about twice as fast as one full pass per mask).
@@ -71,26 +77,39 @@ def apply_masks(acc: np.ndarray, plus: list[bytes], minus: list[bytes],
         raise ValueError("acc must be a contiguous uint64 vector")
     if src is not None and (src.dtype != _U64 or src.shape != acc.shape):
         raise ValueError("src must be a uint64 vector shaped like acc")
+    if src is not None and fill is not None:
+        raise ValueError("give src or fill, not both")
     if any(len(s) != 32 for s in (*plus, *minus)):
         raise ValueError("a PRG seed is exactly 32 bytes")
-    encs = [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), True) for s in plus]
-    encs += [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), False) for s in minus]
+    steps = [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.add) for s in plus]
+    steps += [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.subtract)
+              for s in minus]
     n = acc.shape[0]
     if n == 0:
         return
     block = min(_BLOCK, n)
-    zeros = bytes(8 * block)
+    zeros = memoryview(bytes(8 * block))
     buf = np.empty(block, dtype=_U64)
+    raw = memoryview(buf.view(np.uint8))
+    calls = [(enc.update_into, op) for enc, op in steps]
     for start in range(0, n, block):
-        m = min(block, n - start)
-        part, ks = acc[start:start + m], buf[:m]
-        first = part if src is None else src[start:start + m]
-        if not encs and src is not None:
-            part[:] = first
-        raw = ks.view(np.uint8)
-        for enc, positive in encs:
-            enc.update_into(zeros[:8 * m] if m != block else zeros, raw)
-            (np.add if positive else np.subtract)(first, ks, out=part)
+        stop = min(start + block, n)
+        part = acc[start:stop]
+        if stop - start == block:
+            z, r, ks = zeros, raw, buf
+        else:  # the last, shorter block
+            m = stop - start
+            z, r, ks = zeros[:8 * m], raw[:8 * m], buf[:m]
+        first = part
+        if fill is not None:
+            fill(start, stop, part)
+        elif src is not None:
+            first = src[start:stop]
+            if not calls:
+                part[:] = first
+        for update_into, op in calls:
+            update_into(z, r)
+            op(first, ks, out=part)
             first = part
-    for enc, _ in encs:
+    for enc, _ in steps:
         enc.finalize()

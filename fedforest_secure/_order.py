@@ -1,0 +1,205 @@
+"""The level order: every (pair, feature slot) of one client's level, sorted by (block, code).
+
+A *block* is one (node, feature slot) of the level; a *pair* is one (tree, row) with a non-zero
+bootstrap multiplicity. Sorted by block and then by the row's exact integer code of the slot's
+feature, every block is a contiguous run in which the client's values ascend, so the quantile
+sketch is a look-up and every histogram bin a contiguous segment.
+
+When the fields fit in 62 bits, one int64 key per entry carries them all, packed as
+``block | code | row | weight`` (weight in the low 8 bits): the order is a single in-place sort
+of that array, and nothing has to be gathered through a permutation afterwards. Otherwise (huge
+levels, a client with more than about a million rows, multiplicities of 256 or more) the key is
+``block | code`` and rows and weights are kept beside it, in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["LevelOrder"]
+
+_SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
+#: entries per chunk of the per-block passes (sketch, histogram): bounds their scratch memory
+CHUNK_ENTRIES = 1 << 18
+
+
+class LevelOrder:
+    """One level's sorted entries (see the module docstring).
+
+    Parameters
+    ----------
+    feats : (n_nodes, m) feature of every (node, slot); -1 marks an unused slot
+    node, row, weight : the level's pairs (node index, row index, bootstrap multiplicity)
+    codes : feature-major exact codes, the code of (feature j, row i) at ``j * n_rows + i``
+    n_rows : the client's number of rows
+    cbits : bits of a code (codes lie in ``[0, 2**cbits)``)
+    """
+
+    def __init__(self, feats: np.ndarray, node: np.ndarray, row: np.ndarray,
+                 weight: np.ndarray, codes: np.ndarray, n_rows: int, cbits: int) -> None:
+        n_nodes, m = feats.shape
+        self.feats = feats.copy()
+        self.cbits = cbits
+        P = node.size
+        rbits = int(n_rows).bit_length() + 8  # row index above an 8-bit weight
+        wmax = int(weight.max()) if P else 0
+        blk_bits = int(max(n_nodes * m, 1)).bit_length()
+        self.packed = wmax < 256 and blk_bits + cbits + rbits <= 62
+        self.shift = rbits if self.packed else 0
+        self._rows: np.ndarray | None = None
+        self._w: np.ndarray | None = None
+        self._code: np.ndarray | None = None  # compact form (see compact())
+        self._edges: np.ndarray | None = None
+        self.key: np.ndarray | None
+        self._rmask = (1 << (rbits - 8)) - 1
+        node64 = node.astype(np.int64)
+        row64 = row.astype(np.int64)
+        hi = cbits + self.shift  # where the block field starts
+        keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
+        if self.packed:
+            base = node64 * m
+            base <<= hi
+            base |= row64 << 8
+            base |= weight.astype(np.int64)
+        else:
+            base = (node64 * m) << hi
+        n_unused = 0
+        for s in range(m):
+            f = feats[:, s].astype(np.int64)[node]  # feature of this slot, per pair
+            out = keys[s]
+            unused = f < 0
+            np.maximum(f, 0, out=f)
+            f *= n_rows
+            f += row64
+            out[...] = np.take(codes, f)  # int32 codes, widened on store
+            out <<= self.shift
+            out |= base
+            out += s << hi
+            if unused.any():
+                out[unused] = _SENTINEL
+                n_unused += int(unused.sum())
+        flat = keys.reshape(-1)
+        if self.packed:
+            flat.sort()
+            self.key = flat[: flat.size - n_unused] if n_unused else flat
+        else:  # block|code key with rows and weights carried through a permutation
+            order = np.argsort(flat, kind="stable")
+            if n_unused:
+                order = order[: order.size - n_unused]
+            self.key = flat[order]
+            self._rows = np.tile(row64, m)[order]
+            self._w = np.tile(weight.astype(np.int64), m)[order]
+
+    @property
+    def size(self) -> int:
+        return int(self.key.size) if self.key is not None else int(self._edges[-1])
+
+    def compact(self) -> None:
+        """Keep the order in 5 bytes per entry instead of 8 until the level's next round.
+
+        Between the sketch and the histogram round only codes, rows, weights and block
+        boundaries are needed; the packed key is rebuilt a chunk at a time by :meth:`search`.
+        Only for packed keys with codes and rows below 2**16 (the common case); otherwise a
+        no-op.
+        """
+        if self.key is None or not self.packed or self.cbits > 16 \
+                or self.shift - 8 > 16 or self.feats.size >= 2**31:
+            return
+        nblk = self.feats.size
+        self._edges = self.search(np.arange(nblk + 1, dtype=np.int64) << self.cbits)
+        self._code = ((self.key >> self.shift) & ((1 << self.cbits) - 1)).astype(np.uint16)
+        self._rows = self.rows().astype(np.uint16)
+        self._w = (self.key & 255).astype(np.uint8)
+        self.key = None
+
+    def _chunk_key(self, lo: int, hi: int) -> np.ndarray:
+        """(block << cbits | code) of entries ``[lo, hi)`` from the compact form."""
+        assert self._edges is not None and self._code is not None
+        edges = self._edges
+        first = int(np.searchsorted(edges, lo, side="right")) - 1
+        inner = edges[(edges > lo) & (edges < hi)] - lo
+        blk = np.bincount(inner, minlength=hi - lo)[: hi - lo]
+        np.cumsum(blk, out=blk)
+        blk += first
+        blk <<= self.cbits
+        blk |= self._code[lo:hi]
+        return blk
+
+    def block_edges(self, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end position of each given block."""
+        if self._edges is not None:
+            return self._edges[blk], self._edges[blk + 1]
+        return self.search(blk << self.cbits), self.search((blk + 1) << self.cbits)
+
+    def search(self, block_code: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Position (relative to ``lo``) of the first entry of ``[lo, hi)`` whose
+        (block << cbits | code) is >= each query."""
+        if self.key is None:
+            return np.searchsorted(self._chunk_key(lo, self.size if hi is None else hi),
+                                   block_code, side="left")
+        return np.searchsorted(self.key[lo:hi], block_code << self.shift, side="left")
+
+    def chunks(self, edges: np.ndarray, max_entries: int | None = None
+               ) -> list[tuple[int, int]]:
+        """Split consecutive blocks into runs of about ``max_entries`` entries.
+
+        ``edges[i]`` is where block i starts (``edges[-1]`` the end of the last). Returns
+        ``(b0, b1)`` block ranges; a block larger than the budget gets a range of its own.
+        """
+        if max_entries is None:
+            max_entries = CHUNK_ENTRIES
+        out: list[tuple[int, int]] = []
+        nblk = edges.size - 1
+        b0 = 0
+        while b0 < nblk:
+            b1 = int(np.searchsorted(edges, edges[b0] + max_entries, side="right")) - 1
+            b1 = min(max(b1, b0 + 1), nblk)
+            out.append((b0, b1))
+            b0 = b1
+        return out
+
+    def codes_at(self, idx: np.ndarray) -> np.ndarray:
+        assert self.key is not None
+        return (self.key[idx] >> self.shift) & ((1 << self.cbits) - 1)
+
+    def block_codes(self) -> np.ndarray:
+        assert self.key is not None
+        return self.key >> self.shift
+
+    def weights(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Bootstrap multiplicities of entries ``[lo, hi)`` in sorted order (integers)."""
+        if self._w is not None:
+            return self._w[lo:hi]
+        assert self.key is not None
+        return self.key[lo:hi] & 255
+
+    def rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Row indices of entries ``[lo, hi)`` in sorted order (integers)."""
+        if self._rows is not None:
+            return self._rows[lo:hi]
+        assert self.key is not None
+        out = self.key[lo:hi] >> 8
+        out &= self._rmask
+        return out
+
+    def first_reaching(self, cw: np.ndarray, w: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """For each target, the first position i with ``cw[i] >= target`` (cw = cumsum(w)).
+
+        Multiplicities are positive integers, so ``cw[i] >= t`` iff ``cw[i] >= ceil(t)``: a
+        table over the integers 1..sum(w) answers every target with one gather instead of a
+        binary search.
+        """
+        total = int(cw[-1]) if cw.size else 0
+        if total > 4 * max(cw.size, 1) + 1_000_000 or total >= 2**31:  # pragma: no cover
+            return np.searchsorted(cw, target, side="left")
+        if total == 0:
+            return np.zeros(np.shape(target), dtype=np.int64)
+        # inv[c - 1] = number of positions whose cumulative weight is below c
+        marks = np.zeros(total, dtype=np.int32)
+        marks[cw[:-1]] = 1
+        inv = np.cumsum(marks, dtype=np.int32)
+        del marks
+        c = np.ceil(target).astype(np.int64)
+        np.clip(c, 1, total, out=c)
+        c -= 1
+        return inv[c]
