@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     console.log(f"joined job {job} as client {k} of {config.n_clients} "
                 f"({len(y)} rows, profile {config.profile.get('name', '?')})")
     _replay(tr, job, worker)
+    cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
     result = ClientResult(status="running")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} levels"), TimeElapsedColumn(),
@@ -234,7 +236,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
     (opts.state_dir / "stats.json").write_text(json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
-        "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received}))
+        "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
+        "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0}))
     return result
 
 
@@ -276,8 +279,10 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
     task: Task | None = None
     reply: Reply | None = None
     vector: np.ndarray | None = None
+    tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     while True:
-        o = tr.get_json(f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S})
+        o = tr.take_next_step() or tr.get_json(f"/v1/jobs/{job}/secagg",
+                                                params={"wait": LONG_POLL_S})
         status = o.get("status")
         if status in ("done", "failed", "dropped"):
             result.status, result.detail = str(status), str(o.get("detail", ""))
@@ -294,18 +299,22 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
             task = Task.from_bytes(body)
             if task.job_id != job or task.round_id != r:
                 raise ProtocolError("the server sent a task of another job or round")
-            reply = ctx.worker.handle(task)
-            vector = ctx.contribution(task, reply)
+            reply = vector = None
         action = o.get("action")
         ctx.show(task, f" · {action}")
         try:
             if action == "advert":
                 session.advert(r)
             elif action == "share":
+                # shares first, then the histogram: the server closes the share step while
+                # this client computes, and the deliveries are ready when it is done
                 session.share(task, str(o["message"]))
+                reply = ctx.worker.handle(task)
+                vector = ctx.contribution(task, reply)
             elif action == "upload":
                 if reply is None or vector is None:
-                    raise ProtocolError("upload requested before the task was answered")
+                    reply = ctx.worker.handle(task)
+                    vector = ctx.contribution(task, reply)
                 header, masked = session.mask(task, str(o["message"]), vector)
                 body = make_upload(task, masked, reply.disclosed, secagg=header)
                 receipt = _upload(tr, job, task, body)
@@ -348,8 +357,10 @@ def _replay(tr: Transport, job: str, worker: Any) -> None:
 
 def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:
     try:
-        return dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
-                               content=body).json())
+        receipt = dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
+                                  content=body).json())
+        receipt.pop("next", None)  # the next step (secure runs), not part of the receipt
+        return receipt
     except ApiRejected as exc:
         if exc.code == "round_closed" and exc.body.get("counted"):
             return None  # a retry of an upload the server already counted

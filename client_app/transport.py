@@ -9,6 +9,7 @@ with the client's explicit ``--insecure-dev``; the URL is parsed, never prefix-m
 from __future__ import annotations
 
 import ipaddress
+import re
 import ssl
 import time
 import urllib.parse
@@ -24,6 +25,9 @@ __all__ = ["ApiRejected", "Transport", "TransportFailed", "check_server_url", "i
            "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+#: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). Not the
+#: share bundle: after it the client computes its answer while the others share.
+_STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|unmask)|upload)$")
 
 
 class ApiRejected(FedForestError):
@@ -109,6 +113,10 @@ class Transport:
     timeout_s: float = 120.0
 
     insecure_dev: bool = False
+    #: Secure runs: the key advert, the masked upload and the unmask response ask the server
+    #: to answer with the client's next step as well (``?next_wait=``, long-polled), kept for
+    #: the client loop in :meth:`take_next_step`: one request and one wake-up less per step.
+    step_wait: float = 0.0
 
     def __post_init__(self) -> None:
         scheme = check_server_url(self.base_url, insecure_dev=self.insecure_dev)
@@ -123,6 +131,12 @@ class Transport:
                                   headers={"Authorization": f"Bearer {self.token}"})
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._next_step: dict[str, Any] | None = None
+
+    def take_next_step(self) -> dict[str, Any] | None:
+        """The next secure-aggregation step the last POST brought back (once), or None."""
+        out, self._next_step = self._next_step, None
+        return out
 
     def close(self) -> None:
         self._http.close()
@@ -133,6 +147,10 @@ class Transport:
                 params: dict[str, Any] | None = None) -> httpx.Response:
         """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`."""
         headers = {"Content-Type": content_type} if content is not None else {}
+        step = self.step_wait > 0 and method == "POST" and params is None and bool(
+            _STEP_PATH.search(path))
+        if step:
+            params = {"next_wait": self.step_wait}
         delay, start = 0.2, time.monotonic()
         while True:
             try:
@@ -148,6 +166,8 @@ class Transport:
                 self.bytes_sent += len(content or b"") + len(path) + 200
                 self.bytes_received += len(resp.content)
                 if resp.status_code in ok_statuses or resp.status_code == 204:
+                    if step:
+                        self._next_step = _next_of(resp)
                     return resp
                 if resp.status_code not in _RETRY_STATUS:
                     try:
@@ -173,3 +193,12 @@ class Transport:
 
         return self.request("POST", path, content=json.dumps(body).encode(),
                             content_type="application/json").json()
+
+
+def _next_of(resp: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    nxt = body.get("next") if isinstance(body, dict) else None
+    return nxt if isinstance(nxt, dict) else None

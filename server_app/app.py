@@ -24,7 +24,9 @@ GET      /v1/jobs/{job}/audit                         the job's audit log (JSON 
 =======  ===========================================  ==========================================
 
 ``?wait=s`` long-polls: the request returns as soon as something changes for the client (at
-most ``s`` <= 30 seconds later), so clients need not poll in a tight loop.
+most ``s`` <= 30 seconds later), so clients need not poll in a tight loop. The secure-aggregation
+POSTs and the upload take ``?next_wait=s``: the response then also carries, under ``"next"``,
+what ``GET /secagg?wait=s`` would have answered, which saves a request per step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path as FsPath
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -99,9 +102,11 @@ Client = Annotated[ClientRow, Depends(_client)]
 
 
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,
-               max_upload_bytes: int = 1 << 30, state: ServerState | None = None) -> FastAPI:
-    """Build the app around a database (and an audit sink)."""
-    st = state or ServerState(db, audit or NullAudit())
+               max_upload_bytes: int = 1 << 30, state: ServerState | None = None,
+               spool: FsPath | None = None) -> FastAPI:
+    """Build the app around a database (and an audit sink); ``spool`` is where masked
+    uploads of open secure rounds are kept (default: in the database)."""
+    st = state or ServerState(db, audit or NullAudit(), spool=spool)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -176,11 +181,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 return out
             await run_in_threadpool(st.wait_change, gen, min(left, 1.0))
 
-    @app.get("/v1/jobs/{job_id}/secagg", tags=["secagg"])
-    async def secagg_next(job_id: JobId, c: Client, wait: Wait = 0.0) -> dict[str, Any]:
+    async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
         out: dict[str, Any] = await _long_poll(lambda: st.secagg_offer(c, job_id),
                                                lambda o: o.get("status") == "wait", wait)
         return out
+
+    @app.get("/v1/jobs/{job_id}/secagg", tags=["secagg"])
+    async def secagg_next(job_id: JobId, c: Client, wait: Wait = 0.0) -> dict[str, Any]:
+        return await _secagg_offer(c, job_id, wait)
 
     async def _json_body(request: Request) -> bytes:
         body = bytearray()
@@ -193,10 +201,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     for _kind in ("advert", "shares", "unmask"):
         def _make(kind: str) -> Any:
             async def post_secagg(job_id: JobId, round_id: RoundId, request: Request,
-                                  c: Client) -> dict[str, Any]:
+                                  c: Client, next_wait: Wait = 0.0) -> dict[str, Any]:
                 body = await _json_body(request)
-                return await run_in_threadpool(st.secagg_message, c, job_id, round_id, kind,
-                                               body)
+                out: dict[str, Any] = await run_in_threadpool(st.secagg_message, c, job_id,
+                                                              round_id, kind, body)
+                if next_wait > 0:  # answer with the next step too: one request less
+                    out["next"] = await _secagg_offer(c, job_id, next_wait)
+                return out
             post_secagg.__name__ = f"post_secagg_{kind}"
             return post_secagg
         app.post(f"/v1/jobs/{{job_id}}/rounds/{{round_id}}/secagg/{_kind}",
@@ -244,8 +255,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.post("/v1/jobs/{job_id}/rounds/{round_id}/upload", tags=["rounds"],
               openapi_extra={"requestBody": {"required": True, "content": {OCTET: {
                   "schema": {"type": "string", "format": "binary"}}}}})
-    async def upload(job_id: JobId, round_id: RoundId, request: Request, c: Client
-                     ) -> dict[str, Any]:
+    async def upload(job_id: JobId, round_id: RoundId, request: Request, c: Client,
+                     next_wait: Wait = 0.0) -> dict[str, Any]:
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip() != OCTET:
             raise ApiError(415, "unsupported_media_type", f"uploads are {OCTET}")
@@ -259,6 +270,11 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
         out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id,
                                                       bytes(body))
+        if next_wait > 0:  # secure jobs: the next step of secure aggregation, long-polled
+            try:
+                out["next"] = await _secagg_offer(c, job_id, next_wait)
+            except ApiError:
+                pass  # not a secure job: the client asks GET /task as usual
         return out
 
     @app.get("/v1/jobs/{job_id}/audit", tags=["jobs"],

@@ -9,6 +9,7 @@ database is configured) a :class:`NullAudit` keeps the same interface and a gene
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -54,22 +55,33 @@ class NullAudit:
 
 
 class _AuditLogSink:
+    """The server is the only writer of its audit log, so each job's tip is kept in memory
+    after the first read and replaced on every append (every task offer sends it)."""
+
     enabled = True
 
     def __init__(self, log: Any) -> None:
         self._log = log
+        self._tips: dict[str, tuple[int, str]] = {}
+        self._mu = threading.Lock()  # an append and a tip read never interleave
 
     def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
                arrays: Mapping[str, np.ndarray] | None = None) -> None:
-        self._log.append(job_id, kind, dict(payload), dict(arrays or {}))
+        with self._mu:
+            self._tips.pop(job_id, None)
+            self._log.append(job_id, kind, dict(payload), dict(arrays or {}))
 
     def head(self, job_id: str) -> str:
-        return str(self._log.head(job_id))
+        return self.tip(job_id)[1]
 
     def tip(self, job_id: str) -> tuple[int, str]:
         """``(seq, hash)`` of the job's last entry: sent with every task for client receipts."""
-        seq, head = self._log.tip(job_id)
-        return int(seq), str(head)
+        with self._mu:
+            cached = self._tips.get(job_id)
+            if cached is None:
+                seq, head = self._log.tip(job_id)
+                cached = self._tips[job_id] = (int(seq), str(head))
+            return cached
 
     def export(self, job_id: str) -> str:
         """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""

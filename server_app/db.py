@@ -2,7 +2,9 @@
 
 Everything a restarted server needs lives here: clients and their hashed tokens, jobs and their
 configuration, memberships, every task issued (the exact bytes), every upload's digest, the
-running sum of the open round, and the aggregate handed to the coordinator for each closed round.
+running sum of the open round (or, in a secure round, its masked uploads and every
+secure-aggregation message it accepted), and the aggregate handed to the coordinator for each
+closed round.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class RoundRow(Base):
     round_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
     level: Mapped[int] = mapped_column(Integer)
-    task_blob: Mapped[bytes] = mapped_column(LargeBinary)
+    # big columns are deferred (loaded on first access): a status poll must not read vectors
+    task_blob: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     task_digest: Mapped[str] = mapped_column(String(64))
     encoding: Mapped[str] = mapped_column(String(8))  # "float64" | "uint64"
     participants_json: Mapped[str] = mapped_column(Text)  # client indices asked
@@ -95,9 +98,11 @@ class RoundRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="open")  # open|closed
     phase: Mapped[str] = mapped_column(String(16), default="upload")  # secagg stage or upload
     dropped_json: Mapped[str] = mapped_column(Text, default="[]")  # dropped during this round
-    running_sum: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
-    aggregate: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # packed float64
-    disclosed_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    running_sum: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+    aggregate: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True,
+                                                    deferred=True)  # packed float64
+    disclosed_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True,
+                                                         deferred=True)
     contributors_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     closed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
@@ -110,14 +115,22 @@ class UploadRow(Base):
     digest: Mapped[str] = mapped_column(String(64))
     received_at: Mapped[float] = mapped_column(Float, default=time.time)
     # Plain float64 sums are kept per client and added in client order when the round closes,
-    # so the float result is bit-identical to the in-process run. Masked (uint64) uploads are
-    # added into RoundRow.running_sum on arrival and not kept.
-    summable: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
-    disclosed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # so the float result is bit-identical to the in-process run. Fixed-point (uint64) uploads
+    # of the open profile are added into RoundRow.running_sum on arrival and not kept. Masked
+    # uploads of a secure round are added into the secure-aggregation server's in-memory
+    # running sum and kept here only until the round closes, so a restarted server can rebuild
+    # that sum. Every summable is cleared when its round closes.
+    summable: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+    disclosed: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
 
 
 class SecAggMessageRow(Base):
-    """One secure-aggregation message of one client for one round and stage (relayed as is)."""
+    """One secure-aggregation message of one client for one round and stage (relayed as is).
+
+    ``round_id = -1, stage = "identity"``: the client's Ed25519 verify key (hex). Otherwise the
+    JSON of a message the open round accepted (``advert``, ``shares``, ``upload`` (the masked
+    upload's header), ``unmask``) or a ``refuse`` reason; deleted when the round closes.
+    """
 
     __tablename__ = "secagg_messages"
     job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -154,6 +167,9 @@ class Database:
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
     cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    # 64 KiB pages for a new file (no effect on an existing one): task blobs run to tens of MB,
+    # and a blob on 4 KiB pages is a chain of thousands of overflow pages (5x slower to write)
+    cur.execute("PRAGMA page_size=65536")
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")

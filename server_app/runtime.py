@@ -4,7 +4,12 @@ Every mutation runs under one lock and is written to the database in the same st
 killed at any point restarts where it was: the coordinator is rebuilt by replaying the stored
 (task digest, aggregate, disclosed, participants) of every closed round through
 ``next_task``/``submit``, checking each digest, and the open round keeps its running sum and the
-digests of the uploads it already counted.
+digests of the uploads it already counted. An open secure round is rebuilt from the messages it
+had accepted (:meth:`SecAggBridge.resume`): each is stored in the step that accepted it, so a
+client whose request was answered never has to send it again, and a client that retries a
+request the server had already stored gets the same answer (``duplicate``), not an error.
+After a restart the open round's deadline runs again from the server's start, so clients that
+were backing off while it was down are not dropped for the server's outage.
 
 A round moves through phases. Without secure aggregation there is one phase, ``upload``. With it,
 the :mod:`server_app.secagg_bridge` adds the key-advertisement / share / unmask phases around the
@@ -19,14 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
@@ -38,7 +46,7 @@ from .audit_hook import AuditSink
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
 from .jobspec import JobSpec, build_config, default_min_clients
-from .secagg_bridge import SecAggBridge, SecureRound
+from .secagg_bridge import SecAggBridge, SecureRound, StoredRound
 from .settings import ConfigError
 from .uploads import ParsedUpload, check_against_task, parse_upload
 
@@ -81,19 +89,47 @@ class ServerState:
     """All jobs of one server. Thread-safe; every public method is one atomic step."""
 
     def __init__(self, db: Database, audit: AuditSink,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, spool: Path | None = None) -> None:
         self.db = db
         self.audit = audit
+        #: Where the masked uploads of open secure rounds are kept (one file each, removed once
+        #: the round closes); None keeps them in the database (``UploadRow.summable``). A file
+        #: is written once and unlinked, where a database blob is written and then freed page by
+        #: page: with vectors of tens of MB that difference is the upload step's latency.
+        self.spool = spool
         self.clock = clock
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.generation = 0
         self._rts: dict[str, JobRuntime] = {}
+        self._dirty: set[str] = set()
+        self.started_at = clock()
 
-    def _notify(self) -> None:
+    def _deadline_at(self, rr: RoundRow, job: JobRow) -> float:
+        """The open phase's deadline; never earlier than a full deadline after this server
+        started (a restart must not drop the clients that waited for it)."""
+        return max(rr.deadline_at, self.started_at + job.round_deadline_s)
+
+    def _notify(self, job_id: str | None = None) -> None:
+        """Wake the long-polling requests (call after the step's commit).
+
+        With ``job_id``, only if the step changed what clients of the job wait for: a member's
+        state, the job's status or round, or the round's phase (each marked by
+        :meth:`_touch`). Accepting one client's message changes nothing another client waits
+        for, so it does not wake (and re-run) every poller of the job: with K clients that
+        would be K x K offers per step instead of K. A poller re-checks every second anyway.
+        """
+        if job_id is not None:
+            if job_id not in self._dirty:
+                return
+            self._dirty.discard(job_id)
         with self.changed:
             self.generation += 1
             self.changed.notify_all()
+
+    def _touch(self, job_id: str) -> None:
+        """Mark that the job's view changed (see :meth:`_notify`)."""
+        self._dirty.add(job_id)
 
     def wait_change(self, generation: int, timeout: float) -> None:
         """Block until the state changed after ``generation`` (or ``timeout`` seconds)."""
@@ -154,7 +190,7 @@ class ServerState:
 
     def status(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         with self.lock:
-            self._tick_job(job_id)
+            self._tick_if_due(job_id)
             with self.db.session() as sess:
                 job, member = self._member(sess, client, job_id)
                 members = list(sess.scalars(select(MemberRow).where(MemberRow.job_id == job_id)))
@@ -193,6 +229,7 @@ class ServerState:
                                        "another identity key; it cannot change mid-job")
                 first = member.state == "invited"
                 if first:
+                    self._touch(job_id)
                     if job.status != "waiting":
                         raise ApiError(409, "job_started", "the job started without this client")
                     member.state = "active"
@@ -213,7 +250,7 @@ class ServerState:
                     payload["identity_key"] = identity_key.hex()
                 self.audit.append(job_id, "client_joined", payload)
             self._maybe_start(job_id)
-            self._notify()
+            self._notify(job_id)
             return info
 
     def directory(self, client: ClientRow, job_id: str) -> dict[str, Any]:
@@ -248,7 +285,7 @@ class ServerState:
     def offer(self, client: ClientRow, job_id: str) -> TaskOffer:
         """The task this client should answer now, or what to wait for."""
         with self.lock:
-            self._tick_job(job_id)
+            self._tick_if_due(job_id)
             with self.db.session() as sess:
                 job, member = self._member(sess, client, job_id)
                 if member.state == "dropped":
@@ -275,14 +312,15 @@ class ServerState:
                 seq, head = self._tip(job_id)
                 return TaskOffer("task", round_id=rr.round_id, body=rr.task_blob,
                                  digest=rr.task_digest,
-                                 deadline_in=max(0.0, rr.deadline_at - self.clock()),
+                                 deadline_in=max(0.0, self._deadline_at(rr, job)
+                                                 - self.clock()),
                                  audit_head=head, audit_seq=seq, phase=rr.phase)
 
     # ------------------------------------------------------------------ secure aggregation
     def secagg_offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """What this client must do now in the open secure round (or what to wait for)."""
         with self.lock:
-            self._tick_job(job_id)
+            self._tick_if_due(job_id)
             with self.db.session() as sess:
                 job, member = self._member(sess, client, job_id)
                 if member.state == "dropped":
@@ -308,7 +346,7 @@ class ServerState:
                 return {"status": "task" if action != "wait" else "wait", "action": action,
                         "round_id": rr.round_id, "phase": sr.phase,
                         "task_digest": rr.task_digest, "message": message,
-                        "deadline_in": max(0.0, rr.deadline_at - self.clock()),
+                        "deadline_in": max(0.0, self._deadline_at(rr, job) - self.clock()),
                         "audit_seq": seq, "audit_head": head,
                         "detail": "" if action != "wait" else f"waiting for the other clients "
                                                               f"({sr.phase})"}
@@ -352,9 +390,18 @@ class ServerState:
             msg: Any = parse(model, body)
         except InvalidMessage as exc:
             raise ApiError(400, "invalid_message", str(exc)) from exc
+        digest = hashlib.sha256(body).hexdigest()
         with self.lock:
-            self._tick_job(job_id)
+            self._tick_if_due(job_id)
             with self._guard(job_id), self.db.session() as sess:
+                _job, member = self._member(sess, client, job_id)
+                prev = sess.get(SecAggMessageRow, (job_id, round_id, kind, member.client_index))
+                if prev is not None:  # a retry (e.g. the response was lost in a restart)
+                    if prev.digest != digest:
+                        raise ApiError(409, "conflicting_message", f"a different {kind} message "
+                                       f"for round {round_id} was already accepted")
+                    return {"job_id": job_id, "round_id": round_id, "accepted": kind,
+                            "duplicate": True}
                 rt, job, rr, sr, idx = self._secure_member(sess, client, job_id, round_id, phase)
                 sender = msg.client_id if kind == "advert" else msg.sender
                 if sender != idx:
@@ -363,9 +410,13 @@ class ServerState:
                            "shares": sr.server.receive_shares,
                            "unmask": sr.server.receive_unmask}[kind]
                 self._secagg_call(lambda: handler(msg))
+                sess.add(SecAggMessageRow(job_id=job_id, round_id=round_id, stage=kind,
+                                          client_index=idx, body=body.decode(), digest=digest))
+                sess.flush()
                 self._secure_progress(rt, sess, job, rr)
-            self._notify()
-            return {"job_id": job_id, "round_id": round_id, "accepted": kind}
+            self._notify(job_id)
+            return {"job_id": job_id, "round_id": round_id, "accepted": kind,
+                    "duplicate": False}
 
     def secagg_refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
                       ) -> dict[str, Any]:
@@ -381,10 +432,16 @@ class ServerState:
                 if sr is not None and rr is not None and rr.status == "open":
                     sr.refused[member.client_index] = reason[:300]
                     sr.dropped.add(member.client_index)
+                    if sess.get(SecAggMessageRow, (job_id, rr.round_id, "refuse",
+                                                   member.client_index)) is None:
+                        sess.add(SecAggMessageRow(
+                            job_id=job_id, round_id=rr.round_id, stage="refuse",
+                            client_index=member.client_index, body=reason[:300],
+                            digest=hashlib.sha256(reason[:300].encode()).hexdigest()))
                 self._drop(rt, sess, job, [member.client_index], job.current_round, reason=why)
                 if sr is not None and rr is not None and rr.status == "open":
                     self._secure_progress(rt, sess, job, rr)
-            self._notify()
+            self._notify(job_id)
             return {"job_id": job_id, "round_id": round_id, "recorded": True}
 
     def rounds(self, client: ClientRow, job_id: str) -> list[dict[str, Any]]:
@@ -425,7 +482,7 @@ class ServerState:
         if up.job_id != job_id or up.round_id != round_id:
             raise ApiError(400, "header_mismatch", "the upload header names another job or round")
         with self.lock:
-            self._tick_job(job_id)
+            self._tick_if_due(job_id)
             rt = self._runtime(job_id)
             with self.db.session() as sess:
                 job, member = self._member(sess, client, job_id)
@@ -460,7 +517,7 @@ class ServerState:
                     self._accumulate(rt, sess, rr, idx, up)
                     receipt = self._receipt(rr, idx, up.digest, duplicate=False)
             self._maybe_close(job_id)
-            self._notify()
+            self._notify(job_id)
             return receipt
 
     def _bounds(self, rt: JobRuntime) -> engine.PlainBounds:
@@ -489,9 +546,18 @@ class ServerState:
             raise ApiError(403, "wrong_sender", "the upload header names another client")
         self._secagg_call(lambda: sr.server.receive_upload(header, up.summable))
         disclosed = pack({"type": "disclosed"}, up.disclosed) if up.disclosed else None
+        # the masked vector is kept until the round closes, so a restarted server can add it
+        # into the rebuilt running sum again (the in-memory sum stays O(vector))
+        vec = up.summable.astype("<u8", copy=False)
+        if self.spool is not None:
+            self._spool_write(rr.job_id, rr.round_id, idx, vec)
         sess.add(UploadRow(job_id=rr.job_id, round_id=rr.round_id, client_index=idx,
-                           digest=up.digest, received_at=self.clock(), summable=None,
+                           digest=up.digest, received_at=self.clock(),
+                           summable=None if self.spool is not None else vec.tobytes(),
                            disclosed=disclosed))
+        sess.add(SecAggMessageRow(job_id=rr.job_id, round_id=rr.round_id, stage="upload",
+                                  client_index=idx, body=up.secagg,
+                                  digest=hashlib.sha256(up.secagg.encode()).hexdigest()))
         sess.flush()
         self._secure_progress(rt, sess, job, rr)
 
@@ -518,6 +584,7 @@ class ServerState:
                     self._close(rt, sess, job, rr, contributors, ring=ring, secure=sr)
                     return
                 sr.advance()
+                self._touch(job.id)
                 rr.phase = sr.phase
                 rr.deadline_at = self.clock() + job.round_deadline_s
         except AbortedRound as exc:
@@ -577,6 +644,24 @@ class ServerState:
         for job_id in ids:
             with self.lock:
                 self._tick_job(job_id)
+            self._notify(job_id)  # after the commit: a deadline may have moved the job on
+        with self.lock:
+            self._sweep_spool()
+
+    def _tick_if_due(self, job_id: str) -> None:
+        """What a request does before it answers: apply the open round's deadline if it has
+        passed (one small query). Closing complete rounds is left to the message that
+        completes them and to the periodic :meth:`tick`."""
+        with self.db.session() as sess:
+            row = sess.execute(select(JobRow.status, JobRow.round_deadline_s, RoundRow.status,
+                                      RoundRow.deadline_at).join(RoundRow, (
+                                          RoundRow.job_id == JobRow.id) & (
+                                          RoundRow.round_id == JobRow.current_round))
+                               .where(JobRow.id == job_id)).first()
+        if row is None or row[0] != "running" or row[2] != "open":
+            return
+        if self.clock() >= max(row[3], self.started_at + row[1]):
+            self._deadline(job_id)
 
     def _tick_job(self, job_id: str) -> None:
         with self.db.session() as sess:
@@ -584,7 +669,7 @@ class ServerState:
             if job is None or job.status != "running":
                 return
             rr = sess.get(RoundRow, (job_id, job.current_round))
-            if rr is None or rr.status != "open" or self.clock() < rr.deadline_at:
+            if rr is None or rr.status != "open" or self.clock() < self._deadline_at(rr, job):
                 late = False
             else:
                 late = True
@@ -639,7 +724,6 @@ class ServerState:
                 sr.dropped.update(late)
                 _add_dropped(rr, dropped)
                 self._secure_progress(rt, sess, job, rr, force=True)
-                self._notify()
                 return
             got = self._contributors(sess, rr)
             late = sorted(set(json.loads(rr.participants_json)) - set(got))
@@ -664,6 +748,7 @@ class ServerState:
             member.state = "dropped"
             member.dropped_round = round_id
             out.append(idx)
+            self._touch(job.id)
             self.audit.append(job.id, "client_dropped", {
                 "client": rt.names[idx], "round_id": round_id, "reason": reason})
             _log.warning("job %s: client %s dropped at round %d", job.id, rt.names[idx],
@@ -671,6 +756,7 @@ class ServerState:
         return out
 
     def _fail(self, sess: Any, job: JobRow, reason: str, rr: RoundRow | None) -> None:
+        self._touch(job.id)
         job.status = "failed"
         job.reason = reason
         rt = self._rts.get(job.id)
@@ -724,6 +810,9 @@ class ServerState:
         rr.running_sum = None
         for u in uploads.values():
             u.summable = None
+        if secure is not None:  # the round's relay state is not needed once its sum is out
+            sess.execute(delete(SecAggMessageRow).where(
+                SecAggMessageRow.job_id == job.id, SecAggMessageRow.round_id == rr.round_id))
         self._audit_round(rt, rr, task, contributors, uploads, total, disclosed, secure)
         spends, decisions = rt.coord.pop_events()
         for sp in spends:
@@ -784,6 +873,7 @@ class ServerState:
 
     # ------------------------------------------------------------------ issuing rounds
     def _issue_next(self, rt: JobRuntime, sess: Any, job: JobRow) -> None:
+        self._touch(job.id)
         active = sorted(sess.scalars(select(MemberRow.client_index).where(
             MemberRow.job_id == job.id, MemberRow.state == "active")))
         if len(active) < job.min_clients:
@@ -800,7 +890,8 @@ class ServerState:
             job.reason = "training complete"
             rt.task = None
             self.audit.append(job.id, "model", {"digest": job.model_digest})
-            _log.info("job %s done: model %s", job.id, job.model_digest)
+            _log.info("job %s done: model %s (server CPU so far %.1f s)", job.id,
+                      job.model_digest, time.process_time())
             return
         if task.round_id <= job.current_round:
             raise RuntimeError("the coordinator issued a round id that is not increasing")
@@ -825,7 +916,13 @@ class ServerState:
             if missing:
                 self._fail(sess, job, f"clients {missing} have no registered identity key", None)
                 return
-            bridge.start(task, active)
+            riding = dict(bridge.pending)
+            sr = bridge.start(task, active)
+            for idx in sorted(sr.server.advertised):  # the adverts that rode on the last round
+                text = riding[idx].model_dump_json()
+                sess.add(SecAggMessageRow(job_id=job.id, round_id=task.round_id, stage="advert",
+                                          client_index=idx, body=text,
+                                          digest=hashlib.sha256(text.encode()).hexdigest()))
             rr = sess.get(RoundRow, (job.id, task.round_id))
             rr.phase = bridge.current.phase if bridge.current else "advertise"
             self._secure_progress(rt, sess, job, rr)
@@ -862,14 +959,14 @@ class ServerState:
                 rounds = list(sess.scalars(select(RoundRow).where(RoundRow.job_id == job_id)
                                            .order_by(RoundRow.round_id)))
                 try:
-                    self._replay(rt, rounds)
+                    self._replay(rt, rounds, sess)
                 except RuntimeError as exc:
                     self._fail(sess, job, f"cannot resume: {exc}", None)
                     rt.coord = None
         self._rts[job_id] = rt
         return rt
 
-    def _replay(self, rt: JobRuntime, rounds: list[RoundRow]) -> None:
+    def _replay(self, rt: JobRuntime, rounds: list[RoundRow], sess: Any) -> None:
         for rr in rounds:
             task = rt.coord.next_task()
             if task is None or task.round_id != rr.round_id or task.digest().hex() != \
@@ -877,13 +974,11 @@ class ServerState:
                 raise RuntimeError(f"replayed task of round {rr.round_id} does not match the "
                                    "stored one")
             if rr.status == "open":
-                if rt.extra.get("secagg") is not None:
-                    raise RuntimeError(f"the server restarted during secure-aggregation round "
-                                       f"{rr.round_id}; its masking state is not persisted "
-                                       "(the clients' round keys are bound to it)")
                 rt.task = task
                 rt.codec = engine.make_codec(rt.config, task) if engine.uses_ring(
                     rt.config) else None
+                if rt.extra.get("secagg") is not None:
+                    self._resume_secure(rt, sess, rr, task)
                 break
             total = np.frombuffer(rr.aggregate or b"", dtype="<f8").copy()
             contributors = [int(i) for i in json.loads(rr.contributors_json or "[]")]
@@ -894,6 +989,74 @@ class ServerState:
                 disclosed[int(idx)][name] = arr
             rt.coord.submit(rr.round_id, total, disclosed=disclosed, participants=contributors)
             rt.coord.pop_events()  # replayed rounds were audited when they first closed
+
+    def _resume_secure(self, rt: JobRuntime, sess: Any, rr: RoundRow, task: Task) -> None:
+        """Rebuild the open secure round ``rr`` from the messages stored with it."""
+        bridge: SecAggBridge = rt.extra["secagg"]
+        bridge.directory = self._load_directory(sess, rt.job_id)
+        msgs: dict[str, dict[int, str]] = {}
+        for m in sess.scalars(select(SecAggMessageRow).where(
+                SecAggMessageRow.job_id == rt.job_id, SecAggMessageRow.round_id == rr.round_id)):
+            msgs.setdefault(m.stage, {})[int(m.client_index)] = m.body
+        participants = [int(i) for i in json.loads(rr.participants_json)]
+        dropped = set(sess.scalars(select(MemberRow.client_index).where(
+            MemberRow.job_id == rt.job_id, MemberRow.state == "dropped")))
+
+        def loader(idx: int) -> Callable[[], tuple[str, np.ndarray]]:
+            def load() -> tuple[str, np.ndarray]:
+                path = self._spool_file(rt.job_id, rr.round_id, idx)
+                if path is not None and path.is_file():
+                    return msgs["upload"][idx], np.fromfile(path, dtype="<u8")
+                blob = sess.scalar(select(UploadRow.summable).where(
+                    UploadRow.job_id == rt.job_id, UploadRow.round_id == rr.round_id,
+                    UploadRow.client_index == idx))
+                if blob is None:
+                    raise RuntimeError(f"the masked upload of client {idx} in round "
+                                       f"{rr.round_id} was not kept (spool {self.spool})")
+                return msgs["upload"][idx], np.frombuffer(blob, dtype="<u8")
+            return load
+
+        stored = StoredRound(
+            phase=rr.phase, adverts=msgs.get("advert", {}), shares=msgs.get("shares", {}),
+            uploads={idx: loader(idx) for idx in msgs.get("upload", {})},
+            unmask=msgs.get("unmask", {}), dropped=dropped & set(participants),
+            refused=msgs.get("refuse", {}))
+        bridge.resume(task, participants, stored)
+        _log.warning("job %s: resumed secure round %d in phase %s after a restart", rt.job_id,
+                     rr.round_id, rr.phase)
+
+
+    # ------------------------------------------------------------------ upload spool
+    def _spool_file(self, job_id: str, round_id: int, idx: int) -> Path | None:
+        if self.spool is None:
+            return None
+        return self.spool / job_id / str(round_id) / f"{idx}.u64"
+
+    def _spool_write(self, job_id: str, round_id: int, idx: int, vec: np.ndarray) -> None:
+        path = self._spool_file(job_id, round_id, idx)
+        if path is None:
+            raise RuntimeError("no spool directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            np.ascontiguousarray(vec, dtype="<u8").tofile(fh)
+        os.replace(tmp, path)  # whole or absent, never half a vector
+
+    def _sweep_spool(self) -> None:
+        """Remove the spooled uploads of rounds that closed (after their commit; under the
+        lock, so no upload of the open round is being written meanwhile)."""
+        if self.spool is None or not self.spool.is_dir():
+            return
+        for job_dir in self.spool.iterdir():
+            rounds = [d for d in job_dir.iterdir() if d.name.isdigit()]
+            if not rounds:
+                continue
+            with self.db.session() as sess:
+                row = sess.execute(select(JobRow.status, JobRow.current_round).where(
+                    JobRow.id == job_dir.name)).first()
+            for d in rounds:
+                if row is None or row[0] != "running" or int(d.name) < row[1]:
+                    shutil.rmtree(d, ignore_errors=True)
 
 
 def _add_dropped(rr: RoundRow, dropped: list[int]) -> None:
@@ -913,8 +1076,8 @@ def assert_row(row: object) -> None:
 
 class _Evict:
     """On an unexpected exception inside the block, forget the job's in-memory runtime (the DB
-    rolls back). A 4xx rejection (:class:`ApiError`) is raised before anything changes, so the
-    runtime is kept: for a secure round it holds the masking state, which cannot be rebuilt."""
+    rolls back; the next request rebuilds it from the database, as after a restart). A 4xx
+    rejection (:class:`ApiError`) is raised before anything changes, so the runtime is kept."""
 
     def __init__(self, state: ServerState, job_id: str) -> None:
         self.state, self.job_id = state, job_id

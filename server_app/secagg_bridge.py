@@ -17,25 +17,40 @@ clients are dropped (their masks are recovered from their key shares if they had
 phase closes with whoever answered. With fewer than ``t`` left, the round aborts
 (:class:`~fedforest_secure.errors.AbortedRound`): no partial sum is released and the job fails.
 
-The in-memory state of an open round is not persisted: a server restarted during a secure round
-cannot resume it (the clients' round keys are bound to it) and fails the job with a clear reason.
+Restart: every message the server accepts for the open round is stored with the round (the
+adverts it starts with, each share bundle, each masked upload's header and vector, each unmask
+response; :mod:`server_app.runtime`). A restarted server rebuilds the round with
+:meth:`SecAggBridge.resume`: it feeds the stored messages, phase by phase, to a fresh
+:class:`SecAggServer` and closes each phase the round had already closed. Every phase closes on
+exactly the messages it accepted before the restart, so the rebuilt ``RoundSetup``,
+``ShareDelivery`` and ``UnmaskRequest`` are the ones the clients already saw: a client (which
+keeps its round secrets in memory) is never asked for its shares of another set of survivors,
+and the running sum is the sum of the same masked vectors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol import Task, layout_size
 from fedforest_secure.secagg import (
     KeyAdvert,
+    MaskedUpload,
     RoundSetup,
     SecAggServer,
     ServerStage,
+    ShareBundle,
     ShareDelivery,
     UnmaskRequest,
+    UnmaskResponse,
+    parse,
 )
 
-__all__ = ["PHASES", "SecAggBridge", "SecureRound", "question_key", "question_of"]
+__all__ = ["PHASES", "SecAggBridge", "SecureRound", "StoredRound", "question_key", "question_of"]
 
 PHASES = {
     ServerStage.COLLECT_ADVERTS: "advertise",
@@ -137,6 +152,27 @@ class SecureRound:
         return "wait", None
 
 
+@dataclass(frozen=True)
+class StoredRound:
+    """What the database holds of an open secure round, as the server received it.
+
+    ``adverts``, ``shares`` and ``unmask`` map a client to the JSON of its accepted message;
+    ``uploads`` maps a client to a callable giving ``(MaskedUpload JSON, masked vector)``, so
+    the vectors are loaded one at a time (memory O(vector)).
+    """
+
+    phase: str
+    adverts: Mapping[int, str]
+    shares: Mapping[int, str]
+    uploads: Mapping[int, Callable[[], tuple[str, np.ndarray]]]
+    unmask: Mapping[int, str]
+    dropped: Iterable[int] = ()
+    refused: Mapping[int, str] = field(default_factory=dict)
+
+
+_ORDER = ("advertise", "share", "upload", "unmask")
+
+
 @dataclass
 class SecAggBridge:
     """A job's secure-aggregation relay: identity directory, riding adverts, the open round."""
@@ -160,6 +196,46 @@ class SecAggBridge:
                 server.receive_advert(advert)
         self.pending = {}
         self.current = sr
+        return sr
+
+    def resume(self, task: Task, participants: list[int], stored: StoredRound) -> SecureRound:
+        """Rebuild the open round of ``task`` from its stored messages (after a restart).
+
+        Raises :class:`RuntimeError` if the stored messages do not lead back to the stored
+        phase (the state machine's own checks run on every replayed message).
+        """
+        if stored.phase not in _ORDER:
+            raise RuntimeError(f"round {task.round_id} is in phase {stored.phase!r}")
+        self.pending = {}
+        sr = self.start(task, participants)
+        sr.dropped = set(stored.dropped)
+        sr.refused = dict(stored.refused)
+        target = _ORDER.index(stored.phase)
+        server = sr.server
+        try:
+            for _idx, body in sorted(stored.adverts.items()):
+                server.receive_advert(parse(KeyAdvert, body))
+            if target > 0:
+                sr.advance()
+                for _idx, body in sorted(stored.shares.items()):
+                    server.receive_shares(parse(ShareBundle, body))
+            if target > 1:
+                sr.advance()
+                for _idx, load in sorted(stored.uploads.items()):
+                    header, vector = load()
+                    server.receive_upload(parse(MaskedUpload, header), vector)
+            if target > 2:
+                sr.advance()
+                for _idx, body in sorted(stored.unmask.items()):
+                    server.receive_unmask(parse(UnmaskResponse, body))
+        except FedForestError as exc:
+            self.current = None
+            raise RuntimeError(f"the stored messages of secure round {task.round_id} do not "
+                               f"replay ({type(exc).__name__}: {exc})") from exc
+        if sr.phase != stored.phase:
+            self.current = None
+            raise RuntimeError(f"secure round {task.round_id} replays to phase {sr.phase}, "
+                               f"not the stored {stored.phase}")
         return sr
 
     def finished(self, sr: SecureRound) -> None:

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import logging
 import ssl
+from pathlib import Path
 
 import uvicorn
+from sqlalchemy.engine import make_url
 
 from .app import create_app
 from .audit_hook import open_audit
 from .db import Database
 from .settings import LOOPBACK, ConfigError, ServerSettings
 
-__all__ = ["check_transport", "run_server"]
+__all__ = ["check_transport", "run_server", "spool_dir"]
+
+
+def spool_dir(database: str) -> Path | None:
+    """``<database file>.spool`` beside a SQLite database file: where the masked uploads of an
+    open secure round wait for its close (see :class:`server_app.runtime.ServerState`). Other
+    databases keep them in a table."""
+    url = make_url(database)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database + ".spool")
 
 
 def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
@@ -34,7 +46,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     db = Database(settings.database)
     app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
-                     max_upload_bytes=settings.max_upload_bytes)
+                     max_upload_bytes=settings.max_upload_bytes,
+                     spool=spool_dir(settings.database))
     kwargs: dict[str, object] = {}
     if not insecure_dev and settings.tls is not None:
         kwargs = {"ssl_certfile": str(settings.tls.cert), "ssl_keyfile": str(settings.tls.key)}

@@ -72,7 +72,8 @@ def db_snapshot(db: Database) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def secagg_snapshot(state: ServerState) -> dict[str, Any]:
-    """The in-memory secure-aggregation state of every job (not persisted by design)."""
+    """The in-memory secure-aggregation state of every job (the database holds its messages;
+    this is the live state machine rebuilt from them)."""
     out: dict[str, Any] = {}
     for job_id, rt in sorted(state._rts.items()):
         bridge = rt.extra.get("secagg")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,68 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     rounds = _round_entries(fed.root / "audit.db")
     assert "client-4" not in rounds[-1].payload["clients"]
     assert all(e.payload["masked"] is True for e in rounds)
+    report = verify_log(fed.root / "audit.db",
+                        receipts_dir=collect_receipts(fed.root, fed.root / "state"))
+    assert report.ok, report.problems
+
+
+def _open_phase(db: Path) -> tuple[int, str, str]:
+    """(current round, its phase, job status), read straight from the server's SQLite file."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        row = con.execute("SELECT j.current_round, r.phase, j.status FROM jobs j LEFT JOIN "
+                          "rounds r ON r.job_id = j.id AND r.round_id = j.current_round "
+                          "WHERE j.id = 'job-a'").fetchone()
+    except sqlite3.OperationalError:  # the server has not created its tables yet
+        row = None
+    finally:
+        con.close()
+    return (-1, "", "") if row is None else (int(row[0]), str(row[1] or ""), str(row[2]))
+
+
+def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """SIGKILL the server while a secure round collects unmask shares (the other steps are
+    covered in-process by tests/test_server_secagg_api.py), restart it, and finish."""
+    phase = "unmask"
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure")
+    server = launch_server(fed)
+    clients = [launch_client(fed, k) for k in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        seen = (-1, "", "")
+        while time.monotonic() < deadline:  # kill inside a secure round's `phase` step
+            seen = _open_phase(fed.root / "server.db")
+            if seen[2] != "running" and seen[0] > 0 or seen[0] >= 3 and seen[1] == phase:
+                break
+            time.sleep(0.002)
+        assert seen[2] == "running" and seen[1] == phase, f"never caught phase {phase}: {seen}"
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        killed_at = _open_phase(fed.root / "server.db")
+        time.sleep(1.0)  # the clients' requests fail meanwhile; they back off and retry
+        server = launch_server(fed)
+        codes = [c.wait(180) for c in clients]
+    finally:
+        stop(server)
+        for c in clients:
+            stop(c)
+    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    st = _job_status(fed.root / "server.db", "job-a")
+    assert st["status"] == "done", st["reason"]
+    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    assert trees(got) == trees(reference(fed))  # equal to the uninterrupted in-process run
+    log = (fed.root / "server.log").read_text()
+    assert f"resumed secure round {killed_at[0]} in phase {killed_at[1]}" in log, log[-2000:]
+    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    with db.session() as s:
+        assert all(m.state == "active" for m in s.query(MemberRow))  # nobody was dropped
+    db.dispose()
+    rounds = _round_entries(fed.root / "audit.db")
+    assert [e.payload["round_id"] for e in rounds] == sorted({e.payload["round_id"]
+                                                             for e in rounds})
+    assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
     report = verify_log(fed.root / "audit.db",
                         receipts_dir=collect_receipts(fed.root, fed.root / "state"))
     assert report.ok, report.problems

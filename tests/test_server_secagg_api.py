@@ -223,3 +223,100 @@ def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None
         post(env, k, r, "advert", sa[k].advertise(r).model_dump_json())
     o = offer(env, 0)
     assert o["status"] == "failed" and "refused" in o["detail"], o
+
+
+def restart(env: dict) -> None:
+    """What a killed and restarted server process has: a new engine, state and app over the
+    same database file, and nothing of the old process's memory."""
+    db = Database(env["db"].url)
+    env.setdefault("extra_dbs", []).append(db)
+    env["state"] = ServerState(db, NullAudit(), clock=env["clock"], spool=env["state"].spool)
+    env["http"] = TestClient(create_app(db, state=env["state"], tick_seconds=3600))
+
+
+def upload_body(env: dict, sa: dict, k: int, task: Task, vec: np.ndarray) -> bytes:
+    o = offer(env, k)
+    assert o["action"] == "upload", o
+    header, masked = sa[k].mask(parse(ShareDelivery, o["message"]), vec.copy())
+    return make_upload(task, masked, {}, secagg=header.model_dump_json())
+
+
+def post_upload(env: dict, k: int, r: int, body: bytes):
+    return env["http"].post(f"/v1/jobs/job-a/rounds/{r}/upload", content=body, headers={
+        **h(env, k), "Content-Type": "application/octet-stream"})
+
+
+@pytest.mark.parametrize(("phase", "spool"), [("share", False), ("upload", False),
+                                              ("unmask", False), ("unmask", True)])
+def test_a_restarted_server_resumes_the_open_secure_round(env: dict, phase: str, spool: bool,
+                                                          tmp_path: Path) -> None:
+    if spool:  # masked uploads wait in files beside the database instead of in a table
+        env["state"].spool = tmp_path / "server.db.spool"
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    half = K // 2
+    for k in range(K):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code == 200
+    setups = {k: offer(env, k)["message"] for k in range(K)}
+    bundles = {}
+    for k in range(K):
+        if phase == "share" and k == half:
+            restart(env)
+            assert {k2: offer(env, k2)["message"] for k2 in range(half, K)} == \
+                {k2: setups[k2] for k2 in range(half, K)}  # the same roster, signed adverts
+        if phase == "share" and k >= half:
+            assert offer(env, 0)["action"] == "wait"  # its bundle survived the restart
+        bundles[k] = sa[k].share_keys(parse(RoundSetup, setups[k])).model_dump_json()
+        assert post(env, k, r, "shares", bundles[k]).status_code == 200
+    bodies = {}
+    for k in range(K):
+        if phase == "upload" and k == half:
+            restart(env)
+        bodies[k] = upload_body(env, sa, k, task, vecs[k])
+        assert post_upload(env, k, r, bodies[k]).status_code == 200
+    request = offer(env, K - 1)["message"]
+    for k in range(K):
+        if phase == "unmask" and k == half:
+            restart(env)
+            assert offer(env, K - 1)["message"] == request  # the same survivors and dropped
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+    o = offer(env, 0)  # the adverts that rode on the unmask responses survived too
+    assert o["round_id"] == r + 1 and o["action"] == "share", o
+    if spool:
+        assert sorted(p.name for p in (tmp_path / "server.db.spool" / "job-a" / str(r)).iterdir()
+                      ) == [f"{k}.u64" for k in range(K)]
+        env["state"].tick()  # the closed round's masked vectors are removed
+        assert not (tmp_path / "server.db.spool" / "job-a" / str(r)).exists()
+    for db in env.get("extra_dbs", []):
+        db.dispose()
+
+
+def test_a_retry_after_a_restart_is_idempotent_and_a_changed_message_conflicts(
+        env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    adverts = {k: sa[k].advertise(r).model_dump_json() for k in range(K)}
+    for k in range(K):
+        assert post(env, k, r, "advert", adverts[k]).status_code == 200
+    bundle0 = sa[0].share_keys(parse(RoundSetup, offer(env, 0)["message"])).model_dump_json()
+    assert post(env, 0, r, "shares", bundle0).json()["duplicate"] is False
+    restart(env)  # as if the server died before its answer reached client 0, which retries
+    assert post(env, 0, r, "shares", bundle0).json() == {
+        "job_id": "job-a", "round_id": r, "accepted": "shares", "duplicate": True}
+    assert post(env, 0, r, "advert", adverts[0]).json()["duplicate"] is True
+    changed = post(env, 0, r, "shares", bundle0.replace(",", ", ", 1))
+    assert changed.status_code == 409 and changed.json()["error"] == "conflicting_message"
+    for k in range(1, K):
+        bundle = sa[k].share_keys(parse(RoundSetup, offer(env, k)["message"]))
+        assert post(env, k, r, "shares", bundle.model_dump_json()).status_code == 200
+    body = upload_body(env, sa, 0, task, vecs[0])
+    assert post_upload(env, 0, r, body).json()["duplicate"] is False
+    restart(env)
+    assert post_upload(env, 0, r, body).json()["duplicate"] is True
+    assert offer(env, 0)["action"] == "wait"  # counted once: nothing more is owed
+    for db in env.get("extra_dbs", []):
+        db.dispose()
