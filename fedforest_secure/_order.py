@@ -41,7 +41,8 @@ class LevelOrder:
         self.feats = feats.copy()
         self.cbits = cbits
         P = node.size
-        rbits = int(n_rows).bit_length() + 8  # row index above an 8-bit weight
+        # row index (at least 16 bits) above an 8-bit weight
+        rbits = max(int(n_rows).bit_length(), 16) + 8
         wmax = int(weight.max()) if P else 0
         blk_bits = int(max(n_nodes * m, 1)).bit_length()
         self.packed = wmax < 256 and blk_bits + cbits + rbits <= 62
@@ -99,17 +100,17 @@ class LevelOrder:
 
         Between the sketch and the histogram round only codes, rows, weights and block
         boundaries are needed; the packed key is rebuilt a chunk at a time by :meth:`search`.
-        Only for packed keys with codes and rows below 2**16 (the common case); otherwise a
-        no-op.
+        Only for packed keys whose code and row fields are exactly 16 bits wide (clients
+        with fewer than 65,536 rows, the common case); otherwise a no-op.
         """
-        if self.key is None or not self.packed or self.cbits > 16 \
-                or self.shift - 8 > 16 or self.feats.size >= 2**31:
+        if self.key is None or not self.packed or self.cbits != 16 or self.shift != 24:
             return
         nblk = self.feats.size
         self._edges = self.search(np.arange(nblk + 1, dtype=np.int64) << self.cbits)
-        self._code = ((self.key >> self.shift) & ((1 << self.cbits) - 1)).astype(np.uint16)
-        self._rows = self.rows().astype(np.uint16)
-        self._w = (self.key & 255).astype(np.uint8)
+        # 16-bit fields: a narrowing cast keeps exactly the field, no mask needed
+        self._code = (self.key >> self.shift).astype(np.uint16)
+        self._rows = (self.key >> 8).astype(np.uint16)
+        self._w = self.key.astype(np.uint8)
         self.key = None
 
     def _chunk_key(self, lo: int, hi: int) -> np.ndarray:

@@ -103,7 +103,9 @@ class Worker:
         self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in self._uniq])])
         self._uniq_all = np.concatenate(self._uniq)
         # codes of a block live in [block << cbits, (block + 1) << cbits): shifts, not divisions
-        self._cbits = int(max(u.size for u in self._uniq) + 1).bit_length()
+        # at least 16 bits: then a code is exactly the low 16 bits of its field (cheap to pull
+        # out of a packed key, see _order.LevelOrder.compact)
+        self._cbits = max(int(max(u.size for u in self._uniq) + 1).bit_length(), 16)
         self._ustride = 1 << self._cbits
         self._rbits = int(n).bit_length() + 8  # row index and bootstrap weight (8 bits)
         codes = np.empty((d, n), dtype=np.int32)
