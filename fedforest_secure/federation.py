@@ -22,6 +22,7 @@ from .config import JobConfig
 from .coordinator import Coordinator
 from .model import ForestModel
 from .protocol import Reply, Task
+from .secure_sum import RingAggregator
 from .worker import Worker
 
 __all__ = ["Aggregator", "PlainSum", "RoundRecord", "client_seed", "run_in_process"]
@@ -75,8 +76,6 @@ def make_aggregator(config: JobConfig) -> Aggregator:
     """The aggregator the job's profile calls for."""
     prof = config.profile
     if prof.get("fixed_point") or prof.get("secure_aggregation"):
-        from .secure_sum import RingAggregator
-
         return RingAggregator(config)
     return PlainSum()
 
@@ -109,10 +108,15 @@ def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
         if isinstance(agg, PlainSum) and on_round is None:
             # plain sums stream: one client's vector at a time (memory O(vector), not K x)
             total, disclosed = _stream_plain(task, workers)
+        elif isinstance(agg, RingAggregator):
+            # each client's float vector lives only until it is encoded for the ring
+            total, disclosed = agg.aggregate_stream(task, lambda k: workers[k].handle(task),
+                                                    len(workers))
         else:
             replies = {k: w.handle(task) for k, w in enumerate(workers)}
             total = agg.aggregate(task, replies)
             disclosed = {k: r.disclosed for k, r in replies.items() if r.disclosed}
+            del replies
         coord.submit(task.round_id, total, disclosed, participants=list(range(len(workers))))
         if on_round is not None:
             on_round(RoundRecord(task, total, disclosed, list(range(len(workers)))))

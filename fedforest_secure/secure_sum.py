@@ -11,7 +11,7 @@ in the clear, so both settings grow the same forest (invariant 2).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +80,7 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
                              for k in StatKind])
     ring = RingCodec(per_kind_bits[kinds], per_kind_max[kinds], max(config.n_clients, 1))
     codec = StatCodec(ring=ring, scale=per_kind_scale[kinds])
-    if len(_CODEC_CACHE) >= 4:
+    if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
         _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
     _CODEC_CACHE[key] = codec
     return codec
@@ -159,18 +159,25 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
 
 
 class RingAggregator:
-    """Sums ring encodings: masked (secure aggregation) or in the clear, same result."""
+    """Sums ring encodings: masked (secure aggregation) or in the clear, same result.
 
-    def __init__(self, config: JobConfig) -> None:
+    With ``record=True`` it keeps what a server saw (:attr:`transcript`, every masked upload
+    of the job) and the last round's encodings (:attr:`last_encoded`): for tests and audits;
+    without, memory stays O(vector) per round.
+    """
+
+    def __init__(self, config: JobConfig, *, record: bool = False) -> None:
         self.config = config
         prof = config.profile
         self.secure = bool(prof.get("secure_aggregation"))
         self.min_clients = int(prof.get("min_clients", 1))
+        self.record = record
         self._secagg: InProcessSecureSum | None = None
         if self.secure:
             self._secagg = InProcessSecureSum(range(config.n_clients),
                                               threshold=float(prof.get("threshold", 0.67)),
-                                              job_id=config.job_id)
+                                              job_id=config.job_id, streaming=True,
+                                              record=record)
         self.last_encoded: dict[int, np.ndarray] = {}
 
     @property
@@ -178,9 +185,37 @@ class RingAggregator:
         return self._secagg.transcript if self._secagg is not None else []
 
     def aggregate(self, task: Task, replies: Mapping[int, Reply]) -> np.ndarray:
-        codec = make_codec(self.config, task)
         encoded = {k: encode_contribution(self.config, task, r) for k, r in replies.items()}
-        self.last_encoded = encoded
+        return self.sum_encoded(task, encoded)
+
+    def aggregate_stream(self, task: Task, answer: Callable[[int], Reply], n_clients: int
+                         ) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
+        """Ask the clients one by one (``answer(k)``), keep only each one's ring encoding
+        (what it would upload), then sum: no client's float vector outlives its encoding."""
+        encoded: dict[int, np.ndarray] = {}
+        disclosed: dict[int, dict[str, np.ndarray]] = {}
+        running: np.ndarray | None = None
+        for k in range(n_clients):
+            reply = answer(k)
+            if reply.disclosed:
+                disclosed[k] = reply.disclosed
+            enc = encode_contribution(self.config, task, reply)
+            del reply
+            if self._secagg is None and not self.record:  # in the clear: add as they come
+                if running is None:
+                    running = enc
+                else:
+                    running += enc  # uint64: wraps mod 2^64 like the masked sum
+            else:
+                encoded[k] = enc
+        if running is not None:
+            return make_codec(self.config, task).decode(running), disclosed
+        return self.sum_encoded(task, encoded), disclosed
+
+    def sum_encoded(self, task: Task, encoded: dict[int, np.ndarray]) -> np.ndarray:
+        """The decoded sum of the clients' ring encodings (masked when secure)."""
+        codec = make_codec(self.config, task)
+        self.last_encoded = encoded if self.record else {}
         if self._secagg is not None:
             question = task.question_digest().hex()  # differencing: one answer per question
             total = self._secagg.sum(question, task.digest(), encoded)

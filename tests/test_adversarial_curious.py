@@ -55,7 +55,7 @@ class Spy:
 
 def _train(profile: str, **kw: Any) -> tuple[JobConfig, Spy, list[RoundRecord]]:
     cfg, clients = _setup(profile, **kw)
-    spy = Spy(RingAggregator(cfg))
+    spy = Spy(RingAggregator(cfg, record=True))
     records: list[RoundRecord] = []
     run_in_process(cfg, clients, aggregator=spy, on_round=records.append)
     return cfg, spy, records

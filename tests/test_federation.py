@@ -70,7 +70,7 @@ def _config(profile: str, K: int = 4, **kw: Any) -> tuple[JobConfig, list]:
 def test_secure_profile_sums_everything_through_secagg() -> None:
     cfg, clients = _config("secure")
     assert isinstance(make_aggregator(cfg), RingAggregator)
-    ring = RingAggregator(cfg)
+    ring = RingAggregator(cfg, record=True)
     rec = _Recorder(ring)
     rounds: list[RoundRecord] = []
     run_in_process(cfg, clients, aggregator=rec, on_round=rounds.append)

@@ -50,11 +50,15 @@ class InProcessSecureSum:
     streaming : bool
         Run the server in accumulate mode: masked vectors are added into one running sum as
         they arrive instead of being kept (memory O(vector); same result).
+    record : bool
+        Keep every message of every round in :attr:`transcript` (masked uploads included: for
+        tests and audits of what a server saw; memory grows with the job). Off, the transcript
+        stays empty.
     """
 
     def __init__(self, client_ids: Iterable[int], threshold: float | int = 0.67,
                  job_id: str = "job", neighbours: int | None = None, *,
-                 streaming: bool = False) -> None:
+                 streaming: bool = False, record: bool = True) -> None:
         ids = sorted(set(int(i) for i in client_ids))
         if len(ids) < 3:
             raise ValueError("secure aggregation needs at least 3 clients")
@@ -65,6 +69,7 @@ class InProcessSecureSum:
         self.job_id = job_id
         self.neighbours = neighbours
         self.streaming = streaming
+        self.record = record
         self.round_id = 0
         self.transcript: list[Any] = []
         self._next_adverts: dict[int, KeyAdvert] = {}
@@ -113,7 +118,8 @@ class InProcessSecureSum:
             if u in drop1:
                 continue
             header, masked = self.clients[u].mask(deliveries[u], np.asarray(vectors[u]))
-            self.transcript.append(Upload(header, masked.copy()))
+            if self.record:
+                self.transcript.append(Upload(header, masked.copy()))
             server.receive_upload(header, masked)
         request = server.request_unmask()
         refused: list[RefusedRequest] = []
@@ -135,5 +141,6 @@ class InProcessSecureSum:
         return total
 
     def _receive(self, handler: Any, msg: Any) -> None:
-        self.transcript.append(msg)
+        if self.record:
+            self.transcript.append(msg)
         handler(msg)
