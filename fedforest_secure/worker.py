@@ -215,7 +215,9 @@ class Worker:
         m = int(self._profile.get("abstain_below", 0) or 0)
         if m <= 0:
             return
-        cnt = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
+        # distinct rows: a record the bootstrap drew several times still counts once, so a
+        # lone record never passes the threshold by being repeated
+        cnt = np.bincount(self._p_node, minlength=n_nodes)
         small = (cnt > 0) & (cnt < m)
         self.abstained[self._level] = int(small.sum())
         if small.any():

@@ -91,7 +91,7 @@ def test_curious_server_never_holds_a_per_client_plaintext_statistic() -> None:
 
 
 def test_every_client_share_of_a_released_node_total_comes_from_m_rows_or_more() -> None:
-    cfg, spy, _ = _train("secure")
+    cfg, spy, _ = _train("secure", abstain_below=5)
     m = int(cfg.profile["abstain_below"])
     assert m == 5
     seen_small = 0

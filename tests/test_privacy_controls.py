@@ -63,15 +63,19 @@ def _config(profile: PrivacyProfile, X: np.ndarray, y: np.ndarray, **kw: Any) ->
 
 
 class _SpyWorker(Worker):
-    """A worker that also records its per-node row counts *before* abstention."""
+    """A worker that also records its per-node row counts *before* abstention: distinct rows
+    (what the rule counts) and bootstrap-weighted rows (what the totals report)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pre: np.ndarray | None = None
+        self.pre_w: dict[int, np.ndarray] = {}  # weighted counts, keyed by level
         self.log: list[tuple[Task, np.ndarray | None, Reply]] = []
 
     def _abstain(self, n_nodes: int) -> None:
-        self.pre = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
+        self.pre = np.bincount(self._p_node, minlength=n_nodes)
+        self.pre_w[self._level] = np.bincount(self._p_node, weights=self._p_w,
+                                                  minlength=n_nodes)
         super()._abstain(n_nodes)
 
     def handle(self, task: Task) -> Reply:
@@ -115,9 +119,9 @@ def test_abstention_takes_effect_end_to_end(name: str) -> None:
             tot = rep.summable.reshape(n_nodes, cfg.n_stats)
             small = (pre > 0) & (pre < m)
             # an abstaining client uploads zeros for the node (all statistics), the others
-            # upload their full counts
+            # upload their full (bootstrap-weighted) counts
             np.testing.assert_array_equal(tot[small], 0.0)
-            np.testing.assert_allclose(tot[~small, 0], pre[~small])
+            np.testing.assert_allclose(tot[~small, 0], w.pre_w[task.level][~small])
             assert w.abstained[rec.task.level] == int(small.sum())
             per_client.append(tot[:, 0])
         counts = np.stack(per_client)  # (K, n_nodes)
@@ -142,7 +146,7 @@ def test_abstention_takes_effect_end_to_end(name: str) -> None:
             node_n = hist[:, 0, :, 0].sum(axis=1)  # slot 0, all bins, the count column
             small = (pre[nodes] > 0) & (pre[nodes] < m)
             np.testing.assert_array_equal(hist[small], 0.0)
-            np.testing.assert_allclose(node_n[~small], pre[nodes][~small])
+            np.testing.assert_allclose(node_n[~small], w.pre_w[task.level][nodes][~small])
 
 
 def test_without_abstention_small_nodes_are_reported() -> None:
@@ -154,7 +158,7 @@ def test_without_abstention_small_nodes_are_reported() -> None:
         for task, pre, rep in w.log:
             if task.kind == TaskKind.SKETCH and pre is not None:
                 tot = rep.summable.reshape(pre.size, -1)[:, 0]
-                np.testing.assert_allclose(tot, pre)
+                np.testing.assert_allclose(tot, w.pre_w[task.level])
                 small += int(((pre > 0) & (pre < 12)).sum())
     assert small > 0  # the same data has nodes the rule above removes
 

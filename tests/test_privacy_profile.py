@@ -30,13 +30,15 @@ def test_shipped_profiles() -> None:
     s = load_profile("secure")
     assert s.secure_aggregation and s.fixed_point and s.dp is None
     assert (s.threshold, s.sketch, s.rows_per_sketch_point) == (0.67, "secure_cdf", 2)
-    assert (s.abstain_below, s.h_splits, s.min_clients) == (5, "off", 3)
+    assert (s.abstain_below, s.h_splits, s.min_clients) == (2, "off", 3)
     d = load_profile("secure-dp")
     assert d.dp is not None and (d.dp.epsilon, d.dp.delta) == (1.0, 1e-6)
     assert d.dp.mechanism == "gaussian_discrete"
     assert d.dropout_tolerance == pytest.approx(0.33)
-    # secure-dp is secure plus [dp] (and its name/description)
-    strip = {"name", "description", "dp"}
+    # secure-dp is secure plus [dp] (and its name/description), and keeps the stricter
+    # abstention of 5 distinct rows
+    assert d.abstain_below == 5
+    strip = {"name", "description", "dp", "abstain_below"}
     assert {k: v for k, v in d.to_dict().items() if k not in strip} == {
         k: v for k, v in s.to_dict().items() if k not in strip
     }

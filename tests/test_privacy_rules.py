@@ -41,7 +41,8 @@ def test_exported_names() -> None:
 
 
 def test_abstention() -> None:
-    secure = load_profile("secure")
+    assert load_profile("secure").abstain_below == 2  # a lone record never contributes
+    secure = load_profile("secure", abstain_below=5)
     assert abstains(4, secure) and not abstains(5, secure)
     assert not abstains(0, load_profile("open"))
     with pytest.raises(ValueError):

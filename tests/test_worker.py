@@ -180,6 +180,25 @@ def test_histogram_classification_counts() -> None:
         np.testing.assert_array_equal(got[0, s], ref)
 
 
+def test_abstention_counts_distinct_rows_not_bootstrap_repeats() -> None:
+    """A record drawn many times by the bootstrap is still one row: 3 distinct rows with
+    multiplicities 5, 1, 1 abstain under abstain_below=4 (their weighted count is 7)."""
+    prof = load_profile("open", abstain_below=4).to_dict()
+    cfg = _cfg(n_estimators=1, bootstrap=False, profile=prof)
+    X = np.column_stack([np.arange(3.0), np.zeros(3), np.zeros(3)])
+    w = Worker(cfg, X, np.arange(3.0), client_index=0, seed=0)
+    w._p_w = np.array([5, 1, 1], dtype=w._p_w.dtype)  # as if the bootstrap drew row 0 five times
+    rep = w.handle(_sketch_task(1, 0, 1))
+    np.testing.assert_array_equal(rep.summable, np.zeros(3))
+    assert w.abstained[0] == 1
+    cfg3 = dataclasses.replace(cfg, profile=load_profile("open", abstain_below=3).to_dict())
+    w2 = Worker(cfg3, X, np.arange(3.0), client_index=0, seed=0)
+    w2._p_w = np.array([5, 1, 1], dtype=w2._p_w.dtype)
+    rep2 = w2.handle(_sketch_task(1, 0, 1))
+    np.testing.assert_array_equal(rep2.summable, [7.0, 5 * 0 + 1 + 2, 1 + 4])
+    assert w2.abstained[0] == 0
+
+
 def test_abstention_zeroes_small_nodes_and_counts_them() -> None:
     prof = load_profile("open", abstain_below=5).to_dict()
     T = 3

@@ -109,7 +109,8 @@ class PrivacyProfile(BaseModel):
         Adaptive B: a sketch point summarises at least this many rows (>= 1; 1 is the paper's
         ``B < n`` rule; secure profiles need >= 2).
     abstain_below : int
-        A client with fewer rows than this at a node contributes nothing for it (0: never).
+        A client with fewer distinct rows than this at a node contributes nothing for it or
+        its subtree (0: never). Bootstrap repeats of a row count once.
     h_splits : {"off", "noisy", "clear"}
         Splits on the client indicator H: not at all, on DP-noised per-client summaries, or on
         plaintext per-client summaries.

@@ -26,7 +26,7 @@ __all__ = ["abstains", "adaptive_n_bins", "check_profile_schema"]
 
 
 def abstains(n_rows: int, profile: PrivacyProfile) -> bool:
-    """Whether a client with ``n_rows`` rows at a node abstains for that node."""
+    """Whether a client with ``n_rows`` distinct rows at a node abstains for that node."""
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     return n_rows < profile.abstain_below
