@@ -65,18 +65,20 @@ class LevelOrder:
         else:
             base = (node64 * m) << hi
         n_unused = 0
+        # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
+        fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
+        slot_unused = (feats < 0).any(axis=0)
         for s in range(m):
-            f = feats[:, s].astype(np.int64)[node]  # feature of this slot, per pair
-            out = keys[s]
-            unused = f < 0
-            np.maximum(f, 0, out=f)
-            f *= n_rows
+            f = fstart[:, s][node]  # per pair: start of its slot feature's codes
             f += row64
+            out = keys[s]
             out[...] = np.take(codes, f)  # int32 codes, widened on store
+            del f
             out <<= self.shift
             out |= base
             out += s << hi
-            if unused.any():
+            if slot_unused[s]:
+                unused = (feats[:, s] < 0)[node]
                 out[unused] = _SENTINEL
                 n_unused += int(unused.sum())
         flat = keys.reshape(-1)

@@ -31,8 +31,10 @@ __all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
 
 LEAF, NUM, CAT, CLIENT = 0, 1, 2, 3
 
-#: with ``keep_level_order=None``, a worker keeps its level order between rounds while the
-#: compact order takes at most this many bytes (in-process federations hold K of them)
+#: with ``keep_level_order=None``, a worker keeps its level order between rounds as is while it
+#: takes at most KEEP_FULL_BYTES, compact while that takes at most KEEP_ORDER_BYTES, and
+#: re-sorts otherwise (in-process federations hold K of them)
+KEEP_FULL_BYTES = 24 << 20
 KEEP_ORDER_BYTES = 32 << 20
 
 
@@ -48,16 +50,18 @@ class Worker:
     seed : seed of this client's own randomness (bootstrap)
     keep_last_reply : keep the last reply, so a retried round gets the same answer (a client
         behind a network needs it; an in-process federation never retries)
-    keep_level_order : keep the level's sorted order between its rounds (one sort per level,
-        5 bytes per entry in between); False frees it after every round and sorts again when
-        the next round of the level needs it: a little more time, less memory when many
-        workers share one process. None (auto): keep it while it takes at most
-        :data:`KEEP_ORDER_BYTES`.
+    keep_level_order : keep the level's sorted order between its rounds (one sort per level):
+        True keeps it as is (8 bytes per entry), "compact" in 5 bytes per entry (keys rebuilt
+        a run at a time), False frees it after every round and sorts again when the next round
+        of the level needs it (more time, least memory). None (auto, for many workers in one
+        process): as is up to :data:`KEEP_FULL_BYTES`, compact up to :data:`KEEP_ORDER_BYTES`,
+        else freed.
     """
 
     def __init__(self, config: JobConfig, X: Any, y: Any, *, client_index: int,
                  seed: int | np.random.SeedSequence | None = None,
-                 keep_last_reply: bool = True, keep_level_order: bool | None = True) -> None:
+                 keep_last_reply: bool = True,
+                 keep_level_order: bool | str | None = True) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y)
         if X.ndim != 2 or X.shape[1] != config.n_features:
@@ -162,21 +166,24 @@ class Worker:
         ptr = a["route_set_ptr"].astype(np.int64)
         vals = a["route_set_vals"].astype(np.int64)
         node = self._p_node
-        k = kind[node]
-        go_left = np.zeros(node.size, dtype=bool)
-        num = k == NUM
-        if num.any():  # x <= t  <=>  code < (number of distinct values <= t)
-            num_nodes = np.flatnonzero(kind == NUM)
-            if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= self.config.n_features).any():
-                raise ProtocolError("routing names a feature this job does not have")
-            cut = np.zeros(kind.size, dtype=np.int64)
-            for j in np.unique(feat[num_nodes]):
-                sel = num_nodes[feat[num_nodes] == j]
-                cut[sel] = np.searchsorted(self._uniq[j], thr[sel], side="right")
-            nn = node[num]
-            go_left[num] = self._codes[feat[nn] * self.n_rows + self._p_row[num]] < cut[nn]
-        cat = k == CAT
-        if cat.any():
+        is_num = kind == NUM
+        num_nodes = np.flatnonzero(is_num)
+        if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= self.config.n_features).any():
+            raise ProtocolError("routing names a feature this job does not have")
+        # numeric splits, for every pair at once: x <= t  <=>  code < (distinct values <= t)
+        cut = np.zeros(kind.size, dtype=np.int64)
+        for j in np.unique(feat[num_nodes]):
+            sel = num_nodes[feat[num_nodes] == j]
+            cut[sel] = np.searchsorted(self._uniq[j], thr[sel], side="right")
+        fbase = np.where(is_num, feat, 0) * self.n_rows  # per node: start of its codes
+        idx = fbase[node]
+        idx += self._p_row
+        go_left = np.take(self._codes, idx) < cut[node]
+        del idx
+        k = None
+        if (kind == CAT).any():
+            k = kind[node]
+            cat = k == CAT
             cat_nodes = np.flatnonzero(kind == CAT)
             max_l = max(self.config.levels) if self.config.levels else 1
             table = np.zeros((cat_nodes.size, max(max_l, 1)), dtype=bool)
@@ -188,18 +195,22 @@ class Worker:
             code = self._codes[fc * self.n_rows + self._p_row[cat]]
             lv = self._uniq_all[self._uniq_off[fc] + code].astype(np.int64)
             go_left[cat] = table[pos[node[cat]], lv]
-        cli = k == CLIENT
-        if cli.any():
+        if (kind == CLIENT).any():
+            k = kind[node] if k is None else k
+            cli = k == CLIENT
             mine = np.zeros(kind.size, dtype=bool)
             for nd in np.flatnonzero(kind == CLIENT):
                 mine[nd] = self.client_index in set(vals[ptr[nd]:ptr[nd + 1]].tolist())
             go_left[cli] = mine[node[cli]]
-        new = np.where(go_left, left[node], right[node])
-        new = np.where(k == LEAF, -1, new)
+        # a leaf's pairs leave the level whatever the task says of its children
+        left_eff = np.where(kind == LEAF, -1, left)
+        right_eff = np.where(kind == LEAF, -1, right)
+        new = np.where(go_left, left_eff[node], right_eff[node])
         keep = new >= 0
-        self._p_row = self._p_row[keep]
-        self._p_w = self._p_w[keep]
-        new = new[keep]
+        if not keep.all():
+            self._p_row = self._p_row[keep]
+            self._p_w = self._p_w[keep]
+            new = new[keep]
         self._p_node = new.astype(np.int32) if new.size and new.max() < 2**31 else new
 
     def _node_totals(self, n_nodes: int) -> np.ndarray:
@@ -267,12 +278,14 @@ class Worker:
         # federation, which never retries, can skip keeping it (memory)
         self._last_reply = reply if self._keep_last_reply else None
         keep = self._keep_order
-        if keep is None:  # auto: keep a small order, re-sort a large one
-            keep = self._sorted is not None and 5 * self._sorted.size <= KEEP_ORDER_BYTES
+        if keep is None and self._sorted is not None:  # auto, by size
+            size = self._sorted.size
+            keep = True if 8 * size <= KEEP_FULL_BYTES else \
+                "compact" if 5 * size <= KEEP_ORDER_BYTES else False
         if (task.kind == TaskKind.HISTOGRAM and task.params.get("stats", "full") != "count") \
                 or not keep:
             self._sorted = None  # free the sorted order (the next round of the level re-sorts)
-        elif self._sorted is not None:
+        elif keep == "compact" and self._sorted is not None:
             self._sorted.compact()  # until the level's next round
         self._questions.add(question)
         if self.config.dp is not None and task.layout:

@@ -91,9 +91,9 @@ def test_histogram_matches_rows_directly(data: tuple[np.ndarray, np.ndarray]) ->
     np.testing.assert_allclose(hist, _reference_hist(cfg, X, y), rtol=1e-12, atol=1e-9)
 
 
-@pytest.mark.parametrize("keep", [True, False, None])
+@pytest.mark.parametrize("keep", [True, "compact", False, None])
 def test_keep_free_and_auto_give_identical_replies(data: tuple[np.ndarray, np.ndarray],
-                                                  keep: bool | None) -> None:
+                                                  keep: bool | str | None) -> None:
     X, y = data
     cfg = _cfg()
     ref = _run(cfg, X, y, keep_level_order=True)
@@ -105,7 +105,7 @@ def test_keep_free_and_auto_give_identical_replies(data: tuple[np.ndarray, np.nd
 def test_compact_order_is_used_between_rounds(data: tuple[np.ndarray, np.ndarray]) -> None:
     X, y = data
     cfg = _cfg()
-    w = Worker(cfg, X, y, client_index=0, seed=7, keep_level_order=True)
+    w = Worker(cfg, X, y, client_index=0, seed=7, keep_level_order="compact")
     sk, _ = _tasks(cfg, X, 3)
     w.handle(sk)
     order = w._sorted
