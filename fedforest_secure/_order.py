@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LevelOrder"]
+__all__ = ["LevelOrder", "first_reaching"]
 
 _SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
 #: entries per chunk of the per-block passes (sketch, histogram): bounds their scratch memory
@@ -185,24 +185,26 @@ class LevelOrder:
         out &= self._rmask
         return out
 
-    def first_reaching(self, cw: np.ndarray, w: np.ndarray, target: np.ndarray) -> np.ndarray:
-        """For each target, the first position i with ``cw[i] >= target`` (cw = cumsum(w)).
 
-        Multiplicities are positive integers, so ``cw[i] >= t`` iff ``cw[i] >= ceil(t)``: a
-        table over the integers 1..sum(w) answers every target with one gather instead of a
-        binary search.
-        """
-        total = int(cw[-1]) if cw.size else 0
-        if total > 4 * max(cw.size, 1) + 1_000_000 or total >= 2**31:  # pragma: no cover
-            return np.searchsorted(cw, target, side="left")
-        if total == 0:
-            return np.zeros(np.shape(target), dtype=np.int64)
-        # inv[c - 1] = number of positions whose cumulative weight is below c
-        marks = np.zeros(total, dtype=np.int32)
-        marks[cw[:-1]] = 1
-        inv = np.cumsum(marks, dtype=np.int32)
-        del marks
-        c = np.ceil(target).astype(np.int64)
-        np.clip(c, 1, total, out=c)
-        c -= 1
-        return inv[c]
+def first_reaching(cw: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """For each target, the first position i with ``cw[i] >= target`` (cw: cumulative sums
+    of positive integer multiplicities).
+
+    Multiplicities are positive integers, so ``cw[i] >= t`` iff ``cw[i] >= ceil(t)``: a
+    table over the integers 1..cw[-1] answers every target with one gather instead of a
+    binary search.
+    """
+    total = int(cw[-1]) if cw.size else 0
+    if total > 4 * max(cw.size, 1) + 1_000_000 or total >= 2**31:  # pragma: no cover
+        return np.searchsorted(cw, target, side="left")
+    if total == 0:
+        return np.zeros(np.shape(target), dtype=np.int64)
+    # inv[c - 1] = number of positions whose cumulative weight is below c
+    marks = np.zeros(total, dtype=np.int32)
+    marks[cw[:-1]] = 1
+    inv = np.cumsum(marks, dtype=np.int32)
+    del marks
+    c = np.ceil(target).astype(np.int64)
+    np.clip(c, 1, total, out=c)
+    c -= 1
+    return inv[c]

@@ -20,9 +20,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
-from .federation import client_seed, run_in_process
+from .federation import run_in_process
 from .model import ForestModel
-from .worker import Worker
 
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
@@ -193,14 +192,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             n_bins=hp["n_bins"], method=self.method, top_l=self.top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
             random_state=seed, profile=self.profile_)
-        # one worker per client, built from its share of the rows; a worker keeps codes, not
-        # the table, so no copy of X outlives its worker's construction
-        workers = [Worker(config, X[h == k], y_enc[h == k], client_index=k,
-                          seed=client_seed(config, k), keep_last_reply=False,
-                          keep_level_order=None)
-                   for k in range(K)]
+        # each client's share of the rows is made when its worker is built, and dropped after
+        shares = ((X[h == k], y_enc[h == k]) for k in range(K))
         self.config_ = config
-        self.model_ = run_in_process(config, (), on_round=on_round, workers=workers)
+        self.model_ = run_in_process(config, shares, on_round=on_round)
         self.n_features_in_ = d
         self.n_clients_ = K
         return self

@@ -12,7 +12,7 @@ profile discloses. With ``fixed_point`` the vectors are encoded into the 64-bit 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,7 +80,7 @@ def make_aggregator(config: JobConfig) -> Aggregator:
     return PlainSum()
 
 
-def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
+def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
                    aggregator: Aggregator | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    workers: Sequence[Worker] | None = None) -> ForestModel:
@@ -89,19 +89,23 @@ def run_in_process(config: JobConfig, clients: Sequence[tuple[Any, Any]], *,
     Parameters
     ----------
     config : the job configuration
-    clients : one ``(X_k, y_k)`` per client, in client-index order
+    clients : one ``(X_k, y_k)`` per client, in client-index order (a sequence, or an iterable
+        such as a generator)
     aggregator : how summable vectors are added up (default: what the profile asks for)
     on_round : called with what the server saw after each round (audit hook)
     workers : ready-made workers, one per client, in client-index order (then ``clients`` is
         not used)
     """
-    given = len(workers) if workers is not None else len(clients)
-    if given != config.n_clients:
-        raise ValueError(f"config expects {config.n_clients} clients, got {given}")
     if workers is None:
+        # clients may be a generator: each share can be dropped once its worker is built (a
+        # worker keeps codes, not the table)
+        if isinstance(clients, Sequence) and len(clients) != config.n_clients:
+            raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
         workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k),
                           keep_last_reply=False, keep_level_order=None)
                    for k, (X, y) in enumerate(clients)]
+    if len(workers) != config.n_clients:
+        raise ValueError(f"config expects {config.n_clients} clients, got {len(workers)}")
     agg = aggregator or make_aggregator(config)
     coord = Coordinator(config)
     while (task := coord.next_task()) is not None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _impurity
-from ._order import LevelOrder
+from ._order import LevelOrder, first_reaching
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
 from .protocol import TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind, layout_size
@@ -447,7 +447,7 @@ class Worker:
             valid = b[None, :] <= bk[:, None]
             bwp = bw[present].astype(np.float64)
             target = before[present, None] + np.maximum(levels * bwp[:, None], 0.5)
-            idx = order.first_reaching(cw, w, target.ravel()).reshape(target.shape)
+            idx = first_reaching(cw, target.ravel()).reshape(target.shape)
             del w, cw, target
             np.minimum(idx, (end[present] - 1)[:, None], out=idx)
             idx += e0

@@ -149,6 +149,5 @@ def test_inverse_table_equals_binary_search(w: list[int], fr: list[float]) -> No
     cw = np.cumsum(wa)
     target = np.array(fr) * cw[-1]
     target = np.maximum(target, 0.5)
-    order = _order.LevelOrder.__new__(_order.LevelOrder)
-    got = order.first_reaching(cw, wa, target)
+    got = _order.first_reaching(cw, target)
     np.testing.assert_array_equal(got, np.searchsorted(cw, target, side="left"))
