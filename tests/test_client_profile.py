@@ -73,7 +73,8 @@ DOWNGRADES = {
     "smaller_delta_is_still_different": (
         "secure-dp", lambda: load_profile("secure-dp", delta=1e-9).to_dict()),
     "minority_threshold": ("secure", lambda: load_profile("secure", threshold=0.4).to_dict()),
-    "no_abstention": ("secure", lambda: load_profile("secure", abstain_below=0).to_dict()),
+    "no_abstention": ("secure-dp", lambda: load_profile("secure-dp", abstain_below=0).to_dict()),
+    "other_abstention": ("secure", lambda: load_profile("secure", abstain_below=2).to_dict()),
     "clear_h_splits": ("secure", lambda: load_profile("secure", h_splits="clear").to_dict()),
     "open_for_secure_dp": ("secure-dp", lambda: load_profile("open").to_dict()),
 }
@@ -97,7 +98,7 @@ def test_client_refuses_a_job_whose_profile_differs_from_its_pin(case: str,
 
 def test_the_refusal_names_each_setting_that_differs() -> None:
     with pytest.raises(ProfileRefused) as info:
-        check_job_profile(pinned_profile("secure"), load_profile("open").to_dict())
+        check_job_profile(pinned_profile("secure-dp"), load_profile("open").to_dict())
     msg = str(info.value)
     for key in ("secure_aggregation: job False, pinned True", "fixed_point", "threshold",
                 "sketch", "abstain_below", "h_splits", "min_clients"):

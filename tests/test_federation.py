@@ -133,7 +133,7 @@ def test_run_in_process_checks_client_count() -> None:
 
 
 def test_abstentions_are_recorded_in_the_model() -> None:
-    cfg, clients = _config("secure")
+    cfg, clients = _config("secure", abstain_below=5)
     model = run_in_process(cfg, clients)
     ab = model.meta["abstained"]
     assert set(ab) == {str(k) for k in range(cfg.n_clients)}

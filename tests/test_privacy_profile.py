@@ -30,7 +30,7 @@ def test_shipped_profiles() -> None:
     s = load_profile("secure")
     assert s.secure_aggregation and s.fixed_point and s.dp is None
     assert (s.threshold, s.sketch, s.rows_per_sketch_point) == (0.67, "secure_cdf", 2)
-    assert (s.abstain_below, s.h_splits, s.min_clients) == (2, "off", 3)
+    assert (s.abstain_below, s.h_splits, s.min_clients) == (0, "off", 3)
     d = load_profile("secure-dp")
     assert d.dp is not None and (d.dp.epsilon, d.dp.delta) == (1.0, 1e-6)
     assert d.dp.mechanism == "gaussian_discrete"

@@ -41,7 +41,10 @@ def test_exported_names() -> None:
 
 
 def test_abstention() -> None:
-    assert load_profile("secure").abstain_below == 2  # a lone record never contributes
+    assert load_profile("secure").abstain_below == 0  # off by default (docs/privacy.md §2.2)
+    assert load_profile("secure-dp").abstain_below == 5
+    lone = load_profile("secure", abstain_below=2)  # a lone record never contributes
+    assert abstains(1, lone) and not abstains(2, lone)
     secure = load_profile("secure", abstain_below=5)
     assert abstains(4, secure) and not abstains(5, secure)
     assert not abstains(0, load_profile("open"))
