@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -79,7 +80,7 @@ def main() -> None:
         return
     base = args.contenders[0]
     print(f"T={args.trees} depth={args.depth} d=20 K=10; median of {args.repeat}; "
-          f"ratios against {base}")
+          f"ratios against {base}; {_state()}; load {_load()}")
     print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'peak MiB':>9} {'time x':>7} {'mem x':>6}")
     for n in args.sizes:
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
@@ -92,6 +93,27 @@ def main() -> None:
             print(f"{n:>9} {c:>13} {med[c]['seconds']:>9.2f} {med[c]['peak_mib']:>9.0f} "
                   f"{med[c]['seconds'] / med[base]['seconds']:>7.2f} "
                   f"{med[c]['peak_mib'] / med[base]['peak_mib']:>6.2f}", flush=True)
+        for c in args.contenders[1:]:  # each repetition's own ratio (neighbours' load varies)
+            per = " ".join(f"{a['seconds'] / b['seconds']:.2f}"
+                           for a, b in zip(runs[c], runs[base], strict=True))
+            print(f"{'':>9} {c:>13} time x per repetition: {per}", flush=True)
+    print(f"load at the end {_load()}")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (the machine is shared: report them)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _state() -> str:
+    """The commit measured, with '+dirty' when the working tree has changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=here,
+                             capture_output=True, text=True, check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "commit unknown"
+    return f"commit {out.stdout.strip()}"
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ class LevelOrder:
         self._w: np.ndarray | None = None
         self._code: np.ndarray | None = None  # compact form (see compact())
         self._edges: np.ndarray | None = None
+        self._block_starts: np.ndarray | None = None  # cache of all_edges()
         self.key: np.ndarray | None
         self._rmask = (1 << (rbits - 8)) - 1
         node64 = node.astype(np.int64)
@@ -107,8 +108,7 @@ class LevelOrder:
         """
         if self.key is None or not self.packed or self.cbits != 16 or self.shift != 24:
             return
-        nblk = self.feats.size
-        self._edges = self.search(np.arange(nblk + 1, dtype=np.int64) << self.cbits)
+        self._edges = self.all_edges()
         # 16-bit fields: a narrowing cast keeps exactly the field, no mask needed
         self._code = (self.key >> self.shift).astype(np.uint16)
         self._rows = (self.key >> 8).astype(np.uint16)
@@ -128,11 +128,17 @@ class LevelOrder:
         blk |= self._code[lo:hi]
         return blk
 
+    def all_edges(self) -> np.ndarray:
+        """Where every block starts (``out[i]``), and the end of the last (``out[-1]``)."""
+        if self._block_starts is None:
+            nblk = self.feats.size
+            self._block_starts = self.search(np.arange(nblk + 1, dtype=np.int64) << self.cbits)
+        return self._block_starts
+
     def block_edges(self, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start and end position of each given block."""
-        if self._edges is not None:
-            return self._edges[blk], self._edges[blk + 1]
-        return self.search(blk << self.cbits), self.search((blk + 1) << self.cbits)
+        edges = self.all_edges()
+        return edges[blk], edges[blk + 1]
 
     def search(self, block_code: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Position (relative to ``lo``) of the first entry of ``[lo, hi)`` whose
@@ -204,7 +210,9 @@ def first_reaching(cw: np.ndarray, target: np.ndarray) -> np.ndarray:
     marks[cw[:-1]] = 1
     inv = np.cumsum(marks, dtype=np.int32)
     del marks
-    c = np.ceil(target).astype(np.int64)
+    target = np.asarray(target)
+    c = target.astype(np.int64) if target.dtype.kind in "iu" else \
+        np.ceil(target).astype(np.int64)
     np.clip(c, 1, total, out=c)
     c -= 1
     return inv[c]

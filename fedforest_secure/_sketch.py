@@ -42,8 +42,14 @@ def client_quantiles(values: np.ndarray, weights: np.ndarray | None, n_points: i
     v = values[order]
     cw = np.cumsum(w[order])
     total = cw[-1]
-    levels = np.arange(n_points + 1) / n_points
-    idx = np.searchsorted(cw, np.maximum(levels * total, 0.5), side="left")
+    b = np.arange(n_points + 1)
+    if (w == np.floor(w)).all() and total < 2**52:
+        # integer weights: the cumulative weight reaches b / B of the total at the integer
+        # ceil(b total / B) (at least 1: Q(0) is the minimum), computed exactly
+        target = np.maximum(-(-b * int(total) // n_points), 1)
+    else:
+        target = np.maximum(b / n_points * total, 0.5)
+    idx = np.searchsorted(cw, target, side="left")
     return v[np.minimum(idx, v.size - 1)]
 
 
@@ -82,8 +88,10 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     jump = seg_valid & ~ramp
     slope = np.where(ramp, mass / np.where(ramp, length, 1.0), 0.0)
     size = R * W
-    ds = np.bincount(rank[:, :, :-1][ramp], weights=slope[ramp], minlength=size)
-    ds -= np.bincount(rank[:, :, 1:][ramp], weights=slope[ramp], minlength=size)
+    ramp_slope = slope[ramp]
+    ds = np.bincount(rank[:, :, :-1][ramp], weights=ramp_slope, minlength=size)
+    ds -= np.bincount(rank[:, :, 1:][ramp], weights=ramp_slope, minlength=size)
+    del ramp_slope
     single = npts == 1
     dj = np.bincount(rank[:, :, :-1][jump], weights=np.broadcast_to(mass, jump.shape)[jump],
                      minlength=size)
@@ -97,6 +105,43 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     F = np.cumsum(dj, axis=1)
     F[:, 1:] += np.cumsum(s[:, :-1] * dx, axis=1)
     return xs, s, dj, F
+
+
+def _first_at_least(F: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per row of the non-decreasing ``F`` (R, E), the first column with ``F >= t`` for each
+    target ``t`` (E if none): ``np.searchsorted(F[r], targets)`` for every row.
+
+    One global search over the rows shifted apart by 2 (F lies in [0, 1]) finds the answer up
+    to the rounding of the shift; a few vectorised steps then make it exact, so a row's answer
+    never depends on which other rows share the call (the coordinator may evaluate a level's
+    nodes in groups and must get the same candidates).
+    """
+    R, E = F.shape
+    Q = targets.size
+    offs = 2.0 * np.arange(R)[:, None]
+    flat = (F + offs).ravel()
+    i = (np.searchsorted(flat, (targets[None, :] + offs).ravel(), side="left").reshape(R, Q)
+         - np.arange(R)[:, None] * E)
+    np.clip(i, 0, E, out=i)
+    flatF = F.ravel()
+    base = (np.arange(R) * E)[:, None]
+    t = np.broadcast_to(targets, (R, Q))
+    while True:  # exact: F[r, i - 1] < t <= F[r, i]
+        at = np.minimum(i, E - 1)
+        at += base
+        right = np.take(flatF, at) < t
+        right &= i < E
+        at = np.maximum(i - 1, 0)
+        at += base
+        left = np.take(flatF, at) >= t
+        left &= i > 0
+        both = right & left  # only where F is not monotone: keep the global answer
+        right &= ~both
+        left &= ~both
+        if not (right.any() or left.any()):
+            return i
+        i += right
+        i -= left
 
 
 def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> np.ndarray:
@@ -180,12 +225,7 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     xs, s, dj, F = _events(points, weights)
     E = xs.shape[1]
     levels = np.arange(1, n_bins) / n_bins
-    # rows are separated by an offset of 2 so one global search serves every row
-    offs = 2.0 * np.arange(R)[:, None]
-    flatF = (F + offs).ravel()
-    targets = (levels[None, :] - 1e-12 + offs).ravel()
-    i = (np.searchsorted(flatF, targets, side="left").reshape(R, n_bins - 1)
-         - np.arange(R)[:, None] * E)
+    i = _first_at_least(F, levels - 1e-12)
     i = np.clip(i, 0, E - 1)
     prev = np.maximum(i - 1, 0)
     F_prev = np.take_along_axis(F, prev, axis=1)

@@ -4,8 +4,10 @@ The coordinator never sees a row. Per depth level it issues, for all active node
 at once, one SKETCH round (routing through the previous level's splits, node totals, and the
 sketch the method needs), optionally the refinement rounds of the secure pooled-CDF sketch, and
 one HISTOGRAM round (per-bin statistics at the candidate thresholds). Training T trees of depth
-M therefore takes O(M) rounds, whatever T. Gains are exact functions of summed statistics
-(Theorem 4); candidate thresholds come from the pooled sketch CDF (Theorem 1).
+M therefore takes O(M) rounds, whatever T (unless a level is evaluated in groups of nodes to
+bound memory, which the in-process driver asks for on large jobs; see :class:`Coordinator`).
+Gains are exact functions of summed statistics (Theorem 4); candidate thresholds come from the
+pooled sketch CDF (Theorem 1).
 
 It is deterministic given the :class:`~fedforest_secure.config.JobConfig` and the aggregates it
 receives, so a restarted server rebuilds it by replaying stored rounds.
@@ -14,6 +16,7 @@ receives, so a restarted server rebuilds it by replaying stored rounds.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,47 @@ from .worker import CAT, CLIENT, LEAF, NUM, stats_kinds, totals_block
 __all__ = ["Coordinator"]
 
 _Received = tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]
+
+
+@dataclass
+class _LevelContext:
+    """What the evaluation of a level's nodes needs to know about the level."""
+
+    level: int
+    feats: np.ndarray  # (n_nodes, m) sampled features
+    totals: np.ndarray  # (n_nodes, S) node totals
+    n: np.ndarray  # (n_nodes,) weighted counts
+    is_cat: np.ndarray
+    box_lo: np.ndarray | None
+    box_hi: np.ndarray | None
+    lohi: np.ndarray | None  # histogram method: the grid's range per feature
+
+
+@dataclass
+class _Evaluated:
+    """Best split per evaluated node (rows in the order of the evaluated nodes)."""
+
+    blocks: dict[str, np.ndarray]  # the histogram round's blocks (ungrouped levels only)
+    feats: np.ndarray  # (E, m) features, -1 where not evaluated (Top-L)
+    threshold: np.ndarray  # (E,) the chosen numeric threshold
+    gain: np.ndarray
+    slot: np.ndarray
+    idx: np.ndarray
+    left: np.ndarray  # (E, S) left child's statistics
+    kind: np.ndarray
+    sets: list[list[int]]
+
+    @staticmethod
+    def concat(parts: Sequence[_Evaluated], E: int, m: int, S: int) -> _Evaluated:
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return _Evaluated({}, np.zeros((E, m), dtype=np.int64), np.zeros(0),
+                              np.zeros(0), z, z, np.zeros((0, S)), z, [])
+        cat = np.concatenate
+        return _Evaluated({}, cat([p.feats for p in parts]), cat([p.threshold for p in parts]),
+                          cat([p.gain for p in parts]), cat([p.slot for p in parts]),
+                          cat([p.idx for p in parts]), cat([p.left for p in parts]),
+                          cat([p.kind for p in parts]), [s for p in parts for s in p.sets])
 
 
 class _TreeBuilder:
@@ -63,10 +107,33 @@ class _TreeBuilder:
 
 
 class Coordinator:
-    """Server side of one job. Drive it with :meth:`next_task` / :meth:`submit`."""
+    """Server side of one job. Drive it with :meth:`next_task` / :meth:`submit`.
 
-    def __init__(self, config: JobConfig) -> None:
+    Parameters
+    ----------
+    config : the job's configuration
+    max_nodes_per_round, max_round_bytes : a level with more nodes than this, or whose
+        estimated state (see :meth:`_node_groups`) exceeds this many bytes, is evaluated in
+        groups of nodes (each within both limits): after the level's routing round (node
+        totals), every group gets its own sketch round and histogram round, so neither the
+        clients' sorted orders nor the coordinator's copy of their sketches scale with the
+        whole level. The forest is identical; such a level takes more rounds. Both None (the
+        default, and what a deployment uses): one sketch and one histogram round per level.
+        Ignored under DP and with the secure pooled-CDF sketch.
+    total_rows : the number of rows over all clients, if known (the in-process driver knows
+        it): bounds the first level's state; without it a byte budget groups the first level.
+    """
+
+    def __init__(self, config: JobConfig, *, max_nodes_per_round: int | None = None,
+                 max_round_bytes: int | None = None, total_rows: int | None = None) -> None:
         self.config = config
+        if max_nodes_per_round is not None and max_nodes_per_round < 1:
+            raise ValueError("max_nodes_per_round must be at least 1")
+        if max_round_bytes is not None and max_round_bytes < 1:
+            raise ValueError("max_round_bytes must be positive")
+        self._max_nodes = max_nodes_per_round
+        self._max_bytes = max_round_bytes
+        self._total_rows = total_rows
         prof = dict(config.profile)
         self._sketch_kind = str(prof.get("sketch", "quantiles"))
         self._h_policy = str(prof.get("h_splits", "clear"))
@@ -262,6 +329,10 @@ class Coordinator:
         routing: dict[str, np.ndarray] | None = None
         grid_lohi: np.ndarray | None = None
         use_h = cfg.split_on_client and self._h_policy in ("clear", "noisy")
+        # bound on the level's total weight (sum of its nodes' weighted counts): a tree's
+        # bootstrap draws as many rows as there are (at most the rows' multiplicities)
+        level_weight = (float(T) * self._total_rows if self._total_rows is not None
+                        else np.inf)
         for level in range(cfg.max_depth + 1):
             n_nodes = lvl_tree.size
             if n_nodes == 0:
@@ -270,23 +341,34 @@ class Coordinator:
             arrays: dict[str, np.ndarray] = dict(routing) if routing is not None else {}
             params: dict[str, Any] = {"n_nodes": int(n_nodes)}
             disclose: list[str] = []
+            # what the sketch of a node asks (rounds, parameters, disclosures)
+            sk_params: dict[str, Any] = {}
+            sk_disclose: list[str] = []
             feats = self._sample_features(n_nodes) if not last else None
+            dp_mode = self._dp is not None
+            # a level's nodes are evaluated in groups (a sketch and a histogram round each)
+            # only when asked; the forest is the same either way
+            grouped = feats is not None and self._group_level(n_nodes, level_weight,
+                                                              feats.shape[1])
             if feats is not None:
-                arrays["features"] = feats
+                if not grouped:
+                    arrays["features"] = feats
                 if cfg.method in ("quantiles", "avgimp") and self._sketch_kind == "quantiles":
-                    disclose.append("sketch_points")
-                    params["n_points"] = cfg.n_bins
+                    sk_disclose.append("sketch_points")
+                    sk_params["n_points"] = cfg.n_bins
                 if cfg.method == "avgimp" and cfg.top_l is not None:
-                    disclose.append("top_l")
-                    params["top_l"] = cfg.top_l
-                    params.setdefault("n_points", cfg.n_bins)
+                    sk_disclose.append("top_l")
+                    sk_params["top_l"] = cfg.top_l
+                    sk_params.setdefault("n_points", cfg.n_bins)
                 if cfg.method == "exact":
-                    disclose.append("unique")
+                    sk_disclose.append("unique")
+                if not grouped:
+                    params.update(sk_params)
+                    disclose += sk_disclose
                 if cfg.method == "histogram" and grid_lohi is None and bounds is None:
                     disclose.append("minmax")
             if use_h and not last:
                 disclose.append("node_stats")
-            dp_mode = self._dp is not None
             # under DP the sketch round releases nothing: node totals come from the (noisy)
             # histogram of the same level and leaf values from the parent's, which saves budget
             release = not dp_mode
@@ -329,56 +411,30 @@ class Coordinator:
             ev = np.flatnonzero(can) if release else np.arange(n_nodes)
             if feats is None:  # pragma: no cover - only the last level has no features
                 raise ProtocolError("internal: no features sampled")
-            ev_feats = feats[ev].copy()
-            m = ev_feats.shape[1]
-            # ---- candidates
-            if dp_mode:
-                if box_lo is None or box_hi is None:  # pragma: no cover - checked in __init__
-                    raise BudgetError("differential privacy needs public feature bounds")
-                thr = self._histogram_candidates(
-                    np.stack([box_lo[np.arange(n_nodes)[:, None], feats][ev],
-                              box_hi[np.arange(n_nodes)[:, None], feats][ev]], axis=-1),
-                    None, is_cat)
-            elif cfg.method in ("quantiles", "avgimp"):
-                if self._sketch_kind == "quantiles":
-                    thr = self._quantile_candidates(disc, ev, ev_feats, is_cat)
-                else:
-                    if box_lo is None or box_hi is None:  # pragma: no cover - __init__ checks
-                        raise ProfileError("the secure_cdf sketch needs public feature bounds")
-                    lo = box_lo[np.arange(n_nodes)[:, None], feats][ev]
-                    hi = box_hi[np.arange(n_nodes)[:, None], feats][ev]
-                    thr = yield from self._secure_cdf(level, ev, ev_feats, lo, hi, n[ev], is_cat)
-            elif cfg.method == "exact":
-                thr = self._exact_candidates(disc, ev, ev_feats, n_nodes, m, is_cat)
+            m = feats.shape[1]
+            ctx = _LevelContext(level=level, feats=feats, totals=totals, n=n, is_cat=is_cat,
+                                box_lo=box_lo, box_hi=box_hi,
+                                lohi=grid_lohi if bounds is None else bounds)
+            if not grouped:
+                ev_out = yield from self._evaluate(ctx, ev, ev, disc)
             else:
-                lohi = grid_lohi if bounds is None else bounds
-                if lohi is None:  # pragma: no cover - minmax was requested above
-                    raise ProtocolError("internal: no histogram range")
-                thr = self._histogram_candidates(lohi, ev_feats, is_cat)
-            thr = self._add_categorical(thr, ev_feats, is_cat)
-            for k in disc:  # the sketches are spent: free them before the evaluation round
-                for name in ("sketch_points", "unique_vals", "unique_ptr"):
-                    disc[k].pop(name, None)
-            if cfg.method == "avgimp" and cfg.top_l is not None and ev.size:
-                keep = np.zeros_like(ev_feats, dtype=bool)
-                for k in disc:
-                    top = disc[k]["top_l"][ev]
-                    sent = disc[k]["sketch_counts"][ev] > 0 if "sketch_counts" in disc[k] \
-                        else np.ones(ev.size, dtype=bool)
-                    rows = np.repeat(np.arange(ev.size), top.shape[1])
-                    keep[rows[np.repeat(sent, top.shape[1])],
-                         top[sent].ravel()] = True
-                ev_feats = np.where(keep, ev_feats, -1)
-            # ---- evaluation round
-            bt = thr.shape[2]
-            mode = "gain" if cfg.method == "avgimp" and not dp_mode else "full"
-            if mode == "full":
-                layout = (Block("hist", (ev.size, m, bt + 1, S), stats_kinds(cfg)),)
-            else:
-                layout = (Block("gain", (ev.size, m, bt, 2), (StatKind.GAIN, StatKind.COUNT)),)
-            task = self._task(TaskKind.HISTOGRAM, level, {"stats": mode},
-                              {"nodes": ev, "features": ev_feats, "thresholds": thr}, layout)
-            blocks, _ = yield task
+                parts = []
+                for a, b in self._node_groups(ev, n, m):
+                    nodes = ev[a:b]
+                    task = self._task(TaskKind.SKETCH, level,
+                                      {"n_nodes": int(n_nodes), **sk_params, "totals": False},
+                                      {"nodes": nodes, "features": feats[nodes]}, (),
+                                      tuple(sk_disclose))
+                    _, gdisc = yield task
+                    gdisc = {k: dict(v) for k, v in gdisc.items()}
+                    parts.append((yield from self._evaluate(
+                        ctx, nodes, np.arange(nodes.size), gdisc)))
+                    del gdisc
+                ev_out = _Evaluated.concat(parts, ev.size, m, S)
+            blocks = ev_out.blocks
+            ev_feats, thr_chosen = ev_out.feats, ev_out.threshold
+            gain, slot, left_stats = ev_out.gain, ev_out.slot, ev_out.left
+            split_kind, split_set = ev_out.kind, ev_out.sets
             if not release:  # DP: node totals from the noisy histogram, averaged over slots
                 valid_slot = (ev_feats >= 0)[..., None]
                 slot_tot = blocks["hist"].sum(axis=2)
@@ -393,8 +449,6 @@ class Coordinator:
                     tb.value[lvl_node[i]] = values[i]
                     tb.n[lvl_node[i]] = float(n[i])
                 can = (n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf) & ~empty
-            gain, slot, idx, left_stats, split_kind, split_set = self._choose(
-                blocks, mode, thr, ev_feats, is_cat, totals[ev], n[ev])
             # ---- H splits from per-client node summaries (no extra round)
             h_left: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             if use_h and ev.size:
@@ -438,7 +492,7 @@ class Coordinator:
                 tb.feature[nd] = feat
                 r_kind[i], r_feat[i] = kind, feat
                 if kind == NUM:
-                    tb.threshold[nd] = r_thr[i] = float(thr[e, slot[e], idx[e]])
+                    tb.threshold[nd] = r_thr[i] = float(thr_chosen[e])
                 else:
                     tb.sets[nd] = split_set[e]
                     set_lists[i] = split_set[e]
@@ -479,6 +533,7 @@ class Coordinator:
                        "route_set_ptr": ptr, "route_set_vals": vals}
             lvl_tree = np.array(nt, dtype=np.int64)
             lvl_node = np.array(nn, dtype=np.int64)
+            level_weight = float(np.maximum(n[ev][ok], 0.0).sum())
             parent_value = np.array(pv).reshape(-1, n_out)
             if box_lo is not None:
                 box_lo = np.array(nxt_lo).reshape(-1, cfg.n_features)
@@ -487,6 +542,121 @@ class Coordinator:
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
+
+    # ------------------------------------------------------------------ evaluation
+    def _node_bytes(self, m: int) -> float:
+        """Estimated coordinator memory per evaluated node: every client's quantile sketch."""
+        cfg = self.config
+        if cfg.method in ("quantiles", "avgimp") and self._sketch_kind == "quantiles":
+            return 8.0 * cfg.n_clients * m * (cfg.n_bins + 1)
+        return 0.0
+
+    def _group_level(self, n_nodes: int, weight: float, m: int) -> bool:
+        """Whether this level's nodes are evaluated in groups: a limit is set and the level
+        exceeds it, and neither DP (every histogram round spends budget) nor the secure
+        pooled-CDF sketch (its refinement rounds are planned over the whole level) is on.
+        ``weight`` bounds the sum of the level's weighted node counts."""
+        if self._dp is not None or (self.config.method in ("quantiles", "avgimp")
+                                    and self._sketch_kind == "secure_cdf"):
+            return False
+        if self._max_nodes is not None and n_nodes > self._max_nodes:
+            return True
+        if self._max_bytes is not None:
+            return 8.0 * m * weight + self._node_bytes(m) * n_nodes > self._max_bytes
+        return False
+
+    def _node_groups(self, ev: np.ndarray, n: np.ndarray, m: int) -> list[tuple[int, int]]:
+        """Consecutive ranges ``[a, b)`` of the evaluated nodes ``ev``, each one group.
+
+        A group holds at most ``max_nodes_per_round`` nodes and, estimated from the node
+        totals, at most ``max_round_bytes`` of the state its rounds create: every client's
+        sorted level order (at most one 8-byte entry per unit of weight and feature slot, so
+        ``8 m n_nu`` over all clients) and, with quantile sketches, the coordinator's copy of
+        every client's sketch (``8 K m (B + 1)``). A group has at least one node.
+        """
+        E = ev.size
+        if E == 0:
+            return []
+        cap = self._max_nodes if self._max_nodes is not None else E
+        if self._max_bytes is None:
+            return [(a, min(a + cap, E)) for a in range(0, E, cap)]
+        per_node = 8.0 * m * np.maximum(n[ev], 0.0) + self._node_bytes(m)
+        cum = np.concatenate([[0.0], np.cumsum(per_node)])
+        out: list[tuple[int, int]] = []
+        a = 0
+        while a < E:
+            b = int(np.searchsorted(cum, cum[a] + self._max_bytes, side="right")) - 1
+            b = min(max(b, a + 1), a + cap, E)
+            out.append((a, b))
+            a = b
+        return out
+
+    def _evaluate(self, ctx: _LevelContext, nodes: np.ndarray, pos: np.ndarray,
+                  disc: dict[int, dict[str, np.ndarray]]
+                  ) -> Generator[Task, _Received, _Evaluated]:
+        """Candidates, the histogram round and the best split of the level's nodes ``nodes``.
+
+        ``disc`` holds the clients' sketch disclosures, the rows of ``nodes`` at ``pos``. The
+        result of a node does not depend on which other nodes are evaluated with it.
+        """
+        cfg = self.config
+        is_cat = ctx.is_cat
+        ev_feats = ctx.feats[nodes].copy()
+        m = ev_feats.shape[1]
+        S = cfg.n_stats
+        dp_mode = self._dp is not None
+        # ---- candidates
+        if dp_mode:
+            if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - __init__ checks
+                raise BudgetError("differential privacy needs public feature bounds")
+            thr = self._histogram_candidates(
+                np.stack([ctx.box_lo[nodes[:, None], ev_feats],
+                          ctx.box_hi[nodes[:, None], ev_feats]], axis=-1), None, is_cat)
+        elif cfg.method in ("quantiles", "avgimp"):
+            if self._sketch_kind == "quantiles":
+                thr = self._quantile_candidates(disc, pos, ev_feats, is_cat)
+            else:
+                if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - __init__
+                    raise ProfileError("the secure_cdf sketch needs public feature bounds")
+                lo = ctx.box_lo[nodes[:, None], ev_feats]
+                hi = ctx.box_hi[nodes[:, None], ev_feats]
+                thr = yield from self._secure_cdf(ctx.level, nodes, ev_feats, lo, hi,
+                                                  ctx.n[nodes], is_cat)
+        elif cfg.method == "exact":
+            thr = self._exact_candidates(disc, pos, ev_feats, 0, m, is_cat)
+        else:
+            if ctx.lohi is None:  # pragma: no cover - minmax was requested above
+                raise ProtocolError("internal: no histogram range")
+            thr = self._histogram_candidates(ctx.lohi, ev_feats, is_cat)
+        thr = self._add_categorical(thr, ev_feats, is_cat)
+        for k in disc:  # the sketches are spent: free them before the evaluation round
+            for name in ("sketch_points", "unique_vals", "unique_ptr"):
+                disc[k].pop(name, None)
+        if cfg.method == "avgimp" and cfg.top_l is not None and nodes.size:
+            keep = np.zeros_like(ev_feats, dtype=bool)
+            for k in disc:
+                top = disc[k]["top_l"][pos]
+                sent = disc[k]["sketch_counts"][pos] > 0 if "sketch_counts" in disc[k] \
+                    else np.ones(nodes.size, dtype=bool)
+                rows = np.repeat(np.arange(nodes.size), top.shape[1])
+                keep[rows[np.repeat(sent, top.shape[1])],
+                     top[sent].ravel()] = True
+            ev_feats = np.where(keep, ev_feats, -1)
+        # ---- evaluation round
+        bt = thr.shape[2]
+        mode = "gain" if cfg.method == "avgimp" and not dp_mode else "full"
+        if mode == "full":
+            layout = (Block("hist", (nodes.size, m, bt + 1, S), stats_kinds(cfg)),)
+        else:
+            layout = (Block("gain", (nodes.size, m, bt, 2), (StatKind.GAIN, StatKind.COUNT)),)
+        task = self._task(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
+                          {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
+        blocks, _ = yield task
+        gain, slot, idx, left, kind, sets = self._choose(
+            blocks, mode, thr, ev_feats, is_cat, ctx.totals[nodes], ctx.n[nodes])
+        chosen = (thr[np.arange(nodes.size), slot, idx] if bt and nodes.size
+                  else np.zeros(nodes.size))
+        return _Evaluated(blocks, ev_feats, chosen, gain, slot, idx, left, kind, sets)
 
     # ------------------------------------------------------------------ candidates
     def _quantile_candidates(self, disc: dict[int, dict[str, np.ndarray]], ev: np.ndarray,

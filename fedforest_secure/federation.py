@@ -22,10 +22,16 @@ from .config import JobConfig
 from .coordinator import Coordinator
 from .model import ForestModel
 from .protocol import Reply, Task
-from .secure_sum import RingAggregator
 from .worker import Worker
 
-__all__ = ["Aggregator", "PlainSum", "RoundRecord", "client_seed", "run_in_process"]
+__all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "client_seed",
+           "run_in_process"]
+
+#: in process, a level whose estimated state (every client's sorted level order and the
+#: coordinator's copy of their sketches) exceeds this is evaluated in groups of nodes that
+#: stay within it (:class:`~fedforest_secure.coordinator.Coordinator`): the same forest in
+#: bounded memory, for a few more rounds
+IN_PROCESS_ROUND_BYTES = 32 << 20
 
 
 def client_seed(config: JobConfig, client_index: int) -> np.random.SeedSequence:
@@ -62,8 +68,9 @@ def _stream_plain(task: Task, workers: Sequence[Worker]
     """Add the clients' vectors one by one, in client order (same floats as PlainSum)."""
     total: np.ndarray | None = None
     disclosed: dict[int, dict[str, np.ndarray]] = {}
+    digests = (task.digest(), task.question_digest())  # the same task for every client
     for k, w in enumerate(workers):
-        reply = w.handle(task)
+        reply = w.handle(task, digests=digests)
         if total is None:
             total = np.zeros_like(reply.summable, dtype=np.float64)
         total += reply.summable
@@ -76,14 +83,28 @@ def make_aggregator(config: JobConfig) -> Aggregator:
     """The aggregator the job's profile calls for."""
     prof = config.profile
     if prof.get("fixed_point") or prof.get("secure_aggregation"):
+        # imported here: the open profile never loads the secure-aggregation stack
+        from .secure_sum import RingAggregator
+
         return RingAggregator(config)
     return PlainSum()
+
+
+def _is_ring(agg: Aggregator) -> bool:
+    """Whether ``agg`` is a :class:`~fedforest_secure.secure_sum.RingAggregator` (without
+    importing the secure-aggregation stack when it cannot be one)."""
+    import sys
+
+    mod = sys.modules.get(f"{__package__}.secure_sum")
+    return mod is not None and isinstance(agg, mod.RingAggregator)
 
 
 def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
                    aggregator: Aggregator | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
-                   workers: Sequence[Worker] | None = None) -> ForestModel:
+                   workers: Sequence[Worker] | None = None,
+                   max_round_bytes: int | None = IN_PROCESS_ROUND_BYTES,
+                   max_nodes_per_round: int | None = None) -> ForestModel:
     """Train a forest with every client in this process, through the real protocol.
 
     Parameters
@@ -95,6 +116,10 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
     on_round : called with what the server saw after each round (audit hook)
     workers : ready-made workers, one per client, in client-index order (then ``clients`` is
         not used)
+    max_round_bytes, max_nodes_per_round : evaluate a level in groups of nodes when it is
+        larger than this (see :class:`~fedforest_secure.coordinator.Coordinator`; the forest
+        is the same). None and None: one sketch and one histogram round per level, as over
+        HTTPS.
     """
     if workers is None:
         # clients may be a generator: each share can be dropped once its worker is built (a
@@ -107,15 +132,17 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
     if len(workers) != config.n_clients:
         raise ValueError(f"config expects {config.n_clients} clients, got {len(workers)}")
     agg = aggregator or make_aggregator(config)
-    coord = Coordinator(config)
+    coord = Coordinator(config, max_nodes_per_round=max_nodes_per_round,
+                        max_round_bytes=max_round_bytes,
+                        total_rows=sum(w.n_rows for w in workers))
     while (task := coord.next_task()) is not None:
         if isinstance(agg, PlainSum) and on_round is None:
             # plain sums stream: one client's vector at a time (memory O(vector), not K x)
             total, disclosed = _stream_plain(task, workers)
-        elif isinstance(agg, RingAggregator):
+        elif _is_ring(agg):
             # each client's float vector lives only until it is encoded for the ring
-            total, disclosed = agg.aggregate_stream(task, lambda k: workers[k].handle(task),
-                                                    len(workers))
+            total, disclosed = agg.aggregate_stream(  # type: ignore[attr-defined]
+                task, lambda k: workers[k].handle(task), len(workers))
         else:
             replies = {k: w.handle(task) for k, w in enumerate(workers)}
             total = agg.aggregate(task, replies)

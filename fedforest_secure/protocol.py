@@ -131,9 +131,11 @@ TASK_PARAMS: dict[TaskKind, frozenset[str]] = {
     TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp"}),
 }
 TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
+    # "nodes": a sketch of some of the level's nodes only, after its routing round (a
+    # coordinator that evaluates a level in groups; optional, absent by default)
     TaskKind.SKETCH: frozenset({"features", "route_kind", "route_feature", "route_threshold",
                                 "route_left", "route_right", "route_set_ptr",
-                                "route_set_vals"}),
+                                "route_set_vals", "nodes"}),
     TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
 }
 #: Parameters published for transparency only (clients recompute them): not part of a question.

@@ -103,9 +103,11 @@ class Worker:
                     raise SchemaError(f"categorical column {j} must hold level codes 0..{nl - 1}")
         # the table itself is not kept: codes and distinct values answer every question
         # exact integer codes: rank among the client's distinct values of each feature
-        self._uniq = [np.unique(X[:, j]) for j in range(d)]
-        self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in self._uniq])])
-        self._uniq_all = np.concatenate(self._uniq)
+        uniq = [np.unique(X[:, j]) for j in range(d)]
+        self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in uniq])])
+        self._uniq_all = np.concatenate(uniq)
+        del uniq  # one copy: each feature's distinct values are a view into _uniq_all
+        self._uniq = [self._uniq_all[self._uniq_off[j]:self._uniq_off[j + 1]] for j in range(d)]
         # codes of a block live in [block << cbits, (block + 1) << cbits): shifts, not divisions
         # at least 16 bits: then a code is exactly the low 16 bits of its field (cheap to pull
         # out of a packed key, see _order.LevelOrder.compact)
@@ -142,6 +144,9 @@ class Worker:
         self._n_nodes = T
         self._sorted: LevelOrder | None = None
         self._level_feats: np.ndarray | None = None
+        self._group: np.ndarray | None = None  # nodes of the current order (None: the level)
+        self._sketched_level: int | None = None  # level whose sketch round was answered
+        self._node_ptr: np.ndarray | None = None  # start of each node's pairs (node order)
         self._last_round: int | None = None
         self._last_reply: Reply | None = None
         self._last_digest = b""
@@ -237,11 +242,16 @@ class Worker:
                 self._p_row[keep], self._p_w[keep], self._p_node[keep])
 
     # ------------------------------------------------------------------ entry point
-    def handle(self, task: Task) -> Reply:
-        """Answer one task. Answering the same round twice returns the same reply."""
+    def handle(self, task: Task, *, digests: tuple[bytes, bytes] | None = None) -> Reply:
+        """Answer one task. Answering the same round twice returns the same reply.
+
+        ``digests``: the task's ``(digest(), question_digest())`` when the caller already
+        computed them for this very task object (an in-process federation hands one task to
+        every client); otherwise they are computed here.
+        """
         if task.job_id != self.config.job_id:
             raise ProtocolError("task belongs to another job")
-        digest = task.digest()
+        digest = task.digest() if digests is None else digests[0]
         if self._last_round is not None and task.round_id == self._last_round:
             if digest != self._last_digest:
                 raise ProtocolError(f"round {task.round_id} was already answered for another "
@@ -256,7 +266,7 @@ class Worker:
             set(task.arrays) - TASK_ARRAYS[task.kind])
         if extra:
             raise ProtocolError(f"task carries fields this client does not use: {sorted(extra)}")
-        question = task.question_digest()
+        question = task.question_digest() if digests is None else digests[1]
         if question in self._questions:
             raise RefusedRequest("this question was already answered in an earlier round; "
                                  "answering it again could isolate a client by differencing")
@@ -329,6 +339,8 @@ class Worker:
             n_nodes = int(task.params["n_nodes"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError("sketch task lacks a valid n_nodes") from exc
+        if "nodes" in task.arrays:
+            return self._sketch_group(task, n_nodes)
         feats = task.arrays.get("features")
         if feats is not None and (feats.ndim != 2 or feats.shape[0] != n_nodes
                                   or (feats >= self.config.n_features).any()):
@@ -342,9 +354,12 @@ class Worker:
         self._n_nodes = n_nodes
         self._sorted = None
         self._level_feats = None
+        self._group = None
+        self._sketched_level = None
         if self._p_node.size and self._p_node.max() >= n_nodes:
             raise ProtocolError("node count does not match routing")
         self._abstain(n_nodes)
+        self._node_ptr = None  # the pairs changed (see _group_pairs)
         totals = self._node_totals(n_nodes)
         disclosed: dict[str, np.ndarray] = {}
         want = set(task.disclose)
@@ -365,45 +380,139 @@ class Worker:
             if feats.shape[0] != n_nodes or (feats >= self.config.n_features).any():
                 raise ProtocolError("features must have one row per node and valid indices")
             self._sort_level(feats)
-            m = feats.shape[1]
             counts = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
-            if "sketch_points" in want or "top_l" in want:
-                pts = self._quantile_points(feats, int(task.params["n_points"]))
-                if "sketch_points" in want:
-                    disclosed["sketch_points"] = pts
-                    disclosed["sketch_counts"] = counts
-                if "top_l" in want:
-                    disclosed["top_l"] = self._local_top_l(feats, pts, int(task.params["top_l"]))
-            if "unique" in want:
-                ptr, vals = self._unique_values(feats, n_nodes * m)
-                disclosed["unique_ptr"] = ptr
-                disclosed["unique_vals"] = vals
+            disclosed.update(self._sketch_items(task, feats, counts))
+        self._sketched_level = level
         summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
 
-    def _sort_level(self, feats: np.ndarray) -> None:
+    def _sketch_group(self, task: Task, n_nodes: int) -> Reply:
+        """The sketch of some of the level's nodes, after the level's routing round.
+
+        The coordinator may evaluate a level's nodes in groups (each group a sketch round and
+        a histogram round): the task lists the group's nodes (``nodes``, ascending) and their
+        features, one row per listed node. Nothing is routed and no abstention is decided
+        again; the level order is built for the group's pairs only.
+        """
+        a = task.arrays
+        if self._sketched_level != task.level or task.level != self._level:
+            raise ProtocolError(f"sketch of a node group for level {task.level}, but this "
+                                f"client has not answered that level's sketch round")
+        if any(name.startswith("route_") for name in a) or n_nodes != self._n_nodes:
+            raise ProtocolError("a node group's sketch neither routes nor changes the level")
+        want = set(task.disclose)
+        if want & {"node_stats", "minmax"}:
+            raise ProtocolError("a node group's sketch discloses sketches only")
+        nodes = a["nodes"]
+        feats = a.get("features")
+        if (nodes.ndim != 1 or nodes.dtype.kind not in "iu" or nodes.size == 0
+                or nodes.min() < 0 or nodes.max() >= n_nodes
+                or (nodes.size > 1 and (np.diff(nodes) <= 0).any())):
+            raise ProtocolError("nodes must be distinct ascending node indices of the level")
+        if feats is None or feats.ndim != 2 or feats.shape[0] != nodes.size \
+                or (feats >= self.config.n_features).any():
+            raise ProtocolError("features must have one row per listed node and valid indices")
+        nodes = nodes.astype(np.int64)
+        feats = feats.astype(np.int64)
+        loc, row, w = self._group_pairs(nodes)
+        counts = np.bincount(loc, weights=w, minlength=nodes.size)
+        self._sort_level(feats, nodes, (loc, row, w))
+        del loc, row, w
+        disclosed = self._sketch_items(task, feats, counts)
+        if task.params.get("totals", True):
+            summable = self._node_totals(self._n_nodes)[nodes].ravel()
+        else:
+            summable = np.zeros(0)
+        return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
+
+    def _sketch_items(self, task: Task, feats: np.ndarray, counts: np.ndarray
+                      ) -> dict[str, np.ndarray]:
+        """The sketch disclosures the task asks, for the nodes of the current level order."""
+        want = set(task.disclose)
+        n_nodes, m = feats.shape
+        out: dict[str, np.ndarray] = {}
+        if "sketch_points" in want or "top_l" in want:
+            pts = self._quantile_points(feats, int(task.params["n_points"]))
+            if "sketch_points" in want:
+                out["sketch_points"] = pts
+                out["sketch_counts"] = counts
+            if "top_l" in want:
+                out["top_l"] = self._local_top_l(feats, pts, int(task.params["top_l"]))
+        if "unique" in want:
+            ptr, vals = self._unique_values(feats, n_nodes * m)
+            out["unique_ptr"] = ptr
+            out["unique_vals"] = vals
+        return out
+
+    def _group_pairs(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pairs of the listed nodes (ascending): their position in ``nodes``, rows and
+        weights, in the pairs' order.
+
+        On the level's first call the pairs are put in node order (a stable sort: the pairs
+        of one node keep their order, so every per-node sum is unchanged); a group is then
+        one slice of them.
+        """
+        if self._node_ptr is None:
+            node = self._p_node
+            if node.size > 1 and (node[1:] < node[:-1]).any():
+                perm = np.argsort(node, kind="stable")
+                self._p_node, self._p_row, self._p_w = node[perm], self._p_row[perm], \
+                    self._p_w[perm]
+                del perm
+            self._node_ptr = np.searchsorted(self._p_node, np.arange(self._n_nodes + 1))
+        ptr = self._node_ptr
+        first, last = int(nodes[0]), int(nodes[-1])
+        lo, hi = int(ptr[first]), int(ptr[last + 1])
+        loc = self._p_node[lo:hi] - np.int32(first)
+        row, w = self._p_row[lo:hi], self._p_w[lo:hi]
+        if nodes.size != last + 1 - first:  # nodes not listed lie in between: drop theirs
+            table = np.full(last + 1 - first, -1, dtype=np.int32)
+            table[nodes - first] = np.arange(nodes.size, dtype=np.int32)
+            loc = table[loc]
+            keep = np.flatnonzero(loc >= 0)
+            loc, row, w = loc[keep], row[keep], w[keep]
+        return loc, row, w
+
+    def _sort_level(self, feats: np.ndarray, group: np.ndarray | None = None,
+                    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         """Sort every (pair, slot) of the level by (block, code) once; later rounds reuse it.
 
         A block is one (node, feature slot). The sorted order serves the quantile sketch, the
         distinct values, and every histogram of the level: a bin is a contiguous run of it
-        (see :class:`~fedforest_secure._order.LevelOrder`).
+        (see :class:`~fedforest_secure._order.LevelOrder`). With ``group`` (ascending node
+        indices) only the pairs of those nodes are sorted, and block i * m + s belongs to
+        ``group[i]``; the pairs keep their relative order, so every block is the same as in
+        the whole level's order.
         """
-        self._sorted = LevelOrder(feats, self._p_node, self._p_row, self._p_w, self._codes,
-                                  self.n_rows, self._cbits)
+        self._sorted = None  # the old order's memory is free before the new one is built
+        if group is None:
+            node, row, w = self._p_node, self._p_row, self._p_w
+        else:
+            node, row, w = pairs if pairs is not None else self._group_pairs(group)
+        self._sorted = LevelOrder(feats, node, row, w, self._codes, self.n_rows, self._cbits)
         self._level_feats = self._sorted.feats
+        self._group = group
 
-    def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> LevelOrder:
-        """The level's sorted order, checking the features match the sketch round's."""
+    def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> tuple[LevelOrder, np.ndarray]:
+        """The level's sorted order and the positions of ``nodes`` in it, checking the
+        features match the sketch round's."""
         if self._sorted is None:
             if self._level_feats is None:
                 raise ProtocolError("no sketch round for this level yet")
-            self._sort_level(self._level_feats)  # freed after the level's last round; redo
+            # freed after the level's (or group's) last round; redo
+            self._sort_level(self._level_feats, self._group)
         order = self._sorted
         assert order is not None
-        ref = order.feats[nodes]
+        group = self._group
+        local = nodes
+        if group is not None:
+            local = np.searchsorted(group, nodes)
+            if nodes.size and (local.max() >= group.size or (group[local] != nodes).any()):
+                raise ProtocolError("histogram asks for nodes outside the last sketched group")
+        ref = order.feats[local]
         if ref.shape != feats.shape or ((feats >= 0) & (feats != ref)).any():
             raise ProtocolError("histogram features differ from the level's sketch features")
-        return order
+        return order, local
 
     def _quantile_points(self, feats: np.ndarray, n_points: int) -> np.ndarray:
         """Weighted quantile points Q(b/B_k), b = 0..B_k, per (node, slot); NaN-padded.
@@ -419,7 +528,7 @@ class Worker:
         if order.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
         # block boundaries by search (nblk queries), not by a pass over every entry
-        edges = order.search(np.arange(nblk + 1, dtype=np.int64) << self._cbits)
+        edges = order.all_edges()
         cont = np.array([k == "continuous" for k in self.config.kinds])
         fl = feats.reshape(-1)
         wanted = cont[fl.clip(0)] & (fl >= 0)
@@ -430,9 +539,11 @@ class Worker:
             if e1 == e0:
                 continue
             w = order.weights(e0, e1)
-            cw = np.cumsum(w)
+            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
+            cw0[0] = 0
+            np.cumsum(w, out=cw0[1:])
+            cw = cw0[1:]
             start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
-            cw0 = np.concatenate([[0], cw])
             before = cw0[start]
             bw = cw0[end] - before
             present = np.flatnonzero((end > start) & wanted[b0:b1])
@@ -443,10 +554,17 @@ class Worker:
                 # fewer than r rows: no point at all (a lone min or max would be a record)
                 keep = bk >= 1
                 present, bk = present[keep], bk[keep]
-            levels = b[None, :] / bk[:, None]
             valid = b[None, :] <= bk[:, None]
-            bwp = bw[present].astype(np.float64)
-            target = before[present, None] + np.maximum(levels * bwp[:, None], 0.5)
+            # Q(b / B_k) is the first entry whose cumulative weight within the block reaches
+            # b n / B_k (at least 1: Q(0) is the minimum), i.e. the integer ceil(b n / B_k):
+            # exact integer arithmetic (as _sketch.client_quantiles), offset by the weight
+            # before the block, so a block's points never depend on its neighbours
+            bwi = bw[present].astype(np.int64)
+            target = b[None, :] * bwi[:, None]
+            target += (bk - 1)[:, None]
+            target //= bk[:, None]
+            np.maximum(target, 1, out=target)
+            target += before[present, None].astype(np.int64)
             idx = first_reaching(cw, target.ravel()).reshape(target.shape)
             del w, cw, target
             np.minimum(idx, (end[present] - 1)[:, None], out=idx)
@@ -485,7 +603,10 @@ class Worker:
         thr[dup] = np.inf
         thr.sort(axis=2)
         cat = np.array([k == "categorical" for k in self.config.kinds])
-        hist = self._hist(np.arange(n_nodes), feats, self._cat_thresholds(feats, thr, cat))
+        level_order = self._sorted
+        assert level_order is not None
+        hist = self._hist(level_order, np.arange(n_nodes), feats,
+                          self._cat_thresholds(feats, thr, cat))
         gain = self._gains_from_hist(hist)
         best = np.where(np.isfinite(gain), gain, -np.inf).max(axis=2)  # (n_nodes, m)
         best[feats < 0] = -np.inf
@@ -507,17 +628,17 @@ class Worker:
         return out
 
     # ------------------------------------------------------------------ histogram round
-    def _hist(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+    def _hist(self, order: LevelOrder, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
               counts_only: bool = False) -> np.ndarray:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
         Each bin is a contiguous run of the level's sorted order, so its statistics are one
         segment sum (``np.add.reduceat``): no per-row search, no cancellation across bins.
+        ``nodes`` are the positions of the evaluated nodes in ``order`` (ascending).
         """
         n_eval, m = feats.shape
         nb = thr.shape[2] + 1
         S = 1 if counts_only else self.config.n_stats
-        order = self._sorted_for(feats, nodes)
         stride = self._ustride
         blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
         # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
@@ -531,9 +652,11 @@ class Worker:
         for j in np.unique(fl[fl >= 0]):
             sel = np.flatnonzero(fl == j)
             t = thr2[sel]
+            # +inf (padding) maps past the last code, so its bin runs to the end of the block
             c = np.searchsorted(self._uniq[j], t, side="right")
-            fin = np.isfinite(t)
-            cutkey[sel] = np.where(fin, c, stride - 1)
+            if t.size and t[:, 0].min() == -np.inf:  # -inf: no cut either (they ascend)
+                c[t == -np.inf] = stride - 1
+            cutkey[sel] = c
         cutkey += (blk << self._cbits)[:, None]
         sums = np.zeros((blk.size, nb, S))
         edges = np.append(starts, ends[-1] if blk.size else 0)
@@ -556,7 +679,8 @@ class Worker:
                 seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
                 part[:, :, c] = seg
             del cols
-            part[pos[:, 1:] <= pos[:, :-1]] = 0.0  # empty runs
+            empty = pos[:, 1:] <= pos[:, :-1]  # empty runs (reduceat gives an element)
+            np.copyto(part, 0.0, where=empty[:, :, None])
         sums = sums.reshape(n_eval, m, nb, S)
         sums[feats < 0] = 0.0
         return sums
@@ -626,7 +750,8 @@ class Worker:
         if thr.shape[2] and (thr[:, :, 1:] < thr[:, :, :-1]).any():
             raise ProtocolError("thresholds must be sorted per node and slot")
         mode = task.params.get("stats", "full")
-        hist = self._hist(nodes, feats, thr, counts_only=mode == "count")
+        order, local = self._sorted_for(feats, nodes)
+        hist = self._hist(order, local, feats, thr, counts_only=mode == "count")
         if mode == "full":
             vec = hist
         elif mode == "count":

@@ -16,22 +16,53 @@ worker and the coordinator, not re-exported).
 
 from __future__ import annotations
 
-from .accountant import PrivacyAccountant, Spend
-from .dp import (
-    ChaChaRandom,
-    NoisePlan,
-    add_distributed_noise,
-    central_sigma,
-    min_survivors,
-    plan_distributed_noise,
-    require_dp_ready,
-    rho_for,
-    sample_discrete_gaussian,
-    zcdp_delta,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# profiles are needed by every job; the DP machinery (diffprivlib, SciPy, cryptography's
+# ChaCha20) is imported on first use of one of its names, so an open-profile job never loads it
 from .profile import DPConfig, PrivacyProfile, available_profiles, load_profile
-from .rules import abstains, adaptive_n_bins, check_profile_schema
-from .sensitivity import Sensitivity, histogram_sensitivity
+
+if TYPE_CHECKING:
+    from .accountant import PrivacyAccountant, Spend
+    from .dp import (
+        ChaChaRandom,
+        NoisePlan,
+        add_distributed_noise,
+        central_sigma,
+        min_survivors,
+        plan_distributed_noise,
+        require_dp_ready,
+        rho_for,
+        sample_discrete_gaussian,
+        zcdp_delta,
+    )
+    from .rules import abstains, adaptive_n_bins, check_profile_schema
+    from .sensitivity import Sensitivity, histogram_sensitivity
+
+_LAZY = {
+    "PrivacyAccountant": "accountant", "Spend": "accountant",
+    "ChaChaRandom": "dp", "NoisePlan": "dp", "add_distributed_noise": "dp",
+    "central_sigma": "dp", "min_survivors": "dp", "plan_distributed_noise": "dp",
+    "require_dp_ready": "dp", "rho_for": "dp", "sample_discrete_gaussian": "dp",
+    "zcdp_delta": "dp",
+    "abstains": "rules", "adaptive_n_bins": "rules", "check_profile_schema": "rules",
+    "Sensitivity": "sensitivity", "histogram_sensitivity": "sensitivity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ChaChaRandom",
