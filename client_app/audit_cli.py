@@ -75,9 +75,13 @@ def verify(
     receipts: Annotated[Path | None, typer.Option(
         "--receipts", help="Directory of client receipts (*.jsonl) to cross-check.")] = None,
     job: JobOption = None,
+    replay: Annotated[bool, typer.Option(
+        "--replay", help="Also replay every round through the coordinator: each logged task "
+        "digest and the model digest must follow from the logged configuration and "
+        "aggregates.")] = False,
 ) -> None:
     """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees."""
-    report = verify_log(db, receipts_dir=receipts, job_id=job)
+    report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
     for problem in report.problems:
         typer.echo(f"PROBLEM {problem}")
     summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
 from fedforest_secure.protocol import Reply, Task, TaskKind
+from server_app.sealed import SealedTask
 from server_app.uploads import make_upload
 
 from .data import load_site_table, schema_sha256
@@ -294,9 +295,12 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
         r = int(o["round_id"])
         if task is None or task.round_id != r:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
-            if hashlib.sha256(body).hexdigest() != o.get("task_digest"):
+            digest = hashlib.sha256(body).digest()
+            if digest.hex() != o.get("task_digest"):
                 raise ProtocolError(f"round {r}: the task does not match its announced digest")
-            task = Task.from_bytes(body)
+            # hashed and packed once: the worker, the round setup check and the upload header
+            # all ask for its digest
+            task = SealedTask.from_wire(body, digest)
             if task.job_id != job or task.round_id != r:
                 raise ProtocolError("the server sent a task of another job or round")
             reply = vector = None
@@ -334,10 +338,10 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
 
 
 def _check_task(body: bytes, headers: Any, job: str) -> Task:
-    digest = hashlib.sha256(body).hexdigest()
-    if headers.get("X-FedForest-Task-Digest") not in (None, digest):
+    digest = hashlib.sha256(body).digest()
+    if headers.get("X-FedForest-Task-Digest") not in (None, digest.hex()):
         raise ProtocolError("task digest header does not match the task body")
-    task = Task.from_bytes(body)
+    task = SealedTask.from_wire(body, digest)
     if task.job_id != job:
         raise ProtocolError("the server sent a task of another job")
     return task
@@ -350,9 +354,10 @@ def _replay(tr: Transport, job: str, worker: Any) -> None:
         if r["status"] != "closed" or r["kind"] != TaskKind.SKETCH.value:
             continue
         body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r['round_id']}/task").content
-        if hashlib.sha256(body).hexdigest() != r["task_digest"]:
+        digest = hashlib.sha256(body).digest()
+        if digest.hex() != r["task_digest"]:
             raise ProtocolError(f"round {r['round_id']}: task does not match its digest")
-        worker.handle(Task.from_bytes(body))
+        worker.handle(SealedTask.from_wire(body, digest))
 
 
 def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:

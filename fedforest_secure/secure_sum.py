@@ -34,10 +34,13 @@ class StatCodec:
     """Scale then fixed-point-encode one round's summable vector."""
 
     ring: RingCodec
-    scale: np.ndarray
+    scale: np.ndarray | float  # per entry, or one for all
 
     def encode(self, values: np.ndarray) -> np.ndarray:
-        return self.ring.encode(np.asarray(values, dtype=np.float64) / self.scale)
+        vals = np.asarray(values, dtype=np.float64)
+        if isinstance(self.scale, float) and self.scale == 1.0:
+            return self.ring.encode(vals)  # v / 1.0 == v exactly: no pass, no temporary
+        return self.ring.encode(vals / self.scale)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         return self.ring.decode(total) * self.scale
@@ -70,7 +73,6 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
     hit = _CODEC_CACHE.get(key)
     if hit is not None:
         return hit
-    kinds = kinds_vector(task.layout)
     frac = int(config.profile.get("frac_bits", 24))
     scales = _scales(config)
     per_kind_scale = np.array([scales[k.value] for k in StatKind])
@@ -78,8 +80,19 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
                              dtype=np.int64)
     per_kind_max = np.array([_MAX_COUNT if k is StatKind.COUNT else _MAX_ROWS
                              for k in StatKind])
-    ring = RingCodec(per_kind_bits[kinds], per_kind_max[kinds], max(config.n_clients, 1))
-    codec = StatCodec(ring=ring, scale=per_kind_scale[kinds])
+    # per block, its columns' kinds once per row: the codec tiles them (no per-entry gathers)
+    runs = [([kind_code(k) for k in b.kinds], b.size // len(b.kinds)) for b in task.layout
+            if b.kinds]
+    ring = RingCodec._from_runs(runs, per_kind_bits, per_kind_max, max(config.n_clients, 1))
+    used = sorted({c for pattern, rows in runs if rows for c in pattern})
+    scale: np.ndarray | float
+    if len({float(per_kind_scale[c]) for c in used}) == 1:
+        scale = float(per_kind_scale[used[0]])  # one scale for every entry (e.g. counts only)
+    elif used:
+        scale = np.concatenate([np.tile(per_kind_scale[p], r) for p, r in runs if r])
+    else:
+        scale = np.ones(0)
+    codec = StatCodec(ring=ring, scale=scale)
     if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
         _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
     _CODEC_CACHE[key] = codec

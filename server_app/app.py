@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .audit_hook import AuditSink, NullAudit
-from .auth import authenticate
+from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError
 from .runtime import ServerState
@@ -92,13 +92,54 @@ async def _client(request: Request,
                   ) -> ClientRow:
     if creds is None or creds.scheme.lower() != "bearer":
         raise ApiError(401, "unauthenticated", "send 'Authorization: Bearer <token>'")
-    row = await run_in_threadpool(authenticate, request.app.state.db, creds.credentials)
+    tokens: TokenCache = request.app.state.tokens
+    known, row = tokens.lookup(creds.credentials)  # no I/O: on the event loop
+    if not known:
+        row = await run_in_threadpool(tokens, creds.credentials)
     if row is None:
         raise ApiError(401, "unauthenticated", "unknown or revoked token")
     return row
 
 
 Client = Annotated[ClientRow, Depends(_client)]
+
+
+_FIRST_BUFFER = 16 << 20  # bytes allocated before any arrives, whatever the Content-Length
+
+
+async def _read_body(request: Request, length: int | None, limit: int) -> bytearray:
+    """The request body in one buffer, each chunk copied into place once.
+
+    Uploads run to tens of MB in chunks of 64 KB: appending chunk by chunk to a growing buffer
+    copies it over and over. With a Content-Length the buffer is sized for it, first at most
+    :data:`_FIRST_BUFFER` (a claimed length allocates nothing until the data comes) and then
+    doubled as data arrives; without one it grows, up to ``limit`` bytes."""
+    if length is None:
+        grown = bytearray()
+        async for chunk in request.stream():
+            grown += chunk
+            if len(grown) > limit:
+                raise ApiError(413, "too_large", f"uploads are at most {limit} bytes")
+        return grown
+    body = bytearray(min(length, _FIRST_BUFFER))
+    view, pos = memoryview(body), 0
+    try:
+        async for chunk in request.stream():
+            end = pos + len(chunk)
+            if end > length:
+                raise ApiError(400, "malformed_upload", "the body is longer than its "
+                               "Content-Length")
+            if end > len(body):
+                view.release()  # a bytearray cannot grow while a view of it exists
+                body += bytes(min(length, max(2 * len(body), end)) - len(body))
+                view = memoryview(body)
+            view[pos:end] = chunk
+            pos = end
+    finally:
+        view.release()
+    if pos != length:
+        raise ApiError(400, "malformed_upload", "the body is shorter than its Content-Length")
+    return body
 
 
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,
@@ -127,6 +168,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
     app.state.server = st
     app.state.db = db
+    app.state.tokens = TokenCache(db)
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
@@ -263,13 +305,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_upload_bytes):
             raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_upload_bytes:
-                raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
-        out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id,
-                                                      bytes(body))
+        body = await _read_body(request, None if length is None else int(length),
+                                max_upload_bytes)
+        out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id, body)
         if next_wait > 0:  # secure jobs: the next step of secure aggregation, long-polled
             try:
                 out["next"] = await _secagg_offer(c, job_id, next_wait)

@@ -11,12 +11,15 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
+from collections.abc import Callable
 
 from sqlalchemy import select
 
 from .db import ClientRow, Database
 
-__all__ = ["TokenError", "add_client", "authenticate", "hash_secret", "new_token"]
+__all__ = ["TokenCache", "TokenError", "add_client", "authenticate", "hash_secret", "new_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -62,3 +65,46 @@ def authenticate(db: Database, token: str) -> ClientRow | None:
     expected = row.token_hash if row is not None else hash_secret("no such token")
     ok = hmac.compare_digest(expected, hash_secret(secret))
     return row if (ok and row is not None) else None
+
+
+class TokenCache:
+    """:func:`authenticate` that keeps the row of a token it accepted for ``ttl`` seconds.
+
+    Every request carries the token: the secret is still hashed and compared in constant time
+    against the stored hash on every call, only the database lookup of the row is skipped
+    while the entry is fresh (clients are never deleted by the server itself; a row removed
+    from the database stops authenticating after at most ``ttl`` seconds). Unknown or wrong
+    tokens are never cached. :meth:`lookup` answers from the cache only, without I/O, so the
+    server can call it on its event loop.
+    """
+
+    def __init__(self, db: Database, ttl: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.db, self.ttl, self.clock = db, ttl, clock
+        self._rows: dict[str, tuple[ClientRow, float]] = {}
+        self._mu = threading.Lock()
+
+    def lookup(self, token: str) -> tuple[bool, ClientRow | None]:
+        """``(True, row or None)`` if the cache can answer, ``(False, None)`` if not."""
+        match = _TOKEN_RE.match(token)
+        if match is None:
+            return False, None
+        token_id, secret = match.groups()
+        with self._mu:
+            hit = self._rows.get(token_id)
+        if hit is None or self.clock() - hit[1] >= self.ttl:
+            return False, None
+        row = hit[0]
+        ok = hmac.compare_digest(row.token_hash, hash_secret(secret))
+        return True, (row if ok else None)
+
+    def __call__(self, token: str) -> ClientRow | None:
+        known, row = self.lookup(token)
+        if known:
+            return row
+        row = authenticate(self.db, token)
+        match = _TOKEN_RE.match(token)
+        if row is not None and match is not None:
+            with self._mu:
+                self._rows[match.group(1)] = (row, self.clock())
+        return row

@@ -88,8 +88,6 @@ class RoundRow(Base):
     round_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
     level: Mapped[int] = mapped_column(Integer)
-    # big columns are deferred (loaded on first access): a status poll must not read vectors
-    task_blob: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     task_digest: Mapped[str] = mapped_column(String(64))
     encoding: Mapped[str] = mapped_column(String(8))  # "float64" | "uint64"
     participants_json: Mapped[str] = mapped_column(Text)  # client indices asked
@@ -98,13 +96,18 @@ class RoundRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="open")  # open|closed
     phase: Mapped[str] = mapped_column(String(16), default="upload")  # secagg stage or upload
     dropped_json: Mapped[str] = mapped_column(Text, default="[]")  # dropped during this round
+    contributors_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    closed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Big columns are deferred (loaded on first access: a status poll must not read vectors)
+    # and come last in the row: SQLite reaches a column stored after a blob of tens of MB
+    # by walking the blob's chain of overflow pages, so a small column declared after a task
+    # blob made every read of the round's status or phase cost a walk over the whole task.
+    task_blob: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     running_sum: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     aggregate: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True,
                                                     deferred=True)  # packed float64
     disclosed_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True,
                                                          deferred=True)
-    contributors_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    closed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class UploadRow(Base):

@@ -46,6 +46,7 @@ from .audit_hook import AuditSink
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
 from .jobspec import JobSpec, build_config, default_min_clients
+from .sealed import SealedTask, seal
 from .secagg_bridge import SecAggBridge, SecureRound, StoredRound
 from .settings import ConfigError
 from .uploads import ParsedUpload, check_against_task, parse_upload
@@ -65,7 +66,8 @@ class JobRuntime:
     min_clients: int
     deadline_s: float
     coord: Any = None
-    task: Task | None = None
+    #: The open round's task, sealed: packed and hashed once, the same bytes for every client
+    task: SealedTask | None = None
     codec: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -103,6 +105,11 @@ class ServerState:
         self.generation = 0
         self._rts: dict[str, JobRuntime] = {}
         self._dirty: set[str] = set()
+        #: Per job, a time before which no deadline of its open round can pass (see
+        #: :meth:`_tick_if_due`); absent when unknown.
+        self._due: dict[str, float] = {}
+        self._sweep_due = True  # spooled uploads of closed rounds may be left: sweep
+        self._ticks = 0
         self.started_at = clock()
 
     def _deadline_at(self, rr: RoundRow, job: JobRow) -> float:
@@ -169,6 +176,9 @@ class ServerState:
             "profile": config.profile,
             "clients": spec.clients, "min_clients": min_clients,
             "round_deadline": spec.round_deadline,
+            # the coordinator's whole input besides the aggregates: a verifier replays the
+            # rounds with it (``fedforest audit verify --replay``)
+            "config": json.loads(config.to_json()),
         })
         return job
 
@@ -310,7 +320,8 @@ class ServerState:
                     return TaskOffer("wait", round_id=rr.round_id,
                                      detail="upload received; waiting for the other clients")
                 seq, head = self._tip(job_id)
-                return TaskOffer("task", round_id=rr.round_id, body=rr.task_blob,
+                return TaskOffer("task", round_id=rr.round_id,
+                                 body=self._task_body(job_id, rr.round_id, rr),
                                  digest=rr.task_digest,
                                  deadline_in=max(0.0, self._deadline_at(rr, job)
                                                  - self.clock()),
@@ -456,10 +467,24 @@ class ServerState:
         """Any task this job issued (clients replay earlier sketch tasks after a restart)."""
         with self.db.session() as sess:
             self._member(sess, client, job_id)
+            body = self._task_body(job_id, round_id)
+            if body is not None:
+                return body
             rr = sess.get(RoundRow, (job_id, round_id))
             if rr is None:
                 raise ApiError(404, "unknown_round", f"round {round_id} was not issued")
             return rr.task_blob
+
+    def _task_body(self, job_id: str, round_id: int, rr: RoundRow | None = None
+                   ) -> bytes | None:
+        """The open round's task bytes from memory (every client gets the same bytes object,
+        nothing is read from the database); with ``rr``, that row's stored bytes otherwise.
+        None if round ``round_id`` is not the open round held in memory and no row is given."""
+        rt = self._rts.get(job_id)
+        task = rt.task if rt is not None else None
+        if task is not None and task.round_id == round_id:
+            return task.to_bytes()
+        return rr.task_blob if rr is not None else None
 
     def audit_log(self, client: ClientRow, job_id: str) -> str:
         """A member's copy of its job's audit log (JSON lines). Other jobs' logs are not
@@ -476,7 +501,7 @@ class ServerState:
             return job.model_json
 
     # ------------------------------------------------------------------ uploads
-    def upload(self, client: ClientRow, job_id: str, round_id: int, body: bytes
+    def upload(self, client: ClientRow, job_id: str, round_id: int, body: bytes | bytearray
                ) -> dict[str, Any]:
         up = parse_upload(body)
         if up.job_id != job_id or up.round_id != round_id:
@@ -637,21 +662,38 @@ class ServerState:
                                disclosed=disclosed))
 
     # ------------------------------------------------------------------ closing rounds
-    def tick(self) -> None:
-        """Apply deadlines and finish rounds whose uploads are all in (called periodically)."""
-        with self.db.session() as sess:
-            ids = list(sess.scalars(select(JobRow.id).where(JobRow.status == "running")))
+    def tick(self, *, full_every: int = 5) -> None:
+        """Apply deadlines and finish rounds whose uploads are all in (called periodically).
+
+        Between deadlines a tick costs no query (:meth:`_tick_if_due`); every ``full_every``-th
+        tick re-reads every running job from the database (a fallback: the message that
+        completes a phase closes it itself). Spooled uploads are swept after a round closed."""
+        self._ticks += 1
+        full = self._ticks % max(full_every, 1) == 1 or full_every <= 1
+        if full:
+            with self.db.session() as sess:
+                ids = list(sess.scalars(select(JobRow.id).where(JobRow.status == "running")))
+        else:
+            ids = list(self._due)
         for job_id in ids:
             with self.lock:
-                self._tick_job(job_id)
+                if full:
+                    self._tick_job(job_id)
+                else:
+                    self._tick_if_due(job_id)
             self._notify(job_id)  # after the commit: a deadline may have moved the job on
-        with self.lock:
-            self._sweep_spool()
+        if self._sweep_due or full:
+            with self.lock:
+                self._sweep_due = False
+                self._sweep_spool()
 
     def _tick_if_due(self, job_id: str) -> None:
         """What a request does before it answers: apply the open round's deadline if it has
         passed (one small query). Closing complete rounds is left to the message that
         completes them and to the periodic :meth:`tick`."""
+        due = self._due.get(job_id)
+        if due is not None and self.clock() < due:
+            return  # no deadline can have passed yet: no query
         with self.db.session() as sess:
             row = sess.execute(select(JobRow.status, JobRow.round_deadline_s, RoundRow.status,
                                       RoundRow.deadline_at).join(RoundRow, (
@@ -659,9 +701,17 @@ class ServerState:
                                           RoundRow.round_id == JobRow.current_round))
                                .where(JobRow.id == job_id)).first()
         if row is None or row[0] != "running" or row[2] != "open":
+            self._due.pop(job_id, None)
             return
-        if self.clock() >= max(row[3], self.started_at + row[1]):
+        at = max(row[3], self.started_at + row[1])
+        if self.clock() >= at:
+            self._due.pop(job_id, None)
             self._deadline(job_id)
+        else:
+            # Deadlines only move later (each phase and round sets now + the job's fixed
+            # round deadline), so this one is a lower bound for every later one of the job;
+            # the periodic tick reads the database in any case.
+            self._due[job_id] = at
 
     def _tick_job(self, job_id: str) -> None:
         with self.db.session() as sess:
@@ -810,6 +860,7 @@ class ServerState:
         rr.running_sum = None
         for u in uploads.values():
             u.summable = None
+        self._sweep_due = True
         if secure is not None:  # the round's relay state is not needed once its sum is out
             sess.execute(delete(SecAggMessageRow).where(
                 SecAggMessageRow.job_id == job.id, SecAggMessageRow.round_id == rr.round_id))
@@ -846,8 +897,14 @@ class ServerState:
                      disclosed: dict[int, dict[str, np.ndarray]],
                      secure: SecureRound | None = None) -> None:
         names = [rt.names[i] for i in contributors]
-        arrays = {"aggregate": total, **{f"task/{k}": v for k, v in task.arrays.items()}}
-        extra: dict[str, Any] = {}
+        # The aggregate in full; the task by its digest (the exact bytes every client hashed
+        # and bound its masks to) and the shape of its arrays. Its arrays are as large as the
+        # aggregate (per-node thresholds) and follow from the configuration and the earlier
+        # aggregates: `fedforest audit verify --replay` recomputes each task and checks it.
+        arrays = {"aggregate": total}
+        extra: dict[str, Any] = {"task_arrays": {
+            k: {"dtype": np.asarray(v).dtype.str, "shape": list(np.shape(v))}
+            for k, v in sorted(task.arrays.items())}}
         if secure is not None:
             req = secure.request
             extra["secagg"] = {
@@ -880,8 +937,8 @@ class ServerState:
             self._fail(sess, job, f"only {len(active)} clients remain, fewer than the required "
                        f"{job.min_clients}; training stopped", None)
             return
-        task = rt.coord.next_task()
-        if task is None:
+        issued = rt.coord.next_task()
+        if issued is None:
             model = rt.coord.result()
             text = model.to_json()
             job.model_json = text
@@ -893,6 +950,7 @@ class ServerState:
             _log.info("job %s done: model %s (server CPU so far %.1f s)", job.id,
                       job.model_digest, time.process_time())
             return
+        task = seal(issued)  # packed and hashed once for the row, the round setup and clients
         if task.round_id <= job.current_round:
             raise RuntimeError("the coordinator issued a round id that is not increasing")
         now = self.clock()
@@ -905,6 +963,7 @@ class ServerState:
                           deadline_at=now + job.round_deadline_s, status="open",
                           phase="upload", dropped_json="[]"))
         job.current_round = task.round_id
+        self._due[job.id] = now + job.round_deadline_s  # a lower bound (see _tick_if_due)
         rt.task = task
         rt.codec = engine.make_codec(rt.config, task) if ring else None
         bridge = rt.extra.get("secagg")
@@ -968,7 +1027,8 @@ class ServerState:
 
     def _replay(self, rt: JobRuntime, rounds: list[RoundRow], sess: Any) -> None:
         for rr in rounds:
-            task = rt.coord.next_task()
+            issued = rt.coord.next_task()
+            task = seal(issued) if issued is not None else None
             if task is None or task.round_id != rr.round_id or task.digest().hex() != \
                     rr.task_digest:
                 raise RuntimeError(f"replayed task of round {rr.round_id} does not match the "
@@ -1089,3 +1149,4 @@ class _Evict:
         if exc_type is not None and not (isinstance(exc_type, type)
                                          and issubclass(exc_type, ApiError)):
             self.state._rts.pop(self.job_id, None)
+            self.state._due.pop(self.job_id, None)  # the rolled-back round's deadline is back

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -53,10 +54,11 @@ def make_upload(task: Task, summable: np.ndarray, disclosed: dict[str, np.ndarra
     return pack(header, {SUMMABLE: summable, **disclosed})
 
 
-def parse_upload(body: bytes) -> ParsedUpload:
+def parse_upload(body: bytes | bytearray) -> ParsedUpload:
     """Decode an upload body; any defect is a 400 that says no more than necessary."""
     try:
-        header, arrays = unpack(body)
+        # unpack reads any buffer (the server hands it the bytearray it read, uncopied)
+        header, arrays = unpack(cast(bytes, body))
     except InvalidMessage as exc:
         raise ApiError(400, "malformed_upload", "the body is not a valid upload message") from exc
     if header.get("type") != "upload" or SUMMABLE not in arrays:

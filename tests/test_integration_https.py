@@ -129,10 +129,11 @@ def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir) -> Non
     assert trees(got) == trees(reference(fed))
     receipts = (fed.root / "state" / "client-0" / "receipts.jsonl").read_text().splitlines()
     assert len(receipts) >= 2 and "upload_sha256" in json.loads(receipts[0])
-    # the audit log verifies against every client's receipts, and shows the open profile's
-    # per-client plaintext: unmasked rounds and the disclosed quantile sketches
+    # the audit log verifies against every client's receipts, replays (tasks and model follow
+    # from the logged aggregates and disclosures), and shows the open profile's per-client
+    # plaintext: unmasked rounds and the disclosed quantile sketches
     report = verify_log(fed.root / "audit.db", receipts_dir=collect_receipts(
-        fed.root, fed.root / "state"))
+        fed.root, fed.root / "state"), replay=True)
     assert report.ok, report.problems
     assert report.receipts_checked == 3 * len(receipts)
     with AuditLog(fed.root / "audit.db", create=False) as log:

@@ -47,12 +47,14 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     got = ForestModel.from_json((fed.root / "client-2.model.json").read_text())
     assert trees(got) == trees(reference(fed))  # the in-process run also masks (same profile)
     receipts = collect_receipts(fed.root, fed.root / "state")
-    report = verify_log(fed.root / "audit.db", receipts_dir=receipts)
+    report = verify_log(fed.root / "audit.db", receipts_dir=receipts, replay=True)
     assert report.ok, report.problems
     rounds = _round_entries(fed.root / "audit.db")
     assert rounds and report.receipts_checked == 3 * len(rounds)
     assert all(e.payload["masked"] is True for e in rounds)
     assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
+    # each round: the aggregate in full, the task by its digest and the shape of its arrays
+    assert all(set(e.arrays) == {"aggregate"} and e.payload["task_arrays"] for e in rounds)
     with AuditLog(fed.root / "audit.db", create=False) as log:
         assert contains_per_client_plaintext(log, "job-a") == []
         joined = [e for e in log.entries(job_id="job-a") if e.kind == "client_joined"]
@@ -92,7 +94,8 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     assert "client-4" not in rounds[-1].payload["clients"]
     assert all(e.payload["masked"] is True for e in rounds)
     report = verify_log(fed.root / "audit.db",
-                        receipts_dir=collect_receipts(fed.root, fed.root / "state"))
+                        receipts_dir=collect_receipts(fed.root, fed.root / "state"),
+                        replay=True)
     assert report.ok, report.problems
 
 
@@ -154,5 +157,6 @@ def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
                                                              for e in rounds})
     assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
     report = verify_log(fed.root / "audit.db",
-                        receipts_dir=collect_receipts(fed.root, fed.root / "state"))
+                        receipts_dir=collect_receipts(fed.root, fed.root / "state"),
+                        replay=True)
     assert report.ok, report.problems

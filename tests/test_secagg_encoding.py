@@ -165,3 +165,47 @@ def test_block_encoder_fills_any_slice() -> None:
     assert np.array_equal(out, codec.encode(x))
     with pytest.raises(ValueError):
         codec.block_encoder(np.zeros(n + 1))
+
+
+def _same_codec(fast: RingCodec, slow: RingCodec) -> None:
+    assert np.array_equal(fast.frac_bits, slow.frac_bits)
+    assert np.array_equal(fast.max_abs, slow.max_abs)
+    assert fast.size == slow.size and fast.n_clients == slow.n_clients
+    assert fast._bounded == slow._bounded
+    for a, b in ((fast._scale, slow._scale), (fast._limit, slow._limit)):
+        assert type(a) is type(b) or np.array_equal(np.broadcast_to(a, (fast.size,)), b)
+        assert np.array_equal(np.broadcast_to(a, (fast.size,)), np.broadcast_to(b, (fast.size,)))
+
+
+@pytest.mark.parametrize("runs", [
+    [([0], 7)],                                  # counts only: every entry alike
+    [([0, 1, 2], 5)],                            # count, sum, sum of squares per row
+    [([0], 3), ([0, 1, 2], 4), ([3], 2)],        # several blocks, mixed
+    [([1], 0), ([0, 1], 3)],                     # an empty block
+    [],                                          # no entries at all
+])
+def test_codec_from_runs_equals_the_per_entry_codec(runs: list) -> None:
+    bits = np.array([0, 20, 16, 20])
+    bound = np.array([2.0**36, 2.0**28, 2.0**28, 2.0**28])
+    codes = np.array([c for pattern, reps in runs for _ in range(reps) for c in pattern],
+                     dtype=np.intp)
+    fast = RingCodec._from_runs(runs, bits, bound, 10)
+    slow = RingCodec(bits[codes], bound[codes], 10)
+    _same_codec(fast, slow)
+    x = np.random.default_rng(5).uniform(-1e3, 1e3, codes.size)
+    assert np.array_equal(fast.encode(x), slow.encode(x))
+    assert np.array_equal(fast.decode(fast.encode(x) * np.uint64(3)),
+                          slow.decode(slow.encode(x) * np.uint64(3)))
+    if codes.size:
+        x[-1] = 2.0**40  # out of every bound: the same error, the same index
+        with pytest.raises(OverflowRisk, match=rf"value\[{codes.size - 1}\]"):
+            fast.encode(x)
+
+
+def test_codec_from_runs_checks_its_table() -> None:
+    with pytest.raises(OverflowRisk, match="overflow"):
+        RingCodec._from_runs([([0], 2)], np.array([62]), np.array([1.0]), 2)
+    with pytest.raises(ValueError, match="run"):
+        RingCodec._from_runs([([3], 2)], np.array([0, 20]), np.array([1.0, 1.0]), 2)
+    with pytest.raises(ValueError):
+        RingCodec._from_runs([([0], 2)], np.array([0.5]), np.array([1.0]), 2)

@@ -206,3 +206,93 @@ def test_plain_http_refused_off_loopback(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=False)
     check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=True)
+
+
+def test_open_and_closed_round_tasks_are_the_stored_bytes(env: dict) -> None:
+    """The open round's task is served from memory (the same bytes to every client), a closed
+    round's from the database: either way the exact bytes whose digest the round announced."""
+    infos = join_all(env)
+    http = env["http"]
+    first = http.get("/v1/jobs/job-a/task", headers=auth(env["tokens"][0]))
+    task = Task.from_bytes(first.content)
+    digest = hashlib.sha256(first.content).hexdigest()
+    assert first.headers["X-FedForest-Task-Digest"] == digest == task.digest().hex()
+    for k in range(K):
+        again = http.get(f"/v1/jobs/job-a/rounds/{task.round_id}/task",
+                         headers=auth(env["tokens"][k]))
+        assert again.content == first.content
+    for k in range(K):  # close the round
+        assert upload(env, k, task.round_id, reply_body(env, infos[k], k, task)
+                      ).status_code == 200
+    assert get_task(env, 0).round_id > task.round_id
+    closed = http.get(f"/v1/jobs/job-a/rounds/{task.round_id}/task",
+                      headers=auth(env["tokens"][1]))
+    assert closed.content == first.content
+    with env["db"].session() as s:
+        assert s.get(RoundRow, ("job-a", task.round_id)).task_blob == first.content
+
+
+def test_an_upload_larger_than_the_first_buffer_is_read_whole(
+        env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body buffer starts small whatever the Content-Length claims, and doubles."""
+    import server_app.app as app_module
+
+    monkeypatch.setattr(app_module, "_FIRST_BUFFER", 100)
+    infos = join_all(env)
+    task = get_task(env, 0)
+    body = reply_body(env, infos[0], 0, task)
+    assert len(body) > 400  # grows at least twice
+    r = upload(env, 0, task.round_id, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["upload_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_an_upload_without_content_length_is_read_whole(env: dict) -> None:
+    """A chunked upload (no Content-Length) is read into a growing buffer: same receipt."""
+    infos = join_all(env)
+    task = get_task(env, 0)
+    body = reply_body(env, infos[0], 0, task)
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    r = env["http"].post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=chunks(),
+                         headers={**auth(env["tokens"][0]),
+                                  "Content-Type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    assert r.json()["upload_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_a_cached_token_still_needs_its_secret(env: dict) -> None:
+    http, token = env["http"], env["tokens"][0]
+    assert http.get("/v1/me", headers=auth(token)).status_code == 200  # cached from here on
+    wrong = token[:-1] + ("A" if token[-1] != "A" else "B")
+    r = http.get("/v1/me", headers=auth(wrong))
+    assert r.status_code == 401 and r.json()["error"] == "unauthenticated"
+    assert http.get("/v1/me", headers=auth(token)).json()["name"] == "client-0"
+
+
+def test_token_cache_forgets_a_revoked_token_after_its_ttl(env: dict) -> None:
+    from server_app.auth import TokenCache, hash_secret
+    from server_app.db import ClientRow
+
+    now = [0.0]
+    cache = TokenCache(env["db"], ttl=10.0, clock=lambda: now[0])
+    token = env["tokens"][1]
+    assert cache(token).name == "client-1"
+    with env["db"].session() as s:  # an operator revokes the token in the database
+        s.scalar(select(ClientRow).where(ClientRow.name == "client-1")).token_hash = \
+            hash_secret("a new secret")
+    assert cache(token).name == "client-1"  # within the TTL: the row is not read again
+    now[0] = 10.0
+    assert cache(token) is None
+    assert cache.lookup("not a token") == (False, None)
+
+
+def test_round_blobs_are_stored_after_the_small_columns() -> None:
+    """SQLite reaches a column stored after a blob by walking the blob's overflow pages: the
+    round's status and phase (read by every request) must come before its vectors."""
+    names = [c.name for c in RoundRow.__table__.columns]
+    blobs = ["task_blob", "running_sum", "aggregate", "disclosed_blob"]
+    assert names[-len(blobs):] == blobs

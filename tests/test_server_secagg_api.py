@@ -320,3 +320,19 @@ def test_a_retry_after_a_restart_is_idempotent_and_a_changed_message_conflicts(
     assert offer(env, 0)["action"] == "wait"  # counted once: nothing more is owed
     for db in env.get("extra_dbs", []):
         db.dispose()
+
+
+def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: dict) -> None:
+    """Requests skip the deadline query while no deadline can have passed (a cached lower
+    bound); once the clock passes it, the next request applies it (the ticker is idle here)."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K - 1):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    env["clock"].now += 29  # not yet: nothing happens, and no client is dropped
+    assert offer(env, 3)["action"] == "upload"
+    env["clock"].now += 2
+    assert offer(env, 0)["action"] == "unmask"  # the deadline moved the round on...
+    assert offer(env, 3)["status"] == "dropped"  # ...and dropped the late client

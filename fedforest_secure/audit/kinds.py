@@ -3,14 +3,19 @@
 ==================  =========================================================================
 kind                payload (required keys first; more keys are allowed and hashed alike)
 ==================  =========================================================================
-``job_created``     ``schema``, ``hyperparameters``, ``profile``
+``job_created``     ``schema``, ``hyperparameters``, ``profile`` (a server also logs ``clients``
+                    in index order and ``config``, the job's JobConfig: what a replay needs)
 ``client_joined``   ``client``
 ``client_dropped``  ``client`` (``round_id``, ``reason``)
 ``abstained``       ``count`` (``round_id``, ``node``): how many clients contributed nothing
 ``round``           ``round_id``, ``clients``, ``uploads`` ({client: upload sha256}),
                     ``masked`` (true when uploads were masked); ``task_kind``, ``level``,
                     ``layout``, ``task_digest``, ``params``; array ``aggregate`` = the unmasked
-                    sum the server obtained, arrays ``task/<name>`` = the task's arrays
+                    sum the server obtained. The task's arrays are either stored as arrays
+                    ``task/<name>`` (:meth:`JobRecorder.round`) or, as the server does, only
+                    described (``task_arrays``: name -> dtype and shape) and bound by
+                    ``task_digest``: the task follows from the configuration and the earlier
+                    aggregates, which ``fedforest audit verify --replay`` checks
 ``round_aborted``   ``round_id``, ``reason``: no sum was released
 ``disclosure``      ``client``, ``item`` (``round_id``); array ``data`` = the plaintext disclosed
 ``dp_spend``        ``epsilon``, ``delta``, ``mechanism``, ``total_epsilon``, ``total_delta``

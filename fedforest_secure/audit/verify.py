@@ -12,7 +12,10 @@ never stops at the first problem. Per job it checks that
 * each stored array is present and its bytes hash to the digest in the entry;
 
 and, given a receipts directory, that every receipt agrees with the log
-(see :mod:`fedforest_secure.audit.receipts`).
+(see :mod:`fedforest_secure.audit.receipts`). With ``replay=True`` it also replays each job
+through the coordinator (:mod:`fedforest_secure.audit.replay`): every logged task digest must be
+the task that follows from the logged configuration and aggregates, and the model digest the
+model they yield.
 """
 
 from __future__ import annotations
@@ -235,8 +238,9 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
 
 def verify_log(log_or_url: AuditLog | Engine | str | Path,
                receipts_dir: str | Path | None = None, *,
-               job_id: str | None = None) -> VerifyReport:
-    """Verify every job (or ``job_id``) of a log, and the receipts in ``receipts_dir`` if given.
+               job_id: str | None = None, replay: bool = False) -> VerifyReport:
+    """Verify every job (or ``job_id``) of a log, and the receipts in ``receipts_dir`` if given;
+    with ``replay``, replay each job's rounds through the coordinator (needs the engine).
 
     ``log_or_url`` is an :class:`AuditLog`, an engine, a SQLAlchemy URL or a SQLite file path;
     a database without an audit log is reported as a problem, not created.
@@ -262,6 +266,11 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
         if receipts_dir is not None:
             found, report.receipts_checked = _check_receipts(entries, Path(receipts_dir), job_id)
             report.problems.extend(found)
+        if replay:
+            from .replay import replay_job
+
+            for job in report.jobs:
+                report.problems.extend(replay_job(log, job))
         return report
     finally:
         if owned is not None:

@@ -69,6 +69,64 @@ class RingCodec:
             ma.size == 0 or float(np.max(ma * scale)) < 2.0**50))
 
     @classmethod
+    def _from_runs(cls, runs: Sequence[tuple[Sequence[int], int]], frac_bits: np.ndarray,
+                   max_abs: np.ndarray, n_clients: int) -> RingCodec:
+        """A codec whose entries follow a small table: ``runs`` lists ``(pattern, repeats)``,
+        a pattern of table indices repeated ``repeats`` times (a layout block: one index per
+        column, once per row); entry ``i`` gets ``frac_bits[code_i]`` and ``max_abs[code_i]``.
+
+        The same codec as the constructor given the per-entry arrays, built without one pass
+        per entry for the range check (it runs on the table) nor index gathers: a client builds
+        one for every round, over vectors of millions of entries with a handful of statistic
+        kinds. A value shared by every entry is a read-only broadcast view, not a copy."""
+        fb_t = np.asarray(frac_bits)
+        ma_t = np.asarray(max_abs, dtype=np.float64)
+        if fb_t.ndim != 1 or ma_t.shape != fb_t.shape or fb_t.dtype.kind not in "iu":
+            raise ValueError("frac_bits (integers) and max_abs must be 1-d tables of equal "
+                             "length")
+        if isinstance(n_clients, bool) or not isinstance(n_clients, int):
+            raise TypeError("n_clients must be an int")
+        fb_t = fb_t.astype(np.int64)
+        try:
+            _ring.check_config(fb_t, ma_t, n_clients)
+        except ValueError as exc:
+            raise OverflowRisk(str(exc)) from None
+        pats: list[tuple[np.ndarray, int]] = []
+        for pattern, repeats in runs:
+            pat = np.asarray(pattern, dtype=np.intp)
+            if pat.ndim != 1 or (pat.size and (int(pat.min()) < 0
+                                               or int(pat.max()) >= fb_t.size)) \
+                    or int(repeats) < 0:
+                raise ValueError("a run names no entry of the table")
+            if pat.size and int(repeats):
+                pats.append((pat, int(repeats)))
+        n = sum(p.size * r for p, r in pats)
+        used = np.unique(np.concatenate([p for p, _ in pats])) if pats else \
+            np.zeros(0, dtype=np.intp)
+        scale_t = np.ldexp(np.ones(fb_t.shape), fb_t)
+
+        def per_entry(table: np.ndarray) -> np.ndarray:
+            if used.size and (table[used] == table[used[0]]).all():
+                return np.broadcast_to(table[used[0]], (n,))
+            if not pats:
+                return np.zeros(0, dtype=table.dtype)
+            return np.concatenate([np.tile(table[p], r) for p, r in pats])
+
+        self = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(self, "n_clients", n_clients)
+        set_(self, "frac_bits", per_entry(fb_t))
+        set_(self, "max_abs", per_entry(ma_t))
+        bits_used, max_used = fb_t[used], ma_t[used]
+        one_scale = bool(bits_used.size) and bool((bits_used == bits_used[0]).all())
+        set_(self, "_scale", float(scale_t[used[0]]) if one_scale else per_entry(scale_t))
+        one_limit = bool(max_used.size) and float(max_used.min()) == float(max_used.max())
+        set_(self, "_limit", float(max_used[0]) if one_limit else self.max_abs)
+        set_(self, "_bounded", bool(max_used.size == 0
+                                    or float(np.max(max_used * scale_t[used])) < 2.0**50))
+        return self
+
+    @classmethod
     def from_kinds(cls, kinds: Sequence[StatKind | str], *, frac_bits: Mapping[StatKind, int],
                    max_abs: Mapping[StatKind, float], n_clients: int) -> RingCodec:
         """A codec for entries of the given kinds. ``COUNT`` always uses ``frac_bits=0``."""

@@ -1,0 +1,131 @@
+"""Replay a job's audit log through the coordinator: tasks and model follow from the sums.
+
+The coordinator is deterministic: given the job's configuration, every task it issues is a
+function of the aggregates (and disclosed items) of the rounds before. A server therefore logs
+each round's task as its digest only (``task_digest``: SHA-256 of the task's exact bytes, the
+bytes every client hashed before answering and the digest its masks are bound to), and the
+aggregate in full. :func:`replay_job` rebuilds the coordinator from the configuration in the
+``job_created`` entry, asks it for each round's task, checks the digest against the logged one,
+feeds it the logged aggregate, and at the end checks the digest of the model it yields against
+the ``model`` entry. A log whose aggregates were altered (even with the chain rewritten to match)
+stops replaying at the first task that no longer follows; a logged task digest that is not the
+task the rules produce (a server that asked something else) is named.
+
+This needs the training engine (:mod:`fedforest_secure.coordinator`) and costs about the
+coordinator's share of a training run; ``fedforest audit verify --replay`` runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from ..errors import AuditError, FedForestError
+from .entry import Entry, canonical_json
+from .kinds import EntryKind
+from .log import AuditLog
+
+__all__ = ["replay_job"]
+
+
+def replay_job(log: AuditLog, job_id: str) -> list[str]:
+    """Problems found replaying ``job_id`` (empty: every task and the model follow).
+
+    Entries are assumed chained and intact (check with :func:`~.verify.verify_log` first); a
+    stored array that does not match its digest is reported, not trusted.
+    """
+    from ..config import JobConfig
+    from ..coordinator import Coordinator
+
+    entries = log.entries(job_id=job_id)
+    where = f"job {job_id!r} replay"
+    created = next((e for e in entries if e.kind == EntryKind.JOB_CREATED.value), None)
+    if created is None:
+        return [f"{where}: no job_created entry"]
+    payload = created.payload
+    if not isinstance(payload.get("config"), dict) or not isinstance(payload.get("clients"),
+                                                                        list):
+        return [f"{where}: {created.label} does not record the job's configuration and "
+                "client list (a log written before replay was supported): cannot replay"]
+    try:
+        config = JobConfig.from_json(canonical_json(payload["config"]))
+        coord = Coordinator(config)
+    except (FedForestError, ValueError, TypeError, KeyError) as exc:
+        return [f"{where}: {created.label}: the configuration does not load ({exc})"]
+    index = {str(name): k for k, name in enumerate(payload["clients"])}
+    disclosed = _disclosures(log, entries, index)
+    problems: list[str] = []
+    for entry in entries:
+        if entry.kind != EntryKind.ROUND.value:
+            continue
+        found = _replay_round(log, coord, entry, index, disclosed)
+        if found is not None:
+            return [*problems, f"{where}: {found}"]
+    model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
+    if model is not None:
+        problems.extend(f"{where}: {p}" for p in _check_model(coord, model))
+    return problems
+
+
+def _disclosures(log: AuditLog, entries: list[Entry], index: dict[str, int]
+                 ) -> dict[int, dict[int, dict[str, np.ndarray]]]:
+    """``{round: {client index: {item: array}}}`` from the ``disclosure`` entries."""
+    out: dict[int, dict[int, dict[str, np.ndarray]]] = defaultdict(lambda: defaultdict(dict))
+    for entry in entries:
+        if entry.kind != EntryKind.DISCLOSURE.value or entry.round_id is None:
+            continue
+        p = entry.payload
+        k = index.get(str(p.get("client")))
+        if k is not None:
+            out[entry.round_id][k][str(p.get("item"))] = log.array(entry, "data")
+    return out
+
+
+def _replay_round(log: AuditLog, coord: Any, entry: Entry, index: dict[str, int],
+                  disclosed: dict[int, dict[int, dict[str, np.ndarray]]]) -> str | None:
+    """Feed one round to the coordinator; a problem stops the replay (returned)."""
+    p = entry.payload
+    round_id = entry.round_id
+    task = coord.next_task()
+    if task is None:
+        return f"{entry.label}: the coordinator had finished; the logged aggregates lead to " \
+               "no further round"
+    if task.round_id != round_id or task.digest().hex() != p.get("task_digest"):
+        return (f"{entry.label}: round {round_id}'s task does not follow from the logged "
+                f"configuration and the aggregates before it (replayed round {task.round_id}, "
+                f"digest {task.digest().hex()[:16]}..., logged {str(p.get('task_digest'))[:16]}"
+                "...)")
+    try:
+        aggregate = np.asarray(log.array(entry, "aggregate"), dtype=np.float64)
+    except AuditError as exc:
+        return str(exc)
+    clients = [str(c) for c in p.get("clients", [])]
+    unknown = sorted(set(clients) - set(index))
+    if unknown:
+        return f"{entry.label}: clients {unknown} are not members of the job"
+    participants = [index[c] for c in clients]
+    items = disclosed.get(task.round_id, {})
+    try:
+        coord.submit(task.round_id, aggregate, disclosed={k: dict(items.get(k, {}))
+                                                          for k in participants},
+                     participants=participants)
+    except (FedForestError, ValueError, ArithmeticError) as exc:
+        return f"{entry.label}: the coordinator rejects the logged aggregate ({exc})"
+    coord.pop_events()
+    return None
+
+
+def _check_model(coord: Any, model: Entry) -> list[str]:
+    if coord.next_task() is not None:
+        return [f"{model.label}: the log ends training early: the coordinator still has rounds "
+                "to ask"]
+    text = coord.result().to_json()
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    logged = model.payload.get("digest")
+    if digest != logged:
+        return [f"{model.label}: the model the logged aggregates yield has digest "
+                f"{digest[:16]}..., the log says {str(logged)[:16]}..."]
+    return []

@@ -1,0 +1,171 @@
+"""``verify_log(replay=True)``: a server's log binds each task by its digest, and replaying the
+logged aggregates through the coordinator must reproduce every task digest and the model.
+
+A full job runs through :class:`~server_app.runtime.ServerState` in process (open profile, so
+the rounds carry disclosed sketches too), then forged logs are checked: a careful forger who
+rewrites an aggregate (or a task digest) and re-hashes the rest of the chain passes the plain
+chain check but not the replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import select, text
+
+from fedforest_secure.audit import AuditLog, Entry, verify_log
+from fedforest_secure.audit.entry import GENESIS, encode_array
+from fedforest_secure.audit.replay import replay_job
+from fedforest_secure.config import JobConfig
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Task
+from fedforest_secure.worker import Worker
+from server_app.audit_hook import open_audit
+from server_app.auth import add_client
+from server_app.db import ClientRow, Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.uploads import make_upload
+
+K = 3
+JOB = "job-a"
+
+
+def _run_job(root: Path, parts: list, feat: list[str], job_dir) -> Path:
+    """Run the whole job against the server state (no HTTP); returns the audit database."""
+    job_toml = job_dir(root / "job", parts, feat, n_clients=K)
+    db = Database(f"sqlite:///{root / 'server.db'}")
+    for k in range(K):
+        add_client(db, f"client-{k}")
+    audit = open_audit(f"sqlite:///{root / 'audit.db'}")
+    state = ServerState(db, audit)
+    state.create_job(load_job_spec(job_toml))
+    with db.session() as s:
+        rows = [s.scalar(select(ClientRow).where(ClientRow.name == f"client-{k}"))
+                for k in range(K)]
+    infos = [state.join(rows[k], JOB) for k in range(K)]
+    config = JobConfig.from_json(json.dumps(infos[0]["config"]))
+    workers = [Worker(config, *parts[k], client_index=k, seed=client_seed(config, k))
+               for k in range(K)]
+    for _ in range(500):
+        offers = [state.offer(rows[k], JOB) for k in range(K)]
+        if all(o.status == "done" for o in offers):
+            break
+        for k, o in enumerate(offers):
+            if o.status != "task":
+                continue
+            task = Task.from_bytes(o.body)
+            reply = workers[k].handle(task)
+            body = make_upload(task, np.asarray(reply.summable, dtype=np.float64),
+                               reply.disclosed)
+            state.upload(rows[k], JOB, task.round_id, body)
+    else:
+        raise AssertionError("the job did not finish")
+    audit.close()  # type: ignore[attr-defined]
+    db.dispose()
+    return root / "audit.db"
+
+
+@pytest.fixture(scope="module")
+def job_log(tmp_path_factory: pytest.TempPathFactory, tiny_parts, job_dir) -> Path:
+    parts, feat = tiny_parts
+    return _run_job(tmp_path_factory.mktemp("replay"), parts, feat, job_dir)
+
+
+@pytest.fixture()
+def log(job_log: Path, tmp_path: Path) -> Iterator[AuditLog]:
+    copy = tmp_path / "audit.db"
+    copy.write_bytes(job_log.read_bytes())
+    with AuditLog(copy, create=False) as opened:
+        yield opened
+
+
+def _rounds(log: AuditLog) -> list[Entry]:
+    return [e for e in log.entries(job_id=JOB) if e.kind == "round"]
+
+
+def test_a_servers_log_replays_and_keeps_tasks_as_digests(log: AuditLog) -> None:
+    rounds = _rounds(log)
+    assert len(rounds) > 3
+    assert all(set(e.arrays) == {"aggregate"} for e in rounds)  # no task arrays stored
+    assert all(e.payload["task_arrays"] for e in rounds)        # described, bound by digest
+    created = log.entries(job_id=JOB, kind="job_created")[0].payload
+    assert created["clients"] == [f"client-{k}" for k in range(K)] and created["config"]
+    assert replay_job(log, JOB) == []
+    report = verify_log(log, replay=True)
+    assert report.ok, report.problems
+
+
+def _forge(log: AuditLog, seq: int, *, aggregate: np.ndarray | None = None,
+           payload: dict[str, object] | None = None) -> None:
+    """Change entry ``seq`` like a careful forger and recompute every later hash."""
+    entries = log.entries(job_id=JOB)
+    prev = entries[seq - 2].hash if seq > 1 else GENESIS
+    with log.engine.begin() as conn:
+        for e in entries[seq - 1:]:
+            arrays, body = e.arrays, e.payload
+            if e.seq == seq:
+                body = {**body, **(payload or {})}
+                if aggregate is not None:
+                    info, blob = encode_array("aggregate", aggregate)
+                    arrays = {**arrays, "aggregate": info}
+                    conn.execute(text("UPDATE audit_arrays SET data = :d WHERE job_id = :j AND "
+                                      "seq = :s AND name = 'aggregate'"),
+                                 {"d": blob, "j": JOB, "s": seq})
+            new = Entry.build(job_id=e.job_id, seq=e.seq, kind=e.kind, timestamp=e.timestamp,
+                              payload=body, arrays=arrays, prev_hash=prev)
+            conn.execute(text("UPDATE audit_entries SET payload = :pl, arrays = :a, "
+                              "prev_hash = :p, hash = :h WHERE job_id = :j AND seq = :s"),
+                         {"pl": new.payload_json, "a": new.arrays_json, "p": new.prev_hash,
+                          "h": new.hash, "j": JOB, "s": e.seq})
+            prev = new.hash
+
+
+def test_a_rewritten_aggregate_is_caught_by_the_replay(log: AuditLog) -> None:
+    rounds = _rounds(log)
+    first = rounds[0]
+    forged = log.array(first, "aggregate").copy()
+    forged[: max(1, forged.size // 2)] *= 1.5  # other sums: other candidates and splits
+    _forge(log, first.seq, aggregate=forged)
+    assert verify_log(log).ok  # the chain alone is consistent again
+    problems = verify_log(log, replay=True).problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"job {JOB!r} replay: job {JOB!r} seq ")
+    assert "does not follow from the logged configuration and the aggregates" in problems[0] \
+        or "the model the logged aggregates yield" in problems[0]
+
+
+def test_a_task_digest_the_rules_do_not_produce_is_named(log: AuditLog) -> None:
+    target = _rounds(log)[2]
+    _forge(log, target.seq, payload={"task_digest": hashlib.sha256(b"other").hexdigest()})
+    assert verify_log(log).ok
+    problems = replay_job(log, JOB)
+    assert problems == [
+        f"job {JOB!r} replay: {target.label}: round {target.round_id}'s task does not follow "
+        "from the logged configuration and the aggregates before it (replayed round "
+        f"{target.round_id}, digest {target.payload['task_digest'][:16]}..., logged "
+        f"{hashlib.sha256(b'other').hexdigest()[:16]}...)"]
+
+
+def test_a_forged_model_digest_is_named(log: AuditLog) -> None:
+    model = log.entries(job_id=JOB, kind="model")[0]
+    _forge(log, model.seq, payload={"digest": "0" * 64})
+    problems = replay_job(log, JOB)
+    assert len(problems) == 1 and "the model the logged aggregates yield" in problems[0]
+
+
+def test_a_log_without_the_configuration_cannot_be_replayed(log: AuditLog) -> None:
+    created = log.entries(job_id=JOB, kind="job_created")[0]
+    body = {k: v for k, v in created.payload.items() if k != "config"}
+    with log.engine.begin() as conn:  # an old server's entry (hash left stale: not the point)
+        conn.execute(text("UPDATE audit_entries SET payload = :pl WHERE job_id = :j AND "
+                          "seq = :s"), {"pl": json.dumps(body, sort_keys=True,
+                                                         separators=(",", ":")),
+                                        "j": JOB, "s": created.seq})
+    problems = replay_job(log, JOB)
+    assert len(problems) == 1 and "cannot replay" in problems[0]

@@ -1,0 +1,112 @@
+"""A sealed task packs and hashes once, and its digests are exactly :class:`Task`'s."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from fedforest_secure.errors import InvalidMessage
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+from server_app.sealed import SealedTask, seal
+
+
+def _task() -> Task:
+    return Task(job_id="j", round_id=7, kind=TaskKind.HISTOGRAM, level=2,
+                params={"stats": ["count"], "purpose": "gain"},
+                arrays={"nodes": np.arange(4), "features": np.array([0, 2]),
+                        "thresholds": np.linspace(0.0, 1.0, 24).reshape(4, 2, 3)},
+                layout=(Block("hist", (4, 2, 4, 1), (StatKind.COUNT,)),))
+
+
+def test_sealed_digests_are_the_tasks() -> None:
+    task = _task()
+    sealed = seal(task)
+    assert isinstance(sealed, SealedTask) and seal(sealed) is sealed
+    assert sealed.to_bytes() == task.to_bytes()
+    assert sealed.to_bytes() is sealed.to_bytes()  # packed once
+    assert sealed.digest() == task.digest()
+    assert sealed.question_digest() == task.question_digest()
+    assert sealed.arrays["thresholds"] is task.arrays["thresholds"]  # fields shared, not copied
+
+
+def test_from_wire_reuses_the_body_and_its_hash() -> None:
+    task = _task()
+    body = task.to_bytes()
+    digest = hashlib.sha256(body).digest()
+    got = SealedTask.from_wire(body, digest)
+    assert got.to_bytes() is body
+    assert got.digest() == digest == task.digest()
+    assert got.question_digest() == task.question_digest()
+    assert got.round_id == 7 and np.array_equal(got.arrays["thresholds"],
+                                                task.arrays["thresholds"])
+    assert SealedTask.from_wire(body).digest() == digest  # hashed here when not given
+
+
+def test_a_non_canonical_body_gets_the_canonical_digest() -> None:
+    """Bytes that parse to the task but are not its canonical encoding (here: a header with
+    spaces) do not get the body's hash as the task digest: a client comparing the round
+    setup's digest with the task's sees the same value as with :meth:`Task.digest`."""
+    task = _task()
+    canonical = task.to_bytes()
+    hlen = struct.unpack("<I", canonical[4:8])[0]
+    meta = json.loads(canonical[8:8 + hlen])
+    head = json.dumps(meta, indent=1).encode()
+    body = canonical[:4] + struct.pack("<I", len(head)) + head + canonical[8 + hlen:]
+    assert Task.from_bytes(body).digest() == task.digest()  # it parses to the same task
+    got = SealedTask.from_wire(body)
+    assert got.digest() == task.digest() != hashlib.sha256(body).digest()
+    assert got.to_bytes() == canonical
+
+
+def test_garbage_is_still_an_invalid_message() -> None:
+    with pytest.raises(InvalidMessage):
+        SealedTask.from_wire(b"FFS1garbage")
+
+
+def _repack(body: bytes, meta: dict) -> bytes:
+    hlen = struct.unpack("<I", body[4:8])[0]
+    head = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    return body[:4] + struct.pack("<I", len(head)) + head + body[8 + hlen:]
+
+
+@pytest.mark.parametrize("variant", ["junk key", "float shape", "extra header key"])
+def test_bodies_that_only_look_canonical_take_the_slow_path(variant: str) -> None:
+    task = _task()
+    canonical = task.to_bytes()
+    meta = json.loads(canonical[8:8 + struct.unpack("<I", canonical[4:8])[0]])
+    if variant == "junk key":
+        meta["arrays"][0]["junk"] = 1
+    elif variant == "float shape":
+        meta["arrays"][0]["shape"] = [float(s) for s in meta["arrays"][0]["shape"]]
+    else:
+        meta["header"]["extra"] = "ignored by the parser"
+    body = _repack(canonical, meta)
+    assert Task.from_bytes(body).digest() == task.digest()  # parses to the same task
+    got = SealedTask.from_wire(body)
+    assert got.digest() == task.digest() != hashlib.sha256(body).digest()
+    assert got.question_digest() == task.question_digest()
+
+
+@pytest.mark.parametrize("arrays", [
+    {},
+    {"b": np.array([True, False]), "a": np.zeros((0, 3)), "u": np.arange(5, dtype=np.uint8)},
+    {"x": np.arange(6, dtype=np.int32).reshape(2, 3), "y": np.arange(3, dtype=np.uint64)},
+])
+def test_fast_question_digest_equals_the_tasks(arrays: dict) -> None:
+    """Both digests, for tasks with informational parameters (left out of the question),
+    several dtypes, empty arrays and a non-ASCII job id."""
+    task = Task(job_id="hôpital-é", round_id=3, kind=TaskKind.SKETCH, level=1,
+                params={"n_nodes": 2, "dp": {"sigma": 1.5}, "purpose": "x", "totals": True},
+                arrays=arrays, layout=(Block("t", (2, 3), (StatKind.COUNT, StatKind.SUM,
+                                                           StatKind.SUMSQ)),),
+                disclose=("sketch_points",))
+    body = task.to_bytes()
+    for got in (seal(task), SealedTask.from_wire(body)):
+        assert got._fast_question() == task.question_digest()  # no second pack of the arrays
+        assert got.question_digest() == task.question_digest()
+        assert got.digest() == task.digest()
+    assert SealedTask.from_wire(body).to_bytes() is body
