@@ -21,6 +21,10 @@ __all__ = ["LevelOrder", "first_reaching"]
 _SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
 #: entries per chunk of the per-block passes (sketch, histogram): bounds their scratch memory
 CHUNK_ENTRIES = 1 << 18
+#: first_reaching searches (instead of building its table) when the targets number less than
+#: 1 / SEARCH_FACTOR of the total weight (a search of ascending targets costs a few table
+#: entries each)
+SEARCH_FACTOR = 8
 
 
 class LevelOrder:
@@ -69,11 +73,16 @@ class LevelOrder:
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
         slot_unused = (feats < 0).any(axis=0)
+        # pairs in node order (a node group's pairs always are): a slot's per-node values
+        # are repeated over the node's run of pairs instead of gathered pair by pair
+        runs = np.bincount(node, minlength=n_nodes) \
+            if P > 1 and not (node[1:] < node[:-1]).any() else None
         for s in range(m):
-            f = fstart[:, s][node]  # per pair: start of its slot feature's codes
+            # per pair: start of its slot feature's codes
+            f = np.repeat(fstart[:, s], runs) if runs is not None else fstart[:, s][node]
             f += row64
             out = keys[s]
-            out[...] = np.take(codes, f)  # int32 codes, widened on store
+            out[...] = codes[f]  # int32 codes, widened on store (indexing: faster than take)
             del f
             out <<= self.shift
             out |= base
@@ -182,6 +191,14 @@ class LevelOrder:
         assert self.key is not None
         return self.key[lo:hi] & 255
 
+    def weights_into(self, out: np.ndarray, lo: int = 0, hi: int | None = None) -> None:
+        """:meth:`weights` written into ``out`` (e.g. float64), without a temporary."""
+        if self._w is not None:
+            out[...] = self._w[lo:hi]
+            return
+        assert self.key is not None
+        np.bitwise_and(self.key[lo:hi], 255, out=out, casting="unsafe")
+
     def rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Row indices of entries ``[lo, hi)`` in sorted order (integers)."""
         if self._rows is not None:
@@ -198,13 +215,22 @@ def first_reaching(cw: np.ndarray, target: np.ndarray) -> np.ndarray:
 
     Multiplicities are positive integers, so ``cw[i] >= t`` iff ``cw[i] >= ceil(t)``: a
     table over the integers 1..cw[-1] answers every target with one gather instead of a
-    binary search.
+    binary search. The table costs O(cw[-1]) whatever the number of targets, so few targets
+    (large blocks: the top levels) are searched instead; both give the same positions for
+    targets clipped to ``[1, cw[-1]]`` (targets beyond the end give the last position, as
+    the table does).
     """
     total = int(cw[-1]) if cw.size else 0
     if total > 4 * max(cw.size, 1) + 1_000_000 or total >= 2**31:  # pragma: no cover
         return np.searchsorted(cw, target, side="left")
     if total == 0:
         return np.zeros(np.shape(target), dtype=np.int64)
+    if SEARCH_FACTOR * np.size(target) < total:
+        target = np.asarray(target)
+        c = target.astype(np.int64) if target.dtype.kind in "iu" else \
+            np.ceil(target).astype(np.int64)
+        np.clip(c, 1, total, out=c)
+        return np.searchsorted(cw, c, side="left")
     # inv[c - 1] = number of positions whose cumulative weight is below c
     marks = np.zeros(total, dtype=np.int32)
     marks[cw[:-1]] = 1

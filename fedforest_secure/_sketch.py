@@ -61,8 +61,8 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
 
     Returns ``xs`` (R, W) all points of the row in ascending order, ``s`` the slope of the
     pooled CDF just right of each, ``dj`` the point mass at each, and ``F`` the CDF value at
-    each (jumps included). One sort per row; slope changes and jumps are scattered to the
-    sorted positions with ``bincount``.
+    each (jumps included). One sort per row; every point's slope change and jump is
+    computed where the point is and gathered into sorted order.
     """
     R, K, P = points.shape
     W = K * P
@@ -71,13 +71,12 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     nseg = np.maximum(npts - 1, 0)
     flat = np.where(valid, points, np.inf).reshape(R, W)
     order = np.argsort(flat, axis=1, kind="stable")
-    xs = np.take_along_axis(flat, order, axis=1)
+    # gathers along rows through flat indices (cheaper than take_along_axis)
+    order += (np.arange(R) * W)[:, None]
+    xs = flat.ravel()[order]
     last = np.max(np.where(np.isfinite(xs), xs, -np.inf), axis=1, keepdims=True)
     last = np.where(np.isfinite(last), last, 0.0)
     xs = np.where(np.isfinite(xs), xs, last)
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(W), (R, W)), axis=1)
-    rank = rank.reshape(R, K, P) + (np.arange(R) * W)[:, None, None]
     a = points[:, :, :-1]
     b = points[:, :, 1:]
     seg_valid = valid[:, :, 1:]
@@ -87,17 +86,20 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     ramp = seg_valid & (length > 0)
     jump = seg_valid & ~ramp
     slope = np.where(ramp, mass / np.where(ramp, length, 1.0), 0.0)
-    size = R * W
-    ramp_slope = slope[ramp]
-    ds = np.bincount(rank[:, :, :-1][ramp], weights=ramp_slope, minlength=size)
-    ds -= np.bincount(rank[:, :, 1:][ramp], weights=ramp_slope, minlength=size)
-    del ramp_slope
+    # a point starts at most one segment and ends at most one, so its slope change is
+    # (slope of the segment it starts) - (slope of the segment it ends), and its point mass
+    # the mass of an empty segment it starts or a lone point's weight: computed per point,
+    # then put in sorted order (what scattering by rank with bincount gave, bit for bit)
+    dsp = np.zeros((R, K, P))
+    dsp[:, :, :-1] = slope  # 0 where the segment is not a ramp
+    dsp[:, :, 1:] -= slope
+    djp = np.zeros((R, K, P))
+    djp[:, :, :-1] = np.where(jump, mass, 0.0)
     single = npts == 1
-    dj = np.bincount(rank[:, :, :-1][jump], weights=np.broadcast_to(mass, jump.shape)[jump],
-                     minlength=size)
-    dj += np.bincount(rank[:, :, 0][single], weights=weights[single], minlength=size)
-    ds = ds.reshape(R, W).astype(np.float64)
-    dj = dj.reshape(R, W).astype(np.float64)
+    djp[:, :, 0] += np.where(single, weights, 0.0)
+    ds = dsp.ravel()[order]
+    dj = djp.ravel()[order]
+    del dsp, djp
     s = np.cumsum(ds, axis=1)
     tiny = 1e-12 * np.maximum(np.abs(slope).reshape(R, -1).max(axis=1, initial=0.0), 1e-300)
     s = np.where(np.abs(s) <= tiny[:, None], 0.0, s)
@@ -129,11 +131,11 @@ def _first_at_least(F: np.ndarray, targets: np.ndarray) -> np.ndarray:
     while True:  # exact: F[r, i - 1] < t <= F[r, i]
         at = np.minimum(i, E - 1)
         at += base
-        right = np.take(flatF, at) < t
+        right = flatF[at] < t
         right &= i < E
         at = np.maximum(i - 1, 0)
         at += base
-        left = np.take(flatF, at) >= t
+        left = flatF[at] >= t
         left &= i > 0
         both = right & left  # only where F is not monotone: keep the global answer
         right &= ~both
@@ -153,10 +155,11 @@ def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> n
     last[:, :-1] = xs[:, 1:] != xs[:, :-1]
     idx = np.where(last, np.arange(E)[None, :], E)
     run_end = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
-    e = np.take_along_axis(run_end, i, axis=1)
+    base = (np.arange(R) * E)[:, None]
+    e = run_end.ravel()[i + base]
     has_next = e + 1 < E
-    nxt = np.take_along_axis(xs, np.minimum(e + 1, E - 1), axis=1)
-    flat = np.take_along_axis(s, np.minimum(e, E - 1), axis=1) == 0
+    nxt = xs.ravel()[np.minimum(e + 1, E - 1) + base]
+    flat = s.ravel()[np.minimum(e, E - 1) + base] == 0
     gap = has_next & flat & (nxt > x_i)
     return np.where(gap, (x_i + nxt) / 2.0, x_i)
 
@@ -228,10 +231,12 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     i = _first_at_least(F, levels - 1e-12)
     i = np.clip(i, 0, E - 1)
     prev = np.maximum(i - 1, 0)
-    F_prev = np.take_along_axis(F, prev, axis=1)
-    s_prev = np.take_along_axis(s, prev, axis=1)
-    x_prev = np.take_along_axis(xs, prev, axis=1)
-    x_i = np.take_along_axis(xs, i, axis=1)
+    base = (np.arange(R) * E)[:, None]
+    prev += base
+    F_prev = F.ravel()[prev]
+    s_prev = s.ravel()[prev]
+    x_prev = xs.ravel()[prev]
+    x_i = xs.ravel()[i + base]
     left_limit = F_prev + s_prev * (x_i - x_prev)
     u = levels[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -180,10 +180,18 @@ class Worker:
         for j in np.unique(feat[num_nodes]):
             sel = num_nodes[feat[num_nodes] == j]
             cut[sel] = np.searchsorted(self._uniq[j], thr[sel], side="right")
+        # per-node values for every pair: repeated over each node's run when the pairs are in
+        # node order (after a grouped level), else gathered pair by pair
+        nptr = self._node_ptr
+        runs = np.diff(nptr) if nptr is not None and nptr.size == kind.size + 1 else None
+
+        def per_pair(v: np.ndarray) -> np.ndarray:
+            return np.repeat(v, runs) if runs is not None else v[node]
+
         fbase = np.where(is_num, feat, 0) * self.n_rows  # per node: start of its codes
-        idx = fbase[node]
+        idx = per_pair(fbase)
         idx += self._p_row
-        go_left = np.take(self._codes, idx) < cut[node]
+        go_left = self._codes[idx] < per_pair(cut)
         del idx
         k = None
         if (kind == CAT).any():
@@ -210,7 +218,7 @@ class Worker:
         # a leaf's pairs leave the level whatever the task says of its children
         left_eff = np.where(kind == LEAF, -1, left)
         right_eff = np.where(kind == LEAF, -1, right)
-        new = np.where(go_left, left_eff[node], right_eff[node])
+        new = np.where(go_left, per_pair(left_eff), per_pair(right_eff))
         keep = new >= 0
         if not keep.all():
             self._p_row = self._p_row[keep]
@@ -221,10 +229,17 @@ class Worker:
     def _node_totals(self, n_nodes: int) -> np.ndarray:
         S = self.config.n_stats
         out = np.zeros((n_nodes, S))
+        # indices converted once (numpy converts int32 indices on every gather and bincount)
+        rows = self._p_row.astype(np.intp)
+        node = self._p_node.astype(np.intp)
         for c in range(S):
-            wc = np.take(self._stats_cm[c], self._p_row)
+            if c == 0 and self.config.task == "regression":
+                # statistic 1 per row: the weights themselves (integer sums, exact either way)
+                out[:, 0] = np.bincount(node, weights=self._p_w, minlength=n_nodes)
+                continue
+            wc = self._stats_cm[c][rows]
             wc *= self._p_w
-            out[:, c] = np.bincount(self._p_node, weights=wc, minlength=n_nodes)
+            out[:, c] = np.bincount(node, weights=wc, minlength=n_nodes)
         return out
 
     def _abstain(self, n_nodes: int) -> None:
@@ -651,12 +666,20 @@ class Worker:
         thr2 = thr.reshape(blk.size, nb - 1)
         for j in np.unique(fl[fl >= 0]):
             sel = np.flatnonzero(fl == j)
-            t = thr2[sel]
+            t = thr2[sel].ravel()
             # +inf (padding) maps past the last code, so its bin runs to the end of the block
-            c = np.searchsorted(self._uniq[j], t, side="right")
-            if t.size and t[:, 0].min() == -np.inf:  # -inf: no cut either (they ascend)
+            u = self._uniq[j]
+            c = np.full(t.size, u.size, dtype=np.int64)
+            fin = np.flatnonzero(np.isfinite(t))
+            if fin.size:
+                # searched in ascending order: numpy's binary search starts from the previous
+                # answer, several times faster than the blocks' interleaved runs
+                tf = t[fin]
+                o = np.argsort(tf)
+                c[fin[o]] = np.searchsorted(u, tf[o], side="right")
+            if t.size and t.min() == -np.inf:  # -inf: no cut either (they ascend)
                 c[t == -np.inf] = stride - 1
-            cutkey[sel] = c
+            cutkey[sel] = c.reshape(sel.size, nb - 1)
         cutkey += (blk << self._cbits)[:, None]
         sums = np.zeros((blk.size, nb, S))
         edges = np.append(starts, ends[-1] if blk.size else 0)
@@ -691,16 +714,14 @@ class Worker:
         contiguous column per statistic, each with a zero sentinel at the end (a bin may start
         at the last entry)."""
         n = hi - lo
-        w = order.weights(lo, hi)
         wf = np.empty(n + 1)
-        wf[:n] = w
+        order.weights_into(wf[:n], lo, hi)
         wf[n] = 0.0
-        del w
         if counts_only:  # weighted row counts: column 0 (regression) or the class sum
             return [wf]
         rows = order.rows(lo, hi)
         if self.config.task == "regression":
-            yv = np.take(self._y, rows)
+            yv = self._y[rows]
             del rows
             wy = np.empty(n + 1)
             np.multiply(wf[:n], yv, out=wy[:n])
@@ -709,7 +730,7 @@ class Worker:
             np.multiply(wy[:n], yv, out=wyy[:n])
             wyy[n] = 0.0
             return [wf, wy, wyy]
-        yc = np.take(self._y, rows)
+        yc = self._y[rows]
         del rows
         cols = []
         for c in range(self.config.n_classes):
