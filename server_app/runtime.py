@@ -38,7 +38,7 @@ from sqlalchemy import delete, select
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
-from fedforest_secure.protocol import Task, pack, unpack
+from fedforest_secure.protocol import SealedTask, Task, pack, seal, unpack
 from fedforest_secure.secagg import KeyAdvert, MaskedUpload, ShareBundle, UnmaskResponse, parse
 
 from . import engine
@@ -46,7 +46,6 @@ from .audit_hook import AuditSink
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
 from .jobspec import JobSpec, build_config, default_min_clients
-from .sealed import SealedTask, seal
 from .secagg_bridge import SecAggBridge, SecureRound, StoredRound
 from .settings import ConfigError
 from .uploads import ParsedUpload, check_against_task, parse_upload

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from fedforest_secure.errors import InvalidMessage
-from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
-from server_app.sealed import SealedTask, seal
+from fedforest_secure.protocol import Block, SealedTask, StatKind, Task, TaskKind, seal
 
 
 def _task() -> Task:

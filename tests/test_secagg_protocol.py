@@ -361,24 +361,22 @@ def test_task_digest_changes_the_pairwise_masks() -> None:
     assert np.count_nonzero(_prg.expand(s1, L) == _prg.expand(s2, L)) == 0
 
 
-def test_inplace_masking_gives_the_same_exact_sum() -> None:
-    """``mask(..., inplace=True)`` overwrites the caller's vector with its masked value and the
-    unmasked sum is still exact (the client runner masks its fresh encoding in place)."""
-    import hashlib as _hashlib
-
-    from fedforest_secure.secagg import InProcessSecureSum as _Driver
-    from fedforest_secure.secagg import SecAggServer as _Server
-
-    k, n = 4, 1000
-    agg = _Driver(range(k), threshold=0.67, job_id="inplace")
-    digest = _hashlib.sha256(b"inplace").digest()
-    server = _Server("inplace", 0, "q", digest, n, 0.67, agg.directory)
+def _round_to_masking(k: int, n: int, job: str):  # type: ignore[no-untyped-def]
+    agg = InProcessSecureSum(range(k), threshold=0.67, job_id=job)
+    server = SecAggServer(job, 0, "q", DIGEST, n, 0.67, agg.directory)
     for c in agg.clients.values():
         server.receive_advert(c.advertise(0))
     setup = server.setup()
     for c in agg.clients.values():
         server.receive_shares(c.share_keys(setup))
-    deliveries = server.deliver_shares()
+    return agg, server, server.deliver_shares()
+
+
+def test_inplace_masking_gives_the_same_exact_sum() -> None:
+    """``mask(..., inplace=True)`` overwrites the caller's vector with its masked value and the
+    unmasked sum is still exact (the client runner masks its fresh encoding in place)."""
+    k, n = 4, 1000
+    agg, server, deliveries = _round_to_masking(k, n, "inplace")
     rng = np.random.default_rng(7)
     plain = {u: rng.integers(0, 2**63, n, dtype=np.uint64) for u in range(k)}
     for u, c in agg.clients.items():
@@ -393,17 +391,6 @@ def test_inplace_masking_gives_the_same_exact_sum() -> None:
     for v in plain.values():
         expected += v
     np.testing.assert_array_equal(server.finish(), expected)
-
-
-def _round_to_masking(k: int, n: int, job: str):  # type: ignore[no-untyped-def]
-    agg = InProcessSecureSum(range(k), threshold=0.67, job_id=job)
-    server = SecAggServer(job, 0, "q", DIGEST, n, 0.67, agg.directory)
-    for c in agg.clients.values():
-        server.receive_advert(c.advertise(0))
-    setup = server.setup()
-    for c in agg.clients.values():
-        server.receive_shares(c.share_keys(setup))
-    return agg, server, server.deliver_shares()
 
 
 def test_fused_encode_and_mask_gives_the_exact_sum_of_encodings() -> None:
