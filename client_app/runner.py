@@ -25,8 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
-from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind
-from server_app.uploads import make_upload
+from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
 
 from .data import load_site_table, schema_sha256
 from .state import ClientState

@@ -27,7 +27,7 @@ from nacl.signing import SigningKey
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
-from fedforest_secure.protocol import Task, layout_size
+from fedforest_secure.protocol import Task, layout_size, question_key
 from fedforest_secure.secagg import (
     RoundSetup,
     SecAggClient,
@@ -35,17 +35,11 @@ from fedforest_secure.secagg import (
     UnmaskRequest,
     parse,
 )
-from server_app.secagg_bridge import question_key
 
 from .state import ClientState
 from .transport import Transport
 
-__all__ = ["SecAggSession", "identity_key", "question_key", "question_of"]
-
-#: The question a round's secure sum answers: the task's content without its round id (the
-#: server must announce the same). Keyed this way, "the same question for a different set of
-#: clients" is refused even when the server re-asks it in a later round.
-question_of = question_key
+__all__ = ["SecAggSession", "identity_key"]
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
@@ -108,7 +102,7 @@ class SecAggSession:
     def share(self, task: Task, message: str) -> None:
         setup = parse(RoundSetup, message)
         if (setup.round_id != task.round_id or setup.task_digest != task.digest()
-                or setup.question != question_of(task)
+                or setup.question != question_key(task)
                 or setup.vector_length != layout_size(task.layout)):
             raise ProtocolError("the round setup does not describe the task this client was "
                                 "given (digest, question or vector length differ)")

@@ -26,6 +26,7 @@ from .config import JobConfig
 from .errors import BudgetError, InvalidMessage, ProfileError, ProtocolError
 from .model import ForestModel, Tree
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
+from .protocol.uploads import allowed_disclosures
 from .worker import CAT, CLIENT, LEAF, NUM, stats_kinds, totals_block
 
 __all__ = ["Coordinator"]
@@ -201,7 +202,7 @@ class Coordinator:
             raise InvalidMessage("aggregate has non-finite entries")
         disc: dict[int, dict[str, np.ndarray]] = {}
         for k, items in (disclosed or {}).items():
-            extra = set(items) - self._allowed_disclosures(task)
+            extra = set(items) - allowed_disclosures(task)
             if extra:
                 raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
             disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
@@ -230,16 +231,6 @@ class Coordinator:
     @property
     def done(self) -> bool:
         return self._model is not None
-
-    @staticmethod
-    def _allowed_disclosures(task: Task) -> set[str]:
-        names = set(task.disclose)
-        if "sketch_points" in names:
-            names.add("sketch_counts")
-        if "unique" in names:
-            names |= {"unique_ptr", "unique_vals"}
-        names.discard("unique")
-        return names
 
     # ------------------------------------------------------------------ helpers
     def _task(self, kind: TaskKind, level: int, params: dict[str, Any],

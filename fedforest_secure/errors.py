@@ -8,6 +8,7 @@ Every error the library raises on purpose derives from :class:`FedForestError`::
     ├── ProtocolError                     a message out of order, for the wrong round or job
     │   ├── InvalidMessage (ValueError)   any message that fails to parse or authenticate
     │   ├── RefusedRequest                a request a client will not answer (privacy rule)
+    │   ├── UploadRejected (ValueError)   an upload that is malformed or does not answer its task
     │   └── AbortedRound                  too few survivors: no partial sum is released
     ├── OverflowRisk (ValueError)         a value outside the fixed-point range (never a wrong sum)
     ├── BudgetError (ValueError)          a differential-privacy budget missing or exhausted
@@ -33,6 +34,7 @@ __all__ = [
     "ProtocolError",
     "RefusedRequest",
     "SchemaError",
+    "UploadRejected",
 ]
 
 
@@ -58,6 +60,17 @@ class InvalidMessage(ProtocolError, ValueError):
 
 class RefusedRequest(ProtocolError):
     """A request that a client refuses to answer because answering would break a privacy rule."""
+
+
+class UploadRejected(ProtocolError, ValueError):
+    """A client's upload that is malformed or does not answer its round's task; nothing is
+    stored. ``code`` names the defect (``"malformed_upload"``, ``"wrong_task"``,
+    ``"out_of_range"``, ...), ``detail`` says what a sender needs to fix it."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
 
 
 class AbortedRound(ProtocolError):

@@ -42,15 +42,17 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fedforest_secure.errors import UploadRejected
+from fedforest_secure.protocol.api import Health, JoinBody, Me, RefuseBody
 
 from . import __version__
 from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
 from .db import ClientRow, Database
-from .errors import ApiError
+from .errors import ApiError, upload_error
 from .runtime import ServerState
 
 __all__ = ["create_app"]
@@ -61,27 +63,6 @@ JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
 Wait = Annotated[float, Query(ge=0.0, le=30.0)]
 JSON_MAX = 4 << 20  # secure-aggregation messages are small; bound them
-
-
-class JoinBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    identity_key: str | None = None  # Ed25519 verify key, 64 hex characters
-
-
-class RefuseBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reason: str
-
-
-class Health(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    status: str
-    version: str
-
-
-class Me(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -173,6 +154,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(UploadRejected)
+    async def _upload_rejected(req: Request, exc: UploadRejected) -> JSONResponse:
+        return await _api_error(req, upload_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

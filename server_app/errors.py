@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ApiError"]
+from fedforest_secure.errors import UploadRejected
+
+__all__ = ["ApiError", "upload_error"]
 
 
 class ApiError(Exception):
@@ -21,3 +23,13 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": self.code, "detail": self.detail, **self.extra}
+
+
+#: The status of an upload rejection by its code (:mod:`fedforest_secure.protocol.uploads`):
+#: an upload for another task conflicts with the round; every other defect is a bad request.
+_UPLOAD_STATUS = {"wrong_task": 409}
+
+
+def upload_error(exc: UploadRejected) -> ApiError:
+    """The API's answer to an upload the protocol rejects."""
+    return ApiError(_UPLOAD_STATUS.get(exc.code, 400), exc.code, exc.detail)

@@ -39,6 +39,7 @@ from sqlalchemy import delete, select
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
 from fedforest_secure.protocol import SealedTask, Task, pack, seal, unpack
+from fedforest_secure.protocol.uploads import ParsedUpload, check_against_task, parse_upload
 from fedforest_secure.secagg import KeyAdvert, MaskedUpload, ShareBundle, UnmaskResponse, parse
 
 from . import engine
@@ -48,7 +49,6 @@ from .errors import ApiError
 from .jobspec import JobSpec, build_config, default_min_clients
 from .secagg_bridge import SecAggBridge, SecureRound, StoredRound
 from .settings import ConfigError
-from .uploads import ParsedUpload, check_against_task, parse_upload
 
 __all__ = ["JobRuntime", "ServerState", "TaskOffer"]
 

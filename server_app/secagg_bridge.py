@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.protocol import Task, layout_size
+from fedforest_secure.protocol import Task, layout_size, question_key
 from fedforest_secure.secagg import (
     KeyAdvert,
     MaskedUpload,
@@ -50,7 +50,7 @@ from fedforest_secure.secagg import (
     parse,
 )
 
-__all__ = ["PHASES", "SecAggBridge", "SecureRound", "StoredRound", "question_key", "question_of"]
+__all__ = ["PHASES", "SecAggBridge", "SecureRound", "StoredRound"]
 
 PHASES = {
     ServerStage.COLLECT_ADVERTS: "advertise",
@@ -60,24 +60,6 @@ PHASES = {
     ServerStage.DONE: "done",
     ServerStage.ABORTED: "aborted",
 }
-
-
-def question_key(task: Task) -> str:
-    """The secure-aggregation question of a task: its *content*, without the round id.
-
-    :meth:`Task.question_digest` (SHA-256 of the task's canonical bytes with ``round_id`` set
-    to 0), hex: the same key the in-process :class:`~fedforest_secure.secure_sum.RingAggregator`
-    uses. The same histogram re-asked in a later round is the same question, and a client
-    answers a question for one set of clients only (``SecAggClient`` refuses it for a different
-    set), so a server cannot subtract two sums of one statistic over sets that differ by one
-    client. Clients recompute it from the task they fetched and refuse a round setup that
-    announces another question.
-    """
-    return task.question_digest().hex()
-
-
-#: Kept for callers of the old name; the same function.
-question_of = question_key
 
 
 @dataclass
@@ -186,7 +168,7 @@ class SecAggBridge:
 
     def start(self, task: Task, participants: list[int]) -> SecureRound:
         """Open the secure round of ``task``; feed it the adverts that rode on the last round."""
-        server = SecAggServer(self.job_id, task.round_id, question_of(task), task.digest(),
+        server = SecAggServer(self.job_id, task.round_id, question_key(task), task.digest(),
                               layout_size(task.layout), self.threshold, dict(self.directory),
                               self.neighbours, streaming=True)
         sr = SecureRound(task.round_id, server, frozenset(participants))

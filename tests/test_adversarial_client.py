@@ -35,7 +35,7 @@ from test_server_secagg_api import upload as secure_upload
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import OverflowRisk
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Reply, Task, pack
+from fedforest_secure.protocol import Reply, Task, make_upload, pack
 from fedforest_secure.secagg import ShareDelivery, parse
 from fedforest_secure.secure_sum import encode_contribution, make_codec
 from fedforest_secure.worker import Worker
@@ -45,7 +45,6 @@ from server_app.auth import add_client
 from server_app.db import Database
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
-from server_app.uploads import make_upload
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from nacl.signing import SigningKey
 
-from client_app.secagg_session import SecAggSession, question_of
+from client_app.secagg_session import SecAggSession
 from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind, question_key
 from fedforest_secure.secagg import (
     ClientStage,
     InProcessSecureSum,
@@ -77,7 +77,7 @@ class Federation:
         self.clients = {u: SecAggClient(u, JOB, self.keys[u], self.directory) for u in range(k)}
 
     def server(self, task: Task) -> SecAggServer:
-        return SecAggServer(JOB, task.round_id, question_of(task), task.digest(), L,
+        return SecAggServer(JOB, task.round_id, question_key(task), task.digest(), L,
                             self.threshold, self.directory)
 
     def setup(self, task: Task) -> tuple[SecAggServer, RoundSetup]:
@@ -374,13 +374,13 @@ def test_clients_refuse_the_same_histogram_over_a_smaller_set() -> None:
     agg = InProcessSecureSum(range(4), threshold=0.67, job_id=JOB)
     agg.round_id = task.round_id
     enc1 = {k: encode_contribution(cfg, task, wk.handle(task)) for k, wk in enumerate(ws)}
-    total1 = agg.sum(question_of(task), task.digest(), enc1)
+    total1 = agg.sum(question_key(task), task.digest(), enc1)
     again = Task(job_id=task.job_id, round_id=task.round_id + 1, kind=task.kind,
                  level=task.level, params=task.params, arrays=task.arrays, layout=task.layout,
                  disclose=task.disclose)
     try:
         enc2 = {k: encode_contribution(cfg, again, ws[k].handle(again)) for k in (0, 1, 2)}
-        total2 = agg.sum(question_of(again), again.digest(), enc2)
+        total2 = agg.sum(question_key(again), again.digest(), enc2)
     except (RefusedRequest, ProtocolError):
         return  # refused: the fix
     assert not np.array_equal(total1 - total2, enc1[3]), \

@@ -18,7 +18,7 @@ from test_pki import _tls_server
 import server_app.auth as auth_module
 from client_app.transport import Transport, TransportFailed
 from fedforest_secure.pki import DevPKI, init_dev_pki
-from fedforest_secure.protocol import Task
+from fedforest_secure.protocol import Task, make_upload
 from fedforest_secure.secagg import SecAggClient
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
@@ -26,7 +26,6 @@ from server_app.auth import add_client, authenticate
 from server_app.db import Database
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
-from server_app.uploads import make_upload
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

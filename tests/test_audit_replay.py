@@ -23,14 +23,13 @@ from fedforest_secure.audit.entry import GENESIS, encode_array
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Task
+from fedforest_secure.protocol import Task, make_upload
 from fedforest_secure.worker import Worker
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
 from server_app.db import ClientRow, Database
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
-from server_app.uploads import make_upload
 
 K = 3
 JOB = "job-a"

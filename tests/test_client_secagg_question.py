@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_adversarial_server import JOB, Federation, L, _session, _task
 
-from client_app.secagg_session import SecAggSession, question_key, question_of
+from client_app.secagg_session import SecAggSession
 from fedforest_secure.errors import AbortedRound, ProtocolError, RefusedRequest
-from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind, question_key
 from fedforest_secure.secagg import (
     MaskedUpload,
     SecAggServer,
@@ -26,14 +26,13 @@ from fedforest_secure.secagg import (
     parse,
 )
 from server_app.secagg_bridge import SecAggBridge
-from server_app.secagg_bridge import question_key as server_question_key
 
 
 def _round(fed: Federation, session: SecAggSession, sent: list, task: Task,
            members: list[int]) -> np.ndarray:
     """One secure round over ``members``; client 0 is the HTTPS session (recording its posts).
     Returns the released sum; raises whatever a client raises."""
-    server = SecAggServer(JOB, task.round_id, question_of(task), task.digest(), L,
+    server = SecAggServer(JOB, task.round_id, question_key(task), task.digest(), L,
                           len(members), {u: fed.directory[u] for u in members})
     for u in members:
         c = fed.clients[u]
@@ -69,7 +68,6 @@ def test_the_question_is_the_task_content_without_the_round_id() -> None:
     t0, t1 = _task(0), _task(7)
     assert t0.digest() != t1.digest()  # masks stay bound to the round
     assert question_key(t0) == question_key(t1) == t0.question_digest().hex()
-    assert question_of is question_key and server_question_key is question_key
     other = Task(job_id=JOB, round_id=0, kind=TaskKind.HISTOGRAM, level=0,
                  params={"stats": "count", "features": [1]},
                  layout=(Block("hist", (L, 1), (StatKind.COUNT,)),))
@@ -107,7 +105,7 @@ def test_every_client_refuses_so_no_sum_over_the_smaller_set_is_released() -> No
     fed.clients[0] = session.client  # type: ignore[assignment]
     _round(fed, session, tr.sent, _task(0), [0, 1, 2, 3])
     task = _task(1)
-    server = SecAggServer(JOB, 1, question_of(task), task.digest(), L, 3,
+    server = SecAggServer(JOB, 1, question_key(task), task.digest(), L, 3,
                           {u: fed.directory[u] for u in (0, 1, 2)})
     for u in (1, 2):
         c = fed.clients[u]

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Task, pack
+from fedforest_secure.protocol import Task, make_upload, pack
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
@@ -23,7 +23,6 @@ from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
 from server_app.serve import check_transport
 from server_app.settings import ConfigError, ServerSettings
-from server_app.uploads import make_upload
 
 with warnings.catch_warnings():
     # starlette warns that its TestClient will move from httpx to httpx2; narrow and local.

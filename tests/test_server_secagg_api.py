@@ -13,7 +13,7 @@ from nacl.signing import SigningKey
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Task
+from fedforest_secure.protocol import Task, make_upload
 from fedforest_secure.secagg import RoundSetup, SecAggClient, ShareDelivery, UnmaskRequest, parse
 from fedforest_secure.secure_sum import encode_contribution, make_codec
 from fedforest_secure.worker import Worker
@@ -23,7 +23,6 @@ from server_app.auth import add_client
 from server_app.db import Database, JobRow, RoundRow
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
-from server_app.uploads import make_upload
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

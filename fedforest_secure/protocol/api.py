@@ -1,0 +1,112 @@
+"""The JSON shapes of the HTTPS API: request bodies the server validates, responses the client
+reads.
+
+Request bodies forbid unknown fields. Response models ignore fields they do not name, so a
+server that adds a field to a response does not break a client that does not read it; what a
+client reads is typed and validated here instead of picked out of a dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Directory",
+    "ErrorBody",
+    "Health",
+    "JoinBody",
+    "JoinResponse",
+    "Me",
+    "RefuseBody",
+    "RoundInfo",
+    "SecAggStep",
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class JoinBody(_Request):
+    """``POST /v1/jobs/{job}/join``."""
+
+    identity_key: str | None = None  # Ed25519 verify key, 64 hex characters
+
+
+class RefuseBody(_Request):
+    """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round."""
+
+    reason: str
+
+
+class Health(BaseModel):
+    """``GET /health``."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: str
+    version: str
+
+
+class Me(BaseModel):
+    """``GET /v1/me``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx: ``{"error": code, "detail": ...}`` plus fields particular to the code (an
+    upload refused because its round closed says whether it was ``counted``)."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str = ""
+    detail: str = ""
+
+
+class JoinResponse(_Response):
+    """The answer to a join: the job's configuration and this client's place in it."""
+
+    client_index: int
+    config: dict[str, Any]
+    client_name: str | None = None
+    #: SHA-256 of the job's schema file: the client refuses a different local schema.
+    schema_sha256: str | None = None
+
+
+class Directory(_Response):
+    """``GET /v1/jobs/{job}/directory``: the clients' Ed25519 identity keys (hex), by index."""
+
+    complete: bool = False
+    keys: dict[str, str] = {}
+
+
+class RoundInfo(_Response):
+    """One entry of ``GET /v1/jobs/{job}/rounds``."""
+
+    round_id: int
+    kind: str
+    status: str
+    task_digest: str
+
+
+class SecAggStep(_Response):
+    """``GET /v1/jobs/{job}/secagg``: what the client must do now in a secure round.
+
+    ``status`` is ``"task"`` (do ``action`` for ``round_id``), ``"wait"``, or the end of the
+    client's part: ``"done"``, ``"failed"``, ``"dropped"`` (``detail`` says why).
+    """
+
+    status: str
+    detail: str | None = ""
+    action: str | None = None
+    round_id: int | None = None
+    task_digest: str | None = None
+    message: str | None = None
+    audit_seq: int = 0
+    audit_head: str = ""
