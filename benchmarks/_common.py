@@ -14,7 +14,7 @@ import numpy as np
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, mean_squared_error, r2_score
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor
-from fedforest_secure.baselines import CentralizedRF, LocalEnsemble, LocalLearning
+from fedforest_secure.experiments.baselines import CentralizedRF, LocalEnsemble, LocalLearning
 
 # The paper's setting (Section 5, "Experimental setting"): T = 50 trees, depth 8, min leaf 5,
 # B = 32 candidates per feature, L = 3 for AvgImp/Top-L, max_features d/3 (regression) and

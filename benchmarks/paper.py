@@ -76,7 +76,7 @@ from _common import (  # noqa: E402
     table,
 )
 
-from fedforest_secure.datasets import (  # noqa: E402
+from fedforest_secure.experiments import (  # noqa: E402
     contaminate_outliers,
     dirichlet_partition,
     even_partition,

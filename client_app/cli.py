@@ -218,7 +218,7 @@ def compare(
     """Utility with and without noise: FedForest profiles vs central DP and plain baselines."""
     from rich.console import Console as _Console
 
-    from fedforest_secure.compare import (
+    from fedforest_secure.experiments.compare import (
         format_table,
         load_csv_table,
         parse_epsilons,

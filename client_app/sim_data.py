@@ -44,7 +44,7 @@ def synthetic_table(n: int, d: int = 20, seed: int = 0) -> tuple[np.ndarray, np.
 
 
 def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
-    """``(X, y, task, feature_names)``; from fedforest_secure.datasets, else scikit-learn.
+    """``(X, y, task, feature_names)``; from fedforest_secure.experiments, else scikit-learn.
 
     ``synthetic-<n>`` is a synthetic regression table of ``n`` rows and 20 features.
     """
@@ -52,7 +52,7 @@ def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
         X, y = synthetic_table(int(name.split("-", 1)[1]))
         return X, y, "regression", [f"x{j}" for j in range(X.shape[1])]
     try:
-        from fedforest_secure.datasets import load_dataset
+        from fedforest_secure.experiments.loaders import load_dataset
     except ImportError:
         from sklearn import datasets as skd
 
@@ -68,7 +68,7 @@ def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
 
 def _partition(y: np.ndarray, task: str, k: int, alpha: float, seed: int) -> np.ndarray:
     try:
-        from fedforest_secure.datasets import dirichlet_partition
+        from fedforest_secure.experiments.partitions import dirichlet_partition
     except ImportError:
         rng = np.random.default_rng(seed)
         return rng.integers(0, k, y.shape[0])

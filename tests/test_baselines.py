@@ -7,7 +7,7 @@ import pytest
 from sklearn.base import clone
 from sklearn.ensemble import RandomForestRegressor
 
-from fedforest_secure.baselines import (
+from fedforest_secure.experiments.baselines import (
     CentralizedRF,
     LocalEnsemble,
     LocalEnsembleClassifier,

@@ -1,4 +1,4 @@
-"""Tests for fedforest_secure.compare and ``fedforest compare``: tiny settings, all outputs."""
+"""Tests for fedforest_secure.experiments.compare and ``fedforest compare`` on tiny settings."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from client_app.cli import app
-from fedforest_secure.compare import (
+from fedforest_secure.experiments.compare import (
     ComparisonResult,
     format_table,
     load_csv_table,

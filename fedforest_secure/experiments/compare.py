@@ -19,7 +19,7 @@ seed, every method of the comparison and scores it on the held-out rows:
 ========================  ==================================================================
 
 Protocol per seed ``s``: a 70/30 split (stratified for classification) with ``random_state=s``;
-the training rows are spread over ``K`` clients by :func:`~.datasets.dirichlet_partition` on the
+the training rows are spread over ``K`` clients by :func:`~.partitions.dirichlet_partition` on the
 training features (covariate shift; concentration ``alpha``). Held-out rows get an owner for
 local learning: their nearest training row's client (standardised features), i.e. a held-out
 sample of the client mixture. A table with its own client column keeps it instead.
@@ -39,6 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..estimators import FedForestClassifier, FedForestRegressor
+from ..privacy import load_profile
+from .baselines import CentralizedRF, LocalLearning
+from .loaders import load_dataset
+from .partitions import dirichlet_partition
 
 __all__ = [
     "DP_METHODS",
@@ -223,8 +229,6 @@ def _split(X: np.ndarray, y: np.ndarray, client: np.ndarray | None, task: str, s
            n_clients: int, alpha: float) -> _Split:
     from sklearn.model_selection import train_test_split
 
-    from .datasets import dirichlet_partition
-
     idx = np.arange(X.shape[0])
     tr, te = train_test_split(idx, test_size=0.3, random_state=seed,
                               stratify=y if task == "classification" else None)
@@ -248,8 +252,6 @@ def _score(task: str, y: np.ndarray, pred: np.ndarray) -> float:
 
 
 def _fedforest(task: str, profile: Any, params: dict[str, Any], seed: int) -> Any:
-    from .estimators import FedForestClassifier, FedForestRegressor
-
     cls = FedForestClassifier if task == "classification" else FedForestRegressor
     return cls(profile=profile, random_state=seed, **params)
 
@@ -314,7 +316,7 @@ def run_comparison(
 
     Parameters
     ----------
-    dataset : name for :func:`~.datasets.load_dataset` (or pass ``data``)
+    dataset : name for :func:`~.loaders.load_dataset` (or pass ``data``)
     epsilons : finite values are the DP budgets; ``inf`` is always the no-DP column
     seeds : a count (seeds ``0..n-1``) or explicit seeds
     n_clients, alpha : Dirichlet partition of the training rows (ignored with a client column)
@@ -328,14 +330,9 @@ def run_comparison(
     data : ``(X, y, client or None, task)`` instead of a named dataset
     progress : called with a short message after every fit
     """
-    from .baselines import CentralizedRF, LocalLearning
-    from .privacy import load_profile
-
     if data is None:
         if dataset is None:
             raise ValueError("give a dataset name or data=(X, y, client, task)")
-        from .datasets import load_dataset
-
         ds = load_dataset(dataset)
         X, y, client, task = ds.X, ds.y, ds.client, str(ds.task)
         name = name or dataset

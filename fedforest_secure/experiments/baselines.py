@@ -44,6 +44,8 @@ from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
+from ..config import resolve_max_features
+
 __all__ = [
     "CentralizedRF",
     "LocalEnsemble",
@@ -331,8 +333,6 @@ class CentralizedRF(_Base):
         return np.hstack([X, codes])
 
     def _resolved_max_features(self, d: int) -> Any:
-        from .config import resolve_max_features
-
         mf = _default_max_features(self.task, self.max_features)
         if not self.use_client:
             return mf
