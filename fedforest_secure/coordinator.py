@@ -248,34 +248,40 @@ class Coordinator:
         """Spend one round's budget share; the noise scales (which every client recomputes
         from its own profile, see :func:`~fedforest_secure.secure_sum.noise_sigmas`) are
         published in the task and the audit log for transparency only."""
-        from .secure_sum import noise_sigmas
+        from .privacy.allocation import job_noise
+        from .secure_sum import noise_sigmas, noise_units
 
-        eps, delta = self._budget.sum_share
+        sigmas, k_min = noise_sigmas(self.config, layout, level)
+        dims: dict[str, int] = {}
+        for b in layout:
+            per = b.size // max(len(b.kinds), 1)
+            for k in b.kinds:
+                dims[k.value] = dims.get(k.value, 0) + per
+        cost = job_noise(self.config, noise_units(self.config)).cost(level, dims)
         spend = self.accountant.spend(f"round {self._round} ({kind.value}, level {level})",
-                                      epsilon=eps, delta=delta)
-        sigmas, k_min = noise_sigmas(self.config, layout)
+                                      cost, mechanism="gaussian_discrete (distributed)")
         self._k_min = k_min
         self.dp_spends.append({"round": self._round, "kind": kind.value, "level": level,
                                "epsilon": spend.epsilon, "delta": spend.delta,
+                               "rho": spend.rho, "xi": spend.xi,
                                "mechanism": "gaussian_discrete (distributed)",
                                "total_epsilon": spend.total_epsilon,
                                "total_delta": spend.total_delta, "sigma_client": sigmas})
-        return {"sigma": sigmas, "epsilon": spend.epsilon, "delta": spend.delta}
+        return {"sigma": sigmas, "epsilon": spend.epsilon, "delta": spend.delta,
+                "rho": spend.rho, "xi": spend.xi, "total_epsilon": spend.total_epsilon}
 
     def _spend_node_stats(self, level: int, n_nodes: int) -> None:
         """Noisy H-splits: charge this round's per-client node summaries (each client adds
         local noise for its own release, see :mod:`~fedforest_secure.privacy.hsplits`)."""
         from .privacy.hsplits import node_stats_noise
 
-        share = self._budget.h_share
-        if share is None:  # pragma: no cover - job_budget(noisy_h=True) sets it
-            raise BudgetError("no budget for noisy node summaries")
-        spend = self.accountant.spend(
-            f"round {self._round} (node_stats, level {level})",
-            mechanism="gaussian_discrete (local, per client)", epsilon=share[0], delta=share[1])
         noise = node_stats_noise(self.config, n_nodes)
+        spend = self.accountant.spend(
+            f"round {self._round} (node_stats, level {level})", noise.cost,
+            mechanism="gaussian_discrete (local, per client)")
         self.dp_spends.append({"round": self._round, "kind": "node_stats", "level": level,
                                "epsilon": spend.epsilon, "delta": spend.delta,
+                               "rho": spend.rho, "xi": spend.xi,
                                "mechanism": "gaussian_discrete (local, per-client node summaries)",
                                "total_epsilon": spend.total_epsilon,
                                "total_delta": spend.total_delta,

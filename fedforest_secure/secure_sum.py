@@ -22,7 +22,7 @@ from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 
 __all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec",
-           "noise_sigmas"]
+           "noise_sigmas", "noise_units"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
@@ -102,51 +102,38 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
 _CODEC_CACHE: dict[object, StatCodec] = {}
 
 
-def noise_sigmas(config: JobConfig, layout: tuple[Block, ...]) -> tuple[dict[str, float], int]:
+def noise_units(config: JobConfig) -> dict[str, float]:
+    """Ring units per unit of each summable statistic kind (the units the noise is added in)."""
+    return {k.value: entry_scale_bits(config, k)
+            for k in (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)}
+
+
+def noise_sigmas(config: JobConfig, layout: tuple[Block, ...], level: int
+                 ) -> tuple[dict[str, float], int]:
     """Each client's discrete-Gaussian noise scale (ring units) per statistic kind of a release.
 
-    A pure function of the job's public configuration and the round's layout, so every client
-    computes it from its own profile: the server cannot lower it. One release gets an equal
-    share ``epsilon / max_depth`` (basic composition, diffprivlib's accountant on the server
-    records it), split evenly over the statistic kinds in the vector. Sensitivity follows from
-    per-bin histograms (invariant 3): a record counts once per feature slot and tree it sits
-    in, times its bootstrap multiplicity. Returns the scales and ``K_min``, the survivors the
-    noise is calibrated for.
+    A pure function of the job's public configuration, the round's layout and its level, so
+    every client computes it from its own profile: the server cannot lower it. The job's noise
+    plan (:func:`~fedforest_secure.privacy.allocation.job_noise`) gives each splitting level's
+    histogram release its share of the zCDP budget and calibrates all releases together so the
+    whole job is exactly (epsilon, delta)-DP. Sensitivity follows from per-bin histograms
+    (invariant 3): a record counts once per feature slot and tree it sits in, times its
+    bootstrap multiplicity. Returns the scales and ``K_min``, the survivors the noise is
+    calibrated for.
     """
-    from .privacy import histogram_sensitivity, plan_distributed_noise
-    from .privacy.accountant import PrivacyAccountant
+    from .privacy.allocation import job_noise
 
-    dp = config.dp
-    if dp is None:
+    if config.dp is None:
         return {}, 0
-    share_eps, share_delta = PrivacyAccountant(
-        float(dp["epsilon"]), float(dp["delta"]), n_rounds=config.max_depth).per_round
     present = sorted({k.value for b in layout for k in b.kinds})
     if not present:
         return {}, 0
-    eps_k, delta_k = share_eps / len(present), share_delta / len(present)
-    trees = 1 if config.sampling == "disjoint" else config.n_estimators
-    mult = 1 if config.sampling in ("disjoint", "all") else int(dp.get("max_multiplicity", 4))
-    slots = max((b.shape[1] for b in layout if b.name == "hist"), default=1)
-    tol = float(dp.get("dropout_tolerance") or
-                max(0.0, 1.0 - float(config.profile.get("threshold", 1.0))))
-    dims = sum(b.size for b in layout)
-    names = {"count": "class_count" if config.task == "classification" else "count",
-             "sum": "sum", "sumsq": "sum_sq"}
-    sigmas: dict[str, float] = {}
-    k_min = 0
-    for kv in present:
-        if kv not in names:
-            raise BudgetError(f"no DP calibration for statistic {kv!r}")
-        sens = histogram_sensitivity(
-            names[kv], n_features=slots, n_trees=trees, max_multiplicity=mult,
-            target_bounds=(-config.target_bound, config.target_bound))
-        sens = sens.scaled(entry_scale_bits(config, StatKind(kv)))
-        plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=config.n_clients,
-                                      dropout_tolerance=min(tol, 0.999), dims=max(dims, 1))
-        sigmas[kv] = plan.sigma_client
-        k_min = plan.k_min
-    return sigmas, k_min
+    plan = job_noise(config, noise_units(config))
+    sigmas = plan.level_sigmas(level)
+    missing = [k for k in present if k not in sigmas]
+    if missing:
+        raise BudgetError(f"no DP calibration for statistic {missing[0]!r}")
+    return {k: sigmas[k] for k in present}, plan.k_min
 
 
 def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarray:
@@ -160,7 +147,7 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
         from .privacy import sample_discrete_gaussian
 
         # the client's own calibration: never the server's word (task.params is informational)
-        sigmas, _ = noise_sigmas(config, task.layout)
+        sigmas, _ = noise_sigmas(config, task.layout, task.level)
         kinds = kinds_vector(task.layout)
         noise = np.zeros(encoded.size, dtype=np.int64)
         for kind, sigma in sigmas.items():

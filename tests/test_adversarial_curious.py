@@ -117,5 +117,10 @@ def test_secure_dp_noises_every_released_sum_within_the_budget() -> None:
             assert not np.array_equal(encoded[k], codec.encode(rep.summable))
     for rec in records:
         assert rec.disclosed == {} and rec.task.disclose == ()
-    eps = [float(t.params["dp"]["epsilon"]) for t, _, _ in released]
-    assert sum(eps) <= 4.0 * (1 + 1e-9)
+    from fedforest_secure.privacy import ZCdp, epsilon_of
+
+    # the releases compose (Rényi DP, one conversion) to at most the budget
+    costs = [ZCdp(float(t.params["dp"]["rho"]), float(t.params["dp"]["xi"]))
+             for t, _, _ in released]
+    assert epsilon_of(costs, 1e-6) <= 4.0 * (1 + 1e-9)
+    assert float(released[-1][0].params["dp"]["total_epsilon"]) <= 4.0 * (1 + 1e-9)

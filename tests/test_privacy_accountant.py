@@ -1,70 +1,127 @@
-"""Tests for fedforest_secure.privacy.accountant."""
+"""Tests for fedforest_secure.privacy.accountant: Rényi/zCDP composition, one conversion,
+checked against Google's dp-accounting."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from fedforest_secure.errors import BudgetError
-from fedforest_secure.privacy import PrivacyAccountant, load_profile
-
-
-@pytest.mark.parametrize("n_rounds", [1, 3, 7, 10, 13, 100])
-def test_equal_split_spends_exactly_the_budget(n_rounds: int) -> None:
-    acc = PrivacyAccountant(1.0, 1e-6, n_rounds=n_rounds)
-    eps_r, delta_r = acc.per_round
-    assert eps_r == pytest.approx(1.0 / n_rounds, rel=1e-8)
-    assert 1 - (1 - delta_r) ** n_rounds == pytest.approx(1e-6, rel=1e-6)
-    assert acc.rounds_left == n_rounds
-    for r in range(n_rounds):
-        rec = acc.spend(f"level {r}")
-        assert rec.epsilon == eps_r and rec.delta == delta_r
-        assert rec.total_epsilon == pytest.approx((r + 1) * eps_r)
-    assert acc.rounds_left == 0
-    assert acc.spent[0] <= 1.0 and acc.spent[1] <= 1e-6
-    with pytest.raises(BudgetError, match="budget exhausted"):
-        acc.spend("one too many")
-    assert len(acc.spends) == n_rounds  # the refused spend is not recorded
-
-
-def test_records_running_totals_and_mechanism() -> None:
-    acc = PrivacyAccountant(2.0, 1e-5, n_rounds=4)
-    a = acc.spend("sketch", epsilon=0.5, delta=0.0, mechanism="gaussian_discrete")
-    b = acc.spend("histograms", epsilon=0.25, delta=1e-6)
-    assert (a.label, a.mechanism, a.total_epsilon, a.total_delta) == (
-        "sketch",
-        "gaussian_discrete",
-        0.5,
-        0.0,
-    )
-    assert b.total_epsilon == pytest.approx(0.75) and b.total_delta == pytest.approx(1e-6)
-    assert acc.spends == (a, b)
-    with pytest.raises(BudgetError, match="'leaves'"):
-        acc.spend("leaves", epsilon=1.5)
-    assert acc.spent[0] == pytest.approx(0.75)
-    with pytest.raises(BudgetError, match="invalid spend"):
-        acc.spend("bad", epsilon=-1.0)
-    with pytest.raises(BudgetError, match="invalid spend"):
-        acc.spend("bad", epsilon=math.nan)
-
-
-@pytest.mark.parametrize(
-    ("eps", "delta", "n"),
-    [(math.inf, 1e-6, 3), (0.0, 1e-6, 3), (1.0, 0.0, 3), (1.0, 1.0, 3), (1.0, 1e-6, 0)],
+from fedforest_secure.estimators import FedForestClassifier, FedForestRegressor
+from fedforest_secure.privacy import (
+    Cost,
+    PrivacyAccountant,
+    ZCdp,
+    epsilon_of,
+    histogram_sensitivity,
+    load_profile,
+    plan_distributed_noise,
 )
-def test_fail_closed_without_finite_budget(eps: float, delta: float, n: int) -> None:
+from fedforest_secure.privacy.accountant import ORDERS
+
+dp_accounting = pytest.importorskip("dp_accounting")
+
+
+def _reference(events: list[ZCdp], delta: float, orders: np.ndarray = ORDERS) -> float:
+    """dp-accounting's RDP accountant on the same releases and orders."""
+    acc = dp_accounting.rdp.RdpAccountant(orders=list(orders))
+    acc.compose(dp_accounting.ComposedDpEvent(
+        [dp_accounting.ZCDpEvent(rho=e.rho, xi=e.xi) for e in events]))
+    return float(acc.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("rho", [0.003, 0.02, 0.3, 1.0, 5.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-6, 1e-9])
+def test_conversion_equals_dp_accounting(rho: float, delta: float) -> None:
+    events = [ZCdp(rho / 3), ZCdp(rho / 3, xi=1e-4), ZCdp(rho / 3)]
+    assert epsilon_of(events, delta) == pytest.approx(_reference(events, delta), rel=1e-12)
+    # the fixed grid is fine enough: a 20x denser one changes epsilon by < 0.1%
+    dense = 1.0 + np.geomspace(0.0101, 1.0e4, 24000)
+    ref = _reference(events, delta, dense)
+    assert ref <= epsilon_of(events, delta) <= ref * 1.001
+
+
+def _dp_job(cls: type, task: str, eps: float) -> tuple[object, float]:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(240, 5))
+    y = (X[:, 0] > 0).astype(int) if task == "classification" else X[:, 0] + rng.normal(size=240)
+    est = cls(profile=load_profile("secure-dp", epsilon=eps), n_estimators=3, max_depth=3,
+              max_features=2, n_bins=4, random_state=1)
+    seen: list[object] = []
+    est.fit(X, y, client=np.arange(240) % 4, on_round=seen.append)
+    return est, eps
+
+
+@pytest.mark.parametrize(("cls", "task"), [(FedForestClassifier, "classification"),
+                                           (FedForestRegressor, "regression")])
+@pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
+def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real DP job: the accountant's total equals dp-accounting's on the recorded releases,
+    and the calibration spends the whole budget."""
+    from fedforest_secure import coordinator as coordinator_mod
+
+    made: list[coordinator_mod.Coordinator] = []
+    real_init = coordinator_mod.Coordinator.__init__
+
+    def spy(self: coordinator_mod.Coordinator, *a: object, **kw: object) -> None:
+        real_init(self, *a, **kw)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(coordinator_mod.Coordinator, "__init__", spy)
+    _dp_job(cls, task, eps)
+    (coord,) = made
+    spends = coord.dp_spends
+    assert len(spends) == 3  # one histogram release per splitting level
+    events = [ZCdp(s["rho"], s["xi"]) for s in spends]
+    # the recorded (rho, xi) is the bound in force at every order (tau is negligible here)
+    for s, rec in zip(coord.accountant.spends, events, strict=True):
+        assert s.rho == rec.rho
+    total = coord.accountant.spent[0]
+    assert total == pytest.approx(_reference(events, 1e-6), rel=1e-9)
+    assert total == pytest.approx(spends[-1]["total_epsilon"], rel=1e-12)
+    assert total <= eps * (1 + 1e-9) and total == pytest.approx(eps, rel=1e-4)
+
+
+def test_zcdp_saves_budget_over_basic_composition() -> None:
+    """Noise calibrated release by release for basic composition (three releases of
+    epsilon = 1/3) composes in zCDP to epsilon < 0.6, not 1."""
+    sens = histogram_sensitivity("class_count", n_features=3, n_trees=8)
+    basic = plan_distributed_noise(1 / 3, 1e-6 / 3, sens, n_clients=4, dropout_tolerance=0.25,
+                                   dims=1000)
+    rho = sens.l2**2 / (2 * 3 * basic.sigma_client**2)
+    assert 0.5 < epsilon_of([ZCdp(rho)] * 3, 1e-6) < 0.6
+
+
+def test_spends_accumulate_and_refuse_past_the_budget() -> None:
+    acc = PrivacyAccountant(1.0, 1e-6)
+    assert acc.spent == (0.0, 0.0)
+    a = acc.spend("level 0", ZCdp(0.008), mechanism="gaussian_discrete")
+    b = acc.spend("level 1", Cost.of(ZCdp(0.008), ZCdp(0.5)))  # the smaller bound counts
+    assert a.total_epsilon < b.total_epsilon == pytest.approx(epsilon_of([ZCdp(0.016)], 1e-6))
+    assert b.total_epsilon < a.epsilon + b.epsilon  # composition beats adding epsilons
+    assert acc.spends == (a, b) and a.label == "level 0" and a.rho == 0.008
+    before = acc.rdp
+    with pytest.raises(BudgetError, match="'level 2'"):
+        acc.spend("level 2", ZCdp(0.05))
+    assert acc.spends == (a, b) and np.array_equal(acc.rdp, before)  # nothing recorded
+    acc.spend("small", ZCdp(0.001))
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(math.inf, 1e-6), (0.0, 1e-6), (-1.0, 1e-6),
+                                            (math.nan, 1e-6), (1.0, 0.0), (1.0, 1.0)])
+def test_fail_closed_without_finite_budget(eps: float, delta: float) -> None:
     with pytest.raises(BudgetError):
-        PrivacyAccountant(eps, delta, n_rounds=n)
+        PrivacyAccountant(eps, delta)
 
 
-def test_from_profile() -> None:
-    acc = PrivacyAccountant.from_profile(
-        load_profile("secure-dp", epsilon=3.0), max_depth=5, rounds_per_level=2, extra_rounds=2
-    )
-    assert acc.n_rounds == 12 and acc.epsilon == 3.0 and acc.delta == 1e-6
-    assert acc.per_round[0] == pytest.approx(0.25)
-    with pytest.raises(BudgetError, match="no \\[dp\\] section"):
-        PrivacyAccountant.from_profile(load_profile("secure"), max_depth=3)
-    with pytest.raises(BudgetError, match="max_depth"):
-        PrivacyAccountant.from_profile(load_profile("secure-dp"), max_depth=0)
+def test_bad_bounds_are_refused() -> None:
+    for rho, xi in [(-1.0, 0.0), (math.inf, 0.0), (0.1, -1.0), (math.nan, 0.0)]:
+        with pytest.raises(BudgetError):
+            ZCdp(rho, xi)
+    with pytest.raises(BudgetError):
+        Cost(())
+    with pytest.raises(BudgetError):
+        epsilon_of([ZCdp(0.1)], 0.0)

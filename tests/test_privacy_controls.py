@@ -31,9 +31,9 @@ from fedforest_secure.errors import ProfileError
 from fedforest_secure.federation import RoundRecord, client_seed, run_in_process
 from fedforest_secure.privacy import (
     PrivacyProfile,
-    central_sigma,
+    ZCdp,
+    epsilon_of,
     histogram_sensitivity,
-    plan_distributed_noise,
 )
 from fedforest_secure.protocol import Reply, StatKind, Task, TaskKind, kinds_vector
 from fedforest_secure.secure_sum import encode_contribution, entry_scale_bits, make_codec
@@ -298,24 +298,25 @@ def _scale_ok(samples: np.ndarray, expected_std: float, tol: float = 0.03) -> bo
 def test_dp_noise_of_the_aggregate_matches_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, task = _dp_round()
     dp = task.params["dp"]
-    kinds = kinds_vector(task.layout)
     slots = task.layout[0].shape[1]
     noise = _decoded_noise(cfg, task, reps=400, seed=11, monkeypatch=monkeypatch)
-    eps_k = dp["epsilon"] / 3  # three statistic kinds share the round's budget
-    delta_k = dp["delta"] / 3
     names = {"count": "count", "sum": "sum", "sumsq": "sum_sq"}
+    k_min = 3  # ceil(K (1 - 0.33)) survivors
+    rhos = []
     for kind, sigma_client in dp["sigma"].items():
         # the engine's calibration is the documented one: histogram sensitivity (disjoint rows:
         # one tree, multiplicity 1, one bin per feature slot), in ring units, distributed
-        # over K_min = ceil(K (1 - 0.33)) survivors
+        # over K_min survivors; every kind of every level gets the same zCDP share
         sens = histogram_sensitivity(names[kind], n_features=slots, n_trees=1,
                                      max_multiplicity=1,
                                      target_bounds=(-cfg.target_bound, cfg.target_bound))
         sens = sens.scaled(entry_scale_bits(cfg, StatKind(kind)))
-        plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=K,
-                                      dropout_tolerance=0.33, dims=kinds.size)
-        assert sigma_client == pytest.approx(plan.sigma_client, rel=1e-9)
-        assert plan.sigma_sum >= central_sigma(eps_k, delta_k, sens) * (1 - 1e-9)
+        rhos.append(sens.l2**2 / (2 * k_min * sigma_client**2))
+    assert rhos == pytest.approx([rhos[0]] * 3, rel=1e-9)
+    # the max_depth levels' releases of the three kinds compose to the job's epsilon
+    assert epsilon_of([ZCdp(r) for r in rhos] * cfg.max_depth, 1e-6) == pytest.approx(
+        1.0, rel=1e-4)
+    for kind, sigma_client in dp["sigma"].items():
         # the decoded sum of K noisy zero vectors has std sigma_client * sqrt(K) (stat units)
         samples = noise[:, _kind_mask(task, kind)].ravel()
         assert samples.size >= 30_000
@@ -337,8 +338,8 @@ def test_dp_noise_check_catches_a_miscalibrated_round(monkeypatch: pytest.Monkey
     cfg, task = _dp_round()
     good = dict(task.params["dp"]["sigma"])
     real = secure_sum.noise_sigmas
-    monkeypatch.setattr(secure_sum, "noise_sigmas", lambda c, layout: (
-        {k: v / 1.2 for k, v in real(c, layout)[0].items()}, real(c, layout)[1]))
+    monkeypatch.setattr(secure_sum, "noise_sigmas", lambda c, layout, level: (
+        {k: v / 1.2 for k, v in real(c, layout, level)[0].items()}, real(c, layout, level)[1]))
     bad = task
     noise = _decoded_noise(cfg, bad, reps=400, seed=12, monkeypatch=monkeypatch)
     for kind, sigma_client in good.items():

@@ -13,7 +13,13 @@ from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import BudgetError, RefusedRequest
 from fedforest_secure.estimators import FedForestClassifier, FedForestRegressor
 from fedforest_secure.federation import RoundRecord, client_seed, make_aggregator, run_in_process
-from fedforest_secure.privacy import histogram_sensitivity, load_profile, plan_distributed_noise
+from fedforest_secure.privacy import (
+    ZCdp,
+    epsilon_of,
+    histogram_sensitivity,
+    load_profile,
+    plan_distributed_noise,
+)
 from fedforest_secure.privacy.hsplits import (
     NodeStatsRelease,
     add_node_stats_noise,
@@ -105,14 +111,17 @@ def test_released_summaries_are_noisy_disclosures_of_the_splitting_levels() -> N
 def test_node_stats_noise_scale_follows_the_sensitivity_and_the_budget() -> None:
     cfg = _cfg()
     noise = node_stats_noise(cfg, n_nodes=2)
-    share = job_budget(cfg.dp or {}, cfg.max_depth, noisy_h=True).h_share
-    assert share is not None and math.isclose(share[0], 2.0 / 2, rel_tol=1e-6)
-    # a record sits in one node per tree: L2 = sqrt(T) over the level's class counts
+    # a record sits in one node per tree: L2 = sqrt(T) over the level's class counts; the
+    # max_depth local releases (no tau term with one client) together are (h_epsilon, delta)-DP
     sens = histogram_sensitivity("class_count", n_trees=cfg.n_estimators)
-    plan = plan_distributed_noise(share[0], share[1], sens, n_clients=1,
-                                  dropout_tolerance=0.0, dims=2 * 3)
-    assert np.allclose(noise.sigma_values, plan.sigma_client)
-    assert plan.sigma_client >= plan.sigma_central  # never below diffprivlib's calibration
+    rho_h = sens.l2**2 / (2 * float(noise.sigma[0]) ** 2)
+    assert epsilon_of([ZCdp(rho_h)] * cfg.max_depth, 1e-6) == pytest.approx(2.0, rel=1e-6)
+    assert noise.cost.rdp() == pytest.approx(ZCdp(rho_h).rdp())
+    # composing in zCDP: less noise than splitting h_epsilon over the levels and calibrating
+    # each release alone
+    alone = plan_distributed_noise(1.0, 1e-6 / 2, sens, n_clients=1, dropout_tolerance=0.0,
+                                   dims=2 * 3)
+    assert (noise.sigma_values < alone.sigma_client).all()
     # 4x the trees: twice the L2 sensitivity, twice the noise; twice the budget: less noise
     assert np.allclose(node_stats_noise(_cfg(n_estimators=8), 2).sigma_values,
                        2 * noise.sigma_values, rtol=0.02)
@@ -236,21 +245,24 @@ def test_budget_accounting_includes_the_node_summaries() -> None:
     h_sp = [s for s in coord_spends if s["kind"] == "node_stats"]
     sum_sp = [s for s in coord_spends if s["kind"] != "node_stats"]
     assert [s["level"] for s in h_sp] == [0, 1, 2]  # one per splitting level
-    assert all(math.isclose(s["epsilon"], 2.0 / 3, rel_tol=1e-6) for s in h_sp)
-    assert all(math.isclose(s["epsilon"], 4.0 / 3, rel_tol=1e-6) for s in sum_sp)
     assert len(sum_sp) == 3
+    # each kind alone spends its own budget exactly (one conversion of its composed curve)
+    assert epsilon_of([ZCdp(s["rho"], s["xi"]) for s in h_sp], 1e-6) == pytest.approx(
+        2.0, rel=1e-4)
+    assert epsilon_of([ZCdp(s["rho"], s["xi"]) for s in sum_sp], 1e-6) == pytest.approx(
+        4.0, rel=1e-4)
+    # together: one conversion of both, below epsilon + h_epsilon (basic composition)
     eps_total, delta_total = coord.accountant.spent
-    assert math.isclose(eps_total, 4.0 + 2.0, rel_tol=1e-6)
-    assert eps_total <= coord.accountant.epsilon
-    assert delta_total <= coord.accountant.delta
-    assert math.isclose(coord.accountant.delta, 1 - (1 - 1e-6) ** 2, rel_tol=1e-6)
+    assert eps_total == pytest.approx(coord_spends[-1]["total_epsilon"])
+    assert 4.0 < eps_total < 4.0 + 2.0
+    assert coord.accountant.epsilon == 6.0 and delta_total == coord.accountant.delta == 1e-6
     assert all("sigma_client" in s for s in h_sp)  # what the audit log records
 
 
 def test_without_noisy_h_the_budget_is_unchanged() -> None:
     cfg = _cfg(split_on_client=False, profile=load_profile("secure-dp", epsilon=4.0).to_dict())
     b = job_budget(cfg.dp or {}, cfg.max_depth, noisy_h=False)
-    assert b.h_share is None and b.total == (4.0, 1e-6) and b.n_releases == cfg.max_depth
+    assert not b.noisy_h and b.total == (4.0, 1e-6)
 
 
 def test_noisy_h_splits_fail_closed_without_a_budget() -> None:

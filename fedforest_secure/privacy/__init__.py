@@ -8,7 +8,9 @@ Public API (everything in ``__all__``):
   :func:`plan_distributed_noise`, :class:`NoisePlan`, :func:`add_distributed_noise`,
   :func:`sample_discrete_gaussian`, :class:`ChaChaRandom`, :func:`min_survivors`,
   :func:`require_dp_ready`, :func:`rho_for`, :func:`zcdp_delta`
-* budget: :class:`PrivacyAccountant`, :class:`Spend`
+* budget: :class:`PrivacyAccountant`, :class:`Spend`, :class:`ZCdp`, :class:`Cost`,
+  :func:`epsilon_of`, :func:`ddg_cost`
+* allocation: :func:`dp_forest_settings`, :func:`calibrate`, :func:`job_noise`
 
 Noisy per-client node summaries for ``h_splits = "noisy"`` live in :mod:`.hsplits` (used by the
 worker and the coordinator, not re-exported).
@@ -24,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 from .profile import DPConfig, PrivacyProfile, available_profiles, load_profile
 
 if TYPE_CHECKING:
-    from .accountant import PrivacyAccountant, Spend
+    from .accountant import Cost, PrivacyAccountant, Spend, ZCdp, epsilon_of
+    from .allocation import calibrate, dp_forest_settings, job_noise
     from .dp import (
         ChaChaRandom,
         NoisePlan,
         add_distributed_noise,
         central_sigma,
+        ddg_cost,
         min_survivors,
         plan_distributed_noise,
         require_dp_ready,
@@ -41,7 +45,9 @@ if TYPE_CHECKING:
     from .sensitivity import Sensitivity, histogram_sensitivity
 
 _LAZY = {
-    "PrivacyAccountant": "accountant", "Spend": "accountant",
+    "PrivacyAccountant": "accountant", "Spend": "accountant", "ZCdp": "accountant",
+    "Cost": "accountant", "epsilon_of": "accountant", "ddg_cost": "dp",
+    "calibrate": "allocation", "dp_forest_settings": "allocation", "job_noise": "allocation",
     "ChaChaRandom": "dp", "NoisePlan": "dp", "add_distributed_noise": "dp",
     "central_sigma": "dp", "min_survivors": "dp", "plan_distributed_noise": "dp",
     "require_dp_ready": "dp", "rho_for": "dp", "sample_discrete_gaussian": "dp",
@@ -66,6 +72,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ChaChaRandom",
+    "Cost",
     "DPConfig",
     "NoisePlan",
     "PrivacyAccountant",
@@ -76,9 +83,14 @@ __all__ = [
     "adaptive_n_bins",
     "add_distributed_noise",
     "available_profiles",
+    "calibrate",
     "central_sigma",
     "check_profile_schema",
+    "ddg_cost",
+    "dp_forest_settings",
+    "epsilon_of",
     "histogram_sensitivity",
+    "job_noise",
     "load_profile",
     "min_survivors",
     "plan_distributed_noise",
@@ -86,4 +98,5 @@ __all__ = [
     "rho_for",
     "sample_discrete_gaussian",
     "zcdp_delta",
+    "ZCdp",
 ]

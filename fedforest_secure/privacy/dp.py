@@ -13,12 +13,22 @@ calibrations of ``sigma_client``:
 1. diffprivlib's central calibration divided by ``sqrt(K_min)``: ``GaussianDiscrete`` (exact
    privacy-loss analysis of the 1-D discrete Gaussian) when only one integer coordinate can
    change, ``GaussianAnalytic`` (Balle & Wang 2018) on the L2 sensitivity otherwise;
-2. a bound that also covers what (1) does not: a *vector* of discrete Gaussians, summed over
-   ``K_min`` clients. Kairouz, Liu & Steinke (ICML 2021, Thm. 1) show the sum of ``n`` i.i.d.
-   ``N_Z(0, s**2)`` vectors of dimension ``d`` is ``rho``-zCDP with
-   ``rho = 1/2 * min(D2**2/(n s**2) + tau d/2, (D1/(sqrt(n) s) + tau sqrt(d))**2)``,
-   ``tau = 10 * sum_{k<n} exp(-2 pi**2 s**2 k/(k+1))``; ``rho`` is converted to (epsilon, delta)
-   with Canonne, Kamath & Steinke (2020, Cor. 13).
+2. the Rényi-DP bound of a *vector* of discrete Gaussians summed over ``K_min`` clients
+   (:func:`ddg_cost`), converted to (epsilon, delta) (Canonne, Kamath & Steinke 2020, Prop. 12).
+
+:func:`ddg_cost` is Kairouz, Liu & Steinke (ICML 2021), Prop. 14 / Eq. (17), in the form of the
+authors' accounting code: the sum ``Z`` of ``n`` i.i.d. ``N_Z(0, s**2)`` vectors of dimension
+``d`` and a change ``D`` with ``||D||_2 <= D2`` satisfy, for every order ``alpha >= 1``,
+
+    D_alpha(Z || Z + D) <= min( alpha * D2**2 / (2 n s**2) + tau * d,
+                                alpha / 2 * (D2 / (sqrt(n) s) + tau * sqrt(d))**2 ),
+    tau = 10 * sum_{k=1}^{n-1} exp(-2 pi**2 s**2 k / (k + 1)),
+
+i.e. the minimum of a ``(xi = tau d, rho = D2**2 / (2 n s**2))``-zCDP and a
+``(D2 / (sqrt(n) s) + tau sqrt(d))**2 / 2``-zCDP bound. The ``tau d`` term is additive (it does
+not grow with alpha), and with one client ``tau = 0``: the discrete Gaussian's own
+``D2**2 / (2 s**2)``-zCDP (Canonne, Kamath & Steinke 2020). A job's releases compose in
+the accountant (:mod:`.accountant`), which converts their summed curves once.
 
 Clients with more survivors than ``K_min`` only add noise. A round with fewer survivors than
 ``K_min`` must not be released (:meth:`NoisePlan.check_survivors`).
@@ -36,6 +46,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..errors import AbortedRound, BudgetError
 from ._sampling import ChaChaRandom, RandomSource, sample_discrete_gaussian
+from .accountant import Cost, ZCdp, epsilon_of
 from .sensitivity import Sensitivity
 
 if TYPE_CHECKING:
@@ -47,6 +58,7 @@ __all__ = [
     "NoisePlan",
     "add_distributed_noise",
     "central_sigma",
+    "ddg_cost",
     "min_survivors",
     "plan_distributed_noise",
     "require_dp_ready",
@@ -131,11 +143,33 @@ def _tau(sigma: float, n: int) -> float:
     return float(10.0 * np.exp(-2.0 * math.pi**2 * sigma**2 * k / (k + 1.0)).sum())
 
 
-def _rho_of_sum(sigma: float, n: int, sens: Sensitivity, dims: int) -> float:
+def ddg_cost(sigma: float, n: int, sensitivity: Sensitivity, dims: int) -> Cost:
+    """Rényi-DP bound of the sum of ``n`` clients' ``N_Z(0, sigma**2)`` vectors (module doc).
+
+    Parameters
+    ----------
+    sigma : float
+        Each client's scale, in the integer units of ``sensitivity`` (> 0).
+    n : int
+        Clients whose noise the sum is guaranteed to hold (``K_min``).
+    sensitivity : Sensitivity
+        Of the vector, in integer units (only ``l2`` enters).
+    dims : int
+        Length of the vector (the ``tau`` terms grow with it).
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise BudgetError(f"sigma must be finite and > 0, got {sigma}")
+    if not isinstance(n, int) or n < 1 or not isinstance(dims, int) or dims < 1:
+        raise BudgetError(f"n and dims must be ints >= 1, got {n!r}, {dims!r}")
     tau = _tau(sigma, n)
-    a = sens.l2**2 / (n * sigma**2) + tau * dims / 2.0
-    b = (sens.l1 / (math.sqrt(n) * sigma) + tau * math.sqrt(dims)) ** 2
-    return 0.5 * min(a, b)
+    scale = sensitivity.l2 / (math.sqrt(n) * sigma)
+    first = ZCdp(rho=0.5 * scale**2, xi=tau * dims)
+    second = ZCdp(rho=0.5 * (scale + tau * math.sqrt(dims)) ** 2)
+    return Cost.of(first, second)
+
+
+def _ddg_epsilon(sigma: float, n: int, sens: Sensitivity, dims: int, delta: float) -> float:
+    return epsilon_of([ddg_cost(sigma, n, sens, dims)], delta)
 
 
 @dataclass(frozen=True)
@@ -230,19 +264,18 @@ def plan_distributed_noise(
         sigma = 0.0
     else:
         rho = rho_for(epsilon, delta)
-        lo = sensitivity.l2 / math.sqrt(2.0 * rho * k_min)  # tau >= 0: never less than this
-        hi = lo
-        while _rho_of_sum(hi, k_min, sensitivity, dims) > rho:
-            hi *= 2.0
-        if hi > lo:
-            for _ in range(100):
-                mid = 0.5 * (lo + hi)
-                if _rho_of_sum(mid, k_min, sensitivity, dims) > rho:
-                    lo = mid
-                else:
-                    hi = mid
-                if hi - lo < 1e-9 * hi:
-                    break
+        lo = 0.5 * sensitivity.l2 / math.sqrt(2.0 * rho * k_min)
+        hi = 2.0 * lo
+        while _ddg_epsilon(hi, k_min, sensitivity, dims, delta) > epsilon:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            if _ddg_epsilon(mid, k_min, sensitivity, dims, delta) > epsilon:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-10 * hi:
+                break
         sigma = max(hi, s_central / math.sqrt(k_min))
     return NoisePlan(
         epsilon=epsilon,

@@ -8,22 +8,23 @@ noise to its own summary before it leaves the site: this is *local* noise, calib
 release by one client alone (``K_min = 1``), because the summary is not summed with anything.
 
 Budget. The noisy summaries are released in addition to the securely aggregated sums, whose
-noise every client already calibrates from ``dp.epsilon`` (``secure_sum.noise_sigmas``). They
-spend their own budget ``dp.h_epsilon`` (with ``dp.delta``), split equally over the
-``max_depth`` levels that can split (one release per level); the job as a whole is therefore
-``(epsilon + h_epsilon, 1 - (1 - delta)**2)``-DP by basic composition, which is what the
-coordinator's accountant tracks (:func:`job_budget`). Without ``h_epsilon`` a noisy H-split job
-fails closed (:class:`~fedforest_secure.errors.BudgetError`).
+noise every client calibrates from ``dp.epsilon`` (``secure_sum.noise_sigmas``). They spend
+their own budget ``dp.h_epsilon`` (with ``dp.delta``): one release per level that can split,
+all ``max_depth`` of them calibrated together (zCDP, equal shares) so that they alone are
+``(h_epsilon, delta)``-DP. The coordinator's accountant composes both kinds of release in Rényi
+DP and converts once; its cap is ``(epsilon + h_epsilon, delta)`` (:func:`job_budget`), which
+the composition never exceeds. Without ``h_epsilon`` a noisy H-split job fails closed
+(:class:`~fedforest_secure.errors.BudgetError`).
 
 Calibration of one release (the ``(n_nodes, S)`` summary of one level, all trees): a record
 sits in one node per tree, so every statistic column is a histogram with ``F = 1``
 (:func:`~.sensitivity.histogram_sensitivity` with ``n_trees = T``, or 1 with disjoint row
 sampling, times the bootstrap cap). Counts are integers already; sums of ``y`` and ``y**2`` are
 rounded to the fixed-point grid ``bound * 2**-frac_bits`` (``bound**2`` for squares) first, and
-the sensitivity gets one grid unit per cell for the rounding. The level's share is split equally
-over the statistic kinds, and each kind's scale comes from :func:`~.dp.plan_distributed_noise`
-with a single client (diffprivlib's central calibration and the zCDP bound of a discrete
-Gaussian vector, the larger). Negative noisy counts are the coordinator's to post-process.
+the sensitivity gets one grid unit per cell for the rounding. Each level's share is split
+equally over the statistic kinds, and the scales come from :func:`~.allocation.calibrate` with
+a single client (the discrete Gaussian's own zCDP bound). Negative noisy counts are the
+coordinator's to post-process.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from numpy.typing import NDArray
 
 from ..errors import BudgetError, RefusedRequest
 from ._sampling import RandomSource, sample_discrete_gaussian
-from .accountant import PrivacyAccountant
-from .dp import plan_distributed_noise
+from .accountant import Cost, PrivacyAccountant
+from .allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
 from .sensitivity import Sensitivity, StatKind, histogram_sensitivity
 
 if TYPE_CHECKING:
@@ -65,31 +66,25 @@ def _h_epsilon(dp: Mapping[str, Any] | None) -> float:
 
 @dataclass(frozen=True)
 class JobBudget:
-    """How a DP job's budget is planned.
+    """How a DP job's budget is capped.
 
     Attributes
     ----------
-    sum_share : (epsilon, delta) of one aggregated release (a level's noisy histogram)
-    h_share : (epsilon, delta) of one level's noisy per-client node summaries, or None
-    total : (epsilon, delta) of the whole job (basic composition)
-    n_releases : planned releases (``max_depth``, doubled with noisy H-splits)
+    total : (epsilon, delta) the accountant never lets the job exceed: ``dp.epsilon`` (plus
+        ``dp.h_epsilon`` with noisy H-splits) at ``dp.delta``
+    noisy_h : whether per-client node summaries are released too
     """
 
-    sum_share: tuple[float, float]
-    h_share: tuple[float, float] | None
     total: tuple[float, float]
-    n_releases: int
+    noisy_h: bool
 
     def accountant(self) -> PrivacyAccountant:
-        """A fresh accountant for the whole job (spend the shares explicitly)."""
-        return PrivacyAccountant(self.total[0], self.total[1], n_rounds=self.n_releases)
+        """A fresh accountant for the whole job."""
+        return PrivacyAccountant(self.total[0], self.total[1])
 
 
 def job_budget(dp: Mapping[str, Any], max_depth: int, *, noisy_h: bool) -> JobBudget:
-    """The budget plan of a DP job of depth ``max_depth`` (module docstring).
-
-    The aggregated releases get ``dp.epsilon`` over ``max_depth`` levels exactly as every
-    client computes it for its noise; with ``noisy_h`` the node summaries add ``dp.h_epsilon``.
+    """The budget cap of a DP job (module docstring).
 
     Raises
     ------
@@ -98,14 +93,12 @@ def job_budget(dp: Mapping[str, Any], max_depth: int, *, noisy_h: bool) -> JobBu
     """
     if not dp:
         raise BudgetError("no [dp] section: no budget")
+    if not isinstance(max_depth, int) or max_depth < 1:
+        raise BudgetError(f"max_depth must be an int >= 1, got {max_depth!r}")
     eps, delta = float(dp["epsilon"]), float(dp["delta"])
-    sums = PrivacyAccountant(eps, delta, n_rounds=max_depth).per_round
     if not noisy_h:
-        return JobBudget(sums, None, (eps, delta), max_depth)
-    h_eps = _h_epsilon(dp)
-    h = PrivacyAccountant(h_eps, delta, n_rounds=max_depth).per_round
-    total_delta = -math.expm1(2.0 * math.log1p(-delta))
-    return JobBudget(sums, h, (eps + h_eps, total_delta), 2 * max_depth)
+        return JobBudget((eps, delta), False)
+    return JobBudget((eps + _h_epsilon(dp), delta), True)
 
 
 @dataclass(frozen=True)
@@ -115,17 +108,20 @@ class NodeStatsNoise:
     Attributes
     ----------
     epsilon, delta : float
-        Budget of the release (all columns).
+        Budget of all the job's node-summary releases together (``h_epsilon``, ``delta``).
     unit : ndarray (S,)
         Value of one integer noise unit per statistic column (1 for counts).
     sigma : ndarray (S,)
         Discrete Gaussian scale per column, in integer units.
+    cost : Cost
+        Rényi bound of this release (what the accountant records).
     """
 
     epsilon: float
     delta: float
     unit: NDArray[np.float64]
     sigma: NDArray[np.float64]
+    cost: Cost
 
     @property
     def sigma_values(self) -> NDArray[np.float64]:
@@ -145,10 +141,7 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
         No ``[dp]`` section or no ``dp.h_epsilon``; missing target bounds for regression.
     """
     dp = config.dp
-    h_share = job_budget(dp or {}, config.max_depth, noisy_h=True).h_share
-    if h_share is None:  # pragma: no cover - job_budget(noisy_h=True) always sets it
-        raise BudgetError("no budget for noisy node summaries")
-    eps, delta = h_share
+    eps, delta = _h_epsilon(dp), float((dp or {})["delta"])
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         (dp or {}).get("max_multiplicity", 4))
@@ -163,22 +156,25 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
             raise BudgetError("noisy node summaries of a regression need a public target bound")
         kinds = [("count", 1.0), ("sum", b * 2.0**-frac), ("sum_sq", b * b * 2.0**-frac)]
         n_kinds = 3
-    eps_k, delta_k = eps / n_kinds, delta / n_kinds
     dims = max(int(n_nodes), 1) * (config.n_stats if n_kinds == 1 else 1)
+    max_dims = trees * 2 ** (config.max_depth - 1) * (config.n_stats if n_kinds == 1 else 1)
     units: list[float] = []
-    sigmas: list[float] = []
-    for stat, unit in kinds:
+    blocks: list[PlannedBlock] = []
+    for stat, unit in kinds[:n_kinds]:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
                                      target_bounds=(-config.target_bound, config.target_bound))
         if stat in ("sum", "sum_sq"):
             cells = float(trees)  # rounding to the grid: one more unit per changed cell
             sens = sens.scaled(1.0 / unit)
             sens = Sensitivity(sens.l1 + cells, sens.l2 + math.sqrt(cells), sens.linf + 1.0)
-        plan = plan_distributed_noise(eps_k, delta_k, sens, n_clients=1, dropout_tolerance=0.0,
-                                      dims=dims)
-        units.append(unit)
-        sigmas.append(plan.sigma_client)
-    return NodeStatsNoise(eps, delta, np.array(units), np.array(sigmas))
+        blocks.append(PlannedBlock(stat, sens, max(max_dims, dims),
+                                   1.0 / (n_kinds * config.max_depth)))
+    release = PlannedRelease("node summaries", 1, tuple(blocks))
+    plan = calibrate([release] * config.max_depth, eps, delta)[0]
+    sigmas = [plan[0]] * config.n_classes if n_kinds == 1 else list(plan)
+    units = [u for _, u in kinds]
+    return NodeStatsNoise(eps, delta, np.array(units), np.array(sigmas),
+                          release_cost(release, plan, [dims] * len(blocks)))
 
 
 def add_node_stats_noise(totals: NDArray[np.float64], noise: NodeStatsNoise,

@@ -1,0 +1,257 @@
+"""How a DP job spends its budget: the forest's shape and the noise of every release.
+
+Two things live here, both pure functions of public information (the job's configuration and
+its profile), so that every client computes its own noise and the server cannot lower it:
+
+* :func:`dp_forest_settings`, the allocation rule: trees, depth, candidate bins ``B`` and
+  features per node as a documented function of (epsilon, rows, features, classes);
+* :func:`job_noise`, the noise plan: each planned release (one noisy histogram round per
+  splitting level; under DP nothing else is released) gets a share of the job's zCDP budget,
+  and one calibration (:func:`calibrate`) solves for the client noise scales such that the
+  composition of *all* the job's releases is exactly (epsilon, delta)-DP
+  (:mod:`.accountant`: Rényi curves add up, one conversion).
+
+Calibration. A release ``r`` has blocks ``b`` (statistic kinds with their own sensitivity
+``D_b``, in integer units, and length ``d_b``) and a share ``w_b`` of the budget (the shares of
+all blocks of all releases add up to 1). For a multiplier ``s`` each client adds
+``N_Z(0, sigma_b**2)`` with ``sigma_b = s * D_b / sqrt(2 w_b K_min)``, so that without the
+distributed-sum terms block ``b`` would be exactly ``w_b / s**2``-zCDP. The smallest ``s`` whose
+composed Rényi curve (with the ``tau`` terms of :func:`~.dp.ddg_cost`) converts to at most
+epsilon at delta is found by bisection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BudgetError
+from .accountant import Cost, ZCdp, epsilon_of
+from .dp import ddg_cost, min_survivors, rho_for
+from .sensitivity import Sensitivity, StatKind, histogram_sensitivity
+
+if TYPE_CHECKING:
+    from ..config import JobConfig
+
+__all__ = ["DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate",
+           "dp_forest_settings", "job_noise", "release_cost"]
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    """One block of a planned release: a statistic kind with its own noise scale.
+
+    Attributes
+    ----------
+    name : str
+        The statistic kind (``"count"``, ``"sum"``, ``"sumsq"``).
+    sensitivity : Sensitivity
+        Of the block, in the integer units the noise is added in.
+    dims : int
+        Upper bound on the block's length (the distributed-sum terms grow with it).
+    weight : float
+        Share of the job's zCDP budget, in (0, 1].
+    """
+
+    name: str
+    sensitivity: Sensitivity
+    dims: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class PlannedRelease:
+    """One planned release: its label, the survivors its noise holds for, its blocks."""
+
+    label: str
+    k_min: int
+    blocks: tuple[PlannedBlock, ...]
+
+
+def release_cost(release: PlannedRelease, sigmas: Sequence[float],
+                 dims: Sequence[int] | None = None) -> Cost:
+    """Rényi bound of ``release`` with client scales ``sigmas`` (per block); ``dims`` gives
+    the blocks' actual lengths (default: the planned upper bounds)."""
+    lengths = [b.dims for b in release.blocks] if dims is None else list(dims)
+    blocks: list[tuple[ZCdp, ...]] = []
+    for b, s, d in zip(release.blocks, sigmas, lengths, strict=True):
+        if b.sensitivity.l2 == 0 or d == 0:
+            continue
+        blocks.extend(ddg_cost(float(s), release.k_min, b.sensitivity, int(d)).blocks)
+    if not blocks:
+        raise BudgetError(f"release {release.label!r} has nothing to cost")
+    return Cost(tuple(blocks))
+
+
+def calibrate(releases: Sequence[PlannedRelease], epsilon: float,
+              delta: float) -> tuple[tuple[float, ...], ...]:
+    """Client noise scales (per release, per block) that spend exactly (epsilon, delta).
+
+    Raises
+    ------
+    BudgetError
+        A budget that is not finite and positive, weights that do not add up to 1, or an
+        empty plan.
+    """
+    rho = rho_for(epsilon, delta)  # validates the budget
+    blocks = [b for r in releases for b in r.blocks]
+    if not blocks:
+        raise BudgetError("a DP job needs at least one planned release")
+    weights = [b.weight for b in blocks]
+    if not all(math.isfinite(w) and w > 0 for w in weights) or abs(sum(weights) - 1) > 1e-9:
+        raise BudgetError(f"the releases' budget shares must be > 0 and add up to 1, got "
+                          f"{sum(weights)}")
+
+    def sigmas(s: float) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(s * b.sensitivity.l2 / math.sqrt(2.0 * b.weight * r.k_min)
+                           for b in r.blocks) for r in releases)
+
+    def eps_at(s: float) -> float:
+        sig = sigmas(s)
+        return epsilon_of([release_cost(r, g) for r, g in zip(releases, sig, strict=True)],
+                          delta)
+
+    lo = 0.5 / math.sqrt(rho)  # four times the budget: never enough noise
+    hi = 1.0 / math.sqrt(rho)
+    while eps_at(hi) > epsilon:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if eps_at(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * hi:
+            break
+    return sigmas(hi)
+
+
+# ----------------------------------------------------------------------------- engine plan
+@dataclass(frozen=True)
+class JobNoise:
+    """The noise plan of a DP job (:func:`job_noise`).
+
+    Attributes
+    ----------
+    releases : tuple of PlannedRelease
+        One per splitting level (level ``l`` is ``releases[l]``).
+    sigmas : tuple of tuple of float
+        Each client's scale per release and block, in integer (ring) units.
+    k_min : int
+        Survivors every release's noise holds for.
+    epsilon, delta : float
+        The job's budget, spent exactly by the whole plan.
+    """
+
+    releases: tuple[PlannedRelease, ...]
+    sigmas: tuple[tuple[float, ...], ...]
+    k_min: int
+    epsilon: float
+    delta: float
+
+    def level_sigmas(self, level: int) -> dict[str, float]:
+        """Client scale per statistic kind of the release at ``level``."""
+        if not 0 <= level < len(self.releases):
+            raise BudgetError(f"no release is planned at level {level}; the plan has "
+                              f"{len(self.releases)}")
+        rel = self.releases[level]
+        return {b.name: s for b, s in zip(rel.blocks, self.sigmas[level], strict=True)}
+
+    def cost(self, level: int, dims: Mapping[str, int] | None = None) -> Cost:
+        """Rényi bound of the release at ``level`` (``dims``: its blocks' actual lengths)."""
+        rel = self.releases[level]
+        lengths = None if dims is None else [min(int(dims.get(b.name, 0)), b.dims)
+                                             for b in rel.blocks]
+        return release_cost(rel, self.sigmas[level], lengths)
+
+
+def _dp_value(dp: Mapping[str, Any], key: str, default: Any) -> Any:
+    v = dp.get(key)
+    return default if v is None else v
+
+
+def job_noise(config: JobConfig, units: Mapping[str, float]) -> JobNoise:
+    """The noise plan of a DP job (module docstring), cached per configuration.
+
+    Parameters
+    ----------
+    config : JobConfig
+        With a ``[dp]`` profile section.
+    units : mapping
+        Integer (ring) units per unit of each statistic kind (``"count"``, ``"sum"``,
+        ``"sumsq"``): 1 for counts, ``2**frac_bits / scale`` for the others.
+    """
+    key = (config.to_json(), tuple(sorted((k, float(v)) for k, v in units.items())))
+    return _job_noise(*key)
+
+
+@lru_cache(maxsize=16)
+def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoise:
+    from ..config import JobConfig
+
+    config = JobConfig.from_json(config_json)
+    unit = dict(units)
+    dp = config.dp
+    if not dp:
+        raise BudgetError("the job has no [dp] section: no budget")
+    eps, delta = float(dp["epsilon"]), float(dp["delta"])
+    trees = 1 if config.sampling == "disjoint" else config.n_estimators
+    mult = 1 if config.sampling in ("disjoint", "all") else int(
+        _dp_value(dp, "max_multiplicity", 4))
+    tol = float(_dp_value(dp, "dropout_tolerance",
+                          max(0.0, 1.0 - float(config.profile.get("threshold", 1.0)))))
+    k_min = min_survivors(config.n_clients, min(tol, 0.999))
+    m = config.max_features
+    width = max([config.n_bins] + [lv for lv in config.levels]) + 1
+    kinds: list[tuple[str, StatKind, int]]
+    if config.task == "classification":
+        kinds = [("count", "class_count", config.n_classes)]
+    else:
+        kinds = [("count", "count", 1), ("sum", "sum", 1), ("sumsq", "sum_sq", 1)]
+    depth = config.max_depth
+    level_w = [1.0 / depth] * depth
+    releases = []
+    for level in range(depth):
+        nodes = trees * 2**level
+        blocks: list[PlannedBlock] = []
+        for name, stat, cols in kinds:
+            sens = histogram_sensitivity(
+                stat, n_features=m, n_trees=trees, max_multiplicity=mult,
+                target_bounds=(-config.target_bound, config.target_bound))
+            blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])),
+                                       nodes * m * width * cols, level_w[level] / len(kinds)))
+        releases.append(PlannedRelease(f"level {level} histograms", k_min, tuple(blocks)))
+    sig = calibrate(releases, eps, delta)
+    return JobNoise(tuple(releases), sig, k_min, eps, delta)
+
+
+# ----------------------------------------------------------------------------- the rule
+@dataclass(frozen=True)
+class DPForestSettings:
+    """Forest hyper-parameters chosen by :func:`dp_forest_settings`."""
+
+    n_estimators: int
+    max_depth: int
+    n_bins: int
+    max_features: int
+    sampling: str = "all"
+
+    def as_params(self) -> dict[str, Any]:
+        return {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
+                "n_bins": self.n_bins, "max_features": self.max_features,
+                "sampling": self.sampling}
+
+
+def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: int,
+                       task: str) -> DPForestSettings:
+    """The allocation rule (docs/privacy.md): forest shape for a DP job."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise BudgetError(f"epsilon must be finite and > 0, got {epsilon}")
+    depth = 1 if epsilon < 4.0 else 2
+    if task == "classification":
+        return DPForestSettings(4 if epsilon < 2.0 else 8, depth, 4,
+                                max(1, int(0.1 * n_features)))
+    return DPForestSettings(8, depth, 4, min(2, n_features))
