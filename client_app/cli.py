@@ -251,6 +251,8 @@ def compare(
     out_console = _Console()
     out_console.width = max(out_console.width, 132)
     out_console.print(format_table(res))
+    for note in res.settings.get("notes", []):
+        console.print(f"note: {note}")
     console.print(f"wrote {png} and {csv_file}")
 
 

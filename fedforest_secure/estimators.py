@@ -27,24 +27,14 @@ __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
 _FORMAT = "fedforest-secure/estimator/v1"
 
-def _dp_defaults(epsilon: float, task: str) -> dict[str, Any]:
-    """Hyper-parameters under a DP profile when the user leaves them unset (docs/privacy.md §4).
+def _dp_defaults(epsilon: float, task: str, n_rows: int, n_features: int, n_classes: int,
+                 delta: float) -> dict[str, Any]:
+    """Hyper-parameters under a DP profile when the user leaves them unset: the allocation rule
+    :func:`~fedforest_secure.privacy.allocation.dp_forest_settings` (docs/privacy.md)."""
+    from .privacy.allocation import dp_forest_settings
 
-    Every tree sees every row once (``sampling="all"``: the noise per bin grows as the square
-    root of the number of trees, instead of each tree's data shrinking as 1/T with disjoint
-    rows), few coarse bins, stumps below epsilon = 4 and depth 2 from there. For
-    classification the number of per-bin histograms in the release (trees x features per
-    node) also follows the budget: 4 trees below epsilon = 2 and 8 from there, a tenth of the
-    features per node (at least one). Chosen on validation splits (seeds 100-105) of breast
-    cancer and wine, never on the comparison's split seeds. Regression keeps the earlier
-    defaults (8 trees, 2 features), which were not re-tuned.
-    """
-    depth = 1 if epsilon < 4.0 else 2
-    if task == "classification":
-        return {"n_estimators": 4 if epsilon < 2.0 else 8, "max_depth": depth, "n_bins": 4,
-                "max_features": 0.1, "sampling": "all"}
-    return {"n_estimators": 8, "max_depth": depth, "n_bins": 4, "max_features": 2,
-            "sampling": "all"}
+    return dp_forest_settings(epsilon, n_rows, n_features, n_classes, task,
+                              delta=delta).as_params()
 
 
 def _profile_dict(profile: Any) -> dict[str, Any]:
@@ -85,7 +75,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     def _criterion(self) -> str:
         return "mse"
 
-    def _resolved(self, d: int, dp: dict[str, Any] | None) -> dict[str, Any]:
+    def _resolved(self, d: int, dp: dict[str, Any] | None, n_rows: int = 1,
+                  n_classes: int = 0) -> dict[str, Any]:
         """Hyper-parameters with ``None`` / ``"auto"`` replaced by defaults.
 
         Without DP: the paper's (50 trees, depth 8, B = 32, d/3 features for regression and
@@ -98,7 +89,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                "n_bins": self.n_bins, "max_features": self.max_features,
                "sampling": None if self.bootstrap is None else
                ("bootstrap" if self.bootstrap else "all")}
-        defaults = (_dp_defaults(float(dp["epsilon"]), self._task) if dp else
+        defaults = (_dp_defaults(float(dp["epsilon"]), self._task, n_rows, d, n_classes,
+                                 float(dp["delta"])) if dp else
                     {"n_estimators": 50, "max_depth": 8, "n_bins": 32, "max_features": auto_mf,
                      "sampling": "bootstrap"})
         for key, val in defaults.items():
@@ -169,7 +161,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         lo, hi = X.min(axis=0), X.max(axis=0)
         hi = np.where(hi > lo, hi, lo + 1.0)
         dp = _profile_dict(self.profile).get("dp")
-        hp = self._resolved(d, dp)
+        hp = self._resolved(d, dp, X.shape[0], len(getattr(self, "classes_", [])))
         self.y_offset_ = 0.0
         if dp and self._task == "regression" and y_enc.size:
             # centre y on the middle of its bounds: halves the noise on sums of y under DP

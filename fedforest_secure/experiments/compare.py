@@ -13,6 +13,10 @@ seed, every method of the comparison and scores it on the held-out rows:
                           random-forest regressor)
 ``diffprivlib-linreg``    diffprivlib's central DP ``LinearRegression`` (regression only; the
                           only DP regressor diffprivlib ships)
+``dp-ebm``                InterpretML's DP-EBM (Nori et al. 2021; ``DPExplainableBoosting*`` of
+                          the optional ``interpret-core``), central DP at each finite epsilon,
+                          delta = 1e-6, binary classification and regression only; left out
+                          with a note in ``settings["notes"]`` when it cannot run
 ``centralized-rf``        scikit-learn random forest on the pooled training rows (no privacy)
 ``local``                 local learning: one forest per client, each test row predicted by
                           its owner's forest
@@ -69,11 +73,12 @@ METHOD_LABELS: dict[str, str] = {
     "fedforest-secure-dp": "FedForest secure-dp",
     "diffprivlib-rf": "diffprivlib RF (central DP)",
     "diffprivlib-linreg": "diffprivlib LinearRegression (central DP)",
+    "dp-ebm": "DP-EBM (interpret, central DP)",
     "centralized-rf": "Centralized RF (sklearn)",
     "local": "Local learning",
 }
 #: Methods trained once per finite epsilon; the others once per seed (shown under epsilon = inf).
-DP_METHODS = ("fedforest-secure-dp", "diffprivlib-rf", "diffprivlib-linreg")
+DP_METHODS = ("fedforest-secure-dp", "diffprivlib-rf", "diffprivlib-linreg", "dp-ebm")
 
 
 def parse_epsilons(text: str | Iterable[Any]) -> list[float]:
@@ -291,10 +296,41 @@ def _diffprivlib_linreg(s: _Split, eps: float, seed: int) -> np.ndarray:
     return _quiet(lambda: _fit_predict(model, s, with_client=False))
 
 
-def _default_methods(task: str) -> list[str]:
+def _dp_ebm(s: _Split, eps: float, task: str, seed: int) -> np.ndarray:
+    from interpret.privacy import DPExplainableBoostingClassifier, DPExplainableBoostingRegressor
+
+    bounds = {j: (float(a), float(b)) for j, (a, b) in
+              enumerate(zip(s.Xtr.min(axis=0), s.Xtr.max(axis=0), strict=True))}
+    kw: dict[str, Any] = {"epsilon": eps, "delta": 1e-6, "privacy_bounds": bounds,
+                          "feature_types": ["continuous"] * s.Xtr.shape[1],
+                          "random_state": seed, "n_jobs": 1}
+    model: Any
+    if task == "classification":
+        model = DPExplainableBoostingClassifier(**kw)
+    else:
+        model = DPExplainableBoostingRegressor(privacy_target_min=float(s.ytr.min()),
+                                               privacy_target_max=float(s.ytr.max()), **kw)
+    return _quiet(lambda: _fit_predict(model, s, with_client=False))
+
+
+def dp_ebm_unavailable(task: str, n_classes: int) -> str | None:
+    """Why DP-EBM cannot run here (None if it can)."""
+    if task == "classification" and n_classes != 2:
+        return f"DP-EBM supports binary classification only ({n_classes} classes)"
+    try:
+        import interpret.privacy  # noqa: F401
+    except ImportError:
+        return "DP-EBM left out: interpret-core is not installed (pip install '.[dp]')"
+    return None
+
+
+def _default_methods(task: str, n_classes: int) -> tuple[list[str], list[str]]:
     dp_base = "diffprivlib-rf" if task == "classification" else "diffprivlib-linreg"
-    return ["fedforest-open", "fedforest-secure", "fedforest-secure-dp", dp_base,
-            "centralized-rf", "local"]
+    out = ["fedforest-open", "fedforest-secure", "fedforest-secure-dp", dp_base]
+    why = dp_ebm_unavailable(task, n_classes)
+    if why is None:
+        out.append("dp-ebm")
+    return out + ["centralized-rf", "local"], [] if why is None else [why]
 
 
 def run_comparison(
@@ -345,7 +381,15 @@ def run_comparison(
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("at least one seed is needed")
-    chosen = list(methods) if methods is not None else _default_methods(task)
+    n_classes = int(np.unique(y).size) if task == "classification" else 0
+    notes: list[str] = []
+    if methods is not None:
+        chosen = list(methods)
+        why = dp_ebm_unavailable(task, n_classes) if "dp-ebm" in chosen else None
+        if why is not None:
+            raise ValueError(why)
+    else:
+        chosen, notes = _default_methods(task, n_classes)
     unknown = [m for m in chosen if m not in METHOD_LABELS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHOD_LABELS)}")
@@ -364,7 +408,7 @@ def run_comparison(
         else int(np.unique(client).size), alpha=alpha,
         settings={"fed_params": fed, "dp_params": dpp, "baseline_params": base,
                   "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
-                  "client_column": client is not None, "methods": chosen})
+                  "client_column": client is not None, "methods": chosen, "notes": notes})
 
     def note(msg: str) -> None:
         if progress is not None:
@@ -382,6 +426,8 @@ def run_comparison(
             return _diffprivlib_rf(s, eps, base, seed)
         if m == "diffprivlib-linreg":
             return _diffprivlib_linreg(s, eps, seed)
+        if m == "dp-ebm":
+            return _dp_ebm(s, eps, task, seed)
         cls = CentralizedRF if m == "centralized-rf" else LocalLearning
         return _fit_predict(cls(task=task, n_estimators=base["n_estimators"],
                                 max_depth=base["max_depth"], random_state=seed), s)
