@@ -49,9 +49,10 @@ def test_run_comparison_classification_outputs(tmp_path: Path) -> None:
     assert isinstance(res, ComparisonResult)
     assert res.metric == "balanced_accuracy" and res.columns == [1.0, math.inf]
     assert res.methods == ["fedforest-open", "fedforest-secure", "fedforest-secure-dp",
-                           "diffprivlib-rf", "centralized-rf", "local"]
+                           "diffprivlib-rf", "dp-ebm", "centralized-rf", "local"]
+    assert res.settings["notes"] == []
     # DP methods at the finite epsilon only; the others in the no-DP column only
-    for m in ("fedforest-secure-dp", "diffprivlib-rf"):
+    for m in ("fedforest-secure-dp", "diffprivlib-rf", "dp-ebm"):
         assert set(res.scores[m]) == {1.0}
     for m in ("fedforest-open", "fedforest-secure", "centralized-rf", "local"):
         assert set(res.scores[m]) == {math.inf}
@@ -61,13 +62,14 @@ def test_run_comparison_classification_outputs(tmp_path: Path) -> None:
     # the non-private federated forests learn something on breast cancer
     assert res.stats("fedforest-open", math.inf)[0] > 0.8  # type: ignore[index]
     text = _render(format_table(res))
-    assert "FedForest secure-dp" in text and "diffprivlib RF" in text and "±" in text
+    assert "FedForest secure-dp" in text and "diffprivlib RF" in text and "DP-EBM" in text
+    assert "±" in text
     assert "ε=1" in text and "ε=∞" in text
     md = to_markdown(res)
     assert md.count("\n") == 1 + len(res.methods)
     out = to_csv(res, tmp_path / "c.csv")
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
-    assert len(rows) == 6
+    assert len(rows) == 7
     assert {r["epsilon"] for r in rows} == {"1", "inf"}
     assert all(r["n_seeds"] == "1" for r in rows)
     back = read_csv(out, n_clients=4, alpha=1.0)
@@ -123,3 +125,28 @@ def test_cli_compare_on_a_csv(tmp_path: Path) -> None:
     assert "FedForest secure-dp" in r.output
     bad = CliRunner().invoke(app, ["compare", "--epsilons", "-1"])
     assert bad.exit_code == 2
+
+
+def test_dp_ebm_is_left_out_with_a_note_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    import builtins
+
+    from fedforest_secure.experiments import compare as compare_mod
+
+    # wine has three classes: DP-EBM is binary-only
+    assert "binary" in str(compare_mod.dp_ebm_unavailable("classification", 3))
+    assert compare_mod.dp_ebm_unavailable("regression", 0) is None
+    real_import = builtins.__import__
+
+    def no_interpret(name: str, *args: object, **kw: object) -> object:
+        if name.startswith("interpret"):
+            raise ImportError(name)
+        return real_import(name, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_interpret)
+    why = compare_mod.dp_ebm_unavailable("classification", 2)
+    assert why is not None and "interpret-core is not installed" in why
+    methods, notes = compare_mod._default_methods("classification", 2)
+    assert "dp-ebm" not in methods and notes == [why]
+    with pytest.raises(ValueError, match="interpret-core"):
+        run_comparison("breast_cancer", epsilons="1", seeds=1, methods=["dp-ebm"])

@@ -307,21 +307,24 @@ def test_avgimp_top_l_discloses_and_uses_shortlist(friedman: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- DP defaults
-@pytest.mark.parametrize(("eps", "trees", "depth"), [(1.0, 4, 1), (2.0, 8, 1), (4.0, 8, 2)])
-def test_dp_defaults_follow_the_budget_and_the_width(eps: float, trees: int, depth: int) -> None:
-    """Unset hyper-parameters under a DP profile: fewer histograms per release at small
-    epsilon (trees x features per node), stumps below epsilon = 4, a tenth of the features."""
+@pytest.mark.parametrize("eps", [1.0, 2.0, 4.0])
+def test_dp_defaults_follow_the_allocation_rule(eps: float) -> None:
+    """Unset hyper-parameters under a DP profile come from the allocation rule, fed with the
+    table's rows, features and classes; what the user sets is kept."""
+    from fedforest_secure.privacy.allocation import dp_forest_settings
+
     rng = np.random.default_rng(0)
     h = np.repeat(np.arange(3), 40)
-    for d, feats in ((30, 3), (13, 1)):
+    for d in (30, 13):
         X = rng.normal(size=(120, d))
         y = (X[:, 0] > 0).astype(int)
         est = FedForestClassifier(profile=load_profile("secure-dp", epsilon=eps)).fit(
             X, y, client=h)
         cfg = est.config_
+        want = dp_forest_settings(eps, 120, d, 2, "classification")
         assert (cfg.n_estimators, cfg.max_depth, cfg.max_features, cfg.n_bins) == (
-            trees, depth, feats, 4)
-        assert cfg.sampling == "all" and len(est.model_.trees) == trees
+            want.n_estimators, want.max_depth, want.max_features, want.n_bins)
+        assert cfg.sampling == "all" and len(est.model_.trees) == want.n_estimators
     # what the user sets is kept
     est = FedForestClassifier(n_estimators=3, max_features=2, max_depth=2,
                               profile=load_profile("secure-dp", epsilon=1.0)).fit(X, y, client=h)
@@ -329,7 +332,7 @@ def test_dp_defaults_follow_the_budget_and_the_width(eps: float, trees: int, dep
         3, 2, 2)
 
 
-def test_dp_regression_defaults_are_unchanged() -> None:
+def test_dp_regression_defaults_follow_the_rule() -> None:
     rng = np.random.default_rng(1)
     X = rng.normal(size=(120, 10))
     y = X[:, 0] + 0.1 * rng.normal(size=120)

@@ -265,7 +265,7 @@ def level_signal_to_noise(epsilon: float, delta: float, n_rows: int, n_classes: 
     cells = 2 ** (depth - 1) * n_bins * (n_classes if task == "classification" else 1)
     sigma = math.sqrt(_DISTRIBUTED_FACTOR * n_estimators * max_features * depth * kinds
                       / (2.0 * rho))
-    return n_rows / cells / sigma
+    return float(n_rows / cells / sigma)
 
 
 def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: int,

@@ -1,0 +1,91 @@
+"""Tests for fedforest_secure.privacy.allocation: the allocation rule and the job's noise plan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from fedforest_secure.errors import BudgetError
+from fedforest_secure.privacy import ZCdp, epsilon_of, histogram_sensitivity
+from fedforest_secure.privacy.allocation import (
+    PlannedBlock,
+    PlannedRelease,
+    calibrate,
+    dp_forest_settings,
+    level_signal_to_noise,
+    release_cost,
+)
+
+EPS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+@pytest.mark.parametrize(("n", "d", "c", "task"), [
+    (100, 4, 3, "classification"), (400, 30, 2, "classification"),
+    (124, 13, 3, "classification"), (5000, 50, 10, "classification"),
+    (300, 10, 0, "regression"), (8000, 8, 0, "regression")])
+def test_more_budget_never_makes_the_forest_shallower(n: int, d: int, c: int, task: str) -> None:
+    depths = [dp_forest_settings(e, n, d, c, task).max_depth for e in EPS]
+    assert depths == sorted(depths) and 1 <= depths[0] and depths[-1] <= 3
+    for e in EPS:
+        got = dp_forest_settings(e, n, d, c, task)
+        assert got.n_bins == 4 and got.sampling == "all"
+        assert got.max_features == (max(1, d // 10) if task == "classification" else min(2, d))
+        # the chosen depth's deepest level clears the threshold (or it is the minimum, 1)
+        snr = level_signal_to_noise(e, 1e-6, n, max(c, 2) if c else 1, task, got.n_estimators,
+                                    got.max_features, got.max_depth)
+        assert got.max_depth == 1 or snr >= (0.6 if task == "classification" else 2.0)
+
+
+def test_more_rows_never_make_the_forest_shallower() -> None:
+    for e, (d, c) in itertools.product(EPS, [(13, 3), (30, 2)]):
+        depths = [dp_forest_settings(e, n, d, c, "classification").max_depth
+                  for n in (50, 100, 400, 1600, 6400)]
+        assert depths == sorted(depths)
+
+
+def test_rule_fails_closed() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(BudgetError):
+            dp_forest_settings(bad, 100, 4, 2, "classification")
+    with pytest.raises(BudgetError):
+        dp_forest_settings(1.0, 0, 4, 2, "classification")
+    with pytest.raises(BudgetError):
+        dp_forest_settings(1.0, 100, 4, 2, "ranking")
+
+
+def _plan(k_min: int = 3, dims: int = 500) -> list[PlannedRelease]:
+    count = histogram_sensitivity("class_count", n_features=2, n_trees=8)
+    total = histogram_sensitivity("count", n_trees=8)
+    return [PlannedRelease("level 0", k_min, (PlannedBlock("count", count, dims, 0.5),)),
+            PlannedRelease("leaves", k_min, (PlannedBlock("count", total, dims, 0.3),
+                                             PlannedBlock("sum", total.scaled(7.0), dims, 0.2)))]
+
+
+@pytest.mark.parametrize(("eps", "k_min"), [(0.5, 1), (1.0, 3), (8.0, 3), (8.0, 30)])
+def test_calibration_spends_exactly_the_budget(eps: float, k_min: int) -> None:
+    plan = _plan(k_min)
+    sig = calibrate(plan, eps, 1e-6)
+    costs = [release_cost(r, s) for r, s in zip(plan, sig, strict=True)]
+    assert epsilon_of(costs, 1e-6) == pytest.approx(eps, rel=1e-6)
+    assert epsilon_of(costs, 1e-6) <= eps * (1 + 1e-9)
+    # 1% less noise everywhere would overspend
+    less = [release_cost(r, [x * 0.99 for x in s]) for r, s in zip(plan, sig, strict=True)]
+    assert epsilon_of(less, 1e-6) > eps
+    # the shares are as planned when the distributed-sum terms vanish (large noise)
+    if eps < 8.0:
+        rhos = [b.sensitivity.l2**2 / (2 * k_min * x**2)
+                for r, s in zip(plan, sig, strict=True) for b, x in zip(r.blocks, s, strict=True)]
+        assert [r / sum(rhos) for r in rhos] == pytest.approx([0.5, 0.3, 0.2], rel=1e-6)
+        assert epsilon_of([ZCdp(sum(rhos))], 1e-6) == pytest.approx(eps, rel=1e-6)
+
+
+def test_calibration_refuses_bad_plans() -> None:
+    plan = _plan()
+    with pytest.raises(BudgetError):
+        calibrate(plan, math.inf, 1e-6)
+    with pytest.raises(BudgetError):
+        calibrate(plan[:1], 1.0, 1e-6)  # shares add up to 0.5
+    with pytest.raises(BudgetError):
+        calibrate([], 1.0, 1e-6)
