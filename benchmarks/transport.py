@@ -36,7 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from client_app.simulate import SimulateOptions, run_simulation
+from fedforest_cli.simulate import SimulateOptions, run_simulation
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import Task, layout_size

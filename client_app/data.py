@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedforest_secure.errors import SchemaError
+from fedforest_secure.schema import Schema
 
 __all__ = ["load_site_table", "schema_sha256"]
 
@@ -18,22 +19,9 @@ def schema_sha256(path: Path) -> str:
 
 def load_site_table(data: Path, schema: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(X, y)`` of the site's CSV, validated against ``schema`` (a :class:`SchemaError`)."""
-    try:
-        from fedforest_secure.schema import Schema
-    except ImportError:  # the schema module is optional for a bare numeric table
-        return _read_numeric_csv(data)
     sch = Schema.load(schema)
     X, y, _client = sch.read_csv(data)
     if y is None:
         raise SchemaError(f"{data}: the table has no target column")
     return np.asarray(X, dtype=np.float64), np.asarray(y)
 
-
-def _read_numeric_csv(data: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        table = np.loadtxt(data, delimiter=",", skiprows=1, ndmin=2)
-    except (OSError, ValueError) as exc:
-        raise SchemaError(f"{data}: {exc}") from exc
-    if table.shape[1] < 2:
-        raise SchemaError(f"{data}: expected feature columns and a last target column")
-    return table[:, :-1], table[:, -1]

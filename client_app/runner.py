@@ -17,17 +17,27 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import httpx
 import numpy as np
+from nacl.signing import SigningKey
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from fedforest_secure.audit import Receipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
+from fedforest_secure.federation import client_seed
+from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
+from fedforest_secure.protocol.api import JoinBody, JoinResponse, RoundInfo, SecAggStep
+from fedforest_secure.secure_sum import encode_contribution
+from fedforest_secure.worker import Worker
 
 from .data import load_site_table, schema_sha256
+from .secagg_session import SecAggSession, identity_key
 from .state import ClientState
 from .transport import ApiRejected, Transport
 
@@ -39,14 +49,14 @@ class ProfileRefused(FedForestError):
     """The job's privacy profile is not the one this site pinned: the client takes no part."""
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
 #: Profile fields that are labels for humans, not privacy settings.
 _PROFILE_LABELS = frozenset({"name", "description"})
 
 
 def pinned_profile(name_or_path: str) -> dict[str, Any]:
     """The profile a site pins with ``--profile`` (shipped name or TOML path), as a dict."""
-    from fedforest_secure.privacy import load_profile
-
     return load_profile(name_or_path).to_dict()
 
 
@@ -59,8 +69,6 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
     profile (``open``, ``secure_aggregation = false``, a larger or missing DP budget), nor a
     different one that it claims is equivalent.
     """
-    from fedforest_secure.privacy import PrivacyProfile
-
     want = pinned.get("name", "?")
     try:
         job = PrivacyProfile.from_dict(job_profile).to_dict()
@@ -110,14 +118,6 @@ class ClientResult:
     receipts: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _engine() -> tuple[Any, Any, Any]:
-    from fedforest_secure.federation import client_seed
-    from fedforest_secure.secure_sum import encode_contribution
-    from fedforest_secure.worker import Worker
-
-    return Worker, client_seed, encode_contribution
-
-
 #: Seconds a long-polling request may wait on the server for something new.
 LONG_POLL_S = 10.0
 
@@ -133,11 +133,10 @@ class _Ctx:
     job: str
     index: int
     name: str
-    worker: Any
-    encode: Any
+    worker: Worker
     result: ClientResult
     progress: Progress
-    bar: Any
+    bar: TaskID
 
     def show(self, task: Task, what: str = "") -> None:
         self.progress.update(self.bar, completed=task.level,
@@ -148,13 +147,11 @@ class _Ctx:
         ring = bool(self.config.profile.get("fixed_point",
                                             self.config.profile.get("secure_aggregation")))
         if ring:
-            return np.asarray(self.encode(self.config, task, reply))
+            return np.asarray(encode_contribution(self.config, task, reply))
         return np.asarray(reply.summable, dtype=np.float64)
 
-    def receipt(self, task: Task, body: bytes, seq: Any, head: Any,
+    def receipt(self, task: Task, body: bytes, seq: int | str, head: str,
                 server_receipt: dict[str, Any] | None) -> None:
-        from fedforest_secure.audit import Receipt, write_receipt
-
         if server_receipt is not None:
             self.state.add_receipt(server_receipt)
             self.result.receipts.append(server_receipt)
@@ -185,26 +182,22 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
          console: Console, pinned: dict[str, Any] | None = None) -> ClientResult:
     job = opts.job
     identity = None
-    info = tr.post_json(f"/v1/jobs/{job}/join", _join_body(tr, state, job))
-    if not isinstance(info, dict) or not isinstance(info.get("config"), dict):
-        raise ProtocolError("malformed join response")
+    info = _parse(JoinResponse, tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job)),
+                  "join response")
     if pinned is not None:  # before anything else leaves the site
-        check_job_profile(pinned, info["config"].get("profile"))
+        check_job_profile(pinned, info.config.get("profile"))
     else:
         console.log("[yellow]warning:[/yellow] no --profile pinned: this site accepts the "
                     "privacy profile the server states for the job")
-    want = info.get("schema_sha256")
+    want = info.schema_sha256
     if want is not None and want != schema_sha256(opts.schema):
         raise FedForestError("the local schema file differs from the job's schema; "
                              "get the federation's schema file")
-    config = JobConfig.from_json(json.dumps(info["config"]))
-    k = int(info["client_index"])
-    Worker, client_seed, encode = _engine()
+    config = JobConfig.from_json(json.dumps(info.config))
+    k = info.client_index
     worker = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
     secure_hint = bool(config.profile.get("secure_aggregation"))
     if secure_hint:
-        from .secagg_session import identity_key
-
         identity = identity_key(state, job)
     console.log(f"joined job {job} as client {k} of {config.n_clients} "
                 f"({len(y)} rows, profile {config.profile.get('name', '?')})")
@@ -216,8 +209,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
                         console=console, disable=opts.quiet)
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
-        ctx = _Ctx(opts, tr, state, config, job, k, str(info.get("client_name") or f"client-{k}"),
-                   worker, encode, result, progress, bar)
+        ctx = _Ctx(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
+                   worker, result, progress, bar)
         if secure_hint and identity is not None:
             _run_secure(ctx, identity, console)
         else:
@@ -240,11 +233,19 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     return result
 
 
-def _join_body(tr: Transport, state: ClientState, job: str) -> dict[str, Any] | None:
-    """Every client registers its Ed25519 identity key (used only by secure jobs)."""
-    from .secagg_session import identity_key
+def _parse(model: type[_M], obj: object, what: str) -> _M:
+    """``obj`` (parsed JSON from the server) as ``model``; a :class:`ProtocolError` if it
+    does not validate."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError:
+        raise ProtocolError(f"malformed {what}") from None
 
-    return {"identity_key": bytes(identity_key(state, job).verify_key).hex()}
+
+def _join_body(state: ClientState, job: str) -> dict[str, Any]:
+    """Every client registers its Ed25519 identity key (used only by secure jobs)."""
+    key = bytes(identity_key(state, job).verify_key).hex()
+    return JoinBody(identity_key=key).model_dump()
 
 
 def _run_open(ctx: _Ctx) -> None:
@@ -269,10 +270,8 @@ def _run_open(ctx: _Ctx) -> None:
         result.rounds += 1
 
 
-def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
+def _run_secure(ctx: _Ctx, identity: SigningKey, console: Console) -> None:
     """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
-    from .secagg_session import SecAggSession
-
     tr, job, result = ctx.tr, ctx.job, ctx.result
     session = SecAggSession(ctx.config, tr, job, ctx.index, identity)
     task: Task | None = None
@@ -280,21 +279,23 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
     vector: np.ndarray | None = None
     tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     while True:
-        o = tr.take_next_step() or tr.get_json(f"/v1/jobs/{job}/secagg",
-                                                params={"wait": LONG_POLL_S})
-        status = o.get("status")
+        step = _parse(SecAggStep, tr.take_next_step() or tr.get_json(
+            f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
+        status = step.status
         if status in ("done", "failed", "dropped"):
-            result.status, result.detail = str(status), str(o.get("detail", ""))
+            result.status, result.detail = status, str(step.detail)
             return
         if status != "task":
             continue
+        if step.round_id is None:
+            raise ProtocolError("a secure-aggregation step without its round")
+        r = step.round_id
         if session.client is None:
             session.connect()
-        r = int(o["round_id"])
         if task is None or task.round_id != r:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
             digest = hashlib.sha256(body).digest()
-            if digest.hex() != o.get("task_digest"):
+            if digest.hex() != step.task_digest:
                 raise ProtocolError(f"round {r}: the task does not match its announced digest")
             # hashed and packed once: the worker, the round setup check and the upload header
             # all ask for its digest
@@ -302,7 +303,8 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
             if task.job_id != job or task.round_id != r:
                 raise ProtocolError("the server sent a task of another job or round")
             reply = vector = None
-        action = o.get("action")
+        action = step.action
+        message = str(step.message)
         ctx.show(task, f" · {action}")
         try:
             if action == "advert":
@@ -310,21 +312,20 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
             elif action == "share":
                 # shares first, then the histogram: the server closes the share step while
                 # this client computes, and the deliveries are ready when it is done
-                session.share(task, str(o["message"]))
+                session.share(task, message)
                 reply = ctx.worker.handle(task)
                 vector = ctx.contribution(task, reply)
             elif action == "upload":
                 if reply is None or vector is None:
                     reply = ctx.worker.handle(task)
                     vector = ctx.contribution(task, reply)
-                header, masked = session.mask(task, str(o["message"]), vector)
+                header, masked = session.mask(task, message, vector)
                 body = make_upload(task, masked, reply.disclosed, secagg=header)
                 receipt = _upload(tr, job, task, body)
-                ctx.receipt(task, body, o.get("audit_seq", 0), o.get("audit_head", ""),
-                            receipt)
+                ctx.receipt(task, body, step.audit_seq, step.audit_head, receipt)
                 result.rounds += 1
             elif action == "unmask":
-                session.unmask(task, str(o["message"]))
+                session.unmask(task, message)
         except RefusedRequest as exc:
             console.log(f"[red]refused[/red] the server's request in round {r}: {exc}")
             result.status, result.detail = "refused", f"round {r}: {exc}"
@@ -335,7 +336,7 @@ def _run_secure(ctx: _Ctx, identity: Any, console: Console) -> None:
             raise
 
 
-def _check_task(body: bytes, headers: Any, job: str) -> Task:
+def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
     digest = hashlib.sha256(body).digest()
     if headers.get("X-FedForest-Task-Digest") not in (None, digest.hex()):
         raise ProtocolError("task digest header does not match the task body")
@@ -345,16 +346,18 @@ def _check_task(body: bytes, headers: Any, job: str) -> Task:
     return task
 
 
-def _replay(tr: Transport, job: str, worker: Any) -> None:
+def _replay(tr: Transport, job: str, worker: Worker) -> None:
     """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again."""
-    rounds = tr.get_json(f"/v1/jobs/{job}/rounds")
-    for r in rounds:
-        if r["status"] != "closed" or r["kind"] != TaskKind.SKETCH.value:
+    listed = tr.get_json(f"/v1/jobs/{job}/rounds")
+    if not isinstance(listed, list):
+        raise ProtocolError("malformed round list")
+    for r in (_parse(RoundInfo, item, "round list") for item in listed):
+        if r.status != "closed" or r.kind != TaskKind.SKETCH.value:
             continue
-        body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r['round_id']}/task").content
+        body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
         digest = hashlib.sha256(body).digest()
-        if digest.hex() != r["task_digest"]:
-            raise ProtocolError(f"round {r['round_id']}: task does not match its digest")
+        if digest.hex() != r.task_digest:
+            raise ProtocolError(f"round {r.round_id}: task does not match its digest")
         worker.handle(SealedTask.from_wire(body, digest))
 
 

@@ -20,14 +20,17 @@ says what the server needs from this client now:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
 from nacl.signing import SigningKey
+from pydantic import ValidationError
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
 from fedforest_secure.protocol import Task, layout_size, question_key
+from fedforest_secure.protocol.api import Directory, RefuseBody
 from fedforest_secure.secagg import (
     RoundSetup,
     SecAggClient,
@@ -68,18 +71,19 @@ class SecAggSession:
 
     def connect(self, timeout_s: float = 600.0) -> None:
         """Fetch the identity directory once every client has joined; check our own entry."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         while True:
-            d = self.tr.get_json(f"/v1/jobs/{self.job}/directory")
-            if d.get("complete"):
+            try:
+                d = Directory.model_validate(self.tr.get_json(f"/v1/jobs/{self.job}/directory"))
+            except ValidationError:
+                raise InvalidMessage("malformed identity directory") from None
+            if d.complete:
                 break
             if time.monotonic() > deadline:
                 raise FedForestError("not every client registered an identity key in time")
             time.sleep(0.2)
         try:
-            directory = {int(k): bytes.fromhex(v) for k, v in d["keys"].items()}
+            directory = {int(k): bytes.fromhex(v) for k, v in d.keys.items()}
         except (KeyError, ValueError, TypeError) as exc:
             raise InvalidMessage("malformed identity directory") from exc
         if any(len(v) != 32 for v in directory.values()):
@@ -110,7 +114,7 @@ class SecAggSession:
         bundle = self._sa().share_keys(setup)
         self._post(task.round_id, "shares", bundle.model_dump_json())
 
-    def mask(self, task: Task, message: str, vector: Any) -> tuple[str, Any]:
+    def mask(self, task: Task, message: str, vector: np.ndarray) -> tuple[str, np.ndarray]:
         """``(MaskedUpload header JSON, masked uint64 vector)``."""
         delivery = parse(ShareDelivery, message)
         if delivery.round_id != task.round_id:
@@ -128,7 +132,7 @@ class SecAggSession:
             response = sa.unmask(request, next_advert=nxt)
         except RefusedRequest as exc:
             self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{task.round_id}/secagg/refuse",
-                            content=json.dumps({"reason": str(exc)}).encode(),
+                            content=json.dumps(RefuseBody(reason=str(exc)).model_dump()).encode(),
                             content_type="application/json")
             raise
         self._post(task.round_id, "unmask", response.model_dump_json())

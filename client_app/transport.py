@@ -9,6 +9,7 @@ with the client's explicit ``--insecure-dev``; the URL is parsed, never prefix-m
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import ssl
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.protocol.api import ErrorBody
 
 __all__ = ["ApiRejected", "Transport", "TransportFailed", "check_server_url", "is_loopback_host",
            "tls_context"]
@@ -171,11 +173,13 @@ class Transport:
                     return resp
                 if resp.status_code not in _RETRY_STATUS:
                     try:
-                        body = resp.json()
+                        # not JSON, or not an error object (pydantic's ValidationError is
+                        # a ValueError too)
+                        body = ErrorBody.model_validate(resp.json())
                     except ValueError:
-                        body = {"error": "http_error", "detail": resp.text[:200]}
-                    raise ApiRejected(resp.status_code, str(body.get("error", "")),
-                                      str(body.get("detail", "")), body)
+                        body = ErrorBody(error="http_error", detail=resp.text[:200])
+                    raise ApiRejected(resp.status_code, body.error, body.detail,
+                                      body.model_dump())
                 err = f"HTTP {resp.status_code}"
             if time.monotonic() - start > self.retry_budget_s:
                 raise TransportFailed(f"{method} {path}: giving up after "
@@ -189,8 +193,6 @@ class Transport:
     def post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
         if body is None:
             return self.request("POST", path).json()
-        import json
-
         return self.request("POST", path, content=json.dumps(body).encode(),
                             content_type="application/json").json()
 

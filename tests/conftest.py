@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client_app.sim_data import schema_dict, write_job_toml, write_site_files
+from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
 from fedforest_secure.pki import DevPKI, init_dev_pki
 
 

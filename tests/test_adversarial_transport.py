@@ -215,7 +215,7 @@ def test_plain_http_to_loopback_needs_the_explicit_insecure_dev_flag(url: str) -
 def test_the_client_command_refuses_plain_http_without_insecure_dev(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from client_app.cli import app
+    from fedforest_cli.cli import app
 
     (tmp_path / "data.csv").write_text("x0,y\n1.0,0\n")
     (tmp_path / "schema.toml").write_text("")

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from client_app.audit_cli import audit_app
+from fedforest_cli.audit_cli import audit_app
 from fedforest_secure.audit import (
     AuditLog,
     Receipt,

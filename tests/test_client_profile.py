@@ -143,8 +143,8 @@ def test_an_unknown_pin_fails_before_anything_is_sent(tmp_path: Path,
 
 def test_simulate_pins_the_job_profile_on_every_client(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from client_app import simulate
-    from client_app.sim_data import SiteData
+    from fedforest_cli import simulate
+    from fedforest_cli.sim_data import SiteData
 
     cmds: list[list[str]] = []
 

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from client_app.cli import app
+from fedforest_cli.cli import app
 from fedforest_secure.experiments.compare import (
     ComparisonResult,
     format_table,

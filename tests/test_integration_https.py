@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from client_app.sim_data import SiteData
-from client_app.simulate import (
+from fedforest_cli.sim_data import SiteData
+from fedforest_cli.simulate import (
     _job_status,
     collect_receipts,
     free_port,

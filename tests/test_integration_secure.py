@@ -20,7 +20,7 @@ from test_integration_https import (
     wait_round,
 )
 
-from client_app.simulate import collect_receipts
+from fedforest_cli.simulate import collect_receipts
 from fedforest_secure.audit import AuditLog, contains_per_client_plaintext, verify_log
 from fedforest_secure.model import ForestModel
 from server_app.db import Database, MemberRow

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -77,7 +76,7 @@ def _child_env() -> dict[str, str]:
 
 def start_server(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as fh:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "client_app", "server", "--config",
+        return subprocess.Popen([sys.executable, "-m", "fedforest_cli", "server", "--config",
                                  str(config)], stdout=fh, stderr=subprocess.STDOUT,
                                 env=_child_env())
 
@@ -86,7 +85,7 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
                  cert: Path | None = None, key: Path | None = None) -> None:
     import httpx
 
-    from .transport import tls_context
+    from client_app.transport import tls_context
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -109,7 +108,7 @@ def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, l
     own); ``insecure_dev`` only when the server itself runs with ``--insecure-dev``."""
     env = _child_env()
     env["FEDFOREST_TOKEN"] = site.token
-    cmd = [sys.executable, "-m", "client_app", "client", "--server", url, "--job", job,
+    cmd = [sys.executable, "-m", "fedforest_cli", "client", "--server", url, "--job", job,
            "--data", str(site.csv), "--schema", str(site.schema), "--ca",
            str(certs / "ca.pem"), "--cert", str(certs / f"{site.name}.pem"), "--key",
            str(certs / f"{site.name}.key"), "--state-dir", str(state), "--out",
@@ -217,46 +216,36 @@ def _audit_summary(db: Path, receipts: Path, job_id: str) -> dict[str, Any]:
 
 
 def _job_status(db_path: Path, job_id: str) -> dict[str, Any]:
-    from server_app.db import Database, JobRow
+    from server_app.admin import ServerAdmin
 
-    db = Database(f"sqlite:///{db_path}")
-    try:
-        with db.session() as sess:
-            job = sess.get(JobRow, job_id)
-            if job is None:
-                raise FedForestError(f"job {job_id} not found")
-            return {"status": job.status, "reason": job.reason, "model_json": job.model_json,
-                    "model_digest": job.model_digest, "round": job.current_round}
-    finally:
-        db.dispose()
+    with ServerAdmin(f"sqlite:///{db_path}") as admin:
+        job = admin.job(job_id)
+    if job is None:
+        raise FedForestError(f"job {job_id} not found")
+    return {"status": job.status, "reason": job.reason, "model_json": job.model_json,
+            "model_digest": job.model_digest, "round": job.round_id}
 
 
 def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[bytes]]
            ) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from sqlalchemy import select
 
-    from server_app.db import Database, JobRow, RoundRow
+    from server_app.admin import ServerAdmin
 
-    db = Database(f"sqlite:///{db_path}")
-    try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                      TextColumn("level {task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=console) as prog:
-            bar = prog.add_task("waiting for clients", total=depth + 1)
-            while any(p.poll() is None for p in procs):
-                with db.session() as sess:
-                    job = sess.get(JobRow, job_id)
-                    rr = sess.scalar(select(RoundRow).where(RoundRow.job_id == job_id)
-                                     .order_by(RoundRow.round_id.desc()).limit(1))
-                    if job is not None and job.status in ("done", "failed"):
-                        prog.update(bar, completed=depth + 1, description=job.status)
-                    elif rr is not None:
-                        prog.update(bar, completed=rr.level,
-                                    description=f"round {rr.round_id} ({rr.kind})")
-                time.sleep(0.3)
-    finally:
-        db.dispose()
+    with ServerAdmin(f"sqlite:///{db_path}") as admin, \
+            Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                     TextColumn("level {task.completed}/{task.total}"), TimeElapsedColumn(),
+                     console=console) as prog:
+        bar = prog.add_task("waiting for clients", total=depth + 1)
+        while any(p.poll() is None for p in procs):
+            job = admin.job(job_id)
+            rr = admin.latest_round(job_id)
+            if job is not None and job.status in ("done", "failed"):
+                prog.update(bar, completed=depth + 1, description=job.status)
+            elif rr is not None:
+                prog.update(bar, completed=rr.level,
+                            description=f"round {rr.round_id} ({rr.kind})")
+            time.sleep(0.3)
 
 
 def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: float,
@@ -299,7 +288,3 @@ def _print_where(out: Path, audit: dict[str, Any]) -> None:
                   f"  fedforest audit show --db {db}\n"
                   f"  fedforest audit verify --db {db} --receipts {out / 'receipts'}",
                   highlight=False, soft_wrap=True)
-
-
-def _np_seed(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)

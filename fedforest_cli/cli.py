@@ -1,4 +1,5 @@
-"""The ``fedforest`` command line: ``server``, ``client``, ``pki``, ``simulate`` (and ``audit``)."""
+"""The ``fedforest`` command: ``server``, ``client``, ``pki``, ``simulate``, ``compare``,
+``audit``."""
 
 from __future__ import annotations
 
@@ -7,107 +8,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from client_app.audit_cli import audit_app
 from fedforest_secure.errors import FedForestError
+
+from ._common import console, fail
+from .audit_cli import audit_app
+from .server_cli import server_cli
 
 __all__ = ["app"]
 
 app = typer.Typer(help="FedForest Secure: federated random forests over HTTPS.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
-server_cli = typer.Typer(help="Run the federation server and manage clients and jobs.",
-                         invoke_without_command=True)
 pki_cli = typer.Typer(help="Development certificates (a CA, a server and client certificates).",
                       no_args_is_help=True)
 app.add_typer(server_cli, name="server")
 app.add_typer(pki_cli, name="pki")
 app.add_typer(audit_app, name="audit")
-console = Console(stderr=True)
-
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="server.toml")]
-
-
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2)
-
-
-# ---------------------------------------------------------------------- server
-@server_cli.callback()
-def server(ctx: typer.Context,
-           config: Annotated[Path | None, typer.Option("--config", "-c",
-                                                       help="server.toml")] = None,
-           insecure_dev: Annotated[bool, typer.Option(
-               "--insecure-dev", help="plain HTTP, allowed on 127.0.0.1 only")] = False,
-           port: Annotated[int | None, typer.Option(help="override the port")] = None) -> None:
-    """Start the server (without a sub-command)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    if config is None:
-        _fail(ValueError("--config server.toml is required"))
-        return
-    from server_app.serve import run_server
-    from server_app.settings import load_settings
-
-    try:
-        run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
-    except FedForestError as exc:
-        _fail(exc)
-
-
-@server_cli.command("add-client")
-def add_client_cmd(name: str, config: ConfigOpt) -> None:
-    """Register an institution and print its token (shown once; stored hashed)."""
-    from server_app.auth import TokenError, add_client
-    from server_app.db import Database
-    from server_app.settings import load_settings
-
-    try:
-        db = Database(load_settings(config).database)
-        token = add_client(db, name)
-    except (FedForestError, TokenError) as exc:
-        _fail(exc)
-        return
-    console.print(f"client [bold]{name}[/bold] registered; give it this token "
-                  "(it is not stored and cannot be shown again):")
-    print(token)
-
-
-@server_cli.command("create-job")
-def create_job_cmd(config: ConfigOpt,
-                   job: Annotated[Path, typer.Option("--job", "-j", help="job.toml")]) -> None:
-    """Create a job from job.toml (clients, schema, hyper-parameters, profile, deadline)."""
-    from server_app.audit_hook import open_audit
-    from server_app.db import Database
-    from server_app.jobspec import load_job_spec
-    from server_app.runtime import ServerState
-    from server_app.settings import load_settings
-
-    try:
-        settings = load_settings(config)
-        spec = load_job_spec(job)
-        state = ServerState(Database(settings.database), open_audit(settings.audit_database))
-        row = state.create_job(spec)
-    except FedForestError as exc:
-        _fail(exc)
-        return
-    console.print(f"job [bold]{row.id}[/bold] created for {len(spec.clients)} clients "
-                  f"(t = {row.min_clients}, round deadline {row.round_deadline_s:.0f}s)")
-
-
-@server_cli.command("status")
-def status_cmd(config: ConfigOpt) -> None:
-    """List jobs and their status."""
-    from sqlalchemy import select
-
-    from server_app.db import Database, JobRow
-    from server_app.settings import load_settings
-
-    db = Database(load_settings(config).database)
-    with db.session() as sess:
-        for job in sess.scalars(select(JobRow)):
-            print(f"{job.id}\t{job.status}\tround {job.current_round}\t{job.reason}")
 
 
 # ---------------------------------------------------------------------- client
@@ -134,7 +50,7 @@ def client(
                                "--insecure-dev (development only)")] = False,
 ) -> None:
     """Join a job as one institution and train until the job ends."""
-    from .runner import ClientOptions, run_client
+    from client_app.runner import ClientOptions, run_client
 
     try:
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
@@ -143,8 +59,7 @@ def client(
                                        retry_budget_s=retry_budget, profile=profile,
                                        insecure_dev=insecure_dev))
     except (FedForestError, ValueError, OSError) as exc:
-        _fail(exc)
-        return
+        fail(exc)
     if res.status != "done":
         console.print(f"[yellow]job ended: {res.status}[/yellow] {res.detail}")
         raise typer.Exit(3)
@@ -190,7 +105,7 @@ def simulate(
                                        bins=bins, seed=seed, max_rows=max_rows,
                                        round_deadline=round_deadline))
     except FedForestError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 # ---------------------------------------------------------------------- compare
@@ -246,8 +161,7 @@ def compare(
         png = plot(res, out / f"compare_{name}.png")
         csv_file = to_csv(res, out / f"compare_{name}.csv")
     except (FedForestError, ValueError, OSError) as exc:
-        _fail(exc)
-        return
+        fail(exc)
     out_console = _Console()
     out_console.width = max(out_console.width, 132)
     out_console.print(format_table(res))

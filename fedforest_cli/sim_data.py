@@ -44,34 +44,22 @@ def synthetic_table(n: int, d: int = 20, seed: int = 0) -> tuple[np.ndarray, np.
 
 
 def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
-    """``(X, y, task, feature_names)``; from fedforest_secure.experiments, else scikit-learn.
+    """``(X, y, task, feature_names)`` of a dataset of :mod:`fedforest_secure.experiments`.
 
     ``synthetic-<n>`` is a synthetic regression table of ``n`` rows and 20 features.
     """
     if name.startswith("synthetic-") and name.split("-", 1)[1].isdigit():
         X, y = synthetic_table(int(name.split("-", 1)[1]))
         return X, y, "regression", [f"x{j}" for j in range(X.shape[1])]
-    try:
-        from fedforest_secure.experiments.loaders import load_dataset
-    except ImportError:
-        from sklearn import datasets as skd
+    from fedforest_secure.experiments.loaders import load_dataset
 
-        loader = {"breast_cancer": skd.load_breast_cancer, "diabetes": skd.load_diabetes,
-                  "wine": skd.load_wine}[name.replace("-", "_").lower()]
-        b = loader()
-        task = "regression" if name.startswith("diab") else "classification"
-        return (np.asarray(b.data, float), np.asarray(b.target), task,
-                [f"x{j}" for j in range(b.data.shape[1])])
     ds = load_dataset(name)
     return ds.X, ds.y, ds.task, [f"x{j}" for j in range(ds.X.shape[1])]
 
 
 def _partition(y: np.ndarray, task: str, k: int, alpha: float, seed: int) -> np.ndarray:
-    try:
-        from fedforest_secure.experiments.partitions import dirichlet_partition
-    except ImportError:
-        rng = np.random.default_rng(seed)
-        return rng.integers(0, k, y.shape[0])
+    from fedforest_secure.experiments.partitions import dirichlet_partition
+
     target = y.astype(np.int64) if task == "classification" else y.astype(np.float64)
     return np.asarray(dirichlet_partition(target, k, alpha, seed, min_size=10))
 
@@ -134,11 +122,8 @@ def write_site_files(out: Path, names: list[str], parts: list[tuple[np.ndarray, 
 def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_toml: Path
                   ) -> SimData:
     """Write schema, CSVs, job.toml; register the clients and create the job on the server DB."""
-    from server_app.audit_hook import open_audit
-    from server_app.auth import add_client
-    from server_app.db import Database
+    from server_app.admin import ServerAdmin
     from server_app.jobspec import load_job_spec
-    from server_app.runtime import ServerState
     from server_app.settings import load_settings
 
     X, y, task, feat = load_table(opts.dataset)
@@ -157,15 +142,9 @@ def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_tom
     job_id = f"sim-{opts.dataset.replace('_', '-')}"
     job_toml = out / "job.toml"
     write_job_toml(job_toml, job_id, names, opts.profile, opts.round_deadline, forest)
-    settings = load_settings(server_toml)
-    db = Database(settings.database)
-    tokens = [add_client(db, n) for n in names]
-    audit = open_audit(settings.audit_database)
-    ServerState(db, audit).create_job(load_job_spec(job_toml))
-    close = getattr(getattr(audit, "_log", None), "close", None)
-    if callable(close):
-        close()
-    db.dispose()
+    with ServerAdmin.from_settings(load_settings(server_toml)) as admin:
+        tokens = [admin.add_client(n) for n in names]
+        admin.create_job(load_job_spec(job_toml))
     sites = [SiteData(n, p, out / "schema.toml", t, Xk, yk)
              for n, p, t, (Xk, yk) in zip(names, csvs, tokens, parts, strict=True)]
     return SimData(job_id, task, sites, X[test], y[test], job_toml)

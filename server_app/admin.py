@@ -1,0 +1,108 @@
+"""Operator actions on a server's database from outside the server process.
+
+``fedforest server add-client | create-job | status`` and ``fedforest simulate`` use these to
+register institutions, create jobs and follow a job while the server runs on the same database;
+nothing outside :mod:`server_app` reads its tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+
+from sqlalchemy import select
+
+from .audit_hook import AuditSink, open_audit
+from .auth import add_client
+from .db import Database, JobRow, RoundRow
+from .jobspec import JobSpec
+from .runtime import ServerState
+from .settings import ServerSettings
+
+__all__ = ["JobSummary", "RoundSummary", "ServerAdmin"]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """Where a job stands, as stored."""
+
+    job_id: str
+    status: str  # "waiting" | "running" | "done" | "failed"
+    reason: str
+    round_id: int  # the current round (-1 before the first)
+    min_clients: int
+    round_deadline_s: float
+    model_json: str | None
+    model_digest: str | None
+
+    @classmethod
+    def _of(cls, job: JobRow) -> JobSummary:
+        return cls(job.id, job.status, job.reason, job.current_round, job.min_clients,
+                   job.round_deadline_s, job.model_json, job.model_digest)
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """One issued round, as stored."""
+
+    round_id: int
+    level: int
+    kind: str
+    status: str  # "open" | "closed"
+
+
+class ServerAdmin:
+    """A connection to a server's database (and audit log, for the actions that audit).
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, database: str, audit_database: str | None = None) -> None:
+        self._db = Database(database)
+        self._audit_url = audit_database
+        self._audit: AuditSink | None = None
+
+    @classmethod
+    def from_settings(cls, settings: ServerSettings) -> ServerAdmin:
+        return cls(settings.database, settings.audit_database)
+
+    def add_client(self, name: str) -> str:
+        """Register an institution; returns its token (stored hashed, shown only here)."""
+        return add_client(self._db, name)
+
+    def create_job(self, spec: JobSpec) -> JobSummary:
+        """Create a job for registered clients (audited as ``job_created``)."""
+        if self._audit is None:
+            self._audit = open_audit(self._audit_url)
+        return JobSummary._of(ServerState(self._db, self._audit).create_job(spec))
+
+    def job(self, job_id: str) -> JobSummary | None:
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            return None if job is None else JobSummary._of(job)
+
+    def jobs(self) -> list[JobSummary]:
+        with self._db.session() as sess:
+            return [JobSummary._of(j) for j in sess.scalars(select(JobRow))]
+
+    def latest_round(self, job_id: str) -> RoundSummary | None:
+        """The job's last issued round, or None before the first."""
+        with self._db.session() as sess:
+            rr = sess.scalar(select(RoundRow).where(RoundRow.job_id == job_id)
+                             .order_by(RoundRow.round_id.desc()).limit(1))
+            return None if rr is None else RoundSummary(rr.round_id, rr.level, rr.kind,
+                                                        rr.status)
+
+    def close(self) -> None:
+        audit, self._audit = self._audit, None
+        close = getattr(audit, "close", None)
+        if callable(close):
+            close()
+        self._db.dispose()
+
+    def __enter__(self) -> ServerAdmin:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

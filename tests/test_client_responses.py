@@ -1,0 +1,115 @@
+"""The client validates every JSON response it reads (``fedforest_secure.protocol.api``).
+
+A server (or anything between it and the site) that answers with a malformed join response,
+secure-aggregation step or round list gets a :class:`ProtocolError` naming the response, and
+the client sends nothing further; never a ``KeyError`` or ``AttributeError`` from deep inside
+the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from rich.console import Console
+
+from client_app import runner
+from client_app.runner import ClientOptions
+from client_app.state import ClientState
+from fedforest_secure import load_profile
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import ProtocolError
+from fedforest_secure.protocol.api import ErrorBody, JoinBody, JoinResponse, SecAggStep
+
+JOB = "job-r"
+
+
+def _config(profile: str) -> dict[str, Any]:
+    cfg = JobConfig(job_id=JOB, task="regression", n_features=2, n_clients=3,
+                    feature_bounds=((-1.0, 1.0),) * 2, target_bound=1.0, n_estimators=1,
+                    max_depth=2, min_samples_leaf=2, max_features=2, n_bins=4,
+                    profile=load_profile(profile).to_dict())
+    return dict(json.loads(cfg.to_json()))
+
+
+@dataclass
+class ScriptedTransport:
+    """Answers the join, then every GET with the scripted JSON; records what was sent."""
+
+    join: Any
+    gets: dict[str, Any] = field(default_factory=dict)
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    step_wait: float = 0.0
+
+    def post_json(self, path: str, body: Any = None) -> Any:
+        self.sent.append(("POST", path))
+        return self.join
+
+    def get_json(self, path: str, params: Any = None) -> Any:
+        self.sent.append(("GET", path))
+        return self.gets[path.rsplit("/", 1)[-1]]
+
+    def take_next_step(self) -> None:
+        return None
+
+    def request(self, method: str, path: str, **_: Any) -> Any:
+        self.sent.append((method, path))
+        raise AssertionError(f"the client sent {method} {path}")
+
+
+def _run(tr: ScriptedTransport, tmp_path: Path) -> None:
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
+                np.zeros(4), Console(quiet=True))
+
+
+@pytest.mark.parametrize("join", [
+    None, [], "ok", {"config": {}}, {"client_index": 0}, {"client_index": 0, "config": "x"},
+    {"client_index": "first", "config": {}},
+])
+def test_a_malformed_join_response_is_a_protocol_error(join: Any, tmp_path: Path) -> None:
+    tr = ScriptedTransport(join)
+    with pytest.raises(ProtocolError, match="malformed join response"):
+        _run(tr, tmp_path)
+    assert tr.sent == [("POST", f"/v1/jobs/{JOB}/join")]
+
+
+@pytest.mark.parametrize("rounds", [{"rounds": []}, [{"round_id": 1}], ["closed"]])
+def test_a_malformed_round_list_is_a_protocol_error(rounds: Any, tmp_path: Path) -> None:
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
+                           gets={"rounds": rounds})
+    with pytest.raises(ProtocolError, match="malformed round list"):
+        _run(tr, tmp_path)
+    assert tr.sent[-1] == ("GET", f"/v1/jobs/{JOB}/rounds")
+
+
+@pytest.mark.parametrize("step", [[], {"action": "share"}, {"status": "task"},
+                                  {"status": "task", "round_id": "next"}])
+def test_a_malformed_secure_aggregation_step_is_a_protocol_error(step: Any,
+                                                                  tmp_path: Path) -> None:
+    tr = ScriptedTransport({"client_index": 0, "config": _config("secure")},
+                           gets={"rounds": [], "secagg": step,
+                                 "directory": {"complete": False, "keys": {}}})
+    with pytest.raises(ProtocolError):
+        _run(tr, tmp_path)
+    assert ("GET", f"/v1/jobs/{JOB}/secagg") in tr.sent
+    assert all(method == "GET" for method, _ in tr.sent[1:])  # nothing posted after the join
+
+
+def test_responses_ignore_fields_they_do_not_read_and_requests_forbid_them() -> None:
+    info = JoinResponse.model_validate({"client_index": 2, "config": {}, "min_clients": 3})
+    assert info.client_index == 2 and not hasattr(info, "min_clients")
+    assert SecAggStep.model_validate({"status": "wait", "phase": "advert"}).status == "wait"
+    with pytest.raises(ValidationError):
+        JoinBody.model_validate({"identity_key": "00", "token": "x"})
+    body = ErrorBody.model_validate({"error": "round_closed", "detail": "d", "counted": True})
+    assert body.model_dump() == {"error": "round_closed", "detail": "d", "counted": True}

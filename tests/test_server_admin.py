@@ -1,0 +1,48 @@
+"""``server_app.admin.ServerAdmin``: what the CLI and the simulation do to a server's database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedforest_secure.audit import AuditLog
+from server_app.admin import JobSummary, ServerAdmin
+from server_app.audit_hook import NullAudit
+from server_app.auth import authenticate
+from server_app.db import Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+from server_app.settings import ConfigError
+
+K = 3
+
+
+def test_register_create_and_follow_a_job(tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    spec = load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K))
+    url, audit = f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "audit.db"
+    with ServerAdmin(url, str(audit)) as admin:
+        with pytest.raises(ConfigError, match="unknown clients"):
+            admin.create_job(spec)
+        tokens = [admin.add_client(f"client-{k}") for k in range(K)]
+        created = admin.create_job(spec)
+        assert created == admin.job("job-a")
+        assert created is not None and created.status == "waiting" and created.round_id == -1
+        assert admin.jobs() == [created] and admin.job("no-such-job") is None
+        assert admin.latest_round("job-a") is None
+    with AuditLog(str(audit), create=False) as log:
+        assert [e.kind for e in log.entries(job_id="job-a")] == ["job_created"]
+    # the server joins the clients on the same database; the admin sees the first round
+    db = Database(url)
+    state = ServerState(db, NullAudit())
+    for t in tokens:
+        row = authenticate(db, t)
+        assert row is not None
+        state.join(row, "job-a")
+    db.dispose()
+    with ServerAdmin(url) as admin:
+        job = admin.job("job-a")
+        rr = admin.latest_round("job-a")
+    assert isinstance(job, JobSummary) and job.status == "running" and job.round_id >= 0
+    assert rr is not None and (rr.round_id, rr.level, rr.status) == (job.round_id, 0, "open")
