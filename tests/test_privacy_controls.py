@@ -35,7 +35,7 @@ from fedforest_secure.privacy import (
     epsilon_of,
     histogram_sensitivity,
 )
-from fedforest_secure.protocol import Reply, StatKind, Task, TaskKind, kinds_vector
+from fedforest_secure.protocol import Reply, StatKind, Task, TaskKind, kind_code, kinds_vector
 from fedforest_secure.secure_sum import encode_contribution, entry_scale_bits, make_codec
 from fedforest_secure.worker import Worker
 
@@ -244,10 +244,14 @@ def test_adaptive_b_secure_follows_pooled_node_size(monkeypatch: pytest.MonkeyPa
 
 # ---------------------------------------------------------------------------- DP noise scale
 def _dp_round(task_kind: str = "regression") -> tuple[JobConfig, Task]:
-    """A secure-dp job's first noisy round (level-0 histograms) from the real coordinator."""
+    """A secure-dp job's first noisy round (level-0 histograms) from the real coordinator.
+
+    16 trees x 3 feature slots x 32 bins: 1,536 entries of each statistic kind per vector, so
+    25 decoded sums give 38,400 noise samples per kind (the sample size of the checks below).
+    """
     X, y, _ = _data()
     prof = load_profile("secure-dp", epsilon=1.0)
-    cfg = _config(prof, X, y, n_estimators=4, max_depth=3, n_bins=8, max_features=3,
+    cfg = _config(prof, X, y, n_estimators=16, max_depth=3, n_bins=32, max_features=3,
                   row_sampling="disjoint", bootstrap=False, min_samples_leaf=5)
     coord = Coordinator(cfg)
     task = coord.next_task()
@@ -256,7 +260,12 @@ def _dp_round(task_kind: str = "regression") -> tuple[JobConfig, Task]:
     task = coord.next_task()
     assert task is not None and task.kind == TaskKind.HISTOGRAM and "dp" in task.params
     assert coord.dp_spends and coord.dp_spends[-1]["round"] == task.round_id
+    assert task.layout[0].shape == (16, 3, 32, 3)
     return cfg, task
+
+
+#: Decoded sums per check: 25 x 1,536 = 38,400 samples per statistic kind.
+_REPS = 25
 
 
 def _decoded_noise(cfg: JobConfig, task: Task, reps: int, seed: int,
@@ -279,19 +288,22 @@ def _decoded_noise(cfg: JobConfig, task: Task, reps: int, seed: int,
 
 
 def _kind_mask(task: Task, kind: str) -> np.ndarray:
-    """Entries of the task's flat vector holding statistics of ``kind`` (string or code)."""
-    kinds = kinds_vector(task.layout)
-    if kinds.dtype.kind in "iu":  # newer protocol: integer kind codes
-        from fedforest_secure import protocol
-
-        return np.asarray(kinds == protocol.kind_code(StatKind(kind)))  # type: ignore[attr-defined]
-    return np.asarray(kinds == kind)
+    """Entries of the task's flat vector holding statistics of ``kind``."""
+    return np.asarray(kinds_vector(task.layout) == kind_code(StatKind(kind)))
 
 
 def _scale_ok(samples: np.ndarray, expected_std: float, tol: float = 0.03) -> bool:
-    """|empirical std / expected - 1| <= tol. With >= 30 000 samples the std estimate has a
-    relative standard error below 0.41%, so tol = 3% is > 7 standard errors (false-positive
-    rate < 1e-12), while a 20% mis-scaling is ~50 standard errors away."""
+    """|empirical std / expected - 1| <= tol.
+
+    Power of the check at the n = 38,400 samples per kind both DP tests use (the entries of
+    one vector and of different rounds are i.i.d. draws, so only n matters): the std estimate
+    has relative standard error 1/sqrt(2(n - 1)) = 0.36 %, so
+    * false positive (a calibrated scale rejected): tol = 3 % is 8.3 standard errors,
+      two-sided probability about 1e-16;
+    * false negative (a 20 % mis-scaling accepted): std x 1/1.2 lands 0.137 below the
+      tolerance band, 45 standard errors; std x 1.2 lands 0.17 above it, 39 standard
+      errors: probability below 1e-300 either way.
+    """
     return abs(float(samples.std()) / expected_std - 1.0) <= tol
 
 
@@ -299,7 +311,7 @@ def test_dp_noise_of_the_aggregate_matches_calibration(monkeypatch: pytest.Monke
     cfg, task = _dp_round()
     dp = task.params["dp"]
     slots = task.layout[0].shape[1]
-    noise = _decoded_noise(cfg, task, reps=400, seed=11, monkeypatch=monkeypatch)
+    noise = _decoded_noise(cfg, task, reps=_REPS, seed=11, monkeypatch=monkeypatch)
     names = {"count": "count", "sum": "sum", "sumsq": "sum_sq"}
     k_min = 3  # ceil(K (1 - 0.33)) survivors
     rhos = []
@@ -319,7 +331,7 @@ def test_dp_noise_of_the_aggregate_matches_calibration(monkeypatch: pytest.Monke
     for kind, sigma_client in dp["sigma"].items():
         # the decoded sum of K noisy zero vectors has std sigma_client * sqrt(K) (stat units)
         samples = noise[:, _kind_mask(task, kind)].ravel()
-        assert samples.size >= 30_000
+        assert samples.size == 38_400
         expected = sigma_client * math.sqrt(K) / entry_scale_bits(cfg, StatKind(kind))
         assert _scale_ok(samples, expected), (kind, samples.std() / expected)
         assert abs(samples.mean()) < 6 * expected / math.sqrt(samples.size)
@@ -332,19 +344,25 @@ def test_dp_noise_check_catches_a_miscalibrated_round(monkeypatch: pytest.Monkey
     """Clients that add 20% too little noise (a miscalibrated client) fail the check.
 
     Clients compute their noise scale from their own profile (``noise_sigmas``), never from
-    the task, so the miscalibration is injected there."""
+    the task, so the miscalibration is injected there. Same sample size and statistic as the
+    calibration test (38,400 samples per kind, see ``_scale_ok`` for the error rates)."""
     from fedforest_secure import secure_sum
 
     cfg, task = _dp_round()
     good = dict(task.params["dp"]["sigma"])
     real = secure_sum.noise_sigmas
-    monkeypatch.setattr(secure_sum, "noise_sigmas", lambda c, layout, level: (
-        {k: v / 1.2 for k, v in real(c, layout, level)[0].items()}, real(c, layout, level)[1]))
-    bad = task
-    noise = _decoded_noise(cfg, bad, reps=400, seed=12, monkeypatch=monkeypatch)
+
+    def too_little(c: JobConfig, layout: Any, level: Any) -> tuple[dict[str, float], int]:
+        sigmas, k_min = real(c, layout, level)
+        return {k: v / 1.2 for k, v in sigmas.items()}, k_min
+
+    monkeypatch.setattr(secure_sum, "noise_sigmas", too_little)
+    noise = _decoded_noise(cfg, task, reps=_REPS, seed=12, monkeypatch=monkeypatch)
     for kind, sigma_client in good.items():
         expected = sigma_client * math.sqrt(K) / entry_scale_bits(cfg, StatKind(kind))
-        assert not _scale_ok(noise[:, _kind_mask(bad, kind)].ravel(), expected)
+        samples = noise[:, _kind_mask(task, kind)].ravel()
+        assert samples.size == 38_400
+        assert not _scale_ok(samples, expected)
 
 
 # ---------------------------------------------------------------------------- model file
