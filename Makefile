@@ -23,9 +23,15 @@ test: install
 demo: install
 	$(BIN)/fedforest simulate --dataset breast_cancer --clients 4 --profile secure
 
+# ruff on every package, the tests and the benchmarks; mypy --strict on the packages; the
+# import contract of pyproject.toml ([tool.importlinter]). Every step runs; any failure fails.
+LINT_PACKAGES := fedforest_secure server_app client_app
 lint: install
-	$(BIN)/ruff check fedforest_secure server_app client_app tests benchmarks
-	$(BIN)/mypy fedforest_secure
+	@rc=0; \
+	$(BIN)/ruff check $(LINT_PACKAGES) tests benchmarks || rc=1; \
+	$(BIN)/mypy --strict $(LINT_PACKAGES) || rc=1; \
+	$(BIN)/lint-imports || rc=1; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache fedforest-run
