@@ -219,8 +219,7 @@ def test_deterministic_given_config() -> None:
 
 
 def test_avgimp_level_without_splittable_nodes() -> None:
-    """Regression: AvgImp used to crash (reshape of an empty gain block) when no node of a
-    level could be split."""
+    """AvgImp grows a forest when no node of a level can be split (an empty gain block)."""
     from fedforest_secure import FedForestRegressor
 
     rng = np.random.default_rng(0)
