@@ -161,7 +161,8 @@ def test_a_forged_model_digest_is_named(log: AuditLog) -> None:
 def test_a_log_without_the_configuration_cannot_be_replayed(log: AuditLog) -> None:
     created = log.entries(job_id=JOB, kind="job_created")[0]
     body = {k: v for k, v in created.payload.items() if k != "config"}
-    with log.engine.begin() as conn:  # an entry without the configuration (hash left stale: not the point)
+    # an entry without the configuration (its hash left stale: not the point here)
+    with log.engine.begin() as conn:
         conn.execute(text("UPDATE audit_entries SET payload = :pl WHERE job_id = :j AND "
                           "seq = :s"), {"pl": json.dumps(body, sort_keys=True,
                                                          separators=(",", ":")),
