@@ -259,7 +259,7 @@ def test_budget_accounting_includes_the_node_summaries() -> None:
     assert all("sigma_client" in s for s in h_sp)  # what the audit log records
 
 
-def test_without_noisy_h_every_release_shares_the_whole_budget() -> None:
+def test_without_noisy_h_the_budget_has_no_h_share() -> None:
     cfg = _cfg(split_on_client=False, profile=load_profile("secure-dp", epsilon=4.0).to_dict())
     b = job_budget(cfg.dp or {}, cfg.max_depth, noisy_h=False)
     assert not b.noisy_h and b.total == (4.0, 1e-6)
