@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["METHODS", "JobConfig", "resolve_max_features"]
 
-METHODS = ("quantiles", "avgimp", "exact", "histogram")
+METHODS = ("quantiles", "avgimp", "exact", "histogram", "random")
 
 
 def resolve_max_features(max_features: Any, n_features: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _impurity, _sketch, _splits
+from . import _impurity, _random_splits, _sketch, _splits
 from .config import JobConfig
 from .errors import BudgetError, InvalidMessage, ProfileError, ProtocolError
 from .model import ForestModel, Tree
@@ -154,6 +154,11 @@ class Coordinator:
             if config.feature_bounds is None:
                 raise ProfileError("the secure_cdf sketch needs public feature bounds "
                                    "(set them in the schema)")
+        if config.method == "random" and config.feature_bounds is None:
+            raise ProfileError("method='random' draws thresholds inside the public feature "
+                               "bounds; set them in the schema")
+        if config.method == "random" and config.split_on_client:
+            raise ProfileError("method='random' does not split on the client")
         self._dp = config.dp
         if self._dp is not None:
             if config.feature_bounds is None or (config.task == "regression"
@@ -307,6 +312,57 @@ class Coordinator:
         keys = self._rng.random((n_nodes, d))
         return np.argsort(keys, axis=1)[:, :m].astype(np.int64)
 
+    def _leaf_min_count(self) -> float:
+        """Random splits: the count below which a node takes its ancestor's value. Under DP
+        a regression leaf's mean also needs a count above the noise on it (one standard
+        deviation of the summed count noise)."""
+        cfg = self.config
+        floor = float(max(cfg.min_samples_leaf, 1))
+        if self._dp is None or cfg.task != "regression":
+            return floor
+        from .privacy.allocation import job_noise
+        from .secure_sum import noise_units
+
+        plan = job_noise(cfg, noise_units(cfg))
+        return max(floor, plan.sum_count_std(cfg.max_depth, cfg.n_clients))
+
+    def _grow_random(self, trees: list[_TreeBuilder], level: int, lvl_tree: np.ndarray,
+                     lvl_node: np.ndarray, box_lo: np.ndarray, box_hi: np.ndarray,
+                     feature: np.ndarray, threshold: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                dict[str, np.ndarray]]:
+        """Split every node of the level at its random (feature, threshold): the next level's
+        nodes, boxes and routing."""
+        n_nodes = lvl_tree.size
+        nt = np.repeat(lvl_tree, 2)
+        nn = np.empty(2 * n_nodes, dtype=np.int64)
+        for i in range(n_nodes):
+            tb = trees[int(lvl_tree[i])]
+            nd = int(lvl_node[i])
+            tb.kind[nd], tb.feature[nd] = NUM, int(feature[i])
+            tb.threshold[nd] = float(threshold[i])
+            lc, rc = tb.add(), tb.add()
+            tb.left[nd], tb.right[nd] = lc, rc
+            nn[2 * i], nn[2 * i + 1] = lc, rc
+        rows = np.arange(n_nodes)
+        lo = np.repeat(box_lo, 2, axis=0)
+        hi = np.repeat(box_hi, 2, axis=0)
+        hi[2 * rows, feature] = np.minimum(hi[2 * rows, feature], threshold)
+        lo[2 * rows + 1, feature] = np.maximum(lo[2 * rows + 1, feature], threshold)
+        self.decisions.append({"level": level, "splits": [
+            {"tree": int(lvl_tree[i]), "node": int(lvl_node[i]), "kind": "numeric",
+             "feature": int(feature[i]), "threshold": float(threshold[i]), "left_set": []}
+            for i in range(n_nodes)]})
+        routing: dict[str, np.ndarray] = {
+                   "route_kind": np.full(n_nodes, NUM, dtype=np.int32),
+                   "route_feature": feature.astype(np.int32),
+                   "route_threshold": threshold.astype(np.float64),
+                   "route_left": (2 * rows).astype(np.int32),
+                   "route_right": (2 * rows + 1).astype(np.int32),
+                   "route_set_ptr": np.zeros(n_nodes + 1, dtype=np.int64),
+                   "route_set_vals": np.zeros(0, dtype=np.int32)}
+        return nt, nn, lo, hi, routing
+
     # ------------------------------------------------------------------ the level loop
     def _run(self) -> Generator[Task, _Received, ForestModel]:
         cfg = self.config
@@ -326,6 +382,7 @@ class Coordinator:
         routing: dict[str, np.ndarray] | None = None
         grid_lohi: np.ndarray | None = None
         use_h = cfg.split_on_client and self._h_policy in ("clear", "noisy")
+        random_mode = cfg.method == "random"
         # bound on the level's total weight (sum of its nodes' weighted counts): a tree's
         # bootstrap draws as many rows as there are (at most the rows' multiplicities)
         level_weight = (float(T) * self._total_rows if self._total_rows is not None
@@ -367,8 +424,9 @@ class Coordinator:
             if use_h and not last:
                 disclose.append("node_stats")
             # under DP the sketch round releases nothing: node totals come from the (noisy)
-            # histogram of the same level and leaf values from the parent's, which saves budget
-            release = not dp_mode
+            # histogram of the same level and leaf values from the parent's, which saves budget.
+            # Random splits release the leaves' totals only (the structure is data-independent)
+            release = (last if random_mode else not dp_mode)
             params["totals"] = release
             task = self._task(TaskKind.SKETCH, level, params, arrays,
                               (totals_block(cfg, n_nodes),) if release else (),
@@ -389,10 +447,23 @@ class Coordinator:
                 tb.value[lvl_node[i]] = values[i]
                 tb.n[lvl_node[i]] = float(n[i])
             if last:
-                if dp_mode:  # leaves at max depth: values from the parent's noisy histogram
+                if random_mode:  # every node's value from the (noisy) leaf totals
+                    _random_splits.values_from_leaves(
+                        trees, lvl_tree, lvl_node, totals, cfg.task, self._leaf_min_count(),
+                        cfg.target_bound if cfg.task == "regression" else None)
+                elif dp_mode:  # leaves at max depth: values from the parent's noisy histogram
                     for i in range(n_nodes):
                         trees[lvl_tree[i]].value[lvl_node[i]] = parent_value[i]
                 break
+            if random_mode:  # data-independent splits: no round evaluates them
+                if feats is None or box_lo is None or box_hi is None:  # pragma: no cover
+                    raise ProtocolError("internal: random splits need features and boxes")
+                feature, threshold = _random_splits.random_splits(self._rng, feats, box_lo,
+                                                                  box_hi)
+                lvl_tree, lvl_node, box_lo, box_hi, routing = self._grow_random(
+                    trees, level, lvl_tree, lvl_node, box_lo, box_hi, feature, threshold)
+                parent_value = np.zeros((lvl_tree.size, n_out))
+                continue
             if "minmax" in disclose:
                 mm = np.stack([disc[k]["minmax"] for k in sorted(disc)])
                 grid_lohi = np.stack([mm[:, :, 0].min(axis=0), mm[:, :, 1].max(axis=0)], axis=1)

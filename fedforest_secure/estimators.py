@@ -37,6 +37,14 @@ def _dp_defaults(epsilon: float, task: str, n_rows: int, n_features: int, n_clas
                               delta=delta).as_params()
 
 
+def _dp_rule_for(method: str | None, epsilon: float, task: str, n_rows: int, n_features: int,
+                 n_classes: int, delta: float) -> dict[str, Any]:
+    from .privacy.allocation import dp_forest_settings
+
+    return dp_forest_settings(epsilon, n_rows, n_features, n_classes, task, delta=delta,
+                              method=method or "random").as_params()
+
+
 def _profile_dict(profile: Any) -> dict[str, Any]:
     from .privacy import PrivacyProfile, load_profile
 
@@ -88,11 +96,16 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         out = {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
                "n_bins": self.n_bins, "max_features": self.max_features,
                "sampling": None if self.bootstrap is None else
-               ("bootstrap" if self.bootstrap else "all")}
-        defaults = (_dp_defaults(float(dp["epsilon"]), self._task, n_rows, d, n_classes,
-                                 float(dp["delta"])) if dp else
+               ("bootstrap" if self.bootstrap else "all"),
+               # under DP the quantile sketch (the default method) is never used: the rule
+               # picks the method; any other method the user names is kept
+               "method": None if dp and self.method == "quantiles" else self.method}
+        if dp and out["method"] is None and self.split_on_client:
+            out["method"] = "histogram"  # H-splits are scored by the greedy levels
+        defaults = (_dp_rule_for(out["method"], float(dp["epsilon"]), self._task, n_rows, d,
+                                 n_classes, float(dp["delta"])) if dp else
                     {"n_estimators": 50, "max_depth": 8, "n_bins": 32, "max_features": auto_mf,
-                     "sampling": "bootstrap"})
+                     "sampling": "bootstrap", "method": self.method})
         for key, val in defaults.items():
             if key == "max_features":  # None keeps scikit-learn's meaning: all features
                 if isinstance(out[key], str) and out[key] == "auto":
@@ -181,7 +194,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             min_impurity_decrease=self.min_impurity_decrease,
             max_features=resolve_max_features(hp["max_features"], d),
             bootstrap=hp["sampling"] == "bootstrap", row_sampling=hp["sampling"],
-            n_bins=hp["n_bins"], method=self.method, top_l=self.top_l,
+            n_bins=hp["n_bins"], method=hp["method"], top_l=self.top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
             random_state=seed, profile=self.profile_)
         # each client's share of the rows is made when its worker is built, and dropped after

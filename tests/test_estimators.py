@@ -339,4 +339,14 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
     est = FedForestRegressor(profile=load_profile("secure-dp", epsilon=1.0)).fit(
         X, y, client=np.repeat(np.arange(3), 40))
     cfg = est.config_
-    assert (cfg.n_estimators, cfg.max_depth, cfg.max_features, cfg.n_bins) == (8, 1, 2, 4)
+    from fedforest_secure.privacy.allocation import dp_forest_settings
+
+    want = dp_forest_settings(1.0, 120, 10, 0, "regression")
+    assert (cfg.method, cfg.n_estimators, cfg.max_depth, cfg.max_features) == (
+        "random", want.n_estimators, want.max_depth, 1)
+    # a greedy method named by the user keeps the greedy rule
+    est = FedForestRegressor(method="histogram", profile=load_profile("secure-dp", epsilon=1.0)
+                             ).fit(X, y, client=np.repeat(np.arange(3), 40))
+    want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="histogram")
+    assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
+            est.config_.max_features) == ("histogram", 8, want.max_depth, 2)

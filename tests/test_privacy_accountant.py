@@ -43,12 +43,12 @@ def test_conversion_equals_dp_accounting(rho: float, delta: float) -> None:
     assert ref <= epsilon_of(events, delta) <= ref * 1.001
 
 
-def _dp_job(cls: type, task: str, eps: float) -> tuple[object, float]:
+def _dp_job(cls: type, task: str, eps: float, method: str) -> tuple[object, float]:
     rng = np.random.default_rng(3)
     X = rng.normal(size=(240, 5))
     y = (X[:, 0] > 0).astype(int) if task == "classification" else X[:, 0] + rng.normal(size=240)
     est = cls(profile=load_profile("secure-dp", epsilon=eps), n_estimators=3, max_depth=3,
-              max_features=2, n_bins=4, random_state=1)
+              max_features=2, n_bins=4, random_state=1, method=method)
     seen: list[object] = []
     est.fit(X, y, client=np.arange(240) % 4, on_round=seen.append)
     return est, eps
@@ -57,10 +57,13 @@ def _dp_job(cls: type, task: str, eps: float) -> tuple[object, float]:
 @pytest.mark.parametrize(("cls", "task"), [(FedForestClassifier, "classification"),
                                            (FedForestRegressor, "regression")])
 @pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
-def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float,
+@pytest.mark.parametrize(("method", "n_releases"), [("histogram", 3), ("random", 1)])
+def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float, method: str,
+                                             n_releases: int,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A real DP job: the accountant's total equals dp-accounting's on the recorded releases,
-    and the calibration spends the whole budget."""
+    and the calibration spends the whole budget (greedy splits: a histogram release per
+    splitting level; random splits: the leaves' totals only)."""
     from fedforest_secure import coordinator as coordinator_mod
 
     made: list[coordinator_mod.Coordinator] = []
@@ -71,16 +74,20 @@ def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float,
         made.append(self)
 
     monkeypatch.setattr(coordinator_mod.Coordinator, "__init__", spy)
-    _dp_job(cls, task, eps)
+    _dp_job(cls, task, eps, method)
     (coord,) = made
     spends = coord.dp_spends
-    assert len(spends) == 3  # one histogram release per splitting level
+    assert len(spends) == n_releases
     events = [ZCdp(s["rho"], s["xi"]) for s in spends]
     # the recorded (rho, xi) is the bound in force at every order (tau is negligible here)
     for s, rec in zip(coord.accountant.spends, events, strict=True):
         assert s.rho == rec.rho
     total = coord.accountant.spent[0]
-    assert total == pytest.approx(_reference(events, 1e-6), rel=1e-9)
+    ref = _reference(events, 1e-6)
+    if all(e.xi < 1e-12 for e in events):  # one bound holds at every order: the same curve
+        assert total == pytest.approx(ref, rel=1e-9)
+    else:  # small noise on integer counts: the accountant takes the smaller bound per order
+        assert total <= ref * (1 + 1e-12) and ref == pytest.approx(total, rel=1e-3)
     assert total == pytest.approx(spends[-1]["total_epsilon"], rel=1e-12)
     assert total <= eps * (1 + 1e-9) and total == pytest.approx(eps, rel=1e-4)
 

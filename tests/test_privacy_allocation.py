@@ -15,6 +15,7 @@ from fedforest_secure.privacy.allocation import (
     calibrate,
     dp_forest_settings,
     level_signal_to_noise,
+    random_split_depth,
     release_cost,
 )
 
@@ -26,10 +27,17 @@ EPS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     (124, 13, 3, "classification"), (5000, 50, 10, "classification"),
     (300, 10, 0, "regression"), (8000, 8, 0, "regression")])
 def test_more_budget_never_makes_the_forest_shallower(n: int, d: int, c: int, task: str) -> None:
-    depths = [dp_forest_settings(e, n, d, c, task).max_depth for e in EPS]
+    # random splits: the structure does not depend on epsilon at all
+    shapes = {dp_forest_settings(e, n, d, c, task) for e in EPS}
+    assert len(shapes) == 1
+    (shape,) = shapes
+    assert (shape.method, shape.n_estimators, shape.max_features) == ("random", 64, 1)
+    assert shape.max_depth == random_split_depth(n, task) and 3 <= shape.max_depth <= 8
+    # greedy splits: the depth grows with epsilon
+    depths = [dp_forest_settings(e, n, d, c, task, method="histogram").max_depth for e in EPS]
     assert depths == sorted(depths) and 1 <= depths[0] and depths[-1] <= 3
     for e in EPS:
-        got = dp_forest_settings(e, n, d, c, task)
+        got = dp_forest_settings(e, n, d, c, task, method="histogram")
         assert got.n_bins == 4 and got.sampling == "all"
         assert got.max_features == (max(1, d // 10) if task == "classification" else min(2, d))
         # the chosen depth's deepest level clears the threshold (or it is the minimum, 1)
@@ -40,9 +48,10 @@ def test_more_budget_never_makes_the_forest_shallower(n: int, d: int, c: int, ta
 
 def test_more_rows_never_make_the_forest_shallower() -> None:
     for e, (d, c) in itertools.product(EPS, [(13, 3), (30, 2)]):
-        depths = [dp_forest_settings(e, n, d, c, "classification").max_depth
-                  for n in (50, 100, 400, 1600, 6400)]
-        assert depths == sorted(depths)
+        for method in ("random", "histogram"):
+            depths = [dp_forest_settings(e, n, d, c, "classification", method=method).max_depth
+                      for n in (50, 100, 400, 1600, 6400)]
+            assert depths == sorted(depths)
 
 
 def test_rule_fails_closed() -> None:

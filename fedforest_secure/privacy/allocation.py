@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from ..config import JobConfig
 
 __all__ = ["DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate",
-           "dp_forest_settings", "job_noise", "level_signal_to_noise", "release_cost"]
+           "dp_forest_settings", "job_noise", "level_signal_to_noise", "random_split_depth",
+           "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,10 @@ class JobNoise:
     Attributes
     ----------
     releases : tuple of PlannedRelease
-        One per splitting level (level ``l`` is ``releases[l]``).
+        The planned releases, in order.
+    levels : tuple of int
+        The level each release happens at (greedy splits: one per splitting level
+        ``0 .. max_depth - 1``; random splits: the leaves, ``max_depth``).
     sigmas : tuple of tuple of float
         Each client's scale per release and block, in integer (ring) units.
     k_min : int
@@ -147,25 +151,36 @@ class JobNoise:
     """
 
     releases: tuple[PlannedRelease, ...]
+    levels: tuple[int, ...]
     sigmas: tuple[tuple[float, ...], ...]
     k_min: int
     epsilon: float
     delta: float
 
+    def _index(self, level: int) -> int:
+        if level not in self.levels:
+            raise BudgetError(f"no release is planned at level {level}; the plan releases at "
+                              f"levels {list(self.levels)}")
+        return self.levels.index(level)
+
     def level_sigmas(self, level: int) -> dict[str, float]:
         """Client scale per statistic kind of the release at ``level``."""
-        if not 0 <= level < len(self.releases):
-            raise BudgetError(f"no release is planned at level {level}; the plan has "
-                              f"{len(self.releases)}")
-        rel = self.releases[level]
-        return {b.name: s for b, s in zip(rel.blocks, self.sigmas[level], strict=True)}
+        i = self._index(level)
+        rel = self.releases[i]
+        return {b.name: s for b, s in zip(rel.blocks, self.sigmas[i], strict=True)}
 
     def cost(self, level: int, dims: Mapping[str, int] | None = None) -> Cost:
         """Rényi bound of the release at ``level`` (``dims``: its blocks' actual lengths)."""
-        rel = self.releases[level]
+        i = self._index(level)
+        rel = self.releases[i]
         lengths = None if dims is None else [min(int(dims.get(b.name, 0)), b.dims)
                                              for b in rel.blocks]
-        return release_cost(rel, self.sigmas[level], lengths)
+        return release_cost(rel, self.sigmas[i], lengths)
+
+    def sum_count_std(self, level: int, n_clients: int) -> float:
+        """Standard deviation of the noise on one summed count of the release at ``level``
+        when ``n_clients`` clients contribute (counts are integers: one unit per row)."""
+        return self.level_sigmas(level)["count"] * math.sqrt(n_clients)
 
 
 def _dp_value(dp: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -212,6 +227,8 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
     else:
         kinds = [("count", "count", 1), ("sum", "sum", 1), ("sumsq", "sum_sq", 1)]
     depth = config.max_depth
+    if config.method == "random":
+        return _random_split_noise(config, unit, eps, delta, trees, mult, k_min)
     level_w = [1.0 / depth] * depth
     releases = []
     for level in range(depth):
@@ -225,7 +242,34 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
                                        nodes * m * width * cols, level_w[level] / len(kinds)))
         releases.append(PlannedRelease(f"level {level} histograms", k_min, tuple(blocks)))
     sig = calibrate(releases, eps, delta)
-    return JobNoise(tuple(releases), sig, k_min, eps, delta)
+    return JobNoise(tuple(releases), tuple(range(depth)), sig, k_min, eps, delta)
+
+
+#: Budget shares of a regression's leaf release under random splits: the leaf means need the
+#: counts and the sums of y; the sums of squares travel in the same block but are not used.
+_RANDOM_REGRESSION_SHARES = {"count": 0.49, "sum": 0.49, "sumsq": 0.02}
+
+
+def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float,
+                        delta: float, trees: int, mult: int, k_min: int) -> JobNoise:
+    """Random (data-independent) splits: the only release is the leaves' node totals. A
+    record sits in one leaf per tree: a histogram with ``F = 1`` over ``T`` trees."""
+    leaves = trees * 2**config.max_depth
+    kinds: list[tuple[str, StatKind, int, float]]
+    if config.task == "classification":
+        kinds = [("count", "class_count", config.n_classes, 1.0)]
+    else:
+        kinds = [("count", "count", 1, _RANDOM_REGRESSION_SHARES["count"]),
+                 ("sum", "sum", 1, _RANDOM_REGRESSION_SHARES["sum"]),
+                 ("sumsq", "sum_sq", 1, _RANDOM_REGRESSION_SHARES["sumsq"])]
+    blocks = []
+    for name, stat, cols, share in kinds:
+        sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
+                                     target_bounds=(-config.target_bound, config.target_bound))
+        blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])), leaves * cols, share))
+    release = PlannedRelease("leaf totals", k_min, tuple(blocks))
+    sig = calibrate([release], eps, delta)
+    return JobNoise((release,), (config.max_depth,), sig, k_min, eps, delta)
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -239,6 +283,12 @@ _DP_BINS = 4
 _DISTRIBUTED_FACTOR = 4.0 / 3.0
 
 
+#: Random splits: trees, and rows per leaf that set the depth (classification, regression).
+_RANDOM_TREES = 64
+_RANDOM_ROWS_PER_LEAF = {"classification": 4.0, "regression": 8.0}
+_RANDOM_DEPTH = (3, 8)
+
+
 @dataclass(frozen=True)
 class DPForestSettings:
     """Forest hyper-parameters chosen by :func:`dp_forest_settings`."""
@@ -248,11 +298,12 @@ class DPForestSettings:
     n_bins: int
     max_features: int
     sampling: str = "all"
+    method: str = "random"
 
     def as_params(self) -> dict[str, Any]:
         return {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
                 "n_bins": self.n_bins, "max_features": self.max_features,
-                "sampling": self.sampling}
+                "sampling": self.sampling, "method": self.method}
 
 
 def level_signal_to_noise(epsilon: float, delta: float, n_rows: int, n_classes: int,
@@ -268,20 +319,32 @@ def level_signal_to_noise(epsilon: float, delta: float, n_rows: int, n_classes: 
     return float(n_rows / cells / sigma)
 
 
+def random_split_depth(n_rows: int, task: str) -> int:
+    """Depth of the random-split trees: ``round(log2(n / r))`` clipped to [3, 8], with
+    ``r = 4`` rows per leaf for classification and 8 for regression (leaf means need more)."""
+    d = math.floor(math.log2(max(n_rows, 1) / _RANDOM_ROWS_PER_LEAF[task]) + 0.5)
+    return int(min(max(d, _RANDOM_DEPTH[0]), _RANDOM_DEPTH[1]))
+
+
 def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: int,
-                       task: str, delta: float = 1e-6) -> DPForestSettings:
+                       task: str, delta: float = 1e-6, *, method: str = "random"
+                       ) -> DPForestSettings:
     """The allocation rule (docs/privacy.md §2.6): forest shape of a DP job.
 
-    * every row in every tree (``sampling="all"``), ``B = 4`` equal-width bins in the node's
-      public box (the fixed-width grid of DP jobs), the budget split equally over the levels
-      and statistic kinds (zCDP, :func:`job_noise`);
-    * features per node ``m = max(1, d // 10)`` for classification, ``min(2, d)`` for
-      regression; trees ``T = 4`` below epsilon = 2 and 8 from there (classification), 8
-      (regression): the noise per bin grows as ``sqrt(T m)`` while the rows per bin do not;
-    * depth: the deepest ``D <= 3`` whose deepest level still has at least
-      ``_MIN_SIGNAL_TO_NOISE`` rows per histogram cell per unit of count noise
-      (:func:`level_signal_to_noise`); at least 1. The ratio grows with epsilon, so more
-      budget never makes the trees shallower.
+    ``method="random"`` (the default of DP jobs): the tree structure is data-independent (a
+    random feature and a threshold drawn uniformly in the node's public box at every node),
+    so the whole budget goes to one release, the leaves' node totals; every row in every
+    tree (``sampling="all"``), ``T = 64`` trees of depth :func:`random_split_depth` (a
+    function of the rows only). The structure does not depend on epsilon, and the noise
+    only shrinks as epsilon grows.
+
+    A greedy method (``"histogram"``, ``"quantiles"``: noisy histograms of fixed-width
+    candidate bins at every level, budget split equally over the levels in zCDP) uses the
+    earlier rule: ``B = 4``; ``m = max(1, d // 10)`` features per node for classification,
+    ``min(2, d)`` for regression; ``T = 4`` trees below epsilon = 2, else 8 (classification),
+    8 (regression); the depth is the deepest ``D <= 3`` whose deepest level keeps at least
+    ``_MIN_SIGNAL_TO_NOISE`` rows per histogram cell per unit of count noise
+    (:func:`level_signal_to_noise`), at least 1; more budget never makes it shallower.
 
     Parameters
     ----------
@@ -289,22 +352,26 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     n_rows : rows of the federation (a public count, or a public lower bound of it)
     n_features, n_classes : from the schema (``n_classes`` is ignored for regression)
     task : ``"classification"`` or ``"regression"``
+    method : ``"random"`` or a greedy method
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise BudgetError(f"epsilon must be finite and > 0, got {epsilon}")
     if n_rows < 1 or n_features < 1:
         raise BudgetError(f"n_rows and n_features must be >= 1, got {n_rows}, {n_features}")
+    if task not in ("classification", "regression"):
+        raise BudgetError(f"unknown task {task!r}")
+    if method == "random":
+        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task), _DP_BINS, 1,
+                                method="random")
     if task == "classification":
         trees = 4 if epsilon < 2.0 else 8
         m = max(1, n_features // 10)
         classes = max(n_classes, 2)
-    elif task == "regression":
-        trees, m, classes = 8, min(2, n_features), 1
     else:
-        raise BudgetError(f"unknown task {task!r}")
+        trees, m, classes = 8, min(2, n_features), 1
     depth = 1
     for d in range(2, _MAX_DP_DEPTH + 1):
         if level_signal_to_noise(epsilon, delta, n_rows, classes, task, trees, m,
                                  d) >= _MIN_SIGNAL_TO_NOISE[task]:
             depth = d
-    return DPForestSettings(trees, depth, _DP_BINS, m)
+    return DPForestSettings(trees, depth, _DP_BINS, m, method=method)
