@@ -62,12 +62,12 @@ def test_valid_config_defaults_and_derived() -> None:
     assert cfg.n_stats == 3
     c2 = _cfg(task="classification", n_classes=5, criterion="entropy")
     assert c2.n_stats == 5
-    assert set(METHODS) == {"quantiles", "avgimp", "exact", "histogram"}
+    assert set(METHODS) == {"quantiles", "avgimp", "exact", "histogram", "random"}
 
 
 @pytest.mark.parametrize("kw", [
     dict(task="ranking"),
-    dict(method="random"),
+    dict(method="extra-trees"),
     dict(task="classification", n_classes=1, criterion="gini"),
     dict(task="classification", n_classes=2),  # criterion 'mse' is regression only
     dict(criterion="gini"),  # regression with gini
