@@ -1,24 +1,26 @@
-"""A small adapter between the server and :mod:`fedforest_secure.audit`.
+"""The server's audit sink, over :mod:`fedforest_secure.audit`.
 
-The server records job creation, joins, drops, every round, disclosures and the model digest,
-and sends the chain tip (seq and hash) with every task, which clients keep in their
-receipts. If the audit module is not installed (or no audit
-database is configured) a :class:`NullAudit` keeps the same interface and a genesis head.
+The server records job creation, joins, drops, every round, disclosures, DP spends, split
+decisions and the model digest, and sends the chain tip (seq and hash) with every task, which
+clients keep in their receipts. Without an audit database a :class:`NullAudit` keeps the same
+interface and a genesis head.
 """
 
 from __future__ import annotations
 
-import logging
+import io
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["AuditSink", "NullAudit", "open_audit"]
+from fedforest_secure.audit import GENESIS, AuditLog, export_jsonl
+from fedforest_secure.protocol import Task
 
-GENESIS = "0" * 64
-_log = logging.getLogger("fedforest.server.audit")
+from .secure_round import SecureRound
+
+__all__ = ["AuditSink", "NullAudit", "open_audit", "record_events", "record_round"]
 
 
 class AuditSink(Protocol):
@@ -60,7 +62,7 @@ class _AuditLogSink:
 
     enabled = True
 
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: AuditLog) -> None:
         self._log = log
         self._tips: dict[str, tuple[int, str]] = {}
         self._mu = threading.Lock()  # an append and a tip read never interleave
@@ -79,16 +81,11 @@ class _AuditLogSink:
         with self._mu:
             cached = self._tips.get(job_id)
             if cached is None:
-                seq, head = self._log.tip(job_id)
-                cached = self._tips[job_id] = (int(seq), str(head))
+                cached = self._tips[job_id] = self._log.tip(job_id)
             return cached
 
     def export(self, job_id: str) -> str:
         """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""
-        import io
-
-        from fedforest_secure.audit import export_jsonl
-
         buf = io.StringIO()
         export_jsonl(self._log, buf, job_id=job_id)
         return buf.getvalue()
@@ -101,11 +98,59 @@ def open_audit(url: str | None) -> AuditSink:
     """The audit log at ``url`` (SQLAlchemy URL or SQLite path), or a :class:`NullAudit`."""
     if not url:
         return NullAudit()
-    try:
-        from fedforest_secure.audit import AuditLog
-    except ImportError:
-        _log.warning("fedforest_secure.audit is not available: audit logging disabled")
-        return NullAudit()
-    opener = getattr(AuditLog, "open", None)
-    log = opener(url) if callable(opener) else AuditLog(url)
-    return _AuditLogSink(log)
+    return _AuditLogSink(AuditLog(url))
+
+
+def record_round(sink: AuditSink, job_id: str, names: Mapping[int, str], *, task: Task,
+                 task_digest: str, encoding: str, contributors: Sequence[int],
+                 uploads: Mapping[int, str], total: np.ndarray,
+                 disclosed: Mapping[int, Mapping[str, np.ndarray]], masked: bool,
+                 secure: SecureRound | None = None) -> None:
+    """The ``round`` entry of a closed round, then one ``disclosure`` entry per disclosed item.
+
+    The aggregate is logged in full; the task by its digest (the exact bytes every client
+    hashed and bound its masks to) and the shape of its arrays. Its arrays are as large as the
+    aggregate (per-node thresholds) and follow from the configuration and the earlier
+    aggregates: ``fedforest audit verify --replay`` recomputes each task and checks it.
+    ``uploads`` maps each contributor to its upload's digest.
+    """
+    extra: dict[str, Any] = {"task_arrays": {
+        k: {"dtype": np.asarray(v).dtype.str, "shape": list(np.shape(v))}
+        for k, v in sorted(task.arrays.items())}}
+    if secure is not None:
+        req = secure.request
+        extra["secagg"] = {
+            "threshold": secure.server.t,
+            "advertised": [names[i] for i in sorted(secure.server.advertised)],
+            "shared": [names[i] for i in sorted(secure.server.shared)],
+            "recovered": [names[i] for i in (req.dropped if req else ())],
+            "unmasked_by": [names[i] for i in sorted(secure.server.answered)],
+        }
+    sink.append(job_id, "round", {
+        **extra,
+        "round_id": task.round_id, "clients": [names[i] for i in contributors],
+        "uploads": {names[i]: uploads[i] for i in contributors},
+        "masked": masked,
+        "task_kind": task.kind.value, "level": task.level,
+        "layout": [b.to_json() for b in task.layout], "task_digest": task_digest,
+        "params": task.params, "encoding": encoding,
+    }, {"aggregate": total})
+    for idx, items in disclosed.items():
+        for item, arr in items.items():
+            sink.append(job_id, "disclosure", {
+                "client": names[idx], "item": item, "round_id": task.round_id},
+                {"data": arr})
+
+
+def record_events(sink: AuditSink, job_id: str, round_id: int,
+                  spends: Sequence[Mapping[str, Any]],
+                  decisions: Sequence[Mapping[str, Any]]) -> None:
+    """The coordinator's DP spends and split decisions of a closed round."""
+    for sp in spends:
+        sink.append(job_id, "dp_spend", {
+            "epsilon": sp["epsilon"], "delta": sp["delta"], "mechanism": sp["mechanism"],
+            "total_epsilon": sp["total_epsilon"], "total_delta": sp["total_delta"],
+            "round_id": sp["round"], "sigma_client": sp["sigma_client"]})
+    for dec in decisions:
+        sink.append(job_id, "split", {"splits": dec["splits"], "level": dec["level"],
+                                      "round_id": round_id})

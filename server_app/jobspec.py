@@ -32,6 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedforest_secure.config import JobConfig, resolve_max_features
+from fedforest_secure.privacy import load_profile
+from fedforest_secure.schema import Schema
 
 from .settings import ConfigError
 
@@ -123,53 +125,32 @@ def load_job_spec(path: Path) -> JobSpec:
         raise ConfigError(f"invalid job file {path}: {exc}") from exc
 
 
-_BUILTIN_PROFILES: dict[str, dict[str, Any]] = {  # used only until fedforest_secure.privacy lands
-    "open": {"name": "open", "secure_aggregation": False, "fixed_point": False,
-             "threshold": 0.5, "sketch": "quantiles", "abstain_below": 0, "h_splits": "clear"},
-    "secure": {"name": "secure", "secure_aggregation": True, "fixed_point": True,
-               "threshold": 0.67, "sketch": "secure_cdf", "rows_per_sketch_point": 2,
-               "abstain_below": 5, "h_splits": "off"},
-}
-
-
 def resolve_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The profile as a plain dict (what :class:`JobConfig` carries)."""
-    overrides = overrides or {}
+    """The profile (shipped name or TOML path, :func:`~fedforest_secure.privacy.load_profile`)
+    as the JSON mapping :class:`JobConfig` carries."""
     try:
-        from fedforest_secure.privacy import load_profile
-    except ImportError:
-        if name not in _BUILTIN_PROFILES:
-            raise ConfigError(f"unknown profile {name!r}") from None
-        return {**_BUILTIN_PROFILES[name], **overrides}
-    try:
-        prof = load_profile(name, **overrides)
+        prof = load_profile(name, **(overrides or {}))
     except (ValueError, OSError) as exc:
         raise ConfigError(f"profile {name!r}: {exc}") from exc
-    if isinstance(prof, dict):
-        return dict(prof)
-    dump = getattr(prof, "to_dict", None) or prof.model_dump
-    return dict(json.loads(json.dumps(dump(), default=str)))
+    return dict(json.loads(json.dumps(prof.to_dict(), default=str)))
 
 
 def _schema_facts(schema_text: str) -> dict[str, Any]:
     """JobConfig fields read from a schema file (TOML or JSON), via fedforest_secure.schema."""
-    try:
-        from fedforest_secure.schema import Schema
-    except ImportError as exc:
-        raise ConfigError("this build has no fedforest_secure.schema; give a [data] table") from exc
     try:
         raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
             tomllib.loads(schema_text)
         schema = Schema.from_dict(raw)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"invalid schema: {exc}") from exc
-    bounds = []
+    bounds: list[tuple[float, float]] = []
+    unbounded = False  # a continuous feature without public bounds: no feature bounds at all
     for (lo, hi), kind, levels in zip(schema.bounds_array.tolist(), schema.feature_kinds,
                                       schema.n_levels, strict=True):
         if kind == "categorical":
             bounds.append((0.0, float(max(levels - 1, 1))))
         elif math.isnan(lo) or math.isnan(hi):
-            bounds = None
+            unbounded = True
             break
         else:
             bounds.append((float(lo), float(hi)))
@@ -181,7 +162,7 @@ def _schema_facts(schema_text: str) -> dict[str, Any]:
         "n_features": schema.n_features,
         "feature_kinds": tuple(schema.feature_kinds),
         "n_levels": tuple(schema.n_levels),
-        "feature_bounds": tuple(bounds) if bounds is not None else None,
+        "feature_bounds": None if unbounded else tuple(bounds),
         "n_classes": schema.n_classes,
         "target_bound": max(target_bound, 1e-12),
     }

@@ -30,129 +30,15 @@ and the running sum is the sum of the same masked vectors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol import Task, layout_size, question_key
-from fedforest_secure.secagg import (
-    KeyAdvert,
-    MaskedUpload,
-    RoundSetup,
-    SecAggServer,
-    ServerStage,
-    ShareBundle,
-    ShareDelivery,
-    UnmaskRequest,
-    UnmaskResponse,
-    parse,
-)
+from fedforest_secure.secagg import KeyAdvert, SecAggServer
 
-__all__ = ["PHASES", "SecAggBridge", "SecureRound", "StoredRound"]
+from .secure_round import SecureRound, StoredRound
 
-PHASES = {
-    ServerStage.COLLECT_ADVERTS: "advertise",
-    ServerStage.COLLECT_SHARES: "share",
-    ServerStage.COLLECT_UPLOADS: "upload",
-    ServerStage.COLLECT_UNMASK: "unmask",
-    ServerStage.DONE: "done",
-    ServerStage.ABORTED: "aborted",
-}
-
-
-@dataclass
-class SecureRound:
-    """One round's secure-aggregation state on the server, and who still owes what."""
-
-    round_id: int
-    server: SecAggServer
-    participants: frozenset[int]
-    setup: RoundSetup | None = None
-    deliveries: dict[int, ShareDelivery] = field(default_factory=dict)
-    request: UnmaskRequest | None = None
-    dropped: set[int] = field(default_factory=set)
-    refused: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def phase(self) -> str:
-        return PHASES[self.server.stage]
-
-    def expected(self) -> frozenset[int]:
-        stage = self.server.stage
-        if stage is ServerStage.COLLECT_ADVERTS:
-            return self.participants
-        if stage is ServerStage.COLLECT_SHARES:
-            return self.server.advertised
-        if stage is ServerStage.COLLECT_UPLOADS:
-            return self.server.shared
-        if stage is ServerStage.COLLECT_UNMASK and self.request is not None:
-            return frozenset(self.request.survivors)
-        return frozenset()
-
-    def responded(self) -> frozenset[int]:
-        stage = self.server.stage
-        if stage is ServerStage.COLLECT_ADVERTS:
-            return self.server.advertised
-        if stage is ServerStage.COLLECT_SHARES:
-            return self.server.shared
-        if stage is ServerStage.COLLECT_UPLOADS:
-            return self.server.uploaded
-        if stage is ServerStage.COLLECT_UNMASK:
-            return self.server.answered
-        return frozenset()
-
-    def missing(self) -> frozenset[int]:
-        return self.expected() - self.responded() - frozenset(self.dropped)
-
-    def advance(self) -> None:
-        """Close the current phase with whoever answered (may raise AbortedRound)."""
-        stage = self.server.stage
-        if stage is ServerStage.COLLECT_ADVERTS:
-            self.setup = self.server.setup()
-        elif stage is ServerStage.COLLECT_SHARES:
-            self.deliveries = self.server.deliver_shares()
-        elif stage is ServerStage.COLLECT_UPLOADS:
-            self.request = self.server.request_unmask()
-        else:
-            raise RuntimeError(f"cannot advance from stage {stage.value}")
-
-    def action_for(self, idx: int) -> tuple[str, str | None]:
-        """``(action, message JSON)`` for client ``idx``: what it must send now, or ``wait``."""
-        if idx in self.dropped or idx not in self.missing():
-            return "wait", None
-        stage = self.server.stage
-        if stage is ServerStage.COLLECT_ADVERTS:
-            return "advert", None
-        if stage is ServerStage.COLLECT_SHARES and self.setup is not None:
-            return "share", self.setup.model_dump_json()
-        if stage is ServerStage.COLLECT_UPLOADS and idx in self.deliveries:
-            return "upload", self.deliveries[idx].model_dump_json()
-        if stage is ServerStage.COLLECT_UNMASK and self.request is not None:
-            return "unmask", self.request.model_dump_json()
-        return "wait", None
-
-
-@dataclass(frozen=True)
-class StoredRound:
-    """What the database holds of an open secure round, as the server received it.
-
-    ``adverts``, ``shares`` and ``unmask`` map a client to the JSON of its accepted message;
-    ``uploads`` maps a client to a callable giving ``(MaskedUpload JSON, masked vector)``, so
-    the vectors are loaded one at a time (memory O(vector)).
-    """
-
-    phase: str
-    adverts: Mapping[int, str]
-    shares: Mapping[int, str]
-    uploads: Mapping[int, Callable[[], tuple[str, np.ndarray]]]
-    unmask: Mapping[int, str]
-    dropped: Iterable[int] = ()
-    refused: Mapping[int, str] = field(default_factory=dict)
-
-
-_ORDER = ("advertise", "share", "upload", "unmask")
+__all__ = ["SecAggBridge"]
 
 
 @dataclass
@@ -186,40 +72,21 @@ class SecAggBridge:
         Raises :class:`RuntimeError` if the stored messages do not lead back to the stored
         phase (the state machine's own checks run on every replayed message).
         """
-        if stored.phase not in _ORDER:
-            raise RuntimeError(f"round {task.round_id} is in phase {stored.phase!r}")
         self.pending = {}
         sr = self.start(task, participants)
-        sr.dropped = set(stored.dropped)
-        sr.refused = dict(stored.refused)
-        target = _ORDER.index(stored.phase)
-        server = sr.server
         try:
-            for _idx, body in sorted(stored.adverts.items()):
-                server.receive_advert(parse(KeyAdvert, body))
-            if target > 0:
-                sr.advance()
-                for _idx, body in sorted(stored.shares.items()):
-                    server.receive_shares(parse(ShareBundle, body))
-            if target > 1:
-                sr.advance()
-                for _idx, load in sorted(stored.uploads.items()):
-                    header, vector = load()
-                    server.receive_upload(parse(MaskedUpload, header), vector)
-            if target > 2:
-                sr.advance()
-                for _idx, body in sorted(stored.unmask.items()):
-                    server.receive_unmask(parse(UnmaskResponse, body))
+            sr.replay(stored)
         except FedForestError as exc:
             self.current = None
             raise RuntimeError(f"the stored messages of secure round {task.round_id} do not "
                                f"replay ({type(exc).__name__}: {exc})") from exc
-        if sr.phase != stored.phase:
+        except RuntimeError:
             self.current = None
-            raise RuntimeError(f"secure round {task.round_id} replays to phase {sr.phase}, "
-                               f"not the stored {stored.phase}")
+            raise
         return sr
 
     def finished(self, sr: SecureRound) -> None:
-        """Keep the adverts for the next round that rode on this round's unmask responses."""
+        """The round's sum is out: keep the adverts for the next round that rode on its
+        unmask responses."""
         self.pending = {k: a for k, a in sr.server.next_adverts.items() if k not in sr.dropped}
+        self.current = None

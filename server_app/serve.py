@@ -48,11 +48,11 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
                      max_upload_bytes=settings.max_upload_bytes,
                      spool=spool_dir(settings.database))
-    kwargs: dict[str, object] = {}
-    if not insecure_dev and settings.tls is not None:
-        kwargs = {"ssl_certfile": str(settings.tls.cert), "ssl_keyfile": str(settings.tls.key)}
-        if settings.tls.client_ca is not None:
-            kwargs["ssl_ca_certs"] = str(settings.tls.client_ca)
-            kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    tls = None if insecure_dev else settings.tls
+    client_ca = tls.client_ca if tls is not None else None
     uvicorn.run(app, host=settings.host, port=settings.port if port is None else port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=2, **kwargs)
+                log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                ssl_certfile=str(tls.cert) if tls is not None else None,
+                ssl_keyfile=str(tls.key) if tls is not None else None,
+                ssl_ca_certs=str(client_ca) if client_ca is not None else None,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE)

@@ -75,8 +75,8 @@ def secagg_snapshot(state: ServerState) -> dict[str, Any]:
     """The in-memory secure-aggregation state of every job (the database holds its messages;
     this is the live state machine rebuilt from them)."""
     out: dict[str, Any] = {}
-    for job_id, rt in sorted(state._rts.items()):
-        bridge = rt.extra.get("secagg")
+    for job_id, rt in sorted(state.runtimes.loaded().items()):
+        bridge = rt.secure
         if bridge is None:
             out[job_id] = (rt.task.round_id if rt.task is not None else None,)
             continue

@@ -1,0 +1,76 @@
+"""Round deadlines: when the open phase of a job's round ends, and a cheap "not yet" check.
+
+Each phase gets the job's full round deadline from the moment it opens
+(``rounds.deadline_at``). After a restart the open phase's deadline runs again from the
+server's start, so clients that were backing off while it was down are not dropped for the
+server's outage. Deadlines only move later (every phase and round sets now + the job's fixed
+round deadline), so the last one seen is a lower bound for every later one of the job: until
+it passes, a request needs no query to know that no deadline has passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .db import Database, JobRow, RoundRow
+from .store import open_round_deadline
+
+__all__ = ["Deadlines"]
+
+
+class Deadlines:
+    """The deadline clock of one server process."""
+
+    def __init__(self, db: Database, clock: Callable[[], float]) -> None:
+        self._db = db
+        self.clock = clock
+        self.started_at = clock()
+        #: per job, a time before which no deadline of its open round can pass
+        self._due: dict[str, float] = {}
+
+    def at(self, deadline_at: float, round_deadline_s: float) -> float:
+        """The open phase's deadline; never earlier than a full round deadline after this
+        server started."""
+        return max(deadline_at, self.started_at + round_deadline_s)
+
+    def of(self, rr: RoundRow, job: JobRow) -> float:
+        return self.at(rr.deadline_at, job.round_deadline_s)
+
+    def remaining(self, rr: RoundRow, job: JobRow) -> float:
+        """Seconds left in the open phase (what clients are told)."""
+        return max(0.0, self.of(rr, job) - self.clock())
+
+    def passed(self, rr: RoundRow, job: JobRow) -> bool:
+        return self.clock() >= self.of(rr, job)
+
+    def opened(self, job_id: str, at: float) -> float:
+        """A phase opened with deadline ``at`` (noted as the job's lower bound); returns it."""
+        self._due[job_id] = at
+        return at
+
+    def forget(self, job_id: str) -> None:
+        """Drop the job's lower bound (its round changed under a rollback, or it stopped)."""
+        self._due.pop(job_id, None)
+
+    def watched(self) -> list[str]:
+        """The jobs with a known lower bound (running jobs this process has seen)."""
+        return list(self._due)
+
+    def due(self, job_id: str) -> bool:
+        """Whether the open round's deadline has passed: no query while the lower bound has
+        not passed, one small query otherwise."""
+        lower = self._due.get(job_id)
+        if lower is not None and self.clock() < lower:
+            return False
+        with self._db.session() as sess:
+            found = open_round_deadline(sess, job_id)
+        if found is None:
+            self._due.pop(job_id, None)
+            return False
+        round_deadline_s, deadline_at = found
+        at = self.at(deadline_at, round_deadline_s)
+        if self.clock() >= at:
+            self._due.pop(job_id, None)
+            return True
+        self._due[job_id] = at
+        return False

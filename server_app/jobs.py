@@ -1,0 +1,76 @@
+"""The in-memory state of one running job, beside what the database holds of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedforest_secure.config import JobConfig
+from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.protocol import SealedTask
+from fedforest_secure.secure_sum import StatCodec
+
+from .engine import PlainBounds, plain_bounds, round_codec, uses_secagg
+from .phases import RoundPlan, plan_for
+from .secagg_bridge import SecAggBridge
+
+__all__ = ["JobRuntime", "new_runtime"]
+
+
+@dataclass
+class JobRuntime:
+    """A job's coordinator, its open round's task, and (secure jobs) its secagg relay.
+
+    Rebuilt from the database whenever it is missing (:mod:`server_app.replay`), so it holds
+    nothing the database cannot give back.
+    """
+
+    job_id: str
+    config: JobConfig
+    names: dict[int, str]
+    min_clients: int
+    deadline_s: float
+    #: the relay of a job with secure aggregation; None for plain jobs
+    secure: SecAggBridge | None = None
+    #: None once the job stopped (done, failed, or not resumable)
+    coord: Coordinator | None = None
+    #: the open round's task, sealed: packed and hashed once, the same bytes for every client
+    task: SealedTask | None = None
+    #: the open round's fixed-point codec (None for float64 rounds)
+    codec: StatCodec | None = None
+    _bounds: tuple[int, PlainBounds] | None = None
+
+    @property
+    def plan(self) -> RoundPlan:
+        """The phases of this job's rounds."""
+        return plan_for(self.secure is not None)
+
+    def coordinator(self) -> Coordinator:
+        if self.coord is None:
+            raise RuntimeError(f"job {self.job_id!r} has no coordinator: it is not running")
+        return self.coord
+
+    def open_task(self, task: SealedTask) -> None:
+        """Hold ``task`` as the open round's task, with its codec."""
+        self.task = task
+        self.codec = round_codec(self.config, task)
+
+    def bounds(self) -> PlainBounds:
+        """The open round's plaintext bounds (computed once per round)."""
+        task = self.task
+        if task is None:
+            raise RuntimeError("no open round")
+        if self._bounds is None or self._bounds[0] != task.round_id:
+            self._bounds = (task.round_id, plain_bounds(self.config, task))
+        return self._bounds[1]
+
+
+def new_runtime(job_id: str, config: JobConfig, names: dict[int, str], min_clients: int,
+                deadline_s: float) -> JobRuntime:
+    """A runtime without coordinator or open round; secure jobs get their relay."""
+    rt = JobRuntime(job_id, config, names, min_clients, deadline_s)
+    if uses_secagg(config):
+        thr = config.profile.get("threshold", 0.67)
+        threshold = int(thr) if isinstance(thr, int) and not isinstance(thr, bool) \
+            else float(thr)
+        rt.secure = SecAggBridge(job_id, threshold, neighbours=config.profile.get("neighbours"))
+    return rt

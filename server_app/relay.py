@@ -1,0 +1,141 @@
+"""The secure-aggregation requests of clients: what to send now, their messages, refusals.
+
+The server relays: every accepted message is handed to the open round's
+:class:`~server_app.secure_round.SecureRound` (whose checks apply; a rejection changes nothing),
+stored with the round in the same step (so a restarted server rebuilds the round from it), and
+the round moves on through its phases as soon as one is complete. A retried message the server
+had already stored gets the same answer (``duplicate``); a different one is a conflict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from fedforest_secure.errors import InvalidMessage
+
+from .core import Core, round_for_message
+from .db import ClientRow, JobRow, RoundRow
+from .errors import ApiError
+from .jobs import JobRuntime
+from .phases import JobStatus, MemberState, Phase, RoundStatus
+from .rounds import secagg_step
+from .secure_round import SecureRound, parse_message, sender_of
+from .store import add_message, membership, stored_message
+
+__all__ = ["SecAggRelay"]
+
+
+class SecAggRelay:
+    """The ``/secagg`` requests of one server."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
+        """What this client must do now in the open secure round (or what to wait for)."""
+        with self.core.lock:
+            self.core.tick_if_due(job_id)
+            with self.core.db.session() as sess:
+                job, member = membership(sess, client, job_id)
+                if member.state == MemberState.DROPPED:
+                    return {"status": "dropped",
+                            "detail": f"dropped at round {member.dropped_round}"}
+                if job.status in (JobStatus.DONE, JobStatus.FAILED):
+                    return {"status": job.status, "detail": job.reason}
+                if member.state != MemberState.ACTIVE:
+                    raise ApiError(409, "not_joined", "join the job first")
+                if job.status != JobStatus.RUNNING:
+                    return {"status": "wait", "detail": "waiting for all clients to join"}
+                bridge = self.core.runtimes.get(job_id).secure
+                if bridge is None:
+                    raise ApiError(409, "not_secure", "this job does not use secure aggregation")
+                rr = sess.get(RoundRow, (job_id, job.current_round))
+                sr = bridge.current
+                if rr is None or rr.status != RoundStatus.OPEN or sr is None or \
+                        sr.round_id != rr.round_id:
+                    return {"status": "wait", "detail": "no open round"}
+                action, message = sr.action_for(member.client_index)
+                seq, head = self.core.audit.tip(job_id)
+                return {"status": "task" if action != "wait" else "wait", "action": action,
+                        "round_id": rr.round_id, "phase": sr.phase,
+                        "task_digest": rr.task_digest, "message": message,
+                        "deadline_in": self.core.deadlines.remaining(rr, job),
+                        "audit_seq": seq, "audit_head": head,
+                        "detail": "" if action != "wait" else f"waiting for the other clients "
+                                                              f"({sr.phase})"}
+
+    def _secure_member(self, sess: Session, client: ClientRow, job_id: str, round_id: int,
+                       phase: Phase) -> tuple[JobRuntime, JobRow, RoundRow, SecureRound, int]:
+        job, member = membership(sess, client, job_id)
+        rr = round_for_message(sess, job, member, round_id)
+        rt = self.core.runtimes.get(job_id)
+        if rt.secure is None:
+            raise ApiError(409, "not_secure", "this job does not use secure aggregation")
+        sr = rt.secure.current
+        if rr.status != RoundStatus.OPEN or sr is None or sr.round_id != round_id:
+            raise ApiError(409, "round_closed", f"round {round_id} is not open")
+        if sr.phase is not phase:
+            raise ApiError(409, "wrong_phase", f"round {round_id} is in phase {sr.phase}, "
+                           f"not {phase}")
+        if member.client_index not in sr.participants:
+            raise ApiError(403, "not_participant",
+                           f"this client is not a participant of round {round_id}")
+        return rt, job, rr, sr, member.client_index
+
+    def message(self, client: ClientRow, job_id: str, round_id: int, kind: str,
+                       body: bytes) -> dict[str, Any]:
+        """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON)."""
+        try:
+            phase, msg = parse_message(kind, body)
+        except InvalidMessage as exc:
+            raise ApiError(400, "invalid_message", str(exc)) from exc
+        digest = hashlib.sha256(body).hexdigest()
+        with self.core.lock:
+            self.core.tick_if_due(job_id)
+            with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
+                _job, member = membership(sess, client, job_id)
+                prev = stored_message(sess, job_id, round_id, kind, member.client_index)
+                if prev is not None:  # a retry (e.g. the response was lost in a restart)
+                    if prev.digest != digest:
+                        raise ApiError(409, "conflicting_message", f"a different {kind} message "
+                                       f"for round {round_id} was already accepted")
+                    return {"job_id": job_id, "round_id": round_id, "accepted": kind,
+                            "duplicate": True}
+                rt, job, rr, sr, idx = self._secure_member(sess, client, job_id, round_id, phase)
+                if sender_of(msg) != idx:
+                    raise ApiError(403, "wrong_sender", "the message names another client")
+                secagg_step(lambda: sr.receive(msg))
+                add_message(sess, job_id, round_id, kind, idx, body.decode(), digest=digest)
+                sess.flush()
+                self.core.driver.progress_secure(rt, sess, job, rr)
+            self.core.changes.notify(job_id)
+            return {"job_id": job_id, "round_id": round_id, "accepted": kind,
+                    "duplicate": False}
+
+    def refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
+                      ) -> dict[str, Any]:
+        """A client refuses a request (a privacy rule); it leaves the job, and says why."""
+        with self.core.lock:
+            with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
+                job, member = membership(sess, client, job_id)
+                rt = self.core.runtimes.get(job_id)
+                rr = sess.get(RoundRow, (job_id, job.current_round))
+                why = reason[:300]
+                sr = rt.secure.current if rt.secure is not None else None
+                live = sr is not None and rr is not None and rr.status == RoundStatus.OPEN
+                if sr is not None and rr is not None and live:
+                    sr.refused[member.client_index] = why
+                    sr.dropped.add(member.client_index)
+                    if stored_message(sess, job_id, rr.round_id, "refuse",
+                                      member.client_index) is None:
+                        add_message(sess, job_id, rr.round_id, "refuse", member.client_index,
+                                    why)
+                self.core.driver.drop(rt, sess, job, [member.client_index], job.current_round,
+                                 reason=f"refused: {why}")
+                if rr is not None and live:
+                    self.core.driver.progress_secure(rt, sess, job, rr)
+            self.core.changes.notify(job_id)
+            return {"job_id": job_id, "round_id": round_id, "recorded": True}

@@ -1,0 +1,360 @@
+"""The round state machine on the server: counting uploads, moving through the phases of
+:mod:`server_app.phases`, deadlines and drops, closing a round into the coordinator, issuing
+the next.
+
+Every method runs inside the caller's transaction (a :class:`~sqlalchemy.orm.Session`) under the
+server's lock, and changes the job's rows and its :class:`~server_app.jobs.JobRuntime` together.
+A plain round has one phase, ``upload``, and closes when every participant that was not dropped
+has uploaded. A secure round moves through the phases of its
+:class:`~server_app.secure_round.SecureRound`; each phase ends when every client it expects has
+answered, or at its deadline (then the missing clients are dropped and the phase closes with
+whoever answered); each phase gets the full round deadline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
+from fedforest_secure.protocol import pack, seal, unpack
+from fedforest_secure.protocol.uploads import ParsedUpload
+from fedforest_secure.secagg import MaskedUpload, parse
+
+from .audit_hook import AuditSink, record_events, record_round
+from .db import JobRow, RoundRow, UploadRow
+from .deadlines import Deadlines
+from .engine import uses_ring
+from .errors import ApiError
+from .jobs import JobRuntime
+from .notify import Changes
+from .phases import JobStatus, MemberState, Phase, RoundStatus
+from .secure_round import SecureRound
+from .spool import Spool
+from .store import (
+    add_dropped,
+    add_message,
+    clear_round_messages,
+    contributors,
+    identity_keys,
+    member_at,
+    member_indices,
+    participants,
+    round_dropped,
+    uploads_of,
+)
+
+__all__ = ["RoundDriver", "secagg_step"]
+
+_log = logging.getLogger("fedforest.server")
+
+
+def secagg_step(fn: Callable[[], None]) -> None:
+    """Run one secure-aggregation step; map its rejections to 4xx (nothing changes on error).
+    An :class:`AbortedRound` passes through: the round cannot go on."""
+    try:
+        fn()
+    except InvalidMessage as exc:
+        raise ApiError(400, "invalid_message", str(exc)) from exc
+    except AbortedRound:
+        raise
+    except ProtocolError as exc:
+        raise ApiError(409, "protocol_error", str(exc)) from exc
+
+
+def _disclosed(upload: UploadRow) -> dict[str, np.ndarray]:
+    """The items a client disclosed with its upload."""
+    return unpack(upload.disclosed)[1] if upload.disclosed else {}
+
+
+class RoundDriver:
+    """Moves the jobs' rounds along; holds no state of its own beyond the spool sweep flag."""
+
+    def __init__(self, audit: AuditSink, clock: Callable[[], float], changes: Changes,
+                 deadlines: Deadlines, spool: Spool) -> None:
+        self.audit = audit
+        self.clock = clock
+        self.changes = changes
+        self.deadlines = deadlines
+        self.spool = spool
+        #: a round closed since the last sweep: its spooled uploads can go
+        self.sweep_due = True
+
+    # ------------------------------------------------------------------ uploads
+    def add_plain(self, sess: Session, rr: RoundRow, idx: int, up: ParsedUpload) -> None:
+        """Count a plain upload: fixed-point vectors into the running sum now (memory
+        O(vector)), float64 vectors kept to be added in client order at the close."""
+        disclosed = pack({"type": "disclosed"}, up.disclosed) if up.disclosed else None
+        if rr.encoding == "uint64":
+            if rr.running_sum is None:
+                total = up.summable.copy()
+            else:
+                total = np.frombuffer(rr.running_sum, dtype="<u8").copy()
+                total += up.summable  # wraps mod 2^64 by design
+            rr.running_sum = total.astype("<u8").tobytes()
+            summable = None
+        else:
+            summable = up.summable.astype("<f8").tobytes()
+        sess.add(UploadRow(job_id=rr.job_id, round_id=rr.round_id, client_index=idx,
+                           digest=up.digest, received_at=self.clock(), summable=summable,
+                           disclosed=disclosed))
+
+    def add_masked(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow, idx: int,
+                   up: ParsedUpload) -> None:
+        """Add a masked upload into the secure round's running sum and keep it (spool or
+        database) until the round closes, so a restarted server can add it again."""
+        sr = rt.secure.current if rt.secure is not None else None
+        if sr is None or sr.round_id != rr.round_id or sr.phase is not Phase.UPLOAD:
+            raise ApiError(409, "wrong_phase", f"round {rr.round_id} is not collecting uploads")
+        if up.secagg is None:
+            raise ApiError(400, "malformed_upload", "a masked upload needs its secagg header")
+        try:
+            header = parse(MaskedUpload, up.secagg)
+        except InvalidMessage as exc:
+            raise ApiError(400, "invalid_message", str(exc)) from exc
+        if header.sender != idx:
+            raise ApiError(403, "wrong_sender", "the upload header names another client")
+        secagg_step(lambda: sr.server.receive_upload(header, up.summable))
+        disclosed = pack({"type": "disclosed"}, up.disclosed) if up.disclosed else None
+        vec = up.summable.astype("<u8", copy=False)
+        spooled = self.spool.root is not None
+        if spooled:
+            self.spool.write(rr.job_id, rr.round_id, idx, vec)
+        sess.add(UploadRow(job_id=rr.job_id, round_id=rr.round_id, client_index=idx,
+                           digest=up.digest, received_at=self.clock(),
+                           summable=None if spooled else vec.tobytes(), disclosed=disclosed))
+        add_message(sess, rr.job_id, rr.round_id, Phase.UPLOAD.value, idx, up.secagg)
+        sess.flush()
+        self.progress_secure(rt, sess, job, rr)
+
+    # ------------------------------------------------------------------ moving on
+    def progress(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow) -> None:
+        """Close what is complete: every phase of a secure round whose clients all answered;
+        a plain round once every participant that was not dropped has uploaded."""
+        if rt.secure is not None:
+            self.progress_secure(rt, sess, job, rr)
+            return
+        expected = set(participants(rr)) - set(round_dropped(rr))
+        got = contributors(sess, rr)
+        if expected <= set(got):
+            self.close(rt, sess, job, rr, got)
+
+    def progress_secure(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow, *,
+                        force: bool = False) -> None:
+        """Advance the open secure round through every phase that is complete (or, with
+        ``force``, close the current phase with whoever answered); finish it at the end."""
+        bridge = rt.secure
+        sr = bridge.current if bridge is not None else None
+        if bridge is None or sr is None or sr.round_id != rr.round_id \
+                or rr.status != RoundStatus.OPEN:
+            return
+        phase = sr.phase
+        try:
+            while True:
+                phase = sr.phase
+                if sr.missing() and not force:
+                    return
+                force = False
+                if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out
+                    ring = sr.finish()
+                    bridge.finished(sr)
+                    survivors = sorted(int(u) for u in (sr.request.survivors
+                                                        if sr.request else ()))
+                    self.close(rt, sess, job, rr, survivors, ring=ring, secure=sr)
+                    return
+                rr.phase = sr.advance()
+                self.changes.touch(job.id)
+                rr.deadline_at = self.deadlines.opened(job.id,
+                                                       self.clock() + job.round_deadline_s)
+        except AbortedRound as exc:
+            bridge.current = None
+            refused = "; ".join(f"{rt.names[k]} refused ({why})" for k, why in sr.refused.items())
+            self.fail(sess, job, f"round {rr.round_id}: secure aggregation aborted in phase "
+                      f"{phase}: {exc}" + (f" [{refused}]" if refused else "")
+                      + "; no partial sum was released", rr, rt)
+
+    def deadline(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow) -> None:
+        """The open phase's deadline passed: drop who did not answer and go on without them
+        (a plain round closes if at least ``min_clients`` uploaded, else the job fails)."""
+        if rt.secure is not None:
+            sr = rt.secure.current
+            if sr is None or sr.round_id != rr.round_id:
+                return
+            late = sorted(sr.missing())
+            dropped = self.drop(rt, sess, job, late, rr.round_id,
+                                reason=f"missed the round deadline (phase {sr.phase})")
+            sr.dropped.update(late)
+            add_dropped(rr, dropped)
+            self.progress_secure(rt, sess, job, rr, force=True)
+            return
+        got = contributors(sess, rr)
+        late = sorted(set(participants(rr)) - set(got))
+        add_dropped(rr, self.drop(rt, sess, job, late, rr.round_id))
+        if len(got) >= job.min_clients:
+            self.close(rt, sess, job, rr, got)
+        else:
+            self.fail(sess, job, f"round {rr.round_id}: only {len(got)} of the required "
+                      f"{job.min_clients} clients answered before the deadline; training "
+                      "stopped and no partial sum was released", rr, rt)
+
+    def drop(self, rt: JobRuntime, sess: Session, job: JobRow, indices: list[int],
+             round_id: int, reason: str = "missed the round deadline") -> list[int]:
+        """Drop members from the job (audited); returns those that were not dropped before."""
+        out = []
+        for idx in indices:
+            member = member_at(sess, job.id, idx)
+            if member is None or member.state == MemberState.DROPPED:
+                continue
+            member.state = MemberState.DROPPED
+            member.dropped_round = round_id
+            out.append(idx)
+            self.changes.touch(job.id)
+            self.audit.append(job.id, "client_dropped", {
+                "client": rt.names[idx], "round_id": round_id, "reason": reason})
+            _log.warning("job %s: client %s dropped at round %d", job.id, rt.names[idx],
+                         round_id)
+        return out
+
+    def fail(self, sess: Session, job: JobRow, reason: str, rr: RoundRow | None,
+             rt: JobRuntime | None) -> None:
+        """Stop the job with ``reason`` (audited as the abort of ``rr`` if given)."""
+        self.changes.touch(job.id)
+        job.status = JobStatus.FAILED
+        job.reason = reason
+        if rt is not None and rt.secure is not None:
+            rt.secure.current = None
+        if rr is not None:
+            self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
+                                                        "reason": reason})
+        _log.error("job %s failed: %s", job.id, reason)
+
+    # ------------------------------------------------------------------ closing
+    def close(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow,
+              contributors: list[int], *, ring: np.ndarray | None = None,
+              secure: SecureRound | None = None) -> None:
+        """Hand the round's sum to the coordinator, audit it, and issue the next round. An
+        aggregate the coordinator rejects fails the job once, cleanly (never a 5xx on every
+        retry and tick)."""
+        task = rt.task
+        if task is None or task.round_id != rr.round_id:
+            raise RuntimeError("runtime out of step with the database")
+        uploads = uploads_of(sess, rr)
+        if set(contributors) - set(uploads):
+            raise RuntimeError("a survivor of the secure round has no upload row")
+        total = self._total(rt, rr, contributors, uploads, ring)
+        disclosed = {idx: _disclosed(uploads[idx]) for idx in contributors}
+        coord = rt.coordinator()
+        problem = None
+        if not np.isfinite(total).all():
+            problem = "the aggregate has non-finite entries"
+        else:
+            try:
+                coord.submit(rr.round_id, total, disclosed=disclosed,
+                             participants=list(contributors))
+            except (FedForestError, ValueError, ArithmeticError) as exc:
+                problem = f"the aggregate was rejected ({type(exc).__name__}: {exc})"
+        for u in uploads.values():
+            u.summable = None
+        rr.running_sum = None
+        if problem is not None:
+            self.fail(sess, job, f"round {rr.round_id}: {problem}; training stopped and no "
+                      "aggregate was released", rr, rt)
+            return
+        rr.status = RoundStatus.CLOSED
+        rr.closed_at = self.clock()
+        rr.aggregate = total.astype("<f8").tobytes()
+        rr.contributors_json = json.dumps(contributors)
+        rr.disclosed_blob = pack({"type": "disclosed_all"}, {
+            f"{idx}/{name}": arr for idx, items in disclosed.items()
+            for name, arr in items.items()})
+        self.sweep_due = True
+        if secure is not None:  # the round's relay state is not needed once its sum is out
+            clear_round_messages(sess, job.id, rr.round_id)
+        record_round(self.audit, rt.job_id, rt.names, task=task, task_digest=rr.task_digest,
+                     encoding=rr.encoding, contributors=contributors,
+                     uploads={i: uploads[i].digest for i in contributors}, total=total,
+                     disclosed=disclosed, masked=rt.secure is not None, secure=secure)
+        spends, decisions = coord.pop_events()
+        record_events(self.audit, rt.job_id, rr.round_id, spends, decisions)
+        self.issue_next(rt, sess, job)
+
+    def _total(self, rt: JobRuntime, rr: RoundRow, contributors: list[int],
+               uploads: dict[int, UploadRow], ring: np.ndarray | None) -> np.ndarray:
+        """The round's sum as float64: a ring sum decoded, or the float64 uploads added in
+        client order (bit-identical to the in-process sum)."""
+        if ring is None and rr.encoding == "uint64":
+            ring = (np.frombuffer(rr.running_sum, dtype="<u8").copy() if rr.running_sum
+                    else np.zeros(0, dtype=np.uint64))
+        if ring is not None:
+            if rt.codec is None:
+                raise RuntimeError("a ring sum in a round without a codec")
+            return np.asarray(rt.codec.decode(ring), dtype=np.float64)
+        total: np.ndarray | None = None
+        for idx in contributors:
+            vec = np.frombuffer(uploads[idx].summable or b"", dtype="<f8")
+            with np.errstate(over="ignore", invalid="ignore"):  # checked by the caller
+                total = vec.copy() if total is None else total + vec
+        if total is None:
+            raise RuntimeError("closing a round without uploads")
+        return total
+
+    # ------------------------------------------------------------------ issuing
+    def issue_next(self, rt: JobRuntime, sess: Session, job: JobRow) -> None:
+        """Open the coordinator's next round for the active members, or finish the job."""
+        self.changes.touch(job.id)
+        active = member_indices(sess, job.id, MemberState.ACTIVE)
+        if len(active) < job.min_clients:
+            self.fail(sess, job, f"only {len(active)} clients remain, fewer than the required "
+                      f"{job.min_clients}; training stopped", None, rt)
+            return
+        coord = rt.coordinator()
+        issued = coord.next_task()
+        if issued is None:
+            text = coord.result().to_json()
+            job.model_json = text
+            job.model_digest = hashlib.sha256(text.encode()).hexdigest()
+            job.status = JobStatus.DONE
+            job.reason = "training complete"
+            rt.task = None
+            self.audit.append(job.id, "model", {"digest": job.model_digest})
+            _log.info("job %s done: model %s (server CPU so far %.1f s)", job.id,
+                      job.model_digest, time.process_time())
+            return
+        task = seal(issued)  # packed and hashed once for the row, the round setup and clients
+        if task.round_id <= job.current_round:
+            raise RuntimeError("the coordinator issued a round id that is not increasing")
+        now = self.clock()
+        rr = RoundRow(job_id=job.id, round_id=task.round_id, kind=task.kind.value,
+                      level=task.level, task_blob=task.to_bytes(),
+                      task_digest=task.digest().hex(),
+                      encoding="uint64" if uses_ring(rt.config) else "float64",
+                      participants_json=json.dumps(active), issued_at=now,
+                      deadline_at=self.deadlines.opened(job.id, now + job.round_deadline_s),
+                      status=RoundStatus.OPEN, phase=rt.plan.first, dropped_json="[]")
+        sess.add(rr)
+        job.current_round = task.round_id
+        rt.open_task(task)
+        bridge = rt.secure
+        if bridge is None:
+            return
+        sess.flush()
+        if not bridge.directory:
+            bridge.directory = {i: bytes.fromhex(k)
+                                for i, k in identity_keys(sess, job.id).items()}
+        missing = sorted(set(active) - set(bridge.directory))
+        if missing:
+            self.fail(sess, job, f"clients {missing} have no registered identity key", None, rt)
+            return
+        riding = dict(bridge.pending)
+        sr = bridge.start(task, active)
+        for idx in sorted(sr.server.advertised):  # the adverts that rode on the last round
+            add_message(sess, job.id, task.round_id, "advert", idx,
+                        riding[idx].model_dump_json())
+        rr.phase = sr.phase
+        self.progress_secure(rt, sess, job, rr)

@@ -1,0 +1,197 @@
+"""The queries the server runs on its database (rows in :mod:`server_app.db`).
+
+Each function takes the caller's :class:`~sqlalchemy.orm.Session`, so one request's reads and
+writes share one transaction (committed or rolled back as a whole by
+:meth:`Database.session <server_app.db.Database.session>`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
+from .errors import ApiError
+from .phases import JobStatus, MemberState, RoundStatus
+
+__all__ = [
+    "IDENTITY",
+    "add_dropped",
+    "add_message",
+    "clear_round_messages",
+    "client_names",
+    "contributors",
+    "dropped_members",
+    "identity_keys",
+    "job_of",
+    "job_position",
+    "member_at",
+    "member_indices",
+    "members_of",
+    "membership",
+    "open_round",
+    "open_round_deadline",
+    "participants",
+    "round_dropped",
+    "round_messages",
+    "rounds_of",
+    "running_job_ids",
+    "stored_message",
+    "upload_summable",
+    "uploads_of",
+]
+
+#: ``SecAggMessageRow.stage`` of a client's long-term identity key (``round_id = -1``)
+IDENTITY = "identity"
+
+
+def membership(sess: Session, client: ClientRow, job_id: str) -> tuple[JobRow, MemberRow]:
+    """The job and the client's membership; one 404 for "no such job" and "not your job"
+    (no cross-job probing)."""
+    job = sess.get(JobRow, job_id)
+    member = sess.get(MemberRow, (job_id, client.id)) if job is not None else None
+    if job is None or member is None:
+        raise ApiError(404, "unknown_job", f"no job {job_id!r} for this client")
+    return job, member
+
+
+def job_of(sess: Session, job_id: str) -> JobRow:
+    """A job the server is acting on (it cannot vanish: jobs are never deleted)."""
+    job = sess.get(JobRow, job_id)
+    if job is None:
+        raise RuntimeError(f"job {job_id!r} vanished")
+    return job
+
+
+def open_round(sess: Session, job_id: str) -> tuple[JobRow, RoundRow] | None:
+    """The running job and its open round, or None when there is nothing to act on."""
+    job = job_of(sess, job_id)
+    rr = sess.get(RoundRow, (job_id, job.current_round))
+    if job.status != JobStatus.RUNNING or rr is None or rr.status != RoundStatus.OPEN:
+        return None
+    return job, rr
+
+
+def open_round_deadline(sess: Session, job_id: str) -> tuple[float, float] | None:
+    """``(round deadline in seconds, stored deadline of the open phase)`` of a running job's
+    open round (one small query), or None."""
+    row = sess.execute(
+        select(JobRow.status, JobRow.round_deadline_s, RoundRow.status, RoundRow.deadline_at)
+        .join(RoundRow, (RoundRow.job_id == JobRow.id)
+              & (RoundRow.round_id == JobRow.current_round))
+        .where(JobRow.id == job_id)).first()
+    if row is None or row[0] != JobStatus.RUNNING or row[2] != RoundStatus.OPEN:
+        return None
+    return float(row[1]), float(row[3])
+
+
+def running_job_ids(sess: Session) -> list[str]:
+    return list(sess.scalars(select(JobRow.id).where(JobRow.status == JobStatus.RUNNING)))
+
+
+def job_position(sess: Session, job_id: str) -> tuple[str, int] | None:
+    """``(status, current round)`` of a job, or None if there is no such job."""
+    row = sess.execute(select(JobRow.status, JobRow.current_round)
+                       .where(JobRow.id == job_id)).first()
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
+def members_of(sess: Session, job_id: str) -> list[MemberRow]:
+    return list(sess.scalars(select(MemberRow).where(MemberRow.job_id == job_id)))
+
+
+def member_at(sess: Session, job_id: str, idx: int) -> MemberRow | None:
+    return sess.scalar(select(MemberRow).where(MemberRow.job_id == job_id,
+                                               MemberRow.client_index == idx))
+
+
+def member_indices(sess: Session, job_id: str, state: MemberState | None = None) -> list[int]:
+    """The client indices of the job's members (in ``state``, if given), sorted."""
+    query = select(MemberRow.client_index).where(MemberRow.job_id == job_id)
+    if state is not None:
+        query = query.where(MemberRow.state == state)
+    return sorted(sess.scalars(query))
+
+
+def dropped_members(sess: Session, job_id: str) -> set[int]:
+    return set(member_indices(sess, job_id, MemberState.DROPPED))
+
+
+def client_names(sess: Session, job_id: str) -> dict[int, str]:
+    """``{client index: client name}`` of the job's members."""
+    rows = sess.execute(select(MemberRow.client_index, ClientRow.name)
+                        .join(ClientRow, ClientRow.id == MemberRow.client_id)
+                        .where(MemberRow.job_id == job_id))
+    return {int(idx): str(name) for idx, name in rows}
+
+
+def rounds_of(sess: Session, job_id: str) -> list[RoundRow]:
+    return list(sess.scalars(select(RoundRow).where(RoundRow.job_id == job_id)
+                             .order_by(RoundRow.round_id)))
+
+
+def participants(rr: RoundRow) -> list[int]:
+    """The client indices the round asked."""
+    return [int(i) for i in json.loads(rr.participants_json)]
+
+
+def round_dropped(rr: RoundRow) -> list[int]:
+    """The clients dropped during the round."""
+    return [int(i) for i in json.loads(rr.dropped_json)]
+
+
+def add_dropped(rr: RoundRow, dropped: list[int]) -> None:
+    """Record more dropped clients on a round (a sorted JSON list, no duplicates)."""
+    rr.dropped_json = json.dumps(sorted(set(round_dropped(rr)) | set(dropped)))
+
+
+def uploads_of(sess: Session, rr: RoundRow) -> dict[int, UploadRow]:
+    return {u.client_index: u for u in sess.scalars(select(UploadRow).where(
+        UploadRow.job_id == rr.job_id, UploadRow.round_id == rr.round_id))}
+
+
+def contributors(sess: Session, rr: RoundRow) -> list[int]:
+    """The clients whose upload the round counted, sorted."""
+    return sorted(sess.scalars(select(UploadRow.client_index).where(
+        UploadRow.job_id == rr.job_id, UploadRow.round_id == rr.round_id)))
+
+
+def upload_summable(sess: Session, job_id: str, round_id: int, idx: int) -> bytes | None:
+    return sess.scalar(select(UploadRow.summable).where(
+        UploadRow.job_id == job_id, UploadRow.round_id == round_id,
+        UploadRow.client_index == idx))
+
+
+def add_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int, body: str,
+                digest: str | None = None) -> None:
+    """Store one accepted secure-aggregation message (digest: SHA-256 of ``body`` by default)."""
+    sess.add(SecAggMessageRow(job_id=job_id, round_id=round_id, stage=stage, client_index=idx,
+                              body=body,
+                              digest=digest or hashlib.sha256(body.encode()).hexdigest()))
+
+
+def stored_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int
+                   ) -> SecAggMessageRow | None:
+    return sess.get(SecAggMessageRow, (job_id, round_id, stage, idx))
+
+
+def round_messages(sess: Session, job_id: str, round_id: int) -> dict[str, dict[int, str]]:
+    """``{stage: {client index: body}}`` of the messages stored with a round."""
+    out: dict[str, dict[int, str]] = {}
+    for m in sess.scalars(select(SecAggMessageRow).where(
+            SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id)):
+        out.setdefault(m.stage, {})[int(m.client_index)] = m.body
+    return out
+
+
+def clear_round_messages(sess: Session, job_id: str, round_id: int) -> None:
+    sess.execute(delete(SecAggMessageRow).where(
+        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id))
+
+
+def identity_keys(sess: Session, job_id: str) -> dict[int, str]:
+    """The job's identity directory ``{client index: Ed25519 verify key hex}``."""
+    return {int(i): b for i, b in round_messages(sess, job_id, -1).get(IDENTITY, {}).items()}
