@@ -4,7 +4,7 @@
 
     from fedforest_secure.audit import AuditLog, EntryKind, verify_log
 
-    log = AuditLog("sqlite:///audit.db")            # or a path, AuditLog(engine=...), in_memory()
+    log = AuditLog("sqlite:///audit.db")            # or a path, engine=..., store=..., in_memory()
     head = log.append("job-1", EntryKind.ROUND, payload, {"aggregate": total})
     rec = log.job("job-1"); rec.round(task, uploads=digests, aggregate=total, masked=True)
     report = verify_log(log, receipts_dir="receipts/")   # report.ok, report.problems
@@ -14,6 +14,8 @@ Each job is its own chain of entries ``seq = 1..n``; entry hashes are
 zeros. :mod:`fedforest_secure.audit.entry` fixes the byte format precisely, so anyone can verify a
 log (or an export) independently; :mod:`~fedforest_secure.audit.kinds` lists each kind's payload;
 :mod:`~fedforest_secure.audit.receipts` describes what clients keep to detect a rewritten log.
+The log stores through an :class:`~fedforest_secure.audit.store.AuditStore`; SQLAlchemy is used
+only by its default store, :mod:`fedforest_secure.audit._sql`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .log import AuditLog
 from .receipts import Receipt, read_receipts, upload_digest, write_receipt
 from .recorder import JobRecorder
 from .show import render_tables
+from .store import AuditStore
 from .verify import VerifyReport, verify_entries, verify_log
 from .views import contains_per_client_plaintext, summarize_array
 
@@ -32,6 +35,7 @@ __all__ = [
     "GENESIS",
     "ArrayInfo",
     "AuditLog",
+    "AuditStore",
     "Entry",
     "EntryKind",
     "JobRecorder",

@@ -26,15 +26,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from sqlalchemy import Engine, select
+from typing import TYPE_CHECKING
 
 from ..errors import AuditError
-from . import _tables as t
 from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
 from .kinds import EntryKind, check_payload
 from .log import AuditLog
 from .receipts import Receipt, read_receipts
+
+if TYPE_CHECKING:
+    from ._sql import Engine
 
 __all__ = ["VerifyReport", "verify_entries", "verify_log"]
 
@@ -131,29 +132,25 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
         except ValueError:
             continue  # already reported as unreadable
     found: set[tuple[str, int, str]] = set()
-    query = select(t.arrays).order_by(t.arrays.c.job_id, t.arrays.c.seq, t.arrays.c.name)
-    if job_id is not None:
-        query = query.where(t.arrays.c.job_id == job_id)
-    with log.engine.connect() as conn:
-        for row in conn.execute(query):
-            key, name, blob = (str(row.job_id), int(row.seq)), str(row.name), bytes(row.data)
-            found.add((*key, name))
-            if key not in expected:
-                out.append(f"job {key[0]!r} seq {key[1]}: stored array {name!r} belongs to "
-                           "no entry")
-                continue
-            entry, infos = expected[key]
-            info = infos.get(name)
-            if info is None:
-                out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
-            elif hashlib.sha256(blob).hexdigest() != info.sha256:
-                out.append(f"{entry.label}: stored array {name!r} does not match its digest "
-                           "(array changed)")
-            else:
-                try:
-                    decode_array(info, blob)
-                except ValueError as exc:
-                    out.append(f"{entry.label}: stored array {name!r}: {exc}")
+    for stored in log.store.scan_arrays(job_id):
+        key, name, blob = (stored.job_id, stored.seq), stored.name, stored.data
+        found.add((*key, name))
+        if key not in expected:
+            out.append(f"job {key[0]!r} seq {key[1]}: stored array {name!r} belongs to "
+                       "no entry")
+            continue
+        entry, infos = expected[key]
+        info = infos.get(name)
+        if info is None:
+            out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
+        elif hashlib.sha256(blob).hexdigest() != info.sha256:
+            out.append(f"{entry.label}: stored array {name!r} does not match its digest "
+                       "(array changed)")
+        else:
+            try:
+                decode_array(info, blob)
+            except ValueError as exc:
+                out.append(f"{entry.label}: stored array {name!r}: {exc}")
     for (job, seq), (entry, infos) in sorted(expected.items()):
         for name in sorted(infos):
             if (job, seq, name) not in found:
@@ -163,21 +160,16 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
 
 def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
     out: list[str] = []
-    query = select(t.entries.c.job_id, t.entries.c.seq, t.entries.c.kind,
-                   t.entries.c.round_id, t.entries.c.payload)
-    if job_id is not None:
-        query = query.where(t.entries.c.job_id == job_id)
-    with log.engine.connect() as conn:
-        for row in conn.execute(query):
-            try:
-                value = json.loads(row.payload).get("round_id")
-            except (ValueError, AttributeError):
-                continue
-            if not isinstance(value, int) or isinstance(value, bool):
-                value = None
-            if row.round_id != value:
-                out.append(f"job {row.job_id!r} seq {row.seq} ({row.kind}): round_id column "
-                           "disagrees with the payload")
+    for row in log.store.scan_index(job_id):
+        try:
+            value = json.loads(row.payload).get("round_id")
+        except (ValueError, AttributeError):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = None
+        if row.round_id != value:
+            out.append(f"job {row.job_id!r} seq {row.seq} ({row.kind}): round_id column "
+                       "disagrees with the payload")
     return out
 
 
@@ -242,18 +234,18 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
     """Verify every job (or ``job_id``) of a log, and the receipts in ``receipts_dir`` if given;
     with ``replay``, replay each job's rounds through the coordinator (needs the engine).
 
-    ``log_or_url`` is an :class:`AuditLog`, an engine, a SQLAlchemy URL or a SQLite file path;
-    a database without an audit log is reported as a problem, not created.
+    ``log_or_url`` is an :class:`AuditLog`, a SQLAlchemy engine, a SQLAlchemy URL or a SQLite
+    file path; a database without an audit log is reported as a problem, not created.
     """
     owned: AuditLog | None = None
     if isinstance(log_or_url, AuditLog):
         log = log_or_url
     else:
         try:
-            if isinstance(log_or_url, Engine):
-                log = AuditLog(engine=log_or_url, create=False)
-            else:
+            if isinstance(log_or_url, str | Path):
                 log = owned = AuditLog(log_or_url, create=False)
+            else:
+                log = owned = AuditLog(engine=log_or_url, create=False)  # a given engine stays open
         except AuditError as exc:
             return VerifyReport(problems=[str(exc)])
     try:

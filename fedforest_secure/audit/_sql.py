@@ -1,0 +1,218 @@
+"""The audit log's SQLAlchemy store (private: use :class:`~fedforest_secure.audit.log.AuditLog`).
+
+``audit_entries`` holds one row per entry, the canonical texts verbatim; ``UNIQUE(job_id, seq)``
+makes two writers that race for the same ``seq`` fail instead of forking the chain.
+``audit_arrays`` holds the ``.npy`` bytes of each entry's arrays, keyed by ``(job_id, seq, name)``.
+``round_id`` is a query convenience copied from the payload (not hashed; verification checks it).
+Threads sharing a store are serialised by a lock; separate writers (processes, other stores)
+that race for the same ``seq`` hit the constraint, which the store reports as a
+:class:`~fedforest_secure.audit.store.ChainRace`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    inspect,
+    make_url,
+    select,
+)
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.pool import StaticPool
+
+from ..errors import AuditError
+from .entry import GENESIS, Entry
+from .store import ChainRace, IndexRow, StoredArray
+
+__all__ = ["Engine", "SqlStore", "to_url"]
+
+metadata = MetaData()
+
+entries = Table(
+    "audit_entries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(200), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("kind", String(40), nullable=False),
+    Column("round_id", Integer, nullable=True),
+    Column("timestamp", String(40), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("arrays", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+    UniqueConstraint("job_id", "seq", name="uq_audit_entries_job_seq"),
+    Index("ix_audit_entries_job_round", "job_id", "round_id"),
+)
+
+arrays = Table(
+    "audit_arrays",
+    metadata,
+    Column("job_id", String(200), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("job_id", "seq", "name", name="pk_audit_arrays"),
+)
+
+
+def to_url(db: str | Path) -> str:
+    """A SQLAlchemy URL for ``db``: URLs (``scheme://...``) pass through, paths become SQLite."""
+    text = str(db)
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist (opening it would create it)."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        return False
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return False
+    return not Path(database).expanduser().exists()
+
+
+class SqlStore:
+    """Audit entries in two SQLAlchemy tables, through an engine of its own (from a URL or a
+    SQLite path) or a given one (of which it only touches its two tables).
+
+    With ``create=False`` a missing log raises :class:`AuditError` instead of being created.
+    """
+
+    def __init__(self, url: str | Path | None = None, *, engine: Engine | None = None,
+                 create: bool = True) -> None:
+        if (url is None) == (engine is None):
+            raise TypeError("give exactly one of url and engine")
+        self._owns_engine = engine is None
+        if engine is None:
+            full = to_url(url if url is not None else "")
+            if not create and _missing_sqlite_file(full):
+                raise AuditError(f"no audit log at {url}")
+            engine = create_engine(full)
+        self.engine = engine
+        self._lock = threading.RLock()
+        if create:
+            metadata.create_all(engine)
+        elif not {entries.name, arrays.name} <= set(inspect(engine).get_table_names()):
+            self.close()
+            raise AuditError("the database holds no audit log tables")
+
+    @classmethod
+    def in_memory(cls) -> SqlStore:
+        """A private in-memory SQLite database (one connection shared by threads)."""
+        store = cls(engine=create_engine("sqlite://", poolclass=StaticPool,
+                                         connect_args={"check_same_thread": False}))
+        store._owns_engine = True
+        return store
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append_next(self, job_id: str, make: Callable[[int, str], Entry],
+                    blobs: Mapping[str, bytes]) -> Entry:
+        try:
+            with self._lock, self.engine.begin() as conn:
+                entry = make(*self._last(conn, job_id))
+                conn.execute(entries.insert().values(
+                    job_id=entry.job_id, seq=entry.seq, kind=entry.kind,
+                    round_id=entry.round_id, timestamp=entry.timestamp,
+                    payload=entry.payload_json, arrays=entry.arrays_json,
+                    prev_hash=entry.prev_hash, hash=entry.hash))
+                if blobs:
+                    conn.execute(arrays.insert(), [
+                        {"job_id": entry.job_id, "seq": entry.seq, "name": name, "data": blob}
+                        for name, blob in blobs.items()])
+        except IntegrityError as exc:
+            raise ChainRace(str(exc)) from exc
+        except OperationalError as exc:
+            if "locked" not in str(exc).lower():
+                raise
+            raise ChainRace(str(exc)) from exc
+        return entry
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _last(conn: Connection, job_id: str) -> tuple[int, str]:
+        row = conn.execute(
+            select(entries.c.seq, entries.c.hash).where(entries.c.job_id == job_id)
+            .order_by(entries.c.seq.desc()).limit(1)
+        ).first()
+        return (int(row.seq), str(row.hash)) if row is not None else (0, GENESIS)
+
+    def last(self, job_id: str) -> tuple[int, str]:
+        with self._lock, self.engine.connect() as conn:
+            return self._last(conn, job_id)
+
+    def jobs(self) -> list[str]:
+        with self._lock, self.engine.connect() as conn:
+            rows = conn.execute(select(entries.c.job_id).distinct()).scalars().all()
+        return sorted(str(r) for r in rows)
+
+    def entries(self, job_id: str | None = None, round_id: int | None = None,
+                kind: str | None = None) -> list[Entry]:
+        query = select(entries).order_by(entries.c.job_id, entries.c.seq, entries.c.id)
+        if job_id is not None:
+            query = query.where(entries.c.job_id == job_id)
+        if round_id is not None:
+            query = query.where(entries.c.round_id == round_id)
+        if kind is not None:
+            query = query.where(entries.c.kind == kind)
+        with self._lock, self.engine.connect() as conn:
+            return [_entry_from_row(r) for r in conn.execute(query)]
+
+    def arrays_of(self, job_id: str, seq: int) -> dict[str, bytes]:
+        query = select(arrays.c.name, arrays.c.data).where(
+            arrays.c.job_id == job_id, arrays.c.seq == seq)
+        with self._lock, self.engine.connect() as conn:
+            return {str(r.name): bytes(r.data) for r in conn.execute(query)}
+
+    def scan_arrays(self, job_id: str | None = None) -> Iterator[StoredArray]:
+        query = select(arrays).order_by(arrays.c.job_id, arrays.c.seq, arrays.c.name)
+        if job_id is not None:
+            query = query.where(arrays.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            for row in conn.execute(query):
+                yield StoredArray(str(row.job_id), int(row.seq), str(row.name), bytes(row.data))
+
+    def scan_index(self, job_id: str | None = None) -> Iterator[IndexRow]:
+        query = select(entries.c.job_id, entries.c.seq, entries.c.kind, entries.c.round_id,
+                       entries.c.payload)
+        if job_id is not None:
+            query = query.where(entries.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            for row in conn.execute(query):
+                yield IndexRow(str(row.job_id), int(row.seq), str(row.kind),
+                               None if row.round_id is None else int(row.round_id),
+                               str(row.payload))
+
+
+def _entry_from_row(row: Row[Any]) -> Entry:
+    return Entry(job_id=str(row.job_id), seq=int(row.seq), kind=str(row.kind),
+                 timestamp=str(row.timestamp), payload_json=str(row.payload),
+                 arrays_json=str(row.arrays), prev_hash=str(row.prev_hash),
+                 hash=str(row.hash), row_id=int(row.id))
