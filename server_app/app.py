@@ -34,9 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path as FsPath
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,6 +56,8 @@ from .errors import ApiError, upload_error
 from .runtime import ServerState
 
 __all__ = ["create_app"]
+
+_T = TypeVar("_T")
 
 _log = logging.getLogger("fedforest.server")
 OCTET = "application/octet-stream"
@@ -198,7 +200,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def directory(job_id: JobId, c: Client) -> dict[str, Any]:
         return await run_in_threadpool(st.directory, c, job_id)
 
-    async def _long_poll(fn: Any, is_wait: Any, wait: float) -> Any:
+    async def _long_poll(fn: Callable[[], _T], is_wait: Callable[[_T], bool], wait: float
+                         ) -> _T:
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             gen = st.generation
@@ -209,9 +212,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             await run_in_threadpool(st.wait_change, gen, min(left, 1.0))
 
     async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
-        out: dict[str, Any] = await _long_poll(lambda: st.secagg_offer(c, job_id),
-                                               lambda o: o.get("status") == "wait", wait)
-        return out
+        return await _long_poll(lambda: st.secagg_offer(c, job_id),
+                                lambda o: o.get("status") == "wait", wait)
 
     @app.get("/v1/jobs/{job_id}/secagg", tags=["secagg"])
     async def secagg_next(job_id: JobId, c: Client, wait: Wait = 0.0) -> dict[str, Any]:
@@ -226,7 +228,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         return bytes(body)
 
     for _kind in ("advert", "shares", "unmask"):
-        def _make(kind: str) -> Any:
+        def _make(kind: str) -> Callable[..., Awaitable[dict[str, Any]]]:
             async def post_secagg(job_id: JobId, round_id: RoundId, request: Request,
                                   c: Client, next_wait: Wait = 0.0) -> dict[str, Any]:
                 body = await _json_body(request)
