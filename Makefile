@@ -25,7 +25,7 @@ demo: install
 
 # ruff on every package, the tests and the benchmarks; mypy --strict on the packages; the
 # import contract of pyproject.toml ([tool.importlinter]). Every step runs; any failure fails.
-LINT_PACKAGES := fedforest_secure server_app client_app
+LINT_PACKAGES := fedforest_secure server_app client_app fedforest_cli
 lint: install
 	@rc=0; \
 	$(BIN)/ruff check $(LINT_PACKAGES) tests benchmarks || rc=1; \

@@ -134,13 +134,13 @@ def compare(
     from rich.console import Console as _Console
 
     from fedforest_secure.experiments.compare import (
-        format_table,
         load_csv_table,
         parse_epsilons,
-        plot,
         run_comparison,
         to_csv,
     )
+
+    from .compare_view import format_table, plot
 
     try:
         eps = parse_epsilons(epsilons)
