@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +24,6 @@ import httpx
 import numpy as np
 from nacl.signing import SigningKey
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.audit import Receipt, write_receipt
@@ -32,21 +32,34 @@ from fedforest_secure.errors import FedForestError, ProtocolError, RefusedReques
 from fedforest_secure.federation import client_seed
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
-from fedforest_secure.protocol.api import JoinBody, JoinResponse, RoundInfo, SecAggStep
+from fedforest_secure.protocol.api import (
+    JobStatus,
+    JoinBody,
+    JoinResponse,
+    RoundInfo,
+    SecAggStep,
+)
 from fedforest_secure.secure_sum import encode_contribution
 from fedforest_secure.worker import Worker
 
 from .data import load_site_table, schema_sha256
+from .log import SiteLog
 from .secagg_session import SecAggSession, identity_key
 from .state import ClientState
 from .transport import ApiRejected, Transport
 
-__all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "check_job_profile",
-           "pinned_profile", "run_client"]
+__all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE",
+           "check_job_profile", "pinned_profile", "run_client"]
 
 
 class ProfileRefused(FedForestError):
     """The job's privacy profile is not the one this site pinned: the client takes no part."""
+
+
+#: What a client restarted in the middle of a secure round is told (its round keys were in the
+#: memory of the process that died, so it cannot answer that round's steps).
+RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job continues "
+                    "without you")
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -137,11 +150,23 @@ class _Ctx:
     result: ClientResult
     progress: Progress
     bar: TaskID
+    log: SiteLog
+    watch: _Watch
 
     def show(self, task: Task, what: str = "") -> None:
         self.progress.update(self.bar, completed=task.level,
                              description=f"job {self.job} · level {task.level} · round "
                                          f"{task.round_id} ({task.kind.value}){what}")
+        if self.watch.level != task.level:
+            self.watch.level = task.level
+            self.log.info(f"job {self.job}: level {task.level} of {self.config.max_depth} "
+                          f"(round {task.round_id}, {task.kind.value})")
+            self.watch.poll(self.tr, force=True)
+
+    def waiting(self) -> None:
+        """Nothing to do yet: say whom the job is waiting for (at most every few seconds)."""
+        self.watch.poll(self.tr)
+
 
     def contribution(self, task: Task, reply: Reply) -> np.ndarray:
         ring = bool(self.config.profile.get("fixed_point",
@@ -164,22 +189,67 @@ class _Ctx:
         write_receipt(self.state.root / "receipts", rec)
 
 
-def run_client(opts: ClientOptions) -> ClientResult:
+@dataclass
+class _Watch:
+    """Follows ``GET /v1/jobs/{job}`` to tell the operator about the other sites: who has not
+    joined yet, and who was dropped."""
+
+    job: str
+    log: SiteLog
+    me: int
+    every_s: float = 5.0
+    level: int = -1
+    _last: float = -1e9
+    _waiting_for: tuple[str, ...] = ()
+    _dropped: set[str] = field(default_factory=set)
+
+    def poll(self, tr: Transport, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.every_s:
+            return
+        self._last = now
+        try:
+            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
+        except (ValidationError, FedForestError, ValueError):
+            return  # the log is a courtesy: never fail training over it
+        self.observe(st)
+
+    def observe(self, st: JobStatus) -> None:
+        invited = tuple(m.name for m in st.members if m.state == "invited")
+        if st.status == "waiting" and invited and invited != self._waiting_for:
+            self.log.info(f"job {self.job}: waiting for site{'s' if len(invited) > 1 else ''} "
+                          f"{_names(invited)} to join")
+        self._waiting_for = invited
+        for m in st.members:
+            if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
+                self._dropped.add(m.name)
+                at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
+                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; the job "
+                              f"continues with {st.active_clients} sites (at least "
+                              f"{st.min_clients} needed)")
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     """Run one institution's side of a job until the job ends (or this client is dropped)."""
     X, y = load_site_table(opts.data, opts.schema)  # validated before anything is sent
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
-    console = Console(stderr=True, quiet=opts.quiet)
+    log = log or SiteLog()
     tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
-                   retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev)
+                   retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,
+                   on_wait=log.info)
     state = ClientState(opts.state_dir)
     try:
-        return _run(opts, tr, state, X, y, console, pinned)
+        return _run(opts, tr, state, X, y, log, pinned)
     finally:
         tr.close()
 
 
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, y: np.ndarray,
-         console: Console, pinned: dict[str, Any] | None = None) -> ClientResult:
+         log: SiteLog, pinned: dict[str, Any] | None = None) -> ClientResult:
     job = opts.job
     identity = None
     info = _parse(JoinResponse, tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job)),
@@ -187,8 +257,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     if pinned is not None:  # before anything else leaves the site
         check_job_profile(pinned, info.config.get("profile"))
     else:
-        console.log("[yellow]warning:[/yellow] no --profile pinned: this site accepts the "
-                    "privacy profile the server states for the job")
+        log.warn("no --profile pinned: this site accepts the privacy profile the server "
+                 "states for the job")
     want = info.schema_sha256
     if want is not None and want != schema_sha256(opts.schema):
         raise FedForestError("the local schema file differs from the job's schema; "
@@ -199,20 +269,21 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     secure_hint = bool(config.profile.get("secure_aggregation"))
     if secure_hint:
         identity = identity_key(state, job)
-    console.log(f"joined job {job} as client {k} of {config.n_clients} "
-                f"({len(y)} rows, profile {config.profile.get('name', '?')})")
+    log.info(f"joined job {job} as client {k} of {config.n_clients} "
+             f"({len(y)} rows, profile {config.profile.get('name', '?')})")
     _replay(tr, job, worker)
     cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
     result = ClientResult(status="running")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} levels"), TimeElapsedColumn(),
-                        console=console, disable=opts.quiet)
+                        console=log.console, disable=opts.quiet or log.plain)
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
         ctx = _Ctx(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
-                   worker, result, progress, bar)
+                   worker, result, progress, bar, log, _Watch(job, log, k))
+        ctx.waiting()
         if secure_hint and identity is not None:
-            _run_secure(ctx, identity, console)
+            _run_secure(ctx, identity)
         else:
             _run_open(ctx)
         progress.update(bar, completed=config.max_depth + 1)
@@ -221,10 +292,10 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
         out = opts.model_out or (opts.state_dir / f"{job}.model.json")
         out.write_bytes(model)
         result.model_path = out
-        console.log(f"job {job} done: model saved to {out} "
-                    f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}…)")
+        log.info(f"job {job} done: model saved to {out} "
+                 f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
     else:
-        console.log(f"job {job} ended: {result.status} {result.detail}")
+        log.warn(f"job {job} ended: {result.status} {result.detail}")
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
     (opts.state_dir / "stats.json").write_text(json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
@@ -259,6 +330,7 @@ def _run_open(ctx: _Ctx) -> None:
                 result.status, result.detail = status, resp.headers.get(
                     "X-FedForest-Detail", "")
                 return
+            ctx.waiting()
             continue
         task = _check_task(resp.content, resp.headers, job)
         ctx.show(task)
@@ -270,7 +342,7 @@ def _run_open(ctx: _Ctx) -> None:
         result.rounds += 1
 
 
-def _run_secure(ctx: _Ctx, identity: SigningKey, console: Console) -> None:
+def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
     """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
     tr, job, result = ctx.tr, ctx.job, ctx.result
     session = SecAggSession(ctx.config, tr, job, ctx.index, identity)
@@ -286,12 +358,19 @@ def _run_secure(ctx: _Ctx, identity: SigningKey, console: Console) -> None:
             result.status, result.detail = status, str(step.detail)
             return
         if status != "task":
+            ctx.waiting()
             continue
         if step.round_id is None:
             raise ProtocolError("a secure-aggregation step without its round")
         r = step.round_id
         if session.client is None:
-            session.connect()
+            session.connect(on_wait=ctx.waiting)
+        if step.action != "advert" and not session.advertised(r):
+            # this process never sent keys for round r: it is a restart of a client whose
+            # round keys died with the old process
+            ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
+            result.status, result.detail = "dropped", RESTARTED_SECURE
+            return
         if task is None or task.round_id != r:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
             digest = hashlib.sha256(body).digest()
@@ -327,7 +406,7 @@ def _run_secure(ctx: _Ctx, identity: SigningKey, console: Console) -> None:
             elif action == "unmask":
                 session.unmask(task, message)
         except RefusedRequest as exc:
-            console.log(f"[red]refused[/red] the server's request in round {r}: {exc}")
+            ctx.log.warn(f"refused the server's request in round {r}: {exc}")
             result.status, result.detail = "refused", f"round {r}: {exc}"
             return
         except ApiRejected as exc:

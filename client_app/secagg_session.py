@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,9 +69,12 @@ class SecAggSession:
     client: SecAggClient | None = None
     messages_sent: int = 0
     log: list[str] = field(default_factory=list)
+    _advertised: set[int] = field(default_factory=set)
 
-    def connect(self, timeout_s: float = 600.0) -> None:
-        """Fetch the identity directory once every client has joined; check our own entry."""
+    def connect(self, timeout_s: float = 600.0,
+                on_wait: Callable[[], None] | None = None) -> None:
+        """Fetch the identity directory once every client has joined; check our own entry.
+        ``on_wait`` is called while the directory is incomplete."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -81,6 +85,8 @@ class SecAggSession:
                 break
             if time.monotonic() > deadline:
                 raise FedForestError("not every client registered an identity key in time")
+            if on_wait is not None:
+                on_wait()
             time.sleep(0.2)
         try:
             directory = {int(k): bytes.fromhex(v) for k, v in d.keys.items()}
@@ -98,9 +104,15 @@ class SecAggSession:
                         content=body.encode(), content_type="application/json")
         self.messages_sent += 1
 
+    def advertised(self, round_id: int) -> bool:
+        """Whether this session made round keys for ``round_id`` (a fresh process after a
+        restart has none for the round that was open)."""
+        return round_id in self._advertised
+
     def advert(self, round_id: int) -> None:
         sa = self._sa()
         adv = sa.pending_advert(round_id) or sa.advertise(round_id)
+        self._advertised.add(round_id)
         self._post(round_id, "advert", adv.model_dump_json())
 
     def share(self, task: Task, message: str) -> None:
@@ -128,6 +140,7 @@ class SecAggSession:
         request = parse(UnmaskRequest, message)
         sa = self._sa()
         nxt = sa.pending_advert(task.round_id + 1) or sa.advertise(task.round_id + 1)
+        self._advertised.add(task.round_id + 1)
         try:
             response = sa.unmask(request, next_advert=nxt)
         except RefusedRequest as exc:

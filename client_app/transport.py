@@ -14,6 +14,7 @@ import re
 import ssl
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,10 @@ __all__ = ["ApiRejected", "Transport", "TransportFailed", "check_server_url", "i
            "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+#: Connections closed without an answer, in a row, before a client without a certificate
+#: concludes that the server wants one (TLS 1.3 reports a refused client certificate only as
+#: a closed connection).
+_HANGUPS = 3
 #: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). Not the
 #: share bundle: after it the client computes its answer while the others share.
 _STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|unmask)|upload)$")
@@ -119,8 +124,12 @@ class Transport:
     #: to answer with the client's next step as well (``?next_wait=``, long-polled), kept for
     #: the client loop in :meth:`take_next_step`: one request and one wake-up less per step.
     step_wait: float = 0.0
+    #: Told (once per outage) when the server cannot be reached and the client keeps trying,
+    #: and when it answers again.
+    on_wait: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
+        self._waiting = False
         scheme = check_server_url(self.base_url, insecure_dev=self.insecure_dev)
         if scheme == "https":
             if self.ca is None:
@@ -154,6 +163,7 @@ class Transport:
         if step:
             params = {"next_wait": self.step_wait}
         delay, start = 0.2, time.monotonic()
+        hangups = 0
         while True:
             try:
                 resp = self._http.request(method, path, content=content, headers=headers,
@@ -161,12 +171,26 @@ class Transport:
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
-                    raise TransportFailed(f"TLS verification of {self.base_url} failed: "
-                                          f"{exc}") from exc
-                err: str = f"{type(exc).__name__}: {exc}"
+                    raise TransportFailed(f"TLS verification of {self.base_url} failed: the "
+                                          "server's certificate is not signed by --ca, or not "
+                                          f"for this host name ({exc})") from exc
+                hangups = hangups + 1 if isinstance(exc, httpx.RemoteProtocolError) else 0
+                wants_cert = "CERTIFICATE_REQUIRED" in str(exc).upper() or (
+                    hangups >= _HANGUPS and self.cert is None)
+                if wants_cert:
+                    raise TransportFailed(
+                        f"{self.base_url} refuses the connection: the server requires a "
+                        "client certificate (mutual TLS). Pass --cert "
+                        "client.pem --key client.key (from the federation's `fedforest pki "
+                        "init`)") from exc
+                err: str = _describe(exc)
             else:
                 self.bytes_sent += len(content or b"") + len(path) + 200
                 self.bytes_received += len(resp.content)
+                if self._waiting and resp.status_code not in _RETRY_STATUS:
+                    self._waiting = False
+                    if self.on_wait is not None:
+                        self.on_wait(f"the server at {self.base_url} answers")
                 if resp.status_code in ok_statuses or resp.status_code == 204:
                     if step:
                         self._next_step = _next_of(resp)
@@ -180,10 +204,19 @@ class Transport:
                         body = ErrorBody(error="http_error", detail=resp.text[:200])
                     raise ApiRejected(resp.status_code, body.error, body.detail,
                                       body.model_dump())
-                err = f"HTTP {resp.status_code}"
+                err = f"HTTP {resp.status_code}{_detail_of(resp)}"
             if time.monotonic() - start > self.retry_budget_s:
-                raise TransportFailed(f"{method} {path}: giving up after "
-                                      f"{self.retry_budget_s:.0f}s ({err})")
+                if err.startswith("HTTP"):
+                    raise TransportFailed(f"{method} {path}: the server at {self.base_url} "
+                                          f"kept failing for {self.retry_budget_s:.0f}s "
+                                          f"({err}); its log says why")
+                raise TransportFailed(f"{method} {path}: the server at {self.base_url} did "
+                                      f"not answer for {self.retry_budget_s:.0f}s ({err}); is "
+                                      "it running, and are the address and port right?")
+            if not self._waiting and self.on_wait is not None:
+                self.on_wait(f"waiting for the server at {self.base_url} ({err}); retrying "
+                             f"for up to {self.retry_budget_s:.0f}s")
+            self._waiting = True
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -195,6 +228,25 @@ class Transport:
             return self.request("POST", path).json()
         return self.request("POST", path, content=json.dumps(body).encode(),
                             content_type="application/json").json()
+
+
+def _detail_of(resp: httpx.Response) -> str:
+    """``": <detail>"`` from a JSON error body, or nothing."""
+    try:
+        detail = ErrorBody.model_validate(resp.json()).detail
+    except ValueError:
+        return ""
+    return f": {detail[:300]}" if detail else ""
+
+
+def _describe(exc: httpx.TransportError) -> str:
+    """A transport failure in the words an operator looks for."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError) and "refused" in text.lower():
+        return "connection refused: the server is not running yet, or the port is wrong"
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "no answer to the connection (a firewall, or a wrong host?)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _next_of(resp: httpx.Response) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
 """The ``fedforest`` command: ``server``, ``client``, ``pki``, ``simulate``, ``compare``,
-``audit``."""
+``audit``, and for a site ``schema draft``, ``check``, ``jobs``, ``status``, ``model download``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 
 from fedforest_secure.errors import FedForestError
 
+from . import data_cli, site_cli
 from ._common import console, fail
 from .audit_cli import audit_app
 from .server_cli import server_cli
@@ -24,6 +25,8 @@ pki_cli = typer.Typer(help="Development certificates (a CA, a server and client 
 app.add_typer(server_cli, name="server")
 app.add_typer(pki_cli, name="pki")
 app.add_typer(audit_app, name="audit")
+data_cli.register(app)
+site_cli.register(app)
 
 
 # ---------------------------------------------------------------------- client
@@ -49,7 +52,10 @@ def client(
         "--insecure-dev", help="allow plain http:// to a loopback server run with "
                                "--insecure-dev (development only)")] = False,
 ) -> None:
-    """Join a job as one institution and train until the job ends."""
+    """Join a job as one institution and train until the job ends.
+
+    Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
+    (waiting for the server or for other sites, each level, dropped sites)."""
     from client_app.runner import ClientOptions, run_client
 
     try:
@@ -70,12 +76,18 @@ def client(
 def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path("certs"),
              clients: Annotated[int, typer.Option(help="number of client certificates")] = 0,
              host: Annotated[list[str] | None, typer.Option(
-                 help="server host names / IPs (default localhost, 127.0.0.1)")] = None) -> None:
+                 help="server host names / IPs (default localhost, 127.0.0.1)")] = None,
+             name: Annotated[list[str] | None, typer.Option(
+                 help="a site's name: writes <name>.pem and <name>.key (repeat for each "
+                      "site; default client-0, client-1, ...)")] = None) -> None:
     """Create a dev CA, a server certificate and client certificates."""
     from fedforest_secure.pki import init_dev_pki
 
     hosts = tuple(host) if host else ("localhost", "127.0.0.1")
-    paths = init_dev_pki(out, clients, hosts=hosts)
+    names = list(name) if name else None
+    if names is not None and clients not in (0, len(names)):
+        fail(ValueError(f"--clients {clients} but {len(names)} --name options"))
+    paths = init_dev_pki(out, len(names) if names else clients, hosts=hosts, client_names=names)
     console.print(f"CA {paths.ca_cert}; server {paths.server_cert} for {', '.join(hosts)}; "
                   f"{len(paths.client_certs)} client certificates in {out}")
 

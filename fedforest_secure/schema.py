@@ -51,6 +51,7 @@ from pydantic import (
     model_validator,
 )
 
+from .config_errors import allowed_keys, submodel_at
 from .errors import SchemaError
 
 __all__ = ["Feature", "Schema", "Target"]
@@ -105,6 +106,7 @@ class Feature(BaseModel):
     name : str
         Column name in the table.
     kind : {"continuous", "categorical"}
+        A number on a public range, or one of a fixed list of labels.
     bounds : (float, float) or None
         Public ``[lo, hi]`` range of a continuous feature (finite, ``lo < hi``).
     levels : list of str or None
@@ -147,7 +149,9 @@ class Target(BaseModel):
     Attributes
     ----------
     name : str
+        Column name of the target in the table.
     kind : {"regression", "classification"}
+        A number to predict, or a class label.
     bounds : (float, float) or None
         Public range of a regression target (needed for fixed-point scales and DP).
     classes : list of str or None
@@ -200,6 +204,11 @@ def _format_error(exc: ValidationError, data: Any) -> str:
             else:
                 loc.append(str(key))
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            owner = submodel_at(Schema, err["loc"][:-1])
+            msg = "unknown key"
+            if owner is not None:
+                msg += f"; allowed: {', '.join(allowed_keys(owner))}"
         parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return "invalid schema: " + "; ".join(parts)
 
@@ -218,6 +227,19 @@ def _canon(value: Any) -> str:
             return str(int(v))
         return repr(v)
     return str(value).strip()
+
+
+def _label_key(value: Any, labels: Mapping[str, int] | set[str]) -> str:
+    """The label ``value`` stands for: its canonical text, or, for a numeric text such as
+    ``"1.0"`` that is not itself a label, the canonical text of the number (``"1"``), so
+    sites that write codes as ``1`` and as ``1.0`` share one list of levels."""
+    key = _canon(value)
+    if key in labels or not isinstance(value, str):
+        return key
+    try:
+        return _canon(float(key))
+    except ValueError:
+        return key
 
 
 def _show(value: Any) -> str:
@@ -243,7 +265,9 @@ class Schema(BaseModel):
     Attributes
     ----------
     features : list of Feature
+        The input columns, one ``[[features]]`` table each, in the order the model uses them.
     target : Target
+        The ``[target]`` table: the column to predict.
     client_column : str or None
         Column holding each row's client (site) identifier, if the table has one.
     """
@@ -651,7 +675,7 @@ def _label_codes(col: _Column, name: str, labels: list[str], what: str) -> NDArr
     for i, v in enumerate(col, start=1):
         if _is_missing(v) and _canon(v) not in index:
             raise SchemaError(f"column {name!r}, row {i}: missing value")
-        code = index.get(_canon(v))
+        code = index.get(_label_key(v, index))
         if code is None:
             raise SchemaError(f"column {name!r}, row {i}: unknown {what} {_canon(v)!r}")
         out[i - 1] = code

@@ -29,9 +29,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedforest_secure.config import JobConfig, resolve_max_features
+from fedforest_secure.config_errors import explain
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.schema import Schema
 
@@ -41,49 +42,89 @@ __all__ = ["ForestParams", "JobSpec", "build_config", "load_job_spec", "resolve_
 
 
 class ForestParams(BaseModel):
+    """The ``[forest]`` table: the forest's hyper-parameters (scikit-learn meanings)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    n_estimators: int = Field(default=50, ge=1, le=10_000)
-    max_depth: int = Field(default=8, ge=1, le=60)
-    min_samples_leaf: int = Field(default=5, ge=1)
-    min_samples_split: int = Field(default=2, ge=2)
-    min_impurity_decrease: float = Field(default=0.0, ge=0.0)
-    max_features: int | float | str | None = 1 / 3
-    bootstrap: bool = True
-    n_bins: int = Field(default=32, ge=2, le=4096)
-    method: str = "quantiles"
-    top_l: int | None = None
-    split_on_client: bool = False
-    criterion: str | None = None
-    random_state: int = 0
+    n_estimators: int = Field(default=50, ge=1, le=10_000, description=(
+        "number of trees T"))
+    max_depth: int = Field(default=8, ge=1, le=60, description=(
+        "maximum depth M of every tree (the root is depth 0)"))
+    min_samples_leaf: int = Field(default=5, ge=1, description=(
+        "a split must leave at least this many (bootstrap) rows on each side"))
+    min_samples_split: int = Field(default=2, ge=2, description=(
+        "a node with fewer rows is not split"))
+    min_impurity_decrease: float = Field(default=0.0, ge=0.0, description=(
+        "a split must decrease the weighted impurity by at least this much"))
+    max_features: int | float | str | None = Field(default=1 / 3, description=(
+        'features drawn per node: an int, a fraction in (0, 1], "sqrt", "log2"; absent: 1/3 '
+        "of the features"))
+    bootstrap: bool = Field(default=True, description=(
+        "each site resamples its own rows per tree (client-stratified bootstrap); false: "
+        "every tree sees every row"))
+    n_bins: int = Field(default=32, ge=2, le=4096, description=(
+        "sketch size B: candidate thresholds per feature and node"))
+    method: str = Field(default="quantiles", description=(
+        'how split candidates are found: "quantiles" (the paper), "avgimp", "exact" (open '
+        'profile only), "histogram"'))
+    top_l: int | None = Field(default=None, description=(
+        'shortlist of L candidate features per node (with method = "avgimp")'))
+    split_on_client: bool = Field(default=False, description=(
+        "allow splits on the site indicator H (the profile's h_splits decides how)"))
+    criterion: str | None = Field(default=None, description=(
+        'impurity: "gini" or "entropy" for classification, "mse" for regression; absent: '
+        "gini / mse"))
+    random_state: int = Field(default=0, description=(
+        "seed of the coordinator's feature sampling and the sites' bootstrap"))
 
 
 class DataFacts(BaseModel):
-    """Schema-level facts, for jobs created without a schema file."""
+    """The ``[data]`` table: schema-level facts, for a job created without a schema file."""
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str
-    n_features: int = Field(ge=1)
-    n_classes: int = 0
-    target_bound: float = 0.0
-    feature_kinds: list[str] = Field(default_factory=list)
-    n_levels: list[int] = Field(default_factory=list)
-    feature_bounds: list[tuple[float, float]] | None = None
+    task: str = Field(description='"classification" or "regression"')
+    n_features: int = Field(ge=1, description="number of features d")
+    n_classes: int = Field(default=0, description="number of classes (0 for regression)")
+    target_bound: float = Field(default=0.0, description=(
+        "public bound on |y| of a regression target (fixed-point scale of its sums)"))
+    feature_kinds: list[str] = Field(default_factory=list, description=(
+        '"continuous" or "categorical" per feature; absent: all continuous'))
+    n_levels: list[int] = Field(default_factory=list, description=(
+        "number of levels per feature (0 for a continuous one)"))
+    feature_bounds: list[tuple[float, float]] | None = Field(default=None, description=(
+        "public [lo, hi] per feature; needed by the secure profiles' pooled sketch"))
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """``job.toml``: one training job, as the operator creates it."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    clients: list[str] = Field(min_length=1, max_length=1000)
-    profile: str = "secure"
-    profile_overrides: dict[str, Any] = Field(default_factory=dict)
-    schema_text: str | None = None  # the schema file's text, embedded by load_job_spec
-    round_deadline: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
-    min_clients: int | None = Field(default=None, ge=1)
-    forest: ForestParams = Field(default_factory=ForestParams)
-    data: DataFacts | None = None
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+        "the job's name: letters, digits, '_', '.', '-' (at most 64)"))
+    clients: list[str] = Field(min_length=1, max_length=1000, description=(
+        "the sites taking part, as registered with `fedforest server add-client`; the order "
+        "fixes each site's index"))
+    profile: str = Field(default="secure", description=(
+        '"open", "secure", "secure-dp" or a path to a profile TOML file (relative to job.toml)'))
+    profile_overrides: dict[str, Any] = Field(
+        default_factory=dict, validation_alias=AliasChoices("privacy", "profile_overrides"),
+        description=("the `[privacy]` table: overrides of the profile's fields (see below), "
+                     "e.g. epsilon = 2.0"))
+    schema_text: str | None = Field(
+        default=None, json_schema_extra={"file_key": "schema"},
+        description="path of the schema file every site shares (relative to job.toml); the "
+                    "job stores its text")
+    round_deadline: float = Field(default=300.0, gt=0, le=7 * 24 * 3600, description=(
+        "seconds a site has for each step of a round before it is dropped"))
+    min_clients: int | None = Field(default=None, ge=1, description=(
+        "training stops below this many active sites; absent: the profile's threshold "
+        "times the number of sites"))
+    forest: ForestParams = Field(default_factory=ForestParams, description=(
+        "the `[forest]` table"))
+    data: DataFacts | None = Field(default=None, description=(
+        "the `[data]` table, only for a job without a schema file"))
 
     @field_validator("clients")
     @classmethod
@@ -122,7 +163,7 @@ def load_job_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"invalid job file {path}: {exc}") from exc
+        raise ConfigError(f"invalid job file {path}: {explain(exc, JobSpec, raw)}") from None
 
 
 def resolve_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

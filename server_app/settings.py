@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fedforest_secure.config_errors import explain
 from fedforest_secure.errors import FedForestError
 
 __all__ = ["ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
@@ -35,23 +36,36 @@ class ConfigError(FedForestError, ValueError):
 
 
 class TLSSettings(BaseModel):
+    """The ``[tls]`` table of ``server.toml``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    cert: Path
-    key: Path
-    client_ca: Path | None = None
+    cert: Path = Field(description="the server's certificate (PEM), e.g. from `fedforest pki init`")
+    key: Path = Field(description="its private key (PEM); keep it readable by the server only")
+    client_ca: Path | None = Field(default=None, description=(
+        "require client certificates signed by this CA (mutual TLS); absent: tokens only"))
 
 
 class ServerSettings(BaseModel):
+    """``server.toml``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    host: str = LOOPBACK
-    port: int = Field(default=8443, ge=0, le=65535)
-    database: str = "sqlite:///fedforest-server.db"
-    audit_database: str | None = None
-    tick_seconds: float = Field(default=0.5, gt=0, le=60)
-    max_upload_bytes: int = Field(default=1 << 30, gt=0)
-    tls: TLSSettings | None = None
+    host: str = Field(default=LOOPBACK, description=(
+        'address to listen on ("0.0.0.0": every interface)'))
+    port: int = Field(default=8443, ge=0, le=65535, description="TCP port of the HTTPS API")
+    database: str = Field(default="sqlite:///fedforest-server.db", description=(
+        "SQLAlchemy URL of the server's database (jobs, rounds, tokens); SQLite or "
+        "PostgreSQL"))
+    audit_database: str | None = Field(default=None, description=(
+        "SQLAlchemy URL of the audit log; absent: no audit log is kept"))
+    tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
+        "how often round deadlines are checked"))
+    max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(
+        "largest upload accepted (a bigger one gets 413)"))
+    tls: TLSSettings | None = Field(default=None, description=(
+        "the `[tls]` table; required unless the server runs with --insecure-dev on "
+        "127.0.0.1"))
 
     def resolved(self, base: Path) -> ServerSettings:
         """Resolve relative paths against ``base`` (the config file's directory)."""
@@ -85,8 +99,12 @@ def load_settings(path: Path) -> ServerSettings:
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
-        return ServerSettings.model_validate(raw).resolved(path.resolve().parent)
     except FileNotFoundError as exc:
         raise ConfigError(f"server config not found: {path}") from exc
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid server config {path}: {exc}") from exc
+    try:
+        return ServerSettings.model_validate(raw).resolved(path.resolve().parent)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid server config {path}: "
+                          f"{explain(exc, ServerSettings, raw)}") from None

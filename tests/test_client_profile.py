@@ -9,6 +9,7 @@ nothing is sent beyond the join request.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rich.console import Console
 
 from client_app import runner
+from client_app.log import SiteLog
 from client_app.runner import ClientOptions, ProfileRefused, check_job_profile, pinned_profile
 from client_app.state import ClientState
 from fedforest_secure import load_profile
@@ -90,7 +91,7 @@ def test_client_refuses_a_job_whose_profile_differs_from_its_pin(case: str,
                          state_dir=tmp_path / "state", quiet=True, profile=pin)
     with pytest.raises(ProfileRefused, match=f"pinned \\({pin!r}\\)") as info:
         runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
-                    Console(quiet=True), pinned_profile(pin))
+                    SiteLog(stream=io.StringIO()), pinned_profile(pin))
     assert "nothing was sent beyond the join request" in str(info.value)
     assert tr.sent == [("POST", f"/v1/jobs/{JOB}/join")]
     assert not (opts.state_dir / "stats.json").exists()

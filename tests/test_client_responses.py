@@ -8,6 +8,7 @@ the loop.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from rich.console import Console
 
 from client_app import runner
+from client_app.log import SiteLog
 from client_app.runner import ClientOptions
 from client_app.state import ClientState
 from fedforest_secure import load_profile
@@ -69,7 +70,7 @@ def _run(tr: ScriptedTransport, tmp_path: Path) -> None:
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
                          state_dir=tmp_path / "state", quiet=True)
     runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
-                np.zeros(4), Console(quiet=True))
+                np.zeros(4), SiteLog(stream=io.StringIO()))
 
 
 @pytest.mark.parametrize("join", [
@@ -97,7 +98,8 @@ def test_a_malformed_round_list_is_a_protocol_error(rounds: Any, tmp_path: Path)
 def test_a_malformed_secure_aggregation_step_is_a_protocol_error(step: Any,
                                                                   tmp_path: Path) -> None:
     tr = ScriptedTransport({"client_index": 0, "config": _config("secure")},
-                           gets={"rounds": [], "secagg": step,
+                           gets={"rounds": [], "secagg": step, JOB: {"job_id": JOB,
+                                                                      "status": "running"},
                                  "directory": {"complete": False, "keys": {}}})
     with pytest.raises(ProtocolError):
         _run(tr, tmp_path)
@@ -113,3 +115,29 @@ def test_responses_ignore_fields_they_do_not_read_and_requests_forbid_them() -> 
         JoinBody.model_validate({"identity_key": "00", "token": "x"})
     body = ErrorBody.model_validate({"error": "round_closed", "detail": "d", "counted": True})
     assert body.model_dump() == {"error": "round_closed", "detail": "d", "counted": True}
+
+
+def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
+        tmp_path: Path) -> None:
+    """A fresh process asked to share keys for a round it never advertised (its round keys
+    died with the old process) stops with the operator's message, not a stage error."""
+    from client_app.runner import RESTARTED_SECURE
+    from client_app.secagg_session import identity_key
+
+    state = ClientState(tmp_path / "state")
+    own = bytes(identity_key(state, JOB).verify_key).hex()
+    keys = {"0": own, "1": "11" * 32, "2": "22" * 32}
+    tr = ScriptedTransport({"client_index": 0, "config": _config("secure")},
+                           gets={"rounds": [], JOB: {"job_id": JOB, "status": "running"},
+                                 "secagg": {"status": "task", "action": "share", "round_id": 28,
+                                            "task_digest": "00" * 32, "message": "{}"},
+                                 "directory": {"complete": True, "keys": keys}})
+    out = io.StringIO()
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    res = runner._run(opts, tr, state, np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                      SiteLog(stream=out))
+    assert (res.status, res.detail) == ("dropped", RESTARTED_SECURE)
+    assert RESTARTED_SECURE in out.getvalue() and "stage" not in out.getvalue()
+    assert all(method == "GET" for method, _ in tr.sent[1:])  # nothing posted after the join

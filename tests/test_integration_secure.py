@@ -20,6 +20,7 @@ from test_integration_https import (
     wait_round,
 )
 
+from client_app.runner import RESTARTED_SECURE
 from fedforest_cli.simulate import collect_receipts
 from fedforest_secure.audit import AuditLog, contains_per_client_plaintext, verify_log
 from fedforest_secure.model import ForestModel
@@ -77,12 +78,21 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
         clients = [launch_client(fed, k) for k in range(5)]
         wait_round(fed, 3)
         os.kill(clients[4].pid, signal.SIGKILL)
-        codes = [c.wait(180) for c in clients[:4]]
         clients[4].wait(5)
+        # the site restarts its client: it cannot answer the open round without the keys
+        # that died with the old process, and says so (or, if its deadline has passed
+        # already, that it was dropped)
+        restarted = launch_client(fed, 4)
+        codes = [c.wait(180) for c in clients[:4]]
+        restarted_code = restarted.wait(60)
     finally:
         stop(server)
     assert codes == [0, 0, 0, 0], [(fed.root / f"client-{k}.log").read_text()
                                    for k in range(4)]
+    log4 = (fed.root / "client-4.log").read_text()
+    assert restarted_code != 0
+    assert RESTARTED_SECURE in log4 or "was dropped at round" in log4, log4
+    assert "arrived in stage" not in log4
     st = _job_status(fed.root / "server.db", "job-a")
     assert st["status"] == "done", st["reason"]
     db = Database(f"sqlite:///{fed.root / 'server.db'}")

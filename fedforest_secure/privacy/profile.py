@@ -34,6 +34,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from ..config_errors import allowed_keys, submodel_at
 from ..errors import ProfileError
 
 __all__ = ["DPConfig", "PrivacyProfile", "available_profiles", "load_profile"]
@@ -98,6 +99,7 @@ class PrivacyProfile(BaseModel):
     Attributes
     ----------
     name : str
+        The profile's label (what a site pins with ``--profile``).
     secure_aggregation : bool
         Pairwise masking; False means plain sums with identical results.
     threshold : float
@@ -249,7 +251,10 @@ def _format_error(exc: ValidationError, data: Mapping[str, Any]) -> str:
         loc = ".".join(str(k) for k in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
+            owner = submodel_at(PrivacyProfile, err["loc"][:-1])
             msg = "unknown field"
+            if owner is not None:
+                msg += f" (allowed: {', '.join(allowed_keys(owner))})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     label = f" {name!r}" if isinstance(name, str) else ""
     return f"invalid privacy profile{label}: " + "; ".join(parts)

@@ -17,8 +17,11 @@ __all__ = [
     "ErrorBody",
     "Health",
     "JoinBody",
+    "JobListEntry",
+    "JobStatus",
     "JoinResponse",
     "Me",
+    "MemberStatus",
     "RefuseBody",
     "RoundInfo",
     "SecAggStep",
@@ -110,3 +113,51 @@ class SecAggStep(_Response):
     message: str | None = None
     audit_seq: int = 0
     audit_head: str = ""
+
+
+class JobListEntry(_Response):
+    """One entry of ``GET /v1/jobs``: a job this client is invited to."""
+
+    job_id: str
+    status: str
+    client_index: int
+    member_state: str
+
+
+class MemberStatus(_Response):
+    """A member of a job as ``GET /v1/jobs/{job}`` lists it (members see each other's names
+    and states, as the audit log's ``client_joined`` and ``client_dropped`` entries do)."""
+
+    name: str
+    index: int
+    state: str  # "invited" (not joined yet) | "active" | "dropped"
+    dropped_round: int | None = None
+
+
+class JobStatus(_Response):
+    """``GET /v1/jobs/{job}``: where a job is, for ``fedforest status`` and the client's log.
+
+    ``level`` is the depth the trees are being grown at (0 = the roots), ``phase`` the step of
+    the open round, ``eta_s`` the server's estimate of the seconds left (from the rounds so
+    far; None before there is anything to estimate from).
+    """
+
+    job_id: str
+    status: str
+    reason: str | None = ""
+    round_id: int = -1
+    client_index: int | None = None
+    member_state: str | None = None
+    min_clients: int = 0
+    n_clients: int = 0
+    joined_clients: int = 0
+    active_clients: int = 0
+    dropped_clients: int = 0
+    members: list[MemberStatus] = []
+    profile: str | None = None
+    level: int | None = None
+    max_depth: int | None = None
+    phase: str | None = None
+    rounds_done: int = 0
+    eta_s: float | None = None
+    model_digest: str | None = None

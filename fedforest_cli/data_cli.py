@@ -1,0 +1,112 @@
+"""A site's data before training: ``fedforest schema draft`` and ``fedforest check``."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from fedforest_secure.errors import FedForestError
+from fedforest_secure.schema import Schema
+from fedforest_secure.schema_draft import draft_schema
+from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
+
+from ._common import console, fail
+
+__all__ = ["format_problems", "register", "schema_cli"]
+
+schema_cli = typer.Typer(help="Write and read the federation's schema.toml.",
+                         no_args_is_help=True)
+
+
+def _split(text: str | None) -> list[str]:
+    return [c.strip() for c in (text or "").split(",") if c.strip()]
+
+
+def format_problems(problems: list[Problem]) -> str:
+    """One block per problem: the severity, the column and what is wrong, then what to do."""
+    out = []
+    for p in problems:
+        where = f"column {p.column!r}: " if p.column else ""
+        out.append(f"{p.severity:<7} {where}{p.message}\n        -> {p.advice}")
+    return "\n".join(out)
+
+
+@schema_cli.command("draft")
+def draft_cmd(
+    data: Annotated[Path, typer.Option(help="a site's CSV file (with a header row)")],
+    target: Annotated[str, typer.Option(help="the column to predict")],
+    out: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
+    task: Annotated[str, typer.Option(help="auto | classification | regression")] = "auto",
+    categorical: Annotated[str | None, typer.Option(
+        help="comma-separated columns to draft as categorical")] = None,
+    continuous: Annotated[str | None, typer.Option(
+        help="comma-separated columns to draft as continuous")] = None,
+    client_column: Annotated[str | None, typer.Option(
+        help="a column naming each row's site (not a feature)")] = None,
+) -> None:
+    """A starting schema.toml: kinds, levels, classes; bounds left for the federation."""
+    if task not in ("auto", "classification", "regression"):
+        fail(ValueError("--task must be auto, classification or regression"))
+    mode: Literal["auto", "classification", "regression"] = task  # type: ignore[assignment]
+    try:
+        text = draft_schema(read_raw(data), target, task=mode, categorical=_split(categorical),
+                            continuous=_split(continuous), client_column=client_column)
+    except (FedForestError, OSError) as exc:
+        fail(exc)
+    if out is None:
+        print(text)
+    else:
+        out.write_text(text)
+        console.print(f"draft schema written to {out}: agree on public bounds for every "
+                      "continuous feature before creating a job")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``schema`` and ``check`` to the ``fedforest`` command."""
+    app.add_typer(schema_cli, name="schema")
+
+    @app.command("check")
+    def check_cmd(
+        data: Annotated[Path, typer.Option(help="the site's CSV file")],
+        schema: Annotated[Path, typer.Option(help="the federation's schema.toml")],
+        zero_is_missing: Annotated[str | None, typer.Option(
+            help="comma-separated columns where 0 means 'not measured'")] = None,
+        clean_out: Annotated[Path | None, typer.Option(
+            help="write the rows without errors (the schema's columns only) here")] = None,
+    ) -> None:
+        """Dry run of the site's table against the schema: every problem, and what to do.
+
+        Exit code 0 when the client would accept the table (warnings allowed), 1 otherwise.
+        """
+        try:
+            sch = Schema.load(schema)
+            table = read_raw(data)
+            problems = check_table(table, sch, zero_is_missing=_split(zero_is_missing))
+        except (FedForestError, OSError) as exc:
+            fail(exc)
+        errors = sum(p.severity == "error" for p in problems)
+        warnings = len(problems) - errors
+        print(f"{data}: {len(table.rows)} rows, {len(table.header)} columns, checked "
+              f"against {schema}")
+        if problems:
+            print(format_problems(problems))
+        verdict = ("the client would refuse this table" if errors else
+                   "the client accepts this table")
+        print(f"{errors} error{'s' if errors != 1 else ''}, {warnings} "
+              f"warning{'s' if warnings != 1 else ''}: {verdict}")
+        if clean_out is not None:
+            try:
+                header, rows = clean_rows(table, problems, sch)
+            except FedForestError as exc:
+                fail(exc)
+            with clean_out.open("w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(header)
+                w.writerows(rows)
+            print(f"wrote {len(rows)} of {len(table.rows)} rows to {clean_out} (the rows "
+                  "without errors, the schema's columns); check it again before training")
+        if errors:
+            raise typer.Exit(1)

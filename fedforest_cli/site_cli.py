@@ -1,0 +1,146 @@
+"""What a site asks the server outside training: ``fedforest jobs``, ``fedforest status``,
+``fedforest model download``.
+
+Each command takes the same connection options as ``fedforest client`` (``--server``, ``--ca``,
+``--cert``, ``--key``, the token in ``FEDFOREST_TOKEN``) and sees only the jobs the site is a
+member of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from client_app.transport import Transport
+from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.protocol.api import JobListEntry, JobStatus
+
+from ._common import console, fail
+
+__all__ = ["format_eta", "format_status", "model_cli", "register"]
+
+ServerOpt = Annotated[str, typer.Option(help="https://host:port of the federation server")]
+TokenOpt = Annotated[str, typer.Option(envvar="FEDFOREST_TOKEN", help="this site's token")]
+CaOpt = Annotated[Path | None, typer.Option(help="the federation CA certificate (PEM)")]
+CertOpt = Annotated[Path | None, typer.Option(help="client certificate for mTLS")]
+KeyOpt = Annotated[Path | None, typer.Option(help="client key for mTLS")]
+DevOpt = Annotated[bool, typer.Option("--insecure-dev", help="allow plain http:// to a "
+                                      "loopback server run with --insecure-dev")]
+
+model_cli = typer.Typer(help="The trained model of a job.", no_args_is_help=True)
+
+
+def _transport(server: str, token: str, ca: Path | None, cert: Path | None, key: Path | None,
+               insecure_dev: bool) -> Transport:
+    return Transport(server, token, ca, cert, key, retry_budget_s=10.0, timeout_s=30.0,
+                     insecure_dev=insecure_dev)
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown yet"
+    s = int(round(seconds))
+    if s < 90:
+        return f"about {s} s"
+    if s < 5400:
+        return f"about {round(s / 60)} min"
+    return f"about {s / 3600:.1f} h"
+
+
+def format_status(st: JobStatus) -> str:
+    """The lines ``fedforest status`` prints."""
+    lines = [f"job {st.job_id}: {st.status}" + (f" ({st.reason})" if st.reason else "")
+             + (f", profile {st.profile}" if st.profile else "")]
+    dropped = st.dropped_clients or sum(m.state == "dropped" for m in st.members)
+    lines.append(f"members: {st.joined_clients} of {st.n_clients} joined, {st.active_clients} "
+                 f"active, {dropped} dropped (training needs at least {st.min_clients})")
+    for m in st.members:
+        mark = "  (you)" if m.index == st.client_index else ""
+        at = f" at round {m.dropped_round}" if m.state == "dropped" and \
+            m.dropped_round is not None else ""
+        lines.append(f"  {m.index:>3}  {m.name:<24} {m.state}{at}{mark}")
+    if st.status == "running" or st.round_id >= 0:
+        level = "?" if st.level is None else str(st.level)
+        depth = f" of {st.max_depth}" if st.max_depth is not None else ""
+        phase = f", phase {st.phase}" if st.phase else ""
+        lines.append(f"progress: level {level}{depth}, round {max(st.round_id, 0)}"
+                     f"{phase}, {st.rounds_done} rounds done")
+    if st.status == "running":
+        lines.append(f"ETA: {format_eta(st.eta_s)}")
+    if st.model_digest:
+        lines.append(f"model sha256 {st.model_digest}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``jobs``, ``status`` and ``model`` to the ``fedforest`` command."""
+
+    @app.command("jobs")
+    def jobs_cmd(server: ServerOpt, token: TokenOpt, ca: CaOpt = None, cert: CertOpt = None,
+                 key: KeyOpt = None, insecure_dev: DevOpt = False) -> None:
+        """The jobs this site is a member of."""
+        try:
+            tr = _transport(server, token, ca, cert, key, insecure_dev)
+            try:
+                raw = tr.get_json("/v1/jobs")
+            finally:
+                tr.close()
+            entries = [JobListEntry.model_validate(e) for e in raw]
+        except ValidationError:
+            fail(ProtocolError("malformed job list from the server"))
+        except (FedForestError, ValueError, OSError) as exc:
+            fail(exc)
+        if not entries:
+            console.print("this site is not a member of any job")
+            return
+        print(f"{'JOB':<28} {'STATUS':<10} {'INDEX':>5}  YOUR STATE")
+        for e in entries:
+            print(f"{e.job_id:<28} {e.status:<10} {e.client_index:>5}  {e.member_state}")
+
+    @app.command("status")
+    def status_cmd(job: Annotated[str, typer.Option(help="the job id")], server: ServerOpt,
+                   token: TokenOpt, ca: CaOpt = None, cert: CertOpt = None,
+                   key: KeyOpt = None, insecure_dev: DevOpt = False) -> None:
+        """Members (joined, active, dropped), level, round, phase and ETA of a job."""
+        try:
+            tr = _transport(server, token, ca, cert, key, insecure_dev)
+            try:
+                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+            finally:
+                tr.close()
+        except ValidationError:
+            fail(ProtocolError("malformed job status from the server"))
+        except (FedForestError, ValueError, OSError) as exc:
+            fail(exc)
+        print(format_status(st))
+
+    @model_cli.command("download")
+    def download_cmd(job: Annotated[str, typer.Option(help="the job id")],
+                     out: Annotated[Path, typer.Option(help="where to write the model")],
+                     server: ServerOpt, token: TokenOpt, ca: CaOpt = None,
+                     cert: CertOpt = None, key: KeyOpt = None,
+                     insecure_dev: DevOpt = False) -> None:
+        """Download a finished job's model (what FedForestClassifier/Regressor.load read)."""
+        try:
+            tr = _transport(server, token, ca, cert, key, insecure_dev)
+            try:
+                body = tr.request("GET", f"/v1/jobs/{job}/model").content
+                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+            finally:
+                tr.close()
+            digest = hashlib.sha256(body).hexdigest()
+            if st.model_digest and st.model_digest != digest:
+                raise ProtocolError(f"the model's SHA-256 {digest} is not the one the job "
+                                    f"records ({st.model_digest}); not written")
+            out.write_bytes(body)
+        except ValidationError:
+            fail(ProtocolError("malformed job status from the server"))
+        except (FedForestError, ValueError, OSError) as exc:
+            fail(exc)
+        console.print(f"model of job {job} written to {out} (sha256 {digest})")
+
+    app.add_typer(model_cli, name="model")

@@ -1,0 +1,291 @@
+"""A site's table before training: every problem at once, with what to do about it.
+
+:meth:`Schema.read_csv <fedforest_secure.schema.Schema.read_csv>` stops at the first defect;
+that is right for the client (nothing leaves the site unless the whole table fits), but a data
+engineer fixing a file wants the whole list. :func:`check_table` reads the raw cells and reports
+
+* errors (the client would refuse the table): a missing header, missing columns, ragged rows,
+  missing values (``?``, ``NA``, empty), non-numbers, values outside the public bounds, unknown
+  levels or classes;
+* warnings (it trains, but look first): hidden missing values (a zero in a column whose other
+  values are all far above zero, like ``chol = 0``), constant columns, classes absent at this
+  site, columns the schema does not use.
+
+:func:`clean_rows` keeps the rows without errors, for ``fedforest check --clean-out``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .errors import SchemaError
+from .schema import Schema, _canon, _is_missing, _label_key
+
+__all__ = ["Problem", "RawTable", "check_table", "clean_rows", "read_raw"]
+
+Severity = Literal["error", "warning"]
+_SHOW = 8  # line numbers shown per problem
+_DROP = ("drop those rows (fedforest check --clean-out writes the rows without errors) or fill "
+         "them in at the site")
+#: Zeros are suspected missing values when they are a minority and every other value is at
+#: least this fraction of their median (cholesterol 0 among 85..600), not when zero is the most
+#: common value or small values are common (ST depression 0, 0.1, 0.5, ...).
+_ZERO_GAP = 0.3
+
+
+@dataclass(frozen=True)
+class RawTable:
+    """A CSV file as text cells: ``header`` and data ``rows`` (line ``i + 2`` is ``rows[i]``)."""
+
+    path: Path
+    header: list[str]
+    rows: list[list[str]]
+
+    def column(self, name: str) -> list[str]:
+        k = self.header.index(name)
+        return [r[k] if k < len(r) else "" for r in self.rows]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a table: where, what, and what to do."""
+
+    severity: Severity
+    column: str | None
+    message: str
+    advice: str
+    lines: tuple[int, ...] = field(default=())
+
+    def __str__(self) -> str:
+        where = f"column {self.column!r}: " if self.column else ""
+        return f"{self.severity}: {where}{self.message} -> {self.advice}"
+
+
+def _lines(idx: Sequence[int]) -> str:
+    shown = ", ".join(str(i + 2) for i in idx[:_SHOW])
+    more = f" and {len(idx) - _SHOW} more" if len(idx) > _SHOW else ""
+    return f"line{'s' if len(idx) > 1 else ''} {shown}{more}"
+
+
+def _looks_numeric(cells: Sequence[str]) -> bool:
+    try:
+        for c in cells:
+            float(c)
+    except ValueError:
+        return False
+    return bool(cells)
+
+
+def read_raw(path: str | Path) -> RawTable:
+    """Read a CSV file as text.
+
+    Raises
+    ------
+    SchemaError
+        Unreadable, empty, or without a header row (a first line of numbers).
+    """
+    p = Path(path)
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            rows = [r for r in csv.reader(fh) if r]
+    except OSError as exc:
+        raise SchemaError(f"cannot read {p}: {exc.strerror}") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise SchemaError(f"{p}: malformed CSV: {exc}") from None
+    if not rows:
+        raise SchemaError(f"{p}: empty file, expected a header row with the column names")
+    header = [h.strip() for h in rows[0]]
+    if _looks_numeric([h for h in header if h not in ("?", "")]):
+        raise SchemaError(
+            f"{p} has no header row: its first line holds values ({', '.join(header[:4])}, "
+            "...). Add a first line with the column names, e.g. "
+            f"(echo 'name1,name2,...'; cat {p.name}) > site.csv")
+    return RawTable(p, header, [[c.strip() for c in r] for r in rows[1:]])
+
+
+def check_table(table: RawTable, schema: Schema, *,
+                zero_is_missing: Sequence[str] = ()) -> list[Problem]:
+    """Every problem of ``table`` against ``schema``, errors first, in column order.
+
+    ``zero_is_missing`` names columns whose zeros are missing values (errors, not warnings).
+    """
+    out: list[Problem] = []
+    if len(set(table.header)) != len(table.header):
+        dups = sorted(h for h, n in Counter(table.header).items() if n > 1)
+        out.append(Problem("error", None, f"duplicate column names {dups}",
+                           "rename the columns so that each name appears once"))
+    ragged = [i for i, r in enumerate(table.rows) if len(r) != len(table.header)]
+    if ragged:
+        out.append(Problem("error", None, f"{len(ragged)} rows do not have "
+                           f"{len(table.header)} cells ({_lines(ragged)})",
+                           "fix or delete those lines (a stray comma or a cut line?)",
+                           tuple(i + 2 for i in ragged)))
+    if not table.rows:
+        out.append(Problem("error", None, "the table has no data rows",
+                           "export the site's rows below the header"))
+    needed = [*schema.feature_names, schema.target.name]
+    if schema.client_column is not None:
+        needed.append(schema.client_column)
+    for name in needed:
+        if name not in table.header:
+            out.append(Problem("error", name, "missing from the table",
+                               f"add the column (header has: {', '.join(table.header)})"))
+    extra = [h for h in table.header if h not in needed]
+    if extra:
+        out.append(Problem("warning", None, f"columns not in the schema are ignored: "
+                           f"{', '.join(extra)}",
+                           "nothing to do if that is intended; they never leave the site"))
+    unbounded = schema.missing_bounds()
+    if unbounded:
+        out.append(Problem("warning", None, f"the schema has no public bounds for "
+                           f"{', '.join(unbounded)}",
+                           "the secure profiles refuse such a job: the federation agrees on "
+                           "bounds from domain knowledge and adds them to schema.toml"))
+    zero_missing = set(zero_is_missing)
+    for f in schema.features:
+        if f.name not in table.header:
+            continue
+        cells = table.column(f.name)
+        if f.kind == "continuous":
+            out += _check_numeric(f.name, cells, f.bounds, f.name in zero_missing)
+        else:
+            out += _check_labels(f.name, cells, f.levels or [], "level")
+    t = schema.target
+    if t.name in table.header:
+        cells = table.column(t.name)
+        if t.kind == "regression":
+            out += _check_numeric(t.name, cells, t.bounds, t.name in zero_missing)
+        else:
+            out += _check_labels(t.name, cells, t.classes or [], "class")
+            present = {_label_key(c, set(t.classes or [])) for c in cells}
+            absent = [c for c in t.classes or [] if c not in present]
+            if absent and table.rows:
+                out.append(Problem(
+                    "warning", t.name, f"class{'es' if len(absent) > 1 else ''} "
+                    f"{', '.join(absent)} of the schema never occur at this site",
+                    "fine for training (the forest learns them from the other sites); check "
+                    "that the labels are coded as the schema says"))
+    return sorted(out, key=lambda p: p.severity != "error")
+
+
+def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
+                   zero_missing: bool) -> list[Problem]:
+    out: list[Problem] = []
+    missing = [i for i, c in enumerate(cells) if _is_missing(c) or c == "?"]
+    if missing:
+        tokens = sorted({cells[i] or "(empty)" for i in missing})
+        out.append(Problem("error", name, f"{len(missing)} missing value"
+                           f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
+                           f"{_lines(missing)}",
+                           _DROP,
+                           tuple(i + 2 for i in missing)))
+    values: dict[int, float] = {}
+    bad: list[int] = []
+    skip = set(missing)
+    for i, c in enumerate(cells):
+        if i in skip:
+            continue
+        try:
+            v = float(c)
+        except ValueError:
+            bad.append(i)
+            continue
+        if not math.isfinite(v):
+            bad.append(i)
+        else:
+            values[i] = v
+    if bad:
+        shown = ", ".join(repr(cells[i]) for i in bad[:3])
+        out.append(Problem("error", name, f"{len(bad)} value{'s' if len(bad) > 1 else ''} "
+                           f"that are not numbers ({shown}) at {_lines(bad)}",
+                           "a continuous column holds numbers only: fix the cells, or declare "
+                           "the column categorical in the schema", tuple(i + 2 for i in bad)))
+    zeros = [i for i, v in values.items() if v == 0.0]
+    if zero_missing and zeros:
+        out.append(Problem("error", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''}"
+                           f" (--zero-is-missing: missing values) at {_lines(zeros)}", _DROP,
+                           tuple(i + 2 for i in zeros)))
+        values = {i: v for i, v in values.items() if v != 0.0}
+    if bounds is not None:
+        lo, hi = bounds
+        outside = [i for i, v in values.items() if not lo <= v <= hi]
+        if outside:
+            vals = sorted({values[i] for i in outside})
+            shown = ", ".join(f"{v:g}" for v in vals[:4])
+            out.append(Problem("error", name, f"{len(outside)} value"
+                               f"{'s' if len(outside) > 1 else ''} outside the public "
+                               f"bounds [{lo:g}, {hi:g}] ({shown}) at {_lines(outside)}",
+                               "values are never clipped: correct them, drop the rows, or ask "
+                               "the federation to widen the bounds in schema.toml for every site",
+                               tuple(i + 2 for i in outside)))
+    if values:
+        distinct = set(values.values())
+        if len(distinct) == 1 and len(values) > 1:
+            (v,) = distinct
+            out.append(Problem("warning", name, f"every value is {v:g}: the column is constant "
+                               "at this site" + (" (all zero: not measured here?)" if v == 0
+                                                 else ""),
+                               "if it was not measured here, tell the federation (a constant "
+                               "column teaches nothing and may hide missing values)"))
+        elif zeros and not zero_missing:
+            nonzero = [v for v in values.values() if v != 0.0]
+            if (nonzero and len(zeros) < len(nonzero) and min(nonzero) > 0
+                    and min(nonzero) >= _ZERO_GAP * statistics.median(nonzero)):
+                out.append(Problem(
+                    "warning", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''} at "
+                    f"{_lines(zeros)} while every other value is >= {min(nonzero):g}: hidden "
+                    "missing values?",
+                    f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
+                    "(they become errors that --clean-out drops)", tuple(i + 2 for i in zeros)))
+    return out
+
+
+def _check_labels(name: str, cells: list[str], labels: list[str], what: str) -> list[Problem]:
+    out: list[Problem] = []
+    index = set(labels)
+    missing = [i for i, c in enumerate(cells)
+               if (_is_missing(c) or c == "?") and _label_key(c, index) not in index]
+    if missing:
+        tokens = sorted({cells[i] or "(empty)" for i in missing})
+        out.append(Problem("error", name, f"{len(missing)} missing value"
+                           f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
+                           f"{_lines(missing)}",
+                           _DROP,
+                           tuple(i + 2 for i in missing)))
+    miss = set(missing)
+    unknown = [i for i, c in enumerate(cells)
+               if i not in miss and _label_key(c, index) not in index]
+    if unknown:
+        vals = sorted({_canon(cells[i]) for i in unknown})
+        out.append(Problem("error", name, f"{len(unknown)} unknown {what}"
+                           f"{'s' if len(unknown) > 1 else ''} ({', '.join(map(repr, vals[:5]))})"
+                           f" at {_lines(unknown)}; the schema's {what}s are "
+                           f"{', '.join(labels)}",
+                           f"recode them to the schema's {what}s, or ask the federation to add "
+                           "them to schema.toml", tuple(i + 2 for i in unknown)))
+    if len({_label_key(c, index) for c in cells}) == 1 and len(cells) > 1 and what == "level":
+        out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
+                           "if it was not recorded here, tell the federation"))
+    return out
+
+
+def clean_rows(table: RawTable, problems: Sequence[Problem], schema: Schema
+               ) -> tuple[list[str], list[list[str]]]:
+    """The schema's columns of the rows no error points at: ``(header, rows)``."""
+    bad = {line for p in problems if p.severity == "error" for line in p.lines}
+    cols = [*schema.feature_names, schema.target.name]
+    if schema.client_column is not None:
+        cols.append(schema.client_column)
+    if any(c not in table.header for c in cols):
+        raise SchemaError("cannot clean a table that lacks the schema's columns")
+    idx = [table.header.index(c) for c in cols]
+    rows = [[r[k] for k in idx] for i, r in enumerate(table.rows)
+            if i + 2 not in bad and len(r) == len(table.header)]
+    return cols, rows

@@ -1,0 +1,148 @@
+"""fedforest check: every problem of a site's table, on the raw UCI heart-disease files."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedforest_cli.cli import app
+from fedforest_secure.errors import SchemaError
+from fedforest_secure.experiments.loaders import shared_data_dir
+from fedforest_secure.schema import Schema
+from fedforest_secure.tablecheck import check_table, clean_rows, read_raw
+
+HEADER = "age,sex,cp,trestbps,chol,fbs,restecg,thalach,exang,oldpeak,slope,ca,thal,num"
+
+
+def site_csv(tmp_path: Path, center: str) -> Path:
+    """A hospital's raw UCI file with the header row a site adds (docs/configuration.md)."""
+    raw = (shared_data_dir() / "heart_disease" / f"processed.{center}.data").read_text()
+    path = tmp_path / f"{center}.csv"
+    path.write_text(HEADER + "\n" + raw)
+    return path
+
+
+@pytest.fixture(scope="module")
+def schema() -> Schema:
+    from test_config_doc import doc_files
+
+    return Schema.from_dict(tomllib.loads(doc_files()["schema.toml"]))
+
+
+def by_column(problems, severity, kind=""):  # type: ignore[no-untyped-def]
+    """The problems of one severity by column (the first whose message contains ``kind``)."""
+    out = {}
+    for p in problems:
+        if p.severity == severity and kind in p.message:
+            out.setdefault(p.column, p)
+    return out
+
+
+def test_every_missing_value_of_the_raw_file_is_listed_not_only_the_first(
+        tmp_path: Path, schema: Schema) -> None:
+    problems = check_table(read_raw(site_csv(tmp_path, "va")), schema)
+    errors = by_column(problems, "error", "missing")
+    # every schema column with '?' in the VA file, each with its count
+    assert {c: errors[c].message.split(" ")[0] for c in errors} == {
+        "trestbps": "56", "chol": "7", "fbs": "7", "thalach": "53", "exang": "53",
+        "oldpeak": "56"}
+    assert "(?)" in errors["chol"].message and "lines 109, 127" in errors["chol"].message
+    assert errors["chol"].lines == (109, 127, 157, 159, 166, 167, 183)
+    assert "--clean-out" in errors["chol"].advice
+    # the hidden missing values are flagged too, in the same run
+    warnings = by_column(problems, "warning")
+    assert "49 zeros" in warnings["chol"].message and "hidden missing" in warnings["chol"].message
+    assert "1 zero at line 35" in warnings["trestbps"].message
+    # ... and that zero is outside the public bounds
+    assert "1 value outside the public bounds [50, 250] (0) at line 35" in by_column(
+        problems, "error", "outside")["trestbps"].message
+    assert "--zero-is-missing chol" in warnings["chol"].advice
+    assert "slope, ca, thal" in warnings[None].message  # columns the schema does not use
+
+
+def test_a_constant_column_and_an_absent_class_are_flagged(tmp_path: Path,
+                                                             schema: Schema) -> None:
+    swiss = by_column(check_table(read_raw(site_csv(tmp_path, "switzerland")), schema),
+                      "warning")
+    assert "every value is 0" in swiss["chol"].message and "not measured" in swiss[
+        "chol"].message
+    hungary = by_column(check_table(read_raw(site_csv(tmp_path, "hungarian")), schema),
+                        "warning")
+    assert "classes 2, 3, 4 of the schema never occur" in hungary["num"].message
+    cleveland = check_table(read_raw(site_csv(tmp_path, "cleveland")), schema)
+    assert [p.severity for p in cleveland] == ["warning"]  # only the unused columns
+
+
+def test_zero_is_missing_makes_zeros_errors_and_clean_rows_drops_every_bad_row(
+        tmp_path: Path, schema: Schema) -> None:
+    table = read_raw(site_csv(tmp_path, "va"))
+    problems = check_table(table, schema, zero_is_missing=["chol", "trestbps"])
+    errors = [p for p in problems if p.severity == "error"]
+    assert any("49 zeros" in p.message for p in errors)
+    header, rows = clean_rows(table, problems, schema)
+    assert header == [*schema.feature_names, "num"]
+    # what is left is exactly what the client accepts
+    X, y, _ = schema.validate_table({h: [r[k] for r in rows] for k, h in enumerate(header)})
+    assert len(rows) == X.shape[0] and 0 < len(rows) < len(table.rows)
+    assert (X[:, schema.feature_names.index("chol")] > 0).all()
+
+
+def test_bounds_unknown_levels_ragged_rows_and_numbers_written_as_codes(
+        tmp_path: Path) -> None:
+    schema = Schema.from_dict({
+        "features": [{"name": "age", "kind": "continuous", "bounds": [0.0, 120.0]},
+                     {"name": "sex", "kind": "categorical", "levels": ["0", "1"]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "t.csv"
+    path.write_text("age,sex,y\n30,1.0,0\n130,2,1\n40,0\n-1,x,1\n50,1,0\n")
+    problems = check_table(read_raw(path), schema)
+    text = "\n".join(map(str, problems))
+    assert "1 rows do not have 3 cells (line 4)" in text
+    assert "2 values outside the public bounds [0, 120] (-1, 130) at lines 3, 5" in text
+    assert "2 unknown levels ('2', 'x') at lines 3, 5" in text
+    assert "1.0" not in text  # the code 1.0 is the level "1"
+    # the client's own reader agrees: 1.0 is the level "1"
+    ok = tmp_path / "ok.csv"
+    ok.write_text("age,sex,y\n30,1.0,0\n50,0,1\n")
+    X, _, _ = schema.read_csv(ok)
+    assert X[:, 1].tolist() == [1.0, 0.0]
+
+
+def test_a_file_without_header_says_how_to_add_one() -> None:
+    raw = shared_data_dir() / "heart_disease" / "processed.va.data"
+    with pytest.raises(SchemaError, match=r"has no header row: its first line holds values "
+                                          r"\(63, 1, 4, 140"):
+        read_raw(raw)
+
+
+def test_a_schema_without_bounds_is_flagged_for_the_secure_profiles(tmp_path: Path) -> None:
+    schema = Schema.from_dict({
+        "features": [{"name": "age", "kind": "continuous"}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "t.csv"
+    path.write_text("age,y\n30,0\n40,1\n")
+    (warning,) = check_table(read_raw(path), schema)
+    assert "no public bounds for age" in warning.message and "secure" in warning.advice
+
+
+def test_cli_check_lists_every_problem_exits_1_and_writes_a_clean_table(
+        tmp_path: Path, schema: Schema) -> None:
+    from test_config_doc import doc_files
+
+    (tmp_path / "schema.toml").write_text(doc_files()["schema.toml"])
+    csv = site_csv(tmp_path, "va")
+    runner = CliRunner()
+    res = runner.invoke(app, ["check", "--data", str(csv), "--schema",
+                              str(tmp_path / "schema.toml"), "--zero-is-missing",
+                              "chol,trestbps", "--clean-out", str(tmp_path / "clean.csv")])
+    assert res.exit_code == 1, res.output
+    assert res.output.count("error   column") == 8  # 6 columns with '?', 2 with zeros
+    assert "8 errors, 1 warning: the client would refuse this table" in res.output
+    assert "rows to" in res.output
+    res = runner.invoke(app, ["check", "--data", str(tmp_path / "clean.csv"), "--schema",
+                              str(tmp_path / "schema.toml")])
+    assert res.exit_code == 0, res.output
+    assert "0 errors" in res.output and "the client accepts this table" in res.output
