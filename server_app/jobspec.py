@@ -66,7 +66,7 @@ class ForestParams(BaseModel):
         "sketch size B: candidate thresholds per feature and node"))
     method: str = Field(default="quantiles", description=(
         'how split candidates are found: "quantiles" (the paper), "avgimp", "exact" (open '
-        'profile only), "histogram"'))
+        'profile only), "histogram", "random" (data-independent splits, for DP)'))
     top_l: int | None = Field(default=None, description=(
         'shortlist of L candidate features per node (with method = "avgimp")'))
     split_on_client: bool = Field(default=False, description=(
