@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from . import _impurity, _random_splits, _sketch, _splits
+from ._layouts import counts_block, gain_block, hist_block, totals_block
+from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import BudgetError, InvalidMessage, ProfileError, ProtocolError
-from .model import ForestModel, Tree
-from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
+from .model import ForestModel
+from .protocol import Block, Task, TaskKind, layout_size, split_blocks
 from .protocol.uploads import allowed_disclosures
-from .worker import CAT, CLIENT, LEAF, NUM, stats_kinds, totals_block
 
 __all__ = ["Coordinator"]
 
@@ -73,38 +74,6 @@ class _Evaluated:
                           cat([p.gain for p in parts]), cat([p.slot for p in parts]),
                           cat([p.idx for p in parts]), cat([p.left for p in parts]),
                           cat([p.kind for p in parts]), [s for p in parts for s in p.sets])
-
-
-class _TreeBuilder:
-    def __init__(self, n_out: int) -> None:
-        self.kind: list[int] = []
-        self.feature: list[int] = []
-        self.threshold: list[float] = []
-        self.left: list[int] = []
-        self.right: list[int] = []
-        self.value: list[np.ndarray] = []
-        self.n: list[float] = []
-        self.sets: dict[int, list[int]] = {}
-        self.n_out = n_out
-
-    def add(self) -> int:
-        self.kind.append(LEAF)
-        self.feature.append(-1)
-        self.threshold.append(0.0)
-        self.left.append(-1)
-        self.right.append(-1)
-        self.value.append(np.zeros(self.n_out))
-        self.n.append(0.0)
-        return len(self.kind) - 1
-
-    def build(self) -> Tree:
-        return Tree(kind=np.array(self.kind, dtype=np.int64),
-                    feature=np.array(self.feature, dtype=np.int64),
-                    threshold=np.array(self.threshold, dtype=np.float64),
-                    left=np.array(self.left, dtype=np.int64),
-                    right=np.array(self.right, dtype=np.int64),
-                    value=np.array(self.value, dtype=np.float64).reshape(len(self.kind), -1),
-                    n=np.array(self.n, dtype=np.float64), sets=dict(self.sets))
 
 
 class Coordinator:
@@ -326,7 +295,7 @@ class Coordinator:
         plan = job_noise(cfg, noise_units(cfg))
         return max(floor, plan.sum_count_std(cfg.max_depth, cfg.n_clients))
 
-    def _grow_random(self, trees: list[_TreeBuilder], level: int, lvl_tree: np.ndarray,
+    def _grow_random(self, trees: list[TreeBuilder], level: int, lvl_tree: np.ndarray,
                      lvl_node: np.ndarray, box_lo: np.ndarray, box_hi: np.ndarray,
                      feature: np.ndarray, threshold: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
@@ -339,7 +308,7 @@ class Coordinator:
         for i in range(n_nodes):
             tb = trees[int(lvl_tree[i])]
             nd = int(lvl_node[i])
-            tb.kind[nd], tb.feature[nd] = NUM, int(feature[i])
+            tb.kind[nd], tb.feature[nd] = NodeKind.NUMERIC, int(feature[i])
             tb.threshold[nd] = float(threshold[i])
             lc, rc = tb.add(), tb.add()
             tb.left[nd], tb.right[nd] = lc, rc
@@ -354,7 +323,7 @@ class Coordinator:
              "feature": int(feature[i]), "threshold": float(threshold[i]), "left_set": []}
             for i in range(n_nodes)]})
         routing: dict[str, np.ndarray] = {
-                   "route_kind": np.full(n_nodes, NUM, dtype=np.int32),
+                   "route_kind": np.full(n_nodes, NodeKind.NUMERIC, dtype=np.int32),
                    "route_feature": feature.astype(np.int32),
                    "route_threshold": threshold.astype(np.float64),
                    "route_left": (2 * rows).astype(np.int32),
@@ -370,7 +339,7 @@ class Coordinator:
         n_out = 1 if cfg.task == "regression" else cfg.n_classes
         kinds = np.array(cfg.kinds)
         is_cat = kinds == "categorical"
-        trees = [_TreeBuilder(n_out) for _ in range(T)]
+        trees = [TreeBuilder(n_out) for _ in range(T)]
         lvl_tree = np.arange(T, dtype=np.int64)
         lvl_node = np.array([t.add() for t in trees], dtype=np.int64)
         parent_value = np.zeros((T, n_out))
@@ -532,13 +501,13 @@ class Coordinator:
                         per_client[:, i, :], cfg.task, cfg.criterion, cfg.min_samples_leaf)
                     if g > gain[e]:
                         gain[e] = g
-                        split_kind[e] = CLIENT
+                        split_kind[e] = NodeKind.CLIENT
                         split_set[e] = [int(clients[c]) for c in left_cl]
                         h_left[e] = (ls, per_client[:, i, :].sum(axis=0) - ls)
             # ---- apply decisions, build the next level
             ok = (np.isfinite(gain) & can[ev]
                   & (gain / root_n[lvl_tree[ev]] + 1e-15 >= cfg.min_impurity_decrease))
-            r_kind = np.full(n_nodes, LEAF, dtype=np.int32)
+            r_kind = np.full(n_nodes, NodeKind.LEAF, dtype=np.int32)
             r_feat = np.full(n_nodes, -1, dtype=np.int32)
             r_thr = np.zeros(n_nodes)
             r_left = np.full(n_nodes, -1, dtype=np.int32)
@@ -555,11 +524,11 @@ class Coordinator:
                 t, nd = int(lvl_tree[i]), int(lvl_node[i])
                 tb = trees[t]
                 kind = int(split_kind[e])
-                feat = int(ev_feats[e, slot[e]]) if kind != CLIENT else -1
+                feat = int(ev_feats[e, slot[e]]) if kind != NodeKind.CLIENT else -1
                 tb.kind[nd] = kind
                 tb.feature[nd] = feat
                 r_kind[i], r_feat[i] = kind, feat
-                if kind == NUM:
+                if kind == NodeKind.NUMERIC:
                     tb.threshold[nd] = r_thr[i] = float(thr_chosen[e])
                 else:
                     tb.sets[nd] = split_set[e]
@@ -569,7 +538,7 @@ class Coordinator:
                 r_left[i], r_right[i] = len(nt), len(nt) + 1
                 nt += [t, t]
                 nn += [lc, rc]
-                if dp_mode and kind != CLIENT:  # children's values from this noisy histogram
+                if dp_mode and kind != NodeKind.CLIENT:  # children's values: this noisy hist
                     right_stats = blocks["hist"][e, slot[e]].sum(axis=0) - left_stats[e]
                     child = self._dp_values(np.stack([left_stats[e], right_stats]),
                                             np.stack([values[i], values[i]]))
@@ -582,17 +551,17 @@ class Coordinator:
                 if box_lo is not None and box_hi is not None:
                     lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
                     lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()
-                    if kind == NUM:
+                    if kind == NodeKind.NUMERIC:
                         hi_l[feat] = min(hi_l[feat], r_thr[i])
                         lo_r[feat] = max(lo_r[feat], r_thr[i])
                     nxt_lo += [lo_l, lo_r]
                     nxt_hi += [hi_l, hi_r]
             self.decisions.append({"level": level, "splits": [
                 {"tree": int(lvl_tree[i]), "node": int(lvl_node[i]),
-                 "kind": {NUM: "numeric", CAT: "categorical", CLIENT: "client"}[int(r_kind[i])],
+                 "kind": NodeKind(int(r_kind[i])).label,
                  "feature": int(r_feat[i]), "threshold": float(r_thr[i]),
                  "left_set": [int(v) for v in set_lists[i]]}
-                for i in range(n_nodes) if r_kind[i] != LEAF]})
+                for i in range(n_nodes) if r_kind[i] != NodeKind.LEAF]})
             ptr = np.zeros(n_nodes + 1, dtype=np.int64)
             ptr[1:] = np.cumsum([len(s) for s in set_lists])
             vals = np.array([v for s in set_lists for v in s], dtype=np.int32)
@@ -671,7 +640,6 @@ class Coordinator:
         is_cat = ctx.is_cat
         ev_feats = ctx.feats[nodes].copy()
         m = ev_feats.shape[1]
-        S = cfg.n_stats
         dp_mode = self._dp is not None
         # ---- candidates
         if dp_mode:
@@ -714,9 +682,9 @@ class Coordinator:
         bt = thr.shape[2]
         mode = "gain" if cfg.method == "avgimp" and not dp_mode else "full"
         if mode == "full":
-            layout = (Block("hist", (nodes.size, m, bt + 1, S), stats_kinds(cfg)),)
+            layout = (hist_block(cfg, nodes.size, m, bt + 1),)
         else:
-            layout = (Block("gain", (nodes.size, m, bt, 2), (StatKind.GAIN, StatKind.COUNT)),)
+            layout = (gain_block(nodes.size, m, bt),)
         task = self._task(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
                           {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
         blocks, _ = yield task
@@ -817,8 +785,7 @@ class Coordinator:
             task = self._task(TaskKind.HISTOGRAM, level, {"stats": "count", "purpose": "sketch"},
                               {"nodes": ev, "features": planner.active_features(),
                                "thresholds": grid},
-                              (Block("counts", (ev.size, feats.shape[1], grid.shape[2] + 1, 1),
-                                     (StatKind.COUNT,)),))
+                              (counts_block(ev.size, feats.shape[1], grid.shape[2] + 1),))
             blocks, _ = yield task
             planner.receive(blocks["counts"][..., 0])
         return planner.candidates()
@@ -832,7 +799,7 @@ class Coordinator:
         E, m, bt = thr.shape
         cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]
         num_slot = (feats >= 0) & ~cat_slot
-        split_kind = np.full(E, NUM, dtype=np.int64)
+        split_kind = np.full(E, NodeKind.NUMERIC, dtype=np.int64)
         split_set: list[list[int]] = [[] for _ in range(E)]
         if mode == "full":
             hist = blocks["hist"]
@@ -844,7 +811,7 @@ class Coordinator:
                                                     cfg.min_samples_leaf)
                 if g > gain[e]:
                     gain[e], slot[e], lstats[e] = g, s, ls
-                    split_kind[e] = CAT
+                    split_kind[e] = NodeKind.CATEGORICAL
                     split_set[e] = left
         elif E == 0:
             z = np.zeros(0, dtype=np.int64)

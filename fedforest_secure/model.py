@@ -1,12 +1,8 @@
 """The trained forest: prediction and a JSON file format that round-trips exactly.
 
-Each tree is a set of parallel arrays indexed by node id (root = 0):
-
-* ``kind``: 0 leaf, 1 numeric split ``x[feature] <= threshold`` goes left, 2 categorical split
-  (levels in the node's set go left), 3 client split (clients in the node's set go left);
-* ``feature``, ``threshold``, ``left``, ``right``;
-* ``sets``: for kinds 2 and 3, the levels or client indices that go left;
-* ``value``: the leaf value, the mean of y (regression) or class proportions (classification).
+Each tree is a :class:`~fedforest_secure._tree.Tree`: parallel arrays indexed by node id, the
+node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 leaf, 1 numeric,
+2 categorical, 3 client split).
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same.
@@ -22,94 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ._tree import Tree
 from .errors import SchemaError
 
 __all__ = ["ForestModel", "Tree"]
 
 FORMAT = "fedforest-secure/model/v1"
-
-
-@dataclass
-class Tree:
-    kind: np.ndarray
-    feature: np.ndarray
-    threshold: np.ndarray
-    left: np.ndarray
-    right: np.ndarray
-    value: np.ndarray  # (n_nodes, n_outputs)
-    n: np.ndarray  # weighted training rows per node
-    sets: dict[int, list[int]] = field(default_factory=dict)
-
-    @property
-    def n_nodes(self) -> int:
-        return int(self.kind.size)
-
-    @property
-    def depth(self) -> int:
-        depth = np.zeros(self.n_nodes, dtype=np.int64)
-        for i in range(self.n_nodes):
-            if self.kind[i] != 0:
-                depth[self.left[i]] = depth[self.right[i]] = depth[i] + 1
-        return int(depth.max()) if depth.size else 0
-
-    def apply(self, X: np.ndarray, client: np.ndarray | None) -> np.ndarray:
-        """Leaf id of every row."""
-        node = np.zeros(X.shape[0], dtype=np.int64)
-        if self.n_nodes == 0:
-            return node
-        tables: dict[int, np.ndarray] = {}
-        for nd, members in self.sets.items():
-            size = max(max(members, default=0) + 1, 1)
-            tab = np.zeros(size, dtype=bool)
-            tab[members] = True
-            tables[nd] = tab
-        while True:
-            k = self.kind[node]
-            active = k != 0
-            if not active.any():
-                return node
-            go_left = np.zeros(node.size, dtype=bool)
-            num = k == 1
-            if num.any():
-                idx = np.flatnonzero(num)
-                go_left[idx] = X[idx, self.feature[node[idx]]] <= self.threshold[node[idx]]
-            for kind_code in (2, 3):
-                sel = np.flatnonzero(k == kind_code)
-                if not sel.size:
-                    continue
-                if kind_code == 3 and client is None:
-                    raise ValueError("this forest splits on the client indicator H: "
-                                     "pass client= to predict")
-                for nd in np.unique(node[sel]):
-                    rows = sel[node[sel] == nd]
-                    vals = (X[rows, self.feature[nd]] if kind_code == 2 else client[rows])  # type: ignore[index]
-                    vals = vals.astype(np.int64)
-                    tab = tables[int(nd)]
-                    inside = (vals >= 0) & (vals < tab.size)
-                    go_left[rows] = inside & tab[np.clip(vals, 0, tab.size - 1)]
-            node = np.where(active, np.where(go_left, self.left[node], self.right[node]), node)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.tolist(), "feature": self.feature.tolist(),
-            "threshold": [float(t) for t in self.threshold], "left": self.left.tolist(),
-            "right": self.right.tolist(), "value": self.value.tolist(), "n": self.n.tolist(),
-            "sets": {str(k): list(map(int, v)) for k, v in self.sets.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Tree:
-        thr = np.array([float(t) for t in d["threshold"]], dtype=np.float64)
-        return cls(
-            kind=np.asarray(d["kind"], dtype=np.int64),
-            feature=np.asarray(d["feature"], dtype=np.int64),
-            threshold=thr,
-            left=np.asarray(d["left"], dtype=np.int64),
-            right=np.asarray(d["right"], dtype=np.int64),
-            value=np.asarray(d["value"], dtype=np.float64).reshape(len(d["kind"]), -1),
-            n=np.asarray(d["n"], dtype=np.float64),
-            sets={int(k): list(v) for k, v in d.get("sets", {}).items()},
-        )
 
 
 @dataclass
@@ -125,7 +39,7 @@ class ForestModel:
 
     @property
     def uses_client(self) -> bool:
-        return any((t.kind == 3).any() for t in self.trees)
+        return any(t.uses_client for t in self.trees)
 
     def _check(self, X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
         X = np.asarray(X, dtype=np.float64)

@@ -23,13 +23,12 @@ import numpy as np
 
 from . import _impurity
 from ._order import LevelOrder, first_reaching
+from ._tree import NodeKind
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
-from .protocol import TASK_ARRAYS, TASK_PARAMS, Block, Reply, StatKind, Task, TaskKind, layout_size
+from .protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind, layout_size
 
-__all__ = ["LEAF", "NUM", "CAT", "CLIENT", "Worker"]
-
-LEAF, NUM, CAT, CLIENT = 0, 1, 2, 3
+__all__ = ["Worker"]
 
 #: with ``keep_level_order=None``, a worker keeps its level order between rounds as is while it
 #: takes at most KEEP_FULL_BYTES, compact while that takes at most KEEP_ORDER_BYTES, and
@@ -171,7 +170,7 @@ class Worker:
         ptr = a["route_set_ptr"].astype(np.int64)
         vals = a["route_set_vals"].astype(np.int64)
         node = self._p_node
-        is_num = kind == NUM
+        is_num = kind == NodeKind.NUMERIC
         num_nodes = np.flatnonzero(is_num)
         if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= self.config.n_features).any():
             raise ProtocolError("routing names a feature this job does not have")
@@ -194,10 +193,10 @@ class Worker:
         go_left = self._codes[idx] < per_pair(cut)
         del idx
         k = None
-        if (kind == CAT).any():
+        if (kind == NodeKind.CATEGORICAL).any():
             k = kind[node]
-            cat = k == CAT
-            cat_nodes = np.flatnonzero(kind == CAT)
+            cat = k == NodeKind.CATEGORICAL
+            cat_nodes = np.flatnonzero(kind == NodeKind.CATEGORICAL)
             max_l = max(self.config.levels) if self.config.levels else 1
             table = np.zeros((cat_nodes.size, max(max_l, 1)), dtype=bool)
             pos = np.full(kind.size, -1, dtype=np.int64)
@@ -208,16 +207,16 @@ class Worker:
             code = self._codes[fc * self.n_rows + self._p_row[cat]]
             lv = self._uniq_all[self._uniq_off[fc] + code].astype(np.int64)
             go_left[cat] = table[pos[node[cat]], lv]
-        if (kind == CLIENT).any():
+        if (kind == NodeKind.CLIENT).any():
             k = kind[node] if k is None else k
-            cli = k == CLIENT
+            cli = k == NodeKind.CLIENT
             mine = np.zeros(kind.size, dtype=bool)
-            for nd in np.flatnonzero(kind == CLIENT):
+            for nd in np.flatnonzero(kind == NodeKind.CLIENT):
                 mine[nd] = self.client_index in set(vals[ptr[nd]:ptr[nd + 1]].tolist())
             go_left[cli] = mine[node[cli]]
         # a leaf's pairs leave the level whatever the task says of its children
-        left_eff = np.where(kind == LEAF, -1, left)
-        right_eff = np.where(kind == LEAF, -1, right)
+        left_eff = np.where(kind == NodeKind.LEAF, -1, left)
+        right_eff = np.where(kind == NodeKind.LEAF, -1, right)
         new = np.where(go_left, per_pair(left_eff), per_pair(right_eff))
         keep = new >= 0
         if not keep.all():
@@ -785,13 +784,3 @@ class Worker:
             raise ProtocolError(f"unknown statistics mode {mode!r}")
         return Reply(round_id=task.round_id, summable=np.ascontiguousarray(vec).ravel())
 
-
-def stats_kinds(config: JobConfig) -> tuple[StatKind, ...]:
-    """Kinds of the statistics axis for this job."""
-    if config.task == "regression":
-        return (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)
-    return (StatKind.COUNT,) * config.n_classes
-
-
-def totals_block(config: JobConfig, n_nodes: int) -> Block:
-    return Block("totals", (n_nodes, config.n_stats), stats_kinds(config))

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from fedforest_secure import FedForestRegressor
+from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import InvalidMessage, ProfileError, ProtocolError
 from fedforest_secure.federation import PlainSum, RoundRecord, client_seed, run_in_process
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.protocol import TaskKind, layout_size
-from fedforest_secure.worker import CAT, CLIENT, Worker
+from fedforest_secure.worker import Worker
 
 OPEN = load_profile("open").to_dict()
 
@@ -137,7 +138,7 @@ def test_h_splits_on_client_shift() -> None:
                              max_features=None, split_on_client=True, n_bins=8,
                              random_state=0).fit(X, y, client=h)
     trees = est.model_.trees
-    assert all(t.kind[0] == CLIENT for t in trees)  # the client shift dominates the root
+    assert all(t.kind[0] == NodeKind.CLIENT for t in trees)  # the client shift dominates the root
     assert est.model_.uses_client
     pred = est.predict(X, client=h)
     for k in range(3):
@@ -184,7 +185,7 @@ def test_categorical_split_by_level_sets() -> None:
                feature_kinds=("categorical", "continuous"), n_levels=(6, 0))
     model = run_in_process(cfg, [(X[h == k], y[h == k]) for k in range(3)])
     tree = model.trees[0]
-    assert tree.kind[0] == CAT and tree.feature[0] == 0
+    assert tree.kind[0] == NodeKind.CATEGORICAL and tree.feature[0] == 0
     assert set(tree.sets[0]) in ({1, 3, 4}, {0, 2, 5})
     pred = model.predict(X)
     left = np.isin(lv, tree.sets[0])

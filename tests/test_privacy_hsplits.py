@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import BudgetError, RefusedRequest
@@ -27,7 +28,7 @@ from fedforest_secure.privacy.hsplits import (
     node_stats_noise,
 )
 from fedforest_secure.protocol import TaskKind
-from fedforest_secure.worker import CLIENT, Worker
+from fedforest_secure.worker import Worker
 
 
 def _noisy(**kw: Any) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def test_noisy_h_split_run_trains_and_splits_on_the_client_when_its_effect_is_st
     est = FedForestClassifier(n_estimators=3, max_depth=2, split_on_client=True,
                               profile=prof, random_state=0).fit(X, y, client=h)
     roots = [int(t.kind[0]) for t in est.model_.trees]
-    assert roots == [CLIENT] * 3
+    assert roots == [NodeKind.CLIENT] * 3
     for t in est.model_.trees:  # the root separates the two groups of clients
         assert sorted(t.sets[0]) in ([0, 1], [2, 3])
     assert est.score(X, y, client=h) > 0.9
@@ -84,7 +85,7 @@ def test_noisy_h_split_regression_isolates_the_client_level() -> None:
     prof = load_profile("secure-dp", h_splits="noisy", epsilon=4.0, h_epsilon=2.0)
     est = FedForestRegressor(n_estimators=2, max_depth=2, split_on_client=True,
                              profile=prof, random_state=0).fit(X, y, client=h)
-    assert all(int(t.kind[0]) == CLIENT for t in est.model_.trees)
+    assert all(int(t.kind[0]) == NodeKind.CLIENT for t in est.model_.trees)
     pred = est.predict(X, client=h)
     assert abs(pred[h == 2].mean() - 10.0) < 1.5 and abs(pred[h < 2].mean()) < 1.5
 

@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError, SchemaError
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
-from fedforest_secure.worker import CAT, CLIENT, LEAF, NUM, Worker
+from fedforest_secure.worker import Worker
 
 REG = (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)
 
@@ -64,7 +65,8 @@ def _multiplicities(cfg: JobConfig, n: int, seed: int) -> np.ndarray:
 
 def _random_routing(rng: np.random.Generator, T: int, cfg: JobConfig, X: np.ndarray
                     ) -> tuple[dict[str, np.ndarray], int, list[tuple]]:
-    kinds = np.array([NUM, CAT, CLIENT, LEAF] * T)[:T]
+    nk = NodeKind
+    kinds = np.array([nk.NUMERIC, nk.CATEGORICAL, nk.CLIENT, nk.LEAF] * T)[:T]
     rng.shuffle(kinds)
     feat = np.full(T, -1, dtype=np.int32)
     thr = np.zeros(T)
@@ -75,15 +77,15 @@ def _random_routing(rng: np.random.Generator, T: int, cfg: JobConfig, X: np.ndar
     nxt = 0
     for t, k in enumerate(kinds):
         s: list[int] = []
-        if k == NUM:
+        if k == NodeKind.NUMERIC:
             feat[t] = rng.choice([0, 2])
             thr[t] = float(rng.choice(X[:, feat[t]]))  # on a data value: tests x <= t exactly
-        elif k == CAT:
+        elif k == NodeKind.CATEGORICAL:
             feat[t] = 1
             s = sorted(rng.choice(4, size=2, replace=False).tolist())
-        elif k == CLIENT:
+        elif k == NodeKind.CLIENT:
             s = [0, 2] if t % 2 else [1]
-        if k != LEAF:
+        if k != NodeKind.LEAF:
             left[t], right[t] = nxt, nxt + 1
             nxt += 2
         sets.append(s)
@@ -113,11 +115,11 @@ def test_routing_matches_per_row_reference(client_index: int) -> None:
     ref = np.zeros((n_children, 3))
     for t, (k, f, th, lc, rc, s) in enumerate(desc):
         for i in range(n):
-            if k == LEAF or mult[t, i] == 0:
+            if k == NodeKind.LEAF or mult[t, i] == 0:
                 continue
-            if k == NUM:
+            if k == NodeKind.NUMERIC:
                 go_left = X[i, f] <= th
-            elif k == CAT:
+            elif k == NodeKind.CATEGORICAL:
                 go_left = int(X[i, f]) in s
             else:
                 go_left = client_index in s
@@ -210,7 +212,8 @@ def test_abstention_zeroes_small_nodes_and_counts_them() -> None:
     np.testing.assert_array_equal(rep0.summable.reshape(T, 3)[:, 0], [10, 10, 10])
     assert w.abstained[0] == 0
     # tree 0: 3 rows left (abstain), 7 right; tree 1: 5 / 5 (both kept); tree 2: leaf
-    routing = {"route_kind": np.array([NUM, NUM, LEAF], dtype=np.int32),
+    num, leaf = NodeKind.NUMERIC, NodeKind.LEAF
+    routing = {"route_kind": np.array([num, num, leaf], dtype=np.int32),
                "route_feature": np.array([0, 0, -1], dtype=np.int32),
                "route_threshold": np.array([2.0, 4.0, 0.0]),
                "route_left": np.array([0, 2, -1], dtype=np.int32),
@@ -300,11 +303,11 @@ def test_bad_tasks_raise_protocol_error() -> None:
 
 
 def _leaf_routing(n: int, split_first: bool = False) -> dict[str, np.ndarray]:
-    kind = np.full(n, LEAF, dtype=np.int32)
+    kind = np.full(n, NodeKind.LEAF, dtype=np.int32)
     left = np.full(n, -1, dtype=np.int32)
     right = np.full(n, -1, dtype=np.int32)
     if split_first:
-        kind[0], left[0], right[0] = NUM, 0, 1
+        kind[0], left[0], right[0] = NodeKind.NUMERIC, 0, 1
     return {"route_kind": kind, "route_feature": np.zeros(n, dtype=np.int32),
             "route_threshold": np.zeros(n), "route_left": left, "route_right": right,
             "route_set_ptr": np.zeros(n + 1, dtype=np.int64),

@@ -1,0 +1,41 @@
+"""The summable blocks of the engine's rounds, shared by the coordinator and the worker.
+
+A round's :class:`~fedforest_secure.protocol.Block` layout says how the clients' summable
+vectors are cut into statistics and which kind each column is (counts, sums, sums of squares,
+gains): the coordinator sets it in the task, every client's reply follows it, and the
+fixed-point codec and the DP calibration read the kinds from it.
+"""
+
+from __future__ import annotations
+
+from .config import JobConfig
+from .protocol import Block, StatKind
+
+__all__ = ["counts_block", "gain_block", "hist_block", "stats_kinds", "totals_block"]
+
+
+def stats_kinds(config: JobConfig) -> tuple[StatKind, ...]:
+    """Kinds of the statistics axis for this job: (n, sum y, sum y^2) or class counts."""
+    if config.task == "regression":
+        return (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)
+    return (StatKind.COUNT,) * config.n_classes
+
+
+def totals_block(config: JobConfig, n_nodes: int) -> Block:
+    """Node totals of a sketch round: (n_nodes, S)."""
+    return Block("totals", (n_nodes, config.n_stats), stats_kinds(config))
+
+
+def hist_block(config: JobConfig, n_nodes: int, m: int, n_bins: int) -> Block:
+    """Per-bin statistics of a histogram round: (n_nodes, m slots, n_bins, S)."""
+    return Block("hist", (n_nodes, m, n_bins, config.n_stats), stats_kinds(config))
+
+
+def gain_block(n_nodes: int, m: int, n_thresholds: int) -> Block:
+    """AvgImp's summed local gains and left counts per threshold: (n_nodes, m, Bt, 2)."""
+    return Block("gain", (n_nodes, m, n_thresholds, 2), (StatKind.GAIN, StatKind.COUNT))
+
+
+def counts_block(n_nodes: int, m: int, n_bins: int) -> Block:
+    """Row counts per bin of a secure-CDF sketch round: (n_nodes, m, n_bins, 1)."""
+    return Block("counts", (n_nodes, m, n_bins, 1), (StatKind.COUNT,))

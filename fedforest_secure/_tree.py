@@ -1,0 +1,181 @@
+"""Tree arrays shared by the model, the worker and the coordinator.
+
+A tree is a set of parallel arrays indexed by node id (root = 0):
+
+* ``kind``: a :class:`NodeKind` code per node;
+* ``feature``, ``threshold``: the split of a numeric node (``x[feature] <= threshold`` goes
+  left) and the feature of a categorical node;
+* ``left``, ``right``: the children's node ids (-1 for a leaf);
+* ``sets``: for categorical and client splits, the levels or client indices that go left;
+* ``value``: the node value, the mean of y (regression) or class proportions
+  (classification); ``n``: the weighted training rows of the node.
+
+The :class:`NodeKind` codes are what the model file stores and what routing tasks carry
+(``route_kind``), so their integer values are part of both formats.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NodeKind", "Tree", "TreeBuilder"]
+
+
+class NodeKind(enum.IntEnum):
+    """What a node does with a row; the values are the codes of the model file and the wire."""
+
+    LEAF = 0
+    #: ``x[feature] <= threshold`` goes left
+    NUMERIC = 1
+    #: the levels in the node's set go left
+    CATEGORICAL = 2
+    #: the clients in the node's set go left (a split on the client indicator H)
+    CLIENT = 3
+
+    @property
+    def label(self) -> str:
+        """The kind's name in the audit log's split decisions ("numeric", "categorical", ...)."""
+        return self.name.lower()
+
+
+@dataclass
+class Tree:
+    """One trained tree as parallel per-node arrays (module docstring)."""
+
+    kind: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    value: np.ndarray  # (n_nodes, n_outputs)
+    n: np.ndarray  # weighted training rows per node
+    sets: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.kind.size)
+
+    @property
+    def depth(self) -> int:
+        depth = np.zeros(self.n_nodes, dtype=np.int64)
+        for i in range(self.n_nodes):
+            if self.kind[i] != NodeKind.LEAF:
+                depth[self.left[i]] = depth[self.right[i]] = depth[i] + 1
+        return int(depth.max()) if depth.size else 0
+
+    @property
+    def uses_client(self) -> bool:
+        """Whether some node splits on the client indicator H."""
+        return bool((self.kind == NodeKind.CLIENT).any())
+
+    def apply(self, X: np.ndarray, client: np.ndarray | None) -> np.ndarray:
+        """Leaf id of every row."""
+        node = np.zeros(X.shape[0], dtype=np.int64)
+        if self.n_nodes == 0:
+            return node
+        tables: dict[int, np.ndarray] = {}
+        for nd, members in self.sets.items():
+            size = max(max(members, default=0) + 1, 1)
+            tab = np.zeros(size, dtype=bool)
+            tab[members] = True
+            tables[nd] = tab
+        while True:
+            k = self.kind[node]
+            active = k != NodeKind.LEAF
+            if not active.any():
+                return node
+            go_left = np.zeros(node.size, dtype=bool)
+            num = k == NodeKind.NUMERIC
+            if num.any():
+                idx = np.flatnonzero(num)
+                go_left[idx] = X[idx, self.feature[node[idx]]] <= self.threshold[node[idx]]
+            for kind in (NodeKind.CATEGORICAL, NodeKind.CLIENT):
+                sel = np.flatnonzero(k == kind)
+                if not sel.size:
+                    continue
+                if kind == NodeKind.CLIENT and client is None:
+                    raise ValueError("this forest splits on the client indicator H: "
+                                     "pass client= to predict")
+                for nd in np.unique(node[sel]):
+                    rows = sel[node[sel] == nd]
+                    if kind == NodeKind.CATEGORICAL:
+                        vals = X[rows, self.feature[nd]].astype(np.int64)
+                    else:
+                        vals = np.asarray(client)[rows].astype(np.int64)
+                    tab = tables[int(nd)]
+                    inside = (vals >= 0) & (vals < tab.size)
+                    go_left[rows] = inside & tab[np.clip(vals, 0, tab.size - 1)]
+            node = np.where(active, np.where(go_left, self.left[node], self.right[node]), node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.tolist(), "feature": self.feature.tolist(),
+            "threshold": [float(t) for t in self.threshold], "left": self.left.tolist(),
+            "right": self.right.tolist(), "value": self.value.tolist(), "n": self.n.tolist(),
+            "sets": {str(k): list(map(int, v)) for k, v in self.sets.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tree:
+        """The tree of a model file's entry.
+
+        Raises
+        ------
+        ValueError
+            A node kind that is not a :class:`NodeKind` code.
+        """
+        kind = np.asarray(d["kind"], dtype=np.int64)
+        known = np.array([k.value for k in NodeKind])
+        if not np.isin(kind, known).all():
+            bad = sorted(set(kind.tolist()) - set(known.tolist()))
+            raise ValueError(f"unknown node kind codes {bad} in the model file")
+        thr = np.array([float(t) for t in d["threshold"]], dtype=np.float64)
+        return cls(
+            kind=kind,
+            feature=np.asarray(d["feature"], dtype=np.int64),
+            threshold=thr,
+            left=np.asarray(d["left"], dtype=np.int64),
+            right=np.asarray(d["right"], dtype=np.int64),
+            value=np.asarray(d["value"], dtype=np.float64).reshape(len(d["kind"]), -1),
+            n=np.asarray(d["n"], dtype=np.float64),
+            sets={int(k): list(v) for k, v in d.get("sets", {}).items()},
+        )
+
+
+class TreeBuilder:
+    """A tree grown node by node (the coordinator's side), frozen into a :class:`Tree`."""
+
+    def __init__(self, n_out: int) -> None:
+        self.kind: list[int] = []
+        self.feature: list[int] = []
+        self.threshold: list[float] = []
+        self.left: list[int] = []
+        self.right: list[int] = []
+        self.value: list[np.ndarray] = []
+        self.n: list[float] = []
+        self.sets: dict[int, list[int]] = {}
+        self.n_out = n_out
+
+    def add(self) -> int:
+        """A new leaf; returns its node id."""
+        self.kind.append(NodeKind.LEAF)
+        self.feature.append(-1)
+        self.threshold.append(0.0)
+        self.left.append(-1)
+        self.right.append(-1)
+        self.value.append(np.zeros(self.n_out))
+        self.n.append(0.0)
+        return len(self.kind) - 1
+
+    def build(self) -> Tree:
+        return Tree(kind=np.array(self.kind, dtype=np.int64),
+                    feature=np.array(self.feature, dtype=np.int64),
+                    threshold=np.array(self.threshold, dtype=np.float64),
+                    left=np.array(self.left, dtype=np.int64),
+                    right=np.array(self.right, dtype=np.int64),
+                    value=np.array(self.value, dtype=np.float64).reshape(len(self.kind), -1),
+                    n=np.array(self.n, dtype=np.float64), sets=dict(self.sets))
