@@ -8,10 +8,17 @@ fixed-point codec and the DP calibration read the kinds from it.
 
 from __future__ import annotations
 
-from .config import JobConfig
+from typing import TYPE_CHECKING
+
+import numpy as np
+
 from .protocol import Block, StatKind
 
-__all__ = ["counts_block", "gain_block", "hist_block", "stats_kinds", "totals_block"]
+if TYPE_CHECKING:  # config imports the candidate registry, which uses these layouts
+    from .config import JobConfig
+
+__all__ = ["categorical_cuts", "counts_block", "gain_block", "hist_block", "stats_kinds",
+           "totals_block"]
 
 
 def stats_kinds(config: JobConfig) -> tuple[StatKind, ...]:
@@ -39,3 +46,19 @@ def gain_block(n_nodes: int, m: int, n_thresholds: int) -> Block:
 def counts_block(n_nodes: int, m: int, n_bins: int) -> Block:
     """Row counts per bin of a secure-CDF sketch round: (n_nodes, m, n_bins, 1)."""
     return Block("counts", (n_nodes, m, n_bins, 1), (StatKind.COUNT,))
+
+
+def categorical_cuts(thr: np.ndarray, feats: np.ndarray, is_cat: np.ndarray,
+                     levels: tuple[int, ...]) -> np.ndarray:
+    """Categorical slots get cuts k + 0.5 so that the histogram bins are the levels."""
+    if not is_cat.any() or feats.size == 0:
+        return thr
+    width = max(thr.shape[2], max(levels) - 1)
+    out = np.full(thr.shape[:2] + (width,), np.inf)
+    out[:, :, : thr.shape[2]] = thr
+    cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]
+    for e, s in zip(*np.nonzero(cat_slot), strict=True):
+        nl = levels[feats[e, s]]
+        out[e, s, :] = np.inf
+        out[e, s, : nl - 1] = np.arange(nl - 1) + 0.5
+    return out

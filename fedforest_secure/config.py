@@ -13,9 +13,12 @@ import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._candidates import CANDIDATE_METHODS
+
 __all__ = ["METHODS", "JobConfig", "resolve_max_features"]
 
-METHODS = ("quantiles", "avgimp", "exact", "histogram", "random")
+#: the names ``method`` takes: the candidate methods of the registry
+METHODS = tuple(CANDIDATE_METHODS)
 
 
 def resolve_max_features(max_features: Any, n_features: int) -> int:

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from . import _impurity
-from ._order import LevelOrder, first_reaching
-from ._tree import NodeKind
+from ._level_stats import CodeBook, LevelStatistics, local_gains
+from ._order import LevelOrder
+from ._routing import route
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
 from .protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind, layout_size
@@ -111,7 +112,6 @@ class Worker:
         # at least 16 bits: then a code is exactly the low 16 bits of its field (cheap to pull
         # out of a packed key, see _order.LevelOrder.compact)
         self._cbits = max(int(max(u.size for u in self._uniq) + 1).bit_length(), 16)
-        self._ustride = 1 << self._cbits
         self._rbits = int(n).bit_length() + 8  # row index and bootstrap weight (8 bits)
         codes = np.empty((d, n), dtype=np.int32)
         for j in range(d):
@@ -158,72 +158,25 @@ class Worker:
 
     # ------------------------------------------------------------------ routing
     def _route(self, task: Task) -> None:
-        a = task.arrays
-        kind = a["route_kind"]
-        if kind.shape != (self._n_nodes,):
-            raise ProtocolError(
-                f"routing describes {kind.shape[0]} nodes, this client has {self._n_nodes}")
-        feat = a["route_feature"].astype(np.int64)
-        thr = a["route_threshold"]
-        left = a["route_left"].astype(np.int64)
-        right = a["route_right"].astype(np.int64)
-        ptr = a["route_set_ptr"].astype(np.int64)
-        vals = a["route_set_vals"].astype(np.int64)
-        node = self._p_node
-        is_num = kind == NodeKind.NUMERIC
-        num_nodes = np.flatnonzero(is_num)
-        if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= self.config.n_features).any():
-            raise ProtocolError("routing names a feature this job does not have")
-        # numeric splits, for every pair at once: x <= t  <=>  code < (distinct values <= t)
-        cut = np.zeros(kind.size, dtype=np.int64)
-        for j in np.unique(feat[num_nodes]):
-            sel = num_nodes[feat[num_nodes] == j]
-            cut[sel] = np.searchsorted(self._uniq[j], thr[sel], side="right")
-        # per-node values for every pair: repeated over each node's run when the pairs are in
-        # node order (after a grouped level), else gathered pair by pair
-        nptr = self._node_ptr
-        runs = np.diff(nptr) if nptr is not None and nptr.size == kind.size + 1 else None
-
-        def per_pair(v: np.ndarray) -> np.ndarray:
-            return np.repeat(v, runs) if runs is not None else v[node]
-
-        fbase = np.where(is_num, feat, 0) * self.n_rows  # per node: start of its codes
-        idx = per_pair(fbase)
-        idx += self._p_row
-        go_left = self._codes[idx] < per_pair(cut)
-        del idx
-        k = None
-        if (kind == NodeKind.CATEGORICAL).any():
-            k = kind[node]
-            cat = k == NodeKind.CATEGORICAL
-            cat_nodes = np.flatnonzero(kind == NodeKind.CATEGORICAL)
-            max_l = max(self.config.levels) if self.config.levels else 1
-            table = np.zeros((cat_nodes.size, max(max_l, 1)), dtype=bool)
-            pos = np.full(kind.size, -1, dtype=np.int64)
-            pos[cat_nodes] = np.arange(cat_nodes.size)
-            for i, nd in enumerate(cat_nodes):
-                table[i, vals[ptr[nd]:ptr[nd + 1]]] = True
-            fc = feat[node[cat]]
-            code = self._codes[fc * self.n_rows + self._p_row[cat]]
-            lv = self._uniq_all[self._uniq_off[fc] + code].astype(np.int64)
-            go_left[cat] = table[pos[node[cat]], lv]
-        if (kind == NodeKind.CLIENT).any():
-            k = kind[node] if k is None else k
-            cli = k == NodeKind.CLIENT
-            mine = np.zeros(kind.size, dtype=bool)
-            for nd in np.flatnonzero(kind == NodeKind.CLIENT):
-                mine[nd] = self.client_index in set(vals[ptr[nd]:ptr[nd + 1]].tolist())
-            go_left[cli] = mine[node[cli]]
-        # a leaf's pairs leave the level whatever the task says of its children
-        left_eff = np.where(kind == NodeKind.LEAF, -1, left)
-        right_eff = np.where(kind == NodeKind.LEAF, -1, right)
-        new = np.where(go_left, per_pair(left_eff), per_pair(right_eff))
+        """Move every pair to its child in the task's level (:func:`~._routing.route`);
+        pairs whose node became a leaf leave."""
+        new = route(task.arrays, n_nodes=self._n_nodes, node=self._p_node, row=self._p_row,
+                    node_ptr=self._node_ptr, codes=self._codes, n_rows=self.n_rows,
+                    book=self._book(), config=self.config, client_index=self.client_index)
         keep = new >= 0
         if not keep.all():
             self._p_row = self._p_row[keep]
             self._p_w = self._p_w[keep]
             new = new[keep]
         self._p_node = new.astype(np.int32) if new.size and new.max() < 2**31 else new
+
+    def _book(self) -> CodeBook:
+        """The client's integer codes (views of the worker's arrays)."""
+        return CodeBook(self._uniq, self._uniq_all, self._uniq_off, self._cbits)
+
+    def _level_stats(self, order: LevelOrder) -> LevelStatistics:
+        """The client's statistics over ``order``."""
+        return LevelStatistics(order, self.config, self._y, self._book())
 
     def _node_totals(self, n_nodes: int) -> np.ndarray:
         S = self.config.n_stats
@@ -393,9 +346,9 @@ class Worker:
             feats = feats.astype(np.int64)
             if feats.shape[0] != n_nodes or (feats >= self.config.n_features).any():
                 raise ProtocolError("features must have one row per node and valid indices")
-            self._sort_level(feats)
+            order = self._sort_level(feats)
             counts = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
-            disclosed.update(self._sketch_items(task, feats, counts))
+            disclosed.update(self._sketch_items(task, order, feats, counts))
         self._sketched_level = level
         summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
@@ -430,30 +383,31 @@ class Worker:
         feats = feats.astype(np.int64)
         loc, row, w = self._group_pairs(nodes)
         counts = np.bincount(loc, weights=w, minlength=nodes.size)
-        self._sort_level(feats, nodes, (loc, row, w))
+        order = self._sort_level(feats, nodes, (loc, row, w))
         del loc, row, w
-        disclosed = self._sketch_items(task, feats, counts)
+        disclosed = self._sketch_items(task, order, feats, counts)
         if task.params.get("totals", True):
             summable = self._node_totals(self._n_nodes)[nodes].ravel()
         else:
             summable = np.zeros(0)
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
 
-    def _sketch_items(self, task: Task, feats: np.ndarray, counts: np.ndarray
-                      ) -> dict[str, np.ndarray]:
-        """The sketch disclosures the task asks, for the nodes of the current level order."""
+    def _sketch_items(self, task: Task, order: LevelOrder, feats: np.ndarray,
+                      counts: np.ndarray) -> dict[str, np.ndarray]:
+        """The sketch disclosures the task asks, for the nodes of the level order ``order``."""
         want = set(task.disclose)
-        n_nodes, m = feats.shape
+        stats = self._level_stats(order)
         out: dict[str, np.ndarray] = {}
         if "sketch_points" in want or "top_l" in want:
-            pts = self._quantile_points(feats, int(task.params["n_points"]))
+            rows_per_point = int(self._profile.get("rows_per_sketch_point", 0) or 0)
+            pts = stats.quantile_points(feats, int(task.params["n_points"]), rows_per_point)
             if "sketch_points" in want:
                 out["sketch_points"] = pts
                 out["sketch_counts"] = counts
             if "top_l" in want:
-                out["top_l"] = self._local_top_l(feats, pts, int(task.params["top_l"]))
+                out["top_l"] = stats.top_l(feats, pts, int(task.params["top_l"]))
         if "unique" in want:
-            ptr, vals = self._unique_values(feats, n_nodes * m)
+            ptr, vals = stats.unique_values(feats)
             out["unique_ptr"] = ptr
             out["unique_vals"] = vals
         return out
@@ -488,7 +442,8 @@ class Worker:
         return loc, row, w
 
     def _sort_level(self, feats: np.ndarray, group: np.ndarray | None = None,
-                    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+                    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                    ) -> LevelOrder:
         """Sort every (pair, slot) of the level by (block, code) once; later rounds reuse it.
 
         A block is one (node, feature slot). The sorted order serves the quantile sketch, the
@@ -503,20 +458,21 @@ class Worker:
             node, row, w = self._p_node, self._p_row, self._p_w
         else:
             node, row, w = pairs if pairs is not None else self._group_pairs(group)
-        self._sorted = LevelOrder(feats, node, row, w, self._codes, self.n_rows, self._cbits)
-        self._level_feats = self._sorted.feats
+        order = LevelOrder(feats, node, row, w, self._codes, self.n_rows, self._cbits)
+        self._sorted = order
+        self._level_feats = order.feats
         self._group = group
+        return order
 
     def _sorted_for(self, feats: np.ndarray, nodes: np.ndarray) -> tuple[LevelOrder, np.ndarray]:
         """The level's sorted order and the positions of ``nodes`` in it, checking the
         features match the sketch round's."""
-        if self._sorted is None:
+        order = self._sorted
+        if order is None:
             if self._level_feats is None:
                 raise ProtocolError("no sketch round for this level yet")
             # freed after the level's (or group's) last round; redo
-            self._sort_level(self._level_feats, self._group)
-        order = self._sorted
-        assert order is not None
+            order = self._sort_level(self._level_feats, self._group)
         group = self._group
         local = nodes
         if group is not None:
@@ -528,230 +484,7 @@ class Worker:
             raise ProtocolError("histogram features differ from the level's sketch features")
         return order, local
 
-    def _quantile_points(self, feats: np.ndarray, n_points: int) -> np.ndarray:
-        """Weighted quantile points Q(b/B_k), b = 0..B_k, per (node, slot); NaN-padded.
-
-        Categorical slots get no points. Blocks are processed in runs of a bounded number of
-        entries, so the scratch memory does not grow with the level.
-        """
-        n_nodes, m = feats.shape
-        nblk = n_nodes * m
-        out = np.full((nblk, n_points + 1), np.nan)
-        order = self._sorted
-        assert order is not None
-        if order.size == 0:
-            return out.reshape(n_nodes, m, n_points + 1)
-        # block boundaries by search (nblk queries), not by a pass over every entry
-        edges = order.all_edges()
-        cont = np.array([k == "continuous" for k in self.config.kinds])
-        fl = feats.reshape(-1)
-        wanted = cont[fl.clip(0)] & (fl >= 0)
-        r = int(self._profile.get("rows_per_sketch_point", 0) or 0)
-        b = np.arange(n_points + 1)
-        for b0, b1 in order.chunks(edges):
-            e0, e1 = int(edges[b0]), int(edges[b1])
-            if e1 == e0:
-                continue
-            w = order.weights(e0, e1)
-            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
-            cw0[0] = 0
-            np.cumsum(w, out=cw0[1:])
-            cw = cw0[1:]
-            start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
-            before = cw0[start]
-            bw = cw0[end] - before
-            present = np.flatnonzero((end > start) & wanted[b0:b1])
-            # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
-            bk = np.full(present.size, n_points, dtype=np.int64)
-            if r >= 1:
-                bk = np.minimum(bw[present] // r, n_points)
-                # fewer than r rows: no point at all (a lone min or max would be a record)
-                keep = bk >= 1
-                present, bk = present[keep], bk[keep]
-            valid = b[None, :] <= bk[:, None]
-            # Q(b / B_k) is the first entry whose cumulative weight within the block reaches
-            # b n / B_k (at least 1: Q(0) is the minimum), i.e. the integer ceil(b n / B_k):
-            # exact integer arithmetic (as _sketch.client_quantiles), offset by the weight
-            # before the block, so a block's points never depend on its neighbours
-            bwi = bw[present].astype(np.int64)
-            target = b[None, :] * bwi[:, None]
-            target += (bk - 1)[:, None]
-            target //= bk[:, None]
-            np.maximum(target, 1, out=target)
-            target += before[present, None].astype(np.int64)
-            idx = first_reaching(cw, target.ravel()).reshape(target.shape)
-            del w, cw, target
-            np.minimum(idx, (end[present] - 1)[:, None], out=idx)
-            idx += e0
-            fslot = fl[b0:b1][present]
-            code = order.codes_at(idx)
-            code += self._uniq_off[fslot][:, None]
-            vals = self._uniq_all[code]
-            vals[~valid] = np.nan
-            out[b0 + present] = vals
-        return out.reshape(n_nodes, m, n_points + 1)
-
-    def _unique_values(self, feats: np.ndarray, nblk: int) -> tuple[np.ndarray, np.ndarray]:
-        """Distinct values per (node, slot) in CSR form (the exact method's disclosure)."""
-        order = self._sorted
-        assert order is not None
-        if order.size == 0:
-            return np.zeros(nblk + 1, dtype=np.int64), np.zeros(0)
-        bc_s = order.block_codes()
-        new = np.ones(bc_s.size, dtype=bool)
-        new[1:] = bc_s[1:] != bc_s[:-1]
-        ub, uc = bc_s[new] >> self._cbits, bc_s[new] & (self._ustride - 1)
-        fslot = feats.reshape(-1)[ub]
-        vals = self._uniq_all[self._uniq_off[fslot] + uc]
-        ptr = np.concatenate([[0], np.cumsum(np.bincount(ub, minlength=nblk))])
-        return ptr.astype(np.int64), vals
-
-    def _local_top_l(self, feats: np.ndarray, pts: np.ndarray, top_l: int) -> np.ndarray:
-        """Slots of the L features with the best local gain at the local quantile candidates."""
-        n_nodes, m = feats.shape
-        thr = pts[:, :, 1:-1].copy()  # interior local quantiles as local candidates
-        thr[np.isnan(thr)] = np.inf
-        thr.sort(axis=2)
-        dup = np.zeros(thr.shape, dtype=bool)
-        dup[:, :, 1:] = thr[:, :, 1:] == thr[:, :, :-1]
-        thr[dup] = np.inf
-        thr.sort(axis=2)
-        cat = np.array([k == "categorical" for k in self.config.kinds])
-        level_order = self._sorted
-        assert level_order is not None
-        hist = self._hist(level_order, np.arange(n_nodes), feats,
-                          self._cat_thresholds(feats, thr, cat))
-        gain = self._gains_from_hist(hist)
-        best = np.where(np.isfinite(gain), gain, -np.inf).max(axis=2)  # (n_nodes, m)
-        best[feats < 0] = -np.inf
-        order = np.argsort(-best, axis=1, kind="stable")[:, :top_l]
-        return order.astype(np.int64)
-
-    def _cat_thresholds(self, feats: np.ndarray, thr: np.ndarray, cat: np.ndarray) -> np.ndarray:
-        """Replace the thresholds of categorical slots by level cuts k + 0.5."""
-        if not cat.any():
-            return thr
-        width = max(thr.shape[2], max(self.config.levels) - 1)
-        out = np.full(thr.shape[:2] + (width,), np.inf)
-        out[:, :, : thr.shape[2]] = thr
-        is_cat = (feats >= 0) & cat[np.maximum(feats, 0)]
-        for nd, sl in zip(*np.nonzero(is_cat), strict=True):
-            nl = self.config.levels[feats[nd, sl]]
-            out[nd, sl, :] = np.inf
-            out[nd, sl, : nl - 1] = np.arange(nl - 1) + 0.5
-        return out
-
     # ------------------------------------------------------------------ histogram round
-    def _hist(self, order: LevelOrder, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-              counts_only: bool = False) -> np.ndarray:
-        """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
-
-        Each bin is a contiguous run of the level's sorted order, so its statistics are one
-        segment sum (``np.add.reduceat``): no per-row search, no cancellation across bins.
-        ``nodes`` are the positions of the evaluated nodes in ``order`` (ascending).
-        """
-        n_eval, m = feats.shape
-        nb = thr.shape[2] + 1
-        S = 1 if counts_only else self.config.n_stats
-        stride = self._ustride
-        blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
-        # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
-        starts, ends = order.block_edges(blk)
-        # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut;
-        # cutkey[i, b] = (block << cbits) | cut, one feature at a time
-        cutkey = np.empty((blk.size, nb - 1), dtype=np.int64)
-        cutkey[:] = stride - 1  # no cut (padding): the bin runs to the end of the block
-        fl = feats.ravel()
-        thr2 = thr.reshape(blk.size, nb - 1)
-        for j in np.unique(fl[fl >= 0]):
-            sel = np.flatnonzero(fl == j)
-            t = thr2[sel].ravel()
-            # +inf (padding) maps past the last code, so its bin runs to the end of the block
-            u = self._uniq[j]
-            c = np.full(t.size, u.size, dtype=np.int64)
-            fin = np.flatnonzero(np.isfinite(t))
-            if fin.size:
-                # searched in ascending order: numpy's binary search starts from the previous
-                # answer, several times faster than the blocks' interleaved runs
-                tf = t[fin]
-                o = np.argsort(tf)
-                c[fin[o]] = np.searchsorted(u, tf[o], side="right")
-            if t.size and t.min() == -np.inf:  # -inf: no cut either (they ascend)
-                c[t == -np.inf] = stride - 1
-            cutkey[sel] = c.reshape(sel.size, nb - 1)
-        cutkey += (blk << self._cbits)[:, None]
-        sums = np.zeros((blk.size, nb, S))
-        edges = np.append(starts, ends[-1] if blk.size else 0)
-        # bins are consecutive runs of the sorted order, so each bin's statistics are one
-        # segment sum (reduceat over [pos_i, pos_i+1)) of the bin's own rows: no cancellation
-        # across bins. Runs of blocks keep the scratch memory bounded.
-        for i0, i1 in order.chunks(edges):
-            e0 = int(starts[i0])
-            e1 = int(ends[i1 - 1])
-            if e1 <= e0:
-                continue
-            pos = np.empty((i1 - i0, nb + 1), dtype=np.int64)
-            pos[:, 1:nb] = order.search(cutkey[i0:i1].ravel(), e0, e1).reshape(-1, nb - 1)
-            pos[:, 0] = starts[i0:i1] - e0
-            pos[:, nb] = ends[i0:i1] - e0
-            cols = self._sorted_stats(order, counts_only, e0, e1)
-            flat = pos.ravel()
-            part = sums[i0:i1]
-            for c, col in enumerate(cols):
-                seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
-                part[:, :, c] = seg
-            del cols
-            empty = pos[:, 1:] <= pos[:, :-1]  # empty runs (reduceat gives an element)
-            np.copyto(part, 0.0, where=empty[:, :, None])
-        sums = sums.reshape(n_eval, m, nb, S)
-        sums[feats < 0] = 0.0
-        return sums
-
-    def _sorted_stats(self, order: LevelOrder, counts_only: bool, lo: int, hi: int
-                      ) -> list[np.ndarray]:
-        """Weighted row statistics of entries ``[lo, hi)`` in the level's sorted order, one
-        contiguous column per statistic, each with a zero sentinel at the end (a bin may start
-        at the last entry)."""
-        n = hi - lo
-        wf = np.empty(n + 1)
-        order.weights_into(wf[:n], lo, hi)
-        wf[n] = 0.0
-        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
-            return [wf]
-        rows = order.rows(lo, hi)
-        if self.config.task == "regression":
-            yv = self._y[rows]
-            del rows
-            wy = np.empty(n + 1)
-            np.multiply(wf[:n], yv, out=wy[:n])
-            wy[n] = 0.0
-            wyy = np.empty(n + 1)
-            np.multiply(wy[:n], yv, out=wyy[:n])
-            wyy[n] = 0.0
-            return [wf, wy, wyy]
-        yc = self._y[rows]
-        del rows
-        cols = []
-        for c in range(self.config.n_classes):
-            col = np.zeros(n + 1)
-            hit = yc == c
-            col[:n][hit] = wf[:n][hit]
-            cols.append(col)
-        return cols
-
-    def _gains_from_hist(self, hist: np.ndarray) -> np.ndarray:
-        """n-weighted local gains per threshold (the client's own CART gains), shape (E, m, Bt)."""
-        cfg = self.config
-        left = np.cumsum(hist, axis=2)[:, :, :-1, :]
-        total = hist.sum(axis=2, keepdims=True)
-        right = total - left
-        parent = _impurity.weighted_impurity(total, cfg.task, cfg.criterion)
-        g = (parent - _impurity.weighted_impurity(left, cfg.task, cfg.criterion)
-             - _impurity.weighted_impurity(right, cfg.task, cfg.criterion))
-        nl = _impurity.counts_of(left, cfg.task)
-        nr = _impurity.counts_of(right, cfg.task)
-        return np.where((nl > 0) & (nr > 0), g, 0.0)
-
     def _histogram(self, task: Task) -> Reply:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
@@ -771,13 +504,14 @@ class Worker:
             raise ProtocolError("thresholds must be sorted per node and slot")
         mode = task.params.get("stats", "full")
         order, local = self._sorted_for(feats, nodes)
-        hist = self._hist(order, local, feats, thr, counts_only=mode == "count")
+        hist = self._level_stats(order).histogram(local, feats, thr,
+                                                 counts_only=mode == "count")
         if mode == "full":
             vec = hist
         elif mode == "count":
             vec = hist
         elif mode == "gain":
-            g = self._gains_from_hist(hist)
+            g = local_gains(hist, self.config)
             left_n = np.cumsum(_impurity.counts_of(hist, self.config.task), axis=2)[:, :, :-1]
             vec = np.stack([g, left_n], axis=-1)
         else:

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedforest_secure._candidates import fixed_width_grid
 from fedforest_secure._secure_cdf import SecureCdfPlanner
 from fedforest_secure.config import JobConfig
-from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.federation import RoundRecord, run_in_process
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.protocol import TaskKind
@@ -70,13 +70,8 @@ def _rank_errors(X: np.ndarray, thr: np.ndarray, B: int) -> np.ndarray:
 
 
 def _histogram_thresholds(X: np.ndarray, B: int) -> np.ndarray:
-    cfg = JobConfig(job_id="h", task="regression", n_features=X.shape[1], n_clients=1,
-                    max_features=X.shape[1], n_bins=B, method="histogram",
-                    profile=load_profile("open").to_dict())
-    coord = Coordinator(cfg)
     lohi = np.stack([X.min(axis=0), X.max(axis=0)], axis=1)
-    feats = np.arange(X.shape[1])[None, :]
-    return coord._histogram_candidates(lohi, feats, np.zeros(X.shape[1], dtype=bool))[0]
+    return fixed_width_grid(lohi, B)
 
 
 @pytest.mark.parametrize("seed,frac", [(0, 0.05), (1, 0.1), (2, 0.2)])

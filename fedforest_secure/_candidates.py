@@ -1,0 +1,321 @@
+"""Candidate thresholds: the split-finding methods, behind a registry.
+
+A method decides what the level's sketch round asks of the clients (:meth:`CandidateMethod.
+sketch_request`), turns the answers into candidate thresholds per (node, feature slot)
+(:meth:`CandidateMethod.candidates`), and what the histogram round returns for them
+(:attr:`CandidateMethod.stats`). :data:`CANDIDATE_METHODS` maps the names a job's ``method``
+takes to the classes, like scikit-learn's ``CRITERIA`` and ``SPLITTERS``:
+
+* ``quantiles``: the pooled quantile sketch (Theorem 1 of the paper); with the profile's
+  ``sketch = "secure_cdf"`` the pooled CDF comes from securely summed counts on a grid refined
+  in extra rounds, otherwise from the clients' disclosed quantile sketches;
+* ``avgimp``: the same candidates, scored by the clients' summed local gains (AvgImp), with
+  an optional Top-L shortlist of features;
+* ``exact``: every midpoint between distinct values (discloses them: open profile only);
+* ``histogram``: fixed-width bins on each feature's range (Kalloori et al.);
+* ``random``: no candidates are evaluated: every node splits on its first sampled feature at a
+  threshold drawn uniformly in its public box (:mod:`~fedforest_secure._random_splits`), so the
+  structure is data-independent and only the leaves' totals are released.
+
+Under differential privacy the candidates are fixed-width bins of each node's box whatever the
+method (:func:`box_grid`): they depend on public bounds and earlier splits only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from . import _random_splits, _secure_cdf, _sketch
+from ._layouts import counts_block
+from .errors import ProfileError, ProtocolError
+from .protocol import Task, TaskKind
+
+if TYPE_CHECKING:  # config imports this module for METHODS: no import of config at run time
+    from ._planner import AskRound, Disclosures, LevelContext, Received
+    from ._release import ReleasePolicy
+    from .config import JobConfig
+
+__all__ = ["CANDIDATE_METHODS", "AvgImp", "CandidateMethod", "CandidateQuery", "Exact",
+           "Histogram", "Quantiles", "RandomSplits", "SketchRequest", "box_grid",
+           "fixed_width_grid", "make_method"]
+
+
+@dataclass(frozen=True)
+class SketchRequest:
+    """What a level's sketch round asks per node: task parameters and disclosures."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    disclose: tuple[str, ...] = ()
+
+
+@dataclass
+class CandidateQuery:
+    """The evaluated nodes of a level and what their sketch round returned."""
+
+    ctx: LevelContext
+    nodes: np.ndarray  # (E,) level indices of the evaluated nodes
+    pos: np.ndarray  # (E,) their rows in the disclosures
+    feats: np.ndarray  # (E, m) their sampled features
+    disc: Disclosures
+
+
+class CandidateMethod(ABC):
+    """One way of finding candidate thresholds (module docstring)."""
+
+    #: the name a job's ``method`` uses
+    name: ClassVar[str]
+    #: what the histogram round returns: "full" per-bin statistics, or "gain" (AvgImp)
+    stats: ClassVar[str] = "full"
+
+    def __init__(self, config: JobConfig, policy: ReleasePolicy) -> None:
+        self.config = config
+        self.policy = policy
+
+    def sketch_request(self) -> SketchRequest:
+        """What the level's sketch round asks of every client for this method."""
+        return SketchRequest()
+
+    def needs_range(self) -> bool:
+        """Whether the clients' feature ranges must be disclosed (no public bounds)."""
+        return False
+
+    def node_bytes(self, m: int) -> float:
+        """Estimated coordinator memory per evaluated node (the clients' sketches)."""
+        return 0.0
+
+    def plans_whole_level(self) -> bool:
+        """Whether the candidates of a level are planned over all its nodes at once (then
+        the level is never evaluated in groups)."""
+        return False
+
+    @abstractmethod
+    def candidates(self, q: CandidateQuery, ask: AskRound
+                   ) -> Generator[Task, Received, np.ndarray]:
+        """Candidate thresholds (E, m, Bt), sorted and +inf padded per (node, slot); may run
+        rounds of its own through ``ask``."""
+
+    def shortlist(self, q: CandidateQuery) -> np.ndarray:
+        """The features evaluated per node (E, m), -1 where a slot is left out."""
+        return q.feats
+
+
+class Quantiles(CandidateMethod):
+    """Candidates at the quantiles of the pooled sketch (per-client sketches or secure CDF)."""
+
+    name = "quantiles"
+
+    @property
+    def _client_sketches(self) -> bool:
+        return self.policy.sketch == "quantiles"
+
+    def sketch_request(self) -> SketchRequest:
+        if self._client_sketches:
+            return SketchRequest({"n_points": self.config.n_bins}, ("sketch_points",))
+        return SketchRequest()
+
+    def node_bytes(self, m: int) -> float:
+        cfg = self.config
+        if self._client_sketches:
+            return 8.0 * cfg.n_clients * m * (cfg.n_bins + 1)
+        return 0.0
+
+    def plans_whole_level(self) -> bool:
+        return self.policy.sketch == "secure_cdf"
+
+    def candidates(self, q: CandidateQuery, ask: AskRound
+                   ) -> Generator[Task, Received, np.ndarray]:
+        if self._client_sketches:
+            return pooled_sketch_candidates(q.disc, q.pos, q.feats, self.config.n_bins)
+        ctx = q.ctx
+        if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - policy checks
+            raise ProfileError("the secure_cdf sketch needs public feature bounds")
+        lo = ctx.box_lo[q.nodes[:, None], q.feats]
+        hi = ctx.box_hi[q.nodes[:, None], q.feats]
+        return (yield from self._secure_cdf(ask, ctx.level, q.nodes, q.feats, lo, hi,
+                                            ctx.n[q.nodes], ctx.is_cat))
+
+    def _secure_cdf(self, ask: AskRound, level: int, ev: np.ndarray, feats: np.ndarray,
+                    lo: np.ndarray, hi: np.ndarray, n_ev: np.ndarray, is_cat: np.ndarray
+                    ) -> Generator[Task, Received, np.ndarray]:
+        """Pooled-CDF sketch from securely summed counts, refined coarse to fine.
+
+        Counts on a grid inside each node's box (public bounds intersected with the ancestors'
+        splits) are aggregated like any other statistic. Cells holding more than ``1/(2B)`` of
+        the node's pooled mass are subdivided in further rounds, so that the candidates, read
+        off the piecewise-linear pooled CDF, have a pooled rank error near ``1/B``.
+        """
+        planner = _secure_cdf.SecureCdfPlanner(lo, hi, feats, is_cat, n_ev, self.config.n_bins,
+                                               self.policy.rows_per_point)
+        while (grid := planner.next_grid()) is not None:
+            task = ask(TaskKind.HISTOGRAM, level, {"stats": "count", "purpose": "sketch"},
+                       {"nodes": ev, "features": planner.active_features(), "thresholds": grid},
+                       (counts_block(ev.size, feats.shape[1], grid.shape[2] + 1),))
+            blocks, _ = yield task
+            planner.receive(blocks["counts"][..., 0])
+        return planner.candidates()
+
+
+class AvgImp(Quantiles):
+    """Quantile candidates scored by the clients' summed local gains (AvgImp), with an
+    optional Top-L shortlist: only features some client ranks among its best L."""
+
+    name = "avgimp"
+    stats = "gain"
+
+    def sketch_request(self) -> SketchRequest:
+        req = super().sketch_request()
+        top_l = self.config.top_l
+        if top_l is None:
+            return req
+        params = dict(req.params, top_l=top_l)
+        params.setdefault("n_points", self.config.n_bins)
+        return SketchRequest(params, (*req.disclose, "top_l"))
+
+    def shortlist(self, q: CandidateQuery) -> np.ndarray:
+        feats, nodes, disc, pos = q.feats, q.nodes, q.disc, q.pos
+        if self.config.top_l is None or not nodes.size:
+            return feats
+        keep = np.zeros_like(feats, dtype=bool)
+        for k in disc:
+            top = disc[k]["top_l"][pos]
+            sent = disc[k]["sketch_counts"][pos] > 0 if "sketch_counts" in disc[k] \
+                else np.ones(nodes.size, dtype=bool)
+            rows = np.repeat(np.arange(nodes.size), top.shape[1])
+            keep[rows[np.repeat(sent, top.shape[1])], top[sent].ravel()] = True
+        return np.where(keep, feats, -1)
+
+
+class Exact(CandidateMethod):
+    """Every midpoint between consecutive distinct values the clients disclose."""
+
+    name = "exact"
+
+    def sketch_request(self) -> SketchRequest:
+        return SketchRequest({}, ("unique",))
+
+    def candidates(self, q: CandidateQuery, ask: AskRound
+                   ) -> Generator[Task, Received, np.ndarray]:
+        yield from ()
+        return exact_candidates(q.disc, q.pos, q.feats.shape[1])
+
+
+class Histogram(CandidateMethod):
+    """Fixed-width bins on each feature's global range (Kalloori et al.): the public bounds,
+    or else the clients' disclosed minima and maxima."""
+
+    name = "histogram"
+
+    def needs_range(self) -> bool:
+        return self.config.feature_bounds is None
+
+    def candidates(self, q: CandidateQuery, ask: AskRound
+                   ) -> Generator[Task, Received, np.ndarray]:
+        yield from ()
+        if q.ctx.lohi is None:  # pragma: no cover - the range was disclosed at level 0
+            raise ProtocolError("internal: no histogram range")
+        return fixed_width_grid(q.ctx.lohi[q.feats], self.config.n_bins)
+
+
+class RandomSplits(CandidateMethod):
+    """Data-independent splits: each node's first sampled feature at a threshold uniform in
+    the node's public box. Nothing is evaluated; :meth:`draw` replaces the candidates."""
+
+    name = "random"
+
+    def candidates(self, q: CandidateQuery, ask: AskRound
+                   ) -> Generator[Task, Received, np.ndarray]:
+        yield from ()
+        raise ProtocolError("internal: random splits are drawn, not evaluated")
+
+    @staticmethod
+    def draw(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarray,
+             box_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feature and threshold per node (:func:`~._random_splits.random_splits`)."""
+        return _random_splits.random_splits(rng, feats, box_lo, box_hi)
+
+
+#: the candidate methods by the name a job's ``method`` takes
+CANDIDATE_METHODS: dict[str, type[CandidateMethod]] = {
+    cls.name: cls for cls in (Quantiles, AvgImp, Exact, Histogram, RandomSplits)}
+
+
+def make_method(config: JobConfig, policy: ReleasePolicy) -> CandidateMethod:
+    """The candidate method the job's configuration names.
+
+    Raises
+    ------
+    ValueError
+        A name :data:`CANDIDATE_METHODS` does not hold.
+    """
+    try:
+        cls = CANDIDATE_METHODS[config.method]
+    except KeyError:
+        raise ValueError(f"unknown candidate method {config.method!r}; one of "
+                         f"{sorted(CANDIDATE_METHODS)}") from None
+    return cls(config, policy)
+
+
+# ---------------------------------------------------------------------- thresholds
+def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarray,
+                             B: int) -> np.ndarray:
+    """Candidates from the clients' disclosed quantile sketches (rows ``ev``), pooled."""
+    E, m = feats.shape
+    clients = sorted(disc)
+    if E == 0 or not clients:
+        return np.full((E, m, B - 1), np.inf)
+    K = len(clients)
+    cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
+    P = disc[clients[0]]["sketch_points"].shape[2]
+    thr = np.empty((E, m, B - 1))
+    # the clients' sketches are gathered a run of nodes at a time: never a K-fold copy
+    step = max(1, _sketch.CHUNK_ENTRIES // max(K * P * m, 1))
+    for a in range(0, E, step):
+        sel = ev[a:a + step]
+        pts = np.stack([disc[k]["sketch_points"][sel] for k in clients], axis=2)
+        rows = pts.reshape(sel.size * m, K, P)
+        counts = np.repeat(cnt[a:a + step], m, axis=0)
+        thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B).reshape(sel.size, m, B - 1)
+    return thr
+
+
+def exact_candidates(disc: Disclosures, ev: np.ndarray, m: int) -> np.ndarray:
+    """Midpoints of the union of the clients' distinct values per (node ``ev``, slot)."""
+    E = ev.size
+    per_block: list[np.ndarray] = []
+    for i in ev:
+        for s in range(m):
+            b = i * m + s
+            parts = [disc[k]["unique_vals"][disc[k]["unique_ptr"][b]:
+                                            disc[k]["unique_ptr"][b + 1]] for k in disc]
+            u = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+            mid = (u[:-1] + u[1:]) / 2.0
+            mid = np.where(mid == u[1:], u[:-1], mid)  # scikit-learn's rounding guard
+            per_block.append(mid)
+    width = max([p.size for p in per_block], default=0)
+    out = np.full((E * m, max(width, 1)), np.inf)
+    for r, p in enumerate(per_block):
+        out[r, : p.size] = p
+    return out.reshape(E, m, max(width, 1))
+
+
+def fixed_width_grid(lohi: np.ndarray, n_bins: int) -> np.ndarray:
+    """``n_bins - 1`` cuts of fixed width on ``[lo, hi]`` per range ``lohi[..., :]``
+    (shape (..., 2)); +inf where the range is empty."""
+    frac = np.arange(1, n_bins) / n_bins
+    lo, hi = lohi[..., 0], lohi[..., 1]
+    thr = lo[..., None] + (hi - lo)[..., None] * frac
+    return np.where((hi > lo)[..., None], thr, np.inf)
+
+
+def box_grid(ctx: LevelContext, nodes: np.ndarray, feats: np.ndarray, n_bins: int
+             ) -> np.ndarray:
+    """Fixed-width cuts of each evaluated node's box per slot (the candidates under DP)."""
+    if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - the policy checks
+        raise ProfileError("differential privacy needs public feature bounds")
+    return fixed_width_grid(np.stack([ctx.box_lo[nodes[:, None], feats],
+                                      ctx.box_hi[nodes[:, None], feats]], axis=-1), n_bins)

@@ -1,0 +1,53 @@
+"""Node values and stopping rules from a level's node statistics (the coordinator's side).
+
+A node's value is the mean of y (regression) or its class proportions (classification) from
+its summed statistics; an empty node takes its parent's value. A node may split when it holds
+enough rows for two leaves and is not pure. Under DP the statistics are noisy and are
+post-processed by the release policy (:meth:`~fedforest_secure._release.ReleasePolicy.
+node_values`); these rules then read the noisy counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _impurity
+from .config import JobConfig
+
+__all__ = ["noisy_level_totals", "node_values", "splittable", "splittable_noisy"]
+
+
+def node_values(totals: np.ndarray, task: str, fallback: np.ndarray) -> np.ndarray:
+    """Values of nodes with statistics ``totals`` (n_nodes, S); ``fallback`` where empty."""
+    n = _impurity.counts_of(totals, task)
+    values = _impurity.node_values(totals, task)
+    empty = n <= 0
+    values[empty] = fallback[empty]
+    return values
+
+
+def splittable(config: JobConfig, totals: np.ndarray) -> np.ndarray:
+    """Nodes (exact statistics) that may split: at least ``min_samples_split`` rows and room
+    for two leaves of ``min_samples_leaf``, not empty, not pure (impurity within rounding
+    of zero, relative to the node's scale)."""
+    cfg = config
+    n = _impurity.counts_of(totals, cfg.task)
+    imp = _impurity.weighted_impurity(totals, cfg.task, cfg.criterion)
+    scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
+        if cfg.task == "regression" else np.ones(n.size)
+    pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
+    return ((n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf)
+            & ~pure & ~(n <= 0))
+
+
+def splittable_noisy(config: JobConfig, n: np.ndarray) -> np.ndarray:
+    """Nodes with noisy counts ``n`` that may split (the count rules only)."""
+    return (n >= config.min_samples_split) & (n >= 2 * config.min_samples_leaf) & ~(n <= 0)
+
+
+def noisy_level_totals(hist: np.ndarray, feats: np.ndarray) -> np.ndarray:
+    """Node totals (n_nodes, S) from a level's noisy histogram (n_nodes, m, bins, S): every
+    evaluated slot's histogram sums to the node's totals, so their mean is the estimate."""
+    valid_slot = (feats >= 0)[..., None]
+    slot_tot = hist.sum(axis=2)
+    return (slot_tot * valid_slot).sum(axis=1) / np.maximum(valid_slot.sum(axis=1), 1)

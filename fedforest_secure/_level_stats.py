@@ -1,0 +1,271 @@
+"""A client's statistics over a level's sorted order (the worker's side of every round).
+
+The worker sorts the level's (pair, feature slot) entries once per level
+(:class:`~fedforest_secure._order.LevelOrder`); every answer of the level is read off that
+order: the per-bin histograms of the histogram round (each bin a contiguous run, summed by
+``np.add.reduceat``), the weighted quantile sketch, the distinct values of the exact method,
+and the local Top-L ranking of AvgImp. Feature values are compared through the client's exact
+integer codes (:class:`CodeBook`), so ``x <= t`` is decided exactly for any threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _impurity
+from ._layouts import categorical_cuts
+from ._order import LevelOrder, first_reaching
+from .config import JobConfig
+
+__all__ = ["CodeBook", "LevelStatistics", "local_gains"]
+
+
+@dataclass(frozen=True)
+class CodeBook:
+    """A client's exact integer codes: the code of a value is its rank among the client's
+    distinct values of that feature.
+
+    ``uniq_all`` holds every feature's distinct values, feature ``j``'s at
+    ``uniq_off[j]:uniq_off[j + 1]`` (``uniq[j]`` is a view). Codes of block ``b`` of a level
+    order live in ``[b << cbits, (b + 1) << cbits)``.
+    """
+
+    uniq: list[np.ndarray]
+    uniq_all: np.ndarray
+    uniq_off: np.ndarray
+    cbits: int
+
+    @property
+    def stride(self) -> int:
+        return 1 << self.cbits
+
+
+class LevelStatistics:
+    """The client's answers over one level order (module docstring).
+
+    Parameters
+    ----------
+    order : the level's (or a node group's) sorted order
+    config : the job's configuration
+    y : array of shape (n_k,), the client's targets (class codes for classification)
+    book : the client's integer codes
+    """
+
+    def __init__(self, order: LevelOrder, config: JobConfig, y: np.ndarray,
+                 book: CodeBook) -> None:
+        self.order = order
+        self.config = config
+        self.y = y
+        self.book = book
+
+    def quantile_points(self, feats: np.ndarray, n_points: int, rows_per_point: int
+                        ) -> np.ndarray:
+        """Weighted quantile points Q(b/B_k), b = 0..B_k, per (node, slot); NaN-padded.
+
+        Categorical slots get no points. With ``rows_per_point`` r >= 1 (adaptive B), a block
+        of w rows gets at most w // r points, none below r rows. Blocks are processed in runs
+        of a bounded number of entries, so the scratch memory does not grow with the level.
+        """
+        n_nodes, m = feats.shape
+        nblk = n_nodes * m
+        out = np.full((nblk, n_points + 1), np.nan)
+        order = self.order
+        if order.size == 0:
+            return out.reshape(n_nodes, m, n_points + 1)
+        # block boundaries by search (nblk queries), not by a pass over every entry
+        edges = order.all_edges()
+        cont = np.array([k == "continuous" for k in self.config.kinds])
+        fl = feats.reshape(-1)
+        wanted = cont[fl.clip(0)] & (fl >= 0)
+        r = rows_per_point
+        b = np.arange(n_points + 1)
+        for b0, b1 in order.chunks(edges):
+            e0, e1 = int(edges[b0]), int(edges[b1])
+            if e1 == e0:
+                continue
+            w = order.weights(e0, e1)
+            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
+            cw0[0] = 0
+            np.cumsum(w, out=cw0[1:])
+            cw = cw0[1:]
+            start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
+            before = cw0[start]
+            bw = cw0[end] - before
+            present = np.flatnonzero((end > start) & wanted[b0:b1])
+            # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
+            bk = np.full(present.size, n_points, dtype=np.int64)
+            if r >= 1:
+                bk = np.minimum(bw[present] // r, n_points)
+                # fewer than r rows: no point at all (a lone min or max would be a record)
+                keep = bk >= 1
+                present, bk = present[keep], bk[keep]
+            valid = b[None, :] <= bk[:, None]
+            # Q(b / B_k) is the first entry whose cumulative weight within the block reaches
+            # b n / B_k (at least 1: Q(0) is the minimum), i.e. the integer ceil(b n / B_k):
+            # exact integer arithmetic (as _sketch.client_quantiles), offset by the weight
+            # before the block, so a block's points never depend on its neighbours
+            bwi = bw[present].astype(np.int64)
+            target = b[None, :] * bwi[:, None]
+            target += (bk - 1)[:, None]
+            target //= bk[:, None]
+            np.maximum(target, 1, out=target)
+            target += before[present, None].astype(np.int64)
+            idx = first_reaching(cw, target.ravel()).reshape(target.shape)
+            del w, cw, target
+            np.minimum(idx, (end[present] - 1)[:, None], out=idx)
+            idx += e0
+            fslot = fl[b0:b1][present]
+            code = order.codes_at(idx)
+            code += self.book.uniq_off[fslot][:, None]
+            vals = self.book.uniq_all[code]
+            vals[~valid] = np.nan
+            out[b0 + present] = vals
+        return out.reshape(n_nodes, m, n_points + 1)
+
+    def unique_values(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct values per (node, slot) in CSR form (the exact method's disclosure)."""
+        order = self.order
+        nblk = feats.size
+        if order.size == 0:
+            return np.zeros(nblk + 1, dtype=np.int64), np.zeros(0)
+        bc_s = order.block_codes()
+        new = np.ones(bc_s.size, dtype=bool)
+        new[1:] = bc_s[1:] != bc_s[:-1]
+        ub, uc = bc_s[new] >> self.book.cbits, bc_s[new] & (self.book.stride - 1)
+        fslot = feats.reshape(-1)[ub]
+        vals = self.book.uniq_all[self.book.uniq_off[fslot] + uc]
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(ub, minlength=nblk))])
+        return ptr.astype(np.int64), vals
+
+    def top_l(self, feats: np.ndarray, pts: np.ndarray, top_l: int) -> np.ndarray:
+        """Slots of the L features with the best local gain at the local quantile candidates."""
+        n_nodes, m = feats.shape
+        thr = pts[:, :, 1:-1].copy()  # interior local quantiles as local candidates
+        thr[np.isnan(thr)] = np.inf
+        thr.sort(axis=2)
+        dup = np.zeros(thr.shape, dtype=bool)
+        dup[:, :, 1:] = thr[:, :, 1:] == thr[:, :, :-1]
+        thr[dup] = np.inf
+        thr.sort(axis=2)
+        cat = np.array([k == "categorical" for k in self.config.kinds])
+        hist = self.histogram(np.arange(n_nodes), feats,
+                              categorical_cuts(thr, feats, cat, self.config.levels))
+        gain = local_gains(hist, self.config)
+        best = np.where(np.isfinite(gain), gain, -np.inf).max(axis=2)  # (n_nodes, m)
+        best[feats < 0] = -np.inf
+        ranked = np.argsort(-best, axis=1, kind="stable")[:, :top_l]
+        return ranked.astype(np.int64)
+
+    def histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+                  counts_only: bool = False) -> np.ndarray:
+        """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
+
+        Each bin is a contiguous run of the level's sorted order, so its statistics are one
+        segment sum (``np.add.reduceat``): no per-row search, no cancellation across bins.
+        ``nodes`` are the positions of the evaluated nodes in ``order`` (ascending).
+        """
+        order = self.order
+        n_eval, m = feats.shape
+        nb = thr.shape[2] + 1
+        S = 1 if counts_only else self.config.n_stats
+        stride = self.book.stride
+        blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
+        # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
+        starts, ends = order.block_edges(blk)
+        # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut;
+        # cutkey[i, b] = (block << cbits) | cut, one feature at a time
+        cutkey = np.empty((blk.size, nb - 1), dtype=np.int64)
+        cutkey[:] = stride - 1  # no cut (padding): the bin runs to the end of the block
+        fl = feats.ravel()
+        thr2 = thr.reshape(blk.size, nb - 1)
+        for j in np.unique(fl[fl >= 0]):
+            sel = np.flatnonzero(fl == j)
+            t = thr2[sel].ravel()
+            # +inf (padding) maps past the last code, so its bin runs to the end of the block
+            u = self.book.uniq[j]
+            c = np.full(t.size, u.size, dtype=np.int64)
+            fin = np.flatnonzero(np.isfinite(t))
+            if fin.size:
+                # searched in ascending order: numpy's binary search starts from the previous
+                # answer, several times faster than the blocks' interleaved runs
+                tf = t[fin]
+                o = np.argsort(tf)
+                c[fin[o]] = np.searchsorted(u, tf[o], side="right")
+            if t.size and t.min() == -np.inf:  # -inf: no cut either (they ascend)
+                c[t == -np.inf] = stride - 1
+            cutkey[sel] = c.reshape(sel.size, nb - 1)
+        cutkey += (blk << self.book.cbits)[:, None]
+        sums = np.zeros((blk.size, nb, S))
+        edges = np.append(starts, ends[-1] if blk.size else 0)
+        # bins are consecutive runs of the sorted order, so each bin's statistics are one
+        # segment sum (reduceat over [pos_i, pos_i+1)) of the bin's own rows: no cancellation
+        # across bins. Runs of blocks keep the scratch memory bounded.
+        for i0, i1 in order.chunks(edges):
+            e0 = int(starts[i0])
+            e1 = int(ends[i1 - 1])
+            if e1 <= e0:
+                continue
+            pos = np.empty((i1 - i0, nb + 1), dtype=np.int64)
+            pos[:, 1:nb] = order.search(cutkey[i0:i1].ravel(), e0, e1).reshape(-1, nb - 1)
+            pos[:, 0] = starts[i0:i1] - e0
+            pos[:, nb] = ends[i0:i1] - e0
+            cols = self._sorted_stats(counts_only, e0, e1)
+            flat = pos.ravel()
+            part = sums[i0:i1]
+            for c, col in enumerate(cols):
+                seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
+                part[:, :, c] = seg
+            del cols
+            empty = pos[:, 1:] <= pos[:, :-1]  # empty runs (reduceat gives an element)
+            np.copyto(part, 0.0, where=empty[:, :, None])
+        sums = sums.reshape(n_eval, m, nb, S)
+        sums[feats < 0] = 0.0
+        return sums
+
+    def _sorted_stats(self, counts_only: bool, lo: int, hi: int) -> list[np.ndarray]:
+        """Weighted row statistics of entries ``[lo, hi)`` in the level's sorted order, one
+        contiguous column per statistic, each with a zero sentinel at the end (a bin may start
+        at the last entry)."""
+        order = self.order
+        n = hi - lo
+        wf = np.empty(n + 1)
+        order.weights_into(wf[:n], lo, hi)
+        wf[n] = 0.0
+        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
+            return [wf]
+        rows = order.rows(lo, hi)
+        if self.config.task == "regression":
+            yv = self.y[rows]
+            del rows
+            wy = np.empty(n + 1)
+            np.multiply(wf[:n], yv, out=wy[:n])
+            wy[n] = 0.0
+            wyy = np.empty(n + 1)
+            np.multiply(wy[:n], yv, out=wyy[:n])
+            wyy[n] = 0.0
+            return [wf, wy, wyy]
+        yc = self.y[rows]
+        del rows
+        cols = []
+        for c in range(self.config.n_classes):
+            col = np.zeros(n + 1)
+            hit = yc == c
+            col[:n][hit] = wf[:n][hit]
+            cols.append(col)
+        return cols
+
+
+def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:
+    """n-weighted local gains per threshold (the client's own CART gains), shape (E, m, Bt)."""
+    cfg = config
+    left = np.cumsum(hist, axis=2)[:, :, :-1, :]
+    total = hist.sum(axis=2, keepdims=True)
+    right = total - left
+    parent = _impurity.weighted_impurity(total, cfg.task, cfg.criterion)
+    g = (parent - _impurity.weighted_impurity(left, cfg.task, cfg.criterion)
+         - _impurity.weighted_impurity(right, cfg.task, cfg.criterion))
+    nl = _impurity.counts_of(left, cfg.task)
+    nr = _impurity.counts_of(right, cfg.task)
+    return np.where((nl > 0) & (nr > 0), g, 0.0)

@@ -1,0 +1,231 @@
+"""The coordinator's level planner: the frontier of growing nodes, feature sampling, node
+groups, and growing the trees by a level's chosen splits.
+
+A level's nodes (over all trees) are the *frontier*. For every frontier node the planner knows
+which tree and node id it is, its parent's value (the fallback of an empty or noisy node) and,
+with public feature bounds, its box (the bounds intersected with its ancestors' numeric
+splits). After a level's splits are chosen, :func:`grow` adds the children to the trees and
+returns the next frontier and the routing arrays the next sketch round sends to the clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._tree import NodeKind, TreeBuilder
+from .protocol import Block, Task, TaskKind
+
+__all__ = ["AskRound", "Disclosures", "Frontier", "LevelContext", "NodeGrouping", "Received",
+           "grow", "sample_features"]
+
+#: per-client items disclosed in a round, by client index
+Disclosures = dict[int, dict[str, np.ndarray]]
+#: what a round hands back to the coordinator: the summed blocks and the disclosures
+Received = tuple[dict[str, np.ndarray], Disclosures]
+
+
+class AskRound(Protocol):
+    """Opens the next round (the coordinator's task factory)."""
+
+    def __call__(self, kind: TaskKind, level: int, params: dict[str, Any],
+                 arrays: dict[str, np.ndarray], layout: tuple[Block, ...],
+                 disclose: tuple[str, ...] = ()) -> Task: ...
+
+
+@dataclass
+class LevelContext:
+    """What the evaluation of a level's nodes needs to know about the level."""
+
+    level: int
+    feats: np.ndarray  # (n_nodes, m) sampled features
+    totals: np.ndarray  # (n_nodes, S) node totals
+    n: np.ndarray  # (n_nodes,) weighted counts
+    is_cat: np.ndarray  # (d,) categorical features
+    box_lo: np.ndarray | None  # (n_nodes, d) the nodes' boxes, with public bounds
+    box_hi: np.ndarray | None
+    lohi: np.ndarray | None  # (d, 2) histogram method: the grid's range per feature
+
+
+@dataclass
+class Frontier:
+    """The growing nodes of a level, in level order."""
+
+    tree: np.ndarray  # (n_nodes,) tree index
+    node: np.ndarray  # (n_nodes,) node id in its tree
+    parent_value: np.ndarray  # (n_nodes, n_out) the parent's value (a root: zeros)
+    box_lo: np.ndarray | None  # (n_nodes, d) with public feature bounds
+    box_hi: np.ndarray | None
+
+    @property
+    def size(self) -> int:
+        return int(self.tree.size)
+
+    @classmethod
+    def roots(cls, trees: Sequence[TreeBuilder], n_out: int,
+              bounds: np.ndarray | None) -> Frontier:
+        """Level 0: a root per tree (added to ``trees``), boxes equal to the public bounds."""
+        T = len(trees)
+        node = np.array([t.add() for t in trees], dtype=np.int64)
+        box_lo = np.tile(bounds[:, 0], (T, 1)) if bounds is not None else None
+        box_hi = np.tile(bounds[:, 1], (T, 1)) if bounds is not None else None
+        return cls(np.arange(T, dtype=np.int64), node, np.zeros((T, n_out)), box_lo, box_hi)
+
+    def record(self, trees: Sequence[TreeBuilder], values: np.ndarray, n: np.ndarray) -> None:
+        """Store every frontier node's value and weighted count in its tree."""
+        for i in range(self.size):
+            tb = trees[self.tree[i]]
+            tb.value[self.node[i]] = values[i]
+            tb.n[self.node[i]] = float(n[i])
+
+
+def sample_features(rng: np.random.Generator, n_nodes: int, d: int, m: int) -> np.ndarray:
+    """``m`` of the ``d`` features per node, without replacement: shape (n_nodes, m)."""
+    if m == d:
+        return np.tile(np.arange(d, dtype=np.int64), (n_nodes, 1))
+    keys = rng.random((n_nodes, d))
+    return np.argsort(keys, axis=1)[:, :m].astype(np.int64)
+
+
+class NodeGrouping:
+    """Which levels are evaluated in groups of nodes, and the groups.
+
+    A level with more nodes than ``max_nodes``, or whose estimated state exceeds
+    ``max_bytes``, is evaluated in consecutive groups, each within both limits (see
+    :class:`~fedforest_secure.coordinator.Coordinator`). Both None: never.
+    """
+
+    def __init__(self, max_nodes: int | None, max_bytes: int | None) -> None:
+        if max_nodes is not None and max_nodes < 1:
+            raise ValueError("max_nodes_per_round must be at least 1")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_round_bytes must be positive")
+        self.max_nodes = max_nodes
+        self.max_bytes = max_bytes
+
+    def applies(self, n_nodes: int, weight: float, m: int, node_bytes: float) -> bool:
+        """Whether a level of ``n_nodes`` is grouped: a limit is set and the level exceeds
+        it. ``weight`` bounds the sum of the level's weighted node counts; ``node_bytes`` is
+        the coordinator's memory per evaluated node."""
+        if self.max_nodes is not None and n_nodes > self.max_nodes:
+            return True
+        if self.max_bytes is not None:
+            return 8.0 * m * weight + node_bytes * n_nodes > self.max_bytes
+        return False
+
+    def groups(self, ev: np.ndarray, n: np.ndarray, m: int, node_bytes: float
+               ) -> list[tuple[int, int]]:
+        """Consecutive ranges ``[a, b)`` of the evaluated nodes ``ev``, each one group.
+
+        A group holds at most ``max_nodes`` nodes and, estimated from the node totals, at most
+        ``max_bytes`` of the state its rounds create: every client's sorted level order (at
+        most one 8-byte entry per unit of weight and feature slot, so ``8 m n_nu`` over all
+        clients) and ``node_bytes`` per node (with quantile sketches, the coordinator's copy
+        of every client's sketch, ``8 K m (B + 1)``). A group has at least one node.
+        """
+        E = ev.size
+        if E == 0:
+            return []
+        cap = self.max_nodes if self.max_nodes is not None else E
+        if self.max_bytes is None:
+            return [(a, min(a + cap, E)) for a in range(0, E, cap)]
+        per_node = 8.0 * m * np.maximum(n[ev], 0.0) + node_bytes
+        cum = np.concatenate([[0.0], np.cumsum(per_node)])
+        out: list[tuple[int, int]] = []
+        a = 0
+        while a < E:
+            b = int(np.searchsorted(cum, cum[a] + self.max_bytes, side="right")) - 1
+            b = min(max(b, a + 1), a + cap, E)
+            out.append((a, b))
+            a = b
+        return out
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What :func:`grow` made of a level's splits."""
+
+    frontier: Frontier  # the next level's nodes
+    routing: dict[str, np.ndarray]  # the next sketch round's routing arrays
+    splits: list[dict[str, Any]]  # the level's split decisions, for the audit log
+
+
+def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, splits: np.ndarray,
+         kind: np.ndarray, feature: np.ndarray, threshold: np.ndarray,
+         sets: Sequence[list[int]], child_values: Mapping[int, np.ndarray],
+         node_values: np.ndarray) -> Growth:
+    """Split the frontier nodes ``ev[e]`` for every ``e`` with ``splits[e]``.
+
+    ``kind``, ``feature``, ``threshold`` and ``sets`` are the chosen split per evaluated node;
+    the children get the values ``child_values[e]`` (two rows) where given, else the parent's
+    ``node_values[ev[e]]`` (their fallback). A numeric split narrows the children's boxes.
+    """
+    n_nodes = frontier.size
+    r_kind = np.full(n_nodes, NodeKind.LEAF, dtype=np.int32)
+    r_feat = np.full(n_nodes, -1, dtype=np.int32)
+    r_thr = np.zeros(n_nodes)
+    r_left = np.full(n_nodes, -1, dtype=np.int32)
+    r_right = np.full(n_nodes, -1, dtype=np.int32)
+    set_lists: list[list[int]] = [[] for _ in range(n_nodes)]
+    nt: list[int] = []
+    nn: list[int] = []
+    nxt_lo: list[np.ndarray] = []
+    nxt_hi: list[np.ndarray] = []
+    pv: list[np.ndarray] = []
+    box_lo, box_hi = frontier.box_lo, frontier.box_hi
+    for e, i in enumerate(ev):
+        if not splits[e]:
+            continue
+        t, nd = int(frontier.tree[i]), int(frontier.node[i])
+        tb = trees[t]
+        k = int(kind[e])
+        feat = int(feature[e])
+        tb.kind[nd] = k
+        tb.feature[nd] = feat
+        r_kind[i], r_feat[i] = k, feat
+        if k == NodeKind.NUMERIC:
+            tb.threshold[nd] = r_thr[i] = float(threshold[e])
+        else:
+            tb.sets[nd] = sets[e]
+            set_lists[i] = sets[e]
+        lc, rc = tb.add(), tb.add()
+        tb.left[nd], tb.right[nd] = lc, rc
+        r_left[i], r_right[i] = len(nt), len(nt) + 1
+        nt += [t, t]
+        nn += [lc, rc]
+        child = child_values.get(e)
+        if child is not None:
+            pv += [child[0], child[1]]
+        else:
+            pv += [node_values[i], node_values[i]]
+        if box_lo is not None and box_hi is not None:
+            lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
+            lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()
+            if k == NodeKind.NUMERIC:
+                hi_l[feat] = min(hi_l[feat], r_thr[i])
+                lo_r[feat] = max(lo_r[feat], r_thr[i])
+            nxt_lo += [lo_l, lo_r]
+            nxt_hi += [hi_l, hi_r]
+    decided = [
+        {"tree": int(frontier.tree[i]), "node": int(frontier.node[i]),
+         "kind": NodeKind(int(r_kind[i])).label,
+         "feature": int(r_feat[i]), "threshold": float(r_thr[i]),
+         "left_set": [int(v) for v in set_lists[i]]}
+        for i in range(n_nodes) if r_kind[i] != NodeKind.LEAF]
+    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(s) for s in set_lists])
+    vals = np.array([v for s in set_lists for v in s], dtype=np.int32)
+    routing = {"route_kind": r_kind, "route_feature": r_feat, "route_threshold": r_thr,
+               "route_left": r_left, "route_right": r_right,
+               "route_set_ptr": ptr, "route_set_vals": vals}
+    n_out = frontier.parent_value.shape[1]
+    d = box_lo.shape[1] if box_lo is not None else 0
+    nxt = Frontier(
+        tree=np.array(nt, dtype=np.int64), node=np.array(nn, dtype=np.int64),
+        parent_value=np.array(pv).reshape(-1, n_out),
+        box_lo=np.array(nxt_lo).reshape(-1, d) if box_lo is not None else None,
+        box_hi=np.array(nxt_hi).reshape(-1, d) if box_hi is not None else None)
+    return Growth(nxt, routing, decided)

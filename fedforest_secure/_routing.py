@@ -1,0 +1,96 @@
+"""Routing a client's (tree, row) pairs through a level's splits (the worker's side).
+
+Every sketch round after the first carries the previous level's decisions as arrays over its
+nodes (``route_kind``, ``route_feature``, ``route_threshold``, ``route_left``, ``route_right``
+and the left sets in CSR form, ``route_set_ptr`` / ``route_set_vals``). :func:`route` sends
+every pair of the client to its child in the new level, for all pairs at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ._level_stats import CodeBook
+from ._tree import NodeKind
+from .config import JobConfig
+from .errors import ProtocolError
+
+__all__ = ["route"]
+
+
+def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, row: np.ndarray,
+          node_ptr: np.ndarray | None, codes: np.ndarray, n_rows: int, book: CodeBook,
+          config: JobConfig, client_index: int) -> np.ndarray:
+    """The new level's node of every pair, -1 where the pair leaves the level (its node is a
+    leaf).
+
+    ``node``, ``row``: the pairs' nodes in the current level (of ``n_nodes``) and their rows;
+    ``node_ptr``: the start of each node's pairs when the pairs are in node order, else None;
+    ``codes``: the client's integer codes, feature-major (``codes[j * n_rows + row]``).
+
+    Raises
+    ------
+    ProtocolError
+        The routing does not describe this level's nodes or names an unknown feature.
+    """
+    a = arrays
+    kind = a["route_kind"]
+    if kind.shape != (n_nodes,):
+        raise ProtocolError(
+            f"routing describes {kind.shape[0]} nodes, this client has {n_nodes}")
+    feat = a["route_feature"].astype(np.int64)
+    thr = a["route_threshold"]
+    left = a["route_left"].astype(np.int64)
+    right = a["route_right"].astype(np.int64)
+    ptr = a["route_set_ptr"].astype(np.int64)
+    vals = a["route_set_vals"].astype(np.int64)
+    is_num = kind == NodeKind.NUMERIC
+    num_nodes = np.flatnonzero(is_num)
+    if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= config.n_features).any():
+        raise ProtocolError("routing names a feature this job does not have")
+    # numeric splits, for every pair at once: x <= t  <=>  code < (distinct values <= t)
+    cut = np.zeros(kind.size, dtype=np.int64)
+    for j in np.unique(feat[num_nodes]):
+        sel = num_nodes[feat[num_nodes] == j]
+        cut[sel] = np.searchsorted(book.uniq[j], thr[sel], side="right")
+    # per-node values for every pair: repeated over each node's run when the pairs are in
+    # node order (after a grouped level), else gathered pair by pair
+    runs = np.diff(node_ptr) if node_ptr is not None and node_ptr.size == kind.size + 1 \
+        else None
+
+    def per_pair(v: np.ndarray) -> np.ndarray:
+        return np.repeat(v, runs) if runs is not None else v[node]
+
+    fbase = np.where(is_num, feat, 0) * n_rows  # per node: start of its codes
+    idx = per_pair(fbase)
+    idx += row
+    go_left = codes[idx] < per_pair(cut)
+    del idx
+    k = None
+    if (kind == NodeKind.CATEGORICAL).any():
+        k = kind[node]
+        cat = k == NodeKind.CATEGORICAL
+        cat_nodes = np.flatnonzero(kind == NodeKind.CATEGORICAL)
+        max_l = max(config.levels) if config.levels else 1
+        table = np.zeros((cat_nodes.size, max(max_l, 1)), dtype=bool)
+        pos = np.full(kind.size, -1, dtype=np.int64)
+        pos[cat_nodes] = np.arange(cat_nodes.size)
+        for i, nd in enumerate(cat_nodes):
+            table[i, vals[ptr[nd]:ptr[nd + 1]]] = True
+        fc = feat[node[cat]]
+        code = codes[fc * n_rows + row[cat]]
+        lv = book.uniq_all[book.uniq_off[fc] + code].astype(np.int64)
+        go_left[cat] = table[pos[node[cat]], lv]
+    if (kind == NodeKind.CLIENT).any():
+        k = kind[node] if k is None else k
+        cli = k == NodeKind.CLIENT
+        mine = np.zeros(kind.size, dtype=bool)
+        for nd in np.flatnonzero(kind == NodeKind.CLIENT):
+            mine[nd] = client_index in set(vals[ptr[nd]:ptr[nd + 1]].tolist())
+        go_left[cli] = mine[node[cli]]
+    # a leaf's pairs leave the level whatever the task says of its children
+    left_eff = np.where(kind == NodeKind.LEAF, -1, left)
+    right_eff = np.where(kind == NodeKind.LEAF, -1, right)
+    return np.where(go_left, per_pair(left_eff), per_pair(right_eff))

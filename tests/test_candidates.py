@@ -1,0 +1,75 @@
+"""Tests for fedforest_secure._candidates: the registry of candidate methods."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedforest_secure._candidates import (
+    CANDIDATE_METHODS,
+    SketchRequest,
+    fixed_width_grid,
+    make_method,
+)
+from fedforest_secure._release import ReleasePolicy
+from fedforest_secure.config import METHODS, JobConfig
+from fedforest_secure.privacy import load_profile
+
+
+def _cfg(**kw: Any) -> JobConfig:
+    base: dict[str, Any] = dict(job_id="c", task="regression", n_features=3, n_clients=2,
+                                max_features=2, n_bins=8, feature_bounds=((0.0, 1.0),) * 3,
+                                profile=load_profile("open").to_dict())
+    base.update(kw)
+    return JobConfig(**base)
+
+
+def test_registry_names_its_classes_and_is_what_config_accepts() -> None:
+    assert METHODS == tuple(CANDIDATE_METHODS) == ("quantiles", "avgimp", "exact", "histogram",
+                                                   "random")
+    for name, cls in CANDIDATE_METHODS.items():
+        assert cls.name == name
+        cfg = _cfg(method=name)
+        assert type(make_method(cfg, ReleasePolicy(cfg))) is cls
+
+
+def test_unknown_method_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="method must be one of"):
+        _cfg(method="extra-trees")
+    cfg = _cfg()
+    object.__setattr__(cfg, "method", "extra-trees")  # a config that skipped validation
+    with pytest.raises(ValueError, match=r"unknown candidate method .extra-trees.; one of \["):
+        make_method(cfg, ReleasePolicy(_cfg()))
+
+
+@pytest.mark.parametrize("method,profile,kw,want", [
+    ("quantiles", "open", {}, SketchRequest({"n_points": 8}, ("sketch_points",))),
+    ("quantiles", "secure", {}, SketchRequest()),  # secure CDF: counts in extra rounds
+    ("avgimp", "open", {"top_l": 2},
+     SketchRequest({"n_points": 8, "top_l": 2}, ("sketch_points", "top_l"))),
+    ("avgimp", "secure", {"top_l": 2}, SketchRequest({"top_l": 2, "n_points": 8}, ("top_l",))),
+    ("exact", "open", {}, SketchRequest({}, ("unique",))),
+    ("histogram", "open", {}, SketchRequest()),
+    ("random", "open", {}, SketchRequest()),  # splits drawn from public bounds only
+])
+def test_sketch_round_asks_what_the_method_needs(method: str, profile: str, kw: dict[str, Any],
+                                                 want: SketchRequest) -> None:
+    cfg = _cfg(method=method, profile=load_profile(profile).to_dict(), **kw)
+    got = make_method(cfg, ReleasePolicy(cfg)).sketch_request()
+    assert got == want
+    assert list(got.params) == list(want.params)  # the task's parameters keep this order
+
+
+def test_histogram_needs_the_clients_ranges_only_without_public_bounds() -> None:
+    with_bounds = _cfg(method="histogram")
+    without = dataclasses.replace(with_bounds, feature_bounds=None)
+    assert not make_method(with_bounds, ReleasePolicy(with_bounds)).needs_range()
+    assert make_method(without, ReleasePolicy(without)).needs_range()
+
+
+def test_fixed_width_grid_cuts_each_range_and_pads_empty_ones() -> None:
+    lohi = np.array([[0.0, 4.0], [2.0, 2.0]])
+    np.testing.assert_array_equal(fixed_width_grid(lohi, 4), [[1.0, 2.0, 3.0], [np.inf] * 3])
