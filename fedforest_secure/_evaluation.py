@@ -133,10 +133,10 @@ def choose_splits(config: JobConfig, blocks: dict[str, np.ndarray], mode: str, t
             hist, thr, num_slot, cfg.task, cfg.criterion, cfg.min_samples_leaf)
         for e, s in zip(*np.nonzero(cat_slot), strict=True):
             nl = cfg.levels[feats[e, s]]
-            g, left, ls = _splits.best_grouping(hist[e, s, :nl], cfg.task, cfg.criterion,
-                                                cfg.min_samples_leaf)
-            if g > gain[e]:
-                gain[e], slot[e], lstats[e] = g, s, ls
+            g_cat, left, ls = _splits.best_grouping(hist[e, s, :nl], cfg.task, cfg.criterion,
+                                                    cfg.min_samples_leaf)
+            if g_cat > gain[e]:
+                gain[e], slot[e], lstats[e] = g_cat, s, ls
                 split_kind[e] = NodeKind.CATEGORICAL
                 split_set[e] = left
     elif E == 0:

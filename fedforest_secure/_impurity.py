@@ -47,4 +47,5 @@ def node_values(stats: np.ndarray, task: str) -> np.ndarray:
             return (stats[..., 1] / np.where(n > 0, n, 1.0))[..., None]
         c = np.maximum(stats, 0.0)
         n = c.sum(axis=-1, keepdims=True)
-        return c / np.where(n > 0, n, 1.0)
+        shares: np.ndarray = c / np.where(n > 0, n, 1.0)
+        return shares

@@ -36,8 +36,9 @@ def splittable(config: JobConfig, totals: np.ndarray) -> np.ndarray:
     scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
         if cfg.task == "regression" else np.ones(n.size)
     pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
-    return ((n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf)
-            & ~pure & ~(n <= 0))
+    can: np.ndarray = ((n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf)
+                       & ~pure & ~(n <= 0))
+    return can
 
 
 def splittable_noisy(config: JobConfig, n: np.ndarray) -> np.ndarray:
@@ -50,4 +51,6 @@ def noisy_level_totals(hist: np.ndarray, feats: np.ndarray) -> np.ndarray:
     evaluated slot's histogram sums to the node's totals, so their mean is the estimate."""
     valid_slot = (feats >= 0)[..., None]
     slot_tot = hist.sum(axis=2)
-    return (slot_tot * valid_slot).sum(axis=1) / np.maximum(valid_slot.sum(axis=1), 1)
+    totals: np.ndarray = (slot_tot * valid_slot).sum(axis=1) / np.maximum(valid_slot.sum(axis=1),
+                                                                          1)
+    return totals

@@ -214,9 +214,9 @@ class LevelStatistics:
             cols = self._sorted_stats(counts_only, e0, e1)
             flat = pos.ravel()
             part = sums[i0:i1]
-            for c, col in enumerate(cols):
+            for ci, col in enumerate(cols):
                 seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
-                part[:, :, c] = seg
+                part[:, :, ci] = seg
             del cols
             empty = pos[:, 1:] <= pos[:, :-1]  # empty runs (reduceat gives an element)
             np.copyto(part, 0.0, where=empty[:, :, None])

@@ -72,7 +72,7 @@ class LevelOrder:
         n_unused = 0
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
-        slot_unused = (feats < 0).any(axis=0)
+        slot_unused = np.asarray((feats < 0).any(axis=0))
         # pairs in node order (a node group's pairs always are): a slot's per-node values
         # are repeated over the node's run of pairs instead of gathered pair by pair
         runs = np.bincount(node, minlength=n_nodes) \
@@ -105,7 +105,11 @@ class LevelOrder:
 
     @property
     def size(self) -> int:
-        return int(self.key.size) if self.key is not None else int(self._edges[-1])
+        if self.key is not None:
+            return int(self.key.size)
+        if self._edges is None:  # pragma: no cover - a compact order keeps its edges
+            raise ValueError("a level order holds either keys or block edges")
+        return int(self._edges[-1])
 
     def compact(self) -> None:
         """Keep the order in 5 bytes per entry instead of 8 until the level's next round.
@@ -126,7 +130,8 @@ class LevelOrder:
 
     def _chunk_key(self, lo: int, hi: int) -> np.ndarray:
         """(block << cbits | code) of entries ``[lo, hi)`` from the compact form."""
-        assert self._edges is not None and self._code is not None
+        if self._edges is None or self._code is None:
+            raise RuntimeError("internal: the level order has neither keys nor compact codes")
         edges = self._edges
         first = int(np.searchsorted(edges, lo, side="right")) - 1
         inner = edges[(edges > lo) & (edges < hi)] - lo
@@ -176,35 +181,40 @@ class LevelOrder:
             b0 = b1
         return out
 
+    def _full_key(self) -> np.ndarray:
+        """The sorted keys of an order that is not compact (:meth:`compact` keeps codes,
+        rows and weights instead, and :meth:`search` rebuilds keys a chunk at a time)."""
+        if self.key is None:
+            raise RuntimeError("internal: the level order is compact and has no full keys")
+        return self.key
+
     def codes_at(self, idx: np.ndarray) -> np.ndarray:
-        assert self.key is not None
-        return (self.key[idx] >> self.shift) & ((1 << self.cbits) - 1)
+        """Codes of the entries at positions ``idx``."""
+        codes: np.ndarray = (self._full_key()[idx] >> self.shift) & ((1 << self.cbits) - 1)
+        return codes
 
     def block_codes(self) -> np.ndarray:
-        assert self.key is not None
-        return self.key >> self.shift
+        """(block << cbits | code) of every entry."""
+        return self._full_key() >> self.shift
 
     def weights(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Bootstrap multiplicities of entries ``[lo, hi)`` in sorted order (integers)."""
         if self._w is not None:
             return self._w[lo:hi]
-        assert self.key is not None
-        return self.key[lo:hi] & 255
+        return self._full_key()[lo:hi] & 255
 
     def weights_into(self, out: np.ndarray, lo: int = 0, hi: int | None = None) -> None:
         """:meth:`weights` written into ``out`` (e.g. float64), without a temporary."""
         if self._w is not None:
             out[...] = self._w[lo:hi]
             return
-        assert self.key is not None
-        np.bitwise_and(self.key[lo:hi], 255, out=out, casting="unsafe")
+        np.bitwise_and(self._full_key()[lo:hi], 255, out=out, casting="unsafe")
 
     def rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Row indices of entries ``[lo, hi)`` in sorted order (integers)."""
         if self._rows is not None:
             return self._rows[lo:hi]
-        assert self.key is not None
-        out = self.key[lo:hi] >> 8
+        out = self._full_key()[lo:hi] >> 8
         out &= self._rmask
         return out
 
@@ -241,4 +251,5 @@ def first_reaching(cw: np.ndarray, target: np.ndarray) -> np.ndarray:
         np.ceil(target).astype(np.int64)
     np.clip(c, 1, total, out=c)
     c -= 1
-    return inv[c]
+    out: np.ndarray = inv[c]
+    return out

@@ -218,9 +218,10 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     ptr = np.zeros(n_nodes + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(s) for s in set_lists])
     vals = np.array([v for s in set_lists for v in s], dtype=np.int32)
-    routing = {"route_kind": r_kind, "route_feature": r_feat, "route_threshold": r_thr,
-               "route_left": r_left, "route_right": r_right,
-               "route_set_ptr": ptr, "route_set_vals": vals}
+    routing: dict[str, np.ndarray] = {
+        "route_kind": r_kind, "route_feature": r_feat, "route_threshold": r_thr,
+        "route_left": r_left, "route_right": r_right,
+        "route_set_ptr": ptr, "route_set_vals": vals}
     n_out = frontier.parent_value.shape[1]
     d = box_lo.shape[1] if box_lo is not None else 0
     nxt = Frontier(

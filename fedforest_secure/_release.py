@@ -62,9 +62,8 @@ class ReleasePolicy:
             raise ProfileError("split_on_client=True but the privacy profile has h_splits='off'")
         #: H-splits are scored from per-client node summaries
         self.h_splits = bool(config.split_on_client and h_policy in ("clear", "noisy"))
-        # h_splits = "noisy": per-client node summaries carry each client's own DP noise
-        # (privacy/hsplits.py); they need a budget, so without [dp] the job fails closed
-        #: the per-client node summaries carry each client's own DP noise
+        #: h_splits = "noisy": the per-client node summaries carry each client's own DP noise
+        #: (privacy/hsplits.py); they need a budget, so without [dp] the job fails closed
         self.noisy_h = bool(config.split_on_client and h_policy == "noisy")
         if self.noisy_h and config.dp is None:
             raise BudgetError("h_splits='noisy' adds DP noise to per-client node summaries and "

@@ -122,8 +122,8 @@ def _first_at_least(F: np.ndarray, targets: np.ndarray) -> np.ndarray:
     Q = targets.size
     offs = 2.0 * np.arange(R)[:, None]
     flat = (F + offs).ravel()
-    i = (np.searchsorted(flat, (targets[None, :] + offs).ravel(), side="left").reshape(R, Q)
-         - np.arange(R)[:, None] * E)
+    found = np.searchsorted(flat, (targets[None, :] + offs).ravel(), side="left")
+    i: np.ndarray = found.reshape(R, Q) - np.arange(R)[:, None] * E
     np.clip(i, 0, E, out=i)
     flatF = F.ravel()
     base = (np.arange(R) * E)[:, None]

@@ -39,10 +39,10 @@ def resolve_max_features(max_features: Any, n_features: int) -> int:
     if isinstance(max_features, bool):
         raise ValueError("max_features must not be a bool")
     if isinstance(max_features, numbers.Integral):
-        max_features = int(max_features)
-        if not 1 <= max_features <= n_features:
-            raise ValueError(f"max_features={max_features} must be in [1, {n_features}]")
-        return max_features
+        count = int(max_features)
+        if not 1 <= count <= n_features:
+            raise ValueError(f"max_features={count} must be in [1, {n_features}]")
+        return count
     if isinstance(max_features, numbers.Real):
         max_features = float(max_features)
         if not 0.0 < max_features <= 1.0:

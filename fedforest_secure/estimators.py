@@ -117,13 +117,13 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         return out
 
     def _check_X(self, X: Any) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise SchemaError(f"X must be 2-dimensional, got shape {X.shape}")
-        if not np.isfinite(X).all():
-            r, c = np.argwhere(~np.isfinite(X))[0]
+        arr = np.asarray(X, dtype=np.float64)
+        if arr.ndim != 2:
+            raise SchemaError(f"X must be 2-dimensional, got shape {arr.shape}")
+        if not np.isfinite(arr).all():
+            r, c = np.argwhere(~np.isfinite(arr))[0]
             raise SchemaError(f"X has a non-finite value at row {r}, column {c}")
-        return X
+        return arr
 
     def _encode_y(self, y: Any) -> tuple[np.ndarray, float]:
         y = np.asarray(y, dtype=np.float64)
@@ -141,7 +141,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             raise SchemaError(f"client must have shape ({n},), got {client.shape}")
         if fitting:
             self.clients_ = np.unique(client)
-        codes = np.searchsorted(self.clients_, client)
+        codes: np.ndarray = np.searchsorted(self.clients_, client)
         codes = np.clip(codes, 0, len(self.clients_) - 1)
         unknown = self.clients_[codes] != client
         if unknown.any():
@@ -305,7 +305,8 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
     def predict(self, X: Any, client: Any = None) -> np.ndarray:
         """Predicted classes, shape (n,)."""
         self._check_fitted()
-        return self.classes_[np.argmax(self.predict_proba(X, client), axis=1)]
+        labels: np.ndarray = self.classes_[np.argmax(self.predict_proba(X, client), axis=1)]
+        return labels
 
     def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:
         from sklearn.metrics import accuracy_score

@@ -47,7 +47,8 @@ class StatCodec:
 
     def quantum(self) -> np.ndarray:
         """Value of one unit of the ring per entry (the resolution of the encoding)."""
-        return self.scale * np.ldexp(1.0, -self.ring.frac_bits)
+        unit: np.ndarray = self.scale * np.ldexp(1.0, -self.ring.frac_bits)
+        return unit
 
 
 def _scales(config: JobConfig) -> dict[str, float]:
