@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _impurity
+from ._bootstrap import tree_pairs
 from ._level_stats import CodeBook, LevelStatistics, local_gains
 from ._order import LevelOrder
 from ._routing import route
@@ -117,28 +118,10 @@ class Worker:
         for j in range(d):
             codes[j] = np.searchsorted(self._uniq[j], X[:, j])
         self._codes = codes.ravel()  # feature-major: code of (j, row) at j * n + row
-        # client-stratified bootstrap: n_k draws with replacement from the client's own rows
-        rng = np.random.default_rng(seed)
+        # client-stratified bootstrap: n_k draws with replacement from the client's own rows;
+        # level 0: a pair's node index is its tree index
+        self._p_row, self._p_node, self._p_w = tree_pairs(config, n, np.random.default_rng(seed))
         T = config.n_estimators
-        if config.sampling == "bootstrap":
-            w = np.empty((T, n), dtype=np.int64)
-            for t in range(T):
-                w[t] = np.bincount(rng.integers(0, n, n), minlength=n)
-            dp = config.dp
-            if dp is not None:  # DP sensitivities assume a capped multiplicity
-                np.minimum(w, int(dp.get("max_multiplicity", 4)), out=w)
-        elif config.sampling == "disjoint":  # every row in exactly one tree
-            w = np.zeros((T, n), dtype=np.int64)
-            w[rng.integers(0, T, n), np.arange(n)] = 1
-        else:
-            w = np.ones((T, n), dtype=np.int64)
-        tt, rr = np.nonzero(w)
-        # compact pair arrays: every worker of an in-process federation holds its own
-        self._p_row = rr.astype(np.int32 if n < 2**31 else np.int64)
-        self._p_node = tt.astype(np.int32)  # level 0: node index == tree index
-        pw = w[tt, rr]
-        self._p_w = pw.astype(np.uint8) if pw.size and pw.max() < 256 else pw
-        del w, tt, rr, pw
         self._level = 0
         self._n_nodes = T
         self._sorted: LevelOrder | None = None
