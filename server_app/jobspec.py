@@ -125,6 +125,9 @@ class JobSpec(BaseModel):
         "the `[forest]` table"))
     data: DataFacts | None = Field(default=None, description=(
         "the `[data]` table, only for a job without a schema file"))
+    public_rows: int | None = Field(default=None, ge=1, description=(
+        "a public count (or lower bound) of the federation's rows, for the DP allocation "
+        "rule; absent: 100 rows per site"))
 
     @field_validator("clients")
     @classmethod
@@ -209,6 +212,25 @@ def _schema_facts(schema_text: str) -> dict[str, Any]:
     }
 
 
+_RULE_FIELDS = ("n_estimators", "max_depth", "n_bins", "max_features", "bootstrap", "method")
+
+
+def _dp_forest(spec: JobSpec, facts: dict[str, Any], dp: dict[str, Any]) -> dict[str, Any]:
+    """The allocation rule's values for the forest fields the job file does not set
+    (:func:`fedforest_secure.privacy.allocation.dp_forest_settings`)."""
+    from fedforest_secure.privacy.allocation import dp_forest_settings
+
+    given = spec.forest.model_fields_set
+    method = spec.forest.method if "method" in given else (
+        "histogram" if spec.forest.split_on_client else "random")
+    rows = spec.public_rows or 100 * len(spec.clients)
+    rule = dp_forest_settings(float(dp["epsilon"]), rows, int(facts["n_features"]),
+                              int(facts.get("n_classes") or 0), str(facts["task"]),
+                              delta=float(dp["delta"]), method=method).as_params()
+    rule["bootstrap"] = rule.pop("sampling") == "bootstrap"
+    return {k: rule[k] for k in _RULE_FIELDS if k not in given}
+
+
 def build_config(spec: JobSpec) -> JobConfig:
     """The job's :class:`JobConfig` from the spec (schema facts + forest + profile)."""
     if spec.data is not None:
@@ -222,13 +244,16 @@ def build_config(spec: JobSpec) -> JobConfig:
     else:
         raise ConfigError("a job needs a schema file or a [data] table")
     forest = spec.forest.model_dump()
+    profile = resolve_profile(spec.profile, spec.profile_overrides)
+    dp = profile.get("dp")
+    if dp:  # forest settings the job file leaves out come from the DP allocation rule
+        forest.update(_dp_forest(spec, facts, dp))
     try:
         forest["max_features"] = resolve_max_features(forest["max_features"],
                                                       int(facts["n_features"]))
         if forest["criterion"] is None:
             forest["criterion"] = "mse" if facts["task"] == "regression" else "gini"
-        return JobConfig(job_id=spec.id, n_clients=len(spec.clients),
-                         profile=resolve_profile(spec.profile, spec.profile_overrides),
+        return JobConfig(job_id=spec.id, n_clients=len(spec.clients), profile=profile,
                          **facts, **forest)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"job {spec.id!r}: {exc}") from exc
