@@ -105,7 +105,7 @@ def reference(fed: Fed) -> ForestModel:
     return run_in_process(config, [(X.astype(float), y) for X, y in fed.parts])
 
 
-def wait_round(fed: Fed, at_least: int, timeout: float = 60) -> None:
+def wait_round(fed: Fed, at_least: int, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = _job_status(fed.root / "server.db", "job-a")
