@@ -81,6 +81,9 @@ class JobConfig:
     criterion: str = "mse"  # "mse" | "gini" | "entropy"
     random_state: int = 0
     profile: dict[str, Any] = field(default_factory=dict)
+    #: an evaluation job's :class:`~fedforest_secure.evaluation.spec.EvalSpec` as a JSON mapping
+    #: (the models it scores, its bins); None for a training job
+    evaluation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("regression", "classification"):
@@ -138,7 +141,10 @@ class JobConfig:
         return 3 if self.task == "regression" else self.n_classes
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        obj = asdict(self)
+        if obj["evaluation"] is None:
+            del obj["evaluation"]  # a training job's configuration has no evaluation key
+        return json.dumps(obj, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobConfig:

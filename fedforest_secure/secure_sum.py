@@ -124,7 +124,9 @@ def noise_sigmas(config: JobConfig, layout: tuple[Block, ...], level: int
     """
     from .privacy.allocation import job_noise
 
-    if config.dp is None:
+    if config.dp is None or config.evaluation is not None:
+        # an evaluation job's sites add their noise to their replies, per statistics block
+        # (fedforest_secure.evaluation.noise): nothing more in the ring
         return {}, 0
     present = sorted({k.value for b in layout for k in b.kinds})
     if not present:

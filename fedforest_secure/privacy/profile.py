@@ -126,6 +126,10 @@ class PrivacyProfile(BaseModel):
         Fractional bits of the fixed-point encoding of real-valued sums (0..40).
     min_clients : int
         Sums over fewer clients are refused (default 3 with secure aggregation, else 1).
+    site_metrics : bool
+        An evaluation job may ask this site for its own evaluation statistics in the clear
+        (per-site metrics); false: the site sends them only inside the secure sum. Not with
+        ``[dp]`` (the statistics would carry no noise).
     description : str
         Free text for humans.
     """
@@ -143,6 +147,7 @@ class PrivacyProfile(BaseModel):
     fixed_point: bool = False
     frac_bits: int = 24
     min_clients: int = 1
+    site_metrics: bool = False
     description: str = ""
 
     @model_validator(mode="before")
@@ -191,6 +196,9 @@ class PrivacyProfile(BaseModel):
                 raise ValueError('dp is incompatible with sketch = "quantiles" (plaintext)')
             if self.h_splits == "clear":
                 raise ValueError('dp is incompatible with h_splits = "clear" (plaintext)')
+            if self.site_metrics:
+                raise ValueError("dp is incompatible with site_metrics = true (plaintext "
+                                 "per-site evaluation statistics)")
             tol = self.dp.dropout_tolerance
             if tol is not None and tol < 1 - self.threshold - 1e-12:
                 raise ValueError(
@@ -222,6 +230,8 @@ class PrivacyProfile(BaseModel):
             out.append("per-client node summaries")
         elif self.h_splits == "noisy":
             out.append("noisy per-client node summaries")
+        if self.site_metrics:
+            out.append("per-client evaluation statistics (evaluation jobs that ask)")
         return out
 
     # ------------------------------------------------------------------ (de)serialisation

@@ -52,6 +52,9 @@ class TaskKind(enum.StrEnum):
     SKETCH = "sketch"
     #: Per node and feature slot, a histogram of statistics over bins cut by the given thresholds.
     HISTOGRAM = "histogram"
+    #: Score the evaluation job's models on the site's held-out rows and send the additive
+    #: statistics of :mod:`fedforest_secure.evaluation` (no arrays: the models are in the job).
+    EVALUATE = "evaluate"
 
 
 #: Task parameters a client reads, per task kind; anything else is refused (a server must not
@@ -59,6 +62,7 @@ class TaskKind(enum.StrEnum):
 TASK_PARAMS: dict[TaskKind, frozenset[str]] = {
     TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "dp"}),
     TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp"}),
+    TaskKind.EVALUATE: frozenset({"dp"}),
 }
 TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
     # "nodes": a sketch of some of the level's nodes only, after its routing round (a
@@ -67,6 +71,7 @@ TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
                                 "route_left", "route_right", "route_set_ptr",
                                 "route_set_vals", "nodes"}),
     TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
+    TaskKind.EVALUATE: frozenset(),
 }
 #: Parameters published for transparency only (clients recompute them): not part of a question.
 _INFORMATIONAL = frozenset({"dp", "purpose"})

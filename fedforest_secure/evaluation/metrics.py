@@ -1,0 +1,164 @@
+"""Metrics from summed statistics (server side): the same numbers scikit-learn computes on the
+pooled rows.
+
+Every function takes one model's statistics (the blocks of :mod:`.layout`, summed over sites)
+and never sees a row. With exact sums the results equal scikit-learn's on the pooled held-out
+rows (``tests/test_evaluation_metrics.py``, to 1e-9): accuracy, balanced accuracy, macro
+precision / recall / F1 (``zero_division=0``), log-loss, Brier score, calibration curve; R^2,
+MSE, MAE. ROC AUC and average precision are those of the scores binned into the ``G`` score
+bins (scikit-learn's on the pooled bin indices); the AUC of the unbinned scores differs from it
+by at most :func:`auc_binning_bound` (pairs of a positive and a negative row in one bin count
+as ties).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from .layout import EvalLayout
+
+__all__ = ["auc_binning_bound", "binned_auc", "binned_average_precision",
+           "calibration_curve", "classification_metrics", "metrics", "predicted_vs_actual",
+           "regression_metrics", "roc_curve"]
+
+_Stats = Mapping[str, np.ndarray]
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b != 0 else float("nan")
+
+
+def binned_auc(neg: np.ndarray, pos: np.ndarray) -> float:
+    """ROC AUC of binned scores (ties within a bin count one half), from the counts of negative
+    and positive rows per bin (bins in increasing score order)."""
+    neg = np.rint(neg).astype(np.int64)  # counts (noisy ones are integers too)
+    pos = np.rint(pos).astype(np.int64)
+    P, N = int(pos.sum()), int(neg.sum())
+    if P <= 0 or N <= 0:
+        return float("nan")
+    above = np.concatenate([np.cumsum(pos[::-1])[::-1][1:], [0]])  # positives in higher bins
+    num = sum(int(n) * (2 * int(a) + int(p)) for n, a, p in zip(neg, above, pos, strict=True))
+    return num / (2 * P * N)
+
+
+def auc_binning_bound(neg: np.ndarray, pos: np.ndarray) -> float:
+    """Largest difference between :func:`binned_auc` and the AUC of the unbinned scores: half
+    the share of (positive, negative) pairs that fall in one bin."""
+    neg, pos = np.clip(neg, 0, None), np.clip(pos, 0, None)
+    P, N = float(pos.sum()), float(neg.sum())
+    if P <= 0 or N <= 0:
+        return float("nan")
+    return float(0.5 * (neg * pos).sum() / (P * N))
+
+
+def roc_curve(neg: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(fpr, tpr)`` at every bin edge, from (0, 0) to (1, 1): the rows in a bin and above
+    are called positive."""
+    tp = np.concatenate([[0.0], np.cumsum(pos[::-1])])
+    fp = np.concatenate([[0.0], np.cumsum(neg[::-1])])
+    P, N = tp[-1], fp[-1]
+    return (fp / N if N > 0 else fp * np.nan), (tp / P if P > 0 else tp * np.nan)
+
+
+def binned_average_precision(neg: np.ndarray, pos: np.ndarray) -> float:
+    """Average precision of binned scores (scikit-learn's step-wise sum over thresholds)."""
+    P = float(pos.sum())
+    if P <= 0:
+        return float("nan")
+    tp = np.cumsum(pos[::-1])
+    fp = np.cumsum(neg[::-1])
+    called = tp + fp
+    keep = called > 0
+    precision = np.where(keep, tp / np.where(keep, called, 1.0), 0.0)
+    recall_gain = pos[::-1] / P
+    return float((recall_gain * precision).sum())
+
+
+def calibration_curve(counts: np.ndarray, prob: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(prob_true, prob_pred, rows)`` of the non-empty bins (scikit-learn's
+    ``calibration_curve`` with uniform bins), from per-bin (rows, positives) and the per-bin
+    sums of the predicted probability."""
+    total, positives = counts[:, 0], counts[:, 1]
+    keep = total > 0
+    return positives[keep] / total[keep], prob[keep] / total[keep], total[keep]
+
+
+def classification_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
+    """Accuracy, balanced accuracy, macro precision / recall / F1, log-loss, Brier, ROC AUC,
+    average precision, expected calibration error (one model's summed statistics)."""
+    cm = np.asarray(stats["confusion"], dtype=np.float64)
+    n = float(cm.sum())
+    support = cm.sum(axis=1)
+    called = cm.sum(axis=0)
+    diag = np.diag(cm)
+    present = (support > 0) | (called > 0)  # scikit-learn's labels: in y_true or y_pred
+    recall = np.where(support > 0, diag / np.where(support > 0, support, 1.0), 0.0)
+    precision = np.where(called > 0, diag / np.where(called > 0, called, 1.0), 0.0)
+    denom = precision + recall
+    f1 = np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1.0), 0.0)
+    out = {
+        "n": n,
+        "accuracy": _div(float(diag.sum()), n),
+        "balanced_accuracy": float(recall[support > 0].mean()) if (support > 0).any()
+        else float("nan"),
+        "precision_macro": float(precision[present].mean()) if present.any() else float("nan"),
+        "recall_macro": float(recall[present].mean()) if present.any() else float("nan"),
+        "f1_macro": float(f1[present].mean()) if present.any() else float("nan"),
+        "log_loss": _div(float(stats["log_loss"].reshape(-1)[0]), n),
+        "brier": _div(float(stats["brier"].reshape(-1)[0]), n)
+        * (0.5 if layout.n_classes < 3 else 1.0),
+    }
+    scores = np.asarray(stats["scores"], dtype=np.float64)
+    aucs = [binned_auc(s[:, 0], s[:, 1]) for s in scores]
+    aps = [binned_average_precision(s[:, 0], s[:, 1]) for s in scores]
+    bounds = [auc_binning_bound(s[:, 0], s[:, 1]) for s in scores]
+    out["roc_auc"] = _nanmean(aucs)
+    out["average_precision"] = _nanmean(aps)
+    out["roc_auc_binning_bound"] = _nanmean(bounds)
+    eces = []
+    for counts, prob in zip(stats["calib_counts"], stats["calib_prob"], strict=True):
+        t, p, rows = calibration_curve(np.asarray(counts), np.asarray(prob))
+        total = float(rows.sum())
+        eces.append(float((rows * np.abs(t - p)).sum() / total) if total > 0 else float("nan"))
+    out["ece"] = _nanmean(eces)
+    return out
+
+
+def _nanmean(values: list[float]) -> float:
+    good = [v for v in values if not math.isnan(v)]
+    return float(np.mean(good)) if good else float("nan")
+
+
+def regression_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
+    """R^2, MSE, RMSE, MAE and the mean error (bias, mean of yhat - y) of one model."""
+    def one(name: str) -> float:
+        return float(np.asarray(stats[name]).reshape(-1)[0])
+
+    n = one("count")
+    sq, sy, syy = one("sq_err"), one("y"), one("y_sq")
+    sst = syy - sy * sy / n if n > 0 else float("nan")
+    mse = _div(sq, n)
+    return {"n": n, "r2": 1.0 - _div(sq, sst) if sst != 0 else float("nan"),
+            "mse": mse, "rmse": math.sqrt(mse) if mse >= 0 else float("nan"),
+            "mae": _div(one("abs_err"), n), "mean_error": _div(one("err"), n)}
+
+
+def predicted_vs_actual(stats: _Stats, layout: EvalLayout
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean prediction, mean target, rows)`` per non-empty prediction bin."""
+    mid = sum(layout.target_range) / 2.0
+    rows = np.asarray(stats["pva_counts"], dtype=np.float64)
+    keep = rows > 0
+    return (np.asarray(stats["pva_pred"])[keep] / rows[keep] + mid,
+            np.asarray(stats["pva_y"])[keep] / rows[keep] + mid, rows[keep])
+
+
+def metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
+    """The metrics of one model's summed statistics, for the layout's task."""
+    if layout.task == "classification":
+        return classification_metrics(stats, layout)
+    return regression_metrics(stats, layout)

@@ -1,0 +1,167 @@
+"""Metrics from summed site statistics equal scikit-learn's on the pooled held-out rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn import metrics as skm
+from sklearn.calibration import calibration_curve as sk_calibration_curve
+
+from fedforest_secure.evaluation import EvalSpec, eval_layout
+from fedforest_secure.evaluation.encoding import decode_statistics, encode_statistics
+from fedforest_secure.evaluation.layout import EvalLayout
+from fedforest_secure.evaluation.metrics import (
+    auc_binning_bound,
+    binned_auc,
+    calibration_curve,
+    metrics,
+    predicted_vs_actual,
+)
+from fedforest_secure.evaluation.stats import bin_index, model_statistics
+
+TOL = 1e-9
+_SPEC = EvalSpec(models=("{}",), score_bins=50, calibration_bins=10, pva_bins=12)
+
+
+def _split(n: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Row indices of ``k`` sites of unequal sizes (some may be empty)."""
+    site = rng.integers(0, k, size=n)
+    return [np.flatnonzero(site == s) for s in range(k)]
+
+
+def _summed(layout: EvalLayout, values: np.ndarray, y: np.ndarray,
+            sites: list[np.ndarray]) -> dict[str, np.ndarray]:
+    parts = [model_statistics(layout, values[idx], y[idx]) for idx in sites]
+    return {k: sum(p[k] for p in parts) for k in parts[0]}
+
+
+def _through_the_encoding(layout: EvalLayout, values: np.ndarray, y: np.ndarray,
+                          sites: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """What the server decodes: every site's exact integer vector, summed."""
+    total = None
+    for idx in sites:
+        stats = {k: v[None] for k, v in model_statistics(layout, values[idx], y[idx]).items()}
+        vec = encode_statistics(layout, stats, len(idx), dp=False)
+        assert np.array_equal(vec, np.rint(vec)) and (vec >= 0).all() and vec.max() < 2**36
+        total = vec if total is None else total + vec
+    return {k: v[0] for k, v in decode_statistics(layout, total, dp=False).items()}
+
+
+def _proba(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
+    p = rng.dirichlet(np.full(c, 0.7), size=n)
+    p[: n // 10] = np.eye(c)[rng.integers(0, c, size=n // 10)]  # confident rows (p = 0, 1)
+    return p
+
+
+def _check_classification(m: dict[str, float], y: np.ndarray, p: np.ndarray, c: int,
+                          layout: EvalLayout) -> None:
+    pred = p.argmax(axis=1)
+    labels = list(range(c))
+    assert m["n"] == len(y)
+    assert m["accuracy"] == pytest.approx(skm.accuracy_score(y, pred), abs=TOL)
+    assert m["balanced_accuracy"] == pytest.approx(skm.balanced_accuracy_score(y, pred), abs=TOL)
+    for name, fn in (("precision_macro", skm.precision_score),
+                     ("recall_macro", skm.recall_score), ("f1_macro", skm.f1_score)):
+        assert m[name] == pytest.approx(fn(y, pred, average="macro", zero_division=0), abs=TOL)
+    assert m["log_loss"] == pytest.approx(skm.log_loss(y, p, labels=labels), abs=TOL)
+    brier = skm.brier_score_loss(y, p[:, 1]) if c == 2 else \
+        skm.brier_score_loss(y, p, labels=labels)
+    assert m["brier"] == pytest.approx(brier, abs=TOL)
+    G = layout.score_bins
+    aucs, aps = [], []
+    for cls in layout.roc_classes:
+        binned = bin_index(p[:, cls], G)
+        aucs.append(skm.roc_auc_score(y == cls, binned))
+        aps.append(skm.average_precision_score(y == cls, binned))
+    assert m["roc_auc"] == pytest.approx(np.mean(aucs), abs=TOL)
+    assert m["average_precision"] == pytest.approx(np.mean(aps), abs=TOL)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_classification_metrics_from_site_sums_equal_sklearn_on_pooled_rows(
+        n_classes: int) -> None:
+    rng = np.random.default_rng(n_classes)
+    n = 700
+    y = rng.integers(0, n_classes, size=n)
+    p = _proba(rng, n, n_classes)
+    layout = eval_layout(_SPEC, "classification", n_classes, 0.0, dp=False)
+    sites = _split(n, 5, rng)
+    for stats in (_summed(layout, p, y, sites), _through_the_encoding(layout, p, y, sites)):
+        _check_classification(metrics(stats, layout), y, p, n_classes, layout)
+
+
+def test_calibration_curve_equals_sklearn_and_binned_auc_is_within_its_bound() -> None:
+    rng = np.random.default_rng(11)
+    n = 900
+    y = rng.integers(0, 2, size=n)
+    p = _proba(rng, n, 2)
+    p[:40, 1] = 0.3  # values on a bin edge go to the lower bin, as in scikit-learn
+    p[:40, 0] = 0.7
+    layout = eval_layout(_SPEC, "classification", 2, 0.0, dp=False)
+    stats = _through_the_encoding(layout, p, y, _split(n, 4, rng))
+    t, q, rows = calibration_curve(stats["calib_counts"][0], stats["calib_prob"][0])
+    sk_t, sk_q = sk_calibration_curve(y, p[:, 1], n_bins=layout.calibration_bins)
+    np.testing.assert_allclose(t, sk_t, rtol=0, atol=TOL)
+    np.testing.assert_allclose(q, sk_q, rtol=0, atol=TOL)
+    assert rows.sum() == n
+    s = stats["scores"][0]
+    exact = skm.roc_auc_score(y, p[:, 1])
+    bound = auc_binning_bound(s[:, 0], s[:, 1])
+    assert abs(binned_auc(s[:, 0], s[:, 1]) - exact) <= bound + TOL
+    assert 0 < bound < 0.05
+
+
+def test_regression_metrics_from_site_sums_equal_sklearn_on_pooled_rows() -> None:
+    rng = np.random.default_rng(5)
+    n = 800
+    lo, hi = 20.0, 350.0  # a target far from zero (centring keeps R^2 exact)
+    y = rng.uniform(lo, hi, size=n)
+    yhat = np.clip(y + rng.normal(scale=30.0, size=n), lo, hi)
+    spec = EvalSpec(models=("{}",), pva_bins=12, target_range=(lo, hi))
+    layout = eval_layout(spec, "regression", 0, hi, dp=False)
+    sites = _split(n, 6, rng)
+    for stats in (_summed(layout, yhat, y, sites), _through_the_encoding(layout, yhat, y, sites)):
+        m = metrics(stats, layout)
+        assert m["n"] == n
+        assert m["r2"] == pytest.approx(skm.r2_score(y, yhat), abs=TOL)
+        assert m["mse"] == pytest.approx(skm.mean_squared_error(y, yhat), rel=TOL)
+        assert m["mae"] == pytest.approx(skm.mean_absolute_error(y, yhat), rel=TOL)
+        assert m["mean_error"] == pytest.approx(float(np.mean(yhat - y)), abs=TOL)
+        pred, actual, rows = predicted_vs_actual(stats, layout)
+        b = bin_index(yhat, 12, lo, hi)
+        used = np.unique(b)
+        np.testing.assert_allclose(pred, [yhat[b == i].mean() for i in used], rtol=TOL)
+        np.testing.assert_allclose(actual, [y[b == i].mean() for i in used], rtol=TOL)
+        assert rows.sum() == n
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 7), n=st.integers(2, 120))
+def test_metrics_do_not_depend_on_how_rows_are_split_over_sites(seed: int, k: int,
+                                                                 n: int) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, size=n)
+    p = _proba(rng, n, 3)
+    layout = eval_layout(_SPEC, "classification", 3, 0.0, dp=False)
+    one = metrics(_through_the_encoding(layout, p, y, [np.arange(n)]), layout)
+    many = metrics(_through_the_encoding(layout, p, y, _split(n, k, rng)), layout)
+    for key, v in one.items():
+        assert (math.isnan(v) and math.isnan(many[key])) or many[key] == pytest.approx(v,
+                                                                                      abs=TOL)
+
+
+def test_exact_encoding_of_a_real_sum_is_within_2_to_the_minus_41_of_its_bound() -> None:
+    layout = eval_layout(EvalSpec(models=("{}",), target_range=(-3.0, 5.0)), "regression", 0,
+                         5.0, dp=False)
+    rng = np.random.default_rng(0)
+    y = rng.uniform(-3, 5, size=1000)
+    yhat = rng.uniform(-3, 5, size=1000)
+    stats = {k: v[None] for k, v in model_statistics(layout, yhat, y).items()}
+    back = decode_statistics(layout, encode_statistics(layout, stats, 1000, dp=False), dp=False)
+    for b in layout.blocks:
+        err = np.abs(back[b.name] - stats[b.name]).max()
+        assert err <= b.bound * 2.0**-41 * 1.01 + 1e-12 * np.abs(stats[b.name]).max()
