@@ -85,6 +85,9 @@ def ours(n: int, k: int, repeat: int) -> tuple[float, float, float, float]:
                 if u == 1:
                     twopass_t.append(_now() - t0)
             server.receive_upload(header, masked)
+        survivor_set = server.request_signatures()
+        for u in survivor_set.survivors:
+            server.receive_signature(agg.clients[u].sign_survivors(survivor_set))
         req = server.request_unmask()
         for u in req.survivors:
             server.receive_unmask(agg.clients[u].unmask(req))

@@ -118,6 +118,9 @@ class ClientOptions:
     profile: str | None = None
     #: Allow plain ``http://`` to a loopback server (``--insecure-dev``); never anything else.
     insecure_dev: bool = False
+    #: The number of clients this site knows the job has (``--clients``): the job's
+    #: configuration must say the same (it sets the DP noise's ``K_min`` and the roster).
+    n_clients: int | None = None
 
 
 @dataclass
@@ -252,7 +255,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
          log: SiteLog, pinned: dict[str, Any] | None = None) -> ClientResult:
     job = opts.job
     identity = None
-    info = _parse(JoinResponse, tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job)),
+    info = _parse(JoinResponse,
+                  tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
                   "join response")
     if pinned is not None:  # before anything else leaves the site
         check_job_profile(pinned, info.config.get("profile"))
@@ -263,7 +267,11 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     if want is not None and want != schema_sha256(opts.schema):
         raise FedForestError("the local schema file differs from the job's schema; "
                              "get the federation's schema file")
-    config = JobConfig.from_json(json.dumps(info.config))
+    try:
+        config = JobConfig.from_json(json.dumps(info.config))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
+    _check_job(config, opts, log)
     k = info.client_index
     worker = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
     secure_hint = bool(config.profile.get("secure_aggregation"))
@@ -288,10 +296,12 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
             _run_open(ctx)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
-        model = tr.request("GET", f"/v1/jobs/{job}/model").content
+        resp = tr.request("GET", f"/v1/jobs/{job}/model")
+        model = resp.content
         out = opts.model_out or (opts.state_dir / f"{job}.model.json")
         out.write_bytes(model)
         result.model_path = out
+        _model_receipt(ctx, model, resp.headers)
         log.info(f"job {job} done: model saved to {out} "
                  f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
     else:
@@ -313,10 +323,46 @@ def _parse(model: type[_M], obj: object, what: str) -> _M:
         raise ProtocolError(f"malformed {what}") from None
 
 
-def _join_body(state: ClientState, job: str) -> dict[str, Any]:
-    """Every client registers its Ed25519 identity key (used only by secure jobs)."""
-    key = bytes(identity_key(state, job).verify_key).hex()
-    return JoinBody(identity_key=key).model_dump()
+def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
+    """Refuse a job whose configuration disagrees with this site's own schema file (bounds
+    included: they calibrate the DP noise) or with its pinned number of clients."""
+    from fedforest_secure.privacy.pinning import check_job_config
+    from fedforest_secure.schema import Schema
+
+    check_job_config(config, schema=Schema.load(opts.schema), n_clients=opts.n_clients)
+    if opts.n_clients is None and config.profile.get("secure_aggregation"):
+        log.warn(f"no --clients pinned: this site takes the server's word that the job has "
+                 f"{config.n_clients} clients")
+
+
+def _model_receipt(ctx: _Ctx, model: bytes, headers: Any) -> None:
+    """Keep a receipt of the model and of the audit-chain head the server announced with it:
+    it covers the job's last round and its model entry (``fedforest audit verify --receipts``)."""
+    from fedforest_secure.audit import ModelReceipt, write_receipt
+
+    try:
+        rec = ModelReceipt(job_id=ctx.job, client=ctx.name,
+                           model_digest=hashlib.sha256(model).hexdigest(),
+                           chain_head_seen=str(headers.get("X-FedForest-Audit-Head", "")),
+                           seq_seen=int(headers.get("X-FedForest-Audit-Seq", "0")))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"the server announced a malformed audit tip with the model: "
+                            f"{exc}") from exc
+    write_receipt(ctx.state.root / "receipts", rec)
+
+
+def _join_body(state: ClientState, job: str, opts: ClientOptions) -> dict[str, Any]:
+    """Every client registers its Ed25519 identity key (used only by secure jobs); a client
+    with a TLS certificate also certifies the key with it (see
+    :mod:`fedforest_secure.secagg.directory`)."""
+    from fedforest_secure.secagg.directory import certify_identity
+
+    key = bytes(identity_key(state, job).verify_key)
+    cert = None
+    if opts.cert is not None and opts.key is not None:
+        cert = certify_identity(job, key, opts.cert.read_bytes(),
+                                opts.key.read_bytes()).to_json()
+    return JoinBody(identity_key=key.hex(), identity_cert=cert).model_dump(exclude_none=True)
 
 
 def _run_open(ctx: _Ctx) -> None:
@@ -345,7 +391,9 @@ def _run_open(ctx: _Ctx) -> None:
 def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
     """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
     tr, job, result = ctx.tr, ctx.job, ctx.result
-    session = SecAggSession(ctx.config, tr, job, ctx.index, identity)
+    ca = ctx.opts.ca.read_bytes() if ctx.opts.ca is not None and ctx.opts.cert is not None \
+        else None
+    session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
     task: Task | None = None
     reply: Reply | None = None
     vector: np.ndarray | None = None
@@ -403,6 +451,8 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
                 receipt = _upload(tr, job, task, body)
                 ctx.receipt(task, body, step.audit_seq, step.audit_head, receipt)
                 result.rounds += 1
+            elif action == "sign":
+                session.sign(task, message)
             elif action == "unmask":
                 session.unmask(task, message)
         except RefusedRequest as exc:

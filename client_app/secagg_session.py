@@ -13,13 +13,24 @@ says what the server needs from this client now:
             re-asked in a later round over a different set of clients is refused at unmask
 ``upload``  the ShareDelivery; we mask ``encode_contribution(config, task, reply)`` and post it
             as a binary body
-``unmask``  the UnmaskRequest; we reveal shares, or refuse (:class:`RefusedRequest`), in which
-            case we tell the server why and stop
+``sign``    the SurvivorSet; we sign job, round, task digest and the survivors (once per round)
+``unmask``  the UnmaskRequest; we reveal shares only for the set we signed, carried by ``t``
+            valid signatures, or refuse (:class:`RefusedRequest`), in which case we tell the
+            server why and stop
+
+What the session takes as the job's membership is the identity directory it fetched once every
+client joined: exactly ``n_clients`` identities (the job configuration the site checked at join)
+and its own key among them; a session given the federation CA (a site with a TLS client
+certificate) also requires every identity to be certified by a certificate that CA issued
+(:mod:`fedforest_secure.secagg.directory`), so the server cannot add identities of its own.
+The threshold comes from the job's privacy profile (the site's pinned profile when it pinned
+one), the fewest survivors from the profile's ``min_clients`` and the ``K_min`` of its DP noise;
+profiles have no sparse-graph setting, so the session always uses the complete graph and
+refuses a round that announces another.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,9 +47,12 @@ from fedforest_secure.secagg import (
     RoundSetup,
     SecAggClient,
     ShareDelivery,
+    SurvivorSet,
     UnmaskRequest,
     parse,
 )
+from fedforest_secure.secagg.directory import Certification, verify_directory
+from fedforest_secure.secure_sum import unmask_floor
 
 from .state import ClientState
 from .transport import Transport
@@ -66,7 +80,10 @@ class SecAggSession:
     job: str
     index: int
     identity: SigningKey
+    #: the federation CA (PEM): when set, every directory entry must be a certified identity
+    ca_pem: bytes | None = None
     client: SecAggClient | None = None
+    names: dict[int, str] = field(default_factory=dict)
     messages_sent: int = 0
     log: list[str] = field(default_factory=list)
     _advertised: set[int] = field(default_factory=set)
@@ -97,7 +114,29 @@ class SecAggSession:
         if directory.get(self.index) != bytes(self.identity.verify_key):
             raise ProtocolError("the server's directory does not hold this client's identity "
                                 "key (a server substituting keys?)")
-        self.client = SecAggClient(self.index, self.job, self.identity, directory)
+        n = self.config.n_clients
+        if sorted(directory) != list(range(n)):
+            raise ProtocolError(f"the server's directory lists clients {sorted(directory)[:8]}"
+                                f"{'...' if len(directory) > 8 else ''}; this job has {n} "
+                                f"clients (0..{n - 1})")
+        if self.ca_pem is not None:  # every identity must be certified by the federation CA
+            if not d.certs:
+                raise ProtocolError("the server's directory carries no certifications; this "
+                                    "client checks every identity against the federation CA")
+            try:
+                certs = {int(k): Certification.from_json(v) for k, v in d.certs.items()}
+            except (ValueError, TypeError) as exc:
+                raise InvalidMessage("malformed identity certifications") from exc
+            self.names = verify_directory(self.job, directory, certs, self.ca_pem)
+        threshold = self.config.profile.get("threshold", 0.67)
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise ProtocolError(f"the job's profile has no valid threshold ({threshold!r})")
+        try:
+            self.client = SecAggClient(self.index, self.job, self.identity, directory,
+                                       n_clients=n, threshold=threshold, neighbours=None,
+                                       min_survivors=unmask_floor(self.config))
+        except ValueError as exc:
+            raise RefusedRequest(f"refusing secure aggregation in job {self.job}: {exc}") from exc
 
     def _post(self, round_id: int, kind: str, body: str) -> None:
         self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{round_id}/secagg/{kind}",
@@ -135,6 +174,24 @@ class SecAggSession:
         header, masked = self._sa().mask(delivery, vector, inplace=True)
         return header.model_dump_json(), masked
 
+    def sign(self, task: Task, message: str) -> None:
+        """Sign the round's survivor set (once per round), or refuse."""
+        survivor_set = parse(SurvivorSet, message)
+        if survivor_set.round_id != task.round_id:
+            raise ProtocolError("survivor set for another round")
+        try:
+            signature = self._sa().sign_survivors(survivor_set)
+        except RefusedRequest as exc:
+            self._refuse(task, exc)
+            raise
+        self._post(task.round_id, "signature", signature.model_dump_json())
+
+    def _refuse(self, task: Task, exc: RefusedRequest) -> None:
+        self.log.append(f"round {task.round_id}: refused: {exc}")
+        self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{task.round_id}/secagg/refuse",
+                        content=RefuseBody(reason=exc.code).model_dump_json().encode(),
+                        content_type="application/json")
+
     def unmask(self, task: Task, message: str) -> None:
         """Answer the unmask request (with the next round's advert riding along), or refuse."""
         request = parse(UnmaskRequest, message)
@@ -144,9 +201,7 @@ class SecAggSession:
         try:
             response = sa.unmask(request, next_advert=nxt)
         except RefusedRequest as exc:
-            self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{task.round_id}/secagg/refuse",
-                            content=json.dumps(RefuseBody(reason=str(exc)).model_dump()).encode(),
-                            content_type="application/json")
+            self._refuse(task, exc)
             raise
         self._post(task.round_id, "unmask", response.model_dump_json())
 

@@ -48,6 +48,10 @@ def client(
     profile: Annotated[str | None, typer.Option(
         help="the privacy profile this site accepts (open | secure | secure-dp | path to a "
              "TOML file): the client refuses a job whose profile differs")] = None,
+    clients: Annotated[int | None, typer.Option(
+        "--clients", min=1,
+        help="the number of clients this site knows the job has (agreed out of band): the "
+             "client refuses a job whose configuration says otherwise")] = None,
     insecure_dev: Annotated[bool, typer.Option(
         "--insecure-dev", help="allow plain http:// to a loopback server run with "
                                "--insecure-dev (development only)")] = False,
@@ -63,7 +67,7 @@ def client(
                                        schema=schema, ca=ca, cert=cert, key=key,
                                        state_dir=state_dir, model_out=out, quiet=quiet,
                                        retry_budget_s=retry_budget, profile=profile,
-                                       insecure_dev=insecure_dev))
+                                       insecure_dev=insecure_dev, n_clients=clients))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     if res.status != "done":

@@ -102,10 +102,11 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
 
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
-                 model_out: Path, *, profile: str | None = None,
+                 model_out: Path, *, profile: str | None = None, n_clients: int | None = None,
                  insecure_dev: bool = False) -> subprocess.Popen[bytes]:
     """One client process. ``profile`` pins the privacy profile the site accepts (the job's
-    own); ``insecure_dev`` only when the server itself runs with ``--insecure-dev``."""
+    own) and ``n_clients`` the number of clients it knows the job has; ``insecure_dev`` only
+    when the server itself runs with ``--insecure-dev``."""
     env = _child_env()
     env["FEDFOREST_TOKEN"] = site.token
     cmd = [sys.executable, "-m", "fedforest_cli", "client", "--server", url, "--job", job,
@@ -116,6 +117,8 @@ def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, l
     if profile is not None:
         cmd += ["--profile", str(Path(profile).resolve()) if Path(profile).is_file()
                 else profile]
+    if n_clients is not None:
+        cmd += ["--clients", str(n_clients)]
     if insecure_dev:
         cmd.append("--insecure-dev")
     with log.open("ab") as fh:
@@ -161,7 +164,8 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
             procs.append(start_client(site, url, sim.job_id, certs, out / "clients" / site.name,
                                       out / "logs" / f"{site.name}.log",
                                       out / "clients" / f"{site.name}.model.json",
-                                      profile=opts.profile))  # the server runs TLS: no http
+                                      profile=opts.profile,  # TLS: no http
+                                      n_clients=len(sim.sites)))
         console.print(f"4. {len(procs)} client processes started; training...")
         _watch(out / "server.db", sim.job_id, opts.depth, procs)
         codes = [p.wait() for p in procs]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 
 __all__ = [
+    "REFUSAL_CODES",
     "AbortedRound",
     "AuditError",
     "BudgetError",
@@ -59,7 +60,30 @@ class InvalidMessage(ProtocolError, ValueError):
 
 
 class RefusedRequest(ProtocolError):
-    """A request that a client refuses to answer because answering would break a privacy rule."""
+    """A request that a client refuses to answer because answering would break a privacy rule.
+
+    ``code`` names the rule from a fixed list (:data:`REFUSAL_CODES`): it is all a client tells
+    the server about a refusal; the message stays in the client's own log.
+    """
+
+    def __init__(self, *args: object, code: str = "other") -> None:
+        super().__init__(*args)
+        self.code = code if code in REFUSAL_CODES else "other"
+
+
+#: Why a client refuses a secure-aggregation request (the only words of a refusal that reach the
+#: server and the audit log).
+REFUSAL_CODES = (
+    "roster",            # a roster, threshold or graph that is not the client's own view of the job
+    "too_few_survivors",  # fewer survivors than t, 3, or the K_min of the client's DP noise
+    "survivor_set",      # an unmask request for a set other than the one the client signed
+    "signatures",        # fewer than t valid signatures on the survivor set
+    "both_shares",       # both the self-mask and the key share of one peer
+    "question_reused",   # the same question over a different set of clients
+    "job_config",        # a job configuration that disagrees with the client's own
+    "disclosure",        # a disclosure the client's profile does not name
+    "other",
+)
 
 
 class UploadRejected(ProtocolError, ValueError):
@@ -89,5 +113,6 @@ class AuditError(FedForestError):
     """An audit log whose hash chain or client receipts do not verify."""
 
 
-class NotFittedError(FedForestError, _SklearnNotFittedError):
+# scikit-learn ships no type information: its NotFittedError is Any to mypy
+class NotFittedError(FedForestError, _SklearnNotFittedError):  # type: ignore[misc]
     """An estimator used before ``fit``."""

@@ -22,7 +22,7 @@ from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 
 __all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec",
-           "noise_sigmas", "noise_units"]
+           "noise_sigmas", "noise_units", "unmask_floor"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
@@ -180,7 +180,8 @@ class RingAggregator:
             self._secagg = InProcessSecureSum(range(config.n_clients),
                                               threshold=float(prof.get("threshold", 0.67)),
                                               job_id=config.job_id, streaming=True,
-                                              record=record)
+                                              record=record,
+                                              min_survivors=unmask_floor(config))
         self.last_encoded: dict[int, np.ndarray] = {}
 
     @property
@@ -227,3 +228,20 @@ class RingAggregator:
             for k in sorted(encoded):
                 total += encoded[k]
         return codec.decode(total)
+
+
+def unmask_floor(config: JobConfig) -> int:
+    """The fewest survivors a client helps unmask in this job: 3, the profile's ``min_clients``,
+    and under DP the ``K_min`` its noise is calibrated for (a sum over fewer would carry less
+    noise than the budget says). Computed from the configuration the client checked at join."""
+    from .privacy.dp import min_survivors
+
+    prof = config.profile
+    floor = max(3, int(prof.get("min_clients", 3)))
+    dp = config.dp
+    if dp is None:
+        return floor
+    tol = dp.get("dropout_tolerance")
+    if tol is None:
+        tol = max(0.0, 1.0 - float(prof.get("threshold", 1.0)))
+    return max(floor, min_survivors(config.n_clients, min(float(tol), 0.999)))

@@ -28,6 +28,7 @@ from ._order import LevelOrder
 from ._routing import route
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
+from .privacy.pinning import clip_targets
 from .protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind, layout_size
 
 __all__ = ["Worker"]
@@ -86,6 +87,7 @@ class Worker:
             yf = y.astype(np.float64)
             if not np.isfinite(yf).all():
                 raise SchemaError("non-finite target value")
+            yf = clip_targets(config, yf)  # within the bound the DP noise is calibrated for
             self._stats = np.stack([np.ones(n), yf, yf * yf], axis=1)
             self._y = yf
         else:

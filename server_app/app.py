@@ -14,12 +14,14 @@ GET      /v1/jobs/{job}/task?wait=s                   the current task (octet-st
 GET      /v1/jobs/{job}/secagg?wait=s                 secure rounds: what to send now (JSON)
 POST     /v1/jobs/{job}/rounds/{r}/secagg/advert      KeyAdvert (JSON)
 POST     /v1/jobs/{job}/rounds/{r}/secagg/shares      ShareBundle (JSON)
+POST     /v1/jobs/{job}/rounds/{r}/secagg/signature   SurvivorSignature (JSON): signs U3
 POST     /v1/jobs/{job}/rounds/{r}/secagg/unmask      UnmaskResponse (JSON)
-POST     /v1/jobs/{job}/rounds/{r}/secagg/refuse      {"reason": ...}: the client refuses
+POST     /v1/jobs/{job}/rounds/{r}/secagg/refuse      {"reason": code}: a round member refuses
 GET      /v1/jobs/{job}/rounds                        every issued round (for client replay)
 GET      /v1/jobs/{job}/rounds/{r}/task               the task of round r (octet-stream)
 POST     /v1/jobs/{job}/rounds/{r}/upload             the client's vector (octet-stream)
-GET      /v1/jobs/{job}/model                         the final model (JSON), members only
+GET      /v1/jobs/{job}/model                         the final model (JSON), members only, with
+                                                      the audit tip (X-FedForest-Audit-Seq/Head)
 GET      /v1/jobs/{job}/audit                         the job's audit log (JSON lines), members only
 =======  ===========================================  ==========================================
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path as FsPath
@@ -45,15 +48,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fedforest_secure.errors import UploadRejected
+from fedforest_secure.errors import InvalidMessage, UploadRejected
 from fedforest_secure.protocol.api import Health, JoinBody, Me, RefuseBody
+from fedforest_secure.secagg.directory import Certification
 
 from . import __version__
 from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError, upload_error
+from .limits import BodyLimits, TransportLimits
 from .runtime import ServerState
+from .tls_identity import PeerNames
 
 __all__ = ["create_app"]
 
@@ -87,16 +93,13 @@ async def _client(request: Request,
 Client = Annotated[ClientRow, Depends(_client)]
 
 
-_FIRST_BUFFER = 16 << 20  # bytes allocated before any arrives, whatever the Content-Length
-
-
 async def _read_body(request: Request, length: int | None, limit: int) -> bytearray:
     """The request body in one buffer, each chunk copied into place once.
 
-    Uploads run to tens of MB in chunks of 64 KB: appending chunk by chunk to a growing buffer
-    copies it over and over. With a Content-Length the buffer is sized for it, first at most
-    :data:`_FIRST_BUFFER` (a claimed length allocates nothing until the data comes) and then
-    doubled as data arrives; without one it grows, up to ``limit`` bytes."""
+    Uploads run to tens of MB in chunks of 64 KB. The buffer doubles as data arrives (never
+    beyond a stated Content-Length), so a client that states a length but stalls holds only
+    what it sent: nothing is allocated on the word of a header. Without a Content-Length the
+    buffer grows up to ``limit`` bytes."""
     if length is None:
         grown = bytearray()
         async for chunk in request.stream():
@@ -104,7 +107,7 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
             if len(grown) > limit:
                 raise ApiError(413, "too_large", f"uploads are at most {limit} bytes")
         return grown
-    body = bytearray(min(length, _FIRST_BUFFER))
+    body = bytearray()
     view, pos = memoryview(body), 0
     try:
         async for chunk in request.stream():
@@ -127,9 +130,15 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
 
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,
                max_upload_bytes: int = 1 << 30, state: ServerState | None = None,
-               spool: FsPath | None = None) -> FastAPI:
+               spool: FsPath | None = None, body_timeout_s: float = 30.0,
+               peer_names: PeerNames | None = None) -> FastAPI:
     """Build the app around a database (and an audit sink); ``spool`` is where masked
-    uploads of open secure rounds are kept (default: in the database)."""
+    uploads of open secure rounds are kept (default: in the database).
+
+    Every request passes :class:`~server_app.limits.TransportLimits` first: a known token
+    before any body is read, a body limit per route (uploads ``max_upload_bytes``), a
+    ``body_timeout_s`` between body chunks and, with ``peer_names`` (mutual TLS), the token's
+    client bound to the name in the connection's certificate."""
     st = state or ServerState(db, audit or NullAudit(), spool=spool)
 
     @contextlib.asynccontextmanager
@@ -152,6 +161,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     app.state.server = st
     app.state.db = db
     app.state.tokens = TokenCache(db)
+    app.add_middleware(TransportLimits, tokens=app.state.tokens,
+                       limits=BodyLimits(upload=max_upload_bytes, secagg=JSON_MAX),
+                       body_timeout_s=body_timeout_s, peer_names=peer_names)
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
@@ -194,7 +206,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 raise ApiError(400, "invalid_identity", "identity_key must be hex") from exc
             if len(key) != 32:
                 raise ApiError(400, "invalid_identity", "identity_key must be 32 bytes")
-        return await run_in_threadpool(st.join, c, job_id, key)
+        cert: str | None = None
+        if body is not None and body.identity_cert is not None:
+            try:
+                cert = json.dumps(Certification.from_json(body.identity_cert).to_json())
+            except InvalidMessage as exc:
+                raise ApiError(400, "invalid_identity", str(exc)) from exc
+        return await run_in_threadpool(st.join, c, job_id, key, cert)
 
     @app.get("/v1/jobs/{job_id}/directory", tags=["secagg"])
     async def directory(job_id: JobId, c: Client) -> dict[str, Any]:
@@ -227,7 +245,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 raise ApiError(413, "too_large", f"messages are at most {JSON_MAX} bytes")
         return bytes(body)
 
-    for _kind in ("advert", "shares", "unmask"):
+    for _kind in ("advert", "shares", "signature", "unmask"):
         def _make(kind: str) -> Callable[..., Awaitable[dict[str, Any]]]:
             async def post_secagg(job_id: JobId, round_id: RoundId, request: Request,
                                   c: Client, next_wait: Wait = 0.0) -> dict[str, Any]:
@@ -310,7 +328,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
 
     @app.get("/v1/jobs/{job_id}/model", tags=["jobs"])
     async def model(job_id: JobId, c: Client) -> Response:
-        text = await run_in_threadpool(st.model, c, job_id)
-        return Response(content=text, media_type="application/json")
+        text, seq, head = await run_in_threadpool(st.model_and_tip, c, job_id)
+        return Response(content=text, media_type="application/json",
+                        headers={"X-FedForest-Audit-Seq": str(seq),
+                                 "X-FedForest-Audit-Head": head})
 
     return app

@@ -5,7 +5,7 @@ or at its deadline; the round closes after its last phase. The sequence is a tra
 (:class:`RoundPlan`), and every move the server makes is checked against it::
 
     plain   upload -> (closed)
-    secure  advertise -> share -> upload -> unmask -> (closed)
+    secure  advertise -> share -> upload -> sign -> unmask -> (closed)
 
 The phase names are the strings stored in ``rounds.phase`` and sent to clients. A new phase of
 the secure variant is one :class:`Phase` member, one entry in :data:`SECURE` and its operations
@@ -37,6 +37,7 @@ class Phase(StrEnum):
     ADVERTISE = "advertise"  # key advertisements (secure)
     SHARE = "share"  # encrypted Shamir shares (secure)
     UPLOAD = "upload"  # the summable vectors (plain) or masked vectors (secure)
+    SIGN = "sign"  # the survivors' signatures on the survivor set (secure consistency step)
     UNMASK = "unmask"  # the survivors' shares that remove the masks (secure)
 
 
@@ -118,7 +119,8 @@ PLAIN = RoundPlan("plain", {Phase.UPLOAD: None})
 SECURE = RoundPlan("secure", {
     Phase.ADVERTISE: Phase.SHARE,
     Phase.SHARE: Phase.UPLOAD,
-    Phase.UPLOAD: Phase.UNMASK,
+    Phase.UPLOAD: Phase.SIGN,
+    Phase.SIGN: Phase.UNMASK,
     Phase.UNMASK: None,
 })
 

@@ -116,26 +116,35 @@ class SecAggRelay:
                     "duplicate": False}
 
     def refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
-                      ) -> dict[str, Any]:
-        """A client refuses a request (a privacy rule); it leaves the job, and says why."""
+               ) -> dict[str, Any]:
+        """A member of the open secure round refuses a request (a privacy rule); it leaves the
+        job. ``reason`` is a code from :data:`~fedforest_secure.errors.REFUSAL_CODES` (the
+        route validated it): only that code reaches the job status and the audit log. Open
+        jobs, closed or other rounds, and clients outside the round's roster get a 4xx and
+        change nothing."""
         with self.core.lock:
             with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
                 rt = self.core.runtimes.get(job_id)
+                if rt.secure is None:
+                    raise ApiError(409, "not_secure", "this job does not use secure aggregation: "
+                                   "there is nothing to refuse")
                 rr = sess.get(RoundRow, (job_id, job.current_round))
-                why = reason[:300]
-                sr = rt.secure.current if rt.secure is not None else None
-                live = sr is not None and rr is not None and rr.status == RoundStatus.OPEN
-                if sr is not None and rr is not None and live:
-                    sr.refused[member.client_index] = why
-                    sr.dropped.add(member.client_index)
-                    if stored_message(sess, job_id, rr.round_id, "refuse",
-                                      member.client_index) is None:
-                        add_message(sess, job_id, rr.round_id, "refuse", member.client_index,
-                                    why)
-                self.core.driver.drop(rt, sess, job, [member.client_index], job.current_round,
-                                 reason=f"refused: {why}")
-                if rr is not None and live:
-                    self.core.driver.progress_secure(rt, sess, job, rr)
+                sr = rt.secure.current
+                if rr is None or rr.round_id != round_id or rr.status != RoundStatus.OPEN \
+                        or sr is None or sr.round_id != round_id:
+                    raise ApiError(409, "round_closed", f"round {round_id} is not the open round")
+                idx = member.client_index
+                if member.state != MemberState.ACTIVE or idx not in sr.participants \
+                        or idx in sr.dropped:
+                    raise ApiError(403, "not_participant",
+                                   f"this client is not a member of round {round_id}")
+                sr.refused[idx] = reason
+                sr.dropped.add(idx)
+                if stored_message(sess, job_id, round_id, "refuse", idx) is None:
+                    add_message(sess, job_id, round_id, "refuse", idx, reason)
+                self.core.driver.drop(rt, sess, job, [idx], job.current_round,
+                                      reason=f"refused: {reason}")
+                self.core.driver.progress_secure(rt, sess, job, rr)
             self.core.changes.notify(job_id)
             return {"job_id": job_id, "round_id": round_id, "recorded": True}

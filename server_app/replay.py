@@ -157,6 +157,7 @@ class Runtimes:
             shares=msgs.get("shares", {}),
             uploads={idx: loader(idx) for idx in msgs.get("upload", {})},
             unmask=msgs.get("unmask", {}),
+            signatures=msgs.get("signature", {}),
             dropped=dropped_members(sess, rt.job_id) & set(asked),
             refused=msgs.get("refuse", {}))
         bridge.resume(task, asked, stored)

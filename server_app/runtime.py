@@ -52,7 +52,9 @@ from .settings import ConfigError
 from .spool import Spool
 from .store import (
     IDENTITY,
+    IDENTITY_CERT,
     add_message,
+    identity_certs,
     identity_keys,
     job_of,
     member_indices,
@@ -176,8 +178,10 @@ class ServerState:
         with self.core.db.session() as sess:
             membership(sess, client, job_id)
             keys = {str(i): k for i, k in identity_keys(sess, job_id).items()}
+            certs = {str(i): json.loads(c) for i, c in identity_certs(sess, job_id).items()}
             n = len(member_indices(sess, job_id))
-            return {"job_id": job_id, "n_clients": n, "complete": len(keys) == n, "keys": keys}
+            return {"job_id": job_id, "n_clients": n, "complete": len(keys) == n, "keys": keys,
+                    "certs": certs}
 
     def rounds(self, client: ClientRow, job_id: str) -> list[dict[str, Any]]:
         with self.core.db.session() as sess:
@@ -217,17 +221,24 @@ class ServerState:
         return self.core.audit.export(job_id)
 
     def model(self, client: ClientRow, job_id: str) -> str:
+        return self.model_and_tip(client, job_id)[0]
+
+    def model_and_tip(self, client: ClientRow, job_id: str) -> tuple[str, int, str]:
+        """The final model and the audit chain's tip ``(seq, head)`` after its entry: the
+        client keeps both as its model receipt."""
         with self.core.db.session() as sess:
             job, _ = membership(sess, client, job_id)
             if job.status != JobStatus.DONE or job.model_json is None:
                 raise ApiError(409, "no_model", f"the job is {job.status}; no model yet")
-            return job.model_json
+            seq, head = self.core.audit.tip(job_id)
+            return job.model_json, seq, head
 
     # ------------------------------------------------------------------ join
-    def join(self, client: ClientRow, job_id: str, identity_key: bytes | None = None
-             ) -> dict[str, Any]:
+    def join(self, client: ClientRow, job_id: str, identity_key: bytes | None = None,
+             identity_cert: str | None = None) -> dict[str, Any]:
         """Join a job. Secure jobs need the client's long-term Ed25519 verify key (32 bytes),
-        registered once, audited, and relayed to the other clients in the directory."""
+        registered once, audited, and relayed to the other clients in the directory, with its
+        certification (``{"cert": PEM, "sig": hex}`` JSON) when the client sends one."""
         with self.core.lock:
             with self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
@@ -255,6 +266,10 @@ class ServerState:
                     if secure and identity_key is not None and stored is None:
                         add_message(sess, job_id, -1, IDENTITY, idx, identity_key.hex(),
                                     digest=hashlib.sha256(identity_key).hexdigest())
+                        if identity_cert is not None:
+                            add_message(sess, job_id, -1, IDENTITY_CERT, idx, identity_cert,
+                                        digest=hashlib.sha256(identity_cert.encode()
+                                                              ).hexdigest())
                 spec = JobSpec.model_validate_json(job.spec_json)
                 info = {"job_id": job.id, "client_index": idx, "client_name": client.name,
                         "config": json.loads(job.config_json), "status": job.status,
@@ -264,6 +279,8 @@ class ServerState:
                 payload: dict[str, Any] = {"client": client.name, "client_index": idx}
                 if secure and identity_key is not None:
                     payload["identity_key"] = identity_key.hex()
+                    if identity_cert is not None:
+                        payload["identity_cert"] = json.loads(identity_cert)
                 self.core.audit.append(job_id, "client_joined", payload)
             self._maybe_start(job_id)
             self.core.changes.notify(job_id)

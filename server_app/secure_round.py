@@ -24,6 +24,8 @@ from fedforest_secure.secagg import (
     ServerStage,
     ShareBundle,
     ShareDelivery,
+    SurvivorSet,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskResponse,
     parse,
@@ -34,16 +36,18 @@ from .phases import SECURE, Phase, PhaseError
 __all__ = ["ClientMessage", "SecureRound", "StoredRound", "parse_message", "sender_of"]
 
 #: a message a client POSTs as JSON in a secure round
-ClientMessage = KeyAdvert | ShareBundle | UnmaskResponse
+ClientMessage = KeyAdvert | ShareBundle | SurvivorSignature | UnmaskResponse
 
 
 def parse_message(kind: str, body: bytes) -> tuple[Phase, ClientMessage]:
-    """The phase that accepts ``kind`` (``advert`` / ``shares`` / ``unmask``) and the parsed
-    message; :class:`InvalidMessage` if the body is not one."""
+    """The phase that accepts ``kind`` (``advert`` / ``shares`` / ``signature`` / ``unmask``)
+    and the parsed message; :class:`InvalidMessage` if the body is not one."""
     if kind == "advert":
         return Phase.ADVERTISE, parse(KeyAdvert, body)
     if kind == "shares":
         return Phase.SHARE, parse(ShareBundle, body)
+    if kind == "signature":
+        return Phase.SIGN, parse(SurvivorSignature, body)
     if kind == "unmask":
         return Phase.UNMASK, parse(UnmaskResponse, body)
     raise InvalidMessage(f"unknown secure-aggregation message {kind!r}")
@@ -58,7 +62,8 @@ def sender_of(msg: ClientMessage) -> int:
 class StoredRound:
     """What the database holds of an open secure round, as the server received it.
 
-    ``adverts``, ``shares`` and ``unmask`` map a client to the JSON of its accepted message;
+    ``adverts``, ``shares``, ``signatures`` and ``unmask`` map a client to the JSON of its
+    accepted message;
     ``uploads`` maps a client to a callable giving ``(MaskedUpload JSON, masked vector)``, so
     the vectors are loaded one at a time (memory O(vector)).
     """
@@ -68,6 +73,7 @@ class StoredRound:
     shares: Mapping[int, str]
     uploads: Mapping[int, Callable[[], tuple[str, np.ndarray]]]
     unmask: Mapping[int, str]
+    signatures: Mapping[int, str] = field(default_factory=dict)
     dropped: Iterable[int] = ()
     refused: Mapping[int, str] = field(default_factory=dict)
 
@@ -81,6 +87,7 @@ class SecureRound:
     participants: frozenset[int]
     setup: RoundSetup | None = None
     deliveries: dict[int, ShareDelivery] = field(default_factory=dict)
+    survivor_set: SurvivorSet | None = None
     request: UnmaskRequest | None = None
     dropped: set[int] = field(default_factory=set)
     refused: dict[int, str] = field(default_factory=dict)
@@ -134,6 +141,8 @@ class SecureRound:
             self.server.receive_advert(msg)
         elif isinstance(msg, ShareBundle):
             self.server.receive_shares(msg)
+        elif isinstance(msg, SurvivorSignature):
+            self.server.receive_signature(msg)
         else:
             self.server.receive_unmask(msg)
 
@@ -175,6 +184,10 @@ def _close_shares(sr: SecureRound) -> None:
 
 
 def _close_uploads(sr: SecureRound) -> None:
+    sr.survivor_set = sr.server.request_signatures()
+
+
+def _close_signatures(sr: SecureRound) -> None:
     sr.request = sr.server.request_unmask()
 
 
@@ -185,6 +198,11 @@ def _share_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
 def _upload_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
     delivery = sr.deliveries.get(idx)
     return ("upload", delivery.model_dump_json()) if delivery is not None else ("wait", None)
+
+
+def _sign_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
+    return (("sign", sr.survivor_set.model_dump_json()) if sr.survivor_set is not None
+            else ("wait", None))
 
 
 def _unmask_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
@@ -206,6 +224,11 @@ def _replay_uploads(sr: SecureRound, stored: StoredRound) -> None:
     for _idx, load in sorted(stored.uploads.items()):
         header, vector = load()
         sr.server.receive_upload(parse(MaskedUpload, header), vector)
+
+
+def _replay_signatures(sr: SecureRound, stored: StoredRound) -> None:
+    for _idx, body in sorted(stored.signatures.items()):
+        sr.server.receive_signature(parse(SurvivorSignature, body))
 
 
 def _replay_unmask(sr: SecureRound, stored: StoredRound) -> None:
@@ -235,9 +258,17 @@ _PHASES: dict[Phase, _PhaseOps] = {
         close=_close_uploads,
         action=_upload_action,
         replay=_replay_uploads),
+    Phase.SIGN: _PhaseOps(
+        ServerStage.COLLECT_SIGNATURES,
+        expected=lambda sr: (frozenset(sr.survivor_set.survivors)
+                             if sr.survivor_set is not None else frozenset()),
+        responded=lambda sr: sr.server.signed,
+        close=_close_signatures,
+        action=_sign_action,
+        replay=_replay_signatures),
     Phase.UNMASK: _PhaseOps(
         ServerStage.COLLECT_UNMASK,
-        expected=lambda sr: (frozenset(sr.request.survivors) if sr.request is not None
+        expected=lambda sr: (frozenset(sr.request.signatures) if sr.request is not None
                              else frozenset()),
         responded=lambda sr: sr.server.answered,
         close=None,

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from pathlib import Path
 
 import uvicorn
 from sqlalchemy.engine import make_url
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .app import create_app
 from .audit_hook import open_audit
 from .db import Database
 from .settings import LOOPBACK, ConfigError, ServerSettings
+from .tls_identity import PeerNames, protocol_with_peer_names
 
 __all__ = ["check_transport", "run_server", "spool_dir"]
 
@@ -45,13 +48,20 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     check_transport(settings, insecure_dev=insecure_dev)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     db = Database(settings.database)
-    app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
-                     max_upload_bytes=settings.max_upload_bytes,
-                     spool=spool_dir(settings.database))
     tls = None if insecure_dev else settings.tls
     client_ca = tls.client_ca if tls is not None else None
+    peer_names: PeerNames | None = None
+    http: type[asyncio.Protocol] | str = "auto"
+    if client_ca is not None:
+        # mutual TLS: every token is bound to the client its connection's certificate names
+        peer_names = PeerNames()
+        http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
+    app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
+                     max_upload_bytes=settings.max_upload_bytes,
+                     spool=spool_dir(settings.database),
+                     body_timeout_s=settings.body_timeout_s, peer_names=peer_names)
     uvicorn.run(app, host=settings.host, port=settings.port if port is None else port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                log_level="warning", access_log=False, timeout_graceful_shutdown=2, http=http,
                 ssl_certfile=str(tls.cert) if tls is not None else None,
                 ssl_keyfile=str(tls.key) if tls is not None else None,
                 ssl_ca_certs=str(client_ca) if client_ca is not None else None,

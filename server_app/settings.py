@@ -7,6 +7,7 @@ Example::
     database = "sqlite:///fedforest-server.db"   # any SQLAlchemy URL
     audit_database = "sqlite:///fedforest-audit.db"
     tick_seconds = 0.5
+    body_timeout_s = 30.0        # a request body that stalls this long is cut off (408)
 
     [tls]
     cert = "certs/server.pem"
@@ -63,6 +64,8 @@ class ServerSettings(BaseModel):
         "how often round deadlines are checked"))
     max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(
         "largest upload accepted (a bigger one gets 413)"))
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description=(
+        "seconds a request body may stall between two chunks before it is cut off (408)"))
     tls: TLSSettings | None = Field(default=None, description=(
         "the `[tls]` table; required unless the server runs with --insecure-dev on "
         "127.0.0.1"))

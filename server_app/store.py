@@ -19,12 +19,14 @@ from .phases import JobStatus, MemberState, RoundStatus
 
 __all__ = [
     "IDENTITY",
+    "IDENTITY_CERT",
     "add_dropped",
     "add_message",
     "clear_round_messages",
     "client_names",
     "contributors",
     "dropped_members",
+    "identity_certs",
     "identity_keys",
     "job_of",
     "job_position",
@@ -46,6 +48,8 @@ __all__ = [
 
 #: ``SecAggMessageRow.stage`` of a client's long-term identity key (``round_id = -1``)
 IDENTITY = "identity"
+#: the message stage of a client's identity certification (its TLS certificate and signature)
+IDENTITY_CERT = "identity-cert"
 
 
 def membership(sess: Session, client: ClientRow, job_id: str) -> tuple[JobRow, MemberRow]:
@@ -195,3 +199,9 @@ def clear_round_messages(sess: Session, job_id: str, round_id: int) -> None:
 def identity_keys(sess: Session, job_id: str) -> dict[int, str]:
     """The job's identity directory ``{client index: Ed25519 verify key hex}``."""
     return {int(i): b for i, b in round_messages(sess, job_id, -1).get(IDENTITY, {}).items()}
+
+
+def identity_certs(sess: Session, job_id: str) -> dict[int, str]:
+    """The identity certifications ``{client index: {"cert": PEM, "sig": hex} JSON}``."""
+    return {int(i): b for i, b in
+            round_messages(sess, job_id, -1).get(IDENTITY_CERT, {}).items()}

@@ -28,6 +28,7 @@ from test_server_secagg_api import (
     join_all,
     offer,
     run_until_upload,
+    sign,
     unmask,
 )
 from test_server_secagg_api import upload as secure_upload
@@ -153,6 +154,8 @@ def test_a_dropped_client_cannot_upload_or_unmask_afterwards(env: dict) -> None:
     assert resp.status_code == 403 and resp.json()["error"] == "dropped"
     assert state_of(env) == before
     for k in range(K - 1):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in range(K - 1):
         assert unmask(env, sa, k, r).status_code == 200
     want = make_codec(config, task).decode(sum((vecs[k] for k in range(K - 1)),
                                                np.zeros_like(vecs[0])))
@@ -175,6 +178,8 @@ def test_residual_in_range_poisoning_inside_the_masked_sum_shifts_the_aggregate(
     assert secure_upload(env, sa, 0, task, bad_vec).status_code == 200
     for k in range(1, K):
         assert secure_upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
     for k in range(K):
         assert unmask(env, sa, k, r).status_code == 200
     honest = sum((rep.summable for rep in replies.values()), np.zeros_like(poison))

@@ -19,7 +19,13 @@ from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import RoundRecord, run_in_process
 from fedforest_secure.protocol import Reply, Task, split_blocks
-from fedforest_secure.secagg import KeyAdvert, ShareBundle, UnmaskResponse, Upload
+from fedforest_secure.secagg import (
+    KeyAdvert,
+    ShareBundle,
+    SurvivorSignature,
+    UnmaskResponse,
+    Upload,
+)
 from fedforest_secure.secure_sum import RingAggregator, make_codec
 
 K = 4
@@ -70,7 +76,8 @@ def test_curious_server_never_holds_a_per_client_plaintext_statistic() -> None:
     transcript = spy.inner.transcript
     uploads = [m for m in transcript if isinstance(m, Upload)]
     assert len(uploads) == K * len(records)
-    assert {type(m) for m in transcript} <= {Upload, KeyAdvert, ShareBundle, UnmaskResponse}
+    assert {type(m) for m in transcript} <= {Upload, KeyAdvert, ShareBundle, SurvivorSignature,
+                                             UnmaskResponse}
     checked = 0
     for (task, replies, encoded), rec in zip(spy.rounds, records, strict=True):
         ups = uploads[:K]

@@ -13,6 +13,7 @@ Attacks the client does *not* stop today are strict xfails marked ``VULN`` (see 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from fedforest_secure.secagg import (
     RoundSetup,
     SecAggClient,
     SecAggServer,
+    SurvivorSet,
     UnmaskRequest,
 )
 from fedforest_secure.secagg._primitives import _shamir
@@ -74,7 +76,8 @@ class Federation:
         self.k, self.threshold = k, threshold
         self.keys = {u: SigningKey.generate() for u in range(k)}
         self.directory = {u: bytes(s.verify_key) for u, s in self.keys.items()}
-        self.clients = {u: SecAggClient(u, JOB, self.keys[u], self.directory) for u in range(k)}
+        self.clients = {u: SecAggClient(u, JOB, self.keys[u], self.directory, n_clients=k,
+                                        threshold=threshold) for u in range(k)}
 
     def server(self, task: Task) -> SecAggServer:
         return SecAggServer(JOB, task.round_id, question_key(task), task.digest(), L,
@@ -86,8 +89,7 @@ class Federation:
             server.receive_advert(c.pending_advert(task.round_id) or c.advertise(task.round_id))
         return server, server.setup()
 
-    def to_unmask(self, task: Task, drop: frozenset[int] = frozenset()
-                  ) -> tuple[SecAggServer, UnmaskRequest]:
+    def to_uploaded(self, task: Task, drop: frozenset[int] = frozenset()) -> SecAggServer:
         server, setup = self.setup(task)
         for c in self.clients.values():
             server.receive_shares(c.share_keys(setup))
@@ -95,6 +97,14 @@ class Federation:
         for u, c in self.clients.items():
             if u not in drop:
                 server.receive_upload(*c.mask(deliveries[u], np.full(L, u, dtype=np.uint64)))
+        return server
+
+    def to_unmask(self, task: Task, drop: frozenset[int] = frozenset()
+                  ) -> tuple[SecAggServer, UnmaskRequest]:
+        server = self.to_uploaded(task, drop)
+        survivor_set = server.request_signatures()
+        for u in survivor_set.survivors:
+            server.receive_signature(self.clients[u].sign_survivors(survivor_set))
         return server, server.request_unmask()
 
 
@@ -120,7 +130,7 @@ def assert_reveals_nothing(client: SecAggClient, exc: BaseException,
 def _session(fed: Federation, u: int) -> tuple[SecAggSession, FakeTransport]:
     tr = FakeTransport({"complete": True,
                         "keys": {str(v): k.hex() for v, k in fed.directory.items()}})
-    config, _ = _secure_config()
+    config = dataclasses.replace(_secure_config()[0], n_clients=fed.k)
     session = SecAggSession(config, tr, JOB, u, fed.keys[u])  # type: ignore[arg-type]
     session.connect(timeout_s=1.0)
     return session, tr
@@ -128,7 +138,7 @@ def _session(fed: Federation, u: int) -> tuple[SecAggSession, FakeTransport]:
 
 # -- both shares of one peer -----------------------------------------------------------------
 def test_client_refuses_both_shares_of_one_peer_and_sends_only_its_refusal() -> None:
-    fed = Federation(k=5, threshold=3)
+    fed = Federation(k=5, threshold=4)
     task = _task(0)
     session, tr = _session(fed, 0)
     fed.clients[0] = session.client  # type: ignore[assignment]
@@ -140,36 +150,42 @@ def test_client_refuses_both_shares_of_one_peer_and_sends_only_its_refusal() -> 
             as info:
         session.unmask(task, evil.model_dump_json())
     assert [(m, p.rsplit("/", 1)[-1]) for m, p, _ in tr.sent] == [("POST", "refuse")]
-    assert set(json.loads(tr.sent[0][2])) == {"reason"}
+    assert json.loads(tr.sent[0][2]) == {"reason": "both_shares"}  # a code, no share material
     assert_reveals_nothing(session.client, info.value, tr.sent)  # type: ignore[arg-type]
-    assert session.client.stage is ClientStage.MASKED  # type: ignore[union-attr]
+    assert session.client.stage is ClientStage.SIGNED  # type: ignore[union-attr]
     # asking again later, after an honest answer, is refused too (across requests)
     resp = session.client.unmask(honest)  # type: ignore[union-attr]
     assert set(resp.self_mask_shares) == {0, 1, 2, 3} and set(resp.key_shares) == {4}
-    with pytest.raises(RefusedRequest, match="already (answered|revealed)") as info2:
+    with pytest.raises(RefusedRequest, match="already (answered|revealed)|differ from the set") \
+            as info2:
         session.client.unmask(honest.model_copy(update={  # type: ignore[union-attr]
             "survivors": (0, 2, 3), "dropped": (1, 4)}))
     assert_reveals_nothing(session.client, info2.value)  # type: ignore[arg-type]
 
 
 # -- a roster or survivor set below the threshold --------------------------------------------
-@pytest.mark.parametrize("attack", ["two_clients", "minority_threshold", "threshold_above_n"])
+@pytest.mark.parametrize("attack", ["two_clients", "two_clients_t2", "minority_threshold",
+                                    "threshold_above_n"])
 def test_client_refuses_a_roster_below_threshold(attack: str) -> None:
     fed = Federation(k=4, threshold=3)
     task = _task(0)
     _, setup = fed.setup(task)
     if attack == "two_clients":  # a "sum" over the target and one other client
+        evil = setup.model_copy(update={"adverts": setup.adverts[:2]})
+        match = "roster of 2 clients"
+    elif attack == "two_clients_t2":  # ... with a threshold that such a roster would allow
         evil = setup.model_copy(update={"adverts": setup.adverts[:2], "threshold": 2})
-        exc_type, match = RefusedRequest, "< 3 clients"
+        match = "announces threshold 2"
     elif attack == "minority_threshold":  # t = 2 of 4: two colluders could unmask anyone
         evil = setup.model_copy(update={"threshold": 2})
-        exc_type, match = RefusedRequest, "not a strict majority"
+        match = "announces threshold 2; this client's profile gives t=3"
     else:
         evil = setup.model_copy(update={"threshold": 5})
-        exc_type, match = RefusedRequest, "not a strict majority"
+        match = "announces threshold 5"
     c0 = fed.clients[0]
-    with pytest.raises(exc_type, match=match):
+    with pytest.raises(RefusedRequest, match=match) as info:
         c0.share_keys(evil)
+    assert info.value.code == "roster"
     assert c0.stage is ClientStage.ADVERTISED  # nothing happened: the honest setup still works
     assert set(c0.share_keys(setup).ciphertexts) == {1, 2, 3}
 
@@ -177,11 +193,11 @@ def test_client_refuses_a_roster_below_threshold(attack: str) -> None:
 def test_client_refuses_to_unmask_for_fewer_than_t_survivors() -> None:
     fed = Federation(k=5, threshold=4)
     task = _task(0)
-    _, honest = fed.to_unmask(task)
-    evil = honest.model_copy(update={"survivors": (0, 1, 2), "dropped": (3, 4)})
+    fed.to_uploaded(task)
+    evil = SurvivorSet(job_id=JOB, round_id=0, survivors=(0, 1, 2))
     c0 = fed.clients[0]
     with pytest.raises(RefusedRequest, match="fewer than t=4") as info:
-        c0.unmask(evil)
+        c0.sign_survivors(evil)
     assert_reveals_nothing(c0, info.value)
     assert c0.stage is ClientStage.MASKED
 
@@ -196,6 +212,9 @@ def test_client_rejects_every_message_replayed_from_an_old_round() -> None:
     deliveries0 = server0.deliver_shares()
     for u, c in fed.clients.items():
         server0.receive_upload(*c.mask(deliveries0[u], np.zeros(L, dtype=np.uint64)))
+    survivors0 = server0.request_signatures()
+    for c in fed.clients.values():
+        server0.receive_signature(c.sign_survivors(survivors0))
     request0 = server0.request_unmask()
     for c in fed.clients.values():
         server0.receive_unmask(c.unmask(request0))
@@ -209,6 +228,8 @@ def test_client_rejects_every_message_replayed_from_an_old_round() -> None:
     c0.share_keys(setup1)
     with pytest.raises(ProtocolError):
         c0.mask(deliveries0[0], np.zeros(L, dtype=np.uint64))
+    with pytest.raises(ProtocolError):
+        c0.sign_survivors(survivors0)
     with pytest.raises(ProtocolError):
         c0.unmask(request0)
     assert c0.round_id == 1 and c0.stage is ClientStage.SHARED
@@ -237,7 +258,7 @@ def test_client_rejects_swapped_or_forged_public_keys(attack: str) -> None:
     elif attack == "foreign_key":  # an advert signed by a key the directory does not hold
         rogue = SigningKey.generate()
         evil_dir = {**fed.directory, 1: bytes(rogue.verify_key)}
-        mallory = SecAggClient(1, JOB, rogue, evil_dir)
+        mallory = SecAggClient(1, JOB, rogue, evil_dir, n_clients=4, threshold=3)
         adverts[1] = mallory.advertise(0)
     else:
         adverts = adverts[1:]

@@ -106,7 +106,9 @@ def test_a_member_of_one_job_gets_404_on_every_route_of_another(two_jobs: dict) 
     body_b = make_upload(task_b, np.zeros(sum(b.size for b in task_b.layout), dtype=np.uint64),
                          {})
     key = SigningKey.generate()
-    intruder = SecAggClient(0, "job-b", key, {0: bytes(key.verify_key)})
+    others = {u: bytes(SigningKey.generate().verify_key) for u in (1, 2)}
+    intruder = SecAggClient(0, "job-b", key, {0: bytes(key.verify_key), **others}, n_clients=3,
+                            threshold=0.67)
     advert = intruder.advertise(rb).model_dump_json().encode()
     json_hdr = {**hdr[3], "Content-Type": "application/json"}
     requests = [
@@ -119,7 +121,7 @@ def test_a_member_of_one_job_gets_404_on_every_route_of_another(two_jobs: dict) 
         ("POST", f"/v1/jobs/job-b/rounds/{rb}/secagg/advert",
          {"content": advert, "headers": json_hdr}),
         ("POST", f"/v1/jobs/job-b/rounds/{rb}/secagg/refuse",
-         {"json": {"reason": "x"}, "headers": hdr[3]}),
+         {"json": {"reason": "roster"}, "headers": hdr[3]}),
     ]
     before = db_snapshot(db)
     for method, path, kw in requests:

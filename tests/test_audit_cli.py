@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from fedforest_cli.audit_cli import audit_app
 from fedforest_secure.audit import (
     AuditLog,
+    ModelReceipt,
     Receipt,
     import_jsonl,
     read_csv,
@@ -66,10 +67,14 @@ def test_show_unknown_job_or_db(db: Path, tmp_path: Path) -> None:
 
 
 def test_verify_ok(db: Path) -> None:
+    with AuditLog(db) as log:  # the job ends: its model, and the client's receipt of it
+        log.job("j1").model(digest="cd" * 32)
+        seq, head = log.tip("j1")
+    write_receipt(db.parent / "receipts", ModelReceipt("j1", "alice", "cd" * 32, head, seq))
     result = runner.invoke(audit_app, ["verify", "--db", str(db), "--receipts",
                                        str(db.parent / "receipts")])
     assert result.exit_code == 0, result.output
-    assert "OK: 4 entries in 1 job(s), 1 receipt(s) checked" in result.output
+    assert "OK: 5 entries in 1 job(s), 2 receipt(s) checked" in result.output
 
 
 def test_verify_reports_each_problem(db: Path) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from fedforest_secure.audit import (
     GENESIS,
     AuditLog,
+    ModelReceipt,
     Receipt,
     upload_digest,
     verify_log,
@@ -39,7 +40,8 @@ def _task(round_id: int) -> Task:
 
 
 def build_job(log: AuditLog, receipts: Path) -> None:
-    """A small job; each client keeps a receipt per upload, as a real client would."""
+    """A small job; each client keeps a receipt per upload and one of the model, as a real
+    client would."""
     rec = log.job(JOB)
     rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
                     profile={"name": "secure"})
@@ -58,6 +60,10 @@ def build_job(log: AuditLog, receipts: Path) -> None:
                  total_delta=1e-6)
     rec.split([{"tree": 0, "node": 0, "feature": "x", "threshold": 0.5}], round_id=1)
     rec.model(digest="cd" * 32)
+    seq, head = log.tip(JOB)  # the server announces this with the model
+    for c in CLIENTS:
+        write_receipt(receipts, ModelReceipt(JOB, c, "cd" * 32, head, seq),
+                      filename=f"{c}-model.jsonl")
 
 
 @pytest.fixture
@@ -82,7 +88,7 @@ def test_honest_log_verifies(setup: tuple[AuditLog, Path]) -> None:
     log, receipts = setup
     report = verify_log(log, receipts_dir=receipts)
     assert report.ok, report.problems
-    assert report.entries_checked == 9 and report.receipts_checked == 4
+    assert report.entries_checked == 9 and report.receipts_checked == 6
     assert [e.kind for e in log.entries()] == KINDS
     report.raise_for_problems()
 
@@ -175,8 +181,11 @@ def test_truncated_tail_is_caught_by_receipts(setup: tuple[AuditLog, Path]) -> N
     sql(log, "DELETE FROM audit_arrays WHERE seq >= 6")
     assert verify_log(log).ok  # a clean prefix of a chain is a valid chain...
     problems = verify_log(log, receipts_dir=receipts).problems
-    assert len(problems) == 2  # ...but both round-1 receipts find no round entry
-    assert all("round 1): the log has no round entry" in p for p in problems)
+    # ...but both round-1 receipts find no round entry, both model receipts no model
+    assert sum("round 1): the log has no round entry" in p for p in problems) == 2
+    assert sum("model): the log has no entry seq 9" in p for p in problems) == 2
+    assert sum("model): the log has no model entry" in p for p in problems) == 2
+    assert len(problems) == 6
 
 
 def test_swapped_entries_are_named(setup: tuple[AuditLog, Path]) -> None:

@@ -26,6 +26,7 @@ from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError
 from fedforest_secure.protocol.api import ErrorBody, JoinBody, JoinResponse, SecAggStep
+from fedforest_secure.schema import Schema
 
 JOB = "job-r"
 
@@ -65,7 +66,17 @@ class ScriptedTransport:
         raise AssertionError(f"the client sent {method} {path}")
 
 
+def _schema(tmp_path: Path) -> Path:
+    """The site's own schema file: the facts of ``_config``'s job."""
+    Schema.from_dict({
+        "features": [{"name": n, "kind": "continuous", "bounds": [-1.0, 1.0]} for n in "ab"],
+        "target": {"name": "y", "kind": "regression", "bounds": [-1.0, 1.0]}}
+    ).dump(tmp_path / "s.toml")
+    return tmp_path / "s.toml"
+
+
 def _run(tr: ScriptedTransport, tmp_path: Path) -> None:
+    _schema(tmp_path)
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
                          state_dir=tmp_path / "state", quiet=True)
@@ -134,7 +145,7 @@ def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
                                  "directory": {"complete": True, "keys": keys}})
     out = io.StringIO()
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None,
                          state_dir=tmp_path / "state", quiet=True)
     res = runner._run(opts, tr, state, np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
                       SiteLog(stream=out))

@@ -4,7 +4,8 @@ A malicious server that re-asks an identical histogram in a later round, over th
 minus one, would get that client's exact histogram by subtracting the two sums. The session
 keys its "one question, one set of clients" rule on :func:`question_key` (the task digest with
 the round id blanked), so the repeat is the same question and the smaller set is refused at
-unmask: the client posts only its reason, and no sum over the smaller set is released.
+the consistency step (the client will not sign the smaller set): it posts only a refusal code,
+and no sum over the smaller set is released.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fedforest_secure.secagg import (
     MaskedUpload,
     SecAggServer,
     ShareBundle,
+    SurvivorSignature,
     UnmaskResponse,
     parse,
 )
@@ -33,7 +35,7 @@ def _round(fed: Federation, session: SecAggSession, sent: list, task: Task,
     """One secure round over ``members``; client 0 is the HTTPS session (recording its posts).
     Returns the released sum; raises whatever a client raises."""
     server = SecAggServer(JOB, task.round_id, question_key(task), task.digest(), L,
-                          len(members), {u: fed.directory[u] for u in members})
+                          fed.threshold, {u: fed.directory[u] for u in members})
     for u in members:
         c = fed.clients[u]
         server.receive_advert(c.pending_advert(task.round_id) or c.advertise(task.round_id))
@@ -52,6 +54,13 @@ def _round(fed: Federation, session: SecAggSession, sent: list, task: Task,
             server.receive_upload(parse(MaskedUpload, header), masked)
         else:
             server.receive_upload(*fed.clients[u].mask(deliveries[u], vec))
+    survivor_set = server.request_signatures()
+    for u in members:
+        if u == 0:
+            session.sign(task, survivor_set.model_dump_json())
+            server.receive_signature(parse(SurvivorSignature, sent[-1][2]))
+        else:
+            server.receive_signature(fed.clients[u].sign_survivors(survivor_set))
     request = server.request_unmask()
     for u in members:
         if u == 0:
@@ -95,7 +104,7 @@ def test_the_session_refuses_the_same_question_in_a_later_round_over_a_smaller_s
         _round(fed, session, tr.sent, _task(2), [0, 1, 2])
     refusal = tr.sent[-1]
     assert refusal[1].endswith("/rounds/2/secagg/refuse")
-    assert set(json.loads(refusal[2])) == {"reason"}
+    assert json.loads(refusal[2]) == {"reason": "question_reused"}
     assert [p.rsplit("/", 1)[-1] for _, p, _ in tr.sent[n_sent:]] == ["shares", "refuse"]
 
 
@@ -117,11 +126,13 @@ def test_every_client_refuses_so_no_sum_over_the_smaller_set_is_released() -> No
     deliveries = server.deliver_shares()
     for u in (0, 1, 2):
         server.receive_upload(*fed.clients[u].mask(deliveries[u], np.zeros(L, dtype=np.uint64)))
-    request = server.request_unmask()
+    survivor_set = server.request_signatures()
     for u in (0, 1, 2):
-        with pytest.raises(RefusedRequest):
-            fed.clients[u].unmask(request)
-    with pytest.raises((AbortedRound, ProtocolError)):
+        with pytest.raises(RefusedRequest, match="already answered for a different set"):
+            fed.clients[u].sign_survivors(survivor_set)
+    with pytest.raises(AbortedRound, match="signed the survivor set"):
+        server.request_unmask()
+    with pytest.raises(ProtocolError):
         server.finish()
 
 

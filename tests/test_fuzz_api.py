@@ -34,7 +34,13 @@ from nacl.signing import SigningKey
 from schemathesis import GenerationMode
 from sqlalchemy import select
 
-from fedforest_secure.secagg import KeyAdvert, SecAggClient, ShareBundle, UnmaskResponse
+from fedforest_secure.secagg import (
+    KeyAdvert,
+    SecAggClient,
+    ShareBundle,
+    SurvivorSignature,
+    UnmaskResponse,
+)
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
@@ -48,7 +54,8 @@ with warnings.catch_warnings():
 
 K = 3
 EXAMPLES = 200
-_BODY_MODELS = {"advert": KeyAdvert, "shares": ShareBundle, "unmask": UnmaskResponse}
+_BODY_MODELS = {"advert": KeyAdvert, "shares": ShareBundle, "signature": SurvivorSignature,
+                "unmask": UnmaskResponse}
 
 
 class _Recorder(NullAudit):
@@ -118,7 +125,8 @@ def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict[str, Any]]:
             assert r.status_code == 200, r.text
         d = http.get("/v1/jobs/job-s/directory", headers=auth[0]).json()
         directory = {int(i): bytes.fromhex(v) for i, v in d["keys"].items()}
-        sa = {k: SecAggClient(k, "job-s", keys[k], directory) for k in range(K)}
+        sa = {k: SecAggClient(k, "job-s", keys[k], directory, n_clients=K, threshold=0.67)
+              for k in range(K)}
         rounds = {j: http.get(f"/v1/jobs/{j}", headers=auth[0]).json()["round_id"]
                   for j in ("job-o", "job-s")}
         for k in (1, 2):  # the others advertised; client 0 (the fuzzer) still owes its advert

@@ -17,6 +17,7 @@ from fedforest_secure.secagg import (
     InProcessSecureSum,
     KeyMismatch,
     SecAggServer,
+    SurvivorSet,
     UnmaskRequest,
     UnmaskResponse,
     Upload,
@@ -32,6 +33,14 @@ def _vectors(ids: list[int], seed: int = 0) -> dict[int, np.ndarray]:
     return {u: rng.integers(0, 2**64, L, dtype=np.uint64) for u in ids}
 
 
+def _signed_request(agg: InProcessSecureSum, server: SecAggServer) -> UnmaskRequest:
+    """Run the consistency step (every survivor signs U3) and return the unmask request."""
+    survivor_set = server.request_signatures()
+    for u in survivor_set.survivors:
+        server.receive_signature(agg.clients[u].sign_survivors(survivor_set))
+    return server.request_unmask()
+
+
 def _sum(vecs: dict[int, np.ndarray], ids: object) -> np.ndarray:
     total = np.zeros(L, dtype=np.uint64)
     for u in ids:  # type: ignore[attr-defined]
@@ -43,7 +52,8 @@ def test_exported_names() -> None:
     assert set(secagg.__all__) == {
         "ClientStage", "InProcessSecureSum", "KeyAdvert", "KeyMismatch", "MaskedUpload",
         "RingCodec", "RoundSetup", "SecAggClient", "SecAggServer", "ServerStage", "ShareBundle",
-        "ShareDelivery", "UnmaskRequest", "UnmaskResponse", "Upload", "decode", "encode", "parse"}
+        "ShareDelivery", "SurvivorSet", "SurvivorSignature", "UnmaskRequest", "UnmaskResponse",
+        "Upload", "decode", "encode", "parse"}
 
 
 # -- exact sums ------------------------------------------------------------------------------
@@ -119,8 +129,24 @@ def test_fewer_than_t_uploads_aborts_without_partial_sum() -> None:
 def test_fewer_than_t_unmask_responses_aborts() -> None:
     ids = list(range(5))
     agg = InProcessSecureSum(ids, threshold=4, job_id="j")
-    with pytest.raises(AbortedRound, match="unmask responses"):
+    with pytest.raises(AbortedRound, match="signed the survivor set"):
         agg.sum("q", DIGEST, _vectors(ids), drop_after_upload={0, 1})
+    # survivors that signed but never answer the unmask request: no partial sum either
+    server = SecAggServer("j", 1, "q", DIGEST, L, 4, agg.directory)
+    vecs = _vectors(ids)
+    for c in agg.clients.values():
+        server.receive_advert(c.advertise(1))
+    setup = server.setup()
+    for c in agg.clients.values():
+        server.receive_shares(c.share_keys(setup))
+    deliveries = server.deliver_shares()
+    for u, c in agg.clients.items():
+        server.receive_upload(*c.mask(deliveries[u], vecs[u]))
+    req = _signed_request(agg, server)
+    for u in (0, 1, 2):
+        server.receive_unmask(agg.clients[u].unmask(req))
+    with pytest.raises(AbortedRound, match="unmask responses"):
+        server.finish()
 
 
 def test_same_question_different_set_is_refused() -> None:
@@ -139,9 +165,11 @@ def test_same_question_different_set_is_refused() -> None:
 def test_fewer_than_three_clients_is_refused_or_rejected() -> None:
     with pytest.raises(ValueError):
         InProcessSecureSum([0, 1], threshold=2, job_id="j")
-    agg = InProcessSecureSum(range(4), threshold=2, job_id="j")
+    with pytest.raises(ValueError, match="strict majority"):
+        InProcessSecureSum(range(4), threshold=2, job_id="j")
+    agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
     vecs = _vectors([0, 1])
-    with pytest.raises(AbortedRound, match="n >= 3"):
+    with pytest.raises(AbortedRound, match="only 2 clients advertised keys, t=3"):
         agg.sum("q", DIGEST, vecs)
 
 
@@ -163,18 +191,16 @@ def _run_to_unmask(k: int = 5, t: int = 3, drop: frozenset[int] = frozenset()): 
 
 def test_client_refuses_both_kinds_for_one_peer() -> None:
     agg, server, _ = _run_to_unmask(drop=frozenset({4}))
-    honest = server.request_unmask()
+    honest = _signed_request(agg, server)
     assert honest.dropped == (4,)
     c0 = agg.clients[0]
-    evil = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2, 3),
-                         dropped=(3, 4))
+    evil = honest.model_copy(update={"dropped": (3, 4)})
     with pytest.raises(RefusedRequest, match="both"):
         c0.unmask(evil)
-    assert c0.stage is ClientStage.MASKED  # refusing changed nothing
+    assert c0.stage is ClientStage.SIGNED  # refusing changed nothing
     c0.unmask(honest)
     # A second request that now calls survivor 3 dropped is refused (across requests).
-    evil2 = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2),
-                          dropped=(3, 4))
+    evil2 = honest.model_copy(update={"survivors": (0, 1, 2), "dropped": (3, 4)})
     with pytest.raises(RefusedRequest):
         c0.unmask(evil2)
     # Repeating the honest request is fine (lost response).
@@ -183,22 +209,22 @@ def test_client_refuses_both_kinds_for_one_peer() -> None:
 
 def test_client_refuses_fewer_than_t_survivors() -> None:
     agg, server, _ = _run_to_unmask(k=7, t=5)
-    small = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2, 3),
-                          dropped=(4, 5, 6))
-    with pytest.raises(RefusedRequest, match="fewer than t"):
-        agg.clients[0].unmask(small)
+    small = SurvivorSet(job_id="j", round_id=0, survivors=(0, 1, 2, 3))
+    with pytest.raises(RefusedRequest, match="fewer than t=5"):
+        agg.clients[0].sign_survivors(small)
+    assert agg.clients[0].stage is ClientStage.MASKED
 
 
 def test_client_refuses_sum_over_fewer_than_three() -> None:
     agg, server, _ = _run_to_unmask(k=3, t=2)
-    tiny = UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1), dropped=(2,))
+    tiny = SurvivorSet(job_id="j", round_id=0, survivors=(0, 1))
     with pytest.raises(RefusedRequest, match="< 3"):
-        agg.clients[0].unmask(tiny)
+        agg.clients[0].sign_survivors(tiny)
 
 
 def test_reconstructed_key_mismatch_is_detected() -> None:
     agg, server, _ = _run_to_unmask(k=5, t=3, drop=frozenset({4}))
-    req = server.request_unmask()
+    req = _signed_request(agg, server)
     for u in (0, 1, 2):
         resp = agg.clients[u].unmask(req)
         if u == 0:  # corrupt one key share of the dropped client
@@ -212,7 +238,7 @@ def test_reconstructed_key_mismatch_is_detected() -> None:
 
 def test_corrupt_self_mask_share_is_detected() -> None:
     agg, server, _ = _run_to_unmask(k=4, t=3)
-    req = server.request_unmask()
+    req = _signed_request(agg, server)
     for u in (0, 1, 2):
         resp = agg.clients[u].unmask(req)
         if u == 1:
@@ -253,7 +279,7 @@ def test_out_of_order_and_replayed_messages() -> None:
     deliveries = server.deliver_shares()
     with pytest.raises(ProtocolError, match="stage"):
         c.unmask(UnmaskRequest(job_id="j", round_id=0, question="q", survivors=(0, 1, 2),
-                               dropped=()))
+                               dropped=(), signatures={}))
     header, masked = c.mask(deliveries[0], vec)
     server.receive_upload(header, masked)
     with pytest.raises(ProtocolError, match="already uploaded"):
@@ -384,7 +410,7 @@ def test_inplace_masking_gives_the_same_exact_sum() -> None:
         header, masked = c.mask(deliveries[u], vec, inplace=True)
         assert masked is vec and not np.array_equal(vec, plain[u])
         server.receive_upload(header, masked)
-    req = server.request_unmask()
+    req = _signed_request(agg, server)
     for u in req.survivors:
         server.receive_unmask(agg.clients[u].unmask(req))
     expected = np.zeros(n, dtype=np.uint64)
@@ -408,7 +434,7 @@ def test_fused_encode_and_mask_gives_the_exact_sum_of_encodings() -> None:
             header, masked = c.mask(deliveries[u], codec.encode(plain[u]))
         assert not np.array_equal(masked, codec.encode(plain[u]))
         server.receive_upload(header, masked)
-    req = server.request_unmask()
+    req = _signed_request(agg, server)
     for u in req.survivors:
         server.receive_unmask(agg.clients[u].unmask(req))
     expected = np.zeros(n, dtype=np.uint64)

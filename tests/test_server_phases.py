@@ -14,7 +14,8 @@ from server_app.secure_round import SecureRound, StoredRound
 
 def test_the_plans_are_the_documented_chains() -> None:
     assert PLAIN.order == (Phase.UPLOAD,) and PLAIN.first is Phase.UPLOAD
-    assert SECURE.order == (Phase.ADVERTISE, Phase.SHARE, Phase.UPLOAD, Phase.UNMASK)
+    assert SECURE.order == (Phase.ADVERTISE, Phase.SHARE, Phase.UPLOAD, Phase.SIGN,
+                            Phase.UNMASK)
     assert plan_for(True) is SECURE and plan_for(False) is PLAIN
     assert SECURE.after(Phase.UNMASK) is None and PLAIN.after(Phase.UPLOAD) is None
 
@@ -63,6 +64,10 @@ def test_a_secure_round_moves_only_along_its_table_and_yields_the_sum() -> None:
     seen.append(sr.advance())
     for u, c in fed.clients.items():
         sr.server.receive_upload(*c.mask(sr.deliveries[u], np.full(L, u, dtype=np.uint64)))
+    seen.append(sr.advance())
+    assert sr.survivor_set is not None and sr.action_for(0)[0] == "sign"
+    for c in fed.clients.values():
+        sr.receive(c.sign_survivors(sr.survivor_set))
     seen.append(sr.advance())
     assert sr.request is not None and sr.action_for(0)[0] == "unmask"
     for c in fed.clients.values():

@@ -14,8 +14,15 @@ from nacl.signing import SigningKey
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Task, make_upload
-from fedforest_secure.secagg import RoundSetup, SecAggClient, ShareDelivery, UnmaskRequest, parse
-from fedforest_secure.secure_sum import encode_contribution, make_codec
+from fedforest_secure.secagg import (
+    RoundSetup,
+    SecAggClient,
+    ShareDelivery,
+    SurvivorSet,
+    UnmaskRequest,
+    parse,
+)
+from fedforest_secure.secure_sum import encode_contribution, make_codec, unmask_floor
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
@@ -71,7 +78,9 @@ def join_all(env: dict) -> tuple[JobConfig, dict[int, SecAggClient]]:
     d = env["http"].get("/v1/jobs/job-a/directory", headers=h(env, 0)).json()
     assert d["complete"]
     directory = {int(i): bytes.fromhex(v) for i, v in d["keys"].items()}
-    return config, {k: SecAggClient(k, "job-a", keys[k], directory) for k in range(K)}
+    return config, {k: SecAggClient(k, "job-a", keys[k], directory, n_clients=K,
+                                    threshold=config.profile["threshold"],
+                                    min_survivors=unmask_floor(config)) for k in range(K)}
 
 
 def offer(env: dict, k: int) -> dict:
@@ -117,6 +126,13 @@ def upload(env: dict, sa: dict, k: int, task: Task, vec: np.ndarray):
                             headers={**h(env, k), "Content-Type": "application/octet-stream"})
 
 
+def sign(env: dict, sa: dict, k: int, r: int):
+    o = offer(env, k)
+    assert o["action"] == "sign", o
+    signature = sa[k].sign_survivors(parse(SurvivorSet, o["message"]))
+    return post(env, k, r, "signature", signature.model_dump_json())
+
+
 def unmask(env: dict, sa: dict, k: int, r: int):
     o = offer(env, k)
     assert o["action"] == "unmask", o
@@ -152,6 +168,8 @@ def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None
     run_until_upload(env, sa, r)
     for k in range(K):
         assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):  # the consistency step: one request more per client
+        assert sign(env, sa, k, r).status_code == 200
     for k in range(K):
         assert unmask(env, sa, k, r).status_code == 200
     want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
@@ -187,6 +205,8 @@ def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered
     env["state"].tick()
     assert offer(env, 3)["status"] == "dropped"
     for k in range(K - 1):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in range(K - 1):
         assert unmask(env, sa, k, r).status_code == 200
     want = make_codec(config, task).decode(
         sum((vecs[k] for k in range(K - 1)), np.zeros_like(vecs[0])))
@@ -212,9 +232,15 @@ def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None
     config, sa = join_all(env)
     task, _, _ = first_round(env, config)
     r = task.round_id
+    free = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, 1),
+                            json={"reason": "refusing both shares of client 0"})
+    assert free.status_code == 422  # a refusal is a code from the fixed list, not free text
+    other = env["http"].post(f"/v1/jobs/job-a/rounds/{r + 1}/secagg/refuse", headers=h(env, 1),
+                             json={"reason": "both_shares"})
+    assert other.status_code == 409  # only for the open round
     for k in (1, 2):
         r2 = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, k),
-                              json={"reason": "refusing both shares of client 0"})
+                              json={"reason": "both_shares"})
         assert r2.status_code == 200
     o = offer(env, 1)
     assert o["status"] == "dropped"
@@ -222,6 +248,7 @@ def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None
         post(env, k, r, "advert", sa[k].advertise(r).model_dump_json())
     o = offer(env, 0)
     assert o["status"] == "failed" and "refused" in o["detail"], o
+    assert "both_shares" in o["detail"]
 
 
 def restart(env: dict) -> None:
@@ -246,7 +273,8 @@ def post_upload(env: dict, k: int, r: int, body: bytes):
 
 
 @pytest.mark.parametrize(("phase", "spool"), [("share", False), ("upload", False),
-                                              ("unmask", False), ("unmask", True)])
+                                              ("sign", False), ("unmask", False),
+                                              ("unmask", True)])
 def test_a_restarted_server_resumes_the_open_secure_round(env: dict, phase: str, spool: bool,
                                                           tmp_path: Path) -> None:
     if spool:  # masked uploads wait in files beside the database instead of in a table
@@ -274,6 +302,12 @@ def test_a_restarted_server_resumes_the_open_secure_round(env: dict, phase: str,
             restart(env)
         bodies[k] = upload_body(env, sa, k, task, vecs[k])
         assert post_upload(env, k, r, bodies[k]).status_code == 200
+    survivor_set = offer(env, K - 1)["message"]
+    for k in range(K):
+        if phase == "sign" and k == half:
+            restart(env)
+            assert offer(env, K - 1)["message"] == survivor_set  # the same survivors to sign
+        assert sign(env, sa, k, r).status_code == 200
     request = offer(env, K - 1)["message"]
     for k in range(K):
         if phase == "unmask" and k == half:
@@ -333,5 +367,5 @@ def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: di
     env["clock"].now += 29  # not yet: nothing happens, and no client is dropped
     assert offer(env, 3)["action"] == "upload"
     env["clock"].now += 2
-    assert offer(env, 0)["action"] == "unmask"  # the deadline moved the round on...
+    assert offer(env, 0)["action"] == "sign"  # the deadline moved the round on...
     assert offer(env, 3)["status"] == "dropped"  # ...and dropped the late client

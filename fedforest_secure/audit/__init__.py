@@ -24,7 +24,7 @@ from .entry import GENESIS, ArrayInfo, Entry
 from .export import export_csv, export_jsonl, import_jsonl, read_csv, read_jsonl
 from .kinds import EntryKind
 from .log import AuditLog
-from .receipts import Receipt, read_receipts, upload_digest, write_receipt
+from .receipts import ModelReceipt, Receipt, read_receipts, upload_digest, write_receipt
 from .recorder import JobRecorder
 from .show import render_tables
 from .store import AuditStore
@@ -39,6 +39,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "JobRecorder",
+    "ModelReceipt",
     "Receipt",
     "VerifyReport",
     "contains_per_client_plaintext",

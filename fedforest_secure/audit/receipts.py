@@ -10,6 +10,12 @@ directory (``<dir>/<client>.jsonl`` by default). A receipt pins two facts:
   means the genesis value). Since every hash covers all earlier entries, a log rewritten before
   ``seq_seen`` — even with all hashes recomputed — disagrees with the receipt, and a log cut
   short before ``seq_seen`` lacks the entry.
+
+A round receipt pins the chain as it was *before* its round's entry, so the tail of a job (its
+last round and the model) needs one more: when a client downloads the final model it writes a
+:class:`ModelReceipt` (``kind = "model"``) with the model file's SHA-256 and the chain head the
+server announced with it, which covers the model entry and everything before it. ``verify``
+holds the log to both (see :mod:`fedforest_secure.audit.verify`).
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from typing import Any
 
 from .entry import GENESIS, is_hex_digest
 
-__all__ = ["Receipt", "read_receipts", "upload_digest", "write_receipt"]
+__all__ = ["ModelReceipt", "Receipt", "read_receipts", "upload_digest", "write_receipt"]
 
 _FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "seq_seen")
+_MODEL_FIELDS = ("kind", "job_id", "client", "model_digest", "chain_head_seen", "seq_seen")
 
 
 def upload_digest(data: bytes) -> str:
@@ -73,7 +80,52 @@ class Receipt:
         return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}"
 
 
-def write_receipt(directory: str | Path, receipt: Receipt, *, filename: str | None = None) -> Path:
+@dataclass(frozen=True)
+class ModelReceipt:
+    """A client's record of the final model it received and of the chain head announced with it."""
+
+    job_id: str
+    client: str
+    model_digest: str
+    chain_head_seen: str
+    seq_seen: int
+
+    def __post_init__(self) -> None:
+        for name in ("job_id", "client"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"receipt {name} must be a non-empty string")
+        if isinstance(self.seq_seen, bool) or not isinstance(self.seq_seen, int) \
+                or self.seq_seen < 1:
+            raise ValueError("a model receipt's seq_seen must be a positive integer")
+        for name in ("model_digest", "chain_head_seen"):
+            if not is_hex_digest(getattr(self, name)):
+                raise ValueError(f"receipt {name} must be a sha256 hex digest")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "model", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ModelReceipt:
+        """Parse a model receipt; ``ValueError`` on missing, extra or mistyped fields."""
+        if not isinstance(obj, dict) or set(obj) != set(_MODEL_FIELDS) \
+                or obj.get("kind") != "model":
+            raise ValueError(f"a model receipt has exactly the fields {', '.join(_MODEL_FIELDS)}")
+        return cls(**{name: obj[name] for name in _MODEL_FIELDS if name != "kind"})
+
+    @property
+    def label(self) -> str:
+        return f"client {self.client!r}, job {self.job_id!r}, model"
+
+
+def parse_receipt(obj: Any) -> Receipt | ModelReceipt:
+    """A round receipt, or a model receipt (``"kind": "model"``); ``ValueError`` otherwise."""
+    if isinstance(obj, dict) and "kind" in obj:
+        return ModelReceipt.from_json(obj)
+    return Receipt.from_json(obj)
+
+
+def write_receipt(directory: str | Path, receipt: Receipt | ModelReceipt, *,
+                  filename: str | None = None) -> Path:
     """Append ``receipt`` as one JSON line to ``directory/<client>.jsonl`` (or ``filename``)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -86,7 +138,8 @@ def write_receipt(directory: str | Path, receipt: Receipt, *, filename: str | No
     return path
 
 
-def read_receipts(directory: str | Path) -> Iterator[tuple[str, Receipt | ValueError]]:
+def read_receipts(directory: str | Path
+                  ) -> Iterator[tuple[str, Receipt | ModelReceipt | ValueError]]:
     """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line."""
     for path in sorted(Path(directory).glob("*.jsonl")):
         with path.open(encoding="utf-8") as fp:
@@ -95,6 +148,6 @@ def read_receipts(directory: str | Path) -> Iterator[tuple[str, Receipt | ValueE
                     continue
                 where = f"{path.name}:{lineno}"
                 try:
-                    yield where, Receipt.from_json(json.loads(line))
+                    yield where, parse_receipt(json.loads(line))
                 except (ValueError, TypeError) as exc:
                     yield where, ValueError(str(exc))

@@ -12,7 +12,10 @@ never stops at the first problem. Per job it checks that
 * each stored array is present and its bytes hash to the digest in the entry;
 
 and, given a receipts directory, that every receipt agrees with the log
-(see :mod:`fedforest_secure.audit.receipts`). With ``replay=True`` it also replays each job
+(see :mod:`fedforest_secure.audit.receipts`) and that the receipts cover each receipted job's
+tail: some receipt pins a chain head at or after the job's last round entry and after its model
+entry (a model receipt does), a model receipt's digest is the logged model's, and a log that lost
+its model entry is named. With ``replay=True`` it also replays each job
 through the coordinator (:mod:`fedforest_secure.audit.replay`): every logged task digest must be
 the task that follows from the logged configuration and aggregates, and the model digest the
 model they yield.
@@ -32,7 +35,7 @@ from ..errors import AuditError
 from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
 from .kinds import EntryKind, check_payload
 from .log import AuditLog
-from .receipts import Receipt, read_receipts
+from .receipts import ModelReceipt, Receipt, read_receipts
 
 if TYPE_CHECKING:
     from ._sql import Engine
@@ -185,6 +188,7 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
             rounds[(entry.job_id, entry.round_id)].append(entry)
     out: list[str] = []
     count = 0
+    covered: dict[str, int] = {}  # job -> the furthest seq a receipt pins
     for where, receipt in read_receipts(receipts_dir):
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
@@ -192,9 +196,56 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
         if job_id is not None and receipt.job_id != job_id:
             continue
         count += 1
-        out.extend(f"receipt {where} ({receipt.label}): {p}"
-                   for p in _receipt_problems(receipt, chains, rounds))
+        covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
+        found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
+                 else _receipt_problems(receipt, chains, rounds))
+        out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
+    for job in sorted(covered):
+        out.extend(_tail_problems(job, chains.get(job, {}), covered[job]))
     return out, count
+
+
+def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int) -> list[str]:
+    """A job's last round and its model entry must lie within a chain head some client
+    receipted: otherwise they could be rewritten (with every hash after them) unnoticed."""
+    out: list[str] = []
+    last_round = max((e for e in chain.values() if e.kind == EntryKind.ROUND.value),
+                     key=lambda e: e.seq, default=None)
+    if last_round is not None and covered < last_round.seq:
+        out.append(f"job {job!r}: the last round ({last_round.label}) is covered by no receipt "
+                   f"(the receipts pin the chain up to seq {covered}): its aggregate and "
+                   "everything after it are unreceipted")
+    model = next((e for e in chain.values() if e.kind == EntryKind.MODEL.value), None)
+    if model is not None and covered < model.seq:
+        out.append(f"job {job!r}: the model entry ({model.label}) is covered by no receipt "
+                   "(no client kept a receipt of the model it received)")
+    return out
+
+
+def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[int, Entry]]
+                            ) -> list[str]:
+    chain = chains.get(receipt.job_id)
+    if chain is None:
+        return ["the job is not in the log"]
+    out: list[str] = []
+    seen = chain.get(receipt.seq_seen)
+    if seen is None:
+        out.append(f"the log has no entry seq {receipt.seq_seen} (deleted or truncated)")
+    elif seen.hash != receipt.chain_head_seen:
+        out.append(f"chain head seen at seq {receipt.seq_seen} differs from the log's "
+                   f"{seen.label} (log rewritten)")
+    model = next((e for e in chain.values() if e.kind == EntryKind.MODEL.value), None)
+    if model is None:
+        out.append("the log has no model entry (deleted?), yet the client received model "
+                   f"{receipt.model_digest[:16]}...")
+        return out
+    if model.payload.get("digest") != receipt.model_digest:
+        out.append(f"the client received model {receipt.model_digest[:16]}..., the log's "
+                   f"{model.label} says {str(model.payload.get('digest'))[:16]}...")
+    if model.seq > receipt.seq_seen:
+        out.append(f"the chain head announced with the model (seq {receipt.seq_seen}) does not "
+                   f"cover the log's {model.label}")
+    return out
 
 
 def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],

@@ -8,9 +8,11 @@ client reads is typed and validated here instead of picked out of a dict.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..errors import REFUSAL_CODES
 
 __all__ = [
     "Directory",
@@ -40,12 +42,24 @@ class JoinBody(_Request):
     """``POST /v1/jobs/{job}/join``."""
 
     identity_key: str | None = None  # Ed25519 verify key, 64 hex characters
+    #: ``{"cert": PEM, "sig": hex}``: the client's TLS certificate and its signature over
+    #: ``job | name | identity key`` (:mod:`fedforest_secure.secagg.directory`)
+    identity_cert: dict[str, Annotated[str, Field(max_length=8192)]] | None = None
 
 
 class RefuseBody(_Request):
-    """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round."""
+    """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round, as a
+    code from the fixed list :data:`~fedforest_secure.errors.REFUSAL_CODES` (the client keeps
+    the full message in its own log)."""
 
     reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in REFUSAL_CODES:
+            raise ValueError(f"reason must be one of {', '.join(REFUSAL_CODES)}")
+        return v
 
 
 class Health(BaseModel):
@@ -87,6 +101,8 @@ class Directory(_Response):
 
     complete: bool = False
     keys: dict[str, str] = {}
+    #: ``{index: {"cert": PEM, "sig": hex}}``: each identity certified with its TLS certificate
+    certs: dict[str, dict[str, str]] = {}
 
 
 class RoundInfo(_Response):

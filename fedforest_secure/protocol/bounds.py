@@ -8,7 +8,7 @@ from ..config import JobConfig
 from ..errors import FedForestError
 from ..secure_sum import make_codec
 from .tasks import Task
-from .wire import layout_size
+from .wire import StatKind, kind_code, kinds_vector, layout_size
 
 __all__ = ["PlainBounds"]
 
@@ -22,6 +22,8 @@ class PlainBounds:
     ``float64 max / (2 n_clients)``, so the sum over every client of the round stays finite.
     ``ring``: the same bound in ring units, for fixed-point uploads summed in the clear
     (``|signed(v)| <= round(max_abs * 2^frac_bits)``), which keeps the ring sum from wrapping.
+    ``nonneg``: entries that are counts or sums of squares, never negative in a plaintext upload
+    (plaintext rounds carry no DP noise: a negative count is a lie that lowers a sum).
     Masked uploads are uniform ring elements and cannot be range-checked (threat model M7).
     """
 
@@ -41,14 +43,17 @@ class PlainBounds:
             raise ValueError("codec bounds do not match the task layout")
         self.value = np.minimum(value, cap)
         self.ring = np.minimum(ring, float(2**62)).astype(np.int64)
+        kinds = kinds_vector(task.layout)
+        self.nonneg = (kinds == kind_code(StatKind.COUNT)) | (kinds == kind_code(StatKind.SUMSQ))
 
     def first_violation(self, vec: np.ndarray) -> int | None:
         """Index of the first entry outside its bound (or not finite), else ``None``."""
         if vec.dtype == np.uint64:
             signed = vec.view(np.int64)
-            bad = (signed > self.ring) | (signed < -self.ring)
+            bad = (signed > self.ring) | (signed < -self.ring) | (self.nonneg & (signed < 0))
         else:
             with np.errstate(invalid="ignore"):
                 bad = ~(np.abs(vec) <= self.value)  # NaN compares False: out of range too
+                bad |= self.nonneg & (vec < 0)
         idx = np.flatnonzero(bad)
         return int(idx[0]) if idx.size else None

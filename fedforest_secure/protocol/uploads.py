@@ -136,10 +136,12 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
                 limit = f"{int(bounds.ring[bad])}"
             else:
                 shown, limit = f"{float(up.summable[bad])!r}", f"{float(bounds.value[bad]):.6g}"
+            low = "0" if bounds.nonneg[bad] else f"-{limit}"
             raise UploadRejected("out_of_range",
                                  f"summable[{bad}] = {shown} is outside the public bound "
-                                 f"[-{limit}, {limit}] of this entry (max_abs x scale of the "
-                                 "round's codec); the upload was not stored")
+                                 f"[{low}, {limit}] of this entry (max_abs x scale of the "
+                                 "round's codec; counts and sums of squares are never "
+                                 "negative); the upload was not stored")
     extra = sorted(set(up.disclosed) - allowed_disclosures(task))
     if extra:
         raise UploadRejected("undisclosable",

@@ -9,6 +9,10 @@ private :mod:`fedforest_secure.secagg._primitives` and are imported only from he
   :mod:`.messages` holds the wire messages (pydantic; vectors travel beside them as uint64).
 * :func:`encode`, :func:`decode`, :class:`RingCodec`: range-checked fixed-point ring encoding.
 
+Against an actively malicious server each client pins what it knows of the job (the identity
+directory, the job's size, the threshold and graph of its own profile) and reveals unmask shares
+only for a survivor set that ``t`` members signed (the consistency step).
+
 Masks are fresh every round: every round draws a new masking key pair and self-mask seed, and the
 pairwise seeds are bound to ``job|round|i|j|task_digest``.
 """
@@ -24,6 +28,8 @@ from .messages import (
     RoundSetup,
     ShareBundle,
     ShareDelivery,
+    SurvivorSet,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskResponse,
     parse,
@@ -43,6 +49,8 @@ __all__ = [
     "ServerStage",
     "ShareBundle",
     "ShareDelivery",
+    "SurvivorSet",
+    "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskResponse",
     "Upload",

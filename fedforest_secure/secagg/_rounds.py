@@ -2,8 +2,9 @@
 
 * Context strings for every derived key, signature and ciphertext (``fedforest/v1/...``), so a value
   made for one job, round, pair of clients or question is useless for any other.
-* The threshold ``t`` (a fraction of the round's clients, rounded up, or an absolute count) and the
-  per-neighbourhood threshold of the sparse graph.
+* The bytes a client signs in the consistency round: job, round, task digest and the survivor set.
+* The threshold ``t`` of a job (a fraction of the job's clients, rounded up, or an absolute count)
+  and the per-neighbourhood threshold of the sparse graph.
 * The neighbour graph: complete by default; with ``neighbours=k`` a Harary graph (SecAgg+, Bell et
   al. 2020) on the clients ordered by ``HMAC-SHA256(round_seed, id)``, each linked to ``ceil(k/2)``
   clients on either side of a ring. The round seed hashes job, round, task digest and the roster,
@@ -47,6 +48,13 @@ def advert_payload(job_id: str, round_id: int, client_id: int, enc_key: bytes,
     return _ctx("advert", job_id, round_id, client_id) + b"|" + enc_key + mask_key + commit
 
 
+def consistency_payload(job_id: str, round_id: int, task_digest: bytes,
+                        survivors: Iterable[int]) -> bytes:
+    """The bytes a client signs to say "round ``round_id`` of this task sums over ``survivors``"."""
+    members = ",".join(str(i) for i in sorted(survivors))
+    return _ctx("consistency", job_id, round_id, members) + b"|" + task_digest
+
+
 def self_mask_commitment(job_id: str, round_id: int, client_id: int, seed: bytes) -> bytes:
     """SHA-256 commitment to a self-mask seed, advertised so a reconstruction can be checked."""
     return hashlib.sha256(_ctx("selfmask", job_id, round_id, client_id) + b"|" + seed).digest()
@@ -82,8 +90,22 @@ def local_threshold(t: int, n: int, group_size: int) -> int:
     return min(group_size, max(group_size // 2 + 1, scaled))
 
 
+def job_threshold(threshold: float | int, n_clients: int) -> int:
+    """``t`` of a job of ``n_clients`` clients: a strict majority of them, or ``ValueError``.
+
+    Every round of the job uses this ``t`` whatever its roster, so two sets that each carry ``t``
+    signatures of distinct members share a member (``2t > n_clients``).
+    """
+    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 3:
+        raise ValueError(f"secure aggregation needs a job of at least 3 clients, not {n_clients!r}")
+    t = resolve_threshold(threshold, n_clients)
+    if not n_clients // 2 < t <= n_clients:
+        raise ValueError(f"threshold {t} of {n_clients} clients is not a strict majority")
+    return t
+
+
 def graph_seed(job_id: str, round_id: int, task_digest: bytes, ids: Iterable[int]) -> bytes:
-    """Public seed of the round's neighbour graph."""
+    """Public seed of the round's neighbour graph: a hash of job, round, roster and task."""
     roster = ",".join(str(i) for i in sorted(ids))
     return hashlib.sha256(_ctx("graph", job_id, round_id, roster) + b"|" + task_digest).digest()
 

@@ -37,3 +37,16 @@ def unique_ids(ids: Iterable[int], what: str) -> list[int]:
     if len(out) != len(set(out)):
         raise InvalidMessage(f"duplicate client in {what}")
     return out
+
+
+def survivor_signature_ok(directory: Mapping[int, bytes], signer: int, signature: bytes,
+                          payload: bytes) -> bool:
+    """Whether ``signature`` is ``signer``'s Ed25519 signature (by the directory) of ``payload``."""
+    identity = directory.get(signer)
+    if identity is None:
+        return False
+    try:
+        VerifyKey(identity).verify(payload, signature)
+    except (BadSignatureError, ValueError, TypeError):
+        return False
+    return True

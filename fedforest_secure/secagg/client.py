@@ -1,21 +1,37 @@
 """The client side of secure aggregation: one :class:`SecAggClient` per client and job.
 
-Per round ``r`` the client (Bonawitz et al. 2017, with the SecAgg+ sparse graph as an option):
+The client knows its job on its own, never from a server message: the identity directory it
+verified (client id -> Ed25519 key; exactly ``n_clients`` members), the threshold of its own
+profile (``t = job_threshold(threshold, n_clients)``, a strict majority of the *job*, whatever a
+round's roster), the SecAgg+ degree of its own profile (``neighbours``; ``None`` is the complete
+graph) and the fewest survivors it helps unmask (``min_survivors``: at least 3, and the ``K_min``
+its DP noise is calibrated for).
+
+Per round ``r`` the client (Bonawitz et al. 2017, actively secure variant, with the SecAgg+ sparse
+graph as an option):
 
 1. ``advertise(r)``: draws a fresh X25519 masking key pair and a fresh 32-byte self-mask seed
    ``b_u`` and signs them (with its per-job encryption key) under its Ed25519 identity. The
    advert for ``r + 1`` may be produced while round ``r`` is still running and ride along on
    ``r``'s upload or unmask response (``next_advert``).
-2. ``share_keys(setup)``: verifies every advert of the roster, Shamir-shares ``b_u`` and the masking
-   private key among its group with threshold ``t`` and encrypts each pair of shares to its peer.
+2. ``share_keys(setup)``: verifies every advert of the roster against the directory, checks the
+   roster has at least ``t`` members and that the announced threshold and graph are its own,
+   derives its neighbours from the public seed (hash of job, round, roster and task), Shamir-shares
+   ``b_u`` and the masking private key among its group with threshold ``t`` and encrypts each pair
+   of shares to its peer.
 3. ``mask(delivery, x)``: decrypts the shares it received and uploads
    ``y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)`` in Z_{2^64}, over the peers
    ``v`` that shared. The round's secrets are then dropped from memory.
-4. ``unmask(request)``: reveals self-mask shares of survivors and masking-key shares of dropped
+4. ``sign_survivors(survivor_set)``: signs job, round, task digest and the survivor set, once per
+   round (a second, different set is refused), if the set is inside its roster, holds the client
+   and has at least ``max(t, 3, min_survivors)`` members.
+5. ``unmask(request)``: reveals self-mask shares of survivors and masking-key shares of dropped
    peers, under the privacy rules below (a breach is ``errors.RefusedRequest``):
 
+   * only for the very set it signed, carried with valid signatures of at least ``t`` distinct
+     members of its roster on that set (``2t > n_clients``, and each client signs one set per
+     round, so no two honest clients reveal shares for different sets);
    * never both kinds of share for the same peer in one round (even across repeated requests);
-   * never when fewer than ``t`` clients survive, nor for a sum over fewer than 3 clients;
    * never the same ``(job, question)`` twice with a different set of survivors.
 """
 
@@ -36,14 +52,16 @@ from ._primitives import _kdf, _prg, _shamir
 from ._rounds import (
     advert_payload,
     check_job_id,
+    consistency_payload,
     graph_seed,
+    job_threshold,
     local_threshold,
     mask_info,
     neighbour_groups,
     self_mask_commitment,
     share_header,
 )
-from ._verify import unique_ids, verify_advert
+from ._verify import survivor_signature_ok, unique_ids, verify_advert
 from .encoding import RingCodec
 from .messages import (
     KeyAdvert,
@@ -51,6 +69,8 @@ from .messages import (
     RoundSetup,
     ShareBundle,
     ShareDelivery,
+    SurvivorSet,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskResponse,
 )
@@ -67,6 +87,7 @@ class ClientStage(enum.Enum):
     ADVERTISED = "advertised"
     SHARED = "shared"
     MASKED = "masked"
+    SIGNED = "signed"
     DONE = "done"
 
 
@@ -89,18 +110,31 @@ class _Round:
     keys: _RoundKeys | None
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # sender -> (b, sk) shares
     revealed: dict[int, str] = field(default_factory=dict)
+    signed: frozenset[int] | None = None  # the one survivor set this client signed
+    signature: bytes = b""
 
 
 @dataclass
 class SecAggClient:
-    """Client state machine for one job. ``directory`` maps client ids to Ed25519 verify keys."""
+    """Client state machine for one job.
+
+    ``directory`` maps the job's client ids to their Ed25519 verify keys (the membership as this
+    client verified it, exactly ``n_clients`` entries); ``threshold`` (a fraction of the job's
+    clients or a count) and ``neighbours`` come from the client's own profile;
+    ``min_survivors`` is the fewest survivors it helps unmask (raised to 3 if lower).
+    """
 
     client_id: int
     job_id: str
     identity: SigningKey
     directory: Mapping[int, bytes]
+    n_clients: int = field(kw_only=True)
+    threshold: float | int = field(kw_only=True)
+    neighbours: int | None = field(default=None, kw_only=True)
+    min_survivors: int = field(default=3, kw_only=True)
     stage: ClientStage = ClientStage.IDLE
     round_id: int = -1
+    _t: int = field(default=0, init=False, repr=False)
     _enc_key: PrivateKey = field(default_factory=PrivateKey.generate, repr=False)
     _keys: dict[int, _RoundKeys] = field(default_factory=dict, repr=False)
     _round: _Round | None = field(default=None, repr=False)
@@ -111,6 +145,22 @@ class SecAggClient:
         check_job_id(self.job_id)
         if self.directory.get(self.client_id) != bytes(self.identity.verify_key):
             raise ValueError("the directory must hold this client's own verify key")
+        self._t = job_threshold(self.threshold, self.n_clients)
+        if len(self.directory) != self.n_clients:
+            raise ValueError(f"the identity directory holds {len(self.directory)} clients, the "
+                             f"job has {self.n_clients}")
+        if self.neighbours is not None and (isinstance(self.neighbours, bool)
+                                            or not isinstance(self.neighbours, int)
+                                            or self.neighbours < 2):
+            raise ValueError("neighbours must be None (complete graph) or an int >= 2")
+        if isinstance(self.min_survivors, bool) or not isinstance(self.min_survivors, int):
+            raise TypeError("min_survivors must be an int")
+        self.min_survivors = max(3, self.min_survivors)
+
+    @property
+    def t(self) -> int:
+        """The job's threshold as this client computes it from its own profile."""
+        return self._t
 
     # -- 1. advertise ------------------------------------------------------------------------
     def advertise(self, round_id: int) -> KeyAdvert:
@@ -169,13 +219,21 @@ class SecAggClient:
                    for a in setup.adverts}
         if adverts.get(self.client_id) != keys.advert:
             raise InvalidMessage("the roster does not carry this client's advertisement")
-        n, t = len(ids), setup.threshold
-        if n < 3:
-            raise RefusedRequest(f"refusing a sum over {n} < 3 clients")
-        if not n // 2 < t <= n:
-            raise RefusedRequest(f"threshold {t} of {n} clients is not a strict majority")
+        n, t = len(ids), self._t
+        if setup.threshold != t:
+            raise RefusedRequest(f"the round announces threshold {setup.threshold}; this client's "
+                                 f"profile gives t={t} of the job's {self.n_clients} clients",
+                                 code="roster")
+        if setup.neighbours != self.neighbours:
+            raise RefusedRequest(f"the round announces a graph of {setup.neighbours} neighbours; "
+                                 f"this client's profile says {self.neighbours}", code="roster")
+        need = max(t, self.min_survivors)
+        if n < need:
+            raise RefusedRequest(f"refusing a roster of {n} clients: this client unmasks sums "
+                                 f"over at least {need} (t={t} of the job's {self.n_clients})",
+                                 code="roster")
         seed = graph_seed(self.job_id, r, setup.task_digest, ids)
-        group = neighbour_groups(ids, setup.neighbours, seed)[self.client_id]
+        group = neighbour_groups(ids, self.neighbours, seed)[self.client_id]
         t_local = local_threshold(t, n, len(group))
         xs = [u + 1 for u in sorted(group)]
         b = int.from_bytes(keys.self_seed, "big")
@@ -287,40 +345,98 @@ class SecAggClient:
             box = self._boxes[peer_enc_key] = Box(self._enc_key, PublicKey(peer_enc_key))
         return box
 
-    # -- 4. unmask ---------------------------------------------------------------------------
+    # -- 4. consistency ----------------------------------------------------------------------
+    def sign_survivors(self, survivor_set: SurvivorSet) -> SurvivorSignature:
+        """Sign the round's survivor set (once per round), or refuse (:class:`RefusedRequest`).
+
+        Asked again for the set it signed, the client returns the same signature; asked for
+        another set of the same round, it refuses.
+        """
+        if not isinstance(survivor_set, SurvivorSet):
+            raise InvalidMessage("expected a SurvivorSet")
+        rnd = self._round
+        if (self.stage in (ClientStage.SIGNED, ClientStage.DONE) and rnd is not None
+                and rnd.signed is not None and survivor_set.job_id == self.job_id
+                and survivor_set.round_id == rnd.round_id):
+            if frozenset(unique_ids(survivor_set.survivors, "survivors")) != rnd.signed:
+                raise RefusedRequest(f"already signed another survivor set in round "
+                                     f"{rnd.round_id}; one set per round", code="survivor_set")
+            return self._signature(rnd)
+        rnd = self._expect(ClientStage.MASKED, survivor_set, SurvivorSet)
+        survivors = frozenset(unique_ids(survivor_set.survivors, "survivors"))
+        if not survivors <= set(rnd.adverts):
+            raise InvalidMessage("the survivor set names clients outside this client's roster")
+        if self.client_id not in survivors:
+            raise ProtocolError("the survivor set does not list this client")
+        self._check_survivors(len(survivors), rnd.round_id)
+        previous = self._answered.get(rnd.question)
+        if previous is not None and previous != survivors:
+            raise RefusedRequest(f"question {rnd.question!r} of job {self.job_id} was already "
+                                 "answered for a different set of clients", code="question_reused")
+        rnd.signed = survivors
+        rnd.signature = self.identity.sign(consistency_payload(
+            self.job_id, rnd.round_id, rnd.task_digest, survivors)).signature
+        self.stage = ClientStage.SIGNED
+        return self._signature(rnd)
+
+    def _signature(self, rnd: _Round) -> SurvivorSignature:
+        return SurvivorSignature(job_id=self.job_id, round_id=rnd.round_id,
+                                 sender=self.client_id, signature=rnd.signature)
+
+    def _check_survivors(self, n: int, round_id: int) -> None:
+        if n < self._t:
+            raise RefusedRequest(f"only {n} survivors in round {round_id}, fewer than t={self._t} "
+                                 f"of the job's {self.n_clients} clients", code="too_few_survivors")
+        if n < 3:
+            raise RefusedRequest(f"refusing a sum over {n} < 3 clients", code="too_few_survivors")
+        if n < self.min_survivors:
+            raise RefusedRequest(f"refusing a sum over {n} clients in round {round_id}: this "
+                                 f"client unmasks sums over at least {self.min_survivors} (its "
+                                 "differential-privacy noise is calibrated for that many)",
+                                 code="too_few_survivors")
+
+    # -- 5. unmask ---------------------------------------------------------------------------
     def unmask(self, request: UnmaskRequest, *,
                next_advert: KeyAdvert | None = None) -> UnmaskResponse:
         """Reveal the shares the server needs, or refuse (:class:`RefusedRequest`)."""
         if self.stage is ClientStage.DONE:
             rnd = self._expect(ClientStage.DONE, request, UnmaskRequest)
         else:
-            rnd = self._expect(ClientStage.MASKED, request, UnmaskRequest)
+            rnd = self._expect(ClientStage.SIGNED, request, UnmaskRequest)
         survivors = set(unique_ids(request.survivors, "survivors"))
         dropped = set(unique_ids(request.dropped, "dropped"))
         if not (survivors | dropped) <= set(rnd.adverts):
             raise InvalidMessage("unmask request names clients outside the round")
         if request.question != rnd.question:
             raise InvalidMessage("unmask request for another question")
-        if self.client_id not in survivors:
-            raise ProtocolError("unmask request does not list this client as a survivor")
+        if rnd.signed is None or frozenset(survivors) != rnd.signed:
+            raise RefusedRequest(f"the unmask request's survivors differ from the set this "
+                                 f"client signed in round {rnd.round_id}", code="survivor_set")
         both = survivors & dropped
         if both:
             raise RefusedRequest(f"refusing both a self-mask and a key share of client "
-                                 f"{min(both)} in round {rnd.round_id}")
-        if len(survivors) < rnd.threshold:
-            raise RefusedRequest(f"only {len(survivors)} survivors, fewer than t={rnd.threshold}")
-        if len(survivors) < 3:
-            raise RefusedRequest(f"refusing a sum over {len(survivors)} < 3 clients")
+                                 f"{min(both)} in round {rnd.round_id}", code="both_shares")
+        payload = consistency_payload(self.job_id, rnd.round_id, rnd.task_digest, survivors)
+        for signer, sig in request.signatures.items():
+            if signer not in survivors or not survivor_signature_ok(self.directory, signer, sig,
+                                                                    payload):
+                raise InvalidMessage(f"the signature of client {signer} on the survivor set "
+                                     "does not verify")
+        if len(request.signatures) < self._t:
+            raise RefusedRequest(f"only {len(request.signatures)} signatures on the survivor set "
+                                 f"of round {rnd.round_id}, t={self._t} needed", code="signatures")
+        self._check_survivors(len(survivors), rnd.round_id)
         members = frozenset(survivors)
         previous = self._answered.get(rnd.question)
         if previous is not None and previous != members:
             raise RefusedRequest(f"question {rnd.question!r} of job {self.job_id} was already "
-                                 "answered for a different set of clients")
+                                 "answered for a different set of clients", code="question_reused")
         wanted = {u: _SELF for u in survivors} | {v: _KEY for v in dropped}
         for peer, kind in wanted.items():
             if rnd.revealed.get(peer, kind) != kind:
                 raise RefusedRequest(f"already revealed the {rnd.revealed[peer]} share of client "
-                                     f"{peer} in round {rnd.round_id}; refusing its {kind} share")
+                                     f"{peer} in round {rnd.round_id}; refusing its {kind} share",
+                                     code="both_shares")
         self._answered[rnd.question] = members
         rnd.revealed.update({p: k for p, k in wanted.items() if p in rnd.held})
         self.stage = ClientStage.DONE

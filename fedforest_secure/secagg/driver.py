@@ -5,8 +5,10 @@ The engine and the tests use :class:`InProcessSecureSum`; over HTTPS the same
 objects exchange the same messages, serialised. Every message the server receives is appended
 to :attr:`InProcessSecureSum.transcript` (what a curious server sees).
 
-Clients announce the next round's keys on their unmask response (``next_advert``), so from the
-second round on a client that took part in the previous round skips the advertisement step.
+A round runs the consistency step of the actively secure protocol (every survivor signs the
+survivor set; the unmask request carries the signatures). Clients announce the next round's keys
+on their unmask response (``next_advert``), so from the second round on a client that took part
+in the previous round skips the advertisement step.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ class InProcessSecureSum:
     Parameters
     ----------
     client_ids : iterable of int
-        Every client of the job (a round may use a subset).
+        Every client of the job (a round may use a subset of at least ``t``).
     threshold : float or int
-        Fraction of the round's clients needed to unmask (rounded up), or an absolute count.
+        Fraction of the job's clients needed to unmask (rounded up), or an absolute count: a
+        strict majority of the job.
     job_id : str
         Job identifier bound into every key derivation.
     neighbours : int or None
@@ -54,17 +57,22 @@ class InProcessSecureSum:
         Keep every message of every round in :attr:`transcript` (masked uploads included: for
         tests and audits of what a server saw; memory grows with the job). Off, the transcript
         stays empty.
+    min_survivors : int
+        Fewest survivors a client helps unmask (at least 3; the ``K_min`` of DP noise).
     """
 
     def __init__(self, client_ids: Iterable[int], threshold: float | int = 0.67,
                  job_id: str = "job", neighbours: int | None = None, *,
-                 streaming: bool = False, record: bool = True) -> None:
+                 streaming: bool = False, record: bool = True, min_survivors: int = 3) -> None:
         ids = sorted(set(int(i) for i in client_ids))
         if len(ids) < 3:
             raise ValueError("secure aggregation needs at least 3 clients")
         identities = {u: SigningKey.generate() for u in ids}
         self.directory: dict[int, bytes] = {u: bytes(k.verify_key) for u, k in identities.items()}
-        self.clients = {u: SecAggClient(u, job_id, identities[u], self.directory) for u in ids}
+        self.clients = {u: SecAggClient(u, job_id, identities[u], self.directory,
+                                        n_clients=len(ids), threshold=threshold,
+                                        neighbours=neighbours, min_survivors=min_survivors)
+                        for u in ids}
         self.threshold = threshold
         self.job_id = job_id
         self.neighbours = neighbours
@@ -121,10 +129,22 @@ class InProcessSecureSum:
             if self.record:
                 self.transcript.append(Upload(header, masked.copy()))
             server.receive_upload(header, masked)
-        request = server.request_unmask()
         refused: list[RefusedRequest] = []
-        for u in request.survivors:
+        survivor_set = server.request_signatures()
+        for u in survivor_set.survivors:
             if u in drop2:
+                continue
+            try:
+                signature = self.clients[u].sign_survivors(survivor_set)
+            except RefusedRequest as exc:
+                refused.append(exc)
+                continue
+            self._receive(server.receive_signature, signature)
+        if refused:
+            raise refused[0]
+        request = server.request_unmask()
+        for u in request.survivors:
+            if u in drop2 or u not in server.signed:
                 continue
             try:
                 client = self.clients[u]

@@ -145,7 +145,8 @@ class RingCodec:
 
     def error_bound(self) -> np.ndarray:
         """Per-entry bound on ``|decode(sum of encodings) - sum of values|`` (exact arithmetic)."""
-        return self.n_clients * np.ldexp(0.5, -self.frac_bits)
+        bound: np.ndarray = self.n_clients * np.ldexp(0.5, -self.frac_bits)
+        return bound
 
     def encode(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Range-check then encode one client's float vector into uint64.

@@ -8,8 +8,14 @@ Flow of round ``r`` (server in the middle, every arrow relayed by it)::
     client -> server  ShareBundle     Shamir shares of b_u and s_u^SK, encrypted to each peer
     server -> client  ShareDelivery   the ciphertexts addressed to that client (from U2)
     client -> server  MaskedUpload    header; the uint64 vector travels beside it, in binary
-    server -> client  UnmaskRequest   survivors U3 (uploaded) and dropped U2 \\ U3
+    server -> client  SurvivorSet     the survivors U3 (uploaded), to be signed
+    client -> server  SurvivorSignature  Ed25519 signature over job, round, task digest and U3
+    server -> client  UnmaskRequest   survivors U3, dropped U2 \\ U3, and the signatures on U3
     client -> server  UnmaskResponse  self-mask shares for survivors, key shares for dropped
+
+The two consistency messages are the actively secure variant of Bonawitz et al. (2017): a client
+reveals unmask shares only for a survivor set that ``t`` distinct members of its roster signed,
+and signs one set per round, so no two clients reveal shares for different sets.
 
 Every model forbids extra fields and bounds its sizes. Big vectors are never JSON: they are numpy
 uint64 arrays carried next to :class:`MaskedUpload`. :func:`parse` turns any parse failure into
@@ -31,6 +37,8 @@ __all__ = [
     "RoundSetup",
     "ShareBundle",
     "ShareDelivery",
+    "SurvivorSet",
+    "SurvivorSignature",
     "UnmaskRequest",
     "UnmaskResponse",
     "parse",
@@ -105,12 +113,27 @@ class MaskedUpload(_Message):
     next_advert: KeyAdvert | None = None
 
 
+class SurvivorSet(_Message):
+    """Server -> survivors: the clients whose masked upload entered the sum (U3), to sign."""
+
+    survivors: Annotated[tuple[ClientId, ...], Field(max_length=MAX_CLIENTS)]
+
+
+class SurvivorSignature(_Message):
+    """Client -> server: the sender's Ed25519 signature over job, round, task digest and U3."""
+
+    sender: ClientId
+    signature: Signature
+
+
 class UnmaskRequest(_Message):
-    """Server -> survivors: who uploaded (``survivors``), who shared but did not (``dropped``)."""
+    """Server -> survivors: who uploaded (``survivors``), who shared but did not (``dropped``),
+    and the survivors' signatures on ``survivors`` (``{signer: signature}``)."""
 
     question: Question
     survivors: Annotated[tuple[ClientId, ...], Field(max_length=MAX_CLIENTS)]
     dropped: Annotated[tuple[ClientId, ...], Field(max_length=MAX_CLIENTS)]
+    signatures: Annotated[dict[ClientId, Signature], Field(max_length=MAX_CLIENTS)]
 
 
 class UnmaskResponse(_Message):

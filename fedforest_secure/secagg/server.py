@@ -4,9 +4,14 @@ The server relays messages and only ever learns the sum of the survivors' vector
 advance by explicit calls; anything out of order is ``errors.ProtocolError``::
 
     COLLECT_ADVERTS --setup()--> COLLECT_SHARES --deliver_shares()--> COLLECT_UPLOADS
-        --request_unmask()--> COLLECT_UNMASK --finish()--> DONE      (or ABORTED on any abort)
+        --request_signatures()--> COLLECT_SIGNATURES --request_unmask()--> COLLECT_UNMASK
+        --finish()--> DONE                                            (or ABORTED on any abort)
 
-With fewer than ``t`` clients left at any stage the round aborts with
+``t`` is the job's threshold: ``threshold`` resolved against the job's size (the directory), the
+value every client computes from its own profile. In the consistency step each survivor signs the
+survivor set U3; the unmask request carries those signatures, and a client reveals shares only
+for the set it signed, carried by ``t`` valid signatures. With fewer than ``t`` clients left at
+any stage the round aborts with
 :class:`~fedforest_secure.errors.AbortedRound` and no partial sum. After reconstruction every
 masking private key is checked against its advertised public key, and every self-mask seed against
 its advertised commitment (Shamir shares carry no integrity): a mismatch is :class:`KeyMismatch`.
@@ -32,20 +37,23 @@ from ..errors import AbortedRound, InvalidMessage, ProtocolError
 from ._primitives import _kdf, _prg, _shamir
 from ._rounds import (
     check_job_id,
+    consistency_payload,
     graph_seed,
+    job_threshold,
     local_threshold,
     mask_info,
     neighbour_groups,
-    resolve_threshold,
     self_mask_commitment,
 )
-from ._verify import verify_advert
+from ._verify import survivor_signature_ok, verify_advert
 from .messages import (
     KeyAdvert,
     MaskedUpload,
     RoundSetup,
     ShareBundle,
     ShareDelivery,
+    SurvivorSet,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskResponse,
 )
@@ -65,6 +73,7 @@ class ServerStage(enum.Enum):
     COLLECT_ADVERTS = "collect-adverts"
     COLLECT_SHARES = "collect-shares"
     COLLECT_UPLOADS = "collect-uploads"
+    COLLECT_SIGNATURES = "collect-signatures"
     COLLECT_UNMASK = "collect-unmask"
     DONE = "done"
     ABORTED = "aborted"
@@ -74,8 +83,9 @@ class ServerStage(enum.Enum):
 class SecAggServer:
     """Server state machine for round ``round_id`` of ``job_id``.
 
-    ``threshold`` is a fraction of the round's clients (rounded up) or an absolute count;
-    ``neighbours=None`` is the complete graph, an int ``k`` the SecAgg+ sparse graph.
+    ``threshold`` is a fraction of the job's clients (``len(directory)``, rounded up) or an
+    absolute count; ``neighbours=None`` is the complete graph, an int ``k`` the SecAgg+ sparse
+    graph.
     """
 
     job_id: str
@@ -96,6 +106,7 @@ class SecAggServer:
     _uploads: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _running: np.ndarray | None = field(default=None, repr=False)
     _dropped: frozenset[int] = frozenset()
+    _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
     _responses: dict[int, UnmaskResponse] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -104,11 +115,11 @@ class SecAggServer:
             raise ValueError("task_digest must be 32 bytes")
         if self.vector_length < 0:
             raise ValueError("vector_length must be non-negative")
-        resolve_threshold(self.threshold, 3)  # type and range check only
+        self._t = job_threshold(self.threshold, len(self.directory))
 
     @property
     def t(self) -> int:
-        """The round's threshold (known once :meth:`setup` has fixed the roster)."""
+        """The job's threshold: fewest clients that may unmask, whatever the roster."""
         return self._t
 
     def _stage(self, expected: ServerStage, what: str) -> None:
@@ -148,6 +159,11 @@ class SecAggServer:
         return frozenset(self._adverts)
 
     @property
+    def signed(self) -> frozenset[int]:
+        """Survivors whose signature on the survivor set was accepted (U4 once closed)."""
+        return frozenset(self._signatures)
+
+    @property
     def answered(self) -> frozenset[int]:
         """Survivors whose unmask response was accepted."""
         return frozenset(self._responses)
@@ -164,11 +180,9 @@ class SecAggServer:
     def setup(self) -> RoundSetup:
         """Close the roster U1 and return the message every client of the round receives."""
         self._stage(ServerStage.COLLECT_ADVERTS, "setup")
-        n = len(self._adverts)
-        t = resolve_threshold(self.threshold, n)
-        if n < 3 or not n // 2 < t <= n:
-            raise self._abort(f"{n} clients with threshold {t}: need n >= 3 and n/2 < t <= n")
-        self._t = t
+        n, t = len(self._adverts), self._t
+        if n < t:
+            raise self._abort(f"only {n} clients advertised keys, t={t}")
         ids = sorted(self._adverts)
         seed = graph_seed(self.job_id, self.round_id, self.task_digest, ids)
         self._groups = neighbour_groups(ids, self.neighbours, seed)
@@ -228,22 +242,52 @@ class SecAggServer:
             verify_advert(advert, self.directory, self.job_id, self.round_id + 1)
             self.next_adverts[advert.client_id] = advert
 
-    def request_unmask(self) -> UnmaskRequest:
-        """Close U3 (clients that uploaded); abort if fewer than ``t`` are left."""
-        self._stage(ServerStage.COLLECT_UPLOADS, "unmask request")
+    def request_signatures(self) -> SurvivorSet:
+        """Close U3 (clients that uploaded) and ask the survivors to sign it; abort below t."""
+        self._stage(ServerStage.COLLECT_UPLOADS, "survivor set")
         if len(self._uploads) < self._t:
             raise self._abort(f"only {len(self._uploads)} masked uploads, t={self._t}")
         self._dropped = frozenset(self._bundles) - frozenset(self._uploads)
+        self.stage = ServerStage.COLLECT_SIGNATURES
+        return self.survivor_set()
+
+    def survivor_set(self) -> SurvivorSet:
+        """The survivor set U3 the survivors are asked to sign."""
+        return SurvivorSet(job_id=self.job_id, round_id=self.round_id,
+                           survivors=tuple(sorted(self._uploads)))
+
+    def receive_signature(self, signature: SurvivorSignature) -> None:
+        """Accept one survivor's signature on U3."""
+        self._stage(ServerStage.COLLECT_SIGNATURES, "survivor-set signature")
+        self._check_msg(signature, SurvivorSignature, getattr(signature, "sender", -1),
+                        self._uploads)
+        u = signature.sender
+        if u in self._signatures:
+            raise ProtocolError(f"client {u} already signed the survivor set")
+        payload = consistency_payload(self.job_id, self.round_id, self.task_digest,
+                                      self._uploads)
+        if not survivor_signature_ok(self.directory, u, signature.signature, payload):
+            raise InvalidMessage("the survivor-set signature does not verify")
+        self._signatures[u] = signature.signature
+
+    def request_unmask(self) -> UnmaskRequest:
+        """Close U4 (survivors that signed) and ask them to unmask; abort below ``t``."""
+        self._stage(ServerStage.COLLECT_SIGNATURES, "unmask request")
+        if len(self._signatures) < self._t:
+            raise self._abort(f"only {len(self._signatures)} survivors signed the survivor set, "
+                              f"t={self._t}")
         self.stage = ServerStage.COLLECT_UNMASK
         return UnmaskRequest(job_id=self.job_id, round_id=self.round_id, question=self.question,
                              survivors=tuple(sorted(self._uploads)),
-                             dropped=tuple(sorted(self._dropped)))
+                             dropped=tuple(sorted(self._dropped)),
+                             signatures=dict(sorted(self._signatures.items())))
 
     # -- unmask ----------------------------------------------------------------------------------
     def receive_unmask(self, response: UnmaskResponse) -> None:
         """Accept one survivor's revealed shares."""
         self._stage(ServerStage.COLLECT_UNMASK, "unmask response")
-        self._check_msg(response, UnmaskResponse, getattr(response, "sender", -1), self._uploads)
+        self._check_msg(response, UnmaskResponse, getattr(response, "sender", -1),
+                        self._signatures)
         u = response.sender
         if u in self._responses:
             raise ProtocolError(f"client {u} already answered the unmask request")

@@ -9,6 +9,7 @@ to (or subtracted from) the accumulator in place; numpy uint64 arithmetic wraps 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -43,7 +44,7 @@ class Expander:
         if out.dtype != _U64 or out.shape != (self.length,) or not out.flags.c_contiguous:
             raise ValueError("out must be a contiguous uint64 vector of the expander's length")
         enc = Cipher(algorithms.AES(seed), modes.CTR(_NONCE)).encryptor()
-        enc.update_into(self._zeros, out.view(np.uint8))
+        enc.update_into(self._zeros, memoryview(out.view(np.uint8)))  # type: ignore[arg-type]
         enc.finalize()
 
     def _fill(self, seed: bytes) -> np.ndarray:
@@ -81,7 +82,8 @@ def apply_masks(acc: np.ndarray, plus: list[bytes], minus: list[bytes],
         raise ValueError("give src or fill, not both")
     if any(len(s) != 32 for s in (*plus, *minus)):
         raise ValueError("a PRG seed is exactly 32 bytes")
-    steps = [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.add) for s in plus]
+    steps: list[tuple[Any, Callable[..., Any]]] = [
+        (Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.add) for s in plus]
     steps += [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.subtract)
               for s in minus]
     n = acc.shape[0]
@@ -90,7 +92,7 @@ def apply_masks(acc: np.ndarray, plus: list[bytes], minus: list[bytes],
     block = min(_BLOCK, n)
     zeros = memoryview(bytes(8 * block))
     buf = np.empty(block, dtype=_U64)
-    raw = memoryview(buf.view(np.uint8))
+    raw = memoryview(buf.view(np.uint8))  # type: ignore[arg-type]  # numpy's buffer protocol
     calls = [(enc.update_into, op) for enc, op in steps]
     for start in range(0, n, block):
         stop = min(start + block, n)

@@ -27,7 +27,7 @@ _BLOCK = 1 << 14  # entries per block in encode (128 KiB of float64: stays in L2
 
 
 def _per_entry(name: str, value: np.ndarray | float | int, size: int, dtype: type) -> np.ndarray:
-    arr = np.asarray(value, dtype=dtype)
+    arr: np.ndarray = np.asarray(value, dtype=dtype)
     if arr.ndim == 0:
         return np.full(size, arr, dtype=dtype)
     if arr.shape != (size,):

@@ -1,0 +1,136 @@
+"""A job's identity directory, certified by the federation's CA.
+
+Each client of a secure job has a long-term Ed25519 identity (it signs key adverts and survivor
+sets). The server relays the directory ``{client index: identity key}``, so a malicious server
+could add identities of its own (Sybils) and play them. A certified directory closes that door
+to anyone but the CA: at join a client signs ``job | name | identity key`` with the private key
+of its TLS client certificate (:func:`certify_identity`), and sends the certificate and the
+signature along; every client checks every entry of the directory against the federation CA it
+already pins for TLS (:func:`verify_directory`): a certificate the CA issued, a name that is the
+certificate's common name and appears once, a valid signature on the entry's identity key.
+
+What is left: a CA that issues certificates at the server's request registers Sybils (the
+coordinator, the CA and the directory are often run by one party; institutions that want more
+compare the audit log's ``client_joined`` keys out of band).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from ..errors import InvalidMessage
+from ..pki import verify_signed_by
+from ._rounds import check_job_id
+
+__all__ = ["Certification", "certificate_name", "certify_identity", "identity_payload",
+           "verify_directory"]
+
+_MAX_PEM = 8192
+
+
+@dataclass(frozen=True)
+class Certification:
+    """A client's TLS certificate (PEM) and its signature over ``job | name | identity key``."""
+
+    cert_pem: str
+    signature: bytes
+
+    def to_json(self) -> dict[str, str]:
+        return {"cert": self.cert_pem, "sig": self.signature.hex()}
+
+    @classmethod
+    def from_json(cls, obj: object) -> Certification:
+        """Parse ``{"cert": PEM, "sig": hex}``; :class:`InvalidMessage` otherwise."""
+        if not isinstance(obj, Mapping) or set(obj) != {"cert", "sig"}:
+            raise InvalidMessage("a certification is {\"cert\": PEM, \"sig\": hex}")
+        cert, sig = obj["cert"], obj["sig"]
+        if not isinstance(cert, str) or not 0 < len(cert) <= _MAX_PEM \
+                or not isinstance(sig, str) or len(sig) > 1024:
+            raise InvalidMessage("malformed certification")
+        try:
+            return cls(cert, bytes.fromhex(sig))
+        except ValueError as exc:
+            raise InvalidMessage("malformed certification signature") from exc
+
+
+def identity_payload(job_id: str, name: str, identity_key: bytes) -> bytes:
+    """The bytes a client's TLS key signs to certify its identity key for a job."""
+    check_job_id(job_id)
+    if len(identity_key) != 32:
+        raise ValueError("an identity key is 32 bytes")
+    return (b"fedforest/v1/identity|" + job_id.encode() + b"|" + name.encode("utf-8") + b"|"
+            + identity_key)
+
+
+def certificate_name(cert: x509.Certificate) -> str:
+    """The certificate's subject common name (exactly one), else :class:`InvalidMessage`."""
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(names) != 1 or not isinstance(names[0].value, str):
+        raise InvalidMessage("the certificate does not carry exactly one common name")
+    return names[0].value
+
+
+def certify_identity(job_id: str, identity_key: bytes, cert_pem: bytes,
+                     key_pem: bytes) -> Certification:
+    """Sign ``job | name | identity key`` with the TLS client key (the name is the certificate's
+    common name)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("identity certification needs an EC client key")
+    payload = identity_payload(job_id, certificate_name(cert), identity_key)
+    return Certification(cert_pem.decode("ascii"), key.sign(payload, ec.ECDSA(hashes.SHA256())))
+
+
+def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
+                 ca: x509.Certificate, now: _dt.datetime) -> str:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_text.cert_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise InvalidMessage(f"directory entry {index}: unreadable certificate") from exc
+    if not verify_signed_by(cert, ca):
+        raise InvalidMessage(f"directory entry {index}: the certificate was not issued by the "
+                             "federation CA")
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise InvalidMessage(f"directory entry {index}: the certificate is not valid now")
+    name = certificate_name(cert)
+    public = cert.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise InvalidMessage(f"directory entry {index}: not an EC certificate")
+    try:
+        public.verify(cert_text.signature, identity_payload(job_id, name, key),
+                      ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError) as exc:
+        raise InvalidMessage(f"directory entry {index}: the identity key is not signed by the "
+                             f"certificate of {name!r}") from exc
+    return name
+
+
+def verify_directory(job_id: str, keys: Mapping[int, bytes],
+                     certifications: Mapping[int, Certification], ca_pem: bytes, *,
+                     now: _dt.datetime | None = None) -> dict[int, str]:
+    """Check every identity key of a job against the federation CA; return ``{index: name}``.
+
+    Raises :class:`InvalidMessage` naming the first entry that has no certification, a
+    certificate the CA did not issue (or not valid now), a signature that does not cover its
+    key, or a name that another entry already has.
+    """
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    when = now or _dt.datetime.now(_dt.UTC)
+    names: dict[int, str] = {}
+    for index in sorted(keys):
+        cert = certifications.get(index)
+        if cert is None:
+            raise InvalidMessage(f"directory entry {index} carries no certification")
+        names[index] = _check_entry(job_id, index, keys[index], cert, ca, when)
+    if len(set(names.values())) != len(names):
+        raise InvalidMessage("two directory entries carry certificates of the same client")
+    return names

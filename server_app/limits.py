@@ -1,0 +1,179 @@
+"""Transport limits, enforced before any route reads or parses a request (a pure ASGI layer).
+
+* **Authentication first.** Every ``/v1`` request needs a known bearer token before a byte of
+  its body is read: a request without one is a 401 at once, so an unauthenticated client can
+  make the server neither read nor allocate anything (FastAPI would otherwise read and parse a
+  JSON body before a route's dependencies run).
+* **Body size.** Each route has a limit (:class:`BodyLimits`): a ``Content-Length`` above it is
+  a 413 before the body is read; a body without one (chunked) is counted as it streams and cut
+  off with a 413 as soon as it passes the limit. No buffer is sized from ``Content-Length``.
+* **Body read timeout.** Each chunk of a body must arrive within ``body_timeout_s``; a client
+  that stalls mid-body gets a 408 and the connection is closed, so a stalled upload holds a
+  worker's memory for at most that long.
+* **Certificate binding.** Under mutual TLS the token's client must be the client named in the
+  TLS certificate of the connection (:mod:`server_app.tls_identity`): a 403 otherwise.
+
+Every refusal is a JSON body ``{"error": code, "detail": ...}`` with ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from .auth import TokenCache
+from .tls_identity import PeerNames
+
+__all__ = ["BodyLimits", "TransportLimits"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_UPLOAD = re.compile(r"^/v1/jobs/[^/]+/rounds/[^/]+/upload$")
+_SECAGG = re.compile(r"^/v1/jobs/[^/]+/rounds/[^/]+/secagg/(advert|shares|signature|unmask)$")
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """Largest request body per kind of route, in bytes."""
+
+    upload: int = 1 << 30        # a masked or plain summable vector (the server setting)
+    secagg: int = 4 << 20        # key adverts, share bundles, signatures, unmask responses
+    other: int = 64 << 10        # join, refuse and every other route
+
+    def for_path(self, path: str) -> int:
+        if _UPLOAD.match(path):
+            return self.upload
+        if _SECAGG.match(path):
+            return self.secagg
+        return self.other
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+async def _refuse(send: Send, status: int, code: str, detail: str) -> None:
+    body = json.dumps({"error": code, "detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+class TransportLimits:
+    """The ASGI layer in front of the app (module docstring)."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenCache, *, limits: BodyLimits,
+                 body_timeout_s: float = 30.0, peer_names: PeerNames | None = None) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.limits = limits
+        self.body_timeout_s = body_timeout_s
+        self.peer_names = peer_names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        try:
+            if path.startswith("/v1/"):
+                await self._authenticate(scope)
+            limit = self.limits.for_path(path)
+            length = _header(scope, b"content-length")
+            if length is not None:
+                if not length.isdigit():
+                    raise _Refused(400, "bad_request", "Content-Length must be a number")
+                if int(length) > limit:
+                    raise _Refused(413, "too_large", f"this route takes bodies of at most "
+                                   f"{limit} bytes")
+        except _Refused as exc:
+            await _refuse(send, exc.status, exc.code, exc.detail)
+            return
+        state = {"started": False, "refused": False}
+
+        async def guarded_send(message: Message) -> None:
+            if state["refused"]:
+                return  # the client already has its 413/408: the app's answer is dropped
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            await send(message)
+
+        async def refuse_now(exc: _Refused) -> Message:
+            # answer at once and tell the app the client is gone: no route parses a body that
+            # was cut off (FastAPI would turn any error in its body read into a 400)
+            if not state["started"] and not state["refused"]:
+                state["refused"] = True
+                await _refuse(send, exc.status, exc.code, exc.detail)
+            return {"type": "http.disconnect"}
+
+        try:
+            await self.app(scope, self._counting(receive, limit, refuse_now), guarded_send)
+        except Exception:
+            if not state["refused"]:
+                raise
+
+    def _counting(self, receive: Receive, limit: int,
+                  refuse_now: Callable[[_Refused], Awaitable[Message]]) -> Receive:
+        seen = 0
+        timeout = self.body_timeout_s
+        cut = False
+
+        async def counted() -> Message:
+            nonlocal seen, cut
+            if cut:
+                return {"type": "http.disconnect"}
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await receive()
+            except TimeoutError:
+                cut = True
+                return await refuse_now(_Refused(408, "body_timeout", f"no part of the request "
+                                                 f"body arrived for {timeout:g} s"))
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    cut = True
+                    return await refuse_now(_Refused(413, "too_large", f"this route takes "
+                                                     f"bodies of at most {limit} bytes"))
+            return message
+
+        return counted
+
+    async def _authenticate(self, scope: Scope) -> None:
+        auth = _header(scope, b"authorization")
+        scheme, _, token = (auth or b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _Refused(401, "unauthenticated", "send 'Authorization: Bearer <token>'")
+        known, row = self.tokens.lookup(token.strip())  # no I/O: on the event loop
+        if not known:
+            row = await run_in_threadpool(self.tokens, token.strip())
+        if row is None:
+            raise _Refused(401, "unauthenticated", "unknown or revoked token")
+        if self.peer_names is not None:
+            client = scope.get("client")
+            name = self.peer_names.name_of(tuple(client) if client else None)
+            if name != row.name:
+                raise _Refused(403, "certificate_mismatch",
+                               "the token belongs to another client than the TLS certificate "
+                               "of this connection")

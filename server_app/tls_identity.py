@@ -1,0 +1,76 @@
+"""The client named in the TLS certificate of each live connection (mutual TLS).
+
+uvicorn does not put the peer certificate into the ASGI scope. :func:`protocol_with_peer_names`
+wraps uvicorn's HTTP protocol class: when a connection is made it reads the verified peer
+certificate from the TLS layer and records its subject common name under the connection's
+remote address (the ``client`` of every request's scope on that connection); the record goes
+when the connection is lost. :class:`~server_app.limits.TransportLimits` then requires the
+bearer token's client to be that name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+__all__ = ["PeerNames", "common_name", "protocol_with_peer_names"]
+
+
+class PeerNames:
+    """``(host, port)`` of a live TLS connection -> the common name of its client certificate."""
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[str, int], str | None] = {}
+
+    def add(self, addr: tuple[str, int] | None, name: str | None) -> None:
+        if addr is not None:
+            self._names[addr] = name
+
+    def remove(self, addr: tuple[str, int] | None) -> None:
+        if addr is not None:
+            self._names.pop(addr, None)
+
+    def name_of(self, addr: tuple[Any, ...] | None) -> str | None:
+        """The certificate's common name, or None (no such connection, or no certificate)."""
+        if addr is None or len(addr) != 2:
+            return None
+        return self._names.get((str(addr[0]), int(addr[1])))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def common_name(cert: Any) -> str | None:
+    """The subject common name of a certificate as :meth:`ssl.SSLSocket.getpeercert` gives it."""
+    if not isinstance(cert, dict):
+        return None
+    names = [value for rdn in cert.get("subject", ()) for key, value in rdn
+             if key == "commonName"]
+    return str(names[0]) if len(names) == 1 else None
+
+
+def _remote(transport: asyncio.BaseTransport) -> tuple[str, int] | None:
+    info = transport.get_extra_info("peername")
+    if isinstance(info, list | tuple) and len(info) >= 2:
+        return (str(info[0]), int(info[1]))
+    return None
+
+
+def protocol_with_peer_names(base: type[Any], names: PeerNames) -> type[Any]:
+    """A subclass of uvicorn's HTTP protocol ``base`` that records each peer's certificate name
+    in ``names`` for as long as its connection lives."""
+
+    class PeerNameProtocol(base):  # type: ignore[misc]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            cert = ssl_object.getpeercert() if ssl_object is not None else None
+            self._peer_addr = _remote(transport)
+            names.add(self._peer_addr, common_name(cert))
+            super().connection_made(transport)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            names.remove(getattr(self, "_peer_addr", None))
+            super().connection_lost(exc)
+
+    PeerNameProtocol.__name__ = f"PeerName{base.__name__}"
+    return PeerNameProtocol

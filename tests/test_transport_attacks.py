@@ -1,0 +1,191 @@
+"""Attacks 5-8 on the real server: a uvicorn process on 127.0.0.1 with TLS and mTLS."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from fedforest_cli.simulate import free_port, start_server, wait_healthy, write_server_config
+from fedforest_secure.audit import AuditLog
+from fedforest_secure.pki import init_dev_pki
+from fedforest_secure.protocol import Task, make_upload
+from server_app.audit_hook import open_audit
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+
+pytestmark = pytest.mark.integration
+
+K = 3
+
+
+@dataclass
+class Live:
+    root: Path
+    port: int
+    certs: Path
+    tokens: list[str]
+    proc: object
+
+    def ctx(self, k: int = 0) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.pem"))
+        ctx.load_cert_chain(str(self.certs / f"client-{k}.pem"),
+                            str(self.certs / f"client-{k}.key"))
+        return ctx
+
+    def http(self, k: int = 0, token: int | None = None) -> httpx.Client:
+        headers = {} if token is None else {"Authorization": f"Bearer {self.tokens[token]}"}
+        return httpx.Client(base_url=f"https://127.0.0.1:{self.port}", verify=self.ctx(k),
+                            headers=headers, timeout=10)
+
+    def raw(self, k: int = 0) -> ssl.SSLSocket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        return self.ctx(k).wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+def _start(root: Path, parts, feat, job_dir, profile: str = "open") -> Live:
+    job_toml = job_dir(root / "job", parts, feat, n_clients=K, profile=profile)
+    certs = root / "certs"
+    init_dev_pki(certs, K, client_names=[f"client-{k}" for k in range(K)])
+    port = free_port()
+    server_toml = write_server_config(root, port, certs)
+    server_toml.write_text(server_toml.read_text().replace(
+        "[tls]", "body_timeout_s = 2.0\n\n[tls]"))
+    from server_app.settings import load_settings
+    settings = load_settings(server_toml)
+    db = Database(settings.database)
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    audit = open_audit(settings.audit_database)
+    ServerState(db, audit).create_job(load_job_spec(job_toml))
+    audit.close()  # type: ignore[attr-defined]
+    db.dispose()
+    proc = start_server(server_toml, root / "server.log")
+    try:  # a loaded machine can take a while to import and start the server
+        wait_healthy(f"https://127.0.0.1:{port}", certs / "ca.pem", proc, timeout=120.0,
+                     cert=certs / "client-0.pem", key=certs / "client-0.key")
+    except BaseException:
+        proc.terminate()
+        proc.wait(10)
+        raise
+    return Live(root, port, certs, tokens, proc)
+
+
+@pytest.fixture()
+def live(tmp_path: Path, tiny_parts, job_dir) -> Iterator[Live]:
+    parts, feat = tiny_parts
+    lv = _start(tmp_path, parts, feat, job_dir)
+    try:
+        yield lv
+    finally:
+        lv.proc.terminate()  # type: ignore[attr-defined]
+        lv.proc.wait(10)  # type: ignore[attr-defined]
+
+
+def _response_head(sock: ssl.SSLSocket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(4096)
+    except TimeoutError:
+        return b""
+
+
+def test_attack5_an_unauthenticated_huge_join_body_is_refused_before_it_is_read(
+        live: Live) -> None:
+    sock = live.raw()
+    claimed = 300 << 20
+    sock.sendall(b"POST /v1/jobs/job-a/join HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(claimed).encode() + b"\r\n\r\n")
+    sock.sendall(b"{" + b" " * (1 << 20))
+    head = _response_head(sock, 5.0)
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 4"), "the server keeps reading an unauthenticated body"
+
+
+def test_attack5_a_stalled_upload_is_dropped(live: Live) -> None:
+    sock = live.raw()
+    sock.sendall(b"POST /v1/jobs/job-a/rounds/0/upload HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Content-Type: application/octet-stream\r\nContent-Length: 16777216\r\n\r\n")
+    head = _response_head(sock, 8.0)
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 408") or head.startswith(b"HTTP/1.1 4"), \
+        "a stalled upload is held open with no body timeout"
+
+
+def test_attack5_a_chunked_body_past_the_limit_is_cut_off_while_it_streams(
+        live: Live) -> None:
+    sock = live.raw()
+    sock.sendall(b"POST /v1/jobs/job-a/join HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b" " * 32768
+    sent = 0
+    head = b""
+    sock.settimeout(0.2)
+    for _ in range(64):  # up to 2 MiB; the limit of a JSON route is 64 KiB
+        try:
+            sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            sent += len(chunk)
+        except OSError:
+            break
+        try:
+            head = sock.recv(4096)
+        except TimeoutError:
+            continue
+        if head:
+            break
+    if not head:
+        head = _response_head(sock, 5.0)
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 413"), head[:100]
+    assert sent < 32 * len(chunk), "the server read the whole body before refusing it"
+
+
+def test_attack6_a_token_is_bound_to_the_name_in_the_client_certificate(live: Live) -> None:
+    with live.http(k=2, token=0) as http:  # client-2's certificate, client-0's token
+        r = http.get("/v1/me")
+    assert r.status_code in (401, 403), f"client-2's certificate acts as {r.json()}"
+    assert r.json()["error"] == "certificate_mismatch"
+    with live.http(k=2, token=2) as http:  # its own token over its own certificate
+        assert http.get("/v1/me").json() == {"name": "client-2"}
+
+
+def test_attack7_refuse_is_not_accepted_in_an_open_job(live: Live) -> None:
+    with live.http(k=1, token=1) as http:
+        assert http.post("/v1/jobs/job-a/join").status_code == 200
+        r = http.post("/v1/jobs/job-a/rounds/0/secagg/refuse",
+                      json={"reason": "<script>x</script> the coordinator is lying " * 5})
+    assert r.status_code >= 400, "an open job accepted a refusal with free text"
+    with AuditLog(live.root / "audit.db", create=False) as log:
+        text = json.dumps([e.payload for e in log.entries(job_id="job-a")])
+    assert "<script>" not in text
+
+
+def test_attack8_negative_counts_are_rejected_in_open_rounds(live: Live) -> None:
+    for k in (1, 2):
+        with live.http(k=k, token=k) as other:
+            assert other.post("/v1/jobs/job-a/join").status_code == 200
+    with live.http(k=0, token=0) as http:
+        info = http.post("/v1/jobs/job-a/join").json()
+        r = http.get("/v1/jobs/job-a/task")
+        assert r.status_code == 200
+        task = Task.from_bytes(r.content)
+        from fedforest_secure.protocol import StatKind, kind_code, kinds_vector, layout_size
+        vec = np.ones(layout_size(task.layout))
+        kinds = kinds_vector(task.layout)
+        vec[kinds == kind_code(StatKind.COUNT)] = -5.0
+        body = make_upload(task, vec, {})
+        r = http.post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=body,
+                      headers={"Content-Type": "application/octet-stream"})
+    assert info["config"]["profile"]["name"] == "open"
+    assert r.status_code == 400, f"a negative count was accepted: {r.status_code} {r.text}"
