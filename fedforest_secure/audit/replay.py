@@ -49,7 +49,7 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
     if not isinstance(payload.get("config"), dict) or not isinstance(payload.get("clients"),
                                                                         list):
         return [f"{where}: {created.label} does not record the job's configuration and "
-                "client list (a log written before replay was supported): cannot replay"]
+                "client list: cannot replay"]
     try:
         config = JobConfig.from_json(canonical_json(payload["config"]))
         coord = Coordinator(config)

@@ -238,7 +238,7 @@ class SealedTask(Task):
         the canonical encoding of the task it parses to, that is the task's digest and the
         body is what :meth:`to_bytes` returns; a valid but non-canonical body is parsed all the
         same and its digest computed from the canonical bytes, as :meth:`Task.digest` would
-        (so a digest check against it fails as before).
+        (so a digest check of the non-canonical body against it fails).
         """
         task = seal(Task.from_bytes(body))
         table = canonical_table(body)
