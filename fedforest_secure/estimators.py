@@ -4,7 +4,9 @@
 that run the real protocol (workers, coordinator, aggregation under the chosen privacy
 profile); the rows are never pooled. The public feature bounds the secure sketch needs are
 inferred from the data here (the in-process facade plays every part); a real deployment takes
-them from the schema.
+them from the schema. ``n_jobs`` threads run the clients' work of each round concurrently (numpy
+releases the GIL in the heavy steps); the replies are added in client order, so the forest is the
+same for every ``n_jobs``.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
-                 random_state: int | None = 0) -> None:
+                 random_state: int | None = 0, n_jobs: int | None = None) -> None:
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
@@ -78,6 +80,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         self.split_on_client = split_on_client
         self.profile = profile
         self.random_state = random_state
+        self.n_jobs = n_jobs
 
     # ------------------------------------------------------------------ helpers
     def _criterion(self) -> str:
@@ -200,7 +203,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         # each client's share of the rows is made when its worker is built, and dropped after
         shares = ((X[h == k], y_enc[h == k]) for k in range(K))
         self.config_ = config
-        self.model_ = run_in_process(config, shares, on_round=on_round)
+        self.model_ = run_in_process(config, shares, on_round=on_round, n_jobs=self.n_jobs)
         self.n_features_in_ = d
         self.n_clients_ = K
         return self
@@ -277,13 +280,14 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
-                 criterion: str = "gini", random_state: int | None = 0) -> None:
+                 criterion: str = "gini", random_state: int | None = 0,
+                 n_jobs: int | None = None) -> None:
         super().__init__(n_estimators=n_estimators, max_depth=max_depth,
                          min_samples_leaf=min_samples_leaf, min_samples_split=min_samples_split,
                          min_impurity_decrease=min_impurity_decrease, max_features=max_features,
                          bootstrap=bootstrap, n_bins=n_bins, method=method, top_l=top_l,
                          split_on_client=split_on_client, profile=profile,
-                         random_state=random_state)
+                         random_state=random_state, n_jobs=n_jobs)
         self.criterion = criterion
 
     def _criterion(self) -> str:

@@ -12,9 +12,13 @@ profile discloses. With ``fixed_point`` the vectors are encoded into the 64-bit 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import os
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -25,13 +29,15 @@ from .protocol import Reply, Task
 from .worker import Worker
 
 __all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "client_seed",
-           "run_in_process"]
+           "effective_n_jobs", "run_in_process"]
 
 #: in process, a level whose estimated state (every client's sorted level order and the
 #: coordinator's copy of their sketches) exceeds this is evaluated in groups of nodes that
 #: stay within it (:class:`~fedforest_secure.coordinator.Coordinator`): the same forest in
 #: bounded memory, for a few more rounds
 IN_PROCESS_ROUND_BYTES = 32 << 20
+
+T = TypeVar("T")
 
 
 def client_seed(config: JobConfig, client_index: int) -> np.random.SeedSequence:
@@ -63,14 +69,85 @@ class RoundRecord:
     participants: list[int] = field(default_factory=list)
 
 
-def _stream_plain(task: Task, workers: Sequence[Worker]
+def effective_n_jobs(n_jobs: int | None) -> int:
+    """The number of threads ``n_jobs`` asks for, scikit-learn's way: None is 1, -1 every
+    CPU, -2 all but one, and so on.
+
+    Raises
+    ------
+    ValueError
+        ``n_jobs`` is 0 or not an integer.
+    """
+    if n_jobs is None:
+        return 1
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, (int, np.integer)) or n_jobs == 0:
+        raise ValueError(f"n_jobs must be a non-zero integer or None, got {n_jobs!r}")
+    if n_jobs > 0:
+        return int(n_jobs)
+    return max(1, (os.cpu_count() or 1) + 1 + int(n_jobs))
+
+
+@dataclass(frozen=True)
+class _Threads:
+    """A thread pool for the clients' work and how many calls may be in flight at once."""
+
+    pool: ThreadPoolExecutor
+    ahead: int
+
+
+def _in_order(calls: Iterable[Callable[[], T]], threads: _Threads | None
+              ) -> Generator[T, None, None]:
+    """The results of ``calls``, in their order.
+
+    With a thread pool, the calls run concurrently (numpy releases the GIL in the heavy
+    steps), at most ``threads.ahead`` at a time, so the results alive at once stay bounded.
+    The results come back in the calls' order, so whatever adds them up does so in the same
+    order as without threads.
+    """
+    if threads is None:
+        for call in calls:
+            yield call()
+        return
+    pending: deque[Future[T]] = deque()
+    todo = iter(calls)
+    more = True
+    try:
+        while more or pending:
+            while more and len(pending) < threads.ahead:
+                nxt: Callable[[], T] | None = next(todo, None)
+                if nxt is None:
+                    more = False
+                else:
+                    pending.append(threads.pool.submit(nxt))
+            if pending:
+                yield pending.popleft().result()
+    finally:  # a failing call (or a consumer that stops): the other results are not needed
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()  # wait for it: no call outlives this iteration
+
+
+def _answers(task: Task, workers: Sequence[Worker], threads: _Threads | None,
+             digests: tuple[bytes, bytes] | None = None) -> Generator[Reply, None, None]:
+    """Every client's reply to ``task``, in client order (:func:`_in_order`). Each worker
+    touches only its own state and reads the shared task."""
+    yield from _in_order((partial(w.handle, task, digests=digests) for w in workers), threads)
+
+
+def _by_index(replies: Iterator[Reply]) -> Callable[[int], Reply]:
+    """``answer(k)`` for a consumer that asks the clients in order k = 0, 1, ..."""
+    return lambda k: next(replies)
+
+
+def _stream_plain(task: Task, workers: Sequence[Worker], threads: _Threads | None = None
                   ) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
     """Add the clients' vectors one by one, in client order (same floats as PlainSum)."""
     total: np.ndarray | None = None
     disclosed: dict[int, dict[str, np.ndarray]] = {}
     digests = (task.digest(), task.question_digest())  # the same task for every client
-    for k, w in enumerate(workers):
-        reply = w.handle(task, digests=digests)
+    for k, reply in enumerate(_answers(task, workers, threads, digests)):
         if total is None:
             total = np.zeros_like(reply.summable, dtype=np.float64)
         total += reply.summable
@@ -104,7 +181,8 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    workers: Sequence[Worker] | None = None,
                    max_round_bytes: int | None = IN_PROCESS_ROUND_BYTES,
-                   max_nodes_per_round: int | None = None) -> ForestModel:
+                   max_nodes_per_round: int | None = None,
+                   n_jobs: int | None = None) -> ForestModel:
     """Train a forest with every client in this process, through the real protocol.
 
     Parameters
@@ -120,31 +198,53 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
         larger than this (see :class:`~fedforest_secure.coordinator.Coordinator`; the forest
         is the same). None and None: one sketch and one histogram round per level, as over
         HTTPS.
+    n_jobs : threads for the clients' work (:func:`effective_n_jobs`; None: one). The forest
+        is the same for every value: replies are added in client order.
     """
-    if workers is None:
-        # clients may be a generator: each share can be dropped once its worker is built (a
-        # worker keeps codes, not the table)
-        if isinstance(clients, Sequence) and len(clients) != config.n_clients:
-            raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
-        workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k),
-                          keep_last_reply=False, keep_level_order=None)
-                   for k, (X, y) in enumerate(clients)]
-    if len(workers) != config.n_clients:
-        raise ValueError(f"config expects {config.n_clients} clients, got {len(workers)}")
-    agg = aggregator or make_aggregator(config)
-    coord = Coordinator(config, max_nodes_per_round=max_nodes_per_round,
-                        max_round_bytes=max_round_bytes,
-                        total_rows=sum(w.n_rows for w in workers))
+    n_threads = effective_n_jobs(n_jobs)
+    if isinstance(clients, Sequence) and workers is None and len(clients) != config.n_clients:
+        raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
+    pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="fedforest-client") \
+        if n_threads > 1 and config.n_clients > 1 else None
+    threads = _Threads(pool, n_threads) if pool is not None else None
+    try:
+        if workers is None:
+            # clients may be a generator: each share can be dropped once its worker is built
+            # (a worker keeps codes, not the table)
+            workers = list(_in_order(
+                (partial(Worker, config, X, y, client_index=k, seed=client_seed(config, k),
+                         keep_last_reply=False, keep_level_order=None)
+                 for k, (X, y) in enumerate(clients)), threads))
+        if len(workers) != config.n_clients:
+            raise ValueError(f"config expects {config.n_clients} clients, got {len(workers)}")
+        agg = aggregator or make_aggregator(config)
+        coord = Coordinator(config, max_nodes_per_round=max_nodes_per_round,
+                            max_round_bytes=max_round_bytes,
+                            total_rows=sum(w.n_rows for w in workers))
+        _train(coord, workers, agg, on_round, threads)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    model = coord.result()
+    model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
+    return model
+
+
+def _train(coord: Coordinator, workers: Sequence[Worker], agg: Aggregator,
+           on_round: Callable[[RoundRecord], None] | None, threads: _Threads | None) -> None:
+    """Run the coordinator's rounds to the end over the in-process ``workers``."""
     while (task := coord.next_task()) is not None:
         if isinstance(agg, PlainSum) and on_round is None:
             # plain sums stream: one client's vector at a time (memory O(vector), not K x)
-            total, disclosed = _stream_plain(task, workers)
+            total, disclosed = _stream_plain(task, workers, threads)
         elif _is_ring(agg):
             # each client's float vector lives only until it is encoded for the ring
+            answers = _answers(task, workers, threads)
             total, disclosed = agg.aggregate_stream(  # type: ignore[attr-defined]
-                task, lambda k: workers[k].handle(task), len(workers))
+                task, _by_index(answers), len(workers))
+            answers.close()
         else:
-            replies = {k: w.handle(task) for k, w in enumerate(workers)}
+            replies = dict(enumerate(_answers(task, workers, threads)))
             total = agg.aggregate(task, replies)
             disclosed = {k: r.disclosed for k, r in replies.items() if r.disclosed}
             del replies
@@ -152,6 +252,3 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
         if on_round is not None:
             on_round(RoundRecord(task, total, disclosed, list(range(len(workers)))))
         del total, disclosed  # the next round's workers should not share memory with these
-    model = coord.result()
-    model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
-    return model

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -10,7 +13,15 @@ import pytest
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 from fedforest_secure.config import JobConfig
-from fedforest_secure.federation import PlainSum, RoundRecord, make_aggregator, run_in_process
+from fedforest_secure.federation import (
+    PlainSum,
+    RoundRecord,
+    _in_order,
+    _Threads,
+    effective_n_jobs,
+    make_aggregator,
+    run_in_process,
+)
 from fedforest_secure.protocol import Reply, Task, TaskKind
 from fedforest_secure.secagg import Upload
 from fedforest_secure.secure_sum import RingAggregator, make_codec
@@ -139,3 +150,62 @@ def test_abstentions_are_recorded_in_the_model() -> None:
     assert set(ab) == {str(k) for k in range(cfg.n_clients)}
     # with 40 rows per client, depth-3 nodes of under 5 rows exist in some client
     assert sum(v for per in ab.values() for v in per.values()) > 0
+
+
+@pytest.mark.parametrize("cls,task,profile", [
+    (FedForestRegressor, "regression", "open"),
+    (FedForestClassifier, "classification", "open"),
+    (FedForestRegressor, "regression", "secure")])
+def test_n_jobs_never_changes_the_forest(cls: Any, task: str, profile: str) -> None:
+    X, y, h = _data(task, n=400)
+    kw = dict(_SMALL, max_depth=5, profile=profile)
+    ref = cls(n_jobs=1, **kw).fit(X, y, client=h)
+    for n_jobs in (2, 3, -1):
+        got = cls(n_jobs=n_jobs, **kw).fit(X, y, client=h)
+        assert got.model_.to_json() == ref.model_.to_json()
+    assert sum(t.n_nodes for t in ref.model_.trees) > 3 * 7  # the trees did grow
+
+
+def test_n_jobs_with_a_round_hook_gives_the_same_rounds() -> None:
+    X, y, h = _data("regression", n=300)
+    seen: dict[int, list[bytes]] = {1: [], 2: []}
+    models = {}
+    for n_jobs in (1, 2):
+        models[n_jobs] = FedForestRegressor(n_jobs=n_jobs, **_SMALL).fit(
+            X, y, client=h, on_round=lambda r, n=n_jobs: seen[n].append(r.total.tobytes()))
+    assert seen[1] == seen[2] and len(seen[1]) > 2
+    assert models[1].model_.to_json() == models[2].model_.to_json()
+
+
+def test_in_order_runs_calls_concurrently_and_yields_them_in_order() -> None:
+    second_ran = threading.Event()
+
+    def first() -> int:  # finishes only once the second call has run: they overlap
+        if not second_ran.wait(10):
+            raise TimeoutError("the calls did not run concurrently")
+        return 0
+
+    def second() -> int:
+        second_ran.set()
+        return 1
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert list(_in_order([first, second], _Threads(pool, 2))) == [0, 1]
+    assert list(_in_order([first, second], None)) == [0, 1]  # serial: the event is set
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True, "2"])
+def test_n_jobs_must_be_a_non_zero_integer(bad: Any) -> None:
+    with pytest.raises(ValueError, match="n_jobs"):
+        effective_n_jobs(bad)
+    X, y, h = _data("regression")
+    with pytest.raises(ValueError, match="n_jobs"):
+        FedForestRegressor(n_jobs=bad, **_SMALL).fit(X, y, client=h)
+
+
+def test_n_jobs_counts_like_scikit_learn() -> None:
+    cpus = os.cpu_count() or 1
+    assert effective_n_jobs(None) == 1
+    assert effective_n_jobs(3) == 3
+    assert effective_n_jobs(-1) == cpus
+    assert effective_n_jobs(-2) == max(1, cpus - 1)
