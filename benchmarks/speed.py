@@ -7,10 +7,13 @@ ratios, not the absolute seconds.
     python benchmarks/speed.py                      # n = 10k, 100k (default)
     python benchmarks/speed.py --sizes 10000 100000 1000000 --repeat 3
     python benchmarks/speed.py --contenders open secure secure-plain --sizes 10000
+    python benchmarks/speed.py --contenders sklearn open sklearn-2 open-2 --sizes 100000
 
 Contenders: ``sklearn`` (RandomForestRegressor, n_jobs=1), ``open`` (FedForest, in process,
 open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``secure-plain``
-(the same profile with ``secure_aggregation = false``: identical forest, no masks).
+(the same profile with ``secure_aggregation = false``: identical forest, no masks). A suffix
+``-N`` runs a contender with ``n_jobs=N`` (``sklearn-2``, ``open-2``): its ratio is printed
+against the first contender and against ``sklearn-N`` when that runs too.
 Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
 """
 
@@ -36,22 +39,32 @@ def _data(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     return X, y, h
 
 
+def _split(contender: str) -> tuple[str, int]:
+    """``"open-2"`` -> ``("open", 2)``; no suffix: one job."""
+    name, _, jobs = contender.partition("-")
+    if jobs.isdigit():
+        return name, int(jobs)
+    return contender, 1
+
+
 def _child(contender: str, n: int, trees: int, depth: int) -> None:
     X, y, h = _data(n, 20, 10)
-    if contender == "sklearn":
+    name, n_jobs = _split(contender)
+    if name == "sklearn":
         from sklearn.ensemble import RandomForestRegressor
 
         model = RandomForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
-                                      max_features=1 / 3, n_jobs=1, random_state=0)
+                                      max_features=1 / 3, n_jobs=n_jobs, random_state=0)
         t0 = time.perf_counter()
         model.fit(X, y)
     else:
         from fedforest_secure import FedForestRegressor, load_profile
 
         profile = {"open": "open", "secure": "secure",
-                   "secure-plain": load_profile("secure", secure_aggregation=False)}[contender]
+                   "secure-plain": load_profile("secure", secure_aggregation=False)}[name]
         model = FedForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
-                                   max_features=1 / 3, profile=profile, random_state=0)
+                                   max_features=1 / 3, profile=profile, random_state=0,
+                                   n_jobs=n_jobs)
         t0 = time.perf_counter()
         model.fit(X, y, client=h)
     seconds = time.perf_counter() - t0
@@ -94,9 +107,15 @@ def main() -> None:
                   f"{med[c]['seconds'] / med[base]['seconds']:>7.2f} "
                   f"{med[c]['peak_mib'] / med[base]['peak_mib']:>6.2f}", flush=True)
         for c in args.contenders[1:]:  # each repetition's own ratio (neighbours' load varies)
-            per = " ".join(f"{a['seconds'] / b['seconds']:.2f}"
-                           for a, b in zip(runs[c], runs[base], strict=True))
-            print(f"{'':>9} {c:>13} time x per repetition: {per}", flush=True)
+            refs = [base]
+            name, n_jobs = _split(c)
+            twin = f"sklearn-{n_jobs}"
+            if name != "sklearn" and n_jobs > 1 and twin in runs and twin != base:
+                refs.append(twin)
+            for ref in refs:
+                per = " ".join(f"{a['seconds'] / b['seconds']:.2f}"
+                               for a, b in zip(runs[c], runs[ref], strict=True))
+                print(f"{'':>9} {c:>13} time x per repetition (vs {ref}): {per}", flush=True)
     print(f"load at the end {_load()}")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Generator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -75,6 +76,8 @@ class CandidateMethod(ABC):
     def __init__(self, config: JobConfig, policy: ReleasePolicy) -> None:
         self.config = config
         self.policy = policy
+        #: threads for the coordinator's own work (None: this thread); never changes a result
+        self.executor: Executor | None = None
 
     def sketch_request(self) -> SketchRequest:
         """What the level's sketch round asks of every client for this method."""
@@ -130,7 +133,8 @@ class Quantiles(CandidateMethod):
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:
         if self._client_sketches:
-            return pooled_sketch_candidates(q.disc, q.pos, q.feats, self.config.n_bins)
+            return pooled_sketch_candidates(q.disc, q.pos, q.feats, self.config.n_bins,
+                                            self.executor)
         ctx = q.ctx
         if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - policy checks
             raise ProfileError("the secure_cdf sketch needs public feature bounds")
@@ -262,8 +266,9 @@ def make_method(config: JobConfig, policy: ReleasePolicy) -> CandidateMethod:
 
 # ---------------------------------------------------------------------- thresholds
 def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarray,
-                             B: int) -> np.ndarray:
-    """Candidates from the clients' disclosed quantile sketches (rows ``ev``), pooled."""
+                             B: int, executor: Executor | None = None) -> np.ndarray:
+    """Candidates from the clients' disclosed quantile sketches (rows ``ev``), pooled; runs of
+    nodes on ``executor``'s threads when given (the same candidates either way)."""
     E, m = feats.shape
     clients = sorted(disc)
     if E == 0 or not clients:
@@ -274,12 +279,21 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
     thr = np.empty((E, m, B - 1))
     # the clients' sketches are gathered a run of nodes at a time: never a K-fold copy
     step = max(1, _sketch.CHUNK_ENTRIES // max(K * P * m, 1))
-    for a in range(0, E, step):
+
+    def run(a: int) -> None:  # a row's candidates do not depend on the other rows
         sel = ev[a:a + step]
         pts = np.stack([disc[k]["sketch_points"][sel] for k in clients], axis=2)
         rows = pts.reshape(sel.size * m, K, P)
         counts = np.repeat(cnt[a:a + step], m, axis=0)
         thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B).reshape(sel.size, m, B - 1)
+
+    starts = range(0, E, step)
+    if executor is None or len(starts) < 2:
+        for a in starts:
+            run(a)
+    else:
+        for _ in executor.map(run, starts):  # each run writes its own rows of thr
+            pass
     return thr
 
 

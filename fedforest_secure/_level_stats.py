@@ -21,6 +21,11 @@ from .config import JobConfig
 
 __all__ = ["CodeBook", "LevelStatistics", "local_gains"]
 
+#: a run of blocks places its entries among the thresholds (a binary search per entry)
+#: rather than the thresholds among the entries (a search per threshold) when its finite
+#: thresholds outnumber its entries times this; both give the same bins
+ENTRY_SEARCH_RATIO = 0.5
+
 
 @dataclass(frozen=True)
 class CodeBook:
@@ -162,67 +167,120 @@ class LevelStatistics:
                   counts_only: bool = False) -> np.ndarray:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
-        Each bin is a contiguous run of the level's sorted order, so its statistics are one
-        segment sum (``np.add.reduceat``): no per-row search, no cancellation across bins.
-        ``nodes`` are the positions of the evaluated nodes in ``order`` (ascending).
+        Every entry of the level order gets its bin, the number of its block's thresholds
+        below its value, and each statistic is one ``np.bincount`` over (block, bin): a bin's
+        sum adds its rows one by one in the order's sequence, whatever finds the bins.
+        Where a block has more thresholds than rows (the deep levels) the entries are placed
+        among the thresholds (:meth:`_bins_by_entries`); otherwise the thresholds are placed
+        among the entries (:meth:`_bins_by_cuts`). ``nodes`` are the positions of the
+        evaluated nodes in ``order`` (ascending).
         """
         order = self.order
         n_eval, m = feats.shape
         nb = thr.shape[2] + 1
         S = 1 if counts_only else self.config.n_stats
-        stride = self.book.stride
         blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
         # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
         starts, ends = order.block_edges(blk)
-        # thresholds -> integer cuts in this client's code space: x <= t  <=>  code < cut;
-        # cutkey[i, b] = (block << cbits) | cut, one feature at a time
-        cutkey = np.empty((blk.size, nb - 1), dtype=np.int64)
-        cutkey[:] = stride - 1  # no cut (padding): the bin runs to the end of the block
-        fl = feats.ravel()
         thr2 = thr.reshape(blk.size, nb - 1)
-        for j in np.unique(fl[fl >= 0]):
-            sel = np.flatnonzero(fl == j)
-            t = thr2[sel].ravel()
-            # +inf (padding) maps past the last code, so its bin runs to the end of the block
-            u = self.book.uniq[j]
-            c = np.full(t.size, u.size, dtype=np.int64)
-            fin = np.flatnonzero(np.isfinite(t))
-            if fin.size:
-                # searched in ascending order: numpy's binary search starts from the previous
-                # answer, several times faster than the blocks' interleaved runs
-                tf = t[fin]
-                o = np.argsort(tf)
-                c[fin[o]] = np.searchsorted(u, tf[o], side="right")
-            if t.size and t.min() == -np.inf:  # -inf: no cut either (they ascend)
-                c[t == -np.inf] = stride - 1
-            cutkey[sel] = c.reshape(sel.size, nb - 1)
-        cutkey += (blk << self.book.cbits)[:, None]
-        sums = np.zeros((blk.size, nb, S))
-        edges = np.append(starts, ends[-1] if blk.size else 0)
-        # bins are consecutive runs of the sorted order, so each bin's statistics are one
-        # segment sum (reduceat over [pos_i, pos_i+1)) of the bin's own rows: no cancellation
-        # across bins. Runs of blocks keep the scratch memory bounded.
+        sums = np.zeros((blk.size * nb, S))
+        if blk.size == 0 or order.size == 0:
+            return sums.reshape(n_eval, m, nb, S)
+        # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
+        row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
+        row_of[blk] = np.arange(blk.size)
+        edges = np.append(starts, ends[-1])
+        table: _ThresholdTable | None = None
         for i0, i1 in order.chunks(edges):
             e0 = int(starts[i0])
             e1 = int(ends[i1 - 1])
             if e1 <= e0:
                 continue
-            pos = np.empty((i1 - i0, nb + 1), dtype=np.int64)
-            pos[:, 1:nb] = order.search(cutkey[i0:i1].ravel(), e0, e1).reshape(-1, nb - 1)
-            pos[:, 0] = starts[i0:i1] - e0
-            pos[:, nb] = ends[i0:i1] - e0
+            n_thr = int(np.isfinite(thr2[i0:i1]).sum())
+            if n_thr > ENTRY_SEARCH_RATIO * (e1 - e0):
+                table = table or _ThresholdTable(thr2)
+                gbin, keep = self._bins_by_entries(row_of, table, e0, e1)
+            else:
+                gbin, keep = self._bins_by_cuts(blk[i0:i1], thr2[i0:i1], starts[i0:i1],
+                                                ends[i0:i1], i0, e0, e1)
+            gbin -= i0 * nb
             cols = self._sorted_stats(counts_only, e0, e1)
-            flat = pos.ravel()
-            part = sums[i0:i1]
+            part = sums[i0 * nb:i1 * nb]
+            size = (i1 - i0) * nb
             for ci, col in enumerate(cols):
-                seg = np.add.reduceat(col, flat).reshape(-1, nb + 1)[:, :nb]
-                part[:, :, ci] = seg
-            del cols
-            empty = pos[:, 1:] <= pos[:, :-1]  # empty runs (reduceat gives an element)
-            np.copyto(part, 0.0, where=empty[:, :, None])
+                w = col[: e1 - e0]
+                part[:, ci] = np.bincount(gbin, weights=w if keep is None else w[keep],
+                                          minlength=size)
+            del cols, gbin
         sums = sums.reshape(n_eval, m, nb, S)
         sums[feats < 0] = 0.0
         return sums
+
+    def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int
+                         ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Global bin (evaluated row x bins + bin) of every evaluated entry of ``[e0, e1)``
+        by a binary search of its value among its block's thresholds (all blocks at once),
+        and which entries are evaluated (None: all)."""
+        book = self.book
+        bc = self.order.block_codes(e0, e1)
+        b = bc >> book.cbits
+        rows = row_of[b]
+        keep: np.ndarray | None = None
+        if (rows < 0).any():  # blocks of nodes not evaluated lie in between
+            keep = rows >= 0
+            rows, bc, b = rows[keep], bc[keep], b[keep]
+        code = bc & (book.stride - 1)
+        code += book.uniq_off[self.order.feats.reshape(-1)[b]]
+        x = book.uniq_all[code]
+        del bc, b, code
+        below = table.count_below(rows, x)
+        rows *= table.width + 1
+        rows += below
+        return rows, keep
+
+    def _bins_by_cuts(self, blk: np.ndarray, thr2: np.ndarray, starts: np.ndarray,
+                      ends: np.ndarray, i0: int, e0: int, e1: int
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """As :meth:`_bins_by_entries` for the evaluated blocks ``blk`` (rows ``i0``...),
+        from the position of every threshold in the sorted order (thresholds mapped to the
+        client's integer codes: ``x <= t`` iff ``code < cut``)."""
+        book = self.book
+        n, W = thr2.shape
+        nb = W + 1
+        fl = self.order.feats.reshape(-1)[blk]
+        cut = np.empty((n, W), dtype=np.int64)
+        for j in np.unique(fl):
+            sel = np.flatnonzero(fl == j)
+            t = thr2[sel].ravel()
+            u = book.uniq[j]
+            # searched in ascending order: numpy's binary search starts from the previous
+            # answer, several times faster than the blocks' interleaved runs
+            o = np.argsort(t)
+            c = np.empty(t.size, dtype=np.int64)
+            c[o] = np.searchsorted(u, t[o], side="right")  # +inf: past the last code
+            cut[sel] = c.reshape(sel.size, W)
+        np.minimum(cut, book.stride - 1, out=cut)
+        cut += (blk << book.cbits)[:, None]
+        # bin edges in the chunk: [start, cut_1, ..., cut_W, end] per block; entries between
+        # the evaluated blocks (nodes not evaluated) fall in one extra bin that is dropped
+        pos = np.empty((n, nb + 1), dtype=np.int64)
+        pos[:, 1:nb] = self.order.search(cut.ravel(), e0, e1).reshape(n, W)
+        pos[:, 0] = starts - e0
+        pos[:, nb] = ends - e0
+        runs = np.empty(n * (nb + 1), dtype=np.int64)  # bins, then the gap to the next block
+        runs.reshape(n, nb + 1)[:, :nb] = np.diff(pos, axis=1)
+        gap = runs.reshape(n, nb + 1)[:, nb]
+        gap[:-1] = starts[1:] - ends[:-1]
+        gap[-1] = 0
+        ids = np.arange(n * (nb + 1), dtype=np.int64)
+        ids -= ids // (nb + 1)  # bin j of row i is i * nb + j; a gap gets the next row's 0
+        gbin = np.repeat(ids, runs)
+        keep = None
+        if gap.any():
+            keep = np.repeat(np.arange(n * (nb + 1)) % (nb + 1) != nb, runs)
+            gbin = gbin[keep]
+        gbin += i0 * nb
+        return gbin, keep
 
     def _sorted_stats(self, counts_only: bool, lo: int, hi: int) -> list[np.ndarray]:
         """Weighted row statistics of entries ``[lo, hi)`` in the level's sorted order, one
@@ -255,6 +313,38 @@ class LevelStatistics:
             col[:n][hit] = wf[:n][hit]
             cols.append(col)
         return cols
+
+
+class _ThresholdTable:
+    """Each row's sorted thresholds, padded with +inf to 2^k - 1 so that a branch-free binary
+    search takes k halving steps and never leaves its row."""
+
+    def __init__(self, thr2: np.ndarray) -> None:
+        self.width = int(thr2.shape[1])
+        self.steps = max(self.width.bit_length(), 1)
+        self.stride = (1 << self.steps) - 1
+        if self.stride == self.width:
+            self.flat = np.ascontiguousarray(thr2).ravel()
+        else:
+            padded = np.full((thr2.shape[0], self.stride), np.inf)
+            padded[:, : self.width] = thr2
+            self.flat = padded.ravel()
+
+    def count_below(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """For each value ``x[i]``, the number of thresholds of row ``rows[i]`` below it."""
+        base = rows * self.stride
+        base -= 1
+        below = np.zeros(x.size, dtype=np.int64)  # thresholds < x found so far
+        idx = np.empty_like(below)
+        hit = np.empty(x.size, dtype=bool)
+        step = 1 << (self.steps - 1)
+        while step:
+            np.add(base, below, out=idx)
+            idx += step
+            np.less(self.flat[idx], x, out=hit)
+            below += hit * step
+            step >>= 1
+        return below
 
 
 def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:

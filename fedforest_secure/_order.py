@@ -193,9 +193,12 @@ class LevelOrder:
         codes: np.ndarray = (self._full_key()[idx] >> self.shift) & ((1 << self.cbits) - 1)
         return codes
 
-    def block_codes(self) -> np.ndarray:
-        """(block << cbits | code) of every entry."""
-        return self._full_key() >> self.shift
+    def block_codes(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """(block << cbits | code) of entries ``[lo, hi)`` (every entry by default)."""
+        if self.key is None:
+            return self._chunk_key(lo, self.size if hi is None else hi)
+        out: np.ndarray = self.key[lo:hi] >> self.shift
+        return out
 
     def weights(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Bootstrap multiplicities of entries ``[lo, hi)`` in sorted order (integers)."""

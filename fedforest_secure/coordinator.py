@@ -16,6 +16,7 @@ receives, so a restarted server rebuilds it by replaying stored rounds.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,6 +64,8 @@ class Coordinator:
         histogram round per level. Ignored under DP and with the secure pooled-CDF sketch.
     total_rows : the number of rows over all clients, if known (the in-process driver knows
         it): bounds the first level's state; without it a byte budget groups the first level.
+    executor : threads for the coordinator's heavy steps (the pooled sketch candidates, in
+        runs of nodes); None: this thread. The forest is the same either way.
 
     Raises
     ------
@@ -72,13 +75,15 @@ class Coordinator:
     """
 
     def __init__(self, config: JobConfig, *, max_nodes_per_round: int | None = None,
-                 max_round_bytes: int | None = None, total_rows: int | None = None) -> None:
+                 max_round_bytes: int | None = None, total_rows: int | None = None,
+                 executor: Executor | None = None) -> None:
         self.config = config
         self._grouping = NodeGrouping(max_nodes_per_round, max_round_bytes)
         self._total_rows = total_rows
         #: what the rounds release and with what noise; keeps the DP budget
         self.policy = ReleasePolicy(config)
         self._method = make_method(config, self.policy)
+        self._method.executor = executor
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
         self._round = 0
         self._root_n = np.zeros(config.n_estimators)  # root counts (min_impurity_decrease)

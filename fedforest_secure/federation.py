@@ -220,7 +220,7 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
         agg = aggregator or make_aggregator(config)
         coord = Coordinator(config, max_nodes_per_round=max_nodes_per_round,
                             max_round_bytes=max_round_bytes,
-                            total_rows=sum(w.n_rows for w in workers))
+                            total_rows=sum(w.n_rows for w in workers), executor=pool)
         _train(coord, workers, agg, on_round, threads)
     finally:
         if pool is not None:
