@@ -183,38 +183,55 @@ class LevelStatistics:
         # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
         starts, ends = order.block_edges(blk)
         thr2 = thr.reshape(blk.size, nb - 1)
-        sums = np.zeros((blk.size * nb, S))
         if blk.size == 0 or order.size == 0:
-            return sums.reshape(n_eval, m, nb, S)
+            return np.zeros((n_eval, m, nb, S))
         # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
         row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
         row_of[blk] = np.arange(blk.size)
         edges = np.append(starts, ends[-1])
         table: _ThresholdTable | None = None
-        for i0, i1 in order.chunks(edges):
+        runs = order.chunks(edges)
+        sums: np.ndarray | None = None
+        for i0, i1 in runs:
             e0 = int(starts[i0])
             e1 = int(ends[i1 - 1])
             if e1 <= e0:
                 continue
-            n_thr = int(np.isfinite(thr2[i0:i1]).sum())
-            if n_thr > ENTRY_SEARCH_RATIO * (e1 - e0):
+            if (i1 - i0) * (nb - 1) > ENTRY_SEARCH_RATIO * (e1 - e0):
                 table = table or _ThresholdTable(thr2)
                 gbin, keep = self._bins_by_entries(row_of, table, e0, e1)
             else:
                 gbin, keep = self._bins_by_cuts(blk[i0:i1], thr2[i0:i1], starts[i0:i1],
                                                 ends[i0:i1], i0, e0, e1)
             gbin -= i0 * nb
-            cols = self._sorted_stats(counts_only, e0, e1)
-            part = sums[i0 * nb:i1 * nb]
-            size = (i1 - i0) * nb
-            for ci, col in enumerate(cols):
-                w = col[: e1 - e0]
-                part[:, ci] = np.bincount(gbin, weights=w if keep is None else w[keep],
-                                          minlength=size)
-            del cols, gbin
-        sums = sums.reshape(n_eval, m, nb, S)
-        sums[feats < 0] = 0.0
-        return sums
+            size = (i1 - i0) * nb * S
+            # one bincount for every statistic: (bin, statistic) ids, laid out as the reply
+            gbin *= S
+            if self.config.task == "regression" or counts_only:
+                stats = self._sorted_stats(counts_only, e0, e1, keep)
+                ids = np.empty(stats.shape, dtype=np.int64)
+                for c in range(S):
+                    np.add(gbin, c, out=ids[c])
+                part = np.bincount(ids.ravel(), weights=stats.ravel(), minlength=size)
+            else:  # class counts: each row adds its weight to its own class's column only
+                rows = order.rows(e0, e1)
+                w = order.weights(e0, e1).astype(np.float64)
+                if keep is not None:
+                    rows, w = rows[keep], w[keep]
+                gbin += self.y[rows]
+                part = np.bincount(gbin, weights=w, minlength=size)
+            del gbin
+            if len(runs) == 1:
+                sums = part
+            else:
+                if sums is None:
+                    sums = np.zeros(blk.size * nb * S)
+                sums[i0 * nb * S:i1 * nb * S] = part
+        out = (sums if sums is not None else np.zeros(blk.size * nb * S)).reshape(
+            n_eval, m, nb, S)
+        if (feats < 0).any():
+            out[feats < 0] = 0.0
+        return out
 
     def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int
                          ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -282,37 +299,25 @@ class LevelStatistics:
         gbin += i0 * nb
         return gbin, keep
 
-    def _sorted_stats(self, counts_only: bool, lo: int, hi: int) -> list[np.ndarray]:
-        """Weighted row statistics of entries ``[lo, hi)`` in the level's sorted order, one
-        contiguous column per statistic, each with a zero sentinel at the end (a bin may start
-        at the last entry)."""
+    def _sorted_stats(self, counts_only: bool, lo: int, hi: int,
+                      keep: np.ndarray | None = None) -> np.ndarray:
+        """Weighted row statistics (S, n) of entries ``[lo, hi)`` in the level's sorted order
+        (those where ``keep``, if given): the weight, then, for regression, weight x y and
+        weight x y^2. One contiguous row per statistic."""
         order = self.order
-        n = hi - lo
-        wf = np.empty(n + 1)
-        order.weights_into(wf[:n], lo, hi)
-        wf[n] = 0.0
-        if counts_only:  # weighted row counts: column 0 (regression) or the class sum
-            return [wf]
-        rows = order.rows(lo, hi)
-        if self.config.task == "regression":
+        w = order.weights(lo, hi)
+        rows = None if counts_only else order.rows(lo, hi)
+        if keep is not None:
+            w = w[keep]
+            rows = None if rows is None else rows[keep]
+        n = w.size
+        out = np.empty((1 if counts_only else 3, n))
+        out[0] = w
+        if rows is not None:
             yv = self.y[rows]
-            del rows
-            wy = np.empty(n + 1)
-            np.multiply(wf[:n], yv, out=wy[:n])
-            wy[n] = 0.0
-            wyy = np.empty(n + 1)
-            np.multiply(wy[:n], yv, out=wyy[:n])
-            wyy[n] = 0.0
-            return [wf, wy, wyy]
-        yc = self.y[rows]
-        del rows
-        cols = []
-        for c in range(self.config.n_classes):
-            col = np.zeros(n + 1)
-            hit = yc == c
-            col[:n][hit] = wf[:n][hit]
-            cols.append(col)
-        return cols
+            np.multiply(out[0], yv, out=out[1])
+            np.multiply(out[1], yv, out=out[2])
+        return out
 
 
 class _ThresholdTable:

@@ -68,24 +68,29 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     W = K * P
     valid = ~np.isnan(points)
     npts = valid.sum(axis=2)  # points per (row, client)
-    nseg = np.maximum(npts - 1, 0)
-    flat = np.where(valid, points, np.inf).reshape(R, W)
+    # NaN sorts after every number, so the padding ends every row; stable: ties keep the
+    # clients' order
+    flat = points.reshape(R, W)
     order = np.argsort(flat, axis=1, kind="stable")
     # gathers along rows through flat indices (cheaper than take_along_axis)
     order += (np.arange(R) * W)[:, None]
     xs = flat.ravel()[order]
-    last = np.max(np.where(np.isfinite(xs), xs, -np.inf), axis=1, keepdims=True)
-    last = np.where(np.isfinite(last), last, 0.0)
-    xs = np.where(np.isfinite(xs), xs, last)
-    a = points[:, :, :-1]
-    b = points[:, :, 1:]
-    seg_valid = valid[:, :, 1:]
+    nv = npts.sum(axis=1)  # valid points per row: the padding is xs[r, nv[r]:]
+    if nv.min() < W:  # the padding repeats the row's last point (0 for an empty row)
+        tail = np.arange(W)[None, :] >= nv[:, None]
+        last = xs.ravel()[np.maximum(nv - 1, 0) + np.arange(R) * W]
+        last[nv == 0] = 0.0
+        np.copyto(xs, np.broadcast_to(last[:, None], xs.shape), where=tail)
+        del tail
+    nseg = np.maximum(npts - 1, 0)
     mass = np.where(nseg > 0, weights / np.maximum(nseg, 1), 0.0)[:, :, None]
     with np.errstate(invalid="ignore"):
-        length = np.where(seg_valid, b - a, 0.0)
-    ramp = seg_valid & (length > 0)
-    jump = seg_valid & ~ramp
-    slope = np.where(ramp, mass / np.where(ramp, length, 1.0), 0.0)
+        length = points[:, :, 1:] - points[:, :, :-1]  # NaN where a point is padding
+    ramp = length > 0
+    jump = length == 0
+    slope = np.zeros((R, K, P - 1))
+    np.divide(mass, length, out=slope, where=ramp)
+    del length
     # a point starts at most one segment and ends at most one, so its slope change is
     # (slope of the segment it starts) - (slope of the segment it ends), and its point mass
     # the mass of an empty segment it starts or a lone point's weight: computed per point,
@@ -94,18 +99,22 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     dsp[:, :, :-1] = slope  # 0 where the segment is not a ramp
     dsp[:, :, 1:] -= slope
     djp = np.zeros((R, K, P))
-    djp[:, :, :-1] = np.where(jump, mass, 0.0)
+    np.copyto(djp[:, :, :-1], np.broadcast_to(mass, jump.shape), where=jump)
     single = npts == 1
-    djp[:, :, 0] += np.where(single, weights, 0.0)
+    if single.any():
+        djp[:, :, 0] += np.where(single, weights, 0.0)
     ds = dsp.ravel()[order]
     dj = djp.ravel()[order]
-    del dsp, djp
+    del dsp, djp, order
     s = np.cumsum(ds, axis=1)
+    del ds
     tiny = 1e-12 * np.maximum(np.abs(slope).reshape(R, -1).max(axis=1, initial=0.0), 1e-300)
-    s = np.where(np.abs(s) <= tiny[:, None], 0.0, s)
+    s[np.abs(s) <= tiny[:, None]] = 0.0
     dx = np.diff(xs, axis=1)
     F = np.cumsum(dj, axis=1)
-    F[:, 1:] += np.cumsum(s[:, :-1] * dx, axis=1)
+    np.multiply(s[:, :-1], dx, out=dx)
+    np.cumsum(dx, axis=1, out=dx)
+    F[:, 1:] += dx
     return xs, s, dj, F
 
 
@@ -150,13 +159,14 @@ def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> n
     """For cuts at event positions ``x_i``: the midpoint to the next distinct event where the
     pooled CDF is flat in between (slope 0 after the last event at ``x_i``), else ``x_i``."""
     R, E = xs.shape
-    # index of the last event of each run of equal positions
+    # the last event of each run of equal positions (a row's last event ends a run), in
+    # flat positions: ascending over the whole array, so one search finds every run's end
     last = np.ones((R, E), dtype=bool)
-    last[:, :-1] = xs[:, 1:] != xs[:, :-1]
-    idx = np.where(last, np.arange(E)[None, :], E)
-    run_end = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
+    np.not_equal(xs[:, 1:], xs[:, :-1], out=last[:, :-1])
+    ends = np.flatnonzero(last)
     base = (np.arange(R) * E)[:, None]
-    e = run_end.ravel()[i + base]
+    e = ends[np.searchsorted(ends, i + base)]  # flat index of the run's last event
+    e -= base
     has_next = e + 1 < E
     nxt = xs.ravel()[np.minimum(e + 1, E - 1) + base]
     flat = s.ravel()[np.minimum(e, E - 1) + base] == 0

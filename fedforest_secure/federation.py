@@ -133,7 +133,9 @@ def _answers(task: Task, workers: Sequence[Worker], threads: _Threads | None,
              digests: tuple[bytes, bytes] | None = None) -> Generator[Reply, None, None]:
     """Every client's reply to ``task``, in client order (:func:`_in_order`). Each worker
     touches only its own state and reads the shared task."""
-    yield from _in_order((partial(w.handle, task, digests=digests) for w in workers), threads)
+    calls = (partial(w.handle, task) if digests is None else
+             partial(w.handle, task, digests=digests) for w in workers)
+    yield from _in_order(calls, threads)
 
 
 def _by_index(replies: Iterator[Reply]) -> Callable[[int], Reply]:
