@@ -2,7 +2,9 @@
 
 Each measurement runs in a fresh child process (so peak RSS is that fit's own), and the
 contenders alternate within one run, since these machines are shared and noisy: compare the
-ratios, not the absolute seconds.
+ratios, not the absolute seconds. Besides wall time, each fit's CPU time (user + system, all
+threads) is printed: on a loaded machine the CPU ratio of single-threaded contenders is the
+steadier number.
 
     python benchmarks/speed.py                      # n = 10k, 100k (default)
     python benchmarks/speed.py --sizes 10000 100000 1000000 --repeat 3
@@ -55,6 +57,7 @@ def _child(contender: str, n: int, trees: int, depth: int) -> None:
 
         model = RandomForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
                                       max_features=1 / 3, n_jobs=n_jobs, random_state=0)
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         model.fit(X, y)
     else:
@@ -65,11 +68,19 @@ def _child(contender: str, n: int, trees: int, depth: int) -> None:
         model = FedForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
                                    max_features=1 / 3, profile=profile, random_state=0,
                                    n_jobs=n_jobs)
+        cpu0 = _cpu()
         t0 = time.perf_counter()
         model.fit(X, y, client=h)
     seconds = time.perf_counter() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "peak_mib": peak_mib}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu0
+    print(json.dumps({"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024, "cpu": cpu}))
+
+
+def _cpu() -> float:
+    """User + system CPU seconds of this process so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _measure(contender: str, n: int, trees: int, depth: int) -> dict[str, float]:
@@ -94,17 +105,19 @@ def main() -> None:
     base = args.contenders[0]
     print(f"T={args.trees} depth={args.depth} d=20 K=10; median of {args.repeat}; "
           f"ratios against {base}; {_state()}; load {_load()}")
-    print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'peak MiB':>9} {'time x':>7} {'mem x':>6}")
+    print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'cpu s':>8} {'peak MiB':>9} {'time x':>7} "
+          f"{'cpu x':>6} {'mem x':>6}")
     for n in args.sizes:
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
         for _ in range(args.repeat):
             for c in args.contenders:  # alternate contenders within each repetition
                 runs[c].append(_measure(c, n, args.trees, args.depth))
-        med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in ("seconds", "peak_mib")}
-               for c in args.contenders}
+        med = {c: {k: statistics.median(r[k] for r in runs[c])
+                   for k in ("seconds", "cpu", "peak_mib")} for c in args.contenders}
         for c in args.contenders:
-            print(f"{n:>9} {c:>13} {med[c]['seconds']:>9.2f} {med[c]['peak_mib']:>9.0f} "
-                  f"{med[c]['seconds'] / med[base]['seconds']:>7.2f} "
+            print(f"{n:>9} {c:>13} {med[c]['seconds']:>9.2f} {med[c]['cpu']:>8.2f} "
+                  f"{med[c]['peak_mib']:>9.0f} {med[c]['seconds'] / med[base]['seconds']:>7.2f} "
+                  f"{med[c]['cpu'] / med[base]['cpu']:>6.2f} "
                   f"{med[c]['peak_mib'] / med[base]['peak_mib']:>6.2f}", flush=True)
         for c in args.contenders[1:]:  # each repetition's own ratio (neighbours' load varies)
             refs = [base]
