@@ -6,6 +6,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 __all__ = ["console", "fail"]
 
@@ -15,5 +16,5 @@ console = Console(stderr=True)
 
 def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as an error and exit with code 2."""
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}")
     raise typer.Exit(2)

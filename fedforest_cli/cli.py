@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 
@@ -71,7 +72,7 @@ def client(
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     if res.status != "done":
-        console.print(f"[yellow]job ended: {res.status}[/yellow] {res.detail}")
+        console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}")
         raise typer.Exit(3)
 
 

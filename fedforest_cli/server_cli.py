@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.protocol.api import JobStatus
 
 from ._common import console, fail
 
@@ -72,16 +74,39 @@ def create_job_cmd(config: ConfigOpt,
             row = admin.create_job(spec)
     except FedForestError as exc:
         fail(exc)
+    for note in row.notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
                   f"(t = {row.min_clients}, round deadline {row.round_deadline_s:.0f}s)")
 
 
+def format_jobs(jobs: list[JobStatus]) -> str:
+    """The operator's table: one line per job, with a header."""
+    rows = [f"{'JOB':<24} {'STATUS':<8} {'ROUND':>5} {'LEVEL':>7} {'PHASE':<9} "
+            f"{'JOINED':>6} {'ACTIVE':>6} {'DROPPED':>7}  DETAIL"]
+    for st in jobs:
+        level = "-" if st.level is None else f"{st.level}/{st.max_depth}"
+        waiting = [m.name for m in st.members if m.state == "invited"]
+        detail = st.reason or (f"waiting for {', '.join(waiting)}" if waiting else "")
+        rows.append(f"{st.job_id:<24} {st.status:<8} "
+                    f"{'-' if st.round_id < 0 else st.round_id:>5} {level:>7} "
+                    f"{st.phase or '-':<9} {st.joined_clients:>3}/{st.n_clients:<2} "
+                    f"{st.active_clients:>6} {st.dropped_clients:>7}  {detail}")
+    return "\n".join(rows)
+
+
 @server_cli.command("status")
 def status_cmd(config: ConfigOpt) -> None:
-    """List jobs and their status."""
+    """Every job: status, round, level, phase, members joined/active/dropped."""
     from server_app.admin import ServerAdmin
     from server_app.settings import load_settings
 
-    with ServerAdmin.from_settings(load_settings(config)) as admin:
-        for job in admin.jobs():
-            print(f"{job.job_id}\t{job.status}\tround {job.round_id}\t{job.reason}")
+    try:
+        with ServerAdmin.from_settings(load_settings(config)) as admin:
+            jobs = admin.statuses()
+    except FedForestError as exc:
+        fail(exc)
+    if not jobs:
+        console.print("no jobs yet: fedforest server create-job --config ... --job job.toml")
+        return
+    print(format_jobs(jobs))

@@ -7,17 +7,22 @@ nothing outside :mod:`server_app` reads its tables.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from types import TracebackType
 
 from sqlalchemy import select
 
+from fedforest_secure.protocol.api import JobStatus as JobStatusView
+
 from .audit_hook import AuditSink, open_audit
 from .auth import add_client
 from .db import Database, JobRow, RoundRow
+from .jobcheck import check_job
 from .jobspec import JobSpec
 from .runtime import ServerState
 from .settings import ServerSettings
+from .status import job_status
 
 __all__ = ["JobSummary", "RoundSummary", "ServerAdmin"]
 
@@ -34,11 +39,13 @@ class JobSummary:
     round_deadline_s: float
     model_json: str | None
     model_digest: str | None
+    #: What create-job decided for the operator (the DP forest defaults it applied).
+    notes: tuple[str, ...] = ()
 
     @classmethod
-    def _of(cls, job: JobRow) -> JobSummary:
+    def _of(cls, job: JobRow, notes: tuple[str, ...] = ()) -> JobSummary:
         return cls(job.id, job.status, job.reason, job.current_round, job.min_clients,
-                   job.round_deadline_s, job.model_json, job.model_digest)
+                   job.round_deadline_s, job.model_json, job.model_digest, notes)
 
 
 @dataclass(frozen=True)
@@ -71,10 +78,13 @@ class ServerAdmin:
         return add_client(self._db, name)
 
     def create_job(self, spec: JobSpec) -> JobSummary:
-        """Create a job for registered clients (audited as ``job_created``)."""
+        """Create a job for registered clients (audited as ``job_created``), refusing what
+        would fail mid-job (:func:`~server_app.jobcheck.check_job`)."""
+        checked = check_job(spec)
         if self._audit is None:
             self._audit = open_audit(self._audit_url)
-        return JobSummary._of(ServerState(self._db, self._audit).create_job(spec))
+        row = ServerState(self._db, self._audit).create_job(checked.spec)
+        return JobSummary._of(row, tuple(checked.notes))
 
     def job(self, job_id: str) -> JobSummary | None:
         with self._db.session() as sess:
@@ -84,6 +94,13 @@ class ServerAdmin:
     def jobs(self) -> list[JobSummary]:
         with self._db.session() as sess:
             return [JobSummary._of(j) for j in sess.scalars(select(JobRow))]
+
+    def statuses(self) -> list[JobStatusView]:
+        """Every job as ``fedforest status`` shows it to a member (the operator's view)."""
+        now = time.time()
+        with self._db.session() as sess:
+            return [JobStatusView.model_validate(job_status(sess, j, None, now))
+                    for j in sess.scalars(select(JobRow).order_by(JobRow.created_at))]
 
     def latest_round(self, job_id: str) -> RoundSummary | None:
         """The job's last issued round, or None before the first."""

@@ -58,6 +58,7 @@ from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError, upload_error
 from .limits import BodyLimits, TransportLimits
+from .logs import event
 from .runtime import ServerState
 from .tls_identity import PeerNames
 
@@ -65,12 +66,13 @@ __all__ = ["create_app"]
 
 _T = TypeVar("_T")
 
-_log = logging.getLogger("fedforest.server")
 OCTET = "application/octet-stream"
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
 Wait = Annotated[float, Query(ge=0.0, le=30.0)]
-JSON_MAX = 4 << 20  # secure-aggregation messages are small; bound them
+JSON_MAX = 4 << 20
+#: A long poll re-checks for news (and for a shutdown) at least this often, in seconds.
+_POLL_SLICE = 0.5  # secure-aggregation messages are small; bound them
 
 
 _bearer = HTTPBearer(auto_error=False)
@@ -131,9 +133,11 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,
                max_upload_bytes: int = 1 << 30, state: ServerState | None = None,
                spool: FsPath | None = None, body_timeout_s: float = 30.0,
-               peer_names: PeerNames | None = None) -> FastAPI:
+               peer_names: PeerNames | None = None,
+               stopping: Callable[[], bool] = lambda: False) -> FastAPI:
     """Build the app around a database (and an audit sink); ``spool`` is where masked
-    uploads of open secure rounds are kept (default: in the database).
+    uploads of open secure rounds are kept (default: in the database). ``stopping`` says
+    that the server is shutting down: long polls then answer at once.
 
     Every request passes :class:`~server_app.limits.TransportLimits` first: a known token
     before any body is read, a body limit per route (uploads ``max_upload_bytes``), a
@@ -148,14 +152,18 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 await asyncio.sleep(tick_seconds)
                 try:
                     await run_in_threadpool(st.tick)
-                except Exception:  # keep ticking; the failure is logged
-                    _log.exception("deadline tick failed")
+                except Exception as exc:  # keep ticking; the failure is logged
+                    event("error", logging.ERROR, exc=exc, where="deadline tick",
+                          error=f"{type(exc).__name__}: {exc}")
 
         task = asyncio.create_task(ticker())
         try:
             yield
         finally:
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            event("shutdown", jobs_running=len(st.runtimes.loaded()))
 
     app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
     app.state.server = st
@@ -178,6 +186,16 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         errs = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
         return JSONResponse({"error": "invalid_request", "detail": "the request does not "
                              "validate", "errors": errs}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        # a bug or a broken deployment: the client gets the reason in words (and retries),
+        # the server log the traceback
+        event("error", logging.ERROR, exc=exc, method=req.method, path=req.url.path,
+              error=f"{type(exc).__name__}: {exc}")
+        return JSONResponse({"error": "server_error", "detail": f"the server failed: "
+                             f"{type(exc).__name__}: {str(exc)[:300]} (its log has the "
+                             "traceback)"}, status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -225,9 +243,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             gen = st.generation
             out = await run_in_threadpool(fn)
             left = deadline - asyncio.get_running_loop().time()
-            if not is_wait(out) or left <= 0:
-                return out
-            await run_in_threadpool(st.wait_change, gen, min(left, 1.0))
+            if not is_wait(out) or left <= 0 or stopping():
+                return out  # on shutdown at once: a cancelled request would be a 500
+            await run_in_threadpool(st.wait_change, gen, min(left, _POLL_SLICE))
 
     async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
         return await _long_poll(lambda: st.secagg_offer(c, job_id),

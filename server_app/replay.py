@@ -28,6 +28,7 @@ from .deadlines import Deadlines
 from .engine import new_coordinator
 from .errors import ApiError
 from .jobs import JobRuntime, new_runtime
+from .logs import event
 from .phases import SECURE, JobStatus, RoundStatus
 from .secure_round import StoredRound
 from .spool import Spool
@@ -43,7 +44,6 @@ from .store import (
 
 __all__ = ["Runtimes"]
 
-_log = logging.getLogger("fedforest.server")
 
 
 class Runtimes:
@@ -161,5 +161,4 @@ class Runtimes:
             dropped=dropped_members(sess, rt.job_id) & set(asked),
             refused=msgs.get("refuse", {}))
         bridge.resume(task, asked, stored)
-        _log.warning("job %s: resumed secure round %d in phase %s after a restart", rt.job_id,
-                     rr.round_id, rr.phase)
+        event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id, phase=rr.phase)

@@ -33,6 +33,7 @@ from .deadlines import Deadlines
 from .engine import uses_ring
 from .errors import ApiError
 from .jobs import JobRuntime
+from .logs import event
 from .notify import Changes
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .secure_round import SecureRound
@@ -52,7 +53,6 @@ from .store import (
 
 __all__ = ["RoundDriver", "secagg_step"]
 
-_log = logging.getLogger("fedforest.server")
 
 
 def secagg_step(fn: Callable[[], None]) -> None:
@@ -217,8 +217,8 @@ class RoundDriver:
             self.changes.touch(job.id)
             self.audit.append(job.id, "client_dropped", {
                 "client": rt.names[idx], "round_id": round_id, "reason": reason})
-            _log.warning("job %s: client %s dropped at round %d", job.id, rt.names[idx],
-                         round_id)
+            event("drop", logging.WARNING, job=job.id, client=rt.names[idx], index=idx,
+                  round=round_id, reason=reason)
         return out
 
     def fail(self, sess: Session, job: JobRow, reason: str, rr: RoundRow | None,
@@ -232,7 +232,7 @@ class RoundDriver:
         if rr is not None:
             self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
                                                         "reason": reason})
-        _log.error("job %s failed: %s", job.id, reason)
+        event("job_failed", logging.ERROR, job=job.id, reason=reason)
 
     # ------------------------------------------------------------------ closing
     def close(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow,
@@ -282,6 +282,9 @@ class RoundDriver:
                      disclosed=disclosed, masked=rt.secure is not None, secure=secure)
         spends, decisions = coord.pop_events()
         record_events(self.audit, rt.job_id, rr.round_id, spends, decisions)
+        event("round", job=job.id, round=rr.round_id, level=rr.level, kind=rr.kind,
+              clients=len(contributors), dropped=len(set(participants(rr)) - set(contributors)),
+              seconds=rr.closed_at - rr.issued_at)
         self.issue_next(rt, sess, job)
 
     def _total(self, rt: JobRuntime, rr: RoundRow, contributors: list[int],
@@ -323,8 +326,8 @@ class RoundDriver:
             job.reason = "training complete"
             rt.task = None
             self.audit.append(job.id, "model", {"digest": job.model_digest})
-            _log.info("job %s done: model %s (server CPU so far %.1f s)", job.id,
-                      job.model_digest, time.process_time())
+            event("job_done", job=job.id, rounds=job.current_round + 1,
+                  model_sha256=job.model_digest, server_cpu_s=time.process_time())
             return
         task = seal(issued)  # packed and hashed once for the row, the round setup and clients
         if task.round_id <= job.current_round:

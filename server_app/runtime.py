@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy import select
 
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.uploads import check_against_task, parse_upload
 
 from .audit_hook import AuditSink
@@ -43,13 +44,16 @@ from .core import Core, round_for_message
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
+from .jobcheck import check_job
 from .jobs import JobRuntime
 from .jobspec import JobSpec, build_config, default_min_clients
+from .logs import event
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .relay import SecAggRelay
 from .replay import Runtimes
 from .settings import ConfigError
 from .spool import Spool
+from .status import job_status
 from .store import (
     IDENTITY,
     IDENTITY_CERT,
@@ -58,7 +62,6 @@ from .store import (
     identity_keys,
     job_of,
     member_indices,
-    members_of,
     membership,
     participants,
     rounds_of,
@@ -117,6 +120,9 @@ class ServerState:
 
     # ------------------------------------------------------------------ operator actions
     def create_job(self, spec: JobSpec) -> JobRow:
+        """Create a job from a spec that passes :func:`~server_app.jobcheck.check_job` (with
+        its DP defaults applied)."""
+        spec = check_job(spec).spec
         config = build_config(spec)
         min_clients = default_min_clients(spec, config.profile)
         with self.core.lock, self.core.db.session() as sess:
@@ -161,17 +167,8 @@ class ServerState:
             self.core.tick_if_due(job_id)
             with self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
-                members = members_of(sess, job_id)
-                return {
-                    "job_id": job.id, "status": job.status, "reason": job.reason,
-                    "round_id": job.current_round, "client_index": member.client_index,
-                    "member_state": member.state, "min_clients": job.min_clients,
-                    "n_clients": len(members),
-                    "active_clients": sum(m.state == MemberState.ACTIVE for m in members),
-                    "joined_clients": sum(m.state != MemberState.INVITED for m in members),
-                    "model_digest": job.model_digest,
-                    "audit_head": self.core.audit.head(job_id),
-                }
+                return {**job_status(sess, job, member, self.core.clock()),
+                        "audit_head": self.core.audit.head(job_id)}
 
     def directory(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """The job's identity directory ``{client index: Ed25519 verify key hex}``, relayed."""
@@ -276,6 +273,7 @@ class ServerState:
                         "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
                         "round_deadline": job.round_deadline_s, "secure_aggregation": secure}
             if first:
+                event("join", job=job_id, client=client.name, index=idx)
                 payload: dict[str, Any] = {"client": client.name, "client_index": idx}
                 if secure and identity_key is not None:
                     payload["identity_key"] = identity_key.hex()
@@ -293,10 +291,21 @@ class ServerState:
                 return
             if member_indices(sess, job_id, MemberState.INVITED):
                 return
-        rt = self.core.runtimes.get(job_id)
+        try:
+            rt = self.core.runtimes.get(job_id)
+        except (FedForestError, ValueError) as exc:
+            # a job created before create-job checked it: stop it with the reason, which the
+            # sites read in the job status, instead of failing every request
+            with self.core.db.session() as sess:
+                self.core.driver.fail(sess, job_of(sess, job_id),
+                                      f"the job cannot start: {exc}", None, None)
+            return
         with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
             job = job_of(sess, job_id)
             job.status = JobStatus.RUNNING
+            event("job_started", job=job_id, clients=rt.config.n_clients,
+                  profile=rt.config.profile.get("name"), trees=rt.config.n_estimators,
+                  max_depth=rt.config.max_depth)
             self.core.driver.issue_next(rt, sess, job)
 
     # ------------------------------------------------------------------ offers

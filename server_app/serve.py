@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
 import ssl
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from .app import create_app
 from .audit_hook import open_audit
 from .db import Database
+from .logs import configure, event
 from .settings import LOOPBACK, ConfigError, ServerSettings
 from .tls_identity import PeerNames, protocol_with_peer_names
 
@@ -46,7 +47,7 @@ def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
 def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
                port: int | None = None) -> None:
     check_transport(settings, insecure_dev=insecure_dev)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure()
     db = Database(settings.database)
     tls = None if insecure_dev else settings.tls
     client_ca = tls.client_ca if tls is not None else None
@@ -56,13 +57,24 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         # mutual TLS: every token is bound to the client its connection's certificate names
         peer_names = PeerNames()
         http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
+    server: uvicorn.Server | None = None
     app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
                      max_upload_bytes=settings.max_upload_bytes,
                      spool=spool_dir(settings.database),
-                     body_timeout_s=settings.body_timeout_s, peer_names=peer_names)
-    uvicorn.run(app, host=settings.host, port=settings.port if port is None else port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=2, http=http,
-                ssl_certfile=str(tls.cert) if tls is not None else None,
-                ssl_keyfile=str(tls.key) if tls is not None else None,
-                ssl_ca_certs=str(client_ca) if client_ca is not None else None,
-                ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE)
+                     body_timeout_s=settings.body_timeout_s, peer_names=peer_names,
+                     stopping=lambda: server is not None and server.should_exit)
+    event("startup", host=settings.host, port=settings.port if port is None else port,
+          tls=tls is not None, mtls=client_ca is not None,
+          database=make_url(settings.database).render_as_string(hide_password=True),
+          audit=settings.audit_database is not None, pid=os.getpid())
+    # SIGTERM / SIGINT: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
+    # requests in flight finish (at most 5 s), then the lifespan logs the shutdown
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.host, port=settings.port if port is None else port,
+        log_level="warning", access_log=False, timeout_graceful_shutdown=5, log_config=None,
+        http=http,
+        ssl_certfile=str(tls.cert) if tls is not None else None,
+        ssl_keyfile=str(tls.key) if tls is not None else None,
+        ssl_ca_certs=str(client_ca) if client_ca is not None else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE))
+    server.run()

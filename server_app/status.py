@@ -1,0 +1,73 @@
+"""Where a job stands, as members (``GET /v1/jobs/{job}``) and the operator page see it.
+
+The fields are :class:`fedforest_secure.protocol.api.JobStatus`'s. Members see each other's
+names and states, as the job's audit log (which every member can fetch) records them in
+``client_joined`` and ``client_dropped``; nothing here is about any site's data.
+
+The ETA is a plain extrapolation: the time the levels so far took, per level, times the levels
+left (later levels have more nodes, so it errs on the short side).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from .db import JobRow, MemberRow, RoundRow
+from .phases import JobStatus, MemberState, RoundStatus
+from .store import client_names, members_of
+
+__all__ = ["job_status", "progress"]
+
+
+def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
+    """``level``, ``max_depth``, ``phase``, ``rounds_done``, ``eta_s`` of a job."""
+    config = json.loads(job.config_json)
+    max_depth = int(config.get("max_depth", 0))
+    out: dict[str, Any] = {"max_depth": max_depth, "level": None, "phase": None,
+                           "rounds_done": 0, "eta_s": None,
+                           "profile": (config.get("profile") or {}).get("name")}
+    rr = sess.get(RoundRow, (job.id, job.current_round)) if job.current_round >= 0 else None
+    if rr is None:
+        return out
+    out["level"] = rr.level
+    if rr.status == RoundStatus.OPEN:
+        out["phase"] = rr.phase
+    out["rounds_done"] = int(sess.scalar(select(func.count()).select_from(RoundRow).where(
+        RoundRow.job_id == job.id, RoundRow.status == RoundStatus.CLOSED)) or 0)
+    if job.status == JobStatus.RUNNING and rr.level > 0:
+        first = sess.scalar(select(func.min(RoundRow.issued_at)).where(
+            RoundRow.job_id == job.id))
+        level_start = sess.scalar(select(func.min(RoundRow.issued_at)).where(
+            RoundRow.job_id == job.id, RoundRow.level == rr.level))
+        if first is not None and level_start is not None and level_start > first:
+            per_level = (level_start - first) / rr.level
+            out["eta_s"] = max(0.0, per_level * (max_depth + 1 - rr.level)
+                               - (now - level_start))
+    return out
+
+
+def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float
+               ) -> dict[str, Any]:
+    """The job's status; ``member`` is the asking site (None: the operator)."""
+    members = members_of(sess, job.id)
+    names = client_names(sess, job.id)
+    listed = [{"name": names.get(m.client_index, f"client-{m.client_index}"),
+               "index": m.client_index, "state": m.state,
+               "dropped_round": m.dropped_round}
+              for m in sorted(members, key=lambda m: m.client_index)]
+    return {
+        "job_id": job.id, "status": job.status, "reason": job.reason,
+        "round_id": job.current_round,
+        "client_index": None if member is None else member.client_index,
+        "member_state": None if member is None else member.state,
+        "min_clients": job.min_clients, "n_clients": len(members),
+        "active_clients": sum(m.state == MemberState.ACTIVE for m in members),
+        "joined_clients": sum(m.state != MemberState.INVITED for m in members),
+        "dropped_clients": sum(m.state == MemberState.DROPPED for m in members),
+        "members": listed, "model_digest": job.model_digest,
+        **progress(sess, job, now),
+    }

@@ -1,0 +1,156 @@
+"""create-job refuses what would fail mid-job, and completes a DP job's forest; a job that
+cannot start fails with its reason, never with a 500 on every request."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedforest_cli.cli import app
+from fedforest_secure.errors import FedForestError
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.jobcheck import check_job
+from server_app.jobspec import build_config, load_job_spec
+from server_app.runtime import ServerState
+from server_app.settings import ConfigError
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+BOUNDED = ('[target]\nname = "y"\nkind = "classification"\nclasses = ["0", "1"]\n'
+           '[[features]]\nname = "a"\nkind = "continuous"\nbounds = [0.0, 10.0]\n'
+           '[[features]]\nname = "b"\nkind = "continuous"\nbounds = [-1.0, 1.0]\n')
+UNBOUNDED = BOUNDED.replace("bounds = [-1.0, 1.0]\n", "")
+
+
+def job(tmp_path: Path, text: str, schema: str = BOUNDED) -> Path:
+    (tmp_path / "schema.toml").write_text(schema)
+    path = tmp_path / "job.toml"
+    path.write_text('id = "j"\nschema = "schema.toml"\n' + text)
+    return path
+
+
+def test_a_secure_job_with_two_sites_is_refused(tmp_path: Path) -> None:
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b"]\nprofile = "secure"\n'))
+    with pytest.raises(ConfigError, match=r"profile 'secure' uses secure aggregation, which "
+                                          r"needs at least 3 sites .* names 2: a, b"):
+        check_job(spec)
+    open_spec = load_job_spec(job(tmp_path, 'clients = ["a", "b"]\nprofile = "open"\n'))
+    assert check_job(open_spec).spec == open_spec
+
+
+def test_missing_bounds_under_a_secure_profile_are_refused_naming_the_features(
+        tmp_path: Path) -> None:
+    for profile in ("secure", "secure-dp"):
+        spec = load_job_spec(job(tmp_path, f'clients = ["a", "b", "c"]\nprofile = "{profile}"'
+                                           "\n[forest]\nn_estimators = 2\nmax_depth = 2\n",
+                                 UNBOUNDED))
+        with pytest.raises(ConfigError, match=r"needs public bounds for every continuous "
+                                              r"feature .*schema.toml has none for b\."):
+            check_job(spec)
+    regression = BOUNDED.replace('kind = "classification"\nclasses = ["0", "1"]',
+                                 'kind = "regression"')
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure"\n',
+                             regression))
+    with pytest.raises(ConfigError, match=r"\[target\] 'y' has none"):
+        check_job(spec)
+
+
+def test_a_dp_job_without_forest_settings_gets_the_dp_defaults_or_is_refused(
+        tmp_path: Path) -> None:
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'))
+    with pytest.raises(ConfigError, match=r"Set `rows = N`"):
+        check_job(spec)
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'
+                                       "rows = 700\n"))
+    checked = check_job(spec)
+    forest = checked.spec.forest
+    assert (forest.n_estimators, forest.max_depth) != (50, 8)
+    assert forest.method == "random" and forest.row_sampling == "all"
+    (note,) = checked.notes
+    assert f"n_estimators = {forest.n_estimators}" in note and "rows = 700" in note
+    # the job trains what the note says
+    config = build_config(checked.spec)
+    assert (config.n_estimators, config.max_depth, config.method) == (
+        forest.n_estimators, forest.max_depth, "random")
+    # a forest shape the operator chose is kept
+    explicit = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'
+                                           "[forest]\nn_estimators = 3\nmax_depth = 2\n"))
+    assert check_job(explicit).spec == explicit and check_job(explicit).notes == []
+
+
+def test_create_job_prints_the_dp_defaults_it_applied(tmp_path: Path) -> None:
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    runner = CliRunner()
+    for name in "abc":
+        assert runner.invoke(app, ["server", "add-client", name, "--config",
+                                   str(tmp_path / "server.toml")]).exit_code == 0
+    path = job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\nrows = 700\n')
+    res = runner.invoke(app, ["server", "create-job", "--config", str(tmp_path / "server.toml"),
+                              "--job", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "DP job: [forest] settings chosen by the DP rule" in res.output
+    assert "job j created" in res.output
+    two = job(tmp_path, 'id = "k"\nclients = ["a", "b"]\nprofile = "secure"\n'.replace(
+        'id = "k"\n', ""))
+    two.write_text(two.read_text().replace('id = "j"', 'id = "k"'))
+    res = runner.invoke(app, ["server", "create-job", "--config", str(tmp_path / "server.toml"),
+                              "--job", str(two)])
+    assert res.exit_code == 2 and "needs at least 3 sites" in res.output
+
+
+def test_a_job_that_cannot_start_fails_with_its_reason_not_a_500(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job stored before create-job checked it (here: the check is skipped): the join that
+    would start it gets its answer, the job fails with the coordinator's reason, and the
+    sites read it in the status instead of retrying HTTP 500s."""
+    import server_app.runtime as runtime
+
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'
+                                       "[forest]\nn_estimators = 2\nmax_depth = 2\n",
+                             UNBOUNDED))
+    with pytest.raises(ConfigError):
+        check_job(spec)
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, n) for n in "abc"]
+    state = ServerState(db, NullAudit())
+    monkeypatch.setattr(runtime, "check_job", lambda s: type("C", (), {"spec": s})())
+    state.create_job(spec)
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        codes = [http.post("/v1/jobs/j/join", headers={"Authorization": f"Bearer {t}"},
+                           json={"identity_key": f"{k:02d}" * 32}).status_code
+                 for k, t in enumerate(tokens)]
+        st = http.get("/v1/jobs/j", headers={"Authorization": f"Bearer {tokens[0]}"}).json()
+        step = http.get("/v1/jobs/j/secagg",
+                        headers={"Authorization": f"Bearer {tokens[1]}"}).json()
+    db.dispose()
+    assert codes == [200, 200, 200]
+    assert st["status"] == "failed" and "the job cannot start" in st["reason"]
+    assert "secure_cdf sketch needs public feature bounds" in st["reason"]
+    assert step["status"] == "failed" and "cannot start" in step["detail"]
+
+
+def test_an_unexpected_server_error_is_json_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    token = add_client(db, "a")
+    state = ServerState(db, NullAudit())
+
+    def broken(*_: object) -> None:
+        raise FedForestError("disk full")
+
+    monkeypatch.setattr(state, "jobs_of", broken)
+    with TestClient(create_app(db, state=state, tick_seconds=60),
+                    raise_server_exceptions=False) as http:
+        r = http.get("/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+    db.dispose()
+    assert r.status_code == 500
+    assert r.json() == {"error": "server_error", "detail": "the server failed: FedForestError: "
+                        "disk full (its log has the traceback)"}
