@@ -32,10 +32,11 @@ def fields(**kv: object) -> str:
     return " ".join(f"{k}={_value(v)}" for k, v in kv.items() if v is not None)
 
 
-def event(name: str, level: int = logging.INFO, *, exc: BaseException | None = None,
+def event(name: str, severity: int = logging.INFO, /, *, exc: BaseException | None = None,
           **kv: object) -> None:
-    """Log one event line (with ``exc``'s traceback on the same line, ``|``-separated)."""
-    _log.log(level, "%s", fields(event=name, **kv), exc_info=exc)
+    """Log one event line (with ``exc``'s traceback on the same line, ``|``-separated); the
+    fields may use any name (``level=`` is the tree level, not a logging level)."""
+    _log.log(severity, "%s", fields(event=name, **kv), exc_info=exc)
 
 
 class _Formatter(logging.Formatter):
