@@ -7,6 +7,7 @@ chains, the stored arrays and the given receipts all agree, and prints every pro
 from __future__ import annotations
 
 import enum
+import gzip
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -100,12 +101,16 @@ def export(
     out: Annotated[Path | None, typer.Option("--out", help="Output file (default stdout).")] = None,
     job: JobOption = None,
 ) -> None:
-    """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests)."""
+    """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests);
+    an --out file ending in .gz is gzip-compressed."""
     console = Console(stderr=True)
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
     with _open(db, console) as log:
         if out is None:
             count = writer(log, sys.stdout, job)
+        elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
+            with gzip.open(out, "wt", encoding="utf-8", newline="") as gz:
+                count = writer(log, gz, job)
         else:
             with out.open("w", encoding="utf-8", newline="") as fp:
                 count = writer(log, fp, job)

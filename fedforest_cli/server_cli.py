@@ -59,6 +59,23 @@ def add_client_cmd(name: str, config: ConfigOpt) -> None:
     print(token)
 
 
+@server_cli.command("add-operator")
+def add_operator_cmd(name: str, config: ConfigOpt) -> None:
+    """Register someone who may read the operator page /ui; prints the token once."""
+    from server_app.admin import ServerAdmin
+    from server_app.auth import TokenError
+    from server_app.settings import load_settings
+
+    try:
+        with ServerAdmin.from_settings(load_settings(config)) as admin:
+            token = admin.add_operator(name)
+    except (FedForestError, TokenError) as exc:
+        fail(exc)
+    console.print(f"operator [bold]{escape(name)}[/bold] registered; this token opens "
+                  "https://<server>/ui (it is not stored and cannot be shown again):")
+    print(token)
+
+
 @server_cli.command("create-job")
 def create_job_cmd(config: ConfigOpt,
                    job: Annotated[Path, typer.Option("--job", "-j", help="job.toml")]) -> None:
@@ -78,6 +95,37 @@ def create_job_cmd(config: ConfigOpt,
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
                   f"(t = {row.min_clients}, round deadline {row.round_deadline_s:.0f}s)")
+
+
+@server_cli.command("prune")
+def prune_cmd(config: ConfigOpt,
+              keep_days: Annotated[float | None, typer.Option(
+                  help="prune finished jobs whose last round closed more than N days ago")
+              ] = None,
+              job: Annotated[list[str] | None, typer.Option(
+                  help="prune this finished job (repeat for several)")] = None,
+              dry_run: Annotated[bool, typer.Option(
+                  "--dry-run", help="say what would be deleted, delete nothing")] = False
+              ) -> None:
+    """Delete the rounds, uploads and spooled vectors of finished jobs.
+
+    The job's status and model stay (sites can still download it); the audit log is never
+    touched (export it compressed with `fedforest audit export --out JOB.jsonl.gz`)."""
+    from server_app.admin import ServerAdmin
+    from server_app.settings import load_settings
+
+    if keep_days is None and not job:
+        fail(ValueError("give --keep-days N or --job J"))
+    try:
+        with ServerAdmin.from_settings(load_settings(config)) as admin:
+            out = admin.prune(keep_days=keep_days, job_ids=list(job) if job else None,
+                              dry_run=dry_run)
+    except FedForestError as exc:
+        fail(exc)
+    verb = "would delete" if dry_run else "deleted"
+    print(f"{verb} {out.rounds} rounds ({out.bytes / 1e6:.1f} MB of tasks, sums and "
+          f"aggregates) of {len(out.jobs)} finished job(s)"
+          + (f": {', '.join(out.jobs)}" if out.jobs else ""))
 
 
 def format_jobs(jobs: list[JobStatus]) -> str:

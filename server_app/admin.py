@@ -16,11 +16,13 @@ from sqlalchemy import select
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
-from .auth import add_client
+from .auth import add_client, add_operator
 from .db import Database, JobRow, RoundRow
 from .jobcheck import check_job
 from .jobspec import JobSpec
+from .retention import Pruned, prune
 from .runtime import ServerState
+from .serve import spool_dir
 from .settings import ServerSettings
 from .status import job_status
 
@@ -77,6 +79,11 @@ class ServerAdmin:
         """Register an institution; returns its token (stored hashed, shown only here)."""
         return add_client(self._db, name)
 
+    def add_operator(self, name: str) -> str:
+        """Register an operator of ``/ui``; returns its token (stored hashed, shown only
+        here)."""
+        return add_operator(self._db, name)
+
     def create_job(self, spec: JobSpec) -> JobSummary:
         """Create a job for registered clients (audited as ``job_created``), refusing what
         would fail mid-job (:func:`~server_app.jobcheck.check_job`)."""
@@ -101,6 +108,13 @@ class ServerAdmin:
         with self._db.session() as sess:
             return [JobStatusView.model_validate(job_status(sess, j, None, now))
                     for j in sess.scalars(select(JobRow).order_by(JobRow.created_at))]
+
+    def prune(self, *, keep_days: float | None = None, job_ids: list[str] | None = None,
+              dry_run: bool = False) -> Pruned:
+        """Delete the round data of finished jobs (:func:`~server_app.retention.prune`)."""
+        cutoff = None if keep_days is None else time.time() - keep_days * 86400.0
+        return prune(self._db, spool_dir(self._db.url), older_than=cutoff, job_ids=job_ids,
+                     dry_run=dry_run)
 
     def latest_round(self, job_id: str) -> RoundSummary | None:
         """The job's last issued round, or None before the first."""

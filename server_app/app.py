@@ -61,6 +61,7 @@ from .limits import BodyLimits, TransportLimits
 from .logs import event
 from .runtime import ServerState
 from .tls_identity import PeerNames
+from .ui import add_ui
 
 __all__ = ["create_app"]
 
@@ -201,6 +202,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": "http_error", "detail": str(exc.detail)},
                             status_code=exc.status_code)
+
+    add_ui(app, db, st, st.core.audit)
 
     @app.get("/health", response_model=Health, tags=["meta"])
     async def health() -> Health:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedforest_secure.audit import GENESIS, AuditLog, export_jsonl
+from fedforest_secure.audit import GENESIS, AuditLog, export_jsonl, verify_entries
 from fedforest_secure.protocol import Task
 
 from .secure_round import SecureRound
@@ -32,6 +32,8 @@ class AuditSink(Protocol):
     def tip(self, job_id: str) -> tuple[int, str]: ...
 
     def export(self, job_id: str) -> str: ...
+
+    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]: ...
 
 
 class NullAudit:
@@ -51,6 +53,9 @@ class NullAudit:
 
     def export(self, job_id: str) -> str:
         return ""
+
+    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]:
+        return False, 0, ["the server keeps no audit log (no audit_database in server.toml)"]
 
     def close(self) -> None:
         return None
@@ -83,6 +88,14 @@ class _AuditLogSink:
             if cached is None:
                 cached = self._tips[job_id] = self._log.tip(job_id)
             return cached
+
+    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]:
+        """``(ok, entries, problems)`` of the job's hash chain (entries and links; the stored
+        arrays are checked by ``fedforest audit verify``)."""
+        with self._mu:
+            entries = self._log.entries(job_id=job_id)
+        report = verify_entries(entries)
+        return report.ok, len(entries), list(report.problems)
 
     def export(self, job_id: str) -> str:
         """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""

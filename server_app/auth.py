@@ -17,11 +17,13 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
-from .db import ClientRow, Database
+from .db import ClientRow, Database, OperatorRow
 
-__all__ = ["TokenCache", "TokenError", "add_client", "authenticate", "hash_secret", "new_token"]
+__all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
+           "authenticate_operator", "hash_secret", "new_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
+_OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -51,6 +53,33 @@ def add_client(db: Database, name: str) -> str:
             raise TokenError(f"client {name!r} already exists")
         sess.add(ClientRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
     return token
+
+
+def add_operator(db: Database, name: str) -> str:
+    """Register an operator of the ``/ui`` page; returns its ``ffo_`` token (shown once)."""
+    if not _NAME_RE.match(name):
+        raise TokenError("operator names are 1-64 characters: letters, digits, '_', '.', '-'")
+    token, token_id, secret = new_token()
+    with db.session() as sess:
+        if sess.scalar(select(OperatorRow).where(OperatorRow.name == name)) is not None:
+            raise TokenError(f"operator {name!r} already exists")
+        sess.add(OperatorRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
+    return "ffo_" + token.removeprefix("ffs_")
+
+
+def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
+    """The operator owning ``token`` (an ``ffo_`` token; a client's never matches), or None.
+    Constant-time in the secret."""
+    match = _OPERATOR_RE.match(token)
+    if match is None:
+        hmac.compare_digest(hash_secret("x"), hash_secret("y"))
+        return None
+    token_id, secret = match.groups()
+    with db.session() as sess:
+        row = sess.scalar(select(OperatorRow).where(OperatorRow.token_id == token_id))
+    expected = row.token_hash if row is not None else hash_secret("no such token")
+    ok = hmac.compare_digest(expected, hash_secret(secret))
+    return row if (ok and row is not None) else None
 
 
 def authenticate(db: Database, token: str) -> ClientRow | None:

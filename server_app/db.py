@@ -54,6 +54,18 @@ class ClientRow(Base):
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
 
 
+class OperatorRow(Base):
+    """Someone who may read the operator page (``/ui``): a bearer token of its own kind
+    (``ffo_...``), never valid as a client's, and stored as a hash only."""
+
+    __tablename__ = "operators"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[str] = mapped_column(String(32), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+
+
 class JobRow(Base):
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -163,6 +175,15 @@ class Database:
         """A transaction: committed on success, rolled back on any exception."""
         with self._factory() as sess, sess.begin():
             yield sess
+
+    def compact(self) -> None:
+        """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server
+        database elsewhere reclaims it by its own maintenance)."""
+        if not self.url.startswith("sqlite"):
+            return
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM")
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,95 @@
+"""What a finished job keeps in the server's database, and ``fedforest server prune``.
+
+While a job runs, its rounds are kept whole (tasks, running sums, aggregates, the uploads and
+secure-aggregation messages of the open round) so that a restarted server resumes it. Once the
+job is done or failed none of that is read again: members download the model (kept in the job's
+row) and verify the audit log (kept in the audit database, which pruning never touches: it is
+append-only and every member may check it against their receipts). :func:`prune` deletes the
+rounds, uploads and messages of finished jobs and their spooled vectors, and compacts a SQLite
+file.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
+from .phases import JobStatus
+
+__all__ = ["Pruned", "prune"]
+
+_FINISHED = (JobStatus.DONE, JobStatus.FAILED)
+
+
+@dataclass
+class Pruned:
+    """What :func:`prune` removed (or would remove, with ``dry_run``)."""
+
+    jobs: list[str] = field(default_factory=list)
+    rounds: int = 0
+    bytes: int = 0  # task, sum and aggregate bytes of the deleted rounds and uploads
+
+
+def _last_activity(sess: Session, job: JobRow) -> float:
+    last = sess.scalar(select(func.max(func.coalesce(RoundRow.closed_at, RoundRow.issued_at)))
+                       .where(RoundRow.job_id == job.id))
+    return float(last) if last is not None else float(job.created_at)
+
+
+def _blob_bytes(sess: Session, job_id: str) -> int:
+    sizes = sess.execute(select(
+        func.coalesce(func.sum(func.length(RoundRow.task_blob)), 0),
+        func.coalesce(func.sum(func.length(RoundRow.running_sum)), 0),
+        func.coalesce(func.sum(func.length(RoundRow.aggregate)), 0),
+        func.coalesce(func.sum(func.length(RoundRow.disclosed_blob)), 0),
+    ).where(RoundRow.job_id == job_id)).one()
+    uploads = sess.scalar(select(func.coalesce(func.sum(func.length(UploadRow.summable)), 0))
+                          .where(UploadRow.job_id == job_id))
+    return int(sum(int(s) for s in sizes)) + int(uploads or 0)
+
+
+def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
+          job_ids: list[str] | None = None, dry_run: bool = False) -> Pruned:
+    """Delete the round data of finished jobs.
+
+    Parameters
+    ----------
+    older_than : epoch seconds, optional
+        Only jobs whose last round closed (or that were created, without rounds) before this.
+    job_ids : list of str, optional
+        Only these jobs (each must be finished).
+    dry_run : bool
+        Count, delete nothing.
+    """
+    out = Pruned()
+    with db.session() as sess:
+        query = select(JobRow).where(JobRow.status.in_(_FINISHED))
+        if job_ids is not None:
+            query = query.where(JobRow.id.in_(job_ids))
+        for job in sess.scalars(query):
+            if older_than is not None and _last_activity(sess, job) >= older_than:
+                continue
+            n = int(sess.scalar(select(func.count()).select_from(RoundRow)
+                                .where(RoundRow.job_id == job.id)) or 0)
+            spooled = spool / job.id if spool is not None else None
+            if n == 0 and (spooled is None or not spooled.exists()):
+                continue
+            out.jobs.append(job.id)
+            out.rounds += n
+            out.bytes += _blob_bytes(sess, job.id)
+            if dry_run:
+                continue
+            sess.execute(delete(UploadRow).where(UploadRow.job_id == job.id))
+            sess.execute(delete(SecAggMessageRow).where(  # identity keys (round -1) stay
+                SecAggMessageRow.job_id == job.id, SecAggMessageRow.round_id >= 0))
+            sess.execute(delete(RoundRow).where(RoundRow.job_id == job.id))
+            if spooled is not None:
+                shutil.rmtree(spooled, ignore_errors=True)
+    if out.jobs and not dry_run:
+        db.compact()
+    return out

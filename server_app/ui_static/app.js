@@ -1,0 +1,101 @@
+"use strict";
+// The operator page: reads /ui/api/jobs with the operator's bearer token and draws each job.
+// Every value goes into the page as text (textContent), never as markup.
+(function () {
+  const KEY = "fedforest-operator-token";
+  let timer = null;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    for (const child of children) {
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function eta(s) {
+    if (s === null || s === undefined) return "unknown yet";
+    if (s < 90) return "about " + Math.round(s) + " s";
+    if (s < 5400) return "about " + Math.round(s / 60) + " min";
+    return "about " + (s / 3600).toFixed(1) + " h";
+  }
+
+  function jobSection(job) {
+    const level = job.level === null ? "-" : job.level + " of " + job.max_depth;
+    const section = el("section", {class: "job", "data-job": job.job_id},
+      el("h2", {}, job.job_id + " ",
+         el("span", {class: "status status-" + job.status}, job.status)));
+    const facts = el("table", {class: "facts"});
+    const rows = [
+      ["profile", job.profile || "-"],
+      ["level", level],
+      ["round", job.round_id < 0 ? "-" : job.round_id],
+      ["phase", job.phase || "-"],
+      ["rounds done", job.rounds_done],
+      ["members", job.joined_clients + " of " + job.n_clients + " joined, " +
+                  job.active_clients + " active, " + job.dropped_clients + " dropped" +
+                  " (at least " + job.min_clients + " needed)"],
+    ];
+    if (job.status === "running") rows.push(["ETA", eta(job.eta_s)]);
+    if (job.reason) rows.push(["reason", job.reason]);
+    for (const [k, v] of rows) facts.append(el("tr", {"data-fact": k}, el("th", {}, k), el("td", {}, v)));
+    const audit = job.audit;
+    const auditText = audit.ok ? "verifies (" + audit.entries + " entries)"
+                               : "DOES NOT VERIFY: " + audit.problems.join("; ");
+    facts.append(el("tr", {"data-fact": "audit"}, el("th", {}, "audit chain"),
+                    el("td", {class: audit.ok ? "audit-ok" : "audit-bad"}, auditText)));
+    section.append(facts);
+    const members = el("table", {class: "members"},
+      el("tr", {}, el("th", {}, "#"), el("th", {}, "site"), el("th", {}, "state")));
+    for (const m of job.members) {
+      const state = m.state + (m.state === "dropped" && m.dropped_round !== null
+                               ? " at round " + m.dropped_round : "");
+      members.append(el("tr", {class: "member state-" + m.state, "data-member": m.name},
+                        el("td", {}, m.index), el("td", {}, m.name), el("td", {}, state)));
+    }
+    section.append(members);
+    return section;
+  }
+
+  async function refresh() {
+    const token = sessionStorage.getItem(KEY);
+    const message = document.getElementById("message");
+    if (!token) return;
+    let resp;
+    try {
+      resp = await fetch("/ui/api/jobs", {headers: {"Authorization": "Bearer " + token},
+                                          cache: "no-store"});
+    } catch (err) {
+      message.textContent = "the server does not answer";
+      return;
+    }
+    if (resp.status === 401) {
+      sessionStorage.removeItem(KEY);
+      message.textContent = "unknown operator token";
+      return;
+    }
+    const body = await resp.json();
+    message.textContent = "";
+    document.getElementById("server").textContent = "server " + body.version + ", " +
+      body.jobs.length + " job(s), updated " + new Date().toLocaleTimeString();
+    const main = document.getElementById("jobs");
+    main.replaceChildren(...body.jobs.map(jobSection));
+    if (body.jobs.length === 0) main.append(el("p", {id: "no-jobs"}, "no jobs yet"));
+  }
+
+  function start() {
+    if (timer === null) timer = setInterval(refresh, 3000);
+    refresh();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.getElementById("login").addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      sessionStorage.setItem(KEY, document.getElementById("token").value.trim());
+      document.getElementById("token").value = "";
+      start();
+    });
+    if (sessionStorage.getItem(KEY)) start();
+  });
+})();

@@ -1,0 +1,97 @@
+"""fedforest server prune: finished jobs lose their rounds, keep their model; audit export can
+be compressed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from fedforest_cli.cli import app
+from fedforest_secure.audit import AuditLog
+from server_app.db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
+from server_app.retention import prune
+
+DAY = 86400.0
+
+
+def add_job(db: Database, spool: Path, job_id: str, status: str, closed_at: float) -> None:
+    with db.session() as sess:
+        sess.add(JobRow(id=job_id, spec_json="{}", config_json="{}", status=status, reason="",
+                        min_clients=1, round_deadline_s=1.0, current_round=1,
+                        model_json='{"m": 1}', model_digest="d" * 64, created_at=closed_at))
+        sess.flush()
+        for r in range(2):
+            sess.add(RoundRow(job_id=job_id, round_id=r, kind="sketch", level=0,
+                              task_digest="t" * 64, encoding="uint64", participants_json="[0]",
+                              issued_at=closed_at - 1, deadline_at=closed_at + 1,
+                              status="closed", closed_at=closed_at, task_blob=b"x" * 1000,
+                              aggregate=b"y" * 500))
+            sess.add(UploadRow(job_id=job_id, round_id=r, client_index=0, digest="u" * 64,
+                               summable=b"z" * 100))
+            sess.add(SecAggMessageRow(job_id=job_id, round_id=r, stage="shares",
+                                      client_index=0, body="{}", digest="s" * 64))
+        sess.add(SecAggMessageRow(job_id=job_id, round_id=-1, stage="identity", client_index=0,
+                                  body="ab" * 32, digest="i" * 64))
+    (spool / job_id / "1").mkdir(parents=True)
+    (spool / job_id / "1" / "0.u64").write_bytes(b"\0" * 64)
+
+
+def counts(db: Database, job_id: str) -> tuple[int, int, int, bool]:
+    with db.session() as sess:
+        def n(table: type) -> int:
+            return int(sess.scalar(select(func.count()).select_from(table)
+                                   .where(table.job_id == job_id)) or 0)  # type: ignore[attr-defined]
+        job = sess.get(JobRow, job_id)
+        return n(RoundRow), n(UploadRow), n(SecAggMessageRow), job is not None and \
+            job.model_json is not None
+
+
+def test_prune_deletes_old_finished_rounds_and_keeps_models_running_and_recent_jobs(
+        tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    spool = tmp_path / "s.db.spool"
+    now = time.time()
+    add_job(db, spool, "old-done", "done", now - 40 * DAY)
+    add_job(db, spool, "old-failed", "failed", now - 40 * DAY)
+    add_job(db, spool, "recent", "done", now - 2 * DAY)
+    add_job(db, spool, "running", "running", now - 40 * DAY)
+    dry = prune(db, spool, older_than=now - 30 * DAY, dry_run=True)
+    assert sorted(dry.jobs) == ["old-done", "old-failed"] and counts(db, "old-done")[0] == 2
+    out = prune(db, spool, older_than=now - 30 * DAY)
+    assert sorted(out.jobs) == ["old-done", "old-failed"]
+    assert out.rounds == 4 and out.bytes == 2 * (2 * 1500 + 2 * 100)
+    assert counts(db, "old-done") == (0, 0, 1, True)  # the identity key and the model stay
+    assert not (spool / "old-done").exists()
+    for kept in ("recent", "running"):
+        assert counts(db, kept) == (2, 2, 3, True) and (spool / kept).exists()
+    # a named finished job goes whatever its age; a running one never
+    assert prune(db, spool, job_ids=["recent", "running"]).jobs == ["recent"]
+    db.dispose()
+
+
+def test_cli_prune_and_a_compressed_audit_export(tmp_path: Path) -> None:
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    db.dispose()
+    runner = CliRunner()
+    res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
+                              "--keep-days", "7"])
+    assert res.exit_code == 0, res.output
+    assert "deleted 2 rounds (0.0 MB of tasks, sums and aggregates) of 1 finished job(s): old" \
+        in res.output
+    res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml")])
+    assert res.exit_code == 2 and "--keep-days" in res.output
+    with AuditLog(tmp_path / "audit.db") as log:
+        for k in range(50):
+            log.append("old", "client_joined", {"client": f"site-{k}", "client_index": k})
+    res = runner.invoke(app, ["audit", "export", "--db", str(tmp_path / "audit.db"),
+                              "--format", "jsonl", "--out", str(tmp_path / "old.jsonl.gz")])
+    assert res.exit_code == 0, res.output
+    lines = gzip.decompress((tmp_path / "old.jsonl.gz").read_bytes()).decode().splitlines()
+    assert len(lines) == 50 and json.loads(lines[0])["kind"] == "client_joined"

@@ -1,0 +1,174 @@
+"""The operator page /ui: read-only, behind an operator token; and in a real headless browser
+(Debian's chromium), a running job's members and level, without console errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedforest_cli.simulate import write_server_config
+from server_app.app import create_app
+from server_app.audit_hook import NullAudit, open_audit
+from server_app.auth import add_client, add_operator
+from server_app.db import Database
+from server_app.jobspec import load_job_spec
+from server_app.runtime import ServerState
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture()
+def ui(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+    parts, feat = tiny_parts
+    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=3)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(3)]
+    operator = add_operator(db, "ops")
+    audit = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    state = ServerState(db, audit)
+    state.create_job(load_job_spec(job_toml))
+    with TestClient(create_app(db, audit, state=state, tick_seconds=60)) as http:
+        yield {"http": http, "tokens": tokens, "operator": operator}
+    db.dispose()
+
+
+def test_the_page_needs_no_token_and_holds_no_data(ui: dict) -> None:
+    r = ui["http"].get("/ui")
+    assert r.status_code == 200 and "Operator token" in r.text and "client-0" not in r.text
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+    assert ui["http"].get("/ui/app.js").headers["content-type"].startswith("text/javascript")
+
+
+def test_the_jobs_api_needs_an_operator_token_not_a_client_one(ui: dict) -> None:
+    http = ui["http"]
+    assert http.get("/ui/api/jobs").status_code == 401
+    client = {"Authorization": f"Bearer {ui['tokens'][0]}"}
+    assert http.get("/ui/api/jobs", headers=client).status_code == 401
+    forged = ui["operator"][:-4] + "AAAA"
+    assert http.get("/ui/api/jobs", headers={"Authorization": f"Bearer {forged}"}
+                    ).status_code == 401
+    # an operator token is no client token either
+    op = {"Authorization": f"Bearer {ui['operator']}"}
+    assert http.get("/v1/jobs", headers=op).status_code == 401
+    http.post("/v1/jobs/job-a/join", headers=client)
+    body = http.get("/ui/api/jobs", headers=op).json()
+    (job,) = body["jobs"]
+    assert job["job_id"] == "job-a" and job["status"] == "waiting"
+    assert [(m["name"], m["state"]) for m in job["members"]] == [
+        ("client-0", "active"), ("client-1", "invited"), ("client-2", "invited")]
+    assert job["audit"]["ok"] is True and job["audit"]["entries"] == 2  # created, joined
+
+
+def test_the_page_shows_when_the_audit_chain_does_not_verify(tmp_path: Path, tiny_parts,
+                                                             job_dir) -> None:
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    operator = add_operator(db, "ops")
+    for k in range(3):
+        add_client(db, f"client-{k}")
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        body = http.get("/ui/api/jobs", headers={"Authorization": f"Bearer {operator}"}).json()
+    db.dispose()
+    assert body["jobs"][0]["audit"]["ok"] is False
+    assert "keeps no audit log" in body["jobs"][0]["audit"]["problems"][0]
+
+
+# ---------------------------------------------------------------------- the real browser
+def _driver():  # type: ignore[no-untyped-def]
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(f"no {CHROMIUM} / {CHROMEDRIVER}: install Debian's chromium and "
+                    "chromium-driver (.ci/run does so as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage"):
+        opts.add_argument(flag)
+    opts.accept_insecure_certs = True  # the federation's dev CA is not in the browser's store
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+@pytest.mark.integration
+def test_a_browser_sees_a_running_jobs_members_and_level_without_console_errors(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_integration_https import launch_client, launch_server, setup_fed, stop
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, deadline=120.0)
+    # the page is opened without a client certificate: this server does not ask for one
+    write_server_config(fed.root, int(fed.url.rsplit(":", 1)[1]), fed.certs, mtls=False)
+    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    operator = add_operator(db, "ops")
+    db.dispose()
+    driver = _driver()
+    server = launch_server(fed)
+    clients = [launch_client(fed, k) for k in range(3)]
+    try:
+        _wait_running(fed.root / "server.log")
+        os.kill(clients[2].pid, signal.SIGSTOP)  # the job waits for it: running, mid-level
+        driver.get(fed.url + "/ui")
+        driver.find_element(By.ID, "token").send_keys(operator)
+        driver.find_element(By.ID, "show").click()
+        wait = WebDriverWait(driver, 30)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'section[data-job="job-a"]')))
+        job = driver.find_element(By.CSS_SELECTOR, 'section[data-job="job-a"]')
+        assert job.find_element(By.CSS_SELECTOR, ".status").text == "running"
+        members = {r.get_attribute("data-member"): r.text for r in
+                   job.find_elements(By.CSS_SELECTOR, "tr.member")}
+        assert set(members) == {"client-0", "client-1", "client-2"}
+        assert all("active" in t for t in members.values())
+        level = job.find_element(By.CSS_SELECTOR, 'tr[data-fact="level"] td').text
+        assert level.endswith("of 3") and level.split()[0].isdigit()
+        audit = job.find_element(By.CSS_SELECTOR, 'tr[data-fact="audit"] td').text
+        assert audit.startswith("verifies (")
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], json.dumps(errors)
+    finally:
+        driver.quit()
+        if clients[2].poll() is None:
+            os.kill(clients[2].pid, signal.SIGCONT)
+        for c in clients:
+            stop(c)
+        stop(server)
+
+
+def _wait_running(server_log: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = server_log.read_text() if server_log.exists() else ""
+        if "event=round " in text:  # a round closed: the job is running
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the job did not start: {server_log.read_text()}")
+
+
+def test_the_browser_test_is_not_skipped_where_chromium_is_installed() -> None:
+    """CI installs chromium (.ci/run): there the browser test runs, never skips."""
+    if shutil.which("chromium") is None:
+        pytest.skip("no chromium on this machine")
+    assert os.access(CHROMEDRIVER, os.X_OK), "chromium without chromium-driver"
+    assert subprocess.run([CHROMIUM, "--version"], capture_output=True, timeout=60
+                          ).returncode == 0
