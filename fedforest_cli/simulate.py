@@ -81,24 +81,32 @@ def start_server(config: Path, log: Path) -> subprocess.Popen[bytes]:
                                 env=_child_env())
 
 
-def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0,
+def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0,
                  cert: Path | None = None, key: Path | None = None) -> None:
+    """Wait until the server answers ``/health``; a server that does not within ``timeout``
+    seconds (its start-up imports take seconds on a loaded machine) is stopped."""
     import httpx
 
     from client_app.transport import tls_context
 
     deadline = time.monotonic() + timeout
+    ctx = tls_context(ca, cert, key)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise FedForestError(f"the server exited with code {proc.returncode}")
         try:
-            ctx = tls_context(ca, cert, key)
             if httpx.get(url + "/health", verify=ctx, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise FedForestError("the server did not become healthy in time")
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    raise FedForestError(f"the server did not answer {url}/health within {timeout:.0f} s")
 
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
