@@ -156,12 +156,13 @@ class Growth:
 def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, splits: np.ndarray,
          kind: np.ndarray, feature: np.ndarray, threshold: np.ndarray,
          sets: Sequence[list[int]], child_values: Mapping[int, np.ndarray],
-         node_values: np.ndarray) -> Growth:
+         node_values: np.ndarray, gains: np.ndarray | None = None) -> Growth:
     """Split the frontier nodes ``ev[e]`` for every ``e`` with ``splits[e]``.
 
     ``kind``, ``feature``, ``threshold`` and ``sets`` are the chosen split per evaluated node;
     the children get the values ``child_values[e]`` (two rows) where given, else the parent's
     ``node_values[ev[e]]`` (their fallback). A numeric split narrows the children's boxes.
+    ``gains[e]`` (if given) is recorded as the split node's weighted impurity decrease.
     """
     n_nodes = frontier.size
     r_kind = np.full(n_nodes, NodeKind.LEAF, dtype=np.int32)
@@ -185,6 +186,8 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         feat = int(feature[e])
         tb.kind[nd] = k
         tb.feature[nd] = feat
+        if gains is not None:
+            tb.gain[nd] = float(gains[e])
         r_kind[i], r_feat[i] = k, feat
         if k == NodeKind.NUMERIC:
             tb.threshold[nd] = r_thr[i] = float(threshold[e])

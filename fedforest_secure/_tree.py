@@ -8,7 +8,9 @@ A tree is a set of parallel arrays indexed by node id (root = 0):
 * ``left``, ``right``: the children's node ids (-1 for a leaf);
 * ``sets``: for categorical and client splits, the levels or client indices that go left;
 * ``value``: the node value, the mean of y (regression) or class proportions
-  (classification); ``n``: the weighted training rows of the node.
+  (classification); ``n``: the weighted training rows of the node;
+* ``gain``: the split's weighted impurity decrease (0 for a leaf and for data-independent
+  random splits), what feature importances add up; absent in model files written before it.
 
 The :class:`NodeKind` codes are what the model file stores and what routing tasks carry
 (``route_kind``), so their integer values are part of both formats.
@@ -54,6 +56,7 @@ class Tree:
     value: np.ndarray  # (n_nodes, n_outputs)
     n: np.ndarray  # weighted training rows per node
     sets: dict[int, list[int]] = field(default_factory=dict)
+    gain: np.ndarray | None = None  # weighted impurity decrease per split node
 
     @property
     def n_nodes(self) -> int:
@@ -117,6 +120,7 @@ class Tree:
             "threshold": [float(t) for t in self.threshold], "left": self.left.tolist(),
             "right": self.right.tolist(), "value": self.value.tolist(), "n": self.n.tolist(),
             "sets": {str(k): list(map(int, v)) for k, v in self.sets.items()},
+            **({} if self.gain is None else {"gain": [float(g) for g in self.gain]}),
         }
 
     @classmethod
@@ -143,6 +147,8 @@ class Tree:
             value=np.asarray(d["value"], dtype=np.float64).reshape(len(d["kind"]), -1),
             n=np.asarray(d["n"], dtype=np.float64),
             sets={int(k): list(v) for k, v in d.get("sets", {}).items()},
+            gain=(np.array([float(g) for g in d["gain"]], dtype=np.float64)
+                  if "gain" in d else None),
         )
 
 
@@ -157,6 +163,7 @@ class TreeBuilder:
         self.right: list[int] = []
         self.value: list[np.ndarray] = []
         self.n: list[float] = []
+        self.gain: list[float] = []
         self.sets: dict[int, list[int]] = {}
         self.n_out = n_out
 
@@ -169,6 +176,7 @@ class TreeBuilder:
         self.right.append(-1)
         self.value.append(np.zeros(self.n_out))
         self.n.append(0.0)
+        self.gain.append(0.0)
         return len(self.kind) - 1
 
     def build(self) -> Tree:
@@ -178,4 +186,5 @@ class TreeBuilder:
                     left=np.array(self.left, dtype=np.int64),
                     right=np.array(self.right, dtype=np.int64),
                     value=np.array(self.value, dtype=np.float64).reshape(len(self.kind), -1),
-                    n=np.array(self.n, dtype=np.float64), sets=dict(self.sets))
+                    n=np.array(self.n, dtype=np.float64), sets=dict(self.sets),
+                    gain=np.array(self.gain, dtype=np.float64))

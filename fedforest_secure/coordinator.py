@@ -341,7 +341,7 @@ class Coordinator:
                  >= cfg.min_impurity_decrease))
         child = self._noisy_child_values(ev, ok, found, h_left, values)
         growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
-                      found.sets, child, values)
+                      found.sets, child, values, gains=found.gain)
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 

@@ -7,10 +7,17 @@ inferred from the data here (the in-process facade plays every part); a real dep
 them from the schema. ``n_jobs`` threads run the clients' work of each round concurrently (numpy
 releases the GIL in the heavy steps); the replies are added in client order, so the forest is the
 same for every ``n_jobs``.
+
+``save`` writes, and ``load`` reads, the one model file format of :mod:`fedforest_secure.model`:
+``FedForestClassifier.load`` also reads the model a federated job produced (what the server
+stores, what ``fedforest model download`` and the client's ``--out`` write), with its class
+labels, feature names and schema, so ``predict_proba`` works on a site's table as is. Fitted on
+a DataFrame (or loaded from a job's model), ``predict`` takes a table's columns by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Mapping
@@ -23,11 +30,11 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
 from .federation import run_in_process
-from .model import ForestModel
+from .model import ForestModel, _column_names
 
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
-_FORMAT = "fedforest-secure/estimator/v1"
+_OLD_FORMAT = "fedforest-secure/estimator/v1"  # files written before the one model format
 
 def _dp_defaults(epsilon: float, task: str, n_rows: int, n_features: int, n_classes: int,
                  delta: float) -> dict[str, Any]:
@@ -144,13 +151,16 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             raise SchemaError(f"client must have shape ({n},), got {client.shape}")
         if fitting:
             self.clients_ = np.unique(client)
-        codes: np.ndarray = np.searchsorted(self.clients_, client)
-        codes = np.clip(codes, 0, len(self.clients_) - 1)
-        unknown = self.clients_[codes] != client
-        if unknown.any():
-            raise SchemaError(f"unknown client {client[unknown][0]!r}; the forest knows "
-                              f"{self.clients_.tolist()}")
-        return codes.astype(np.int64)
+        # clients_ is in index order: sorted after fit, the job's order for a job's model
+        index = {c: i for i, c in enumerate(self.clients_.tolist())}
+        codes = np.empty(n, dtype=np.int64)
+        for r, c in enumerate(client.tolist()):
+            k = index.get(c)
+            if k is None:
+                raise SchemaError(f"unknown client {c!r}; the forest knows "
+                                  f"{self.clients_.tolist()}")
+            codes[r] = k
+        return codes
 
     # ------------------------------------------------------------------ fit / predict
     def fit(self, X: Any, y: Any, client: Any = None,
@@ -164,6 +174,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         client : array of shape (n,), the institution of each row (None: one client)
         on_round : optional callback receiving each round's :class:`RoundRecord`
         """
+        names = _column_names(X)
         X = self._check_X(X)
         y = np.asarray(y)
         if y.shape != (X.shape[0],):
@@ -203,8 +214,14 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         # each client's share of the rows is made when its worker is built, and dropped after
         shares = ((X[h == k], y_enc[h == k]) for k in range(K))
         self.config_ = config
-        self.model_ = run_in_process(config, shares, on_round=on_round, n_jobs=self.n_jobs)
+        model = run_in_process(config, shares, on_round=on_round, n_jobs=self.n_jobs)
+        classes = getattr(self, "classes_", None)
+        self.model_ = dataclasses.replace(
+            model, feature_names=names, clients=self.clients_.tolist(), y_offset=self.y_offset_,
+            classes=None if classes is None else classes.tolist())
         self.n_features_in_ = d
+        if names is not None:
+            self.feature_names_in_ = np.array(names, dtype=object)
         self.n_clients_ = K
         return self
 
@@ -215,42 +232,90 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
 
     def _values(self, X: Any, client: Any) -> np.ndarray:
         model = self._check_fitted()
-        X = self._check_X(X)
-        if X.shape[1] != self.n_features_in_:
-            raise SchemaError(f"X has {X.shape[1]} features, the forest expects "
-                              f"{self.n_features_in_}")
+        if _column_names(X) is None and model.schema is None:
+            X = self._check_X(X)
+            if X.shape[1] != self.n_features_in_:
+                raise SchemaError(f"X has {X.shape[1]} features, the forest expects "
+                                  f"{self.n_features_in_}")
+        X = self._check_X(model.prepare(X))  # columns by name, levels by label
         codes = None if client is None else self._client_codes(client, X.shape[0], False)
-        return model.predict_values(X, codes)
+        return model.values_of(X, codes)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write the fitted estimator (parameters, profile, model) as JSON."""
+        """Write the fitted estimator as a model file (:mod:`fedforest_secure.model`): the
+        forest with its labels and feature names, plus the parameters, privacy profile and job
+        configuration."""
         model = self._check_fitted()
         params = self.get_params()
-        params["profile"] = self.profile_
-        doc = {"format": _FORMAT, "class": type(self).__name__, "params": params,
-               "clients": self.clients_.tolist(), "model": model.to_dict(),
-               "config": json.loads(self.config_.to_json())}
-        if hasattr(self, "classes_"):
-            doc["classes"] = self.classes_.tolist()
-        doc["y_offset"] = float(getattr(self, "y_offset_", 0.0))
-        Path(path).write_text(json.dumps(doc, sort_keys=True, allow_nan=False))
+        params["profile"] = getattr(self, "profile_", params["profile"])
+        config = getattr(self, "config_", None)
+        section = {"class": type(self).__name__, "params": params,
+                   "config": None if config is None else json.loads(config.to_json())}
+        Path(path).write_text(dataclasses.replace(model, estimator=section).to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Any:
-        doc = json.loads(Path(path).read_text())
-        if doc.get("format") != _FORMAT or doc.get("class") != cls.__name__:
+        """Read a model file: one this estimator saved, or a federated job's model (the
+        server's, ``fedforest model download``'s, a client's ``--out``).
+
+        Raises
+        ------
+        ValueError
+            Not a model file, or a forest of the other task (a regression forest is read by
+            :class:`FedForestRegressor`, a classification forest by
+            :class:`FedForestClassifier`).
+        """
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a model file ({exc})") from None
+        if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
+            return cls._load_old(doc, path)
+        try:
+            model = ForestModel.from_dict(doc)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        if model.task != cls._task:
+            other = "FedForestRegressor" if model.task == "regression" else "FedForestClassifier"
+            raise ValueError(f"{path} holds a {model.task} forest: read it with {other}.load")
+        section = model.estimator or {}
+        if section and section.get("class") != cls.__name__:
+            raise ValueError(f"{path} was saved by {section.get('class')}, not {cls.__name__}")
+        est = cls(**section["params"]) if section else cls()
+        est.model_ = dataclasses.replace(model, estimator=None)
+        if section.get("config") is not None:
+            est.config_ = JobConfig.from_json(json.dumps(section["config"]))
+        if section:
+            est.profile_ = section["params"]["profile"]
+        est._set_fitted_attributes()
+        return est
+
+    def _set_fitted_attributes(self) -> None:
+        model = self.model_
+        self.n_features_in_ = model.n_features
+        if model.feature_names is not None:
+            self.feature_names_in_ = np.array(model.feature_names, dtype=object)
+        self.clients_ = np.array(model.clients if model.clients is not None
+                                 else list(range(max(model.n_clients, 1))))
+        self.n_clients_ = len(self.clients_)
+        if model.task == "classification":
+            self.classes_ = np.array(model.classes if model.classes is not None
+                                     else list(range(model.n_classes)))
+        self.y_offset_ = model.y_offset
+
+    @classmethod
+    def _load_old(cls, doc: dict[str, Any], path: str | Path) -> Any:
+        if doc.get("class") != cls.__name__:
             raise ValueError(f"{path} is not a saved {cls.__name__}")
         est = cls(**doc["params"])
-        est.model_ = ForestModel.from_json(json.dumps(doc["model"]))
+        model = ForestModel.from_dict(doc["model"])
+        est.model_ = dataclasses.replace(
+            model, clients=doc["clients"], classes=doc.get("classes"),
+            y_offset=float(doc.get("y_offset", 0.0)))
         est.config_ = JobConfig.from_json(json.dumps(doc["config"]))
         est.profile_ = doc["params"]["profile"]
-        est.clients_ = np.array(doc["clients"])
-        est.n_features_in_ = est.model_.n_features
-        est.n_clients_ = len(est.clients_)
-        if "classes" in doc:
-            est.classes_ = np.array(doc["classes"])
-        est.y_offset_ = float(doc.get("y_offset", 0.0))
+        est._set_fitted_attributes()
         return est
 
 

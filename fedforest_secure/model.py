@@ -1,34 +1,62 @@
-"""The trained forest: prediction and a JSON file format that round-trips exactly.
+"""The trained forest: one JSON file format for every model, and prediction on tables.
+
+A model file is what the server stores at the end of a job, what a site downloads (and its
+client writes to ``--out``), and what :meth:`FedForestClassifier.save` /
+:meth:`FedForestRegressor.save` write; :meth:`ForestModel.load` and the estimators' ``load``
+read any of them. Besides the trees it carries what prediction on a site's table needs:
+
+* ``feature_names`` and the ``schema`` (kinds, categorical levels, public bounds, target):
+  :meth:`ForestModel.predict_values` on a DataFrame (or any table with named columns) takes the
+  columns by name, in any order, and refuses a missing or unknown one; a categorical column
+  holds its levels as labels (``"M"``, ``2``), as in the site's CSV file;
+* ``classes``: the class labels, in the order of the probability columns;
+* ``clients``: the site labels in index order (a forest that splits on the site indicator);
+* ``y_offset``: added to a regression forest's predictions;
+* ``estimator``: the estimator's parameters and job configuration (files the estimators wrote).
 
 Each tree is a :class:`~fedforest_secure._tree.Tree`: parallel arrays indexed by node id, the
 node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 leaf, 1 numeric,
-2 categorical, 3 client split).
+2 categorical, 3 client split), with each split's weighted impurity decrease (``gain``) that
+:meth:`ForestModel.feature_importances` adds up.
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
-so a loaded model predicts bit-for-bit the same.
+so a loaded model predicts bit-for-bit the same. Files of the first format
+(``fedforest-secure/model/v1``, trees only) still load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._tree import Tree
+from ._tree import NodeKind, Tree
 from .errors import SchemaError
 
 __all__ = ["ForestModel", "Tree"]
 
-FORMAT = "fedforest-secure/model/v1"
+FORMAT = "fedforest-secure/model/v2"
+_READS = ("fedforest-secure/model/v1", FORMAT)
+
+
+def _column_names(X: Any) -> list[str] | None:
+    """The column names of a table (a pandas DataFrame or anything with ``.columns``)."""
+    cols = getattr(X, "columns", None)
+    if cols is None or isinstance(X, np.ndarray):
+        return None
+    return [str(c) for c in cols]
 
 
 @dataclass
 class ForestModel:
-    """A trained forest, independent of how it was trained."""
+    """A trained forest, independent of how it was trained (module docstring)."""
 
     task: str
     n_features: int
@@ -36,51 +64,183 @@ class ForestModel:
     trees: list[Tree]
     n_clients: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    feature_names: list[str] | None = None
+    classes: list[Any] | None = None
+    schema: dict[str, Any] | None = None
+    clients: list[Any] | None = None
+    y_offset: float = 0.0
+    estimator: dict[str, Any] | None = None
 
     @property
     def uses_client(self) -> bool:
         return any(t.uses_client for t in self.trees)
 
-    def _check(self, X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.n_features:
-            raise SchemaError(f"X must have shape (n, {self.n_features}), got {X.shape}")
-        if client is not None:
-            client = np.asarray(client)
-            if client.shape != (X.shape[0],):
-                raise SchemaError("client must have one entry per row")
-            if self.uses_client and ((client < 0) | (client >= self.n_clients)).any():
-                raise SchemaError(f"client indices must be in [0, {self.n_clients})")
-        return X, client
+    # ------------------------------------------------------------------ a job's model
+    def for_job(self, schema_text: str | None, clients: Sequence[str]) -> ForestModel:
+        """This forest with the job's schema (TOML or JSON text; anything that is not a schema,
+        such as a job's ``[data]`` facts, adds none) and its sites' names: the model file the
+        server stores and the audit log's digest covers."""
+        from .schema import Schema
+
+        schema = None
+        if schema_text:
+            try:
+                raw = (json.loads(schema_text) if schema_text.lstrip().startswith("{")
+                       else tomllib.loads(schema_text))
+                schema = Schema.from_dict(raw)
+            except (ValueError, tomllib.TOMLDecodeError):
+                schema = None
+        if schema is not None and schema.n_features != self.n_features:
+            raise SchemaError(f"the schema has {schema.n_features} features, the forest "
+                              f"{self.n_features}")
+        return dataclasses.replace(
+            self, clients=[str(c) for c in clients],
+            schema=None if schema is None else schema.to_dict(),
+            feature_names=None if schema is None else schema.feature_names,
+            classes=(schema.target.classes if schema is not None and self.task ==
+                     "classification" else self.classes))
+
+    # ------------------------------------------------------------------ prediction
+    def prepare(self, X: Any) -> np.ndarray:
+        """``X`` as the forest's float64 input, shape (n, n_features).
+
+        A table with named columns is matched to ``feature_names`` by name (any order, no
+        missing or unknown column); with a schema, categorical columns are read as levels.
+        An array is taken in the forest's column order.
+
+        Raises
+        ------
+        SchemaError
+            A missing or unknown column, an unknown level, a non-number, a wrong shape.
+        """
+        names = _column_names(X)
+        if names is not None and self.feature_names is not None:
+            missing = [c for c in self.feature_names if c not in names]
+            unknown = [c for c in names if c not in self.feature_names]
+            if missing or unknown:
+                parts = []
+                if missing:
+                    parts.append(f"missing column{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(map(repr, missing))}")
+                if unknown:
+                    parts.append(f"unknown column{'s' if len(unknown) > 1 else ''} "
+                                 f"{', '.join(map(repr, unknown))}")
+                raise SchemaError(f"{' and '.join(parts)}: the model's columns are "
+                                  f"{', '.join(self.feature_names)} (drop the target and any "
+                                  "other column)")
+            columns = {c: list(X[c]) for c in self.feature_names}
+        elif self.schema is not None:
+            arr = np.asarray(X, dtype=object)
+            if arr.ndim != 2 or arr.shape[1] != self.n_features:
+                raise SchemaError(f"X must have shape (n, {self.n_features}), got {arr.shape}")
+            columns = {name: list(arr[:, j]) for j, name in enumerate(self.feature_names or [])}
+        else:
+            Xf = np.asarray(X, dtype=np.float64)
+            if Xf.ndim != 2 or Xf.shape[1] != self.n_features:
+                raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xf.shape}")
+            return Xf
+        if self.schema is None:
+            return np.column_stack([np.asarray(columns[c], dtype=np.float64)
+                                    for c in columns]).reshape(-1, self.n_features)
+        from .schema import Schema
+
+        schema = Schema.from_dict(self.schema)
+        n = len(next(iter(columns.values()))) if columns else 0
+        if n == 0:
+            return np.empty((0, self.n_features))
+        return schema.encode_features(columns, n)
+
+    def _check_client(self, client: Any, n: int) -> np.ndarray | None:
+        if client is None:
+            return None
+        codes: np.ndarray = np.asarray(client)
+        if codes.shape != (n,):
+            raise SchemaError("client must have one entry per row")
+        if self.uses_client and ((codes < 0) | (codes >= self.n_clients)).any():
+            raise SchemaError(f"client indices must be in [0, {self.n_clients})")
+        return codes
 
     def predict_values(self, X: Any, client: Any = None) -> np.ndarray:
-        """Average of the trees' leaf values: shape (n, 1) or (n, C)."""
-        X, client = self._check(X, client)
-        out = np.zeros((X.shape[0], 1 if self.task == "regression" else self.n_classes))
+        """Average of the trees' leaf values: shape (n, 1) or (n, C) (without ``y_offset``)."""
+        return self.values_of(self.prepare(X), client)
+
+    def values_of(self, Xf: np.ndarray, client: Any = None) -> np.ndarray:
+        """:meth:`predict_values` of input that :meth:`prepare` already made."""
+        codes = self._check_client(client, Xf.shape[0])
+        out = np.zeros((Xf.shape[0], 1 if self.task == "regression" else self.n_classes))
         for tree in self.trees:
-            out += tree.value[tree.apply(X, client)]
+            out += tree.value[tree.apply(Xf, codes)]
         return out / max(len(self.trees), 1)
 
     def predict(self, X: Any, client: Any = None) -> np.ndarray:
+        """Regression: the predicted values (``y_offset`` added). Classification: the index of
+        the most probable class (``classes[i]`` is its label)."""
         v = self.predict_values(X, client)
-        return v[:, 0] if self.task == "regression" else np.argmax(v, axis=1)
+        out: np.ndarray = v[:, 0] + self.y_offset if self.task == "regression" else \
+            np.argmax(v, axis=1)
+        return out
 
+    def feature_importances(self) -> np.ndarray:
+        """Mean decrease in impurity per feature, shape (n_features,), summing to 1 (zeros
+        for a forest without informative splits): each tree's split gains per feature,
+        normalised, averaged over the trees. Splits on the site indicator H count for no
+        feature.
+
+        Raises
+        ------
+        ValueError
+            A model file without split gains (written before they were recorded).
+        """
+        total = np.zeros(self.n_features)
+        for tree in self.trees:
+            if tree.gain is None:
+                raise ValueError("this model file does not record split gains; retrain to get "
+                                 "feature importances")
+            per = np.zeros(self.n_features)
+            split = (tree.kind == NodeKind.NUMERIC) | (tree.kind == NodeKind.CATEGORICAL)
+            np.add.at(per, tree.feature[split], np.maximum(tree.gain[split], 0.0))
+            if per.sum() > 0:
+                total += per / per.sum()
+        return total / total.sum() if total.sum() > 0 else total
+
+    # ------------------------------------------------------------------ the file
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "task": self.task, "n_features": self.n_features,
-                "n_classes": self.n_classes, "n_clients": self.n_clients, "meta": self.meta,
-                "trees": [t.to_dict() for t in self.trees]}
+        out: dict[str, Any] = {
+            "format": FORMAT, "task": self.task, "n_features": self.n_features,
+            "n_classes": self.n_classes, "n_clients": self.n_clients, "meta": self.meta,
+            "trees": [t.to_dict() for t in self.trees]}
+        for key in ("feature_names", "classes", "schema", "clients", "estimator"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.y_offset:
+            out["y_offset"] = self.y_offset
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> ForestModel:
-        d = json.loads(text)
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} file")
+    def from_dict(cls, d: Any) -> ForestModel:
+        """A model from its file's mapping.
+
+        Raises
+        ------
+        ValueError
+            Not a model file of a format this version reads.
+        """
+        if not isinstance(d, dict) or d.get("format") not in _READS:
+            raise ValueError(f"not a model file ({' or '.join(_READS)})")
         return cls(task=d["task"], n_features=int(d["n_features"]), n_classes=int(d["n_classes"]),
                    n_clients=int(d.get("n_clients", 0)), meta=dict(d.get("meta", {})),
-                   trees=[Tree.from_dict(t) for t in d["trees"]])
+                   trees=[Tree.from_dict(t) for t in d["trees"]],
+                   feature_names=d.get("feature_names"), classes=d.get("classes"),
+                   schema=d.get("schema"), clients=d.get("clients"),
+                   y_offset=float(d.get("y_offset", 0.0)), estimator=d.get("estimator"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ForestModel:
+        return cls.from_dict(json.loads(text))
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON (what the audit log records)."""

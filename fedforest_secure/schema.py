@@ -573,6 +573,31 @@ class Schema(BaseModel):
         Xo, yo, _ = self._encode(columns, Xa.shape[0], with_target=y is not None, with_client=False)
         return Xo, yo
 
+    def encode_features(self, columns: Mapping[str, _Column], n_rows: int
+                        ) -> NDArray[np.float64]:
+        """The features of rows to predict: continuous columns as numbers (outside the public
+        bounds is allowed: a tree routes any number), categorical columns as level codes.
+
+        Returns
+        -------
+        X : ndarray of shape (n_rows, n_features)
+
+        Raises
+        ------
+        SchemaError
+            A missing column, a non-number, an unknown level.
+        """
+        X = np.empty((n_rows, self.n_features), dtype=np.float64)
+        for j, f in enumerate(self.features):
+            if f.name not in columns:
+                raise SchemaError(f"column {f.name!r}: missing from the table")
+            col = columns[f.name]
+            if f.kind == "continuous":
+                X[:, j] = _numeric_column(col, f.name)
+            else:
+                X[:, j] = _label_codes(col, f.name, f.levels or [], "level")
+        return X
+
     def encode_target(self, y: ArrayLike) -> NDArray[Any]:
         """Validate and encode a target vector (float64, or int64 class codes)."""
         ya = np.asarray(y)

@@ -33,6 +33,7 @@ from .deadlines import Deadlines
 from .engine import uses_ring
 from .errors import ApiError
 from .jobs import JobRuntime
+from .jobspec import JobSpec
 from .logs import event
 from .notify import Changes
 from .phases import JobStatus, MemberState, Phase, RoundStatus
@@ -319,7 +320,11 @@ class RoundDriver:
         coord = rt.coordinator()
         issued = coord.next_task()
         if issued is None:
-            text = coord.result().to_json()
+            # the model file sites download: the forest with the job's schema (feature names,
+            # levels, classes) and site names; the audit log's digest is of these bytes
+            spec = JobSpec.model_validate_json(job.spec_json)
+            text = coord.result().for_job(spec.schema_text, [
+                rt.names[k] for k in sorted(rt.names)]).to_json()
             job.model_json = text
             job.model_digest = hashlib.sha256(text.encode()).hexdigest()
             job.status = JobStatus.DONE

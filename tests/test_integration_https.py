@@ -99,9 +99,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def trees(model: ForestModel) -> dict:
+    """The forest itself: what an in-process run must reproduce (the job's model also carries
+    its schema and site names; run meta differs)."""
     d = model.to_dict()
-    d.pop("meta", None)
-    return d
+    return {k: d[k] for k in ("task", "n_features", "n_classes", "n_clients", "trees")}
 
 
 def reference(fed: Fed) -> ForestModel:

@@ -42,7 +42,7 @@ def test_regressor_save_load_is_bit_for_bit(tmp_path: Path, method: str) -> None
     # a second save of the loaded estimator is byte-identical
     path2 = tmp_path / "reg2.json"
     back.save(path2)
-    assert json.loads(path2.read_text())["model"] == json.loads(path.read_text())["model"]
+    assert path2.read_text() == path.read_text()
 
 
 def test_classifier_save_load_is_bit_for_bit(tmp_path: Path) -> None:
@@ -84,7 +84,11 @@ def test_forest_model_json_round_trip_and_format() -> None:
     assert back.to_json() == text
     assert back.predict(X).tobytes() == model.predict(X).tobytes()
     doc = json.loads(text)
-    assert doc["format"] == "fedforest-secure/model/v1"
+    assert doc["format"] == "fedforest-secure/model/v2"
+    # a file of the first format (trees only) still loads and predicts the same
+    v1 = {k: doc[k] for k in ("task", "n_features", "n_classes", "n_clients", "meta", "trees")}
+    old = ForestModel.from_json(json.dumps({**v1, "format": "fedforest-secure/model/v1"}))
+    assert old.predict_values(X).tobytes() == model.predict_values(X).tobytes()
     for bad in [json.dumps({**doc, "format": "fedforest-secure/model/v0"}),
                 json.dumps({k: v for k, v in doc.items() if k != "format"}),
                 json.dumps([doc]), "null", json.dumps("fedforest-secure/model/v1")]:
@@ -94,14 +98,20 @@ def test_forest_model_json_round_trip_and_format() -> None:
         ForestModel.from_json("{not json")
 
 
-def test_estimator_load_rejects_other_files(tmp_path: Path) -> None:
+def test_a_bare_model_file_loads_as_an_estimator_of_its_task_only(tmp_path: Path) -> None:
     X, y, h = _data()
-    model = FedForestRegressor(n_estimators=1, max_depth=2).fit(X, y, client=h).model_
+    est = FedForestRegressor(n_estimators=1, max_depth=2).fit(X, y, client=h)
     p = tmp_path / "bare_model.json"
-    model.save(p)
-    with pytest.raises(ValueError):
-        FedForestRegressor.load(p)  # a bare model file is not a saved estimator
-    assert ForestModel.load(p).to_json() == model.to_json()
+    est.model_.save(p)
+    assert ForestModel.load(p).to_json() == est.model_.to_json()
+    back = FedForestRegressor.load(p)  # a model file without the estimator's section
+    assert back.predict(X).tobytes() == est.predict(X).tobytes()
+    with pytest.raises(ValueError, match="holds a regression forest: read it with "
+                                         "FedForestRegressor.load"):
+        FedForestClassifier.load(p)
+    (tmp_path / "junk.json").write_text('{"format": "something/else"}')
+    with pytest.raises(ValueError, match="not a model file"):
+        FedForestRegressor.load(tmp_path / "junk.json")
 
 
 def _stump(kind: int, feature: int = 0, threshold: float = 0.0,
@@ -147,3 +157,76 @@ def test_classification_model_predicts_argmax() -> None:
         m.predict_values(np.array([[1.0]])).tobytes()
 
 
+
+
+# ---------------------------------------------------------------------- one model format
+def _frame(seed: int = 5):  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    X = pd.DataFrame({"age": rng.uniform(20, 80, 240), "chol": rng.uniform(100, 400, 240),
+                      "noise": rng.normal(size=240)})
+    y = np.where(X["age"] + 0.1 * X["chol"] > 80, "sick", "well")
+    return X, y
+
+
+def test_predict_on_a_dataframe_takes_columns_by_name_and_refuses_missing_or_unknown() -> None:
+    X, y = _frame()
+    est = FedForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(X, y)
+    assert list(est.feature_names_in_) == ["age", "chol", "noise"]
+    shuffled = X[["noise", "age", "chol"]]
+    np.testing.assert_array_equal(est.predict_proba(shuffled), est.predict_proba(X))
+    assert (est.predict(shuffled) == y).mean() > 0.8
+    with pytest.raises(SchemaError, match=r"missing column 'chol'.*the model's columns are "
+                                          r"age, chol, noise"):
+        est.predict(X[["age", "noise"]])
+    with pytest.raises(SchemaError, match=r"unknown column 'num'"):
+        est.predict(X.assign(num=0))
+    # arrays keep the column order of fit
+    np.testing.assert_array_equal(est.predict_proba(X.to_numpy()), est.predict_proba(X))
+
+
+def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_rows(
+        tmp_path: Path) -> None:
+    """What the server stores: the forest plus the job's schema; FedForestClassifier.load reads
+    it, and predict_proba takes a site's rows as they are in its CSV (levels as labels)."""
+    import pandas as pd
+
+    from fedforest_secure.schema import Schema
+
+    schema_text = ('[target]\nname = "num"\nkind = "classification"\nclasses = ["no", "yes"]\n'
+                   '[[features]]\nname = "age"\nkind = "continuous"\nbounds = [0.0, 120.0]\n'
+                   '[[features]]\nname = "cp"\nkind = "categorical"\nlevels = ["1", "2", "4"]\n')
+    schema = Schema.from_dict(__import__("tomllib").loads(schema_text))
+    rows = pd.DataFrame({"cp": [1, 4, 2, 4, 1, 2] * 30,
+                         "age": np.linspace(30, 70, 180)})
+    codes, _, _ = schema.validate_table(rows, with_target=False)
+    y = (codes[:, 1] == 2).astype(int)  # cp = 4 is sick
+    forest = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        codes, y, client=np.arange(180) % 3).model_
+    job_model = forest.for_job(schema_text, ["a", "b", "c"])
+    path = tmp_path / "model.json"
+    path.write_text(job_model.to_json())  # byte for byte what a site downloads
+    est = FedForestClassifier.load(path)
+    assert list(est.classes_) == ["no", "yes"] and list(est.feature_names_in_) == ["age", "cp"]
+    assert list(est.clients_) == ["a", "b", "c"]
+    proba = est.predict_proba(rows)  # columns in another order, cp as its labels
+    np.testing.assert_array_equal(proba, forest.predict_values(codes))
+    assert proba.shape == (180, 2) and (est.predict(rows) == np.where(y, "yes", "no")).all()
+    with pytest.raises(SchemaError, match="unknown level '3'"):
+        est.predict(rows.assign(cp=3))
+    assert ForestModel.load(path).schema == schema.to_dict()
+
+
+def test_feature_importances_come_from_the_split_gains() -> None:
+    X, y = _frame(6)
+    est = FedForestClassifier(n_estimators=6, max_depth=3, max_features=None,
+                              random_state=0).fit(X, y)
+    imp = est.model_.feature_importances()
+    assert imp.shape == (3,) and abs(imp.sum() - 1.0) < 1e-12
+    assert imp[2] < imp[0]  # noise matters less than age
+    doc = est.model_.to_dict()
+    for tree in doc["trees"]:
+        del tree["gain"]
+    with pytest.raises(ValueError, match="does not record split gains"):
+        ForestModel.from_dict(doc).feature_importances()

@@ -66,7 +66,10 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
             return [*problems, f"{where}: {found}"]
     model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
     if model is not None:
-        problems.extend(f"{where}: {p}" for p in _check_model(coord, model))
+        schema = payload.get("schema")
+        problems.extend(f"{where}: {p}" for p in _check_model(
+            coord, model, schema if isinstance(schema, str) else None,
+            [str(c) for c in payload["clients"]]))
     return problems
 
 
@@ -118,11 +121,13 @@ def _replay_round(log: AuditLog, coord: Any, entry: Entry, index: dict[str, int]
     return None
 
 
-def _check_model(coord: Any, model: Entry) -> list[str]:
+def _check_model(coord: Any, model: Entry, schema: str | None, clients: list[str]
+                 ) -> list[str]:
     if coord.next_task() is not None:
         return [f"{model.label}: the log ends training early: the coordinator still has rounds "
                 "to ask"]
-    text = coord.result().to_json()
+    # the model file the server stored: the forest with the job's schema and site names
+    text = coord.result().for_job(schema, clients).to_json()
     digest = hashlib.sha256(text.encode()).hexdigest()
     logged = model.payload.get("digest")
     if digest != logged:
