@@ -157,7 +157,8 @@ def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
     got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
     assert trees(got) == trees(reference(fed))  # equal to the uninterrupted in-process run
     log = (fed.root / "server.log").read_text()
-    assert f"resumed secure round {killed_at[0]} in phase {killed_at[1]}" in log, log[-2000:]
+    assert (f"event=resume job=job-a round={killed_at[0]} phase={killed_at[1]}" in log), \
+        log[-2000:]
     db = Database(f"sqlite:///{fed.root / 'server.db'}")
     with db.session() as s:
         assert all(m.state == "active" for m in s.query(MemberRow))  # nobody was dropped
