@@ -9,11 +9,10 @@
   fixed-point scale of a regression target, DP sensitivities);
 * anything the coordinator itself refuses to start with (it is built once, here);
 
-and completes a DP job whose ``[forest]`` leaves the forest's shape open (sets neither
-``n_estimators`` nor ``max_depth``) with the settings the estimators use under DP
-(:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`, sized from the job's public
-``rows``) instead of the non-DP defaults, whose 50 trees of depth 8 would drown every release
-in noise. The caller prints the notes it returns.
+and says what the DP allocation rule chose for a DP job's forest fields that the job file
+leaves out (:func:`~server_app.jobspec.build_config` applies the rule the estimators use, sized
+from ``public_rows``), so that the operator sees it before the job runs: the non-DP defaults,
+50 trees of depth 8, would drown every release in noise. The caller prints the notes.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.schema import Schema
 
@@ -29,18 +29,17 @@ from .engine import new_coordinator
 from .jobspec import JobSpec, build_config, resolve_profile
 from .settings import ConfigError
 
-__all__ = ["CheckedJob", "DP_SHAPE_KEYS", "check_job"]
+__all__ = ["CheckedJob", "DP_RULE_FIELDS", "check_job"]
 
 #: Sites a round of secure aggregation needs (the clients refuse fewer).
 MIN_SECURE_SITES = 3
-#: The ``[forest]`` keys the DP rule decides when a DP job leaves them out.
-DP_SHAPE_KEYS = ("n_estimators", "max_depth", "n_bins", "max_features", "method",
-                 "row_sampling")
+#: The ``[forest]`` keys the DP allocation rule decides when a DP job file leaves them out.
+DP_RULE_FIELDS = ("n_estimators", "max_depth", "n_bins", "max_features", "bootstrap", "method")
 
 
 @dataclass(frozen=True)
 class CheckedJob:
-    """The spec to store (DP defaults applied) and what to tell the operator about it."""
+    """The spec to store and what to tell the operator about it."""
 
     spec: JobSpec
     notes: list[str] = field(default_factory=list)
@@ -80,14 +79,12 @@ def check_job(spec: JobSpec) -> CheckedJob:
     schema = _schema(spec)
     if schema is not None:
         _check_bounds(schema, profile, name)
-    notes: list[str] = []
-    if profile.get("dp"):
-        spec, notes = _dp_defaults(spec, profile, schema)
     config = build_config(spec)
     try:
         new_coordinator(config)
     except (FedForestError, ValueError) as exc:
         raise ConfigError(f"job {spec.id!r} cannot start: {exc}") from None
+    notes = _dp_notes(spec, profile, config) if profile.get("dp") else []
     return CheckedJob(spec, notes)
 
 
@@ -113,41 +110,18 @@ def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
             "`bounds = [lo, hi]` to [target]")
 
 
-def _dp_defaults(spec: JobSpec, profile: dict[str, Any], schema: Schema | None
-                 ) -> tuple[JobSpec, list[str]]:
-    from fedforest_secure.privacy.allocation import dp_forest_settings
-
-    explicit = spec.forest.model_fields_set
-    if explicit & {"n_estimators", "max_depth"}:
-        return spec, []  # the operator chose the forest's shape
-    open_keys = [k for k in DP_SHAPE_KEYS if k not in explicit and k != "row_sampling"]
-    if spec.rows is None:
-        raise ConfigError(
-            f"profile {profile.get('name')!r} adds DP noise, and [forest] leaves the forest's "
-            "shape to the defaults (50 trees of depth 8, sized for no noise: every release "
-            "would drown). Set `rows = N` in job.toml (a public count, or lower bound, of the "
-            "rows at all sites together) and create-job chooses n_estimators, max_depth, "
-            "n_bins, max_features and method by the DP rule the estimators use; or set them "
-            "in [forest]")
-    if schema is not None:
-        d, classes = schema.n_features, schema.n_classes
-        task = "classification" if schema.is_classification else "regression"
-    elif spec.data is not None:
-        d, classes, task = spec.data.n_features, spec.data.n_classes, spec.data.task
-    else:
-        raise ConfigError("a job needs a schema file or a [data] table")
-    dp = profile["dp"]
-    method = spec.forest.method if "method" in explicit else "random"
-    rule = dp_forest_settings(float(dp["epsilon"]), spec.rows, d, classes, task,
-                              delta=float(dp["delta"]), method=method).as_params()
-    chosen: dict[str, Any] = {}
-    for key in open_keys:
-        chosen[key] = rule[key]
-    if "row_sampling" not in explicit and "bootstrap" not in explicit:
-        chosen["row_sampling"] = rule["sampling"]
-        chosen["bootstrap"] = rule["sampling"] == "bootstrap"
-    forest = spec.forest.model_copy(update=chosen)
-    shown = ", ".join(f"{k} = {v!r}" for k, v in chosen.items())
-    note = (f"DP job: [forest] settings chosen by the DP rule for epsilon = {dp['epsilon']} "
-            f"and rows = {spec.rows}: {shown} (set them in [forest] to override)")
-    return spec.model_copy(update={"forest": forest}), [note]
+def _dp_notes(spec: JobSpec, profile: dict[str, Any], config: JobConfig) -> list[str]:
+    """What the DP allocation rule chose for the forest fields the job file leaves out
+    (:func:`~server_app.jobspec.build_config` applies it), for the operator to read."""
+    chosen = [k for k in DP_RULE_FIELDS if k not in spec.forest.model_fields_set]
+    if not chosen:
+        return []
+    values = {"n_estimators": config.n_estimators, "max_depth": config.max_depth,
+              "n_bins": config.n_bins, "max_features": config.max_features,
+              "bootstrap": config.sampling == "bootstrap", "method": config.method}
+    rows = (f"public_rows = {spec.public_rows}" if spec.public_rows is not None else
+            f"public_rows absent: 100 per site = {100 * len(spec.clients)}")
+    shown = ", ".join(f"{k} = {values[k]!r}" for k in chosen)
+    return [f"DP job: [forest] leaves {', '.join(chosen)} to the DP allocation rule "
+            f"(epsilon = {profile['dp']['epsilon']}, {rows}): {shown}. Set them in [forest] "
+            "to choose otherwise"]

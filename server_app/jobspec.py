@@ -76,9 +76,6 @@ class ForestParams(BaseModel):
         "gini / mse"))
     random_state: int = Field(default=0, description=(
         "seed of the coordinator's feature sampling and the sites' bootstrap"))
-    row_sampling: str = Field(default="", description=(
-        'rows per tree: "bootstrap", "all" (every row in every tree) or "disjoint" (each row in '
-        "one tree); absent: from bootstrap"))
 
 
 class DataFacts(BaseModel):
@@ -119,9 +116,6 @@ class JobSpec(BaseModel):
         default=None, json_schema_extra={"file_key": "schema"},
         description="path of the schema file every site shares (relative to job.toml); the "
                     "job stores its text")
-    rows: int | None = Field(default=None, ge=1, description=(
-        "a public count (or lower bound) of the rows at all sites together; a DP job whose "
-        "[forest] sets neither n_estimators nor max_depth sizes its forest from it"))
     round_deadline: float = Field(default=300.0, gt=0, le=7 * 24 * 3600, description=(
         "seconds a site has for each step of a round before it is dropped"))
     min_clients: int | None = Field(default=None, ge=1, description=(

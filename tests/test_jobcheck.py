@@ -63,27 +63,24 @@ def test_missing_bounds_under_a_secure_profile_are_refused_naming_the_features(
         check_job(spec)
 
 
-def test_a_dp_job_without_forest_settings_gets_the_dp_defaults_or_is_refused(
+def test_a_dp_job_without_forest_settings_is_told_what_the_dp_rule_chose(
         tmp_path: Path) -> None:
-    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'))
-    with pytest.raises(ConfigError, match=r"Set `rows = N`"):
-        check_job(spec)
     spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'
-                                       "rows = 700\n"))
+                                       "public_rows = 700\n"))
     checked = check_job(spec)
-    forest = checked.spec.forest
-    assert (forest.n_estimators, forest.max_depth) != (50, 8)
-    assert forest.method == "random" and forest.row_sampling == "all"
-    (note,) = checked.notes
-    assert f"n_estimators = {forest.n_estimators}" in note and "rows = 700" in note
-    # the job trains what the note says
     config = build_config(checked.spec)
-    assert (config.n_estimators, config.max_depth, config.method) == (
-        forest.n_estimators, forest.max_depth, "random")
-    # a forest shape the operator chose is kept
+    assert (config.n_estimators, config.max_depth) != (50, 8) and config.method == "random"
+    (note,) = checked.notes
+    assert "leaves n_estimators, max_depth, n_bins, max_features, bootstrap, method" in note
+    assert f"n_estimators = {config.n_estimators}" in note and "public_rows = 700" in note
+    assert f"max_depth = {config.max_depth}" in note
+    # the fields the job file sets are kept, and not listed
     explicit = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n'
-                                           "[forest]\nn_estimators = 3\nmax_depth = 2\n"))
-    assert check_job(explicit).spec == explicit and check_job(explicit).notes == []
+                                           "[forest]\nn_estimators = 3\nmax_depth = 2\n"
+                                           'n_bins = 4\nmax_features = 1\nbootstrap = false\n'
+                                           'method = "histogram"\n'))
+    assert check_job(explicit).notes == []
+    assert build_config(explicit).n_estimators == 3
 
 
 def test_create_job_prints_the_dp_defaults_it_applied(tmp_path: Path) -> None:
@@ -92,11 +89,13 @@ def test_create_job_prints_the_dp_defaults_it_applied(tmp_path: Path) -> None:
     for name in "abc":
         assert runner.invoke(app, ["server", "add-client", name, "--config",
                                    str(tmp_path / "server.toml")]).exit_code == 0
-    path = job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\nrows = 700\n')
+    path = job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure-dp"\n')
     res = runner.invoke(app, ["server", "create-job", "--config", str(tmp_path / "server.toml"),
                               "--job", str(path)])
     assert res.exit_code == 0, res.output
-    assert "DP job: [forest] settings chosen by the DP rule" in res.output
+    printed = " ".join(res.output.split())
+    assert "DP job: [forest] leaves n_estimators" in printed
+    assert "public_rows absent: 100 per site = 300" in printed
     assert "job j created" in res.output
     two = job(tmp_path, 'id = "k"\nclients = ["a", "b"]\nprofile = "secure"\n'.replace(
         'id = "k"\n', ""))
@@ -133,7 +132,7 @@ def test_a_job_that_cannot_start_fails_with_its_reason_not_a_500(
     db.dispose()
     assert codes == [200, 200, 200]
     assert st["status"] == "failed" and "the job cannot start" in st["reason"]
-    assert "secure_cdf sketch needs public feature bounds" in st["reason"]
+    assert "public feature bounds" in st["reason"]
     assert step["status"] == "failed" and "cannot start" in step["detail"]
 
 
