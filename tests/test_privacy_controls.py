@@ -376,9 +376,9 @@ def test_profile_is_stored_in_the_model_file(cls: Any, tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     est.save(path)
     doc = json.loads(path.read_text())
-    assert doc["params"]["profile"] == prof.to_dict()
-    assert doc["config"]["profile"] == prof.to_dict()
-    assert doc["params"]["profile"]["dp"]["epsilon"] == 2.5
+    assert doc["estimator"]["params"]["profile"] == prof.to_dict()
+    assert doc["estimator"]["config"]["profile"] == prof.to_dict()
+    assert doc["estimator"]["params"]["profile"]["dp"]["epsilon"] == 2.5
     back = cls.load(path)
     assert back.profile_ == prof.to_dict()
     assert PrivacyProfile.from_dict(back.profile_) == prof
