@@ -139,7 +139,10 @@ def _replayed_model_digest(log: AuditLog) -> str:
     for e in entries:
         if e.kind == "round":
             assert _replay_round(log, coord, e, index, disclosed) is None
-    return hashlib.sha256(coord.result().to_json().encode()).hexdigest()
+    schema = created.get("schema")  # the stored model file: the forest, schema and site names
+    text = coord.result().for_job(schema if isinstance(schema, str) else None,
+                                  [str(c) for c in created["clients"]]).to_json()
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture()
