@@ -25,7 +25,7 @@ import numpy as np
 from .config import JobConfig
 from .coordinator import Coordinator
 from .model import ForestModel
-from .protocol import Reply, Task
+from .protocol import Reply, Task, seal
 from .worker import Worker
 
 __all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "client_seed",
@@ -235,7 +235,8 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
 def _train(coord: Coordinator, workers: Sequence[Worker], agg: Aggregator,
            on_round: Callable[[RoundRecord], None] | None, threads: _Threads | None) -> None:
     """Run the coordinator's rounds to the end over the in-process ``workers``."""
-    while (task := coord.next_task()) is not None:
+    while (issued := coord.next_task()) is not None:
+        task = seal(issued)  # hashed once for every client of the round
         if isinstance(agg, PlainSum) and on_round is None:
             # plain sums stream: one client's vector at a time (memory O(vector), not K x)
             total, disclosed = _stream_plain(task, workers, threads)

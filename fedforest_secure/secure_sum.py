@@ -20,6 +20,7 @@ from .config import JobConfig
 from .errors import BudgetError
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
+from .secagg.encoding import Periodic
 
 __all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec",
            "noise_sigmas", "noise_units", "unmask_floor"]
@@ -34,16 +35,23 @@ class StatCodec:
     """Scale then fixed-point-encode one round's summable vector."""
 
     ring: RingCodec
-    scale: np.ndarray | float  # per entry, or one for all
+    #: per entry: one for all, per-entry values, or one value per column of each layout block
+    scale: np.ndarray | Periodic | float
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         vals = np.asarray(values, dtype=np.float64)
         if isinstance(self.scale, float) and self.scale == 1.0:
             return self.ring.encode(vals)  # v / 1.0 == v exactly: no pass, no temporary
-        return self.ring.encode(vals / self.scale)
+        return self.ring.encode_divided(vals, self.scale)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
-        return self.ring.decode(total) * self.scale
+        out = self.ring.decode(total)
+        if isinstance(self.scale, Periodic):
+            for a, b, pat in self.scale.rows():
+                rows = out[a:b].reshape(-1, pat.size)
+                np.multiply(rows, pat, out=rows)
+            return out
+        return out * self.scale
 
     def quantum(self) -> np.ndarray:
         """Value of one unit of the ring per entry (the resolution of the encoding)."""
@@ -70,10 +78,12 @@ def entry_scale_bits(config: JobConfig, kind: StatKind) -> float:
 
 def make_codec(config: JobConfig, task: Task) -> StatCodec:
     """The codec of a task's summable vector, from its layout's statistic kinds."""
-    key = (config.to_json(), task.round_id, task.layout)
+    # keyed by the config object (kept alive by its entry, so its id is not reused): every
+    # client of an in-process round asks for the same codec, and config.to_json is slow
+    key = (id(config), task.round_id, task.layout)
     hit = _CODEC_CACHE.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[0] is config:
+        return hit[1]
     frac = int(config.profile.get("frac_bits", 24))
     scales = _scales(config)
     per_kind_scale = np.array([scales[k.value] for k in StatKind])
@@ -86,21 +96,21 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
             if b.kinds]
     ring = RingCodec._from_runs(runs, per_kind_bits, per_kind_max, max(config.n_clients, 1))
     used = sorted({c for pattern, rows in runs if rows for c in pattern})
-    scale: np.ndarray | float
+    scale: np.ndarray | Periodic | float
     if len({float(per_kind_scale[c]) for c in used}) == 1:
         scale = float(per_kind_scale[used[0]])  # one scale for every entry (e.g. counts only)
     elif used:
-        scale = np.concatenate([np.tile(per_kind_scale[p], r) for p, r in runs if r])
+        scale = Periodic([(per_kind_scale[p], r) for p, r in runs if r])
     else:
         scale = np.ones(0)
     codec = StatCodec(ring=ring, scale=scale)
     if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
         _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
-    _CODEC_CACHE[key] = codec
+    _CODEC_CACHE[key] = (config, codec)
     return codec
 
 
-_CODEC_CACHE: dict[object, StatCodec] = {}
+_CODEC_CACHE: dict[object, tuple[JobConfig, StatCodec]] = {}
 
 
 def noise_units(config: JobConfig) -> dict[str, float]:
@@ -198,6 +208,19 @@ class RingAggregator:
         (what it would upload), then sum: no client's float vector outlives its encoding."""
         encoded: dict[int, np.ndarray] = {}
         disclosed: dict[int, dict[str, np.ndarray]] = {}
+        if self._secagg is not None and not self.record:
+            # masked one client at a time: each encoding is masked in place and uploaded
+            # before the next client answers
+            def produce(k: int) -> np.ndarray:
+                reply = answer(k)
+                if reply.disclosed:
+                    disclosed[k] = reply.disclosed
+                return encode_contribution(self.config, task, reply)
+
+            codec = make_codec(self.config, task)
+            total = self._secagg.sum_produced(task.question_digest().hex(), task.digest(),
+                                              range(n_clients), codec.ring.size, produce)
+            return codec.decode(total), disclosed
         running: np.ndarray | None = None
         for k in range(n_clients):
             reply = answer(k)

@@ -30,6 +30,7 @@ from .wire import (
     canonical_table,
     meta_length,
     pack,
+    pack_digest,
     unpack,
 )
 
@@ -126,7 +127,7 @@ class Task:
 
     def digest(self) -> bytes:
         """SHA-256 of the canonical encoding: binds masks to exactly this question."""
-        return hashlib.sha256(self.to_bytes()).digest()
+        return pack_digest(self.header(), self.arrays)
 
     def question_digest(self) -> bytes:
         """SHA-256 of the task with its round id blanked: the *question* it asks.
@@ -139,7 +140,7 @@ class Task:
         head["round_id"] = 0
         # informational parameters the client does not act on cannot make a question "new"
         head["params"] = {k: v for k, v in self.params.items() if k not in _INFORMATIONAL}
-        return hashlib.sha256(pack(head, self.arrays)).digest()
+        return pack_digest(head, self.arrays)
 
 
 @dataclass
@@ -172,9 +173,11 @@ class Reply:
 #
 # :class:`Task` computes :meth:`~Task.to_bytes`, :meth:`~Task.digest` and
 # :meth:`~Task.question_digest` afresh on every call (the task is a mutable dataclass), and each
-# is a pass over arrays as large as the round's summable vector. A sealed task computes each
+# is a pass over arrays as large as the round's summable vector (the digests hash the arrays in
+# place, :func:`~.wire.pack_digest`, without building the bytes). A sealed task computes each
 # once: the server seals the coordinator's task when it issues the round and serves the same
-# bytes to every client; a client seals the bytes it downloaded.
+# bytes to every client; a client seals the bytes it downloaded; an in-process federation seals
+# the task it hands to every client (its digests are then computed once, and no bytes at all).
 #
 # Canonical bytes. Downloaded bytes are the task's canonical encoding (what ``pack`` writes)
 # exactly when their array table lists the arrays in name order and their ``meta`` equals the
@@ -204,12 +207,15 @@ class SealedTask(Task):
 
     def digest(self) -> bytes:
         if self._digest is None:
-            self._digest = hashlib.sha256(self.to_bytes()).digest()
+            # from the bytes if they were packed already, else hashed without packing
+            self._digest = (hashlib.sha256(self._bytes).digest() if self._bytes is not None
+                            else super().digest())
         return self._digest
 
     def question_digest(self) -> bytes:
         if self._question is None:
-            self._question = self._fast_question() or super().question_digest()
+            fast = self._fast_question() if self._bytes is not None else None
+            self._question = fast or super().question_digest()
         return self._question
 
     def _fast_question(self) -> bytes | None:

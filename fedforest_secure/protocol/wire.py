@@ -12,6 +12,7 @@ whose last axis has one :class:`StatKind` per column (the kind fixes the fixed-p
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import struct
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ __all__ = [
     "layout_size",
     "meta_length",
     "pack",
+    "pack_digest",
     "split_blocks",
     "unpack",
 ]
@@ -137,8 +139,10 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def pack(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
-    """Encode a JSON-able header and named arrays as ``MAGIC | len | header | data``."""
+def _parts(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+           ) -> tuple[bytes, list[np.ndarray]]:
+    """The bytes before the data (``MAGIC | len | meta``) and the arrays as :func:`pack` lays
+    them out (contiguous little-endian, in name order), without copying the data."""
     descr = []
     chunks = []
     offset = 0
@@ -148,16 +152,33 @@ def pack(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
                       or (arr.dtype.kind == dt.kind and arr.dtype.itemsize == dt.itemsize)), None)
         if dname is None:
             raise TypeError(f"array {name!r} has unsupported dtype {arr.dtype}")
-        raw = np.ascontiguousarray(arr, dtype=_DTYPES[dname]).tobytes()
+        raw = np.ascontiguousarray(arr, dtype=_DTYPES[dname])
         descr.append({"name": name, "dtype": dname, "shape": list(arr.shape),
-                      "offset": offset, "nbytes": len(raw)})
+                      "offset": offset, "nbytes": raw.nbytes})
         chunks.append(raw)
-        offset += len(raw)
+        offset += raw.nbytes
     head = json.dumps({"header": _jsonable(dict(header)), "arrays": descr},
                       sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     if len(head) > _MAX_HEADER:
         raise ValueError("header too large")
-    return _MAGIC + struct.pack("<I", len(head)) + head + b"".join(chunks)
+    return _MAGIC + struct.pack("<I", len(head)) + head, chunks
+
+
+def pack(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Encode a JSON-able header and named arrays as ``MAGIC | len | header | data``."""
+    head, chunks = _parts(header, arrays)
+    return head + b"".join(c.tobytes() for c in chunks)
+
+
+def pack_digest(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """SHA-256 of ``pack(header, arrays)``, hashed array by array without building the
+    message (no copy of the data)."""
+    head, chunks = _parts(header, arrays)
+    h = hashlib.sha256(head)
+    for c in chunks:
+        if c.nbytes:
+            h.update(c.reshape(-1).view(np.uint8).data)
+    return h.digest()
 
 
 def unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -13,7 +13,7 @@ in the previous round skips the advertisement step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,18 +94,36 @@ class InProcessSecureSum:
         :class:`~fedforest_secure.errors.RefusedRequest` when the clients refuse to answer.
         """
         parts = sorted(vectors)
-        unknown = set(parts) - set(self.clients)
-        if unknown:
-            raise ValueError(f"unknown clients {sorted(unknown)}")
-        drop1, drop2 = set(drop_after_sharing), set(drop_after_upload)
-        if not (drop1 | drop2) <= set(parts) or drop1 & drop2:
-            raise ValueError("dropouts must be disjoint subsets of the round's clients")
         lengths = {np.asarray(vectors[u]).shape for u in parts}
         if len(lengths) != 1 or any(np.asarray(vectors[u]).dtype != np.uint64 for u in parts):
             raise ValueError("vectors must be uint64 arrays of one common length")
         (shape,) = lengths
         if len(shape) != 1:
             raise ValueError("vectors must be 1-d")
+        return self._round(question, task_digest, parts, shape[0],
+                           lambda u: np.asarray(vectors[u]), False, drop_after_sharing,
+                           drop_after_upload)
+
+    def sum_produced(self, question: str, task_digest: bytes, clients: Iterable[int],
+                     length: int, produce: Callable[[int], np.ndarray]) -> np.ndarray:
+        """:meth:`sum` of vectors made one at a time: ``produce(u)`` is called once the
+        round's shares are delivered, returns client ``u``'s uint64 vector of ``length``
+        (a fresh array: it is masked in place), and the vector is uploaded and dropped before
+        the next client's is made (memory O(vector), not O(K x vector))."""
+        return self._round(question, task_digest, sorted(set(clients)), int(length), produce,
+                           True, (), ())
+
+    def _round(self, question: str, task_digest: bytes, parts: list[int], length: int,
+               vector: Callable[[int], np.ndarray], fresh: bool,
+               drop_after_sharing: Iterable[int], drop_after_upload: Iterable[int]
+               ) -> np.ndarray:
+        unknown = set(parts) - set(self.clients)
+        if unknown:
+            raise ValueError(f"unknown clients {sorted(unknown)}")
+        drop1, drop2 = set(drop_after_sharing), set(drop_after_upload)
+        if not (drop1 | drop2) <= set(parts) or drop1 & drop2:
+            raise ValueError("dropouts must be disjoint subsets of the round's clients")
+        shape = (length,)
         r = self.round_id
         self.round_id += 1
         server = SecAggServer(self.job_id, r, question, task_digest, shape[0], self.threshold,
@@ -125,10 +143,13 @@ class InProcessSecureSum:
         for u in sorted(deliveries):
             if u in drop1:
                 continue
-            header, masked = self.clients[u].mask(deliveries[u], np.asarray(vectors[u]))
+            vec = vector(u)
+            header, masked = self.clients[u].mask(deliveries[u], vec, inplace=fresh)
+            del vec
             if self.record:
                 self.transcript.append(Upload(header, masked.copy()))
             server.receive_upload(header, masked)
+            del header, masked
         refused: list[RefusedRequest] = []
         survivor_set = server.request_signatures()
         for u in survivor_set.survivors:

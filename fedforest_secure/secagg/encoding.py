@@ -18,8 +18,9 @@ import numpy as np
 from ..errors import OverflowRisk
 from ..protocol import StatKind
 from ._primitives import _ring
+from ._primitives._ring import _BLOCK, Periodic
 
-__all__ = ["RingCodec", "decode", "encode"]
+__all__ = ["Periodic", "RingCodec", "decode", "encode"]
 
 
 def _as_values(values: np.ndarray) -> np.ndarray:
@@ -105,23 +106,23 @@ class RingCodec:
             np.zeros(0, dtype=np.intp)
         scale_t = np.ldexp(np.ones(fb_t.shape), fb_t)
 
-        def per_entry(table: np.ndarray) -> np.ndarray:
+        def per_entry(table: np.ndarray) -> np.ndarray | _ring.Periodic:
             if used.size and (table[used] == table[used[0]]).all():
                 return np.broadcast_to(table[used[0]], (n,))
             if not pats:
                 return np.zeros(0, dtype=table.dtype)
-            return np.concatenate([np.tile(table[p], r) for p, r in pats])
+            return _ring.Periodic([(table[p], r) for p, r in pats])
 
-        self = object.__new__(cls)
+        self = object.__new__(_RunsCodec)
         set_ = object.__setattr__
         set_(self, "n_clients", n_clients)
-        set_(self, "frac_bits", per_entry(fb_t))
-        set_(self, "max_abs", per_entry(ma_t))
+        set_(self, "_fb", per_entry(fb_t))
+        set_(self, "_ma", per_entry(ma_t))
         bits_used, max_used = fb_t[used], ma_t[used]
         one_scale = bool(bits_used.size) and bool((bits_used == bits_used[0]).all())
         set_(self, "_scale", float(scale_t[used[0]]) if one_scale else per_entry(scale_t))
         one_limit = bool(max_used.size) and float(max_used.min()) == float(max_used.max())
-        set_(self, "_limit", float(max_used[0]) if one_limit else self.max_abs)
+        set_(self, "_limit", float(max_used[0]) if one_limit else self._ma)
         set_(self, "_bounded", bool(max_used.size == 0
                                     or float(np.max(max_used * scale_t[used])) < 2.0**50))
         return self
@@ -184,6 +185,30 @@ class RingCodec:
 
         return fill
 
+    def encode_divided(self, values: np.ndarray, divisor: np.ndarray | Periodic | float
+                       ) -> np.ndarray:
+        """:meth:`encode` of ``values / divisor`` (per entry), divided a block at a time: the
+        same encoding without a full-length temporary."""
+        vals = _as_values(values)
+        n = self.size
+        if vals.shape != (n,):
+            raise ValueError(f"expected {n} values, got {vals.shape}")
+        out = np.empty(n, dtype=np.uint64)
+        buf = np.empty(min(_BLOCK, n))
+        for a in range(0, n, _BLOCK):
+            b = min(a + _BLOCK, n)
+            chunk = buf[: b - a]
+            np.divide(vals[a:b], _ring.window(divisor, a, b), out=chunk)
+            try:
+                _ring.encode_block(chunk, _ring.window(self._scale, a, b),
+                                   _ring.window(self._limit, a, b), self._bounded, 0, b - a,
+                                   out[a:b])
+            except _ring.OutOfRange as exc:
+                scaled = np.zeros(n)
+                scaled[a + exc.index] = chunk[exc.index]
+                raise self._overflow(scaled, a + exc.index) from None
+        return out
+
     def _overflow(self, vals: np.ndarray, bad: int) -> OverflowRisk:
         return OverflowRisk(
             f"value[{bad}] = {float(vals[bad])!r} is outside [-{self.max_abs[bad]}, "
@@ -195,6 +220,33 @@ class RingCodec:
         if arr.dtype != np.uint64 or arr.shape != (self.size,):
             raise ValueError(f"expected a uint64 vector of {self.size} entries")
         return _ring.decode(arr, self.frac_bits)
+
+
+class _RunsCodec(RingCodec):
+    """A :class:`RingCodec` made by :meth:`RingCodec._from_runs`: its per-entry tables repeat
+    one pattern per layout block and are kept as such (:class:`~._primitives._ring.Periodic`);
+    ``frac_bits`` and ``max_abs`` are built in full only when read."""
+
+    _fb: np.ndarray | _ring.Periodic
+    _ma: np.ndarray | _ring.Periodic
+
+    @property
+    def frac_bits(self) -> np.ndarray:
+        return np.asarray(self._fb)
+
+    @property
+    def max_abs(self) -> np.ndarray:
+        return np.asarray(self._ma)
+
+    @property
+    def size(self) -> int:
+        return int(self._fb.shape[0])
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        arr = np.asarray(total)
+        if arr.dtype != np.uint64 or arr.shape != (self.size,):
+            raise ValueError(f"expected a uint64 vector of {self.size} entries")
+        return _ring.decode(arr, self._fb)
 
 
 def encode(values: np.ndarray, frac_bits: int | np.ndarray, max_abs: float | np.ndarray,

@@ -11,10 +11,13 @@ so ``|decode(sum_k encode(x_k)) - sum_k x_k| <= n_clients * 2^-(f+1)`` in exact 
 final int64 -> float64 conversion in ``decode`` adds a relative error of at most ``2^-53`` of the
 decoded value (nothing when the integer sum is below ``2^53``, e.g. for counts).
 
-``frac_bits`` and ``max_abs`` may be scalars or per-entry arrays.
+``frac_bits`` and ``max_abs`` may be scalars, per-entry arrays, or :class:`Periodic` runs of a
+pattern (a layout block's columns) that are never built in full.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +27,80 @@ _MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
 _MAGIC_LIMIT = 2.0**50
 MAX_FRAC_BITS = 62
 _BLOCK = 1 << 14  # entries per block in encode (128 KiB of float64: stays in L2)
+
+
+class Periodic:
+    """Per-entry values that repeat a short pattern over consecutive runs of entries (a layout
+    block: one value per statistic column, once per row), never built in full.
+
+    ``runs`` lists ``(pattern, repeats)``. :meth:`window` returns the values of entries
+    ``[start, stop)`` as a view into a tiled copy of the run's pattern (a few KiB per run), so
+    a codec over millions of entries keeps a handful of numbers per block instead of one per
+    entry. numpy reads it as the full array (``__array__``) where one is needed.
+    """
+
+    def __init__(self, runs: list[tuple[np.ndarray, int]]) -> None:
+        self.patterns = [np.asarray(p) for p, r in runs if r and np.size(p)]
+        reps = [int(r) for p, r in runs if r and np.size(p)]
+        self.reps = reps
+        self.starts = np.concatenate([[0], np.cumsum([p.size * r for p, r in
+                                                      zip(self.patterns, reps, strict=True)])]
+                                     ).astype(np.int64)
+        self.size = int(self.starts[-1])
+        self._tiles: dict[int, np.ndarray] = {}
+
+    def _tile(self, i: int, n: int) -> np.ndarray:
+        tile = self._tiles.get(i)
+        if tile is None or tile.size < n:
+            p = self.patterns[i]
+            tile = np.tile(p, -(-max(n, _BLOCK + p.size) // p.size))
+            self._tiles[i] = tile
+        return tile
+
+    def window(self, start: int, stop: int) -> np.ndarray:
+        """The values of entries ``[start, stop)``."""
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        if stop <= self.starts[i + 1]:
+            n = stop - start
+            phase = int(start - self.starts[i]) % self.patterns[i].size
+            return self._tile(i, phase + n)[phase:phase + n]
+        parts = []
+        a = start
+        while a < stop:
+            j = int(np.searchsorted(self.starts, a, side="right")) - 1
+            b = min(stop, int(self.starts[j + 1]))
+            parts.append(self.window(a, b))
+            a = b
+        return np.concatenate(parts)
+
+    def rows(self) -> list[tuple[int, int, np.ndarray]]:
+        """Each run as ``(start, stop, pattern)``: its entries reshape to (repeats, pattern)."""
+        return [(int(self.starts[i]), int(self.starts[i + 1]), p)
+                for i, p in enumerate(self.patterns)]
+
+    def full(self) -> np.ndarray:
+        if not self.patterns:
+            return np.zeros(0)
+        return np.concatenate([np.tile(p, r) for p, r in zip(self.patterns, self.reps,
+                                                             strict=True)])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.full()
+        return out if dtype is None else out.astype(dtype)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+
+def window(values: np.ndarray | Periodic | float, start: int, stop: int
+           ) -> np.ndarray | float:
+    """Entries ``[start, stop)`` of a per-entry array or :class:`Periodic`; a scalar as is."""
+    if isinstance(values, np.ndarray):
+        return values[start:stop]
+    if isinstance(values, Periodic):
+        return values.window(start, stop)
+    return values
 
 
 def _per_entry(name: str, value: np.ndarray | float | int, size: int, dtype: type) -> np.ndarray:
@@ -85,8 +162,8 @@ def _chunk_ok(chunk: np.ndarray, limit: np.ndarray | float) -> bool:
     return bool((np.abs(chunk) <= limit).all())  # NaN compares False; inf exceeds any limit
 
 
-def encode(values: np.ndarray, factor: np.ndarray | float, *,
-           limit: np.ndarray | float | None = None, out: np.ndarray | None = None,
+def encode(values: np.ndarray, factor: np.ndarray | Periodic | float, *,
+           limit: np.ndarray | Periodic | float | None = None, out: np.ndarray | None = None,
            bounded: bool = False) -> np.ndarray:
     """``round(values * factor)`` as uint64 (two's complement), ``factor = scale(frac_bits)``.
 
@@ -113,18 +190,19 @@ def encode(values: np.ndarray, factor: np.ndarray | float, *,
     return out
 
 
-def encode_block(values: np.ndarray, factor: np.ndarray | float,
-                 limit: np.ndarray | float | None, bounded: bool, start: int, stop: int,
+def encode_block(values: np.ndarray, factor: np.ndarray | Periodic | float,
+                 limit: np.ndarray | Periodic | float | None, bounded: bool, start: int,
+                 stop: int,
                  out: np.ndarray) -> None:
     """Encode ``values[start:stop]`` into ``out`` (uint64, ``stop - start`` long), as
     :func:`encode` does for each block (``factor`` and ``limit``: scalars or full-length)."""
     chunk = values[start:stop]
-    lim = limit[start:stop] if isinstance(limit, np.ndarray) else limit
+    lim = None if limit is None else window(limit, start, stop)
     if lim is not None and not _chunk_ok(chunk, lim):
         bad = first_out_of_range(chunk, np.broadcast_to(lim, chunk.shape))
         raise OutOfRange(start + (bad if bad is not None else 0))
     f_part, i_part = out.view(np.float64), out.view(np.int64)
-    fac = factor[start:stop] if isinstance(factor, np.ndarray) else factor
+    fac = window(factor, start, stop)
     np.multiply(chunk, fac, out=f_part)  # exact: a power of two
     if bounded or (float(f_part.max()) < _MAGIC_LIMIT
                    and -float(f_part.min()) < _MAGIC_LIMIT):  # NaN: the slow path
@@ -144,10 +222,15 @@ def scale(frac_bits: np.ndarray) -> np.ndarray | float:
     return np.ldexp(np.ones(frac_bits.shape), frac_bits.astype(np.int64))
 
 
-def decode(total: np.ndarray, frac_bits: np.ndarray) -> np.ndarray:
+def decode(total: np.ndarray, frac_bits: np.ndarray | Periodic) -> np.ndarray:
     """Read a uint64 (sum of encodings) as signed and divide by ``2^frac_bits``."""
     signed = np.ascontiguousarray(total, dtype=np.uint64).view(np.int64)
     out = signed.astype(np.float64)
+    if isinstance(frac_bits, Periodic):
+        for a, b, pat in frac_bits.rows():  # one power of two per column of each block
+            rows = out[a:b].reshape(-1, pat.size)
+            np.divide(rows, np.ldexp(1.0, pat.astype(np.int64)), out=rows)
+        return out
     np.divide(out, scale(frac_bits), out=out)  # exact: a power of two
     return out
 
