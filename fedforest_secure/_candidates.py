@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _random_splits, _secure_cdf, _sketch
-from ._layouts import counts_block
+from . import _impurity, _random_splits, _secure_cdf, _sketch
+from ._layouts import categorical_cuts, counts_block, moments_block
 from .errors import ProfileError, ProtocolError
 from .protocol import Task, TaskKind
 
@@ -96,6 +96,24 @@ class CandidateMethod(ABC):
         the level is never evaluated in groups)."""
         return False
 
+    def sorts_level(self) -> bool:
+        """Whether the level's sketch round has every client sort its level (the sketches
+        read the sorted order, and so does the histogram round); otherwise a client answers
+        the level's histogram rounds by one pass over its pairs."""
+        return True
+
+    def fuses_histogram(self) -> bool:
+        """Whether the candidate rounds also return the statistics of the bins between the
+        candidates (:meth:`grid_evaluation`), so the level needs no histogram round."""
+        return False
+
+    def grid_evaluation(self, q: CandidateQuery, ask: AskRound
+                        ) -> Generator[Task, Received, tuple[np.ndarray, np.ndarray]]:
+        """Candidates (E, m, Bt), categorical levels included, and the summed statistics of
+        their bins (E, m, Bt + 1, S'); only where :meth:`fuses_histogram`."""
+        raise ProtocolError(f"internal: method {self.name!r} has a histogram round")
+        yield  # pragma: no cover - makes this a generator
+
     @abstractmethod
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:
@@ -111,6 +129,13 @@ class Quantiles(CandidateMethod):
     """Candidates at the quantiles of the pooled sketch (per-client sketches or secure CDF)."""
 
     name = "quantiles"
+
+    def __init__(self, config: JobConfig, policy: ReleasePolicy) -> None:
+        super().__init__(config, policy)
+        # the secure sketch's prior (pooled marginals) and the widest cell found to hold a
+        # single value, per feature: both learnt from earlier levels' sums
+        self._marginal = _secure_cdf.Marginal(config.n_features)
+        self._atom_width = np.zeros(config.n_features)
 
     @property
     def _client_sketches(self) -> bool:
@@ -130,38 +155,115 @@ class Quantiles(CandidateMethod):
     def plans_whole_level(self) -> bool:
         return self.policy.sketch == "secure_cdf"
 
+    def sorts_level(self) -> bool:
+        # the secure sketch's grids are answered by one pass over the pairs; under DP the
+        # candidates are fixed bins of the box (box_grid) and the clients sort as before
+        return self._client_sketches or self.policy.dp
+
+    def fuses_histogram(self) -> bool:
+        return not self._client_sketches and not self.policy.dp and self.stats == "full"
+
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:
         if self._client_sketches:
             return pooled_sketch_candidates(q.disc, q.pos, q.feats, self.config.n_bins,
                                             self.executor)
-        ctx = q.ctx
+        thr, _ = yield from self._grid_rounds(q, ask, with_stats=False)
+        return thr
+
+    def grid_evaluation(self, q: CandidateQuery, ask: AskRound
+                        ) -> Generator[Task, Received, tuple[np.ndarray, np.ndarray]]:
+        thr, hist = yield from self._grid_rounds(q, ask, with_stats=True)
+        if hist is None:  # pragma: no cover - asked with statistics
+            raise ProtocolError("internal: the grid rounds carried no statistics")
+        return thr, hist
+
+    def _grid_rounds(self, q: CandidateQuery, ask: AskRound, with_stats: bool
+                    ) -> Generator[Task, Received, tuple[np.ndarray, np.ndarray | None]]:
+        """The secure pooled-CDF sketch (:mod:`~fedforest_secure._secure_cdf`).
+
+        Every round sums, per cell of a grid inside each node's box (public bounds intersected
+        with the ancestors' splits), the rows' counts and, ``with_stats``, the statistics a
+        split's gain needs (:func:`~fedforest_secure._layouts.moments_block`); cells holding
+        more than ``3/B_nu`` of their node are refined in further rounds. Categorical slots
+        ride along in the first round with one bin per level. Returns the candidates
+        (categorical cuts included) and, ``with_stats``, their bins' statistics.
+        """
+        ctx, cfg = q.ctx, self.config
         if ctx.box_lo is None or ctx.box_hi is None:  # pragma: no cover - policy checks
             raise ProfileError("the secure_cdf sketch needs public feature bounds")
-        lo = ctx.box_lo[q.nodes[:, None], q.feats]
-        hi = ctx.box_hi[q.nodes[:, None], q.feats]
-        return (yield from self._secure_cdf(ask, ctx.level, q.nodes, q.feats, lo, hi,
-                                            ctx.n[q.nodes], ctx.is_cat))
-
-    def _secure_cdf(self, ask: AskRound, level: int, ev: np.ndarray, feats: np.ndarray,
-                    lo: np.ndarray, hi: np.ndarray, n_ev: np.ndarray, is_cat: np.ndarray
-                    ) -> Generator[Task, Received, np.ndarray]:
-        """Pooled-CDF sketch from securely summed counts, refined coarse to fine.
-
-        Counts on a grid inside each node's box (public bounds intersected with the ancestors'
-        splits) are aggregated like any other statistic. Cells holding more than ``1/(2B)`` of
-        the node's pooled mass are subdivided in further rounds, so that the candidates, read
-        off the piecewise-linear pooled CDF, have a pooled rank error near ``1/B``.
-        """
-        planner = _secure_cdf.SecureCdfPlanner(lo, hi, feats, is_cat, n_ev, self.config.n_bins,
-                                               self.policy.rows_per_point)
-        while (grid := planner.next_grid()) is not None:
-            task = ask(TaskKind.HISTOGRAM, level, {"stats": "count", "purpose": "sketch"},
-                       {"nodes": ev, "features": planner.active_features(), "thresholds": grid},
-                       (counts_block(ev.size, feats.shape[1], grid.shape[2] + 1),))
+        nodes, feats = q.nodes, q.feats
+        E, m = feats.shape
+        lo = ctx.box_lo[nodes[:, None], feats]
+        hi = ctx.box_hi[nodes[:, None], feats]
+        planner = _secure_cdf.SecureCdfPlanner(
+            lo, hi, feats, ctx.is_cat, ctx.n[nodes], cfg.n_bins, self.policy.rows_per_point,
+            marginal=self._marginal, atom_width=self._atom_width)
+        cat_slot = (feats >= 0) & ctx.is_cat[np.maximum(feats, 0)]
+        cat_hist: np.ndarray | None = None
+        grid = planner.next_grid()
+        if grid is None and cat_slot.any():
+            grid = np.full((E, m, 1), np.inf)
+        first = True
+        while grid is not None:
+            active = planner.active_features()
+            if first and cat_slot.any():  # one bin per level, in the first round only
+                grid = categorical_cuts(grid, feats, ctx.is_cat, cfg.levels)
+                active = np.where(cat_slot, feats, active)
+            rows = np.flatnonzero((active >= 0).any(axis=1))
+            nb = grid.shape[2] + 1
+            block = (moments_block(cfg, rows.size, m, nb) if with_stats
+                     else counts_block(rows.size, m, nb))
+            every = rows.size == E
+            task = ask(TaskKind.HISTOGRAM, ctx.level,
+                       {"stats": "moments" if with_stats else "count", "purpose": "sketch"},
+                       {"nodes": nodes if every else nodes[rows],
+                        "features": active if every else active[rows],
+                        "thresholds": grid if every else grid[rows]}, (block,))
             blocks, _ = yield task
-            planner.receive(blocks["counts"][..., 0])
-        return planner.candidates()
+            got = blocks[block.name]
+            if every:
+                full = got
+            else:
+                full = np.zeros((E, m, nb, got.shape[3]))
+                full[rows] = got
+            del blocks, got, task
+            counts = _impurity.counts_of(full, cfg.task) if with_stats else full[..., 0]
+            if first and cat_slot.any():
+                cat_hist = full
+            planner.receive(counts, full if with_stats else None)
+            first = False
+            grid = planner.next_grid()
+        self._learn(planner, lo, hi, feats)
+        thr = categorical_cuts(planner.candidates(), feats, ctx.is_cat, cfg.levels)
+        if not with_stats:
+            return thr, None
+        num = planner.histogram() if planner.stats is not None else None
+        S = cfg.n_stats if cfg.task != "regression" else 2
+        hist = np.zeros((E, m, thr.shape[2] + 1, S))
+        if num is not None:
+            hist[:, :, : num.shape[2]] = num
+        if cat_hist is not None:
+            w = min(cat_hist.shape[2], hist.shape[2])
+            hist[cat_slot, :w] = cat_hist[cat_slot, :w]
+        return thr, hist
+
+    def _learn(self, planner: _secure_cdf.SecureCdfPlanner, lo: np.ndarray, hi: np.ndarray,
+               feats: np.ndarray) -> None:
+        """Update the prior (marginals of features first seen on a node whose box is still
+        the public range) and the atoms' widths from a level's final grids."""
+        bounds = self.config.feature_bounds
+        if bounds is None:  # pragma: no cover - the policy checks
+            return
+        pub = np.array(bounds, dtype=np.float64)
+        f = feats.reshape(-1)
+        fr = np.maximum(f, 0)
+        full_box = (lo.reshape(-1) <= pub[fr, 0]) & (hi.reshape(-1) >= pub[fr, 1])
+        self._marginal.learn(np.where(planner.active, f, -1), planner.lo, planner.hi,
+                             planner.edges, planner.counts, full_box)
+        fa, wa = planner.atoms()
+        if fa.size:
+            np.maximum.at(self._atom_width, fa, wa)
 
 
 class AvgImp(Quantiles):

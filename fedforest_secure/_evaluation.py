@@ -88,24 +88,30 @@ def evaluate_nodes(config: JobConfig, method: CandidateMethod, dp: bool, ctx: Le
     ev_feats = ctx.feats[nodes].copy()
     m = ev_feats.shape[1]
     q = CandidateQuery(ctx, nodes, pos, ev_feats, disc)
-    if dp:
-        thr = box_grid(ctx, nodes, ev_feats, config.n_bins)
-    else:
-        thr = yield from method.candidates(q, ask)
-    thr = categorical_cuts(thr, ev_feats, is_cat, config.levels)
-    ev_feats = method.shortlist(q)
-    for k in disc:  # the sketches are spent: free them before the evaluation round
-        for name in ("sketch_points", "unique_vals", "unique_ptr"):
-            disc[k].pop(name, None)
-    bt = thr.shape[2]
     mode = "gain" if method.stats == "gain" and not dp else "full"
-    if mode == "full":
-        layout = (hist_block(config, nodes.size, m, bt + 1),)
+    if not dp and method.fuses_histogram():
+        # the candidate rounds summed the bins' statistics too: no histogram round
+        thr, hist = yield from method.grid_evaluation(q, ask)
+        blocks = {"hist": hist}
+        bt = thr.shape[2]
     else:
-        layout = (gain_block(nodes.size, m, bt),)
-    task = ask(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
-               {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
-    blocks, _ = yield task
+        if dp:
+            thr = box_grid(ctx, nodes, ev_feats, config.n_bins)
+        else:
+            thr = yield from method.candidates(q, ask)
+        thr = categorical_cuts(thr, ev_feats, is_cat, config.levels)
+        ev_feats = method.shortlist(q)
+        for k in disc:  # the sketches are spent: free them before the evaluation round
+            for name in ("sketch_points", "unique_vals", "unique_ptr"):
+                disc[k].pop(name, None)
+        bt = thr.shape[2]
+        if mode == "full":
+            layout = (hist_block(config, nodes.size, m, bt + 1),)
+        else:
+            layout = (gain_block(nodes.size, m, bt),)
+        task = ask(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
+                   {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
+        blocks, _ = yield task
     best = choose_splits(config, blocks, mode, thr, ev_feats, is_cat, ctx.n[nodes])
     chosen = (thr[np.arange(nodes.size), best.slot, best.index] if bt and nodes.size
               else np.zeros(nodes.size))

@@ -19,11 +19,19 @@ def counts_of(stats: np.ndarray, task: str) -> np.ndarray:
 
 
 def weighted_impurity(stats: np.ndarray, task: str, criterion: str) -> np.ndarray:
-    """``n * impurity`` for each statistics vector (0 where n <= 0)."""
+    """``n * impurity`` for each statistics vector (0 where n <= 0).
+
+    Regression statistics may also be ``(n, sum y)`` alone: then the result is ``n * impurity``
+    minus the sum of y^2, which leaves every split gain unchanged."""
     with np.errstate(invalid="ignore", divide="ignore"):
         if task == "regression":
-            n, s, q = stats[..., 0], stats[..., 1], stats[..., 2]
-            out = q - np.where(n > 0, s * s / np.where(n > 0, n, 1.0), 0.0)
+            n, s = stats[..., 0], stats[..., 1]
+            mean_part = np.where(n > 0, s * s / np.where(n > 0, n, 1.0), 0.0)
+            if stats.shape[-1] == 2:
+                # (n, sum y) only: n * impurity up to the node's sum of y^2, a constant that
+                # cancels in every gain (parent - left - right)
+                return -mean_part
+            out = stats[..., 2] - mean_part
             return np.where(n > 0, np.maximum(out, 0.0), 0.0)
         c = np.maximum(stats, 0.0)
         n = c.sum(axis=-1)

@@ -17,8 +17,8 @@ from .protocol import Block, StatKind
 if TYPE_CHECKING:  # config imports the candidate registry, which uses these layouts
     from .config import JobConfig
 
-__all__ = ["categorical_cuts", "counts_block", "gain_block", "hist_block", "stats_kinds",
-           "totals_block"]
+__all__ = ["categorical_cuts", "counts_block", "gain_block", "hist_block", "moments_block",
+           "stats_kinds", "totals_block"]
 
 
 def stats_kinds(config: JobConfig) -> tuple[StatKind, ...]:
@@ -35,6 +35,15 @@ def totals_block(config: JobConfig, n_nodes: int) -> Block:
 
 def hist_block(config: JobConfig, n_nodes: int, m: int, n_bins: int) -> Block:
     """Per-bin statistics of a histogram round: (n_nodes, m slots, n_bins, S)."""
+    return Block("hist", (n_nodes, m, n_bins, config.n_stats), stats_kinds(config))
+
+
+def moments_block(config: JobConfig, n_nodes: int, m: int, n_bins: int) -> Block:
+    """Per-bin statistics a split's gain needs, (n_nodes, m slots, n_bins, S'): (n, sum y)
+    for regression (the gain of a split is ``S_L^2/n_L + S_R^2/n_R - S^2/n``: sums of y^2
+    cancel), the class counts for classification."""
+    if config.task == "regression":
+        return Block("hist", (n_nodes, m, n_bins, 2), (StatKind.COUNT, StatKind.SUM))
     return Block("hist", (n_nodes, m, n_bins, config.n_stats), stats_kinds(config))
 
 

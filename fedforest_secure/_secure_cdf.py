@@ -1,62 +1,201 @@
-"""The secure pooled-CDF sketch: candidate thresholds from securely summed counts.
+"""The secure pooled-CDF sketch: candidates and their statistics from one secure sum.
 
 The paper's sketch has every client disclose its own quantiles. Quantiles are not sums, so the
-``secure_cdf`` sketch builds the pooled CDF from counts instead, which secure aggregation can
-sum: per node and feature, counts of rows in the cells of a grid inside the node's box (the
-schema's public bounds intersected with the ancestors' splits). Cells that hold more than
-``1/(2 B_nu)`` of the node's pooled mass are cut into finer cells in a further round, at most
-``max_rounds`` rounds in all, so heavy regions (e.g. clean data next to x1000 outliers) are
-resolved where fixed-width histograms are not. Candidates are read off the piecewise-linear
-pooled CDF (mass spread uniformly inside each cell) at ``b / B_nu``; the pooled rank error of a
-candidate is at most the mass of the cell it falls in. Adaptive B: ``B_nu = min(B, n_nu / r)``.
-The server sees only pooled counts per cell, never a client's quantile.
+``secure_cdf`` sketch asks instead, per node and feature slot, the statistics of the rows in
+each cell of a grid inside the node's box (the schema's public bounds intersected with the
+ancestors' splits), summed by secure aggregation like any other statistic. The cells' counts
+give the pooled CDF and their cumulative statistics the gain of a split at every cell edge
+(Theorem 4), so one secure sum gives both the candidates and their gains.
+
+**Grid.** The cells sit at equal steps of a prior CDF restricted to the node's box: the pooled
+marginal of the feature (:class:`Marginal`, from the first level whose nodes evaluate it, whose
+boxes are still the public bounds). Where a node's rows follow the marginal restricted to its
+box (features independent of the ancestors' splits) every cell holds about ``1/B_nu`` of the
+node. Without a prior (the roots) the grid is ``4 B_nu`` cells of equal width (never more cells
+than ``n_nu / r``).
+
+**Refinement.** A cell that holds more than ``4/B_nu`` of the node's pooled rows (``3/B_nu`` at
+the box's ends) and more than :data:`MIN_HEAVY_ROWS` rows is cut into finer cells in a further
+round, for the (node, slot) rows that have such a cell only, at most ``max_rounds`` rounds in
+all: heavy regions (clean data beside x1000 outliers, features that depend on the ancestors'
+splits) are resolved where fixed-width histograms are not. A cell whose whole mass stays in
+one of its sub-cells twice in a row holds a single value (an atom) and is not cut again; at
+later levels a cell of that feature no wider than such an atom is taken as one (the
+``atom_width`` a :class:`SecureCdfPlanner` is given).
+
+**Candidates.** For ``b = 1 .. B_nu - 1`` the cell edge whose pooled CDF is nearest to
+``b / B_nu``: a target inside a cell is at most half the cell's mass from one of its edges (the
+whole mass less ``1/B_nu`` in the box's end cells), so once no cell is heavy every ``b / B_nu``
+has a candidate within ``2 / B_nu`` of pooled rank (the paper's sketch guarantees ``1 / B``,
+Theorem 1), and where a node's rows follow the prior the cells hold about ``1/B_nu`` each and
+the candidates are the pooled quantiles. The statistics of the bins between consecutive
+candidates are sums of cells. Adaptive B: ``B_nu = min(B, n_nu / r)``. The
+server sees only pooled statistics per cell, never a client's quantile.
 
 All rows (node x feature slot) are handled at once with padded arrays: ``edges`` (R, W) sorted
-and ``+inf``-padded, ``counts`` (R, W + 1) per cell.
+and ``+inf``-padded, ``counts`` (R, W + 1) and ``stats`` (R, W + 1, S) per cell.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SecureCdfPlanner"]
+__all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_HEAVY_ROWS", "Marginal", "SecureCdfPlanner"]
+
+#: a cell holding more than HEAVY_MASS / B_nu of its node's rows is refined (at the box's
+#: ends, where only one edge is a candidate, more than (HEAVY_MASS - 1) / B_nu) ...
+HEAVY_MASS = 4.0
+#: ... if it also holds more than this many (weighted) rows: an equal-mass cell of a small
+#: node exceeds HEAVY_MASS / B_nu by sampling noise (bootstrap multiplicities make the counts
+#: clump), not because the prior is wrong, and a finer grid would resolve single rows
+MIN_HEAVY_ROWS = 64.0
+#: cells per B_nu of a grid without a prior (equal widths)
+FIRST_CELLS = 4
+#: at most this many sub-cells per refined cell and round
+MAX_SUB = 64
 
 
-def _pack(rows: np.ndarray, vals: np.ndarray, R: int) -> np.ndarray:
-    """Sorted distinct values per row as a (R, W) array padded with +inf."""
-    if vals.size == 0:
-        return np.full((R, 1), np.inf)
-    order = np.lexsort((vals, rows))
-    rows, vals = rows[order], vals[order]
-    keep = np.ones(vals.size, dtype=bool)
-    keep[1:] = (rows[1:] != rows[:-1]) | (vals[1:] != vals[:-1])
-    rows, vals = rows[keep], vals[keep]
-    cnt = np.bincount(rows, minlength=R)
-    width = max(int(cnt.max()), 1)
-    start = np.cumsum(cnt) - cnt
-    col = np.arange(rows.size) - start[rows]
-    out = np.full((R, width), np.inf)
-    out[rows, col] = vals
-    return out
+def _count_below(table: np.ndarray, which: np.ndarray, values: np.ndarray,
+                 strict: bool) -> np.ndarray:
+    """For each value, how many entries of its row ``table[which]`` (sorted ascending) are
+    below it (``<`` if ``strict`` else ``<=``). ``which`` has one entry per row of ``values``.
+
+    A branch-free binary search over every value at once (rows padded to 2^k - 1 entries)."""
+    L = table.shape[1]
+    k = max(int(L).bit_length(), 1)
+    Lp = (1 << k) - 1
+    if Lp != L:
+        padded = np.full((table.shape[0], Lp), np.inf)
+        padded[:, :L] = table
+    else:
+        padded = table
+    flat = np.ascontiguousarray(padded).ravel()
+    base = (which.astype(np.int64) * Lp - 1).reshape((-1,) + (1,) * (values.ndim - 1))
+    pos = np.zeros(values.shape, dtype=np.int64)
+    step = 1 << (k - 1)
+    cmp = np.less if strict else np.less_equal
+    while step:
+        hit = cmp(flat[base + pos + step], values)
+        pos += hit * step
+        step >>= 1
+    return pos
+
+
+def _distinct_sorted(edges: np.ndarray) -> np.ndarray:
+    """Each row sorted, repeated values replaced by +inf (and moved to the end)."""
+    out = np.sort(edges, axis=1)
+    dup = np.zeros(out.shape, dtype=bool)
+    dup[:, 1:] = out[:, 1:] == out[:, :-1]
+    if dup.any():
+        out[dup] = np.inf
+        out.sort(axis=1)
+    width = int(np.isfinite(out).sum(axis=1).max()) if out.size else 0
+    return out[:, :max(width, 1)]
+
+
+class Marginal:
+    """The pooled marginal CDF of each feature: the prior of the grids' placement.
+
+    Per feature ``j`` a piecewise-linear CDF through the points ``(xs[j, i], cdf[j, i])``
+    (sorted, padded with +inf and 1.0); ``known[j]`` is False until some level evaluated ``j``
+    on a node whose box was still the public bounds.
+    """
+
+    def __init__(self, n_features: int) -> None:
+        self.known = np.zeros(n_features, dtype=bool)
+        self.xs = np.full((n_features, 2), np.inf)
+        self.cdf = np.ones((n_features, 2))
+
+    def learn(self, feats: np.ndarray, lo: np.ndarray, hi: np.ndarray, edges: np.ndarray,
+              counts: np.ndarray, full_box: np.ndarray) -> None:
+        """Learn the features not known yet from a level's partitions.
+
+        ``feats`` (R,) the feature of each (node, slot) row (-1: none), ``lo``/``hi`` its box,
+        ``edges`` (R, W) and ``counts`` (R, W + 1) its cells, ``full_box`` (R,) whether the box
+        is still the feature's public range. The marginal of ``j`` is the mean of the CDFs of
+        its rows (each a node's pooled CDF, mass spread evenly inside each cell)."""
+        total = counts.sum(axis=1)
+        use = (feats >= 0) & full_box & (total > 0)
+        new = np.unique(feats[use])
+        new = new[~self.known[new]]
+        if new.size == 0:
+            return
+        curves: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for j in new:
+            rows = np.flatnonzero(use & (feats == j))
+            fin = np.isfinite(edges[rows])
+            xs = np.unique(np.concatenate([lo[rows], hi[rows], edges[rows][fin]]))
+            acc = np.zeros(xs.size)
+            for r in rows:
+                e = edges[r][np.isfinite(edges[r])]
+                px = np.concatenate([[lo[r]], e, [hi[r]]])
+                pc = np.concatenate([[0.0], np.cumsum(counts[r, : e.size + 1])]) / total[r]
+                acc += np.interp(xs, px, pc)
+            curves[int(j)] = (xs, np.minimum(acc / rows.size, 1.0))
+        width = max(self.xs.shape[1], max(c[0].size for c in curves.values()))
+        xs_all = np.full((self.xs.shape[0], width), np.inf)
+        cdf_all = np.ones((self.xs.shape[0], width))
+        xs_all[:, : self.xs.shape[1]] = self.xs
+        cdf_all[:, : self.cdf.shape[1]] = self.cdf
+        for j, (xs, cdf) in curves.items():
+            xs_all[j] = np.inf
+            cdf_all[j] = 1.0
+            xs_all[j, : xs.size] = xs
+            cdf_all[j, : cdf.size] = np.maximum.accumulate(cdf)
+            self.known[j] = True
+        self.xs, self.cdf = xs_all, cdf_all
+
+    def cdf_at(self, feats: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The marginal CDF of feature ``feats[i]`` at ``x[i]`` (x: (N,) or (N, J))."""
+        k = _count_below(self.xs, feats, x, strict=False)  # points at or below x
+        L = self.xs.shape[1]
+        fr = feats.reshape((-1,) + (1,) * (x.ndim - 1)).astype(np.int64)
+        i1 = np.minimum(k, L - 1)
+        i0 = np.maximum(k - 1, 0)
+        x0, x1 = self.xs[fr, i0], self.xs[fr, i1]
+        c0, c1 = self.cdf[fr, i0], self.cdf[fr, i1]
+        span = np.where(np.isfinite(x1) & (x1 > x0), x1 - x0, 1.0)
+        t = np.clip((x - x0) / span, 0.0, 1.0)
+        out = np.where(k == 0, 0.0, np.where(np.isfinite(x1) & (k < L), c0 + t * (c1 - c0),
+                                             c0))
+        return np.asarray(out, dtype=np.float64)
+
+    def quantile_at(self, feats: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The first ``x`` where the marginal CDF of ``feats[i]`` reaches ``u[i, :]``."""
+        k = _count_below(self.cdf, feats, u, strict=True)  # first point with cdf >= u
+        L = self.xs.shape[1]
+        fr = feats.reshape((-1,) + (1,) * (u.ndim - 1)).astype(np.int64)
+        i1 = np.minimum(k, L - 1)
+        i0 = np.maximum(k - 1, 0)
+        x0, x1 = self.xs[fr, i0], self.xs[fr, i1]
+        c0, c1 = self.cdf[fr, i0], self.cdf[fr, i1]
+        step = np.where(c1 > c0, c1 - c0, 1.0)
+        t = np.clip((u - c0) / step, 0.0, 1.0)
+        out = np.where(k == 0, x1, x0 + t * np.where(np.isfinite(x1), x1 - x0, 0.0))
+        return np.asarray(out, dtype=np.float64)
 
 
 class SecureCdfPlanner:
-    """Plans the grid rounds for one level's evaluated nodes and turns counts into candidates.
+    """Plans the grid rounds of one level's evaluated nodes and turns their pooled statistics
+    into candidates (module docstring).
 
     Parameters
     ----------
     lo, hi : (E, m) the box of each (node, slot)
     feats : (E, m) feature per slot (-1 for none)
-    is_cat : (d,) categorical flags (categorical slots need no sketch)
+    is_cat : (d,) categorical flags (categorical slots need no grid)
     n_nodes_rows : (E,) pooled (weighted) rows per node
     n_bins : B
     rows_per_point : r for adaptive B (0 = off)
+    marginal : the prior of the grids (None or a feature it does not know: equal widths)
+    atom_width : (d,) per feature, cells no wider than this are single values (not refined)
+    max_rounds : at most this many grid rounds (the first and its refinements)
     """
 
     def __init__(self, lo: np.ndarray, hi: np.ndarray, feats: np.ndarray, is_cat: np.ndarray,
-                 n_nodes_rows: np.ndarray, n_bins: int, rows_per_point: int = 0,
-                 initial_cells: int | None = None, max_rounds: int = 4,
-                 budget: int | None = None) -> None:
+                 n_nodes_rows: np.ndarray, n_bins: int, rows_per_point: int = 0, *,
+                 marginal: Marginal | None = None, atom_width: np.ndarray | None = None,
+                 max_rounds: int = 4) -> None:
         E, m = feats.shape
         self.shape = (E, m)
         self.B = n_bins
@@ -66,31 +205,65 @@ class SecureCdfPlanner:
         self.lo = lo.reshape(R).astype(np.float64)
         self.hi = hi.reshape(R).astype(np.float64)
         f = feats.reshape(R)
-        self.active = (f >= 0) & ~is_cat[np.maximum(f, 0)] & (self.hi > self.lo)
-        nb = np.repeat(np.asarray(n_nodes_rows, dtype=np.float64), m)
+        self.fr = np.maximum(f, 0).astype(np.int64)
+        self.active = (f >= 0) & ~is_cat[self.fr] & (self.hi > self.lo)
+        n = np.repeat(np.asarray(n_nodes_rows, dtype=np.float64), m)
+        self.r = int(rows_per_point)
         bnu = np.full(R, n_bins, dtype=np.int64)
-        if rows_per_point >= 1:
-            bnu = np.clip((nb // rows_per_point).astype(np.int64), 1, n_bins)
+        if self.r >= 1:
+            bnu = np.clip((n // self.r).astype(np.int64), 1, n_bins)
         self.bnu = bnu
-        g0 = initial_cells or 2 * n_bins
-        frac = np.arange(1, g0) / g0
-        edges = self.lo[:, None] + (self.hi - self.lo)[:, None] * frac[None, :]
-        self.edges = np.where(self.active[:, None], edges, np.inf)
-        self.counts = np.zeros((R, self.edges.shape[1] + 1))
-        self.pending = self.active.copy()  # rows whose next grid must be counted
-        self.rounds = 0
         self.max_rounds = max_rounds
-        self.budget = budget or 4 * n_bins
+        self.rounds = 0
         self.tol = 1e-9 * np.maximum(np.abs(self.hi - self.lo), 1e-300)
+        aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
+        self.atom_floor = np.maximum(self.tol, aw[self.fr])
+        self.edges = self._first_edges(n, marginal)
+        self.counts = np.zeros((R, self.edges.shape[1] + 1))
+        self.stats: np.ndarray | None = None
+        self.unsplit = np.zeros((R, self.edges.shape[1] + 1), dtype=np.int8)
+        self.pending = self.active.copy()  # rows whose next grid must be summed
+        # refinement bookkeeping: per new cell, its cell in the previous grid (-1: none)
+        self._parent: np.ndarray | None = None
+        self._prev: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
+    # ------------------------------------------------------------------ the first grid
+    def _first_edges(self, n: np.ndarray, marginal: Marginal | None) -> np.ndarray:
+        R, lo, hi, bnu = self.R, self.lo, self.hi, self.bnu
+        known = (marginal.known[self.fr] if marginal is not None
+                 else np.zeros(R, dtype=bool)) & self.active
+        r = max(self.r, 1)
+        uniform_cells = np.minimum(FIRST_CELLS * bnu, np.maximum(bnu, (n // r).astype(np.int64)))
+        cells = np.where(known, bnu, uniform_cells)
+        cells = np.where(self.active, cells, 1)
+        top = int(cells.max()) if R else 1
+        g = np.arange(1, max(top, 2), dtype=np.float64)
+        frac = g[None, :] / cells[:, None]
+        valid = g[None, :] < cells[:, None]
+        edges = lo[:, None] + (hi - lo)[:, None] * frac
+        rows = np.flatnonzero(known)
+        if rows.size and marginal is not None:
+            u_lo = marginal.cdf_at(self.fr[rows], lo[rows])
+            u_hi = marginal.cdf_at(self.fr[rows], hi[rows])
+            mass = u_hi - u_lo > 1e-12  # the marginal has mass in the box: follow it
+            rows, u_lo, u_hi = rows[mass], u_lo[mass], u_hi[mass]
+            if rows.size:
+                u = u_lo[:, None] + (u_hi - u_lo)[:, None] * np.minimum(frac[rows], 1.0)
+                edges[rows] = marginal.quantile_at(self.fr[rows], u)
+        inside = valid & self.active[:, None] & (edges > lo[:, None]) & (edges < hi[:, None])
+        return _distinct_sorted(np.where(inside, edges, np.inf))
+
+    # ------------------------------------------------------------------ rounds
     def active_features(self) -> np.ndarray:
         """Features to count in the next round (-1 where a slot is finished)."""
         return np.where(self.pending.reshape(self.shape), self.feats, -1)
 
     def next_grid(self) -> np.ndarray | None:
-        """Thresholds (E, m, W) of the next counting round, or None when the sketch is done."""
+        """Thresholds (E, m, W) of the next round, or None when the sketch is done."""
         if not self.pending.any() or self.rounds >= self.max_rounds:
             return None
+        if self.pending.all():
+            return self.edges.reshape(self.shape + (self.edges.shape[1],))
         grid = np.where(self.pending[:, None], self.edges, np.inf)
         width = max(int(np.isfinite(grid).sum(axis=1).max()), 1)
         return grid[:, :width].reshape(self.shape + (width,))
@@ -103,92 +276,195 @@ class SecureCdfPlanner:
         right = np.concatenate([e, hi], axis=1)
         return left, right
 
-    def receive(self, counts: np.ndarray) -> None:
-        """Pooled counts per cell (E, m, W' + 1) for the grid just sent; plan the next one."""
+    def receive(self, counts: np.ndarray, stats: np.ndarray | None = None) -> None:
+        """Pooled counts (E, m, W' + 1) per cell of the grid just sent, and optionally every
+        cell's statistics (E, m, W' + 1, S); plan the next round."""
         self.rounds += 1
         R = self.R
         W = self.edges.shape[1]
         c = np.maximum(counts.reshape(R, -1), 0.0)
-        got = np.zeros((R, W + 1))
         w = min(c.shape[1], W + 1)
-        got[:, :w] = c[:, :w]
-        # padding cells beyond a row's edges are empty; their mass sits in the row's last cell
-        n_edges = np.isfinite(self.edges).sum(axis=1)
-        tail = got[:, w - 1:].sum(axis=1) if c.shape[1] > W + 1 else None
-        if tail is not None:  # pragma: no cover - the grid is never wider than the edges
-            got[np.arange(R), n_edges] = tail
-        self.counts = np.where(self.pending[:, None], got, self.counts)
-        total = self.counts.sum(axis=1)
+        if c.shape[1] == W + 1:
+            got = c
+        else:
+            got = np.zeros((R, W + 1))
+            got[:, :w] = c[:, :w]
+        pend = self.pending
+        if stats is not None:
+            st = stats.reshape(R, c.shape[1], -1)
+            if self.stats is None:  # the first round: every active row was asked
+                if st.shape[1] == W + 1:
+                    self.stats = st  # the caller's array, not copied
+                else:
+                    self.stats = np.zeros((R, W + 1, st.shape[2]))
+                    self.stats[:, :w] = st[:, :w]
+            else:
+                self.stats[pend] = 0.0
+                self.stats[pend, :w] = st[pend, :w]
+        if self._parent is not None and self._prev is not None:
+            self.unsplit[pend] = self._unsplit(got, self._parent, self._prev)[pend]
+        self.counts[pend] = got[pend]
+        self._parent = self._prev = None
         if self.rounds >= self.max_rounds:
-            self.pending[:] = False
+            self.pending = np.zeros(R, dtype=bool)
             return
+        self._plan_refinement()
+
+    def _unsplit(self, got: np.ndarray, parent: np.ndarray,
+                 prev: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """Per new cell: how many refinements in a row left its mass in one cell
+        (``parent``: its cell in the previous grid; ``prev``: that grid's counts, unsplit
+        counts and heavy cells)."""
+        prev_counts, prev_unsplit, prev_heavy = prev
+        rows = np.arange(self.R)[:, None]
+        p = np.maximum(parent, 0)
+        whole = (parent >= 0) & prev_heavy[rows, p] & (got > 0) & (got == prev_counts[rows, p])
+        out: np.ndarray = np.where(whole, prev_unsplit[rows, p] + 1, 0).astype(np.int8)
+        return out
+
+    def _plan_refinement(self) -> None:
+        R = self.R
+        total = self.counts.sum(axis=1)
         left, right = self._cells()
-        heavy = ((self.counts > (total / (2.0 * self.bnu))[:, None])
-                 & (right - left > self.tol[:, None]) & self.pending[:, None]
-                 & (total > 0)[:, None])
+        share = np.full(self.counts.shape, HEAVY_MASS)
+        share[:, 0] = HEAVY_MASS - 1.0  # the box's end cells
+        share[np.arange(R), np.isfinite(self.edges).sum(axis=1)] = HEAVY_MASS - 1.0
+        limit = np.maximum(share * (total / self.bnu)[:, None], MIN_HEAVY_ROWS)
+        heavy = ((self.counts > limit) & (right - left > self.atom_floor[:, None])
+                 & (self.unsplit < 2) & self.pending[:, None])
         n_heavy = heavy.sum(axis=1)
         refine = n_heavy > 0
         if not refine.any():
-            self.pending[:] = False
+            self.pending = np.zeros(R, dtype=bool)
             return
-        sub = np.maximum(2, np.minimum(64, self.budget // np.maximum(n_heavy, 1)))
+        # sub-cells: about half an equal-mass cell each, many for a suspected atom, never
+        # more than the rows allow (r per cell) nor a budget of 4 B new edges per row
+        r = max(self.r, 1)
+        want = np.ceil(2.0 * self.counts * self.bnu[:, None] / np.maximum(total, 1.0)[:, None])
+        sub = np.clip(want, 2, MAX_SUB).astype(np.int64)
+        sub = np.where(self.unsplit >= 1, MAX_SUB, sub)
+        sub = np.minimum(sub, np.maximum(2, (self.counts // r).astype(np.int64)))
+        budget = np.maximum(2, (4 * self.B) // np.maximum(n_heavy, 1))
+        sub = np.minimum(sub, budget[:, None])
         hr, hc = np.nonzero(heavy)
-        reps = sub[hr] - 1
+        reps = sub[hr, hc] - 1
         rr = np.repeat(hr, reps)
-        frac = (np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps) + 1) \
-            / np.repeat(sub[hr], reps)
-        new_vals = np.repeat(left[hr, hc], reps) + np.repeat((right - left)[hr, hc], reps) * frac
-        # keep old edges of refined rows unless both neighbouring cells are empty
-        occupied = self.counts > 0
-        keep = (occupied[:, :-1] | occupied[:, 1:]) & np.isfinite(self.edges) & refine[:, None]
-        kr, kc = np.nonzero(keep)
-        rows = np.concatenate([kr, rr])
-        vals = np.concatenate([self.edges[kr, kc], new_vals])
+        k = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps) + 1
+        new_vals = (np.repeat(left[hr, hc], reps)
+                    + np.repeat((right - left)[hr, hc], reps) * k / np.repeat(sub[hr, hc], reps))
+        old_r, old_c = np.nonzero(np.isfinite(self.edges) & refine[:, None])
+        rows = np.concatenate([old_r, rr])
+        vals = np.concatenate([self.edges[old_r, old_c], new_vals])
+        is_old = np.concatenate([np.ones(old_r.size, dtype=bool), np.zeros(rr.size, dtype=bool)])
         inside = (vals > self.lo[rows]) & (vals < self.hi[rows])
-        packed = _pack(rows[inside], vals[inside], R)
-        width = max(packed.shape[1], W)
+        rows, vals, is_old = rows[inside], vals[inside], is_old[inside]
+        order = np.lexsort((~is_old, vals, rows))  # an old edge first among equal values
+        rows, vals, is_old = rows[order], vals[order], is_old[order]
+        keep = np.ones(rows.size, dtype=bool)
+        keep[1:] = (rows[1:] != rows[:-1]) | (vals[1:] != vals[:-1])
+        rows, vals, is_old = rows[keep], vals[keep], is_old[keep]
+        cnt = np.bincount(rows, minlength=R)
+        start = np.cumsum(cnt) - cnt
+        col = np.arange(rows.size) - start[rows]
+        W = self.edges.shape[1]
+        width = max(int(cnt.max()), W, 1)
         edges = np.full((R, width), np.inf)
         edges[:, :W] = self.edges
-        counts = np.zeros((R, width + 1))
-        counts[:, : W + 1] = self.counts
         edges[refine] = np.inf
-        edges[refine, : packed.shape[1]] = packed[refine]
-        counts[refine] = 0.0
-        self.edges, self.counts = edges, counts
+        edges[rows, col] = vals
+        # the previous cell of every new cell: old edges at or before its left end
+        olds = np.zeros((R, width), dtype=np.int64)
+        olds[rows, col] = is_old
+        parent = np.full((R, width + 1), -1, dtype=np.int64)
+        parent[:, 0] = 0
+        parent[:, 1:] = np.cumsum(olds, axis=1)
+        n_new = np.isfinite(edges).sum(axis=1)
+        parent[np.arange(width + 1)[None, :] > n_new[:, None]] = -1
+        parent[~refine] = -1
+        self._prev = (self.counts, self.unsplit, heavy)
+        self._parent = parent
+        self.edges = edges
+        self.counts = np.zeros((R, width + 1))
+        self.counts[~refine, : W + 1] = self._prev[0][~refine]
+        unsplit = np.zeros((R, width + 1), dtype=np.int8)
+        unsplit[~refine, : W + 1] = self._prev[1][~refine]
+        self.unsplit = unsplit
+        if self.stats is not None:
+            stats = np.zeros((R, width + 1, self.stats.shape[2]))
+            stats[~refine, : W + 1] = self.stats[~refine]
+            self.stats = stats
         self.pending = refine
 
-    def candidates(self) -> np.ndarray:
-        """Thresholds (E, m, B - 1): the pooled sketch CDF inverted at b / B_nu (+inf padded)."""
-        R, B = self.R, self.B
-        out = np.full((R, B - 1), np.inf)
-        total = self.counts.sum(axis=1)
-        ok = self.active & (total > 0) & (self.bnu >= 2)
-        if not ok.any():
-            return out.reshape(self.shape + (B - 1,))
-        rows = np.flatnonzero(ok)
-        cnt = self.counts[rows]
+    # ------------------------------------------------------------------ results
+    def atoms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Features and widths of the cells found to hold a single value (unsplit twice)."""
         left, right = self._cells()
-        left, right = left[rows], right[rows]
-        tot = total[rows]
-        cum = np.cumsum(cnt, axis=1) / tot[:, None]
-        C = cum.shape[1]
+        r, c = np.nonzero((self.unsplit >= 2) & self.active[:, None])
+        return self.fr[r], (right - left)[r, c]
+
+    def _picks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with candidates and, per row, the chosen edges' indices (sorted, ``W`` where
+        none): for b = 1 .. B_nu - 1 the edge whose pooled CDF is nearest to b / B_nu."""
+        B = self.B
+        W = self.edges.shape[1]
+        total = self.counts.sum(axis=1)
+        ok = self.active & (total > 0) & (self.bnu >= 2) & np.isfinite(self.edges).any(axis=1)
+        rows = np.flatnonzero(ok)
+        if rows.size == 0:
+            return rows, np.zeros((0, max(B - 1, 0)), dtype=np.int64)
+        cum = np.cumsum(self.counts[rows], axis=1)[:, :W] / total[rows, None]
+        fin = np.isfinite(self.edges[rows])
+        cum = np.where(fin, cum, 3.0)  # padding edges are never the nearest
         b = np.arange(1, B)
         u = b[None, :] / self.bnu[rows, None]
         valid = b[None, :] < self.bnu[rows, None]
-        offs = 2.0 * np.arange(rows.size)[:, None]
-        i = np.searchsorted((cum + offs).ravel(), (np.minimum(u, 1.0) - 1e-12 + offs).ravel(),
-                            side="left").reshape(u.shape) - np.arange(rows.size)[:, None] * C
-        i = np.clip(i, 0, C - 1)
-        before = np.where(i > 0, np.take_along_axis(cum, np.maximum(i - 1, 0), axis=1), 0.0)
-        ci = np.take_along_axis(cnt, i, axis=1)
-        share = np.where(ci > 0, (u - before) * tot[:, None] / np.where(ci > 0, ci, 1.0), 1.0)
-        t = (np.take_along_axis(left, i, axis=1)
-             + np.clip(share, 0.0, 1.0) * np.take_along_axis(right - left, i, axis=1))
-        t = np.where(valid, t, np.inf)
-        t.sort(axis=1)
-        dup = np.zeros(t.shape, dtype=bool)
-        dup[:, 1:] = t[:, 1:] == t[:, :-1]
-        t[dup] = np.inf
-        t.sort(axis=1)
-        out[rows] = t
-        return out.reshape(self.shape + (B - 1,))
+        offs = 4.0 * np.arange(rows.size)[:, None]
+        i = np.searchsorted((cum + offs).ravel(), (u + offs).ravel(), side="left")
+        i = i.reshape(u.shape) - np.arange(rows.size)[:, None] * W
+        hi_i = np.clip(i, 0, W - 1)
+        lo_i = np.clip(i - 1, 0, W - 1)
+        d_hi = np.abs(np.take_along_axis(cum, hi_i, axis=1) - u)
+        d_lo = np.abs(np.take_along_axis(cum, lo_i, axis=1) - u)
+        pick = np.where(d_lo <= d_hi, lo_i, hi_i)
+        pick = np.where(valid, pick, W)
+        pick.sort(axis=1)
+        dup = np.zeros(pick.shape, dtype=bool)
+        dup[:, 1:] = pick[:, 1:] == pick[:, :-1]
+        pick[dup] = W
+        pick.sort(axis=1)
+        return rows, pick
+
+    def candidates(self) -> np.ndarray:
+        """Thresholds (E, m, B - 1): the chosen cell edges, sorted and +inf padded."""
+        R, B = self.R, self.B
+        out = np.full((R, max(B - 1, 0)), np.inf)
+        rows, pick = self._picks()
+        if rows.size:
+            W = self.edges.shape[1]
+            padded = np.concatenate([self.edges[rows], np.full((rows.size, 1), np.inf)], axis=1)
+            out[rows] = np.take_along_axis(padded, np.minimum(pick, W), axis=1)
+        return out.reshape(self.shape + (max(B - 1, 0),))
+
+    def histogram(self) -> np.ndarray:
+        """Statistics (E, m, B, S) of the bins between the candidates (bin b holds
+        t_{b-1} < x <= t_b), summed from the cells' statistics (which this spends: call it
+        once, after the last round)."""
+        if self.stats is None:
+            raise ValueError("the grid rounds carried counts only")
+        R, B = self.R, self.B
+        S = self.stats.shape[2]
+        out = np.zeros((R, B, S))
+        out[:, 0] = self.stats.sum(axis=1)  # no candidate: every row in the first bin
+        rows, pick = self._picks()
+        if rows.size:
+            # the cells' statistics are spent: cumulate them in place (through cell i)
+            np.cumsum(self.stats, axis=1, out=self.stats)
+            cum = self.stats
+            self.stats = None
+            at = cum[rows[:, None], pick]  # (R', B - 1, S): everything left of each candidate
+            part = out[rows]
+            part[:, 0] = at[:, 0]
+            part[:, 1:B - 1] = np.diff(at, axis=1)
+            part[:, B - 1] = cum[rows, -1] - at[:, -1]
+            out[rows] = part
+        return out.reshape(self.shape + (B, S))

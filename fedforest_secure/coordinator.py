@@ -184,7 +184,8 @@ class Coordinator:
         if feats is not None:
             if not grouped:
                 request = self._method.sketch_request()
-                arrays["features"] = feats
+                if self._method.sorts_level():
+                    arrays["features"] = feats
                 params.update(request.params)
                 disclose += request.disclose
             if self._method.needs_range() and self._grid_lohi is None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _impurity
 from ._bootstrap import tree_pairs
+from ._grid_stats import bin_statistics
 from ._level_stats import CodeBook, LevelStatistics, local_gains
 from ._order import LevelOrder
 from ._routing import route
@@ -38,6 +39,10 @@ __all__ = ["Worker"]
 #: re-sorts otherwise (in-process federations hold K of them)
 KEEP_FULL_BYTES = 24 << 20
 KEEP_ORDER_BYTES = 32 << 20
+#: a histogram round of an unsorted level sorts its entries when it asks fewer than 1 /
+#: SORT_RATIO thresholds per (pair, slot) entry (measured: the sort costs about as much per
+#: entry as the search, and each threshold about as much again)
+SORT_RATIO = 1.25
 
 
 class Worker:
@@ -488,18 +493,56 @@ class Worker:
         if thr.shape[2] and (thr[:, :, 1:] < thr[:, :, :-1]).any():
             raise ProtocolError("thresholds must be sorted per node and slot")
         mode = task.params.get("stats", "full")
-        order, local = self._sorted_for(feats, nodes)
-        hist = self._level_stats(order).histogram(local, feats, thr,
-                                                 counts_only=mode == "count")
-        if mode == "full":
-            vec = hist
-        elif mode == "count":
-            vec = hist
-        elif mode == "gain":
+        if mode not in ("full", "count", "gain", "moments"):
+            raise ProtocolError(f"unknown statistics mode {mode!r}")
+        if self._sorted is None and self._level_feats is None:
+            # the level's sketch round did not sort the level
+            if self._sketched_level != self._level:
+                raise ProtocolError("no sketch round for this level yet")
+            hist = self._unsorted_histogram(nodes, feats, thr, mode)
+        else:
+            order, local = self._sorted_for(feats, nodes)
+            hist = self._level_stats(order).histogram(local, feats, thr,
+                                                     counts_only=mode == "count")
+            if mode == "moments" and self.config.task == "regression":
+                hist = hist[..., :2]
+        vec = hist
+        if mode == "gain":
             g = local_gains(hist, self.config)
             left_n = np.cumsum(_impurity.counts_of(hist, self.config.task), axis=2)[:, :, :-1]
             vec = np.stack([g, left_n], axis=-1)
-        else:
-            raise ProtocolError(f"unknown statistics mode {mode!r}")
         return Reply(round_id=task.round_id, summable=np.ascontiguousarray(vec).ravel())
+
+    def _unsorted_histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+                            mode: str) -> np.ndarray:
+        """Per-bin statistics of a level the sketch round did not sort, by whichever costs less
+        (the same sums): with fewer thresholds than about SORT_RATIO x the (pair, slot)
+        entries, sort the evaluated nodes' entries for this round only (every bin is then a
+        segment of the order, see :meth:`LevelStatistics.histogram`); else one pass over the
+        pairs, a binary search among its own block's thresholds per entry
+        (:func:`~fedforest_secure._grid_stats.bin_statistics`)."""
+        m = feats.shape[1]
+        entries = self._p_node.size * m
+        if np.isfinite(thr).sum() * SORT_RATIO < entries:
+            level_feats = np.full((self._n_nodes, m), -1, dtype=np.int64)
+            level_feats[nodes] = feats
+            order = LevelOrder(level_feats, self._p_node, self._p_row, self._p_w, self._codes,
+                               self.n_rows, self._cbits)
+            hist = self._level_stats(order).histogram(nodes, feats, thr,
+                                                     counts_only=mode == "count")
+            del order
+            if mode == "moments" and self.config.task == "regression":
+                return np.ascontiguousarray(hist[..., :2])
+            return hist
+        return self._bin_statistics(nodes, feats, thr, mode)
+
+    def _bin_statistics(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+                        mode: str) -> np.ndarray:
+        """Per-bin statistics by one pass over the level's pairs
+        (:func:`~fedforest_secure._grid_stats.bin_statistics`)."""
+        columns = {"count": "count", "moments": "moments"}.get(mode, "full")
+        classes = self.config.n_classes if self.config.task == "classification" else 0
+        return bin_statistics(self._p_node, self._p_row, self._p_w, self._n_nodes, nodes,
+                              feats, thr, self._codes, self.n_rows, self._uniq_all,
+                              self._uniq_off, self._y, columns, classes)
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import fedforest_secure._secure_cdf as secure_cdf_mod
 from fedforest_secure._candidates import fixed_width_grid
 from fedforest_secure._secure_cdf import SecureCdfPlanner
 from fedforest_secure.config import JobConfig
@@ -126,9 +127,18 @@ def test_categorical_and_empty_slots_get_no_grid() -> None:
     np.testing.assert_array_equal(planner.active_features(), [[0, -1, -1]])
 
 
-def test_engine_secure_cdf_on_outliers() -> None:
-    """Through the engine: the root's candidates, from securely summed counts, are within 2/B
-    of the pooled quantiles, and no round discloses anything."""
+def test_engine_secure_cdf_on_outliers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the engine: the root's candidates, from securely summed statistics, are within
+    2/B of the pooled quantiles; the grid rounds carry the evaluation (no histogram round of
+    its own), and no round discloses anything."""
+    made: list[SecureCdfPlanner] = []
+
+    class Recording(SecureCdfPlanner):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(secure_cdf_mod, "SecureCdfPlanner", Recording)
     X = _outlier_data(7, 0.2, n=900)
     rng = np.random.default_rng(7)
     y = X[:, 0] + rng.normal(size=X.shape[0])
@@ -141,9 +151,10 @@ def test_engine_secure_cdf_on_outliers() -> None:
                     profile=load_profile("secure").to_dict())
     recs: list[RoundRecord] = []
     run_in_process(cfg, [(X[k::K], y[k::K]) for k in range(K)], on_round=recs.append)
-    evals = [r for r in recs if r.task.kind == TaskKind.HISTOGRAM
-             and r.task.params.get("purpose") != "sketch"]
-    assert len(evals) == 1 and all(not r.disclosed for r in recs)
-    thr = evals[0].task.arrays["thresholds"][0]  # root, every feature
-    feats = evals[0].task.arrays["features"][0]
+    grids = [r for r in recs if r.task.kind == TaskKind.HISTOGRAM]
+    assert all(r.task.params.get("purpose") == "sketch" for r in grids)
+    assert 1 <= len(grids) <= 4 and all(not r.disclosed for r in recs)
+    (planner,) = made
+    thr = planner.candidates()[0]  # root, every feature
+    feats = planner.feats[0]
     assert _rank_errors(X[:, feats], thr, B).max() <= 2.0 / B

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import fedforest_secure.worker as worker_mod
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError, SchemaError
@@ -40,7 +41,7 @@ def _sketch_task(rid: int, level: int, n_nodes: int, S: int = 3, *, feats: Any =
 def _hist_task(rid: int, level: int, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
                S: int = 3, mode: str = "full") -> Task:
     E, m, bt = thr.shape
-    width = {"full": S, "count": 1, "gain": 2}[mode]
+    width = {"full": S, "moments": S, "count": 1, "gain": 2}[mode]
     return Task(job_id="job", round_id=rid, kind=TaskKind.HISTOGRAM, level=level,
                 params={"stats": mode},
                 arrays={"nodes": np.asarray(nodes, dtype=np.int64),
@@ -314,13 +315,46 @@ def _leaf_routing(n: int, split_first: bool = False) -> dict[str, np.ndarray]:
             "route_set_vals": np.zeros(0, dtype=np.int32)}
 
 
-def test_histogram_before_sketch_features_is_refused() -> None:
+def test_histogram_before_the_levels_sketch_round_is_refused() -> None:
     rng = np.random.default_rng(1)
     w = Worker(_cfg(n_estimators=1), rng.normal(size=(10, 3)), rng.normal(size=10),
                client_index=0, seed=0)
-    w.handle(_sketch_task(1, 0, 1))  # no features: nothing to cut
     with pytest.raises(ProtocolError):
         w.handle(_hist_task(2, 0, np.array([0]), np.array([[0, 1, 2]]), np.zeros((1, 3, 1))))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+@pytest.mark.parametrize("mode", ["full", "count", "gain", "moments"])
+@pytest.mark.parametrize("sort_ratio", [0.0, 1e9])  # sort for the round / search per entry
+def test_histogram_without_a_sorted_level_matches_the_sorted_one(
+        task: str, mode: str, sort_ratio: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sketch round without features leaves the level unsorted: the histogram round is then
+    answered by sorting for that round only or by one pass over the pairs, with the same bins
+    (ties at a threshold included)."""
+    monkeypatch.setattr(worker_mod, "SORT_RATIO", sort_ratio)
+    rng = np.random.default_rng(3)
+    kw: dict[str, Any] = {"n_estimators": 3}
+    if task == "classification":
+        kw.update(task="classification", n_classes=3, criterion="gini")
+        y = rng.integers(0, 3, 60)
+    else:
+        y = rng.normal(size=60)
+    cfg = _cfg(**kw)
+    X = np.round(rng.normal(size=(60, 3)), 1)  # ties: thresholds fall on values
+    feats = np.array([[0, 1, 2], [2, -1, 0], [1, 2, 0]])
+    thr = np.sort(np.round(rng.normal(size=(3, 3, 5)), 1), axis=2)
+    thr[1, 0, 3:] = np.inf
+    S = cfg.n_stats
+    sorted_w = Worker(cfg, X, y, client_index=0, seed=0)
+    sorted_w.handle(_sketch_task(1, 0, 3, S, feats=feats))
+    one_pass = Worker(cfg, X, y, client_index=0, seed=0)
+    one_pass.handle(_sketch_task(1, 0, 3, S))
+    nodes = np.arange(3)
+    width = S if mode != "moments" or task == "classification" else 2
+    a = sorted_w.handle(_hist_task(2, 0, nodes, feats, thr, width, mode)).summable
+    b = one_pass.handle(_hist_task(2, 0, nodes, feats, thr, width, mode)).summable
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert a.any()
 
 
 def test_replay_returns_the_same_reply() -> None:

@@ -1,0 +1,122 @@
+"""A client's per-bin statistics in one pass over its pairs (histogram rounds without a sort).
+
+A histogram round gives, per evaluated (node, feature slot), sorted thresholds; a row of the
+node falls in bin ``b`` when ``t_{b-1} < x <= t_b``. Here every (pair, slot) finds its bin by a
+branch-free binary search among the thresholds of its own (node, slot), for all pairs at once
+(``log2 W`` vectorised steps), and the statistics are weighted ``bincount`` s over the bin
+indices: cost proportional to the pairs, not to the thresholds, and no sorted level order.
+The worker answers this way whenever the level's sketch round did not ask it to sort the level
+(the secure pooled-CDF sketch, whose grids are as fine as the nodes are large).
+
+Values are compared as float64 (a row's value is its distinct value, looked up through its exact
+integer code), so ``x <= t`` is decided exactly, as everywhere else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ProtocolError
+
+__all__ = ["bin_statistics"]
+
+
+def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_nodes: int,
+                   nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray, codes: np.ndarray,
+                   n_rows: int, uniq_all: np.ndarray, uniq_off: np.ndarray, y: np.ndarray,
+                   columns: str, n_classes: int = 0) -> np.ndarray:
+    """Per (evaluated node, slot, bin) statistics of the level's pairs.
+
+    Parameters
+    ----------
+    node, row, weight : (P,) the level's pairs: node index, row index, bootstrap multiplicity
+    n_nodes : number of nodes of the level
+    nodes : (E,) the evaluated nodes, ascending
+    feats : (E, m) feature per slot, -1 for a slot left out (its bins stay zero)
+    thr : (E, m, W) thresholds per slot, sorted, +inf padded
+    codes : feature-major exact codes (``codes[j * n_rows + r]``)
+    uniq_all, uniq_off : every feature's distinct values (feature ``j``'s at
+        ``uniq_off[j]:uniq_off[j + 1]``)
+    y : (n_rows,) targets (float, or class codes for classification)
+    columns : "count" (weighted rows), "moments" (regression: weighted rows and sum of y),
+        "full" (regression: rows, sum of y and sum of y^2; classification: class counts)
+    n_classes : number of classes for classification, else 0
+
+    Returns
+    -------
+    array of shape (E, m, W + 1, S)
+    """
+    E, m = feats.shape
+    W = thr.shape[2]
+    nb = W + 1
+    if np.isneginf(thr).any():
+        raise ProtocolError("thresholds must be finite or +inf padding")
+    classes = n_classes if columns != "count" and n_classes > 0 else 0
+    S = {"count": 1, "moments": 2, "full": 3}[columns] if not classes else classes
+    out = np.zeros((E, m, nb, S))
+    if E == 0 or node.size == 0:
+        return out
+    pos = np.full(n_nodes, -1, dtype=np.int64)
+    pos[nodes] = np.arange(E)
+    e = pos[node]
+    sel = np.flatnonzero(e >= 0)
+    e, r = e[sel], row[sel].astype(np.int64)
+    w = weight[sel].astype(np.float64)
+    cols: list[np.ndarray] = [w]
+    ycls: np.ndarray | None = None
+    if classes:
+        ycls = y[r].astype(np.int64)
+    elif columns != "count":
+        yv = y[r]
+        wy = w * yv
+        cols.append(wy)
+        if columns == "full":
+            cols.append(wy * yv)
+    # thresholds padded to 2^k - 1 per (node, slot): the search needs no bounds checks
+    k = int(W).bit_length()
+    Wp = (1 << k) - 1
+    tp = np.full((E, m, max(Wp, 1)), np.inf)
+    tp[:, :, :W] = thr
+    tflat = tp.ravel()
+    e_nb = e * nb
+    for s in range(m):
+        fe = feats[:, s]
+        if (fe < 0).all():
+            continue
+        f = fe[e]
+        ok = f >= 0
+        idx = None if ok.all() else np.flatnonzero(ok)
+        fs = f if idx is None else f[idx]
+        rs = r if idx is None else r[idx]
+        es = e if idx is None else e[idx]
+        at = fs * n_rows
+        at += rs
+        x = uniq_all[uniq_off[fs] + codes[at]]
+        del at
+        # bin = number of thresholds below x (t_{b-1} < x <= t_b)
+        base = es * m
+        base += s
+        base *= Wp
+        base -= 1
+        b = np.zeros(es.size, dtype=np.int64)
+        step = 1 << (k - 1) if k else 0
+        while step:
+            probe = base + b
+            probe += step
+            np.add(b, step, out=b, where=tflat[probe] < x)
+            step >>= 1
+        key = e_nb if idx is None else e_nb[idx]
+        key = key + b
+        del b, base, x
+        if classes:
+            yc = ycls if idx is None else ycls[idx]  # type: ignore[index]
+            ck = key * classes
+            ck += yc
+            ws = w if idx is None else w[idx]
+            out[:, s] = np.bincount(ck, weights=ws, minlength=E * nb * classes
+                                    ).reshape(E, nb, classes)
+            continue
+        for c, col in enumerate(cols):
+            ws = col if idx is None else col[idx]
+            out[:, s, :, c] = np.bincount(key, weights=ws, minlength=E * nb).reshape(E, nb)
+    return out
