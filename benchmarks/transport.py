@@ -19,7 +19,8 @@ Times, side by side on the same machine and data:
 Bytes sent per client are counted by each client's transport (request bodies plus ~200 bytes of
 HTTP per request) and include the secure-aggregation messages. The summable payload is what the
 paper counts: 8-byte words of every round's summable vector (``layout_size`` of each task), and
-its bound ``8 T 2^M d B S``.
+its bound ``8 T 2^M d_sampled B S`` (``d_sampled``: the features a node evaluates). The
+aggregation rounds (tasks with a summable vector) are counted per tree level.
 """
 
 from __future__ import annotations
@@ -48,18 +49,25 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _training_span(db: Path) -> tuple[float, int, int]:
+def _training_span(db: Path) -> tuple[float, int, int, dict[int, int]]:
     """(seconds from the first round issued to the last round closed, rounds, summable bytes
-    per client) from the server's database."""
+    per client, aggregation rounds per tree level) from the server's database. An
+    aggregation round is one whose task asks a summable vector (a non-empty layout)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         t0, t1, n = con.execute("SELECT min(issued_at), max(closed_at), count(*) FROM rounds"
                                 ).fetchone()
-        words = sum(layout_size(Task.from_bytes(blob).layout)
-                    for (blob,) in con.execute("SELECT task_blob FROM rounds"))
+        words = 0
+        per_level: dict[int, int] = {}
+        for (blob,) in con.execute("SELECT task_blob FROM rounds"):
+            task = Task.from_bytes(blob)
+            size = layout_size(task.layout)
+            words += size
+            if size:
+                per_level[task.level] = per_level.get(task.level, 0) + 1
     finally:
         con.close()
-    return float(t1 - t0), int(n), 8 * words
+    return float(t1 - t0), int(n), 8 * words, dict(sorted(per_level.items()))
 
 
 def _server_cpu(out: Path) -> float:
@@ -97,7 +105,7 @@ def main() -> None:
     cpu0 = _children_cpu()
     res = run_simulation(opts)
     cpu_https = _children_cpu() - cpu0
-    train_s, rounds, summable = _training_span(a.out / "server.db")
+    train_s, rounds, summable, per_level = _training_span(a.out / "server.db")
     config = build_config(load_job_spec(a.out / "job.toml"))
     t_inproc = cpu_inproc = float("nan")
     same_model: bool | None = None
@@ -118,7 +126,8 @@ def main() -> None:
     sent = max(s["bytes_sent"] for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     recv = max(s["bytes_received"] for s in stats)
-    bound = 8 * config.n_estimators * 2 ** config.max_depth * config.n_features * \
+    # the paper's count, over the d_sampled = max_features features a node evaluates
+    bound = 8 * config.n_estimators * 2 ** config.max_depth * config.max_features * \
         config.n_bins * config.n_stats
     out = {"dataset": a.dataset, "clients": a.clients, "trees": a.trees, "depth": a.depth,
            "bins": a.bins, "profile": a.profile, "rounds": rounds,
@@ -128,20 +137,26 @@ def main() -> None:
            "clients_training_cpu_s": cpu_clients, "server_cpu_s": _server_cpu(a.out),
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
-           "bound_8T2^MdBS": bound}
+           "bound_8T2^MdBS": bound, "aggregation_rounds_per_level": per_level,
+           "max_aggregation_rounds_per_level": max(per_level.values(), default=0)}
     t = Table(title=f"transport benchmark: {a.dataset}, K={a.clients}, T={a.trees}, "
                     f"M={a.depth}, B={a.bins}, profile {a.profile}")
     for col in ("HTTPS training s", "in-process s", "ratio", "HTTPS end-to-end s",
-                "CPU s HTTPS / in-proc", "rounds", "same model"):
+                "CPU s HTTPS / in-proc", "rounds", "max aggregation rounds per level",
+                "same model"):
         t.add_column(col, justify="right")
     t.add_row(f"{train_s:.1f}", f"{t_inproc:.1f}", f"{train_s / t_inproc:.2f}",
               f"{res['wall_s']:.1f}", f"{cpu_https:.0f} / {cpu_inproc:.0f}", str(rounds),
-              str(same_model))
+              str(max(per_level.values(), default=0)), str(same_model))
     Console().print(t)
+    print("aggregation rounds per level: "
+          + ", ".join(f"{lvl}: {k}" for lvl, k in per_level.items()))
     b = Table(title="bytes per client")
-    for col in ("sent", "received", "summable payload", "8*T*2^M*d*B*S", "sent / payload"):
+    for col in ("sent", "received", "summable payload", "8*T*2^M*d_sampled*B*S",
+                "sent / bound", "sent / payload"):
         b.add_column(col, justify="right")
-    b.add_row(f"{sent:,}", f"{recv:,}", f"{summable:,}", f"{bound:,}", f"{sent / summable:.2f}")
+    b.add_row(f"{sent:,}", f"{recv:,}", f"{summable:,}", f"{bound:,}", f"{sent / bound:.2f}",
+              f"{sent / summable:.2f}")
     Console().print(b)
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=2) + "\n")

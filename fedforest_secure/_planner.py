@@ -59,6 +59,8 @@ class Frontier:
     parent_value: np.ndarray  # (n_nodes, n_out) the parent's value (a root: zeros)
     box_lo: np.ndarray | None  # (n_nodes, d) with public feature bounds
     box_hi: np.ndarray | None
+    #: (n_nodes,) weighted rows, as the parents' split statistics predict them (None: unknown)
+    count: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -156,13 +158,16 @@ class Growth:
 def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, splits: np.ndarray,
          kind: np.ndarray, feature: np.ndarray, threshold: np.ndarray,
          sets: Sequence[list[int]], child_values: Mapping[int, np.ndarray],
-         node_values: np.ndarray, gains: np.ndarray | None = None) -> Growth:
+         node_values: np.ndarray, gains: np.ndarray | None = None,
+         child_counts: Mapping[int, np.ndarray] | None = None) -> Growth:
     """Split the frontier nodes ``ev[e]`` for every ``e`` with ``splits[e]``.
 
     ``kind``, ``feature``, ``threshold`` and ``sets`` are the chosen split per evaluated node;
     the children get the values ``child_values[e]`` (two rows) where given, else the parent's
     ``node_values[ev[e]]`` (their fallback). A numeric split narrows the children's boxes.
     ``gains[e]`` (if given) is recorded as the split node's weighted impurity decrease.
+    With ``child_counts`` (the weighted rows of the left and right child of every split), the
+    next frontier knows its nodes' counts before their own round (:attr:`Frontier.count`).
     """
     n_nodes = frontier.size
     r_kind = np.full(n_nodes, NodeKind.LEAF, dtype=np.int32)
@@ -176,6 +181,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     nxt_lo: list[np.ndarray] = []
     nxt_hi: list[np.ndarray] = []
     pv: list[np.ndarray] = []
+    counts: list[float] = []
     box_lo, box_hi = frontier.box_lo, frontier.box_hi
     for e, i in enumerate(ev):
         if not splits[e]:
@@ -199,6 +205,9 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         r_left[i], r_right[i] = len(nt), len(nt) + 1
         nt += [t, t]
         nn += [lc, rc]
+        if child_counts is not None:
+            cc = child_counts.get(e)
+            counts += [float(cc[0]), float(cc[1])] if cc is not None else [np.nan, np.nan]
         child = child_values.get(e)
         if child is not None:
             pv += [child[0], child[1]]
@@ -231,5 +240,6 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         tree=np.array(nt, dtype=np.int64), node=np.array(nn, dtype=np.int64),
         parent_value=np.array(pv).reshape(-1, n_out),
         box_lo=np.array(nxt_lo).reshape(-1, d) if box_lo is not None else None,
-        box_hi=np.array(nxt_hi).reshape(-1, d) if box_hi is not None else None)
+        box_hi=np.array(nxt_hi).reshape(-1, d) if box_hi is not None else None,
+        count=np.array(counts, dtype=np.float64) if child_counts is not None else None)
     return Growth(nxt, routing, decided)

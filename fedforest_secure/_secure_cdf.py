@@ -294,7 +294,7 @@ class SecureCdfPlanner:
             st = stats.reshape(R, c.shape[1], -1)
             if self.stats is None:  # the first round: every active row was asked
                 if st.shape[1] == W + 1:
-                    self.stats = st  # the caller's array, not copied
+                    self.stats = st  # the caller's array, read only, not copied
                 else:
                     self.stats = np.zeros((R, W + 1, st.shape[2]))
                     self.stats[:, :w] = st[:, :w]
@@ -457,10 +457,8 @@ class SecureCdfPlanner:
         out[:, 0] = self.stats.sum(axis=1)  # no candidate: every row in the first bin
         rows, pick = self._picks()
         if rows.size:
-            # the cells' statistics are spent: cumulate them in place (through cell i)
-            np.cumsum(self.stats, axis=1, out=self.stats)
-            cum = self.stats
-            self.stats = None
+            cum = np.cumsum(self.stats, axis=1)  # through cell i (the cells' own are kept)
+            self.stats = None  # spent
             at = cum[rows[:, None], pick]  # (R', B - 1, S): everything left of each candidate
             part = out[rows]
             part[:, 0] = at[:, 0]

@@ -2,10 +2,13 @@
 
 The coordinator never sees a row. Per depth level it issues, for all active nodes of all trees
 at once, one SKETCH round (routing through the previous level's splits, node totals, and the
-sketch the method needs), optionally the refinement rounds of the secure pooled-CDF sketch, and
-one HISTOGRAM round (per-bin statistics at the candidate thresholds). Training T trees of depth
-M therefore takes O(M) rounds, whatever T (unless a level is evaluated in groups of nodes to
-bound memory, which the in-process driver asks for on large jobs; see :class:`Coordinator`).
+sketch the method needs) and one HISTOGRAM round (per-bin statistics at the candidate
+thresholds). The secure pooled-CDF sketch sums the bins' statistics in its own grid rounds
+(:mod:`~fedforest_secure._secure_cdf`), and from the second level on its first grid rides on
+the sketch round, placed from the node counts the parents' splits predict: one round per level,
+plus a refinement round where a cell is heavy. Training T trees of depth M therefore takes O(M)
+rounds, whatever T (unless a level is evaluated in groups of nodes to bound memory, which the
+in-process driver asks for on large jobs; see :class:`Coordinator`).
 Gains are exact functions of summed statistics (Theorem 4); candidate thresholds come from the
 pooled sketch CDF (Theorem 1).
 
@@ -302,6 +305,8 @@ class Coordinator:
         cfg = self.config
         n_nodes = frontier.size
         feats = sample_features(self._rng, n_nodes, cfg.n_features, cfg.max_features)
+        if self._fused(level, frontier):
+            return (yield from self._fused_level(level, frontier, routing, trees, feats))
         # a level's nodes are evaluated in groups (a sketch and a histogram round each)
         # only when asked; the forest is the same either way
         grouped = self._grouped(n_nodes, weight, feats.shape[1])
@@ -342,7 +347,84 @@ class Coordinator:
                  >= cfg.min_impurity_decrease))
         child = self._noisy_child_values(ev, ok, found, h_left, values)
         growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
-                      found.sets, child, values, gains=found.gain)
+                      found.sets, child, values, gains=found.gain,
+                      child_counts=self._child_counts(ok, found))
+        self.decisions.append({"level": level, "splits": growth.splits})
+        return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
+
+    # ------------------------------------------------------------------ fused levels
+    def _fused(self, level: int, frontier: Frontier) -> bool:
+        """Whether the level's sketch round also asks the level's first grid (one round per
+        level): the candidate method sums the bins' statistics in its grid rounds (the secure
+        pooled-CDF sketch), the parents' splits predict the nodes' counts exactly (no
+        abstention, which drops rows after routing; no DP; no H-splits)."""
+        return (level > 0 and frontier.count is not None and self._method.fuses_histogram()
+                and self.policy.totals_in_sketch(last=False) and not self.policy.h_splits
+                and int(self.config.profile.get("abstain_below", 0) or 0) <= 0)
+
+    def _child_counts(self, ok: np.ndarray, found: EvaluatedNodes
+                      ) -> dict[int, np.ndarray] | None:
+        """Weighted rows of the left and right child of every split ``e`` (``ok[e]``), from the
+        histogram that chose it; None unless the next level may be fused."""
+        if not self._method.fuses_histogram() or "hist" not in found.blocks \
+                or self.policy.h_splits:
+            return None
+        hist = found.blocks["hist"]
+        out: dict[int, np.ndarray] = {}
+        for e in np.flatnonzero(ok):
+            node = _impurity.counts_of(hist[e, found.slot[e]], self.config.task).sum()
+            left = float(_impurity.counts_of(found.left[e], self.config.task))
+            out[int(e)] = np.array([left, node - left])
+        return out
+
+    def _fused_level(self, level: int, frontier: Frontier,
+                     routing: dict[str, np.ndarray] | None, trees: list[TreeBuilder],
+                     feats: np.ndarray
+                     ) -> Generator[Task, Received, tuple[Frontier, dict[str, np.ndarray],
+                                                          float]]:
+        """A level in one round: routing, node totals and the first grid of the nodes whose
+        predicted count (:attr:`Frontier.count`) allows a split; refinement rounds if a cell
+        is heavy. The node totals then decide which nodes may split, as in
+        :meth:`_split_level`."""
+        cfg = self.config
+        n_nodes = frontier.size
+        count = frontier.count if frontier.count is not None else np.zeros(n_nodes)
+        ev = np.flatnonzero(_leaves.splittable_noisy(cfg, np.nan_to_num(count)))
+        ctx = LevelContext(level=level, feats=feats, totals=np.zeros((n_nodes, cfg.n_stats)),
+                           n=count, is_cat=np.array(cfg.kinds) == "categorical",
+                           box_lo=frontier.box_lo, box_hi=frontier.box_hi, lohi=self._grid_lohi)
+        first: list[Received] = []
+        fused: list[Task] = []
+
+        def ask(kind: TaskKind, level: int, params: dict[str, Any],
+                arrays: dict[str, np.ndarray], layout: tuple[Block, ...],
+                disclose: tuple[str, ...] = ()) -> Task:
+            if fused:  # refinement rounds
+                return self._task(kind, level, params, arrays, layout, disclose)
+            # the first grid rides on the level's sketch round
+            grid = {f"grid_{k}": v for k, v in arrays.items()}
+            fused.append(self._task(TaskKind.SKETCH, level,
+                                    {"n_nodes": int(n_nodes), "totals": True,
+                                     "stats": params["stats"]},
+                                    {**(routing or {}), **grid},
+                                    (totals_block(cfg, n_nodes), *layout)))
+            return fused[0]
+
+        found = yield from _tapped(evaluate_nodes(cfg, self._method, False, ctx, ev, ev, {}, ask),
+                                   first)
+        if first:
+            totals = first[0][0]["totals"]
+        else:  # nothing to evaluate: the level's routing and totals in a round of their own
+            blocks, _ = yield self._sketch_task(level, n_nodes, routing, None, False)
+            totals = blocks["totals"]
+        values, n = self._record_totals(frontier, totals, trees, level)
+        can = _leaves.splittable(cfg, totals)
+        ok = (np.isfinite(found.gain) & can[ev]
+              & (found.gain / self._root_n[frontier.tree[ev]] + 1e-15
+                 >= cfg.min_impurity_decrease))
+        growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
+                      found.sets, {}, values, gains=found.gain,
+                      child_counts=self._child_counts(ok, found))
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 
@@ -394,3 +476,20 @@ class Coordinator:
             elif e in h_left:
                 out[e] = self.policy.node_values(np.stack(h_left[e]), parent)
         return out
+
+
+def _tapped(gen: Generator[Task, Received, EvaluatedNodes], first: list[Received]
+            ) -> Generator[Task, Received, EvaluatedNodes]:
+    """Drive the round generator ``gen``, keeping the answer to its first round in ``first``."""
+    try:
+        task = next(gen)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    while True:
+        answer = yield task
+        if not first:
+            first.append(answer)
+        try:
+            task = gen.send(answer)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]

@@ -296,6 +296,14 @@ class Worker:
             n_nodes = int(task.params["n_nodes"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError("sketch task lacks a valid n_nodes") from exc
+        grid = [k for k in ("grid_nodes", "grid_features", "grid_thresholds")
+                if k in task.arrays]
+        if grid and (len(grid) < 3 or "stats" not in task.params or "nodes" in task.arrays) \
+                or "stats" in task.params and not grid:
+            # a histogram in a sketch task comes whole (nodes, features, thresholds and the
+            # statistics), in a whole-level sketch; a parameter it does not use is refused
+            raise ProtocolError("a sketch task asks a histogram with grid_nodes, "
+                                "grid_features, grid_thresholds and stats, or none of them")
         if "nodes" in task.arrays:
             return self._sketch_group(task, n_nodes)
         feats = task.arrays.get("features")
@@ -341,6 +349,16 @@ class Worker:
             disclosed.update(self._sketch_items(task, order, feats, counts))
         self._sketched_level = level
         summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
+        if "grid_thresholds" in task.arrays:
+            # the level's first histogram in the same round (after routing and abstention)
+            if feats is not None:
+                raise ProtocolError("a sketch task sorts the level or asks a histogram, "
+                                    "not both")
+            nodes, gfeats, thr, mode = self._histogram_arrays(task, "grid_")
+            if mode == "gain":
+                raise ProtocolError("a sketch task asks histograms of statistics only")
+            hist = self._unsorted_histogram(nodes, gfeats, thr, mode)
+            summable = np.concatenate([summable, hist.ravel()])
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
 
     def _sketch_group(self, task: Task, n_nodes: int) -> Reply:
@@ -475,13 +493,14 @@ class Worker:
         return order, local
 
     # ------------------------------------------------------------------ histogram round
-    def _histogram(self, task: Task) -> Reply:
-        if task.level != self._level:
-            raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
+    def _histogram_arrays(self, task: Task, prefix: str = ""
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        """The evaluated nodes, features, thresholds and statistics mode a task asks a
+        histogram of (``prefix``: ``"grid_"`` in a sketch task), checked."""
         try:
-            nodes = task.arrays["nodes"].astype(np.int64)
-            feats = task.arrays["features"].astype(np.int64)
-            thr = task.arrays["thresholds"].astype(np.float64)
+            nodes = task.arrays[prefix + "nodes"].astype(np.int64)
+            feats = task.arrays[prefix + "features"].astype(np.int64)
+            thr = task.arrays[prefix + "thresholds"].astype(np.float64)
         except KeyError as exc:
             raise ProtocolError(f"histogram task lacks {exc}") from exc
         if (nodes.ndim != 1 or feats.ndim != 2 or thr.ndim != 3
@@ -495,6 +514,12 @@ class Worker:
         mode = task.params.get("stats", "full")
         if mode not in ("full", "count", "gain", "moments"):
             raise ProtocolError(f"unknown statistics mode {mode!r}")
+        return nodes, feats, thr, mode
+
+    def _histogram(self, task: Task) -> Reply:
+        if task.level != self._level:
+            raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
+        nodes, feats, thr, mode = self._histogram_arrays(task)
         if self._sorted is None and self._level_feats is None:
             # the level's sketch round did not sort the level
             if self._sketched_level != self._level:

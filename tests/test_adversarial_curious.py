@@ -70,7 +70,7 @@ def _train(profile: str, **kw: Any) -> tuple[JobConfig, Spy, list[RoundRecord]]:
 def test_curious_server_never_holds_a_per_client_plaintext_statistic() -> None:
     cfg, spy, records = _train("secure")
     assert load_profile("secure").disclosures == []
-    assert len(records) == len(spy.rounds) >= 2 * cfg.max_depth + 1
+    assert len(records) == len(spy.rounds) >= cfg.max_depth + 2  # one round per level on
     for rec in records:  # nothing asked for in the clear, nothing disclosed
         assert rec.task.disclose == () and rec.disclosed == {}
     transcript = spy.inner.transcript

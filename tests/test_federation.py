@@ -86,7 +86,9 @@ def test_secure_profile_sums_everything_through_secagg() -> None:
     rounds: list[RoundRecord] = []
     run_in_process(cfg, clients, aggregator=rec, on_round=rounds.append)
     K = cfg.n_clients
-    assert len(rounds) == len(rec.calls) >= 2 * cfg.max_depth + 1
+    # the first level in two rounds (totals, then its grid), every later level in one (the
+    # grid rides on the routing round), the leaves' totals in one
+    assert len(rounds) == len(rec.calls) >= cfg.max_depth + 2
     # nothing is disclosed in the clear, nothing is even asked for
     for r in rounds:
         assert r.disclosed == {}
@@ -107,8 +109,9 @@ def test_secure_profile_sums_everything_through_secagg() -> None:
     last_uploads = uploads[-K:]
     for up in last_uploads:
         assert not any(np.array_equal(up.vector, enc) for enc in ring.last_encoded.values())
-    # the secure sketch asks for counts in extra histogram rounds, no quantiles
+    # the secure sketch asks statistics on grids (one round per level), no quantiles
     assert any(r.task.params.get("purpose") == "sketch" for r in rounds)
+    assert any("grid_thresholds" in r.task.arrays for r in rounds)
 
 
 def test_open_profile_discloses_sketches() -> None:

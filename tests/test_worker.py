@@ -357,6 +357,55 @@ def test_histogram_without_a_sorted_level_matches_the_sorted_one(
     assert a.any()
 
 
+def _grid_sketch_task(rid: int, n_nodes: int, nodes: np.ndarray, feats: np.ndarray,
+                      thr: np.ndarray, S: int = 3) -> Task:
+    """A whole-level sketch round that also asks the histogram of ``thr`` (``grid_*``)."""
+    E, m, bt = thr.shape
+    t = _sketch_task(rid, 0, n_nodes, S)
+    return dataclasses.replace(
+        t, params={"n_nodes": n_nodes, "totals": True, "stats": "full"},
+        arrays={"grid_nodes": np.asarray(nodes, dtype=np.int64),
+                "grid_features": np.asarray(feats, dtype=np.int64), "grid_thresholds": thr},
+        layout=(*t.layout, Block("h", (E, m, bt + 1, S), REG)))
+
+
+def test_sketch_round_with_a_grid_answers_totals_and_the_histogram_round() -> None:
+    """The histogram asked in a sketch round (``grid_*``) is the one a histogram round after
+    that sketch round answers, appended to the node totals."""
+    rng = np.random.default_rng(5)
+    cfg = _cfg(n_estimators=3)
+    X, y = np.round(rng.normal(size=(50, 3)), 1), rng.normal(size=50)
+    feats = np.array([[0, 1, 2], [2, -1, 0], [1, 2, 0]])
+    thr = np.sort(np.round(rng.normal(size=(3, 3, 4)), 1), axis=2)
+    nodes = np.array([0, 2])
+    two = Worker(cfg, X, y, client_index=0, seed=0)
+    totals = two.handle(_sketch_task(1, 0, 3)).summable
+    hist = two.handle(_hist_task(2, 0, nodes, feats[nodes], thr[nodes])).summable
+    one = Worker(cfg, X, y, client_index=0, seed=0)
+    fused = one.handle(_grid_sketch_task(1, 3, nodes, feats[nodes], thr[nodes])).summable
+    np.testing.assert_array_equal(fused, np.concatenate([totals, hist]))
+    assert hist.any()
+
+
+@pytest.mark.parametrize("drop", ["grid_nodes", "grid_thresholds", "stats", "all-but-stats"])
+def test_sketch_round_with_part_of_a_grid_is_refused(drop: str) -> None:
+    """A sketch task asks a histogram whole or not at all: a lone ``stats`` parameter or a
+    grid array without the others would let a server dress a repeated question up as new."""
+    rng = np.random.default_rng(6)
+    w = Worker(_cfg(n_estimators=2), rng.normal(size=(20, 3)), rng.normal(size=20),
+               client_index=0, seed=0)
+    t = _grid_sketch_task(1, 2, np.arange(2), np.array([[0, 1, 2], [2, 1, 0]]),
+                          np.sort(rng.normal(size=(2, 3, 3)), axis=2))
+    if drop == "stats":
+        t.params.pop("stats")
+    elif drop == "all-but-stats":
+        t = dataclasses.replace(t, arrays={}, layout=t.layout[:1])
+    else:
+        t.arrays.pop(drop)
+    with pytest.raises(ProtocolError):
+        w.handle(t)
+
+
 def test_replay_returns_the_same_reply() -> None:
     w, feats = _ready_worker()
     thr = np.sort(np.random.default_rng(0).normal(size=(2, 3, 4)), axis=2)

@@ -49,7 +49,7 @@ class TaskKind(enum.StrEnum):
     """What a round asks of the clients."""
 
     #: Route rows through the previous level's splits, send node totals (summable) and, if asked,
-    #: per-client sketches (disclosed).
+    #: per-client sketches (disclosed) or the level's first histogram (summable, ``grid_*``).
     SKETCH = "sketch"
     #: Per node and feature slot, a histogram of statistics over bins cut by the given thresholds.
     HISTOGRAM = "histogram"
@@ -61,16 +61,20 @@ class TaskKind(enum.StrEnum):
 #: Task parameters a client reads, per task kind; anything else is refused (a server must not
 #: dress up a repeated question as a new one with an unused parameter).
 TASK_PARAMS: dict[TaskKind, frozenset[str]] = {
-    TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "dp"}),
+    TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "stats", "dp"}),
     TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp"}),
     TaskKind.EVALUATE: frozenset({"dp"}),
 }
 TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
     # "nodes": a sketch of some of the level's nodes only, after its routing round (a
     # coordinator that evaluates a level in groups; optional, absent by default)
+    # "grid_nodes", "grid_features", "grid_thresholds" (with the parameter "stats"): the
+    # level's first histogram, asked in the same round, after routing and node totals (the
+    # secure pooled-CDF sketch, whose grids need no sketch of the level)
     TaskKind.SKETCH: frozenset({"features", "route_kind", "route_feature", "route_threshold",
                                 "route_left", "route_right", "route_set_ptr",
-                                "route_set_vals", "nodes"}),
+                                "route_set_vals", "nodes", "grid_nodes", "grid_features",
+                                "grid_thresholds"}),
     TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
     TaskKind.EVALUATE: frozenset(),
 }
