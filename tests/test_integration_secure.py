@@ -55,7 +55,10 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     assert all(e.payload["masked"] is True for e in rounds)
     assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
     # each round: the aggregate in full, the task by its digest and the shape of its arrays
-    assert all(set(e.arrays) == {"aggregate"} and e.payload["task_arrays"] for e in rounds)
+    # (none in the first level's totals round)
+    assert all(set(e.arrays) == {"aggregate"} and isinstance(e.payload["task_arrays"], dict)
+               for e in rounds)
+    assert all(e.payload["task_arrays"] for e in rounds[1:])
     with AuditLog(fed.root / "audit.db", create=False) as log:
         assert contains_per_client_plaintext(log, "job-a") == []
         joined = [e for e in log.entries(job_id="job-a") if e.kind == "client_joined"]
