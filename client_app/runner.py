@@ -29,7 +29,6 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from fedforest_secure.audit import Receipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
-from fedforest_secure.federation import client_seed
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
 from fedforest_secure.protocol.api import (
@@ -40,9 +39,9 @@ from fedforest_secure.protocol.api import (
     SecAggStep,
 )
 from fedforest_secure.secure_sum import encode_contribution
-from fedforest_secure.worker import Worker
 
 from .data import load_site_table, schema_sha256
+from .evaluation import SiteWorker, site_worker
 from .log import SiteLog
 from .secagg_session import SecAggSession, identity_key
 from .state import ClientState
@@ -103,7 +102,7 @@ class ClientOptions:
     server: str
     token: str
     job: str
-    data: Path
+    data: Path | None
     schema: Path
     ca: Path | None
     cert: Path | None = None
@@ -121,6 +120,8 @@ class ClientOptions:
     #: The number of clients this site knows the job has (``--clients``): the job's
     #: configuration must say the same (it sets the DP noise's ``K_min`` and the roster).
     n_clients: int | None = None
+    #: The site's held-out rows (same schema), scored by evaluation jobs (``--eval-data``).
+    eval_data: Path | None = None
 
 
 @dataclass
@@ -149,7 +150,7 @@ class _Ctx:
     job: str
     index: int
     name: str
-    worker: Worker
+    worker: SiteWorker
     result: ClientResult
     progress: Progress
     bar: TaskID
@@ -238,7 +239,13 @@ def _names(names: Sequence[str]) -> str:
 
 def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     """Run one institution's side of a job until the job ends (or this client is dropped)."""
-    X, y = load_site_table(opts.data, opts.schema)  # validated before anything is sent
+    # validated before anything is sent: the training table and/or the held-out rows
+    train = load_site_table(opts.data, opts.schema) if opts.data is not None else None
+    held_out = load_site_table(opts.eval_data, opts.schema) if opts.eval_data is not None \
+        else None
+    if train is None and held_out is None:
+        raise FedForestError("give the site's table (--data) or its held-out rows "
+                             "(--eval-data)")
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
     log = log or SiteLog()
     tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
@@ -246,12 +253,14 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
                    on_wait=log.info)
     state = ClientState(opts.state_dir)
     try:
-        return _run(opts, tr, state, X, y, log, pinned)
+        return _run(opts, tr, state, train, held_out, log, pinned)
     finally:
         tr.close()
 
 
-def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, y: np.ndarray,
+def _run(opts: ClientOptions, tr: Transport, state: ClientState,
+         train: tuple[np.ndarray, np.ndarray] | None,
+         held_out: tuple[np.ndarray, np.ndarray] | None,
          log: SiteLog, pinned: dict[str, Any] | None = None) -> ClientResult:
     job = opts.job
     identity = None
@@ -273,12 +282,12 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
         raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
     _check_job(config, opts, log)
     k = info.client_index
-    worker = Worker(config, X, y, client_index=k, seed=client_seed(config, k))
+    worker = site_worker(config, k, train, held_out, state.root)
     secure_hint = bool(config.profile.get("secure_aggregation"))
     if secure_hint:
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
-             f"({len(y)} rows, profile {config.profile.get('name', '?')})")
+             f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
     _replay(tr, job, worker)
     cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
     result = ClientResult(status="running")
@@ -298,11 +307,12 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray, 
     if result.status == "done":
         resp = tr.request("GET", f"/v1/jobs/{job}/model")
         model = resp.content
-        out = opts.model_out or (opts.state_dir / f"{job}.model.json")
+        kind = "model" if config.evaluation is None else "evaluation"
+        out = opts.model_out or (opts.state_dir / f"{job}.{kind}.json")
         out.write_bytes(model)
         result.model_path = out
         _model_receipt(ctx, model, resp.headers)
-        log.info(f"job {job} done: model saved to {out} "
+        log.info(f"job {job} done: {kind} saved to {out} "
                  f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
     else:
         log.warn(f"job {job} ended: {result.status} {result.detail}")
@@ -475,7 +485,7 @@ def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
     return task
 
 
-def _replay(tr: Transport, job: str, worker: Worker) -> None:
+def _replay(tr: Transport, job: str, worker: SiteWorker) -> None:
     """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again."""
     listed = tr.get_json(f"/v1/jobs/{job}/rounds")
     if not isinstance(listed, list):

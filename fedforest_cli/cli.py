@@ -1,5 +1,6 @@
 """The ``fedforest`` command: ``server``, ``client``, ``pki``, ``simulate``, ``compare``,
-``audit``, and for a site ``schema draft``, ``check``, ``jobs``, ``status``, ``model download``."""
+``audit``, ``evaluate``, ``cross-validate``, and for a site ``schema draft``, ``check``,
+``jobs``, ``status``, ``model download``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from fedforest_secure.errors import FedForestError
 from . import data_cli, site_cli
 from ._common import console, fail
 from .audit_cli import audit_app
+from .crossval_cli import cross_validate_cmd
+from .evaluate_cli import evaluate
 from .server_cli import server_cli
 
 __all__ = ["app"]
@@ -26,6 +29,8 @@ pki_cli = typer.Typer(help="Development certificates (a CA, a server and client 
 app.add_typer(server_cli, name="server")
 app.add_typer(pki_cli, name="pki")
 app.add_typer(audit_app, name="audit")
+app.command(context_settings={"allow_extra_args": True})(evaluate)
+app.command("cross-validate")(cross_validate_cmd)
 data_cli.register(app)
 site_cli.register(app)
 
@@ -36,14 +41,18 @@ def client(
     server: Annotated[str, typer.Option(help="https://host:port of the federation server")],
     token: Annotated[str, typer.Option(envvar="FEDFOREST_TOKEN", help="this site's token")],
     job: Annotated[str, typer.Option(help="the job id to join")],
-    data: Annotated[Path, typer.Option(help="the site's CSV table")],
     schema: Annotated[Path, typer.Option(help="the federation's schema file")],
+    data: Annotated[Path | None, typer.Option(
+        help="the site's CSV table (training jobs)")] = None,
+    eval_data: Annotated[Path | None, typer.Option(
+        help="the site's held-out rows, a CSV with the same schema (evaluation jobs)")] = None,
     ca: Annotated[Path | None, typer.Option(help="the federation CA certificate (PEM)")] = None,
     cert: Annotated[Path | None, typer.Option(help="client certificate for mTLS")] = None,
     key: Annotated[Path | None, typer.Option(help="client key for mTLS")] = None,
     state_dir: Annotated[Path, typer.Option(help="receipts and local state")] = Path(
         ".fedforest-client"),
-    out: Annotated[Path | None, typer.Option(help="where to save the model")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="where to save the model (an evaluation job: its result)")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     retry_budget: Annotated[float, typer.Option(help="seconds to keep retrying")] = 300.0,
     profile: Annotated[str | None, typer.Option(
@@ -57,7 +66,8 @@ def client(
         "--insecure-dev", help="allow plain http:// to a loopback server run with "
                                "--insecure-dev (development only)")] = False,
 ) -> None:
-    """Join a job as one institution and train until the job ends.
+    """Join a job as one institution and take part until the job ends: train on --data, or
+    score an evaluation job's models on --eval-data.
 
     Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
     (waiting for the server or for other sites, each level, dropped sites)."""
@@ -68,7 +78,8 @@ def client(
                                        schema=schema, ca=ca, cert=cert, key=key,
                                        state_dir=state_dir, model_out=out, quiet=quiet,
                                        retry_budget_s=retry_budget, profile=profile,
-                                       insecure_dev=insecure_dev, n_clients=clients))
+                                       insecure_dev=insecure_dev, n_clients=clients,
+                                       eval_data=eval_data))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     if res.status != "done":

@@ -31,6 +31,7 @@ from fedforest_secure.config_errors import file_key
 from fedforest_secure.privacy import available_profiles, load_profile
 from fedforest_secure.privacy.profile import DPConfig, PrivacyProfile
 from fedforest_secure.schema import Feature, Schema, Target
+from server_app.evaljob import EvaluationParams
 from server_app.jobspec import DataFacts, ForestParams, JobSpec
 from server_app.settings import ServerSettings, TLSSettings
 
@@ -185,6 +186,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "job.forest": lambda: field_table(ForestParams),
     "job.privacy": privacy_table,
     "job.data": lambda: field_table(DataFacts),
+    "job.evaluation": lambda: field_table(EvaluationParams),
     "server": lambda: field_table(ServerSettings),
     "server.tls": lambda: field_table(TLSSettings),
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,9 @@ class SimData:
     X_test: np.ndarray
     y_test: np.ndarray
     job_toml: Path
+    #: each site's share of the held-out rows (``X_test`` pooled), and its CSV
+    held_out: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    held_out_csvs: list[Path] = field(default_factory=list)
 
 
 def synthetic_table(n: int, d: int = 20, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -137,6 +140,14 @@ def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_tom
     parts = [(X[train][part == k], y[train][part == k]) for k in range(opts.clients)]
     schema = schema_dict(X, y, task, feat)
     csvs = write_site_files(out, names, parts, feat, task, schema)
+    # the held-out rows are spread over the sites too: each keeps its share (never pooled by
+    # the federation; the simulation pools them only for the centralized reference)
+    where = np.random.default_rng(opts.seed + 1).integers(0, opts.clients, size=len(test))
+    held_out = [(X[test][where == k], y[test][where == k]) for k in range(opts.clients)]
+    held_csvs = []
+    for name, (Xk, yk) in zip(names, held_out, strict=True):
+        held_csvs.append(out / "sites" / f"{name}.test.csv")
+        write_csv(held_csvs[-1], Xk, yk, feat, task)
     forest = {"n_estimators": opts.trees, "max_depth": opts.depth, "n_bins": opts.bins,
               "random_state": opts.seed, "min_samples_leaf": 5, **opts.extra_forest}
     job_id = f"sim-{opts.dataset.replace('_', '-')}"
@@ -147,4 +158,4 @@ def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_tom
         admin.create_job(load_job_spec(job_toml))
     sites = [SiteData(n, p, out / "schema.toml", t, Xk, yk)
              for n, p, t, (Xk, yk) in zip(names, csvs, tokens, parts, strict=True)]
-    return SimData(job_id, task, sites, X[test], y[test], job_toml)
+    return SimData(job_id, task, sites, X[test], y[test], job_toml, held_out, held_csvs)

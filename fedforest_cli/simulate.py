@@ -21,8 +21,9 @@ from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
 
-from .sim_data import SiteData, prepare_sites
+from .sim_data import SimData, SiteData, prepare_sites
 from .sim_eval import evaluate
+from .sim_evaluation import EvalRun
 
 __all__ = ["SimulateOptions", "run_simulation", "start_server", "start_client", "free_port"]
 
@@ -111,14 +112,18 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
                  model_out: Path, *, profile: str | None = None, n_clients: int | None = None,
-                 insecure_dev: bool = False) -> subprocess.Popen[bytes]:
+                 insecure_dev: bool = False, eval_data: Path | None = None
+                 ) -> subprocess.Popen[bytes]:
     """One client process. ``profile`` pins the privacy profile the site accepts (the job's
     own) and ``n_clients`` the number of clients it knows the job has; ``insecure_dev`` only
-    when the server itself runs with ``--insecure-dev``."""
+    when the server itself runs with ``--insecure-dev``; ``eval_data``: the site's held-out
+    rows, for an evaluation job (instead of its table)."""
     env = _child_env()
     env["FEDFOREST_TOKEN"] = site.token
+    table = ["--eval-data", str(eval_data)] if eval_data is not None else ["--data",
+                                                                         str(site.csv)]
     cmd = [sys.executable, "-m", "fedforest_cli", "client", "--server", url, "--job", job,
-           "--data", str(site.csv), "--schema", str(site.schema), "--ca",
+           *table, "--schema", str(site.schema), "--ca",
            str(certs / "ca.pem"), "--cert", str(certs / f"{site.name}.pem"), "--key",
            str(certs / f"{site.name}.key"), "--state-dir", str(state), "--out",
            str(model_out), "--quiet", "--retry-budget", "120"]
@@ -177,6 +182,17 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
         console.print(f"4. {len(procs)} client processes started; training...")
         _watch(out / "server.db", sim.job_id, opts.depth, procs)
         codes = [p.wait() for p in procs]
+        status = _job_status(out / "server.db", sim.job_id)
+        if status["status"] != "done":
+            raise FedForestError(f"the job ended {status['status']}: {status['reason']} "
+                                 f"(logs in {out / 'logs'})")
+        model_text = status["model_json"]
+        (out / "model.json").write_text(model_text)
+        train_wall = time.monotonic() - t0
+        console.print(f"5. model trained; every site scores it on its own held-out rows "
+                      f"({', '.join(str(len(y)) for _, y in sim.held_out)} rows), "
+                      "only the sums leave the sites")
+        evaluation = _federated_evaluation(sim, opts, out, server_toml, url, certs)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -186,22 +202,31 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
-    status = _job_status(out / "server.db", sim.job_id)
-    if status["status"] != "done":
-        raise FedForestError(f"the job ended {status['status']}: {status['reason']} "
-                             f"(logs in {out / 'logs'})")
-    model_text = status["model_json"]
-    (out / "model.json").write_text(model_text)
     model = ForestModel.from_json(model_text)
     wall = time.monotonic() - t0
     receipts = collect_receipts(out)
     audit = _audit_summary(out / "audit.db", receipts, sim.job_id)
-    scores = evaluate(model, sim, opts)
+    scores = evaluate(model, sim, opts, evaluation.result)
     _print_table(scores, sim, opts, wall, status["round"])
     _print_where(out, audit)
-    return {"scores": scores, "wall_s": wall, "client_exit_codes": codes, "out": out,
+    return {"scores": scores, "wall_s": wall, "train_wall_s": train_wall,
+            "eval_wall_s": evaluation.wall_s, "client_exit_codes": codes, "out": out,
             "model_digest": status["model_digest"], "receipts": receipts, "audit": audit,
-            "rounds": status["round"]}
+            "rounds": status["round"], "evaluation": evaluation.result}
+
+
+def _federated_evaluation(sim: SimData, opts: SimulateOptions, out: Path, server_toml: Path,
+                          url: str, certs: Path) -> EvalRun:
+    """An evaluation job of the trained model (same sites and profile): each site scores it on
+    its own held-out rows, the server gets the sums."""
+    from .sim_evaluation import create_eval_job, run_eval_clients, write_eval_job
+
+    job_toml = write_eval_job(out / "eval.toml", f"{sim.job_id}-eval",
+                              [s.name for s in sim.sites], opts.profile, [out / "model.json"],
+                              names=["fedforest"], deadline=opts.round_deadline)
+    job_id = create_eval_job(server_toml, job_toml)
+    return run_eval_clients(sim.sites, sim.held_out_csvs, url, job_id, certs, out,
+                            out / "server.db", profile=opts.profile)
 
 
 def collect_receipts(out: Path, states: Path | None = None) -> Path:
@@ -265,16 +290,21 @@ def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: 
     metric = scores["metric"]
     secure = opts.profile.startswith("secure")
     table = Table(title=f"{opts.dataset}: test {metric} on {len(sim.y_test)} held-out rows "
-                        "(higher is better)")
+                        f"at {opts.clients} sites (higher is better)")
     table.add_column("method")
     table.add_column(metric, justify="right")
     table.add_column("who sees what")
     sees = (f"the server sees only masked vectors and their sum over the {opts.clients} sites"
             if secure else f"the server sees each site's statistics (profile {opts.profile})")
-    table.add_row(f"FedForest over HTTPS (profile {opts.profile})",
-                  f"{scores['fedforest']:.4f}", sees)
+    noise = scores.get("fedforest_noise")
+    value = f"{scores['fedforest']:.4f}" + (f" ± {noise:.4f}" if noise else "")
+    how = ("; scored by federated evaluation: each site on its own held-out rows, the server "
+           "sums" + (" (noisy: ± is the evaluation's DP noise)" if noise else "")
+           if scores.get("federated") else "")
+    table.add_row(f"FedForest over HTTPS (profile {opts.profile})", value, sees + how)
     table.add_row("centralized random forest", f"{scores['centralized']:.4f}",
-                  "all rows pooled in one place (what federation avoids)")
+                  "all rows pooled in one place (what federation avoids), scored on the "
+                  "pooled held-out rows")
     table.add_row("local learning (mean over sites)", f"{scores['local']:.4f}",
                   "each site alone, on its own rows")
     console.print(table)

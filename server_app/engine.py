@@ -1,7 +1,12 @@
-"""What the server needs of the training engine: the coordinator, the round codec, and the
-public bounds every plaintext upload is checked against."""
+"""What the server needs of the engine: the job's coordinator (training or evaluation), the
+round codec, and the public bounds every plaintext upload is checked against."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
@@ -9,11 +14,38 @@ from fedforest_secure.protocol import Task
 from fedforest_secure.protocol.bounds import PlainBounds
 from fedforest_secure.secure_sum import StatCodec, make_codec
 
-__all__ = ["PlainBounds", "make_codec", "new_coordinator", "plain_bounds", "round_codec",
-           "uses_ring", "uses_secagg"]
+__all__ = ["JobOutput", "PlainBounds", "RoundEngine", "make_codec", "new_coordinator",
+           "plain_bounds", "round_codec", "uses_ring", "uses_secagg"]
 
 
-def new_coordinator(config: JobConfig) -> Coordinator:
+class JobOutput(Protocol):
+    """What a finished job yields: a forest, or an evaluation's result."""
+
+    def to_json(self) -> str: ...
+
+
+class RoundEngine(Protocol):
+    """The server side of a job, round by round: the training
+    :class:`~fedforest_secure.coordinator.Coordinator` or the
+    :class:`~fedforest_secure.evaluation.coordinator.EvalCoordinator`."""
+
+    def next_task(self) -> Task | None: ...
+
+    def submit(self, round_id: int, total: np.ndarray,
+               disclosed: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+               participants: Sequence[int] | None = None) -> None: ...
+
+    def result(self) -> JobOutput: ...
+
+    def pop_events(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]: ...
+
+
+def new_coordinator(config: JobConfig) -> RoundEngine:
+    """The coordinator of the job's kind."""
+    if config.evaluation is not None:
+        from fedforest_secure.evaluation.coordinator import EvalCoordinator
+
+        return EvalCoordinator(config)
     return Coordinator(config)
 
 

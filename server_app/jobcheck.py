@@ -84,7 +84,9 @@ def check_job(spec: JobSpec) -> CheckedJob:
         new_coordinator(config)
     except (FedForestError, ValueError) as exc:
         raise ConfigError(f"job {spec.id!r} cannot start: {exc}") from None
-    notes = _dp_notes(spec, profile, config) if profile.get("dp") else []
+    # an evaluation job has no forest: the DP rule's forest fields are no news to it
+    notes = _dp_notes(spec, profile, config) if profile.get("dp") and spec.kind == "train" \
+        else []
     return CheckedJob(spec, notes)
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.protocol import SealedTask
 from fedforest_secure.secure_sum import StatCodec
 
-from .engine import PlainBounds, plain_bounds, round_codec, uses_secagg
+from .engine import PlainBounds, RoundEngine, plain_bounds, round_codec, uses_secagg
 from .phases import RoundPlan, plan_for
 from .secagg_bridge import SecAggBridge
 
@@ -32,7 +31,7 @@ class JobRuntime:
     #: the relay of a job with secure aggregation; None for plain jobs
     secure: SecAggBridge | None = None
     #: None once the job stopped (done, failed, or not resumable)
-    coord: Coordinator | None = None
+    coord: RoundEngine | None = None
     #: the open round's task, sealed: packed and hashed once, the same bytes for every client
     task: SealedTask | None = None
     #: the open round's fixed-point codec (None for float64 rounds)
@@ -44,7 +43,7 @@ class JobRuntime:
         """The phases of this job's rounds."""
         return plan_for(self.secure is not None)
 
-    def coordinator(self) -> Coordinator:
+    def coordinator(self) -> RoundEngine:
         if self.coord is None:
             raise RuntimeError(f"job {self.job_id!r} has no coordinator: it is not running")
         return self.coord

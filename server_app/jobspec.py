@@ -26,8 +26,9 @@ import hashlib
 import json
 import math
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -36,6 +37,7 @@ from fedforest_secure.config_errors import explain
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.schema import Schema
 
+from .evaljob import EvaluationParams, embed_models, evaluation_of, set_models
 from .settings import ConfigError
 
 __all__ = ["ForestParams", "JobSpec", "build_config", "load_job_spec", "resolve_profile"]
@@ -128,6 +130,11 @@ class JobSpec(BaseModel):
     public_rows: int | None = Field(default=None, ge=1, description=(
         "a public count (or lower bound) of the federation's rows, for the DP allocation "
         "rule; absent: 100 rows per site"))
+    kind: Literal["train", "evaluate"] = Field(default="train", description=(
+        '"train" (a forest) or "evaluate" (score the models of `[evaluation]` on every '
+        "site's held-out rows; sites run `fedforest client --eval-data`)"))
+    evaluation: EvaluationParams | None = Field(default=None, description=(
+        'the `[evaluation]` table, only with kind = "evaluate"'))
 
     @field_validator("clients")
     @classmethod
@@ -142,8 +149,10 @@ class JobSpec(BaseModel):
         return hashlib.sha256(self.schema_text.encode()).hexdigest()
 
 
-def load_job_spec(path: Path) -> JobSpec:
-    """Read ``job.toml``; embeds the schema file (and a profile file) it names."""
+def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
+                  names: Sequence[str] | None = None) -> JobSpec:
+    """Read ``job.toml``; embeds the schema file (and a profile file) it names. ``models``
+    (and ``names``): an evaluation job scoring these model files (``fedforest evaluate``)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -163,6 +172,9 @@ def load_job_spec(path: Path) -> JobSpec:
     if isinstance(prof, str) and prof.endswith(".toml"):
         ppath = Path(prof) if Path(prof).is_absolute() else base / prof
         raw["profile"] = str(ppath.resolve())
+    if models is not None:
+        set_models(raw, models, names)
+    embed_models(raw, base)
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
@@ -246,13 +258,14 @@ def build_config(spec: JobSpec) -> JobConfig:
     forest = spec.forest.model_dump()
     profile = resolve_profile(spec.profile, spec.profile_overrides)
     dp = profile.get("dp")
-    if dp:  # forest settings the job file leaves out come from the DP allocation rule
+    if dp and spec.kind == "train":  # forest settings the job file leaves out: DP rule
         forest.update(_dp_forest(spec, facts, dp))
     try:
         forest["max_features"] = resolve_max_features(forest["max_features"],
                                                       int(facts["n_features"]))
         if forest["criterion"] is None:
             forest["criterion"] = "mse" if facts["task"] == "regression" else "gini"
+        facts["evaluation"] = evaluation_of(spec.kind, spec.evaluation, spec.schema_text, facts)
         return JobConfig(job_id=spec.id, n_clients=len(spec.clients), profile=profile,
                          **facts, **forest)
     except (TypeError, ValueError) as exc:

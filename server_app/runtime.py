@@ -44,6 +44,7 @@ from .core import Core, round_for_message
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
+from .evaljob import evaluation_entry
 from .jobcheck import check_job
 from .jobs import JobRuntime
 from .jobspec import JobSpec, build_config, default_min_clients
@@ -145,6 +146,7 @@ class ServerState:
         self.core.audit.append(spec.id, "job_created", {
             "schema": spec.schema_text or json.dumps(spec.data.model_dump() if spec.data else {}),
             "hyperparameters": spec.forest.model_dump(),
+            **evaluation_entry(config),
             "profile": config.profile,
             "clients": spec.clients, "min_clients": min_clients,
             "round_deadline": spec.round_deadline,

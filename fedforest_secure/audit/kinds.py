@@ -20,7 +20,8 @@ kind                payload (required keys first; more keys are allowed and hash
 ``disclosure``      ``client``, ``item`` (``round_id``); array ``data`` = the plaintext disclosed
 ``dp_spend``        ``epsilon``, ``delta``, ``mechanism``, ``total_epsilon``, ``total_delta``
 ``split``           ``splits`` (a list of split decisions; ``round_id``)
-``model``           ``digest`` (SHA-256 of the final model file)
+``model``           ``digest`` (SHA-256 of the final model file; an evaluation job's: of its
+                    result document)
 ==================  =========================================================================
 """
 

@@ -38,7 +38,6 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
     stored array that does not match its digest is reported, not trusted.
     """
     from ..config import JobConfig
-    from ..coordinator import Coordinator
 
     entries = log.entries(job_id=job_id)
     where = f"job {job_id!r} replay"
@@ -52,7 +51,7 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
                 "client list: cannot replay"]
     try:
         config = JobConfig.from_json(canonical_json(payload["config"]))
-        coord = Coordinator(config)
+        coord = _coordinator(config)
     except (FedForestError, ValueError, TypeError, KeyError) as exc:
         return [f"{where}: {created.label}: the configuration does not load ({exc})"]
     index = {str(name): k for k, name in enumerate(payload["clients"])}
@@ -71,6 +70,17 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
             coord, model, schema if isinstance(schema, str) else None,
             [str(c) for c in payload["clients"]]))
     return problems
+
+
+def _coordinator(config: Any) -> Any:
+    """The job's coordinator: an evaluation's, or the training engine's."""
+    if config.evaluation is not None:
+        from ..evaluation.coordinator import EvalCoordinator
+
+        return EvalCoordinator(config)
+    from ..coordinator import Coordinator
+
+    return Coordinator(config)
 
 
 def _disclosures(log: AuditLog, entries: list[Entry], index: dict[str, int]

@@ -49,17 +49,24 @@ class EvaluationError(FedForestError, ValueError):
 
 def load_forest(text: str) -> ForestModel:
     """A forest from a model file's text: the server's ``fedforest-secure/model/v1`` file, or an
-    estimator file (``FedForest*.save``) that embeds one."""
+    estimator file (``FedForest*.save``) that embeds one (a regressor's ``y_offset`` is added
+    to its leaf values, so the forest predicts what the estimator predicts)."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise EvaluationError(f"a model file is not JSON: {exc}") from None
+    offset = 0.0
     if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
+        offset = float(doc.get("y_offset") or 0.0)
         doc = doc["model"]  # an estimator file: its forest
     try:
-        return ForestModel.from_json(json.dumps(doc))
+        forest = ForestModel.from_json(json.dumps(doc))
     except (ValueError, KeyError, TypeError) as exc:
         raise EvaluationError(f"not a FedForest model file ({exc})") from None
+    if offset and forest.task == "regression":
+        for tree in forest.trees:
+            tree.value = tree.value + offset
+    return forest
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:

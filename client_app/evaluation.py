@@ -1,0 +1,114 @@
+"""The site's worker for a job: training rows for a training job, held-out rows for an
+evaluation job, and the site's ledger of the models it scored.
+
+A site scores a given model on given held-out rows for one evaluation job only. An evaluation
+job asks its one question once (:class:`~fedforest_secure.evaluation.worker.EvalWorker`), but a
+server could create a second job that asks the same question over fewer sites and subtract the
+two sums; the ledger (``<state dir>/evaluations.jsonl``: one line per job with the digests of
+the models and of the held-out rows) makes the site refuse any job that scores a model it
+already scored on the same rows in another job. A site that means to repeat an evaluation (a
+job that failed before its sum was released) deletes that job's line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError, RefusedRequest
+from fedforest_secure.evaluation.worker import EvalWorker
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Reply, Task
+from fedforest_secure.worker import Worker
+
+__all__ = ["EvalLedger", "LedgeredEvalWorker", "SiteWorker", "site_worker", "table_digest"]
+
+_Table = tuple[np.ndarray, np.ndarray]
+
+
+def table_digest(X: np.ndarray, y: np.ndarray) -> str:
+    """SHA-256 of a table's values (rows in order)."""
+    h = hashlib.sha256()
+    for arr in (np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)):
+        h.update(str(arr.shape).encode() + arr.dtype.str.encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+class EvalLedger:
+    """``<state dir>/evaluations.jsonl``: which models this site scored on which rows, per job."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = Path(root) / "evaluations.jsonl"
+
+    def _entries(self) -> list[dict[str, object]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()
+                if line.strip()]
+
+    def check_and_record(self, job: str, models: tuple[str, ...], rows: str) -> None:
+        """Refuse (:class:`RefusedRequest`) if another job scored one of ``models`` on ``rows``;
+        else record this job (once)."""
+        mine = False
+        for e in self._entries():
+            if e.get("rows") != rows:
+                continue
+            if e.get("job") == job:
+                mine = True
+                continue
+            scored = e.get("models")
+            again = sorted(set(models) & {str(m) for m in scored}) \
+                if isinstance(scored, list) else []
+            if again:
+                raise RefusedRequest(
+                    f"job {job!r} scores model {again[0][:16]}... on the held-out rows this "
+                    f"site already scored it on in job {e.get('job')!r}; a second evaluation "
+                    "could isolate this site by differencing. Refusing (to repeat an "
+                    f"evaluation on purpose, delete job {e.get('job')!r}'s line from "
+                    f"{self.path})")
+        if not mine:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps({"job": job, "models": list(models), "rows": rows},
+                                    sort_keys=True) + "\n")
+
+
+class LedgeredEvalWorker:
+    """An :class:`EvalWorker` that checks the ledger before its statistics leave the site."""
+
+    def __init__(self, worker: EvalWorker, ledger: EvalLedger, rows: str) -> None:
+        self.inner = worker
+        self._ledger = ledger
+        self._rows = rows
+
+    @property
+    def n_rows(self) -> int:
+        return self.inner.n_rows
+
+    def handle(self, task: Task) -> Reply:
+        self._ledger.check_and_record(self.inner.config.job_id, self.inner.spec.digests,
+                                      self._rows)
+        return self.inner.handle(task)
+
+
+#: What answers a job's tasks at a site.
+SiteWorker = Worker | LedgeredEvalWorker
+
+
+def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _Table | None,
+                state_dir: Path) -> SiteWorker:
+    """The worker of the job's kind, on the table that kind needs."""
+    if config.evaluation is None:
+        if train is None:
+            raise FedForestError(f"job {config.job_id!r} trains a forest: pass the site's "
+                                 "table with --data")
+        return Worker(config, *train, client_index=index, seed=client_seed(config, index))
+    if held_out is None:
+        raise FedForestError(f"job {config.job_id!r} is an evaluation job: pass the site's "
+                             "held-out rows with --eval-data (a CSV with the same schema)")
+    worker = EvalWorker(config, *held_out)
+    return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out))

@@ -1,0 +1,114 @@
+"""``fedforest evaluate``: score models on every site's held-out rows, never pooled.
+
+The operator runs it next to the server (it reads and writes the server's database, like
+``fedforest server create-job``)::
+
+    fedforest evaluate --config server.toml --job eval.toml --models secure.json secure-dp.json
+
+It creates the evaluation job (``kind = "evaluate"``, the models given here), waits while the
+sites score the models (each runs ``fedforest client --job <id> --eval-data site_test.csv``),
+then prints the table (metric, model, value, ± the evaluation's DP noise, difference to the
+reference model) and writes ``evaluation-<job>.png`` (ROC and calibration curves, or
+predicted-vs-actual bins), ``.md`` and ``.json`` next to the first model. With the id of an
+existing evaluation job instead of a file it waits for that job and shows its result.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from fedforest_secure.errors import FedForestError
+
+from ._common import console, fail
+
+if TYPE_CHECKING:
+    from server_app.admin import ServerAdmin
+
+__all__ = ["evaluate"]
+
+
+def evaluate(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Option("--config", "-c", help="the server's server.toml")],
+    job: Annotated[str, typer.Option(
+        "--job", "-j", help='job.toml of the evaluation (clients, schema, profile; kind = '
+                            '"evaluate" is implied), or the id of an existing evaluation job')],
+    models: Annotated[list[Path] | None, typer.Option(
+        "--models", help="model files to score: --models a.json b.json")] = None,
+    names: Annotated[str | None, typer.Option(
+        help="comma-separated labels, one per model (default: the files' names)")] = None,
+    reference: Annotated[str | None, typer.Option(
+        help="the model the differences are taken against (default: the first)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="directory for evaluation-<job>.png/.md/.json (default: the first model's)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(
+        help="seconds to wait for the sites")] = 3600.0,
+) -> None:
+    """Evaluate models on the sites' held-out rows (an evaluation job), then a table and a plot."""
+    from fedforest_secure.evaluation.result import EvalResult
+    from server_app.admin import ServerAdmin
+    from server_app.jobspec import load_job_spec
+    from server_app.settings import load_settings
+
+    from .evaluate_view import plot, to_markdown, to_table
+
+    files = [*(models or []), *(Path(a) for a in ctx.args)]
+    labels = [n.strip() for n in names.split(",")] if names else None
+    try:
+        settings = load_settings(config)
+        with ServerAdmin.from_settings(settings) as admin:
+            job_path = Path(job)
+            if job_path.is_file():
+                spec = load_job_spec(job_path, models=files or None, names=labels)
+                if spec.kind != "evaluate":
+                    raise FedForestError(f"{job_path} is not an evaluation job: give --models "
+                                         'or kind = "evaluate" with an [evaluation] table')
+                job_id = spec.id
+                if admin.job(job_id) is None:
+                    admin.create_job(spec)
+                    console.print(f"evaluation job [bold]{job_id}[/bold] created for "
+                                  f"{len(spec.clients)} sites; each runs: fedforest client "
+                                  f"--job {job_id} --eval-data <held-out rows> ...")
+                else:
+                    console.print(f"evaluation job {job_id} exists: waiting for its result")
+                first_model = files[0] if files else None
+            else:
+                job_id, first_model = job, None
+            text = _wait(admin, job_id, timeout)
+        res = EvalResult.from_json(text)
+    except (FedForestError, ValueError, OSError) as exc:
+        fail(exc)
+    where = out or (first_model.resolve().parent if first_model is not None else Path("."))
+    png = plot(res, where / f"evaluation-{job_id}.png")
+    (where / f"evaluation-{job_id}.md").write_text(to_markdown(res, reference))
+    (where / f"evaluation-{job_id}.json").write_text(text)
+    from rich.console import Console
+
+    Console().print(to_table(res, reference))
+    console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}")
+
+
+def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:
+    """The job's result once it is done (its ``model_json``); an error if it failed."""
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while True:
+        summary = admin.job(job_id)
+        if summary is None:
+            raise FedForestError(f"no job {job_id!r} on this server")
+        if summary.status == "done" and summary.model_json is not None:
+            return str(summary.model_json)
+        if summary.status == "failed":
+            raise FedForestError(f"the evaluation job {job_id} failed: {summary.reason}")
+        if summary.status != shown:
+            console.print(f"job {job_id}: {summary.status}")
+            shown = summary.status
+        if time.monotonic() > deadline:
+            raise FedForestError(f"the evaluation job {job_id} is still {summary.status} "
+                                 f"after {timeout:.0f} s")
+        time.sleep(0.5)

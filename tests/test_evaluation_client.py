@@ -1,0 +1,94 @@
+"""The site's side of evaluation jobs: which table it scores, and its ledger against a server
+that re-asks an evaluation over fewer sites in a second job (differencing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+
+from client_app.evaluation import site_worker
+from client_app.runner import ClientOptions, run_client
+from fedforest_secure import FedForestClassifier
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError, RefusedRequest
+from fedforest_secure.evaluation import EvalSpec
+from fedforest_secure.evaluation.coordinator import EvalCoordinator
+from fedforest_secure.evaluation.encoding import decode_statistics
+from fedforest_secure.evaluation.inprocess import eval_config
+from fedforest_secure.evaluation.noise import config_layout
+from fedforest_secure.evaluation.worker import EvalWorker
+from fedforest_secure.privacy import load_profile
+from fedforest_secure.secure_sum import RingAggregator
+
+
+@pytest.fixture(scope="module")
+def setting() -> dict[str, Any]:
+    X, y = load_breast_cancer(return_X_y=True)
+    model = FedForestClassifier(n_estimators=3, max_depth=3, random_state=0).fit(
+        X[:300], y[:300]).model_
+    rng = np.random.default_rng(2)
+    site = rng.integers(0, 4, size=len(y) - 300)
+    sites = [(X[300:][site == k], y[300:][site == k]) for k in range(4)]
+    return {"spec": EvalSpec(models=(model.to_json(),)), "sites": sites}
+
+
+def _config(spec: EvalSpec, job: str, n: int) -> JobConfig:
+    return eval_config(job, spec, task="classification", n_features=30, n_clients=n,
+                       n_classes=2, profile=load_profile("secure").to_dict())
+
+
+def _secure_sum(config: JobConfig, workers: list[Any]) -> dict[str, np.ndarray]:
+    task = EvalCoordinator(config).next_task()
+    assert task is not None
+    total = RingAggregator(config).aggregate(task, {k: w.handle(task)
+                                                    for k, w in enumerate(workers)})
+    return decode_statistics(config_layout(config), total, dp=False)
+
+
+def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    spec, sites = setting["spec"], setting["sites"]
+    job_a, job_b = _config(spec, "eval-a", 4), _config(spec, "eval-b", 3)
+    # the attack: the same model over the 4 sites, then over 3 of them, in a second job; the
+    # difference of the two sums is site 3's own statistics
+    a = _secure_sum(job_a, [EvalWorker(job_a, *s) for s in sites])
+    b = _secure_sum(job_b, [EvalWorker(job_b, *s) for s in sites[:3]])
+    own = EvalWorker(job_a, *sites[3]).statistics()
+    for name, arr in own.items():
+        np.testing.assert_allclose(a[name] - b[name], arr, atol=1e-9)
+    # the defence: each site's ledger (its state directory) remembers that it scored this
+    # model on these rows in job A, and refuses job B before anything leaves the site
+    states = [tmp_path / f"site-{k}" for k in range(4)]
+    for d in states:
+        d.mkdir()
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'"):
+        _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+    # job A itself may be answered again (a restarted client of the same job)
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    # other held-out rows are another question
+    more = [(np.vstack([X, X[:1]]), np.concatenate([y, y[:1]])) for X, y in sites[:3]]
+    _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                        for k, s in enumerate(more)])
+
+
+def test_a_site_needs_the_table_its_jobs_kind_scores(setting: dict[str, Any],
+                                                     tmp_path: Path) -> None:
+    config = _config(setting["spec"], "eval-a", 4)
+    with pytest.raises(FedForestError, match="--eval-data"):
+        site_worker(config, 0, setting["sites"][0], None, tmp_path)
+    training = JobConfig(job_id="t", task="classification", n_features=30, n_clients=4,
+                         n_classes=2, criterion="gini")
+    with pytest.raises(FedForestError, match="--data"):
+        site_worker(training, 0, None, setting["sites"][0], tmp_path)
+    opts = ClientOptions(server="https://127.0.0.1:1", token="t", job="j", data=None,
+                         schema=tmp_path / "schema.toml", ca=None)
+    with pytest.raises(FedForestError, match="--eval-data"):
+        run_client(opts)

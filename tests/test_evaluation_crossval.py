@@ -1,0 +1,82 @@
+"""Federated k-fold cross-validation: folds stay at the sites, the cross-validated metric is
+the metric of the pooled out-of-fold predictions, and its privacy cost composes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+from fedforest_secure import FedForestClassifier
+from fedforest_secure.config import JobConfig
+from fedforest_secure.evaluation import EvalSpec
+from fedforest_secure.evaluation.crossval import cross_validate, privacy_cost, site_folds
+from fedforest_secure.evaluation.inprocess import eval_config
+from fedforest_secure.privacy import load_profile
+
+TOL = 1e-9
+
+
+def test_each_site_splits_its_own_rows_into_equal_folds() -> None:
+    f = site_folds(23, 4, seed=1, site=0)
+    assert sorted(np.bincount(f, minlength=4)) == [5, 6, 6, 6]
+    assert np.array_equal(f, site_folds(23, 4, seed=1, site=0))
+    assert not np.array_equal(f, site_folds(23, 4, seed=1, site=1))
+
+
+def test_the_cross_validated_metric_is_that_of_the_pooled_out_of_fold_predictions(
+        tiny_parts: Any) -> None:
+    parts, _ = tiny_parts
+    sites = parts[:3]
+    params = {"n_estimators": 3, "min_samples_leaf": 3}
+    res = cross_validate(sites, task="classification", param="max_depth", values=[1, 3],
+                         folds=2, profile="secure", params=params, n_classes=2, seed=4)
+    folds = [site_folds(len(y), 2, 4, k) for k, (_, y) in enumerate(sites)]
+    for depth in (1, 3):
+        y_true, y_pred, proba = [], [], []
+        for f in range(2):
+            tr = [(X[fo != f], y[fo != f]) for (X, y), fo in zip(sites, folds, strict=True)]
+            est = FedForestClassifier(max_depth=depth, random_state=4, profile="secure",
+                                      **params).fit(
+                np.concatenate([X for X, _ in tr]), np.concatenate([y for _, y in tr]),
+                client=np.concatenate([np.full(len(y), k) for k, (_, y) in enumerate(tr)]))
+            for (X, y), fo in zip(sites, folds, strict=True):
+                y_true.append(y[fo == f])
+                proba.append(est.predict_proba(X[fo == f]))
+                y_pred.append(proba[-1].argmax(axis=1))
+        yt, yp = np.concatenate(y_true), np.concatenate(y_pred)
+        assert res.cv[f"max_depth={depth}"] == pytest.approx(skm.accuracy_score(yt, yp),
+                                                             abs=TOL)
+    assert res.best in (1, 3) and res.privacy["dp"] is False
+    assert res.privacy["trainings_per_record"] == 2 and res.privacy["training_jobs"] == 4
+
+
+def _train_config(depth: int, epsilon: float) -> JobConfig:
+    return JobConfig(job_id="t", task="classification", n_features=4, n_clients=4,
+                     n_classes=2, criterion="gini", max_depth=depth, n_estimators=8,
+                     max_features=2, n_bins=4, method="histogram", bootstrap=False,
+                     feature_bounds=((0.0, 1.0),) * 4,
+                     profile=load_profile("secure-dp", epsilon=epsilon).to_dict())
+
+
+def test_the_privacy_cost_composes_every_training_of_a_record_and_one_evaluation(
+        tiny_parts: Any) -> None:
+    parts, _ = tiny_parts
+    model = FedForestClassifier(n_estimators=2, max_depth=2).fit(*parts[0]).model_
+    ev = eval_config("e", EvalSpec(models=(model.to_json(),)), task="classification",
+                     n_features=4, n_clients=4, n_classes=2,
+                     profile=load_profile("secure-dp", epsilon=1.0).to_dict())
+    trainings = [_train_config(d, 1.0) for d in (1, 2, 3)]
+    costs = {k: privacy_cost(trainings, ev, k) for k in (2, 3, 5)}
+    for k, c in costs.items():
+        assert c["dp"] and c["trainings_per_record"] == (k - 1) * 3
+        assert c["training_epsilon"] == pytest.approx([1.0] * 3, rel=1e-6)
+        assert c["evaluation_epsilon"] == pytest.approx(1.0, rel=1e-6)
+        # more than any one release, less than adding the epsilons up (basic composition)
+        assert 1.0 < c["epsilon"] < (k - 1) * 3 + 1
+    assert costs[2]["epsilon"] < costs[3]["epsilon"] < costs[5]["epsilon"]
+    assert privacy_cost(trainings, eval_config(
+        "e", EvalSpec(models=(model.to_json(),)), task="classification", n_features=4,
+        n_clients=4, n_classes=2, profile=load_profile("secure").to_dict()), 3)["dp"] is False
