@@ -253,15 +253,15 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
                    on_wait=log.info)
     state = ClientState(opts.state_dir)
     try:
-        return _run(opts, tr, state, train, held_out, log, pinned)
+        X, y = train if train is not None else (None, None)
+        return _run(opts, tr, state, X, y, log, pinned, held_out)
     finally:
         tr.close()
 
 
-def _run(opts: ClientOptions, tr: Transport, state: ClientState,
-         train: tuple[np.ndarray, np.ndarray] | None,
-         held_out: tuple[np.ndarray, np.ndarray] | None,
-         log: SiteLog, pinned: dict[str, Any] | None = None) -> ClientResult:
+def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray | None,
+         y: np.ndarray | None, log: SiteLog, pinned: dict[str, Any] | None = None,
+         held_out: tuple[np.ndarray, np.ndarray] | None = None) -> ClientResult:
     job = opts.job
     identity = None
     info = _parse(JoinResponse,
@@ -282,6 +282,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState,
         raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
     _check_job(config, opts, log)
     k = info.client_index
+    train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root)
     secure_hint = bool(config.profile.get("secure_aggregation"))
     if secure_hint:

@@ -20,7 +20,7 @@ Subclasses also inherit the matching builtin where one fits, so callers can catc
 
 from __future__ import annotations
 
-from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "REFUSAL_CODES",
@@ -113,6 +113,22 @@ class AuditError(FedForestError):
     """An audit log whose hash chain or client receipts do not verify."""
 
 
-# scikit-learn ships no type information: its NotFittedError is Any to mypy
-class NotFittedError(FedForestError, _SklearnNotFittedError):  # type: ignore[misc]
-    """An estimator used before ``fit``."""
+if TYPE_CHECKING:
+    from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+
+    # scikit-learn ships no type information: its NotFittedError is Any to mypy
+    class NotFittedError(FedForestError, _SklearnNotFittedError):  # type: ignore[misc]
+        """An estimator used before ``fit``."""
+
+
+def __getattr__(name: str) -> Any:
+    # NotFittedError subclasses scikit-learn's, whose import costs a site's client process
+    # most of its start-up: the class is made on first use (the estimators' import)
+    if name != "NotFittedError":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from sklearn.exceptions import NotFittedError as _Sklearn
+
+    cls = type("NotFittedError", (FedForestError, _Sklearn),
+               {"__doc__": "An estimator used before ``fit``.", "__module__": __name__})
+    globals()["NotFittedError"] = cls
+    return cls

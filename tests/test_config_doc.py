@@ -77,8 +77,8 @@ def test_an_unknown_job_key_lists_the_allowed_ones(tmp_path: Path) -> None:
     assert "Extra inputs are not permitted" not in msg
     (tmp_path / "job.toml").write_text('id = "j"\nclients = ["a"]\nschema_file = "s.toml"\n')
     with pytest.raises(ConfigError, match=r"schema_file: unknown key; allowed: clients, data, "
-                                          r"forest, id, min_clients, privacy, profile, "
-                                          r"public_rows, "
+                                          r"evaluation, forest, id, kind, min_clients, "
+                                          r"privacy, profile, public_rows, "
                                           r"round_deadline, schema \(did you mean 'schema'"):
         load_job_spec(tmp_path / "job.toml")
 

@@ -87,7 +87,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
         # waits for the sites, then writes the table and the plot next to the models
         given = [] if prof == "open" else [root / "shallow.json", root / "deep.json"]
         job = write_eval_job(root / f"eval-{prof}.toml", f"eval-{prof}", names, prof, given,
-                             extra={"score_bins": 20, "log_loss_floor": 1e-3})
+                             deadline=240.0, extra={"score_bins": 20, "log_loss_floor": 1e-3})
         if prof != "open":
             create_eval_job(server_toml, job)
     url = f"https://127.0.0.1:{settings.port}"
@@ -99,9 +99,10 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
          str(root / "deep.json"), "--timeout", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env())
     try:
-        wait_healthy(url, certs / "ca.pem", server, cert=certs / "client-0.pem",
+        # a server's start-up on a loaded 2-core box can take over a minute
+        wait_healthy(url, certs / "ca.pem", server, timeout=240, cert=certs / "client-0.pem",
                      key=certs / "client-0.key")
-        _wait_created(root / "server.db", "eval-open")
+        _wait_created(root / "server.db", "eval-open", timeout=240)
         sites = [SiteData(n, csvs[k], root / "schema.toml", tokens[k], *held[k])
                  for k, n in enumerate(names)]
         import concurrent.futures as cf
@@ -112,7 +113,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
                                          timeout=300)
                        for prof in PROFILES}
             runs = {prof: f.result() for prof, f in futures.items()}
-        cli_out = cli.communicate(timeout=120)[0].decode()
+        cli_out = cli.communicate(timeout=240)[0].decode()
     finally:
         for proc in (cli, server):
             if proc.poll() is None:

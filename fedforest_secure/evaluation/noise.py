@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import BudgetError
-from ..privacy.accountant import Cost
-from ..privacy.allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
-from ..privacy.dp import min_survivors
 from ..privacy.sensitivity import Sensitivity
 from .encoding import DP_FRAC_BITS
 from .layout import EvalLayout, StatBlock, eval_layout
 from .spec import EvalSpec
 
 if TYPE_CHECKING:
+    # the DP machinery (diffprivlib, SciPy) is imported on first use: an evaluation without
+    # DP never loads it
     from ..config import JobConfig
+    from ..privacy.accountant import Cost
+    from ..privacy.allocation import PlannedRelease
 
 __all__ = ["EvalNoise", "block_sensitivity", "config_layout", "eval_noise"]
 
@@ -83,6 +84,8 @@ class EvalNoise:
 
     def cost(self) -> Cost:
         """The release's Rényi bound (what the accountant records)."""
+        from ..privacy.allocation import release_cost
+
         return release_cost(self.release, [self.sigmas[b.name] for b in self.release.blocks])
 
     def sum_std(self, layout: EvalLayout, contributors: int) -> dict[str, float]:
@@ -117,6 +120,8 @@ def eval_noise(config: JobConfig) -> EvalNoise:
 @lru_cache(maxsize=8)
 def _eval_noise(config_json: str) -> EvalNoise:
     from ..config import JobConfig
+    from ..privacy.allocation import PlannedBlock, PlannedRelease, calibrate
+    from ..privacy.dp import min_survivors
 
     config = JobConfig.from_json(config_json)
     dp = config.dp

@@ -120,10 +120,23 @@ class EvalResult:
                    settings=dict(d.get("settings", {})))
 
 
-def _curves(layout: EvalLayout, stats: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def _curves(layout: EvalLayout, stats: Mapping[str, np.ndarray],
+            block_std: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The curves to draw. From noisy sums (``block_std``: their noise) they are
+    post-processed for display: counts below zero are zero (a monotone ROC curve), and bins
+    whose noisy row count is below twice its noise are left out (the metrics are computed
+    from the sums as released)."""
+    stats = dict(stats)
+    keep = 0.0
+    if block_std:
+        for name in ("scores", "calib_counts", "pva_counts"):
+            if name in stats:
+                stats[name] = np.maximum(np.asarray(stats[name], dtype=np.float64), 0.0)
+        keep = 2.0 * max(block_std.get("calib_counts", 0.0), block_std.get("pva_counts", 0.0))
     if layout.task == "regression":
         pred, actual, rows = predicted_vs_actual(stats, layout)
-        return {"pva": {"pred": pred, "actual": actual, "rows": rows}}
+        ok = rows > keep
+        return {"pva": {"pred": pred[ok], "actual": actual[ok], "rows": rows[ok]}}
     roc, cal = {}, {}
     for i, c in enumerate(layout.roc_classes):
         s = np.asarray(stats["scores"][i])
@@ -131,7 +144,10 @@ def _curves(layout: EvalLayout, stats: Mapping[str, np.ndarray]) -> dict[str, An
         roc[str(c)] = {"fpr": fpr, "tpr": tpr}
         t, p, rows = calibration_curve(np.asarray(stats["calib_counts"][i]),
                                        np.asarray(stats["calib_prob"][i]))
-        cal[str(c)] = {"prob_true": t, "prob_pred": p, "rows": rows}
+        ok = rows > keep
+        if block_std:
+            t, p = np.clip(t, 0.0, 1.0), np.clip(p, 0.0, 1.0)
+        cal[str(c)] = {"prob_true": t[ok], "prob_pred": p[ok], "rows": rows[ok]}
     return {"roc": roc, "calibration": cal}
 
 
@@ -175,7 +191,8 @@ def build_result(job_id: str, layout: EvalLayout, names: Sequence[str],
             with np.errstate(all="ignore"):
                 per_site[str(site)] = metrics({k: np.asarray(v)[m] for k, v in s.items()},
                                               layout)
-        models.append(ModelResult(name, digest, values, noise, _curves(layout, stats),
+        models.append(ModelResult(name, digest, values, noise,
+                                  _curves(layout, stats, block_std),
                                   {k: np.asarray(v).tolist() for k, v in stats.items()},
                                   per_site))
     return EvalResult(job_id, layout.task, models, contributors, dp, dict(settings or {}))

@@ -1,0 +1,175 @@
+"""The deployment walk-through of docs/deployment.md, "Federated evaluation", run end to end.
+
+    python benchmarks/evaluation_walkthrough.py --out /tmp/walk
+    python benchmarks/evaluation_walkthrough.py --out /tmp/walk-dp --eval-profile secure-dp
+
+Every step is a ``fedforest`` command in its own process, as an operator and four sites would
+run them on loopback: certificates, the server, four sites registered, two training jobs on the
+same federation (profile ``secure``, and ``secure-dp`` with epsilon = 1), then one evaluation
+job (``fedforest evaluate``) that scores both models on each site's held-out rows, which never
+leave the site. It prints the table and leaves ``evaluation-eval.png/.md/.json`` next to the
+models in ``--out``; the numbers of docs/deployment.md come from these runs.
+
+A site scores a model on its held-out rows once (its ledger refuses a second evaluation job of
+the same model on the same rows), so the exact and the DP evaluation are separate runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from fedforest_cli.sim_data import _partition, load_table, schema_dict, write_csv, write_schema
+from fedforest_cli.simulate import free_port, write_server_config
+
+
+def _fedforest(*args: str, env: dict[str, str] | None = None, log: Path | None = None,
+               wait: bool = True) -> subprocess.Popen[bytes] | str:
+    cmd = [sys.executable, "-m", "fedforest_cli", *args]
+    if not wait:
+        out = log.open("ab") if log is not None else subprocess.DEVNULL
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise SystemExit(f"fedforest {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="banknote")
+    ap.add_argument("--sites", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=Path("evaluation-walkthrough"))
+    ap.add_argument("--eval-profile", default="secure")
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out: Path = args.out.resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "logs").mkdir(parents=True)
+    t0 = time.monotonic()
+
+    # the sites' tables: 80 % to train on, 20 % held out, both at the site
+    X, y, task, feat = load_table(args.dataset)
+    rng = np.random.default_rng(args.seed)
+    held = rng.random(len(y)) < 0.2
+    part = _partition(y, task, args.sites, 0.5, args.seed)
+    names = [f"site-{k}" for k in range(args.sites)]
+    write_schema(out / "schema.toml", schema_dict(X, y, task, feat))
+    for k, name in enumerate(names):
+        mine = part == k
+        write_csv(out / f"{name}.csv", X[mine & ~held], y[mine & ~held], feat, task)
+        write_csv(out / f"{name}.test.csv", X[mine & held], y[mine & held], feat, task)
+    print(f"{args.dataset}: {len(y)} rows over {args.sites} sites, {int(held.sum())} held out")
+
+    # 1-3: certificates, server configuration, the sites registered
+    _fedforest("pki", "init", "--out", str(out / "certs"), *sum((["--name", n] for n in names),
+                                                                  []))
+    server_toml = write_server_config(out, free_port(), out / "certs")
+    tokens = {}
+    for name in names:
+        text = str(_fedforest("server", "add-client", name, "--config", str(server_toml)))
+        tokens[name] = text.strip().splitlines()[-1]
+
+    # two training jobs of the same federation: secure, and secure-dp
+    for job, profile in (("train-secure", "secure"), ("train-dp", "secure-dp")):
+        doc: dict[str, object] = {"id": job, "clients": names, "schema": "schema.toml",
+                                  "profile": profile, "round_deadline": 120.0,
+                                  "public_rows": len(y)}
+        if profile == "secure":
+            doc["forest"] = {"n_estimators": 20, "max_depth": 6, "n_bins": 16}
+        else:
+            doc["privacy"] = {"epsilon": args.epsilon}
+        (out / f"{job}.toml").write_text(tomli_w.dumps(doc))
+        _fedforest("server", "create-job", "--config", str(server_toml), "--job",
+                   str(out / f"{job}.toml"))
+    server = _fedforest("server", "--config", str(server_toml), wait=False,
+                        log=out / "logs" / "server.log")
+    assert isinstance(server, subprocess.Popen)
+    url = f"https://127.0.0.1:{server_toml.read_text().split('port = ')[1].split()[0]}"
+    try:
+        time.sleep(2.0)
+        procs = []
+        for job, profile in (("train-secure", "secure"), ("train-dp", "secure-dp")):
+            for name in names:
+                pin = str(out / f"{job}.profile.toml") if profile == "secure-dp" else profile
+                if profile == "secure-dp":
+                    from fedforest_secure.privacy import load_profile
+
+                    (out / f"{job}.profile.toml").write_text(
+                        load_profile("secure-dp", epsilon=args.epsilon).to_toml())
+                procs.append(_site(out, url, name, tokens[name], job, pin,
+                                   ["--data", str(out / f"{name}.csv"), "--out",
+                                    str(out / f"{job}.{name}.model.json")]))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise SystemExit(f"training clients exited with {codes} (logs in {out / 'logs'})")
+        for job, label in (("train-secure", "secure"), ("train-dp", "secure-dp")):
+            shutil.copyfile(out / f"{job}.{names[0]}.model.json", out / f"{label}.json")
+        t_train = time.monotonic() - t0
+
+        # the evaluation job: both models on every site's held-out rows
+        (out / "eval.toml").write_text(tomli_w.dumps({
+            "id": "eval", "clients": names, "schema": "schema.toml",
+            "profile": args.eval_profile, "round_deadline": 120.0,
+            **({"privacy": {"epsilon": args.epsilon}}
+               if args.eval_profile == "secure-dp" else {})}))
+        evaluate = _fedforest("evaluate", "--config", str(server_toml), "--job",
+                              str(out / "eval.toml"), "--models", str(out / "secure.json"),
+                              str(out / "secure-dp.json"), wait=False,
+                              log=out / "logs" / "evaluate.log")
+        assert isinstance(evaluate, subprocess.Popen)
+        _wait_created(out / "server.db", "eval")
+        pin = args.eval_profile
+        if args.eval_profile == "secure-dp":
+            pin = str(out / "train-dp.profile.toml")
+        sites = [_site(out, url, name, tokens[name], "eval", pin,
+                       ["--eval-data", str(out / f"{name}.test.csv")]) for name in names]
+        codes = [p.wait() for p in sites]
+        if evaluate.wait() != 0 or any(codes):
+            raise SystemExit(f"evaluation failed (logs in {out / 'logs'})")
+    finally:
+        server.terminate()
+        server.wait(10)
+    print((out / "logs" / "evaluate.log").read_text())
+    print(f"wall time: training {t_train:.0f} s, evaluation "
+          f"{time.monotonic() - t0 - t_train:.0f} s")
+
+
+def _wait_created(db: Path, job_id: str, timeout: float = 300.0) -> None:
+    from server_app.admin import ServerAdmin
+
+    deadline = time.monotonic() + timeout
+    with ServerAdmin(f"sqlite:///{db}") as admin:
+        while admin.job(job_id) is None:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {job_id} was not created")
+            time.sleep(0.2)
+
+
+def _site(out: Path, url: str, name: str, token: str, job: str, profile: str,
+          table: list[str]) -> subprocess.Popen[bytes]:
+    proc = _fedforest("client", "--server", url, "--job", job, "--schema",
+                      str(out / "schema.toml"), *table, "--ca", str(out / "certs" / "ca.pem"),
+                      "--cert", str(out / "certs" / f"{name}.pem"), "--key",
+                      str(out / "certs" / f"{name}.key"), "--state-dir",
+                      str(out / "state" / name), "--profile", profile, "--quiet",
+                      env={"FEDFOREST_TOKEN": token}, wait=False,
+                      log=out / "logs" / f"{job}.{name}.log")
+    assert isinstance(proc, subprocess.Popen)
+    return proc
+
+
+if __name__ == "__main__":
+    main()

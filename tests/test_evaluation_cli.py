@@ -1,0 +1,87 @@
+"""What the CLI shows of an evaluation: the table, the plot, simulate's scores, CV values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_diabetes
+
+from fedforest_cli.crossval_cli import parse_values
+from fedforest_cli.evaluate_view import plot, rows, to_markdown
+from fedforest_cli.sim_data import SimData, SiteData
+from fedforest_cli.sim_eval import evaluate as sim_scores
+from fedforest_cli.simulate import SimulateOptions
+from fedforest_secure import FedForestClassifier, FedForestRegressor
+from fedforest_secure.evaluation import EvalResult, EvalSpec
+from fedforest_secure.evaluation.inprocess import eval_config, evaluate_in_process
+from fedforest_secure.privacy import load_profile
+
+
+def _classification(tiny_parts: Any, profile: str = "secure") -> EvalResult:
+    parts, _ = tiny_parts
+    X = np.concatenate([p[0] for p in parts[:3]])
+    y = np.concatenate([p[1] for p in parts[:3]])
+    models = [FedForestClassifier(n_estimators=3, max_depth=d).fit(X, y).model_.to_json()
+              for d in (1, 3)]
+    config = eval_config("ev", EvalSpec(models=tuple(models), names=("a", "b")),
+                         task="classification", n_features=4, n_clients=3, n_classes=2,
+                         profile=load_profile(profile).to_dict())
+    return evaluate_in_process(config, [(p[0], p[1]) for p in parts[3:5]] + [parts[0]])
+
+
+def test_the_table_has_a_row_per_metric_and_model_with_the_difference_to_the_reference(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    res = _classification(tiny_parts)
+    table = rows(res, reference="b")
+    acc = [r for r in table if r[0] == "accuracy"]
+    assert [r[1] for r in acc] == ["a", "b"] and acc[1][4] == "—"
+    a, b = res.model("a").metrics["accuracy"], res.model("b").metrics["accuracy"]
+    assert acc[0][2] == f"{a:.4f}" and acc[0][4] == f"{a - b:+.4f}" and acc[0][3] == "—"
+    assert to_markdown(res).count("\n") == 2 + 2 * 8
+    png = plot(res, tmp_path / "e.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    again = EvalResult.from_json(res.to_json())
+    assert again.model("b").metrics == res.model("b").metrics
+
+
+def test_a_dp_evaluation_shows_the_noise_of_every_metric(tiny_parts: Any) -> None:
+    res = _classification(tiny_parts, "secure-dp")
+    acc = [r for r in rows(res) if r[0] == "accuracy"]
+    assert all(r[3].startswith("± ") for r in acc)
+
+
+def test_a_regression_is_plotted_as_predicted_against_actual(tmp_path: Path) -> None:
+    X, y = load_diabetes(return_X_y=True)
+    model = FedForestRegressor(n_estimators=3, max_depth=3).fit(X[:300], y[:300]).model_
+    spec = EvalSpec(models=(model.to_json(),), target_range=(25.0, 346.0), pva_bins=8)
+    config = eval_config("r", spec, task="regression", n_features=10, n_clients=3,
+                         target_bound=346.0, profile=load_profile("secure").to_dict())
+    res = evaluate_in_process(config, [(X[300 + 40 * k:340 + 40 * k], y[300 + 40 * k:
+                                                                          340 + 40 * k])
+                                       for k in range(3)])
+    assert [r[0] for r in rows(res)][:2] == ["R²", "RMSE"]
+    assert plot(res, tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_simulate_scores_fedforest_by_the_federated_evaluation(tiny_parts: Any) -> None:
+    parts, _ = tiny_parts
+    res = _classification(tiny_parts)
+    sites = [SiteData(f"s{k}", Path("x"), Path("s"), "t", *parts[k]) for k in range(3)]
+    X_test = np.concatenate([p[0] for p in parts[3:5]] + [parts[0][0]])
+    y_test = np.concatenate([p[1] for p in parts[3:5]] + [parts[0][1]])
+    sim = SimData("j", "classification", sites, X_test, y_test, Path("job.toml"))
+    model = FedForestClassifier(n_estimators=3, max_depth=1).fit(
+        np.concatenate([p[0] for p in parts[:3]]), np.concatenate([p[1] for p in parts[:3]]))
+    scores = sim_scores(model.model_, sim, SimulateOptions(trees=3, depth=2), res)
+    assert scores["federated"] and scores["fedforest"] == res.models[0].metrics["accuracy"]
+    assert scores["fedforest"] == pytest.approx(scores["fedforest_pooled"], abs=1e-12)
+
+
+def test_cross_validation_values_are_parsed_as_written() -> None:
+    assert parse_values("2, 4,6") == [2, 4, 6]
+    assert parse_values("0.5,1,none,sqrt") == [0.5, 1, None, "sqrt"]
+    with pytest.raises(ValueError):
+        parse_values(" , ")
