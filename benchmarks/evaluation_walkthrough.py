@@ -111,7 +111,7 @@ def main() -> None:
                         load_profile("secure-dp", epsilon=args.epsilon).to_toml())
                 procs.append(_site(out, url, name, tokens[name], job, pin,
                                    ["--data", str(out / f"{name}.csv"), "--out",
-                                    str(out / f"{job}.{name}.model.json")]))
+                                    str(out / f"{job}.{name}.model.json")], len(names)))
         codes = [p.wait() for p in procs]
         if any(codes):
             raise SystemExit(f"training clients exited with {codes} (logs in {out / 'logs'})")
@@ -135,7 +135,8 @@ def main() -> None:
         if args.eval_profile == "secure-dp":
             pin = str(out / "train-dp.profile.toml")
         sites = [_site(out, url, name, tokens[name], "eval", pin,
-                       ["--eval-data", str(out / f"{name}.test.csv")]) for name in names]
+                       ["--eval-data", str(out / f"{name}.test.csv")], len(names))
+                 for name in names]
         codes = [p.wait() for p in sites]
         if evaluate.wait() != 0 or any(codes):
             raise SystemExit(f"evaluation failed (logs in {out / 'logs'})")
@@ -159,12 +160,14 @@ def _wait_created(db: Path, job_id: str, timeout: float = 300.0) -> None:
 
 
 def _site(out: Path, url: str, name: str, token: str, job: str, profile: str,
-          table: list[str]) -> subprocess.Popen[bytes]:
+          table: list[str], n_sites: int) -> subprocess.Popen[bytes]:
+    """One site's ``fedforest client``, pinning the job's profile and its number of sites."""
     proc = _fedforest("client", "--server", url, "--job", job, "--schema",
                       str(out / "schema.toml"), *table, "--ca", str(out / "certs" / "ca.pem"),
                       "--cert", str(out / "certs" / f"{name}.pem"), "--key",
                       str(out / "certs" / f"{name}.key"), "--state-dir",
-                      str(out / "state" / name), "--profile", profile, "--quiet",
+                      str(out / "state" / name), "--profile", profile,
+                      "--clients", str(n_sites), "--quiet",
                       env={"FEDFOREST_TOKEN": token}, wait=False,
                       log=out / "logs" / f"{job}.{name}.log")
     assert isinstance(proc, subprocess.Popen)

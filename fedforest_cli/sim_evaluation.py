@@ -84,7 +84,7 @@ def run_eval_clients(sites: Sequence[SiteData], held_out: Sequence[Path], url: s
     procs = [start_client(site, url, job_id, certs, root / "clients" / site.name,
                           root / "logs" / f"{site.name}.{job_id}.log",
                           root / "clients" / f"{site.name}.{job_id}.json", profile=profile,
-                          eval_data=data)
+                          n_clients=len(sites), eval_data=data)
              for site, data in zip(sites, held_out, strict=True)]
     try:
         text = wait_job(server_db, job_id, procs, timeout)
