@@ -247,6 +247,11 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         raise FedForestError("give the site's table (--data) or its held-out rows "
                              "(--eval-data)")
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
+    if pinned is None or pinned.get("dp") is not None:
+        # the DP machinery (diffprivlib, SciPy) takes seconds to import on a loaded machine:
+        # loaded before joining, not inside the first round's deadline, unless this site
+        # pinned a profile without DP
+        import fedforest_secure.privacy.dp  # noqa: F401
     log = log or SiteLog()
     tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
                    retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,

@@ -257,13 +257,13 @@ def unmask_floor(config: JobConfig) -> int:
     """The fewest survivors a client helps unmask in this job: 3, the profile's ``min_clients``,
     and under DP the ``K_min`` its noise is calibrated for (a sum over fewer would carry less
     noise than the budget says). Computed from the configuration the client checked at join."""
-    from .privacy.dp import min_survivors
-
     prof = config.profile
     floor = max(3, int(prof.get("min_clients", 3)))
     dp = config.dp
     if dp is None:
         return floor
+    from .privacy.dp import min_survivors  # diffprivlib and SciPy: only a DP job loads them
+
     tol = dp.get("dropout_tolerance")
     if tol is None:
         tol = max(0.0, 1.0 - float(prof.get("threshold", 1.0)))
