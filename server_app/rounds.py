@@ -23,6 +23,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
+from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import pack, seal, unpack
 from fedforest_secure.protocol.uploads import ParsedUpload
 from fedforest_secure.secagg import MaskedUpload, parse
@@ -321,10 +322,12 @@ class RoundDriver:
         issued = coord.next_task()
         if issued is None:
             # the model file sites download: the forest with the job's schema (feature names,
-            # levels, classes) and site names; the audit log's digest is of these bytes
+            # levels, classes) and site names, or an evaluation job's result as it is; the
+            # audit log's digest is of these bytes
             spec = JobSpec.model_validate_json(job.spec_json)
-            text = coord.result().for_job(spec.schema_text, [
-                rt.names[k] for k in sorted(rt.names)]).to_json()
+            result = coord.result()
+            text = (result.for_job(spec.schema_text, [rt.names[k] for k in sorted(rt.names)])
+                    if isinstance(result, ForestModel) else result).to_json()
             job.model_json = text
             job.model_digest = hashlib.sha256(text.encode()).hexdigest()
             job.status = JobStatus.DONE

@@ -136,8 +136,13 @@ def _check_model(coord: Any, model: Entry, schema: str | None, clients: list[str
     if coord.next_task() is not None:
         return [f"{model.label}: the log ends training early: the coordinator still has rounds "
                 "to ask"]
-    # the model file the server stored: the forest with the job's schema and site names
-    text = coord.result().for_job(schema, clients).to_json()
+    # the file the server stored: the forest with the job's schema and site names, or an
+    # evaluation job's result as it is
+    from ..model import ForestModel
+
+    result = coord.result()
+    text = (result.for_job(schema, clients) if isinstance(result, ForestModel)
+            else result).to_json()
     digest = hashlib.sha256(text.encode()).hexdigest()
     logged = model.payload.get("digest")
     if digest != logged:
