@@ -80,8 +80,11 @@ def _server_cpu(out: Path) -> float:
 
 
 def _trees(model: ForestModel) -> dict[str, Any]:
+    """The forest itself (the HTTPS model file also carries the job's schema and site names,
+    which the in-process model has not)."""
     d = model.to_dict()
-    d.pop("meta", None)
+    for k in ("meta", "feature_names", "schema", "clients"):
+        d.pop(k, None)
     return d
 
 
