@@ -75,7 +75,7 @@ def _server_cpu(out: Path) -> float:
     import re
 
     text = (out / "logs" / "server.log").read_text(errors="replace")
-    found = re.findall(r"server CPU so far ([0-9.]+) s", text)
+    found = re.findall(r"server_cpu_s=([0-9.]+)", text)  # the job_done event
     return float(found[-1]) if found else float("nan")
 
 
