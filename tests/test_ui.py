@@ -27,8 +27,17 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from fastapi.testclient import TestClient
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+
+def browser() -> tuple[str, str]:
+    """Debian's chromium and its driver on PATH, or a skip naming what is missing and how
+    to install it."""
+    found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        pytest.skip(f"no {' or '.join(missing)} on PATH: the browser test of /ui needs "
+                    "Debian's chromium and chromium-driver (apt-get install chromium "
+                    "chromium-driver; .ci/install-browser does so as root)")
+    return str(found["chromium"]), str(found["chromedriver"])
 
 
 @pytest.fixture()
@@ -91,21 +100,19 @@ def test_the_page_shows_when_the_audit_chain_does_not_verify(tmp_path: Path, tin
 
 # ---------------------------------------------------------------------- the real browser
 def _driver():  # type: ignore[no-untyped-def]
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip(f"no {CHROMIUM} / {CHROMEDRIVER}: install Debian's chromium and "
-                    "chromium-driver (.ci/run does so as root)")
+    chromium, chromedriver = browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = chromium
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"):
         opts.add_argument(flag)
     opts.accept_insecure_certs = True  # the federation's dev CA is not in the browser's store
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    return webdriver.Chrome(service=Service(chromedriver), options=opts)
 
 
 @pytest.mark.integration
@@ -166,9 +173,80 @@ def _wait_running(server_log: Path, timeout: float = 120.0) -> None:
 
 
 def test_the_browser_test_is_not_skipped_where_chromium_is_installed() -> None:
-    """CI installs chromium (.ci/run): there the browser test runs, never skips."""
+    """Where chromium is on PATH (CI installs it: .ci/install-browser) its driver is too and
+    the browser starts, so the browser test runs rather than skips."""
     if shutil.which("chromium") is None:
         pytest.skip("no chromium on this machine")
-    assert os.access(CHROMEDRIVER, os.X_OK), "chromium without chromium-driver"
-    assert subprocess.run([CHROMIUM, "--version"], capture_output=True, timeout=60
+    chromium, chromedriver = browser()
+    assert subprocess.run([chromium, "--version"], capture_output=True, timeout=60
                           ).returncode == 0
+    assert subprocess.run([chromedriver, "--version"], capture_output=True, timeout=60
+                          ).returncode == 0
+
+
+def test_without_chromium_the_browser_test_skips_saying_what_to_install(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.skip.Exception, match=r"no chromium or chromedriver on PATH.*"
+                                                    r"apt-get install chromium chromium-driver"):
+        browser()
+    (tmp_path / "chromium").write_text("#!/bin/sh\n")
+    (tmp_path / "chromium").chmod(0o755)
+    with pytest.raises(pytest.skip.Exception, match=r"no chromedriver on PATH"):
+        browser()
+
+
+# ---------------------------------------------------------------------- CI's browser install
+INSTALL = Path(__file__).resolve().parents[1] / ".ci" / "install-browser"
+
+
+def _install(tmp_path: Path, uid: int, apt_rc: int | None, browser_there: bool = False
+             ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run .ci/install-browser with stand-ins on PATH: ``id`` reports ``uid``, ``apt-get``
+    (absent when ``apt_rc`` is None) records its arguments and exits ``apt_rc``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "apt-calls"
+    stubs = {"id": f"echo {uid}"}
+    if apt_rc is not None:
+        stubs["apt-get"] = f'echo "$*" >> {calls}\nexit {apt_rc}'
+    if browser_there:
+        stubs.update(chromium="exit 0", chromedriver="exit 0")
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    bash = shutil.which("bash")
+    assert bash is not None
+    res = subprocess.run([bash, str(INSTALL)], env={"PATH": str(bin_dir)}, capture_output=True,
+                         text=True, timeout=60)
+    return res, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_ci_installs_chromium_with_apt_get_as_root_when_it_is_missing(tmp_path: Path) -> None:
+    res, calls = _install(tmp_path, uid=0, apt_rc=0)
+    assert res.returncode == 0, res.stderr
+    assert calls == ["update -qq", "install -y -qq chromium chromium-driver"]
+
+
+def test_ci_leaves_an_installed_chromium_alone(tmp_path: Path) -> None:
+    res, calls = _install(tmp_path, uid=0, apt_rc=0, browser_there=True)
+    assert (res.returncode, calls, res.stderr) == (0, [], "")
+
+
+@pytest.mark.parametrize(("uid", "apt_rc", "says"), [
+    (1000, 0, "needs root and apt-get"),    # not root: apt-get is never asked
+    (0, None, "needs root and apt-get"),    # not a Debian machine
+    (0, 100, "apt-get could not install"),  # root, but the archive is out of reach
+])
+def test_ci_goes_on_and_says_so_when_chromium_cannot_be_installed(
+        tmp_path: Path, uid: int, apt_rc: int | None, says: str) -> None:
+    res, calls = _install(tmp_path, uid=uid, apt_rc=apt_rc)
+    assert res.returncode == 0, "a missing browser must not fail the CI run"
+    assert says in res.stderr and "the browser test of /ui will be skipped" in res.stderr
+    assert calls == ([] if uid else ["update -qq"] if apt_rc else [])
+
+
+def test_ci_runs_the_browser_install_before_the_tests() -> None:
+    steps = [ln.strip() for ln in (INSTALL.parent / "run").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert steps.index(".ci/install-browser") < steps.index("make test")
