@@ -311,6 +311,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             _run_open(ctx)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
+        ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
         resp = tr.request("GET", f"/v1/jobs/{job}/model")
         model = resp.content
         kind = "model" if config.evaluation is None else "evaluation"

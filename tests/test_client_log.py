@@ -144,3 +144,38 @@ def test_status_lines_show_members_level_round_phase_and_eta() -> None:
     assert re.search(r"2  c +dropped at round 9", text)
     assert "progress: level 2 of 4, round 12, phase upload, 11 rounds done" in text
     assert "ETA: about 2 min" in text
+
+
+def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> None:
+    """The server answers 500 with a JSON reason (the app's error handler); the client's
+    waiting line and its final failure quote that reason and point at the server's log."""
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            body = (b'{"error": "server_error", "detail": "the server failed: '
+                    b'FedForestError: disk full (its log has the traceback)"}')
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    told: list[str] = []
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    tr = Transport(url, "t", None, retry_budget_s=0.5, insecure_dev=True, on_wait=told.append)
+    try:
+        with pytest.raises(TransportFailed) as err:
+            tr.request("GET", "/v1/jobs")
+    finally:
+        tr.close()
+        httpd.shutdown()
+        httpd.server_close()
+    reason = "HTTP 500: the server failed: FedForestError: disk full"
+    assert len(told) == 1 and reason in told[0]
+    assert reason in str(err.value) and "its log says why" in str(err.value)

@@ -92,6 +92,9 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
         stop(server)
     assert codes == [0, 0, 0, 0], [(fed.root / f"client-{k}.log").read_text()
                                    for k in range(4)]
+    for k in range(4):  # every other site is told, once, that client-4 was dropped
+        told = (fed.root / f"client-{k}.log").read_text()
+        assert told.count("site client-4 was dropped at round") == 1, told
     log4 = (fed.root / "client-4.log").read_text()
     assert restarted_code != 0
     assert RESTARTED_SECURE in log4 or "was dropped at round" in log4, log4
