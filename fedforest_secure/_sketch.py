@@ -53,11 +53,13 @@ def client_quantiles(values: np.ndarray, weights: np.ndarray | None, n_points: i
     return v[np.minimum(idx, v.size - 1)]
 
 
-def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = None
+            ) -> tuple[np.ndarray, ...]:
     """The pooled sketch CDF of each row, tabulated at every reported point.
 
     ``points`` has shape (R, K, P) (NaN-padded at the end of each client's list), ``weights``
-    (R, K) the mixing weights (summing to 1 over K, or 0 for absent clients).
+    (R, K) the mixing weights (summing to 1 over K, or 0 for absent clients), ``npts`` (R, K)
+    the number of points of each client's list, if the caller counted them.
 
     Returns ``xs`` (R, W) all points of the row in ascending order, ``s`` the slope of the
     pooled CDF just right of each, ``dj`` the point mass at each, and ``F`` the CDF value at
@@ -66,8 +68,8 @@ def _events(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
     """
     R, K, P = points.shape
     W = K * P
-    valid = ~np.isnan(points)
-    npts = valid.sum(axis=2)  # points per (row, client)
+    if npts is None:
+        npts = (~np.isnan(points)).sum(axis=2)  # points per (row, client)
     # NaN sorts after every number, so the padding ends every row; stable: ties keep the
     # clients' order
     flat = points.reshape(R, W)
@@ -210,32 +212,42 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     if R > chunk:  # bounded memory: the event arrays are R x K x P wide
         return np.concatenate([pooled_candidates(points[i:i + chunk], counts[i:i + chunk],
                                                  n_bins) for i in range(0, R, chunk)])
-    counts = np.where(np.isnan(points).all(axis=2), 0.0, np.maximum(counts, 0.0))
+    return _pooled(points, counts, (~np.isnan(points)).sum(axis=2), n_bins)
+
+
+#: sketch widths of the row buckets of :func:`_pooled` (the last bucket: the full width)
+BUCKET_WIDTHS = (3, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129)
+
+
+def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: int
+            ) -> np.ndarray:
+    """:func:`pooled_candidates` of rows whose clients' lists hold ``npts`` (R, K) points."""
+    R = points.shape[0]
+    counts = np.where(npts == 0, 0.0, np.maximum(counts, 0.0))
     tot = counts.sum(axis=1, keepdims=True)
     weights = np.divide(counts, tot, out=np.zeros_like(counts), where=tot > 0)
     out = np.full((R, n_bins - 1), np.inf)
     if R == 0:
         return out
     keep = tot[:, 0] > 0
-    npts = (~np.isnan(points)).sum(axis=2).max(axis=1)
+    longest = npts.max(axis=1)
     width = points.shape[2]
-    if keep.all() and width > 8 and (npts <= width // 2).any():
+    if keep.all() and width > 4 and (longest <= width // 2).any():
         # rows whose clients sent short sketches (small nodes, adaptive B) are done with
         # narrower arrays: bucket rows by the longest sketch they hold
-        edges = [w for w in (5, 9, 17, 33, 65, 129) if w < width] + [width]
+        edges = [w for w in BUCKET_WIDTHS if w < width] + [width]
         lo = 0
         for hi_w in edges:
-            sel = (npts > lo) & (npts <= hi_w)
+            sel = (longest > lo) & (longest <= hi_w)
             if sel.any():
-                out[sel] = pooled_candidates(points[sel, :, :hi_w], counts[sel], n_bins)
+                out[sel] = _pooled(points[sel, :, :hi_w], counts[sel], npts[sel], n_bins)
             lo = hi_w
         return out
     if not keep.all():
-        sub = pooled_candidates(points[keep], counts[keep], n_bins) if keep.any() else None
-        if sub is not None:
-            out[keep] = sub
+        if keep.any():
+            out[keep] = _pooled(points[keep], counts[keep], npts[keep], n_bins)
         return out
-    xs, s, dj, F = _events(points, weights)
+    xs, s, dj, F = _events(points, weights, npts)
     E = xs.shape[1]
     levels = np.arange(1, n_bins) / n_bins
     i = _first_at_least(F, levels - 1e-12)
