@@ -183,20 +183,23 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     pv: list[np.ndarray] = []
     counts: list[float] = []
     box_lo, box_hi = frontier.box_lo, frontier.box_hi
-    for e, i in enumerate(ev):
-        if not splits[e]:
-            continue
-        t, nd = int(frontier.tree[i]), int(frontier.node[i])
+    # Python scalars up front: one conversion per array, not one per element
+    tree_of, node_of = frontier.tree.tolist(), frontier.node.tolist()
+    kinds, feats, thrs = kind.tolist(), feature.tolist(), threshold.tolist()
+    gain_of = gains.tolist() if gains is not None else None
+    for e in np.flatnonzero(splits).tolist():
+        i = int(ev[e])
+        t, nd = tree_of[i], node_of[i]
         tb = trees[t]
-        k = int(kind[e])
-        feat = int(feature[e])
+        k = int(kinds[e])
+        feat = int(feats[e])
         tb.kind[nd] = k
         tb.feature[nd] = feat
-        if gains is not None:
-            tb.gain[nd] = float(gains[e])
+        if gain_of is not None:
+            tb.gain[nd] = float(gain_of[e])
         r_kind[i], r_feat[i] = k, feat
         if k == NodeKind.NUMERIC:
-            tb.threshold[nd] = r_thr[i] = float(threshold[e])
+            tb.threshold[nd] = r_thr[i] = float(thrs[e])
         else:
             tb.sets[nd] = sets[e]
             set_lists[i] = sets[e]
@@ -221,12 +224,13 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
                 lo_r[feat] = max(lo_r[feat], r_thr[i])
             nxt_lo += [lo_l, lo_r]
             nxt_hi += [hi_l, hi_r]
+    labels = {int(k): k.label for k in NodeKind}
+    r_kinds, r_feats, r_thrs = r_kind.tolist(), r_feat.tolist(), r_thr.tolist()
     decided = [
-        {"tree": int(frontier.tree[i]), "node": int(frontier.node[i]),
-         "kind": NodeKind(int(r_kind[i])).label,
-         "feature": int(r_feat[i]), "threshold": float(r_thr[i]),
+        {"tree": tree_of[i], "node": node_of[i], "kind": labels[r_kinds[i]],
+         "feature": r_feats[i], "threshold": r_thrs[i],
          "left_set": [int(v) for v in set_lists[i]]}
-        for i in range(n_nodes) if r_kind[i] != NodeKind.LEAF]
+        for i in np.flatnonzero(r_kind != NodeKind.LEAF).tolist()]
     ptr = np.zeros(n_nodes + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(s) for s in set_lists])
     vals = np.array([v for s in set_lists for v in s], dtype=np.int32)

@@ -166,6 +166,9 @@ class TreeBuilder:
         self.gain: list[float] = []
         self.sets: dict[int, list[int]] = {}
         self.n_out = n_out
+        # the value of a new leaf until one is set (values are replaced, never written into)
+        self._zero = np.zeros(n_out)
+        self._zero.setflags(write=False)
 
     def add(self) -> int:
         """A new leaf; returns its node id."""
@@ -174,7 +177,7 @@ class TreeBuilder:
         self.threshold.append(0.0)
         self.left.append(-1)
         self.right.append(-1)
-        self.value.append(np.zeros(self.n_out))
+        self.value.append(self._zero)
         self.n.append(0.0)
         self.gain.append(0.0)
         return len(self.kind) - 1
