@@ -305,9 +305,13 @@ class ServerState:
         with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
             job = job_of(sess, job_id)
             job.status = JobStatus.RUNNING
-            event("job_started", job=job_id, clients=rt.config.n_clients,
-                  profile=rt.config.profile.get("name"), trees=rt.config.n_estimators,
-                  max_depth=rt.config.max_depth)
+            ev, profile = rt.config.evaluation, rt.config.profile.get("name")
+            if ev is not None:
+                event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
+                      kind="evaluate", models=len(ev.get("names", ())))
+            else:
+                event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
+                      trees=rt.config.n_estimators, max_depth=rt.config.max_depth)
             self.core.driver.issue_next(rt, sess, job)
 
     # ------------------------------------------------------------------ offers

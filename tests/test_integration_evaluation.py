@@ -222,3 +222,7 @@ def test_fedforest_evaluate_creates_the_job_and_writes_the_table_and_plot_next_t
     assert f"| accuracy | deep | {acc:.4f} |" in table
     saved = json.loads((root / "evaluation-eval-open.json").read_text())
     assert saved["job_id"] == "eval-open" and len(saved["models"]) == 2
+    started = [line for line in (root / "server.log").read_text().splitlines()
+               if "event=job_started" in line]
+    assert len(started) == len(PROFILES)
+    assert all("kind=evaluate models=2" in line and "trees=" not in line for line in started)
