@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["counts_of", "node_values", "weighted_impurity"]
+__all__ = ["counts_of", "impurity", "node_values", "weighted_impurity"]
 
 
 def counts_of(stats: np.ndarray, task: str) -> np.ndarray:
@@ -57,3 +57,12 @@ def node_values(stats: np.ndarray, task: str) -> np.ndarray:
         n = c.sum(axis=-1, keepdims=True)
         shares: np.ndarray = c / np.where(n > 0, n, 1.0)
         return shares
+
+
+def impurity(stats: np.ndarray, task: str, criterion: str) -> np.ndarray:
+    """The impurity of each statistics vector (variance, Gini, or entropy in bits, as
+    scikit-learn's ``tree_.impurity``); 0 where n <= 0."""
+    n = counts_of(np.maximum(stats, 0.0) if task != "regression" else stats, task)
+    w = weighted_impurity(stats, task, criterion)
+    out: np.ndarray = np.where(n > 0, w / np.where(n > 0, n, 1.0), 0.0)
+    return out

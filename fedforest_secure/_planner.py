@@ -76,12 +76,14 @@ class Frontier:
         box_hi = np.tile(bounds[:, 1], (T, 1)) if bounds is not None else None
         return cls(np.arange(T, dtype=np.int64), node, np.zeros((T, n_out)), box_lo, box_hi)
 
-    def record(self, trees: Sequence[TreeBuilder], values: np.ndarray, n: np.ndarray) -> None:
-        """Store every frontier node's value and weighted count in its tree."""
+    def record(self, trees: Sequence[TreeBuilder], values: np.ndarray, n: np.ndarray,
+               impurity: np.ndarray) -> None:
+        """Store every frontier node's value, weighted count and impurity in its tree."""
         for i in range(self.size):
             tb = trees[self.tree[i]]
             tb.value[self.node[i]] = values[i]
             tb.n[self.node[i]] = float(n[i])
+            tb.impurity[self.node[i]] = float(impurity[i])
 
 
 def sample_features(rng: np.random.Generator, n_nodes: int, d: int, m: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import _impurity
+from . import _impurity, _splits
 
 __all__ = ["random_splits", "values_from_leaves"]
 
@@ -30,6 +30,7 @@ class _Builder(Protocol):
     right: list[int]
     value: list[np.ndarray]
     n: list[float]
+    impurity: list[float]
 
 
 def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarray,
@@ -57,8 +58,9 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
 
 def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: np.ndarray,
                        leaf_totals: np.ndarray, task: str, min_count: float,
-                       bound: float | None = None) -> None:
-    """Set every node's value and count in ``trees`` from the leaves' (noisy) totals.
+                       bound: float | None = None, criterion: str = "gini") -> None:
+    """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
+    totals (``criterion``: the impurity's, for classification).
 
     Parameters
     ----------
@@ -90,6 +92,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
             n = _impurity.counts_of(stats, task)
         if task == "regression" and bound is not None:
             vals = np.clip(vals, -bound, bound)
+        clean = _splits.clean_noisy_groups(stats, task, bound)
+        imp = _impurity.impurity(clean, task, "mse" if task == "regression" else criterion)
         for node in range(size):  # parents first: top-down fallback
             if n[node] >= min_count and np.isfinite(vals[node]).all():
                 value = vals[node]
@@ -97,3 +101,5 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
                 value = prior if parent[node] < 0 else b.value[parent[node]]
             b.value[node] = np.asarray(value, dtype=np.float64).reshape(n_out)
             b.n[node] = float(n[node])
+            b.impurity[node] = float(imp[node])
+

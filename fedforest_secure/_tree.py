@@ -11,6 +11,15 @@ A tree is a set of parallel arrays indexed by node id (root = 0):
   (classification); ``n``: the weighted training rows of the node;
 * ``gain``: the split's weighted impurity decrease (0 for a leaf and for data-independent
   random splits), what feature importances add up; absent in model files written before it.
+* ``impurity``: the node's impurity (variance, Gini or entropy in bits, as scikit-learn's
+  ``tree_.impurity``) from the same aggregated statistics as its value; the mean decrease in
+  impurity (``feature_importances_``) is read off it;
+* ``missing_left``: where a split node sends a row whose feature is missing (NaN): learned
+  from the rows that were missing at the node, else the child with more training rows.
+
+``impurity`` and ``missing_left`` are None in model files that predate them; such a tree
+sends a missing value to the child with the larger ``n`` (scikit-learn's rule for a feature
+without missing values at training).
 
 The :class:`NodeKind` codes are what the model file stores and what routing tasks carry
 (``route_kind``), so their integer values are part of both formats.
@@ -57,6 +66,17 @@ class Tree:
     n: np.ndarray  # weighted training rows per node
     sets: dict[int, list[int]] = field(default_factory=dict)
     gain: np.ndarray | None = None  # weighted impurity decrease per split node
+    impurity: np.ndarray | None = None  # (n_nodes,) node impurity
+    missing_left: np.ndarray | None = None  # (n_nodes,) bool: a missing value goes left
+
+    def missing_goes_left(self) -> np.ndarray:
+        """(n_nodes,) bool: where each split node sends a missing value (module docstring)."""
+        if self.missing_left is not None:
+            return self.missing_left.astype(bool)
+        out = np.zeros(self.n_nodes, dtype=bool)
+        inner = np.flatnonzero(self.kind != NodeKind.LEAF)
+        out[inner] = self.n[self.left[inner]] > self.n[self.right[inner]]
+        return out
 
     @property
     def n_nodes(self) -> int:
@@ -76,10 +96,28 @@ class Tree:
         return bool((self.kind == NodeKind.CLIENT).any())
 
     def apply(self, X: np.ndarray, client: np.ndarray | None) -> np.ndarray:
-        """Leaf id of every row."""
+        """Leaf id of every row (a missing value, NaN, goes where :meth:`missing_goes_left`
+        says)."""
+        return self._walk(X, client, None)
+
+    def decision_path(self, X: np.ndarray, client: np.ndarray | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes every row passes through, root and leaf included: ``(rows, nodes)``,
+        one entry per (row, node) visited."""
+        steps: list[tuple[np.ndarray, np.ndarray]] = []
+        self._walk(X, client, steps)
+        if not steps:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return (np.concatenate([r for r, _ in steps]), np.concatenate([n for _, n in steps]))
+
+    def _walk(self, X: np.ndarray, client: np.ndarray | None,
+              steps: list[tuple[np.ndarray, np.ndarray]] | None) -> np.ndarray:
         node = np.zeros(X.shape[0], dtype=np.int64)
         if self.n_nodes == 0:
             return node
+        if steps is not None:
+            steps.append((np.arange(X.shape[0]), node.copy()))
+        nan_left = self.missing_goes_left()
         tables: dict[int, np.ndarray] = {}
         for nd, members in self.sets.items():
             size = max(max(members, default=0) + 1, 1)
@@ -95,7 +133,9 @@ class Tree:
             num = k == NodeKind.NUMERIC
             if num.any():
                 idx = np.flatnonzero(num)
-                go_left[idx] = X[idx, self.feature[node[idx]]] <= self.threshold[node[idx]]
+                x = X[idx, self.feature[node[idx]]]
+                go_left[idx] = np.where(np.isnan(x), nan_left[node[idx]],
+                                        x <= self.threshold[node[idx]])
             for kind in (NodeKind.CATEGORICAL, NodeKind.CLIENT):
                 sel = np.flatnonzero(k == kind)
                 if not sel.size:
@@ -104,24 +144,38 @@ class Tree:
                     raise ValueError("this forest splits on the client indicator H: "
                                      "pass client= to predict")
                 for nd in np.unique(node[sel]):
-                    rows = sel[node[sel] == nd]
+                    at = sel[node[sel] == nd]
+                    missing = np.zeros(at.size, dtype=bool)
                     if kind == NodeKind.CATEGORICAL:
-                        vals = X[rows, self.feature[nd]].astype(np.int64)
+                        raw = X[at, self.feature[nd]]
+                        missing = np.isnan(raw)
+                        vals = np.where(missing, -1, raw).astype(np.int64)
                     else:
-                        vals = np.asarray(client)[rows].astype(np.int64)
+                        vals = np.asarray(client)[at].astype(np.int64)
                     tab = tables[int(nd)]
                     inside = (vals >= 0) & (vals < tab.size)
-                    go_left[rows] = inside & tab[np.clip(vals, 0, tab.size - 1)]
+                    go_left[at] = np.where(missing, nan_left[nd],
+                                           inside & tab[np.clip(vals, 0, tab.size - 1)])
             node = np.where(active, np.where(go_left, self.left[node], self.right[node]), node)
+            if steps is not None:
+                moved = np.flatnonzero(active)
+                steps.append((moved, node[moved]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The tree's entry in a model file (thresholds may be +inf: a split of the present
+        values from the missing ones, written as the string "inf")."""
+        out: dict[str, Any] = {
             "kind": self.kind.tolist(), "feature": self.feature.tolist(),
-            "threshold": [float(t) for t in self.threshold], "left": self.left.tolist(),
+            "threshold": [_float_out(t) for t in self.threshold], "left": self.left.tolist(),
             "right": self.right.tolist(), "value": self.value.tolist(), "n": self.n.tolist(),
             "sets": {str(k): list(map(int, v)) for k, v in self.sets.items()},
             **({} if self.gain is None else {"gain": [float(g) for g in self.gain]}),
         }
+        if self.impurity is not None:
+            out["impurity"] = [float(v) for v in self.impurity]
+        if self.missing_left is not None:
+            out["missing_left"] = [bool(v) for v in self.missing_left]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Tree:
@@ -138,6 +192,12 @@ class Tree:
             bad = sorted(set(kind.tolist()) - set(known.tolist()))
             raise ValueError(f"unknown node kind codes {bad} in the model file")
         thr = np.array([float(t) for t in d["threshold"]], dtype=np.float64)
+        size = len(d["kind"])
+        impurity = missing_left = None
+        if "impurity" in d:
+            impurity = np.asarray(d["impurity"], dtype=np.float64).reshape(size)
+        if "missing_left" in d:
+            missing_left = np.asarray(d["missing_left"], dtype=bool).reshape(size)
         return cls(
             kind=kind,
             feature=np.asarray(d["feature"], dtype=np.int64),
@@ -149,7 +209,15 @@ class Tree:
             sets={int(k): list(v) for k, v in d.get("sets", {}).items()},
             gain=(np.array([float(g) for g in d["gain"]], dtype=np.float64)
                   if "gain" in d else None),
+            impurity=impurity, missing_left=missing_left,
         )
+
+
+def _float_out(v: float) -> float | str:
+    """A threshold as JSON: a number, or "inf" (JSON has no infinity; ``float("inf")``
+    reads it back)."""
+    v = float(v)
+    return "inf" if v == np.inf else v
 
 
 class TreeBuilder:
@@ -164,6 +232,8 @@ class TreeBuilder:
         self.value: list[np.ndarray] = []
         self.n: list[float] = []
         self.gain: list[float] = []
+        self.impurity: list[float] = []
+        self.missing_left: list[bool] = []
         self.sets: dict[int, list[int]] = {}
         self.n_out = n_out
         # the value of a new leaf until one is set (values are replaced, never written into)
@@ -180,6 +250,8 @@ class TreeBuilder:
         self.value.append(self._zero)
         self.n.append(0.0)
         self.gain.append(0.0)
+        self.impurity.append(0.0)
+        self.missing_left.append(False)
         return len(self.kind) - 1
 
     def build(self) -> Tree:
@@ -190,4 +262,6 @@ class TreeBuilder:
                     right=np.array(self.right, dtype=np.int64),
                     value=np.array(self.value, dtype=np.float64).reshape(len(self.kind), -1),
                     n=np.array(self.n, dtype=np.float64), sets=dict(self.sets),
-                    gain=np.array(self.gain, dtype=np.float64))
+                    gain=np.array(self.gain, dtype=np.float64),
+                    impurity=np.array(self.impurity, dtype=np.float64),
+                    missing_left=np.array(self.missing_left, dtype=bool))

@@ -65,6 +65,8 @@ class JobConfig:
     n_classes: int = 0
     target_bound: float = 0.0  # max |y| (public), for the fixed-point scale of sums
     n_estimators: int = 50
+    #: 0: no limit (trees grow until no node can split; the estimators' max_depth=None); a DP
+    #: job needs a limit (its budget is split over the levels)
     max_depth: int = 8
     min_samples_leaf: int = 5
     min_samples_split: int = 2
@@ -96,9 +98,14 @@ class JobConfig:
             raise ValueError("regression supports criterion='mse' only")
         if self.task == "classification" and self.criterion not in ("gini", "entropy"):
             raise ValueError("classification criterion must be 'gini' or 'entropy'")
-        for name in ("n_features", "n_clients", "n_estimators", "max_depth", "min_samples_leaf"):
+        for name in ("n_features", "n_clients", "n_estimators", "min_samples_leaf"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if int(self.max_depth) < 0:
+            raise ValueError("max_depth must be >= 1, or 0 for no limit")
+        if self.max_depth == 0 and self.dp is not None:
+            raise ValueError("a DP job needs a depth limit (max_depth >= 1): its budget is "
+                             "split over the levels")
         if self.min_samples_split < 2:
             raise ValueError("min_samples_split must be >= 2")
         if self.n_bins < 2:

@@ -18,13 +18,14 @@ receives, so a restarted server rebuilds it by replaying stored rounds.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _impurity, _leaves, _random_splits
+from . import _impurity, _leaves, _random_splits, _splits
 from ._candidates import RandomSplits, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
 from ._layouts import totals_block
@@ -252,10 +253,10 @@ class Coordinator:
         # bound on the level's total weight (sum of its nodes' weighted counts): a tree's
         # bootstrap draws as many rows as there are (at most the rows' multiplicities)
         weight = float(T) * self._total_rows if self._total_rows is not None else np.inf
-        for level in range(cfg.max_depth + 1):
+        for level in itertools.count():
             if frontier.size == 0:
                 break
-            if level == cfg.max_depth:
+            if level == cfg.max_depth and cfg.max_depth > 0:  # 0: no depth limit
                 yield from self._leaf_level(level, frontier, routing, trees)
                 break
             frontier, routing, weight = yield from self._split_level(
@@ -279,7 +280,7 @@ class Coordinator:
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
-                cfg.target_bound if cfg.task == "regression" else None)
+                cfg.target_bound if cfg.task == "regression" else None, cfg.criterion)
         elif not self.policy.totals_in_sketch(last=True):
             for i in range(frontier.size):
                 trees[frontier.tree[i]].value[frontier.node[i]] = frontier.parent_value[i]
@@ -291,7 +292,7 @@ class Coordinator:
         if level == 0:
             self._root_n = np.maximum(n, 1e-300)
         values = _leaves.node_values(totals, self.config.task, frontier.parent_value)
-        frontier.record(trees, values, n)
+        frontier.record(trees, values, n, self._impurity(totals))
         return values, n
 
     def _split_level(self, level: int, frontier: Frontier,
@@ -339,16 +340,24 @@ class Coordinator:
             if level == 0:
                 self._root_n = np.maximum(n, 1.0)
             values = self.policy.node_values(totals, frontier.parent_value)
-            frontier.record(trees, values, n)
+            frontier.record(trees, values, n, self._impurity(totals))
             can = _leaves.splittable_noisy(cfg, n)
         h_left = self._client_splits(ev, n_nodes, disc, found)
         ok = (np.isfinite(found.gain) & can[ev]
               & (found.gain / self._root_n[frontier.tree[ev]] + 1e-15
                  >= cfg.min_impurity_decrease))
-        child = self._noisy_child_values(ev, ok, found, h_left, values)
+        child_stats = self._noisy_child_stats(ev, ok, found, h_left)
+        child = {e: self.policy.node_values(st, np.stack([values[ev[e]], values[ev[e]]]))
+                 for e, st in child_stats.items()}
         growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
                       found.sets, child, values, gains=found.gain,
                       child_counts=self._child_counts(ok, found))
+        for e, st in child_stats.items():  # under DP the leaves keep these (no later release)
+            tb = trees[frontier.tree[ev[e]]]
+            nd = int(frontier.node[ev[e]])
+            for c, side in ((tb.left[nd], 0), (tb.right[nd], 1)):
+                tb.n[c] = float(_impurity.counts_of(st[side], cfg.task))
+                tb.impurity[c] = float(self._impurity(st[side]))
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 
@@ -456,25 +465,32 @@ class Coordinator:
         per_client = self.policy.client_summaries(per_client)
         return client_splits(self.config, per_client, clients, ev, found)
 
-    def _noisy_child_values(self, ev: np.ndarray, ok: np.ndarray, found: EvaluatedNodes,
-                            h_left: dict[int, tuple[np.ndarray, np.ndarray]],
-                            values: np.ndarray) -> dict[int, np.ndarray]:
-        """Under DP, the children's values of each split (rows ``e``), from the same noisy
-        histogram (or, for an H-split, the noisy client summaries); without DP, none (the
-        children's own totals give them at the next level)."""
+    def _impurity(self, stats: np.ndarray) -> np.ndarray:
+        """Node impurities from (possibly noisy) statistics (post-processing)."""
+        cfg = self.config
+        if self.policy.dp:
+            stats = _splits.clean_noisy_groups(
+                stats, cfg.task, cfg.target_bound if cfg.task == "regression" else None)
+        return _impurity.impurity(stats, cfg.task, cfg.criterion)
+
+    def _noisy_child_stats(self, ev: np.ndarray, ok: np.ndarray, found: EvaluatedNodes,
+                           h_left: dict[int, tuple[np.ndarray, np.ndarray]]
+                           ) -> dict[int, np.ndarray]:
+        """Under DP, the children's statistics (2, S) of each split (rows ``e``), from the
+        same noisy histogram (or, for an H-split, the noisy client summaries); without DP,
+        none (the children's own totals give their values at the next level)."""
         if not self.policy.dp:
             return {}
         out: dict[int, np.ndarray] = {}
-        for e, i in enumerate(ev):
+        for e in range(ev.size):
             if not ok[e]:
                 continue
-            parent = np.stack([values[i], values[i]])
             if int(found.kind[e]) != NodeKind.CLIENT:
                 left = found.left[e]
                 right = found.blocks["hist"][e, found.slot[e]].sum(axis=0) - left
-                out[e] = self.policy.node_values(np.stack([left, right]), parent)
+                out[e] = np.stack([left, right])
             elif e in h_left:
-                out[e] = self.policy.node_values(np.stack(h_left[e]), parent)
+                out[e] = np.stack(h_left[e])
         return out
 
 

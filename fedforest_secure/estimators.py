@@ -13,20 +13,47 @@ same for every ``n_jobs``.
 stores, what ``fedforest model download`` and the client's ``--out`` write), with its class
 labels, feature names and schema, so ``predict_proba`` works on a site's table as is. Fitted on
 a DataFrame (or loaded from a job's model), ``predict`` takes a table's columns by name.
+
+The estimators follow scikit-learn's conventions (``_parameter_constraints``, ``validate_data``,
+``check_estimator`` passes with the default parameters) and scikit-learn's meanings of the
+shared parameters, with these federated defaults:
+
+* ``max_depth=None``: no depth limit, as in scikit-learn; the trees stop growing at
+  ``min_samples_leaf=5`` (the federated default: no leaf summarises fewer than 5 rows) or at
+  pure nodes. Under a DP profile the budget is split over the levels, so a depth is needed:
+  ``None`` takes the allocation rule's
+  (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`).
+* ``n_estimators``, ``n_bins``, ``bootstrap`` left at None: the paper's 50 trees, B = 32
+  candidate bins and the client-stratified bootstrap, or under a DP profile the allocation
+  rule's trees, bins and row sampling (and its method when ``method`` is left at
+  "quantiles").
+* ``max_features``: scikit-learn's values (an int, a fraction, "sqrt", "log2", None for all);
+  default "sqrt" (classifier) and the paper's 1/3 (regressor).
+* ``sample_weight``: non-negative integer frequency weights (a row of weight 3 counts as three
+  rows; under DP only 0 and 1).
+* ``X`` may hold missing values (NaN): every split learns where they go (see
+  :mod:`fedforest_secure._tree`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import uuid
 from collections.abc import Mapping
+from numbers import Integral, Real
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import _check_sample_weight, check_array, validate_data
 
+from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
 from .federation import run_in_process
@@ -35,19 +62,13 @@ from .model import ForestModel, _column_names
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
 _OLD_FORMAT = "fedforest-secure/estimator/v1"  # files written before the one model format
-
-def _dp_defaults(epsilon: float, task: str, n_rows: int, n_features: int, n_classes: int,
-                 delta: float) -> dict[str, Any]:
-    """Hyper-parameters under a DP profile when the user leaves them unset: the allocation rule
-    :func:`~fedforest_secure.privacy.allocation.dp_forest_settings` (docs/privacy.md)."""
-    from .privacy.allocation import dp_forest_settings
-
-    return dp_forest_settings(epsilon, n_rows, n_features, n_classes, task,
-                              delta=delta).as_params()
+_ALLOW_NAN = False
+_FINITE: Any = True
 
 
 def _dp_rule_for(method: str | None, epsilon: float, task: str, n_rows: int, n_features: int,
                  n_classes: int, delta: float) -> dict[str, Any]:
+    """The allocation rule's forest shape for a DP job (docs/privacy.md)."""
     from .privacy.allocation import dp_forest_settings
 
     return dp_forest_settings(epsilon, n_rows, n_features, n_classes, task, delta=delta,
@@ -64,16 +85,41 @@ def _profile_dict(profile: Any) -> dict[str, Any]:
     return prof.to_dict()
 
 
+def _profile_types() -> list[Any]:
+    from .privacy import PrivacyProfile
+
+    return [str, os.PathLike, Mapping, PrivacyProfile]
+
+
 class _FedForestBase(BaseEstimator):  # type: ignore[misc]
-    _task = "regression"
+    _task: ClassVar[str] = "regression"
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "n_estimators": [Interval(Integral, 1, None, closed="left"), None],
+        "max_depth": [Interval(Integral, 1, 60, closed="both"), None],
+        "min_samples_leaf": [Interval(Integral, 1, None, closed="left")],
+        "min_samples_split": [Interval(Integral, 2, None, closed="left")],
+        "min_impurity_decrease": [Interval(Real, 0.0, None, closed="left")],
+        "max_features": [Interval(Integral, 1, None, closed="left"),
+                         Interval(RealNotInt, 0.0, 1.0, closed="right"),
+                         StrOptions({"sqrt", "log2"}), None],
+        "bootstrap": ["boolean", None],
+        "n_bins": [Interval(Integral, 2, None, closed="left"), None],
+        "method": [StrOptions(set(METHODS))],
+        "top_l": [Interval(Integral, 1, None, closed="left"), None],
+        "split_on_client": ["boolean"],
+        "profile": _profile_types(),
+        "random_state": ["random_state"],
+        "n_jobs": [Integral, None],
+    }
 
     def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
-                 min_impurity_decrease: float = 0.0, max_features: Any = "auto",
+                 min_impurity_decrease: float = 0.0, max_features: Any = 1 / 3,
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
-                 random_state: int | None = 0, n_jobs: int | None = None) -> None:
+                 random_state: Any = 0, n_jobs: int | None = None) -> None:
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.min_samples_leaf = min_samples_leaf
@@ -89,22 +135,22 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         self.random_state = random_state
         self.n_jobs = n_jobs
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = _ALLOW_NAN
+        tags.input_tags.sparse = False
+        return tags
+
     # ------------------------------------------------------------------ helpers
     def _criterion(self) -> str:
         return "mse"
 
-    def _resolved(self, d: int, dp: dict[str, Any] | None, n_rows: int = 1,
-                  n_classes: int = 0) -> dict[str, Any]:
-        """Hyper-parameters with ``None`` / ``"auto"`` replaced by defaults.
-
-        Without DP: the paper's (50 trees, depth 8, B = 32, d/3 features for regression and
-        sqrt(d) for classification, client-stratified bootstrap). Under a DP profile every
-        release costs budget, so the defaults favour few, shallow trees that all see every row,
-        with coarse bins and few features per node (:func:`_dp_defaults`, docs/privacy.md).
-        """
-        auto_mf = (1 / 3 if self._task == "regression" else "sqrt")
-        out = {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
-               "n_bins": self.n_bins, "max_features": self.max_features,
+    def _forest_shape(self, d: int, dp: dict[str, Any] | None, n_rows: int,
+                      n_classes: int) -> dict[str, Any]:
+        """Trees, depth (0: no limit), bins, row sampling and method, with the parameters
+        left at None filled in (module docstring)."""
+        out: dict[str, Any] = {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
+               "n_bins": self.n_bins,
                "sampling": None if self.bootstrap is None else
                ("bootstrap" if self.bootstrap else "all"),
                # under DP the quantile sketch (the default method) is never used: the rule
@@ -112,34 +158,21 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                "method": None if dp and self.method == "quantiles" else self.method}
         if dp and out["method"] is None and self.split_on_client:
             out["method"] = "histogram"  # H-splits are scored by the greedy levels
-        defaults = (_dp_rule_for(out["method"], float(dp["epsilon"]), self._task, n_rows, d,
-                                 n_classes, float(dp["delta"])) if dp else
-                    {"n_estimators": 50, "max_depth": 8, "n_bins": 32, "max_features": auto_mf,
-                     "sampling": "bootstrap", "method": self.method})
-        for key, val in defaults.items():
-            if key == "max_features":  # None keeps scikit-learn's meaning: all features
-                if isinstance(out[key], str) and out[key] == "auto":
-                    out[key] = val
-            elif out[key] is None:
-                out[key] = val
-        if isinstance(out["max_features"], int) and not isinstance(out["max_features"], bool):
-            out["max_features"] = min(out["max_features"], d)
+        if dp:
+            defaults = _dp_rule_for(out["method"], float(dp["epsilon"]), self._task, n_rows, d,
+                                    n_classes, float(dp["delta"]))
+        else:
+            defaults = {"n_estimators": 50, "max_depth": 0, "n_bins": 32,
+                        "sampling": "bootstrap", "method": self.method}
+        for key in out:
+            if out[key] is None:
+                out[key] = defaults[key]
         return out
 
-    def _check_X(self, X: Any) -> np.ndarray:
-        arr = np.asarray(X, dtype=np.float64)
-        if arr.ndim != 2:
-            raise SchemaError(f"X must be 2-dimensional, got shape {arr.shape}")
-        if not np.isfinite(arr).all():
-            r, c = np.argwhere(~np.isfinite(arr))[0]
-            raise SchemaError(f"X has a non-finite value at row {r}, column {c}")
-        return arr
-
-    def _encode_y(self, y: Any) -> tuple[np.ndarray, float]:
-        y = np.asarray(y, dtype=np.float64)
-        if not np.isfinite(y).all():
-            raise SchemaError("y has non-finite values")
-        return y, float(np.max(np.abs(y))) if y.size else 1.0
+    def _seed(self) -> int:
+        if isinstance(self.random_state, Integral):
+            return int(self.random_state)
+        return int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
 
     def _client_codes(self, client: Any, n: int, fitting: bool) -> np.ndarray:
         if client is None:
@@ -162,84 +195,194 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             codes[r] = k
         return codes
 
+    def _encode_y(self, y: np.ndarray) -> tuple[np.ndarray, float]:
+        return y.astype(np.float64), 1.0
+
     # ------------------------------------------------------------------ fit / predict
-    def fit(self, X: Any, y: Any, client: Any = None,
-            on_round: Any = None) -> _FedForestBase:
+    def fit(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None,
+            on_round: Any = None) -> Any:
         """Train over in-process clients.
 
         Parameters
         ----------
-        X : array of shape (n, d)
-        y : array of shape (n,)
-        client : array of shape (n,), the institution of each row (None: one client)
+        X : array-like of shape (n, d); NaN marks a missing value. A DataFrame's column
+            names become ``feature_names_in_``.
+        y : array-like of shape (n,)
+        sample_weight : array-like of shape (n,), non-negative integer frequency weights, or
+            None
+        client : array-like of shape (n,), the institution of each row (None: one client)
         on_round : optional callback receiving each round's :class:`RoundRecord`
+
+        Returns
+        -------
+        self
         """
-        names = _column_names(X)
-        X = self._check_X(X)
-        y = np.asarray(y)
-        if y.shape != (X.shape[0],):
-            raise SchemaError(f"y must have shape ({X.shape[0]},), got {y.shape}")
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        h = self._client_codes(client, X.shape[0], fitting=True)
-        y_enc, target_bound = self._encode_y(y)
+        self._validate_params()
+        X, y = _as_schema_error(validate_data, self, X, y, dtype=np.float64,
+                                ensure_all_finite=_FINITE,
+                                y_numeric=self._task == "regression", multi_output=False)
+        if self._task == "classification":
+            check_classification_targets(y)
+        n, d = X.shape
+        weights = None
+        if sample_weight is not None:
+            weights = _check_sample_weight(sample_weight, X, dtype=np.float64)
+            if (weights != np.round(weights)).any() or (weights < 0).any():
+                raise SchemaError("sample_weight must hold non-negative integers (frequency "
+                                  "weights: a row of weight 3 counts as three rows)")
+            if not (weights > 0).any():
+                raise SchemaError("sample_weight is zero for every row")
+        h = self._client_codes(client, n, fitting=True)
+        y_enc, _ = self._encode_y(y)
+        kept = weights > 0 if weights is not None else np.ones(n, dtype=bool)
+        target_bound = float(np.max(np.abs(y_enc[kept]))) if self._task == "regression" \
+            else 1.0
         K = len(self.clients_)
-        d = X.shape[1]
-        lo, hi = X.min(axis=0), X.max(axis=0)
-        hi = np.where(hi > lo, hi, lo + 1.0)
+        lo, hi = _nan_bounds(X[kept])
         dp = _profile_dict(self.profile).get("dp")
-        hp = self._resolved(d, dp, X.shape[0], len(getattr(self, "classes_", [])))
+        n_classes = len(getattr(self, "classes_", []))
+        shape = self._forest_shape(d, dp, int(kept.sum()), n_classes)
         self.y_offset_ = 0.0
-        if dp and self._task == "regression" and y_enc.size:
+        if dp and self._task == "regression":
             # centre y on the middle of its bounds: halves the noise on sums of y under DP
-            self.y_offset_ = float((y_enc.min() + y_enc.max()) / 2.0)
+            self.y_offset_ = float((y_enc[kept].min() + y_enc[kept].max()) / 2.0)
             y_enc = y_enc - self.y_offset_
-            target_bound = float(np.max(np.abs(y_enc)))
-        seed = int(self.random_state) if self.random_state is not None else \
-            int(np.random.SeedSequence().generate_state(1)[0])
+            target_bound = float(np.max(np.abs(y_enc[kept])))
+        mf = self.max_features
+        if isinstance(mf, Integral) and not isinstance(mf, bool):
+            mf = min(int(mf), d)
         self.profile_ = _profile_dict(self.profile)
         config = JobConfig(
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
-            n_clients=K, n_classes=len(getattr(self, "classes_", [])),
+            n_clients=K, n_classes=n_classes,
             feature_bounds=tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True)),
-            target_bound=max(target_bound, 1e-12), n_estimators=hp["n_estimators"],
-            max_depth=hp["max_depth"], min_samples_leaf=self.min_samples_leaf,
+            target_bound=max(target_bound, 1e-12), n_estimators=shape["n_estimators"],
+            max_depth=shape["max_depth"], min_samples_leaf=self.min_samples_leaf,
             min_samples_split=self.min_samples_split,
             min_impurity_decrease=self.min_impurity_decrease,
-            max_features=resolve_max_features(hp["max_features"], d),
-            bootstrap=hp["sampling"] == "bootstrap", row_sampling=hp["sampling"],
-            n_bins=hp["n_bins"], method=hp["method"], top_l=self.top_l,
+            max_features=resolve_max_features(mf, d),
+            bootstrap=shape["sampling"] == "bootstrap", row_sampling=shape["sampling"],
+            n_bins=shape["n_bins"], method=shape["method"], top_l=self.top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
-            random_state=seed, profile=self.profile_)
+            random_state=self._seed(), profile=self.profile_)
         # each client's share of the rows is made when its worker is built, and dropped after
-        shares = ((X[h == k], y_enc[h == k]) for k in range(K))
+        shares = ((X[h == k], y_enc[h == k]) if weights is None else
+                  (X[h == k], y_enc[h == k], weights[h == k]) for k in range(K))
         self.config_ = config
         model = run_in_process(config, shares, on_round=on_round, n_jobs=self.n_jobs)
         classes = getattr(self, "classes_", None)
+        names = getattr(self, "feature_names_in_", None)  # set by validate_data
         self.model_ = dataclasses.replace(
-            model, feature_names=names, clients=self.clients_.tolist(), y_offset=self.y_offset_,
+            model, feature_names=None if names is None else [str(c) for c in names],
+            clients=self.clients_.tolist(), y_offset=self.y_offset_,
             classes=None if classes is None else classes.tolist())
-        self.n_features_in_ = d
-        if names is not None:
-            self.feature_names_in_ = np.array(names, dtype=object)
         self.n_clients_ = K
+        self.n_outputs_ = 1
         return self
 
     def _check_fitted(self) -> ForestModel:
         if not hasattr(self, "model_"):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
-        return self.model_
+        model: ForestModel = self.model_
+        return model
+
+    def _validate_X_predict(self, X: Any) -> np.ndarray:
+        """``X`` checked against the fit. A table with named columns is matched to
+        ``feature_names_in_`` by name (any order; a missing or unknown column is refused) and,
+        for a federated job's model, categorical columns are read as levels
+        (:meth:`ForestModel.prepare`); an array is taken by position."""
+        model = self._check_fitted()
+        if model.schema is not None or (_column_names(X) is not None
+                                        and model.feature_names is not None):
+            Xp = model.prepare(X)
+            out: np.ndarray = _as_schema_error(check_array, Xp, dtype=np.float64,
+                                               ensure_all_finite=_FINITE)
+            return out
+        out = _as_schema_error(validate_data, self, X, reset=False, dtype=np.float64,
+                               ensure_all_finite=_FINITE)
+        return out
 
     def _values(self, X: Any, client: Any) -> np.ndarray:
         model = self._check_fitted()
-        if _column_names(X) is None and model.schema is None:
-            X = self._check_X(X)
-            if X.shape[1] != self.n_features_in_:
-                raise SchemaError(f"X has {X.shape[1]} features, the forest expects "
-                                  f"{self.n_features_in_}")
-        X = self._check_X(model.prepare(X))  # columns by name, levels by label
+        X = self._validate_X_predict(X)
         codes = None if client is None else self._client_codes(client, X.shape[0], False)
         return model.values_of(X, codes)
+
+    # ------------------------------------------------------------------ fitted structure
+    @property
+    def estimators_(self) -> list[FederatedTree]:
+        """The trees, one :class:`~fedforest_secure._sklearn_api.FederatedTree` each, with
+        their arrays under scikit-learn's ``tree_`` names."""
+        model = self._fitted_model()
+        offset = float(getattr(self, "y_offset_", 0.0))
+        return [FederatedTree(t, model.n_features, offset) for t in model.trees]
+
+    @property
+    def feature_importances_(self) -> np.ndarray:
+        """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
+        from the node statistics the coordinator aggregated to grow the trees (nothing more
+        is disclosed); splits on the client indicator count for no feature."""
+        model = self._fitted_model()
+        return forest_importances(self.estimators_, model.n_features)
+
+    def _fitted_model(self) -> ForestModel:
+        if not hasattr(self, "model_"):
+            raise AttributeError(f"this {type(self).__name__} is not fitted yet")
+        model: ForestModel = self.model_
+        return model
+
+    def apply(self, X: Any, *, client: Any = None) -> np.ndarray:
+        """Leaf index of every row in every tree, shape (n, n_estimators)."""
+        model = self._check_fitted()
+        X = self._validate_X_predict(X)
+        codes = None if client is None else self._client_codes(client, X.shape[0], False)
+        return np.stack([t.apply(X, codes) for t in model.trees], axis=1) \
+            if model.trees else np.zeros((X.shape[0], 0), dtype=np.int64)
+
+    def decision_path(self, X: Any, *, client: Any = None) -> tuple[Any, np.ndarray]:
+        """The nodes every row passes through, as scikit-learn's forests return them.
+
+        Returns
+        -------
+        indicator : sparse matrix of shape (n, total nodes), 1 where a row passes a node
+            (the trees' nodes side by side)
+        n_nodes_ptr : array of shape (n_estimators + 1,), tree ``i``'s columns are
+            ``[n_nodes_ptr[i], n_nodes_ptr[i + 1])``
+        """
+        from scipy.sparse import csr_matrix
+
+        model = self._check_fitted()
+        X = self._validate_X_predict(X)
+        codes = None if client is None else self._client_codes(client, X.shape[0], False)
+        ptr = np.concatenate([[0], np.cumsum([t.n_nodes for t in model.trees])])
+        rows, cols = [], []
+        for i, t in enumerate(model.trees):
+            r, c = t.decision_path(X, codes)
+            rows.append(r)
+            cols.append(c + ptr[i])
+        r_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        c_all = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        indicator = csr_matrix((np.ones(r_all.size, dtype=np.int64), (r_all, c_all)),
+                               shape=(X.shape[0], int(ptr[-1])))
+        return indicator, ptr
+
+    def to_sklearn(self) -> Any:
+        """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
+        this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`): it
+        predicts what this estimator predicts (on float32 inputs exactly, as scikit-learn
+        reads X as float32), so SHAP, skops, skl2onnx and ``permutation_importance`` work on
+        it unchanged.
+
+        Raises
+        ------
+        ValueError
+            The forest splits on the client indicator H.
+        """
+        model = self._check_fitted()
+        return to_sklearn_forest(model.trees, model.task, model.n_features,
+                                 classes=getattr(self, "classes_", None),
+                                 y_offset=float(getattr(self, "y_offset_", 0.0)),
+                                 feature_names=getattr(self, "feature_names_in_", None))
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
@@ -250,6 +393,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         params = self.get_params()
         params["profile"] = getattr(self, "profile_", params["profile"])
         config = getattr(self, "config_", None)
+        if not isinstance(params["random_state"], Integral | None) and config is not None:
+            params["random_state"] = config.random_state
         section = {"class": type(self).__name__, "params": params,
                    "config": None if config is None else json.loads(config.to_json())}
         Path(path).write_text(dataclasses.replace(model, estimator=section).to_json())
@@ -302,50 +447,91 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         if model.task == "classification":
             self.classes_ = np.array(model.classes if model.classes is not None
                                      else list(range(model.n_classes)))
+            self.n_classes_ = int(self.classes_.size)
+        self.n_outputs_ = 1
         self.y_offset_ = model.y_offset
 
     @classmethod
     def _load_old(cls, doc: dict[str, Any], path: str | Path) -> Any:
         if doc.get("class") != cls.__name__:
             raise ValueError(f"{path} is not a saved {cls.__name__}")
-        est = cls(**doc["params"])
+        params = dict(doc["params"])
+        if params.get("max_features") == "auto":  # files written before scikit-learn 1.4 names
+            params.pop("max_features")
+        est = cls(**params)
         model = ForestModel.from_dict(doc["model"])
         est.model_ = dataclasses.replace(
             model, clients=doc["clients"], classes=doc.get("classes"),
-            y_offset=float(doc.get("y_offset", 0.0)))
+            feature_names=doc.get("feature_names"), y_offset=float(doc.get("y_offset", 0.0)))
         est.config_ = JobConfig.from_json(json.dumps(doc["config"]))
         est.profile_ = doc["params"]["profile"]
         est._set_fitted_attributes()
         return est
 
 
+def _as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
+    """``check(*args, **kwargs)`` with its ValueError raised as :class:`SchemaError` (also a
+    ValueError, with the same message)."""
+    try:
+        return check(*args, **kwargs)
+    except SchemaError:
+        raise
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from exc
+
+
+def _nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature [lo, hi] of the present (non-NaN) values, lo < hi: a column without two
+    distinct present values gets a unit range."""
+    present = ~np.isnan(X)
+    lo = np.where(present, X, np.inf).min(axis=0, initial=np.inf)
+    hi = np.where(present, X, -np.inf).max(axis=0, initial=-np.inf)
+    lo = np.where(np.isfinite(lo), lo, 0.0)
+    hi = np.where(np.isfinite(hi) & (hi > lo), hi, lo + 1.0)
+    return lo, hi
+
+
 class FedForestRegressor(RegressorMixin, _FedForestBase):  # type: ignore[misc]
-    """Federated random forest regressor (FedForest, Khellaf et al.)."""
+    """Federated random forest regressor (FedForest, Khellaf et al.).
+
+    Parameters are keyword-only; see the module docstring for the federated defaults.
+    """
 
     _task = "regression"
 
-    def predict(self, X: Any, client: Any = None) -> np.ndarray:
+    def predict(self, X: Any, *, client: Any = None) -> np.ndarray:
         """Predicted values, shape (n,). ``client`` is needed only if the forest splits on H."""
-        return self._values(X, client)[:, 0] + getattr(self, "y_offset_", 0.0)
+        out: np.ndarray = self._values(X, client)[:, 0] + getattr(self, "y_offset_", 0.0)
+        return out
 
-    def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:
+    def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:
+        """R^2 of ``predict(X, client=client)`` against ``y``."""
         from sklearn.metrics import r2_score
 
-        return float(r2_score(y, self.predict(X, client), sample_weight=sample_weight))
+        return float(r2_score(y, self.predict(X, client=client), sample_weight=sample_weight))
 
 
 class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc]
-    """Federated random forest classifier (FedForest, Khellaf et al.)."""
+    """Federated random forest classifier (FedForest, Khellaf et al.).
+
+    Parameters are keyword-only; see the module docstring for the federated defaults.
+    ``criterion`` is "gini" or "entropy".
+    """
 
     _task = "classification"
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_FedForestBase._parameter_constraints,
+        "criterion": [StrOptions({"gini", "entropy"})],
+    }
+
     def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
-                 min_impurity_decrease: float = 0.0, max_features: Any = "auto",
+                 min_impurity_decrease: float = 0.0, max_features: Any = "sqrt",
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str = "quantiles", top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
-                 criterion: str = "gini", random_state: int | None = 0,
+                 criterion: str = "gini", random_state: Any = 0,
                  n_jobs: int | None = None) -> None:
         super().__init__(n_estimators=n_estimators, max_depth=max_depth,
                          min_samples_leaf=min_samples_leaf, min_samples_split=min_samples_split,
@@ -356,28 +542,30 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         self.criterion = criterion
 
     def _criterion(self) -> str:
-        if self.criterion not in ("gini", "entropy"):
-            raise ValueError(f"criterion must be 'gini' or 'entropy', got {self.criterion!r}")
-        return self.criterion
+        return str(self.criterion)
 
-    def _encode_y(self, y: Any) -> tuple[np.ndarray, float]:
-        y = np.asarray(y)
+    def _encode_y(self, y: np.ndarray) -> tuple[np.ndarray, float]:
         self.classes_ = np.unique(y)
+        self.n_classes_ = int(self.classes_.size)
         if self.classes_.size < 2:
-            raise SchemaError("classification needs at least two classes in y")
+            raise SchemaError(f"y has one class ({self.classes_[0]!r}); a classifier needs "
+                              "at least two classes")
         return np.searchsorted(self.classes_, y).astype(np.int64), 1.0
 
-    def predict_proba(self, X: Any, client: Any = None) -> np.ndarray:
+    def predict_proba(self, X: Any, *, client: Any = None) -> np.ndarray:
         """Class probabilities, shape (n, n_classes), columns ordered as ``classes_``."""
         return self._values(X, client)
 
-    def predict(self, X: Any, client: Any = None) -> np.ndarray:
+    def predict(self, X: Any, *, client: Any = None) -> np.ndarray:
         """Predicted classes, shape (n,)."""
         self._check_fitted()
-        labels: np.ndarray = self.classes_[np.argmax(self.predict_proba(X, client), axis=1)]
+        labels: np.ndarray = self.classes_[np.argmax(self.predict_proba(X, client=client),
+                                                     axis=1)]
         return labels
 
-    def score(self, X: Any, y: Any, client: Any = None, sample_weight: Any = None) -> float:
+    def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:
+        """Accuracy of ``predict(X, client=client)`` against ``y``."""
         from sklearn.metrics import accuracy_score
 
-        return float(accuracy_score(y, self.predict(X, client), sample_weight=sample_weight))
+        return float(accuracy_score(y, self.predict(X, client=client),
+                                    sample_weight=sample_weight))

@@ -178,7 +178,7 @@ def _is_ring(agg: Aggregator) -> bool:
     return mod is not None and isinstance(agg, mod.RingAggregator)
 
 
-def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
+def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, ...]], *,
                    aggregator: Aggregator | None = None,
                    on_round: Callable[[RoundRecord], None] | None = None,
                    workers: Sequence[Worker] | None = None,
@@ -190,8 +190,8 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
     Parameters
     ----------
     config : the job configuration
-    clients : one ``(X_k, y_k)`` per client, in client-index order (a sequence, or an iterable
-        such as a generator)
+    clients : one ``(X_k, y_k)`` or ``(X_k, y_k, sample_weight_k)`` per client, in
+        client-index order (a sequence, or an iterable such as a generator)
     aggregator : how summable vectors are added up (default: what the profile asks for)
     on_round : called with what the server saw after each round (audit hook)
     workers : ready-made workers, one per client, in client-index order (then ``clients`` is
@@ -214,9 +214,11 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, Any]], *,
             # clients may be a generator: each share can be dropped once its worker is built
             # (a worker keeps codes, not the table)
             workers = list(_in_order(
-                (partial(Worker, config, X, y, client_index=k, seed=client_seed(config, k),
-                         keep_last_reply=False, keep_level_order=None)
-                 for k, (X, y) in enumerate(clients)), threads))
+                (partial(Worker, config, share[0], share[1], client_index=k,
+                         seed=client_seed(config, k), keep_last_reply=False,
+                         keep_level_order=None,
+                         sample_weight=share[2] if len(share) > 2 else None)
+                 for k, share in enumerate(clients)), threads))
         if len(workers) != config.n_clients:
             raise ValueError(f"config expects {config.n_clients} clients, got {len(workers)}")
         agg = aggregator or make_aggregator(config)

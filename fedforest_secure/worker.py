@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _impurity
-from ._bootstrap import tree_pairs
+from ._bootstrap import canonical_order, tree_pairs
 from ._grid_stats import bin_statistics
 from ._level_stats import CodeBook, LevelStatistics, local_gains
 from ._order import LevelOrder
@@ -57,6 +57,9 @@ class Worker:
     seed : seed of this client's own randomness (bootstrap)
     keep_last_reply : keep the last reply, so a retried round gets the same answer (a client
         behind a network needs it; an in-process federation never retries)
+    sample_weight : array of shape (n_k,) or None, non-negative integer frequency weights: a
+        row of weight ``w`` counts as ``w`` copies of it (a row of weight 0 is left out). Under
+        differential privacy only 0 and 1 (a heavier row would exceed the sensitivities).
     keep_level_order : keep the level's sorted order between its rounds (one sort per level):
         True keeps it as is (8 bytes per entry), "compact" in 5 bytes per entry (keys rebuilt
         a run at a time), False frees it after every round and sorts again when the next round
@@ -68,15 +71,21 @@ class Worker:
     def __init__(self, config: JobConfig, X: Any, y: Any, *, client_index: int,
                  seed: int | np.random.SeedSequence | None = None,
                  keep_last_reply: bool = True,
-                 keep_level_order: bool | str | None = True) -> None:
+                 keep_level_order: bool | str | None = True,
+                 sample_weight: Any = None) -> None:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y)
         if X.ndim != 2 or X.shape[1] != config.n_features:
             raise SchemaError(f"X must have shape (n, {config.n_features}), got {X.shape}")
-        if X.shape[0] < 1:
-            raise SchemaError("a client needs at least one row")
         if y.shape != (X.shape[0],):
             raise SchemaError(f"y must have shape ({X.shape[0]},), got {y.shape}")
+        weights = _frequency_weights(sample_weight, X.shape[0], config.dp is not None)
+        if weights is not None:
+            X, y, weights = X[weights > 0], y[weights > 0], weights[weights > 0]
+            if (weights == 1).all():
+                weights = None
+        if X.shape[0] < 1:
+            raise SchemaError("a client needs at least one row (of positive weight)")
         if not np.isfinite(X).all():
             bad = np.argwhere(~np.isfinite(X))[0]
             raise SchemaError(f"non-finite value in row {bad[0] + 1}, column {bad[1]}")
@@ -127,7 +136,10 @@ class Worker:
         self._codes = codes.ravel()  # feature-major: code of (j, row) at j * n + row
         # client-stratified bootstrap: n_k draws with replacement from the client's own rows;
         # level 0: a pair's node index is its tree index
-        self._p_row, self._p_node, self._p_w = tree_pairs(config, n, np.random.default_rng(seed))
+        order = canonical_order(X, self._y) if config.sampling == "bootstrap" else None
+        self._p_row, self._p_node, self._p_w = tree_pairs(
+            config, n, np.random.default_rng(seed), order=order, weights=weights)
+        del order
         T = config.n_estimators
         self._level = 0
         self._n_nodes = T
@@ -571,3 +583,25 @@ class Worker:
                               feats, thr, self._codes, self.n_rows, self._uniq_all,
                               self._uniq_off, self._y, columns, classes)
 
+
+
+def _frequency_weights(sample_weight: Any, n: int, dp: bool) -> np.ndarray | None:
+    """Validated frequency weights (int64), or None.
+
+    Raises
+    ------
+    SchemaError
+        Not one finite, non-negative integer per row, or (``dp``) a weight above 1.
+    """
+    if sample_weight is None:
+        return None
+    w = np.asarray(sample_weight, dtype=np.float64)
+    if w.shape != (n,):
+        raise SchemaError(f"sample_weight must have shape ({n},), got {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any() or (w != np.round(w)).any():
+        raise SchemaError("sample_weight must hold non-negative integers (frequency weights: "
+                          "a row of weight 3 counts as three rows)")
+    if dp and (w > 1).any():
+        raise SchemaError("under differential privacy a row counts at most once: "
+                          "sample_weight may only be 0 or 1")
+    return w.astype(np.int64)

@@ -74,7 +74,8 @@ def test_valid_config_defaults_and_derived() -> None:
     dict(n_features=0, max_features=1),
     dict(n_clients=0),
     dict(n_estimators=0),
-    dict(max_depth=0),
+    dict(max_depth=-1),
+    dict(max_depth=0, profile={"dp": {"epsilon": 1.0, "delta": 1e-6}}),  # DP needs a limit
     dict(max_depth=61),
     dict(min_samples_leaf=0),
     dict(min_samples_split=1),

@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sklearn
 import sklearn.exceptions
 from sklearn.base import clone
 from sklearn.datasets import make_classification, make_friedman1
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+from sklearn.utils.estimator_checks import estimator_checks_generator
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 from fedforest_secure.errors import NotFittedError, SchemaError
@@ -250,6 +252,173 @@ def test_fit_without_client_is_one_client() -> None:
     assert est.score(X, y) > 0.7
 
 
+# ---------------------------------------------------------------------------- scikit-learn checks
+def _check_name(check: Any) -> str:
+    func = getattr(check, "func", check)
+    kwargs = ",".join(f"{k}={v}" for k, v in getattr(check, "keywords", {}).items())
+    return func.__name__ + (f"({kwargs})" if kwargs else "")
+
+
+_CHECKS = [(est, check) for proto in (FedForestRegressor(), FedForestClassifier())
+           for est, check in estimator_checks_generator(proto, legacy=True)]
+
+
+@pytest.mark.parametrize(("estimator", "check"), _CHECKS,
+                         ids=[f"{type(e).__name__}-{_check_name(c)}" for e, c in _CHECKS])
+def test_check_estimator_passes_every_check(estimator: Any, check: Any) -> None:
+    """Every check of scikit-learn's check_estimator, default parameters, none expected to
+    fail."""
+    check(estimator)
+
+
+def test_fit_parameters_are_scikit_learns() -> None:
+    """sample_weight is fit's third positional parameter; client is keyword-only in fit,
+    predict and score, and routes as metadata."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = X[:, 0] + 0.1 * rng.normal(size=60)
+    h = np.arange(60) % 2
+    est = FedForestRegressor(n_estimators=2, max_depth=2)
+    with pytest.raises(TypeError):
+        est.fit(X, y, None, h)  # client must be named
+    est.fit(X, y, np.ones(60), client=h)
+    with pytest.raises(TypeError):
+        est.predict(X, h)
+    assert est.score(X, y, np.ones(60), client=h) == est.score(X, y, client=h)
+    assert est.n_outputs_ == 1
+    with sklearn.config_context(enable_metadata_routing=True):
+        est.set_fit_request(client=True, sample_weight=False)
+        assert est.get_metadata_routing().fit.requests["client"] is True
+
+
+def _integer_weights(n: int, rng: np.random.Generator) -> np.ndarray:
+    w = rng.integers(0, 4, n)
+    w[:3] = [0, 2, 3]
+    return w
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_integer_sample_weights_equal_repeated_rows(bootstrap: bool) -> None:
+    """A row of weight w grows the same forest as w copies of it (0: as if absent), with the
+    bootstrap too: the draws go to the rows in an order fixed by their contents."""
+    rng = np.random.default_rng(1)
+    n = 120
+    X = rng.normal(size=(n, 3)).round(1)
+    y = (X[:, 0] + 0.5 * rng.normal(size=n) > 0).astype(int)
+    h = np.arange(n) % 3
+    w = _integer_weights(n, rng)
+    rep = np.repeat(np.arange(n), w)
+    kw = dict(n_estimators=4, max_depth=4, bootstrap=bootstrap, random_state=3)
+    a = FedForestClassifier(**kw).fit(X, y, w, client=h)
+    b = FedForestClassifier(**kw).fit(X[rep], y[rep], client=h[rep])
+    Xt = rng.normal(size=(200, 3))
+    np.testing.assert_array_equal(a.predict_proba(Xt), b.predict_proba(Xt))
+
+
+def test_forest_does_not_depend_on_row_order() -> None:
+    rng = np.random.default_rng(2)
+    n = 150
+    X = rng.normal(size=(n, 4))
+    y = X[:, 0] - X[:, 1] + 0.2 * rng.normal(size=n)
+    h = np.arange(n) % 3
+    perm = rng.permutation(n)
+    kw = dict(n_estimators=5, max_depth=4, random_state=0)
+    a = FedForestRegressor(**kw).fit(X, y, client=h)
+    b = FedForestRegressor(**kw).fit(X[perm], y[perm], client=h[perm])
+    np.testing.assert_allclose(a.predict(X), b.predict(X), rtol=0, atol=1e-12)
+
+
+def test_sample_weight_must_be_frequencies() -> None:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 2))
+    y = X[:, 0]
+    for bad in (np.full(40, 0.5), -np.ones(40), np.zeros(40)):
+        with pytest.raises(SchemaError):
+            FedForestRegressor(n_estimators=1).fit(X, y, bad)
+    w = np.ones(40)
+    w[0] = 2
+    with pytest.raises(SchemaError, match="at most once"):
+        FedForestRegressor(n_estimators=1, max_depth=1,
+                           profile=load_profile("secure-dp", epsilon=1.0)).fit(
+            X, y, w, client=np.arange(40) % 3)
+
+
+def test_max_depth_none_grows_until_leaves_stop_it() -> None:
+    """No depth limit: every leaf is pure or too small to split (min_samples_leaf), and the
+    trees go deeper than the paper's 8 levels when the data ask for it."""
+    rng = np.random.default_rng(4)
+    n = 600
+    X = rng.random((n, 2))
+    y = np.floor(X[:, 0] * 40).astype(int) % 2  # 40 stripes: deep trees
+    est = FedForestClassifier(n_estimators=1, max_depth=None, bootstrap=False,
+                              max_features=None, min_samples_leaf=1, method="exact"
+                              ).fit(X, y)
+    tree = est.model_.trees[0]
+    assert est.config_.max_depth == 0 and tree.depth > 8
+    assert est.score(X, y) == 1.0
+    sk = DecisionTreeClassifier(random_state=0).fit(X, y)
+    assert tree.depth == sk.get_depth()
+
+
+def test_exact_tree_has_sklearns_arrays_importances_and_paths() -> None:
+    """One exact tree on pooled-equivalent data: tree_ arrays, mean decrease in impurity,
+    apply and decision_path equal scikit-learn's tree (up to node numbering)."""
+    rng = np.random.default_rng(5)
+    n = 400
+    X = _f32(rng.random((n, 4)))
+    y = np.sin(6 * X[:, 0]) + X[:, 1] ** 2 + 0.3 * rng.normal(size=n)
+    ours = FedForestRegressor(max_depth=6, **EXACT).fit(X, y, client=_clients(n, 3, rng))
+    sk = DecisionTreeRegressor(max_depth=6, min_samples_leaf=5).fit(X, y)
+    np.testing.assert_allclose(ours.feature_importances_, sk.feature_importances_, atol=1e-12)
+    (tree,) = ours.estimators_
+    a, b = tree.tree_, sk.tree_
+    assert a.node_count == b.node_count and a.max_depth == b.max_depth
+    assert tree.get_n_leaves() == sk.get_n_leaves()
+    for name in ("impurity", "weighted_n_node_samples", "threshold"):
+        np.testing.assert_allclose(np.sort(getattr(a, name)), np.sort(getattr(b, name)),
+                                   atol=1e-9)
+    np.testing.assert_allclose(np.sort(a.value.ravel()), np.sort(b.value.ravel()), atol=1e-9)
+    leaves = ours.apply(X)
+    assert leaves.shape == (n, 1)
+    np.testing.assert_allclose(a.value[leaves[:, 0], 0, 0], sk.predict(X), atol=1e-9)
+    ind, ptr = ours.decision_path(X)
+    assert ind.shape == (n, a.node_count) and list(ptr) == [0, a.node_count]
+    sk_ind = sk.decision_path(X)
+    np.testing.assert_array_equal(np.asarray(ind.sum(axis=1)).ravel(),
+                                  np.asarray(sk_ind.sum(axis=1)).ravel())
+    assert all(ind[i, leaves[i, 0]] for i in range(n))
+
+
+def test_forest_attributes_and_importances() -> None:
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(300, 5))
+    y = np.where(X[:, 2] > 0, "b", "a")
+    est = FedForestClassifier(n_estimators=6, max_depth=4, random_state=0).fit(
+        X, y, client=np.arange(300) % 3)
+    assert est.n_classes_ == 2 and list(est.classes_) == ["a", "b"]
+    assert len(est.estimators_) == 6 and est.estimators_[0].tree_.value.shape[1:] == (1, 2)
+    imp = est.feature_importances_
+    assert imp.shape == (5,) and abs(imp.sum() - 1) < 1e-12 and imp.argmax() == 2
+    assert est.apply(X).shape == (300, 6)
+    ind, ptr = est.decision_path(X[:7])
+    assert ind.shape == (7, ptr[-1]) and ptr.size == 7
+    assert not hasattr(FedForestClassifier(), "feature_importances_")
+
+
+def test_dataframe_feature_names_and_columns_by_name() -> None:
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(7)
+    df = pd.DataFrame(rng.normal(size=(120, 3)), columns=["age", "bp", "chol"])
+    y = df["bp"] * 2 + 0.1 * rng.normal(size=120)
+    est = FedForestRegressor(n_estimators=3, max_depth=3).fit(df, y)
+    assert list(est.feature_names_in_) == ["age", "bp", "chol"]
+    shuffled = df[["chol", "age", "bp"]]  # other order
+    np.testing.assert_array_equal(est.predict(shuffled), est.predict(df))
+    np.testing.assert_array_equal(est.apply(shuffled), est.apply(df))
+    with pytest.raises(ValueError, match="unknown column 'height'"):
+        est.predict(df.rename(columns={"age": "height"}))
+
+
 # ---------------------------------------------------------------------------- utility
 @pytest.fixture(scope="module")
 def friedman() -> tuple[np.ndarray, ...]:
@@ -322,8 +491,11 @@ def test_dp_defaults_follow_the_allocation_rule(eps: float) -> None:
             X, y, client=h)
         cfg = est.config_
         want = dp_forest_settings(eps, 120, d, 2, "classification")
-        assert (cfg.n_estimators, cfg.max_depth, cfg.max_features, cfg.n_bins) == (
-            want.n_estimators, want.max_depth, want.max_features, want.n_bins)
+        assert (cfg.n_estimators, cfg.max_depth, cfg.n_bins, cfg.method) == (
+            want.n_estimators, want.max_depth, want.n_bins, want.method)
+        # max_features keeps scikit-learn's meaning ("sqrt" by default): a random split uses
+        # the first of the sampled features whatever their number
+        assert cfg.max_features == int(np.sqrt(d))
         assert cfg.sampling == "all" and len(est.model_.trees) == want.n_estimators
     # what the user sets is kept
     est = FedForestClassifier(n_estimators=3, max_features=2, max_depth=2,
@@ -343,10 +515,10 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
 
     want = dp_forest_settings(1.0, 120, 10, 0, "regression")
     assert (cfg.method, cfg.n_estimators, cfg.max_depth, cfg.max_features) == (
-        "random", want.n_estimators, want.max_depth, 1)
+        "random", want.n_estimators, want.max_depth, 3)  # max_features: the default d/3
     # a greedy method named by the user keeps the greedy rule
     est = FedForestRegressor(method="histogram", profile=load_profile("secure-dp", epsilon=1.0)
                              ).fit(X, y, client=np.repeat(np.arange(3), 40))
     want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="histogram")
     assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
-            est.config_.max_features) == ("histogram", 8, want.max_depth, 2)
+            est.config_.max_features) == ("histogram", 8, want.max_depth, 3)  # d/3 of 10

@@ -182,8 +182,9 @@ def test_predict_on_a_dataframe_takes_columns_by_name_and_refuses_missing_or_unk
         est.predict(X[["age", "noise"]])
     with pytest.raises(SchemaError, match=r"unknown column 'num'"):
         est.predict(X.assign(num=0))
-    # arrays keep the column order of fit
-    np.testing.assert_array_equal(est.predict_proba(X.to_numpy()), est.predict_proba(X))
+    # arrays keep the column order of fit (with scikit-learn's warning that X has no names)
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        np.testing.assert_array_equal(est.predict_proba(X.to_numpy()), est.predict_proba(X))
 
 
 def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_rows(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fedforest_secure.worker as worker_mod
+from fedforest_secure._bootstrap import canonical_order, tree_pairs
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError, SchemaError
@@ -50,18 +51,14 @@ def _hist_task(rid: int, level: int, nodes: np.ndarray, feats: np.ndarray, thr: 
                               (StatKind.COUNT,) * width),))
 
 
-def _multiplicities(cfg: JobConfig, n: int, seed: int) -> np.ndarray:
-    """Bootstrap multiplicities recovered through the public protocol (a histogram with one
-    bin per row on a feature whose values are distinct)."""
-    cfg = dataclasses.replace(cfg, feature_kinds=(), n_levels=())  # multiplicities only
-    X = np.arange(n, dtype=float)[:, None] * np.ones((1, cfg.n_features))
-    w = Worker(cfg, X, np.zeros(n), client_index=0, seed=seed)
-    T = cfg.n_estimators
-    feats = np.zeros((T, cfg.n_features), dtype=np.int64)
-    w.handle(_sketch_task(1, 0, T, feats=feats))
-    thr = np.broadcast_to(np.arange(n, dtype=float), (T, cfg.n_features, n)).copy()
-    out = w.handle(_hist_task(2, 0, np.arange(T), feats, thr, mode="count"))
-    return out.summable.reshape(T, cfg.n_features, n + 1)[:, 0, :n]
+def _multiplicities(cfg: JobConfig, X: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+    """Bootstrap multiplicities (T, n) of a worker built on ``(X, y)`` with ``seed``: the draws
+    go to the rows in their canonical (content) order."""
+    rows, trees, w = tree_pairs(cfg, X.shape[0], np.random.default_rng(seed),
+                                order=canonical_order(X, y))
+    out = np.zeros((cfg.n_estimators, X.shape[0]))
+    out[trees, rows] = w
+    return out
 
 
 def _random_routing(rng: np.random.Generator, T: int, cfg: JobConfig, X: np.ndarray
@@ -112,7 +109,7 @@ def test_routing_matches_per_row_reference(client_index: int) -> None:
     routing, n_children, desc = _random_routing(rng, T, cfg, X)
     rep = w.handle(_sketch_task(2, 1, n_children, routing=routing))
     got = rep.summable.reshape(n_children, 3)
-    mult = _multiplicities(cfg, n, 99)
+    mult = _multiplicities(cfg, X, y, 99)
     ref = np.zeros((n_children, 3))
     for t, (k, f, th, lc, rc, s) in enumerate(desc):
         for i in range(n):
@@ -139,7 +136,7 @@ def test_histogram_matches_brute_force() -> None:
     w = Worker(cfg, X, y, client_index=0, seed=5)
     feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
     w.handle(_sketch_task(1, 0, T, feats=feats))
-    mult = _multiplicities(cfg, n, 5)
+    mult = _multiplicities(cfg, X, y, 5)
     nodes = np.array([0, 2])
     bt = 7
     thr = np.full((2, d, bt), np.inf)

@@ -1,0 +1,222 @@
+"""The trained forest seen through scikit-learn's names: per-tree ``tree_`` arrays, the mean
+decrease in impurity, and the export to a fitted scikit-learn random forest.
+
+Everything here reads the trees the coordinator built from aggregated statistics (values,
+weighted counts, impurities, splits): nothing is disclosed beyond what the model already holds.
+
+scikit-learn's trees have numeric splits only, so a forest with categorical or client
+(H) splits has ``tree_`` arrays (with ``kind`` telling the splits apart) but no export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._tree import NodeKind, Tree
+
+__all__ = ["FederatedTree", "TreeArrays", "forest_importances", "to_sklearn_forest"]
+
+#: scikit-learn's markers: a leaf's children and a leaf's feature
+_TREE_LEAF = -1
+_TREE_UNDEFINED = -2
+
+
+@dataclass(frozen=True)
+class TreeArrays:
+    """One tree's arrays under scikit-learn's ``tree_`` names (read-only view).
+
+    ``feature`` is -2 at leaves (as scikit-learn) and -1 at client (H) splits; ``kind`` holds
+    the :class:`~fedforest_secure._tree.NodeKind` codes; ``threshold`` is +inf where a split
+    separates the present values from the missing ones; ``missing_go_to_left`` says where a
+    missing value goes (scikit-learn's name). ``value`` has shape (node_count, 1, n_outputs)
+    for regression and (node_count, 1, n_classes) for classification (class proportions).
+    """
+
+    node_count: int
+    max_depth: int
+    children_left: np.ndarray
+    children_right: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    value: np.ndarray
+    impurity: np.ndarray
+    n_node_samples: np.ndarray
+    weighted_n_node_samples: np.ndarray
+    missing_go_to_left: np.ndarray
+    kind: np.ndarray
+
+    @property
+    def n_leaves(self) -> int:
+        return int((self.children_left == _TREE_LEAF).sum())
+
+    def compute_feature_importances(self, n_features: int, normalize: bool = True
+                                    ) -> np.ndarray:
+        """Mean decrease in impurity per feature (scikit-learn's definition): every numeric or
+        categorical split adds ``w_node imp_node - w_left imp_left - w_right imp_right`` to
+        its feature, divided by the root's weight; client splits count for no feature."""
+        out = np.zeros(n_features)
+        left, right = self.children_left, self.children_right
+        inner = np.flatnonzero((left != _TREE_LEAF) & (self.feature >= 0))
+        w, imp = self.weighted_n_node_samples, self.impurity
+        dec = w[inner] * imp[inner] - w[left[inner]] * imp[left[inner]] \
+            - w[right[inner]] * imp[right[inner]]
+        np.add.at(out, self.feature[inner], dec)
+        if self.node_count and w[0] > 0:
+            out /= w[0]
+        if normalize:
+            total = out.sum()
+            if total > 0:
+                out /= total
+        return out
+
+
+def tree_arrays(tree: Tree, y_offset: float = 0.0) -> TreeArrays:
+    """The scikit-learn view of ``tree`` (regression values shifted by ``y_offset``)."""
+    leaf = tree.kind == NodeKind.LEAF
+    feature = np.where(leaf, _TREE_UNDEFINED,
+                       np.where(tree.kind == NodeKind.CLIENT, -1, tree.feature))
+    threshold = np.where(leaf, float(_TREE_UNDEFINED), tree.threshold)
+    value = tree.value + y_offset if tree.value.shape[1] == 1 else tree.value
+    impurity = tree.impurity if tree.impurity is not None else np.zeros(tree.n_nodes)
+    return TreeArrays(
+        node_count=tree.n_nodes, max_depth=tree.depth,
+        children_left=np.where(leaf, _TREE_LEAF, tree.left).astype(np.intp),
+        children_right=np.where(leaf, _TREE_LEAF, tree.right).astype(np.intp),
+        feature=feature.astype(np.intp), threshold=threshold.astype(np.float64),
+        value=value[:, None, :].astype(np.float64), impurity=impurity.astype(np.float64),
+        n_node_samples=np.rint(tree.n).astype(np.intp),
+        weighted_n_node_samples=tree.n.astype(np.float64),
+        missing_go_to_left=np.where(leaf, False, tree.missing_goes_left()).astype(np.uint8),
+        kind=tree.kind.copy())
+
+
+class FederatedTree:
+    """One tree of a fitted FedForest estimator (an item of ``estimators_``).
+
+    Attributes
+    ----------
+    tree_ : TreeArrays
+        The tree's arrays under scikit-learn's names.
+    n_features_in_ : int
+    """
+
+    def __init__(self, tree: Tree, n_features: int, y_offset: float = 0.0) -> None:
+        self._tree = tree
+        self.tree_ = tree_arrays(tree, y_offset)
+        self.n_features_in_ = n_features
+
+    def apply(self, X: Any, client: Any = None) -> np.ndarray:
+        """Leaf index of every row, shape (n,)."""
+        return self._tree.apply(np.asarray(X, dtype=np.float64), client)
+
+    def get_depth(self) -> int:
+        return self.tree_.max_depth
+
+    def get_n_leaves(self) -> int:
+        return self.tree_.n_leaves
+
+    @property
+    def feature_importances_(self) -> np.ndarray:
+        """Normalised mean decrease in impurity of this tree, shape (n_features,)."""
+        return self.tree_.compute_feature_importances(self.n_features_in_)
+
+    def __repr__(self) -> str:
+        return f"FederatedTree(node_count={self.tree_.node_count}, depth={self.get_depth()})"
+
+
+def forest_importances(trees: Sequence[FederatedTree], n_features: int) -> np.ndarray:
+    """The forest's mean decrease in impurity: the trees' normalised importances averaged
+    over the trees that split, normalised to sum to 1 (all zeros if no tree splits)."""
+    per_tree = [t.feature_importances_ for t in trees if t.tree_.node_count > 1]
+    if not per_tree:
+        return np.zeros(n_features)
+    mean = np.mean(per_tree, axis=0)
+    total = mean.sum()
+    out: np.ndarray = mean / total if total > 0 else mean
+    return out
+
+
+def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
+                      classes: np.ndarray | None = None, y_offset: float = 0.0,
+                      feature_names: np.ndarray | None = None) -> Any:
+    """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` whose
+    trees are ``trees``: the same splits (missing-value directions included), leaf values,
+    impurities and weighted counts, so it predicts what the federated forest predicts.
+
+    scikit-learn compares ``float32(x) <= threshold``; the federated forest compares
+    ``x <= threshold`` in float64, so the two agree on every input whose values are float32
+    numbers (and elsewhere unless a value lies within float32 rounding of a threshold).
+
+    Raises
+    ------
+    ValueError
+        A tree splits on a categorical level set or on the client indicator H (scikit-learn
+        trees have numeric splits only).
+    """
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+    from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+    from sklearn.tree._tree import Tree as SkTree
+
+    for t in trees:
+        if ((t.kind != NodeKind.LEAF) & (t.kind != NodeKind.NUMERIC)).any():
+            raise ValueError("this forest has categorical or client (H) splits, which "
+                             "scikit-learn trees cannot hold; to_sklearn needs numeric "
+                             "splits only")
+    regression = task == "regression"
+    n_out = 1 if regression else len(classes if classes is not None else [])
+    est_cls = DecisionTreeRegressor if regression else DecisionTreeClassifier
+    forest = (RandomForestRegressor if regression else RandomForestClassifier)(
+        n_estimators=len(trees))
+    node_dtype = _node_dtype()
+    estimators = []
+    for i, t in enumerate(trees):
+        arrays = tree_arrays(t, y_offset if regression else 0.0)
+        n_classes = np.array([1 if regression else n_out], dtype=np.intp)
+        sk = SkTree(n_features, n_classes, 1)
+        nodes = np.zeros(arrays.node_count, dtype=node_dtype)
+        nodes["left_child"] = arrays.children_left
+        nodes["right_child"] = arrays.children_right
+        nodes["feature"] = arrays.feature
+        nodes["threshold"] = arrays.threshold
+        nodes["impurity"] = arrays.impurity
+        nodes["n_node_samples"] = arrays.n_node_samples
+        nodes["weighted_n_node_samples"] = arrays.weighted_n_node_samples
+        nodes["missing_go_to_left"] = arrays.missing_go_to_left
+        sk.__setstate__({"max_depth": arrays.max_depth, "node_count": arrays.node_count,
+                         "nodes": nodes,
+                         "values": np.ascontiguousarray(arrays.value, dtype=np.float64)})
+        est = est_cls(random_state=i)
+        est.tree_ = sk
+        est.n_features_in_ = n_features
+        est.n_outputs_ = 1
+        est.max_features_ = n_features
+        if not regression:
+            est.classes_ = np.asarray(classes)
+            est.n_classes_ = n_out
+        estimators.append(est)
+    forest.estimators_ = estimators
+    forest.estimator_ = est_cls()
+    forest.n_features_in_ = n_features
+    forest.n_outputs_ = 1
+    if feature_names is not None:
+        forest.feature_names_in_ = np.asarray(feature_names, dtype=object)
+        for est in estimators:
+            est.feature_names_in_ = forest.feature_names_in_
+    if not regression:
+        forest.classes_ = np.asarray(classes)
+        forest.n_classes_ = n_out
+    return forest
+
+
+def _node_dtype() -> np.dtype[Any]:
+    """scikit-learn's tree node record type (read off an empty tree of the installed
+    version)."""
+    from sklearn.tree._tree import Tree as SkTree
+
+    probe = SkTree(1, np.array([1], dtype=np.intp), 1)
+    dtype: np.dtype[Any] = probe.__getstate__()["nodes"].dtype
+    return dtype
