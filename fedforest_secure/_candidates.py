@@ -161,7 +161,10 @@ class Quantiles(CandidateMethod):
         return self._client_sketches or self.policy.dp
 
     def fuses_histogram(self) -> bool:
-        return not self._client_sketches and not self.policy.dp and self.stats == "full"
+        # with missing values the level keeps its histogram round (the grids have no cell
+        # for the rows missing a feature)
+        return (not self._client_sketches and not self.policy.dp and self.stats == "full"
+                and not self.config.has_missing)
 
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _splits
+from . import _impurity, _splits
 from ._candidates import CandidateMethod, CandidateQuery, box_grid
 from ._layouts import categorical_cuts, gain_block, hist_block
 from ._planner import AskRound, Disclosures, LevelContext, Received
@@ -39,6 +39,7 @@ class BestSplits:
     left: np.ndarray  # (E, S) left child's statistics ("full" statistics only)
     kind: np.ndarray  # (E,) NodeKind codes
     sets: list[list[int]]
+    missing_left: np.ndarray  # (E,) bool: where the split sends rows missing its feature
 
 
 @dataclass
@@ -53,6 +54,7 @@ class EvaluatedNodes:
     left: np.ndarray  # (E, S) left child's statistics
     kind: np.ndarray
     sets: list[list[int]]
+    missing_left: np.ndarray  # (E,) bool
 
     @property
     def feature(self) -> np.ndarray:
@@ -67,12 +69,14 @@ class EvaluatedNodes:
         if not parts:
             z = np.zeros(0, dtype=np.int64)
             return EvaluatedNodes({}, np.zeros((E, m), dtype=np.int64), np.zeros(0),
-                                  np.zeros(0), z, np.zeros((0, S)), z, [])
+                                  np.zeros(0), z, np.zeros((0, S)), z, [],
+                                  np.zeros(0, dtype=bool))
         cat = np.concatenate
         return EvaluatedNodes({}, cat([p.feats for p in parts]),
                               cat([p.threshold for p in parts]), cat([p.gain for p in parts]),
                               cat([p.slot for p in parts]), cat([p.left for p in parts]),
-                              cat([p.kind for p in parts]), [s for p in parts for s in p.sets])
+                              cat([p.kind for p in parts]), [s for p in parts for s in p.sets],
+                              cat([p.missing_left for p in parts]))
 
 
 def evaluate_nodes(config: JobConfig, method: CandidateMethod, dp: bool, ctx: LevelContext,
@@ -105,18 +109,26 @@ def evaluate_nodes(config: JobConfig, method: CandidateMethod, dp: bool, ctx: Le
             for name in ("sketch_points", "unique_vals", "unique_ptr"):
                 disc[k].pop(name, None)
         bt = thr.shape[2]
+        miss = config.has_missing  # one more bin: the rows missing the slot's feature
         if mode == "full":
-            layout = (hist_block(config, nodes.size, m, bt + 1),)
+            layout = (hist_block(config, nodes.size, m, bt + 1 + miss),)
         else:
-            layout = (gain_block(nodes.size, m, bt),)
+            layout = (gain_block(nodes.size, m, 2 * bt + 1 if miss else bt),)
         task = ask(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
                    {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
         blocks, _ = yield task
+        if miss and mode == "full":
+            # a feature that cannot be missing has an empty missing bin (only noise under DP)
+            may = np.array(config.may_miss)[np.maximum(ev_feats, 0)] & (ev_feats >= 0)
+            blocks = dict(blocks)
+            blocks["hist"] = blocks["hist"].copy()
+            blocks["hist"][~may, -1] = 0.0
     best = choose_splits(config, blocks, mode, thr, ev_feats, is_cat, ctx.n[nodes])
-    chosen = (thr[np.arange(nodes.size), best.slot, best.index] if bt and nodes.size
+    padded = np.concatenate([thr, np.full(thr.shape[:2] + (1,), np.inf)], axis=2)
+    chosen = (padded[np.arange(nodes.size), best.slot, best.index] if bt and nodes.size
               else np.zeros(nodes.size))
     return EvaluatedNodes(blocks, ev_feats, chosen, best.gain, best.slot, best.left, best.kind,
-                          best.sets)
+                          best.sets, best.missing_left)
 
 
 def choose_splits(config: JobConfig, blocks: dict[str, np.ndarray], mode: str, thr: np.ndarray,
@@ -126,43 +138,69 @@ def choose_splits(config: JobConfig, blocks: dict[str, np.ndarray], mode: str, t
     ``mode`` "full": per-bin statistics, exact gains of numeric thresholds and categorical
     groupings. ``mode`` "gain": the clients' summed local gains of numeric thresholds
     (AvgImp), valid where both children keep ``min_samples_leaf`` of the node's count ``n``.
+    With missing values (``config.has_missing``) every numeric candidate is tried with the
+    missing rows sent left and right, and a categorical feature's missing rows are one more
+    group (:func:`~fedforest_secure._splits.candidate_lefts`).
     """
     cfg = config
     E, m, bt = thr.shape
+    miss = cfg.has_missing
     cat_slot = (feats >= 0) & is_cat[np.maximum(feats, 0)]
     num_slot = (feats >= 0) & ~cat_slot
     split_kind = np.full(E, NodeKind.NUMERIC, dtype=np.int64)
     split_set: list[list[int]] = [[] for _ in range(E)]
     if mode == "full":
         hist = blocks["hist"]
-        gain, slot, idx, lstats = _splits.best_numeric(
-            hist, thr, num_slot, cfg.task, cfg.criterion, cfg.min_samples_leaf)
+        gain, slot, idx, lstats, miss_left = _splits.best_numeric(
+            hist, thr, num_slot, cfg.task, cfg.criterion, cfg.min_samples_leaf, missing=miss)
         for e, s in zip(*np.nonzero(cat_slot), strict=True):
             nl = cfg.levels[feats[e, s]]
-            g_cat, left, ls = _splits.best_grouping(hist[e, s, :nl], cfg.task, cfg.criterion,
+            groups = np.concatenate([hist[e, s, :nl], hist[e, s, -1:]]) if miss \
+                else hist[e, s, :nl]
+            g_cat, left, ls = _splits.best_grouping(groups, cfg.task, cfg.criterion,
                                                     cfg.min_samples_leaf)
             if g_cat > gain[e]:
                 gain[e], slot[e], lstats[e] = g_cat, s, ls
                 split_kind[e] = NodeKind.CATEGORICAL
-                split_set[e] = left
+                split_set[e] = [v for v in left if v < nl]
+                c_left = float(_impurity.counts_of(ls, cfg.task))
+                c_all = float(_impurity.counts_of(groups.sum(axis=0), cfg.task))
+                has_missing = miss and float(_impurity.counts_of(groups[-1], cfg.task)) > 0
+                miss_left[e] = nl in left if has_missing else c_left > c_all - c_left
     elif E == 0:
         z = np.zeros(0, dtype=np.int64)
         gain, slot, idx, lstats = np.zeros(0), z, z, np.zeros((0, cfg.n_stats))
+        miss_left = np.zeros(0, dtype=bool)
     else:
         g = blocks["gain"][..., 0]
         nl = blocks["gain"][..., 1]
         nr = n[:, None, None] - nl
-        ok = ((nl >= cfg.min_samples_leaf) & (nr >= cfg.min_samples_leaf)
-              & np.isfinite(thr) & num_slot[:, :, None])
+        fin = np.isfinite(thr)
+        valid = np.concatenate([fin, fin, fin.any(axis=2, keepdims=True)], axis=2) if miss \
+            else fin
+        ok = ((nl >= cfg.min_samples_leaf) & (nr >= cfg.min_samples_leaf) & (nl > 0)
+              & (nr > 0) & valid & num_slot[:, :, None])
         g = np.where(ok, g, -np.inf)
+        C = g.shape[2]
         flat = g.reshape(E, -1)
         best = np.argmax(flat, axis=1)
         gain = flat[np.arange(E), best]
-        slot, idx = np.divmod(best, max(bt, 1))
+        slot, cand = np.divmod(best, max(C, 1))
+        idx, miss_left, inf = _splits.decode_candidate(cand, bt, miss)
+        idx = np.where(inf, bt, idx)
+        if miss:  # no missing rows at the node: the right-going candidate has the same
+            # left count as the left-going one; the larger child gets them
+            sent = nl[np.arange(E), slot, cand]
+            twin = np.where(miss_left, cand - bt, cand + bt)
+            same = (~inf) & (nl[np.arange(E), slot, np.clip(twin, 0, C - 1)] == sent)
+            miss_left = np.where(same, sent > n - sent, miss_left)
+        else:
+            sent = nl[np.arange(E), slot, cand]
+            miss_left = sent > n - sent
         lstats = np.zeros((E, cfg.n_stats))
         # AvgImp scores are n-weighted averages of local gains; comparable across nodes only
         # through the min_impurity_decrease test, which we apply on the same scale.
-    return BestSplits(gain, slot, idx, lstats, split_kind, split_set)
+    return BestSplits(gain, slot, idx, lstats, split_kind, split_set, miss_left)
 
 
 def client_splits(config: JobConfig, per_client: np.ndarray, clients: np.ndarray,
@@ -184,5 +222,6 @@ def client_splits(config: JobConfig, per_client: np.ndarray, clients: np.ndarray
             found.gain[e] = g
             found.kind[e] = NodeKind.CLIENT
             found.sets[e] = [int(clients[c]) for c in left_cl]
+            found.missing_left[e] = False
             h_left[e] = (ls, per_client[:, i, :].sum(axis=0) - ls)
     return h_left

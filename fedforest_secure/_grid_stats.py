@@ -24,7 +24,8 @@ __all__ = ["bin_statistics"]
 def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_nodes: int,
                    nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray, codes: np.ndarray,
                    n_rows: int, uniq_all: np.ndarray, uniq_off: np.ndarray, y: np.ndarray,
-                   columns: str, n_classes: int = 0) -> np.ndarray:
+                   columns: str, n_classes: int = 0, *, has_missing: bool = False,
+                   missing_bin: bool = False) -> np.ndarray:
     """Per (evaluated node, slot, bin) statistics of the level's pairs.
 
     Parameters
@@ -41,14 +42,20 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
     columns : "count" (weighted rows), "moments" (regression: weighted rows and sum of y),
         "full" (regression: rows, sum of y and sum of y^2; classification: class counts)
     n_classes : number of classes for classification, else 0
+    has_missing : rows may miss a feature (their code is one past the feature's last
+        distinct value, ``uniq_off[j + 1] - uniq_off[j]``)
+    missing_bin : such rows fill one more bin at the end (W + 2 bins); without it they are
+        left out
 
     Returns
     -------
-    array of shape (E, m, W + 1, S)
+    array of shape (E, m, W + 1, S), or (E, m, W + 2, S) with ``missing_bin``
     """
     E, m = feats.shape
     W = thr.shape[2]
-    nb = W + 1
+    nb = W + 1 + int(missing_bin)  # with missing_bin, bin W + 1 holds the missing rows
+    if has_missing:
+        miss_code = np.diff(uniq_off).astype(np.int64)
     if np.isneginf(thr).any():
         raise ProtocolError("thresholds must be finite or +inf padding")
     classes = n_classes if columns != "count" and n_classes > 0 else 0
@@ -91,8 +98,14 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
         es = e if idx is None else e[idx]
         at = fs * n_rows
         at += rs
-        x = uniq_all[uniq_off[fs] + codes[at]]
+        code = codes[at].astype(np.int64)
         del at
+        missing = code >= miss_code[fs] if has_missing else None
+        if missing is not None:
+            code[missing] = 0  # looked up below and then overridden
+        x = uniq_all[np.minimum(uniq_off[fs] + code, max(uniq_all.size - 1, 0))] \
+            if uniq_all.size else np.zeros(code.size)
+        del code
         # bin = number of thresholds below x (t_{b-1} < x <= t_b)
         base = es * m
         base += s
@@ -105,18 +118,34 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
             probe += step
             np.add(b, step, out=b, where=tflat[probe] < x)
             step >>= 1
+        keep = None
+        if missing is not None and missing.any():
+            if missing_bin:
+                b[missing] = W + 1
+            else:  # the missing rows are left out
+                keep = ~missing
         key = e_nb if idx is None else e_nb[idx]
         key = key + b
         del b, base, x
+        if keep is not None:
+            key = key[keep]
         if classes:
-            yc = ycls if idx is None else ycls[idx]  # type: ignore[index]
+            if ycls is None:  # pragma: no cover - set with classes
+                raise ProtocolError("internal: class codes missing")
+            yc = ycls if idx is None else ycls[idx]
+            if keep is not None:
+                yc = yc[keep]
             ck = key * classes
             ck += yc
             ws = w if idx is None else w[idx]
+            if keep is not None:
+                ws = ws[keep]
             out[:, s] = np.bincount(ck, weights=ws, minlength=E * nb * classes
                                     ).reshape(E, nb, classes)
             continue
         for c, col in enumerate(cols):
             ws = col if idx is None else col[idx]
+            if keep is not None:
+                ws = ws[keep]
             out[:, s, :, c] = np.bincount(key, weights=ws, minlength=E * nb).reshape(E, nb)
     return out

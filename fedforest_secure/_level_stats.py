@@ -17,9 +17,10 @@ import numpy as np
 from . import _impurity
 from ._layouts import categorical_cuts
 from ._order import LevelOrder, first_reaching
+from ._splits import candidate_lefts
 from .config import JobConfig
 
-__all__ = ["CodeBook", "LevelStatistics", "local_gains"]
+__all__ = ["CodeBook", "LevelStatistics", "local_gains", "local_left_counts"]
 
 #: a run of blocks places its entries among the thresholds (a binary search per entry)
 #: rather than the thresholds among the entries (a search per threshold) when its finite
@@ -45,6 +46,13 @@ class CodeBook:
     @property
     def stride(self) -> int:
         return 1 << self.cbits
+
+    @property
+    def missing_code(self) -> np.ndarray:
+        """(d,) the code of a missing value per feature: one past the feature's last distinct
+        value, so missing entries sort at the end of every block."""
+        sizes: np.ndarray = np.diff(self.uniq_off).astype(np.int64)
+        return sizes
 
 
 class LevelStatistics:
@@ -96,6 +104,11 @@ class LevelStatistics:
             np.cumsum(w, out=cw0[1:])
             cw = cw0[1:]
             start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
+            if self.config.has_missing:  # the sketch ignores missing values
+                blk = np.arange(b0, b1, dtype=np.int64)
+                mcode = self.book.missing_code[fl[b0:b1].clip(0)]
+                end = np.minimum(end, order.search((blk << self.book.cbits) | mcode, e0, e1))
+                end = np.maximum(end, start)
             before = cw0[start]
             bw = cw0[end] - before
             present = np.flatnonzero((end > start) & wanted[b0:b1])
@@ -140,6 +153,8 @@ class LevelStatistics:
         new[1:] = bc_s[1:] != bc_s[:-1]
         ub, uc = bc_s[new] >> self.book.cbits, bc_s[new] & (self.book.stride - 1)
         fslot = feats.reshape(-1)[ub]
+        present = uc < self.book.missing_code[fslot]  # a missing value is no value
+        ub, uc, fslot = ub[present], uc[present], fslot[present]
         vals = self.book.uniq_all[self.book.uniq_off[fslot] + uc]
         ptr = np.concatenate([[0], np.cumsum(np.bincount(ub, minlength=nblk))])
         return ptr.astype(np.int64), vals
@@ -156,7 +171,8 @@ class LevelStatistics:
         thr.sort(axis=2)
         cat = np.array([k == "categorical" for k in self.config.kinds])
         hist = self.histogram(np.arange(n_nodes), feats,
-                              categorical_cuts(thr, feats, cat, self.config.levels))
+                              categorical_cuts(thr, feats, cat, self.config.levels),
+                              missing_bin=self.config.has_missing)
         gain = local_gains(hist, self.config)
         best = np.where(np.isfinite(gain), gain, -np.inf).max(axis=2)  # (n_nodes, m)
         best[feats < 0] = -np.inf
@@ -164,7 +180,7 @@ class LevelStatistics:
         return ranked.astype(np.int64)
 
     def histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                  counts_only: bool = False) -> np.ndarray:
+                  counts_only: bool = False, missing_bin: bool = False) -> np.ndarray:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
         Every entry of the level order gets its bin, the number of its block's thresholds
@@ -174,7 +190,19 @@ class LevelStatistics:
         among the thresholds (:meth:`_bins_by_entries`); otherwise the thresholds are placed
         among the entries (:meth:`_bins_by_cuts`). ``nodes`` are the positions of the
         evaluated nodes in ``order`` (ascending).
+        With ``missing_bin`` the rows missing the slot's feature (their code sorts after every
+        value) fill one more bin at the end and no other; without it they are left out.
         """
+        if missing_bin or self.config.has_missing:
+            # a last cut at +inf maps to the missing code: the bins after it hold the missing
+            # rows only, whatever the thresholds
+            thr = np.concatenate([thr, np.full(thr.shape[:2] + (1,), np.inf)], axis=2)
+            out = self._histogram(nodes, feats, thr, counts_only)
+            return out if missing_bin else out[:, :, :-1]
+        return self._histogram(nodes, feats, thr, counts_only)
+
+    def _histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+                   counts_only: bool) -> np.ndarray:
         order = self.order
         n_eval, m = feats.shape
         nb = thr.shape[2] + 1
@@ -247,10 +275,20 @@ class LevelStatistics:
             keep = rows >= 0
             rows, bc, b = rows[keep], bc[keep], b[keep]
         code = bc & (book.stride - 1)
-        code += book.uniq_off[self.order.feats.reshape(-1)[b]]
-        x = book.uniq_all[code]
-        del bc, b, code
+        fb = self.order.feats.reshape(-1)[b]
+        missing = code >= book.missing_code[fb] if self.config.has_missing else None
+        code += book.uniq_off[fb]
+        if missing is None:
+            x = book.uniq_all[code]
+        else:  # a missing value has no value: its bin is set below
+            x = np.zeros(code.size)
+            x[~missing] = book.uniq_all[code[~missing]]
+        del bc, b, code, fb
         below = table.count_below(rows, x)
+        if missing is not None:
+            # past every threshold, the last one (+inf, added by :meth:`histogram`) included:
+            # the missing rows' own bin
+            below[missing] = table.width
         rows *= table.width + 1
         rows += below
         return rows, keep
@@ -353,10 +391,11 @@ class _ThresholdTable:
 
 
 def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:
-    """n-weighted local gains per threshold (the client's own CART gains), shape (E, m, Bt)."""
+    """n-weighted local gains per candidate split (the client's own CART gains), shape
+    (E, m, C): the thresholds, and with missing values (``config.has_missing``, ``hist``
+    with the missing-value bin) the candidates of :func:`~._splits.candidate_lefts`."""
     cfg = config
-    left = np.cumsum(hist, axis=2)[:, :, :-1, :]
-    total = hist.sum(axis=2, keepdims=True)
+    left, total = candidate_lefts(hist, cfg.has_missing)
     right = total - left
     parent = _impurity.weighted_impurity(total, cfg.task, cfg.criterion)
     g = (parent - _impurity.weighted_impurity(left, cfg.task, cfg.criterion)
@@ -364,3 +403,10 @@ def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:
     nl = _impurity.counts_of(left, cfg.task)
     nr = _impurity.counts_of(right, cfg.task)
     return np.where((nl > 0) & (nr > 0), g, 0.0)
+
+
+def local_left_counts(hist: np.ndarray, config: JobConfig) -> np.ndarray:
+    """Weighted rows sent left by every candidate of :func:`local_gains`, shape (E, m, C)."""
+    left, _ = candidate_lefts(hist, config.has_missing)
+    out: np.ndarray = _impurity.counts_of(left, config.task)
+    return out

@@ -161,7 +161,8 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
          kind: np.ndarray, feature: np.ndarray, threshold: np.ndarray,
          sets: Sequence[list[int]], child_values: Mapping[int, np.ndarray],
          node_values: np.ndarray, gains: np.ndarray | None = None,
-         child_counts: Mapping[int, np.ndarray] | None = None) -> Growth:
+         child_counts: Mapping[int, np.ndarray] | None = None,
+         missing_left: np.ndarray | None = None, route_missing: bool = False) -> Growth:
     """Split the frontier nodes ``ev[e]`` for every ``e`` with ``splits[e]``.
 
     ``kind``, ``feature``, ``threshold`` and ``sets`` are the chosen split per evaluated node;
@@ -170,6 +171,9 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     ``gains[e]`` (if given) is recorded as the split node's weighted impurity decrease.
     With ``child_counts`` (the weighted rows of the left and right child of every split), the
     next frontier knows its nodes' counts before their own round (:attr:`Frontier.count`).
+    ``missing_left[e]``: where the split sends a row missing its feature (stored in the tree);
+    with ``route_missing`` the routing carries it as ``route_missing_left`` (a job whose rows
+    may miss values).
     """
     n_nodes = frontier.size
     r_kind = np.full(n_nodes, NodeKind.LEAF, dtype=np.int32)
@@ -177,6 +181,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     r_thr = np.zeros(n_nodes)
     r_left = np.full(n_nodes, -1, dtype=np.int32)
     r_right = np.full(n_nodes, -1, dtype=np.int32)
+    r_miss = np.zeros(n_nodes, dtype=bool)
     set_lists: list[list[int]] = [[] for _ in range(n_nodes)]
     nt: list[int] = []
     nn: list[int] = []
@@ -200,6 +205,8 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         if gain_of is not None:
             tb.gain[nd] = float(gain_of[e])
         r_kind[i], r_feat[i] = k, feat
+        if missing_left is not None:
+            tb.missing_left[nd] = r_miss[i] = bool(missing_left[e])
         if k == NodeKind.NUMERIC:
             tb.threshold[nd] = r_thr[i] = float(thrs[e])
         else:
@@ -221,7 +228,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         if box_lo is not None and box_hi is not None:
             lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
             lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()
-            if k == NodeKind.NUMERIC:
+            if k == NodeKind.NUMERIC and np.isfinite(r_thr[i]):  # +inf: present | missing
                 hi_l[feat] = min(hi_l[feat], r_thr[i])
                 lo_r[feat] = max(lo_r[feat], r_thr[i])
             nxt_lo += [lo_l, lo_r]
@@ -240,6 +247,8 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         "route_kind": r_kind, "route_feature": r_feat, "route_threshold": r_thr,
         "route_left": r_left, "route_right": r_right,
         "route_set_ptr": ptr, "route_set_vals": vals}
+    if route_missing:
+        routing["route_missing_left"] = r_miss
     n_out = frontier.parent_value.shape[1]
     d = box_lo.shape[1] if box_lo is not None else 0
     nxt = Frontier(

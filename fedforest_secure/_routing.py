@@ -3,7 +3,8 @@
 Every sketch round after the first carries the previous level's decisions as arrays over its
 nodes (``route_kind``, ``route_feature``, ``route_threshold``, ``route_left``, ``route_right``
 and the left sets in CSR form, ``route_set_ptr`` / ``route_set_vals``). :func:`route` sends
-every pair of the client to its child in the new level, for all pairs at once.
+every pair of the client to its child in the new level, for all pairs at once. A job with
+missing values adds ``route_missing_left``: where each node sends a row missing its feature.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
     right = a["route_right"].astype(np.int64)
     ptr = a["route_set_ptr"].astype(np.int64)
     vals = a["route_set_vals"].astype(np.int64)
+    miss_left = a.get("route_missing_left")
+    if miss_left is not None and miss_left.shape != (n_nodes,):
+        raise ProtocolError("route_missing_left must have one entry per node")
     is_num = kind == NodeKind.NUMERIC
     num_nodes = np.flatnonzero(is_num)
     if (feat[num_nodes] < 0).any() or (feat[num_nodes] >= config.n_features).any():
@@ -66,8 +70,13 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
     fbase = np.where(is_num, feat, 0) * n_rows  # per node: start of its codes
     idx = per_pair(fbase)
     idx += row
-    go_left = codes[idx] < per_pair(cut)
+    code = codes[idx]
     del idx
+    go_left = code < per_pair(cut)
+    if miss_left is not None:  # a missing value's code is its feature's missing code
+        mcode = np.where(is_num, book.missing_code[np.where(is_num, feat, 0)], -1)
+        go_left = np.where(code == per_pair(mcode), per_pair(miss_left.astype(bool)), go_left)
+    del code
     k = None
     if (kind == NodeKind.CATEGORICAL).any():
         k = kind[node]
@@ -80,9 +89,14 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
         for i, nd in enumerate(cat_nodes):
             table[i, vals[ptr[nd]:ptr[nd + 1]]] = True
         fc = feat[node[cat]]
-        code = codes[fc * n_rows + row[cat]]
-        lv = book.uniq_all[book.uniq_off[fc] + code].astype(np.int64)
-        go_left[cat] = table[pos[node[cat]], lv]
+        ccode = codes[fc * n_rows + row[cat]]
+        missing = ccode == book.missing_code[fc]
+        at = np.clip(book.uniq_off[fc] + np.where(missing, 0, ccode), 0,
+                     max(book.uniq_all.size - 1, 0))
+        lv = (book.uniq_all[at] if book.uniq_all.size else np.zeros(at.size)).astype(np.int64)
+        nan_left = (miss_left.astype(bool)[node[cat]] if miss_left is not None
+                    else np.zeros(lv.size, dtype=bool))
+        go_left[cat] = np.where(missing, nan_left, table[pos[node[cat]], lv])
     if (kind == NodeKind.CLIENT).any():
         k = kind[node] if k is None else k
         cli = k == NodeKind.CLIENT

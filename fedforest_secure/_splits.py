@@ -8,45 +8,112 @@ import numpy as np
 
 from . import _impurity
 
-__all__ = ["best_numeric", "best_grouping", "clean_noisy_groups"]
+__all__ = ["best_grouping", "best_numeric", "candidate_lefts", "candidate_valid",
+           "clean_noisy_groups", "decode_candidate"]
+
+
+def candidate_lefts(hist: np.ndarray, missing: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Left-child statistics of every candidate split of per-bin histograms, and the totals.
+
+    ``hist`` has shape (..., Bt + 1, S) (bin b: t_{b-1} < x <= t_b), and with ``missing`` one
+    more bin at the end holding the rows whose feature is missing. Without ``missing`` the
+    candidates are the Bt thresholds; with it they are ``2 Bt + 1`` (:func:`decode_candidate`):
+    each threshold with the missing rows sent right, then each with them sent left (as
+    scikit-learn's splitter and XGBoost's default direction try both), then every present
+    value left and the missing rows right (threshold +inf).
+
+    Returns
+    -------
+    lefts (..., C, S), totals (..., 1, S)
+    """
+    total = hist.sum(axis=-2, keepdims=True)
+    if not missing:
+        return np.cumsum(hist, axis=-2)[..., :-1, :], total
+    cum = np.cumsum(hist[..., :-1, :], axis=-2)
+    miss = hist[..., -1:, :]
+    return np.concatenate([cum[..., :-1, :], cum[..., :-1, :] + miss, cum[..., -1:, :]],
+                          axis=-2), total
+
+
+def decode_candidate(index: np.ndarray, bt: int, missing: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Threshold index, missing-goes-left flag and "threshold is +inf" flag of candidate
+    indices of :func:`candidate_lefts` (``bt`` thresholds per slot)."""
+    index = np.asarray(index)
+    if not missing:
+        return index, np.zeros(index.shape, dtype=bool), np.zeros(index.shape, dtype=bool)
+    inf = index == 2 * bt
+    left = (index >= bt) & ~inf
+    return np.where(inf, 0, np.where(left, index - bt, index)), left, inf
+
+
+def candidate_valid(hist: np.ndarray, thresholds: np.ndarray, missing: bool, task: str
+                    ) -> np.ndarray:
+    """(..., C) which candidates of :func:`candidate_lefts` exist: a finite threshold, and
+    with missing rows at the node for the missing-left and +inf candidates; the +inf split
+    needs a finite threshold in the slot too (as scikit-learn, which never splits a feature
+    whose present values are constant)."""
+    fin: np.ndarray = np.isfinite(thresholds)
+    if not missing:
+        return fin
+    n_miss = _impurity.counts_of(hist[..., -1, :], task)
+    has = (n_miss > 0)[..., None]
+    return np.concatenate([fin, fin & has, fin.any(axis=-1, keepdims=True) & has], axis=-1)
 
 
 def best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,
-                 task: str, criterion: str, min_leaf: float) -> tuple[np.ndarray, ...]:
+                 task: str, criterion: str, min_leaf: float, missing: bool = False
+                 ) -> tuple[np.ndarray, ...]:
     """Best (slot, threshold index) per node from per-bin histograms.
 
     Parameters
     ----------
-    hist : (E, m, Bt + 1, S) summed per-bin statistics (bin b: t_{b-1} < x <= t_b)
+    hist : (E, m, Bt + 1 (+ 1 with ``missing``), S) summed per-bin statistics (bin b:
+        t_{b-1} < x <= t_b; the last bin, with ``missing``, the rows missing the feature)
     thresholds : (E, m, Bt), +inf padded
     valid_slot : (E, m) bool, slots that hold a numeric feature
+    missing : whether ``hist`` has the missing-value bin (:func:`candidate_lefts`)
 
     Returns
     -------
-    gain (E,) (-inf where no valid split), slot (E,), index (E,), left stats (E, S)
+    gain (E,) (-inf where no valid split), slot (E,), index (E,) into the thresholds (the
+    split at +inf: ``Bt``), left stats (E, S), missing_left (E,) bool: where the missing rows
+    go (with none at the node, the child with more rows, as scikit-learn)
     """
-    E, m, nb, S = hist.shape
-    bt = nb - 1
+    E, m = hist.shape[:2]
+    S = hist.shape[-1]
+    bt = thresholds.shape[2]
     if E == 0 or bt == 0:
         z = np.zeros(E, dtype=np.int64)
-        return np.full(E, -np.inf), z, z, np.zeros((E, S))
-    left = np.cumsum(hist, axis=2)[:, :, :bt, :]
-    total = hist.sum(axis=2, keepdims=True)
+        return np.full(E, -np.inf), z, z, np.zeros((E, S)), np.zeros(E, dtype=bool)
+    left, total = candidate_lefts(hist, missing)
     right = total - left
     g = (_impurity.weighted_impurity(total, task, criterion)
          - _impurity.weighted_impurity(left, task, criterion)
          - _impurity.weighted_impurity(right, task, criterion))
     nl = _impurity.counts_of(left, task)
     nr = _impurity.counts_of(right, task)
-    ok = (nl >= min_leaf) & (nr >= min_leaf) & np.isfinite(thresholds) & valid_slot[:, :, None]
+    ok = ((nl >= min_leaf) & (nr >= min_leaf) & candidate_valid(hist, thresholds, missing, task)
+          & valid_slot[:, :, None])
     ok &= (nl > 0) & (nr > 0)
     g = np.where(ok, g, -np.inf)
+    C = g.shape[2]
     flat = g.reshape(E, -1)
     best = np.argmax(flat, axis=1)
     gain = flat[np.arange(E), best]
-    slot, idx = np.divmod(best, bt)
-    lstats = left[np.arange(E), slot, idx]
-    return gain, slot, idx, lstats
+    slot, cand = np.divmod(best, C)
+    rows = np.arange(E)
+    lstats = left[rows, slot, cand]
+    idx, miss_left, inf = decode_candidate(cand, bt, missing)
+    idx = np.where(inf, bt, idx)
+    n_left = _impurity.counts_of(lstats, task)
+    n_right = _impurity.counts_of(total[rows, slot, 0], task) - n_left
+    if missing:
+        none_missing = _impurity.counts_of(hist[rows, slot, -1], task) <= 0
+    else:
+        none_missing = np.ones(E, dtype=bool)
+    miss_left = np.where(none_missing, n_left > n_right, miss_left)
+    return gain, slot, idx, lstats, miss_left
 
 
 def _order_key(stats: np.ndarray, task: str) -> np.ndarray:

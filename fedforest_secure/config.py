@@ -61,6 +61,9 @@ class JobConfig:
     n_clients: int
     feature_kinds: tuple[str, ...] = ()  # "continuous" | "categorical", per feature
     n_levels: tuple[int, ...] = ()  # levels per categorical feature, 0 for continuous
+    #: per feature, whether rows may miss it (NaN; the schema's ``missing = "allowed"``);
+    #: empty: no feature may. Such features' histograms carry one more bin, the missing rows'
+    missing_allowed: tuple[bool, ...] = ()
     feature_bounds: tuple[tuple[float, float], ...] | None = None  # public bounds, if known
     n_classes: int = 0
     target_bound: float = 0.0  # max |y| (public), for the fixed-point scale of sums
@@ -122,6 +125,8 @@ class JobConfig:
             raise ValueError("feature_kinds must have one entry per feature")
         if self.n_levels and len(self.n_levels) != self.n_features:
             raise ValueError("n_levels must have one entry per feature")
+        if self.missing_allowed and len(self.missing_allowed) != self.n_features:
+            raise ValueError("missing_allowed must have one entry per feature")
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -143,6 +148,17 @@ class JobConfig:
         return dict(dp) if dp else None
 
     @property
+    def has_missing(self) -> bool:
+        """Whether some feature may be missing: then every histogram has a last bin for the
+        rows whose feature is missing, and every split a direction for them."""
+        return any(self.missing_allowed)
+
+    @property
+    def may_miss(self) -> tuple[bool, ...]:
+        """Per feature, whether it may be missing."""
+        return self.missing_allowed or (False,) * self.n_features
+
+    @property
     def n_stats(self) -> int:
         """Width S of a sufficient-statistics vector: (n, sum y, sum y^2) or class counts."""
         return 3 if self.task == "regression" else self.n_classes
@@ -151,12 +167,14 @@ class JobConfig:
         obj = asdict(self)
         if obj["evaluation"] is None:
             del obj["evaluation"]  # a training job's configuration has no evaluation key
+        if not any(obj["missing_allowed"]):
+            del obj["missing_allowed"]  # nor one without missing values a missing key
         return json.dumps(obj, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobConfig:
         obj = json.loads(text)
-        for key in ("feature_kinds", "n_levels"):
+        for key in ("feature_kinds", "n_levels", "missing_allowed"):
             obj[key] = tuple(obj.get(key, ()))
         if obj.get("feature_bounds") is not None:
             obj["feature_bounds"] = tuple(tuple(b) for b in obj["feature_bounds"])

@@ -89,6 +89,8 @@ class Coordinator:
         self._method = make_method(config, self.policy)
         self._method.executor = executor
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
+        self._rng_missing = np.random.default_rng(
+            np.random.SeedSequence([config.random_state, 0xF1]))
         self._round = 0
         self._root_n = np.zeros(config.n_estimators)  # root counts (min_impurity_decrease)
         self._model: ForestModel | None = None
@@ -281,6 +283,11 @@ class Coordinator:
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion)
+            if not cfg.has_missing:  # a missing value at prediction: the larger child
+                for tb in trees:
+                    for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):
+                        if lc >= 0:
+                            tb.missing_left[nd] = tb.n[lc] > tb.n[rc]
         elif not self.policy.totals_in_sketch(last=True):
             for i in range(frontier.size):
                 trees[frontier.tree[i]].value[frontier.node[i]] = frontier.parent_value[i]
@@ -351,7 +358,8 @@ class Coordinator:
                  for e, st in child_stats.items()}
         growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
                       found.sets, child, values, gains=found.gain,
-                      child_counts=self._child_counts(ok, found))
+                      child_counts=self._child_counts(ok, found),
+                      missing_left=found.missing_left, route_missing=cfg.has_missing)
         for e, st in child_stats.items():  # under DP the leaves keep these (no later release)
             tb = trees[frontier.tree[ev[e]]]
             nd = int(frontier.node[ev[e]])
@@ -447,9 +455,13 @@ class Coordinator:
         feature, threshold = RandomSplits.draw(self._rng, feats, frontier.box_lo,
                                                frontier.box_hi)
         n = frontier.size
+        # where missing values go is data-independent too: a coin per node, from a stream of
+        # its own (the splits' draws are the same with or without missing values)
+        missing_left = (self._rng_missing.random(n) < 0.5) if self.config.has_missing else None
         growth = grow(trees, frontier, np.arange(n), np.ones(n, dtype=bool),
                       np.full(n, NodeKind.NUMERIC, dtype=np.int64), feature, threshold,
-                      [[] for _ in range(n)], {}, np.zeros_like(frontier.parent_value))
+                      [[] for _ in range(n)], {}, np.zeros_like(frontier.parent_value),
+                      missing_left=missing_left, route_missing=self.config.has_missing)
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing
 

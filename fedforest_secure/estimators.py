@@ -62,8 +62,6 @@ from .model import ForestModel, _column_names
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
 
 _OLD_FORMAT = "fedforest-secure/estimator/v1"  # files written before the one model format
-_ALLOW_NAN = False
-_FINITE: Any = True
 
 
 def _dp_rule_for(method: str | None, epsilon: float, task: str, n_rows: int, n_features: int,
@@ -137,7 +135,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = _ALLOW_NAN
+        tags.input_tags.allow_nan = True
         tags.input_tags.sparse = False
         return tags
 
@@ -219,7 +217,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         """
         self._validate_params()
         X, y = _as_schema_error(validate_data, self, X, y, dtype=np.float64,
-                                ensure_all_finite=_FINITE,
+                                ensure_all_finite="allow-nan",
                                 y_numeric=self._task == "regression", multi_output=False)
         if self._task == "classification":
             check_classification_targets(y)
@@ -252,9 +250,12 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         if isinstance(mf, Integral) and not isinstance(mf, bool):
             mf = min(int(mf), d)
         self.profile_ = _profile_dict(self.profile)
+        # a feature missing in some training row may be missing (the estimator plays the
+        # schema's part: missing = "allowed" where the data have holes)
+        missing = tuple(bool(v) for v in np.isnan(X[kept]).any(axis=0))
         config = JobConfig(
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
-            n_clients=K, n_classes=n_classes,
+            n_clients=K, n_classes=n_classes, missing_allowed=missing,
             feature_bounds=tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True)),
             target_bound=max(target_bound, 1e-12), n_estimators=shape["n_estimators"],
             max_depth=shape["max_depth"], min_samples_leaf=self.min_samples_leaf,
@@ -296,10 +297,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                         and model.feature_names is not None):
             Xp = model.prepare(X)
             out: np.ndarray = _as_schema_error(check_array, Xp, dtype=np.float64,
-                                               ensure_all_finite=_FINITE)
+                                               ensure_all_finite="allow-nan")
             return out
         out = _as_schema_error(validate_data, self, X, reset=False, dtype=np.float64,
-                               ensure_all_finite=_FINITE)
+                               ensure_all_finite="allow-nan")
         return out
 
     def _values(self, X: Any, client: Any) -> np.ndarray:

@@ -21,10 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _impurity
 from ._bootstrap import canonical_order, tree_pairs
 from ._grid_stats import bin_statistics
-from ._level_stats import CodeBook, LevelStatistics, local_gains
+from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
 from ._order import LevelOrder
 from ._routing import route
 from .config import JobConfig
@@ -86,9 +85,14 @@ class Worker:
                 weights = None
         if X.shape[0] < 1:
             raise SchemaError("a client needs at least one row (of positive weight)")
-        if not np.isfinite(X).all():
-            bad = np.argwhere(~np.isfinite(X))[0]
-            raise SchemaError(f"non-finite value in row {bad[0] + 1}, column {bad[1]}")
+        # a missing value (NaN) only where the job allows it; infinities never
+        bad_cells = ~np.isfinite(X) & ~(np.isnan(X) & np.array(config.may_miss)[None, :])
+        if bad_cells.any():
+            bad = np.argwhere(bad_cells)[0]
+            what = "missing" if np.isnan(X[bad[0], bad[1]]) else "non-finite"
+            raise SchemaError(f"{what} value in row {bad[0] + 1}, column {bad[1]}"
+                              + (" (the job allows no missing values there)"
+                                 if what == "missing" else ""))
         if not 0 <= client_index < config.n_clients:
             raise ValueError(f"client_index must be in [0, {config.n_clients})")
         self.config = config
@@ -115,12 +119,14 @@ class Worker:
         del self._stats
         for j, (kind, nl) in enumerate(zip(config.kinds, config.levels, strict=True)):
             if kind == "categorical":
-                col = X[:, j]
-                if (col != np.round(col)).any() or col.min() < 0 or col.max() >= nl:
+                col = X[:, j][~np.isnan(X[:, j])]
+                if col.size and ((col != np.round(col)).any() or col.min() < 0
+                                 or col.max() >= nl):
                     raise SchemaError(f"categorical column {j} must hold level codes 0..{nl - 1}")
         # the table itself is not kept: codes and distinct values answer every question
-        # exact integer codes: rank among the client's distinct values of each feature
-        uniq = [np.unique(X[:, j]) for j in range(d)]
+        # exact integer codes: rank among the client's distinct values of each feature; a
+        # missing value's code is one past the last (it sorts after every present value)
+        uniq = [np.unique(X[:, j][~np.isnan(X[:, j])]) for j in range(d)]
         self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in uniq])])
         self._uniq_all = np.concatenate(uniq)
         del uniq  # one copy: each feature's distinct values are a view into _uniq_all
@@ -133,6 +139,7 @@ class Worker:
         codes = np.empty((d, n), dtype=np.int32)
         for j in range(d):
             codes[j] = np.searchsorted(self._uniq[j], X[:, j])
+            codes[j][np.isnan(X[:, j])] = self._uniq[j].size
         self._codes = codes.ravel()  # feature-major: code of (j, row) at j * n + row
         # client-stratified bootstrap: n_k draws with replacement from the client's own rows;
         # level 0: a pair's node index is its tree index
@@ -351,7 +358,8 @@ class Worker:
             else:
                 disclosed["node_stats"] = totals.copy()
         if "minmax" in want:
-            disclosed["minmax"] = np.array([[u[0], u[-1]] for u in self._uniq])
+            disclosed["minmax"] = np.array([[u[0], u[-1]] if u.size else [np.inf, -np.inf]
+                                            for u in self._uniq])
         if feats is not None:
             feats = feats.astype(np.int64)
             if feats.shape[0] != n_nodes or (feats >= self.config.n_features).any():
@@ -532,26 +540,29 @@ class Worker:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
         nodes, feats, thr, mode = self._histogram_arrays(task)
+        # full and gain statistics carry the missing rows' bin when the job has missing
+        # values; counts (the secure sketch's grids) leave missing rows out
+        missing_bin = mode in ("full", "gain") and self.config.has_missing
         if self._sorted is None and self._level_feats is None:
             # the level's sketch round did not sort the level
             if self._sketched_level != self._level:
                 raise ProtocolError("no sketch round for this level yet")
-            hist = self._unsorted_histogram(nodes, feats, thr, mode)
+            hist = self._unsorted_histogram(nodes, feats, thr, mode, missing_bin)
         else:
             order, local = self._sorted_for(feats, nodes)
             hist = self._level_stats(order).histogram(local, feats, thr,
-                                                     counts_only=mode == "count")
+                                                     counts_only=mode == "count",
+                                                     missing_bin=missing_bin)
             if mode == "moments" and self.config.task == "regression":
                 hist = hist[..., :2]
         vec = hist
         if mode == "gain":
             g = local_gains(hist, self.config)
-            left_n = np.cumsum(_impurity.counts_of(hist, self.config.task), axis=2)[:, :, :-1]
-            vec = np.stack([g, left_n], axis=-1)
+            vec = np.stack([g, local_left_counts(hist, self.config)], axis=-1)
         return Reply(round_id=task.round_id, summable=np.ascontiguousarray(vec).ravel())
 
     def _unsorted_histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                            mode: str) -> np.ndarray:
+                            mode: str, missing_bin: bool = False) -> np.ndarray:
         """Per-bin statistics of a level the sketch round did not sort, by whichever costs less
         (the same sums): with fewer thresholds than about SORT_RATIO x the (pair, slot)
         entries, sort the evaluated nodes' entries for this round only (every bin is then a
@@ -566,22 +577,24 @@ class Worker:
             order = LevelOrder(level_feats, self._p_node, self._p_row, self._p_w, self._codes,
                                self.n_rows, self._cbits)
             hist = self._level_stats(order).histogram(nodes, feats, thr,
-                                                     counts_only=mode == "count")
+                                                     counts_only=mode == "count",
+                                                     missing_bin=missing_bin)
             del order
             if mode == "moments" and self.config.task == "regression":
                 return np.ascontiguousarray(hist[..., :2])
             return hist
-        return self._bin_statistics(nodes, feats, thr, mode)
+        return self._bin_statistics(nodes, feats, thr, mode, missing_bin)
 
     def _bin_statistics(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                        mode: str) -> np.ndarray:
+                        mode: str, missing_bin: bool = False) -> np.ndarray:
         """Per-bin statistics by one pass over the level's pairs
         (:func:`~fedforest_secure._grid_stats.bin_statistics`)."""
         columns = {"count": "count", "moments": "moments"}.get(mode, "full")
         classes = self.config.n_classes if self.config.task == "classification" else 0
         return bin_statistics(self._p_node, self._p_row, self._p_w, self._n_nodes, nodes,
                               feats, thr, self._codes, self.n_rows, self._uniq_all,
-                              self._uniq_off, self._y, columns, classes)
+                              self._uniq_off, self._y, columns, classes,
+                              has_missing=self.config.has_missing, missing_bin=missing_bin)
 
 
 

@@ -197,7 +197,7 @@ def test_sklearn_conventions(cls: Any) -> None:
     with pytest.raises(SchemaError):
         est.predict(X, client=h[:5])
     bad = X.copy()
-    bad[3, 1] = np.nan
+    bad[3, 1] = np.inf  # missing values (NaN) are data; infinities are not
     with pytest.raises(SchemaError):
         est.predict(bad)
     with pytest.raises(SchemaError):
@@ -250,6 +250,101 @@ def test_fit_without_client_is_one_client() -> None:
                              random_state=0).fit(X, y)
     assert est.n_clients_ == 1
     assert est.score(X, y) > 0.7
+
+
+# ---------------------------------------------------------------------------- missing values
+def _holes(X: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Missing values: 20% of the cells of features 0, 1 and 3 at random, half of feature 3
+    where y = 1 (informative); feature 2 is never missing."""
+    X = X.copy()
+    n = X.shape[0]
+    holes = rng.random((n, 4)) < 0.2
+    holes[:, 2] = False
+    X[holes] = np.nan
+    X[(y == 1) & (rng.random(n) < 0.5), 3] = np.nan
+    return X
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+@pytest.mark.parametrize("depth", [3, 5])
+def test_missing_value_splits_equal_sklearn_decision_tree(seed: int, depth: int) -> None:
+    """Exact mode on pooled-equivalent data with missing values: the same splits as
+    scikit-learn's DecisionTreeClassifier (thresholds, where missing values go, splits of the
+    present values from the missing ones at +inf) and the same probabilities, NaN rows and a
+    never-missing feature's NaN at prediction (the larger child) included."""
+    rng = np.random.default_rng(seed)
+    n = 1500
+    X = _f32(rng.random((n, 4)))
+    y = ((X[:, 0] + 0.5 * X[:, 1] + 0.3 * rng.normal(size=n)) > 0.8).astype(int)
+    X = _holes(X, y, rng)
+    ours = FedForestClassifier(max_depth=depth, **EXACT).fit(X, y, client=_clients(n, 3, rng))
+    sk = DecisionTreeClassifier(max_depth=depth, min_samples_leaf=5, random_state=0).fit(X, y)
+    a, b = ours.estimators_[0].tree_, sk.tree_
+    assert a.node_count == b.node_count
+    split = [(int(t.feature[i]), float(t.threshold[i]), bool(t.missing_go_to_left[i]))
+             for t in (a, b) for i in range(t.node_count) if t.children_left[i] != -1]
+    half = len(split) // 2
+    assert sorted(split[:half]) == sorted(split[half:])
+    if depth == 5:
+        assert any(t == np.inf for _, t, _ in split[:half])  # a present | missing split
+    Xt = _f32(rng.random((500, 4)))
+    Xt[rng.random((500, 4)) < 0.3] = np.nan  # feature 2 too: never missing at training
+    Xt = np.vstack([X, Xt])
+    np.testing.assert_allclose(ours.predict_proba(Xt), sk.predict_proba(Xt), rtol=0, atol=1e-12)
+
+
+def test_missing_value_machinery_leaves_complete_data_alone() -> None:
+    """A job that allows missing values but gets none grows the forest of a job that does
+    not allow them, split for split."""
+    from fedforest_secure.federation import run_in_process
+
+    rng = np.random.default_rng(3)
+    n = 300
+    X = rng.normal(size=(n, 4))
+    y = X[:, 0] + X[:, 1] ** 2 + 0.2 * rng.normal(size=n)
+    h = np.arange(n) % 3
+    est = FedForestRegressor(n_estimators=4, max_depth=5, random_state=1).fit(X, y, client=h)
+    shares = [(X[h == k], y[h == k]) for k in range(3)]
+    import dataclasses
+
+    for method in ("quantiles", "avgimp"):
+        base = dataclasses.replace(est.config_, method=method)
+        plain = run_in_process(base, shares)
+        holes = run_in_process(dataclasses.replace(base, missing_allowed=(True,) * 4), shares)
+        assert [t.to_dict() for t in plain.trees] == [t.to_dict() for t in holes.trees]
+
+
+def test_forest_trained_without_missing_values_predicts_them() -> None:
+    """A feature missing at prediction only: the row goes to the child with more training
+    rows at every split on it (scikit-learn's rule)."""
+    rng = np.random.default_rng(4)
+    n = 800
+    X = _f32(rng.random((n, 3)))
+    y = (X[:, 0] + 0.2 * rng.normal(size=n) > 0.6).astype(int)
+    ours = FedForestClassifier(max_depth=4, **EXACT).fit(X, y, client=_clients(n, 2, rng))
+    sk = DecisionTreeClassifier(max_depth=4, min_samples_leaf=5, random_state=0).fit(X, y)
+    Xt = _f32(rng.random((400, 3)))
+    Xt[rng.random((400, 3)) < 0.4] = np.nan
+    np.testing.assert_allclose(ours.predict_proba(Xt), sk.predict_proba(Xt), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["quantiles", "avgimp", "histogram"])
+def test_missing_values_with_every_candidate_method(method: str) -> None:
+    """Federated forests learn from rows with holes (and from the holes: feature 3 is
+    missing more often when y = 1) as well as scikit-learn's random forest does."""
+    rng = np.random.default_rng(5)
+    n = 1200
+    X = rng.normal(size=(n, 4))
+    y = (X[:, 0] + X[:, 1] + 0.5 * rng.normal(size=n) > 0).astype(int)
+    X = _holes(X, y, rng)
+    tr, te = slice(0, 800), slice(800, None)
+    ref = RandomForestClassifier(n_estimators=20, min_samples_leaf=5, random_state=0).fit(
+        X[tr], y[tr]).score(X[te], y[te])
+    kw = {"top_l": 2} if method == "avgimp" else {}
+    est = FedForestClassifier(n_estimators=20, method=method, random_state=0, **kw)
+    acc = est.fit(X[tr], y[tr], client=np.arange(800) % 4).score(X[te], y[te])
+    assert acc >= ref - 0.03
+    assert est.config_.missing_allowed == (True, True, False, True)
 
 
 # ---------------------------------------------------------------------------- scikit-learn checks

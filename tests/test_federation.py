@@ -50,6 +50,21 @@ def test_invariant2_secure_aggregation_is_exact(cls: Any, task: str) -> None:
         X, y, client=h)
     assert secure.model_.to_json() == plain.model_.to_json()
     assert secure.model_.digest() == plain.model_.digest()
+
+
+@pytest.mark.parametrize("cls,task", [(FedForestRegressor, "regression"),
+                                      (FedForestClassifier, "classification")])
+def test_invariant2_holds_with_missing_values(cls: Any, task: str) -> None:
+    """The missing rows' statistics travel in the same masked vectors: secure and plain
+    sums grow the same forest."""
+    X, y, h = _data(task)
+    X = X.copy()
+    X[np.random.default_rng(0).random(X.shape) < 0.2] = np.nan
+    secure = cls(profile="secure", **_SMALL).fit(X, y, client=h)
+    plain = cls(profile=load_profile("secure", secure_aggregation=False), **_SMALL).fit(
+        X, y, client=h)
+    assert secure.config_.has_missing
+    assert secure.model_.digest() == plain.model_.digest()
     assert sum(t.n_nodes for t in secure.model_.trees) > 3 * 3  # the trees did grow
     if task == "regression":
         assert secure.predict(X).tobytes() == plain.predict(X).tobytes()

@@ -98,3 +98,34 @@ def test_calibration_refuses_bad_plans() -> None:
         calibrate(plan[:1], 1.0, 1e-6)  # shares add up to 0.5
     with pytest.raises(BudgetError):
         calibrate([], 1.0, 1e-6)
+
+
+def test_noise_plan_covers_the_missing_values_bin() -> None:
+    """A job whose rows may miss values sends one more bin per slot (the missing rows'). The
+    plan's block lengths must cover every histogram round actually sent: a shorter planned
+    length under-counts the distributed-noise term (tau * d) of the accounting."""
+    import numpy as np
+
+    from fedforest_secure import FedForestClassifier, load_profile
+    from fedforest_secure.privacy.allocation import job_noise
+    from fedforest_secure.secure_sum import noise_units
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(240, 6))
+    y = (X[:, 0] > 0).astype(int)
+    X[rng.random(X.shape) < 0.3] = np.nan
+    rounds: list = []
+    est = FedForestClassifier(method="histogram", n_estimators=2, max_depth=3, n_bins=8,
+                              max_features=None,
+                              profile=load_profile("secure-dp", epsilon=2.0)).fit(
+        X, y, client=np.arange(240) % 3, on_round=rounds.append)
+    cfg = est.config_
+    assert cfg.has_missing
+    plan = job_noise(cfg, noise_units(cfg))
+    sent = [r.task for r in rounds if r.task.kind.value == "histogram"]
+    assert sent
+    for task in sent:
+        (block,) = task.layout
+        assert block.shape[2] == cfg.n_bins + 1  # candidates' bins + the missing rows' bin
+        planned = {b.name: b.dims for b in plan.releases[task.level].blocks}
+        assert block.size <= planned["count"]

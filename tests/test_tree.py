@@ -62,3 +62,23 @@ def test_tree_builder_grows_leaves_and_freezes_a_tree() -> None:
     assert tree.kind.dtype == np.int64 and tree.value.shape == (3, 2)
     np.testing.assert_array_equal(tree.apply(np.array([[1.0], [2.0]]), None), [1, 2])
     assert json.loads(json.dumps(tree.to_dict()))["kind"] == [1, 0, 0]
+
+
+def test_missing_values_follow_each_split_and_old_files_use_the_larger_child() -> None:
+    tree = Tree(kind=np.array([1, 2, 0, 0, 0]), feature=np.array([0, 1, -1, -1, -1]),
+                threshold=np.array([np.inf, 0.0, 0, 0, 0]), left=np.array([1, 3, -1, -1, -1]),
+                right=np.array([2, 4, -1, -1, -1]), value=np.zeros((5, 1)),
+                n=np.array([10.0, 7, 3, 2, 5]), sets={1: [0]},
+                missing_left=np.array([False, True, False, False, False]))
+    X = np.array([[1.0, 0.0], [np.nan, 0.0], [5.0, np.nan], [5.0, 1.0]])
+    # +inf: every present value left, a missing one right; a missing level goes left at 1
+    np.testing.assert_array_equal(tree.apply(X, None), [3, 2, 3, 4])
+    back = Tree.from_dict(json.loads(json.dumps(tree.to_dict(), allow_nan=False)))
+    np.testing.assert_array_equal(back.apply(X, None), [3, 2, 3, 4])
+    assert back.threshold[0] == np.inf
+    old = tree.to_dict()
+    del old["missing_left"]  # a file written before missing values: the larger child
+    legacy = Tree.from_dict(old)
+    assert legacy.missing_left is None and "missing_left" not in legacy.to_dict()
+    np.testing.assert_array_equal(legacy.missing_goes_left()[:2], [True, False])
+    np.testing.assert_array_equal(legacy.apply(X, None), [3, 3, 4, 4])

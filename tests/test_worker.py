@@ -454,3 +454,103 @@ def test_constructor_rejects_bad_tables() -> None:
         Worker(cat, np.array([[0, 0, 0], [3, 0, 0]], dtype=float), np.zeros(2), client_index=0)
     with pytest.raises(SchemaError):
         Worker(cat, np.array([[0.5, 0, 0]]), np.zeros(1), client_index=0)
+
+
+# ---------------------------------------------------------------------------- missing values
+def _missing_cfg(**kw: Any) -> JobConfig:
+    return _cfg(missing_allowed=(True, False, True), **kw)
+
+
+def _nan_table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    X = rng.normal(size=(n, 3)).round(1)
+    X[rng.random(n) < 0.3, 0] = np.nan
+    X[rng.random(n) < 0.5, 2] = np.nan
+    return X, rng.normal(size=n)
+
+
+def test_missing_values_fill_one_last_bin_per_slot() -> None:
+    """With missing values every full histogram has one more bin, the rows missing the
+    slot's feature; each row counts in exactly one bin per slot (the DP sensitivity of a
+    histogram stays one row per feature), and the secure sketch's counts leave them out."""
+    rng = np.random.default_rng(8)
+    n, T, d = 80, 3, 3
+    cfg = _missing_cfg(n_estimators=T)
+    X, y = _nan_table(n, rng)
+    w = Worker(cfg, X, y, client_index=0, seed=5)
+    feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
+    w.handle(_sketch_task(1, 0, T, feats=feats))
+    mult = _multiplicities(cfg, X, y, 5)
+    nodes = np.arange(T)
+    bt = 4
+    thr = np.sort(rng.normal(size=(T, d, bt)), axis=2)
+    thr[:, :, -1] = np.inf  # padding
+    task = _hist_task(2, 0, nodes, feats, thr)
+    task = Task(job_id="job", round_id=2, kind=TaskKind.HISTOGRAM, level=0,
+                params={"stats": "full"}, arrays=task.arrays,
+                layout=(Block("h", (T, d, bt + 2, 3), REG),))
+    got = w.handle(task).summable.reshape(T, d, bt + 2, 3)
+    ref = np.zeros_like(got)
+    for t in range(T):
+        for s in range(d):
+            f = feats[t, s]
+            for i in range(n):
+                b = bt + 1 if np.isnan(X[i, f]) else int(
+                    np.searchsorted(thr[t, s], X[i, f], side="left"))
+                ref[t, s, b] += mult[t, i] * np.array([1.0, y[i], y[i] ** 2])
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(got[..., 0].sum(axis=2), np.repeat(mult.sum(axis=1)[:, None],
+                                                                   d, axis=1))
+    counts = w.handle(_hist_task(3, 0, nodes, feats, thr, mode="count"))
+    np.testing.assert_allclose(counts.summable.reshape(T, d, bt + 1), ref[:, :, :-1, 0])
+
+
+def test_missing_values_are_no_sketch_points_nor_distinct_values() -> None:
+    rng = np.random.default_rng(9)
+    cfg = _missing_cfg(n_estimators=1, bootstrap=False)
+    X, y = _nan_table(60, rng)
+    w = Worker(cfg, X, y, client_index=0, seed=1)
+    feats = np.array([[0, 1, 2]])
+    rep = w.handle(_sketch_task(1, 0, 1, feats=feats, disclose=("sketch_points", "unique"),
+                                n_points=4))
+    pts = rep.disclosed["sketch_points"][0]
+    for s in range(3):
+        present = X[:, s][~np.isnan(X[:, s])]
+        got = pts[s][~np.isnan(pts[s])]
+        assert got.min() == present.min() and got.max() == present.max()
+        ptr = rep.disclosed["unique_ptr"]
+        np.testing.assert_array_equal(rep.disclosed["unique_vals"][ptr[s]:ptr[s + 1]],
+                                      np.unique(present))
+
+
+def test_routing_sends_missing_values_where_the_split_says() -> None:
+    rng = np.random.default_rng(10)
+    n = 40
+    cfg = _missing_cfg(n_estimators=2, bootstrap=False,
+                       feature_kinds=("continuous", "continuous", "categorical"),
+                       n_levels=(0, 0, 3))
+    X, y = _nan_table(n, rng)
+    X[:, 2] = np.where(np.isnan(X[:, 2]), np.nan, rng.integers(0, 3, n))
+    w = Worker(cfg, X, y, client_index=0, seed=1)
+    w.handle(_sketch_task(1, 0, 2, feats=np.array([[0, 1, 2], [0, 1, 2]])))
+    routing = {"route_kind": np.array([NodeKind.NUMERIC, NodeKind.CATEGORICAL], dtype=np.int32),
+               "route_feature": np.array([0, 2], dtype=np.int32),
+               "route_threshold": np.array([0.0, 0.0]),
+               "route_left": np.array([0, 2], dtype=np.int32),
+               "route_right": np.array([1, 3], dtype=np.int32),
+               "route_set_ptr": np.array([0, 0, 1]), "route_set_vals": np.array([1], np.int32),
+               "route_missing_left": np.array([True, False])}
+    got = w.handle(_sketch_task(2, 1, 4, routing=routing)).summable.reshape(4, 3)[:, 0]
+    x0, x2 = X[:, 0], X[:, 2]
+    want = [((x0 <= 0) | np.isnan(x0)).sum(), (x0 > 0).sum(), (x2 == 1).sum(),
+            ((x2 != 1) | np.isnan(x2)).sum()]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_missing_values_only_where_the_job_allows_them() -> None:
+    X, y = _nan_table(30, np.random.default_rng(11))
+    X[0, 1] = np.nan
+    with pytest.raises(SchemaError, match="missing value in row 1, column 1"):
+        Worker(_missing_cfg(), X, y, client_index=0)
+    X[0, 1], X[1, 0] = 0.0, np.inf
+    with pytest.raises(SchemaError, match="non-finite"):
+        Worker(_missing_cfg(), X, y, client_index=0)

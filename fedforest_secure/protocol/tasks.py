@@ -73,8 +73,8 @@ TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
     # secure pooled-CDF sketch, whose grids need no sketch of the level)
     TaskKind.SKETCH: frozenset({"features", "route_kind", "route_feature", "route_threshold",
                                 "route_left", "route_right", "route_set_ptr",
-                                "route_set_vals", "nodes", "grid_nodes", "grid_features",
-                                "grid_thresholds"}),
+                                "route_set_vals", "route_missing_left", "nodes", "grid_nodes",
+                                "grid_features", "grid_thresholds"}),
     TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
     TaskKind.EVALUATE: frozenset(),
 }
