@@ -211,6 +211,26 @@ def test_fed_heart_disease_matches_flamby_split() -> None:
     assert np.array_equal(again.train.X, train.X) and np.array_equal(again.test.y, test.y)
 
 
+@needs_shared
+def test_raw_heart_disease_keeps_every_row_and_its_missing_values() -> None:
+    tt = loaders.load_heart_disease_with_missing(seed=0)
+    train, test = tt.train, tt.test
+    assert train.client is not None and test.client is not None
+    sizes = np.bincount(train.client) + np.bincount(test.client)
+    assert sizes.tolist() == [303, 294, 123, 200] and train.n_features == 13
+    X = np.vstack([train.X, test.X])
+    client = np.concatenate([train.client, test.client])
+    assert 0.14 < np.isnan(X).mean() < 0.16
+    slope_ca_thal = np.isnan(X[:, 10:13]).mean(axis=0)
+    assert (slope_ca_thal > 0.3).all()
+    assert (np.isnan(X[client != 0][:, 11]).mean() > 0.9)  # ca: missing outside Cleveland
+    # stratified per hospital; another seed, another split
+    for k in range(4):
+        assert abs(train.y[train.client == k].mean() - test.y[test.client == k].mean()) < 0.03
+    other = loaders.load_heart_disease_with_missing(seed=1)
+    assert not np.array_equal(np.nan_to_num(other.train.X), np.nan_to_num(train.X))
+
+
 def test_dataset_validation() -> None:
     X = np.zeros((3, 2))
     with pytest.raises(ValueError, match="2-D"):

@@ -31,6 +31,7 @@ from .loaders import (
     available_datasets,
     load_dataset,
     load_fed_heart_disease,
+    load_heart_disease_with_missing,
     shared_data_dir,
 )
 from .partitions import dirichlet_partition, even_partition
@@ -66,6 +67,7 @@ __all__ = [
     "even_partition",
     "load_dataset",
     "load_fed_heart_disease",
+    "load_heart_disease_with_missing",
     "make_disjoint_supports",
     "make_federated_regression",
     "make_overlapping_supports",

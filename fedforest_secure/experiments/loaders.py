@@ -30,10 +30,12 @@ __all__ = [
     "DATA_DIR_ENV",
     "HEART_CENTERS",
     "HEART_FEATURES",
+    "HEART_RAW_FEATURES",
     "DataNotFoundError",
     "available_datasets",
     "load_dataset",
     "load_fed_heart_disease",
+    "load_heart_disease_with_missing",
     "shared_data_dir",
 ]
 
@@ -307,6 +309,57 @@ def load_fed_heart_disease() -> TrainTest:
                        HEART_FEATURES, client=np.concatenate(cs), classes=[0, 1])
 
     return TrainTest(make(trains_X, trains_y, trains_c), make(tests_X, tests_y, tests_c))
+
+
+#: The 13 clinical attributes of the raw UCI files, in file order (``num`` is the target).
+HEART_RAW_FEATURES: tuple[str, ...] = (
+    "age", "sex", "cp", "trestbps", "chol", "fbs", "restecg", "thalach", "exang", "oldpeak",
+    "slope", "ca", "thal",
+)
+
+
+def _read_heart_raw(center: str) -> tuple[FloatArray, IntArray]:
+    """One hospital's raw rows: all 13 attributes with ``?`` read as NaN (nothing dropped,
+    ``chol = 0`` kept as written), labels ``num > 0``."""
+    path = _data_file("heart_disease", f"processed.{center}.data")
+    rows: list[list[float]] = []
+    for lineno, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.strip().split(",")
+        if len(fields) != 14:
+            raise ValueError(f"{path}:{lineno}: expected 14 fields, got {len(fields)}")
+        rows.append([np.nan if f.strip() == "?" else float(f) for f in fields])
+    raw = np.asarray(rows, dtype=np.float64)
+    if np.isnan(raw[:, 13]).any():
+        raise ValueError(f"{path}: a row without its label")
+    return raw[:, :13], (raw[:, 13] > 0).astype(np.int64)
+
+
+def load_heart_disease_with_missing(seed: int) -> TrainTest:
+    """The raw four-hospital Heart Disease data with its missing values: 920 patients, the 13
+    attributes of the UCI files (``?`` as NaN: about 15% of the cells, most of ``slope``,
+    ``ca`` and ``thal`` at three hospitals), per hospital a stratified 66/34 train/test split
+    with ``random_state=seed``. ``client`` = hospital index (FLamby's numbering)."""
+    from sklearn.model_selection import train_test_split
+
+    parts: list[tuple[list[FloatArray], list[IntArray], list[IntArray]]] = [
+        ([], [], []), ([], [], [])]
+    for k, center in enumerate(HEART_CENTERS):
+        X, y = _read_heart_raw(center)
+        idx_tr, idx_te = train_test_split(np.arange(y.size), train_size=0.66, shuffle=True,
+                                          random_state=seed, stratify=y)
+        for part, idx in zip(parts, (np.sort(idx_tr), np.sort(idx_te)), strict=True):
+            part[0].append(X[idx])
+            part[1].append(y[idx])
+            part[2].append(np.full(idx.size, k, np.int64))
+
+    def make(Xs: list[FloatArray], ys: list[IntArray], cs: list[IntArray]) -> Dataset:
+        return Dataset("heart_disease_raw", np.vstack(Xs), np.concatenate(ys),
+                       "classification", HEART_RAW_FEATURES, client=np.concatenate(cs),
+                       classes=[0, 1])
+
+    return TrainTest(make(*parts[0]), make(*parts[1]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""Tests for fedforest_secure._sklearn_api: per-tree arrays, importances and the export to a
+fitted scikit-learn forest (and on through skl2onnx to onnxruntime).
+
+scikit-learn and ONNX read X as float32, the federated forest compares float64 values: the
+claims are made on inputs whose values are float32 numbers (``_f32``), where ``x <= t`` is the
+same comparison for all three (skl2onnx shifts each float32 threshold so that
+``float32(x) <= t'`` is scikit-learn's ``float32(x) <= t``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.inspection import permutation_importance
+
+from fedforest_secure import FedForestClassifier, FedForestRegressor
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32).astype(np.float64)
+
+
+def _data(task: str, n: int = 500, missing: bool = False, seed: int = 0
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = _f32(rng.normal(size=(n, 5)))
+    signal = X[:, 0] + np.sin(2 * X[:, 1]) - 0.5 * X[:, 2]
+    y = signal + 0.3 * rng.normal(size=n) if task == "regression" else \
+        np.digitize(signal, [-0.5, 0.6])  # three classes
+    if missing:
+        X[rng.random(X.shape) < 0.15] = np.nan
+    return X, y, np.arange(n) % 3
+
+
+def _fit(task: str, missing: bool = False, **kw: Any) -> tuple[Any, np.ndarray]:
+    X, y, h = _data(task, missing=missing)
+    cls = FedForestRegressor if task == "regression" else FedForestClassifier
+    est = cls(n_estimators=8, max_depth=6, random_state=0, **kw).fit(X, y, client=h)
+    Xt, _, _ = _data(task, n=400, missing=missing, seed=1)
+    return est, Xt
+
+
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("profile", ["open", "secure"])
+def test_to_sklearn_predicts_what_the_federated_forest_predicts(missing: bool,
+                                                                profile: str) -> None:
+    reg, Xr = _fit("regression", missing, profile=profile)
+    sk = reg.to_sklearn()
+    assert type(sk).__name__ == "RandomForestRegressor" and len(sk.estimators_) == 8
+    np.testing.assert_allclose(sk.predict(Xr), reg.predict(Xr), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(sk.apply(Xr), reg.apply(Xr))
+    np.testing.assert_allclose(sk.feature_importances_, reg.feature_importances_, atol=1e-12)
+    clf, Xc = _fit("classification", missing, profile=profile)
+    skc = clf.to_sklearn()
+    np.testing.assert_array_equal(skc.classes_, clf.classes_)
+    np.testing.assert_array_equal(skc.predict(Xc), clf.predict(Xc))
+    np.testing.assert_allclose(skc.predict_proba(Xc), clf.predict_proba(Xc), rtol=0, atol=1e-12)
+
+
+def test_exported_forest_works_with_scikit_learn_tools() -> None:
+    clf, Xc = _fit("classification")
+    sk = clf.to_sklearn()
+    _, y, _ = _data("classification", n=400, seed=1)
+    res = permutation_importance(sk, Xc, y, n_repeats=3, random_state=0)
+    assert res.importances_mean.argmax() in (0, 1)
+
+
+def test_to_sklearn_refuses_client_splits() -> None:
+    X, y, h = _data("regression")
+    est = FedForestRegressor(n_estimators=2, max_depth=2, max_features=None,
+                             split_on_client=True, random_state=0).fit(X, y + 5 * h, client=h)
+    assert est.model_.uses_client
+    with pytest.raises(ValueError, match="client"):
+        est.to_sklearn()
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_onnx_round_trip_predicts_what_the_federated_forest_predicts(task: str) -> None:
+    """to_sklearn() through skl2onnx and onnxruntime: every tree reaches the same leaf for
+    every row (ONNX's decision_leaf output), so the classes are identical and the regression
+    values, our float64 leaf values at those leaves, equal ours to 1e-9. onnxruntime's own
+    TreeEnsembleRegressor output is float32 (it refuses double outputs): within float32
+    rounding of ours."""
+    import onnxruntime as rt
+    from skl2onnx import to_onnx
+
+    est, Xt = _fit(task)
+    sk = est.to_sklearn()
+    options = {id(sk): {"decision_leaf": True, **({"zipmap": False}
+                                                   if task == "classification" else {})}}
+    onx = to_onnx(sk, Xt[:1].astype(np.float32), options=options,
+                  target_opset={"": 17, "ai.onnx.ml": 3})
+    sess = rt.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = dict(zip([o.name for o in sess.get_outputs()],
+                   sess.run(None, {sess.get_inputs()[0].name: Xt.astype(np.float32)}),
+                   strict=True))
+    leaves = out["decision_leaf"].reshape(Xt.shape[0], -1)
+    np.testing.assert_array_equal(leaves, est.apply(Xt))
+    if task == "regression":
+        values = np.mean([t.tree_.value[leaves[:, i], 0, 0]
+                          for i, t in enumerate(est.estimators_)], axis=0)
+        np.testing.assert_allclose(values, est.predict(Xt), rtol=0, atol=1e-9)
+        np.testing.assert_allclose(out["variable"].ravel(), est.predict(Xt), rtol=1e-5,
+                                   atol=1e-5)
+    else:
+        np.testing.assert_array_equal(out["label"], est.predict(Xt))
+        np.testing.assert_allclose(out["probabilities"], est.predict_proba(Xt), atol=1e-6)
