@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fedforest_secure.worker as worker_mod
+from fedforest_secure import _level_stats
 from fedforest_secure._bootstrap import canonical_order, tree_pairs
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
@@ -468,14 +469,22 @@ def _nan_table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
     return X, rng.normal(size=n)
 
 
-def test_missing_values_fill_one_last_bin_per_slot() -> None:
+@pytest.mark.parametrize("all_missing", [False, True])
+@pytest.mark.parametrize("ratio", [0.0, 1e9])
+def test_missing_values_fill_one_last_bin_per_slot(ratio: float, all_missing: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """With missing values every full histogram has one more bin, the rows missing the
     slot's feature; each row counts in exactly one bin per slot (the DP sensitivity of a
-    histogram stays one row per feature), and the secure sketch's counts leave them out."""
+    histogram stays one row per feature), and the secure sketch's counts leave them out.
+    The same whether the entries are placed among the thresholds (ratio 0) or the thresholds
+    among the entries (ratio 1e9), also for a feature this client never has."""
+    monkeypatch.setattr(_level_stats, "ENTRY_SEARCH_RATIO", ratio)
     rng = np.random.default_rng(8)
     n, T, d = 80, 3, 3
     cfg = _missing_cfg(n_estimators=T)
     X, y = _nan_table(n, rng)
+    if all_missing:
+        X[:, 2] = np.nan
     w = Worker(cfg, X, y, client_index=0, seed=5)
     feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
     w.handle(_sketch_task(1, 0, T, feats=feats))
