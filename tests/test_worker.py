@@ -470,15 +470,21 @@ def _nan_table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
 
 
 @pytest.mark.parametrize("all_missing", [False, True])
-@pytest.mark.parametrize("ratio", [0.0, 1e9])
-def test_missing_values_fill_one_last_bin_per_slot(ratio: float, all_missing: bool,
+@pytest.mark.parametrize("path", ["sorted-by-entries", "sorted-by-cuts", "unsorted-sort",
+                                  "unsorted-search"])
+def test_missing_values_fill_one_last_bin_per_slot(path: str, all_missing: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With missing values every full histogram has one more bin, the rows missing the
     slot's feature; each row counts in exactly one bin per slot (the DP sensitivity of a
     histogram stays one row per feature), and the secure sketch's counts leave them out.
-    The same whether the entries are placed among the thresholds (ratio 0) or the thresholds
-    among the entries (ratio 1e9), also for a feature this client never has."""
-    monkeypatch.setattr(_level_stats, "ENTRY_SEARCH_RATIO", ratio)
+    The same on every path to the bins: a level sorted by its sketch round (entries placed
+    among the thresholds, or thresholds among the entries), a level the sketch round did not
+    sort (sorted for the round, or a search per entry), also for a feature this client never
+    has."""
+    sorted_level = path.startswith("sorted")
+    monkeypatch.setattr(_level_stats, "ENTRY_SEARCH_RATIO",
+                        0.0 if path == "sorted-by-entries" else 1e9)
+    monkeypatch.setattr(worker_mod, "SORT_RATIO", 1e9 if path == "unsorted-search" else 0.0)
     rng = np.random.default_rng(8)
     n, T, d = 80, 3, 3
     cfg = _missing_cfg(n_estimators=T)
@@ -487,7 +493,7 @@ def test_missing_values_fill_one_last_bin_per_slot(ratio: float, all_missing: bo
         X[:, 2] = np.nan
     w = Worker(cfg, X, y, client_index=0, seed=5)
     feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
-    w.handle(_sketch_task(1, 0, T, feats=feats))
+    w.handle(_sketch_task(1, 0, T, feats=feats if sorted_level else None))
     mult = _multiplicities(cfg, X, y, 5)
     nodes = np.arange(T)
     bt = 4
