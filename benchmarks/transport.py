@@ -49,17 +49,18 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _training_span(db: Path) -> tuple[float, int, int, dict[int, int]]:
+def _training_span(db: Path, job_id: str) -> tuple[float, int, int, dict[int, int]]:
     """(seconds from the first round issued to the last round closed, rounds, summable bytes
-    per client, aggregation rounds per tree level) from the server's database. An
-    aggregation round is one whose task asks a summable vector (a non-empty layout)."""
+    per client, aggregation rounds per tree level) of the training job ``job_id`` from the
+    server's database (simulate runs an evaluation job after it). An aggregation round is one
+    whose task asks a summable vector (a non-empty layout)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        t0, t1, n = con.execute("SELECT min(issued_at), max(closed_at), count(*) FROM rounds"
-                                ).fetchone()
+        t0, t1, n = con.execute("SELECT min(issued_at), max(closed_at), count(*) FROM rounds "
+                                "WHERE job_id = ?", (job_id,)).fetchone()
         words = 0
         per_level: dict[int, int] = {}
-        for (blob,) in con.execute("SELECT task_blob FROM rounds"):
+        for (blob,) in con.execute("SELECT task_blob FROM rounds WHERE job_id = ?", (job_id,)):
             task = Task.from_bytes(blob)
             size = layout_size(task.layout)
             words += size
@@ -70,12 +71,12 @@ def _training_span(db: Path) -> tuple[float, int, int, dict[int, int]]:
     return float(t1 - t0), int(n), 8 * words, dict(sorted(per_level.items()))
 
 
-def _server_cpu(out: Path) -> float:
-    """The server's CPU seconds when the job finished (it logs them), or NaN."""
+def _server_cpu(out: Path, job_id: str) -> float:
+    """The server's CPU seconds when the job ``job_id`` finished (it logs them), or NaN."""
     import re
 
     text = (out / "logs" / "server.log").read_text(errors="replace")
-    found = re.findall(r"server_cpu_s=([0-9.]+)", text)  # the job_done event
+    found = re.findall(rf"event=job_done job={re.escape(job_id)} .*server_cpu_s=([0-9.]+)", text)
     return float(found[-1]) if found else float("nan")
 
 
@@ -108,8 +109,8 @@ def main() -> None:
     cpu0 = _children_cpu()
     res = run_simulation(opts)
     cpu_https = _children_cpu() - cpu0
-    train_s, rounds, summable, per_level = _training_span(a.out / "server.db")
     config = build_config(load_job_spec(a.out / "job.toml"))
+    train_s, rounds, summable, per_level = _training_span(a.out / "server.db", config.job_id)
     t_inproc = cpu_inproc = float("nan")
     same_model: bool | None = None
     if not a.skip_in_process:
@@ -125,7 +126,9 @@ def main() -> None:
         cpu_inproc = time.process_time() - c0
         https_model = ForestModel.from_json((a.out / "model.json").read_text())
         same_model = _trees(model) == _trees(https_model)
-    stats = [json.loads(p.read_text()) for p in sorted((a.out / "clients").glob("*/stats.json"))]
+    # each client's numbers of the training job (simulate runs an evaluation job after it)
+    stats = [json.loads(p.read_text())
+             for p in sorted((a.out / "clients").glob(f"*/stats-{config.job_id}.json"))]
     sent = max(s["bytes_sent"] for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     recv = max(s["bytes_received"] for s in stats)
@@ -137,7 +140,7 @@ def main() -> None:
            "https_training_s": train_s, "in_process_s": t_inproc,
            "ratio": train_s / t_inproc, "https_end_to_end_s": res["wall_s"],
            "https_cpu_s": cpu_https, "in_process_cpu_s": cpu_inproc,
-           "clients_training_cpu_s": cpu_clients, "server_cpu_s": _server_cpu(a.out),
+           "clients_training_cpu_s": cpu_clients, "server_cpu_s": _server_cpu(a.out, config.job_id),
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
            "bound_8T2^MdBS": bound, "aggregation_rounds_per_level": per_level,

@@ -324,10 +324,13 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     else:
         log.warn(f"job {job} ended: {result.status} {result.detail}")
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
-    (opts.state_dir / "stats.json").write_text(json.dumps({
+    stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
-        "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0}))
+        "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
+    # the last job's, and each job's own (a site may run a training then an evaluation job)
+    (opts.state_dir / "stats.json").write_text(stats)
+    (opts.state_dir / f"stats-{job}.json").write_text(stats)
     return result
 
 
