@@ -331,8 +331,9 @@ class Histogram(CandidateMethod):
 
 
 class RandomSplits(CandidateMethod):
-    """Data-independent splits: each node's first sampled feature at a threshold uniform in
-    the node's public box. Nothing is evaluated; :meth:`draw` replaces the candidates."""
+    """Random splits: each node's first sampled feature at a threshold drawn in the node's
+    public box from the features' pooled marginal distribution (one counting round at the
+    first level). Nothing is evaluated; :meth:`draw` replaces the candidates."""
 
     name = "random"
 
@@ -343,9 +344,10 @@ class RandomSplits(CandidateMethod):
 
     @staticmethod
     def draw(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarray,
-             box_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+             box_hi: np.ndarray, cdf: np.ndarray | None = None,
+             bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Feature and threshold per node (:func:`~._random_splits.random_splits`)."""
-        return _random_splits.random_splits(rng, feats, box_lo, box_hi)
+        return _random_splits.random_splits(rng, feats, box_lo, box_hi, cdf, bounds)
 
 
 #: the candidate methods by the name a job's ``method`` takes

@@ -1,10 +1,17 @@
-"""Random (data-independent) splits and node values from the leaves' totals (``method="random"``).
+"""Random splits with data-adaptive thresholds, and node values from the leaves' totals
+(``method="random"``).
 
-Every node splits on one feature drawn at random (the first of its sampled features) at a
-threshold drawn uniformly inside the node's public box (the schema bounds intersected with its
-ancestors' splits). The structure therefore depends on the seed and the public bounds only, and
-under differential privacy the whole budget goes to one release: the leaves' node totals at the
-last level (:func:`~fedforest_secure.privacy.allocation.job_noise`).
+Every node splits on one feature drawn at random (the first of its sampled features). Its
+threshold is drawn inside the node's public box (the schema bounds intersected with its
+ancestors' splits) from the pooled marginal distribution of that feature: one round at the first
+level counts the rows of the federation in ``n_bins`` fixed-width bins of every feature's public
+range (:func:`marginal_cdf` turns the counts, noisy under differential privacy, into a
+piecewise-linear CDF), and a threshold is the inverse CDF of a uniform draw between the CDF at the
+box's two ends (:func:`random_splits`). Thresholds therefore follow the data's quantiles (a skewed
+feature is cut where its rows are), while the structure depends on the seed, the public bounds
+and that one release only; under differential privacy the budget goes to two releases, the
+marginal counts and the leaves' node totals at the last level
+(:func:`~fedforest_secure.privacy.allocation.job_noise`).
 
 Node values are post-processing of those totals (:func:`values_from_leaves`): an internal node's
 statistics are the sums of its leaves', and a node whose count (for classification: of its class
@@ -22,7 +29,7 @@ import numpy as np
 
 from . import _impurity, _splits
 
-__all__ = ["random_splits", "values_from_leaves"]
+__all__ = ["marginal_cdf", "random_splits", "values_from_leaves"]
 
 
 class _Builder(Protocol):
@@ -33,15 +40,55 @@ class _Builder(Protocol):
     impurity: list[float]
 
 
+def marginal_cdf(counts: np.ndarray, floor: float) -> np.ndarray:
+    """Piecewise-linear CDF per feature at the edges of its fixed-width bins.
+
+    Parameters
+    ----------
+    counts : (d, nb) pooled row counts per feature and bin (noisy under DP)
+    floor : added to every bin after clipping the counts at 0 (post-processing): it keeps the
+        CDF strictly increasing and, set to the noise's scale, pulls a bin whose count is
+        mostly noise towards the uniform share
+
+    Returns
+    -------
+    (d, nb + 1) the CDF at the bins' edges, from 0 to 1
+    """
+    c = np.maximum(np.asarray(counts, dtype=np.float64), 0.0) + max(float(floor), 1e-9)
+    cum = np.concatenate([np.zeros((c.shape[0], 1)), np.cumsum(c, axis=1)], axis=1)
+    out: np.ndarray = cum / cum[:, -1:]
+    return out
+
+
+def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x[i], xp[i], fp[i])`` for every row i (``xp`` ascending per row)."""
+    k = xp.shape[1]
+    idx = np.empty(x.size, dtype=np.int64)
+    for i in range(x.size):  # one searchsorted per node; levels hold few nodes per feature
+        idx[i] = np.searchsorted(xp[i], x[i], side="right")
+    idx = np.clip(idx, 1, k - 1)
+    rows = np.arange(x.size)
+    x0, x1 = xp[rows, idx - 1], xp[rows, idx]
+    f0, f1 = fp[rows, idx - 1], fp[rows, idx]
+    frac = np.where(x1 > x0, (x - x0) / np.where(x1 > x0, x1 - x0, 1.0), 0.0)
+    out: np.ndarray = f0 + np.clip(frac, 0.0, 1.0) * (f1 - f0)
+    return out
+
+
 def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarray,
-                  box_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Feature and threshold per node: the node's first sampled feature, a threshold uniform in
-    its box on that feature (the middle when the box is a point).
+                  box_hi: np.ndarray, cdf: np.ndarray | None = None,
+                  bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Feature and threshold per node: the node's first sampled feature, and a threshold in its
+    box on that feature (the middle when the box is a point).
 
     Parameters
     ----------
     feats : (n_nodes, m) sampled features
     box_lo, box_hi : (n_nodes, d) the nodes' boxes
+    cdf, bounds : (d, nb + 1) the features' marginal CDF at the edges of ``nb`` fixed-width
+        bins of ``bounds`` (d, 2) (:func:`marginal_cdf`): the threshold is the inverse CDF of
+        a uniform draw between the CDF at the box's ends. Without them the threshold is
+        uniform in the box.
 
     Returns
     -------
@@ -52,7 +99,18 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
     rows = np.arange(n_nodes)
     lo, hi = box_lo[rows, feature], box_hi[rows, feature]
     u = rng.random(n_nodes)
-    threshold = np.where(hi > lo, lo + u * (hi - lo), lo)
+    if cdf is None or bounds is None:
+        threshold = np.where(hi > lo, lo + u * (hi - lo), lo)
+        return feature, threshold
+    nb = cdf.shape[1] - 1
+    frac = np.arange(nb + 1) / nb
+    b = np.asarray(bounds, dtype=np.float64)[feature]
+    edges = b[:, :1] + (b[:, 1:2] - b[:, :1]) * frac[None, :]  # (n_nodes, nb + 1)
+    fp = cdf[feature]
+    f_lo = _interp_rows(lo, edges, fp)
+    f_hi = _interp_rows(hi, edges, fp)
+    t = _interp_rows(f_lo + u * (f_hi - f_lo), fp, edges)
+    threshold = np.where(hi > lo, np.clip(t, lo, hi), lo)
     return feature, threshold
 
 

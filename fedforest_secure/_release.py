@@ -9,7 +9,8 @@ the engine's decisions and keeps the budget:
   summaries (``h_splits``);
 * which rounds release node totals: every sketch round, none under differential privacy (one
   noisy histogram round per level; node totals and leaf values come from those histograms),
-  and with random splits (``method = "random"``) the last level's only;
+  and with random splits (``method = "random"``) the last level's only (plus one round of
+  per-feature marginal counts at the first level, which sets the thresholds);
 * under differential privacy: the budget share and the noise scales of every release
   (recorded in :attr:`ReleasePolicy.spends` for the audit log), the clients a noisy sum needs,
   and the post-processing of noisy statistics into node values.
@@ -181,6 +182,14 @@ class ReleasePolicy:
 
         plan = job_noise(cfg, secure_sum.noise_units(cfg))
         return max(floor, plan.sum_count_std(cfg.max_depth, cfg.n_clients))
+
+    def marginal_floor(self) -> float:
+        """Random splits: what every bin of the marginal counts gets after clipping at 0
+        (:func:`~fedforest_secure._random_splits.marginal_cdf`, post-processing):
+        :data:`~fedforest_secure.privacy.allocation.MARGINAL_FLOOR` rows."""
+        from .privacy.allocation import MARGINAL_FLOOR
+
+        return MARGINAL_FLOOR
 
     def check_participants(self, layout: tuple[Block, ...], n_participants: int) -> None:
         """A noisy sum over fewer clients than its noise is calibrated for is not released.

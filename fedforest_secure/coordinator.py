@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _impurity, _leaves, _random_splits, _splits
-from ._candidates import RandomSplits, make_method
+from ._candidates import RandomSplits, fixed_width_grid, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
-from ._layouts import totals_block
+from ._layouts import counts_block, totals_block
 from ._planner import (
     Disclosures,
     Frontier,
@@ -102,6 +102,8 @@ class Coordinator:
         self._grid_lohi: np.ndarray | None = (
             np.array(config.feature_bounds, dtype=np.float64)
             if config.feature_bounds is not None else None)
+        #: random splits: the features' marginal CDF on the public bounds (set at level 0)
+        self._marginal_cdf: np.ndarray | None = None
         self._gen = self._run()
         self._pending: Task | None = next(self._gen)
 
@@ -320,7 +322,9 @@ class Coordinator:
         grouped = self._grouped(n_nodes, weight, feats.shape[1])
         task = self._sketch_task(level, n_nodes, routing, feats, grouped)
         blocks, disc = yield task
-        if isinstance(self._method, RandomSplits):  # data-independent: no round evaluates them
+        if isinstance(self._method, RandomSplits):  # drawn: no round evaluates them
+            if level == 0:
+                self._marginal_cdf = yield from self._marginals(n_nodes)
             nxt, nxt_routing = self._grow_random(level, frontier, trees, feats)
             return nxt, nxt_routing, weight
         disc = {k: dict(v) for k, v in disc.items()}  # own copy: items are dropped below
@@ -445,6 +449,29 @@ class Coordinator:
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 
+    def _marginals(self, n_roots: int) -> Generator[Task, Received, np.ndarray]:
+        """Random splits, level 0: one counting round of every feature's rows in ``n_bins``
+        fixed-width bins of its public range, over the first tree's root (every tree holds
+        every row, or with disjoint rows over all roots); returns the marginal CDF
+        (:func:`~fedforest_secure._random_splits.marginal_cdf`) with, under DP, the count
+        noise's standard deviation as the per-bin floor."""
+        cfg = self.config
+        if cfg.feature_bounds is None:  # pragma: no cover - the policy checks
+            raise ProtocolError("internal: random splits need public feature bounds")
+        d, nb = cfg.n_features, cfg.n_bins
+        nodes = (np.arange(n_roots, dtype=np.int64) if cfg.sampling == "disjoint"
+                 else np.zeros(1, dtype=np.int64))
+        feats = np.tile(np.arange(d, dtype=np.int64), (nodes.size, 1))
+        yield self._task(TaskKind.SKETCH, 0, {"n_nodes": int(n_roots), "totals": False},
+                         {"nodes": nodes, "features": feats}, ())
+        lohi = np.array(cfg.feature_bounds, dtype=np.float64)
+        thr = np.tile(fixed_width_grid(lohi, nb)[None], (nodes.size, 1, 1))
+        blocks, _ = yield self._task(TaskKind.HISTOGRAM, 0, {"stats": "count"},
+                                     {"nodes": nodes, "features": feats, "thresholds": thr},
+                                     (counts_block(nodes.size, d, nb),))
+        counts = blocks["counts"].reshape(nodes.size, d, nb).sum(axis=0)
+        return _random_splits.marginal_cdf(counts, self.policy.marginal_floor())
+
     def _grow_random(self, level: int, frontier: Frontier, trees: list[TreeBuilder],
                      feats: np.ndarray) -> tuple[Frontier, dict[str, np.ndarray]]:
         """Random splits: every node of the level splits at its drawn (feature, threshold);
@@ -452,8 +479,10 @@ class Coordinator:
         end). Returns the next frontier and its routing."""
         if frontier.box_lo is None or frontier.box_hi is None:  # pragma: no cover - policy
             raise ProtocolError("internal: random splits need public feature bounds")
+        bounds = (np.array(self.config.feature_bounds, dtype=np.float64)
+                  if self._marginal_cdf is not None else None)
         feature, threshold = RandomSplits.draw(self._rng, feats, frontier.box_lo,
-                                               frontier.box_hi)
+                                               frontier.box_hi, self._marginal_cdf, bounds)
         n = frontier.size
         # where missing values go is data-independent too: a coin per node, from a stream of
         # its own (the splits' draws are the same with or without missing values)

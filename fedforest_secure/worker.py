@@ -247,7 +247,9 @@ class Worker:
             raise RefusedRequest("this question was already answered in an earlier round; "
                                  "answering it again could isolate a client by differencing")
         if self.config.dp is not None and task.layout:
-            limit = self.config.max_depth
+            # one noisy aggregate per planned release: a histogram round per splitting level,
+            # or with random splits the marginal counts and the leaves' totals
+            limit = 2 if self.config.method == "random" else self.config.max_depth
             if self._dp_releases >= limit:
                 raise RefusedRequest(f"privacy budget spent: this client releases at most "
                                      f"{limit} noisy aggregates per job")

@@ -36,9 +36,9 @@ from .sensitivity import Sensitivity, StatKind, histogram_sensitivity
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate",
-           "dp_forest_settings", "job_noise", "level_signal_to_noise", "random_split_depth",
-           "release_cost"]
+__all__ = ["MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings", "JobNoise", "PlannedBlock",
+           "PlannedRelease", "calibrate", "dp_forest_settings", "job_noise",
+           "level_signal_to_noise", "random_split_depth", "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -248,28 +248,44 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
 #: Budget shares of a regression's leaf release under random splits: the leaf means need the
 #: counts and the sums of y; the sums of squares travel in the same block but are not used.
 _RANDOM_REGRESSION_SHARES = {"count": 0.49, "sum": 0.49, "sumsq": 0.02}
+#: Random splits: share of the zCDP budget spent on the features' marginal counts (level 0);
+#: the leaves' totals get the rest.
+MARGINAL_SHARE = 0.1
+#: Random splits: rows added to every bin of the (noisy) marginal counts after clipping at 0,
+#: before the CDF is formed (post-processing; half a row did better than one standard deviation
+#: of the noise on the validation sets of docs/privacy.md §2.6).
+MARGINAL_FLOOR = 0.5
 
 
 def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float,
                         delta: float, trees: int, mult: int, k_min: int) -> JobNoise:
-    """Random (data-independent) splits: the only release is the leaves' node totals. A
-    record sits in one leaf per tree: a histogram with ``F = 1`` over ``T`` trees."""
+    """Random splits: two releases. Level 0: every feature's row counts in ``n_bins``
+    fixed-width bins of its public range, over one tree's rows (a record counts once per
+    feature: a histogram with ``F = d`` and ``T = 1``), share :data:`MARGINAL_SHARE`.
+    Level ``max_depth``: the leaves' node totals (a record sits in one leaf per tree: a
+    histogram with ``F = 1`` over ``T`` trees), the rest."""
     leaves = trees * 2**config.max_depth
+    leaf_share = 1.0 - MARGINAL_SHARE
     kinds: list[tuple[str, StatKind, int, float]]
     if config.task == "classification":
-        kinds = [("count", "class_count", config.n_classes, 1.0)]
+        kinds = [("count", "class_count", config.n_classes, leaf_share)]
     else:
-        kinds = [("count", "count", 1, _RANDOM_REGRESSION_SHARES["count"]),
-                 ("sum", "sum", 1, _RANDOM_REGRESSION_SHARES["sum"]),
-                 ("sumsq", "sum_sq", 1, _RANDOM_REGRESSION_SHARES["sumsq"])]
+        kinds = [("count", "count", 1, leaf_share * _RANDOM_REGRESSION_SHARES["count"]),
+                 ("sum", "sum", 1, leaf_share * _RANDOM_REGRESSION_SHARES["sum"]),
+                 ("sumsq", "sum_sq", 1, leaf_share * _RANDOM_REGRESSION_SHARES["sumsq"])]
+    marg = histogram_sensitivity("count", n_features=config.n_features, n_trees=1,
+                                 max_multiplicity=mult)
+    marginals = PlannedRelease("marginal counts", k_min, (PlannedBlock(
+        "count", marg.scaled(float(unit["count"])), config.n_features * config.n_bins,
+        MARGINAL_SHARE),))
     blocks = []
     for name, stat, cols, share in kinds:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
                                      target_bounds=(-config.target_bound, config.target_bound))
         blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])), leaves * cols, share))
     release = PlannedRelease("leaf totals", k_min, tuple(blocks))
-    sig = calibrate([release], eps, delta)
-    return JobNoise((release,), (config.max_depth,), sig, k_min, eps, delta)
+    sig = calibrate([marginals, release], eps, delta)
+    return JobNoise((marginals, release), (0, config.max_depth), sig, k_min, eps, delta)
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -287,6 +303,8 @@ _DISTRIBUTED_FACTOR = 4.0 / 3.0
 _RANDOM_TREES = 64
 _RANDOM_ROWS_PER_LEAF = {"classification": 4.0, "regression": 8.0}
 _RANDOM_DEPTH = (3, 8)
+#: Random splits: fixed-width bins of the marginal counts the thresholds are drawn from.
+_MARGINAL_BINS = 32
 
 
 @dataclass(frozen=True)
@@ -331,12 +349,13 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
                        ) -> DPForestSettings:
     """The allocation rule (docs/privacy.md §2.6): forest shape of a DP job.
 
-    ``method="random"`` (the default of DP jobs): the tree structure is data-independent (a
-    random feature and a threshold drawn uniformly in the node's public box at every node),
-    so the whole budget goes to one release, the leaves' node totals; every row in every
-    tree (``sampling="all"``), ``T = 64`` trees of depth :func:`random_split_depth` (a
-    function of the rows only). The structure does not depend on epsilon, and the noise
-    only shrinks as epsilon grows.
+    ``method="random"`` (the default of DP jobs): every node splits on a random feature at a
+    threshold drawn in its public box from that feature's noisy marginal distribution
+    (:mod:`fedforest_secure._random_splits`): two releases, the marginal counts on
+    ``n_bins = 32`` fixed-width bins (:data:`MARGINAL_SHARE` of the budget) and the leaves'
+    node totals (the rest); every row in every tree (``sampling="all"``), ``T = 64`` trees of
+    depth :func:`random_split_depth` (a function of the rows only). The shape does not depend
+    on epsilon, and the noise of both releases only shrinks as epsilon grows.
 
     A greedy method (``"histogram"``, ``"quantiles"``: noisy histograms of fixed-width
     candidate bins at every level, budget split equally over the levels in zCDP) uses the
@@ -361,8 +380,8 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     if task not in ("classification", "regression"):
         raise BudgetError(f"unknown task {task!r}")
     if method == "random":
-        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task), _DP_BINS, 1,
-                                method="random")
+        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task),
+                                _MARGINAL_BINS, 1, method="random")
     if task == "classification":
         trees = 4 if epsilon < 2.0 else 8
         m = max(1, n_features // 10)

@@ -1,0 +1,130 @@
+"""Random splits (``method="random"``): thresholds from the pooled marginal counts, the DP job's
+two releases, and a client's refusal of any release beyond them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedforest_secure import _random_splits
+from fedforest_secure.config import JobConfig
+from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.errors import RefusedRequest
+from fedforest_secure.federation import client_seed
+from fedforest_secure.privacy import load_profile
+from fedforest_secure.protocol import Task, TaskKind
+from fedforest_secure.worker import Worker
+
+
+def test_marginal_cdf_is_increasing_from_0_to_1_with_the_floor() -> None:
+    counts = np.array([[10.0, -3.0, 0.0, 6.0]])
+    cdf = _random_splits.marginal_cdf(counts, 0.5)
+    assert cdf.shape == (1, 5)
+    assert cdf[0, 0] == 0.0 and cdf[0, -1] == pytest.approx(1.0)
+    assert (np.diff(cdf[0]) > 0).all()  # clipped at 0, then every bin gets the floor
+    np.testing.assert_allclose(np.diff(cdf[0]), np.array([10.5, 0.5, 0.5, 6.5]) / 18.0)
+
+
+def test_thresholds_follow_the_marginal_distribution_inside_each_box() -> None:
+    """All rows in the first of 10 bins of [0, 100]: the thresholds of a root land there; a
+    node whose box lies elsewhere draws inside its own box."""
+    rng = np.random.default_rng(0)
+    counts = np.zeros((2, 10))
+    counts[0, 0] = 1000.0
+    counts[1] = 100.0
+    cdf = _random_splits.marginal_cdf(counts, 0.5)
+    bounds = np.array([[0.0, 100.0], [0.0, 100.0]])
+    n = 2000
+    feats = np.zeros((n, 1), dtype=np.int64)
+    lo = np.zeros((n, 2))
+    hi = np.full((n, 2), 100.0)
+    f, t = _random_splits.random_splits(rng, feats, lo, hi, cdf, bounds)
+    assert (f == 0).all()
+    assert np.mean(t <= 10.0) > 0.95  # uniform thresholds: 0.10
+    _, tu = _random_splits.random_splits(rng, feats, lo, hi)
+    assert np.mean(tu <= 10.0) < 0.2
+    # a box [50, 70] on feature 1 (uniform marginal): thresholds uniform inside the box
+    lo[:, 1], hi[:, 1] = 50.0, 70.0
+    _, t1 = _random_splits.random_splits(rng, np.ones((n, 1), dtype=np.int64), lo, hi, cdf,
+                                         bounds)
+    assert ((t1 >= 50.0) & (t1 <= 70.0)).all()
+    assert abs(np.mean(t1) - 60.0) < 0.5
+    # a point box takes its one value
+    lo[:, 1] = hi[:, 1] = 42.0
+    _, tp = _random_splits.random_splits(rng, np.ones((n, 1), dtype=np.int64), lo, hi, cdf,
+                                         bounds)
+    assert (tp == 42.0).all()
+
+
+def _random_dp_job(max_depth: int = 3, profile: str = "secure-dp"
+                   ) -> tuple[JobConfig, list[Worker]]:
+    rng = np.random.default_rng(5)
+    K, n, d = 4, 240, 3
+    X = np.exp(rng.normal(size=(n, d)))  # skewed features
+    y = (X[:, 0] > np.median(X[:, 0])).astype(np.int64)
+    h = np.arange(n) % K
+    bounds = tuple((float(X[:, j].min()), float(X[:, j].max())) for j in range(d))
+    prof = load_profile(profile, **({"epsilon": 4.0} if profile == "secure-dp" else {}))
+    cfg = JobConfig(job_id="job-r", task="classification", n_features=d, n_classes=2,
+                    n_clients=K, feature_bounds=bounds, n_estimators=4, max_depth=max_depth,
+                    max_features=1, n_bins=16, method="random", row_sampling="all",
+                    criterion="gini", profile=prof.to_dict())
+    ws = [Worker(cfg, X[h == k], y[h == k], client_index=k, seed=client_seed(cfg, k))
+          for k in range(K)]
+    return cfg, ws
+
+
+def _run(coord: Coordinator, ws: list[Worker]) -> list[Task]:
+    released = []
+    task = coord.next_task()
+    while task is not None:
+        rep = [w.handle(task) for w in ws]
+        if task.layout:
+            released.append(task)
+        coord.submit(task.round_id, sum(r.summable for r in rep), participants=range(len(ws)))
+        task = coord.next_task()
+    return released
+
+
+def test_a_random_dp_job_releases_the_marginal_counts_then_the_leaves() -> None:
+    cfg, ws = _random_dp_job()
+    coord = Coordinator(cfg)
+    released = _run(coord, ws)
+    assert [(t.kind, t.level) for t in released] == [(TaskKind.HISTOGRAM, 0),
+                                                     (TaskKind.SKETCH, cfg.max_depth)]
+    marg = released[0]
+    assert marg.params["stats"] == "count"
+    assert marg.layout[0].shape == (1, cfg.n_features, cfg.n_bins, 1)
+    assert [s["level"] for s in coord.dp_spends] == [0, cfg.max_depth]
+    assert coord.dp_spends[-1]["total_epsilon"] == pytest.approx(4.0, rel=1e-6)
+    # the thresholds follow the rows: most roots split below the upper quarter of the range
+    model = coord.result()
+    roots = np.array([(t.feature[0], t.threshold[0]) for t in model.trees])
+    lo = np.array([cfg.feature_bounds[int(f)][0] for f in roots[:, 0]])
+    hi = np.array([cfg.feature_bounds[int(f)][1] for f in roots[:, 0]])
+    assert ((roots[:, 1] - lo) / (hi - lo) < 0.5).all()
+
+
+def test_a_random_dp_client_refuses_a_third_release() -> None:
+    """After the job's two releases, a server re-asks the last level's totals as a new question
+    (one more node): the client refuses, whatever the depth allows."""
+    cfg, ws = _random_dp_job(max_depth=4)
+    coord = Coordinator(cfg)
+    released = _run(coord, ws)
+    last = released[-1]
+    evil = Task(job_id=last.job_id, round_id=last.round_id + 1, kind=last.kind,
+                level=last.level, params={**last.params, "n_nodes": last.params["n_nodes"] + 1},
+                arrays={}, layout=(type(last.layout[0])(
+                    last.layout[0].name, (last.layout[0].shape[0] + 1,
+                                          *last.layout[0].shape[1:]),
+                    last.layout[0].kinds),), disclose=())
+    with pytest.raises(RefusedRequest, match="at most 2 noisy aggregates"):
+        ws[0].handle(evil)
+
+
+def test_random_splits_without_dp_count_the_marginals_once() -> None:
+    cfg, ws = _random_dp_job(profile="secure")
+    coord = Coordinator(cfg)
+    released = _run(coord, ws)
+    assert released[0].kind is TaskKind.HISTOGRAM and coord.accountant is None
+    assert coord.rounds_by_kind["histogram"] == 1
