@@ -14,8 +14,9 @@ takes to the classes, like scikit-learn's ``CRITERIA`` and ``SPLITTERS``:
 * ``exact``: every midpoint between distinct values (discloses them: open profile only);
 * ``histogram``: fixed-width bins on each feature's range (Kalloori et al.);
 * ``random``: no candidates are evaluated: every node splits on its first sampled feature at a
-  threshold drawn uniformly in its public box (:mod:`~fedforest_secure._random_splits`), so the
-  structure is data-independent and only the leaves' totals are released.
+  threshold drawn in its public box from the feature's pooled marginal counts (one counting
+  round at the first level, :mod:`~fedforest_secure._random_splits`); besides those counts only
+  the leaves' totals are released.
 
 Under differential privacy the candidates are fixed-width bins of each node's box whatever the
 method (:func:`box_grid`): they depend on public bounds and earlier splits only.

@@ -76,7 +76,7 @@ class ReleasePolicy:
             if config.feature_bounds is None:
                 raise ProfileError("the secure_cdf sketch needs public feature bounds "
                                    "(set them in the schema)")
-        #: random splits: the structure is data-independent, only the leaves' totals release
+        #: random splits: the marginal counts (level 0) and the leaves' totals release
         self.random_splits = config.method == "random"
         if self.random_splits and config.feature_bounds is None:
             raise ProfileError("method='random' draws thresholds inside the public feature "
@@ -108,7 +108,8 @@ class ReleasePolicy:
         """Whether a level's sketch round (``last``: of the last level) releases node totals.
         Under DP it releases nothing: node totals come from the (noisy) histogram of the same
         level and leaf values from the parent's, which saves budget. Random splits release
-        the leaves' totals only (the structure is data-independent)."""
+        the leaves' totals only (their thresholds come from the marginal counts of level 0's
+        histogram round)."""
         return last if self.random_splits else not self.dp
 
     @property

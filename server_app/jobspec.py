@@ -65,10 +65,12 @@ class ForestParams(BaseModel):
         "each site resamples its own rows per tree (client-stratified bootstrap); false: "
         "every tree sees every row"))
     n_bins: int = Field(default=32, ge=2, le=4096, description=(
-        "sketch size B: candidate thresholds per feature and node"))
+        "sketch size B: candidate thresholds per feature and node (method = \"random\": "
+        "fixed-width bins of the marginal counts the thresholds are drawn from)"))
     method: str = Field(default="quantiles", description=(
         'how split candidates are found: "quantiles" (the paper), "avgimp", "exact" (open '
-        'profile only), "histogram", "random" (data-independent splits, for DP)'))
+        'profile only), "histogram", "random" (random features, thresholds drawn from the '
+        'pooled marginal counts; for DP)'))
     top_l: int | None = Field(default=None, description=(
         'shortlist of L candidate features per node (with method = "avgimp")'))
     split_on_client: bool = Field(default=False, description=(

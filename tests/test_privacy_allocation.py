@@ -27,12 +27,17 @@ EPS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     (124, 13, 3, "classification"), (5000, 50, 10, "classification"),
     (300, 10, 0, "regression"), (8000, 8, 0, "regression")])
 def test_more_budget_never_makes_the_forest_shallower(n: int, d: int, c: int, task: str) -> None:
-    # random splits: the structure does not depend on epsilon at all
-    shapes = {dp_forest_settings(e, n, d, c, task) for e in EPS}
-    assert len(shapes) == 1
-    (shape,) = shapes
-    assert (shape.method, shape.n_estimators, shape.max_features) == ("random", 64, 1)
-    assert shape.max_depth == random_split_depth(n, task) and 3 <= shape.max_depth <= 8
+    # random splits: 64 trees, 32 marginal bins; the depth depends on the rows, and for
+    # regression also grows with epsilon (never past the rows' depth)
+    shapes = [dp_forest_settings(e, n, d, c, task) for e in EPS]
+    assert {(s.method, s.n_estimators, s.max_features, s.n_bins) for s in shapes} == {
+        ("random", 64, 1, 32)}
+    depths = [s.max_depth for s in shapes]
+    assert depths == sorted(depths) and 3 <= depths[0] and depths[-1] <= 8
+    assert depths == [random_split_depth(n, task, e) for e in EPS]
+    assert depths[-1] <= random_split_depth(n, task)
+    if task == "classification":
+        assert set(depths) == {random_split_depth(n, task)}
     # greedy splits: the depth grows with epsilon
     depths = [dp_forest_settings(e, n, d, c, task, method="histogram").max_depth for e in EPS]
     assert depths == sorted(depths) and 1 <= depths[0] and depths[-1] <= 3
@@ -129,3 +134,13 @@ def test_noise_plan_covers_the_missing_values_bin() -> None:
         assert block.shape[2] == cfg.n_bins + 1  # candidates' bins + the missing rows' bin
         planned = {b.name: b.dims for b in plan.releases[task.level].blocks}
         assert block.size <= planned["count"]
+
+
+def test_random_regression_depth_follows_the_leaf_noise() -> None:
+    """Random-split regression: small budgets get shallow trees (a leaf keeps about 16 standard
+    deviations of the averaged count noise), large ones the rows' depth."""
+    assert [random_split_depth(700, "regression", e) for e in (0.5, 1, 2, 4, 8)] == \
+        [3, 3, 3, 4, 5]
+    assert random_split_depth(700, "regression") == 6
+    assert random_split_depth(700, "regression", 1e6) == 6
+    assert random_split_depth(5000, "regression", 0.5) == 4

@@ -305,6 +305,8 @@ _RANDOM_ROWS_PER_LEAF = {"classification": 4.0, "regression": 8.0}
 _RANDOM_DEPTH = (3, 8)
 #: Random splits: fixed-width bins of the marginal counts the thresholds are drawn from.
 _MARGINAL_BINS = 32
+#: Random-split regression: rows per leaf per standard deviation of the averaged count noise.
+_REGRESSION_LEAF_NOISE = 16.0
 
 
 @dataclass(frozen=True)
@@ -337,10 +339,23 @@ def level_signal_to_noise(epsilon: float, delta: float, n_rows: int, n_classes: 
     return float(n_rows / cells / sigma)
 
 
-def random_split_depth(n_rows: int, task: str) -> int:
-    """Depth of the random-split trees: ``round(log2(n / r))`` clipped to [3, 8], with
-    ``r = 4`` rows per leaf for classification and 8 for regression (leaf means need more)."""
+def random_split_depth(n_rows: int, task: str, epsilon: float | None = None,
+                       delta: float = 1e-6) -> int:
+    """Depth of the random-split trees, clipped to [3, 8]: ``round(log2(n / r))`` with ``r = 4``
+    rows per leaf for classification and 8 for regression (leaf means need more).
+
+    Regression with a budget (``epsilon``): also at most ``round(log2(n / (c * s)))``, where
+    ``s = sqrt(4/3 / (2 rho_n))`` is the standard deviation of the count noise on a leaf
+    averaged over the trees (``rho_n``: the zCDP share of the leaves' counts, :data:`MARGINAL_SHARE`
+    and :data:`_RANDOM_REGRESSION_SHARES`) and ``c = 16``: a leaf's mean divides a noisy sum
+    (the target bound times the count noise) by its count, so small budgets need fewer, larger
+    leaves. The depth never decreases as epsilon grows."""
     d = math.floor(math.log2(max(n_rows, 1) / _RANDOM_ROWS_PER_LEAF[task]) + 0.5)
+    if task == "regression" and epsilon is not None:
+        rho_n = rho_for(epsilon, delta) * (1.0 - MARGINAL_SHARE) * _RANDOM_REGRESSION_SHARES[
+            "count"]
+        s = math.sqrt(_DISTRIBUTED_FACTOR / (2.0 * rho_n))
+        d = min(d, math.floor(math.log2(max(n_rows, 1) / (_REGRESSION_LEAF_NOISE * s)) + 0.5))
     return int(min(max(d, _RANDOM_DEPTH[0]), _RANDOM_DEPTH[1]))
 
 
@@ -380,7 +395,7 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     if task not in ("classification", "regression"):
         raise BudgetError(f"unknown task {task!r}")
     if method == "random":
-        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task),
+        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task, epsilon, delta),
                                 _MARGINAL_BINS, 1, method="random")
     if task == "classification":
         trees = 4 if epsilon < 2.0 else 8
