@@ -52,12 +52,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True) -> Path:
+def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True,
+                        database: str | None = None, audit_database: str | None = None
+                        ) -> Path:
+    """``out/server.toml`` for a server on 127.0.0.1:``port``; the databases default to the
+    SQLite files ``out/server.db`` and ``out/audit.db`` (any SQLAlchemy URL otherwise)."""
     path = out / "server.toml"
+    database = database or db_url(out / "server.db")
+    audit_database = audit_database or db_url(out / "audit.db")
     lines = [
         'host = "127.0.0.1"', f"port = {port}",
-        f'database = "sqlite:///{(out / "server.db").resolve()}"',
-        f'audit_database = "sqlite:///{(out / "audit.db").resolve()}"',
+        f'database = "{database}"',
+        f'audit_database = "{audit_database}"',
         "tick_seconds = 0.2", "", "[tls]",
         f'cert = "{(certs / "server.pem").resolve()}"',
         f'key = "{(certs / "server.key").resolve()}"',
@@ -66,6 +72,12 @@ def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True)
         lines.append(f'client_ca = "{(certs / "ca.pem").resolve()}"')
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def db_url(db: Path | str) -> str:
+    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file."""
+    text = str(db)
+    return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
 
 
 def _child_env() -> dict[str, str]:
@@ -252,10 +264,11 @@ def _audit_summary(db: Path, receipts: Path, job_id: str) -> dict[str, Any]:
             "receipts_checked": report.receipts_checked, "plaintext_entries": len(plain)}
 
 
-def _job_status(db_path: Path, job_id: str) -> dict[str, Any]:
+def _job_status(db: Path | str, job_id: str) -> dict[str, Any]:
+    """The job's status, read from the server's database (a SQLite path or any URL)."""
     from server_app.admin import ServerAdmin
 
-    with ServerAdmin(f"sqlite:///{db_path}") as admin:
+    with ServerAdmin(db_url(db)) as admin:
         job = admin.job(job_id)
     if job is None:
         raise FedForestError(f"job {job_id} not found")

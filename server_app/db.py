@@ -163,6 +163,10 @@ class Database:
         kwargs: dict[str, object] = {}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            # a connection per request thread that reads outside the server's lock (token
+            # look-ups, directory, task downloads): as many as the server's thread pool (40)
+            kwargs.update(pool_size=10, max_overflow=30, pool_pre_ping=True)
         self.url = url
         self.engine: Engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):

@@ -23,7 +23,7 @@ from .jobs import JobRuntime
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .rounds import secagg_step
 from .secure_round import SecureRound, parse_message, sender_of
-from .store import add_message, membership, stored_message
+from .store import add_message, membership, printable, stored_message
 
 __all__ = ["SecAggRelay"]
 
@@ -139,12 +139,13 @@ class SecAggRelay:
                         or idx in sr.dropped:
                     raise ApiError(403, "not_participant",
                                    f"this client is not a member of round {round_id}")
-                sr.refused[idx] = reason
+                why = printable(reason, 300)
+                sr.refused[idx] = why
                 sr.dropped.add(idx)
                 if stored_message(sess, job_id, round_id, "refuse", idx) is None:
-                    add_message(sess, job_id, round_id, "refuse", idx, reason)
+                    add_message(sess, job_id, round_id, "refuse", idx, why)
                 self.core.driver.drop(rt, sess, job, [idx], job.current_round,
-                                      reason=f"refused: {reason}")
+                                      reason=f"refused: {why}")
                 self.core.driver.progress_secure(rt, sess, job, rr)
             self.core.changes.notify(job_id)
             return {"job_id": job_id, "round_id": round_id, "recorded": True}

@@ -49,6 +49,7 @@ from .store import (
     member_at,
     member_indices,
     participants,
+    printable,
     round_dropped,
     uploads_of,
 )
@@ -227,6 +228,7 @@ class RoundDriver:
              rt: JobRuntime | None) -> None:
         """Stop the job with ``reason`` (audited as the abort of ``rr`` if given)."""
         self.changes.touch(job.id)
+        reason = printable(reason)
         job.status = JobStatus.FAILED
         job.reason = reason
         if rt is not None and rt.secure is not None:

@@ -20,6 +20,7 @@ from .phases import JobStatus, MemberState, RoundStatus
 __all__ = [
     "IDENTITY",
     "IDENTITY_CERT",
+    "printable",
     "add_dropped",
     "add_message",
     "clear_round_messages",
@@ -50,6 +51,14 @@ __all__ = [
 IDENTITY = "identity"
 #: the message stage of a client's identity certification (its TLS certificate and signature)
 IDENTITY_CERT = "identity-cert"
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` (cut to ``limit`` characters) with every control character but newline and tab
+    replaced by U+FFFD: a client's words stored in a text column (PostgreSQL's text cannot
+    hold NUL; no backend should store terminal escapes from a client)."""
+    cut = text if limit is None else text[:limit]
+    return "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in cut)
 
 
 def membership(sess: Session, client: ClientRow, job_id: str) -> tuple[JobRow, MemberRow]:

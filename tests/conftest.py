@@ -1,12 +1,16 @@
-"""Shared fixtures: a tiny federated table, dev certificates, a job spec, free ports."""
+"""Shared fixtures: a tiny federated table, dev certificates, a job spec, free ports, and
+databases on each backend (SQLite files; PostgreSQL in a throwaway cluster, marker
+``postgres``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pg_cluster import Cluster, PostgresUnavailable
 
 from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
 from fedforest_secure.pki import DevPKI, init_dev_pki
@@ -50,3 +54,41 @@ def dev_pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevPKI]:
 def job_dir():  # type: ignore[no-untyped-def]
     """The :func:`make_job_dir` helper, as a fixture (tests are not a package)."""
     return make_job_dir
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One throwaway PostgreSQL cluster per test process (see tests/pg_cluster.py)."""
+    try:
+        cluster = Cluster()
+    except PostgresUnavailable as exc:
+        if os.environ.get("FEDFOREST_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required here (FEDFOREST_REQUIRE_POSTGRES=1): {exc}")
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """The database backend a test runs on: every test using it runs once per backend."""
+    return str(request.param)
+
+
+@pytest.fixture()
+def make_db_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest
+                ) -> Callable[[str], str]:
+    """``make_db_url(name)``: the SQLAlchemy URL of a new, empty database on the test's
+    backend (a SQLite file ``<tmp_path>/<name>.db``, or a new PostgreSQL database)."""
+    if db_backend == "sqlite":
+        return lambda name: f"sqlite:///{tmp_path / name}.db"
+    cluster: Cluster = request.getfixturevalue("pg_cluster")
+    return lambda name: cluster.new_database(name.replace("-", "_")[:20])
+
+
+@pytest.fixture()
+def db_url(make_db_url: Callable[[str], str]) -> str:
+    """A new server database on the test's backend."""
+    return make_db_url("server")

@@ -138,8 +138,8 @@ def test_naive_clock_is_refused() -> None:
     np.zeros((0, 3)),
     np.array(7.5),
 ])
-def test_arrays_are_stored_and_read_back(array: np.ndarray) -> None:
-    with AuditLog.in_memory() as log:
+def test_arrays_are_stored_and_read_back(array: np.ndarray, db_url: str) -> None:
+    with AuditLog(db_url) as log:
         log.append("j", EntryKind.DISCLOSURE, {"client": "a", "item": "x"}, {"data": array})
         entry = log.entries()[0]
         back = log.array(entry, "data")
@@ -148,8 +148,8 @@ def test_arrays_are_stored_and_read_back(array: np.ndarray) -> None:
     assert back.dtype.newbyteorder("=") == array.dtype.newbyteorder("=")
 
 
-def test_read_filters_and_round_ids() -> None:
-    with AuditLog.in_memory() as log:
+def test_read_filters_and_round_ids(db_url: str) -> None:
+    with AuditLog(db_url) as log:
         rec = log.job("j")
         rec.client_joined("a")
         rec.abstained(count=2, round_id=3)
@@ -162,8 +162,8 @@ def test_read_filters_and_round_ids() -> None:
         assert log.entries()[1].round_id == 3 and log.entries()[0].round_id is None
 
 
-def test_expected_head_is_a_compare_and_swap() -> None:
-    with AuditLog.in_memory() as log:
+def test_expected_head_is_a_compare_and_swap(db_url: str) -> None:
+    with AuditLog(db_url) as log:
         h1 = log.append("j", EntryKind.CLIENT_JOINED, {"client": "a"}, expected_head=GENESIS)
         with pytest.raises(AuditError, match="head"):
             log.append("j", EntryKind.CLIENT_JOINED, {"client": "b"}, expected_head=GENESIS)
@@ -177,8 +177,8 @@ def test_api_offers_no_update_or_delete() -> None:
     assert not [n for n in names if any(b in n for b in banned)]
 
 
-def test_unique_job_seq_makes_a_racing_insert_fail(tmp_path: Path) -> None:
-    with AuditLog(tmp_path / "a.db") as log:
+def test_unique_job_seq_makes_a_racing_insert_fail(db_url: str) -> None:
+    with AuditLog(db_url) as log:
         log.append("j", EntryKind.CLIENT_JOINED, {"client": "a"})
         e = log.entries()[0]
         with pytest.raises(IntegrityError), log.engine.begin() as conn:
@@ -197,9 +197,8 @@ def _hammer(log: AuditLog, who: str, n: int, errors: list[BaseException]) -> Non
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_concurrent_appends_make_one_chain(tmp_path: Path, shared: bool) -> None:
-    path = tmp_path / "race.db"
-    logs = [AuditLog(path)] * 2 if shared else [AuditLog(path), AuditLog(f"sqlite:///{path}")]
+def test_concurrent_appends_make_one_chain(db_url: str, shared: bool) -> None:
+    logs = [AuditLog(db_url)] * 2 if shared else [AuditLog(db_url), AuditLog(db_url)]
     errors: list[BaseException] = []
     threads = [threading.Thread(target=_hammer, args=(log, who, 40, errors))
                for log, who in zip(logs, ("x", "y"), strict=True)]

@@ -102,9 +102,9 @@ def full_snapshot(env: dict[str, Any]) -> tuple[Any, ...]:
 
 
 @pytest.fixture()
-def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict[str, Any]]:
+def env(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict[str, Any]]:
     parts, feat = tiny_parts
-    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     outsider = add_client(db, "outsider")
     audit = _Recorder()

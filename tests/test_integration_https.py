@@ -1,4 +1,5 @@
-"""Real uvicorn server (TLS, mTLS) and real client processes on 127.0.0.1."""
+"""Real uvicorn server (TLS, mTLS) and real client processes on 127.0.0.1, with the server's
+database and the audit log on each backend (SQLite files, PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from fedforest_cli.sim_data import SiteData
 from fedforest_cli.simulate import (
     _job_status,
     collect_receipts,
+    db_url,
     free_port,
     start_client,
     start_server,
@@ -45,18 +47,28 @@ class Fed:
     sites: list[SiteData]
     job_toml: Path
     parts: list
+    db_url: str
+    audit_url: str
     profile: str = "open"  # the job's profile, which every client pins with --profile
+    #: every process launched for this federation (stopped by :func:`stop_all`)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
 def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
-              min_clients: int | None = None, profile: str = "open") -> Fed:
+              min_clients: int | None = None, profile: str = "open",
+              make_db_url=None) -> Fed:
+    """A job with its sites, certificates and server configuration; the databases are
+    ``make_db_url("server")`` and ``make_db_url("audit")`` (default: SQLite files in root)."""
     job_toml = job_dir(root, parts, feat, n_clients=n_clients, deadline=deadline,
                        min_clients=min_clients, profile=profile)
     names = [f"client-{k}" for k in range(n_clients)]
     certs = root / "certs"
     init_dev_pki(certs, n_clients, client_names=names)
     port = free_port()
-    server_toml = write_server_config(root, port, certs)
+    urls = ((make_db_url("server"), make_db_url("audit")) if make_db_url is not None
+            else (db_url(root / "server.db"), db_url(root / "audit.db")))
+    server_toml = write_server_config(root, port, certs, database=urls[0],
+                                      audit_database=urls[1])
     settings = load_settings(server_toml)
     db = Database(settings.database)
     tokens = [add_client(db, n) for n in names]
@@ -67,25 +79,25 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
              for k, (n, t) in enumerate(zip(names, tokens, strict=True))]
     return Fed(root, f"https://127.0.0.1:{port}", certs, server_toml, sites, job_toml,
-               parts[:n_clients], profile)
+               parts[:n_clients], urls[0], urls[1], profile)
 
 
 def launch_server(fed: Fed) -> subprocess.Popen[bytes]:
     proc = start_server(fed.server_toml, fed.root / "server.log")
-    try:  # a loaded machine can take a while to import and start the server
-        wait_healthy(fed.url, fed.certs / "ca.pem", proc, timeout=120.0,
-                     cert=fed.certs / "client-0.pem", key=fed.certs / "client-0.key")
-    except BaseException:
-        stop(proc)  # never leave a server process behind a failed start
-        raise
+    fed.procs.append(proc)
+    # generous: a server's imports take long on a loaded machine
+    wait_healthy(fed.url, fed.certs / "ca.pem", proc, timeout=180,
+                 cert=fed.certs / "client-0.pem", key=fed.certs / "client-0.key")
     return proc
 
 
-def launch_client(fed: Fed, k: int) -> subprocess.Popen[bytes]:
+def launch_client(fed: Fed, k: int, job: str = "job-a") -> subprocess.Popen[bytes]:
     s = fed.sites[k]
-    return start_client(s, fed.url, "job-a", fed.certs, fed.root / "state" / s.name,
+    proc = start_client(s, fed.url, job, fed.certs, fed.root / "state" / s.name,
                         fed.root / f"{s.name}.log", fed.root / f"{s.name}.model.json",
                         profile=fed.profile)
+    fed.procs.append(proc)
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -96,6 +108,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def stop_all(fed: Fed) -> None:
+    """Stop every process launched for ``fed`` that still runs (clients first)."""
+    for proc in reversed(fed.procs):
+        stop(proc)
 
 
 def trees(model: ForestModel) -> dict:
@@ -110,25 +128,25 @@ def reference(fed: Fed) -> ForestModel:
     return run_in_process(config, [(X.astype(float), y) for X, y in fed.parts])
 
 
-def wait_round(fed: Fed, at_least: int, timeout: float = 240) -> None:
+def wait_round(fed: Fed, at_least: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        st = _job_status(fed.root / "server.db", "job-a")
+        st = _job_status(fed.db_url, "job-a")
         if st["round"] >= at_least or st["status"] in ("done", "failed"):
             return
         time.sleep(0.05)
     raise AssertionError("the job did not reach the round in time")
 
 
-def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir) -> None:
+def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
-    server = launch_server(fed)
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, make_db_url=make_db_url)
     try:
+        launch_server(fed)
         clients = [launch_client(fed, k) for k in range(3)]
-        codes = [c.wait(120) for c in clients]
+        codes = [c.wait(600) for c in clients]
     finally:
-        stop(server)
+        stop_all(fed)
     assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
     got = ForestModel.from_json((fed.root / "client-1.model.json").read_text())
     assert trees(got) == trees(reference(fed))
@@ -137,32 +155,33 @@ def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir) -> Non
     # the audit log verifies against every client's receipts, replays (tasks and model follow
     # from the logged aggregates and disclosures), and shows the open profile's per-client
     # plaintext: unmasked rounds and the disclosed quantile sketches
-    report = verify_log(fed.root / "audit.db", receipts_dir=collect_receipts(
+    report = verify_log(fed.audit_url, receipts_dir=collect_receipts(
         fed.root, fed.root / "state"), replay=True)
     assert report.ok, report.problems
     assert report.receipts_checked == 3 * len(receipts) + 3  # one model receipt per client
-    with AuditLog(fed.root / "audit.db", create=False) as log:
+    with AuditLog(fed.audit_url, create=False) as log:
         plain = contains_per_client_plaintext(log, "job-a")
     assert {e.kind for e in plain} == {"round", "disclosure"}
 
 
 def test_client_killed_mid_job_is_dropped_and_training_completes(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=3.0, min_clients=3)
-    server = launch_server(fed)
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=3.0, min_clients=3,
+                    make_db_url=make_db_url)
     try:
+        launch_server(fed)
         clients = [launch_client(fed, k) for k in range(5)]
         wait_round(fed, 3)
         os.kill(clients[4].pid, signal.SIGKILL)
-        codes = [c.wait(120) for c in clients[:4]]
+        codes = [c.wait(600) for c in clients[:4]]
         clients[4].wait(5)
     finally:
-        stop(server)
+        stop_all(fed)
     assert codes == [0, 0, 0, 0]
-    st = _job_status(fed.root / "server.db", "job-a")
+    st = _job_status(fed.db_url, "job-a")
     assert st["status"] == "done"
-    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    db = Database(fed.db_url)
     from server_app.db import MemberRow
 
     with db.session() as s:
@@ -172,22 +191,20 @@ def test_client_killed_mid_job_is_dropped_and_training_completes(
 
 
 def test_server_restart_mid_job_gives_the_same_model(tmp_path: Path, tiny_parts,
-                                                     job_dir) -> None:
+                                                     job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
-    server = launch_server(fed)
-    clients = [launch_client(fed, k) for k in range(3)]
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, make_db_url=make_db_url)
     try:
+        server = launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
         wait_round(fed, 4)
         server.send_signal(signal.SIGKILL)
         server.wait()
         time.sleep(0.5)
         server = launch_server(fed)
-        codes = [c.wait(120) for c in clients]
+        codes = [c.wait(600) for c in clients]
     finally:
-        stop(server)
-        for c in clients:
-            stop(c)
+        stop_all(fed)
     assert codes == [0, 0, 0]
     got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
     assert trees(got) == trees(reference(fed))

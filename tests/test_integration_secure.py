@@ -1,21 +1,23 @@
-"""Secure aggregation over HTTPS: real uvicorn server (TLS, mTLS) and real client processes."""
+"""Secure aggregation over HTTPS: real uvicorn server (TLS, mTLS) and real client processes,
+with the server's database and the audit log on each backend (SQLite files, PostgreSQL)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from test_integration_https import (
     _job_status,
     launch_client,
     launch_server,
     reference,
     setup_fed,
-    stop,
+    stop_all,
     trees,
     wait_round,
 )
@@ -29,28 +31,29 @@ from server_app.db import Database, MemberRow
 pytestmark = pytest.mark.integration
 
 
-def _round_entries(db: Path) -> list:
+def _round_entries(db: str) -> list:
     with AuditLog(db, create=False) as log:
         return [e for e in log.entries(job_id="job-a") if e.kind == "round"]
 
 
 def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure")
-    server = launch_server(fed)
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure",
+                    make_db_url=make_db_url)
     try:
+        launch_server(fed)
         clients = [launch_client(fed, k) for k in range(3)]
-        codes = [c.wait(180) for c in clients]
+        codes = [c.wait(600) for c in clients]
     finally:
-        stop(server)
+        stop_all(fed)
     assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
     got = ForestModel.from_json((fed.root / "client-2.model.json").read_text())
     assert trees(got) == trees(reference(fed))  # the in-process run also masks (same profile)
     receipts = collect_receipts(fed.root, fed.root / "state")
-    report = verify_log(fed.root / "audit.db", receipts_dir=receipts, replay=True)
+    report = verify_log(fed.audit_url, receipts_dir=receipts, replay=True)
     assert report.ok, report.problems
-    rounds = _round_entries(fed.root / "audit.db")
+    rounds = _round_entries(fed.audit_url)
     assert rounds and report.receipts_checked == 3 * len(rounds) + 3  # and 3 model receipts
     assert all(e.payload["masked"] is True for e in rounds)
     assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
@@ -59,7 +62,7 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     assert all(set(e.arrays) == {"aggregate"} and isinstance(e.payload["task_arrays"], dict)
                for e in rounds)
     assert all(e.payload["task_arrays"] for e in rounds[1:])
-    with AuditLog(fed.root / "audit.db", create=False) as log:
+    with AuditLog(fed.audit_url, create=False) as log:
         assert contains_per_client_plaintext(log, "job-a") == []
         joined = [e for e in log.entries(job_id="job-a") if e.kind == "client_joined"]
         splits = [s for e in log.entries(job_id="job-a") if e.kind == "split"
@@ -72,12 +75,13 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
 
 
 def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
+    # deadline: each step's; generous for a loaded CI box
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=15.0, min_clients=3,
-                    profile="secure")  # each step's deadline; generous for a loaded CI box
-    server = launch_server(fed)
+                    profile="secure", make_db_url=make_db_url)
     try:
+        launch_server(fed)
         clients = [launch_client(fed, k) for k in range(5)]
         wait_round(fed, 3)
         os.kill(clients[4].pid, signal.SIGKILL)
@@ -86,10 +90,10 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
         # that died with the old process, and says so (or, if its deadline has passed
         # already, that it was dropped)
         restarted = launch_client(fed, 4)
-        codes = [c.wait(180) for c in clients[:4]]
-        restarted_code = restarted.wait(60)
+        codes = [c.wait(600) for c in clients[:4]]
+        restarted_code = restarted.wait(300)
     finally:
-        stop(server)
+        stop_all(fed)
     assert codes == [0, 0, 0, 0], [(fed.root / f"client-{k}.log").read_text()
                                    for k in range(4)]
     for k in range(4):  # every other site is told, once, that client-4 was dropped
@@ -99,81 +103,80 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     assert restarted_code != 0
     assert RESTARTED_SECURE in log4 or "was dropped at round" in log4, log4
     assert "arrived in stage" not in log4
-    st = _job_status(fed.root / "server.db", "job-a")
+    st = _job_status(fed.db_url, "job-a")
     assert st["status"] == "done", st["reason"]
-    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    db = Database(fed.db_url)
     with db.session() as s:
         states = {m.client_index: m.state for m in s.query(MemberRow)}
     db.dispose()
     assert states[4] == "dropped" and all(states[k] == "active" for k in range(4))
-    rounds = _round_entries(fed.root / "audit.db")
+    rounds = _round_entries(fed.audit_url)
     assert "client-4" not in rounds[-1].payload["clients"]
     assert all(e.payload["masked"] is True for e in rounds)
-    report = verify_log(fed.root / "audit.db",
+    report = verify_log(fed.audit_url,
                         receipts_dir=collect_receipts(fed.root, fed.root / "state"),
                         replay=True)
     assert report.ok, report.problems
 
 
-def _open_phase(db: Path) -> tuple[int, str, str]:
-    """(current round, its phase, job status), read straight from the server's SQLite file."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+def _open_phase(engine: Engine) -> tuple[int, str, str]:
+    """(current round, its phase, job status), read straight from the server's database."""
     try:
-        row = con.execute("SELECT j.current_round, r.phase, j.status FROM jobs j LEFT JOIN "
-                          "rounds r ON r.job_id = j.id AND r.round_id = j.current_round "
-                          "WHERE j.id = 'job-a'").fetchone()
-    except sqlite3.OperationalError:  # the server has not created its tables yet
+        with engine.connect() as con:
+            row = con.execute(text(
+                "SELECT j.current_round, r.phase, j.status FROM jobs j LEFT JOIN rounds r ON "
+                "r.job_id = j.id AND r.round_id = j.current_round WHERE j.id = 'job-a'")).first()
+    except (OperationalError, ProgrammingError):  # the server has not created its tables yet
         row = None
-    finally:
-        con.close()
     return (-1, "", "") if row is None else (int(row[0]), str(row[1] or ""), str(row[2]))
 
 
 def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     """SIGKILL the server while a secure round collects unmask shares (the other steps are
     covered in-process by tests/test_server_secagg_api.py), restart it, and finish."""
     phase = "unmask"
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure")
-    server = launch_server(fed)
-    clients = [launch_client(fed, k) for k in range(3)]
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure",
+                    make_db_url=make_db_url)
+    watch = create_engine(fed.db_url)
     try:
-        deadline = time.monotonic() + 120
+        server = launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        deadline = time.monotonic() + 600
         seen = (-1, "", "")
         while time.monotonic() < deadline:  # kill inside a secure round's `phase` step
-            seen = _open_phase(fed.root / "server.db")
+            seen = _open_phase(watch)
             if seen[2] != "running" and seen[0] > 0 or seen[0] >= 3 and seen[1] == phase:
                 break
             time.sleep(0.002)
         assert seen[2] == "running" and seen[1] == phase, f"never caught phase {phase}: {seen}"
         server.send_signal(signal.SIGKILL)
         server.wait()
-        killed_at = _open_phase(fed.root / "server.db")
+        killed_at = _open_phase(watch)
         time.sleep(1.0)  # the clients' requests fail meanwhile; they back off and retry
         server = launch_server(fed)
-        codes = [c.wait(180) for c in clients]
+        codes = [c.wait(600) for c in clients]
     finally:
-        stop(server)
-        for c in clients:
-            stop(c)
+        watch.dispose()
+        stop_all(fed)
     assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
-    st = _job_status(fed.root / "server.db", "job-a")
+    st = _job_status(fed.db_url, "job-a")
     assert st["status"] == "done", st["reason"]
     got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
     assert trees(got) == trees(reference(fed))  # equal to the uninterrupted in-process run
     log = (fed.root / "server.log").read_text()
     assert (f"event=resume job=job-a round={killed_at[0]} phase={killed_at[1]}" in log), \
         log[-2000:]
-    db = Database(f"sqlite:///{fed.root / 'server.db'}")
+    db = Database(fed.db_url)
     with db.session() as s:
         assert all(m.state == "active" for m in s.query(MemberRow))  # nobody was dropped
     db.dispose()
-    rounds = _round_entries(fed.root / "audit.db")
+    rounds = _round_entries(fed.audit_url)
     assert [e.payload["round_id"] for e in rounds] == sorted({e.payload["round_id"]
                                                              for e in rounds})
     assert all(e.payload["secagg"]["recovered"] == [] for e in rounds)
-    report = verify_log(fed.root / "audit.db",
+    report = verify_log(fed.audit_url,
                         receipts_dir=collect_receipts(fed.root, fed.root / "state"),
                         replay=True)
     assert report.ok, report.problems

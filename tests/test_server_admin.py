@@ -18,10 +18,11 @@ from server_app.settings import ConfigError
 K = 3
 
 
-def test_register_create_and_follow_a_job(tmp_path: Path, tiny_parts, job_dir) -> None:
+def test_register_create_and_follow_a_job(tmp_path: Path, tiny_parts, job_dir,
+                                          make_db_url) -> None:
     parts, feat = tiny_parts
     spec = load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K))
-    url, audit = f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "audit.db"
+    url, audit = make_db_url("server"), make_db_url("audit")
     with ServerAdmin(url, str(audit)) as admin:
         with pytest.raises(ConfigError, match="unknown clients"):
             admin.create_job(spec)

@@ -33,10 +33,10 @@ K = 3
 
 
 @pytest.fixture()
-def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+def env(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K)
-    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     outsider = add_client(db, "outsider")
     state = ServerState(db, NullAudit())

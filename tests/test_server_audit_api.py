@@ -21,13 +21,14 @@ with warnings.catch_warnings():
 
 
 def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=3)
-    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    db = Database(make_db_url("server"))
     tokens = [add_client(db, f"client-{k}") for k in range(3)]
     outsider = add_client(db, "outsider")
-    audit = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    audit_url = make_db_url("audit")
+    audit = open_audit(audit_url)
     state = ServerState(db, audit)
     state.create_job(load_job_spec(job_toml))
     app = create_app(db, state=state, tick_seconds=60)
@@ -41,7 +42,7 @@ def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
         entries = [entry for entry, _blobs in read_jsonl(r.text.splitlines())]
         assert [e.kind for e in entries][:4] == ["job_created"] + ["client_joined"] * 3
         assert verify_entries(entries).ok  # the served copy verifies on its own
-        with AuditLog(tmp_path / "audit.db", create=False) as log:
+        with AuditLog(audit_url, create=False) as log:
             assert [e.hash for e in entries] == [e.hash for e in log.entries(job_id="job-a")]
         denied = http.get("/v1/jobs/job-a/audit", headers={"Authorization": f"Bearer {outsider}"})
         assert denied.status_code == 404 and denied.json()["error"] == "unknown_job"

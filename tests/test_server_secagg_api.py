@@ -47,11 +47,11 @@ class Clock:
 
 
 @pytest.fixture()
-def env(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict]:
+def env(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile="secure",
                        deadline=30.0)
-    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     clock = Clock()
     state = ServerState(db, NullAudit(), clock=clock)
@@ -369,3 +369,23 @@ def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: di
     env["clock"].now += 2
     assert offer(env, 0)["action"] == "sign"  # the deadline moved the round on...
     assert offer(env, 3)["status"] == "dropped"  # ...and dropped the late client
+
+
+def test_a_refusal_reason_with_a_nul_character_is_recorded_without_it(env: dict) -> None:
+    """PostgreSQL text cannot hold NUL: a reason carrying one must not break the request, the
+    job's status or the round's stored messages on any backend."""
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    r2 = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, 1),
+                          json={"reason": "bad\u0000reason\u0007"})
+    assert r2.status_code == 200, r2.text
+    assert offer(env, 1)["status"] == "dropped"
+    r3 = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, 2),
+                          json={"reason": "\u0000" * 5})
+    assert r3.status_code == 200, r3.text
+    for k in (0, 3):
+        post(env, k, r, "advert", sa[k].advertise(r).model_dump_json())
+    o = offer(env, 0)
+    assert o["status"] == "failed" and "bad\ufffdreason\ufffd" in o["detail"], o
+    assert "\u0000" not in o["detail"]
