@@ -23,10 +23,10 @@ client joined: exactly ``n_clients`` identities (the job configuration the site 
 and its own key among them; a session given the federation CA (a site with a TLS client
 certificate) also requires every identity to be certified by a certificate that CA issued
 (:mod:`fedforest_secure.secagg.directory`), so the server cannot add identities of its own.
-The threshold comes from the job's privacy profile (the site's pinned profile when it pinned
-one), the fewest survivors from the profile's ``min_clients`` and the ``K_min`` of its DP noise;
-profiles have no sparse-graph setting, so the session always uses the complete graph and
-refuses a round that announces another.
+The threshold and the graph (``neighbours``: None for the complete graph, ``k`` for the
+SecAgg+ sparse graph) come from the job's privacy profile (the site's pinned profile when it
+pinned one), the fewest survivors from the profile's ``min_clients`` and the ``K_min`` of its
+DP noise; a round that announces another threshold or graph is refused.
 """
 
 from __future__ import annotations
@@ -131,9 +131,13 @@ class SecAggSession:
         threshold = self.config.profile.get("threshold", 0.67)
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise ProtocolError(f"the job's profile has no valid threshold ({threshold!r})")
+        neighbours = self.config.profile.get("neighbours")
+        if neighbours is not None and (isinstance(neighbours, bool)
+                                       or not isinstance(neighbours, int)):
+            raise ProtocolError(f"the job's profile has no valid graph ({neighbours!r})")
         try:
             self.client = SecAggClient(self.index, self.job, self.identity, directory,
-                                       n_clients=n, threshold=threshold, neighbours=None,
+                                       n_clients=n, threshold=threshold, neighbours=neighbours,
                                        min_survivors=unmask_floor(self.config))
         except ValueError as exc:
             raise RefusedRequest(f"refusing secure aggregation in job {self.job}: {exc}") from exc

@@ -161,7 +161,7 @@ class RoundDriver:
         try:
             while True:
                 phase = sr.phase
-                if sr.missing() and not force:
+                if not force and not sr.complete():
                     return
                 force = False
                 if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out

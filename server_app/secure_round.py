@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import BaseModel
 
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.secagg import (
@@ -91,6 +92,18 @@ class SecureRound:
     request: UnmaskRequest | None = None
     dropped: set[int] = field(default_factory=set)
     refused: dict[int, str] = field(default_factory=dict)
+    #: the JSON of the messages every client of a phase gets (setup, survivor set, unmask
+    #: request), made once: serialising an O(K) message for each of K clients costs O(K^2)
+    _wire: dict[str, str] = field(default_factory=dict, repr=False)
+    #: the clients the open phase expects, made once per phase
+    _expected: tuple[ServerStage, frozenset[int]] | None = field(default=None, repr=False)
+
+    def wire(self, key: str, msg: BaseModel) -> str:
+        """``msg`` as JSON, made once per round and ``key``."""
+        text = self._wire.get(key)
+        if text is None:
+            text = self._wire[key] = msg.model_dump_json()
+        return text
 
     @property
     def phase(self) -> Phase:
@@ -108,7 +121,21 @@ class SecureRound:
     def expected(self) -> frozenset[int]:
         """The clients the open phase waits for (none once the round finished or aborted)."""
         ops = self._ops()
-        return ops.expected(self) if ops is not None else frozenset()
+        if ops is None:
+            return frozenset()
+        if self._expected is None or self._expected[0] is not ops.stage:
+            self._expected = (ops.stage, ops.expected(self))  # fixed while the phase is open
+        return self._expected[1]
+
+    def owes(self, idx: int) -> bool:
+        """Whether the open phase still waits for client ``idx`` (O(1))."""
+        return (idx not in self.dropped and idx in self.expected()
+                and not self.server.has_answered(idx))
+
+    def complete(self) -> bool:
+        """Whether every client the open phase expects answered or was dropped (stops at the
+        first that did not)."""
+        return not any(self.owes(idx) for idx in self.expected())
 
     def responded(self) -> frozenset[int]:
         ops = self._ops()
@@ -148,7 +175,7 @@ class SecureRound:
 
     def action_for(self, idx: int) -> tuple[str, str | None]:
         """``(action, message JSON)`` for client ``idx``: what it must send now, or ``wait``."""
-        if idx in self.dropped or idx not in self.missing():
+        if not self.owes(idx):
             return "wait", None
         return _PHASES[self.phase].action(self, idx)
 
@@ -192,7 +219,7 @@ def _close_signatures(sr: SecureRound) -> None:
 
 
 def _share_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
-    return ("share", sr.setup.model_dump_json()) if sr.setup is not None else ("wait", None)
+    return ("share", sr.wire("setup", sr.setup)) if sr.setup is not None else ("wait", None)
 
 
 def _upload_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
@@ -201,12 +228,12 @@ def _upload_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
 
 
 def _sign_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
-    return (("sign", sr.survivor_set.model_dump_json()) if sr.survivor_set is not None
+    return (("sign", sr.wire("sign", sr.survivor_set)) if sr.survivor_set is not None
             else ("wait", None))
 
 
 def _unmask_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
-    return (("unmask", sr.request.model_dump_json()) if sr.request is not None
+    return (("unmask", sr.wire("unmask", sr.request)) if sr.request is not None
             else ("wait", None))
 
 

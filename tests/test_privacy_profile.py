@@ -101,6 +101,9 @@ def test_overrides() -> None:
         ("secure", {"epsilon": 1.0}, "has no [dp] section"),
         ("secure", {"epsilon_total": 1.0}, "unknown profile override(s) ['epsilon_total']"),
         ("secure", {"name": ""}, "name must not be empty"),
+        ("open", {"neighbours": 4}, "neighbours (the SecAgg+ graph) needs secure_aggregation"),
+        ("secure", {"neighbours": 1}, "neighbours must be >= 2"),
+        ("secure", {"neighbours": True}, "neighbours"),
     ],
 )
 def test_rejects(name: str, overrides: dict[str, Any], needle: str) -> None:
@@ -150,6 +153,17 @@ def test_frozen() -> None:
     p = load_profile("secure")
     with pytest.raises(pydantic.ValidationError):
         p.threshold = 0.5  # type: ignore[misc]
+
+
+def test_the_secagg_plus_graph_is_a_profile_setting_and_absent_from_complete_graph_dicts(
+        tmp_path: Path) -> None:
+    plus = load_profile("secure", neighbours=8)
+    assert plus.neighbours == 8 and plus.to_dict()["neighbours"] == 8
+    assert "neighbours" not in load_profile("secure").to_dict()
+    p = tmp_path / "plus.toml"
+    p.write_text(plus.to_toml(), encoding="utf-8")
+    assert load_profile(p) == plus
+    assert PrivacyProfile.from_dict(plus.to_dict()) == plus
 
 
 def test_dict_roundtrip_is_json_safe() -> None:

@@ -13,6 +13,7 @@ from nacl.signing import SigningKey
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
+from fedforest_secure.privacy import load_profile
 from fedforest_secure.protocol import Task, make_upload
 from fedforest_secure.secagg import (
     RoundSetup,
@@ -48,8 +49,20 @@ class Clock:
 
 @pytest.fixture()
 def env(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
+    yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure")
+
+
+@pytest.fixture()
+def env_plus(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
+    """A job whose profile (the sites' own) asks for the SecAgg+ graph of 2 neighbours."""
+    plus = tmp_path / "secure-plus.toml"
+    plus.write_text(load_profile("secure", name="secure-plus", neighbours=2).to_toml())
+    yield from _env(tmp_path, tiny_parts, job_dir, db_url, str(plus))
+
+
+def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str) -> Iterator[dict]:
     parts, feat = tiny_parts
-    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile="secure",
+    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile=profile,
                        deadline=30.0)
     db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
@@ -80,6 +93,7 @@ def join_all(env: dict) -> tuple[JobConfig, dict[int, SecAggClient]]:
     directory = {int(i): bytes.fromhex(v) for i, v in d["keys"].items()}
     return config, {k: SecAggClient(k, "job-a", keys[k], directory, n_clients=K,
                                     threshold=config.profile["threshold"],
+                                    neighbours=config.profile.get("neighbours"),
                                     min_survivors=unmask_floor(config)) for k in range(K)}
 
 
@@ -177,6 +191,45 @@ def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None
     # steady state: the next round's adverts rode on the unmask responses
     o = offer(env, 0)
     assert o["round_id"] == r + 1 and o["action"] == "share"
+
+
+def test_a_secagg_plus_round_over_the_api_routes_shares_between_neighbours_only(
+        env_plus: dict) -> None:
+    env = env_plus
+    config, sa = join_all(env)
+    assert config.profile["neighbours"] == 2
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    for k in range(K):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code == 200
+    for k in range(K):
+        setup = parse(RoundSetup, offer(env, k)["message"])
+        assert setup.neighbours == 2  # the graph of the job's profile, announced to everyone
+        assert post(env, k, r, "shares", sa[k].share_keys(setup).model_dump_json()
+                    ).status_code == 200
+    for k in range(K):
+        delivery = parse(ShareDelivery, offer(env, k)["message"])
+        assert len(delivery.ciphertexts) == 2 and k not in delivery.ciphertexts
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in range(K):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+
+
+def test_every_client_of_a_phase_gets_the_one_serialised_broadcast(env: dict) -> None:
+    """The setup, survivor set and unmask request go to every client: the server makes their
+    JSON once per round, not once per client (O(K) work for an O(K) message, not O(K^2))."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    for k in range(K):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code == 200
+    sr = env["state"].runtimes.get("job-a").secure.current
+    made = [sr.action_for(k)[1] for k in range(K)]
+    assert made[0] is not None and all(m is made[0] for m in made)
 
 
 def test_bad_secagg_messages_are_rejected_and_change_nothing(env: dict) -> None:

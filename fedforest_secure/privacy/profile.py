@@ -126,6 +126,12 @@ class PrivacyProfile(BaseModel):
         Fractional bits of the fixed-point encoding of real-valued sums (0..40).
     min_clients : int
         Sums over fewer clients are refused (default 3 with secure aggregation, else 1).
+    neighbours : int or None
+        Secure aggregation's graph: None shares masks between every pair of a round's clients
+        (the complete graph); an int ``k >= 2`` is the SecAgg+ sparse graph, each client sharing
+        with ``~k`` neighbours drawn from the round's public seed, so a client's cost grows with
+        ``k`` rather than with the number of clients (choose ``k`` of order ``log2 K``; see
+        docs/privacy.md). Needs ``secure_aggregation = true``.
     site_metrics : bool
         An evaluation job may ask this site for its own evaluation statistics in the clear
         (per-site metrics); false: the site sends them only inside the secure sum. Not with
@@ -147,6 +153,7 @@ class PrivacyProfile(BaseModel):
     fixed_point: bool = False
     frac_bits: int = 24
     min_clients: int = 1
+    neighbours: int | None = None
     site_metrics: bool = False
     description: str = ""
 
@@ -184,6 +191,11 @@ class PrivacyProfile(BaseModel):
                 )
             if self.min_clients < 2:
                 raise ValueError("secure_aggregation = true needs min_clients >= 2")
+        if self.neighbours is not None:
+            if not self.secure_aggregation:
+                raise ValueError("neighbours (the SecAgg+ graph) needs secure_aggregation = true")
+            if self.neighbours < 2:
+                raise ValueError(f"neighbours must be >= 2, got {self.neighbours}")
         if self.h_splits == "noisy" and self.dp is None:
             raise ValueError('h_splits = "noisy" needs a [dp] section for the noise scale')
         if self.dp is not None:
@@ -236,8 +248,12 @@ class PrivacyProfile(BaseModel):
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a JSON-ready mapping (for model files)."""
-        return self.model_dump(mode="json")
+        """All fields as a JSON-ready mapping (for model files); ``neighbours`` only when set,
+        so the mapping of a complete-graph profile holds no graph key."""
+        out = self.model_dump(mode="json")
+        if out.get("neighbours") is None:
+            out.pop("neighbours", None)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PrivacyProfile:

@@ -108,6 +108,7 @@ class SecAggServer:
     _dropped: frozenset[int] = frozenset()
     _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
     _responses: dict[int, UnmaskResponse] = field(default_factory=dict, repr=False)
+    _consistency: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -168,6 +169,18 @@ class SecAggServer:
         """Survivors whose unmask response was accepted."""
         return frozenset(self._responses)
 
+    def has_answered(self, client: int) -> bool:
+        """Whether ``client``'s message of the current stage was accepted (O(1))."""
+        tables: dict[ServerStage, Mapping[int, object]] = {
+            ServerStage.COLLECT_ADVERTS: self._adverts,
+            ServerStage.COLLECT_SHARES: self._bundles,
+            ServerStage.COLLECT_UPLOADS: self._uploads,
+            ServerStage.COLLECT_SIGNATURES: self._signatures,
+            ServerStage.COLLECT_UNMASK: self._responses,
+        }
+        table = tables.get(self.stage)
+        return table is not None and client in table
+
     # -- adverts ---------------------------------------------------------------------------------
     def receive_advert(self, advert: KeyAdvert) -> None:
         """Accept one client's signed round keys."""
@@ -208,12 +221,14 @@ class SecAggServer:
         self._stage(ServerStage.COLLECT_SHARES, "share delivery")
         if len(self._bundles) < self._t:
             raise self._abort(f"only {len(self._bundles)} clients shared keys, t={self._t}")
-        out: dict[int, ShareDelivery] = {}
-        for v in sorted(self._bundles):
-            cts = {u: b.ciphertexts[v] for u, b in sorted(self._bundles.items())
-                   if v in b.ciphertexts}
-            out[v] = ShareDelivery(job_id=self.job_id, round_id=self.round_id, recipient=v,
-                                   ciphertexts=cts)
+        # one pass over the ciphertexts (a sparse graph's deliveries cost O(K k), not O(K^2))
+        inbox: dict[int, dict[int, bytes]] = {v: {} for v in sorted(self._bundles)}
+        for u, b in sorted(self._bundles.items()):
+            for v, ct in b.ciphertexts.items():
+                if v in inbox:
+                    inbox[v][u] = ct
+        out = {v: ShareDelivery(job_id=self.job_id, round_id=self.round_id, recipient=v,
+                                ciphertexts=cts) for v, cts in inbox.items()}
         self.stage = ServerStage.COLLECT_UPLOADS
         return out
 
@@ -264,8 +279,10 @@ class SecAggServer:
         u = signature.sender
         if u in self._signatures:
             raise ProtocolError(f"client {u} already signed the survivor set")
-        payload = consistency_payload(self.job_id, self.round_id, self.task_digest,
-                                      self._uploads)
+        if self._consistency is None:  # U3 is closed: its payload is made once per round
+            self._consistency = consistency_payload(self.job_id, self.round_id,
+                                                    self.task_digest, self._uploads)
+        payload = self._consistency
         if not survivor_signature_ok(self.directory, u, signature.signature, payload):
             raise InvalidMessage("the survivor-set signature does not verify")
         self._signatures[u] = signature.signature
@@ -302,7 +319,10 @@ class SecAggServer:
         group = self._groups[owner]
         t_local = local_threshold(self._t, len(self._adverts), len(group))
         shares = {}
-        for w, resp in self._responses.items():
+        for w in group:  # only the owner's group holds its shares: O(k) with a sparse graph
+            resp = self._responses.get(w)
+            if resp is None:
+                continue
             table = resp.self_mask_shares if kind == "self" else resp.key_shares
             if owner in table:
                 shares[w + 1] = _shamir.from_bytes(table[owner])

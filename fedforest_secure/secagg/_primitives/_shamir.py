@@ -9,6 +9,7 @@ reconstructed key against its advertised public key or commitment.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 
@@ -48,18 +49,32 @@ def combine(shares: Mapping[int, int], threshold: int) -> int:
     if len(shares) < threshold:
         raise ValueError(f"need {threshold} shares, got {len(shares)}")
     points = sorted(shares.items())[:threshold]
-    xs = [x for x, _ in points]
+    xs = tuple(x for x, _ in points)
     if any(not 0 < x < PRIME for x in xs) or any(not 0 <= y < PRIME for _, y in points):
         raise ValueError("share outside the field")
-    secret = 0
-    for i, (xi, yi) in enumerate(points):
+    coeffs = lagrange_at_zero(xs)
+    return sum(c * y for c, (_, y) in zip(coeffs, points, strict=True)) % PRIME
+
+
+@functools.lru_cache(maxsize=64)
+def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """The Lagrange coefficients ``l_i`` with ``f(0) = sum_i l_i f(x_i)`` for every polynomial
+    of degree below ``len(xs)`` (distinct non-zero points ``xs``).
+
+    They depend on the points only, and a server reconstructs a round's secrets from the shares
+    of the same responders: cached, each further reconstruction costs O(t) multiplications
+    instead of O(t^2) and ``t`` inversions."""
+    if len(set(xs)) != len(xs):
+        raise ValueError("evaluation points must be distinct")
+    out = []
+    for i, xi in enumerate(xs):
         num, den = 1, 1
         for j, xj in enumerate(xs):
             if j != i:
                 num = num * xj % PRIME
                 den = den * (xj - xi) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
-    return secret
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 def to_bytes(value: int) -> bytes:
