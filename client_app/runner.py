@@ -327,6 +327,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
+        "requests": tr.requests,
         "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
     # the last job's, and each job's own (a site may run a training then an evaluation job)
     (opts.state_dir / "stats.json").write_text(stats)

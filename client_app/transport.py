@@ -142,6 +142,8 @@ class Transport:
                                   headers={"Authorization": f"Bearer {self.token}"})
         self.bytes_sent = 0
         self.bytes_received = 0
+        #: HTTP requests sent (each one a round trip to the server), retries included
+        self.requests = 0
         self._next_step: dict[str, Any] | None = None
 
     def take_next_step(self) -> dict[str, Any] | None:
@@ -165,6 +167,7 @@ class Transport:
         delay, start = 0.2, time.monotonic()
         hangups = 0
         while True:
+            self.requests += 1
             try:
                 resp = self._http.request(method, path, content=content, headers=headers,
                                           params=params)
