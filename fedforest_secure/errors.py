@@ -76,7 +76,8 @@ class RefusedRequest(ProtocolError):
 REFUSAL_CODES = (
     "roster",            # a roster, threshold or graph that is not the client's own view of the job
     "too_few_survivors",  # fewer survivors than t, 3, or the K_min of the client's DP noise
-    "survivor_set",      # an unmask request for a set other than the one the client signed
+    "survivor_set",      # a survivor set other than the one signed, or naming unmasked peers
+    "too_few_peers",     # shares of fewer than t - 1 peers delivered: too few masks to mask with
     "signatures",        # fewer than t valid signatures on the survivor set
     "both_shares",       # both the self-mask and the key share of one peer
     "question_reused",   # the same question over a different set of clients

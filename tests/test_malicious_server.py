@@ -495,8 +495,37 @@ def plans(draw: st.DrawFn) -> Plan:
                 requests=requests)
 
 
+# -- withheld shares: a client masked with too few peers, or asked to sign survivors it never
+# -- masked with, would let the server strip every pairwise mask of its vector -----------------
+WITHHELD_SHARES = Plan(n=3, deliver={0: frozenset({0})})  # client 0 gets no peer's shares
+OUTSIDE_SURVIVORS = Plan(  # t = 3 of 5: 0 masks with 1 and 2 only, who "drop" for the others
+    n=5, threshold=0.51,
+    deliver={0: frozenset({0, 1, 2}), **{u: frozenset({0, 1, 2, 3, 4}) - {0} | {u}
+                                          for u in (1, 2)},
+             **{u: frozenset({1, 2, 3, 4}) for u in (3, 4)}},
+    sets={u: frozenset({0, 3, 4}) for u in range(5)},
+    requests={u: [(frozenset({0, 3, 4}), frozenset({1, 2}))] for u in range(5)})
+
+
+def test_a_client_given_fewer_than_t_peer_shares_refuses_to_mask() -> None:
+    seen, x, _ = run(WITHHELD_SHARES)
+    assert 0 not in seen.uploads
+    assert any(getattr(e, "code", "") == "too_few_peers" for e in seen.refusals)
+    assert recovered(seen, x) == []
+
+
+def test_a_client_refuses_to_sign_survivors_it_did_not_mask_with() -> None:
+    seen, x, _ = run(OUTSIDE_SURVIVORS)
+    assert 0 in seen.uploads and seen.peers[0] == frozenset({1, 2})
+    assert (frozenset({0, 3, 4}), 0) not in seen.signatures
+    assert any(getattr(e, "code", "") == "survivor_set" for e in seen.refusals)
+    assert recovered(seen, x) == []
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(plan=ATTACK1)
+@example(plan=WITHHELD_SHARES)
+@example(plan=OUTSIDE_SURVIVORS)
 @given(plan=plans())
 def test_no_server_strategy_unmasks_an_individual_vector(plan: Plan) -> None:
     seen, x, _ = run(plan)

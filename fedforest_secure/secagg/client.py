@@ -21,10 +21,13 @@ graph as an option):
    of shares to its peer.
 3. ``mask(delivery, x)``: decrypts the shares it received and uploads
    ``y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)`` in Z_{2^64}, over the peers
-   ``v`` that shared. The round's secrets are then dropped from memory.
+   ``v`` that shared, and only if at least ``t - 1`` of its group's peers shared (fewer masks
+   than that would let the survivors' self-mask shares strip them all). The round's secrets are
+   then dropped from memory.
 4. ``sign_survivors(survivor_set)``: signs job, round, task digest and the survivor set, once per
-   round (a second, different set is refused), if the set is inside its roster, holds the client
-   and has at least ``max(t, 3, min_survivors)`` members.
+   round (a second, different set is refused), if the set is inside its roster, holds the client,
+   names no group member it did not mask with, and has at least ``max(t, 3, min_survivors)``
+   members.
 5. ``unmask(request)``: reveals self-mask shares of survivors and masking-key shares of dropped
    peers, under the privacy rules below (a breach is ``errors.RefusedRequest``):
 
@@ -112,6 +115,8 @@ class _Round:
     revealed: dict[int, str] = field(default_factory=dict)
     signed: frozenset[int] | None = None  # the one survivor set this client signed
     signature: bytes = b""
+    local_t: int = 0  # the threshold of this client's group (t on a complete graph)
+    masked_with: frozenset[int] = frozenset()  # itself and the peers its masks cover
 
 
 @dataclass
@@ -251,7 +256,7 @@ class SecAggClient:
         me = self.client_id + 1
         self._round = _Round(r, setup.question, setup.task_digest, t, setup.vector_length,
                              adverts, group, keys,
-                             held={self.client_id: (b_sh[me], sk_sh[me])})
+                             held={self.client_id: (b_sh[me], sk_sh[me])}, local_t=t_local)
         self._keys = {q: k for q, k in self._keys.items() if q > r}
         self.round_id, self.stage = r, ClientStage.SHARED
         return ShareBundle(job_id=self.job_id, round_id=r, sender=self.client_id, ciphertexts=cts)
@@ -291,6 +296,12 @@ class SecAggClient:
         peers = set(delivery.ciphertexts)
         if not peers <= rnd.group - {self.client_id}:
             raise InvalidMessage("shares from clients outside this client's group")
+        if len(peers) + 1 < rnd.local_t:
+            # masks with fewer than t - 1 peers: the t shares of the self mask the server can
+            # collect from the survivors would strip every mask of this vector
+            raise RefusedRequest(f"shares of only {len(peers)} peers delivered in round "
+                                 f"{rnd.round_id}; masking needs at least {rnd.local_t - 1}",
+                                 code="too_few_peers")
         opened = {v: self._open_share(rnd, v, ct) for v, ct in delivery.ciphertexts.items()}
         keys = rnd.keys
         if keys is None:
@@ -319,6 +330,7 @@ class SecAggClient:
             rnd.keys = None  # never mask another vector with these seeds
             raise
         rnd.held.update(opened)
+        rnd.masked_with = frozenset(peers | {self.client_id})
         rnd.keys = None  # the round's secrets are no longer needed
         self.stage = ClientStage.MASKED
         header = MaskedUpload(job_id=self.job_id, round_id=rnd.round_id, sender=self.client_id,
@@ -368,6 +380,13 @@ class SecAggClient:
             raise InvalidMessage("the survivor set names clients outside this client's roster")
         if self.client_id not in survivors:
             raise ProtocolError("the survivor set does not list this client")
+        outside = (survivors & rnd.group) - rnd.masked_with
+        if outside:
+            # a survivor this client never masked with means some peer it did mask with is
+            # "dropped": its masking key would be revealed while this client's self mask is too
+            raise RefusedRequest(f"the survivor set of round {rnd.round_id} names client "
+                                 f"{min(outside)}, whose shares this client never received",
+                                 code="survivor_set")
         self._check_survivors(len(survivors), rnd.round_id)
         previous = self._answered.get(rnd.question)
         if previous is not None and previous != survivors:
