@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--deadline", type=float, default=600.0)
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--out", type=Path, default=Path("wan-run"))
+    ap.set_defaults(per_process=1)  # a process per site, as deployed
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows = run(a)
