@@ -658,7 +658,7 @@ def exp_heart_missing(b: Bench) -> str:
     from fedforest_secure.experiments import load_heart_disease_with_missing
 
     reps = b.reps(5)
-    trees = b.T if b.args.quick else 100
+    trees = b.T if b.quick else 100
     centers = ("Cleveland", "Hungary", "Switzerland", "VA")
     res: dict[str, dict[str, list[float]]] = {}
     missing = 0.0
