@@ -24,6 +24,12 @@ Schema files are TOML or JSON::
     kind = "categorical"
     levels = ["F", "M"]
 
+    [[features]]
+    name = "chol"
+    kind = "continuous"
+    bounds = [80.0, 600.0]
+    missing = "allowed"      # cells "?", "NA", empty ... read as missing (NaN)
+
 Bounds are *public*: they fix fixed-point scales, the secure sketch grid and differential-privacy
 sensitivities. Data outside them is an error, never silently clipped.
 """
@@ -111,6 +117,10 @@ class Feature(BaseModel):
         Public ``[lo, hi]`` range of a continuous feature (finite, ``lo < hi``).
     levels : list of str or None
         Levels of a categorical feature (at least 2, unique); encoded as codes ``0..L-1``.
+    missing : {"forbidden", "allowed"}
+        Whether a row may miss this feature. Where allowed, a missing cell (``?``, ``NA``,
+        empty, ...) is read as NaN and every split learns where such rows go; where forbidden,
+        it is an error.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -119,6 +129,12 @@ class Feature(BaseModel):
     kind: Literal["continuous", "categorical"]
     bounds: _Bounds | None = None
     levels: list[str] | None = None
+    missing: Literal["forbidden", "allowed"] = "forbidden"
+
+    @property
+    def may_miss(self) -> bool:
+        """Whether the schema allows rows without this feature."""
+        return self.missing == "allowed"
 
     _name = field_validator("name")(_name_field)
     _bounds = field_validator("bounds")(_bounds_field)
@@ -259,6 +275,11 @@ def _is_missing(value: Any) -> bool:
     return False
 
 
+def _is_missing_cell(value: Any) -> bool:
+    """A missing cell where a column allows missing values: also ``?`` (the UCI files')."""
+    return _is_missing(value) or (isinstance(value, str) and value.strip() == "?")
+
+
 class Schema(BaseModel):
     """Feature kinds, public bounds and target of a federated table.
 
@@ -328,8 +349,8 @@ class Schema(BaseModel):
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/TOML-ready mapping (absent optional fields left out)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """JSON/TOML-ready mapping (absent optional fields and defaults left out)."""
+        return self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
 
     def dump(self, path: str | Path) -> None:
         """Write the schema to ``path`` (TOML unless the suffix is ``.json``)."""
@@ -424,6 +445,11 @@ class Schema(BaseModel):
     def feature_kinds(self) -> list[str]:
         """``"continuous"`` or ``"categorical"`` per feature."""
         return [f.kind for f in self.features]
+
+    @property
+    def missing_allowed(self) -> list[bool]:
+        """Per feature, whether rows may miss it (``missing = "allowed"``)."""
+        return [f.may_miss for f in self.features]
 
     @property
     def n_levels(self) -> list[int]:
@@ -593,9 +619,10 @@ class Schema(BaseModel):
                 raise SchemaError(f"column {f.name!r}: missing from the table")
             col = columns[f.name]
             if f.kind == "continuous":
-                X[:, j] = _numeric_column(col, f.name)
+                X[:, j] = _numeric_column(col, f.name, allow_missing=f.may_miss)
             else:
-                X[:, j] = _label_codes(col, f.name, f.levels or [], "level")
+                X[:, j] = _label_codes(col, f.name, f.levels or [], "level",
+                                       allow_missing=f.may_miss)
         return X
 
     def encode_target(self, y: ArrayLike) -> NDArray[Any]:
@@ -631,9 +658,10 @@ class Schema(BaseModel):
         for j, f in enumerate(self.features):
             col = columns[f.name]
             if f.kind == "continuous":
-                X[:, j] = _numeric_column(col, f.name, f.bounds)
+                X[:, j] = _numeric_column(col, f.name, f.bounds, allow_missing=f.may_miss)
             else:
-                X[:, j] = _label_codes(col, f.name, f.levels or [], "level")
+                X[:, j] = _label_codes(col, f.name, f.levels or [], "level",
+                                       allow_missing=f.may_miss)
         y = self._encode_target(columns[self.target.name]) if with_target else None
         client = None
         if with_client and self.client_column is not None:
@@ -659,18 +687,26 @@ def _label_sort_key(label: str) -> tuple[int, float, str]:
 
 
 def _numeric_column(
-    col: _Column, name: str, bounds: tuple[float, float] | None = None
+    col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
+    allow_missing: bool = False,
 ) -> NDArray[np.float64]:
+    """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
+    empty, ...) are NaN, otherwise an error."""
     arr = np.asarray(col)
     if arr.dtype.kind in "fiu":
         out = arr.astype(np.float64)
         bad = ~np.isfinite(out)
+        if allow_missing:
+            bad &= ~np.isnan(out)
         if bad.any():
             i = int(np.argmax(bad)) + 1
             raise SchemaError(f"column {name!r}, row {i}: missing or non-finite value")
     else:
         out = np.empty(len(arr), dtype=np.float64)
         for i, v in enumerate(arr, start=1):
+            if allow_missing and _is_missing_cell(v):
+                out[i - 1] = np.nan
+                continue
             if _is_missing(v):
                 raise SchemaError(f"column {name!r}, row {i}: missing value")
             if isinstance(v, bool | np.bool_):
@@ -694,10 +730,16 @@ def _numeric_column(
     return out
 
 
-def _label_codes(col: _Column, name: str, labels: list[str], what: str) -> NDArray[np.float64]:
+def _label_codes(col: _Column, name: str, labels: list[str], what: str, *,
+                 allow_missing: bool = False) -> NDArray[np.float64]:
+    """Level (class) codes; with ``allow_missing`` a missing cell that is not itself a label
+    is NaN, otherwise an error."""
     index = {lab: k for k, lab in enumerate(labels)}
     out = np.empty(len(col), dtype=np.float64)
     for i, v in enumerate(col, start=1):
+        if allow_missing and _is_missing_cell(v) and _canon(v) not in index:
+            out[i - 1] = np.nan
+            continue
         if _is_missing(v) and _canon(v) not in index:
             raise SchemaError(f"column {name!r}, row {i}: missing value")
         code = index.get(_label_key(v, index))

@@ -32,8 +32,9 @@ __all__ = ["Problem", "RawTable", "check_table", "clean_rows", "read_raw"]
 
 Severity = Literal["error", "warning"]
 _SHOW = 8  # line numbers shown per problem
-_DROP = ("drop those rows (fedforest check --clean-out writes the rows without errors) or fill "
-         "them in at the site")
+_DROP = ("drop those rows (fedforest check --clean-out writes the rows without errors), fill "
+         "them in at the site, or let the federation declare the column missing = \"allowed\" "
+         "in schema.toml (the forest then learns where such rows go)")
 #: Zeros are suspected missing values when they are a minority and every other value is at
 #: least this fraction of their median (cholesterol 0 among 85..600), not when zero is the most
 #: common value or small values are common (ST depression 0, 0.1, 0.5, ...).
@@ -154,9 +155,11 @@ def check_table(table: RawTable, schema: Schema, *,
             continue
         cells = table.column(f.name)
         if f.kind == "continuous":
-            out += _check_numeric(f.name, cells, f.bounds, f.name in zero_missing)
+            out += _check_numeric(f.name, cells, f.bounds, f.name in zero_missing,
+                                  allow_missing=f.may_miss)
         else:
-            out += _check_labels(f.name, cells, f.levels or [], "level")
+            out += _check_labels(f.name, cells, f.levels or [], "level",
+                                 allow_missing=f.may_miss)
     t = schema.target
     if t.name in table.header:
         cells = table.column(t.name)
@@ -176,10 +179,10 @@ def check_table(table: RawTable, schema: Schema, *,
 
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
-                   zero_missing: bool) -> list[Problem]:
+                   zero_missing: bool, *, allow_missing: bool = False) -> list[Problem]:
     out: list[Problem] = []
     missing = [i for i, c in enumerate(cells) if _is_missing(c) or c == "?"]
-    if missing:
+    if missing and not allow_missing:
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
@@ -247,12 +250,13 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
     return out
 
 
-def _check_labels(name: str, cells: list[str], labels: list[str], what: str) -> list[Problem]:
+def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
+                  allow_missing: bool = False) -> list[Problem]:
     out: list[Problem] = []
     index = set(labels)
     missing = [i for i, c in enumerate(cells)
                if (_is_missing(c) or c == "?") and _label_key(c, index) not in index]
-    if missing:
+    if missing and not allow_missing:
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "

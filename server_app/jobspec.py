@@ -223,6 +223,9 @@ def _schema_facts(schema_text: str) -> dict[str, Any]:
         "feature_bounds": None if unbounded else tuple(bounds),
         "n_classes": schema.n_classes,
         "target_bound": max(target_bound, 1e-12),
+        # missing = "allowed" columns: the rows missing them fill one more histogram bin
+        "missing_allowed": tuple(schema.missing_allowed) if any(schema.missing_allowed)
+        else (),
     }
 
 

@@ -95,7 +95,7 @@ def test_an_unknown_server_key_lists_the_allowed_ones(tmp_path: Path) -> None:
 
 def test_unknown_schema_and_profile_keys_list_the_allowed_ones() -> None:
     with pytest.raises(SchemaError, match=r"features\[0\] \('age'\)\.bound: unknown key; "
-                                          r"allowed: bounds, kind, levels, name"):
+                                          r"allowed: bounds, kind, levels, missing, name"):
         Schema.from_dict({"features": [{"name": "age", "kind": "continuous", "bound": [0, 1]}],
                           "target": {"name": "y", "kind": "classification",
                                      "classes": ["0", "1"]}})

@@ -282,3 +282,34 @@ def test_missing_bounds() -> None:
     data["target"].pop("bounds")
     assert Schema.from_dict(data).missing_bounds() == ["age", "los"]
     assert Schema.from_dict(BASE).missing_bounds() == []
+
+
+def test_columns_allowing_missing_values_read_them_as_nan_and_others_refuse_them(
+        tmp_path: Path) -> None:
+    """``missing = "allowed"``: ``?``, ``NA``, empty and ``nan`` cells become NaN in that
+    column (continuous or categorical) and nowhere else; the schema round-trips and says
+    which features may miss."""
+    data = _with(("features", 0, "missing"), "allowed")
+    data = _with(("features", 1, "missing"), "allowed", data)
+    sch = Schema.from_dict(data)
+    assert sch.missing_allowed == [True, True, False]
+    assert Schema.from_dict(sch.to_dict()) == sch
+    assert "missing" not in sch.to_dict()["features"][2]  # the default is not written
+    assert "missing" not in Schema.from_dict(BASE).to_dict()["features"][0]
+    text = ("site,age,sex,bmi,los\nA,?,F,22.5,3\nB,71.5,NA,30,12.25\nA,,?,10,0\n"
+            "B,40,M,20,1\n")
+    X, y, _ = sch.read_csv(_csv(tmp_path, text))
+    assert np.isnan(X[:, 0]).tolist() == [True, False, True, False]
+    assert np.isnan(X[:, 1]).tolist() == [False, True, True, False]
+    assert X[3].tolist() == [40.0, 1.0, 20.0]
+    with pytest.raises(SchemaError, match="'bmi', row 1"):  # bmi may not be missing
+        sch.read_csv(_csv(tmp_path, "site,age,sex,bmi,los\nA,30,F,?,3\n"))
+    with pytest.raises(SchemaError, match="'age', row 1"):  # not without the declaration
+        Schema.from_dict(BASE).read_csv(_csv(tmp_path, text))
+    with pytest.raises(SchemaError, match="missing"):
+        Schema.from_dict(_with(("features", 0, "missing"), "sometimes"))
+    # arrays and tables: NaN where allowed
+    Xa, _ = sch.check_arrays(np.array([[np.nan, "F", 20.0]], dtype=object), [1.0])
+    assert np.isnan(Xa[0, 0])
+    with pytest.raises(SchemaError, match="'bmi'"):
+        sch.check_arrays(np.array([[30.0, "F", np.nan]], dtype=object), [1.0])

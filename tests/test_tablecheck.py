@@ -146,3 +146,19 @@ def test_cli_check_lists_every_problem_exits_1_and_writes_a_clean_table(
                               str(tmp_path / "schema.toml")])
     assert res.exit_code == 0, res.output
     assert "0 errors" in res.output and "the client accepts this table" in res.output
+
+
+def test_missing_cells_of_a_column_allowing_them_are_no_problem(tmp_path: Path) -> None:
+    from fedforest_secure.schema import Schema
+    from fedforest_secure.tablecheck import check_table, read_raw
+
+    sch = Schema.from_dict({
+        "features": [{"name": "a", "kind": "continuous", "bounds": [0.0, 10.0],
+                      "missing": "allowed"},
+                     {"name": "b", "kind": "continuous", "bounds": [0.0, 10.0]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    p = tmp_path / "t.csv"
+    p.write_text("a,b,y\n?,1,0\nNA,2,1\n,3,0\n4,?,1\n5,5,0\n")
+    problems = [q for q in check_table(read_raw(p), sch) if q.severity == "error"]
+    assert [q.column for q in problems] == ["b"]  # a's holes are allowed, b's one is not
+    assert "missing = \"allowed\"" in problems[0].advice

@@ -1,0 +1,30 @@
+"""A job's configuration from its schema file: which features may be missing."""
+
+from __future__ import annotations
+
+import tomli_w
+
+from server_app.jobspec import JobSpec, build_config
+
+SCHEMA = {
+    "features": [{"name": "age", "kind": "continuous", "bounds": [0.0, 120.0]},
+                 {"name": "ca", "kind": "continuous", "bounds": [0.0, 3.0],
+                  "missing": "allowed"},
+                 {"name": "thal", "kind": "categorical", "levels": ["3", "6", "7"],
+                  "missing": "allowed"}],
+    "target": {"name": "num", "kind": "classification", "classes": ["0", "1"]},
+}
+
+
+def _spec(schema: dict[str, object]) -> JobSpec:
+    return JobSpec.model_validate({"id": "j", "clients": ["a", "b", "c"], "profile": "secure",
+                                   "schema_text": tomli_w.dumps(schema)})
+
+
+def test_missing_allowed_columns_reach_the_job_config() -> None:
+    cfg = build_config(_spec(SCHEMA))
+    assert cfg.missing_allowed == (False, True, True) and cfg.has_missing
+    plain = {**SCHEMA, "features": [{k: v for k, v in f.items() if k != "missing"}
+                                    for f in SCHEMA["features"]]}  # type: ignore[attr-defined]
+    cfg = build_config(_spec(plain))
+    assert not cfg.has_missing and cfg.missing_allowed == ()
