@@ -177,7 +177,9 @@ def check_call(env: dict[str, Any], case: Any, token: str) -> int:
         case.query["wait"] = 0  # long polls would only make the run slower
     before = full_snapshot(env)
     resp = case.call(headers={"Authorization": f"Bearer {token}"})
-    where = f"{case.method} {case.formatted_path} -> {resp.status_code}: {resp.text[:300]}"
+    # a task is octet-stream: the body is shown, never decoded as UTF-8 (that may fail)
+    body = resp.content[:300].decode("utf-8", "replace")
+    where = f"{case.method} {case.formatted_path} -> {resp.status_code}: {body}"
     assert resp.status_code < 500, where
     if resp.status_code >= 400:
         ctype = (resp.headers.get("content-type") or [""])[0]
