@@ -42,7 +42,7 @@ class SecAggRelay:
                 job, member = membership(sess, client, job_id)
                 if member.state == MemberState.DROPPED:
                     return {"status": "dropped",
-                            "detail": f"dropped at round {member.dropped_round}"}
+                            "detail": f"this client was dropped at round {member.dropped_round}"}
                 if job.status in (JobStatus.DONE, JobStatus.FAILED):
                     return {"status": job.status, "detail": job.reason}
                 if member.state != MemberState.ACTIVE:

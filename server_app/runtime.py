@@ -322,7 +322,8 @@ class ServerState:
             with self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
                 if member.state == MemberState.DROPPED:
-                    return TaskOffer("dropped", detail=f"dropped at round {member.dropped_round}")
+                    return TaskOffer("dropped", detail="this client was dropped at round "
+                                                       f"{member.dropped_round}")
                 if job.status in (JobStatus.DONE, JobStatus.FAILED):
                     return TaskOffer(job.status, detail=job.reason)
                 if member.state != MemberState.ACTIVE:
