@@ -48,6 +48,7 @@ class ScriptedTransport:
     sent: list[tuple[str, str]] = field(default_factory=list)
     bytes_sent: int = 0
     bytes_received: int = 0
+    requests: int = 0
     step_wait: float = 0.0
 
     def post_json(self, path: str, body: Any = None) -> Any:
