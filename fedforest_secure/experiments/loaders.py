@@ -208,16 +208,25 @@ _HEART_TRAIN_FRACTION = 0.66
 _HEART_SPLIT_SEED = 43
 
 
-def _read_heart_center(center: str) -> tuple[FloatArray, IntArray]:
-    """One hospital's rows after FLamby's cleaning: features (13 columns) and binary labels."""
+def _heart_records(center: str) -> tuple[Path, list[list[str]]]:
+    """One hospital's UCI file and its records (14 fields each, blank lines skipped)."""
     path = _data_file("heart_disease", f"processed.{center}.data")
-    rows: list[list[float]] = []
+    records: list[list[str]] = []
     for lineno, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
         if not line.strip():
             continue
-        fields = line.strip().split(",")
+        fields = [f.strip() for f in line.strip().split(",")]
         if len(fields) != 14:
             raise ValueError(f"{path}:{lineno}: expected 14 fields, got {len(fields)}")
+        records.append(fields)
+    return path, records
+
+
+def _read_heart_center(center: str) -> tuple[FloatArray, IntArray]:
+    """One hospital's rows after FLamby's cleaning: features (13 columns) and binary labels."""
+    path, records = _heart_records(center)
+    rows: list[list[float]] = []
+    for fields in records:
         kept = [f for j, f in enumerate(fields) if j not in (10, 11, 12)]  # slope, ca, thal
         if "?" in kept:
             continue  # FLamby: replace '?' by NaN, then dropna over the 11 kept columns
@@ -321,16 +330,9 @@ HEART_RAW_FEATURES: tuple[str, ...] = (
 def _read_heart_raw(center: str) -> tuple[FloatArray, IntArray]:
     """One hospital's raw rows: all 13 attributes with ``?`` read as NaN (nothing dropped,
     ``chol = 0`` kept as written), labels ``num > 0``."""
-    path = _data_file("heart_disease", f"processed.{center}.data")
-    rows: list[list[float]] = []
-    for lineno, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
-        if not line.strip():
-            continue
-        fields = line.strip().split(",")
-        if len(fields) != 14:
-            raise ValueError(f"{path}:{lineno}: expected 14 fields, got {len(fields)}")
-        rows.append([np.nan if f.strip() == "?" else float(f) for f in fields])
-    raw = np.asarray(rows, dtype=np.float64)
+    path, records = _heart_records(center)
+    raw = np.asarray([[np.nan if f == "?" else float(f) for f in fields] for fields in records],
+                     dtype=np.float64)
     if np.isnan(raw[:, 13]).any():
         raise ValueError(f"{path}: a row without its label")
     return raw[:, :13], (raw[:, 13] > 0).astype(np.int64)
