@@ -385,6 +385,35 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                  y_offset=float(getattr(self, "y_offset_", 0.0)),
                                  feature_names=getattr(self, "feature_names_in_", None))
 
+    def to_onnx(self, path: str | Path | None = None) -> Any:
+        """This forest as an ONNX model computed in double precision
+        (:func:`~fedforest_secure._onnx_export.forest_to_onnx`): input ``X`` (n, n_features)
+        float64; outputs ``variable`` (n, 1) for a regressor, ``label`` (n,) and
+        ``probabilities`` (n, n_classes) for a classifier. onnxruntime predicts with it what
+        this estimator predicts on float64 inputs, missing values (NaN) included. Written to
+        ``path`` when given.
+
+        Returns
+        -------
+        onnx.ModelProto
+
+        Raises
+        ------
+        ImportError
+            The ``onnx`` package is not installed.
+        ValueError
+            The forest splits on a categorical feature or on the client indicator H.
+        """
+        from ._onnx_export import forest_to_onnx
+
+        model = self._check_fitted()
+        onx = forest_to_onnx(model.trees, model.task, model.n_features,
+                             classes=getattr(self, "classes_", None),
+                             y_offset=float(getattr(self, "y_offset_", 0.0)))
+        if path is not None:
+            Path(path).write_bytes(onx.SerializeToString())
+        return onx
+
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
         """Write the fitted estimator as a model file (:mod:`fedforest_secure.model`): the
