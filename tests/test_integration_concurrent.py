@@ -1,7 +1,8 @@
 """Several jobs at once on one real uvicorn server (TLS, mTLS) on 127.0.0.1: five jobs of five
 sites each (the same five site identities in every job, each job with its own tables), open and
 secure profiles mixed. Each job's model equals the same job run in process, and a job whose
-sites are all frozen (SIGSTOP, mid-job) does not hold up the others.
+sites are all frozen (SIGSTOP, mid-job) does not hold up the others. The server's database and
+audit log run on each backend (SQLite files, PostgreSQL).
 
 The sites of one job run as threads of one client process (``run_client`` per site, each with
 its own TLS identity, token, state directory and transport): five processes instead of 25."""
@@ -62,7 +63,6 @@ from test_integration_https import (  # noqa: E402 - the client process above im
 
 from fedforest_cli.simulate import (  # noqa: E402
     _child_env,
-    db_url,
     free_port,
     start_server,
     wait_healthy,
@@ -118,7 +118,7 @@ def _wait(db: str, job: str, until: Any, timeout: float = 300) -> dict[str, Any]
 
 
 def test_five_concurrent_jobs_match_in_process_and_a_frozen_job_stalls_none(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
     jobs = [f"job-{j}" for j in range(N_SITES)]
     for j, job in enumerate(jobs):  # the frozen job is deeper: it is mid-job when frozen
@@ -128,7 +128,9 @@ def test_five_concurrent_jobs_match_in_process_and_a_frozen_job_stalls_none(
     certs = tmp_path / "certs"
     init_dev_pki(certs, N_SITES, client_names=names)
     port = free_port()
-    server_toml = write_server_config(tmp_path, port, certs)
+    server_db = make_db_url("server")
+    server_toml = write_server_config(tmp_path, port, certs, database=server_db,
+                                      audit_database=make_db_url("audit"))
     settings = load_settings(server_toml)
     db = Database(settings.database)
     tokens = [add_client(db, n) for n in names]
@@ -138,7 +140,6 @@ def test_five_concurrent_jobs_match_in_process_and_a_frozen_job_stalls_none(
         state.create_job(load_job_spec(tmp_path / job / "job.toml"))
     audit.close()  # type: ignore[attr-defined]
     db.dispose()
-    server_db = db_url(tmp_path / "server.db")
     url = f"https://127.0.0.1:{port}"
 
     procs: list[subprocess.Popen[bytes]] = []
