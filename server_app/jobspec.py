@@ -35,6 +35,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from fedforest_secure.config import JobConfig, resolve_max_features
 from fedforest_secure.config_errors import explain
 from fedforest_secure.privacy import load_profile
+from fedforest_secure.privacy.pinning import schema_facts
 from fedforest_secure.schema import Schema
 
 from .evaljob import EvaluationParams, embed_models, evaluation_of, set_models
@@ -201,32 +202,11 @@ def _schema_facts(schema_text: str) -> dict[str, Any]:
         schema = Schema.from_dict(raw)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"invalid schema: {exc}") from exc
-    bounds: list[tuple[float, float]] = []
-    unbounded = False  # a continuous feature without public bounds: no feature bounds at all
-    for (lo, hi), kind, levels in zip(schema.bounds_array.tolist(), schema.feature_kinds,
-                                      schema.n_levels, strict=True):
-        if kind == "categorical":
-            bounds.append((0.0, float(max(levels - 1, 1))))
-        elif math.isnan(lo) or math.isnan(hi):
-            unbounded = True
-            break
-        else:
-            bounds.append((float(lo), float(hi)))
-    target_bound = 1.0
-    if not schema.is_classification and schema.target.bounds is not None:
-        target_bound = float(max(abs(b) for b in schema.target.bounds))
-    return {
-        "task": "classification" if schema.is_classification else "regression",
-        "n_features": schema.n_features,
-        "feature_kinds": tuple(schema.feature_kinds),
-        "n_levels": tuple(schema.n_levels),
-        "feature_bounds": None if unbounded else tuple(bounds),
-        "n_classes": schema.n_classes,
-        "target_bound": max(target_bound, 1e-12),
-        # missing = "allowed" columns: the rows missing them fill one more histogram bin
-        "missing_allowed": tuple(schema.missing_allowed) if any(schema.missing_allowed)
-        else (),
-    }
+    facts = schema_facts(schema)
+    # missing = "allowed" columns: the rows missing them fill one more histogram bin
+    facts["missing_allowed"] = (tuple(schema.missing_allowed) if any(schema.missing_allowed)
+                                else ())
+    return facts
 
 
 _RULE_FIELDS = ("n_estimators", "max_depth", "n_bins", "max_features", "bootstrap", "method")
