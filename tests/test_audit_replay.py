@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from audit_forgery import forge
 from sqlalchemy import select, text
 
 from fedforest_secure.audit import AuditLog, Entry, verify_log
-from fedforest_secure.audit.entry import GENESIS, encode_array
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
@@ -102,27 +102,7 @@ def test_a_servers_log_replays_and_keeps_tasks_as_digests(log: AuditLog) -> None
 
 def _forge(log: AuditLog, seq: int, *, aggregate: np.ndarray | None = None,
            payload: dict[str, object] | None = None) -> None:
-    """Change entry ``seq`` like a careful forger and recompute every later hash."""
-    entries = log.entries(job_id=JOB)
-    prev = entries[seq - 2].hash if seq > 1 else GENESIS
-    with log.engine.begin() as conn:
-        for e in entries[seq - 1:]:
-            arrays, body = e.arrays, e.payload
-            if e.seq == seq:
-                body = {**body, **(payload or {})}
-                if aggregate is not None:
-                    info, blob = encode_array("aggregate", aggregate)
-                    arrays = {**arrays, "aggregate": info}
-                    conn.execute(text("UPDATE audit_arrays SET data = :d WHERE job_id = :j AND "
-                                      "seq = :s AND name = 'aggregate'"),
-                                 {"d": blob, "j": JOB, "s": seq})
-            new = Entry.build(job_id=e.job_id, seq=e.seq, kind=e.kind, timestamp=e.timestamp,
-                              payload=body, arrays=arrays, prev_hash=prev)
-            conn.execute(text("UPDATE audit_entries SET payload = :pl, arrays = :a, "
-                              "prev_hash = :p, hash = :h WHERE job_id = :j AND seq = :s"),
-                         {"pl": new.payload_json, "a": new.arrays_json, "p": new.prev_hash,
-                          "h": new.hash, "j": JOB, "s": e.seq})
-            prev = new.hash
+    forge(log, JOB, seq, aggregate=aggregate, payload=payload)
 
 
 def test_a_rewritten_aggregate_is_caught_by_the_replay(log: AuditLog) -> None:

@@ -16,17 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from audit_forgery import forge
 from sqlalchemy import select, text
 
 from fedforest_secure.audit import (
     AuditLog,
-    Entry,
     ModelReceipt,
     Receipt,
     verify_log,
     write_receipt,
 )
-from fedforest_secure.audit.entry import GENESIS, encode_array
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
@@ -96,33 +95,17 @@ def finished(tmp_path_factory: pytest.TempPathFactory, tiny_parts, job_dir) -> t
 def _rewrite(log: AuditLog, seq: int, *, aggregate: np.ndarray | None = None,
              payload: dict[str, object] | None = None, delete: bool = False) -> None:
     """Change (or delete) entry ``seq`` and recompute every later hash, like a careful forger."""
+    if not delete:
+        forge(log, JOB, seq, aggregate=aggregate, payload=payload)
+        return
     entries = log.entries(job_id=JOB)
-    prev = entries[seq - 2].hash if seq > 1 else GENESIS
+    if seq != entries[-1].seq:
+        raise ValueError("only the last entry is deleted here")
     with log.engine.begin() as conn:
-        if delete:
-            conn.execute(text("DELETE FROM audit_entries WHERE job_id = :j AND seq = :s"),
-                         {"j": JOB, "s": seq})
-            conn.execute(text("DELETE FROM audit_arrays WHERE job_id = :j AND seq = :s"),
-                         {"j": JOB, "s": seq})
-            assert seq == entries[-1].seq, "only the last entry is deleted here"
-            return
-        for e in entries[seq - 1:]:
-            arrays, body = e.arrays, e.payload
-            if e.seq == seq:
-                body = {**body, **(payload or {})}
-                if aggregate is not None:
-                    info, blob = encode_array("aggregate", aggregate)
-                    arrays = {**arrays, "aggregate": info}
-                    conn.execute(text("UPDATE audit_arrays SET data = :d WHERE job_id = :j AND "
-                                      "seq = :s AND name = 'aggregate'"),
-                                 {"d": blob, "j": JOB, "s": seq})
-            new = Entry.build(job_id=e.job_id, seq=e.seq, kind=e.kind, timestamp=e.timestamp,
-                              payload=body, arrays=arrays, prev_hash=prev)
-            conn.execute(text("UPDATE audit_entries SET payload = :pl, arrays = :a, "
-                              "prev_hash = :p, hash = :h WHERE job_id = :j AND seq = :s"),
-                         {"pl": new.payload_json, "a": new.arrays_json, "p": new.prev_hash,
-                          "h": new.hash, "j": JOB, "s": e.seq})
-            prev = new.hash
+        conn.execute(text("DELETE FROM audit_entries WHERE job_id = :j AND seq = :s"),
+                     {"j": JOB, "s": seq})
+        conn.execute(text("DELETE FROM audit_arrays WHERE job_id = :j AND seq = :s"),
+                     {"j": JOB, "s": seq})
 
 
 def _replayed_model_digest(log: AuditLog) -> str:
