@@ -329,35 +329,9 @@ def _start_client_group(sites: Sequence[Any], url: str, job: str, out: Path, pro
     path = out / f"group-{sites[0].name}.json"
     path.write_text(json.dumps(spec))
     with (out / f"group-{sites[0].name}.log").open("ab") as fh:
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_group",
+        return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group",
                                  str(path)], stdout=fh, stderr=subprocess.STDOUT,
                                 env=_child_env())
-
-
-def _run_group(spec_path: Path) -> None:
-    """Run the clients of a group file as threads; exit 1 unless every one is done."""
-    import threading
-
-    from client_app.runner import ClientOptions, run_client
-
-    results: list[str] = []
-
-    def one(d: dict[str, Any]) -> None:
-        paths = {f: Path(d[f]) for f in ("data", "schema", "ca", "cert", "key", "state_dir",
-                                          "model_out")}
-        try:
-            results.append(run_client(ClientOptions(**{**d, **paths})).status)
-        except Exception as exc:  # noqa: BLE001 - reported, and the group exits 1
-            results.append(f"error: {exc!r}")
-
-    threads = [threading.Thread(target=one, args=(d,))
-               for d in json.loads(spec_path.read_text())]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    print(results, flush=True)
-    raise SystemExit(0 if all(r == "done" for r in results) else 1)
 
 
 def run_https(a: argparse.Namespace) -> list[dict[str, Any]]:
@@ -468,9 +442,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["_group"]:
-        _run_group(Path(args[1]))
-        return
     a = ap.parse_args(args)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.what == "protocol":

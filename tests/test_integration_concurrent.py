@@ -13,72 +13,40 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-#: the job whose client process is frozen mid-job, and each job's profile
-SLOW = 4
-PROFILES = ["open", "secure", "open", "secure", "open"]
-N_SITES = 5
-
-
-def _run_sites(spec_path: Path) -> None:
-    """The client process of one job: every site of the spec file as a thread of
-    ``client_app.runner.run_client``; exits 1 unless every site ends with the model."""
-    from client_app.runner import ClientOptions, run_client
-
-    results: list[str] = []
-
-    def one(d: dict[str, Any]) -> None:
-        paths = {f: Path(d[f]) for f in ("data", "schema", "ca", "cert", "key", "state_dir",
-                                          "model_out")}
-        try:
-            results.append(run_client(ClientOptions(**{**d, **paths})).status)
-        except Exception as exc:  # noqa: BLE001 - reported, and the process exits 1
-            results.append(f"error: {exc!r}")
-
-    threads = [threading.Thread(target=one, args=(d,))
-               for d in json.loads(spec_path.read_text())]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    print(results, flush=True)
-    raise SystemExit(0 if all(r == "done" for r in results) else 1)
-
-
-if __name__ == "__main__":  # the client process of one job (see _start_job_clients)
-    _run_sites(Path(sys.argv[1]))
-
-
-from test_integration_https import (  # noqa: E402 - the client process above imports none
+from test_integration_https import (
     _job_status,
     stop,
     trees,
 )
 
-from fedforest_cli.simulate import (  # noqa: E402
+from fedforest_cli.simulate import (
     _child_env,
     free_port,
     start_server,
     wait_healthy,
     write_server_config,
 )
-from fedforest_secure.federation import run_in_process  # noqa: E402
-from fedforest_secure.model import ForestModel  # noqa: E402
-from fedforest_secure.pki import init_dev_pki  # noqa: E402
-from server_app.audit_hook import open_audit  # noqa: E402
-from server_app.auth import add_client  # noqa: E402
-from server_app.db import Database  # noqa: E402
-from server_app.jobspec import build_config, load_job_spec  # noqa: E402
-from server_app.runtime import ServerState  # noqa: E402
-from server_app.settings import load_settings  # noqa: E402
+from fedforest_secure.federation import run_in_process
+from fedforest_secure.model import ForestModel
+from fedforest_secure.pki import init_dev_pki
+from server_app.audit_hook import open_audit
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.jobspec import build_config, load_job_spec
+from server_app.runtime import ServerState
+from server_app.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: the job whose client process is frozen mid-job, and each job's profile
+SLOW = 4
+PROFILES = ["open", "secure", "open", "secure", "open"]
+N_SITES = 5
 
 
 def _job_parts(parts: list, j: int) -> list:
@@ -103,7 +71,7 @@ def _start_job_clients(root: Path, url: str, job: str, tokens: list[str],
     path = jd / "clients.json"
     path.write_text(json.dumps(spec))
     with (jd / "clients.log").open("ab") as fh:
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(path)],
+        return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group", str(path)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=_child_env())
 
 
