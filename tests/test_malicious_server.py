@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
+from test_adversarial_server import FakeTransport
 
 from client_app.secagg_session import SecAggSession
 from fedforest_secure import load_profile
@@ -335,20 +336,7 @@ def test_a_client_unmasks_only_the_set_t_members_signed(attack: str) -> None:
 
 
 # -- attack 2: the server picks the graph and the roster size ------------------------------------
-@dataclass
-class RecordingTransport:
-    """The malicious server as the session sees it: a fixed directory; records every POST."""
-
-    directory: dict[str, Any]
-    sent: list[tuple[str, str, bytes]] = field(default_factory=list)
-
-    def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        return self.directory
-
-    def request(self, method: str, path: str, *, content: bytes | None = None,
-                content_type: str = "application/octet-stream", **_: Any) -> Any:
-        self.sent.append((method, path, content or b""))
-        return None
+RecordingTransport = FakeTransport  # the malicious server as the session sees it
 
 
 def _config(n_clients: int, profile: str = "secure") -> JobConfig:
