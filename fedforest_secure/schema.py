@@ -57,14 +57,20 @@ from pydantic import (
     model_validator,
 )
 
+from ._cells import (
+    _canon,
+    _Column,
+    _is_missing,
+    _label_codes,
+    _label_sort_key,
+    _numeric_column,
+)
 from .config_errors import allowed_keys, submodel_at
 from .errors import SchemaError
 
 __all__ = ["Feature", "Schema", "Target"]
 
-_MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
 _Bounds = tuple[StrictFloat, StrictFloat]
-_Column = Sequence[Any] | NDArray[Any]
 
 
 def _check_bounds(bounds: tuple[float, float] | None) -> None:
@@ -227,57 +233,6 @@ def _format_error(exc: ValidationError, data: Any) -> str:
                 msg += f"; allowed: {', '.join(allowed_keys(owner))}"
         parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return "invalid schema: " + "; ".join(parts)
-
-
-def _canon(value: Any) -> str:
-    """Canonical text of a label: strings stripped, integral numbers without ``.0``."""
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, bool | np.bool_):
-        return str(bool(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        if math.isfinite(v) and v.is_integer():
-            return str(int(v))
-        return repr(v)
-    return str(value).strip()
-
-
-def _label_key(value: Any, labels: Mapping[str, int] | set[str]) -> str:
-    """The label ``value`` stands for: its canonical text, or, for a numeric text such as
-    ``"1.0"`` that is not itself a label, the canonical text of the number (``"1"``), so
-    sites that write codes as ``1`` and as ``1.0`` share one list of levels."""
-    key = _canon(value)
-    if key in labels or not isinstance(value, str):
-        return key
-    try:
-        return _canon(float(key))
-    except ValueError:
-        return key
-
-
-def _show(value: Any) -> str:
-    """``repr`` of a cell for error messages (numpy scalars shown as plain Python values)."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    return repr(value)
-
-
-def _is_missing(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return value.strip().lower() in _MISSING
-    if isinstance(value, float | np.floating):
-        return math.isnan(float(value))
-    return False
-
-
-def _is_missing_cell(value: Any) -> bool:
-    """A missing cell where a column allows missing values: also ``?`` (the UCI files')."""
-    return _is_missing(value) or (isinstance(value, str) and value.strip() == "?")
 
 
 class Schema(BaseModel):
@@ -677,73 +632,3 @@ class Schema(BaseModel):
         if t.kind == "regression":
             return _numeric_column(col, t.name, t.bounds)
         return _label_codes(col, t.name, t.classes or [], "class").astype(np.int64)
-
-
-def _label_sort_key(label: str) -> tuple[int, float, str]:
-    try:
-        return (0, float(label), label)
-    except ValueError:
-        return (1, 0.0, label)
-
-
-def _numeric_column(
-    col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
-    allow_missing: bool = False,
-) -> NDArray[np.float64]:
-    """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
-    empty, ...) are NaN, otherwise an error."""
-    arr = np.asarray(col)
-    if arr.dtype.kind in "fiu":
-        out = arr.astype(np.float64)
-        bad = ~np.isfinite(out)
-        if allow_missing:
-            bad &= ~np.isnan(out)
-        if bad.any():
-            i = int(np.argmax(bad)) + 1
-            raise SchemaError(f"column {name!r}, row {i}: missing or non-finite value")
-    else:
-        out = np.empty(len(arr), dtype=np.float64)
-        for i, v in enumerate(arr, start=1):
-            if allow_missing and _is_missing_cell(v):
-                out[i - 1] = np.nan
-                continue
-            if _is_missing(v):
-                raise SchemaError(f"column {name!r}, row {i}: missing value")
-            if isinstance(v, bool | np.bool_):
-                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
-            try:
-                x = float(v.strip() if isinstance(v, str) else v)
-            except (TypeError, ValueError):
-                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number") from None
-            if not math.isfinite(x):
-                raise SchemaError(f"column {name!r}, row {i}: non-finite value {_show(v)}")
-            out[i - 1] = x
-    if bounds is not None:
-        lo, hi = bounds
-        bad = (out < lo) | (out > hi)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise SchemaError(
-                f"column {name!r}, row {i + 1}: value {_show(out[i])} outside the public bounds "
-                f"[{lo}, {hi}]"
-            )
-    return out
-
-
-def _label_codes(col: _Column, name: str, labels: list[str], what: str, *,
-                 allow_missing: bool = False) -> NDArray[np.float64]:
-    """Level (class) codes; with ``allow_missing`` a missing cell that is not itself a label
-    is NaN, otherwise an error."""
-    index = {lab: k for k, lab in enumerate(labels)}
-    out = np.empty(len(col), dtype=np.float64)
-    for i, v in enumerate(col, start=1):
-        if allow_missing and _is_missing_cell(v) and _canon(v) not in index:
-            out[i - 1] = np.nan
-            continue
-        if _is_missing(v) and _canon(v) not in index:
-            raise SchemaError(f"column {name!r}, row {i}: missing value")
-        code = index.get(_label_key(v, index))
-        if code is None:
-            raise SchemaError(f"column {name!r}, row {i}: unknown {what} {_canon(v)!r}")
-        out[i - 1] = code
-    return out

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from ._cells import _canon, _is_missing, _label_sort_key
 from .errors import SchemaError
-from .schema import _canon, _is_missing, _label_sort_key
 from .tablecheck import RawTable
 
 __all__ = ["draft_schema"]

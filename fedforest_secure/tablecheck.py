@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ._cells import _canon, _is_missing, _label_key
 from .errors import SchemaError
-from .schema import Schema, _canon, _is_missing, _label_key
+from .schema import Schema
 
 __all__ = ["Problem", "RawTable", "check_table", "clean_rows", "read_raw"]
 

@@ -1,0 +1,137 @@
+"""Cells of a site's table: missing-value spellings, canonical label text, and the numeric and
+label columns a :class:`~fedforest_secure.schema.Schema` encodes (errors name column and row)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import SchemaError
+
+_MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
+_Column = Sequence[Any] | NDArray[Any]
+
+
+def _canon(value: Any) -> str:
+    """Canonical text of a label: strings stripped, integral numbers without ``.0``."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        if math.isfinite(v) and v.is_integer():
+            return str(int(v))
+        return repr(v)
+    return str(value).strip()
+
+
+def _label_key(value: Any, labels: Mapping[str, int] | set[str]) -> str:
+    """The label ``value`` stands for: its canonical text, or, for a numeric text such as
+    ``"1.0"`` that is not itself a label, the canonical text of the number (``"1"``), so
+    sites that write codes as ``1`` and as ``1.0`` share one list of levels."""
+    key = _canon(value)
+    if key in labels or not isinstance(value, str):
+        return key
+    try:
+        return _canon(float(key))
+    except ValueError:
+        return key
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a cell for error messages (numpy scalars shown as plain Python values)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip().lower() in _MISSING
+    if isinstance(value, float | np.floating):
+        return math.isnan(float(value))
+    return False
+
+
+def _is_missing_cell(value: Any) -> bool:
+    """A missing cell where a column allows missing values: also ``?`` (the UCI files')."""
+    return _is_missing(value) or (isinstance(value, str) and value.strip() == "?")
+
+
+def _label_sort_key(label: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(label), label)
+    except ValueError:
+        return (1, 0.0, label)
+
+
+def _numeric_column(
+    col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
+    allow_missing: bool = False,
+) -> NDArray[np.float64]:
+    """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
+    empty, ...) are NaN, otherwise an error."""
+    arr = np.asarray(col)
+    if arr.dtype.kind in "fiu":
+        out = arr.astype(np.float64)
+        bad = ~np.isfinite(out)
+        if allow_missing:
+            bad &= ~np.isnan(out)
+        if bad.any():
+            i = int(np.argmax(bad)) + 1
+            raise SchemaError(f"column {name!r}, row {i}: missing or non-finite value")
+    else:
+        out = np.empty(len(arr), dtype=np.float64)
+        for i, v in enumerate(arr, start=1):
+            if allow_missing and _is_missing_cell(v):
+                out[i - 1] = np.nan
+                continue
+            if _is_missing(v):
+                raise SchemaError(f"column {name!r}, row {i}: missing value")
+            if isinstance(v, bool | np.bool_):
+                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
+            try:
+                x = float(v.strip() if isinstance(v, str) else v)
+            except (TypeError, ValueError):
+                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number") from None
+            if not math.isfinite(x):
+                raise SchemaError(f"column {name!r}, row {i}: non-finite value {_show(v)}")
+            out[i - 1] = x
+    if bounds is not None:
+        lo, hi = bounds
+        bad = (out < lo) | (out > hi)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SchemaError(
+                f"column {name!r}, row {i + 1}: value {_show(out[i])} outside the public bounds "
+                f"[{lo}, {hi}]"
+            )
+    return out
+
+
+def _label_codes(col: _Column, name: str, labels: list[str], what: str, *,
+                 allow_missing: bool = False) -> NDArray[np.float64]:
+    """Level (class) codes; with ``allow_missing`` a missing cell that is not itself a label
+    is NaN, otherwise an error."""
+    index = {lab: k for k, lab in enumerate(labels)}
+    out = np.empty(len(col), dtype=np.float64)
+    for i, v in enumerate(col, start=1):
+        if allow_missing and _is_missing_cell(v) and _canon(v) not in index:
+            out[i - 1] = np.nan
+            continue
+        if _is_missing(v) and _canon(v) not in index:
+            raise SchemaError(f"column {name!r}, row {i}: missing value")
+        code = index.get(_label_key(v, index))
+        if code is None:
+            raise SchemaError(f"column {name!r}, row {i}: unknown {what} {_canon(v)!r}")
+        out[i - 1] = code
+    return out
