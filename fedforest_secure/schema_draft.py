@@ -96,6 +96,8 @@ def draft_schema(table: RawTable, target: str, *,
             cells = [c for c in table.column(name) if not (_is_missing(c) or c == "?")]
             levels = sorted({_canon(c) for c in cells}, key=_label_sort_key)
         lines += ["[[features]]", f"name = {_q(name)}", f'kind = "{kind}"']
+        if any(_is_missing(c) or c == "?" for c in table.column(name)):
+            lines.append('missing = "allowed"   # this site has missing cells in this column')
         if kind == "categorical":
             lines.append(f"levels = [{', '.join(_q(v) for v in levels)}]")
         else:

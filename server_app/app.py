@@ -60,6 +60,7 @@ from .errors import ApiError, upload_error
 from .limits import BodyLimits, TransportLimits
 from .logs import event
 from .runtime import ServerState
+from .store import running_job_ids
 from .tls_identity import PeerNames
 from .ui import add_ui
 
@@ -164,7 +165,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            event("shutdown", jobs_running=len(st.runtimes.loaded()))
+            with db.session() as sess:
+                running = running_job_ids(sess)
+            event("shutdown", jobs_running=len(running))
 
     app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
     app.state.server = st

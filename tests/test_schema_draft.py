@@ -26,6 +26,8 @@ def test_the_draft_of_a_raw_hospital_file_has_kinds_levels_classes_and_no_bounds
         "age", "trestbps", "chol", "thalach", "oldpeak"}
     assert schema.features[schema.feature_names.index("cp")].levels == ["1", "2", "3", "4"]
     assert schema.target.classes == ["0", "1", "2", "3", "4"]
+    # cleveland's "?" cells are in ca and thal only
+    assert {f.name for f in schema.features if f.may_miss} == {"ca", "thal"}
     # no bounds anywhere, and a loud note why
     assert schema.missing_bounds() == ["age", "trestbps", "chol", "thalach", "oldpeak"]
     assert "BOUNDS MUST BE PUBLIC" in text and "never derived from one site's data" in text

@@ -60,6 +60,7 @@ def test_a_job_logs_startup_joins_rounds_and_the_end_and_sigterm_stops_cleanly(
     assert lines and all(LINE.match(x) for x in lines), log
     events = [re.search(r"event=(\w+)", x).group(1) for x in lines]  # type: ignore[union-attr]
     assert events[0] == "startup" and events[-1] == "shutdown"
+    assert "jobs_running=0" in lines[-1], lines[-1]  # the job finished before the shutdown
     assert events.count("join") == 3 and "job_started" in events and "job_done" in events
     assert events.count("round") >= 3
     assert "Traceback" not in log and "CancelledError" not in log
