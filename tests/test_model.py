@@ -231,3 +231,18 @@ def test_feature_importances_come_from_the_split_gains() -> None:
         del tree["gain"]
     with pytest.raises(ValueError, match="does not record split gains"):
         ForestModel.from_dict(doc).feature_importances()
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_model_and_estimator_importances_agree(task: str) -> None:
+    """ForestModel.feature_importances (recorded gains) and the estimator's
+    feature_importances_ (node impurities, scikit-learn's rule) are one quantity."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(400, 5))
+    signal = 2.0 * X[:, 0] + X[:, 1] ** 2
+    est = (FedForestClassifier(n_estimators=8, max_depth=4, random_state=1).fit(X, signal > 1)
+           if task == "classification" else
+           FedForestRegressor(n_estimators=8, max_depth=4, random_state=1).fit(X, signal))
+    np.testing.assert_allclose(est.model_.feature_importances(), est.feature_importances_,
+                               atol=1e-12)
+    assert est.feature_importances_[:2].sum() > 0.5
