@@ -33,7 +33,7 @@ HIST = "Fed Histogram (Kalloori)"
 ENS = "Local Ensemble (Hauschild)"
 LOCAL = "Local Learning"
 # FedForest under the ``secure`` privacy profile: secure aggregation of every statistic, the
-# pooled ``secure_cdf`` sketch, abstention below 5 rows, sums over >= 3 clients, no H-splits.
+# pooled ``secure_cdf`` sketch, sums over >= 3 clients, no H-splits.
 SECURE_X = "FedForest secure (X)"
 
 ALL_METHODS = (CENT_X, CENT_XH, QUANT_X, QUANT_XH, AVG_X, AVG_XH, HIST, ENS, LOCAL, SECURE_X)

@@ -74,7 +74,8 @@ DOWNGRADES = {
     "smaller_delta_is_still_different": (
         "secure-dp", lambda: load_profile("secure-dp", delta=1e-9).to_dict()),
     "minority_threshold": ("secure", lambda: load_profile("secure", threshold=0.4).to_dict()),
-    "no_abstention": ("secure-dp", lambda: load_profile("secure-dp", abstain_below=0).to_dict()),
+    "other_abstention_under_dp": (
+        "secure-dp", lambda: load_profile("secure-dp", abstain_below=5).to_dict()),
     "other_abstention": ("secure", lambda: load_profile("secure", abstain_below=2).to_dict()),
     "clear_h_splits": ("secure", lambda: load_profile("secure", h_splits="clear").to_dict()),
     "open_for_secure_dp": ("secure-dp", lambda: load_profile("open").to_dict()),
@@ -102,8 +103,11 @@ def test_the_refusal_names_each_setting_that_differs() -> None:
         check_job_profile(pinned_profile("secure-dp"), load_profile("open").to_dict())
     msg = str(info.value)
     for key in ("secure_aggregation: job False, pinned True", "fixed_point", "threshold",
-                "sketch", "abstain_below", "h_splits", "min_clients"):
+                "sketch", "h_splits", "min_clients"):
         assert key in msg, key
+    with pytest.raises(ProfileRefused, match="abstain_below: job 2, pinned 0"):
+        check_job_profile(pinned_profile("secure-dp"),
+                          load_profile("secure-dp", abstain_below=2).to_dict())
     with pytest.raises(ProfileRefused, match="dp: job"):
         check_job_profile(pinned_profile("secure-dp"),
                           load_profile("secure-dp", epsilon=4.0).to_dict())

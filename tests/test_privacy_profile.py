@@ -35,10 +35,10 @@ def test_shipped_profiles() -> None:
     assert d.dp is not None and (d.dp.epsilon, d.dp.delta) == (1.0, 1e-6)
     assert d.dp.mechanism == "gaussian_discrete"
     assert d.dropout_tolerance == pytest.approx(0.33)
-    # secure-dp is secure plus [dp] (and its name/description), and keeps the stricter
-    # abstention of 5 distinct rows
-    assert d.abstain_below == 5
-    strip = {"name", "description", "dp", "abstain_below"}
+    # secure-dp is secure plus [dp] (and its name/description); abstention off, as in secure
+    # (under DP it would multiply every sensitivity, tests/test_dp_abstention.py)
+    assert d.abstain_below == 0
+    strip = {"name", "description", "dp"}
     assert {k: v for k, v in d.to_dict().items() if k not in strip} == {
         k: v for k, v in s.to_dict().items() if k not in strip
     }

@@ -341,6 +341,7 @@ def run_comparison(
     methods: Sequence[str] | None = None,
     fed_params: dict[str, Any] | None = None,
     dp_params: dict[str, Any] | None = None,
+    dp_profile: dict[str, Any] | None = None,
     baseline_params: dict[str, Any] | None = None,
     data: tuple[np.ndarray, np.ndarray, np.ndarray | None, str] | None = None,
     name: str | None = None,
@@ -359,6 +360,8 @@ def run_comparison(
         estimators' defaults, 50 trees of depth 8, B = 32)
     dp_params : FedForest hyper-parameters under secure-dp (default: none, so the DP defaults
         of the estimators apply)
+    dp_profile : overrides of the ``secure-dp`` profile (``load_profile("secure-dp",
+        epsilon=eps, **dp_profile)``; default: none)
     baseline_params : ``n_estimators`` / ``max_depth`` of the central and local forests and of
         diffprivlib's (default 50 and 8)
     data : ``(X, y, client or None, task)`` instead of a named dataset
@@ -418,7 +421,7 @@ def run_comparison(
         if m == "fedforest-secure":
             return _fit_predict(_fedforest(task, "secure", fed, seed), s)
         if m == "fedforest-secure-dp":
-            prof = load_profile("secure-dp", epsilon=float(eps))
+            prof = load_profile("secure-dp", epsilon=float(eps), **(dp_profile or {}))
             return _fit_predict(_fedforest(task, prof, dpp, seed), s)
         if m == "diffprivlib-rf":
             return _diffprivlib_rf(s, eps, base, seed)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BudgetError
 from .accountant import Cost, ZCdp, epsilon_of
 from .dp import ddg_cost, min_survivors, rho_for
-from .sensitivity import Sensitivity, StatKind, histogram_sensitivity
+from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sensitivity
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -216,6 +216,7 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         _dp_value(dp, "max_multiplicity", 4))
+    mult *= abstention_factor(config.profile)  # abstention moves m rows per record
     tol = float(_dp_value(dp, "dropout_tolerance",
                           max(0.0, 1.0 - float(config.profile.get("threshold", 1.0)))))
     k_min = min_survivors(config.n_clients, min(tol, 0.999))

@@ -41,7 +41,7 @@ from ..errors import BudgetError, RefusedRequest
 from ._sampling import RandomSource, sample_discrete_gaussian
 from .accountant import Cost, PrivacyAccountant
 from .allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
-from .sensitivity import Sensitivity, StatKind, histogram_sensitivity
+from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sensitivity
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -145,6 +145,7 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         (dp or {}).get("max_multiplicity", 4))
+    mult *= abstention_factor(config.profile)  # abstention moves m rows per record
     frac = int(config.profile.get("frac_bits", 24))
     kinds: list[tuple[StatKind, float]]
     if config.task == "classification":

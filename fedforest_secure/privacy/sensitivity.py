@@ -25,12 +25,13 @@ A fixed-point encoding with ``frac_bits`` multiplies every bound by ``2**frac_bi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import BudgetError
 
-__all__ = ["Sensitivity", "StatKind", "histogram_sensitivity"]
+__all__ = ["Sensitivity", "StatKind", "abstention_factor", "histogram_sensitivity"]
 
 StatKind = Literal["count", "class_count", "sum", "sum_sq"]
 
@@ -67,6 +68,20 @@ class Sensitivity:
         if not (math.isfinite(factor) and factor > 0):
             raise BudgetError(f"scale factor must be finite and > 0, got {factor}")
         return Sensitivity(self.l1 * factor, self.l2 * factor, self.linf * factor)
+
+
+def abstention_factor(profile: Mapping[str, Any]) -> int:
+    """Rows one record can move into or out of a client's contribution to a node: 1, or
+    ``abstain_below = m`` when minimum-leaf abstention is on (``m > 1``).
+
+    Abstention is a threshold on a client's distinct rows at a node: the record that takes a
+    client from ``m - 1`` rows to ``m`` brings all ``m`` rows into that node (and, under the
+    node, into the one leaf per tree the record reaches; the client's other leaves stay below
+    ``m``), and removing one of ``m`` rows takes them all out. Every sensitivity of a job with
+    abstention is therefore ``m`` times that of one record (``tests/test_dp_abstention.py``).
+    """
+    m = int(profile.get("abstain_below", 0) or 0)
+    return max(1, m)
 
 
 def histogram_sensitivity(

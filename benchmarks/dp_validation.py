@@ -1,0 +1,180 @@
+"""Validation of the DP allocation rule on data sets and seeds disjoint from the comparison.
+
+The rule (``privacy.allocation.dp_forest_settings``) and the ``secure-dp`` profile are chosen
+here, never on the comparison's data sets (breast cancer, wine, diabetes) or seeds (0-9):
+``FedForest*`` with ``load_profile("secure-dp", epsilon=eps, **overrides)`` on the same kind
+of split as ``fedforest compare`` (``run_comparison``: 70/30, stratified, the training rows over
+4 clients by a Dirichlet(1.0) partition of k-means groups), seeds from 100, balanced accuracy
+(R² for the regressions). Each variant is a profile override and a forest shape as a function
+of (epsilon, rows, features, classes, task); the table has one row per data set and variant,
+one column per epsilon, each cell the mean over the seeds. docs/privacy.md §2.6 quotes it.
+
+Usage::
+
+    nice -n 10 python benchmarks/dp_validation.py                  # every set and variant
+    nice -n 10 python benchmarks/dp_validation.py --sets iris,wide --variants rule,abstain5 \\
+        --seeds 6 --epsilons 0.5,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedforest_secure.experiments.compare import parse_epsilons, run_comparison
+from fedforest_secure.experiments.loaders import load_dataset
+from fedforest_secure.privacy.allocation import dp_forest_settings
+
+Data = tuple[np.ndarray, np.ndarray, None, str]
+
+
+# ------------------------------------------------------------------------------ data sets
+def _skewed(n: int, d: int, classes: int) -> Data:
+    """``make_classification`` (a third of the features informative, a fifth redundant, one
+    cluster per class) through x -> exp(0.8 x): skewed features."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=n, n_features=d, n_informative=max(2, d // 3),
+                               n_redundant=d // 5, n_classes=classes, n_clusters_per_class=1,
+                               random_state=7)
+    return np.exp(0.8 * X), y, None, "classification"
+
+
+def _iris() -> Data:
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    return X, y, None, "classification"
+
+
+def _digits(labels: tuple[int, ...], rows: int | None) -> Data:
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    keep = np.isin(y, labels)
+    X, y = X[keep], y[keep]
+    if rows is not None:
+        pick = np.random.default_rng(0).permutation(y.size)[:rows]
+        X, y = X[pick], y[pick]
+    return X.astype(np.float64), y, None, "classification"
+
+
+def _shared(name: str, rows: int | None = None) -> Data:
+    ds = load_dataset(name)
+    X, y = np.asarray(ds.X, dtype=np.float64), np.asarray(ds.y)
+    if rows is not None and y.size > rows:
+        pick = np.random.default_rng(0).permutation(y.size)[:rows]
+        X, y = X[pick], y[pick]
+    return X, y, None, str(ds.task)
+
+
+SETS: dict[str, Callable[[], Data]] = {
+    "iris": _iris,
+    "skewed180": lambda: _skewed(180, 13, 3),
+    "skewed500": lambda: _skewed(500, 30, 2),
+    "digits1-4-7": lambda: _digits((1, 4, 7), 180),
+    "digits3-8": lambda: _digits((3, 8), None),
+    "banknote": lambda: _shared("banknote", 600),
+    "spectf": lambda: _shared("spectf"),
+    "bodyfat": lambda: _shared("bodyfat"),
+    "space_ga": lambda: _shared("space_ga", 600),
+}
+
+
+# ------------------------------------------------------------------------------ variants
+@dataclass(frozen=True)
+class Variant:
+    """A profile override and a forest shape (None: the rule's, via the estimators)."""
+
+    profile: dict[str, Any]
+    shape: Callable[[float, int, int, int, str], dict[str, Any]] | None = None
+
+
+def _rule(**change: Any) -> Callable[[float, int, int, int, str], dict[str, Any]]:
+    def shape(eps: float, n: int, d: int, k: int, task: str) -> dict[str, Any]:
+        params = dp_forest_settings(eps, n, d, k, task).as_params()
+        params.update(change)
+        return params
+    return shape
+
+
+def _noise_depth(c: float) -> Callable[[float, int, int, int, str], dict[str, Any]]:
+    """Classification depth also capped by the noise on a leaf's counts (as regression):
+    D <= round(log2(n / (c s))), s the count noise of a leaf averaged over the trees."""
+    from fedforest_secure.privacy.allocation import MARGINAL_SHARE
+    from fedforest_secure.privacy.dp import rho_for
+
+    def shape(eps: float, n: int, d: int, k: int, task: str) -> dict[str, Any]:
+        params = dp_forest_settings(eps, n, d, k, task).as_params()
+        if task == "classification":
+            s = math.sqrt((4.0 / 3.0) / (2.0 * rho_for(eps, 1e-6) * (1 - MARGINAL_SHARE)))
+            cap = math.floor(math.log2(max(n, 1) / (c * s)) + 0.5)
+            params["max_depth"] = int(min(params["max_depth"], max(cap, 3)))
+        return params
+    return shape
+
+
+VARIANTS: dict[str, Variant] = {
+    "rule": Variant({}),  # the shipped profile and rule
+    "abstain0": Variant({"abstain_below": 0}),
+    "abstain5": Variant({"abstain_below": 5}),
+    "abstain0-trees16": Variant({"abstain_below": 0}, _rule(n_estimators=16)),
+    "abstain0-noisedepth1": Variant({"abstain_below": 0}, _noise_depth(1.0)),
+    "abstain0-noisedepth4": Variant({"abstain_below": 0}, _noise_depth(4.0)),
+    "abstain0-noisedepth16": Variant({"abstain_below": 0}, _noise_depth(16.0)),
+}
+
+
+def evaluate(data: Data, variant: Variant, eps: float, seeds: list[int]) -> float:
+    """Mean score of ``secure-dp`` with the variant over ``seeds`` at ``eps``."""
+    X, y, _, task = data
+    params: dict[str, Any] = {}
+    if variant.shape is not None:
+        n_train = int(round(0.7 * y.size))
+        k = int(np.unique(y).size) if task == "classification" else 0
+        shape = variant.shape(eps, n_train, X.shape[1], k, task)
+        params = {key: shape[key] for key in ("n_estimators", "max_depth", "n_bins")}
+    res = run_comparison(data=data, epsilons=(eps,), seeds=seeds,
+                         methods=["fedforest-secure-dp"], dp_params=params,
+                         dp_profile=variant.profile)
+    st = res.stats("fedforest-secure-dp", eps)
+    return math.nan if st is None else st[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--epsilons", default="0.5,1,2,4,8")
+    ap.add_argument("--seeds", type=int, default=6, help="seeds 100 .. 100 + n - 1")
+    args = ap.parse_args(argv)
+    sets = [s for s in args.sets.split(",") if s]
+    variants = [v for v in args.variants.split(",") if v]
+    for name in sets + variants:
+        if name not in SETS and name not in VARIANTS:
+            ap.error(f"unknown set or variant {name!r}")
+    eps_list = [e for e in parse_epsilons(args.epsilons) if math.isfinite(e)]
+    seeds = list(range(100, 100 + args.seeds))
+    print(f"# seeds {seeds[0]}-{seeds[-1]}, mean balanced accuracy (R² for regression)")
+    print("| data | variant | " + " | ".join(f"ε={e:g}" for e in eps_list) + " |")
+    print("|---|---|" + "---|" * len(eps_list))
+    t0 = time.perf_counter()
+    for s in sets:
+        data = SETS[s]()
+        for v in variants:
+            cells = [evaluate(data, VARIANTS[v], e, seeds) for e in eps_list]
+            print(f"| {s} | {v} | " + " | ".join(f"{c:.3f}" for c in cells) + " |",
+                  flush=True)
+    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
