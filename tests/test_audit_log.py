@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from fedforest_secure.audit import GENESIS, AuditLog, EntryKind, verify_log
-from fedforest_secure.audit.entry import canonical_json
+from fedforest_secure.audit.entry import canonical_json, jsonable
 from fedforest_secure.errors import AuditError
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -267,3 +268,32 @@ def test_any_json_payload_round_trips_and_verifies(extra: dict[str, Any]) -> Non
     entry = _shared.entries(job_id="hyp")[-1]
     assert entry.payload == json.loads(canonical_json(payload))
     assert entry.computed_hash() == entry.hash == _shared.head("hyp")
+
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5),
+                     st.floats(allow_nan=False, allow_infinity=False),
+                     st.integers(-5, 5).map(np.int64), st.floats(-1, 1).map(np.float64))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.one_of(st.text(max_size=3), st.integers(0, 9)), inner, max_size=3)),
+    max_leaves=20)
+
+
+@given(_VALUES)
+@settings(max_examples=200, deadline=None)
+def test_jsonable_matches_its_json_round_trip(value: Any) -> None:
+    plain = jsonable(value)
+    text_ = canonical_json(plain)
+    assert json.loads(text_) == plain  # plain JSON types only: the text parses back equal
+    assert canonical_json(jsonable(plain)) == text_
+
+
+@pytest.mark.parametrize(("payload", "where"), [
+    ({"splits": [{"gain": 1.0}, {"gain": float("nan")}]}, "payload.splits[1].gain"),
+    ({"a": [1, (2, np.zeros(2))]}, "payload.a[1][1]"),
+    ({"a": {True: 1}}, "payload.a"),
+    ({"a": [object()]}, "payload.a[0]"),
+])
+def test_jsonable_names_where_a_deep_value_fails(payload: Any, where: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=re.escape(where)):
+        jsonable(payload)

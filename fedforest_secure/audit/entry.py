@@ -91,16 +91,55 @@ def canonical_json(obj: Any) -> str:
                       allow_nan=False)
 
 
+class _NotPlain(Exception):
+    """A value :func:`_plain` does not convert: :func:`jsonable` says what and where."""
+
+
+def _plain(obj: Any) -> Any:
+    """:func:`jsonable` without the location bookkeeping (the common case of a valid
+    payload, e.g. the thousands of split decisions of a level); :class:`_NotPlain` on anything
+    it would reject."""
+    cls = type(obj)
+    if cls is str or cls is bool or obj is None:
+        return obj
+    if cls is int:
+        return obj
+    if cls is float:
+        if not math.isfinite(obj):
+            raise _NotPlain
+        return obj
+    if cls is list or cls is tuple:
+        return [_plain(v) for v in obj]
+    if cls is dict:
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            if type(key) is not str and (type(key) is not int):
+                raise _NotPlain
+            out[str(key)] = _plain(value)
+        return out
+    if isinstance(obj, bool | str | int | float | list | tuple | Mapping | np.ndarray
+                  | enum.Enum | np.generic):
+        return _located(obj, "")  # subclasses, numpy scalars, enums: the full rules
+    raise _NotPlain
+
+
 def jsonable(obj: Any, *, where: str = "payload") -> Any:
     """Convert a payload to plain JSON types (numpy scalars, tuples and enums included).
 
     Raises ``TypeError`` for values with no faithful JSON form (arrays, bytes, objects) and
     ``ValueError`` for NaN or infinite floats. Arrays belong in the ``arrays`` argument.
     """
+    try:
+        return _plain(obj)
+    except (_NotPlain, TypeError, ValueError):
+        return _located(obj, where)  # the same conversion, naming where it fails
+
+
+def _located(obj: Any, where: str) -> Any:
     if obj is None or isinstance(obj, bool | str):
         return obj
     if isinstance(obj, enum.Enum):
-        return jsonable(obj.value, where=where)
+        return _located(obj.value, where)
     if isinstance(obj, int | np.integer):
         return int(obj)
     if isinstance(obj, float | np.floating):
@@ -115,10 +154,10 @@ def jsonable(obj: Any, *, where: str = "payload") -> Any:
         for key, value in obj.items():
             if isinstance(key, bool) or not isinstance(key, str | int):
                 raise TypeError(f"{where}: key {key!r} is not a string")
-            out[str(key)] = jsonable(value, where=f"{where}.{key}")
+            out[str(key)] = _located(value, f"{where}.{key}")
         return out
     if isinstance(obj, list | tuple):
-        return [jsonable(v, where=f"{where}[{i}]") for i, v in enumerate(obj)]
+        return [_located(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{where}: numpy arrays go in `arrays=`, not in the payload")
     raise TypeError(f"{where}: {type(obj).__name__} is not JSON-able")
@@ -280,4 +319,12 @@ class Entry:
             arrays_json=canonical_json({k: v.to_json() for k, v in arrays.items()}),
             prev_hash=prev_hash, hash="",
         )
+        return dataclasses.replace(draft, hash=draft.computed_hash())
+
+    def linked(self, *, seq: int, timestamp: str, prev_hash: str) -> Entry:
+        """This entry's payload and arrays (their canonical texts as they are) at ``seq``
+        after ``prev_hash``, with its hash computed: what :meth:`build` would make from the
+        same payload, without converting and serialising it again."""
+        draft = dataclasses.replace(self, seq=seq, timestamp=timestamp, prev_hash=prev_hash,
+                                    hash="", row_id=None)
         return dataclasses.replace(draft, hash=draft.computed_hash())

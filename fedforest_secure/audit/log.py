@@ -22,7 +22,15 @@ import numpy as np
 
 from ..errors import AuditError
 from ._sql import Engine, SqlStore, to_url
-from .entry import GENESIS, Entry, decode_array, encode_array, format_timestamp
+from .entry import (
+    GENESIS,
+    Entry,
+    canonical_json,
+    decode_array,
+    encode_array,
+    format_timestamp,
+    jsonable,
+)
 from .kinds import EntryKind, check_payload
 from .store import AuditStore, ChainRace
 
@@ -111,18 +119,20 @@ class AuditLog:
         entry_kind = EntryKind(kind)
         encoded = {name: encode_array(name, arr) for name, arr in (arrays or {}).items()}
         infos = {name: info for name, (info, _) in encoded.items()}
-        draft = Entry.build(job_id=job_id, seq=1, kind=entry_kind.value,
-                            timestamp=format_timestamp(self._clock()), payload=payload,
-                            arrays=infos, prev_hash=GENESIS)
-        check_payload(entry_kind, draft.payload, set(infos))
+        plain = jsonable(payload)  # converted and serialised once per append
+        draft = Entry(job_id=job_id, seq=1, kind=entry_kind.value,
+                      timestamp=format_timestamp(self._clock()),
+                      payload_json=canonical_json(plain),
+                      arrays_json=canonical_json({k: v.to_json() for k, v in infos.items()}),
+                      prev_hash=GENESIS, hash="")
+        check_payload(entry_kind, plain, set(infos))
         blobs = {name: blob for name, (_, blob) in encoded.items()}
 
         def make(seq: int, prev: str) -> Entry:
             if expected_head is not None and expected_head != prev:
                 raise AuditError(f"job {job_id!r}: head is {prev}, not {expected_head}")
-            return Entry.build(job_id=job_id, seq=seq + 1, kind=draft.kind,
-                               timestamp=format_timestamp(self._clock()),
-                               payload=draft.payload, arrays=infos, prev_hash=prev)
+            return draft.linked(seq=seq + 1, timestamp=format_timestamp(self._clock()),
+                                prev_hash=prev)
 
         for attempt in range(_MAX_ATTEMPTS):
             try:
