@@ -165,7 +165,9 @@ class _Ctx:
             self.watch.level = task.level
             self.log.info(f"job {self.job}: level {task.level} of {self.config.max_depth} "
                           f"(round {task.round_id}, {task.kind.value})")
-            self.watch.poll(self.tr, force=True)
+            # at most every few seconds: a status request per level and client is a server
+            # request per round and client; the end of the job polls once more
+            self.watch.poll(self.tr)
 
     def waiting(self) -> None:
         """Nothing to do yet: say whom the job is waiting for (at most every few seconds)."""
@@ -458,11 +460,12 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
             if action == "advert":
                 session.advert(r)
             elif action == "share":
-                # shares first, then the histogram: the server closes the share step while
-                # this client computes, and the deliveries are ready when it is done
+                # the answer first (nothing leaves the site), then the shares, whose response
+                # brings the next step (the share delivery) back: one request per round less
+                if reply is None or vector is None:
+                    reply = ctx.worker.handle(task)
+                    vector = ctx.contribution(task, reply)
                 session.share(task, message)
-                reply = ctx.worker.handle(task)
-                vector = ctx.contribution(task, reply)
             elif action == "upload":
                 if reply is None or vector is None:
                     reply = ctx.worker.handle(task)

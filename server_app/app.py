@@ -242,20 +242,29 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def directory(job_id: JobId, c: Client) -> dict[str, Any]:
         return await run_in_threadpool(st.directory, c, job_id)
 
-    async def _long_poll(fn: Callable[[], _T], is_wait: Callable[[_T], bool], wait: float
-                         ) -> _T:
-        deadline = asyncio.get_running_loop().time() + wait
+    async def _long_poll(fn: Callable[[], _T], is_wait: Callable[[_T], bool], wait: float,
+                         surely_waits: Callable[[], bool] | None = None) -> _T:
+        """``fn()`` once it is not a wait, or after ``wait`` seconds. ``surely_waits`` (read
+        from memory, no query) skips asking ``fn`` while it holds: the generation is taken
+        first, so a change after it ends the wait at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
         while True:
             gen = st.generation
+            left = deadline - loop.time()
+            if surely_waits is not None and left > 0 and not stopping() and surely_waits():
+                await run_in_threadpool(st.wait_change, gen, min(left, _POLL_SLICE))
+                continue
             out = await run_in_threadpool(fn)
-            left = deadline - asyncio.get_running_loop().time()
+            left = deadline - loop.time()
             if not is_wait(out) or left <= 0 or stopping():
                 return out  # on shutdown at once: a cancelled request would be a 500
             await run_in_threadpool(st.wait_change, gen, min(left, _POLL_SLICE))
 
     async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
         return await _long_poll(lambda: st.secagg_offer(c, job_id),
-                                lambda o: o.get("status") == "wait", wait)
+                                lambda o: o.get("status") == "wait", wait,
+                                lambda: st.secagg_answered(c, job_id))
 
     @app.get("/v1/jobs/{job_id}/secagg", tags=["secagg"])
     async def secagg_next(job_id: JobId, c: Client, wait: Wait = 0.0) -> dict[str, Any]:

@@ -33,6 +33,23 @@ class SecAggRelay:
 
     def __init__(self, core: Core) -> None:
         self.core = core
+        #: ``(job, client id) -> client index`` of members an offer found (an index never
+        #: changes), for :meth:`answered_and_waiting`
+        self._index: dict[tuple[str, int], int] = {}
+
+    def answered_and_waiting(self, client: ClientRow, job_id: str) -> bool:
+        """Whether this client answered the open phase of the job's open secure round and the
+        phase still waits for others: then :meth:`offer` would say ``wait``. Read from memory,
+        without the lock or a query, so a long poll can wait without asking the database each
+        time. A step that changes what the client waits for (a phase closing, a drop, the job
+        ending) notifies the pollers, so a long poll that took its generation before asking
+        never sleeps through it; a deadline that passed is applied by the periodic tick."""
+        idx = self._index.get((job_id, client.id))
+        rt = self.core.runtimes.peek(job_id)
+        sr = rt.secure.current if rt is not None and rt.secure is not None else None
+        if idx is None or sr is None or idx not in sr.participants or idx in sr.dropped:
+            return False
+        return idx in sr.expected() and sr.server.has_answered(idx)
 
     def offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """What this client must do now in the open secure round (or what to wait for)."""
@@ -57,6 +74,7 @@ class SecAggRelay:
                 if rr is None or rr.status != RoundStatus.OPEN or sr is None or \
                         sr.round_id != rr.round_id:
                     return {"status": "wait", "detail": "no open round"}
+                self._index[(job_id, client.id)] = member.client_index
                 action, message = sr.action_for(member.client_index)
                 seq, head = self.core.audit.tip(job_id)
                 return {"status": "task" if action != "wait" else "wait", "action": action,

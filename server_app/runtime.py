@@ -354,6 +354,10 @@ class ServerState:
         """What this client must do now in the open secure round (or what to wait for)."""
         return self._relay.offer(client, job_id)
 
+    def secagg_answered(self, client: ClientRow, job_id: str) -> bool:
+        """Whether :meth:`secagg_offer` would surely say ``wait`` (from memory, no query)."""
+        return self._relay.answered_and_waiting(client, job_id)
+
     def secagg_message(self, client: ClientRow, job_id: str, round_id: int, kind: str,
                        body: bytes) -> dict[str, Any]:
         """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON)."""

@@ -27,7 +27,7 @@ from fedforest_secure.secure_sum import encode_contribution, make_codec, unmask_
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
-from server_app.auth import add_client
+from server_app.auth import TokenCache, add_client
 from server_app.db import Database, JobRow, RoundRow
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
@@ -435,3 +435,40 @@ def test_a_refusal_reason_with_a_nul_character_is_refused_and_changes_nothing(
                              headers=h(env, 1), json={"reason": reason})
         assert r.status_code == 422, r.text
     assert offer(env, 1)["status"] == "task"  # still a member, nothing recorded
+
+
+def test_a_client_that_answered_the_open_phase_waits_from_memory_until_it_closes(
+        env: dict) -> None:
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    cache = TokenCache(env["db"])
+    rows = {k: cache(env["tokens"][k]) for k in range(K)}
+    answered = env["state"].secagg_answered
+    assert not answered(rows[0], "job-a")  # no offer seen yet: asks the database
+    for k in range(K):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code == 200
+    for k in range(K - 1):
+        o = offer(env, k)
+        assert o["action"] == "share"
+        bundle = sa[k].share_keys(parse(RoundSetup, o["message"]))
+        assert post(env, k, r, "shares", bundle.model_dump_json()).status_code == 200
+    assert all(answered(rows[k], "job-a") for k in range(K - 1))
+    assert not answered(rows[K - 1], "job-a")  # it owes its shares
+    # a long poll of a client that answered waits, then says so (one full offer at the end)
+    o = env["http"].get("/v1/jobs/job-a/secagg", params={"wait": 0.3}, headers=h(env, 0))
+    assert o.json()["status"] == "wait"
+    last = offer(env, K - 1)
+    bundle = sa[K - 1].share_keys(parse(RoundSetup, last["message"]))
+    assert post(env, K - 1, r, "shares", bundle.model_dump_json()).status_code == 200
+    # the share phase closed: everyone owes its upload
+    assert not any(answered(rows[k], "job-a") for k in range(K))
+    assert offer(env, 0)["action"] == "upload"
+    for k in range(K - 1):  # the last client never uploads and is dropped at the deadline
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    assert answered(rows[0], "job-a")
+    env["clock"].now += 31
+    env["state"].tick()
+    assert not answered(rows[K - 1], "job-a")
+    assert offer(env, K - 1)["status"] == "dropped"
+    assert not answered(rows[0], "job-a")  # the survivor set is out: it owes a signature
