@@ -12,8 +12,9 @@ one column per epsilon, each cell the mean over the seeds. docs/privacy.md §2.6
 Usage::
 
     nice -n 10 python benchmarks/dp_validation.py                  # every set and variant
-    nice -n 10 python benchmarks/dp_validation.py --sets iris,wide --variants rule,abstain5 \\
+    nice -n 10 python benchmarks/dp_validation.py --sets iris,skewed180 --variants rule,abstain5 \\
         --seeds 6 --epsilons 0.5,8
+    nice -n 10 python benchmarks/dp_validation.py --flamby --epsilons 1,2,4,8 --seeds 5
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Variant:
 
     profile: dict[str, Any]
     shape: Callable[[float, int, int, int, str], dict[str, Any]] | None = None
+    #: constants of ``privacy.allocation`` set for the variant's fits
+    constants: tuple[tuple[str, Any], ...] = ()
 
 
 def _rule(**change: Any) -> Callable[[float, int, int, int, str], dict[str, Any]]:
@@ -123,12 +126,16 @@ def _noise_depth(c: float) -> Callable[[float, int, int, int, str], dict[str, An
 
 VARIANTS: dict[str, Variant] = {
     "rule": Variant({}),  # the shipped profile and rule
-    "abstain0": Variant({"abstain_below": 0}),
-    "abstain5": Variant({"abstain_below": 5}),
-    "abstain0-trees16": Variant({"abstain_below": 0}, _rule(n_estimators=16)),
-    "abstain0-noisedepth1": Variant({"abstain_below": 0}, _noise_depth(1.0)),
-    "abstain0-noisedepth4": Variant({"abstain_below": 0}, _noise_depth(4.0)),
-    "abstain0-noisedepth16": Variant({"abstain_below": 0}, _noise_depth(16.0)),
+    "abstain5": Variant({"abstain_below": 5}),  # with its noise paid (docs/privacy.md §2.2)
+    "greedy": Variant({}, lambda e, n, d, k, t: dp_forest_settings(
+        e, n, d, k, t, method="histogram").as_params() | {"method": "histogram"}),
+    "noisedepth4": Variant({}, _noise_depth(4.0)),
+    "trees32": Variant({}, _rule(n_estimators=32)),
+    "trees128": Variant({}, _rule(n_estimators=128)),
+    "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
+        "max_depth": _rule()(e, n, d, k, t)["max_depth"] + 1}),
+    "depth-1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
+        "max_depth": _rule()(e, n, d, k, t)["max_depth"] - 1}),
 }
 
 
@@ -140,12 +147,52 @@ def evaluate(data: Data, variant: Variant, eps: float, seeds: list[int]) -> floa
         n_train = int(round(0.7 * y.size))
         k = int(np.unique(y).size) if task == "classification" else 0
         shape = variant.shape(eps, n_train, X.shape[1], k, task)
-        params = {key: shape[key] for key in ("n_estimators", "max_depth", "n_bins")}
-    res = run_comparison(data=data, epsilons=(eps,), seeds=seeds,
-                         methods=["fedforest-secure-dp"], dp_params=params,
-                         dp_profile=variant.profile)
+        params = {key: shape[key] for key in ("n_estimators", "max_depth", "n_bins", "method")
+                  if key in shape}
+    from fedforest_secure.privacy import allocation
+
+    saved = {name: getattr(allocation, name) for name, _ in variant.constants}
+    try:
+        for name, value in variant.constants:
+            setattr(allocation, name, value)
+        res = run_comparison(data=data, epsilons=(eps,), seeds=seeds,
+                             methods=["fedforest-secure-dp"], dp_params=params,
+                             dp_profile=variant.profile)
+    finally:
+        for name, value in saved.items():
+            setattr(allocation, name, value)
     st = res.stats("fedforest-secure-dp", eps)
     return math.nan if st is None else st[0]
+
+
+def flamby_heart(epsilons: list[float], fits: int) -> None:
+    """docs/privacy.md §4: ``secure-dp`` on FLamby's Fed-Heart-Disease (the four hospitals as
+    the clients, FLamby's split), pooled test accuracy and per hospital, ``random_state``
+    0 .. fits - 1 (the DP noise is fresh in every fit)."""
+    from sklearn.metrics import accuracy_score
+
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.experiments.loaders import load_fed_heart_disease
+    from fedforest_secure.privacy import load_profile
+
+    tt = load_fed_heart_disease()
+    tr, te = tt.train, tt.test
+    if tr.client is None or te.client is None:
+        raise ValueError("the heart data must name each row's hospital")
+    print("| profile | accuracy | per hospital |")
+    print("|---|---|---|")
+    for eps in epsilons:
+        pooled, per = [], []
+        for s in range(fits):
+            model = FedForestClassifier(profile=load_profile("secure-dp", epsilon=eps),
+                                        random_state=s).fit(tr.X, tr.y, client=tr.client)
+            pred = model.predict(te.X)
+            pooled.append(accuracy_score(te.y, pred))
+            per.append([accuracy_score(te.y[te.client == k], pred[te.client == k])
+                        for k in np.unique(te.client)])
+        hosp = " ".join(f"{v:.3f}" for v in np.mean(per, axis=0))
+        print(f"| secure-dp ε = {eps:g} | {np.mean(pooled):.3f} ± {np.std(pooled):.3f} | "
+              f"{hosp} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--epsilons", default="0.5,1,2,4,8")
     ap.add_argument("--seeds", type=int, default=6, help="seeds 100 .. 100 + n - 1")
+    ap.add_argument("--flamby", action="store_true",
+                    help="instead: secure-dp on FLamby's heart data (docs/privacy.md §4)")
     args = ap.parse_args(argv)
+    if args.flamby:
+        flamby_heart([e for e in parse_epsilons(args.epsilons) if math.isfinite(e)],
+                     args.seeds)
+        return 0
     sets = [s for s in args.sets.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
     for name in sets + variants:
