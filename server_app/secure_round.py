@@ -93,7 +93,9 @@ class SecureRound:
     dropped: set[int] = field(default_factory=set)
     refused: dict[int, str] = field(default_factory=dict)
     #: the JSON of the messages every client of a phase gets (setup, survivor set, unmask
-    #: request), made once: serialising an O(K) message for each of K clients costs O(K^2)
+    #: request), made once: serialising an O(K) message for each of K clients costs O(K^2).
+    #: On the SecAgg+ sparse graph the setup and unmask request are per client (O(k) adverts
+    #: and signatures each) and the survivor set is the one shared message
     _wire: dict[str, str] = field(default_factory=dict, repr=False)
     #: the clients the open phase expects, made once per phase
     _expected: tuple[ServerStage, frozenset[int]] | None = field(default=None, repr=False)
@@ -218,8 +220,12 @@ def _close_signatures(sr: SecureRound) -> None:
     sr.request = sr.server.request_unmask()
 
 
-def _share_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
-    return ("share", sr.wire("setup", sr.setup)) if sr.setup is not None else ("wait", None)
+def _share_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
+    if sr.setup is None:
+        return "wait", None
+    if sr.server.sparse:  # each client gets its group's adverts only (O(k), made per client)
+        return "share", sr.server.setup_for(idx).model_dump_json()
+    return "share", sr.wire("setup", sr.setup)
 
 
 def _upload_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
@@ -232,9 +238,12 @@ def _sign_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
             else ("wait", None))
 
 
-def _unmask_action(sr: SecureRound, _idx: int) -> tuple[str, str | None]:
-    return (("unmask", sr.wire("unmask", sr.request)) if sr.request is not None
-            else ("wait", None))
+def _unmask_action(sr: SecureRound, idx: int) -> tuple[str, str | None]:
+    if sr.request is None:
+        return "wait", None
+    if sr.server.sparse:  # each client gets its group's signatures only
+        return "unmask", sr.server.unmask_request_for(idx).model_dump_json()
+    return "unmask", sr.wire("unmask", sr.request)
 
 
 def _replay_adverts(sr: SecureRound, stored: StoredRound) -> None:

@@ -205,6 +205,9 @@ def test_a_secagg_plus_round_over_the_api_routes_shares_between_neighbours_only(
     for k in range(K):
         setup = parse(RoundSetup, offer(env, k)["message"])
         assert setup.neighbours == 2  # the graph of the job's profile, announced to everyone
+        # each client gets the roster's ids and its own group's adverts (itself and 2 others)
+        assert setup.roster == tuple(range(K)) and len(setup.adverts) == 3
+        assert k in {a.client_id for a in setup.adverts}
         assert post(env, k, r, "shares", sa[k].share_keys(setup).model_dump_json()
                     ).status_code == 200
     for k in range(K):

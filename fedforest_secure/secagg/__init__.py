@@ -11,7 +11,9 @@ private :mod:`fedforest_secure.secagg._primitives` and are imported only from he
 
 Against an actively malicious server each client pins what it knows of the job (the identity
 directory, the job's size, the threshold and graph of its own profile) and reveals unmask shares
-only for a survivor set that ``t`` members signed (the consistency step).
+only for a survivor set that ``t`` members signed (the consistency step); on the SecAgg+ sparse
+graph, a share of a neighbour only for a set that ``t_local`` members of that neighbour's group
+signed (the checks local to the neighbourhood: O(log K) per client).
 
 Masks are fresh every round: every round draws a new masking key pair and self-mask seed, and the
 pairwise seeds are bound to ``job|round|i|j|task_digest``.

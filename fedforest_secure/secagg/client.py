@@ -14,11 +14,13 @@ graph as an option):
    ``b_u`` and signs them (with its per-job encryption key) under its Ed25519 identity. The
    advert for ``r + 1`` may be produced while round ``r`` is still running and ride along on
    ``r``'s upload or unmask response (``next_advert``).
-2. ``share_keys(setup)``: verifies every advert of the roster against the directory, checks the
-   roster has at least ``t`` members and that the announced threshold and graph are its own,
-   derives its neighbours from the public seed (hash of job, round, roster and task), Shamir-shares
-   ``b_u`` and the masking private key among its group with threshold ``t`` and encrypts each pair
-   of shares to its peer.
+2. ``share_keys(setup)``: checks the roster has at least ``t`` members and that the announced
+   threshold and graph are its own, derives its group (itself and its neighbours) from the public
+   seed (hash of job, round, roster and task), verifies the adverts of its group against the
+   directory (on the SecAgg+ sparse graph, only those: the other roster members' adverts are
+   neither needed nor verified), Shamir-shares ``b_u`` and the masking private key among its
+   group with threshold ``t_local`` (``t`` on the complete graph) and encrypts each pair of shares
+   to its peer.
 3. ``mask(delivery, x)``: decrypts the shares it received and uploads
    ``y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)`` in Z_{2^64}, over the peers
    ``v`` that shared, and only if at least ``t - 1`` of its group's peers shared (fewer masks
@@ -31,9 +33,15 @@ graph as an option):
 5. ``unmask(request)``: reveals self-mask shares of survivors and masking-key shares of dropped
    peers, under the privacy rules below (a breach is ``errors.RefusedRequest``):
 
-   * only for the very set it signed, carried with valid signatures of at least ``t`` distinct
-     members of its roster on that set (``2t > n_clients``, and each client signs one set per
-     round, so no two honest clients reveal shares for different sets);
+   * only for the very set it signed, carried with valid signatures of at least ``t_local``
+     distinct members of its group on that set (a strict majority of the group, and each client
+     signs one set per round, so no two sets both gather them from one group's honest members).
+     On the complete graph the group is the roster and ``t_local = t`` (``2t > n_clients``: no
+     two honest clients reveal shares for different sets). On the SecAgg+ sparse graph the
+     check is local to the neighbourhood, as in Bell et al. (2020): a client verifies ``k + 1``
+     signatures, not ``t`` of the job, and different neighbourhoods may be shown different sets
+     (threat_model.md §2.2 says what that leaves to a malicious server);
+   * only shares of its own group (the only ones it holds);
    * never both kinds of share for the same peer in one round (even across repeated requests);
    * never the same ``(job, question)`` twice with a different set of survivors.
 """
@@ -58,9 +66,9 @@ from ._rounds import (
     consistency_payload,
     graph_seed,
     job_threshold,
+    local_groups,
     local_threshold,
     mask_info,
-    neighbour_groups,
     self_mask_commitment,
     share_header,
 )
@@ -108,14 +116,17 @@ class _Round:
     task_digest: bytes
     threshold: int
     vector_length: int
-    adverts: dict[int, KeyAdvert]
+    roster: frozenset[int]  # the round's clients (U1), as ids
+    adverts: dict[int, KeyAdvert]  # the verified adverts of the group
     group: frozenset[int]
     keys: _RoundKeys | None
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # sender -> (b, sk) shares
     revealed: dict[int, str] = field(default_factory=dict)
     signed: frozenset[int] | None = None  # the one survivor set this client signed
     signature: bytes = b""
-    local_t: int = 0  # the threshold of this client's group (t on a complete graph)
+    local_t: int = 0  # the threshold of each group (t on a complete graph)
+    #: the job groups of this client and of each of its neighbours (None: the complete graph)
+    owners: dict[int, frozenset[int]] | None = None
     masked_with: frozenset[int] = frozenset()  # itself and the peers its masks cover
 
 
@@ -145,6 +156,7 @@ class SecAggClient:
     _round: _Round | None = field(default=None, repr=False)
     _answered: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
     _boxes: dict[bytes, Box] = field(default_factory=dict, repr=False)  # peer enc key -> Box
+    _members: tuple[int, ...] = field(default=(), init=False, repr=False)  # the job's ids
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -161,6 +173,7 @@ class SecAggClient:
         if isinstance(self.min_survivors, bool) or not isinstance(self.min_survivors, int):
             raise TypeError("min_survivors must be an int")
         self.min_survivors = max(3, self.min_survivors)
+        self._members = tuple(sorted(self.directory))
 
     @property
     def t(self) -> int:
@@ -219,11 +232,8 @@ class SecAggClient:
         if keys is None or (r == self.round_id and self.stage is not ClientStage.ADVERTISED):
             raise ProtocolError(f"round setup for round {r} arrived in stage {self.stage.value} "
                                 f"of round {self.round_id} (keys not advertised or already shared)")
-        ids = unique_ids((a.client_id for a in setup.adverts), "roster")
-        adverts = {a.client_id: verify_advert(a, self.directory, self.job_id, r)
-                   for a in setup.adverts}
-        if adverts.get(self.client_id) != keys.advert:
-            raise InvalidMessage("the roster does not carry this client's advertisement")
+        ids = unique_ids(setup.roster if setup.roster is not None
+                         else (a.client_id for a in setup.adverts), "roster")
         n, t = len(ids), self._t
         if setup.threshold != t:
             raise RefusedRequest(f"the round announces threshold {setup.threshold}; this client's "
@@ -237,9 +247,23 @@ class SecAggClient:
             raise RefusedRequest(f"refusing a roster of {n} clients: this client unmasks sums "
                                  f"over at least {need} (t={t} of the job's {self.n_clients})",
                                  code="roster")
-        seed = graph_seed(self.job_id, r, setup.task_digest, ids)
-        group = neighbour_groups(ids, self.neighbours, seed)[self.client_id]
-        t_local = local_threshold(t, n, len(group))
+        roster = frozenset(ids)
+        if self.client_id not in roster:
+            raise InvalidMessage("the roster does not carry this client's advertisement")
+        if not roster <= self.directory.keys():
+            raise InvalidMessage("the roster names clients outside the job")
+        # the graph is the job's (its pinned membership), whatever roster the server shows
+        seed = graph_seed(self.job_id, r, setup.task_digest, self._members)
+        owners = local_groups(self._members, self.neighbours, seed, self.client_id)
+        job_group = frozenset(self._members) if owners is None else owners[self.client_id]
+        group = job_group & roster
+        t_local = local_threshold(t, self.n_clients, len(job_group))
+        if len(group) < t_local:
+            raise RefusedRequest(f"only {len(group)} of this client's group are in the roster of "
+                                 f"round {r}; its shares need {t_local}", code="roster")
+        adverts = self._group_adverts(setup, r, roster, group)
+        if adverts[self.client_id] != keys.advert:
+            raise InvalidMessage("the roster does not carry this client's advertisement")
         xs = [u + 1 for u in sorted(group)]
         b = int.from_bytes(keys.self_seed, "big")
         sk = int.from_bytes(keys.mask_private, "big")
@@ -250,16 +274,39 @@ class SecAggClient:
         cts: dict[int, bytes] = {}
         for v in sorted(group - {self.client_id}):
             box = self._box(adverts[v].enc_key)
-            plain = (share_header(self.job_id, r, self.client_id, v)
+            plain = (share_header(self.job_id, r, self.client_id, v, setup.task_digest)
                      + _shamir.to_bytes(b_sh[v + 1]) + _shamir.to_bytes(sk_sh[v + 1]))
             cts[v] = bytes(box.encrypt(plain))
         me = self.client_id + 1
         self._round = _Round(r, setup.question, setup.task_digest, t, setup.vector_length,
-                             adverts, group, keys,
-                             held={self.client_id: (b_sh[me], sk_sh[me])}, local_t=t_local)
+                             roster, adverts, group, keys,
+                             held={self.client_id: (b_sh[me], sk_sh[me])}, local_t=t_local,
+                             owners=owners)
         self._keys = {q: k for q, k in self._keys.items() if q > r}
         self.round_id, self.stage = r, ClientStage.SHARED
         return ShareBundle(job_id=self.job_id, round_id=r, sender=self.client_id, ciphertexts=cts)
+
+    def _group_adverts(self, setup: RoundSetup, round_id: int, roster: frozenset[int],
+                       group: frozenset[int]) -> dict[int, KeyAdvert]:
+        """The verified adverts of this client's group. Adverts of other roster members are
+        neither verified nor used (the client never encrypts to them nor derives a mask with
+        them); an advert of a client outside the roster, a repeated one or a missing neighbour
+        is :class:`InvalidMessage`."""
+        adverts: dict[int, KeyAdvert] = {}
+        for advert in setup.adverts:
+            v = advert.client_id
+            if v not in roster:
+                raise InvalidMessage(f"an advertisement of client {v}, outside the roster")
+            if v not in group:
+                continue
+            if v in adverts:
+                raise InvalidMessage("duplicate client in roster")
+            adverts[v] = verify_advert(advert, self.directory, self.job_id, round_id)
+        missing = group - set(adverts)
+        if missing:
+            raise InvalidMessage(f"the round setup lacks the advertisement of neighbour "
+                                 f"{min(missing)}")
+        return adverts
 
     # -- 3. masked upload --------------------------------------------------------------------
     def mask(self, delivery: ShareDelivery, vector: np.ndarray, *,
@@ -338,7 +385,8 @@ class SecAggClient:
         return header, masked
 
     def _open_share(self, rnd: _Round, sender: int, ct: bytes) -> tuple[int, int]:
-        head = share_header(self.job_id, rnd.round_id, sender, self.client_id)
+        head = share_header(self.job_id, rnd.round_id, sender, self.client_id,
+                            rnd.task_digest)
         try:
             plain = self._box(rnd.adverts[sender].enc_key).decrypt(ct)
             if not plain.startswith(head) or len(plain) != len(head) + 2 * _shamir.SHARE_BYTES:
@@ -376,7 +424,7 @@ class SecAggClient:
             return self._signature(rnd)
         rnd = self._expect(ClientStage.MASKED, survivor_set, SurvivorSet)
         survivors = frozenset(unique_ids(survivor_set.survivors, "survivors"))
-        if not survivors <= set(rnd.adverts):
+        if not survivors <= rnd.roster:
             raise InvalidMessage("the survivor set names clients outside this client's roster")
         if self.client_id not in survivors:
             raise ProtocolError("the survivor set does not list this client")
@@ -424,7 +472,7 @@ class SecAggClient:
             rnd = self._expect(ClientStage.SIGNED, request, UnmaskRequest)
         survivors = set(unique_ids(request.survivors, "survivors"))
         dropped = set(unique_ids(request.dropped, "dropped"))
-        if not (survivors | dropped) <= set(rnd.adverts):
+        if not (survivors | dropped) <= rnd.roster:
             raise InvalidMessage("unmask request names clients outside the round")
         if request.question != rnd.question:
             raise InvalidMessage("unmask request for another question")
@@ -435,22 +483,24 @@ class SecAggClient:
         if both:
             raise RefusedRequest(f"refusing both a self-mask and a key share of client "
                                  f"{min(both)} in round {rnd.round_id}", code="both_shares")
-        payload = consistency_payload(self.job_id, rnd.round_id, rnd.task_digest, survivors)
-        for signer, sig in request.signatures.items():
-            if signer not in survivors or not survivor_signature_ok(self.directory, signer, sig,
-                                                                    payload):
-                raise InvalidMessage(f"the signature of client {signer} on the survivor set "
-                                     "does not verify")
-        if len(request.signatures) < self._t:
-            raise RefusedRequest(f"only {len(request.signatures)} signatures on the survivor set "
-                                 f"of round {rnd.round_id}, t={self._t} needed", code="signatures")
+        # only the group holds shares: O(k) on the sparse graph whatever the roster's size
+        wanted = ({u: _SELF for u in survivors & rnd.group}
+                  | {v: _KEY for v in dropped & rnd.group})
+        signers = self._valid_signers(rnd, request, survivors)
+        for owner in sorted(p for p in wanted if p in rnd.held):
+            backers = self._backers(rnd, owner)
+            backing = signers if backers is None else signers & backers
+            if len(backing) < rnd.local_t:
+                where = "the roster" if backers is None else f"client {owner}'s group"
+                raise RefusedRequest(f"only {len(backing)} signatures of {where} on the survivor "
+                                     f"set of round {rnd.round_id}, {rnd.local_t} needed",
+                                     code="signatures")
         self._check_survivors(len(survivors), rnd.round_id)
         members = frozenset(survivors)
         previous = self._answered.get(rnd.question)
         if previous is not None and previous != members:
             raise RefusedRequest(f"question {rnd.question!r} of job {self.job_id} was already "
                                  "answered for a different set of clients", code="question_reused")
-        wanted = {u: _SELF for u in survivors} | {v: _KEY for v in dropped}
         for peer, kind in wanted.items():
             if rnd.revealed.get(peer, kind) != kind:
                 raise RefusedRequest(f"already revealed the {rnd.revealed[peer]} share of client "
@@ -462,10 +512,42 @@ class SecAggClient:
         return UnmaskResponse(
             job_id=self.job_id, round_id=rnd.round_id, sender=self.client_id,
             self_mask_shares={u: _shamir.to_bytes(rnd.held[u][0])
-                              for u in sorted(survivors) if u in rnd.held},
+                              for u in sorted(wanted) if wanted[u] == _SELF and u in rnd.held},
             key_shares={v: _shamir.to_bytes(rnd.held[v][1])
-                        for v in sorted(dropped) if v in rnd.held},
+                        for v in sorted(wanted) if wanted[v] == _KEY and v in rnd.held},
             next_advert=next_advert)
+
+    @staticmethod
+    def _backers(rnd: _Round, owner: int) -> frozenset[int] | None:
+        """Whose signatures back the reveal of ``owner``'s shares: ``owner``'s own group (the
+        only clients holding its shares); ``None`` (the roster) on the complete graph."""
+        return None if rnd.owners is None else rnd.owners[owner]
+
+    def _valid_signers(self, rnd: _Round, request: UnmaskRequest,
+                       survivors: set[int]) -> frozenset[int]:
+        """The members whose signature on ``survivors`` verifies, among those whose signatures
+        this client needs: the roster on the complete graph; on the sparse graph the groups of
+        its own neighbours (a share of owner ``p`` is revealed only when ``t_local`` members of
+        ``p``'s group signed the set, so every honest holder of ``p``'s shares reveals them
+        for one set only). Other signatures are not verified.
+
+        A signer outside the survivor set is :class:`InvalidMessage`, and so is a needed
+        signature that does not verify.
+        """
+        needed = (None if rnd.owners is None
+                  else frozenset().union(*rnd.owners.values()))
+        payload = consistency_payload(self.job_id, rnd.round_id, rnd.task_digest, survivors)
+        valid = set()
+        for signer, sig in request.signatures.items():
+            if signer not in survivors:
+                raise InvalidMessage(f"a signature of client {signer}, outside the survivor set")
+            if needed is not None and signer not in needed:
+                continue
+            if not survivor_signature_ok(self.directory, signer, sig, payload):
+                raise InvalidMessage(f"the signature of client {signer} on the survivor set "
+                                     "does not verify")
+            valid.add(signer)
+        return frozenset(valid)
 
     def _expect(self, stage: ClientStage, msg: object, kind: type) -> _Round:
         if not isinstance(msg, kind):

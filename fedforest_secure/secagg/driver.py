@@ -136,9 +136,9 @@ class InProcessSecureSum:
             else:
                 self._receive(server.receive_advert, advert)
         self._next_adverts = {}
-        setup = server.setup()
-        for u in parts:
-            self._receive(server.receive_shares, self.clients[u].share_keys(setup))
+        server.setup()
+        for u in parts:  # each client's setup: on the sparse graph, its group's adverts only
+            self._receive(server.receive_shares, self.clients[u].share_keys(server.setup_for(u)))
         deliveries = server.deliver_shares()
         for u in sorted(deliveries):
             if u in drop1:
@@ -170,7 +170,7 @@ class InProcessSecureSum:
             try:
                 client = self.clients[u]
                 nxt = client.pending_advert(r + 1) or client.advertise(r + 1)
-                response = client.unmask(request, next_advert=nxt)
+                response = client.unmask(server.unmask_request_for(u), next_advert=nxt)
             except RefusedRequest as exc:
                 refused.append(exc)
                 continue

@@ -14,8 +14,9 @@ Flow of round ``r`` (server in the middle, every arrow relayed by it)::
     client -> server  UnmaskResponse  self-mask shares for survivors, key shares for dropped
 
 The two consistency messages are the actively secure variant of Bonawitz et al. (2017): a client
-reveals unmask shares only for a survivor set that ``t`` distinct members of its roster signed,
-and signs one set per round, so no two clients reveal shares for different sets.
+reveals unmask shares only for a survivor set that ``t`` distinct members of its roster signed
+(on the SecAgg+ sparse graph: ``t_local`` members of its own group, Bell et al. 2020), and signs
+one set per round, so no two sets each gather the signatures a client needs from one group.
 
 Every model forbids extra fields and bounds its sizes. Big vectors are never JSON: they are numpy
 uint64 arrays carried next to :class:`MaskedUpload`. :func:`parse` turns any parse failure into
@@ -56,6 +57,7 @@ Signature = Annotated[StrictBytes, Field(min_length=64, max_length=64)]
 Ciphertext = Annotated[StrictBytes, Field(min_length=1, max_length=MAX_CIPHERTEXT)]
 ShareBytes = Annotated[StrictBytes, Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES)]
 Question = Annotated[str, Field(min_length=1, max_length=256)]
+Roster = Annotated[tuple[ClientId, ...], Field(min_length=1, max_length=MAX_CLIENTS)]
 
 
 class _Message(BaseModel):
@@ -81,7 +83,12 @@ class KeyAdvert(_Message):
 
 
 class RoundSetup(_Message):
-    """Server -> clients: the round's roster (U1) as signed adverts, and what is being summed."""
+    """Server -> clients: the round's roster (U1) as signed adverts, and what is being summed.
+
+    Without ``roster`` the adverts are the roster (every client gets every advert: the complete
+    graph). With ``roster`` (the ids of U1; the SecAgg+ sparse graph) ``adverts`` holds only
+    the recipient's group: a client needs, and verifies, only its neighbours' adverts.
+    """
 
     question: Question
     task_digest: Key32
@@ -89,6 +96,7 @@ class RoundSetup(_Message):
     neighbours: Annotated[int, Field(ge=2, le=MAX_CLIENTS)] | None = None
     vector_length: Annotated[int, Field(ge=0, le=MAX_VECTOR)]
     adverts: Annotated[tuple[KeyAdvert, ...], Field(min_length=1, max_length=MAX_CLIENTS)]
+    roster: Roster | None = None
 
 
 class ShareBundle(_Message):
@@ -128,7 +136,8 @@ class SurvivorSignature(_Message):
 
 class UnmaskRequest(_Message):
     """Server -> survivors: who uploaded (``survivors``), who shared but did not (``dropped``),
-    and the survivors' signatures on ``survivors`` (``{signer: signature}``)."""
+    and the survivors' signatures on ``survivors`` (``{signer: signature}``; on the SecAgg+
+    sparse graph only those of the recipient's group, the only ones it counts)."""
 
     question: Question
     survivors: Annotated[tuple[ClientId, ...], Field(max_length=MAX_CLIENTS)]

@@ -101,7 +101,8 @@ class SecAggServer:
     next_adverts: dict[int, KeyAdvert] = field(default_factory=dict)
     _adverts: dict[int, KeyAdvert] = field(default_factory=dict, repr=False)
     _t: int = 0
-    _groups: dict[int, frozenset[int]] = field(default_factory=dict, repr=False)
+    _groups: dict[int, frozenset[int]] = field(default_factory=dict, repr=False)  # in U1
+    _job_groups: dict[int, frozenset[int]] = field(default_factory=dict, repr=False)
     _bundles: dict[int, ShareBundle] = field(default_factory=dict, repr=False)
     _uploads: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     _running: np.ndarray | None = field(default=None, repr=False)
@@ -109,6 +110,9 @@ class SecAggServer:
     _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
     _responses: dict[int, UnmaskResponse] = field(default_factory=dict, repr=False)
     _consistency: bytes | None = field(default=None, repr=False)
+    _roster: tuple[int, ...] = ()
+    _sparse: bool = False
+    _request: UnmaskRequest | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -197,13 +201,43 @@ class SecAggServer:
         if n < t:
             raise self._abort(f"only {n} clients advertised keys, t={t}")
         ids = sorted(self._adverts)
-        seed = graph_seed(self.job_id, self.round_id, self.task_digest, ids)
-        self._groups = neighbour_groups(ids, self.neighbours, seed)
+        members = sorted(self.directory)  # the graph is the job's, as every client derives it
+        seed = graph_seed(self.job_id, self.round_id, self.task_digest, members)
+        self._job_groups = neighbour_groups(members, self.neighbours, seed)
+        roster = frozenset(ids)
+        self._groups = {u: self._job_groups[u] & roster for u in ids}
+        self._roster = tuple(ids)
+        self._sparse = any(len(g) < len(members) for g in self._job_groups.values())
         self.stage = ServerStage.COLLECT_SHARES
+        return self._broadcast_setup()
+
+    def _broadcast_setup(self) -> RoundSetup:
         return RoundSetup(job_id=self.job_id, round_id=self.round_id, question=self.question,
-                          task_digest=self.task_digest, threshold=t, neighbours=self.neighbours,
-                          vector_length=self.vector_length,
-                          adverts=tuple(self._adverts[u] for u in ids))
+                          task_digest=self.task_digest, threshold=self._t,
+                          neighbours=self.neighbours, vector_length=self.vector_length,
+                          adverts=tuple(self._adverts[u] for u in self._roster))
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the closed roster's graph is the SecAgg+ sparse graph (groups smaller than
+        the roster), so each client gets its own setup and unmask request."""
+        return self._sparse
+
+    def setup_for(self, client: int) -> RoundSetup:
+        """The round setup ``client`` receives: :meth:`setup`'s message on the complete graph;
+        on the sparse graph the roster's ids and the adverts of ``client``'s group only (what it
+        verifies and uses), so a client's message is O(K) ids and O(k) adverts."""
+        if self.stage is ServerStage.COLLECT_ADVERTS or client not in self._groups:
+            raise ProtocolError(f"no round setup for client {client} (roster not closed, or "
+                                "not in it)")
+        if not self._sparse:
+            return self._broadcast_setup()
+        group = self._groups[client]
+        return RoundSetup(job_id=self.job_id, round_id=self.round_id, question=self.question,
+                          task_digest=self.task_digest, threshold=self._t,
+                          neighbours=self.neighbours, vector_length=self.vector_length,
+                          adverts=tuple(self._adverts[u] for u in sorted(group)),
+                          roster=self._roster)
 
     # -- shares ----------------------------------------------------------------------------------
     def receive_shares(self, bundle: ShareBundle) -> None:
@@ -294,10 +328,28 @@ class SecAggServer:
             raise self._abort(f"only {len(self._signatures)} survivors signed the survivor set, "
                               f"t={self._t}")
         self.stage = ServerStage.COLLECT_UNMASK
-        return UnmaskRequest(job_id=self.job_id, round_id=self.round_id, question=self.question,
-                             survivors=tuple(sorted(self._uploads)),
-                             dropped=tuple(sorted(self._dropped)),
-                             signatures=dict(sorted(self._signatures.items())))
+        self._request = UnmaskRequest(job_id=self.job_id, round_id=self.round_id,
+                                      question=self.question,
+                                      survivors=tuple(sorted(self._uploads)),
+                                      dropped=tuple(sorted(self._dropped)),
+                                      signatures=dict(sorted(self._signatures.items())))
+        return self._request
+
+    def unmask_request_for(self, client: int) -> UnmaskRequest:
+        """The unmask request ``client`` receives: :meth:`request_unmask`'s message; on the
+        sparse graph with only the signatures of the groups of ``client``'s neighbours (the
+        only ones it verifies and counts: O(k) of them)."""
+        self._stage(ServerStage.COLLECT_UNMASK, "unmask request")
+        group = self._groups.get(client)
+        if group is None:
+            raise ProtocolError(f"client {client} is not in the round")
+        if self._request is None:
+            raise ProtocolError("no unmask request yet")
+        if not self._sparse:
+            return self._request
+        needed = frozenset().union(*(self._job_groups[p] for p in self._job_groups[client]))
+        return self._request.model_copy(update={"signatures": {
+            u: self._signatures[u] for u in sorted(needed) if u in self._signatures}})
 
     # -- unmask ----------------------------------------------------------------------------------
     def receive_unmask(self, response: UnmaskResponse) -> None:
@@ -317,7 +369,7 @@ class SecAggServer:
 
     def _reconstruct(self, owner: int, kind: str) -> bytes:
         group = self._groups[owner]
-        t_local = local_threshold(self._t, len(self._adverts), len(group))
+        t_local = local_threshold(self._t, len(self.directory), len(self._job_groups[owner]))
         shares = {}
         for w in group:  # only the owner's group holds its shares: O(k) with a sparse graph
             resp = self._responses.get(w)
