@@ -5,14 +5,18 @@ Two measurements, each a table (Markdown), a PNG plot and a JSON file:
 ``protocol``
     One secure-aggregation round in one process, with the real client and server state machines
     of :mod:`fedforest_secure.secagg` (what a round costs whatever the transport): per client
-    and per round, the CPU seconds of its steps (share keys, mask, sign the survivor set,
-    unmask) and the bytes it sends and receives (the JSON messages and the 8-byte words of the
-    masked vector); the server's CPU seconds per round (every check, the share routing, the
-    reconstruction and unmasking). Graphs: ``complete`` (every pair of clients shares masks)
+    and per round, the CPU seconds of its steps (parse the server's JSON messages, share keys,
+    mask, sign the survivor set, unmask) and the bytes it sends and receives (the JSON messages
+    and the 8-byte words of the masked vector); the server's CPU seconds per round (every
+    check, serialising its messages, the share routing, the reconstruction and unmasking). A
+    server with per-client messages (``setup_for`` / ``unmask_request_for``, the SecAgg+ graph)
+    sends those, any other the broadcast, so the script also measures older checkouts
+    (``PYTHONPATH=<checkout>``). Graphs: ``complete`` (every pair of clients shares masks)
     and ``secagg+`` (the SecAgg+ sparse graph of degree ``k = 2 ceil(log2 K)``, neighbours from
     the round's public seed). Steady state: the rounds after the first (the key advert rides on
     the previous round's unmask response). Each series is fitted by ``a + b K`` and by
-    ``a + b log2 K``; the table says which fits (smaller relative residual).
+    ``a + b log2 K`` (coefficients and relative residuals); the table says which fits (smaller
+    relative residual).
 
 ``https``
     A whole secure job over HTTPS on 127.0.0.1 (``fedforest server`` and K ``fedforest client``
@@ -84,7 +88,15 @@ def protocol_round_costs(k: int, graph: str, length: int, rounds: int = 3,
     """Mean per-client and server costs of the steady-state rounds (all but the first)."""
     from nacl.signing import SigningKey
 
-    from fedforest_secure.secagg import SecAggClient, SecAggServer
+    from fedforest_secure.secagg import (
+        RoundSetup,
+        SecAggClient,
+        SecAggServer,
+        ShareDelivery,
+        SurvivorSet,
+        UnmaskRequest,
+        parse,
+    )
 
     neighbours = None if graph == "complete" else degree_for(k)
     if neighbours is not None and neighbours >= k - 1:
@@ -137,33 +149,46 @@ def protocol_round_costs(k: int, graph: str, length: int, rounds: int = 3,
                 sent[u] += _jsize(advert)
             serve(server.receive_advert, advert)
         setup = serve(server.setup)
+        # a server that makes each client its own setup and unmask request (the SecAgg+ graph:
+        # the client's group only) sends those; otherwise every client gets the broadcast.
+        # Messages travel as JSON: the server serialises (a broadcast once), the client parses.
+        own = getattr(server, "sparse", False)
+        setup_json = serve(setup.model_dump_json)
         for u in ids:
-            bundle = client(u, clients[u].share_keys, setup)
+            text = serve(server.setup_for(u).model_dump_json) if own else setup_json
+            bundle = client(u, clients[u].share_keys, client(u, parse, RoundSetup, text))
             serve(server.receive_shares, bundle)
             if steady:
-                recv[u] += _jsize(setup)
+                recv[u] += len(text)
                 sent[u] += _jsize(bundle)
         deliveries = serve(server.deliver_shares)
         for u in ids:
-            header, masked = client(u, clients[u].mask, deliveries[u], vectors[u], inplace=True)
+            text = serve(deliveries[u].model_dump_json)
+            delivery = client(u, parse, ShareDelivery, text)
+            header, masked = client(u, clients[u].mask, delivery, vectors[u], inplace=True)
             serve(server.receive_upload, header, masked)
             if steady:
-                recv[u] += _jsize(deliveries[u])
+                recv[u] += len(text)
                 sent[u] += _jsize(header) + 8 * length
         survivor_set = serve(server.request_signatures)
+        survivors_json = serve(survivor_set.model_dump_json)
         for u in survivor_set.survivors:
-            sig = client(u, clients[u].sign_survivors, survivor_set)
+            sig = client(u, clients[u].sign_survivors,
+                         client(u, parse, SurvivorSet, survivors_json))
             serve(server.receive_signature, sig)
             if steady:
-                recv[u] += _jsize(survivor_set)
+                recv[u] += len(survivors_json)
                 sent[u] += _jsize(sig)
         request = serve(server.request_unmask)
+        request_json = serve(request.model_dump_json)
         for u in request.survivors:
+            text = serve(server.unmask_request_for(u).model_dump_json) if own else request_json
             nxt = client(u, clients[u].advertise, r + 1)
-            response = client(u, clients[u].unmask, request, next_advert=nxt)
+            response = client(u, clients[u].unmask, client(u, parse, UnmaskRequest, text),
+                              next_advert=nxt)
             serve(server.receive_unmask, response)
             if steady:
-                recv[u] += _jsize(request)
+                recv[u] += len(text)
                 sent[u] += _jsize(response)
         total = serve(server.finish)
         if not np.array_equal(total, expected):
@@ -355,9 +380,9 @@ _PROTOCOL_COLS = [("client_cpu_ms", "client CPU ms/round"),
                   ("server_cpu_ms", "server CPU ms/round"),
                   ("client_sent_kb", "client sent kB/round"),
                   ("client_recv_kb", "client received kB/round")]
-_STEP_COLS = [("client_advertise_ms", "advertise"), ("client_share_keys_ms", "share keys"),
-              ("client_mask_ms", "mask"), ("client_sign_survivors_ms", "sign"),
-              ("client_unmask_ms", "unmask")]
+_STEP_COLS = [("client_parse_ms", "parse messages"), ("client_advertise_ms", "advertise"),
+              ("client_share_keys_ms", "share keys"), ("client_mask_ms", "mask"),
+              ("client_sign_survivors_ms", "sign"), ("client_unmask_ms", "unmask")]
 _HTTPS_COLS = [("client_cpu_ms_per_round", "client CPU ms/round"),
                ("server_cpu_ms_per_round", "server CPU ms/round"),
                ("client_sent_kb_per_round", "client sent kB/round"),
@@ -379,11 +404,14 @@ def markdown(rows: list[dict[str, Any]], cols: list[tuple[str, str]], extra: Seq
             continue
         for key, title in cols:
             f = fit_growth([r["K"] for r in sub], [r[key] for r in sub])
+            lin, log = f["K"], f["log K"]
             fits.append(f"| {graph} | {title} | {f['growth']:.2f}x for {f['k_growth']:.0f}x K "
-                        f"| {f['K']['rel_rms']:.3f} | {f['log K']['rel_rms']:.3f} | {f['law']} |")
+                        f"| {lin['a']:.3g} + {lin['b']:.3g} K | {lin['rel_rms']:.3f} "
+                        f"| {log['a']:.3g} + {log['b']:.3g} log2 K | {log['rel_rms']:.3f} "
+                        f"| {f['law']} |")
     if fits:
-        lines += ["", "| graph | series | growth | rel. RMS of a + bK | rel. RMS of a + b log2 K "
-                      "| fits |", "|---|---|---|---|---|---|", *fits]
+        lines += ["", "| graph | series | growth | a + bK | rel. RMS | a + b log2 K | rel. RMS "
+                      "| fits |", "|---|---|---|---|---|---|---|---|", *fits]
     return "\n".join(lines)
 
 
