@@ -1,16 +1,17 @@
 """An actively malicious server against the neighbourhood-local checks of the SecAgg+ graph.
 
-On the sparse graph a client verifies the adverts of its own group only, and reveals unmask
-shares (of its group only) for the survivor set it signed when ``t_local`` members of its own
-group signed that set too (Bell et al. 2020; threat_model.md §2.2, S16-S18). The server here
-plays the harness of ``test_malicious_server`` (real ``SecAggClient`` objects; it records what
-they send and tries to unmask each vector on its own).
+On the sparse graph a client verifies the adverts of its own group only, and reveals a share of
+a neighbour ``p`` (its group's shares are the only ones it holds) for the survivor set it signed
+only when ``t_local`` members of ``p``'s own group signed that set too (threat_model.md §2.2,
+S16-S19; Bell et al. 2020 for the sparse graph). The server here plays the harness of
+``test_malicious_server`` (real ``SecAggClient`` objects; it records what they send and tries to
+unmask each vector on its own).
 
-The central attack: the server shows the victim's close neighbourhood one survivor set and the
-rest of the ring another, in which the victim's peers "dropped". If a client counted valid
-signatures of anyone on its set, the victim's self-mask and its peers' masking keys would both
-be revealed: the test runs the attack once with that rule (it recovers the victim's vector, so
-the attack is real) and once with the client's own rule (it recovers nothing).
+The central attack: the server shows the victim and the peers it masked with one survivor set
+and the rest of the ring another, in which those peers "dropped". If each client counted the
+signatures of its *own* group, the victim's self mask and its peers' masking keys would both be
+revealed: the test runs the attack once with that rule (it recovers the victim's vector, so the
+attack is real) and with the client's own rule (it recovers nothing).
 """
 
 from __future__ import annotations
@@ -198,16 +199,16 @@ class _CountingVerifyKey:
         return self._key.verify(payload, signature)
 
 
-@pytest.mark.parametrize("k", [40, 80])
-def test_a_client_verifies_its_groups_signatures_only_whatever_the_roster(
-        monkeypatch: pytest.MonkeyPatch, k: int) -> None:
-    """Per round a SecAgg+ client verifies the ``k + 1`` adverts of its group and the
-    ``2k + 1`` survivor-set signatures of its neighbours' groups, at 40 sites as at 80: the
-    count does not grow with K."""
+@pytest.mark.parametrize("sites", [40, 80])
+def test_a_client_verifies_as_many_adverts_and_signatures_at_80_sites_as_at_40(
+        monkeypatch: pytest.MonkeyPatch, sites: int) -> None:
+    """Per round a SecAgg+ client of degree ``k`` verifies the ``k + 1`` adverts of its group
+    and the ``2k + 1`` survivor-set signatures of its neighbours' groups, at 40 sites as at 80:
+    the count does not grow with the number of sites."""
     neighbours = 6
     monkeypatch.setattr(_verify, "VerifyKey", _CountingVerifyKey)
-    ss = InProcessSecureSum(range(k), 0.67, "job-k", neighbours=neighbours, record=False)
-    vectors = {u: np.full(L, u, dtype=np.uint64) for u in range(k)}
+    ss = InProcessSecureSum(range(sites), 0.67, "job-k", neighbours=neighbours, record=False)
+    vectors = {u: np.full(L, u, dtype=np.uint64) for u in range(sites)}
     ss.sum("q0", b"\x00" * 32, vectors)  # round 0 (adverts made and checked)
     client = ss.clients[0]
     calls: dict[str, int] = {}
@@ -222,7 +223,7 @@ def test_a_client_verifies_its_groups_signatures_only_whatever_the_roster(
 
         monkeypatch.setattr(client, name, counted)
     total = ss.sum("q1", b"\x01" * 32, vectors)
-    assert np.array_equal(total, np.full(L, sum(range(k)), dtype=np.uint64))
+    assert np.array_equal(total, np.full(L, sum(range(sites)), dtype=np.uint64))
     assert calls == {"share_keys": neighbours + 1, "unmask": 2 * neighbours + 1}
 
 
@@ -311,7 +312,7 @@ def _to_unmask(n: int = 12, k: int = 4
 
 @pytest.mark.parametrize("attack", ["non_neighbours_only", "forged_non_neighbours",
                                     "forged_neighbour"])
-def test_a_client_counts_the_signatures_of_its_group_only(attack: str) -> None:
+def test_a_client_counts_only_the_signatures_of_its_neighbours_groups(attack: str) -> None:
     server, clients, full = _to_unmask()
     u = 0
     group = neighbour_groups(range(12), 4, graph_seed(JOB, 0, DIGEST, range(12)))[u]
@@ -340,7 +341,7 @@ def test_a_client_counts_the_signatures_of_its_group_only(attack: str) -> None:
     assert clients[u].stage is ClientStage.SIGNED
 
 
-def test_each_client_gets_its_groups_signatures_and_the_round_sums() -> None:
+def test_each_client_gets_its_neighbours_groups_signatures_and_the_round_sums() -> None:
     server, clients, _ = _to_unmask()
     groups = neighbour_groups(range(12), 4, graph_seed(JOB, 0, DIGEST, range(12)))
     for u, c in clients.items():
