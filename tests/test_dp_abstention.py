@@ -96,3 +96,34 @@ def test_abstention_under_dp_is_paid_for_in_noise() -> None:
     s5 = job_noise(five, units).sigmas
     for a, b in zip(s0, s5, strict=True):
         assert np.allclose(np.asarray(b), 5.0 * np.asarray(a), rtol=1e-6)
+
+
+def test_one_record_moves_a_dp_evaluation_by_at_most_its_planned_sensitivity() -> None:
+    """A site with 4 held-out rows sends zeros under ``abstain_below = 5``; a fifth record
+    brings all five rows' statistics. The evaluation's noise covers it."""
+    from sklearn.datasets import make_classification
+
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.evaluation import EvalSpec
+    from fedforest_secure.evaluation.encoding import encode_statistics
+    from fedforest_secure.evaluation.inprocess import eval_config
+    from fedforest_secure.evaluation.noise import config_layout, eval_noise
+    from fedforest_secure.evaluation.worker import EvalWorker
+
+    X, y = make_classification(n_samples=80, n_features=4, random_state=0)
+    model = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(X, y)
+    spec = EvalSpec(models=(model.model_.to_json(),))
+    prof = load_profile("secure-dp", epsilon=1.0, abstain_below=5).to_dict()
+    config = eval_config("ev", spec, task="classification", n_features=4, n_clients=4,
+                         n_classes=2, profile=prof)
+    layout = config_layout(config)
+    five = EvalWorker(config, X[:5], y[:5])
+    assert EvalWorker(config, X[:4], y[:4]).abstains and not five.abstains
+    full = encode_statistics(layout, five.statistics(), 5, True)
+    planned = {b.name: b.sensitivity.l2 for b in eval_noise(config).release.blocks}
+    start = 0
+    for b in layout.blocks:  # the abstaining site's vector is all zeros
+        size = layout.n_models * b.size
+        diff = float(np.linalg.norm(full[start:start + size]))
+        start += size
+        assert diff <= planned[b.name] + 1e-9, (b.name, diff, planned[b.name])

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import BudgetError
-from ..privacy.sensitivity import Sensitivity
+from ..privacy.sensitivity import Sensitivity, abstention_factor
 from .encoding import DP_FRAC_BITS
 from .layout import EvalLayout, StatBlock, eval_layout
 from .spec import EvalSpec
@@ -134,7 +134,9 @@ def _eval_noise(config_json: str) -> EvalNoise:
     k_min = min_survivors(config.n_clients, min(float(tol), 0.999))
     layout = config_layout(config)
     share = 1.0 / len(layout.blocks)
-    blocks = tuple(PlannedBlock(b.name, block_sensitivity(layout, b),
+    # a site below abstain_below sends zeros: one record can bring (or take) m rows at once
+    factor = float(abstention_factor(config.profile))
+    blocks = tuple(PlannedBlock(b.name, block_sensitivity(layout, b).scaled(factor),
                                 layout.n_models * b.size, share) for b in layout.blocks)
     release = PlannedRelease("evaluation", k_min, blocks)
     (sigmas,) = calibrate([release], eps, delta)
