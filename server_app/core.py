@@ -22,9 +22,9 @@ from .phases import JobStatus, MemberState, RoundStatus
 from .replay import Runtimes
 from .rounds import RoundDriver
 from .spool import Spool
-from .store import job_position, open_round
+from .store import SeatView, job_position, open_round
 
-__all__ = ["Core", "round_for_message"]
+__all__ = ["Core", "check_seat", "round_for_message"]
 
 
 @dataclass
@@ -98,6 +98,20 @@ class Core:
                 return job_position(sess, job_id)
 
         self.spool.sweep(position)
+
+
+def check_seat(seat: SeatView, round_id: int) -> None:
+    """:func:`round_for_message`'s checks on a :class:`~server_app.store.SeatView` of round
+    ``round_id`` (the same errors, in the same order)."""
+    if seat.member_state == MemberState.DROPPED:
+        raise ApiError(403, "dropped", f"this client was dropped at round {seat.dropped_round}")
+    if seat.member_state != MemberState.ACTIVE:
+        raise ApiError(409, "not_joined", "join the job first")
+    if seat.round_id is None:
+        raise ApiError(409, "wrong_round", f"round {round_id} has not been issued "
+                       f"(current round: {seat.current_round})")
+    if seat.job_status != JobStatus.RUNNING and seat.round_status == RoundStatus.OPEN:
+        raise ApiError(409, "job_finished", f"the job is {seat.job_status}")
 
 
 def round_for_message(sess: Session, job: JobRow, member: MemberRow, round_id: int

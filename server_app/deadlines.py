@@ -38,7 +38,11 @@ class Deadlines:
 
     def remaining(self, rr: RoundRow, job: JobRow) -> float:
         """Seconds left in the open phase (what clients are told)."""
-        return max(0.0, self.of(rr, job) - self.clock())
+        return self.remaining_at(rr.deadline_at, job.round_deadline_s)
+
+    def remaining_at(self, deadline_at: float, round_deadline_s: float) -> float:
+        """:meth:`remaining` from the stored values."""
+        return max(0.0, self.at(deadline_at, round_deadline_s) - self.clock())
 
     def passed(self, rr: RoundRow, job: JobRow) -> bool:
         return self.clock() >= self.of(rr, job)

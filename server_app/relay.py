@@ -12,18 +12,25 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from fedforest_secure.errors import InvalidMessage
 
-from .core import Core, round_for_message
-from .db import ClientRow, JobRow, RoundRow
+from .core import Core, check_seat
+from .db import ClientRow, RoundRow
 from .errors import ApiError
 from .jobs import JobRuntime
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .rounds import secagg_step
 from .secure_round import SecureRound, parse_message, sender_of
-from .store import add_message, membership, printable, stored_message
+from .store import (
+    SeatView,
+    add_message,
+    job_of,
+    membership,
+    printable,
+    seat_view,
+    stored_digest,
+    stored_message,
+)
 
 __all__ = ["SecAggRelay"]
 
@@ -56,56 +63,58 @@ class SecAggRelay:
         with self.core.lock:
             self.core.tick_if_due(job_id)
             with self.core.db.session() as sess:
-                job, member = membership(sess, client, job_id)
-                if member.state == MemberState.DROPPED:
+                seat = seat_view(sess, client, job_id)
+                if seat.member_state == MemberState.DROPPED:
                     return {"status": "dropped",
-                            "detail": f"this client was dropped at round {member.dropped_round}"}
-                if job.status in (JobStatus.DONE, JobStatus.FAILED):
-                    return {"status": job.status, "detail": job.reason}
-                if member.state != MemberState.ACTIVE:
+                            "detail": f"this client was dropped at round {seat.dropped_round}"}
+                if seat.job_status in (JobStatus.DONE, JobStatus.FAILED):
+                    return {"status": seat.job_status, "detail": seat.job_reason}
+                if seat.member_state != MemberState.ACTIVE:
                     raise ApiError(409, "not_joined", "join the job first")
-                if job.status != JobStatus.RUNNING:
+                if seat.job_status != JobStatus.RUNNING:
                     return {"status": "wait", "detail": "waiting for all clients to join"}
                 bridge = self.core.runtimes.get(job_id).secure
-                if bridge is None:
-                    raise ApiError(409, "not_secure", "this job does not use secure aggregation")
-                rr = sess.get(RoundRow, (job_id, job.current_round))
-                sr = bridge.current
-                if rr is None or rr.status != RoundStatus.OPEN or sr is None or \
-                        sr.round_id != rr.round_id:
-                    return {"status": "wait", "detail": "no open round"}
-                self._index[(job_id, client.id)] = member.client_index
-                action, message = sr.action_for(member.client_index)
-                seq, head = self.core.audit.tip(job_id)
-                return {"status": "task" if action != "wait" else "wait", "action": action,
-                        "round_id": rr.round_id, "phase": sr.phase,
-                        "task_digest": rr.task_digest, "message": message,
-                        "deadline_in": self.core.deadlines.remaining(rr, job),
-                        "audit_seq": seq, "audit_head": head,
-                        "detail": "" if action != "wait" else f"waiting for the other clients "
-                                                              f"({sr.phase})"}
+            if bridge is None:
+                raise ApiError(409, "not_secure", "this job does not use secure aggregation")
+            sr = bridge.current
+            if seat.round_status != RoundStatus.OPEN or seat.deadline_at is None or \
+                    sr is None or sr.round_id != seat.round_id:
+                return {"status": "wait", "detail": "no open round"}
+            self._index[(job_id, client.id)] = seat.client_index
+            action, message = sr.action_for(seat.client_index)
+            seq, head = self.core.audit.tip(job_id)
+            return {"status": "task" if action != "wait" else "wait", "action": action,
+                    "round_id": seat.round_id, "phase": sr.phase,
+                    "task_digest": seat.task_digest, "message": message,
+                    "deadline_in": self.core.deadlines.remaining_at(seat.deadline_at,
+                                                                    seat.round_deadline_s),
+                    "audit_seq": seq, "audit_head": head,
+                    "detail": "" if action != "wait" else f"waiting for the other clients "
+                                                          f"({sr.phase})"}
 
-    def _secure_member(self, sess: Session, client: ClientRow, job_id: str, round_id: int,
-                       phase: Phase) -> tuple[JobRuntime, JobRow, RoundRow, SecureRound, int]:
-        job, member = membership(sess, client, job_id)
-        rr = round_for_message(sess, job, member, round_id)
+    def _secure_member(self, seat: SeatView, job_id: str, round_id: int, phase: Phase
+                       ) -> tuple[JobRuntime, SecureRound, int]:
+        check_seat(seat, round_id)
         rt = self.core.runtimes.get(job_id)
         if rt.secure is None:
             raise ApiError(409, "not_secure", "this job does not use secure aggregation")
         sr = rt.secure.current
-        if rr.status != RoundStatus.OPEN or sr is None or sr.round_id != round_id:
+        if seat.round_status != RoundStatus.OPEN or sr is None or sr.round_id != round_id:
             raise ApiError(409, "round_closed", f"round {round_id} is not open")
         if sr.phase is not phase:
             raise ApiError(409, "wrong_phase", f"round {round_id} is in phase {sr.phase}, "
                            f"not {phase}")
-        if member.client_index not in sr.participants:
+        if seat.client_index not in sr.participants:
             raise ApiError(403, "not_participant",
                            f"this client is not a participant of round {round_id}")
-        return rt, job, rr, sr, member.client_index
+        return rt, sr, seat.client_index
 
     def message(self, client: ClientRow, job_id: str, round_id: int, kind: str,
                        body: bytes) -> dict[str, Any]:
-        """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON)."""
+        """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON).
+
+        The checks read plain values (:func:`~server_app.store.seat_view`); the job's and the
+        round's rows are loaded only when the message completes the open phase."""
         try:
             phase, msg = parse_message(kind, body)
         except InvalidMessage as exc:
@@ -114,21 +123,26 @@ class SecAggRelay:
         with self.core.lock:
             self.core.tick_if_due(job_id)
             with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
-                _job, member = membership(sess, client, job_id)
-                prev = stored_message(sess, job_id, round_id, kind, member.client_index)
+                seat = seat_view(sess, client, job_id, round_id)
+                prev = stored_digest(sess, job_id, round_id, kind, seat.client_index)
                 if prev is not None:  # a retry (e.g. the response was lost in a restart)
-                    if prev.digest != digest:
+                    if prev != digest:
                         raise ApiError(409, "conflicting_message", f"a different {kind} message "
                                        f"for round {round_id} was already accepted")
                     return {"job_id": job_id, "round_id": round_id, "accepted": kind,
                             "duplicate": True}
-                rt, job, rr, sr, idx = self._secure_member(sess, client, job_id, round_id, phase)
+                rt, sr, idx = self._secure_member(seat, job_id, round_id, phase)
                 if sender_of(msg) != idx:
                     raise ApiError(403, "wrong_sender", "the message names another client")
                 secagg_step(lambda: sr.receive(msg))
                 add_message(sess, job_id, round_id, kind, idx, body.decode(), digest=digest)
-                sess.flush()
-                self.core.driver.progress_secure(rt, sess, job, rr)
+                if sr.complete():  # what progress_secure would wait for
+                    sess.flush()
+                    job = job_of(sess, job_id)
+                    rr = sess.get(RoundRow, (job_id, round_id))
+                    if rr is None:
+                        raise RuntimeError(f"round {round_id} vanished")
+                    self.core.driver.progress_secure(rt, sess, job, rr)
             self.core.changes.notify(job_id)
             return {"job_id": job_id, "round_id": round_id, "accepted": kind,
                     "duplicate": False}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -42,6 +43,9 @@ __all__ = [
     "round_messages",
     "rounds_of",
     "running_job_ids",
+    "SeatView",
+    "seat_view",
+    "stored_digest",
     "stored_message",
     "upload_summable",
     "uploads_of",
@@ -69,6 +73,47 @@ def membership(sess: Session, client: ClientRow, job_id: str) -> tuple[JobRow, M
     if job is None or member is None:
         raise ApiError(404, "unknown_job", f"no job {job_id!r} for this client")
     return job, member
+
+
+class SeatView(NamedTuple):
+    """What a client's poll of a job reads: its membership and the job's current round."""
+
+    job_status: str
+    job_reason: str
+    current_round: int
+    round_deadline_s: float
+    client_index: int
+    member_state: str
+    dropped_round: int | None
+    #: the round asked for (by default the job's current round; None if it was not issued):
+    #: id, status, task digest and the stored deadline of its open phase
+    round_id: int | None
+    round_status: str | None
+    task_digest: str | None
+    deadline_at: float | None
+
+
+def seat_view(sess: Session, client: ClientRow, job_id: str, round_id: int | None = None
+              ) -> SeatView:
+    """:func:`membership` and a round (``round_id``, or the job's current round) as plain
+    values, in one query without ORM objects (every poll and message of every client asks
+    it); the same 404."""
+    which = JobRow.current_round if round_id is None else round_id
+    row = sess.execute(
+        select(JobRow.status, JobRow.reason, JobRow.current_round, JobRow.round_deadline_s,
+               MemberRow.client_index, MemberRow.state, MemberRow.dropped_round,
+               RoundRow.round_id, RoundRow.status, RoundRow.task_digest, RoundRow.deadline_at)
+        .join(MemberRow, (MemberRow.job_id == JobRow.id) & (MemberRow.client_id == client.id))
+        .outerjoin(RoundRow, (RoundRow.job_id == JobRow.id) & (RoundRow.round_id == which))
+        .where(JobRow.id == job_id)).first()
+    if row is None:
+        raise ApiError(404, "unknown_job", f"no job {job_id!r} for this client")
+    (status, reason, current, round_deadline_s, index, state, dropped_round, rid, round_status,
+     task_digest, deadline_at) = row
+    return SeatView(job_status=status, job_reason=reason, current_round=current,
+                    round_deadline_s=round_deadline_s, client_index=index, member_state=state,
+                    dropped_round=dropped_round, round_id=rid, round_status=round_status,
+                    task_digest=task_digest, deadline_at=deadline_at)
 
 
 def job_of(sess: Session, job_id: str) -> JobRow:
@@ -189,6 +234,14 @@ def add_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int,
 def stored_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int
                    ) -> SecAggMessageRow | None:
     return sess.get(SecAggMessageRow, (job_id, round_id, stage, idx))
+
+
+def stored_digest(sess: Session, job_id: str, round_id: int, stage: str, idx: int
+                  ) -> str | None:
+    """The digest of the stored message (one column, no ORM object), or None."""
+    return sess.scalar(select(SecAggMessageRow.digest).where(
+        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id,
+        SecAggMessageRow.stage == stage, SecAggMessageRow.client_index == idx))
 
 
 def round_messages(sess: Session, job_id: str, round_id: int) -> dict[str, dict[int, str]]:
