@@ -308,10 +308,12 @@ class ServerState:
             ev, profile = rt.config.evaluation, rt.config.profile.get("name")
             if ev is not None:
                 event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
-                      kind="evaluate", models=len(ev.get("names", ())))
+                      kind="evaluate", models=len(ev.get("names", ())),
+                      server_cpu_s=time.process_time())
             else:
                 event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
-                      trees=rt.config.n_estimators, max_depth=rt.config.max_depth)
+                      trees=rt.config.n_estimators, max_depth=rt.config.max_depth,
+                      server_cpu_s=time.process_time())
             self.core.driver.issue_next(rt, sess, job)
 
     # ------------------------------------------------------------------ offers
