@@ -20,26 +20,19 @@ from typing import Any
 import pytest
 from test_integration_https import (
     _job_status,
+    provision,
     stop,
     trees,
 )
 
 from fedforest_cli.simulate import (
     _child_env,
-    free_port,
     start_server,
     wait_healthy,
-    write_server_config,
 )
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
-from fedforest_secure.pki import init_dev_pki
-from server_app.audit_hook import open_audit
-from server_app.auth import add_client
-from server_app.db import Database
 from server_app.jobspec import build_config, load_job_spec
-from server_app.runtime import ServerState
-from server_app.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -93,26 +86,14 @@ def test_five_concurrent_jobs_match_in_process_and_a_frozen_job_stalls_none(
         job_dir(tmp_path / job, _job_parts(parts, j), feat, n_clients=N_SITES, job_id=job,
                 trees=2, depth=3 if j == SLOW else 2, profile=PROFILES[j], deadline=300.0)
     names = [f"client-{k}" for k in range(N_SITES)]
-    certs = tmp_path / "certs"
-    init_dev_pki(certs, N_SITES, client_names=names)
-    port = free_port()
     server_db = make_db_url("server")
-    server_toml = write_server_config(tmp_path, port, certs, database=server_db,
-                                      audit_database=make_db_url("audit"))
-    settings = load_settings(server_toml)
-    db = Database(settings.database)
-    tokens = [add_client(db, n) for n in names]
-    audit = open_audit(settings.audit_database)
-    state = ServerState(db, audit)
-    for job in jobs:
-        state.create_job(load_job_spec(tmp_path / job / "job.toml"))
-    audit.close()  # type: ignore[attr-defined]
-    db.dispose()
-    url = f"https://127.0.0.1:{port}"
+    fed = provision(tmp_path, names, [tmp_path / job / "job.toml" for job in jobs],
+                    database=server_db, audit_database=make_db_url("audit"))
+    certs, tokens, url = fed.certs, fed.tokens, fed.url
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(server_toml, tmp_path / "server.log")
+        server = start_server(fed.toml, tmp_path / "server.log")
         procs.append(server)
         wait_healthy(url, certs / "ca.pem", server, timeout=180,
                      cert=certs / "client-0.pem", key=certs / "client-0.key")

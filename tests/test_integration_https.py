@@ -28,11 +28,9 @@ from fedforest_secure.audit import AuditLog, contains_per_client_plaintext, veri
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from fedforest_secure.pki import init_dev_pki
-from server_app.audit_hook import open_audit
-from server_app.auth import add_client
+from server_app.admin import ServerAdmin
 from server_app.db import Database
 from server_app.jobspec import build_config, load_job_spec
-from server_app.runtime import ServerState
 from server_app.settings import load_settings
 
 pytestmark = pytest.mark.integration
@@ -54,6 +52,38 @@ class Fed:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
+@dataclass
+class Provisioned:
+    """A server's configuration on 127.0.0.1 with its clients registered and jobs created."""
+
+    certs: Path
+    port: int
+    toml: Path
+    #: the clients' bearer tokens, in the order of their names
+    tokens: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+
+def provision(root: Path, names: list[str], job_tomls: list[Path], *,
+              database: str | None = None, audit_database: str | None = None) -> Provisioned:
+    """Development certificates for ``names`` in ``root/certs``, ``root/server.toml`` on a free
+    port (SQLite files in root unless database URLs are given), the clients registered and
+    the jobs created, as an operator does before starting the server."""
+    certs = root / "certs"
+    init_dev_pki(certs, len(names), client_names=names)
+    port = free_port()
+    server_toml = write_server_config(root, port, certs, database=database,
+                                      audit_database=audit_database)
+    with ServerAdmin.from_settings(load_settings(server_toml)) as admin:
+        tokens = [admin.add_client(n) for n in names]
+        for job_toml in job_tomls:
+            admin.create_job(load_job_spec(job_toml))
+    return Provisioned(certs, port, server_toml, tokens)
+
+
 def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
               min_clients: int | None = None, profile: str = "open",
               make_db_url=None) -> Fed:
@@ -62,23 +92,12 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     job_toml = job_dir(root, parts, feat, n_clients=n_clients, deadline=deadline,
                        min_clients=min_clients, profile=profile)
     names = [f"client-{k}" for k in range(n_clients)]
-    certs = root / "certs"
-    init_dev_pki(certs, n_clients, client_names=names)
-    port = free_port()
     urls = ((make_db_url("server"), make_db_url("audit")) if make_db_url is not None
             else (db_url(root / "server.db"), db_url(root / "audit.db")))
-    server_toml = write_server_config(root, port, certs, database=urls[0],
-                                      audit_database=urls[1])
-    settings = load_settings(server_toml)
-    db = Database(settings.database)
-    tokens = [add_client(db, n) for n in names]
-    audit = open_audit(settings.audit_database)
-    ServerState(db, audit).create_job(load_job_spec(job_toml))
-    audit.close()  # type: ignore[attr-defined]
-    db.dispose()
+    server = provision(root, names, [job_toml], database=urls[0], audit_database=urls[1])
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
-             for k, (n, t) in enumerate(zip(names, tokens, strict=True))]
-    return Fed(root, f"https://127.0.0.1:{port}", certs, server_toml, sites, job_toml,
+             for k, (n, t) in enumerate(zip(names, server.tokens, strict=True))]
+    return Fed(root, server.url, server.certs, server.toml, sites, job_toml,
                parts[:n_clients], urls[0], urls[1], profile)
 
 

@@ -21,25 +21,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_integration_https import stop, trees
+from test_integration_https import provision, stop, trees
 
 from fedforest_cli.simulate import (
     _child_env,
     _job_status,
-    free_port,
     start_server,
     wait_healthy,
-    write_server_config,
 )
 from fedforest_secure import load_profile
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
-from fedforest_secure.pki import init_dev_pki
-from server_app.audit_hook import open_audit
-from server_app.auth import add_client
-from server_app.db import Database
 from server_app.jobspec import build_config, load_job_spec
-from server_app.runtime import ServerState
 from server_app.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.hundred_sites]
@@ -91,22 +84,12 @@ def test_a_hundred_site_secagg_plus_job_gives_every_site_the_in_process_model(
                        depth=3, profile=str(profile), deadline=600.0)
     (tmp_path / "models").mkdir()
     names = [f"client-{k}" for k in range(K)]
-    certs = tmp_path / "certs"
-    init_dev_pki(certs, K, client_names=names)
-    port = free_port()
-    server_toml = write_server_config(tmp_path, port, certs)
-    settings = load_settings(server_toml)
-    db = Database(settings.database)
-    tokens = [add_client(db, n) for n in names]
-    audit = open_audit(settings.audit_database)
-    ServerState(db, audit).create_job(load_job_spec(job_toml))
-    audit.close()  # type: ignore[attr-defined]
-    db.dispose()
-    url = f"https://127.0.0.1:{port}"
+    fed = provision(tmp_path, names, [job_toml])
+    certs, tokens, url = fed.certs, fed.tokens, fed.url
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(server_toml, tmp_path / "server.log")
+        server = start_server(fed.toml, tmp_path / "server.log")
         procs.append(server)
         wait_healthy(url, certs / "ca.pem", server, timeout=180,
                      cert=certs / "client-0.pem", key=certs / "client-0.key")
@@ -114,7 +97,7 @@ def test_a_hundred_site_secagg_plus_job_gives_every_site_the_in_process_model(
                   for s in range(0, K, PER_PROCESS)]
         procs += groups
         codes = [g.wait(900) for g in groups]
-        status = _job_status(settings.database, JOB)
+        status = _job_status(load_settings(fed.toml).database, JOB)
     finally:
         for p in reversed(procs):
             stop(p)
