@@ -32,6 +32,7 @@ from ._level_stats import (
     warm_kernels,
 )
 from ._order import LevelOrder
+from ._order import warm_kernels as warm_order_kernels
 from ._routing import route
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
@@ -59,6 +60,7 @@ def warm_up() -> None:
     """
     warm_kernels()
     warm_grid_kernels()
+    warm_order_kernels()
 
 
 class Worker:
