@@ -10,6 +10,8 @@ steadier number.
     python benchmarks/speed.py --sizes 10000 100000 1000000 --repeat 3
     python benchmarks/speed.py --contenders open secure secure-plain --sizes 10000
     python benchmarks/speed.py --contenders sklearn open sklearn-2 open-2 --sizes 100000
+    python benchmarks/speed.py --sizes 1000000 --trees 5      # per-tree cost at n = 1M
+    python benchmarks/speed.py --sizes 10000 --warm-up        # start-up left out
 
 Contenders: ``sklearn`` (RandomForestRegressor, n_jobs=1), ``open`` (FedForest, in process,
 open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``secure-plain``
@@ -17,6 +19,9 @@ open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``se
 ``-N`` runs a contender with ``n_jobs=N`` (``sklearn-2``, ``open-2``): its ratio is printed
 against the first contender and against ``sklearn-N`` when that runs too.
 Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
+``--trees`` changes T (both contenders' cost grows linearly in T, so the ratio at fewer trees
+compares the per-tree cost). A FedForest fit includes loading its compiled loops (numba, once
+per process, about 0.5 s CPU) unless ``--warm-up`` fits each contender once on other rows first.
 """
 
 from __future__ import annotations
@@ -49,28 +54,31 @@ def _split(contender: str) -> tuple[str, int]:
     return contender, 1
 
 
-def _child(contender: str, n: int, trees: int, depth: int) -> None:
+def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool) -> None:
     X, y, h = _data(n, 20, 10)
     name, n_jobs = _split(contender)
     if name == "sklearn":
         from sklearn.ensemble import RandomForestRegressor
 
-        model = RandomForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
-                                      max_features=1 / 3, n_jobs=n_jobs, random_state=0)
-        cpu0 = _cpu()
-        t0 = time.perf_counter()
-        model.fit(X, y)
+        def fit(X: np.ndarray, y: np.ndarray, h: np.ndarray) -> None:
+            RandomForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
+                                  max_features=1 / 3, n_jobs=n_jobs, random_state=0).fit(X, y)
     else:
         from fedforest_secure import FedForestRegressor, load_profile
 
         profile = {"open": "open", "secure": "secure",
                    "secure-plain": load_profile("secure", secure_aggregation=False)}[name]
-        model = FedForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
-                                   max_features=1 / 3, profile=profile, random_state=0,
-                                   n_jobs=n_jobs)
-        cpu0 = _cpu()
-        t0 = time.perf_counter()
-        model.fit(X, y, client=h)
+
+        def fit(X: np.ndarray, y: np.ndarray, h: np.ndarray) -> None:
+            FedForestRegressor(n_estimators=trees, max_depth=depth, min_samples_leaf=5,
+                               max_features=1 / 3, profile=profile, random_state=0,
+                               n_jobs=n_jobs).fit(X, y, client=h)
+
+    if warm_up:  # one unmeasured fit on 1,000 other rows: per-process start-up left out
+        fit(*_data(1000, 20, 10, seed=1))
+    cpu0 = _cpu()
+    t0 = time.perf_counter()
+    fit(X, y, h)
     seconds = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime - cpu0
@@ -83,9 +91,11 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _measure(contender: str, n: int, trees: int, depth: int) -> dict[str, float]:
+def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool
+             ) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", contender, "--sizes", str(n),
-                          "--trees", str(trees), "--depth", str(depth)],
+                          "--trees", str(trees), "--depth", str(depth)]
+                         + (["--warm-up"] if warm_up else []),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -97,21 +107,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--trees", type=int, default=50)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--warm-up", action="store_true",
+                    help="each child first fits its contender once on 1,000 other rows, "
+                         "unmeasured: per-process start-up (FedForest: loading its compiled "
+                         "loops) is left out")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child, args.sizes[0], args.trees, args.depth)
+        _child(args.child, args.sizes[0], args.trees, args.depth, args.warm_up)
         return
     base = args.contenders[0]
     print(f"T={args.trees} depth={args.depth} d=20 K=10; median of {args.repeat}; "
-          f"ratios against {base}; {_state()}; load {_load()}")
+          f"ratios against {base}; {'after a warm-up fit; ' if args.warm_up else ''}"
+          f"{_state()}; load {_load()}")
     print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'cpu s':>8} {'peak MiB':>9} {'time x':>7} "
           f"{'cpu x':>6} {'mem x':>6}")
     for n in args.sizes:
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
         for _ in range(args.repeat):
             for c in args.contenders:  # alternate contenders within each repetition
-                runs[c].append(_measure(c, n, args.trees, args.depth))
+                runs[c].append(_measure(c, n, args.trees, args.depth, args.warm_up))
         med = {c: {k: statistics.median(r[k] for r in runs[c])
                    for k in ("seconds", "cpu", "peak_mib")} for c in args.contenders}
         for c in args.contenders:
