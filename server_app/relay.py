@@ -46,17 +46,24 @@ class SecAggRelay:
 
     def answered_and_waiting(self, client: ClientRow, job_id: str) -> bool:
         """Whether this client answered the open phase of the job's open secure round and the
-        phase still waits for others: then :meth:`offer` would say ``wait``. Read from memory,
-        without the lock or a query, so a long poll can wait without asking the database each
-        time. A step that changes what the client waits for (a phase closing, a drop, the job
-        ending) notifies the pollers, so a long poll that took its generation before asking
-        never sleeps through it; a deadline that passed is applied by the periodic tick."""
+        phase still waits for others: then :meth:`offer` would say ``wait``. Read from memory
+        without a query, so a long poll can wait without asking the database each time; only
+        if the server's lock is free at once (a step holding it may be halfway through moving
+        the round on): otherwise False, and the caller asks :meth:`offer`. A step that changes
+        what the client waits for (a phase closing, a drop, the job ending) notifies the
+        pollers, so a long poll that took its generation before asking never sleeps through
+        it; a deadline that passed is applied by the periodic tick."""
         idx = self._index.get((job_id, client.id))
-        rt = self.core.runtimes.peek(job_id)
-        sr = rt.secure.current if rt is not None and rt.secure is not None else None
-        if idx is None or sr is None or idx not in sr.participants or idx in sr.dropped:
+        if idx is None or not self.core.lock.acquire(blocking=False):
             return False
-        return idx in sr.expected() and sr.server.has_answered(idx)
+        try:
+            rt = self.core.runtimes.peek(job_id)
+            sr = rt.secure.current if rt is not None and rt.secure is not None else None
+            if sr is None or idx not in sr.participants or idx in sr.dropped:
+                return False
+            return idx in sr.expected() and sr.server.has_answered(idx)
+        finally:
+            self.core.lock.release()
 
     def offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """What this client must do now in the open secure round (or what to wait for)."""

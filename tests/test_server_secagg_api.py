@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -458,6 +459,23 @@ def test_a_client_that_answered_the_open_phase_waits_from_memory_until_it_closes
         assert post(env, k, r, "shares", bundle.model_dump_json()).status_code == 200
     assert all(answered(rows[k], "job-a") for k in range(K - 1))
     assert not answered(rows[K - 1], "job-a")  # it owes its shares
+    # a step holding the server's lock may be moving the round on: no answer from memory then
+    holder_in, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with env["state"].core.lock:
+            holder_in.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holder_in.wait(10)
+    try:
+        assert not answered(rows[0], "job-a")
+    finally:
+        release.set()
+        holder.join()
+    assert answered(rows[0], "job-a")
     # a long poll of a client that answered waits, then says so (one full offer at the end)
     o = env["http"].get("/v1/jobs/job-a/secagg", params={"wait": 0.3}, headers=h(env, 0))
     assert o.json()["status"] == "wait"
