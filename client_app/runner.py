@@ -463,12 +463,12 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
             if action == "advert":
                 session.advert(r)
             elif action == "share":
-                # the answer first (nothing leaves the site), then the shares, whose response
-                # brings the next step (the share delivery) back: one request per round less
-                if reply is None or vector is None:
-                    reply = ctx.worker.handle(task)
-                    vector = ctx.contribution(task, reply)
+                # shares first, then the answer: the server closes the share step while this
+                # client computes, and the deliveries are ready when it is done; its masked
+                # upload then reaches the server while slower clients still compute
                 session.share(task, message)
+                reply = ctx.worker.handle(task)
+                vector = ctx.contribution(task, reply)
             elif action == "upload":
                 if reply is None or vector is None:
                     reply = ctx.worker.handle(task)
