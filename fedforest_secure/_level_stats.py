@@ -295,30 +295,19 @@ def _quantile_rows_py(starts: np.ndarray, ends: np.ndarray, feat: np.ndarray,
             bw += int(key[e] & 255) if packed else int(w[e])
         bk = n_points
         if r >= 1:
-            bk = min(bw if r == 1 else bw // r, n_points)
+            bk = min(bw // r, n_points)
             if bk < 1:
                 continue
         off = uniq_off[f]
         e = s0
         cw = int(key[e] & 255) if packed else int(w[e])
-        # ceil(b bw / bk) for b = 0, 1, ...: with b bw = q bk + rem (0 <= rem < bk) it is
-        # q + (rem > 0); q and rem are stepped, two divisions per block instead of one per b
-        step = bw // bk
-        rstep = bw - step * bk
-        q = 0
-        rem = 0
         for b in range(bk + 1):
-            target = max(q + (1 if rem > 0 else 0), 1)
+            target = max((b * bw + bk - 1) // bk, 1)
             while cw < target and e < e1 - 1:
                 e += 1
                 cw += int(key[e] & 255) if packed else int(w[e])
             c = int((key[e] >> shift) & cmask) if packed else int(code[e])
             out[i, b] = uniq_all[off + c]
-            q += step
-            rem += rstep
-            if rem >= bk:
-                rem -= bk
-                q += 1
 
 
 _quantile_rows = kernel(_quantile_rows_py)

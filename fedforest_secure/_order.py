@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import kernel
-
-__all__ = ["LevelOrder", "warm_kernels"]
+__all__ = ["LevelOrder"]
 
 _SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
 #: entries per chunk of the per-block passes (sketch, histogram): bounds their scratch memory
@@ -60,15 +58,13 @@ class LevelOrder:
         row64 = row.astype(np.int64)
         hi = cbits + self.shift  # where the block field starts
         keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
-        if self.packed:  # one compiled pass writes every key, then one in-place sort
-            n_unused = _pack_keys(np.ascontiguousarray(feats, dtype=np.int64), node64, row64,
-                                  weight.astype(np.int64), codes, int(n_rows), self.shift, hi,
-                                  keys)
-            flat = keys.reshape(-1)
-            flat.sort()
-            self.key = flat[: flat.size - n_unused] if n_unused else flat
-            return
-        base = (node64 * m) << hi
+        if self.packed:
+            base = node64 * m
+            base <<= hi
+            base |= row64 << 8
+            base |= weight.astype(np.int64)
+        else:
+            base = (node64 * m) << hi
         n_unused = 0
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
@@ -84,20 +80,24 @@ class LevelOrder:
             out = keys[s]
             out[...] = codes[f]  # int32 codes, widened on store (indexing: faster than take)
             del f
+            out <<= self.shift
             out |= base
             out += s << hi
             if slot_unused[s]:
                 unused = (feats[:, s] < 0)[node]
                 out[unused] = _SENTINEL
                 n_unused += int(unused.sum())
-        # block|code keys, rows and weights carried through a permutation
         flat = keys.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        if n_unused:
-            order = order[: order.size - n_unused]
-        self.key = flat[order]
-        self._rows = np.tile(row64, m)[order]
-        self._w = np.tile(weight.astype(np.int64), m)[order]
+        if self.packed:
+            flat.sort()
+            self.key = flat[: flat.size - n_unused] if n_unused else flat
+        else:  # block|code key with rows and weights carried through a permutation
+            order = np.argsort(flat, kind="stable")
+            if n_unused:
+                order = order[: order.size - n_unused]
+            self.key = flat[order]
+            self._rows = np.tile(row64, m)[order]
+            self._w = np.tile(weight.astype(np.int64), m)[order]
 
     @property
     def size(self) -> int:
@@ -236,32 +236,3 @@ class LevelOrder:
         out = self._full_key()[lo:hi] >> 8
         out &= self._rmask
         return out
-
-
-def _pack_keys_py(feats: np.ndarray, node: np.ndarray, row: np.ndarray, weight: np.ndarray,
-                  codes: np.ndarray, n_rows: int, shift: int, hi: int, keys: np.ndarray) -> int:
-    """Packed keys ``block | code | row | weight`` of every (slot, pair) into ``keys`` (m, P);
-    a slot left out (feature -1) gets the sentinel key. Returns the number of sentinels."""
-    m = feats.shape[1]
-    n_unused = 0
-    for s in range(m):
-        for p in range(node.size):
-            nd = node[p]
-            f = feats[nd, s]
-            if f < 0:
-                keys[s, p] = _SENTINEL
-                n_unused += 1
-                continue
-            code = np.int64(codes[f * n_rows + row[p]])
-            keys[s, p] = ((nd * m + s) << hi) | (code << shift) | (row[p] << 8) | weight[p]
-    return n_unused
-
-
-_pack_keys = kernel(_pack_keys_py)
-
-
-def warm_kernels() -> None:
-    """Load (the first time on a machine: compile) the compiled loop of the packed keys."""
-    i64 = np.zeros(0, dtype=np.int64)
-    _pack_keys(np.zeros((0, 1), dtype=np.int64), i64, i64, i64, np.zeros(0, dtype=np.int32),
-               0, 0, 0, np.zeros((1, 0), dtype=np.int64))

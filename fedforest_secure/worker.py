@@ -32,7 +32,6 @@ from ._level_stats import (
     warm_kernels,
 )
 from ._order import LevelOrder
-from ._order import warm_kernels as warm_order_kernels
 from ._routing import route
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest, SchemaError
@@ -60,7 +59,6 @@ def warm_up() -> None:
     """
     warm_kernels()
     warm_grid_kernels()
-    warm_order_kernels()
 
 
 class Worker:
