@@ -2,11 +2,11 @@
 
 A histogram round gives, per evaluated (node, feature slot), sorted thresholds; a row of the
 node falls in bin ``b`` when ``t_{b-1} < x <= t_b``. Here every (pair, slot) finds its bin by a
-binary search among the thresholds of its own (node, slot) and adds its weighted statistics
-there, in one compiled pass over the pairs per slot: cost proportional to the pairs, not to
-the thresholds, and no sorted level order. The worker answers this way whenever the level's
-sketch round did not ask it to sort the level (the secure pooled-CDF sketch, whose grids are
-as fine as the nodes are large).
+branch-free binary search among the thresholds of its own (node, slot), for all pairs at once
+(``log2 W`` vectorised steps), and the statistics are weighted ``bincount`` s over the bin
+indices: cost proportional to the pairs, not to the thresholds, and no sorted level order.
+The worker answers this way whenever the level's sketch round did not ask it to sort the level
+(the secure pooled-CDF sketch, whose grids are as fine as the nodes are large).
 
 Values are compared as float64 (a row's value is its distinct value, looked up through its exact
 integer code), so ``x <= t`` is decided exactly, as everywhere else.
@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import kernel
 from .errors import ProtocolError
 
-__all__ = ["bin_statistics", "warm_kernels"]
+__all__ = ["bin_statistics"]
 
 
 def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_nodes: int,
@@ -55,6 +54,8 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
     E, m = feats.shape
     W = thr.shape[2]
     nb = W + 1 + int(missing_bin)  # with missing_bin, bin W + 1 holds the missing rows
+    if has_missing:
+        miss_code = np.diff(uniq_off).astype(np.int64)
     if np.isneginf(thr).any():
         raise ProtocolError("thresholds must be finite or +inf padding")
     classes = n_classes if columns != "count" and n_classes > 0 else 0
@@ -66,71 +67,85 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
     pos[nodes] = np.arange(E)
     e = pos[node]
     sel = np.flatnonzero(e >= 0)
-    mode = 3 if classes else {"count": 0, "moments": 1, "full": 2}[columns]
-    miss = np.diff(uniq_off).astype(np.int64)  # a missing value's code, per feature
-    _bin_statistics(e[sel], row[sel].astype(np.int64), weight[sel].astype(np.float64),
-                    np.ascontiguousarray(feats, dtype=np.int64),
-                    np.ascontiguousarray(thr, dtype=np.float64), codes, int(n_rows),
-                    uniq_all, uniq_off.astype(np.int64), miss, bool(has_missing),
-                    bool(missing_bin), y.astype(np.float64), mode, out)
-    return out
-
-
-def _bin_statistics_py(e: np.ndarray, r: np.ndarray, w: np.ndarray, feats: np.ndarray,
-                       thr: np.ndarray, codes: np.ndarray, n_rows: int, uniq_all: np.ndarray,
-                       uniq_off: np.ndarray, miss_code: np.ndarray, has_missing: bool,
-                       missing_bin: bool, y: np.ndarray, mode: int, out: np.ndarray) -> None:
-    """:func:`bin_statistics` over the evaluated pairs (evaluated row ``e``, row ``r``,
-    weight ``w``), slot by slot: a pair's bin is the number of its (node, slot)'s thresholds
-    below its value (a binary search), a missing value's the bin after them all
-    (``missing_bin``) or none. ``mode`` 0: weights; 1: weights and weight x y; 2: also
-    weight x y x y; 3: each weight into its class's column. Each bin adds its pairs one by
-    one in the pairs' order."""
-    E, m = feats.shape
-    W = thr.shape[2]
+    e, r = e[sel], row[sel].astype(np.int64)
+    w = weight[sel].astype(np.float64)
+    cols: list[np.ndarray] = [w]
+    ycls: np.ndarray | None = None
+    if classes:
+        ycls = y[r].astype(np.int64)
+    elif columns != "count":
+        yv = y[r]
+        wy = w * yv
+        cols.append(wy)
+        if columns == "full":
+            cols.append(wy * yv)
+    # thresholds padded to 2^k - 1 per (node, slot): the search needs no bounds checks
+    k = int(W).bit_length()
+    Wp = (1 << k) - 1
+    tp = np.full((E, m, max(Wp, 1)), np.inf)
+    tp[:, :, :W] = thr
+    tflat = tp.ravel()
+    e_nb = e * nb
     for s in range(m):
-        for p in range(e.size):
-            i = e[p]
-            f = feats[i, s]
-            if f < 0:
-                continue
-            c = np.int64(codes[f * n_rows + r[p]])
-            if has_missing and c >= miss_code[f]:
-                if not missing_bin:
-                    continue
-                b = W + 1
-            else:
-                x = uniq_all[uniq_off[f] + c]
-                lo = 0
-                hi = W
-                while lo < hi:  # first threshold >= x: the number of thresholds below x
-                    mid = (lo + hi) >> 1
-                    if thr[i, s, mid] < x:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                b = lo
-            wt = w[p]
-            if mode == 3:
-                out[i, s, b, int(y[r[p]])] += wt
-                continue
-            out[i, s, b, 0] += wt
-            if mode >= 1:
-                yv = y[r[p]]
-                wy = wt * yv
-                out[i, s, b, 1] += wy
-                if mode == 2:
-                    out[i, s, b, 2] += wy * yv
-
-
-_bin_statistics = kernel(_bin_statistics_py)
-
-
-def warm_kernels() -> None:
-    """Load (the first time on a machine: compile) the compiled loop of
-    :func:`bin_statistics` now rather than in the first round that needs it."""
-    i64 = np.zeros(0, dtype=np.int64)
-    f64 = np.zeros(0)
-    _bin_statistics(i64, i64, f64, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1, 1)),
-                    np.zeros(0, dtype=np.int32), 0, f64, i64, i64, False, False, f64, 0,
-                    np.zeros((0, 1, 1, 1)))
+        fe = feats[:, s]
+        if (fe < 0).all():
+            continue
+        f = fe[e]
+        ok = f >= 0
+        idx = None if ok.all() else np.flatnonzero(ok)
+        fs = f if idx is None else f[idx]
+        rs = r if idx is None else r[idx]
+        es = e if idx is None else e[idx]
+        at = fs * n_rows
+        at += rs
+        code = codes[at].astype(np.int64)
+        del at
+        missing = code >= miss_code[fs] if has_missing else None
+        if missing is not None:
+            code[missing] = 0  # looked up below and then overridden
+        x = uniq_all[np.minimum(uniq_off[fs] + code, max(uniq_all.size - 1, 0))] \
+            if uniq_all.size else np.zeros(code.size)
+        del code
+        # bin = number of thresholds below x (t_{b-1} < x <= t_b)
+        base = es * m
+        base += s
+        base *= Wp
+        base -= 1
+        b = np.zeros(es.size, dtype=np.int64)
+        step = 1 << (k - 1) if k else 0
+        while step:
+            probe = base + b
+            probe += step
+            np.add(b, step, out=b, where=tflat[probe] < x)
+            step >>= 1
+        keep = None
+        if missing is not None and missing.any():
+            if missing_bin:
+                b[missing] = W + 1
+            else:  # the missing rows are left out
+                keep = ~missing
+        key = e_nb if idx is None else e_nb[idx]
+        key = key + b
+        del b, base, x
+        if keep is not None:
+            key = key[keep]
+        if classes:
+            if ycls is None:  # pragma: no cover - set with classes
+                raise ProtocolError("internal: class codes missing")
+            yc = ycls if idx is None else ycls[idx]
+            if keep is not None:
+                yc = yc[keep]
+            ck = key * classes
+            ck += yc
+            ws = w if idx is None else w[idx]
+            if keep is not None:
+                ws = ws[keep]
+            out[:, s] = np.bincount(ck, weights=ws, minlength=E * nb * classes
+                                    ).reshape(E, nb, classes)
+            continue
+        for c, col in enumerate(cols):
+            ws = col if idx is None else col[idx]
+            if keep is not None:
+                ws = ws[keep]
+            out[:, s, :, c] = np.bincount(key, weights=ws, minlength=E * nb).reshape(E, nb)
+    return out

@@ -23,7 +23,6 @@ import numpy as np
 
 from ._bootstrap import canonical_order, tree_pairs
 from ._grid_stats import bin_statistics
-from ._grid_stats import warm_kernels as warm_grid_kernels
 from ._level_stats import (
     CodeBook,
     LevelStatistics,
@@ -58,7 +57,6 @@ def warm_up() -> None:
     a job, so that no round's deadline includes it.
     """
     warm_kernels()
-    warm_grid_kernels()
 
 
 class Worker:

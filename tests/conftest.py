@@ -50,10 +50,9 @@ def compiled_loops() -> None:
     """The engine's compiled loops are compiled (first run on a machine) or loaded before any
     test: the servers and clients the integration tests start then load them from the cache
     instead of compiling inside a round's deadline."""
-    from fedforest_secure import _sketch
-    from fedforest_secure.worker import warm_up
+    from fedforest_secure import _level_stats, _sketch
 
-    warm_up()
+    _level_stats.warm_kernels()
     _sketch.warm_kernels()
 
 
