@@ -39,7 +39,6 @@ from fedforest_secure.protocol.api import (
     SecAggStep,
 )
 from fedforest_secure.secure_sum import encode_contribution
-from fedforest_secure.worker import warm_up
 
 from .data import load_site_table, schema_sha256
 from .evaluation import SiteWorker, site_worker
@@ -255,8 +254,6 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         # loaded before joining, not inside the first round's deadline, unless this site
         # pinned a profile without DP
         import fedforest_secure.privacy.dp  # noqa: F401
-    if train is not None:
-        warm_up()  # the worker's compiled loops, likewise loaded before joining
     log = log or SiteLog()
     tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
                    retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,

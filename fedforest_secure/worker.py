@@ -37,7 +37,7 @@ from .errors import ProtocolError, RefusedRequest, SchemaError
 from .privacy.pinning import clip_targets
 from .protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind, layout_size
 
-__all__ = ["Worker", "warm_up"]
+__all__ = ["Worker"]
 
 #: with ``keep_level_order=None``, a worker keeps its level order between rounds as is while it
 #: takes at most KEEP_FULL_BYTES, compact while that takes at most KEEP_ORDER_BYTES, and
@@ -48,15 +48,6 @@ KEEP_ORDER_BYTES = 32 << 20
 #: SORT_RATIO thresholds per (pair, slot) entry (measured: the sort costs about as much per
 #: entry as the search, and each threshold about as much again)
 SORT_RATIO = 1.25
-
-
-def warm_up() -> None:
-    """Load the worker's compiled loops (numba; the first time on a machine: compile them).
-
-    A worker does it when it is built; a site process may do it earlier, e.g. before joining
-    a job, so that no round's deadline includes it.
-    """
-    warm_kernels()
 
 
 class Worker:
@@ -113,7 +104,7 @@ class Worker:
         self.config = config
         self.client_index = int(client_index)
         self._profile = dict(config.profile)
-        warm_up()  # the compiled loops load now, not in a round (rounds have deadlines)
+        warm_kernels()  # the compiled loops load now, not in a round (rounds have deadlines)
         n, d = X.shape
         self.n_rows = n
         # row statistics (one row of S per sample)
