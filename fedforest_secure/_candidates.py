@@ -84,11 +84,6 @@ class CandidateMethod(ABC):
         """What the level's sketch round asks of every client for this method."""
         return SketchRequest()
 
-    def warm(self) -> None:
-        """Load the compiled loops the method's rounds use (before the first round); none
-        by default."""
-        return None
-
     def needs_range(self) -> bool:
         """Whether the clients' feature ranges must be disclosed (no public bounds)."""
         return False
@@ -146,10 +141,6 @@ class Quantiles(CandidateMethod):
     @property
     def _client_sketches(self) -> bool:
         return self.policy.sketch == "quantiles"
-
-    def warm(self) -> None:
-        if self._client_sketches and not self.policy.dp:
-            _sketch.warm_kernels()
 
     def sketch_request(self) -> SketchRequest:
         if self._client_sketches:

@@ -22,7 +22,7 @@ from ._order import LevelOrder
 from ._splits import candidate_lefts
 from .config import JobConfig
 
-__all__ = ["CodeBook", "LevelStatistics", "local_gains", "local_left_counts", "warm_kernels"]
+__all__ = ["CodeBook", "LevelStatistics", "local_gains", "local_left_counts"]
 
 
 @dataclass(frozen=True)
@@ -333,15 +333,3 @@ def local_left_counts(hist: np.ndarray, config: JobConfig) -> np.ndarray:
     left, _ = candidate_lefts(hist, config.has_missing)
     out: np.ndarray = _impurity.counts_of(left, config.task)
     return out
-
-
-def warm_kernels() -> None:
-    """Load (the first time on a machine: compile) the compiled loops of the quantile sketch
-    and the histograms now rather than in the first round that needs them (a round has a
-    deadline); the types are those of a packed level order."""
-    i64 = np.zeros(0, dtype=np.int64)
-    f64 = np.zeros(0)
-    _quantile_rows(i64, i64, i64, np.zeros(0, dtype=bool), i64, 0, 16, i64, i64, f64, i64, i64,
-                   False, 1, 1, np.zeros((0, 2)))
-    _bin_sums(i64, i64, i64, np.zeros((0, 1)), i64, 0, 16, 0, i64, i64, i64, f64, i64, i64, f64,
-              0, np.zeros((0, 2, 1)))

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._jit import kernel
 
-__all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates", "warm_kernels"]
+__all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
 CHUNK_ENTRIES = 1 << 18
@@ -358,9 +358,3 @@ def _pooled_rows_py(points: np.ndarray, counts: np.ndarray, n_bins: int, out: np
 
 
 _pooled_rows = kernel(_pooled_rows_py)
-
-
-def warm_kernels() -> None:
-    """Load (the first time on a machine: compile) the compiled loop of
-    :func:`pooled_candidates` now rather than in the first round that needs it."""
-    _pooled_rows(np.zeros((0, 1, 1)), np.zeros((0, 1)), 2, np.zeros((0, 1)))

@@ -88,7 +88,6 @@ class Coordinator:
         self.policy = ReleasePolicy(config)
         self._method = make_method(config, self.policy)
         self._method.executor = executor
-        self._method.warm()
         self._rng = np.random.default_rng(np.random.SeedSequence([config.random_state, 0xF0]))
         self._rng_missing = np.random.default_rng(
             np.random.SeedSequence([config.random_state, 0xF1]))

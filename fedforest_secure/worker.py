@@ -23,13 +23,7 @@ import numpy as np
 
 from ._bootstrap import canonical_order, tree_pairs
 from ._grid_stats import bin_statistics
-from ._level_stats import (
-    CodeBook,
-    LevelStatistics,
-    local_gains,
-    local_left_counts,
-    warm_kernels,
-)
+from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
 from ._order import LevelOrder
 from ._routing import route
 from .config import JobConfig
@@ -104,7 +98,6 @@ class Worker:
         self.config = config
         self.client_index = int(client_index)
         self._profile = dict(config.profile)
-        warm_kernels()  # the compiled loops load now, not in a round (rounds have deadlines)
         n, d = X.shape
         self.n_rows = n
         # row statistics (one row of S per sample)

@@ -45,17 +45,6 @@ def make_job_dir(root: Path, parts: list[tuple[np.ndarray, np.ndarray]], feat: l
     return root / "job.toml"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def compiled_loops() -> None:
-    """The engine's compiled loops are compiled (first run on a machine) or loaded before any
-    test: the servers and clients the integration tests start then load them from the cache
-    instead of compiling inside a round's deadline."""
-    from fedforest_secure import _level_stats, _sketch
-
-    _level_stats.warm_kernels()
-    _sketch.warm_kernels()
-
-
 @pytest.fixture(scope="session")
 def dev_pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevPKI]:
     yield init_dev_pki(tmp_path_factory.mktemp("certs"), 5)
