@@ -2,10 +2,9 @@
 
 The worker sorts the level's (pair, feature slot) entries once per level
 (:class:`~fedforest_secure._order.LevelOrder`); every answer of the level is read off that
-order: the per-bin histograms of the histogram round (each block's entries walk once through
-its thresholds), the weighted quantile sketch, the distinct values of the exact method, and
-the local Top-L ranking of AvgImp. The walks over the order are compiled loops
-(:func:`~fedforest_secure._jit.kernel`). Feature values are compared through the client's exact
+order: the per-bin histograms of the histogram round (each bin a contiguous run, summed by
+``np.add.reduceat``), the weighted quantile sketch, the distinct values of the exact method,
+and the local Top-L ranking of AvgImp. Feature values are compared through the client's exact
 integer codes (:class:`CodeBook`), so ``x <= t`` is decided exactly for any threshold.
 """
 
@@ -16,13 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _impurity
-from ._jit import kernel
 from ._layouts import categorical_cuts
-from ._order import LevelOrder
+from ._order import LevelOrder, first_reaching
 from ._splits import candidate_lefts
 from .config import JobConfig
 
 __all__ = ["CodeBook", "LevelStatistics", "local_gains", "local_left_counts"]
+
+#: a run of blocks places its entries among the thresholds (a binary search per entry)
+#: rather than the thresholds among the entries (a search per threshold) when its finite
+#: thresholds outnumber its entries times this; both give the same bins
+ENTRY_SEARCH_RATIO = 0.5
 
 
 @dataclass(frozen=True)
@@ -89,17 +92,54 @@ class LevelStatistics:
         cont = np.array([k == "continuous" for k in self.config.kinds])
         fl = feats.reshape(-1)
         wanted = cont[fl.clip(0)] & (fl >= 0)
-        book = self.book
+        r = rows_per_point
+        b = np.arange(n_points + 1)
         for b0, b1 in order.chunks(edges):
             e0, e1 = int(edges[b0]), int(edges[b1])
             if e1 == e0:
                 continue
-            key, code, _, w = order.fields(e0, e1)
-            _quantile_rows(edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0, fl[b0:b1],
-                           wanted[b0:b1], key, order.shift, order.cbits, code, w,
-                           book.uniq_all, book.uniq_off, book.missing_code,
-                           self.config.has_missing, int(n_points), int(rows_per_point),
-                           out[b0:b1])
+            w = order.weights(e0, e1)
+            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
+            cw0[0] = 0
+            np.cumsum(w, out=cw0[1:])
+            cw = cw0[1:]
+            start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
+            if self.config.has_missing:  # the sketch ignores missing values
+                blk = np.arange(b0, b1, dtype=np.int64)
+                mcode = self.book.missing_code[fl[b0:b1].clip(0)]
+                end = np.minimum(end, order.search((blk << self.book.cbits) | mcode, e0, e1))
+                end = np.maximum(end, start)
+            before = cw0[start]
+            bw = cw0[end] - before
+            present = np.flatnonzero((end > start) & wanted[b0:b1])
+            # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
+            bk = np.full(present.size, n_points, dtype=np.int64)
+            if r >= 1:
+                bk = np.minimum(bw[present] // r, n_points)
+                # fewer than r rows: no point at all (a lone min or max would be a record)
+                keep = bk >= 1
+                present, bk = present[keep], bk[keep]
+            valid = b[None, :] <= bk[:, None]
+            # Q(b / B_k) is the first entry whose cumulative weight within the block reaches
+            # b n / B_k (at least 1: Q(0) is the minimum), i.e. the integer ceil(b n / B_k):
+            # exact integer arithmetic (as _sketch.client_quantiles), offset by the weight
+            # before the block, so a block's points never depend on its neighbours
+            bwi = bw[present].astype(np.int64)
+            target = b[None, :] * bwi[:, None]
+            target += (bk - 1)[:, None]
+            target //= bk[:, None]
+            np.maximum(target, 1, out=target)
+            target += before[present, None].astype(np.int64)
+            idx = first_reaching(cw, target.ravel()).reshape(target.shape)
+            del w, cw, target
+            np.minimum(idx, (end[present] - 1)[:, None], out=idx)
+            idx += e0
+            fslot = fl[b0:b1][present]
+            code = order.codes_at(idx)
+            code += self.book.uniq_off[fslot][:, None]
+            vals = self.book.uniq_all[code]
+            vals[~valid] = np.nan
+            out[b0 + present] = vals
         return out.reshape(n_nodes, m, n_points + 1)
 
     def unique_values(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,10 +184,12 @@ class LevelStatistics:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
         Every entry of the level order gets its bin, the number of its block's thresholds
-        below its value (a block's entries ascend, so one walk through its thresholds finds
-        them all), and adds its weighted statistics there: a bin's sum adds its rows one by
-        one in the order's sequence. ``nodes`` are the positions of the evaluated nodes in
-        ``order`` (ascending).
+        below its value, and each statistic is one ``np.bincount`` over (block, bin): a bin's
+        sum adds its rows one by one in the order's sequence, whatever finds the bins.
+        Where a block has more thresholds than rows (the deep levels) the entries are placed
+        among the thresholds (:meth:`_bins_by_entries`); otherwise the thresholds are placed
+        among the entries (:meth:`_bins_by_cuts`). ``nodes`` are the positions of the
+        evaluated nodes in ``order`` (ascending).
         With ``missing_bin`` the rows missing the slot's feature (their code sorts after every
         value) fill one more bin at the end and no other; without it they are left out.
         """
@@ -166,151 +208,186 @@ class LevelStatistics:
         nb = thr.shape[2] + 1
         S = 1 if counts_only else self.config.n_stats
         blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
-        out = np.zeros((blk.size, nb, S))
-        if blk.size == 0 or order.size == 0:
-            return out.reshape(n_eval, m, nb, S)
         # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
         starts, ends = order.block_edges(blk)
-        thr2 = np.ascontiguousarray(thr.reshape(blk.size, nb - 1), dtype=np.float64)
-        # the feature whose values the block holds; -1: a slot left out (Top-L), no sums
-        fl = np.where(feats.reshape(-1) < 0, -1, order.feats.reshape(-1)[blk])
-        mode = 0 if counts_only else 1 if self.config.task == "regression" else 2
-        y = self.y.astype(np.float64)
-        book = self.book
+        thr2 = thr.reshape(blk.size, nb - 1)
+        if blk.size == 0 or order.size == 0:
+            return np.zeros((n_eval, m, nb, S))
+        # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
+        row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
+        row_of[blk] = np.arange(blk.size)
         edges = np.append(starts, ends[-1])
-        for i0, i1 in order.chunks(edges):
+        table: _ThresholdTable | None = None
+        runs = order.chunks(edges)
+        sums: np.ndarray | None = None
+        for i0, i1 in runs:
             e0 = int(starts[i0])
             e1 = int(ends[i1 - 1])
             if e1 <= e0:
                 continue
-            key, code, rows, w = order.fields(e0, e1)
-            _bin_sums(starts[i0:i1] - e0, ends[i0:i1] - e0, fl[i0:i1], thr2[i0:i1], key,
-                      order.shift, order.cbits, order.row_mask, code, rows, w, book.uniq_all,
-                      book.uniq_off, book.missing_code, y, mode, out[i0:i1])
-        return out.reshape(n_eval, m, nb, S)
-
-def _bin_sums_py(starts: np.ndarray, ends: np.ndarray, feat: np.ndarray, thr: np.ndarray,
-                 key: np.ndarray, shift: int, cbits: int, rmask: int, code: np.ndarray,
-                 rows: np.ndarray, w: np.ndarray, uniq_all: np.ndarray, uniq_off: np.ndarray,
-                 n_codes: np.ndarray, y: np.ndarray, mode: int, out: np.ndarray) -> None:
-    """Per-bin sums of blocks ``[starts[i], ends[i])`` of a run of the level order.
-
-    Block i holds the values of feature ``feat[i]`` (-1: skipped) in ascending order, so its
-    entries walk through its sorted thresholds ``thr[i]`` once: an entry's bin is the number
-    of thresholds below its value, a missing value (code ``>= n_codes``) goes past all of
-    them. ``mode`` 0 sums the weights into ``out[i, bin, 0]``; 1 (regression) the weight,
-    weight x y and weight x y x y; 2 (classes) the weight into the entry's class column.
-    A bin adds its rows one by one in the order's sequence. Entries come as packed ``key``
-    (when not empty) or as ``code``, ``rows`` and ``w`` (:meth:`LevelOrder.fields`).
-    """
-    nblk, width = thr.shape
-    packed = key.size > 0
-    cmask = (1 << cbits) - 1
-    for i in range(nblk):
-        f = feat[i]
-        if f < 0:
-            continue
-        off = uniq_off[f]
-        mc = n_codes[f]
-        b = 0
-        cur = -1  # the bin being summed: a block's bins come one after the other
-        a0 = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        for e in range(starts[i], ends[i]):
-            if packed:
-                k = key[e]
-                c = (k >> shift) & cmask
-                row = (k >> 8) & rmask
-                wt = float(k & 255)
+            if (i1 - i0) * (nb - 1) > ENTRY_SEARCH_RATIO * (e1 - e0):
+                table = table or _ThresholdTable(thr2)
+                gbin, keep = self._bins_by_entries(row_of, table, e0, e1)
             else:
-                c = np.int64(code[e])
-                row = np.int64(rows[e])
-                wt = float(w[e])
-            if c >= mc:
-                b = width
+                gbin, keep = self._bins_by_cuts(blk[i0:i1], thr2[i0:i1], starts[i0:i1],
+                                                ends[i0:i1], i0, e0, e1)
+            gbin -= i0 * nb
+            size = (i1 - i0) * nb * S
+            # one bincount for every statistic: (bin, statistic) ids, laid out as the reply
+            gbin *= S
+            if self.config.task == "regression" or counts_only:
+                stats = self._sorted_stats(counts_only, e0, e1, keep)
+                ids = np.empty(stats.shape, dtype=np.int64)
+                for c in range(S):
+                    np.add(gbin, c, out=ids[c])
+                part = np.bincount(ids.ravel(), weights=stats.ravel(), minlength=size)
+            else:  # class counts: each row adds its weight to its own class's column only
+                rows = order.rows(e0, e1)
+                w = order.weights(e0, e1).astype(np.float64)
+                if keep is not None:
+                    rows, w = rows[keep], w[keep]
+                gbin += self.y[rows]
+                part = np.bincount(gbin, weights=w, minlength=size)
+            del gbin
+            if len(runs) == 1:
+                sums = part
             else:
-                x = uniq_all[off + c]
-                while b < width and thr[i, b] < x:
-                    b += 1
-            if mode == 2:
-                out[i, b, int(y[row])] += wt
-                continue
-            if b != cur:
-                if cur >= 0:
-                    out[i, cur, 0] = a0
-                    if mode == 1:
-                        out[i, cur, 1] = a1
-                        out[i, cur, 2] = a2
-                cur = b
-                a0 = 0.0
-                a1 = 0.0
-                a2 = 0.0
-            a0 += wt
-            if mode == 1:
-                yv = y[row]
-                wy = wt * yv
-                a1 += wy
-                a2 += wy * yv
-        if cur >= 0:
-            out[i, cur, 0] = a0
-            if mode == 1:
-                out[i, cur, 1] = a1
-                out[i, cur, 2] = a2
+                if sums is None:
+                    sums = np.zeros(blk.size * nb * S)
+                sums[i0 * nb * S:i1 * nb * S] = part
+        out = (sums if sums is not None else np.zeros(blk.size * nb * S)).reshape(
+            n_eval, m, nb, S)
+        if (feats < 0).any():
+            out[feats < 0] = 0.0
+        return out
+
+    def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int
+                         ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Global bin (evaluated row x bins + bin) of every evaluated entry of ``[e0, e1)``
+        by a binary search of its value among its block's thresholds (all blocks at once),
+        and which entries are evaluated (None: all)."""
+        book = self.book
+        bc = self.order.block_codes(e0, e1)
+        b = bc >> book.cbits
+        rows = row_of[b]
+        keep: np.ndarray | None = None
+        if (rows < 0).any():  # blocks of nodes not evaluated lie in between
+            keep = rows >= 0
+            rows, bc, b = rows[keep], bc[keep], b[keep]
+        code = bc & (book.stride - 1)
+        fb = self.order.feats.reshape(-1)[b]
+        missing = code >= book.missing_code[fb] if self.config.has_missing else None
+        code += book.uniq_off[fb]
+        if missing is None:
+            x = book.uniq_all[code]
+        else:  # a missing value has no value: its bin is set below
+            x = np.zeros(code.size)
+            x[~missing] = book.uniq_all[code[~missing]]
+        del bc, b, code, fb
+        below = table.count_below(rows, x)
+        if missing is not None:
+            # past every threshold, the last one (+inf, added by :meth:`histogram`) included:
+            # the missing rows' own bin
+            below[missing] = table.width
+        rows *= table.width + 1
+        rows += below
+        return rows, keep
+
+    def _bins_by_cuts(self, blk: np.ndarray, thr2: np.ndarray, starts: np.ndarray,
+                      ends: np.ndarray, i0: int, e0: int, e1: int
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """As :meth:`_bins_by_entries` for the evaluated blocks ``blk`` (rows ``i0``...),
+        from the position of every threshold in the sorted order (thresholds mapped to the
+        client's integer codes: ``x <= t`` iff ``code < cut``)."""
+        book = self.book
+        n, W = thr2.shape
+        nb = W + 1
+        fl = self.order.feats.reshape(-1)[blk]
+        cut = np.empty((n, W), dtype=np.int64)
+        for j in np.unique(fl):
+            sel = np.flatnonzero(fl == j)
+            t = thr2[sel].ravel()
+            u = book.uniq[j]
+            # searched in ascending order: numpy's binary search starts from the previous
+            # answer, several times faster than the blocks' interleaved runs
+            o = np.argsort(t)
+            c = np.empty(t.size, dtype=np.int64)
+            c[o] = np.searchsorted(u, t[o], side="right")  # +inf: past the last code
+            cut[sel] = c.reshape(sel.size, W)
+        np.minimum(cut, book.stride - 1, out=cut)
+        cut += (blk << book.cbits)[:, None]
+        # bin edges in the chunk: [start, cut_1, ..., cut_W, end] per block; entries between
+        # the evaluated blocks (nodes not evaluated) fall in one extra bin that is dropped
+        pos = np.empty((n, nb + 1), dtype=np.int64)
+        pos[:, 1:nb] = self.order.search(cut.ravel(), e0, e1).reshape(n, W)
+        pos[:, 0] = starts - e0
+        pos[:, nb] = ends - e0
+        runs = np.empty(n * (nb + 1), dtype=np.int64)  # bins, then the gap to the next block
+        runs.reshape(n, nb + 1)[:, :nb] = np.diff(pos, axis=1)
+        gap = runs.reshape(n, nb + 1)[:, nb]
+        gap[:-1] = starts[1:] - ends[:-1]
+        gap[-1] = 0
+        ids = np.arange(n * (nb + 1), dtype=np.int64)
+        ids -= ids // (nb + 1)  # bin j of row i is i * nb + j; a gap gets the next row's 0
+        gbin = np.repeat(ids, runs)
+        keep = None
+        if gap.any():
+            keep = np.repeat(np.arange(n * (nb + 1)) % (nb + 1) != nb, runs)
+            gbin = gbin[keep]
+        gbin += i0 * nb
+        return gbin, keep
+
+    def _sorted_stats(self, counts_only: bool, lo: int, hi: int,
+                      keep: np.ndarray | None = None) -> np.ndarray:
+        """Weighted row statistics (S, n) of entries ``[lo, hi)`` in the level's sorted order
+        (those where ``keep``, if given): the weight, then, for regression, weight x y and
+        weight x y^2. One contiguous row per statistic."""
+        order = self.order
+        w = order.weights(lo, hi)
+        rows = None if counts_only else order.rows(lo, hi)
+        if keep is not None:
+            w = w[keep]
+            rows = None if rows is None else rows[keep]
+        n = w.size
+        out = np.empty((1 if counts_only else 3, n))
+        out[0] = w
+        if rows is not None:
+            yv = self.y[rows]
+            np.multiply(out[0], yv, out=out[1])
+            np.multiply(out[1], yv, out=out[2])
+        return out
 
 
-_bin_sums = kernel(_bin_sums_py)
+class _ThresholdTable:
+    """Each row's sorted thresholds, padded with +inf to 2^k - 1 so that a branch-free binary
+    search takes k halving steps and never leaves its row."""
 
+    def __init__(self, thr2: np.ndarray) -> None:
+        self.width = int(thr2.shape[1])
+        self.steps = max(self.width.bit_length(), 1)
+        self.stride = (1 << self.steps) - 1
+        if self.stride == self.width:
+            self.flat = np.ascontiguousarray(thr2).ravel()
+        else:
+            padded = np.full((thr2.shape[0], self.stride), np.inf)
+            padded[:, : self.width] = thr2
+            self.flat = padded.ravel()
 
-def _quantile_rows_py(starts: np.ndarray, ends: np.ndarray, feat: np.ndarray,
-                      wanted: np.ndarray, key: np.ndarray, shift: int, cbits: int,
-                      code: np.ndarray, w: np.ndarray, uniq_all: np.ndarray,
-                      uniq_off: np.ndarray, n_codes: np.ndarray, has_missing: bool,
-                      n_points: int, r: int, out: np.ndarray) -> None:
-    """Weighted quantile points of blocks ``[starts[i], ends[i])`` (where ``wanted``) into
-    ``out[i]`` (NaN-filled): ``Q(b / B_k)`` for ``b = 0..B_k`` is the first entry whose
-    cumulative weight within the block reaches the integer ``ceil(b n / B_k)`` (at least 1),
-    with ``B_k = min(n // r, n_points)`` for ``r >= 1`` (no point below ``r`` rows), else
-    ``n_points``. Missing values (code ``>= n_codes``, at the end of a block) are left out.
-    Entries come as packed ``key`` (when not empty) or as ``code`` and ``w``.
-    """
-    nblk = starts.size
-    packed = key.size > 0
-    cmask = (1 << cbits) - 1
-    for i in range(nblk):
-        if not wanted[i]:
-            continue
-        s0 = starts[i]
-        e1 = ends[i]
-        f = feat[i]
-        if has_missing:
-            mc = n_codes[f]
-            while e1 > s0 and (int((key[e1 - 1] >> shift) & cmask) if packed
-                               else int(code[e1 - 1])) >= mc:
-                e1 -= 1
-        if e1 <= s0:
-            continue
-        bw = 0
-        for e in range(s0, e1):
-            bw += int(key[e] & 255) if packed else int(w[e])
-        bk = n_points
-        if r >= 1:
-            bk = min(bw // r, n_points)
-            if bk < 1:
-                continue
-        off = uniq_off[f]
-        e = s0
-        cw = int(key[e] & 255) if packed else int(w[e])
-        for b in range(bk + 1):
-            target = max((b * bw + bk - 1) // bk, 1)
-            while cw < target and e < e1 - 1:
-                e += 1
-                cw += int(key[e] & 255) if packed else int(w[e])
-            c = int((key[e] >> shift) & cmask) if packed else int(code[e])
-            out[i, b] = uniq_all[off + c]
-
-
-_quantile_rows = kernel(_quantile_rows_py)
+    def count_below(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """For each value ``x[i]``, the number of thresholds of row ``rows[i]`` below it."""
+        base = rows * self.stride
+        base -= 1
+        below = np.zeros(x.size, dtype=np.int64)  # thresholds < x found so far
+        idx = np.empty_like(below)
+        hit = np.empty(x.size, dtype=bool)
+        step = 1 << (self.steps - 1)
+        while step:
+            np.add(base, below, out=idx)
+            idx += step
+            np.less(self.flat[idx], x, out=hit)
+            below += hit * step
+            step >>= 1
+        return below
 
 
 def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LevelOrder"]
+__all__ = ["LevelOrder", "first_reaching"]
 
 _SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
 #: entries per chunk of the per-block passes (sketch, histogram): bounds their scratch memory
 CHUNK_ENTRIES = 1 << 18
+#: first_reaching searches (instead of building its table) when the targets number less than
+#: 1 / SEARCH_FACTOR of the total weight (a search of ascending targets costs a few table
+#: entries each)
+SEARCH_FACTOR = 8
 
 
 class LevelOrder:
@@ -189,26 +193,6 @@ class LevelOrder:
         codes: np.ndarray = (self._full_key()[idx] >> self.shift) & ((1 << self.cbits) - 1)
         return codes
 
-    def fields(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Entries ``[lo, hi)`` as the compiled loops read them: ``(key, code, row, weight)``.
-
-        A packed order gives its keys and empty field arrays (a loop takes code, row and
-        weight out of each key: :attr:`shift`, ``cbits`` and :attr:`row_mask`); otherwise the
-        keys are empty and the three fields come as arrays.
-        """
-        empty = np.zeros(0, dtype=np.int64)
-        if self.key is not None and self.packed:
-            return self.key[lo:hi], empty, empty, empty
-        if self._code is not None and self._rows is not None and self._w is not None:
-            return empty, self._code[lo:hi], self._rows[lo:hi], self._w[lo:hi]
-        code = self._full_key()[lo:hi] & ((1 << self.cbits) - 1)  # block|code keys
-        return empty, code, self.rows(lo, hi), self.weights(lo, hi)
-
-    @property
-    def row_mask(self) -> int:
-        """Mask of the row field of a packed key (after shifting out the weight's 8 bits)."""
-        return self._rmask
-
     def block_codes(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """(block << cbits | code) of entries ``[lo, hi)`` (every entry by default)."""
         if self.key is None:
@@ -236,3 +220,39 @@ class LevelOrder:
         out = self._full_key()[lo:hi] >> 8
         out &= self._rmask
         return out
+
+
+def first_reaching(cw: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """For each target, the first position i with ``cw[i] >= target`` (cw: cumulative sums
+    of positive integer multiplicities).
+
+    Multiplicities are positive integers, so ``cw[i] >= t`` iff ``cw[i] >= ceil(t)``: a
+    table over the integers 1..cw[-1] answers every target with one gather instead of a
+    binary search. The table costs O(cw[-1]) whatever the number of targets, so few targets
+    (large blocks: the top levels) are searched instead; both give the same positions for
+    targets clipped to ``[1, cw[-1]]`` (targets beyond the end give the last position, as
+    the table does).
+    """
+    total = int(cw[-1]) if cw.size else 0
+    if total > 4 * max(cw.size, 1) + 1_000_000 or total >= 2**31:  # pragma: no cover
+        return np.searchsorted(cw, target, side="left")
+    if total == 0:
+        return np.zeros(np.shape(target), dtype=np.int64)
+    if SEARCH_FACTOR * np.size(target) < total:
+        target = np.asarray(target)
+        c = target.astype(np.int64) if target.dtype.kind in "iu" else \
+            np.ceil(target).astype(np.int64)
+        np.clip(c, 1, total, out=c)
+        return np.searchsorted(cw, c, side="left")
+    # inv[c - 1] = number of positions whose cumulative weight is below c
+    marks = np.zeros(total, dtype=np.int32)
+    marks[cw[:-1]] = 1
+    inv = np.cumsum(marks, dtype=np.int32)
+    del marks
+    target = np.asarray(target)
+    c = target.astype(np.int64) if target.dtype.kind in "iu" else \
+        np.ceil(target).astype(np.int64)
+    np.clip(c, 1, total, out=c)
+    c -= 1
+    out: np.ndarray = inv[c]
+    return out

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import kernel
-
 __all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
@@ -122,6 +120,62 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
     return xs, s, dj, F
 
 
+def _first_at_least(F: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per row of the non-decreasing ``F`` (R, E), the first column with ``F >= t`` for each
+    target ``t`` (E if none): ``np.searchsorted(F[r], targets)`` for every row.
+
+    One global search over the rows shifted apart by 2 (F lies in [0, 1]) finds the answer up
+    to the rounding of the shift; a few vectorised steps then make it exact, so a row's answer
+    never depends on which other rows share the call (the coordinator may evaluate a level's
+    nodes in groups and must get the same candidates).
+    """
+    R, E = F.shape
+    Q = targets.size
+    offs = 2.0 * np.arange(R)[:, None]
+    flat = (F + offs).ravel()
+    found = np.searchsorted(flat, (targets[None, :] + offs).ravel(), side="left")
+    i: np.ndarray = found.reshape(R, Q) - np.arange(R)[:, None] * E
+    np.clip(i, 0, E, out=i)
+    flatF = F.ravel()
+    base = (np.arange(R) * E)[:, None]
+    t = np.broadcast_to(targets, (R, Q))
+    while True:  # exact: F[r, i - 1] < t <= F[r, i]
+        at = np.minimum(i, E - 1)
+        at += base
+        right = flatF[at] < t
+        right &= i < E
+        at = np.maximum(i - 1, 0)
+        at += base
+        left = flatF[at] >= t
+        left &= i > 0
+        both = right & left  # only where F is not monotone: keep the global answer
+        right &= ~both
+        left &= ~both
+        if not (right.any() or left.any()):
+            return i
+        i += right
+        i -= left
+
+
+def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> np.ndarray:
+    """For cuts at event positions ``x_i``: the midpoint to the next distinct event where the
+    pooled CDF is flat in between (slope 0 after the last event at ``x_i``), else ``x_i``."""
+    R, E = xs.shape
+    # the last event of each run of equal positions (a row's last event ends a run), in
+    # flat positions: ascending over the whole array, so one search finds every run's end
+    last = np.ones((R, E), dtype=bool)
+    np.not_equal(xs[:, 1:], xs[:, :-1], out=last[:, :-1])
+    ends = np.flatnonzero(last)
+    base = (np.arange(R) * E)[:, None]
+    e = ends[np.searchsorted(ends, i + base)]  # flat index of the run's last event
+    e -= base
+    has_next = e + 1 < E
+    nxt = xs.ravel()[np.minimum(e + 1, E - 1) + base]
+    flat = s.ravel()[np.minimum(e, E - 1) + base] == 0
+    gap = has_next & flat & (nxt > x_i)
+    return np.where(gap, (x_i + nxt) / 2.0, x_i)
+
+
 def mixture_cdf(points: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Evaluate the pooled sketch CDF ``F~`` of each row at the points ``x`` of shape (R, Q)."""
     xs, s, dj, F = _events(points, weights)
@@ -134,8 +188,6 @@ def mixture_cdf(points: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.nd
         val = F[r, ii] + s[r, ii] * (x[r] - xs[r, ii])
         out[r] = np.where(inside, val, 0.0)
     return np.clip(out, 0.0, 1.0)
-
-
 
 
 def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np.ndarray:
@@ -153,208 +205,77 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     -------
     array of shape (R, B - 1)
         Sorted distinct thresholds per row, padded with ``+inf``. A threshold ``t`` splits a
-        row to the left when ``x <= t``. A row without data (zero total count) gets only
-        ``+inf``.
-    """
-    pts = np.ascontiguousarray(points, dtype=np.float64)
-    cnt = np.ascontiguousarray(counts, dtype=np.float64)
-    R, K, P = pts.shape
-    out = np.full((R, max(n_bins - 1, 0)), np.inf)
-    if R and K and P and n_bins > 1:
-        _pooled_rows(pts, cnt, int(n_bins), out)
-    return out
-
-
-def _pooled_rows_py(points: np.ndarray, counts: np.ndarray, n_bins: int, out: np.ndarray
-                 ) -> None:
-    """:func:`pooled_candidates` row by row, into ``out`` (pre-filled with +inf).
-
-    Per row: the clients' mixing weights; each point's slope change and point mass
-    (:func:`_events`: mass ``w_k / (B_k)`` spread uniformly over each segment, a point mass
-    where a segment is empty or a client sent a lone point); the points merged in ascending
-    order, ties in the clients' order (a stable natural merge sort: the clients' lists are
-    runs already); the pooled CDF ``F`` and its slope ``s`` at every point by running sums;
-    then for every ``u = b / B`` the first point with ``F >= u - 1e-12``, interpolated on the
-    ramp before it, or moved to the middle of a gap where ``F`` stays flat after it. The
-    arithmetic is :func:`_events`' in the same order, so the thresholds are the same numbers.
+        row to the left when ``x <= t``.
     """
     R, K, P = points.shape
-    W = K * P
-    nb = n_bins - 1
-    vals = np.empty(W)
-    idx = np.empty(W, dtype=np.int64)
-    vals2 = np.empty(W)
-    idx2 = np.empty(W, dtype=np.int64)
-    runs = np.empty(W + 1, dtype=np.int64)
-    runs2 = np.empty(W + 1, dtype=np.int64)
-    dsp = np.empty(W)
-    djp = np.empty(W)
-    wts = np.empty(K)
-    npts = np.empty(K, dtype=np.int64)
-    lasts = np.empty(K, dtype=np.int64)
-    xs = np.empty(W)
-    s = np.empty(W)
-    F = np.empty(W)
-    t = np.empty(nb)
-    for r in range(R):
-        tot = 0.0
-        for k in range(K):
-            last = P - 1  # the client's last point; the NaN padding after it carries nothing
-            while last >= 0 and np.isnan(points[r, k, last]):
-                last -= 1
-            lasts[k] = last
-            c = 0
-            for j in range(last + 1):
-                if not np.isnan(points[r, k, j]):
-                    c += 1
-            npts[k] = c
-            w = counts[r, k]
-            if c == 0:
-                w = 0.0
-            elif w < 0.0:
-                w = 0.0
-            wts[k] = w
-            tot += w
-        if not tot > 0.0:
-            continue
-        # per point: slope change and point mass (client-major, as the points came)
-        top = 0.0  # largest |slope|: what counts as a zero slope after the running sums
-        nv = 0
-        for k in range(K):
-            wk = wts[k] / tot
-            nseg = npts[k] - 1
-            mass = wk / nseg if nseg > 0 else 0.0
-            base = k * P
-            prev_slope = 0.0
-            for j in range(lasts[k] + 1):
-                slope = 0.0
-                jump = 0.0
-                if j < P - 1:
-                    length = points[r, k, j + 1] - points[r, k, j]
-                    if length > 0.0:
-                        slope = mass / length
-                    elif length == 0.0:
-                        jump = mass
-                ds = slope - prev_slope if j > 0 else slope
-                if j == 0 and npts[k] == 1:
-                    jump += wk
-                if abs(slope) > top:
-                    top = abs(slope)
-                dsp[base + j] = ds
-                djp[base + j] = jump
-                prev_slope = slope
-                x = points[r, k, j]
-                if not np.isnan(x):  # NaN padding carries no mass: left out of the merge
-                    vals[nv] = x
-                    idx[nv] = base + j
-                    nv += 1
-        # stable natural merge sort of the valid points
-        nr = 0
-        runs[0] = 0
-        for e in range(1, nv):
-            if vals[e] < vals[e - 1]:
-                nr += 1
-                runs[nr] = e
-        nr += 1
-        runs[nr] = nv
-        src_v, src_i, dst_v, dst_i = vals, idx, vals2, idx2
-        rs, rs2 = runs, runs2
-        while nr > 1:
-            q = 0
-            nn = 0
-            while q < nr:
-                a0 = rs[q]
-                a1 = rs[q + 1]
-                b1 = rs[q + 2] if q + 1 < nr else a1
-                ia = a0
-                ib = a1
-                o = a0
-                while ia < a1 and ib < b1:  # branch-free: the comparison picks the source
-                    va = src_v[ia]
-                    vb = src_v[ib]
-                    tb = vb < va
-                    dst_v[o] = vb if tb else va
-                    dst_i[o] = src_i[ib] if tb else src_i[ia]
-                    ib += tb
-                    ia += 1 - tb
-                    o += 1
-                while ia < a1:
-                    dst_v[o] = src_v[ia]
-                    dst_i[o] = src_i[ia]
-                    ia += 1
-                    o += 1
-                while ib < b1:
-                    dst_v[o] = src_v[ib]
-                    dst_i[o] = src_i[ib]
-                    ib += 1
-                    o += 1
-                rs2[nn] = a0
-                nn += 1
-                q += 2
-            rs2[nn] = nv
-            nr = nn
-            src_v, dst_v = dst_v, src_v
-            src_i, dst_i = dst_i, src_i
-            rs, rs2 = rs2, rs
-        # the pooled CDF at every point: running sums in the merged order
-        tiny = 1e-12 * (top if top > 1e-300 else 1e-300)
-        run_s = 0.0
-        run_j = 0.0
-        run_x = 0.0
-        for e in range(nv):
-            p = src_i[e]
-            xs[e] = src_v[e]
-            run_s += dsp[p]
-            s[e] = 0.0 if abs(run_s) <= tiny else run_s
-            run_j += djp[p]
-            if e > 0:
-                run_x += s[e - 1] * (xs[e] - xs[e - 1])
-                F[e] = run_j + run_x
-            else:
-                F[e] = run_j
-        # invert at b / B
-        i = 0
-        for b in range(nb):
-            u = (b + 1) / n_bins
-            target = u - 1e-12
-            while i < nv and not F[i] >= target:
-                i += 1
-            ii = i if i < nv else nv - 1
-            pv = ii - 1 if ii > 0 else 0
-            f_prev = F[pv]
-            s_prev = s[pv]
-            x_prev = xs[pv]
-            x_i = xs[ii]
-            left_limit = f_prev + s_prev * (x_i - x_prev)
-            ramp = ii > 0 and s_prev > 0.0 and u <= left_limit + 1e-12
-            tt = x_prev + (u - f_prev) / s_prev if ramp else x_i
-            if not np.isnan(tt):  # np.clip(tt, x_prev, x_i)
-                tt = tt if tt > x_prev else x_prev
-                tt = tt if tt < x_i else x_i
-            if not (ramp and u < left_limit - 1e-12 and tt < x_i):
-                # a cut after which the pooled CDF stays flat (a gap between clients' data)
-                # goes to the middle of the gap, like CART's midpoints
-                e = ii
-                while e + 1 < nv and xs[e + 1] == xs[e]:
-                    e += 1
-                if e + 1 < nv and s[e] == 0.0 and xs[e + 1] > x_i:
-                    tt = (x_i + xs[e + 1]) / 2.0
-                else:
-                    tt = x_i
-            t[b] = tt
-        # sorted, distinct, +inf padded
-        for a in range(1, nb):
-            v = t[a]
-            c2 = a - 1
-            while c2 >= 0 and t[c2] > v:
-                t[c2 + 1] = t[c2]
-                c2 -= 1
-            t[c2 + 1] = v
-        o = 0
-        for a in range(nb):
-            if a == 0 or t[a] != t[a - 1]:
-                out[r, o] = t[a]
-                o += 1
+    chunk = max(1, CHUNK_ENTRIES // max(K * P, 1))
+    if R > chunk:  # bounded memory: the event arrays are R x K x P wide
+        return np.concatenate([pooled_candidates(points[i:i + chunk], counts[i:i + chunk],
+                                                 n_bins) for i in range(0, R, chunk)])
+    return _pooled(points, counts, (~np.isnan(points)).sum(axis=2), n_bins)
 
 
-_pooled_rows = kernel(_pooled_rows_py)
+#: sketch widths of the row buckets of :func:`_pooled` (the last bucket: the full width)
+BUCKET_WIDTHS = (3, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129)
+
+
+def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: int
+            ) -> np.ndarray:
+    """:func:`pooled_candidates` of rows whose clients' lists hold ``npts`` (R, K) points."""
+    R = points.shape[0]
+    counts = np.where(npts == 0, 0.0, np.maximum(counts, 0.0))
+    tot = counts.sum(axis=1, keepdims=True)
+    weights = np.divide(counts, tot, out=np.zeros_like(counts), where=tot > 0)
+    out = np.full((R, n_bins - 1), np.inf)
+    if R == 0:
+        return out
+    keep = tot[:, 0] > 0
+    longest = npts.max(axis=1)
+    width = points.shape[2]
+    if keep.all() and width > 4 and (longest <= width // 2).any():
+        # rows whose clients sent short sketches (small nodes, adaptive B) are done with
+        # narrower arrays: bucket rows by the longest sketch they hold
+        edges = [w for w in BUCKET_WIDTHS if w < width] + [width]
+        lo = 0
+        for hi_w in edges:
+            sel = (longest > lo) & (longest <= hi_w)
+            if sel.any():
+                out[sel] = _pooled(points[sel, :, :hi_w], counts[sel], npts[sel], n_bins)
+            lo = hi_w
+        return out
+    if not keep.all():
+        if keep.any():
+            out[keep] = _pooled(points[keep], counts[keep], npts[keep], n_bins)
+        return out
+    xs, s, dj, F = _events(points, weights, npts)
+    E = xs.shape[1]
+    levels = np.arange(1, n_bins) / n_bins
+    i = _first_at_least(F, levels - 1e-12)
+    i = np.clip(i, 0, E - 1)
+    prev = np.maximum(i - 1, 0)
+    base = (np.arange(R) * E)[:, None]
+    prev += base
+    F_prev = F.ravel()[prev]
+    s_prev = s.ravel()[prev]
+    x_prev = xs.ravel()[prev]
+    x_i = xs.ravel()[i + base]
+    left_limit = F_prev + s_prev * (x_i - x_prev)
+    u = levels[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        interp = x_prev + (u - F_prev) / s_prev
+    ramp = (i > 0) & (s_prev > 0) & (u <= left_limit + 1e-12)
+    t = np.where(ramp, interp, x_i)
+    t = np.clip(t, x_prev, x_i)
+    # A cut at a point after which the pooled CDF stays flat (a gap between clients' data)
+    # goes to the middle of the gap, like CART's midpoints: the same training rows fall on
+    # each side, and rows just beyond the last observed value are not cut off.
+    inside_ramp = ramp & (u < left_limit - 1e-12) & (t < x_i)  # else the cut sits at x_i
+    t = np.where(inside_ramp, t, _mid_gap(xs, s, i, x_i))
+    t = np.where(tot > 0, t, np.inf)
+    t.sort(axis=1)
+    dup = np.zeros_like(t, dtype=bool)
+    dup[:, 1:] = t[:, 1:] == t[:, :-1]
+    t[dup] = np.inf
+    t.sort(axis=1)
+    out[:] = t
+    return out

@@ -4,10 +4,33 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pooled_reference import pooled_candidates_reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fedforest_secure import _sketch
+from fedforest_secure import _order, _sketch
 from fedforest_secure._order import LevelOrder
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=300),
+       st.lists(st.floats(-1.0, 2.0), min_size=1, max_size=80),
+       st.sampled_from([0, 10**9]))
+def test_first_reaching_search_and_table_agree(w: list[int], fr: list[float],
+                                                factor: int) -> None:
+    """Both branches of first_reaching (binary search for few targets, the inverse table
+    otherwise) answer every target, also out-of-range ones, the same way."""
+    cw = np.cumsum(np.array(w, dtype=np.int64))
+    target = np.array(fr) * cw[-1]
+    saved = _order.SEARCH_FACTOR
+    try:
+        _order.SEARCH_FACTOR = factor  # 0: always the table; 10**9: always searched
+        got = _order.first_reaching(cw, target)
+        got_int = _order.first_reaching(cw, np.ceil(target).astype(np.int64))
+    finally:
+        _order.SEARCH_FACTOR = saved
+    ref = np.searchsorted(cw, np.clip(np.ceil(target), 1, cw[-1]), side="left")
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got_int, ref)
 
 
 def _events_reference(points: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -113,51 +136,3 @@ def test_level_order_keys_with_and_without_node_runs(node_sorted: bool) -> None:
     wf[:] = -1.0
     lo.weights_into(wf)
     np.testing.assert_array_equal(wf, ref[:, 3].astype(np.float64))
-
-
-def _random_sketches(rng: np.random.Generator, R: int, K: int, B: int, width: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Clients' sketches as workers send them: absent clients, lone points, ties (rounded
-    values, bootstrap weights), clients on disjoint ranges, NaN padding to ``width``."""
-    pts = np.full((R, K, width), np.nan)
-    counts = np.zeros((R, K))
-    for r in range(R):
-        for k in range(K):
-            n = int(rng.integers(0, 70))
-            if n == 0:
-                continue
-            v = rng.normal(size=n) * rng.uniform(0.1, 3) + (5.0 * k if r % 3 == 0 else 0.0)
-            v = np.round(v, int(rng.integers(0, 3)))
-            w = rng.integers(1, 4, n).astype(np.float64) if r % 2 else None
-            bk = int(min(rng.integers(1, B + 1), n))
-            pts[r, k, : bk + 1] = _sketch.client_quantiles(v, w, bk)
-            counts[r, k] = n if w is None else w.sum()
-    return pts, counts
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_pooled_candidates_equal_the_numpy_reference(seed: int) -> None:
-    """The compiled row loop gives the thresholds of the whole-array numpy formulation
-    (tests/pooled_reference.py), number for number (a -0.0 may come out as 0.0)."""
-    rng = np.random.default_rng(seed)
-    K = int(rng.integers(1, 12))
-    B = int(rng.choice([2, 3, 8, 16, 32]))
-    pts, counts = _random_sketches(rng, 40, K, B, B + 1 + int(rng.integers(0, 3)))
-    got = _sketch.pooled_candidates(pts, counts, B)
-    np.testing.assert_array_equal(got, pooled_candidates_reference(pts, counts, B))
-    assert np.isinf(got[counts.sum(axis=1) == 0]).all()
-
-
-def test_pooled_candidates_of_unsorted_or_holed_sketches_stay_in_the_data_range() -> None:
-    """A client's list out of order or with NaN inside (not what a worker sends) is still
-    merged as a stable sort: the thresholds are sorted, distinct and within the points."""
-    rng = np.random.default_rng(3)
-    pts, counts = _random_sketches(rng, 30, 4, 16, 17)
-    pts[::2] = pts[::2, :, ::-1]  # descending lists, NaN padding first
-    pts[1::4, :, 3] = np.nan
-    got = _sketch.pooled_candidates(pts, counts, 16)
-    for r in range(pts.shape[0]):
-        fin = got[r][np.isfinite(got[r])]
-        assert (np.diff(fin) > 0).all()
-        if fin.size:
-            assert np.nanmin(pts[r]) <= fin.min() and fin.max() <= np.nanmax(pts[r])

@@ -276,6 +276,20 @@ def test_pooled_candidates_of_a_row_do_not_depend_on_the_other_rows(seed: int, R
         np.testing.assert_array_equal(one[0], whole[r])
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30), min_size=1,
+                     max_size=8),
+       targets=st.lists(st.floats(-0.1, 1.1), min_size=1, max_size=10))
+def test_first_at_least_is_a_per_row_searchsorted(rows: list[list[float]],
+                                                  targets: list[float]) -> None:
+    E = max(len(r) for r in rows)
+    F = np.array([sorted(r) + [max(r)] * (E - len(r)) for r in rows])
+    t = np.array(targets)
+    got = _sketch._first_at_least(F, t)
+    want = np.stack([np.searchsorted(F[r], t, side="left") for r in range(F.shape[0])])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_client_quantiles_use_exact_ranks() -> None:
     # (3 / 10) * 10 is 3.0000000000000004 in floating point; Q(0.3) of ten values is the third
     q = _sketch.client_quantiles(np.arange(1.0, 11.0), None, 10)

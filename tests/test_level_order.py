@@ -1,4 +1,4 @@
-"""The worker's level order: packed and unpacked keys, compaction, chunking.
+"""The worker's level order: packed and unpacked keys, compaction, chunking, the inverse table.
 
 Every variant must give the same sketch points and histograms as a direct computation from the
 rows (numpy sorting and counting per node, no shared code with the worker's fast path).
@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fedforest_secure import _order
+from fedforest_secure import _level_stats, _order
 from fedforest_secure.config import JobConfig
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.worker import Worker
@@ -139,31 +141,44 @@ def test_unpacked_keys_give_the_same_answers(data: tuple[np.ndarray, np.ndarray]
         np.testing.assert_array_equal(a, b)
 
 
-def test_histogram_of_some_nodes_and_a_cut_below_every_value(
-        data: tuple[np.ndarray, np.ndarray]) -> None:
-    """Only some nodes evaluated (the others' entries lie in between in the order): their
-    bins hold the same sums bit for bit as when every node is evaluated; a cut below every
-    value (-inf) has an empty bin."""
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=200),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=50))
+def test_inverse_table_equals_binary_search(w: list[int], fr: list[float]) -> None:
+    wa = np.array(w, dtype=np.int64)
+    cw = np.cumsum(wa)
+    target = np.array(fr) * cw[-1]
+    target = np.maximum(target, 0.5)
+    got = _order.first_reaching(cw, target)
+    np.testing.assert_array_equal(got, np.searchsorted(cw, target, side="left"))
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_bins_by_entries_and_by_cuts_give_the_same_histogram(
+        data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch,
+        subset: bool) -> None:
+    """Entries placed among the thresholds, or thresholds among the entries: the same bins
+    and the same sums bit for bit, also when only some nodes are evaluated (the others'
+    entries lie in between) and with a cut below every value (-inf: its bin is empty)."""
     X, y = data
     cfg = _cfg()
     sk, hi = _tasks(cfg, X, 3)
+    nodes = np.arange(cfg.n_estimators)[1::2] if subset else np.arange(cfg.n_estimators)
+    thr = hi.arrays["thresholds"][nodes].copy()
+    thr[0, 0, 0] = -np.inf
+    hi = Task(job_id="job", round_id=2, kind=TaskKind.HISTOGRAM, level=0,
+              params={"stats": "full"},
+              arrays={"nodes": nodes, "features": hi.arrays["features"][nodes],
+                      "thresholds": thr},
+              layout=(Block("h", (nodes.size, 2, 6, 3), REG),))
     out = {}
-    for subset in (False, True):
-        nodes = np.arange(cfg.n_estimators)[1::2] if subset else np.arange(cfg.n_estimators)
-        thr = hi.arrays["thresholds"].copy()
-        thr[1, 0, 0] = -np.inf
-        task = Task(job_id="job", round_id=2, kind=TaskKind.HISTOGRAM, level=0,
-                    params={"stats": "full"},
-                    arrays={"nodes": nodes, "features": hi.arrays["features"][nodes],
-                            "thresholds": thr[nodes]},
-                    layout=(Block("h", (nodes.size, 2, 6, 3), REG),))
+    for ratio in (0.0, 1e9):  # 0: every run by entries; 1e9: every run by cuts
+        monkeypatch.setattr(_level_stats, "ENTRY_SEARCH_RATIO", ratio)
         w = Worker(cfg, X, y, client_index=0, seed=7)
         w.handle(sk)
-        out[subset] = w.handle(task).summable.reshape(nodes.size, 2, 6, 3)
-    np.testing.assert_array_equal(out[True], out[False][1::2])
-    assert out[True][0, 0, 0].tolist() == [0.0, 0.0, 0.0]  # nothing is <= -inf
+        out[ratio] = w.handle(hi).summable.reshape(nodes.size, 2, 6, 3)
+    np.testing.assert_array_equal(out[0.0], out[1e9])
+    assert out[0.0][0, 0, 0].tolist() == [0.0, 0.0, 0.0]  # nothing is <= -inf
     feats = hi.arrays["features"]
-    counts = out[False][..., 0].sum(axis=2)  # every row of a used slot in one bin
+    counts = out[0.0][..., 0].sum(axis=2)  # every row of a used slot in one bin
     assert (counts[feats >= 0] == counts[feats >= 0][0]).all() and counts[0, 0] > 0
-
-

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fedforest_secure.worker as worker_mod
+from fedforest_secure import _level_stats
 from fedforest_secure._bootstrap import canonical_order, tree_pairs
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
@@ -469,16 +470,20 @@ def _nan_table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
 
 
 @pytest.mark.parametrize("all_missing", [False, True])
-@pytest.mark.parametrize("path", ["sorted", "unsorted-sort", "unsorted-search"])
+@pytest.mark.parametrize("path", ["sorted-by-entries", "sorted-by-cuts", "unsorted-sort",
+                                  "unsorted-search"])
 def test_missing_values_fill_one_last_bin_per_slot(path: str, all_missing: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With missing values every full histogram has one more bin, the rows missing the
     slot's feature; each row counts in exactly one bin per slot (the DP sensitivity of a
     histogram stays one row per feature), and the secure sketch's counts leave them out.
-    The same on every path to the bins: a level sorted by its sketch round, a level the
-    sketch round did not sort (sorted for the round, or a search per entry), also for a
-    feature this client never has."""
+    The same on every path to the bins: a level sorted by its sketch round (entries placed
+    among the thresholds, or thresholds among the entries), a level the sketch round did not
+    sort (sorted for the round, or a search per entry), also for a feature this client never
+    has."""
     sorted_level = path.startswith("sorted")
+    monkeypatch.setattr(_level_stats, "ENTRY_SEARCH_RATIO",
+                        0.0 if path == "sorted-by-entries" else 1e9)
     monkeypatch.setattr(worker_mod, "SORT_RATIO", 1e9 if path == "unsorted-search" else 0.0)
     rng = np.random.default_rng(8)
     n, T, d = 80, 3, 3
