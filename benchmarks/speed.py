@@ -20,8 +20,8 @@ open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``se
 against the first contender and against ``sklearn-N`` when that runs too.
 Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
 ``--trees`` changes T (both contenders' cost grows linearly in T, so the ratio at fewer trees
-compares the per-tree cost). A FedForest fit includes loading its compiled loops (numba, once
-per process, about 0.5 s CPU) unless ``--warm-up`` fits each contender once on other rows first.
+compares the per-tree cost). ``--warm-up`` fits each contender once on other rows first, so
+per-process start-up (imports, first-call set-up) is left out of the measured fit.
 """
 
 from __future__ import annotations
