@@ -27,8 +27,6 @@ from test_integration_https import (
 
 from fedforest_cli.simulate import (
     _child_env,
-    start_server,
-    wait_healthy,
 )
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
@@ -89,14 +87,11 @@ def test_five_concurrent_jobs_match_in_process_and_a_frozen_job_stalls_none(
     server_db = make_db_url("server")
     fed = provision(tmp_path, names, [tmp_path / job / "job.toml" for job in jobs],
                     database=server_db, audit_database=make_db_url("audit"))
-    certs, tokens, url = fed.certs, fed.tokens, fed.url
+    tokens, url = fed.tokens, fed.url
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(fed.toml, tmp_path / "server.log")
-        procs.append(server)
-        wait_healthy(url, certs / "ca.pem", server, timeout=180,
-                     cert=certs / "client-0.pem", key=certs / "client-0.key")
+        fed.launch(tmp_path / "server.log", procs)
         clients = [_start_job_clients(tmp_path, url, job, tokens, PROFILES[j])
                    for j, job in enumerate(jobs)]
         procs += clients

@@ -39,9 +39,7 @@ pytestmark = pytest.mark.integration
 @dataclass
 class Fed:
     root: Path
-    url: str
-    certs: Path
-    server_toml: Path
+    server: Provisioned
     sites: list[SiteData]
     job_toml: Path
     parts: list
@@ -50,6 +48,18 @@ class Fed:
     profile: str = "open"  # the job's profile, which every client pins with --profile
     #: every process launched for this federation (stopped by :func:`stop_all`)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def certs(self) -> Path:
+        return self.server.certs
+
+    @property
+    def server_toml(self) -> Path:
+        return self.server.toml
 
 
 @dataclass
@@ -65,6 +75,17 @@ class Provisioned:
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
+
+    def launch(self, log: Path, procs: list[subprocess.Popen[bytes]]
+               ) -> subprocess.Popen[bytes]:
+        """Start the server (appended to ``procs`` at once, so the caller stops it whatever
+        happens next) and wait until it answers over mTLS."""
+        proc = start_server(self.toml, log)
+        procs.append(proc)
+        # generous: a server's imports take long on a loaded machine
+        wait_healthy(self.url, self.certs / "ca.pem", proc, timeout=180,
+                     cert=self.certs / "client-0.pem", key=self.certs / "client-0.key")
+        return proc
 
 
 def provision(root: Path, names: list[str], job_tomls: list[Path], *,
@@ -97,17 +118,11 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     server = provision(root, names, [job_toml], database=urls[0], audit_database=urls[1])
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
              for k, (n, t) in enumerate(zip(names, server.tokens, strict=True))]
-    return Fed(root, server.url, server.certs, server.toml, sites, job_toml,
-               parts[:n_clients], urls[0], urls[1], profile)
+    return Fed(root, server, sites, job_toml, parts[:n_clients], urls[0], urls[1], profile)
 
 
 def launch_server(fed: Fed) -> subprocess.Popen[bytes]:
-    proc = start_server(fed.server_toml, fed.root / "server.log")
-    fed.procs.append(proc)
-    # generous: a server's imports take long on a loaded machine
-    wait_healthy(fed.url, fed.certs / "ca.pem", proc, timeout=180,
-                 cert=fed.certs / "client-0.pem", key=fed.certs / "client-0.key")
-    return proc
+    return fed.server.launch(fed.root / "server.log", fed.procs)
 
 
 def launch_client(fed: Fed, k: int, job: str = "job-a") -> subprocess.Popen[bytes]:

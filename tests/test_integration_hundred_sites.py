@@ -26,8 +26,6 @@ from test_integration_https import provision, stop, trees
 from fedforest_cli.simulate import (
     _child_env,
     _job_status,
-    start_server,
-    wait_healthy,
 )
 from fedforest_secure import load_profile
 from fedforest_secure.federation import run_in_process
@@ -85,14 +83,11 @@ def test_a_hundred_site_secagg_plus_job_gives_every_site_the_in_process_model(
     (tmp_path / "models").mkdir()
     names = [f"client-{k}" for k in range(K)]
     fed = provision(tmp_path, names, [job_toml])
-    certs, tokens, url = fed.certs, fed.tokens, fed.url
+    tokens, url = fed.tokens, fed.url
 
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(fed.toml, tmp_path / "server.log")
-        procs.append(server)
-        wait_healthy(url, certs / "ca.pem", server, timeout=180,
-                     cert=certs / "client-0.pem", key=certs / "client-0.key")
+        fed.launch(tmp_path / "server.log", procs)
         groups = [_start_group(tmp_path, url, tokens, profile, range(s, s + PER_PROCESS))
                   for s in range(0, K, PER_PROCESS)]
         procs += groups
