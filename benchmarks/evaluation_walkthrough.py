@@ -28,7 +28,7 @@ import numpy as np
 import tomli_w
 
 from fedforest_cli.sim_data import _partition, load_table, schema_dict, write_csv, write_schema
-from fedforest_cli.simulate import free_port, write_server_config
+from fedforest_cli.simulate import free_port, wait_for_job, write_server_config
 
 
 def _fedforest(*args: str, env: dict[str, str] | None = None, log: Path | None = None,
@@ -130,7 +130,7 @@ def main() -> None:
                               str(out / "secure-dp.json"), wait=False,
                               log=out / "logs" / "evaluate.log")
         assert isinstance(evaluate, subprocess.Popen)
-        _wait_created(out / "server.db", "eval")
+        wait_for_job(out / "server.db", "eval", timeout=300)
         pin = args.eval_profile
         if args.eval_profile == "secure-dp":
             pin = str(out / "train-dp.profile.toml")
@@ -146,17 +146,6 @@ def main() -> None:
     print((out / "logs" / "evaluate.log").read_text())
     print(f"wall time: training {t_train:.0f} s, evaluation "
           f"{time.monotonic() - t0 - t_train:.0f} s")
-
-
-def _wait_created(db: Path, job_id: str, timeout: float = 300.0) -> None:
-    from server_app.admin import ServerAdmin
-
-    deadline = time.monotonic() + timeout
-    with ServerAdmin(f"sqlite:///{db}") as admin:
-        while admin.job(job_id) is None:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"job {job_id} was not created")
-            time.sleep(0.2)
 
 
 def _site(out: Path, url: str, name: str, token: str, job: str, profile: str,

@@ -276,6 +276,19 @@ def _job_status(db: Path | str, job_id: str) -> dict[str, Any]:
             "model_digest": job.model_digest, "round": job.round_id}
 
 
+def wait_for_job(db: Path | str, job_id: str, timeout: float) -> None:
+    """Wait until the job exists in the server's database (created by another process, e.g.
+    ``fedforest evaluate``); TimeoutError after ``timeout`` seconds."""
+    from server_app.admin import ServerAdmin
+
+    deadline = time.monotonic() + timeout
+    with ServerAdmin(db_url(db)) as admin:
+        while admin.job(job_id) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} was not created within {timeout:.0f} s")
+            time.sleep(0.2)
+
+
 def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[bytes]]
            ) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +26,7 @@ from fedforest_cli.simulate import (
     _child_env,
     free_port,
     start_server,
+    wait_for_job,
     wait_healthy,
     write_server_config,
 )
@@ -102,7 +101,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
         # a server's start-up on a loaded 2-core box can take over a minute
         wait_healthy(url, certs / "ca.pem", server, timeout=240, cert=certs / "client-0.pem",
                      key=certs / "client-0.key")
-        _wait_created(root / "server.db", "eval-open", timeout=240)
+        wait_for_job(root / "server.db", "eval-open", timeout=240)
         sites = [SiteData(n, csvs[k], root / "schema.toml", tokens[k], *held[k])
                  for k, n in enumerate(names)]
         import concurrent.futures as cf
@@ -121,17 +120,6 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
                 proc.wait(10)
     return {"runs": runs, "models": models, "held": held, "root": root, "cli": cli_out,
             "cli_code": cli.returncode}
-
-
-def _wait_created(db: Path, job_id: str, timeout: float = 120.0) -> None:
-    from server_app.admin import ServerAdmin
-
-    deadline = time.monotonic() + timeout
-    with ServerAdmin(f"sqlite:///{db}") as admin:
-        while admin.job(job_id) is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{job_id} was not created")
-            time.sleep(0.1)
 
 
 def _pooled(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
