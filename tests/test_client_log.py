@@ -71,14 +71,12 @@ def test_a_client_started_before_the_server_says_it_waits_and_then_why_it_gave_u
     assert "is it running" in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def mtls_server(dev_pki: DevPKI) -> Iterator[str]:
-    """A TLS server on 127.0.0.1 that requires a client certificate signed by the dev CA."""
+def _json_handler(status: int, body: bytes) -> type[http.server.BaseHTTPRequestHandler]:
+    """A request handler answering every GET with ``status`` and the JSON ``body``."""
 
-    class Ok(http.server.BaseHTTPRequestHandler):
+    class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            body = b"[]"
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -87,6 +85,14 @@ def mtls_server(dev_pki: DevPKI) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def mtls_server(dev_pki: DevPKI) -> Iterator[str]:
+    """A TLS server on 127.0.0.1 that requires a client certificate signed by the dev CA."""
+
+    Ok = _json_handler(200, b"[]")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(dev_pki.ca_cert))
     ctx.load_cert_chain(str(dev_pki.server_cert), str(dev_pki.server_key))
     ctx.verify_mode = ssl.CERT_REQUIRED
@@ -150,19 +156,8 @@ def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> N
     """The server answers 500 with a JSON reason (the app's error handler); the client's
     waiting line and its final failure quote that reason and point at the server's log."""
 
-    class Failing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            body = (b'{"error": "server_error", "detail": "the server failed: '
-                    b'FedForestError: disk full (its log has the traceback)"}')
-            self.send_response(500)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    Failing = _json_handler(500, b'{"error": "server_error", "detail": "the server failed: '
+                                 b'FedForestError: disk full (its log has the traceback)"}')
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
