@@ -233,15 +233,14 @@ class LevelStatistics:
                                                 ends[i0:i1], i0, e0, e1)
             gbin -= i0 * nb
             size = (i1 - i0) * nb * S
-            # one bincount for every statistic: (bin, statistic) ids, laid out as the reply
-            gbin *= S
             if self.config.task == "regression" or counts_only:
+                # one bincount per statistic, interleaved as the reply lays them out
                 stats = self._sorted_stats(counts_only, e0, e1, keep)
-                ids = np.empty(stats.shape, dtype=np.int64)
+                part = np.empty(size)
                 for c in range(S):
-                    np.add(gbin, c, out=ids[c])
-                part = np.bincount(ids.ravel(), weights=stats.ravel(), minlength=size)
+                    part[c::S] = np.bincount(gbin, weights=stats[c], minlength=size // S)
             else:  # class counts: each row adds its weight to its own class's column only
+                gbin *= S
                 rows = order.rows(e0, e1)
                 w = order.weights(e0, e1).astype(np.float64)
                 if keep is not None:

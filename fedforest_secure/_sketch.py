@@ -53,6 +53,49 @@ def client_quantiles(values: np.ndarray, weights: np.ndarray | None, n_points: i
     return v[np.minimum(idx, v.size - 1)]
 
 
+def _row_order(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``flat`` (R, W): the permutation a stable argsort gives (NaN last), as
+    flat positions (row r's at ``r * W + ...``), and the row's values in that order.
+
+    Each value becomes an order-preserving integer key whose low bits are replaced by the
+    value's position, read as a positive double: a plain (unstable, vectorised) sort of those
+    doubles orders every row by value and then by position. Values whose keys agree in all
+    kept bits but differ (closer than about 2^-40 relative) can come out of order: such rows
+    are found by checking the result and sorted again with a stable argsort.
+    """
+    R, W = flat.shape
+    ib = max(int(W - 1).bit_length(), 1)  # bits for a position
+    if ib > 20:  # too few value bits left: the stable argsort
+        order = np.argsort(flat, axis=1, kind="stable")
+        xs = np.take_along_axis(flat, order, axis=1)
+        order += (np.arange(R, dtype=np.int64) * W)[:, None]
+        return order, xs
+    key = (flat + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0 (the two compare equal)
+    # order-preserving: a negative double's other bits count down
+    key ^= (key >> 63) & np.int64(0x7FFFFFFFFFFFFFFF)
+    key >>= 2 + ib  # 62 - ib value bits, in [-2^(61-ib), 2^(61-ib))
+    key += np.int64(1) << (61 - ib)
+    top = (np.int64(1) << (62 - ib)) - 1  # NaN padding sorts after every value
+    key[np.isnan(flat)] = top
+    pos = np.arange(W, dtype=np.int64)
+    key <<= ib
+    key |= pos
+    srt = np.sort(key.view(np.float64), axis=1).view(np.int64)  # keys read as doubles >= 0
+    del key
+    srt &= (np.int64(1) << ib) - 1
+    srt += (np.arange(R, dtype=np.int64) * W)[:, None]  # flat positions
+    xs = flat.ravel()[srt]
+    # equal values have equal keys, so they are in position order; distinct values can only
+    # be out of order where their keys agree (NaN comparisons are false)
+    redo = np.flatnonzero((xs[:, 1:] < xs[:, :-1]).any(axis=1))
+    if redo.size:
+        o = np.argsort(flat[redo], axis=1, kind="stable")
+        xs[redo] = np.take_along_axis(flat[redo], o, axis=1)
+        o += (redo * W)[:, None]
+        srt[redo] = o
+    return srt, xs
+
+
 def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = None
             ) -> tuple[np.ndarray, ...]:
     """The pooled sketch CDF of each row, tabulated at every reported point.
@@ -63,21 +106,16 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
 
     Returns ``xs`` (R, W) all points of the row in ascending order, ``s`` the slope of the
     pooled CDF just right of each, ``dj`` the point mass at each, and ``F`` the CDF value at
-    each (jumps included). One sort per row; every point's slope change and jump is
-    computed where the point is and gathered into sorted order.
+    each (jumps included). One sort per row (:func:`_row_order`); every point's slope change
+    and jump is computed where the point is and gathered into sorted order.
     """
     R, K, P = points.shape
     W = K * P
     if npts is None:
         npts = (~np.isnan(points)).sum(axis=2)  # points per (row, client)
-    # NaN sorts after every number, so the padding ends every row; stable: ties keep the
-    # clients' order
-    flat = points.reshape(R, W)
-    order = np.argsort(flat, axis=1, kind="stable")
-    # gathers along rows through flat indices (cheaper than take_along_axis)
-    order += (np.arange(R) * W)[:, None]
-    xs = flat.ravel()[order]
+    flat = np.ascontiguousarray(points).reshape(R, W)
     nv = npts.sum(axis=1)  # valid points per row: the padding is xs[r, nv[r]:]
+    order, xs = _row_order(flat)
     if nv.min() < W:  # the padding repeats the row's last point (0 for an empty row)
         tail = np.arange(W)[None, :] >= nv[:, None]
         last = xs.ravel()[np.maximum(nv - 1, 0) + np.arange(R) * W]
@@ -85,32 +123,36 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
         np.copyto(xs, np.broadcast_to(last[:, None], xs.shape), where=tail)
         del tail
     nseg = np.maximum(npts - 1, 0)
-    mass = np.where(nseg > 0, weights / np.maximum(nseg, 1), 0.0)[:, :, None]
+    mass = np.where(nseg > 0, weights / np.maximum(nseg, 1), 0.0)
+    # per point, over the flat rows: the segment it starts (none at a client's last slot)
+    length = np.empty((R, W))
+    lf = length.ravel()
+    ff = flat.ravel()
     with np.errstate(invalid="ignore"):
-        length = points[:, :, 1:] - points[:, :, :-1]  # NaN where a point is padding
+        np.subtract(ff[1:], ff[:-1], out=lf[:-1])  # NaN where a point is padding
+    length[:, P - 1::P] = np.nan
+    mass_p = np.repeat(mass.ravel(), P).reshape(R, W)
     ramp = length > 0
-    jump = length == 0
-    slope = np.zeros((R, K, P - 1))
-    np.divide(mass, length, out=slope, where=ramp)
-    del length
+    slope = np.zeros((R, W))
+    np.divide(mass_p, length, out=slope, where=ramp)
     # a point starts at most one segment and ends at most one, so its slope change is
     # (slope of the segment it starts) - (slope of the segment it ends), and its point mass
     # the mass of an empty segment it starts or a lone point's weight: computed per point,
     # then put in sorted order (what scattering by rank with bincount gave, bit for bit)
-    dsp = np.zeros((R, K, P))
-    dsp[:, :, :-1] = slope  # 0 where the segment is not a ramp
-    dsp[:, :, 1:] -= slope
-    djp = np.zeros((R, K, P))
-    np.copyto(djp[:, :, :-1], np.broadcast_to(mass, jump.shape), where=jump)
+    dsp = slope.copy()
+    dsp[:, 1:] -= slope[:, :-1]  # the slot before a client's first point has slope 0
+    djp = mass_p
+    djp *= length == 0
+    del length, ramp
     single = npts == 1
     if single.any():
-        djp[:, :, 0] += np.where(single, weights, 0.0)
+        djp[:, ::P] += np.where(single, weights, 0.0)
     ds = dsp.ravel()[order]
     dj = djp.ravel()[order]
     del dsp, djp, order
     s = np.cumsum(ds, axis=1)
     del ds
-    tiny = 1e-12 * np.maximum(np.abs(slope).reshape(R, -1).max(axis=1, initial=0.0), 1e-300)
+    tiny = 1e-12 * np.maximum(np.abs(slope).max(axis=1, initial=0.0), 1e-300)
     s[np.abs(s) <= tiny[:, None]] = 0.0
     dx = np.diff(xs, axis=1)
     F = np.cumsum(dj, axis=1)

@@ -136,3 +136,21 @@ def test_level_order_keys_with_and_without_node_runs(node_sorted: bool) -> None:
     wf[:] = -1.0
     lo.weights_into(wf)
     np.testing.assert_array_equal(wf, ref[:, 3].astype(np.float64))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_order_is_a_stable_argsort(seed: int) -> None:
+    """The packed-key sort of the pooled sketch orders every row as a stable argsort does,
+    also for values that agree in all but the last bits (the rows sorted again), signed
+    zeros (equal, so in position order) and NaN padding (last)."""
+    rng = np.random.default_rng(seed)
+    R, W = 60, 33
+    base = rng.choice([0.0, -0.0, 1.0, -2.5, 1e-300, 3e10, -1e300, -np.inf, np.inf],
+                      size=(R, W))
+    near = np.nextafter(base, np.inf) if seed % 2 else np.nextafter(base, -np.inf)
+    flat = np.where(rng.random((R, W)) < 0.3, near, base)
+    flat[rng.random((R, W)) < 0.2] = np.nan
+    order, xs = _sketch._row_order(flat)
+    want = np.argsort(flat, axis=1, kind="stable")
+    np.testing.assert_array_equal(order - (np.arange(R) * W)[:, None], want)
+    assert xs.tobytes() == np.take_along_axis(flat, want, axis=1).tobytes()
