@@ -111,13 +111,16 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
         base += s
         base *= Wp
         base -= 1
-        b = np.zeros(es.size, dtype=np.int64)
+        b = base.copy()  # the last threshold below x found so far (its flat position)
+        hit = np.empty(es.size, dtype=bool)
+        inc = np.empty_like(b)
         step = 1 << (k - 1) if k else 0
         while step:
-            probe = base + b
-            probe += step
-            np.add(b, step, out=b, where=tflat[probe] < x)
+            np.less(tflat[b + step], x, out=hit)
+            np.multiply(hit, step, out=inc)
+            b += inc
             step >>= 1
+        b -= base
         keep = None
         if missing is not None and missing.any():
             if missing_bin:

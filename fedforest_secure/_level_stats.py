@@ -374,19 +374,19 @@ class _ThresholdTable:
 
     def count_below(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
         """For each value ``x[i]``, the number of thresholds of row ``rows[i]`` below it."""
-        base = rows * self.stride
-        base -= 1
-        below = np.zeros(x.size, dtype=np.int64)  # thresholds < x found so far
-        idx = np.empty_like(below)
+        at = rows * self.stride
+        at -= 1  # the last threshold below x found so far (its flat position)
+        base = at.copy()
         hit = np.empty(x.size, dtype=bool)
+        inc = np.empty_like(at)
         step = 1 << (self.steps - 1)
         while step:
-            np.add(base, below, out=idx)
-            idx += step
-            np.less(self.flat[idx], x, out=hit)
-            below += hit * step
+            np.less(self.flat[at + step], x, out=hit)
+            np.multiply(hit, step, out=inc)
+            at += inc
             step >>= 1
-        return below
+        at -= base
+        return at
 
 
 def local_gains(hist: np.ndarray, config: JobConfig) -> np.ndarray:
