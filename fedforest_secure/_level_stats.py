@@ -93,7 +93,6 @@ class LevelStatistics:
         fl = feats.reshape(-1)
         wanted = cont[fl.clip(0)] & (fl >= 0)
         r = rows_per_point
-        b = np.arange(n_points + 1)
         for b0, b1 in order.chunks(edges):
             e0, e1 = int(edges[b0]), int(edges[b1])
             if e1 == e0:
@@ -119,27 +118,40 @@ class LevelStatistics:
                 # fewer than r rows: no point at all (a lone min or max would be a record)
                 keep = bk >= 1
                 present, bk = present[keep], bk[keep]
-            valid = b[None, :] <= bk[:, None]
+            # the points b = 0..B_k of every present block, one after the other (blocks with
+            # few rows, the deep levels, have far fewer than n_points + 1)
+            npt = bk + 1
+            first = np.cumsum(npt)
+            first -= npt
+            bb = np.arange(int(first[-1] + npt[-1]) if npt.size else 0, dtype=np.int64)
+            bb -= np.repeat(first, npt)
             # Q(b / B_k) is the first entry whose cumulative weight within the block reaches
             # b n / B_k (at least 1: Q(0) is the minimum), i.e. the integer ceil(b n / B_k):
             # exact integer arithmetic (as _sketch.client_quantiles), offset by the weight
             # before the block, so a block's points never depend on its neighbours
-            bwi = bw[present].astype(np.int64)
-            target = b[None, :] * bwi[:, None]
-            target += (bk - 1)[:, None]
-            target //= bk[:, None]
+            # (where B_k equals the block's weight, the deep levels, that is b itself)
+            bwp = bw[present].astype(np.int64)
+            target = bb.copy()
+            part = np.flatnonzero(np.repeat(bk != bwp, npt))
+            if part.size:
+                bkp = np.repeat(bk, npt)[part]
+                t = bb[part] * np.repeat(bwp, npt)[part]
+                t += bkp
+                t -= 1
+                t //= bkp
+                target[part] = t
+                del bkp, t
             np.maximum(target, 1, out=target)
-            target += before[present, None].astype(np.int64)
-            idx = first_reaching(cw, target.ravel()).reshape(target.shape)
+            target += np.repeat(before[present].astype(np.int64), npt)
+            idx = first_reaching(cw, target)
             del w, cw, target
-            np.minimum(idx, (end[present] - 1)[:, None], out=idx)
+            np.minimum(idx, np.repeat(end[present] - 1, npt), out=idx)
             idx += e0
             fslot = fl[b0:b1][present]
             code = order.codes_at(idx)
-            code += self.book.uniq_off[fslot][:, None]
-            vals = self.book.uniq_all[code]
-            vals[~valid] = np.nan
-            out[b0 + present] = vals
+            code += np.repeat(self.book.uniq_off[fslot], npt)
+            bb += np.repeat((b0 + present) * (n_points + 1), npt)  # flat slot in out
+            out.ravel()[bb] = self.book.uniq_all[code]
         return out.reshape(n_nodes, m, n_points + 1)
 
     def unique_values(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -132,9 +132,8 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
         np.subtract(ff[1:], ff[:-1], out=lf[:-1])  # NaN where a point is padding
     length[:, P - 1::P] = np.nan
     mass_p = np.repeat(mass.ravel(), P).reshape(R, W)
-    ramp = length > 0
-    slope = np.zeros((R, W))
-    np.divide(mass_p, length, out=slope, where=ramp)
+    # slope of the segment a point starts, 0 (mass / inf) where it is not a ramp
+    slope = mass_p / np.where(length > 0, length, np.inf)
     # a point starts at most one segment and ends at most one, so its slope change is
     # (slope of the segment it starts) - (slope of the segment it ends), and its point mass
     # the mass of an empty segment it starts or a lone point's weight: computed per point,
@@ -143,7 +142,7 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
     dsp[:, 1:] -= slope[:, :-1]  # the slot before a client's first point has slope 0
     djp = mass_p
     djp *= length == 0
-    del length, ramp
+    del length
     single = npts == 1
     if single.any():
         djp[:, ::P] += np.where(single, weights, 0.0)
