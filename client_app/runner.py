@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -413,14 +414,21 @@ def _run_open(ctx: _Ctx) -> None:
 
 def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
     """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
-    tr, job, result = ctx.tr, ctx.job, ctx.result
+    tr, job = ctx.tr, ctx.job
     ca = ctx.opts.ca.read_bytes() if ctx.opts.ca is not None and ctx.opts.cert is not None \
         else None
     session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
+    tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
+        _secure_steps(ctx, session, sender)
+
+
+def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
+    """The loop of :func:`_run_secure`; ``sender`` posts the share bundles."""
+    tr, job, result = ctx.tr, ctx.job, ctx.result
     task: Task | None = None
     reply: Reply | None = None
     vector: np.ndarray | None = None
-    tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     while True:
         step = _parse(SecAggStep, tr.take_next_step() or tr.get_json(
             f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
@@ -460,12 +468,19 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
             if action == "advert":
                 session.advert(r)
             elif action == "share":
-                # shares first, then the answer: the server closes the share step while this
-                # client computes, and the deliveries are ready when it is done; its masked
-                # upload then reaches the server while slower clients still compute
-                session.share(task, message)
-                reply = ctx.worker.handle(task)
-                vector = ctx.contribution(task, reply)
+                # shares first, then the answer: the shares go out from a second thread while
+                # this one computes; that POST waits for the round's share deliveries and
+                # brings this client's back as its next step, so the masked upload follows
+                # the answer without another request, while slower clients still compute
+                posted = sender.submit(session.post_shares, r,
+                                       session.share_bundle(task, message))
+                try:
+                    reply = ctx.worker.handle(task)
+                    vector = ctx.contribution(task, reply)
+                finally:
+                    failed = posted.exception()
+                if failed is not None:
+                    raise failed
             elif action == "upload":
                 if reply is None or vector is None:
                     reply = ctx.worker.handle(task)

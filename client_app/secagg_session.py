@@ -159,6 +159,12 @@ class SecAggSession:
         self._post(round_id, "advert", adv.model_dump_json())
 
     def share(self, task: Task, message: str) -> None:
+        """Check the round setup, make and post our encrypted Shamir shares."""
+        self.post_shares(task.round_id, self.share_bundle(task, message))
+
+    def share_bundle(self, task: Task, message: str) -> str:
+        """The ShareBundle JSON for the round setup ``message``, after checking that the setup
+        describes ``task`` (digest, question and vector length); nothing is sent."""
         setup = parse(RoundSetup, message)
         if (setup.round_id != task.round_id or setup.task_digest != task.digest()
                 or setup.question != question_key(task)
@@ -166,8 +172,10 @@ class SecAggSession:
             raise ProtocolError("the round setup does not describe the task this client was "
                                 "given (digest, question or vector length differ)")
         # SecAggClient checks the signatures and its own rules (>= 3 clients, t a strict majority)
-        bundle = self._sa().share_keys(setup)
-        self._post(task.round_id, "shares", bundle.model_dump_json())
+        return self._sa().share_keys(setup).model_dump_json()
+
+    def post_shares(self, round_id: int, bundle: str) -> None:
+        self._post(round_id, "shares", bundle)
 
     def mask(self, task: Task, message: str, vector: np.ndarray) -> tuple[str, np.ndarray]:
         """``(MaskedUpload header JSON, masked uint64 vector)``."""

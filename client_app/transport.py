@@ -32,9 +32,9 @@ _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 #: concludes that the server wants one (TLS 1.3 reports a refused client certificate only as
 #: a closed connection).
 _HANGUPS = 3
-#: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). Not the
-#: share bundle: after it the client computes its answer while the others share.
-_STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|signature|unmask)|upload)$")
+#: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). The client
+#: posts its share bundle from a second thread while it computes its answer.
+_STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|shares|signature|unmask)|upload)$")
 
 
 class ApiRejected(FedForestError):
@@ -120,10 +120,10 @@ class Transport:
     timeout_s: float = 120.0
 
     insecure_dev: bool = False
-    #: Secure runs: the key advert, the masked upload, the survivor signature and the unmask
-    #: response ask the server to answer with the client's next step as well
-    #: (``?next_wait=``, long-polled), kept for the client loop in :meth:`take_next_step`: one
-    #: request and one wake-up less per step.
+    #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
+    #: signature and the unmask response ask the server to answer with the client's next step
+    #: as well (``?next_wait=``, long-polled), kept for the client loop in
+    #: :meth:`take_next_step`: one request and one wake-up less per step.
     step_wait: float = 0.0
     #: Told (once per outage) when the server cannot be reached and the client keeps trying,
     #: and when it answers again.

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import NamedTuple
 
-from sqlalchemy import delete, select
+from sqlalchemy import Executable, bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
@@ -93,19 +93,33 @@ class SeatView(NamedTuple):
     deadline_at: float | None
 
 
+def _seat_query(which: object) -> Executable:
+    return (select(JobRow.status, JobRow.reason, JobRow.current_round, JobRow.round_deadline_s,
+                   MemberRow.client_index, MemberRow.state, MemberRow.dropped_round,
+                   RoundRow.round_id, RoundRow.status, RoundRow.task_digest,
+                   RoundRow.deadline_at)
+            .join(MemberRow, (MemberRow.job_id == JobRow.id)
+                  & (MemberRow.client_id == bindparam("client_id")))
+            .outerjoin(RoundRow, (RoundRow.job_id == JobRow.id) & (RoundRow.round_id == which))
+            .where(JobRow.id == bindparam("job_id")))
+
+
+#: :func:`seat_view`'s two queries (the job's current round, a given round), built once: the
+#: statement objects keep their compiled form and cache key, so a poll binds three values
+#: instead of building, hashing and looking up an expression tree
+_SEAT_CURRENT = _seat_query(JobRow.current_round)
+_SEAT_ROUND = _seat_query(bindparam("round_id"))
+
+
 def seat_view(sess: Session, client: ClientRow, job_id: str, round_id: int | None = None
               ) -> SeatView:
     """:func:`membership` and a round (``round_id``, or the job's current round) as plain
     values, in one query without ORM objects (every poll and message of every client asks
     it); the same 404."""
-    which = JobRow.current_round if round_id is None else round_id
-    row = sess.execute(
-        select(JobRow.status, JobRow.reason, JobRow.current_round, JobRow.round_deadline_s,
-               MemberRow.client_index, MemberRow.state, MemberRow.dropped_round,
-               RoundRow.round_id, RoundRow.status, RoundRow.task_digest, RoundRow.deadline_at)
-        .join(MemberRow, (MemberRow.job_id == JobRow.id) & (MemberRow.client_id == client.id))
-        .outerjoin(RoundRow, (RoundRow.job_id == JobRow.id) & (RoundRow.round_id == which))
-        .where(JobRow.id == job_id)).first()
+    params: dict[str, object] = {"client_id": client.id, "job_id": job_id}
+    if round_id is not None:
+        params["round_id"] = round_id
+    row = sess.execute(_SEAT_CURRENT if round_id is None else _SEAT_ROUND, params).first()
     if row is None:
         raise ApiError(404, "unknown_job", f"no job {job_id!r} for this client")
     (status, reason, current, round_deadline_s, index, state, dropped_round, rid, round_status,
@@ -236,12 +250,19 @@ def stored_message(sess: Session, job_id: str, round_id: int, stage: str, idx: i
     return sess.get(SecAggMessageRow, (job_id, round_id, stage, idx))
 
 
+#: :func:`stored_digest`'s query, built once (asked by every secure-aggregation message)
+_STORED_DIGEST = select(SecAggMessageRow.digest).where(
+    SecAggMessageRow.job_id == bindparam("job_id"),
+    SecAggMessageRow.round_id == bindparam("round_id"),
+    SecAggMessageRow.stage == bindparam("stage"),
+    SecAggMessageRow.client_index == bindparam("idx"))
+
+
 def stored_digest(sess: Session, job_id: str, round_id: int, stage: str, idx: int
                   ) -> str | None:
     """The digest of the stored message (one column, no ORM object), or None."""
-    return sess.scalar(select(SecAggMessageRow.digest).where(
-        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id,
-        SecAggMessageRow.stage == stage, SecAggMessageRow.client_index == idx))
+    return sess.scalar(_STORED_DIGEST, {"job_id": job_id, "round_id": round_id,
+                                        "stage": stage, "idx": idx})
 
 
 def round_messages(sess: Session, job_id: str, round_id: int) -> dict[str, dict[int, str]]:
