@@ -185,8 +185,6 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     set_lists: list[list[int]] = [[] for _ in range(n_nodes)]
     nt: list[int] = []
     nn: list[int] = []
-    nxt_lo: list[np.ndarray] = []
-    nxt_hi: list[np.ndarray] = []
     pv: list[np.ndarray] = []
     counts: list[float] = []
     box_lo, box_hi = frontier.box_lo, frontier.box_hi
@@ -225,21 +223,25 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
             pv += [child[0], child[1]]
         else:
             pv += [node_values[i], node_values[i]]
-        if box_lo is not None and box_hi is not None:
-            lo_l, hi_l = box_lo[i].copy(), box_hi[i].copy()
-            lo_r, hi_r = box_lo[i].copy(), box_hi[i].copy()
-            if k == NodeKind.NUMERIC and np.isfinite(r_thr[i]):  # +inf: present | missing
-                hi_l[feat] = min(hi_l[feat], r_thr[i])
-                lo_r[feat] = max(lo_r[feat], r_thr[i])
-            nxt_lo += [lo_l, lo_r]
-            nxt_hi += [hi_l, hi_r]
     labels = {int(k): k.label for k in NodeKind}
     r_kinds, r_feats, r_thrs = r_kind.tolist(), r_feat.tolist(), r_thr.tolist()
     decided = [
         {"tree": tree_of[i], "node": node_of[i], "kind": labels[r_kinds[i]],
          "feature": r_feats[i], "threshold": r_thrs[i],
-         "left_set": [int(v) for v in set_lists[i]]}
+         "left_set": list(map(int, set_lists[i]))}
         for i in np.flatnonzero(r_kind != NodeKind.LEAF).tolist()]
+    if box_lo is not None and box_hi is not None:
+        # each split node's box twice (left child, right child), in the children's order; a
+        # numeric split at a finite threshold (+inf: present | missing) narrows the feature
+        par = np.repeat(ev[np.flatnonzero(splits)], 2)
+        nxt_box_lo, nxt_box_hi = box_lo[par], box_hi[par]
+        left, right = np.arange(0, par.size, 2), np.arange(1, par.size, 2)
+        pl = par[0::2]
+        cut = (r_kind[pl] == NodeKind.NUMERIC) & np.isfinite(r_thr[pl])
+        f, t = r_feat[pl][cut].astype(np.int64), r_thr[pl][cut]
+        hi, lo = nxt_box_hi[left[cut], f], nxt_box_lo[right[cut], f]
+        nxt_box_hi[left[cut], f] = np.where(t < hi, t, hi)  # Python's min(hi, t)
+        nxt_box_lo[right[cut], f] = np.where(t > lo, t, lo)  # Python's max(lo, t)
     ptr = np.zeros(n_nodes + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(s) for s in set_lists])
     vals = np.array([v for s in set_lists for v in s], dtype=np.int32)
@@ -254,7 +256,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     nxt = Frontier(
         tree=np.array(nt, dtype=np.int64), node=np.array(nn, dtype=np.int64),
         parent_value=np.array(pv).reshape(-1, n_out),
-        box_lo=np.array(nxt_lo).reshape(-1, d) if box_lo is not None else None,
-        box_hi=np.array(nxt_hi).reshape(-1, d) if box_hi is not None else None,
+        box_lo=nxt_box_lo.reshape(-1, d) if box_lo is not None else None,
+        box_hi=nxt_box_hi.reshape(-1, d) if box_hi is not None else None,
         count=np.array(counts, dtype=np.float64) if child_counts is not None else None)
     return Growth(nxt, routing, decided)
