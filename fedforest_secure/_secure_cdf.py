@@ -219,6 +219,7 @@ class SecureCdfPlanner:
         aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
         self.atom_floor = np.maximum(self.tol, aw[self.fr])
         self.edges = self._first_edges(n, marginal)
+        self._picked: tuple[np.ndarray, np.ndarray] | None = None  # _picks, until receive
         self.counts = np.zeros((R, self.edges.shape[1] + 1))
         self.stats: np.ndarray | None = None
         self.unsplit = np.zeros((R, self.edges.shape[1] + 1), dtype=np.int8)
@@ -280,6 +281,7 @@ class SecureCdfPlanner:
         """Pooled counts (E, m, W' + 1) per cell of the grid just sent, and optionally every
         cell's statistics (E, m, W' + 1, S); plan the next round."""
         self.rounds += 1
+        self._picked = None  # the counts (and maybe the edges) change
         R = self.R
         W = self.edges.shape[1]
         c = np.maximum(counts.reshape(R, -1), 0.0)
@@ -404,7 +406,13 @@ class SecureCdfPlanner:
 
     def _picks(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows with candidates and, per row, the chosen edges' indices (sorted, ``W`` where
-        none): for b = 1 .. B_nu - 1 the edge whose pooled CDF is nearest to b / B_nu."""
+        none): for b = 1 .. B_nu - 1 the edge whose pooled CDF is nearest to b / B_nu.
+        Computed once per state of the grid (candidates and histogram both ask)."""
+        if self._picked is None:
+            self._picked = self._pick()
+        return self._picked
+
+    def _pick(self) -> tuple[np.ndarray, np.ndarray]:
         B = self.B
         W = self.edges.shape[1]
         total = self.counts.sum(axis=1)
