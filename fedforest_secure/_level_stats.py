@@ -246,11 +246,19 @@ class LevelStatistics:
             gbin -= i0 * nb
             size = (i1 - i0) * nb * S
             if self.config.task == "regression" or counts_only:
-                # one bincount per statistic, interleaved as the reply lays them out
                 stats = self._sorted_stats(counts_only, e0, e1, keep)
-                part = np.empty(size)
-                for c in range(S):
-                    part[c::S] = np.bincount(gbin, weights=stats[c], minlength=size // S)
+                if S == 1 or gbin.size >= size // S:
+                    # one bincount per statistic, interleaved as the reply lays them out
+                    part = np.empty(size)
+                    for c in range(S):
+                        part[c::S] = np.bincount(gbin, weights=stats[c], minlength=size // S)
+                else:  # more bins than entries (deep levels): one bincount over (bin, stat)
+                    gbin *= S
+                    ids = np.empty(stats.shape, dtype=np.int64)
+                    for c in range(S):
+                        np.add(gbin, c, out=ids[c])
+                    part = np.bincount(ids.ravel(), weights=stats.ravel(), minlength=size)
+                    del ids
             else:  # class counts: each row adds its weight to its own class's column only
                 gbin *= S
                 rows = order.rows(e0, e1)
