@@ -76,9 +76,12 @@ class JobRow(Base):
     min_clients: Mapped[int] = mapped_column(Integer)
     round_deadline_s: Mapped[float] = mapped_column(Float)
     current_round: Mapped[int] = mapped_column(Integer, default=-1)
-    model_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     model_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    #: the final model, loaded only where it is read (it can be megabytes, and every request
+    #: of a client loads its job row); the last column, so SQLite reaches the others without
+    #: walking its overflow pages
+    model_json: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
 
 
 class MemberRow(Base):

@@ -137,7 +137,7 @@ class ServerState:
             job = JobRow(id=spec.id, spec_json=spec.model_dump_json(),
                          config_json=config.to_json(), status=JobStatus.WAITING, reason="",
                          min_clients=min_clients, round_deadline_s=spec.round_deadline,
-                         current_round=-1, created_at=self.core.clock())
+                         current_round=-1, created_at=self.core.clock(), model_json=None)
             sess.add(job)
             sess.flush()
             for k, name in enumerate(spec.clients):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, inspect, select
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
@@ -18,11 +18,12 @@ from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
-from server_app.db import Database, RoundRow, UploadRow
+from server_app.db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
 from server_app.serve import check_transport
 from server_app.settings import ConfigError, ServerSettings
+from server_app.store import membership
 
 with warnings.catch_warnings():
     # starlette warns that its TestClient will move from httpx to httpx2; narrow and local.
@@ -299,3 +300,24 @@ def test_round_blobs_are_stored_after_the_small_columns() -> None:
     names = [c.name for c in RoundRow.__table__.columns]
     blobs = ["task_blob", "running_sum", "aggregate", "disclosed_blob"]
     assert names[-len(blobs):] == blobs
+
+
+def test_a_request_to_a_finished_job_does_not_load_its_model(tmp_path: Path) -> None:
+    """membership() runs on every client request; the job's model is read only by /model."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    model = '{"trees": "' + "x" * 1_000_000 + '"}'
+    with db.session() as sess:
+        client = ClientRow(name="site-0", token_id="t" * 32, token_hash="h" * 64)
+        sess.add(client)
+        sess.add(JobRow(id="job-a", spec_json="{}", config_json="{}", status="done", reason="",
+                        min_clients=1, round_deadline_s=1.0, current_round=3,
+                        model_json=model, model_digest="d" * 64))
+        sess.flush()
+        sess.add(MemberRow(job_id="job-a", client_id=client.id, client_index=0, state="active"))
+    with db.session() as sess:
+        client = sess.scalars(select(ClientRow)).one()
+        job, member = membership(sess, client, "job-a")
+        assert (job.status, member.client_index) == ("done", 0)
+        assert "model_json" in inspect(job).unloaded
+        assert job.model_json == model  # loaded where it is read
+    assert [c.name for c in JobRow.__table__.columns][-1] == "model_json"
