@@ -37,14 +37,15 @@ Data = tuple[np.ndarray, np.ndarray, None, str]
 
 
 # ------------------------------------------------------------------------------ data sets
-def _skewed(n: int, d: int, classes: int) -> Data:
+def _skewed(n: int, d: int, classes: int, weights: list[float] | None = None) -> Data:
     """``make_classification`` (a third of the features informative, a fifth redundant, one
-    cluster per class) through x -> exp(0.8 x): skewed features."""
+    cluster per class; ``weights``: class proportions) through x -> exp(0.8 x): skewed
+    features."""
     from sklearn.datasets import make_classification
 
     X, y = make_classification(n_samples=n, n_features=d, n_informative=max(2, d // 3),
                                n_redundant=d // 5, n_classes=classes, n_clusters_per_class=1,
-                               random_state=7)
+                               weights=weights, random_state=7)
     return np.exp(0.8 * X), y, None, "classification"
 
 
@@ -80,6 +81,7 @@ SETS: dict[str, Callable[[], Data]] = {
     "iris": _iris,
     "skewed180": lambda: _skewed(180, 13, 3),
     "skewed500": lambda: _skewed(500, 30, 2),
+    "skewed500imb": lambda: _skewed(500, 30, 2, [0.65]),  # 65/35: imbalanced, binary
     "digits1-4-7": lambda: _digits((1, 4, 7), 180),
     "digits3-8": lambda: _digits((3, 8), None),
     "banknote": lambda: _shared("banknote", 600),
@@ -132,6 +134,13 @@ VARIANTS: dict[str, Variant] = {
     "noisedepth4": Variant({}, _noise_depth(4.0)),
     "trees32": Variant({}, _rule(n_estimators=32)),
     "trees128": Variant({}, _rule(n_estimators=128)),
+    # leaf values shrunk towards the parent's by c noise standard deviations of pseudo-rows
+    "shrink0.1": Variant({}, constants=(("LEAF_SHRINK", 0.1),)),
+    "shrink0.5": Variant({}, constants=(("LEAF_SHRINK", 0.5),)),
+    "shrink1": Variant({}, constants=(("LEAF_SHRINK", 1.0),)),
+    "shrink2": Variant({}, constants=(("LEAF_SHRINK", 2.0),)),
+    "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
+    "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
         "max_depth": _rule()(e, n, d, k, t)["max_depth"] + 1}),
     "depth-1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
@@ -200,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--epsilons", default="0.5,1,2,4,8")
-    ap.add_argument("--seeds", type=int, default=6, help="seeds 100 .. 100 + n - 1")
+    ap.add_argument("--seeds", type=int, default=6, help="seeds first .. first + n - 1")
+    ap.add_argument("--first-seed", type=int, default=100,
+                    help="first seed (>= 100: the comparison uses 0-9)")
     ap.add_argument("--flamby", action="store_true",
                     help="instead: secure-dp on FLamby's heart data (docs/privacy.md §4)")
     args = ap.parse_args(argv)
@@ -214,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in SETS and name not in VARIANTS:
             ap.error(f"unknown set or variant {name!r}")
     eps_list = [e for e in parse_epsilons(args.epsilons) if math.isfinite(e)]
-    seeds = list(range(100, 100 + args.seeds))
+    if args.first_seed < 100:
+        ap.error("--first-seed must be >= 100 (the comparison's seeds are 0-9)")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     print(f"# seeds {seeds[0]}-{seeds[-1]}, mean balanced accuracy (R² for regression)")
     print("| data | variant | " + " | ".join(f"ε={e:g}" for e in eps_list) + " |")
     print("|---|---|" + "---|" * len(eps_list))

@@ -17,7 +17,11 @@ Node values are post-processing of those totals (:func:`values_from_leaves`): an
 statistics are the sums of its leaves', and a node whose count (for classification: of its class
 counts clipped at 0) is below a threshold (too small to trust, or too noisy) takes the value of
 its nearest ancestor that is not, the root falling back to uniform class proportions
-(classification) or 0 (regression; the estimator centres y).
+(classification) or 0 (regression; the estimator centres y). With ``shrink > 0`` (off as
+shipped, :meth:`~fedforest_secure._release.ReleasePolicy.leaf_shrinkage`) a classification
+node's proportions are instead shrunk towards its parent's: ``shrink`` pseudo-rows of the
+parent's proportions are added to its class counts clipped at 0, so a node whose counts are
+mostly noise keeps mostly its parent's value and a large node its own.
 """
 
 from __future__ import annotations
@@ -116,7 +120,8 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
 
 def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: np.ndarray,
                        leaf_totals: np.ndarray, task: str, min_count: float,
-                       bound: float | None = None, criterion: str = "gini") -> None:
+                       bound: float | None = None, criterion: str = "gini",
+                       shrink: float = 0.0) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -126,8 +131,14 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     leaf_tree, leaf_node : (L,) the leaves' tree index and node id
     leaf_totals : (L, S) their statistics (class counts, or n, sum y, sum y**2)
     min_count : a node whose count is below this takes its nearest trusted ancestor's value
+        (regression, and classification without ``shrink``)
     bound : regression values are clipped to ``[-bound, bound]`` (the public target bound)
+    shrink : classification, ``> 0``: a node's value is ``(c + shrink * p) / (sum(c) + shrink)``
+        with ``c`` its class counts clipped at 0 and ``p`` its parent's value (the root's:
+        uniform proportions), instead of the ``min_count`` rule
     """
+    if not (np.isfinite(shrink) and shrink >= 0):
+        raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
     S = leaf_totals.shape[1]
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
@@ -152,8 +163,13 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
             vals = np.clip(vals, -bound, bound)
         clean = _splits.clean_noisy_groups(stats, task, bound)
         imp = _impurity.impurity(clean, task, "mse" if task == "regression" else criterion)
+        shrunk = task == "classification" and shrink > 0
         for node in range(size):  # parents first: top-down fallback
-            if n[node] >= min_count and np.isfinite(vals[node]).all():
+            if shrunk:
+                base = prior if parent[node] < 0 else b.value[parent[node]]
+                counts = np.maximum(stats[node], 0.0)
+                value = (counts + shrink * base) / (counts.sum() + shrink)
+            elif n[node] >= min_count and np.isfinite(vals[node]).all():
                 value = vals[node]
             else:
                 value = prior if parent[node] < 0 else b.value[parent[node]]

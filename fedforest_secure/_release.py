@@ -184,6 +184,24 @@ class ReleasePolicy:
         plan = job_noise(cfg, secure_sum.noise_units(cfg))
         return max(floor, plan.sum_count_std(cfg.max_depth, cfg.n_clients))
 
+    def leaf_shrinkage(self) -> float:
+        """Random-split classification under DP: the pseudo-rows of its parent's proportions a
+        node's class counts get (:func:`~fedforest_secure._random_splits.values_from_leaves`,
+        post-processing): :data:`~fedforest_secure.privacy.allocation.LEAF_SHRINK` times the
+        standard deviation of the summed noise on one class count of the leaves' release.
+        0 without DP, for regression or with ``LEAF_SHRINK = 0`` (as shipped): the
+        ``leaf_min_count`` rule then applies."""
+        from . import secure_sum
+        from .privacy.allocation import LEAF_SHRINK, job_noise
+
+        cfg = self.config
+        if not (self.dp and self.random_splits and cfg.task == "classification"
+                and LEAF_SHRINK > 0):
+            return 0.0
+
+        plan = job_noise(cfg, secure_sum.noise_units(cfg))
+        return LEAF_SHRINK * plan.sum_count_std(cfg.max_depth, cfg.n_clients)
+
     def marginal_floor(self) -> float:
         """Random splits: what every bin of the marginal counts gets after clipping at 0
         (:func:`~fedforest_secure._random_splits.marginal_cdf`, post-processing):

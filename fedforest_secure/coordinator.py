@@ -284,7 +284,8 @@ class Coordinator:
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
-                cfg.target_bound if cfg.task == "regression" else None, cfg.criterion)
+                cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
+                shrink=self.policy.leaf_shrinkage())
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):

@@ -3,10 +3,13 @@ two releases, and a client's refusal of any release beyond them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from fedforest_secure import _random_splits
+from fedforest_secure._tree import TreeBuilder
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import RefusedRequest
@@ -128,3 +131,76 @@ def test_random_splits_without_dp_count_the_marginals_once() -> None:
     released = _run(coord, ws)
     assert released[0].kind is TaskKind.HISTOGRAM and coord.accountant is None
     assert coord.rounds_by_kind["histogram"] == 1
+
+
+def _stump() -> TreeBuilder:
+    tb = TreeBuilder(2)
+    root, left, right = tb.add(), tb.add(), tb.add()
+    tb.left[root], tb.right[root] = left, right
+    return tb
+
+
+def test_shrunk_leaf_values_add_pseudo_rows_of_the_parents_proportions() -> None:
+    """shrink = 4: the root's counts (the sum of its leaves', (7, -2), clipped at 0) get 4
+    pseudo-rows of uniform proportions; each leaf gets 4 pseudo-rows of the root's value, so
+    a leaf whose noisy counts are all below 0 takes its parent's value."""
+    tb = _stump()
+    totals = np.array([[9.0, 1.0], [-2.0, -3.0]])
+    _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0, shrink=4.0)
+    root = (np.array([7.0, 0.0]) + 4.0 * np.array([0.5, 0.5])) / (7.0 + 4.0)
+    np.testing.assert_allclose(tb.value[0], root)
+    np.testing.assert_allclose(tb.value[1], (np.array([9.0, 1.0]) + 4.0 * root) / 14.0)
+    np.testing.assert_allclose(tb.value[2], root)  # clipped counts (0, 0): the parent's
+    assert tb.n[0] == pytest.approx(7.0)
+    # without shrinkage a trusted leaf keeps its own proportions
+    tb0 = _stump()
+    _random_splits.values_from_leaves([tb0], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0)
+    np.testing.assert_allclose(tb0.value[1], [0.9, 0.1])
+    with pytest.raises(ValueError, match="shrink"):
+        _random_splits.values_from_leaves([tb0], np.array([0, 0]), np.array([1, 2]), totals,
+                                          "classification", 1.0, shrink=-1.0)
+
+
+def test_the_leaf_shrinkage_is_off_as_shipped_and_scales_with_the_leaf_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As shipped (LEAF_SHRINK = 0) no pseudo-rows; with LEAF_SHRINK = c, c standard
+    deviations of the summed noise on one class count of the leaves' release, fewer as
+    epsilon grows; 0 without DP."""
+    from fedforest_secure import secure_sum
+    from fedforest_secure._release import ReleasePolicy
+    from fedforest_secure.privacy import allocation
+    from fedforest_secure.privacy.allocation import job_noise
+
+    cfg, _ = _random_dp_job()
+    assert allocation.LEAF_SHRINK == 0.0 and ReleasePolicy(cfg).leaf_shrinkage() == 0.0
+    monkeypatch.setattr(allocation, "LEAF_SHRINK", 0.5)
+    plan = job_noise(cfg, secure_sum.noise_units(cfg))
+    lam = ReleasePolicy(cfg).leaf_shrinkage()
+    assert lam == pytest.approx(0.5 * plan.level_sigmas(cfg.max_depth)["count"]
+                                * np.sqrt(cfg.n_clients))
+    prof8 = load_profile("secure-dp", epsilon=8.0).to_dict()
+    assert 0 < ReleasePolicy(dataclasses.replace(cfg, profile=prof8)).leaf_shrinkage() < lam
+    cfg_open, _ = _random_dp_job(profile="secure")
+    assert ReleasePolicy(cfg_open).leaf_shrinkage() == 0.0
+
+
+def test_a_random_dp_forest_with_leaf_shrinkage_stores_the_shrunk_leaf_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end, LEAF_SHRINK = 0.5: every leaf value of a random-split DP forest is a
+    probability vector with every class above 0 (the pseudo-rows of the parent's proportions),
+    where the rule without shrinkage gives a one-hot vector to any leaf with a single noisy
+    class count above 0."""
+    from fedforest_secure.privacy import allocation
+
+    monkeypatch.setattr(allocation, "LEAF_SHRINK", 0.5)
+    cfg, ws = _random_dp_job()
+    coord = Coordinator(cfg)
+    _run(coord, ws)
+    model = coord.result()
+    for t in model.trees:
+        leaves = t.left == -1
+        vals = t.value[leaves]
+        np.testing.assert_allclose(vals.sum(axis=1), 1.0)
+        assert (vals > 0).all()

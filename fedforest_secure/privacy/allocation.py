@@ -36,8 +36,8 @@ from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sen
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings", "JobNoise", "PlannedBlock",
-           "PlannedRelease", "calibrate", "dp_forest_settings", "job_noise",
+__all__ = ["LEAF_SHRINK", "MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings", "JobNoise",
+           "PlannedBlock", "PlannedRelease", "calibrate", "dp_forest_settings", "job_noise",
            "level_signal_to_noise", "random_split_depth", "release_cost"]
 
 
@@ -256,6 +256,11 @@ MARGINAL_SHARE = 0.1
 #: before the CDF is formed (post-processing; half a row did better than one standard deviation
 #: of the noise on the validation sets of docs/privacy.md §2.6).
 MARGINAL_FLOOR = 0.5
+#: Random-split classification: pseudo-rows of a node's parent's class proportions added to its
+#: (noisy, clipped) class counts, per standard deviation of the summed noise on one count of the
+#: leaves' release (post-processing). 0: off, nodes below ``min_samples_leaf`` take their
+#: ancestor's value instead; docs/privacy.md §2.6 has the measurements of 0.1 to 2.
+LEAF_SHRINK = 0.0
 
 
 def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float,
