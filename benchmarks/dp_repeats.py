@@ -1,0 +1,58 @@
+"""How much the 10-seed mean of ``secure-dp`` in ``fedforest compare`` moves from run to run.
+
+The DP noise is fresh in every fit, so one run of the comparison is one draw of each cell's
+10-seed mean. This script repeats the ``secure-dp`` fits of ``run_comparison`` (same splits,
+seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`` and prints each
+run's means and, per epsilon, their mean and standard deviation over the runs
+(docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
+
+Usage::
+
+    nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from fedforest_secure.experiments.compare import parse_epsilons, run_comparison
+from fedforest_secure.privacy import allocation
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--epsilons", default="0.5,1,8")
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shrink", default="0,0.5", help="values of allocation.LEAF_SHRINK")
+    args = ap.parse_args(argv)
+    eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
+    saved = allocation.LEAF_SHRINK
+    try:
+        for c in (float(v) for v in args.shrink.split(",") if v):
+            allocation.LEAF_SHRINK = c
+            runs = []
+            for r in range(args.repeats):
+                res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
+                                     methods=["fedforest-secure-dp"])
+                means = []
+                for e in eps:
+                    st = res.stats("fedforest-secure-dp", e)
+                    means.append(float("nan") if st is None else st[0])
+                runs.append(means)
+                print(f"{args.dataset} c={c:g} run {r}: "
+                      + " ".join(f"{m:.3f}" for m in means), flush=True)
+            a = np.array(runs)
+            print(f"{args.dataset} c={c:g} over {args.repeats} runs: mean "
+                  + " ".join(f"{m:.3f}" for m in a.mean(axis=0)) + ", std "
+                  + " ".join(f"{s:.3f}" for s in a.std(axis=0, ddof=1)), flush=True)
+    finally:
+        allocation.LEAF_SHRINK = saved
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
