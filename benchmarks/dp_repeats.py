@@ -2,13 +2,15 @@
 
 The DP noise is fresh in every fit, so one run of the comparison is one draw of each cell's
 10-seed mean. This script repeats the ``secure-dp`` fits of ``run_comparison`` (same splits,
-seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`` and prints each
-run's means and, per epsilon, their mean and standard deviation over the runs
+seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`` and of
+``allocation.LEAF_VOTE_COUNTS_ABOVE`` (``inf``: leaf votes always averaged proportions) and prints
+each run's means and, per epsilon, their mean and standard deviation over the runs
 (docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
 
 Usage::
 
     nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --repeats 5
+    nice -n 10 python benchmarks/dp_repeats.py --dataset wine --shrink 0 --vote-above 4,inf
 """
 
 from __future__ import annotations
@@ -28,12 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shrink", default="0,0.5", help="values of allocation.LEAF_SHRINK")
+    ap.add_argument("--vote-above", default=str(allocation.LEAF_VOTE_COUNTS_ABOVE),
+                    help="values of allocation.LEAF_VOTE_COUNTS_ABOVE (inf: proportions)")
     args = ap.parse_args(argv)
     eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
-    saved = allocation.LEAF_SHRINK
+    saved = allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE
+    rules = [(float(c), float(v)) for c in args.shrink.split(",") if c
+             for v in args.vote_above.split(",") if v]
     try:
-        for c in (float(v) for v in args.shrink.split(",") if v):
-            allocation.LEAF_SHRINK = c
+        for c, above in rules:
+            allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE = c, above
+            name = f"c={c:g} votes>={above:g}"
             runs = []
             for r in range(args.repeats):
                 res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
@@ -43,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
                     st = res.stats("fedforest-secure-dp", e)
                     means.append(float("nan") if st is None else st[0])
                 runs.append(means)
-                print(f"{args.dataset} c={c:g} run {r}: "
+                print(f"{args.dataset} {name} run {r}: "
                       + " ".join(f"{m:.3f}" for m in means), flush=True)
             a = np.array(runs)
-            print(f"{args.dataset} c={c:g} over {args.repeats} runs: mean "
+            print(f"{args.dataset} {name} over {args.repeats} runs: mean "
                   + " ".join(f"{m:.3f}" for m in a.mean(axis=0)) + ", std "
                   + " ".join(f"{s:.3f}" for s in a.std(axis=0, ddof=1)), flush=True)
     finally:
-        allocation.LEAF_SHRINK = saved
+        allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE = saved
     return 0
 
 

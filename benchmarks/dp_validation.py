@@ -139,6 +139,11 @@ VARIANTS: dict[str, Variant] = {
     "shrink0.5": Variant({}, constants=(("LEAF_SHRINK", 0.5),)),
     "shrink1": Variant({}, constants=(("LEAF_SHRINK", 1.0),)),
     "shrink2": Variant({}, constants=(("LEAF_SHRINK", 2.0),)),
+    # leaf votes: always averaged proportions (as shipped), always summed noisy counts, and
+    # summed counts where the leaf noise is at least 4 times the rows per leaf
+    "props": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", math.inf),)),
+    "counts": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 0.0),)),
+    "votes4": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 4.0),)),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {

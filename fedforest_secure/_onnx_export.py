@@ -16,8 +16,9 @@ weight: the class's proportion at that leaf); a tree whose root is a leaf is wri
 split whose both branches reach that leaf.
 
 Outputs: regression ``variable`` (n, 1); classification ``probabilities`` (n, n_classes),
-columns ordered as ``classes_``, and ``label`` (n,), the class label of the first largest
-probability (as ``predict``).
+columns ordered as ``classes_`` (a forest whose ``vote`` is ``"counts"``: the mean clipped at
+0 and normalised per row, uniform where nothing is left, as ``values_of``), and ``label``
+(n,), the class label of the first largest probability (as ``predict``).
 
 Numeric splits only: a forest with categorical or client (H) splits is refused.
 
@@ -99,7 +100,8 @@ class _Ensemble:
 
 
 def forest_to_onnx(trees: Sequence[Tree], task: str, n_features: int,
-                   classes: np.ndarray | None = None, y_offset: float = 0.0) -> ModelProto:
+                   classes: np.ndarray | None = None, y_offset: float = 0.0,
+                   vote: str = "proportions") -> ModelProto:
     """The ONNX model of the forest ``trees`` (module docstring).
 
     Raises
@@ -158,8 +160,23 @@ def forest_to_onnx(trees: Sequence[Tree], task: str, n_features: int,
     else:
         label_type, label_values = _label_tensor_values(labels)
         inits.append(helper.make_tensor("classes", label_type, [n_targets], label_values))
-        nodes += [helper.make_node("Div", ["sums", "n_trees"], ["probabilities"]),
-                  helper.make_node("ArgMax", ["probabilities"], ["best"], axis=1,
+        if vote == "counts":  # the mean clipped at 0, normalised per row (uniform if 0)
+            inits += [helper.make_tensor("zero", double, [], [0.0]),
+                      helper.make_tensor("one", double, [], [1.0]),
+                      helper.make_tensor("uniform", double, [], [1.0 / n_targets]),
+                      helper.make_tensor("axis1", TensorProto.INT64, [1], [1])]
+            nodes += [helper.make_node("Div", ["sums", "n_trees"], ["mean"]),
+                      helper.make_node("Max", ["mean", "zero"], ["clipped"]),
+                      helper.make_node("ReduceSum", ["clipped", "axis1"], ["total"],
+                                       keepdims=1),
+                      helper.make_node("Greater", ["total", "zero"], ["some"]),
+                      helper.make_node("Where", ["some", "total", "one"], ["divisor"]),
+                      helper.make_node("Div", ["clipped", "divisor"], ["shares"]),
+                      helper.make_node("Where", ["some", "shares", "uniform"],
+                                       ["probabilities"])]
+        else:
+            nodes.append(helper.make_node("Div", ["sums", "n_trees"], ["probabilities"]))
+        nodes += [helper.make_node("ArgMax", ["probabilities"], ["best"], axis=1,
                                    keepdims=0),
                   helper.make_node("Gather", ["classes", "best"], ["label"], axis=0)]
         outputs = [helper.make_tensor_value_info("label", label_type, [None]),

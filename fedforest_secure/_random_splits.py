@@ -121,7 +121,7 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
 def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: np.ndarray,
                        leaf_totals: np.ndarray, task: str, min_count: float,
                        bound: float | None = None, criterion: str = "gini",
-                       shrink: float = 0.0) -> None:
+                       shrink: float = 0.0, count_votes: bool = False) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -136,12 +136,23 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     shrink : classification, ``> 0``: a node's value is ``(c + shrink * p) / (sum(c) + shrink)``
         with ``c`` its class counts clipped at 0 and ``p`` its parent's value (the root's:
         uniform proportions), instead of the ``min_count`` rule
+    count_votes : classification: every leaf's value is its noisy class counts (unclipped)
+        divided by the mean rows per leaf (the sum of all leaves' counts over their number,
+        at least 1), so the forest's average of its trees' leaf values is
+        the leaves' summed counts up to that constant (a forest whose ``vote`` is
+        ``"counts"`` normalises it, :meth:`~fedforest_secure.model.ForestModel.values_of`);
+        internal nodes keep their proportions
     """
     if not (np.isfinite(shrink) and shrink >= 0):
         raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
     S = leaf_totals.shape[1]
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
+    count_votes = count_votes and task == "classification"
+    rows_per_leaf = 1.0
+    if count_votes:
+        n_leaves = max(leaf_totals.shape[0], 1)
+        rows_per_leaf = max(float(leaf_totals.sum()) / n_leaves, 1.0)
     for t, tb in enumerate(trees):
         b: _Builder = tb
         size = len(b.left)
@@ -173,6 +184,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
                 value = vals[node]
             else:
                 value = prior if parent[node] < 0 else b.value[parent[node]]
+            if count_votes and b.left[node] < 0:
+                value = stats[node] / rows_per_leaf
             b.value[node] = np.asarray(value, dtype=np.float64).reshape(n_out)
             b.n[node] = float(n[node])
             b.impurity[node] = float(imp[node])

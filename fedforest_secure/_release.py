@@ -202,6 +202,21 @@ class ReleasePolicy:
         plan = job_noise(cfg, secure_sum.noise_units(cfg))
         return LEAF_SHRINK * plan.sum_count_std(cfg.max_depth, cfg.n_clients)
 
+    def leaf_vote_noise(self) -> float | None:
+        """Random-split classification under DP: the standard deviation of the noise on one
+        summed class count of the leaves' release, which decides with the rows per leaf
+        whether the forest votes with summed counts
+        (:func:`~fedforest_secure.privacy.allocation.leaf_votes_are_counts`); None otherwise
+        (the forest averages its trees' class proportions)."""
+        cfg = self.config
+        if not (self.dp and self.random_splits and cfg.task == "classification"):
+            return None
+        from . import secure_sum
+        from .privacy.allocation import job_noise
+
+        plan = job_noise(cfg, secure_sum.noise_units(cfg))
+        return plan.sum_count_std(cfg.max_depth, cfg.n_clients)
+
     def marginal_floor(self) -> float:
         """Random splits: what every bin of the marginal counts gets after clipping at 0
         (:func:`~fedforest_secure._random_splits.marginal_cdf`, post-processing):

@@ -43,6 +43,7 @@ from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
+from .privacy import allocation
 from .protocol import Block, Task, TaskKind, layout_size, split_blocks
 from .protocol.uploads import allowed_disclosures
 
@@ -94,6 +95,9 @@ class Coordinator:
         self._round = 0
         self._root_n = np.zeros(config.n_estimators)  # root counts (min_impurity_decrease)
         self._model: ForestModel | None = None
+        #: the forest votes with summed leaf counts (random-split DP classification, the rule
+        #: of :func:`~fedforest_secure.privacy.allocation.leaf_votes_are_counts`)
+        self._count_votes = False
         self.rounds_by_kind: dict[str, int] = {}
         #: split decisions per level: tree, node, kind, feature, threshold, left set
         self.decisions: list[dict[str, Any]] = []
@@ -267,6 +271,7 @@ class Coordinator:
                 level, frontier, routing, trees, weight)
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
+                           vote="counts" if self._count_votes else "proportions",
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
 
@@ -281,11 +286,16 @@ class Coordinator:
         if self.policy.totals_in_sketch(last=True):
             self._record_totals(frontier, blocks["totals"], trees, level)
         if self.policy.random_splits:
+            vote_noise = self.policy.leaf_vote_noise()
+            if vote_noise is not None:  # rows per tree from the released totals
+                n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
+                self._count_votes = allocation.leaf_votes_are_counts(
+                    vote_noise, n_rows, cfg.max_depth)
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
-                shrink=self.policy.leaf_shrinkage())
+                shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes)
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):

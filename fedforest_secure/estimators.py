@@ -409,7 +409,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         model = self._check_fitted()
         onx = forest_to_onnx(model.trees, model.task, model.n_features,
                              classes=getattr(self, "classes_", None),
-                             y_offset=float(getattr(self, "y_offset_", 0.0)))
+                             y_offset=float(getattr(self, "y_offset_", 0.0)),
+                             vote=model.vote)
         if path is not None:
             Path(path).write_bytes(onx.SerializeToString())
         return onx

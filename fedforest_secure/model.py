@@ -12,6 +12,9 @@ read any of them. Besides the trees it carries what prediction on a site's table
 * ``classes``: the class labels, in the order of the probability columns;
 * ``clients``: the site labels in index order (a forest that splits on the site indicator);
 * ``y_offset``: added to a regression forest's predictions;
+* ``vote``: ``"proportions"`` (the default, not written) averages the trees' leaf values;
+  ``"counts"`` (a DP classifier whose leaf values are noisy class counts, docs/privacy.md §2.6)
+  clips that average at 0 and normalises it per row (uniform where nothing is left);
 * ``estimator``: the estimator's parameters and job configuration (files the estimators wrote).
 
 Each tree is a :class:`~fedforest_secure._tree.Tree`: parallel arrays indexed by node id, the
@@ -44,6 +47,7 @@ __all__ = ["ForestModel", "Tree"]
 
 FORMAT = "fedforest-secure/model/v2"
 _READS = ("fedforest-secure/model/v1", FORMAT)
+_VOTES = ("proportions", "counts")
 
 
 def _column_names(X: Any) -> list[str] | None:
@@ -70,6 +74,11 @@ class ForestModel:
     clients: list[Any] | None = None
     y_offset: float = 0.0
     estimator: dict[str, Any] | None = None
+    vote: str = "proportions"
+
+    def __post_init__(self) -> None:
+        if self.vote not in _VOTES:
+            raise ValueError(f"vote must be one of {_VOTES}, got {self.vote!r}")
 
     @property
     def uses_client(self) -> bool:
@@ -161,7 +170,8 @@ class ForestModel:
         return codes
 
     def predict_values(self, X: Any, client: Any = None) -> np.ndarray:
-        """Average of the trees' leaf values: shape (n, 1) or (n, C) (without ``y_offset``)."""
+        """Average of the trees' leaf values: shape (n, 1) or (n, C) (without ``y_offset``);
+        a ``"counts"`` vote's average clipped at 0 and normalised per row."""
         return self.values_of(self.prepare(X), client)
 
     def values_of(self, Xf: np.ndarray, client: Any = None) -> np.ndarray:
@@ -170,7 +180,13 @@ class ForestModel:
         out = np.zeros((Xf.shape[0], 1 if self.task == "regression" else self.n_classes))
         for tree in self.trees:
             out += tree.value[tree.apply(Xf, codes)]
-        return out / max(len(self.trees), 1)
+        out /= max(len(self.trees), 1)
+        if self.vote == "counts" and self.task != "regression":
+            out = np.maximum(out, 0.0)
+            total = out.sum(axis=1, keepdims=True)
+            out = np.where(total > 0, out / np.where(total > 0, total, 1.0),
+                           1.0 / max(out.shape[1], 1))
+        return out
 
     def predict(self, X: Any, client: Any = None) -> np.ndarray:
         """Regression: the predicted values (``y_offset`` added). Classification: the index of
@@ -215,6 +231,8 @@ class ForestModel:
                 out[key] = value
         if self.y_offset:
             out["y_offset"] = self.y_offset
+        if self.vote != "proportions":
+            out["vote"] = self.vote
         return out
 
     def to_json(self) -> str:
@@ -236,7 +254,8 @@ class ForestModel:
                    trees=[Tree.from_dict(t) for t in d["trees"]],
                    feature_names=d.get("feature_names"), classes=d.get("classes"),
                    schema=d.get("schema"), clients=d.get("clients"),
-                   y_offset=float(d.get("y_offset", 0.0)), estimator=d.get("estimator"))
+                   y_offset=float(d.get("y_offset", 0.0)), estimator=d.get("estimator"),
+                   vote=str(d.get("vote", "proportions")))
 
     @classmethod
     def from_json(cls, text: str) -> ForestModel:
