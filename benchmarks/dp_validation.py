@@ -144,6 +144,9 @@ VARIANTS: dict[str, Variant] = {
     "props": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", math.inf),)),
     "counts": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 0.0),)),
     "votes4": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 4.0),)),
+    # the same with each class's counts over its own total (uniform class priors)
+    "votes4bal": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 4.0),
+                                        ("LEAF_VOTE_BALANCED", True))),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {

@@ -121,7 +121,8 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
 def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: np.ndarray,
                        leaf_totals: np.ndarray, task: str, min_count: float,
                        bound: float | None = None, criterion: str = "gini",
-                       shrink: float = 0.0, count_votes: bool = False) -> None:
+                       shrink: float = 0.0, count_votes: bool = False,
+                       balanced: bool = False) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -142,6 +143,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
         the leaves' summed counts up to that constant (a forest whose ``vote`` is
         ``"counts"`` normalises it, :meth:`~fedforest_secure.model.ForestModel.values_of`);
         internal nodes keep their proportions
+    balanced : with ``count_votes``, each class's counts are divided by that class's mean rows
+        per leaf instead (every class's summed counts over its own noisy total, at least 1)
     """
     if not (np.isfinite(shrink) and shrink >= 0):
         raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
@@ -149,10 +152,11 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
     count_votes = count_votes and task == "classification"
-    rows_per_leaf = 1.0
+    rows_per_leaf: float | np.ndarray = 1.0
     if count_votes:
         n_leaves = max(leaf_totals.shape[0], 1)
-        rows_per_leaf = max(float(leaf_totals.sum()) / n_leaves, 1.0)
+        rows_per_leaf = (np.maximum(leaf_totals.sum(axis=0) / n_leaves, 1.0) if balanced
+                         else max(float(leaf_totals.sum()) / n_leaves, 1.0))
     for t, tb in enumerate(trees):
         b: _Builder = tb
         size = len(b.left)

@@ -295,7 +295,8 @@ class Coordinator:
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
-                shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes)
+                shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes,
+                balanced=allocation.LEAF_VOTE_BALANCED)
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):

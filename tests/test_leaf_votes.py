@@ -198,3 +198,22 @@ def test_onnx_export_of_a_count_vote_forest_predicts_its_probabilities() -> None
     out = dict(zip(names, sess.run(None, {"X": Xt}), strict=True))
     np.testing.assert_allclose(out["probabilities"], est.predict_proba(Xt), rtol=0, atol=1e-12)
     np.testing.assert_array_equal(out["label"], est.predict(Xt))
+
+
+def test_balanced_count_votes_divide_each_class_by_its_own_rows_per_leaf() -> None:
+    """Leaves (9, 1) and (3, 3): class 0 has 12 / 2 = 6 rows per leaf, class 1 has 2 (not
+    below 1); with ``balanced`` the second leaf votes class 1 (3 / 2 > 3 / 6)."""
+    tb = _stump()
+    totals = np.array([[9.0, 1.0], [3.0, 3.0]])
+    _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0, count_votes=True, balanced=True)
+    np.testing.assert_allclose(tb.value[1], [9.0 / 6.0, 1.0 / 2.0])
+    np.testing.assert_allclose(tb.value[2], [3.0 / 6.0, 3.0 / 2.0])
+    plain = _stump()
+    _random_splits.values_from_leaves([plain], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0, count_votes=True)
+    np.testing.assert_allclose(plain.value[2], [3.0 / 8.0, 3.0 / 8.0])
+
+
+def test_balanced_count_votes_are_off_as_shipped() -> None:
+    assert allocation.LEAF_VOTE_BALANCED is False

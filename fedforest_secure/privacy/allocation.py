@@ -36,10 +36,10 @@ from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sen
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["LEAF_SHRINK", "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR", "MARGINAL_SHARE",
-           "DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate",
-           "dp_forest_settings", "job_noise", "leaf_votes_are_counts", "level_signal_to_noise",
-           "random_split_depth", "release_cost"]
+__all__ = ["LEAF_SHRINK", "LEAF_VOTE_BALANCED", "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR",
+           "MARGINAL_SHARE", "DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease",
+           "calibrate", "dp_forest_settings", "job_noise", "leaf_votes_are_counts",
+           "level_signal_to_noise", "random_split_depth", "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,9 @@ LEAF_SHRINK = 0.0
 #: always proportions; 0: always counts. 4 gained at epsilon <= 2 on the validation sets but
 #: lost on breast cancer in the comparison (docs/privacy.md §2.6), so it is off.
 LEAF_VOTE_COUNTS_ABOVE = math.inf
+#: Summed-count leaf votes: each class's summed counts over that class's noisy total (a vote
+#: with uniform class priors) instead of over all rows. Off (docs/privacy.md §2.6).
+LEAF_VOTE_BALANCED = False
 
 
 def leaf_votes_are_counts(count_std: float, n_rows: float, depth: int) -> bool:
