@@ -43,7 +43,6 @@ from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
-from .privacy import allocation
 from .protocol import Block, Task, TaskKind, layout_size, split_blocks
 from .protocol.uploads import allowed_disclosures
 
@@ -286,6 +285,9 @@ class Coordinator:
         if self.policy.totals_in_sketch(last=True):
             self._record_totals(frontier, blocks["totals"], trees, level)
         if self.policy.random_splits:
+            # imported here: the DP modules pull in diffprivlib (~1.6 s per process)
+            from .privacy import allocation
+
             vote_noise = self.policy.leaf_vote_noise()
             if vote_noise is not None:  # rows per tree from the released totals
                 n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
