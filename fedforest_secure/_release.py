@@ -191,16 +191,10 @@ class ReleasePolicy:
         standard deviation of the summed noise on one class count of the leaves' release.
         0 without DP, for regression or with ``LEAF_SHRINK = 0`` (as shipped): the
         ``leaf_min_count`` rule then applies."""
-        from . import secure_sum
-        from .privacy.allocation import LEAF_SHRINK, job_noise
+        from .privacy.allocation import LEAF_SHRINK
 
-        cfg = self.config
-        if not (self.dp and self.random_splits and cfg.task == "classification"
-                and LEAF_SHRINK > 0):
-            return 0.0
-
-        plan = job_noise(cfg, secure_sum.noise_units(cfg))
-        return LEAF_SHRINK * plan.sum_count_std(cfg.max_depth, cfg.n_clients)
+        std = self.leaf_vote_noise() if LEAF_SHRINK > 0 else None
+        return 0.0 if std is None else LEAF_SHRINK * std
 
     def leaf_vote_noise(self) -> float | None:
         """Random-split classification under DP: the standard deviation of the noise on one
