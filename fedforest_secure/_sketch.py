@@ -70,24 +70,30 @@ def _row_order(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         xs = np.take_along_axis(flat, order, axis=1)
         order += (np.arange(R, dtype=np.int64) * W)[:, None]
         return order, xs
-    key = (flat + 0.0).view(np.int64)  # + 0.0: -0.0 becomes 0.0 (the two compare equal)
-    # order-preserving: a negative double's other bits count down
-    key ^= (key >> 63) & np.int64(0x7FFFFFFFFFFFFFFF)
-    key >>= 2 + ib  # 62 - ib value bits, in [-2^(61-ib), 2^(61-ib))
-    key += np.int64(1) << (61 - ib)
-    top = (np.int64(1) << (62 - ib)) - 1  # NaN padding sorts after every value
-    key[np.isnan(flat)] = top
-    pos = np.arange(W, dtype=np.int64)
-    key <<= ib
-    key |= pos
-    srt = np.sort(key.view(np.float64), axis=1).view(np.int64)  # keys read as doubles >= 0
-    del key
+    # the order-preserving unsigned key of a double: negative values get every bit flipped,
+    # others the sign bit (+ 0.0: -0.0 becomes 0.0, the two compare equal); NaN (positive)
+    # comes after +inf
+    key = (flat + 0.0).view(np.int64)
+    flip = key >> 63  # -1 (all bits) for a negative value, else 0
+    flip |= np.int64(-(1 << 63))
+    key ^= flip
+    del flip
+    uk = key.view(np.uint64)
+    uk >>= np.uint64(2)  # the top two bits 0: read as a double the key is finite, >= 0
+    uk &= np.uint64(~((1 << ib) - 1) & 0xFFFFFFFFFFFFFFFF)  # 62 - ib value bits
+    pos = np.arange(W, dtype=np.uint64)
+    uk |= pos
+    srt = np.sort(uk.view(np.float64), axis=1).view(np.int64)
+    del key, uk
     srt &= (np.int64(1) << ib) - 1
     srt += (np.arange(R, dtype=np.int64) * W)[:, None]  # flat positions
     xs = flat.ravel()[srt]
     # equal values have equal keys, so they are in position order; distinct values can only
-    # be out of order where their keys agree (NaN comparisons are false)
-    redo = np.flatnonzero((xs[:, 1:] < xs[:, :-1]).any(axis=1))
+    # be out of order where their keys agree (NaN comparisons are false); a NaN with the sign
+    # bit set sorts first
+    bad = (xs[:, 1:] < xs[:, :-1]).any(axis=1)
+    bad |= np.isnan(xs[:, 0]) & np.signbit(xs[:, 0])
+    redo = np.flatnonzero(bad)
     if redo.size:
         o = np.argsort(flat[redo], axis=1, kind="stable")
         xs[redo] = np.take_along_axis(flat[redo], o, axis=1)
@@ -132,14 +138,17 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
         np.subtract(ff[1:], ff[:-1], out=lf[:-1])  # NaN where a point is padding
     length[:, P - 1::P] = np.nan
     mass_p = np.repeat(mass.ravel(), P).reshape(R, W)
-    # slope of the segment a point starts, 0 (mass / inf) where it is not a ramp
-    slope = mass_p / np.where(length > 0, length, np.inf)
+    # slope of the segment a point starts, 0 where it is not a ramp
+    slope = np.zeros((R, W))
+    np.divide(mass_p, length, out=slope, where=length > 0)
     # a point starts at most one segment and ends at most one, so its slope change is
     # (slope of the segment it starts) - (slope of the segment it ends), and its point mass
     # the mass of an empty segment it starts or a lone point's weight: computed per point,
     # then put in sorted order (what scattering by rank with bincount gave, bit for bit)
-    dsp = slope.copy()
-    dsp[:, 1:] -= slope[:, :-1]  # the slot before a client's first point has slope 0
+    dsp = np.empty((R, W))
+    sf = slope.ravel()
+    np.subtract(sf[1:], sf[:-1], out=dsp.ravel()[1:])
+    dsp[:, 0] = slope[:, 0]  # the slot before a client's first point has slope 0
     djp = mass_p
     djp *= length == 0
     del length
@@ -151,7 +160,7 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
     del dsp, djp, order
     s = np.cumsum(ds, axis=1)
     del ds
-    tiny = 1e-12 * np.maximum(np.abs(slope).max(axis=1, initial=0.0), 1e-300)
+    tiny = 1e-12 * np.maximum(slope.max(axis=1, initial=0.0), 1e-300)  # slopes are >= 0
     s[np.abs(s) <= tiny[:, None]] = 0.0
     dx = np.diff(xs, axis=1)
     F = np.cumsum(dj, axis=1)
@@ -161,60 +170,61 @@ def _events(points: np.ndarray, weights: np.ndarray, npts: np.ndarray | None = N
     return xs, s, dj, F
 
 
+def _row_count(flat: np.ndarray, start: np.ndarray, width: int, v: np.ndarray,
+               strict: bool) -> np.ndarray:
+    """Per query ``q``: how many of the ``width`` entries ``flat[start[q]:start[q] + width]``
+    (non-decreasing) are below ``v[q]`` (``strict``) or at most ``v[q]``: a branch-free
+    binary search of every query at once, within its own row."""
+    pos = np.zeros(v.shape, dtype=np.int64)
+    step = 1 << (max(width, 1).bit_length() - 1)  # the largest power of two <= width
+    last = start - 1
+    cand = np.empty_like(pos)
+    hit = np.empty(v.shape, dtype=bool)
+    inside = np.empty(v.shape, dtype=bool)
+    while step:
+        np.add(pos, step, out=cand)
+        np.less_equal(cand, width, out=inside)
+        np.minimum(cand, width, out=cand)
+        cand += last
+        if strict:
+            np.less(flat[cand], v, out=hit)
+        else:
+            np.less_equal(flat[cand], v, out=hit)
+        hit &= inside
+        pos += hit * step
+        step >>= 1
+    return pos
+
+
 def _first_at_least(F: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Per row of the non-decreasing ``F`` (R, E), the first column with ``F >= t`` for each
     target ``t`` (E if none): ``np.searchsorted(F[r], targets)`` for every row.
 
-    One global search over the rows shifted apart by 2 (F lies in [0, 1]) finds the answer up
-    to the rounding of the shift; a few vectorised steps then make it exact, so a row's answer
-    never depends on which other rows share the call (the coordinator may evaluate a level's
-    nodes in groups and must get the same candidates).
+    A binary search within each row (:func:`_row_count`), so a row's answer never depends on
+    which other rows share the call (the coordinator may evaluate a level's nodes in groups
+    and must get the same candidates).
     """
     R, E = F.shape
-    Q = targets.size
-    offs = 2.0 * np.arange(R)[:, None]
-    flat = (F + offs).ravel()
-    found = np.searchsorted(flat, (targets[None, :] + offs).ravel(), side="left")
-    i: np.ndarray = found.reshape(R, Q) - np.arange(R)[:, None] * E
-    np.clip(i, 0, E, out=i)
-    flatF = F.ravel()
-    base = (np.arange(R) * E)[:, None]
-    t = np.broadcast_to(targets, (R, Q))
-    while True:  # exact: F[r, i - 1] < t <= F[r, i]
-        at = np.minimum(i, E - 1)
-        at += base
-        right = flatF[at] < t
-        right &= i < E
-        at = np.maximum(i - 1, 0)
-        at += base
-        left = flatF[at] >= t
-        left &= i > 0
-        both = right & left  # only where F is not monotone: keep the global answer
-        right &= ~both
-        left &= ~both
-        if not (right.any() or left.any()):
-            return i
-        i += right
-        i -= left
+    start = np.broadcast_to((np.arange(R, dtype=np.int64) * E)[:, None], (R, targets.size))
+    t = np.broadcast_to(targets, (R, targets.size))
+    return _row_count(F.ravel(), start, E, t, strict=True)
 
 
 def _mid_gap(xs: np.ndarray, s: np.ndarray, i: np.ndarray, x_i: np.ndarray) -> np.ndarray:
-    """For cuts at event positions ``x_i``: the midpoint to the next distinct event where the
-    pooled CDF is flat in between (slope 0 after the last event at ``x_i``), else ``x_i``."""
+    """For cuts at event positions ``i`` (values ``x_i``, both 1-d, rows ``i // E``
+    flattened): the midpoint to the next distinct event where the pooled CDF is flat in
+    between (slope 0 after the last event at ``x_i``), else ``x_i``."""
     R, E = xs.shape
-    # the last event of each run of equal positions (a row's last event ends a run), in
-    # flat positions: ascending over the whole array, so one search finds every run's end
-    last = np.ones((R, E), dtype=bool)
-    np.not_equal(xs[:, 1:], xs[:, :-1], out=last[:, :-1])
-    ends = np.flatnonzero(last)
-    base = (np.arange(R) * E)[:, None]
-    e = ends[np.searchsorted(ends, i + base)]  # flat index of the run's last event
-    e -= base
-    has_next = e + 1 < E
-    nxt = xs.ravel()[np.minimum(e + 1, E - 1) + base]
-    flat = s.ravel()[np.minimum(e, E - 1) + base] == 0
+    start = i - i % E
+    # the last event of the run of events equal to x_i: the row's events up to x_i, minus 1
+    e = _row_count(xs.ravel(), start, E, x_i, strict=False)
+    e += start - 1
+    has_next = e + 1 < start + E
+    nxt = xs.ravel()[np.where(has_next, e + 1, e)]
+    flat = s.ravel()[e] == 0
     gap = has_next & flat & (nxt > x_i)
-    return np.where(gap, (x_i + nxt) / 2.0, x_i)
+    out: np.ndarray = np.where(gap, (x_i + nxt) / 2.0, x_i)
+    return out
 
 
 def mixture_cdf(points: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -311,7 +321,9 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
     # goes to the middle of the gap, like CART's midpoints: the same training rows fall on
     # each side, and rows just beyond the last observed value are not cut off.
     inside_ramp = ramp & (u < left_limit - 1e-12) & (t < x_i)  # else the cut sits at x_i
-    t = np.where(inside_ramp, t, _mid_gap(xs, s, i, x_i))
+    away = np.flatnonzero(~inside_ramp)  # cuts at an event: maybe to the middle of a gap
+    if away.size:
+        t.ravel()[away] = _mid_gap(xs, s, (i + base).ravel()[away], x_i.ravel()[away])
     t = np.where(tot > 0, t, np.inf)
     t.sort(axis=1)
     dup = np.zeros_like(t, dtype=bool)

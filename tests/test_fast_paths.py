@@ -142,7 +142,7 @@ def test_level_order_keys_with_and_without_node_runs(node_sorted: bool) -> None:
 def test_row_order_is_a_stable_argsort(seed: int) -> None:
     """The packed-key sort of the pooled sketch orders every row as a stable argsort does,
     also for values that agree in all but the last bits (the rows sorted again), signed
-    zeros (equal, so in position order) and NaN padding (last)."""
+    zeros (equal, so in position order) and NaN padding of either sign (last)."""
     rng = np.random.default_rng(seed)
     R, W = 60, 33
     base = rng.choice([0.0, -0.0, 1.0, -2.5, 1e-300, 3e10, -1e300, -np.inf, np.inf],
@@ -150,7 +150,28 @@ def test_row_order_is_a_stable_argsort(seed: int) -> None:
     near = np.nextafter(base, np.inf) if seed % 2 else np.nextafter(base, -np.inf)
     flat = np.where(rng.random((R, W)) < 0.3, near, base)
     flat[rng.random((R, W)) < 0.2] = np.nan
+    flat[rng.random((R, W)) < 0.05] = -np.nan  # sign bit set: sorts first by its key
     order, xs = _sketch._row_order(flat)
     want = np.argsort(flat, axis=1, kind="stable")
     np.testing.assert_array_equal(order - (np.arange(R) * W)[:, None], want)
     assert xs.tobytes() == np.take_along_axis(flat, want, axis=1).tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from([-1.0, 0.0, -0.0, 0.25, 0.5, 2.0]),
+                              min_size=1, max_size=40), min_size=1, max_size=6),
+       queries=st.lists(st.tuples(st.integers(0, 5), st.floats(-2.0, 3.0)), min_size=1,
+                        max_size=30),
+       strict=st.booleans())
+def test_row_count_is_a_per_row_searchsorted(rows: list[list[float]],
+                                             queries: list[tuple[int, float]],
+                                             strict: bool) -> None:
+    """The branch-free search of the pooled sketch stays within each query's own row."""
+    W = max(len(r) for r in rows)
+    A = np.array([sorted(r) + [max(r)] * (W - len(r)) for r in rows])
+    qr = np.array([q[0] % len(rows) for q in queries])
+    v = np.array([q[1] for q in queries])
+    got = _sketch._row_count(A.ravel(), qr * W, W, v, strict)
+    side = "left" if strict else "right"
+    want = [np.searchsorted(A[r], x, side=side) for r, x in zip(qr, v, strict=True)]
+    np.testing.assert_array_equal(got, want)
