@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _impurity, _splits
 from ._candidates import CandidateMethod, CandidateQuery, box_grid
-from ._layouts import categorical_cuts, gain_block, hist_block
+from ._layouts import categorical_cuts, gain_block, hist_block, moments_block
 from ._planner import AskRound, Disclosures, LevelContext, Received
 from ._tree import NodeKind
 from .config import JobConfig
@@ -110,11 +110,16 @@ def evaluate_nodes(config: JobConfig, method: CandidateMethod, dp: bool, ctx: Le
                 disc[k].pop(name, None)
         bt = thr.shape[2]
         miss = config.has_missing  # one more bin: the rows missing the slot's feature
-        if mode == "full":
+        ask_mode = mode
+        if mode == "full" and config.task == "regression" and not dp:
+            # (n, sum y) per bin: a split's gain needs no sum of y^2 (moments_block)
+            layout = (moments_block(config, nodes.size, m, bt + 1 + miss),)
+            ask_mode = "moments"
+        elif mode == "full":
             layout = (hist_block(config, nodes.size, m, bt + 1 + miss),)
         else:
             layout = (gain_block(nodes.size, m, 2 * bt + 1 if miss else bt),)
-        task = ask(TaskKind.HISTOGRAM, ctx.level, {"stats": mode},
+        task = ask(TaskKind.HISTOGRAM, ctx.level, {"stats": ask_mode},
                    {"nodes": nodes, "features": ev_feats, "thresholds": thr}, layout)
         blocks, _ = yield task
         if miss and mode == "full":

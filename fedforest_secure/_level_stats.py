@@ -192,7 +192,8 @@ class LevelStatistics:
         return ranked.astype(np.int64)
 
     def histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                  counts_only: bool = False, missing_bin: bool = False) -> np.ndarray:
+                  counts_only: bool = False, missing_bin: bool = False,
+                  moments: bool = False) -> np.ndarray:
         """Per (evaluated node, slot, bin) statistics; bin b holds rows with t_{b-1} < x <= t_b.
 
         Every entry of the level order gets its bin, the number of its block's thresholds
@@ -204,21 +205,25 @@ class LevelStatistics:
         evaluated nodes in ``order`` (ascending).
         With ``missing_bin`` the rows missing the slot's feature (their code sorts after every
         value) fill one more bin at the end and no other; without it they are left out.
+        With ``moments`` a regression histogram holds (n, sum y) only (the statistics a split's
+        gain needs, :func:`~fedforest_secure._layouts.moments_block`).
         """
+        S = 1 if counts_only else 2 if moments and self.config.task == "regression" \
+            else self.config.n_stats
         if missing_bin or self.config.has_missing:
             # a last cut at +inf maps to the missing code: the bins after it hold the missing
             # rows only, whatever the thresholds
             thr = np.concatenate([thr, np.full(thr.shape[:2] + (1,), np.inf)], axis=2)
-            out = self._histogram(nodes, feats, thr, counts_only)
+            out = self._histogram(nodes, feats, thr, S)
             return out if missing_bin else out[:, :, :-1]
-        return self._histogram(nodes, feats, thr, counts_only)
+        return self._histogram(nodes, feats, thr, S)
 
-    def _histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                   counts_only: bool) -> np.ndarray:
+    def _histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray, S: int
+                   ) -> np.ndarray:
         order = self.order
         n_eval, m = feats.shape
         nb = thr.shape[2] + 1
-        S = 1 if counts_only else self.config.n_stats
+        counts_only = S == 1
         blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()  # evaluated block ids
         # block starts/ends of the evaluated blocks (nodes ascend, so blocks do too)
         starts, ends = order.block_edges(blk)
@@ -246,7 +251,7 @@ class LevelStatistics:
             gbin -= i0 * nb
             size = (i1 - i0) * nb * S
             if self.config.task == "regression" or counts_only:
-                stats = self._sorted_stats(counts_only, e0, e1, keep)
+                stats = self._sorted_stats(S, e0, e1, keep)
                 if S == 1 or gbin.size >= size // S:
                     # one bincount per statistic, interleaved as the reply lays them out
                     part = np.empty(size)
@@ -356,24 +361,25 @@ class LevelStatistics:
         gbin += i0 * nb
         return gbin, keep
 
-    def _sorted_stats(self, counts_only: bool, lo: int, hi: int,
+    def _sorted_stats(self, S: int, lo: int, hi: int,
                       keep: np.ndarray | None = None) -> np.ndarray:
-        """Weighted row statistics (S, n) of entries ``[lo, hi)`` in the level's sorted order
-        (those where ``keep``, if given): the weight, then, for regression, weight x y and
-        weight x y^2. One contiguous row per statistic."""
+        """The first ``S`` weighted row statistics (S, n) of entries ``[lo, hi)`` in the
+        level's sorted order (those where ``keep``, if given): the weight, then, for
+        regression, weight x y and weight x y^2. One contiguous row per statistic."""
         order = self.order
         w = order.weights(lo, hi)
-        rows = None if counts_only else order.rows(lo, hi)
+        rows = None if S == 1 else order.rows(lo, hi)
         if keep is not None:
             w = w[keep]
             rows = None if rows is None else rows[keep]
         n = w.size
-        out = np.empty((1 if counts_only else 3, n))
+        out = np.empty((S, n))
         out[0] = w
         if rows is not None:
             yv = self.y[rows]
             np.multiply(out[0], yv, out=out[1])
-            np.multiply(out[1], yv, out=out[2])
+            if S > 2:
+                np.multiply(out[1], yv, out=out[2])
         return out
 
 

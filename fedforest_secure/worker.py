@@ -542,9 +542,9 @@ class Worker:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
         nodes, feats, thr, mode = self._histogram_arrays(task)
-        # full and gain statistics carry the missing rows' bin when the job has missing
-        # values; counts (the secure sketch's grids) leave missing rows out
-        missing_bin = mode in ("full", "gain") and self.config.has_missing
+        # statistics carry the missing rows' bin when the job has missing values; counts (the
+        # secure sketch's grids) leave missing rows out
+        missing_bin = mode != "count" and self.config.has_missing
         if self._sorted is None and self._level_feats is None:
             # the level's sketch round did not sort the level
             if self._sketched_level != self._level:
@@ -554,9 +554,8 @@ class Worker:
             order, local = self._sorted_for(feats, nodes)
             hist = self._level_stats(order).histogram(local, feats, thr,
                                                      counts_only=mode == "count",
-                                                     missing_bin=missing_bin)
-            if mode == "moments" and self.config.task == "regression":
-                hist = hist[..., :2]
+                                                     missing_bin=missing_bin,
+                                                     moments=mode == "moments")
         vec = hist
         if mode == "gain":
             g = local_gains(hist, self.config)
@@ -580,10 +579,9 @@ class Worker:
                                self.n_rows, self._cbits)
             hist = self._level_stats(order).histogram(nodes, feats, thr,
                                                      counts_only=mode == "count",
-                                                     missing_bin=missing_bin)
+                                                     missing_bin=missing_bin,
+                                                     moments=mode == "moments")
             del order
-            if mode == "moments" and self.config.task == "regression":
-                return np.ascontiguousarray(hist[..., :2])
             return hist
         return self._bin_statistics(nodes, feats, thr, mode, missing_bin)
 

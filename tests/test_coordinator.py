@@ -267,3 +267,19 @@ def test_dp_spends_and_split_decisions_are_reported_for_the_audit_log() -> None:
     n_splits = sum(int((t.kind != 0).sum()) for t in coord.result().trees)
     assert sum(len(d["splits"]) for d in decisions) == n_splits
     assert coord.pop_events() == ([], [])
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_regression_histogram_rounds_ask_counts_and_sums_of_y_only(missing: bool) -> None:
+    """A split's gain needs (n, sum y) per bin (the sums of y^2 cancel): the open profile's
+    histogram round asks those two statistics, the clients answer them, and the forest is
+    the one a job with missing values allowed (an empty missing bin) grows."""
+    cfg = _cfg(missing_allowed=(True,) * 3) if missing else _cfg()
+    recs: list[RoundRecord] = []
+    model = run_in_process(cfg, _clients(), on_round=recs.append)
+    hist = [r for r in recs if r.task.kind == TaskKind.HISTOGRAM]
+    assert hist and all(r.task.params["stats"] == "moments" for r in hist)
+    assert all(r.task.layout[0].shape[-1] == 2 for r in hist)
+    if missing:
+        assert [t.to_dict() for t in model.trees] == \
+            [t.to_dict() for t in run_in_process(_cfg(), _clients()).trees]
