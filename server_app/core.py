@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from .audit_hook import AuditSink
-from .db import Database, JobRow, MemberRow, RoundRow
+from .db import Database, JobRow, RoundRow
 from .deadlines import Deadlines
 from .errors import ApiError
 from .notify import Changes
@@ -24,7 +24,7 @@ from .rounds import RoundDriver
 from .spool import Spool
 from .store import SeatView, job_position, open_round
 
-__all__ = ["Core", "check_seat", "round_for_message"]
+__all__ = ["Core", "check_seat"]
 
 
 @dataclass
@@ -101,8 +101,8 @@ class Core:
 
 
 def check_seat(seat: SeatView, round_id: int) -> None:
-    """:func:`round_for_message`'s checks on a :class:`~server_app.store.SeatView` of round
-    ``round_id`` (the same errors, in the same order)."""
+    """The checks on a member's upload or secure-aggregation message for round ``round_id``,
+    on a :class:`~server_app.store.SeatView` of that round."""
     if seat.member_state == MemberState.DROPPED:
         raise ApiError(403, "dropped", f"this client was dropped at round {seat.dropped_round}")
     if seat.member_state != MemberState.ACTIVE:
@@ -112,21 +112,3 @@ def check_seat(seat: SeatView, round_id: int) -> None:
                        f"(current round: {seat.current_round})")
     if seat.job_status != JobStatus.RUNNING and seat.round_status == RoundStatus.OPEN:
         raise ApiError(409, "job_finished", f"the job is {seat.job_status}")
-
-
-def round_for_message(sess: Session, job: JobRow, member: MemberRow, round_id: int
-                      ) -> RoundRow:
-    """The round a member's upload or secure-aggregation message names, if the member may
-    send for it."""
-    if member.state == MemberState.DROPPED:
-        raise ApiError(403, "dropped", f"this client was dropped at round "
-                       f"{member.dropped_round}")
-    if member.state != MemberState.ACTIVE:
-        raise ApiError(409, "not_joined", "join the job first")
-    rr = sess.get(RoundRow, (job.id, round_id))
-    if rr is None:
-        raise ApiError(409, "wrong_round", f"round {round_id} has not been issued "
-                       f"(current round: {job.current_round})")
-    if job.status != JobStatus.RUNNING and rr.status == RoundStatus.OPEN:
-        raise ApiError(409, "job_finished", f"the job is {job.status}")
-    return rr

@@ -24,7 +24,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 __all__ = [
@@ -182,6 +182,13 @@ class Database:
         """A transaction: committed on success, rolled back on any exception."""
         with self._factory() as sess, sess.begin():
             yield sess
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A Core transaction (no ORM session): committed on success, rolled back on any
+        exception. For requests that read or write plain values only."""
+        with self.engine.begin() as conn:
+            yield conn
 
     def compact(self) -> None:
         """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server

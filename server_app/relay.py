@@ -24,6 +24,7 @@ from .secure_round import SecureRound, parse_message, sender_of
 from .store import (
     SeatView,
     add_message,
+    insert_message,
     job_of,
     membership,
     printable,
@@ -69,8 +70,8 @@ class SecAggRelay:
         """What this client must do now in the open secure round (or what to wait for)."""
         with self.core.lock:
             self.core.tick_if_due(job_id)
-            with self.core.db.session() as sess:
-                seat = seat_view(sess, client, job_id)
+            with self.core.db.connect() as conn:
+                seat = seat_view(conn, client, job_id)
                 if seat.member_state == MemberState.DROPPED:
                     return {"status": "dropped",
                             "detail": f"this client was dropped at round {seat.dropped_round}"}
@@ -120,8 +121,9 @@ class SecAggRelay:
                        body: bytes) -> dict[str, Any]:
         """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON).
 
-        The checks read plain values (:func:`~server_app.store.seat_view`); the job's and the
-        round's rows are loaded only when the message completes the open phase."""
+        The checks read plain values (:func:`~server_app.store.seat_view`) and the message is
+        stored by a Core ``INSERT`` in the request's transaction; the job's and the round's ORM
+        rows are loaded only when the message completes the open phase."""
         try:
             phase, msg = parse_message(kind, body)
         except InvalidMessage as exc:
@@ -130,8 +132,9 @@ class SecAggRelay:
         with self.core.lock:
             self.core.tick_if_due(job_id)
             with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
-                seat = seat_view(sess, client, job_id, round_id)
-                prev = stored_digest(sess, job_id, round_id, kind, seat.client_index)
+                conn = sess.connection()
+                seat = seat_view(conn, client, job_id, round_id)
+                prev = stored_digest(conn, job_id, round_id, kind, seat.client_index)
                 if prev is not None:  # a retry (e.g. the response was lost in a restart)
                     if prev != digest:
                         raise ApiError(409, "conflicting_message", f"a different {kind} message "
@@ -142,9 +145,8 @@ class SecAggRelay:
                 if sender_of(msg) != idx:
                     raise ApiError(403, "wrong_sender", "the message names another client")
                 secagg_step(lambda: sr.receive(msg))
-                add_message(sess, job_id, round_id, kind, idx, body.decode(), digest=digest)
+                insert_message(conn, job_id, round_id, kind, idx, body.decode(), digest)
                 if sr.complete():  # what progress_secure would wait for
-                    sess.flush()
                     job = job_of(sess, job_id)
                     rr = sess.get(RoundRow, (job_id, round_id))
                     if rr is None:

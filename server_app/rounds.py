@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
@@ -46,6 +47,8 @@ from .store import (
     clear_round_messages,
     contributors,
     identity_keys,
+    insert_message,
+    insert_upload,
     member_at,
     member_indices,
     participants,
@@ -108,13 +111,15 @@ class RoundDriver:
                            digest=up.digest, received_at=self.clock(), summable=summable,
                            disclosed=disclosed))
 
-    def add_masked(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow, idx: int,
-                   up: ParsedUpload) -> None:
+    def add_masked(self, rt: JobRuntime, conn: Connection, job_id: str, round_id: int, idx: int,
+                   up: ParsedUpload) -> SecureRound:
         """Add a masked upload into the secure round's running sum and keep it (spool or
-        database) until the round closes, so a restarted server can add it again."""
+        database) until the round closes, so a restarted server can add it again. The rows are
+        Core ``INSERT`` s in the caller's transaction; the caller moves the round on (with
+        :meth:`progress_secure`) when the returned round is complete."""
         sr = rt.secure.current if rt.secure is not None else None
-        if sr is None or sr.round_id != rr.round_id or sr.phase is not Phase.UPLOAD:
-            raise ApiError(409, "wrong_phase", f"round {rr.round_id} is not collecting uploads")
+        if sr is None or sr.round_id != round_id or sr.phase is not Phase.UPLOAD:
+            raise ApiError(409, "wrong_phase", f"round {round_id} is not collecting uploads")
         if up.secagg is None:
             raise ApiError(400, "malformed_upload", "a masked upload needs its secagg header")
         try:
@@ -128,13 +133,12 @@ class RoundDriver:
         vec = up.summable.astype("<u8", copy=False)
         spooled = self.spool.root is not None
         if spooled:
-            self.spool.write(rr.job_id, rr.round_id, idx, vec)
-        sess.add(UploadRow(job_id=rr.job_id, round_id=rr.round_id, client_index=idx,
-                           digest=up.digest, received_at=self.clock(),
-                           summable=None if spooled else vec.tobytes(), disclosed=disclosed))
-        add_message(sess, rr.job_id, rr.round_id, Phase.UPLOAD.value, idx, up.secagg)
-        sess.flush()
-        self.progress_secure(rt, sess, job, rr)
+            self.spool.write(job_id, round_id, idx, vec)
+        insert_upload(conn, job_id, round_id, idx, up.digest, self.clock(),
+                      None if spooled else vec.tobytes(), disclosed)
+        insert_message(conn, job_id, round_id, Phase.UPLOAD.value, idx, up.secagg,
+                       hashlib.sha256(up.secagg.encode()).hexdigest())
+        return sr
 
     # ------------------------------------------------------------------ moving on
     def progress(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow) -> None:

@@ -40,7 +40,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.uploads import check_against_task, parse_upload
 
 from .audit_hook import AuditSink
-from .core import Core, round_for_message
+from .core import Core, check_seat
 from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
@@ -65,9 +65,12 @@ from .store import (
     member_indices,
     membership,
     participants,
+    round_task_blob,
     rounds_of,
     running_job_ids,
+    seat_view,
     stored_message,
+    stored_upload_digest,
 )
 
 __all__ = ["JobRuntime", "ServerState", "TaskOffer"]
@@ -190,16 +193,18 @@ class ServerState:
                     for r in rounds_of(sess, job_id)]
 
     def task_bytes(self, client: ClientRow, job_id: str, round_id: int) -> bytes:
-        """Any task this job issued (clients replay earlier sketch tasks after a restart)."""
-        with self.core.db.session() as sess:
-            membership(sess, client, job_id)
+        """Any task this job issued (clients replay earlier sketch tasks after a restart): the
+        open round's from memory, an earlier one's stored bytes. One plain-value membership
+        query, no ORM session."""
+        with self.core.db.connect() as conn:
+            seat_view(conn, client, job_id)  # members only: the same 404 as membership
             body = self._task_body(job_id, round_id)
             if body is not None:
                 return body
-            rr = sess.get(RoundRow, (job_id, round_id))
-            if rr is None:
+            blob = round_task_blob(conn, job_id, round_id)
+            if blob is None:
                 raise ApiError(404, "unknown_round", f"round {round_id} was not issued")
-            return rr.task_blob
+            return blob
 
     def _task_body(self, job_id: str, round_id: int, rr: RoundRow | None = None
                    ) -> bytes | None:
@@ -372,6 +377,10 @@ class ServerState:
 
     def upload(self, client: ClientRow, job_id: str, round_id: int, body: bytes | bytearray
                ) -> dict[str, Any]:
+        """Count a client's upload of the open round. The checks read plain values (one
+        :func:`~server_app.store.seat_view` query); a masked upload is stored by Core
+        ``INSERT`` s, and the job's and round's ORM rows are loaded only when it completes the
+        upload phase (a plain upload adds into the round's row, loaded as before)."""
         up = parse_upload(body)
         if up.job_id != job_id or up.round_id != round_id:
             raise ApiError(400, "header_mismatch", "the upload header names another job or round")
@@ -379,34 +388,46 @@ class ServerState:
             self.core.tick_if_due(job_id)
             rt = self.core.runtimes.get(job_id)
             with self.core.db.session() as sess:
-                job, member = membership(sess, client, job_id)
-                idx = member.client_index
-                rr = round_for_message(sess, job, member, round_id)
-                prev = sess.get(UploadRow, (job_id, round_id, idx))
-                if prev is not None and rr.status == RoundStatus.OPEN:
-                    if prev.digest == up.digest:
-                        return self._receipt(rr, idx, prev.digest, duplicate=True)
+                conn = sess.connection()
+                seat = seat_view(conn, client, job_id, round_id)
+                check_seat(seat, round_id)
+                idx = seat.client_index
+                prev = stored_upload_digest(conn, job_id, round_id, idx)
+                if prev is not None and seat.round_status == RoundStatus.OPEN:
+                    if prev == up.digest:
+                        return self._receipt(job_id, round_id, seat.task_digest, idx, prev,
+                                             duplicate=True)
                     raise ApiError(409, "conflicting_upload", f"a different upload for round "
                                    f"{round_id} was already counted")
-                if rr.status != RoundStatus.OPEN:
+                if seat.round_status != RoundStatus.OPEN:
                     raise ApiError(409, "round_closed", f"round {round_id} is closed",
-                                   counted=prev is not None and prev.digest == up.digest)
-                if rr.phase != Phase.UPLOAD:
-                    raise ApiError(409, "wrong_phase", f"round {round_id} is in phase {rr.phase}")
-                if idx not in participants(rr):
+                                   counted=prev is not None and prev == up.digest)
+                if seat.round_phase != Phase.UPLOAD:
+                    raise ApiError(409, "wrong_phase",
+                                   f"round {round_id} is in phase {seat.round_phase}")
+                if idx not in seat.participants():
                     raise ApiError(403, "not_participant",
                                    f"this client is not a participant of round {round_id}")
                 if rt.task is None or rt.task.round_id != round_id:
                     raise ApiError(409, "wrong_round", "the round is not open")
-                check_against_task(up, rt.task, rr.task_digest, rr.encoding,
+                check_against_task(up, rt.task, str(seat.task_digest), str(seat.round_encoding),
                                    None if rt.secure is not None else self._bounds(rt))
                 if rt.secure is not None:
                     with self.core.runtimes.guard(job_id):
-                        self.core.driver.add_masked(rt, sess, job, rr, idx, up)
+                        sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
+                        if sr.complete():  # what progress_secure would wait for
+                            rr = sess.get(RoundRow, (job_id, round_id))
+                            if rr is None:
+                                raise RuntimeError(f"round {round_id} vanished")
+                            self.core.driver.progress_secure(rt, sess, job_of(sess, job_id), rr)
                 else:
+                    rr = sess.get(RoundRow, (job_id, round_id))
+                    if rr is None:
+                        raise RuntimeError(f"round {round_id} vanished")
                     self.core.driver.add_plain(sess, rr, idx, up)
-                receipt = self._receipt(rr, idx, up.digest, duplicate=False)
-            if rt.secure is None:  # a secure round moved on in add_masked already
+                receipt = self._receipt(job_id, round_id, seat.task_digest, idx, up.digest,
+                                        duplicate=False)
+            if rt.secure is None:  # a secure round moved on in this step already
                 self.core.maybe_close(job_id)
             self.core.changes.notify(job_id)
             return receipt
@@ -415,11 +436,11 @@ class ServerState:
         """The bounds a plaintext upload of the open round is range-checked against."""
         return rt.bounds()
 
-    def _receipt(self, rr: RoundRow, idx: int, digest: str, *, duplicate: bool
-                 ) -> dict[str, Any]:
-        return {"job_id": rr.job_id, "round_id": rr.round_id, "client_index": idx,
-                "upload_sha256": digest, "task_sha256": rr.task_digest, "duplicate": duplicate,
-                "audit_head": self.core.audit.head(rr.job_id)}
+    def _receipt(self, job_id: str, round_id: int, task_digest: str | None, idx: int,
+                 digest: str, *, duplicate: bool) -> dict[str, Any]:
+        return {"job_id": job_id, "round_id": round_id, "client_index": idx,
+                "upload_sha256": digest, "task_sha256": task_digest, "duplicate": duplicate,
+                "audit_head": self.core.audit.head(job_id)}
 
     # ------------------------------------------------------------------ deadlines
     def tick(self, *, full_every: int = 5) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import NamedTuple
 
-from sqlalchemy import Executable, bindparam, delete, select
+from sqlalchemy import Connection, Executable, bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
 from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
@@ -47,9 +47,18 @@ __all__ = [
     "seat_view",
     "stored_digest",
     "stored_message",
+    "stored_upload_digest",
+    "insert_message",
+    "insert_upload",
+    "round_task_blob",
     "upload_summable",
     "uploads_of",
+    "Reader",
 ]
+
+#: What the plain-value queries run on: a request's ORM session, or a Core connection (no ORM
+#: objects, no unit of work: the hot paths of polls, messages and uploads)
+Reader = Session | Connection
 
 #: ``SecAggMessageRow.stage`` of a client's long-term identity key (``round_id = -1``)
 IDENTITY = "identity"
@@ -91,13 +100,22 @@ class SeatView(NamedTuple):
     round_status: str | None
     task_digest: str | None
     deadline_at: float | None
+    #: the round's open phase, its encoding and the client indices it asked (JSON list)
+    round_phase: str | None = None
+    round_encoding: str | None = None
+    participants_json: str | None = None
+
+    def participants(self) -> list[int]:
+        """The client indices the round asked (:func:`participants` of its row)."""
+        return [int(i) for i in json.loads(self.participants_json or "[]")]
 
 
 def _seat_query(which: object) -> Executable:
     return (select(JobRow.status, JobRow.reason, JobRow.current_round, JobRow.round_deadline_s,
                    MemberRow.client_index, MemberRow.state, MemberRow.dropped_round,
                    RoundRow.round_id, RoundRow.status, RoundRow.task_digest,
-                   RoundRow.deadline_at)
+                   RoundRow.deadline_at, RoundRow.phase, RoundRow.encoding,
+                   RoundRow.participants_json)
             .join(MemberRow, (MemberRow.job_id == JobRow.id)
                   & (MemberRow.client_id == bindparam("client_id")))
             .outerjoin(RoundRow, (RoundRow.job_id == JobRow.id) & (RoundRow.round_id == which))
@@ -111,7 +129,7 @@ _SEAT_CURRENT = _seat_query(JobRow.current_round)
 _SEAT_ROUND = _seat_query(bindparam("round_id"))
 
 
-def seat_view(sess: Session, client: ClientRow, job_id: str, round_id: int | None = None
+def seat_view(sess: Reader, client: ClientRow, job_id: str, round_id: int | None = None
               ) -> SeatView:
     """:func:`membership` and a round (``round_id``, or the job's current round) as plain
     values, in one query without ORM objects (every poll and message of every client asks
@@ -123,11 +141,12 @@ def seat_view(sess: Session, client: ClientRow, job_id: str, round_id: int | Non
     if row is None:
         raise ApiError(404, "unknown_job", f"no job {job_id!r} for this client")
     (status, reason, current, round_deadline_s, index, state, dropped_round, rid, round_status,
-     task_digest, deadline_at) = row
+     task_digest, deadline_at, phase, encoding, participants_json) = row
     return SeatView(job_status=status, job_reason=reason, current_round=current,
                     round_deadline_s=round_deadline_s, client_index=index, member_state=state,
                     dropped_round=dropped_round, round_id=rid, round_status=round_status,
-                    task_digest=task_digest, deadline_at=deadline_at)
+                    task_digest=task_digest, deadline_at=deadline_at, round_phase=phase,
+                    round_encoding=encoding, participants_json=participants_json)
 
 
 def job_of(sess: Session, job_id: str) -> JobRow:
@@ -258,11 +277,47 @@ _STORED_DIGEST = select(SecAggMessageRow.digest).where(
     SecAggMessageRow.client_index == bindparam("idx"))
 
 
-def stored_digest(sess: Session, job_id: str, round_id: int, stage: str, idx: int
+def stored_digest(sess: Reader, job_id: str, round_id: int, stage: str, idx: int
                   ) -> str | None:
     """The digest of the stored message (one column, no ORM object), or None."""
     return sess.scalar(_STORED_DIGEST, {"job_id": job_id, "round_id": round_id,
                                         "stage": stage, "idx": idx})
+
+
+#: the Core statements of the hot paths, built once (their compiled form is cached with them)
+_INSERT_MESSAGE = insert(SecAggMessageRow)
+_INSERT_UPLOAD = insert(UploadRow)
+_UPLOAD_DIGEST = select(UploadRow.digest).where(
+    UploadRow.job_id == bindparam("job_id"), UploadRow.round_id == bindparam("round_id"),
+    UploadRow.client_index == bindparam("idx"))
+_TASK_BLOB = select(RoundRow.task_blob).where(RoundRow.job_id == bindparam("job_id"),
+                                              RoundRow.round_id == bindparam("round_id"))
+
+
+def insert_message(conn: Connection, job_id: str, round_id: int, stage: str, idx: int,
+                   body: str, digest: str) -> None:
+    """:func:`add_message` as one Core ``INSERT`` on the request's connection (no ORM object
+    and no flush): the row is in the request's transaction, committed with it."""
+    conn.execute(_INSERT_MESSAGE, {"job_id": job_id, "round_id": round_id, "stage": stage,
+                                   "client_index": idx, "body": body, "digest": digest})
+
+
+def insert_upload(conn: Connection, job_id: str, round_id: int, idx: int, digest: str,
+                  received_at: float, summable: bytes | None, disclosed: bytes | None) -> None:
+    """One upload row as a Core ``INSERT`` in the request's transaction."""
+    conn.execute(_INSERT_UPLOAD, {"job_id": job_id, "round_id": round_id, "client_index": idx,
+                                  "digest": digest, "received_at": received_at,
+                                  "summable": summable, "disclosed": disclosed})
+
+
+def stored_upload_digest(sess: Reader, job_id: str, round_id: int, idx: int) -> str | None:
+    """The digest of the upload the round counted from client ``idx``, or None."""
+    return sess.scalar(_UPLOAD_DIGEST, {"job_id": job_id, "round_id": round_id, "idx": idx})
+
+
+def round_task_blob(sess: Reader, job_id: str, round_id: int) -> bytes | None:
+    """The task bytes a round was issued with, or None if it was not issued."""
+    return sess.scalar(_TASK_BLOB, {"job_id": job_id, "round_id": round_id})
 
 
 def round_messages(sess: Session, job_id: str, round_id: int) -> dict[str, dict[int, str]]:
