@@ -45,6 +45,7 @@ from .store import (
     add_dropped,
     add_message,
     clear_round_messages,
+    clear_summables,
     contributors,
     identity_keys,
     insert_message,
@@ -267,8 +268,7 @@ class RoundDriver:
                              participants=list(contributors))
             except (FedForestError, ValueError, ArithmeticError) as exc:
                 problem = f"the aggregate was rejected ({type(exc).__name__}: {exc})"
-        for u in uploads.values():
-            u.summable = None
+        clear_summables(sess, rr)
         rr.running_sum = None
         if problem is not None:
             self.fail(sess, job, f"round {rr.round_id}: {problem}; training stopped and no "

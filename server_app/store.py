@@ -11,8 +11,8 @@ import hashlib
 import json
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Executable, bindparam, delete, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Executable, bindparam, delete, insert, select, update
+from sqlalchemy.orm import Session, undefer
 
 from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
@@ -25,6 +25,7 @@ __all__ = [
     "add_dropped",
     "add_message",
     "clear_round_messages",
+    "clear_summables",
     "client_names",
     "contributors",
     "dropped_members",
@@ -240,8 +241,17 @@ def add_dropped(rr: RoundRow, dropped: list[int]) -> None:
 
 
 def uploads_of(sess: Session, rr: RoundRow) -> dict[int, UploadRow]:
-    return {u.client_index: u for u in sess.scalars(select(UploadRow).where(
-        UploadRow.job_id == rr.job_id, UploadRow.round_id == rr.round_id))}
+    """The round's upload rows with their disclosed items (one query, not one per row)."""
+    return {u.client_index: u for u in sess.scalars(
+        select(UploadRow).options(undefer(UploadRow.disclosed)).where(
+            UploadRow.job_id == rr.job_id, UploadRow.round_id == rr.round_id))}
+
+
+def clear_summables(sess: Session, rr: RoundRow) -> None:
+    """Forget the round's per-client vectors (one ``UPDATE``; its sum is out)."""
+    sess.execute(update(UploadRow).where(UploadRow.job_id == rr.job_id,
+                                         UploadRow.round_id == rr.round_id)
+                 .values(summable=None).execution_options(synchronize_session=False))
 
 
 def contributors(sess: Session, rr: RoundRow) -> list[int]:
