@@ -253,13 +253,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             gen = st.generation
             left = deadline - loop.time()
             if surely_waits is not None and left > 0 and not stopping() and surely_waits():
-                await run_in_threadpool(st.wait_change, gen, min(left, _POLL_SLICE))
+                await st.wait_change_async(gen, min(left, _POLL_SLICE))
                 continue
             out = await run_in_threadpool(fn)
             left = deadline - loop.time()
             if not is_wait(out) or left <= 0 or stopping():
                 return out  # on shutdown at once: a cancelled request would be a 500
-            await run_in_threadpool(st.wait_change, gen, min(left, _POLL_SLICE))
+            await st.wait_change_async(gen, min(left, _POLL_SLICE))
 
     async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
         return await _long_poll(lambda: st.secagg_offer(c, job_id),

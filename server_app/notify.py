@@ -10,18 +10,28 @@ of K. A poller re-checks every second anyway.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 __all__ = ["Changes"]
 
 
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Changes:
-    """A generation counter and a condition on the server's lock."""
+    """A generation counter and a condition on the server's lock; long polls on the event loop
+    wait on a future that :meth:`notify` resolves (no worker thread per waiting poll)."""
 
     def __init__(self, lock: threading.RLock) -> None:
         self.condition = threading.Condition(lock)
         self.generation = 0
         self._dirty: set[str] = set()
+        #: the event-loop waiters of :meth:`wait_async`, each with its loop
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._mu = threading.Lock()
 
     def touch(self, job_id: str) -> None:
         """Mark that the job's view changed (see :meth:`notify`)."""
@@ -35,10 +45,35 @@ class Changes:
                 return
             self._dirty.discard(job_id)
         with self.condition:
-            self.generation += 1
+            with self._mu:
+                self.generation += 1
+                waiters, self._waiters = self._waiters, set()
             self.condition.notify_all()
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, fut)
+            except RuntimeError:  # that loop has closed: nobody waits on it any more
+                pass
 
     def wait(self, generation: int, timeout: float) -> None:
         """Block until the generation moved on from ``generation`` (or ``timeout`` seconds)."""
         with self.condition:
             self.condition.wait_for(lambda: self.generation != generation, timeout)
+
+    async def wait_async(self, generation: int, timeout: float) -> None:
+        """:meth:`wait` on the event loop: returns when the generation moved on from
+        ``generation`` (or after ``timeout`` seconds), without holding a worker thread."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        entry = (loop, fut)
+        with self._mu:  # the generation is read and the waiter filed in one step of notify's
+            if self.generation != generation:
+                return
+            self._waiters.add(entry)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._mu:
+                self._waiters.discard(entry)

@@ -122,6 +122,10 @@ class ServerState:
         """Block until the state changed after ``generation`` (or ``timeout`` seconds)."""
         self.core.changes.wait(generation, timeout)
 
+    async def wait_change_async(self, generation: int, timeout: float) -> None:
+        """:meth:`wait_change` on the event loop (no worker thread while it waits)."""
+        await self.core.changes.wait_async(generation, timeout)
+
     # ------------------------------------------------------------------ operator actions
     def create_job(self, spec: JobSpec) -> JobRow:
         """Create a job from a spec that passes :func:`~server_app.jobcheck.check_job` (with
