@@ -3,7 +3,9 @@
 The DP noise is fresh in every fit, so one run of the comparison is one draw of each cell's
 10-seed mean. This script repeats the ``secure-dp`` fits of ``run_comparison`` (same splits,
 seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`` and of
-``allocation.LEAF_VOTE_COUNTS_ABOVE`` (``inf``: leaf votes always averaged proportions) and prints
+``allocation.LEAF_VOTE_COUNTS_ABOVE`` (``inf``: leaf votes always averaged proportions) and of
+``allocation.LEAF_CLASS_BALANCED`` (``--balanced``: 1 node values under uniform class priors,
+0 under the training rows' class frequencies) and prints
 each run's means and, per epsilon, their mean and standard deviation over the runs
 (docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
 
@@ -11,6 +13,7 @@ Usage::
 
     nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --repeats 5
     nice -n 10 python benchmarks/dp_repeats.py --dataset wine --shrink 0 --vote-above 4,inf
+    nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --shrink 0 --balanced 0,1
 """
 
 from __future__ import annotations
@@ -32,15 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shrink", default="0,0.5", help="values of allocation.LEAF_SHRINK")
     ap.add_argument("--vote-above", default=str(allocation.LEAF_VOTE_COUNTS_ABOVE),
                     help="values of allocation.LEAF_VOTE_COUNTS_ABOVE (inf: proportions)")
+    ap.add_argument("--balanced", default=str(int(allocation.LEAF_CLASS_BALANCED)),
+                    help="values of allocation.LEAF_CLASS_BALANCED (0 or 1)")
     args = ap.parse_args(argv)
     eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
-    saved = allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE
-    rules = [(float(c), float(v)) for c in args.shrink.split(",") if c
-             for v in args.vote_above.split(",") if v]
+    saved = (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
+             allocation.LEAF_CLASS_BALANCED)
+    rules = [(float(c), float(v), bool(int(b))) for c in args.shrink.split(",") if c
+             for v in args.vote_above.split(",") if v
+             for b in args.balanced.split(",") if b]
     try:
-        for c, above in rules:
-            allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE = c, above
-            name = f"c={c:g} votes>={above:g}"
+        for c, above, bal in rules:
+            (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
+             allocation.LEAF_CLASS_BALANCED) = c, above, bal
+            name = f"c={c:g} votes>={above:g} balanced={int(bal)}"
             runs = []
             for r in range(args.repeats):
                 res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
@@ -57,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{m:.3f}" for m in a.mean(axis=0)) + ", std "
                   + " ".join(f"{s:.3f}" for s in a.std(axis=0, ddof=1)), flush=True)
     finally:
-        allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE = saved
+        (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
+         allocation.LEAF_CLASS_BALANCED) = saved
     return 0
 
 

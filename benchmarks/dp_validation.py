@@ -132,6 +132,7 @@ VARIANTS: dict[str, Variant] = {
     "greedy": Variant({}, lambda e, n, d, k, t: dp_forest_settings(
         e, n, d, k, t, method="histogram").as_params() | {"method": "histogram"}),
     "noisedepth4": Variant({}, _noise_depth(4.0)),
+    "trees16": Variant({}, _rule(n_estimators=16)),
     "trees32": Variant({}, _rule(n_estimators=32)),
     "trees128": Variant({}, _rule(n_estimators=128)),
     # leaf values shrunk towards the parent's by c noise standard deviations of pseudo-rows
@@ -147,6 +148,13 @@ VARIANTS: dict[str, Variant] = {
     # the same with each class's counts over its own total (uniform class priors)
     "votes4bal": Variant({}, constants=(("LEAF_VOTE_COUNTS_ABOVE", 4.0),
                                         ("LEAF_VOTE_BALANCED", True))),
+    # node values as class proportions under uniform class priors, as far as the leaves'
+    # release shows the class frequencies (their noise taken as 1 or 2 times the count noise)
+    "propsbal": Variant({}, constants=(("LEAF_CLASS_BALANCED", True),)),
+    "propsbal2": Variant({}, constants=(("LEAF_CLASS_BALANCED", True),
+                                        ("CLASS_PRIOR_NOISE_MULT", 2.0))),
+    "propsbal+shrink0.5": Variant({}, constants=(("LEAF_CLASS_BALANCED", True),
+                                                 ("LEAF_SHRINK", 0.5))),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {

@@ -21,7 +21,9 @@ its nearest ancestor that is not, the root falling back to uniform class proport
 shipped, :meth:`~fedforest_secure._release.ReleasePolicy.leaf_shrinkage`) a classification
 node's proportions are instead shrunk towards its parent's: ``shrink`` pseudo-rows of the
 parent's proportions are added to its class counts clipped at 0, so a node whose counts are
-mostly noise keeps mostly its parent's value and a large node its own.
+mostly noise keeps mostly its parent's value and a large node its own. Under differential
+privacy the classes' counts are first weighted towards uniform class priors
+(:func:`class_weights`, as far as the release shows the classes' frequencies).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 
 from . import _impurity, _splits
 
-__all__ = ["marginal_cdf", "random_splits", "values_from_leaves"]
+__all__ = ["class_weights", "marginal_cdf", "random_splits", "values_from_leaves"]
 
 
 class _Builder(Protocol):
@@ -118,11 +120,52 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
     return feature, threshold
 
 
+#: Largest weight :func:`class_weights` gives a class (its frequency at least 1 / (4 C)).
+_MAX_CLASS_WEIGHT = 4.0
+#: :func:`class_weights` trusts the classes' frequencies only where the rows' noisy total is
+#: at least this many standard deviations of its noise.
+_MIN_TOTAL_TO_NOISE = 3.0
+
+
+def class_weights(leaf_totals: np.ndarray, n_trees: int, count_noise: float) -> np.ndarray:
+    """Weights ``(1 / C) / q_c`` that turn class counts into counts under uniform class
+    priors, with ``q`` the classes' frequencies estimated from the leaves' (noisy) class
+    counts and shrunk towards uniform as far as their noise requires (positive-part
+    James-Stein).
+
+    ``p_c = N_c / N`` with ``N_c`` class c's leaf counts summed over all leaves and divided by
+    the trees (every tree holds every row), ``N = sum(N_c)``; with ``count_noise`` the standard
+    deviation of the noise on one leaf class count, the noise on ``N_c`` has standard deviation
+    ``s = count_noise * sqrt(L) / T`` over ``L`` leaves, so ``||p - u||**2`` has about
+    ``v = (C - 1) s**2 / N**2`` of noise even when the classes are balanced (``u = 1 / C``).
+    ``q = u + f (p - u)`` with ``f = max(0, 1 - v / ||p - u||**2)``, and ``f = 0`` where ``N``
+    is below :data:`_MIN_TOTAL_TO_NOISE` standard deviations of its own noise (``s sqrt(C)``):
+    uniform weights when the release cannot tell the classes' frequencies from uniform, the
+    inverse frequencies when it clearly can. No weight exceeds :data:`_MAX_CLASS_WEIGHT`.
+    """
+    totals = np.asarray(leaf_totals, dtype=np.float64)
+    C = totals.shape[1]
+    u = 1.0 / C
+    trees = max(int(n_trees), 1)
+    per_class = totals.sum(axis=0) / trees
+    n = float(per_class.sum())
+    s = float(count_noise) * np.sqrt(totals.shape[0]) / trees
+    if n <= 0 or n < _MIN_TOTAL_TO_NOISE * s * np.sqrt(C):
+        return np.ones(C)
+    p = per_class / n
+    dev = float(((p - u) ** 2).sum())
+    f = max(0.0, 1.0 - (C - 1) * s**2 / n**2 / dev) if dev > 0 else 0.0
+    q = np.maximum(u + f * (p - u), u / _MAX_CLASS_WEIGHT)
+    out: np.ndarray = u / q
+    return out
+
+
 def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: np.ndarray,
                        leaf_totals: np.ndarray, task: str, min_count: float,
                        bound: float | None = None, criterion: str = "gini",
                        shrink: float = 0.0, count_votes: bool = False,
-                       balanced: bool = False) -> None:
+                       balanced: bool = False, class_prior_noise: float | None = None
+                       ) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -145,6 +188,11 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
         internal nodes keep their proportions
     balanced : with ``count_votes``, each class's counts are divided by that class's mean rows
         per leaf instead (every class's summed counts over its own noisy total, at least 1)
+    class_prior_noise : classification without ``count_votes``, not None: node values are
+        class proportions under uniform class priors, as far as the release shows the classes'
+        frequencies (:func:`class_weights`; the value is the standard deviation of the noise
+        on one leaf class count, 0 for exact totals): every class's counts are multiplied by
+        its weight before anything else (post-processing of the same totals)
     """
     if not (np.isfinite(shrink) and shrink >= 0):
         raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
@@ -152,6 +200,9 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
     count_votes = count_votes and task == "classification"
+    if class_prior_noise is not None and task == "classification" and not count_votes:
+        leaf_totals = leaf_totals * class_weights(leaf_totals, len(trees),
+                                                  class_prior_noise)[None, :]
     rows_per_leaf: float | np.ndarray = 1.0
     if count_votes:
         n_leaves = max(leaf_totals.shape[0], 1)

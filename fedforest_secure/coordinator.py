@@ -298,7 +298,10 @@ class Coordinator:
                 self.policy.leaf_min_count(),
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
                 shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes,
-                balanced=allocation.LEAF_VOTE_BALANCED)
+                balanced=allocation.LEAF_VOTE_BALANCED,
+                class_prior_noise=(allocation.CLASS_PRIOR_NOISE_MULT * vote_noise
+                                   if allocation.LEAF_CLASS_BALANCED and vote_noise is not None
+                                   else None))
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):

@@ -36,10 +36,11 @@ from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sen
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["LEAF_SHRINK", "LEAF_VOTE_BALANCED", "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR",
-           "MARGINAL_SHARE", "DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease",
-           "calibrate", "dp_forest_settings", "job_noise", "leaf_votes_are_counts",
-           "level_signal_to_noise", "random_split_depth", "release_cost"]
+__all__ = ["CLASS_PRIOR_NOISE_MULT", "LEAF_CLASS_BALANCED", "LEAF_SHRINK", "LEAF_VOTE_BALANCED",
+           "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings",
+           "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "dp_forest_settings",
+           "job_noise", "leaf_votes_are_counts", "level_signal_to_noise", "random_split_depth",
+           "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,16 @@ LEAF_VOTE_COUNTS_ABOVE = math.inf
 #: Summed-count leaf votes: each class's summed counts over that class's noisy total (a vote
 #: with uniform class priors) instead of over all rows. Off (docs/privacy.md §2.6).
 LEAF_VOTE_BALANCED = False
+#: Random-split DP classification (on as shipped): node values are class proportions under
+#: uniform class priors, as far as the leaves' release shows the classes' frequencies
+#: (:func:`~fedforest_secure._random_splits.class_weights`: post-processing, no budget). An
+#: imbalanced set is otherwise predicted as its majority class once the noise flattens the
+#: leaves (docs/privacy.md §2.6, "Class priors").
+LEAF_CLASS_BALANCED = True
+#: With :data:`LEAF_CLASS_BALANCED`: the class frequencies' noise is taken as this many times
+#: the leaves' count noise when deciding how far to trust them (1: positive-part James-Stein;
+#: 2 was chosen on the validation sets).
+CLASS_PRIOR_NOISE_MULT = 2.0
 
 
 def leaf_votes_are_counts(count_std: float, n_rows: float, depth: int) -> bool:

@@ -1,0 +1,140 @@
+"""Class priors of a random-split DP classifier: node values as class proportions under
+uniform class priors, as far as the leaves' noisy release shows the classes' frequencies
+(``_random_splits.class_weights``, ``allocation.LEAF_CLASS_BALANCED``); post-processing of the
+same two releases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedforest_secure import _random_splits
+from fedforest_secure._tree import TreeBuilder
+from fedforest_secure.config import JobConfig
+from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.federation import client_seed
+from fedforest_secure.privacy import allocation, load_profile
+from fedforest_secure.protocol import TaskKind
+from fedforest_secure.worker import Worker
+
+# two trees of two leaves each: class totals (18, 6) over 2 trees, i.e. (9, 3) rows per tree
+_TOTALS = np.array([[6.0, 2.0], [3.0, 1.0], [5.0, 1.0], [4.0, 2.0]])
+
+
+def test_exact_totals_give_the_inverse_class_frequencies() -> None:
+    w = _random_splits.class_weights(_TOTALS, 2, 0.0)
+    np.testing.assert_allclose(w, [0.5 / 0.75, 0.5 / 0.25])
+
+
+def test_noise_that_hides_the_imbalance_gives_uniform_weights() -> None:
+    """One tree, leaves (6, 4) and (5, 5): p = (0.55, 0.45), ||p - u||**2 = 0.005; noise 1.2
+    on each leaf count gives s**2 = 2.88 and v = 2.88 / 400 > 0.005: no correction (the total,
+    20, is well above 3 standard deviations of its noise, 3 * 1.7 * sqrt(2))."""
+    totals = np.array([[6.0, 4.0], [5.0, 5.0]])
+    np.testing.assert_array_equal(_random_splits.class_weights(totals, 1, 1.2), [1.0, 1.0])
+    assert _random_splits.class_weights(totals, 1, 0.5)[1] > 1.0
+
+
+def test_a_total_within_its_noise_gives_uniform_weights() -> None:
+    """Noise 10: s = 10 * sqrt(4) / 2 = 10; the total 12 is below 3 s sqrt(2)."""
+    np.testing.assert_array_equal(_random_splits.class_weights(_TOTALS, 2, 10.0), [1.0, 1.0])
+
+
+def test_some_noise_shrinks_the_frequencies_towards_uniform() -> None:
+    """noise 2: s**2 = 4, v = 4 / 144, f = 1 - v / 0.125; q = u + f (p - u)."""
+    f = 1.0 - (4.0 / 144.0) / 0.125
+    q = 0.5 + f * np.array([0.25, -0.25])
+    np.testing.assert_allclose(_random_splits.class_weights(_TOTALS, 2, 2.0), 0.5 / q)
+    assert 0 < f < 1
+
+
+def test_no_class_weight_exceeds_four() -> None:
+    totals = np.array([[10.0, -3.0], [9.0, -1.0]])
+    w = _random_splits.class_weights(totals, 1, 0.0)
+    np.testing.assert_allclose(w, [0.5 / (19.0 / 15.0), 4.0])
+
+
+def _stump() -> TreeBuilder:
+    tb = TreeBuilder(2)
+    root, left, right = tb.add(), tb.add(), tb.add()
+    tb.left[root], tb.right[root] = left, right
+    return tb
+
+
+def test_node_values_are_proportions_under_uniform_priors() -> None:
+    """Leaves (9, 1) and (3, 3): class totals (12, 4), weights (2/3, 2): the leaves become
+    (6, 2) and (2, 6), the root (8, 8)."""
+    tb = _stump()
+    totals = np.array([[9.0, 1.0], [3.0, 3.0]])
+    _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0, class_prior_noise=0.0)
+    np.testing.assert_allclose(tb.value[0], [0.5, 0.5])
+    np.testing.assert_allclose(tb.value[1], [0.75, 0.25])
+    np.testing.assert_allclose(tb.value[2], [0.25, 0.75])
+    plain = _stump()
+    _random_splits.values_from_leaves([plain], np.array([0, 0]), np.array([1, 2]), totals,
+                                      "classification", 1.0)
+    np.testing.assert_allclose(plain.value[0], [0.75, 0.25])
+
+
+def _imbalanced_job(profile: str, epsilon: float = 8.0) -> tuple[JobConfig, list[Worker]]:
+    rng = np.random.default_rng(3)
+    K, n, d = 4, 400, 3
+    X = rng.normal(size=(n, d))
+    y = (X[:, 0] > 0.85).astype(np.int64)  # about 80 / 20
+    h = np.arange(n) % K
+    bounds = tuple((float(X[:, j].min()), float(X[:, j].max())) for j in range(d))
+    prof = load_profile(profile, **({"epsilon": epsilon} if profile == "secure-dp" else {}))
+    cfg = JobConfig(job_id="job-p", task="classification", n_features=d, n_classes=2,
+                    n_clients=K, feature_bounds=bounds, n_estimators=32, max_depth=4,
+                    max_features=1, n_bins=16, method="random", row_sampling="all",
+                    criterion="gini", profile=prof.to_dict())
+    ws = [Worker(cfg, X[h == k], y[h == k], client_index=k, seed=client_seed(cfg, k))
+          for k in range(K)]
+    return cfg, ws
+
+
+def _fit(cfg: JobConfig, ws: list[Worker]) -> tuple[np.ndarray, list[TaskKind]]:
+    coord = Coordinator(cfg)
+    kinds = []
+    task = coord.next_task()
+    while task is not None:
+        rep = [w.handle(task) for w in ws]
+        if task.layout:
+            kinds.append(task.kind)
+        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
+                     participants=range(len(ws)))
+        task = coord.next_task()
+    model = coord.result()
+    return np.array([t.value[0] for t in model.trees]), kinds
+
+
+@pytest.mark.parametrize("balanced", [True, False])
+def test_a_dp_forest_roots_are_balanced_only_with_the_class_priors(
+        monkeypatch: pytest.MonkeyPatch, balanced: bool) -> None:
+    """80 / 20 rows at epsilon = 8: with the class priors every tree's root value is near
+    (0.5, 0.5) (its own noisy totals under the weights of all trees' totals); without, near
+    the rows' (0.8, 0.2). The job makes the same two releases either way."""
+    monkeypatch.setattr(allocation, "LEAF_CLASS_BALANCED", balanced)
+    cfg, ws = _imbalanced_job("secure-dp")
+    roots, kinds = _fit(cfg, ws)
+    assert kinds == [TaskKind.HISTOGRAM, TaskKind.SKETCH]
+    share = float(np.mean(roots[:, 0]))
+    if balanced:
+        assert abs(share - 0.5) < 0.05
+    else:
+        assert share > 0.7
+
+
+def test_without_dp_the_random_forest_keeps_the_rows_class_frequencies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocation, "LEAF_CLASS_BALANCED", True)
+    cfg, ws = _imbalanced_job("secure")
+    roots, _ = _fit(cfg, ws)
+    np.testing.assert_allclose(roots[:, 0], roots[0, 0])
+    assert roots[0, 0] > 0.7
+
+
+def test_class_priors_are_on_as_shipped_with_twice_the_count_noise() -> None:
+    assert allocation.LEAF_CLASS_BALANCED is True
+    assert allocation.CLASS_PRIOR_NOISE_MULT == 2.0
