@@ -138,3 +138,28 @@ def test_without_dp_the_random_forest_keeps_the_rows_class_frequencies(
 def test_class_priors_are_on_as_shipped_with_twice_the_count_noise() -> None:
     assert allocation.LEAF_CLASS_BALANCED is True
     assert allocation.CLASS_PRIOR_NOISE_MULT == 2.0
+
+
+def test_a_deployed_job_without_forest_settings_applies_the_class_priors() -> None:
+    """A job file (secure-dp, epsilon = 8, no forest settings: the allocation rule's random
+    splits) over 80 / 20 rows: its coordinator balances the trees' roots as the estimators'
+    does, with the same two releases."""
+    from server_app.jobspec import JobSpec, build_config
+
+    rng = np.random.default_rng(3)
+    K, n, d = 4, 400, 3
+    X = rng.normal(size=(n, d))
+    y = (X[:, 0] > 0.85).astype(np.int64)
+    h = np.arange(n) % K
+    bounds = [(float(X[:, j].min()), float(X[:, j].max())) for j in range(d)]
+    cfg = build_config(JobSpec.model_validate({
+        "id": "j", "clients": ["a", "b", "c", "d"], "profile": "secure-dp",
+        "profile_overrides": {"epsilon": 8.0}, "public_rows": n,
+        "data": {"task": "classification", "n_features": d, "n_classes": 2,
+                 "feature_bounds": bounds}}))
+    assert cfg.method == "random"
+    ws = [Worker(cfg, X[h == k], y[h == k], client_index=k, seed=client_seed(cfg, k))
+          for k in range(K)]
+    roots, kinds = _fit(cfg, ws)
+    assert kinds == [TaskKind.HISTOGRAM, TaskKind.SKETCH]
+    assert abs(float(np.mean(roots[:, 0])) - 0.5) < 0.05
