@@ -156,12 +156,17 @@ def compare(
         help="client column of --csv (its clients replace the Dirichlet partition)")] = None,
     task: Annotated[str, typer.Option(
         help="auto | classification | regression (for --csv)")] = "auto",
+    metric: Annotated[str | None, typer.Option(
+        help="balanced_accuracy (default) or accuracy for classification; r2 for regression. "
+             "Another metric than the default writes compare_<name>_<metric>.png / .csv")
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no per-fit progress lines")] = False,
 ) -> None:
     """Utility with and without noise: FedForest profiles vs central DP and plain baselines."""
     from rich.console import Console as _Console
 
     from fedforest_secure.experiments.compare import (
+        METRICS,
         load_csv_table,
         parse_epsilons,
         run_comparison,
@@ -178,16 +183,19 @@ def compare(
             data = load_csv_table(csv_path, target, client_column, task)
             name = csv_path.stem
             res = run_comparison(data=data, name=name, epsilons=eps, seeds=seeds,
-                                 n_clients=clients, alpha=alpha,
+                                 n_clients=clients, alpha=alpha, metric=metric,
                                  progress=None if quiet else console.print)
         else:
             if dataset is None:
                 raise ValueError("give --dataset NAME or --csv FILE --target COL")
             name = dataset
             res = run_comparison(dataset, epsilons=eps, seeds=seeds, n_clients=clients,
-                                 alpha=alpha, progress=None if quiet else console.print)
-        png = plot(res, out / f"compare_{name}.png")
-        csv_file = to_csv(res, out / f"compare_{name}.csv")
+                                 alpha=alpha, metric=metric,
+                                 progress=None if quiet else console.print)
+        stem = (f"compare_{name}" if res.metric == METRICS[res.task][0]
+                else f"compare_{name}_{res.metric}")
+        png = plot(res, out / f"{stem}.png")
+        csv_file = to_csv(res, out / f"{stem}.csv")
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     out_console = _Console()

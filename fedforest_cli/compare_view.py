@@ -23,13 +23,17 @@ def _cell(res: ComparisonResult, m: str, eps: float) -> str:
     return f"{st[0]:.3f} ± {st[1]:.3f}"
 
 
+#: how a table and a plot name each metric of :data:`~.compare.METRICS`
+METRIC_LABELS = {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy", "r2": "R²"}
+
+
 def _header(eps: float) -> str:
     return "ε=∞ (no DP)" if math.isinf(eps) else f"ε={eps:g}"
 
 
 def format_table(res: ComparisonResult) -> Table:
     """A :class:`rich.table.Table`: a row per method, a column per epsilon, mean ± std."""
-    metric = "balanced accuracy" if res.metric == "balanced_accuracy" else "R²"
+    metric = METRIC_LABELS.get(res.metric, res.metric)
     table = Table(title=f"{res.dataset}: {metric} on the held-out 30% (mean ± std over "
                         f"{len(res.seeds)} seed(s), K={res.n_clients})")
     table.add_column("method")
@@ -99,7 +103,7 @@ def plot(res: ComparisonResult, path: str | Path) -> Path:
     if finite:
         ax.axvline(math.sqrt(hi * x_inf), color="0.6", linewidth=0.8, linestyle=":")
     ax.set_xlabel("privacy budget ε (whole training job)")
-    ax.set_ylabel("balanced accuracy" if res.metric == "balanced_accuracy" else "R²")
+    ax.set_ylabel(METRIC_LABELS.get(res.metric, res.metric))
     ax.set_title(f"{res.dataset}: utility vs ε ({len(res.seeds)} seed(s), K={res.n_clients}, "
                  f"α={res.alpha:g})")
     ax.grid(True, alpha=0.3)

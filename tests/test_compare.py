@@ -137,3 +137,61 @@ def test_dp_ebm_is_left_out_with_a_note_where_it_cannot_run(monkeypatch: pytest.
     assert "dp-ebm" not in methods and notes == [why]
     with pytest.raises(ValueError, match="interpret-core"):
         run_comparison("breast_cancer", epsilons="1", seeds=1, methods=["dp-ebm"])
+
+
+def test_accuracy_metric_scores_the_same_predictions_as_balanced_accuracy(tmp_path: Path) -> None:
+    """On a table with about 15 % positives the two metrics of one run differ, and each
+    equals scikit-learn's score of the same seeded fit's predictions."""
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score
+
+    from fedforest_secure.experiments import compare
+    from fedforest_secure.experiments.baselines import CentralizedRF
+
+    rng = np.random.default_rng(3)
+    n = 200
+    X = rng.normal(size=(n, 3))
+    y = (X[:, 0] + 0.8 * rng.normal(size=n) > 1.0).astype(int)
+    assert 0.1 < y.mean() < 0.25
+    data = (X, y, None, "classification")
+    kw: dict = dict(data=data, methods=["centralized-rf"], seeds=[0, 1], epsilons="inf",
+                    baseline_params=BASE)
+    acc = run_comparison(**kw, metric="accuracy")
+    bal = run_comparison(**kw)
+    assert acc.metric == "accuracy" and bal.metric == "balanced_accuracy"
+    want_acc, want_bal = [], []
+    for seed in (0, 1):
+        s = compare._split(X, y, None, "classification", seed, 4, 1.0)
+        pred = compare._fit_predict(CentralizedRF(task="classification", **BASE,
+                                                  random_state=seed), s)
+        want_acc.append(accuracy_score(s.yte, pred))
+        want_bal.append(balanced_accuracy_score(s.yte, pred))
+    got_acc = acc.stats("centralized-rf", math.inf)[0]  # type: ignore[index]
+    got_bal = bal.stats("centralized-rf", math.inf)[0]  # type: ignore[index]
+    assert got_acc == pytest.approx(np.mean(want_acc))
+    assert got_bal == pytest.approx(np.mean(want_bal))
+    assert got_acc != pytest.approx(got_bal)
+    with pytest.raises(ValueError, match="does not score a classification task"):
+        run_comparison(**kw, metric="r2")
+
+
+def test_cli_compare_with_another_metric_names_its_files_after_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(120, 2))
+    y = (X[:, 0] > 0.5).astype(int)
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["a", "b", "label"])
+        w.writerows([*X[i], y[i]] for i in range(len(y)))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["compare", "--csv", str(path), "--target", "label",
+                                 "--epsilons", "4,inf", "--seeds", "1", "--out", str(out),
+                                 "--metric", "accuracy", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (out / "compare_t_accuracy.csv").exists() and not (out / "compare_t.csv").exists()
+    assert "accuracy on the held-out" in r.output and "balanced" not in r.output
+    rows = read_csv(out / "compare_t_accuracy.csv")
+    assert rows.metric == "accuracy"
+    bad = CliRunner().invoke(app, ["compare", "--csv", str(path), "--target", "label",
+                                   "--metric", "r2", "--seeds", "1", "--out", str(out)])
+    assert bad.exit_code != 0 and "does not score a classification task" in bad.output

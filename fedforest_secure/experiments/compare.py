@@ -27,7 +27,8 @@ the training rows are spread over ``K`` clients by :func:`~.partitions.dirichlet
 training features (covariate shift; concentration ``alpha``). Held-out rows get an owner for
 local learning: their nearest training row's client (standardised features), i.e. a held-out
 sample of the client mixture. A table with its own client column keeps it instead.
-The metric is balanced accuracy (classification) or R^2 (regression). Nothing is tuned on the
+The metric is balanced accuracy (classification; or accuracy, ``metric="accuracy"``) or R^2
+(regression): :data:`METRICS`. Nothing is tuned on the
 test rows. The module has no network code and draws nothing: the ``fedforest compare`` command
 renders the result (``fedforest_cli.compare_view``).
 """
@@ -54,6 +55,7 @@ from .partitions import dirichlet_partition
 __all__ = [
     "DP_METHODS",
     "METHOD_LABELS",
+    "METRICS",
     "ComparisonResult",
     "load_csv_table",
     "parse_epsilons",
@@ -246,11 +248,20 @@ def _split(X: np.ndarray, y: np.ndarray, client: np.ndarray | None, task: str, s
 
 
 # ------------------------------------------------------------------------------ methods
-def _score(task: str, y: np.ndarray, pred: np.ndarray) -> float:
-    from sklearn.metrics import balanced_accuracy_score, r2_score
+#: the metrics a comparison can score, per task (the first is the default)
+METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("balanced_accuracy", "accuracy"),
+    "regression": ("r2",),
+}
 
-    if task == "classification":
+
+def _score(metric: str, y: np.ndarray, pred: np.ndarray) -> float:
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score, r2_score
+
+    if metric == "balanced_accuracy":
         return float(balanced_accuracy_score(y, pred))
+    if metric == "accuracy":
+        return float(accuracy_score(y, pred))
     return float(r2_score(y, pred))
 
 
@@ -345,6 +356,7 @@ def run_comparison(
     baseline_params: dict[str, Any] | None = None,
     data: tuple[np.ndarray, np.ndarray, np.ndarray | None, str] | None = None,
     name: str | None = None,
+    metric: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ComparisonResult:
     """Train and score every method on the same splits (module docstring).
@@ -365,6 +377,7 @@ def run_comparison(
     baseline_params : ``n_estimators`` / ``max_depth`` of the central and local forests and of
         diffprivlib's (default 50 and 8)
     data : ``(X, y, client or None, task)`` instead of a named dataset
+    metric : one of ``METRICS[task]`` (default: balanced accuracy or R^2)
     progress : called with a short message after every fit
     """
     if data is None:
@@ -382,6 +395,10 @@ def run_comparison(
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("at least one seed is needed")
+    metric = metric or METRICS[task][0]
+    if metric not in METRICS[task]:
+        raise ValueError(f"metric {metric!r} does not score a {task} task; choose from "
+                         f"{list(METRICS[task])}")
     n_classes = int(np.unique(y).size) if task == "classification" else 0
     notes: list[str] = []
     if methods is not None:
@@ -404,8 +421,7 @@ def run_comparison(
     finite = [e for e in eps_list if math.isfinite(e)]
     res = ComparisonResult(
         dataset=name, task=task,
-        metric="balanced_accuracy" if task == "classification" else "r2",
-        epsilons=eps_list, seeds=seed_list, n_clients=n_clients if client is None
+        metric=metric, epsilons=eps_list, seeds=seed_list, n_clients=n_clients if client is None
         else int(np.unique(client).size), alpha=alpha,
         settings={"fed_params": fed, "dp_params": dpp, "baseline_params": base,
                   "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
@@ -438,7 +454,7 @@ def run_comparison(
         for m in chosen:
             for eps in (finite if m in DP_METHODS else [INF]):
                 t0 = time.perf_counter()
-                score = _score(task, split.yte, fit_one(m, eps, split, seed))
+                score = _score(metric, split.yte, fit_one(m, eps, split, seed))
                 res.add(m, eps, score, time.perf_counter() - t0)
                 note(f"seed {seed} {m} eps={_eps_label(eps)}: {score:.4f}")
     return res
