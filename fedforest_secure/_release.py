@@ -86,6 +86,9 @@ class ReleasePolicy:
         dp = config.dp
         #: every release is noised (the profile has a [dp] section)
         self.dp = dp is not None
+        #: a DP random-split classifier's node values under uniform class priors ("uniform")
+        #: or the rows' class frequencies ("rows"): the profile's ``dp.class_priors``
+        self.class_priors = str((dp or {}).get("class_priors", "uniform"))
         #: the job's budget (None without DP)
         self.accountant: PrivacyAccountant | None = None
         if dp is not None:

@@ -77,14 +77,15 @@ def test_node_values_are_proportions_under_uniform_priors() -> None:
     np.testing.assert_allclose(plain.value[0], [0.75, 0.25])
 
 
-def _imbalanced_job(profile: str, epsilon: float = 8.0) -> tuple[JobConfig, list[Worker]]:
+def _imbalanced_job(profile: str, epsilon: float = 8.0, **dp: object
+                    ) -> tuple[JobConfig, list[Worker]]:
     rng = np.random.default_rng(3)
     K, n, d = 4, 400, 3
     X = rng.normal(size=(n, d))
     y = (X[:, 0] > 0.85).astype(np.int64)  # about 80 / 20
     h = np.arange(n) % K
     bounds = tuple((float(X[:, j].min()), float(X[:, j].max())) for j in range(d))
-    prof = load_profile(profile, **({"epsilon": epsilon} if profile == "secure-dp" else {}))
+    prof = load_profile(profile, **({"epsilon": epsilon, **dp} if profile == "secure-dp" else {}))
     cfg = JobConfig(job_id="job-p", task="classification", n_features=d, n_classes=2,
                     n_clients=K, feature_bounds=bounds, n_estimators=32, max_depth=4,
                     max_features=1, n_bins=16, method="random", row_sampling="all",
@@ -163,3 +164,41 @@ def test_a_deployed_job_without_forest_settings_applies_the_class_priors() -> No
     roots, kinds = _fit(cfg, ws)
     assert kinds == [TaskKind.HISTOGRAM, TaskKind.SKETCH]
     assert abs(float(np.mean(roots[:, 0])) - 0.5) < 0.05
+
+
+def test_a_profile_with_class_priors_rows_keeps_the_rows_class_frequencies() -> None:
+    """The same 80 / 20 job with ``dp.class_priors = "rows"``: the roots stay near the rows'
+    (0.8, 0.2) although the class priors are on as shipped; the same two releases."""
+    cfg, ws = _imbalanced_job("secure-dp", class_priors="rows")
+    assert cfg.profile["dp"]["class_priors"] == "rows"
+    roots, kinds = _fit(cfg, ws)
+    assert kinds == [TaskKind.HISTOGRAM, TaskKind.SKETCH]
+    assert float(np.mean(roots[:, 0])) > 0.7
+
+
+def test_the_profile_mapping_names_class_priors_only_when_they_are_the_rows() -> None:
+    from fedforest_secure.errors import ProfileError
+    from fedforest_secure.privacy import PrivacyProfile
+
+    uniform = load_profile("secure-dp", epsilon=2.0)
+    assert uniform.dp is not None and uniform.dp.class_priors == "uniform"
+    assert "class_priors" not in uniform.to_dict()["dp"]  # model files and jobs as before
+    rows = load_profile("secure-dp", epsilon=2.0, class_priors="rows")
+    assert rows.to_dict()["dp"]["class_priors"] == "rows"
+    assert PrivacyProfile.from_dict(rows.to_dict()) == rows
+    assert PrivacyProfile.from_dict(uniform.to_dict()) == uniform
+    with pytest.raises(ProfileError, match="class_priors"):
+        load_profile("secure-dp", epsilon=2.0, class_priors="balanced")
+
+
+def test_a_job_file_privacy_table_can_keep_the_rows_class_frequencies() -> None:
+    from server_app.jobspec import JobSpec, build_config
+
+    spec = {"id": "j", "clients": ["a", "b", "c", "d"], "profile": "secure-dp",
+            "profile_overrides": {"epsilon": 8.0, "class_priors": "rows"}, "public_rows": 400,
+            "data": {"task": "classification", "n_features": 3, "n_classes": 2,
+                     "feature_bounds": [(-3.0, 3.0)] * 3}}
+    cfg = build_config(JobSpec.model_validate(spec))
+    assert cfg.dp is not None and cfg.dp["class_priors"] == "rows"
+    spec["profile_overrides"] = {"epsilon": 8.0}
+    assert "class_priors" not in (build_config(JobSpec.model_validate(spec)).dp or {})

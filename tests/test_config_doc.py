@@ -99,8 +99,8 @@ def test_unknown_schema_and_profile_keys_list_the_allowed_ones() -> None:
         Schema.from_dict({"features": [{"name": "age", "kind": "continuous", "bound": [0, 1]}],
                           "target": {"name": "y", "kind": "classification",
                                      "classes": ["0", "1"]}})
-    with pytest.raises(ProfileError, match=r"dp\.sigma: unknown field \(allowed: delta, "
-                                           r"dropout_tolerance, epsilon"):
+    with pytest.raises(ProfileError, match=r"dp\.sigma: unknown field \(allowed: "
+                                           r"class_priors, delta, dropout_tolerance, epsilon"):
         PrivacyProfile.from_dict({**load_profile("secure-dp").to_dict(),
                                   "dp": {"epsilon": 1.0, "delta": 1e-6, "sigma": 2}})
 

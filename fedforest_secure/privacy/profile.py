@@ -65,6 +65,13 @@ class DPConfig(BaseModel):
         addition to* ``epsilon`` (which the aggregated sums use): such a job is
         ``(epsilon + h_epsilon, 1 - (1 - delta)**2)``-DP. Required for noisy H-splits (a job
         without it fails closed); ignored otherwise.
+    class_priors : {"uniform", "rows"}
+        A random-split classifier's node values: ``"uniform"`` weights the leaves' noisy class
+        counts towards uniform class priors as far as the release shows the classes'
+        frequencies (``predict`` then aims at balanced accuracy and ``predict_proba`` estimates
+        probabilities under equal class priors; docs/privacy.md §2.6); ``"rows"`` keeps the
+        training rows' class frequencies (calibrated probabilities, plain accuracy).
+        Post-processing either way: the same releases and budget.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -75,6 +82,7 @@ class DPConfig(BaseModel):
     dropout_tolerance: float | None = None
     max_multiplicity: int = 4
     h_epsilon: float | None = None
+    class_priors: Literal["uniform", "rows"] = "uniform"
 
     @model_validator(mode="after")
     def _validate(self) -> DPConfig:
@@ -248,11 +256,15 @@ class PrivacyProfile(BaseModel):
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a JSON-ready mapping (for model files); ``neighbours`` only when set,
-        so the mapping of a complete-graph profile holds no graph key."""
+        """All fields as a JSON-ready mapping (for model files); ``neighbours`` only when set
+        and ``dp.class_priors`` only when not ``"uniform"``, so the mapping of a profile that
+        keeps those defaults holds neither key."""
         out = self.model_dump(mode="json")
         if out.get("neighbours") is None:
             out.pop("neighbours", None)
+        dp = out.get("dp")
+        if isinstance(dp, dict) and dp.get("class_priors") == "uniform":
+            dp.pop("class_priors")
         return out
 
     @classmethod
