@@ -199,6 +199,20 @@ class ReleasePolicy:
         std = self.leaf_vote_noise() if LEAF_SHRINK > 0 else None
         return 0.0 if std is None else LEAF_SHRINK * std
 
+    def class_prior_noise(self) -> float | None:
+        """Random-split classification under DP with the profile's ``dp.class_priors =
+        "uniform"`` (and :data:`~fedforest_secure.privacy.allocation.LEAF_CLASS_BALANCED`, as
+        shipped): the noise :func:`~fedforest_secure._random_splits.class_weights` assumes on
+        one leaf class count (:data:`~fedforest_secure.privacy.allocation.CLASS_PRIOR_NOISE_MULT`
+        times :meth:`leaf_vote_noise`); None otherwise (node values under the rows' class
+        frequencies)."""
+        from .privacy.allocation import CLASS_PRIOR_NOISE_MULT, LEAF_CLASS_BALANCED
+
+        std = self.leaf_vote_noise()
+        if std is None or not LEAF_CLASS_BALANCED or self.class_priors != "uniform":
+            return None
+        return CLASS_PRIOR_NOISE_MULT * std
+
     def leaf_vote_noise(self) -> float | None:
         """Random-split classification under DP: the standard deviation of the noise on one
         summed class count of the leaves' release, which decides with the rows per leaf

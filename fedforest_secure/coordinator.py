@@ -293,16 +293,13 @@ class Coordinator:
                 n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
                 self._count_votes = allocation.leaf_votes_are_counts(
                     vote_noise, n_rows, cfg.max_depth)
-            priors = (allocation.LEAF_CLASS_BALANCED
-                      and self.policy.class_priors == "uniform")  # the profile's choice
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
                 shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes,
                 balanced=allocation.LEAF_VOTE_BALANCED,
-                class_prior_noise=(allocation.CLASS_PRIOR_NOISE_MULT * vote_noise
-                                   if priors and vote_noise is not None else None))
+                class_prior_noise=self.policy.class_prior_noise())
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):
