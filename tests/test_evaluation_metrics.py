@@ -139,6 +139,32 @@ def test_regression_metrics_from_site_sums_equal_sklearn_on_pooled_rows() -> Non
         assert rows.sum() == n
 
 
+@pytest.mark.parametrize("count", [0.0, -3.0])
+def test_per_row_means_of_noisy_sums_are_undefined_unless_the_noisy_row_count_is_positive(
+        count: float) -> None:
+    # DP noise can take a small held-out set's summed row count to zero or below; a mean over
+    # rows is then undefined (NaN), not a ratio of noise with a flipped sign
+    rng = np.random.default_rng(11)
+    y = rng.integers(0, 2, size=60)
+    p = _proba(rng, 60, 2)
+    layout = eval_layout(_SPEC, "classification", 2, 0.0, dp=False)
+    stats = {k: np.asarray(v, dtype=np.float64) for k, v in
+             _summed(layout, p, y, _split(60, 3, rng)).items()}
+    stats["confusion"][1, 1] -= stats["confusion"].sum() - count
+    m = metrics(stats, layout)
+    assert m["n"] == count
+    assert all(math.isnan(m[k]) for k in ("accuracy", "log_loss", "brier"))
+    lo, hi = 20.0, 350.0
+    yr = rng.uniform(lo, hi, size=60)
+    spec = EvalSpec(models=("{}",), pva_bins=12, target_range=(lo, hi))
+    rlayout = eval_layout(spec, "regression", 0, hi, dp=False)
+    rstats = {k: np.asarray(v, dtype=np.float64) for k, v in
+              _summed(rlayout, yr + 1.0, yr, _split(60, 3, rng)).items()}
+    rstats["count"] = np.full_like(rstats["count"], count)
+    r = metrics(rstats, rlayout)
+    assert all(math.isnan(r[k]) for k in ("r2", "mse", "rmse", "mae", "mean_error"))
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 7), n=st.integers(2, 120))
 def test_metrics_do_not_depend_on_how_rows_are_split_over_sites(seed: int, k: int,

@@ -7,6 +7,7 @@ compare each job's metrics with scikit-learn's on the pooled held-out rows."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from typing import Any
@@ -190,7 +191,10 @@ def test_secure_dp_metrics_are_within_the_noise_the_accountant_predicts(
         noisy, true = dp.model(name).metrics, exact.model(name).metrics
         assert noisy != true
         for metric in ("accuracy", "brier", "log_loss"):
-            assert abs(noisy[metric] - true[metric]) <= 5 * dp.model(name).noise_std[metric]
+            if noisy["n"] > 0:
+                assert abs(noisy[metric] - true[metric]) <= 5 * dp.model(name).noise_std[metric]
+            else:  # the noise took the row count to zero or below (about 1 job in 100 here)
+                assert math.isnan(noisy[metric])
     z_arr = np.asarray(z)
     assert len(z_arr) > 100
     assert np.abs(z_arr).max() < 5.5

@@ -31,6 +31,12 @@ def _div(a: float, b: float) -> float:
     return a / b if b != 0 else float("nan")
 
 
+def _per_row(total: float, n: float) -> float:
+    """A sum over rows divided by their number; undefined (NaN) unless the number, which
+    carries noise under DP, is positive."""
+    return total / n if n > 0 else float("nan")
+
+
 def binned_auc(neg: np.ndarray, pos: np.ndarray) -> float:
     """ROC AUC of binned scores (ties within a bin count one half), from the counts of negative
     and positive rows per bin (bins in increasing score order)."""
@@ -102,14 +108,14 @@ def classification_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float
     f1 = np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1.0), 0.0)
     out = {
         "n": n,
-        "accuracy": _div(float(diag.sum()), n),
+        "accuracy": _per_row(float(diag.sum()), n),
         "balanced_accuracy": float(recall[support > 0].mean()) if (support > 0).any()
         else float("nan"),
         "precision_macro": float(precision[present].mean()) if present.any() else float("nan"),
         "recall_macro": float(recall[present].mean()) if present.any() else float("nan"),
         "f1_macro": float(f1[present].mean()) if present.any() else float("nan"),
-        "log_loss": _div(float(stats["log_loss"].reshape(-1)[0]), n),
-        "brier": _div(float(stats["brier"].reshape(-1)[0]), n)
+        "log_loss": _per_row(float(stats["log_loss"].reshape(-1)[0]), n),
+        "brier": _per_row(float(stats["brier"].reshape(-1)[0]), n)
         * (0.5 if layout.n_classes < 3 else 1.0),
     }
     scores = np.asarray(stats["scores"], dtype=np.float64)
@@ -141,10 +147,10 @@ def regression_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
     n = one("count")
     sq, sy, syy = one("sq_err"), one("y"), one("y_sq")
     sst = syy - sy * sy / n if n > 0 else float("nan")
-    mse = _div(sq, n)
+    mse = _per_row(sq, n)
     return {"n": n, "r2": 1.0 - _div(sq, sst) if sst != 0 else float("nan"),
             "mse": mse, "rmse": math.sqrt(mse) if mse >= 0 else float("nan"),
-            "mae": _div(one("abs_err"), n), "mean_error": _div(one("err"), n)}
+            "mae": _per_row(one("abs_err"), n), "mean_error": _per_row(one("err"), n)}
 
 
 def predicted_vs_actual(stats: _Stats, layout: EvalLayout
