@@ -5,7 +5,9 @@ The DP noise is fresh in every fit, so one run of the comparison is one draw of 
 seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`` and of
 ``allocation.LEAF_VOTE_COUNTS_ABOVE`` (``inf``: leaf votes always averaged proportions) and of
 ``allocation.LEAF_CLASS_BALANCED`` (``--balanced``: 1 node values under uniform class priors,
-0 under the training rows' class frequencies) and prints
+0 under the training rows' class frequencies) and of ``allocation.CLASS_TOTALS_SHARE``
+(``--class-totals``: the share of the class totals released at epsilon <= 2, 0 for none) and
+prints
 each run's means and, per epsilon, their mean and standard deviation over the runs
 (docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
 
@@ -14,6 +16,7 @@ Usage::
     nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --repeats 5
     nice -n 10 python benchmarks/dp_repeats.py --dataset wine --shrink 0 --vote-above 4,inf
     nice -n 10 python benchmarks/dp_repeats.py --dataset breast_cancer --shrink 0 --balanced 0,1
+    nice -n 10 python benchmarks/dp_repeats.py --dataset wine --shrink 0 --class-totals 0.05,0
 """
 
 from __future__ import annotations
@@ -37,18 +40,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="values of allocation.LEAF_VOTE_COUNTS_ABOVE (inf: proportions)")
     ap.add_argument("--balanced", default=str(int(allocation.LEAF_CLASS_BALANCED)),
                     help="values of allocation.LEAF_CLASS_BALANCED (0 or 1)")
+    ap.add_argument("--class-totals", default=str(allocation.CLASS_TOTALS_SHARE),
+                    help="values of allocation.CLASS_TOTALS_SHARE (0: no class totals)")
     args = ap.parse_args(argv)
     eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
     saved = (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-             allocation.LEAF_CLASS_BALANCED)
-    rules = [(float(c), float(v), bool(int(b))) for c in args.shrink.split(",") if c
+             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE)
+    rules = [(float(c), float(v), bool(int(b)), float(t)) for c in args.shrink.split(",") if c
              for v in args.vote_above.split(",") if v
-             for b in args.balanced.split(",") if b]
+             for b in args.balanced.split(",") if b
+             for t in args.class_totals.split(",") if t]
     try:
-        for c, above, bal in rules:
+        for c, above, bal, share in rules:
             (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-             allocation.LEAF_CLASS_BALANCED) = c, above, bal
-            name = f"c={c:g} votes>={above:g} balanced={int(bal)}"
+             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE) = (c, above, bal,
+                                                                               share)
+            allocation._job_noise.cache_clear()  # noise plans made under other constants
+            name = f"c={c:g} votes>={above:g} balanced={int(bal)} class_totals={share:g}"
             runs = []
             for r in range(args.repeats):
                 res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
@@ -66,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{s:.3f}" for s in a.std(axis=0, ddof=1)), flush=True)
     finally:
         (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-         allocation.LEAF_CLASS_BALANCED) = saved
+         allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE) = saved
+        allocation._job_noise.cache_clear()
     return 0
 
 

@@ -77,11 +77,22 @@ def _shared(name: str, rows: int | None = None) -> Data:
     return X, y, None, str(ds.task)
 
 
+def _banknote_imbalanced() -> Data:
+    """450 rows of banknote, 320 of class 0 and 130 of class 1 (71/29)."""
+    X, y, _, task = _shared("banknote")
+    rng = np.random.default_rng(1)
+    pick = np.concatenate([rng.permutation(np.flatnonzero(y == 0))[:320],
+                           rng.permutation(np.flatnonzero(y == 1))[:130]])
+    return X[pick], y[pick], None, task
+
+
 SETS: dict[str, Callable[[], Data]] = {
     "iris": _iris,
     "skewed180": lambda: _skewed(180, 13, 3),
     "skewed500": lambda: _skewed(500, 30, 2),
     "skewed500imb": lambda: _skewed(500, 30, 2, [0.65]),  # 65/35: imbalanced, binary
+    "skewed400imb": lambda: _skewed(400, 20, 2, [0.7]),  # 70/30
+    "banknoteimb": _banknote_imbalanced,  # 71/29
     "digits1-4-7": lambda: _digits((1, 4, 7), 180),
     "digits3-8": lambda: _digits((3, 8), None),
     "banknote": lambda: _shared("banknote", 600),
@@ -155,6 +166,12 @@ VARIANTS: dict[str, Variant] = {
                                         ("CLASS_PRIOR_NOISE_MULT", 2.0))),
     "propsbal+shrink0.5": Variant({}, constants=(("LEAF_CLASS_BALANCED", True),
                                                  ("LEAF_SHRINK", 0.5))),
+    # DP classification at epsilon <= 2: the class priors from the classes' row totals
+    # released with the marginal counts (about 5% of the budget, as shipped), without them
+    # (the leaves' summed counts), with 10%, and with twice their noise assumed
+    "noclasstotals": Variant({}, constants=(("CLASS_TOTALS_SHARE", 0.0),)),
+    "classtotals0.1": Variant({}, constants=(("CLASS_TOTALS_SHARE", 0.1),)),
+    "classtotalsk2": Variant({}, constants=(("CLASS_TOTALS_NOISE_MULT", 2.0),)),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
@@ -180,12 +197,14 @@ def evaluate(data: Data, variant: Variant, eps: float, seeds: list[int]) -> floa
     try:
         for name, value in variant.constants:
             setattr(allocation, name, value)
+        allocation._job_noise.cache_clear()  # noise plans made under other constants
         res = run_comparison(data=data, epsilons=(eps,), seeds=seeds,
                              methods=["fedforest-secure-dp"], dp_params=params,
                              dp_profile=variant.profile)
     finally:
         for name, value in saved.items():
             setattr(allocation, name, value)
+        allocation._job_noise.cache_clear()
     st = res.stats("fedforest-secure-dp", eps)
     return math.nan if st is None else st[0]
 

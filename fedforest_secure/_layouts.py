@@ -17,8 +17,8 @@ from .protocol import Block, StatKind
 if TYPE_CHECKING:  # config imports the candidate registry, which uses these layouts
     from .config import JobConfig
 
-__all__ = ["categorical_cuts", "counts_block", "gain_block", "hist_block", "moments_block",
-           "stats_kinds", "totals_block"]
+__all__ = ["CLASS_TOTALS_BLOCK", "categorical_cuts", "class_totals_block", "counts_block",
+           "gain_block", "hist_block", "moments_block", "stats_kinds", "totals_block"]
 
 
 def stats_kinds(config: JobConfig) -> tuple[StatKind, ...]:
@@ -50,6 +50,17 @@ def moments_block(config: JobConfig, n_nodes: int, m: int, n_bins: int) -> Block
 def gain_block(n_nodes: int, m: int, n_thresholds: int) -> Block:
     """AvgImp's summed local gains and left counts per threshold: (n_nodes, m, Bt, 2)."""
     return Block("gain", (n_nodes, m, n_thresholds, 2), (StatKind.GAIN, StatKind.COUNT))
+
+
+#: Name of the block of the classes' row totals in the level-0 marginal counts of a DP
+#: random-split classification job (:func:`class_totals_block`).
+CLASS_TOTALS_BLOCK = "class_totals"
+
+
+def class_totals_block(n_classes: int) -> Block:
+    """The classes' row totals (times the plan's scale, see
+    :func:`~fedforest_secure.privacy.allocation.class_totals_scale`): (1, n_classes)."""
+    return Block(CLASS_TOTALS_BLOCK, (1, n_classes), (StatKind.COUNT,) * n_classes)
 
 
 def counts_block(n_nodes: int, m: int, n_bins: int) -> Block:

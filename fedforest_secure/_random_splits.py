@@ -10,8 +10,8 @@ piecewise-linear CDF), and a threshold is the inverse CDF of a uniform draw betw
 box's two ends (:func:`random_splits`). Thresholds therefore follow the data's quantiles (a skewed
 feature is cut where its rows are), while the structure depends on the seed, the public bounds
 and that one release only; under differential privacy the budget goes to two releases, the
-marginal counts and the leaves' node totals at the last level
-(:func:`~fedforest_secure.privacy.allocation.job_noise`).
+marginal counts (for classification at small epsilon with the classes' row totals) and the
+leaves' node totals at the last level (:func:`~fedforest_secure.privacy.allocation.job_noise`).
 
 Node values are post-processing of those totals (:func:`values_from_leaves`): an internal node's
 statistics are the sums of its leaves', and a node whose count (for classification: of its class
@@ -23,7 +23,8 @@ node's proportions are instead shrunk towards its parent's: ``shrink`` pseudo-ro
 parent's proportions are added to its class counts clipped at 0, so a node whose counts are
 mostly noise keeps mostly its parent's value and a large node its own. Under differential
 privacy the classes' counts are first weighted towards uniform class priors
-(:func:`class_weights`, as far as the release shows the classes' frequencies).
+(:func:`class_weights`, as far as the released class totals, or the leaves' summed counts,
+show the classes' frequencies).
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ _MAX_CLASS_WEIGHT = 4.0
 _MIN_TOTAL_TO_NOISE = 3.0
 
 
-def class_weights(leaf_totals: np.ndarray, n_trees: int, count_noise: float) -> np.ndarray:
+def class_weights(leaf_totals: np.ndarray, n_trees: int, count_noise: float,
+                  totals: np.ndarray | None = None, totals_noise: float | None = None
+                  ) -> np.ndarray:
     """Weights ``(1 / C) / q_c`` that turn class counts into counts under uniform class
     priors, with ``q`` the classes' frequencies estimated from the leaves' (noisy) class
     counts and shrunk towards uniform as far as their noise requires (positive-part
@@ -142,14 +145,22 @@ def class_weights(leaf_totals: np.ndarray, n_trees: int, count_noise: float) -> 
     is below :data:`_MIN_TOTAL_TO_NOISE` standard deviations of its own noise (``s sqrt(C)``):
     uniform weights when the release cannot tell the classes' frequencies from uniform, the
     inverse frequencies when it clearly can. No weight exceeds :data:`_MAX_CLASS_WEIGHT`.
+
+    With ``totals`` (the classes' noisy row totals of a release of their own) and
+    ``totals_noise`` (the noise assumed on one of them), ``N_c`` are those totals and ``s`` is
+    ``totals_noise`` instead; the leaves' counts are not used.
     """
-    totals = np.asarray(leaf_totals, dtype=np.float64)
-    C = totals.shape[1]
+    leaves = np.asarray(leaf_totals, dtype=np.float64)
+    C = leaves.shape[1]
     u = 1.0 / C
-    trees = max(int(n_trees), 1)
-    per_class = totals.sum(axis=0) / trees
+    if totals is not None and totals_noise is not None:
+        per_class = np.asarray(totals, dtype=np.float64).reshape(C)
+        s = float(totals_noise)
+    else:
+        trees = max(int(n_trees), 1)
+        per_class = leaves.sum(axis=0) / trees
+        s = float(count_noise) * np.sqrt(leaves.shape[0]) / trees
     n = float(per_class.sum())
-    s = float(count_noise) * np.sqrt(totals.shape[0]) / trees
     if n <= 0 or n < _MIN_TOTAL_TO_NOISE * s * np.sqrt(C):
         return np.ones(C)
     p = per_class / n
@@ -164,8 +175,9 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
                        leaf_totals: np.ndarray, task: str, min_count: float,
                        bound: float | None = None, criterion: str = "gini",
                        shrink: float = 0.0, count_votes: bool = False,
-                       balanced: bool = False, class_prior_noise: float | None = None
-                       ) -> None:
+                       balanced: bool = False, class_prior_noise: float | None = None,
+                       class_totals: np.ndarray | None = None,
+                       class_totals_noise: float | None = None) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -193,6 +205,9 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
         frequencies (:func:`class_weights`; the value is the standard deviation of the noise
         on one leaf class count, 0 for exact totals): every class's counts are multiplied by
         its weight before anything else (post-processing of the same totals)
+    class_totals, class_totals_noise : with ``class_prior_noise``, the classes' noisy row
+        totals of a release of their own and the noise assumed on one of them: the class
+        frequencies come from them instead of the leaves (:func:`class_weights`)
     """
     if not (np.isfinite(shrink) and shrink >= 0):
         raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
@@ -201,8 +216,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
     count_votes = count_votes and task == "classification"
     if class_prior_noise is not None and task == "classification" and not count_votes:
-        leaf_totals = leaf_totals * class_weights(leaf_totals, len(trees),
-                                                  class_prior_noise)[None, :]
+        leaf_totals = leaf_totals * class_weights(leaf_totals, len(trees), class_prior_noise,
+                                                  class_totals, class_totals_noise)[None, :]
     rows_per_leaf: float | np.ndarray = 1.0
     if count_votes:
         n_leaves = max(leaf_totals.shape[0], 1)

@@ -10,7 +10,8 @@ the engine's decisions and keeps the budget:
 * which rounds release node totals: every sketch round, none under differential privacy (one
   noisy histogram round per level; node totals and leaf values come from those histograms),
   and with random splits (``method = "random"``) the last level's only (plus one round of
-  per-feature marginal counts at the first level, which sets the thresholds);
+  per-feature marginal counts at the first level, which sets the thresholds and, for DP
+  classification at small epsilon, carries the classes' row totals);
 * under differential privacy: the budget share and the noise scales of every release
   (recorded in :attr:`ReleasePolicy.spends` for the audit log), the clients a noisy sum needs,
   and the post-processing of noisy statistics into node values.
@@ -212,6 +213,33 @@ class ReleasePolicy:
         if std is None or not LEAF_CLASS_BALANCED or self.class_priors != "uniform":
             return None
         return CLASS_PRIOR_NOISE_MULT * std
+
+    def class_totals_scale(self) -> int:
+        """DP random-split classification at small epsilon: how many times its classes' row
+        totals a client adds to the level-0 marginal counts
+        (:func:`~fedforest_secure.privacy.allocation.class_totals_scale`); 0 when the plan
+        releases no class totals."""
+        if not (self.dp and self.random_splits):
+            return 0
+        from .privacy.allocation import class_totals_scale
+
+        return class_totals_scale(self.config)
+
+    def class_totals_noise(self) -> float | None:
+        """With :meth:`class_totals_scale` ``a >= 1`` and :meth:`class_prior_noise` not None:
+        the noise :func:`~fedforest_secure._random_splits.class_weights` assumes on one class
+        total of that release, :data:`~fedforest_secure.privacy.allocation.CLASS_TOTALS_NOISE_MULT`
+        times its standard deviation (the summed noise on one count of the level-0 release,
+        over ``a``); None otherwise."""
+        a = self.class_totals_scale()
+        if a < 1 or self.class_prior_noise() is None:
+            return None
+        from . import secure_sum
+        from .privacy.allocation import CLASS_TOTALS_NOISE_MULT, job_noise
+
+        cfg = self.config
+        plan = job_noise(cfg, secure_sum.noise_units(cfg))
+        return CLASS_TOTALS_NOISE_MULT * plan.sum_count_std(0, cfg.n_clients) / a
 
     def leaf_vote_noise(self) -> float | None:
         """Random-split classification under DP: the standard deviation of the noise on one

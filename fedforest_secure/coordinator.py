@@ -28,7 +28,7 @@ import numpy as np
 from . import _impurity, _leaves, _random_splits, _splits
 from ._candidates import RandomSplits, fixed_width_grid, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
-from ._layouts import counts_block, totals_block
+from ._layouts import CLASS_TOTALS_BLOCK, class_totals_block, counts_block, totals_block
 from ._planner import (
     Disclosures,
     Frontier,
@@ -107,6 +107,9 @@ class Coordinator:
             if config.feature_bounds is not None else None)
         #: random splits: the features' marginal CDF on the public bounds (set at level 0)
         self._marginal_cdf: np.ndarray | None = None
+        #: random-split DP classification at small epsilon: the classes' noisy row totals
+        #: released with the marginal counts (None when the plan releases none)
+        self._class_totals: np.ndarray | None = None
         self._gen = self._run()
         self._pending: Task | None = next(self._gen)
 
@@ -299,7 +302,9 @@ class Coordinator:
                 cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
                 shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes,
                 balanced=allocation.LEAF_VOTE_BALANCED,
-                class_prior_noise=self.policy.class_prior_noise())
+                class_prior_noise=self.policy.class_prior_noise(),
+                class_totals=self._class_totals,
+                class_totals_noise=self.policy.class_totals_noise())
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):
@@ -481,10 +486,15 @@ class Coordinator:
                          {"nodes": nodes, "features": feats}, ())
         lohi = np.array(cfg.feature_bounds, dtype=np.float64)
         thr = np.tile(fixed_width_grid(lohi, nb)[None], (nodes.size, 1, 1))
+        scale = self.policy.class_totals_scale()
+        layout = (counts_block(nodes.size, d, nb),) + (
+            (class_totals_block(cfg.n_classes),) if scale else ())
         blocks, _ = yield self._task(TaskKind.HISTOGRAM, 0, {"stats": "count"},
                                      {"nodes": nodes, "features": feats, "thresholds": thr},
-                                     (counts_block(nodes.size, d, nb),))
+                                     layout)
         counts = blocks["counts"].reshape(nodes.size, d, nb).sum(axis=0)
+        if scale:  # the classes' row totals: a times over in the vector, 1/a of its noise
+            self._class_totals = blocks[CLASS_TOTALS_BLOCK].reshape(-1) / float(scale)
         return _random_splits.marginal_cdf(counts, self.policy.marginal_floor())
 
     def _grow_random(self, level: int, frontier: Frontier, trees: list[TreeBuilder],

@@ -23,6 +23,7 @@ import numpy as np
 
 from ._bootstrap import canonical_order, tree_pairs
 from ._grid_stats import bin_statistics
+from ._layouts import CLASS_TOTALS_BLOCK
 from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
 from ._order import LevelOrder
 from ._routing import route
@@ -248,7 +249,8 @@ class Worker:
                                  "answering it again could isolate a client by differencing")
         if self.config.dp is not None and task.layout:
             # one noisy aggregate per planned release: a histogram round per splitting level,
-            # or with random splits the marginal counts and the leaves' totals
+            # or with random splits the marginal counts (with the class totals, if planned)
+            # and the leaves' totals
             limit = 2 if self.config.method == "random" else self.config.max_depth
             if self._dp_releases >= limit:
                 raise RefusedRequest(f"privacy budget spent: this client releases at most "
@@ -560,7 +562,38 @@ class Worker:
         if mode == "gain":
             g = local_gains(hist, self.config)
             vec = np.stack([g, local_left_counts(hist, self.config)], axis=-1)
-        return Reply(round_id=task.round_id, summable=np.ascontiguousarray(vec).ravel())
+        summable = np.ascontiguousarray(vec).ravel()
+        if any(b.name == CLASS_TOTALS_BLOCK for b in task.layout):
+            summable = np.concatenate([summable, self._class_totals(task, nodes, mode)])
+        return Reply(round_id=task.round_id, summable=summable)
+
+    def _class_totals(self, task: Task, nodes: np.ndarray, mode: str) -> np.ndarray:
+        """The classes' row totals over ``nodes``, ``a`` times over
+        (:func:`~fedforest_secure.privacy.allocation.class_totals_scale`), for the level-0
+        marginal counts of a DP random-split classification job whose plan releases them: the
+        client's own profile decides ``a``, never the task.
+
+        Raises
+        ------
+        ProtocolError
+            The task asks for class totals where this client's plan releases none (another
+            job, round, level or statistics mode, or a plan without them), or in a layout
+            other than one block of ``(1, n_classes)`` after the counts.
+        """
+        from .privacy.allocation import class_totals_scale
+
+        cfg = self.config
+        a = class_totals_scale(cfg)
+        names = [b.name for b in task.layout]
+        if (a < 1 or task.level != 0 or mode != "count" or names[-1:] != [CLASS_TOTALS_BLOCK]
+                or names.count(CLASS_TOTALS_BLOCK) != 1
+                or task.layout[-1].shape != (1, cfg.n_classes)):
+            raise ProtocolError("class totals are released only with the level-0 marginal "
+                                "counts of a DP random-split classification job that plans "
+                                "them, as one (1, n_classes) block after the counts")
+        totals = self._node_totals(self._n_nodes)[nodes].sum(axis=0)
+        out: np.ndarray = float(a) * totals
+        return out
 
     def _unsorted_histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
                             mode: str, missing_bin: bool = False) -> np.ndarray:

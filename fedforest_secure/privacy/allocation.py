@@ -36,9 +36,12 @@ from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sen
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["CLASS_PRIOR_NOISE_MULT", "LEAF_CLASS_BALANCED", "LEAF_SHRINK", "LEAF_VOTE_BALANCED",
+__all__ = ["CLASS_PRIOR_NOISE_MULT", "CLASS_TOTALS_MAX_EPSILON", "CLASS_TOTALS_NOISE_MULT",
+           "CLASS_TOTALS_SHARE",
+           "LEAF_CLASS_BALANCED", "LEAF_SHRINK", "LEAF_VOTE_BALANCED",
            "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings",
-           "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "dp_forest_settings",
+           "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "class_totals_scale",
+           "dp_forest_settings",
            "job_noise", "leaf_votes_are_counts", "level_signal_to_noise", "random_split_depth",
            "release_cost"]
 
@@ -285,6 +288,42 @@ LEAF_CLASS_BALANCED = True
 CLASS_PRIOR_NOISE_MULT = 2.0
 
 
+#: Random-split DP classification at epsilon <= :data:`CLASS_TOTALS_MAX_EPSILON`: about this
+#: share of the zCDP budget goes to the classes' row totals, released with the marginal counts
+#: (:func:`class_totals_scale`); the class priors then come from them instead of the leaves'
+#: summed counts, which at small epsilon cannot show the classes' frequencies.
+CLASS_TOTALS_SHARE = 0.05
+#: Largest epsilon whose random-split classification plan releases the classes' row totals.
+CLASS_TOTALS_MAX_EPSILON = 2.0
+#: The class totals' noise :func:`~fedforest_secure._random_splits.class_weights` assumes, in
+#: standard deviations of their actual noise (1: positive-part James-Stein).
+CLASS_TOTALS_NOISE_MULT = 1.0
+
+
+def class_totals_scale(config: JobConfig) -> int:
+    """How many times its classes' row totals a client adds to the level-0 release of a DP
+    random-split classification job (0: the plan releases no class totals).
+
+    The level-0 release is one noisy vector with one noise scale: the features' marginal counts
+    (one count per feature for a record, L2 sensitivity ``sqrt(d)``) followed by ``a`` times the
+    client's row count per class (one class for a record: ``a`` more in L2), so that the
+    decoded totals, divided by ``a``, carry ``1 / a`` of the counts' noise: the release is
+    ``(d + a**2) / d`` times the marginal counts' zCDP cost, and the class totals take the share
+    ``MARGINAL_SHARE * a**2 / d`` of the budget. ``a`` is the smallest integer of at least
+    ``sqrt(d * CLASS_TOTALS_SHARE / MARGINAL_SHARE)``, so that the class totals get at least
+    :data:`CLASS_TOTALS_SHARE` (at most ``4/3`` of :data:`MARGINAL_SHARE`, with 3 features).
+    Planned (``a >= 1``) only under
+    differential privacy, for classification with random splits and an epsilon of at most
+    :data:`CLASS_TOTALS_MAX_EPSILON` (a pure function of the job's public configuration: every
+    client computes it from its own profile)."""
+    dp = config.dp
+    if (not dp or config.task != "classification" or config.method != "random"
+            or CLASS_TOTALS_SHARE <= 0 or float(dp["epsilon"]) > CLASS_TOTALS_MAX_EPSILON):
+        return 0
+    a = math.sqrt(config.n_features * CLASS_TOTALS_SHARE / MARGINAL_SHARE)
+    return max(1, int(math.ceil(a - 1e-9)))
+
+
 def leaf_votes_are_counts(count_std: float, n_rows: float, depth: int) -> bool:
     """Whether a random-split classifier votes with summed noisy class counts
     (docs/privacy.md §2.6): ``count_std >= LEAF_VOTE_COUNTS_ABOVE * n_rows / 2**depth``.
@@ -311,7 +350,9 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
                         delta: float, trees: int, mult: int, k_min: int) -> JobNoise:
     """Random splits: two releases. Level 0: every feature's row counts in ``n_bins``
     fixed-width bins of its public range, over one tree's rows (a record counts once per
-    feature: a histogram with ``F = d`` and ``T = 1``), share :data:`MARGINAL_SHARE`.
+    feature: a histogram with ``F = d`` and ``T = 1``), share :data:`MARGINAL_SHARE`; with
+    :func:`class_totals_scale` ``a >= 1`` also ``a`` times the classes' row totals, the share
+    then ``MARGINAL_SHARE * (1 + a**2 / d)``.
     Level ``max_depth``: the leaves' node totals (a record sits in one leaf per tree: a
     histogram with ``F = 1`` over ``T`` trees), the rest."""
     leaves = trees * 2**config.max_depth
@@ -325,9 +366,19 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
                  ("sumsq", "sum_sq", 1, leaf_share * _RANDOM_REGRESSION_SHARES["sumsq"])]
     marg = histogram_sensitivity("count", n_features=config.n_features, n_trees=1,
                                  max_multiplicity=mult)
-    marginals = PlannedRelease("marginal counts", k_min, (PlannedBlock(
-        "count", marg.scaled(float(unit["count"])), config.n_features * config.n_bins,
-        MARGINAL_SHARE),))
+    dims, marg_share = config.n_features * config.n_bins, MARGINAL_SHARE
+    a = class_totals_scale(config)
+    if a:  # the classes' row totals, a times over, in the same vector (one noise scale)
+        classes = histogram_sensitivity("class_count", n_features=1, n_trees=1,
+                                        max_multiplicity=mult).scaled(float(a))
+        marg = marg.combine(classes)
+        dims += config.n_classes
+        marg_share = MARGINAL_SHARE * (1.0 + a * a / config.n_features)
+        leaf_share = 1.0 - marg_share
+        kinds = [("count", "class_count", config.n_classes, leaf_share)]
+    marginals = PlannedRelease("marginal counts" + (" and class totals" if a else ""), k_min,
+                               (PlannedBlock("count", marg.scaled(float(unit["count"])), dims,
+                                             marg_share),))
     blocks = []
     for name, stat, cols, share in kinds:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
@@ -417,8 +468,10 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     ``method="random"`` (the default of DP jobs): every node splits on a random feature at a
     threshold drawn in its public box from that feature's noisy marginal distribution
     (:mod:`fedforest_secure._random_splits`): two releases, the marginal counts on
-    ``n_bins = 32`` fixed-width bins (:data:`MARGINAL_SHARE` of the budget) and the leaves'
-    node totals (the rest); every row in every tree (``sampling="all"``), ``T = 64`` trees of
+    ``n_bins = 32`` fixed-width bins (:data:`MARGINAL_SHARE` of the budget; for classification
+    at epsilon <= :data:`CLASS_TOTALS_MAX_EPSILON` with the classes' row totals, about
+    :data:`CLASS_TOTALS_SHARE` more, :func:`class_totals_scale`) and the leaves' node totals
+    (the rest); every row in every tree (``sampling="all"``), ``T = 64`` trees of
     depth :func:`random_split_depth` (a function of the rows only). The shape does not depend
     on epsilon, and the noise of both releases only shrinks as epsilon grows.
 
