@@ -93,6 +93,7 @@ SETS: dict[str, Callable[[], Data]] = {
     "skewed500imb": lambda: _skewed(500, 30, 2, [0.65]),  # 65/35: imbalanced, binary
     "skewed400imb": lambda: _skewed(400, 20, 2, [0.7]),  # 70/30
     "banknoteimb": _banknote_imbalanced,  # 71/29
+    "skewed180mild": lambda: _skewed(180, 13, 3, [0.42, 0.33]),  # 42/33/25: mildly imbalanced
     "digits1-4-7": lambda: _digits((1, 4, 7), 180),
     "digits3-8": lambda: _digits((3, 8), None),
     "banknote": lambda: _shared("banknote", 600),
