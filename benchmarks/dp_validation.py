@@ -173,6 +173,9 @@ VARIANTS: dict[str, Variant] = {
     "noclasstotals": Variant({}, constants=(("CLASS_TOTALS_SHARE", 0.0),)),
     "classtotals0.1": Variant({}, constants=(("CLASS_TOTALS_SHARE", 0.1),)),
     "classtotalsk2": Variant({}, constants=(("CLASS_TOTALS_NOISE_MULT", 2.0),)),
+    # with the class totals: averaged leaf proportions as the vote (instead of the summed
+    # noisy class counts, weighted, as shipped)
+    "totalsprops": Variant({}, constants=(("CLASS_TOTALS_COUNT_VOTES", False),)),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {

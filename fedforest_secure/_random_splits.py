@@ -215,7 +215,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
     count_votes = count_votes and task == "classification"
-    if class_prior_noise is not None and task == "classification" and not count_votes:
+    if class_prior_noise is not None and task == "classification" and (
+            not count_votes or class_totals is not None):
         leaf_totals = leaf_totals * class_weights(leaf_totals, len(trees), class_prior_noise,
                                                   class_totals, class_totals_noise)[None, :]
     rows_per_leaf: float | np.ndarray = 1.0

@@ -295,7 +295,8 @@ class Coordinator:
             if vote_noise is not None:  # rows per tree from the released totals
                 n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
                 self._count_votes = allocation.leaf_votes_are_counts(
-                    vote_noise, n_rows, cfg.max_depth)
+                    vote_noise, n_rows, cfg.max_depth) or (
+                    self._class_totals is not None and allocation.CLASS_TOTALS_COUNT_VOTES)
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),

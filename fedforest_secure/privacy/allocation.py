@@ -295,6 +295,12 @@ CLASS_PRIOR_NOISE_MULT = 2.0
 CLASS_TOTALS_SHARE = 0.05
 #: Largest epsilon whose random-split classification plan releases the classes' row totals.
 CLASS_TOTALS_MAX_EPSILON = 2.0
+#: With the class totals released (on as shipped): the forest votes with the leaves' noisy
+#: class counts summed over the trees, each class's counts times its class weight, instead of
+#: averaging its trees' leaf proportions (a linear vote: the noise, not clipped, does not
+#: favour the classes with the larger weights; docs/privacy.md §2.6, "Class totals at small
+#: epsilon").
+CLASS_TOTALS_COUNT_VOTES = True
 #: The class totals' noise :func:`~fedforest_secure._random_splits.class_weights` assumes, in
 #: standard deviations of their actual noise (1: positive-part James-Stein).
 CLASS_TOTALS_NOISE_MULT = 1.0
