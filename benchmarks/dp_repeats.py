@@ -7,7 +7,8 @@ seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`
 ``allocation.LEAF_CLASS_BALANCED`` (``--balanced``: 1 node values under uniform class priors,
 0 under the training rows' class frequencies) and of ``allocation.CLASS_TOTALS_SHARE``
 (``--class-totals``: the share of the class totals released at epsilon <= 2, 0 for none) and
-prints
+of ``allocation.CLASS_TOTALS_COUNT_VOTES`` (``--totals-votes``: 1 summed weighted counts, 0
+averaged proportions, with the class totals) and prints
 each run's means and, per epsilon, their mean and standard deviation over the runs
 (docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
 
@@ -42,21 +43,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="values of allocation.LEAF_CLASS_BALANCED (0 or 1)")
     ap.add_argument("--class-totals", default=str(allocation.CLASS_TOTALS_SHARE),
                     help="values of allocation.CLASS_TOTALS_SHARE (0: no class totals)")
+    ap.add_argument("--totals-votes", default=str(int(allocation.CLASS_TOTALS_COUNT_VOTES)),
+                    help="values of allocation.CLASS_TOTALS_COUNT_VOTES (0 or 1)")
     args = ap.parse_args(argv)
     eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
     saved = (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE)
-    rules = [(float(c), float(v), bool(int(b)), float(t)) for c in args.shrink.split(",") if c
+             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
+             allocation.CLASS_TOTALS_COUNT_VOTES)
+    rules = [(float(c), float(v), bool(int(b)), float(t), bool(int(tv)))
+             for c in args.shrink.split(",") if c
              for v in args.vote_above.split(",") if v
              for b in args.balanced.split(",") if b
-             for t in args.class_totals.split(",") if t]
+             for t in args.class_totals.split(",") if t
+             for tv in args.totals_votes.split(",") if tv]
     try:
-        for c, above, bal, share in rules:
+        for c, above, bal, share, tvotes in rules:
             (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE) = (c, above, bal,
-                                                                               share)
+             allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
+             allocation.CLASS_TOTALS_COUNT_VOTES) = (c, above, bal, share, tvotes)
             allocation._job_noise.cache_clear()  # noise plans made under other constants
-            name = f"c={c:g} votes>={above:g} balanced={int(bal)} class_totals={share:g}"
+            name = (f"c={c:g} votes>={above:g} balanced={int(bal)} class_totals={share:g} "
+                    f"totals_votes={int(tvotes)}")
             runs = []
             for r in range(args.repeats):
                 res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
@@ -74,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{s:.3f}" for s in a.std(axis=0, ddof=1)), flush=True)
     finally:
         (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
-         allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE) = saved
+         allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
+         allocation.CLASS_TOTALS_COUNT_VOTES) = saved
         allocation._job_noise.cache_clear()
     return 0
 

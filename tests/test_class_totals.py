@@ -207,3 +207,27 @@ def test_a_small_epsilon_forest_balances_its_roots_with_the_released_totals(
     allocation._job_noise.cache_clear()
     assert abs(shares[allocation.CLASS_TOTALS_SHARE] - 0.5) < 0.04
     assert shares[0.0] > 0.58
+
+
+def test_with_the_class_totals_the_forest_votes_with_weighted_summed_counts() -> None:
+    """As shipped (``CLASS_TOTALS_COUNT_VOTES``) a job with the class totals stores a counts
+    vote whose leaves hold their class counts times the class weights (over one common
+    constant); above epsilon = 2 the leaves hold proportions."""
+    assert allocation.CLASS_TOTALS_COUNT_VOTES is True
+    cfg, ws, y = _job(0.5)
+    coord = Coordinator(cfg)
+    _run(coord, ws)
+    model = coord.result()
+    assert model.vote == "counts"
+    noise = coord.policy.class_totals_noise()
+    assert coord._class_totals is not None and noise is not None
+    w = _random_splits.class_weights(np.zeros((1, 2)), 1, 0.0, coord._class_totals, noise)
+    assert w[1] > 1.5 * w[0]  # 80 / 20: the minority class weighs more
+    leaves = np.concatenate([t.value[t.kind == 0] for t in model.trees])
+    totals = leaves.sum(axis=0)  # every row once per tree, weighted, over a common constant
+    counts = np.bincount(y, minlength=2) * cfg.n_estimators
+    np.testing.assert_allclose(totals / totals.sum(), counts * w / (counts * w).sum())
+    cfg8, ws8, _ = _job(8.0)
+    coord8 = Coordinator(cfg8)
+    _run(coord8, ws8)
+    assert coord8.result().vote == "proportions"

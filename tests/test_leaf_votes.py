@@ -1,7 +1,8 @@
 """Leaf votes of a random-split DP classifier: summed noisy class counts where the rule of
 ``privacy.allocation.leaf_votes_are_counts`` picks them (off as shipped:
-``LEAF_VOTE_COUNTS_ABOVE = inf``; the tests that exercise it set 4), averaged proportions
-otherwise; the model file's ``vote``, ``predict_proba`` and the ONNX export agree."""
+``LEAF_VOTE_COUNTS_ABOVE = inf``; the tests that exercise it set 4) or the class totals are
+released (epsilon <= 2, ``CLASS_TOTALS_COUNT_VOTES``), averaged proportions otherwise; the
+model file's ``vote``, ``predict_proba`` and the ONNX export agree."""
 
 from __future__ import annotations
 
@@ -154,11 +155,13 @@ def _workers(cfg: JobConfig, n: int, seed: int) -> list[Worker]:
 
 
 @pytest.mark.parametrize(("above", "epsilon", "vote"), [
-    (4.0, 0.5, "counts"), (4.0, 8.0, "proportions"), (np.inf, 0.5, "proportions")])
+    (4.0, 0.5, "counts"), (4.0, 8.0, "proportions"), (np.inf, 0.5, "counts"),
+    (np.inf, 4.0, "proportions")])
 def test_a_deployed_job_without_forest_settings_gets_the_rule(
         monkeypatch: pytest.MonkeyPatch, above: float, epsilon: float, vote: str) -> None:
     """The coordinator of a job file's forest applies the rule with the rows per tree of the
-    released leaf totals, and stores the vote in the model (as shipped: proportions)."""
+    released leaf totals, and stores the vote in the model (as shipped: summed counts with the
+    class totals at epsilon <= 2, ``CLASS_TOTALS_COUNT_VOTES``; proportions above)."""
     monkeypatch.setattr(allocation, "LEAF_VOTE_COUNTS_ABOVE", above)
     cfg = _job_config(epsilon, 700)
     coord = Coordinator(cfg)
