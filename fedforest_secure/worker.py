@@ -544,6 +544,13 @@ class Worker:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
         nodes, feats, thr, mode = self._histogram_arrays(task)
+        cfg = self.config
+        if (cfg.dp is not None and cfg.method == "random" and task.level == 0
+                and cfg.sampling != "disjoint" and nodes.size > 1):
+            # the marginal counts (and class totals) of a DP random-split job: every tree holds
+            # every row, so the plan's sensitivity holds for one root's counts only
+            raise ProtocolError("the level-0 counts of a DP random-split job are asked of one "
+                                "root (every tree holds every row)")
         # statistics carry the missing rows' bin when the job has missing values; counts (the
         # secure sketch's grids) leave missing rows out
         missing_bin = mode != "count" and self.config.has_missing

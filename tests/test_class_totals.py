@@ -231,3 +231,34 @@ def test_with_the_class_totals_the_forest_votes_with_weighted_summed_counts() ->
     coord8 = Coordinator(cfg8)
     _run(coord8, ws8)
     assert coord8.result().vote == "proportions"
+
+
+def test_a_client_refuses_the_level_0_counts_over_more_than_one_root_of_shared_rows() -> None:
+    """Every tree holds every row (``sampling = "all"``): a server that sketches and then asks
+    the level-0 marginal counts and class totals over all the trees' roots instead of one
+    would get every record T times in the class totals (T * a in one entry, the plan accounts
+    a) and T copies of the marginal counts (L2 sqrt(T d), the plan accounts sqrt(d)). The
+    client refuses."""
+    for with_totals in (True, False):
+        cfg, ws, _ = _job(0.5)
+        T = cfg.n_estimators
+        nodes = np.arange(T, dtype=np.int64)
+        coord = Coordinator(cfg)
+        task = coord.next_task()
+        while task is not None and not task.layout:
+            if task.kind is TaskKind.SKETCH and "nodes" in task.arrays:  # the group sketch
+                task = dataclasses.replace(task, arrays={
+                    "nodes": nodes, "features": np.repeat(task.arrays["features"], T, axis=0)})
+            for w in ws:
+                w.handle(task)
+            coord.submit(task.round_id, np.zeros(0), participants=range(len(ws)))
+            task = coord.next_task()
+        assert task is not None and task.kind is TaskKind.HISTOGRAM and task.level == 0
+        counts = task.layout[0]
+        layout = (dataclasses.replace(counts, shape=(T, *counts.shape[1:])),
+                  *task.layout[1:with_totals + 1])
+        evil = dataclasses.replace(task, layout=layout, arrays={
+            "nodes": nodes, "features": np.repeat(task.arrays["features"], T, axis=0),
+            "thresholds": np.repeat(task.arrays["thresholds"], T, axis=0)})
+        with pytest.raises(ProtocolError, match="one root"):
+            ws[2].handle(evil)
