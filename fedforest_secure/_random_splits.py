@@ -177,7 +177,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
                        shrink: float = 0.0, count_votes: bool = False,
                        balanced: bool = False, class_prior_noise: float | None = None,
                        class_totals: np.ndarray | None = None,
-                       class_totals_noise: float | None = None) -> None:
+                       class_totals_noise: float | None = None,
+                       leaf_weight: float = 0.0) -> None:
     """Set every node's value, count and impurity in ``trees`` from the leaves' (noisy)
     totals (``criterion``: the impurity's, for classification).
 
@@ -208,9 +209,17 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
     class_totals, class_totals_noise : with ``class_prior_noise``, the classes' noisy row
         totals of a release of their own and the noise assumed on one of them: the class
         frequencies come from them instead of the leaves (:func:`class_weights`)
+    leaf_weight : classification without ``count_votes``, ``> 0``: every leaf's value (its
+        class proportions, or its ancestor's where it fell back) is multiplied by
+        ``n / (n + leaf_weight)``, ``n`` its class counts clipped at 0 and summed, so the
+        forest's average weights each leaf by how far its rows exceed the noise (a forest
+        whose ``vote`` is ``"counts"`` normalises that average per row); internal nodes keep
+        their proportions
     """
     if not (np.isfinite(shrink) and shrink >= 0):
         raise ValueError(f"shrink must be finite and >= 0, got {shrink}")
+    if not (np.isfinite(leaf_weight) and leaf_weight >= 0):
+        raise ValueError(f"leaf_weight must be finite and >= 0, got {leaf_weight}")
     S = leaf_totals.shape[1]
     n_out = 1 if task == "regression" else S
     prior = np.zeros(n_out) if task == "regression" else np.full(n_out, 1.0 / n_out)
@@ -219,6 +228,7 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
             not count_votes or class_totals is not None):
         leaf_totals = leaf_totals * class_weights(leaf_totals, len(trees), class_prior_noise,
                                                   class_totals, class_totals_noise)[None, :]
+    weighted = task == "classification" and not count_votes and leaf_weight > 0
     rows_per_leaf: float | np.ndarray = 1.0
     if count_votes:
         n_leaves = max(leaf_totals.shape[0], 1)
@@ -257,6 +267,8 @@ def values_from_leaves(trees: Sequence[Any], leaf_tree: np.ndarray, leaf_node: n
                 value = prior if parent[node] < 0 else b.value[parent[node]]
             if count_votes and b.left[node] < 0:
                 value = stats[node] / rows_per_leaf
+            elif weighted and b.left[node] < 0:
+                value = value * (n[node] / (n[node] + leaf_weight))
             b.value[node] = np.asarray(value, dtype=np.float64).reshape(n_out)
             b.n[node] = float(n[node])
             b.impurity[node] = float(imp[node])

@@ -97,6 +97,10 @@ class Coordinator:
         #: the forest votes with summed leaf counts (random-split DP classification, the rule
         #: of :func:`~fedforest_secure.privacy.allocation.leaf_votes_are_counts`)
         self._count_votes = False
+        #: the forest's average vote is normalised per row (``vote = "counts"``): summed
+        #: counts, or leaves weighted by their rows against the noise
+        #: (:func:`~fedforest_secure.privacy.allocation.leaf_vote_weight`)
+        self._normalised_votes = False
         self.rounds_by_kind: dict[str, int] = {}
         #: split decisions per level: tree, node, kind, feature, threshold, left set
         self.decisions: list[dict[str, Any]] = []
@@ -273,7 +277,7 @@ class Coordinator:
                 level, frontier, routing, trees, weight)
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
-                           vote="counts" if self._count_votes else "proportions",
+                           vote="counts" if self._normalised_votes else "proportions",
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
 
@@ -292,11 +296,17 @@ class Coordinator:
             from .privacy import allocation
 
             vote_noise = self.policy.leaf_vote_noise()
+            leaf_weight = 0.0
             if vote_noise is not None:  # rows per tree from the released totals
                 n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
                 self._count_votes = allocation.leaf_votes_are_counts(
                     vote_noise, n_rows, cfg.max_depth) or (
                     self._class_totals is not None and allocation.CLASS_TOTALS_COUNT_VOTES)
+                if not self._count_votes:
+                    leaf_weight = allocation.leaf_vote_weight(vote_noise, n_rows,
+                                                              cfg.max_depth)
+            # weighted leaves: the forest's average is normalised per row, as counts are
+            self._normalised_votes = self._count_votes or leaf_weight > 0
             _random_splits.values_from_leaves(
                 trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
                 self.policy.leaf_min_count(),
@@ -305,7 +315,8 @@ class Coordinator:
                 balanced=allocation.LEAF_VOTE_BALANCED,
                 class_prior_noise=self.policy.class_prior_noise(),
                 class_totals=self._class_totals,
-                class_totals_noise=self.policy.class_totals_noise())
+                class_totals_noise=self.policy.class_totals_noise(),
+                leaf_weight=leaf_weight)
             if not cfg.has_missing:  # a missing value at prediction: the larger child
                 for tb in trees:
                     for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):

@@ -13,8 +13,9 @@ read any of them. Besides the trees it carries what prediction on a site's table
 * ``clients``: the site labels in index order (a forest that splits on the site indicator);
 * ``y_offset``: added to a regression forest's predictions;
 * ``vote``: ``"proportions"`` (the default, not written) averages the trees' leaf values;
-  ``"counts"`` (a DP classifier whose leaf values are noisy class counts, docs/privacy.md §2.6)
-  clips that average at 0 and normalises it per row (uniform where nothing is left);
+  ``"counts"`` (a DP classifier whose leaf values are noisy class counts, or class proportions
+  weighted by the leaves' rows against the noise, docs/privacy.md §2.6) clips that average at
+  0 and normalises it per row (uniform where nothing is left);
 * ``estimator``: the estimator's parameters and job configuration (files the estimators wrote).
 
 Each tree is a :class:`~fedforest_secure._tree.Tree`: parallel arrays indexed by node id, the

@@ -191,10 +191,12 @@ def test_a_random_dp_forest_with_leaf_shrinkage_stores_the_shrunk_leaf_values(
     """End to end, LEAF_SHRINK = 0.5: every leaf value of a random-split DP forest is a
     probability vector with every class above 0 (the pseudo-rows of the parent's proportions),
     where the rule without shrinkage gives a one-hot vector to any leaf with a single noisy
-    class count above 0."""
+    class count above 0 (the leaf weights of large epsilon, which scale the leaves' values,
+    are off here: tests/test_leaf_weights.py)."""
     from fedforest_secure.privacy import allocation
 
     monkeypatch.setattr(allocation, "LEAF_SHRINK", 0.5)
+    monkeypatch.setattr(allocation, "LEAF_WEIGHT_NOISE", 0.0)
     cfg, ws = _random_dp_job()
     coord = Coordinator(cfg)
     _run(coord, ws)

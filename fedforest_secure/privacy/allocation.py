@@ -37,13 +37,12 @@ if TYPE_CHECKING:
     from ..config import JobConfig
 
 __all__ = ["CLASS_PRIOR_NOISE_MULT", "CLASS_TOTALS_MAX_EPSILON", "CLASS_TOTALS_NOISE_MULT",
-           "CLASS_TOTALS_SHARE",
-           "LEAF_CLASS_BALANCED", "LEAF_SHRINK", "LEAF_VOTE_BALANCED",
-           "LEAF_VOTE_COUNTS_ABOVE", "MARGINAL_FLOOR", "MARGINAL_SHARE", "DPForestSettings",
-           "JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "class_totals_scale",
-           "dp_forest_settings",
-           "job_noise", "leaf_votes_are_counts", "level_signal_to_noise", "random_split_depth",
-           "release_cost"]
+           "CLASS_TOTALS_SHARE", "LEAF_CLASS_BALANCED", "LEAF_SHRINK", "LEAF_VOTE_BALANCED",
+           "LEAF_VOTE_COUNTS_ABOVE", "LEAF_WEIGHT_BELOW", "LEAF_WEIGHT_NOISE", "MARGINAL_FLOOR",
+           "MARGINAL_SHARE", "DPForestSettings", "JobNoise", "PlannedBlock", "PlannedRelease",
+           "calibrate", "class_totals_scale", "dp_forest_settings", "job_noise",
+           "leaf_vote_weight", "leaf_votes_are_counts", "level_signal_to_noise",
+           "random_split_depth", "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -286,6 +285,17 @@ LEAF_CLASS_BALANCED = True
 #: the leaves' count noise when deciding how far to trust them (1: positive-part James-Stein;
 #: 2 was chosen on the validation sets).
 CLASS_PRIOR_NOISE_MULT = 2.0
+#: Random-split DP classification at large epsilon: a leaf's vote is its class proportions
+#: times ``n / (n + LEAF_WEIGHT_NOISE * sigma)``, ``n`` its noisy row count and ``sigma`` the
+#: standard deviation of the noise on one summed class count of the leaves' release, so a leaf
+#: whose counts are mostly noise moves the forest's vote less than one whose rows dominate the
+#: noise (:func:`leaf_vote_weight`; post-processing). 0 (as shipped): every leaf one vote; 1
+#: gained at epsilon = 4 on the validation sets but not at epsilon = 8, nor on the comparison
+#: (docs/privacy.md §2.6, "Leaf weights").
+LEAF_WEIGHT_NOISE = 0.0
+#: The leaf weights apply where ``sigma`` is at most this many times the mean rows per leaf
+#: (the large-epsilon regime, :func:`leaf_vote_weight`); elsewhere every leaf has one vote.
+LEAF_WEIGHT_BELOW = 4.0
 
 
 #: Random-split DP classification at epsilon <= :data:`CLASS_TOTALS_MAX_EPSILON`: about this
@@ -350,6 +360,33 @@ def leaf_votes_are_counts(count_std: float, n_rows: float, depth: int) -> bool:
         return False
     rows_per_leaf = max(float(n_rows), 1.0) / 2.0 ** depth
     return bool(count_std >= LEAF_VOTE_COUNTS_ABOVE * rows_per_leaf)
+
+
+def leaf_vote_weight(count_std: float, n_rows: float, depth: int) -> float:
+    """The pseudo-rows ``lam`` of a random-split classifier's leaf weights ``n / (n + lam)``
+    (docs/privacy.md §2.6, "Leaf weights"): ``LEAF_WEIGHT_NOISE * count_std`` where
+    ``count_std <= LEAF_WEIGHT_BELOW * n_rows / 2**depth``, else 0 (every leaf one vote).
+
+    Parameters
+    ----------
+    count_std : standard deviation of the noise on one summed class count of the leaves'
+        release (:meth:`JobNoise.sum_count_std`)
+    n_rows : the federation's rows (the coordinator uses the released leaf totals' mean row
+        count per tree: post-processing)
+    depth : the trees' depth (a tree has ``2**depth`` leaves)
+
+    A leaf's class proportions estimate its rows' classes with an error that grows as its
+    rows ``n`` shrink against the noise; weighting its vote by ``n / (n + lam)`` moves the
+    forest's average towards the leaves that hold more rows than noise. Where the noise is
+    many times the rows per leaf (small epsilon) nearly every leaf is mostly noise and the
+    weights are not applied.
+    """
+    if not (math.isfinite(count_std) and count_std >= 0) or LEAF_WEIGHT_NOISE <= 0:
+        return 0.0
+    rows_per_leaf = max(float(n_rows), 1.0) / 2.0 ** depth
+    if count_std > LEAF_WEIGHT_BELOW * rows_per_leaf:
+        return 0.0
+    return float(LEAF_WEIGHT_NOISE * count_std)
 
 
 def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float,
