@@ -15,6 +15,13 @@ Usage::
     nice -n 10 python benchmarks/dp_validation.py --sets iris,skewed180 --variants rule,abstain5 \\
         --seeds 6 --epsilons 0.5,8
     nice -n 10 python benchmarks/dp_validation.py --flamby --epsilons 1,2,4,8 --seeds 5
+    nice -n 10 python benchmarks/dp_validation.py --paired --variants rule,leafw1 --epsilons 4,8
+
+``--paired`` compares post-processing variants on the same releases: the clients' noise is
+drawn from one seeded stream per (data set, epsilon), so every variant's fits see the same
+noise (rounded normal draws of the same scale instead of the discrete Gaussian: a measuring
+aid, never what a job runs). Without it the noise is fresh in every fit and a 16-seed mean
+moves by a few hundredths from run to run.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import math
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -176,6 +184,13 @@ VARIANTS: dict[str, Variant] = {
     # with the class totals: averaged leaf proportions as the vote (instead of the summed
     # noisy class counts, weighted, as shipped)
     "totalsprops": Variant({}, constants=(("CLASS_TOTALS_COUNT_VOTES", False),)),
+    # leaf votes weighted by n / (n + c sigma) where sigma <= 4 rows per leaf (off as
+    # shipped: c = 0), and with c = 1 at every epsilon
+    "leafw0.5": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 0.5),)),
+    "leafw1": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 1.0),)),
+    "leafw2": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 2.0),)),
+    "leafwall": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 1.0),
+                                       ("LEAF_WEIGHT_BELOW", math.inf))),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {
@@ -185,8 +200,31 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def evaluate(data: Data, variant: Variant, eps: float, seeds: list[int]) -> float:
-    """Mean score of ``secure-dp`` with the variant over ``seeds`` at ``eps``."""
+class PairedNoise:
+    """``--paired``: the clients' DP noise from one seeded stream, restarted per cell."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def restart(self, key: str) -> None:
+        self.rng = np.random.default_rng(zlib.crc32(key.encode()))
+
+    def sample(self, sigma: float, size: int, rng: Any = None) -> np.ndarray:
+        out: np.ndarray = np.round(self.rng.normal(0.0, float(sigma), size)).astype(np.int64)
+        return out
+
+    def install(self) -> None:
+        import fedforest_secure.privacy as privacy
+
+        privacy.sample_discrete_gaussian = self.sample
+
+
+def evaluate(data: Data, variant: Variant, eps: float, seeds: list[int],
+             paired: PairedNoise | None = None, key: str = "") -> float:
+    """Mean score of ``secure-dp`` with the variant over ``seeds`` at ``eps`` (``paired``:
+    the noise stream restarted from ``key`` and ``eps``)."""
+    if paired is not None:
+        paired.restart(f"{key}-{eps}")
     X, y, _, task = data
     params: dict[str, Any] = {}
     if variant.shape is not None:
@@ -251,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=6, help="seeds first .. first + n - 1")
     ap.add_argument("--first-seed", type=int, default=100,
                     help="first seed (>= 100: the comparison uses 0-9)")
+    ap.add_argument("--paired", action="store_true",
+                    help="the same seeded noise stream for every variant (module docstring)")
     ap.add_argument("--flamby", action="store_true",
                     help="instead: secure-dp on FLamby's heart data (docs/privacy.md §4)")
     args = ap.parse_args(argv)
@@ -267,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_seed < 100:
         ap.error("--first-seed must be >= 100 (the comparison's seeds are 0-9)")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    paired = PairedNoise() if args.paired else None
+    if paired is not None:
+        paired.install()
     print(f"# seeds {seeds[0]}-{seeds[-1]}, mean balanced accuracy (R² for regression)")
     print("| data | variant | " + " | ".join(f"ε={e:g}" for e in eps_list) + " |")
     print("|---|---|" + "---|" * len(eps_list))
@@ -274,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in sets:
         data = SETS[s]()
         for v in variants:
-            cells = [evaluate(data, VARIANTS[v], e, seeds) for e in eps_list]
+            cells = [evaluate(data, VARIANTS[v], e, seeds, paired, s) for e in eps_list]
             print(f"| {s} | {v} | " + " | ".join(f"{c:.3f}" for c in cells) + " |",
                   flush=True)
     print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)
