@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_driver import released_tasks, stump
 
 from fedforest_secure import _random_splits
-from fedforest_secure._tree import TreeBuilder
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.federation import client_seed
@@ -54,24 +54,17 @@ def test_no_class_weight_exceeds_four() -> None:
     np.testing.assert_allclose(w, [0.5 / (19.0 / 15.0), 4.0])
 
 
-def _stump() -> TreeBuilder:
-    tb = TreeBuilder(2)
-    root, left, right = tb.add(), tb.add(), tb.add()
-    tb.left[root], tb.right[root] = left, right
-    return tb
-
-
 def test_node_values_are_proportions_under_uniform_priors() -> None:
     """Leaves (9, 1) and (3, 3): class totals (12, 4), weights (2/3, 2): the leaves become
     (6, 2) and (2, 6), the root (8, 8)."""
-    tb = _stump()
+    tb = stump()
     totals = np.array([[9.0, 1.0], [3.0, 3.0]])
     _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0, class_prior_noise=0.0)
     np.testing.assert_allclose(tb.value[0], [0.5, 0.5])
     np.testing.assert_allclose(tb.value[1], [0.75, 0.25])
     np.testing.assert_allclose(tb.value[2], [0.25, 0.75])
-    plain = _stump()
+    plain = stump()
     _random_splits.values_from_leaves([plain], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0)
     np.testing.assert_allclose(plain.value[0], [0.75, 0.25])
@@ -97,15 +90,7 @@ def _imbalanced_job(profile: str, epsilon: float = 8.0, **dp: object
 
 def _fit(cfg: JobConfig, ws: list[Worker]) -> tuple[np.ndarray, list[TaskKind]]:
     coord = Coordinator(cfg)
-    kinds = []
-    task = coord.next_task()
-    while task is not None:
-        rep = [w.handle(task) for w in ws]
-        if task.layout:
-            kinds.append(task.kind)
-        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
-                     participants=range(len(ws)))
-        task = coord.next_task()
+    kinds = [t.kind for t in released_tasks(coord, ws)]
     model = coord.result()
     return np.array([t.value[0] for t in model.trees]), kinds
 

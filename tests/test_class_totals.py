@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from engine_driver import released_tasks
 
 from fedforest_secure import _random_splits
 from fedforest_secure._layouts import CLASS_TOTALS_BLOCK, class_totals_block
@@ -41,19 +42,6 @@ def _job(epsilon: float, profile: str = "secure-dp", n_features: int = D
     return cfg, ws, y
 
 
-def _run(coord: Coordinator, ws: list[Worker]) -> list[Task]:
-    released = []
-    task = coord.next_task()
-    while task is not None:
-        rep = [w.handle(task) for w in ws]
-        if task.layout:
-            released.append(task)
-        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
-                     participants=range(len(ws)))
-        task = coord.next_task()
-    return released
-
-
 def test_the_scale_is_planned_at_small_epsilon_for_dp_random_classification_only() -> None:
     """a = ceil(sqrt(d * share / MARGINAL_SHARE)): 6 features at a 5% share give
     ceil(sqrt(3)) = 2, 8 give 2, 9 give 3, 1 gives 1; none above CLASS_TOTALS_MAX_EPSILON,
@@ -77,7 +65,7 @@ def test_a_small_epsilon_job_releases_the_class_totals_with_the_marginal_counts(
     their noise, so exactly)."""
     cfg, ws, y = _job(0.5)
     coord = Coordinator(cfg)
-    released = _run(coord, ws)
+    released = released_tasks(coord, ws)
     assert [(t.kind, t.level) for t in released] == [(TaskKind.HISTOGRAM, 0),
                                                      (TaskKind.SKETCH, cfg.max_depth)]
     assert [b.name for b in released[0].layout] == ["counts", CLASS_TOTALS_BLOCK]
@@ -90,7 +78,7 @@ def test_a_small_epsilon_job_releases_the_class_totals_with_the_marginal_counts(
     # a job above the threshold releases the marginal counts alone
     cfg8, ws8, _ = _job(8.0)
     coord8 = Coordinator(cfg8)
-    assert [b.name for b in _run(coord8, ws8)[0].layout] == ["counts"]
+    assert [b.name for b in released_tasks(coord8, ws8)[0].layout] == ["counts"]
     assert coord8._class_totals is None and coord8.policy.class_totals_noise() is None
 
 
@@ -102,7 +90,7 @@ def test_the_class_totals_are_accounted_in_the_level_0_release() -> None:
     against dp-accounting in test_privacy_accountant.py) and the budget."""
     cfg, ws, _ = _job(0.5)
     coord = Coordinator(cfg)
-    _run(coord, ws)
+    released_tasks(coord, ws)
     from fedforest_secure import secure_sum
 
     a = allocation.class_totals_scale(cfg)
@@ -200,7 +188,7 @@ def test_a_small_epsilon_forest_balances_its_roots_with_the_released_totals(
         allocation._job_noise.cache_clear()
         cfg, ws, _ = _job(0.5)
         coord = Coordinator(cfg)
-        _run(coord, ws)
+        released_tasks(coord, ws)
         model = coord.result()
         weights = np.mean([t.value[0][0] for t in model.trees])
         shares[share] = float(weights)
@@ -216,7 +204,7 @@ def test_with_the_class_totals_the_forest_votes_with_weighted_summed_counts() ->
     assert allocation.CLASS_TOTALS_COUNT_VOTES is True
     cfg, ws, y = _job(0.5)
     coord = Coordinator(cfg)
-    _run(coord, ws)
+    released_tasks(coord, ws)
     model = coord.result()
     assert model.vote == "counts"
     noise = coord.policy.class_totals_noise()
@@ -229,7 +217,7 @@ def test_with_the_class_totals_the_forest_votes_with_weighted_summed_counts() ->
     np.testing.assert_allclose(totals / totals.sum(), counts * w / (counts * w).sum())
     cfg8, ws8, _ = _job(8.0)
     coord8 = Coordinator(cfg8)
-    _run(coord8, ws8)
+    released_tasks(coord8, ws8)
     assert coord8.result().vote == "proportions"
 
 

@@ -10,10 +10,11 @@ import json
 
 import numpy as np
 import pytest
+from engine_driver import released_tasks, stump
 
 from fedforest_secure import _random_splits
 from fedforest_secure._release import ReleasePolicy
-from fedforest_secure._tree import NodeKind, TreeBuilder
+from fedforest_secure._tree import TreeBuilder
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.federation import client_seed
@@ -83,18 +84,10 @@ def test_the_vote_noise_is_none_without_dp_or_for_regression() -> None:
     assert ReleasePolicy(reg).leaf_vote_noise() is None
 
 
-def _stump() -> TreeBuilder:
-    tb = TreeBuilder(2)
-    root, left, right = tb.add(), tb.add(), tb.add()
-    tb.left[root], tb.right[root] = left, right
-    tb.kind[root], tb.feature[root], tb.threshold[root] = NodeKind.NUMERIC, 0, 0.5
-    return tb
-
-
 def _two_stumps(count_votes: bool) -> ForestModel:
     """Tree 0's left leaf: counts (1, 0); tree 1's left leaf: counts (10, 30). Averaged
     proportions vote (1 + 0.25) / 2 for class 0, summed counts 30 of 41 for class 1."""
-    trees = [_stump(), _stump()]
+    trees = [stump(), stump()]
     totals = np.array([[1.0, 0.0], [2.0, 2.0], [10.0, 30.0], [-3.0, 5.0]])
     _random_splits.values_from_leaves(trees, np.array([0, 0, 1, 1]), np.array([1, 2, 1, 2]),
                                       totals, "classification", 1.0, count_votes=count_votes)
@@ -168,12 +161,7 @@ def test_a_deployed_job_without_forest_settings_gets_the_rule(
     cfg = _job_config(epsilon, 700)
     coord = Coordinator(cfg)
     ws = _workers(cfg, 700, 3)
-    task = coord.next_task()
-    while task is not None:
-        rep = [w.handle(task) for w in ws]
-        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
-                     participants=range(4))
-        task = coord.next_task()
+    released_tasks(coord, ws)
     model = coord.result()
     assert model.vote == vote
     leaves = [t.value[t.kind == 0] for t in model.trees]
@@ -208,13 +196,13 @@ def test_onnx_export_of_a_count_vote_forest_predicts_its_probabilities() -> None
 def test_balanced_count_votes_divide_each_class_by_its_own_rows_per_leaf() -> None:
     """Leaves (9, 1) and (3, 3): class 0 has 12 / 2 = 6 rows per leaf, class 1 has 2 (not
     below 1); with ``balanced`` the second leaf votes class 1 (3 / 2 > 3 / 6)."""
-    tb = _stump()
+    tb = stump()
     totals = np.array([[9.0, 1.0], [3.0, 3.0]])
     _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0, count_votes=True, balanced=True)
     np.testing.assert_allclose(tb.value[1], [9.0 / 6.0, 1.0 / 2.0])
     np.testing.assert_allclose(tb.value[2], [3.0 / 6.0, 3.0 / 2.0])
-    plain = _stump()
+    plain = stump()
     _random_splits.values_from_leaves([plain], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0, count_votes=True)
     np.testing.assert_allclose(plain.value[2], [3.0 / 8.0, 3.0 / 8.0])

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_driver import released_tasks, stump
 
 from fedforest_secure import _random_splits
 from fedforest_secure._release import ReleasePolicy
-from fedforest_secure._tree import NodeKind, TreeBuilder
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.federation import client_seed
@@ -51,26 +51,18 @@ def test_the_weights_scale_with_leaf_weight_noise(monkeypatch: pytest.MonkeyPatc
     assert allocation.leaf_vote_weight(3.0, 400, 6) == pytest.approx(6.0)
 
 
-def _stump() -> TreeBuilder:
-    tb = TreeBuilder(2)
-    root, left, right = tb.add(), tb.add(), tb.add()
-    tb.left[root], tb.right[root] = left, right
-    tb.kind[root], tb.feature[root], tb.threshold[root] = NodeKind.NUMERIC, 0, 0.5
-    return tb
-
-
 def test_a_leaf_value_is_its_proportions_times_its_rows_over_rows_plus_lam() -> None:
     """Leaves (3, 1) and (-2, 0.5): n = 4 and 0.5 (clipped; below min_count 1: the root's
     value, (1, 1.5) / 2.5). lam = 2: weights 4 / 6 and 0.5 / 2.5; the root keeps its
     proportions."""
-    tb = _stump()
+    tb = stump()
     totals = np.array([[3.0, 1.0], [-2.0, 0.5]])
     _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0, leaf_weight=2.0)
     np.testing.assert_allclose(tb.value[0], [0.4, 0.6])
     np.testing.assert_allclose(tb.value[1], np.array([0.75, 0.25]) * 4.0 / 6.0)
     np.testing.assert_allclose(tb.value[2], np.array([0.4, 0.6]) * 0.5 / 2.5)
-    plain = _stump()
+    plain = stump()
     _random_splits.values_from_leaves([plain], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0)
     np.testing.assert_allclose(plain.value[1], [0.75, 0.25])
@@ -78,7 +70,7 @@ def test_a_leaf_value_is_its_proportions_times_its_rows_over_rows_plus_lam() -> 
 
 def test_a_negative_leaf_weight_is_refused() -> None:
     with pytest.raises(ValueError, match="leaf_weight"):
-        _random_splits.values_from_leaves([_stump()], np.array([0, 0]), np.array([1, 2]),
+        _random_splits.values_from_leaves([stump()], np.array([0, 0]), np.array([1, 2]),
                                           np.ones((2, 2)), "classification", 1.0,
                                           leaf_weight=-1.0)
 
@@ -87,7 +79,7 @@ def test_a_weighted_forest_votes_for_the_leaf_that_holds_more_rows_than_noise() 
     """Tree 0's left leaf: counts (1, 0); tree 1's: (10, 30). Averaged proportions vote
     (1 + 0.25) / 2 for class 0; with lam = 10 tree 0's leaf weighs 1 / 11 and tree 1's
     40 / 50, so class 1 wins, and the probabilities still add up to 1."""
-    trees = [_stump(), _stump()]
+    trees = [stump(), stump()]
     totals = np.array([[1.0, 0.0], [2.0, 2.0], [10.0, 30.0], [-3.0, 5.0]])
     _random_splits.values_from_leaves(trees, np.array([0, 0, 1, 1]), np.array([1, 2, 1, 2]),
                                       totals, "classification", 1.0, leaf_weight=10.0)
@@ -115,15 +107,7 @@ def _run(cfg: JobConfig, n: int) -> tuple[ForestModel, list[TaskKind], Coordinat
     ws = [Worker(cfg, X[h == k], y[h == k], client_index=k, seed=client_seed(cfg, k))
           for k in range(4)]
     coord = Coordinator(cfg)
-    kinds = []
-    task = coord.next_task()
-    while task is not None:
-        rep = [w.handle(task) for w in ws]
-        if task.layout:
-            kinds.append(task.kind)
-        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
-                     participants=range(4))
-        task = coord.next_task()
+    kinds = [t.kind for t in released_tasks(coord, ws)]
     return coord.result(), kinds, coord
 
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from engine_driver import released_tasks, stump
 
 from fedforest_secure import _random_splits
-from fedforest_secure._tree import TreeBuilder
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import RefusedRequest
@@ -77,22 +77,10 @@ def _random_dp_job(max_depth: int = 3, profile: str = "secure-dp"
     return cfg, ws
 
 
-def _run(coord: Coordinator, ws: list[Worker]) -> list[Task]:
-    released = []
-    task = coord.next_task()
-    while task is not None:
-        rep = [w.handle(task) for w in ws]
-        if task.layout:
-            released.append(task)
-        coord.submit(task.round_id, sum(r.summable for r in rep), participants=range(len(ws)))
-        task = coord.next_task()
-    return released
-
-
 def test_a_random_dp_job_releases_the_marginal_counts_then_the_leaves() -> None:
     cfg, ws = _random_dp_job()
     coord = Coordinator(cfg)
-    released = _run(coord, ws)
+    released = released_tasks(coord, ws)
     assert [(t.kind, t.level) for t in released] == [(TaskKind.HISTOGRAM, 0),
                                                      (TaskKind.SKETCH, cfg.max_depth)]
     marg = released[0]
@@ -113,7 +101,7 @@ def test_a_random_dp_client_refuses_a_third_release() -> None:
     (one more node): the client refuses, whatever the depth allows."""
     cfg, ws = _random_dp_job(max_depth=4)
     coord = Coordinator(cfg)
-    released = _run(coord, ws)
+    released = released_tasks(coord, ws)
     last = released[-1]
     evil = Task(job_id=last.job_id, round_id=last.round_id + 1, kind=last.kind,
                 level=last.level, params={**last.params, "n_nodes": last.params["n_nodes"] + 1},
@@ -128,23 +116,16 @@ def test_a_random_dp_client_refuses_a_third_release() -> None:
 def test_random_splits_without_dp_count_the_marginals_once() -> None:
     cfg, ws = _random_dp_job(profile="secure")
     coord = Coordinator(cfg)
-    released = _run(coord, ws)
+    released = released_tasks(coord, ws)
     assert released[0].kind is TaskKind.HISTOGRAM and coord.accountant is None
     assert coord.rounds_by_kind["histogram"] == 1
-
-
-def _stump() -> TreeBuilder:
-    tb = TreeBuilder(2)
-    root, left, right = tb.add(), tb.add(), tb.add()
-    tb.left[root], tb.right[root] = left, right
-    return tb
 
 
 def test_shrunk_leaf_values_add_pseudo_rows_of_the_parents_proportions() -> None:
     """shrink = 4: the root's counts (the sum of its leaves', (7, -2), clipped at 0) get 4
     pseudo-rows of uniform proportions; each leaf gets 4 pseudo-rows of the root's value, so
     a leaf whose noisy counts are all below 0 takes its parent's value."""
-    tb = _stump()
+    tb = stump()
     totals = np.array([[9.0, 1.0], [-2.0, -3.0]])
     _random_splits.values_from_leaves([tb], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0, shrink=4.0)
@@ -154,7 +135,7 @@ def test_shrunk_leaf_values_add_pseudo_rows_of_the_parents_proportions() -> None
     np.testing.assert_allclose(tb.value[2], root)  # clipped counts (0, 0): the parent's
     assert tb.n[0] == pytest.approx(7.0)
     # without shrinkage a trusted leaf keeps its own proportions
-    tb0 = _stump()
+    tb0 = stump()
     _random_splits.values_from_leaves([tb0], np.array([0, 0]), np.array([1, 2]), totals,
                                       "classification", 1.0)
     np.testing.assert_allclose(tb0.value[1], [0.9, 0.1])
@@ -199,7 +180,7 @@ def test_a_random_dp_forest_with_leaf_shrinkage_stores_the_shrunk_leaf_values(
     monkeypatch.setattr(allocation, "LEAF_WEIGHT_NOISE", 0.0)
     cfg, ws = _random_dp_job()
     coord = Coordinator(cfg)
-    _run(coord, ws)
+    released_tasks(coord, ws)
     model = coord.result()
     for t in model.trees:
         leaves = t.left == -1
