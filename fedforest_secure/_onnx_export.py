@@ -18,7 +18,8 @@ split whose both branches reach that leaf.
 Outputs: regression ``variable`` (n, 1); classification ``probabilities`` (n, n_classes),
 columns ordered as ``classes_`` (a forest whose ``vote`` is ``"counts"``: the mean clipped at
 0 and normalised per row, uniform where nothing is left, as ``values_of``), and ``label``
-(n,), the class label of the first largest probability (as ``predict``).
+(n,), the class label of the first largest probability (as ``predict``; where two classes
+tie up to the rounding of the sum, as summed counts can, either may come first).
 
 Numeric splits only: a forest with categorical or client (H) splits is refused.
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_labels import assert_labels_match
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor
 
@@ -75,7 +76,7 @@ def test_onnx_classifier_predicts_what_the_federated_forest_predicts(missing: bo
     est, Xt = _fit("classification", missing)
     out = _run(est.to_onnx(), Xt)
     np.testing.assert_allclose(out["probabilities"], est.predict_proba(Xt), rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(out["label"], est.predict(Xt))
+    assert_labels_match(out["label"], est.predict_proba(Xt), est.classes_, est.predict(Xt))
 
 
 def test_onnx_missing_values_follow_the_learned_direction() -> None:
@@ -102,7 +103,7 @@ def test_onnx_classifier_with_string_labels_and_a_file(tmp_path: Path) -> None:
     path = tmp_path / "forest.onnx"
     est.to_onnx(path)
     out = _run(onnx.load(str(path)), X)
-    np.testing.assert_array_equal(out["label"], est.predict(X))
+    assert_labels_match(out["label"], est.predict_proba(X), est.classes_, est.predict(X))
     np.testing.assert_allclose(out["probabilities"], est.predict_proba(X), rtol=0, atol=1e-12)
 
 
