@@ -172,6 +172,17 @@ def wait_round(fed: Fed, at_least: int, timeout: float = 300) -> None:
     raise AssertionError("the job did not reach the round in time")
 
 
+def freeze_mid_job(fed: Fed, client: subprocess.Popen[bytes], at_least: int) -> None:
+    """Once the job reaches round ``at_least``, freeze ``client`` (SIGSTOP): the job cannot
+    finish without its answers, so a kill or a restart that follows happens mid-job. A tiny
+    job can run to its end while the status is polled; that would make the test vacuous, so it
+    fails here instead."""
+    wait_round(fed, at_least)
+    client.send_signal(signal.SIGSTOP)
+    st = _job_status(fed.db_url, "job-a")
+    assert st["status"] == "running", f"the job was {st['status']} before the freeze"
+
+
 def test_full_job_matches_in_process(tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, make_db_url=make_db_url)
@@ -206,7 +217,7 @@ def test_client_killed_mid_job_is_dropped_and_training_completes(
     try:
         launch_server(fed)
         clients = [launch_client(fed, k) for k in range(5)]
-        wait_round(fed, 3)
+        freeze_mid_job(fed, clients[4], 2)
         os.kill(clients[4].pid, signal.SIGKILL)
         codes = [c.wait(600) for c in clients[:4]]
         clients[4].wait(5)
@@ -231,11 +242,12 @@ def test_server_restart_mid_job_gives_the_same_model(tmp_path: Path, tiny_parts,
     try:
         server = launch_server(fed)
         clients = [launch_client(fed, k) for k in range(3)]
-        wait_round(fed, 4)
+        freeze_mid_job(fed, clients[2], 3)
         server.send_signal(signal.SIGKILL)
         server.wait()
         time.sleep(0.5)
         server = launch_server(fed)
+        clients[2].send_signal(signal.SIGCONT)
         codes = [c.wait(600) for c in clients]
     finally:
         stop_all(fed)

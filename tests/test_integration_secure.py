@@ -13,13 +13,13 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from test_integration_https import (
     _job_status,
+    freeze_mid_job,
     launch_client,
     launch_server,
     reference,
     setup_fed,
     stop_all,
     trees,
-    wait_round,
 )
 
 from client_app.runner import RESTARTED_SECURE
@@ -83,7 +83,7 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     try:
         launch_server(fed)
         clients = [launch_client(fed, k) for k in range(5)]
-        wait_round(fed, 3)
+        freeze_mid_job(fed, clients[4], 2)
         os.kill(clients[4].pid, signal.SIGKILL)
         clients[4].wait(5)
         # the site restarts its client: it cannot answer the open round without the keys
