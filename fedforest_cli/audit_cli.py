@@ -10,19 +10,15 @@ import enum
 import gzip
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from fedforest_secure.audit import (
-    AuditLog,
-    export_csv,
-    export_jsonl,
-    render_tables,
-    verify_log,
-)
 from fedforest_secure.errors import AuditError
+
+if TYPE_CHECKING:
+    from fedforest_secure.audit import AuditLog
 
 __all__ = ["audit_app"]
 
@@ -44,6 +40,8 @@ def _table_console() -> Console:
 
 
 def _open(db: str, console: Console) -> AuditLog:
+    from fedforest_secure.audit import AuditLog  # SQLAlchemy: loaded by audit commands only
+
     try:
         return AuditLog(db, create=False)
     except AuditError as exc:
@@ -58,6 +56,8 @@ def show(
     round_id: Annotated[int | None, typer.Option("--round", help="Only this round.")] = None,
 ) -> None:
     """Show what the server saw: per round clients, layout, aggregate; disclosures flagged."""
+    from fedforest_secure.audit import render_tables
+
     console = _table_console()
     with _open(db, console) as log:
         if job is not None and job not in log.jobs():
@@ -82,6 +82,8 @@ def verify(
         "aggregates.")] = False,
 ) -> None:
     """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees."""
+    from fedforest_secure.audit import verify_log
+
     report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
     for problem in report.problems:
         typer.echo(f"PROBLEM {problem}")
@@ -103,6 +105,8 @@ def export(
 ) -> None:
     """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests);
     an --out file ending in .gz is gzip-compressed."""
+    from fedforest_secure.audit import export_csv, export_jsonl
+
     console = Console(stderr=True)
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
     with _open(db, console) as log:

@@ -134,3 +134,30 @@ def test_export_jsonl_stdout_is_json(db: Path) -> None:
     result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl"])
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
     assert [json.loads(ln)["seq"] for ln in lines] == [1, 2, 3, 4]
+
+
+def test_the_client_command_and_runner_load_without_sqlalchemy() -> None:
+    """A site's client writes receipts through fedforest_secure.audit but never opens an SQL
+    store: importing the command line and the client runtime leaves SQLAlchemy (and the
+    server's web stack) unloaded; the audit names that need it load on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedforest_cli.cli, client_app.runner\n"
+            "heavy = {'sqlalchemy', 'fastapi', 'uvicorn', 'starlette'}\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
+            "from fedforest_secure.audit import AuditLog\n"
+            "print('sqlalchemy' in sys.modules, AuditLog.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "True fedforest_secure.audit.log"]
+
+
+def test_every_public_audit_name_resolves_and_unknown_names_raise() -> None:
+    import fedforest_secure.audit as audit
+
+    for name in audit.__all__:
+        assert getattr(audit, name) is not None
+        assert name in dir(audit)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        audit.no_such_name  # noqa: B018

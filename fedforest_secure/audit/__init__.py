@@ -20,16 +20,45 @@ only by its default store, :mod:`fedforest_secure.audit._sql`.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .entry import GENESIS, ArrayInfo, Entry
-from .export import export_csv, export_jsonl, import_jsonl, read_csv, read_jsonl
 from .kinds import EntryKind
-from .log import AuditLog
 from .receipts import ModelReceipt, Receipt, read_receipts, upload_digest, write_receipt
 from .recorder import JobRecorder
-from .show import render_tables
 from .store import AuditStore
-from .verify import VerifyReport, verify_entries, verify_log
-from .views import contains_per_client_plaintext, summarize_array
+
+if TYPE_CHECKING:
+    from .export import export_csv, export_jsonl, import_jsonl, read_csv, read_jsonl
+    from .log import AuditLog
+    from .show import render_tables
+    from .verify import VerifyReport, verify_entries, verify_log
+    from .views import contains_per_client_plaintext, summarize_array
+
+#: The names whose modules open the SQL store (SQLAlchemy), imported on first use: a client
+#: writes receipts and records entries without loading SQLAlchemy.
+_LAZY = {
+    "AuditLog": "log", "export_csv": "export", "export_jsonl": "export",
+    "import_jsonl": "export", "read_csv": "export", "read_jsonl": "export",
+    "render_tables": "show", "VerifyReport": "verify", "verify_entries": "verify",
+    "verify_log": "verify", "contains_per_client_plaintext": "views",
+    "summarize_array": "views",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "GENESIS",
