@@ -74,13 +74,27 @@ def _label_sort_key(label: str) -> tuple[int, float, str]:
         return (1, 0.0, label)
 
 
-def _numeric_column(
-    col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
-    allow_missing: bool = False,
-) -> NDArray[np.float64]:
-    """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
-    empty, ...) are NaN, otherwise an error."""
-    arr = np.asarray(col)
+def _plain_numbers(col: _Column) -> NDArray[np.float64] | None:
+    """The column as floats when every cell is a string that ``float`` reads as a finite
+    number (a CSV column without missing or odd cells) in one pass, else None:
+    :func:`_checked_numbers` then decides, with its messages. ``float`` strips the whitespace
+    that path strips."""
+    if isinstance(col, np.ndarray) and col.dtype.kind not in "OU":
+        return None
+    cells = col.tolist() if isinstance(col, np.ndarray) else list(col)
+    if set(map(type, cells)) != {str}:
+        return None
+    try:
+        out = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+    except ValueError:
+        return None
+    return out if np.isfinite(out).all() else None
+
+
+def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool
+                     ) -> NDArray[np.float64]:
+    """The column as floats, cell by cell for other than numeric arrays: missing cells NaN
+    where allowed, otherwise a :class:`SchemaError` naming the column and the 1-based row."""
     if arr.dtype.kind in "fiu":
         out = arr.astype(np.float64)
         bad = ~np.isfinite(out)
@@ -106,6 +120,18 @@ def _numeric_column(
             if not math.isfinite(x):
                 raise SchemaError(f"column {name!r}, row {i}: non-finite value {_show(v)}")
             out[i - 1] = x
+    return out
+
+
+def _numeric_column(
+    col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
+    allow_missing: bool = False,
+) -> NDArray[np.float64]:
+    """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
+    empty, ...) are NaN, otherwise an error."""
+    out = _plain_numbers(col)
+    if out is None:
+        out = _checked_numbers(np.asarray(col), name, allow_missing)
     if bounds is not None:
         lo, hi = bounds
         bad = (out < lo) | (out > hi)
