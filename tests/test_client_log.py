@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from client_app.log import SiteLog
 from client_app.runner import _Watch
 from client_app.transport import Transport, TransportFailed
-from fedforest_cli.simulate import free_port
 from fedforest_cli.site_cli import format_status
 from fedforest_secure.pki import DevPKI
 from fedforest_secure.protocol.api import JobStatus

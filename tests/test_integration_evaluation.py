@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ports import free_port
 from sklearn import metrics as skm
 
 from fedforest_cli.sim_data import SiteData, schema_dict, write_csv, write_schema
@@ -25,7 +26,6 @@ from fedforest_cli.sim_evaluation import (
 )
 from fedforest_cli.simulate import (
     _child_env,
-    free_port,
     start_server,
     wait_for_job,
     wait_healthy,

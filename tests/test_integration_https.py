@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from fedforest_cli.sim_data import SiteData
 from fedforest_cli.simulate import (
     _job_status,
     collect_receipts,
     db_url,
-    free_port,
     start_client,
     start_server,
     wait_healthy,

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 import uvicorn
+from ports import free_port
 
 from client_app.runner import ClientOptions, ProfileRefused, run_client
 from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
-from fedforest_cli.simulate import free_port
 from fedforest_secure.errors import RefusedRequest
 from fedforest_secure.pki import init_dev_pki
 from server_app.app import create_app

@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from ports import free_port
 
-from fedforest_cli.simulate import free_port, start_server, wait_healthy, write_server_config
+from fedforest_cli.simulate import start_server, wait_healthy, write_server_config
 from fedforest_secure.audit import AuditLog
 from fedforest_secure.pki import init_dev_pki
 from fedforest_secure.protocol import Task, make_upload

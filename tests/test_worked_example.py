@@ -20,12 +20,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from ports import free_port
 from test_config_doc import doc_files
 from test_tablecheck import site_csv
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
-from fedforest_cli.simulate import free_port, start_server, wait_healthy
+from fedforest_cli.simulate import start_server, wait_healthy
 from fedforest_secure import FedForestClassifier
 from fedforest_secure.audit import verify_log
 
