@@ -190,10 +190,16 @@ def test_secure_dp_metrics_are_within_the_noise_the_accountant_predicts(
             z.extend((diff / std[block]).ravel().tolist())
         noisy, true = dp.model(name).metrics, exact.model(name).metrics
         assert noisy != true
+        # a metric is a ratio of noisy sums (60 rows, the row count's noise std 31) and its
+        # noise_std the spread of the metric re-noised around the noisy sums, so the error in
+        # units of noise_std has a heavier tail than a normal's: this job run 2,300 times in
+        # process gave 4,452 accuracy checks, the error above 3 noise_std in 27 and above 4 in
+        # one (4.2; 600 more runs: at most 4.5; brier and log loss at most 2.1); 6 noise_std
+        # is a third above the largest seen
         for metric in ("accuracy", "brier", "log_loss"):
             if noisy["n"] > 0:
-                assert abs(noisy[metric] - true[metric]) <= 5 * dp.model(name).noise_std[metric]
-            else:  # the noise took the row count to zero or below (about 1 job in 100 here)
+                assert abs(noisy[metric] - true[metric]) <= 6 * dp.model(name).noise_std[metric]
+            else:  # the noise took the row count to zero or below (3 models in 100 here)
                 assert math.isnan(noisy[metric])
     z_arr = np.asarray(z)
     assert len(z_arr) > 100
