@@ -356,10 +356,16 @@ def leaf_votes_are_counts(count_std: float, n_rows: float, depth: int) -> bool:
     noise moves the vote little; averaged proportions give every leaf one full vote, which is
     better when the noise is small against a leaf's rows.
     """
+    rows_per_leaf = _rows_per_leaf(count_std, n_rows, depth)
+    return rows_per_leaf is not None and bool(count_std >= LEAF_VOTE_COUNTS_ABOVE * rows_per_leaf)
+
+
+def _rows_per_leaf(count_std: float, n_rows: float, depth: int) -> float | None:
+    """``n_rows / 2**depth`` (``n_rows`` at least 1), or None where ``count_std`` is not a
+    finite, non-negative noise standard deviation."""
     if not (math.isfinite(count_std) and count_std >= 0):
-        return False
-    rows_per_leaf = max(float(n_rows), 1.0) / 2.0 ** depth
-    return bool(count_std >= LEAF_VOTE_COUNTS_ABOVE * rows_per_leaf)
+        return None
+    return max(float(n_rows), 1.0) / 2.0 ** depth
 
 
 def leaf_vote_weight(count_std: float, n_rows: float, depth: int) -> float:
@@ -367,24 +373,15 @@ def leaf_vote_weight(count_std: float, n_rows: float, depth: int) -> float:
     (docs/privacy.md §2.6, "Leaf weights"): ``LEAF_WEIGHT_NOISE * count_std`` where
     ``count_std <= LEAF_WEIGHT_BELOW * n_rows / 2**depth``, else 0 (every leaf one vote).
 
-    Parameters
-    ----------
-    count_std : standard deviation of the noise on one summed class count of the leaves'
-        release (:meth:`JobNoise.sum_count_std`)
-    n_rows : the federation's rows (the coordinator uses the released leaf totals' mean row
-        count per tree: post-processing)
-    depth : the trees' depth (a tree has ``2**depth`` leaves)
-
-    A leaf's class proportions estimate its rows' classes with an error that grows as its
-    rows ``n`` shrink against the noise; weighting its vote by ``n / (n + lam)`` moves the
-    forest's average towards the leaves that hold more rows than noise. Where the noise is
-    many times the rows per leaf (small epsilon) nearly every leaf is mostly noise and the
-    weights are not applied.
+    The parameters are those of :func:`leaf_votes_are_counts`. A leaf's class proportions
+    estimate its rows' classes with an error that grows as its rows ``n`` shrink against the
+    noise; weighting its vote by ``n / (n + lam)`` moves the forest's average towards the
+    leaves that hold more rows than noise. Where the noise is many times the rows per leaf
+    (small epsilon) nearly every leaf is mostly noise and the weights are not applied.
     """
-    if not (math.isfinite(count_std) and count_std >= 0) or LEAF_WEIGHT_NOISE <= 0:
-        return 0.0
-    rows_per_leaf = max(float(n_rows), 1.0) / 2.0 ** depth
-    if count_std > LEAF_WEIGHT_BELOW * rows_per_leaf:
+    rows_per_leaf = _rows_per_leaf(count_std, n_rows, depth)
+    if rows_per_leaf is None or LEAF_WEIGHT_NOISE <= 0 \
+            or count_std > LEAF_WEIGHT_BELOW * rows_per_leaf:
         return 0.0
     return float(LEAF_WEIGHT_NOISE * count_std)
 
