@@ -18,6 +18,12 @@ Times, side by side on the same machine and data:
   (``cpu_ratio_training``); the JSON also has every child process's whole CPU
   (``https_cpu_s``: start-ups, baselines and the evaluation job included).
 
+**Phases**: where the HTTPS training's wall time went, summed over its rounds, from the server's
+``event=round`` log lines: how long each secure-aggregation phase stayed open (share: the
+clients compute their answers and post their shares; upload: they mask and upload; sign;
+unmask) and ``close``, the server's own step after the last phase (the sum, the coordinator's
+next level, the audit records).
+
 Bytes sent per client are counted by each client's transport (request bodies plus ~200 bytes of
 HTTP per request) and include the secure-aggregation messages. The summable payload is what the
 paper counts: 8-byte words of every round's summable vector (``layout_size`` of each task), and
@@ -86,6 +92,24 @@ def _server_cpu(out: Path, job_id: str) -> tuple[float, float]:
     return at_done, at_done - float(started[-1]) if started else float("nan")
 
 
+def _phase_seconds(out: Path, job_id: str) -> dict[str, float]:
+    """Seconds the training job's rounds spent in each phase and in the server's close,
+    summed over its rounds, from the server's ``event=round`` log lines (``phase_s`` and
+    ``close_s``; :mod:`server_app.logs`). Empty if the log has none."""
+    import re
+
+    text = (out / "logs" / "server.log").read_text(errors="replace")
+    totals: dict[str, float] = {}
+    for line in re.findall(rf"event=round job={re.escape(job_id)} .*", text):
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        for item in filter(None, fields.get("phase_s", "").split(",")):
+            name, _, sec = item.partition(":")
+            totals[name] = totals.get(name, 0.0) + float(sec)
+        if "close_s" in fields:
+            totals["close"] = totals.get("close", 0.0) + float(fields["close_s"])
+    return totals
+
+
 def _trees(model: ForestModel) -> dict[str, Any]:
     """The forest itself (the HTTPS model file also carries the job's schema and site names,
     which the in-process model has not)."""
@@ -139,6 +163,7 @@ def main() -> None:
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     requests = max(s.get("requests", 0) for s in stats)
     server_cpu, server_training_cpu = _server_cpu(a.out, config.job_id)
+    phases = _phase_seconds(a.out, config.job_id)
     recv = max(s["bytes_received"] for s in stats)
     # the paper's count, over the d_sampled = max_features features a node evaluates
     bound = 8 * config.n_estimators * 2 ** config.max_depth * config.max_features * \
@@ -155,7 +180,8 @@ def main() -> None:
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
            "bound_8T2^MdBS": bound, "aggregation_rounds_per_level": per_level,
-           "max_aggregation_rounds_per_level": max(per_level.values(), default=0)}
+           "max_aggregation_rounds_per_level": max(per_level.values(), default=0),
+           "phase_seconds": phases}
     t = Table(title=f"transport benchmark: {a.dataset}, K={a.clients}, T={a.trees}, "
                     f"M={a.depth}, B={a.bins}, profile {a.profile}")
     for col in ("HTTPS training s", "in-process s", "ratio", "HTTPS end-to-end s",
@@ -170,6 +196,15 @@ def main() -> None:
     Console().print(t)
     print("aggregation rounds per level: "
           + ", ".join(f"{lvl}: {k}" for lvl, k in per_level.items()))
+    if phases:
+        p = Table(title="HTTPS training time by phase (summed over rounds; the rest: between "
+                        "a close and the next round's first phase)")
+        for name in phases:
+            p.add_column(name, justify="right")
+        p.add_column("rest", justify="right")
+        p.add_row(*(f"{sec:.2f} s ({sec / train_s:.0%})" for sec in phases.values()),
+                  f"{train_s - sum(phases.values()):.2f} s")
+        Console().print(p)
     b = Table(title="bytes per client")
     for col in ("sent", "received", "summable payload", "8*T*2^M*d_sampled*B*S",
                 "sent / bound", "sent / payload"):

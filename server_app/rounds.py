@@ -169,6 +169,7 @@ class RoundDriver:
                 if not force and not sr.complete():
                     return
                 force = False
+                sr.phase_closed(phase)
                 if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out
                     ring = sr.finish()
                     bridge.finished(sr)
@@ -250,6 +251,7 @@ class RoundDriver:
         """Hand the round's sum to the coordinator, audit it, and issue the next round. An
         aggregate the coordinator rejects fails the job once, cleanly (never a 5xx on every
         retry and tick)."""
+        started = secure.phase_opened if secure is not None else time.perf_counter()
         task = rt.task
         if task is None or task.round_id != rr.round_id:
             raise RuntimeError("runtime out of step with the database")
@@ -292,7 +294,9 @@ class RoundDriver:
         record_events(self.audit, rt.job_id, rr.round_id, spends, decisions)
         event("round", job=job.id, round=rr.round_id, level=rr.level, kind=rr.kind,
               clients=len(contributors), dropped=len(set(participants(rr)) - set(contributors)),
-              seconds=rr.closed_at - rr.issued_at)
+              seconds=rr.closed_at - rr.issued_at,
+              phase_s=secure.timeline() if secure is not None else None,
+              close_s=time.perf_counter() - started)
         self.issue_next(rt, sess, job)
 
     def _total(self, rt: JobRuntime, rr: RoundRow, contributors: list[int],

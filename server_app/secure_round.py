@@ -10,6 +10,7 @@ secure-aggregation server reached the stage of the next phase.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -99,6 +100,21 @@ class SecureRound:
     _wire: dict[str, str] = field(default_factory=dict, repr=False)
     #: the clients the open phase expects, made once per phase
     _expected: tuple[ServerStage, frozenset[int]] | None = field(default=None, repr=False)
+    #: seconds each closed phase stayed open, in order (for the round's log line), and when
+    #: the open phase opened (``time.perf_counter``: the round's set-up, for its first phase)
+    phase_seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    phase_opened: float = field(default_factory=time.perf_counter, repr=False)
+
+    def phase_closed(self, phase: Phase) -> None:
+        """Note that ``phase`` closes now: :attr:`phase_seconds` gets how long it was open."""
+        now = time.perf_counter()
+        self.phase_seconds[phase.value] = now - self.phase_opened
+        self.phase_opened = now
+
+    def timeline(self) -> str:
+        """The closed phases and their seconds, ``share:0.420,upload:0.650,...`` (one token
+        of a log line)."""
+        return ",".join(f"{name}:{s:.3f}" for name, s in self.phase_seconds.items())
 
     def wire(self, key: str, msg: BaseModel) -> str:
         """``msg`` as JSON, made once per round and ``key``."""

@@ -4,6 +4,7 @@ with the server's database and the audit log on each backend (SQLite files, Post
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -72,6 +73,14 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     # every split decision of the forest is in the log, and the final model's digest
     assert len(splits) == sum(int((t.kind != 0).sum()) for t in got.trees)
     assert len(models) == 1
+    # each round's log line says how long each phase stayed open and the server's close took
+    closed = [x for x in (fed.root / "server.log").read_text().splitlines()
+              if "event=round " in x]
+    assert len(closed) == len(rounds)
+    timed = re.compile(r" phase_s=(advertise:[0-9.]+,)?share:[0-9.]+,upload:[0-9.]+,"
+                       r"sign:[0-9.]+,unmask:[0-9.]+ close_s=[0-9.]+$")
+    assert all(timed.search(x) for x in closed), closed
+    assert "advertise:" in closed[0]  # later rounds' keys ride on the unmask responses
 
 
 def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
