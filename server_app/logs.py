@@ -7,9 +7,9 @@ Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``round`` (a round
 
 A ``round`` line says where the round's time went: ``seconds`` from its issue to its close,
 ``phase_s`` (secure rounds) how long each phase stayed open, e.g.
-``phase_s=share:0.420,upload:0.650,sign:0.201,unmask:0.094`` (a phase waits for its slowest
-client), and ``close_s`` the server's own step after the last phase: the sum, the
-coordinator's next level and the audit records.
+``phase_s=advertise:0.002,share:0.420,upload:0.650,sign:0.201,unmask:0.094`` (a phase waits
+for its slowest client), and ``close_s`` the server's own step after the last phase: the sum,
+the coordinator's next level and the audit records.
 """
 
 from __future__ import annotations
