@@ -19,8 +19,9 @@ Times, side by side on the same machine and data:
   (``https_cpu_s``: start-ups, baselines and the evaluation job included).
 
 **Phases**: where the HTTPS training's wall time went, summed over its rounds, from the server's
-``event=round`` log lines: how long each secure-aggregation phase stayed open (share: the
-clients compute their answers and post their shares; upload: they mask and upload; sign;
+``event=round`` log lines: how long each secure-aggregation phase stayed open (advertise;
+share: open until every client's shares are in, which each posts from a second thread as it
+starts computing; upload: the rest of the computing, the masking and the uploads; sign;
 unmask) and ``close``, the server's own step after the last phase (the sum, the coordinator's
 next level, the audit records).
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import sqlite3
 import time
@@ -79,12 +81,15 @@ def _training_span(db: Path, job_id: str) -> tuple[float, int, int, dict[int, in
     return float(t1 - t0), int(n), 8 * words, dict(sorted(per_level.items()))
 
 
-def _server_cpu(out: Path, job_id: str) -> tuple[float, float]:
-    """The server's CPU seconds when the job ``job_id`` finished (it logs them), and those
-    it spent from the job's start to its end (its start-up and the joins left out), or NaN."""
-    import re
+def _server_log(out: Path) -> str:
+    """The server's log of a ``fedforest simulate`` run into ``out``."""
+    return (out / "logs" / "server.log").read_text(errors="replace")
 
-    text = (out / "logs" / "server.log").read_text(errors="replace")
+
+def _server_cpu(text: str, job_id: str) -> tuple[float, float]:
+    """The server's CPU seconds when the job ``job_id`` finished (its log ``text`` has them),
+    and those it spent from the job's start to its end (its start-up and the joins left out),
+    or NaN."""
     job = re.escape(job_id)
     done = re.findall(rf"event=job_done job={job} .*server_cpu_s=([0-9.]+)", text)
     started = re.findall(rf"event=job_started job={job} .*server_cpu_s=([0-9.]+)", text)
@@ -92,13 +97,10 @@ def _server_cpu(out: Path, job_id: str) -> tuple[float, float]:
     return at_done, at_done - float(started[-1]) if started else float("nan")
 
 
-def _phase_seconds(out: Path, job_id: str) -> dict[str, float]:
+def _phase_seconds(text: str, job_id: str) -> dict[str, float]:
     """Seconds the training job's rounds spent in each phase and in the server's close,
-    summed over its rounds, from the server's ``event=round`` log lines (``phase_s`` and
-    ``close_s``; :mod:`server_app.logs`). Empty if the log has none."""
-    import re
-
-    text = (out / "logs" / "server.log").read_text(errors="replace")
+    summed over its rounds, from the ``event=round`` lines of the server's log ``text``
+    (``phase_s`` and ``close_s``; :mod:`server_app.logs`). Empty if the log has none."""
     totals: dict[str, float] = {}
     for line in re.findall(rf"event=round job={re.escape(job_id)} .*", text):
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
@@ -162,8 +164,9 @@ def main() -> None:
     sent = max(s["bytes_sent"] for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     requests = max(s.get("requests", 0) for s in stats)
-    server_cpu, server_training_cpu = _server_cpu(a.out, config.job_id)
-    phases = _phase_seconds(a.out, config.job_id)
+    server_log = _server_log(a.out)
+    server_cpu, server_training_cpu = _server_cpu(server_log, config.job_id)
+    phases = _phase_seconds(server_log, config.job_id)
     recv = max(s["bytes_received"] for s in stats)
     # the paper's count, over the d_sampled = max_features features a node evaluates
     bound = 8 * config.n_estimators * 2 ** config.max_depth * config.max_features * \

@@ -112,8 +112,8 @@ class SecureRound:
         self.phase_opened = now
 
     def timeline(self) -> str:
-        """The closed phases and their seconds, ``share:0.420,upload:0.650,...`` (one token
-        of a log line)."""
+        """The closed phases and their seconds, ``advertise:0.002,share:0.420,...`` (one
+        token of a log line)."""
         return ",".join(f"{name}:{s:.3f}" for name, s in self.phase_seconds.items())
 
     def wire(self, key: str, msg: BaseModel) -> str:
