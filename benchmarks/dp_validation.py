@@ -191,6 +191,11 @@ VARIANTS: dict[str, Variant] = {
     "leafw2": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 2.0),)),
     "leafwall": Variant({}, constants=(("LEAF_WEIGHT_NOISE", 1.0),
                                        ("LEAF_WEIGHT_BELOW", math.inf))),
+    # random-split DP classifiers route rows softly at prediction within a width of the rows
+    # (0.08 as shipped): hard splits, and narrower or wider routing
+    "hardsplits": Variant({}, constants=(("SOFT_ROUTING_WIDTH", 0.0),)),
+    "route0.05": Variant({}, constants=(("SOFT_ROUTING_WIDTH", 0.05),)),
+    "route0.12": Variant({}, constants=(("SOFT_ROUTING_WIDTH", 0.12),)),
     "share0.05": Variant({}, constants=(("MARGINAL_SHARE", 0.05),)),
     "share0.2": Variant({}, constants=(("MARGINAL_SHARE", 0.2),)),
     "depth+1": Variant({}, lambda e, n, d, k, t: _rule()(e, n, d, k, t) | {

@@ -200,6 +200,16 @@ class ReleasePolicy:
         std = self.leaf_vote_noise() if LEAF_SHRINK > 0 else None
         return 0.0 if std is None else LEAF_SHRINK * std
 
+    def soft_routing_width(self) -> float:
+        """Random-split classification under DP: the width of the forest's soft routing at
+        prediction (:data:`~fedforest_secure.privacy.allocation.SOFT_ROUTING_WIDTH`,
+        :mod:`~fedforest_secure._soft_routing`); 0 otherwise (hard splits)."""
+        if not (self.dp and self.random_splits and self.config.task == "classification"):
+            return 0.0
+        from .privacy.allocation import SOFT_ROUTING_WIDTH
+
+        return float(SOFT_ROUTING_WIDTH)
+
     def class_prior_noise(self) -> float | None:
         """Random-split classification under DP with the profile's ``dp.class_priors =
         "uniform"`` (and :data:`~fedforest_secure.privacy.allocation.LEAF_CLASS_BALANCED`, as

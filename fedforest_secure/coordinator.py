@@ -39,6 +39,7 @@ from ._planner import (
     sample_features,
 )
 from ._release import ReleasePolicy
+from ._soft_routing import SoftRouting
 from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
@@ -278,8 +279,18 @@ class Coordinator:
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
                            vote="counts" if self._normalised_votes else "proportions",
+                           routing=self._soft_routing(),
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
+
+    def _soft_routing(self) -> SoftRouting | None:
+        """The forest's soft routing at prediction: the policy's width with the released
+        marginal CDF (random-split DP classification), or None (hard splits)."""
+        width = self.policy.soft_routing_width()
+        if width <= 0 or self._marginal_cdf is None or self.config.feature_bounds is None:
+            return None
+        return SoftRouting(width, np.array(self.config.feature_bounds, dtype=np.float64),
+                           self._marginal_cdf)
 
     def _leaf_level(self, level: int, frontier: Frontier,
                     routing: dict[str, np.ndarray] | None, trees: list[TreeBuilder]

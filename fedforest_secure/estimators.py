@@ -367,19 +367,31 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                shape=(X.shape[0], int(ptr[-1])))
         return indicator, ptr
 
-    def to_sklearn(self) -> Any:
+    def to_sklearn(self, *, hard_splits: bool = False) -> Any:
         """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
         this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`): it
         predicts what this estimator predicts (on float32 inputs exactly, as scikit-learn
         reads X as float32), so SHAP, skops, skl2onnx and ``permutation_importance`` work on
         it unchanged.
 
+        A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
+        row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn
+        form: ``hard_splits=True`` exports its trees with hard splits, which predict
+        differently from this estimator.
+
         Raises
         ------
         ValueError
-            The forest splits on the client indicator H.
+            The forest splits on the client indicator H, or it routes rows softly and
+            ``hard_splits`` is False.
         """
         model = self._check_fitted()
+        if model.routing is not None and not hard_splits:
+            raise ValueError("this forest shares a row near a threshold between both "
+                             "children (soft routing, docs/privacy.md §2.6), which "
+                             "scikit-learn's trees cannot: use to_onnx(), or "
+                             "to_sklearn(hard_splits=True) for its trees with hard splits "
+                             "(different predictions)")
         return to_sklearn_forest(model.trees, model.task, model.n_features,
                                  classes=getattr(self, "classes_", None),
                                  y_offset=float(getattr(self, "y_offset_", 0.0)),
@@ -410,7 +422,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         onx = forest_to_onnx(model.trees, model.task, model.n_features,
                              classes=getattr(self, "classes_", None),
                              y_offset=float(getattr(self, "y_offset_", 0.0)),
-                             vote=model.vote)
+                             vote=model.vote, routing=model.routing)
         if path is not None:
             Path(path).write_bytes(onx.SerializeToString())
         return onx

@@ -16,6 +16,11 @@ read any of them. Besides the trees it carries what prediction on a site's table
   ``"counts"`` (a DP classifier whose leaf values are noisy class counts, or class proportions
   weighted by the leaves' rows against the noise, docs/privacy.md §2.6) clips that average at
   0 and normalises it per row (uniform where nothing is left);
+* ``routing``: absent for hard splits (a row goes where the split sends it); for a DP
+  random-split forest, the width and the released marginal CDF with which a row near a
+  threshold is shared between both children (:mod:`~fedforest_secure._soft_routing`). A model
+  file with it is of format v3, so that a version that reads only v1 and v2 refuses it rather
+  than predict with hard splits;
 * ``estimator``: the estimator's parameters and job configuration (files the estimators wrote).
 
 Each tree is a :class:`~fedforest_secure._tree.Tree`: parallel arrays indexed by node id, the
@@ -25,7 +30,8 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
-(``fedforest-secure/model/v1``, trees only) still load.
+(``fedforest-secure/model/v1``, trees only) still load; a model without ``routing`` is written
+as v2.
 """
 
 from __future__ import annotations
@@ -41,13 +47,16 @@ from typing import Any
 
 import numpy as np
 
+from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
 
 __all__ = ["ForestModel", "Tree"]
 
 FORMAT = "fedforest-secure/model/v2"
-_READS = ("fedforest-secure/model/v1", FORMAT)
+#: the format of a model file with soft routing
+FORMAT_ROUTED = "fedforest-secure/model/v3"
+_READS = ("fedforest-secure/model/v1", FORMAT, FORMAT_ROUTED)
 _VOTES = ("proportions", "counts")
 
 
@@ -76,10 +85,17 @@ class ForestModel:
     y_offset: float = 0.0
     estimator: dict[str, Any] | None = None
     vote: str = "proportions"
+    routing: SoftRouting | None = None
 
     def __post_init__(self) -> None:
         if self.vote not in _VOTES:
             raise ValueError(f"vote must be one of {_VOTES}, got {self.vote!r}")
+        if self.routing is not None:
+            if self.routing.n_features != self.n_features:
+                raise ValueError(f"the routing has {self.routing.n_features} features, the "
+                                 f"forest {self.n_features}")
+            for tree in self.trees:
+                self.routing.check(tree)
 
     @property
     def uses_client(self) -> bool:
@@ -179,8 +195,13 @@ class ForestModel:
         """:meth:`predict_values` of input that :meth:`prepare` already made."""
         codes = self._check_client(client, Xf.shape[0])
         out = np.zeros((Xf.shape[0], 1 if self.task == "regression" else self.n_classes))
-        for tree in self.trees:
-            out += tree.value[tree.apply(Xf, codes)]
+        if self.routing is not None:
+            Z = self.routing.positions(Xf)
+            for tree in self.trees:
+                out += self.routing.tree_values(tree, Xf, Z)
+        else:
+            for tree in self.trees:
+                out += tree.value[tree.apply(Xf, codes)]
         out /= max(len(self.trees), 1)
         if self.vote == "counts" and self.task != "regression":
             out = np.maximum(out, 0.0)
@@ -223,8 +244,9 @@ class ForestModel:
     # ------------------------------------------------------------------ the file
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "format": FORMAT, "task": self.task, "n_features": self.n_features,
-            "n_classes": self.n_classes, "n_clients": self.n_clients, "meta": self.meta,
+            "format": FORMAT if self.routing is None else FORMAT_ROUTED, "task": self.task,
+            "n_features": self.n_features, "n_classes": self.n_classes,
+            "n_clients": self.n_clients, "meta": self.meta,
             "trees": [t.to_dict() for t in self.trees]}
         for key in ("feature_names", "classes", "schema", "clients", "estimator"):
             value = getattr(self, key)
@@ -234,6 +256,8 @@ class ForestModel:
             out["y_offset"] = self.y_offset
         if self.vote != "proportions":
             out["vote"] = self.vote
+        if self.routing is not None:
+            out["routing"] = self.routing.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -256,7 +280,8 @@ class ForestModel:
                    feature_names=d.get("feature_names"), classes=d.get("classes"),
                    schema=d.get("schema"), clients=d.get("clients"),
                    y_offset=float(d.get("y_offset", 0.0)), estimator=d.get("estimator"),
-                   vote=str(d.get("vote", "proportions")))
+                   vote=str(d.get("vote", "proportions")),
+                   routing=(SoftRouting.from_dict(d["routing"]) if "routing" in d else None))
 
     @classmethod
     def from_json(cls, text: str) -> ForestModel:

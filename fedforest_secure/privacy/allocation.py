@@ -296,6 +296,12 @@ LEAF_WEIGHT_NOISE = 0.0
 #: The leaf weights apply where ``sigma`` is at most this many times the mean rows per leaf
 #: (the large-epsilon regime, :func:`leaf_vote_weight`); elsewhere every leaf has one vote.
 LEAF_WEIGHT_BELOW = 4.0
+#: Random-split DP classification: the width of its soft routing at prediction, a share of the
+#: rows in the released marginal CDF (:mod:`~fedforest_secure._soft_routing`; post-processing):
+#: a row within this share of the rows of a split's threshold is shared between both
+#: children, so each tree averages the noisy leaves around it. Chosen on the validation sets
+#: of docs/privacy.md §2.6 ("Soft routing"); 0 turns it off.
+SOFT_ROUTING_WIDTH = 0.08
 
 
 #: Random-split DP classification at epsilon <= :data:`CLASS_TOTALS_MAX_EPSILON`: about this
