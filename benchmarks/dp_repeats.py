@@ -8,7 +8,8 @@ seeds 0 .. seeds - 1) ``--repeats`` times per value of ``allocation.LEAF_SHRINK`
 0 under the training rows' class frequencies) and of ``allocation.CLASS_TOTALS_SHARE``
 (``--class-totals``: the share of the class totals released at epsilon <= 2, 0 for none) and
 of ``allocation.CLASS_TOTALS_COUNT_VOTES`` (``--totals-votes``: 1 summed weighted counts, 0
-averaged proportions, with the class totals) and prints
+averaged proportions, with the class totals) and of ``allocation.SOFT_ROUTING_WIDTH``
+(``--routing``: the soft routing's width at prediction, 0 for hard splits) and prints
 each run's means and, per epsilon, their mean and standard deviation over the runs
 (docs/privacy.md §3, "Repeats"). It measures; nothing is chosen with it.
 
@@ -45,25 +46,29 @@ def main(argv: list[str] | None = None) -> int:
                     help="values of allocation.CLASS_TOTALS_SHARE (0: no class totals)")
     ap.add_argument("--totals-votes", default=str(int(allocation.CLASS_TOTALS_COUNT_VOTES)),
                     help="values of allocation.CLASS_TOTALS_COUNT_VOTES (0 or 1)")
+    ap.add_argument("--routing", default=str(allocation.SOFT_ROUTING_WIDTH),
+                    help="values of allocation.SOFT_ROUTING_WIDTH (0: hard splits)")
     args = ap.parse_args(argv)
     eps = [e for e in parse_epsilons(args.epsilons) if np.isfinite(e)]
     saved = (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
              allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
-             allocation.CLASS_TOTALS_COUNT_VOTES)
-    rules = [(float(c), float(v), bool(int(b)), float(t), bool(int(tv)))
+             allocation.CLASS_TOTALS_COUNT_VOTES, allocation.SOFT_ROUTING_WIDTH)
+    rules = [(float(c), float(v), bool(int(b)), float(t), bool(int(tv)), float(w))
              for c in args.shrink.split(",") if c
              for v in args.vote_above.split(",") if v
              for b in args.balanced.split(",") if b
              for t in args.class_totals.split(",") if t
-             for tv in args.totals_votes.split(",") if tv]
+             for tv in args.totals_votes.split(",") if tv
+             for w in args.routing.split(",") if w]
     try:
-        for c, above, bal, share, tvotes in rules:
+        for c, above, bal, share, tvotes, width in rules:
             (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
              allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
-             allocation.CLASS_TOTALS_COUNT_VOTES) = (c, above, bal, share, tvotes)
+             allocation.CLASS_TOTALS_COUNT_VOTES, allocation.SOFT_ROUTING_WIDTH) = (
+                c, above, bal, share, tvotes, width)
             allocation._job_noise.cache_clear()  # noise plans made under other constants
             name = (f"c={c:g} votes>={above:g} balanced={int(bal)} class_totals={share:g} "
-                    f"totals_votes={int(tvotes)}")
+                    f"totals_votes={int(tvotes)} routing={width:g}")
             runs = []
             for r in range(args.repeats):
                 res = run_comparison(args.dataset, epsilons=eps, seeds=args.seeds,
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         (allocation.LEAF_SHRINK, allocation.LEAF_VOTE_COUNTS_ABOVE,
          allocation.LEAF_CLASS_BALANCED, allocation.CLASS_TOTALS_SHARE,
-         allocation.CLASS_TOTALS_COUNT_VOTES) = saved
+         allocation.CLASS_TOTALS_COUNT_VOTES, allocation.SOFT_ROUTING_WIDTH) = saved
         allocation._job_noise.cache_clear()
     return 0
 
