@@ -62,10 +62,11 @@ def _job_config(epsilon: float, public_rows: int) -> JobConfig:
 @pytest.mark.parametrize(("epsilon", "counts"), [(0.5, True), (1.0, True), (8.0, False)])
 def test_the_rule_at_given_epsilon_and_rows_of_a_job_file_without_forest_settings(
         epsilon: float, counts: bool) -> None:
-    """A job file's forest (the allocation rule: 64 trees, depth 7 for 700 rows): the noise
-    on one summed leaf count against the 700 / 2**7 rows per leaf decides."""
+    """A job file's forest (the allocation rule: 64 trees, 128 at epsilon = 8, depth 7 for
+    700 rows): the noise on one summed leaf count against the 700 / 2**7 rows per leaf
+    decides."""
     cfg = _job_config(epsilon, 700)
-    assert (cfg.n_estimators, cfg.max_depth) == (64, 7)
+    assert (cfg.n_estimators, cfg.max_depth) == (128 if epsilon >= 8 else 64, 7)
     std = ReleasePolicy(cfg).leaf_vote_noise()
     assert std is not None
     assert allocation.leaf_votes_are_counts(std, 700, 7) is counts

@@ -27,11 +27,14 @@ EPS = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     (124, 13, 3, "classification"), (5000, 50, 10, "classification"),
     (300, 10, 0, "regression"), (8000, 8, 0, "regression")])
 def test_more_budget_never_makes_the_forest_shallower(n: int, d: int, c: int, task: str) -> None:
-    # random splits: 64 trees, 32 marginal bins; the depth depends on the rows, and for
-    # regression also grows with epsilon (never past the rows' depth)
+    # random splits: 64 trees (classification at epsilon >= 8: 128), 32 marginal bins; the
+    # depth depends on the rows, and for regression also grows with epsilon (never past the
+    # rows' depth)
     shapes = [dp_forest_settings(e, n, d, c, task) for e in EPS]
-    assert {(s.method, s.n_estimators, s.max_features, s.n_bins) for s in shapes} == {
-        ("random", 64, 1, 32)}
+    assert {(s.method, s.max_features, s.n_bins) for s in shapes} == {("random", 1, 32)}
+    trees = [s.n_estimators for s in shapes]
+    assert trees == sorted(trees)  # more budget never gives fewer trees
+    assert trees == [128 if task == "classification" and e >= 8 else 64 for e in EPS]
     depths = [s.max_depth for s in shapes]
     assert depths == sorted(depths) and 3 <= depths[0] and depths[-1] <= 8
     assert depths == [random_split_depth(n, task, e) for e in EPS]

@@ -448,6 +448,11 @@ _DISTRIBUTED_FACTOR = 4.0 / 3.0
 
 #: Random splits: trees, and rows per leaf that set the depth (classification, regression).
 _RANDOM_TREES = 64
+#: Random-split classification at epsilon >= :data:`MANY_TREES_EPSILON`: twice the trees. With
+#: soft routing at prediction, 128 trees gained at epsilon = 8 on the validation sets (three
+#: seed streams) and lost at epsilon = 2 and 4 (docs/privacy.md §2.6, "Soft routing").
+_RANDOM_TREES_MANY = 128
+MANY_TREES_EPSILON = 8.0
 _RANDOM_ROWS_PER_LEAF = {"classification": 4.0, "regression": 8.0}
 _RANDOM_DEPTH = (3, 8)
 #: Random splits: fixed-width bins of the marginal counts the thresholds are drawn from.
@@ -517,9 +522,12 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     ``n_bins = 32`` fixed-width bins (:data:`MARGINAL_SHARE` of the budget; for classification
     at epsilon <= :data:`CLASS_TOTALS_MAX_EPSILON` with the classes' row totals, about
     :data:`CLASS_TOTALS_SHARE` more, :func:`class_totals_scale`) and the leaves' node totals
-    (the rest); every row in every tree (``sampling="all"``), ``T = 64`` trees of
-    depth :func:`random_split_depth` (a function of the rows only). The shape does not depend
-    on epsilon, and the noise of both releases only shrinks as epsilon grows.
+    (the rest); every row in every tree (``sampling="all"``), ``T = 64`` trees (classification
+    at epsilon >= :data:`MANY_TREES_EPSILON`: 128) of depth :func:`random_split_depth` (a
+    function of the rows only; for regression also of the noise). More budget never gives
+    fewer trees or a shallower forest, and the noise of both releases only shrinks as epsilon
+    grows (with 128 trees a tree's leaves carry sqrt(2) times the noise of 64, and the
+    forest's average the same).
 
     A greedy method (``"histogram"``, ``"quantiles"``: noisy histograms of fixed-width
     candidate bins at every level, budget split equally over the levels in zCDP) uses the
@@ -544,7 +552,9 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     if task not in ("classification", "regression"):
         raise BudgetError(f"unknown task {task!r}")
     if method == "random":
-        return DPForestSettings(_RANDOM_TREES, random_split_depth(n_rows, task, epsilon, delta),
+        trees = _RANDOM_TREES_MANY if task == "classification" and \
+            epsilon >= MANY_TREES_EPSILON else _RANDOM_TREES
+        return DPForestSettings(trees, random_split_depth(n_rows, task, epsilon, delta),
                                 _MARGINAL_BINS, 1, method="random")
     if task == "classification":
         trees = 4 if epsilon < 2.0 else 8
