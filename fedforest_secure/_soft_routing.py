@@ -103,11 +103,10 @@ class SoftRouting:
         if inner.any() and int(tree.feature[inner].max()) >= self.n_features:
             raise ValueError("a split names a feature the routing has no CDF for")
 
-    def tree_values(self, tree: Tree, X: np.ndarray, Z: np.ndarray) -> np.ndarray:
-        """(n, n_outputs) the tree's value for every row of ``X``: its leaves' values
-        weighted by the rows' probabilities of reaching them. ``Z`` is
-        :meth:`positions` of ``X``."""
-        n = X.shape[0]
+    def tree_values(self, tree: Tree, Z: np.ndarray) -> np.ndarray:
+        """(n, n_outputs) the tree's value for every row: its leaves' values weighted by the
+        rows' probabilities of reaching them. ``Z`` is :meth:`positions` of the rows."""
+        n = Z.shape[0]
         out = np.zeros((n, tree.value.shape[1]))
         if tree.n_nodes == 0:
             return out

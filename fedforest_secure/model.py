@@ -198,7 +198,7 @@ class ForestModel:
         if self.routing is not None:
             Z = self.routing.positions(Xf)
             for tree in self.trees:
-                out += self.routing.tree_values(tree, Xf, Z)
+                out += self.routing.tree_values(tree, Z)
         else:
             for tree in self.trees:
                 out += tree.value[tree.apply(Xf, codes)]
