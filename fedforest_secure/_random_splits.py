@@ -36,7 +36,7 @@ import numpy as np
 
 from . import _impurity, _splits
 
-__all__ = ["class_weights", "marginal_cdf", "random_splits", "values_from_leaves"]
+__all__ = ["cdf_edges", "class_weights", "marginal_cdf", "random_splits", "values_from_leaves"]
 
 
 class _Builder(Protocol):
@@ -64,6 +64,14 @@ def marginal_cdf(counts: np.ndarray, floor: float) -> np.ndarray:
     c = np.maximum(np.asarray(counts, dtype=np.float64), 0.0) + max(float(floor), 1e-9)
     cum = np.concatenate([np.zeros((c.shape[0], 1)), np.cumsum(c, axis=1)], axis=1)
     out: np.ndarray = cum / cum[:, -1:]
+    return out
+
+
+def cdf_edges(bounds: np.ndarray, nb: int) -> np.ndarray:
+    """(d, nb + 1) the edges of ``nb`` fixed-width bins of every feature's ``bounds`` (d, 2):
+    where :func:`marginal_cdf` gives the CDF."""
+    lo, hi = bounds[:, :1], bounds[:, 1:2]
+    out: np.ndarray = lo + (hi - lo) * (np.arange(nb + 1) / nb)[None, :]
     return out
 
 
@@ -109,10 +117,7 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
     if cdf is None or bounds is None:
         threshold = np.where(hi > lo, lo + u * (hi - lo), lo)
         return feature, threshold
-    nb = cdf.shape[1] - 1
-    frac = np.arange(nb + 1) / nb
-    b = np.asarray(bounds, dtype=np.float64)[feature]
-    edges = b[:, :1] + (b[:, 1:2] - b[:, :1]) * frac[None, :]  # (n_nodes, nb + 1)
+    edges = cdf_edges(np.asarray(bounds, dtype=np.float64), cdf.shape[1] - 1)[feature]
     fp = cdf[feature]
     f_lo = _interp_rows(lo, edges, fp)
     f_hi = _interp_rows(hi, edges, fp)

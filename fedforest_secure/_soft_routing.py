@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ._random_splits import cdf_edges
 from ._tree import NodeKind, Tree
 
 __all__ = ["SoftRouting"]
@@ -69,10 +70,7 @@ class SoftRouting:
 
     def edges(self) -> np.ndarray:
         """(d, nb + 1) the bins' edges on every feature's public range."""
-        nb = self.cdf.shape[1] - 1
-        lo, hi = self.bounds[:, :1], self.bounds[:, 1:]
-        out: np.ndarray = lo + (hi - lo) * (np.arange(nb + 1) / nb)[None, :]
-        return out
+        return cdf_edges(self.bounds, self.cdf.shape[1] - 1)
 
     def positions(self, X: np.ndarray) -> np.ndarray:
         """(n, d) ``F_f(X[:, f])`` for every feature: 0 below its range, 1 above, NaN where
@@ -89,9 +87,10 @@ class SoftRouting:
         """(n_nodes,) ``F_f(t)`` of every split node's threshold (0 at the leaves)."""
         edges = self.edges()
         out = np.zeros(tree.n_nodes)
-        for nd in np.flatnonzero(tree.kind == NodeKind.NUMERIC):
-            f = int(tree.feature[nd])
-            out[nd] = _cdf_at(np.array([tree.threshold[nd]]), edges[f], self.cdf[f])[0]
+        split = tree.kind == NodeKind.NUMERIC
+        for f in np.unique(tree.feature[split]):
+            at = split & (tree.feature == f)
+            out[at] = _cdf_at(tree.threshold[at], edges[f], self.cdf[f])
         return out
 
     def check(self, tree: Tree) -> None:
