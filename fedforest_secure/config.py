@@ -13,12 +13,11 @@ import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._candidates import CANDIDATE_METHODS
-
 __all__ = ["METHODS", "JobConfig", "resolve_max_features"]
 
-#: the names ``method`` takes: the candidate methods of the registry
-METHODS = tuple(CANDIDATE_METHODS)
+#: the names ``method`` takes, one per candidate method of
+#: :data:`~fedforest_secure._candidates.CANDIDATE_METHODS` (in its order)
+METHODS = ("quantiles", "avgimp", "exact", "histogram", "random")
 
 
 def resolve_max_features(max_features: Any, n_features: int) -> int:

@@ -10,8 +10,8 @@ import numpy as np
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.plain_bounds import PlainBounds
 from fedforest_secure.protocol import Task
-from fedforest_secure.protocol.bounds import PlainBounds
 from fedforest_secure.secure_sum import StatCodec, make_codec
 
 __all__ = ["JobOutput", "PlainBounds", "RoundEngine", "make_codec", "new_coordinator",

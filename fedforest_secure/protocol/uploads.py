@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -22,11 +22,9 @@ from ..errors import InvalidMessage, UploadRejected
 from .tasks import Task
 from .wire import layout_size, pack, unpack
 
-if TYPE_CHECKING:
-    from .bounds import PlainBounds
-
 __all__ = [
     "SUMMABLE",
+    "EntryBounds",
     "ParsedUpload",
     "allowed_disclosures",
     "check_against_task",
@@ -109,8 +107,22 @@ def parse_upload(body: bytes | bytearray) -> ParsedUpload:
                         hashlib.sha256(body).hexdigest(), secagg)
 
 
+class EntryBounds(Protocol):
+    """The public bound of every entry of a round's plaintext vector
+    (:class:`~fedforest_secure.plain_bounds.PlainBounds`)."""
+
+    #: |v| <= value[i] for a float64 vector
+    value: np.ndarray
+    #: |signed(v)| <= ring[i] ring units for a uint64 vector
+    ring: np.ndarray
+    #: entries that are never negative
+    nonneg: np.ndarray
+
+    def first_violation(self, vec: np.ndarray) -> int | None: ...
+
+
 def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str,
-                       bounds: PlainBounds | None = None) -> None:
+                       bounds: EntryBounds | None = None) -> None:
     """The upload answers exactly this task, in the round's encoding and layout.
 
     ``bounds`` (plaintext rounds only: the server sees each client's vector) range-checks every

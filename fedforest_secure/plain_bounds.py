@@ -1,14 +1,16 @@
-"""The public range of every entry of a client's plaintext summable vector in one round."""
+"""The public range of every entry of a client's plaintext summable vector in one round,
+from the round's codec (:func:`~fedforest_secure.secure_sum.make_codec`); the server checks
+every plaintext upload against it
+(:func:`~fedforest_secure.protocol.uploads.check_against_task`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..config import JobConfig
-from ..errors import FedForestError
-from ..secure_sum import make_codec
-from .tasks import Task
-from .wire import StatKind, kind_code, kinds_vector, layout_size
+from .config import JobConfig
+from .errors import FedForestError
+from .protocol import StatKind, Task, kind_code, kinds_vector, layout_size
+from .secure_sum import make_codec
 
 __all__ = ["PlainBounds"]
 
