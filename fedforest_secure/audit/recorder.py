@@ -8,7 +8,7 @@ chain head. Everything else a method accepts as ``**extra`` is added to the payl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -16,16 +16,24 @@ from ..protocol import Task
 from .entry import is_hex_digest
 from .kinds import EntryKind
 
-if TYPE_CHECKING:
-    from .log import AuditLog
+__all__ = ["Chains", "JobRecorder"]
 
-__all__ = ["JobRecorder"]
+
+class Chains(Protocol):
+    """What a recorder writes to: the jobs' hash chains of an
+    :class:`~fedforest_secure.audit.log.AuditLog`."""
+
+    def append(self, job_id: str, kind: EntryKind | str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None, *,
+               expected_head: str | None = None) -> str: ...
+
+    def head(self, job_id: str) -> str: ...
 
 
 class JobRecorder:
     """Writes the entries of one job to an :class:`~fedforest_secure.audit.log.AuditLog`."""
 
-    def __init__(self, log: AuditLog, job_id: str) -> None:
+    def __init__(self, log: Chains, job_id: str) -> None:
         self.log = log
         self.job_id = job_id
 
