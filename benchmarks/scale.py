@@ -341,7 +341,7 @@ def _start_client_group(sites: Sequence[Any], url: str, job: str, out: Path, pro
     with its own TLS identity, token, state directory and transport)."""
     import sys
 
-    from fedforest_cli.simulate import _child_env
+    from fedforest_cli.sim_processes import child_env
 
     spec = [{"server": url, "token": s.token, "job": job, "data": str(s.csv),
              "schema": str(s.schema), "ca": str(out / "certs" / "ca.pem"),
@@ -356,7 +356,7 @@ def _start_client_group(sites: Sequence[Any], url: str, job: str, out: Path, pro
     with (out / f"group-{sites[0].name}.log").open("ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group",
                                  str(path)], stdout=fh, stderr=subprocess.STDOUT,
-                                env=_child_env())
+                                env=child_env())
 
 
 def run_https(a: argparse.Namespace) -> list[dict[str, Any]]:

@@ -5,14 +5,30 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .simulate import SimulateOptions
+__all__ = ["SimData", "SimulateOptions", "SiteData", "load_table", "prepare_sites",
+           "write_site_files"]
 
-__all__ = ["SimData", "SiteData", "load_table", "prepare_sites", "write_site_files"]
+
+@dataclass
+class SimulateOptions:
+    """What ``fedforest simulate`` runs: the data, the federation, the forest."""
+
+    dataset: str = "breast_cancer"
+    clients: int = 4
+    alpha: float = 0.5
+    profile: str = "secure"
+    out: Path = Path("fedforest-run")
+    trees: int = 20
+    depth: int = 6
+    bins: int = 16
+    seed: int = 0
+    max_rows: int | None = None
+    round_deadline: float = 60.0
+    extra_forest: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,8 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from fedforest_secure.evaluation.result import EvalResult
 
-    from .sim_data import SimData
-    from .simulate import SimulateOptions
+    from .sim_data import SimData, SimulateOptions
 
 __all__ = ["evaluate"]
 

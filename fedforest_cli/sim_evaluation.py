@@ -13,6 +13,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.evaluation.result import EvalResult
 
 from .sim_data import SiteData
+from .sim_processes import start_client
 
 __all__ = ["EvalRun", "create_eval_job", "run_eval_clients", "wait_job", "write_eval_job"]
 
@@ -77,8 +78,6 @@ def run_eval_clients(sites: Sequence[SiteData], held_out: Sequence[Path], url: s
                      certs: Path, root: Path, server_db: Path, *, profile: str | None,
                      timeout: float = 600.0) -> EvalRun:
     """Start one client per site on its held-out rows, wait for the job, read its result."""
-    from .simulate import start_client
-
     t0 = time.monotonic()
     (root / "logs").mkdir(parents=True, exist_ok=True)
     procs = [start_client(site, url, job_id, certs, root / "clients" / site.name,

@@ -25,9 +25,7 @@ from test_integration_https import (
     trees,
 )
 
-from fedforest_cli.simulate import (
-    _child_env,
-)
+from fedforest_cli.sim_processes import child_env
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from server_app.jobspec import build_config, load_job_spec
@@ -63,7 +61,7 @@ def _start_job_clients(root: Path, url: str, job: str, tokens: list[str],
     path.write_text(json.dumps(spec))
     with (jd / "clients.log").open("ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group", str(path)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=_child_env())
+                                stdout=fh, stderr=subprocess.STDOUT, env=child_env())
 
 
 def _wait(db: str, job: str, until: Any, timeout: float = 300) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from fedforest_cli.sim_evaluation import (
     run_eval_clients,
     write_eval_job,
 )
+from fedforest_cli.sim_processes import child_env
 from fedforest_cli.simulate import (
-    _child_env,
     start_server,
     wait_for_job,
     wait_healthy,
@@ -97,7 +97,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
         [sys.executable, "-m", "fedforest_cli", "evaluate", "--config", str(server_toml),
          "--job", str(root / "eval-open.toml"), "--models", str(root / "shallow.json"),
          str(root / "deep.json"), "--timeout", "300"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env())
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env())
     try:
         # a server's start-up on a loaded 2-core box can take over a minute
         wait_healthy(url, certs / "ca.pem", server, timeout=240, cert=certs / "client-0.pem",

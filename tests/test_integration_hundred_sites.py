@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from test_integration_https import provision, stop, trees
 
+from fedforest_cli.sim_processes import child_env
 from fedforest_cli.simulate import (
-    _child_env,
     _job_status,
 )
 from fedforest_secure import load_profile
@@ -69,7 +69,7 @@ def _start_group(root: Path, url: str, tokens: list[str], profile: Path,
     path.write_text(json.dumps(spec))
     with (root / f"group-{sites.start}.log").open("ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group", str(path)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=_child_env())
+                                stdout=fh, stderr=subprocess.STDOUT, env=child_env())
 
 
 def test_a_hundred_site_secagg_plus_job_gives_every_site_the_in_process_model(

@@ -1,0 +1,122 @@
+"""The processes of ``fedforest simulate`` and of the integration tests: a server on
+127.0.0.1 (its TOML, its process, its health) and one client process per site."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedforest_secure.errors import FedForestError
+
+from .sim_data import SiteData
+
+__all__ = ["child_env", "db_url", "free_port", "start_client", "start_server", "wait_healthy",
+           "write_server_config"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True,
+                        database: str | None = None, audit_database: str | None = None
+                        ) -> Path:
+    """``out/server.toml`` for a server on 127.0.0.1:``port``; the databases default to the
+    SQLite files ``out/server.db`` and ``out/audit.db`` (any SQLAlchemy URL otherwise)."""
+    path = out / "server.toml"
+    database = database or db_url(out / "server.db")
+    audit_database = audit_database or db_url(out / "audit.db")
+    lines = [
+        'host = "127.0.0.1"', f"port = {port}",
+        f'database = "{database}"',
+        f'audit_database = "{audit_database}"',
+        "tick_seconds = 0.2", "", "[tls]",
+        f'cert = "{(certs / "server.pem").resolve()}"',
+        f'key = "{(certs / "server.key").resolve()}"',
+    ]
+    if mtls:
+        lines.append(f'client_ca = "{(certs / "ca.pem").resolve()}"')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def db_url(db: Path | str) -> str:
+    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file."""
+    text = str(db)
+    return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def start_server(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as fh:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "fedforest_cli", "server", "--config",
+                                 str(config)], stdout=fh, stderr=subprocess.STDOUT,
+                                env=child_env())
+
+
+def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 90.0,
+                 cert: Path | None = None, key: Path | None = None) -> None:
+    """Wait until the server answers ``/health``; a server that does not within ``timeout``
+    seconds (its start-up imports take seconds on a loaded machine) is stopped."""
+    import httpx
+
+    from client_app.transport import tls_context
+
+    deadline = time.monotonic() + timeout
+    ctx = tls_context(ca, cert, key)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FedForestError(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", verify=ctx, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    raise FedForestError(f"the server did not answer {url}/health within {timeout:.0f} s")
+
+
+def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
+                 model_out: Path, *, profile: str | None = None, n_clients: int | None = None,
+                 insecure_dev: bool = False, eval_data: Path | None = None
+                 ) -> subprocess.Popen[bytes]:
+    """One client process. ``profile`` pins the privacy profile the site accepts (the job's
+    own) and ``n_clients`` the number of clients it knows the job has; ``insecure_dev`` only
+    when the server itself runs with ``--insecure-dev``; ``eval_data``: the site's held-out
+    rows, for an evaluation job (instead of its table)."""
+    env = child_env()
+    env["FEDFOREST_TOKEN"] = site.token
+    table = ["--eval-data", str(eval_data)] if eval_data is not None else ["--data",
+                                                                         str(site.csv)]
+    cmd = [sys.executable, "-m", "fedforest_cli", "client", "--server", url, "--job", job,
+           *table, "--schema", str(site.schema), "--ca",
+           str(certs / "ca.pem"), "--cert", str(certs / f"{site.name}.pem"), "--key",
+           str(certs / f"{site.name}.key"), "--state-dir", str(state), "--out",
+           str(model_out), "--quiet", "--retry-budget", "120"]
+    if profile is not None:
+        cmd += ["--profile", str(Path(profile).resolve()) if Path(profile).is_file()
+                else profile]
+    if n_clients is not None:
+        cmd += ["--clients", str(n_clients)]
+    if insecure_dev:
+        cmd.append("--insecure-dev")
+    with log.open("ab") as fh:
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
