@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedforest_cli.sim_data import prepare_sites, write_job_toml
+from fedforest_cli.sim_processes import stop
 from fedforest_cli.simulate import (
     SimulateOptions,
     free_port,
@@ -112,12 +113,7 @@ def main() -> None:
                 raise SystemExit(f"{job}: client exit codes {codes} (logs in {out})")
             print(f"{job} done", flush=True)
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, grace=30)
     wall = time.monotonic() - t0
     before = disk(out)
     exports = {}

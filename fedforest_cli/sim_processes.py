@@ -14,8 +14,8 @@ from fedforest_secure.errors import FedForestError
 
 from .sim_data import SiteData
 
-__all__ = ["child_env", "db_url", "free_port", "start_client", "start_server", "wait_healthy",
-           "write_server_config"]
+__all__ = ["child_env", "db_url", "free_port", "start_client", "start_server", "stop",
+           "wait_healthy", "write_server_config"]
 
 
 def free_port() -> int:
@@ -85,13 +85,20 @@ def wait_healthy(url: str, ca: Path, proc: subprocess.Popen[bytes], timeout: flo
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
+    stop(proc)
+    raise FedForestError(f"the server did not answer {url}/health within {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Terminate ``proc`` if it still runs; kill it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
     proc.terminate()
     try:
-        proc.wait(10)
+        proc.wait(grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    raise FedForestError(f"the server did not answer {url}/health within {timeout:.0f} s")
 
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,

@@ -15,6 +15,7 @@ import pytest
 from ports import free_port
 
 from fedforest_cli.sim_data import SiteData
+from fedforest_cli.sim_processes import stop
 from fedforest_cli.simulate import (
     _job_status,
     collect_receipts,
@@ -132,16 +133,6 @@ def launch_client(fed: Fed, k: int, job: str = "job-a") -> subprocess.Popen[byte
                         profile=fed.profile)
     fed.procs.append(proc)
     return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def stop_all(fed: Fed) -> None:
