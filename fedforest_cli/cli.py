@@ -132,7 +132,7 @@ def simulate(
                                        profile=profile, out=out, trees=trees, depth=depth,
                                        bins=bins, seed=seed, max_rows=max_rows,
                                        round_deadline=round_deadline))
-    except FedForestError as exc:
+    except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
 
 

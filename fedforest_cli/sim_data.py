@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SimData", "SimulateOptions", "SiteData", "load_table", "prepare_sites",
-           "write_site_files"]
+__all__ = ["SimData", "SimulateOptions", "SiteData", "check_dataset_name", "load_table",
+           "prepare_sites", "write_site_files"]
 
 
 @dataclass
@@ -29,6 +30,25 @@ class SimulateOptions:
     max_rows: int | None = None
     round_deadline: float = 60.0
     extra_forest: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse options that cannot make a simulation (before anything is written).
+
+        Raises
+        ------
+        ValueError
+            Naming the option and what it takes.
+        """
+        check_dataset_name(self.dataset)
+        for flag, value, low in (("--clients", self.clients, 1), ("--trees", self.trees, 1),
+                                 ("--depth", self.depth, 1), ("--bins", self.bins, 2),
+                                 ("--max-rows", self.max_rows, 1)):
+            if value is not None and value < low:
+                raise ValueError(f"{flag} must be at least {low}, got {value}")
+        for flag, number in (("--alpha", self.alpha), ("--round-deadline",
+                                                       self.round_deadline)):
+            if not (math.isfinite(number) and number > 0):
+                raise ValueError(f"{flag} must be a positive number, got {number}")
 
 
 @dataclass
@@ -62,13 +82,40 @@ def synthetic_table(n: int, d: int = 20, seed: int = 0) -> tuple[np.ndarray, np.
     return X, y
 
 
+#: the fewest rows of a ``synthetic-<rows>`` table
+MIN_SYNTHETIC_ROWS = 10
+
+
+def _synthetic_rows(name: str) -> int | None:
+    """``n`` for ``synthetic-<n>``, else None."""
+    head, _, rows = name.partition("-")
+    return int(rows) if head == "synthetic" and rows.isdigit() else None
+
+
+def check_dataset_name(name: str) -> None:
+    """Raise ValueError unless :func:`load_table` knows ``name`` (nothing is read)."""
+    rows = _synthetic_rows(name)
+    if rows is not None:
+        if rows < MIN_SYNTHETIC_ROWS:
+            raise ValueError(f"synthetic-<rows> needs at least {MIN_SYNTHETIC_ROWS} rows, got "
+                             f"{name!r}")
+        return
+    from fedforest_secure.experiments.loaders import canonical_name
+
+    try:
+        canonical_name(name)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or synthetic-<rows>") from None
+
+
 def load_table(name: str) -> tuple[np.ndarray, np.ndarray, str, list[str]]:
     """``(X, y, task, feature_names)`` of a dataset of :mod:`fedforest_secure.experiments`.
 
     ``synthetic-<n>`` is a synthetic regression table of ``n`` rows and 20 features.
     """
-    if name.startswith("synthetic-") and name.split("-", 1)[1].isdigit():
-        X, y = synthetic_table(int(name.split("-", 1)[1]))
+    rows = _synthetic_rows(name)
+    if rows is not None:
+        X, y = synthetic_table(rows)
         return X, y, "regression", [f"x{j}" for j in range(X.shape[1])]
     from fedforest_secure.experiments.loaders import load_dataset
 

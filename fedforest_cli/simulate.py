@@ -34,18 +34,22 @@ __all__ = ["SimulateOptions", "collect_receipts", "db_url", "free_port", "run_si
 
 console = Console()
 
+#: the file that marks a directory as a simulation's output (``--out``), which the next run
+#: may replace
+RUN_MARKER = ".fedforest-simulate"
+
 
 def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     """Run the whole simulation; returns the scores and paths (also printed as a table)."""
     from fedforest_secure.model import ForestModel
     from fedforest_secure.pki import init_dev_pki
 
+    opts.check()
     out = opts.out.resolve()
-    if out.exists() and any(out.iterdir()):
-        import shutil
-
-        shutil.rmtree(out)
+    _clear_earlier_run(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_MARKER).write_text("written by fedforest simulate; the next run replaces this "
+                                  "directory\n")
     (out / "logs").mkdir(exist_ok=True)
     t0 = time.monotonic()
     console.rule(f"FedForest simulation: {opts.dataset}, {opts.clients} institutions, "
@@ -110,6 +114,26 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
             "eval_wall_s": evaluation.wall_s, "client_exit_codes": codes, "out": out,
             "model_digest": status["model_digest"], "receipts": receipts, "audit": audit,
             "rounds": status["round"], "evaluation": evaluation.result}
+
+
+def _clear_earlier_run(out: Path) -> None:
+    """Remove ``out`` if an earlier simulation wrote it; refuse any other non-empty directory
+    (or a file) there, so a mistyped ``--out`` never deletes a user's files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FedForestError(f"--out {out} is a file, not a directory")
+    if not any(out.iterdir()):
+        return
+    earlier = (out / RUN_MARKER).is_file() or all(
+        (out / part).is_file() for part in ("server.toml", "job.toml", "certs/ca.pem"))
+    if not earlier:
+        raise FedForestError(f"--out {out} is a directory that holds files and is not the "
+                             "output of an earlier `fedforest simulate` (the next run would "
+                             "replace it): choose another --out, or empty it yourself")
+    import shutil
+
+    shutil.rmtree(out)
 
 
 def _federated_evaluation(sim: SimData, opts: SimulateOptions, out: Path, server_toml: Path,

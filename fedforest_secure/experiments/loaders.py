@@ -33,6 +33,7 @@ __all__ = [
     "HEART_RAW_FEATURES",
     "DataNotFoundError",
     "available_datasets",
+    "canonical_name",
     "load_dataset",
     "load_fed_heart_disease",
     "load_heart_disease_with_missing",
@@ -433,7 +434,17 @@ def available_datasets(*, present_only: bool = False) -> list[DatasetInfo]:
     return infos
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """The registry name :func:`load_dataset` reads for ``name`` (case, ``-``/``_`` and the
+    aliases such as ``heart`` are not significant); nothing is read.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (the message lists the available ones).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__}")
     key = name.strip().replace("-", "_")
     for known in _REGISTRY:
         if known.lower() == key.lower():
@@ -471,6 +482,4 @@ def load_dataset(name: str) -> Dataset:
     DataNotFoundError
         If the dataset needs the shared data directory and it (or the file) is missing.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"dataset name must be a str, got {type(name).__name__}")
-    return _REGISTRY[_canonical(name)].loader()
+    return _REGISTRY[canonical_name(name)].loader()
