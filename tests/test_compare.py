@@ -32,6 +32,8 @@ def test_parse_epsilons() -> None:
     for bad in ("0", "-1,2", "", "nan"):
         with pytest.raises(ValueError):
             parse_epsilons(bad)
+    with pytest.raises(ValueError, match="epsilon must be a number > 0 or inf, got 'abc'"):
+        parse_epsilons("1,abc")
 
 
 def test_run_comparison_classification_outputs(tmp_path: Path) -> None:

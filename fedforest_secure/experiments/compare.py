@@ -89,7 +89,10 @@ def parse_epsilons(text: str | Iterable[Any]) -> list[float]:
         s = str(item).strip().lower()
         if not s:
             continue
-        v = INF if s in ("inf", "infinity", "∞", "none") else float(s)
+        try:
+            v = INF if s in ("inf", "infinity", "∞", "none") else float(s)
+        except ValueError:
+            raise ValueError(f"epsilon must be a number > 0 or inf, got {item!r}") from None
         if math.isnan(v) or v <= 0:
             raise ValueError(f"epsilon must be > 0 or inf, got {item!r}")
         out.add(v)
