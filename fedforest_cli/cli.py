@@ -95,17 +95,43 @@ def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path(
                  help="server host names / IPs (default localhost, 127.0.0.1)")] = None,
              name: Annotated[list[str] | None, typer.Option(
                  help="a site's name: writes <name>.pem and <name>.key (repeat for each "
-                      "site; default client-0, client-1, ...)")] = None) -> None:
-    """Create a dev CA, a server certificate and client certificates."""
+                      "site; default client-0, client-1, ...)")] = None,
+             force: Annotated[bool, typer.Option(
+                 help="replace a CA (and certificates) already in --out: every certificate "
+                      "the old CA signed stops being trusted")] = False) -> None:
+    """Create a dev CA, a server certificate and client certificates (never over an existing
+    CA without --force; `fedforest pki issue` adds certificates from it)."""
     from fedforest_secure.pki import init_dev_pki
 
     hosts = tuple(host) if host else ("localhost", "127.0.0.1")
     names = list(name) if name else None
     if names is not None and clients not in (0, len(names)):
         fail(ValueError(f"--clients {clients} but {len(names)} --name options"))
-    paths = init_dev_pki(out, len(names) if names else clients, hosts=hosts, client_names=names)
+    try:
+        paths = init_dev_pki(out, len(names) if names else clients, hosts=hosts,
+                             client_names=names, overwrite=force)
+    except (ValueError, OSError) as exc:
+        fail(exc)
     console.print(f"CA {paths.ca_cert}; server {paths.server_cert} for {', '.join(hosts)}; "
                   f"{len(paths.client_certs)} client certificates in {out}")
+
+
+@pki_cli.command("issue")
+def pki_issue(ca_dir: Annotated[Path, typer.Option(
+                  help="the directory of the federation CA (ca.pem, ca.key)")] = Path("certs"),
+              name: Annotated[list[str] | None, typer.Option(
+                  help="a site's (or an operator's) name: writes <name>.pem and <name>.key "
+                       "beside the CA (repeat for each)")] = None) -> None:
+    """Client certificates signed by the existing CA: a site that joins later, or an
+    operator's browser. Never replaces a file."""
+    from fedforest_secure.pki import issue_client_certificates
+
+    try:
+        written = issue_client_certificates(ca_dir, list(name or []))
+    except (ValueError, OSError) as exc:
+        fail(exc)
+    console.print(f"{len(written)} client certificate(s) signed by {ca_dir / 'ca.pem'}: "
+                  f"{', '.join(str(p) for p in written)}")
 
 
 # ---------------------------------------------------------------------- simulate

@@ -5,6 +5,9 @@ transport in FedForest Secure runs over verified TLS, even on a laptop::
 
     paths = init_dev_pki(Path("certs"), n_clients=4)
     # certs/ca.pem, certs/server.pem, certs/server.key, certs/client-0.pem, certs/client-0.key, ...
+    issue_client_certificates(Path("certs"), ["operator"])  # later, from the same CA
+
+Neither replaces a file that is there (``init_dev_pki(..., overwrite=True)`` makes a new CA).
 
 Keys are EC P-256; the server certificate names ``localhost`` and ``127.0.0.1`` (and any extra
 host names given) as subject alternative names. Private keys are written with mode 0600.
@@ -15,6 +18,8 @@ from __future__ import annotations
 import datetime as _dt
 import ipaddress
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,12 +35,16 @@ __all__ = [
     "create_ca",
     "init_dev_pki",
     "issue_certificate",
+    "issue_client_certificates",
+    "load_ca",
     "load_certificate",
     "verify_signed_by",
 ]
 
 _VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+#: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
+_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -166,15 +175,47 @@ def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     return True
 
 
+def _check_names(names: Sequence[str]) -> None:
+    bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.match(n)
+           or n in ("ca", "server")]
+    if bad:
+        raise ValueError(f"site names {bad!r} are not usable as file names (letters, digits, "
+                         "'.', '_', '-'; not 'ca' or 'server')")
+    if len(set(names)) != len(names):
+        raise ValueError(f"site names repeat: {sorted(names)!r}")
+
+
+def _refuse_existing(paths: Sequence[Path], hint: str) -> None:
+    there = [p for p in paths if p.exists() or p.is_symlink()]
+    if there:
+        where = there[0].parent
+        raise FileExistsError(f"{where} already holds {', '.join(p.name for p in there)}: "
+                              f"nothing was written ({hint})")
+
+
 def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT_HOSTS,
-                 client_names: list[str] | None = None) -> DevPKI:
-    """Write a dev CA, a server certificate for ``hosts`` and ``n_clients`` client certificates."""
+                 client_names: list[str] | None = None, overwrite: bool = False) -> DevPKI:
+    """Write a dev CA, a server certificate for ``hosts`` and ``n_clients`` client certificates.
+
+    Raises
+    ------
+    FileExistsError
+        ``out`` already holds one of the files (a federation's CA among them) and
+        ``overwrite`` is False: nothing is written.
+    """
     if n_clients < 0:
         raise ValueError("n_clients must be >= 0")
     names = client_names if client_names is not None else [f"client-{k}" for k in range(n_clients)]
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")
+    _check_names(names)
     out = Path(out)
+    if not overwrite:
+        targets = [out / f for f in ("ca.pem", "ca.key", "server.pem", "server.key")]
+        targets += [out / f"{n}.{ext}" for n in names for ext in ("pem", "key")]
+        _refuse_existing(targets, "`fedforest pki issue` adds client certificates signed by "
+                                  "the CA that is there; `--force` replaces it and every "
+                                  "certificate it signed")
     out.mkdir(parents=True, exist_ok=True)
     ca = create_ca()
     ca.write(out / "ca.pem", out / "ca.key")
@@ -188,3 +229,66 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
         keys.append(out / f"{name}.key")
     return DevPKI(out / "ca.pem", out / "ca.key", out / "server.pem", out / "server.key",
                   certs, keys)
+
+
+def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
+    """The CA whose certificate and private key (PEM) are at ``cert_path`` and ``key_path``.
+
+    Raises
+    ------
+    FileNotFoundError
+        Either file is missing.
+    ValueError
+        The certificate is not a CA's, or the key is not its key.
+    """
+    cert = load_certificate(cert_path)
+    try:
+        key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    except TypeError:  # encrypted with a password
+        raise ValueError(f"{key_path} is encrypted; give the CA's key without a password "
+                         "(keep it offline)") from None
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ValueError(f"{cert_path} is not a CA certificate")
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if (not isinstance(key, ec.EllipticCurvePrivateKey)
+            or key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki)):
+        raise ValueError(f"{key_path} does not match the CA certificate {cert_path}")
+    return CertifiedKey(key, cert)
+
+
+def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Client certificates for ``names``, signed by the CA in ``ca_dir`` (``ca.pem`` and
+    ``ca.key``), written beside it as ``<name>.pem`` and ``<name>.key`` (mode 0600): a site
+    that joins later, or an operator's browser. Returns the certificates' paths.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``ca.pem`` or ``ca.key`` is missing.
+    FileExistsError
+        A ``<name>.pem`` or ``<name>.key`` is there already: nothing is written.
+    ValueError
+        A name is not usable as a file name, or the key is not the CA's.
+    """
+    ca_dir = Path(ca_dir)
+    names = list(names)
+    if not names:
+        raise ValueError("no site name given")
+    _check_names(names)
+    for part in ("ca.pem", "ca.key"):
+        if not (ca_dir / part).is_file():
+            raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
+                                    "CA's certificate and private key")
+    ca = load_ca(ca_dir / "ca.pem", ca_dir / "ca.key")
+    _refuse_existing([ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")],
+                     "a site's certificate is never replaced; pick another name")
+    out = []
+    for name in names:
+        leaf = issue_certificate(ca, name, server=False)
+        leaf.write(ca_dir / f"{name}.pem", ca_dir / f"{name}.key")
+        out.append(ca_dir / f"{name}.pem")
+    return out

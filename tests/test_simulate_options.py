@@ -51,7 +51,7 @@ def test_the_command_prints_a_bad_dataset_as_an_error_without_a_traceback(
     res = CliRunner().invoke(app, ["simulate", "--dataset", "no-such-data", "--out",
                                    str(tmp_path / "run")])
     assert res.exit_code == 2
-    assert "unknown dataset 'no-such-data'" in res.output
+    assert "unknown dataset 'no-such-data'" in res.output.replace("\n", "")
     assert "Traceback" not in res.output
     assert not (tmp_path / "run").exists()
 

@@ -1,0 +1,76 @@
+"""``fedforest pki``: a second ``init`` never replaces a federation's CA, and ``issue`` adds
+certificates signed by the CA that is already there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typer.testing import CliRunner
+
+from fedforest_cli.cli import app
+from fedforest_secure.pki import load_certificate, verify_signed_by
+
+
+def _pki(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["pki", *args])
+    return res.exit_code, res.output.replace("\n", "")  # the console wraps long paths
+
+
+def test_a_second_init_leaves_the_federation_ca_alone(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    code, out = _pki("init", "--out", str(certs), "--name", "operator")
+    assert code == 2
+    assert "already holds" in out and "ca.pem" in out and "pki issue" in out
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+
+
+def test_init_with_force_makes_a_new_ca(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--clients", "1")[0] == 0
+    old = (certs / "ca.pem").read_bytes()
+    assert _pki("init", "--out", str(certs), "--clients", "1", "--force")[0] == 0
+    assert (certs / "ca.pem").read_bytes() != old
+
+
+def test_issue_adds_a_client_certificate_signed_by_the_existing_ca(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    ca_before = (certs / "ca.pem").read_bytes(), (certs / "ca.key").read_bytes()
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--name",
+                     "hospital-b")
+    assert code == 0, out
+    ca = load_certificate(certs / "ca.pem")
+    for name in ("operator", "hospital-b"):
+        cert = load_certificate(certs / f"{name}.pem")
+        assert verify_signed_by(cert, ca)
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == name
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+        assert (certs / f"{name}.key").stat().st_mode & 0o777 == 0o600
+    assert ((certs / "ca.pem").read_bytes(), (certs / "ca.key").read_bytes()) == ca_before
+
+
+def test_issue_never_replaces_a_site_certificate(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    before = (certs / "hospital-a.key").read_bytes()
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a")
+    assert code == 2 and "hospital-a.pem" in out
+    assert (certs / "hospital-a.key").read_bytes() == before
+
+
+def test_issue_needs_the_ca_key_that_matches_the_ca_certificate(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _pki("init", "--out", str(one))[0] == 0
+    assert _pki("init", "--out", str(two))[0] == 0
+    (one / "ca.key").write_bytes((two / "ca.key").read_bytes())
+    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator")
+    assert code == 2 and "does not match" in out
+    assert not (one / "operator.pem").exists()
+    (one / "ca.key").unlink()
+    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator")
+    assert code == 2 and "ca.key" in out
