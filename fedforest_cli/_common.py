@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["console", "fail"]
+__all__ = ["check_output", "console", "fail", "replacing"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
 console = Console(stderr=True)
@@ -18,3 +22,27 @@ def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as an error and exit with code 2."""
     console.print(f"[red]error:[/red] {escape(str(exc))}")
     raise typer.Exit(2)
+
+
+def check_output(path: Path, *, force: bool, inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """Exit with an error (code 2) before anything is written when ``path`` is one of the
+    command's ``inputs`` (``(option, path)`` pairs), or exists and ``force`` is not set."""
+    for option, source in inputs:
+        if path.exists() and source.exists() and os.path.samefile(path, source):
+            fail(ValueError(f"{path} is the {option} file: write the output elsewhere"))
+    if (path.exists() or path.is_symlink()) and not force:
+        fail(FileExistsError(f"{path} exists: nothing was written (--force replaces it)"))
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write; it becomes ``path`` once the block ends
+    without an error, so an interrupted command leaves the old file (or none), never half of
+    a new one."""
+    tmp = path.with_name(f".{path.name}.part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

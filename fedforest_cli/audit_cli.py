@@ -17,6 +17,8 @@ from rich.console import Console
 
 from fedforest_secure.errors import AuditError
 
+from ._common import check_output, replacing
+
 if TYPE_CHECKING:
     from fedforest_secure.audit import AuditLog
 
@@ -102,6 +104,7 @@ def export(
     fmt: Annotated[ExportFormat, typer.Option("--format", help="jsonl or csv.")],
     out: Annotated[Path | None, typer.Option("--out", help="Output file (default stdout).")] = None,
     job: JobOption = None,
+    force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
     """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests);
     an --out file ending in .gz is gzip-compressed."""
@@ -109,13 +112,16 @@ def export(
 
     console = Console(stderr=True)
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
+    if out is not None:
+        check_output(out, force=force, inputs=[("--db", Path(db))])
     with _open(db, console) as log:
         if out is None:
             count = writer(log, sys.stdout, job)
         elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
-            with gzip.open(out, "wt", encoding="utf-8", newline="") as gz:
+            with replacing(out) as tmp, gzip.open(tmp, "wt", encoding="utf-8",
+                                                  newline="") as gz:
                 count = writer(log, gz, job)
         else:
-            with out.open("w", encoding="utf-8", newline="") as fp:
+            with replacing(out) as tmp, tmp.open("w", encoding="utf-8", newline="") as fp:
                 count = writer(log, fp, job)
     console.print(f"exported {count} entries", highlight=False)

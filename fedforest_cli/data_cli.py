@@ -13,7 +13,7 @@ from fedforest_secure.schema import Schema
 from fedforest_secure.schema_draft import draft_schema
 from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
 
-from ._common import console, fail
+from ._common import check_output, console, fail, replacing
 
 __all__ = ["format_problems", "register", "schema_cli"]
 
@@ -46,10 +46,13 @@ def draft_cmd(
         help="comma-separated columns to draft as continuous")] = None,
     client_column: Annotated[str | None, typer.Option(
         help="a column naming each row's site (not a feature)")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
     """A starting schema.toml: kinds, levels, classes; bounds left for the federation."""
     if task not in ("auto", "classification", "regression"):
         fail(ValueError("--task must be auto, classification or regression"))
+    if out is not None:
+        check_output(out, force=force, inputs=[("--data", data)])
     mode: Literal["auto", "classification", "regression"] = task  # type: ignore[assignment]
     try:
         text = draft_schema(read_raw(data), target, task=mode, categorical=_split(categorical),
@@ -59,7 +62,8 @@ def draft_cmd(
     if out is None:
         print(text)
     else:
-        out.write_text(text)
+        with replacing(out) as tmp:
+            tmp.write_text(text)
         console.print(f"draft schema written to {out}: agree on public bounds for every "
                       "continuous feature before creating a job")
 
@@ -76,11 +80,16 @@ def register(app: typer.Typer) -> None:
             help="comma-separated columns where 0 means 'not measured'")] = None,
         clean_out: Annotated[Path | None, typer.Option(
             help="write the rows without errors (the schema's columns only) here")] = None,
+        force: Annotated[bool, typer.Option(help="replace an existing --clean-out file")
+                         ] = False,
     ) -> None:
         """Dry run of the site's table against the schema: every problem, and what to do.
 
         Exit code 0 when the client would accept the table (warnings allowed), 1 otherwise.
         """
+        if clean_out is not None:
+            check_output(clean_out, force=force, inputs=[("--data", data),
+                                                         ("--schema", schema)])
         try:
             sch = Schema.load(schema)
             table = read_raw(data)
@@ -102,7 +111,7 @@ def register(app: typer.Typer) -> None:
                 header, rows = clean_rows(table, problems, sch)
             except FedForestError as exc:
                 fail(exc)
-            with clean_out.open("w", newline="") as fh:
+            with replacing(clean_out) as tmp, tmp.open("w", newline="") as fh:
                 w = csv.writer(fh)
                 w.writerow(header)
                 w.writerows(rows)

@@ -1,0 +1,90 @@
+"""The commands that write a file (``schema draft --out``, ``check --clean-out``,
+``audit export --out``) never replace one that is there without ``--force``, and never write
+over their own input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from fedforest_cli.audit_cli import audit_app
+from fedforest_cli.cli import app
+from fedforest_secure.audit import AuditLog
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+
+runner = CliRunner()
+RAW = "age,chol,num\n50,200,0\n61,250,1\n44,180,0\n70,300,1\n"
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.output.replace("\n", "")  # the console wraps long paths
+
+
+def test_schema_draft_keeps_an_edited_schema(tmp_path: Path) -> None:
+    data, out = tmp_path / "site.csv", tmp_path / "schema.toml"
+    data.write_text(RAW)
+    assert _invoke("schema", "draft", "--data", str(data), "--target", "num",
+                   "--out", str(out))[0] == 0
+    out.write_text(out.read_text() + "# bounds agreed with the other sites\n")
+    edited = out.read_text()
+    code, text = _invoke("schema", "draft", "--data", str(data), "--target", "num",
+                         "--out", str(out))
+    assert code == 2 and "exists" in text and "--force" in text
+    assert out.read_text() == edited
+    assert _invoke("schema", "draft", "--data", str(data), "--target", "num", "--out",
+                   str(out), "--force")[0] == 0
+    assert out.read_text() != edited
+
+
+def _schema(tmp_path: Path) -> tuple[Path, Path]:
+    data, schema = tmp_path / "site.csv", tmp_path / "schema.toml"
+    data.write_text(RAW)
+    assert _invoke("schema", "draft", "--data", str(data), "--target", "num",
+                   "--out", str(schema))[0] == 0
+    return data, schema
+
+
+def test_check_never_writes_the_clean_rows_over_the_site_table(tmp_path: Path) -> None:
+    data, schema = _schema(tmp_path)
+    for force in ([], ["--force"]):
+        code, text = _invoke("check", "--data", str(data), "--schema", str(schema),
+                             "--clean-out", str(data), *force)
+        assert code == 2 and "is the --data file" in text
+        assert data.read_text() == RAW
+
+
+def test_check_keeps_an_existing_clean_file_unless_forced(tmp_path: Path) -> None:
+    data, schema = _schema(tmp_path)
+    clean = tmp_path / "clean.csv"
+    clean.write_text("yesterday's rows\n")
+    code, text = _invoke("check", "--data", str(data), "--schema", str(schema),
+                         "--clean-out", str(clean))
+    assert code == 2 and "exists" in text
+    assert clean.read_text() == "yesterday's rows\n"
+    code, _ = _invoke("check", "--data", str(data), "--schema", str(schema),
+                      "--clean-out", str(clean), "--force")
+    assert code in (0, 1) and clean.read_text().startswith("age,chol")
+
+
+def test_audit_export_keeps_an_archive_unless_forced(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with AuditLog(db) as log:
+        rec = log.job("j1")
+        rec.job_created(schema={}, hyperparameters={}, profile="secure")
+        task = Task(job_id="j1", round_id=0, kind=TaskKind.SKETCH, level=0,
+                    layout=(Block("totals", (1, 1), (StatKind.COUNT,)),))
+        rec.round(task, uploads={"alice": "0" * 64}, aggregate=np.array([3.0]), masked=True)
+    archive = tmp_path / "j1.jsonl.gz"
+    archive.write_bytes(b"last year's archive")
+    res = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl",
+                                    "--out", str(archive)])
+    assert res.exit_code == 2 and "exists" in res.output.replace("\n", "")
+    assert archive.read_bytes() == b"last year's archive"
+    res = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl",
+                                    "--out", str(archive), "--force"])
+    assert res.exit_code == 0, res.output
+    assert archive.read_bytes()[:2] == b"\x1f\x8b"  # gzip
+    assert not list(tmp_path.glob(".*.part"))
