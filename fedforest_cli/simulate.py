@@ -125,9 +125,9 @@ def _clear_earlier_run(out: Path) -> None:
         raise FedForestError(f"--out {out} is a file, not a directory")
     if not any(out.iterdir()):
         return
-    earlier = (out / RUN_MARKER).is_file() or all(
-        (out / part).is_file() for part in ("server.toml", "job.toml", "certs/ca.pem"))
-    if not earlier:
+    # only the marker counts: a real deployment's directory holds a server.toml, a job.toml
+    # and a CA as well
+    if not (out / RUN_MARKER).is_file():
         raise FedForestError(f"--out {out} is a directory that holds files and is not the "
                              "output of an earlier `fedforest simulate` (the next run would "
                              "replace it): choose another --out, or empty it yourself")

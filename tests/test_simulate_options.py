@@ -56,18 +56,23 @@ def test_the_command_prints_a_bad_dataset_as_an_error_without_a_traceback(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("layout", ["marker", "earlier run without a marker"])
-def test_the_output_of_an_earlier_simulation_is_replaced(tmp_path: Path, layout: str) -> None:
+def test_the_output_of_an_earlier_simulation_is_replaced(tmp_path: Path) -> None:
     out = tmp_path / "run"
     (out / "certs").mkdir(parents=True)
-    if layout == "marker":
-        (out / RUN_MARKER).write_text("")
-    else:
-        for part in ("server.toml", "job.toml", "certs/ca.pem"):
-            (out / part).write_text("")
+    (out / RUN_MARKER).write_text("")
     (out / "model.json").write_text("{}")
     _clear_earlier_run(out)
     assert not out.exists()
+
+
+def test_a_deployment_directory_without_the_marker_is_not_deleted(tmp_path: Path) -> None:
+    out = tmp_path / "deployment"
+    (out / "certs").mkdir(parents=True)
+    for part in ("server.toml", "job.toml", "certs/ca.pem", "certs/ca.key", "server.db"):
+        (out / part).write_text("real")
+    with pytest.raises(FedForestError, match="not the output of an earlier"):
+        _clear_earlier_run(out)
+    assert (out / "certs" / "ca.key").read_text() == "real"
 
 
 def test_a_file_given_as_the_output_directory_is_refused(tmp_path: Path) -> None:
