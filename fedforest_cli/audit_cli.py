@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import gzip
+import io
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -118,9 +119,11 @@ def export(
         if out is None:
             count = writer(log, sys.stdout, job)
         elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
-            with replacing(out) as tmp, gzip.open(tmp, "wt", encoding="utf-8",
-                                                  newline="") as gz:
-                count = writer(log, gz, job)
+            # the gzip header names the final file, not the temporary one
+            with (replacing(out) as tmp, tmp.open("wb") as raw,
+                  gzip.GzipFile(filename=out.name, mode="wb", fileobj=raw) as gz,
+                  io.TextIOWrapper(gz, encoding="utf-8", newline="") as text):
+                count = writer(log, text, job)
         else:
             with replacing(out) as tmp, tmp.open("w", encoding="utf-8", newline="") as fp:
                 count = writer(log, fp, job)

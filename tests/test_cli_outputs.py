@@ -4,6 +4,7 @@ over their own input."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
@@ -86,5 +87,8 @@ def test_audit_export_keeps_an_archive_unless_forced(tmp_path: Path) -> None:
     res = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl",
                                     "--out", str(archive), "--force"])
     assert res.exit_code == 0, res.output
-    assert archive.read_bytes()[:2] == b"\x1f\x8b"  # gzip
+    data = archive.read_bytes()
+    assert data[:2] == b"\x1f\x8b" and data[3] & 0x08  # gzip, with the original name
+    assert data[10:data.index(b"\0", 10)] == b"j1.jsonl"
+    assert gzip.decompress(data).count(b'"j1"') >= 2  # both entries of the job
     assert not list(tmp_path.glob(".*.part"))
