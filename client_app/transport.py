@@ -50,11 +50,29 @@ class TransportFailed(FedForestError):
 
 
 def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-    """Verify the server against ``ca`` only (hostname checked); present ``cert`` if given."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    """Verify the server against ``ca`` only (hostname checked); present ``cert`` if given.
+
+    Raises
+    ------
+    ValueError
+        A file is missing or unreadable, is not PEM, or the key is not the certificate's; the
+        message names the option and the file.
+    """
+    for option, path in (("--ca", ca), ("--cert", cert), ("--key", key)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{option} {path}: not found (or not a file)")
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"--ca {ca}: not a PEM certificate file ({exc})") from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert is not None:
-        ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
+        try:
+            ctx.load_cert_chain(str(cert), str(key) if key is not None else None)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"--cert {cert} / --key {key or cert}: not a PEM certificate and "
+                             f"its private key, or the key does not match the certificate "
+                             f"({exc})") from None
     return ctx
 
 

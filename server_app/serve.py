@@ -42,6 +42,21 @@ def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
     for path in (settings.tls.cert, settings.tls.key, settings.tls.client_ca):
         if path is not None and not path.is_file():
             raise ConfigError(f"TLS file not found: {path}")
+    # what uvicorn will load, loaded here first: a key that is not the certificate's, or a
+    # file that is not PEM, is a configuration error, not a traceback at start-up
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(str(settings.tls.cert), str(settings.tls.key))
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"[tls] cert {settings.tls.cert} and key {settings.tls.key}: not a PEM "
+                          f"certificate and its private key, or the key does not match the "
+                          f"certificate ({exc})") from None
+    if settings.tls.client_ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=str(settings.tls.client_ca))
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"[tls] client_ca {settings.tls.client_ca}: not a PEM "
+                              f"certificate file ({exc})") from None
 
 
 def run_server(settings: ServerSettings, *, insecure_dev: bool = False,

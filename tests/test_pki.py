@@ -82,3 +82,16 @@ def test_client_accepts_server_cert_from_federation_ca(dev_pki: DevPKI) -> None:
     port, th = _tls_server(dev_pki.server_cert, dev_pki.server_key)
     _handshake(port, tls_context(dev_pki.ca_cert))
     th.join(5)
+
+
+def test_a_missing_or_unreadable_tls_file_is_named(dev_pki: DevPKI, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--ca .*nowhere\.pem.*not found"):
+        tls_context(tmp_path / "nowhere.pem")
+    with pytest.raises(ValueError, match=r"--key .*nowhere\.key.*not found"):
+        tls_context(dev_pki.ca_cert, dev_pki.client_certs[0], tmp_path / "nowhere.key")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    with pytest.raises(ValueError, match=r"--ca .*junk\.pem.*PEM"):
+        tls_context(junk)
+    with pytest.raises(ValueError, match=r"--cert .*does not match|--cert .*PEM"):
+        tls_context(dev_pki.ca_cert, dev_pki.client_certs[0], dev_pki.client_keys[1])

@@ -13,6 +13,7 @@ from sqlalchemy import func, inspect, select
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
+from fedforest_secure.pki import DevPKI
 from fedforest_secure.protocol import Task, make_upload, pack
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
@@ -22,7 +23,7 @@ from server_app.db import ClientRow, Database, JobRow, MemberRow, RoundRow, Uplo
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
 from server_app.serve import check_transport
-from server_app.settings import ConfigError, ServerSettings
+from server_app.settings import ConfigError, ServerSettings, TLSSettings
 from server_app.store import membership
 
 with warnings.catch_warnings():
@@ -206,6 +207,24 @@ def test_plain_http_refused_off_loopback(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=False)
     check_transport(ServerSettings(host="127.0.0.1"), insecure_dev=True)
+
+
+def test_tls_files_that_cannot_serve_are_refused_before_start(dev_pki: DevPKI,
+                                                               tmp_path: Path) -> None:
+    def settings(cert: Path, key: Path, client_ca: Path | None = None) -> ServerSettings:
+        return ServerSettings(host="127.0.0.1", tls=TLSSettings(cert=cert, key=key,
+                                                                client_ca=client_ca))
+
+    check_transport(settings(dev_pki.server_cert, dev_pki.server_key, dev_pki.ca_cert),
+                    insecure_dev=False)
+    with pytest.raises(ConfigError, match="does not match"):
+        check_transport(settings(dev_pki.server_cert, dev_pki.client_keys[0]),
+                        insecure_dev=False)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not PEM")
+    with pytest.raises(ConfigError, match="client_ca.*junk.pem"):
+        check_transport(settings(dev_pki.server_cert, dev_pki.server_key, junk),
+                        insecure_dev=False)
 
 
 def test_open_and_closed_round_tasks_are_the_stored_bytes(env: dict) -> None:
