@@ -30,6 +30,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from fedforest_secure.audit import Receipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
+from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
 from fedforest_secure.protocol.api import (
@@ -319,7 +320,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         model = resp.content
         kind = "model" if config.evaluation is None else "evaluation"
         out = opts.model_out or (opts.state_dir / f"{job}.{kind}.json")
-        out.write_bytes(model)
+        write_atomic(out, model)
         result.model_path = out
         _model_receipt(ctx, model, resp.headers)
         log.info(f"job {job} done: {kind} saved to {out} "
@@ -333,8 +334,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         "requests": tr.requests,
         "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
     # the last job's, and each job's own (a site may run a training then an evaluation job)
-    (opts.state_dir / "stats.json").write_text(stats)
-    (opts.state_dir / f"stats-{job}.json").write_text(stats)
+    write_atomic(opts.state_dir / "stats.json", stats)
+    write_atomic(opts.state_dir / f"stats-{job}.json", stats)
     return result
 
 

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fedforest_secure.files import write_atomic
+
 __all__ = ["ClientState"]
 
 
@@ -29,10 +31,7 @@ class ClientState:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def write_secret(self, name: str, data: bytes) -> None:
-        path = self.root / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        write_atomic(self.root / name, data, mode=0o600)
 
     def read_secret(self, name: str) -> bytes | None:
         path = self.root / name

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.files import write_atomic
 
 from ._common import console, fail
 
@@ -85,8 +86,8 @@ def evaluate(
         fail(exc)
     where = out or (first_model.resolve().parent if first_model is not None else Path("."))
     png = plot(res, where / f"evaluation-{job_id}.png")
-    (where / f"evaluation-{job_id}.md").write_text(to_markdown(res, reference))
-    (where / f"evaluation-{job_id}.json").write_text(text)
+    write_atomic(where / f"evaluation-{job_id}.md", to_markdown(res, reference))
+    write_atomic(where / f"evaluation-{job_id}.json", text)
     from rich.console import Console
 
     Console().print(to_table(res, reference))

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.files import write_atomic
 
 from .sim_data import SimData, SimulateOptions, prepare_sites
 from .sim_eval import evaluate
@@ -88,7 +89,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
             raise FedForestError(f"the job ended {status['status']}: {status['reason']} "
                                  f"(logs in {out / 'logs'})")
         model_text = status["model_json"]
-        (out / "model.json").write_text(model_text)
+        write_atomic(out / "model.json", model_text)
         train_wall = time.monotonic() - t0
         console.print(f"5. model trained; every site scores it on its own held-out rows "
                       f"({', '.join(str(len(y)) for _, y in sim.held_out)} rows), "

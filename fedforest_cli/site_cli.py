@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from client_app.transport import Transport
 from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.files import write_atomic
 from fedforest_secure.protocol.api import JobListEntry, JobStatus
 
 from ._common import console, fail
@@ -136,7 +137,7 @@ def register(app: typer.Typer) -> None:
             if st.model_digest and st.model_digest != digest:
                 raise ProtocolError(f"the model's SHA-256 {digest} is not the one the job "
                                     f"records ({st.model_digest}); not written")
-            out.write_bytes(body)
+            write_atomic(out, body)
         except ValidationError:
             fail(ProtocolError("malformed job status from the server"))
         except (FedForestError, ValueError, OSError) as exc:

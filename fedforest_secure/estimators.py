@@ -57,6 +57,7 @@ from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
 from .federation import run_in_process
+from .files import write_atomic
 from .model import ForestModel, _column_names
 
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
@@ -440,7 +441,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             params["random_state"] = config.random_state
         section = {"class": type(self).__name__, "params": params,
                    "config": None if config is None else json.loads(config.to_json())}
-        Path(path).write_text(dataclasses.replace(model, estimator=section).to_json())
+        write_atomic(path, dataclasses.replace(model, estimator=section).to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Any:

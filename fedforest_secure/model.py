@@ -50,6 +50,7 @@ import numpy as np
 from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
+from .files import write_atomic
 
 __all__ = ["ForestModel", "Tree"]
 
@@ -292,7 +293,7 @@ class ForestModel:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
+        write_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> ForestModel:

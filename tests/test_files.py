@@ -1,0 +1,73 @@
+"""Models, results and keys are written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client_app.state import ClientState
+from fedforest_secure import FedForestClassifier, files
+from fedforest_secure.files import write_atomic
+
+
+def _crash_halfway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process dies (here: an error) after half of the new bytes are on disk."""
+    def half(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files, "_write_all", half)
+
+
+def test_a_crash_while_writing_leaves_the_old_file(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "result.json"
+    write_atomic(path, '{"old": true}')
+    _crash_halfway(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, '{"new": "x"}' * 1000)
+    assert path.read_text() == '{"old": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_modes_follow_the_umask_or_the_secret_mode(tmp_path: Path) -> None:
+    write_atomic(tmp_path / "model.json", b"{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "model.json").stat().st_mode) == 0o666 & ~umask
+    write_atomic(tmp_path / "key", b"k", mode=0o600)
+    assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
+
+
+def test_a_saved_model_survives_a_crash_while_it_is_saved_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    client = np.repeat([0, 1, 2], 20)
+    path = tmp_path / "model.json"
+    FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, y, client=client).save(path)
+    before = path.read_bytes()
+    _crash_halfway(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        FedForestClassifier(n_estimators=3, max_depth=3, random_state=1).fit(
+            X, y, client=client).save(path)
+    assert path.read_bytes() == before
+    FedForestClassifier.load(path)
+
+
+def test_a_site_identity_key_survives_a_crash_while_it_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = ClientState(tmp_path / "state")
+    state.write_secret("identity-j.ed25519", b"a" * 32)
+    _crash_halfway(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        state.write_secret("identity-j.ed25519", b"b" * 32)
+    assert state.read_secret("identity-j.ed25519") == b"a" * 32
+    mode = stat.S_IMODE((tmp_path / "state" / "identity-j.ed25519").stat().st_mode)
+    assert mode == 0o600
