@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -12,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["check_output", "console", "fail", "replacing"]
+__all__ = ["check_output", "console", "fail"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
 console = Console(stderr=True)
@@ -33,16 +32,3 @@ def check_output(path: Path, *, force: bool, inputs: Sequence[tuple[str, Path]] 
     if (path.exists() or path.is_symlink()) and not force:
         fail(FileExistsError(f"{path} exists: nothing was written (--force replaces it)"))
 
-
-@contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write; it becomes ``path`` once the block ends
-    without an error, so an interrupted command leaves the old file (or none), never half of
-    a new one."""
-    tmp = path.with_name(f".{path.name}.part")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -17,8 +17,9 @@ import typer
 from rich.console import Console
 
 from fedforest_secure.errors import AuditError
+from fedforest_secure.files import replacing
 
-from ._common import check_output, replacing
+from ._common import check_output
 
 if TYPE_CHECKING:
     from fedforest_secure.audit import AuditLog

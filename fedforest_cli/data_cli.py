@@ -9,11 +9,12 @@ from typing import Annotated, Literal
 import typer
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.files import replacing
 from fedforest_secure.schema import Schema
 from fedforest_secure.schema_draft import draft_schema
 from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
 
-from ._common import check_output, console, fail, replacing
+from ._common import check_output, console, fail
 
 __all__ = ["format_problems", "register", "schema_cli"]
 

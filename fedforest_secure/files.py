@@ -6,9 +6,32 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["replacing", "write_atomic"]
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
+    """A new, empty temporary file beside ``path`` (created with ``mode``, less the umask) to
+    write; once the block ends without an error it is flushed to disk and renamed over
+    ``path``, otherwise removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -18,20 +41,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o666) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it (created with ``mode``,
-    less the umask; flushed to disk), renamed over ``path`` at the end."""
-    path = Path(path)
+    """Write ``data`` to ``path`` through :func:`replacing`."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
+    with replacing(path, mode=mode) as tmp:
+        fd = os.open(tmp, os.O_WRONLY)
         try:
             _write_all(fd, raw)
-            os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
