@@ -16,6 +16,13 @@ from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
 from fedforest_secure.pki import DevPKI, init_dev_pki
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start servers and client processes (marker ``integration``) run first:
+    with ``-n 2`` the long ones then overlap with the many short ones instead of finishing
+    alone at the end. The order within each group is the collection order."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_parts() -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str]]:
     """Five sites of a small two-class problem (60 rows each, 4 features)."""
