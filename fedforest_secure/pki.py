@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .protocol.api import NAME_PATTERN
+
 __all__ = [
     "CertifiedKey",
     "DevPKI",
@@ -44,7 +46,7 @@ __all__ = [
 _VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 #: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
-_SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SITE_NAME = re.compile(NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -221,12 +223,7 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     ca.write(out / "ca.pem", out / "ca.key")
     server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)
     server.write(out / "server.pem", out / "server.key")
-    certs, keys = [], []
-    for name in names:
-        leaf = issue_certificate(ca, name, server=False)
-        leaf.write(out / f"{name}.pem", out / f"{name}.key")
-        certs.append(out / f"{name}.pem")
-        keys.append(out / f"{name}.key")
+    certs, keys = _write_clients(ca, out, names)
     return DevPKI(out / "ca.pem", out / "ca.key", out / "server.pem", out / "server.key",
                   certs, keys)
 
@@ -286,9 +283,15 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
     ca = load_ca(ca_dir / "ca.pem", ca_dir / "ca.key")
     _refuse_existing([ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")],
                      "a site's certificate is never replaced; pick another name")
-    out = []
+    return _write_clients(ca, ca_dir, names)[0]
+
+
+def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str]
+                   ) -> tuple[list[Path], list[Path]]:
+    """``out/<name>.pem`` and ``out/<name>.key`` for each name, signed by ``ca``."""
+    certs, keys = [], []
     for name in names:
-        leaf = issue_certificate(ca, name, server=False)
-        leaf.write(ca_dir / f"{name}.pem", ca_dir / f"{name}.key")
-        out.append(ca_dir / f"{name}.pem")
-    return out
+        certs.append(out / f"{name}.pem")
+        keys.append(out / f"{name}.key")
+        issue_certificate(ca, name, server=False).write(certs[-1], keys[-1])
+    return certs, keys

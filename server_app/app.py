@@ -49,7 +49,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedforest_secure.errors import InvalidMessage, UploadRejected
-from fedforest_secure.protocol.api import Health, JoinBody, Me, RefuseBody
+from fedforest_secure.protocol.api import NAME_PATTERN, Health, JoinBody, Me, RefuseBody
 from fedforest_secure.secagg.directory import Certification
 
 from . import __version__
@@ -69,7 +69,7 @@ __all__ = ["create_app"]
 _T = TypeVar("_T")
 
 OCTET = "application/octet-stream"
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+JobId = Annotated[str, Path(pattern=NAME_PATTERN)]
 RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
 Wait = Annotated[float, Query(ge=0.0, le=30.0)]
 JSON_MAX = 4 << 20

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 
+from fedforest_secure.protocol.api import NAME_PATTERN
+
 from .db import ClientRow, Database, OperatorRow
 
 __all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
@@ -24,7 +26,7 @@ __all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authentica
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(NAME_PATTERN)
 
 
 class TokenError(ValueError):

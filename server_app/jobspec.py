@@ -36,6 +36,7 @@ from fedforest_secure.config import JobConfig, resolve_max_features
 from fedforest_secure.config_errors import explain
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.privacy.pinning import schema_facts
+from fedforest_secure.protocol.api import NAME_PATTERN
 from fedforest_secure.schema import Schema
 
 from .evaljob import EvaluationParams, embed_models, evaluation_of, set_models
@@ -106,7 +107,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+    id: str = Field(pattern=NAME_PATTERN, description=(
         "the job's name: letters, digits, '_', '.', '-' (at most 64)"))
     clients: list[str] = Field(min_length=1, max_length=1000, description=(
         "the sites taking part, as registered with `fedforest server add-client`; the order "

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import REFUSAL_CODES
 
 __all__ = [
+    "NAME_PATTERN",
     "Directory",
     "ErrorBody",
     "Health",
@@ -28,6 +29,11 @@ __all__ = [
     "RoundInfo",
     "SecAggStep",
 ]
+
+
+#: a site's, an operator's or a job's name: it names files (a site's certificate and key) and
+#: appears in URLs
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class _Request(BaseModel):
