@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import typer
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.files import replacing
+from fedforest_secure.files import replacing, write_atomic
 from fedforest_secure.schema import Schema
 from fedforest_secure.schema_draft import draft_schema
 from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
@@ -63,8 +63,7 @@ def draft_cmd(
     if out is None:
         print(text)
     else:
-        with replacing(out) as tmp:
-            tmp.write_text(text)
+        write_atomic(out, text)
         console.print(f"draft schema written to {out}: agree on public bounds for every "
                       "continuous feature before creating a job")
 
