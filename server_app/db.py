@@ -24,8 +24,11 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from .settings import ConfigError
 
 __all__ = [
     "Base",
@@ -174,7 +177,13 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
+        try:
+            Base.metadata.create_all(self.engine)
+        except DatabaseError as exc:  # not a database, or one that cannot be reached
+            self.engine.dispose()
+            shown = make_url(url).render_as_string(hide_password=True)
+            raise ConfigError(f"cannot open the server database {shown}: "
+                              f"{exc.orig or exc}") from None
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

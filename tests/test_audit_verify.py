@@ -309,3 +309,52 @@ def test_receipt_validation() -> None:
             dataclasses.replace(ok, **bad)
     with pytest.raises(ValueError):
         Receipt.from_json({**ok.to_json(), "extra": 1})
+
+
+@pytest.mark.parametrize("holds", ["nothing", "another job's receipts"])
+def test_a_rewritten_job_without_receipts_in_the_directory_does_not_verify(
+        setup: tuple[AuditLog, Path], tmp_path: Path, holds: str) -> None:
+    # the forger rewrites job-1's chain; the auditor points --receipts at a directory with no
+    # receipt of job-1 (the wrong folder, or another job's): nothing vouches for the chain
+    log, _ = setup
+    rewrite_from(log, 4, {"uploads": {"alice": upload_digest(b"forged"),
+                                      "bob": upload_digest(b"bob/0")}})
+    assert verify_log(log).ok  # the chain alone is consistent again
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if holds != "nothing":
+        write_receipt(elsewhere, Receipt("job-2", 0, "bob", upload_digest(b"b"), GENESIS, 0))
+        log.job("job-2").client_joined("bob")
+    report = verify_log(log, receipts_dir=elsewhere, job_id=JOB)
+    assert not report.ok
+    assert report.problems == [
+        f"job '{JOB}': no receipt in {elsewhere} is of this job, so its rounds and model "
+        "are unreceipted (a rewritten chain would verify)"]
+
+
+def test_a_job_with_no_rounds_needs_no_receipt(setup: tuple[AuditLog, Path],
+                                                tmp_path: Path) -> None:
+    log, receipts = setup
+    log.job("job-2").client_joined("zed")  # joined, never trained: nothing to receipt
+    assert verify_log(log, receipts_dir=receipts).ok
+
+
+def test_a_file_that_is_not_a_database_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    junk = tmp_path / "notes.db"
+    junk.write_text("not a database\n")
+    report = verify_log(junk)
+    assert not report.ok
+    assert report.problems == [f"cannot read the audit log at {junk}: file is not a database"]
+    with pytest.raises(AuditError, match="file is not a database"):
+        AuditLog(junk, create=False)
+    with pytest.raises(AuditError, match="file is not a database"):
+        AuditLog(junk)  # a server's [audit_database] naming the wrong file
+
+
+def test_an_unreachable_audit_database_names_its_url_without_the_password() -> None:
+    pytest.importorskip("psycopg")
+    report = verify_log("postgresql+psycopg://fed:s3cret@127.0.0.1:1/audit")
+    assert not report.ok and len(report.problems) == 1
+    assert "s3cret" not in report.problems[0]
+    assert report.problems[0].startswith(
+        "cannot read the audit log at postgresql+psycopg://fed:***@127.0.0.1:1/audit: ")

@@ -47,3 +47,21 @@ def test_register_create_and_follow_a_job(tmp_path: Path, tiny_parts, job_dir,
         rr = admin.latest_round("job-a")
     assert isinstance(job, JobSummary) and job.status == "running" and job.round_id >= 0
     assert rr is not None and (rr.round_id, rr.level, rr.status) == (job.round_id, 0, "open")
+
+
+def test_a_server_database_that_is_not_a_database_is_a_configuration_error(
+        tmp_path: Path) -> None:
+    junk = tmp_path / "server.db"
+    junk.write_text("notes, not a database\n")
+    with pytest.raises(ConfigError, match=r"cannot open the server database .*server\.db: "
+                                          r"file is not a database"):
+        Database(f"sqlite:///{junk}")
+    assert junk.read_text() == "notes, not a database\n"
+
+
+def test_the_database_error_hides_a_password_in_its_url() -> None:
+    # nothing listens on port 1 of 127.0.0.1: the connection is refused at once
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigError) as caught:
+        Database("postgresql+psycopg://fed:s3cret@127.0.0.1:1/fed")
+    assert "s3cret" not in str(caught.value) and "fed:***@127.0.0.1:1" in str(caught.value)

@@ -35,7 +35,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from ..errors import AuditError
@@ -112,9 +112,17 @@ class SqlStore:
             engine = create_engine(full)
         self.engine = engine
         self._lock = threading.RLock()
-        if create:
-            metadata.create_all(engine)
-        elif not {entries.name, arrays.name} <= set(inspect(engine).get_table_names()):
+        try:
+            if create:
+                metadata.create_all(engine)
+                return
+            tables = set(inspect(engine).get_table_names())
+        except DatabaseError as exc:  # not a database, or one that cannot be opened
+            self.close()
+            where = (str(url) if url is not None and "://" not in str(url)  # a file path
+                     else engine.url.render_as_string(hide_password=True))
+            raise AuditError(f"cannot read the audit log at {where}: {exc.orig or exc}") from None
+        if not {entries.name, arrays.name} <= tables:
             self.close()
             raise AuditError("the database holds no audit log tables")
 

@@ -202,7 +202,15 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
     for job in sorted(covered):
         out.extend(_tail_problems(job, chains.get(job, {}), covered[job]))
+    for job in sorted(set(chains) - set(covered)):
+        if any(e.kind in _RECEIPTED for e in chains[job].values()):
+            out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
+                       "rounds and model are unreceipted (a rewritten chain would verify)")
     return out, count
+
+
+#: entry kinds a client keeps a receipt of: a job holding one needs a receipt to be checked
+_RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
 
 
 def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int) -> list[str]:
