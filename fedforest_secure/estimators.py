@@ -90,6 +90,16 @@ def _profile_types() -> list[Any]:
     return [str, os.PathLike, Mapping, PrivacyProfile]
 
 
+def _no_value(label: Any) -> bool:
+    """Whether a client label is missing: None, NaN (not equal to itself) or pandas' NA
+    (whose comparisons have no truth value)."""
+    if label is None:
+        return True
+    try:
+        return bool(label != label)
+    except TypeError:
+        return True
+
 class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     _task: ClassVar[str] = "regression"
 
@@ -181,6 +191,17 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         client = np.asarray(client)
         if client.shape != (n,):
             raise SchemaError(f"client must have shape ({n},), got {client.shape}")
+        if client.dtype.kind == "f":
+            holes = np.flatnonzero(np.isnan(client))
+        elif client.dtype.kind == "O":
+            holes = np.flatnonzero([_no_value(c) for c in client.tolist()])
+        else:
+            holes = np.zeros(0, dtype=np.int64)
+        if holes.size:
+            shown = ", ".join(str(r) for r in holes[:10]) + (", ..." if holes.size > 10 else "")
+            raise SchemaError(f"client has no value at {holes.size} "
+                              f"row{'s' if holes.size > 1 else ''} ({shown}): every row "
+                              "needs the institution it comes from")
         if fitting:
             self.clients_ = np.unique(client)
         # clients_ is in index order: sorted after fit, the job's order for a job's model

@@ -252,6 +252,26 @@ def test_fit_without_client_is_one_client() -> None:
     assert est.score(X, y) > 0.7
 
 
+
+@pytest.mark.parametrize("missing", [np.nan, None])
+def test_a_row_without_a_client_is_named_at_fit_and_predict(missing: object) -> None:
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 2))
+    y = X[:, 0]
+    client = np.array(["a", "b", "c"] * 20, dtype=object)
+    holey = client.copy()
+    holey[[4, 7]] = missing
+    est = FedForestRegressor(n_estimators=2, max_depth=2, random_state=0)
+    with pytest.raises(SchemaError, match=r"client has no value at 2 rows \(4, 7\)"):
+        est.fit(X, y, client=holey)
+    est.fit(X, y, client=client)
+    with pytest.raises(SchemaError, match=r"client has no value at 2 rows \(4, 7\)"):
+        est.predict(X, client=holey)
+    floats = np.where(np.arange(60) == 9, np.nan, np.arange(60) % 3)
+    with pytest.raises(SchemaError, match=r"client has no value at 1 row \(9\)"):
+        FedForestRegressor(n_estimators=2).fit(X, y, client=floats)
+
+
 # ---------------------------------------------------------------------------- missing values
 def _holes(X: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Missing values: 20% of the cells of features 0, 1 and 3 at random, half of feature 3
