@@ -11,7 +11,7 @@ from sklearn import metrics as skm
 
 from fedforest_secure import FedForestClassifier
 from fedforest_secure.config import JobConfig
-from fedforest_secure.evaluation import EvalSpec
+from fedforest_secure.evaluation import EvalSpec, EvaluationError
 from fedforest_secure.evaluation.crossval import cross_validate, privacy_cost, site_folds
 from fedforest_secure.evaluation.inprocess import eval_config
 from fedforest_secure.privacy import load_profile
@@ -80,3 +80,47 @@ def test_the_privacy_cost_composes_every_training_of_a_record_and_one_evaluation
     assert privacy_cost(trainings, eval_config(
         "e", EvalSpec(models=(model.to_json(),)), task="classification", n_features=4,
         n_clients=4, n_classes=2, profile=load_profile("secure").to_dict()), 3)["dp"] is False
+
+
+@pytest.mark.parametrize("task,metric,names", [
+    ("classification", "r2", "accuracy, average_precision, balanced_accuracy, brier, ece, "
+                             "f1_macro, log_loss, precision_macro, recall_macro, roc_auc"),
+    ("regression", "accuracy", "mae, mse, r2, rmse"),
+    ("classification", "n", "accuracy, average_precision"),
+])
+def test_an_unknown_metric_is_refused_before_any_training(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch, task: str, metric: str,
+        names: str) -> None:
+    from fedforest_secure.evaluation import crossval
+
+    def no_training(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a forest was trained")
+
+    monkeypatch.setattr(crossval, "_fit", no_training)
+    parts, _ = tiny_parts
+    with pytest.raises(EvaluationError, match=f"cannot choose by {metric!r}; the {task} "
+                                              f"metrics are {names}"):
+        cross_validate(parts[:3], task=task, param="max_depth", values=[1, 2], folds=2,
+                       metric=metric, profile="open", n_classes=2)
+
+
+def test_an_unknown_parameter_is_refused_with_the_estimators_parameters(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedforest_secure.evaluation import crossval
+
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    parts, _ = tiny_parts
+    with pytest.raises(EvaluationError, match=r"FedForestClassifier has no parameter "
+                                              r"'max_dept'; it has .*max_depth, max_features"):
+        cross_validate(parts[:3], task="classification", param="max_dept", values=[1, 2],
+                       folds=2, profile="open", n_classes=2)
+
+
+def test_the_choosable_metrics_are_the_ones_an_evaluation_computes() -> None:
+    from fedforest_secure.evaluation.crossval import choosable_metrics
+    from fedforest_secure.evaluation.metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS
+
+    assert set(choosable_metrics("classification")) < set(CLASSIFICATION_METRICS)
+    assert set(choosable_metrics("regression")) < set(REGRESSION_METRICS)
+    assert "n" not in choosable_metrics("classification")
+    assert "mean_error" not in choosable_metrics("regression")

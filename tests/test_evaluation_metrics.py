@@ -15,6 +15,8 @@ from fedforest_secure.evaluation import EvalSpec, eval_layout
 from fedforest_secure.evaluation.encoding import decode_statistics, encode_statistics
 from fedforest_secure.evaluation.layout import EvalLayout
 from fedforest_secure.evaluation.metrics import (
+    CLASSIFICATION_METRICS,
+    REGRESSION_METRICS,
     auc_binning_bound,
     binned_auc,
     calibration_curve,
@@ -92,6 +94,7 @@ def test_classification_metrics_from_site_sums_equal_sklearn_on_pooled_rows(
     sites = _split(n, 5, rng)
     for stats in (_summed(layout, p, y, sites), _through_the_encoding(layout, p, y, sites)):
         _check_classification(metrics(stats, layout), y, p, n_classes, layout)
+        assert tuple(metrics(stats, layout)) == CLASSIFICATION_METRICS
 
 
 def test_calibration_curve_equals_sklearn_and_binned_auc_is_within_its_bound() -> None:
@@ -126,6 +129,7 @@ def test_regression_metrics_from_site_sums_equal_sklearn_on_pooled_rows() -> Non
     sites = _split(n, 6, rng)
     for stats in (_summed(layout, yhat, y, sites), _through_the_encoding(layout, yhat, y, sites)):
         m = metrics(stats, layout)
+        assert tuple(m) == REGRESSION_METRICS
         assert m["n"] == n
         assert m["r2"] == pytest.approx(skm.r2_score(y, yhat), abs=TOL)
         assert m["mse"] == pytest.approx(skm.mean_squared_error(y, yhat), rel=TOL)

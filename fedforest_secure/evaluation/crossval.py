@@ -29,20 +29,35 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import JobConfig
 from .inprocess import eval_config, evaluate_in_process
 from .layout import eval_layout
-from .metrics import metrics
+from .metrics import CLASSIFICATION_METRICS, REGRESSION_METRICS, metrics
 from .spec import EvalSpec, EvaluationError
 
-__all__ = ["CrossValidation", "cross_validate", "privacy_cost", "site_folds"]
+if TYPE_CHECKING:
+    from ..estimators import FedForestClassifier, FedForestRegressor
+
+__all__ = ["CrossValidation", "choosable_metrics", "cross_validate", "privacy_cost",
+           "site_folds"]
 
 #: Metrics where lower is better.
 _LOWER = frozenset({"log_loss", "brier", "ece", "mse", "rmse", "mae"})
+#: Metrics where higher is better.
+_HIGHER = frozenset({"accuracy", "balanced_accuracy", "precision_macro", "recall_macro",
+                     "f1_macro", "roc_auc", "average_precision", "r2"})
+
+
+def choosable_metrics(task: str) -> tuple[str, ...]:
+    """The metrics a cross-validation can choose by for ``task``, sorted: those an evaluation
+    computes that have a better direction (not the row count, a bound or the signed mean
+    error)."""
+    names = CLASSIFICATION_METRICS if task == "classification" else REGRESSION_METRICS
+    return tuple(sorted(set(names) & (_LOWER | _HIGHER)))
 
 
 def site_folds(n_rows: int, folds: int, seed: int, site: int) -> np.ndarray:
@@ -83,14 +98,17 @@ class CrossValidation:
     privacy: dict[str, Any] = field(default_factory=dict)
 
 
+def _estimator(task: str) -> type[FedForestClassifier] | type[FedForestRegressor]:
+    from ..estimators import FedForestClassifier, FedForestRegressor
+
+    return FedForestClassifier if task == "classification" else FedForestRegressor
+
+
 def _fit(task: str, params: Mapping[str, Any], X: np.ndarray, y: np.ndarray,
          h: np.ndarray) -> tuple[str, JobConfig]:
     """A forest trained in process on the sites' rows (``h``: site of each row): its file's
     text (the estimator format, so a regressor's offset travels with it) and its config."""
-    from ..estimators import FedForestClassifier, FedForestRegressor
-
-    cls = FedForestClassifier if task == "classification" else FedForestRegressor
-    est = cls(**params).fit(X, y, client=h)
+    est = _estimator(task)(**params).fit(X, y, client=h)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.json"
         est.save(path)
@@ -121,6 +139,13 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     if not values:
         raise EvaluationError("no values to cross-validate")
     metric = metric or ("accuracy" if task == "classification" else "r2")
+    if metric not in choosable_metrics(task):
+        raise EvaluationError(f"cannot choose by {metric!r}; the {task} metrics are "
+                              f"{', '.join(choosable_metrics(task))}")
+    known = sorted(_estimator(task)().get_params())
+    if param not in known:
+        raise EvaluationError(f"{_estimator(task).__name__} has no parameter {param!r}; it "
+                              f"has {', '.join(known)}")
     prof = profile if isinstance(profile, PrivacyProfile) else load_profile(profile)
     base = {"random_state": seed, **dict(params or {}), "profile": prof}
     fold_of = [site_folds(len(y), folds, seed, k) for k, (_, y) in enumerate(sites)]

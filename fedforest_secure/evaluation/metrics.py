@@ -20,9 +20,16 @@ import numpy as np
 
 from .layout import EvalLayout
 
-__all__ = ["auc_binning_bound", "binned_auc", "binned_average_precision",
-           "calibration_curve", "classification_metrics", "metrics", "predicted_vs_actual",
-           "regression_metrics", "roc_curve"]
+__all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "auc_binning_bound", "binned_auc",
+           "binned_average_precision", "calibration_curve", "classification_metrics",
+           "metrics", "predicted_vs_actual", "regression_metrics", "roc_curve"]
+
+#: the names :func:`classification_metrics` returns, in its order
+CLASSIFICATION_METRICS = ("n", "accuracy", "balanced_accuracy", "precision_macro",
+                          "recall_macro", "f1_macro", "log_loss", "brier", "roc_auc",
+                          "average_precision", "roc_auc_binning_bound", "ece")
+#: the names :func:`regression_metrics` returns, in its order
+REGRESSION_METRICS = ("n", "r2", "mse", "rmse", "mae", "mean_error")
 
 _Stats = Mapping[str, np.ndarray]
 
