@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,28 @@ def test_run_comparison_regression_on_a_table_with_clients(tmp_path: Path) -> No
     assert res.stats("centralized-rf", math.inf)[0] > 0.5  # type: ignore[index]
     with pytest.raises(ValueError, match="no DP random-forest regressor"):
         run_comparison(data=(Xl, yl, hl, task), methods=["diffprivlib-rf"], seeds=1)
+
+
+
+@pytest.mark.parametrize("cells,message", [
+    ({"site": ""}, "column 'site' (the client column) is empty at line 5"),
+    ({"target": ""}, "column 'target' (the target) is empty at line 5"),
+    ({"a": ""}, "column 'a' is not a number at line 5: ''"),
+    ({"b": "n/a"}, "column 'b' is not a number at line 5: 'n/a'"),
+])
+def test_a_csv_cell_without_a_value_is_named_by_row_and_column(
+        tmp_path: Path, cells: dict[str, str], message: str) -> None:
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["a", "b", "site", "target"])
+        for i in range(8):  # the header is line 1: the fourth row is line 5
+            row = {"a": str(i), "b": str(i % 3), "site": f"s{i % 2}", "target": str(i % 2)}
+            if i == 3:
+                row.update(cells)
+            w.writerow(row.values())
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_csv_table(path, "target", "site")
 
 
 def test_cli_compare_on_a_csv(tmp_path: Path) -> None:

@@ -193,10 +193,19 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
     feats = [c for c in names if c not in (target, client_column)]
     if not feats:
         raise ValueError(f"{path}: no feature columns")
-    try:
-        X = np.array([[float(r[c]) for c in feats] for r in rows], dtype=np.float64)
-    except ValueError as exc:
-        raise ValueError(f"{path}: feature columns must be numeric ({exc})") from None
+    for col, role in ((target, "the target"), (client_column, "the client column")):
+        empty = [i for i, r in enumerate(rows) if col is not None and not (r[col] or "").strip()]
+        if empty:
+            raise ValueError(f"{path}: column {col!r} ({role}) is empty at "
+                             f"{_lines(empty)}: every row needs one")
+    X = np.empty((len(rows), len(feats)))
+    for j, c in enumerate(feats):
+        for i, r in enumerate(rows):
+            try:
+                X[i, j] = float(r[c])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: column {c!r} is not a number at {_lines([i])}: "
+                                 f"{r[c]!r} (feature columns must be numeric)") from None
     raw_y = [r[target] for r in rows]
     try:
         y_num: np.ndarray | None = np.array([float(v) for v in raw_y])
@@ -222,6 +231,12 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
         _, client = np.unique(np.array([r[client_column] for r in rows]), return_inverse=True)
         client = client.astype(np.int64)
     return X, y, client, task
+
+
+def _lines(rows: list[int]) -> str:
+    """Data rows (0-based) as the file's line numbers (the header is line 1)."""
+    shown = ", ".join(str(i + 2) for i in rows[:8]) + (", ..." if len(rows) > 8 else "")
+    return f"line{'s' if len(rows) > 1 else ''} {shown}"
 
 
 def _owner_of(Xtr: np.ndarray, htr: np.ndarray, Xte: np.ndarray) -> np.ndarray:
