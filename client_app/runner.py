@@ -250,6 +250,7 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     if train is None and held_out is None:
         raise FedForestError("give the site's table (--data) or its held-out rows "
                              "(--eval-data)")
+    _check_outputs(opts)
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
     if pinned is None or pinned.get("dp") is not None:
         # the DP machinery (diffprivlib, SciPy) takes seconds to import on a loaded machine:
@@ -337,6 +338,21 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     write_atomic(opts.state_dir / "stats.json", stats)
     write_atomic(opts.state_dir / f"stats-{job}.json", stats)
     return result
+
+
+def _check_outputs(opts: ClientOptions) -> None:
+    """The model file and the state directory can be written: checked before joining, not
+    when a job of hours ends."""
+    try:
+        opts.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FedForestError(f"--state-dir {opts.state_dir}: {exc.strerror or exc}") from None
+    out = opts.model_out
+    if out is not None:
+        if out.is_dir():
+            raise FedForestError(f"--out {out} is a directory; name the model file")
+        if not out.parent.is_dir():
+            raise FedForestError(f"--out {out}: the directory {out.parent} does not exist")
 
 
 def _parse(model: type[_M], obj: object, what: str) -> _M:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,29 @@ def test_simulate_pins_the_job_profile_on_every_client(tmp_path: Path,
 
     src = inspect.getsource(simulate.run_simulation)
     assert "profile=opts.profile" in src
+
+
+@pytest.mark.parametrize("where,message", [
+    ("missing/model.json", "--out {out}: the directory {parent} does not exist"),
+    ("a-dir", "--out {out} is a directory; name the model file"),
+    ("file/state", "--state-dir {state}: "),
+])
+def test_an_unwritable_out_or_state_dir_fails_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, message: str) -> None:
+    # a job can run for hours: a model path that cannot be written is found before joining
+    monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
+
+    def no_transport(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a transport was opened")
+
+    monkeypatch.setattr(runner, "Transport", no_transport)
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "file").write_text("a file where a directory should be")
+    out = tmp_path / (where if where != "file/state" else "model.json")
+    state = tmp_path / ("file/state" if where == "file/state" else "state")
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=state, quiet=True, model_out=out)
+    with pytest.raises(FedForestError, match=re.escape(
+            message.format(out=out, parent=out.parent, state=state))):
+        runner.run_client(opts)
