@@ -7,6 +7,7 @@ same probabilities."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -115,6 +116,11 @@ def _rows(n: int, seed: int) -> np.ndarray:
 
 
 def _dp_classifier(epsilon: float, missing: bool = False) -> FedForestClassifier:
+    return _fit_dp_classifier(epsilon, missing)
+
+
+@functools.cache  # one fit per setting and test process: the tests only read the forest
+def _fit_dp_classifier(epsilon: float, missing: bool) -> FedForestClassifier:
     X = _rows(400, 0)
     y = (np.log(X[:, 0]) + np.log(X[:, 1]) > 0).astype(int) + (np.log(X[:, 2]) > 1)
     if missing:
