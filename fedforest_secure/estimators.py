@@ -629,8 +629,19 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         return labels
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:
-        """Accuracy of ``predict(X, client=client)`` against ``y``."""
+        """Accuracy of ``predict(X, client=client)`` against ``y``.
+
+        A job's model (with its schema) reads ``y`` as the sites' clients read the target
+        column: ``1``, ``1.0`` and ``"1"`` are the class ``"1"``, an unknown class is an error.
+        """
         from sklearn.metrics import accuracy_score
 
-        return float(accuracy_score(y, self.predict(X, client=client),
-                                    sample_weight=sample_weight))
+        self._check_fitted()
+        if self.model_.schema is None:
+            return float(accuracy_score(y, self.predict(X, client=client),
+                                        sample_weight=sample_weight))
+        from .schema import Schema
+
+        codes = Schema.from_dict(self.model_.schema).encode_target(y)
+        predicted = np.argmax(self.predict_proba(X, client=client), axis=1)
+        return float(accuracy_score(codes, predicted, sample_weight=sample_weight))

@@ -143,7 +143,9 @@ class ForestModel:
         names = _column_names(X)
         if names is not None and self.feature_names is not None:
             missing = [c for c in self.feature_names if c not in names]
-            unknown = [c for c in names if c not in self.feature_names]
+            # the schema's target column is not a feature: a site's table as it is predicts
+            target = (self.schema or {}).get("target", {}).get("name")
+            unknown = [c for c in names if c not in self.feature_names and c != target]
             if missing or unknown:
                 parts = []
                 if missing:

@@ -216,7 +216,37 @@ def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_r
     assert proba.shape == (180, 2) and (est.predict(rows) == np.where(y, "yes", "no")).all()
     with pytest.raises(SchemaError, match="unknown level '3'"):
         est.predict(rows.assign(cp=3))
+    # the site's CSV as it is: the schema's target column is not a feature and is left out
+    site_csv = rows.assign(num=np.where(y, "yes", "no"))
+    np.testing.assert_array_equal(est.predict_proba(site_csv), proba)
+    with pytest.raises(SchemaError, match="unknown column 'other'"):
+        est.predict(site_csv.assign(other=0))
     assert ForestModel.load(path).schema == schema.to_dict()
+
+
+
+def test_a_jobs_model_scores_a_site_csv_whose_class_labels_pandas_reads_as_numbers(
+        tmp_path: Path) -> None:
+    """The schema's classes are text ("0", "1"); pandas reads the CSV's target as integers:
+    score matches them as the site's client does (1, 1.0 and "1" are the class "1")."""
+    import pandas as pd
+
+    schema_text = ('[target]\nname = "y"\nkind = "classification"\nclasses = ["0", "1"]\n'
+                   '[[features]]\nname = "x"\nkind = "continuous"\nbounds = [0.0, 1.0]\n')
+    x = np.linspace(0, 1, 120)
+    y = (x > 0.5).astype(int)
+    forest = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        x[:, None], y, client=np.arange(120) % 3).model_
+    path = tmp_path / "model.json"
+    path.write_text(forest.for_job(schema_text, ["a", "b", "c"]).to_json())
+    est = FedForestClassifier.load(path)
+    site = pd.DataFrame({"x": x, "y": y})
+    right = float((est.predict_proba(site).argmax(axis=1) == y).mean())
+    assert right > 0.9
+    for labels in (site["y"], site["y"].astype(float), site["y"].astype(str)):
+        assert est.score(site, labels) == right
+    with pytest.raises(SchemaError, match="unknown class '2'"):
+        est.score(site, site["y"] + 1)
 
 
 def test_feature_importances_come_from_the_split_gains() -> None:
