@@ -116,6 +116,8 @@ def prune_cmd(config: ConfigOpt,
 
     if keep_days is None and not job:
         fail(ValueError("give --keep-days N or --job J"))
+    if keep_days is not None and not keep_days >= 0:
+        fail(ValueError(f"--keep-days must be a number of days >= 0, got {keep_days}"))
     try:
         with ServerAdmin.from_settings(load_settings(config)) as admin:
             out = admin.prune(keep_days=keep_days, job_ids=list(job) if job else None,

@@ -18,6 +18,8 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from fedforest_secure.errors import FedForestError
+
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
@@ -65,9 +67,21 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
         Only these jobs (each must be finished).
     dry_run : bool
         Count, delete nothing.
+
+    Raises
+    ------
+    FedForestError
+        A named job that does not exist or has not finished: nothing is deleted.
     """
     out = Pruned()
     with db.session() as sess:
+        for job_id in job_ids or []:  # every named job checked before anything is deleted
+            named = sess.get(JobRow, job_id)
+            if named is None:
+                raise FedForestError(f"no job {job_id!r}; nothing was deleted")
+            if named.status not in _FINISHED:
+                raise FedForestError(f"job {job_id!r} is {named.status}: only finished jobs "
+                                     "are pruned; nothing was deleted")
         query = select(JobRow).where(JobRow.status.in_(_FINISHED))
         if job_ids is not None:
             query = query.where(JobRow.id.in_(job_ids))

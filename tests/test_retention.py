@@ -8,11 +8,13 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
 from fedforest_secure.audit import AuditLog
+from fedforest_secure.errors import FedForestError
 from server_app.db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from server_app.retention import prune
 
@@ -69,8 +71,15 @@ def test_prune_deletes_old_finished_rounds_and_keeps_models_running_and_recent_j
     assert not (spool / "old-done").exists()
     for kept in ("recent", "running"):
         assert counts(db, kept) == (2, 2, 3, True) and (spool / kept).exists()
-    # a named finished job goes whatever its age; a running one never
-    assert prune(db, spool, job_ids=["recent", "running"]).jobs == ["recent"]
+    # a named finished job goes whatever its age; naming a running or unknown one deletes
+    # nothing and says why
+    with pytest.raises(FedForestError, match="job 'running' is running: only finished jobs "
+                                             "are pruned; nothing was deleted"):
+        prune(db, spool, job_ids=["recent", "running"])
+    with pytest.raises(FedForestError, match="no job 'recnt'; nothing was deleted"):
+        prune(db, spool, job_ids=["recent", "recnt"])
+    assert counts(db, "recent") == (2, 2, 3, True) and counts(db, "running")[0] == 2
+    assert prune(db, spool, job_ids=["recent"]).jobs == ["recent"]
     db.dispose()
 
 
@@ -87,6 +96,12 @@ def test_cli_prune_and_a_compressed_audit_export(tmp_path: Path) -> None:
         in res.output
     res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml")])
     assert res.exit_code == 2 and "--keep-days" in res.output
+    res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
+                              "--keep-days", "-1"])
+    assert res.exit_code == 2 and "--keep-days must be a number of days >= 0" in res.output
+    res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
+                              "--job", "nosuch"])
+    assert res.exit_code == 2 and "no job 'nosuch'" in res.output
     with AuditLog(tmp_path / "audit.db") as log:
         for k in range(50):
             log.append("old", "client_joined", {"client": f"site-{k}", "client_index": k})
