@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# the packages byte-compiled first: the tests start ~110 server and client processes, and
+# each would compile them again where the environment sets PYTHONDONTWRITEBYTECODE
 test: install
+	$(BIN)/python -m compileall -q $(LINT_PACKAGES)
 	$(BIN)/python -m pytest -q -n 2
 
 demo: install
