@@ -15,6 +15,7 @@ existing evaluation job instead of a file it waits for that job and shows its re
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -28,6 +29,7 @@ from ._common import console, fail
 
 if TYPE_CHECKING:
     from server_app.admin import ServerAdmin
+    from server_app.jobspec import JobSpec
 
 __all__ = ["evaluate"]
 
@@ -76,6 +78,7 @@ def evaluate(
                                   f"{len(spec.clients)} sites; each runs: fedforest client "
                                   f"--job {job_id} --eval-data <held-out rows> ...")
                 else:
+                    _check_same_models(admin, job_id, job_path, spec)
                     console.print(f"evaluation job {job_id} exists: waiting for its result")
                 first_model = files[0] if files else None
             else:
@@ -92,6 +95,20 @@ def evaluate(
 
     Console().print(to_table(res, reference))
     console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}")
+
+
+def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec) -> None:
+    """An existing job's result answers this command only if the job scores the same
+    models (by SHA-256): otherwise its metrics would be shown for other models."""
+    texts = spec.evaluation.model_texts if spec.evaluation is not None else None
+    asked = [hashlib.sha256(t.encode()).hexdigest() for t in texts or []]
+    scored = admin.evaluation_digests(job_id)
+    if scored is not None and asked != scored:
+        raise FedForestError(
+            f"evaluation job {job_id} exists and scores other models ({len(scored)}: "
+            f"{', '.join(d[:12] for d in scored)}; asked: {', '.join(d[:12] for d in asked)}); "
+            f"give this evaluation a new id in {job_path}, or pass --job {job_id} to show "
+            "that job's result")
 
 
 def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:

@@ -7,6 +7,7 @@ nothing outside :mod:`server_app` reads its tables.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -97,6 +98,14 @@ class ServerAdmin:
         with self._db.session() as sess:
             job = sess.get(JobRow, job_id)
             return None if job is None else JobSummary._of(job)
+
+    def evaluation_digests(self, job_id: str) -> list[str] | None:
+        """The SHA-256 of each model an evaluation job scores (None: no such job, or not an
+        evaluation)."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            evaluation = None if job is None else json.loads(job.config_json).get("evaluation")
+        return None if not evaluation else [str(d) for d in evaluation["digests"]]
 
     def jobs(self) -> list[JobSummary]:
         with self._db.session() as sess:

@@ -224,3 +224,26 @@ def test_fedforest_evaluate_creates_the_job_and_writes_the_table_and_plot_next_t
                if "event=job_started" in line]
     assert len(started) == len(PROFILES)
     assert all("kind=evaluate models=2" in line and "trees=" not in line for line in started)
+
+
+def test_evaluate_on_an_existing_job_with_other_models_is_refused_not_answered_with_its_result(
+        evaluated: dict[str, Any]) -> None:
+    # eval-open scored shallow.json and deep.json: asked for deep.json alone, its result
+    # (two models' metrics) must not come back as if it were that evaluation
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    root = evaluated["root"]
+    args = ["evaluate", "--config", str(root / "server.toml"), "--job",
+            str(root / "eval-open.toml"), "--out", str(root / "again")]
+    (root / "again").mkdir()
+    res = CliRunner().invoke(app, [*args, "--models", str(root / "deep.json")])
+    assert res.exit_code != 0
+    assert "evaluation job eval-open exists and scores other models" in " ".join(res.output.split())
+    assert not any((root / "again").iterdir())
+    res = CliRunner().invoke(app, [*args, "--models", str(root / "shallow.json"),
+                                   str(root / "deep.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((root / "again" / "evaluation-eval-open.json").read_text())["job_id"] == \
+        "eval-open"
