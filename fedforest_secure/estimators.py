@@ -484,7 +484,9 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             return cls._load_old(doc, path)
         try:
             model = ForestModel.from_dict(doc)
-        except (ValueError, KeyError, TypeError) as exc:
+        except KeyError as exc:
+            raise ValueError(f"{path}: not a model file: no {exc.args[0]!r} field") from None
+        except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None
         if model.task != cls._task:
             other = "FedForestRegressor" if model.task == "regression" else "FedForestClassifier"

@@ -112,6 +112,11 @@ def test_a_bare_model_file_loads_as_an_estimator_of_its_task_only(tmp_path: Path
     (tmp_path / "junk.json").write_text('{"format": "something/else"}')
     with pytest.raises(ValueError, match="not a model file"):
         FedForestRegressor.load(tmp_path / "junk.json")
+    cut = json.loads(p.read_text())
+    del cut["trees"]
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    with pytest.raises(ValueError, match="cut.json: not a model file: no 'trees' field"):
+        FedForestRegressor.load(tmp_path / "cut.json")
 
 
 def _stump(kind: int, feature: int = 0, threshold: float = 0.0,
