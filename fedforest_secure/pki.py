@@ -127,12 +127,34 @@ def create_ca(common_name: str = "FedForest dev CA", *, days: int = _VALIDITY_DA
     return CertifiedKey(key, cert)
 
 
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _check_host(host: str) -> None:
+    """An IP address, or a DNS host name (RFC 1123 labels; a ``*`` first label for a
+    wildcard): what a client can match the server certificate against."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    if labels and labels[0] == "*" and len(labels) > 1:
+        labels = labels[1:]
+    if not (0 < len(name) <= 253 and all(_LABEL.fullmatch(lab) for lab in labels)):
+        raise ValueError(f"server host {host!r} is neither an IP address nor a DNS host name "
+                         "(letters, digits and '-' between dots)")
+
+
 def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
                       hosts: tuple[str, ...] = (), days: int = _VALIDITY_DAYS,
                       now: _dt.datetime | None = None) -> CertifiedKey:
     """A leaf certificate signed by ``ca``: TLS server auth (with SANs ``hosts``) or client auth."""
     if server and not hosts:
         raise ValueError("a server certificate needs at least one host name or IP address")
+    for host in hosts:
+        _check_host(host)
     key = ec.generate_private_key(ec.SECP256R1())
     start = (now or _now()) - _dt.timedelta(minutes=5)
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
@@ -207,6 +229,8 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     """
     if n_clients < 0:
         raise ValueError("n_clients must be >= 0")
+    for host in hosts:
+        _check_host(host)
     names = client_names if client_names is not None else [f"client-{k}" for k in range(n_clients)]
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")

@@ -42,6 +42,22 @@ def test_server_certificate_needs_hosts() -> None:
         issue_certificate(create_ca(), "srv", server=True)
 
 
+@pytest.mark.parametrize("host", ["not a host!", "fed_server.example", "-lead.example", "a..b",
+                                  "x" * 64 + ".example", ""])
+def test_a_host_that_is_neither_an_address_nor_a_dns_name_is_refused(
+        host: str, tmp_path: Path) -> None:
+    # a typo would make a certificate no client accepts, found only at the first connection
+    with pytest.raises(ValueError, match="is neither an IP address nor a DNS host name"):
+        init_dev_pki(tmp_path / "certs", 1, hosts=("localhost", host))
+    assert not (tmp_path / "certs").exists()
+
+
+@pytest.mark.parametrize("host", ["fed.hospital-a.example", "localhost", "::1", "10.0.0.7",
+                                  "*.fed.example", "Fed-Server.Example."])
+def test_dns_names_and_addresses_are_accepted_as_hosts(host: str) -> None:
+    issue_certificate(create_ca(), host, server=True, hosts=(host,))
+
+
 def _tls_server(cert: Path, key: Path) -> tuple[int, threading.Thread]:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key))
