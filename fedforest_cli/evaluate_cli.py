@@ -15,7 +15,6 @@ existing evaluation job instead of a file it waits for that job and shows its re
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.evaluation.spec import model_digest
 from fedforest_secure.files import write_atomic
 
 from ._common import console, fail
@@ -101,7 +101,7 @@ def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: Jo
     """An existing job's result answers this command only if the job scores the same
     models (by SHA-256): otherwise its metrics would be shown for other models."""
     texts = spec.evaluation.model_texts if spec.evaluation is not None else None
-    asked = [hashlib.sha256(t.encode()).hexdigest() for t in texts or []]
+    asked = [model_digest(t) for t in texts or []]
     scored = admin.evaluation_digests(job_id)
     if scored is not None and asked != scored:
         raise FedForestError(

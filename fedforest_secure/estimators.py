@@ -100,6 +100,7 @@ def _no_value(label: Any) -> bool:
     except TypeError:
         return True
 
+
 class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     _task: ClassVar[str] = "regression"
 

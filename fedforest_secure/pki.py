@@ -229,8 +229,6 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     """
     if n_clients < 0:
         raise ValueError("n_clients must be >= 0")
-    for host in hosts:
-        _check_host(host)
     names = client_names if client_names is not None else [f"client-{k}" for k in range(n_clients)]
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")
@@ -242,10 +240,10 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
         _refuse_existing(targets, "`fedforest pki issue` adds client certificates signed by "
                                   "the CA that is there; `--force` replaces it and every "
                                   "certificate it signed")
-    out.mkdir(parents=True, exist_ok=True)
     ca = create_ca()
+    server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)  # checks the hosts
+    out.mkdir(parents=True, exist_ok=True)
     ca.write(out / "ca.pem", out / "ca.key")
-    server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)
     server.write(out / "server.pem", out / "server.key")
     certs, keys = _write_clients(ca, out, names)
     return DevPKI(out / "ca.pem", out / "ca.key", out / "server.pem", out / "server.key",

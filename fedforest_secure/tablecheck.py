@@ -29,7 +29,7 @@ from ._cells import _canon, _is_missing, _label_key
 from .errors import SchemaError
 from .schema import Schema
 
-__all__ = ["Problem", "RawTable", "check_table", "clean_rows", "read_raw"]
+__all__ = ["Problem", "RawTable", "check_table", "clean_rows", "line_numbers", "read_raw"]
 
 Severity = Literal["error", "warning"]
 _SHOW = 8  # line numbers shown per problem
@@ -70,7 +70,8 @@ class Problem:
         return f"{self.severity}: {where}{self.message} -> {self.advice}"
 
 
-def _lines(idx: Sequence[int]) -> str:
+def line_numbers(idx: Sequence[int]) -> str:
+    """Data rows (0-based) as the file's line numbers (the header is line 1)."""
     shown = ", ".join(str(i + 2) for i in idx[:_SHOW])
     more = f" and {len(idx) - _SHOW} more" if len(idx) > _SHOW else ""
     return f"line{'s' if len(idx) > 1 else ''} {shown}{more}"
@@ -126,7 +127,7 @@ def check_table(table: RawTable, schema: Schema, *,
     ragged = [i for i, r in enumerate(table.rows) if len(r) != len(table.header)]
     if ragged:
         out.append(Problem("error", None, f"{len(ragged)} rows do not have "
-                           f"{len(table.header)} cells ({_lines(ragged)})",
+                           f"{len(table.header)} cells ({line_numbers(ragged)})",
                            "fix or delete those lines (a stray comma or a cut line?)",
                            tuple(i + 2 for i in ragged)))
     if not table.rows:
@@ -187,7 +188,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
-                           f"{_lines(missing)}",
+                           f"{line_numbers(missing)}",
                            _DROP,
                            tuple(i + 2 for i in missing)))
     values: dict[int, float] = {}
@@ -208,13 +209,13 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
     if bad:
         shown = ", ".join(repr(cells[i]) for i in bad[:3])
         out.append(Problem("error", name, f"{len(bad)} value{'s' if len(bad) > 1 else ''} "
-                           f"that are not numbers ({shown}) at {_lines(bad)}",
+                           f"that are not numbers ({shown}) at {line_numbers(bad)}",
                            "a continuous column holds numbers only: fix the cells, or declare "
                            "the column categorical in the schema", tuple(i + 2 for i in bad)))
     zeros = [i for i, v in values.items() if v == 0.0]
     if zero_missing and zeros:
         out.append(Problem("error", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''}"
-                           f" (--zero-is-missing: missing values) at {_lines(zeros)}", _DROP,
+                           f" (--zero-is-missing: missing values) at {line_numbers(zeros)}", _DROP,
                            tuple(i + 2 for i in zeros)))
         values = {i: v for i, v in values.items() if v != 0.0}
     if bounds is not None:
@@ -225,7 +226,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
             shown = ", ".join(f"{v:g}" for v in vals[:4])
             out.append(Problem("error", name, f"{len(outside)} value"
                                f"{'s' if len(outside) > 1 else ''} outside the public "
-                               f"bounds [{lo:g}, {hi:g}] ({shown}) at {_lines(outside)}",
+                               f"bounds [{lo:g}, {hi:g}] ({shown}) at {line_numbers(outside)}",
                                "values are never clipped: correct them, drop the rows, or ask "
                                "the federation to widen the bounds in schema.toml for every site",
                                tuple(i + 2 for i in outside)))
@@ -244,7 +245,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                     and min(nonzero) >= _ZERO_GAP * statistics.median(nonzero)):
                 out.append(Problem(
                     "warning", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''} at "
-                    f"{_lines(zeros)} while every other value is >= {min(nonzero):g}: hidden "
+                    f"{line_numbers(zeros)} while every other value is >= {min(nonzero):g}: hidden "
                     "missing values?",
                     f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
                     "(they become errors that --clean-out drops)", tuple(i + 2 for i in zeros)))
@@ -261,7 +262,7 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
-                           f"{_lines(missing)}",
+                           f"{line_numbers(missing)}",
                            _DROP,
                            tuple(i + 2 for i in missing)))
     miss = set(missing)
@@ -271,7 +272,7 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         vals = sorted({_canon(cells[i]) for i in unknown})
         out.append(Problem("error", name, f"{len(unknown)} unknown {what}"
                            f"{'s' if len(unknown) > 1 else ''} ({', '.join(map(repr, vals[:5]))})"
-                           f" at {_lines(unknown)}; the schema's {what}s are "
+                           f" at {line_numbers(unknown)}; the schema's {what}s are "
                            f"{', '.join(labels)}",
                            f"recode them to the schema's {what}s, or ask the federation to add "
                            "them to schema.toml", tuple(i + 2 for i in unknown)))

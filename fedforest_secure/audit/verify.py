@@ -176,6 +176,10 @@ def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
     return out
 
 
+#: entry kinds a client keeps a receipt of: a job holding one needs a receipt to be checked
+_RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
+
+
 def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
                     job_id: str | None) -> tuple[list[str], int]:
     if not receipts_dir.is_dir():
@@ -207,10 +211,6 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
             out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
                        "rounds and model are unreceipted (a rewritten chain would verify)")
     return out, count
-
-
-#: entry kinds a client keeps a receipt of: a job holding one needs a receipt to be checked
-_RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
 
 
 def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int) -> list[str]:

@@ -142,10 +142,11 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     if metric not in choosable_metrics(task):
         raise EvaluationError(f"cannot choose by {metric!r}; the {task} metrics are "
                               f"{', '.join(choosable_metrics(task))}")
-    known = sorted(_estimator(task)().get_params())
+    cls = _estimator(task)
+    known = sorted(cls().get_params())
     if param not in known:
-        raise EvaluationError(f"{_estimator(task).__name__} has no parameter {param!r}; it "
-                              f"has {', '.join(known)}")
+        raise EvaluationError(f"{cls.__name__} has no parameter {param!r}; it has "
+                              f"{', '.join(known)}")
     prof = profile if isinstance(profile, PrivacyProfile) else load_profile(profile)
     base = {"random_state": seed, **dict(params or {}), "profile": prof}
     fold_of = [site_folds(len(y), folds, seed, k) for k, (_, y) in enumerate(sites)]

@@ -24,7 +24,8 @@ from ..model import ForestModel
 if TYPE_CHECKING:
     from ..config import JobConfig
 
-__all__ = ["EvalSpec", "EvaluationError", "MAX_EVAL_ROWS", "MAX_MODELS", "load_forest"]
+__all__ = ["EvalSpec", "EvaluationError", "MAX_EVAL_ROWS", "MAX_MODELS", "load_forest",
+           "model_digest"]
 
 #: Models one evaluation job scores at most.
 MAX_MODELS = 16
@@ -73,6 +74,12 @@ def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise EvaluationError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
+
+
+def model_digest(text: str) -> str:
+    """SHA-256 of a model file's text: how an evaluation names the models it scores, and the
+    digest a training job's audit log records."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ class EvalSpec:
     @property
     def digests(self) -> tuple[str, ...]:
         """SHA-256 of each model file's text (what a training job's audit log records)."""
-        return tuple(hashlib.sha256(m.encode()).hexdigest() for m in self.models)
+        return tuple(model_digest(m) for m in self.models)
 
     def forests(self) -> list[ForestModel]:
         """The models, parsed."""

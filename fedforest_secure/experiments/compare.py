@@ -48,6 +48,7 @@ import numpy as np
 
 from ..estimators import FedForestClassifier, FedForestRegressor
 from ..privacy import load_profile
+from ..tablecheck import line_numbers
 from .baselines import CentralizedRF, LocalLearning
 from .loaders import load_dataset
 from .partitions import dirichlet_partition
@@ -197,15 +198,16 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
         empty = [i for i, r in enumerate(rows) if col is not None and not (r[col] or "").strip()]
         if empty:
             raise ValueError(f"{path}: column {col!r} ({role}) is empty at "
-                             f"{_lines(empty)}: every row needs one")
+                             f"{line_numbers(empty)}: every row needs one")
     X = np.empty((len(rows), len(feats)))
     for j, c in enumerate(feats):
         for i, r in enumerate(rows):
             try:
                 X[i, j] = float(r[c])
             except (TypeError, ValueError):
-                raise ValueError(f"{path}: column {c!r} is not a number at {_lines([i])}: "
-                                 f"{r[c]!r} (feature columns must be numeric)") from None
+                raise ValueError(f"{path}: column {c!r} is not a number at "
+                                 f"{line_numbers([i])}: {r[c]!r} (feature columns must be "
+                                 "numeric)") from None
     raw_y = [r[target] for r in rows]
     try:
         y_num: np.ndarray | None = np.array([float(v) for v in raw_y])
@@ -231,12 +233,6 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
         _, client = np.unique(np.array([r[client_column] for r in rows]), return_inverse=True)
         client = client.astype(np.int64)
     return X, y, client, task
-
-
-def _lines(rows: list[int]) -> str:
-    """Data rows (0-based) as the file's line numbers (the header is line 1)."""
-    shown = ", ".join(str(i + 2) for i in rows[:8]) + (", ..." if len(rows) > 8 else "")
-    return f"line{'s' if len(rows) > 1 else ''} {shown}"
 
 
 def _owner_of(Xtr: np.ndarray, htr: np.ndarray, Xte: np.ndarray) -> np.ndarray:
