@@ -18,10 +18,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # the packages byte-compiled first: the tests start ~110 server and client processes, and
-# each would compile them again where the environment sets PYTHONDONTWRITEBYTECODE
+# each would compile them again where the environment sets PYTHONDONTWRITEBYTECODE;
+# worksteal: a worker that runs out of tests takes half of the other's queue
 test: install
 	$(BIN)/python -m compileall -q $(LINT_PACKAGES)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 demo: install
 	$(BIN)/fedforest simulate --dataset breast_cancer --clients 4 --profile secure

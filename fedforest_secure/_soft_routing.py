@@ -104,29 +104,42 @@ class SoftRouting:
 
     def tree_values(self, tree: Tree, Z: np.ndarray) -> np.ndarray:
         """(n, n_outputs) the tree's value for every row: its leaves' values weighted by the
-        rows' probabilities of reaching them. ``Z`` is :meth:`positions` of the rows."""
+        rows' probabilities of reaching them. ``Z`` is :meth:`positions` of the rows.
+
+        The tree is walked a depth at a time with every (row, node, probability) of the
+        depth in three arrays: a row goes to one child, or to both where its share of the
+        left child is strictly between 0 and 1. A leaf keeps its rows (its "left child" is
+        itself, with share 1) until every row has reached a leaf.
+        """
         n = Z.shape[0]
         out = np.zeros((n, tree.value.shape[1]))
         if tree.n_nodes == 0:
             return out
-        pos = self.threshold_positions(tree)
-        nan_left = tree.missing_goes_left()
+        leaf = tree.kind == NodeKind.LEAF
+        itself = np.arange(tree.n_nodes)
+        go_left = np.where(leaf, itself, tree.left)
+        go_right = np.where(leaf, itself, tree.right)
+        feature = np.where(leaf, 0, tree.feature)
+        at = np.where(leaf, np.inf, self.threshold_positions(tree))
+        nan_share = np.where(leaf | tree.missing_goes_left(), 1.0, 0.0)
         half = 0.5 / self.width
-        # (node, rows that reach it, their probabilities): rows whose probability is 0 stop
-        stack: list[tuple[int, np.ndarray, np.ndarray]] = [(0, np.arange(n), np.ones(n))]
-        while stack:
-            nd, rows, p = stack.pop()
-            if tree.kind[nd] == NodeKind.LEAF:
-                out[rows] += p[:, None] * tree.value[nd][None, :]
-                continue
-            z = Z[rows, tree.feature[nd]]
-            left = np.clip(0.5 + (pos[nd] - z) * half, 0.0, 1.0)
-            left = np.where(np.isnan(z), 1.0 if nan_left[nd] else 0.0, left)
-            for child, share in ((tree.left[nd], left), (tree.right[nd], 1.0 - left)):
-                q = p * share
-                keep = q > 0.0
-                if keep.any():
-                    stack.append((int(child), rows[keep], q[keep]))
+        zt = np.ascontiguousarray(Z.T).ravel()  # feature-major: a node's rows read one column
+        rows, nodes, p = np.arange(n), np.zeros(n, dtype=np.int64), np.ones(n)
+        while not leaf[nodes].all():
+            z = zt[feature[nodes] * n + rows]
+            share = np.clip(0.5 + (at[nodes] - z) * half, 0.0, 1.0)
+            share = np.where(np.isnan(z), nan_share[nodes], share)
+            both = np.flatnonzero((share > 0.0) & (share < 1.0))
+            to_left = share > 0.0
+            extra = (rows[both], go_right[nodes[both]], p[both] * (1.0 - share[both]))
+            nodes = np.where(to_left, go_left[nodes], go_right[nodes])
+            p = p * np.where(to_left, share, 1.0 - share)
+            if both.size:
+                rows = np.concatenate([rows, extra[0]])
+                nodes = np.concatenate([nodes, extra[1]])
+                p = np.concatenate([p, extra[2]])
+        for j in range(out.shape[1]):
+            out[:, j] = np.bincount(rows, weights=p * tree.value[nodes, j], minlength=n)
         return out
 
     def to_dict(self) -> dict[str, Any]:

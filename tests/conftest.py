@@ -18,8 +18,10 @@ from fedforest_secure.pki import DevPKI, init_dev_pki
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start servers and client processes (marker ``integration``) run first:
-    with ``-n 2`` the long ones then overlap with the many short ones instead of finishing
-    alone at the end. The order within each group is the collection order."""
+    ``make test`` runs ``-n 2 --dist worksteal``, which gives the first worker the first half
+    of the tests (the long ones) and the second the rest, and lets a worker that runs out take
+    half of the other's queue, so the long tests overlap with the many short ones instead of
+    finishing alone at the end. The order within each group is the collection order."""
     items.sort(key=lambda item: item.get_closest_marker("integration") is None)
 
 

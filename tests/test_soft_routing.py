@@ -64,6 +64,34 @@ def test_the_width_is_measured_in_the_cdf_not_in_the_feature_units() -> None:
     np.testing.assert_allclose(p, [1.0, 0.275], atol=1e-12)
 
 
+def test_rows_shared_at_two_depths_reach_each_leaf_with_the_product_of_their_shares() -> None:
+    """Root x0 <= 0.5 with a leaf on its left (node 1) and, on its right, x1 <= 0.3 with two
+    leaves (nodes 3 and 4), every node of another class; F uniform on [0, 1], w = 0.1. A row
+    reaches leaf 1 with s0, leaf 3 with (1 - s0) s1 and leaf 4 with (1 - s0)(1 - s1), where
+    s = clip(1/2 + (t - x) / 0.2); a missing x1 goes right (missing_left False)."""
+    tb = stump()
+    inner, low, high = tb.right[0], tb.add(), tb.add()
+    tb.left[inner], tb.right[inner] = low, high
+    tb.kind[inner], tb.feature[inner], tb.threshold[inner] = NodeKind.NUMERIC, 1, 0.3
+    tb.missing_left[inner] = False
+    tb.value[1], tb.value[low], tb.value[high] = [1.0, 0.0], [0.0, 1.0], [0.5, 0.5]
+    model = ForestModel(task="classification", n_features=2, n_classes=2, trees=[tb.build()],
+                        routing=_uniform(2))
+    X = np.array([[0.45, 0.25], [0.55, 0.35], [0.0, 0.9], [0.9, 0.0], [0.52, np.nan],
+                  [0.5, 0.3]])
+
+    def share(t: float, x: float) -> float:
+        return 1.0 if np.isnan(x) else float(np.clip(0.5 + (t - x) / 0.2, 0.0, 1.0))
+
+    want = []
+    for x0, x1 in X:
+        s0, s1 = share(0.5, x0), (0.0 if np.isnan(x1) else share(0.3, x1))
+        leaves = [s0, (1 - s0) * s1, (1 - s0) * (1 - s1)]
+        want.append(leaves[0] * np.array([1.0, 0.0]) + leaves[1] * np.array([0.0, 1.0])
+                    + leaves[2] * np.array([0.5, 0.5]))
+    np.testing.assert_allclose(model.values_of(X), want, atol=1e-12)
+
+
 def test_a_missing_value_goes_where_the_split_sends_it() -> None:
     X = np.array([[np.nan, 0.0]])
     assert _stump_model(_uniform(2), missing_left=True).values_of(X)[0, 0] == 1.0
