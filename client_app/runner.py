@@ -463,8 +463,13 @@ def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor)
             session.connect(on_wait=ctx.waiting)
         if step.action != "advert" and not session.advertised(r):
             # this process never sent keys for round r: it is a restart of a client whose
-            # round keys died with the old process
+            # round keys died with the old process. Refusing the round drops it now, rather
+            # than at the step's deadline, which every other site would wait for
             ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
+            try:
+                session.refuse_round(r, "restarted")
+            except ApiRejected as exc:  # the round closed, or the site was dropped, meanwhile
+                ctx.log.info(f"round {r}: the server did not record the refusal: {exc}")
             result.status, result.detail = "dropped", RESTARTED_SECURE
             return
         if task is None or task.round_id != r:

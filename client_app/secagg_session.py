@@ -200,8 +200,13 @@ class SecAggSession:
 
     def _refuse(self, task: Task, exc: RefusedRequest) -> None:
         self.log.append(f"round {task.round_id}: refused: {exc}")
-        self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{task.round_id}/secagg/refuse",
-                        content=RefuseBody(reason=exc.code).model_dump_json().encode(),
+        self.refuse_round(task.round_id, exc.code)
+
+    def refuse_round(self, round_id: int, code: str) -> None:
+        """Tell the server this client leaves the job at round ``round_id``, and why (a code
+        of :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops it at once."""
+        self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{round_id}/secagg/refuse",
+                        content=RefuseBody(reason=code).model_dump_json().encode(),
                         content_type="application/json")
 
     def unmask(self, task: Task, message: str) -> None:

@@ -83,6 +83,7 @@ REFUSAL_CODES = (
     "question_reused",   # the same question over a different set of clients
     "job_config",        # a job configuration that disagrees with the client's own
     "disclosure",        # a disclosure the client's profile does not name
+    "restarted",         # the site's client restarted: its keys for the open round are lost
     "other",
 )
 

@@ -96,8 +96,9 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
         os.kill(clients[4].pid, signal.SIGKILL)
         clients[4].wait(5)
         # the site restarts its client: it cannot answer the open round without the keys
-        # that died with the old process, and says so (or, if its deadline has passed
-        # already, that it was dropped)
+        # that died with the old process, tells the server so (a refusal, code "restarted"),
+        # and the server drops it at once instead of at the step's deadline (if the deadline
+        # has passed before the restarted client asks, it is told it was dropped)
         restarted = launch_client(fed, 4)
         codes = [c.wait(600) for c in clients[:4]]
         restarted_code = restarted.wait(300)
@@ -112,6 +113,11 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     assert restarted_code != 0
     assert RESTARTED_SECURE in log4 or "was dropped at round" in log4, log4
     assert "arrived in stage" not in log4
+    with AuditLog(fed.audit_url, create=False) as log:
+        drops = [e.payload for e in log.entries(job_id="job-a") if e.kind == "client_dropped"]
+    assert [d["client"] for d in drops] == ["client-4"], drops
+    reason = "refused: restarted" if RESTARTED_SECURE in log4 else "missed the round deadline"
+    assert drops[0]["reason"].startswith(reason), (drops, log4)
     st = _job_status(fed.db_url, "job-a")
     assert st["status"] == "done", st["reason"]
     db = Database(fed.db_url)
