@@ -50,6 +50,7 @@ class ScriptedTransport:
     bytes_received: int = 0
     requests: int = 0
     step_wait: float = 0.0
+    refusals: list[Any] = field(default_factory=list)
 
     def post_json(self, path: str, body: Any = None) -> Any:
         self.sent.append(("POST", path))
@@ -62,8 +63,11 @@ class ScriptedTransport:
     def take_next_step(self) -> None:
         return None
 
-    def request(self, method: str, path: str, **_: Any) -> Any:
+    def request(self, method: str, path: str, content: bytes = b"", **_: Any) -> Any:
         self.sent.append((method, path))
+        if method == "POST" and path.endswith("/secagg/refuse"):  # a refusal is recorded
+            self.refusals.append(json.loads(content))
+            return None
         raise AssertionError(f"the client sent {method} {path}")
 
 
@@ -132,7 +136,9 @@ def test_responses_ignore_fields_they_do_not_read_and_requests_forbid_them() -> 
 def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
         tmp_path: Path) -> None:
     """A fresh process asked to share keys for a round it never advertised (its round keys
-    died with the old process) stops with the operator's message, not a stage error."""
+    died with the old process) refuses the round with the code "restarted", so the server
+    drops it without waiting for the deadline, and stops with the operator's message, not a
+    stage error."""
     from client_app.runner import RESTARTED_SECURE
     from client_app.secagg_session import identity_key
 
@@ -152,4 +158,7 @@ def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
                       SiteLog(stream=out))
     assert (res.status, res.detail) == ("dropped", RESTARTED_SECURE)
     assert RESTARTED_SECURE in out.getvalue() and "stage" not in out.getvalue()
-    assert all(method == "GET" for method, _ in tr.sent[1:])  # nothing posted after the join
+    # after the join: GETs, and the refusal of round 28 (a code, nothing else)
+    posts = [path for method, path in tr.sent[1:] if method != "GET"]
+    assert posts == [f"/v1/jobs/{JOB}/rounds/28/secagg/refuse"]
+    assert tr.refusals == [{"reason": "restarted"}]
