@@ -17,6 +17,7 @@ from engine_driver import stump
 from onnx_labels import assert_labels_match
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
+from fedforest_secure import model as model_module
 from fedforest_secure._soft_routing import SoftRouting
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.model import FORMAT, FORMAT_ROUTED, ForestModel
@@ -90,6 +91,16 @@ def test_rows_shared_at_two_depths_reach_each_leaf_with_the_product_of_their_sha
         want.append(leaves[0] * np.array([1.0, 0.0]) + leaves[1] * np.array([0.0, 1.0])
                     + leaves[2] * np.array([0.5, 0.5]))
     np.testing.assert_allclose(model.values_of(X), want, atol=1e-12)
+
+
+def test_rows_predicted_in_blocks_get_the_values_they_get_all_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _dp_classifier(8.0, True).model_
+    X = _rows(100, 3)
+    X[np.random.default_rng(4).random(X.shape) < 0.1] = np.nan
+    whole = model.values_of(X)
+    monkeypatch.setattr(model_module, "ROUTED_ROWS", 7)  # 15 blocks, the last of 2 rows
+    np.testing.assert_array_equal(model.values_of(X), whole)
 
 
 def test_a_missing_value_goes_where_the_split_sends_it() -> None:
