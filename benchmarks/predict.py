@@ -2,8 +2,9 @@
 
 A DP random-split classifier (``secure-dp``, epsilon 8: 128 trees of depth 8 with soft routing,
 the shipped setting) is fitted once on 4,000 rows of six skewed features over four clients.
-Then, for each size, ``predict_proba`` with its soft routing and ``predict_proba`` of the same
-trees with hard splits (the model without its routing) are timed alternately, in this one
+Then, for each size, the forest's probabilities (``ForestModel.values_of``, what
+``predict_proba`` returns) with its soft routing and with the same trees' hard splits (the
+model without its routing) are timed alternately, in this one
 process (CPU seconds, ``time.process_time``), and the table gives the soft / hard ratio:
 
     python benchmarks/predict.py                           # n = 300, 10k, 100k, 3 repetitions
