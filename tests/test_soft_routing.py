@@ -82,7 +82,7 @@ def test_rows_shared_at_two_depths_reach_each_leaf_with_the_product_of_their_sha
                   [0.5, 0.3]])
 
     def share(t: float, x: float) -> float:
-        return 1.0 if np.isnan(x) else float(np.clip(0.5 + (t - x) / 0.2, 0.0, 1.0))
+        return float(np.clip(0.5 + (t - x) / 0.2, 0.0, 1.0))
 
     want = []
     for x0, x1 in X:
