@@ -4,7 +4,9 @@ Client-stratified bootstrap: every client resamples its own rows per tree, with 
 from its own seed, so no row ever leaves its site to be resampled. The draws are assigned to
 the rows in an order fixed by the rows' contents (:func:`canonical_order`), so the forest does
 not depend on how a site's table is sorted, and a row of integer weight ``w`` is drawn exactly
-as ``w`` copies of it would be (the client draws as many times as its rows' total weight).
+as ``w`` copies of it would be (the client draws as many times as its rows' total weight; past
+``MAX_COPY_DRAWS`` copies, population counts as weights, the same multinomial law is drawn per
+row instead, in memory of the rows' number).
 Under DP a row's multiplicity is capped (``dp.max_multiplicity``), as the sensitivities
 assume. The job's ``sampling`` may instead give every tree every row once, ``w`` times with
 weights ("all"), or every row to exactly one tree ("disjoint": parallel composition under DP;
@@ -20,6 +22,9 @@ from .config import JobConfig
 __all__ = ["canonical_order", "tree_pairs"]
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+
+#: above this total weight a client's draws are made per row, not per copy
+MAX_COPY_DRAWS = 1 << 24
 
 
 def canonical_order(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -61,6 +66,9 @@ def tree_pairs(config: JobConfig, n_rows: int, rng: np.random.Generator, *,
             cum = np.cumsum(weights[perm])
             total = int(cum[-1])
             for t in range(T):
+                if total > MAX_COPY_DRAWS:  # the same law, drawn per row
+                    w[t, perm] = rng.multinomial(total, weights[perm] / total)
+                    continue
                 copy = rng.integers(0, total, total)
                 w[t, perm] = np.bincount(np.searchsorted(cum, copy, side="right"),
                                          minlength=n)
@@ -71,6 +79,8 @@ def tree_pairs(config: JobConfig, n_rows: int, rng: np.random.Generator, *,
         w = np.zeros((T, n), dtype=np.int64)
         if weights is None:
             w[rng.integers(0, T, n), np.arange(n)] = 1
+        elif int(np.sum(weights)) > MAX_COPY_DRAWS:  # each row's copies split over the trees
+            w[:] = rng.multinomial(np.asarray(weights, dtype=np.int64), np.full(T, 1.0 / T)).T
         else:
             rows = np.repeat(np.arange(n), weights)
             np.add.at(w, (rng.integers(0, T, rows.size), rows), 1)

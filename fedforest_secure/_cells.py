@@ -52,14 +52,23 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _is_missing(value: Any) -> bool:
+def no_value(value: Any) -> bool:
+    """Whether a value is absent: None, NaN (not equal to itself, as pandas' NaT too) or
+    pandas' NA (whose comparisons have no truth value)."""
     if value is None:
         return True
+    try:
+        return bool(value != value)
+    except TypeError:
+        return True
+    except ValueError:  # an array: many values, not an absent one
+        return False
+
+
+def _is_missing(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in _MISSING
-    if isinstance(value, float | np.floating):
-        return math.isnan(float(value))
-    return False
+    return no_value(value)
 
 
 def _is_missing_cell(value: Any) -> bool:

@@ -57,14 +57,16 @@ class TreeArrays:
                                     ) -> np.ndarray:
         """Mean decrease in impurity per feature (scikit-learn's definition): every numeric or
         categorical split adds ``w_node imp_node - w_left imp_left - w_right imp_right`` to
-        its feature, divided by the root's weight; client splits count for no feature."""
+        its feature, divided by the root's weight; client splits count for no feature. Under
+        DP the weights and impurities are noisy, so a decrease can come out below zero: it
+        counts as zero."""
         out = np.zeros(n_features)
         left, right = self.children_left, self.children_right
         inner = np.flatnonzero((left != _TREE_LEAF) & (self.feature >= 0))
         w, imp = self.weighted_n_node_samples, self.impurity
         dec = w[inner] * imp[inner] - w[left[inner]] * imp[left[inner]] \
             - w[right[inner]] * imp[right[inner]]
-        np.add.at(out, self.feature[inner], dec)
+        np.add.at(out, self.feature[inner], np.maximum(dec, 0.0))
         if self.node_count and w[0] > 0:
             out /= w[0]
         if normalize:

@@ -53,6 +53,7 @@ from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_sample_weight, check_array, validate_data
 
+from ._cells import no_value
 from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
 from .config import METHODS, JobConfig, resolve_max_features
 from .errors import NotFittedError, SchemaError
@@ -90,15 +91,22 @@ def _profile_types() -> list[Any]:
     return [str, os.PathLike, Mapping, PrivacyProfile]
 
 
-def _no_value(label: Any) -> bool:
-    """Whether a client label is missing: None, NaN (not equal to itself) or pandas' NA
-    (whose comparisons have no truth value)."""
-    if label is None:
-        return True
-    try:
-        return bool(label != label)
-    except TypeError:
-        return True
+def _check_label_kinds(labels: list[Any]) -> None:
+    """Refuse client labels that mix text and numbers: ``1`` and ``"1"`` would otherwise
+    become one site (numpy makes both text) or fail to sort."""
+    text = [lab for lab in labels if isinstance(lab, str)]
+    if text and len(text) < len(labels):
+        other = next((lab for lab in labels if not isinstance(lab, str)
+                      and not no_value(lab)), None)
+        if other is None:  # text and missing labels: the missing ones are named later
+            return
+        raise SchemaError(f"client mixes text and numbers (e.g. {text[0]!r} and {other!r}): "
+                          "give every row's institution the same kind of label")
+
+
+#: what fit sets: dropped when a fit starts, so a failed fit leaves the estimator unfitted
+_FITTED = ("model_", "config_", "profile_", "y_offset_", "clients_", "n_clients_",
+           "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_")
 
 
 class _FedForestBase(BaseEstimator):  # type: ignore[misc]
@@ -189,13 +197,17 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             if fitting:
                 self.clients_ = np.array([0])
             return np.zeros(n, dtype=np.int64)
+        given = client
         client = np.asarray(client)
+        if client.dtype.kind in "OU":
+            _check_label_kinds(client.tolist() if client.dtype.kind == "O" or
+                               isinstance(given, np.ndarray) else list(given))
         if client.shape != (n,):
             raise SchemaError(f"client must have shape ({n},), got {client.shape}")
         if client.dtype.kind == "f":
             holes = np.flatnonzero(np.isnan(client))
         elif client.dtype.kind == "O":
-            holes = np.flatnonzero([_no_value(c) for c in client.tolist()])
+            holes = np.flatnonzero([no_value(c) for c in client.tolist()])
         else:
             holes = np.zeros(0, dtype=np.int64)
         if holes.size:
@@ -207,12 +219,16 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             self.clients_ = np.unique(client)
         # clients_ is in index order: sorted after fit, the job's order for a job's model
         index = {c: i for i, c in enumerate(self.clients_.tolist())}
+        # a forest that never splits on the site predicts rows of any site, a new one too
+        strict = fitting or self.model_.uses_client
         codes = np.empty(n, dtype=np.int64)
         for r, c in enumerate(client.tolist()):
             k = index.get(c)
             if k is None:
-                raise SchemaError(f"unknown client {c!r}; the forest knows "
-                                  f"{self.clients_.tolist()}")
+                if strict:
+                    raise SchemaError(f"unknown client {c!r}; the forest knows "
+                                      f"{self.clients_.tolist()}")
+                k = -1
             codes[r] = k
         return codes
 
@@ -239,6 +255,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         self
         """
         self._validate_params()
+        # a fit that fails leaves the estimator unfitted, never the old forest answering under
+        # the new fit's classes, columns or sites
+        for attr in _FITTED:
+            self.__dict__.pop(attr, None)
         X, y = _as_schema_error(validate_data, self, X, y, dtype=np.float64,
                                 ensure_all_finite="allow-nan",
                                 y_numeric=self._task == "regression", multi_output=False)
@@ -270,8 +290,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             y_enc = y_enc - self.y_offset_
             target_bound = float(np.max(np.abs(y_enc[kept])))
         mf = self.max_features
-        if isinstance(mf, Integral) and not isinstance(mf, bool):
-            mf = min(int(mf), d)
+        if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
+            raise SchemaError(f"max_features={mf} is more than the {d} features of X")
         self.profile_ = _profile_dict(self.profile)
         # a feature missing in some training row may be missing (the estimator plays the
         # schema's part: missing = "allowed" where the data have holes)
@@ -326,11 +346,20 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                ensure_all_finite="allow-nan")
         return out
 
-    def _values(self, X: Any, client: Any) -> np.ndarray:
+    def _predict_codes(self, client: Any, n: int, method: str) -> np.ndarray | None:
+        """The sites' codes of ``n`` rows to predict (None without ``client``); a forest that
+        splits on the site indicator H needs them."""
+        if client is None:
+            if self.model_.uses_client:
+                raise ValueError("this forest splits on the client indicator H: pass client= "
+                                 f"to {method}")
+            return None
+        return self._client_codes(client, n, False)
+
+    def _values(self, X: Any, client: Any, method: str = "predict") -> np.ndarray:
         model = self._check_fitted()
         X = self._validate_X_predict(X)
-        codes = None if client is None else self._client_codes(client, X.shape[0], False)
-        return model.values_of(X, codes)
+        return model.values_of(X, self._predict_codes(client, X.shape[0], method))
 
     # ------------------------------------------------------------------ fitted structure
     @property
@@ -345,7 +374,9 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     def feature_importances_(self) -> np.ndarray:
         """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
         from the node statistics the coordinator aggregated to grow the trees (nothing more
-        is disclosed); splits on the client indicator count for no feature."""
+        is disclosed); splits on the client indicator count for no feature. Under DP those
+        statistics are noisy: a split whose noisy decrease comes out below zero counts as no
+        decrease."""
         model = self._fitted_model()
         return forest_importances(self.estimators_, model.n_features)
 
@@ -359,7 +390,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         """Leaf index of every row in every tree, shape (n, n_estimators)."""
         model = self._check_fitted()
         X = self._validate_X_predict(X)
-        codes = None if client is None else self._client_codes(client, X.shape[0], False)
+        codes = self._predict_codes(client, X.shape[0], "apply")
         return np.stack([t.apply(X, codes) for t in model.trees], axis=1) \
             if model.trees else np.zeros((X.shape[0], 0), dtype=np.int64)
 
@@ -377,7 +408,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
 
         model = self._check_fitted()
         X = self._validate_X_predict(X)
-        codes = None if client is None else self._client_codes(client, X.shape[0], False)
+        codes = self._predict_codes(client, X.shape[0], "decision_path")
         ptr = np.concatenate([[0], np.cumsum([t.n_nodes for t in model.trees])])
         rows, cols = [], []
         for i, t in enumerate(model.trees):
@@ -622,13 +653,12 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
 
     def predict_proba(self, X: Any, *, client: Any = None) -> np.ndarray:
         """Class probabilities, shape (n, n_classes), columns ordered as ``classes_``."""
-        return self._values(X, client)
+        return self._values(X, client, "predict_proba")
 
     def predict(self, X: Any, *, client: Any = None) -> np.ndarray:
         """Predicted classes, shape (n,)."""
         self._check_fitted()
-        labels: np.ndarray = self.classes_[np.argmax(self.predict_proba(X, client=client),
-                                                     axis=1)]
+        labels: np.ndarray = self.classes_[np.argmax(self._values(X, client), axis=1)]
         return labels
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:

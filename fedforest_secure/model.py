@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ._cells import _numeric_column
 from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
@@ -170,8 +171,8 @@ class ForestModel:
             if Xf.ndim != 2 or Xf.shape[1] != self.n_features:
                 raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xf.shape}")
             return Xf
-        if self.schema is None:
-            return np.column_stack([np.asarray(columns[c], dtype=np.float64)
+        if self.schema is None:  # missing cells (NaN, None, pandas' NA) are NaN
+            return np.column_stack([_numeric_column(columns[c], c, allow_missing=True)
                                     for c in columns]).reshape(-1, self.n_features)
         from .schema import Schema
 

@@ -190,8 +190,6 @@ def test_sklearn_conventions(cls: Any) -> None:
     assert est.fit(X, y, client=h) is est
     assert est.n_features_in_ == 3 and est.n_clients_ == 3
     assert not hasattr(cl, "model_")  # clone is unfitted
-    with pytest.raises(SchemaError, match="unknown client"):
-        est.predict(X, client=np.array(["site-z"] * 90))
     with pytest.raises(SchemaError):
         est.predict(X[:, :2])
     with pytest.raises(SchemaError):
@@ -637,3 +635,122 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
     want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="histogram")
     assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
             est.config_.max_features) == ("histogram", 8, want.max_depth, 3)  # d/3 of 10
+
+
+# ---------------------------------------------------------------------------- what users meet
+def _iris_sites() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    return X, y, np.arange(150) % 3
+
+
+def test_a_refused_refit_leaves_the_estimator_unfitted() -> None:
+    """A fit that fails leaves no fitted state behind: the old forest must not answer with
+    the new fit's classes or columns."""
+    X, y, h = _iris_sites()
+    est = FedForestClassifier(n_estimators=3, random_state=0).fit(
+        X, np.array(["setosa", "versicolor", "virginica"])[y], client=h)
+    with pytest.raises(ValueError, match="at least 3 clients"):
+        est.set_params(profile="secure").fit(X[:, :2], np.array(["A", "B", "C"])[y],
+                                             client=h % 2)
+    for Xp in (X[:5], X[:5, :2]):
+        with pytest.raises(NotFittedError):
+            est.predict(Xp)
+    assert not hasattr(est, "feature_importances_")
+
+
+@pytest.mark.parametrize("as_series", [False, True])
+def test_client_labels_mixing_text_and_numbers_are_refused(as_series: bool) -> None:
+    """1 and "1" are two labels: merged silently they would make two sites one."""
+    X, y, _ = _iris_sites()
+    sites: Any = [1 if i % 2 else "1" for i in range(150)]
+    if as_series:
+        pd = pytest.importorskip("pandas")
+        sites = pd.Series(sites, dtype=object)
+    with pytest.raises(SchemaError, match="mixes text and numbers"):
+        FedForestClassifier(n_estimators=2).fit(X, y, client=sites)
+
+
+def test_max_features_above_the_number_of_features_is_refused() -> None:
+    X, y, h = _iris_sites()
+    with pytest.raises(ValueError, match=r"max_features=100 .* 4 features"):
+        FedForestClassifier(n_estimators=2, max_features=100).fit(X, y, client=h)
+    assert FedForestClassifier(n_estimators=2, max_features=4).fit(
+        X, y, client=h).config_.max_features == 4
+
+
+def test_a_forest_splitting_on_the_site_names_the_method_that_needs_client() -> None:
+    rng = np.random.default_rng(13)
+    X = rng.normal(size=(300, 2))
+    h = np.arange(300) % 3
+    y = ((X[:, 0] > 0) ^ (h == 1)).astype(int)  # the site flips the label
+    est = FedForestClassifier(n_estimators=3, split_on_client=True, max_features=None,
+                              random_state=0).fit(X, y, client=h)
+    assert est.model_.uses_client
+    with pytest.raises(ValueError, match="pass client= to apply"):
+        est.apply(X)
+    with pytest.raises(ValueError, match="pass client= to decision_path"):
+        est.decision_path(X)
+    with pytest.raises(ValueError, match="pass client= to predict"):
+        est.predict(X)
+    with pytest.raises(SchemaError, match="unknown client 'new site'"):
+        est.predict(X[:3], client=["new site"] * 3)
+
+
+def test_a_forest_not_splitting_on_the_site_scores_rows_of_a_new_site() -> None:
+    X, y, h = _iris_sites()
+    est = FedForestClassifier(n_estimators=3, random_state=0).fit(X, y, client=h)
+    assert not est.model_.uses_client
+    np.testing.assert_array_equal(est.predict(X[:9], client=["new site"] * 9),
+                                  est.predict(X[:9]))
+    assert est.score(X[:9], y[:9], client=["new site"] * 9) == est.score(X[:9], y[:9])
+
+
+def test_pandas_nullable_columns_predict_like_nan() -> None:
+    """A table read with pandas' nullable dtypes marks a missing cell pd.NA: fit reads it as
+    NaN, and so must predict, with column names and without."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(11)
+    a = rng.normal(size=120)
+    a[::7] = np.nan
+    df = pd.DataFrame({"a": a, "b": np.arange(120.0), "c": np.arange(120) % 5})
+    nullable = df.convert_dtypes()
+    assert nullable["a"].isna().sum() == 18 and str(nullable["c"].dtype) == "Int64"
+    y = (np.nan_to_num(a) + 0.01 * np.arange(120) > 0.5).astype(int)
+    h = np.arange(120) % 3
+    est = FedForestClassifier(n_estimators=4, random_state=0).fit(nullable, y, client=h)
+    ref = FedForestClassifier(n_estimators=4, random_state=0).fit(df, y, client=h)
+    np.testing.assert_array_equal(est.predict_proba(nullable), ref.predict_proba(df))
+    np.testing.assert_array_equal(est.predict_proba(nullable[["c", "a", "b"]]),
+                                  ref.predict_proba(df))
+
+
+def test_huge_frequency_weights_bootstrap_without_one_draw_per_copy() -> None:
+    """Population counts as frequency weights (10^9 a row): the bootstrap draws per row, not
+    per copy (which would need 150 x 10^9 draws), and each row keeps about its share."""
+    X, y, h = _iris_sites()
+    w = np.full(150, 10**9)
+    est = FedForestClassifier(n_estimators=3, max_depth=3, random_state=0).fit(
+        X, y, sample_weight=w, client=h)
+    assert est.score(X, y) > 0.9
+    root = est.estimators_[0].tree_.weighted_n_node_samples[0]
+    assert abs(root - 150 * 10**9) < 1e-3 * 150 * 10**9
+
+
+@pytest.mark.parametrize("cls", [FedForestClassifier, FedForestRegressor])
+def test_dp_feature_importances_are_shares_of_the_noisy_decreases(cls: Any) -> None:
+    """Under DP the node statistics are noisy, so a split's impurity decrease can come out
+    below zero: it counts as no decrease, and the importances are shares, >= 0, summing to 1."""
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(600, 6))
+    y = X[:, 0] + 0.3 * rng.normal(size=600)
+    if cls is FedForestClassifier:
+        y = (y > 0).astype(int)
+    est = cls(n_estimators=10, profile=load_profile("secure-dp", epsilon=1.0),
+              random_state=0).fit(X, y, client=np.arange(600) % 3)
+    imp = est.feature_importances_
+    assert (imp >= 0).all() and abs(imp.sum() - 1) < 1e-9
+    for tree in est.estimators_:
+        per = tree.feature_importances_
+        assert (per >= 0).all() and (per.sum() == 0 or abs(per.sum() - 1) < 1e-9)

@@ -569,3 +569,29 @@ def test_missing_values_only_where_the_job_allows_them() -> None:
     X[0, 1], X[1, 0] = 0.0, np.inf
     with pytest.raises(SchemaError, match="non-finite"):
         Worker(_missing_cfg(), X, y, client_index=0)
+
+
+@pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])
+def test_huge_weights_are_drawn_per_row_with_the_law_of_per_copy_draws(sampling: str) -> None:
+    """Past ``MAX_COPY_DRAWS`` copies the draws are per row: bootstrap counts are
+    Multinomial(total, w / total) per tree, and under "disjoint" each row's copies are spread
+    over the trees, every copy in exactly one."""
+    from fedforest_secure._bootstrap import MAX_COPY_DRAWS
+
+    n, T = 40, 5
+    weights = np.full(n, 10**9, dtype=np.int64)
+    weights[:10] = 3 * 10**9
+    assert weights.sum() > MAX_COPY_DRAWS
+    cfg = _cfg(n_estimators=T, row_sampling=sampling, bootstrap=sampling == "bootstrap")
+    rows, trees, w = tree_pairs(cfg, n, np.random.default_rng(0), weights=weights)
+    out = np.zeros((T, n))
+    out[trees, rows] = w
+    total = int(weights.sum())
+    if sampling == "bootstrap":
+        np.testing.assert_array_equal(out.sum(axis=1), np.full(T, total))
+        share = out / total  # each row near its weight's share, in every tree
+        np.testing.assert_allclose(share, np.broadcast_to(weights / total, share.shape),
+                                   rtol=1e-3)
+    else:
+        np.testing.assert_array_equal(out.sum(axis=0), weights)
+        np.testing.assert_allclose(out, np.broadcast_to(weights / T, out.shape), rtol=1e-3)
