@@ -171,7 +171,7 @@ def compare(
         help="comma-separated DP budgets; inf = the column of the methods without DP")
     ] = "0.5,1,2,4,8,inf",
     seeds: Annotated[int, typer.Option(help="repetitions (seeds 0..n-1)")] = 5,
-    clients: Annotated[int, typer.Option(help="clients K of the Dirichlet partition")] = 4,
+    clients: Annotated[int, typer.Option(min=1, help="clients K of the Dirichlet partition")] = 4,
     alpha: Annotated[float, typer.Option(help="Dirichlet concentration")] = 1.0,
     out: Annotated[Path, typer.Option(help="directory for compare_<name>.png / .csv")
                    ] = Path("docs"),

@@ -53,7 +53,7 @@ def cross_validate_cmd(
     dataset: Annotated[str, typer.Option(help="dataset name (as for simulate)")] =
     "breast_cancer",
     folds: Annotated[int, typer.Option(help="k")] = 3,
-    clients: Annotated[int, typer.Option(help="sites K (Dirichlet partition)")] = 4,
+    clients: Annotated[int, typer.Option(min=1, help="sites K (Dirichlet partition)")] = 4,
     alpha: Annotated[float, typer.Option(help="Dirichlet heterogeneity")] = 0.5,
     profile: Annotated[str, typer.Option(help="open | secure | secure-dp | path")] = "secure",
     trees: Annotated[int, typer.Option(help="trees T of every training")] = 20,

@@ -3,8 +3,10 @@ label columns a :class:`~fedforest_secure.schema.Schema` encodes (errors name co
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,36 @@ from .errors import SchemaError
 
 _MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
 _Column = Sequence[Any] | NDArray[Any]
+
+
+def read_csv_rows(path: Path) -> tuple[list[list[str]], list[int]]:
+    """The rows of a CSV file (UTF-8, a byte-order mark allowed), blank lines skipped, and
+    the line each row starts on (a quoted cell may span lines).
+
+    Raises
+    ------
+    SchemaError
+        The file cannot be read or is not CSV.
+    """
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            start = 1
+            for r in reader:
+                if r:  # a blank line is no row
+                    rows.append(r)
+                    lines.append(start)
+                start = reader.line_num + 1
+    except OSError as exc:
+        raise SchemaError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}): save "
+                          "the table as CSV in UTF-8") from None
+    except csv.Error as exc:
+        raise SchemaError(f"{path}: malformed CSV: {exc}") from None
+    return rows, lines
 
 
 def _canon(value: Any) -> str:

@@ -36,7 +36,6 @@ sensitivities. Data outside them is an error, never silently clipped.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import tomllib
@@ -64,6 +63,7 @@ from ._cells import (
     _label_codes,
     _label_sort_key,
     _numeric_column,
+    read_csv_rows,
 )
 from .config_errors import allowed_keys, submodel_at
 from .errors import SchemaError
@@ -464,24 +464,17 @@ class Schema(BaseModel):
             Naming the column and the 1-based data row of the first problem.
         """
         p = Path(path)
-        try:
-            with p.open(newline="", encoding="utf-8-sig") as fh:
-                reader = csv.reader(fh)
-                header = next(reader, None)
-                if header is None:
-                    raise SchemaError(f"{p}: empty file, expected a header row")
-                header = [h.strip() for h in header]
-                rows = list(reader)
-        except OSError as exc:
-            raise SchemaError(f"cannot read {p}: {exc.strerror}") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise SchemaError(f"{p}: malformed CSV: {exc}") from None
+        rows, lines = read_csv_rows(p)
+        if not rows:
+            raise SchemaError(f"{p}: empty file, expected a header row")
+        header = [h.strip() for h in rows.pop(0)]
         if len(set(header)) != len(header):
             raise SchemaError(f"{p}: duplicate column names in header")
-        for i, row in enumerate(rows, start=1):
+        for row, line in zip(rows, lines[1:], strict=True):
             if len(row) != len(header):
                 raise SchemaError(
-                    f"row {i}: has {len(row)} cells, the header has {len(header)} columns"
+                    f"{p}, line {line}: has {len(row)} cells, the header has {len(header)} "
+                    "columns"
                 )
         columns = {h: [r[k] for r in rows] for k, h in enumerate(header)}
         return self._encode(columns, len(rows), with_target=with_target)

@@ -16,7 +16,6 @@ engineer fixing a file wants the whole list. :func:`check_table` reads the raw c
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from collections import Counter
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ._cells import _canon, _is_missing, _label_key
+from ._cells import _canon, _is_missing, _label_key, read_csv_rows
 from .errors import SchemaError
 from .schema import Schema
 
@@ -44,11 +43,18 @@ _ZERO_GAP = 0.3
 
 @dataclass(frozen=True)
 class RawTable:
-    """A CSV file as text cells: ``header`` and data ``rows`` (line ``i + 2`` is ``rows[i]``)."""
+    """A CSV file as text cells: ``header`` and data ``rows``, ``rows[i]`` starting on the
+    file's line ``lines[i]`` (blank lines are skipped, as the client skips them; a quoted
+    cell may span lines). Without ``lines``, ``rows[i]`` is line ``i + 2``."""
 
     path: Path
     header: list[str]
     rows: list[list[str]]
+    lines: tuple[int, ...] = ()
+
+    def line_of(self, idx: Sequence[int]) -> tuple[int, ...]:
+        """The file's line numbers of data rows ``idx`` (0-based)."""
+        return _at(idx, self.lines)
 
     def column(self, name: str) -> list[str]:
         k = self.header.index(name)
@@ -70,9 +76,14 @@ class Problem:
         return f"{self.severity}: {where}{self.message} -> {self.advice}"
 
 
-def line_numbers(idx: Sequence[int]) -> str:
-    """Data rows (0-based) as the file's line numbers (the header is line 1)."""
-    shown = ", ".join(str(i + 2) for i in idx[:_SHOW])
+def _at(idx: Sequence[int], lines: Sequence[int]) -> tuple[int, ...]:
+    return tuple(lines[i] if lines else i + 2 for i in idx)
+
+
+def line_numbers(idx: Sequence[int], lines: Sequence[int] = ()) -> str:
+    """Data rows (0-based) as the file's line numbers: ``lines[i]`` (:attr:`RawTable.lines`),
+    or ``i + 2`` without them (the header is line 1)."""
+    shown = ", ".join(map(str, _at(idx[:_SHOW], lines)))
     more = f" and {len(idx) - _SHOW} more" if len(idx) > _SHOW else ""
     return f"line{'s' if len(idx) > 1 else ''} {shown}{more}"
 
@@ -95,13 +106,7 @@ def read_raw(path: str | Path) -> RawTable:
         Unreadable, empty, or without a header row (a first line of numbers).
     """
     p = Path(path)
-    try:
-        with p.open(newline="", encoding="utf-8-sig") as fh:
-            rows = [r for r in csv.reader(fh) if r]
-    except OSError as exc:
-        raise SchemaError(f"cannot read {p}: {exc.strerror}") from None
-    except (csv.Error, UnicodeDecodeError) as exc:
-        raise SchemaError(f"{p}: malformed CSV: {exc}") from None
+    rows, lines = read_csv_rows(p)
     if not rows:
         raise SchemaError(f"{p}: empty file, expected a header row with the column names")
     header = [h.strip() for h in rows[0]]
@@ -110,7 +115,7 @@ def read_raw(path: str | Path) -> RawTable:
             f"{p} has no header row: its first line holds values ({', '.join(header[:4])}, "
             "...). Add a first line with the column names, e.g. "
             f"(echo 'name1,name2,...'; cat {p.name}) > site.csv")
-    return RawTable(p, header, [[c.strip() for c in r] for r in rows[1:]])
+    return RawTable(p, header, [[c.strip() for c in r] for r in rows[1:]], tuple(lines[1:]))
 
 
 def check_table(table: RawTable, schema: Schema, *,
@@ -127,19 +132,24 @@ def check_table(table: RawTable, schema: Schema, *,
     ragged = [i for i, r in enumerate(table.rows) if len(r) != len(table.header)]
     if ragged:
         out.append(Problem("error", None, f"{len(ragged)} rows do not have "
-                           f"{len(table.header)} cells ({line_numbers(ragged)})",
+                           f"{len(table.header)} cells ({line_numbers(ragged, table.lines)})",
                            "fix or delete those lines (a stray comma or a cut line?)",
-                           tuple(i + 2 for i in ragged)))
+                           table.line_of(ragged)))
     if not table.rows:
         out.append(Problem("error", None, "the table has no data rows",
                            "export the site's rows below the header"))
     needed = [*schema.feature_names, schema.target.name]
     if schema.client_column is not None:
         needed.append(schema.client_column)
+    sep = next((c for c in (";", "\t", "|") if len(table.header) == 1
+                and c in table.header[0]), None)
     for name in needed:
         if name not in table.header:
-            out.append(Problem("error", name, "missing from the table",
-                               f"add the column (header has: {', '.join(table.header)})"))
+            advice = f"add the column (header has: {', '.join(table.header)})"
+            if sep is not None:
+                advice = (f"the file separates cells with {sep!r}, not commas: save it as "
+                          "comma-separated CSV")
+            out.append(Problem("error", name, "missing from the table", advice))
     extra = [h for h in table.header if h not in needed]
     if extra:
         out.append(Problem("warning", None, f"columns not in the schema are ignored: "
@@ -158,17 +168,18 @@ def check_table(table: RawTable, schema: Schema, *,
         cells = table.column(f.name)
         if f.kind == "continuous":
             out += _check_numeric(f.name, cells, f.bounds, f.name in zero_missing,
-                                  allow_missing=f.may_miss)
+                                  allow_missing=f.may_miss, lines=table.lines)
         else:
             out += _check_labels(f.name, cells, f.levels or [], "level",
-                                 allow_missing=f.may_miss)
+                                 allow_missing=f.may_miss, lines=table.lines)
     t = schema.target
     if t.name in table.header:
         cells = table.column(t.name)
         if t.kind == "regression":
-            out += _check_numeric(t.name, cells, t.bounds, t.name in zero_missing)
+            out += _check_numeric(t.name, cells, t.bounds, t.name in zero_missing,
+                                  lines=table.lines)
         else:
-            out += _check_labels(t.name, cells, t.classes or [], "class")
+            out += _check_labels(t.name, cells, t.classes or [], "class", lines=table.lines)
             present = {_label_key(c, set(t.classes or [])) for c in cells}
             absent = [c for c in t.classes or [] if c not in present]
             if absent and table.rows:
@@ -181,16 +192,17 @@ def check_table(table: RawTable, schema: Schema, *,
 
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
-                   zero_missing: bool, *, allow_missing: bool = False) -> list[Problem]:
+                   zero_missing: bool, *, allow_missing: bool = False,
+                   lines: Sequence[int] = ()) -> list[Problem]:
     out: list[Problem] = []
     missing = [i for i, c in enumerate(cells) if _is_missing(c) or c == "?"]
     if missing and not allow_missing:
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
-                           f"{line_numbers(missing)}",
+                           f"{line_numbers(missing, lines)}",
                            _DROP,
-                           tuple(i + 2 for i in missing)))
+                           _at(missing, lines)))
     values: dict[int, float] = {}
     bad: list[int] = []
     skip = set(missing)
@@ -209,14 +221,15 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
     if bad:
         shown = ", ".join(repr(cells[i]) for i in bad[:3])
         out.append(Problem("error", name, f"{len(bad)} value{'s' if len(bad) > 1 else ''} "
-                           f"that are not numbers ({shown}) at {line_numbers(bad)}",
+                           f"that are not numbers ({shown}) at {line_numbers(bad, lines)}",
                            "a continuous column holds numbers only: fix the cells, or declare "
-                           "the column categorical in the schema", tuple(i + 2 for i in bad)))
+                           "the column categorical in the schema", _at(bad, lines)))
     zeros = [i for i, v in values.items() if v == 0.0]
     if zero_missing and zeros:
+        where = line_numbers(zeros, lines)
         out.append(Problem("error", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''}"
-                           f" (--zero-is-missing: missing values) at {line_numbers(zeros)}", _DROP,
-                           tuple(i + 2 for i in zeros)))
+                           f" (--zero-is-missing: missing values) at {where}", _DROP,
+                           _at(zeros, lines)))
         values = {i: v for i, v in values.items() if v != 0.0}
     if bounds is not None:
         lo, hi = bounds
@@ -226,10 +239,11 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
             shown = ", ".join(f"{v:g}" for v in vals[:4])
             out.append(Problem("error", name, f"{len(outside)} value"
                                f"{'s' if len(outside) > 1 else ''} outside the public "
-                               f"bounds [{lo:g}, {hi:g}] ({shown}) at {line_numbers(outside)}",
+                               f"bounds [{lo:g}, {hi:g}] ({shown}) at "
+                               f"{line_numbers(outside, lines)}",
                                "values are never clipped: correct them, drop the rows, or ask "
                                "the federation to widen the bounds in schema.toml for every site",
-                               tuple(i + 2 for i in outside)))
+                               _at(outside, lines)))
     if values:
         distinct = set(values.values())
         if len(distinct) == 1 and len(values) > 1:
@@ -245,15 +259,16 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                     and min(nonzero) >= _ZERO_GAP * statistics.median(nonzero)):
                 out.append(Problem(
                     "warning", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''} at "
-                    f"{line_numbers(zeros)} while every other value is >= {min(nonzero):g}: hidden "
+                    f"{line_numbers(zeros, lines)} while every other value is >= "
+                    f"{min(nonzero):g}: hidden "
                     "missing values?",
                     f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
-                    "(they become errors that --clean-out drops)", tuple(i + 2 for i in zeros)))
+                    "(they become errors that --clean-out drops)", _at(zeros, lines)))
     return out
 
 
 def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
-                  allow_missing: bool = False) -> list[Problem]:
+                  allow_missing: bool = False, lines: Sequence[int] = ()) -> list[Problem]:
     out: list[Problem] = []
     index = set(labels)
     missing = [i for i, c in enumerate(cells)
@@ -262,9 +277,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         tokens = sorted({cells[i] or "(empty)" for i in missing})
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
-                           f"{line_numbers(missing)}",
+                           f"{line_numbers(missing, lines)}",
                            _DROP,
-                           tuple(i + 2 for i in missing)))
+                           _at(missing, lines)))
     miss = set(missing)
     unknown = [i for i, c in enumerate(cells)
                if i not in miss and _label_key(c, index) not in index]
@@ -272,10 +287,10 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         vals = sorted({_canon(cells[i]) for i in unknown})
         out.append(Problem("error", name, f"{len(unknown)} unknown {what}"
                            f"{'s' if len(unknown) > 1 else ''} ({', '.join(map(repr, vals[:5]))})"
-                           f" at {line_numbers(unknown)}; the schema's {what}s are "
+                           f" at {line_numbers(unknown, lines)}; the schema's {what}s are "
                            f"{', '.join(labels)}",
                            f"recode them to the schema's {what}s, or ask the federation to add "
-                           "them to schema.toml", tuple(i + 2 for i in unknown)))
+                           "them to schema.toml", _at(unknown, lines)))
     if len({_label_key(c, index) for c in cells}) == 1 and len(cells) > 1 and what == "level":
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
                            "if it was not recorded here, tell the federation"))
@@ -293,5 +308,5 @@ def clean_rows(table: RawTable, problems: Sequence[Problem], schema: Schema
         raise SchemaError("cannot clean a table that lacks the schema's columns")
     idx = [table.header.index(c) for c in cols]
     rows = [[r[k] for k in idx] for i, r in enumerate(table.rows)
-            if i + 2 not in bad and len(r) == len(table.header)]
+            if table.line_of([i])[0] not in bad and len(r) == len(table.header)]
     return cols, rows

@@ -96,10 +96,15 @@ def test_run_comparison_regression_on_a_table_with_clients(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("cells,message", [
-    ({"site": ""}, "column 'site' (the client column) is empty at line 5"),
-    ({"target": ""}, "column 'target' (the target) is empty at line 5"),
-    ({"a": ""}, "column 'a' is not a number at line 5: ''"),
-    ({"b": "n/a"}, "column 'b' is not a number at line 5: 'n/a'"),
+    ({"site": ""}, "column 'site' (the client column) has no value at line 5 ('')"),
+    ({"target": ""}, "column 'target' (the target) has no value at line 5 ('')"),
+    ({"target": "?"}, "column 'target' (the target) has no value at line 5 ('?')"),
+    ({"target": "NA"}, "column 'target' (the target) has no value at line 5 ('NA')"),
+    ({"a": ""}, "column 'a' is not a finite number at line 5: ''"),
+    ({"b": "n/a"}, "column 'b' is not a finite number at line 5: 'n/a'"),
+    ({"b": "nan"}, "column 'b' is not a finite number at line 5: 'nan'"),
+    ({"b": "inf"}, "column 'b' is not a finite number at line 5: 'inf'"),
+    ({"b": "1e300"}, "column 'b' is not a finite number at line 5: '1e300'"),
 ])
 def test_a_csv_cell_without_a_value_is_named_by_row_and_column(
         tmp_path: Path, cells: dict[str, str], message: str) -> None:
@@ -114,6 +119,40 @@ def test_a_csv_cell_without_a_value_is_named_by_row_and_column(
             w.writerow(row.values())
     with pytest.raises(ValueError, match=re.escape(message)):
         load_csv_table(path, "target", "site")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a,a,target\n1,2,0\n3,4,1\n", "duplicate column names ['a']: rename them"),
+    ("a,b,target\n1,2,0\n3,4,1,9\n5,6,1\n", "line 3 does not have 3 cells, as the header"),
+    ("a,b,target\n1,2,0\n\n3,4\n", "line 4 does not have 3 cells, as the header"),
+    ("a,b,target\n", "no data rows below the header"),
+    ("a,b,target\n1,2,1\n3,4,1\n", "the target 'target' has one class ('1')"),
+])
+def test_a_csv_that_does_not_hold_a_table_is_refused_naming_what_and_where(
+        tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_csv_table(path, "target")
+
+
+def test_a_csv_with_a_byte_order_mark_and_blank_lines_reads_as_without(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.csv"
+    plain.write_text("target,a,b\nx,1,2\ny,3,4\nx,5,6\n")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + b"target,a,b\r\nx,1,2\r\n\r\ny,3,4\r\nx,5,6\r\n")
+    a, b = load_csv_table(plain, "target"), load_csv_table(bom, "target")
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert a[3] == b[3] == "classification"
+
+
+def test_compare_refuses_fewer_than_one_client() -> None:
+    with pytest.raises(ValueError, match="n_clients must be an integer >= 1, got 0"):
+        run_comparison("wine", n_clients=0, seeds=1, epsilons="inf")
+    r = CliRunner().invoke(app, ["compare", "--dataset", "wine", "--clients", "0",
+                                 "--seeds", "1", "--epsilons", "inf", "--quiet"])
+    assert r.exit_code == 2 and "--clients" in r.output
 
 
 def test_cli_compare_on_a_csv(tmp_path: Path) -> None:

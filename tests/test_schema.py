@@ -177,7 +177,7 @@ def test_read_csv_classification(tmp_path: Path) -> None:
         ("site,age,sex,bmi,los\nA,inf,F,20,1\n", "column 'age', row 1: non-finite"),
         ("site,age,sex,bmi,los\nA,3,F,20,1\n,3,F,20,1\n", "column 'site', row 2: missing"),
         ("site,age,sex,bmi,los\nA,3,F,20,-1\n", "column 'los', row 1"),
-        ("site,age,sex,bmi,los\nA,3,F,20\n", "row 1: has 4 cells"),
+        ("site,age,sex,bmi,los\nA,3,F,20\n", "line 2: has 4 cells"),
         ("site,age,sex,bmi,los\n", "no data rows"),
         ("", "empty file"),
         ("site,age,age,bmi,los\nA,1,1,20,1\n", "duplicate column names"),

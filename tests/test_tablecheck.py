@@ -162,3 +162,62 @@ def test_missing_cells_of_a_column_allowing_them_are_no_problem(tmp_path: Path) 
     problems = [q for q in check_table(read_raw(p), sch) if q.severity == "error"]
     assert [q.column for q in problems] == ["b"]  # a's holes are allowed, b's one is not
     assert "missing = \"allowed\"" in problems[0].advice
+
+
+_TWO_COLUMNS = """
+[[features]]
+name = "age"
+kind = "continuous"
+bounds = [0.0, 120.0]
+
+[target]
+name = "y"
+kind = "classification"
+classes = ["0", "1"]
+"""
+
+
+def _two_column_schema() -> Schema:
+    return Schema.from_dict(tomllib.loads(_TWO_COLUMNS))
+
+
+def test_blank_lines_are_skipped_by_check_and_client_alike_and_lines_stay_the_files(
+        tmp_path: Path) -> None:
+    """What check accepts the client accepts: both skip blank lines, and a problem after a
+    blank line or a cell quoted over two lines is named by the line it is on."""
+    from client_app.data import load_site_table
+
+    sch = _two_column_schema()
+    (tmp_path / "s.toml").write_text(_TWO_COLUMNS)
+    blank = tmp_path / "blank.csv"
+    blank.write_text("age,y\n30,0\n\n40,1\n50,0\n\n")
+    assert check_table(read_raw(blank), sch) == []
+    X, y = load_site_table(blank, tmp_path / "s.toml")
+    assert X[:, 0].tolist() == [30.0, 40.0, 50.0] and y.tolist() == [0, 1, 0]
+    bad = tmp_path / "bad.csv"
+    bad.write_text('age,y\n30,0\n\n"4\n0",1\n500,0\n60,1,7\n')
+    text = "\n".join(map(str, check_table(read_raw(bad), sch)))
+    assert "(500) at line 6" in text  # line 6 holds the 500
+    assert "(line 7)" in text  # the ragged row
+    assert "('4\\n0') at line 4" in text  # the cell quoted over lines 4-5 is no number
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("age,y\n30,0\n\n40,1\n50,0\n60,1,7\n")
+    with pytest.raises(SchemaError, match=r"ragged\.csv, line 6: has 3 cells"):
+        sch.read_csv(ragged)
+
+
+def test_a_file_not_in_utf8_says_so_and_how_to_save_it(tmp_path: Path) -> None:
+    path = tmp_path / "latin.csv"
+    path.write_bytes("âge,y\n30,0\n".encode("latin-1"))
+    for read in (read_raw, _two_column_schema().read_csv):
+        with pytest.raises(SchemaError, match=r"latin\.csv: not UTF-8 text .* save the table "
+                                              r"as CSV in UTF-8"):
+            read(path)
+
+
+def test_a_semicolon_separated_file_is_told_to_use_commas(tmp_path: Path) -> None:
+    path = tmp_path / "semi.csv"
+    path.write_text("age;y\n30;0\n40;1\n")
+    problems = check_table(read_raw(path), _two_column_schema())
+    assert problems and all("separates cells with ';', not commas" in p.advice
+                            for p in problems if p.message == "missing from the table")

@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
+from .._cells import _is_missing_cell
 from ..estimators import FedForestClassifier, FedForestRegressor
 from ..privacy import load_profile
-from ..tablecheck import line_numbers
+from ..tablecheck import line_numbers, read_raw
 from .baselines import CentralizedRF, LocalLearning
 from .loaders import load_dataset
 from .partitions import dirichlet_partition
@@ -180,39 +181,65 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
 
     Returns ``(X, y, client, task)``. ``task="auto"``: classification if the target is not
     numeric or holds at most 20 distinct integers, else regression. Client values may be any
-    strings; they are mapped to codes ``0..K-1``.
+    strings; they are mapped to codes ``0..K-1``. The file is read as the sites' tables are
+    (UTF-8 with or without a byte-order mark, blank lines skipped); errors name the file's
+    line and column.
+
+    Raises
+    ------
+    ValueError
+        Duplicate column names, a row with another number of cells than the header, a
+        missing target or client cell, a feature cell that is no finite number (or beyond
+        float32, which the baselines' trees read), no data rows, a target with one class.
     """
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None:
-            raise ValueError(f"{path}: empty CSV")
-        names = list(reader.fieldnames)
-        for col in (target, client_column):
-            if col is not None and col not in names:
-                raise ValueError(f"{path}: no column {col!r} (columns: {names})")
-        rows = list(reader)
+    table = read_raw(path)
+    names, rows, lines = table.header, table.rows, table.lines
+    dups = sorted({c for c in names if names.count(c) > 1})
+    if dups:
+        raise ValueError(f"{path}: duplicate column names {dups}: rename them so that each "
+                         "appears once")
+    for name in (target, client_column):
+        if name is not None and name not in names:
+            raise ValueError(f"{path}: no column {name!r} (columns: {names})")
+    ragged = [i for i, r in enumerate(rows) if len(r) != len(names)]
+    if ragged:
+        raise ValueError(f"{path}: {line_numbers(ragged, lines)} "
+                         f"{'do' if len(ragged) > 1 else 'does'} not have {len(names)} cells, "
+                         "as the header")
+    if not rows:
+        raise ValueError(f"{path}: no data rows below the header")
     feats = [c for c in names if c not in (target, client_column)]
     if not feats:
         raise ValueError(f"{path}: no feature columns")
-    for col, role in ((target, "the target"), (client_column, "the client column")):
-        empty = [i for i, r in enumerate(rows) if col is not None and not (r[col] or "").strip()]
+    cells = {c: [r[k] for r in rows] for k, c in enumerate(names)}
+    for name, role in ((target, "the target"), (client_column, "the client column")):
+        if name is None:
+            continue
+        empty = [i for i, v in enumerate(cells[name]) if _is_missing_cell(v)]
         if empty:
-            raise ValueError(f"{path}: column {col!r} ({role}) is empty at "
-                             f"{line_numbers(empty)}: every row needs one")
+            shown = ", ".join(map(repr, sorted({cells[name][i] for i in empty})))
+            raise ValueError(f"{path}: column {name!r} ({role}) has no value at "
+                             f"{line_numbers(empty, lines)} ({shown}): every row needs one")
     X = np.empty((len(rows), len(feats)))
+    big = float(np.finfo(np.float32).max)
     for j, c in enumerate(feats):
-        for i, r in enumerate(rows):
+        for i, v in enumerate(cells[c]):
             try:
-                X[i, j] = float(r[c])
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}: column {c!r} is not a number at "
-                                 f"{line_numbers([i])}: {r[c]!r} (feature columns must be "
-                                 "numeric)") from None
-    raw_y = [r[target] for r in rows]
+                x = float(v)
+            except ValueError:
+                x = math.nan
+            if not (math.isfinite(x) and abs(x) <= big):
+                raise ValueError(f"{path}: column {c!r} is not a finite number at "
+                                 f"{line_numbers([i], lines)}: {v!r} (feature columns must be "
+                                 "numeric and complete: drop or fill such rows)")
+            X[i, j] = x
+    raw_y = cells[target]
     try:
         y_num: np.ndarray | None = np.array([float(v) for v in raw_y])
     except ValueError:
         y_num = None
+    if y_num is not None and not np.isfinite(y_num).all():
+        y_num = None  # "nan", "inf": text, as a label
     if task == "auto":
         if y_num is None:
             task = "classification"
@@ -220,7 +247,10 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
             ints = np.all(y_num == np.round(y_num))
             task = "classification" if ints and np.unique(y_num).size <= 20 else "regression"
     if task == "classification":
-        _, y = np.unique(np.array(raw_y) if y_num is None else y_num, return_inverse=True)
+        labels, y = np.unique(np.array(raw_y) if y_num is None else y_num, return_inverse=True)
+        if labels.size < 2:
+            raise ValueError(f"{path}: the target {target!r} has one class ({raw_y[0]!r}): "
+                             "a classifier needs at least two")
         y = y.astype(np.int64)
     elif task == "regression":
         if y_num is None:
@@ -230,7 +260,7 @@ def load_csv_table(path: str | Path, target: str, client_column: str | None = No
         raise ValueError(f"task must be auto, classification or regression, got {task!r}")
     client = None
     if client_column is not None:
-        _, client = np.unique(np.array([r[client_column] for r in rows]), return_inverse=True)
+        _, client = np.unique(np.array(cells[client_column]), return_inverse=True)
         client = client.astype(np.int64)
     return X, y, client, task
 
@@ -409,6 +439,8 @@ def run_comparison(
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
         raise ValueError("at least one seed is needed")
+    if client is None and (not isinstance(n_clients, int) or n_clients < 1):
+        raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
     metric = metric or METRICS[task][0]
     if metric not in METRICS[task]:
         raise ValueError(f"metric {metric!r} does not score a {task} task; choose from "
