@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -59,8 +60,8 @@ class ProfileRefused(FedForestError):
 
 #: What a client restarted in the middle of a secure round is told (its round keys were in the
 #: memory of the process that died, so it cannot answer that round's steps).
-RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job continues "
-                    "without you")
+RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job goes on "
+                    "without this site while enough sites remain")
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -95,8 +96,8 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
         shown = "; ".join(f"{k}: job {job.get(k)!r}, pinned {pinned.get(k)!r}" for k in diffs)
         raise ProfileRefused(
             f"the job's privacy profile {job.get('name', '?')!r} is not the profile this site "
-            f"pinned ({want!r}): {shown}. Refusing to take part: nothing was sent beyond the "
-            "join request")
+            f"pinned ({want!r}): {shown}. Refusing to take part: this site did not join the job "
+            "(it only asked what the job is)")
 
 
 @dataclass
@@ -274,9 +275,9 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
          held_out: tuple[np.ndarray, np.ndarray] | None = None) -> ClientResult:
     job = opts.job
     identity = None
-    info = _parse(JoinResponse,
-                  tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
-                  "join response")
+    # the job as the join would answer it, checked against this site's pins, schema and
+    # table before joining: a site that refuses a job is never counted as having joined it
+    info = _parse(JoinResponse, tr.get_json(f"/v1/jobs/{job}/offer"), "job offer")
     if pinned is not None:  # before anything else leaves the site
         check_job_profile(pinned, info.config.get("profile"))
     else:
@@ -294,6 +295,16 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root)
+    table = None if train is None else _table_digest(*train)
+    _check_same_table(state, job, table)
+    joined = _parse(JoinResponse,
+                    tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
+                    "join response")
+    if (joined.config, joined.client_index, joined.schema_sha256) != (
+            info.config, k, info.schema_sha256):
+        raise ProtocolError("the join response differs from the job the server offered")
+    if table is not None:
+        write_atomic(state.root / f"table-{job}.sha256", table.encode())
     secure_hint = bool(config.profile.get("secure_aggregation"))
     if secure_hint:
         identity = identity_key(state, job)
@@ -340,11 +351,36 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     return result
 
 
+def _table_digest(X: np.ndarray, y: np.ndarray) -> str:
+    """SHA-256 of the training rows as the worker reads them."""
+    h = hashlib.sha256()
+    for arr in (X, y):
+        a = np.ascontiguousarray(arr)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.data.cast("B"))
+    return h.hexdigest()
+
+
+def _check_same_table(state: ClientState, job: str, table: str | None) -> None:
+    """A site's rows cannot change within a job: a restarted client rebuilds its part of the
+    job's earlier rounds from its table, so it must be the table it joined with."""
+    path = state.root / f"table-{job}.sha256"
+    if table is None or not path.exists():
+        return
+    if path.read_text().strip() != table:
+        raise FedForestError(f"this site joined job {job} with another table (--data): a "
+                             "site's rows cannot change within a job. Restart the client with "
+                             "the table it joined with; a changed table takes part in a new "
+                             "job")
+
+
 def _check_outputs(opts: ClientOptions) -> None:
     """The model file and the state directory can be written: checked before joining, not
     when a job of hours ends."""
     try:
         opts.state_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=opts.state_dir, prefix=".fedforest-check-"):
+            pass
     except OSError as exc:
         raise FedForestError(f"--state-dir {opts.state_dir}: {exc.strerror or exc}") from None
     out = opts.model_out
@@ -353,6 +389,12 @@ def _check_outputs(opts: ClientOptions) -> None:
             raise FedForestError(f"--out {out} is a directory; name the model file")
         if not out.parent.is_dir():
             raise FedForestError(f"--out {out}: the directory {out.parent} does not exist")
+        try:  # a read-only or foreign directory: found now, not after the training
+            with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".fedforest-check-"):
+                pass
+        except OSError as exc:
+            raise FedForestError(f"--out {out}: cannot write in {out.parent}: "
+                                 f"{exc.strerror or exc}") from None
 
 
 def _parse(model: type[_M], obj: object, what: str) -> _M:

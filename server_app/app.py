@@ -220,6 +220,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def jobs(c: Client) -> list[dict[str, Any]]:
         return await run_in_threadpool(st.jobs_of, c)
 
+    @app.get("/v1/jobs/{job_id}/offer", tags=["jobs"])
+    async def job_offer(job_id: JobId, c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.job_offer, c, job_id)
+
     @app.post("/v1/jobs/{job_id}/join", tags=["jobs"])
     async def join(job_id: JobId, c: Client, body: JoinBody | None = None) -> dict[str, Any]:
         key: bytes | None = None

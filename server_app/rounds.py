@@ -46,6 +46,7 @@ from .store import (
     add_message,
     clear_round_messages,
     clear_summables,
+    closed_rounds,
     contributors,
     identity_keys,
     insert_message,
@@ -344,7 +345,7 @@ class RoundDriver:
             job.reason = "training complete"
             rt.task = None
             self.audit.append(job.id, "model", {"digest": job.model_digest})
-            event("job_done", job=job.id, rounds=job.current_round + 1,
+            event("job_done", job=job.id, rounds=closed_rounds(sess, job.id),
                   model_sha256=job.model_digest, server_cpu_s=time.process_time())
             return
         task = seal(issued)  # packed and hashed once for the row, the round setup and clients

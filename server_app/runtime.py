@@ -278,11 +278,7 @@ class ServerState:
                             add_message(sess, job_id, -1, IDENTITY_CERT, idx, identity_cert,
                                         digest=hashlib.sha256(identity_cert.encode()
                                                               ).hexdigest())
-                spec = JobSpec.model_validate_json(job.spec_json)
-                info = {"job_id": job.id, "client_index": idx, "client_name": client.name,
-                        "config": json.loads(job.config_json), "status": job.status,
-                        "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
-                        "round_deadline": job.round_deadline_s, "secure_aggregation": secure}
+                info = _job_info(job, client, idx, secure)
             if first:
                 event("join", job=job_id, client=client.name, index=idx)
                 payload: dict[str, Any] = {"client": client.name, "client_index": idx}
@@ -294,6 +290,18 @@ class ServerState:
             self._maybe_start(job_id)
             self.core.changes.notify(job_id)
             return info
+
+    def job_offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
+        """What the join answers (the job's configuration, schema digest and this client's
+        place), without joining: a site checks the job against its own pins first, so a site
+        that refuses the job is never counted as joined."""
+        with self.core.db.session() as sess:
+            job, member = membership(sess, client, job_id)
+            if member.state == MemberState.DROPPED:
+                raise ApiError(403, "dropped",
+                               f"this client was dropped at round {member.dropped_round}")
+            return _job_info(job, client, member.client_index,
+                             uses_secagg(JobConfig.from_json(job.config_json)))
 
     def _maybe_start(self, job_id: str) -> None:
         with self.core.db.session() as sess:
@@ -470,3 +478,12 @@ class ServerState:
         if self.core.driver.sweep_due or full:
             with self.core.lock:
                 self.core.sweep_spool()
+
+
+def _job_info(job: JobRow, client: ClientRow, idx: int, secure: bool) -> dict[str, Any]:
+    """The join response: the job's configuration and this client's place in it."""
+    spec = JobSpec.model_validate_json(job.spec_json)
+    return {"job_id": job.id, "client_index": idx, "client_name": client.name,
+            "config": json.loads(job.config_json), "status": job.status,
+            "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
+            "round_deadline": job.round_deadline_s, "secure_aggregation": secure}

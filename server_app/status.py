@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from .db import JobRow, MemberRow, RoundRow
 from .phases import JobStatus, MemberState, RoundStatus
-from .store import client_names, members_of
+from .store import client_names, closed_rounds, members_of
 
 __all__ = ["job_status", "progress"]
 
@@ -32,12 +32,13 @@ def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
                            "profile": (config.get("profile") or {}).get("name")}
     rr = sess.get(RoundRow, (job.id, job.current_round)) if job.current_round >= 0 else None
     if rr is None:
+        if job.status == JobStatus.DONE:  # pruned: a done job closed rounds 1..current_round
+            out["rounds_done"] = max(job.current_round, 0)
         return out
     out["level"] = rr.level
     if rr.status == RoundStatus.OPEN:
         out["phase"] = rr.phase
-    out["rounds_done"] = int(sess.scalar(select(func.count()).select_from(RoundRow).where(
-        RoundRow.job_id == job.id, RoundRow.status == RoundStatus.CLOSED)) or 0)
+    out["rounds_done"] = closed_rounds(sess, job.id)
     if job.status == JobStatus.RUNNING and rr.level > 0:
         first = sess.scalar(select(func.min(RoundRow.issued_at)).where(
             RoundRow.job_id == job.id))

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Executable, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Executable, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session, undefer
 
 from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
@@ -223,6 +223,12 @@ def client_names(sess: Session, job_id: str) -> dict[int, str]:
 def rounds_of(sess: Session, job_id: str) -> list[RoundRow]:
     return list(sess.scalars(select(RoundRow).where(RoundRow.job_id == job_id)
                              .order_by(RoundRow.round_id)))
+
+
+def closed_rounds(sess: Session, job_id: str) -> int:
+    """How many rounds of the job closed (rows kept until the job is pruned)."""
+    return int(sess.scalar(select(func.count()).select_from(RoundRow).where(
+        RoundRow.job_id == job_id, RoundRow.status == RoundStatus.CLOSED)) or 0)
 
 
 def participants(rr: RoundRow) -> list[int]:

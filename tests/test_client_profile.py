@@ -1,10 +1,10 @@
 """A site pins its privacy profile (``fedforest client --profile``); a server cannot downgrade it.
 
-The client gets the job's configuration, profile included, from the server's join response. With
-``--profile`` it compares that profile with its own, field by field, right after the join
-response and refuses a job whose profile differs (``open`` for a ``secure`` site, secure
+The client gets the job's configuration, profile included, from the server's offer (what the
+join would answer). With ``--profile`` it compares that profile with its own, field by field,
+before joining and refuses a job whose profile differs (``open`` for a ``secure`` site, secure
 aggregation switched off under a ``secure`` label, another DP budget, a lower threshold, ...):
-nothing is sent beyond the join request.
+the site never joins, so no other site waits for it in a running job.
 """
 
 from __future__ import annotations
@@ -39,20 +39,26 @@ def _config(profile: dict[str, Any]) -> JobConfig:
 
 @dataclass
 class RecordingTransport:
-    """Answers the join with a fixed job configuration and records every request."""
+    """Answers the offer and the join with a fixed job configuration and records every
+    request."""
 
     profile: dict[str, Any]
     sent: list[tuple[str, str]] = field(default_factory=list)
     bytes_sent: int = 0
     bytes_received: int = 0
 
-    def post_json(self, path: str, body: Any = None) -> Any:
-        self.sent.append(("POST", path))
+    def _job(self) -> dict[str, Any]:
         return {"job_id": JOB, "client_index": 0, "client_name": "site-0",
                 "config": json.loads(_config(self.profile).to_json()), "status": "waiting"}
 
+    def post_json(self, path: str, body: Any = None) -> Any:
+        self.sent.append(("POST", path))
+        return self._job()
+
     def get_json(self, path: str, params: Any = None) -> Any:
         self.sent.append(("GET", path))
+        if path == f"/v1/jobs/{JOB}/offer":
+            return self._job()
         raise AssertionError(f"the client sent {path} after the join")
 
     def request(self, method: str, path: str, **_: Any) -> Any:
@@ -94,8 +100,8 @@ def test_client_refuses_a_job_whose_profile_differs_from_its_pin(case: str,
     with pytest.raises(ProfileRefused, match=f"pinned \\({pin!r}\\)") as info:
         runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
                     SiteLog(stream=io.StringIO()), pinned_profile(pin))
-    assert "nothing was sent beyond the join request" in str(info.value)
-    assert tr.sent == [("POST", f"/v1/jobs/{JOB}/join")]
+    assert "this site did not join the job" in str(info.value)
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
     assert not (opts.state_dir / "stats.json").exists()
 
 
@@ -178,6 +184,8 @@ def test_simulate_pins_the_job_profile_on_every_client(tmp_path: Path,
     ("missing/model.json", "--out {out}: the directory {parent} does not exist"),
     ("a-dir", "--out {out} is a directory; name the model file"),
     ("file/state", "--state-dir {state}: "),
+    # a directory this process may not write in (sysfs refuses even root)
+    ("/sys/kernel/model.json", "--out {out}: cannot write in {parent}: Permission denied"),
 ])
 def test_an_unwritable_out_or_state_dir_fails_before_anything_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, message: str) -> None:

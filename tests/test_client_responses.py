@@ -24,7 +24,7 @@ from client_app.runner import ClientOptions
 from client_app.state import ClientState
 from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import ProtocolError
+from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.protocol.api import ErrorBody, JoinBody, JoinResponse, SecAggStep
 from fedforest_secure.schema import Schema
 
@@ -41,9 +41,11 @@ def _config(profile: str) -> dict[str, Any]:
 
 @dataclass
 class ScriptedTransport:
-    """Answers the join, then every GET with the scripted JSON; records what was sent."""
+    """Answers the offer and the join (``offer`` defaults to the join's answer), then every
+    GET with the scripted JSON; records what was sent."""
 
     join: Any
+    offer: Any = None
     gets: dict[str, Any] = field(default_factory=dict)
     sent: list[tuple[str, str]] = field(default_factory=list)
     bytes_sent: int = 0
@@ -58,6 +60,8 @@ class ScriptedTransport:
 
     def get_json(self, path: str, params: Any = None) -> Any:
         self.sent.append(("GET", path))
+        if path == f"/v1/jobs/{JOB}/offer":
+            return self.join if self.offer is None else self.offer
         return self.gets[path.rsplit("/", 1)[-1]]
 
     def take_next_step(self) -> None:
@@ -93,11 +97,27 @@ def _run(tr: ScriptedTransport, tmp_path: Path) -> None:
     None, [], "ok", {"config": {}}, {"client_index": 0}, {"client_index": 0, "config": "x"},
     {"client_index": "first", "config": {}},
 ])
-def test_a_malformed_join_response_is_a_protocol_error(join: Any, tmp_path: Path) -> None:
+def test_a_malformed_job_offer_is_a_protocol_error_and_the_site_does_not_join(
+        join: Any, tmp_path: Path) -> None:
     tr = ScriptedTransport(join)
-    with pytest.raises(ProtocolError, match="malformed join response"):
+    with pytest.raises(ProtocolError, match="malformed job offer"):
         _run(tr, tmp_path)
-    assert tr.sent == [("POST", f"/v1/jobs/{JOB}/join")]
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+
+
+@pytest.mark.parametrize("change", [{"client_index": 1}, {"config": "other"},
+                                    {"schema_sha256": "0" * 64}])
+def test_a_join_answered_otherwise_than_the_offer_is_a_protocol_error(
+        change: dict[str, Any], tmp_path: Path) -> None:
+    """The site checked the offered job: the join must answer that job, in that place."""
+    offer = {"client_index": 0, "config": _config("open")}
+    join = {**offer, **change}
+    if join["config"] == "other":
+        join["config"] = {**offer["config"], "n_estimators": 2}
+    tr = ScriptedTransport(join, offer=offer)
+    with pytest.raises(ProtocolError, match="differs from the job the server offered"):
+        _run(tr, tmp_path)
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/join")]
 
 
 @pytest.mark.parametrize("rounds", [{"rounds": []}, [{"round_id": 1}], ["closed"]])
@@ -120,7 +140,8 @@ def test_a_malformed_secure_aggregation_step_is_a_protocol_error(step: Any,
     with pytest.raises(ProtocolError):
         _run(tr, tmp_path)
     assert ("GET", f"/v1/jobs/{JOB}/secagg") in tr.sent
-    assert all(method == "GET" for method, _ in tr.sent[1:])  # nothing posted after the join
+    assert tr.sent[:2] == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/join")]
+    assert all(method == "GET" for method, _ in tr.sent[2:])  # nothing posted after the join
 
 
 def test_responses_ignore_fields_they_do_not_read_and_requests_forbid_them() -> None:
@@ -159,6 +180,28 @@ def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
     assert (res.status, res.detail) == ("dropped", RESTARTED_SECURE)
     assert RESTARTED_SECURE in out.getvalue() and "stage" not in out.getvalue()
     # after the join: GETs, and the refusal of round 28 (a code, nothing else)
-    posts = [path for method, path in tr.sent[1:] if method != "GET"]
+    posts = [path for method, path in tr.sent[2:] if method != "GET"]
     assert posts == [f"/v1/jobs/{JOB}/rounds/28/secagg/refuse"]
     assert tr.refusals == [{"reason": "restarted"}]
+
+
+def test_a_client_restarted_on_another_table_refuses_before_joining_again(
+        tmp_path: Path) -> None:
+    """The rows a site joined a job with are the rows it trains on to the end: a restart with
+    another table (its earlier rounds rebuilt from different rows) is refused."""
+    state = ClientState(tmp_path / "state")
+    runner.write_atomic(state.root / f"table-{JOB}.sha256",
+                        runner._table_digest(np.ones((4, 2)), np.zeros(4)).encode())
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")})
+    with pytest.raises(FedForestError, match=f"this site joined job {JOB} with another table"):
+        _run(tr, tmp_path)  # rows of zeros
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+
+
+def test_the_join_records_the_table_a_restart_must_bring_back(tmp_path: Path) -> None:
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
+                           gets={"rounds": [["closed"]]})
+    with pytest.raises(ProtocolError):
+        _run(tr, tmp_path)  # stops at the malformed round list, after the join
+    recorded = (tmp_path / "state" / f"table-{JOB}.sha256").read_text()
+    assert recorded == runner._table_digest(np.zeros((4, 2)), np.zeros(4))

@@ -110,3 +110,32 @@ def test_cli_prune_and_a_compressed_audit_export(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     lines = gzip.decompress((tmp_path / "old.jsonl.gz").read_bytes()).decode().splitlines()
     assert len(lines) == 50 and json.loads(lines[0])["kind"] == "client_joined"
+
+
+def test_a_pruned_done_job_still_reports_its_rounds(tmp_path: Path) -> None:
+    """A done job's rounds are 1..current_round, all closed: its status counts them after
+    prune deleted their rows, as before."""
+    from server_app.status import progress
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    with db.session() as sess:
+        sess.add(JobRow(id="j", spec_json="{}", config_json='{"max_depth": 2}', status="done",
+                        reason="", min_clients=1, round_deadline_s=1.0, current_round=3,
+                        model_json="{}", model_digest="d" * 64, created_at=0.0))
+        sess.flush()
+        for r in (1, 2, 3):
+            sess.add(RoundRow(job_id="j", round_id=r, kind="sketch", level=r - 1,
+                              task_digest="t" * 64, encoding="uint64", participants_json="[0]",
+                              issued_at=0.0, deadline_at=1.0, status="closed", closed_at=1.0,
+                              task_blob=b"x"))
+
+    def rounds_done() -> int:
+        with db.session() as sess:
+            job = sess.get(JobRow, "j")
+            assert job is not None
+            return int(progress(sess, job, time.time())["rounds_done"])
+
+    assert rounds_done() == 3
+    prune(db, tmp_path / "s.db.spool", job_ids=["j"])
+    assert rounds_done() == 3
+    db.dispose()

@@ -123,6 +123,18 @@ def test_job_waits_for_all_joins_then_serves_tasks(env: dict) -> None:
     assert st["status"] == "running" and st["active_clients"] == K
 
 
+def test_the_offer_answers_what_the_join_does_without_joining(env: dict) -> None:
+    """A site reads the job from the offer and checks it before it joins: asking changes no
+    membership, so a site that then refuses is never counted as joined."""
+    http = env["http"]
+    offers = [http.get("/v1/jobs/job-a/offer", headers=auth(t)).json() for t in env["tokens"]]
+    st = http.get("/v1/jobs/job-a", headers=auth(env["tokens"][0])).json()
+    assert st["status"] == "waiting" and {m["state"] for m in st["members"]} == {"invited"}
+    assert offers == join_all(env)
+    r = http.get("/v1/jobs/job-a/offer", headers=auth(env["outsider"]))
+    assert r.status_code == 404 and r.json()["error"] == "unknown_job"
+
+
 def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
     infos = join_all(env)
     task = get_task(env, 0)

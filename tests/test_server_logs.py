@@ -63,6 +63,9 @@ def test_a_job_logs_startup_joins_rounds_and_the_end_and_sigterm_stops_cleanly(
     assert "jobs_running=0" in lines[-1], lines[-1]  # the job finished before the shutdown
     assert events.count("join") == 3 and "job_started" in events and "job_done" in events
     assert events.count("round") >= 3
+    # the end names as many rounds as the job closed (one "round" line each)
+    done = next(x for x in lines if "event=job_done" in x)
+    assert f" rounds={events.count('round')} " in done, done
     # an open job's rounds have one phase (the uploads): the line gives the close's seconds
     closed = [x for x in lines if "event=round " in x]
     assert all(re.search(r" close_s=[0-9.]+$", x) and "phase_s=" not in x for x in closed)

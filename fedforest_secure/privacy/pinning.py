@@ -124,8 +124,8 @@ def check_job_config(config: JobConfig, *, profile: Any = None, schema: Schema |
     if diffs:
         raise RefusedRequest(
             f"the configuration of job {config.job_id!r} disagrees with this site's own "
-            f"({'; '.join(diffs)}): refusing to take part, nothing was sent beyond the join "
-            "request", code="job_config")
+            f"({'; '.join(diffs)}): refusing to take part: this site did not join the "
+            "job (it only asked what the job is)", code="job_config")
 
 
 def clip_targets(config: JobConfig, y: np.ndarray) -> np.ndarray:
