@@ -35,6 +35,7 @@ __all__ = [
     "ClientRow",
     "Database",
     "JobRow",
+    "LeaseRow",
     "MemberRow",
     "RoundRow",
     "SecAggMessageRow",
@@ -160,6 +161,19 @@ class SecAggMessageRow(Base):
     client_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     body: Mapped[str] = mapped_column(Text)
     digest: Mapped[str] = mapped_column(String(64))
+
+
+class LeaseRow(Base):
+    """The one server that serves this database (:mod:`server_app.lease`): a second server
+    on the same database would issue and close rounds the first does not know of."""
+
+    __tablename__ = "server_lease"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)  # always 1: one row
+    owner: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    port: Mapped[int] = mapped_column(Integer)
+    renewed_at: Mapped[float] = mapped_column(Float)
 
 
 class Database:

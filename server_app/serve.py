@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from pathlib import Path
@@ -14,6 +15,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from .app import create_app
 from .audit_hook import open_audit
 from .db import Database
+from .lease import ServerLease
 from .logs import configure, event
 from .settings import LOOPBACK, ConfigError, ServerSettings
 from .tls_identity import PeerNames, protocol_with_peer_names
@@ -64,6 +66,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     check_transport(settings, insecure_dev=insecure_dev)
     configure()
     db = Database(settings.database)
+    lease = ServerLease(db, settings.port if port is None else port)
+    lease.acquire()  # a second server on this database refuses to start
     tls = None if insecure_dev else settings.tls
     client_ca = tls.client_ca if tls is not None else None
     peer_names: PeerNames | None = None
@@ -92,4 +96,15 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         ssl_keyfile=str(tls.key) if tls is not None else None,
         ssl_ca_certs=str(client_ca) if client_ca is not None else None,
         ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE))
-    server.run()
+
+    def lost() -> None:  # this process stalled past the lease and another server took it
+        event("lease_lost", logging.ERROR, reason="another server serves this database now; "
+              "stopping")
+        if server is not None:
+            server.should_exit = True
+
+    lease.keep(lost)
+    try:
+        server.run()
+    finally:
+        lease.release()

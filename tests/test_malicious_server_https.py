@@ -40,19 +40,19 @@ JOB = "job-dp"
 
 
 class LyingJoin:
-    """ASGI layer: rewrites ``config`` in every join response with ``tamper`` (and counts the
-    requests each client sends after its join)."""
+    """ASGI layer: rewrites ``config`` in every job offer and join response with ``tamper``
+    (and records the requests each client sends after it was told the job)."""
 
     def __init__(self, app: Any, tamper: dict[str, Any]) -> None:
         self.app, self.tamper = app, tamper
-        self.after_join: list[str] = []
-        self.joined = False
+        self.after_told: list[str] = []
+        self.told = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if self.joined and path.startswith("/v1/"):
-            self.after_join.append(path)
-        if not path.endswith("/join"):
+        if self.told and path.startswith("/v1/"):
+            self.after_told.append(path)
+        if not path.endswith(("/join", "/offer")):
             await self.app(scope, receive, send)
             return
         start: dict[str, Any] = {}
@@ -76,7 +76,7 @@ class LyingJoin:
                     await send({**start, "headers": [*headers, (b"content-length",
                                                                str(len(raw)).encode())]})
                     await send({"type": "http.response.body", "body": raw})
-                    self.joined = True
+                    self.told = True
 
         await self.app(scope, receive, capture)
 
@@ -141,6 +141,7 @@ def test_attack3_a_client_refuses_a_server_that_lies_about_the_dp_setup(
                              quiet=True, retry_budget_s=2.0, profile="secure-dp", n_clients=K)
         with pytest.raises((RefusedRequest, ProfileRefused), match=named):
             run_client(opts)
-        assert liar.joined and liar.after_join == []  # nothing sent beyond the join request
+        # the lie is in the offer: the site never joins, nothing is sent after the offer
+        assert liar.told and liar.after_told == []
     finally:
         gen.close()

@@ -1,0 +1,107 @@
+"""One server per database: a lease row that the serving process renews.
+
+Two servers on one database would each issue, answer and close rounds of the same jobs, each
+unaware of the other's (a client of one is told the round is not open; the job fails). A
+server takes the lease when it starts and renews it every ``LEASE_S / 3`` seconds; another
+server refuses to start while the lease is held: renewed within ``LEASE_S`` seconds by a
+process that, on this host, still runs. A server stopped cleanly gives the lease back; one
+that was killed leaves it to be taken at once on its host, or after ``LEASE_S`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from sqlalchemy import delete, update
+from sqlalchemy.exc import IntegrityError
+
+from .db import Database, LeaseRow
+from .settings import ConfigError
+
+__all__ = ["LEASE_S", "ServerLease"]
+
+#: a lease not renewed for this many seconds is free
+LEASE_S = 15.0
+
+
+def _running_here(host: str, pid: int) -> bool:
+    """Whether the lease's holder may still run: on another host, assumed so."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class ServerLease:
+    """This process's claim on ``db`` (:meth:`acquire`, :meth:`renew`, :meth:`release`)."""
+
+    def __init__(self, db: Database, port: int, clock: Callable[[], float] = time.time) -> None:
+        self.db, self.port, self.clock = db, port, clock
+        self.owner = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        """Take the lease, or raise :class:`ConfigError` naming the server that holds it."""
+        try:
+            with self.db.session() as sess:
+                row = sess.get(LeaseRow, 1)
+                now = self.clock()
+                if row is not None and row.owner != self.owner:
+                    age = now - row.renewed_at
+                    if age < LEASE_S and _running_here(row.host, row.pid):
+                        raise ConfigError(
+                            f"another server (pid {row.pid} on {row.host}, port {row.port}) "
+                            f"serves this database (it renewed its claim {age:.0f} s ago): "
+                            "stop it first, or give this server a database of its own")
+                if row is None:
+                    sess.add(LeaseRow(id=1, owner=self.owner, host=socket.gethostname(),
+                                      pid=os.getpid(), port=self.port, renewed_at=now))
+                else:
+                    row.owner, row.host, row.pid = self.owner, socket.gethostname(), os.getpid()
+                    row.port, row.renewed_at = self.port, now
+        except IntegrityError:  # another server inserted the row first
+            raise ConfigError("another server took this database at the same moment: stop "
+                              "it first, or give this server a database of its own") from None
+
+    def renew(self) -> bool:
+        """Renew the lease; False if another server holds it now."""
+        with self.db.connect() as conn:
+            res = conn.execute(update(LeaseRow).where(LeaseRow.id == 1,
+                                                      LeaseRow.owner == self.owner)
+                               .values(renewed_at=self.clock()))
+            return bool(res.rowcount)
+
+    def release(self) -> None:
+        """Give the lease back (a stopped server): the next server starts at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self.db.connect() as conn:
+            conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
+
+    def keep(self, on_lost: Callable[[], None]) -> None:
+        """Renew the lease every ``LEASE_S / 3`` seconds from a daemon thread until
+        :meth:`release`; ``on_lost`` is called once if another server took it."""
+        def loop() -> None:
+            while not self._stop.wait(LEASE_S / 3):
+                try:
+                    held = self.renew()
+                except Exception:  # noqa: BLE001 - a database hiccup: try again next time
+                    continue
+                if not held:
+                    on_lost()
+                    return
+
+        self._thread = threading.Thread(target=loop, name="server-lease", daemon=True)
+        self._thread.start()

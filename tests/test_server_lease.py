@@ -1,0 +1,81 @@
+"""One server per database: a second server on the same database refuses to start."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ports import free_port
+from test_integration_https import launch_server, setup_fed, stop
+
+from fedforest_cli.sim_processes import start_server, wait_healthy
+from server_app.db import Database
+from server_app.lease import LEASE_S, ServerLease
+from server_app.settings import ConfigError
+
+
+def test_the_lease_is_held_until_released_or_stale(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    first, second = ServerLease(db, 1), ServerLease(db, 2)
+    first.acquire()
+    with pytest.raises(ConfigError, match=r"another server \(pid \d+ on .*, port 1\) serves "
+                                          r"this database"):
+        second.acquire()
+    assert first.renew() and not second.renew()
+    first.release()
+    second.acquire()  # given back: taken at once
+    assert second.renew() and not first.renew()
+    # a claim not renewed for LEASE_S seconds is free, even if its process still runs
+    late = ServerLease(db, 3, clock=lambda: time.time() + LEASE_S + 1)
+    late.acquire()
+    assert not second.renew()
+    db.dispose()
+
+
+def test_the_lease_of_a_process_gone_on_this_host_is_free_at_once(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    held = ServerLease(db, 1)
+    held.acquire()
+    from sqlalchemy import update
+
+    from server_app.db import LeaseRow
+
+    with db.connect() as conn:  # as a killed server leaves it: its pid no longer runs
+        conn.execute(update(LeaseRow).values(pid=int(gone.stdout)))
+    ServerLease(db, 2).acquire()
+    db.dispose()
+
+
+@pytest.mark.integration
+def test_a_second_server_on_the_same_database_refuses_to_start(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    first = launch_server(fed)
+    other = tmp_path / "other"
+    other.mkdir()
+    port = free_port()
+    toml = other / "server.toml"
+    toml.write_text(re.sub(r"(?m)^port = \d+$", f"port = {port}", fed.server.toml.read_text()))
+    second = start_server(toml, other / "server.log")
+    fed.procs.append(second)
+    try:
+        assert second.wait(120) != 0
+        log = (other / "server.log").read_text()
+        assert f"another server (pid {first.pid} on" in log and "Traceback" not in log
+        first.send_signal(signal.SIGKILL)  # killed: its claim dies with it on this host
+        first.wait(30)
+        third = start_server(toml, other / "server.log")
+        fed.procs.append(third)
+        wait_healthy(f"https://127.0.0.1:{port}", fed.certs / "ca.pem", third, timeout=180,
+                     cert=fed.certs / "client-0.pem", key=fed.certs / "client-0.key")
+    finally:
+        for proc in fed.procs:
+            stop(proc)
