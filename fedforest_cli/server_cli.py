@@ -59,6 +59,41 @@ def add_client_cmd(name: str, config: ConfigOpt) -> None:
     print(token)
 
 
+@server_cli.command("rotate-token")
+def rotate_token_cmd(name: str, config: ConfigOpt) -> None:
+    """Give a client a new token (a leaked or lost one); the old one stops working."""
+    from server_app.admin import ServerAdmin
+    from server_app.auth import TokenError
+    from server_app.settings import load_settings
+
+    try:
+        with ServerAdmin.from_settings(load_settings(config)) as admin:
+            token = admin.rotate_token(name)
+    except (FedForestError, TokenError) as exc:
+        fail(exc)
+    console.print(f"client [bold]{name}[/bold] has a new token (the old one stops working; a "
+                  "running server forgets it within 30 s); give it this one (it is not stored "
+                  "and cannot be shown again):")
+    print(token)
+
+
+@server_cli.command("revoke-client")
+def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
+    """Revoke a client's token: it can no longer authenticate (its jobs' records stay)."""
+    from server_app.admin import ServerAdmin
+    from server_app.auth import TokenError
+    from server_app.settings import load_settings
+
+    try:
+        with ServerAdmin.from_settings(load_settings(config)) as admin:
+            admin.revoke_client(name)
+    except (FedForestError, TokenError) as exc:
+        fail(exc)
+    console.print(f"client [bold]{name}[/bold] revoked: its token no longer authenticates (a "
+                  "running server forgets it within 30 s); `fedforest server rotate-token "
+                  f"{name}` gives it a new one")
+
+
 @server_cli.command("add-operator")
 def add_operator_cmd(name: str, config: ConfigOpt) -> None:
     """Register someone who may read the operator page /ui; prints the token once."""

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
-from .auth import add_client, add_operator
+from .auth import add_client, add_operator, revoke_client, rotate_token
 from .db import Database, JobRow, RoundRow
 from .jobcheck import check_job
 from .jobspec import JobSpec
@@ -79,6 +79,14 @@ class ServerAdmin:
     def add_client(self, name: str) -> str:
         """Register an institution; returns its token (stored hashed, shown only here)."""
         return add_client(self._db, name)
+
+    def rotate_token(self, name: str) -> str:
+        """A new token for client ``name`` (shown only here); the old one stops working."""
+        return rotate_token(self._db, name)
+
+    def revoke_client(self, name: str) -> None:
+        """Client ``name`` keeps no working token."""
+        revoke_client(self._db, name)
 
     def add_operator(self, name: str) -> str:
         """Register an operator of ``/ui``; returns its token (stored hashed, shown only

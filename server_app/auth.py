@@ -22,7 +22,7 @@ from fedforest_secure.protocol.api import NAME_PATTERN
 from .db import ClientRow, Database, OperatorRow
 
 __all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
-           "authenticate_operator", "hash_secret", "new_token"]
+           "authenticate_operator", "hash_secret", "new_token", "revoke_client", "rotate_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
@@ -55,6 +55,30 @@ def add_client(db: Database, name: str) -> str:
             raise TokenError(f"client {name!r} already exists")
         sess.add(ClientRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
     return token
+
+
+def rotate_token(db: Database, name: str) -> str:
+    """A new token for client ``name`` (shown once): its old token stops authenticating (a
+    running server that accepted it within the last ``TokenCache.ttl`` seconds forgets it
+    then). The client keeps its memberships."""
+    token, token_id, secret = new_token()
+    _set_token(db, name, token_id, hash_secret(secret))
+    return token
+
+
+def revoke_client(db: Database, name: str) -> None:
+    """Client ``name`` keeps no token that authenticates (its memberships and audit entries
+    stay); :func:`rotate_token` gives it one again."""
+    _, token_id, _ = new_token()
+    _set_token(db, name, token_id, "revoked")  # no SHA-256 hex digest equals this
+
+
+def _set_token(db: Database, name: str, token_id: str, token_hash: str) -> None:
+    with db.session() as sess:
+        row = sess.scalar(select(ClientRow).where(ClientRow.name == name))
+        if row is None:
+            raise TokenError(f"no client {name!r}")
+        row.token_id, row.token_hash = token_id, token_hash
 
 
 def add_operator(db: Database, name: str) -> str:

@@ -65,3 +65,33 @@ def test_the_database_error_hides_a_password_in_its_url() -> None:
     with pytest.raises(ConfigError) as caught:
         Database("postgresql+psycopg://fed:s3cret@127.0.0.1:1/fed")
     assert "s3cret" not in str(caught.value) and "fed:***@127.0.0.1:1" in str(caught.value)
+
+
+def test_a_leaked_token_is_replaced_or_revoked_by_the_operator(tmp_path: Path) -> None:
+    """`server rotate-token` gives a client a new token (the old one stops authenticating);
+    `server revoke-client` leaves it none that works."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    (tmp_path / "server.toml").write_text(
+        f'host = "127.0.0.1"\nport = 8443\ndatabase = "sqlite:///{tmp_path / "s.db"}"\n'
+        f'[tls]\ncert = "{tmp_path / "c.pem"}"\nkey = "{tmp_path / "c.key"}"\n')
+    cfg = ["--config", str(tmp_path / "server.toml")]
+    run = CliRunner().invoke
+    first = run(app, ["server", "add-client", "site-a", *cfg])
+    assert first.exit_code == 0, first.output
+    old = first.output.strip().splitlines()[-1]
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    assert authenticate(db, old) is not None
+    rotated = run(app, ["server", "rotate-token", "site-a", *cfg])
+    assert rotated.exit_code == 0, rotated.output
+    new = rotated.output.strip().splitlines()[-1]
+    assert new.startswith("ffs_") and new != old
+    assert authenticate(db, old) is None and authenticate(db, new) is not None
+    revoked = run(app, ["server", "revoke-client", "site-a", *cfg])
+    assert revoked.exit_code == 0 and "revoked" in revoked.output
+    assert authenticate(db, new) is None and authenticate(db, old) is None
+    unknown = run(app, ["server", "rotate-token", "site-z", *cfg])
+    assert unknown.exit_code != 0 and "no client 'site-z'" in unknown.output
+    db.dispose()
