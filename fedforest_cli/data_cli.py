@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import replacing, write_atomic
@@ -56,14 +57,17 @@ def draft_cmd(
         check_output(out, force=force, inputs=[("--data", data)])
     mode: Literal["auto", "classification", "regression"] = task  # type: ignore[assignment]
     try:
-        text = draft_schema(read_raw(data), target, task=mode, categorical=_split(categorical),
-                            continuous=_split(continuous), client_column=client_column)
+        draft = draft_schema(read_raw(data), target, task=mode,
+                             categorical=_split(categorical), continuous=_split(continuous),
+                             client_column=client_column)
     except (FedForestError, OSError) as exc:
         fail(exc)
+    for note in draft.notes:
+        console.print(f"[yellow]warning:[/yellow] {escape(note)}")
     if out is None:
-        print(text)
+        print(draft.text)
     else:
-        write_atomic(out, text)
+        write_atomic(out, draft.text)
         console.print(f"draft schema written to {out}: agree on public bounds for every "
                       "continuous feature before creating a job")
 

@@ -73,18 +73,22 @@ def evaluate(
                                          'or kind = "evaluate" with an [evaluation] table')
                 job_id = spec.id
                 if admin.job(job_id) is None:
+                    _check_reference(reference, _names_of(spec))
                     admin.create_job(spec)
                     console.print(f"evaluation job [bold]{job_id}[/bold] created for "
                                   f"{len(spec.clients)} sites; each runs: fedforest client "
                                   f"--job {job_id} --eval-data <held-out rows> ...")
                 else:
                     _check_same_models(admin, job_id, job_path, spec)
+                    _check_reference(reference, admin.evaluation_names(job_id))
                     console.print(f"evaluation job {job_id} exists: waiting for its result")
                 first_model = files[0] if files else None
             else:
                 job_id, first_model = job, None
+                _check_reference(reference, admin.evaluation_names(job_id))
             text = _wait(admin, job_id, timeout)
         res = EvalResult.from_json(text)
+        _check_reference(reference, [m.name for m in res.models])
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     where = out or (first_model.resolve().parent if first_model is not None else Path("."))
@@ -109,6 +113,21 @@ def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: Jo
             f"{', '.join(d[:12] for d in scored)}; asked: {', '.join(d[:12] for d in asked)}); "
             f"give this evaluation a new id in {job_path}, or pass --job {job_id} to show "
             "that job's result")
+
+
+def _names_of(spec: JobSpec) -> list[str]:
+    """The labels the evaluation job of ``spec`` gives its models (its result's names)."""
+    from server_app.jobspec import build_config
+
+    evaluation = build_config(spec).evaluation
+    return [] if evaluation is None else [str(n) for n in evaluation["names"]]
+
+
+def _check_reference(reference: str | None, names: list[str] | None) -> None:
+    """Refuse a ``--reference`` that is none of the models' labels (before any waiting)."""
+    if reference is not None and names is not None and reference not in names:
+        raise FedForestError(f"--reference {reference!r} is not one of the models: "
+                             f"{', '.join(names)}")
 
 
 def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:

@@ -211,6 +211,7 @@ class Target(BaseModel):
 
 
 def _format_error(exc: ValidationError, data: Any) -> str:
+    """What is wrong, field by field: ``target.classes: ...; features[2] ('age').bounds: ...``."""
     parts = []
     for err in exc.errors():
         loc: list[str] = []
@@ -232,7 +233,7 @@ def _format_error(exc: ValidationError, data: Any) -> str:
             if owner is not None:
                 msg += f"; allowed: {', '.join(allowed_keys(owner))}"
         parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
-    return "invalid schema: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 class Schema(BaseModel):
@@ -271,20 +272,22 @@ class Schema(BaseModel):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Schema:
-        """Validate a schema given as a mapping.
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | Path | None = None) -> Schema:
+        """Validate a schema given as a mapping; ``source`` (a file the mapping was read
+        from) is named in the errors.
 
         Raises
         ------
         SchemaError
             Naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
         """
+        what = "invalid schema" if source is None else f"invalid schema file {source}"
         if not isinstance(data, Mapping):
-            raise SchemaError(f"a schema must be a mapping, got {type(data).__name__}")
+            raise SchemaError(f"{what}: a schema must be a mapping, got {type(data).__name__}")
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise SchemaError(_format_error(exc, data)) from None
+            raise SchemaError(f"{what}: {_format_error(exc, data)}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Schema:
@@ -301,7 +304,7 @@ class Schema(BaseModel):
                 data = tomllib.loads(raw.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise SchemaError(f"cannot parse schema file {p}: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data, source=p)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/TOML-ready mapping (absent optional fields and defaults left out)."""

@@ -1,25 +1,41 @@
 """``fedforest schema draft``: a starting schema.toml from one site's CSV file.
 
 The draft names every column and guesses its kind: text columns and numeric columns with a few
-integer codes become categorical (their levels listed), the rest continuous. It never writes
-bounds: bounds are *public* (they fix fixed-point scales, the secure sketch grid and DP
-sensitivities), so the federation agrees on them from domain knowledge, not from one site's
-minimum and maximum, which would disclose that site's extremes to everyone.
+integer codes become categorical (their levels listed), the rest continuous (also a feature
+with one number at this site). A numeric column with a few cells that are not numbers (a typo
+such as ``abc``) is drafted from its numbers, and the draft's notes name those cells.
+
+It never writes bounds: bounds are *public* (they fix fixed-point scales, the secure sketch grid
+and DP sensitivities), so the federation agrees on them from domain knowledge, not from one
+site's minimum and maximum, which would disclose that site's extremes to everyone.
+
+What cannot become a valid schema is refused with a :class:`SchemaError`: a file without data
+rows, duplicate column names, a classification target with fewer than two classes at this
+site, a column given two roles, ``continuous`` for a column of text.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
-from ._cells import _canon, _is_missing, _label_sort_key
+from ._cells import _canon, _is_missing_cell, _label_sort_key
 from .errors import SchemaError
 from .tablecheck import RawTable
 
-__all__ = ["draft_schema"]
+__all__ = ["SchemaDraft", "draft_schema"]
+
+Kind = Literal["continuous", "categorical"]
 
 #: Numeric columns with at most this many distinct integer values are drafted categorical.
 MAX_CODES = 10
+#: A numeric column keeps its numbers' kind when at most this many of its cells (and at most
+#: one in 20) are not numbers: typos to fix, not a text column.
+_STRAY_MAX = 5
+_SHOW = 3  # stray cells named per note
 
 _NOTE = """\
 # Draft schema from {path} ({rows} rows). Review every entry with the federation.
@@ -34,27 +50,124 @@ _NOTE = """\
 """
 
 
-def _kind(cells: list[str]) -> tuple[Literal["continuous", "categorical"], list[str]]:
-    present = [c for c in cells if not (_is_missing(c) or c == "?")]
-    try:
-        values = [float(c) for c in present]
-    except ValueError:
-        return "categorical", sorted({_canon(c) for c in present}, key=_label_sort_key)
-    distinct = set(values)
-    if values and len(distinct) <= MAX_CODES and all(v.is_integer() for v in distinct):
-        return "categorical", sorted({_canon(v) for v in values}, key=_label_sort_key)
-    return "continuous", []
+@dataclass(frozen=True)
+class SchemaDraft:
+    """What :func:`draft_schema` drafted.
+
+    Attributes
+    ----------
+    text : str
+        The schema as TOML, with comments (the notes among them).
+    notes : tuple of str
+        What to look at before using it, e.g. cells of a numeric column that are not numbers.
+    """
+
+    text: str
+    notes: tuple[str, ...] = ()
 
 
-def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+@dataclass(frozen=True)
+class _Column:
+    """A column's cells read for the draft: its finite numbers and the other present cells
+    (``text``), as row indices."""
+
+    cells: list[str]
+    numbers: dict[int, float]
+    text: list[int]
+
+    @classmethod
+    def of(cls, cells: list[str]) -> _Column:
+        numbers: dict[int, float] = {}
+        text: list[int] = []
+        for i, c in enumerate(cells):
+            if _is_missing_cell(c):
+                continue
+            try:
+                v = float(c)
+            except ValueError:
+                text.append(i)
+                continue
+            if math.isfinite(v):
+                numbers[i] = v
+            else:
+                text.append(i)
+        return cls(cells, numbers, text)
+
+    @property
+    def stray(self) -> bool:
+        """Numbers with a few cells that are not (typos), rather than a column of text."""
+        n = len(self.numbers) + len(self.text)
+        return 0 < len(self.text) <= max(1, min(_STRAY_MAX, n // 20)) \
+            and len(self.numbers) > len(self.text)
+
+    def guess(self, min_codes: int = 2) -> tuple[Kind, list[str]]:
+        """The drafted kind and levels: text is categorical, unless its text cells are
+        :attr:`stray` (then the numbers decide); ``min_codes`` to :data:`MAX_CODES` distinct
+        integers are categorical."""
+        if self.text and not self.stray:
+            return "categorical", self.levels()
+        distinct = set(self.numbers.values())
+        if min_codes <= len(distinct) <= MAX_CODES and all(v.is_integer() for v in distinct):
+            return "categorical", sorted({_canon(v) for v in distinct}, key=_label_sort_key)
+        return "continuous", []
+
+    def levels(self) -> list[str]:
+        """Every present value as a label (numbers in canonical form: ``1.0`` is ``"1"``)."""
+        labels = {_canon(v) for v in self.numbers.values()}
+        labels |= {_canon(self.cells[i]) for i in self.text}
+        return sorted(labels, key=_label_sort_key)
+
+
+def _cells_at(table: RawTable, cells: list[str], idx: list[int]) -> str:
+    """The first few distinct values of rows ``idx``, each with the line it first occurs on."""
+    first: dict[str, int] = {}
+    for i in idx:
+        first.setdefault(cells[i], i)
+    shown = list(first.items())[:_SHOW]
+    text = ", ".join(f"{v!r} at line {table.line_of([i])[0]}" for v, i in shown)
+    rest = len(idx) - len(shown)
+    return text + (f" and {rest} more cell{'s' if rest > 1 else ''}" if rest else "")
+
+
+def _stray_note(table: RawTable, name: str, col: _Column, kind: Kind, forced: bool) -> str:
+    n = len(col.text)
+    how = "as --continuous asks" if forced else "from its numbers"
+    return (f"column {name!r}: {n} cell{'s are' if n > 1 else ' is'} not a number "
+            f"({_cells_at(table, col.cells, col.text)}): drafted {kind} {how}. Fix "
+            f"{'those cells' if n > 1 else 'that cell'} at the site (fedforest check lists "
+            f"them), or rerun with --categorical {name} if the column holds text")
+
+
+def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
+                 continuous: Sequence[str], client_column: str | None) -> None:
+    if not table.rows:
+        raise SchemaError(f"{table.path} has no data rows to draft from: export the site's "
+                          "rows below the header")
+    dups = [h for h, n in Counter(table.header).items() if n > 1]
+    if dups:
+        cols = {h: " and ".join(str(k + 1) for k, x in enumerate(table.header) if x == h)
+                for h in dups}
+        where = "; ".join(f"{h!r} (columns {at})" for h, at in cols.items())
+        raise SchemaError(f"{table.path} has duplicate column names: {where}; rename the "
+                          "columns so that each name appears once")
+    for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
+        if name not in table.header:
+            raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
+                              f"{', '.join(table.header)})")
+    if client_column == target:
+        raise SchemaError(f"{target!r} cannot be both the target and the client column: "
+                          "the client column names each row's site, the target is predicted")
+    both = [c for c in categorical if c in continuous]
+    if both:
+        raise SchemaError(f"{both[0]!r} is in both --categorical and --continuous: give it one "
+                          "kind")
 
 
 def draft_schema(table: RawTable, target: str, *,
                  task: Literal["auto", "classification", "regression"] = "auto",
                  categorical: Sequence[str] = (), continuous: Sequence[str] = (),
-                 client_column: str | None = None) -> str:
-    """TOML text of a draft schema for ``table`` (comments included).
+                 client_column: str | None = None) -> SchemaDraft:
+    """A draft schema for ``table``: TOML text (comments included) and notes.
 
     Parameters
     ----------
@@ -66,16 +179,30 @@ def draft_schema(table: RawTable, target: str, *,
         Columns whose guessed kind is overridden.
     client_column : str, optional
         A column naming each row's site (left out of the features).
+
+    Raises
+    ------
+    SchemaError
+        The table cannot give a valid schema (module docstring), naming what to change.
     """
-    for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
-        if name not in table.header:
-            raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
-                              f"{', '.join(table.header)})")
+    _check_roles(table, target, categorical, continuous, client_column)
+    notes: list[str] = []
     lines = [_NOTE.format(path=table.path.name, rows=len(table.rows))]
     if client_column:
         lines.append(f"client_column = {_q(client_column)}\n")
-    kind, labels = _kind(table.column(target))
+    col = _Column.of(table.column(target))
+    if not col.numbers and not col.text:
+        raise SchemaError(f"target {target!r} has no values at this site (every cell is "
+                          "missing): choose another --target")
+    kind, labels = col.guess(min_codes=1)
+    if col.stray:
+        notes.append(_stray_note(table, target, col, kind, False))
+        lines.append(f"# {notes[-1]}")
     if task == "regression" or (task == "auto" and kind == "continuous"):
+        if col.text and not col.stray:
+            raise SchemaError(f"target {target!r} holds text "
+                              f"({_cells_at(table, col.cells, col.text)}): a regression "
+                              "target is a number")
         lines += ["[target]", f"name = {_q(target)}", 'kind = "regression"',
                   "# bounds = [lo, hi]   # REQUIRED by the secure profiles: agree on public "
                   "bounds", ""]
@@ -83,24 +210,53 @@ def draft_schema(table: RawTable, target: str, *,
         if kind == "continuous":
             raise SchemaError(f"target {target!r} has more than {MAX_CODES} distinct numbers: "
                               "use --task regression, or recode it into classes")
+        if len(labels) < 2:
+            raise SchemaError(
+                f"target {target!r} has one class at this site ({labels[0]!r}): a "
+                "classification needs at least 2. Draft from a site's file that has every class "
+                "(or write classes = [...] with the federation's classes by hand), or choose "
+                "another --target")
         lines += ["[target]", f"name = {_q(target)}", 'kind = "classification"',
                   f"classes = [{', '.join(_q(c) for c in labels)}]", ""]
     for name in table.header:
         if name in (target, client_column):
             continue
-        kind, levels = _kind(table.column(name))
-        if name in continuous:
+        lines += ["[[features]]", f"name = {_q(name)}"]
+        col = _Column.of(table.column(name))
+        if name in categorical:
+            kind, levels = "categorical", col.levels()
+        elif name in continuous:
+            if col.text and not col.stray:
+                raise SchemaError(
+                    f"--continuous {name}: the column holds text "
+                    f"({_cells_at(table, col.cells, col.text)}): a continuous column holds "
+                    "numbers; leave it categorical, or fix the cells")
             kind, levels = "continuous", []
-        elif name in categorical and kind == "continuous":
-            kind = "categorical"
-            cells = [c for c in table.column(name) if not (_is_missing(c) or c == "?")]
-            levels = sorted({_canon(c) for c in cells}, key=_label_sort_key)
-        lines += ["[[features]]", f"name = {_q(name)}", f'kind = "{kind}"']
-        if any(_is_missing(c) or c == "?" for c in table.column(name)):
+        else:
+            kind, levels = col.guess()
+        if col.stray and name not in categorical:
+            notes.append(_stray_note(table, name, col, kind, name in continuous))
+            lines.append(f"# {notes[-1]}")
+        lines.append(f'kind = "{kind}"')
+        if any(_is_missing_cell(c) for c in col.cells):
             lines.append('missing = "allowed"   # this site has missing cells in this column')
         if kind == "categorical":
+            if len(levels) < 2:
+                notes.append(f"column {name!r} has {len(levels) or 'no'} level"
+                             f"{'' if levels else 's'} at this site{_listed(levels)}: a "
+                             "categorical feature needs at least 2. Add the levels the other "
+                             "sites use, or leave the column out of the schema")
+                lines.append(f"# {notes[-1]}")
             lines.append(f"levels = [{', '.join(_q(v) for v in levels)}]")
         else:
             lines.append("# bounds = [lo, hi]   # agree on public bounds with the federation")
         lines.append("")
-    return "\n".join(lines)
+    return SchemaDraft("\n".join(lines), tuple(notes))
+
+
+def _listed(levels: list[str]) -> str:
+    return f" ({', '.join(map(repr, levels))})" if levels else ""
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -5,8 +5,8 @@ that is right for the client (nothing leaves the site unless the whole table fit
 engineer fixing a file wants the whole list. :func:`check_table` reads the raw cells and reports
 
 * errors (the client would refuse the table): a missing header, missing columns, ragged rows,
-  missing values (``?``, ``NA``, empty), non-numbers, values outside the public bounds, unknown
-  levels or classes;
+  missing values (``?``, ``NA``, empty), non-numbers, infinite numbers (``inf``), values
+  outside the public bounds, unknown levels or classes;
 * warnings (it trains, but look first): hidden missing values (a zero in a column whose other
   values are all far above zero, like ``chol = 0``), constant columns, classes absent at this
   site, columns the schema does not use.
@@ -205,6 +205,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                            _at(missing, lines)))
     values: dict[int, float] = {}
     bad: list[int] = []
+    infinite: list[int] = []  # numbers that are not finite: inf, -Infinity, -nan
     skip = set(missing)
     for i, c in enumerate(cells):
         if i in skip:
@@ -215,9 +216,20 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
             bad.append(i)
             continue
         if not math.isfinite(v):
-            bad.append(i)
+            infinite.append(i)
         else:
             values[i] = v
+    if infinite:
+        shown = ", ".join(repr(c) for c in dict.fromkeys(cells[i] for i in infinite))
+        n = len(infinite)
+        empty = (" or, as the column allows missing values, leave the cells empty"
+                 if allow_missing else "")
+        out.append(Problem("error", name, f"{n} non-finite value{'s' if n > 1 else ''} "
+                           f"({shown}) at {line_numbers(infinite, lines)}",
+                           "infinity is not a measurement (an overflow or a division by zero "
+                           "in the export?): write the measured value" + empty + ", or drop "
+                           "those rows (fedforest check --clean-out writes the rows without "
+                           "errors)", _at(infinite, lines)))
     if bad:
         shown = ", ".join(repr(cells[i]) for i in bad[:3])
         out.append(Problem("error", name, f"{len(bad)} value{'s' if len(bad) > 1 else ''} "

@@ -115,6 +115,14 @@ class ServerAdmin:
             evaluation = None if job is None else json.loads(job.config_json).get("evaluation")
         return None if not evaluation else [str(d) for d in evaluation["digests"]]
 
+    def evaluation_names(self, job_id: str) -> list[str] | None:
+        """The label of each model an evaluation job scores, in its order (None: no such job,
+        or not an evaluation)."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            evaluation = None if job is None else json.loads(job.config_json).get("evaluation")
+        return None if not evaluation else [str(n) for n in evaluation["names"]]
+
     def jobs(self) -> list[JobSummary]:
         with self._db.session() as sess:
             return [JobSummary._of(j) for j in sess.scalars(select(JobRow))]

@@ -172,6 +172,7 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
             raw["schema_text"] = schema_path.read_text()
         except FileNotFoundError as exc:
             raise ConfigError(f"schema file not found: {schema_path}") from exc
+        _parse_schema(raw["schema_text"], schema_path)  # errors name the file
     prof = raw.get("profile")
     if isinstance(prof, str) and prof.endswith(".toml"):
         ppath = Path(prof) if Path(prof).is_absolute() else base / prof
@@ -195,14 +196,23 @@ def resolve_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[
     return dict(json.loads(json.dumps(prof.to_dict(), default=str)))
 
 
-def _schema_facts(schema_text: str) -> dict[str, Any]:
-    """JobConfig fields read from a schema file (TOML or JSON), via fedforest_secure.schema."""
+def _parse_schema(schema_text: str, source: Path | None = None) -> Schema:
+    """The schema of a schema file's text (TOML or JSON); errors name ``source``."""
     try:
         raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
             tomllib.loads(schema_text)
-        schema = Schema.from_dict(raw)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"invalid schema: {exc}") from exc
+    except ValueError as exc:  # tomllib.TOMLDecodeError too
+        where = "the schema" if source is None else f"schema file {source}"
+        raise ConfigError(f"cannot parse {where}: {exc}") from exc
+    try:
+        return Schema.from_dict(raw, source=source)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _schema_facts(schema_text: str) -> dict[str, Any]:
+    """JobConfig fields read from a schema file (TOML or JSON), via fedforest_secure.schema."""
+    schema = _parse_schema(schema_text)
     facts = schema_facts(schema)
     # missing = "allowed" columns: the rows missing them fill one more histogram bin
     facts["missing_allowed"] = (tuple(schema.missing_allowed) if any(schema.missing_allowed)

@@ -85,3 +85,43 @@ def test_cross_validation_values_are_parsed_as_written() -> None:
     assert parse_values("0.5,1,none,sqrt") == [0.5, 1, None, "sqrt"]
     with pytest.raises(ValueError):
         parse_values(" , ")
+
+
+def test_evaluate_refuses_an_unknown_reference_before_creating_or_waiting_for_the_job(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_data import schema_dict, write_schema
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+    from server_app.admin import ServerAdmin
+
+    parts, feat = tiny_parts
+    X = np.concatenate([p[0] for p in parts[:3]])
+    y = np.concatenate([p[1] for p in parts[:3]])
+    write_schema(tmp_path / "schema.toml", schema_dict(X, y, "classification", feat))
+    for name, depth in (("shallow", 1), ("deep", 3)):
+        model = FedForestClassifier(n_estimators=2, max_depth=depth).fit(X, y).model_
+        (tmp_path / f"{name}.json").write_text(model.to_json())
+    server = tmp_path / "server.toml"
+    server.write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    runner = CliRunner()
+    for site in "abc":
+        assert runner.invoke(app, ["server", "add-client", site, "--config",
+                                   str(server)]).exit_code == 0
+    models = [tmp_path / "shallow.json", tmp_path / "deep.json"]
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
+    args = ["evaluate", "--config", str(server), "--reference", "nosuch", "--timeout", "0"]
+    res = runner.invoke(app, [*args, "--job", str(job), "--models", *map(str, models)])
+    assert res.exit_code == 2
+    assert ("error: --reference 'nosuch' is not one of the models: shallow, deep"
+            in " ".join(res.output.split()))
+    with ServerAdmin(f"sqlite:///{tmp_path}/s.db") as admin:
+        assert admin.job("ev") is None  # refused before the job was created
+    # an existing job (by file or by id): checked against its models before waiting
+    create_eval_job(server, job)
+    for given in (str(job), "ev"):
+        res = runner.invoke(app, [*args, "--job", given])
+        assert res.exit_code == 2
+        assert ("error: --reference 'nosuch' is not one of the models: shallow, deep"
+                in " ".join(res.output.split())), res.output

@@ -124,3 +124,29 @@ def test_the_choosable_metrics_are_the_ones_an_evaluation_computes() -> None:
     assert set(choosable_metrics("regression")) < set(REGRESSION_METRICS)
     assert "n" not in choosable_metrics("classification")
     assert "mean_error" not in choosable_metrics("regression")
+
+
+def test_a_value_given_twice_is_refused_naming_it(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedforest_secure.evaluation import crossval
+
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    parts, _ = tiny_parts
+    with pytest.raises(EvaluationError, match=r"max_depth=2 is listed twice: give each "
+                                              r"candidate value once"):
+        cross_validate(parts[:3], task="classification", param="max_depth", values=[2, 4, 2],
+                       folds=2, profile="open", n_classes=2)
+
+
+def test_more_folds_than_the_smallest_site_has_rows_are_refused_before_any_training(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedforest_secure.evaluation import crossval
+
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    parts, _ = tiny_parts
+    sites = [parts[0], (parts[1][0][:7], parts[1][1][:7]), parts[2]]
+    with pytest.raises(EvaluationError, match=r"8 folds: each site splits its own rows into "
+                                              r"the folds, and site 1 has 7 rows; use at most "
+                                              r"7 folds"):
+        cross_validate(sites, task="classification", param="max_depth", values=[1, 2],
+                       folds=8, profile="open", n_classes=2)

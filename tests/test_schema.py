@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tomli_w
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -331,3 +332,13 @@ def test_a_column_of_number_strings_reads_as_the_cell_by_cell_path_reads_it() ->
         _numeric_column(np.array(["1", "-inf"], dtype=object), "x")
     got = _numeric_column(np.array(["1", "nan", "?"], dtype=object), "x", allow_missing=True)
     assert got[0] == 1.0 and np.isnan(got[1:]).all()
+
+
+def test_an_invalid_schema_file_is_named_in_the_error(tmp_path: Path) -> None:
+    data = _with(("target", "classes"), ["1"], CLF)
+    path = tmp_path / "draft.toml"
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    with pytest.raises(SchemaError) as exc:
+        Schema.load(path)
+    assert str(exc.value) == (f"invalid schema file {path}: target.classes: needs at least 2 "
+                              "classes, got 1")

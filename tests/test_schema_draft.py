@@ -18,7 +18,7 @@ from fedforest_secure.tablecheck import read_raw
 
 def test_the_draft_of_a_raw_hospital_file_has_kinds_levels_classes_and_no_bounds(
         tmp_path: Path) -> None:
-    text = draft_schema(read_raw(site_csv(tmp_path, "cleveland")), "num")
+    text = draft_schema(read_raw(site_csv(tmp_path, "cleveland")), "num").text
     schema = Schema.from_dict(tomllib.loads(text))
     kinds = dict(zip(schema.feature_names, schema.feature_kinds, strict=True))
     assert len(kinds) == 13
@@ -36,7 +36,7 @@ def test_the_draft_of_a_raw_hospital_file_has_kinds_levels_classes_and_no_bounds
 
 def test_kind_overrides_regression_targets_and_unknown_columns(tmp_path: Path) -> None:
     table = read_raw(site_csv(tmp_path, "cleveland"))
-    text = draft_schema(table, "chol", categorical=["age"], continuous=["sex"])
+    text = draft_schema(table, "chol", categorical=["age"], continuous=["sex"]).text
     schema = Schema.from_dict(tomllib.loads(text))
     assert schema.target.kind == "regression" and schema.target.bounds is None
     assert schema.features[schema.feature_names.index("age")].kind == "categorical"
@@ -59,3 +59,100 @@ def test_cli_schema_draft_writes_a_file_that_check_reads(tmp_path: Path) -> None
     assert res.exit_code == 0 and out.is_file()
     res = runner.invoke(app, ["check", "--data", str(csv), "--schema", str(out)])
     assert "no public bounds for age, trestbps, chol, thalach, oldpeak" in res.output
+
+
+def small_csv(tmp_path: Path, name: str, header: str = "age,color,y",
+              rows: list[str] | None = None) -> Path:
+    """A site's file: ``header`` and ``rows`` (default: 40 rows of age, color and a 0/1 y)."""
+    if rows is None:
+        rows = [f"{20 + (7 * i) % 60},{'red' if i % 3 else 'green'},{i % 2}" for i in range(40)]
+    path = tmp_path / name
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_target_with_one_class_at_this_site_is_refused_saying_what_to_do(
+        tmp_path: Path) -> None:
+    rows = [f"{20 + i},red,1" for i in range(40)]
+    table = read_raw(small_csv(tmp_path, "one.csv", rows=rows))
+    with pytest.raises(SchemaError) as err:
+        draft_schema(table, "y")
+    msg = str(err.value)
+    assert "target 'y' has one class at this site ('1')" in msg
+    assert "classes = [...]" in msg and "another --target" in msg
+    # the draft is refused, not written for check to reject
+    res = CliRunner().invoke(app, ["schema", "draft", "--data", str(table.path), "--target", "y",
+                                   "--out", str(tmp_path / "d.toml")])
+    assert res.exit_code == 2 and "has one class at this site" in res.output
+    assert not (tmp_path / "d.toml").exists()
+
+
+def test_duplicate_column_names_are_refused_naming_them(tmp_path: Path) -> None:
+    rows = [f"{20 + i},red,{i % 2},{200 + i}" for i in range(40)]
+    table = read_raw(small_csv(tmp_path, "dup.csv", "age,color,y,age", rows))
+    with pytest.raises(SchemaError, match=r"duplicate column names: 'age' \(columns 1 and 4\)"):
+        draft_schema(table, "y")
+
+
+def test_the_client_column_cannot_be_the_target_nor_a_column_both_kinds(tmp_path: Path) -> None:
+    table = read_raw(small_csv(tmp_path, "s.csv"))
+    with pytest.raises(SchemaError, match="'y' cannot be both the target and the client column"):
+        draft_schema(table, "y", client_column="y")
+    with pytest.raises(SchemaError, match="'age' is in both --categorical and --continuous"):
+        draft_schema(table, "y", categorical=["age"], continuous=["age"])
+
+
+def test_a_file_without_data_rows_is_refused(tmp_path: Path) -> None:
+    table = read_raw(small_csv(tmp_path, "h.csv", rows=[]))
+    with pytest.raises(SchemaError, match=r"h\.csv has no data rows to draft from"):
+        draft_schema(table, "y")
+
+
+def test_continuous_for_a_text_column_is_refused_naming_a_cell_and_its_line(
+        tmp_path: Path) -> None:
+    table = read_raw(small_csv(tmp_path, "s.csv"))
+    with pytest.raises(SchemaError, match=r"--continuous color: the column holds text \('green' "
+                                          r"at line 2, 'red' at line 3 and 38 more cells\)"):
+        draft_schema(table, "y", continuous=["color"])
+    # numbers with a few stray cells may be forced continuous (check reports the cells)
+    rows = [f"{20 + i},{'red' if i % 3 else 'green'},{i % 2}" for i in range(39)] + ["abc,red,0"]
+    stray = read_raw(small_csv(tmp_path, "t.csv", rows=rows))
+    forced = Schema.from_dict(tomllib.loads(draft_schema(stray, "y", continuous=["age"]).text))
+    assert forced.feature_kinds[0] == "continuous"
+
+
+def test_a_few_non_numbers_in_a_numeric_column_are_reported_and_it_stays_continuous(
+        tmp_path: Path) -> None:
+    rows = [f"{20 + i},{'red' if i % 3 else 'green'},{i % 2}" for i in range(39)]
+    rows.insert(3, "abc,red,0")
+    path = small_csv(tmp_path, "stray.csv", rows=rows)
+    draft = draft_schema(read_raw(path), "y")
+    schema = Schema.from_dict(tomllib.loads(draft.text))
+    age = schema.features[schema.feature_names.index("age")]
+    assert age.kind == "continuous" and age.levels is None
+    (note,) = draft.notes
+    assert note.startswith("column 'age': 1 cell is not a number ('abc' at line 5)")
+    assert "drafted continuous" in note and "--categorical age" in note
+    assert f"# {note}" in draft.text  # the draft file says so too
+    res = CliRunner().invoke(app, ["schema", "draft", "--data", str(path), "--target", "y",
+                                   "--out", str(tmp_path / "d.toml")])
+    assert res.exit_code == 0
+    assert "warning: column 'age': 1 cell is not a number ('abc' at line 5)" in " ".join(
+        res.output.split())
+    # many text cells: a text column, drafted categorical with its levels, without a note
+    rows = [f"{20 + i if i % 2 else 'young'},{'red' if i % 3 else 'green'},{i % 2}"
+            for i in range(40)]
+    text = draft_schema(read_raw(small_csv(tmp_path, "mixed.csv", rows=rows)), "y")
+    assert text.notes == () and '"young"' in text.text
+
+
+def test_a_feature_with_one_value_at_this_site_is_drafted_valid_or_flagged(
+        tmp_path: Path) -> None:
+    # a number constant at this site: continuous (one code cannot make a categorical
+    # feature); one text level: written with a note asking for the other sites' levels
+    rows = [f"{20 + i},red,0,{i % 2}" for i in range(40)]
+    draft = draft_schema(read_raw(small_csv(tmp_path, "c.csv", "age,color,fbs,y", rows)), "y")
+    assert 'name = "fbs"\nkind = "continuous"' in draft.text
+    (note,) = draft.notes
+    assert note.startswith("column 'color' has 1 level at this site ('red'): a categorical "
+                           "feature needs at least 2. Add the levels the other sites use")

@@ -221,3 +221,33 @@ def test_a_semicolon_separated_file_is_told_to_use_commas(tmp_path: Path) -> Non
     problems = check_table(read_raw(path), _two_column_schema())
     assert problems and all("separates cells with ';', not commas" in p.advice
                             for p in problems if p.message == "missing from the table")
+
+
+SMALL = ('[target]\nname = "y"\nkind = "classification"\nclasses = ["0", "1"]\n\n'
+         '[[features]]\nname = "age"\nkind = "continuous"\nbounds = [0.0, 120.0]\n')
+
+
+def test_cli_check_names_the_schema_file_it_cannot_validate(tmp_path: Path) -> None:
+    (tmp_path / "site.csv").write_text("age,y\n30,1\n40,0\n")
+    path = tmp_path / "draft.toml"
+    path.write_text(SMALL.replace('["0", "1"]', '["1"]'))
+    res = CliRunner().invoke(app, ["check", "--data", str(tmp_path / "site.csv"), "--schema",
+                                   str(path)])
+    assert res.exit_code == 2
+    assert (f"error: invalid schema file {path}: target.classes: needs at least 2 classes, "
+            "got 1" in " ".join(res.output.split()))
+
+
+def test_infinite_values_are_their_own_problem_not_text(tmp_path: Path) -> None:
+    rows = ["30,1", "inf,0", "-Infinity,1", "nan,0", "40,1", "abc,0"]
+    (tmp_path / "site.csv").write_text("age,y\n" + "\n".join(rows) + "\n")
+    schema = Schema.from_dict(tomllib.loads(SMALL))
+    problems = check_table(read_raw(tmp_path / "site.csv"), schema)
+    by_msg = {p.message.split(" (")[0]: p for p in problems if p.column == "age"}
+    inf = by_msg["2 non-finite values"]
+    assert inf.message == "2 non-finite values ('inf', '-Infinity') at lines 3, 4"
+    assert inf.lines == (3, 4)
+    assert "not a measurement" in inf.advice and "categorical" not in inf.advice
+    # 'nan' is a missing value, 'abc' is text: each reported as before
+    assert by_msg["1 missing value"].lines == (5,)
+    assert by_msg["1 value that are not numbers"].lines == (7,)

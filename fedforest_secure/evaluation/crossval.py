@@ -127,7 +127,7 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     task : ``"classification"`` or ``"regression"``
     param : an estimator parameter (e.g. ``"max_depth"``)
     values : its candidate values
-    folds : ``k``
+    folds : ``k``, from 2 to the rows of the smallest site (each site splits its own rows)
     metric : the metric to choose by (default accuracy / R^2)
     profile : the privacy profile of the trainings and the evaluation rounds
     params : the estimators' other parameters
@@ -138,6 +138,16 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
         raise EvaluationError("cross-validation needs at least 2 folds")
     if not values:
         raise EvaluationError("no values to cross-validate")
+    names = [f"{param}={v}" for v in values]
+    twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+    if twice is not None:
+        raise EvaluationError(f"{twice} is listed twice: give each candidate value once")
+    rows = [len(y) for _, y in sites]
+    if rows and folds > min(rows):
+        k = rows.index(min(rows))
+        n = f"{rows[k]} row{'s' if rows[k] != 1 else ''}"
+        raise EvaluationError(f"{folds} folds: each site splits its own rows into the folds, "
+                              f"and site {k} has {n}; use at most {rows[k]} folds")
     metric = metric or ("accuracy" if task == "classification" else "r2")
     if metric not in choosable_metrics(task):
         raise EvaluationError(f"cannot choose by {metric!r}; the {task} metrics are "
@@ -154,7 +164,6 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     rng = (float(y_all.min()), float(y_all.max())) if task == "regression" else None
     if rng is not None and rng[0] == rng[1]:
         rng = (rng[0], rng[0] + 1.0)
-    names = [f"{param}={v}" for v in values]
     totals: list[dict[str, np.ndarray]] | None = None
     per_fold: dict[str, list[float]] = {n: [] for n in names}
     layout = None
