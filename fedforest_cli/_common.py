@@ -18,8 +18,9 @@ console = Console(stderr=True)
 
 
 def fail(exc: Exception) -> NoReturn:
-    """Print ``exc`` as an error and exit with code 2."""
-    console.print(f"[red]error:[/red] {escape(str(exc))}")
+    """Print ``exc`` as an error and exit with code 2: on one line whatever the terminal's
+    width (the terminal wraps it, so a path in it copies whole)."""
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
     raise typer.Exit(2)
 
 

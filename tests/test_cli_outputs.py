@@ -92,3 +92,11 @@ def test_audit_export_keeps_an_archive_unless_forced(tmp_path: Path) -> None:
     assert data[10:data.index(b"\0", 10)] == b"j1.jsonl"
     assert gzip.decompress(data).count(b'"j1"') >= 2  # both entries of the job
     assert not list(tmp_path.glob(".*.part"))
+
+
+def test_an_error_is_one_line_so_its_paths_copy_whole(tmp_path: Path) -> None:
+    deep = tmp_path / ("a-rather-long-directory-name-" * 4) / "site.csv"
+    res = runner.invoke(app, ["check", "--data", str(deep), "--schema", str(deep)])
+    assert res.exit_code == 2
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("error:") and str(deep) in line
