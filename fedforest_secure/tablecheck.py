@@ -318,6 +318,10 @@ def clean_rows(table: RawTable, problems: Sequence[Problem], schema: Schema
         cols.append(schema.client_column)
     if any(c not in table.header for c in cols):
         raise SchemaError("cannot clean a table that lacks the schema's columns")
+    dups = sorted({c for c in cols if table.header.count(c) > 1})
+    if dups:  # which of the two columns holds the values is for the site to say
+        raise SchemaError(f"cannot clean a table whose header names {', '.join(dups)} twice: "
+                          "rename or delete the extra column first")
     idx = [table.header.index(c) for c in cols]
     rows = [[r[k] for k in idx] for i, r in enumerate(table.rows)
             if table.line_of([i])[0] not in bad and len(r) == len(table.header)]

@@ -251,3 +251,14 @@ def test_infinite_values_are_their_own_problem_not_text(tmp_path: Path) -> None:
     # 'nan' is a missing value, 'abc' is text: each reported as before
     assert by_msg["1 missing value"].lines == (5,)
     assert by_msg["1 value that are not numbers"].lines == (7,)
+
+
+def test_clean_rows_refuses_a_schema_column_named_twice(tmp_path: Path) -> None:
+    """Which of two `age` columns holds the values is for the site to say: --clean-out does
+    not pick one."""
+    path = tmp_path / "dup.csv"
+    path.write_text("age,y,age\n30,0,300\n40,1,400\n")
+    table = read_raw(path)
+    sch = _two_column_schema()
+    with pytest.raises(SchemaError, match="header names age twice"):
+        clean_rows(table, check_table(table, sch), sch)
