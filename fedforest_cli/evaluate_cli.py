@@ -85,7 +85,12 @@ def evaluate(
                 first_model = files[0] if files else None
             else:
                 job_id, first_model = job, None
-                _check_reference(reference, admin.evaluation_names(job_id))
+                names_of = admin.evaluation_names(job_id)
+                if names_of is None and admin.job(job_id) is not None:
+                    raise FedForestError(f"job {job_id!r} is a training job, not an evaluation "
+                                         "job: give --job the evaluation's job.toml and "
+                                         "--models the model files to score")
+                _check_reference(reference, names_of)
             text = _wait(admin, job_id, timeout)
         res = EvalResult.from_json(text)
         _check_reference(reference, [m.name for m in res.models])

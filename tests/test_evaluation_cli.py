@@ -125,3 +125,25 @@ def test_evaluate_refuses_an_unknown_reference_before_creating_or_waiting_for_th
         assert res.exit_code == 2
         assert ("error: --reference 'nosuch' is not one of the models: shallow, deep"
                 in " ".join(res.output.split())), res.output
+
+
+def test_evaluate_given_a_training_job_says_so(tiny_parts: Any, job_dir: Any,
+                                               tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from server_app.admin import ServerAdmin
+    from server_app.jobspec import load_job_spec
+
+    parts, feat = tiny_parts
+    spec = load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3))
+    with ServerAdmin(f"sqlite:///{tmp_path}/s.db") as admin:
+        for k in range(3):
+            admin.add_client(f"client-{k}")
+        admin.create_job(spec)
+    server = tmp_path / "server.toml"
+    server.write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", "job-a",
+                                   "--timeout", "0"])
+    assert res.exit_code == 2
+    assert "error: job 'job-a' is a training job, not an evaluation job" in res.output
