@@ -24,6 +24,7 @@ import numpy as np
 
 from .config import JobConfig
 from .coordinator import Coordinator
+from .errors import ProfileError
 from .model import ForestModel
 from .protocol import Reply, Task, seal
 from .worker import Worker
@@ -206,6 +207,11 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, ...]], *,
     n_threads = effective_n_jobs(n_jobs)
     if isinstance(clients, Sequence) and workers is None and len(clients) != config.n_clients:
         raise ValueError(f"config expects {config.n_clients} clients, got {len(clients)}")
+    floor = int(config.profile.get("min_clients", 1) or 1)
+    if config.n_clients < floor:  # every sum of the job would be over fewer clients
+        raise ProfileError(f"profile {config.profile.get('name', '?')!r} refuses sums over "
+                           f"fewer than {floor} clients (min_clients); this job has "
+                           f"{config.n_clients}")
     pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="fedforest-client") \
         if n_threads > 1 and config.n_clients > 1 else None
     threads = _Threads(pool, n_threads) if pool is not None else None

@@ -76,6 +76,16 @@ def check_job(spec: JobSpec) -> CheckedJob:
         raise ConfigError(f"min_clients = {spec.min_clients}: rounds of secure aggregation need "
                           f"at least {MIN_SECURE_SITES} sites; set min_clients >= "
                           f"{MIN_SECURE_SITES} or leave it out")
+    floor = int(profile.get("min_clients", 1) or 1)
+    if n < floor:
+        raise ConfigError(f"profile {name!r} refuses sums over fewer than {floor} sites "
+                          f"(min_clients); job.toml names {n}: {', '.join(spec.clients)}. Add "
+                          "sites, or choose a profile whose min_clients allows them")
+    if spec.min_clients is not None and spec.min_clients < floor:
+        raise ConfigError(f"min_clients = {spec.min_clients} is below the profile's "
+                          f"min_clients = {floor}: a round closed with fewer sites would "
+                          f"release a sum the profile refuses; set min_clients >= {floor} or "
+                          "leave it out")
     schema = _schema(spec)
     if schema is not None:
         _check_bounds(schema, profile, name)

@@ -80,7 +80,7 @@ DOWNGRADES = {
     "larger_dp_budget": ("secure-dp", lambda: load_profile("secure-dp", epsilon=8.0).to_dict()),
     "smaller_delta_is_still_different": (
         "secure-dp", lambda: load_profile("secure-dp", delta=1e-9).to_dict()),
-    "minority_threshold": ("secure", lambda: load_profile("secure", threshold=0.4).to_dict()),
+    "lower_threshold": ("secure", lambda: load_profile("secure", threshold=0.6).to_dict()),
     "other_abstention_under_dp": (
         "secure-dp", lambda: load_profile("secure-dp", abstain_below=5).to_dict()),
     "other_abstention": ("secure", lambda: load_profile("secure", abstain_below=2).to_dict()),
@@ -121,7 +121,9 @@ def test_the_refusal_names_each_setting_that_differs() -> None:
 
 
 @pytest.mark.parametrize("bad", [None, "secure", {"name": "secure"},
-                                 {**load_profile("secure").to_dict(), "extra": 1}])
+                                 {**load_profile("secure").to_dict(), "extra": 1},
+                                 # a minority unmasks: no profile accepts it
+                                 {**load_profile("secure").to_dict(), "threshold": 0.4}])
 def test_an_invalid_job_profile_is_refused(bad: Any) -> None:
     with pytest.raises(ProfileRefused, match="not a valid profile"):
         check_job_profile(pinned_profile("secure"), bad)

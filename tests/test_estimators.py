@@ -651,7 +651,7 @@ def test_a_refused_refit_leaves_the_estimator_unfitted() -> None:
     X, y, h = _iris_sites()
     est = FedForestClassifier(n_estimators=3, random_state=0).fit(
         X, np.array(["setosa", "versicolor", "virginica"])[y], client=h)
-    with pytest.raises(ValueError, match="at least 3 clients"):
+    with pytest.raises(ValueError, match="fewer than 3 clients"):
         est.set_params(profile="secure").fit(X[:, :2], np.array(["A", "B", "C"])[y],
                                              client=h % 2)
     for Xp in (X[:5], X[:5, :2]):

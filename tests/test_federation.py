@@ -227,3 +227,22 @@ def test_n_jobs_counts_like_scikit_learn() -> None:
     assert effective_n_jobs(3) == 3
     assert effective_n_jobs(-1) == cpus
     assert effective_n_jobs(-2) == max(1, cpus - 1)
+
+
+def test_a_profiles_min_clients_holds_without_secure_aggregation() -> None:
+    """`load_profile("secure", secure_aggregation=False)` keeps min_clients = 3: a job of
+    fewer clients would release sums over fewer, so it is refused before any round."""
+    from fedforest_secure import FedForestRegressor
+    from fedforest_secure.errors import ProfileError
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    y = X[:, 0]
+    plain = load_profile("secure", secure_aggregation=False)
+    for sites in (np.zeros(60), np.arange(60) % 2):
+        with pytest.raises(ProfileError, match="refuses sums over fewer than 3 clients"):
+            FedForestRegressor(n_estimators=1, profile=plain).fit(X, y, client=sites)
+    with pytest.raises(ProfileError, match="fewer than 3 clients"):
+        FedForestRegressor(n_estimators=1, profile=load_profile("open", min_clients=3)).fit(
+            X, y, client=np.arange(60) % 2)
+    FedForestRegressor(n_estimators=1, profile=plain).fit(X, y, client=np.arange(60) % 3)

@@ -153,3 +153,21 @@ def test_an_unexpected_server_error_is_json_with_the_reason(
     assert r.status_code == 500
     assert r.json() == {"error": "server_error", "detail": "the server failed: FedForestError: "
                         "disk full (its log has the traceback)"}
+
+
+def test_a_job_with_fewer_sites_than_its_profiles_min_clients_is_refused(
+        tmp_path: Path) -> None:
+    """The profile's min_clients holds without secure aggregation too: no sum over fewer
+    sites is released, whatever job.toml's own min_clients says."""
+    plain = 'profile = "secure"\n[privacy]\nsecure_aggregation = false\n'
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b"]\n' + plain))
+    with pytest.raises(ConfigError, match=r"refuses sums over fewer than 3 sites "
+                                          r"\(min_clients\); job.toml names 2: a, b"):
+        check_job(spec)
+    low = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c", "d"]\nmin_clients = 2\n'
+                                      + plain))
+    with pytest.raises(ConfigError, match="min_clients = 2 is below the profile's "
+                                          "min_clients = 3"):
+        check_job(low)
+    ok = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\n' + plain))
+    assert check_job(ok).spec == ok

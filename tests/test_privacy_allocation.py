@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from fedforest_secure.errors import BudgetError
@@ -147,3 +148,31 @@ def test_random_regression_depth_follows_the_leaf_noise() -> None:
     assert random_split_depth(700, "regression") == 6
     assert random_split_depth(700, "regression", 1e6) == 6
     assert random_split_depth(5000, "regression", 0.5) == 4
+
+
+def test_a_budget_no_noise_scale_reaches_is_a_budget_error() -> None:
+    """An epsilon the profile accepts but the accountant cannot reach (its orders stop at
+    10^4): a BudgetError that says so, not an overflow from doubling the noise forever."""
+    from sklearn.datasets import load_breast_cancer
+
+    from fedforest_secure import FedForestClassifier, load_profile
+
+    X, y = load_breast_cancer(return_X_y=True)
+    est = FedForestClassifier(profile=load_profile("secure-dp", epsilon=1e-4), n_estimators=4,
+                              max_depth=2)
+    with pytest.raises(BudgetError, match="below what any noise scale of this job reaches"):
+        est.fit(X, y, client=np.arange(len(y)) % 4)
+
+
+@pytest.mark.parametrize(("n", "d", "c"), [(150, 4, 3), (300, 13, 3), (569, 30, 3),
+                                           (400, 30, 2), (5000, 50, 10)])
+def test_greedy_depth_never_shrinks_as_epsilon_grows_across_the_switch_to_8_trees(
+        n: int, d: int, c: int) -> None:
+    """At epsilon = 2 the greedy rule may double the trees, which halves each level's budget:
+    where that would cost depth, it keeps 4 trees."""
+    grid = [round(x, 3) for x in np.arange(1.0, 4.0, 0.1)]
+    shapes = [dp_forest_settings(e, n, d, c, "classification", method="histogram")
+              for e in grid]
+    depths = [s.max_depth for s in shapes]
+    assert depths == sorted(depths), list(zip(grid, depths, strict=True))
+    assert {s.n_estimators for s, e in zip(shapes, grid, strict=True) if e < 2} == {4}

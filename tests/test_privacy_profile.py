@@ -91,7 +91,10 @@ def test_overrides() -> None:
         ("open", {"rows_per_sketch_point": 0}, "rows_per_sketch_point must be >= 1"),
         ("secure", {"abstain_below": -1}, "abstain_below must be >= 0"),
         ("secure", {"fixed_point": False}, "needs fixed_point = true"),
-        ("secure", {"min_clients": 1}, "min_clients >= 2"),
+        ("secure", {"min_clients": 1}, "min_clients >= 3"),
+        ("secure", {"min_clients": 2}, "min_clients >= 3"),
+        ("secure", {"threshold": 0.5}, "needs threshold > 0.5 (a strict majority"),
+        ("secure", {"threshold": 0.1}, "needs threshold > 0.5"),
         ("open", {"min_clients": 0}, "min_clients must be >= 1"),
         ("secure", {"frac_bits": 60}, "frac_bits must be in [0, 40]"),
         ("secure", {"h_splits": "noisy"}, "needs a [dp] section"),
@@ -191,6 +194,8 @@ def test_roundtrip_property(
     eps: float | None,
 ) -> None:
     dp = None if eps is None or not secure else {"epsilon": eps, "delta": 1e-6}
+    if secure:  # secure aggregation unmasks with a strict majority: threshold in (0.5, 1]
+        threshold = 0.5 + threshold / 2
     p = PrivacyProfile.from_dict(
         {
             "name": "p",

@@ -123,6 +123,9 @@ def calibrate(releases: Sequence[PlannedRelease], epsilon: float,
     hi = 1.0 / math.sqrt(rho)
     while eps_at(hi) > epsilon:
         lo, hi = hi, 2.0 * hi
+        if hi > 1e100:  # the accountant's orders stop (10^4): no noise scale reaches epsilon
+            raise BudgetError(f"(epsilon={epsilon}, delta={delta}) is below what any noise "
+                              "scale of this job reaches: ask for a larger epsilon or delta")
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if eps_at(mid) > epsilon:
@@ -532,8 +535,9 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
     A greedy method (``"histogram"``, ``"quantiles"``: noisy histograms of fixed-width
     candidate bins at every level, budget split equally over the levels in zCDP) uses the
     earlier rule: ``B = 4``; ``m = max(1, d // 10)`` features per node for classification,
-    ``min(2, d)`` for regression; ``T = 4`` trees below epsilon = 2, else 8 (classification),
-    8 (regression); the depth is the deepest ``D <= 3`` whose deepest level keeps at least
+    ``min(2, d)`` for regression; ``T = 4`` trees below epsilon = 2, else 8 unless 4 trees
+    reach a deeper forest (classification), 8 (regression); the depth is the deepest ``D <= 3``
+    (for that ``T``) whose deepest level keeps at least
     ``_MIN_SIGNAL_TO_NOISE`` rows per histogram cell per unit of count noise
     (:func:`level_signal_to_noise`), at least 1; more budget never makes it shallower.
 
@@ -557,14 +561,22 @@ def dp_forest_settings(epsilon: float, n_rows: int, n_features: int, n_classes: 
         return DPForestSettings(trees, random_split_depth(n_rows, task, epsilon, delta),
                                 _MARGINAL_BINS, 1, method="random")
     if task == "classification":
-        trees = 4 if epsilon < 2.0 else 8
+        choices = (4,) if epsilon < 2.0 else (8, 4)
         m = max(1, n_features // 10)
         classes = max(n_classes, 2)
     else:
-        trees, m, classes = 8, min(2, n_features), 1
-    depth = 1
-    for d in range(2, _MAX_DP_DEPTH + 1):
-        if level_signal_to_noise(epsilon, delta, n_rows, classes, task, trees, m,
-                                 d) >= _MIN_SIGNAL_TO_NOISE[task]:
-            depth = d
-    return DPForestSettings(trees, depth, _DP_BINS, m, method=method)
+        choices, m, classes = (8,), min(2, n_features), 1
+
+    def depth_for(trees: int) -> int:
+        depth = 1
+        for d in range(2, _MAX_DP_DEPTH + 1):
+            if level_signal_to_noise(epsilon, delta, n_rows, classes, task, trees, m,
+                                     d) >= _MIN_SIGNAL_TO_NOISE[task]:
+                depth = d
+        return depth
+
+    # 8 trees split the budget twice as finely as 4: where that costs depth, 4 trees keep it
+    # (the depth for a given number of trees only grows with epsilon, so the deeper of the
+    # two never shrinks as epsilon grows)
+    trees = max(choices, key=lambda t: (depth_for(t), t))
+    return DPForestSettings(trees, depth_for(trees), _DP_BINS, m, method=method)

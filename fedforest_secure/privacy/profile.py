@@ -10,7 +10,8 @@ applies keyword overrides::
 Rules enforced here (each violation is a :class:`~fedforest_secure.errors.ProfileError`):
 
 * ``secure_aggregation = true`` needs ``fixed_point = true`` (masks live in the fixed-point ring),
-  ``rows_per_sketch_point >= 2`` and ``min_clients >= 2`` (with one client the "sum" is its value).
+  ``rows_per_sketch_point >= 2``, ``min_clients >= 3`` (the sum of two clients tells each one the
+  other's vector) and ``threshold > 0.5`` (a strict majority of the job's clients unmasks).
 * ``[dp]`` needs ``secure_aggregation = true``: noise is *distributed* (each client adds a share
   so that only the sum carries the calibrated scale), so in the clear every client's vector would
   carry only a fraction of it. It also refuses anything disclosed in plaintext (``sketch =
@@ -63,8 +64,9 @@ class DPConfig(BaseModel):
     h_epsilon : float or None
         Budget of the noisy per-client node summaries of ``h_splits = "noisy"``, spent *in
         addition to* ``epsilon`` (which the aggregated sums use): such a job is
-        ``(epsilon + h_epsilon, 1 - (1 - delta)**2)``-DP. Required for noisy H-splits (a job
-        without it fails closed); ignored otherwise.
+        ``(total_epsilon, delta)``-DP with ``total_epsilon < epsilon + h_epsilon`` (the
+        accountant composes both in Renyi DP; docs/privacy.md, "H-splits"). Required for noisy
+        H-splits (a job without it fails closed); ignored otherwise.
     class_priors : {"uniform", "rows"}
         A random-split classifier's node values: ``"uniform"`` weights the leaves' noisy class
         counts towards uniform class priors as far as the release shows the classes'
@@ -197,8 +199,12 @@ class PrivacyProfile(BaseModel):
                     "secure_aggregation = true needs rows_per_sketch_point >= 2 "
                     "(a sketch point must not pin a single row)"
                 )
-            if self.min_clients < 2:
-                raise ValueError("secure_aggregation = true needs min_clients >= 2")
+            if self.min_clients < 3:  # the sum of two tells each one the other's vector
+                raise ValueError("secure_aggregation = true needs min_clients >= 3")
+            if self.threshold <= 0.5:
+                raise ValueError(f"secure_aggregation = true needs threshold > 0.5 (a strict "
+                                 f"majority of the job's clients unmasks), got "
+                                 f"{self.threshold}")
         if self.neighbours is not None:
             if not self.secure_aggregation:
                 raise ValueError("neighbours (the SecAgg+ graph) needs secure_aggregation = true")
