@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import socket
 import ssl
 import time
 import urllib.parse
@@ -22,16 +23,27 @@ from typing import Any
 import httpx
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.pki import check_validity
 from fedforest_secure.protocol.api import ErrorBody
 
 __all__ = ["ApiRejected", "Transport", "TransportFailed", "check_server_url", "is_loopback_host",
            "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-#: Connections closed without an answer, in a row, before a client without a certificate
-#: concludes that the server wants one (TLS 1.3 reports a refused client certificate only as
-#: a closed connection).
+#: Connections closed without an answer, in a row, before the client asks whether the server
+#: closes every connection right after the TLS handshake: what a server that refuses the
+#: client's certificate (or its lack of one) does under TLS 1.3, where the client's side of
+#: the handshake is over before the server has looked at its certificate. uvicorn sends no
+#: alert then; the connection just closes.
 _HANGUPS = 3
+#: How long that probe waits on a fresh connection that sends nothing: a server that accepted
+#: the certificate waits for a request, one that refused it has closed the connection.
+_PROBE_S = 2.0
+#: TLS alerts by which a server refuses the client's certificate (OpenSSL's wording).
+_REFUSAL = re.compile(r"(?:tlsv1|tlsv13|sslv3) alert (unknown ca|certificate expired|"
+                      r"certificate revoked|bad certificate|certificate unknown|"
+                      r"unsupported certificate|access denied|certificate required)",
+                      re.IGNORECASE)
 #: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). The client
 #: posts its share bundle from a second thread while it computes its answer.
 _STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|shares|signature|unmask)|upload)$")
@@ -73,6 +85,11 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
             raise ValueError(f"--cert {cert} / --key {key or cert}: not a PEM certificate and "
                              f"its private key, or the key does not match the certificate "
                              f"({exc})") from None
+        try:  # the server would refuse it, with no reason a client can see
+            check_validity(cert)
+        except ValueError as exc:
+            raise ValueError(f"--cert {exc}; the server refuses it: ask the federation's "
+                             "coordinator for a new certificate") from None
     return ctx
 
 
@@ -153,8 +170,10 @@ class Transport:
         if scheme == "https":
             if self.ca is None:
                 raise ValueError("an https server needs --ca (the federation CA certificate)")
-            verify: ssl.SSLContext | bool = tls_context(self.ca, self.cert, self.key)
+            self._tls: ssl.SSLContext | None = tls_context(self.ca, self.cert, self.key)
+            verify: ssl.SSLContext | bool = self._tls
         else:
+            self._tls = None
             verify = True  # plain HTTP only towards a loopback server run with --insecure-dev
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
                                   timeout=httpx.Timeout(self.timeout_s, connect=10.0),
@@ -196,15 +215,16 @@ class Transport:
                     raise TransportFailed(f"TLS verification of {self.base_url} failed: the "
                                           "server's certificate is not signed by --ca, or not "
                                           f"for this host name ({exc})") from exc
-                hangups = hangups + 1 if isinstance(exc, httpx.RemoteProtocolError) else 0
-                wants_cert = "CERTIFICATE_REQUIRED" in str(exc).upper() or (
-                    hangups >= _HANGUPS and self.cert is None)
-                if wants_cert:
-                    raise TransportFailed(
-                        f"{self.base_url} refuses the connection: the server requires a "
-                        "client certificate (mutual TLS). Pass --cert "
-                        "client.pem --key client.key (from the federation's `fedforest pki "
-                        "init`)") from exc
+                alert = _REFUSAL.search(str(exc))
+                if alert is not None:
+                    raise TransportFailed(self._refused(alert.group(1).lower())) from exc
+                hangup = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError
+                                    | httpx.WriteError)
+                hangups = hangups + 1 if hangup else 0
+                if hangups >= _HANGUPS:
+                    hangups = 0
+                    if self._closes_after_handshake():
+                        raise TransportFailed(self._refused(None)) from exc
                 err: str = _describe(exc)
             else:
                 self.bytes_sent += len(content or b"") + len(path) + 200
@@ -241,6 +261,55 @@ class Transport:
             self._waiting = True
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _closes_after_handshake(self) -> bool:
+        """Whether the server closes a fresh TLS connection that has sent nothing yet, right
+        after the handshake: it refuses the client's certificate (or its lack of one).
+
+        False when the server cannot be reached, the handshake does not finish, or the
+        connection stays open for :data:`_PROBE_S` seconds (the server waits for a request):
+        then the hang-ups have another cause, and the client keeps trying.
+        """
+        if self._tls is None:
+            return False
+        url = httpx.URL(self.base_url)
+        try:
+            raw = socket.create_connection((url.host, url.port or 443), timeout=_PROBE_S)
+        except OSError:
+            return False
+        with raw:
+            try:
+                tls = self._tls.wrap_socket(raw, server_hostname=url.host)
+            except (TimeoutError, ssl.SSLCertVerificationError):
+                return False
+            except OSError:  # an alert or a reset during the handshake (TLS 1.2)
+                return True
+            with tls:
+                try:
+                    return tls.recv(1) == b""
+                except TimeoutError:
+                    return False
+                except OSError:  # an alert, or a reset, in place of a request's answer
+                    return True
+
+    def _refused(self, alert: str | None) -> str:
+        """Why the server refuses this client's connections; ``alert``: the reason of the TLS
+        alert it sent (``unknown ca``), if any."""
+        said = f" (TLS alert: {alert})" if alert else ""
+        if self.cert is None:
+            return (f"{self.base_url} refuses the connection{said}: the server requires a "
+                    "client certificate (mutual TLS). Pass --cert client.pem --key "
+                    "client.key (from the federation's `fedforest pki init`)")
+        check = ("Is it signed by a CA the server does not trust (its [tls] client_ca), "
+                 "revoked, or expired? Check that --cert and --key are the pair the "
+                 "federation's coordinator issued for this site, and that the CA that signed "
+                 f"it is the server's client_ca (`openssl verify -CAfile <that CA> "
+                 f"{self.cert}`); the server's operator can tell which CA it trusts")
+        if alert:
+            return (f"{self.base_url} refuses the client certificate --cert {self.cert}{said}. "
+                    f"{check}")
+        return (f"{self.base_url} closes every connection right after the TLS handshake: the "
+                f"server may refuse the client certificate --cert {self.cert}. {check}")
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params).json()

@@ -25,8 +25,14 @@ def fail(exc: Exception) -> NoReturn:
 
 
 def check_output(path: Path, *, force: bool, inputs: Sequence[tuple[str, Path]] = ()) -> None:
-    """Exit with an error (code 2) before anything is written when ``path`` is one of the
-    command's ``inputs`` (``(option, path)`` pairs), or exists and ``force`` is not set."""
+    """Exit with an error (code 2) before anything is written, or fetched, when ``path`` is a
+    directory, lies in a directory that does not exist, is one of the command's ``inputs``
+    (``(option, path)`` pairs), or exists and ``force`` is not set."""
+    if path.is_dir():
+        fail(IsADirectoryError(f"{path} is a directory: name the file to write"))
+    if not path.parent.is_dir():
+        fail(FileNotFoundError(f"{path}: the directory {path.parent} does not exist (nothing "
+                               "was written)"))
     for option, source in inputs:
         if path.exists() and source.exists() and os.path.samefile(path, source):
             fail(ValueError(f"{path} is the {option} file: write the output elsewhere"))

@@ -20,7 +20,7 @@ from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.protocol.api import JobListEntry, JobStatus
 
-from ._common import console, fail
+from ._common import check_output, console, fail
 
 __all__ = ["format_eta", "format_status", "model_cli", "register"]
 
@@ -124,8 +124,12 @@ def register(app: typer.Typer) -> None:
                      out: Annotated[Path, typer.Option(help="where to write the model")],
                      server: ServerOpt, token: TokenOpt, ca: CaOpt = None,
                      cert: CertOpt = None, key: KeyOpt = None,
-                     insecure_dev: DevOpt = False) -> None:
-        """Download a finished job's model (what FedForestClassifier/Regressor.load read)."""
+                     insecure_dev: DevOpt = False,
+                     force: Annotated[bool, typer.Option(
+                         help="replace an existing --out file")] = False) -> None:
+        """Download a finished job's model (what FedForestClassifier/Regressor.load read);
+        an existing --out file is kept unless --force."""
+        check_output(out, force=force)
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:

@@ -34,6 +34,7 @@ from .protocol.api import NAME_PATTERN
 __all__ = [
     "CertifiedKey",
     "DevPKI",
+    "check_validity",
     "create_ca",
     "init_dev_pki",
     "issue_certificate",
@@ -188,6 +189,36 @@ def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
 
 def load_certificate(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(Path(path).read_bytes())
+
+
+def _utc(moment: _dt.datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M} UTC"
+
+
+def check_validity(path: Path, *, now: _dt.datetime | None = None) -> x509.Certificate:
+    """The (first) certificate in the PEM file ``path``, if ``now`` (default: the present) lies
+    within its validity period.
+
+    Raises
+    ------
+    ValueError
+        The file holds no PEM certificate, or the certificate has expired or is not valid
+        yet; the message starts with ``path`` and gives the certificate's dates.
+    """
+    try:
+        cert = load_certificate(path)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a PEM certificate ({exc})") from None
+    moment = now or _now()
+    before, after = cert.not_valid_before_utc, cert.not_valid_after_utc
+    period = f"valid from {_utc(before)} to {_utc(after)}"
+    if moment > after:
+        raise ValueError(f"{path}: the certificate expired on {_utc(after)} ({period})")
+    if moment < before:
+        raise ValueError(f"{path}: the certificate is not valid before {_utc(before)} "
+                         f"({period}; it is {_utc(moment)} here: is this machine's clock "
+                         "right?)")
+    return cert
 
 
 def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:

@@ -12,6 +12,8 @@ import uvicorn
 from sqlalchemy.engine import make_url
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from fedforest_secure.pki import check_validity
+
 from .app import create_app
 from .audit_hook import open_audit
 from .db import Database
@@ -34,7 +36,9 @@ def spool_dir(database: str) -> Path | None:
 
 
 def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
-    """Refuse any configuration that would serve plain HTTP beyond 127.0.0.1."""
+    """Refuse any configuration that would serve plain HTTP beyond 127.0.0.1, and TLS files
+    that cannot serve: missing, not PEM, a key not the certificate's, a certificate outside
+    its validity period."""
     if insecure_dev:
         if settings.host != LOOPBACK:
             raise ConfigError("--insecure-dev serves plain HTTP and is allowed on 127.0.0.1 only")
@@ -53,6 +57,11 @@ def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
         raise ConfigError(f"[tls] cert {settings.tls.cert} and key {settings.tls.key}: not a PEM "
                           f"certificate and its private key, or the key does not match the "
                           f"certificate ({exc})") from None
+    try:  # clients refuse a certificate outside its dates, each with a TLS error of its own
+        check_validity(settings.tls.cert)
+    except ValueError as exc:
+        raise ConfigError(f"[tls] cert {exc}: clients refuse it; put a current certificate "
+                          "there (signed by the CA the clients trust) and start again") from None
     if settings.tls.client_ca is not None:
         try:
             ctx.load_verify_locations(cafile=str(settings.tls.client_ca))

@@ -1,27 +1,32 @@
 """The commands that write a file (``schema draft --out``, ``check --clean-out``,
-``audit export --out``) never replace one that is there without ``--force``, and never write
-over their own input."""
+``audit export --out``, ``model download --out``) never replace one that is there without
+``--force``, never write over their own input, and check where they write before they start."""
 
 from __future__ import annotations
 
 import gzip
+import time
 from pathlib import Path
 
 import numpy as np
+from ports import free_port
 from typer.testing import CliRunner
 
 from fedforest_cli.audit_cli import audit_app
 from fedforest_cli.cli import app
 from fedforest_secure.audit import AuditLog
+from fedforest_secure.pki import DevPKI
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 
 runner = CliRunner()
+#: the error console breaks lines at the terminal's width, which it takes from COLUMNS
+WIDE = {"COLUMNS": "1000"}
 RAW = "age,chol,num\n50,200,0\n61,250,1\n44,180,0\n70,300,1\n"
 
 
 def _invoke(*args: str) -> tuple[int, str]:
-    res = runner.invoke(app, list(args))
-    return res.exit_code, res.output.replace("\n", "")  # the console wraps long paths
+    res = runner.invoke(app, list(args), env=WIDE)
+    return res.exit_code, res.output.replace("\n", "")
 
 
 def test_schema_draft_keeps_an_edited_schema(tmp_path: Path) -> None:
@@ -100,3 +105,39 @@ def test_an_error_is_one_line_so_its_paths_copy_whole(tmp_path: Path) -> None:
     assert res.exit_code == 2
     (line,) = res.output.strip().splitlines()
     assert line.startswith("error:") and str(deep) in line
+
+
+def _download(out: Path, ca: Path, *extra: str) -> tuple[int, str, float]:
+    """``fedforest model download --out out`` from a port where no server listens: exit code,
+    output, seconds taken."""
+    start = time.monotonic()
+    res = runner.invoke(app, ["model", "download", "--job", "j", "--out", str(out),
+                              "--server", f"https://127.0.0.1:{free_port()}", "--ca", str(ca),
+                              *extra], env={**WIDE, "FEDFOREST_TOKEN": "t"})
+    return res.exit_code, res.output.replace("\n", ""), time.monotonic() - start
+
+
+def test_model_download_keeps_an_existing_file_unless_forced(tmp_path: Path,
+                                                             dev_pki: DevPKI) -> None:
+    model = tmp_path / "model.json"
+    model.write_text("the model the site validated")
+    code, text, took = _download(model, dev_pki.ca_cert)
+    assert code == 2 and f"{model} exists: nothing was written (--force replaces it)" in text
+    assert "did not answer" not in text and took < 5  # refused before connecting
+    assert model.read_text() == "the model the site validated"
+    code, text, _ = _download(model, dev_pki.ca_cert, "--force")
+    assert code == 2 and "did not answer" in text  # --force goes on to the server
+    assert model.read_text() == "the model the site validated"
+
+
+def test_model_download_checks_where_it_writes_before_connecting(tmp_path: Path,
+                                                                 dev_pki: DevPKI) -> None:
+    missing = tmp_path / "nodir" / "m.json"
+    code, text, took = _download(missing, dev_pki.ca_cert)
+    assert code == 2 and f"{missing}: the directory {missing.parent} does not exist" in text
+    assert ".part" not in text and took < 5
+    for force in ([], ["--force"]):
+        code, text, took = _download(tmp_path, dev_pki.ca_cert, *force)
+        assert code == 2 and f"{tmp_path} is a directory: name the file to write" in text
+        assert took < 5
+    assert not list(tmp_path.rglob("*.part"))

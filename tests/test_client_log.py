@@ -8,18 +8,25 @@ import io
 import re
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ports import free_port
+from typer.testing import CliRunner
 
 from client_app.log import SiteLog
 from client_app.runner import _Watch
 from client_app.transport import Transport, TransportFailed
+from fedforest_cli.cli import app
+from fedforest_cli.sim_processes import start_server, stop, wait_healthy, write_server_config
 from fedforest_cli.site_cli import format_status
-from fedforest_secure.pki import DevPKI
+from fedforest_secure.pki import DevPKI, init_dev_pki
 from fedforest_secure.protocol.api import JobStatus
+from server_app.auth import add_client
+from server_app.db import Database
+from server_app.settings import load_settings
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ fedforest-client (.*)$")
 
@@ -123,14 +130,115 @@ def test_a_client_without_certificate_is_told_the_server_wants_one(
 def test_a_wrong_ca_is_a_verification_failure_not_a_retry(dev_pki: DevPKI,
                                                            mtls_server: str,
                                                            tmp_path: Path) -> None:
-    from fedforest_secure.pki import init_dev_pki
-
     other = init_dev_pki(tmp_path / "other", 0)
     tr = Transport(mtls_server, "t", other.ca_cert, dev_pki.client_certs[0],
                    dev_pki.client_keys[0], retry_budget_s=30.0)
     with pytest.raises(TransportFailed, match="not signed by --ca"):
         tr.request("GET", "/v1/jobs")
     tr.close()
+
+
+def test_a_client_certificate_the_server_does_not_trust_is_named_not_retried(
+        mtls_server: str, dev_pki: DevPKI, tmp_path: Path) -> None:
+    """The server answers the certificate of another CA with an ``unknown ca`` alert: the
+    client says so at once, naming --cert, instead of waiting for the server for minutes."""
+    other = init_dev_pki(tmp_path / "other", 1)
+    tr = Transport(mtls_server, "t", dev_pki.ca_cert, other.client_certs[0],
+                   other.client_keys[0], retry_budget_s=300.0)
+    start = time.monotonic()
+    with pytest.raises(TransportFailed) as err:
+        tr.request("GET", "/v1/jobs")
+    tr.close()
+    assert time.monotonic() - start < 10
+    text = str(err.value)
+    assert f"refuses the client certificate --cert {other.client_certs[0]}" in text, text
+    assert "unknown ca" in text and "signed by a CA the server does not trust" in text
+
+
+def test_a_server_that_drops_requests_after_the_handshake_is_still_waited_for(
+        dev_pki: DevPKI) -> None:
+    """A server that accepts the certificate but closes connections without answering a
+    request is not taken for one that refuses the certificate: the client keeps trying."""
+
+    class Hangup(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.close_connection = True  # no response at all
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(dev_pki.ca_cert))
+    ctx.load_cert_chain(str(dev_pki.server_cert), str(dev_pki.server_key))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hangup)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    tr = Transport(f"https://127.0.0.1:{httpd.server_address[1]}", "t", dev_pki.ca_cert,
+                   dev_pki.client_certs[0], dev_pki.client_keys[0], retry_budget_s=4.0)
+    try:
+        with pytest.raises(TransportFailed, match=r"did not answer for 4s \(RemoteProtocol"):
+            tr.request("GET", "/v1/jobs")
+        assert tr.requests > 3  # more than the hang-ups that make the client look closer
+    finally:
+        tr.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def real_mtls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
+                                                                                 str]]:
+    """``fedforest server`` (uvicorn) on 127.0.0.1 with mutual TLS, no jobs: its URL, its
+    certificate directory (``ca.pem``, ``client-0.pem``/``.key``) and client-0's token."""
+    root = tmp_path_factory.mktemp("mtls")
+    certs = root / "certs"
+    init_dev_pki(certs, 1)
+    config = write_server_config(root, free_port(), certs)
+    settings = load_settings(config)
+    db = Database(settings.database)
+    token = add_client(db, "client-0")
+    db.dispose()
+    url = f"https://127.0.0.1:{settings.port}"
+    proc = start_server(config, root / "server.log")
+    try:
+        wait_healthy(url, certs / "ca.pem", proc, timeout=120.0, cert=certs / "client-0.pem",
+                     key=certs / "client-0.key")
+        yield url, certs, token
+    finally:
+        stop(proc)
+
+
+@pytest.mark.integration
+def test_the_real_server_hanging_up_on_a_foreign_client_certificate_is_explained(
+        real_mtls_server: tuple[str, Path, str], tmp_path: Path) -> None:
+    """uvicorn closes the connection without a TLS alert when it refuses a certificate (TLS
+    1.3: after the client's side of the handshake is done): the client finds that out within
+    a few tries and says what to check, instead of "is it running?" after its retry budget."""
+    url, certs, token = real_mtls_server
+    other = init_dev_pki(tmp_path / "other", 1)
+    tr = Transport(url, token, certs / "ca.pem", other.client_certs[0], other.client_keys[0],
+                   retry_budget_s=300.0)
+    start = time.monotonic()
+    with pytest.raises(TransportFailed) as err:
+        tr.request("GET", "/v1/jobs")
+    tr.close()
+    assert time.monotonic() - start < 20
+    text = str(err.value)
+    assert f"may refuse the client certificate --cert {other.client_certs[0]}" in text, text
+    assert "signed by a CA the server does not trust" in text and "is it running" not in text
+    # the command a site runs says the same in one line, and exits 2
+    res = CliRunner().invoke(app, ["jobs", "--server", url, "--ca", str(certs / "ca.pem"),
+                                   "--cert", str(other.client_certs[0]),
+                                   "--key", str(other.client_keys[0])],
+                             env={"FEDFOREST_TOKEN": token})
+    assert res.exit_code == 2
+    assert "may refuse the client certificate" in res.output.replace("\n", "")
+    # the federation's own certificate still gets through
+    ok = Transport(url, token, certs / "ca.pem", certs / "client-0.pem", certs / "client-0.key",
+                   retry_budget_s=5.0)
+    assert ok.get_json("/v1/jobs") == []
+    ok.close()
 
 
 def test_status_lines_show_members_level_round_phase_and_eta() -> None:

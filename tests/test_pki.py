@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import datetime as _dt
 import ipaddress
+import re
 import socket
 import ssl
 import threading
@@ -12,6 +14,7 @@ from cryptography import x509
 from client_app.transport import tls_context
 from fedforest_secure.pki import (
     DevPKI,
+    check_validity,
     create_ca,
     init_dev_pki,
     issue_certificate,
@@ -111,3 +114,48 @@ def test_a_missing_or_unreadable_tls_file_is_named(dev_pki: DevPKI, tmp_path: Pa
         tls_context(junk)
     with pytest.raises(ValueError, match=r"--cert .*does not match|--cert .*PEM"):
         tls_context(dev_pki.ca_cert, dev_pki.client_certs[0], dev_pki.client_keys[1])
+
+
+def _dated_client(tmp_path: Path, name: str, *, start_days: float, days: int) -> Path:
+    """``tmp_path/<name>.pem`` (and ``.key``): a client certificate of a fresh CA whose
+    validity starts ``start_days`` from now (negative: in the past) and lasts ``days``."""
+    ca = create_ca()
+    start = _dt.datetime.now(_dt.UTC) + _dt.timedelta(days=start_days)
+    issue_certificate(ca, name, server=False, days=days, now=start).write(
+        tmp_path / f"{name}.pem", tmp_path / f"{name}.key")
+    return tmp_path / f"{name}.pem"
+
+
+def test_an_expired_client_certificate_is_refused_naming_the_file_and_its_dates(
+        dev_pki: DevPKI, tmp_path: Path) -> None:
+    cert = _dated_client(tmp_path, "old", start_days=-30, days=10)
+    with pytest.raises(ValueError) as err:
+        tls_context(dev_pki.ca_cert, cert, tmp_path / "old.key")
+    after = load_certificate(cert).not_valid_after_utc
+    text = str(err.value)
+    assert text.startswith(f"--cert {cert}: the certificate expired on "
+                           f"{after:%Y-%m-%d %H:%M} UTC"), text
+    assert "valid from" in text and "new certificate" in text
+
+
+def test_a_client_certificate_not_valid_yet_is_refused_naming_the_file_and_its_dates(
+        dev_pki: DevPKI, tmp_path: Path) -> None:
+    cert = _dated_client(tmp_path, "early", start_days=2, days=10)
+    with pytest.raises(ValueError) as err:
+        tls_context(dev_pki.ca_cert, cert, tmp_path / "early.key")
+    before = load_certificate(cert).not_valid_before_utc
+    text = str(err.value)
+    assert text.startswith(f"--cert {cert}: the certificate is not valid before "
+                           f"{before:%Y-%m-%d %H:%M} UTC"), text
+    assert "clock" in text
+
+
+def test_check_validity_names_the_dates_of_a_certificate_outside_them(tmp_path: Path) -> None:
+    cert = _dated_client(tmp_path, "c", start_days=0, days=10)
+    assert check_validity(cert).subject == load_certificate(cert).subject
+    later = _dt.datetime.now(_dt.UTC) + _dt.timedelta(days=11)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(cert))}: the certificate expired"):
+        check_validity(cert, now=later)
+    earlier = _dt.datetime.now(_dt.UTC) - _dt.timedelta(days=1)
+    with pytest.raises(ValueError, match="is not valid before"):
+        check_validity(cert, now=earlier)

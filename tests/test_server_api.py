@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 from sqlalchemy import func, inspect, select
 
+from fedforest_cli.sim_processes import child_env, write_server_config
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
-from fedforest_secure.pki import DevPKI
+from fedforest_secure.pki import DevPKI, create_ca, issue_certificate, load_certificate
 from fedforest_secure.protocol import Task, make_upload, pack
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
@@ -237,6 +242,42 @@ def test_tls_files_that_cannot_serve_are_refused_before_start(dev_pki: DevPKI,
     with pytest.raises(ConfigError, match="client_ca.*junk.pem"):
         check_transport(settings(dev_pki.server_cert, dev_pki.server_key, junk),
                         insecure_dev=False)
+
+
+def _expired_server_pki(root: Path) -> Path:
+    """``root/ca.pem``, and ``root/server.pem`` + ``server.key``: a server certificate for
+    127.0.0.1 that expired five days ago."""
+    ca = create_ca()
+    ca.write(root / "ca.pem", root / "ca.key")
+    start = _dt.datetime.now(_dt.UTC) - _dt.timedelta(days=15)
+    issue_certificate(ca, "127.0.0.1", server=True, hosts=("127.0.0.1",), days=10,
+                      now=start).write(root / "server.pem", root / "server.key")
+    return root / "server.pem"
+
+
+def test_an_expired_server_certificate_is_refused_before_start(tmp_path: Path) -> None:
+    cert = _expired_server_pki(tmp_path)
+    after = load_certificate(cert).not_valid_after_utc
+    settings = ServerSettings(host="127.0.0.1", tls=TLSSettings(
+        cert=cert, key=tmp_path / "server.key", client_ca=tmp_path / "ca.pem"))
+    with pytest.raises(ConfigError) as err:
+        check_transport(settings, insecure_dev=False)
+    assert str(err.value).startswith(f"[tls] cert {cert}: the certificate expired on "
+                                     f"{after:%Y-%m-%d %H:%M} UTC"), str(err.value)
+
+
+def test_the_server_command_refuses_to_start_with_an_expired_certificate(
+        tmp_path: Path) -> None:
+    cert = _expired_server_pki(tmp_path)
+    config = write_server_config(tmp_path, free_port(), tmp_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fedforest_cli", "server", "--config", str(config)],
+            capture_output=True, text=True, timeout=60, env={**child_env(), "COLUMNS": "300"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server started with an expired certificate")
+    assert done.returncode == 2, done.stderr
+    assert f"error: [tls] cert {cert.resolve()}: the certificate expired on" in done.stderr
 
 
 def test_open_and_closed_round_tasks_are_the_stored_bytes(env: dict) -> None:

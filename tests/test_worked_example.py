@@ -146,6 +146,13 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
             listed = run("jobs", *site_opts)
             run("model", "download", "--job", "heart-2024", "--out", str(root / "model.json"),
                 *site_opts)
+            # a second download keeps the file unless --force
+            (root / "model.json").write_text("a site's own notes")
+            again = CliRunner().invoke(app, ["model", "download", "--job", "heart-2024",
+                                             "--out", str(root / "model.json"), *site_opts])
+            kept = (root / "model.json").read_text()
+            run("model", "download", "--job", "heart-2024", "--out", str(root / "model.json"),
+                "--force", *site_opts)
         finally:
             del os.environ["FEDFOREST_TOKEN"]
         operator = run("server", "status", "--config", config)
@@ -168,6 +175,7 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
     server_log = (root / "server.log").read_text()
     assert "event=startup" in server_log and server_log.count("event=join ") == 4
     assert "event=job_done job=heart-2024" in server_log and "Traceback" not in server_log
+    assert again.exit_code == 2 and "exists" in again.output and kept == "a site's own notes"
     # 6. the downloaded model is every client's --out, and the estimators read it
     model_bytes = (root / "model.json").read_bytes()
     assert all((root / site / "model.json").read_bytes() == model_bytes for site in SITES)
