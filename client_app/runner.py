@@ -560,6 +560,11 @@ def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor)
                 session.unmask(task, message)
         except RefusedRequest as exc:
             ctx.log.warn(f"refused the server's request in round {r}: {exc}")
+            if not session.refused(r):  # the site's own answer refused: the server learns it
+                try:  # now, not at the step's deadline every other site would wait for
+                    session.refuse_round(r, exc.code)
+                except ApiRejected as rej:  # the round closed, or the site was dropped
+                    ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
             result.status, result.detail = "refused", f"round {r}: {exc}"
             return
         except ApiRejected as exc:

@@ -87,6 +87,7 @@ class SecAggSession:
     messages_sent: int = 0
     log: list[str] = field(default_factory=list)
     _advertised: set[int] = field(default_factory=set)
+    _refused: set[int] = field(default_factory=set)
 
     def connect(self, timeout_s: float = 600.0,
                 on_wait: Callable[[], None] | None = None) -> None:
@@ -202,9 +203,14 @@ class SecAggSession:
         self.log.append(f"round {task.round_id}: refused: {exc}")
         self.refuse_round(task.round_id, exc.code)
 
+    def refused(self, round_id: int) -> bool:
+        """Whether this client told the server it refuses round ``round_id``."""
+        return round_id in self._refused
+
     def refuse_round(self, round_id: int, code: str) -> None:
         """Tell the server this client leaves the job at round ``round_id``, and why (a code
         of :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops it at once."""
+        self._refused.add(round_id)
         self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{round_id}/secagg/refuse",
                         content=RefuseBody(reason=code).model_dump_json().encode(),
                         content_type="application/json")

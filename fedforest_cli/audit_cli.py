@@ -117,6 +117,10 @@ def export(
     if out is not None:
         check_output(out, force=force, inputs=[("--db", Path(db))])
     with _open(db, console) as log:
+        if job is not None and job not in log.jobs():  # a typo exports nothing, say so
+            console.print(f"[red]error:[/red] job {job!r} is not in the log; nothing was "
+                          "exported")
+            raise typer.Exit(code=1)
         if out is None:
             count = writer(log, sys.stdout, job)
         elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x

@@ -47,7 +47,8 @@ def evaluate(
     reference: Annotated[str | None, typer.Option(
         help="the model the differences are taken against (default: the first)")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="directory for evaluation-<job>.png/.md/.json (default: the first model's)")
+        help="directory for evaluation-<job>.png/.md/.json (default: the first model's "
+             "directory; the current one for a job given by id)")
     ] = None,
     timeout: Annotated[float, typer.Option(
         help="seconds to wait for the sites")] = 3600.0,
@@ -86,6 +87,10 @@ def evaluate(
             else:
                 job_id, first_model = job, None
                 names_of = admin.evaluation_names(job_id)
+                if (files or labels) and names_of is not None:
+                    raise FedForestError(f"evaluation job {job_id!r} exists and scores "
+                                         f"{', '.join(names_of)}: --models and --names cannot "
+                                         "change it; give --job a job.toml with a new id")
                 if names_of is None and admin.job(job_id) is not None:
                     raise FedForestError(f"job {job_id!r} is a training job, not an evaluation "
                                          "job: give --job the evaluation's job.toml and "

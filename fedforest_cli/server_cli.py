@@ -30,6 +30,9 @@ def server(ctx: typer.Context,
            port: Annotated[int | None, typer.Option(help="override the port")] = None) -> None:
     """Start the server (without a sub-command)."""
     if ctx.invoked_subcommand is not None:
+        if config is not None:  # `server -c server.toml status`: the sub-command's --config
+            ctx.default_map = {**(ctx.default_map or {}),
+                               ctx.invoked_subcommand: {"config": str(config)}}
         return
     if config is None:
         fail(ValueError("--config server.toml is required"))

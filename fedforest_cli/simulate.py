@@ -82,7 +82,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                                       profile=opts.profile,  # TLS: no http
                                       n_clients=len(sim.sites)))
         console.print(f"4. {len(procs)} client processes started; training...")
-        _watch(out / "server.db", sim.job_id, opts.depth, procs)
+        _watch(out / "server.db", sim.job_id, opts.depth, procs, server)
         codes = [p.wait() for p in procs]
         status = _job_status(out / "server.db", sim.job_id)
         if status["status"] != "done":
@@ -199,8 +199,10 @@ def wait_for_job(db: Path | str, job_id: str, timeout: float) -> None:
             time.sleep(0.2)
 
 
-def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[bytes]]
-           ) -> None:
+def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[bytes]],
+           server: subprocess.Popen[bytes] | None = None) -> None:
+    """Show the job's level until every client has exited; a server that exits meanwhile
+    ends the simulation at once (its clients would only wait out their retry budget)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server_app.admin import ServerAdmin
@@ -211,6 +213,10 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
                      console=console) as prog:
         bar = prog.add_task("waiting for clients", total=depth + 1)
         while any(p.poll() is None for p in procs):
+            if server is not None and server.poll() is not None:
+                log = db_path.parent / "logs" / "server.log"
+                raise FedForestError(f"the server exited with code {server.returncode} during "
+                                     f"training (its log: {log})")
             job = admin.job(job_id)
             rr = admin.latest_round(job_id)
             if job is not None and job.status in ("done", "failed"):

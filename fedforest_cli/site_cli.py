@@ -9,6 +9,7 @@ member of.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -146,6 +147,20 @@ def register(app: typer.Typer) -> None:
             fail(ProtocolError("malformed job status from the server"))
         except (FedForestError, ValueError, OSError) as exc:
             fail(exc)
-        console.print(f"model of job {job} written to {out} (sha256 {digest})")
+        what = "model"
+        if _is_evaluation(body):
+            what = "evaluation result (its models' scores, not a model to load)"
+        console.print(f"{what} of job {job} written to {out} (sha256 {digest})")
 
     app.add_typer(model_cli, name="model")
+
+
+def _is_evaluation(body: bytes) -> bool:
+    """Whether a job's downloaded result is an evaluation job's (not a forest)."""
+    from fedforest_secure.evaluation.result import FORMAT
+
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT

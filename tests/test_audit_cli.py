@@ -161,3 +161,12 @@ def test_every_public_audit_name_resolves_and_unknown_names_raise() -> None:
         assert name in dir(audit)
     with pytest.raises(AttributeError, match="no_such_name"):
         audit.no_such_name  # noqa: B018
+
+
+def test_export_of_a_job_not_in_the_log_is_an_error_not_an_empty_file(db: Path,
+                                                                        tmp_path: Path) -> None:
+    out = tmp_path / "typo.csv"
+    result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "csv",
+                                       "--job", "j-typo", "--out", str(out)])
+    assert result.exit_code == 1 and "job 'j-typo' is not in the log" in result.output
+    assert not out.exists()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import gzip
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 from ports import free_port
 from typer.testing import CliRunner
 
@@ -117,8 +119,16 @@ def _download(out: Path, ca: Path, *extra: str) -> tuple[int, str, float]:
     return res.exit_code, res.output.replace("\n", ""), time.monotonic() - start
 
 
-def test_model_download_keeps_an_existing_file_unless_forced(tmp_path: Path,
-                                                             dev_pki: DevPKI) -> None:
+def test_model_download_keeps_an_existing_file_unless_forced(
+        tmp_path: Path, dev_pki: DevPKI, monkeypatch: pytest.MonkeyPatch) -> None:
+    from client_app.transport import Transport
+    from fedforest_cli import site_cli
+
+    def quick(server: str, token: str, ca: Any, cert: Any, key: Any, dev: bool) -> Transport:
+        return Transport(server, token, ca, cert, key, retry_budget_s=0.5, timeout_s=5.0,
+                         insecure_dev=dev)
+
+    monkeypatch.setattr(site_cli, "_transport", quick)  # the closed port: given up at once
     model = tmp_path / "model.json"
     model.write_text("the model the site validated")
     code, text, took = _download(model, dev_pki.ca_cert)
@@ -141,3 +151,17 @@ def test_model_download_checks_where_it_writes_before_connecting(tmp_path: Path,
         assert code == 2 and f"{tmp_path} is a directory: name the file to write" in text
         assert took < 5
     assert not list(tmp_path.rglob("*.part"))
+
+
+def test_model_download_names_an_evaluation_result_as_such() -> None:
+    """An evaluation job's download is its models' scores: the message does not call it a
+    model (FedForestClassifier.load refuses it)."""
+    from fedforest_cli.site_cli import _is_evaluation
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.evaluation.result import FORMAT
+
+    X = np.arange(40.0).reshape(20, 2)
+    model = FedForestClassifier(n_estimators=1, max_depth=1).fit(X, np.arange(20) % 2)
+    assert not _is_evaluation(model.model_.to_json().encode())
+    assert _is_evaluation(f'{{"format": "{FORMAT}", "job_id": "ev"}}'.encode())
+    assert not _is_evaluation(b"not json")

@@ -12,6 +12,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,8 @@ class ScriptedTransport:
     requests: int = 0
     step_wait: float = 0.0
     refusals: list[Any] = field(default_factory=list)
+    #: bodies of GET requests by path (task downloads)
+    downloads: dict[str, bytes] = field(default_factory=dict)
 
     def post_json(self, path: str, body: Any = None) -> Any:
         self.sent.append(("POST", path))
@@ -72,6 +75,8 @@ class ScriptedTransport:
         if method == "POST" and path.endswith("/secagg/refuse"):  # a refusal is recorded
             self.refusals.append(json.loads(content))
             return None
+        if method == "GET" and path in self.downloads:
+            return SimpleNamespace(content=self.downloads[path])
         raise AssertionError(f"the client sent {method} {path}")
 
 
@@ -205,3 +210,45 @@ def test_the_join_records_the_table_a_restart_must_bring_back(tmp_path: Path) ->
         _run(tr, tmp_path)  # stops at the malformed round list, after the join
     recorded = (tmp_path / "state" / f"table-{JOB}.sha256").read_text()
     assert recorded == runner._table_digest(np.zeros((4, 2)), np.zeros(4))
+
+
+def test_a_secure_client_refusing_its_own_answer_tells_the_server_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site whose worker refuses a round's question (a privacy rule of its own: here a
+    disclosure its profile does not name) reports the refusal, so the server drops it now and
+    names the reason, rather than every other site waiting out the step's deadline."""
+    import hashlib
+
+    from client_app.secagg_session import SecAggSession, identity_key
+    from fedforest_secure.errors import RefusedRequest
+    from fedforest_secure.protocol import Task, TaskKind
+
+    class Refusing:
+        n_rows = 4
+
+        def handle(self, task: Any) -> Any:
+            raise RefusedRequest("the task asks a disclosure this site does not allow",
+                                 code="disclosure")
+
+    monkeypatch.setattr(runner, "site_worker", lambda *a, **k: Refusing())
+    monkeypatch.setattr(SecAggSession, "advertised", lambda self, r: True)
+    body = Task(job_id=JOB, round_id=5, kind=TaskKind.SKETCH, level=0,
+                params={"n_nodes": 1, "n_points": 4}, arrays={}).to_bytes()
+    state = ClientState(tmp_path / "state")
+    own = bytes(identity_key(state, JOB).verify_key).hex()
+    tr = ScriptedTransport({"client_index": 0, "config": _config("secure")},
+                           gets={"rounds": [], JOB: {"job_id": JOB, "status": "running"},
+                                 "secagg": {"status": "task", "action": "upload",
+                                            "round_id": 5, "message": "{}",
+                                            "task_digest": hashlib.sha256(body).hexdigest()},
+                                 "directory": {"complete": True,
+                                               "keys": {"0": own, "1": "11" * 32,
+                                                        "2": "22" * 32}}},
+                           downloads={f"/v1/jobs/{JOB}/rounds/5/task": body})
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    res = runner._run(opts, tr, state, np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                      SiteLog(stream=io.StringIO()))
+    assert res.status == "refused" and "disclosure this site does not allow" in res.detail
+    assert tr.refusals == [{"reason": "disclosure"}]

@@ -147,3 +147,35 @@ def test_evaluate_given_a_training_job_says_so(tiny_parts: Any, job_dir: Any,
                                    "--timeout", "0"])
     assert res.exit_code == 2
     assert "error: job 'job-a' is a training job, not an evaluation job" in res.output
+
+
+def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
+                                                                 tmp_path: Path) -> None:
+    """An existing job's models are fixed: --models or --names next to its id were ignored
+    and its old result printed as if it answered them."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_data import schema_dict, write_schema
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+
+    parts, feat = tiny_parts
+    X = np.concatenate([p[0] for p in parts[:3]])
+    y = np.concatenate([p[1] for p in parts[:3]])
+    write_schema(tmp_path / "schema.toml", schema_dict(X, y, "classification", feat))
+    model = FedForestClassifier(n_estimators=2, max_depth=2).fit(X, y).model_
+    (tmp_path / "m1.json").write_text(model.to_json())
+    server = tmp_path / "server.toml"
+    server.write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    runner = CliRunner()
+    for site in "abc":
+        assert runner.invoke(app, ["server", "add-client", site, "--config",
+                                   str(server)]).exit_code == 0
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open",
+                         [tmp_path / "m1.json"])
+    create_eval_job(server, job)
+    res = runner.invoke(app, ["evaluate", "--config", str(server), "--job", "ev", "--models",
+                              str(tmp_path / "m1.json"), "--names", "other", "--timeout", "0"])
+    assert res.exit_code == 2
+    assert "evaluation job 'ev' exists and scores m1: --models and --names cannot change it" \
+        in " ".join(res.output.split())

@@ -95,3 +95,21 @@ def test_a_leaked_token_is_replaced_or_revoked_by_the_operator(tmp_path: Path) -
     unknown = run(app, ["server", "rotate-token", "site-z", *cfg])
     assert unknown.exit_code != 0 and "no client 'site-z'" in unknown.output
     db.dispose()
+
+
+def test_the_server_groups_config_option_reaches_its_sub_commands(tmp_path: Path) -> None:
+    """`fedforest server -c server.toml status`: the group's help lists --config; given before
+    the sub-command it is the sub-command's (it was "Missing option '--config'")."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    toml = tmp_path / "server.toml"
+    toml.write_text(f'database = "sqlite:///{tmp_path / "s.db"}"\n')
+    run = CliRunner().invoke
+    added = run(app, ["server", "-c", str(toml), "add-client", "site-a"])
+    assert added.exit_code == 0, added.output
+    status = run(app, ["server", "--config", str(toml), "status"])
+    assert status.exit_code == 0 and "no jobs yet" in status.output
+    with ServerAdmin(f"sqlite:///{tmp_path / 's.db'}") as admin:
+        assert admin.rotate_token("site-a").startswith("ffs_")  # registered in that database

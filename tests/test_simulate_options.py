@@ -81,3 +81,29 @@ def test_a_file_given_as_the_output_directory_is_refused(tmp_path: Path) -> None
     with pytest.raises(FedForestError, match="is a file"):
         _clear_earlier_run(path)
     assert path.read_text() == "mine"
+
+
+def test_a_server_that_exits_during_training_ends_the_simulation_at_once(
+        tmp_path: Path) -> None:
+    """Its clients would wait out their retry budget (two minutes) for a server that is gone:
+    the simulation stops as soon as the server process has exited, naming its exit code."""
+    import subprocess
+    import sys
+    import time
+
+    from fedforest_cli.simulate import _watch
+    from server_app.db import Database
+
+    Database(f"sqlite:///{tmp_path / 'server.db'}").dispose()
+    client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        start = time.monotonic()
+        with pytest.raises(FedForestError, match="the server exited with code 3 during "
+                                                 "training"):
+            _watch(tmp_path / "server.db", "job", 3, [client], server)
+        assert time.monotonic() - start < 20
+        assert client.poll() is None  # simulate's own cleanup stops the clients
+    finally:
+        client.kill()
+        client.wait()
