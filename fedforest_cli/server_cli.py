@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
@@ -12,6 +13,11 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.api import JobStatus
 
 from ._common import console, fail
+
+if TYPE_CHECKING:
+    from server_app.admin import ServerAdmin
+
+_T = TypeVar("_T")
 
 __all__ = ["server_cli"]
 
@@ -45,18 +51,23 @@ def server(ctx: typer.Context,
         fail(exc)
 
 
-@server_cli.command("add-client")
-def add_client_cmd(name: str, config: ConfigOpt) -> None:
-    """Register an institution and print its token (shown once; stored hashed)."""
+def _admin_does(config: Path, action: Callable[[ServerAdmin], _T]) -> _T:
+    """``action`` on the server's database (the CLI's one-line error, exit 2, on failure)."""
     from server_app.admin import ServerAdmin
     from server_app.auth import TokenError
     from server_app.settings import load_settings
 
     try:
         with ServerAdmin.from_settings(load_settings(config)) as admin:
-            token = admin.add_client(name)
+            return action(admin)
     except (FedForestError, TokenError) as exc:
         fail(exc)
+
+
+@server_cli.command("add-client")
+def add_client_cmd(name: str, config: ConfigOpt) -> None:
+    """Register an institution and print its token (shown once; stored hashed)."""
+    token = _admin_does(config, lambda admin: admin.add_client(name))
     console.print(f"client [bold]{name}[/bold] registered; give it this token "
                   "(it is not stored and cannot be shown again):")
     print(token)
@@ -65,15 +76,7 @@ def add_client_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("rotate-token")
 def rotate_token_cmd(name: str, config: ConfigOpt) -> None:
     """Give a client a new token (a leaked or lost one); the old one stops working."""
-    from server_app.admin import ServerAdmin
-    from server_app.auth import TokenError
-    from server_app.settings import load_settings
-
-    try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
-            token = admin.rotate_token(name)
-    except (FedForestError, TokenError) as exc:
-        fail(exc)
+    token = _admin_does(config, lambda admin: admin.rotate_token(name))
     console.print(f"client [bold]{name}[/bold] has a new token (the old one stops working; a "
                   "running server forgets it within 30 s); give it this one (it is not stored "
                   "and cannot be shown again):")
@@ -83,15 +86,7 @@ def rotate_token_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("revoke-client")
 def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
     """Revoke a client's token: it can no longer authenticate (its jobs' records stay)."""
-    from server_app.admin import ServerAdmin
-    from server_app.auth import TokenError
-    from server_app.settings import load_settings
-
-    try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
-            admin.revoke_client(name)
-    except (FedForestError, TokenError) as exc:
-        fail(exc)
+    _admin_does(config, lambda admin: admin.revoke_client(name))
     console.print(f"client [bold]{name}[/bold] revoked: its token no longer authenticates (a "
                   "running server forgets it within 30 s); `fedforest server rotate-token "
                   f"{name}` gives it a new one")
@@ -100,15 +95,7 @@ def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("add-operator")
 def add_operator_cmd(name: str, config: ConfigOpt) -> None:
     """Register someone who may read the operator page /ui; prints the token once."""
-    from server_app.admin import ServerAdmin
-    from server_app.auth import TokenError
-    from server_app.settings import load_settings
-
-    try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
-            token = admin.add_operator(name)
-    except (FedForestError, TokenError) as exc:
-        fail(exc)
+    token = _admin_does(config, lambda admin: admin.add_operator(name))
     console.print(f"operator [bold]{escape(name)}[/bold] registered; this token opens "
                   "https://<server>/ui (it is not stored and cannot be shown again):")
     print(token)

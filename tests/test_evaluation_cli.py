@@ -87,29 +87,40 @@ def test_cross_validation_values_are_parsed_as_written() -> None:
         parse_values(" , ")
 
 
-def test_evaluate_refuses_an_unknown_reference_before_creating_or_waiting_for_the_job(
-        tiny_parts: Any, tmp_path: Path) -> None:
+def _evaluation_server(tiny_parts: Any, tmp_path: Path, depths: dict[str, int]
+                       ) -> tuple[Path, list[Path]]:
+    """A server.toml whose database has sites a, b and c, the schema of their rows, and one
+    model file per ``depths`` entry (name: depth)."""
     from typer.testing import CliRunner
 
     from fedforest_cli.cli import app
     from fedforest_cli.sim_data import schema_dict, write_schema
-    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
-    from server_app.admin import ServerAdmin
 
     parts, feat = tiny_parts
     X = np.concatenate([p[0] for p in parts[:3]])
     y = np.concatenate([p[1] for p in parts[:3]])
     write_schema(tmp_path / "schema.toml", schema_dict(X, y, "classification", feat))
-    for name, depth in (("shallow", 1), ("deep", 3)):
+    for name, depth in depths.items():
         model = FedForestClassifier(n_estimators=2, max_depth=depth).fit(X, y).model_
         (tmp_path / f"{name}.json").write_text(model.to_json())
     server = tmp_path / "server.toml"
     server.write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
-    runner = CliRunner()
     for site in "abc":
-        assert runner.invoke(app, ["server", "add-client", site, "--config",
-                                   str(server)]).exit_code == 0
-    models = [tmp_path / "shallow.json", tmp_path / "deep.json"]
+        assert CliRunner().invoke(app, ["server", "add-client", site, "--config",
+                                        str(server)]).exit_code == 0
+    return server, [tmp_path / f"{name}.json" for name in depths]
+
+
+def test_evaluate_refuses_an_unknown_reference_before_creating_or_waiting_for_the_job(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+    from server_app.admin import ServerAdmin
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"shallow": 1, "deep": 3})
+    runner = CliRunner()
     job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
     args = ["evaluate", "--config", str(server), "--reference", "nosuch", "--timeout", "0"]
     res = runner.invoke(app, [*args, "--job", str(job), "--models", *map(str, models)])
@@ -156,23 +167,11 @@ def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
     from typer.testing import CliRunner
 
     from fedforest_cli.cli import app
-    from fedforest_cli.sim_data import schema_dict, write_schema
     from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
 
-    parts, feat = tiny_parts
-    X = np.concatenate([p[0] for p in parts[:3]])
-    y = np.concatenate([p[1] for p in parts[:3]])
-    write_schema(tmp_path / "schema.toml", schema_dict(X, y, "classification", feat))
-    model = FedForestClassifier(n_estimators=2, max_depth=2).fit(X, y).model_
-    (tmp_path / "m1.json").write_text(model.to_json())
-    server = tmp_path / "server.toml"
-    server.write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 2})
     runner = CliRunner()
-    for site in "abc":
-        assert runner.invoke(app, ["server", "add-client", site, "--config",
-                                   str(server)]).exit_code == 0
-    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open",
-                         [tmp_path / "m1.json"])
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
     create_eval_job(server, job)
     res = runner.invoke(app, ["evaluate", "--config", str(server), "--job", "ev", "--models",
                               str(tmp_path / "m1.json"), "--names", "other", "--timeout", "0"])
