@@ -6,10 +6,12 @@ chains, the stored arrays and the given receipts all agree, and prints every pro
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gzip
 import io
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,12 +25,15 @@ from ._common import check_output
 
 if TYPE_CHECKING:
     from fedforest_secure.audit import AuditLog
+    from fedforest_secure.audit.entry import Entry
 
 __all__ = ["audit_app"]
 
 audit_app = typer.Typer(help="Inspect, verify and export an audit log.", no_args_is_help=True)
 
-DbOption = Annotated[str, typer.Option("--db", help="SQLite file path or SQLAlchemy URL.")]
+DbOption = Annotated[str, typer.Option(
+    "--db", help="SQLite file path or SQLAlchemy URL, or a JSON-lines export (.jsonl, "
+                 ".jsonl.gz).")]
 JobOption = Annotated[str | None, typer.Option("--job", help="Only this job.")]
 
 
@@ -43,11 +48,50 @@ def _table_console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
+def _is_export(db: str) -> bool:
+    """``--db`` names a JSON-lines export (``.jsonl``, ``.jsonl.gz``: what ``audit export``
+    writes and ``GET /v1/jobs/{job}/audit`` serves), not a database."""
+    return db.endswith((".jsonl", ".jsonl.gz")) and Path(db).is_file()
+
+
+def _read_export(db: str) -> list[tuple[Entry, dict[str, bytes]]]:
+    """The entries of an export and their array bytes (:class:`AuditError` if unreadable)."""
+    from fedforest_secure.audit import read_jsonl
+
+    path = Path(db)
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if db.endswith(".gz")
+              else path.open(encoding="utf-8")) as fh:
+            return read_jsonl(fh)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise AuditError(f"cannot read the export {db}: {exc}") from None
+
+
+def _load(entries: list[tuple[Entry, dict[str, bytes]]]) -> AuditLog:
+    """An in-memory log holding an export's entries as they are (chains checked on import)."""
+    from fedforest_secure.audit import AuditLog
+
+    log = AuditLog.in_memory()
+    for entry, blobs in entries:
+        log.import_entry(entry, blobs)
+    return log
+
+
+@contextlib.contextmanager
+def _as_error(console: Console) -> Iterator[None]:
+    """An :class:`AuditError` inside: the one-line error, exit code 1."""
+    try:
+        yield
+    except AuditError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+
+
 def _open(db: str, console: Console) -> AuditLog:
     from fedforest_secure.audit import AuditLog  # SQLAlchemy: loaded by audit commands only
 
     try:
-        return AuditLog(db, create=False)
+        return _load(_read_export(db)) if _is_export(db) else AuditLog(db, create=False)
     except AuditError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(code=1) from exc
@@ -85,10 +129,26 @@ def verify(
         "digest and the model digest must follow from the logged configuration and "
         "aggregates.")] = False,
 ) -> None:
-    """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees."""
-    from fedforest_secure.audit import verify_log
+    """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees. --db
+    may also name a JSON-lines export (.jsonl, .jsonl.gz), as a member fetches its job's log."""
+    from fedforest_secure.audit import VerifyReport, verify_entries, verify_log
 
-    report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
+    report: VerifyReport
+    if _is_export(db):
+        try:
+            entries = _read_export(db)
+        except AuditError as exc:
+            report = VerifyReport(problems=[str(exc)])
+        else:  # every broken link listed first; a sound chain is then verified in full
+            report = verify_entries(e for e, _ in entries)
+            if report.ok:
+                try:
+                    report = verify_log(_load(entries), receipts_dir=receipts, job_id=job,
+                                        replay=replay)
+                except AuditError as exc:
+                    report = VerifyReport(problems=[str(exc)])
+    else:
+        report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
     for problem in report.problems:
         typer.echo(f"PROBLEM {problem}")
     summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "
@@ -116,7 +176,7 @@ def export(
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
     if out is not None:
         check_output(out, force=force, inputs=[("--db", Path(db))])
-    with _open(db, console) as log:
+    with _open(db, console) as log, _as_error(console):
         if job is not None and job not in log.jobs():  # a typo exports nothing, say so
             console.print(f"[red]error:[/red] job {job!r} is not in the log; nothing was "
                           "exported")

@@ -358,3 +358,95 @@ def test_an_unreachable_audit_database_names_its_url_without_the_password() -> N
     assert "s3cret" not in report.problems[0]
     assert report.problems[0].startswith(
         "cannot read the audit log at postgresql+psycopg://fed:***@127.0.0.1:1/audit: ")
+
+
+@pytest.mark.parametrize("append", ["model", "dp_spend", "client_joined", "disclosure"])
+def test_entries_appended_after_the_model_do_not_verify(setup: tuple[AuditLog, Path],
+                                                        append: str) -> None:
+    """The server writes nothing after a finished job's model: properly chained entries
+    appended there (a second model with another digest, a spend past the budget, a site that
+    never joined, a disclosure nobody made) are named, with receipts or without."""
+    log, receipts = setup
+    rec = log.job(JOB)
+    if append == "model":
+        rec.model(digest="ef" * 32)
+    elif append == "dp_spend":
+        rec.dp_spend(epsilon=100.0, delta=1e-6, mechanism="gaussian", total_epsilon=100.5,
+                     total_delta=1e-6)
+    elif append == "client_joined":
+        rec.client_joined("mallory")
+    else:
+        rec.disclosure(client="bob", item="rows", data=np.arange(3.0))
+    for report in (verify_log(log), verify_log(log, receipts_dir=receipts)):
+        assert not report.ok
+        assert any(f"job '{JOB}': seq 10 ({append}) comes after the job's model entry (seq 9)"
+                   in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_member_verifies_the_export_it_fetched_against_its_receipts(
+        setup: tuple[AuditLog, Path], tmp_path: Path, suffix: str) -> None:
+    """`GET /v1/jobs/{job}/audit` serves what `audit export --format jsonl` writes: `audit
+    verify --db <export>` checks it (chains, arrays, receipts) and `audit show` reads it; an
+    edited line is named."""
+    import gzip
+
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    log, receipts = setup
+    run = CliRunner().invoke
+    export = tmp_path / f"job{suffix}"
+    res = run(audit_app, ["export", "--db", str(tmp_path / "audit.db"), "--format", "jsonl",
+                          "--job", JOB, "--out", str(export)])
+    assert res.exit_code == 0, res.output
+    res = run(audit_app, ["verify", "--db", str(export), "--receipts", str(receipts)])
+    assert res.exit_code == 0 and "OK: 9 entries in 1 job(s), 6 receipt(s) checked" in res.output
+    assert run(audit_app, ["show", "--db", str(export)]).exit_code == 0
+    opener = gzip.open if suffix.endswith(".gz") else open
+    with opener(export, "rt", encoding="utf-8") as fh:
+        lines = fh.readlines()
+    lines[8] = lines[8].replace('"cd' + "cd" * 31, '"ef' + "ef" * 31)  # the model's digest
+    with opener(export, "wt", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    res = run(audit_app, ["verify", "--db", str(export), "--receipts", str(receipts)])
+    assert res.exit_code == 1 and f"PROBLEM {label(9)}: hash mismatch" in res.output
+
+
+def test_damaged_receipt_files_are_problems_not_tracebacks(setup: tuple[AuditLog, Path]
+                                                           ) -> None:
+    log, receipts = setup
+    with (receipts / "alice.jsonl").open("ab") as fh:
+        fh.write(b"\xff\xfe not utf-8\n")
+    (receipts / "folder.jsonl").mkdir()
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert any(p.startswith("receipt alice.jsonl:3: malformed") for p in problems), problems
+    assert any(p.startswith("receipt folder.jsonl: malformed (not a file)") for p in problems)
+    file_given = verify_log(log, receipts_dir=receipts / "bob.jsonl").problems
+    assert file_given == [f"receipts directory {receipts / 'bob.jsonl'} is a file: give the "
+                          "directory that holds the sites' receipts files"]
+
+
+def test_a_damaged_entry_is_an_error_of_export_and_unreadable_in_show(
+        setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    """The moment to archive a log as evidence is when it is damaged: export says which entry
+    it cannot write and what keeps it (CSV), show marks it, neither is a traceback."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    log, _ = setup
+    sql(log, "UPDATE audit_entries SET payload = '{not json' WHERE seq = 4")
+    sql(log, "UPDATE audit_entries SET arrays = '[]' WHERE seq = 6")
+    run = CliRunner().invoke
+    db = str(tmp_path / "audit.db")
+    out = tmp_path / "evidence.jsonl"
+    res = run(audit_app, ["export", "--db", db, "--format", "jsonl", "--out", str(out)])
+    assert res.exit_code == 1 and f"{label(4)} cannot be written as JSON lines" in res.output
+    assert not out.exists() and not list(tmp_path.glob(".*.part"))
+    res = run(audit_app, ["export", "--db", db, "--format", "csv", "--out",
+                          str(tmp_path / "e.csv")])
+    assert res.exit_code == 0 and "{not json" in (tmp_path / "e.csv").read_text()
+    res = run(audit_app, ["show", "--db", db])
+    assert res.exit_code == 0 and "UNREADABLE" in res.output

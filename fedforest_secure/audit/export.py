@@ -39,7 +39,12 @@ def export_jsonl(log: AuditLog, fp: IO[str], job_id: str | None = None, *,
     """Write every entry (of ``job_id``) as one JSON line; return how many were written."""
     count = 0
     for entry in log.entries(job_id=job_id):
-        obj: dict[str, Any] = {"format": FORMAT, **entry.to_json()}
+        try:
+            obj: dict[str, Any] = {"format": FORMAT, **entry.to_json()}
+        except ValueError as exc:  # a damaged entry: the CSV keeps its stored texts as they are
+            raise AuditError(f"{entry.label} cannot be written as JSON lines ({exc}): `audit "
+                             "verify` names the damage; `--format csv` exports the stored "
+                             "texts as they are") from None
         if include_arrays:
             blobs = log.stored_arrays(entry.job_id, entry.seq)
             obj["data"] = {name: base64.b64encode(blob).decode("ascii")

@@ -142,12 +142,16 @@ def read_receipts(directory: str | Path
                   ) -> Iterator[tuple[str, Receipt | ModelReceipt | ValueError]]:
     """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line."""
     for path in sorted(Path(directory).glob("*.jsonl")):
-        with path.open(encoding="utf-8") as fp:
-            for lineno, line in enumerate(fp, start=1):
-                if not line.strip():
-                    continue
+        if not path.is_file():
+            yield path.name, ValueError("not a file")
+            continue
+        with path.open("rb") as fp:
+            for lineno, raw in enumerate(fp, start=1):
                 where = f"{path.name}:{lineno}"
-                try:
+                try:  # a damaged line (bytes that are not UTF-8, not JSON) is one problem
+                    line = raw.decode("utf-8")
+                    if not line.strip():
+                        continue
                     yield where, parse_receipt(json.loads(line))
                 except (ValueError, TypeError) as exc:
                     yield where, ValueError(str(exc))

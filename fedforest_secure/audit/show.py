@@ -39,7 +39,7 @@ def _layout(payload: dict[str, Any]) -> str:
 def _aggregate(log: AuditLog, entry: Entry, name: str) -> str:
     try:
         return str(summarize_array(log.array(entry, name)))
-    except (AuditError, KeyError) as exc:
+    except (AuditError, KeyError, ValueError) as exc:  # a damaged entry: verify names it
         return f"UNREADABLE ({exc})"
 
 

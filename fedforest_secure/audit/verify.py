@@ -109,6 +109,11 @@ def _check_chain(entries: Sequence[Entry]) -> list[str]:
                 and entry.row_id < prev.row_id:
             out.append(f"{entry.label}: stored before seq {prev.seq} (entries reordered)")
         prev = entry
+    model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
+    if model is not None:  # a finished job: the server writes nothing after its model
+        out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's model entry "
+                   f"(seq {model.seq}): nothing follows a finished job's model (appended?)"
+                   for e in entries if e.seq > model.seq)
     return out
 
 
@@ -183,7 +188,9 @@ _RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
 def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
                     job_id: str | None) -> tuple[list[str], int]:
     if not receipts_dir.is_dir():
-        return [f"receipts directory {receipts_dir} does not exist"], 0
+        what = ("is a file: give the directory that holds the sites' receipts files"
+                if receipts_dir.exists() else "does not exist")
+        return [f"receipts directory {receipts_dir} {what}"], 0
     chains: dict[str, dict[int, Entry]] = defaultdict(dict)
     rounds: dict[tuple[str, int], list[Entry]] = defaultdict(list)
     for entry in entries:
