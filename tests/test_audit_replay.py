@@ -149,3 +149,19 @@ def test_a_log_without_the_configuration_cannot_be_replayed(log: AuditLog) -> No
                                         "j": JOB, "s": created.seq})
     problems = replay_job(log, JOB)
     assert len(problems) == 1 and "cannot replay" in problems[0]
+
+
+def test_a_forged_split_decision_is_named_by_the_replay(log: AuditLog) -> None:
+    """`audit show` displays the logged split decisions: a split rewritten with the chain
+    re-hashed (another feature and threshold) is not the decision the coordinator takes on the
+    logged sums."""
+    split = log.entries(job_id=JOB, kind="split")[0]
+    splits = [dict(s) for s in split.payload["splits"]]
+    splits[0]["feature"], splits[0]["threshold"] = 0, 1.0
+    if split.payload["splits"][0].get("feature") == 0:
+        splits[0]["feature"] = 1
+    _forge(log, split.seq, payload={"splits": splits})
+    assert verify_log(log).ok  # the chain alone is consistent again
+    problems = replay_job(log, JOB)
+    assert len(problems) == 1 and problems[0].endswith(
+        "the logged split decisions are not the ones the coordinator takes on the logged sums")

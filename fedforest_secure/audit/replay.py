@@ -7,9 +7,11 @@ bytes every client hashed before answering and the digest its masks are bound to
 aggregate in full. :func:`replay_job` rebuilds the coordinator from the configuration in the
 ``job_created`` entry, asks it for each round's task, checks the digest against the logged one,
 feeds it the logged aggregate, and at the end checks the digest of the model it yields against
-the ``model`` entry. A log whose aggregates were altered (even with the chain rewritten to match)
-stops replaying at the first task that no longer follows; a logged task digest that is not the
-task the rules produce (a server that asked something else) is named.
+the ``model`` entry; the logged ``split`` decisions must be the ones the coordinator takes. A
+log whose aggregates were altered (even with the chain rewritten to match) stops replaying at
+the first task that no longer follows, where the change moves a decision (receipts catch any
+change); a logged task digest that is not the task the rules produce (a server that asked
+something else) is named.
 
 This needs the training engine (:mod:`fedforest_secure.coordinator`) and costs about the
 coordinator's share of a training run; ``fedforest audit verify --replay`` runs it.
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AuditError, FedForestError
-from .entry import Entry, canonical_json
+from .entry import Entry, canonical_json, jsonable
 from .kinds import EntryKind
 from .log import AuditLog
 
@@ -57,12 +59,24 @@ def replay_job(log: AuditLog, job_id: str) -> list[str]:
     index = {str(name): k for k, name in enumerate(payload["clients"])}
     disclosed = _disclosures(log, entries, index)
     problems: list[str] = []
+    logged_splits: dict[int | None, list[str]] = defaultdict(list)
+    for entry in entries:
+        if entry.kind == EntryKind.SPLIT.value:
+            logged_splits[entry.round_id].append(entry.payload_json)
     for entry in entries:
         if entry.kind != EntryKind.ROUND.value:
             continue
         found = _replay_round(log, coord, entry, index, disclosed)
         if found is not None:
             return [*problems, f"{where}: {found}"]
+        # the split decisions the coordinator takes on these sums are the ones logged
+        _, decisions = coord.pop_events()
+        replayed = [canonical_json(jsonable({"splits": d["splits"], "level": d["level"],
+                                             "round_id": entry.round_id}))
+                    for d in decisions]
+        if replayed != logged_splits.get(entry.round_id, []):
+            problems.append(f"{where}: {entry.label}: the logged split decisions are not the "
+                            "ones the coordinator takes on the logged sums")
     model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
     if model is not None:
         schema = payload.get("schema")
@@ -127,7 +141,6 @@ def _replay_round(log: AuditLog, coord: Any, entry: Entry, index: dict[str, int]
                      participants=participants)
     except (FedForestError, ValueError, ArithmeticError) as exc:
         return f"{entry.label}: the coordinator rejects the logged aggregate ({exc})"
-    coord.pop_events()
     return None
 
 
