@@ -147,7 +147,9 @@ def flower(n: int, k: int, repeat: int) -> tuple[float, float, float] | None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6])
-    ap.add_argument("--clients", type=int, nargs="+", default=[5, 10, 50])
+    ap.add_argument("--clients", type=int, nargs="+", default=[5, 10, 50],
+                    help="K per run, at least 4: one client drops after sharing and the "
+                         "other K - 1 must still reach t = ceil(0.67 K)")
     ap.add_argument("--big", action="store_true", help="also run 10^7 entries")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-flower", action="store_true")
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="wall time (default) or this process's CPU time, which a loaded "
                          "machine's time slicing does not inflate (everything is one thread)")
     args = ap.parse_args(argv)
+    if min(args.clients) < 4:
+        ap.error(f"--clients {min(args.clients)}: at least 4 (one client drops after sharing, "
+                 "and the others must reach the threshold)")
     global _clock
     _clock = _CLOCKS[args.clock]
     sizes = [int(s) for s in args.sizes] + ([10**7] if args.big else [])

@@ -110,7 +110,7 @@ def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
     if missing and needs:
         raise ConfigError(
             f"profile {name!r} needs public bounds for every continuous feature ("
-            f"{'; '.join(needs)}); schema.toml has none for {', '.join(missing)}. Agree on "
+            f"{'; '.join(needs)}); the job's schema has none for {', '.join(missing)}. Agree on "
             "them from domain knowledge, never from one site's data, and add "
             "`bounds = [lo, hi]` to each (docs/configuration.md)")
     target = schema.target
@@ -118,7 +118,7 @@ def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
             profile.get("fixed_point") or profile.get("dp")):
         raise ConfigError(
             f"profile {name!r} encodes sums in fixed point, scaled by the target's public "
-            f"bounds; schema.toml's [target] {target.name!r} has none. Add "
+            f"bounds; the job's schema's [target] {target.name!r} has none. Add "
             "`bounds = [lo, hi]` to [target]")
 
 

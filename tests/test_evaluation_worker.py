@@ -173,3 +173,36 @@ def test_a_dp_evaluation_is_noisy_and_within_the_predicted_noise(cancer: dict) -
     acc = noisy.models[0].metrics["accuracy"]
     assert abs(acc - exact.models[0].metrics["accuracy"]) <= 5 * noisy.models[0].noise_std[
         "accuracy"]
+
+
+def test_a_job_model_with_categorical_levels_is_scored_on_the_sites_encoded_rows() -> None:
+    """A site encodes its rows with the job's schema (a categorical column's levels as codes
+    0..L-1) before scoring: the models score those codes, not codes read again as labels
+    (levels "1".."4": code 0 was an unknown level, code c level c - 1)."""
+    from fedforest_secure.schema import Schema
+
+    schema_text = ('[[features]]\nname = "cp"\nkind = "categorical"\n'
+                   'levels = ["1", "2", "3", "4"]\n'
+                   '[[features]]\nname = "age"\nkind = "continuous"\nbounds = [0.0, 100.0]\n'
+                   '[target]\nname = "y"\nkind = "classification"\nclasses = ["0", "1"]\n')
+    rng = np.random.default_rng(3)
+    labels = rng.choice(["1", "2", "3", "4"], size=400)
+    age = rng.uniform(20, 80, size=400).round(1)
+    y = ((labels == "3") | (age > 60)).astype(int)
+    schema = Schema.from_dict(__import__("tomllib").loads(schema_text))
+    X = schema.encode_features({"cp": list(labels), "age": list(age)}, 400)
+    model = FedForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(
+        X[:300], y[:300], client=np.arange(300) % 3).model_.for_job(schema_text, ["a", "b", "c"])
+    data = {"models": [model, model], "sites": [(X[300:350], y[300:350]),
+                                                (X[350:], y[350:])]}
+    spec = EvalSpec(models=(model.to_json(), model.to_json()), names=("m", "again"))
+    config = eval_config("eval-job", spec, task="classification", n_features=2, n_clients=2,
+                         n_classes=2, profile=load_profile("open").to_dict())
+    res = evaluate_in_process(config, data["sites"])
+    pd = pytest.importorskip("pandas")  # what a user predicts on: the table as it is
+
+    proba = model.predict_values(pd.DataFrame({"cp": labels[300:], "age": age[300:]}))
+    assert res.models[0].metrics["accuracy"] == pytest.approx(
+        skm.accuracy_score(y[300:], proba.argmax(1)), abs=TOL)
+    assert res.models[0].metrics["log_loss"] == pytest.approx(skm.log_loss(y[300:], proba),
+                                                              abs=TOL)

@@ -53,7 +53,7 @@ def test_missing_bounds_under_a_secure_profile_are_refused_naming_the_features(
                                            "\n[forest]\nn_estimators = 2\nmax_depth = 2\n",
                                  UNBOUNDED))
         with pytest.raises(ConfigError, match=r"needs public bounds for every continuous "
-                                              r"feature .*schema.toml has none for b\."):
+                                              r"feature .*the job's schema has none for b\."):
             check_job(spec)
     regression = BOUNDED.replace('kind = "classification"\nclasses = ["0", "1"]',
                                  'kind = "regression"')

@@ -94,7 +94,8 @@ def model_statistics(layout: EvalLayout, values: np.ndarray, y: np.ndarray
 
 def site_statistics(layout: EvalLayout, forests: Sequence[ForestModel], X: np.ndarray,
                     y: np.ndarray) -> dict[str, np.ndarray]:
-    """Every model's statistics on one site's rows: each block with a leading model axis."""
-    per = [model_statistics(layout, f.predict_values(X), y) for f in forests]
+    """Every model's statistics on one site's rows, already encoded with the job's schema
+    (categorical levels as codes): each block with a leading model axis."""
+    per = [model_statistics(layout, f.values_of(X), y) for f in forests]
     return {b.name: np.stack([s[b.name].reshape(b.shape) for s in per])
             for b in layout.blocks}
