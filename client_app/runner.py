@@ -277,7 +277,18 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     identity = None
     # the job as the join would answer it, checked against this site's pins, schema and
     # table before joining: a site that refuses a job is never counted as having joined it
-    info = _parse(JoinResponse, tr.get_json(f"/v1/jobs/{job}/offer"), "job offer")
+    try:
+        offered = tr.get_json(f"/v1/jobs/{job}/offer")
+    except ApiRejected as exc:
+        if exc.code != "dropped":
+            raise
+        # a site dropped earlier (a missed deadline, a refusal) that comes back: what happened
+        # and what it can still do, not an HTTP error
+        return ClientResult(status="dropped", detail=(
+            f"this site was dropped from job {job} ({exc.detail}); the job went on without "
+            f"it. Once the job is done, `fedforest model download --job {job}` fetches its "
+            "model"))
+    info = _parse(JoinResponse, offered, "job offer")
     if pinned is not None:  # before anything else leaves the site
         check_job_profile(pinned, info.config.get("profile"))
     else:

@@ -119,7 +119,8 @@ def create_job_cmd(config: ConfigOpt,
     for note in row.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
-                  f"(t = {row.min_clients}, round deadline {row.round_deadline_s:.0f}s)")
+                  f"(min_clients = {row.min_clients}, round deadline "
+                  f"{row.round_deadline_s:.0f}s)")
 
 
 @server_cli.command("prune")

@@ -24,6 +24,7 @@ from typing import Any
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.schema import Schema
+from fedforest_secure.secagg import job_threshold
 
 from .engine import new_coordinator
 from .jobspec import JobSpec, build_config, resolve_profile
@@ -76,6 +77,13 @@ def check_job(spec: JobSpec) -> CheckedJob:
         raise ConfigError(f"min_clients = {spec.min_clients}: rounds of secure aggregation need "
                           f"at least {MIN_SECURE_SITES} sites; set min_clients >= "
                           f"{MIN_SECURE_SITES} or leave it out")
+    if spec.min_clients is not None and profile.get("secure_aggregation"):
+        t = job_threshold(float(profile.get("threshold", 1.0)), n)
+        if spec.min_clients < t:
+            raise ConfigError(f"min_clients = {spec.min_clients} is below the secure "
+                              f"aggregation threshold t = {t} ({profile.get('threshold')} of "
+                              f"{n} sites): a round needs t sites whatever min_clients says; "
+                              f"set min_clients >= {t} or leave it out")
     floor = int(profile.get("min_clients", 1) or 1)
     if n < floor:
         raise ConfigError(f"profile {name!r} refuses sums over fewer than {floor} sites "

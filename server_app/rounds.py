@@ -171,6 +171,12 @@ class RoundDriver:
                     return
                 force = False
                 sr.phase_closed(phase)
+                kept = sr.server.uploaded
+                if phase is Phase.UPLOAD and len(kept) < job.min_clients:
+                    # the job's own floor, which may lie above the threshold t: no sum over
+                    # fewer sites is released (nobody is asked for unmasking shares)
+                    raise AbortedRound(f"only {len(kept)} masked uploads, fewer than the job's "
+                                       f"min_clients = {job.min_clients}")
                 if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out
                     ring = sr.finish()
                     bridge.finished(sr)

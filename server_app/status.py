@@ -36,8 +36,8 @@ def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
             out["rounds_done"] = max(job.current_round, 0)
         return out
     out["level"] = rr.level
-    if rr.status == RoundStatus.OPEN:
-        out["phase"] = rr.phase
+    if rr.status == RoundStatus.OPEN and job.status == JobStatus.RUNNING:
+        out["phase"] = rr.phase  # a failed job's aborted round is in no phase
     out["rounds_done"] = closed_rounds(sess, job.id)
     if job.status == JobStatus.RUNNING and rr.level > 0:
         first = sess.scalar(select(func.min(RoundRow.issued_at)).where(

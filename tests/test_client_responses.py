@@ -56,6 +56,8 @@ class ScriptedTransport:
     refusals: list[Any] = field(default_factory=list)
     #: bodies of GET requests by path (task downloads)
     downloads: dict[str, bytes] = field(default_factory=dict)
+    #: what the offer raises instead of answering
+    offer_error: Exception | None = None
 
     def post_json(self, path: str, body: Any = None) -> Any:
         self.sent.append(("POST", path))
@@ -64,6 +66,8 @@ class ScriptedTransport:
     def get_json(self, path: str, params: Any = None) -> Any:
         self.sent.append(("GET", path))
         if path == f"/v1/jobs/{JOB}/offer":
+            if self.offer_error is not None:
+                raise self.offer_error
             return self.join if self.offer is None else self.offer
         return self.gets[path.rsplit("/", 1)[-1]]
 
@@ -252,3 +256,24 @@ def test_a_secure_client_refusing_its_own_answer_tells_the_server_at_once(
                       SiteLog(stream=io.StringIO()))
     assert res.status == "refused" and "disclosure this site does not allow" in res.detail
     assert tr.refusals == [{"reason": "disclosure"}]
+
+
+def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do(
+        tmp_path: Path) -> None:
+    """The server answers a dropped site's offer with 403 `dropped`: the client ends as
+    "dropped", says the job went on and how to fetch its model, and sends nothing else."""
+    from client_app.transport import ApiRejected
+
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
+                           offer_error=ApiRejected(403, "dropped", "this client was dropped "
+                                                   "at round 5", {}))
+    _schema(tmp_path)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    res = runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
+                      np.zeros(4), SiteLog(stream=io.StringIO()))
+    assert res.status == "dropped"
+    assert "dropped at round 5" in res.detail and "the job went on without it" in res.detail
+    assert f"fedforest model download --job {JOB}" in res.detail
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]

@@ -171,3 +171,14 @@ def test_a_job_with_fewer_sites_than_its_profiles_min_clients_is_refused(
         check_job(low)
     ok = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\n' + plain))
     assert check_job(ok).spec == ok
+
+
+def test_a_secure_jobs_min_clients_below_its_threshold_is_refused(tmp_path: Path) -> None:
+    """A round of secure aggregation needs t sites whatever min_clients says: a job stating
+    fewer would show "training needs at least 3" and fail at 3 (t = 4 of 5)."""
+    five = 'clients = ["a", "b", "c", "d", "e"]\nprofile = "secure"\n'
+    spec = load_job_spec(job(tmp_path, five + "min_clients = 3\n"))
+    with pytest.raises(ConfigError, match=r"min_clients = 3 is below the secure aggregation "
+                                          r"threshold t = 4 \(0.67 of 5 sites\)"):
+        check_job(spec)
+    assert check_job(load_job_spec(job(tmp_path, five + "min_clients = 5\n"))).spec

@@ -61,10 +61,17 @@ def env_plus(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]
     yield from _env(tmp_path, tiny_parts, job_dir, db_url, str(plus))
 
 
-def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str) -> Iterator[dict]:
+@pytest.fixture()
+def env_all(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
+    """A secure job whose min_clients is every site (above the threshold t = 3)."""
+    yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure", min_clients=K)
+
+
+def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str,
+         min_clients: int | None = None) -> Iterator[dict]:
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile=profile,
-                       deadline=30.0)
+                       deadline=30.0, min_clients=min_clients)
     db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     clock = Clock()
@@ -268,6 +275,32 @@ def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered
     want = make_codec(config, task).decode(
         sum((vecs[k] for k in range(K - 1)), np.zeros_like(vecs[0])))
     assert np.array_equal(aggregate(env, r), want)
+
+
+def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(
+        env_all: dict) -> None:
+    """min_clients may lie above t: a round with fewer masked uploads than it fails before
+    anyone is asked for unmasking shares (a sum over 3 of the job's 4 required sites was
+    released)."""
+    env = env_all
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K - 1):  # client 3 shared its keys but never uploads
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    o = offer(env, 0)
+    assert o["status"] == "failed", o
+    assert "only 3 masked uploads, fewer than the job's min_clients = 4" in o["detail"]
+    assert "no partial sum was released" in o["detail"]
+    with env["db"].session() as s:
+        rr = s.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.aggregate is None and rr.status != "closed"
+    # the failed job's aborted round is shown in no phase (it said "upload", as if running)
+    st = env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).json()
+    assert st["status"] == "failed" and st["phase"] is None
 
 
 def test_too_few_clients_left_fails_the_job_with_a_clear_reason(env: dict) -> None:

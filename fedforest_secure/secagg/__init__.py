@@ -21,6 +21,7 @@ pairwise seeds are bound to ``job|round|i|j|task_digest``.
 
 from __future__ import annotations
 
+from ._rounds import job_threshold
 from .client import ClientStage, SecAggClient
 from .driver import InProcessSecureSum, Upload
 from .encoding import RingCodec, decode, encode
@@ -58,5 +59,6 @@ __all__ = [
     "Upload",
     "decode",
     "encode",
+    "job_threshold",
     "parse",
 ]
