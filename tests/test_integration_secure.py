@@ -87,7 +87,7 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
         tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
     parts, feat = tiny_parts
     # deadline: each step's; generous for a loaded CI box
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=15.0, min_clients=3,
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=15.0, min_clients=4,
                     profile="secure", make_db_url=make_db_url)
     try:
         launch_server(fed)

@@ -53,7 +53,7 @@ def test_exported_names() -> None:
         "ClientStage", "InProcessSecureSum", "KeyAdvert", "KeyMismatch", "MaskedUpload",
         "RingCodec", "RoundSetup", "SecAggClient", "SecAggServer", "ServerStage", "ShareBundle",
         "ShareDelivery", "SurvivorSet", "SurvivorSignature", "UnmaskRequest", "UnmaskResponse",
-        "Upload", "decode", "encode", "parse"}
+        "Upload", "decode", "encode", "job_threshold", "parse"}
 
 
 # -- exact sums ------------------------------------------------------------------------------
