@@ -284,8 +284,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         n_classes = len(getattr(self, "classes_", []))
         shape = self._forest_shape(d, dp, int(kept.sum()), n_classes)
         self.y_offset_ = 0.0
-        if dp and self._task == "regression":
-            # centre y on the middle of its bounds: halves the noise on sums of y under DP
+        if self._task == "regression":
+            # centre y on the middle of its range: sums of y and y^2 then carry the spread, not
+            # an offset (y = 10^6 + noise lost its splits to rounding, and in the fixed-point
+            # ring to its scale), and under DP the noise on sums of y is halved
             self.y_offset_ = float((y_enc[kept].min() + y_enc[kept].max()) / 2.0)
             y_enc = y_enc - self.y_offset_
             target_bound = float(np.max(np.abs(y_enc[kept])))

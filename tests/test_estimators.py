@@ -754,3 +754,21 @@ def test_dp_feature_importances_are_shares_of_the_noisy_decreases(cls: Any) -> N
     for tree in est.estimators_:
         per = tree.feature_importances_
         assert (per >= 0).all() and (per.sum() == 0 or abs(per.sum() - 1) < 1e-9)
+
+
+@pytest.mark.parametrize("profile", ["open", "secure"])
+def test_a_target_on_a_large_offset_grows_the_forest_it_grows_without(profile: str) -> None:
+    """Targets are centred before their sums are taken: y = 10^6 + signal lost its splits to
+    rounding (open: no split at all at 3 * 10^6) and to the fixed-point scale (secure)."""
+    rng = np.random.default_rng(14)
+    X = rng.normal(size=(1200, 3))
+    y = X[:, 0] + 0.1 * rng.normal(size=1200)
+    h = np.arange(1200) % 4
+    kw = dict(n_estimators=5, max_depth=6, random_state=0, profile=profile)
+    plain = FedForestRegressor(**kw).fit(X[:900], y[:900], client=h[:900])
+    offset = FedForestRegressor(**kw).fit(X[:900], y[:900] + 3e6, client=h[:900])
+    # the bootstrap draws depend on the rows' values, so the two forests differ by chance only
+    assert plain.score(X[900:], y[900:]) > 0.8
+    assert offset.score(X[900:], y[900:] + 3e6) > 0.8
+    nodes = [t.tree_.node_count for t in offset.estimators_]
+    assert min(nodes) > 20, nodes
