@@ -257,16 +257,24 @@ def test_bad_secagg_messages_are_rejected_and_change_nothing(env: dict) -> None:
     assert offer(env, 0)["action"] == "advert"  # still owed: nothing was accepted
 
 
-def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered(
-        env: dict) -> None:
+def last_misses_the_upload(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
+                                               dict[int, np.ndarray]]:
+    """The first round up to its upload deadline, passed: client K - 1 shared its keys but
+    never uploaded."""
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
-    r = task.round_id
-    run_until_upload(env, sa, r)
-    for k in range(K - 1):  # client 3 shared its keys but never uploads
+    run_until_upload(env, sa, task.round_id)
+    for k in range(K - 1):
         assert upload(env, sa, k, task, vecs[k]).status_code == 200
     env["clock"].now += 31
     env["state"].tick()
+    return config, sa, task, vecs
+
+
+def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered(
+        env: dict) -> None:
+    config, sa, task, vecs = last_misses_the_upload(env)
+    r = task.round_id
     assert offer(env, 3)["status"] == "dropped"
     for k in range(K - 1):
         assert sign(env, sa, k, r).status_code == 200
@@ -283,14 +291,8 @@ def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(
     anyone is asked for unmasking shares (a sum over 3 of the job's 4 required sites was
     released)."""
     env = env_all
-    config, sa = join_all(env)
-    task, vecs, _ = first_round(env, config)
+    task = last_misses_the_upload(env)[2]
     r = task.round_id
-    run_until_upload(env, sa, r)
-    for k in range(K - 1):  # client 3 shared its keys but never uploads
-        assert upload(env, sa, k, task, vecs[k]).status_code == 200
-    env["clock"].now += 31
-    env["state"].tick()
     o = offer(env, 0)
     assert o["status"] == "failed", o
     assert "only 3 masked uploads, fewer than the job's min_clients = 4" in o["detail"]
