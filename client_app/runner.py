@@ -166,8 +166,10 @@ class _Ctx:
                                          f"{task.round_id} ({task.kind.value}){what}")
         if self.watch.level != task.level:
             self.watch.level = task.level
-            self.log.info(f"job {self.job}: level {task.level} of {self.config.max_depth} "
-                          f"(round {task.round_id}, {task.kind.value})")
+            where = ("" if self.config.evaluation is not None  # one round, no tree levels
+                     else f"level {task.level} of {self.config.max_depth} ")
+            self.log.info(f"job {self.job}: {where}(round {task.round_id}, "
+                          f"{task.kind.value})")
             # at most every few seconds: a status request per level and client is a server
             # request per round and client; the end of the job polls once more
             self.watch.poll(self.tr)

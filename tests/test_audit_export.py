@@ -154,3 +154,13 @@ def test_summaries() -> None:
     assert str(summarize_array(np.zeros(0))) == "size=0"
     s = summarize_array(np.array([[1, 2], [3, 4]]))
     assert (s.size, s.minimum, s.maximum, s.total) == (4, 1.0, 4.0, 10.0)
+
+
+def test_show_gives_each_entry_its_time(log: AuditLog) -> None:
+    """When a site dropped or a round closed: each row carries its entry's timestamp (UTC, to
+    the second), as the export does."""
+    entries = log.entries(job_id="secure-job")
+    shown = _render(log, job_id="secure-job")
+    assert "time (UTC)" in shown
+    for e in entries:
+        assert e.timestamp[:19].replace("T", " ") in shown

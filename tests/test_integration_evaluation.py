@@ -247,3 +247,14 @@ def test_evaluate_on_an_existing_job_with_other_models_is_refused_not_answered_w
     assert res.exit_code == 0, res.output
     assert json.loads((root / "again" / "evaluation-eval-open.json").read_text())["job_id"] == \
         "eval-open"
+
+
+def test_an_evaluation_clients_log_speaks_of_its_round_not_of_tree_levels(
+        evaluated: dict[str, Any]) -> None:
+    """An evaluation job is one round: the sites' logs name it, not "level 0 of 8" (the
+    models' depth is no level of this job)."""
+    logs = sorted((evaluated["root"] / "open" / "logs").glob("*.eval-open.log"))
+    assert logs
+    for path in logs:
+        text = path.read_text()
+        assert "(round 1, evaluate)" in text and " level 0 of " not in text, text

@@ -50,10 +50,11 @@ def _details(payload: dict[str, Any]) -> str:
 
 
 def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
+    when = entry.timestamp[:19].replace("T", " ")  # ISO 8601 in UTC, to the second
     try:
         payload = entry.payload
     except ValueError:
-        return [str(entry.seq), entry.kind, "", "", "", "", Text("UNREADABLE", "bold red")]
+        return [str(entry.seq), when, entry.kind, "", "", "", "", Text("UNREADABLE", "bold red")]
     round_id = "" if entry.round_id is None else str(entry.round_id)
     clients, layout, aggregate = "", "", ""
     if entry.kind == EntryKind.ROUND.value:
@@ -73,7 +74,7 @@ def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
         if "client" in payload:
             clients = str(payload["client"])
         note = Text(_details(payload))
-    return [str(entry.seq), kind, round_id, clients, layout, aggregate, note]
+    return [str(entry.seq), when, kind, round_id, clients, layout, aggregate, note]
 
 
 def render_tables(log: AuditLog, job_id: str | None = None,
@@ -88,7 +89,8 @@ def render_tables(log: AuditLog, job_id: str | None = None,
                    if flagged else "no per-client plaintext")
         table = Table(title=f"audit log of job {job!r} (head {log.head(job)[:16]}...)",
                       caption=caption)
-        for column in ("seq", "kind", "round", "clients", "layout", "aggregate", "notes"):
+        for column in ("seq", "time (UTC)", "kind", "round", "clients", "layout", "aggregate",
+                       "notes"):
             table.add_column(column, overflow="fold")
         for entry in entries:
             table.add_row(*_row(log, entry))
