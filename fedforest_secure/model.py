@@ -218,12 +218,18 @@ class ForestModel:
                            1.0 / max(out.shape[1], 1))
         return out
 
+    def outputs_of(self, Xf: np.ndarray, client: Any = None) -> np.ndarray:
+        """:meth:`values_of` with a regressor's ``y_offset`` added: class probabilities, or the
+        predicted values, of input that :meth:`prepare` already made."""
+        v = self.values_of(Xf, client)
+        out: np.ndarray = v + self.y_offset if self.task == "regression" else v
+        return out
+
     def predict(self, X: Any, client: Any = None) -> np.ndarray:
         """Regression: the predicted values (``y_offset`` added). Classification: the index of
         the most probable class (``classes[i]`` is its label)."""
-        v = self.predict_values(X, client)
-        out: np.ndarray = v[:, 0] + self.y_offset if self.task == "regression" else \
-            np.argmax(v, axis=1)
+        v = self.outputs_of(self.prepare(X), client)
+        out: np.ndarray = v[:, 0] if self.task == "regression" else np.argmax(v, axis=1)
         return out
 
     def feature_importances(self) -> np.ndarray:

@@ -96,13 +96,6 @@ def site_statistics(layout: EvalLayout, forests: Sequence[ForestModel], X: np.nd
                     y: np.ndarray) -> dict[str, np.ndarray]:
     """Every model's statistics on one site's rows, already encoded with the job's schema
     (categorical levels as codes): each block with a leading model axis."""
-    per = [model_statistics(layout, _predictions(f, X), y) for f in forests]
+    per = [model_statistics(layout, f.outputs_of(X), y) for f in forests]
     return {b.name: np.stack([s[b.name].reshape(b.shape) for s in per])
             for b in layout.blocks}
-
-
-def _predictions(forest: ForestModel, X: np.ndarray) -> np.ndarray:
-    """What the forest predicts for encoded rows: class probabilities, or a regressor's values
-    with the offset its targets were centred by added back (``ForestModel.y_offset``)."""
-    values = forest.values_of(X)
-    return values + forest.y_offset if forest.task == "regression" else values
