@@ -65,7 +65,12 @@ class JobConfig:
     missing_allowed: tuple[bool, ...] = ()
     feature_bounds: tuple[tuple[float, float], ...] | None = None  # public bounds, if known
     n_classes: int = 0
-    target_bound: float = 0.0  # max |y| (public), for the fixed-point scale of sums
+    #: regression: max |y - target_offset| (public), for the fixed-point scale of sums
+    target_bound: float = 0.0
+    #: regression: the middle of the target's public bounds; the sites subtract it from every
+    #: target before taking sums (which then carry the spread, not the offset) and the model
+    #: adds it back to its predictions
+    target_offset: float = 0.0
     n_estimators: int = 50
     #: 0: no limit (trees grow until no node can split; the estimators' max_depth=None); a DP
     #: job needs a limit (its budget is split over the levels)
@@ -98,6 +103,10 @@ class JobConfig:
             raise ValueError("classification needs n_classes >= 2")
         if self.task == "regression" and self.criterion != "mse":
             raise ValueError("regression supports criterion='mse' only")
+        if not math.isfinite(self.target_offset) or (self.target_offset != 0.0
+                                                    and self.task != "regression"):
+            raise ValueError(f"target_offset must be finite, and 0 unless the task is "
+                             f"regression; got {self.target_offset!r}")
         if self.task == "classification" and self.criterion not in ("gini", "entropy"):
             raise ValueError("classification criterion must be 'gini' or 'entropy'")
         for name in ("n_features", "n_clients", "n_estimators", "min_samples_leaf"):
@@ -168,6 +177,8 @@ class JobConfig:
             del obj["evaluation"]  # a training job's configuration has no evaluation key
         if not any(obj["missing_allowed"]):
             del obj["missing_allowed"]  # nor one without missing values a missing key
+        if obj["target_offset"] == 0.0:
+            del obj["target_offset"]  # nor one whose target needs no centring an offset key
         return json.dumps(obj, sort_keys=True)
 
     @classmethod

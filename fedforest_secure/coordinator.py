@@ -280,6 +280,7 @@ class Coordinator:
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
                            vote="counts" if self._normalised_votes else "proportions",
                            routing=self._soft_routing(),
+                           y_offset=cfg.target_offset if cfg.task == "regression" else 0.0,
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
 

@@ -106,6 +106,8 @@ class Worker:
             yf = y.astype(np.float64)
             if not np.isfinite(yf).all():
                 raise SchemaError("non-finite target value")
+            if config.target_offset:
+                yf = yf - config.target_offset  # centred: the sums carry the spread
             yf = clip_targets(config, yf)  # within the bound the DP noise is calibrated for
             self._stats = np.stack([np.ones(n), yf, yf * yf], axis=1)
             self._y = yf

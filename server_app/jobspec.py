@@ -93,7 +93,11 @@ class DataFacts(BaseModel):
     n_features: int = Field(ge=1, description="number of features d")
     n_classes: int = Field(default=0, description="number of classes (0 for regression)")
     target_bound: float = Field(default=0.0, description=(
-        "public bound on |y| of a regression target (fixed-point scale of its sums)"))
+        "public bound on |y - target_offset| of a regression target (fixed-point scale of "
+        "its sums)"))
+    target_offset: float = Field(default=0.0, description=(
+        "a regression target's public centre: the sites subtract it before taking sums and "
+        "the model adds it back (a schema's target bounds give their middle)"))
     feature_kinds: list[str] = Field(default_factory=list, description=(
         '"continuous" or "categorical" per feature; absent: all continuous'))
     n_levels: list[int] = Field(default_factory=list, description=(

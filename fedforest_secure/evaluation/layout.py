@@ -135,8 +135,9 @@ class EvalLayout:
 
 
 def eval_layout(spec: EvalSpec, task: str, n_classes: int, target_bound: float,
-                dp: bool) -> EvalLayout:
-    """The statistics layout of an evaluation of ``spec`` (see the module docstring)."""
+                dp: bool, *, target_offset: float = 0.0) -> EvalLayout:
+    """The statistics layout of an evaluation of ``spec`` (see the module docstring); a
+    regression target without the spec's own range lies in ``target_offset +- target_bound``."""
     floor = spec.floor(dp)
     m = len(spec.models)
     if task == "classification":
@@ -165,7 +166,7 @@ def eval_layout(spec: EvalSpec, task: str, n_classes: int, target_bound: float,
     else:
         if not (math.isfinite(target_bound) and target_bound > 0):
             raise EvaluationError("a regression evaluation needs the target's public bounds")
-        lo, hi = -float(target_bound), float(target_bound)
+        lo, hi = target_offset - float(target_bound), target_offset + float(target_bound)
     h = (hi - lo) / 2.0
     P = spec.pva_bins
     blocks = (

@@ -58,7 +58,8 @@ def block_sensitivity(layout: EvalLayout, block: StatBlock, dp: bool = True) -> 
 def config_layout(config: JobConfig) -> EvalLayout:
     """The statistics layout of an evaluation job."""
     return eval_layout(EvalSpec.of(config), config.task, config.n_classes,
-                       config.target_bound, config.dp is not None)
+                       config.target_bound, config.dp is not None,
+                       target_offset=config.target_offset)
 
 
 @dataclass(frozen=True)

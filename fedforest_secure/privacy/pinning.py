@@ -37,7 +37,8 @@ PROFILE_LABELS = frozenset({"name", "description"})
 
 def schema_facts(schema: Schema) -> dict[str, Any]:
     """The :class:`~fedforest_secure.config.JobConfig` fields a schema fixes (task, features,
-    levels, public bounds, classes, target bound), as a job built from that schema holds them."""
+    levels, public bounds, classes, the target's centre and half-width), as a job built from
+    that schema holds them."""
     bounds: list[tuple[float, float]] | None = []
     for (lo, hi), kind, levels in zip(schema.bounds_array.tolist(), schema.feature_kinds,
                                       schema.n_levels, strict=True):
@@ -48,9 +49,13 @@ def schema_facts(schema: Schema) -> dict[str, Any]:
             break
         else:
             bounds.append((float(lo), float(hi)))  # type: ignore[union-attr]
-    target_bound = 1.0
+    target_bound, target_offset = 1.0, 0.0
     if not schema.is_classification and schema.target.bounds is not None:
-        target_bound = float(max(abs(b) for b in schema.target.bounds))
+        # centred on the bounds' middle: sums of y and y^2 then carry the spread, not an
+        # offset that the fixed-point scale (and floating point) would swamp it with
+        lo, hi = (float(b) for b in schema.target.bounds)
+        target_offset = (lo + hi) / 2.0
+        target_bound = max(hi - target_offset, target_offset - lo)
     return {
         "task": "classification" if schema.is_classification else "regression",
         "n_features": schema.n_features,
@@ -59,6 +64,7 @@ def schema_facts(schema: Schema) -> dict[str, Any]:
         "feature_bounds": tuple(bounds) if bounds is not None else None,
         "n_classes": schema.n_classes,
         "target_bound": max(target_bound, 1e-12),
+        "target_offset": target_offset,
     }
 
 
