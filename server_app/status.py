@@ -5,7 +5,8 @@ names and states, as the job's audit log (which every member can fetch) records 
 ``client_joined`` and ``client_dropped``; nothing here is about any site's data.
 
 The ETA is a plain extrapolation: the time the levels so far took, per level, times the levels
-left (later levels have more nodes, so it errs on the short side).
+left (later levels have more nodes, so it errs on the short side); a level that overruns that
+time (a site stalls) counts as done, the levels after it not.
 """
 
 from __future__ import annotations
@@ -39,15 +40,17 @@ def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
     if rr.status == RoundStatus.OPEN and job.status == JobStatus.RUNNING:
         out["phase"] = rr.phase  # a failed job's aborted round is in no phase
     out["rounds_done"] = closed_rounds(sess, job.id)
-    if job.status == JobStatus.RUNNING and rr.level > 0:
+    if job.status == JobStatus.RUNNING and 0 < rr.level <= max_depth:  # 0: levels unknown
         first = sess.scalar(select(func.min(RoundRow.issued_at)).where(
             RoundRow.job_id == job.id))
         level_start = sess.scalar(select(func.min(RoundRow.issued_at)).where(
             RoundRow.job_id == job.id, RoundRow.level == rr.level))
         if first is not None and level_start is not None and level_start > first:
             per_level = (level_start - first) / rr.level
-            out["eta_s"] = max(0.0, per_level * (max_depth + 1 - rr.level)
-                               - (now - level_start))
+            # the open level's remaining time floors at 0 (a stalled site), the levels after
+            # it still take theirs
+            out["eta_s"] = (per_level * (max_depth - rr.level)
+                            + max(0.0, per_level - (now - level_start)))
     return out
 
 
