@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._tree import NodeKind, TreeBuilder
+from ._tree import NodeKind, TreeBuilder, json_float
 from .protocol import Block, Task, TaskKind
 
 __all__ = ["AskRound", "Disclosures", "Frontier", "LevelContext", "NodeGrouping", "Received",
@@ -227,7 +227,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
     r_kinds, r_feats, r_thrs = r_kind.tolist(), r_feat.tolist(), r_thr.tolist()
     decided = [
         {"tree": tree_of[i], "node": node_of[i], "kind": labels[r_kinds[i]],
-         "feature": r_feats[i], "threshold": r_thrs[i],
+         "feature": r_feats[i], "threshold": json_float(r_thrs[i]),  # +inf as "inf": JSON
          "left_set": list(map(int, set_lists[i]))}
         for i in np.flatnonzero(r_kind != NodeKind.LEAF).tolist()]
     if box_lo is not None and box_hi is not None:

@@ -166,7 +166,7 @@ class Tree:
         values from the missing ones, written as the string "inf")."""
         out: dict[str, Any] = {
             "kind": self.kind.tolist(), "feature": self.feature.tolist(),
-            "threshold": [_float_out(t) for t in self.threshold], "left": self.left.tolist(),
+            "threshold": [json_float(t) for t in self.threshold], "left": self.left.tolist(),
             "right": self.right.tolist(), "value": self.value.tolist(), "n": self.n.tolist(),
             "sets": {str(k): list(map(int, v)) for k, v in self.sets.items()},
             **({} if self.gain is None else {"gain": [float(g) for g in self.gain]}),
@@ -213,7 +213,7 @@ class Tree:
         )
 
 
-def _float_out(v: float) -> float | str:
+def json_float(v: float) -> float | str:
     """A threshold as JSON: a number, or "inf" (JSON has no infinity; ``float("inf")``
     reads it back)."""
     v = float(v)

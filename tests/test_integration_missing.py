@@ -99,3 +99,32 @@ def test_secure_job_with_missing_values_matches_in_process_and_predicts_them(
     assert proba.shape == (70, 2) and np.isfinite(proba).all()
     X1 = parts[1][0]
     np.testing.assert_allclose(proba, got.predict_values(X1), atol=1e-12)
+
+
+def test_secure_job_whose_trees_split_present_from_missing_finishes_and_replays(
+        tmp_path: Path) -> None:
+    """x2 is missing in most rows of class 1 and present in class 0: splits "x2 present |
+    x2 missing" (threshold +inf) are taken, logged in the audit log (as the model file writes
+    them, "inf") and replayed."""
+    rng = np.random.default_rng(5)
+    parts = []
+    for k in range(3):
+        X = rng.normal(size=(60, 3)).round(3)
+        y = (rng.random(60) < 0.5).astype(int)
+        X[(y == 1) & (rng.random(60) < 0.9), 2] = np.nan
+        parts.append((X, y))
+    feat = [f"x{j}" for j in range(3)]
+    fed = setup_fed(tmp_path, parts, feat, _job_dir_with_holes, n_clients=3, profile="secure")
+    server = launch_server(fed)
+    try:
+        clients = [launch_client(fed, k) for k in range(3)]
+        codes = [c.wait(180) for c in clients]
+    finally:
+        stop(server)
+    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    assert trees(got) == trees(reference(fed))
+    assert any(((t.kind != 0) & (t.feature == 2) & np.isinf(t.threshold)).any()
+               for t in got.trees)
+    report = verify_log(fed.root / "audit.db", replay=True)
+    assert report.ok, report.problems
