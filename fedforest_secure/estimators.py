@@ -487,8 +487,12 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
     def save(self, path: str | Path) -> None:
         """Write the fitted estimator as a model file (:mod:`fedforest_secure.model`): the
         forest with its labels and feature names, plus the parameters, privacy profile and job
-        configuration."""
+        configuration. An estimator read from a federated job's model file, which records no
+        parameters or profile, writes that file as it was (claiming none)."""
         model = self._check_fitted()
+        if not hasattr(self, "profile_"):  # loaded from a file without an estimator section
+            write_atomic(path, model.to_json())
+            return
         params = self.get_params()
         params["profile"] = getattr(self, "profile_", params["profile"])
         config = getattr(self, "config_", None)
@@ -511,8 +515,12 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             :class:`FedForestClassifier`).
         """
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
             raise ValueError(f"{path}: not a model file ({exc})") from None
         if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
             return cls._load_old(doc, path)

@@ -19,7 +19,12 @@ def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
     ``path``, otherwise removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+    except OSError as exc:  # named by the file asked for, not the temporary one
+        raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}"
+                        + (f" (no directory {path.parent})" if not path.parent.is_dir()
+                           else "")) from None
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)

@@ -160,6 +160,10 @@ class ForestModel:
                 raise SchemaError(f"{' and '.join(parts)}: the model's columns are "
                                   f"{', '.join(self.feature_names)} (drop the target and any "
                                   "other column)")
+            twice = sorted({c for c in names if names.count(c) > 1} & set(self.feature_names))
+            if twice:
+                raise SchemaError(f"duplicate column {twice[0]!r}: each of the model's columns "
+                                  "must appear once")
             columns = {c: list(X[c]) for c in self.feature_names}
         elif self.schema is not None:
             arr = np.asarray(X, dtype=object)
@@ -183,11 +187,31 @@ class ForestModel:
         return schema.encode_features(columns, n)
 
     def _check_client(self, client: Any, n: int) -> np.ndarray | None:
+        """Site indices of ``n`` rows: indices as given, or site names looked up in
+        ``clients`` (a name the forest does not know predicts as a new site where the forest
+        never splits on H)."""
         if client is None:
             return None
         codes: np.ndarray = np.asarray(client)
         if codes.shape != (n,):
             raise SchemaError("client must have one entry per row")
+        if codes.dtype.kind not in "iu":
+            if codes.dtype.kind == "b" or (codes.dtype.kind == "f" and not (
+                    np.isfinite(codes).all() and (codes == np.round(codes)).all())):
+                raise SchemaError("client must hold site indices (integers) or site names")
+            if codes.dtype.kind == "f":
+                codes = codes.astype(np.int64)
+            else:
+                index = {str(c): k for k, c in enumerate(self.clients or [])}
+                if not index:
+                    raise SchemaError("this model names no sites: client must hold site "
+                                      f"indices in [0, {self.n_clients})")
+                unknown = sorted({str(c) for c in codes.tolist()} - set(index))
+                if unknown and self.uses_client:
+                    raise SchemaError(f"unknown site {unknown[0]!r}; the forest knows "
+                                      f"{list(index)}")
+                codes = np.array([index.get(str(c), -1) for c in codes.tolist()],
+                                 dtype=np.int64)
         if self.uses_client and ((codes < 0) | (codes >= self.n_clients)).any():
             raise SchemaError(f"client indices must be in [0, {self.n_clients})")
         return codes
@@ -234,15 +258,22 @@ class ForestModel:
 
     def feature_importances(self) -> np.ndarray:
         """Mean decrease in impurity per feature, shape (n_features,), summing to 1 (zeros
-        for a forest without informative splits): each tree's split gains per feature,
-        normalised, averaged over the trees. Splits on the site indicator H count for no
-        feature.
+        for a forest without informative splits), as the estimators' ``feature_importances_``:
+        from the nodes' impurities and weights (scikit-learn's rule; a decrease that DP noise
+        makes negative counts as none), each tree normalised, averaged over the trees that
+        split. A file without node impurities falls back on the recorded split gains. Splits
+        on the site indicator H count for no feature.
 
         Raises
         ------
         ValueError
-            A model file without split gains (written before they were recorded).
+            A model file with neither node impurities nor split gains.
         """
+        if self.trees and all(t.impurity is not None for t in self.trees):
+            from ._sklearn_api import FederatedTree, forest_importances
+
+            return forest_importances([FederatedTree(t, self.n_features) for t in self.trees],
+                                      self.n_features)
         total = np.zeros(self.n_features)
         for tree in self.trees:
             if tree.gain is None:

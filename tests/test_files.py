@@ -71,3 +71,12 @@ def test_a_site_identity_key_survives_a_crash_while_it_is_written(
     assert state.read_secret("identity-j.ed25519") == b"a" * 32
     mode = stat.S_IMODE((tmp_path / "state" / "identity-j.ed25519").stat().st_mode)
     assert mode == 0o600
+
+
+def test_writing_into_a_missing_directory_names_the_file_and_the_directory(
+        tmp_path: Path) -> None:
+    target = tmp_path / "no-such-dir" / "m.json"
+    with pytest.raises(FileNotFoundError) as exc:
+        write_atomic(target, b"{}")
+    assert str(exc.value) == (f"[Errno 2] cannot write {target}: No such file or directory "
+                              f"(no directory {target.parent})")

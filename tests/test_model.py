@@ -11,6 +11,7 @@ import pytest
 from fedforest_secure import FedForestClassifier, FedForestRegressor, ForestModel
 from fedforest_secure.errors import SchemaError
 from fedforest_secure.model import Tree
+from fedforest_secure.privacy import load_profile
 
 
 def _data(seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -73,6 +74,15 @@ def test_h_split_model_round_trip(tmp_path: Path) -> None:
     back = FedForestRegressor.load(tmp_path / "h.json")
     assert back.predict(X, client=h).tobytes() == est.predict(X, client=h).tobytes()
     assert back.model_.trees[0].sets == est.model_.trees[0].sets
+    # the file's ForestModel takes the sites by name too (the names it carries), or by index
+    model = ForestModel.load(tmp_path / "h.json")
+    codes = np.repeat(np.arange(3), 60)
+    assert model.predict(X, client=h).tobytes() == est.predict(X, client=h).tobytes()
+    assert model.predict(X, client=codes).tobytes() == est.predict(X, client=h).tobytes()
+    with pytest.raises(SchemaError, match=r"unknown site 'z'; the forest knows \['a', 'b', 'c'\]"):
+        model.predict(X[:1], client=["z"])
+    with pytest.raises(SchemaError, match="site indices"):
+        model.predict(X[:1], client=[0.5])
 
 
 def test_forest_model_json_round_trip_and_format() -> None:
@@ -109,6 +119,8 @@ def test_a_bare_model_file_loads_as_an_estimator_of_its_task_only(tmp_path: Path
     with pytest.raises(ValueError, match="holds a regression forest: read it with "
                                          "FedForestRegressor.load"):
         FedForestClassifier.load(p)
+    with pytest.raises(ValueError, match=r"cannot read .*nope.json: No such file or directory"):
+        FedForestRegressor.load(tmp_path / "nope.json")
     (tmp_path / "junk.json").write_text('{"format": "something/else"}')
     with pytest.raises(ValueError, match="not a model file"):
         FedForestRegressor.load(tmp_path / "junk.json")
@@ -176,6 +188,8 @@ def _frame(seed: int = 5):  # type: ignore[no-untyped-def]
 
 
 def test_predict_on_a_dataframe_takes_columns_by_name_and_refuses_missing_or_unknown() -> None:
+    import pandas as pd
+
     X, y = _frame()
     est = FedForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(X, y)
     assert list(est.feature_names_in_) == ["age", "chol", "noise"]
@@ -187,6 +201,8 @@ def test_predict_on_a_dataframe_takes_columns_by_name_and_refuses_missing_or_unk
         est.predict(X[["age", "noise"]])
     with pytest.raises(SchemaError, match=r"unknown column 'num'"):
         est.predict(X.assign(num=0))
+    with pytest.raises(SchemaError, match=r"duplicate column 'age'"):
+        est.predict(pd.concat([X, X[["age"]]], axis=1))
     # arrays keep the column order of fit (with scikit-learn's warning that X has no names)
     with pytest.warns(UserWarning, match="X does not have valid feature names"):
         np.testing.assert_array_equal(est.predict_proba(X.to_numpy()), est.predict_proba(X))
@@ -227,6 +243,10 @@ def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_r
     with pytest.raises(SchemaError, match="unknown column 'other'"):
         est.predict(site_csv.assign(other=0))
     assert ForestModel.load(path).schema == schema.to_dict()
+    # saved again, the file claims no parameters or profile it does not know (the job's
+    # model records neither): it is the job's model file as it was
+    est.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == path.read_text()
 
 
 
@@ -263,21 +283,26 @@ def test_feature_importances_come_from_the_split_gains() -> None:
     assert imp[2] < imp[0]  # noise matters less than age
     doc = est.model_.to_dict()
     for tree in doc["trees"]:
-        del tree["gain"]
+        del tree["gain"], tree["impurity"]
     with pytest.raises(ValueError, match="does not record split gains"):
         ForestModel.from_dict(doc).feature_importances()
 
 
+@pytest.mark.parametrize("profile", ["open", "secure-dp"])
 @pytest.mark.parametrize("task", ["classification", "regression"])
-def test_model_and_estimator_importances_agree(task: str) -> None:
-    """ForestModel.feature_importances (recorded gains) and the estimator's
-    feature_importances_ (node impurities, scikit-learn's rule) are one quantity."""
+def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
+    """ForestModel.feature_importances and the estimator's feature_importances_ (node
+    impurities, scikit-learn's rule) are one quantity, under DP too (whose random splits
+    record no gain)."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(400, 5))
     signal = 2.0 * X[:, 0] + X[:, 1] ** 2
-    est = (FedForestClassifier(n_estimators=8, max_depth=4, random_state=1).fit(X, signal > 1)
-           if task == "classification" else
-           FedForestRegressor(n_estimators=8, max_depth=4, random_state=1).fit(X, signal))
+    prof = load_profile(profile, epsilon=8.0) if profile != "open" else profile
+    kw = dict(n_estimators=8, max_depth=4, random_state=1, profile=prof)
+    h = np.arange(400) % 3
+    est = (FedForestClassifier(**kw).fit(X, signal > 1, client=h)
+           if task == "classification" else FedForestRegressor(**kw).fit(X, signal, client=h))
     np.testing.assert_allclose(est.model_.feature_importances(), est.feature_importances_,
                                atol=1e-12)
-    assert est.feature_importances_[:2].sum() > 0.5
+    if profile == "open":  # (DP noise, drawn afresh each fit, may blur which features matter)
+        assert est.feature_importances_[:2].sum() > 0.5
