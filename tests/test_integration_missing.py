@@ -108,7 +108,7 @@ def test_secure_job_whose_trees_split_present_from_missing_finishes_and_replays(
     them, "inf") and replayed."""
     rng = np.random.default_rng(5)
     parts = []
-    for k in range(3):
+    for _site in range(3):
         X = rng.normal(size=(60, 3)).round(3)
         y = (rng.random(60) < 0.5).astype(int)
         X[(y == 1) & (rng.random(60) < 0.9), 2] = np.nan
