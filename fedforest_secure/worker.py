@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._bootstrap import canonical_order, tree_pairs
+from ._bootstrap import canonical_order, row_keys, tree_pairs
 from ._grid_stats import bin_statistics
 from ._layouts import CLASS_TOTALS_BLOCK
 from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
@@ -146,10 +146,14 @@ class Worker:
         self._codes = codes.ravel()  # feature-major: code of (j, row) at j * n + row
         # client-stratified bootstrap: n_k draws with replacement from the client's own rows;
         # level 0: a pair's node index is its tree index
-        order = canonical_order(X, self._y) if config.sampling == "bootstrap" else None
+        # (under DP each row's draws from its own key: module docstring of _bootstrap)
+        per_row = config.dp is not None and config.sampling in ("bootstrap", "disjoint")
+        keys = row_keys(X, self._y) if per_row else None
+        order = canonical_order(X, self._y) if config.sampling == "bootstrap" and not per_row \
+            else None
         self._p_row, self._p_node, self._p_w = tree_pairs(
-            config, n, np.random.default_rng(seed), order=order, weights=weights)
-        del order
+            config, n, np.random.default_rng(seed), order=order, weights=weights, keys=keys)
+        del order, keys
         T = config.n_estimators
         self._level = 0
         self._n_nodes = T

@@ -106,3 +106,44 @@ def test_brute_force_removal_stays_within_bounds() -> None:
         axis=-1,
     )
     assert np.abs(cum - cum_minus).sum() > cnt.l1
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_a_dp_jobs_first_release_moves_within_the_bound_when_a_row_is_added(
+        bootstrap: bool) -> None:
+    """The sums a DP job's level-0 release adds noise to (here taken without noise), on a
+    table and on the same table with one row added at site 0: they differ by at most the
+    sensitivity the noise is calibrated for, sqrt(T F) m_max in L2 (m_max = 1 without
+    resampling). With the bootstrap drawn over the table, adding a row redrew every other
+    row's copies and moved the sums by 4x that bound at 2,000 rows."""
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.federation import PlainSum, run_in_process
+    from fedforest_secure.privacy import load_profile
+
+    rng = np.random.default_rng(5)
+    n = 2000
+    X = rng.uniform(0, 1, size=(n, 3))
+    X[0], X[1] = 0.0, 1.0  # the public bounds do not move with the new row
+    y = (X[:, 0] > 0.5).astype(int)
+    h = np.arange(n) % 4
+    prof = load_profile("secure-dp")
+    cfg = FedForestClassifier(profile=prof, method="histogram", bootstrap=bootstrap,
+                              n_estimators=8, max_depth=1, max_features=3,
+                              random_state=0).fit(X, y, client=h).config_
+
+    def first_release(Xs: NDArray[np.float64], ys: NDArray[np.int_], hs: NDArray[np.int_]
+                      ) -> NDArray[np.float64]:
+        recs: list = []
+        run_in_process(cfg, [(Xs[hs == k], ys[hs == k]) for k in range(4)],
+                       aggregator=PlainSum(), on_round=recs.append)
+        out: NDArray[np.float64] = next(r for r in recs if r.task.params.get("dp")).total
+        return out
+
+    before = first_release(X, y, h)
+    after = first_release(np.vstack([[[0.3, 0.6, 0.9]], X]), np.append(1, y), np.append(0, h))
+    m_max = prof.dp.max_multiplicity if bootstrap else 1
+    bound = histogram_sensitivity("class_count", n_features=cfg.max_features,
+                                  n_trees=cfg.n_estimators, max_multiplicity=m_max)
+    diff = after - before
+    assert np.linalg.norm(diff) <= bound.l2 + 1e-9
+    assert np.abs(diff).sum() <= bound.l1 + 1e-9 and np.abs(diff).max() <= bound.linf

@@ -595,3 +595,37 @@ def test_huge_weights_are_drawn_per_row_with_the_law_of_per_copy_draws(sampling:
     else:
         np.testing.assert_array_equal(out.sum(axis=0), weights)
         np.testing.assert_allclose(out, np.broadcast_to(weights / T, out.shape), rtol=1e-3)
+
+
+def _worker_multiplicities(cfg: JobConfig, X: np.ndarray, y: np.ndarray) -> dict[bytes, list]:
+    """Per distinct row (by its bytes): its multiplicity in each tree, as a worker built on
+    ``(X, y)`` draws them."""
+    w = Worker(cfg, X, y, client_index=0, seed=7)
+    out = np.zeros((cfg.n_estimators, X.shape[0]), dtype=np.int64)
+    out[w._p_node, w._p_row] = w._p_w
+    return {np.append(X[i], y[i]).tobytes(): out[:, i].tolist() for i in range(X.shape[0])}
+
+
+@pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])
+def test_under_dp_a_row_added_anywhere_changes_no_other_rows_draws(sampling: str) -> None:
+    """The sensitivity DP noise is calibrated for (one record moves at most max_multiplicity
+    copies per tree) holds for neighbouring tables: adding a row, at the front or anywhere,
+    leaves every other row's multiplicity in every tree as it was; the new row's own is
+    capped (disjoint: one tree)."""
+    prof = load_profile("secure-dp", epsilon=1.0).to_dict()
+    cap = int(prof["dp"].get("max_multiplicity", 4))
+    cfg = _cfg(task="classification", n_classes=2, criterion="gini", n_estimators=8,
+               row_sampling=sampling, profile=prof, target_bound=1.0)
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 3))
+    y = (X[:, 0] > 0).astype(float)
+    before = _worker_multiplicities(cfg, X, y)
+    new_row, new_y = np.array([[0.3, -0.6, 0.9]]), np.array([1.0])
+    for at in (0, 150, 300):
+        after = _worker_multiplicities(cfg, np.insert(X, at, new_row, axis=0),
+                                       np.insert(y, at, new_y))
+        added = after.pop(np.append(new_row[0], new_y).tobytes())
+        assert after == before, at
+        assert max(added) <= cap
+        if sampling == "disjoint":
+            assert sorted(added) == [0] * 7 + [1]
