@@ -19,6 +19,10 @@ __all__ = ["METHODS", "JobConfig", "resolve_max_features"]
 #: :data:`~fedforest_secure._candidates.CANDIDATE_METHODS` (in its order)
 METHODS = ("quantiles", "avgimp", "exact", "histogram", "random")
 
+#: the most leaves (trees x 2^max_depth) a DP forest of random splits may have: it grows every
+#: tree to its full depth, and 8 trees of depth 14 (131,072 leaves) took 1.8 GB in process
+MAX_RANDOM_SPLIT_LEAVES = 1 << 18
+
 
 def resolve_max_features(max_features: Any, n_features: int) -> int:
     """Number of features sampled per node, with scikit-learn's meanings.
@@ -117,6 +121,13 @@ class JobConfig:
         if self.max_depth == 0 and self.dp is not None:
             raise ValueError("a DP job needs a depth limit (max_depth >= 1): its budget is "
                              "split over the levels")
+        if (self.dp is not None and self.method == "random"
+                and self.n_estimators * 2**self.max_depth > MAX_RANDOM_SPLIT_LEAVES):
+            raise ValueError(
+                f"DP random splits grow every tree to its full depth: {self.n_estimators} "
+                f"trees of 2^{self.max_depth} leaves is more than "
+                f"{MAX_RANDOM_SPLIT_LEAVES:,} leaves: lower max_depth or n_estimators (a leaf's "
+                "noisy count needs rows; unset, the allocation rule picks the depth from them)")
         if self.min_samples_split < 2:
             raise ValueError("min_samples_split must be >= 2")
         if self.n_bins < 2:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedforest_secure.errors import BudgetError
-from fedforest_secure.privacy import ZCdp, epsilon_of, histogram_sensitivity
+from fedforest_secure.privacy import ZCdp, epsilon_of, histogram_sensitivity, load_profile
 from fedforest_secure.privacy.allocation import (
     PlannedBlock,
     PlannedRelease,
@@ -160,7 +160,7 @@ def test_a_budget_no_noise_scale_reaches_is_a_budget_error() -> None:
     X, y = load_breast_cancer(return_X_y=True)
     est = FedForestClassifier(profile=load_profile("secure-dp", epsilon=1e-4), n_estimators=4,
                               max_depth=2)
-    with pytest.raises(BudgetError, match="below what any noise scale of this job reaches"):
+    with pytest.raises(BudgetError, match="below what the accountant certifies for this job at any noise scale"):
         est.fit(X, y, client=np.arange(len(y)) % 4)
 
 
@@ -176,3 +176,22 @@ def test_greedy_depth_never_shrinks_as_epsilon_grows_across_the_switch_to_8_tree
     depths = [s.max_depth for s in shapes]
     assert depths == sorted(depths), list(zip(grid, depths, strict=True))
     assert {s.n_estimators for s, e in zip(shapes, grid, strict=True) if e < 2} == {4}
+
+
+def test_dp_random_splits_refuse_more_leaves_than_memory_holds_before_any_work() -> None:
+    """DP random splits grow every tree to its full depth: max_depth = 20 would build
+    8 * 2^20 leaves per forest (the fit ran out of memory after minutes); it is refused at
+    once, naming the count and what to lower. Depth 12 is taken."""
+    from fedforest_secure import FedForestClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    y = (X[:, 0] > 0).astype(int)
+    h = np.arange(400) % 4
+    prof = load_profile("secure-dp")
+    est = FedForestClassifier(profile=prof, method="random", n_estimators=8, max_depth=20)
+    with pytest.raises(ValueError, match=r"8 trees of 2\^20 leaves .* more than 262,144 "
+                                         r"leaves: lower max_depth or n_estimators"):
+        est.fit(X, y, client=h)
+    FedForestClassifier(profile=prof, method="random", n_estimators=8, max_depth=12).fit(
+        X, y, client=h)

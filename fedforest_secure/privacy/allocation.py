@@ -124,8 +124,9 @@ def calibrate(releases: Sequence[PlannedRelease], epsilon: float,
     while eps_at(hi) > epsilon:
         lo, hi = hi, 2.0 * hi
         if hi > 1e100:  # the accountant's orders stop (10^4): no noise scale reaches epsilon
-            raise BudgetError(f"(epsilon={epsilon}, delta={delta}) is below what any noise "
-                              "scale of this job reaches: ask for a larger epsilon or delta")
+            raise BudgetError(f"(epsilon={epsilon}, delta={delta}) is below what the "
+                              "accountant certifies for this job at any noise scale (its Renyi "
+                              "orders stop at 10^4): ask for a larger epsilon or delta")
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if eps_at(mid) > epsilon:
