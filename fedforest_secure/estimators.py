@@ -491,7 +491,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         parameters or profile, writes that file as it was (claiming none)."""
         model = self._check_fitted()
         if not hasattr(self, "profile_"):  # loaded from a file without an estimator section
-            write_atomic(path, model.to_json())
+            write_atomic(path, getattr(self, "_file_model", model).to_json())
             return
         params = self.get_params()
         params["profile"] = getattr(self, "profile_", params["profile"])
@@ -538,6 +538,11 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             raise ValueError(f"{path} was saved by {section.get('class')}, not {cls.__name__}")
         est = cls(**section["params"]) if section else cls()
         est.model_ = dataclasses.replace(model, estimator=None)
+        if not section:  # a job's model: classes in the schema's order
+            sorted_model = _classes_sorted(est.model_)
+            if sorted_model is not est.model_:
+                est._file_model = est.model_  # what save writes back
+                est.model_ = sorted_model
         if section.get("config") is not None:
             est.config_ = JobConfig.from_json(json.dumps(section["config"]))
         if section:
@@ -576,6 +581,22 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         est.profile_ = doc["params"]["profile"]
         est._set_fitted_attributes()
         return est
+
+
+def _classes_sorted(model: ForestModel) -> ForestModel:
+    """``model`` with its classes in sorted order, the trees' class columns to match (as
+    scikit-learn's classifiers keep ``classes_``, and its metrics read probability columns);
+    ``model`` itself if they are sorted already or cannot be compared."""
+    if model.task != "classification" or not model.classes:
+        return model
+    try:
+        order = sorted(range(len(model.classes)), key=lambda i: model.classes[i])  # type: ignore[index]
+    except TypeError:  # labels of mixed kinds: kept as they are
+        return model
+    if order == list(range(len(order))):
+        return model
+    trees = [dataclasses.replace(t, value=t.value[:, order]) for t in model.trees]
+    return dataclasses.replace(model, trees=trees, classes=[model.classes[i] for i in order])
 
 
 def _as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:

@@ -250,6 +250,36 @@ def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_r
 
 
 
+def test_a_jobs_model_with_classes_out_of_order_reads_as_sklearn_expects(
+        tmp_path: Path) -> None:
+    """A schema lists its classes in its own order ("low", "mid", "high"); scikit-learn's
+    metrics take predict_proba's columns in sorted order of classes_. The loaded estimator
+    gives sorted classes_ with the columns to match (log_loss / roc_auc_score were silently
+    wrong), and saves the job's file as it was."""
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    schema_text = ('[target]\nname = "level"\nkind = "classification"\n'
+                   'classes = ["low", "mid", "high"]\n'
+                   '[[features]]\nname = "x"\nkind = "continuous"\nbounds = [0.0, 3.0]\n')
+    rng = np.random.default_rng(2)
+    X = rng.uniform(0, 3, size=(300, 1))
+    codes = np.minimum(X[:, 0].astype(int), 2)  # 0: low, 1: mid, 2: high
+    forest = FedForestClassifier(n_estimators=5, max_depth=3, random_state=0).fit(
+        X, codes, client=np.arange(300) % 3).model_
+    path = tmp_path / "model.json"
+    path.write_text(forest.for_job(schema_text, ["a", "b", "c"]).to_json())
+    est = FedForestClassifier.load(path)
+    assert list(est.classes_) == ["high", "low", "mid"]
+    labels = np.array(["low", "mid", "high"])[codes]
+    proba = est.predict_proba(X)
+    np.testing.assert_array_equal(proba, forest.predict_values(X)[:, [2, 0, 1]])
+    assert (est.predict(X) == labels).mean() > 0.9
+    assert log_loss(labels, proba) < 0.3
+    assert roc_auc_score(labels, proba, multi_class="ovr", labels=est.classes_) > 0.95
+    est.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == path.read_text()
+
+
 def test_a_jobs_model_scores_a_site_csv_whose_class_labels_pandas_reads_as_numbers(
         tmp_path: Path) -> None:
     """The schema's classes are text ("0", "1"); pandas reads the CSV's target as integers:
