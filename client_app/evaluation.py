@@ -70,7 +70,7 @@ class EvalLedger:
                     f"site already scored it on in job {e.get('job')!r}; a second evaluation "
                     "could isolate this site by differencing. Refusing (to repeat an "
                     f"evaluation on purpose, delete job {e.get('job')!r}'s line from "
-                    f"{self.path})")
+                    f"{self.path})", code="evaluated_before")
         if not mine:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"job": job, "models": list(models), "rows": rows},

@@ -67,9 +67,10 @@ def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
         d.mkdir()
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
-    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'"):
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'") as exc:
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
+    assert exc.value.code == "evaluated_before"  # the words that reach the operator
     # job A itself may be answered again (a restarted client of the same job)
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
