@@ -286,10 +286,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             raise
         # a site dropped earlier (a missed deadline, a refusal) that comes back: what happened
         # and what it can still do, not an HTTP error
-        return ClientResult(status="dropped", detail=(
-            f"this site was dropped from job {job} ({exc.detail}); the job went on without "
-            f"it. Once the job is done, `fedforest model download --job {job}` fetches its "
-            "model"))
+        return ClientResult(status="dropped", detail=_dropped_detail(job, exc.detail))
     info = _parse(JoinResponse, offered, "job offer")
     if pinned is not None:  # before anything else leaves the site
         check_job_profile(pinned, info.config.get("profile"))
@@ -334,10 +331,16 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         ctx = _Ctx(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
                    worker, result, progress, bar, log, _Watch(job, log, k))
         ctx.waiting()
-        if secure_hint and identity is not None:
-            _run_secure(ctx, identity)
-        else:
-            _run_open(ctx)
+        try:
+            if secure_hint and identity is not None:
+                _run_secure(ctx, identity)
+            else:
+                _run_open(ctx)
+        except ApiRejected as exc:
+            if exc.code != "dropped":
+                raise
+            # dropped while it ran (it stalled past a deadline): as for a site coming back
+            result.status, result.detail = "dropped", _dropped_detail(job, exc.detail)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
@@ -431,11 +434,23 @@ def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
                  f"{config.n_clients} clients")
 
 
+def _dropped_detail(job: str, why: str) -> str:
+    """What a site dropped from ``job`` is told: what happened and what it can still do."""
+    return (f"this site was dropped from job {job} ({why}); the job went on without it. Once "
+            f"the job is done, `fedforest model download --job {job}` fetches its model")
+
+
 def _model_receipt(ctx: _Ctx, model: bytes, headers: Any) -> None:
     """Keep a receipt of the model and of the audit-chain head the server announced with it:
-    it covers the job's last round and its model entry (``fedforest audit verify --receipts``)."""
+    it covers the job's last round and its model entry (``fedforest audit verify --receipts``).
+    A server that keeps no audit log announces no entry (sequence 0): there is nothing for a
+    receipt to cover, and the site is told so."""
     from fedforest_secure.audit import ModelReceipt, write_receipt
 
+    if str(headers.get("X-FedForest-Audit-Seq", "0")) == "0":
+        ctx.log.warn(f"job {ctx.job}: the server keeps no audit log: this site keeps no model "
+                     "receipt, and nothing records which model the job gave")
+        return
     try:
         rec = ModelReceipt(job_id=ctx.job, client=ctx.name,
                            model_digest=hashlib.sha256(model).hexdigest(),
@@ -469,8 +484,9 @@ def _run_open(ctx: _Ctx) -> None:
         status = resp.headers.get("X-FedForest-Status", "")
         if resp.status_code == 204:
             if status in ("done", "failed", "dropped"):
-                result.status, result.detail = status, resp.headers.get(
-                    "X-FedForest-Detail", "")
+                detail = resp.headers.get("X-FedForest-Detail", "")
+                result.status, result.detail = status, (
+                    _dropped_detail(job, detail) if status == "dropped" else detail)
                 return
             ctx.waiting()
             continue
@@ -506,7 +522,9 @@ def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor)
             f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
         status = step.status
         if status in ("done", "failed", "dropped"):
-            result.status, result.detail = status, str(step.detail)
+            result.status, result.detail = status, (
+                _dropped_detail(job, str(step.detail)) if status == "dropped"
+                else str(step.detail))
             return
         if status != "task":
             ctx.waiting()

@@ -59,7 +59,8 @@ class ServerSettings(BaseModel):
         "SQLAlchemy URL of the server's database (jobs, rounds, tokens); SQLite or "
         "PostgreSQL"))
     audit_database: str | None = Field(default=None, description=(
-        "SQLAlchemy URL of the audit log; absent: no audit log is kept"))
+        "SQLAlchemy URL of the audit log; absent: no audit log is kept (the sites finish "
+        "without model receipts, and say so)"))
     tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "how often round deadlines are checked"))
     max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(

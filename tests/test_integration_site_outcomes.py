@@ -1,0 +1,54 @@
+"""How a site's client ends a job over HTTPS (real uvicorn server and client processes): a site
+that stalls past a deadline and comes back is told it was dropped (exit code 3), and a server
+that keeps no audit log lets its sites finish (exit code 0) without a model receipt."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from test_integration_https import freeze_mid_job, launch_client, launch_server, setup_fed, \
+    stop_all
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_site_that_stalls_past_the_deadline_and_resumes_is_told_it_was_dropped(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=5, deadline=15.0, min_clients=3)
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(5)]
+        freeze_mid_job(fed, clients[4], 2)
+        codes = [c.wait(600) for c in clients[:4]]
+        clients[4].send_signal(signal.SIGCONT)  # the job is done; the stalled site wakes up
+        late = clients[4].wait(120)
+    finally:
+        stop_all(fed)
+    assert codes == [0, 0, 0, 0]
+    log = (fed.root / "client-4.log").read_text()
+    assert late == 3, log
+    assert "this site was dropped from job job-a" in log and "model download" in log
+    assert "Traceback" not in log
+
+
+def test_a_server_without_an_audit_log_lets_its_sites_finish(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    toml = fed.server_toml
+    toml.write_text("".join(line for line in toml.read_text().splitlines(keepends=True)
+                            if not line.startswith("audit_database")))
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        codes = [c.wait(600) for c in clients]
+    finally:
+        stop_all(fed)
+    logs = [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    assert codes == [0, 0, 0], logs
+    assert all("keeps no audit log" in text for text in logs)
+    assert (fed.root / "client-0.model.json").exists()
+    assert not list((fed.root / "state" / "client-0" / "receipts").glob("*model*"))
