@@ -8,8 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_integration_https import freeze_mid_job, launch_client, launch_server, setup_fed, \
-    stop_all
+from test_integration_https import freeze_mid_job, launch_client, launch_server, setup_fed, stop_all
 
 pytestmark = pytest.mark.integration
 
