@@ -46,6 +46,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedforest_secure.errors import InvalidMessage, UploadRejected
@@ -103,7 +104,18 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
     Uploads run to tens of MB in chunks of 64 KB. The buffer doubles as data arrives (never
     beyond a stated Content-Length), so a client that states a length but stalls holds only
     what it sent: nothing is allocated on the word of a header. Without a Content-Length the
-    buffer grows up to ``limit`` bytes."""
+    buffer grows up to ``limit`` bytes. A client whose connection closes before its body is
+    complete is refused (logged as a client's failure, not a server error)."""
+    try:
+        return await _read_body_chunks(request, length, limit)
+    except ClientDisconnect:
+        event("client_gone", logging.WARNING, method=request.method, path=request.url.path,
+              reason="the connection closed before the body was complete")
+        raise ApiError(400, "client_disconnected", "the connection closed before the body "
+                       "was complete") from None
+
+
+async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytearray:
     if length is None:
         grown = bytearray()
         async for chunk in request.stream():

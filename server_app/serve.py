@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import ssl
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -113,7 +115,16 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
             server.should_exit = True
 
     lease.keep(lost)
+    # uvicorn shuts down gracefully on SIGTERM, restores the handler it found and raises the
+    # signal again: with the default handler the process died there, before the lease was
+    # given back. This handler turns it into SystemExit (status 128 + 15), so it is given back.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server.run()
     finally:
         lease.release()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

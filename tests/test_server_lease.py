@@ -79,3 +79,27 @@ def test_a_second_server_on_the_same_database_refuses_to_start(
     finally:
         for proc in fed.procs:
             stop(proc)
+
+
+@pytest.mark.integration
+def test_a_server_stopped_with_sigterm_gives_its_lease_back(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """systemd and container runtimes stop a server with SIGTERM: after its graceful shutdown
+    the lease row is gone, so a replacement (on another host too) starts at once."""
+    from sqlalchemy import func, select
+
+    from server_app.db import LeaseRow
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    server = launch_server(fed)
+    try:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    finally:
+        stop(server)
+    assert "event=shutdown" in (tmp_path / "server.log").read_text()
+    db = Database(fed.db_url)
+    with db.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(LeaseRow)).scalar() == 0
+    db.dispose()

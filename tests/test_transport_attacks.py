@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,25 @@ def test_attack8_negative_counts_are_rejected_in_open_rounds(live: Live) -> None
                       headers={"Content-Type": "application/octet-stream"})
     assert info["config"]["profile"]["name"] == "open"
     assert r.status_code == 400, f"a negative count was accepted: {r.status_code} {r.text}"
+
+
+def test_a_client_that_disconnects_mid_upload_is_no_server_error(live: Live) -> None:
+    """A site whose connection drops while it uploads (a network cut, a killed process) is a
+    client's failure: the server logs it as such, without a traceback or an HTTP 500."""
+    for k in (0, 1, 2):  # the job runs: its first round is open for uploads
+        with live.http(k=k, token=k) as other:
+            assert other.post("/v1/jobs/job-a/join").status_code == 200
+    with live.http(0, token=0) as http:
+        round_id = Task.from_bytes(http.get("/v1/jobs/job-a/task").content).round_id
+    sock = live.raw()
+    sock.sendall(f"POST /v1/jobs/job-a/rounds/{round_id}/upload HTTP/1.1\r\n".encode()
+                 + b"Host: 127.0.0.1\r\n"
+                 b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Content-Type: application/octet-stream\r\nContent-Length: 16777216\r\n\r\n")
+    sock.sendall(b"\0" * (1 << 20))
+    sock.close()
+    time.sleep(1.0)
+    with live.http(0, token=0) as http:  # the server answers on; the log has had its line
+        assert http.get("/v1/me").status_code == 200
+    log = (live.root / "server.log").read_text()
+    assert "ClientDisconnect" not in log and "Traceback" not in log, log[-2000:]
