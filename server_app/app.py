@@ -46,8 +46,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from fedforest_secure.errors import InvalidMessage, UploadRejected
 from fedforest_secure.protocol.api import NAME_PATTERN, Health, JoinBody, Me, RefuseBody
