@@ -24,6 +24,8 @@ __all__ = ["AuditSink", "NullAudit", "open_audit", "record_events", "record_roun
 
 
 class AuditSink(Protocol):
+    enabled: bool  # False: the server keeps no audit log
+
     def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
                arrays: Mapping[str, np.ndarray] | None = None) -> None: ...
 

@@ -11,16 +11,18 @@ import threading
 from pathlib import Path
 
 import uvicorn
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from fedforest_secure.pki import check_validity
 
 from .app import create_app
-from .audit_hook import open_audit
-from .db import Database
+from .audit_hook import AuditSink, open_audit
+from .db import Database, JobRow
 from .lease import ServerLease
 from .logs import configure, event
+from .phases import JobStatus
 from .settings import LOOPBACK, ConfigError, ServerSettings
 from .tls_identity import PeerNames, protocol_with_peer_names
 
@@ -88,7 +90,13 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         peer_names = PeerNames()
         http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
     server: uvicorn.Server | None = None
-    app = create_app(db, open_audit(settings.audit_database), tick_seconds=settings.tick_seconds,
+    audit = open_audit(settings.audit_database)
+    try:
+        check_audit_chains(db, audit, settings.audit_database)
+    except ConfigError:
+        lease.release()
+        raise
+    app = create_app(db, audit, tick_seconds=settings.tick_seconds,
                      max_upload_bytes=settings.max_upload_bytes,
                      spool=spool_dir(settings.database),
                      body_timeout_s=settings.body_timeout_s, peer_names=peer_names,
@@ -124,6 +132,25 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         server.run()
     finally:
         lease.release()
+
+
+def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
+    """Refuse (:class:`ConfigError`) to serve an unfinished job whose audit chain is not in
+    the configured audit log: it was created on another audit database, and going on here
+    would split its chain between two logs, neither of which verifies."""
+    if not audit.enabled:
+        return
+    with db.session() as sess:
+        unfinished = sess.scalars(select(JobRow.id).where(
+            JobRow.status.in_((JobStatus.WAITING, JobStatus.RUNNING)))).all()
+    for job_id in unfinished:
+        if audit.tip(job_id)[0] == 0:
+            shown = make_url(url).render_as_string(hide_password=True) if url else "?"
+            raise ConfigError(
+                f"job {job_id!r} is not finished and the audit log at {shown} has none of its "
+                "entries: it was created with another audit_database (or none). Start the "
+                "server with the audit_database the job began with (its chain must stay in "
+                "one log)")
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
