@@ -11,6 +11,7 @@ so) and writes every value as text.
 from __future__ import annotations
 
 import json
+import time
 from importlib import resources
 from typing import Annotated, Any
 
@@ -63,21 +64,30 @@ def _static(name: str) -> Response:
     return Response(content=text, media_type=_STATIC[name], headers=_HEADERS)
 
 
+#: seconds a job's verified chain is shown before it is verified again (the page refreshes
+#: every 3 s; an entry rewritten in the database leaves the chain's tip as it was)
+RECHECK_S = 30.0
+
+
 class _ChainCache:
-    """Each job's chain is verified once per audit tip (the page refreshes every 3 s)."""
+    """Each job's chain is verified again when its audit tip moves, or when the last check is
+    older than :data:`RECHECK_S`."""
 
     def __init__(self, audit: AuditSink) -> None:
         self.audit = audit
-        self._seen: dict[str, tuple[tuple[int, str], dict[str, Any]]] = {}
+        self._seen: dict[str, tuple[tuple[int, str], float, dict[str, Any]]] = {}
 
     def __call__(self, job_id: str) -> dict[str, Any]:
+        if not self.audit.enabled:
+            return {"kept": False, "ok": None, "entries": 0, "problems": []}
         tip = self.audit.tip(job_id)
+        now = time.monotonic()
         hit = self._seen.get(job_id)
-        if hit is not None and hit[0] == tip:
-            return hit[1]
+        if hit is not None and hit[0] == tip and now - hit[1] < RECHECK_S:
+            return hit[2]
         ok, n, problems = self.audit.verify_chain(job_id)
-        out = {"ok": ok, "entries": n, "problems": problems[:5]}
-        self._seen[job_id] = (tip, out)
+        out = {"kept": True, "ok": ok, "entries": n, "problems": problems[:5]}
+        self._seen[job_id] = (tip, now, out)
         return out
 
 

@@ -82,8 +82,28 @@ def test_the_jobs_api_needs_an_operator_token_not_a_client_one(ui: dict) -> None
     assert job["audit"]["ok"] is True and job["audit"]["entries"] == 2  # created, joined
 
 
-def test_the_page_shows_when_the_audit_chain_does_not_verify(tmp_path: Path, tiny_parts,
-                                                             job_dir) -> None:
+def test_the_page_shows_an_audit_chain_changed_under_a_running_server(
+        ui: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry rewritten in the audit database (not appended: the chain's tip stays) shows
+    as "does not verify" once the page's result is older than the recheck interval."""
+    import sqlite3
+
+    import server_app.ui as ui_mod
+
+    op = {"Authorization": f"Bearer {ui['operator']}"}
+    http = ui["http"]
+    http.post("/v1/jobs/job-a/join", headers={"Authorization": f"Bearer {ui['tokens'][0]}"})
+    assert http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]["ok"] is True
+    with sqlite3.connect(tmp_path / "audit.db") as conn:
+        conn.execute("UPDATE audit_entries SET payload = replace(payload, 'client-0', "
+                     "'client-9') WHERE kind = 'client_joined'")
+    monkeypatch.setattr(ui_mod, "RECHECK_S", 0.0)
+    audit = http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]
+    assert audit["ok"] is False and "changed" in "; ".join(audit["problems"])
+
+
+def test_a_server_without_an_audit_log_shows_none_kept_not_a_broken_chain(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
     parts, feat = tiny_parts
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     operator = add_operator(db, "ops")
@@ -94,8 +114,8 @@ def test_the_page_shows_when_the_audit_chain_does_not_verify(tmp_path: Path, tin
     with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
         body = http.get("/ui/api/jobs", headers={"Authorization": f"Bearer {operator}"}).json()
     db.dispose()
-    assert body["jobs"][0]["audit"]["ok"] is False
-    assert "keeps no audit log" in body["jobs"][0]["audit"]["problems"][0]
+    assert body["jobs"][0]["audit"] == {"kept": False, "ok": None, "entries": 0,
+                                        "problems": []}
 
 
 # ---------------------------------------------------------------------- the real browser

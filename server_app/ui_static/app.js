@@ -41,10 +41,12 @@
     if (job.reason) rows.push(["reason", job.reason]);
     for (const [k, v] of rows) facts.append(el("tr", {"data-fact": k}, el("th", {}, k), el("td", {}, v)));
     const audit = job.audit;
-    const auditText = audit.ok ? "verifies (" + audit.entries + " entries)"
-                               : "DOES NOT VERIFY: " + audit.problems.join("; ");
+    const auditText = !audit.kept ? "none kept (the server has no audit_database)"
+                    : audit.ok ? "verifies (" + audit.entries + " entries)"
+                    : "DOES NOT VERIFY: " + audit.problems.join("; ");
+    const auditClass = !audit.kept ? "audit-none" : audit.ok ? "audit-ok" : "audit-bad";
     facts.append(el("tr", {"data-fact": "audit"}, el("th", {}, "audit chain"),
-                    el("td", {class: audit.ok ? "audit-ok" : "audit-bad"}, auditText)));
+                    el("td", {class: auditClass}, auditText)));
     section.append(facts);
     const members = el("table", {class: "members"},
       el("tr", {}, el("th", {}, "#"), el("th", {}, "site"), el("th", {}, "state")));
