@@ -101,6 +101,15 @@ def add_operator_cmd(name: str, config: ConfigOpt) -> None:
     print(token)
 
 
+@server_cli.command("remove-operator")
+def remove_operator_cmd(name: str, config: ConfigOpt) -> None:
+    """Remove an operator (a leaked or lost token): its token no longer opens /ui."""
+    _admin_does(config, lambda admin: admin.remove_operator(name))
+    console.print(f"operator [bold]{escape(name)}[/bold] removed: its token no longer opens "
+                  f"/ui; `fedforest server add-operator {escape(name)}` gives the name a new "
+                  "one")
+
+
 @server_cli.command("create-job")
 def create_job_cmd(config: ConfigOpt,
                    job: Annotated[Path, typer.Option("--job", "-j", help="job.toml")]) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
-from .auth import add_client, add_operator, revoke_client, rotate_token
+from .auth import add_client, add_operator, remove_operator, revoke_client, rotate_token
 from .db import Database, JobRow, RoundRow
 from .jobcheck import check_job
 from .jobspec import JobSpec
@@ -92,6 +92,10 @@ class ServerAdmin:
         """Register an operator of ``/ui``; returns its token (stored hashed, shown only
         here)."""
         return add_operator(self._db, name)
+
+    def remove_operator(self, name: str) -> None:
+        """Delete an operator of ``/ui``: its token stops working at once."""
+        remove_operator(self._db, name)
 
     def create_job(self, spec: JobSpec) -> JobSummary:
         """Create a job for registered clients (audited as ``job_created``), refusing what

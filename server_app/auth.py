@@ -93,6 +93,16 @@ def add_operator(db: Database, name: str) -> str:
     return "ffo_" + token.removeprefix("ffs_")
 
 
+def remove_operator(db: Database, name: str) -> None:
+    """Delete operator ``name``: its token opens ``/ui`` no more (every request looks the
+    token up); :func:`add_operator` registers the name again with a new token."""
+    with db.session() as sess:
+        row = sess.scalar(select(OperatorRow).where(OperatorRow.name == name))
+        if row is None:
+            raise TokenError(f"no operator {name!r}")
+        sess.delete(row)
+
+
 def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
     """The operator owning ``token`` (an ``ffo_`` token; a client's never matches), or None.
     Constant-time in the secret."""

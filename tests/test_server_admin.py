@@ -97,6 +97,32 @@ def test_a_leaked_token_is_replaced_or_revoked_by_the_operator(tmp_path: Path) -
     db.dispose()
 
 
+def test_a_leaked_operator_token_is_removed_and_replaced(tmp_path: Path) -> None:
+    """`server remove-operator` deletes an operator: its ffo_ token opens the page no more
+    (checked on every request), and `add-operator` registers the name again with a new one."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from server_app.auth import authenticate_operator
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path / "s.db"}"\n')
+    cfg = ["--config", str(tmp_path / "server.toml")]
+    run = CliRunner().invoke
+    old = run(app, ["server", "add-operator", "alice", *cfg]).output.strip().splitlines()[-1]
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    assert authenticate_operator(db, old) is not None
+    removed = run(app, ["server", "remove-operator", "alice", *cfg])
+    assert removed.exit_code == 0 and "removed" in removed.output, removed.output
+    assert authenticate_operator(db, old) is None
+    again = run(app, ["server", "add-operator", "alice", *cfg])
+    assert again.exit_code == 0, again.output
+    new = again.output.strip().splitlines()[-1]
+    assert new != old and authenticate_operator(db, new) is not None
+    unknown = run(app, ["server", "remove-operator", "bob", *cfg])
+    assert unknown.exit_code != 0 and "no operator 'bob'" in unknown.output
+    db.dispose()
+
+
 def test_the_server_groups_config_option_reaches_its_sub_commands(tmp_path: Path) -> None:
     """`fedforest server -c server.toml status`: the group's help lists --config; given before
     the sub-command it is the sub-command's (it was "Missing option '--config'")."""
