@@ -58,8 +58,9 @@ def format_status(st: JobStatus) -> str:
     lines = [f"job {st.job_id}: {st.status}" + (f" ({st.reason})" if st.reason else "")
              + (f", profile {st.profile}" if st.profile else "")]
     dropped = st.dropped_clients or sum(m.state == "dropped" for m in st.members)
+    what = "training" if st.kind == "train" else "the evaluation"
     lines.append(f"members: {st.joined_clients} of {st.n_clients} joined, {st.active_clients} "
-                 f"active, {dropped} dropped (training needs at least {st.min_clients})")
+                 f"active, {dropped} dropped ({what} needs at least {st.min_clients})")
     for m in st.members:
         mark = "  (you)" if m.index == st.client_index else ""
         at = f" at round {m.dropped_round}" if m.state == "dropped" and \
@@ -69,12 +70,13 @@ def format_status(st: JobStatus) -> str:
         level = "?" if st.level is None else str(st.level)
         depth = f" of {st.max_depth}" if st.max_depth is not None else ""
         phase = f", phase {st.phase}" if st.phase else ""
-        lines.append(f"progress: level {level}{depth}, round {max(st.round_id, 0)}"
+        where = f"level {level}{depth}, " if st.kind == "train" else ""
+        lines.append(f"progress: {where}round {max(st.round_id, 0)}"
                      f"{phase}, {st.rounds_done} rounds done")
     if st.status == "running":
         lines.append(f"ETA: {format_eta(st.eta_s)}")
     if st.model_digest:
-        lines.append(f"model sha256 {st.model_digest}")
+        lines.append(f"{'model' if st.kind == 'train' else 'result'} sha256 {st.model_digest}")
     return "\n".join(lines)
 
 

@@ -348,7 +348,8 @@ class RoundDriver:
             job.model_json = text
             job.model_digest = hashlib.sha256(text.encode()).hexdigest()
             job.status = JobStatus.DONE
-            job.reason = "training complete"
+            job.reason = ("training complete" if isinstance(result, ForestModel)
+                          else "evaluation complete")
             rt.task = None
             self.audit.append(job.id, "model", {"digest": job.model_digest})
             event("job_done", job=job.id, rounds=closed_rounds(sess, job.id),

@@ -25,22 +25,24 @@ __all__ = ["job_status", "progress"]
 
 
 def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
-    """``level``, ``max_depth``, ``phase``, ``rounds_done``, ``eta_s`` of a job."""
+    """``kind``, ``level``, ``max_depth``, ``phase``, ``rounds_done``, ``eta_s`` of a job."""
     config = json.loads(job.config_json)
+    trees = config.get("evaluation") is None  # an evaluation job has one round, no levels
     max_depth = int(config.get("max_depth", 0))
-    out: dict[str, Any] = {"max_depth": max_depth, "level": None, "phase": None,
-                           "rounds_done": 0, "eta_s": None,
+    out: dict[str, Any] = {"kind": "train" if trees else "evaluate",
+                           "max_depth": max_depth if trees else None, "level": None,
+                           "phase": None, "rounds_done": 0, "eta_s": None,
                            "profile": (config.get("profile") or {}).get("name")}
     rr = sess.get(RoundRow, (job.id, job.current_round)) if job.current_round >= 0 else None
     if rr is None:
         if job.status == JobStatus.DONE:  # pruned: a done job closed rounds 1..current_round
             out["rounds_done"] = max(job.current_round, 0)
         return out
-    out["level"] = rr.level
+    out["level"] = rr.level if trees else None
     if rr.status == RoundStatus.OPEN and job.status == JobStatus.RUNNING:
         out["phase"] = rr.phase  # a failed job's aborted round is in no phase
     out["rounds_done"] = closed_rounds(sess, job.id)
-    if job.status == JobStatus.RUNNING and 0 < rr.level <= max_depth:  # 0: levels unknown
+    if trees and job.status == JobStatus.RUNNING and 0 < rr.level <= max_depth:  # 0: unknown
         first = sess.scalar(select(func.min(RoundRow.issued_at)).where(
             RoundRow.job_id == job.id))
         level_start = sess.scalar(select(func.min(RoundRow.issued_at)).where(

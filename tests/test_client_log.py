@@ -258,6 +258,12 @@ def test_status_lines_show_members_level_round_phase_and_eta() -> None:
     assert re.search(r"2  c +dropped at round 9", text)
     assert "progress: level 2 of 4, round 12, phase upload, 11 rounds done" in text
     assert "ETA: about 2 min" in text
+    # an evaluation job: one round, no tree levels, a result rather than a model
+    ev = format_status(st.model_copy(update={
+        "kind": "evaluate", "level": None, "max_depth": None, "status": "done", "round_id": 1,
+        "phase": None, "rounds_done": 1, "model_digest": "ab" * 32}))
+    assert "(the evaluation needs at least 3)" in ev and "progress: round 1, 1 rounds done" in ev
+    assert "level" not in ev and f"result sha256 {'ab' * 32}" in ev
 
 
 def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> None:

@@ -154,6 +154,26 @@ def test_federated_metrics_over_https_equal_the_pooled_held_out_metrics(
     assert run.result.models[1].metrics == other.result.models[1].metrics
 
 
+def test_a_done_evaluation_jobs_status_speaks_of_an_evaluation_not_of_trees(
+        evaluated: dict[str, Any]) -> None:
+    """`fedforest status` / `server status` / the operator page: an evaluation has no tree
+    levels, and what it completed is an evaluation."""
+    import time
+
+    from server_app.db import JobRow
+    from server_app.status import job_status
+
+    db = Database(f"sqlite:///{evaluated['root'] / 'server.db'}")
+    with db.session() as sess:
+        for prof in PROFILES:
+            job = sess.get(JobRow, f"eval-{prof}")
+            assert job is not None
+            st = job_status(sess, job, None, time.time())
+            assert (st["status"], st["reason"]) == ("done", "evaluation complete"), st
+            assert st["max_depth"] is None and st["level"] is None and st["rounds_done"] == 1
+    db.dispose()
+
+
 def test_every_evaluation_aggregate_is_in_the_audit_log(evaluated: dict[str, Any]) -> None:
     db = evaluated["root"] / "audit.db"
     report = verify_log(db, replay=True)

@@ -159,13 +159,15 @@ class MemberStatus(_Response):
 class JobStatus(_Response):
     """``GET /v1/jobs/{job}``: where a job is, for ``fedforest status`` and the client's log.
 
-    ``level`` is the depth the trees are being grown at (0 = the roots), ``phase`` the step of
-    the open round, ``eta_s`` the server's estimate of the seconds left (from the rounds so
-    far; None before there is anything to estimate from).
+    ``kind`` is ``"train"`` or ``"evaluate"`` (one round, no tree levels: ``level`` and
+    ``max_depth`` are None); ``level`` is the depth the trees are being grown at (0 = the
+    roots), ``phase`` the step of the open round, ``eta_s`` the server's estimate of the seconds
+    left (from the rounds so far; None before there is anything to estimate from).
     """
 
     job_id: str
     status: str
+    kind: str = "train"
     reason: str | None = ""
     round_id: int = -1
     client_index: int | None = None

@@ -29,7 +29,7 @@
     const facts = el("table", {class: "facts"});
     const rows = [
       ["profile", job.profile || "-"],
-      ["level", level],
+      job.kind === "evaluate" ? ["kind", "evaluation (one round)"] : ["level", level],
       ["round", job.round_id < 0 ? "-" : job.round_id],
       ["phase", job.phase || "-"],
       ["rounds done", job.rounds_done],
