@@ -3,7 +3,7 @@
 Routes (all under ``/v1`` need ``Authorization: Bearer <token>``):
 
 =======  ===========================================  ==========================================
-GET      /health                                      liveness, no auth
+GET      /health                                      liveness and database (503 if down)
 GET      /v1/me                                       who the token belongs to
 GET      /v1/jobs                                     the jobs this client is invited to
 POST     /v1/jobs/{job}/join                          join (secure jobs: {"identity_key": hex});
@@ -45,6 +45,8 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -96,6 +98,16 @@ async def _client(request: Request,
 
 
 Client = Annotated[ClientRow, Depends(_client)]
+
+
+def _database_answers(db: Database) -> bool:
+    try:
+        with db.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        event("database_unavailable", logging.WARNING, error=type(exc).__name__)
+        return False
+    return True
 
 
 async def _read_body(request: Request, length: int | None, limit: int) -> bytearray:
@@ -206,12 +218,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
         # a bug or a broken deployment: the client gets the reason in words (and retries),
-        # the server log the traceback
+        # the server log the traceback; a database error's words (its SQL, the database's
+        # address) stay in the log
         event("error", logging.ERROR, exc=exc, method=req.method, path=req.url.path,
               error=f"{type(exc).__name__}: {exc}")
-        return JSONResponse({"error": "server_error", "detail": f"the server failed: "
-                             f"{type(exc).__name__}: {str(exc)[:300]} (its log has the "
-                             "traceback)"}, status_code=500)
+        said = ("the server's database failed" if isinstance(exc, SQLAlchemyError)
+                else f"{type(exc).__name__}: {str(exc)[:300]}")
+        return JSONResponse({"error": "server_error", "detail": f"the server failed: {said} "
+                             "(its log has the traceback)"}, status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -220,9 +234,15 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
 
     add_ui(app, db, st, st.core.audit)
 
-    @app.get("/health", response_model=Health, tags=["meta"])
-    async def health() -> Health:
-        return Health(status="ok", version=__version__)
+    @app.get("/health", response_model=Health, tags=["meta"],
+             responses={503: {"model": Health}})
+    async def health() -> Response:
+        """Liveness with the database: 503 "database unavailable" while it cannot be
+        reached (a load balancer or a monitor sees the server cannot serve)."""
+        ok = await run_in_threadpool(_database_answers, db)
+        return JSONResponse(Health(status="ok" if ok else "database unavailable",
+                                   version=__version__).model_dump(),
+                            status_code=200 if ok else 503)
 
     @app.get("/v1/me", response_model=Me, tags=["meta"])
     async def me(c: Client) -> Me:

@@ -21,12 +21,13 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    create_engine,
     event,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from fedforest_secure.dburl import DatabaseUrlError, create_db_engine
 
 from .settings import ConfigError
 
@@ -188,7 +189,10 @@ class Database:
             # look-ups, directory, task downloads): as many as the server's thread pool (40)
             kwargs.update(pool_size=10, max_overflow=30, pool_pre_ping=True)
         self.url = url
-        self.engine: Engine = create_engine(url, **kwargs)
+        try:
+            self.engine: Engine = create_db_engine(url, **kwargs)
+        except DatabaseUrlError as exc:
+            raise ConfigError(f"server database: {exc}") from None
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:

@@ -279,14 +279,17 @@ class ServerState:
                                         digest=hashlib.sha256(identity_cert.encode()
                                                               ).hexdigest())
                 info = _job_info(job, client, idx, secure)
+                if first:
+                    # audited before the join commits: if the audit log fails, the site stays
+                    # invited and its retry joins (and is audited) again
+                    payload: dict[str, Any] = {"client": client.name, "client_index": idx}
+                    if secure and identity_key is not None:
+                        payload["identity_key"] = identity_key.hex()
+                        if identity_cert is not None:
+                            payload["identity_cert"] = json.loads(identity_cert)
+                    self.core.audit.append(job_id, "client_joined", payload)
             if first:
                 event("join", job=job_id, client=client.name, index=idx)
-                payload: dict[str, Any] = {"client": client.name, "client_index": idx}
-                if secure and identity_key is not None:
-                    payload["identity_key"] = identity_key.hex()
-                    if identity_cert is not None:
-                        payload["identity_cert"] = json.loads(identity_cert)
-                self.core.audit.append(job_id, "client_joined", payload)
             self._maybe_start(job_id)
             self.core.changes.notify(job_id)
             return info

@@ -48,3 +48,72 @@ def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
         assert denied.status_code == 404 and denied.json()["error"] == "unknown_job"
         assert http.get("/v1/jobs/job-a/audit").status_code == 401
     db.dispose()
+
+
+def test_a_join_whose_audit_entry_fails_is_not_counted_and_its_retry_is_logged(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """The audit log's database fails while a site joins (PostgreSQL restarting): the join
+    fails and the site stays invited, so its retry joins again and its client_joined entry
+    is written; the site was counted as joined and its entry was never written."""
+    import pytest
+
+    from server_app.auth import authenticate
+
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(3)]
+    audit = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    state = ServerState(db, audit)
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
+    real_append = audit.append
+
+    def failing(job_id: str, kind: str, *args: object, **kw: object) -> None:
+        raise ConnectionError("the audit database is restarting")
+
+    audit.append = failing  # type: ignore[method-assign]
+    client = authenticate(db, tokens[0])
+    assert client is not None
+    with pytest.raises(ConnectionError):
+        state.join(client, "job-a")
+    audit.append = real_append  # type: ignore[method-assign]
+    state.join(client, "job-a")
+    with AuditLog(f"sqlite:///{tmp_path / 'audit.db'}", create=False) as log:
+        joined = [e.payload["client"] for e in log.entries(job_id="job-a")
+                  if e.kind == "client_joined"]
+    assert joined == ["client-0"]
+    db.dispose()
+
+
+def test_a_database_failure_is_answered_without_its_sql_or_address(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """The database goes away under a running server: a request that needs it gets a 500
+    saying the server's database failed, not the SQL statement or the database's address
+    (the log has both); /health says the database is unavailable (503)."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy.exc import OperationalError
+
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    token = add_client(db, "client-0")
+    for k in (1, 2):
+        add_client(db, f"client-{k}")
+    state = ServerState(db, open_audit(f"sqlite:///{tmp_path / 'audit.db'}"))
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
+    gone = OperationalError("SELECT audit_entries.seq FROM audit_entries", {},
+                            Exception('connection to server at "10.1.2.3", port 5432 failed'))
+
+    def broken(*args: object, **kw: object) -> str:
+        raise gone
+
+    app = create_app(db, state=state, tick_seconds=60)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        assert http.get("/health").status_code == 200
+        state.audit_log = broken  # type: ignore[method-assign]
+        r = http.get("/v1/jobs/job-a/audit", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 500 and "database" in r.json()["detail"]
+        assert "SELECT" not in r.text and "10.1.2.3" not in r.text
+        db.connect = broken  # type: ignore[method-assign]
+        down = http.get("/health")
+        assert down.status_code == 503 and down.json()["status"] == "database unavailable"
+        assert "10.1.2.3" not in down.text
+    db.dispose()

@@ -38,6 +38,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
+from ..dburl import DatabaseUrlError, create_db_engine
 from ..errors import AuditError
 from .entry import GENESIS, Entry
 from .store import ChainRace, IndexRow, StoredArray
@@ -109,7 +110,12 @@ class SqlStore:
             full = to_url(url if url is not None else "")
             if not create and _missing_sqlite_file(full):
                 raise AuditError(f"no audit log at {url}")
-            engine = create_engine(full)
+            # a server's audit log outlives database restarts: a pooled connection is checked
+            # before use (PostgreSQL), not found dead by the append that needed it
+            try:
+                engine = create_db_engine(full, pool_pre_ping=not full.startswith("sqlite"))
+            except DatabaseUrlError as exc:
+                raise AuditError(f"audit log: {exc}") from None
         self.engine = engine
         self._lock = threading.RLock()
         try:
