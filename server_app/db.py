@@ -196,7 +196,14 @@ class Database:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
-            Base.metadata.create_all(self.engine)
+            try:
+                Base.metadata.create_all(self.engine)
+            except DatabaseError as exc:
+                if not _created_meanwhile(exc):
+                    raise
+                # another process created the tables between the check and the CREATE
+                # (several admin commands at once on a new database): take them as they are
+                Base.metadata.create_all(self.engine)
         except DatabaseError as exc:  # not a database, or one that cannot be reached
             self.engine.dispose()
             shown = make_url(url).render_as_string(hide_password=True)
@@ -228,6 +235,13 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _created_meanwhile(exc: DatabaseError) -> bool:
+    """Whether ``exc`` is a CREATE that lost a race with another process's (SQLite: "already
+    exists"; PostgreSQL: a duplicate key in its catalogue)."""
+    text = str(exc.orig or exc)
+    return "already exists" in text or "duplicate key" in text
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:

@@ -28,6 +28,9 @@ __all__ = ["LEASE_S", "ServerLease"]
 #: a lease not renewed for this many seconds is free
 LEASE_S = 15.0
 
+_SAME_MOMENT = ("another server took this database at the same moment: stop it first, or give "
+                "this server a database of its own")
+
 
 def _running_here(host: str, pid: int) -> bool:
     """Whether the lease's holder may still run: on another host, assumed so."""
@@ -68,11 +71,18 @@ class ServerLease:
                     sess.add(LeaseRow(id=1, owner=self.owner, host=socket.gethostname(),
                                       pid=os.getpid(), port=self.port, renewed_at=now))
                 else:
-                    row.owner, row.host, row.pid = self.owner, socket.gethostname(), os.getpid()
-                    row.port, row.renewed_at = self.port, now
+                    # taken over only as it was read: a server that took it in between wins
+                    taken = sess.execute(
+                        update(LeaseRow)
+                        .where(LeaseRow.id == 1, LeaseRow.owner == row.owner,
+                               LeaseRow.renewed_at == row.renewed_at)
+                        .values(owner=self.owner, host=socket.gethostname(), pid=os.getpid(),
+                                port=self.port, renewed_at=now)
+                        .execution_options(synchronize_session=False))
+                    if not taken.rowcount:  # type: ignore[attr-defined]
+                        raise ConfigError(_SAME_MOMENT)
         except IntegrityError:  # another server inserted the row first
-            raise ConfigError("another server took this database at the same moment: stop "
-                              "it first, or give this server a database of its own") from None
+            raise ConfigError(_SAME_MOMENT) from None
 
     def renew(self) -> bool:
         """Renew the lease; False if another server holds it now."""

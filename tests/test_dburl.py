@@ -42,3 +42,30 @@ def test_a_driver_that_is_not_installed_says_what_to_install(
 def test_psycopg2_urls_are_pointed_to_psycopg_3() -> None:
     with pytest.raises(ConfigError, match=r"postgresql\+psycopg://"):
         Database("postgresql+psycopg2://fed@127.0.0.1:5/fed")
+
+
+def test_two_processes_creating_a_new_database_at_once_both_open_it(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process created the tables between this one's check and its CREATE (four
+    `server add-client` at once on a new database): the tables it found are taken as they
+    are; it failed with "table clients already exists" (PostgreSQL: a duplicate key in
+    pg_type)."""
+    from sqlalchemy.exc import OperationalError
+
+    import server_app.db as db_mod
+
+    real = db_mod.Base.metadata.create_all
+    calls = []
+
+    def racing(engine, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            real(engine, **kw)  # the other process's tables
+            raise OperationalError("CREATE TABLE clients", {},
+                                   Exception("table clients already exists"))
+        return real(engine, **kw)
+
+    monkeypatch.setattr(db_mod.Base.metadata, "create_all", racing)
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    assert len(calls) == 2
+    db.dispose()
