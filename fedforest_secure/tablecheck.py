@@ -35,6 +35,9 @@ _SHOW = 8  # line numbers shown per problem
 _DROP = ("drop those rows (fedforest check --clean-out writes the rows without errors), fill "
          "them in at the site, or let the federation declare the column missing = \"allowed\" "
          "in schema.toml (the forest then learns where such rows go)")
+#: a target cannot be declared missing: a row without its target teaches nothing
+_DROP_TARGET = ("drop those rows (fedforest check --clean-out writes the rows without errors) "
+                "or fill them in at the site: a row without its target cannot be trained on")
 #: Zeros are suspected missing values when they are a minority and every other value is at
 #: least this fraction of their median (cholesterol 0 among 85..600), not when zero is the most
 #: common value or small values are common (ST depression 0, 0.1, 0.5, ...).
@@ -177,9 +180,10 @@ def check_table(table: RawTable, schema: Schema, *,
         cells = table.column(t.name)
         if t.kind == "regression":
             out += _check_numeric(t.name, cells, t.bounds, t.name in zero_missing,
-                                  lines=table.lines)
+                                  lines=table.lines, fix=_DROP_TARGET)
         else:
-            out += _check_labels(t.name, cells, t.classes or [], "class", lines=table.lines)
+            out += _check_labels(t.name, cells, t.classes or [], "class", lines=table.lines,
+                                 fix=_DROP_TARGET)
             present = {_label_key(c, set(t.classes or [])) for c in cells}
             absent = [c for c in t.classes or [] if c not in present]
             if absent and table.rows:
@@ -193,7 +197,7 @@ def check_table(table: RawTable, schema: Schema, *,
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
                    zero_missing: bool, *, allow_missing: bool = False,
-                   lines: Sequence[int] = ()) -> list[Problem]:
+                   lines: Sequence[int] = (), fix: str = _DROP) -> list[Problem]:
     out: list[Problem] = []
     missing = [i for i, c in enumerate(cells) if _is_missing(c) or c == "?"]
     if missing and not allow_missing:
@@ -201,7 +205,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
                            f"{line_numbers(missing, lines)}",
-                           _DROP,
+                           fix,
                            _at(missing, lines)))
     values: dict[int, float] = {}
     bad: list[int] = []
@@ -240,7 +244,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
     if zero_missing and zeros:
         where = line_numbers(zeros, lines)
         out.append(Problem("error", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''}"
-                           f" (--zero-is-missing: missing values) at {where}", _DROP,
+                           f" (--zero-is-missing: missing values) at {where}", fix,
                            _at(zeros, lines)))
         values = {i: v for i, v in values.items() if v != 0.0}
     if bounds is not None:
@@ -280,8 +284,10 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
 
 
 def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
-                  allow_missing: bool = False, lines: Sequence[int] = ()) -> list[Problem]:
+                  allow_missing: bool = False, lines: Sequence[int] = (),
+                  fix: str = _DROP) -> list[Problem]:
     out: list[Problem] = []
+    whats = what + ("es" if what.endswith("s") else "s")
     index = set(labels)
     missing = [i for i, c in enumerate(cells)
                if (_is_missing(c) or c == "?") and _label_key(c, index) not in index]
@@ -290,7 +296,7 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         out.append(Problem("error", name, f"{len(missing)} missing value"
                            f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
                            f"{line_numbers(missing, lines)}",
-                           _DROP,
+                           fix,
                            _at(missing, lines)))
     miss = set(missing)
     unknown = [i for i, c in enumerate(cells)
@@ -299,9 +305,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         vals = sorted({_canon(cells[i]) for i in unknown})
         out.append(Problem("error", name, f"{len(unknown)} unknown {what}"
                            f"{'s' if len(unknown) > 1 else ''} ({', '.join(map(repr, vals[:5]))})"
-                           f" at {line_numbers(unknown, lines)}; the schema's {what}s are "
+                           f" at {line_numbers(unknown, lines)}; the schema's {whats} are "
                            f"{', '.join(labels)}",
-                           f"recode them to the schema's {what}s, or ask the federation to add "
+                           f"recode them to the schema's {whats}, or ask the federation to add "
                            "them to schema.toml", _at(unknown, lines)))
     if len({_label_key(c, index) for c in cells}) == 1 and len(cells) > 1 and what == "level":
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",

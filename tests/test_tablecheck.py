@@ -262,3 +262,17 @@ def test_clean_rows_refuses_a_schema_column_named_twice(tmp_path: Path) -> None:
     sch = _two_column_schema()
     with pytest.raises(SchemaError, match="header names age twice"):
         clean_rows(table, check_table(table, sch), sch)
+
+
+def test_a_missing_or_unknown_target_is_told_what_can_be_done_about_it(tmp_path: Path) -> None:
+    """A schema's target cannot be declared missing = "allowed" (the schema refuses the key):
+    a missing target is told to drop or fill the rows only; an unknown class names the
+    schema's classes in good English."""
+    sch = _two_column_schema()
+    path = tmp_path / "t.csv"
+    path.write_text("age,y\n30,0\n40,\n50,2\n")
+    problems = {str(p.message): p for p in check_table(read_raw(path), sch)}
+    missing = next(p for m, p in problems.items() if "missing value" in m)
+    assert "allowed" not in missing.advice and "drop those rows" in missing.advice
+    unknown = next(m for m in problems if "unknown class" in m)
+    assert "the schema's classes are 0, 1" in unknown
