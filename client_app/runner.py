@@ -12,11 +12,12 @@ upload's SHA-256 and the audit-chain tip the server announced with the task) to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from fedforest_secure.audit import Receipt, write_receipt
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
+from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
@@ -246,10 +247,15 @@ def _names(names: Sequence[str]) -> str:
 
 def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     """Run one institution's side of a job until the job ends (or this client is dropped)."""
-    # validated before anything is sent: the training table and/or the held-out rows
-    train = load_site_table(opts.data, opts.schema) if opts.data is not None else None
-    held_out = load_site_table(opts.eval_data, opts.schema) if opts.eval_data is not None \
-        else None
+    # validated before anything is sent: the training table and/or the held-out rows (a
+    # table that does not fit the schema: the server is told "table", nothing more)
+    try:
+        train = load_site_table(opts.data, opts.schema) if opts.data is not None else None
+        held_out = load_site_table(opts.eval_data, opts.schema) if opts.eval_data is not None \
+            else None
+    except SchemaError:
+        _decline_alone(opts, "table", log)
+        raise
     if train is None and held_out is None:
         raise FedForestError("give the site's table (--data) or its held-out rows "
                              "(--eval-data)")
@@ -289,19 +295,22 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         return ClientResult(status="dropped", detail=_dropped_detail(job, exc.detail))
     info = _parse(JoinResponse, offered, "job offer")
     if pinned is not None:  # before anything else leaves the site
-        check_job_profile(pinned, info.config.get("profile"))
+        with _declining(tr, job, "profile", log):
+            check_job_profile(pinned, info.config.get("profile"))
     else:
         log.warn("no --profile pinned: this site accepts the privacy profile the server "
                  "states for the job")
     want = info.schema_sha256
     if want is not None and want != schema_sha256(opts.schema):
+        _decline(tr, job, "schema", log)
         raise FedForestError("the local schema file differs from the job's schema; "
                              "get the federation's schema file")
     try:
         config = JobConfig.from_json(json.dumps(info.config))
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
-    _check_job(config, opts, log)
+    with _declining(tr, job, "job_config", log):
+        _check_job(config, opts, log)
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root)
@@ -432,6 +441,43 @@ def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     if opts.n_clients is None and config.profile.get("secure_aggregation"):
         log.warn(f"no --clients pinned: this site takes the server's word that the job has "
                  f"{config.n_clients} clients")
+
+
+def _decline(tr: Transport, job: str, reason: str, log: SiteLog) -> None:
+    """Tell the server why this site will not join ``job`` (a code; the message stays in the
+    site's log), so the operator sees it beside the member; best effort."""
+    try:
+        tr.post_json(f"/v1/jobs/{job}/decline", {"reason": reason})
+        log.warn(f"job {job}: the server was told this site declines it ({reason}); it waits "
+                 "for this site until it joins")
+    except (FedForestError, OSError, ValueError) as exc:
+        log.info(f"job {job}: the server was not told this site declines it: {exc}")
+
+
+@contextlib.contextmanager
+def _declining(tr: Transport, job: str, reason: str, log: SiteLog) -> Iterator[None]:
+    """A check whose failure (a :class:`FedForestError`) this site declines the job for."""
+    try:
+        yield
+    except FedForestError:
+        _decline(tr, job, reason, log)
+        raise
+
+
+def _decline_alone(opts: ClientOptions, reason: str, log: SiteLog | None) -> None:
+    """:func:`_decline` before the client's transport exists (its table failed to load)."""
+    if not opts.job:
+        return
+    try:
+        tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
+                       retry_budget_s=min(opts.retry_budget_s, 10.0),
+                       insecure_dev=opts.insecure_dev)
+    except (FedForestError, OSError, ValueError):
+        return
+    try:
+        _decline(tr, opts.job, reason, log or SiteLog())
+    finally:
+        tr.close()
 
 
 def _dropped_detail(job: str, why: str) -> str:

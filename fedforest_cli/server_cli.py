@@ -171,8 +171,11 @@ def format_jobs(jobs: list[JobStatus]) -> str:
             f"{'JOINED':>6} {'ACTIVE':>6} {'DROPPED':>7}  DETAIL"]
     for st in jobs:
         level = "-" if st.level is None else f"{st.level}/{st.max_depth}"
-        waiting = [m.name for m in st.members if m.state == "invited"]
-        detail = st.reason or (f"waiting for {', '.join(waiting)}" if waiting else "")
+        waiting = [m.name for m in st.members if m.state == "invited" and not m.declined]
+        said = [f"{m.name} declined ({m.declined})" for m in st.members
+                if m.state == "invited" and m.declined]
+        detail = st.reason or "; ".join(
+            said + ([f"waiting for {', '.join(waiting)}"] if waiting else []))
         rows.append(f"{st.job_id:<24} {st.status:<8} "
                     f"{'-' if st.round_id < 0 else st.round_id:>5} {level:>7} "
                     f"{st.phase or '-':<9} {st.joined_clients:>3}/{st.n_clients:<2} "

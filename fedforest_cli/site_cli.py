@@ -65,6 +65,7 @@ def format_status(st: JobStatus) -> str:
         mark = "  (you)" if m.index == st.client_index else ""
         at = f" at round {m.dropped_round}" if m.state == "dropped" and \
             m.dropped_round is not None else ""
+        at += f" (declined: {m.declined})" if m.declined else ""
         lines.append(f"  {m.index:>3}  {m.name:<24} {m.state}{at}{mark}")
     if st.status == "running" or st.round_id >= 0:
         level = "?" if st.level is None else str(st.level)

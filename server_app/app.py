@@ -6,6 +6,8 @@ Routes (all under ``/v1`` need ``Authorization: Bearer <token>``):
 GET      /health                                      liveness and database (503 if down)
 GET      /v1/me                                       who the token belongs to
 GET      /v1/jobs                                     the jobs this client is invited to
+POST     /v1/jobs/{job}/decline                       {"reason": code}: an invited site will not
+                                                      join (its table, schema, pins), until it does
 POST     /v1/jobs/{job}/join                          join (secure jobs: {"identity_key": hex});
                                                       returns the JobConfig and index
 GET      /v1/jobs/{job}                               status, round, members, audit head
@@ -52,7 +54,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from fedforest_secure.errors import InvalidMessage, UploadRejected
-from fedforest_secure.protocol.api import NAME_PATTERN, Health, JoinBody, Me, RefuseBody
+from fedforest_secure.protocol.api import (
+    NAME_PATTERN,
+    DeclineBody,
+    Health,
+    JoinBody,
+    Me,
+    RefuseBody,
+)
 from fedforest_secure.secagg.directory import Certification
 
 from . import __version__
@@ -273,6 +282,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             except InvalidMessage as exc:
                 raise ApiError(400, "invalid_identity", str(exc)) from exc
         return await run_in_threadpool(st.join, c, job_id, key, cert)
+
+    @app.post("/v1/jobs/{job_id}/decline", tags=["jobs"])
+    async def decline(job_id: JobId, body: DeclineBody, c: Client) -> dict[str, Any]:
+        return await run_in_threadpool(st.decline, c, job_id, body.reason)
 
     @app.get("/v1/jobs/{job_id}/directory", tags=["secagg"])
     async def directory(job_id: JobId, c: Client) -> dict[str, Any]:

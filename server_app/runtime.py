@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from .settings import ConfigError
 from .spool import Spool
 from .status import job_status
 from .store import (
+    DECLINED,
     IDENTITY,
     IDENTITY_CERT,
     add_message,
@@ -266,6 +268,9 @@ class ServerState:
                                        "another identity key; it cannot change mid-job")
                 first = member.state == MemberState.INVITED
                 if first:
+                    declined = stored_message(sess, job_id, -1, DECLINED, idx)
+                    if declined is not None:  # the site fixed what made it decline
+                        sess.delete(declined)
                     self.core.changes.touch(job_id)
                     if job.status != JobStatus.WAITING:
                         raise ApiError(409, "job_started", "the job started without this client")
@@ -293,6 +298,25 @@ class ServerState:
             self._maybe_start(job_id)
             self.core.changes.notify(job_id)
             return info
+
+    def decline(self, client: ClientRow, job_id: str, reason: str) -> dict[str, Any]:
+        """An invited site will not join the job, for ``reason`` (a code): kept beside the
+        member (the job status shows it) until the site joins."""
+        with self.core.lock:
+            with self.core.db.session() as sess:
+                _, member = membership(sess, client, job_id)
+                if member.state != MemberState.INVITED:
+                    raise ApiError(409, "not_invited", f"this client is {member.state} in job "
+                                   f"{job_id}: only a site that has not joined declines it")
+                idx = member.client_index
+                old = stored_message(sess, job_id, -1, DECLINED, idx)
+                if old is not None:
+                    sess.delete(old)
+                    sess.flush()
+                add_message(sess, job_id, -1, DECLINED, idx, reason)
+            event("declined", logging.WARNING, job=job_id, client=client.name, reason=reason)
+            self.core.changes.notify(job_id)
+        return {"status": "declined", "reason": reason}
 
     def job_offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """What the join answers (the job's configuration, schema digest and this client's

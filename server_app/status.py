@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from .db import JobRow, MemberRow, RoundRow
 from .phases import JobStatus, MemberState, RoundStatus
-from .store import client_names, closed_rounds, members_of
+from .store import client_names, closed_rounds, declines_of, members_of
 
 __all__ = ["job_status", "progress"]
 
@@ -61,9 +61,12 @@ def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float
     """The job's status; ``member`` is the asking site (None: the operator)."""
     members = members_of(sess, job.id)
     names = client_names(sess, job.id)
+    declined = declines_of(sess, job.id) if any(
+        m.state == MemberState.INVITED for m in members) else {}
     listed = [{"name": names.get(m.client_index, f"client-{m.client_index}"),
                "index": m.client_index, "state": m.state,
-               "dropped_round": m.dropped_round}
+               "dropped_round": m.dropped_round,
+               "declined": declined.get(m.client_index)}
               for m in sorted(members, key=lambda m: m.client_index)]
     return {
         "job_id": job.id, "status": job.status, "reason": job.reason,

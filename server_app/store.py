@@ -65,6 +65,8 @@ Reader = Session | Connection
 IDENTITY = "identity"
 #: the message stage of a client's identity certification (its TLS certificate and signature)
 IDENTITY_CERT = "identity-cert"
+#: stage of the message (round -1) in which an invited site says why it declines the job
+DECLINED = "declined"
 
 
 def printable(text: str, limit: int | None = None) -> str:
@@ -278,6 +280,14 @@ def add_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int,
     sess.add(SecAggMessageRow(job_id=job_id, round_id=round_id, stage=stage, client_index=idx,
                               body=body,
                               digest=digest or hashlib.sha256(body.encode()).hexdigest()))
+
+
+def declines_of(sess: Session, job_id: str) -> dict[int, str]:
+    """``{client index: reason}`` of the job's invited sites that declined it."""
+    rows = sess.execute(select(SecAggMessageRow.client_index, SecAggMessageRow.body).where(
+        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == -1,
+        SecAggMessageRow.stage == DECLINED))
+    return {int(idx): str(body) for idx, body in rows}
 
 
 def stored_message(sess: Session, job_id: str, round_id: int, stage: str, idx: int

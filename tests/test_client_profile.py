@@ -44,6 +44,7 @@ class RecordingTransport:
 
     profile: dict[str, Any]
     sent: list[tuple[str, str]] = field(default_factory=list)
+    bodies: list[Any] = field(default_factory=list)
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -53,6 +54,7 @@ class RecordingTransport:
 
     def post_json(self, path: str, body: Any = None) -> Any:
         self.sent.append(("POST", path))
+        self.bodies.append(body)
         return self._job()
 
     def get_json(self, path: str, params: Any = None) -> Any:
@@ -101,7 +103,9 @@ def test_client_refuses_a_job_whose_profile_differs_from_its_pin(case: str,
         runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
                     SiteLog(stream=io.StringIO()), pinned_profile(pin))
     assert "this site did not join the job" in str(info.value)
-    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+    # after the offer only the refusal's code: the site declines, it never joins
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/decline")]
+    assert tr.bodies == [{"reason": "profile"}]
     assert not (opts.state_dir / "stats.json").exists()
 
 

@@ -51,3 +51,38 @@ def test_a_server_without_an_audit_log_lets_its_sites_finish(
     assert all("keeps no audit log" in text for text in logs)
     assert (fed.root / "client-0.model.json").exists()
     assert not list((fed.root / "state" / "client-0" / "receipts").glob("*model*"))
+
+
+def test_a_site_whose_table_does_not_fit_the_schema_declines_and_the_operator_sees_why(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """client-2's table has a value outside the schema's public bounds: the client stops
+    before joining (exit code 2, row and column in its own log) and tells the server "table",
+    which the job's status shows beside it; no value of the table reaches the server."""
+    import time
+
+    from server_app.db import Database, JobRow
+    from server_app.status import job_status
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    csv = fed.sites[2].csv
+    lines = csv.read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[0] = "123456789"
+    lines[1] = ",".join(cells)
+    csv.write_text("\n".join(lines) + "\n")
+    try:
+        launch_server(fed)
+        code = launch_client(fed, 2).wait(300)
+    finally:
+        stop_all(fed)
+    log = (fed.root / "client-2.log").read_text()
+    assert code == 2 and "outside the public bounds" in log, log
+    db = Database(fed.db_url)
+    with db.session() as sess:
+        job = sess.get(JobRow, "job-a")
+        assert job is not None
+        st = job_status(sess, job, None, time.time())
+    db.dispose()
+    assert [m["declined"] for m in st["members"]] == [None, None, "table"]
+    assert "123456789" not in (fed.root / "server.log").read_text()

@@ -141,7 +141,8 @@ def test_attack3_a_client_refuses_a_server_that_lies_about_the_dp_setup(
                              quiet=True, retry_budget_s=2.0, profile="secure-dp", n_clients=K)
         with pytest.raises((RefusedRequest, ProfileRefused), match=named):
             run_client(opts)
-        # the lie is in the offer: the site never joins, nothing is sent after the offer
-        assert liar.told and liar.after_told == []
+        # the lie is in the offer: the site never joins; after the offer it sends only the
+        # code of its refusal
+        assert liar.told and liar.after_told == [f"/v1/jobs/{JOB}/decline"]
     finally:
         gen.close()

@@ -68,6 +68,27 @@ class RefuseBody(_Request):
         return v
 
 
+#: Why a site declines a job before joining it (the only words of it that reach the server):
+#: its table does not fit the job's schema; its schema file is not the job's; the job's
+#: privacy profile is not the one it pinned; the job's configuration disagrees with its own.
+DECLINE_CODES = ("table", "schema", "profile", "job_config")
+
+
+class DeclineBody(_Request):
+    """``POST /v1/jobs/{job}/decline``: why the site will not join the job, as a code from
+    :data:`DECLINE_CODES` (the site keeps the full message, which may name its data, in its
+    own log)."""
+
+    reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in DECLINE_CODES:
+            raise ValueError(f"reason must be one of {', '.join(DECLINE_CODES)}")
+        return v
+
+
 class Health(BaseModel):
     """``GET /health``."""
 
@@ -154,6 +175,8 @@ class MemberStatus(_Response):
     index: int
     state: str  # "invited" (not joined yet) | "active" | "dropped"
     dropped_round: int | None = None
+    #: an invited site that declined the job: why (:data:`DECLINE_CODES`), until it joins
+    declined: str | None = None
 
 
 class JobStatus(_Response):

@@ -52,7 +52,8 @@
       el("tr", {}, el("th", {}, "#"), el("th", {}, "site"), el("th", {}, "state")));
     for (const m of job.members) {
       const state = m.state + (m.state === "dropped" && m.dropped_round !== null
-                               ? " at round " + m.dropped_round : "");
+                               ? " at round " + m.dropped_round : "")
+                            + (m.declined ? " (declined: " + m.declined + ")" : "");
       members.append(el("tr", {class: "member state-" + m.state, "data-member": m.name},
                         el("td", {}, m.index), el("td", {}, m.name), el("td", {}, state)));
     }
