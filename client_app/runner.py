@@ -553,8 +553,20 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
         else None
     session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
     tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
-        _secure_steps(ctx, session, sender)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
+            _secure_steps(ctx, session, sender)
+    except KeyboardInterrupt:
+        # stopped (Ctrl-C): the round keys die with this process, so the open round goes on
+        # without this site; the server learns it now, not at the step's deadline
+        r = session.open_round
+        if r is not None and not session.refused(r):
+            tr.retry_budget_s = min(tr.retry_budget_s, 5.0)
+            try:
+                session.refuse_round(r, "stopped")
+            except (FedForestError, OSError) as exc:
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+        raise
 
 
 def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
@@ -577,7 +589,7 @@ def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor)
             continue
         if step.round_id is None:
             raise ProtocolError("a secure-aggregation step without its round")
-        r = step.round_id
+        r = session.open_round = step.round_id
         if session.client is None:
             session.connect(on_wait=ctx.waiting)
         if step.action != "advert" and not session.advertised(r):

@@ -87,6 +87,8 @@ class SecAggSession:
     messages_sent: int = 0
     log: list[str] = field(default_factory=list)
     _advertised: set[int] = field(default_factory=set)
+    #: the round the client is answering (None before the first)
+    open_round: int | None = None
     _refused: set[int] = field(default_factory=set)
 
     def connect(self, timeout_s: float = 600.0,

@@ -82,6 +82,12 @@ def client(
                                        eval_data=eval_data))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]: this site stopped taking part in job {job}."
+                      " Under the open profile the same command resumes it; under a secure "
+                      "profile the job goes on without this site (its round keys died with "
+                      "the process) while enough sites remain")
+        raise typer.Exit(130) from None
     if res.status != "done":
         console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}")
         raise typer.Exit(3)

@@ -84,6 +84,7 @@ REFUSAL_CODES = (
     "job_config",        # a job configuration that disagrees with the client's own
     "disclosure",        # a disclosure the client's profile does not name
     "restarted",         # the site's client restarted: its keys for the open round are lost
+    "stopped",           # the site's client was stopped (Ctrl-C): its round keys die with it
     "evaluated_before",  # a model this site already scored on the same held-out rows
     "other",
 )

@@ -8,7 +8,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_integration_https import freeze_mid_job, launch_client, launch_server, setup_fed, stop_all
+from test_integration_https import (
+    freeze_mid_job,
+    launch_client,
+    launch_server,
+    setup_fed,
+    stop_all,
+    wait_round,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +93,31 @@ def test_a_site_whose_table_does_not_fit_the_schema_declines_and_the_operator_se
     db.dispose()
     assert [m["declined"] for m in st["members"]] == [None, None, "table"]
     assert "123456789" not in (fed.root / "server.log").read_text()
+
+
+def test_a_secure_site_stopped_with_ctrl_c_says_so_and_the_others_do_not_wait(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """Ctrl-C (SIGINT) on a site's client mid-job: its round keys die with the process, so it
+    tells the server at once (a refusal, code "stopped") and exits with 130 saying it was
+    interrupted; the other sites go on without waiting out the round's deadline (here 300 s:
+    the job would outlast the test's wait)."""
+    from fedforest_secure.audit import AuditLog
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=4, deadline=300.0,
+                    min_clients=3, profile="secure")
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(4)]
+        wait_round(fed, 2)
+        clients[3].send_signal(signal.SIGINT)
+        stopped = clients[3].wait(60)
+        codes = [c.wait(200) for c in clients[:3]]
+    finally:
+        stop_all(fed)
+    log3 = (fed.root / "client-3.log").read_text()
+    assert stopped == 130 and "interrupted" in log3, log3
+    assert codes == [0, 0, 0]
+    with AuditLog(fed.audit_url, create=False) as log:
+        drops = [e.payload for e in log.entries(job_id="job-a") if e.kind == "client_dropped"]
+    assert [(d["client"], d["reason"]) for d in drops] == [("client-3", "refused: stopped")]
