@@ -18,7 +18,7 @@ import pytest
 from fedforest_cli.simulate import write_server_config
 from server_app.app import create_app
 from server_app.audit_hook import NullAudit, open_audit
-from server_app.auth import add_client, add_operator
+from server_app.auth import add_client, add_operator, remove_operator
 from server_app.db import Database
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
@@ -173,6 +173,14 @@ def test_a_browser_sees_a_running_jobs_members_and_level_without_console_errors(
         assert audit.startswith("verifies (")
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], json.dumps(errors)
+        # the operator is removed (a leaked token): the next refresh is refused and the page
+        # no longer shows what it showed
+        db = Database(f"sqlite:///{fed.root / 'server.db'}")
+        remove_operator(db, "ops")
+        db.dispose()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "message"),
+                                                    "unknown operator token"))
+        assert driver.find_elements(By.CSS_SELECTOR, "section.job") == []
     finally:
         driver.quit()
         if clients[2].poll() is None:

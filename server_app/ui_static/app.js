@@ -73,9 +73,11 @@
       message.textContent = "the server does not answer";
       return;
     }
-    if (resp.status === 401) {
+    if (resp.status === 401) {  // removed or wrong: what it showed is no longer for this page
       sessionStorage.removeItem(KEY);
       message.textContent = "unknown operator token";
+      document.getElementById("jobs").replaceChildren();
+      document.getElementById("server").textContent = "";
       return;
     }
     const body = await resp.json();
