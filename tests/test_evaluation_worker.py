@@ -63,17 +63,30 @@ def test_every_profile_gives_the_pooled_metrics_and_open_equals_secure(cancer: d
         models=(cancer["models"][0].to_json(),)).digests[0]
 
 
-def test_regression_forests_are_scored_like_sklearn_on_the_pooled_rows() -> None:
+@pytest.mark.parametrize("offset", [0.0, 3e6])
+def test_regression_forests_are_scored_like_sklearn_on_the_pooled_rows(offset: float) -> None:
+    """Near zero, with the evaluation's own target range; 3e6 away, with the job's centre
+    (target_offset, the bounds' middle) and half-width: the fixed-point sums are centred, so the
+    metrics are as exact as near zero (with the offset at 0 and the bound at 3e6 + 350 the
+    ring's unit is about 0.4, and the MSE was off by that much)."""
     X, y = load_diabetes(return_X_y=True)
+    y = y + offset
     rng = np.random.default_rng(1)
     idx = rng.permutation(len(y))
     tr, te = idx[:330], idx[330:]
     model = FedForestRegressor(n_estimators=4, max_depth=3, random_state=0).fit(
         X[tr], y[tr], client=rng.integers(0, 3, size=len(tr))).model_
     lo, hi = float(y.min()), float(y.max())
-    spec = EvalSpec(models=(model.to_json(),), target_range=(lo, hi))
-    config = eval_config("reg", spec, task="regression", n_features=10, n_clients=3,
-                         target_bound=hi, profile=load_profile("secure").to_dict())
+    profile = load_profile("secure").to_dict()
+    if offset == 0.0:
+        spec = EvalSpec(models=(model.to_json(),), target_range=(lo, hi))
+        config = eval_config("reg", spec, task="regression", n_features=10, n_clients=3,
+                             target_bound=hi, profile=profile)
+    else:
+        config = replace(eval_config("reg", EvalSpec(models=(model.to_json(),)),
+                                     task="regression", n_features=10, n_clients=3,
+                                     target_bound=(hi - lo) / 2, profile=profile),
+                         target_offset=(lo + hi) / 2)
     site = rng.integers(0, 3, size=len(te))
     res = evaluate_in_process(config, [(X[te][site == k], y[te][site == k]) for k in range(3)])
     pred = model.predict(X[te])
@@ -81,30 +94,6 @@ def test_regression_forests_are_scored_like_sklearn_on_the_pooled_rows() -> None
     assert m["r2"] == pytest.approx(skm.r2_score(y[te], pred), abs=TOL)
     assert m["mse"] == pytest.approx(skm.mean_squared_error(y[te], pred), rel=TOL)
     assert m["mae"] == pytest.approx(skm.mean_absolute_error(y[te], pred), rel=TOL)
-
-
-def test_a_target_far_from_zero_is_scored_around_the_jobs_centre() -> None:
-    """Targets in [3e6 + 20, 3e6 + 350]: the job's target_offset (the bounds' middle) centres
-    the fixed-point sums, so the metrics are as exact as near zero (with the offset at 0 and the
-    bound at 3e6 + 350, the ring's unit is about 0.4 and the MSE is off by that much)."""
-    X, y = load_diabetes(return_X_y=True)
-    y = y + 3e6
-    rng = np.random.default_rng(1)
-    idx = rng.permutation(len(y))
-    tr, te = idx[:330], idx[330:]
-    model = FedForestRegressor(n_estimators=4, max_depth=3, random_state=0).fit(
-        X[tr], y[tr], client=rng.integers(0, 3, size=len(tr))).model_
-    lo, hi = 3e6 + 20, 3e6 + 350
-    config = replace(eval_config("reg", EvalSpec(models=(model.to_json(),)), task="regression",
-                                 n_features=10, n_clients=3, target_bound=(hi - lo) / 2,
-                                 profile=load_profile("secure").to_dict()),
-                     target_offset=(lo + hi) / 2)
-    site = rng.integers(0, 3, size=len(te))
-    res = evaluate_in_process(config, [(X[te][site == k], y[te][site == k]) for k in range(3)])
-    pred = model.predict(X[te])
-    m = res.models[0].metrics
-    assert m["r2"] == pytest.approx(skm.r2_score(y[te], pred), abs=TOL)
-    assert m["mse"] == pytest.approx(skm.mean_squared_error(y[te], pred), rel=TOL)
 
 
 def test_a_site_answers_one_question_per_job(cancer: dict) -> None:

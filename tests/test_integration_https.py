@@ -135,6 +135,20 @@ def launch_client(fed: Fed, k: int, job: str = "job-a") -> subprocess.Popen[byte
     return proc
 
 
+def run_job(fed: Fed, *, timeout: float = 600) -> ForestModel:
+    """Start the server and every site's client, wait for the job to end, stop them all, and
+    return the model client-0 saved (every client must have exited 0: their logs otherwise)."""
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(len(fed.sites))]
+        codes = [c.wait(timeout) for c in clients]
+    finally:
+        stop_all(fed)
+    assert codes == [0] * len(clients), [(fed.root / f"client-{k}.log").read_text()
+                                         for k in range(len(clients))]
+    return ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+
+
 def stop_all(fed: Fed) -> None:
     """Stop every process launched for ``fed`` that still runs (clients first)."""
     for proc in reversed(fed.procs):

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
-from test_integration_https import launch_client, launch_server, reference, setup_fed, stop, trees
+from test_integration_https import reference, run_job, setup_fed, trees
 
 from fedforest_cli.sim_data import write_job_toml
 from fedforest_secure import FedForestClassifier
 from fedforest_secure.audit import verify_log
-from fedforest_secure.model import ForestModel
 
 pytestmark = pytest.mark.integration
 
@@ -74,14 +73,7 @@ def test_secure_job_with_missing_values_matches_in_process_and_predicts_them(
         tmp_path: Path) -> None:
     parts, feat = _parts_with_holes()
     fed = setup_fed(tmp_path, parts, feat, _job_dir_with_holes, n_clients=3, profile="secure")
-    server = launch_server(fed)
-    try:
-        clients = [launch_client(fed, k) for k in range(3)]
-        codes = [c.wait(180) for c in clients]
-    finally:
-        stop(server)
-    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
-    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    got = run_job(fed, timeout=180)
     # the sites' "?", "NA" and empty cells were read as NaN: the same forest as in process
     assert trees(got) == trees(reference(fed))
     # the forest learned where missing x1 goes (x1 is split on with its own direction)
@@ -115,14 +107,7 @@ def test_secure_job_whose_trees_split_present_from_missing_finishes_and_replays(
         parts.append((X, y))
     feat = [f"x{j}" for j in range(3)]
     fed = setup_fed(tmp_path, parts, feat, _job_dir_with_holes, n_clients=3, profile="secure")
-    server = launch_server(fed)
-    try:
-        clients = [launch_client(fed, k) for k in range(3)]
-        codes = [c.wait(180) for c in clients]
-    finally:
-        stop(server)
-    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
-    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    got = run_job(fed, timeout=180)
     assert trees(got) == trees(reference(fed))
     assert any(((t.kind != 0) & (t.feature == 2) & np.isinf(t.threshold)).any()
                for t in got.trees)

@@ -8,7 +8,7 @@ client reads is typed and validated here instead of picked out of a dict.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -53,19 +53,26 @@ class JoinBody(_Request):
     identity_cert: dict[str, Annotated[str, Field(max_length=8192)]] | None = None
 
 
-class RefuseBody(_Request):
-    """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round, as a
-    code from the fixed list :data:`~fedforest_secure.errors.REFUSAL_CODES` (the client keeps
-    the full message in its own log)."""
+class _CodedReason(_Request):
+    """A body whose only field is a reason code from the class's fixed list ``CODES``."""
 
+    CODES: ClassVar[tuple[str, ...]] = ()
     reason: str
 
     @field_validator("reason")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in REFUSAL_CODES:
-            raise ValueError(f"reason must be one of {', '.join(REFUSAL_CODES)}")
+        if v not in cls.CODES:
+            raise ValueError(f"reason must be one of {', '.join(cls.CODES)}")
         return v
+
+
+class RefuseBody(_CodedReason):
+    """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round, as a
+    code from the fixed list :data:`~fedforest_secure.errors.REFUSAL_CODES` (the client keeps
+    the full message in its own log)."""
+
+    CODES = REFUSAL_CODES
 
 
 #: Why a site declines a job before joining it (the only words of it that reach the server):
@@ -74,19 +81,12 @@ class RefuseBody(_Request):
 DECLINE_CODES = ("table", "schema", "profile", "job_config")
 
 
-class DeclineBody(_Request):
+class DeclineBody(_CodedReason):
     """``POST /v1/jobs/{job}/decline``: why the site will not join the job, as a code from
     :data:`DECLINE_CODES` (the site keeps the full message, which may name its data, in its
     own log)."""
 
-    reason: str
-
-    @field_validator("reason")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in DECLINE_CODES:
-            raise ValueError(f"reason must be one of {', '.join(DECLINE_CODES)}")
-        return v
+    CODES = DECLINE_CODES
 
 
 class Health(BaseModel):
