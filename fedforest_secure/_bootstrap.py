@@ -72,10 +72,28 @@ def _uniforms(keys: np.ndarray, seed: int, tree: int) -> np.ndarray:
     return out
 
 
+def _record_keys(keys: np.ndarray) -> np.ndarray:
+    """Each row's key mixed with its occurrence among the rows of equal key (0, 1, 2, ...):
+    equal rows are records of their own and draw independently. Equal rows are
+    interchangeable, so the multiset of their draws does not depend on the table's order, and
+    a copy added or removed adds or removes one draw of that multiset, leaving the others."""
+    n = keys.size
+    order = np.argsort(keys, kind="stable")
+    ranked = keys[order]
+    first = np.r_[True, ranked[1:] != ranked[:-1]]
+    occurrence = np.empty(n, dtype=np.uint64)
+    occurrence[order] = (np.arange(n) - np.maximum.accumulate(
+        np.where(first, np.arange(n), 0))).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        mixed: np.ndarray = keys ^ ((occurrence + np.uint64(1)) * np.uint64(0xD6E8FEB86659FD93))
+    return mixed
+
+
 def _per_row_draws(config: JobConfig, keys: np.ndarray, rng: np.random.Generator
                    ) -> np.ndarray:
     """Multiplicities (T, n) under DP, each row's from its own key (module docstring)."""
     T, n = config.n_estimators, keys.size
+    keys = _record_keys(keys)
     seed = int(rng.integers(0, 2**63))
     w = np.zeros((T, n), dtype=np.int64)
     if config.sampling == "disjoint":

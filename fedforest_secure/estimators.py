@@ -706,6 +706,9 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
                                         sample_weight=sample_weight))
         from .schema import Schema
 
-        codes = Schema.from_dict(self.model_.schema).encode_target(y)
-        predicted = np.argmax(self.predict_proba(X, client=client), axis=1)
-        return float(accuracy_score(codes, predicted, sample_weight=sample_weight))
+        schema = Schema.from_dict(self.model_.schema)
+        codes = schema.encode_target(y)  # indices into the schema's classes
+        labels = np.asarray(schema.target.classes, dtype=object)[codes]
+        return float(accuracy_score(labels.astype(str),
+                                    np.asarray(self.predict(X, client=client)).astype(str),
+                                    sample_weight=sample_weight))

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -195,9 +196,13 @@ class ForestModel:
         codes: np.ndarray = np.asarray(client)
         if codes.shape != (n,):
             raise SchemaError("client must have one entry per row")
+        if codes.dtype.kind == "O" and all(isinstance(c, numbers.Integral)
+                                           and not isinstance(c, bool) for c in codes.tolist()):
+            codes = codes.astype(np.int64)  # indices held as Python objects (a pandas Series)
         if codes.dtype.kind not in "iu":
             if codes.dtype.kind == "b" or (codes.dtype.kind == "f" and not (
-                    np.isfinite(codes).all() and (codes == np.round(codes)).all())):
+                    np.isfinite(codes).all() and (codes == np.round(codes)).all()
+                    and (np.abs(codes) < 2**62).all())):
                 raise SchemaError("client must hold site indices (integers) or site names")
             if codes.dtype.kind == "f":
                 codes = codes.astype(np.int64)

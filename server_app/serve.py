@@ -15,6 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from fedforest_secure.audit._sql import to_url
+from fedforest_secure.dburl import shown_url
 from fedforest_secure.pki import check_validity
 
 from .app import create_app
@@ -90,10 +92,10 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         peer_names = PeerNames()
         http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
     server: uvicorn.Server | None = None
-    audit = open_audit(settings.audit_database)
     try:
+        audit = open_audit(settings.audit_database)
         check_audit_chains(db, audit, settings.audit_database)
-    except ConfigError:
+    except BaseException:  # not serving: the next server may take the database at once
         lease.release()
         raise
     app = create_app(db, audit, tick_seconds=settings.tick_seconds,
@@ -145,7 +147,7 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
             JobRow.status.in_((JobStatus.WAITING, JobStatus.RUNNING)))).all()
     for job_id in unfinished:
         if audit.tip(job_id)[0] == 0:
-            shown = make_url(url).render_as_string(hide_password=True) if url else "?"
+            shown = shown_url(to_url(url)) if url else "?"
             raise ConfigError(
                 f"job {job_id!r} is not finished and the audit log at {shown} has none of its "
                 "entries: it was created with another audit_database (or none). Start the "

@@ -79,6 +79,8 @@ def test_h_split_model_round_trip(tmp_path: Path) -> None:
     codes = np.repeat(np.arange(3), 60)
     assert model.predict(X, client=h).tobytes() == est.predict(X, client=h).tobytes()
     assert model.predict(X, client=codes).tobytes() == est.predict(X, client=h).tobytes()
+    as_objects = codes.astype(object)  # indices held as Python ints (a pandas Series)
+    assert model.predict(X, client=as_objects).tobytes() == est.predict(X, client=h).tobytes()
     with pytest.raises(SchemaError, match=r"unknown site 'z'; the forest knows \['a', 'b', 'c'\]"):
         model.predict(X[:1], client=["z"])
     with pytest.raises(SchemaError, match="site indices"):
@@ -274,6 +276,7 @@ def test_a_jobs_model_with_classes_out_of_order_reads_as_sklearn_expects(
     proba = est.predict_proba(X)
     np.testing.assert_array_equal(proba, forest.predict_values(X)[:, [2, 0, 1]])
     assert (est.predict(X) == labels).mean() > 0.9
+    assert est.score(X, labels) == (est.predict(X) == labels).mean()
     assert log_loss(labels, proba) < 0.3
     assert roc_auc_score(labels, proba, multi_class="ovr", labels=est.classes_) > 0.95
     est.save(tmp_path / "again.json")
@@ -332,7 +335,10 @@ def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
     h = np.arange(400) % 3
     est = (FedForestClassifier(**kw).fit(X, signal > 1, client=h)
            if task == "classification" else FedForestRegressor(**kw).fit(X, signal, client=h))
-    np.testing.assert_allclose(est.model_.feature_importances(), est.feature_importances_,
-                               atol=1e-12)
+    imp = est.model_.feature_importances()
+    np.testing.assert_allclose(imp, est.feature_importances_, atol=1e-12)
+    assert (imp >= 0).all() and imp.sum() == pytest.approx(1.0)  # a DP model's too, not zeros
+    if profile == "open":  # scikit-learn's own computation over the exported trees agrees
+        np.testing.assert_allclose(imp, est.to_sklearn().feature_importances_, atol=1e-9)
     if profile == "open":  # (DP noise, drawn afresh each fit, may blur which features matter)
         assert est.feature_importances_[:2].sum() > 0.5

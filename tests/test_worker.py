@@ -629,3 +629,44 @@ def test_under_dp_a_row_added_anywhere_changes_no_other_rows_draws(sampling: str
         assert max(added) <= cap
         if sampling == "disjoint":
             assert sorted(added) == [0] * 7 + [1]
+
+
+def _copies(cfg: JobConfig, X: np.ndarray, y: np.ndarray) -> dict[bytes, list[list[int]]]:
+    """Per distinct row (by its bytes), per tree: the multiplicities of its copies, sorted."""
+    w = Worker(cfg, X, y, client_index=0, seed=7)
+    out = np.zeros((cfg.n_estimators, X.shape[0]), dtype=np.int64)
+    out[w._p_node, w._p_row] = w._p_w
+    keys = [np.append(X[i], y[i]).tobytes() for i in range(X.shape[0])]
+    return {k: [sorted(out[t, [i for i, q in enumerate(keys) if q == k]].tolist())
+                for t in range(cfg.n_estimators)] for k in set(keys)}
+
+
+@pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])
+def test_under_dp_equal_rows_are_records_of_their_own(sampling: str) -> None:
+    """Four distinct rows, 250 copies each (categorical data): every copy draws on its own, so
+    the trees get rows (disjoint: 4 of 50 trees got any, every copy of a row in one tree); a
+    copy added moves that row's draws by one draw and no other row's."""
+    from collections import Counter
+
+    prof = load_profile("secure-dp", epsilon=1.0).to_dict()
+    cfg = _cfg(task="classification", n_classes=2, criterion="gini", n_estimators=50,
+               row_sampling=sampling, profile=prof, target_bound=1.0)
+    base = np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    X = np.repeat(base, 250, axis=0)
+    y = X[:, 0].copy()
+    before = _copies(cfg, X, y)
+    per_tree = np.array([sum(sum(c[t]) for c in before.values()) for t in range(50)])
+    if sampling == "disjoint":
+        assert (per_tree > 0).sum() >= 45 and per_tree.sum() == 1000
+    else:  # copies of one row differ within a tree; every tree has about n rows
+        assert all(len(set(c[t])) > 1 for c in before.values() for t in range(50))
+        assert per_tree.min() > 800
+    after = _copies(cfg, np.vstack([X[:1], X]), np.append(y[:1], y))
+    copied = np.append(X[0], y[0]).tobytes()
+    for key, per in before.items():
+        if key != copied:
+            assert after[key] == per  # another row's copies draw as they did
+            continue
+        for t in range(50):  # per tree: the same draws, and one more (the new copy's)
+            assert (Counter(per[t]) - Counter(after[key][t])).total() == 0
+            assert (Counter(after[key][t]) - Counter(per[t])).total() == 1
