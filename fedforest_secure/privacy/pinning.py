@@ -54,7 +54,7 @@ def schema_facts(schema: Schema) -> dict[str, Any]:
         # centred on the bounds' middle: sums of y and y^2 then carry the spread, not an
         # offset that the fixed-point scale (and floating point) would swamp it with
         lo, hi = (float(b) for b in schema.target.bounds)
-        target_offset = (lo + hi) / 2.0
+        target_offset = lo / 2.0 + hi / 2.0  # (no overflow for bounds near the float range)
         target_bound = max(hi - target_offset, target_offset - lo)
     return {
         "task": "classification" if schema.is_classification else "regression",
