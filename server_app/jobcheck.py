@@ -70,7 +70,7 @@ def check_job(spec: JobSpec) -> CheckedJob:
         raise ConfigError(
             f"profile {name!r} uses secure aggregation, which needs at least "
             f"{MIN_SECURE_SITES} sites (the sum of two sites tells each one the other's "
-            f"vector, so the clients refuse it); job.toml names {n}: {', '.join(spec.clients)}."
+            f"vector, so the clients refuse it); the job file names {n}: {', '.join(spec.clients)}."
             ' Add sites, or train these with profile = "open"')
     if spec.min_clients is not None and profile.get("secure_aggregation") and \
             spec.min_clients < MIN_SECURE_SITES:
@@ -87,7 +87,7 @@ def check_job(spec: JobSpec) -> CheckedJob:
     floor = int(profile.get("min_clients", 1) or 1)
     if n < floor:
         raise ConfigError(f"profile {name!r} refuses sums over fewer than {floor} sites "
-                          f"(min_clients); job.toml names {n}: {', '.join(spec.clients)}. Add "
+                          f"(min_clients); the job file names {n}: {', '.join(spec.clients)}. Add "
                           "sites, or choose a profile whose min_clients allows them")
     if spec.min_clients is not None and spec.min_clients < floor:
         raise ConfigError(f"min_clients = {spec.min_clients} is below the profile's "

@@ -162,7 +162,7 @@ def test_a_job_with_fewer_sites_than_its_profiles_min_clients_is_refused(
     plain = 'profile = "secure"\n[privacy]\nsecure_aggregation = false\n'
     spec = load_job_spec(job(tmp_path, 'clients = ["a", "b"]\n' + plain))
     with pytest.raises(ConfigError, match=r"refuses sums over fewer than 3 sites "
-                                          r"\(min_clients\); job.toml names 2: a, b"):
+                                          r"\(min_clients\); the job file names 2: a, b"):
         check_job(spec)
     low = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c", "d"]\nmin_clients = 2\n'
                                       + plain))
