@@ -26,7 +26,7 @@ from .lease import ServerLease
 from .logs import configure, event
 from .phases import JobStatus
 from .settings import LOOPBACK, ConfigError, ServerSettings
-from .tls_identity import PeerNames, protocol_with_peer_names
+from .tls_identity import PeerNames, log_refused_handshakes, protocol_with_peer_names
 
 __all__ = ["check_transport", "run_server", "spool_dir"]
 
@@ -109,14 +109,18 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
           audit=settings.audit_database is not None, pid=os.getpid())
     # SIGTERM / SIGINT: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
     # requests in flight finish (at most 5 s), then the lifespan logs the shutdown
-    server = uvicorn.Server(uvicorn.Config(
+    config = uvicorn.Config(
         app, host=settings.host, port=settings.port if port is None else port,
         log_level="warning", access_log=False, timeout_graceful_shutdown=5, log_config=None,
         http=http,
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,
         ssl_ca_certs=str(client_ca) if client_ca is not None else None,
-        ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE))
+        ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca is not None else ssl.CERT_NONE)
+    config.load()  # the TLS context exists from here: its refused handshakes are logged
+    if config.ssl is not None:
+        log_refused_handshakes(config.ssl)
+    server = uvicorn.Server(config)
 
     def lost() -> None:  # this process stalled past the lease and another server took it
         event("lease_lost", logging.ERROR, reason="another server serves this database now; "

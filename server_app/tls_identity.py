@@ -11,9 +11,34 @@ bearer token's client to be that name.
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
 from typing import Any
 
-__all__ = ["PeerNames", "common_name", "protocol_with_peer_names"]
+from .logs import event
+
+__all__ = ["PeerNames", "common_name", "log_refused_handshakes", "protocol_with_peer_names"]
+
+
+class _LoggedSSLObject(ssl.SSLObject):
+    """An :class:`ssl.SSLObject` whose failed handshakes are logged (``event=tls_refused``,
+    with OpenSSL's reason): the event loop drops them silently, so an operator never learned
+    that a site's certificate was refused (another CA's, expired, none at all)."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise  # the handshake goes on when more bytes arrive
+        except ssl.SSLError as exc:
+            event("tls_refused", logging.WARNING, reason=exc.reason or type(exc).__name__,
+                  detail=str(getattr(exc, "verify_message", "") or exc.strerror or exc))
+            raise
+
+
+def log_refused_handshakes(ctx: ssl.SSLContext) -> None:
+    """Make the server context ``ctx`` log every TLS handshake it refuses."""
+    ctx.sslobject_class = _LoggedSSLObject
 
 
 class PeerNames:
