@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
@@ -83,7 +84,7 @@ def _as_error(console: Console) -> Iterator[None]:
     try:
         yield
     except AuditError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(code=1) from None
 
 
@@ -93,7 +94,7 @@ def _open(db: str, console: Console) -> AuditLog:
     try:
         return _load(_read_export(db)) if _is_export(db) else AuditLog(db, create=False)
     except AuditError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(code=1) from exc
 
 

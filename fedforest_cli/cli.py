@@ -119,7 +119,7 @@ def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path(
     except (ValueError, OSError) as exc:
         fail(exc)
     console.print(f"CA {paths.ca_cert}; server {paths.server_cert} for {', '.join(hosts)}; "
-                  f"{len(paths.client_certs)} client certificates in {out}")
+                  f"{len(paths.client_certs)} client certificates in {out}", markup=False)
 
 
 @pki_cli.command("issue")
@@ -137,7 +137,7 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
     except (ValueError, OSError) as exc:
         fail(exc)
     console.print(f"{len(written)} client certificate(s) signed by {ca_dir / 'ca.pem'}: "
-                  f"{', '.join(str(p) for p in written)}")
+                  f"{', '.join(str(p) for p in written)}", markup=False)
 
 
 # ---------------------------------------------------------------------- simulate
@@ -234,8 +234,8 @@ def compare(
     out_console.width = max(out_console.width, 132)
     out_console.print(format_table(res))
     for note in res.settings.get("notes", []):
-        console.print(f"note: {note}")
-    console.print(f"wrote {png} and {csv_file}")
+        console.print(f"note: {note}", markup=False)
+    console.print(f"wrote {png} and {csv_file}", markup=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

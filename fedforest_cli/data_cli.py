@@ -69,7 +69,7 @@ def draft_cmd(
     else:
         write_atomic(out, draft.text)
         console.print(f"draft schema written to {out}: agree on public bounds for every "
-                      "continuous feature before creating a job")
+                      "continuous feature before creating a job", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -108,7 +108,8 @@ def evaluate(
     from rich.console import Console
 
     Console().print(to_table(res, reference))
-    console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}")
+    console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}",
+                  markup=False)
 
 
 def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec) -> None:

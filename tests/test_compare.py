@@ -197,6 +197,12 @@ def test_dp_ebm_is_left_out_with_a_note_where_it_cannot_run(monkeypatch: pytest.
     monkeypatch.setattr(builtins, "__import__", no_interpret)
     why = compare_mod.dp_ebm_unavailable("classification", 2)
     assert why is not None and "interpret-core is not installed" in why
+    assert "pip install 'fedforest-secure[dp]'" in why  # the installed package's extra
+    from rich.console import Console
+
+    shown = Console(record=True, width=200)
+    shown.print(f"note: {why}", markup=False)  # as `fedforest compare` prints its notes
+    assert "fedforest-secure[dp]" in shown.export_text()
     methods, notes = compare_mod._default_methods("classification", 2)
     assert "dp-ebm" not in methods and notes == [why]
     with pytest.raises(ValueError, match="interpret-core"):

@@ -59,6 +59,13 @@ def test_cli_schema_draft_writes_a_file_that_check_reads(tmp_path: Path) -> None
     assert res.exit_code == 0 and out.is_file()
     res = runner.invoke(app, ["check", "--data", str(csv), "--schema", str(out)])
     assert "no public bounds for age, trestbps, chol, thalach, oldpeak" in res.output
+    # a path with brackets is printed as it is (they are not console markup)
+    (tmp_path / "d[old]").mkdir()
+    odd = tmp_path / "d[old]" / "schema.toml"
+    res = runner.invoke(app, ["schema", "draft", "--data", str(csv), "--target", "num",
+                              "--out", str(odd)])
+    assert res.exit_code == 0 and odd.is_file()
+    assert str(odd) in res.output.replace("\n", ""), res.output
 
 
 def small_csv(tmp_path: Path, name: str, header: str = "age,color,y",

@@ -373,7 +373,8 @@ def dp_ebm_unavailable(task: str, n_classes: int) -> str | None:
     try:
         import interpret.privacy  # noqa: F401
     except ImportError:
-        return "DP-EBM left out: interpret-core is not installed (pip install '.[dp]')"
+        return ("DP-EBM left out: interpret-core is not installed "
+                "(pip install 'fedforest-secure[dp]')")
     return None
 
 
