@@ -51,9 +51,10 @@ class EvalLedger:
         return [json.loads(line) for line in self.path.read_text().splitlines()
                 if line.strip()]
 
-    def check_and_record(self, job: str, models: tuple[str, ...], rows: str) -> None:
+    def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
+                         record: bool = True) -> None:
         """Refuse (:class:`RefusedRequest`) if another job scored one of ``models`` on ``rows``;
-        else record this job (once)."""
+        else record this job (once; ``record=False``: only the check)."""
         mine = False
         for e in self._entries():
             if e.get("rows") != rows:
@@ -71,7 +72,7 @@ class EvalLedger:
                     "could isolate this site by differencing. Refusing (to repeat an "
                     f"evaluation on purpose, delete job {e.get('job')!r}'s line from "
                     f"{self.path})", code="evaluated_before")
-        if not mine:
+        if not mine and record:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"job": job, "models": list(models), "rows": rows},
                                     sort_keys=True) + "\n")
@@ -88,6 +89,11 @@ class LedgeredEvalWorker:
     @property
     def n_rows(self) -> int:
         return self.inner.n_rows
+
+    def check(self) -> None:
+        """The ledger's refusal, before the site joins (nothing is recorded)."""
+        self._ledger.check_and_record(self.inner.config.job_id, self.inner.spec.digests,
+                                      self._rows, record=False)
 
     def handle(self, task: Task) -> Reply:
         self._ledger.check_and_record(self.inner.config.job_id, self.inner.spec.digests,

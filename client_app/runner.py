@@ -45,7 +45,7 @@ from fedforest_secure.protocol.api import (
 from fedforest_secure.secure_sum import encode_contribution
 
 from .data import load_site_table, schema_sha256
-from .evaluation import SiteWorker, site_worker
+from .evaluation import LedgeredEvalWorker, SiteWorker, site_worker
 from .log import SiteLog
 from .secagg_session import SecAggSession, identity_key
 from .state import ClientState
@@ -314,6 +314,9 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root)
+    if isinstance(worker, LedgeredEvalWorker):  # scored these rows with a model before
+        with _declining(tr, job, "evaluated_before", log):
+            worker.check()
     table = None if train is None else _table_digest(*train)
     _check_same_table(state, job, table)
     joined = _parse(JoinResponse,

@@ -105,9 +105,7 @@ def embed_models(raw: dict[str, Any], base: Path) -> None:
 def _target_range(schema_text: str | None) -> tuple[float, float] | None:
     if schema_text is None:
         return None
-    raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
-        tomllib.loads(schema_text)
-    schema = Schema.from_dict(raw)
+    schema = _parse(schema_text)
     b = schema.target.bounds
     return None if b is None or schema.is_classification else (float(b[0]), float(b[1]))
 
@@ -130,9 +128,40 @@ def evaluation_of(kind: str, params: EvaluationParams | None, schema_text: str |
                         target_range=_target_range(schema_text))
         spec.check_models(str(facts["task"]), int(facts["n_features"]),
                           int(facts.get("n_classes", 0)))
+        if schema_text is not None:
+            _check_names(spec, _parse(schema_text))
     except EvaluationError as exc:
         raise ConfigError(f"evaluation: {exc}") from None
     return spec.to_dict()
+
+
+def _parse(schema_text: str) -> Schema:
+    raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
+        tomllib.loads(schema_text)
+    return Schema.from_dict(raw)
+
+
+def _check_names(spec: EvalSpec, schema: Schema) -> None:
+    """Every model that names its feature columns or its classes names them as the schema
+    does, in its order: the sites score encoded rows by position (a model fitted on columns in
+    another order, or an estimator's classes sorted where the schema's are not, was scored
+    on the wrong columns or classes, without a word)."""
+    want_f = list(schema.feature_names)
+    want_c = [str(c) for c in schema.target.classes or []]
+    for name, forest in zip(spec.names, spec.forests(), strict=True):
+        if forest.feature_names is not None and list(forest.feature_names) != want_f:
+            raise EvaluationError(
+                f"model {name!r} takes its features as {', '.join(forest.feature_names)}; the "
+                f"schema's are {', '.join(want_f)}, in this order: fit the model on the "
+                "schema's columns in the schema's order")
+        codes = list(range(len(want_c)))  # an estimator fitted on the schema's class codes
+        if want_c and forest.classes is not None and forest.classes != codes and \
+                [str(c) for c in forest.classes] != want_c:
+            raise EvaluationError(
+                f"model {name!r} predicts the classes {', '.join(map(str, forest.classes))} in "
+                f"that order; the schema lists {', '.join(want_c)}: the sites count its "
+                "probability columns in the schema's order (a model from a training job on "
+                "this schema has them so)")
 
 
 def evaluation_entry(config: JobConfig) -> dict[str, Any]:

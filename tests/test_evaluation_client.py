@@ -93,3 +93,59 @@ def test_a_site_needs_the_table_its_jobs_kind_scores(setting: dict[str, Any],
                          schema=tmp_path / "schema.toml", ca=None)
     with pytest.raises(FedForestError, match="--eval-data"):
         run_client(opts)
+
+
+def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
+        tmp_path: Path) -> None:
+    """Under every profile (open included, where no round can be refused) a site whose ledger
+    already holds one of the job's models on the same held-out rows declines the job before
+    joining, telling the server the code `evaluated_before`; under `open` it used to stop
+    mid-round and the other sites waited out the deadline, told it "missed the round deadline"."""
+    import dataclasses
+    import io
+    import json
+
+    import tomli_w
+
+    from client_app import runner
+    from client_app.evaluation import EvalLedger, table_digest
+    from client_app.log import SiteLog
+    from client_app.state import ClientState
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    y = np.clip(X[:, 0] + 0.1 * rng.normal(size=60), -1, 1)
+    model = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, (y > 0).astype(int), client=np.arange(60) % 3).model_
+    spec = EvalSpec(models=(model.to_json(),))
+    cfg = dataclasses.replace(
+        eval_config("ev-2", spec, task="classification", n_features=2, n_clients=3,
+                    n_classes=2, profile=load_profile("open").to_dict()),
+        feature_bounds=((-1.0, 1.0),) * 2, target_bound=1.0)
+    schema = {"features": [{"name": f"x{j}", "kind": "continuous", "bounds": [-1.0, 1.0]}
+                           for j in range(2)],
+              "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}}
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(schema))
+    held = (X, (y > 0).astype(int))
+    state = ClientState(tmp_path / "state")
+    EvalLedger(state.root).check_and_record("ev-1", spec.digests, table_digest(*held))
+
+    sent: list[tuple[str, str, object]] = []
+
+    class Offering:
+        def get_json(self, path: str, params: object = None) -> object:
+            sent.append(("GET", path, None))
+            return {"job_id": "ev-2", "client_index": 0, "client_name": "site-0",
+                    "config": json.loads(cfg.to_json()), "status": "waiting"}
+
+        def post_json(self, path: str, body: object = None) -> object:
+            sent.append(("POST", path, body))
+            return {"status": "declined"}
+
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job="ev-2",
+                         data=None, eval_data=tmp_path / "held.csv", schema=tmp_path / "s.toml",
+                         ca=None, state_dir=state.root, quiet=True)
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'ev-1'"):
+        runner._run(opts, Offering(), state, None, None,  # type: ignore[arg-type]
+                    SiteLog(stream=io.StringIO()), None, held)
+    assert sent[1:] == [("POST", "/v1/jobs/ev-2/decline", {"reason": "evaluated_before"})]

@@ -77,8 +77,9 @@ class RefuseBody(_CodedReason):
 
 #: Why a site declines a job before joining it (the only words of it that reach the server):
 #: its table does not fit the job's schema; its schema file is not the job's; the job's
-#: privacy profile is not the one it pinned; the job's configuration disagrees with its own.
-DECLINE_CODES = ("table", "schema", "profile", "job_config")
+#: privacy profile is not the one it pinned; the job's configuration disagrees with its own;
+#: an evaluation job scores a model this site already scored on the same held-out rows.
+DECLINE_CODES = ("table", "schema", "profile", "job_config", "evaluated_before")
 
 
 class DeclineBody(_CodedReason):
