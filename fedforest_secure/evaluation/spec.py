@@ -110,7 +110,10 @@ class EvalSpec:
         only if its profile has ``site_metrics = true``.
     target_range : (float, float) or None
         Regression: the public range of the target (the schema's bounds); predictions and
-        targets are clipped to it under DP and the plot's bins cover it.
+        targets are clipped to it under every profile (the sums' fixed-point scale and the
+        DP noise are set from it) and the plot's bins cover it. A forest trained on this
+        schema predicts within it (its leaves average targets within it); a model trained
+        elsewhere whose predictions leave it is scored on the clipped predictions.
     """
 
     models: tuple[str, ...]
