@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
 from fedforest_secure.evaluation.result import EvalResult
@@ -111,9 +112,13 @@ def plot(res: EvalResult, path: str | Path) -> Path:
         fig, (roc_ax, cal_ax) = plt.subplots(1, 2, figsize=(10, 4.6))
         for m in res.models:
             for cls, curve in m.curves.get("roc", {}).items():
-                suffix = "" if len(m.curves["roc"]) == 1 else f", class {cls}"
-                roc_ax.plot(curve["fpr"], curve["tpr"],
-                            label=f"{m.name}{suffix} (AUC {_fmt(m.metrics['roc_auc'])})")
+                one = len(m.curves["roc"]) == 1
+                suffix = "" if one else f", class {cls}"
+                # one class against the rest: that curve's own area (the metric is the macro
+                # average); the area under the binned curve is the binned AUC, ties as half
+                auc = m.metrics["roc_auc"] if one else float(np.trapezoid(
+                    np.asarray(curve["tpr"], dtype=float), np.asarray(curve["fpr"], dtype=float)))
+                roc_ax.plot(curve["fpr"], curve["tpr"], label=f"{m.name}{suffix} (AUC {_fmt(auc)})")
             for cls, curve in m.curves.get("calibration", {}).items():
                 suffix = "" if len(m.curves["calibration"]) == 1 else f", class {cls}"
                 cal_ax.plot(curve["prob_pred"], curve["prob_true"], "o-",

@@ -178,3 +178,38 @@ def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
     assert res.exit_code == 2
     assert "evaluation job 'ev' exists and scores m1: --models and --names cannot change it" \
         in " ".join(res.output.split())
+
+
+def test_each_class_curve_of_a_multiclass_roc_plot_is_labelled_with_its_own_area(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three classes: each one-against-the-rest curve carries its own AUC (their mean is the
+    macro-average metric); every curve was labelled with the macro average."""
+    from sklearn.datasets import load_wine
+
+    from matplotlib.axes import Axes
+
+    from fedforest_secure import FedForestClassifier
+
+    X, y = load_wine(return_X_y=True)
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(y))
+    tr, te = idx[:120], idx[120:]
+    model = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        X[tr], y[tr], client=np.arange(120) % 3).model_
+    spec = EvalSpec(models=(model.to_json(),))
+    config = eval_config("w", spec, task="classification", n_features=13, n_clients=3,
+                         n_classes=3, profile=load_profile("secure").to_dict())
+    site = np.arange(len(te)) % 3
+    res = evaluate_in_process(config, [(X[te][site == k], y[te][site == k]) for k in range(3)])
+    labels: list[str] = []
+    real_legend = Axes.legend
+
+    def keep(ax, *args, **kw):  # type: ignore[no-untyped-def]
+        labels.extend(h.get_label() for h in ax.get_lines())
+        return real_legend(ax, *args, **kw)
+
+    monkeypatch.setattr(Axes, "legend", keep)
+    plot(res, tmp_path / "w.png")
+    aucs = [float(lab.rsplit("AUC ", 1)[1].rstrip(")")) for lab in labels if "AUC" in lab]
+    assert len(aucs) == 3 and len(set(aucs)) > 1
+    assert np.mean(aucs) == pytest.approx(res.models[0].metrics["roc_auc"], abs=2e-4)
