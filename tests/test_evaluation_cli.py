@@ -184,9 +184,8 @@ def test_each_class_curve_of_a_multiclass_roc_plot_is_labelled_with_its_own_area
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three classes: each one-against-the-rest curve carries its own AUC (their mean is the
     macro-average metric); every curve was labelled with the macro average."""
-    from sklearn.datasets import load_wine
-
     from matplotlib.axes import Axes
+    from sklearn.datasets import load_wine
 
     from fedforest_secure import FedForestClassifier
 
