@@ -143,9 +143,9 @@ def _parse(schema_text: str) -> Schema:
 
 def _check_names(spec: EvalSpec, schema: Schema) -> None:
     """Every model that names its feature columns or its classes names them as the schema
-    does, in its order: the sites score encoded rows by position (a model fitted on columns in
-    another order, or an estimator's classes sorted where the schema's are not, was scored
-    on the wrong columns or classes, without a word)."""
+    does, in its order: the sites score encoded rows by position, so a model fitted on
+    columns in another order, or an estimator's classes sorted where the schema's are not,
+    would be scored on the wrong columns or classes."""
     want_f = list(schema.feature_names)
     want_c = [str(c) for c in schema.target.classes or []]
     for name, forest in zip(spec.names, spec.forests(), strict=True):

@@ -22,8 +22,8 @@ __all__ = ["PeerNames", "common_name", "log_refused_handshakes", "protocol_with_
 
 class _LoggedSSLObject(ssl.SSLObject):
     """An :class:`ssl.SSLObject` whose failed handshakes are logged (``event=tls_refused``,
-    with OpenSSL's reason): the event loop drops them silently, so an operator never learned
-    that a site's certificate was refused (another CA's, expired, none at all)."""
+    with OpenSSL's reason): the event loop drops them silently, and the operator needs to know
+    that a site's certificate is refused (another CA's, expired, none at all)."""
 
     def do_handshake(self) -> None:
         try:

@@ -47,9 +47,9 @@ def test_psycopg2_urls_are_pointed_to_psycopg_3() -> None:
 def test_two_processes_creating_a_new_database_at_once_both_open_it(
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process created the tables between this one's check and its CREATE (four
-    `server add-client` at once on a new database): the tables it found are taken as they
-    are; it failed with "table clients already exists" (PostgreSQL: a duplicate key in
-    pg_type)."""
+    `server add-client` at once on a new database): its CREATE fails ("table clients already
+    exists"; PostgreSQL: a duplicate key in pg_type) and the tables it found are taken as
+    they are."""
     from sqlalchemy.exc import OperationalError
 
     import server_app.db as db_mod

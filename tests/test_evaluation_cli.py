@@ -183,7 +183,7 @@ def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
 def test_each_class_curve_of_a_multiclass_roc_plot_is_labelled_with_its_own_area(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three classes: each one-against-the-rest curve carries its own AUC (their mean is the
-    macro-average metric); every curve was labelled with the macro average."""
+    macro-average metric), not the macro average on every curve."""
     from matplotlib.axes import Axes
     from sklearn.datasets import load_wine
 

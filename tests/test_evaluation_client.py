@@ -99,8 +99,8 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
         tmp_path: Path) -> None:
     """Under every profile (open included, where no round can be refused) a site whose ledger
     already holds one of the job's models on the same held-out rows declines the job before
-    joining, telling the server the code `evaluated_before`; under `open` it used to stop
-    mid-round and the other sites waited out the deadline, told it "missed the round deadline"."""
+    joining, telling the server the code `evaluated_before`, so the other sites never wait
+    out a round's deadline for it."""
     import dataclasses
     import io
     import json

@@ -1,7 +1,7 @@
 """An evaluation job scores models on the sites' rows encoded as the schema says, column by
 column and class by class: a model that names its features or classes in another order is
-refused when the job is created (it was scored on the wrong columns, or with its classes
-mixed up: accuracy 0.07 for 0.93, without a word)."""
+refused when the job is created, as it would be scored on the wrong columns or with its
+classes mixed up (an accuracy of 0.07 for 0.93)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_regression_forests_are_scored_like_sklearn_on_the_pooled_rows(offset: f
     """Near zero, with the evaluation's own target range; 3e6 away, with the job's centre
     (target_offset, the bounds' middle) and half-width: the fixed-point sums are centred, so the
     metrics are as exact as near zero (with the offset at 0 and the bound at 3e6 + 350 the
-    ring's unit is about 0.4, and the MSE was off by that much)."""
+    ring's unit would be about 0.4, and the MSE off by that much)."""
     X, y = load_diabetes(return_X_y=True)
     y = y + offset
     rng = np.random.default_rng(1)

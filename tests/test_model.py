@@ -256,8 +256,8 @@ def test_a_jobs_model_with_classes_out_of_order_reads_as_sklearn_expects(
         tmp_path: Path) -> None:
     """A schema lists its classes in its own order ("low", "mid", "high"); scikit-learn's
     metrics take predict_proba's columns in sorted order of classes_. The loaded estimator
-    gives sorted classes_ with the columns to match (log_loss / roc_auc_score were silently
-    wrong), and saves the job's file as it was."""
+    gives sorted classes_ with the columns to match (log_loss / roc_auc_score read them so),
+    and saves the job's file as it was."""
     from sklearn.metrics import log_loss, roc_auc_score
 
     schema_text = ('[target]\nname = "level"\nkind = "classification"\n'

@@ -114,8 +114,8 @@ def test_a_dp_jobs_first_release_moves_within_the_bound_when_a_row_is_added(
     """The sums a DP job's level-0 release adds noise to (here taken without noise), on a
     table and on the same table with one row added at site 0: they differ by at most the
     sensitivity the noise is calibrated for, sqrt(T F) m_max in L2 (m_max = 1 without
-    resampling). With the bootstrap drawn over the table, adding a row redrew every other
-    row's copies and moved the sums by 4x that bound at 2,000 rows."""
+    resampling). A bootstrap drawn over the whole table would redraw every other row's copies
+    when a row is added, and move the sums by 4x that bound at 2,000 rows."""
     from fedforest_secure import FedForestClassifier
     from fedforest_secure.federation import PlainSum, run_in_process
     from fedforest_secure.privacy import load_profile

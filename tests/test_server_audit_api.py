@@ -54,7 +54,7 @@ def test_a_join_whose_audit_entry_fails_is_not_counted_and_its_retry_is_logged(
         tmp_path: Path, tiny_parts, job_dir) -> None:
     """The audit log's database fails while a site joins (PostgreSQL restarting): the join
     fails and the site stays invited, so its retry joins again and its client_joined entry
-    is written; the site was counted as joined and its entry was never written."""
+    is written: no site counts as joined without its entry."""
     import pytest
 
     from server_app.auth import authenticate

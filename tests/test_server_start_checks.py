@@ -51,7 +51,7 @@ def test_a_refused_client_certificate_is_in_the_server_log(
         tmp_path: Path, tiny_parts, job_dir) -> None:
     """A site connects with a certificate the federation's CA did not sign (a TLS handshake
     the server refuses): the operator reads in the server log that a certificate was refused,
-    from which address and why; the log said nothing and the site only saw a TLS error."""
+    and OpenSSL's reason, not only the site its TLS error."""
     import socket
     import ssl
 
