@@ -180,7 +180,7 @@ def test_greedy_depth_never_shrinks_as_epsilon_grows_across_the_switch_to_8_tree
 
 def test_dp_random_splits_refuse_more_leaves_than_memory_holds_before_any_work() -> None:
     """DP random splits grow every tree to its full depth: max_depth = 20 would build
-    8 * 2^20 leaves per forest (the fit ran out of memory after minutes); it is refused at
+    8 * 2^20 leaves per forest (a fit that runs out of memory after minutes); it is refused at
     once, naming the count and what to lower. Depth 12 is taken."""
     from fedforest_secure import FedForestClassifier
 

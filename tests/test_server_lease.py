@@ -57,8 +57,8 @@ def test_two_servers_taking_a_stale_lease_at_the_same_moment_one_refuses(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stale lease (its holder killed) and two servers starting together: between the
     moment one reads the stale row and the moment it writes its claim, the other takes it;
-    the first refuses to start. Both started (10 of 10 tries on PostgreSQL, 9 of 10 on
-    SQLite) and one of them stopped later with lease_lost."""
+    the first refuses to start, rather than both serving until one of them finds its lease
+    lost."""
     import server_app.lease as lease_mod
 
     db = Database(f"sqlite:///{tmp_path / 's.db'}")

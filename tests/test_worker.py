@@ -644,8 +644,9 @@ def _copies(cfg: JobConfig, X: np.ndarray, y: np.ndarray) -> dict[bytes, list[li
 @pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])
 def test_under_dp_equal_rows_are_records_of_their_own(sampling: str) -> None:
     """Four distinct rows, 250 copies each (categorical data): every copy draws on its own, so
-    the trees get rows (disjoint: 4 of 50 trees got any, every copy of a row in one tree); a
-    copy added moves that row's draws by one draw and no other row's."""
+    the trees get rows (drawn by content alone, every copy of a row would go to one tree, and
+    4 of 50 disjoint trees get any); a copy added moves that row's draws by one draw and no
+    other row's."""
     from collections import Counter
 
     prof = load_profile("secure-dp", epsilon=1.0).to_dict()
