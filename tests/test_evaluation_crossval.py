@@ -150,3 +150,30 @@ def test_more_folds_than_the_smallest_site_has_rows_are_refused_before_any_train
                                               r"7 folds"):
         cross_validate(sites, task="classification", param="max_depth", values=[1, 2],
                        folds=8, profile="open", n_classes=2)
+
+
+def test_class_labels_and_a_class_missing_from_a_folds_training_rows_are_told_what_to_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Targets given as text labels are refused before any training, asking for class codes;
+    a class so rare that one fold's training rows have none of it is named with the fold, not
+    blamed on a schema."""
+    from fedforest_secure.evaluation import crossval
+
+    rng = np.random.default_rng(1)
+    sites = [(rng.normal(size=(30, 2)), np.array(["apple", "mango"] * 15)) for _ in range(3)]
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    with pytest.raises(EvaluationError, match=r"site 0's targets must be class codes 0..1 "
+                                              r"\(got 'apple'\)"):
+        cross_validate(sites, task="classification", param="max_depth", values=[1, 2],
+                       folds=2, profile="open", n_classes=2)
+    monkeypatch.undo()
+    rare = []
+    for k in range(3):
+        y = np.array([0, 1] * 15)
+        if k == 0:
+            y[0] = 2  # one row of class 2, at one site
+        rare.append((rng.normal(size=(30, 2)), y))
+    with pytest.raises(EvaluationError, match=r"fold \d: its training rows hold no row of "
+                                              r"class 2"):
+        cross_validate(rare, task="classification", param="max_depth", values=[1],
+                       folds=2, profile="open", n_classes=3)

@@ -115,6 +115,26 @@ def _fit(task: str, params: Mapping[str, Any], X: np.ndarray, y: np.ndarray,
         return path.read_text(), est.config_
 
 
+def _check_class_codes(sites: Sequence[tuple[Any, Any]], n_classes: int) -> None:
+    """Every site's targets are class codes ``0..n_classes - 1``."""
+    if n_classes < 2:
+        raise EvaluationError(f"classification needs n_classes >= 2, got {n_classes}")
+    for k, (_, y) in enumerate(sites):
+        arr = np.asarray(y)
+        try:
+            codes = arr.astype(np.float64)
+        except (TypeError, ValueError):
+            codes = None
+        if codes is None or not np.isfinite(codes).all() or (codes != np.round(codes)).any() \
+                or (codes.size and (codes.min() < 0 or codes.max() >= n_classes)):
+            bad = next((v for v in arr.tolist() if not (isinstance(v, int | float) and
+                                                         0 <= v < n_classes and v == int(v))),
+                       arr.tolist()[0] if arr.size else None)
+            raise EvaluationError(f"site {k}'s targets must be class codes 0..{n_classes - 1} "
+                                  f"(got {bad!r}): encode the labels in the schema's class "
+                                  "order first")
+
+
 def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str, param: str,
                    values: Sequence[Any], folds: int = 3, metric: str | None = None,
                    profile: Any = "secure", params: Mapping[str, Any] | None = None,
@@ -157,6 +177,8 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     if param not in known:
         raise EvaluationError(f"{cls.__name__} has no parameter {param!r}; it has "
                               f"{', '.join(known)}")
+    if task == "classification":
+        _check_class_codes(sites, n_classes)
     prof = profile if isinstance(profile, PrivacyProfile) else load_profile(profile)
     base = {"random_state": seed, **dict(params or {}), "profile": prof}
     fold_of = [site_folds(len(y), folds, seed, k) for k, (_, y) in enumerate(sites)]
@@ -174,6 +196,13 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
         X_tr = np.concatenate([X for X, _ in train])
         y_tr = np.concatenate([y for _, y in train])
         h_tr = np.concatenate([np.full(len(y), k) for k, (_, y) in enumerate(train)])
+        if task == "classification":
+            absent = sorted(set(range(n_classes)) - {int(c) for c in np.unique(y_tr)})
+            if absent:
+                raise EvaluationError(
+                    f"fold {f}: its training rows hold no row of class {absent[0]}: the "
+                    f"class is too rare for {folds} folds (each fold's models are trained "
+                    "on the other folds' rows); use fewer folds")
         texts = []
         for v in values:
             text, cfg = _fit(task, {**base, param: v}, X_tr, y_tr, h_tr)
