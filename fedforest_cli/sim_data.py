@@ -185,14 +185,16 @@ def write_site_files(out: Path, names: list[str], parts: list[tuple[np.ndarray, 
     return paths
 
 
-def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_toml: Path
+def prepare_sites(opts: SimulateOptions, out: Path, names: list[str], server_toml: Path,
+                  table: tuple[np.ndarray, np.ndarray, str, list[str]] | None = None
                   ) -> SimData:
-    """Write schema, CSVs, job.toml; register the clients and create the job on the server DB."""
+    """Write schema, CSVs, job.toml; register the clients and create the job on the server DB
+    (``table``: :func:`load_table`'s result, read here if not given)."""
     from server_app.admin import ServerAdmin
     from server_app.jobspec import load_job_spec
     from server_app.settings import load_settings
 
-    X, y, task, feat = load_table(opts.dataset)
+    X, y, task, feat = table if table is not None else load_table(opts.dataset)
     rng = np.random.default_rng(opts.seed)
     idx = rng.permutation(X.shape[0])
     if opts.max_rows is not None:

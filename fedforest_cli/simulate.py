@@ -18,7 +18,7 @@ from rich.table import Table
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import write_atomic
 
-from .sim_data import SimData, SimulateOptions, prepare_sites
+from .sim_data import SimData, SimulateOptions, load_table, prepare_sites
 from .sim_eval import evaluate
 from .sim_evaluation import EvalRun
 from .sim_processes import (
@@ -46,6 +46,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     from fedforest_secure.pki import init_dev_pki
 
     opts.check()
+    table = load_table(opts.dataset)  # read before anything is written: a missing file stops here
     out = opts.out.resolve()
     _clear_earlier_run(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +65,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                   f"{opts.clients} client certificates in {certs}")
     port = free_port()
     server_toml = write_server_config(out, port, certs)
-    sim = prepare_sites(opts, out, names, server_toml)
+    sim = prepare_sites(opts, out, names, server_toml, table)
     console.print(f"2. data: {opts.dataset} split over {opts.clients} sites (Dirichlet "
                   f"alpha={opts.alpha}); each site's rows are in its own CSV; "
                   f"{len(sim.y_test)} rows held out for testing")

@@ -107,3 +107,16 @@ def test_a_server_that_exits_during_training_ends_the_simulation_at_once(
     finally:
         client.kill()
         client.wait()
+
+
+def test_a_dataset_whose_files_are_missing_stops_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared data directory is not where it is looked for: the simulation says so before
+    it writes certificates or a server configuration."""
+    from fedforest_secure.experiments.loaders import DATA_DIR_ENV
+
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "no-data-here"))
+    out = tmp_path / "run"
+    with pytest.raises(FileNotFoundError, match="shared data directory not found"):
+        run_simulation(SimulateOptions(out=out, dataset="heart"))
+    assert not out.exists()
