@@ -31,7 +31,13 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from fedforest_secure.audit import Receipt, write_receipt
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest, SchemaError
+from fedforest_secure.errors import (
+    FedForestError,
+    InvalidMessage,
+    ProtocolError,
+    RefusedRequest,
+    SchemaError,
+)
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
@@ -650,11 +656,14 @@ def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor)
                 session.sign(task, message)
             elif action == "unmask":
                 session.unmask(task, message)
-        except RefusedRequest as exc:
+        except (RefusedRequest, InvalidMessage) as exc:
+            # a request a privacy rule refuses, or a peer's message (relayed by the server)
+            # that does not authenticate: the round cannot go on with this site, and says why
+            code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
             ctx.log.warn(f"refused the server's request in round {r}: {exc}")
             if not session.refused(r):  # the site's own answer refused: the server learns it
                 try:  # now, not at the step's deadline every other site would wait for
-                    session.refuse_round(r, exc.code)
+                    session.refuse_round(r, code)
                 except ApiRejected as rej:  # the round closed, or the site was dropped
                     ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
             result.status, result.detail = "refused", f"round {r}: {exc}"

@@ -85,6 +85,7 @@ REFUSAL_CODES = (
     "disclosure",        # a disclosure the client's profile does not name
     "restarted",         # the site's client restarted: its keys for the open round are lost
     "stopped",           # the site's client was stopped (Ctrl-C): its round keys die with it
+    "invalid_message",   # a peer's message, relayed by the server, that does not authenticate
     "evaluated_before",  # a model this site already scored on the same held-out rows
     "other",
 )

@@ -1,0 +1,54 @@
+"""A secure site that cannot authenticate a peer's message relayed by the server (a share
+ciphertext sent for another round, a forged signature) refuses the round at once, saying why
+(code `invalid_message`), so the job stops for the reason it stops, not at the deadline with
+the honest sites recorded as having missed it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any
+
+from client_app import runner
+from client_app.log import SiteLog
+from client_app.runner import ClientResult
+from fedforest_secure.errors import InvalidMessage
+from fedforest_secure.protocol import Task, TaskKind
+
+
+def test_a_share_that_does_not_authenticate_is_refused_at_once_with_its_code() -> None:
+    task = Task(job_id="j", round_id=2, kind=TaskKind.SKETCH, level=0)
+    body = task.to_bytes()
+    step = {"status": "task", "action": "upload", "round_id": 2, "message": "{}",
+            "task_digest": hashlib.sha256(body).hexdigest()}
+    refused: list[tuple[int, str]] = []
+
+    class Session:
+        client = object()
+        open_round: int | None = None
+
+        def advertised(self, r: int) -> bool:
+            return True
+
+        def mask(self, *args: Any) -> Any:
+            raise InvalidMessage("share ciphertext does not authenticate")
+
+        def refused(self, r: int) -> bool:
+            return False
+
+        def refuse_round(self, r: int, code: str) -> None:
+            refused.append((r, code))
+
+    tr = SimpleNamespace(take_next_step=lambda: step, get_json=None,
+                         request=lambda *a, **k: SimpleNamespace(content=body))
+    result = ClientResult(status="running")
+    ctx = SimpleNamespace(tr=tr, job="j", result=result, log=SiteLog(stream=io.StringIO()),
+                          worker=SimpleNamespace(handle=lambda t: SimpleNamespace(disclosed={})),
+                          contribution=lambda t, r: [0.0], show=lambda *a: None,
+                          waiting=lambda: None)
+    with ThreadPoolExecutor(max_workers=1) as sender:
+        runner._secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
+    assert refused == [(2, "invalid_message")]
+    assert result.status == "refused" and "does not authenticate" in result.detail
