@@ -244,8 +244,10 @@ class RoundDriver:
         reason = printable(reason)
         job.status = JobStatus.FAILED
         job.reason = reason
-        if rt is not None and rt.secure is not None:
-            rt.secure.current = None
+        if rt is not None:
+            rt.coord = None  # a stopped job grows no more trees
+            if rt.secure is not None:
+                rt.secure.current = None
         if rr is not None:
             self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
                                                         "reason": reason})
@@ -351,6 +353,7 @@ class RoundDriver:
             job.reason = ("training complete" if isinstance(result, ForestModel)
                           else "evaluation complete")
             rt.task = None
+            rt.coord = None  # the model is stored: a server running for weeks lets it go
             self.audit.append(job.id, "model", {"digest": job.model_digest})
             event("job_done", job=job.id, rounds=closed_rounds(sess, job.id),
                   model_sha256=job.model_digest, server_cpu_s=time.process_time())

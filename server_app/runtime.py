@@ -263,7 +263,9 @@ class ServerState:
                         raise ApiError(400, "identity_required", "this job uses secure "
                                        "aggregation: join with your Ed25519 identity key "
                                        "(32 bytes, hex) as {\"identity_key\": ...}")
-                    if stored is not None and stored.body != identity_key.hex():
+                    finished = job.status in (JobStatus.DONE, JobStatus.FAILED)
+                    if stored is not None and stored.body != identity_key.hex() \
+                            and not finished:  # a finished job has no round to sign for
                         raise ApiError(409, "identity_mismatch", "this client joined with "
                                        "another identity key; it cannot change mid-job")
                 first = member.state == MemberState.INVITED

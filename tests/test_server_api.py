@@ -393,3 +393,38 @@ def test_a_request_to_a_finished_job_does_not_load_its_model(tmp_path: Path) -> 
         assert "model_json" in inspect(job).unloaded
         assert job.model_json == model  # loaded where it is read
     assert [c.name for c in JobRow.__table__.columns][-1] == "model_json"
+
+
+def test_a_finished_job_keeps_no_coordinator_in_memory(tmp_path: Path, tiny_parts,
+                                                       job_dir) -> None:
+    """A server runs for weeks: once a job is done its coordinator (the forest being grown,
+    every level's statistics) is let go; a later request about the job needs none."""
+    import json
+
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K)))
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        infos = [http.post("/v1/jobs/job-a/join", headers=auth(t)).json() for t in tokens]
+        config = JobConfig.from_json(json.dumps(infos[0]["config"]))
+        workers = [Worker(config, *parts[k], client_index=k, seed=client_seed(config, k))
+                   for k in range(K)]
+        for _ in range(100):
+            r = http.get("/v1/jobs/job-a/task", headers=auth(tokens[0]))
+            if r.status_code == 204:
+                break
+            task = Task.from_bytes(r.content)
+            for k in range(K):
+                rep = workers[k].handle(task)
+                up = http.post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload",
+                               content=make_upload(task, rep.summable, rep.disclosed),
+                               headers={**auth(tokens[k]),
+                                        "Content-Type": "application/octet-stream"})
+                assert up.status_code == 200, up.text
+        assert r.headers.get("X-FedForest-Status") == "done"
+        rt = state.core.runtimes.peek("job-a")
+        assert rt is None or rt.coord is None
+        assert http.get("/v1/jobs/job-a/model", headers=auth(tokens[1])).status_code == 200
+    db.dispose()

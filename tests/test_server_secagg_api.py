@@ -183,6 +183,27 @@ def test_join_of_a_secure_job_needs_an_identity_key(env: dict) -> None:
     assert r.status_code == 409 and r.json()["error"] == "identity_mismatch"
 
 
+def test_a_site_restarted_with_new_keys_for_a_finished_job_is_told_it_is_done(
+        env: dict) -> None:
+    """A site whose state directory is gone (its identity key with it) starts its client
+    again for a job that finished: it learns the job is done (and gets its model), rather
+    than that its key "cannot change mid-job"."""
+    from server_app.db import JobRow
+
+    key = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
+    assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json=key).status_code \
+        == 200
+    with env["db"].session() as sess:
+        job = sess.get(JobRow, "job-a")
+        assert job is not None
+        job.status, job.reason = "done", "training complete"
+    fresh = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json=fresh)
+    assert r.status_code == 200, r.text
+    assert env["http"].get("/v1/jobs/job-a/secagg", headers=h(env, 0)).json()["status"] \
+        == "done"
+
+
 def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None:
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
