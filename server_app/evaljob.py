@@ -19,8 +19,6 @@ hold exactly the files that were named; the spec becomes the job's
 
 from __future__ import annotations
 
-import json
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -102,15 +100,14 @@ def embed_models(raw: dict[str, Any], base: Path) -> None:
         ev["names"] = stems if len(set(stems)) == len(stems) else None
 
 
-def _target_range(schema_text: str | None) -> tuple[float, float] | None:
-    if schema_text is None:
+def _target_range(schema: Schema | None) -> tuple[float, float] | None:
+    if schema is None:
         return None
-    schema = _parse(schema_text)
     b = schema.target.bounds
     return None if b is None or schema.is_classification else (float(b[0]), float(b[1]))
 
 
-def evaluation_of(kind: str, params: EvaluationParams | None, schema_text: str | None,
+def evaluation_of(kind: str, params: EvaluationParams | None, schema: Schema | None,
                   facts: dict[str, Any]) -> dict[str, Any] | None:
     """``JobConfig.evaluation`` of a job: None for a training job, else the validated spec
     (its models checked against the schema's task, features and classes)."""
@@ -125,20 +122,14 @@ def evaluation_of(kind: str, params: EvaluationParams | None, schema_text: str |
                         score_bins=params.score_bins,
                         calibration_bins=params.calibration_bins, pva_bins=params.pva_bins,
                         log_loss_floor=params.log_loss_floor, per_site=params.per_site,
-                        target_range=_target_range(schema_text))
+                        target_range=_target_range(schema))
         spec.check_models(str(facts["task"]), int(facts["n_features"]),
                           int(facts.get("n_classes", 0)))
-        if schema_text is not None:
-            _check_names(spec, _parse(schema_text))
+        if schema is not None:
+            _check_names(spec, schema)
     except EvaluationError as exc:
         raise ConfigError(f"evaluation: {exc}") from None
     return spec.to_dict()
-
-
-def _parse(schema_text: str) -> Schema:
-    raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
-        tomllib.loads(schema_text)
-    return Schema.from_dict(raw)
 
 
 def _check_names(spec: EvalSpec, schema: Schema) -> None:

@@ -214,9 +214,8 @@ def _parse_schema(schema_text: str, source: Path | None = None) -> Schema:
         raise ConfigError(str(exc)) from exc
 
 
-def _schema_facts(schema_text: str) -> dict[str, Any]:
-    """JobConfig fields read from a schema file (TOML or JSON), via fedforest_secure.schema."""
-    schema = _parse_schema(schema_text)
+def _schema_facts(schema: Schema) -> dict[str, Any]:
+    """JobConfig fields read from a schema, via fedforest_secure.schema."""
     facts = schema_facts(schema)
     # missing = "allowed" columns: the rows missing them fill one more histogram bin
     facts["missing_allowed"] = (tuple(schema.missing_allowed) if any(schema.missing_allowed)
@@ -245,14 +244,15 @@ def _dp_forest(spec: JobSpec, facts: dict[str, Any], dp: dict[str, Any]) -> dict
 
 def build_config(spec: JobSpec) -> JobConfig:
     """The job's :class:`JobConfig` from the spec (schema facts + forest + profile)."""
+    schema = _parse_schema(spec.schema_text) if spec.schema_text is not None else None
     if spec.data is not None:
         facts: dict[str, Any] = spec.data.model_dump()
         facts["feature_kinds"] = tuple(facts["feature_kinds"])
         facts["n_levels"] = tuple(facts["n_levels"])
         if facts["feature_bounds"] is not None:
             facts["feature_bounds"] = tuple(tuple(b) for b in facts["feature_bounds"])
-    elif spec.schema_text is not None:
-        facts = _schema_facts(spec.schema_text)
+    elif schema is not None:
+        facts = _schema_facts(schema)
     else:
         raise ConfigError("a job needs a schema file or a [data] table")
     forest = spec.forest.model_dump()
@@ -265,7 +265,7 @@ def build_config(spec: JobSpec) -> JobConfig:
                                                       int(facts["n_features"]))
         if forest["criterion"] is None:
             forest["criterion"] = "mse" if facts["task"] == "regression" else "gini"
-        facts["evaluation"] = evaluation_of(spec.kind, spec.evaluation, spec.schema_text, facts)
+        facts["evaluation"] = evaluation_of(spec.kind, spec.evaluation, schema, facts)
         return JobConfig(job_id=spec.id, n_clients=len(spec.clients), profile=profile,
                          **facts, **forest)
     except (TypeError, ValueError) as exc:

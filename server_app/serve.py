@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from fedforest_secure.audit._sql import to_url
+from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
 from fedforest_secure.pki import check_validity
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tomli_w
 
 from fedforest_secure import FedForestClassifier
+from fedforest_secure.schema import Schema
 from server_app.evaljob import EvaluationParams, evaluation_of
 from server_app.settings import ConfigError
 
@@ -32,7 +32,7 @@ def _model(columns: list[str], labels: np.ndarray) -> str:
 def _job(model: str) -> dict:
     return evaluation_of("evaluate", EvaluationParams(models=["m.json"], model_texts=[model],
                                                        names=["m"]),
-                         tomli_w.dumps(SCHEMA), FACTS)
+                         Schema.from_dict(SCHEMA), FACTS)
 
 
 def test_a_model_whose_classes_or_columns_are_in_another_order_is_refused() -> None:
