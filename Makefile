@@ -10,7 +10,8 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# setup.py builds the compiled loops (fedforest_secure/_ckernels.c): a change to them reinstalls
+$(STAMP): pyproject.toml setup.py fedforest_secure/_ckernels.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)

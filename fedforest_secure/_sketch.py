@@ -13,9 +13,27 @@ Everything is vectorised over many (node, feature) rows at once.
 
 from __future__ import annotations
 
+import importlib
+import os
+from types import ModuleType
+
 import numpy as np
 
 __all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
+
+def _compiled() -> ModuleType | None:
+    """The compiled loops of :func:`_pooled` (``_ckernels.c``), or None where the module was
+    not built or ``FEDFOREST_NUMPY_KERNELS=1`` asks for numpy (the two give the same bits)."""
+    if os.environ.get("FEDFOREST_NUMPY_KERNELS") == "1":
+        return None
+    try:  # by name: the extension has no Python source for the import graph to resolve
+        return importlib.import_module("fedforest_secure._ckernels")
+    except ImportError:  # pragma: no cover - a build without a C compiler
+        return None
+
+
+#: the compiled loops, or None: numpy throughout
+KERNELS: ModuleType | None = _compiled()
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
 CHUNK_ENTRIES = 1 << 18
@@ -281,6 +299,16 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
     if R == 0:
         return out
     keep = tot[:, 0] > 0
+    if KERNELS is not None:  # rows of every width at once: the compiled loops skip padding
+        every = bool(keep.all())
+        pts = points if every else points[keep]
+        res = out if every else np.full((pts.shape[0], n_bins - 1), np.inf)
+        KERNELS.pooled_rows(np.ascontiguousarray(pts, dtype=np.float64),
+                            np.ascontiguousarray(weights if every else weights[keep]), res,
+                            *pts.shape, n_bins)
+        if not every:
+            out[keep] = res
+        return out
     longest = npts.max(axis=1)
     width = points.shape[2]
     if keep.all() and width > 4 and (longest <= width // 2).any():
@@ -298,11 +326,20 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
         if keep.any():
             out[keep] = _pooled(points[keep], counts[keep], npts[keep], n_bins)
         return out
+    return _pooled_numpy(points, weights, npts, n_bins, out)
+
+
+def _pooled_numpy(points: np.ndarray, weights: np.ndarray, npts: np.ndarray, n_bins: int,
+                  out: np.ndarray) -> np.ndarray:
+    """The core of :func:`_pooled` in numpy (rows with weights summing to 1), into ``out``."""
+    R = points.shape[0]
     xs, s, dj, F = _events(points, weights, npts)
     E = xs.shape[1]
     levels = np.arange(1, n_bins) / n_bins
     i = _first_at_least(F, levels - 1e-12)
-    i = np.clip(i, 0, E - 1)
+    # no event reaching a level (the slopes below 1e-12 of the largest were dropped): the
+    # row's last reported point, wherever the padding of the array ends
+    np.minimum(i, npts.sum(axis=1, keepdims=True) - 1, out=i)
     prev = np.maximum(i - 1, 0)
     base = (np.arange(R) * E)[:, None]
     prev += base
@@ -324,7 +361,7 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
     away = np.flatnonzero(~inside_ramp)  # cuts at an event: maybe to the middle of a gap
     if away.size:
         t.ravel()[away] = _mid_gap(xs, s, (i + base).ravel()[away], x_i.ravel()[away])
-    t = np.where(tot > 0, t, np.inf)
+    t += 0.0  # -0.0 becomes 0.0 (the same cut): the sort below need not order signed zeros
     t.sort(axis=1)
     dup = np.zeros_like(t, dtype=bool)
     dup[:, 1:] = t[:, 1:] == t[:, :-1]

@@ -1,0 +1,314 @@
+/* Compiled loops of the pooled-CDF candidates (fedforest_secure._sketch).
+ *
+ * pooled_rows computes, row by row, what fedforest_secure._sketch._pooled computes with numpy
+ * for rows whose clients' mixing weights sum to 1: the pooled sketch CDF tabulated at every
+ * reported point (_sketch._events), inverted at b / B (b = 1..B-1), cuts at a flat stretch
+ * moved to the middle of the gap (_sketch._mid_gap), then sorted with duplicates replaced by
+ * +inf. Every floating-point operation is the one numpy performs, in the same order (running
+ * sums are sequential, as numpy's cumsum), so both give the same bits; the module is built
+ * with -ffp-contract=off so that no multiply-add is fused. The numpy code is the reference
+ * and the fallback where this module is not built (tests/test_sketch_kernels.py compares
+ * them).
+ *
+ * Arrays come through the buffer protocol (C-contiguous float64 / int64); the GIL is released
+ * while the rows are computed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* a < b with NaN after every number (numpy's sort order) */
+static inline int lt_nan_last(double a, double b)
+{
+    if (isnan(a))
+        return 0;
+    if (isnan(b))
+        return 1;
+    return a < b;
+}
+
+/* a reported point: its value and its position in the row */
+typedef struct {
+    double v;
+    int64_t i;
+} point;
+
+/* Stable sort of pts[0..n) by value (no NaN): insertion sort for short rows, else a natural
+ * merge sort, since the input is made of the clients' non-decreasing lists. tmp and runs are
+ * scratch of n and n + 1 entries. Returns the array that holds the result: pts or tmp. */
+static point *stable_sort(point *pts, point *tmp, int64_t *runs, int64_t n)
+{
+    int64_t nr = 0, i, j, r;
+    point *src = pts, *dst = tmp, *swap;
+    if (n <= 24) {
+        for (i = 1; i < n; i++) {
+            point x = pts[i];
+            for (j = i; j > 0 && x.v < pts[j - 1].v; j--)
+                pts[j] = pts[j - 1];
+            pts[j] = x;
+        }
+        return pts;
+    }
+    runs[nr++] = 0;
+    for (i = 1; i < n; i++)
+        if (pts[i].v < pts[i - 1].v)
+            runs[nr++] = i;
+    runs[nr] = n;
+    while (nr > 1) { /* merge runs two by two from src into dst, then swap */
+        int64_t out_runs = 0;
+        for (r = 0; r < nr; r += 2) {
+            int64_t a = runs[r];
+            const point *p, *q, *pe, *qe;
+            point *o = dst + a;
+            if (r + 1 >= nr) { /* an odd run out: copied as it is */
+                memcpy(o, src + a, (size_t)(n - a) * sizeof(point));
+                runs[out_runs++] = a;
+                break;
+            }
+            p = src + a;
+            pe = src + runs[r + 1];
+            q = pe;
+            qe = src + runs[r + 2];
+            while (p < pe && q < qe) { /* the right one only when strictly smaller: stable */
+                if (q->v < p->v)
+                    *o++ = *q++;
+                else
+                    *o++ = *p++;
+            }
+            while (p < pe)
+                *o++ = *p++;
+            while (q < qe)
+                *o++ = *q++;
+            runs[out_runs++] = a;
+        }
+        runs[out_runs] = n;
+        nr = out_runs;
+        swap = src;
+        src = dst;
+        dst = swap;
+    }
+    return src;
+}
+
+/* numpy's clip(t, lo, hi) for doubles: maximum then minimum, NaN propagated */
+static inline double clip(double t, double lo, double hi)
+{
+    double m = isnan(t) ? t : (t > lo ? t : lo);
+    return isnan(m) ? m : (m < hi ? m : hi);
+}
+
+/* insertion sort of a short row, NaN last (stable) */
+static void sort_short(double *t, int64_t n)
+{
+    int64_t i, j;
+    for (i = 1; i < n; i++) {
+        double v = t[i];
+        for (j = i; j > 0 && lt_nan_last(v, t[j - 1]); j--)
+            t[j] = t[j - 1];
+        t[j] = v;
+    }
+}
+
+struct scratch {
+    double *dsp, *djp, *xs, *s, *F;
+    point *pts, *tmp;
+    int64_t *runs;
+};
+
+/* One row: points flat (K, P) NaN-padded, weights (K,), the B - 1 cuts into out. */
+static void one_row(const double *flat, const double *weights, int64_t K, int64_t P,
+                    int64_t n_bins, double *out, struct scratch *sc)
+{
+    int64_t c, j, k, b, n = 0, i, e, last_e = -1;
+    double slope_max = 0.0, prev_slope = 0.0, tiny, acc_s = 0.0, acc_dj = 0.0, acc_dx = 0.0;
+    double *dsp = sc->dsp, *djp = sc->djp, *xs = sc->xs, *s = sc->s, *F = sc->F;
+    point *pts = sc->pts;
+    const int64_t nt = n_bins - 1;
+
+    /* per reported point, in the row's own order: its slope change (the slope of the segment
+     * it starts minus that of the slot before it) and its point mass (_sketch._events).
+     * Padding has slope 0 and no mass, so it is left out: it would add zeros to every sum. */
+    for (c = 0; c < K; c++) {
+        const double *p = flat + c * P;
+        int64_t npts = 0, nseg;
+        double mass;
+        for (j = 0; j < P; j++)
+            npts += !isnan(p[j]);
+        nseg = npts - 1 > 0 ? npts - 1 : 0;
+        mass = nseg > 0 ? weights[c] / (double)(nseg > 1 ? nseg : 1) : 0.0;
+        for (j = 0; j < P; j++) {
+            double length = j == P - 1 ? NAN : p[j + 1] - p[j];
+            double sl = length > 0 ? mass / length : 0.0;
+            if (!isnan(p[j])) {
+                pts[n].v = p[j];
+                pts[n].i = n;
+                dsp[n] = sl - prev_slope;
+                djp[n] = mass * (double)(length == 0);
+                if (npts == 1 && j == 0)
+                    djp[n] += weights[c];
+                n++;
+            }
+            if (sl > slope_max)
+                slope_max = sl;
+            prev_slope = sl;
+        }
+    }
+    for (b = 0; b < nt; b++)
+        out[b] = INFINITY;
+    if (n == 0)
+        return;
+    pts = stable_sort(pts, sc->tmp, sc->runs, n);
+    tiny = 1e-12 * (slope_max > 1e-300 ? slope_max : 1e-300);
+    for (k = 0; k < n; k++)
+        xs[k] = pts[k].v;
+    for (k = 0; k < n; k++) { /* numpy's cumulative sums, one term at a time */
+        double sk;
+        acc_s = k == 0 ? dsp[pts[0].i] : acc_s + dsp[pts[k].i];
+        sk = fabs(acc_s) <= tiny ? 0.0 : acc_s;
+        s[k] = sk;
+        acc_dj = k == 0 ? djp[pts[0].i] : acc_dj + djp[pts[k].i];
+        F[k] = k == 0 ? acc_dj : acc_dj + acc_dx;
+        if (k + 1 < n) {
+            double dx = sk * (xs[k + 1] - xs[k]);
+            acc_dx = k == 0 ? dx : acc_dx + dx;
+        }
+    }
+    /* the inverse of the pooled CDF at u = b / B (_sketch._pooled): F is non-decreasing and
+     * the levels increase, so the first event reaching each level is found by one walk */
+    i = 0;
+    for (b = 0; b < nt; b++) {
+        double u = (double)(b + 1) / (double)n_bins, target = u - 1e-12;
+        double F_prev, s_prev, x_prev, x_i, left_limit, interp, t;
+        int64_t ii, prev;
+        int ramp, inside_ramp;
+        while (i < n && F[i] < target)
+            i++;
+        ii = i < n ? i : n - 1;
+        prev = ii - 1 > 0 ? ii - 1 : 0;
+        F_prev = F[prev];
+        s_prev = s[prev];
+        x_prev = xs[prev];
+        x_i = xs[ii];
+        left_limit = F_prev + s_prev * (x_i - x_prev);
+        interp = x_prev + (u - F_prev) / s_prev;
+        ramp = (ii > 0) && (s_prev > 0) && (u <= left_limit + 1e-12);
+        t = ramp ? interp : x_i;
+        t = clip(t, x_prev, x_i);
+        inside_ramp = ramp && (u < left_limit - 1e-12) && (t < x_i);
+        if (!inside_ramp) { /* a cut at an event: to the middle of a flat gap after it */
+            double nxt;
+            int has_next;
+            if (!(last_e >= 0 && xs[last_e] == x_i)) /* else the same run as the last cut */
+                for (last_e = ii; last_e + 1 < n && xs[last_e + 1] <= x_i; last_e++)
+                    ;
+            e = last_e;
+            has_next = e + 1 < n;
+            nxt = xs[has_next ? e + 1 : e];
+            t = (has_next && s[e] == 0 && nxt > x_i) ? (x_i + nxt) / 2.0 : x_i;
+        }
+        out[b] = t + 0.0; /* -0.0 becomes 0.0, as in numpy's */
+    }
+    sort_short(out, nt);
+    for (b = nt - 1; b >= 1; b--) /* from the end: each compared with its sorted neighbour */
+        if (out[b] == out[b - 1])
+            out[b] = INFINITY;
+    sort_short(out, nt);
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writable,
+                      const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0)
+        return -1;
+    if (view->itemsize != 8 || strcmp(view->format, fmt) != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous array of format %s",
+                     name, fmt);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *pooled_rows(PyObject *self, PyObject *args)
+{
+    PyObject *o_pts, *o_w, *o_out;
+    Py_ssize_t R, K, P, n_bins;
+    Py_buffer pts, w, out;
+    struct scratch sc;
+    int64_t W, r;
+    char *mem;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOnnnn", &o_pts, &o_w, &o_out, &R, &K, &P, &n_bins))
+        return NULL;
+    if (R < 0 || K < 1 || P < 1 || n_bins < 2) {
+        PyErr_SetString(PyExc_ValueError, "pooled_rows: bad shape");
+        return NULL;
+    }
+    if (get_buffer(o_pts, &pts, "d", 0, "points") != 0)
+        return NULL;
+    if (get_buffer(o_w, &w, "d", 0, "weights") != 0) {
+        PyBuffer_Release(&pts);
+        return NULL;
+    }
+    if (get_buffer(o_out, &out, "d", 1, "out") != 0) {
+        PyBuffer_Release(&pts);
+        PyBuffer_Release(&w);
+        return NULL;
+    }
+    W = (int64_t)K * P;
+    if (pts.len != (Py_ssize_t)(R * W * 8) || w.len != (Py_ssize_t)(R * K * 8)
+        || out.len != (Py_ssize_t)(R * (n_bins - 1) * 8)) {
+        PyErr_SetString(PyExc_ValueError, "pooled_rows: array sizes do not match the shape");
+        goto fail;
+    }
+    mem = malloc((size_t)W * (5 * sizeof(double) + 2 * sizeof(point) + sizeof(int64_t))
+                 + sizeof(int64_t));
+    if (mem == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    sc.dsp = (double *)mem;
+    sc.djp = sc.dsp + W;
+    sc.xs = sc.djp + W;
+    sc.s = sc.xs + W;
+    sc.F = sc.s + W;
+    sc.pts = (point *)(sc.F + W);
+    sc.tmp = sc.pts + W;
+    sc.runs = (int64_t *)(sc.tmp + W);
+    Py_BEGIN_ALLOW_THREADS
+    for (r = 0; r < R; r++)
+        one_row((const double *)pts.buf + r * W, (const double *)w.buf + r * K, K, P, n_bins,
+                (double *)out.buf + r * (n_bins - 1), &sc);
+    Py_END_ALLOW_THREADS
+    free(mem);
+    PyBuffer_Release(&pts);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&pts);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"pooled_rows", pooled_rows, METH_VARARGS,
+     "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
+     "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_ckernels", "Compiled loops of the pooled-CDF candidates.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ckernels(void)
+{
+    return PyModule_Create(&module);
+}

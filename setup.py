@@ -1,0 +1,15 @@
+"""The compiled loops of fedforest_secure (``_ckernels``); everything else is in pyproject.toml.
+
+The extension is optional: where it cannot be built (no C compiler), the install goes on and
+the library runs its numpy code, which gives the same results (tests/test_sketch_kernels.py).
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension(
+    "fedforest_secure._ckernels",
+    sources=["fedforest_secure/_ckernels.c"],
+    # no fused multiply-add: every operation rounds as numpy's does, so the bits agree
+    extra_compile_args=["-O2", "-ffp-contract=off", "-std=c99"],
+    optional=True,
+)])

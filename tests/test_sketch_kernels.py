@@ -1,0 +1,84 @@
+"""The compiled pooled-CDF candidates (``_ckernels.pooled_rows``) give the bits of the numpy
+code (``_sketch._pooled_numpy``) on rows of every shape the coordinator meets: long and short
+sketches, ties within and across clients, single-point and empty clients, flat gaps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedforest_secure import _sketch
+
+pytestmark = pytest.mark.skipif(_sketch._compiled() is None,
+                                reason="the compiled kernels are not built")
+
+
+def _rows(rng: np.random.Generator, R: int, K: int, P: int, kind: str
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted, NaN-padded client sketches (R, K, P), mixing weights summing to 1, counts."""
+    npts = rng.integers(0, P + 1, size=(R, K))
+    npts[:, 0] = np.maximum(npts[:, 0], 1)  # every row has a point
+    if kind == "ties":
+        vals = rng.integers(-3, 4, size=(R, K, P)).astype(np.float64)
+    elif kind == "zeros":
+        vals = rng.choice([-0.0, 0.0, 1.0, -1.0], size=(R, K, P))
+    elif kind == "scales":  # one client's segments 1e-14 wide: the others' slopes are dropped
+        vals = rng.normal(size=(R, K, P)) * 1e3
+        vals[:, 0, :] = 1.0 + 1e-14 * np.arange(P)
+    elif kind == "gaps":  # each client on its own stretch of the line
+        vals = rng.normal(size=(R, K, P)) * 0.1 + 10.0 * np.arange(K)[None, :, None]
+    else:
+        vals = rng.normal(size=(R, K, P)) * rng.choice([1e-6, 1.0, 1e6], size=(R, 1, 1))
+    vals.sort(axis=2)
+    vals[np.arange(P)[None, None, :] >= npts[:, :, None]] = np.nan
+    counts = rng.integers(1, 50, size=(R, K)).astype(np.float64) * (npts > 0)
+    weights = counts / counts.sum(axis=1, keepdims=True)
+    return vals, weights, npts
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "gaps", "scales"])
+@pytest.mark.parametrize("K,P,B", [(10, 33, 32), (10, 17, 16), (3, 5, 32), (1, 9, 8),
+                                   (4, 2, 4), (7, 1, 3)])
+def test_compiled_candidates_equal_numpy_bit_for_bit(kind: str, K: int, P: int, B: int) -> None:
+    rng = np.random.default_rng(K * 1000 + P * 10 + B)
+    pts, w, npts = _rows(rng, 400, K, P, kind)
+    ref = _sketch._pooled_numpy(pts, w, npts, B, np.full((400, B - 1), np.inf))
+    got = np.full((400, B - 1), np.inf)
+    _sketch._compiled().pooled_rows(pts, w, got, 400, K, P, B)  # type: ignore[union-attr]
+    np.testing.assert_array_equal(got, ref)
+    assert np.signbit(got).sum() == np.signbit(ref).sum()
+    assert np.isfinite(ref).any()
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "scales"])
+def test_a_rows_candidates_do_not_depend_on_the_padding_of_the_array(kind: str) -> None:
+    rng = np.random.default_rng(3)
+    pts, w, npts = _rows(rng, 300, 6, 9, kind)
+    wide = np.concatenate([pts, np.full((300, 6, 8), np.nan)], axis=2)
+    narrow = _sketch._pooled_numpy(pts, w, npts, 16, np.full((300, 15), np.inf))
+    padded = _sketch._pooled_numpy(wide, w, npts, 16, np.full((300, 15), np.inf))
+    np.testing.assert_array_equal(narrow, padded)
+
+
+def test_candidates_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the public entry (bucketing of short rows, absent clients, chunks)."""
+    rng = np.random.default_rng(7)
+    pts, _, npts = _rows(rng, 3000, 10, 33, "normal")
+    counts = rng.integers(0, 30, size=(3000, 10)).astype(np.float64)
+    compiled = _sketch.pooled_candidates(pts, counts, 32)
+    monkeypatch.setattr(_sketch, "KERNELS", None)
+    np.testing.assert_array_equal(compiled, _sketch.pooled_candidates(pts, counts, 32))
+
+
+def test_bad_arrays_are_refused_with_a_clear_error() -> None:
+    kernels = _sketch._compiled()
+    assert kernels is not None
+    pts = np.zeros((2, 3, 4))
+    with pytest.raises(ValueError, match="sizes do not match"):
+        kernels.pooled_rows(pts, np.zeros((2, 3)), np.zeros((2, 7)), 2, 3, 5, 8)
+    with pytest.raises(TypeError, match="format d"):
+        kernels.pooled_rows(pts.astype(np.float32), np.zeros((2, 3)), np.zeros((2, 7)),
+                            2, 3, 4, 8)
+    with pytest.raises(ValueError, match="bad shape"):
+        kernels.pooled_rows(pts, np.zeros((2, 3)), np.zeros((2, 0)), 2, 3, 4, 1)
