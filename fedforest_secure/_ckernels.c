@@ -1,4 +1,5 @@
-/* Compiled loops of the pooled-CDF candidates (fedforest_secure._sketch).
+/* Compiled loops of the engine's hot paths: the pooled-CDF candidates (fedforest_secure._sketch),
+ * a worker's quantile points and histograms (fedforest_secure._level_stats).
  *
  * pooled_rows computes, row by row, what fedforest_secure._sketch._pooled computes with numpy
  * for rows whose clients' mixing weights sum to 1: the pooled sketch CDF tabulated at every
@@ -224,7 +225,10 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writa
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) != 0)
         return -1;
-    if (view->itemsize != 8 || strcmp(view->format, fmt) != 0) {
+    /* "d": float64; "q": int64, which numpy may call "l" (a 64-bit long) */
+    if (view->itemsize != 8
+        || (strcmp(view->format, fmt) != 0
+            && !(fmt[0] == 'q' && strcmp(view->format, "l") == 0))) {
         PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous array of format %s",
                      name, fmt);
         PyBuffer_Release(view);
@@ -296,15 +300,251 @@ fail:
     return NULL;
 }
 
+/* The worker's quantile sketch (fedforest_secure._level_stats.LevelStats.quantile_points):
+ * for every block [start[i], end[i]) of a run of the level's sorted entries with positive
+ * integer weights w, where wanted[i], the positions of its B_k + 1 quantile points
+ * Q(b / B_k), b = 0..B_k: the first entry whose cumulative weight within the block reaches
+ * max(ceil(b W / B_k), 1) (W the block's weight), at most the block's last entry. B_k is
+ * n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that is 0).
+ * out (n_blocks, n_points + 1) gets the positions, -1 where a block has no such point. */
+static PyObject *sketch_positions(PyObject *self, PyObject *args)
+{
+    PyObject *o_w, *o_start, *o_end, *o_wanted, *o_out;
+    Py_ssize_t n_points, r;
+    Py_buffer w, st, en, wa, out;
+    Py_ssize_t nb, n, i, bad = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOnn", &o_w, &o_start, &o_end, &o_wanted, &o_out,
+                          &n_points, &r))
+        return NULL;
+    if (n_points < 1) {
+        PyErr_SetString(PyExc_ValueError, "sketch_positions: n_points must be >= 1");
+        return NULL;
+    }
+    if (get_buffer(o_w, &w, "q", 0, "weights") != 0)
+        return NULL;
+    if (get_buffer(o_start, &st, "q", 0, "start") != 0)
+        goto fail0;
+    if (get_buffer(o_end, &en, "q", 0, "end") != 0)
+        goto fail1;
+    if (get_buffer(o_wanted, &wa, "q", 0, "wanted") != 0)
+        goto fail2;
+    if (get_buffer(o_out, &out, "q", 1, "out") != 0)
+        goto fail3;
+    n = w.len / 8;
+    nb = st.len / 8;
+    if (en.len != st.len || wa.len != st.len || out.len != nb * (n_points + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "sketch_positions: array sizes do not match");
+        goto fail4;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < nb && !bad; i++) {
+        const int64_t *wt = (const int64_t *)w.buf;
+        int64_t s0 = ((const int64_t *)st.buf)[i], e0 = ((const int64_t *)en.buf)[i];
+        int64_t *o = (int64_t *)out.buf + i * (n_points + 1);
+        int64_t j, b, bk, total = 0, cum, pos;
+        for (b = 0; b <= n_points; b++)
+            o[b] = -1;
+        if (!((const int64_t *)wa.buf)[i] || e0 <= s0)
+            continue;
+        if (s0 < 0 || e0 > n) {
+            bad = 1;
+            break;
+        }
+        for (j = s0; j < e0; j++)
+            total += wt[j];
+        bk = n_points;
+        if (r >= 1) {
+            bk = total / r;
+            if (bk > n_points)
+                bk = n_points;
+            if (bk < 1)
+                continue;
+        }
+        pos = s0;
+        cum = wt[s0];
+        for (b = 0; b <= bk; b++) {
+            int64_t target = (b * total + bk - 1) / bk;
+            if (target < 1)
+                target = 1;
+            while (cum < target && pos + 1 < e0)
+                cum += wt[++pos];
+            o[b] = pos;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "sketch_positions: a block lies outside the weights");
+        goto fail4;
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&st);
+    PyBuffer_Release(&en);
+    PyBuffer_Release(&wa);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+fail4:
+    PyBuffer_Release(&out);
+fail3:
+    PyBuffer_Release(&wa);
+fail2:
+    PyBuffer_Release(&en);
+fail1:
+    PyBuffer_Release(&st);
+fail0:
+    PyBuffer_Release(&w);
+    return NULL;
+}
+
+/* The worker's histogram (fedforest_secure._level_stats.LevelStatistics._histogram): every
+ * entry of the level's sorted order in an evaluated block goes to bin "number of the block's
+ * thresholds below its value" (the last bin, W, for a missing value), and each bin sums its
+ * entries' statistics one after the other in the order's sequence, as numpy's bincount:
+ * mode 0 the weight, then weight * y and weight * y * y (S of them); mode 1 the weight into
+ * column y (a class code) of S.
+ *
+ * bc (block << cbits | code), w (weights) and rows (row indices, read when y is needed) are
+ * the entries; row_of[block] is the block's evaluated row (-1: not evaluated); feat[block] its
+ * feature; a feature's values are uniq_all[uniq_off[f] + code]; missing[f] the missing code
+ * (an empty array: no missing values); thr (n_eval, W) each evaluated row's sorted
+ * thresholds; out (n_eval, W + 1, S) is added to. */
+static PyObject *histogram_sums(PyObject *self, PyObject *args)
+{
+    PyObject *o[11];
+    Py_buffer v[11];
+    Py_ssize_t cbits, S, mode, n, nblk, n_eval, W, nf, ny, nu, i;
+    int k, got = 0, bad = 0;
+    static const char *fmt[11] = {"q", "q", "q", "q", "q", "q", "d", "q", "d", "d", "d"};
+    static const char *name[11] = {"bc", "w", "rows", "row_of", "feat", "uniq_off", "uniq_all",
+                                   "missing", "thr", "y", "out"};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &cbits, &S, &mode))
+        return NULL;
+    for (k = 0; k < 11; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 10, name[k]) != 0)
+            goto done;
+    n = v[0].len / 8;
+    nblk = v[4].len / 8; /* row_of may hold one more entry than there are blocks */
+    nf = v[5].len / 8 - 1; /* uniq_off: one offset per feature and the end */
+    nu = v[6].len / 8;
+    ny = v[9].len / 8;
+    if (S < 1 || cbits < 1 || cbits > 62 || (mode != 0 && mode != 1) || v[1].len != v[0].len
+        || (v[2].len != v[0].len && !(mode == 0 && S == 1)) || v[3].len < v[4].len
+        || nf < 0 || (v[7].len != 0 && v[7].len != nf * 8)) {
+        PyErr_SetString(PyExc_ValueError, "histogram_sums: array sizes do not match");
+        goto done;
+    }
+    n_eval = 0;
+    for (i = 0; i < nblk; i++)
+        if (((const int64_t *)v[3].buf)[i] >= n_eval)
+            n_eval = ((const int64_t *)v[3].buf)[i] + 1;
+    W = n_eval > 0 ? (v[8].len / 8) / n_eval : 0;
+    if (n_eval > 0 && (v[8].len / 8 != n_eval * W || v[10].len / 8 != n_eval * (W + 1) * S)) {
+        PyErr_SetString(PyExc_ValueError, "histogram_sums: thresholds or sums of the wrong size");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int64_t *bc = v[0].buf, *w = v[1].buf, *rows = v[2].buf, *row_of = v[3].buf,
+                      *feat = v[4].buf, *uoff = v[5].buf, *miss = v[7].len ? v[7].buf : NULL;
+        const double *uall = v[6].buf, *thr = v[8].buf, *y = v[9].buf;
+        double *out = v[10].buf;
+        const int64_t cmask = ((int64_t)1 << cbits) - 1;
+        int64_t cur_blk = -1, row = -1, f = 0, bin = 0;
+        const double *t = NULL;
+        for (i = 0; i < n; i++) {
+            int64_t blk = bc[i] >> cbits, code = bc[i] & cmask, at;
+            double x, wi;
+            if (blk != cur_blk) { /* a new block: its thresholds, its bins from the first */
+                if (blk < 0 || blk >= nblk) {
+                    bad = 1;
+                    break;
+                }
+                cur_blk = blk;
+                row = row_of[blk];
+                f = feat[blk];
+                if (row >= 0 && (f < 0 || f >= nf)) {
+                    bad = 1;
+                    break;
+                }
+                t = row >= 0 ? thr + row * W : NULL;
+                bin = 0;
+            }
+            if (row < 0)
+                continue;
+            if (miss != NULL && code >= miss[f]) {
+                bin = W; /* past every threshold: the missing rows' own bin */
+            } else {
+                at = uoff[f] + code;
+                if (at < 0 || at >= nu) {
+                    bad = 1;
+                    break;
+                }
+                x = uall[at];
+                /* codes ascend within a block, so bins do: walk on from the last one (a
+                 * missing entry comes last) */
+                while (bin < W && t[bin] < x)
+                    bin++;
+            }
+            wi = (double)w[i];
+            if (mode == 0) {
+                double *o2 = out + (row * (W + 1) + bin) * S;
+                o2[0] += wi;
+                if (S > 1) {
+                    int64_t r = rows[i];
+                    double wy;
+                    if (r < 0 || r >= ny) {
+                        bad = 1;
+                        break;
+                    }
+                    wy = wi * y[r];
+                    o2[1] += wy;
+                    if (S > 2)
+                        o2[2] += wy * y[r];
+                }
+            } else {
+                int64_t r = rows[i], c;
+                if (r < 0 || r >= ny) {
+                    bad = 1;
+                    break;
+                }
+                c = (int64_t)y[r];
+                if (c < 0 || c >= S) {
+                    bad = 1;
+                    break;
+                }
+                out[(row * (W + 1) + bin) * S + c] += wi;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad)
+        PyErr_SetString(PyExc_ValueError,
+                        "histogram_sums: an entry's block, value, row or class is out of range");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
      "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
+    {"sketch_positions", sketch_positions, METH_VARARGS,
+     "sketch_positions(weights, start, end, wanted, out, n_points, r): the positions of "
+     "every wanted block's quantile points, -1 where none (out (n_blocks, n_points + 1))."},
+    {"histogram_sums", histogram_sums, METH_VARARGS,
+     "histogram_sums(bc, w, rows, row_of, feat, uniq_off, uniq_all, missing, thr, y, out, "
+     "cbits, S, mode): every evaluated entry's statistics added to its bin of out."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_ckernels", "Compiled loops of the pooled-CDF candidates.", -1,
+    PyModuleDef_HEAD_INIT, "_ckernels", "Compiled loops of the engine's hot paths.", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 

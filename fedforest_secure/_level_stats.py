@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _impurity
+from . import _impurity, _sketch
 from ._layouts import categorical_cuts
 from ._order import LevelOrder, first_reaching
 from ._splits import candidate_lefts
@@ -72,6 +72,7 @@ class LevelStatistics:
         self.config = config
         self.y = y
         self.book = book
+        self._y64: np.ndarray | None = None  # y as doubles, for the compiled histogram
 
     def quantile_points(self, feats: np.ndarray, n_points: int, rows_per_point: int
                         ) -> np.ndarray:
@@ -97,17 +98,31 @@ class LevelStatistics:
             e0, e1 = int(edges[b0]), int(edges[b1])
             if e1 == e0:
                 continue
-            w = order.weights(e0, e1)
-            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
-            cw0[0] = 0
-            np.cumsum(w, out=cw0[1:])
-            cw = cw0[1:]
             start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
             if self.config.has_missing:  # the sketch ignores missing values
                 blk = np.arange(b0, b1, dtype=np.int64)
                 mcode = self.book.missing_code[fl[b0:b1].clip(0)]
                 end = np.minimum(end, order.search((blk << self.book.cbits) | mcode, e0, e1))
                 end = np.maximum(end, start)
+            fslots = fl[b0:b1]
+            if _sketch.KERNELS is not None:
+                pos = np.empty((b1 - b0, n_points + 1), dtype=np.int64)
+                _sketch.KERNELS.sketch_positions(
+                    np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
+                    np.ascontiguousarray(start, dtype=np.int64),
+                    np.ascontiguousarray(end, dtype=np.int64),
+                    wanted[b0:b1].astype(np.int64), pos, n_points, r)
+                at = np.flatnonzero(pos >= 0)
+                idx = pos.ravel()[at] + e0
+                code = order.codes_at(idx)
+                code += self.book.uniq_off[fslots[at // (n_points + 1)]]
+                out.ravel()[at + b0 * (n_points + 1)] = self.book.uniq_all[code]
+                continue
+            w = order.weights(e0, e1)
+            cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
+            cw0[0] = 0
+            np.cumsum(w, out=cw0[1:])
+            cw = cw0[1:]
             before = cw0[start]
             bw = cw0[end] - before
             present = np.flatnonzero((end > start) & wanted[b0:b1])
@@ -147,7 +162,7 @@ class LevelStatistics:
             del w, cw, target
             np.minimum(idx, np.repeat(end[present] - 1, npt), out=idx)
             idx += e0
-            fslot = fl[b0:b1][present]
+            fslot = fslots[present]
             code = order.codes_at(idx)
             code += np.repeat(self.book.uniq_off[fslot], npt)
             bb += np.repeat((b0 + present) * (n_points + 1), npt)  # flat slot in out
@@ -233,6 +248,12 @@ class LevelStatistics:
         # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
         row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
         row_of[blk] = np.arange(blk.size)
+        if _sketch.KERNELS is not None:
+            out = self._histogram_compiled(blk, starts, ends, thr2, row_of, S).reshape(
+                n_eval, m, nb, S)
+            if (feats < 0).any():
+                out[feats < 0] = 0.0
+            return out
         edges = np.append(starts, ends[-1])
         table: _ThresholdTable | None = None
         runs = order.chunks(edges)
@@ -284,6 +305,39 @@ class LevelStatistics:
         if (feats < 0).any():
             out[feats < 0] = 0.0
         return out
+
+    def _histogram_compiled(self, blk: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                            thr2: np.ndarray, row_of: np.ndarray, S: int) -> np.ndarray:
+        """:meth:`_histogram`'s sums (flat) by the compiled loop, a run of blocks at a time:
+        the same bins, and each bin's statistics added in the same sequence."""
+        order, book = self.order, self.book
+        nb = thr2.shape[1] + 1
+        sums = np.zeros(blk.size * nb * S)
+        classes = self.config.task != "regression" and S > 1
+        need_rows = classes or S > 1
+        if self._y64 is None:
+            self._y64 = np.ascontiguousarray(self.y, dtype=np.float64)
+        missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
+        args = (row_of, np.ascontiguousarray(order.feats.reshape(-1), dtype=np.int64),
+                np.ascontiguousarray(book.uniq_off, dtype=np.int64),
+                np.ascontiguousarray(book.uniq_all, dtype=np.float64),
+                np.ascontiguousarray(missing, dtype=np.int64),
+                np.ascontiguousarray(thr2, dtype=np.float64), self._y64, sums)
+        kernels = _sketch.KERNELS
+        assert kernels is not None
+        none = np.empty(0, dtype=np.int64)
+        edges = np.append(starts, ends[-1])
+        for i0, i1 in order.chunks(edges):
+            e0, e1 = int(starts[i0]), int(ends[i1 - 1])
+            if e1 <= e0:
+                continue
+            rows = np.ascontiguousarray(order.rows(e0, e1), dtype=np.int64) if need_rows \
+                else none
+            kernels.histogram_sums(np.ascontiguousarray(order.block_codes(e0, e1),
+                                                        dtype=np.int64),
+                                   np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
+                                   rows, *args, book.cbits, S, 1 if classes else 0)
+        return sums
 
     def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int
                          ) -> tuple[np.ndarray, np.ndarray | None]:

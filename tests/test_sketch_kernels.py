@@ -1,13 +1,14 @@
-"""The compiled pooled-CDF candidates (``_ckernels.pooled_rows``) give the bits of the numpy
-code (``_sketch._pooled_numpy``) on rows of every shape the coordinator meets: long and short
-sketches, ties within and across clients, single-point and empty clients, flat gaps."""
+"""The compiled loops (``_ckernels``) give the bits of the numpy code they stand for: the
+pooled-CDF candidates (``_sketch._pooled_numpy``) on rows of every shape the coordinator meets
+(long and short sketches, ties within and across clients, single-point and empty clients, flat
+gaps), and whole forests grown with and without them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedforest_secure import _sketch
+from fedforest_secure import FedForestClassifier, FedForestRegressor, _sketch
 
 pytestmark = pytest.mark.skipif(_sketch._compiled() is None,
                                 reason="the compiled kernels are not built")
@@ -82,3 +83,29 @@ def test_bad_arrays_are_refused_with_a_clear_error() -> None:
                             2, 3, 4, 8)
     with pytest.raises(ValueError, match="bad shape"):
         kernels.pooled_rows(pts, np.zeros((2, 3)), np.zeros((2, 0)), 2, 3, 4, 1)
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+@pytest.mark.parametrize("profile", ["open", "secure"])
+@pytest.mark.parametrize("missing", [False, True])
+def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, task: str, profile: str, missing: bool) -> None:
+    """Bootstrap weights, adaptive sketch sizes (secure), missing values: the same trees."""
+    rng = np.random.default_rng(11)
+    n = 600
+    X = rng.normal(size=(n, 5))
+    X[:, 3] = np.round(X[:, 3])  # ties
+    y = X[:, 0] + np.sin(X[:, 1]) + 0.3 * rng.normal(size=n)
+    if missing:
+        X[rng.random(X.shape) < 0.15] = np.nan
+    h = np.arange(n) % 5
+    cls = FedForestRegressor if task == "regression" else FedForestClassifier
+    if task == "classification":
+        y = (y > 0).astype(int)
+    kw = dict(n_estimators=4, max_depth=5, min_samples_leaf=3, n_bins=16, random_state=2,
+              profile=profile)
+    compiled = cls(**kw).fit(X, y, client=h)
+    monkeypatch.setattr(_sketch, "KERNELS", None)
+    plain = cls(**kw).fit(X, y, client=h)
+    assert sum(t.n_nodes for t in plain.model_.trees) > 4 * 7  # the trees did grow
+    assert compiled.model_.to_json() == plain.model_.to_json()
