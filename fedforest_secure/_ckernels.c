@@ -1,5 +1,5 @@
 /* Compiled loops of the engine's hot paths: the pooled-CDF candidates (fedforest_secure._sketch),
- * a worker's quantile points and histograms (fedforest_secure._level_stats).
+ * a worker's quantile points and histograms (fedforest_secure._level_stats, _grid_stats).
  *
  * pooled_rows computes, row by row, what fedforest_secure._sketch._pooled computes with numpy
  * for rows whose clients' mixing weights sum to 1: the pooled sketch CDF tabulated at every
@@ -300,21 +300,22 @@ fail:
     return NULL;
 }
 
-/* The worker's quantile sketch (fedforest_secure._level_stats.LevelStats.quantile_points):
+/* The worker's quantile sketch (fedforest_secure._level_stats.LevelStatistics.quantile_points):
  * for every block [start[i], end[i]) of a run of the level's sorted entries with positive
  * integer weights w, where wanted[i], the positions of its B_k + 1 quantile points
  * Q(b / B_k), b = 0..B_k: the first entry whose cumulative weight within the block reaches
  * max(ceil(b W / B_k), 1) (W the block's weight), at most the block's last entry. B_k is
  * n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that is 0).
- * out (n_blocks, n_points + 1) gets the positions, -1 where a block has no such point. */
+ * Point b of block i is written as slot i * (n_points + 1) + b into slot[k] and its position
+ * into pos[k], k = 0, 1, ... (both at least n_blocks * (n_points + 1) long); returns k. */
 static PyObject *sketch_positions(PyObject *self, PyObject *args)
 {
-    PyObject *o_w, *o_start, *o_end, *o_wanted, *o_out;
+    PyObject *o_w, *o_start, *o_end, *o_wanted, *o_pos, *o_slot;
     Py_ssize_t n_points, r;
-    Py_buffer w, st, en, wa, out;
-    Py_ssize_t nb, n, i, bad = 0;
+    Py_buffer w, st, en, wa, pos_b, slot_b;
+    Py_ssize_t nb, n, i, bad = 0, k = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnn", &o_w, &o_start, &o_end, &o_wanted, &o_out,
+    if (!PyArg_ParseTuple(args, "OOOOOOnn", &o_w, &o_start, &o_end, &o_wanted, &o_pos, &o_slot,
                           &n_points, &r))
         return NULL;
     if (n_points < 1) {
@@ -329,22 +330,23 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
         goto fail1;
     if (get_buffer(o_wanted, &wa, "q", 0, "wanted") != 0)
         goto fail2;
-    if (get_buffer(o_out, &out, "q", 1, "out") != 0)
+    if (get_buffer(o_pos, &pos_b, "q", 1, "pos") != 0)
         goto fail3;
+    if (get_buffer(o_slot, &slot_b, "q", 1, "slot") != 0)
+        goto fail4;
     n = w.len / 8;
     nb = st.len / 8;
-    if (en.len != st.len || wa.len != st.len || out.len != nb * (n_points + 1) * 8) {
+    if (en.len != st.len || wa.len != st.len || pos_b.len < nb * (n_points + 1) * 8
+        || slot_b.len < nb * (n_points + 1) * 8) {
         PyErr_SetString(PyExc_ValueError, "sketch_positions: array sizes do not match");
-        goto fail4;
+        goto fail5;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < nb && !bad; i++) {
+    for (i = 0; i < nb; i++) {
         const int64_t *wt = (const int64_t *)w.buf;
         int64_t s0 = ((const int64_t *)st.buf)[i], e0 = ((const int64_t *)en.buf)[i];
-        int64_t *o = (int64_t *)out.buf + i * (n_points + 1);
+        int64_t *po = (int64_t *)pos_b.buf, *so = (int64_t *)slot_b.buf;
         int64_t j, b, bk, total = 0, cum, pos;
-        for (b = 0; b <= n_points; b++)
-            o[b] = -1;
         if (!((const int64_t *)wa.buf)[i] || e0 <= s0)
             continue;
         if (s0 < 0 || e0 > n) {
@@ -369,22 +371,27 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
                 target = 1;
             while (cum < target && pos + 1 < e0)
                 cum += wt[++pos];
-            o[b] = pos;
+            po[k] = pos;
+            so[k] = i * (n_points + 1) + b;
+            k++;
         }
     }
     Py_END_ALLOW_THREADS
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "sketch_positions: a block lies outside the weights");
-        goto fail4;
+        goto fail5;
     }
     PyBuffer_Release(&w);
     PyBuffer_Release(&st);
     PyBuffer_Release(&en);
     PyBuffer_Release(&wa);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
+    PyBuffer_Release(&pos_b);
+    PyBuffer_Release(&slot_b);
+    return PyLong_FromSsize_t(k);
+fail5:
+    PyBuffer_Release(&slot_b);
 fail4:
-    PyBuffer_Release(&out);
+    PyBuffer_Release(&pos_b);
 fail3:
     PyBuffer_Release(&wa);
 fail2:
@@ -530,16 +537,152 @@ done:
     Py_RETURN_NONE;
 }
 
+/* A worker's histogram without a sorted order (fedforest_secure._grid_stats.bin_statistics):
+ * slot by slot, every pair (node, row, weight) of an evaluated node (pos[node] >= 0) whose
+ * slot has a feature finds its bin, the number of its (node, slot)'s sorted thresholds below
+ * its value, by a binary search, and adds its statistics to it, pairs in their order (as one
+ * numpy bincount per slot): mode 0 the weight, weight * y, weight * y * y (S of them); mode
+ * 1 the weight into column y (a class code). A missing value (code past the feature's
+ * distinct values, with has_missing) goes to bin W + 1 with missing_bin, else nowhere.
+ * out (E, m, nb, S) is added to, nb = W + 1 + missing_bin. */
+static PyObject *grid_sums(PyObject *self, PyObject *args)
+{
+    PyObject *o[10];
+    Py_buffer v[10];
+    Py_ssize_t n_rows, m, S, mode, has_missing, missing_bin, P, E, W, nb, nf, nu, nc, nn, s;
+    int k, got = 0, bad = 0;
+    static const char *fmt[10] = {"q", "q", "q", "q", "q", "d", "q", "d", "q", "d"};
+    static const char *name[10] = {"node", "row", "weight", "pos", "feats", "thr", "uniq_off",
+                                   "uniq_all", "codes", "y"};
+    PyObject *o_out;
+    Py_buffer out;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &o_out, &n_rows, &m, &S, &mode,
+                          &has_missing, &missing_bin))
+        return NULL;
+    for (k = 0; k < 10; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], 0, name[k]) != 0)
+            goto done;
+    if (get_buffer(o_out, &out, "d", 1, "out") != 0)
+        goto done;
+    got++;
+    P = v[0].len / 8;
+    nn = v[3].len / 8;
+    E = m > 0 ? (v[4].len / 8) / m : 0;
+    W = E > 0 ? (v[5].len / 8) / (E * m) : 0;
+    nb = W + 1 + (missing_bin != 0);
+    nf = v[6].len / 8 - 1;
+    nu = v[7].len / 8;
+    nc = v[8].len / 8;
+    if (m < 1 || S < 1 || (mode != 0 && mode != 1) || n_rows < 0 || v[1].len != v[0].len
+        || v[2].len != v[0].len || v[4].len != E * m * 8 || v[5].len != E * m * W * 8
+        || out.len != E * m * nb * S * 8 || nf < 0) {
+        PyErr_SetString(PyExc_ValueError, "grid_sums: array sizes do not match");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int64_t *node = v[0].buf, *row = v[1].buf, *wt = v[2].buf, *pos = v[3].buf,
+                      *feats = v[4].buf, *uoff = v[6].buf, *codes = v[8].buf;
+        const double *thr = v[5].buf, *uall = v[7].buf, *y = v[9].buf;
+        double *o2 = out.buf;
+        const Py_ssize_t ny = v[9].len / 8;
+        Py_ssize_t i;
+        for (s = 0; s < m && !bad; s++) {
+            for (i = 0; i < P; i++) {
+                int64_t nd = node[i], e, f, r, at, code, bin;
+                double x, wi;
+                const double *t;
+                double *cell;
+                if (nd < 0 || nd >= nn) {
+                    bad = 1;
+                    break;
+                }
+                e = pos[nd];
+                if (e < 0)
+                    continue;
+                f = feats[e * m + s];
+                if (f < 0)
+                    continue;
+                r = row[i];
+                if (f >= nf || r < 0 || r >= n_rows || f * n_rows + r >= nc || r >= ny) {
+                    bad = 1;
+                    break;
+                }
+                code = codes[f * n_rows + r];
+                if (has_missing && code >= uoff[f + 1] - uoff[f]) {
+                    if (!missing_bin)
+                        continue;
+                    bin = W + 1;
+                } else {
+                    at = uoff[f] + code;
+                    if (at < 0 || at >= nu) {
+                        bad = 1;
+                        break;
+                    }
+                    x = uall[at];
+                    t = thr + (e * m + s) * W;
+                    /* the number of thresholds below x, by a branch-free binary search */
+                    bin = 0;
+                    if (W > 0) {
+                        const double *b = t;
+                        int64_t len = W;
+                        while (len > 1) {
+                            int64_t half = len >> 1;
+                            b = b[half] < x ? b + half : b;
+                            len -= half;
+                        }
+                        bin = (b - t) + (*b < x);
+                    }
+                }
+                wi = (double)wt[i];
+                cell = o2 + ((e * m + s) * nb + bin) * S;
+                if (mode == 0) {
+                    cell[0] += wi;
+                    if (S > 1) {
+                        double wy = wi * y[r];
+                        cell[1] += wy;
+                        if (S > 2)
+                            cell[2] += wy * y[r];
+                    }
+                } else {
+                    int64_t c = (int64_t)y[r];
+                    if (c < 0 || c >= S) {
+                        bad = 1;
+                        break;
+                    }
+                    cell[c] += wi;
+                }
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad)
+        PyErr_SetString(PyExc_ValueError,
+                        "grid_sums: a pair's node, row, value or class is out of range");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(k < 10 ? &v[k] : &out);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
      "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
     {"sketch_positions", sketch_positions, METH_VARARGS,
-     "sketch_positions(weights, start, end, wanted, out, n_points, r): the positions of "
-     "every wanted block's quantile points, -1 where none (out (n_blocks, n_points + 1))."},
+     "sketch_positions(weights, start, end, wanted, pos, slot, n_points, r) -> count: the "
+     "positions of every wanted block's quantile points and their slots."},
     {"histogram_sums", histogram_sums, METH_VARARGS,
      "histogram_sums(bc, w, rows, row_of, feat, uniq_off, uniq_all, missing, thr, y, out, "
      "cbits, S, mode): every evaluated entry's statistics added to its bin of out."},
+    {"grid_sums", grid_sums, METH_VARARGS,
+     "grid_sums(node, row, weight, pos, feats, thr, uniq_off, uniq_all, codes, y, out, n_rows, "
+     "m, S, mode, has_missing, missing_bin): every evaluated pair's statistics added to its "
+     "bin of out (E, m, nb, S)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _sketch
 from .errors import ProtocolError
 
 __all__ = ["bin_statistics"]
@@ -65,6 +66,16 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
         return out
     pos = np.full(n_nodes, -1, dtype=np.int64)
     pos[nodes] = np.arange(E)
+    if _sketch.KERNELS is not None:  # the same bins and sums, pair by pair
+        i64 = np.int64
+        _sketch.KERNELS.grid_sums(
+            np.ascontiguousarray(node, dtype=i64), np.ascontiguousarray(row, dtype=i64),
+            np.ascontiguousarray(weight, dtype=i64), pos, np.ascontiguousarray(feats, dtype=i64),
+            np.ascontiguousarray(thr, dtype=np.float64), np.ascontiguousarray(uniq_off, dtype=i64),
+            np.ascontiguousarray(uniq_all, dtype=np.float64), np.ascontiguousarray(codes, dtype=i64),
+            np.ascontiguousarray(y, dtype=np.float64), out, n_rows, m, S, 1 if classes else 0,
+            int(has_missing), int(missing_bin))
+        return out
     e = pos[node]
     sel = np.flatnonzero(e >= 0)
     e, r = e[sel], row[sel].astype(np.int64)

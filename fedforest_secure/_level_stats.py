@@ -106,17 +106,19 @@ class LevelStatistics:
                 end = np.maximum(end, start)
             fslots = fl[b0:b1]
             if _sketch.KERNELS is not None:
-                pos = np.empty((b1 - b0, n_points + 1), dtype=np.int64)
-                _sketch.KERNELS.sketch_positions(
+                room = (b1 - b0) * (n_points + 1)
+                pos, slot = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
+                k = _sketch.KERNELS.sketch_positions(
                     np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
                     np.ascontiguousarray(start, dtype=np.int64),
                     np.ascontiguousarray(end, dtype=np.int64),
-                    wanted[b0:b1].astype(np.int64), pos, n_points, r)
-                at = np.flatnonzero(pos >= 0)
-                idx = pos.ravel()[at] + e0
-                code = order.codes_at(idx)
-                code += self.book.uniq_off[fslots[at // (n_points + 1)]]
-                out.ravel()[at + b0 * (n_points + 1)] = self.book.uniq_all[code]
+                    wanted[b0:b1].astype(np.int64), pos, slot, n_points, r)
+                pos, slot = pos[:k], slot[:k]
+                pos += e0
+                code = order.codes_at(pos)
+                code += self.book.uniq_off[fslots[slot // (n_points + 1)]]
+                slot += b0 * (n_points + 1)
+                out.ravel()[slot] = self.book.uniq_all[code]
                 continue
             w = order.weights(e0, e1)
             cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first

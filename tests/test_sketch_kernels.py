@@ -1,14 +1,15 @@
 """The compiled loops (``_ckernels``) give the bits of the numpy code they stand for: the
 pooled-CDF candidates (``_sketch._pooled_numpy``) on rows of every shape the coordinator meets
 (long and short sketches, ties within and across clients, single-point and empty clients, flat
-gaps), and whole forests grown with and without them."""
+gaps), a worker's grid statistics (``_grid_stats.bin_statistics``), and whole forests grown
+with and without them (the worker's quantile points and sorted histograms)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedforest_secure import FedForestClassifier, FedForestRegressor, _sketch
+from fedforest_secure import FedForestClassifier, FedForestRegressor, _grid_stats, _sketch
 
 pytestmark = pytest.mark.skipif(_sketch._compiled() is None,
                                 reason="the compiled kernels are not built")
@@ -109,3 +110,39 @@ def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
     plain = cls(**kw).fit(X, y, client=h)
     assert sum(t.n_nodes for t in plain.model_.trees) > 4 * 7  # the trees did grow
     assert compiled.model_.to_json() == plain.model_.to_json()
+
+
+@pytest.mark.parametrize("columns,classes", [("count", 0), ("moments", 0), ("full", 0),
+                                             ("full", 3)])
+@pytest.mark.parametrize("missing_bin", [False, True])
+def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, columns: str, classes: int, missing_bin: bool) -> None:
+    """One pass over the pairs (``_grid_stats.bin_statistics``): ties with the thresholds,
+    +inf padding, unevaluated nodes, slots left out, missing values."""
+    rng = np.random.default_rng(5)
+    n_rows, d, n_nodes, P, m, W = 300, 4, 12, 900, 3, 9
+    uniq = [np.unique(np.round(rng.normal(size=40), 1)) for _ in range(d)]
+    uniq_off = np.concatenate([[0], np.cumsum([u.size for u in uniq])]).astype(np.int64)
+    uniq_all = np.concatenate(uniq)
+    # codes: a value's rank, or one past the last (missing) for about 10 % of them
+    codes = np.concatenate([rng.integers(0, u.size + 1, size=n_rows) for u in uniq])
+    node = np.sort(rng.integers(0, n_nodes, size=P))
+    row = rng.integers(0, n_rows, size=P)
+    weight = rng.integers(1, 4, size=P)
+    nodes = np.array([0, 2, 3, 5, 8, 11])
+    feats = rng.integers(0, d, size=(nodes.size, m))
+    feats[1, 2] = -1
+    thr = np.sort(rng.choice(uniq_all, size=(nodes.size, m, W)), axis=2)
+    thr[:, :, 6:] = np.inf
+    y = rng.integers(0, 3, size=n_rows).astype(float) if classes else rng.normal(size=n_rows)
+
+    def run() -> np.ndarray:
+        return _grid_stats.bin_statistics(node, row, weight, n_nodes, nodes, feats, thr, codes,
+                                          n_rows, uniq_all, uniq_off, y, columns, classes,
+                                          has_missing=True, missing_bin=missing_bin)
+
+    compiled = run()
+    monkeypatch.setattr(_sketch, "KERNELS", None)
+    plain = run()
+    assert plain.sum() > 0 and (plain[1, 2] == 0).all()
+    np.testing.assert_array_equal(compiled, plain)
