@@ -67,14 +67,15 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
     pos = np.full(n_nodes, -1, dtype=np.int64)
     pos[nodes] = np.arange(E)
     if _sketch.KERNELS is not None:  # the same bins and sums, pair by pair
-        i64 = np.int64
-        _sketch.KERNELS.grid_sums(
-            np.ascontiguousarray(node, dtype=i64), np.ascontiguousarray(row, dtype=i64),
-            np.ascontiguousarray(weight, dtype=i64), pos, np.ascontiguousarray(feats, dtype=i64),
-            np.ascontiguousarray(thr, dtype=np.float64), np.ascontiguousarray(uniq_off, dtype=i64),
-            np.ascontiguousarray(uniq_all, dtype=np.float64), np.ascontiguousarray(codes, dtype=i64),
-            np.ascontiguousarray(y, dtype=np.float64), out, n_rows, m, S, 1 if classes else 0,
-            int(has_missing), int(missing_bin))
+        def i64(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a, dtype=np.int64)
+
+        def f64(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a, dtype=np.float64)
+
+        _sketch.KERNELS.grid_sums(i64(node), i64(row), i64(weight), pos, i64(feats), f64(thr),
+                                  i64(uniq_off), f64(uniq_all), i64(codes), f64(y), out, n_rows,
+                                  m, S, 1 if classes else 0, int(has_missing), int(missing_bin))
         return out
     e = pos[node]
     sel = np.flatnonzero(e >= 0)
