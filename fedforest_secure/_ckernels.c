@@ -1,5 +1,6 @@
 /* Compiled loops of the engine's hot paths: the pooled-CDF candidates (fedforest_secure._sketch),
- * a worker's quantile points and histograms (fedforest_secure._level_stats, _grid_stats).
+ * a worker's quantile points and histograms (fedforest_secure._level_stats, _grid_stats), the
+ * secure sketch's prior (fedforest_secure._secure_cdf).
  *
  * pooled_rows computes, row by row, what fedforest_secure._sketch._pooled computes with numpy
  * for rows whose clients' mixing weights sum to 1: the pooled sketch CDF tabulated at every
@@ -669,6 +670,187 @@ done:
     Py_RETURN_NONE;
 }
 
+/* count of a[0..L) (non-decreasing) below v (strict) or at most v */
+static inline int64_t count_sorted(const double *a, int64_t L, double v, int strict)
+{
+    int64_t lo = 0, hi = L;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) >> 1;
+        if (strict ? a[mid] < v : a[mid] <= v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The secure sketch's prior (fedforest_secure._secure_cdf.Marginal): per feature a
+ * piecewise-linear CDF through (xs[f, i], cdf[f, i]) (F, L), sorted and padded with +inf / 1.
+ * mode 0 (cdf_at): the CDF of feature feats[n] at each of the J values vals[n, :]; mode 1
+ * (quantile_at): the first x where it reaches each of them. out (N, J). */
+static PyObject *marginal_at(PyObject *self, PyObject *args)
+{
+    PyObject *o[5];
+    Py_buffer v[5];
+    Py_ssize_t L, mode, N, J, F, i, j;
+    int k, got = 0, bad = 0;
+    static const char *fmt[5] = {"d", "d", "q", "d", "d"};
+    static const char *name[5] = {"xs", "cdf", "feats", "values", "out"};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &L, &mode))
+        return NULL;
+    for (k = 0; k < 5; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 4, name[k]) != 0)
+            goto done;
+    N = v[2].len / 8;
+    F = L > 0 ? (v[0].len / 8) / L : 0;
+    J = N > 0 ? (v[3].len / 8) / N : 0;
+    if (L < 1 || (mode != 0 && mode != 1) || v[0].len != F * L * 8 || v[1].len != v[0].len
+        || v[3].len != N * J * 8 || v[4].len != v[3].len) {
+        PyErr_SetString(PyExc_ValueError, "marginal_at: array sizes do not match");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const double *xs = v[0].buf, *cdf = v[1].buf, *val = v[3].buf;
+        const int64_t *feats = v[2].buf;
+        double *out = v[4].buf;
+        for (i = 0; i < N && !bad; i++) {
+            int64_t f = feats[i];
+            const double *xr, *cr;
+            if (f < 0 || f >= F) {
+                bad = 1;
+                break;
+            }
+            xr = xs + f * L;
+            cr = cdf + f * L;
+            for (j = 0; j < J; j++) {
+                double x = val[i * J + j], x0, x1, c0, c1, t, r;
+                int64_t kk = count_sorted(mode ? cr : xr, L, x, mode == 1);
+                int64_t i1 = kk < L - 1 ? kk : L - 1, i0 = kk - 1 > 0 ? kk - 1 : 0;
+                x0 = xr[i0];
+                x1 = xr[i1];
+                c0 = cr[i0];
+                c1 = cr[i1];
+                if (mode == 0) {
+                    double span = (isfinite(x1) && x1 > x0) ? x1 - x0 : 1.0;
+                    t = clip((x - x0) / span, 0.0, 1.0);
+                    r = kk == 0 ? 0.0
+                                : ((isfinite(x1) && kk < L) ? c0 + t * (c1 - c0) : c0);
+                } else {
+                    double step = c1 > c0 ? c1 - c0 : 1.0;
+                    t = clip((x - c0) / step, 0.0, 1.0);
+                    r = kk == 0 ? x1 : x0 + t * (isfinite(x1) ? x1 - x0 : 0.0);
+                }
+                out[i * J + j] = r;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "marginal_at: a feature is out of range");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* int64 insertion sort (short rows) */
+static void sort_i64(int64_t *t, int64_t n)
+{
+    int64_t i, j;
+    for (i = 1; i < n; i++) {
+        int64_t v = t[i];
+        for (j = i; j > 0 && v < t[j - 1]; j--)
+            t[j] = t[j - 1];
+        t[j] = v;
+    }
+}
+
+/* The secure sketch's candidates (fedforest_secure._secure_cdf.SecureCdfPlanner._pick): for
+ * each row q (grid row rows[q]) with cells' counts (W + 1 per row), their total and the grid's
+ * edges (W per row, +inf padded), for b = 1 .. B - 1 below bnu the edge whose pooled CDF
+ * (cumulative count / total; 3.0 at padding) is nearest to b / bnu (the lower one on a tie),
+ * found as numpy's searchsorted over the rows laid end to end at offsets 4 q; sorted, repeats
+ * and b >= bnu given W. pick (len(rows), B - 1). */
+static PyObject *grid_picks(PyObject *self, PyObject *args)
+{
+    PyObject *o[6];
+    Py_buffer v[6];
+    Py_ssize_t B, W, Q, R, q;
+    int k, got = 0, bad = 0;
+    static const char *fmt[6] = {"q", "d", "d", "d", "q", "q"};
+    static const char *name[6] = {"rows", "counts", "total", "edges", "bnu", "pick"};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &B, &W))
+        return NULL;
+    for (k = 0; k < 6; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 5, name[k]) != 0)
+            goto done;
+    Q = v[0].len / 8;
+    R = v[2].len / 8;
+    if (B < 2 || W < 1 || v[1].len != R * (W + 1) * 8 || v[3].len != R * W * 8
+        || v[4].len != R * 8 || v[5].len != Q * (B - 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "grid_picks: array sizes do not match");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int64_t *rows = v[0].buf, *bnu = v[4].buf;
+        const double *counts = v[1].buf, *total = v[2].buf, *edges = v[3].buf;
+        int64_t *pick = v[5].buf;
+        double *cum = malloc((size_t)W * sizeof(double));
+        if (cum == NULL)
+            bad = 2;
+        for (q = 0; q < Q && !bad; q++) {
+            int64_t r = rows[q], b, j, i = 0, *pk = pick + q * (B - 1);
+            double acc = 0.0, off = 4.0 * (double)q;
+            if (r < 0 || r >= R || bnu[r] < 1) {
+                bad = 1;
+                break;
+            }
+            for (j = 0; j < W; j++) { /* cumulative counts through cell j, over the total */
+                acc = j == 0 ? counts[r * (W + 1)] : acc + counts[r * (W + 1) + j];
+                cum[j] = isfinite(edges[r * W + j]) ? acc / total[r] : 3.0;
+            }
+            for (b = 1; b < B; b++) {
+                double u = (double)b / (double)bnu[r], key = u + off, d_hi, d_lo;
+                int64_t hi_i, lo_i;
+                if (b >= bnu[r]) {
+                    pk[b - 1] = W;
+                    continue;
+                }
+                while (i < W && cum[i] + off < key) /* the levels ascend: walk on */
+                    i++;
+                hi_i = i < W - 1 ? i : W - 1;
+                lo_i = i - 1 > 0 ? (i - 1 < W - 1 ? i - 1 : W - 1) : 0;
+                d_hi = fabs(cum[hi_i] - u);
+                d_lo = fabs(cum[lo_i] - u);
+                pk[b - 1] = d_lo <= d_hi ? lo_i : hi_i;
+            }
+            sort_i64(pk, B - 1);
+            for (b = B - 2; b >= 1; b--)
+                if (pk[b] == pk[b - 1])
+                    pk[b] = W;
+            sort_i64(pk, B - 1);
+        }
+        free(cum);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad == 2)
+        PyErr_NoMemory();
+    else if (bad)
+        PyErr_SetString(PyExc_ValueError, "grid_picks: a row is out of range");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
@@ -683,6 +865,12 @@ static PyMethodDef methods[] = {
      "grid_sums(node, row, weight, pos, feats, thr, uniq_off, uniq_all, codes, y, out, n_rows, "
      "m, S, mode, has_missing, missing_bin): every evaluated pair's statistics added to its "
      "bin of out (E, m, nb, S)."},
+    {"marginal_at", marginal_at, METH_VARARGS,
+     "marginal_at(xs, cdf, feats, values, out, L, mode): the secure sketch's prior CDF at "
+     "values (mode 0) or its quantiles at levels (mode 1), per row's feature."},
+    {"grid_picks", grid_picks, METH_VARARGS,
+     "grid_picks(rows, counts, total, edges, bnu, pick, B, W): per row the grid edges nearest "
+     "to b / bnu of the pooled CDF, sorted, W where none."},
     {NULL, NULL, 0, NULL},
 };
 

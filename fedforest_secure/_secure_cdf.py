@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _sketch
+
 __all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_HEAVY_ROWS", "Marginal", "SecureCdfPlanner"]
 
 #: a cell holding more than HEAVY_MASS / B_nu of its node's rows is refined (at the box's
@@ -145,8 +147,24 @@ class Marginal:
             self.known[j] = True
         self.xs, self.cdf = xs_all, cdf_all
 
+    def _compiled(self, feats: np.ndarray, values: np.ndarray, mode: int) -> np.ndarray | None:
+        """:meth:`cdf_at` (mode 0) or :meth:`quantile_at` (mode 1) by the compiled loop (the
+        same bits), or None where it is not built."""
+        if _sketch.KERNELS is None:
+            return None
+        vals = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.empty(vals.shape)
+        _sketch.KERNELS.marginal_at(np.ascontiguousarray(self.xs, dtype=np.float64),
+                                    np.ascontiguousarray(self.cdf, dtype=np.float64),
+                                    np.ascontiguousarray(feats, dtype=np.int64), vals, out,
+                                    self.xs.shape[1], mode)
+        return out
+
     def cdf_at(self, feats: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The marginal CDF of feature ``feats[i]`` at ``x[i]`` (x: (N,) or (N, J))."""
+        compiled = self._compiled(feats, x, 0)
+        if compiled is not None:
+            return compiled
         k = _count_below(self.xs, feats, x, strict=False)  # points at or below x
         L = self.xs.shape[1]
         fr = feats.reshape((-1,) + (1,) * (x.ndim - 1)).astype(np.int64)
@@ -162,6 +180,9 @@ class Marginal:
 
     def quantile_at(self, feats: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The first ``x`` where the marginal CDF of ``feats[i]`` reaches ``u[i, :]``."""
+        compiled = self._compiled(feats, u, 1)
+        if compiled is not None:
+            return compiled
         k = _count_below(self.cdf, feats, u, strict=True)  # first point with cdf >= u
         L = self.xs.shape[1]
         fr = feats.reshape((-1,) + (1,) * (u.ndim - 1)).astype(np.int64)
@@ -420,6 +441,14 @@ class SecureCdfPlanner:
         rows = np.flatnonzero(ok)
         if rows.size == 0:
             return rows, np.zeros((0, max(B - 1, 0)), dtype=np.int64)
+        if _sketch.KERNELS is not None and B >= 2:  # the same picks, row by row
+            pick = np.empty((rows.size, B - 1), dtype=np.int64)
+            _sketch.KERNELS.grid_picks(rows.astype(np.int64),
+                                       np.ascontiguousarray(self.counts, dtype=np.float64),
+                                       np.ascontiguousarray(total, dtype=np.float64),
+                                       np.ascontiguousarray(self.edges, dtype=np.float64),
+                                       np.ascontiguousarray(self.bnu, dtype=np.int64), pick, B, W)
+            return rows, pick
         cum = np.cumsum(self.counts[rows], axis=1)[:, :W] / total[rows, None]
         fin = np.isfinite(self.edges[rows])
         cum = np.where(fin, cum, 3.0)  # padding edges are never the nearest

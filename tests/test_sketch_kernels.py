@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedforest_secure import FedForestClassifier, FedForestRegressor, _grid_stats, _sketch
+from fedforest_secure import (
+    FedForestClassifier,
+    FedForestRegressor,
+    _grid_stats,
+    _secure_cdf,
+    _sketch,
+)
 
 pytestmark = pytest.mark.skipif(_sketch._compiled() is None,
                                 reason="the compiled kernels are not built")
@@ -146,3 +152,62 @@ def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
     plain = run()
     assert plain.sum() > 0 and (plain[1, 2] == 0).all()
     np.testing.assert_array_equal(compiled, plain)
+
+
+def test_the_secure_sketch_prior_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Marginal.cdf_at`` / ``quantile_at``: values on the table's points, between them,
+    outside the range; levels 0, 1 and flat stretches of the CDF; rows padded with +inf."""
+    rng = np.random.default_rng(9)
+    F, L = 4, 12
+    m = _secure_cdf.Marginal(F)
+    xs = np.full((F, L), np.inf)
+    cdf = np.ones((F, L))
+    for f in range(F):
+        k = 3 + 3 * f
+        xs[f, :k] = np.sort(rng.choice(np.round(rng.normal(size=20), 1), size=k))
+        cdf[f, :k] = np.maximum.accumulate(np.sort(np.round(rng.random(k), 1)))
+    m.xs, m.cdf, m.known[:] = xs, cdf, True
+    feats = rng.integers(0, F, size=300)
+    x = np.concatenate([rng.normal(size=(300, 5)) * 2, xs[feats][:, :3]], axis=1)
+    u = np.concatenate([rng.random((300, 5)), np.tile([0.0, 1.0, 0.5], (300, 1)),
+                        cdf[feats][:, :2]], axis=1)
+    got = (m.cdf_at(feats, x), m.quantile_at(feats, u), m.cdf_at(feats, x[:, 0]))
+    monkeypatch.setattr(_sketch, "KERNELS", None)
+    ref = (m.cdf_at(feats, x), m.quantile_at(feats, u), m.cdf_at(feats, x[:, 0]))
+    for a, b in zip(got, ref, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("B,r", [(16, 0), (32, 2), (4, 1)])
+def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, B: int, r: int) -> None:
+    """``SecureCdfPlanner`` picks: empty cells, one heavy cell, ties between two edges,
+    small nodes (adaptive B), finished rows."""
+    rng = np.random.default_rng(B + r)
+    E, m, d = 40, 3, 5
+    feats = rng.integers(-1, d, size=(E, m))
+    lo = np.zeros((E, m))
+    hi = np.ones((E, m))
+    n = rng.integers(1, 400, size=E).astype(float)
+
+    def picks() -> tuple[np.ndarray, ...]:
+        plan = _secure_cdf.SecureCdfPlanner(lo, hi, feats, np.zeros(d, dtype=bool), n, B, r,
+                                            max_rounds=1)
+        W = plan.next_grid().shape[2]  # type: ignore[union-attr]
+        counts = rng.integers(0, 5, size=(E, m, W + 1)).astype(float)
+        counts[0, 0] = 0.0
+        counts[1, 0, 2] = 500.0
+        counts[2, 0] = 1.0
+        plan.receive(counts)
+        return plan.candidates(), *plan._picks()
+
+    state = rng.bit_generator.state
+    compiled = picks()
+    monkeypatch.setattr(_sketch, "KERNELS", None)
+    rng.bit_generator.state = state
+    plain = picks()
+    assert np.isfinite(plain[0]).sum() > E  # candidates were picked
+    for a, b in zip(compiled, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
