@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _impurity, _sketch
+from . import _impurity, _kernels
 from ._layouts import categorical_cuts
 from ._order import LevelOrder, first_reaching
 from ._splits import candidate_lefts
@@ -105,10 +105,10 @@ class LevelStatistics:
                 end = np.minimum(end, order.search((blk << self.book.cbits) | mcode, e0, e1))
                 end = np.maximum(end, start)
             fslots = fl[b0:b1]
-            if _sketch.KERNELS is not None:
+            if _kernels.KERNELS is not None:
                 room = (b1 - b0) * (n_points + 1)
                 pos, slot = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
-                k = _sketch.KERNELS.sketch_positions(
+                k = _kernels.KERNELS.sketch_positions(
                     np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
                     np.ascontiguousarray(start, dtype=np.int64),
                     np.ascontiguousarray(end, dtype=np.int64),
@@ -250,7 +250,7 @@ class LevelStatistics:
         # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
         row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
         row_of[blk] = np.arange(blk.size)
-        if _sketch.KERNELS is not None:
+        if _kernels.KERNELS is not None:
             out = self._histogram_compiled(blk, starts, ends, thr2, row_of, S).reshape(
                 n_eval, m, nb, S)
             if (feats < 0).any():
@@ -325,7 +325,7 @@ class LevelStatistics:
                 np.ascontiguousarray(book.uniq_all, dtype=np.float64),
                 np.ascontiguousarray(missing, dtype=np.int64),
                 np.ascontiguousarray(thr2, dtype=np.float64), self._y64, sums)
-        kernels = _sketch.KERNELS
+        kernels = _kernels.KERNELS
         assert kernels is not None
         none = np.empty(0, dtype=np.int64)
         edges = np.append(starts, ends[-1])

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _sketch
+from . import _kernels
 
 __all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_HEAVY_ROWS", "Marginal", "SecureCdfPlanner"]
 
@@ -150,14 +150,14 @@ class Marginal:
     def _compiled(self, feats: np.ndarray, values: np.ndarray, mode: int) -> np.ndarray | None:
         """:meth:`cdf_at` (mode 0) or :meth:`quantile_at` (mode 1) by the compiled loop (the
         same bits), or None where it is not built."""
-        if _sketch.KERNELS is None:
+        if _kernels.KERNELS is None:
             return None
         vals = np.ascontiguousarray(values, dtype=np.float64)
         out = np.empty(vals.shape)
-        _sketch.KERNELS.marginal_at(np.ascontiguousarray(self.xs, dtype=np.float64),
-                                    np.ascontiguousarray(self.cdf, dtype=np.float64),
-                                    np.ascontiguousarray(feats, dtype=np.int64), vals, out,
-                                    self.xs.shape[1], mode)
+        _kernels.KERNELS.marginal_at(np.ascontiguousarray(self.xs, dtype=np.float64),
+                                     np.ascontiguousarray(self.cdf, dtype=np.float64),
+                                     np.ascontiguousarray(feats, dtype=np.int64), vals, out,
+                                     self.xs.shape[1], mode)
         return out
 
     def cdf_at(self, feats: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -441,13 +441,14 @@ class SecureCdfPlanner:
         rows = np.flatnonzero(ok)
         if rows.size == 0:
             return rows, np.zeros((0, max(B - 1, 0)), dtype=np.int64)
-        if _sketch.KERNELS is not None and B >= 2:  # the same picks, row by row
+        if _kernels.KERNELS is not None and B >= 2:  # the same picks, row by row
             pick = np.empty((rows.size, B - 1), dtype=np.int64)
-            _sketch.KERNELS.grid_picks(rows.astype(np.int64),
-                                       np.ascontiguousarray(self.counts, dtype=np.float64),
-                                       np.ascontiguousarray(total, dtype=np.float64),
-                                       np.ascontiguousarray(self.edges, dtype=np.float64),
-                                       np.ascontiguousarray(self.bnu, dtype=np.int64), pick, B, W)
+            _kernels.KERNELS.grid_picks(rows.astype(np.int64),
+                                        np.ascontiguousarray(self.counts, dtype=np.float64),
+                                        np.ascontiguousarray(total, dtype=np.float64),
+                                        np.ascontiguousarray(self.edges, dtype=np.float64),
+                                        np.ascontiguousarray(self.bnu, dtype=np.int64), pick,
+                                        B, W)
             return rows, pick
         cum = np.cumsum(self.counts[rows], axis=1)[:, :W] / total[rows, None]
         fin = np.isfinite(self.edges[rows])

@@ -13,27 +13,11 @@ Everything is vectorised over many (node, feature) rows at once.
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
-
 import numpy as np
 
+from . import _kernels
+
 __all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
-
-def _compiled() -> ModuleType | None:
-    """The compiled loops of :func:`_pooled` (``_ckernels.c``), or None where the module was
-    not built or ``FEDFOREST_NUMPY_KERNELS=1`` asks for numpy (the two give the same bits)."""
-    if os.environ.get("FEDFOREST_NUMPY_KERNELS") == "1":
-        return None
-    try:  # by name: the extension has no Python source for the import graph to resolve
-        return importlib.import_module("fedforest_secure._ckernels")
-    except ImportError:  # pragma: no cover - a build without a C compiler
-        return None
-
-
-#: the compiled loops, or None: numpy throughout
-KERNELS: ModuleType | None = _compiled()
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
 CHUNK_ENTRIES = 1 << 18
@@ -299,13 +283,13 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
     if R == 0:
         return out
     keep = tot[:, 0] > 0
-    if KERNELS is not None:  # rows of every width at once: the compiled loops skip padding
+    if _kernels.KERNELS is not None:  # rows of every width at once: the compiled loops skip padding
         every = bool(keep.all())
         pts = points if every else points[keep]
         res = out if every else np.full((pts.shape[0], n_bins - 1), np.inf)
-        KERNELS.pooled_rows(np.ascontiguousarray(pts, dtype=np.float64),
-                            np.ascontiguousarray(weights if every else weights[keep]), res,
-                            *pts.shape, n_bins)
+        _kernels.KERNELS.pooled_rows(np.ascontiguousarray(pts, dtype=np.float64),
+                                     np.ascontiguousarray(weights if every else weights[keep]),
+                                     res, *pts.shape, n_bins)
         if not every:
             out[keep] = res
         return out

@@ -13,11 +13,12 @@ from fedforest_secure import (
     FedForestClassifier,
     FedForestRegressor,
     _grid_stats,
+    _kernels,
     _secure_cdf,
     _sketch,
 )
 
-pytestmark = pytest.mark.skipif(_sketch._compiled() is None,
+pytestmark = pytest.mark.skipif(_kernels.compiled() is None,
                                 reason="the compiled kernels are not built")
 
 
@@ -52,7 +53,7 @@ def test_compiled_candidates_equal_numpy_bit_for_bit(kind: str, K: int, P: int, 
     pts, w, npts = _rows(rng, 400, K, P, kind)
     ref = _sketch._pooled_numpy(pts, w, npts, B, np.full((400, B - 1), np.inf))
     got = np.full((400, B - 1), np.inf)
-    _sketch._compiled().pooled_rows(pts, w, got, 400, K, P, B)  # type: ignore[union-attr]
+    _kernels.compiled().pooled_rows(pts, w, got, 400, K, P, B)  # type: ignore[union-attr]
     np.testing.assert_array_equal(got, ref)
     assert np.signbit(got).sum() == np.signbit(ref).sum()
     assert np.isfinite(ref).any()
@@ -75,12 +76,12 @@ def test_candidates_are_the_same_with_and_without_the_compiled_kernels(
     pts, _, npts = _rows(rng, 3000, 10, 33, "normal")
     counts = rng.integers(0, 30, size=(3000, 10)).astype(np.float64)
     compiled = _sketch.pooled_candidates(pts, counts, 32)
-    monkeypatch.setattr(_sketch, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     np.testing.assert_array_equal(compiled, _sketch.pooled_candidates(pts, counts, 32))
 
 
 def test_bad_arrays_are_refused_with_a_clear_error() -> None:
-    kernels = _sketch._compiled()
+    kernels = _kernels.compiled()
     assert kernels is not None
     pts = np.zeros((2, 3, 4))
     with pytest.raises(ValueError, match="sizes do not match"):
@@ -112,7 +113,7 @@ def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
     kw = dict(n_estimators=4, max_depth=5, min_samples_leaf=3, n_bins=16, random_state=2,
               profile=profile)
     compiled = cls(**kw).fit(X, y, client=h)
-    monkeypatch.setattr(_sketch, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     plain = cls(**kw).fit(X, y, client=h)
     assert sum(t.n_nodes for t in plain.model_.trees) > 4 * 7  # the trees did grow
     assert compiled.model_.to_json() == plain.model_.to_json()
@@ -148,7 +149,7 @@ def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
                                           has_missing=True, missing_bin=missing_bin)
 
     compiled = run()
-    monkeypatch.setattr(_sketch, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     plain = run()
     assert plain.sum() > 0 and (plain[1, 2] == 0).all()
     np.testing.assert_array_equal(compiled, plain)
@@ -173,7 +174,7 @@ def test_the_secure_sketch_prior_is_the_same_with_and_without_the_compiled_kerne
     u = np.concatenate([rng.random((300, 5)), np.tile([0.0, 1.0, 0.5], (300, 1)),
                         cdf[feats][:, :2]], axis=1)
     got = (m.cdf_at(feats, x), m.quantile_at(feats, u), m.cdf_at(feats, x[:, 0]))
-    monkeypatch.setattr(_sketch, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     ref = (m.cdf_at(feats, x), m.quantile_at(feats, u), m.cdf_at(feats, x[:, 0]))
     for a, b in zip(got, ref, strict=True):
         assert a.shape == b.shape
@@ -205,7 +206,7 @@ def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled
 
     state = rng.bit_generator.state
     compiled = picks()
-    monkeypatch.setattr(_sketch, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     rng.bit_generator.state = state
     plain = picks()
     assert np.isfinite(plain[0]).sum() > E  # candidates were picked
