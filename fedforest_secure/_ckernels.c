@@ -1,6 +1,7 @@
 /* Compiled loops of the engine's hot paths: the pooled-CDF candidates (fedforest_secure._sketch),
  * a worker's quantile points and histograms (fedforest_secure._level_stats, _grid_stats), the
- * secure sketch's prior (fedforest_secure._secure_cdf).
+ * secure sketch's prior (fedforest_secure._secure_cdf), and the fixed-point encoding of secure
+ * aggregation (fedforest_secure.secagg._primitives._ring).
  *
  * pooled_rows computes, row by row, what fedforest_secure._sketch._pooled computes with numpy
  * for rows whose clients' mixing weights sum to 1: the pooled sketch CDF tabulated at every
@@ -226,10 +227,11 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writa
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) != 0)
         return -1;
-    /* "d": float64; "q": int64, which numpy may call "l" (a 64-bit long) */
+    /* "d": float64; "q": int64, which numpy may call "l" (a 64-bit long); "Q": uint64 ("L") */
     if (view->itemsize != 8
         || (strcmp(view->format, fmt) != 0
-            && !(fmt[0] == 'q' && strcmp(view->format, "l") == 0))) {
+            && !(fmt[0] == 'q' && strcmp(view->format, "l") == 0)
+            && !(fmt[0] == 'Q' && strcmp(view->format, "L") == 0))) {
         PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous array of format %s",
                      name, fmt);
         PyBuffer_Release(view);
@@ -851,6 +853,69 @@ done:
     Py_RETURN_NONE;
 }
 
+/* Fixed-point encoding into the ring Z_{2^64} (fedforest_secure.secagg._primitives._ring.
+ * encode_block): x = values[j] / divisor[j] (no division where divisor is empty), checked
+ * |x| <= limit[j] (no check where limit is empty; NaN fails), then out[j] = round-half-even(
+ * x * factor[j]) as a two's complement int64 in uint64. A divisor, factor or limit of one
+ * entry holds for every j. Returns -1, or the first index out of range (out is then partly
+ * written). */
+static PyObject *encode_values(PyObject *self, PyObject *args)
+{
+    PyObject *o[5];
+    Py_buffer v[5];
+    Py_ssize_t n, nd, nf, nl, j, bad = -1;
+    int k, got = 0;
+    static const char *fmt[5] = {"d", "d", "d", "d", "Q"};
+    static const char *name[5] = {"values", "divisor", "factor", "limit", "out"};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4]))
+        return NULL;
+    for (k = 0; k < 5; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 4, name[k]) != 0)
+            goto done;
+    n = v[0].len / 8;
+    nd = v[1].len / 8;
+    nf = v[2].len / 8;
+    nl = v[3].len / 8;
+    if (v[4].len != n * 8 || (nd != 0 && nd != 1 && nd != n) || (nf != 1 && nf != n)
+        || (nl != 0 && nl != 1 && nl != n)) {
+        PyErr_SetString(PyExc_ValueError, "encode_values: array sizes do not match");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const double *val = v[0].buf, *dv = v[1].buf, *fc = v[2].buf, *lm = v[3].buf;
+        const double magic = 0x1.8p52;
+        int64_t *out = v[4].buf, magic_bits;
+        memcpy(&magic_bits, &magic, 8);
+        for (j = 0; j < n; j++) {
+            double x = val[j];
+            if (nd)
+                x = x / dv[nd == 1 ? 0 : j];
+            if (nl && !(fabs(x) <= lm[nl == 1 ? 0 : j])) {
+                bad = j;
+                break;
+            }
+            x *= fc[nf == 1 ? 0 : j];
+            if (fabs(x) < 0x1p50) { /* 1.5 * 2^52 added: the integer in the low mantissa bits */
+                double t = x + 0x1.8p52;
+                int64_t bits;
+                memcpy(&bits, &t, 8);
+                out[j] = bits - magic_bits;
+            } else {
+                out[j] = (int64_t)nearbyint(x);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(bad);
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
@@ -871,6 +936,9 @@ static PyMethodDef methods[] = {
     {"grid_picks", grid_picks, METH_VARARGS,
      "grid_picks(rows, counts, total, edges, bnu, pick, B, W): per row the grid edges nearest "
      "to b / bnu of the pooled CDF, sorted, W where none."},
+    {"encode_values", encode_values, METH_VARARGS,
+     "encode_values(values, divisor, factor, limit, out) -> -1 or the first index out of "
+     "range: round(values / divisor * factor) into the ring."},
     {NULL, NULL, 0, NULL},
 };
 

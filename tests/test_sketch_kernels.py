@@ -17,6 +17,8 @@ from fedforest_secure import (
     _secure_cdf,
     _sketch,
 )
+from fedforest_secure.errors import OverflowRisk
+from fedforest_secure.secagg import RingCodec
 
 pytestmark = pytest.mark.skipif(_kernels.compiled() is None,
                                 reason="the compiled kernels are not built")
@@ -212,3 +214,46 @@ def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled
     assert np.isfinite(plain[0]).sum() > E  # candidates were picked
     for a, b in zip(compiled, plain, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_ring_encoding_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, periodic: bool) -> None:
+    """``RingCodec.encode`` / ``encode_divided`` and the block encoder of masking: ties at
+    half a quantum (round half to even), negative values, -0.0, per-entry and per-column
+    scales and bounds over several blocks; an out-of-range value names the same entry."""
+    rng = np.random.default_rng(4)
+    n = (1 << 14) * 2 + 5
+    if periodic:
+        codec = RingCodec._from_runs([([0, 1], n // 2), ([2], n - 2 * (n // 2))],
+                                     np.array([3, 20, 8]), np.array([1e3, 50.0, 1e4]), 7)
+    else:
+        codec = RingCodec(rng.integers(0, 24, size=n), np.full(n, 1e3), 7)
+    fb = codec.frac_bits
+    vals = np.round(rng.normal(size=n) * 40) / 8 + 0.5 * 2.0 ** -fb  # many exact ties
+    vals[::7] *= -1.0
+    vals[5] = -0.0
+    vals = np.clip(vals, -codec.max_abs, codec.max_abs)
+    divisor = rng.choice([1.0, 2.0, 3.0], size=n)
+
+    def run() -> tuple[np.ndarray, ...]:
+        block = np.empty(n, dtype=np.uint64)
+        fill = codec.block_encoder(vals)
+        for a in range(0, n, 1000):
+            fill(a, min(a + 1000, n), block[a:a + 1000])
+        return codec.encode(vals), codec.encode_divided(vals, divisor), block
+
+    compiled = run()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = run()
+    for a, b in zip(compiled, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+    bad = vals.copy()
+    bad[n - 3] = 2 * codec.max_abs[n - 3] * divisor[n - 3]
+    messages = []
+    for kernels in (_kernels.compiled(), None):
+        monkeypatch.setattr(_kernels, "KERNELS", kernels)
+        with pytest.raises(OverflowRisk) as err:
+            codec.encode_divided(bad, divisor)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and f"value[{n - 3}]" in messages[0]

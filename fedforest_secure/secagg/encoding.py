@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _kernels
 from ..errors import OverflowRisk
 from ..protocol import StatKind
 from ._primitives import _ring
@@ -194,6 +195,19 @@ class RingCodec:
         if vals.shape != (n,):
             raise ValueError(f"expected {n} values, got {vals.shape}")
         out = np.empty(n, dtype=np.uint64)
+        if _kernels.KERNELS is not None:  # divided and encoded in one pass per block
+            for a in range(0, n, _BLOCK):
+                b = min(a + _BLOCK, n)
+                try:
+                    _ring.encode_compiled(vals[a:b], _ring.window(divisor, a, b),
+                                          _ring.window(self._scale, a, b),
+                                          _ring.window(self._limit, a, b), out[a:b])
+                except _ring.OutOfRange as exc:
+                    at = a + exc.index
+                    scaled = np.zeros(n)
+                    scaled[at] = vals[at] / np.asarray(_ring.window(divisor, at, at + 1)).ravel()[0]
+                    raise self._overflow(scaled, at) from None
+            return out
         buf = np.empty(min(_BLOCK, n))
         for a in range(0, n, _BLOCK):
             b = min(a + _BLOCK, n)

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ... import _kernels
+
 _INT64_MAX = (1 << 63) - 1
 _MAGIC = 1.5 * 2.0**52
 _MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
@@ -196,6 +198,10 @@ def encode_block(values: np.ndarray, factor: np.ndarray | Periodic | float,
                  out: np.ndarray) -> None:
     """Encode ``values[start:stop]`` into ``out`` (uint64, ``stop - start`` long), as
     :func:`encode` does for each block (``factor`` and ``limit``: scalars or full-length)."""
+    if _kernels.KERNELS is not None:
+        encode_compiled(values[start:stop], None, window(factor, start, stop),
+                        None if limit is None else window(limit, start, stop), out, start)
+        return
     chunk = values[start:stop]
     lim = None if limit is None else window(limit, start, stop)
     if lim is not None and not _chunk_ok(chunk, lim):
@@ -213,6 +219,33 @@ def encode_block(values: np.ndarray, factor: np.ndarray | Periodic | float,
     else:  # large (or non-finite, unchecked) values: round, then convert through a copy
         np.rint(f_part, out=f_part)
         np.copyto(i_part, f_part, casting="unsafe")
+
+
+_NONE = np.zeros(0)
+
+
+def _entries(x: np.ndarray | float | None) -> np.ndarray:
+    """A block's per-entry values (one entry: the same for all; none: not given) as the
+    compiled encoder reads them."""
+    if x is None:
+        return _NONE
+    return np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+
+
+def encode_compiled(chunk: np.ndarray, divisor: np.ndarray | float | None,
+                    factor: np.ndarray | float, limit: np.ndarray | float | None,
+                    out: np.ndarray, offset: int = 0) -> None:
+    """``round(chunk / divisor * factor)`` into ``out`` in one compiled pass (the bits of
+    numpy's steps: the same division, product and round-half-even), after the range check
+    ``|chunk / divisor| <= limit``; :class:`OutOfRange` names the first offending entry plus
+    ``offset``."""
+    kernels = _kernels.KERNELS
+    if kernels is None:  # pragma: no cover - callers check
+        raise RuntimeError("internal: the compiled encoder is not built")
+    bad = kernels.encode_values(np.ascontiguousarray(chunk, dtype=np.float64),
+                                _entries(divisor), _entries(factor), _entries(limit), out)
+    if bad >= 0:
+        raise OutOfRange(offset + bad)
 
 
 def scale(frac_bits: np.ndarray) -> np.ndarray | float:
