@@ -240,6 +240,60 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writa
     return 0;
 }
 
+/* A field of the level order's entries: an integer array of any width (numpy's uint8,
+ * uint16, int32, int64...) read as (value >> shift) & mask: a packed key holds several. */
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+    int size;
+    int shift;
+    uint64_t mask;
+} field;
+
+static inline int64_t fget(const field *f, Py_ssize_t i)
+{
+    uint64_t v;
+    switch (f->size) {
+    case 1:
+        v = ((const uint8_t *)f->p)[i];
+        break;
+    case 2:
+        v = ((const uint16_t *)f->p)[i];
+        break;
+    case 4:
+        v = ((const uint32_t *)f->p)[i];
+        break;
+    default:
+        v = ((const uint64_t *)f->p)[i];
+    }
+    return (int64_t)((v >> f->shift) & f->mask);
+}
+
+/* the buffer of a C-contiguous integer array (signed or unsigned, 1, 2, 4 or 8 bytes) */
+static int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
+                     field *f, const char *name)
+{
+    const char *fmt;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return -1;
+    fmt = view->format;
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
+        fmt++;
+    if (strlen(fmt) != 1 || strchr("bBhHiIlLqQ", fmt[0]) == NULL
+        || (view->itemsize != 1 && view->itemsize != 2 && view->itemsize != 4
+            && view->itemsize != 8) || shift < 0 || shift > 63) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous integer array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    f->p = view->buf;
+    f->n = view->len / view->itemsize;
+    f->size = (int)view->itemsize;
+    f->shift = (int)shift;
+    f->mask = (uint64_t)mask;
+    return 0;
+}
+
 static PyObject *pooled_rows(PyObject *self, PyObject *args)
 {
     PyObject *o_pts, *o_w, *o_out;
@@ -304,8 +358,8 @@ fail:
 }
 
 /* The worker's quantile sketch (fedforest_secure._level_stats.LevelStatistics.quantile_points):
- * for every block [start[i], end[i]) of a run of the level's sorted entries with positive
- * integer weights w, where wanted[i], the positions of its B_k + 1 quantile points
+ * for every block [start[i], end[i]) of the level's sorted entries with positive integer
+ * weights (a field, see field), where wanted[i], the positions of its B_k + 1 quantile points
  * Q(b / B_k), b = 0..B_k: the first entry whose cumulative weight within the block reaches
  * max(ceil(b W / B_k), 1) (W the block's weight), at most the block's last entry. B_k is
  * n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that is 0).
@@ -314,18 +368,20 @@ fail:
 static PyObject *sketch_positions(PyObject *self, PyObject *args)
 {
     PyObject *o_w, *o_start, *o_end, *o_wanted, *o_pos, *o_slot;
-    Py_ssize_t n_points, r;
+    Py_ssize_t n_points, r, w_shift;
+    unsigned long long w_mask;
     Py_buffer w, st, en, wa, pos_b, slot_b;
     Py_ssize_t nb, n, i, bad = 0, k = 0;
+    field wf;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOnn", &o_w, &o_start, &o_end, &o_wanted, &o_pos, &o_slot,
-                          &n_points, &r))
+    if (!PyArg_ParseTuple(args, "OnKOOOOOnn", &o_w, &w_shift, &w_mask, &o_start, &o_end,
+                          &o_wanted, &o_pos, &o_slot, &n_points, &r))
         return NULL;
     if (n_points < 1) {
         PyErr_SetString(PyExc_ValueError, "sketch_positions: n_points must be >= 1");
         return NULL;
     }
-    if (get_buffer(o_w, &w, "q", 0, "weights") != 0)
+    if (get_field(o_w, &w, w_shift, w_mask, &wf, "weights") != 0)
         return NULL;
     if (get_buffer(o_start, &st, "q", 0, "start") != 0)
         goto fail0;
@@ -337,7 +393,7 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
         goto fail3;
     if (get_buffer(o_slot, &slot_b, "q", 1, "slot") != 0)
         goto fail4;
-    n = w.len / 8;
+    n = wf.n;
     nb = st.len / 8;
     if (en.len != st.len || wa.len != st.len || pos_b.len < nb * (n_points + 1) * 8
         || slot_b.len < nb * (n_points + 1) * 8) {
@@ -346,7 +402,6 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < nb; i++) {
-        const int64_t *wt = (const int64_t *)w.buf;
         int64_t s0 = ((const int64_t *)st.buf)[i], e0 = ((const int64_t *)en.buf)[i];
         int64_t *po = (int64_t *)pos_b.buf, *so = (int64_t *)slot_b.buf;
         int64_t j, b, bk, total = 0, cum, pos;
@@ -357,7 +412,7 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
             break;
         }
         for (j = s0; j < e0; j++)
-            total += wt[j];
+            total += fget(&wf, j);
         bk = n_points;
         if (r >= 1) {
             bk = total / r;
@@ -367,13 +422,13 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
                 continue;
         }
         pos = s0;
-        cum = wt[s0];
+        cum = fget(&wf, s0);
         for (b = 0; b <= bk; b++) {
             int64_t target = (b * total + bk - 1) / bk;
             if (target < 1)
                 target = 1;
             while (cum < target && pos + 1 < e0)
-                cum += wt[++pos];
+                cum += fget(&wf, ++pos);
             po[k] = pos;
             so[k] = i * (n_points + 1) + b;
             k++;
@@ -407,134 +462,128 @@ fail0:
 }
 
 /* The worker's histogram (fedforest_secure._level_stats.LevelStatistics._histogram): every
- * entry of the level's sorted order in an evaluated block goes to bin "number of the block's
- * thresholds below its value" (the last bin, W, for a missing value), and each bin sums its
- * entries' statistics one after the other in the order's sequence, as numpy's bincount:
- * mode 0 the weight, then weight * y and weight * y * y (S of them); mode 1 the weight into
- * column y (a class code) of S.
+ * entry of an evaluated block (blocks[q], its entries edges[b] .. edges[b + 1] of the level's
+ * sorted order) goes to bin "number of the block's thresholds thr[q] below its value" (the
+ * last bin, W, for a missing value), and each bin sums its entries' statistics one after the
+ * other in the order's sequence, as numpy's bincount: mode 0 the weight, then weight * y and
+ * weight * y * y (S of them); mode 1 the weight into column y (a class code) of S.
  *
- * bc (block << cbits | code), w (weights) and rows (row indices, read when y is needed) are
- * the entries; row_of[block] is the block's evaluated row (-1: not evaluated); feat[block] its
- * feature; a feature's values are uniq_all[uniq_off[f] + code]; missing[f] the missing code
- * (an empty array: no missing values); thr (n_eval, W) each evaluated row's sorted
- * thresholds; out (n_eval, W + 1, S) is added to. */
-static PyObject *histogram_sums(PyObject *self, PyObject *args)
+ * The entries' code, row and weight are fields (see field); feat[b] is the block's feature, a
+ * value is uniq_all[uniq_off[f] + code], missing[f] the missing code (an empty array: no
+ * missing values); out (len(blocks), W + 1, S) is added to. */
+static PyObject *histogram_blocks(PyObject *self, PyObject *args)
 {
-    PyObject *o[11];
-    Py_buffer v[11];
-    Py_ssize_t cbits, S, mode, n, nblk, n_eval, W, nf, ny, nu, i;
-    int k, got = 0, bad = 0;
-    static const char *fmt[11] = {"q", "q", "q", "q", "q", "q", "d", "q", "d", "d", "d"};
-    static const char *name[11] = {"bc", "w", "rows", "row_of", "feat", "uniq_off", "uniq_all",
-                                   "missing", "thr", "y", "out"};
+    PyObject *of[3], *o[9];
+    Py_buffer vf[3], v[9];
+    Py_ssize_t sh[3], S, mode, n_eval, nblk, W, nf, ny, nu, q;
+    unsigned long long mk[3];
+    field fl[3];
+    int k, gotf = 0, got = 0, bad = 0;
+    static const char *fmt[9] = {"q", "q", "q", "q", "d", "q", "d", "d", "d"};
+    static const char *name[9] = {"edges", "blocks", "feat", "uniq_off", "uniq_all", "missing",
+                                  "thr", "y", "out"};
+    static const char *fname[3] = {"codes", "rows", "weights"};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &o[8], &o[9], &o[10], &cbits, &S, &mode))
+    if (!PyArg_ParseTuple(args, "OnKOnKOnKOOOOOOOOOnn", &of[0], &sh[0], &mk[0], &of[1], &sh[1],
+                          &mk[1], &of[2], &sh[2], &mk[2], &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &S, &mode))
         return NULL;
-    for (k = 0; k < 11; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 10, name[k]) != 0)
+    for (k = 0; k < 3; k++, gotf++)
+        if (get_field(of[k], &vf[k], sh[k], mk[k], &fl[k], fname[k]) != 0)
             goto done;
-    n = v[0].len / 8;
-    nblk = v[4].len / 8; /* row_of may hold one more entry than there are blocks */
-    nf = v[5].len / 8 - 1; /* uniq_off: one offset per feature and the end */
-    nu = v[6].len / 8;
-    ny = v[9].len / 8;
-    if (S < 1 || cbits < 1 || cbits > 62 || (mode != 0 && mode != 1) || v[1].len != v[0].len
-        || (v[2].len != v[0].len && !(mode == 0 && S == 1)) || v[3].len < v[4].len
-        || nf < 0 || (v[7].len != 0 && v[7].len != nf * 8)) {
-        PyErr_SetString(PyExc_ValueError, "histogram_sums: array sizes do not match");
-        goto done;
-    }
-    n_eval = 0;
-    for (i = 0; i < nblk; i++)
-        if (((const int64_t *)v[3].buf)[i] >= n_eval)
-            n_eval = ((const int64_t *)v[3].buf)[i] + 1;
-    W = n_eval > 0 ? (v[8].len / 8) / n_eval : 0;
-    if (n_eval > 0 && (v[8].len / 8 != n_eval * W || v[10].len / 8 != n_eval * (W + 1) * S)) {
-        PyErr_SetString(PyExc_ValueError, "histogram_sums: thresholds or sums of the wrong size");
+    for (k = 0; k < 9; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 8, name[k]) != 0)
+            goto done;
+    nblk = v[2].len / 8;
+    n_eval = v[1].len / 8;
+    nf = v[3].len / 8 - 1; /* uniq_off: one offset per feature and the end */
+    nu = v[4].len / 8;
+    ny = v[7].len / 8;
+    W = n_eval > 0 ? (v[6].len / 8) / n_eval : 0;
+    if (S < 1 || (mode != 0 && mode != 1) || v[0].len != (nblk + 1) * 8 || nf < 0
+        || (v[5].len != 0 && v[5].len != nf * 8) || v[6].len != n_eval * W * 8
+        || v[8].len != n_eval * (W + 1) * S * 8 || fl[1].n != fl[0].n || fl[2].n != fl[0].n) {
+        PyErr_SetString(PyExc_ValueError, "histogram_blocks: array sizes do not match");
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     {
-        const int64_t *bc = v[0].buf, *w = v[1].buf, *rows = v[2].buf, *row_of = v[3].buf,
-                      *feat = v[4].buf, *uoff = v[5].buf, *miss = v[7].len ? v[7].buf : NULL;
-        const double *uall = v[6].buf, *thr = v[8].buf, *y = v[9].buf;
-        double *out = v[10].buf;
-        const int64_t cmask = ((int64_t)1 << cbits) - 1;
-        int64_t cur_blk = -1, row = -1, f = 0, bin = 0;
-        const double *t = NULL;
-        for (i = 0; i < n; i++) {
-            int64_t blk = bc[i] >> cbits, code = bc[i] & cmask, at;
-            double x, wi;
-            if (blk != cur_blk) { /* a new block: its thresholds, its bins from the first */
-                if (blk < 0 || blk >= nblk) {
-                    bad = 1;
-                    break;
-                }
-                cur_blk = blk;
-                row = row_of[blk];
-                f = feat[blk];
-                if (row >= 0 && (f < 0 || f >= nf)) {
-                    bad = 1;
-                    break;
-                }
-                t = row >= 0 ? thr + row * W : NULL;
-                bin = 0;
+        const int64_t *edges = v[0].buf, *blocks = v[1].buf, *feat = v[2].buf,
+                      *uoff = v[3].buf, *miss = v[5].len ? v[5].buf : NULL;
+        const double *uall = v[4].buf, *thr = v[6].buf, *y = v[7].buf;
+        double *out = v[8].buf;
+        for (q = 0; q < n_eval && !bad; q++) {
+            int64_t b = blocks[q], f, e0, e1, i, bin = 0;
+            const double *t = thr + q * W;
+            if (b < 0 || b >= nblk) {
+                bad = 1;
+                break;
             }
-            if (row < 0)
+            f = feat[b];
+            e0 = edges[b];
+            e1 = edges[b + 1];
+            if (e0 >= e1)
                 continue;
-            if (miss != NULL && code >= miss[f]) {
-                bin = W; /* past every threshold: the missing rows' own bin */
-            } else {
-                at = uoff[f] + code;
-                if (at < 0 || at >= nu) {
-                    bad = 1;
-                    break;
-                }
-                x = uall[at];
-                /* codes ascend within a block, so bins do: walk on from the last one (a
-                 * missing entry comes last) */
-                while (bin < W && t[bin] < x)
-                    bin++;
+            if (f < 0 || f >= nf || e0 < 0 || e1 > fl[0].n) {
+                bad = 1;
+                break;
             }
-            wi = (double)w[i];
-            if (mode == 0) {
-                double *o2 = out + (row * (W + 1) + bin) * S;
-                o2[0] += wi;
-                if (S > 1) {
-                    int64_t r = rows[i];
-                    double wy;
+            for (i = e0; i < e1; i++) {
+                int64_t code = fget(&fl[0], i), at;
+                double wi;
+                if (miss != NULL && code >= miss[f]) {
+                    bin = W; /* past every threshold: the missing rows' own bin */
+                } else {
+                    at = uoff[f] + code;
+                    if (at < 0 || at >= nu) {
+                        bad = 1;
+                        break;
+                    }
+                    /* codes ascend within a block, so bins do: walk on from the last one */
+                    while (bin < W && t[bin] < uall[at])
+                        bin++;
+                }
+                wi = (double)fget(&fl[2], i);
+                if (mode == 0) {
+                    double *cell = out + (q * (W + 1) + bin) * S;
+                    cell[0] += wi;
+                    if (S > 1) {
+                        int64_t r = fget(&fl[1], i);
+                        double wy;
+                        if (r < 0 || r >= ny) {
+                            bad = 1;
+                            break;
+                        }
+                        wy = wi * y[r];
+                        cell[1] += wy;
+                        if (S > 2)
+                            cell[2] += wy * y[r];
+                    }
+                } else {
+                    int64_t r = fget(&fl[1], i), c;
                     if (r < 0 || r >= ny) {
                         bad = 1;
                         break;
                     }
-                    wy = wi * y[r];
-                    o2[1] += wy;
-                    if (S > 2)
-                        o2[2] += wy * y[r];
+                    c = (int64_t)y[r];
+                    if (c < 0 || c >= S) {
+                        bad = 1;
+                        break;
+                    }
+                    out[(q * (W + 1) + bin) * S + c] += wi;
                 }
-            } else {
-                int64_t r = rows[i], c;
-                if (r < 0 || r >= ny) {
-                    bad = 1;
-                    break;
-                }
-                c = (int64_t)y[r];
-                if (c < 0 || c >= S) {
-                    bad = 1;
-                    break;
-                }
-                out[(row * (W + 1) + bin) * S + c] += wi;
             }
         }
     }
     Py_END_ALLOW_THREADS
     if (bad)
         PyErr_SetString(PyExc_ValueError,
-                        "histogram_sums: an entry's block, value, row or class is out of range");
+                        "histogram_blocks: an entry's block, value, row or class is out of range");
 done:
     for (k = 0; k < got; k++)
         PyBuffer_Release(&v[k]);
+    for (k = 0; k < gotf; k++)
+        PyBuffer_Release(&vf[k]);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
@@ -921,11 +970,13 @@ static PyMethodDef methods[] = {
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
      "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
     {"sketch_positions", sketch_positions, METH_VARARGS,
-     "sketch_positions(weights, start, end, wanted, pos, slot, n_points, r) -> count: the "
+     "sketch_positions(weights, shift, mask, start, end, wanted, pos, slot, n_points, r) -> "
+     "count: the "
      "positions of every wanted block's quantile points and their slots."},
-    {"histogram_sums", histogram_sums, METH_VARARGS,
-     "histogram_sums(bc, w, rows, row_of, feat, uniq_off, uniq_all, missing, thr, y, out, "
-     "cbits, S, mode): every evaluated entry's statistics added to its bin of out."},
+    {"histogram_blocks", histogram_blocks, METH_VARARGS,
+     "histogram_blocks(codes, shift, mask, rows, shift, mask, weights, shift, mask, edges, "
+     "blocks, feat, uniq_off, uniq_all, missing, thr, y, out, S, mode): every evaluated "
+     "block's entries' statistics added to their bins of out."},
     {"grid_sums", grid_sums, METH_VARARGS,
      "grid_sums(node, row, weight, pos, feats, thr, uniq_off, uniq_all, codes, y, out, n_rows, "
      "m, S, mode, has_missing, missing_bin): every evaluated pair's statistics added to its "

@@ -108,13 +108,12 @@ class LevelStatistics:
             if _kernels.KERNELS is not None:
                 room = (b1 - b0) * (n_points + 1)
                 pos, slot = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
+                w, ws, wm = order.fields()[2]
                 k = _kernels.KERNELS.sketch_positions(
-                    np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
-                    np.ascontiguousarray(start, dtype=np.int64),
-                    np.ascontiguousarray(end, dtype=np.int64),
+                    w, ws, wm, np.ascontiguousarray(start + e0, dtype=np.int64),
+                    np.ascontiguousarray(end + e0, dtype=np.int64),
                     wanted[b0:b1].astype(np.int64), pos, slot, n_points, r)
                 pos, slot = pos[:k], slot[:k]
-                pos += e0
                 code = order.codes_at(pos)
                 code += self.book.uniq_off[fslots[slot // (n_points + 1)]]
                 slot += b0 * (n_points + 1)
@@ -247,15 +246,14 @@ class LevelStatistics:
         thr2 = thr.reshape(blk.size, nb - 1)
         if blk.size == 0 or order.size == 0:
             return np.zeros((n_eval, m, nb, S))
-        # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
-        row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
-        row_of[blk] = np.arange(blk.size)
         if _kernels.KERNELS is not None:
-            out = self._histogram_compiled(blk, starts, ends, thr2, row_of, S).reshape(
-                n_eval, m, nb, S)
+            out = self._histogram_compiled(blk, thr2, S).reshape(n_eval, m, nb, S)
             if (feats < 0).any():
                 out[feats < 0] = 0.0
             return out
+        # row of each of the order's blocks among the evaluated ones (-1: not evaluated)
+        row_of = np.full(order.feats.size + 1, -1, dtype=np.int64)
+        row_of[blk] = np.arange(blk.size)
         edges = np.append(starts, ends[-1])
         table: _ThresholdTable | None = None
         runs = order.chunks(edges)
@@ -308,37 +306,29 @@ class LevelStatistics:
             out[feats < 0] = 0.0
         return out
 
-    def _histogram_compiled(self, blk: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                            thr2: np.ndarray, row_of: np.ndarray, S: int) -> np.ndarray:
-        """:meth:`_histogram`'s sums (flat) by the compiled loop, a run of blocks at a time:
-        the same bins, and each bin's statistics added in the same sequence."""
+    def _histogram_compiled(self, blk: np.ndarray, thr2: np.ndarray, S: int) -> np.ndarray:
+        """:meth:`_histogram`'s sums (flat) by the compiled loop over the evaluated blocks
+        ``blk``: the same bins, and each bin's statistics added in the same sequence."""
         order, book = self.order, self.book
         nb = thr2.shape[1] + 1
         sums = np.zeros(blk.size * nb * S)
+        kernels = _kernels.KERNELS
+        if blk.size == 0 or order.size == 0 or kernels is None:
+            return sums
         classes = self.config.task != "regression" and S > 1
-        need_rows = classes or S > 1
         if self._y64 is None:
             self._y64 = np.ascontiguousarray(self.y, dtype=np.float64)
         missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
-        args = (row_of, np.ascontiguousarray(order.feats.reshape(-1), dtype=np.int64),
-                np.ascontiguousarray(book.uniq_off, dtype=np.int64),
-                np.ascontiguousarray(book.uniq_all, dtype=np.float64),
-                np.ascontiguousarray(missing, dtype=np.int64),
-                np.ascontiguousarray(thr2, dtype=np.float64), self._y64, sums)
-        kernels = _kernels.KERNELS
-        assert kernels is not None
-        none = np.empty(0, dtype=np.int64)
-        edges = np.append(starts, ends[-1])
-        for i0, i1 in order.chunks(edges):
-            e0, e1 = int(starts[i0]), int(ends[i1 - 1])
-            if e1 <= e0:
-                continue
-            rows = np.ascontiguousarray(order.rows(e0, e1), dtype=np.int64) if need_rows \
-                else none
-            kernels.histogram_sums(np.ascontiguousarray(order.block_codes(e0, e1),
-                                                        dtype=np.int64),
-                                   np.ascontiguousarray(order.weights(e0, e1), dtype=np.int64),
-                                   rows, *args, book.cbits, S, 1 if classes else 0)
+        (code, cs, cm), (rows, rs, rm), (w, ws, wm) = order.fields()
+        kernels.histogram_blocks(code, cs, cm, rows, rs, rm, w, ws, wm,
+                                 np.ascontiguousarray(order.all_edges(), dtype=np.int64),
+                                 np.ascontiguousarray(blk, dtype=np.int64),
+                                 np.ascontiguousarray(order.feats.reshape(-1), dtype=np.int64),
+                                 np.ascontiguousarray(book.uniq_off, dtype=np.int64),
+                                 np.ascontiguousarray(book.uniq_all, dtype=np.float64),
+                                 np.ascontiguousarray(missing, dtype=np.int64),
+                                 np.ascontiguousarray(thr2, dtype=np.float64), self._y64, sums,
+                                 S, 1 if classes else 0)
         return sums
 
     def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int

@@ -190,6 +190,21 @@ class LevelOrder:
             raise RuntimeError("internal: the level order is compact and has no full keys")
         return self.key
 
+    def fields(self) -> tuple[tuple[np.ndarray, int, int], ...]:
+        """Where the entries' code, row and weight are kept, each as ``(array, shift, mask)``:
+        entry i's value is ``(array[i] >> shift) & mask`` (a packed key holds all three)."""
+        every = (1 << 64) - 1
+        cmask = (1 << self.cbits) - 1
+        if self.key is None:
+            if self._code is None or self._rows is None or self._w is None:
+                raise RuntimeError("internal: the level order has neither keys nor compact codes")
+            return (self._code, 0, every), (self._rows, 0, every), (self._w, 0, every)
+        if self.packed:
+            return (self.key, self.shift, cmask), (self.key, 8, self._rmask), (self.key, 0, 255)
+        if self._rows is None or self._w is None:  # pragma: no cover - set with unpacked keys
+            raise RuntimeError("internal: an unpacked level order without rows and weights")
+        return (self.key, 0, cmask), (self._rows, 0, every), (self._w, 0, every)
+
     def codes_at(self, idx: np.ndarray) -> np.ndarray:
         """Codes of the entries at positions ``idx``."""
         codes: np.ndarray = (self._full_key()[idx] >> self.shift) & ((1 << self.cbits) - 1)

@@ -13,6 +13,7 @@ import pytest
 from pg_cluster import Cluster, PostgresUnavailable
 
 from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
+from fedforest_secure import _kernels
 from fedforest_secure.pki import DevPKI, init_dev_pki
 
 
@@ -101,3 +102,14 @@ def make_db_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest
 def db_url(make_db_url: Callable[[str], str]) -> str:
     """A new server database on the test's backend."""
     return make_db_url("server")
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs with the compiled loops and with the numpy code they stand for
+    (``fedforest_secure._kernels``)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(_kernels, "KERNELS", None)
+    elif _kernels.KERNELS is None:
+        pytest.skip("the compiled loops are not built")
+    return str(request.param)

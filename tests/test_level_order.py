@@ -114,7 +114,7 @@ def test_compact_order_is_used_between_rounds(data: tuple[np.ndarray, np.ndarray
 
 
 def test_small_chunks_change_nothing(data: tuple[np.ndarray, np.ndarray],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                     monkeypatch: pytest.MonkeyPatch, kernels: str) -> None:
     X, y = data
     cfg = _cfg()
     ref = _run(cfg, X, y)
@@ -156,7 +156,7 @@ def test_inverse_table_equals_binary_search(w: list[int], fr: list[float]) -> No
 @pytest.mark.parametrize("subset", [False, True])
 def test_bins_by_entries_and_by_cuts_give_the_same_histogram(
         data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch,
-        subset: bool) -> None:
+        subset: bool, kernels: str) -> None:
     """Entries placed among the thresholds, or thresholds among the entries: the same bins
     and the same sums bit for bit, also when only some nodes are evaluated (the others'
     entries lie in between) and with a cut below every value (-inf: its bin is empty)."""

@@ -325,7 +325,8 @@ def test_histogram_before_the_levels_sketch_round_is_refused() -> None:
 @pytest.mark.parametrize("mode", ["full", "count", "gain", "moments"])
 @pytest.mark.parametrize("sort_ratio", [0.0, 1e9])  # sort for the round / search per entry
 def test_histogram_without_a_sorted_level_matches_the_sorted_one(
-        task: str, mode: str, sort_ratio: float, monkeypatch: pytest.MonkeyPatch) -> None:
+        task: str, mode: str, sort_ratio: float, monkeypatch: pytest.MonkeyPatch,
+        kernels: str) -> None:
     """A sketch round without features leaves the level unsorted: the histogram round is then
     answered by sorting for that round only or by one pass over the pairs, with the same bins
     (ties at a threshold included)."""
@@ -473,7 +474,8 @@ def _nan_table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
 @pytest.mark.parametrize("path", ["sorted-by-entries", "sorted-by-cuts", "unsorted-sort",
                                   "unsorted-search"])
 def test_missing_values_fill_one_last_bin_per_slot(path: str, all_missing: bool,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   kernels: str) -> None:
     """With missing values every full histogram has one more bin, the rows missing the
     slot's feature; each row counts in exactly one bin per slot (the DP sensitivity of a
     histogram stays one row per feature), and the secure sketch's counts leave them out.
