@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _impurity, _random_splits, _secure_cdf, _sketch
 from ._layouts import categorical_cuts, counts_block, moments_block
-from .errors import ProfileError, ProtocolError
+from .errors import InvalidMessage, ProfileError, ProtocolError
 from .protocol import Task, TaskKind
 
 if TYPE_CHECKING:  # config imports this module for METHODS: no import of config at run time
@@ -384,6 +384,10 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
     K = len(clients)
     cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
     P = disc[clients[0]]["sketch_points"].shape[2]
+    for k in clients:  # a list is NaN-padded at its end only
+        gap = np.isnan(disc[k]["sketch_points"])
+        if P > 1 and (gap[..., :-1] & ~gap[..., 1:]).any():
+            raise InvalidMessage(f"client {k}'s quantile sketch has a point after its padding")
     thr = np.empty((E, m, B - 1))
     # the clients' sketches are gathered a run of nodes at a time: never a K-fold copy
     step = max(1, _sketch.CHUNK_ENTRIES // max(K * P * m, 1))

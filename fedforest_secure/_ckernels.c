@@ -240,8 +240,31 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writa
     return 0;
 }
 
-/* A field of the level order's entries: an integer array of any width (numpy's uint8,
- * uint16, int32, int64...) read as (value >> shift) & mask: a packed key holds several. */
+/* 1 if len (bytes) is exactly 8 * a * b * c, every factor >= 0, computed without overflow */
+static int bytes_eq(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c)
+{
+    Py_ssize_t t;
+    if (a < 0 || b < 0 || c < 0 || __builtin_mul_overflow(a, b, &t)
+        || __builtin_mul_overflow(t, c, &t) || __builtin_mul_overflow(t, (Py_ssize_t)8, &t))
+        return 0;
+    return t == len;
+}
+
+/* 1 if len (bytes) is at least 8 * a * b, without overflow */
+static int bytes_at_least(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b)
+{
+    Py_ssize_t t;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &t)
+        || __builtin_mul_overflow(t, (Py_ssize_t)8, &t))
+        return 0;
+    return len >= t;
+}
+
+/* the largest sketch size, number of statistics or of bins a call takes */
+#define MAX_WIDTH ((Py_ssize_t)1 << 24)
+
+/* A field of the level order's entries: an integer array (numpy's uint8, uint16, uint32, or
+ * 64-bit) read as (value >> shift) & mask: a packed key holds several. */
 typedef struct {
     const char *p;
     Py_ssize_t n;
@@ -279,10 +302,12 @@ static int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned 
     fmt = view->format;
     if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
         fmt++;
-    if (strlen(fmt) != 1 || strchr("bBhHiIlLqQ", fmt[0]) == NULL
+    /* unsigned below 8 bytes (a signed byte of -3 is not a weight of 253); 8 bytes either */
+    if (strlen(fmt) != 1 || strchr(view->itemsize == 8 ? "lLqQ" : "BHI", fmt[0]) == NULL
         || (view->itemsize != 1 && view->itemsize != 2 && view->itemsize != 4
             && view->itemsize != 8) || shift < 0 || shift > 63) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous integer array", name);
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous integer array (unsigned "
+                     "below 8 bytes)", name);
         PyBuffer_Release(view);
         return -1;
     }
@@ -305,7 +330,8 @@ static PyObject *pooled_rows(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOnnnn", &o_pts, &o_w, &o_out, &R, &K, &P, &n_bins))
         return NULL;
-    if (R < 0 || K < 1 || P < 1 || n_bins < 2) {
+    if (R < 0 || K < 1 || P < 1 || n_bins < 2 || K > MAX_WIDTH || P > MAX_WIDTH
+        || n_bins > MAX_WIDTH) {
         PyErr_SetString(PyExc_ValueError, "pooled_rows: bad shape");
         return NULL;
     }
@@ -321,8 +347,8 @@ static PyObject *pooled_rows(PyObject *self, PyObject *args)
         return NULL;
     }
     W = (int64_t)K * P;
-    if (pts.len != (Py_ssize_t)(R * W * 8) || w.len != (Py_ssize_t)(R * K * 8)
-        || out.len != (Py_ssize_t)(R * (n_bins - 1) * 8)) {
+    if (!bytes_eq(pts.len, R, K, P) || !bytes_eq(w.len, R, K, 1)
+        || !bytes_eq(out.len, R, n_bins - 1, 1)) {
         PyErr_SetString(PyExc_ValueError, "pooled_rows: array sizes do not match the shape");
         goto fail;
     }
@@ -377,8 +403,8 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OnKOOOOOnn", &o_w, &w_shift, &w_mask, &o_start, &o_end,
                           &o_wanted, &o_pos, &o_slot, &n_points, &r))
         return NULL;
-    if (n_points < 1) {
-        PyErr_SetString(PyExc_ValueError, "sketch_positions: n_points must be >= 1");
+    if (n_points < 1 || n_points > MAX_WIDTH) {
+        PyErr_SetString(PyExc_ValueError, "sketch_positions: n_points must be in [1, 2^24]");
         return NULL;
     }
     if (get_field(o_w, &w, w_shift, w_mask, &wf, "weights") != 0)
@@ -395,8 +421,8 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
         goto fail4;
     n = wf.n;
     nb = st.len / 8;
-    if (en.len != st.len || wa.len != st.len || pos_b.len < nb * (n_points + 1) * 8
-        || slot_b.len < nb * (n_points + 1) * 8) {
+    if (en.len != st.len || wa.len != st.len || !bytes_at_least(pos_b.len, nb, n_points + 1)
+        || !bytes_at_least(slot_b.len, nb, n_points + 1)) {
         PyErr_SetString(PyExc_ValueError, "sketch_positions: array sizes do not match");
         goto fail5;
     }
@@ -411,8 +437,11 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
             bad = 1;
             break;
         }
-        for (j = s0; j < e0; j++)
-            total += fget(&wf, j);
+        for (j = s0; j < e0 && !bad; j++)
+            if (__builtin_add_overflow(total, fget(&wf, j), &total) || total < 0)
+                bad = 1;
+        if (bad)
+            break;
         bk = n_points;
         if (r >= 1) {
             bk = total / r;
@@ -424,7 +453,13 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
         pos = s0;
         cum = fget(&wf, s0);
         for (b = 0; b <= bk; b++) {
-            int64_t target = (b * total + bk - 1) / bk;
+            int64_t target;
+            if (__builtin_mul_overflow(b, total, &target)
+                || __builtin_add_overflow(target, bk - 1, &target)) {
+                bad = 1;
+                break;
+            }
+            target /= bk;
             if (target < 1)
                 target = 1;
             while (cum < target && pos + 1 < e0)
@@ -433,10 +468,13 @@ static PyObject *sketch_positions(PyObject *self, PyObject *args)
             so[k] = i * (n_points + 1) + b;
             k++;
         }
+        if (bad)
+            break;
     }
     Py_END_ALLOW_THREADS
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "sketch_positions: a block lies outside the weights");
+        PyErr_SetString(PyExc_ValueError,
+                        "sketch_positions: a block lies outside the weights, or they overflow");
         goto fail5;
     }
     PyBuffer_Release(&w);
@@ -500,9 +538,10 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
     nu = v[4].len / 8;
     ny = v[7].len / 8;
     W = n_eval > 0 ? (v[6].len / 8) / n_eval : 0;
-    if (S < 1 || (mode != 0 && mode != 1) || v[0].len != (nblk + 1) * 8 || nf < 0
-        || (v[5].len != 0 && v[5].len != nf * 8) || v[6].len != n_eval * W * 8
-        || v[8].len != n_eval * (W + 1) * S * 8 || fl[1].n != fl[0].n || fl[2].n != fl[0].n) {
+    if (S < 1 || S > MAX_WIDTH || (mode != 0 && mode != 1) || !bytes_eq(v[0].len, nblk + 1, 1, 1)
+        || nf < 0 || (v[5].len != 0 && !bytes_eq(v[5].len, nf, 1, 1))
+        || !bytes_eq(v[6].len, n_eval, W, 1) || !bytes_eq(v[8].len, n_eval, W + 1, S)
+        || fl[1].n != fl[0].n || fl[2].n != fl[0].n) {
         PyErr_SetString(PyExc_ValueError, "histogram_blocks: array sizes do not match");
         goto done;
     }
@@ -534,8 +573,8 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
                 if (miss != NULL && code >= miss[f]) {
                     bin = W; /* past every threshold: the missing rows' own bin */
                 } else {
-                    at = uoff[f] + code;
-                    if (at < 0 || at >= nu) {
+                    if (code < 0 || code >= nu || uoff[f] < 0 || uoff[f] >= nu
+                        || (at = uoff[f] + code) >= nu) {
                         bad = 1;
                         break;
                     }
@@ -565,11 +604,11 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
                         bad = 1;
                         break;
                     }
-                    c = (int64_t)y[r];
-                    if (c < 0 || c >= S) {
+                    if (!(y[r] >= 0 && y[r] < (double)S)) { /* NaN fails too */
                         bad = 1;
                         break;
                     }
+                    c = (int64_t)y[r];
                     out[(q * (W + 1) + bin) * S + c] += wi;
                 }
             }
@@ -627,9 +666,10 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
     nf = v[6].len / 8 - 1;
     nu = v[7].len / 8;
     nc = v[8].len / 8;
-    if (m < 1 || S < 1 || (mode != 0 && mode != 1) || n_rows < 0 || v[1].len != v[0].len
-        || v[2].len != v[0].len || v[4].len != E * m * 8 || v[5].len != E * m * W * 8
-        || out.len != E * m * nb * S * 8 || nf < 0) {
+    if (m < 1 || m > MAX_WIDTH || S < 1 || S > MAX_WIDTH || (mode != 0 && mode != 1)
+        || n_rows < 0 || v[1].len != v[0].len || v[2].len != v[0].len
+        || !bytes_eq(v[4].len, E, m, 1) || !bytes_eq(v[5].len, E * m, W, 1)
+        || !bytes_eq(out.len, E * m, nb, S) || nf < 0 || !bytes_at_least(v[8].len, nf, n_rows)) {
         PyErr_SetString(PyExc_ValueError, "grid_sums: array sizes do not match");
         goto done;
     }
@@ -654,6 +694,10 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
                 e = pos[nd];
                 if (e < 0)
                     continue;
+                if (e >= E) {
+                    bad = 1;
+                    break;
+                }
                 f = feats[e * m + s];
                 if (f < 0)
                     continue;
@@ -668,8 +712,8 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
                         continue;
                     bin = W + 1;
                 } else {
-                    at = uoff[f] + code;
-                    if (at < 0 || at >= nu) {
+                    if (code < 0 || code >= nu || uoff[f] < 0 || uoff[f] >= nu
+                        || (at = uoff[f] + code) >= nu) {
                         bad = 1;
                         break;
                     }
@@ -699,11 +743,12 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
                             cell[2] += wy * y[r];
                     }
                 } else {
-                    int64_t c = (int64_t)y[r];
-                    if (c < 0 || c >= S) {
+                    int64_t c;
+                    if (!(y[r] >= 0 && y[r] < (double)S)) { /* NaN fails too */
                         bad = 1;
                         break;
                     }
+                    c = (int64_t)y[r];
                     cell[c] += wi;
                 }
             }
@@ -756,8 +801,8 @@ static PyObject *marginal_at(PyObject *self, PyObject *args)
     N = v[2].len / 8;
     F = L > 0 ? (v[0].len / 8) / L : 0;
     J = N > 0 ? (v[3].len / 8) / N : 0;
-    if (L < 1 || (mode != 0 && mode != 1) || v[0].len != F * L * 8 || v[1].len != v[0].len
-        || v[3].len != N * J * 8 || v[4].len != v[3].len) {
+    if (L < 1 || (mode != 0 && mode != 1) || !bytes_eq(v[0].len, F, L, 1)
+        || v[1].len != v[0].len || !bytes_eq(v[3].len, N, J, 1) || v[4].len != v[3].len) {
         PyErr_SetString(PyExc_ValueError, "marginal_at: array sizes do not match");
         goto done;
     }
@@ -842,8 +887,9 @@ static PyObject *grid_picks(PyObject *self, PyObject *args)
             goto done;
     Q = v[0].len / 8;
     R = v[2].len / 8;
-    if (B < 2 || W < 1 || v[1].len != R * (W + 1) * 8 || v[3].len != R * W * 8
-        || v[4].len != R * 8 || v[5].len != Q * (B - 1) * 8) {
+    if (B < 2 || B > MAX_WIDTH || W < 1 || !bytes_eq(v[1].len, R, W + 1, 1)
+        || !bytes_eq(v[3].len, R, W, 1) || !bytes_eq(v[4].len, R, 1, 1)
+        || !bytes_eq(v[5].len, Q, B - 1, 1) || (Q > 0 && R < 1)) {
         PyErr_SetString(PyExc_ValueError, "grid_picks: array sizes do not match");
         goto done;
     }
@@ -951,8 +997,10 @@ static PyObject *encode_values(PyObject *self, PyObject *args)
                 int64_t bits;
                 memcpy(&bits, &t, 8);
                 out[j] = bits - magic_bits;
-            } else {
+            } else if (fabs(x) < 0x1p63) {
                 out[j] = (int64_t)nearbyint(x);
+            } else { /* NaN, infinite or beyond int64 (unchecked): numpy's cast gives INT64_MIN */
+                out[j] = INT64_MIN;
             }
         }
     }

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels
+from .errors import InvalidMessage
 
 __all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_HEAVY_ROWS", "Marginal", "SecureCdfPlanner"]
 
@@ -306,6 +307,8 @@ class SecureCdfPlanner:
         R = self.R
         W = self.edges.shape[1]
         c = np.maximum(counts.reshape(R, -1), 0.0)
+        if (c > 2.0**53).any():  # beyond exact counting: a crafted sum, not rows
+            raise InvalidMessage("a grid cell's pooled count exceeds 2^53 rows")
         w = min(c.shape[1], W + 1)
         if c.shape[1] == W + 1:
             got = c

@@ -43,6 +43,8 @@ KEEP_ORDER_BYTES = 32 << 20
 #: SORT_RATIO thresholds per (pair, slot) entry (measured: the sort costs about as much per
 #: entry as the search, and each threshold about as much again)
 SORT_RATIO = 1.25
+#: the most quantile points a sketch round may ask per (node, slot) (the compiled loops' limit)
+MAX_SKETCH_POINTS = 1 << 24
 
 
 class Worker:
@@ -438,7 +440,11 @@ class Worker:
         out: dict[str, np.ndarray] = {}
         if "sketch_points" in want or "top_l" in want:
             rows_per_point = int(self._profile.get("rows_per_sketch_point", 0) or 0)
-            pts = stats.quantile_points(feats, int(task.params["n_points"]), rows_per_point)
+            n_points = int(task.params["n_points"])
+            if not 1 <= n_points <= MAX_SKETCH_POINTS:
+                raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
+                                    f"{MAX_SKETCH_POINTS}")
+            pts = stats.quantile_points(feats, n_points, rows_per_point)
             if "sketch_points" in want:
                 out["sketch_points"] = pts
                 out["sketch_counts"] = counts
@@ -650,7 +656,8 @@ def _frequency_weights(sample_weight: Any, n: int, dp: bool) -> np.ndarray | Non
     Raises
     ------
     SchemaError
-        Not one finite, non-negative integer per row, or (``dp``) a weight above 1.
+        Not one finite, non-negative integer per row, (``dp``) a weight above 1, or weights
+        adding up to more than 2^40 rows.
     """
     if sample_weight is None:
         return None
@@ -663,4 +670,7 @@ def _frequency_weights(sample_weight: Any, n: int, dp: bool) -> np.ndarray | Non
     if dp and (w > 1).any():
         raise SchemaError("under differential privacy a row counts at most once: "
                           "sample_weight may only be 0 or 1")
+    if w.sum() > 2.0**40:  # counts stay exact in float64 and in the ring, with room to sum
+        raise SchemaError(f"sample_weight adds up to {w.sum():.3g} rows; at most 2^40 "
+                          "(about 1.1e12) rows per client")
     return w.astype(np.int64)

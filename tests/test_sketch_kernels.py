@@ -12,13 +12,17 @@ import pytest
 from fedforest_secure import (
     FedForestClassifier,
     FedForestRegressor,
+    _candidates,
     _grid_stats,
     _kernels,
     _secure_cdf,
     _sketch,
 )
-from fedforest_secure.errors import OverflowRisk
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import InvalidMessage, OverflowRisk, ProtocolError, SchemaError
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.secagg import RingCodec
+from fedforest_secure.worker import Worker
 
 pytestmark = pytest.mark.skipif(_kernels.compiled() is None,
                                 reason="the compiled kernels are not built")
@@ -257,3 +261,83 @@ def test_ring_encoding_is_the_same_with_and_without_the_compiled_kernels(
             codec.encode_divided(bad, divisor)
         messages.append(str(err.value))
     assert messages[0] == messages[1] and f"value[{n - 3}]" in messages[0]
+
+
+def test_a_sketch_with_a_point_after_its_padding_is_refused(kernels: str) -> None:
+    """A client's quantile list is padded with NaN at its end only: a value after a NaN (a
+    crafted upload) is refused, not read one way by numpy and another by the compiled loop."""
+    disc = {0: {"sketch_points": np.array([[[np.nan, 1.1, np.nan, np.nan, -1.1]]]),
+                "sketch_counts": np.array([2.0])},
+            1: {"sketch_points": np.array([[[0.0, 0.5, 1.0, np.nan, np.nan]]]),
+                "sketch_counts": np.array([3.0])}}
+    with pytest.raises(InvalidMessage, match="after its padding"):
+        _candidates.pooled_sketch_candidates(disc, np.array([0]), np.zeros((1, 1), int), 5)
+
+
+def test_pooled_cell_counts_beyond_any_table_are_refused(kernels: str) -> None:
+    """Counts that no table can hold (a crafted plain-sum upload: 1e308 rows) are refused
+    before the CDF's running sums overflow."""
+    plan = _secure_cdf.SecureCdfPlanner(np.zeros((1, 1)), np.ones((1, 1)), np.zeros((1, 1), int),
+                                        np.zeros(1, dtype=bool), np.array([100.0]), 8, 0)
+    W = plan.next_grid().shape[2]  # type: ignore[union-attr]
+    counts = np.ones((1, 1, W + 1))
+    counts[0, 0, 1] = 1e308
+    with pytest.raises(InvalidMessage, match="2\\^53"):
+        plan.receive(counts)
+
+
+def test_frequency_weights_beyond_2_40_rows_are_refused() -> None:
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 3)), rng.normal(size=60)
+    w = np.ones(60)
+    w[:10] = 2.0**61
+    with pytest.raises(SchemaError, match="2\\^40"):
+        FedForestRegressor(n_estimators=2, max_depth=3, bootstrap=False, profile="open").fit(
+            X, y, client=np.arange(60) % 3, sample_weight=w)
+
+
+def test_sizes_whose_byte_counts_overflow_are_refused() -> None:
+    """Shapes chosen so that their byte counts wrap around 2^64 (each crashed the process
+    before the checks multiplied without overflow)."""
+    K = _kernels.compiled()
+    assert K is not None
+    z0, z1 = np.zeros(0), np.zeros(1)
+    i0, i1 = np.zeros(0, np.int64), np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="bad shape"):
+        K.pooled_rows(z0, z0, z1, 1, 2**61, 1, 2)
+    with pytest.raises(ValueError, match="pooled_rows: array sizes"):
+        K.pooled_rows(z0, z0, z1, 2**40, 2**20, 2**20, 2)
+    with pytest.raises(ValueError, match="n_points"):
+        K.sketch_positions(np.ones(4, np.uint8), 0, 255, i1, np.array([4]), i1, i0, i0,
+                           2**61 - 1, 0)
+    with pytest.raises(ValueError, match="sketch_positions: array sizes"):
+        K.sketch_positions(np.ones(4, np.uint8), 0, 255, i1, np.array([4]), i1, i0, i0, 7, 0)
+    with pytest.raises(ValueError, match="histogram_blocks: array sizes"):
+        K.histogram_blocks(np.zeros(4, np.uint16), 0, 2**16 - 1, np.zeros(4, np.uint16), 0,
+                           2**16 - 1, np.ones(4, np.uint8), 0, 255, np.array([0, 2, 4]),
+                           np.array([0, 1]), np.zeros(2, np.int64), np.array([0, 1]), z1, i0,
+                           np.zeros(0), z1, z0, 2**60, 0)
+    with pytest.raises(ValueError, match="out of range"):  # a node's row past the grid
+        K.grid_sums(i1, i1, i1, np.array([1 << 40]), i1, z0, np.array([0, 1]), z1, i1, z1,
+                    np.zeros(1), 1, 1, 1, 0, 0, 0)
+    with pytest.raises(ValueError, match="grid_picks: array sizes"):
+        K.grid_picks(i1, np.zeros(2), z1, z1, i1 + 2, np.zeros(0, np.int64), 2**61 + 1, 1)
+    with pytest.raises(ValueError, match="grid_picks: array sizes"):
+        K.grid_picks(i1, np.zeros(2), z1, z1, i1 + 2, i0, 3, 2**61 + 1)
+
+
+@pytest.mark.parametrize("n_points", [0, -3, 2**30])
+def test_a_sketch_of_no_points_or_too_many_is_refused(kernels: str, n_points: int) -> None:
+    """A coordinator's sketch round asks 1 .. 2^24 points per (node, slot); anything else is
+    refused the same way whichever code would answer."""
+    cfg = JobConfig(job_id="j", task="regression", n_features=2, n_clients=1, n_estimators=1,
+                    max_features=2, n_bins=8, profile={"name": "open"})
+    rng = np.random.default_rng(0)
+    w = Worker(cfg, rng.normal(size=(30, 2)), rng.normal(size=30), client_index=0, seed=1)
+    task = Task(job_id="j", round_id=1, kind=TaskKind.SKETCH, level=0,
+                params={"n_nodes": 1, "n_points": n_points},
+                arrays={"features": np.array([[0, 1]])},
+                layout=(Block("totals", (1, 3), (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)),),
+                disclose=("sketch_points",))
+    with pytest.raises(ProtocolError, match="points was asked"):
+        w.handle(task)
