@@ -384,119 +384,113 @@ fail:
 }
 
 /* The worker's quantile sketch (fedforest_secure._level_stats.LevelStatistics.quantile_points):
- * for every block [start[i], end[i]) of the level's sorted entries with positive integer
- * weights (a field, see field), where wanted[i], the positions of its B_k + 1 quantile points
- * Q(b / B_k), b = 0..B_k: the first entry whose cumulative weight within the block reaches
- * max(ceil(b W / B_k), 1) (W the block's weight), at most the block's last entry. B_k is
- * n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that is 0).
- * Point b of block i is written as slot i * (n_points + 1) + b into slot[k] and its position
- * into pos[k], k = 0, 1, ... (both at least n_blocks * (n_points + 1) long); returns k. */
-static PyObject *sketch_positions(PyObject *self, PyObject *args)
+ * for every block i of the level's sorted order (entries edges[i] .. edges[i + 1], positive
+ * integer weights and codes read from fields, see field) where wanted[i], its B_k + 1
+ * quantile points Q(b / B_k), b = 0..B_k: the value of the first entry whose cumulative
+ * weight within the block reaches max(ceil(b W / B_k), 1) (W the block's weight), at most the
+ * block's last entry. Missing values (code >= missing[f], the block's last entries) are left
+ * out. B_k is n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that
+ * is 0). A value is uniq_all[uniq_off[f] + code], f = feat[i]; out (n_blocks, n_points + 1)
+ * gets them (its other slots are left as they are). */
+static PyObject *sketch_values(PyObject *self, PyObject *args)
 {
-    PyObject *o_w, *o_start, *o_end, *o_wanted, *o_pos, *o_slot;
-    Py_ssize_t n_points, r, w_shift;
-    unsigned long long w_mask;
-    Py_buffer w, st, en, wa, pos_b, slot_b;
-    Py_ssize_t nb, n, i, bad = 0, k = 0;
-    field wf;
+    PyObject *of[2], *o[7];
+    Py_buffer vf[2], v[7];
+    Py_ssize_t sh[2], n_points, r, nblk, nf, nu, i;
+    unsigned long long mk[2];
+    field fl[2];
+    int k, gotf = 0, got = 0, bad = 0;
+    static const char *fmt[7] = {"q", "q", "q", "q", "d", "q", "d"};
+    static const char *name[7] = {"edges", "wanted", "feat", "uniq_off", "uniq_all", "missing",
+                                  "out"};
+    static const char *fname[2] = {"weights", "codes"};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OnKOOOOOnn", &o_w, &w_shift, &w_mask, &o_start, &o_end,
-                          &o_wanted, &o_pos, &o_slot, &n_points, &r))
+    if (!PyArg_ParseTuple(args, "OnKOnKOOOOOOOnn", &of[0], &sh[0], &mk[0], &of[1], &sh[1],
+                          &mk[1], &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &n_points,
+                          &r))
         return NULL;
-    if (n_points < 1 || n_points > MAX_WIDTH) {
-        PyErr_SetString(PyExc_ValueError, "sketch_positions: n_points must be in [1, 2^24]");
-        return NULL;
-    }
-    if (get_field(o_w, &w, w_shift, w_mask, &wf, "weights") != 0)
-        return NULL;
-    if (get_buffer(o_start, &st, "q", 0, "start") != 0)
-        goto fail0;
-    if (get_buffer(o_end, &en, "q", 0, "end") != 0)
-        goto fail1;
-    if (get_buffer(o_wanted, &wa, "q", 0, "wanted") != 0)
-        goto fail2;
-    if (get_buffer(o_pos, &pos_b, "q", 1, "pos") != 0)
-        goto fail3;
-    if (get_buffer(o_slot, &slot_b, "q", 1, "slot") != 0)
-        goto fail4;
-    n = wf.n;
-    nb = st.len / 8;
-    if (en.len != st.len || wa.len != st.len || !bytes_at_least(pos_b.len, nb, n_points + 1)
-        || !bytes_at_least(slot_b.len, nb, n_points + 1)) {
-        PyErr_SetString(PyExc_ValueError, "sketch_positions: array sizes do not match");
-        goto fail5;
+    for (k = 0; k < 2; k++, gotf++)
+        if (get_field(of[k], &vf[k], sh[k], mk[k], &fl[k], fname[k]) != 0)
+            goto done;
+    for (k = 0; k < 7; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 6, name[k]) != 0)
+            goto done;
+    nblk = v[1].len / 8;
+    nf = v[3].len / 8 - 1;
+    nu = v[4].len / 8;
+    if (n_points < 1 || n_points > MAX_WIDTH || !bytes_eq(v[0].len, nblk + 1, 1, 1)
+        || v[2].len != v[1].len || nf < 0 || (v[5].len != 0 && !bytes_eq(v[5].len, nf, 1, 1))
+        || !bytes_eq(v[6].len, nblk, n_points + 1, 1) || fl[1].n != fl[0].n) {
+        PyErr_SetString(PyExc_ValueError, "sketch_values: array sizes do not match");
+        goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < nb; i++) {
-        int64_t s0 = ((const int64_t *)st.buf)[i], e0 = ((const int64_t *)en.buf)[i];
-        int64_t *po = (int64_t *)pos_b.buf, *so = (int64_t *)slot_b.buf;
-        int64_t j, b, bk, total = 0, cum, pos;
-        if (!((const int64_t *)wa.buf)[i] || e0 <= s0)
-            continue;
-        if (s0 < 0 || e0 > n) {
-            bad = 1;
-            break;
-        }
-        for (j = s0; j < e0 && !bad; j++)
-            if (__builtin_add_overflow(total, fget(&wf, j), &total) || total < 0)
-                bad = 1;
-        if (bad)
-            break;
-        bk = n_points;
-        if (r >= 1) {
-            bk = total / r;
-            if (bk > n_points)
-                bk = n_points;
-            if (bk < 1)
+    {
+        const int64_t *edges = v[0].buf, *wanted = v[1].buf, *feat = v[2].buf,
+                      *uoff = v[3].buf, *miss = v[5].len ? v[5].buf : NULL;
+        const double *uall = v[4].buf;
+        double *out = v[6].buf;
+        for (i = 0; i < nblk && !bad; i++) {
+            int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i], j, b, bk, total = 0, cum,
+                    pos;
+            double *o2 = out + i * (n_points + 1);
+            if (!wanted[i] || e0 <= s0)
                 continue;
-        }
-        pos = s0;
-        cum = fget(&wf, s0);
-        for (b = 0; b <= bk; b++) {
-            int64_t target;
-            if (__builtin_mul_overflow(b, total, &target)
-                || __builtin_add_overflow(target, bk - 1, &target)) {
+            if (s0 < 0 || e0 > fl[0].n || f < 0 || f >= nf || uoff[f] < 0 || uoff[f] >= nu) {
                 bad = 1;
                 break;
             }
-            target /= bk;
-            if (target < 1)
-                target = 1;
-            while (cum < target && pos + 1 < e0)
-                cum += fget(&wf, ++pos);
-            po[k] = pos;
-            so[k] = i * (n_points + 1) + b;
-            k++;
+            if (miss != NULL) /* missing codes sort last in a block: the sketch ignores them */
+                while (e0 > s0 && fget(&fl[1], e0 - 1) >= miss[f])
+                    e0--;
+            for (j = s0; j < e0 && !bad; j++)
+                if (__builtin_add_overflow(total, fget(&fl[0], j), &total) || total < 0)
+                    bad = 1;
+            if (bad || e0 <= s0)
+                continue;
+            bk = n_points;
+            if (r >= 1) {
+                bk = total / r;
+                if (bk > n_points)
+                    bk = n_points;
+                if (bk < 1)
+                    continue;
+            }
+            pos = s0;
+            cum = fget(&fl[0], s0);
+            for (b = 0; b <= bk; b++) {
+                int64_t target, code;
+                if (__builtin_mul_overflow(b, total, &target)
+                    || __builtin_add_overflow(target, bk - 1, &target)) {
+                    bad = 1;
+                    break;
+                }
+                target /= bk;
+                if (target < 1)
+                    target = 1;
+                while (cum < target && pos + 1 < e0)
+                    cum += fget(&fl[0], ++pos);
+                code = fget(&fl[1], pos);
+                if (code < 0 || code >= nu - uoff[f]) {
+                    bad = 1;
+                    break;
+                }
+                o2[b] = uall[uoff[f] + code];
+            }
         }
-        if (bad)
-            break;
     }
     Py_END_ALLOW_THREADS
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError,
-                        "sketch_positions: a block lies outside the weights, or they overflow");
-        goto fail5;
-    }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&st);
-    PyBuffer_Release(&en);
-    PyBuffer_Release(&wa);
-    PyBuffer_Release(&pos_b);
-    PyBuffer_Release(&slot_b);
-    return PyLong_FromSsize_t(k);
-fail5:
-    PyBuffer_Release(&slot_b);
-fail4:
-    PyBuffer_Release(&pos_b);
-fail3:
-    PyBuffer_Release(&wa);
-fail2:
-    PyBuffer_Release(&en);
-fail1:
-    PyBuffer_Release(&st);
-fail0:
-    PyBuffer_Release(&w);
-    return NULL;
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "sketch_values: a block, code or weight is out of "
+                        "range, or the weights overflow");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    for (k = 0; k < gotf; k++)
+        PyBuffer_Release(&vf[k]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* The worker's histogram (fedforest_secure._level_stats.LevelStatistics._histogram): every
@@ -1017,10 +1011,9 @@ static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
      "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
-    {"sketch_positions", sketch_positions, METH_VARARGS,
-     "sketch_positions(weights, shift, mask, start, end, wanted, pos, slot, n_points, r) -> "
-     "count: the "
-     "positions of every wanted block's quantile points and their slots."},
+    {"sketch_values", sketch_values, METH_VARARGS,
+     "sketch_values(weights, shift, mask, codes, shift, mask, edges, wanted, feat, uniq_off, "
+     "uniq_all, missing, out, n_points, r): every wanted block's quantile points into out."},
     {"histogram_blocks", histogram_blocks, METH_VARARGS,
      "histogram_blocks(codes, shift, mask, rows, shift, mask, weights, shift, mask, edges, "
      "blocks, feat, uniq_off, uniq_all, missing, thr, y, out, S, mode): every evaluated "

@@ -2,9 +2,10 @@ import numpy as np
 
 def pooled_rows(points: np.ndarray, weights: np.ndarray, out: np.ndarray, R: int, K: int,
                 P: int, n_bins: int, /) -> None: ...
-def sketch_positions(weights: np.ndarray, weight_shift: int, weight_mask: int,
-                     start: np.ndarray, end: np.ndarray, wanted: np.ndarray, pos: np.ndarray,
-                     slot: np.ndarray, n_points: int, r: int, /) -> int: ...
+def sketch_values(weights: np.ndarray, weight_shift: int, weight_mask: int, codes: np.ndarray,
+                  code_shift: int, code_mask: int, edges: np.ndarray, wanted: np.ndarray,
+                  feat: np.ndarray, uniq_off: np.ndarray, uniq_all: np.ndarray,
+                  missing: np.ndarray, out: np.ndarray, n_points: int, r: int, /) -> None: ...
 def histogram_blocks(codes: np.ndarray, code_shift: int, code_mask: int, rows: np.ndarray,
                      row_shift: int, row_mask: int, weights: np.ndarray, weight_shift: int,
                      weight_mask: int, edges: np.ndarray, blocks: np.ndarray,

@@ -94,6 +94,17 @@ class LevelStatistics:
         fl = feats.reshape(-1)
         wanted = cont[fl.clip(0)] & (fl >= 0)
         r = rows_per_point
+        if _kernels.KERNELS is not None:  # every block in one pass, values written in place
+            (code, cs, cm), _, (w, ws, wm) = order.fields()
+            book = self.book
+            missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
+            _kernels.KERNELS.sketch_values(
+                w, ws, wm, code, cs, cm, np.ascontiguousarray(edges, dtype=np.int64),
+                wanted.astype(np.int64), np.ascontiguousarray(fl, dtype=np.int64),
+                np.ascontiguousarray(book.uniq_off, dtype=np.int64),
+                np.ascontiguousarray(book.uniq_all, dtype=np.float64),
+                np.ascontiguousarray(missing, dtype=np.int64), out, n_points, r)
+            return out.reshape(n_nodes, m, n_points + 1)
         for b0, b1 in order.chunks(edges):
             e0, e1 = int(edges[b0]), int(edges[b1])
             if e1 == e0:
@@ -105,20 +116,6 @@ class LevelStatistics:
                 end = np.minimum(end, order.search((blk << self.book.cbits) | mcode, e0, e1))
                 end = np.maximum(end, start)
             fslots = fl[b0:b1]
-            if _kernels.KERNELS is not None:
-                room = (b1 - b0) * (n_points + 1)
-                pos, slot = np.empty(room, dtype=np.int64), np.empty(room, dtype=np.int64)
-                w, ws, wm = order.fields()[2]
-                k = _kernels.KERNELS.sketch_positions(
-                    w, ws, wm, np.ascontiguousarray(start + e0, dtype=np.int64),
-                    np.ascontiguousarray(end + e0, dtype=np.int64),
-                    wanted[b0:b1].astype(np.int64), pos, slot, n_points, r)
-                pos, slot = pos[:k], slot[:k]
-                code = order.codes_at(pos)
-                code += self.book.uniq_off[fslots[slot // (n_points + 1)]]
-                slot += b0 * (n_points + 1)
-                out.ravel()[slot] = self.book.uniq_all[code]
-                continue
             w = order.weights(e0, e1)
             cw0 = np.empty(w.size + 1, dtype=np.int64)  # cumulative weights, 0 first
             cw0[0] = 0

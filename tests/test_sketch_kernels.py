@@ -307,11 +307,11 @@ def test_sizes_whose_byte_counts_overflow_are_refused() -> None:
         K.pooled_rows(z0, z0, z1, 1, 2**61, 1, 2)
     with pytest.raises(ValueError, match="pooled_rows: array sizes"):
         K.pooled_rows(z0, z0, z1, 2**40, 2**20, 2**20, 2)
-    with pytest.raises(ValueError, match="n_points"):
-        K.sketch_positions(np.ones(4, np.uint8), 0, 255, i1, np.array([4]), i1, i0, i0,
-                           2**61 - 1, 0)
-    with pytest.raises(ValueError, match="sketch_positions: array sizes"):
-        K.sketch_positions(np.ones(4, np.uint8), 0, 255, i1, np.array([4]), i1, i0, i0, 7, 0)
+    u8, u16 = np.ones(4, np.uint8), np.zeros(4, np.uint16)
+    for n_points, out in ((2**61 - 1, z0), (8, np.zeros(8))):  # 8 bytes x (2^61) wraps to 0
+        with pytest.raises(ValueError, match="sketch_values: array sizes"):
+            K.sketch_values(u8, 0, 255, u16, 0, 2**16 - 1, np.array([0, 4]), i1 + 1, i1,
+                            np.array([0, 1]), z1, i0, out, n_points, 0)
     with pytest.raises(ValueError, match="histogram_blocks: array sizes"):
         K.histogram_blocks(np.zeros(4, np.uint16), 0, 2**16 - 1, np.zeros(4, np.uint16), 0,
                            2**16 - 1, np.ones(4, np.uint8), 0, 255, np.array([0, 2, 4]),
