@@ -122,7 +122,7 @@ struct scratch {
 };
 
 /* One row: points flat (K, P) NaN-padded, weights (K,), the B - 1 cuts into out. */
-static void one_row(const double *flat, const double *weights, int64_t K, int64_t P,
+static int one_row(const double *flat, const double *weights, int64_t K, int64_t P,
                     int64_t n_bins, double *out, struct scratch *sc)
 {
     int64_t c, j, k, b, n = 0, i, e, last_e = -1;
@@ -138,22 +138,25 @@ static void one_row(const double *flat, const double *weights, int64_t K, int64_
         const double *p = flat + c * P;
         int64_t npts = 0, nseg;
         double mass;
-        for (j = 0; j < P; j++)
-            npts += !isnan(p[j]);
+        while (npts < P && !isnan(p[npts])) /* the list: its points before the NaN padding */
+            npts++;
+        for (j = npts; j < P; j++)
+            if (!isnan(p[j])) /* a point after the padding: the caller refuses such lists */
+                return -1;
         nseg = npts - 1 > 0 ? npts - 1 : 0;
         mass = nseg > 0 ? weights[c] / (double)(nseg > 1 ? nseg : 1) : 0.0;
-        for (j = 0; j < P; j++) {
-            double length = j == P - 1 ? NAN : p[j + 1] - p[j];
+        prev_slope = 0.0; /* the slot before a list's first point (padding or a list's last
+                           * point, which starts no segment) has slope 0 */
+        for (j = 0; j < npts; j++) {
+            double length = j == npts - 1 ? NAN : p[j + 1] - p[j];
             double sl = length > 0 ? mass / length : 0.0;
-            if (!isnan(p[j])) {
-                pts[n].v = p[j];
-                pts[n].i = n;
-                dsp[n] = sl - prev_slope;
-                djp[n] = mass * (double)(length == 0);
-                if (npts == 1 && j == 0)
-                    djp[n] += weights[c];
-                n++;
-            }
+            pts[n].v = p[j];
+            pts[n].i = n;
+            dsp[n] = sl - prev_slope;
+            djp[n] = mass * (double)(length == 0);
+            if (npts == 1)
+                djp[n] += weights[c];
+            n++;
             if (sl > slope_max)
                 slope_max = sl;
             prev_slope = sl;
@@ -162,7 +165,7 @@ static void one_row(const double *flat, const double *weights, int64_t K, int64_
     for (b = 0; b < nt; b++)
         out[b] = INFINITY;
     if (n == 0)
-        return;
+        return 0;
     pts = stable_sort(pts, sc->tmp, sc->runs, n);
     tiny = 1e-12 * (slope_max > 1e-300 ? slope_max : 1e-300);
     for (k = 0; k < n; k++)
@@ -219,6 +222,7 @@ static void one_row(const double *flat, const double *weights, int64_t K, int64_
         if (out[b] == out[b - 1])
             out[b] = INFINITY;
     sort_short(out, nt);
+    return 0;
 }
 
 static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writable,
@@ -326,6 +330,7 @@ static PyObject *pooled_rows(PyObject *self, PyObject *args)
     Py_buffer pts, w, out;
     struct scratch sc;
     int64_t W, r;
+    int bad = 0;
     char *mem;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOnnnn", &o_pts, &o_w, &o_out, &R, &K, &P, &n_bins))
@@ -367,11 +372,16 @@ static PyObject *pooled_rows(PyObject *self, PyObject *args)
     sc.tmp = sc.pts + W;
     sc.runs = (int64_t *)(sc.tmp + W);
     Py_BEGIN_ALLOW_THREADS
-    for (r = 0; r < R; r++)
-        one_row((const double *)pts.buf + r * W, (const double *)w.buf + r * K, K, P, n_bins,
-                (double *)out.buf + r * (n_bins - 1), &sc);
+    for (r = 0; r < R && !bad; r++)
+        bad = one_row((const double *)pts.buf + r * W, (const double *)w.buf + r * K, K, P,
+                      n_bins, (double *)out.buf + r * (n_bins - 1), &sc);
     Py_END_ALLOW_THREADS
     free(mem);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError,
+                        "pooled_rows: a client's list has a point after its NaN padding");
+        goto fail;
+    }
     PyBuffer_Release(&pts);
     PyBuffer_Release(&w);
     PyBuffer_Release(&out);

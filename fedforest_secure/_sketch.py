@@ -262,10 +262,15 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     """
     R, K, P = points.shape
     chunk = max(1, CHUNK_ENTRIES // max(K * P, 1))
-    if R > chunk:  # bounded memory: the event arrays are R x K x P wide
-        return np.concatenate([pooled_candidates(points[i:i + chunk], counts[i:i + chunk],
-                                                 n_bins) for i in range(0, R, chunk)])
-    return _pooled(points, counts, (~np.isnan(points)).sum(axis=2), n_bins)
+    out = []
+    for i in range(0, R, chunk):  # bounded memory: the event arrays are R x K x P wide
+        pts = points[i:i + chunk]
+        gap = np.isnan(pts)
+        if P > 1 and (gap[..., :-1] & ~gap[..., 1:]).any():
+            raise ValueError("a client's list has a point after its NaN padding")
+        out.append(_pooled(pts, counts[i:i + chunk], P - gap.sum(axis=2), n_bins))
+    return out[0] if len(out) == 1 else np.concatenate(out) if out else \
+        np.full((0, n_bins - 1), np.inf)
 
 
 #: sketch widths of the row buckets of :func:`_pooled` (the last bucket: the full width)
@@ -284,6 +289,8 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
         return out
     keep = tot[:, 0] > 0
     if _kernels.KERNELS is not None:  # rows of every width at once: the compiled loops skip padding
+        if not keep.any():  # no row has a point
+            return out
         every = bool(keep.all())
         pts = points if every else points[keep]
         res = out if every else np.full((pts.shape[0], n_bins - 1), np.inf)

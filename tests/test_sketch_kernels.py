@@ -341,3 +341,12 @@ def test_a_sketch_of_no_points_or_too_many_is_refused(kernels: str, n_points: in
                 disclose=("sketch_points",))
     with pytest.raises(ProtocolError, match="points was asked"):
         w.handle(task)
+
+
+def test_pooled_candidates_refuse_a_list_with_a_point_after_its_padding(kernels: str) -> None:
+    pts = np.array([[[np.nan, 1.1, np.nan, np.nan, -1.1]]])
+    with pytest.raises(ValueError, match="after its NaN padding"):
+        _sketch.pooled_candidates(pts, np.array([[2.0]]), 5)
+    assert _sketch.pooled_candidates(np.zeros((0, 2, 3)), np.zeros((0, 2)), 4).shape == (0, 3)
+    none = _sketch.pooled_candidates(np.zeros((2, 3, 0)), np.ones((2, 3)), 4)  # no points
+    assert none.shape == (2, 3) and np.isinf(none).all()
