@@ -296,6 +296,40 @@ static inline int64_t fget(const field *f, Py_ssize_t i)
     return (int64_t)((v >> f->shift) & f->mask);
 }
 
+/* fget for a field whose item size is known where the call is compiled (0: read it): the
+ * loops below are compiled once per layout the level order uses (a packed key; compact
+ * 16-bit codes and rows with 8-bit weights) and once for any other */
+static inline __attribute__((always_inline)) int64_t fgetk(const field *f, Py_ssize_t i,
+                                                           int size)
+{
+    uint64_t v;
+    switch (size) {
+    case 1:
+        v = ((const uint8_t *)f->p)[i];
+        break;
+    case 2:
+        v = ((const uint16_t *)f->p)[i];
+        break;
+    case 8:
+        v = ((const uint64_t *)f->p)[i];
+        break;
+    default:
+        return fget(f, i);
+    }
+    return (int64_t)((v >> f->shift) & f->mask);
+}
+
+/* which compiled variant reads fields of these item sizes: 8 (a packed key), 2 (compact
+ * arrays: codes and rows of 16 bits, weights of 8), 0 (any) */
+static int layout_of(const field *code, const field *row, const field *w)
+{
+    if (code->size == 8 && row->size == 8 && w->size == 8)
+        return 8;
+    if (code->size == 2 && row->size == 2 && w->size == 1)
+        return 2;
+    return 0;
+}
+
 /* the buffer of a C-contiguous integer array (signed or unsigned, 1, 2, 4 or 8 bytes) */
 static int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
                      field *f, const char *name)
@@ -393,6 +427,50 @@ fail:
     return NULL;
 }
 
+/* One block s0 .. e0 of sketch_values (fields: weights, codes of item sizes ws, cs): its
+ * points into o2. vals are the feature's values (nv of them), miss its missing code (-1:
+ * none). Returns 1 on a code out of range or weights that overflow. */
+static inline __attribute__((always_inline)) int
+sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t miss,
+             const double *vals, int64_t nv, double *o2, int64_t n_points, int64_t r)
+{
+    int64_t j, b, bk, total = 0, cum, pos;
+    if (miss >= 0) /* missing codes sort last in a block: the sketch ignores them */
+        while (e0 > s0 && fgetk(&fl[1], e0 - 1, cs) >= miss)
+            e0--;
+    if (e0 <= s0)
+        return 0;
+    for (j = s0; j < e0; j++)
+        if (__builtin_add_overflow(total, fgetk(&fl[0], j, ws), &total) || total < 0)
+            return 1;
+    bk = n_points;
+    if (r >= 1) {
+        bk = total / r;
+        if (bk > n_points)
+            bk = n_points;
+        if (bk < 1)
+            return 0;
+    }
+    pos = s0;
+    cum = fgetk(&fl[0], s0, ws);
+    for (b = 0; b <= bk; b++) {
+        int64_t target, code;
+        if (__builtin_mul_overflow(b, total, &target)
+            || __builtin_add_overflow(target, bk - 1, &target))
+            return 1;
+        target /= bk;
+        if (target < 1)
+            target = 1;
+        while (cum < target && pos + 1 < e0)
+            cum += fgetk(&fl[0], ++pos, ws);
+        code = fgetk(&fl[1], pos, cs);
+        if (code < 0 || code >= nv)
+            return 1;
+        o2[b] = vals[code];
+    }
+    return 0;
+}
+
 /* The worker's quantile sketch (fedforest_secure._level_stats.LevelStatistics.quantile_points):
  * for every block i of the level's sorted order (entries edges[i] .. edges[i + 1], positive
  * integer weights and codes read from fields, see field) where wanted[i], its B_k + 1
@@ -440,53 +518,26 @@ static PyObject *sketch_values(PyObject *self, PyObject *args)
                       *uoff = v[3].buf, *miss = v[5].len ? v[5].buf : NULL;
         const double *uall = v[4].buf;
         double *out = v[6].buf;
+        /* fields: weights, codes; the layouts of layout_of (its rows: the codes) */
+        const int lay = layout_of(&fl[1], &fl[1], &fl[0]);
         for (i = 0; i < nblk && !bad; i++) {
-            int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i], j, b, bk, total = 0, cum,
-                    pos;
+            int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i];
             double *o2 = out + i * (n_points + 1);
             if (!wanted[i] || e0 <= s0)
                 continue;
-            if (s0 < 0 || e0 > fl[0].n || f < 0 || f >= nf || uoff[f] < 0 || uoff[f] >= nu) {
+            if (s0 < 0 || e0 > fl[0].n || f < 0 || f >= nf || uoff[f] < 0 || uoff[f] > nu) {
                 bad = 1;
                 break;
             }
-            if (miss != NULL) /* missing codes sort last in a block: the sketch ignores them */
-                while (e0 > s0 && fget(&fl[1], e0 - 1) >= miss[f])
-                    e0--;
-            for (j = s0; j < e0 && !bad; j++)
-                if (__builtin_add_overflow(total, fget(&fl[0], j), &total) || total < 0)
-                    bad = 1;
-            if (bad || e0 <= s0)
-                continue;
-            bk = n_points;
-            if (r >= 1) {
-                bk = total / r;
-                if (bk > n_points)
-                    bk = n_points;
-                if (bk < 1)
-                    continue;
-            }
-            pos = s0;
-            cum = fget(&fl[0], s0);
-            for (b = 0; b <= bk; b++) {
-                int64_t target, code;
-                if (__builtin_mul_overflow(b, total, &target)
-                    || __builtin_add_overflow(target, bk - 1, &target)) {
-                    bad = 1;
-                    break;
-                }
-                target /= bk;
-                if (target < 1)
-                    target = 1;
-                while (cum < target && pos + 1 < e0)
-                    cum += fget(&fl[0], ++pos);
-                code = fget(&fl[1], pos);
-                if (code < 0 || code >= nu - uoff[f]) {
-                    bad = 1;
-                    break;
-                }
-                o2[b] = uall[uoff[f] + code];
-            }
+            if (lay == 8)
+                bad = sketch_block(fl, 8, 8, s0, e0, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], o2, n_points, r);
+            else if (lay == 2)
+                bad = sketch_block(fl, 1, 2, s0, e0, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], o2, n_points, r);
+            else
+                bad = sketch_block(fl, 0, 0, s0, e0, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], o2, n_points, r);
         }
     }
     Py_END_ALLOW_THREADS
@@ -501,6 +552,51 @@ done:
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* The entries e0 .. e1 of one block of histogram_blocks: vals are the feature's values (a
+ * code indexes them; nv of them), miss its missing code (-1: none), t its W thresholds, out
+ * its (W + 1, S) sums. Returns 1 on an entry out of range. */
+static inline __attribute__((always_inline)) int
+hist_entries(const field *fl, int cs, int rs, int ws, int64_t e0, int64_t e1, int64_t miss,
+             const double *vals, int64_t nv, const double *t, int64_t W, double *out,
+             int64_t S, int64_t mode, const double *y, int64_t ny)
+{
+    int64_t i, bin = 0;
+    for (i = e0; i < e1; i++) {
+        int64_t code = fgetk(&fl[0], i, cs);
+        double wi;
+        if (miss >= 0 && code >= miss) {
+            bin = W; /* past every threshold: the missing rows' own bin */
+        } else {
+            if (code < 0 || code >= nv)
+                return 1;
+            /* codes ascend within a block, so bins do: walk on from the last one */
+            while (bin < W && t[bin] < vals[code])
+                bin++;
+        }
+        wi = (double)fgetk(&fl[2], i, ws);
+        if (mode == 0) {
+            double *cell = out + bin * S;
+            cell[0] += wi;
+            if (S > 1) {
+                int64_t r = fgetk(&fl[1], i, rs);
+                double wy;
+                if (r < 0 || r >= ny)
+                    return 1;
+                wy = wi * y[r];
+                cell[1] += wy;
+                if (S > 2)
+                    cell[2] += wy * y[r];
+            }
+        } else {
+            int64_t r = fgetk(&fl[1], i, rs);
+            if (r < 0 || r >= ny || !(y[r] >= 0 && y[r] < (double)S)) /* NaN fails too */
+                return 1;
+            out[bin * S + (int64_t)y[r]] += wi;
+        }
+    }
+    return 0;
 }
 
 /* The worker's histogram (fedforest_secure._level_stats.LevelStatistics._histogram): every
@@ -555,8 +651,9 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
                       *uoff = v[3].buf, *miss = v[5].len ? v[5].buf : NULL;
         const double *uall = v[4].buf, *thr = v[6].buf, *y = v[7].buf;
         double *out = v[8].buf;
+        const int lay = layout_of(&fl[0], &fl[1], &fl[2]);
         for (q = 0; q < n_eval && !bad; q++) {
-            int64_t b = blocks[q], f, e0, e1, i, bin = 0;
+            int64_t b = blocks[q], f, e0, e1;
             const double *t = thr + q * W;
             if (b < 0 || b >= nblk) {
                 bad = 1;
@@ -567,55 +664,19 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
             e1 = edges[b + 1];
             if (e0 >= e1)
                 continue;
-            if (f < 0 || f >= nf || e0 < 0 || e1 > fl[0].n) {
+            if (f < 0 || f >= nf || e0 < 0 || e1 > fl[0].n || uoff[f] < 0 || uoff[f] > nu) {
                 bad = 1;
                 break;
             }
-            for (i = e0; i < e1; i++) {
-                int64_t code = fget(&fl[0], i), at;
-                double wi;
-                if (miss != NULL && code >= miss[f]) {
-                    bin = W; /* past every threshold: the missing rows' own bin */
-                } else {
-                    if (code < 0 || code >= nu || uoff[f] < 0 || uoff[f] >= nu
-                        || (at = uoff[f] + code) >= nu) {
-                        bad = 1;
-                        break;
-                    }
-                    /* codes ascend within a block, so bins do: walk on from the last one */
-                    while (bin < W && t[bin] < uall[at])
-                        bin++;
-                }
-                wi = (double)fget(&fl[2], i);
-                if (mode == 0) {
-                    double *cell = out + (q * (W + 1) + bin) * S;
-                    cell[0] += wi;
-                    if (S > 1) {
-                        int64_t r = fget(&fl[1], i);
-                        double wy;
-                        if (r < 0 || r >= ny) {
-                            bad = 1;
-                            break;
-                        }
-                        wy = wi * y[r];
-                        cell[1] += wy;
-                        if (S > 2)
-                            cell[2] += wy * y[r];
-                    }
-                } else {
-                    int64_t r = fget(&fl[1], i), c;
-                    if (r < 0 || r >= ny) {
-                        bad = 1;
-                        break;
-                    }
-                    if (!(y[r] >= 0 && y[r] < (double)S)) { /* NaN fails too */
-                        bad = 1;
-                        break;
-                    }
-                    c = (int64_t)y[r];
-                    out[(q * (W + 1) + bin) * S + c] += wi;
-                }
-            }
+            if (lay == 8)
+                bad = hist_entries(fl, 8, 8, 8, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
+            else if (lay == 2)
+                bad = hist_entries(fl, 2, 2, 1, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
+            else
+                bad = hist_entries(fl, 0, 0, 0, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
+                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
         }
     }
     Py_END_ALLOW_THREADS
