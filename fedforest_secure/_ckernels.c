@@ -1078,6 +1078,88 @@ done:
     return PyLong_FromSsize_t(bad);
 }
 
+/* The keys of a level order (fedforest_secure._order.LevelOrder): for slot s and pair p
+ * (node[p], row[p], weight[p]), keys[s, p] = (codes[fstart[node, s] + row] << shift | base) +
+ * (s << hi), base = (node * m) << hi | row << 8 | weight when packed, else (node * m) << hi;
+ * INT64_MAX (sorts last) where the node's slot is unused (unused[node, s]). codes are int32.
+ * Returns the number of unused keys. */
+static PyObject *order_keys(PyObject *self, PyObject *args)
+{
+    PyObject *o[6], *o_codes;
+    Py_buffer v[6], vc;
+    Py_ssize_t m, shift, hi, packed, P, nn, nc, s, p, n_unused = 0;
+    int k, got = 0, gotc = 0, bad = 0;
+    static const char *fmt[6] = {"q", "q", "q", "q", "q", "q"};
+    static const char *name[6] = {"node", "row", "weight", "fstart", "unused", "keys"};
+    const char *cf;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
+                          &o[5], &m, &shift, &hi, &packed))
+        return NULL;
+    for (k = 0; k < 6; k++, got++)
+        if (get_buffer(o[k], &v[k], fmt[k], k == 5, name[k]) != 0)
+            goto done;
+    if (PyObject_GetBuffer(o_codes, &vc, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        goto done;
+    gotc = 1;
+    cf = vc.format[0] == '<' || vc.format[0] == '=' || vc.format[0] == '@' ? vc.format + 1
+                                                                            : vc.format;
+    P = v[0].len / 8;
+    nn = m > 0 ? (v[3].len / 8) / m : 0;
+    nc = vc.len / 4;
+    if (vc.itemsize != 4 || strcmp(cf, "i") != 0 || m < 1 || m > MAX_WIDTH || shift < 0
+        || shift > 62 || hi < 0 || hi > 62 || v[1].len != v[0].len || v[2].len != v[0].len
+        || !bytes_eq(v[3].len, nn, m, 1) || v[4].len != v[3].len
+        || !bytes_eq(v[5].len, m, P, 1)) {
+        PyErr_SetString(PyExc_ValueError, "order_keys: array sizes or types do not match");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int64_t *node = v[0].buf, *row = v[1].buf, *wt = v[2].buf, *fstart = v[3].buf,
+                      *unused = v[4].buf;
+        const int32_t *codes = vc.buf;
+        int64_t *keys = v[5].buf;
+        for (s = 0; s < m && !bad; s++) {
+            int64_t *out = keys + s * P, slot = (int64_t)((uint64_t)s << hi);
+            for (p = 0; p < P; p++) {
+                int64_t nd = node[p], at, base;
+                if (nd < 0 || nd >= nn) {
+                    bad = 1;
+                    break;
+                }
+                if (unused[nd * m + s]) {
+                    out[p] = INT64_MAX;
+                    n_unused++;
+                    continue;
+                }
+                at = fstart[nd * m + s] + row[p];
+                if (at < 0 || at >= nc) {
+                    bad = 1;
+                    break;
+                }
+                /* in uint64: the bits of numpy's int64 shifts, ors and adds (wrapping) */
+                base = (int64_t)((uint64_t)(nd * m) << hi);
+                if (packed)
+                    base |= (int64_t)((uint64_t)row[p] << 8) | wt[p];
+                out[p] = (int64_t)((((uint64_t)(int64_t)codes[at] << shift) | (uint64_t)base)
+                                   + (uint64_t)slot);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "order_keys: a pair's node or row is out of range");
+done:
+    for (k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    if (gotc)
+        PyBuffer_Release(&vc);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(n_unused);
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
@@ -1102,6 +1184,9 @@ static PyMethodDef methods[] = {
     {"encode_values", encode_values, METH_VARARGS,
      "encode_values(values, divisor, factor, limit, out) -> -1 or the first index out of "
      "range: round(values / divisor * factor) into the ring."},
+    {"order_keys", order_keys, METH_VARARGS,
+     "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
+     "number of unused keys: a level order's keys, slot by slot."},
     {NULL, NULL, 0, NULL},
 };
 

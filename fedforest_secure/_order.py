@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels
+
 __all__ = ["LevelOrder", "first_reaching"]
 
 _SENTINEL = np.iinfo(np.int64).max  # key of an unused slot: sorts after every real entry
@@ -62,6 +64,38 @@ class LevelOrder:
         row64 = row.astype(np.int64)
         hi = cbits + self.shift  # where the block field starts
         keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
+        # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
+        fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
+        if _kernels.KERNELS is not None and codes.dtype == np.int32:  # the same keys, one pass
+            n_unused = _kernels.KERNELS.order_keys(
+                np.ascontiguousarray(node64), np.ascontiguousarray(row64),
+                np.ascontiguousarray(weight, dtype=np.int64), np.ascontiguousarray(codes),
+                fstart, (feats < 0).astype(np.int64), keys, m, self.shift, hi,
+                int(self.packed))
+        else:
+            n_unused = self._keys_numpy(keys, feats, node, node64, row64, weight, codes,
+                                        fstart, hi)
+        flat = keys.reshape(-1)
+        if self.packed:
+            # keys below 2^62 read as doubles are positive and ordered alike (the sentinel
+            # reads as NaN, which sorts last): numpy's vectorised float sort is the faster
+            flat.view(np.float64).sort()
+            self.key = flat[: flat.size - n_unused] if n_unused else flat
+        else:  # block|code key with rows and weights carried through a permutation
+            order = np.argsort(flat, kind="stable")
+            if n_unused:
+                order = order[: order.size - n_unused]
+            self.key = flat[order]
+            self._rows = np.tile(row64, m)[order]
+            self._w = np.tile(weight.astype(np.int64), m)[order]
+
+    def _keys_numpy(self, keys: np.ndarray, feats: np.ndarray, node: np.ndarray,
+                    node64: np.ndarray, row64: np.ndarray, weight: np.ndarray,
+                    codes: np.ndarray, fstart: np.ndarray, hi: int) -> int:
+        """The keys of every slot into ``keys`` (m, P) with numpy; returns the unused ones'
+        number (their keys are the sentinel)."""
+        n_nodes, m = feats.shape
+        P = node.size
         if self.packed:
             base = node64 * m
             base <<= hi
@@ -70,8 +104,6 @@ class LevelOrder:
         else:
             base = (node64 * m) << hi
         n_unused = 0
-        # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
-        fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
         slot_unused = np.asarray((feats < 0).any(axis=0))
         # pairs in node order (a node group's pairs always are): a slot's per-node values
         # are repeated over the node's run of pairs instead of gathered pair by pair
@@ -91,19 +123,7 @@ class LevelOrder:
                 unused = (feats[:, s] < 0)[node]
                 out[unused] = _SENTINEL
                 n_unused += int(unused.sum())
-        flat = keys.reshape(-1)
-        if self.packed:
-            # keys below 2^62 read as doubles are positive and ordered alike (the sentinel
-            # reads as NaN, which sorts last): numpy's vectorised float sort is the faster
-            flat.view(np.float64).sort()
-            self.key = flat[: flat.size - n_unused] if n_unused else flat
-        else:  # block|code key with rows and weights carried through a permutation
-            order = np.argsort(flat, kind="stable")
-            if n_unused:
-                order = order[: order.size - n_unused]
-            self.key = flat[order]
-            self._rows = np.tile(row64, m)[order]
-            self._w = np.tile(weight.astype(np.int64), m)[order]
+        return n_unused
 
     @property
     def size(self) -> int:

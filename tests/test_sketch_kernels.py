@@ -15,6 +15,7 @@ from fedforest_secure import (
     _candidates,
     _grid_stats,
     _kernels,
+    _order,
     _secure_cdf,
     _sketch,
 )
@@ -350,3 +351,30 @@ def test_pooled_candidates_refuse_a_list_with_a_point_after_its_padding(kernels:
     assert _sketch.pooled_candidates(np.zeros((0, 2, 3)), np.zeros((0, 2)), 4).shape == (0, 3)
     none = _sketch.pooled_candidates(np.zeros((2, 3, 0)), np.ones((2, 3)), 4)  # no points
     assert none.shape == (2, 3) and np.isinf(none).all()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_level_order_keys_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
+    """Packed keys (code, row, weight) and block|code keys (weights of 256 and more), slots
+    left unused by some nodes, pairs out of node order."""
+    rng = np.random.default_rng(1)
+    n_rows, d, n_nodes, m, P = 500, 4, 9, 3, 2000
+    codes = rng.integers(0, 300, size=d * n_rows).astype(np.int32)
+    feats = rng.integers(0, d, size=(n_nodes, m))
+    feats[2, 1] = feats[5, 0] = -1
+    node = rng.integers(0, n_nodes, size=P)
+    row = rng.integers(0, n_rows, size=P)
+    weight = rng.integers(1, 4 if packed else 400, size=P)
+
+    def build() -> _order.LevelOrder:
+        return _order.LevelOrder(feats, node, row, weight, codes, n_rows, 9)
+
+    compiled = build()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = build()
+    assert compiled.packed == plain.packed == packed
+    np.testing.assert_array_equal(compiled.key, plain.key)
+    if not packed:
+        np.testing.assert_array_equal(compiled._rows, plain._rows)
+        np.testing.assert_array_equal(compiled._w, plain._w)
