@@ -384,10 +384,13 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
     K = len(clients)
     cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
     P = disc[clients[0]]["sketch_points"].shape[2]
+    lengths = {}
     for k in clients:  # a list is NaN-padded at its end only
-        gap = np.isnan(disc[k]["sketch_points"])
-        if P > 1 and (gap[..., :-1] & ~gap[..., 1:]).any():
-            raise InvalidMessage(f"client {k}'s quantile sketch has a point after its padding")
+        try:
+            lengths[k] = _sketch.list_lengths(disc[k]["sketch_points"])
+        except ValueError:
+            raise InvalidMessage(f"client {k}'s quantile sketch has a point after its "
+                                 "padding") from None
     thr = np.empty((E, m, B - 1))
     # the clients' sketches are gathered a run of nodes at a time: never a K-fold copy
     step = max(1, _sketch.CHUNK_ENTRIES // max(K * P * m, 1))
@@ -397,7 +400,9 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
         pts = np.stack([disc[k]["sketch_points"][sel] for k in clients], axis=2)
         rows = pts.reshape(sel.size * m, K, P)
         counts = np.repeat(cnt[a:a + step], m, axis=0)
-        thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B).reshape(sel.size, m, B - 1)
+        npts = np.stack([lengths[k][sel] for k in clients], axis=2).reshape(sel.size * m, K)
+        thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B, npts).reshape(
+            sel.size, m, B - 1)
 
     starts = range(0, E, step)
     if executor is None or len(starts) < 2:

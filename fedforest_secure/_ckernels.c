@@ -1160,6 +1160,59 @@ done:
     return PyLong_FromSsize_t(n_unused);
 }
 
+/* The length of each NaN-padded list of points (N, P): its points before the first NaN.
+ * Returns -1, or the first list with a point after its padding (lengths then partly
+ * written). */
+static PyObject *list_lengths(PyObject *self, PyObject *args)
+{
+    PyObject *o_pts, *o_out;
+    Py_buffer pts, out;
+    Py_ssize_t P, N, i, bad = -1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOn", &o_pts, &o_out, &P))
+        return NULL;
+    if (P < 1) {
+        PyErr_SetString(PyExc_ValueError, "list_lengths: P must be >= 1");
+        return NULL;
+    }
+    if (get_buffer(o_pts, &pts, "d", 0, "points") != 0)
+        return NULL;
+    if (get_buffer(o_out, &out, "q", 1, "lengths") != 0) {
+        PyBuffer_Release(&pts);
+        return NULL;
+    }
+    N = out.len / 8;
+    if (!bytes_eq(pts.len, N, P, 1)) {
+        PyErr_SetString(PyExc_ValueError, "list_lengths: array sizes do not match");
+        PyBuffer_Release(&pts);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const double *p = pts.buf;
+        int64_t *len = out.buf;
+        for (i = 0; i < N; i++) {
+            const double *row = p + i * P;
+            Py_ssize_t j = 0, k;
+            while (j < P && !isnan(row[j]))
+                j++;
+            len[i] = j;
+            for (k = j + 1; k < P; k++)
+                if (!isnan(row[k])) {
+                    bad = i;
+                    break;
+                }
+            if (bad >= 0)
+                break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&pts);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(bad);
+}
+
 static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
@@ -1187,6 +1240,9 @@ static PyMethodDef methods[] = {
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},
+    {"list_lengths", list_lengths, METH_VARARGS,
+     "list_lengths(points, lengths, P) -> -1 or the first list with a point after its NaN "
+     "padding: each list's points before its padding."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _kernels
 
-__all__ = ["client_quantiles", "mixture_cdf", "pooled_candidates"]
+__all__ = ["client_quantiles", "list_lengths", "mixture_cdf", "pooled_candidates"]
 
 #: rows are processed in chunks of about this many sketch points (bounds peak memory)
 CHUNK_ENTRIES = 1 << 18
@@ -243,7 +243,34 @@ def mixture_cdf(points: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.nd
     return np.clip(out, 0.0, 1.0)
 
 
-def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np.ndarray:
+def list_lengths(points: np.ndarray) -> np.ndarray:
+    """The number of points of each NaN-padded list (the last axis of ``points``).
+
+    Raises
+    ------
+    ValueError
+        A list has a point after its padding.
+    """
+    shape = points.shape
+    P = shape[-1] if len(shape) else 0
+    if P == 0 or points.size == 0:
+        return np.zeros(shape[:-1], dtype=np.int64)
+    flat = np.ascontiguousarray(points, dtype=np.float64).reshape(-1, P)
+    if _kernels.KERNELS is not None:
+        out = np.empty(flat.shape[0], dtype=np.int64)
+        bad = _kernels.KERNELS.list_lengths(flat, out, P)
+    else:
+        gap = np.isnan(flat)
+        after = gap[:, :-1] & ~gap[:, 1:]
+        bad = int(np.flatnonzero(after.any(axis=1))[0]) if after.any() else -1
+        out = P - gap.sum(axis=1)
+    if bad >= 0:
+        raise ValueError("a client's list has a point after its NaN padding")
+    return out.reshape(shape[:-1])
+
+
+def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int,
+                      npts: np.ndarray | None = None) -> np.ndarray:
     """Candidate thresholds ``(F~)^{-1}(b / B)``, ``b = 1..B-1``, per row.
 
     Parameters
@@ -253,6 +280,8 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
     counts : array of shape (R, K)
         Each client's (weighted) number of rows at the node: the mixing weights.
     n_bins : the sketch size B of the pooled grid
+    npts : array of shape (R, K), optional
+        Each list's number of points (:func:`list_lengths`), if the caller counted them
 
     Returns
     -------
@@ -261,14 +290,13 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int) -> np
         row to the left when ``x <= t``.
     """
     R, K, P = points.shape
+    if npts is None:
+        npts = list_lengths(points)
     chunk = max(1, CHUNK_ENTRIES // max(K * P, 1))
     out = []
     for i in range(0, R, chunk):  # bounded memory: the event arrays are R x K x P wide
-        pts = points[i:i + chunk]
-        gap = np.isnan(pts)
-        if P > 1 and (gap[..., :-1] & ~gap[..., 1:]).any():
-            raise ValueError("a client's list has a point after its NaN padding")
-        out.append(_pooled(pts, counts[i:i + chunk], P - gap.sum(axis=2), n_bins))
+        out.append(_pooled(points[i:i + chunk], counts[i:i + chunk], npts[i:i + chunk],
+                           n_bins))
     return out[0] if len(out) == 1 else np.concatenate(out) if out else \
         np.full((0, n_bins - 1), np.inf)
 
