@@ -479,7 +479,7 @@ sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t mi
  * block's last entry. Missing values (code >= missing[f], the block's last entries) are left
  * out. B_k is n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that
  * is 0). A value is uniq_all[uniq_off[f] + code], f = feat[i]; out (n_blocks, n_points + 1)
- * gets them (its other slots are left as they are). */
+ * gets them, NaN in its other slots. */
 static PyObject *sketch_values(PyObject *self, PyObject *args)
 {
     PyObject *of[2], *o[7];
@@ -521,8 +521,10 @@ static PyObject *sketch_values(PyObject *self, PyObject *args)
         /* fields: weights, codes; the layouts of layout_of (its rows: the codes) */
         const int lay = layout_of(&fl[1], &fl[1], &fl[0]);
         for (i = 0; i < nblk && !bad; i++) {
-            int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i];
+            int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i], b;
             double *o2 = out + i * (n_points + 1);
+            for (b = 0; b <= n_points; b++) /* NaN: no point (the blocks' lists' padding) */
+                o2[b] = NAN;
             if (!wanted[i] || e0 <= s0)
                 continue;
             if (s0 < 0 || e0 > fl[0].n || f < 0 || f >= nf || uoff[f] < 0 || uoff[f] > nu) {

@@ -84,8 +84,11 @@ class LevelStatistics:
         """
         n_nodes, m = feats.shape
         nblk = n_nodes * m
-        out = np.full((nblk, n_points + 1), np.nan)
         order = self.order
+        compiled = _kernels.KERNELS is not None and order.size > 0
+        # the compiled loop writes every slot (NaN where a block has no such point)
+        out = np.empty((nblk, n_points + 1)) if compiled else np.full((nblk, n_points + 1),
+                                                                          np.nan)
         if order.size == 0:
             return out.reshape(n_nodes, m, n_points + 1)
         # block boundaries by search (nblk queries), not by a pass over every entry
@@ -94,7 +97,7 @@ class LevelStatistics:
         fl = feats.reshape(-1)
         wanted = cont[fl.clip(0)] & (fl >= 0)
         r = rows_per_point
-        if _kernels.KERNELS is not None:  # every block in one pass, values written in place
+        if compiled and _kernels.KERNELS is not None:  # every block in one pass, in place
             (code, cs, cm), _, (w, ws, wm) = order.fields()
             book = self.book
             missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
