@@ -397,10 +397,13 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
 
     def run(a: int) -> None:  # a row's candidates do not depend on the other rows
         sel = ev[a:a + step]
-        pts = np.stack([disc[k]["sketch_points"][sel] for k in clients], axis=2)
+        at: slice | np.ndarray = sel
+        if sel.size and sel[-1] - sel[0] == sel.size - 1 and (np.diff(sel) == 1).all():
+            at = slice(int(sel[0]), int(sel[-1]) + 1)  # a run of nodes: views, one copy
+        pts = np.stack([disc[k]["sketch_points"][at] for k in clients], axis=2)
         rows = pts.reshape(sel.size * m, K, P)
         counts = np.repeat(cnt[a:a + step], m, axis=0)
-        npts = np.stack([lengths[k][sel] for k in clients], axis=2).reshape(sel.size * m, K)
+        npts = np.stack([lengths[k][at] for k in clients], axis=2).reshape(sel.size * m, K)
         thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B, npts).reshape(
             sel.size, m, B - 1)
 
