@@ -210,7 +210,7 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
         else:
             tb.sets[nd] = sets[e]
             set_lists[i] = sets[e]
-        lc, rc = tb.add(), tb.add()
+        lc, rc = tb.add_children()
         tb.left[nd], tb.right[nd] = lc, rc
         r_left[i], r_right[i] = len(nt), len(nt) + 1
         nt += [t, t]
@@ -225,10 +225,12 @@ def grow(trees: Sequence[TreeBuilder], frontier: Frontier, ev: np.ndarray, split
             pv += [node_values[i], node_values[i]]
     labels = {int(k): k.label for k in NodeKind}
     r_kinds, r_feats, r_thrs = r_kind.tolist(), r_feat.tolist(), r_thr.tolist()
+    inf = float("inf")
     decided = [
         {"tree": tree_of[i], "node": node_of[i], "kind": labels[r_kinds[i]],
-         "feature": r_feats[i], "threshold": json_float(r_thrs[i]),  # +inf as "inf": JSON
-         "left_set": list(map(int, set_lists[i]))}
+         "feature": r_feats[i],
+         "threshold": r_thrs[i] if r_thrs[i] != inf else json_float(inf),  # "inf": JSON
+         "left_set": list(map(int, set_lists[i])) if set_lists[i] else []}
         for i in np.flatnonzero(r_kind != NodeKind.LEAF).tolist()]
     if box_lo is not None and box_hi is not None:
         # each split node's box twice (left child, right child), in the children's order; a

@@ -254,6 +254,21 @@ class TreeBuilder:
         self.missing_left.append(False)
         return len(self.kind) - 1
 
+    def add_children(self) -> tuple[int, int]:
+        """Two new leaves (a split's children); returns their node ids."""
+        n = len(self.kind)
+        self.kind += (NodeKind.LEAF, NodeKind.LEAF)
+        self.feature += (-1, -1)
+        self.threshold += (0.0, 0.0)
+        self.left += (-1, -1)
+        self.right += (-1, -1)
+        self.value += (self._zero, self._zero)
+        self.n += (0.0, 0.0)
+        self.gain += (0.0, 0.0)
+        self.impurity += (0.0, 0.0)
+        self.missing_left += (False, False)
+        return n, n + 1
+
     def build(self) -> Tree:
         return Tree(kind=np.array(self.kind, dtype=np.int64),
                     feature=np.array(self.feature, dtype=np.int64),
