@@ -298,8 +298,8 @@ def test_frequency_weights_beyond_2_40_rows_are_refused() -> None:
 
 
 def test_sizes_whose_byte_counts_overflow_are_refused() -> None:
-    """Shapes chosen so that their byte counts wrap around 2^64 (each crashed the process
-    before the checks multiplied without overflow)."""
+    """Shapes whose byte counts wrap around 2^64 are refused: multiplied unchecked, each
+    would let the loop read or write outside its arrays."""
     K = _kernels.compiled()
     assert K is not None
     z0, z1 = np.zeros(0), np.zeros(1)
