@@ -244,6 +244,31 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, int writa
     return 0;
 }
 
+/* get_buffer for n arrays in turn (array `writable` writable, -1: none); *got counts those
+ * held, for finish() to release whatever happens. */
+static int get_buffers(PyObject **o, Py_buffer *v, const char *const *fmt,
+                       const char *const *name, int n, int writable, int *got)
+{
+    for (*got = 0; *got < n; (*got)++)
+        if (get_buffer(o[*got], &v[*got], fmt[*got], *got == writable, name[*got]) != 0)
+            return -1;
+    return 0;
+}
+
+/* The end of a call: the n buffers released, then its result, or NULL (result dropped)
+ * where an error was set. */
+static PyObject *finish(Py_buffer *v, int n, PyObject *result)
+{
+    int k;
+    for (k = 0; k < n; k++)
+        PyBuffer_Release(&v[k]);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
 /* 1 if len (bytes) is exactly 8 * a * b * c, every factor >= 0, computed without overflow */
 static int bytes_eq(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c)
 {
@@ -277,10 +302,14 @@ typedef struct {
     uint64_t mask;
 } field;
 
-static inline int64_t fget(const field *f, Py_ssize_t i)
+/* Entry i of a field. Its item size may be given where the call is compiled (1, 2, 4 or 8;
+ * 0: read from the field): the loops below are compiled once per layout the level order uses
+ * (a packed key; compact 16-bit codes and rows with 8-bit weights) and once for any other. */
+static inline __attribute__((always_inline)) int64_t fgetk(const field *f, Py_ssize_t i,
+                                                           int size)
 {
     uint64_t v;
-    switch (f->size) {
+    switch (size ? size : f->size) {
     case 1:
         v = ((const uint8_t *)f->p)[i];
         break;
@@ -292,29 +321,6 @@ static inline int64_t fget(const field *f, Py_ssize_t i)
         break;
     default:
         v = ((const uint64_t *)f->p)[i];
-    }
-    return (int64_t)((v >> f->shift) & f->mask);
-}
-
-/* fget for a field whose item size is known where the call is compiled (0: read it): the
- * loops below are compiled once per layout the level order uses (a packed key; compact
- * 16-bit codes and rows with 8-bit weights) and once for any other */
-static inline __attribute__((always_inline)) int64_t fgetk(const field *f, Py_ssize_t i,
-                                                           int size)
-{
-    uint64_t v;
-    switch (size) {
-    case 1:
-        v = ((const uint8_t *)f->p)[i];
-        break;
-    case 2:
-        v = ((const uint16_t *)f->p)[i];
-        break;
-    case 8:
-        v = ((const uint64_t *)f->p)[i];
-        break;
-    default:
-        return fget(f, i);
     }
     return (int64_t)((v >> f->shift) & f->mask);
 }
@@ -500,9 +506,8 @@ static PyObject *sketch_values(PyObject *self, PyObject *args)
     for (k = 0; k < 2; k++, gotf++)
         if (get_field(of[k], &vf[k], sh[k], mk[k], &fl[k], fname[k]) != 0)
             goto done;
-    for (k = 0; k < 7; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 6, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 7, 6, &got) != 0)
+        goto done;
     nblk = v[1].len / 8;
     nf = v[3].len / 8 - 1;
     nu = v[4].len / 8;
@@ -547,13 +552,9 @@ static PyObject *sketch_values(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "sketch_values: a block, code or weight is out of "
                         "range, or the weights overflow");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
     for (k = 0; k < gotf; k++)
         PyBuffer_Release(&vf[k]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* The entries e0 .. e1 of one block of histogram_blocks: vals are the feature's values (a
@@ -631,9 +632,8 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
     for (k = 0; k < 3; k++, gotf++)
         if (get_field(of[k], &vf[k], sh[k], mk[k], &fl[k], fname[k]) != 0)
             goto done;
-    for (k = 0; k < 9; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 8, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 9, 8, &got) != 0)
+        goto done;
     nblk = v[2].len / 8;
     n_eval = v[1].len / 8;
     nf = v[3].len / 8 - 1; /* uniq_off: one offset per feature and the end */
@@ -686,13 +686,9 @@ static PyObject *histogram_blocks(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError,
                         "histogram_blocks: an entry's block, value, row or class is out of range");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
     for (k = 0; k < gotf; k++)
         PyBuffer_Release(&vf[k]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* A worker's histogram without a sorted order (fedforest_secure._grid_stats.bin_statistics):
@@ -705,26 +701,20 @@ done:
  * out (E, m, nb, S) is added to, nb = W + 1 + missing_bin. */
 static PyObject *grid_sums(PyObject *self, PyObject *args)
 {
-    PyObject *o[10];
-    Py_buffer v[10];
+    PyObject *o[11];
+    Py_buffer v[11];
     Py_ssize_t n_rows, m, S, mode, has_missing, missing_bin, P, E, W, nb, nf, nu, nc, nn, s;
-    int k, got = 0, bad = 0;
-    static const char *fmt[10] = {"q", "q", "q", "q", "q", "d", "q", "d", "q", "d"};
-    static const char *name[10] = {"node", "row", "weight", "pos", "feats", "thr", "uniq_off",
-                                   "uniq_all", "codes", "y"};
-    PyObject *o_out;
-    Py_buffer out;
+    int got = 0, bad = 0;
+    static const char *fmt[11] = {"q", "q", "q", "q", "q", "d", "q", "d", "q", "d", "d"};
+    static const char *name[11] = {"node", "row", "weight", "pos", "feats", "thr", "uniq_off",
+                                   "uniq_all", "codes", "y", "out"};
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &o[8], &o[9], &o_out, &n_rows, &m, &S, &mode,
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &n_rows, &m, &S, &mode,
                           &has_missing, &missing_bin))
         return NULL;
-    for (k = 0; k < 10; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], 0, name[k]) != 0)
-            goto done;
-    if (get_buffer(o_out, &out, "d", 1, "out") != 0)
+    if (get_buffers(o, v, fmt, name, 11, 10, &got) != 0)
         goto done;
-    got++;
     P = v[0].len / 8;
     nn = v[3].len / 8;
     E = m > 0 ? (v[4].len / 8) / m : 0;
@@ -736,7 +726,8 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
     if (m < 1 || m > MAX_WIDTH || S < 1 || S > MAX_WIDTH || (mode != 0 && mode != 1)
         || n_rows < 0 || v[1].len != v[0].len || v[2].len != v[0].len
         || !bytes_eq(v[4].len, E, m, 1) || !bytes_eq(v[5].len, E * m, W, 1)
-        || !bytes_eq(out.len, E * m, nb, S) || nf < 0 || !bytes_at_least(v[8].len, nf, n_rows)) {
+        || !bytes_eq(v[10].len, E * m, nb, S) || nf < 0
+        || !bytes_at_least(v[8].len, nf, n_rows)) {
         PyErr_SetString(PyExc_ValueError, "grid_sums: array sizes do not match");
         goto done;
     }
@@ -745,7 +736,7 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
         const int64_t *node = v[0].buf, *row = v[1].buf, *wt = v[2].buf, *pos = v[3].buf,
                       *feats = v[4].buf, *uoff = v[6].buf, *codes = v[8].buf;
         const double *thr = v[5].buf, *uall = v[7].buf, *y = v[9].buf;
-        double *o2 = out.buf;
+        double *o2 = v[10].buf;
         const Py_ssize_t ny = v[9].len / 8;
         Py_ssize_t i;
         for (s = 0; s < m && !bad; s++) {
@@ -826,11 +817,7 @@ static PyObject *grid_sums(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError,
                         "grid_sums: a pair's node, row, value or class is out of range");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(k < 10 ? &v[k] : &out);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* count of a[0..L) (non-decreasing) below v (strict) or at most v */
@@ -856,15 +843,14 @@ static PyObject *marginal_at(PyObject *self, PyObject *args)
     PyObject *o[5];
     Py_buffer v[5];
     Py_ssize_t L, mode, N, J, F, i, j;
-    int k, got = 0, bad = 0;
+    int got = 0, bad = 0;
     static const char *fmt[5] = {"d", "d", "q", "d", "d"};
     static const char *name[5] = {"xs", "cdf", "feats", "values", "out"};
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &L, &mode))
         return NULL;
-    for (k = 0; k < 5; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 4, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 5, 4, &got) != 0)
+        goto done;
     N = v[2].len / 8;
     F = L > 0 ? (v[0].len / 8) / L : 0;
     J = N > 0 ? (v[3].len / 8) / N : 0;
@@ -913,11 +899,7 @@ static PyObject *marginal_at(PyObject *self, PyObject *args)
     if (bad)
         PyErr_SetString(PyExc_ValueError, "marginal_at: a feature is out of range");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* int64 insertion sort (short rows) */
@@ -943,15 +925,14 @@ static PyObject *grid_picks(PyObject *self, PyObject *args)
     PyObject *o[6];
     Py_buffer v[6];
     Py_ssize_t B, W, Q, R, q;
-    int k, got = 0, bad = 0;
+    int got = 0, bad = 0;
     static const char *fmt[6] = {"q", "d", "d", "d", "q", "q"};
     static const char *name[6] = {"rows", "counts", "total", "edges", "bnu", "pick"};
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &B, &W))
         return NULL;
-    for (k = 0; k < 6; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 5, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0)
+        goto done;
     Q = v[0].len / 8;
     R = v[2].len / 8;
     if (B < 2 || B > MAX_WIDTH || W < 1 || !bytes_eq(v[1].len, R, W + 1, 1)
@@ -1008,11 +989,7 @@ static PyObject *grid_picks(PyObject *self, PyObject *args)
     else if (bad)
         PyErr_SetString(PyExc_ValueError, "grid_picks: a row is out of range");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* Fixed-point encoding into the ring Z_{2^64} (fedforest_secure.secagg._primitives._ring.
@@ -1026,15 +1003,14 @@ static PyObject *encode_values(PyObject *self, PyObject *args)
     PyObject *o[5];
     Py_buffer v[5];
     Py_ssize_t n, nd, nf, nl, j, bad = -1;
-    int k, got = 0;
+    int got = 0;
     static const char *fmt[5] = {"d", "d", "d", "d", "Q"};
     static const char *name[5] = {"values", "divisor", "factor", "limit", "out"};
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4]))
         return NULL;
-    for (k = 0; k < 5; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 4, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 5, 4, &got) != 0)
+        goto done;
     n = v[0].len / 8;
     nd = v[1].len / 8;
     nf = v[2].len / 8;
@@ -1073,11 +1049,7 @@ static PyObject *encode_values(PyObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromSsize_t(bad);
+    return finish(v, got, PyLong_FromSsize_t(bad));
 }
 
 /* The keys of a level order (fedforest_secure._order.LevelOrder): for slot s and pair p
@@ -1090,7 +1062,7 @@ static PyObject *order_keys(PyObject *self, PyObject *args)
     PyObject *o[6], *o_codes;
     Py_buffer v[6], vc;
     Py_ssize_t m, shift, hi, packed, P, nn, nc, s, p, n_unused = 0;
-    int k, got = 0, gotc = 0, bad = 0;
+    int got = 0, gotc = 0, bad = 0;
     static const char *fmt[6] = {"q", "q", "q", "q", "q", "q"};
     static const char *name[6] = {"node", "row", "weight", "fstart", "unused", "keys"};
     const char *cf;
@@ -1098,9 +1070,8 @@ static PyObject *order_keys(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
                           &o[5], &m, &shift, &hi, &packed))
         return NULL;
-    for (k = 0; k < 6; k++, got++)
-        if (get_buffer(o[k], &v[k], fmt[k], k == 5, name[k]) != 0)
-            goto done;
+    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0)
+        goto done;
     if (PyObject_GetBuffer(o_codes, &vc, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
         goto done;
     gotc = 1;
@@ -1153,13 +1124,9 @@ static PyObject *order_keys(PyObject *self, PyObject *args)
     if (bad)
         PyErr_SetString(PyExc_ValueError, "order_keys: a pair's node or row is out of range");
 done:
-    for (k = 0; k < got; k++)
-        PyBuffer_Release(&v[k]);
     if (gotc)
         PyBuffer_Release(&vc);
-    if (PyErr_Occurred())
-        return NULL;
-    return PyLong_FromSsize_t(n_unused);
+    return finish(v, got, PyLong_FromSsize_t(n_unused));
 }
 
 /* The length of each NaN-padded list of points (N, P): its points before the first NaN.
