@@ -19,7 +19,7 @@ open profile), ``secure`` (secure profile: masking + secure CDF sketch) and ``se
 ``-N`` runs a contender with ``n_jobs=N`` (``sklearn-2``, ``open-2``): its ratio is printed
 against the first contender and against ``sklearn-N`` when that runs too. A suffix ``-numpy``
 runs a FedForest contender without its compiled loops (``FEDFOREST_NUMPY_KERNELS=1``: the
-same forest, from the numpy code), e.g. ``open-numpy``.
+same forest, from the numpy code), e.g. ``open-numpy`` or ``open-numpy-2``.
 Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
 ``--trees`` changes T (both contenders' cost grows linearly in T, so the ratio at fewer trees
 compares the per-tree cost). ``--warm-up`` fits each contender once on other rows first, so
@@ -58,9 +58,9 @@ def _split(contender: str) -> tuple[str, int]:
 
 def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool) -> None:
     X, y, h = _data(n, 20, 10)
-    if contender.endswith("-numpy"):  # read when fedforest_secure is first imported, below
+    if "-numpy" in contender:  # read when fedforest_secure is first imported, below
         os.environ["FEDFOREST_NUMPY_KERNELS"] = "1"
-        contender = contender.removesuffix("-numpy")
+        contender = contender.replace("-numpy", "")
     name, n_jobs = _split(contender)
     if name == "sklearn":
         from sklearn.ensemble import RandomForestRegressor

@@ -70,8 +70,8 @@ class LevelOrder:
             n_unused = _kernels.KERNELS.order_keys(
                 np.ascontiguousarray(node64), np.ascontiguousarray(row64),
                 np.ascontiguousarray(weight, dtype=np.int64), np.ascontiguousarray(codes),
-                fstart, (feats < 0).astype(np.int64), keys, m, self.shift, hi,
-                int(self.packed))
+                np.ascontiguousarray(fstart), np.ascontiguousarray(feats < 0, dtype=np.int64),
+                keys, m, self.shift, hi, int(self.packed))
         else:
             n_unused = self._keys_numpy(keys, feats, node, node64, row64, weight, codes,
                                         fstart, hi)

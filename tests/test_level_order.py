@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedforest_secure import _level_stats, _order
+from fedforest_secure import _kernels, _level_stats, _order
 from fedforest_secure.config import JobConfig
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.worker import Worker
@@ -114,7 +114,9 @@ def test_compact_order_is_used_between_rounds(data: tuple[np.ndarray, np.ndarray
 
 
 def test_small_chunks_change_nothing(data: tuple[np.ndarray, np.ndarray],
-                                     monkeypatch: pytest.MonkeyPatch, kernels: str) -> None:
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy code's runs of blocks (the compiled loops take every block in one pass)."""
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     X, y = data
     cfg = _cfg()
     ref = _run(cfg, X, y)
@@ -156,10 +158,12 @@ def test_inverse_table_equals_binary_search(w: list[int], fr: list[float]) -> No
 @pytest.mark.parametrize("subset", [False, True])
 def test_bins_by_entries_and_by_cuts_give_the_same_histogram(
         data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch,
-        subset: bool, kernels: str) -> None:
-    """Entries placed among the thresholds, or thresholds among the entries: the same bins
-    and the same sums bit for bit, also when only some nodes are evaluated (the others'
-    entries lie in between) and with a cut below every value (-inf: its bin is empty)."""
+        subset: bool) -> None:
+    """Entries placed among the thresholds, or thresholds among the entries (the numpy
+    code's two strategies; the compiled loop walks each block): the same bins and the same
+    sums bit for bit, also when only some nodes are evaluated (the others' entries lie in
+    between) and with a cut below every value (-inf: its bin is empty)."""
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     X, y = data
     cfg = _cfg()
     sk, hi = _tasks(cfg, X, 3)

@@ -25,8 +25,10 @@ from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.secagg import RingCodec
 from fedforest_secure.worker import Worker
 
-pytestmark = pytest.mark.skipif(_kernels.compiled() is None,
-                                reason="the compiled kernels are not built")
+#: tests that call the compiled loops themselves (the refusals checked in Python, and the
+#: numpy half of the ``kernels`` fixture, run without them too)
+compiled_only = pytest.mark.skipif(_kernels.compiled() is None,
+                                   reason="the compiled kernels are not built")
 
 
 def _rows(rng: np.random.Generator, R: int, K: int, P: int, kind: str
@@ -52,6 +54,7 @@ def _rows(rng: np.random.Generator, R: int, K: int, P: int, kind: str
     return vals, weights, npts
 
 
+@compiled_only
 @pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "gaps", "scales"])
 @pytest.mark.parametrize("K,P,B", [(10, 33, 32), (10, 17, 16), (3, 5, 32), (1, 9, 8),
                                    (4, 2, 4), (7, 1, 3)])
@@ -76,6 +79,7 @@ def test_a_rows_candidates_do_not_depend_on_the_padding_of_the_array(kind: str) 
     np.testing.assert_array_equal(narrow, padded)
 
 
+@compiled_only
 def test_candidates_are_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the public entry (bucketing of short rows, absent clients, chunks)."""
@@ -87,6 +91,7 @@ def test_candidates_are_the_same_with_and_without_the_compiled_kernels(
     np.testing.assert_array_equal(compiled, _sketch.pooled_candidates(pts, counts, 32))
 
 
+@compiled_only
 def test_bad_arrays_are_refused_with_a_clear_error() -> None:
     kernels = _kernels.compiled()
     assert kernels is not None
@@ -100,6 +105,7 @@ def test_bad_arrays_are_refused_with_a_clear_error() -> None:
         kernels.pooled_rows(pts, np.zeros((2, 3)), np.zeros((2, 0)), 2, 3, 4, 1)
 
 
+@compiled_only
 @pytest.mark.parametrize("task", ["regression", "classification"])
 @pytest.mark.parametrize("profile", ["open", "secure"])
 @pytest.mark.parametrize("missing", [False, True])
@@ -126,6 +132,7 @@ def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
     assert compiled.model_.to_json() == plain.model_.to_json()
 
 
+@compiled_only
 @pytest.mark.parametrize("columns,classes", [("count", 0), ("moments", 0), ("full", 0),
                                              ("full", 3)])
 @pytest.mark.parametrize("missing_bin", [False, True])
@@ -162,6 +169,7 @@ def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
     np.testing.assert_array_equal(compiled, plain)
 
 
+@compiled_only
 def test_the_secure_sketch_prior_is_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``Marginal.cdf_at`` / ``quantile_at``: values on the table's points, between them,
@@ -188,6 +196,7 @@ def test_the_secure_sketch_prior_is_the_same_with_and_without_the_compiled_kerne
         np.testing.assert_array_equal(a, b)
 
 
+@compiled_only
 @pytest.mark.parametrize("B,r", [(16, 0), (32, 2), (4, 1)])
 def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch, B: int, r: int) -> None:
@@ -221,6 +230,7 @@ def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled
         np.testing.assert_array_equal(a, b)
 
 
+@compiled_only
 @pytest.mark.parametrize("periodic", [False, True])
 def test_ring_encoding_is_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch, periodic: bool) -> None:
@@ -297,19 +307,32 @@ def test_frequency_weights_beyond_2_40_rows_are_refused() -> None:
             X, y, client=np.arange(60) % 3, sample_weight=w)
 
 
+@compiled_only
 def test_sizes_whose_byte_counts_overflow_are_refused() -> None:
-    """Shapes whose byte counts wrap around 2^64 are refused: multiplied unchecked, each
-    would let the loop read or write outside its arrays."""
+    """Shapes whose byte counts wrap around 2^64 to the size of the arrays given are refused:
+    multiplied unchecked, 2^61 rows of one point fit empty arrays, and a grid of 2^61 + 1
+    edges arrays of one and two entries, and the loops would run far outside them."""
+    K = _kernels.compiled()
+    assert K is not None
+    z0, z1 = np.zeros(0), np.zeros(1)
+    i1 = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="pooled_rows: array sizes"):
+        K.pooled_rows(z0, z0, z0, 2**61, 1, 1, 2)  # 8 * 2^61 rows = 2^64 bytes: 0
+    with pytest.raises(ValueError, match="grid_picks: array sizes"):
+        K.grid_picks(i1, np.zeros(2), z1, z1, i1 + 2, np.zeros(2, np.int64), 3, 2**61 + 1)
+
+
+@compiled_only
+def test_shapes_rows_and_widths_out_of_range_are_refused() -> None:
+    """Widths beyond 2^24, arrays of the wrong size and a node's row past the grid."""
     K = _kernels.compiled()
     assert K is not None
     z0, z1 = np.zeros(0), np.zeros(1)
     i0, i1 = np.zeros(0, np.int64), np.zeros(1, np.int64)
     with pytest.raises(ValueError, match="bad shape"):
         K.pooled_rows(z0, z0, z1, 1, 2**61, 1, 2)
-    with pytest.raises(ValueError, match="pooled_rows: array sizes"):
-        K.pooled_rows(z0, z0, z1, 2**40, 2**20, 2**20, 2)
     u8, u16 = np.ones(4, np.uint8), np.zeros(4, np.uint16)
-    for n_points, out in ((2**61 - 1, z0), (8, np.zeros(8))):  # 8 bytes x (2^61) wraps to 0
+    for n_points, out in ((2**61 - 1, z0), (8, np.zeros(8))):
         with pytest.raises(ValueError, match="sketch_values: array sizes"):
             K.sketch_values(u8, 0, 255, u16, 0, 2**16 - 1, np.array([0, 4]), i1 + 1, i1,
                             np.array([0, 1]), z1, i0, out, n_points, 0)
@@ -321,10 +344,6 @@ def test_sizes_whose_byte_counts_overflow_are_refused() -> None:
     with pytest.raises(ValueError, match="out of range"):  # a node's row past the grid
         K.grid_sums(i1, i1, i1, np.array([1 << 40]), i1, z0, np.array([0, 1]), z1, i1, z1,
                     np.zeros(1), 1, 1, 1, 0, 0, 0)
-    with pytest.raises(ValueError, match="grid_picks: array sizes"):
-        K.grid_picks(i1, np.zeros(2), z1, z1, i1 + 2, np.zeros(0, np.int64), 2**61 + 1, 1)
-    with pytest.raises(ValueError, match="grid_picks: array sizes"):
-        K.grid_picks(i1, np.zeros(2), z1, z1, i1 + 2, i0, 3, 2**61 + 1)
 
 
 @pytest.mark.parametrize("n_points", [0, -3, 2**30])
@@ -353,6 +372,7 @@ def test_pooled_candidates_refuse_a_list_with_a_point_after_its_padding(kernels:
     assert none.shape == (2, 3) and np.isinf(none).all()
 
 
+@compiled_only
 @pytest.mark.parametrize("packed", [True, False])
 def test_level_order_keys_are_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
@@ -378,3 +398,12 @@ def test_level_order_keys_are_the_same_with_and_without_the_compiled_kernels(
     if not packed:
         np.testing.assert_array_equal(compiled._rows, plain._rows)
         np.testing.assert_array_equal(compiled._w, plain._w)
+
+
+def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> None:
+    rng = np.random.default_rng(2)
+    feats = np.asfortranarray(rng.integers(-1, 3, size=(5, 2)))
+    node, row = rng.integers(0, 5, size=50), rng.integers(0, 40, size=50)
+    codes = rng.integers(0, 9, size=3 * 40).astype(np.int32)
+    order = _order.LevelOrder(feats, node, row, np.ones(50, np.int64), codes, 40, 4)
+    assert order.size == int((np.ascontiguousarray(feats)[node] >= 0).sum())
