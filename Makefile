@@ -10,9 +10,9 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# setup.py builds the compiled loops (fedforest_secure/_ckernels.c): a change to them reinstalls;
+# setup.py builds the compiled loops (fedforest_secure/_ckernels*.[ch]): a change to them reinstalls;
 # with a C compiler on the machine they must compile (without one, numpy runs them)
-$(STAMP): pyproject.toml setup.py fedforest_secure/_ckernels.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py $(wildcard fedforest_secure/_ckernels*.[ch]) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	FEDFOREST_REQUIRE_KERNELS=$$(command -v cc >/dev/null 2>&1 && echo 1 || echo 0) \
 	    $(BIN)/python -m pip install --quiet -e ".[dev]"

@@ -1,4 +1,4 @@
-"""The compiled loops of the engine's hot paths (``_ckernels.c``, built by ``setup.py``).
+"""The compiled loops of the engine's hot paths (``_ckernels*.c``, built by ``setup.py``).
 
 :data:`KERNELS` is the extension module, or None where it was not built (no C compiler at
 install time) or where ``FEDFOREST_NUMPY_KERNELS=1`` asks for the numpy code. Each compiled

@@ -38,3 +38,16 @@ def test_the_declared_licence_is_shipped() -> None:
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert _manifest_covers("LICENSE")
+
+
+def test_the_compiled_loops_sources_exist_and_their_header_ships() -> None:
+    """setup.py builds the extension from files that exist; the header they share (not a
+    source, so not shipped by setuptools on its own) is in MANIFEST.in."""
+    text = (ROOT / "setup.py").read_text()
+    sources = re.findall(r'"(fedforest_secure/_ckernels[\w]*\.[ch])"', text)
+    assert "fedforest_secure/_ckernels.c" in sources and "fedforest_secure/_ckernels.h" in sources
+    for path in sources:
+        assert (ROOT / path).exists(), path
+    assert sorted(p.name for p in (ROOT / "fedforest_secure").glob("_ckernels*.[ch]")) == \
+        sorted(Path(p).name for p in sources)
+    assert _manifest_covers("fedforest_secure/_ckernels.h")
