@@ -11,10 +11,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # setup.py builds the compiled loops (fedforest_secure/_ckernels*.[ch]): a change to them reinstalls;
-# with a C compiler on the machine they must compile (without one, numpy runs them)
+# where a C compiler and Python's headers are there they must compile (else numpy runs them)
+CAN_BUILD := command -v cc >/dev/null 2>&1 && $(BIN)/python -c "import os, sysconfig; \
+	raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"
 $(STAMP): pyproject.toml setup.py $(wildcard fedforest_secure/_ckernels*.[ch]) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	FEDFOREST_REQUIRE_KERNELS=$$(command -v cc >/dev/null 2>&1 && echo 1 || echo 0) \
+	FEDFOREST_REQUIRE_KERNELS=$$($(CAN_BUILD) && echo 1 || echo 0) \
 	    $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
