@@ -195,43 +195,36 @@ static int one_row(const double *flat, const double *weights, int64_t K, int64_t
 
 PyObject *pooled_rows(PyObject *self, PyObject *args)
 {
-    PyObject *o_pts, *o_w, *o_out;
+    PyObject *o[3];
+    Py_buffer v[3];
     Py_ssize_t R, K, P, n_bins;
-    Py_buffer pts, w, out;
     struct scratch sc;
     int64_t W, r;
-    int bad = 0;
+    int got = 0, bad = 0;
     char *mem;
+    static const char *fmt[3] = {"d", "d", "d"};
+    static const char *name[3] = {"points", "weights", "out"};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOnnnn", &o_pts, &o_w, &o_out, &R, &K, &P, &n_bins))
+    if (!PyArg_ParseTuple(args, "OOOnnnn", &o[0], &o[1], &o[2], &R, &K, &P, &n_bins))
         return NULL;
     if (R < 0 || K < 1 || P < 1 || n_bins < 2 || K > MAX_WIDTH || P > MAX_WIDTH
         || n_bins > MAX_WIDTH) {
         PyErr_SetString(PyExc_ValueError, "pooled_rows: bad shape");
         return NULL;
     }
-    if (get_buffer(o_pts, &pts, "d", 0, "points") != 0)
-        return NULL;
-    if (get_buffer(o_w, &w, "d", 0, "weights") != 0) {
-        PyBuffer_Release(&pts);
-        return NULL;
-    }
-    if (get_buffer(o_out, &out, "d", 1, "out") != 0) {
-        PyBuffer_Release(&pts);
-        PyBuffer_Release(&w);
-        return NULL;
-    }
+    if (get_buffers(o, v, fmt, name, 3, 2, &got) != 0)
+        goto done;
     W = (int64_t)K * P;
-    if (!bytes_eq(pts.len, R, K, P) || !bytes_eq(w.len, R, K, 1)
-        || !bytes_eq(out.len, R, n_bins - 1, 1)) {
+    if (!bytes_eq(v[0].len, R, K, P) || !bytes_eq(v[1].len, R, K, 1)
+        || !bytes_eq(v[2].len, R, n_bins - 1, 1)) {
         PyErr_SetString(PyExc_ValueError, "pooled_rows: array sizes do not match the shape");
-        goto fail;
+        goto done;
     }
     mem = malloc((size_t)W * (5 * sizeof(double) + 2 * sizeof(point) + sizeof(int64_t))
                  + sizeof(int64_t));
     if (mem == NULL) {
         PyErr_NoMemory();
-        goto fail;
+        goto done;
     }
     sc.dsp = (double *)mem;
     sc.djp = sc.dsp + W;
@@ -243,24 +236,15 @@ PyObject *pooled_rows(PyObject *self, PyObject *args)
     sc.runs = (int64_t *)(sc.tmp + W);
     Py_BEGIN_ALLOW_THREADS
     for (r = 0; r < R && !bad; r++)
-        bad = one_row((const double *)pts.buf + r * W, (const double *)w.buf + r * K, K, P,
-                      n_bins, (double *)out.buf + r * (n_bins - 1), &sc);
+        bad = one_row((const double *)v[0].buf + r * W, (const double *)v[1].buf + r * K, K,
+                      P, n_bins, (double *)v[2].buf + r * (n_bins - 1), &sc);
     Py_END_ALLOW_THREADS
     free(mem);
-    if (bad) {
+    if (bad)
         PyErr_SetString(PyExc_ValueError,
                         "pooled_rows: a client's list has a point after its NaN padding");
-        goto fail;
-    }
-    PyBuffer_Release(&pts);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
-fail:
-    PyBuffer_Release(&pts);
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&out);
-    return NULL;
+done:
+    return finish(v, got, Py_NewRef(Py_None));
 }
 
 /* The length of each NaN-padded list of points (N, P): its points before the first NaN.
@@ -268,33 +252,30 @@ fail:
  * written). */
 PyObject *list_lengths(PyObject *self, PyObject *args)
 {
-    PyObject *o_pts, *o_out;
-    Py_buffer pts, out;
-    Py_ssize_t P, N, i, bad = -1;
+    PyObject *o[2];
+    Py_buffer v[2];
+    Py_ssize_t P, N = 0, i, bad = -1;
+    int got = 0;
+    static const char *fmt[2] = {"d", "q"};
+    static const char *name[2] = {"points", "lengths"};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOn", &o_pts, &o_out, &P))
+    if (!PyArg_ParseTuple(args, "OOn", &o[0], &o[1], &P))
         return NULL;
     if (P < 1) {
         PyErr_SetString(PyExc_ValueError, "list_lengths: P must be >= 1");
         return NULL;
     }
-    if (get_buffer(o_pts, &pts, "d", 0, "points") != 0)
-        return NULL;
-    if (get_buffer(o_out, &out, "q", 1, "lengths") != 0) {
-        PyBuffer_Release(&pts);
-        return NULL;
-    }
-    N = out.len / 8;
-    if (!bytes_eq(pts.len, N, P, 1)) {
+    if (get_buffers(o, v, fmt, name, 2, 1, &got) != 0)
+        goto done;
+    N = v[1].len / 8;
+    if (!bytes_eq(v[0].len, N, P, 1)) {
         PyErr_SetString(PyExc_ValueError, "list_lengths: array sizes do not match");
-        PyBuffer_Release(&pts);
-        PyBuffer_Release(&out);
-        return NULL;
+        goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     {
-        const double *p = pts.buf;
-        int64_t *len = out.buf;
+        const double *p = v[0].buf;
+        int64_t *len = v[1].buf;
         for (i = 0; i < N; i++) {
             const double *row = p + i * P;
             Py_ssize_t j = 0, k;
@@ -311,9 +292,8 @@ PyObject *list_lengths(PyObject *self, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&pts);
-    PyBuffer_Release(&out);
-    return PyLong_FromSsize_t(bad);
+done:
+    return finish(v, got, PyLong_FromSsize_t(bad));
 }
 
 /* One block s0 .. e0 of sketch_values (fields: weights, codes of item sizes ws, cs): its

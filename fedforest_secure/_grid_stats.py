@@ -67,12 +67,7 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
     pos = np.full(n_nodes, -1, dtype=np.int64)
     pos[nodes] = np.arange(E)
     if _kernels.KERNELS is not None:  # the same bins and sums, pair by pair
-        def i64(a: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(a, dtype=np.int64)
-
-        def f64(a: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(a, dtype=np.float64)
-
+        i64, f64 = _kernels.i64, _kernels.f64
         _kernels.KERNELS.grid_sums(i64(node), i64(row), i64(weight), pos, i64(feats), f64(thr),
                                    i64(uniq_off), f64(uniq_all), i64(codes), f64(y), out,
                                    n_rows, m, S, 1 if classes else 0, int(has_missing),

@@ -12,7 +12,9 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["KERNELS", "compiled"]
+import numpy as np
+
+__all__ = ["KERNELS", "compiled", "f64", "i64"]
 
 
 def compiled() -> ModuleType | None:
@@ -27,3 +29,13 @@ def compiled() -> ModuleType | None:
 
 #: the compiled loops, or None: numpy throughout
 KERNELS: ModuleType | None = compiled()
+
+
+def i64(a: np.ndarray) -> np.ndarray:
+    """``a`` as the C-contiguous int64 array the compiled loops read (no copy if it is one)."""
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    """``a`` as the C-contiguous float64 array the compiled loops read (no copy if it is one)."""
+    return np.ascontiguousarray(a, dtype=np.float64)

@@ -102,11 +102,11 @@ class LevelStatistics:
             book = self.book
             missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
             _kernels.KERNELS.sketch_values(
-                w, ws, wm, code, cs, cm, np.ascontiguousarray(edges, dtype=np.int64),
-                wanted.astype(np.int64), np.ascontiguousarray(fl, dtype=np.int64),
-                np.ascontiguousarray(book.uniq_off, dtype=np.int64),
-                np.ascontiguousarray(book.uniq_all, dtype=np.float64),
-                np.ascontiguousarray(missing, dtype=np.int64), out, n_points, r)
+                w, ws, wm, code, cs, cm, _kernels.i64(edges),
+                wanted.astype(np.int64), _kernels.i64(fl),
+                _kernels.i64(book.uniq_off),
+                _kernels.f64(book.uniq_all),
+                _kernels.i64(missing), out, n_points, r)
             return out.reshape(n_nodes, m, n_points + 1)
         for b0, b1 in order.chunks(edges):
             e0, e1 = int(edges[b0]), int(edges[b1])
@@ -313,21 +313,21 @@ class LevelStatistics:
         nb = thr2.shape[1] + 1
         sums = np.zeros(blk.size * nb * S)
         kernels = _kernels.KERNELS
-        if blk.size == 0 or order.size == 0 or kernels is None:
+        if kernels is None:  # pragma: no cover - the caller checks
             return sums
         classes = self.config.task != "regression" and S > 1
         if self._y64 is None:
-            self._y64 = np.ascontiguousarray(self.y, dtype=np.float64)
+            self._y64 = _kernels.f64(self.y)
         missing = book.missing_code if self.config.has_missing else np.empty(0, np.int64)
         (code, cs, cm), (rows, rs, rm), (w, ws, wm) = order.fields()
         kernels.histogram_blocks(code, cs, cm, rows, rs, rm, w, ws, wm,
-                                 np.ascontiguousarray(order.all_edges(), dtype=np.int64),
-                                 np.ascontiguousarray(blk, dtype=np.int64),
-                                 np.ascontiguousarray(order.feats.reshape(-1), dtype=np.int64),
-                                 np.ascontiguousarray(book.uniq_off, dtype=np.int64),
-                                 np.ascontiguousarray(book.uniq_all, dtype=np.float64),
-                                 np.ascontiguousarray(missing, dtype=np.int64),
-                                 np.ascontiguousarray(thr2, dtype=np.float64), self._y64, sums,
+                                 _kernels.i64(order.all_edges()),
+                                 _kernels.i64(blk),
+                                 _kernels.i64(order.feats.reshape(-1)),
+                                 _kernels.i64(book.uniq_off),
+                                 _kernels.f64(book.uniq_all),
+                                 _kernels.i64(missing),
+                                 _kernels.f64(thr2), self._y64, sums,
                                  S, 1 if classes else 0)
         return sums
 

@@ -68,9 +68,8 @@ class LevelOrder:
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows
         if _kernels.KERNELS is not None and codes.dtype == np.int32:  # the same keys, one pass
             n_unused = _kernels.KERNELS.order_keys(
-                np.ascontiguousarray(node64), np.ascontiguousarray(row64),
-                np.ascontiguousarray(weight, dtype=np.int64), np.ascontiguousarray(codes),
-                np.ascontiguousarray(fstart), np.ascontiguousarray(feats < 0, dtype=np.int64),
+                _kernels.i64(node64), _kernels.i64(row64), _kernels.i64(weight),
+                np.ascontiguousarray(codes), _kernels.i64(fstart), _kernels.i64(feats < 0),
                 keys, m, self.shift, hi, int(self.packed))
         else:
             n_unused = self._keys_numpy(keys, feats, node, node64, row64, weight, codes,

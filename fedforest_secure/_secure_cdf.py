@@ -153,11 +153,11 @@ class Marginal:
         same bits), or None where it is not built."""
         if _kernels.KERNELS is None:
             return None
-        vals = np.ascontiguousarray(values, dtype=np.float64)
+        vals = _kernels.f64(values)
         out = np.empty(vals.shape)
-        _kernels.KERNELS.marginal_at(np.ascontiguousarray(self.xs, dtype=np.float64),
-                                     np.ascontiguousarray(self.cdf, dtype=np.float64),
-                                     np.ascontiguousarray(feats, dtype=np.int64), vals, out,
+        _kernels.KERNELS.marginal_at(_kernels.f64(self.xs),
+                                     _kernels.f64(self.cdf),
+                                     _kernels.i64(feats), vals, out,
                                      self.xs.shape[1], mode)
         return out
 
@@ -447,10 +447,10 @@ class SecureCdfPlanner:
         if _kernels.KERNELS is not None and B >= 2:  # the same picks, row by row
             pick = np.empty((rows.size, B - 1), dtype=np.int64)
             _kernels.KERNELS.grid_picks(rows.astype(np.int64),
-                                        np.ascontiguousarray(self.counts, dtype=np.float64),
-                                        np.ascontiguousarray(total, dtype=np.float64),
-                                        np.ascontiguousarray(self.edges, dtype=np.float64),
-                                        np.ascontiguousarray(self.bnu, dtype=np.int64), pick,
+                                        _kernels.f64(self.counts),
+                                        _kernels.f64(total),
+                                        _kernels.f64(self.edges),
+                                        _kernels.i64(self.bnu), pick,
                                         B, W)
             return rows, pick
         cum = np.cumsum(self.counts[rows], axis=1)[:, :W] / total[rows, None]

@@ -255,7 +255,7 @@ def list_lengths(points: np.ndarray) -> np.ndarray:
     P = shape[-1] if len(shape) else 0
     if P == 0 or points.size == 0:
         return np.zeros(shape[:-1], dtype=np.int64)
-    flat = np.ascontiguousarray(points, dtype=np.float64).reshape(-1, P)
+    flat = _kernels.f64(points).reshape(-1, P)
     if _kernels.KERNELS is not None:
         out = np.empty(flat.shape[0], dtype=np.int64)
         bad = _kernels.KERNELS.list_lengths(flat, out, P)
@@ -322,8 +322,8 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
         every = bool(keep.all())
         pts = points if every else points[keep]
         res = out if every else np.full((pts.shape[0], n_bins - 1), np.inf)
-        _kernels.KERNELS.pooled_rows(np.ascontiguousarray(pts, dtype=np.float64),
-                                     np.ascontiguousarray(weights if every else weights[keep]),
+        _kernels.KERNELS.pooled_rows(_kernels.f64(pts),
+                                     _kernels.f64(weights if every else weights[keep]),
                                      res, *pts.shape, n_bins)
         if not every:
             out[keep] = res
