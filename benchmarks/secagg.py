@@ -5,7 +5,7 @@ clients K, with one client dropping after sharing (so the server reconstructs a 
 and times:
 
 * client: range-checked fixed-point encoding of a float64 vector + ``mask`` (self mask and K-1
-  pairwise masks, AES-256-CTR), fused in one pass over cache-sized blocks
+  pairwise masks, AES-128-CTR), fused in one pass over cache-sized blocks
   (``mask(delivery, values, codec=codec)``); "2-pass" is ``codec.encode`` then
   ``mask(..., inplace=True)`` (client 1 of the same round, for comparison);
 * server: ``finish`` (sum of uploads, Shamir reconstruction, removal of every mask).

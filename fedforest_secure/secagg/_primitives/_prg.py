@@ -1,9 +1,12 @@
-"""Pseudo-random masks: a full 256-bit seed expanded by AES-256-CTR into uint64 words.
+"""Pseudo-random masks: a 256-bit seed expanded by AES-128-CTR into uint64 words.
 
-The keystream of ``AES-256-CTR(key=seed, nonce=0^16)`` is read as little-endian uint64 words.
-A seed is used for exactly one vector (the recipes derive a fresh seed per round and pair), so the
-fixed nonce is safe. Keystream is written into a preallocated buffer with ``update_into`` and added
-to (or subtracted from) the accumulator in place; numpy uint64 arithmetic wraps modulo 2^64.
+The keystream of ``AES-128-CTR(key=seed[:16], initial counter block=seed[16:])`` is read as
+little-endian uint64 words. AES-128 matches the security level of the keys the seeds come from
+(X25519 agreements and Ed25519 signatures give about 128 bits) and expands faster than
+AES-256 here; every bit of the seed is used. A seed is used for exactly one vector (the recipes
+derive a fresh seed per round and pair), so no counter block is ever reused under one key.
+Keystream is written into a preallocated buffer with ``update_into`` and added to (or subtracted
+from) the accumulator in place; numpy uint64 arithmetic wraps modulo 2^64.
 """
 
 from __future__ import annotations
@@ -14,9 +17,15 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-_NONCE = bytes(16)
 _U64 = np.dtype("<u8")
 _BLOCK = 1 << 14  # words per cache-sized block (128 KiB) in apply_masks
+
+
+def _encryptor(seed: bytes) -> Any:
+    """The AES-128-CTR keystream generator of a 32-byte seed."""
+    if len(seed) != 32:
+        raise ValueError("a PRG seed is exactly 32 bytes")
+    return Cipher(algorithms.AES(seed[:16]), modes.CTR(seed[16:])).encryptor()
 
 
 def expand(seed: bytes, length: int) -> np.ndarray:
@@ -39,11 +48,9 @@ class Expander:
 
     def keystream_into(self, seed: bytes, out: np.ndarray) -> None:
         """Write the keystream of ``seed`` into ``out`` (uint64, C-contiguous, ``length`` long)."""
-        if len(seed) != 32:
-            raise ValueError("a PRG seed is exactly 32 bytes")
         if out.dtype != _U64 or out.shape != (self.length,) or not out.flags.c_contiguous:
             raise ValueError("out must be a contiguous uint64 vector of the expander's length")
-        enc = Cipher(algorithms.AES(seed), modes.CTR(_NONCE)).encryptor()
+        enc = _encryptor(seed)
         enc.update_into(self._zeros, memoryview(out.view(np.uint8)))  # type: ignore[arg-type]
         enc.finalize()
 
@@ -80,12 +87,8 @@ def apply_masks(acc: np.ndarray, plus: list[bytes], minus: list[bytes],
         raise ValueError("src must be a uint64 vector shaped like acc")
     if src is not None and fill is not None:
         raise ValueError("give src or fill, not both")
-    if any(len(s) != 32 for s in (*plus, *minus)):
-        raise ValueError("a PRG seed is exactly 32 bytes")
-    steps: list[tuple[Any, Callable[..., Any]]] = [
-        (Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.add) for s in plus]
-    steps += [(Cipher(algorithms.AES(s), modes.CTR(_NONCE)).encryptor(), np.subtract)
-              for s in minus]
+    steps: list[tuple[Any, Callable[..., Any]]] = [(_encryptor(s), np.add) for s in plus]
+    steps += [(_encryptor(s), np.subtract) for s in minus]
     n = acc.shape[0]
     if n == 0:
         return
