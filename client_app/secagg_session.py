@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
-from fedforest_secure.protocol import Task, layout_size, question_key
+from fedforest_secure.protocol import Task, question_key
 from fedforest_secure.protocol.api import Directory, RefuseBody
 from fedforest_secure.secagg import (
     RoundSetup,
@@ -52,7 +52,7 @@ from fedforest_secure.secagg import (
     parse,
 )
 from fedforest_secure.secagg.directory import Certification, verify_directory
-from fedforest_secure.secure_sum import unmask_floor
+from fedforest_secure.secure_sum import make_codec, unmask_floor
 
 from .state import ClientState
 from .transport import Transport
@@ -171,7 +171,7 @@ class SecAggSession:
         setup = parse(RoundSetup, message)
         if (setup.round_id != task.round_id or setup.task_digest != task.digest()
                 or setup.question != question_key(task)
-                or setup.vector_length != layout_size(task.layout)):
+                or setup.vector_length != make_codec(self.config, task).words):
             raise ProtocolError("the round setup does not describe the task this client was "
                                 "given (digest, question or vector length differ)")
         # SecAggClient checks the signatures and its own rules (>= 3 clients, t a strict majority)

@@ -29,6 +29,7 @@ from . import _impurity, _leaves, _random_splits, _splits
 from ._candidates import RandomSplits, fixed_width_grid, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
 from ._layouts import CLASS_TOTALS_BLOCK, class_totals_block, counts_block, totals_block
+from ._packing import PACKED_KINDS, count_lane_bits, packs
 from ._planner import (
     Disclosures,
     Frontier,
@@ -188,8 +189,23 @@ class Coordinator:
         self.rounds_by_kind[kind.value] = self.rounds_by_kind.get(kind.value, 0) + 1
         if self.policy.dp and layout_size(layout) > 0:
             params = dict(params, dp=self.policy.noise_params(self._round, kind, level, layout))
+        bits = self._pack_bits(layout)
+        if bits is not None:
+            params = dict(params, pack=bits)
         return Task(job_id=self.config.job_id, round_id=self._round, kind=kind, level=level,
                     params=params, arrays=arrays, layout=layout, disclose=disclose)
+
+    def _pack_bits(self, layout: tuple[Block, ...]) -> int | None:
+        """The count lane of a round whose grid cells are packed (:mod:`._packing`), from the
+        forest's largest pooled root count; None: one word per entry."""
+        if not packs(self.config) or not any(tuple(b.kinds) == PACKED_KINDS and b.size
+                                             for b in layout):
+            return None
+        n = float(self._root_n.max()) if self._root_n.size else 0.0
+        if not n >= 1.0:  # no root totals yet
+            return None
+        return count_lane_bits(n, int(self.config.profile.get("frac_bits", 24)),
+                               self.config.n_clients)
 
     def _sketch_task(self, level: int, n_nodes: int, routing: dict[str, np.ndarray] | None,
                      feats: np.ndarray | None, grouped: bool) -> Task:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._packing import Packing, packs
 from .config import JobConfig
-from .errors import BudgetError
+from .errors import BudgetError, InvalidMessage
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 from .secagg.encoding import Periodic
@@ -32,20 +33,38 @@ _MAX_COUNT = float(2**36)
 
 @dataclass(frozen=True)
 class StatCodec:
-    """Scale then fixed-point-encode one round's summable vector."""
+    """Scale then fixed-point-encode one round's summable vector (and, under secure
+    aggregation with a task that names a count lane, pack its grid cells two entries to a word:
+    :mod:`fedforest_secure._packing`)."""
 
     ring: RingCodec
     #: per entry: one for all, per-entry values, or one value per column of each layout block
     scale: np.ndarray | Periodic | float
+    #: the packing of the uploaded words, or None: one word per entry
+    packing: Packing | None = None
+
+    @property
+    def words(self) -> int:
+        """Words of a client's upload (and of the masked sum)."""
+        return self.ring.size if self.packing is None else self.packing.words
 
     def encode(self, values: np.ndarray) -> np.ndarray:
+        """One client's upload: the encoded entries, packed if the codec packs."""
+        return self.pack(self.encode_entries(values))
+
+    def encode_entries(self, values: np.ndarray) -> np.ndarray:
+        """The ring encoding of every entry (one word each)."""
         vals = np.asarray(values, dtype=np.float64)
         if isinstance(self.scale, float) and self.scale == 1.0:
             return self.ring.encode(vals)  # v / 1.0 == v exactly: no pass, no temporary
         return self.ring.encode_divided(vals, self.scale)
 
+    def pack(self, entries: np.ndarray) -> np.ndarray:
+        return entries if self.packing is None else self.packing.pack(entries)
+
     def decode(self, total: np.ndarray) -> np.ndarray:
-        out = self.ring.decode(total)
+        """The sum's statistics from the sum of the uploads (unpacked first if packed)."""
+        out = self.ring.decode(total if self.packing is None else self.packing.unpack(total))
         if isinstance(self.scale, Periodic):
             for a, b, pat in self.scale.rows():
                 rows = out[a:b].reshape(-1, pat.size)
@@ -103,7 +122,7 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
         scale = Periodic([(per_kind_scale[p], r) for p, r in runs if r])
     else:
         scale = np.ones(0)
-    codec = StatCodec(ring=ring, scale=scale)
+    codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task, frac))
     if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
         _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
     _CODEC_CACHE[key] = (config, codec)
@@ -111,6 +130,16 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
 
 
 _CODEC_CACHE: dict[object, tuple[JobConfig, StatCodec]] = {}
+
+
+def _packing_of(config: JobConfig, task: Task, frac_bits: int) -> Packing | None:
+    bits = task.params.get("pack")
+    if bits is None or not packs(config):
+        return None
+    try:
+        return Packing.of(task.layout, bits, frac_bits)
+    except ValueError as exc:
+        raise InvalidMessage(f"the task's packing: {exc}") from None
 
 
 def noise_units(config: JobConfig) -> dict[str, float]:
@@ -150,12 +179,13 @@ def noise_sigmas(config: JobConfig, layout: tuple[Block, ...], level: int
 
 
 def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarray:
-    """What a client uploads for a round: its reply encoded in the ring (plus DP noise, if any).
+    """What a client uploads for a round: its reply encoded in the ring (plus DP noise, if any),
+    packed where the codec packs (:attr:`StatCodec.packing`).
 
     This runs on the client, before masking; the server only ever adds these up.
     """
     codec = make_codec(config, task)
-    encoded = codec.encode(reply.summable)
+    encoded = codec.encode_entries(reply.summable)
     if config.dp is not None and encoded.size:
         from .privacy import sample_discrete_gaussian
 
@@ -168,6 +198,7 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
             if float(sigma) > 0 and sel.any():
                 noise[sel] = sample_discrete_gaussian(float(sigma), int(sel.sum()))
         encoded = encoded + noise.view(np.uint64)  # wraps mod 2^64: signed noise in the ring
+    encoded = codec.pack(encoded)
     return encoded
 
 
@@ -219,7 +250,7 @@ class RingAggregator:
 
             codec = make_codec(self.config, task)
             total = self._secagg.sum_produced(task.question_digest().hex(), task.digest(),
-                                              range(n_clients), codec.ring.size, produce)
+                                              range(n_clients), codec.words, produce)
             return codec.decode(total), disclosed
         running: np.ndarray | None = None
         for k in range(n_clients):
@@ -247,7 +278,7 @@ class RingAggregator:
             question = task.question_digest().hex()  # differencing: one answer per question
             total = self._secagg.sum(question, task.digest(), encoded)
         else:
-            total = np.zeros(codec.ring.size, dtype=np.uint64)
+            total = np.zeros(codec.words, dtype=np.uint64)
             for k in sorted(encoded):
                 total += encoded[k]
         return codec.decode(total)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.protocol import SealedTask
+from fedforest_secure.protocol import SealedTask, layout_size
 from fedforest_secure.secure_sum import StatCodec
 
 from .engine import PlainBounds, RoundEngine, plain_bounds, round_codec, uses_secagg
@@ -52,6 +52,13 @@ class JobRuntime:
         """Hold ``task`` as the open round's task, with its codec."""
         self.task = task
         self.codec = round_codec(self.config, task)
+
+    def words(self) -> int:
+        """Words of the open round's uploads: its codec's (packed grid cells one word each),
+        or one per entry of the layout (float64 rounds)."""
+        if self.task is None:
+            raise RuntimeError("no open round")
+        return self.codec.words if self.codec is not None else layout_size(self.task.layout)
 
     def bounds(self) -> PlainBounds:
         """The open round's plaintext bounds (computed once per round)."""

@@ -160,5 +160,5 @@ class Runtimes:
             signatures=msgs.get("signature", {}),
             dropped=dropped_members(sess, rt.job_id) & set(asked),
             refused=msgs.get("refuse", {}))
-        bridge.resume(task, asked, stored)
+        bridge.resume(task, asked, stored, rt.words())
         event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id, phase=rr.phase)

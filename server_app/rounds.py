@@ -384,7 +384,7 @@ class RoundDriver:
             self.fail(sess, job, f"clients {missing} have no registered identity key", None, rt)
             return
         riding = dict(bridge.pending)
-        sr = bridge.start(task, active)
+        sr = bridge.start(task, active, rt.words())
         for idx in sorted(sr.server.advertised):  # the adverts that rode on the last round
             add_message(sess, job.id, task.round_id, "advert", idx,
                         riding[idx].model_dump_json())

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.protocol import Task, layout_size, question_key
+from fedforest_secure.protocol import Task, question_key
 from fedforest_secure.secagg import KeyAdvert, SecAggServer
 
 from .secure_round import SecureRound, StoredRound
@@ -52,10 +52,12 @@ class SecAggBridge:
     pending: dict[int, KeyAdvert] = field(default_factory=dict)
     current: SecureRound | None = None
 
-    def start(self, task: Task, participants: list[int]) -> SecureRound:
-        """Open the secure round of ``task``; feed it the adverts that rode on the last round."""
+    def start(self, task: Task, participants: list[int], words: int) -> SecureRound:
+        """Open the secure round of ``task``, whose uploads are ``words`` long (the round
+        codec's :attr:`~fedforest_secure.secure_sum.StatCodec.words`); feed it the adverts
+        that rode on the last round."""
         server = SecAggServer(self.job_id, task.round_id, question_key(task), task.digest(),
-                              layout_size(task.layout), self.threshold, dict(self.directory),
+                              words, self.threshold, dict(self.directory),
                               self.neighbours, streaming=True)
         sr = SecureRound(task.round_id, server, frozenset(participants))
         for idx in sorted(participants):
@@ -66,14 +68,15 @@ class SecAggBridge:
         self.current = sr
         return sr
 
-    def resume(self, task: Task, participants: list[int], stored: StoredRound) -> SecureRound:
+    def resume(self, task: Task, participants: list[int], stored: StoredRound,
+               words: int) -> SecureRound:
         """Rebuild the open round of ``task`` from its stored messages (after a restart).
 
         Raises :class:`RuntimeError` if the stored messages do not lead back to the stored
         phase (the state machine's own checks run on every replayed message).
         """
         self.pending = {}
-        sr = self.start(task, participants)
+        sr = self.start(task, participants, words)
         try:
             sr.replay(stored)
         except FedForestError as exc:

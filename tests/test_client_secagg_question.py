@@ -85,7 +85,7 @@ def test_the_question_is_the_task_content_without_the_round_id() -> None:
     # the server announces exactly the key the client recomputes
     fed = Federation()
     bridge = SecAggBridge(JOB, 0.67, directory=dict(fed.directory))
-    sr = bridge.start(t1, list(range(fed.k)))
+    sr = bridge.start(t1, list(range(fed.k)), L)
     assert sr.server.question == question_key(t1)
 
 
@@ -160,3 +160,28 @@ def test_a_junk_parameter_does_not_make_the_same_histogram_a_new_question() -> N
         return  # refused: the fix
     assert not np.array_equal(total1 - total2, enc1[3]), \
         "the server recovered client 3's exact histogram with a junk parameter"
+
+
+def test_another_packing_does_not_make_the_same_histogram_a_new_question() -> None:
+    from test_adversarial_server import _advance, _secure_config, _workers
+
+    from fedforest_secure.coordinator import Coordinator
+    from fedforest_secure.secagg import InProcessSecureSum
+    from fedforest_secure.secure_sum import encode_contribution, make_codec
+
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    task = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    assert "pack" in task.params and make_codec(cfg, task).packing is not None
+    agg = InProcessSecureSum(range(4), threshold=0.67, job_id=JOB)
+    enc1 = {k: encode_contribution(cfg, task, wk.handle(task)) for k, wk in enumerate(ws)}
+    agg.sum(question_key(task), task.digest(), enc1)
+    # the same grid re-asked with a wider count lane over clients 0-2: the same question
+    again = Task(job_id=task.job_id, round_id=task.round_id + 1, kind=task.kind,
+                 level=task.level, params={**task.params, "pack": task.params["pack"] + 1},
+                 arrays=task.arrays, layout=task.layout, disclose=task.disclose)
+    assert again.digest() != task.digest()  # the masks are bound to the packing too
+    assert question_key(again) == question_key(task)
+    with pytest.raises(RefusedRequest, match="already answered"):  # a worker refuses it
+        enc2 = {k: encode_contribution(cfg, again, ws[k].handle(again)) for k in (0, 1, 2)}
+        agg.sum(question_key(again), again.digest(), enc2)

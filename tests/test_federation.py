@@ -111,10 +111,14 @@ def test_secure_profile_sums_everything_through_secagg() -> None:
     for _, replies in rec.calls:
         assert sorted(replies) == list(range(K))
         assert all(rep.disclosed == {} for rep in replies.values())
-    # one masked upload per client per round, each as long as that round's vector
+    # one masked upload per client per round, each as long as that round's vector (a grid's
+    # cells packed one word each)
     uploads = [m for m in ring.transcript if isinstance(m, Upload)]
     assert len(uploads) == K * len(rounds)
-    sizes = [make_codec(cfg, t).ring.size for t, _ in rec.calls]
+    codecs = [make_codec(cfg, t) for t, _ in rec.calls]
+    assert any(c.packing is not None for c in codecs)
+    assert all(c.words < c.ring.size for c in codecs if c.packing is not None)
+    sizes = [c.words for c in codecs]
     assert sorted(u.vector.size for u in uploads) == sorted(s for s in sizes for _ in range(K))
     assert ring._secagg is not None and ring._secagg.round_id == len(rounds)
     # what the server holds per round is the sum, and the uploads are not the encodings

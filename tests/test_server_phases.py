@@ -44,7 +44,7 @@ def test_a_plan_must_be_one_chain_and_names_only_its_phases() -> None:
 
 def _round(fed: Federation, round_id: int = 0) -> SecureRound:
     bridge = SecAggBridge(JOB, fed.threshold, directory=dict(fed.directory))
-    return bridge.start(_task(round_id), list(range(fed.k)))
+    return bridge.start(_task(round_id), list(range(fed.k)), L)
 
 
 def test_a_secure_round_moves_only_along_its_table_and_yields_the_sum() -> None:

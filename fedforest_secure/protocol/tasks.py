@@ -61,8 +61,9 @@ class TaskKind(enum.StrEnum):
 #: Task parameters a client reads, per task kind; anything else is refused (a server must not
 #: dress up a repeated question as a new one with an unused parameter).
 TASK_PARAMS: dict[TaskKind, frozenset[str]] = {
-    TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "stats", "dp"}),
-    TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp"}),
+    TaskKind.SKETCH: frozenset({"n_nodes", "n_points", "top_l", "totals", "stats", "dp",
+                                "pack"}),
+    TaskKind.HISTOGRAM: frozenset({"stats", "purpose", "dp", "pack"}),
     TaskKind.EVALUATE: frozenset({"dp"}),
 }
 TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
@@ -78,8 +79,10 @@ TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
     TaskKind.HISTOGRAM: frozenset({"nodes", "features", "thresholds"}),
     TaskKind.EVALUATE: frozenset(),
 }
-#: Parameters published for transparency only (clients recompute them): not part of a question.
-_INFORMATIONAL = frozenset({"dp", "purpose"})
+#: Parameters not part of a question: published for transparency only (clients recompute them),
+#: or saying how the answer is encoded, not what it is ("pack": the count lane of packed grid
+#: cells, fedforest_secure._packing), so a server cannot make a question "new" with them.
+_INFORMATIONAL = frozenset({"dp", "purpose", "pack"})
 
 
 @dataclass

@@ -122,8 +122,9 @@ class EntryBounds(Protocol):
 
 
 def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str,
-                       bounds: EntryBounds | None = None) -> None:
-    """The upload answers exactly this task, in the round's encoding and layout.
+                       bounds: EntryBounds | None = None, words: int | None = None) -> None:
+    """The upload answers exactly this task, in the round's encoding and layout: ``words``
+    long (the round codec's, where it packs grid cells), else one word per layout entry.
 
     ``bounds`` (plaintext rounds only: the server sees each client's vector) range-checks every
     entry against the codec's public bound, so no client can push the round's sum out of range
@@ -134,7 +135,7 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
     if up.encoding != encoding:
         raise UploadRejected("wrong_encoding", f"this round expects {encoding} vectors")
     want = np.dtype(np.uint64) if encoding == "uint64" else np.dtype(np.float64)
-    n = layout_size(task.layout)
+    n = layout_size(task.layout) if words is None else words
     if up.summable.dtype != want or up.summable.shape != (n,):
         raise UploadRejected("wrong_layout",
                              f"the summable vector must be {encoding} of length {n}")

@@ -2,11 +2,11 @@
 
 The keystream of ``AES-128-CTR(key=seed[:16], initial counter block=seed[16:])`` is read as
 little-endian uint64 words. AES-128 matches the security level of the keys the seeds come from
-(X25519 agreements and Ed25519 signatures give about 128 bits) and expands faster than
-AES-256 (``benchmarks/secagg.py --prg``); every bit of the seed is used. A seed is used for exactly one vector (the recipes
-derive a fresh seed per round and pair), so no counter block is ever reused under one key.
-Keystream is written into a preallocated buffer with ``update_into`` and added to (or subtracted
-from) the accumulator in place; numpy uint64 arithmetic wraps modulo 2^64.
+(X25519 agreements and Ed25519 signatures give about 128 bits) and expands faster than AES-256
+(``benchmarks/secagg.py --prg``); every bit of the seed is used. A seed is used for exactly one
+vector (the recipes derive a fresh seed per round and pair), so no counter block is ever reused
+under one key. Keystream is written into a preallocated buffer with ``update_into`` and added
+to (or subtracted from) the accumulator in place; numpy uint64 arithmetic wraps modulo 2^64.
 """
 
 from __future__ import annotations
