@@ -2,8 +2,9 @@
  * candidates (fedforest_secure._sketch), a worker's level-order keys, quantile points and
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
- * (fedforest_secure.secagg._primitives._ring). The loops are in _ckernels_sketch.c and
- * _ckernels_stats.c; this file holds the helpers they share and the module's table.
+ * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
+ * (fedforest_secure._packing). The loops are in _ckernels_sketch.c, _ckernels_stats.c and
+ * _ckernels_pack.c; this file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -143,6 +144,9 @@ static PyMethodDef methods[] = {
     {"encode_values", encode_values, METH_VARARGS,
      "encode_values(values, divisor, factor, limit, out) -> -1 or the first index out of "
      "range: round(values / divisor * factor) into the ring."},
+    {"pack_cells", pack_cells, METH_VARARGS,
+     "pack_cells(entries, out, s_bits, count_limit, sum_shift) -> -1 or the first cell "
+     "outside its lanes: each (count, sum) pair of entries as (count << s_bits) + sum."},
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},

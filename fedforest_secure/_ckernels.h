@@ -83,5 +83,6 @@ PyObject *grid_sums(PyObject *self, PyObject *args);
 PyObject *marginal_at(PyObject *self, PyObject *args);
 PyObject *grid_picks(PyObject *self, PyObject *args);
 PyObject *encode_values(PyObject *self, PyObject *args);
+PyObject *pack_cells(PyObject *self, PyObject *args);
 
 #endif

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _kernels
 from .config import JobConfig
 from .errors import OverflowRisk
 from .protocol import Block, StatKind
@@ -59,6 +60,26 @@ def count_lane_bits(max_count: float, frac_bits: int, n_clients: int) -> int | N
     return c
 
 
+def _pack_cells(entries: np.ndarray, out: np.ndarray, count_bits: int, frac_bits: int) -> int:
+    """``out[i] = (count << S) + sum`` for each cell ``(count, sum) = entries[2i:2i+2]``
+    (``S = 64 - count_bits``), after checking ``count < 2^(count_bits-1)`` and
+    ``|sum| <= count << (frac_bits + 1)``: -1, or the first cell outside (``out`` then partly
+    written). ``2 count_bits + frac_bits <= 63``, so the limits do not wrap."""
+    s_bits, limit, shift = 64 - count_bits, 1 << (count_bits - 1), frac_bits + 1
+    kernels = _kernels.KERNELS
+    if kernels is not None:
+        return int(kernels.pack_cells(entries, out, s_bits, limit, shift))
+    counts, sums = entries[0::2], entries[1::2]
+    lim = counts << np.uint64(shift)
+    # |sum| <= lim exactly when sum + lim (modulo 2^64) is at most 2 lim
+    bad = (counts >= np.uint64(limit)) | ((sums + lim) > (lim << np.uint64(1)))
+    if bad.any():
+        return int(np.flatnonzero(bad)[0])
+    np.left_shift(counts, np.uint64(s_bits), out=out)
+    out += sums  # wraps modulo 2^64: a negative sum borrows from the count
+    return -1
+
+
 @dataclass(frozen=True)
 class Packing:
     """Where a layout's ``(COUNT, SUM)`` blocks sit and how their cells are packed."""
@@ -74,11 +95,16 @@ class Packing:
     def of(cls, layout: tuple[Block, ...], count_bits: int, frac_bits: int) -> Packing | None:
         """The packing of ``layout``'s ``(COUNT, SUM)`` blocks; None if it has none.
 
-        Raises ``ValueError`` for a lane width outside ``MIN_COUNT_BITS .. MAX_COUNT_BITS``."""
+        Raises ``ValueError`` for a lane width outside ``MIN_COUNT_BITS .. MAX_COUNT_BITS`` or
+        one whose largest checked sum, ``2 (2^(c-1) - 1) 2^f``, would not fit the sum lane
+        (``2 c + f > 63``): every cell a client packs then fits its word."""
         if isinstance(count_bits, bool) or not isinstance(count_bits, int) or not (
-                MIN_COUNT_BITS <= count_bits <= MAX_COUNT_BITS):
+                MIN_COUNT_BITS <= count_bits <= MAX_COUNT_BITS) \
+                or 2 * count_bits + frac_bits > 63:
             raise ValueError(f"a count lane of {count_bits!r} bits: expected an int in "
-                             f"{MIN_COUNT_BITS}..{MAX_COUNT_BITS}")
+                             f"{MIN_COUNT_BITS}..{MAX_COUNT_BITS} with 2 x bits + "
+                             f"{frac_bits} fraction bits <= 63 (a cell's largest sum must fit "
+                             f"its sum lane)")
         spans: list[tuple[int, int, bool]] = []
         at = 0
         for b in layout:
@@ -104,10 +130,9 @@ class Packing:
         Raises :class:`~fedforest_secure.errors.OverflowRisk` for a cell whose count is
         negative or not below ``2^(c-1)``, or whose |sum| exceeds ``2 count 2^f``."""
         enc = np.asarray(entries)
-        if enc.dtype != np.uint64 or enc.shape != (self.entries,):
-            raise ValueError(f"expected {self.entries} uint64 entries, got {enc.dtype} "
-                             f"{enc.shape}")
-        c, s_bits = self.count_bits, 64 - self.count_bits
+        if enc.dtype != np.uint64 or enc.shape != (self.entries,) or not enc.flags.c_contiguous:
+            raise ValueError(f"expected {self.entries} contiguous uint64 entries, got "
+                             f"{enc.dtype} {enc.shape}")
         out = np.empty(self.words, dtype=np.uint64)
         w = 0
         for a, b, packed in self.spans:
@@ -115,20 +140,16 @@ class Packing:
                 out[w:w + b - a] = enc[a:b]
                 w += b - a
                 continue
-            counts, sums = enc[a:b:2], enc[a + 1:b:2]
-            limit = 2.0 * counts.astype(np.float64) * 2.0**self.frac_bits
-            bad = (counts >= np.uint64(1 << (c - 1))) | ~(
-                np.abs(sums.view(np.int64).astype(np.float64)) <= limit)
-            if bad.any():
-                cell = int(np.flatnonzero(bad)[0])
-                raise OverflowRisk(
-                    f"entry {a + 2 * cell}: a cell of count {int(counts[cell].view(np.int64))} "
-                    f"and sum {int(sums[cell].view(np.int64))} ring units does not fit the "
-                    f"task's packing (a count in [0, 2^{c - 1}), |sum| at most 2 x count x "
-                    f"2^{self.frac_bits}: a target outside the job's bound?)")
             n = (b - a) // 2
-            np.left_shift(counts, np.uint64(s_bits), out=out[w:w + n])
-            out[w:w + n] += sums  # wraps modulo 2^64: a negative sum borrows from the count
+            bad = _pack_cells(enc[a:b], out[w:w + n], self.count_bits, self.frac_bits)
+            if bad >= 0:
+                count, total = enc[a + 2 * bad:a + 2 * bad + 2].view(np.int64)
+                c = self.count_bits
+                raise OverflowRisk(
+                    f"entry {a + 2 * bad}: a cell of count {int(count)} and sum {int(total)} "
+                    f"ring units does not fit the task's packing (a count in [0, 2^{c - 1}), "
+                    f"|sum| at most 2 x count x 2^{self.frac_bits}: a target outside the "
+                    f"job's bound?)")
             w += n
         return out
 

@@ -34,7 +34,8 @@ def _client_entries(rng: np.random.Generator, n_rows: int, sizes: tuple[int, ...
 
 
 @pytest.mark.parametrize("n_rows", [0, 1, 1000, 30_000])
-def test_the_sum_of_packed_uploads_unpacks_to_the_sum_of_the_entries(n_rows: int) -> None:
+def test_the_sum_of_packed_uploads_unpacks_to_the_sum_of_the_entries(n_rows: int,
+                                                                     kernels: str) -> None:
     rng = np.random.default_rng(n_rows)
     K = 7
     bits = count_lane_bits(K * max(n_rows, 1), F, K)
@@ -51,7 +52,7 @@ def test_the_sum_of_packed_uploads_unpacks_to_the_sum_of_the_entries(n_rows: int
     assert np.array_equal(packing.unpack(got), want)
 
 
-def test_lanes_hold_the_extremes_the_coordinator_allows() -> None:
+def test_lanes_hold_the_extremes_the_coordinator_allows(kernels: str) -> None:
     K, N = 10, 100_000
     bits = count_lane_bits(N, F, K)
     assert bits == N.bit_length() + 1
@@ -74,14 +75,17 @@ def test_counts_and_forests_that_do_not_fit_are_not_packed() -> None:
     assert count_lane_bits(float("nan"), F, 10) is None
     assert count_lane_bits(-1.0, F, 10) is None
     assert Packing.of((TOTALS,), 15, F) is None  # no (count, sum) block: nothing to pack
-    for bad in (1, 41, 15.0, True, "15"):
+    # 20 bits with 24 fraction bits: a cell's largest sum would not fit its 44-bit sum lane
+    for bad in (1, 41, 20, 15.0, True, "15"):
         with pytest.raises(ValueError, match="count lane"):
             Packing.of((HIST,), bad, F)  # type: ignore[arg-type]
+    assert Packing.of((HIST,), 19, F) is not None
 
 
 @pytest.mark.parametrize("cell", ["negative count", "count over the lane", "sum over 2 count",
                                   "sum under -2 count", "sum with no rows"])
-def test_a_cell_outside_the_lanes_is_refused_before_it_is_packed(cell: str) -> None:
+def test_a_cell_outside_the_lanes_is_refused_before_it_is_packed(cell: str,
+                                                                 kernels: str) -> None:
     bits = 15
     packing = Packing.of((HIST,), bits, F)
     assert packing is not None
@@ -138,3 +142,36 @@ def test_a_packed_secure_fit_grows_the_forest_of_the_unpacked_plain_sums(
     assert np.array_equal(packed.predict(X), plain.predict(X))
     for a, b in zip(packed.model_.trees, plain.model_.trees, strict=True):
         assert a.to_dict() == b.to_dict()
+
+
+def test_the_compiled_packer_gives_numpys_words_and_refusals(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedforest_secure import _kernels, _packing
+
+    if _kernels.KERNELS is None:
+        pytest.skip("the compiled loops are not built")
+    bits = 19
+    packing = Packing.of((Block("hist", (12, 2), (StatKind.COUNT, StatKind.SUM)),), bits, F)
+    assert packing is not None
+    top = 2**(bits - 1)
+    cells = [(0, 0), (1, 2 * 2**F), (1, -2 * 2**F), (top - 1, 2 * (top - 1) * 2**F),
+             (top - 1, -2 * (top - 1) * 2**F), (7, 3), (7, -3), (0, 1), (0, -1),
+             (1, 2 * 2**F + 1), (top, 0), (-1, 0), (5, -2**63), (5, 2**63 - 1)]
+    for count, total in cells:
+        entries = np.zeros(24, dtype=np.int64)
+        entries[0::2], entries[1::2] = 3, 3 * 2**F  # every other cell in range
+        entries[10], entries[11] = count, total
+        raw = entries.view(np.uint64)
+        results = []
+        for compiled in (True, False):
+            if not compiled:
+                monkeypatch.setattr(_kernels, "KERNELS", None)
+            out = np.zeros(12, dtype=np.uint64)
+            results.append((_packing._pack_cells(raw, out, bits, F), out))
+            monkeypatch.undo()
+        (bad_c, out_c), (bad_n, out_n) = results
+        assert bad_c == bad_n == (-1 if abs(total) <= 2 * count * 2**F and 0 <= count < top
+                                  else 5), (count, total)
+        if bad_c < 0:
+            assert np.array_equal(out_c, out_n)
+            assert np.array_equal(packing.unpack(out_c), raw)
