@@ -27,8 +27,10 @@ next level, the audit records).
 
 Bytes sent per client are counted by each client's transport (request bodies plus ~200 bytes of
 HTTP per request) and include the secure-aggregation messages. The summable payload is what the
-paper counts: 8-byte words of every round's summable vector (``layout_size`` of each task), and
-its bound ``8 T 2^M d_sampled B S`` (``d_sampled``: the features a node evaluates). The
+paper counts: 8 bytes per entry of every round's summable vector (``layout_size`` of each task),
+and its bound ``8 T 2^M d_sampled B S`` (``d_sampled``: the features a node evaluates); the
+uploaded vectors are the words the clients actually send (``StatCodec.words``: under secure
+aggregation a regression grid's cell, count and sum y, is packed into one word). The
 aggregation rounds (tasks with a summable vector) are counted per tree level.
 """
 
@@ -48,9 +50,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fedforest_cli.simulate import SimulateOptions, run_simulation
+from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import Task, layout_size
+from server_app.engine import round_codec
 from server_app.jobspec import build_config, load_job_spec
 
 
@@ -59,26 +63,31 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _training_span(db: Path, job_id: str) -> tuple[float, int, int, dict[int, int]]:
+def _training_span(db: Path, config: JobConfig
+                   ) -> tuple[float, int, int, int, dict[int, int]]:
     """(seconds from the first round issued to the last round closed, rounds, summable bytes
-    per client, aggregation rounds per tree level) of the training job ``job_id`` from the
+    per client (8 per entry), uploaded vector bytes per client (8 per word: packed grid
+    cells one word each), aggregation rounds per tree level) of the training job from the
     server's database (simulate runs an evaluation job after it). An aggregation round is one
     whose task asks a summable vector (a non-empty layout)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         t0, t1, n = con.execute("SELECT min(issued_at), max(closed_at), count(*) FROM rounds "
-                                "WHERE job_id = ?", (job_id,)).fetchone()
-        words = 0
+                                "WHERE job_id = ?", (config.job_id,)).fetchone()
+        entries = words = 0
         per_level: dict[int, int] = {}
-        for (blob,) in con.execute("SELECT task_blob FROM rounds WHERE job_id = ?", (job_id,)):
+        for (blob,) in con.execute("SELECT task_blob FROM rounds WHERE job_id = ?",
+                                   (config.job_id,)):
             task = Task.from_bytes(blob)
             size = layout_size(task.layout)
-            words += size
+            codec = round_codec(config, task)
+            entries += size
+            words += size if codec is None else codec.words
             if size:
                 per_level[task.level] = per_level.get(task.level, 0) + 1
     finally:
         con.close()
-    return float(t1 - t0), int(n), 8 * words, dict(sorted(per_level.items()))
+    return float(t1 - t0), int(n), 8 * entries, 8 * words, dict(sorted(per_level.items()))
 
 
 def _server_log(out: Path) -> str:
@@ -142,7 +151,7 @@ def main() -> None:
     res = run_simulation(opts)
     cpu_https = _children_cpu() - cpu0
     config = build_config(load_job_spec(a.out / "job.toml"))
-    train_s, rounds, summable, per_level = _training_span(a.out / "server.db", config.job_id)
+    train_s, rounds, summable, uploaded, per_level = _training_span(a.out / "server.db", config)
     t_inproc = cpu_inproc = float("nan")
     same_model: bool | None = None
     if not a.skip_in_process:
@@ -182,6 +191,7 @@ def main() -> None:
            "requests_per_client": requests,
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
+           "uploaded_vector_bytes_per_client": uploaded,
            "bound_8T2^MdBS": bound, "aggregation_rounds_per_level": per_level,
            "max_aggregation_rounds_per_level": max(per_level.values(), default=0),
            "phase_seconds": phases}
@@ -209,11 +219,11 @@ def main() -> None:
                   f"{train_s - sum(phases.values()):.2f} s")
         Console().print(p)
     b = Table(title="bytes per client")
-    for col in ("sent", "received", "summable payload", "8*T*2^M*d_sampled*B*S",
-                "sent / bound", "sent / payload"):
+    for col in ("sent", "received", "summable payload", "uploaded vectors",
+                "8*T*2^M*d_sampled*B*S", "sent / bound", "sent / vectors"):
         b.add_column(col, justify="right")
-    b.add_row(f"{sent:,}", f"{recv:,}", f"{summable:,}", f"{bound:,}", f"{sent / bound:.2f}",
-              f"{sent / summable:.2f}")
+    b.add_row(f"{sent:,}", f"{recv:,}", f"{summable:,}", f"{uploaded:,}", f"{bound:,}",
+              f"{sent / bound:.2f}", f"{sent / uploaded:.2f}")
     Console().print(b)
     if a.json is not None:
         a.json.write_text(json.dumps(out, indent=2) + "\n")
