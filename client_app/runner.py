@@ -571,11 +571,35 @@ def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
         r = session.open_round
         if r is not None and not session.refused(r):
             tr.retry_budget_s = min(tr.retry_budget_s, 5.0)
-            try:
-                session.refuse_round(r, "stopped")
-            except (FedForestError, OSError) as exc:
-                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+            _tell_stopped(ctx, session, r)
         raise
+
+
+def _tell_stopped(ctx: _Ctx, session: SecAggSession, r: int) -> None:
+    """Tell the server this site stopped: refuse round ``r`` or, where ``r`` closed meanwhile,
+    the round open now (this site's keys for it rode on its answer to ``r``, so the server
+    counts the site in and would wait for it until the step's deadline)."""
+    for _ in range(2):
+        try:
+            session.refuse_round(r, "stopped")
+            return
+        except ApiRejected as exc:
+            if exc.code != "round_closed":
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+                return
+            try:
+                step = _parse(SecAggStep, ctx.tr.get_json(f"/v1/jobs/{ctx.job}/secagg"),
+                              "secure-aggregation step")
+            except (FedForestError, OSError) as err:
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {err}")
+                return
+            if step.round_id is None or step.round_id <= r:
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+                return
+            r = step.round_id
+        except (FedForestError, OSError) as exc:
+            ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+            return
 
 
 def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
