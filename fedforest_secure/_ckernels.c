@@ -145,8 +145,8 @@ static PyMethodDef methods[] = {
      "encode_values(values, divisor, factor, limit, out) -> -1 or the first index out of "
      "range: round(values / divisor * factor) into the ring."},
     {"pack_cells", pack_cells, METH_VARARGS,
-     "pack_cells(entries, out, s_bits, count_limit, sum_shift) -> -1 or the first cell "
-     "outside its lanes: each (count, sum) pair of entries as (count << s_bits) + sum."},
+     "pack_cells(entries, out, s_bits): each (count, sum) pair of entries as "
+     "(count << s_bits) + sum modulo 2^64."},
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},

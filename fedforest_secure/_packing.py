@@ -4,18 +4,19 @@ aggregation.
 A block of kinds ``(COUNT, SUM)`` (a regression grid or histogram: per cell a count, 0 fraction
 bits, and a fixed-point sum of y) is uploaded one word per cell, ``count * 2^S + sum`` modulo
 2^64 (the sum signed, two's complement), so the masks, the upload and the server's sum cover
-half the words. The server unpacks the unmasked sum's words: the low ``S`` bits, sign-extended,
-are the pooled sum, the high ``c = 64 - S`` bits the pooled count; both are the very ring values
-an unpacked sum gives, so the decoded statistics are the same bits.
+half the words. Packing is linear modulo 2^64: the sum of the clients' packed words is the
+packing of their summed entries, so the unmasked sum tells the server a function of the
+pooled sums and nothing else, whatever the lanes; a client packs every reply it computes and
+never refuses for its data.
 
-That holds while the pooled count stays below ``2^(c-1)`` and the pooled |sum| below
-``2^(S-1)``. The coordinator names ``c`` in the task (``params["pack"]``) from the largest pooled
-root count ``N`` of the forest, public to it (no node of a tree holds more): ``N < 2^(c-1)``,
-and packs only if ``4 N 2^f + K < 2^(S-1)`` (``f`` the sums' fraction bits, ``K`` the clients).
-Each client checks its own cells before it packs: a count in ``[0, 2^(c-1))`` and
-``|sum| <= 2 count 2^f`` (a cell's mean |y| within twice the job's target bound: room for float
-rounding), otherwise :class:`~fedforest_secure.errors.OverflowRisk`; then the pooled values of
-honest clients fit both lanes.
+The server unpacks the sum's words: the low ``S`` bits, sign-extended, are the pooled sum, the
+high ``c = 64 - S`` bits the pooled count. These are the very ring values an unpacked sum
+gives (so the decoded statistics are the same bits) while the pooled count stays below
+``2^(c-1)`` and the pooled |sum| below ``2^(S-1)``. The coordinator names ``c`` in the task
+(``params["pack"]``) from the forest's root totals, public to it: no node of a tree holds
+more than its root's weighted count ``N``, and no cell's |sum of w y| exceeds
+``sqrt(N * sum of w y^2)`` of its root (Cauchy-Schwarz), whatever the job's target bound. It
+packs only where both bounds, with a factor 2 and ``K`` rounding units to spare, fit.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ import numpy as np
 
 from . import _kernels
 from .config import JobConfig
-from .errors import OverflowRisk
 from .protocol import Block, StatKind
 
-__all__ = ["PACKED_KINDS", "Packing", "count_lane_bits", "packs"]
+__all__ = ["PACKED_KINDS", "Packing", "count_lane_bits", "packs", "root_lane_bits"]
 
 #: the kinds of a block whose cells are packed, in column order
 PACKED_KINDS = (StatKind.COUNT, StatKind.SUM)
@@ -46,38 +46,43 @@ def packs(config: JobConfig) -> bool:
             and config.dp is None and config.evaluation is None)
 
 
-def count_lane_bits(max_count: float, frac_bits: int, n_clients: int) -> int | None:
-    """The count lane's width for pooled counts up to ``max_count``, or None where the two
-    lanes do not both fit in 64 bits (then nothing is packed)."""
-    if not (math.isfinite(max_count) and max_count >= 0) or frac_bits < 0 or n_clients < 1:
+def count_lane_bits(max_count: float, max_sum: float) -> int | None:
+    """The count lane's width for pooled counts up to ``max_count`` and pooled sums of
+    absolute value up to ``max_sum`` ring units, or None where the two lanes do not both fit
+    in 64 bits (then nothing is packed)."""
+    if not (math.isfinite(max_count) and max_count >= 0 and math.isfinite(max_sum)
+            and max_sum >= 0):
         return None
     c = max(int(max_count).bit_length() + 1, MIN_COUNT_BITS)  # max_count < 2^(c-1)
-    if c > MAX_COUNT_BITS:
-        return None
-    s = 64 - c
-    if 4.0 * max_count * 2.0**frac_bits + n_clients >= 2.0 ** (s - 1):
+    if c > MAX_COUNT_BITS or max_sum >= 2.0 ** (64 - c - 1):
         return None
     return c
 
 
-def _pack_cells(entries: np.ndarray, out: np.ndarray, count_bits: int, frac_bits: int) -> int:
-    """``out[i] = (count << S) + sum`` for each cell ``(count, sum) = entries[2i:2i+2]``
-    (``S = 64 - count_bits``), after checking ``count < 2^(count_bits-1)`` and
-    ``|sum| <= count << (frac_bits + 1)``: -1, or the first cell outside (``out`` then partly
-    written). ``2 count_bits + frac_bits <= 63``, so the limits do not wrap."""
-    s_bits, limit, shift = 64 - count_bits, 1 << (count_bits - 1), frac_bits + 1
+def root_lane_bits(root_count: np.ndarray, root_sumsq: np.ndarray, sum_scale: float,
+                   frac_bits: int, n_clients: int) -> int | None:
+    """:func:`count_lane_bits` of a forest from its trees' pooled root totals (weighted
+    counts, weighted sums of y^2): counts up to the largest root count, sums up to twice the
+    largest ``sqrt(count * sumsq)`` in ring units (``2^frac_bits / sum_scale`` per unit of
+    y) plus one rounding unit per client."""
+    n = np.asarray(root_count, dtype=np.float64)
+    ss = np.asarray(root_sumsq, dtype=np.float64)
+    if n.size == 0 or n.shape != ss.shape or not (np.all(n >= 1.0) and np.all(ss >= 0.0)) \
+            or not (math.isfinite(sum_scale) and sum_scale > 0):
+        return None
+    q = float(np.max(np.sqrt(n * ss)))
+    return count_lane_bits(float(n.max()), 2.0 * q / sum_scale * 2.0**frac_bits + n_clients)
+
+
+def _pack_cells(entries: np.ndarray, out: np.ndarray, count_bits: int) -> None:
+    """``out[i] = (count << S) + sum`` modulo 2^64 for each cell ``(count, sum) =
+    entries[2i:2i+2]`` (``S = 64 - count_bits``)."""
     kernels = _kernels.KERNELS
     if kernels is not None:
-        return int(kernels.pack_cells(entries, out, s_bits, limit, shift))
-    counts, sums = entries[0::2], entries[1::2]
-    lim = counts << np.uint64(shift)
-    # |sum| <= lim exactly when sum + lim (modulo 2^64) is at most 2 lim
-    bad = (counts >= np.uint64(limit)) | ((sums + lim) > (lim << np.uint64(1)))
-    if bad.any():
-        return int(np.flatnonzero(bad)[0])
-    np.left_shift(counts, np.uint64(s_bits), out=out)
-    out += sums  # wraps modulo 2^64: a negative sum borrows from the count
-    return -1
+        kernels.pack_cells(entries, out, 64 - count_bits)
+        return
+    np.left_shift(entries[0::2], np.uint64(64 - count_bits), out=out)
+    out += entries[1::2]  # wraps modulo 2^64: a negative sum borrows from the count
 
 
 @dataclass(frozen=True)
@@ -88,23 +93,16 @@ class Packing:
     spans: tuple[tuple[int, int, bool], ...]
     #: the count lane's width ``c``; the sum lane has ``64 - c`` bits
     count_bits: int
-    #: fraction bits of the packed sums (the client's check ``|sum| <= 2 count 2^f``)
-    frac_bits: int
 
     @classmethod
-    def of(cls, layout: tuple[Block, ...], count_bits: int, frac_bits: int) -> Packing | None:
+    def of(cls, layout: tuple[Block, ...], count_bits: int) -> Packing | None:
         """The packing of ``layout``'s ``(COUNT, SUM)`` blocks; None if it has none.
 
-        Raises ``ValueError`` for a lane width outside ``MIN_COUNT_BITS .. MAX_COUNT_BITS`` or
-        one whose largest checked sum, ``2 (2^(c-1) - 1) 2^f``, would not fit the sum lane
-        (``2 c + f > 63``): every cell a client packs then fits its word."""
+        Raises ``ValueError`` for a lane width outside ``MIN_COUNT_BITS .. MAX_COUNT_BITS``."""
         if isinstance(count_bits, bool) or not isinstance(count_bits, int) or not (
-                MIN_COUNT_BITS <= count_bits <= MAX_COUNT_BITS) \
-                or 2 * count_bits + frac_bits > 63:
+                MIN_COUNT_BITS <= count_bits <= MAX_COUNT_BITS):
             raise ValueError(f"a count lane of {count_bits!r} bits: expected an int in "
-                             f"{MIN_COUNT_BITS}..{MAX_COUNT_BITS} with 2 x bits + "
-                             f"{frac_bits} fraction bits <= 63 (a cell's largest sum must fit "
-                             f"its sum lane)")
+                             f"{MIN_COUNT_BITS}..{MAX_COUNT_BITS}")
         spans: list[tuple[int, int, bool]] = []
         at = 0
         for b in layout:
@@ -112,7 +110,7 @@ class Packing:
             at += b.size
         if not any(p for _, _, p in spans):
             return None
-        return cls(tuple(spans), count_bits, frac_bits)
+        return cls(tuple(spans), count_bits)
 
     @property
     def entries(self) -> int:
@@ -125,10 +123,8 @@ class Packing:
         return sum((b - a) // 2 if p else b - a for a, b, p in self.spans)
 
     def pack(self, entries: np.ndarray) -> np.ndarray:
-        """One client's ring encoding (uint64, one per entry) as packed words.
-
-        Raises :class:`~fedforest_secure.errors.OverflowRisk` for a cell whose count is
-        negative or not below ``2^(c-1)``, or whose |sum| exceeds ``2 count 2^f``."""
+        """One client's ring encoding (uint64, one per entry) as packed words (linear modulo
+        2^64: the packed words of a sum of encodings are the sum of their packed words)."""
         enc = np.asarray(entries)
         if enc.dtype != np.uint64 or enc.shape != (self.entries,) or not enc.flags.c_contiguous:
             raise ValueError(f"expected {self.entries} contiguous uint64 entries, got "
@@ -136,20 +132,11 @@ class Packing:
         out = np.empty(self.words, dtype=np.uint64)
         w = 0
         for a, b, packed in self.spans:
-            if not packed:
-                out[w:w + b - a] = enc[a:b]
-                w += b - a
-                continue
-            n = (b - a) // 2
-            bad = _pack_cells(enc[a:b], out[w:w + n], self.count_bits, self.frac_bits)
-            if bad >= 0:
-                count, total = enc[a + 2 * bad:a + 2 * bad + 2].view(np.int64)
-                c = self.count_bits
-                raise OverflowRisk(
-                    f"entry {a + 2 * bad}: a cell of count {int(count)} and sum {int(total)} "
-                    f"ring units does not fit the task's packing (a count in [0, 2^{c - 1}), "
-                    f"|sum| at most 2 x count x 2^{self.frac_bits}: a target outside the "
-                    f"job's bound?)")
+            n = (b - a) // 2 if packed else b - a
+            if packed:
+                _pack_cells(enc[a:b], out[w:w + n], self.count_bits)
+            else:
+                out[w:w + n] = enc[a:b]
             w += n
         return out
 

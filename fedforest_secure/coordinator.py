@@ -29,7 +29,7 @@ from . import _impurity, _leaves, _random_splits, _splits
 from ._candidates import RandomSplits, fixed_width_grid, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
 from ._layouts import CLASS_TOTALS_BLOCK, class_totals_block, counts_block, totals_block
-from ._packing import PACKED_KINDS, count_lane_bits, packs
+from ._packing import PACKED_KINDS, packs, root_lane_bits
 from ._planner import (
     Disclosures,
     Frontier,
@@ -95,6 +95,8 @@ class Coordinator:
             np.random.SeedSequence([config.random_state, 0xF1]))
         self._round = 0
         self._root_n = np.zeros(config.n_estimators)  # root counts (min_impurity_decrease)
+        #: the roots' pooled sums of w y^2 (regression, exact totals): the packing's bound
+        self._root_sumsq: np.ndarray | None = None
         self._model: ForestModel | None = None
         #: the forest votes with summed leaf counts (random-split DP classification, the rule
         #: of :func:`~fedforest_secure.privacy.allocation.leaf_votes_are_counts`)
@@ -197,15 +199,14 @@ class Coordinator:
 
     def _pack_bits(self, layout: tuple[Block, ...]) -> int | None:
         """The count lane of a round whose grid cells are packed (:mod:`._packing`), from the
-        forest's largest pooled root count; None: one word per entry."""
-        if not packs(self.config) or not any(tuple(b.kinds) == PACKED_KINDS and b.size
-                                             for b in layout):
+        trees' pooled root totals; None: one word per entry."""
+        if self._root_sumsq is None or not packs(self.config) or not any(
+                tuple(b.kinds) == PACKED_KINDS and b.size for b in layout):
             return None
-        n = float(self._root_n.max()) if self._root_n.size else 0.0
-        if not n >= 1.0:  # no root totals yet
-            return None
-        return count_lane_bits(n, int(self.config.profile.get("frac_bits", 24)),
-                               self.config.n_clients)
+        bound = float(self.config.target_bound)  # the sums' scale (secure_sum's codec)
+        return root_lane_bits(self._root_n, self._root_sumsq, bound if bound > 0 else 1.0,
+                              int(self.config.profile.get("frac_bits", 24)),
+                              self.config.n_clients)
 
     def _sketch_task(self, level: int, n_nodes: int, routing: dict[str, np.ndarray] | None,
                      feats: np.ndarray | None, grouped: bool) -> Task:
@@ -360,6 +361,8 @@ class Coordinator:
         n = _impurity.counts_of(totals, self.config.task)
         if level == 0:
             self._root_n = np.maximum(n, 1e-300)
+            if self.config.task == "regression":
+                self._root_sumsq = np.asarray(totals, dtype=np.float64)[:, 2].copy()
         values = _leaves.node_values(totals, self.config.task, frontier.parent_value)
         frontier.record(trees, values, n, self._impurity(totals))
         return values, n

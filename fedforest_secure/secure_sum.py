@@ -99,7 +99,7 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
     """The codec of a task's summable vector, from its layout's statistic kinds."""
     # keyed by the config object (kept alive by its entry, so its id is not reused): every
     # client of an in-process round asks for the same codec, and config.to_json is slow
-    key = (id(config), task.round_id, task.layout)
+    key = (id(config), task.round_id, task.layout, task.params.get("pack"))
     hit = _CODEC_CACHE.get(key)
     if hit is not None and hit[0] is config:
         return hit[1]
@@ -122,7 +122,7 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
         scale = Periodic([(per_kind_scale[p], r) for p, r in runs if r])
     else:
         scale = np.ones(0)
-    codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task, frac))
+    codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task))
     if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
         _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
     _CODEC_CACHE[key] = (config, codec)
@@ -132,12 +132,12 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
 _CODEC_CACHE: dict[object, tuple[JobConfig, StatCodec]] = {}
 
 
-def _packing_of(config: JobConfig, task: Task, frac_bits: int) -> Packing | None:
+def _packing_of(config: JobConfig, task: Task) -> Packing | None:
     bits = task.params.get("pack")
     if bits is None or not packs(config):
         return None
     try:
-        return Packing.of(task.layout, bits, frac_bits)
+        return Packing.of(task.layout, bits)
     except ValueError as exc:
         raise InvalidMessage(f"the task's packing: {exc}") from None
 

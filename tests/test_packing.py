@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from fedforest_secure import FedForestRegressor, load_profile
-from fedforest_secure._packing import Packing, count_lane_bits, packs
+from fedforest_secure._packing import Packing, count_lane_bits, packs, root_lane_bits
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import OverflowRisk
 from fedforest_secure.protocol import Block, StatKind
 
 F = 24
@@ -38,9 +37,10 @@ def test_the_sum_of_packed_uploads_unpacks_to_the_sum_of_the_entries(n_rows: int
                                                                      kernels: str) -> None:
     rng = np.random.default_rng(n_rows)
     K = 7
-    bits = count_lane_bits(K * max(n_rows, 1), F, K)
+    N = K * max(n_rows, 1)
+    bits = count_lane_bits(N, 2.0 * N * 2.0**F + K)
     assert bits is not None
-    packing = Packing.of((TOTALS, HIST), bits, F)
+    packing = Packing.of((TOTALS, HIST), bits)
     assert packing is not None
     assert (packing.entries, packing.words) == (9 + 48, 9 + 24)
     entries = [_client_entries(rng, n_rows, (TOTALS.size, HIST.size)) for _ in range(K)]
@@ -52,57 +52,67 @@ def test_the_sum_of_packed_uploads_unpacks_to_the_sum_of_the_entries(n_rows: int
     assert np.array_equal(packing.unpack(got), want)
 
 
-def test_lanes_hold_the_extremes_the_coordinator_allows(kernels: str) -> None:
-    K, N = 10, 100_000
-    bits = count_lane_bits(N, F, K)
-    assert bits == N.bit_length() + 1
-    packing = Packing.of((HIST,), bits, F)
+@pytest.mark.parametrize("bits", [2, 9, 20, 40])
+def test_packing_is_linear_so_the_sum_shows_only_a_function_of_the_pooled_entries(
+        bits: int, kernels: str) -> None:
+    """Whatever count lane a server names, the sum of the packed uploads is the packing of
+    the summed entries: the server learns a function of the pooled sums, and every client
+    packs (no client's data decides whether it can answer)."""
+    rng = np.random.default_rng(bits)
+    packing = Packing.of((TOTALS, HIST), bits)
     assert packing is not None
-    # one client holds every row of every cell, at +2 and -2 times the bound (the check's
-    # limit); another holds nothing
+    entries = [rng.integers(0, 2**64, packing.entries, dtype=np.uint64) for _ in range(5)]
+    total = np.zeros(packing.words, dtype=np.uint64)
+    pooled = np.zeros(packing.entries, dtype=np.uint64)
+    for e in entries:
+        total += packing.pack(e)
+        pooled += e
+    assert np.array_equal(total, packing.pack(pooled))
+
+
+def test_lanes_hold_the_pooled_extremes_the_coordinator_allows(kernels: str) -> None:
+    K, N = 10, 100_000
+    max_sum = 2.0 * N * 2.0**F + K
+    bits = count_lane_bits(N, max_sum)
+    assert bits == N.bit_length() + 1
+    packing = Packing.of((HIST,), bits)
+    assert packing is not None
+    # one client holds every row of every cell at sums of +-max_sum; another holds nothing
     full = np.empty(HIST.size, dtype=np.int64)
     full[0::2] = N
-    full[1::2] = np.where(np.arange(HIST.size // 2) % 2 == 0, 2 * N * 2**F, -2 * N * 2**F)
+    full[1::2] = np.where(np.arange(HIST.size // 2) % 2 == 0, int(max_sum), -int(max_sum))
     empty = np.zeros(HIST.size, dtype=np.uint64)
     total = packing.pack(full.view(np.uint64)) + packing.pack(empty)
     assert np.array_equal(packing.unpack(total), full.view(np.uint64))
 
 
-def test_counts_and_forests_that_do_not_fit_are_not_packed() -> None:
-    assert count_lane_bits(10_000, F, 10) == 15
-    assert count_lane_bits(0, F, 10) == 2
-    assert count_lane_bits(1e6, F, 10) is None  # 4 N 2^f no longer fits the sum lane
-    assert count_lane_bits(float("nan"), F, 10) is None
-    assert count_lane_bits(-1.0, F, 10) is None
-    assert Packing.of((TOTALS,), 15, F) is None  # no (count, sum) block: nothing to pack
-    # 20 bits with 24 fraction bits: a cell's largest sum would not fit its 44-bit sum lane
-    for bad in (1, 41, 20, 15.0, True, "15"):
+def test_counts_and_sums_that_do_not_fit_are_not_packed() -> None:
+    assert count_lane_bits(10_000, 2.0**40) == 15
+    assert count_lane_bits(0, 0) == 2
+    assert count_lane_bits(10_000, 2.0**48) is None  # the sum lane has 49 bits, sign included
+    assert count_lane_bits(2.0**40, 1.0) is None  # a count lane of 42 bits
+    for bad in ((float("nan"), 1.0), (-1.0, 1.0), (1.0, float("inf")), (1.0, -1.0)):
+        assert count_lane_bits(*bad) is None
+    assert Packing.of((TOTALS,), 15) is None  # no (count, sum) block: nothing to pack
+    for wrong in (1, 41, 15.0, True, "15"):
         with pytest.raises(ValueError, match="count lane"):
-            Packing.of((HIST,), bad, F)  # type: ignore[arg-type]
-    assert Packing.of((HIST,), 19, F) is not None
-
-
-@pytest.mark.parametrize("cell", ["negative count", "count over the lane", "sum over 2 count",
-                                  "sum under -2 count", "sum with no rows"])
-def test_a_cell_outside_the_lanes_is_refused_before_it_is_packed(cell: str,
-                                                                 kernels: str) -> None:
-    bits = 15
-    packing = Packing.of((HIST,), bits, F)
-    assert packing is not None
-    entries = np.zeros(HIST.size, dtype=np.int64)
-    entries[0::2], entries[1::2] = 5, 3 * 2**F
-    count, total = {"negative count": (-1, 0),
-                    "count over the lane": (2**(bits - 1), 0),
-                    "sum over 2 count": (5, 10 * 2**F + 1),
-                    "sum under -2 count": (5, -10 * 2**F - 1),
-                    "sum with no rows": (0, 1)}[cell]
-    entries[6], entries[7] = count, total
-    with pytest.raises(OverflowRisk, match="entry 6: .*does not fit the task's packing"):
-        packing.pack(entries.view(np.uint64))
+            Packing.of((HIST,), wrong)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="uint64 entries"):
-        packing.pack(entries)
+        Packing.of((HIST,), 15).pack(np.zeros(HIST.size, dtype=np.int64))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="uint64 words"):
-        packing.unpack(np.zeros(3, dtype=np.uint64))
+        Packing.of((HIST,), 15).unpack(np.zeros(3, dtype=np.uint64))  # type: ignore[union-attr]
+
+
+def test_the_lanes_come_from_the_roots_totals_whatever_the_target_bound() -> None:
+    n = np.array([900.0, 1100.0])
+    ss = n * 150.0**2  # y about 150 on average, far above a target bound of 1
+    bits = root_lane_bits(n, ss, 1.0, F, 10)
+    assert bits == (1100).bit_length() + 1
+    # every cell's |sum| is at most sqrt(n ss) = 1100 * 150 of its root: it fits the sum lane
+    assert 2.0 * 1100 * 150 * 2.0**F + 10 < 2.0 ** (64 - bits - 1)
+    assert root_lane_bits(n, ss, 1e-9, F, 10) is None  # a tiny scale: sums too wide to pack
+    assert root_lane_bits(np.array([0.0, 5.0]), np.array([0.0, 1.0]), 1.0, F, 10) is None
+    assert root_lane_bits(np.zeros(0), np.zeros(0), 1.0, F, 10) is None
 
 
 def _config(profile: str, **kw: object) -> JobConfig:
@@ -144,34 +154,45 @@ def test_a_packed_secure_fit_grows_the_forest_of_the_unpacked_plain_sums(
         assert a.to_dict() == b.to_dict()
 
 
-def test_the_compiled_packer_gives_numpys_words_and_refusals(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_compiled_packer_gives_numpys_words(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedforest_secure import _kernels, _packing
 
     if _kernels.KERNELS is None:
         pytest.skip("the compiled loops are not built")
-    bits = 19
-    packing = Packing.of((Block("hist", (12, 2), (StatKind.COUNT, StatKind.SUM)),), bits, F)
-    assert packing is not None
-    top = 2**(bits - 1)
-    cells = [(0, 0), (1, 2 * 2**F), (1, -2 * 2**F), (top - 1, 2 * (top - 1) * 2**F),
-             (top - 1, -2 * (top - 1) * 2**F), (7, 3), (7, -3), (0, 1), (0, -1),
-             (1, 2 * 2**F + 1), (top, 0), (-1, 0), (5, -2**63), (5, 2**63 - 1)]
-    for count, total in cells:
-        entries = np.zeros(24, dtype=np.int64)
-        entries[0::2], entries[1::2] = 3, 3 * 2**F  # every other cell in range
-        entries[10], entries[11] = count, total
-        raw = entries.view(np.uint64)
-        results = []
-        for compiled in (True, False):
-            if not compiled:
-                monkeypatch.setattr(_kernels, "KERNELS", None)
-            out = np.zeros(12, dtype=np.uint64)
-            results.append((_packing._pack_cells(raw, out, bits, F), out))
-            monkeypatch.undo()
-        (bad_c, out_c), (bad_n, out_n) = results
-        assert bad_c == bad_n == (-1 if abs(total) <= 2 * count * 2**F and 0 <= count < top
-                                  else 5), (count, total)
-        if bad_c < 0:
-            assert np.array_equal(out_c, out_n)
-            assert np.array_equal(packing.unpack(out_c), raw)
+    rng = np.random.default_rng(1)
+    entries = rng.integers(0, 2**64, 2 * 1000, dtype=np.uint64)
+    for bits in (2, 17, 40):
+        compiled = np.zeros(1000, dtype=np.uint64)
+        _packing._pack_cells(entries, compiled, bits)
+        monkeypatch.setattr(_kernels, "KERNELS", None)
+        plain = np.zeros(1000, dtype=np.uint64)
+        _packing._pack_cells(entries, plain, bits)
+        monkeypatch.undo()
+        assert np.array_equal(compiled, plain)
+    with pytest.raises(ValueError, match="pack_cells"):
+        _kernels.KERNELS.pack_cells(entries, np.zeros(999, dtype=np.uint64), 20)
+
+
+def test_no_count_lane_a_server_names_makes_a_client_refuse_for_its_data() -> None:
+    """A malicious server re-sends an honest grid task with count lanes of its choosing: every
+    client still packs and uploads (a refusal that depended on a client's own cell counts
+    would tell the server something about that client alone)."""
+    from test_adversarial_server import _advance, _secure_config, _workers
+
+    from fedforest_secure.coordinator import Coordinator
+    from fedforest_secure.protocol import Task, TaskKind
+    from fedforest_secure.secure_sum import encode_contribution, make_codec
+
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    task = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    assert "pack" in task.params
+    replies = [w.handle(task) for w in ws]
+    for bits in range(2, 41):
+        evil = Task(job_id=task.job_id, round_id=task.round_id, kind=task.kind,
+                    level=task.level, params={**task.params, "pack": bits}, arrays=task.arrays,
+                    layout=task.layout, disclose=task.disclose)
+        codec = make_codec(cfg, evil)
+        assert codec.packing is not None and codec.packing.count_bits == bits
+        uploads = [encode_contribution(cfg, evil, r) for r in replies]
+        assert all(u.shape == (codec.words,) for u in uploads)
