@@ -196,3 +196,37 @@ def test_no_count_lane_a_server_names_makes_a_client_refuse_for_its_data() -> No
         assert codec.packing is not None and codec.packing.count_bits == bits
         uploads = [encode_contribution(cfg, evil, r) for r in replies]
         assert all(u.shape == (codec.words,) for u in uploads)
+
+
+@pytest.mark.parametrize("target_bound", [0.0, 50.0])
+def test_targets_beyond_the_jobs_bound_are_packed_and_summed_exactly(
+        target_bound: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """y in [100, 200] with a target bound of 0 (unknown: scale 1) or 50: the lanes come from
+    the roots' sums of y^2, so the grids are packed and the forest is the unpacked one."""
+    from fedforest_secure.federation import run_in_process
+
+    rng = np.random.default_rng(0)
+    clients = []
+    for _ in range(3):
+        X = rng.normal(size=(150, 3)).clip(-4, 4)
+        clients.append((X, 150 + 50 * np.tanh(X[:, 0])))
+
+    def config(**kw: object) -> JobConfig:
+        return JobConfig(job_id="j", task="regression", n_features=3, n_clients=3,
+                         feature_bounds=((-4.0, 4.0),) * 3, target_bound=target_bound,
+                         n_estimators=2, max_depth=3,
+                         profile=load_profile("secure", **kw).to_dict())
+
+    packed_uploads = []
+    pack = Packing.pack
+
+    def counted(self: Packing, entries: np.ndarray) -> np.ndarray:
+        packed_uploads.append(entries.size)
+        return pack(self, entries)
+
+    monkeypatch.setattr(Packing, "pack", counted)
+    packed = run_in_process(config(), clients)
+    assert packed_uploads
+    plain = run_in_process(config(secure_aggregation=False), clients)
+    X = clients[0][0]
+    assert np.array_equal(packed.predict(X), plain.predict(X))
