@@ -42,13 +42,15 @@ def make_job_dir(root: Path, parts: list[tuple[np.ndarray, np.ndarray]], feat: l
                  *, n_clients: int, deadline: float = 30.0, min_clients: int | None = None,
                  job_id: str = "job-a", trees: int = 3, depth: int = 3,
                  profile: str = "open") -> Path:
+    """A job's files in ``root``: its sites' tables, schema and ``job.toml`` (a regression
+    job where the targets are floats, else classification)."""
     root.mkdir(parents=True, exist_ok=True)
     parts = parts[:n_clients]
     X = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     names = [f"client-{k}" for k in range(n_clients)]
-    write_site_files(root, names, parts, feat, "classification",
-                     schema_dict(X, y, "classification", feat))
+    task = "regression" if y.dtype.kind == "f" else "classification"
+    write_site_files(root, names, parts, feat, task, schema_dict(X, y, task, feat))
     write_job_toml(root / "job.toml", job_id, names, profile, deadline,
                    {"n_estimators": trees, "max_depth": depth, "n_bins": 8,
                     "random_state": 3, "min_samples_leaf": 3}, min_clients=min_clients)

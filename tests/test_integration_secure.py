@@ -195,3 +195,56 @@ def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
                         receipts_dir=collect_receipts(fed.root, fed.root / "state"),
                         replay=True)
     assert report.ok, report.problems
+
+
+def test_secure_regression_job_packs_its_grids_resumes_after_a_server_kill_and_matches(
+        tmp_path: Path, job_dir) -> None:
+    """A regression job under `secure` uploads its grids packed (a cell's count and sum in one
+    word). SIGKILL the server while a round collects those masked uploads, restart it: the
+    round resumes from the stored uploads and the model is the in-process run's."""
+    import numpy as np
+
+    from fedforest_secure.protocol import Task
+
+    rng = np.random.default_rng(11)
+    parts = []
+    for k in range(3):
+        X = rng.normal(loc=0.2 * k, size=(60, 4)).round(3)
+        parts.append((X, (2 * X[:, 0] - X[:, 1] + rng.normal(scale=0.3, size=60)).round(3)))
+    fed = setup_fed(tmp_path, parts, [f"x{j}" for j in range(4)], job_dir, n_clients=3,
+                    profile="secure")
+    watch = create_engine(fed.db_url)
+    try:
+        server = launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        deadline = time.monotonic() + 600
+        seen = (-1, "", "")
+        while time.monotonic() < deadline:  # kill inside a packed grid round's uploads
+            seen = _open_phase(watch)
+            if seen[2] != "running" and seen[0] > 0 or seen[0] >= 3 and seen[1] == "upload":
+                break
+            time.sleep(0.002)
+        assert seen[2] == "running" and seen[1] == "upload", f"never caught uploads: {seen}"
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        killed_at = _open_phase(watch)
+        with watch.connect() as con:
+            blobs = [b for (b,) in con.execute(text(
+                "SELECT task_blob FROM rounds WHERE job_id = 'job-a'"))]
+        time.sleep(1.0)
+        server = launch_server(fed)
+        codes = [c.wait(600) for c in clients]
+    finally:
+        watch.dispose()
+        stop_all(fed)
+    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    assert any("pack" in Task.from_bytes(b).params for b in blobs)
+    log = (fed.root / "server.log").read_text()
+    assert f"event=resume job=job-a round={killed_at[0]} phase=upload" in log, log[-2000:]
+    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    assert got.task == "regression"
+    assert trees(got) == trees(reference(fed))
+    report = verify_log(fed.audit_url,
+                        receipts_dir=collect_receipts(fed.root, fed.root / "state"),
+                        replay=True)
+    assert report.ok, report.problems
