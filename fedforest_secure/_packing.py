@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _kernels
 from .config import JobConfig
+from .errors import OverflowRisk
 from .protocol import Block, StatKind
 
 __all__ = ["PACKED_KINDS", "Packing", "count_lane_bits", "packs", "root_lane_bits"]
@@ -141,7 +142,12 @@ class Packing:
         return out
 
     def unpack(self, words: np.ndarray) -> np.ndarray:
-        """A sum of packed words (uint64) as the ring sums of the layout's entries."""
+        """A sum of packed words (uint64) as the ring sums of the layout's entries.
+
+        Raises :class:`~fedforest_secure.errors.OverflowRisk` where a pooled count comes out
+        at ``2^(c-1)`` or more: lanes the coordinator sized from the root totals never hold
+        one, so a lane wrapped (so did the sum lane of a cell with no rows whose sum came out
+        beyond it: its count comes out negative), and the sum is not used."""
         arr = np.asarray(words)
         if arr.dtype != np.uint64 or arr.shape != (self.words,):
             raise ValueError(f"expected {self.words} uint64 words, got {arr.dtype} {arr.shape}")
@@ -157,7 +163,13 @@ class Packing:
             part = arr[w:w + n]
             # the low S bits sign-extended: shift them to the top, then arithmetically back
             sums = (part << c).view(np.int64) >> np.int64(self.count_bits)
+            counts = (part - sums.view(np.uint64)) >> s_bits
+            wrapped = np.flatnonzero(counts >= np.uint64(1 << (self.count_bits - 1)))
+            if wrapped.size:
+                raise OverflowRisk(f"entry {a + 2 * int(wrapped[0])}: a pooled count of "
+                                   f"{self.count_bits}-bit lane wrapped in a packed sum "
+                                   "(the task's packing is too narrow for this data)")
             out[a + 1:b:2] = sums.view(np.uint64)
-            out[a:b:2] = (part - sums.view(np.uint64)) >> s_bits
+            out[a:b:2] = counts
             w += n
         return out

@@ -23,7 +23,13 @@ import numpy as np
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from fedforest_secure.errors import AbortedRound, FedForestError, InvalidMessage, ProtocolError
+from fedforest_secure.errors import (
+    AbortedRound,
+    FedForestError,
+    InvalidMessage,
+    OverflowRisk,
+    ProtocolError,
+)
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import pack, seal, unpack
 from fedforest_secure.protocol.uploads import ParsedUpload
@@ -267,13 +273,16 @@ class RoundDriver:
         uploads = uploads_of(sess, rr)
         if set(contributors) - set(uploads):
             raise RuntimeError("a survivor of the secure round has no upload row")
-        total = self._total(rt, rr, contributors, uploads, ring)
+        problem = None
+        try:
+            total = self._total(rt, rr, contributors, uploads, ring)
+        except OverflowRisk as exc:  # a packed sum whose count lane wrapped
+            total, problem = np.zeros(0), f"the aggregate could not be decoded ({exc})"
         disclosed = {idx: _disclosed(uploads[idx]) for idx in contributors}
         coord = rt.coordinator()
-        problem = None
-        if not np.isfinite(total).all():
+        if problem is None and not np.isfinite(total).all():
             problem = "the aggregate has non-finite entries"
-        else:
+        if problem is None:
             try:
                 coord.submit(rr.round_id, total, disclosed=disclosed,
                              participants=list(contributors))

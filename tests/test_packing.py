@@ -12,6 +12,7 @@ import pytest
 from fedforest_secure import FedForestRegressor, load_profile
 from fedforest_secure._packing import Packing, count_lane_bits, packs, root_lane_bits
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import OverflowRisk
 from fedforest_secure.protocol import Block, StatKind
 
 F = 24
@@ -230,3 +231,21 @@ def test_targets_beyond_the_jobs_bound_are_packed_and_summed_exactly(
     plain = run_in_process(config(secure_aggregation=False), clients)
     X = clients[0][0]
     assert np.array_equal(packed.predict(X), plain.predict(X))
+
+
+def test_a_count_lane_that_wrapped_is_an_error_not_a_sum(kernels: str) -> None:
+    bits = 10
+    packing = Packing.of((HIST,), bits)
+    assert packing is not None
+    fine = np.zeros(HIST.size, dtype=np.int64)
+    fine[0::2], fine[1::2] = 2**(bits - 1) - 1, -5  # the largest count the lane holds
+    assert np.array_equal(packing.unpack(packing.pack(fine.view(np.uint64))),
+                          fine.view(np.uint64))
+    over = fine.copy()
+    over[6] = 2**(bits - 1)  # a pooled count beyond the lane
+    with pytest.raises(OverflowRisk, match="entry 6: .*10-bit lane wrapped"):
+        packing.unpack(packing.pack(over.view(np.uint64)))
+    empty = np.zeros(HIST.size, dtype=np.int64)
+    empty[3] = -(2**(64 - bits - 1)) - 5  # a cell with no rows whose sum leaves its lane
+    with pytest.raises(OverflowRisk, match="entry 2: "):
+        packing.unpack(packing.pack(empty.view(np.uint64)))

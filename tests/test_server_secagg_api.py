@@ -549,3 +549,54 @@ def test_a_client_that_answered_the_open_phase_waits_from_memory_until_it_closes
     assert not answered(rows[K - 1], "job-a")
     assert offer(env, K - 1)["status"] == "dropped"
     assert not answered(rows[0], "job-a")  # the survivor set is out: it owes a signature
+
+
+@pytest.fixture()
+def env_narrow(tmp_path: Path, job_dir, db_url: str,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+    """A secure regression job whose coordinator names a 2-bit count lane for its grids: too
+    narrow for their pooled counts."""
+    from fedforest_secure import coordinator
+
+    rng = np.random.default_rng(5)
+    parts = []
+    for _ in range(K):
+        X = rng.normal(size=(40, 4)).round(3)
+        parts.append((X, (X[:, 0] + rng.normal(scale=0.2, size=40)).round(3)))
+    monkeypatch.setattr(coordinator, "root_lane_bits", lambda *args: 2)
+    yield from _env(tmp_path, (parts, [f"x{j}" for j in range(4)]), job_dir, db_url, "secure")
+
+
+def test_a_packed_sum_whose_count_lane_wrapped_fails_the_job_and_releases_nothing(
+        env_narrow: dict) -> None:
+    env = env_narrow
+    config, sa = join_all(env)
+    workers = [Worker(config, *env["parts"][k], client_index=k, seed=client_seed(config, k))
+               for k in range(K)]
+    for step in range(2):  # the roots' totals, then their first grid (packed)
+        o = offer(env, 0)
+        r = o["round_id"]
+        task = Task.from_bytes(env["http"].get(f"/v1/jobs/job-a/rounds/{r}/task",
+                                               headers=h(env, 0)).content)
+        vecs = {k: encode_contribution(config, task, workers[k].handle(task)) for k in range(K)}
+        if step == 0:
+            run_until_upload(env, sa, r)
+        else:
+            assert task.params["pack"] == 2 and make_codec(config, task).packing is not None
+            for k in range(K):
+                o = offer(env, k)
+                assert o["action"] == "share", o
+                bundle = sa[k].share_keys(parse(RoundSetup, o["message"]))
+                assert post(env, k, r, "shares", bundle.model_dump_json()).status_code == 200
+        for k in range(K):
+            assert upload(env, sa, k, task, vecs[k]).status_code == 200
+        for k in range(K):
+            assert sign(env, sa, k, r).status_code == 200
+        for k in range(K):
+            assert unmask(env, sa, k, r).status_code == 200
+    o = offer(env, 0)
+    assert o["status"] == "failed", o
+    assert "could not be decoded" in o["detail"] and "lane wrapped" in o["detail"], o
+    with env["db"].session() as s:
+        rr = s.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.aggregate is None  # no aggregate was released
