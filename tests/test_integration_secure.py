@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from test_integration_https import (
+    Fed,
     _job_status,
     freeze_mid_job,
     launch_client,
@@ -146,21 +147,17 @@ def _open_phase(engine: Engine) -> tuple[int, str, str]:
     return (-1, "", "") if row is None else (int(row[0]), str(row[1] or ""), str(row[2]))
 
 
-def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
-        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
-    """SIGKILL the server while a secure round collects unmask shares (the other steps are
-    covered in-process by tests/test_server_secagg_api.py), restart it, and finish."""
-    phase = "unmask"
-    parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure",
-                    make_db_url=make_db_url)
+def _kill_and_restart(fed: Fed, phase: str) -> tuple[int, str, str]:
+    """Run the job of three sites; SIGKILL the server once a secure round from round 3 on is
+    in its ``phase`` step, restart it, and wait for every site to finish (each must exit 0).
+    Returns the open round, phase and job status the killed server left in its database."""
     watch = create_engine(fed.db_url)
     try:
         server = launch_server(fed)
         clients = [launch_client(fed, k) for k in range(3)]
         deadline = time.monotonic() + 600
         seen = (-1, "", "")
-        while time.monotonic() < deadline:  # kill inside a secure round's `phase` step
+        while time.monotonic() < deadline:
             seen = _open_phase(watch)
             if seen[2] != "running" and seen[0] > 0 or seen[0] >= 3 and seen[1] == phase:
                 break
@@ -170,12 +167,24 @@ def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
         server.wait()
         killed_at = _open_phase(watch)
         time.sleep(1.0)  # the clients' requests fail meanwhile; they back off and retry
-        server = launch_server(fed)
+        launch_server(fed)
         codes = [c.wait(600) for c in clients]
     finally:
         watch.dispose()
         stop_all(fed)
     assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    return killed_at
+
+
+def test_secure_server_sigkilled_mid_round_resumes_and_gives_the_same_model(
+        tmp_path: Path, tiny_parts, job_dir, make_db_url) -> None:
+    """SIGKILL the server while a secure round collects unmask shares (the other steps are
+    covered in-process by tests/test_server_secagg_api.py), restart it, and finish."""
+    phase = "unmask"
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure",
+                    make_db_url=make_db_url)
+    killed_at = _kill_and_restart(fed, phase)
     st = _job_status(fed.db_url, "job-a")
     assert st["status"] == "done", st["reason"]
     got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
@@ -213,31 +222,14 @@ def test_secure_regression_job_packs_its_grids_resumes_after_a_server_kill_and_m
         parts.append((X, (2 * X[:, 0] - X[:, 1] + rng.normal(scale=0.3, size=60)).round(3)))
     fed = setup_fed(tmp_path, parts, [f"x{j}" for j in range(4)], job_dir, n_clients=3,
                     profile="secure")
+    killed_at = _kill_and_restart(fed, "upload")  # a packed grid round's uploads
     watch = create_engine(fed.db_url)
     try:
-        server = launch_server(fed)
-        clients = [launch_client(fed, k) for k in range(3)]
-        deadline = time.monotonic() + 600
-        seen = (-1, "", "")
-        while time.monotonic() < deadline:  # kill inside a packed grid round's uploads
-            seen = _open_phase(watch)
-            if seen[2] != "running" and seen[0] > 0 or seen[0] >= 3 and seen[1] == "upload":
-                break
-            time.sleep(0.002)
-        assert seen[2] == "running" and seen[1] == "upload", f"never caught uploads: {seen}"
-        server.send_signal(signal.SIGKILL)
-        server.wait()
-        killed_at = _open_phase(watch)
         with watch.connect() as con:
             blobs = [b for (b,) in con.execute(text(
                 "SELECT task_blob FROM rounds WHERE job_id = 'job-a'"))]
-        time.sleep(1.0)
-        server = launch_server(fed)
-        codes = [c.wait(600) for c in clients]
     finally:
         watch.dispose()
-        stop_all(fed)
-    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
     assert any("pack" in Task.from_bytes(b).params for b in blobs)
     log = (fed.root / "server.log").read_text()
     assert f"event=resume job=job-a round={killed_at[0]} phase=upload" in log, log[-2000:]

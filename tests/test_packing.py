@@ -131,16 +131,22 @@ def test_only_masked_regression_without_noise_packs() -> None:
                                          n_classes=2, criterion="gini"))
 
 
-def test_a_packed_secure_fit_grows_the_forest_of_the_unpacked_plain_sums(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    packed_uploads = []
+@pytest.fixture()
+def packed_uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The entries of every upload packed during the test (:meth:`Packing.pack` counted)."""
+    seen: list[int] = []
     pack = Packing.pack
 
     def counted(self: Packing, entries: np.ndarray) -> np.ndarray:
-        packed_uploads.append(entries.size)
+        seen.append(entries.size)
         return pack(self, entries)
 
     monkeypatch.setattr(Packing, "pack", counted)
+    return seen
+
+
+def test_a_packed_secure_fit_grows_the_forest_of_the_unpacked_plain_sums(
+        packed_uploads: list[int]) -> None:
     rng = np.random.default_rng(5)
     X = rng.normal(size=(600, 4))
     y = X[:, 0] - 2 * X[:, 1] + rng.normal(scale=0.3, size=600)
@@ -201,7 +207,7 @@ def test_no_count_lane_a_server_names_makes_a_client_refuse_for_its_data() -> No
 
 @pytest.mark.parametrize("target_bound", [0.0, 50.0])
 def test_targets_beyond_the_jobs_bound_are_packed_and_summed_exactly(
-        target_bound: float, monkeypatch: pytest.MonkeyPatch) -> None:
+        target_bound: float, packed_uploads: list[int]) -> None:
     """y in [100, 200] with a target bound of 0 (unknown: scale 1) or 50: the lanes come from
     the roots' sums of y^2, so the grids are packed and the forest is the unpacked one."""
     from fedforest_secure.federation import run_in_process
@@ -218,14 +224,6 @@ def test_targets_beyond_the_jobs_bound_are_packed_and_summed_exactly(
                          n_estimators=2, max_depth=3,
                          profile=load_profile("secure", **kw).to_dict())
 
-    packed_uploads = []
-    pack = Packing.pack
-
-    def counted(self: Packing, entries: np.ndarray) -> np.ndarray:
-        packed_uploads.append(entries.size)
-        return pack(self, entries)
-
-    monkeypatch.setattr(Packing, "pack", counted)
     packed = run_in_process(config(), clients)
     assert packed_uploads
     plain = run_in_process(config(secure_aggregation=False), clients)
