@@ -60,19 +60,20 @@ def count_lane_bits(max_count: float, max_sum: float) -> int | None:
     return c
 
 
-def root_lane_bits(root_count: np.ndarray, root_sumsq: np.ndarray, sum_scale: float,
-                   frac_bits: int, n_clients: int) -> int | None:
+def root_lane_bits(root_count: np.ndarray, root_sumsq: np.ndarray, units_per_y: float,
+                   n_clients: int) -> int | None:
     """:func:`count_lane_bits` of a forest from its trees' pooled root totals (weighted
     counts, weighted sums of y^2): counts up to the largest root count, sums up to twice the
-    largest ``sqrt(count * sumsq)`` in ring units (``2^frac_bits / sum_scale`` per unit of
-    y) plus one rounding unit per client."""
+    largest ``sqrt(count * sumsq)`` in ring units (``units_per_y`` per unit of y, the codec's
+    :func:`~fedforest_secure.secure_sum.entry_scale_bits` of sums) plus one rounding unit per
+    client."""
     n = np.asarray(root_count, dtype=np.float64)
     ss = np.asarray(root_sumsq, dtype=np.float64)
     if n.size == 0 or n.shape != ss.shape or not (np.all(n >= 1.0) and np.all(ss >= 0.0)) \
-            or not (math.isfinite(sum_scale) and sum_scale > 0):
+            or not (math.isfinite(units_per_y) and units_per_y > 0):
         return None
     q = float(np.max(np.sqrt(n * ss)))
-    return count_lane_bits(float(n.max()), 2.0 * q / sum_scale * 2.0**frac_bits + n_clients)
+    return count_lane_bits(float(n.max()), 2.0 * q * units_per_y + n_clients)
 
 
 def _pack_cells(entries: np.ndarray, out: np.ndarray, count_bits: int) -> None:

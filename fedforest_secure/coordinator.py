@@ -45,8 +45,9 @@ from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
-from .protocol import Block, Task, TaskKind, layout_size, split_blocks
+from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
 from .protocol.uploads import allowed_disclosures
+from .secure_sum import entry_scale_bits
 
 if TYPE_CHECKING:
     from .privacy.accountant import PrivacyAccountant
@@ -203,10 +204,8 @@ class Coordinator:
         if self._root_sumsq is None or not packs(self.config) or not any(
                 tuple(b.kinds) == PACKED_KINDS and b.size for b in layout):
             return None
-        bound = float(self.config.target_bound)  # the sums' scale (secure_sum's codec)
-        return root_lane_bits(self._root_n, self._root_sumsq, bound if bound > 0 else 1.0,
-                              int(self.config.profile.get("frac_bits", 24)),
-                              self.config.n_clients)
+        return root_lane_bits(self._root_n, self._root_sumsq,
+                              entry_scale_bits(self.config, StatKind.SUM), self.config.n_clients)
 
     def _sketch_task(self, level: int, n_nodes: int, routing: dict[str, np.ndarray] | None,
                      feats: np.ndarray | None, grouped: bool) -> Task:

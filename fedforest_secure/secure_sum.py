@@ -198,8 +198,7 @@ def encode_contribution(config: JobConfig, task: Task, reply: Reply) -> np.ndarr
             if float(sigma) > 0 and sel.any():
                 noise[sel] = sample_discrete_gaussian(float(sigma), int(sel.sum()))
         encoded = encoded + noise.view(np.uint64)  # wraps mod 2^64: signed noise in the ring
-    encoded = codec.pack(encoded)
-    return encoded
+    return codec.pack(encoded)
 
 
 class RingAggregator:

@@ -107,13 +107,13 @@ def test_counts_and_sums_that_do_not_fit_are_not_packed() -> None:
 def test_the_lanes_come_from_the_roots_totals_whatever_the_target_bound() -> None:
     n = np.array([900.0, 1100.0])
     ss = n * 150.0**2  # y about 150 on average, far above a target bound of 1
-    bits = root_lane_bits(n, ss, 1.0, F, 10)
+    bits = root_lane_bits(n, ss, 2.0**F, 10)
     assert bits == (1100).bit_length() + 1
     # every cell's |sum| is at most sqrt(n ss) = 1100 * 150 of its root: it fits the sum lane
     assert 2.0 * 1100 * 150 * 2.0**F + 10 < 2.0 ** (64 - bits - 1)
-    assert root_lane_bits(n, ss, 1e-9, F, 10) is None  # a tiny scale: sums too wide to pack
-    assert root_lane_bits(np.array([0.0, 5.0]), np.array([0.0, 1.0]), 1.0, F, 10) is None
-    assert root_lane_bits(np.zeros(0), np.zeros(0), 1.0, F, 10) is None
+    assert root_lane_bits(n, ss, 2.0**F / 1e-9, 10) is None  # a tiny scale: sums too wide
+    assert root_lane_bits(np.array([0.0, 5.0]), np.array([0.0, 1.0]), 2.0**F, 10) is None
+    assert root_lane_bits(np.zeros(0), np.zeros(0), 2.0**F, 10) is None
 
 
 def _config(profile: str, **kw: object) -> JobConfig:
