@@ -16,7 +16,9 @@ Times, side by side on the same machine and data:
 * **CPU**: user + system seconds of the server (from the training job's start to its end,
   as the server logs them) and of the clients' training, against the in-process run's own
   (``cpu_ratio_training``); the JSON also has every child process's whole CPU
-  (``https_cpu_s``: start-ups, baselines and the evaluation job included).
+  (``https_cpu_s``: start-ups, baselines and the evaluation job included). The difference,
+  server + clients less in process, is the CPU the transport costs (requests, TLS, JSON, the
+  database, the audit log), printed per HTTP request of all clients.
 
 **Phases**: where the HTTPS training's wall time went, summed over its rounds, from the server's
 ``event=round`` log lines: how long each secure-aggregation phase stayed open (advertise;
@@ -173,6 +175,7 @@ def main() -> None:
     sent = max(s["bytes_sent"] for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     requests = max(s.get("requests", 0) for s in stats)
+    requests_total = sum(s.get("requests", 0) for s in stats)
     server_log = _server_log(a.out)
     server_cpu, server_training_cpu = _server_cpu(server_log, config.job_id)
     phases = _phase_seconds(server_log, config.job_id)
@@ -188,7 +191,12 @@ def main() -> None:
            "clients_training_cpu_s": cpu_clients, "server_cpu_s": server_cpu,
            "server_training_cpu_s": server_training_cpu,
            "cpu_ratio_training": (server_training_cpu + cpu_clients) / cpu_inproc,
-           "requests_per_client": requests,
+           "requests_per_client": requests, "requests_total": requests_total,
+           # the CPU the HTTPS run spends beyond the in-process run's (requests, TLS, JSON,
+           # the database and audit log), and that per request of all clients
+           "overhead_cpu_s": server_training_cpu + cpu_clients - cpu_inproc,
+           "overhead_cpu_ms_per_request": 1000 * (server_training_cpu + cpu_clients
+                                                  - cpu_inproc) / max(requests_total, 1),
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
            "uploaded_vector_bytes_per_client": uploaded,
@@ -207,6 +215,9 @@ def main() -> None:
               f"{out['cpu_ratio_training']:.2f}", str(rounds),
               str(max(per_level.values(), default=0)), str(requests), str(same_model))
     Console().print(t)
+    print(f"CPU beyond the in-process run's: {out['overhead_cpu_s']:.2f} s (server + clients "
+          f"- in process) over {requests_total} requests of all clients: "
+          f"{out['overhead_cpu_ms_per_request']:.2f} ms per request")
     print("aggregation rounds per level: "
           + ", ".join(f"{lvl}: {k}" for lvl, k in per_level.items()))
     if phases:
