@@ -17,43 +17,33 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-import httpx
 import numpy as np
-from nacl.signing import SigningKey
-from pydantic import BaseModel, ValidationError
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedforest_secure.audit import Receipt, write_receipt
+from fedforest_secure.audit import write_receipt
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import (
-    FedForestError,
-    InvalidMessage,
-    ProtocolError,
-    RefusedRequest,
-    SchemaError,
-)
+from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
-from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
-from fedforest_secure.protocol.api import (
-    JobStatus,
-    JoinBody,
-    JoinResponse,
-    RoundInfo,
-    SecAggStep,
-)
-from fedforest_secure.secure_sum import encode_contribution
+from fedforest_secure.protocol.api import JoinBody, JoinResponse
 
+from .context import (
+    RESTARTED_SECURE,
+    ClientOptions,
+    ClientResult,
+    RunContext,
+    Watch,
+    dropped_detail,
+    parse_as,
+)
 from .data import load_site_table, schema_sha256
-from .evaluation import LedgeredEvalWorker, SiteWorker, site_worker
+from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
-from .secagg_session import SecAggSession, identity_key
+from .loops import replay, run_open, run_secure
+from .secagg_session import identity_key
 from .state import ClientState
 from .transport import ApiRejected, Transport
 
@@ -64,14 +54,6 @@ __all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE"
 class ProfileRefused(FedForestError):
     """The job's privacy profile is not the one this site pinned: the client takes no part."""
 
-
-#: What a client restarted in the middle of a secure round is told (its round keys were in the
-#: memory of the process that died, so it cannot answer that round's steps).
-RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job goes on "
-                    "without this site while enough sites remain")
-
-
-_M = TypeVar("_M", bound=BaseModel)
 
 #: Profile fields that are labels for humans, not privacy settings.
 _PROFILE_LABELS = frozenset({"name", "description"})
@@ -105,150 +87,6 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
             f"the job's privacy profile {job.get('name', '?')!r} is not the profile this site "
             f"pinned ({want!r}): {shown}. Refusing to take part: this site did not join the job "
             "(it only asked what the job is)")
-
-
-@dataclass
-class ClientOptions:
-    server: str
-    token: str
-    job: str
-    data: Path | None
-    schema: Path
-    ca: Path | None
-    cert: Path | None = None
-    key: Path | None = None
-    state_dir: Path = Path(".fedforest-client")
-    model_out: Path | None = None
-    poll_s: float = 0.2
-    retry_budget_s: float = 300.0
-    quiet: bool = False
-    #: The privacy profile this site accepts (a shipped name or a TOML path): the job's profile
-    #: must match it, or the client refuses right after the join response (``--profile``).
-    profile: str | None = None
-    #: Allow plain ``http://`` to a loopback server (``--insecure-dev``); never anything else.
-    insecure_dev: bool = False
-    #: The number of clients this site knows the job has (``--clients``): the job's
-    #: configuration must say the same (it sets the DP noise's ``K_min`` and the roster).
-    n_clients: int | None = None
-    #: The site's held-out rows (same schema), scored by evaluation jobs (``--eval-data``).
-    eval_data: Path | None = None
-
-
-@dataclass
-class ClientResult:
-    status: str  # "done" | "failed" | "dropped" | "refused"
-    detail: str = ""
-    model_path: Path | None = None
-    rounds: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    receipts: list[dict[str, Any]] = field(default_factory=list)
-
-
-#: Seconds a long-polling request may wait on the server for something new.
-LONG_POLL_S = 10.0
-
-
-@dataclass
-class _Ctx:
-    """What one run of the client loop shares between its steps."""
-
-    opts: ClientOptions
-    tr: Transport
-    state: ClientState
-    config: JobConfig
-    job: str
-    index: int
-    name: str
-    worker: SiteWorker
-    result: ClientResult
-    progress: Progress
-    bar: TaskID
-    log: SiteLog
-    watch: _Watch
-
-    def show(self, task: Task, what: str = "") -> None:
-        self.progress.update(self.bar, completed=task.level,
-                             description=f"job {self.job} · level {task.level} · round "
-                                         f"{task.round_id} ({task.kind.value}){what}")
-        if self.watch.level != task.level:
-            self.watch.level = task.level
-            where = ("" if self.config.evaluation is not None  # one round, no tree levels
-                     else f"level {task.level} of {self.config.max_depth} ")
-            self.log.info(f"job {self.job}: {where}(round {task.round_id}, "
-                          f"{task.kind.value})")
-            # at most every few seconds: a status request per level and client is a server
-            # request per round and client; the end of the job polls once more
-            self.watch.poll(self.tr)
-
-    def waiting(self) -> None:
-        """Nothing to do yet: say whom the job is waiting for (at most every few seconds)."""
-        self.watch.poll(self.tr)
-
-
-    def contribution(self, task: Task, reply: Reply) -> np.ndarray:
-        ring = bool(self.config.profile.get("fixed_point",
-                                            self.config.profile.get("secure_aggregation")))
-        if ring:
-            return np.asarray(encode_contribution(self.config, task, reply))
-        return np.asarray(reply.summable, dtype=np.float64)
-
-    def receipt(self, task: Task, body: bytes, seq: int | str, head: str,
-                server_receipt: dict[str, Any] | None) -> None:
-        if server_receipt is not None:
-            self.state.add_receipt(server_receipt)
-            self.result.receipts.append(server_receipt)
-        try:
-            rec = Receipt(job_id=self.job, round_id=task.round_id, client=self.name,
-                          upload_digest=hashlib.sha256(body).hexdigest(),
-                          chain_head_seen=str(head), seq_seen=int(seq))
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
-        write_receipt(self.state.root / "receipts", rec)
-
-
-@dataclass
-class _Watch:
-    """Follows ``GET /v1/jobs/{job}`` to tell the operator about the other sites: who has not
-    joined yet, and who was dropped."""
-
-    job: str
-    log: SiteLog
-    me: int
-    every_s: float = 5.0
-    level: int = -1
-    _last: float = -1e9
-    _waiting_for: tuple[str, ...] = ()
-    _dropped: set[str] = field(default_factory=set)
-
-    def poll(self, tr: Transport, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.every_s:
-            return
-        self._last = now
-        try:
-            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
-        except (ValidationError, FedForestError, ValueError):
-            return  # the log is a courtesy: never fail training over it
-        self.observe(st)
-
-    def observe(self, st: JobStatus) -> None:
-        invited = tuple(m.name for m in st.members if m.state == "invited")
-        if st.status == "waiting" and invited and invited != self._waiting_for:
-            self.log.info(f"job {self.job}: waiting for site{'s' if len(invited) > 1 else ''} "
-                          f"{_names(invited)} to join")
-        self._waiting_for = invited
-        for m in st.members:
-            if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
-                self._dropped.add(m.name)
-                at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
-                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; the job "
-                              f"continues with {st.active_clients} sites (at least "
-                              f"{st.min_clients} needed)")
-
-
-def _names(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
@@ -298,8 +136,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             raise
         # a site dropped earlier (a missed deadline, a refusal) that comes back: what happened
         # and what it can still do, not an HTTP error
-        return ClientResult(status="dropped", detail=_dropped_detail(job, exc.detail))
-    info = _parse(JoinResponse, offered, "job offer")
+        return ClientResult(status="dropped", detail=dropped_detail(job, exc.detail))
+    info = parse_as(JoinResponse, offered, "job offer")
     if pinned is not None:  # before anything else leaves the site
         with _declining(tr, job, "profile", log):
             check_job_profile(pinned, info.config.get("profile"))
@@ -325,7 +163,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             worker.check()
     table = None if train is None else _table_digest(*train)
     _check_same_table(state, job, table)
-    joined = _parse(JoinResponse,
+    joined = parse_as(JoinResponse,
                     tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
                     "join response")
     if (joined.config, joined.client_index, joined.schema_sha256) != (
@@ -338,7 +176,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
              f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
-    _replay(tr, job, worker)
+    replay(tr, job, worker)
     cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
     result = ClientResult(status="running")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
@@ -346,19 +184,19 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
                         console=log.console, disable=opts.quiet or log.plain)
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
-        ctx = _Ctx(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
-                   worker, result, progress, bar, log, _Watch(job, log, k))
+        ctx = RunContext(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
+                   worker, result, progress, bar, log, Watch(job, log, k))
         ctx.waiting()
         try:
             if secure_hint and identity is not None:
-                _run_secure(ctx, identity)
+                run_secure(ctx, identity)
             else:
-                _run_open(ctx)
+                run_open(ctx)
         except ApiRejected as exc:
             if exc.code != "dropped":
                 raise
             # dropped while it ran (it stalled past a deadline): as for a site coming back
-            result.status, result.detail = "dropped", _dropped_detail(job, exc.detail)
+            result.status, result.detail = "dropped", dropped_detail(job, exc.detail)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
@@ -431,15 +269,6 @@ def _check_outputs(opts: ClientOptions) -> None:
                                  f"{exc.strerror or exc}") from None
 
 
-def _parse(model: type[_M], obj: object, what: str) -> _M:
-    """``obj`` (parsed JSON from the server) as ``model``; a :class:`ProtocolError` if it
-    does not validate."""
-    try:
-        return model.model_validate(obj)
-    except ValidationError:
-        raise ProtocolError(f"malformed {what}") from None
-
-
 def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     """Refuse a job whose configuration disagrees with this site's own schema file (bounds
     included: they calibrate the DP noise) or with its pinned number of clients."""
@@ -489,18 +318,12 @@ def _decline_alone(opts: ClientOptions, reason: str, log: SiteLog | None) -> Non
         tr.close()
 
 
-def _dropped_detail(job: str, why: str) -> str:
-    """What a site dropped from ``job`` is told: what happened and what it can still do."""
-    return (f"this site was dropped from job {job} ({why}); the job went on without it. Once "
-            f"the job is done, `fedforest model download --job {job}` fetches its model")
-
-
-def _model_receipt(ctx: _Ctx, model: bytes, headers: Any) -> None:
+def _model_receipt(ctx: RunContext, model: bytes, headers: Any) -> None:
     """Keep a receipt of the model and of the audit-chain head the server announced with it:
     it covers the job's last round and its model entry (``fedforest audit verify --receipts``).
     A server that keeps no audit log announces no entry (sequence 0): there is nothing for a
     receipt to cover, and the site is told so."""
-    from fedforest_secure.audit import ModelReceipt, write_receipt
+    from fedforest_secure.audit import ModelReceipt
 
     if str(headers.get("X-FedForest-Audit-Seq", "0")) == "0":
         ctx.log.warn(f"job {ctx.job}: the server keeps no audit log: this site keeps no model "
@@ -530,206 +353,3 @@ def _join_body(state: ClientState, job: str, opts: ClientOptions) -> dict[str, A
                                 opts.key.read_bytes()).to_json()
     return JoinBody(identity_key=key.hex(), identity_cert=cert).model_dump(exclude_none=True)
 
-
-def _run_open(ctx: _Ctx) -> None:
-    """Plain (or fixed-point) sums: one GET task / POST upload per round."""
-    tr, job, result = ctx.tr, ctx.job, ctx.result
-    while True:
-        resp = tr.request("GET", f"/v1/jobs/{job}/task", params={"wait": LONG_POLL_S})
-        status = resp.headers.get("X-FedForest-Status", "")
-        if resp.status_code == 204:
-            if status in ("done", "failed", "dropped"):
-                detail = resp.headers.get("X-FedForest-Detail", "")
-                result.status, result.detail = status, (
-                    _dropped_detail(job, detail) if status == "dropped" else detail)
-                return
-            ctx.waiting()
-            continue
-        task = _check_task(resp.content, resp.headers, job)
-        ctx.show(task)
-        reply = ctx.worker.handle(task)
-        body = make_upload(task, ctx.contribution(task, reply), reply.disclosed)
-        receipt = _upload(tr, job, task, body)
-        ctx.receipt(task, body, resp.headers.get("X-FedForest-Audit-Seq", "0"),
-                    resp.headers.get("X-FedForest-Audit-Head", ""), receipt)
-        result.rounds += 1
-
-
-def _run_secure(ctx: _Ctx, identity: SigningKey) -> None:
-    """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
-    tr, job = ctx.tr, ctx.job
-    ca = ctx.opts.ca.read_bytes() if ctx.opts.ca is not None and ctx.opts.cert is not None \
-        else None
-    session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
-    tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
-            _secure_steps(ctx, session, sender)
-    except KeyboardInterrupt:
-        # stopped (Ctrl-C): the round keys die with this process, so the open round goes on
-        # without this site; the server learns it now, not at the step's deadline
-        r = session.open_round
-        if r is not None and not session.refused(r):
-            tr.retry_budget_s = min(tr.retry_budget_s, 5.0)
-            _tell_stopped(ctx, session, r)
-        raise
-
-
-def _tell_stopped(ctx: _Ctx, session: SecAggSession, r: int) -> None:
-    """Tell the server this site stopped: refuse round ``r`` or, where ``r`` closed meanwhile,
-    the round open now (this site's keys for it rode on its answer to ``r``, so the server
-    counts the site in and would wait for it until the step's deadline)."""
-    for _ in range(2):
-        try:
-            session.refuse_round(r, "stopped")
-            return
-        except ApiRejected as exc:
-            if exc.code != "round_closed":
-                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-                return
-            try:
-                step = _parse(SecAggStep, ctx.tr.get_json(f"/v1/jobs/{ctx.job}/secagg"),
-                              "secure-aggregation step")
-            except (FedForestError, OSError) as err:
-                ctx.log.info(f"round {r}: the server was not told this site stopped: {err}")
-                return
-            if step.round_id is None or step.round_id <= r:
-                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-                return
-            r = step.round_id
-        except (FedForestError, OSError) as exc:
-            ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-            return
-
-
-def _secure_steps(ctx: _Ctx, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
-    """The loop of :func:`_run_secure`; ``sender`` posts the share bundles."""
-    tr, job, result = ctx.tr, ctx.job, ctx.result
-    task: Task | None = None
-    reply: Reply | None = None
-    vector: np.ndarray | None = None
-    while True:
-        step = _parse(SecAggStep, tr.take_next_step() or tr.get_json(
-            f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
-        status = step.status
-        if status in ("done", "failed", "dropped"):
-            result.status, result.detail = status, (
-                _dropped_detail(job, str(step.detail)) if status == "dropped"
-                else str(step.detail))
-            return
-        if status != "task":
-            ctx.waiting()
-            continue
-        if step.round_id is None:
-            raise ProtocolError("a secure-aggregation step without its round")
-        r = session.open_round = step.round_id
-        if session.client is None:
-            session.connect(on_wait=ctx.waiting)
-        if step.action != "advert" and not session.advertised(r):
-            # this process never sent keys for round r: it is a restart of a client whose
-            # round keys died with the old process. Refusing the round drops it now, rather
-            # than at the step's deadline, which every other site would wait for
-            ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
-            try:
-                session.refuse_round(r, "restarted")
-            except ApiRejected as exc:  # the round closed, or the site was dropped, meanwhile
-                ctx.log.info(f"round {r}: the server did not record the refusal: {exc}")
-            result.status, result.detail = "dropped", RESTARTED_SECURE
-            return
-        if task is None or task.round_id != r:
-            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
-            digest = hashlib.sha256(body).digest()
-            if digest.hex() != step.task_digest:
-                raise ProtocolError(f"round {r}: the task does not match its announced digest")
-            # hashed and packed once: the worker, the round setup check and the upload header
-            # all ask for its digest
-            task = SealedTask.from_wire(body, digest)
-            if task.job_id != job or task.round_id != r:
-                raise ProtocolError("the server sent a task of another job or round")
-            reply = vector = None
-        action = step.action
-        message = str(step.message)
-        ctx.show(task, f" · {action}")
-        try:
-            if action == "advert":
-                session.advert(r)
-            elif action == "share":
-                # shares first, then the answer: the shares go out from a second thread while
-                # this one computes; that POST waits for the round's share deliveries and
-                # brings this client's back as its next step, so the masked upload follows
-                # the answer without another request, while slower clients still compute
-                posted = sender.submit(session.post_shares, r,
-                                       session.share_bundle(task, message))
-                try:
-                    reply = ctx.worker.handle(task)
-                    vector = ctx.contribution(task, reply)
-                finally:
-                    failed = posted.exception()
-                if failed is not None:
-                    raise failed
-            elif action == "upload":
-                if reply is None or vector is None:
-                    reply = ctx.worker.handle(task)
-                    vector = ctx.contribution(task, reply)
-                header, masked = session.mask(task, message, vector)
-                body = make_upload(task, masked, reply.disclosed, secagg=header)
-                receipt = _upload(tr, job, task, body)
-                ctx.receipt(task, body, step.audit_seq, step.audit_head, receipt)
-                result.rounds += 1
-            elif action == "sign":
-                session.sign(task, message)
-            elif action == "unmask":
-                session.unmask(task, message)
-        except (RefusedRequest, InvalidMessage) as exc:
-            # a request a privacy rule refuses, or a peer's message (relayed by the server)
-            # that does not authenticate: the round cannot go on with this site, and says why
-            code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
-            ctx.log.warn(f"refused the server's request in round {r}: {exc}")
-            if not session.refused(r):  # the site's own answer refused: the server learns it
-                try:  # now, not at the step's deadline every other site would wait for
-                    session.refuse_round(r, code)
-                except ApiRejected as rej:  # the round closed, or the site was dropped
-                    ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
-            result.status, result.detail = "refused", f"round {r}: {exc}"
-            return
-        except ApiRejected as exc:
-            if exc.code in ("wrong_phase", "round_closed"):
-                continue  # the phase moved on (e.g. a deadline passed): ask again
-            raise
-
-
-def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
-    digest = hashlib.sha256(body).digest()
-    if headers.get("X-FedForest-Task-Digest") not in (None, digest.hex()):
-        raise ProtocolError("task digest header does not match the task body")
-    task = SealedTask.from_wire(body, digest)
-    if task.job_id != job:
-        raise ProtocolError("the server sent a task of another job")
-    return task
-
-
-def _replay(tr: Transport, job: str, worker: SiteWorker) -> None:
-    """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again."""
-    listed = tr.get_json(f"/v1/jobs/{job}/rounds")
-    if not isinstance(listed, list):
-        raise ProtocolError("malformed round list")
-    for r in (_parse(RoundInfo, item, "round list") for item in listed):
-        if r.status != "closed" or r.kind != TaskKind.SKETCH.value:
-            continue
-        body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
-        digest = hashlib.sha256(body).digest()
-        if digest.hex() != r.task_digest:
-            raise ProtocolError(f"round {r.round_id}: task does not match its digest")
-        worker.handle(SealedTask.from_wire(body, digest))
-
-
-def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:
-    try:
-        receipt = dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
-                                  content=body).json())
-        receipt.pop("next", None)  # the next step (secure runs), not part of the receipt
-        return receipt
-    except ApiRejected as exc:
-        if exc.code == "round_closed" and exc.body.get("counted"):
-            return None  # a retry of an upload the server already counted
-        raise

@@ -16,8 +16,8 @@ import pytest
 from ports import free_port
 from typer.testing import CliRunner
 
+from client_app.context import Watch
 from client_app.log import SiteLog
-from client_app.runner import _Watch
 from client_app.transport import Transport, TransportFailed
 from fedforest_cli.cli import app
 from fedforest_cli.sim_processes import start_server, stop, wait_healthy, write_server_config
@@ -44,7 +44,7 @@ def test_off_a_terminal_every_event_is_one_plain_line() -> None:
 
 def test_the_watch_names_the_sites_not_joined_yet_and_each_dropped_site_once() -> None:
     out = io.StringIO()
-    watch = _Watch("j", SiteLog(stream=out), me=0)
+    watch = Watch("j", SiteLog(stream=out), me=0)
 
     def status(job_status: str, *states: str) -> JobStatus:
         return JobStatus.model_validate({

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
-from client_app import runner
+from client_app import loops
 from client_app.log import SiteLog
 from client_app.runner import ClientResult
 from fedforest_secure.errors import InvalidMessage
@@ -49,6 +49,6 @@ def test_a_share_that_does_not_authenticate_is_refused_at_once_with_its_code() -
                           contribution=lambda t, r: [0.0], show=lambda *a: None,
                           waiting=lambda: None)
     with ThreadPoolExecutor(max_workers=1) as sender:
-        runner._secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
+        loops.secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
     assert refused == [(2, "invalid_message")]
     assert result.status == "refused" and "does not authenticate" in result.detail

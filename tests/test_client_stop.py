@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from client_app import runner
+from client_app import loops
 from client_app.transport import ApiRejected
 
 
@@ -49,7 +49,7 @@ class _Ctx:
 def test_a_site_stopped_as_its_round_closes_refuses_the_round_open_now() -> None:
     session = _Session(open_now=3)
     ctx = _Ctx(_Transport({"status": "task", "action": "share", "round_id": 3}))
-    runner._tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
+    loops.tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
     assert session.refusals == [(3, "stopped")]
     assert ctx.tr.asked == ["/v1/jobs/job-a/secagg"]
     assert ctx.log.lines == []
@@ -58,7 +58,7 @@ def test_a_site_stopped_as_its_round_closes_refuses_the_round_open_now() -> None
 def test_a_site_stopped_in_its_open_round_refuses_that_round() -> None:
     session = _Session(open_now=2)
     ctx = _Ctx(_Transport({}))
-    runner._tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
+    loops.tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
     assert session.refusals == [(2, "stopped")]
     assert ctx.tr.asked == []
 
@@ -66,6 +66,6 @@ def test_a_site_stopped_in_its_open_round_refuses_that_round() -> None:
 def test_with_no_later_round_open_the_site_says_the_server_was_not_told() -> None:
     session = _Session(open_now=99)
     ctx = _Ctx(_Transport({"status": "wait", "detail": "no open round"}))
-    runner._tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
+    loops.tell_stopped(ctx, session, 2)  # type: ignore[arg-type]
     assert session.refusals == []
     assert ctx.log.lines and "was not told this site stopped" in ctx.log.lines[0]

@@ -1,0 +1,198 @@
+"""What one run of the client loop shares between its steps: the site's options, the run's
+result, its context (transport, state, worker, progress bar, log) and the watch that tells the
+operator about the other sites."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+from rich.progress import Progress, TaskID
+
+from fedforest_secure.audit import Receipt, write_receipt
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.protocol import Reply, Task
+from fedforest_secure.protocol.api import JobStatus
+from fedforest_secure.secure_sum import encode_contribution
+
+from .evaluation import SiteWorker
+from .log import SiteLog
+from .state import ClientState
+from .transport import Transport
+
+__all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
+           "Watch", "dropped_detail", "parse_as"]
+
+#: What a client restarted in the middle of a secure round is told (its round keys were in the
+#: memory of the process that died, so it cannot answer that round's steps).
+RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job goes on "
+                    "without this site while enough sites remain")
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass
+class ClientOptions:
+    server: str
+    token: str
+    job: str
+    data: Path | None
+    schema: Path
+    ca: Path | None
+    cert: Path | None = None
+    key: Path | None = None
+    state_dir: Path = Path(".fedforest-client")
+    model_out: Path | None = None
+    poll_s: float = 0.2
+    retry_budget_s: float = 300.0
+    quiet: bool = False
+    #: The privacy profile this site accepts (a shipped name or a TOML path): the job's profile
+    #: must match it, or the client refuses right after the join response (``--profile``).
+    profile: str | None = None
+    #: Allow plain ``http://`` to a loopback server (``--insecure-dev``); never anything else.
+    insecure_dev: bool = False
+    #: The number of clients this site knows the job has (``--clients``): the job's
+    #: configuration must say the same (it sets the DP noise's ``K_min`` and the roster).
+    n_clients: int | None = None
+    #: The site's held-out rows (same schema), scored by evaluation jobs (``--eval-data``).
+    eval_data: Path | None = None
+
+
+@dataclass
+class ClientResult:
+    status: str  # "done" | "failed" | "dropped" | "refused"
+    detail: str = ""
+    model_path: Path | None = None
+    rounds: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    receipts: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: Seconds a long-polling request may wait on the server for something new.
+LONG_POLL_S = 10.0
+
+
+@dataclass
+class RunContext:
+    """What one run of the client loop shares between its steps."""
+
+    opts: ClientOptions
+    tr: Transport
+    state: ClientState
+    config: JobConfig
+    job: str
+    index: int
+    name: str
+    worker: SiteWorker
+    result: ClientResult
+    progress: Progress
+    bar: TaskID
+    log: SiteLog
+    watch: Watch
+
+    def show(self, task: Task, what: str = "") -> None:
+        self.progress.update(self.bar, completed=task.level,
+                             description=f"job {self.job} · level {task.level} · round "
+                                         f"{task.round_id} ({task.kind.value}){what}")
+        if self.watch.level != task.level:
+            self.watch.level = task.level
+            where = ("" if self.config.evaluation is not None  # one round, no tree levels
+                     else f"level {task.level} of {self.config.max_depth} ")
+            self.log.info(f"job {self.job}: {where}(round {task.round_id}, "
+                          f"{task.kind.value})")
+            # at most every few seconds: a status request per level and client is a server
+            # request per round and client; the end of the job polls once more
+            self.watch.poll(self.tr)
+
+    def waiting(self) -> None:
+        """Nothing to do yet: say whom the job is waiting for (at most every few seconds)."""
+        self.watch.poll(self.tr)
+
+
+    def contribution(self, task: Task, reply: Reply) -> np.ndarray:
+        ring = bool(self.config.profile.get("fixed_point",
+                                            self.config.profile.get("secure_aggregation")))
+        if ring:
+            return np.asarray(encode_contribution(self.config, task, reply))
+        return np.asarray(reply.summable, dtype=np.float64)
+
+    def receipt(self, task: Task, body: bytes, seq: int | str, head: str,
+                server_receipt: dict[str, Any] | None) -> None:
+        if server_receipt is not None:
+            self.state.add_receipt(server_receipt)
+            self.result.receipts.append(server_receipt)
+        try:
+            rec = Receipt(job_id=self.job, round_id=task.round_id, client=self.name,
+                          upload_digest=hashlib.sha256(body).hexdigest(),
+                          chain_head_seen=str(head), seq_seen=int(seq))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
+        write_receipt(self.state.root / "receipts", rec)
+
+
+@dataclass
+class Watch:
+    """Follows ``GET /v1/jobs/{job}`` to tell the operator about the other sites: who has not
+    joined yet, and who was dropped."""
+
+    job: str
+    log: SiteLog
+    me: int
+    every_s: float = 5.0
+    level: int = -1
+    _last: float = -1e9
+    _waiting_for: tuple[str, ...] = ()
+    _dropped: set[str] = field(default_factory=set)
+
+    def poll(self, tr: Transport, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.every_s:
+            return
+        self._last = now
+        try:
+            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
+        except (ValidationError, FedForestError, ValueError):
+            return  # the log is a courtesy: never fail training over it
+        self.observe(st)
+
+    def observe(self, st: JobStatus) -> None:
+        invited = tuple(m.name for m in st.members if m.state == "invited")
+        if st.status == "waiting" and invited and invited != self._waiting_for:
+            self.log.info(f"job {self.job}: waiting for site{'s' if len(invited) > 1 else ''} "
+                          f"{_names(invited)} to join")
+        self._waiting_for = invited
+        for m in st.members:
+            if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
+                self._dropped.add(m.name)
+                at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
+                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; the job "
+                              f"continues with {st.active_clients} sites (at least "
+                              f"{st.min_clients} needed)")
+
+
+def _names(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def parse_as(model: type[_M], obj: object, what: str) -> _M:
+    """``obj`` (parsed JSON from the server) as ``model``; a :class:`ProtocolError` if it
+    does not validate."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError:
+        raise ProtocolError(f"malformed {what}") from None
+
+
+def dropped_detail(job: str, why: str) -> str:
+    """What a site dropped from ``job`` is told: what happened and what it can still do."""
+    return (f"this site was dropped from job {job} ({why}); the job went on without it. Once "
+            f"the job is done, `fedforest model download --job {job}` fetches its model")
+

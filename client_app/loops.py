@@ -1,0 +1,228 @@
+"""The round loops of a client that joined a job: open jobs (GET the task, POST the upload)
+and secure aggregation (the server's steps: shares, masked upload, survivor-set signature,
+unmask), and the replay of a job's earlier sketch rounds after a restart."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+from nacl.signing import SigningKey
+
+from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
+from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
+from fedforest_secure.protocol.api import RoundInfo, SecAggStep
+
+from .context import LONG_POLL_S, RESTARTED_SECURE, RunContext, dropped_detail, parse_as
+from .evaluation import SiteWorker
+from .secagg_session import SecAggSession
+from .transport import ApiRejected, Transport
+
+__all__ = ["replay", "run_open", "run_secure", "secure_steps", "tell_stopped"]
+
+
+def run_open(ctx: RunContext) -> None:
+    """Plain (or fixed-point) sums: one GET task / POST upload per round."""
+    tr, job, result = ctx.tr, ctx.job, ctx.result
+    while True:
+        resp = tr.request("GET", f"/v1/jobs/{job}/task", params={"wait": LONG_POLL_S})
+        status = resp.headers.get("X-FedForest-Status", "")
+        if resp.status_code == 204:
+            if status in ("done", "failed", "dropped"):
+                detail = resp.headers.get("X-FedForest-Detail", "")
+                result.status, result.detail = status, (
+                    dropped_detail(job, detail) if status == "dropped" else detail)
+                return
+            ctx.waiting()
+            continue
+        task = _check_task(resp.content, resp.headers, job)
+        ctx.show(task)
+        reply = ctx.worker.handle(task)
+        body = make_upload(task, ctx.contribution(task, reply), reply.disclosed)
+        receipt = _upload(tr, job, task, body)
+        ctx.receipt(task, body, resp.headers.get("X-FedForest-Audit-Seq", "0"),
+                    resp.headers.get("X-FedForest-Audit-Head", ""), receipt)
+        result.rounds += 1
+
+
+def run_secure(ctx: RunContext, identity: SigningKey) -> None:
+    """Secure aggregation: follow GET /secagg (advert, shares, masked upload, unmask)."""
+    tr, job = ctx.tr, ctx.job
+    ca = ctx.opts.ca.read_bytes() if ctx.opts.ca is not None and ctx.opts.cert is not None \
+        else None
+    session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
+    tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
+            secure_steps(ctx, session, sender)
+    except KeyboardInterrupt:
+        # stopped (Ctrl-C): the round keys die with this process, so the open round goes on
+        # without this site; the server learns it now, not at the step's deadline
+        r = session.open_round
+        if r is not None and not session.refused(r):
+            tr.retry_budget_s = min(tr.retry_budget_s, 5.0)
+            tell_stopped(ctx, session, r)
+        raise
+
+
+def tell_stopped(ctx: RunContext, session: SecAggSession, r: int) -> None:
+    """Tell the server this site stopped: refuse round ``r`` or, where ``r`` closed meanwhile,
+    the round open now (this site's keys for it rode on its answer to ``r``, so the server
+    counts the site in and would wait for it until the step's deadline)."""
+    for _ in range(2):
+        try:
+            session.refuse_round(r, "stopped")
+            return
+        except ApiRejected as exc:
+            if exc.code != "round_closed":
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+                return
+            try:
+                step = parse_as(SecAggStep, ctx.tr.get_json(f"/v1/jobs/{ctx.job}/secagg"),
+                              "secure-aggregation step")
+            except (FedForestError, OSError) as err:
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {err}")
+                return
+            if step.round_id is None or step.round_id <= r:
+                ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+                return
+            r = step.round_id
+        except (FedForestError, OSError) as exc:
+            ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
+            return
+
+
+def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
+    """The loop of :func:`run_secure`; ``sender`` posts the share bundles."""
+    tr, job, result = ctx.tr, ctx.job, ctx.result
+    task: Task | None = None
+    reply: Reply | None = None
+    vector: np.ndarray | None = None
+    while True:
+        step = parse_as(SecAggStep, tr.take_next_step() or tr.get_json(
+            f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
+        status = step.status
+        if status in ("done", "failed", "dropped"):
+            result.status, result.detail = status, (
+                dropped_detail(job, str(step.detail)) if status == "dropped"
+                else str(step.detail))
+            return
+        if status != "task":
+            ctx.waiting()
+            continue
+        if step.round_id is None:
+            raise ProtocolError("a secure-aggregation step without its round")
+        r = session.open_round = step.round_id
+        if session.client is None:
+            session.connect(on_wait=ctx.waiting)
+        if step.action != "advert" and not session.advertised(r):
+            # this process never sent keys for round r: it is a restart of a client whose
+            # round keys died with the old process. Refusing the round drops it now, rather
+            # than at the step's deadline, which every other site would wait for
+            ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
+            try:
+                session.refuse_round(r, "restarted")
+            except ApiRejected as exc:  # the round closed, or the site was dropped, meanwhile
+                ctx.log.info(f"round {r}: the server did not record the refusal: {exc}")
+            result.status, result.detail = "dropped", RESTARTED_SECURE
+            return
+        if task is None or task.round_id != r:
+            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
+            digest = hashlib.sha256(body).digest()
+            if digest.hex() != step.task_digest:
+                raise ProtocolError(f"round {r}: the task does not match its announced digest")
+            # hashed and packed once: the worker, the round setup check and the upload header
+            # all ask for its digest
+            task = SealedTask.from_wire(body, digest)
+            if task.job_id != job or task.round_id != r:
+                raise ProtocolError("the server sent a task of another job or round")
+            reply = vector = None
+        action = step.action
+        message = str(step.message)
+        ctx.show(task, f" · {action}")
+        try:
+            if action == "advert":
+                session.advert(r)
+            elif action == "share":
+                # shares first, then the answer: the shares go out from a second thread while
+                # this one computes; that POST waits for the round's share deliveries and
+                # brings this client's back as its next step, so the masked upload follows
+                # the answer without another request, while slower clients still compute
+                posted = sender.submit(session.post_shares, r,
+                                       session.share_bundle(task, message))
+                try:
+                    reply = ctx.worker.handle(task)
+                    vector = ctx.contribution(task, reply)
+                finally:
+                    failed = posted.exception()
+                if failed is not None:
+                    raise failed
+            elif action == "upload":
+                if reply is None or vector is None:
+                    reply = ctx.worker.handle(task)
+                    vector = ctx.contribution(task, reply)
+                header, masked = session.mask(task, message, vector)
+                body = make_upload(task, masked, reply.disclosed, secagg=header)
+                receipt = _upload(tr, job, task, body)
+                ctx.receipt(task, body, step.audit_seq, step.audit_head, receipt)
+                result.rounds += 1
+            elif action == "sign":
+                session.sign(task, message)
+            elif action == "unmask":
+                session.unmask(task, message)
+        except (RefusedRequest, InvalidMessage) as exc:
+            # a request a privacy rule refuses, or a peer's message (relayed by the server)
+            # that does not authenticate: the round cannot go on with this site, and says why
+            code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
+            ctx.log.warn(f"refused the server's request in round {r}: {exc}")
+            if not session.refused(r):  # the site's own answer refused: the server learns it
+                try:  # now, not at the step's deadline every other site would wait for
+                    session.refuse_round(r, code)
+                except ApiRejected as rej:  # the round closed, or the site was dropped
+                    ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
+            result.status, result.detail = "refused", f"round {r}: {exc}"
+            return
+        except ApiRejected as exc:
+            if exc.code in ("wrong_phase", "round_closed"):
+                continue  # the phase moved on (e.g. a deadline passed): ask again
+            raise
+
+
+def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
+    digest = hashlib.sha256(body).digest()
+    if headers.get("X-FedForest-Task-Digest") not in (None, digest.hex()):
+        raise ProtocolError("task digest header does not match the task body")
+    task = SealedTask.from_wire(body, digest)
+    if task.job_id != job:
+        raise ProtocolError("the server sent a task of another job")
+    return task
+
+
+def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
+    """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again."""
+    listed = tr.get_json(f"/v1/jobs/{job}/rounds")
+    if not isinstance(listed, list):
+        raise ProtocolError("malformed round list")
+    for r in (parse_as(RoundInfo, item, "round list") for item in listed):
+        if r.status != "closed" or r.kind != TaskKind.SKETCH.value:
+            continue
+        body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
+        digest = hashlib.sha256(body).digest()
+        if digest.hex() != r.task_digest:
+            raise ProtocolError(f"round {r.round_id}: task does not match its digest")
+        worker.handle(SealedTask.from_wire(body, digest))
+
+
+def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:
+    try:
+        receipt = dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
+                                  content=body).json())
+        receipt.pop("next", None)  # the next step (secure runs), not part of the receipt
+        return receipt
+    except ApiRejected as exc:
+        if exc.code == "round_closed" and exc.body.get("counted"):
+            return None  # a retry of an upload the server already counted
+        raise
