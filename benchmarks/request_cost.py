@@ -38,18 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from client_app.transport import Transport
-from fedforest_cli.sim_processes import (
-    child_env,
-    free_port,
-    start_server,
-    stop,
-    wait_healthy,
-    write_server_config,
-)
-from fedforest_secure.pki import init_dev_pki
-from server_app.auth import add_client
-from server_app.db import Database
-from server_app.settings import load_settings
+from fedforest_cli.sim_processes import child_env, free_port, one_site_server, stop
 
 
 def _proc_cpu(pid: int) -> float:
@@ -127,39 +116,26 @@ def main() -> None:
         _serve_bytes(a.serve_bytes, a.mb, a.certs)
         return
     with tempfile.TemporaryDirectory(prefix="fedforest-request-cost-") as tmp:
-        root = Path(tmp)
-        certs = root / "certs"
-        init_dev_pki(certs, 1)
-        config = write_server_config(root, free_port(), certs)
-        settings = load_settings(config)
-        db = Database(settings.database)
-        token = add_client(db, "client-0")
-        db.dispose()
-        url = f"https://127.0.0.1:{settings.port}"
-        proc = start_server(config, root / "server.log")
         rows: list[tuple[str, float, float, float]] = []
-        try:
-            wait_healthy(url, certs / "ca.pem", proc, timeout=120.0,
-                         cert=certs / "client-0.pem", key=certs / "client-0.key")
-            tr = Transport(url, token, certs / "ca.pem", certs / "client-0.pem",
+        with one_site_server(Path(tmp)) as srv:
+            certs = srv.certs
+            tr = Transport(srv.url, srv.token, certs / "ca.pem", certs / "client-0.pem",
                            certs / "client-0.key", retry_budget_s=10.0)
             try:
                 for path, what in (("/health", "no authentication"),
                                    ("/v1/me", "token and certificate checked")):
-                    wall, srv, cli = _measure(proc.pid, a.requests,
-                                              functools.partial(tr.request, "GET", path))
-                    rows.append((f"GET {path} ({what}), fedforest server", wall, srv, cli))
+                    wall, srv_ms, cli = _measure(srv.proc.pid, a.requests,
+                                                 functools.partial(tr.request, "GET", path))
+                    rows.append((f"GET {path} ({what}), fedforest server", wall, srv_ms, cli))
             finally:
                 tr.close()
-        finally:
-            stop(proc)
         rows += _bytes_rows(certs, a.mb, max(a.requests // 10, 10))
     t = Table(title=f"CPU per HTTP request on 127.0.0.1 ({a.requests} requests of each kind; "
                     f"{max(a.requests // 10, 10)} of the {a.mb:g} MB bodies)")
     for col in ("request", "wall ms", "server CPU ms", "client CPU ms"):
         t.add_column(col, justify="left" if col == "request" else "right")
-    for name, wall, srv, cli in rows:
-        t.add_row(name, f"{wall:.2f}", f"{srv:.2f}", f"{cli:.2f}")
+    for name, wall, server_ms, cli in rows:
+        t.add_row(name, f"{wall:.2f}", f"{server_ms:.2f}", f"{cli:.2f}")
     Console().print(t)
 
 

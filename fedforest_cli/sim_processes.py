@@ -3,19 +3,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedforest_secure.errors import FedForestError
 
 from .sim_data import SiteData
 
-__all__ = ["child_env", "db_url", "free_port", "start_client", "start_server", "stop",
-           "wait_healthy", "write_server_config"]
+__all__ = ["OneSiteServer", "child_env", "db_url", "free_port", "one_site_server", "start_client",
+           "start_server", "stop", "wait_healthy", "write_server_config"]
 
 
 def free_port() -> int:
@@ -127,3 +130,43 @@ def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, l
         cmd.append("--insecure-dev")
     with log.open("ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+
+@dataclass(frozen=True)
+class OneSiteServer:
+    """A running ``fedforest server`` of :func:`one_site_server`."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    #: the dev PKI: ``ca.pem``, ``server.pem``/``.key``, ``client-0.pem``/``.key``
+    certs: Path
+    #: client-0's token
+    token: str
+
+
+@contextlib.contextmanager
+def one_site_server(root: Path, port: int | None = None, timeout: float = 120.0
+                    ) -> Iterator[OneSiteServer]:
+    """``fedforest server`` on 127.0.0.1:``port`` (a free one by default) with mutual TLS (a
+    dev PKI in ``root/certs``), SQLite in ``root`` and one registered site, ``client-0``, no
+    jobs; stopped on exit."""
+    from fedforest_secure.pki import init_dev_pki
+    from server_app.auth import add_client
+    from server_app.db import Database
+    from server_app.settings import load_settings
+
+    certs = root / "certs"
+    init_dev_pki(certs, 1)
+    config = write_server_config(root, port or free_port(), certs)
+    settings = load_settings(config)
+    db = Database(settings.database)
+    token = add_client(db, "client-0")
+    db.dispose()
+    url = f"https://127.0.0.1:{settings.port}"
+    proc = start_server(config, root / "server.log")
+    try:
+        wait_healthy(url, certs / "ca.pem", proc, timeout=timeout,
+                     cert=certs / "client-0.pem", key=certs / "client-0.key")
+        yield OneSiteServer(proc, url, certs, token)
+    finally:
+        stop(proc)

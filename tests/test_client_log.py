@@ -20,13 +20,10 @@ from client_app.context import Watch
 from client_app.log import SiteLog
 from client_app.transport import Transport, TransportFailed
 from fedforest_cli.cli import app
-from fedforest_cli.sim_processes import start_server, stop, wait_healthy, write_server_config
+from fedforest_cli.sim_processes import one_site_server
 from fedforest_cli.site_cli import format_status
 from fedforest_secure.pki import DevPKI, init_dev_pki
 from fedforest_secure.protocol.api import JobStatus
-from server_app.auth import add_client
-from server_app.db import Database
-from server_app.settings import load_settings
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ fedforest-client (.*)$")
 
@@ -191,22 +188,8 @@ def real_mtls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
                                                                                  str]]:
     """``fedforest server`` (uvicorn) on 127.0.0.1 with mutual TLS, no jobs: its URL, its
     certificate directory (``ca.pem``, ``client-0.pem``/``.key``) and client-0's token."""
-    root = tmp_path_factory.mktemp("mtls")
-    certs = root / "certs"
-    init_dev_pki(certs, 1)
-    config = write_server_config(root, free_port(), certs)
-    settings = load_settings(config)
-    db = Database(settings.database)
-    token = add_client(db, "client-0")
-    db.dispose()
-    url = f"https://127.0.0.1:{settings.port}"
-    proc = start_server(config, root / "server.log")
-    try:
-        wait_healthy(url, certs / "ca.pem", proc, timeout=120.0, cert=certs / "client-0.pem",
-                     key=certs / "client-0.key")
-        yield url, certs, token
-    finally:
-        stop(proc)
+    with one_site_server(tmp_path_factory.mktemp("mtls"), free_port()) as srv:
+        yield srv.url, srv.certs, srv.token
 
 
 @pytest.mark.integration
