@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import resource
 import sqlite3
@@ -124,12 +125,24 @@ def _phase_seconds(text: str, job_id: str) -> dict[str, float]:
 
 
 def _trees(model: ForestModel) -> dict[str, Any]:
-    """The forest itself (the HTTPS model file also carries the job's schema and site names,
-    which the in-process model has not)."""
+    """The forest itself (the HTTPS model file also carries the job's schema, its class labels
+    and site names, which the in-process model has not)."""
     d = model.to_dict()
-    for k in ("meta", "feature_names", "schema", "clients"):
+    for k in ("meta", "feature_names", "schema", "clients", "classes"):
         d.pop(k, None)
     return d
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None: JSON has no NaN (a run without the
+    in-process reference has no ratio)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def main() -> None:
@@ -175,7 +188,8 @@ def main() -> None:
     sent = max(s["bytes_sent"] for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     requests = max(s.get("requests", 0) for s in stats)
-    requests_total = sum(s.get("requests", 0) for s in stats)
+    # the requests of the clients' training span (from the join on), whose CPU is counted
+    requests_total = sum(s.get("requests_training", s.get("requests", 0)) for s in stats)
     server_log = _server_log(a.out)
     server_cpu, server_training_cpu = _server_cpu(server_log, config.job_id)
     phases = _phase_seconds(server_log, config.job_id)
@@ -191,18 +205,19 @@ def main() -> None:
            "clients_training_cpu_s": cpu_clients, "server_cpu_s": server_cpu,
            "server_training_cpu_s": server_training_cpu,
            "cpu_ratio_training": (server_training_cpu + cpu_clients) / cpu_inproc,
-           "requests_per_client": requests, "requests_total": requests_total,
-           # the CPU the HTTPS run spends beyond the in-process run's (requests, TLS, JSON,
-           # the database and audit log), and that per request of all clients
-           "overhead_cpu_s": server_training_cpu + cpu_clients - cpu_inproc,
-           "overhead_cpu_ms_per_request": 1000 * (server_training_cpu + cpu_clients
-                                                  - cpu_inproc) / max(requests_total, 1),
+           "requests_per_client": requests, "requests_training_total": requests_total,
            "same_model": same_model, "sent_bytes_per_client": sent,
            "received_bytes_per_client": recv, "summable_bytes_per_client": summable,
            "uploaded_vector_bytes_per_client": uploaded,
            "bound_8T2^MdBS": bound, "aggregation_rounds_per_level": per_level,
            "max_aggregation_rounds_per_level": max(per_level.values(), default=0),
            "phase_seconds": phases}
+    if not a.skip_in_process:
+        # the CPU the HTTPS run spends beyond the in-process run's (requests, TLS, JSON, the
+        # database and audit log), and that per request of the clients' training
+        overhead = server_training_cpu + cpu_clients - cpu_inproc
+        out["overhead_cpu_s"] = overhead
+        out["overhead_cpu_ms_per_request"] = 1000 * overhead / max(requests_total, 1)
     t = Table(title=f"transport benchmark: {a.dataset}, K={a.clients}, T={a.trees}, "
                     f"M={a.depth}, B={a.bins}, profile {a.profile}")
     for col in ("HTTPS training s", "in-process s", "ratio", "HTTPS end-to-end s",
@@ -215,9 +230,10 @@ def main() -> None:
               f"{out['cpu_ratio_training']:.2f}", str(rounds),
               str(max(per_level.values(), default=0)), str(requests), str(same_model))
     Console().print(t)
-    print(f"CPU beyond the in-process run's: {out['overhead_cpu_s']:.2f} s (server + clients "
-          f"- in process) over {requests_total} requests of all clients: "
-          f"{out['overhead_cpu_ms_per_request']:.2f} ms per request")
+    if "overhead_cpu_s" in out:
+        print(f"CPU beyond the in-process run's: {out['overhead_cpu_s']:.2f} s (server + "
+              f"clients - in process) over the {requests_total} requests of the clients' "
+              f"training: {out['overhead_cpu_ms_per_request']:.2f} ms per request")
     print("aggregation rounds per level: "
           + ", ".join(f"{lvl}: {k}" for lvl, k in per_level.items()))
     if phases:
@@ -237,7 +253,7 @@ def main() -> None:
               f"{sent / bound:.2f}", f"{sent / uploaded:.2f}")
     Console().print(b)
     if a.json is not None:
-        a.json.write_text(json.dumps(out, indent=2) + "\n")
+        a.json.write_text(json.dumps(_finite_or_null(out), indent=2) + "\n")
 
 
 if __name__ == "__main__":

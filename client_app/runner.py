@@ -1,9 +1,12 @@
-"""The client loop: join, replay after a restart, answer tasks, upload, download the model.
+"""The client loop: check the site's table and the job, join, run the job's rounds, download the
+model.
 
 Only two kinds of things leave the site: the summable vector of each round (fixed-point encoded
 by :func:`fedforest_secure.secure_sum.encode_contribution`, and masked under secure aggregation,
 so the server can only learn the sum over clients) and the per-client items the job's privacy
-profile discloses.
+profile discloses. The rounds themselves (tasks, uploads, the secure-aggregation steps, the
+replay after a restart) are :mod:`client_app.loops`; what a run shares between its steps is
+:mod:`client_app.context`.
 
 After every upload the client writes an audit :class:`~fedforest_secure.audit.Receipt` (the
 upload's SHA-256 and the audit-chain tip the server announced with the task) to
@@ -178,6 +181,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
              f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
     replay(tr, job, worker)
     cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
+    requests0 = tr.requests
     result = ClientResult(status="running")
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} levels"), TimeElapsedColumn(),
@@ -215,7 +219,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
-        "requests": tr.requests,
+        "requests": tr.requests, "requests_training": tr.requests - requests0,
         "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
     # the last job's, and each job's own (a site may run a training then an evaluation job)
     write_atomic(opts.state_dir / "stats.json", stats)

@@ -163,10 +163,15 @@ def one_site_server(root: Path, port: int | None = None, timeout: float = 120.0
     token = add_client(db, "client-0")
     db.dispose()
     url = f"https://127.0.0.1:{settings.port}"
-    proc = start_server(config, root / "server.log")
+    log = root / "server.log"
+    proc = start_server(config, log)
     try:
-        wait_healthy(url, certs / "ca.pem", proc, timeout=timeout,
-                     cert=certs / "client-0.pem", key=certs / "client-0.key")
+        try:
+            wait_healthy(url, certs / "ca.pem", proc, timeout=timeout,
+                         cert=certs / "client-0.pem", key=certs / "client-0.key")
+        except FedForestError as exc:  # its log says why, and ``root`` may be a temporary dir
+            tail = log.read_text(errors="replace").strip().splitlines()[-20:]
+            raise FedForestError(f"{exc}; the end of its log:\n" + "\n".join(tail)) from None
         yield OneSiteServer(proc, url, certs, token)
     finally:
         stop(proc)
