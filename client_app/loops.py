@@ -59,22 +59,35 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
             secure_steps(ctx, session, sender)
     except KeyboardInterrupt:
-        # stopped (Ctrl-C): the round keys die with this process, so the open round goes on
-        # without this site; the server learns it now, not at the step's deadline
-        r = session.open_round
-        if r is not None and not session.refused(r):
-            tr.retry_budget_s = min(tr.retry_budget_s, 5.0)
-            tell_stopped(ctx, session, r)
+        # stopped (Ctrl-C, SIGTERM): the round keys die with this process, so the open round
+        # goes on without this site; the server learns it now, not at the step's deadline
+        _leave_round(ctx, session, "stopped")
+        raise
+    except (FedForestError, OSError, ValueError):
+        # an error this process stops on (a full disk, a server that misbehaves): the same
+        # (the command prints the error)
+        _leave_round(ctx, session, "failed")
         raise
 
 
-def tell_stopped(ctx: RunContext, session: SecAggSession, r: int) -> None:
-    """Tell the server this site stopped: refuse round ``r`` or, where ``r`` closed meanwhile,
-    the round open now (this site's keys for it rode on its answer to ``r``, so the server
-    counts the site in and would wait for it until the step's deadline)."""
+def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> None:
+    """This process stops in the middle of a secure round: refuse it with ``code`` (unless it
+    did already), within a few seconds."""
+    r = session.open_round
+    if r is not None and not session.refused(r):
+        ctx.tr.retry_budget_s = min(ctx.tr.retry_budget_s, 5.0)
+        tell_stopped(ctx, session, r, code)
+
+
+def tell_stopped(ctx: RunContext, session: SecAggSession, r: int, code: str = "stopped"
+                 ) -> None:
+    """Tell the server this site stopped (a refusal with ``code``): refuse round ``r`` or,
+    where ``r`` closed meanwhile, the round open now (this site's keys for it rode on its
+    answer to ``r``, so the server counts the site in and would wait for it until the step's
+    deadline)."""
     for _ in range(2):
         try:
-            session.refuse_round(r, "stopped")
+            session.refuse_round(r, code)
             return
         except ApiRejected as exc:
             if exc.code != "round_closed":
@@ -82,7 +95,7 @@ def tell_stopped(ctx: RunContext, session: SecAggSession, r: int) -> None:
                 return
             try:
                 step = parse_as(SecAggStep, ctx.tr.get_json(f"/v1/jobs/{ctx.job}/secagg"),
-                              "secure-aggregation step")
+                                "secure-aggregation step")
             except (FedForestError, OSError) as err:
                 ctx.log.info(f"round {r}: the server was not told this site stopped: {err}")
                 return

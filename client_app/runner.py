@@ -167,8 +167,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     table = None if train is None else _table_digest(*train)
     _check_same_table(state, job, table)
     joined = parse_as(JoinResponse,
-                    tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
-                    "join response")
+                      tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
+                      "join response")
     if (joined.config, joined.client_index, joined.schema_sha256) != (
             info.config, k, info.schema_sha256):
         raise ProtocolError("the join response differs from the job the server offered")
@@ -189,7 +189,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
         ctx = RunContext(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
-                   worker, result, progress, bar, log, Watch(job, log, k))
+                         worker, result, progress, bar, log, Watch(job, log, k))
         ctx.waiting()
         try:
             if secure_hint and identity is not None:

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -36,6 +38,14 @@ site_cli.register(app)
 
 
 # ---------------------------------------------------------------------- client
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the client: it stops as on Ctrl-C (and exits with 143)."""
+
+
+def _terminated(_signum: int, _frame: FrameType | None) -> None:
+    raise Terminated
+
+
 @app.command()
 def client(
     server: Annotated[str, typer.Option(help="https://host:port of the federation server")],
@@ -73,6 +83,8 @@ def client(
     (waiting for the server or for other sites, each level, dropped sites)."""
     from client_app.runner import ClientOptions, run_client
 
+    # SIGTERM (how a service manager stops it) is Ctrl-C: the site leaves the job the same way
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
                                        schema=schema, ca=ca, cert=cert, key=key,
@@ -82,12 +94,13 @@ def client(
                                        eval_data=eval_data))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]: this site stopped taking part in job {job}."
+    except KeyboardInterrupt as exc:
+        how, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job {job}."
                       " Under the open profile the same command resumes it; under a secure "
                       "profile the job goes on without this site (its round keys died with "
                       "the process) while enough sites remain")
-        raise typer.Exit(130) from None
+        raise typer.Exit(code) from None
     if res.status != "done":
         console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}")
         raise typer.Exit(3)

@@ -84,7 +84,8 @@ REFUSAL_CODES = (
     "job_config",        # a job configuration that disagrees with the client's own
     "disclosure",        # a disclosure the client's profile does not name
     "restarted",         # the site's client restarted: its keys for the open round are lost
-    "stopped",           # the site's client was stopped (Ctrl-C): its round keys die with it
+    "stopped",           # the site's client was stopped (Ctrl-C, SIGTERM): its round keys die
+    "failed",            # the site's client stopped on an error (its own log says which)
     "invalid_message",   # a peer's message, relayed by the server, that does not authenticate
     "evaluated_before",  # a model this site already scored on the same held-out rows
     "other",

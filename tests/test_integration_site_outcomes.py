@@ -4,11 +4,14 @@ that keeps no audit log lets its sites finish (exit code 0) without a model rece
 
 from __future__ import annotations
 
+import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
 from test_integration_https import (
+    Fed,
     freeze_mid_job,
     launch_client,
     launch_server,
@@ -90,12 +93,34 @@ def test_a_site_whose_table_does_not_fit_the_schema_declines_and_the_operator_se
     assert "123456789" not in (fed.root / "server.log").read_text()
 
 
-def test_a_secure_site_stopped_with_ctrl_c_says_so_and_the_others_do_not_wait(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
-    """Ctrl-C (SIGINT) on a site's client mid-job: its round keys die with the process, so it
-    tells the server at once (a refusal, code "stopped") and exits with 130 saying it was
-    interrupted; the other sites go on without waiting out the round's deadline (here 300 s:
-    the job would outlast the test's wait)."""
+def _break_receipts(fed: Fed, name: str) -> None:
+    """Replace the site's receipts folder by a file: its next receipt cannot be written (as on
+    a full or read-only disk)."""
+    receipts = fed.root / "state" / name / "receipts"
+    for _ in range(50):
+        try:
+            shutil.rmtree(receipts, ignore_errors=False)
+            receipts.write_text("not a folder")
+            return
+        except OSError:  # the client was writing into it
+            time.sleep(0.05)
+    raise AssertionError(f"could not replace {receipts}")
+
+
+@pytest.mark.parametrize(("stop", "exit_code", "said", "reason"), [
+    ("SIGINT", 130, "interrupted", "refused: stopped"),
+    ("SIGTERM", 143, "terminated", "refused: stopped"),
+    ("receipt_error", 2, "receipts", "refused: failed"),
+])
+def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not_wait(
+        tmp_path: Path, tiny_parts, job_dir, stop: str, exit_code: int, said: str,
+        reason: str) -> None:
+    """A site's client stops mid-job: Ctrl-C (SIGINT), SIGTERM (how a service manager stops
+    it), or an error it cannot go on after (its receipt cannot be written, as on a full disk).
+    Its round keys die with the process, so it tells the server at once (a refusal, code
+    "stopped", or "failed" after an error) and exits saying why (130 "interrupted", 143
+    "terminated", or 2 with the error); the other sites go on without waiting out the round's
+    deadline (here 300 s: the job would outlast the test's wait)."""
     from fedforest_secure.audit import AuditLog
 
     parts, feat = tiny_parts
@@ -105,14 +130,17 @@ def test_a_secure_site_stopped_with_ctrl_c_says_so_and_the_others_do_not_wait(
         launch_server(fed)
         clients = [launch_client(fed, k) for k in range(4)]
         wait_round(fed, 2)
-        clients[3].send_signal(signal.SIGINT)
-        stopped = clients[3].wait(60)
+        if stop == "receipt_error":
+            _break_receipts(fed, "client-3")
+        else:
+            clients[3].send_signal(getattr(signal, stop))
+        stopped = clients[3].wait(200)
         codes = [c.wait(200) for c in clients[:3]]
     finally:
         stop_all(fed)
     log3 = (fed.root / "client-3.log").read_text()
-    assert stopped == 130 and "interrupted" in log3, log3
+    assert stopped == exit_code and said in log3, log3
     assert codes == [0, 0, 0]
     with AuditLog(fed.audit_url, create=False) as log:
         drops = [e.payload for e in log.entries(job_id="job-a") if e.kind == "client_dropped"]
-    assert [(d["client"], d["reason"]) for d in drops] == [("client-3", "refused: stopped")]
+    assert [(d["client"], d["reason"]) for d in drops] == [("client-3", reason)]
