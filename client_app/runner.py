@@ -114,15 +114,16 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         # pinned a profile without DP
         import fedforest_secure.privacy.dp  # noqa: F401
     log = log or SiteLog()
-    tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
-                   retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,
-                   on_wait=log.info)
     state = ClientState(opts.state_dir)
-    try:
-        X, y = train if train is not None else (None, None)
-        return _run(opts, tr, state, X, y, log, pinned, held_out)
-    finally:
-        tr.close()
+    with state.locked():
+        tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
+                       retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,
+                       on_wait=log.info)
+        try:
+            X, y = train if train is not None else (None, None)
+            return _run(opts, tr, state, X, y, log, pinned, held_out)
+        finally:
+            tr.close()
 
 
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray | None,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import write_atomic
 
 __all__ = ["ClientState"]
@@ -19,6 +23,31 @@ class ClientState:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory for this process: a second client on the same state directory
+        (a site started twice) would answer the site's rounds without its keys, and the server
+        would drop the site. The lock dies with the process (a crashed client leaves none).
+
+        Raises :class:`~fedforest_secure.errors.FedForestError` naming the process that holds
+        it."""
+        path = self.root / "client.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise FedForestError(
+                    f"another client process (pid {holder}) is using --state-dir {self.root}: "
+                    "a site runs one client per state directory. Stop the other one, or give "
+                    "this one its own --state-dir") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def add_receipt(self, receipt: dict[str, Any]) -> None:
         with (self.root / "receipts.jsonl").open("a") as fh:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,4 +212,27 @@ def test_an_unwritable_out_or_state_dir_fails_before_anything_is_sent(
                          state_dir=state, quiet=True, model_out=out)
     with pytest.raises(FedForestError, match=re.escape(
             message.format(out=out, parent=out.parent, state=state))):
+        runner.run_client(opts)
+
+
+def test_a_second_client_on_the_same_state_dir_stops_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site started twice: the second process would answer the open secure round without
+    the round's keys and get the site dropped. It stops instead, naming the first one."""
+    monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
+
+    def no_transport(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a transport was opened")
+
+    monkeypatch.setattr(runner, "Transport", no_transport)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    first = ClientState(opts.state_dir)
+    with first.locked():
+        with pytest.raises(FedForestError, match=rf"another client process \(pid {os.getpid()}\) "
+                                                 r"is using --state-dir"):
+            runner.run_client(opts)
+    # once the first one has stopped, the directory is free again
+    with pytest.raises(AssertionError, match="a transport was opened"):
         runner.run_client(opts)
