@@ -191,8 +191,22 @@ def parse_as(model: type[_M], obj: object, what: str) -> _M:
         raise ProtocolError(f"malformed {what}") from None
 
 
-def dropped_detail(job: str, why: str) -> str:
-    """What a site dropped from ``job`` is told: what happened and what it can still do."""
-    return (f"this site was dropped from job {job} ({why}); the job went on without it. Once "
-            f"the job is done, `fedforest model download --job {job}` fetches its model")
+def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
+    """What a site dropped from ``job`` is told: what happened and what it can still do. With
+    ``tr`` the job's status is asked (best effort), so that a site dropped from a job that
+    has failed since is not sent to download a model there will never be."""
+    said = f"this site was dropped from job {job} ({why})"
+    status = None
+    if tr is not None:
+        try:
+            status = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}")).status
+        except (ValidationError, FedForestError, OSError, ValueError):
+            pass  # said without it
+    if status == "failed":
+        return f"{said}; the job has failed since: there is no model (`fedforest status " \
+               f"--job {job}` says why)"
+    if status == "done":
+        return f"{said}; the job is done: `fedforest model download --job {job}` fetches its model"
+    return (f"{said}; the job went on without it. Once the job is done, `fedforest model "
+            f"download --job {job}` fetches its model")
 

@@ -34,7 +34,7 @@ def run_open(ctx: RunContext) -> None:
             if status in ("done", "failed", "dropped"):
                 detail = resp.headers.get("X-FedForest-Detail", "")
                 result.status, result.detail = status, (
-                    dropped_detail(job, detail) if status == "dropped" else detail)
+                    dropped_detail(job, detail, tr) if status == "dropped" else detail)
                 return
             ctx.waiting()
             continue
@@ -120,7 +120,7 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
         status = step.status
         if status in ("done", "failed", "dropped"):
             result.status, result.detail = status, (
-                dropped_detail(job, str(step.detail)) if status == "dropped"
+                dropped_detail(job, str(step.detail), tr) if status == "dropped"
                 else str(step.detail))
             return
         if status != "task":

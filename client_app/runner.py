@@ -140,7 +140,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             raise
         # a site dropped earlier (a missed deadline, a refusal) that comes back: what happened
         # and what it can still do, not an HTTP error
-        return ClientResult(status="dropped", detail=dropped_detail(job, exc.detail))
+        return ClientResult(status="dropped", detail=dropped_detail(job, exc.detail, tr))
     info = parse_as(JoinResponse, offered, "job offer")
     if pinned is not None:  # before anything else leaves the site
         with _declining(tr, job, "profile", log):
@@ -201,7 +201,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             if exc.code != "dropped":
                 raise
             # dropped while it ran (it stalled past a deadline): as for a site coming back
-            result.status, result.detail = "dropped", dropped_detail(job, exc.detail)
+            result.status, result.detail = "dropped", dropped_detail(job, exc.detail, tr)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too

@@ -20,6 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from client_app import runner
+from client_app.context import dropped_detail
 from client_app.log import SiteLog
 from client_app.runner import ClientOptions
 from client_app.state import ClientState
@@ -261,12 +262,14 @@ def test_a_secure_client_refusing_its_own_answer_tells_the_server_at_once(
 def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do(
         tmp_path: Path) -> None:
     """The server answers a dropped site's offer with 403 `dropped`: the client ends as
-    "dropped", says the job went on and how to fetch its model, and sends nothing else."""
+    "dropped", asks the job's status, says the job went on and how to fetch its model, and
+    sends nothing else."""
     from client_app.transport import ApiRejected
 
     tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
                            offer_error=ApiRejected(403, "dropped", "this client was dropped "
-                                                   "at round 5", {}))
+                                                   "at round 5", {}),
+                           gets={JOB: {"job_id": JOB, "status": "running"}})
     _schema(tmp_path)
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
@@ -276,4 +279,27 @@ def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do
     assert res.status == "dropped"
     assert "dropped at round 5" in res.detail and "the job went on without it" in res.detail
     assert f"fedforest model download --job {JOB}" in res.detail
-    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("GET", f"/v1/jobs/{JOB}")]
+
+
+@pytest.mark.parametrize(("job_status", "says", "download"), [
+    ("failed", "the job has failed since: there is no model", False),
+    ("done", "the job is done: `fedforest model download --job j1` fetches its model", True),
+    ("running", "the job went on without it. Once the job is done", True),
+    (None, "the job went on without it. Once the job is done", True),  # status unreadable
+])
+def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, says: str,
+                                                        download: bool) -> None:
+    """A site dropped from a job that failed since is not sent to download a model there will
+    never be; one whose job is done is told the model is there."""
+    def get_json(path: str, params: Any = None) -> Any:
+        assert path == "/v1/jobs/j1"
+        if job_status is None:
+            raise ProtocolError("malformed job status")
+        return {"job_id": "j1", "status": job_status}
+
+    detail = dropped_detail("j1", "missed the round deadline",
+                            SimpleNamespace(get_json=get_json))  # type: ignore[arg-type]
+    assert detail.startswith("this site was dropped from job j1 (missed the round deadline); ")
+    assert says in detail
+    assert ("model download" in detail) == download
