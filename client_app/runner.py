@@ -31,7 +31,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
-from fedforest_secure.protocol.api import JoinBody, JoinResponse
+from fedforest_secure.protocol.api import JoinBody, JoinResponse, RefuseBody, SecAggStep
 
 from .context import (
     RESTARTED_SECURE,
@@ -166,17 +166,31 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         with _declining(tr, job, "evaluated_before", log):
             worker.check()
     table = None if train is None else _table_digest(*train)
-    _check_same_table(state, job, table)
-    joined = parse_as(JoinResponse,
-                      tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
-                      "join response")
+    secure = bool(config.profile.get("secure_aggregation"))
+    try:
+        _check_same_table(state, job, table)
+        joined = parse_as(JoinResponse,
+                          tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
+                          "join response")
+    except (FedForestError, ApiRejected) as exc:
+        if not secure or not _rejoining(state, job, exc):
+            raise
+        # a restarted site that cannot take up its place in a secure job (another table, or
+        # another identity key than the one it joined with): it could not answer the open
+        # round anyway (its round keys died with the old process), so it leaves that round
+        # now rather than have the other sites wait for its deadline
+        told = _leave_open_round(tr, job, log)
+        raise FedForestError(f"{_restart_problem(state, job, exc)}. Under a secure profile a "
+                             "restarted site leaves the job's open round"
+                             + (" (the server was told)" if told else "")
+                             + " and the job goes on without it while enough sites remain"
+                             ) from None
     if (joined.config, joined.client_index, joined.schema_sha256) != (
             info.config, k, info.schema_sha256):
         raise ProtocolError("the join response differs from the job the server offered")
     if table is not None:
         write_atomic(state.root / f"table-{job}.sha256", table.encode())
-    secure_hint = bool(config.profile.get("secure_aggregation"))
-    if secure_hint:
+    if secure:
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
              f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
@@ -193,7 +207,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
                          worker, result, progress, bar, log, Watch(job, log, k))
         ctx.waiting()
         try:
-            if secure_hint and identity is not None:
+            if secure and identity is not None:
                 run_secure(ctx, identity)
             else:
                 run_open(ctx)
@@ -226,6 +240,42 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     write_atomic(opts.state_dir / "stats.json", stats)
     write_atomic(opts.state_dir / f"stats-{job}.json", stats)
     return result
+
+
+def _rejoining(state: ClientState, job: str, exc: Exception) -> bool:
+    """Whether ``exc`` stops a site that joined ``job`` before from joining again: its table
+    changed, or the server holds another identity key for it (a new --state-dir)."""
+    if isinstance(exc, ApiRejected):
+        return exc.code == "identity_mismatch"
+    return (state.root / f"table-{job}.sha256").exists() and "another table" in str(exc)
+
+
+def _restart_problem(state: ClientState, job: str, exc: Exception) -> str:
+    if isinstance(exc, ApiRejected):
+        return (f"this site joined job {job} with another identity key than the one in "
+                f"--state-dir {state.root} (identity-{job}.ed25519): was the client started "
+                "with another --state-dir, or was that file lost? A site keeps its key for a "
+                "whole job")
+    return (f"this site joined job {job} with another table (--data): a site's rows cannot "
+            "change within a job")
+
+
+def _leave_open_round(tr: Transport, job: str, log: SiteLog) -> bool:
+    """Refuse the job's open secure round (code ``restarted``) if this site takes part in
+    it, whether it is asked for something now or waits for the others; whether the server
+    was told."""
+    try:
+        step = parse_as(SecAggStep, tr.get_json(f"/v1/jobs/{job}/secagg"),
+                        "secure-aggregation step")
+        if step.status not in ("task", "wait") or step.round_id is None:
+            return False
+        tr.request("POST", f"/v1/jobs/{job}/rounds/{step.round_id}/secagg/refuse",
+                   content=RefuseBody(reason="restarted").model_dump_json().encode(),
+                   content_type="application/json")
+        return True
+    except (FedForestError, OSError, ValueError) as exc:
+        log.info(f"job {job}: the server was not told this site left the open round: {exc}")
+        return False
 
 
 def _table_digest(X: np.ndarray, y: np.ndarray) -> str:

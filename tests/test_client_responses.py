@@ -303,3 +303,53 @@ def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, s
     assert detail.startswith("this site was dropped from job j1 (missed the round deadline); ")
     assert says in detail
     assert ("model download" in detail) == download
+
+
+def _secure_restart(status: str = "task") -> ScriptedTransport:
+    """A secure job whose round 4 is open and asks this site to share its keys ("task"), or
+    waits for the other sites' answers to a step this site answered before its restart."""
+    return ScriptedTransport(
+        {"client_index": 0, "config": _config("secure")},
+        gets={"secagg": {"status": status, "action": "share" if status == "task" else "wait",
+                         "round_id": 4}})
+
+
+@pytest.mark.parametrize("status", ["task", "wait"])
+def test_a_secure_site_restarted_on_another_table_leaves_the_open_round_at_once(
+        tmp_path: Path, status: str) -> None:
+    """Under a secure profile a restarted site cannot answer the open round (its round keys
+    died with the old process): brought back with another table, it refuses that round
+    (code "restarted") before it stops, so the other sites do not wait for its deadline."""
+    state = ClientState(tmp_path / "state")
+    runner.write_atomic(state.root / f"table-{JOB}.sha256",
+                        runner._table_digest(np.ones((4, 2)), np.zeros(4)).encode())
+    tr = _secure_restart(status)
+    with pytest.raises(FedForestError, match=f"this site joined job {JOB} with another table.*"
+                                             r"leaves the job's open round \(the server was "
+                                             r"told\)"):
+        _run(tr, tmp_path)  # rows of zeros
+    assert tr.refusals == [{"reason": "restarted"}]
+    assert ("POST", f"/v1/jobs/{JOB}/rounds/4/secagg/refuse") in tr.sent
+    assert ("POST", f"/v1/jobs/{JOB}/join") not in tr.sent
+
+
+def test_a_secure_site_restarted_with_another_identity_key_says_why_and_leaves_the_round(
+        tmp_path: Path) -> None:
+    """A restart with a lost or different --state-dir joins with a new identity key, which
+    the server refuses (409 identity_mismatch): the site says which file it is missing and
+    refuses the open round, instead of an HTTP error and the other sites waiting."""
+    from client_app.transport import ApiRejected
+
+    tr = _secure_restart()
+    mismatch = ApiRejected(409, "identity_mismatch", "this client joined with another "
+                           "identity key; it cannot change mid-job", {})
+
+    def refuse_join(path: str, body: Any = None) -> Any:
+        tr.sent.append(("POST", path))
+        raise mismatch
+
+    tr.post_json = refuse_join  # type: ignore[method-assign]
+    with pytest.raises(FedForestError, match=rf"another identity key than the one in "
+                                             rf"--state-dir .*identity-{JOB}\.ed25519"):
+        _run(tr, tmp_path)
+    assert tr.refusals == [{"reason": "restarted"}]
