@@ -9,6 +9,7 @@ the site never joins, so no other site waits for it in a running job.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -145,17 +146,23 @@ def test_the_same_profile_is_accepted_whatever_its_labels(name: str, tmp_path: P
     check_job_profile(pinned_profile(str(path)), job)
 
 
-def test_an_unknown_pin_fails_before_anything_is_sent(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  profile: str | None = None) -> ClientOptions:
+    """A site's options whose table loads, with a client that fails if it opens a transport."""
     monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
 
     def no_transport(*a: Any, **k: Any) -> Any:
         raise AssertionError("a transport was opened")
 
     monkeypatch.setattr(runner, "Transport", no_transport)
-    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+    return ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
-                         state_dir=tmp_path / "state", quiet=True, profile="no-such-profile")
+                         state_dir=tmp_path / "state", quiet=True, profile=profile)
+
+
+def test_an_unknown_pin_fails_before_anything_is_sent(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    opts = _no_transport(tmp_path, monkeypatch, profile="no-such-profile")
     with pytest.raises(FedForestError, match="unknown profile"):
         runner.run_client(opts)
 
@@ -197,19 +204,12 @@ def test_simulate_pins_the_job_profile_on_every_client(tmp_path: Path,
 def test_an_unwritable_out_or_state_dir_fails_before_anything_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, message: str) -> None:
     # a job can run for hours: a model path that cannot be written is found before joining
-    monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
-
-    def no_transport(*a: Any, **k: Any) -> Any:
-        raise AssertionError("a transport was opened")
-
-    monkeypatch.setattr(runner, "Transport", no_transport)
     (tmp_path / "a-dir").mkdir()
     (tmp_path / "file").write_text("a file where a directory should be")
     out = tmp_path / (where if where != "file/state" else "model.json")
     state = tmp_path / ("file/state" if where == "file/state" else "state")
-    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
-                         state_dir=state, quiet=True, model_out=out)
+    opts = dataclasses.replace(_no_transport(tmp_path, monkeypatch), state_dir=state,
+                               model_out=out)
     with pytest.raises(FedForestError, match=re.escape(
             message.format(out=out, parent=out.parent, state=state))):
         runner.run_client(opts)
@@ -219,15 +219,7 @@ def test_a_second_client_on_the_same_state_dir_stops_before_anything_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A site started twice: the second process would answer the open secure round without
     the round's keys and get the site dropped. It stops instead, naming the first one."""
-    monkeypatch.setattr(runner, "load_site_table", lambda d, s: (np.zeros((1, 1)), np.zeros(1)))
-
-    def no_transport(*a: Any, **k: Any) -> Any:
-        raise AssertionError("a transport was opened")
-
-    monkeypatch.setattr(runner, "Transport", no_transport)
-    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
-                         state_dir=tmp_path / "state", quiet=True)
+    opts = _no_transport(tmp_path, monkeypatch)
     first = ClientState(opts.state_dir)
     with first.locked():
         with pytest.raises(FedForestError, match=rf"another client process \(pid {os.getpid()}\) "
