@@ -199,7 +199,8 @@ def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     status = None
     if tr is not None:
         try:
-            status = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}")).status
+            with tr.brief():
+                status = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}")).status
         except (ValidationError, FedForestError, OSError, ValueError):
             pass  # said without it
     if status == "failed":

@@ -19,9 +19,10 @@ from fedforest_secure.protocol.api import RoundInfo, SecAggStep
 from .context import LONG_POLL_S, RESTARTED_SECURE, RunContext, dropped_detail, parse_as
 from .evaluation import SiteWorker
 from .secagg_session import SecAggSession
-from .transport import ApiRejected, Transport
+from .transport import ApiRejected, Transport, TransportFailed
 
-__all__ = ["replay", "run_open", "run_secure", "secure_steps", "tell_stopped"]
+__all__ = ["leave_after_error", "replay", "run_open", "run_secure", "secure_steps",
+           "tell_stopped"]
 
 
 def run_open(ctx: RunContext) -> None:
@@ -63,11 +64,26 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
         # goes on without this site; the server learns it now, not at the step's deadline
         _leave_round(ctx, session, "stopped")
         raise
-    except (FedForestError, OSError, ValueError):
+    except (FedForestError, OSError, ValueError) as exc:
         # an error this process stops on (a full disk, a server that misbehaves): the same
         # (the command prints the error)
-        _leave_round(ctx, session, "failed")
+        leave_after_error(ctx, session, exc)
         raise
+
+
+def leave_after_error(ctx: RunContext, session: SecAggSession, exc: Exception) -> None:
+    """This process stops on ``exc`` in a secure job: refuse the open round (code ``failed``,
+    or the refusal's own code), unless the server cannot be told or knows already."""
+    if not _server_knows(exc):
+        _leave_round(ctx, session, exc.code if isinstance(exc, RefusedRequest) else "failed")
+
+
+def _server_knows(exc: Exception) -> bool:
+    """Whether a refusal would tell the server nothing: it dropped the site or refuses its
+    credentials, or cannot be reached."""
+    if isinstance(exc, TransportFailed):
+        return True
+    return isinstance(exc, ApiRejected) and (exc.code == "dropped" or exc.status in (401, 403))
 
 
 def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> None:
@@ -75,8 +91,8 @@ def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> None:
     did already), within a few seconds."""
     r = session.open_round
     if r is not None and not session.refused(r):
-        ctx.tr.retry_budget_s = min(ctx.tr.retry_budget_s, 5.0)
-        tell_stopped(ctx, session, r, code)
+        with ctx.tr.brief():
+            tell_stopped(ctx, session, r, code)
 
 
 def tell_stopped(ctx: RunContext, session: SecAggSession, r: int, code: str = "stopped"

@@ -172,15 +172,20 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         joined = parse_as(JoinResponse,
                           tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
                           "join response")
-    except (FedForestError, ApiRejected) as exc:
-        if not secure or not _rejoining(state, job, exc):
+    except ApiRejected as exc:
+        if exc.code == "identity_mismatch":
+            raise _identity_mismatch(state, job) from None
+        raise
+    except FedForestError as exc:
+        if not secure or not _table_changed(state, job, exc):
             raise
-        # a restarted site that cannot take up its place in a secure job (another table, or
-        # another identity key than the one it joined with): it could not answer the open
-        # round anyway (its round keys died with the old process), so it leaves that round
-        # now rather than have the other sites wait for its deadline
+        # a restarted site (this process holds its state directory) brought back with
+        # another table: it could not answer the open round anyway (its round keys died with
+        # the old process), so it leaves that round now rather than have the other sites wait
+        # for its deadline
         told = _leave_open_round(tr, job, log)
-        raise FedForestError(f"{_restart_problem(state, job, exc)}. Under a secure profile a "
+        raise FedForestError(f"this site joined job {job} with another table (--data): a "
+                             "site's rows cannot change within a job. Under a secure profile a "
                              "restarted site leaves the job's open round"
                              + (" (the server was told)" if told else "")
                              + " and the job goes on without it while enough sites remain"
@@ -242,22 +247,21 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     return result
 
 
-def _rejoining(state: ClientState, job: str, exc: Exception) -> bool:
-    """Whether ``exc`` stops a site that joined ``job`` before from joining again: its table
-    changed, or the server holds another identity key for it (a new --state-dir)."""
-    if isinstance(exc, ApiRejected):
-        return exc.code == "identity_mismatch"
-    return (state.root / f"table-{job}.sha256").exists() and "another table" in str(exc)
+def _table_changed(state: ClientState, job: str, exc: Exception) -> bool:
+    """Whether ``exc`` stops a site that joined ``job`` before (from this state directory,
+    which this process holds) from joining again because its table changed."""
+    return (isinstance(exc, FedForestError) and "another table" in str(exc)
+            and (state.root / f"table-{job}.sha256").exists())
 
 
-def _restart_problem(state: ClientState, job: str, exc: Exception) -> str:
-    if isinstance(exc, ApiRejected):
-        return (f"this site joined job {job} with another identity key than the one in "
-                f"--state-dir {state.root} (identity-{job}.ed25519): was the client started "
-                "with another --state-dir, or was that file lost? A site keeps its key for a "
-                "whole job")
-    return (f"this site joined job {job} with another table (--data): a site's rows cannot "
-            "change within a job")
+def _identity_mismatch(state: ClientState, job: str) -> FedForestError:
+    """The join's 409 ``identity_mismatch`` in words. Nothing is refused: the site's client
+    that holds the key it joined with may be running (from another directory)."""
+    return FedForestError(
+        f"this site joined job {job} with another identity key than the one in --state-dir "
+        f"{state.root} (identity-{job}.ed25519): is its client running from another "
+        "directory (a relative --state-dir), or was that file lost? A site keeps its key for "
+        "a whole job: run the client with the state directory it joined with")
 
 
 def _leave_open_round(tr: Transport, job: str, log: SiteLog) -> bool:
@@ -265,13 +269,14 @@ def _leave_open_round(tr: Transport, job: str, log: SiteLog) -> bool:
     it, whether it is asked for something now or waits for the others; whether the server
     was told."""
     try:
-        step = parse_as(SecAggStep, tr.get_json(f"/v1/jobs/{job}/secagg"),
-                        "secure-aggregation step")
-        if step.status not in ("task", "wait") or step.round_id is None:
-            return False
-        tr.request("POST", f"/v1/jobs/{job}/rounds/{step.round_id}/secagg/refuse",
-                   content=RefuseBody(reason="restarted").model_dump_json().encode(),
-                   content_type="application/json")
+        with tr.brief():
+            step = parse_as(SecAggStep, tr.get_json(f"/v1/jobs/{job}/secagg"),
+                            "secure-aggregation step")
+            if step.status not in ("task", "wait") or step.round_id is None:
+                return False
+            tr.request("POST", f"/v1/jobs/{job}/rounds/{step.round_id}/secagg/refuse",
+                       content=RefuseBody(reason="restarted").model_dump_json().encode(),
+                       content_type="application/json")
         return True
     except (FedForestError, OSError, ValueError) as exc:
         log.info(f"job {job}: the server was not told this site left the open round: {exc}")

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,16 +39,26 @@ class ClientState:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                raise FedForestError(
-                    f"another client process (pid {holder}) is using --state-dir {self.root}: "
-                    "a site runs one client per state directory. Stop the other one, or give "
-                    "this one its own --state-dir") from None
+                raise FedForestError(f"{self._holder(fd)} is using --state-dir {self.root}: a "
+                                     "site runs one client per state directory. Stop the other "
+                                     "one, or give this one its own --state-dir") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        """Who holds the lock: the pid it wrote (read again if it is still writing it)."""
+        for _ in range(3):
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if pid:
+                break
+            time.sleep(0.05)
+        if pid == str(os.getpid()):
+            return "another client in this process"
+        return f"another client process (pid {pid or 'unknown'})"
 
     def add_receipt(self, receipt: dict[str, Any]) -> None:
         with (self.root / "receipts.jsonl").open("a") as fh:

@@ -8,6 +8,7 @@ with the client's explicit ``--insecure-dev``; the URL is parsed, never prefix-m
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -15,7 +16,7 @@ import socket
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,20 @@ class Transport:
         #: HTTP requests sent (each one a round trip to the server), retries included
         self.requests = 0
         self._next_step: dict[str, Any] | None = None
+        #: each request's timeout while :meth:`brief` (the client's own otherwise)
+        self._timeout: httpx.Timeout | None = None
+
+    @contextlib.contextmanager
+    def brief(self, seconds: float = 5.0) -> Iterator[None]:
+        """Requests that give up after ``seconds`` (each waits at most that long, retries
+        included): what a client that is stopping, or only asking a courtesy question, sends."""
+        saved = self.retry_budget_s, self._timeout
+        self.retry_budget_s = min(self.retry_budget_s, seconds)
+        self._timeout = httpx.Timeout(seconds)
+        try:
+            yield
+        finally:
+            self.retry_budget_s, self._timeout = saved
 
     def take_next_step(self) -> dict[str, Any] | None:
         """The next secure-aggregation step the last POST brought back (once), or None."""
@@ -208,7 +223,8 @@ class Transport:
             self.requests += 1
             try:
                 resp = self._http.request(method, path, content=content, headers=headers,
-                                          params=params)
+                                          params=params, timeout=self._timeout
+                                          or httpx.USE_CLIENT_DEFAULT)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):

@@ -97,9 +97,9 @@ def client(
     except KeyboardInterrupt as exc:
         how, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job {job}."
-                      " Under the open profile the same command resumes it; under a secure "
-                      "profile the job goes on without this site (its round keys died with "
-                      "the process) while enough sites remain")
+                      " The same command resumes it, unless it stopped in the middle of a "
+                      "secure round: then it has left the job (its round keys died with the "
+                      "process), which goes on without it while enough sites remain")
         raise typer.Exit(code) from None
     if res.status != "done":
         console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}")

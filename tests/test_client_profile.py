@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from client_app import runner
 from client_app.log import SiteLog
 from client_app.runner import ClientOptions, ProfileRefused, check_job_profile, pinned_profile
 from client_app.state import ClientState
+from fedforest_cli.sim_processes import child_env
 from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError
@@ -222,9 +224,33 @@ def test_a_second_client_on_the_same_state_dir_stops_before_anything_is_sent(
     opts = _no_transport(tmp_path, monkeypatch)
     first = ClientState(opts.state_dir)
     with first.locked():
-        with pytest.raises(FedForestError, match=rf"another client process \(pid {os.getpid()}\) "
-                                                 r"is using --state-dir"):
+        with pytest.raises(FedForestError, match=r"another client in this process is using "
+                                                 r"--state-dir"):
             runner.run_client(opts)
     # once the first one has stopped, the directory is free again
     with pytest.raises(AssertionError, match="a transport was opened"):
         runner.run_client(opts)
+
+
+def test_the_state_dir_lock_names_the_process_that_holds_it(tmp_path: Path) -> None:
+    """A client in another process holds the directory: the message names its pid; once it
+    has exited (its lock dies with it) the directory is free."""
+    script = ("import sys, time\n"
+              "from pathlib import Path\n"
+              "from client_app.state import ClientState\n"
+              "with ClientState(Path(sys.argv[1])).locked():\n"
+              "    print('held', flush=True)\n"
+              "    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "state")],
+                              stdout=subprocess.PIPE, env=child_env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        with pytest.raises(FedForestError, match=rf"another client process \(pid "
+                                                 rf"{holder.pid}\) is using --state-dir"):
+            with ClientState(tmp_path / "state").locked():
+                pass
+    finally:
+        holder.kill()
+        holder.communicate()
+    with ClientState(tmp_path / "state").locked():
+        pass

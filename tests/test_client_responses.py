@@ -8,6 +8,7 @@ the loop.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -74,6 +75,9 @@ class ScriptedTransport:
 
     def take_next_step(self) -> None:
         return None
+
+    def brief(self, seconds: float = 5.0) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def request(self, method: str, path: str, content: bytes = b"", **_: Any) -> Any:
         self.sent.append((method, path))
@@ -299,7 +303,8 @@ def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, s
         return {"job_id": "j1", "status": job_status}
 
     detail = dropped_detail("j1", "missed the round deadline",
-                            SimpleNamespace(get_json=get_json))  # type: ignore[arg-type]
+                            SimpleNamespace(get_json=get_json,  # type: ignore[arg-type]
+                                            brief=contextlib.nullcontext))
     assert detail.startswith("this site was dropped from job j1 (missed the round deadline); ")
     assert says in detail
     assert ("model download" in detail) == download
@@ -333,11 +338,12 @@ def test_a_secure_site_restarted_on_another_table_leaves_the_open_round_at_once(
     assert ("POST", f"/v1/jobs/{JOB}/join") not in tr.sent
 
 
-def test_a_secure_site_restarted_with_another_identity_key_says_why_and_leaves_the_round(
+def test_a_site_joining_with_another_identity_key_says_which_file_and_refuses_nothing(
         tmp_path: Path) -> None:
-    """A restart with a lost or different --state-dir joins with a new identity key, which
-    the server refuses (409 identity_mismatch): the site says which file it is missing and
-    refuses the open round, instead of an HTTP error and the other sites waiting."""
+    """A client started with a lost or another --state-dir joins with a new identity key,
+    which the server refuses (409 identity_mismatch). The site's client that holds the key it
+    joined with may still be running (from another directory): this one says which file it
+    lacks and sends no refusal, which would drop the running site."""
     from client_app.transport import ApiRejected
 
     tr = _secure_restart()
@@ -352,4 +358,6 @@ def test_a_secure_site_restarted_with_another_identity_key_says_why_and_leaves_t
     with pytest.raises(FedForestError, match=rf"another identity key than the one in "
                                              rf"--state-dir .*identity-{JOB}\.ed25519"):
         _run(tr, tmp_path)
-    assert tr.refusals == [{"reason": "restarted"}]
+    assert tr.refusals == []
+    assert not any(path.endswith("/secagg/refuse") or path.endswith("/secagg")
+                   for _, path in tr.sent)
