@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from fedforest_secure.dburl import sqlite_file
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
 
@@ -176,7 +177,8 @@ def export(
     console = Console(stderr=True)
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
     if out is not None:
-        check_output(out, force=force, inputs=[("--db", Path(db))])
+        source = sqlite_file(db)  # a path or a sqlite:/// URL: never written over
+        check_output(out, force=force, inputs=[("--db", source)] if source else [])
     with _open(db, console) as log, _as_error(console):
         if job is not None and job not in log.jobs():  # a typo exports nothing, say so
             console.print(f"[red]error:[/red] job {job!r} is not in the log; nothing was "

@@ -5,13 +5,14 @@ hidden."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-__all__ = ["DatabaseUrlError", "create_db_engine", "shown_url"]
+__all__ = ["DatabaseUrlError", "create_db_engine", "shown_url", "sqlite_file"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 
@@ -26,6 +27,20 @@ def shown_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return "(a malformed URL)"
+
+
+def sqlite_file(db: str) -> Path | None:
+    """The file a database is kept in: ``db`` itself when it is a path, the file a
+    ``sqlite://`` URL names; None for another database (or SQLite in memory)."""
+    if "://" not in db:
+        return Path(db)
+    try:
+        parsed = make_url(db)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:

@@ -101,6 +101,21 @@ def test_audit_export_keeps_an_archive_unless_forced(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.part"))
 
 
+@pytest.mark.parametrize("as_url", [False, True])
+def test_audit_export_never_writes_over_its_own_database(tmp_path: Path, as_url: bool) -> None:
+    """``--db`` given as a path or as the SQLAlchemy URL of the same SQLite file: the export is
+    refused even with --force, and the audit log is untouched."""
+    db = tmp_path / "audit.db"
+    with AuditLog(db) as log:
+        log.job("j1").job_created(schema={}, hyperparameters={}, profile="secure")
+    before = db.read_bytes()
+    res = runner.invoke(audit_app, ["export", "--db", f"sqlite:///{db}" if as_url else str(db),
+                                    "--format", "jsonl", "--out", str(db), "--force"], env=WIDE)
+    assert res.exit_code == 2, res.output
+    assert f"{db} is the --db file" in res.output.replace("\n", "")
+    assert db.read_bytes() == before
+
+
 def test_an_error_is_one_line_so_its_paths_copy_whole(tmp_path: Path) -> None:
     deep = tmp_path / ("a-rather-long-directory-name-" * 4) / "site.csv"
     res = runner.invoke(app, ["check", "--data", str(deep), "--schema", str(deep)])
