@@ -33,7 +33,8 @@ def server(ctx: typer.Context,
                                                        help="server.toml")] = None,
            insecure_dev: Annotated[bool, typer.Option(
                "--insecure-dev", help="plain HTTP, allowed on 127.0.0.1 only")] = False,
-           port: Annotated[int | None, typer.Option(help="override the port")] = None) -> None:
+           port: Annotated[int | None, typer.Option(
+               min=1, max=65535, help="override the port")] = None) -> None:
     """Start the server (without a sub-command)."""
     if ctx.invoked_subcommand is not None:
         if config is not None:  # `server -c server.toml status`: the sub-command's --config

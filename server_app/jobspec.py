@@ -163,19 +163,26 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
     (and ``names``): an evaluation job scoring these model files (``fedforest evaluate``)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"job file not found: {path}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid job file {path}: {exc}") from exc
+    except OSError as exc:  # a directory, a file this process may not read
+        raise ConfigError(f"cannot read the job file {path}: {exc.strerror or exc}") from exc
     base = path.resolve().parent
     schema = raw.pop("schema", None)
     if schema is not None:
         schema_path = Path(schema) if Path(schema).is_absolute() else base / schema
         try:
-            raw["schema_text"] = schema_path.read_text()
+            raw["schema_text"] = schema_path.read_text(encoding="utf-8")
         except FileNotFoundError as exc:
             raise ConfigError(f"schema file not found: {schema_path}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"invalid schema file {schema_path}: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read the schema file {schema_path}: "
+                              f"{exc.strerror or exc}") from exc
         _parse_schema(raw["schema_text"], schema_path)  # errors name the file
     prof = raw.get("profile")
     if isinstance(prof, str) and prof.endswith(".toml"):

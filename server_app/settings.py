@@ -22,7 +22,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedforest_secure.config_errors import explain
 from fedforest_secure.errors import FedForestError
@@ -54,7 +54,7 @@ class ServerSettings(BaseModel):
 
     host: str = Field(default=LOOPBACK, description=(
         'address to listen on ("0.0.0.0": every interface)'))
-    port: int = Field(default=8443, ge=0, le=65535, description="TCP port of the HTTPS API")
+    port: int = Field(default=8443, ge=1, le=65535, description="TCP port of the HTTPS API")
     database: str = Field(default="sqlite:///fedforest-server.db", description=(
         "SQLAlchemy URL of the server's database (jobs, rounds, tokens); SQLite or "
         "PostgreSQL"))
@@ -70,6 +70,15 @@ class ServerSettings(BaseModel):
     tls: TLSSettings | None = Field(default=None, description=(
         "the `[tls]` table; required unless the server runs with --insecure-dev on "
         "127.0.0.1"))
+
+    @field_validator("audit_database")
+    @classmethod
+    def _audit_url_given(cls, value: str | None) -> str | None:
+        """An empty URL is a mistake, not "no audit log" (that is leaving the key out)."""
+        if value is not None and not value.strip():
+            raise ValueError("an empty URL: write the audit log's SQLAlchemy URL, or leave "
+                             "audit_database out to keep no audit log")
+        return value
 
     def resolved(self, base: Path) -> ServerSettings:
         """Resolve relative paths against ``base`` (the config file's directory)."""
@@ -102,11 +111,14 @@ def load_settings(path: Path) -> ServerSettings:
     """Read and validate ``server.toml``; any defect is a :class:`ConfigError`."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"server config not found: {path}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"invalid server config {path}: {exc}") from exc
+    except OSError as exc:  # a directory, a file this process may not read
+        raise ConfigError(f"cannot read the server config {path}: "
+                          f"{exc.strerror or exc}") from exc
     try:
         return ServerSettings.model_validate(raw).resolved(path.resolve().parent)
     except ValidationError as exc:

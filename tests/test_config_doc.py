@@ -113,3 +113,40 @@ def test_the_privacy_table_takes_overrides_from_the_job_file(tmp_path: Path) -> 
         "[privacy]\nepsilon = 2.5\nabstain_below = 7\n")
     config = build_config(load_job_spec(tmp_path / "job.toml"))
     assert config.profile["dp"]["epsilon"] == 2.5 and config.profile["abstain_below"] == 7
+
+
+@pytest.mark.parametrize("case", ["a directory", "not UTF-8", "empty audit_database",
+                                  "port 0"])
+def test_a_server_config_that_cannot_be_read_or_means_nothing_is_a_config_error(
+        tmp_path: Path, case: str) -> None:
+    """Each is a message naming the file, not a traceback, nor a server that starts without
+    an audit log, or on a port no message names."""
+    path = tmp_path / "server.toml"
+    if case == "a directory":
+        path.mkdir()
+        said = "cannot read the server config"
+    elif case == "not UTF-8":
+        path.write_bytes('# Zürich\nport = 8443\n'.encode("latin-1"))
+        said = "invalid server config"
+    elif case == "empty audit_database":
+        path.write_text('audit_database = ""\n')
+        said = "audit_database"
+    else:
+        path.write_text("port = 0\n")
+        said = "port"
+    with pytest.raises(ConfigError, match=said) as err:
+        load_settings(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("what", ["job file", "schema file"])
+def test_a_job_or_schema_file_that_is_a_directory_is_a_config_error(tmp_path: Path,
+                                                                    what: str) -> None:
+    job = tmp_path / "job.toml"
+    if what == "job file":
+        job.mkdir()
+    else:
+        (tmp_path / "schema").mkdir()
+        job.write_text('id = "j"\nschema = "schema"\n')
+    with pytest.raises(ConfigError, match=f"cannot read the {what}"):
+        load_job_spec(job)
