@@ -166,7 +166,8 @@ def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(start + _dt.timedelta(days=days))
+        # never beyond the CA's own end: a chain is valid only while every link is
+        .not_valid_after(min(start + _dt.timedelta(days=days), ca.cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(
             digital_signature=True, content_commitment=False, key_encipherment=False,
@@ -322,7 +323,8 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
     FileExistsError
         A ``<name>.pem`` or ``<name>.key`` is there already: nothing is written.
     ValueError
-        A name is not usable as a file name, or the key is not the CA's.
+        A name is not usable as a file name, the key is not the CA's, or the CA's certificate
+        has expired (or is not valid yet).
     """
     ca_dir = Path(ca_dir)
     names = list(names)
@@ -334,6 +336,12 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
             raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
                                     "CA's certificate and private key")
     ca = load_ca(ca_dir / "ca.pem", ca_dir / "ca.key")
+    try:  # a certificate an expired CA signs never verifies
+        check_validity(ca_dir / "ca.pem")
+    except ValueError as exc:
+        raise ValueError(f"{exc}: certificates it signs would not verify; the federation needs "
+                         "a new CA (`fedforest pki init --force`), and every site a new "
+                         "certificate from it") from None
     _refuse_existing([ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")],
                      "a site's certificate is never replaced; pick another name")
     return _write_clients(ca, ca_dir, names)[0]

@@ -3,6 +3,7 @@ certificates signed by the CA that is already there."""
 
 from __future__ import annotations
 
+import datetime as _dt
 from pathlib import Path
 
 from cryptography import x509
@@ -10,7 +11,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
-from fedforest_secure.pki import load_certificate, verify_signed_by
+from fedforest_secure.pki import (
+    create_ca,
+    issue_certificate,
+    load_certificate,
+    verify_signed_by,
+)
 
 
 def _pki(*args: str) -> tuple[int, str]:
@@ -74,3 +80,18 @@ def test_issue_needs_the_ca_key_that_matches_the_ca_certificate(tmp_path: Path) 
     (one / "ca.key").unlink()
     code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator")
     assert code == 2 and "ca.key" in out
+
+
+def test_issue_refuses_an_expired_ca_and_caps_a_leaf_at_the_cas_end(tmp_path: Path) -> None:
+    """A certificate an expired CA signs never verifies: issuing from one is an error naming
+    its dates and what to do, and nothing is written. A live CA's leaf ends no later than
+    the CA does."""
+    now = _dt.datetime.now(_dt.UTC)
+    old = create_ca(now=now - _dt.timedelta(days=400))  # 365 days: expired 35 days ago
+    old.write(tmp_path / "ca.pem", tmp_path / "ca.key")
+    code, out = _pki("issue", "--ca-dir", str(tmp_path), "--name", "hospital-d")
+    assert code != 0 and "the certificate expired on" in out and "pki init --force" in out, out
+    assert not (tmp_path / "hospital-d.pem").exists()
+    ending = create_ca(now=now - _dt.timedelta(days=300))  # 65 days left
+    leaf = issue_certificate(ending, "hospital-e", server=False)
+    assert leaf.cert.not_valid_after_utc == ending.cert.not_valid_after_utc
