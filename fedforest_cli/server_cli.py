@@ -16,6 +16,7 @@ from ._common import console, fail
 
 if TYPE_CHECKING:
     from server_app.admin import ServerAdmin
+    from server_app.settings import ServerSettings
 
 _T = TypeVar("_T")
 
@@ -50,6 +51,19 @@ def server(ctx: typer.Context,
         run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
     except FedForestError as exc:
         fail(exc)
+
+
+def _existing(settings: ServerSettings) -> ServerSettings:
+    """``settings``, for a command that only reads or trims what the server keeps: a SQLite
+    database that is not there is a mistyped ``database`` (it would be created empty), not a
+    server without jobs."""
+    from fedforest_secure.dburl import sqlite_file
+
+    path = sqlite_file(settings.database)
+    if path is not None and not path.exists():
+        fail(FileNotFoundError(f"no database at {path} (`database` in the server config): is "
+                               "the path right? The server creates it when it first starts"))
+    return settings
 
 
 def _admin_does(config: Path, action: Callable[[ServerAdmin], _T]) -> _T:
@@ -155,7 +169,7 @@ def prune_cmd(config: ConfigOpt,
     if keep_days is not None and not keep_days >= 0:
         fail(ValueError(f"--keep-days must be a number of days >= 0, got {keep_days}"))
     try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
+        with ServerAdmin.from_settings(_existing(load_settings(config))) as admin:
             out = admin.prune(keep_days=keep_days, job_ids=list(job) if job else None,
                               dry_run=dry_run)
     except FedForestError as exc:
@@ -191,7 +205,7 @@ def status_cmd(config: ConfigOpt) -> None:
     from server_app.settings import load_settings
 
     try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
+        with ServerAdmin.from_settings(_existing(load_settings(config))) as admin:
             jobs = admin.statuses()
     except FedForestError as exc:
         fail(exc)

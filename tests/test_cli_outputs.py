@@ -180,3 +180,15 @@ def test_model_download_names_an_evaluation_result_as_such() -> None:
     assert not _is_evaluation(model.model_.to_json().encode())
     assert _is_evaluation(f'{{"format": "{FORMAT}", "job_id": "ev"}}'.encode())
     assert not _is_evaluation(b"not json")
+
+
+@pytest.mark.parametrize("command", [["status"], ["prune", "--keep-days", "0"]])
+def test_server_status_and_prune_do_not_create_a_mistyped_database(tmp_path: Path,
+                                                                   command: list[str]) -> None:
+    """A `database` that names no file is a typo to report, not a new empty database
+    answering "no jobs yet"."""
+    config = tmp_path / "server.toml"
+    config.write_text('database = "sqlite:///serevr.db"\n')
+    code, out = _invoke("server", *command, "--config", str(config))
+    assert code == 2 and f"no database at {tmp_path / 'serevr.db'}" in out, out
+    assert not (tmp_path / "serevr.db").exists()
