@@ -238,6 +238,9 @@ class ServerState:
         client keeps both as its model receipt."""
         with self.core.db.session() as sess:
             job, _ = membership(sess, client, job_id)
+            if job.status == JobStatus.FAILED:
+                raise ApiError(409, "no_model", f"the job failed ({job.reason}): it has no "
+                               "model")
             if job.status != JobStatus.DONE or job.model_json is None:
                 raise ApiError(409, "no_model", f"the job is {job.status}; no model yet")
             seq, head = self.core.audit.tip(job_id)

@@ -218,6 +218,18 @@ def test_task_of_any_issued_round_and_unknown_round(env: dict) -> None:
     assert r.status_code == 409 and r.json()["error"] == "no_model"
 
 
+def test_the_model_of_a_failed_job_is_said_to_be_none_not_pending(env: dict) -> None:
+    join_all(env)
+    with env["db"].session() as sess:
+        job = sess.get(JobRow, "job-a")
+        assert job is not None
+        job.status, job.reason = "failed", "only 2 clients remain, fewer than the required 3"
+    r = env["http"].get("/v1/jobs/job-a/model", headers=auth(env["tokens"][2]))
+    assert r.status_code == 409 and r.json()["error"] == "no_model"
+    assert r.json()["detail"] == ("the job failed (only 2 clients remain, fewer than the "
+                                  "required 3): it has no model")
+
+
 def test_plain_http_refused_off_loopback(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         check_transport(ServerSettings(host="0.0.0.0"), insecure_dev=True)
