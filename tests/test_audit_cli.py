@@ -60,8 +60,10 @@ def test_show_one_round_by_url(db: Path) -> None:
     assert "client_joined" not in result.output and "round/sketch" in result.output
 
 
-def test_show_unknown_job_or_db(db: Path, tmp_path: Path) -> None:
+def test_show_unknown_job_round_or_db(db: Path, tmp_path: Path) -> None:
     assert runner.invoke(audit_app, ["show", "--db", str(db), "--job", "zz"]).exit_code == 1
+    result = runner.invoke(audit_app, ["show", "--db", str(db), "--job", "j1", "--round", "999"])
+    assert result.exit_code == 1 and "round 999 is not in the log of job 'j1'" in result.output
     result = runner.invoke(audit_app, ["show", "--db", str(tmp_path / "none.db")])
     assert result.exit_code == 1 and "no audit log" in result.output
 
