@@ -19,7 +19,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fedforest_secure.dburl import sqlite_file
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
 
@@ -178,6 +177,7 @@ def export(
     """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests);
     an --out file ending in .gz is gzip-compressed."""
     from fedforest_secure.audit import export_csv, export_jsonl
+    from fedforest_secure.dburl import sqlite_file
 
     console = Console(stderr=True)
     writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
