@@ -32,6 +32,7 @@ from fedforest_secure.dburl import DatabaseUrlError, create_db_engine
 from .settings import ConfigError
 
 __all__ = [
+    "AuditedJobRow",
     "Base",
     "ClientRow",
     "Database",
@@ -87,6 +88,14 @@ class JobRow(Base):
     #: of a client loads its job row); the last column, so SQLite reaches the others without
     #: walking its overflow pages
     model_json: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
+
+
+class AuditedJobRow(Base):
+    """A job created with an audit log: its chain is in that log, so no server serves the job
+    without one (its own table: databases made before it gain it without a migration)."""
+
+    __tablename__ = "audited_jobs"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
 
 
 class MemberRow(Base):

@@ -42,7 +42,7 @@ from fedforest_secure.protocol.uploads import check_against_task, parse_upload
 
 from .audit_hook import AuditSink
 from .core import Core, check_seat
-from .db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
+from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
 from .evaljob import evaluation_entry
@@ -149,6 +149,8 @@ class ServerState:
                          current_round=-1, created_at=self.core.clock(), model_json=None)
             sess.add(job)
             sess.flush()
+            if self.core.audit.enabled:
+                sess.add(AuditedJobRow(job_id=spec.id))
             for k, name in enumerate(spec.clients):
                 sess.add(MemberRow(job_id=spec.id, client_id=rows[name].id, client_index=k,
                                    state=MemberState.INVITED))

@@ -21,7 +21,7 @@ from fedforest_secure.pki import check_validity
 
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
-from .db import Database, JobRow
+from .db import AuditedJobRow, Database, JobRow
 from .lease import ServerLease
 from .logs import configure, event
 from .phases import JobStatus
@@ -143,12 +143,23 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
 def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
     """Refuse (:class:`ConfigError`) to serve an unfinished job whose audit chain is not in
     the configured audit log: it was created on another audit database, and going on here
-    would split its chain between two logs, neither of which verifies."""
+    would split its chain between two logs, neither of which verifies; or it was created
+    with an audit log and this server keeps none, so its rounds would go unaudited while its
+    log, verified, says nothing is wrong."""
+    unfinished_q = select(JobRow.id).where(
+        JobRow.status.in_((JobStatus.WAITING, JobStatus.RUNNING)))
     if not audit.enabled:
+        with db.session() as sess:
+            audited = sess.scalars(unfinished_q.join(
+                AuditedJobRow, AuditedJobRow.job_id == JobRow.id)).all()
+        if audited:
+            raise ConfigError(
+                f"job {audited[0]!r} is not finished and was created with an audit log, but "
+                "this server config has no audit_database: its rounds would go unaudited. "
+                "Start the server with the audit_database the job began with")
         return
     with db.session() as sess:
-        unfinished = sess.scalars(select(JobRow.id).where(
-            JobRow.status.in_((JobStatus.WAITING, JobStatus.RUNNING)))).all()
+        unfinished = sess.scalars(unfinished_q).all()
     for job_id in unfinished:
         if audit.tip(job_id)[0] == 0:
             shown = shown_url(to_url(url)) if url else "?"
