@@ -126,6 +126,9 @@ def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path(
     names = list(name) if name else None
     if names is not None and clients not in (0, len(names)):
         fail(ValueError(f"--clients {clients} but {len(names)} --name options"))
+    if out.exists() and not out.is_dir():
+        fail(NotADirectoryError(f"--out {out} is a file: name the directory the certificates "
+                                "go to"))
     try:
         paths = init_dev_pki(out, len(names) if names else clients, hosts=hosts,
                              client_names=names, overwrite=force)

@@ -95,3 +95,9 @@ def test_issue_refuses_an_expired_ca_and_caps_a_leaf_at_the_cas_end(tmp_path: Pa
     ending = create_ca(now=now - _dt.timedelta(days=300))  # 65 days left
     leaf = issue_certificate(ending, "hospital-e", server=False)
     assert leaf.cert.not_valid_after_utc == ending.cert.not_valid_after_utc
+
+
+def test_init_into_a_file_says_out_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("a file")
+    code, out = _pki("init", "--out", str(tmp_path / "ca.pem"))
+    assert code == 2 and f"--out {tmp_path / 'ca.pem'} is a file" in out, out
