@@ -16,6 +16,9 @@ from fedforest_secure.files import write_atomic
 
 __all__ = ["ClientState"]
 
+#: the state directories this process's clients hold (to name a second one of this process)
+_HELD: set[Path] = set()
+
 
 class ClientState:
     """A directory of append-only receipts, one JSON object per line."""
@@ -44,20 +47,25 @@ class ClientState:
                                      "one, or give this one its own --state-dir") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            yield
+            held = self.root.resolve()
+            _HELD.add(held)
+            try:
+                yield
+            finally:
+                _HELD.discard(held)
         finally:
             os.close(fd)  # releases the lock
 
-    @staticmethod
-    def _holder(fd: int) -> str:
-        """Who holds the lock: the pid it wrote (read again if it is still writing it)."""
+    def _holder(self, fd: int) -> str:
+        """Who holds the lock: a client of this process, or the pid the holder wrote (read
+        again if it is still writing it)."""
+        if self.root.resolve() in _HELD:
+            return "another client in this process"
         for _ in range(3):
             pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
             if pid:
                 break
             time.sleep(0.05)
-        if pid == str(os.getpid()):
-            return "another client in this process"
         return f"another client process (pid {pid or 'unknown'})"
 
     def add_receipt(self, receipt: dict[str, Any]) -> None:

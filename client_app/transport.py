@@ -189,8 +189,9 @@ class Transport:
 
     @contextlib.contextmanager
     def brief(self, seconds: float = 5.0) -> Iterator[None]:
-        """Requests that give up after ``seconds`` (each waits at most that long, retries
-        included): what a client that is stopping, or only asking a courtesy question, sends."""
+        """Requests that give up within about ``seconds`` (each attempt waits at most that
+        long, and no attempt starts after that long): what a client that is stopping, or only
+        asking a courtesy question, sends."""
         saved = self.retry_budget_s, self._timeout
         self.retry_budget_s = min(self.retry_budget_s, seconds)
         self._timeout = httpx.Timeout(seconds)

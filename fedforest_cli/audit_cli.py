@@ -112,8 +112,7 @@ def show(
         if job is not None and job not in log.jobs():
             console.print(f"[red]error:[/red] job {job!r} is not in the log")
             raise typer.Exit(code=1)
-        if round_id is not None and not any(e.round_id == round_id
-                                            for e in log.entries(job_id=job)):
+        if round_id is not None and not log.entries(job_id=job, round_id=round_id):
             console.print(f"[red]error:[/red] round {round_id} is not in the log"
                           + (f" of job {job!r}" if job is not None else ""))
             raise typer.Exit(code=1)

@@ -59,7 +59,7 @@ def _existing(settings: ServerSettings) -> ServerSettings:
     server without jobs."""
     from fedforest_secure.dburl import sqlite_file
 
-    path = sqlite_file(settings.database)
+    path = sqlite_file(settings.database) if "://" in settings.database else None
     if path is not None and not path.exists():
         fail(FileNotFoundError(f"no database at {path} (`database` in the server config): is "
                                "the path right? The server creates it when it first starts"))

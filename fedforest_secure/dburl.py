@@ -33,14 +33,19 @@ def sqlite_file(db: str) -> Path | None:
     """The file a database is kept in: ``db`` itself when it is a path, the file a
     ``sqlite://`` URL names; None for another database (or SQLite in memory)."""
     if "://" not in db:
-        return Path(db)
+        return Path(db).expanduser()
     try:
         parsed = make_url(db)
     except ArgumentError:
         return None
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
         return None
-    return Path(parsed.database)
+    if database.startswith("file:"):  # a SQLite URI (``?uri=true``): its path part
+        database = database[len("file:"):].split("?", 1)[0]
+        if not database or database == ":memory:":
+            return None
+    return Path(database).expanduser()
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:

@@ -336,9 +336,11 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
             raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
                                     "CA's certificate and private key")
     ca = load_ca(ca_dir / "ca.pem", ca_dir / "ca.key")
-    try:  # a certificate an expired CA signs never verifies
+    try:  # a certificate a CA outside its validity signs does not verify
         check_validity(ca_dir / "ca.pem")
     except ValueError as exc:
+        if _now() < ca.cert.not_valid_after_utc:  # not valid yet: a clock, not the CA
+            raise ValueError(f"{exc}: certificates it signs would not verify yet") from None
         raise ValueError(f"{exc}: certificates it signs would not verify; the federation needs "
                          "a new CA (`fedforest pki init --force`), and every site a new "
                          "certificate from it") from None

@@ -160,14 +160,17 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
         return
     with db.session() as sess:
         unfinished = sess.scalars(unfinished_q).all()
-    for job_id in unfinished:
-        if audit.tip(job_id)[0] == 0:
-            shown = shown_url(to_url(url)) if url else "?"
-            raise ConfigError(
-                f"job {job_id!r} is not finished and the audit log at {shown} has none of its "
-                "entries: it was created with another audit_database (or none). Start the "
-                "server with the audit_database the job began with (its chain must stay in "
-                "one log)")
+        for job_id in unfinished:
+            if audit.tip(job_id)[0] == 0:
+                shown = shown_url(to_url(url)) if url else "?"
+                raise ConfigError(
+                    f"job {job_id!r} is not finished and the audit log at {shown} has none of "
+                    "its entries: it was created with another audit_database (or none). Start "
+                    "the server with the audit_database the job began with (its chain must "
+                    "stay in one log)")
+            # a job created before jobs were marked (its chain is here): marked now
+            if sess.get(AuditedJobRow, job_id) is None:
+                sess.add(AuditedJobRow(job_id=job_id))
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

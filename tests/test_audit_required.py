@@ -52,3 +52,28 @@ def test_an_unfinished_job_is_served_only_with_the_audit_log_it_began_with(
     finally:
         audit.close()
         db.dispose()
+
+
+def test_an_audited_job_of_an_older_database_is_marked_by_the_first_audited_start(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """A job created before the server database recorded audited jobs has no mark: a server
+    started with the job's audit log marks it, and from then on a server without one
+    refuses it."""
+    from server_app.db import AuditedJobRow
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    job = _job(tmp_path, tiny_parts, job_dir, url)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    try:
+        with db.session() as sess:  # as an older version left it
+            sess.delete(sess.get(AuditedJobRow, job))
+        check_audit_chains(db, open_audit(None), None)  # nothing says the job was audited
+        audit = open_audit(url)
+        try:
+            check_audit_chains(db, audit, url)
+        finally:
+            audit.close()
+        with pytest.raises(ConfigError, match="was created with an audit log"):
+            check_audit_chains(db, open_audit(None), None)
+    finally:
+        db.dispose()

@@ -192,3 +192,11 @@ def test_server_status_and_prune_do_not_create_a_mistyped_database(tmp_path: Pat
     code, out = _invoke("server", *command, "--config", str(config))
     assert code == 2 and f"no database at {tmp_path / 'serevr.db'}" in out, out
     assert not (tmp_path / "serevr.db").exists()
+
+
+def test_server_status_with_a_bare_path_as_database_says_to_write_a_url(tmp_path: Path) -> None:
+    """The server takes URLs only: a bare path is a malformed URL, not a missing file."""
+    config = tmp_path / "server.toml"
+    config.write_text('database = "server.db"\n')
+    code, out = _invoke("server", "status", "--config", str(config))
+    assert code == 2 and "malformed database URL" in out and "no database at" not in out, out

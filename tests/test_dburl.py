@@ -69,3 +69,26 @@ def test_two_processes_creating_a_new_database_at_once_both_open_it(
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     assert len(calls) == 2
     db.dispose()
+
+
+@pytest.mark.parametrize(("db", "path"), [
+    ("audit.db", "audit.db"),
+    ("~/audit.db", "{home}/audit.db"),
+    ("sqlite:////data/audit.db", "/data/audit.db"),
+    ("sqlite+pysqlite:///rel/audit.db?timeout=5", "rel/audit.db"),
+    ("sqlite:///file:/data/audit.db?mode=ro&uri=true", "/data/audit.db"),
+    ("sqlite://", None),
+    ("sqlite:///:memory:", None),
+    ("postgresql+psycopg://u@h/db", None),
+])
+def test_the_file_a_database_is_kept_in(db: str, path: str | None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `audit export` must never write over: a path (``~`` expanded) or the file of a
+    ``sqlite://`` URL (a SQLite URI's path part); nothing for another database."""
+    from pathlib import Path
+
+    from fedforest_secure.dburl import sqlite_file
+
+    monkeypatch.setenv("HOME", "/home/site")
+    want = None if path is None else Path(path.format(home="/home/site"))
+    assert sqlite_file(db) == want

@@ -101,3 +101,11 @@ def test_init_into_a_file_says_out_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "ca.pem").write_text("a file")
     code, out = _pki("init", "--out", str(tmp_path / "ca.pem"))
     assert code == 2 and f"--out {tmp_path / 'ca.pem'} is a file" in out, out
+
+
+def test_issue_from_a_ca_not_valid_yet_points_at_the_clock_not_a_new_ca(tmp_path: Path) -> None:
+    future = create_ca(now=_dt.datetime.now(_dt.UTC) + _dt.timedelta(hours=2))
+    future.write(tmp_path / "ca.pem", tmp_path / "ca.key")
+    code, out = _pki("issue", "--ca-dir", str(tmp_path), "--name", "hospital-d")
+    assert code != 0 and "is this machine's clock right?" in out, out
+    assert "would not verify yet" in out and "pki init --force" not in out
