@@ -90,15 +90,21 @@ class Provisioned:
 
 
 def provision(root: Path, names: list[str], job_tomls: list[Path], *,
-              database: str | None = None, audit_database: str | None = None) -> Provisioned:
+              database: str | None = None, audit_database: str | None = None,
+              audited: bool = True) -> Provisioned:
     """Development certificates for ``names`` in ``root/certs``, ``root/server.toml`` on a free
-    port (SQLite files in root unless database URLs are given), the clients registered and
-    the jobs created, as an operator does before starting the server."""
+    port (SQLite files in root unless database URLs are given; no audit log unless
+    ``audited``), the clients registered and the jobs created, as an operator does before
+    starting the server."""
     certs = root / "certs"
     init_dev_pki(certs, len(names), client_names=names)
     port = free_port()
     server_toml = write_server_config(root, port, certs, database=database,
                                       audit_database=audit_database)
+    if not audited:
+        server_toml.write_text("".join(
+            line for line in server_toml.read_text().splitlines(keepends=True)
+            if not line.startswith("audit_database")))
     with ServerAdmin.from_settings(load_settings(server_toml)) as admin:
         tokens = [admin.add_client(n) for n in names]
         for job_toml in job_tomls:
@@ -108,7 +114,7 @@ def provision(root: Path, names: list[str], job_tomls: list[Path], *,
 
 def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: float = 60.0,
               min_clients: int | None = None, profile: str = "open",
-              make_db_url=None) -> Fed:
+              make_db_url=None, audited: bool = True) -> Fed:
     """A job with its sites, certificates and server configuration; the databases are
     ``make_db_url("server")`` and ``make_db_url("audit")`` (default: SQLite files in root)."""
     job_toml = job_dir(root, parts, feat, n_clients=n_clients, deadline=deadline,
@@ -116,7 +122,8 @@ def setup_fed(root: Path, parts, feat, job_dir, *, n_clients: int, deadline: flo
     names = [f"client-{k}" for k in range(n_clients)]
     urls = ((make_db_url("server"), make_db_url("audit")) if make_db_url is not None
             else (db_url(root / "server.db"), db_url(root / "audit.db")))
-    server = provision(root, names, [job_toml], database=urls[0], audit_database=urls[1])
+    server = provision(root, names, [job_toml], database=urls[0], audit_database=urls[1],
+                       audited=audited)
     sites = [SiteData(n, root / "sites" / f"{n}.csv", root / "schema.toml", t, *parts[k])
              for k, (n, t) in enumerate(zip(names, server.tokens, strict=True))]
     return Fed(root, server, sites, job_toml, parts[:n_clients], urls[0], urls[1], profile)

@@ -47,10 +47,7 @@ def test_a_site_that_stalls_past_the_deadline_and_resumes_is_told_it_was_dropped
 def test_a_server_without_an_audit_log_lets_its_sites_finish(
         tmp_path: Path, tiny_parts, job_dir) -> None:
     parts, feat = tiny_parts
-    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
-    toml = fed.server_toml
-    toml.write_text("".join(line for line in toml.read_text().splitlines(keepends=True)
-                            if not line.startswith("audit_database")))
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, audited=False)
     run_job(fed)
     logs = [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
     assert all("keeps no audit log" in text for text in logs)
