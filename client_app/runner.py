@@ -31,7 +31,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
-from fedforest_secure.protocol.api import JoinBody, JoinResponse, RefuseBody, SecAggStep
+from fedforest_secure.protocol.api import JoinBody, JoinResponse, SecAggStep
 
 from .context import (
     RESTARTED_SECURE,
@@ -46,12 +46,16 @@ from .data import load_site_table, schema_sha256
 from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
-from .secagg_session import identity_key
+from .secagg_session import identity_key, post_refusal
 from .state import ClientState
 from .transport import ApiRejected, Transport
 
-__all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE",
+__all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE", "TableChanged",
            "check_job_profile", "pinned_profile", "run_client"]
+
+
+class TableChanged(FedForestError):
+    """A site restarted on other rows than the ones it joined its job with."""
 
 
 class ProfileRefused(FedForestError):
@@ -169,15 +173,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     secure = bool(config.profile.get("secure_aggregation"))
     try:
         _check_same_table(state, job, table)
-        joined = parse_as(JoinResponse,
-                          tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
-                          "join response")
-    except ApiRejected as exc:
-        if exc.code == "identity_mismatch":
-            raise _identity_mismatch(state, job) from None
-        raise
-    except FedForestError as exc:
-        if not secure or not _table_changed(state, job, exc):
+    except TableChanged:
+        if not secure:
             raise
         # a restarted site (this process holds its state directory) brought back with
         # another table: it could not answer the open round anyway (its round keys died with
@@ -190,6 +187,14 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
                              + (" (the server was told)" if told else "")
                              + " and the job goes on without it while enough sites remain"
                              ) from None
+    try:
+        joined = parse_as(JoinResponse,
+                          tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
+                          "join response")
+    except ApiRejected as exc:
+        if exc.code == "identity_mismatch":
+            raise _identity_mismatch(state, job) from None
+        raise
     if (joined.config, joined.client_index, joined.schema_sha256) != (
             info.config, k, info.schema_sha256):
         raise ProtocolError("the join response differs from the job the server offered")
@@ -247,13 +252,6 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     return result
 
 
-def _table_changed(state: ClientState, job: str, exc: Exception) -> bool:
-    """Whether ``exc`` stops a site that joined ``job`` before (from this state directory,
-    which this process holds) from joining again because its table changed."""
-    return (isinstance(exc, FedForestError) and "another table" in str(exc)
-            and (state.root / f"table-{job}.sha256").exists())
-
-
 def _identity_mismatch(state: ClientState, job: str) -> FedForestError:
     """The join's 409 ``identity_mismatch`` in words. Nothing is refused: the site's client
     that holds the key it joined with may be running (from another directory)."""
@@ -274,9 +272,7 @@ def _leave_open_round(tr: Transport, job: str, log: SiteLog) -> bool:
                             "secure-aggregation step")
             if step.status not in ("task", "wait") or step.round_id is None:
                 return False
-            tr.request("POST", f"/v1/jobs/{job}/rounds/{step.round_id}/secagg/refuse",
-                       content=RefuseBody(reason="restarted").model_dump_json().encode(),
-                       content_type="application/json")
+            post_refusal(tr, job, step.round_id, "restarted")
         return True
     except (FedForestError, OSError, ValueError) as exc:
         log.info(f"job {job}: the server was not told this site left the open round: {exc}")
@@ -300,7 +296,7 @@ def _check_same_table(state: ClientState, job: str, table: str | None) -> None:
     if table is None or not path.exists():
         return
     if path.read_text().strip() != table:
-        raise FedForestError(f"this site joined job {job} with another table (--data): a "
+        raise TableChanged(f"this site joined job {job} with another table (--data): a "
                              "site's rows cannot change within a job. Restart the client with "
                              "the table it joined with; a changed table takes part in a new "
                              "job")

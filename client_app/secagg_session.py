@@ -57,7 +57,7 @@ from fedforest_secure.secure_sum import make_codec, unmask_floor
 from .state import ClientState
 from .transport import Transport
 
-__all__ = ["SecAggSession", "identity_key"]
+__all__ = ["SecAggSession", "identity_key", "post_refusal"]
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
@@ -213,9 +213,7 @@ class SecAggSession:
         """Tell the server this client leaves the job at round ``round_id``, and why (a code
         of :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops it at once."""
         self._refused.add(round_id)
-        self.tr.request("POST", f"/v1/jobs/{self.job}/rounds/{round_id}/secagg/refuse",
-                        content=RefuseBody(reason=code).model_dump_json().encode(),
-                        content_type="application/json")
+        post_refusal(self.tr, self.job, round_id, code)
 
     def unmask(self, task: Task, message: str) -> None:
         """Answer the unmask request (with the next round's advert riding along), or refuse."""
@@ -234,3 +232,11 @@ class SecAggSession:
         if self.client is None:
             raise ProtocolError("secure aggregation session not connected")
         return self.client
+
+
+def post_refusal(tr: Transport, job: str, round_id: int, code: str) -> None:
+    """``POST .../rounds/{round_id}/secagg/refuse`` with ``code`` (one of
+    :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops this site at once."""
+    tr.request("POST", f"/v1/jobs/{job}/rounds/{round_id}/secagg/refuse",
+               content=RefuseBody(reason=code).model_dump_json().encode(),
+               content_type="application/json")
