@@ -242,6 +242,8 @@ def test_path_and_url_open_the_same_log_and_missing_logs_are_not_created(tmp_pat
         AuditLog(missing, create=False)
     with pytest.raises(AuditError):
         AuditLog(f"sqlite:///{missing}", create=False)
+    with pytest.raises(AuditError, match="no audit log at"):
+        AuditLog(f"sqlite:///file:{missing}?uri=true", create=False)
     assert not missing.exists()
 
 

@@ -31,14 +31,13 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     inspect,
-    make_url,
     select,
 )
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from ..dburl import DatabaseUrlError, create_db_engine
+from ..dburl import DatabaseUrlError, create_db_engine, sqlite_file
 from ..errors import AuditError
 from .entry import GENESIS, Entry
 from .store import ChainRace, IndexRow, StoredArray
@@ -84,14 +83,10 @@ def to_url(db: str | Path) -> str:
 
 
 def _missing_sqlite_file(url: str) -> bool:
-    """Whether ``url`` names a SQLite file that does not exist (opening it would create it)."""
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite"):
-        return False
-    database = parsed.database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return False
-    return not Path(database).expanduser().exists()
+    """Whether ``url`` names a SQLite file (a path, or a ``file:`` URI's path part) that does
+    not exist: opening it would create it."""
+    path = sqlite_file(url)
+    return path is not None and not path.exists()
 
 
 class SqlStore:
