@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import ssl
 import threading
 from pathlib import Path
@@ -92,9 +94,12 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         peer_names = PeerNames()
         http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
     server: uvicorn.Server | None = None
+    bound = settings.port if port is None else port
     try:
         audit = open_audit(settings.audit_database)
         check_audit_chains(db, audit, settings.audit_database)
+        # bound before the start-up is logged: a port another process holds is a clear error
+        listener = _listen(settings.host, bound)
     except BaseException:  # not serving: the next server may take the database at once
         lease.release()
         raise
@@ -103,14 +108,14 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
                      spool=spool_dir(settings.database),
                      body_timeout_s=settings.body_timeout_s, peer_names=peer_names,
                      stopping=lambda: server is not None and server.should_exit)
-    event("startup", host=settings.host, port=settings.port if port is None else port,
+    event("startup", host=settings.host, port=bound,
           tls=tls is not None, mtls=client_ca is not None,
           database=make_url(settings.database).render_as_string(hide_password=True),
           audit=settings.audit_database is not None, pid=os.getpid())
     # SIGTERM / SIGINT: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
     # requests in flight finish (at most 5 s), then the lifespan logs the shutdown
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port if port is None else port,
+        app, host=settings.host, port=bound,
         log_level="warning", access_log=False, timeout_graceful_shutdown=5, log_config=None,
         http=http,
         ssl_certfile=str(tls.cert) if tls is not None else None,
@@ -135,9 +140,33 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
+        listener.close()
         lease.release()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it), or :class:`ConfigError`
+    saying why it cannot be (the port is taken, the address is not this machine's)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"host {host!r}: not an address to listen on ({exc.strerror})"
+                          ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = ("is another server using that port? set another port in the config or with "
+                "--port" if exc.errno == errno.EADDRINUSE else
+                "host must be an address of this machine")
+        raise ConfigError(f"cannot listen on {host} port {port}: {exc.strerror or exc} "
+                          f"({hint})") from None
+    return sock
 
 
 def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:

@@ -24,4 +24,7 @@ def test_a_server_that_cannot_start_is_reported_with_the_end_of_its_log(tmp_path
             with one_site_server(tmp_path, port, timeout=60.0):
                 pytest.fail("the server started on a port that is taken")
     assert "the server exited with code" in str(err.value)
-    assert "address already in use" in str(err.value)
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in str(err.value)
+    log = (tmp_path / "server.log").read_text()
+    assert "event=startup" not in log  # it never served
+    assert "Traceback" not in log

@@ -1,0 +1,43 @@
+"""The socket a server listens on is bound before it logs its start-up: a port that is taken,
+or an address that is not this machine's, is a configuration error that says which."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import pytest
+from ports import free_port
+
+from server_app.serve import _listen
+from server_app.settings import ConfigError
+
+
+def test_a_taken_port_is_an_error_that_names_it_and_suggests_another() -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1 port {port}: "
+                           "Address already in use .*--port"):
+            _listen("127.0.0.1", port)
+
+
+def test_an_address_of_another_machine_is_an_error_about_the_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_self: socket.socket, _address: object) -> None:
+        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+
+    port = free_port()
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(ConfigError, match="host must be an address of this machine"):
+        _listen("127.0.0.1", port)
+
+
+def test_a_free_port_gives_a_bound_socket() -> None:
+    port = free_port()
+    sock = _listen("127.0.0.1", port)
+    try:
+        assert sock.getsockname() == ("127.0.0.1", port)
+    finally:
+        sock.close()
