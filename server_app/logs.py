@@ -5,7 +5,9 @@
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``round`` (a round closed),
 ``drop``, ``job_done``, ``job_failed``, ``resume``, ``error``. Values with spaces are quoted.
 
-A ``round`` line says where the round's time went: ``seconds`` from its issue to its close,
+A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
+dropped during the round (``dropped``; one dropped after its masked upload is in both), and
+says where the round's time went: ``seconds`` from its issue to its close,
 ``phase_s`` (secure rounds) how long each phase stayed open, e.g.
 ``phase_s=advertise:0.002,share:0.420,upload:0.650,sign:0.201,unmask:0.094`` (a phase waits
 for its slowest client), and ``close_s`` the server's own step after the last phase: the sum,

@@ -310,8 +310,13 @@ class RoundDriver:
                      disclosed=disclosed, masked=rt.secure is not None, secure=secure)
         spends, decisions = coord.pop_events()
         record_events(self.audit, rt.job_id, rr.round_id, spends, decisions)
+        # dropped: the sites dropped during the round, also one dropped after its upload
+        # (which the sum holds, so it counts among the clients too)
+        dropped = set(round_dropped(rr)) | (set(participants(rr)) - set(contributors))
+        if secure is not None:
+            dropped |= secure.dropped
         event("round", job=job.id, round=rr.round_id, level=rr.level, kind=rr.kind,
-              clients=len(contributors), dropped=len(set(participants(rr)) - set(contributors)),
+              clients=len(contributors), dropped=len(dropped),
               seconds=rr.closed_at - rr.issued_at,
               phase_s=secure.timeline() if secure is not None else None,
               close_s=time.perf_counter() - started)

@@ -129,6 +129,12 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     rounds = _round_entries(fed.audit_url)
     assert "client-4" not in rounds[-1].payload["clients"]
     assert all(e.payload["masked"] is True for e in rounds)
+    # the server's round lines count the drop once, in the round it happened in (also when
+    # client-4's upload of that round was in, and counted)
+    lines = [x for x in (fed.root / "server.log").read_text().splitlines()
+             if "event=round " in x and "job=job-a " in x]
+    counted = [int(m.group(1)) for x in lines for m in [re.search(r" dropped=(\d+) ", x)] if m]
+    assert len(counted) == len(lines) and sum(counted) == 1, lines
     report = verify_log(fed.audit_url,
                         receipts_dir=collect_receipts(fed.root, fed.root / "state"),
                         replay=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import warnings
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from server_app.audit_hook import NullAudit
 from server_app.auth import TokenCache, add_client
 from server_app.db import Database, JobRow, RoundRow
 from server_app.jobspec import load_job_spec
+from server_app.logs import LOGGER
 from server_app.runtime import ServerState
 
 with warnings.catch_warnings():
@@ -304,6 +306,31 @@ def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered
     want = make_codec(config, task).decode(
         sum((vecs[k] for k in range(K - 1)), np.zeros_like(vecs[0])))
     assert np.array_equal(aggregate(env, r), want)
+
+
+def test_a_site_dropped_after_its_upload_is_in_the_sum_and_counted_dropped_in_the_round_line(
+        env: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """The last client uploads, then misses the signature deadline: its upload is in the sum
+    (it is in the survivor set), and the round's log line counts it among the clients and
+    as dropped during the round."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K - 1):
+        assert sign(env, sa, k, r).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    assert offer(env, K - 1)["status"] == "dropped"
+    for k in range(K - 1):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+    lines = [x.getMessage() for x in caplog.records if x.getMessage().startswith("event=round ")]
+    assert len(lines) == 1 and f" clients={K} dropped=1 " in lines[0], lines
 
 
 def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(
