@@ -18,10 +18,16 @@ than ``n_nu / r``).
 the box's ends) and more than :data:`MIN_HEAVY_ROWS` rows is cut into finer cells in a further
 round, for the (node, slot) rows that have such a cell only, at most ``max_rounds`` rounds in
 all: heavy regions (clean data beside x1000 outliers, features that depend on the ancestors'
-splits) are resolved where fixed-width histograms are not. A cell whose whole mass stays in
-one of its sub-cells twice in a row holds a single value (an atom) and is not cut again; at
-later levels a cell of that feature no wider than such an atom is taken as one (the
-``atom_width`` a :class:`SecureCdfPlanner` is given).
+splits) are resolved where fixed-width histograms are not. A cell whose whole mass stayed in
+one sub-cell is cut at equal steps and at geometric steps from both its ends (down to 2^-40
+of its width), so data beside one far value (a sentinel such as 9999999, which puts all the
+other rows in the first grid's end cell) is reached in one round at any scale; in the last
+round every heavy cell gets the most sub-cells the budget allows. A cell whose whole mass
+stays in one of its sub-cells twice in a row holds a single value (an atom) and is not cut
+again; at later levels a cell of that feature no wider than such an atom is taken as one (the
+``atom_width`` a :class:`SecureCdfPlanner` is given). With B >= 16, one far value at either
+end or both (up to 10^10 times the data's spread), or public bounds that wide around the
+data, leave every candidate within 2/B of its pooled rank (``tests/test_secure_cdf.py``).
 
 **Candidates.** For ``b = 1 .. B_nu - 1`` the cell edge whose pooled CDF is nearest to
 ``b / B_nu``: a target inside a cell is at most half the cell's mass from one of its edges (the
@@ -56,6 +62,17 @@ MIN_HEAVY_ROWS = 64.0
 FIRST_CELLS = 4
 #: at most this many sub-cells per refined cell and round
 MAX_SUB = 64
+#: a cell whose whole mass stayed in one sub-cell this many refinements in a row is taken as
+#: a single value (an atom) and not cut again
+ATOM_RUNS = 2
+
+
+def _steps(rows: np.ndarray, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every entry ``i`` of ``rows``, ``reps[i]`` entries: its row and the step ``k = 1 ..
+    reps[i]``."""
+    reps = np.maximum(reps, 0)
+    k = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps) + 1
+    return np.repeat(rows, reps), k
 
 
 def _count_below(table: np.ndarray, which: np.ndarray, values: np.ndarray,
@@ -237,7 +254,7 @@ class SecureCdfPlanner:
         self.bnu = bnu
         self.max_rounds = max_rounds
         self.rounds = 0
-        self.tol = 1e-9 * np.maximum(np.abs(self.hi - self.lo), 1e-300)
+        self.tol = 1e-12 * np.maximum(np.abs(self.hi - self.lo), 1e-300)
         aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
         self.atom_floor = np.maximum(self.tol, aw[self.fr])
         self.edges = self._first_edges(n, marginal)
@@ -357,7 +374,7 @@ class SecureCdfPlanner:
         share[np.arange(R), np.isfinite(self.edges).sum(axis=1)] = HEAVY_MASS - 1.0
         limit = np.maximum(share * (total / self.bnu)[:, None], MIN_HEAVY_ROWS)
         heavy = ((self.counts > limit) & (right - left > self.atom_floor[:, None])
-                 & (self.unsplit < 2) & self.pending[:, None])
+                 & (self.unsplit < ATOM_RUNS) & self.pending[:, None])
         n_heavy = heavy.sum(axis=1)
         refine = n_heavy > 0
         if not refine.any():
@@ -369,15 +386,36 @@ class SecureCdfPlanner:
         want = np.ceil(2.0 * self.counts * self.bnu[:, None] / np.maximum(total, 1.0)[:, None])
         sub = np.clip(want, 2, MAX_SUB).astype(np.int64)
         sub = np.where(self.unsplit >= 1, MAX_SUB, sub)
+        if self.rounds + 1 >= self.max_rounds:  # the last round: no later one mends a cell
+            sub[:] = MAX_SUB                    # whose rows sit at one end
         sub = np.minimum(sub, np.maximum(2, (self.counts // r).astype(np.int64)))
         budget = np.maximum(2, (4 * self.B) // np.maximum(n_heavy, 1))
         sub = np.minimum(sub, budget[:, None])
         hr, hc = np.nonzero(heavy)
-        reps = sub[hr, hc] - 1
-        rr = np.repeat(hr, reps)
-        k = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps) + 1
-        new_vals = (np.repeat(left[hr, hc], reps)
-                    + np.repeat((right - left)[hr, hc], reps) * k / np.repeat(sub[hr, hc], reps))
+        # a cell whose mass stayed whole in one sub-cell holds a cluster narrower than the
+        # sub-cells (or an atom): half its new edges at equal steps, half at geometric
+        # steps from both ends (down to 2^-40 of its width), which cut a cluster beside one
+        # end at any scale in one round (data beside a far outlier, the box's end at the
+        # data's minimum or maximum)
+        n_sub = sub[hr, hc]
+        geo = np.where(self.unsplit[hr, hc] >= 1, (n_sub // 4), 0)
+        n_eq = n_sub - 2 * geo
+        rr_eq, k_eq = _steps(hr, n_eq - 1)
+        rr_geo, k_geo = _steps(hr, geo)
+        cell_eq, cell_geo = np.repeat(np.arange(hr.size), n_eq - 1), np.repeat(
+            np.arange(hr.size), geo)
+        lw, rw = left[hr, hc], right[hr, hc]
+        w = rw - lw
+        # the first half of the steps of ratio 1/4 (fine cells near the end), the rest
+        # steeper, down to 2^-40 of the width
+        g = geo[cell_geo].astype(np.float64)
+        half = np.ceil(g / 2.0)
+        steep = np.maximum(2.0, (40.0 - 2.0 * half) / np.maximum(g - half, 1.0))
+        frac = np.exp2(-2.0 * np.minimum(k_geo, half) - steep * np.maximum(k_geo - half, 0))
+        rr = np.concatenate([rr_eq, rr_geo, rr_geo])
+        new_vals = np.concatenate([
+            lw[cell_eq] + w[cell_eq] * k_eq / n_eq[cell_eq],
+            lw[cell_geo] + w[cell_geo] * frac, rw[cell_geo] - w[cell_geo] * frac])
         old_r, old_c = np.nonzero(np.isfinite(self.edges) & refine[:, None])
         rows = np.concatenate([old_r, rr])
         vals = np.concatenate([self.edges[old_r, old_c], new_vals])
@@ -425,7 +463,7 @@ class SecureCdfPlanner:
     def atoms(self) -> tuple[np.ndarray, np.ndarray]:
         """Features and widths of the cells found to hold a single value (unsplit twice)."""
         left, right = self._cells()
-        r, c = np.nonzero((self.unsplit >= 2) & self.active[:, None])
+        r, c = np.nonzero((self.unsplit >= ATOM_RUNS) & self.active[:, None])
         return self.fr[r], (right - left)[r, c]
 
     def _picks(self) -> tuple[np.ndarray, np.ndarray]:

@@ -97,6 +97,42 @@ def test_secure_cdf_beats_fixed_width_histograms_on_outliers(seed: int, frac: fl
         assert np.all(np.diff(t) > 0)
 
 
+@pytest.mark.parametrize("where", ["high", "low", "both", "inside wide bounds"])
+@pytest.mark.parametrize("magnitude", [1e4, 1e6, 1e8, 1e10])
+@pytest.mark.parametrize("B", [16, 32])
+def test_one_far_value_does_not_hide_the_data_from_the_candidates(where: str, magnitude: float,
+                                                                 B: int) -> None:
+    """A sentinel such as 9999999 in one row (or one at each end, or public bounds far wider
+    than the data) puts the whole of the data in one cell of the first grid, and the cell
+    keeps its whole mass through equal-width refinements: the candidates still come within
+    2/B of every pooled rank, in at most four grid rounds."""
+    rng = np.random.default_rng(int(np.log10(magnitude)) + B)
+    X = rng.normal(size=(1000, 2))
+    if where in ("high", "both"):
+        X[0] = magnitude
+    if where in ("low", "both"):
+        X[1] = -magnitude
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    if where == "inside wide bounds":
+        lo, hi = lo - magnitude, hi + 3 * magnitude
+    thr, rounds = _plan(X, B, lo, hi)
+    assert rounds <= 4
+    assert _rank_errors(X, thr, B).max() <= 2.0 / B
+
+
+def test_a_single_value_stops_refining_before_the_round_limit() -> None:
+    """An atom (a binary feature) beside continuous data: its cells stop being cut once
+    their whole mass stayed in one sub-cell twice, and the continuous feature needs one
+    round: the sketch ends within the four rounds, with the atoms as candidates."""
+    rng = np.random.default_rng(1)
+    X = np.stack([rng.integers(0, 2, 2000).astype(float), rng.normal(size=2000)], axis=1)
+    thr, rounds = _plan(X, 16, X.min(axis=0), X.max(axis=0))
+    assert rounds <= 4
+    assert _rank_errors(X[:, 1:], thr[1:], 16).max() <= 2.0 / 16
+    t = thr[0][np.isfinite(thr[0])]
+    assert t.size >= 1 and ((t >= 0) & (t < 1)).all()  # a cut between the two values
+
+
 def test_secure_cdf_exact_quantiles_without_outliers() -> None:
     """On clean data inside tight bounds the candidates are close to the pooled quantiles."""
     rng = np.random.default_rng(4)
@@ -158,3 +194,25 @@ def test_engine_secure_cdf_on_outliers(monkeypatch: pytest.MonkeyPatch) -> None:
     thr = planner.candidates()[0]  # root, every feature
     feats = planner.feats[0]
     assert _rank_errors(X[:, feats], thr, B).max() <= 2.0 / B
+
+
+@pytest.mark.parametrize("magnitude", [1e6, 1e8])
+def test_a_sentinel_value_does_not_stop_the_secure_forest_splitting_on_its_feature(
+        magnitude: float) -> None:
+    """One row's informative feature set to a far value (a sentinel such as 9999999): the
+    secure profile's roots still split on that feature, as the open profile's do, with
+    about the same fit on the other rows."""
+    from fedforest_secure import FedForestRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 4))
+    y = 2 * X[:, 0] + rng.normal(scale=0.3, size=600)
+    h = np.arange(600) % 3
+    Xo = X.copy()
+    Xo[0, 0] = magnitude
+    fits = {p: FedForestRegressor(n_estimators=5, max_depth=1, max_features=None, profile=p,
+                                  random_state=0).fit(Xo, y, client=h)
+            for p in ("open", "secure")}
+    assert all(int(t.tree_.feature[0]) == 0 for t in fits["secure"].estimators_)
+    r2 = {p: m.score(X[1:], y[1:]) for p, m in fits.items()}
+    assert r2["secure"] > r2["open"] - 0.05, r2
