@@ -156,6 +156,8 @@ def verify(
         report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
     for problem in report.problems:
         typer.echo(f"PROBLEM {problem}")
+    for note in report.notes:
+        typer.echo(f"NOTE {note}")
     summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "
                f"{report.receipts_checked} receipt(s) checked")
     if report.ok:

@@ -157,6 +157,32 @@ def register(app: typer.Typer) -> None:
 
     app.add_typer(model_cli, name="model")
 
+    from .audit_cli import audit_app
+
+    @audit_app.command("download")
+    def audit_download_cmd(job: Annotated[str, typer.Option(help="the job id")],
+                           out: Annotated[Path, typer.Option(
+                               help="where to write the job's log (JSON lines; .jsonl)")],
+                           server: ServerOpt, token: TokenOpt, ca: CaOpt = None,
+                           cert: CertOpt = None, key: KeyOpt = None,
+                           insecure_dev: DevOpt = False,
+                           force: Annotated[bool, typer.Option(
+                               help="replace an existing --out file")] = False) -> None:
+        """Download the audit log of a job this site is a member of (a site's own check:
+        `fedforest audit verify --db <out> --receipts <state dir>/receipts --job <job>`)."""
+        check_output(out, force=force)
+        try:
+            tr = _transport(server, token, ca, cert, key, insecure_dev)
+            try:
+                body = tr.request("GET", f"/v1/jobs/{job}/audit").content
+            finally:
+                tr.close()
+            write_atomic(out, body)
+        except (FedForestError, ValueError, OSError) as exc:
+            fail(exc)
+        entries = body.count(b"\n")
+        console.print(f"audit log of job {job} written to {out} ({entries} entries)")
+
 
 def _is_evaluation(body: bytes) -> bool:
     """Whether a job's downloaded result is an evaluation job's (not a forest)."""

@@ -272,7 +272,9 @@ def test_receipt_disagreeing_with_log_is_named(setup: tuple[AuditLog, Path]) -> 
            "does not list this client's upload" in problems
     assert any(p.startswith("receipt bob.jsonl:4") and "no entry seq 40" in p for p in problems)
     assert any(p.startswith("receipt bob.jsonl:4") and "no round entry" in p for p in problems)
-    assert any(p.startswith("receipt bob.jsonl:5") and "not in the log" in p for p in problems)
+    assert "job 'job-x' is not in the log (1 receipt(s) of it, first bob.jsonl:5); the log " \
+           "holds 'job-1': to check the log of one job against a site's receipts of several, " \
+           "give --job" in problems
     assert sum(p.startswith("receipt junk.jsonl:") and "malformed" in p for p in problems) == 2
     assert len(problems) == 7
 
@@ -450,3 +452,58 @@ def test_a_damaged_entry_is_an_error_of_export_and_unreadable_in_show(
     assert res.exit_code == 0 and "{not json" in (tmp_path / "e.csv").read_text()
     res = run(audit_app, ["show", "--db", db])
     assert res.exit_code == 0 and "UNREADABLE" in res.output
+
+
+def test_a_site_checks_one_jobs_log_against_its_receipts_of_several_jobs(
+        setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    """A site keeps one receipts file for all its jobs and fetches the log of one: without
+    --job every other job is named once, with the hint; with --job the log verifies."""
+    log, receipts = setup
+    for r in range(3):
+        write_receipt(receipts, Receipt("job-0", r, "bob", upload_digest(b"x"), GENESIS, 0))
+    report = verify_log(log, receipts_dir=receipts)
+    assert report.problems == [
+        "job 'job-0' is not in the log (3 receipt(s) of it, first bob.jsonl:3); the log holds "
+        "'job-1': to check the log of one job against a site's receipts of several, give --job"]
+    assert verify_log(log, receipts_dir=receipts, job_id=JOB).ok
+
+
+def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems(
+        tmp_path: Path) -> None:
+    """A job fails in round 1's upload step (its uploads are receipted, the log has the
+    round's abort, not a round entry) and no site keeps a receipt after round 0's entry:
+    the log verifies, with a note saying round 0's aggregate is vouched for by the chain
+    only. The same tail without the abort is a problem."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = log.job(JOB)
+        rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
+                        profile={"name": "secure"})
+        for c in CLIENTS:
+            rec.client_joined(c)
+        seq, head = log.tip(JOB)
+        uploads = {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS}
+        for c in CLIENTS:
+            write_receipt(receipts, Receipt(JOB, 0, c, uploads[c], head, seq))
+        rec.round(_task(0), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+        unfinished = verify_log(log, receipts_dir=receipts)
+        assert any("the last round" in p and "covered by no receipt" in p
+                   for p in unfinished.problems), unfinished.problems
+        seq, head = log.tip(JOB)
+        for c in CLIENTS:
+            write_receipt(receipts, Receipt(JOB, 1, c, upload_digest(f"{c}/1".encode()),
+                                            head, seq))
+        rec.round_aborted(1, reason="round 1: only 1 masked upload")
+        report = verify_log(log, receipts_dir=receipts)
+        assert report.ok, report.problems
+        assert report.receipts_checked == 4
+        # round 1's receipts pin seq 4 (round 0's entry): the tail is covered; without them
+        # (a job that failed before any upload of round 1) it is a note
+        for f in receipts.iterdir():
+            f.write_text("".join(f.read_text().splitlines(keepends=True)[:1]))
+        report = verify_log(log, receipts_dir=receipts)
+        assert report.ok, report.problems
+        assert report.notes == [
+            f"job '{JOB}' failed (job '{JOB}' seq 5 (round_aborted)) before any site kept a "
+            f"receipt after its last round (job '{JOB}' seq 4 (round)): that round's aggregate "
+            "is vouched for by the chain only"]

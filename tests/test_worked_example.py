@@ -153,6 +153,11 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
             kept = (root / "model.json").read_text()
             run("model", "download", "--job", "heart-2024", "--out", str(root / "model.json"),
                 "--force", *site_opts)
+            # 7. a site fetches its job's log and checks it against its own receipts
+            run("audit", "download", "--job", "heart-2024", "--out", str(root / "heart.jsonl"),
+                *site_opts)
+            site_check = run("audit", "verify", "--db", str(root / "heart.jsonl"), "--receipts",
+                             str(root / "zurich" / "state" / "receipts"), "--job", "heart-2024")
         finally:
             del os.environ["FEDFOREST_TOKEN"]
         operator = run("server", "status", "--config", config)
@@ -176,6 +181,7 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
     assert "event=startup" in server_log and server_log.count("event=join ") == 4
     assert "event=job_done job=heart-2024" in server_log and "Traceback" not in server_log
     assert again.exit_code == 2 and "exists" in again.output and kept == "a site's own notes"
+    assert re.search(r"OK: \d+ entries in 1 job\(s\), [1-9]\d* receipt\(s\) checked", site_check)
     # 6. the downloaded model is every client's --out, and the estimators read it
     model_bytes = (root / "model.json").read_bytes()
     assert all((root / site / "model.json").read_bytes() == model_bytes for site in SITES)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +48,9 @@ class VerifyReport:
     """The outcome of a verification: ``ok`` only if no problem was found."""
 
     problems: list[str] = field(default_factory=list)
+    #: what the check could not vouch for without it being a problem (e.g. the last round of
+    #: a job that failed before any site kept a receipt after it)
+    notes: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     entries_checked: int = 0
     receipts_checked: int = 0
@@ -185,48 +188,73 @@ def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
 _RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
 
 
-def _check_receipts(entries: Sequence[Entry], receipts_dir: Path,
-                    job_id: str | None) -> tuple[list[str], int]:
+def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | None
+                    ) -> tuple[list[str], list[str], int]:
+    """Problems, notes and the number of receipts checked."""
     if not receipts_dir.is_dir():
         what = ("is a file: give the directory that holds the sites' receipts files"
                 if receipts_dir.exists() else "does not exist")
-        return [f"receipts directory {receipts_dir} {what}"], 0
+        return [f"receipts directory {receipts_dir} {what}"], [], 0
     chains: dict[str, dict[int, Entry]] = defaultdict(dict)
     rounds: dict[tuple[str, int], list[Entry]] = defaultdict(list)
+    aborted: set[tuple[str, int]] = set()
     for entry in entries:
         chains[entry.job_id].setdefault(entry.seq, entry)
         if entry.kind == EntryKind.ROUND.value and entry.round_id is not None:
             rounds[(entry.job_id, entry.round_id)].append(entry)
+        if entry.kind == EntryKind.ROUND_ABORTED.value and entry.round_id is not None:
+            aborted.add((entry.job_id, entry.round_id))
     out: list[str] = []
+    notes: list[str] = []
     count = 0
     covered: dict[str, int] = {}  # job -> the furthest seq a receipt pins
+    elsewhere: dict[str, list[str]] = defaultdict(list)  # receipts of jobs not in the log
     for where, receipt in read_receipts(receipts_dir):
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
             continue
         if job_id is not None and receipt.job_id != job_id:
             continue
+        if receipt.job_id not in chains:
+            elsewhere[receipt.job_id].append(where)
+            continue
         count += 1
         covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
         found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
-                 else _receipt_problems(receipt, chains, rounds))
+                 else _receipt_problems(receipt, chains, rounds, aborted))
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
+    held = ", ".join(repr(j) for j in sorted(chains)) or "no job"
+    for job, wheres in sorted(elsewhere.items()):
+        out.append(f"job {job!r} is not in the log ({len(wheres)} receipt(s) of it, first "
+                   f"{wheres[0]}); the log holds {held}: to check the log of one job against "
+                   "a site's receipts of several, give --job")
     for job in sorted(covered):
-        out.extend(_tail_problems(job, chains.get(job, {}), covered[job]))
+        problems, noted = _tail_problems(job, chains.get(job, {}), covered[job])
+        out.extend(problems)
+        notes.extend(noted)
     for job in sorted(set(chains) - set(covered)):
         if any(e.kind in _RECEIPTED for e in chains[job].values()):
             out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
                        "rounds and model are unreceipted (a rewritten chain would verify)")
-    return out, count
+    return out, notes, count
 
 
-def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int) -> list[str]:
+def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
+                   ) -> tuple[list[str], list[str]]:
     """A job's last round and its model entry must lie within a chain head some client
-    receipted: otherwise they could be rewritten (with every hash after them) unnoticed."""
+    receipted: otherwise they could be rewritten (with every hash after them) unnoticed. A
+    job that failed before any site kept a receipt after its last round cannot have one:
+    that is a note (no model came out of it), not a problem."""
     out: list[str] = []
     last_round = max((e for e in chain.values() if e.kind == EntryKind.ROUND.value),
                      key=lambda e: e.seq, default=None)
     if last_round is not None and covered < last_round.seq:
+        failed = next((e for e in chain.values() if e.kind == EntryKind.ROUND_ABORTED.value
+                       and e.seq > last_round.seq), None)
+        if failed is not None:
+            return out, [f"job {job!r} failed ({failed.label}) before any site kept a receipt "
+                         f"after its last round ({last_round.label}): that round's aggregate "
+                         "is vouched for by the chain only"]
         out.append(f"job {job!r}: the last round ({last_round.label}) is covered by no receipt "
                    f"(the receipts pin the chain up to seq {covered}): its aggregate and "
                    "everything after it are unreceipted")
@@ -234,7 +262,7 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int) -> list[s
     if model is not None and covered < model.seq:
         out.append(f"job {job!r}: the model entry ({model.label}) is covered by no receipt "
                    "(no client kept a receipt of the model it received)")
-    return out
+    return out, []
 
 
 def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[int, Entry]]
@@ -264,7 +292,8 @@ def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[
 
 
 def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],
-                      rounds: Mapping[tuple[str, int], Sequence[Entry]]) -> list[str]:
+                      rounds: Mapping[tuple[str, int], Sequence[Entry]],
+                      aborted: Set[tuple[str, int]]) -> list[str]:
     chain = chains.get(receipt.job_id)
     if chain is None:
         return ["the job is not in the log"]
@@ -278,7 +307,8 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
                        f"{seen.label} (log rewritten)")
     candidates = rounds.get((receipt.job_id, receipt.round_id), [])
     if not candidates:
-        out.append("the log has no round entry for this round")
+        if (receipt.job_id, receipt.round_id) not in aborted:  # aborted: no sum to list it
+            out.append("the log has no round entry for this round")
         return out
     listed = []
     for entry in candidates:
@@ -322,8 +352,10 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
         if job_id is not None and not entries:
             report.problems.append(f"job {job_id!r} is not in the log")
         if receipts_dir is not None:
-            found, report.receipts_checked = _check_receipts(entries, Path(receipts_dir), job_id)
+            found, notes, report.receipts_checked = _check_receipts(
+                entries, Path(receipts_dir), job_id)
             report.problems.extend(found)
+            report.notes.extend(notes)
         if replay:
             from .replay import replay_job
 
