@@ -32,8 +32,8 @@ __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "
 
 #: What a client restarted in the middle of a secure round is told (its round keys were in the
 #: memory of the process that died, so it cannot answer that round's steps).
-RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round; the job goes on "
-                    "without this site while enough sites remain")
+RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round (its round keys died "
+                    "with the process that stopped)")
 
 _M = TypeVar("_M", bound=BaseModel)
 

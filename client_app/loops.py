@@ -156,7 +156,8 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
                 session.refuse_round(r, "restarted")
             except ApiRejected as exc:  # the round closed, or the site was dropped, meanwhile
                 ctx.log.info(f"round {r}: the server did not record the refusal: {exc}")
-            result.status, result.detail = "dropped", RESTARTED_SECURE
+            # whether the job went on without this site or failed for want of it
+            result.status, result.detail = "dropped", dropped_detail(job, RESTARTED_SECURE, tr)
             return
         if task is None or task.round_id != r:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content

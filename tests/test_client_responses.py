@@ -168,12 +168,17 @@ def test_responses_ignore_fields_they_do_not_read_and_requests_forbid_them() -> 
     assert body.model_dump() == {"error": "round_closed", "detail": "d", "counted": True}
 
 
+@pytest.mark.parametrize(("after", "says"), [
+    ("running", "the job went on without it"),
+    ("failed", "the job has failed since: there is no model"),  # too few sites were left
+])
 def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
-        tmp_path: Path) -> None:
+        tmp_path: Path, after: str, says: str) -> None:
     """A fresh process asked to share keys for a round it never advertised (its round keys
     died with the old process) refuses the round with the code "restarted", so the server
     drops it without waiting for the deadline, and stops with the operator's message, not a
-    stage error."""
+    stage error: whether the job went on without it or failed for want of it (the job's
+    status after the refusal)."""
     from client_app.runner import RESTARTED_SECURE
     from client_app.secagg_session import identity_key
 
@@ -185,13 +190,23 @@ def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
                                  "secagg": {"status": "task", "action": "share", "round_id": 28,
                                             "task_digest": "00" * 32, "message": "{}"},
                                  "directory": {"complete": True, "keys": keys}})
+    sent = tr.request
+
+    def request(method: str, path: str, content: bytes = b"", **kw: Any) -> Any:
+        if path.endswith("/secagg/refuse"):  # the server applies the refusal
+            tr.gets[JOB] = {"job_id": JOB, "status": after}
+        return sent(method, path, content, **kw)
+
+    tr.request = request  # type: ignore[method-assign]
     out = io.StringIO()
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None,
                          state_dir=tmp_path / "state", quiet=True)
     res = runner._run(opts, tr, state, np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
                       SiteLog(stream=out))
-    assert (res.status, res.detail) == ("dropped", RESTARTED_SECURE)
+    assert res.status == "dropped"
+    assert res.detail.startswith(f"this site was dropped from job {JOB} ({RESTARTED_SECURE}); ")
+    assert says in res.detail, res.detail
     assert RESTARTED_SECURE in out.getvalue() and "stage" not in out.getvalue()
     # after the join: GETs, and the refusal of round 28 (a code, nothing else)
     posts = [path for method, path in tr.sent[2:] if method != "GET"]
