@@ -3,7 +3,8 @@
     2024-05-01T12:00:00Z INFO fedforest-server event=join job=heart-2024 client=cleveland index=0
 
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``round`` (a round closed),
-``drop``, ``job_done``, ``job_failed``, ``resume``, ``error``. Values with spaces are quoted.
+``drop``, ``job_done``, ``job_failed``, ``resume``, ``error``, ``shutdown_timeout`` (uvicorn's
+graceful stop ran out of time). Values with spaces are quoted.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
 dropped during the round (``dropped``; one dropped after its masked upload is in both), and
@@ -61,6 +62,23 @@ class _Formatter(logging.Formatter):
         return text.replace("\n", " | ")
 
 
+class _ShutdownTimeout(logging.Filter):
+    """uvicorn's ERROR ``Cancel N running task(s), timeout graceful shutdown exceeded`` on a
+    SIGTERM whose 5 s ran out (a client that stopped reading kept its connection open): a
+    warning event of the clean stop it still is, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and isinstance(record.msg, str) \
+                and "timeout graceful shutdown exceeded" in record.msg:
+            tasks = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "%s", (fields(
+                event="shutdown_timeout", requests_cut=tasks,
+                detail="connections still open 5 s after SIGTERM were closed (a client that "
+                       "stopped reading)"),)
+        return True
+
+
 def configure(level: int = logging.INFO) -> None:
     """Send the server's events (and uvicorn's warnings) to stderr, one line each."""
     handler = logging.StreamHandler()
@@ -70,3 +88,6 @@ def configure(level: int = logging.INFO) -> None:
         logger.handlers[:] = [handler]
         logger.setLevel(level if name == LOGGER else logging.WARNING)
         logger.propagate = False
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ShutdownTimeout) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_ShutdownTimeout())

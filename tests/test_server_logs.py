@@ -36,6 +36,24 @@ def test_fields_quote_what_has_spaces_and_an_error_keeps_its_traceback_on_one_li
     assert "event=error where=test" in line and "Traceback" in line and "| ValueError" in line
 
 
+def test_uvicorns_graceful_shutdown_timeout_is_a_warning_event_not_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM whose 5 s ran out because a client stopped reading: uvicorn's ERROR line
+    ("Cancel 0 running task(s), ...") becomes one warning event; its other errors stay."""
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stderr", out)
+    configure()
+    configure()  # configured twice (tests, restarts in one process): one line per record
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 0)
+    uvicorn_log.error("something else went wrong")
+    first, second = out.getvalue().splitlines()
+    assert LINE.match(first), first
+    assert " WARNING fedforest-server event=shutdown_timeout requests_cut=0 " in first
+    assert "ERROR" not in first
+    assert second.endswith("ERROR fedforest-server something else went wrong")
+
+
 def test_a_job_logs_startup_joins_rounds_and_the_end_and_sigterm_stops_cleanly(
         tmp_path: Path, tiny_parts, job_dir) -> None:
     parts, feat = tiny_parts
