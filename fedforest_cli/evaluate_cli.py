@@ -47,8 +47,8 @@ def evaluate(
     reference: Annotated[str | None, typer.Option(
         help="the model the differences are taken against (default: the first)")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="directory for evaluation-<job>.png/.md/.json (default: the first model's "
-             "directory; the current one for a job given by id)")
+        help="directory for evaluation-<job>.png/.md/.json, created if missing (default: the "
+             "first model's directory; the current one for a job given by id)")
     ] = None,
     timeout: Annotated[float, typer.Option(
         help="seconds to wait for the sites")] = 3600.0,
@@ -63,6 +63,9 @@ def evaluate(
 
     files = [*(models or []), *(Path(a) for a in ctx.args)]
     labels = [n.strip() for n in names.split(",")] if names else None
+    where = out or (files[0].resolve().parent if files else Path("."))
+    if out is not None:
+        _check_out_dir(out)
     try:
         settings = load_settings(config)
         with ServerAdmin.from_settings(settings) as admin:
@@ -83,9 +86,8 @@ def evaluate(
                     _check_same_models(admin, job_id, job_path, spec)
                     _check_reference(reference, admin.evaluation_names(job_id))
                     console.print(f"evaluation job {job_id} exists: waiting for its result")
-                first_model = files[0] if files else None
             else:
-                job_id, first_model = job, None
+                job_id = job
                 names_of = admin.evaluation_names(job_id)
                 if (files or labels) and names_of is not None:
                     raise FedForestError(f"evaluation job {job_id!r} exists and scores "
@@ -101,15 +103,29 @@ def evaluate(
         _check_reference(reference, [m.name for m in res.models])
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
-    where = out or (first_model.resolve().parent if first_model is not None else Path("."))
-    png = plot(res, where / f"evaluation-{job_id}.png")
-    write_atomic(where / f"evaluation-{job_id}.md", to_markdown(res, reference))
-    write_atomic(where / f"evaluation-{job_id}.json", text)
+    try:
+        where.mkdir(exist_ok=True)
+        png = plot(res, where / f"evaluation-{job_id}.png")
+        write_atomic(where / f"evaluation-{job_id}.md", to_markdown(res, reference))
+        write_atomic(where / f"evaluation-{job_id}.json", text)
+    except OSError as exc:
+        fail(exc)
     from rich.console import Console
 
     Console().print(to_table(res, reference))
     console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}",
                   markup=False)
+
+
+def _check_out_dir(out: Path) -> None:
+    """Exit with an error (code 2) before the job is created or waited for when ``--out`` is
+    a file, or a new directory whose parent does not exist (it is created, not its parents)."""
+    if out.exists() and not out.is_dir():
+        fail(NotADirectoryError(f"--out {out} is a file: name the directory for "
+                                "evaluation-<job>.png, .md and .json"))
+    if not out.exists() and not out.parent.is_dir():
+        fail(FileNotFoundError(f"--out {out}: the directory {out.parent} does not exist "
+                               "(nothing was created)"))
 
 
 def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec) -> None:

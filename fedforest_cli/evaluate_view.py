@@ -83,7 +83,8 @@ def to_markdown(res: EvalResult, reference: str | None = None) -> str:
 
 def plot(res: EvalResult, path: str | Path) -> Path:
     """ROC and calibration curves per model (classification; the positive class of two, every
-    class of more), or predicted-vs-actual bins per model (regression)."""
+    class of more), or predicted-vs-actual bins per model (regression), written to ``path``
+    (its directory must exist)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +137,6 @@ def plot(res: EvalResult, path: str | Path) -> Path:
     noise = f", DP ε={res.dp['epsilon']:g}" if res.dp else ""
     fig.suptitle(f"{res.job_id}: {res.contributors} sites{noise}", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -180,6 +180,48 @@ def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
         in " ".join(res.output.split())
 
 
+def test_evaluate_refuses_an_out_that_is_a_file_or_in_a_missing_directory_before_anything(
+        tiny_parts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out an existing file was a FileExistsError traceback, and only after the wait for
+    the sites (an hour by default)."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import write_eval_job
+    from server_app.admin import ServerAdmin
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 2})
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
+    (tmp_path / "afile").write_text("keep")
+    runner = CliRunner()
+    args = ["evaluate", "--config", str(server), "--job", str(job), "--models", str(models[0]),
+            "--timeout", "0", "--out"]
+    res = runner.invoke(app, [*args, str(tmp_path / "afile")])
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert (f"error: --out {tmp_path / 'afile'} is a file: name the directory for "
+            "evaluation-<job>.png, .md and .json" in " ".join(res.output.split())), res.output
+    assert (tmp_path / "afile").read_text() == "keep"
+    res = runner.invoke(app, [*args, str(tmp_path / "nodir" / "out")])
+    assert res.exit_code == 2, res.output
+    assert (f"error: --out {tmp_path / 'nodir' / 'out'}: the directory {tmp_path / 'nodir'} "
+            "does not exist" in " ".join(res.output.split())), res.output
+    with ServerAdmin(f"sqlite:///{tmp_path}/s.db") as admin:
+        assert admin.job("ev") is None  # refused before the job was created
+    # a new directory in an existing one is fine: the command waits for the sites, then
+    # creates it for the result's files
+    res = runner.invoke(app, [*args, str(tmp_path / "results")])
+    assert res.exit_code == 2
+    assert "the evaluation job ev is still" in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "results").exists()
+    monkeypatch.setattr("fedforest_cli.evaluate_cli._wait",
+                        lambda *a: _classification(tiny_parts).to_json())
+    res = runner.invoke(app, [*args, str(tmp_path / "results")])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "evaluation-ev.json", "evaluation-ev.md", "evaluation-ev.png"]
+
+
 def test_each_class_curve_of_a_multiclass_roc_plot_is_labelled_with_its_own_area(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three classes: each one-against-the-rest curve carries its own AUC (their mean is the
