@@ -81,7 +81,8 @@ def register(app: typer.Typer) -> None:
         data: Annotated[Path, typer.Option(help="the site's CSV file")],
         schema: Annotated[Path, typer.Option(help="the federation's schema.toml")],
         zero_is_missing: Annotated[str | None, typer.Option(
-            help="comma-separated columns where 0 means 'not measured'")] = None,
+            help="comma-separated numeric columns where 0 means 'not measured'")
+        ] = None,
         clean_out: Annotated[Path | None, typer.Option(
             help="write the rows without errors (the schema's columns only) here")] = None,
         force: Annotated[bool, typer.Option(help="replace an existing --clean-out file")

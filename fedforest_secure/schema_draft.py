@@ -152,8 +152,9 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
                           "columns so that each name appears once")
     for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
         if name not in table.header:
+            hint = table.separator_advice()
             raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
-                              f"{', '.join(table.header)})")
+                              f"{', '.join(table.header)})" + (f": {hint}" if hint else ""))
     if client_column == target:
         raise SchemaError(f"{target!r} cannot be both the target and the client column: "
                           "the client column names each row's site, the target is predicted")

@@ -6,7 +6,8 @@ engineer fixing a file wants the whole list. :func:`check_table` reads the raw c
 
 * errors (the client would refuse the table): a missing header, missing columns, ragged rows,
   missing values (``?``, ``NA``, empty), non-numbers, infinite numbers (``inf``), values
-  outside the public bounds, unknown levels or classes;
+  outside the public bounds, unknown levels or classes, rows without their site (a missing
+  cell in the schema's ``client_column``);
 * warnings (it trains, but look first): hidden missing values (a zero in a column whose other
   values are all far above zero, like ``chol = 0``), constant columns, classes absent at this
   site, columns the schema does not use.
@@ -62,6 +63,15 @@ class RawTable:
     def column(self, name: str) -> list[str]:
         k = self.header.index(name)
         return [r[k] if k < len(r) else "" for r in self.rows]
+
+    def separator_advice(self) -> str | None:
+        """What to do when the file separates its cells with ``;``, a tab or ``|`` rather
+        than commas (its header is one cell holding one of them); None otherwise."""
+        sep = next((c for c in (";", "\t", "|") if len(self.header) == 1
+                    and c in self.header[0]), None)
+        if sep is None:
+            return None
+        return f"the file separates cells with {sep!r}, not commas: save it as comma-separated CSV"
 
 
 @dataclass(frozen=True)
@@ -126,7 +136,14 @@ def check_table(table: RawTable, schema: Schema, *,
     """Every problem of ``table`` against ``schema``, errors first, in column order.
 
     ``zero_is_missing`` names columns whose zeros are missing values (errors, not warnings).
+
+    Raises
+    ------
+    SchemaError
+        A ``zero_is_missing`` name that is not a continuous feature or a regression target of
+        ``schema`` (a misspelt or a categorical column would leave its zeros unnoticed).
     """
+    zero_missing = _zero_missing_columns(schema, zero_is_missing)
     out: list[Problem] = []
     if len(set(table.header)) != len(table.header):
         dups = sorted(h for h, n in Counter(table.header).items() if n > 1)
@@ -144,14 +161,10 @@ def check_table(table: RawTable, schema: Schema, *,
     needed = [*schema.feature_names, schema.target.name]
     if schema.client_column is not None:
         needed.append(schema.client_column)
-    sep = next((c for c in (";", "\t", "|") if len(table.header) == 1
-                and c in table.header[0]), None)
     for name in needed:
         if name not in table.header:
-            advice = f"add the column (header has: {', '.join(table.header)})"
-            if sep is not None:
-                advice = (f"the file separates cells with {sep!r}, not commas: save it as "
-                          "comma-separated CSV")
+            advice = (table.separator_advice()
+                      or f"add the column (header has: {', '.join(table.header)})")
             out.append(Problem("error", name, "missing from the table", advice))
     extra = [h for h in table.header if h not in needed]
     if extra:
@@ -164,7 +177,6 @@ def check_table(table: RawTable, schema: Schema, *,
                            f"{', '.join(unbounded)}",
                            "the secure profiles refuse such a job: the federation agrees on "
                            "bounds from domain knowledge and adds them to schema.toml"))
-    zero_missing = set(zero_is_missing)
     for f in schema.features:
         if f.name not in table.header:
             continue
@@ -192,7 +204,58 @@ def check_table(table: RawTable, schema: Schema, *,
                     f"{', '.join(absent)} of the schema never occur at this site",
                     "fine for training (the forest learns them from the other sites); check "
                     "that the labels are coded as the schema says"))
+    if schema.client_column is not None and schema.client_column in table.header:
+        out += _check_client_column(schema.client_column, table.column(schema.client_column),
+                                    table.lines)
     return sorted(out, key=lambda p: p.severity != "error")
+
+
+def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
+    """The ``--zero-is-missing`` columns, each a continuous feature or a regression target.
+
+    Raises
+    ------
+    SchemaError
+        A name that is no column of the schema, or one whose cells are not numbers.
+    """
+    numeric = [f.name for f in schema.features if f.kind == "continuous"]
+    if schema.target.kind == "regression":
+        numeric.append(schema.target.name)
+    listed = ", ".join(numeric) or "none"
+    only = f"name numeric columns only (the schema's: {listed})"
+    for name in names:
+        if name in numeric:
+            continue
+        levels = {f.name: f.levels or [] for f in schema.features if f.kind != "continuous"}
+        if name in levels:
+            raise SchemaError(f"--zero-is-missing: column {name!r} is categorical: its cells are "
+                              f"levels ({', '.join(levels[name])}), a zero is never a missing "
+                              f"number; {only}")
+        if name == schema.target.name:
+            classes = ", ".join(schema.target.classes or [])
+            raise SchemaError(f"--zero-is-missing: column {name!r} is the classification "
+                              f"target: its cells are classes ({classes}), a zero is never a "
+                              f"missing number; {only}")
+        if name == schema.client_column:
+            raise SchemaError(f"--zero-is-missing: column {name!r} is the client column (each "
+                              f"row's site), not a number; {only}")
+        raise SchemaError(f"--zero-is-missing: the schema has no column {name!r}; its numeric "
+                          f"columns are {listed}")
+    return set(names)
+
+
+def _check_client_column(name: str, cells: list[str], lines: Sequence[int]) -> list[Problem]:
+    """The client column's missing cells: the client refuses a row without its site."""
+    missing = [i for i, c in enumerate(cells) if _is_missing(c)]
+    if not missing:
+        return []
+    tokens = sorted({cells[i] or "(empty)" for i in missing})
+    return [Problem("error", name, f"{len(missing)} missing value"
+                    f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
+                    f"{line_numbers(missing, lines)}",
+                    "write each row's site in the client column, or drop those rows (fedforest "
+                    "check --clean-out writes the rows without errors): the client column "
+                    "cannot be declared missing", _at(missing, lines))]
 
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,

@@ -163,3 +163,16 @@ def test_a_feature_with_one_value_at_this_site_is_drafted_valid_or_flagged(
     (note,) = draft.notes
     assert note.startswith("column 'color' has 1 level at this site ('red'): a categorical "
                            "feature needs at least 2. Add the levels the other sites use")
+
+
+def test_a_semicolon_separated_file_is_told_to_use_commas_as_check_tells_it(
+        tmp_path: Path) -> None:
+    table = read_raw(small_csv(tmp_path, "semi.csv", "age;y", ["30;0", "40;1"]))
+    with pytest.raises(SchemaError, match=r"column 'y' is not in .*semi\.csv \(columns: "
+                                          r"age;y\): the file separates cells with ';', not "
+                                          r"commas: save it as comma-separated CSV"):
+        draft_schema(table, "y")
+    res = CliRunner().invoke(app, ["schema", "draft", "--data", str(table.path), "--target",
+                                   "y"])
+    assert res.exit_code == 2
+    assert "save it as comma-separated CSV" in res.output

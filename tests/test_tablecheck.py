@@ -276,3 +276,70 @@ def test_a_missing_or_unknown_target_is_told_what_can_be_done_about_it(tmp_path:
     assert "allowed" not in missing.advice and "drop those rows" in missing.advice
     unknown = next(m for m in problems if "unknown class" in m)
     assert "the schema's classes are 0, 1" in unknown
+
+
+_WITH_SITE = 'client_column = "site"\n' + _TWO_COLUMNS
+
+
+def test_a_row_without_its_site_is_an_error_as_for_the_client_and_clean_out_drops_it(
+        tmp_path: Path) -> None:
+    """The client refuses a missing cell in the schema's client column: check said the
+    table was accepted."""
+    from client_app.data import load_site_table
+
+    (tmp_path / "s.toml").write_text(_WITH_SITE)
+    path = tmp_path / "t.csv"
+    path.write_text("age,y,site\n30,0,va\n40,1,\n50,0,NA\n60,1,va\n")
+    # the client refuses it, listing check's problem (before: only its own first one)
+    with pytest.raises(SchemaError, match=r"(?s)\(1 problem; .*column 'site': 2 missing values"):
+        load_site_table(path, tmp_path / "s.toml")
+    sch = Schema.from_dict(tomllib.loads(_WITH_SITE))
+    (error,) = [p for p in check_table(read_raw(path), sch) if p.severity == "error"]
+    assert error.column == "site" and error.lines == (3, 4)
+    assert "2 missing values ((empty), NA) at lines 3, 4" in error.message
+    assert "site" in error.advice and "--clean-out" in error.advice
+    res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
+                                   str(tmp_path / "s.toml"), "--clean-out",
+                                   str(tmp_path / "clean.csv")])
+    assert res.exit_code == 1
+    assert "1 error, 0 warnings: the client would refuse this table" in res.output
+    assert "wrote 2 of 4 rows" in res.output
+    X, y = load_site_table(tmp_path / "clean.csv", tmp_path / "s.toml")
+    assert X[:, 0].tolist() == [30.0, 60.0]
+
+
+def test_zero_is_missing_refuses_a_column_that_is_not_a_numeric_one_of_the_schema(
+        tmp_path: Path, schema: Schema) -> None:
+    """A misspelt or categorical --zero-is-missing column was ignored: the 'clean' file kept
+    its zeros."""
+    table = read_raw(site_csv(tmp_path, "va"))
+    with pytest.raises(SchemaError, match=r"--zero-is-missing: the schema has no column 'chl'; "
+                                          r"its numeric columns are age, trestbps, chol, "
+                                          r"thalach, oldpeak"):
+        check_table(table, schema, zero_is_missing=["chol", "chl"])
+    with pytest.raises(SchemaError, match=r"--zero-is-missing: column 'fbs' is categorical: "
+                                          r"its cells are levels \(0, 1\), a zero is never a "
+                                          r"missing number; name numeric columns only \(the "
+                                          r"schema's: age, trestbps, chol, thalach, oldpeak\)"):
+        check_table(table, schema, zero_is_missing=["fbs"])
+    with pytest.raises(SchemaError, match=r"--zero-is-missing: column 'num' is the "
+                                          r"classification target"):
+        check_table(table, schema, zero_is_missing=["num"])
+    site = Schema.from_dict(tomllib.loads(_WITH_SITE))
+    with pytest.raises(SchemaError, match=r"column 'site' is the client column \(each row's "
+                                          r"site\), not a number; .*\(the schema's: age\)"):
+        check_table(table, site, zero_is_missing=["site"])
+    res = CliRunner().invoke(app, ["check", "--data", str(table.path), "--schema",
+                                   str(_doc_schema(tmp_path)), "--zero-is-missing", "chl",
+                                   "--clean-out", str(tmp_path / "clean.csv")])
+    assert res.exit_code == 2
+    assert "error: --zero-is-missing: the schema has no column 'chl'" in res.output
+    assert not (tmp_path / "clean.csv").exists()
+
+
+def _doc_schema(tmp_path: Path) -> Path:
+    from test_config_doc import doc_files
+
+    path = tmp_path / "schema.toml"
+    path.write_text(doc_files()["schema.toml"])
+    return path
