@@ -175,6 +175,8 @@ def simulate(
     """Server + K client processes over HTTPS on 127.0.0.1, then a comparison table."""
     from .simulate import SimulateOptions, run_simulation
 
+    # SIGTERM (`timeout`, a CI job cancel) is Ctrl-C: the server and clients are stopped
+    signal.signal(signal.SIGTERM, _terminated_once)
     try:
         run_simulation(SimulateOptions(dataset=dataset, clients=clients, alpha=alpha,
                                        profile=profile, out=out, trees=trees, depth=depth,
@@ -182,6 +184,18 @@ def simulate(
                                        round_deadline=round_deadline))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
+    except KeyboardInterrupt as exc:
+        how, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        console.print(f"[yellow]{how}[/yellow]: the simulation's server and client processes "
+                      f"were stopped; what it wrote so far is in {out}", soft_wrap=True)
+        raise typer.Exit(code) from None
+
+
+def _terminated_once(_signum: int, _frame: FrameType | None) -> None:
+    """The first SIGTERM stops the simulation; later ones are ignored, so that they do not
+    cut short the stopping of its processes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
 
 
 # ---------------------------------------------------------------------- compare

@@ -13,7 +13,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.evaluation.result import EvalResult
 
 from .sim_data import SiteData
-from .sim_processes import start_client
+from .sim_processes import start_client, stop_all
 
 __all__ = ["EvalRun", "create_eval_job", "run_eval_clients", "wait_job", "write_eval_job"]
 
@@ -89,7 +89,5 @@ def run_eval_clients(sites: Sequence[SiteData], held_out: Sequence[Path], url: s
         text = wait_job(server_db, job_id, procs, timeout)
         codes = [p.wait(30) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
+        stop_all(procs)
     return EvalRun(job_id, EvalResult.from_json(text), codes, time.monotonic() - t0)

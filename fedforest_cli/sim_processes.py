@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from fedforest_secure.errors import FedForestError
 from .sim_data import SiteData
 
 __all__ = ["OneSiteServer", "child_env", "db_url", "free_port", "one_site_server", "start_client",
-           "start_server", "stop", "wait_healthy", "write_server_config"]
+           "start_server", "stop", "stop_all", "wait_healthy", "write_server_config"]
 
 
 def free_port() -> int:
@@ -102,6 +102,21 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """Terminate every process of ``procs`` that still runs, then wait for them all; kill
+    those still running ``grace`` seconds later."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,

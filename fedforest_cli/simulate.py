@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ from rich.table import Table
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import write_atomic
 
-from .sim_data import SimData, SimulateOptions, load_table, prepare_sites
+from .sim_data import (
+    SimData,
+    SimulateOptions,
+    check_job_before_writing,
+    load_table,
+    prepare_sites,
+)
 from .sim_eval import evaluate
 from .sim_evaluation import EvalRun
 from .sim_processes import (
@@ -26,6 +33,8 @@ from .sim_processes import (
     free_port,
     start_client,
     start_server,
+    stop,
+    stop_all,
     wait_healthy,
     write_server_config,
 )
@@ -47,6 +56,11 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
 
     opts.check()
     table = load_table(opts.dataset)  # read before anything is written: a missing file stops here
+    opts.check_rows(len(table[1]))
+    names = [f"client-{k}" for k in range(opts.clients)]
+    check_job_before_writing(opts, names, table)
+    # a profile file is named by its absolute path: job.toml and eval.toml lie in --out
+    opts = replace(opts, profile=opts.profile_ref())
     out = opts.out.resolve()
     _clear_earlier_run(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +72,6 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                  f"profile {opts.profile}")
     console.print(f"forest: T={opts.trees} trees, maximum depth M={opts.depth}, sketch size "
                   f"B={opts.bins} (change with --trees/--depth/--bins)")
-    names = [f"client-{k}" for k in range(opts.clients)]
     certs = out / "certs"
     init_dev_pki(certs, opts.clients, client_names=names)
     console.print(f"1. certificates: a federation CA, a server certificate for 127.0.0.1 and "
@@ -70,21 +83,25 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                   f"alpha={opts.alpha}); each site's rows are in its own CSV; "
                   f"{len(sim.y_test)} rows held out for testing")
     url = f"https://127.0.0.1:{port}"
-    server = start_server(server_toml, out / "logs" / "server.log")
-    procs: list[subprocess.Popen[bytes]] = []
+    # every process started is stopped however this ends: an error, Ctrl-C, or SIGTERM (which
+    # the command turns into KeyboardInterrupt)
+    server: subprocess.Popen[bytes] | None = None
+    clients: list[subprocess.Popen[bytes]] = []
     try:
+        server = start_server(server_toml, out / "logs" / "server.log")
         wait_healthy(url, certs / "ca.pem", server, cert=certs / f"{names[0]}.pem",
                      key=certs / f"{names[0]}.key")
         console.print(f"3. server listening on {url} (TLS with client certificates)")
         for site in sim.sites:
-            procs.append(start_client(site, url, sim.job_id, certs, out / "clients" / site.name,
-                                      out / "logs" / f"{site.name}.log",
-                                      out / "clients" / f"{site.name}.model.json",
-                                      profile=opts.profile,  # TLS: no http
-                                      n_clients=len(sim.sites)))
-        console.print(f"4. {len(procs)} client processes started; training...")
-        _watch(out / "server.db", sim.job_id, opts.depth, procs, server)
-        codes = [p.wait() for p in procs]
+            clients.append(start_client(site, url, sim.job_id, certs,
+                                        out / "clients" / site.name,
+                                        out / "logs" / f"{site.name}.log",
+                                        out / "clients" / f"{site.name}.model.json",
+                                        profile=opts.profile,  # TLS: no http
+                                        n_clients=len(sim.sites)))
+        console.print(f"4. {len(clients)} client processes started; training...")
+        _watch(out / "server.db", sim.job_id, opts.depth, clients, server)
+        codes = [p.wait() for p in clients]
         status = _job_status(out / "server.db", sim.job_id)
         if status["status"] != "done":
             raise FedForestError(f"the job ended {status['status']}: {status['reason']} "
@@ -96,15 +113,10 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                       f"({', '.join(str(len(y)) for _, y in sim.held_out)} rows), "
                       "only the sums leave the sites")
         evaluation = _federated_evaluation(sim, opts, out, server_toml, url, certs)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    finally:  # the clients first: a client that leaves the job tells the server
+        stop_all(clients)
+        if server is not None:
+            stop(server)
     model = ForestModel.from_json(model_text)
     wall = time.monotonic() - t0
     receipts = collect_receipts(out)
@@ -231,7 +243,7 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
 def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: float,
                  rounds: int) -> None:
     metric = scores["metric"]
-    secure = opts.profile.startswith("secure")
+    secure = opts.privacy_profile().secure_aggregation  # a file's name says nothing
     table = Table(title=f"{opts.dataset}: test {metric} on {len(sim.y_test)} held-out rows "
                         f"at {opts.clients} sites (higher is better)")
     table.add_column("method")

@@ -3,6 +3,7 @@ directory it did not write."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,140 @@ def test_a_dataset_whose_files_are_missing_stops_before_anything_is_written(
     with pytest.raises(FileNotFoundError, match="shared data directory not found"):
         run_simulation(SimulateOptions(out=out, dataset="heart"))
     assert not out.exists()
+
+
+#: a profile file with secure aggregation, whose name says nothing of it
+SECURE_FILE = """name = "ours"
+description = "our federation's profile"
+secure_aggregation = true
+fixed_point = true
+frac_bits = 24
+threshold = 0.67
+sketch = "secure_cdf"
+rows_per_sketch_point = 2
+abstain_below = 0
+h_splits = "off"
+min_clients = 3
+"""
+
+#: a profile file in the clear, whose name starts with "secure"
+OPEN_FILE = """name = "secure-looking"
+description = "plaintext statistics"
+secure_aggregation = false
+fixed_point = false
+frac_bits = 24
+threshold = 1.0
+sketch = "quantiles"
+rows_per_sketch_point = 1
+abstain_below = 0
+h_splits = "clear"
+min_clients = 1
+"""
+
+TINY = {"trees": 2, "depth": 2, "clients": 3, "max_rows": 200}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"profile": "nosuch"}, "--profile nosuch: unknown profile 'nosuch'"),
+    ({"profile": "missing.toml"}, "--profile missing.toml: cannot read profile file"),
+    ({"depth": 100}, "--depth must be at most 60, got 100"),
+    ({"bins": 5000}, "--bins must be at most 4096, got 5000"),
+    ({"trees": 20000}, "--trees must be at most 10000, got 20000"),
+    ({"clients": 1001}, "--clients must be at most 1000, got 1001"),
+    ({"round_deadline": 1e9}, "--round-deadline must be at most 604800"),
+    ({"clients": 2, "profile": "secure"},
+     "--clients 2: profile 'secure' uses secure aggregation, which needs at least 3 sites"),
+    ({"clients": 60}, "--clients 60: breast_cancer's 160 training rows .--max-rows 200. cannot "
+                      "give 60 sites at least 10 rows each"),
+])
+def test_options_beyond_the_job_file_limits_are_refused_naming_the_option(
+        tmp_path: Path, change: dict[str, object], message: str) -> None:
+    out = tmp_path / "run"
+    opts = SimulateOptions(out=out, **{**TINY, **change})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        run_simulation(opts)
+    assert not out.exists()
+
+
+def test_a_profile_file_without_secure_aggregation_is_refused_under_its_min_clients(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("few.toml").write_text(OPEN_FILE.replace("min_clients = 1", "min_clients = 4"))
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="--clients 3: profile 'secure-looking' refuses sums "
+                                         "over fewer than 4 sites"):
+        run_simulation(SimulateOptions(out=out, profile="few.toml", **TINY))  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_a_secure_profile_file_with_two_clients_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("ours.toml").write_text(SECURE_FILE)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="--clients 2: profile 'ours' uses secure aggregation"):
+        run_simulation(SimulateOptions(out=out, profile="ours.toml",
+                                       **{**TINY, "clients": 2}))  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_the_command_names_the_option_over_its_limit_and_writes_nothing(
+        tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["simulate", "--depth", "100", "--out",
+                                   str(tmp_path / "run")])
+    assert res.exit_code == 2
+    assert "--depth must be at most 60, got 100" in res.output
+    assert "job.toml" not in res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_profile_path_is_resolved_against_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "ours.toml").write_text(SECURE_FILE)
+    assert SimulateOptions(profile="conf/ours.toml").profile_ref() == \
+        str(tmp_path / "conf" / "ours.toml")
+    for name in ("open", "secure", "secure-dp"):
+        assert SimulateOptions(profile=name).profile_ref() == name
+
+
+def test_the_job_file_names_a_relative_profile_by_its_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """job.toml lies in --out, and a relative path in it is read relative to --out: simulate
+    writes the path the user meant, resolved against the current directory."""
+    import tomllib
+
+    from fedforest_cli.sim_data import job_document
+
+    monkeypatch.chdir(tmp_path)
+    Path("ours.toml").write_text(SECURE_FILE)
+    opts = SimulateOptions(profile="ours.toml", **TINY)  # type: ignore[arg-type]
+    doc = job_document(opts, "sim-x", ["a", "b", "c"])
+    assert doc["profile"] == str(tmp_path / "ours.toml")
+    assert tomllib.loads(__import__("tomli_w").dumps(doc))["profile"] == doc["profile"]
+
+
+@pytest.mark.parametrize(("file", "text", "sees"), [
+    ("ours.toml", SECURE_FILE, "the server sees only masked vectors"),
+    ("secure-looking.toml", OPEN_FILE, "the server sees each site's statistics"),
+])
+def test_the_result_table_says_what_the_server_saw_from_the_loaded_profile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file: str, text: str,
+        sees: str) -> None:
+    """Not from the profile's name: a file named anything may or may not use secure
+    aggregation."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fedforest_cli import simulate
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    monkeypatch.setattr(simulate, "console", console)
+    monkeypatch.chdir(tmp_path)
+    Path(file).write_text(text)
+    opts = SimulateOptions(profile=file, clients=3)
+    scores = {"metric": "accuracy", "fedforest": 0.9, "centralized": 0.9, "local": 0.8}
+    simulate._print_table(scores, SimpleNamespace(y_test=[0, 1]), opts, 1.0, 3)
+    assert sees in console.export_text()
