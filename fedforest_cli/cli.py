@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -143,17 +144,36 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
                   help="the directory of the federation CA (ca.pem, ca.key)")] = Path("certs"),
               name: Annotated[list[str] | None, typer.Option(
                   help="a site's (or an operator's) name: writes <name>.pem and <name>.key "
-                       "beside the CA (repeat for each)")] = None) -> None:
+                       "beside the CA (repeat for each)")] = None,
+              p12: Annotated[bool, typer.Option(
+                  "--p12", help="also write <name>.p12 (certificate, key and CA in one "
+                  "password-protected file), what a browser imports; the password is asked, "
+                  "or read from $FEDFOREST_P12_PASSWORD")] = False) -> None:
     """Client certificates signed by the existing CA: a site that joins later, or an
     operator's browser. Never replaces a file."""
-    from fedforest_secure.pki import issue_client_certificates
+    from fedforest_secure.pki import export_pkcs12, issue_client_certificates
 
+    password = b""
+    if p12:  # asked before anything is written
+        password = (os.environ.get("FEDFOREST_P12_PASSWORD") or typer.prompt(
+            "password of the .p12 file", hide_input=True, confirmation_prompt=True,
+            default="", show_default=False)).encode()
+        if not password:
+            fail(ValueError("a .p12 file needs a password"))
+        there = [ca_dir / f"{n}.p12" for n in name or [] if (ca_dir / f"{n}.p12").exists()]
+        if there:
+            fail(FileExistsError(f"{there[0]} exists: nothing was written (a certificate file "
+                                 "is never replaced; pick another name)"))
     try:
         written = issue_client_certificates(ca_dir, list(name or []))
+        bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
     except (ValueError, OSError) as exc:
         fail(exc)
     console.print(f"{len(written)} client certificate(s) signed by {ca_dir / 'ca.pem'}: "
                   f"{', '.join(str(p) for p in written)}", markup=False)
+    if bundles:
+        console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
+                      markup=False)
 
 
 # ---------------------------------------------------------------------- simulate

@@ -36,6 +36,7 @@ __all__ = [
     "DevPKI",
     "check_validity",
     "create_ca",
+    "export_pkcs12",
     "init_dev_pki",
     "issue_certificate",
     "issue_client_certificates",
@@ -347,6 +348,48 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
     _refuse_existing([ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")],
                      "a site's certificate is never replaced; pick another name")
     return _write_clients(ca, ca_dir, names)[0]
+
+
+def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
+    """``<name>.p12`` beside the CA in ``ca_dir``: the certificate ``<name>.pem``, its key
+    ``<name>.key`` and the CA's certificate in one password-protected PKCS#12 file (mode 0600),
+    the form a browser imports (an operator opening ``/ui`` of a server that asks every
+    connection for a certificate).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``ca.pem``, ``<name>.pem`` or ``<name>.key`` is missing.
+    FileExistsError
+        ``<name>.p12`` is there already: nothing is written.
+    ValueError
+        An empty password, a name not usable as a file name, or a key that is not the
+        certificate's.
+    """
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    ca_dir = Path(ca_dir)
+    _check_names([name])
+    if not password:
+        raise ValueError("a PKCS#12 file needs a password (browsers refuse to import one "
+                         "without, and the file holds a private key)")
+    out = ca_dir / f"{name}.p12"
+    _refuse_existing([out], "a certificate file is never replaced")
+    for part in ("ca.pem", f"{name}.pem", f"{name}.key"):
+        if not (ca_dir / part).is_file():
+            raise FileNotFoundError(f"{ca_dir / part} not found")
+    cert = load_certificate(ca_dir / f"{name}.pem")
+    key = serialization.load_pem_private_key((ca_dir / f"{name}.key").read_bytes(),
+                                             password=None)
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if (not isinstance(key, ec.EllipticCurvePrivateKey)
+            or key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki)):
+        raise ValueError(f"{ca_dir / (name + '.key')} does not match {ca_dir / (name + '.pem')}")
+    data = pkcs12.serialize_key_and_certificates(
+        name.encode(), key, cert, [load_certificate(ca_dir / "ca.pem")],
+        serialization.BestAvailableEncryption(password))
+    _write_private(out, data)
+    return out
 
 
 def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str]

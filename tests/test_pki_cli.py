@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from typer.testing import CliRunner
@@ -109,3 +110,42 @@ def test_issue_from_a_ca_not_valid_yet_points_at_the_clock_not_a_new_ca(tmp_path
     code, out = _pki("issue", "--ca-dir", str(tmp_path), "--name", "hospital-d")
     assert code != 0 and "is this machine's clock right?" in out, out
     assert "would not verify yet" in out and "pki init --force" not in out
+
+
+def test_issue_p12_writes_what_a_browser_imports_with_the_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pki issue --name operator --p12`: operator.p12 holds the certificate, its key and the
+    CA, opens with the password only, and is private; without a password, or over an existing
+    .p12, nothing is written."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "s3cret")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12")
+    assert code == 0, out
+    assert f"to import into a browser: {certs / 'operator.p12'}" in out
+    data = (certs / "operator.p12").read_bytes()
+    assert (certs / "operator.p12").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ValueError):
+        pkcs12.load_key_and_certificates(data, b"wrong")
+    key, cert, extra = pkcs12.load_key_and_certificates(data, b"s3cret")
+    assert cert is not None and cert == load_certificate(certs / "operator.pem")
+    assert key is not None and key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()) == serialization.load_pem_private_key(
+        (certs / "operator.key").read_bytes(), None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
+    assert extra == [load_certificate(certs / "ca.pem")]
+    # a .p12 already there: refused before the certificate is issued
+    (certs / "alice.p12").write_bytes(b"mine")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--p12")
+    assert code == 2 and "alice.p12 exists: nothing was written" in out
+    assert not (certs / "alice.pem").exists()
+    monkeypatch.delenv("FEDFOREST_P12_PASSWORD")
+    res = CliRunner().invoke(app, ["pki", "issue", "--ca-dir", str(certs), "--name", "bob",
+                                   "--p12"], input="\n\n")
+    assert res.exit_code == 2 and "needs a password" in res.output
+    assert not (certs / "bob.pem").exists()
