@@ -97,3 +97,5 @@ def cross_validate_cmd(
         console.print(f"DP: each training ε={max(p['training_epsilon']):.3g}, the evaluation "
                       f"ε={p['evaluation_epsilon']:.3g}; composed per record (Rényi, one "
                       f"conversion): ε={p['epsilon']:.3f} at δ={p['delta']:g}")
+        console.print(f"the scores are computed from noisy sums (not clipped): the {res.metric} "
+                      "may leave its usual range; compare the values by their order")

@@ -254,3 +254,19 @@ def test_each_class_curve_of_a_multiclass_roc_plot_is_labelled_with_its_own_area
     aucs = [float(lab.rsplit("AUC ", 1)[1].rstrip(")")) for lab in labels if "AUC" in lab]
     assert len(aucs) == 3 and len(set(aucs)) > 1
     assert np.mean(aucs) == pytest.approx(res.models[0].metrics["roc_auc"], abs=2e-4)
+
+
+def test_cross_validation_under_dp_says_its_scores_are_noisy() -> None:
+    """Under a DP profile the out-of-fold scores come from noisy sums, which are not clipped:
+    the command says so beside the privacy cost (an accuracy above 1 is no defect)."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    res = CliRunner().invoke(app, ["cross-validate", "--dataset", "breast_cancer", "--param",
+                                   "max_depth", "--values", "2", "--folds", "2", "--trees", "2",
+                                   "--profile", "secure-dp"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "DP: each training" in out
+    assert "the scores are computed from noisy sums (not clipped): the accuracy may leave" in out
