@@ -132,10 +132,13 @@ def _plain_numbers(col: _Column) -> NDArray[np.float64] | None:
     return out if np.isfinite(out).all() else None
 
 
-def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool
+def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: bool = False
                      ) -> NDArray[np.float64]:
     """The column as floats, cell by cell for other than numeric arrays: missing cells NaN
-    where allowed, otherwise a :class:`SchemaError` naming the column and the 1-based row."""
+    where allowed, otherwise a :class:`SchemaError` naming the column and the 1-based row.
+    A bool is 1 or 0 with ``bools``, otherwise no number."""
+    if bools and arr.dtype.kind == "b":
+        return arr.astype(np.float64)
     if arr.dtype.kind in "fiu":
         out = arr.astype(np.float64)
         bad = ~np.isfinite(out)
@@ -153,6 +156,9 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool
             if _is_missing(v):
                 raise SchemaError(f"column {name!r}, row {i}: missing value")
             if isinstance(v, bool | np.bool_):
+                if bools:
+                    out[i - 1] = float(v)
+                    continue
                 raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
             try:
                 x = float(v.strip() if isinstance(v, str) else v)
@@ -166,13 +172,14 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool
 
 def _numeric_column(
     col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
-    allow_missing: bool = False,
+    allow_missing: bool = False, bools: bool = False,
 ) -> NDArray[np.float64]:
     """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
-    empty, ...) are NaN, otherwise an error."""
+    empty, ...) are NaN, otherwise an error; with ``bools`` a bool is 1 or 0 (as
+    scikit-learn reads a DataFrame's bool column), otherwise an error."""
     out = _plain_numbers(col)
     if out is None:
-        out = _checked_numbers(np.asarray(col), name, allow_missing)
+        out = _checked_numbers(np.asarray(col), name, allow_missing, bools)
     if bounds is not None:
         lo, hi = bounds
         bad = (out < lo) | (out > hi)

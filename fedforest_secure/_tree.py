@@ -161,6 +161,60 @@ class Tree:
                 moved = np.flatnonzero(active)
                 steps.append((moved, node[moved]))
 
+    def check(self, n_features: int, n_clients: int, *, name: str = "the tree") -> None:
+        """Raise ValueError, naming ``name`` and the node, unless the arrays fit together and
+        with a forest of ``n_features`` features and ``n_clients`` sites: one entry per node
+        in each array, a split's children are nodes after it (so every walk ends at a leaf), a
+        numeric or categorical split's feature is one of the forest's, numeric thresholds are
+        numbers (+inf allowed), values and row counts are finite, and every categorical or
+        client split has its set: level indices, or indices of the forest's sites."""
+        size = self.n_nodes
+        if self.kind.ndim != 1:
+            raise ValueError(f"{name}: kind must be a list of node kinds")
+        arrays = {"feature": self.feature, "threshold": self.threshold, "left": self.left,
+                  "right": self.right, "n": self.n, "gain": self.gain,
+                  "impurity": self.impurity, "missing_left": self.missing_left}
+        for field_name, arr in arrays.items():
+            if arr is not None and arr.shape != (size,):
+                raise ValueError(f"{name}: {field_name} has {arr.size} entries, kind has {size}")
+        if self.value.ndim != 2 or self.value.shape[0] != size:
+            raise ValueError(f"{name}: value has {self.value.shape[0]} rows, kind has {size}")
+        inner = np.flatnonzero(self.kind != NodeKind.LEAF)
+        for side, child in (("left", self.left), ("right", self.right)):
+            bad = inner[(child[inner] <= inner) | (child[inner] >= size)]
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"{name}, node {i}: {side} child {int(child[i])} is not a node "
+                                 f"after it (the tree has {size} nodes)")
+        on_feature = inner[self.kind[inner] != NodeKind.CLIENT]
+        bad = on_feature[(self.feature[on_feature] < 0)
+                         | (self.feature[on_feature] >= n_features)]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name}, node {i}: feature {int(self.feature[i])} is not one of "
+                             f"the forest's {n_features} features")
+        numeric = inner[self.kind[inner] == NodeKind.NUMERIC]
+        bad = numeric[np.isnan(self.threshold[numeric])]
+        if bad.size:
+            raise ValueError(f"{name}, node {int(bad[0])}: threshold nan is not a number")
+        for field_name, arr in (("value", self.value), ("n", self.n)):
+            finite = np.isfinite(arr).reshape(size, -1).all(axis=1)
+            if not finite.all():
+                raise ValueError(f"{name}: {field_name} is not finite at node "
+                                 f"{int(np.argmin(finite))}")
+        for i in inner[self.kind[inner] != NodeKind.NUMERIC].tolist():
+            client = self.kind[i] == NodeKind.CLIENT
+            what = "site" if client else "level"
+            if i not in self.sets:
+                raise ValueError(f"{name}, node {i}: a {'client' if client else 'categorical'} "
+                                 f"split without its set of {what}s")
+            for m in self.sets[i]:
+                if not isinstance(m, int | np.integer) or isinstance(m, bool) or m < 0:
+                    raise ValueError(f"{name}, node {i}: {what} {m!r} is not a {what} index")
+                if client and m >= n_clients:
+                    raise ValueError(f"{name}, node {i}: site {m} is not one of the forest's "
+                                     f"{n_clients} sites")
+
     def to_dict(self) -> dict[str, Any]:
         """The tree's entry in a model file (thresholds may be +inf: a split of the present
         values from the missing ones, written as the string "inf")."""

@@ -33,6 +33,9 @@ shared parameters, with these federated defaults:
   rows; under DP only 0 and 1).
 * ``X`` may hold missing values (NaN): every split learns where they go (see
   :mod:`fedforest_secure._tree`).
+* A DataFrame's bool columns are 0 and 1 in ``fit`` and ``predict`` alike (scikit-learn's
+  reading); ``fit`` refuses date and duration columns (as scikit-learn's forests do) and
+  repeated column names, naming the column.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import dataclasses
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from numbers import Integral, Real
 from pathlib import Path
@@ -259,6 +263,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         # the new fit's classes, columns or sites
         for attr in _FITTED:
             self.__dict__.pop(attr, None)
+        _refuse_dates(X)
+        _refuse_duplicate_names(X)
         X, y = _as_schema_error(validate_data, self, X, y, dtype=np.float64,
                                 ensure_all_finite="allow-nan",
                                 y_numeric=self._task == "regression", multi_output=False)
@@ -267,6 +273,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         n, d = X.shape
         weights = None
         if sample_weight is not None:
+            _refuse_text_weights(sample_weight)
             weights = _check_sample_weight(sample_weight, X, dtype=np.float64)
             if (weights != np.round(weights)).any() or (weights < 0).any():
                 raise SchemaError("sample_weight must hold non-negative integers (frequency "
@@ -338,6 +345,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         for a federated job's model, categorical columns are read as levels
         (:meth:`ForestModel.prepare`); an array is taken by position."""
         model = self._check_fitted()
+        _refuse_dates(X)
         if model.schema is not None or (_column_names(X) is not None
                                         and model.feature_names is not None):
             Xp = model.prepare(X)
@@ -510,9 +518,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         Raises
         ------
         ValueError
-            Not a model file, or a forest of the other task (a regression forest is read by
-            :class:`FedForestRegressor`, a classification forest by
-            :class:`FedForestClassifier`).
+            Not a model file, a file whose parts do not fit together (the message names the
+            field and the tree, :meth:`ForestModel.from_dict`), or a forest of the other task
+            (a regression forest is read by :class:`FedForestRegressor`, a classification
+            forest by :class:`FedForestClassifier`).
         """
         try:
             text = Path(path).read_text()
@@ -522,16 +531,17 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             doc = json.loads(text)
         except ValueError as exc:
             raise ValueError(f"{path}: not a model file ({exc})") from None
-        if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
-            return cls._load_old(doc, path)
         try:
+            if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
+                return cls._load_old(doc)
             model = ForestModel.from_dict(doc)
         except KeyError as exc:
             raise ValueError(f"{path}: not a model file: no {exc.args[0]!r} field") from None
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None
-        if model.task != cls._task:
-            other = "FedForestRegressor" if model.task == "regression" else "FedForestClassifier"
+        if model.task != cls._task:  # ForestModel refuses a task other than these two
+            other = {"regression": "FedForestRegressor",
+                     "classification": "FedForestClassifier"}[model.task]
             raise ValueError(f"{path} holds a {model.task} forest: read it with {other}.load")
         section = model.estimator or {}
         if section and section.get("class") != cls.__name__:
@@ -566,9 +576,9 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         self.y_offset_ = model.y_offset
 
     @classmethod
-    def _load_old(cls, doc: dict[str, Any], path: str | Path) -> Any:
+    def _load_old(cls, doc: dict[str, Any]) -> Any:
         if doc.get("class") != cls.__name__:
-            raise ValueError(f"{path} is not a saved {cls.__name__}")
+            raise ValueError(f"not a saved {cls.__name__} (saved by {doc.get('class')})")
         params = dict(doc["params"])
         if params.get("max_features") == "auto":  # files written before scikit-learn 1.4 names
             params.pop("max_features")
@@ -608,6 +618,54 @@ def _as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except ValueError as exc:
         raise SchemaError(str(exc)) from exc
+
+
+def _refuse_dates(X: Any) -> None:
+    """Refuse a table's date or duration column by name: scikit-learn's forests cannot read
+    one as numbers, nor can these (numpy's error names neither the column nor a remedy)."""
+    if isinstance(X, np.ndarray):
+        columns: list[tuple[str, Any]] = [("X", X.dtype)]
+    else:
+        dtypes: Any = getattr(X, "dtypes", None)
+        columns = [(f"column {str(name)!r}", dtype) for name, dtype in dtypes.items()] \
+            if hasattr(dtypes, "items") else []
+    for what, dtype in columns:
+        kind = getattr(dtype, "kind", "")
+        if kind in ("M", "m"):
+            held, how = (("dates", "days since a reference date") if kind == "M"
+                         else ("durations", "a number of days or seconds"))
+            raise SchemaError(f"{what} holds {held} ({dtype}): the forest reads numbers only; "
+                              f"convert it, e.g. to {how}, before fit and predict")
+
+
+def _refuse_duplicate_names(X: Any) -> None:
+    """Refuse a table whose column names (strings: scikit-learn's feature names) repeat:
+    predict takes a table's columns by name, so a repeated one could never be predicted on."""
+    cols = getattr(X, "columns", None)
+    if cols is None or isinstance(X, np.ndarray):
+        return
+    names = list(cols)
+    if not names or not all(isinstance(c, str) for c in names):
+        return
+    twice = sorted(c for c, k in Counter(names).items() if k > 1)
+    if twice:
+        raise SchemaError(f"duplicate column name{'s' if len(twice) > 1 else ''} "
+                          f"{', '.join(map(repr, twice))}: predict takes the columns by name, "
+                          "so each must appear once; rename or drop the repeated columns "
+                          "(pd.concat of tables that share a column repeats it)")
+
+
+def _refuse_text_weights(sample_weight: Any) -> None:
+    """Refuse sample_weight holding text: site names passed as fit's third positional
+    argument, where ``client=`` was meant."""
+    arr = np.asarray(sample_weight)
+    if arr.dtype.kind not in "OSU":
+        return
+    text = next((v for v in arr.ravel().tolist() if isinstance(v, str | bytes)), None)
+    if text is not None:
+        raise SchemaError(f"sample_weight holds text ({text!r}), not frequency weights: "
+                          "sample_weight is fit's third positional argument; pass the sites "
+                          "as client=, e.g. fit(X, y, client=sites)")
 
 
 def _nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,10 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 2 categorical, 3 client split), with each split's weighted impurity decrease (``gain``) that
 :meth:`ForestModel.feature_importances` adds up.
 
+A file whose parts do not fit together (an unknown task, a child or feature index out of
+range, class labels or value columns that disagree with ``n_classes``, site or feature names
+that disagree with their counts) is refused with a ValueError naming the field and the tree.
+
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
 (``fedforest-secure/model/v1``, trees only) still load; a model without ``routing`` is written
@@ -61,6 +65,7 @@ FORMAT = "fedforest-secure/model/v2"
 FORMAT_ROUTED = "fedforest-secure/model/v3"
 _READS = ("fedforest-secure/model/v1", FORMAT, FORMAT_ROUTED)
 _VOTES = ("proportions", "counts")
+_TASKS = ("regression", "classification")
 #: rows a soft-routed forest predicts at a time
 ROUTED_ROWS = 16384
 
@@ -93,8 +98,39 @@ class ForestModel:
     routing: SoftRouting | None = None
 
     def __post_init__(self) -> None:
+        """Refuse a forest whose parts do not fit together (a damaged or edited model file),
+        naming the field and the tree: predict would fail on it, or predict wrongly."""
+        if self.task not in _TASKS:
+            raise ValueError(f"task must be 'regression' or 'classification', got {self.task!r}")
         if self.vote not in _VOTES:
             raise ValueError(f"vote must be one of {_VOTES}, got {self.vote!r}")
+        if self.n_features < 1:
+            raise ValueError(f"n_features must be at least 1, got {self.n_features}")
+        if self.n_clients < 0:
+            raise ValueError(f"n_clients must be at least 0, got {self.n_clients}")
+        outputs = 1 if self.task == "regression" else self.n_classes
+        for i, tree in enumerate(self.trees):
+            tree.check(self.n_features, self.n_clients, name=f"tree {i}")
+            if tree.value.shape[1] != outputs:
+                owner = ("a regression forest's value has 1" if self.task == "regression"
+                         else f"the forest's n_classes is {self.n_classes}")
+                raise ValueError(f"tree {i}: value has {tree.value.shape[1]} columns, {owner}")
+        if self.task == "classification" and self.classes is not None \
+                and len(self.classes) != self.n_classes:
+            raise ValueError(f"classes has {len(self.classes)} labels, n_classes is "
+                             f"{self.n_classes}")
+        if self.feature_names is not None:
+            if len(self.feature_names) != self.n_features:
+                raise ValueError(f"feature_names has {len(self.feature_names)} names, "
+                                 f"n_features is {self.n_features}")
+            seen: set[str] = set()
+            for c in self.feature_names:
+                if c in seen:
+                    raise ValueError(f"feature_names names {c!r} twice")
+                seen.add(c)
+        if self.clients is not None and len(self.clients) != self.n_clients:
+            raise ValueError(f"clients has {len(self.clients)} sites, n_clients is "
+                             f"{self.n_clients}")
         if self.routing is not None:
             if self.routing.n_features != self.n_features:
                 raise ValueError(f"the routing has {self.routing.n_features} features, the "
@@ -177,7 +213,9 @@ class ForestModel:
                 raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xf.shape}")
             return Xf
         if self.schema is None:  # missing cells (NaN, None, pandas' NA) are NaN
-            return np.column_stack([_numeric_column(columns[c], c, allow_missing=True)
+            # bools are 0 and 1, as the estimators' fit reads them (scikit-learn's validate_data)
+            return np.column_stack([_numeric_column(columns[c], c, allow_missing=True,
+                                                    bools=True)
                                     for c in columns]).reshape(-1, self.n_features)
         from .schema import Schema
 
@@ -320,7 +358,8 @@ class ForestModel:
         Raises
         ------
         ValueError
-            Not a model file of a format this version reads.
+            Not a model file of a format this version reads, or one whose parts do not fit
+            together (the message names the field and the tree).
         """
         if not isinstance(d, dict) or d.get("format") not in _READS:
             raise ValueError(f"not a model file ({' or '.join(_READS)})")

@@ -772,3 +772,81 @@ def test_a_target_on_a_large_offset_grows_the_forest_it_grows_without(profile: s
     assert offset.score(X[900:], y[900:] + 3e6) > 0.8
     nodes = [t.tree_.node_count for t in offset.estimators_]
     assert min(nodes) > 20, nodes
+
+
+@pytest.mark.parametrize("dtype", ["bool", "boolean", "object"])
+def test_a_bool_column_predicts_as_the_zeros_and_ones_fit_read(dtype: str) -> None:
+    """fit reads a DataFrame's bool column (numpy, pandas' nullable "boolean" with a missing
+    cell, Python bools in an object column) as 0/1 (NA as missing); predict, predict_proba,
+    score and apply on the same frame read it so too."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(12)
+    age = rng.normal(50, 10, 300)
+    smoker = rng.random(300) < 0.3
+    col: Any = pd.array(smoker, dtype=dtype) if dtype == "boolean" else smoker
+    if dtype == "object":
+        col = np.array(smoker.tolist(), dtype=object)
+    X = pd.DataFrame({"age": age, "smoker": col})
+    if dtype == "boolean":
+        X.loc[3, "smoker"] = pd.NA
+    y = (age > 50) ^ smoker
+    h = np.arange(300) % 3
+    est = FedForestClassifier(n_estimators=3, max_depth=3, random_state=0).fit(X, y, client=h)
+    as_numbers = pd.DataFrame({"age": age, "smoker": np.where(smoker, 1.0, 0.0)})
+    if dtype == "boolean":
+        as_numbers.loc[3, "smoker"] = np.nan
+    np.testing.assert_array_equal(est.predict_proba(X), est.predict_proba(as_numbers))
+    np.testing.assert_array_equal(est.predict(X[["smoker", "age"]]), est.predict(as_numbers))
+    np.testing.assert_array_equal(est.apply(X), est.apply(as_numbers))
+    assert est.score(X, y) == est.score(as_numbers, y) > 0.8
+
+
+@pytest.mark.parametrize("kind", ["datetime", "timedelta"])
+def test_date_and_time_columns_are_refused_by_name_at_fit_and_predict(kind: str) -> None:
+    """As scikit-learn's forests, fit refuses date and time columns (it cannot read them as
+    numbers); the error names the column and says what to do."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(13)
+    when = (pd.date_range("2020-01-01", periods=90) if kind == "datetime"
+            else pd.to_timedelta(np.arange(90), unit="D"))
+    X = pd.DataFrame({"a": rng.normal(size=90), "visit": when})
+    y = X["a"] > 0
+    with pytest.raises(SchemaError, match=r"column 'visit' holds (dates|durations).*numbers"):
+        FedForestClassifier(n_estimators=2).fit(X, y)
+    est = FedForestClassifier(n_estimators=2, max_depth=2).fit(
+        X.assign(visit=np.arange(90.0)), y)
+    with pytest.raises(SchemaError, match=r"column 'visit' holds"):
+        est.predict(X)
+    with pytest.raises(SchemaError, match=r"X holds (dates|durations)"):
+        FedForestClassifier(n_estimators=2).fit(np.asarray(when).reshape(-1, 1), y)
+
+
+def test_duplicate_column_names_are_refused_at_fit_naming_them() -> None:
+    """A DataFrame with two columns of one name (pd.concat of frames that share a column)
+    cannot be predicted on by name: fit refuses it and names the column."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(14)
+    a = pd.DataFrame({"x": rng.normal(size=90), "z": rng.normal(size=90),
+                      "w": rng.normal(size=90)})
+    b = pd.DataFrame({"w": rng.normal(size=90), "x": rng.normal(size=90)})
+    X = pd.concat([a, b], axis=1)
+    y = X.iloc[:, 0] > 0
+    est = FedForestClassifier(n_estimators=2, max_depth=2)
+    with pytest.raises(SchemaError, match=r"duplicate column names 'w', 'x'.*rename"):
+        est.fit(X, y, client=np.arange(90) % 3)
+    assert not hasattr(est, "model_") and not hasattr(est, "feature_names_in_")
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_site_names_passed_as_the_third_argument_name_sample_weight_and_client(
+        as_list: bool) -> None:
+    """fit(X, y, h) with site names in h: the third positional parameter is sample_weight;
+    the error says so and where the sites go."""
+    rng = np.random.default_rng(15)
+    X = rng.normal(size=(60, 2))
+    y = X[:, 0] > 0
+    h: Any = np.array(["cleveland", "hungary", "va"])[np.arange(60) % 3]
+    if as_list:
+        h = h.tolist()
+    with pytest.raises(SchemaError, match=r"sample_weight.*'cleveland'.*third.*client="):
+        FedForestClassifier(n_estimators=2).fit(X, y, h)

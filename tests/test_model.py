@@ -342,3 +342,88 @@ def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
         np.testing.assert_allclose(imp, est.to_sklearn().feature_importances_, atol=1e-9)
     if profile == "open":  # (DP noise, drawn afresh each fit, may blur which features matter)
         assert est.feature_importances_[:2].sum() > 0.5
+
+
+# ---------------------------------------------------------------------- inconsistent files
+@pytest.fixture(scope="module")
+def iris_file() -> dict:  # type: ignore[type-arg]
+    """A saved 3-class classifier's model file (4 features, 3 sites), as a mapping."""
+    rng = np.random.default_rng(21)
+    X = rng.normal(size=(150, 4))
+    y = np.array(["a", "b", "c"])[(X[:, 0] > -0.4).astype(int) + (X[:, 1] > 0.4)]
+    est = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, y, client=np.arange(150) % 3)
+    doc: dict = json.loads(est.model_.to_json())  # type: ignore[type-arg]
+    assert doc["trees"][0]["kind"][0] == 1 and doc["trees"][1]["kind"][0] == 1
+    return doc
+
+
+def _set(path: tuple, value: object):  # type: ignore[no-untyped-def,type-arg]
+    def change(d: dict) -> None:  # type: ignore[type-arg]
+        for key in path[:-1]:
+            d = d[key]
+        d[path[-1]] = value
+    return change
+
+
+_INCONSISTENT = [
+    ("child out of range", _set(("trees", 0, "left", 0), 999),
+     r"tree 0, node 0: left child 999 is not a node after it \(the tree has \d+ nodes\)"),
+    ("child loops back", _set(("trees", 1, "right", 0), 0),
+     r"tree 1, node 0: right child 0 is not a node after it"),
+    ("feature out of range", _set(("trees", 1, "feature", 0), 99),
+     r"tree 1, node 0: feature 99 is not one of the forest's 4 features"),
+    ("too few classes", _set(("classes",), ["a", "b"]),
+     r"classes has 2 labels, n_classes is 3"),
+    ("wrong n_classes", _set(("n_classes",), 5),
+     r"tree 0: value has 3 columns, the forest's n_classes is 5"),
+    ("unknown task", _set(("task",), "clustering"),
+     r"task must be 'regression' or 'classification', got 'clustering'"),
+    ("short array", _set(("trees", 0, "feature"), [0]),
+     r"tree 0: feature has 1 entries, kind has \d+"),
+    ("nan threshold", _set(("trees", 0, "threshold", 0), "nan"),
+     r"tree 0, node 0: threshold nan is not a number"),
+    ("nan value", _set(("trees", 1, "value", 0), [float("nan"), 0.5, 0.5]),
+     r"tree 1: value is not finite at node 0"),
+    ("names of other length", _set(("feature_names",), ["x0", "x1"]),
+     r"feature_names has 2 names, n_features is 4"),
+    ("duplicate names", _set(("feature_names",), ["x0", "x1", "x1", "x3"]),
+     r"feature_names names 'x1' twice"),
+    ("sites of other length", _set(("clients",), [0, 1]),
+     r"clients has 2 sites, n_clients is 3"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [c[1:] for c in _INCONSISTENT],
+                         ids=[c[0] for c in _INCONSISTENT])
+def test_an_inconsistent_model_file_is_refused_at_load_naming_field_and_tree(
+        tmp_path: Path, iris_file: dict, change: object, message: str) -> None:  # type: ignore[type-arg]
+    doc = json.loads(json.dumps(iris_file))
+    change(doc)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message):
+        ForestModel.from_dict(doc)
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="tampered.json: " + message):
+        FedForestClassifier.load(path)
+    ForestModel.from_dict(iris_file)  # the file as written loads
+
+
+def test_a_forest_of_an_unknown_task_is_not_sent_to_the_other_estimator(
+        tmp_path: Path, iris_file: dict) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "clusters.json"
+    path.write_text(json.dumps({**iris_file, "task": "clustering"}))
+    for cls in (FedForestClassifier, FedForestRegressor):
+        with pytest.raises(ValueError, match="task must be") as info:
+            cls.load(path)
+        assert "read it with" not in str(info.value)
+
+
+def test_a_split_set_outside_its_levels_or_sites_is_refused() -> None:
+    cli = _stump(3, -1, sets={0: [1, 3]})
+    with pytest.raises(ValueError, match=r"tree 0, node 0: site 3 is not one of the forest's "
+                                         r"3 sites"):
+        ForestModel(task="regression", n_features=2, n_classes=0, trees=[cli], n_clients=3)
+    cat = _stump(2, 1, sets={0: [0, -2]})
+    with pytest.raises(ValueError, match=r"tree 0, node 0: level -2 is not a level index"):
+        ForestModel(task="regression", n_features=2, n_classes=0, trees=[cat])
