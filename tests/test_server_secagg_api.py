@@ -206,13 +206,20 @@ def test_a_site_restarted_with_new_keys_for_a_finished_job_is_told_it_is_done(
         == "done"
 
 
-def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None:
+def all_uploaded(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
+                                     dict[int, np.ndarray]]:
+    """The first round up to its consistency step: every client uploaded."""
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
-    r = task.round_id
-    run_until_upload(env, sa, r)
+    run_until_upload(env, sa, task.round_id)
     for k in range(K):
         assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    return config, sa, task, vecs
+
+
+def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None:
+    config, sa, task, vecs = all_uploaded(env)
+    r = task.round_id
     for k in range(K):  # the consistency step: one request more per client
         assert sign(env, sa, k, r).status_code == 200
     for k in range(K):
@@ -314,12 +321,8 @@ def test_a_site_dropped_after_its_upload_is_in_the_sum_and_counted_dropped_in_th
     (it is in the survivor set), and the round's log line counts it among the clients and
     as dropped during the round."""
     caplog.set_level(logging.INFO, logger=LOGGER)
-    config, sa = join_all(env)
-    task, vecs, _ = first_round(env, config)
+    config, sa, task, vecs = all_uploaded(env)
     r = task.round_id
-    run_until_upload(env, sa, r)
-    for k in range(K):
-        assert upload(env, sa, k, task, vecs[k]).status_code == 200
     for k in range(K - 1):
         assert sign(env, sa, k, r).status_code == 200
     env["clock"].now += 31
