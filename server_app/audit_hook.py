@@ -165,7 +165,9 @@ def record_events(sink: AuditSink, job_id: str, round_id: int,
         sink.append(job_id, "dp_spend", {
             "epsilon": sp["epsilon"], "delta": sp["delta"], "mechanism": sp["mechanism"],
             "total_epsilon": sp["total_epsilon"], "total_delta": sp["total_delta"],
-            "round_id": sp["round"], "sigma_client": sp["sigma_client"]})
+            "round_id": sp["round"], "sigma_client": sp["sigma_client"],
+            # the release's zCDP bound: the job's total composes from these alone
+            "rho": sp["rho"], "xi": sp["xi"]})
     for dec in decisions:
         sink.append(job_id, "split", {"splits": dec["splits"], "level": dec["level"],
                                       "round_id": round_id})

@@ -172,3 +172,22 @@ def test_export_of_a_job_not_in_the_log_is_an_error_not_an_empty_file(db: Path,
                                        "--job", "j-typo", "--out", str(out)])
     assert result.exit_code == 1 and "job 'j-typo' is not in the log" in result.output
     assert not out.exists()
+
+
+def test_show_puts_a_dp_spends_running_total_before_its_own_share(tmp_path: Path) -> None:
+    """A dp_spend row shows the job's composed ε so far first (the releases' own ε add up to
+    more than the budget, zCDP composes them to less), rounded for reading."""
+    path = tmp_path / "audit.db"
+    with AuditLog(path) as log:
+        rec = log.job("j1")
+        rec.job_created(schema={}, hyperparameters={}, profile="secure-dp")
+        rec.dp_spend(epsilon=0.3681824243645183, delta=1e-6, round_id=1,
+                     mechanism="gaussian_discrete (distributed)", total_epsilon=0.3681824243645183,
+                     total_delta=1e-6, rho=0.004, xi=0.0, sigma_client={"count": [209.3]})
+        rec.dp_spend(epsilon=0.9147765690306243, delta=1e-6, round_id=2,
+                     mechanism="gaussian_discrete (distributed)", total_epsilon=0.99999999999924,
+                     total_delta=1e-6, rho=0.02, xi=0.0, sigma_client={"count": [46.2]})
+    result = CliRunner().invoke(audit_app, ["show", "--db", str(path)], terminal_width=250)
+    assert result.exit_code == 0, result.output
+    assert "total_epsilon=0.3682 total_delta=1e-06 epsilon=0.3682" in result.output
+    assert "total_epsilon=1 total_delta=1e-06 epsilon=0.9148" in result.output

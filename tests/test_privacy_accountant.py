@@ -92,6 +92,44 @@ def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float, m
     assert total <= eps * (1 + 1e-9) and total == pytest.approx(eps, rel=1e-4)
 
 
+def test_an_auditor_recomputes_a_jobs_epsilon_from_its_dp_spend_entries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's dp_spend entries carry each release's (rho, xi): composing them gives the
+    job's total ε, as the last entry's total_epsilon says (per-release ε do not add up)."""
+    from fedforest_secure import coordinator as coordinator_mod
+    from server_app.audit_hook import record_events
+
+    made: list[coordinator_mod.Coordinator] = []
+    real_init = coordinator_mod.Coordinator.__init__
+
+    def spy(self: coordinator_mod.Coordinator, *a: object, **kw: object) -> None:
+        real_init(self, *a, **kw)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(coordinator_mod.Coordinator, "__init__", spy)
+    _dp_job(FedForestClassifier, "classification", 1.0, "histogram")
+    (coord,) = made
+
+    class Sink:
+        enabled = True
+
+        def __init__(self) -> None:
+            self.entries: list[dict[str, object]] = []
+
+        def append(self, job_id: str, kind: str, payload: dict[str, object],
+                   arrays: object = None) -> None:
+            self.entries.append({"kind": kind, **payload})
+
+    sink = Sink()
+    record_events(sink, "j", 1, coord.dp_spends, [])  # type: ignore[arg-type]
+    logged = [e for e in sink.entries if e["kind"] == "dp_spend"]
+    assert len(logged) == 3
+    events = [ZCdp(float(e["rho"]), float(e["xi"])) for e in logged]  # type: ignore[arg-type]
+    assert epsilon_of(events, 1e-6) == pytest.approx(float(logged[-1]["total_epsilon"]),
+                                                     rel=1e-9)
+    assert sum(float(e["epsilon"]) for e in logged) > 1.0  # type: ignore[arg-type]
+
+
 def test_zcdp_saves_budget_over_basic_composition() -> None:
     """Noise calibrated release by release for basic composition (three releases of
     epsilon = 1/3) composes in zCDP to epsilon < 0.6, not 1."""

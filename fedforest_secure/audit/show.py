@@ -43,10 +43,20 @@ def _aggregate(log: AuditLog, entry: Entry, name: str) -> str:
         return f"UNREADABLE ({exc})"
 
 
+#: shown first (a DP spend's running total before its own share, which alone does not add
+#: up to the job's budget), the rest in name order
+_FIRST = ("total_epsilon", "total_delta", "epsilon", "delta")
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else json.dumps(v, sort_keys=True)
+
+
 def _details(payload: dict[str, Any]) -> str:
     skip = {"round_id", "clients", "uploads", "layout", "params", "task_digest"}
     rest = {k: v for k, v in payload.items() if k not in skip and v not in (None, "", [])}
-    return _clip(" ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted(rest.items())))
+    keys = [k for k in _FIRST if k in rest] + sorted(k for k in rest if k not in _FIRST)
+    return _clip(" ".join(f"{k}={_value(rest[k])}" for k in keys))
 
 
 def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
