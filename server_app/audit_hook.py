@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedforest_secure.audit import GENESIS, AuditLog, export_jsonl, verify_entries
+from fedforest_secure.audit import GENESIS, AuditLog, Entry, export_jsonl, verify_entries
 from fedforest_secure.protocol import Task
 
 from .secure_round import SecureRound
@@ -35,7 +35,8 @@ class AuditSink(Protocol):
 
     def export(self, job_id: str) -> str: ...
 
-    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]: ...
+    def verify_chain(self, job_id: str, *, began_audited: bool = False,
+                     model_digest: str | None = None) -> tuple[bool, int, list[str]]: ...
 
 
 class NullAudit:
@@ -56,7 +57,8 @@ class NullAudit:
     def export(self, job_id: str) -> str:
         return ""
 
-    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]:
+    def verify_chain(self, job_id: str, *, began_audited: bool = False,
+                     model_digest: str | None = None) -> tuple[bool, int, list[str]]:
         return False, 0, ["the server keeps no audit log (no audit_database in server.toml)"]
 
     def close(self) -> None:
@@ -91,13 +93,28 @@ class _AuditLogSink:
                 cached = self._tips[job_id] = self._log.tip(job_id)
             return cached
 
-    def verify_chain(self, job_id: str) -> tuple[bool, int, list[str]]:
+    def verify_chain(self, job_id: str, *, began_audited: bool = False,
+                     model_digest: str | None = None) -> tuple[bool, int, list[str]]:
         """``(ok, entries, problems)`` of the job's hash chain (entries and links; the stored
-        arrays are checked by ``fedforest audit verify``)."""
+        arrays are checked by ``fedforest audit verify``), and what a chain sound in itself can
+        still have lost: entries after the tip this server last wrote, every entry of a job
+        that ``began_audited``, or the entry of the job's model (``model_digest``)."""
         with self._mu:
             entries = self._log.entries(job_id=job_id)
-        report = verify_entries(entries)
-        return report.ok, len(entries), list(report.problems)
+            written = self._tips.get(job_id)
+        problems = list(verify_entries(entries).problems)
+        last = (entries[-1].seq, entries[-1].hash) if entries else (0, GENESIS)
+        if written is not None and written != last:
+            problems.append(f"the chain ends at seq {last[0]}, but this server last wrote seq "
+                            f"{written[0]}: entries were deleted or rewritten")
+        if began_audited and not entries:
+            problems.append("the audit log holds no entry of this job, which began with one: "
+                            "its chain was deleted, or the server uses another audit_database")
+        if model_digest and entries and not any(_model_entry_of(e, model_digest)
+                                                for e in entries):
+            problems.append("the chain has no model entry for the job's model: its end was "
+                            "cut or rewritten")
+        return not problems, len(entries), problems
 
     def export(self, job_id: str) -> str:
         """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""
@@ -107,6 +124,13 @@ class _AuditLogSink:
 
     def close(self) -> None:
         self._log.close()
+
+
+def _model_entry_of(entry: Entry, digest: str) -> bool:
+    try:
+        return entry.kind == "model" and entry.payload.get("digest") == digest
+    except ValueError:  # a damaged entry: verify_entries names it
+        return False
 
 
 def open_audit(url: str | None) -> AuditSink:

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from . import __version__
 from .audit_hook import AuditSink
 from .auth import authenticate_operator
-from .db import Database, JobRow, OperatorRow
+from .db import AuditedJobRow, Database, JobRow, OperatorRow
 from .errors import ApiError
 from .runtime import ServerState
 from .status import job_status
@@ -77,7 +77,8 @@ class _ChainCache:
         self.audit = audit
         self._seen: dict[str, tuple[tuple[int, str], float, dict[str, Any]]] = {}
 
-    def __call__(self, job_id: str) -> dict[str, Any]:
+    def __call__(self, job_id: str, *, began_audited: bool = False,
+                 model_digest: str | None = None) -> dict[str, Any]:
         if not self.audit.enabled:
             return {"kept": False, "ok": None, "entries": 0, "problems": []}
         tip = self.audit.tip(job_id)
@@ -85,7 +86,8 @@ class _ChainCache:
         hit = self._seen.get(job_id)
         if hit is not None and hit[0] == tip and now - hit[1] < RECHECK_S:
             return hit[2]
-        ok, n, problems = self.audit.verify_chain(job_id)
+        ok, n, problems = self.audit.verify_chain(job_id, began_audited=began_audited,
+                                                  model_digest=model_digest)
         out = {"kept": True, "ok": ok, "entries": n, "problems": problems[:5]}
         self._seen[job_id] = (tip, now, out)
         return out
@@ -98,10 +100,12 @@ def add_ui(app: FastAPI, db: Database, state: ServerState, audit: AuditSink) -> 
     def overview() -> dict[str, Any]:
         now = state.core.clock()
         with db.session() as sess:
-            jobs = [job_status(sess, j, None, now)
-                    for j in sess.scalars(select(JobRow).order_by(JobRow.created_at))]
-        for job in jobs:
-            job["audit"] = chains(job["job_id"])
+            rows = list(sess.scalars(select(JobRow).order_by(JobRow.created_at)))
+            jobs = [job_status(sess, j, None, now) for j in rows]
+            audited = set(sess.scalars(select(AuditedJobRow.job_id)))
+        for job, row in zip(jobs, rows, strict=True):
+            job["audit"] = chains(job["job_id"], began_audited=row.id in audited,
+                                  model_digest=row.model_digest)
         return {"version": __version__, "jobs": jobs}
 
     @app.get("/ui", include_in_schema=False)

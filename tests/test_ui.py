@@ -102,6 +102,45 @@ def test_the_page_shows_an_audit_chain_changed_under_a_running_server(
     assert audit["ok"] is False and "changed" in "; ".join(audit["problems"])
 
 
+def test_the_page_shows_a_chain_cut_deleted_or_missing_as_not_verifying(
+        ui: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain sound in itself is still wrong when entries after the tip this server wrote are
+    gone, when a job that began with an audit log has no entry in the log the server uses
+    (a mistyped audit_database), or when a finished job's model entry is missing."""
+    import sqlite3
+
+    import server_app.ui as ui_mod
+
+    monkeypatch.setattr(ui_mod, "RECHECK_S", 0.0)
+    op = {"Authorization": f"Bearer {ui['operator']}"}
+    http = ui["http"]
+    http.post("/v1/jobs/job-a/join", headers={"Authorization": f"Bearer {ui['tokens'][0]}"})
+    assert http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]["ok"] is True
+    with sqlite3.connect(tmp_path / "audit.db") as conn:  # the join's entry, the chain's end
+        conn.execute("DELETE FROM audit_entries WHERE kind = 'client_joined'")
+    audit = http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]
+    assert audit["ok"] is False and audit["entries"] == 1
+    assert "the chain ends at seq 1, but this server last wrote seq 2" in audit["problems"][0]
+    # another server on this database, with an empty audit log (a mistyped path)
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    other = open_audit(f"sqlite:///{tmp_path / 'other-audit.db'}")
+    with TestClient(create_app(db, other, state=ServerState(db, other),
+                               tick_seconds=60)) as http2:
+        audit = http2.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]
+        assert audit["ok"] is False and audit["entries"] == 0
+        assert "holds no entry of this job, which began with one" in audit["problems"][0]
+    # a finished job whose model entry is not in the chain (seen by a server that starts now)
+    with sqlite3.connect(tmp_path / "server.db") as conn:
+        conn.execute("UPDATE jobs SET status = 'done', model_digest = :d", {"d": "ab" * 32})
+    fresh = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    with TestClient(create_app(db, fresh, state=ServerState(db, fresh),
+                               tick_seconds=60)) as http3:
+        audit = http3.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]
+        assert audit["ok"] is False
+        assert "no model entry for the job's model" in "; ".join(audit["problems"])
+    db.dispose()
+
+
 def test_a_server_without_an_audit_log_shows_none_kept_not_a_broken_chain(
         tmp_path: Path, tiny_parts, job_dir) -> None:
     parts, feat = tiny_parts
@@ -278,3 +317,65 @@ def test_ci_runs_the_browser_install_before_the_tests() -> None:
     steps = [ln.strip() for ln in (INSTALL.parent / "run").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     assert steps.index(".ci/install-browser") < steps.index("make test")
+
+
+@pytest.mark.integration
+def test_a_browser_keeps_the_last_jobs_and_says_the_server_failed_on_an_error_answer(
+        tmp_path: Path) -> None:
+    """The real page and script, served with an API that answers once and then fails (a 500
+    with the server's JSON detail, then a non-JSON 502 from something in between): the page
+    keeps the jobs it showed and says the server failed and why, without a console error."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from fedforest_cli.sim_processes import free_port
+    from server_app.ui import _static
+
+    job = {"job_id": "job-a", "status": "running", "kind": "train", "profile": "secure",
+           "level": 1, "max_depth": 3, "round_id": 2, "phase": "upload", "rounds_done": 1,
+           "joined_clients": 3, "n_clients": 3, "active_clients": 3, "dropped_clients": 0,
+           "min_clients": 3, "eta_s": 12.0, "reason": "", "members": [],
+           "audit": {"kept": True, "ok": True, "entries": 5, "problems": []}}
+    answers = iter([JSONResponse({"version": "x", "jobs": [job]}),
+                    JSONResponse({"error": "server_error", "detail": "the server's database "
+                                  "failed"}, status_code=500)])
+    app = FastAPI()
+    app.get("/ui")(lambda: _static("index.html"))
+    app.get("/ui/app.js")(lambda: _static("app.js"))
+    app.get("/ui/app.css")(lambda: _static("app.css"))
+
+    @app.get("/ui/api/jobs")
+    def jobs() -> Response:
+        return next(answers, PlainTextResponse("<html>bad gateway</html>", status_code=502))
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    driver = _driver()
+    try:
+        WebDriverWait(driver, 30).until(lambda _: server.started)
+        driver.get(f"http://127.0.0.1:{port}/ui")
+        driver.find_element(By.ID, "token").send_keys("ffo_x")
+        driver.find_element(By.ID, "show").click()
+        message = driver.find_element(By.ID, "message")
+        WebDriverWait(driver, 30).until(
+            lambda _: "the server's database failed" in message.text)
+        assert "the server failed (the server's database failed); the jobs below are from " \
+               "the last answer" == message.text
+        assert driver.find_element(By.CSS_SELECTOR, 'section[data-job="job-a"]')
+        WebDriverWait(driver, 30).until(lambda _: "HTTP 502" in message.text)
+        assert driver.find_element(By.CSS_SELECTOR, 'section[data-job="job-a"]')
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
+                  and "/ui/api/jobs" not in e["message"]]  # the failed fetches themselves
+        assert errors == [], errors
+    finally:
+        driver.quit()
+        server.should_exit = True
+        thread.join(10)

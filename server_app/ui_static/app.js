@@ -80,7 +80,20 @@
       document.getElementById("server").textContent = "";
       return;
     }
-    const body = await resp.json();
+    let body = null;
+    try {
+      body = await resp.json();
+    } catch (err) {
+      body = null;  // not JSON: an error page of something in between
+    }
+    if (!resp.ok || body === null || !Array.isArray(body.jobs)) {
+      // what the page shows stays, marked as out of date: the server says why it failed
+      const why = body !== null && typeof body.detail === "string" ? body.detail
+        : "HTTP " + resp.status;
+      message.textContent = "the server failed (" + why + "); the jobs below are from " +
+        "the last answer";
+      return;
+    }
     message.textContent = "";
     document.getElementById("server").textContent = "server " + body.version + ", " +
       body.jobs.length + " job(s), updated " + new Date().toLocaleTimeString();
