@@ -66,14 +66,18 @@ def _existing(settings: ServerSettings) -> ServerSettings:
     return settings
 
 
-def _admin_does(config: Path, action: Callable[[ServerAdmin], _T]) -> _T:
-    """``action`` on the server's database (the CLI's one-line error, exit 2, on failure)."""
+def _admin_does(config: Path, action: Callable[[ServerAdmin], _T], *,
+                existing: bool = False) -> _T:
+    """``action`` on the server's database (the CLI's one-line error, exit 2, on failure);
+    ``existing``: an action on what the database holds already (a token to rotate or
+    revoke), for which a SQLite file that is not there is a mistyped ``database``."""
     from server_app.admin import ServerAdmin
     from server_app.auth import TokenError
     from server_app.settings import load_settings
 
     try:
-        with ServerAdmin.from_settings(load_settings(config)) as admin:
+        settings = load_settings(config)
+        with ServerAdmin.from_settings(_existing(settings) if existing else settings) as admin:
             return action(admin)
     except (FedForestError, TokenError) as exc:
         fail(exc)
@@ -91,7 +95,7 @@ def add_client_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("rotate-token")
 def rotate_token_cmd(name: str, config: ConfigOpt) -> None:
     """Give a client a new token (a leaked or lost one); the old one stops working."""
-    token = _admin_does(config, lambda admin: admin.rotate_token(name))
+    token = _admin_does(config, lambda admin: admin.rotate_token(name), existing=True)
     console.print(f"client [bold]{name}[/bold] has a new token (the old one stops working; a "
                   "running server forgets it within 30 s); give it this one (it is not stored "
                   "and cannot be shown again):")
@@ -101,7 +105,7 @@ def rotate_token_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("revoke-client")
 def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
     """Revoke a client's token: it can no longer authenticate (its jobs' records stay)."""
-    _admin_does(config, lambda admin: admin.revoke_client(name))
+    _admin_does(config, lambda admin: admin.revoke_client(name), existing=True)
     console.print(f"client [bold]{name}[/bold] revoked: its token no longer authenticates (a "
                   "running server forgets it within 30 s); `fedforest server rotate-token "
                   f"{name}` gives it a new one")
@@ -119,7 +123,7 @@ def add_operator_cmd(name: str, config: ConfigOpt) -> None:
 @server_cli.command("remove-operator")
 def remove_operator_cmd(name: str, config: ConfigOpt) -> None:
     """Remove an operator (a leaked or lost token): its token no longer opens /ui."""
-    _admin_does(config, lambda admin: admin.remove_operator(name))
+    _admin_does(config, lambda admin: admin.remove_operator(name), existing=True)
     console.print(f"operator [bold]{escape(name)}[/bold] removed: its token no longer opens "
                   f"/ui; `fedforest server add-operator {escape(name)}` gives the name a new "
                   "one")
@@ -175,8 +179,8 @@ def prune_cmd(config: ConfigOpt,
     except FedForestError as exc:
         fail(exc)
     verb = "would delete" if dry_run else "deleted"
-    print(f"{verb} {out.rounds} rounds ({out.bytes / 1e6:.1f} MB of tasks, sums and "
-          f"aggregates) of {len(out.jobs)} finished job(s)"
+    print(f"{verb} the data of {out.rounds} rounds ({out.bytes / 1e6:.1f} MB of tasks, sums "
+          f"and aggregates) of {len(out.jobs)} finished job(s)"
           + (f": {', '.join(out.jobs)}" if out.jobs else ""))
 
 

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from fedforest_secure.errors import FedForestError
@@ -57,7 +57,8 @@ def _blob_bytes(sess: Session, job_id: str) -> int:
 
 def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
           job_ids: list[str] | None = None, dry_run: bool = False) -> Pruned:
-    """Delete the round data of finished jobs.
+    """Delete the round data of finished jobs (tasks, sums, aggregates, uploads, relayed
+    messages, spooled vectors); each round's row stays without them.
 
     Parameters
     ----------
@@ -88,8 +89,8 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
         for job in sess.scalars(query):
             if older_than is not None and _last_activity(sess, job) >= older_than:
                 continue
-            n = int(sess.scalar(select(func.count()).select_from(RoundRow)
-                                .where(RoundRow.job_id == job.id)) or 0)
+            n = int(sess.scalar(select(func.count()).select_from(RoundRow).where(
+                RoundRow.job_id == job.id, func.length(RoundRow.task_blob) > 0)) or 0)
             spooled = spool / job.id if spool is not None else None
             if n == 0 and (spooled is None or not spooled.exists()):
                 continue
@@ -101,7 +102,10 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
             sess.execute(delete(UploadRow).where(UploadRow.job_id == job.id))
             sess.execute(delete(SecAggMessageRow).where(  # identity keys (round -1) stay
                 SecAggMessageRow.job_id == job.id, SecAggMessageRow.round_id >= 0))
-            sess.execute(delete(RoundRow).where(RoundRow.job_id == job.id))
+            # each round's row stays without its data: the job's level and rounds done
+            # still show (a failed job's too)
+            sess.execute(update(RoundRow).where(RoundRow.job_id == job.id).values(
+                task_blob=b"", running_sum=None, aggregate=None, disclosed_blob=None))
             if spooled is not None:
                 shutil.rmtree(spooled, ignore_errors=True)
     if out.jobs and not dry_run:

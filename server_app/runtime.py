@@ -212,6 +212,9 @@ class ServerState:
             blob = round_task_blob(conn, job_id, round_id)
             if blob is None:
                 raise ApiError(404, "unknown_round", f"round {round_id} was not issued")
+            if not blob:
+                raise ApiError(410, "pruned", f"round {round_id}'s task was deleted by "
+                               "`fedforest server prune` (the job is finished)")
             return blob
 
     def _task_body(self, job_id: str, round_id: int, rr: RoundRow | None = None

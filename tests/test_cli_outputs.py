@@ -182,11 +182,14 @@ def test_model_download_names_an_evaluation_result_as_such() -> None:
     assert not _is_evaluation(b"not json")
 
 
-@pytest.mark.parametrize("command", [["status"], ["prune", "--keep-days", "0"]])
-def test_server_status_and_prune_do_not_create_a_mistyped_database(tmp_path: Path,
-                                                                   command: list[str]) -> None:
+@pytest.mark.parametrize("command", [["status"], ["prune", "--keep-days", "0"],
+                                     ["rotate-token", "alice"], ["revoke-client", "alice"],
+                                     ["remove-operator", "alice"]])
+def test_server_commands_on_what_exists_do_not_create_a_mistyped_database(
+        tmp_path: Path, command: list[str]) -> None:
     """A `database` that names no file is a typo to report, not a new empty database
-    answering "no jobs yet"."""
+    answering "no jobs yet", or "no operator 'alice'" while the real server still takes her
+    leaked token."""
     config = tmp_path / "server.toml"
     config.write_text('database = "sqlite:///serevr.db"\n')
     code, out = _invoke("server", *command, "--config", str(config))

@@ -67,7 +67,14 @@ def test_prune_deletes_old_finished_rounds_and_keeps_models_running_and_recent_j
     out = prune(db, spool, older_than=now - 30 * DAY)
     assert sorted(out.jobs) == ["old-done", "old-failed"]
     assert out.rounds == 4 and out.bytes == 2 * (2 * 1500 + 2 * 100)
-    assert counts(db, "old-done") == (0, 0, 1, True)  # the identity key and the model stay
+    # the identity key, the model and the rounds' rows without their data stay
+    assert counts(db, "old-done") == (2, 0, 1, True)
+    with db.session() as sess:
+        left = sess.scalar(select(func.sum(func.length(RoundRow.task_blob))
+                                  + func.sum(func.coalesce(func.length(RoundRow.aggregate), 0)))
+                           .where(RoundRow.job_id == "old-done"))
+    assert left == 0
+    assert prune(db, spool, older_than=now - 30 * DAY).jobs == []  # nothing left to prune
     assert not (spool / "old-done").exists()
     for kept in ("recent", "running"):
         assert counts(db, kept) == (2, 2, 3, True) and (spool / kept).exists()
@@ -92,7 +99,8 @@ def test_cli_prune_and_a_compressed_audit_export(tmp_path: Path) -> None:
     res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
                               "--keep-days", "7"])
     assert res.exit_code == 0, res.output
-    assert "deleted 2 rounds (0.0 MB of tasks, sums and aggregates) of 1 finished job(s): old" \
+    assert "deleted the data of 2 rounds (0.0 MB of tasks, sums and aggregates) of 1 " \
+           "finished job(s): old" \
         in res.output
     res = runner.invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml")])
     assert res.exit_code == 2 and "--keep-days" in res.output
@@ -138,4 +146,34 @@ def test_a_pruned_done_job_still_reports_its_rounds(tmp_path: Path) -> None:
     assert rounds_done() == 3
     prune(db, tmp_path / "s.db.spool", job_ids=["j"])
     assert rounds_done() == 3
+    db.dispose()
+
+
+def test_a_pruned_failed_job_keeps_its_level_and_rounds_done(tmp_path: Path) -> None:
+    """A failed job's status after prune: the level it reached and the rounds it closed, as
+    before (its round rows stay without their data); its tasks are gone (410)."""
+    from server_app.status import progress
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    with db.session() as sess:
+        sess.add(JobRow(id="f", spec_json="{}", config_json='{"max_depth": 3}', status="failed",
+                        reason="too few sites", min_clients=1, round_deadline_s=1.0,
+                        current_round=3, model_json=None, model_digest=None, created_at=0.0))
+        sess.flush()
+        for r, status in ((1, "closed"), (2, "closed"), (3, "open")):
+            sess.add(RoundRow(job_id="f", round_id=r, kind="sketch", level=r - 1,
+                              task_digest="t" * 64, encoding="uint64", participants_json="[0]",
+                              issued_at=0.0, deadline_at=1.0, status=status, closed_at=1.0,
+                              task_blob=b"x" * 10))
+
+    def level_and_done() -> tuple[int, int]:
+        with db.session() as sess:
+            job = sess.get(JobRow, "f")
+            assert job is not None
+            p = progress(sess, job, time.time())
+            return int(p["level"]), int(p["rounds_done"])
+
+    assert level_and_done() == (2, 2)
+    assert prune(db, tmp_path / "s.db.spool", job_ids=["f"]).rounds == 3
+    assert level_and_done() == (2, 2)
     db.dispose()
