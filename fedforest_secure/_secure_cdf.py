@@ -19,15 +19,17 @@ the box's ends) and more than :data:`MIN_HEAVY_ROWS` rows is cut into finer cell
 round, for the (node, slot) rows that have such a cell only, at most ``max_rounds`` rounds in
 all: heavy regions (clean data beside x1000 outliers, features that depend on the ancestors'
 splits) are resolved where fixed-width histograms are not. A cell whose whole mass stayed in
-one sub-cell is cut at equal steps and at geometric steps from both its ends (down to 2^-40
-of its width), so data beside one far value (a sentinel such as 9999999, which puts all the
-other rows in the first grid's end cell) is reached in one round at any scale; in the last
-round every heavy cell gets the most sub-cells the budget allows. A cell whose whole mass
-stays in one of its sub-cells twice in a row holds a single value (an atom) and is not cut
-again; at later levels a cell of that feature no wider than such an atom is taken as one (the
-``atom_width`` a :class:`SecureCdfPlanner` is given). With B >= 16, one far value at either
-end or both (up to 10^10 times the data's spread), or public bounds that wide around the
-data, leave every candidate within 2/B of its pooled rank (``tests/test_secure_cdf.py``).
+one sub-cell is cut at equal steps and, besides, at geometric steps from both its ends (down
+to 2^-40 of its width), so data beside one far value (a sentinel such as 9999999, which puts
+all the other rows in the first grid's end cell) is reached in one round at any scale; in
+the last round every heavy cell gets the most sub-cells the budget allows. A cell whose whole
+mass stays in one of its sub-cells three times in a row holds a single value (an atom) and is
+not cut again; at later levels a cell of that feature no wider than such an atom is taken as
+one (the ``atom_width`` a :class:`SecureCdfPlanner` is given). With B >= 16 every candidate
+comes within 2/B of its pooled rank beside one far value at either end (tested to 10^10
+times the data's spread) and for data anywhere inside public bounds up to 10^6 times wider
+than it (``tests/test_secure_cdf.py``); data deep inside bounds 10^7 times wider or more (far
+values of different sizes at both ends) is beyond what the equal cuts reach in four rounds.
 
 **Candidates.** For ``b = 1 .. B_nu - 1`` the cell edge whose pooled CDF is nearest to
 ``b / B_nu``: a target inside a cell is at most half the cell's mass from one of its edges (the
@@ -64,7 +66,7 @@ FIRST_CELLS = 4
 MAX_SUB = 64
 #: a cell whose whole mass stayed in one sub-cell this many refinements in a row is taken as
 #: a single value (an atom) and not cut again
-ATOM_RUNS = 2
+ATOM_RUNS = 3
 
 
 def _steps(rows: np.ndarray, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -393,13 +395,14 @@ class SecureCdfPlanner:
         sub = np.minimum(sub, budget[:, None])
         hr, hc = np.nonzero(heavy)
         # a cell whose mass stayed whole in one sub-cell holds a cluster narrower than the
-        # sub-cells (or an atom): half its new edges at equal steps, half at geometric
-        # steps from both ends (down to 2^-40 of its width), which cut a cluster beside one
-        # end at any scale in one round (data beside a far outlier, the box's end at the
-        # data's minimum or maximum)
+        # sub-cells (or an atom): besides its equal steps, up to MAX_SUB / 2 edges at
+        # geometric steps from both ends (down to 2^-40 of its width; from what the budget
+        # leaves, or 2 B more per row), which cut a cluster beside one end at any scale in
+        # one round (data beside a far value, the box's end at the data's minimum or maximum)
         n_sub = sub[hr, hc]
-        geo = np.where(self.unsplit[hr, hc] >= 1, (n_sub // 4), 0)
-        n_eq = n_sub - 2 * geo
+        room = np.maximum(budget[hr] - n_sub, (2 * self.B) // np.maximum(n_heavy[hr], 1))
+        geo = np.where(self.unsplit[hr, hc] >= 1, np.clip(room // 2, 0, MAX_SUB // 4), 0)
+        n_eq = n_sub
         rr_eq, k_eq = _steps(hr, n_eq - 1)
         rr_geo, k_geo = _steps(hr, geo)
         cell_eq, cell_geo = np.repeat(np.arange(hr.size), n_eq - 1), np.repeat(
