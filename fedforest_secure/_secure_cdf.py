@@ -383,7 +383,8 @@ class SecureCdfPlanner:
             self.pending = np.zeros(R, dtype=bool)
             return
         # sub-cells: about half an equal-mass cell each, many for a suspected atom, never
-        # more than the rows allow (r per cell) nor a budget of 4 B new edges per row
+        # more than the rows allow (r per cell) nor a budget of 4 B new edges per row (a cell that
+        # kept its whole mass adds geometric ones besides, see below)
         r = max(self.r, 1)
         want = np.ceil(2.0 * self.counts * self.bnu[:, None] / np.maximum(total, 1.0)[:, None])
         sub = np.clip(want, 2, MAX_SUB).astype(np.int64)
