@@ -232,14 +232,20 @@ def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
 
 
 def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
-    """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again."""
+    """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again
+    (none once the job is finished and its rounds were pruned)."""
     listed = tr.get_json(f"/v1/jobs/{job}/rounds")
     if not isinstance(listed, list):
         raise ProtocolError("malformed round list")
     for r in (parse_as(RoundInfo, item, "round list") for item in listed):
         if r.status != "closed" or r.kind != TaskKind.SKETCH.value:
             continue
-        body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
+        try:
+            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
+        except ApiRejected as exc:
+            if exc.code == "pruned":  # a finished job: nothing to answer, its model to fetch
+                return
+            raise
         digest = hashlib.sha256(body).digest()
         if digest.hex() != r.task_digest:
             raise ProtocolError(f"round {r.round_id}: task does not match its digest")

@@ -74,13 +74,17 @@ class _AuditLogSink:
     def __init__(self, log: AuditLog) -> None:
         self._log = log
         self._tips: dict[str, tuple[int, str]] = {}
+        #: the hash of the last entry this server appended to each job's chain (entries other
+        #: processes append, such as `fedforest server create-job`'s, clear it)
+        self._written: dict[str, str] = {}
         self._mu = threading.Lock()  # an append and a tip read never interleave
 
     def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
                arrays: Mapping[str, np.ndarray] | None = None) -> None:
         with self._mu:
             self._tips.pop(job_id, None)
-            self._log.append(job_id, kind, dict(payload), dict(arrays or {}))
+            self._written[job_id] = self._log.append(job_id, kind, dict(payload),
+                                                     dict(arrays or {}))
 
     def head(self, job_id: str) -> str:
         return self.tip(job_id)[1]
@@ -101,12 +105,12 @@ class _AuditLogSink:
         that ``began_audited``, or the entry of the job's model (``model_digest``)."""
         with self._mu:
             entries = self._log.entries(job_id=job_id)
-            written = self._tips.get(job_id)
+            written = self._written.get(job_id)
         problems = list(verify_entries(entries).problems)
-        last = (entries[-1].seq, entries[-1].hash) if entries else (0, GENESIS)
-        if written is not None and written != last:
-            problems.append(f"the chain ends at seq {last[0]}, but this server last wrote seq "
-                            f"{written[0]}: entries were deleted or rewritten")
+        if written is not None and (not entries or entries[-1].hash != written):
+            where = f"seq {entries[-1].seq}" if entries else "no entry"
+            problems.append(f"the chain ends at {where}, not with the entry this server last "
+                            "wrote: entries were deleted or rewritten")
         if began_audited and not entries:
             problems.append("the audit log holds no entry of this job, which began with one: "
                             "its chain was deleted, or the server uses another audit_database")

@@ -376,3 +376,26 @@ def test_a_site_joining_with_another_identity_key_says_which_file_and_refuses_no
     assert tr.refusals == []
     assert not any(path.endswith("/secagg/refuse") or path.endswith("/secagg")
                    for _, path in tr.sent)
+
+
+def test_a_restart_on_a_finished_pruned_job_replays_nothing_and_goes_on() -> None:
+    """After `fedforest server prune` a finished job's round list stays but its tasks answer
+    410 "pruned": the replay stops there (the client then learns the job is done and fetches
+    its model); another refusal still stops the client."""
+    from client_app.loops import replay
+    from client_app.transport import ApiRejected
+
+    listed = [{"round_id": r, "kind": "sketch", "level": 0, "status": "closed",
+               "task_digest": "00" * 32} for r in (1, 2)]
+    asked: list[str] = []
+
+    def transport(code: str) -> Any:
+        def request(method: str, path: str, **_: Any) -> Any:
+            asked.append(path)
+            raise ApiRejected(410 if code == "pruned" else 403, code, "no", {})
+        return SimpleNamespace(get_json=lambda path: listed, request=request)
+
+    replay(transport("pruned"), JOB, worker=None)  # type: ignore[arg-type]
+    assert asked == [f"/v1/jobs/{JOB}/rounds/1/task"]
+    with pytest.raises(ApiRejected, match="403 forbidden"):
+        replay(transport("forbidden"), JOB, worker=None)  # type: ignore[arg-type]

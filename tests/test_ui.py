@@ -120,7 +120,8 @@ def test_the_page_shows_a_chain_cut_deleted_or_missing_as_not_verifying(
         conn.execute("DELETE FROM audit_entries WHERE kind = 'client_joined'")
     audit = http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]
     assert audit["ok"] is False and audit["entries"] == 1
-    assert "the chain ends at seq 1, but this server last wrote seq 2" in audit["problems"][0]
+    assert "the chain ends at seq 1, not with the entry this server last wrote" in \
+        audit["problems"][0]
     # another server on this database, with an empty audit log (a mistyped path)
     db = Database(f"sqlite:///{tmp_path / 'server.db'}")
     other = open_audit(f"sqlite:///{tmp_path / 'other-audit.db'}")
