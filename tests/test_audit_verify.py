@@ -497,6 +497,10 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
         report = verify_log(log, receipts_dir=receipts)
         assert report.ok, report.problems
         assert report.receipts_checked == 4
+        assert report.notes == [  # visible: only the server says no sum came out
+            f"job '{JOB}' round 1: 2 receipt(s) of uploads (first alice.jsonl:2), and the log "
+            "says the round was aborted: that no sum of it was released is the server's word "
+            "only"]
         # round 1's receipts pin seq 4 (round 0's entry): the tail is covered; without them
         # (a job that failed before any upload of round 1) it is a note
         for f in receipts.iterdir():
@@ -507,3 +511,21 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
             f"job '{JOB}' failed (job '{JOB}' seq 5 (round_aborted)) before any site kept a "
             f"receipt after its last round (job '{JOB}' seq 4 (round)): that round's aggregate "
             "is vouched for by the chain only"]
+
+
+def test_a_round_rewritten_as_aborted_is_named_in_a_note(setup: tuple[AuditLog, Path],
+                                                         tmp_path: Path) -> None:
+    """A server that released round 1's sum, then logged the round as aborted (its entry and
+    everything after it deleted, an abort appended, no model receipt kept): the receipts of
+    the round's uploads do not fail the check, but a note names the round and says that no
+    sum was released is the server's word only."""
+    log, receipts = setup
+    for f in receipts.glob("*-model.jsonl"):
+        f.unlink()
+    sql(log, "DELETE FROM audit_entries WHERE job_id = :j AND seq >= 6", j=JOB)
+    log.close()
+    with AuditLog(tmp_path / "audit.db") as forged:
+        forged.job(JOB).round_aborted(1, reason="round 1: only 1 masked upload")
+        report = verify_log(forged, receipts_dir=receipts)
+    assert any(n.startswith(f"job '{JOB}' round 1: 2 receipt(s) of uploads") and
+               "the server's word only" in n for n in report.notes), report.notes

@@ -209,6 +209,7 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     count = 0
     covered: dict[str, int] = {}  # job -> the furthest seq a receipt pins
     elsewhere: dict[str, list[str]] = defaultdict(list)  # receipts of jobs not in the log
+    uploaded_to_aborted: dict[tuple[str, int], list[str]] = defaultdict(list)
     for where, receipt in read_receipts(receipts_dir):
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
@@ -220,14 +221,22 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
             continue
         count += 1
         covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
+        if isinstance(receipt, Receipt) and (receipt.job_id, receipt.round_id) in aborted \
+                and not rounds.get((receipt.job_id, receipt.round_id)):
+            uploaded_to_aborted[(receipt.job_id, receipt.round_id)].append(where)
         found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
                  else _receipt_problems(receipt, chains, rounds, aborted))
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
+    for (job, r), wheres in sorted(uploaded_to_aborted.items()):
+        notes.append(f"job {job!r} round {r}: {len(wheres)} receipt(s) of uploads (first "
+                     f"{wheres[0]}), and the log says the round was aborted: that no sum of "
+                     "it was released is the server's word only")
     held = ", ".join(repr(j) for j in sorted(chains)) or "no job"
     for job, wheres in sorted(elsewhere.items()):
+        hint = ("" if job_id is not None else f"; the log holds {held}: to check the log of "
+                "one job against a site's receipts of several, give --job")
         out.append(f"job {job!r} is not in the log ({len(wheres)} receipt(s) of it, first "
-                   f"{wheres[0]}); the log holds {held}: to check the log of one job against "
-                   "a site's receipts of several, give --job")
+                   f"{wheres[0]}){hint}")
     for job in sorted(covered):
         problems, noted = _tail_problems(job, chains.get(job, {}), covered[job])
         out.extend(problems)
@@ -254,7 +263,7 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
         if failed is not None:
             return out, [f"job {job!r} failed ({failed.label}) before any site kept a receipt "
                          f"after its last round ({last_round.label}): that round's aggregate "
-                         "is vouched for by the chain only"]
+                         "is vouched for by the chain only"]  # the server's word
         out.append(f"job {job!r}: the last round ({last_round.label}) is covered by no receipt "
                    f"(the receipts pin the chain up to seq {covered}): its aggregate and "
                    "everything after it are unreceipted")
