@@ -8,6 +8,7 @@ member of.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -162,7 +163,8 @@ def register(app: typer.Typer) -> None:
     @audit_app.command("download")
     def audit_download_cmd(job: Annotated[str, typer.Option(help="the job id")],
                            out: Annotated[Path, typer.Option(
-                               help="where to write the job's log (JSON lines; .jsonl)")],
+                               help="where to write the job's log (JSON lines: .jsonl, or "
+                                    ".jsonl.gz compressed)")],
                            server: ServerOpt, token: TokenOpt, ca: CaOpt = None,
                            cert: CertOpt = None, key: KeyOpt = None,
                            insecure_dev: DevOpt = False,
@@ -177,7 +179,8 @@ def register(app: typer.Typer) -> None:
                 body = tr.request("GET", f"/v1/jobs/{job}/audit").content
             finally:
                 tr.close()
-            write_atomic(out, body)
+            # `audit verify --db` reads a .jsonl.gz compressed, as `audit export` writes it
+            write_atomic(out, gzip.compress(body) if out.name.endswith(".gz") else body)
         except (FedForestError, ValueError, OSError) as exc:
             fail(exc)
         entries = body.count(b"\n")

@@ -150,20 +150,24 @@ def _listen(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host``:``port`` (uvicorn listens on it), or :class:`ConfigError`
     saying why it cannot be (the port is taken, the address is not this machine's)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ConfigError(f"host {host!r}: not an address to listen on ({exc.strerror})"
                           ) from None
+    # a name with an IPv4 address (localhost) listens there, as uvicorn's own binding did
+    family, kind, proto, _, address = min(found, key=lambda a: a[0] != socket.AF_INET)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)  # a second server binding the same port fails here, not silently
     except OSError as exc:
         sock.close()
-        hint = ("is another server using that port? set another port in the config or with "
-                "--port" if exc.errno == errno.EADDRINUSE else
-                "host must be an address of this machine")
+        hint = {errno.EADDRINUSE: "is another server using that port? set another port in "
+                                  "the config or with --port",
+                errno.EACCES: "ports below 1024 need privileges: use a higher port, or give "
+                              "the process the right to bind low ports"
+                }.get(exc.errno or 0, "host must be an address of this machine")
         raise ConfigError(f"cannot listen on {host} port {port}: {exc.strerror or exc} "
                           f"({hint})") from None
     return sock

@@ -41,3 +41,40 @@ def test_a_free_port_gives_a_bound_socket() -> None:
         assert sock.getsockname() == ("127.0.0.1", port)
     finally:
         sock.close()
+
+
+def test_of_two_servers_binding_one_port_the_later_listen_fails() -> None:
+    """Two servers starting at once both bind (SO_REUSEADDR): the one that listens first keeps
+    the port, and the other's listen fails (in _listen: a configuration error naming the
+    port) instead of it serving nothing."""
+    port = free_port()
+    first = socket.socket()  # another server between its bind and its listen
+    first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    first.bind(("127.0.0.1", port))
+    try:
+        second = _listen("127.0.0.1", port)  # binds too, and listens first
+        try:
+            with pytest.raises(OSError):
+                first.listen()
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_a_privileged_port_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_self: socket.socket, _address: object) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    port = free_port()
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(ConfigError, match="Permission denied .ports below 1024 need privileges"):
+        _listen("127.0.0.1", port)
+
+
+def test_a_name_listens_on_its_ipv4_address() -> None:
+    sock = _listen("localhost", free_port())
+    try:
+        assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
+    finally:
+        sock.close()

@@ -158,6 +158,10 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
                 *site_opts)
             site_check = run("audit", "verify", "--db", str(root / "heart.jsonl"), "--receipts",
                              str(root / "zurich" / "state" / "receipts"), "--job", "heart-2024")
+            run("audit", "download", "--job", "heart-2024", "--out",
+                str(root / "heart.jsonl.gz"), *site_opts)  # compressed, as export writes it
+            gz_check = run("audit", "verify", "--db", str(root / "heart.jsonl.gz"), "--job",
+                           "heart-2024")
         finally:
             del os.environ["FEDFOREST_TOKEN"]
         operator = run("server", "status", "--config", config)
@@ -182,6 +186,7 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
     assert "event=job_done job=heart-2024" in server_log and "Traceback" not in server_log
     assert again.exit_code == 2 and "exists" in again.output and kept == "a site's own notes"
     assert re.search(r"OK: \d+ entries in 1 job\(s\), [1-9]\d* receipt\(s\) checked", site_check)
+    assert gz_check.startswith("OK: "), gz_check
     # 6. the downloaded model is every client's --out, and the estimators read it
     model_bytes = (root / "model.json").read_bytes()
     assert all((root / site / "model.json").read_bytes() == model_bytes for site in SITES)
