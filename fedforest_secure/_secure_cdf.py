@@ -431,6 +431,17 @@ class SecureCdfPlanner:
         keep = np.ones(rows.size, dtype=bool)
         keep[1:] = (rows[1:] != rows[:-1]) | (vals[1:] != vals[:-1])
         rows, vals, is_old = rows[keep], vals[keep], is_old[keep]
+        # a row whose heavy cells admit no new edge (cells as narrow as floats allow) is done:
+        # asking its grid again would repeat a question the clients already answered
+        gained = np.zeros(R, dtype=bool)
+        gained[rows[~is_old]] = True
+        if (refine & ~gained).any():
+            refine = refine & gained
+            if not refine.any():
+                self.pending = np.zeros(R, dtype=bool)
+                return
+            mine = refine[rows]
+            rows, vals, is_old = rows[mine], vals[mine], is_old[mine]
         cnt = np.bincount(rows, minlength=R)
         start = np.cumsum(cnt) - cnt
         col = np.arange(rows.size) - start[rows]

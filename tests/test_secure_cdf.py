@@ -228,3 +228,21 @@ def test_a_sentinel_value_does_not_stop_the_secure_forest_splitting_on_its_featu
     assert all(int(t.tree_.feature[0]) == 0 for t in fits["secure"].estimators_)
     r2 = {p: m.score(X[1:], y[1:]) for p, m in fits.items()}
     assert r2["secure"] > r2["open"] - 0.05, r2
+
+
+def test_a_box_too_narrow_for_a_new_edge_is_not_asked_again() -> None:
+    """A node's box of two adjacent floats (splits on both sides of one value) holding many
+    rows is heavy, but no edge fits inside it: the sketch ends rather than ask the same grid
+    again (a repeated question the clients refuse, since answering it twice could isolate a
+    client by differencing)."""
+    lo = np.array([-0.044641636506989144])
+    hi = np.nextafter(lo, np.inf)
+    X = np.full((200, 1), hi[0])
+    planner = SecureCdfPlanner(lo[None, :], hi[None, :], np.array([[0]]), np.zeros(1, dtype=bool),
+                               np.array([200.0]), 16)
+    grids = []
+    while (grid := planner.next_grid()) is not None:
+        assert not any(np.array_equal(grid, g) for g in grids), "the same grid asked twice"
+        grids.append(grid)
+        planner.receive(_true_counts([X], grid, planner.active_features()))
+    assert len(grids) == 1
