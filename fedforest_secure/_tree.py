@@ -53,6 +53,11 @@ class NodeKind(enum.IntEnum):
         return self.name.lower()
 
 
+#: a categorical split's level indices stay below this (a file naming level 10^13 would have
+#: predict allocate terabytes; no table has a million levels in one feature)
+MAX_LEVELS = 1 << 20
+
+
 @dataclass
 class Tree:
     """One trained tree as parallel per-node arrays (module docstring)."""
@@ -167,7 +172,11 @@ class Tree:
         in each array, a split's children are nodes after it (so every walk ends at a leaf), a
         numeric or categorical split's feature is one of the forest's, numeric thresholds are
         numbers (+inf allowed), values and row counts are finite, and every categorical or
-        client split has its set: level indices, or indices of the forest's sites."""
+        client split has its set: level indices, or indices of the forest's sites. A tree
+        that passed for these counts is not checked again (a model is rebuilt around the same
+        trees by ``dataclasses.replace``; trees are not changed in place)."""
+        if getattr(self, "_checked_for", None) == (n_features, n_clients):
+            return
         size = self.n_nodes
         if self.kind.ndim != 1:
             raise ValueError(f"{name}: kind must be a list of node kinds")
@@ -202,18 +211,33 @@ class Tree:
             if not finite.all():
                 raise ValueError(f"{name}: {field_name} is not finite at node "
                                  f"{int(np.argmin(finite))}")
-        for i in inner[self.kind[inner] != NodeKind.NUMERIC].tolist():
-            client = self.kind[i] == NodeKind.CLIENT
+        split_sets = inner[self.kind[inner] != NodeKind.NUMERIC]
+        on_client = (self.kind[split_sets] == NodeKind.CLIENT).tolist()
+        for i, client in zip(split_sets.tolist(), on_client, strict=True):
             what = "site" if client else "level"
-            if i not in self.sets:
+            members = self.sets.get(i)
+            if members is None:
                 raise ValueError(f"{name}, node {i}: a {'client' if client else 'categorical'} "
                                  f"split without its set of {what}s")
-            for m in self.sets[i]:
-                if not isinstance(m, int | np.integer) or isinstance(m, bool) or m < 0:
-                    raise ValueError(f"{name}, node {i}: {what} {m!r} is not a {what} index")
-                if client and m >= n_clients:
-                    raise ValueError(f"{name}, node {i}: site {m} is not one of the forest's "
-                                     f"{n_clients} sites")
+            if not members:
+                continue
+            # the members' types and range by C-level passes (forests of many categorical
+            # splits are loaded in a fraction of a second)
+            if any(t is bool or not issubclass(t, int | np.integer)
+                   for t in set(map(type, members))):
+                m = next(m for m in members
+                         if isinstance(m, bool) or not isinstance(m, int | np.integer))
+                raise ValueError(f"{name}, node {i}: {what} {m!r} is not a {what} index")
+            low, high = min(members), max(members)
+            if low < 0:
+                raise ValueError(f"{name}, node {i}: {what} {low!r} is not a {what} index")
+            if client and high >= n_clients:
+                raise ValueError(f"{name}, node {i}: site {high} is not one of the forest's "
+                                 f"{n_clients} sites")
+            if not client and high >= MAX_LEVELS:
+                raise ValueError(f"{name}, node {i}: level {high} is beyond the "
+                                 f"{MAX_LEVELS} levels a categorical feature may have")
+        self._checked_for = (n_features, n_clients)
 
     def to_dict(self) -> dict[str, Any]:
         """The tree's entry in a model file (thresholds may be +inf: a split of the present

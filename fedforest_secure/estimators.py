@@ -656,12 +656,22 @@ def _refuse_duplicate_names(X: Any) -> None:
 
 
 def _refuse_text_weights(sample_weight: Any) -> None:
-    """Refuse sample_weight holding text: site names passed as fit's third positional
-    argument, where ``client=`` was meant."""
+    """Refuse sample_weight holding text that is not a number: site names passed as fit's
+    third positional argument, where ``client=`` was meant."""
     arr = np.asarray(sample_weight)
     if arr.dtype.kind not in "OSU":
         return
-    text = next((v for v in arr.ravel().tolist() if isinstance(v, str | bytes)), None)
+
+    def not_a_number(v: object) -> bool:
+        if not isinstance(v, str | bytes):
+            return False
+        try:  # "2" is a weight, as scikit-learn reads it
+            float(v)
+        except ValueError:
+            return True
+        return False
+
+    text = next((v for v in arr.ravel().tolist() if not_a_number(v)), None)
     if text is not None:
         raise SchemaError(f"sample_weight holds text ({text!r}), not frequency weights: "
                           "sample_weight is fit's third positional argument; pass the sites "

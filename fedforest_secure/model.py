@@ -123,11 +123,6 @@ class ForestModel:
             if len(self.feature_names) != self.n_features:
                 raise ValueError(f"feature_names has {len(self.feature_names)} names, "
                                  f"n_features is {self.n_features}")
-            seen: set[str] = set()
-            for c in self.feature_names:
-                if c in seen:
-                    raise ValueError(f"feature_names names {c!r} twice")
-                seen.add(c)
         if self.clients is not None and len(self.clients) != self.n_clients:
             raise ValueError(f"clients has {len(self.clients)} sites, n_clients is "
                              f"{self.n_clients}")

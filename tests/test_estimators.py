@@ -836,6 +836,16 @@ def test_duplicate_column_names_are_refused_at_fit_naming_them() -> None:
         est.fit(X, y, client=np.arange(90) % 3)
     assert not hasattr(est, "model_") and not hasattr(est, "feature_names_in_")
 
+def test_numbers_written_as_text_are_sample_weights_as_scikit_learn_reads_them() -> None:
+    rng = np.random.default_rng(16)
+    X = rng.normal(size=(60, 2))
+    y = X[:, 0] > 0
+    weights = np.array(["1", "2", "3"])[np.arange(60) % 3]
+    est = FedForestClassifier(n_estimators=2, random_state=0).fit(X, y, weights)
+    same = FedForestClassifier(n_estimators=2, random_state=0).fit(X, y, weights.astype(int))
+    np.testing.assert_array_equal(est.predict_proba(X), same.predict_proba(X))
+
+
 
 @pytest.mark.parametrize("as_list", [False, True])
 def test_site_names_passed_as_the_third_argument_name_sample_weight_and_client(
