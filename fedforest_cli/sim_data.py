@@ -127,12 +127,16 @@ class SimulateOptions:
         if n_train >= self.clients * MIN_SITE_ROWS:
             return
         cut = self.max_rows is not None and self.max_rows < n_rows
+        most = n_train // MIN_SITE_ROWS
+        advice = [f"at most --clients {most}"] if 1 <= most < self.clients else []
+        if cut:
+            advice.append("a larger --max-rows")
         raise ValueError(
             f"--clients {self.clients}: {self.dataset}'s {n_train} training rows"
             + (f" (--max-rows {self.max_rows})" if cut else "")
-            + f" cannot give {self.clients} sites at least {MIN_SITE_ROWS} rows each; use at "
-            f"most --clients {max(1, n_train // MIN_SITE_ROWS)}"
-            + (" or a larger --max-rows" if cut else ""))
+            + f" cannot give {self.clients} site{'s' if self.clients > 1 else ''} at least "
+            f"{MIN_SITE_ROWS} rows each"
+            + (f"; use {' or '.join(advice)}" if advice else ""))
 
 
 def _job_limits(model: type[BaseModel], name: str) -> tuple[float | None, float | None]:

@@ -7,8 +7,12 @@ read only their own CSV, and at the end a comparison with centralized and local 
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,24 @@ console = Console()
 #: the file that marks a directory as a simulation's output (``--out``), which the next run
 #: may replace
 RUN_MARKER = ".fedforest-simulate"
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored while the simulation's processes are stopped: a second
+    Ctrl-C, or the SIGTERM a CI job sends after its SIGINT, would cut the stopping short and
+    leave the server running. In the main thread only (where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in kept:
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
 
 
 def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
@@ -114,9 +136,10 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                       "only the sums leave the sites")
         evaluation = _federated_evaluation(sim, opts, out, server_toml, url, certs)
     finally:  # the clients first: a client that leaves the job tells the server
-        stop_all(clients)
-        if server is not None:
-            stop(server)
+        with uninterrupted():
+            stop_all(clients)
+            if server is not None:
+                stop(server)
     model = ForestModel.from_json(model_text)
     wall = time.monotonic() - t0
     receipts = collect_receipts(out)

@@ -165,7 +165,11 @@ TINY = {"trees": 2, "depth": 2, "clients": 3, "max_rows": 200}
     ({"clients": 2, "profile": "secure"},
      "--clients 2: profile 'secure' uses secure aggregation, which needs at least 3 sites"),
     ({"clients": 60}, "--clients 60: breast_cancer's 160 training rows .--max-rows 200. cannot "
-                      "give 60 sites at least 10 rows each"),
+                      "give 60 sites at least 10 rows each; use at most --clients 16 or a "
+                      "larger --max-rows"),
+    ({"clients": 1, "profile": "open", "max_rows": 10},  # no fewer clients to advise
+     "--clients 1: breast_cancer's 8 training rows .--max-rows 10. cannot give 1 site at least "
+     "10 rows each; use a larger --max-rows$"),
 ])
 def test_options_beyond_the_job_file_limits_are_refused_naming_the_option(
         tmp_path: Path, change: dict[str, object], message: str) -> None:
@@ -258,3 +262,28 @@ def test_the_result_table_says_what_the_server_saw_from_the_loaded_profile(
     scores = {"metric": "accuracy", "fedforest": 0.9, "centralized": 0.9, "local": 0.8}
     simulate._print_table(scores, SimpleNamespace(y_test=[0, 1]), opts, 1.0, 3)
     assert sees in console.export_text()
+
+
+def test_signals_wait_while_the_simulations_processes_are_stopped() -> None:
+    """A SIGTERM (or a second Ctrl-C) that arrives while simulate stops its clients and server
+    does not cut the stopping short; the handlers are back afterwards."""
+    import os
+    import signal
+
+    from fedforest_cli.simulate import uninterrupted
+
+    def cut_short(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, cut_short)
+    try:
+        stopped = []
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            stopped.append("server")
+        assert stopped == ["server"]
+        assert signal.getsignal(signal.SIGTERM) is cut_short
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
