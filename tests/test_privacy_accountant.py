@@ -4,6 +4,8 @@ checked against Google's dp-accounting."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,16 +56,8 @@ def _dp_job(cls: type, task: str, eps: float, method: str) -> tuple[object, floa
     return est, eps
 
 
-@pytest.mark.parametrize(("cls", "task"), [(FedForestClassifier, "classification"),
-                                           (FedForestRegressor, "regression")])
-@pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
-@pytest.mark.parametrize(("method", "n_releases"), [("histogram", 3), ("random", 2)])
-def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float, method: str,
-                                             n_releases: int,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real DP job: the accountant's total equals dp-accounting's on the recorded releases,
-    and the calibration spends the whole budget (greedy splits: a histogram release per
-    splitting level; random splits: the marginal counts and the leaves' totals)."""
+def _coordinator_of(monkeypatch: pytest.MonkeyPatch, fit: Callable[[], object]) -> Any:
+    """The one coordinator ``fit()`` made (its DP spends, its accountant)."""
     from fedforest_secure import coordinator as coordinator_mod
 
     made: list[coordinator_mod.Coordinator] = []
@@ -74,8 +68,22 @@ def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float, m
         made.append(self)
 
     monkeypatch.setattr(coordinator_mod.Coordinator, "__init__", spy)
-    _dp_job(cls, task, eps, method)
+    fit()
     (coord,) = made
+    return coord
+
+
+@pytest.mark.parametrize(("cls", "task"), [(FedForestClassifier, "classification"),
+                                           (FedForestRegressor, "regression")])
+@pytest.mark.parametrize("eps", [0.5, 2.0, 8.0])
+@pytest.mark.parametrize(("method", "n_releases"), [("histogram", 3), ("random", 2)])
+def test_a_jobs_epsilon_equals_dp_accounting(cls: type, task: str, eps: float, method: str,
+                                             n_releases: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real DP job: the accountant's total equals dp-accounting's on the recorded releases,
+    and the calibration spends the whole budget (greedy splits: a histogram release per
+    splitting level; random splits: the marginal counts and the leaves' totals)."""
+    coord = _coordinator_of(monkeypatch, lambda: _dp_job(cls, task, eps, method))
     spends = coord.dp_spends
     assert len(spends) == n_releases
     events = [ZCdp(s["rho"], s["xi"]) for s in spends]
@@ -96,19 +104,10 @@ def test_an_auditor_recomputes_a_jobs_epsilon_from_its_dp_spend_entries(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's dp_spend entries carry each release's (rho, xi): composing them gives the
     job's total ε, as the last entry's total_epsilon says (per-release ε do not add up)."""
-    from fedforest_secure import coordinator as coordinator_mod
     from server_app.audit_hook import record_events
 
-    made: list[coordinator_mod.Coordinator] = []
-    real_init = coordinator_mod.Coordinator.__init__
-
-    def spy(self: coordinator_mod.Coordinator, *a: object, **kw: object) -> None:
-        real_init(self, *a, **kw)  # type: ignore[arg-type]
-        made.append(self)
-
-    monkeypatch.setattr(coordinator_mod.Coordinator, "__init__", spy)
-    _dp_job(FedForestClassifier, "classification", 1.0, "histogram")
-    (coord,) = made
+    coord = _coordinator_of(
+        monkeypatch, lambda: _dp_job(FedForestClassifier, "classification", 1.0, "histogram"))
 
     class Sink:
         enabled = True

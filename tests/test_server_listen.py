@@ -4,6 +4,7 @@ or an address that is not this machine's, is a configuration error that says whi
 from __future__ import annotations
 
 import errno
+import os
 import socket
 
 import pytest
@@ -23,14 +24,20 @@ def test_a_taken_port_is_an_error_that_names_it_and_suggests_another() -> None:
             _listen("127.0.0.1", port)
 
 
-def test_an_address_of_another_machine_is_an_error_about_the_host(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("code", "says"), [
+    (errno.EADDRNOTAVAIL, "Cannot assign requested address .host must be an address of this "
+                          "machine"),
+    (errno.EACCES, "Permission denied .ports below 1024 need privileges"),
+])
+def test_a_bind_the_system_refuses_says_why(monkeypatch: pytest.MonkeyPatch, code: int,
+                                            says: str) -> None:
+    """An address of another machine, or a privileged port: the message says which."""
     def refuse(_self: socket.socket, _address: object) -> None:
-        raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+        raise OSError(code, os.strerror(code))
 
     port = free_port()
     monkeypatch.setattr(socket.socket, "bind", refuse)
-    with pytest.raises(ConfigError, match="host must be an address of this machine"):
+    with pytest.raises(ConfigError, match=says):
         _listen("127.0.0.1", port)
 
 
@@ -60,16 +67,6 @@ def test_of_two_servers_binding_one_port_the_later_listen_fails() -> None:
             second.close()
     finally:
         first.close()
-
-
-def test_a_privileged_port_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(_self: socket.socket, _address: object) -> None:
-        raise OSError(errno.EACCES, "Permission denied")
-
-    port = free_port()
-    monkeypatch.setattr(socket.socket, "bind", refuse)
-    with pytest.raises(ConfigError, match="Permission denied .ports below 1024 need privileges"):
-        _listen("127.0.0.1", port)
 
 
 def test_a_name_listens_on_its_ipv4_address() -> None:
