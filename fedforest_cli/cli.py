@@ -153,17 +153,7 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
     operator's browser. Never replaces a file."""
     from fedforest_secure.pki import export_pkcs12, issue_client_certificates
 
-    password = b""
-    if p12:  # asked before anything is written
-        password = (os.environ.get("FEDFOREST_P12_PASSWORD") or typer.prompt(
-            "password of the .p12 file", hide_input=True, confirmation_prompt=True,
-            default="", show_default=False)).encode()
-        if not password:
-            fail(ValueError("a .p12 file needs a password"))
-        there = [ca_dir / f"{n}.p12" for n in name or [] if (ca_dir / f"{n}.p12").exists()]
-        if there:
-            fail(FileExistsError(f"{there[0]} exists: nothing was written (a certificate file "
-                                 "is never replaced; pick another name)"))
+    password = _p12_password(ca_dir, list(name or [])) if p12 else b""
     try:
         written = issue_client_certificates(ca_dir, list(name or []))
         bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
@@ -174,6 +164,44 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
     if bundles:
         console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
                       markup=False)
+
+
+@pki_cli.command("p12")
+def pki_p12(ca_dir: Annotated[Path, typer.Option(
+                help="the directory of the federation CA and the certificates")] = Path("certs"),
+            name: Annotated[list[str] | None, typer.Option(
+                help="the name of a certificate issued before (<name>.pem and <name>.key); "
+                     "repeat for each")] = None) -> None:
+    """Bundle a certificate issued before (`pki issue` without --p12) with its key and the CA
+    into <name>.p12, what a browser imports; the password is asked, or read from
+    $FEDFOREST_P12_PASSWORD. Never replaces a file."""
+    from fedforest_secure.pki import export_pkcs12
+
+    names = list(name or [])
+    if not names:
+        fail(ValueError("--name: the certificate to bundle (e.g. --name operator)"))
+    password = _p12_password(ca_dir, names)
+    try:
+        bundles = [export_pkcs12(ca_dir, n, password) for n in names]
+    except (ValueError, OSError) as exc:
+        fail(exc)
+    console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
+                  markup=False)
+
+
+def _p12_password(ca_dir: Path, names: list[str]) -> bytes:
+    """The .p12 files' password (asked, or $FEDFOREST_P12_PASSWORD), before anything is
+    written; exits with an error for an empty one or a .p12 already there."""
+    there = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").exists()]
+    if there:
+        fail(FileExistsError(f"{there[0]} exists: nothing was written (a certificate file "
+                             "is never replaced; pick another name)"))
+    password = (os.environ.get("FEDFOREST_P12_PASSWORD") or typer.prompt(
+        "password of the .p12 file", hide_input=True, confirmation_prompt=True,
+        default="", show_default=False)).encode()
+    if not password:
+        fail(ValueError("a .p12 file needs a password"))
+    return password
 
 
 # ---------------------------------------------------------------------- simulate

@@ -149,3 +149,23 @@ def test_issue_p12_writes_what_a_browser_imports_with_the_password(
                                    "--p12"], input="\n\n")
     assert res.exit_code == 2 and "needs a password" in res.output
     assert not (certs / "bob.pem").exists()
+
+
+def test_p12_bundles_a_certificate_issued_before(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pki p12 --name operator` for a certificate `pki issue` wrote without --p12: the bundle
+    opens with the password and holds that certificate; a missing certificate is an error."""
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator")[0] == 0
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
+    code, out = _pki("p12", "--ca-dir", str(certs), "--name", "operator")
+    assert code == 0, out
+    _, cert, _ = pkcs12.load_key_and_certificates((certs / "operator.p12").read_bytes(), b"pw")
+    assert cert == load_certificate(certs / "operator.pem")
+    code, out = _pki("p12", "--ca-dir", str(certs), "--name", "operator")
+    assert code == 2 and "operator.p12 exists" in out
+    code, out = _pki("p12", "--ca-dir", str(certs), "--name", "nobody")
+    assert code == 2 and "nobody.pem not found" in out
