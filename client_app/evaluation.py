@@ -22,6 +22,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, RefusedRequest
 from fedforest_secure.evaluation.worker import EvalWorker
 from fedforest_secure.federation import client_seed
+from fedforest_secure.files import write_atomic
 from fedforest_secure.protocol import Reply, Task
 from fedforest_secure.worker import Worker
 
@@ -52,9 +53,12 @@ class EvalLedger:
                 if line.strip()]
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
-                         record: bool = True) -> None:
-        """Refuse (:class:`RefusedRequest`) if another job scored one of ``models`` on ``rows``;
-        else record this job (once; ``record=False``: only the check)."""
+                         record: bool = True, statistics: tuple[str, ...] = ()) -> None:
+        """Refuse (:class:`RefusedRequest`) if another job scored one of ``models`` (file
+        digests) on ``rows``, or had this site send the same statistics for a model
+        (``statistics``: digests of the noise-free per-model statistics; the same forest in
+        a re-formatted or renamed file gives the same ones); else record this job (once;
+        ``record=False``: only the check)."""
         mine = False
         for e in self._entries():
             if e.get("rows") != rows:
@@ -62,20 +66,30 @@ class EvalLedger:
             if e.get("job") == job:
                 mine = True
                 continue
-            scored = e.get("models")
-            again = sorted(set(models) & {str(m) for m in scored}) \
-                if isinstance(scored, list) else []
-            if again:
-                raise RefusedRequest(
-                    f"job {job!r} scores model {again[0][:16]}... on the held-out rows this "
-                    f"site already scored it on in job {e.get('job')!r}; a second evaluation "
-                    "could isolate this site by differencing. Refusing (to repeat an "
-                    f"evaluation on purpose, delete job {e.get('job')!r}'s line from "
-                    f"{self.path})", code="evaluated_before")
-        if not mine and record:
-            with self.path.open("a") as fh:
-                fh.write(json.dumps({"job": job, "models": list(models), "rows": rows},
-                                    sort_keys=True) + "\n")
+            for key, ours, what in (("models", models, "model"),
+                                    ("statistics", statistics, "model's statistics")):
+                theirs = e.get(key)
+                again = sorted(set(ours) & {str(m) for m in theirs}) \
+                    if isinstance(theirs, list) else []
+                if again:
+                    raise RefusedRequest(
+                        f"job {job!r} asks for the {what} {again[0][:16]}... on the held-out "
+                        f"rows this site already sent in job {e.get('job')!r}; a second "
+                        "evaluation could isolate this site by differencing. Refusing (to "
+                        f"repeat an evaluation on purpose, delete job {e.get('job')!r}'s line "
+                        f"from {self.path})", code="evaluated_before")
+        if record:
+            entry = {"job": job, "models": list(models), "rows": rows}
+            if statistics:
+                entry["statistics"] = list(statistics)
+            if mine:  # this job's line again, now with its statistics
+                others = [json.dumps(e, sort_keys=True) for e in self._entries()
+                          if e.get("job") != job]
+                write_atomic(self.path, "".join(f"{line}\n" for line in others)
+                             + json.dumps(entry, sort_keys=True) + "\n")
+            else:
+                with self.path.open("a") as fh:
+                    fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
 class LedgeredEvalWorker:
@@ -96,9 +110,12 @@ class LedgeredEvalWorker:
                                       self._rows, record=False)
 
     def handle(self, task: Task) -> Reply:
-        self._ledger.check_and_record(self.inner.config.job_id, self.inner.spec.digests,
-                                      self._rows)
-        return self.inner.handle(task)
+        job, models = self.inner.config.job_id, self.inner.spec.digests
+        self._ledger.check_and_record(job, models, self._rows, record=False)
+        reply = self.inner.handle(task)  # stays here unless the ledger lets it go
+        self._ledger.check_and_record(job, models, self._rows,
+                                      statistics=self.inner.fingerprints)
+        return reply
 
 
 #: What answers a job's tasks at a site.

@@ -67,7 +67,7 @@ def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
         d.mkdir()
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
-    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'") as exc:
+    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'") as exc:
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"  # the words that reach the operator
@@ -78,6 +78,35 @@ def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
     more = [(np.vstack([X, X[:1]]), np.concatenate([y, y[:1]])) for X, y in sites[:3]]
     _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                         for k, s in enumerate(more)])
+
+
+def test_the_same_forest_in_another_file_cannot_isolate_a_site_either(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """The server re-formats the model file and changes what predictions do not use (its
+    meta): another file digest, the same forest. Over fewer sites the second job would
+    isolate site 3 again; each site refuses it, since it would send the same statistics for
+    the model as in the first job."""
+    import json as _json
+
+    spec, sites = setting["spec"], setting["sites"]
+    doc = _json.loads(spec.models[0])
+    doc["meta"] = {**doc.get("meta", {}), "note": "the same forest"}
+    disguised = EvalSpec(models=(_json.dumps(doc, indent=1),))
+    assert disguised.digests != spec.digests
+    job_a, job_b = _config(spec, "eval-a", 4), _config(disguised, "eval-b", 3)
+    states = [tmp_path / f"site-{k}" for k in range(4)]
+    for d in states:
+        d.mkdir()
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    with pytest.raises(RefusedRequest, match="model's statistics .* already sent in job "
+                                             "'eval-a'") as exc:
+        _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+    assert exc.value.code == "evaluated_before"
+    # job A answered again (a restarted client) is no repeat
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
 
 
 def test_a_site_needs_the_table_its_jobs_kind_scores(setting: dict[str, Any],
@@ -145,7 +174,7 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job="ev-2",
                          data=None, eval_data=tmp_path / "held.csv", schema=tmp_path / "s.toml",
                          ca=None, state_dir=state.root, quiet=True)
-    with pytest.raises(RefusedRequest, match="already scored it on in job 'ev-1'"):
+    with pytest.raises(RefusedRequest, match="already sent in job 'ev-1'"):
         runner._run(opts, Offering(), state, None, None,  # type: ignore[arg-type]
                     SiteLog(stream=io.StringIO()), None, held)
     assert sent[1:] == [("POST", "/v1/jobs/ev-2/decline", {"reason": "evaluated_before"})]

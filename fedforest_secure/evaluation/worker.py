@@ -18,6 +18,7 @@ masked, and still with its noise share).
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,6 +68,9 @@ class EvalWorker:
         self.layout = config_layout(config)
         self._profile: dict[str, Any] = dict(config.profile)
         self._answered: tuple[int, bytes, Reply] | None = None
+        #: per model, the SHA-256 of this site's noise-free statistics of its answer (empty
+        #: while unanswered or when it abstains): what a site's ledger compares across jobs
+        self.fingerprints: tuple[str, ...] = ()
 
     @property
     def n_rows(self) -> int:
@@ -125,6 +129,11 @@ class EvalWorker:
         else:
             stats = self.statistics()
             rows = self.n_rows
+            self.fingerprints = tuple(
+                hashlib.sha256(b"".join(
+                    np.ascontiguousarray(stats[b.name][m], dtype=np.float64).tobytes()
+                    for b in self.layout.blocks)).hexdigest()
+                for m in range(self.layout.n_models))
         vec = encode_statistics(self.layout, stats, rows, self._dp)
         if self._dp:
             vec = vec + eval_noise(self.config).sample(self.layout)
