@@ -84,7 +84,13 @@ def evaluate(
                                   f"--job {job_id} --eval-data <held-out rows> ...")
                 else:
                     _check_same_models(admin, job_id, job_path, spec)
-                    _check_reference(reference, admin.evaluation_names(job_id))
+                    existing = admin.evaluation_names(job_id)
+                    if labels is not None and existing is not None and labels != existing:
+                        raise FedForestError(
+                            f"evaluation job {job_id!r} exists and names its models "
+                            f"{', '.join(existing)}: --names cannot change them; give --job "
+                            "a job.toml with a new id")
+                    _check_reference(reference, existing)
                     console.print(f"evaluation job {job_id} exists: waiting for its result")
             else:
                 job_id = job
@@ -157,6 +163,21 @@ def _check_reference(reference: str | None, names: list[str] | None) -> None:
                              f"{', '.join(names)}")
 
 
+def _refuse_declined(admin: ServerAdmin, job_id: str) -> None:
+    """Stop waiting (an error naming the sites and their codes) once every site that has not
+    joined declined the job: it starts only when all have joined."""
+    st = admin.status(job_id)
+    if st is None:
+        return
+    pending = [m for m in st.members if m.state == "invited"]
+    if pending and all(m.declined for m in pending):
+        said = ", ".join(f"{m.name} ({m.declined})" for m in pending)
+        raise FedForestError(
+            f"the evaluation job {job_id} cannot start: {said} declined it (the job stays; "
+            f"once their clients join, `fedforest evaluate --job {job_id}` waits for it "
+            "again)")
+
+
 def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:
     """The job's result once it is done (its ``model_json``); an error if it failed."""
     deadline = time.monotonic() + timeout
@@ -172,6 +193,8 @@ def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:
         if summary.status != shown:
             console.print(f"job {job_id}: {summary.status}")
             shown = summary.status
+        if summary.status == "waiting":
+            _refuse_declined(admin, job_id)
         if time.monotonic() > deadline:
             raise FedForestError(f"the evaluation job {job_id} is still {summary.status} "
                                  f"after {timeout:.0f} s")

@@ -57,7 +57,9 @@ def _title(res: EvalResult, reference: str | None) -> str:
     n = int(res.models[0].metrics.get("n", 0) or 0)
     noise = (f"; DP evaluation (ε={res.dp['epsilon']:g}), ± = noise std"
              if res.dp else "; exact sums")
-    return (f"{res.job_id}: {len(res.models)} model(s) on {n} held-out rows of "
+    # under DP the row count is a noisy sum as well: a figure of the release, not a fact
+    rows = f"about {n} (noisy)" if res.dp else f"{n}"
+    return (f"{res.job_id}: {len(res.models)} model(s) on {rows} held-out rows of "
             f"{res.contributors} sites{noise}; Δ vs {ref}")
 
 

@@ -131,6 +131,13 @@ class ServerAdmin:
         with self._db.session() as sess:
             return [JobSummary._of(j) for j in sess.scalars(select(JobRow))]
 
+    def status(self, job_id: str) -> JobStatusView | None:
+        """One job as :meth:`statuses` shows it (None: no such job)."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            return None if job is None else JobStatusView.model_validate(
+                job_status(sess, job, None, time.time()))
+
     def statuses(self) -> list[JobStatusView]:
         """Every job as ``fedforest status`` shows it to a member (the operator's view)."""
         now = time.time()

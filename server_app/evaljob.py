@@ -65,16 +65,15 @@ class EvaluationParams(BaseModel):
 def set_models(raw: dict[str, Any], models: Sequence[Path],
                names: Sequence[str] | None = None) -> None:
     """Make the raw job table an evaluation of ``models`` (paths as given, resolved against
-    the working directory), replacing any models the file names."""
+    the working directory), replacing any models the file names and their names (``names``,
+    or the files' names by default)."""
     raw["kind"] = "evaluate"
     ev = raw.get("evaluation")
     ev = dict(ev) if isinstance(ev, dict) else {}
     ev["models"] = [str(Path(m).resolve()) for m in models]
     ev.pop("model_texts", None)
-    if names is not None:
-        ev["names"] = list(names)
-    elif ev.get("names") is not None and len(ev["names"]) != len(models):
-        ev["names"] = None
+    # the file's names label the file's models: other models take ``names`` or their files'
+    ev["names"] = list(names) if names is not None else None
     raw["evaluation"] = ev
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from sklearn.datasets import load_diabetes
 
 from fedforest_cli.crossval_cli import parse_values
-from fedforest_cli.evaluate_view import plot, rows, to_markdown
+from fedforest_cli.evaluate_view import plot, rows, to_markdown, to_table
 from fedforest_cli.sim_data import SimData, SiteData
 from fedforest_cli.sim_eval import evaluate as sim_scores
 from fedforest_cli.simulate import SimulateOptions
@@ -51,6 +52,8 @@ def test_a_dp_evaluation_shows_the_noise_of_every_metric(tiny_parts: Any) -> Non
     res = _classification(tiny_parts, "secure-dp")
     acc = [r for r in rows(res) if r[0] == "accuracy"]
     assert all(r[3].startswith("± ") for r in acc)
+    # the row count in the title is a noisy sum too, and says so
+    assert re.search(r"on about -?\d+ \(noisy\) held-out rows", str(to_table(res).title))
 
 
 def test_a_regression_is_plotted_as_predicted_against_actual(tmp_path: Path) -> None:
@@ -270,3 +273,61 @@ def test_cross_validation_under_dp_says_its_scores_are_noisy() -> None:
     out = " ".join(res.output.split())
     assert "DP: each training" in out
     assert "the scores are computed from noisy sums (not clipped): the accuracy may leave" in out
+
+
+def test_models_given_on_the_command_line_do_not_take_the_files_names(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """The job file names its models A and B; --models gives others (here the same two the
+    other way round): their labels are --names or their files' names, never the file's
+    labels on the wrong models. An existing job's labels cannot be changed with --names."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 1, "m2": 2})
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models,
+                         names=["A", "B"])
+    runner = CliRunner()
+    args = ["evaluate", "--config", str(server), "--timeout", "0", "--job", str(job)]
+    res = runner.invoke(app, [*args, "--models", str(models[1]), str(models[0]),
+                              "--reference", "A"])
+    assert res.exit_code == 2
+    assert "--reference 'A' is not one of the models: m2, m1" in " ".join(res.output.split())
+    create_eval_job(server, job)
+    res = runner.invoke(app, [*args, "--names", "X,Y"])
+    assert res.exit_code == 2
+    assert "evaluation job 'ev' exists and names its models A, B: --names cannot change them" \
+        in " ".join(res.output.split()), res.output
+
+
+def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
+                                                              tmp_path: Path) -> None:
+    """Sites a and c joined nothing and declined (one scored the model before, one's table
+    does not fit): the job cannot start, and the command says so, naming them, instead of
+    waiting out --timeout saying only "waiting"."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+    from server_app.db import Database
+    from server_app.phases import MemberState
+    from server_app.store import DECLINED, add_message, members_of
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 1})
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
+    create_eval_job(server, job)
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.session() as sess:
+        for m in members_of(sess, "ev"):
+            if m.client_index == 1:
+                m.state = MemberState.ACTIVE  # b joined
+            else:
+                add_message(sess, "ev", -1, DECLINED, m.client_index,
+                            "evaluated_before" if m.client_index == 0 else "table")
+    db.dispose()
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", "ev",
+                                   "--timeout", "600"])
+    assert res.exit_code == 2
+    assert "the evaluation job ev cannot start: a (evaluated_before), c (table) declined it" \
+        in " ".join(res.output.split()), res.output
