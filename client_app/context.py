@@ -173,9 +173,12 @@ class Watch:
             if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
                 self._dropped.add(m.name)
                 at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
-                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; the job "
-                              f"continues with {st.active_clients} sites (at least "
-                              f"{st.min_clients} needed)")
+                goes = (f"the job continues with {st.active_clients} sites (at least "
+                        f"{st.min_clients} needed)" if st.status == "running"
+                        and st.active_clients >= st.min_clients else
+                        f"the job {st.status if st.status != 'running' else 'cannot go on'} "
+                        f"with {st.active_clients} sites (at least {st.min_clients} needed)")
+                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; {goes}")
 
 
 def _names(names: Sequence[str]) -> str:
@@ -200,7 +203,12 @@ def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     if tr is not None:
         try:
             with tr.brief():
-                status = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}")).status
+                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+            status = st.status
+            if status == "running" and st.active_clients < st.min_clients:
+                return (f"{said}; the job cannot go on: {st.active_clients} sites remain, "
+                        f"fewer than the {st.min_clients} it needs, so it stops without a "
+                        f"model (`fedforest status --job {job}` says when)")
         except (ValidationError, FedForestError, OSError, ValueError):
             pass  # said without it
     if status == "failed":

@@ -98,6 +98,16 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
 
 def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     """Run one institution's side of a job until the job ends (or this client is dropped)."""
+    if opts.data is None and opts.eval_data is None:
+        raise FedForestError("give the site's table (--data) or its held-out rows "
+                             "(--eval-data)")
+    # a path that names no file is a typo of this site's, not a table that does not fit the
+    # job: said before anything is sent (the server would be told "table")
+    for option, path in (("--data", opts.data), ("--eval-data", opts.eval_data),
+                         ("--schema", opts.schema)):
+        if path is not None and not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise FedForestError(f"{option} {path} {what}: nothing was sent to the server")
     # validated before anything is sent: the training table and/or the held-out rows (a
     # table that does not fit the schema: the server is told "table", nothing more)
     try:
@@ -107,9 +117,6 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     except SchemaError:
         _decline_alone(opts, "table", log)
         raise
-    if train is None and held_out is None:
-        raise FedForestError("give the site's table (--data) or its held-out rows "
-                             "(--eval-data)")
     _check_outputs(opts)
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
     if pinned is None or pinned.get("dp") is not None:
@@ -315,6 +322,11 @@ def _check_outputs(opts: ClientOptions) -> None:
     if out is not None:
         if out.is_dir():
             raise FedForestError(f"--out {out} is a directory; name the model file")
+        for option, path in (("--data", opts.data), ("--eval-data", opts.eval_data),
+                             ("--schema", opts.schema)):
+            if path is not None and path.exists() and out.exists() and out.samefile(path):
+                raise FedForestError(f"--out {out} is the {option} file: the model would "
+                                     "replace it; name another file")
         if not out.parent.is_dir():
             raise FedForestError(f"--out {out}: the directory {out.parent} does not exist")
         try:  # a read-only or foreign directory: found now, not after the training

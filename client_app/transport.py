@@ -167,6 +167,13 @@ class Transport:
 
     def __post_init__(self) -> None:
         self._waiting = False
+        # a token read from a file or a secret store often ends in a newline: the token is
+        # what lies between; whitespace inside it is a token pasted wrong (never printed)
+        self.token = self.token.strip()
+        if not self.token or any(c.isspace() or not c.isprintable() for c in self.token):
+            raise ValueError("the site's token (--token or FEDFOREST_TOKEN) is empty or holds "
+                             "spaces or control characters: give the token the server "
+                             "printed, on one line")
         scheme = check_server_url(self.base_url, insecure_dev=self.insecure_dev)
         if scheme == "https":
             if self.ca is None:

@@ -100,10 +100,12 @@ def client(
         console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job {job}."
                       " The same command resumes it, unless it stopped in the middle of a "
                       "secure round: then it has left the job (its round keys died with the "
-                      "process), which goes on without it while enough sites remain")
+                      "process), which goes on without it while enough sites remain",
+                      soft_wrap=True)  # one line off a terminal too (a log file)
         raise typer.Exit(code) from None
     if res.status != "done":
-        console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}")
+        console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}",
+                      soft_wrap=True)
         raise typer.Exit(3)
 
 

@@ -154,7 +154,8 @@ def register(app: typer.Typer) -> None:
         what = "model"
         if _is_evaluation(body):
             what = "evaluation result (its models' scores, not a model to load)"
-        console.print(f"{what} of job {job} written to {out} (sha256 {digest})")
+        console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
+                      soft_wrap=True)  # the digest on one line, to copy whole
 
     app.add_typer(model_cli, name="model")
 
@@ -184,7 +185,8 @@ def register(app: typer.Typer) -> None:
         except (FedForestError, ValueError, OSError) as exc:
             fail(exc)
         entries = body.count(b"\n")
-        console.print(f"audit log of job {job} written to {out} ({entries} entries)")
+        console.print(f"audit log of job {job} written to {out} ({entries} entries)",
+                      soft_wrap=True)
 
 
 def _is_evaluation(body: bytes) -> bool:

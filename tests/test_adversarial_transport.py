@@ -244,3 +244,18 @@ def test_the_client_command_refuses_plain_http_without_insecure_dev(tmp_path: Pa
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and "--insecure-dev" in res.output, res.output
     assert seen == ["loaded"] * 3
+
+
+def test_a_token_with_a_trailing_newline_is_the_token_and_inner_whitespace_is_refused() -> None:
+    """A token read from a file ends in a newline: it is stripped (the header was refused and
+    retried until the budget ran out, blamed on the server). Whitespace or control characters
+    inside are refused at once, without printing the token."""
+    tr = Transport("http://127.0.0.1:9", "ffs_abc\n", None, insecure_dev=True)
+    try:
+        assert tr.token == "ffs_abc"
+    finally:
+        tr.close()
+    for bad in ("ffs_a bc", "ffs_a\x00bc", "  "):
+        with pytest.raises(ValueError, match="token .* is empty or holds spaces") as info:
+            Transport("http://127.0.0.1:9", bad, None, insecure_dev=True)
+        assert "ffs_a" not in str(info.value)

@@ -55,11 +55,14 @@ def test_the_watch_names_the_sites_not_joined_yet_and_each_dropped_site_once() -
     watch.observe(status("waiting", "active", "active", "invited"))
     watch.observe(status("running", "active", "active", "dropped"))
     watch.observe(status("running", "active", "active", "dropped"))
+    watch.observe(status("running", "active", "dropped", "dropped"))  # 1 left of 2 needed
     msgs = [LINE.match(x).group(1) for x in out.getvalue().splitlines()]  # type: ignore[union-attr]
     assert msgs == ["job j: waiting for sites b and c to join",
                     "job j: waiting for site c to join",
                     "warning: job j: site c was dropped at round 4; the job continues with 2 "
-                    "sites (at least 2 needed)"]
+                    "sites (at least 2 needed)",
+                    "warning: job j: site b was dropped at round 4; the job cannot go on with "
+                    "1 sites (at least 2 needed)"]
 
 
 def test_a_client_started_before_the_server_says_it_waits_and_then_why_it_gave_up() -> None:

@@ -157,6 +157,8 @@ def _no_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         raise AssertionError("a transport was opened")
 
     monkeypatch.setattr(runner, "Transport", no_transport)
+    for name in ("d.csv", "s.toml"):  # there (their content is the stub's)
+        (tmp_path / name).touch()
     return ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
                          state_dir=tmp_path / "state", quiet=True, profile=profile)
@@ -254,3 +256,30 @@ def test_the_state_dir_lock_names_the_process_that_holds_it(tmp_path: Path) -> N
         holder.communicate()
     with ClientState(tmp_path / "state").locked():
         pass
+
+
+@pytest.mark.parametrize("option", ["data", "schema", "eval_data"])
+def test_a_path_that_names_no_file_is_the_sites_typo_not_a_decline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+    """A mistyped --data, --eval-data or --schema path is said at once, and nothing reaches
+    the server (it was told the site declines the job: "table")."""
+    import dataclasses
+
+    opts = _no_transport(tmp_path, monkeypatch)
+    opts = dataclasses.replace(opts, **{option: tmp_path / "nofile.csv"})
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(FedForestError, match=f"{flag} .*nofile.csv does not exist: nothing "
+                                             "was sent to the server"):
+        runner.run_client(opts)
+
+
+@pytest.mark.parametrize("option", ["data", "schema"])
+def test_out_naming_an_input_file_is_refused_before_joining(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+    """--out naming the site's own table (or schema) would replace it with the model."""
+    import dataclasses
+
+    opts = _no_transport(tmp_path, monkeypatch)
+    opts = dataclasses.replace(opts, model_out=getattr(opts, option))
+    with pytest.raises(FedForestError, match=f"--out .* is the --{option} file"):
+        runner.run_client(opts)

@@ -144,8 +144,8 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
             codes = [c.wait(300) for c in clients]
             after = run("status", "--job", "heart-2024", *site_opts)
             listed = run("jobs", *site_opts)
-            run("model", "download", "--job", "heart-2024", "--out", str(root / "model.json"),
-                *site_opts)
+            downloaded = run("model", "download", "--job", "heart-2024", "--out",
+                             str(root / "model.json"), *site_opts)
             # a second download keeps the file unless --force
             (root / "model.json").write_text("a site's own notes")
             again = CliRunner().invoke(app, ["model", "download", "--job", "heart-2024",
@@ -187,6 +187,9 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
     assert again.exit_code == 2 and "exists" in again.output and kept == "a site's own notes"
     assert re.search(r"OK: \d+ entries in 1 job\(s\), [1-9]\d* receipt\(s\) checked", site_check)
     assert gz_check.startswith("OK: "), gz_check
+    # off a terminal the line is not wrapped: the path and the digest copy whole
+    assert re.search(r"written to \S+model\.json \(sha256 [0-9a-f]{64}\)", downloaded), \
+        downloaded
     # 6. the downloaded model is every client's --out, and the estimators read it
     model_bytes = (root / "model.json").read_bytes()
     assert all((root / site / "model.json").read_bytes() == model_bytes for site in SITES)
