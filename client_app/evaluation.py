@@ -66,18 +66,22 @@ class EvalLedger:
             if e.get("job") == job:
                 mine = True
                 continue
-            for key, ours, what in (("models", models, "model"),
-                                    ("statistics", statistics, "model's statistics")):
+            before = e.get("job")
+            for key, ours, what in (
+                    ("models", models, "scores model {} on the held-out rows this site "
+                                       f"already scored it on in job {before!r}"),
+                    ("statistics", statistics, "asks this site for the statistics of a model "
+                                               "on these held-out rows that it already sent "
+                                               f"in job {before!r} (model {{}})")):
                 theirs = e.get(key)
                 again = sorted(set(ours) & {str(m) for m in theirs}) \
                     if isinstance(theirs, list) else []
                 if again:
                     raise RefusedRequest(
-                        f"job {job!r} asks for the {what} {again[0][:16]}... on the held-out "
-                        f"rows this site already sent in job {e.get('job')!r}; a second "
+                        f"job {job!r} " + what.format(again[0][:16] + "...") + "; a second "
                         "evaluation could isolate this site by differencing. Refusing (to "
-                        f"repeat an evaluation on purpose, delete job {e.get('job')!r}'s line "
-                        f"from {self.path})", code="evaluated_before")
+                        f"repeat an evaluation on purpose, delete job {before!r}'s line from "
+                        f"{self.path})", code="evaluated_before")
         if record:
             entry = {"job": job, "models": list(models), "rows": rows}
             if statistics:

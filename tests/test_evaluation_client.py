@@ -67,7 +67,7 @@ def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
         d.mkdir()
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
-    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'") as exc:
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'") as exc:
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"  # the words that reach the operator
@@ -99,8 +99,8 @@ def test_the_same_forest_in_another_file_cannot_isolate_a_site_either(
         d.mkdir()
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
-    with pytest.raises(RefusedRequest, match="model's statistics .* already sent in job "
-                                             "'eval-a'") as exc:
+    with pytest.raises(RefusedRequest, match="statistics of a model on these held-out rows "
+                                             "that it already sent in job 'eval-a'") as exc:
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"
@@ -174,7 +174,7 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job="ev-2",
                          data=None, eval_data=tmp_path / "held.csv", schema=tmp_path / "s.toml",
                          ca=None, state_dir=state.root, quiet=True)
-    with pytest.raises(RefusedRequest, match="already sent in job 'ev-1'"):
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'ev-1'"):
         runner._run(opts, Offering(), state, None, None,  # type: ignore[arg-type]
                     SiteLog(stream=io.StringIO()), None, held)
     assert sent[1:] == [("POST", "/v1/jobs/ev-2/decline", {"reason": "evaluated_before"})]
