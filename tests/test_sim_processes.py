@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from fedforest_cli.sim_processes import one_site_server
+from fedforest_cli.sim_processes import one_site_server, stop
 from fedforest_secure.errors import FedForestError
 
 
@@ -93,9 +93,7 @@ def test_sigterm_stops_the_simulation_its_server_and_its_clients(tmp_path: Path)
         sim.send_signal(signal.SIGTERM)
         code = sim.wait(60)
     finally:
-        if sim.poll() is None:
-            sim.kill()
-            sim.wait()
+        stop(sim)  # a run that overran its wait: stopped as a user would stop it
     said = (tmp_path / "stdout.txt").read_text()
     assert code == 143, said
     assert "terminated" in said
@@ -117,9 +115,7 @@ def test_a_relative_profile_path_is_read_from_the_current_directory(tmp_path: Pa
     try:
         code = sim.wait(300)
     finally:
-        if sim.poll() is None:
-            sim.kill()
-            sim.wait()
+        stop(sim)  # a run that overran its wait: stopped as a user would stop it
     said = (tmp_path / "stdout.txt").read_text()
     assert code == 0, said
     assert "the server sees only masked vectors" in said
