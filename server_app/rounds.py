@@ -245,7 +245,8 @@ class RoundDriver:
 
     def fail(self, sess: Session, job: JobRow, reason: str, rr: RoundRow | None,
              rt: JobRuntime | None) -> None:
-        """Stop the job with ``reason`` (audited as the abort of ``rr`` if given)."""
+        """Stop the job with ``reason``, audited as the abort of ``rr`` if given, else as the
+        job's failure between rounds."""
         self.changes.touch(job.id)
         reason = printable(reason)
         job.status = JobStatus.FAILED
@@ -257,6 +258,8 @@ class RoundDriver:
         if rr is not None:
             self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
                                                         "reason": reason})
+        else:
+            self.audit.append(job.id, "job_failed", {"reason": reason})
         event("job_failed", logging.ERROR, job=job.id, reason=reason)
 
     # ------------------------------------------------------------------ closing

@@ -513,6 +513,36 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
             "is vouched for by the chain only"]
 
 
+def test_a_job_that_failed_between_rounds_has_a_note_not_a_problem(tmp_path: Path) -> None:
+    """Sites drop after round 0 until too few remain, and the job fails before issuing round 1
+    (no round of it was aborted): its ``job_failed`` entry ends the chain, and round 0's
+    unreceipted aggregate is a note. The same chain without that entry is a problem."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = log.job(JOB)
+        rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
+                        profile={"name": "secure"})
+        for c in CLIENTS:
+            rec.client_joined(c)
+        seq, head = log.tip(JOB)
+        uploads = {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS}
+        for c in CLIENTS:
+            write_receipt(receipts, Receipt(JOB, 0, c, uploads[c], head, seq))
+        rec.round(_task(0), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+        rec.client_dropped(CLIENTS[0], round_id=1, reason="deadline")
+        cut = verify_log(log, receipts_dir=receipts)
+        assert any("the last round" in p and "covered by no receipt" in p
+                   for p in cut.problems), cut.problems
+        rec.job_failed(reason="only 1 clients remain, fewer than the required 2; training "
+                              "stopped")
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.notes == [
+        f"job '{JOB}' failed (job '{JOB}' seq 6 (job_failed)) before any site kept a receipt "
+        f"after its last round (job '{JOB}' seq 4 (round)): that round's aggregate is vouched "
+        "for by the chain only"]
+
+
 def test_a_round_rewritten_as_aborted_is_named_in_a_note(setup: tuple[AuditLog, Path],
                                                          tmp_path: Path) -> None:
     """A server that released round 1's sum, then logged the round as aborted (its entry and

@@ -28,7 +28,7 @@ from fedforest_secure.secagg import (
 from fedforest_secure.secure_sum import encode_contribution, make_codec, unmask_floor
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
-from server_app.audit_hook import NullAudit
+from server_app.audit_hook import AuditSink, NullAudit, open_audit
 from server_app.auth import TokenCache, add_client
 from server_app.db import Database, JobRow, RoundRow
 from server_app.jobspec import load_job_spec
@@ -69,20 +69,27 @@ def env_all(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
     yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure", min_clients=K)
 
 
+@pytest.fixture()
+def env_all_audited(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
+    """As ``env_all``, with an audit log (``env["audit"]``)."""
+    yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure", min_clients=K,
+                    audit=open_audit(str(tmp_path / "audit.db")))
+
+
 def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str,
-         min_clients: int | None = None) -> Iterator[dict]:
+         min_clients: int | None = None, audit: AuditSink | None = None) -> Iterator[dict]:
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile=profile,
                        deadline=30.0, min_clients=min_clients)
     db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     clock = Clock()
-    state = ServerState(db, NullAudit(), clock=clock)
+    state = ServerState(db, audit or NullAudit(), clock=clock)
     state.create_job(load_job_spec(job_toml))
     app = create_app(db, state=state, tick_seconds=3600)
     with TestClient(app) as http:
         yield {"http": http, "db": db, "tokens": tokens, "parts": parts, "clock": clock,
-               "state": state}
+               "state": state, "audit": audit}
     db.dispose()
 
 
@@ -334,6 +341,32 @@ def test_a_site_dropped_after_its_upload_is_in_the_sum_and_counted_dropped_in_th
     assert np.array_equal(aggregate(env, r), want)
     lines = [x.getMessage() for x in caplog.records if x.getMessage().startswith("event=round ")]
     assert len(lines) == 1 and f" clients={K} dropped=1 " in lines[0], lines
+
+
+def test_a_job_left_with_too_few_sites_after_a_round_ends_its_audit_chain_with_the_failure(
+        env_all_audited: dict) -> None:
+    """min_clients is every site; the last one uploads, then misses the signature deadline:
+    the round's sum is released, and the job fails before the next round. The audit chain
+    ends with that failure and its reason (else it would end at the round, as a chain whose
+    end was cut does)."""
+    env = env_all_audited
+    config, sa, task, vecs = all_uploaded(env)
+    r = task.round_id
+    for k in range(K - 1):
+        assert sign(env, sa, k, r).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    for k in range(K - 1):
+        assert unmask(env, sa, k, r).status_code == 200
+    status = env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).json()
+    assert status["status"] == "failed", status
+    kinds = [json.loads(line)["kind"] for line in env["audit"].export("job-a").splitlines()]
+    assert kinds[-3:] == ["client_dropped", "round", "job_failed"], kinds
+    last = json.loads(env["audit"].export("job-a").splitlines()[-1])
+    assert last["payload"]["reason"] == (f"only {K - 1} clients remain, fewer than the "
+                                         f"required {K}; training stopped")
+    ok, _, problems = env["audit"].verify_chain("job-a")
+    assert ok, problems
 
 
 def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(

@@ -17,6 +17,8 @@ kind                payload (required keys first; more keys are allowed and hash
                     ``task_digest``: the task follows from the configuration and the earlier
                     aggregates, which ``fedforest audit verify --replay`` checks
 ``round_aborted``   ``round_id``, ``reason``: no sum was released
+``job_failed``      ``reason``: the job stopped between rounds (too few sites remained, or it
+                    could not start or resume); no model came out of it
 ``disclosure``      ``client``, ``item`` (``round_id``); array ``data`` = the plaintext disclosed
 ``dp_spend``        ``epsilon``, ``delta``, ``mechanism``, ``total_epsilon``, ``total_delta``
 ``split``           ``splits`` (a list of split decisions; ``round_id``)
@@ -43,6 +45,7 @@ class EntryKind(enum.StrEnum):
     ABSTAINED = "abstained"
     ROUND = "round"
     ROUND_ABORTED = "round_aborted"
+    JOB_FAILED = "job_failed"
     DISCLOSURE = "disclosure"
     DP_SPEND = "dp_spend"
     SPLIT = "split"
@@ -58,6 +61,7 @@ _REQUIRED: dict[EntryKind, tuple[frozenset[str], frozenset[str]]] = {
     EntryKind.ROUND: (frozenset({"round_id", "clients", "uploads", "masked"}),
                       frozenset({"aggregate"})),
     EntryKind.ROUND_ABORTED: (frozenset({"round_id", "reason"}), frozenset()),
+    EntryKind.JOB_FAILED: (frozenset({"reason"}), frozenset()),
     EntryKind.DISCLOSURE: (frozenset({"client", "item"}), frozenset({"data"})),
     EntryKind.DP_SPEND: (frozenset({"epsilon", "delta", "mechanism", "total_epsilon",
                                     "total_delta"}), frozenset()),

@@ -104,6 +104,10 @@ class JobRecorder:
         return self.log.append(self.job_id, EntryKind.ROUND_ABORTED, {
             **extra, "round_id": round_id, "reason": reason, "clients": sorted(clients)})
 
+    def job_failed(self, *, reason: str, **extra: Any) -> str:
+        """The job stopped between rounds (no round of it was aborted): no model follows."""
+        return self.log.append(self.job_id, EntryKind.JOB_FAILED, {**extra, "reason": reason})
+
     def disclosure(self, *, client: str, item: str, data: np.ndarray,
                    round_id: int | None = None, **extra: Any) -> str:
         """A per-client plaintext item beyond sums (e.g. the paper's quantile sketch)."""

@@ -248,6 +248,10 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     return out, notes, count
 
 
+#: the entries that end a job without a model: a round's abort, or a failure between rounds
+_FAILED = frozenset({EntryKind.ROUND_ABORTED.value, EntryKind.JOB_FAILED.value})
+
+
 def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
                    ) -> tuple[list[str], list[str]]:
     """A job's last round and its model entry must lie within a chain head some client
@@ -258,7 +262,7 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
     last_round = max((e for e in chain.values() if e.kind == EntryKind.ROUND.value),
                      key=lambda e: e.seq, default=None)
     if last_round is not None and covered < last_round.seq:
-        failed = next((e for e in chain.values() if e.kind == EntryKind.ROUND_ABORTED.value
+        failed = next((e for e in chain.values() if e.kind in _FAILED
                        and e.seq > last_round.seq), None)
         if failed is not None:
             return out, [f"job {job!r} failed ({failed.label}) before any site kept a receipt "
