@@ -101,13 +101,22 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     if opts.data is None and opts.eval_data is None:
         raise FedForestError("give the site's table (--data) or its held-out rows "
                              "(--eval-data)")
-    # a path that names no file is a typo of this site's, not a table that does not fit the
-    # job: said before anything is sent (the server would be told "table")
+    # a path that names no file (or one this process may not read) is a slip of this site's,
+    # not a table that does not fit the job: said before anything is sent (the server would
+    # be told "table")
     for option, path in (("--data", opts.data), ("--eval-data", opts.eval_data),
                          ("--schema", opts.schema)):
-        if path is not None and not path.is_file():
+        if path is None:
+            continue
+        if not path.is_file():
             what = "is a directory" if path.is_dir() else "does not exist"
             raise FedForestError(f"{option} {path} {what}: nothing was sent to the server")
+        try:  # a file this process may not read: the site's setup, not the table's content
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise FedForestError(f"{option} {path} cannot be read ({exc.strerror or exc}): "
+                                 "nothing was sent to the server") from None
     # validated before anything is sent: the training table and/or the held-out rows (a
     # table that does not fit the schema: the server is told "table", nothing more)
     try:

@@ -273,6 +273,32 @@ def test_a_path_that_names_no_file_is_the_sites_typo_not_a_decline(
         runner.run_client(opts)
 
 
+@pytest.mark.parametrize("option", ["data", "schema", "eval_data"])
+def test_a_file_the_client_may_not_read_is_said_not_declined(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+    """An input file the client process may not read (its permissions) is said at once, and
+    nothing reaches the server (it was told the site declines the job: "table")."""
+    import dataclasses
+    import pathlib
+
+    opts = _no_transport(tmp_path, monkeypatch)
+    locked = tmp_path / "locked.csv"
+    locked.touch()
+    opts = dataclasses.replace(opts, **{option: locked})
+    real_open = pathlib.Path.open
+
+    def guarded(self: Path, *a: Any, **k: Any) -> Any:  # chmod 000 does not stop root
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "open", guarded)
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(FedForestError, match=f"{flag} .*locked.csv cannot be read "
+                                             r"\(Permission denied\): nothing was sent"):
+        runner.run_client(opts)
+
+
 @pytest.mark.parametrize("option", ["data", "schema"])
 def test_out_naming_an_input_file_is_refused_before_joining(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str) -> None:
