@@ -6,8 +6,9 @@ For simulations and benchmarks of many sites on one machine (a deployed site run
     python -m fedforest_cli.client_group SPEC.json
 
 ``SPEC.json`` is a list of :class:`client_app.runner.ClientOptions` fields, one object per site
-(paths as strings). The process prints each site's final status and exits 1 unless every site
-ends ``done``.
+(paths as strings). The process prints each site's final status (a line ``site <state_dir name>:
+<status> <detail>`` per site that did not end ``done``, with the time it ended) and exits 1
+unless every site ends ``done``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +29,19 @@ def run_group(spec_path: Path) -> int:
     from client_app.runner import ClientOptions, run_client
 
     results: list[str] = []
+    started = time.monotonic()
 
     def one(d: dict[str, Any]) -> None:
         paths = {f: Path(d[f]) for f in PATH_FIELDS}
         try:
-            results.append(run_client(ClientOptions(**{**d, **paths})).status)
+            res = run_client(ClientOptions(**{**d, **paths}))
+            status, detail = res.status, res.detail
         except Exception as exc:  # noqa: BLE001 - reported, and the group exits 1
-            results.append(f"error: {exc!r}")
+            status, detail = "error", repr(exc)
+        results.append(status)
+        if status != "done":
+            print(f"site {paths['state_dir'].name}: {status} {detail} (after "
+                  f"{time.monotonic() - started:.0f} s)", flush=True)
 
     threads = [threading.Thread(target=one, args=(d,))
                for d in json.loads(spec_path.read_text())]
