@@ -158,8 +158,11 @@ class Watch:
             return
         self._last = now
         try:
-            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
-        except (ValidationError, FedForestError, ValueError):
+            # a courtesy question, asked briefly: a server slow to answer it must not hold
+            # the site's steps past their deadline
+            with tr.brief():
+                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
+        except (ValidationError, FedForestError, OSError, ValueError):
             return  # the log is a courtesy: never fail training over it
         self.observe(st)
 

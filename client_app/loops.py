@@ -19,7 +19,7 @@ from fedforest_secure.protocol.api import RoundInfo, SecAggStep
 from .context import LONG_POLL_S, RESTARTED_SECURE, RunContext, dropped_detail, parse_as
 from .evaluation import SiteWorker
 from .secagg_session import SecAggSession
-from .transport import ApiRejected, Transport, TransportFailed
+from .transport import ApiRejected, Transport
 
 __all__ = ["leave_after_error", "replay", "run_open", "run_secure", "secure_steps",
            "tell_stopped"]
@@ -64,9 +64,9 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
         # goes on without this site; the server learns it now, not at the step's deadline
         _leave_round(ctx, session, "stopped")
         raise
-    except (FedForestError, OSError, ValueError) as exc:
-        # an error this process stops on (a full disk, a server that misbehaves): the same
-        # (the command prints the error)
+    except Exception as exc:
+        # an error this process stops on (a full disk, a server that misbehaves, a defect of
+        # this program): the same (the command prints the error)
         leave_after_error(ctx, session, exc)
         raise
 
@@ -80,9 +80,9 @@ def leave_after_error(ctx: RunContext, session: SecAggSession, exc: Exception) -
 
 def _server_knows(exc: Exception) -> bool:
     """Whether a refusal would tell the server nothing: it dropped the site or refuses its
-    credentials, or cannot be reached."""
-    if isinstance(exc, TransportFailed):
-        return True
+    credentials. A server this client gave up on (:class:`TransportFailed`) is still told,
+    briefly: it may answer again, and it would otherwise wait for this site until the step's
+    deadline."""
     return isinstance(exc, ApiRejected) and (exc.code == "dropped" or exc.status in (401, 403))
 
 

@@ -106,10 +106,13 @@ class _BriefTransport(_Transport):
     (OSError(28, "No space left on device"), [(2, "failed")]),
     (ProtocolError("the task does not match its announced digest"), [(2, "failed")]),
     (RefusedRequest("a roster that is not the job's", code="roster"), [(2, "roster")]),
-    # the server dropped the site, refuses its token, or cannot be reached: nothing to tell
+    # a server this client gave up on may answer again: told, briefly
+    (TransportFailed("the server did not answer for 300s"), [(2, "failed")]),
+    # a defect of the client's own: the open round goes on without it at once
+    (KeyError("nodes"), [(2, "failed")]),
+    # the server dropped the site or refuses its token: nothing to tell
     (ApiRejected(403, "dropped", "this client was dropped at round 2", {}), []),
     (ApiRejected(401, "unauthenticated", "unknown or revoked token", {}), []),
-    (TransportFailed("the server did not answer for 300s"), []),
 ])
 def test_a_secure_site_stopping_on_an_error_tells_the_server_only_what_it_does_not_know(
         error: Exception, refusal: list[tuple[int, str]]) -> None:
@@ -138,3 +141,48 @@ def test_a_brief_request_to_a_server_that_never_answers_gives_up_within_seconds(
         finally:
             tr.close()
     assert took < 10.0
+
+
+def test_a_secure_site_stopping_on_a_defect_of_its_own_refuses_the_open_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception outside the errors the client expects (a defect: KeyError) ends the site's
+    steps too: it refuses the open round on its way out, so the other sites do not wait for
+    it until the step's deadline, and the error is raised as it was."""
+    from types import SimpleNamespace
+
+    session = _OpenSession(open_now=4)
+    monkeypatch.setattr(loops, "SecAggSession", lambda *a, **k: session)
+
+    def broken(*a: Any) -> None:
+        raise KeyError("nodes")
+
+    monkeypatch.setattr(loops, "secure_steps", broken)
+    tr = _BriefTransport({})
+    ctx = SimpleNamespace(tr=tr, job="job-a", log=_Log(), index=0, config=None,
+                          opts=SimpleNamespace(ca=None, cert=None))
+    with pytest.raises(KeyError, match="nodes"):
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    assert session.refusals == [(4, "failed")]
+    assert tr.briefs == 1
+
+
+def test_the_status_poll_asks_briefly_and_never_fails_the_site() -> None:
+    """The poll of the job's status (who joined, who was dropped) is a courtesy: a server that
+    keeps failing it costs the site's loop seconds (a brief question), not the transport's
+    retry budget, and no error."""
+    from client_app.context import Watch
+
+    asked: list[float] = []
+
+    class Failing(Transport):
+        def request(self, method: str, path: str, **_: Any) -> Any:
+            asked.append(self.retry_budget_s)
+            raise TransportFailed("the server kept failing (HTTP 503)")
+
+    tr = Failing("http://127.0.0.1:9", "t", None, insecure_dev=True, retry_budget_s=600.0)
+    try:
+        Watch("job-a", _Log(), 0).poll(tr, force=True)  # type: ignore[arg-type]
+    finally:
+        tr.close()
+    assert asked == [5.0]
+    assert tr.retry_budget_s == 600.0  # restored
