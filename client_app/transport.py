@@ -37,6 +37,10 @@ _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 #: the handshake is over before the server has looked at its certificate. uvicorn sends no
 #: alert then; the connection just closes.
 _HANGUPS = 3
+#: seconds an idle connection stays in the client's pool; the server keeps one open longer
+#: (:data:`server_app.serve.KEEP_ALIVE_S`), so the client never reuses a connection the server
+#: is closing at that moment (a request that meets the close is a hang-up, retried)
+KEEPALIVE_S = 5.0
 #: How long that probe waits on a fresh connection that sends nothing: a server that accepted
 #: the certificate waits for a request, one that refused it has closed the connection.
 _PROBE_S = 2.0
@@ -185,6 +189,7 @@ class Transport:
             verify = True  # plain HTTP only towards a loopback server run with --insecure-dev
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
                                   timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
                                   headers={"Authorization": f"Bearer {self.token}"})
         self.bytes_sent = 0
         self.bytes_received = 0

@@ -117,6 +117,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     config = uvicorn.Config(
         app, host=settings.host, port=bound,
         log_level="warning", access_log=False, timeout_graceful_shutdown=5, log_config=None,
+        timeout_keep_alive=KEEP_ALIVE_S,
         http=http,
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,
@@ -144,6 +145,12 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     finally:
         listener.close()
         lease.release()
+
+
+#: seconds the server keeps an idle connection open: longer than a client's pool keeps one
+#: (5 s), so the client, not the server, ends an idle connection, and a request never meets
+#: the server's close
+KEEP_ALIVE_S = 30
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from pathlib import Path
 
 import pytest
 from ports import free_port
@@ -75,3 +76,27 @@ def test_a_name_listens_on_its_ipv4_address() -> None:
         assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
     finally:
         sock.close()
+
+
+def test_the_server_keeps_an_idle_connection_open_longer_than_a_client_pool_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client reuses a pooled connection up to KEEPALIVE_S after its last answer; the server
+    (uvicorn's keep-alive timeout) keeps it open longer, so a reused connection is never one
+    the server is closing at that moment (the request would meet the close)."""
+    import uvicorn
+
+    from client_app.transport import KEEPALIVE_S, Transport
+    from server_app.serve import run_server
+    from server_app.settings import ServerSettings
+
+    seen: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: seen.append(self.config))
+    run_server(ServerSettings(host="127.0.0.1", database=f"sqlite:///{tmp_path / 's.db'}"),
+               insecure_dev=True, port=free_port())
+    assert seen and seen[0].timeout_keep_alive >= 2 * KEEPALIVE_S
+    tr = Transport("http://127.0.0.1:9", "t", None, insecure_dev=True)
+    try:
+        assert tr._http._transport._pool._keepalive_expiry == KEEPALIVE_S  # type: ignore
+    finally:
+        tr.close()
