@@ -45,6 +45,24 @@ def _fedforest(*args: str, env: dict[str, str] | None = None, log: Path | None =
     return done.stdout
 
 
+#: the file that marks an --out directory as this script's (the next run may replace it)
+_MARKER = ".evaluation-walkthrough"
+
+
+def _clear_earlier_run(out: Path) -> None:
+    """Remove ``out`` if an earlier run of this script wrote it; refuse any other non-empty
+    directory (or a file) there, so a mistyped ``--out`` never deletes a user's files."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise SystemExit(f"error: --out {out} is a file, not a directory")
+    if any(out.iterdir()) and not (out / _MARKER).is_file():
+        raise SystemExit(f"error: --out {out} holds files and is not the output of an earlier "
+                         "run of this script (the run would replace it): choose another "
+                         "--out, or empty it yourself")
+    shutil.rmtree(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="banknote")
@@ -55,13 +73,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     out: Path = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)
+    try:  # a dataset name that is not one is said before anything is written or removed
+        X, y, task, feat = load_table(args.dataset)
+    except ValueError as exc:
+        raise SystemExit(f"error: --dataset: {exc}") from None
+    _clear_earlier_run(out)
     (out / "logs").mkdir(parents=True)
+    (out / _MARKER).write_text("written by benchmarks/evaluation_walkthrough.py\n")
     t0 = time.monotonic()
 
     # the sites' tables: 80 % to train on, 20 % held out, both at the site
-    X, y, task, feat = load_table(args.dataset)
     rng = np.random.default_rng(args.seed)
     held = rng.random(len(y)) < 0.2
     part = _partition(y, task, args.sites, 0.5, args.seed)

@@ -164,7 +164,8 @@ def prune_cmd(config: ConfigOpt,
     """Delete the rounds, uploads and spooled vectors of finished jobs.
 
     The job's status and model stay (sites can still download it); the audit log is never
-    touched (export it compressed with `fedforest audit export --out JOB.jsonl.gz`)."""
+    touched (export it compressed with `fedforest audit export --db AUDIT_DB --format jsonl
+    --job JOB --out JOB.jsonl.gz`)."""
     from server_app.admin import ServerAdmin
     from server_app.settings import load_settings
 
