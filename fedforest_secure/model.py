@@ -7,8 +7,10 @@ read any of them. Besides the trees it carries what prediction on a site's table
 
 * ``feature_names`` and the ``schema`` (kinds, categorical levels, public bounds, target):
   :meth:`ForestModel.predict_values` on a DataFrame (or any table with named columns) takes the
-  columns by name, in any order, and refuses a missing or unknown one; a categorical column
-  holds its levels as labels (``"M"``, ``2``), as in the site's CSV file;
+  columns by name, in any order, and refuses a missing one; a categorical column holds its
+  levels as labels (``"M"``, ``2``), as in the site's CSV file; the table's other columns
+  (target, client column, columns the schema does not name) are left, as
+  :meth:`Schema.read_csv` leaves them (a model without a schema refuses an unknown column);
 * ``classes``: the class labels, in the order of the probability columns;
 * ``clients``: the site labels in index order (a forest that splits on the site indicator);
 * ``y_offset``: added to a regression forest's predictions;
@@ -167,7 +169,10 @@ class ForestModel:
         """``X`` as the forest's float64 input, shape (n, n_features).
 
         A table with named columns is matched to ``feature_names`` by name (any order, no
-        missing or unknown column); with a schema, categorical columns are read as levels.
+        missing column); with a schema, categorical columns are read as levels and the
+        table's other columns (the target, the client column, columns the schema does not
+        name) are left, as :meth:`Schema.read_csv` leaves them; without one, a column the
+        forest does not know is refused.
         An array is taken in the forest's column order.
 
         Raises
@@ -178,9 +183,12 @@ class ForestModel:
         names = _column_names(X)
         if names is not None and self.feature_names is not None:
             missing = [c for c in self.feature_names if c not in names]
-            # the schema's target column is not a feature: a site's table as it is predicts
-            target = (self.schema or {}).get("target", {}).get("name")
-            unknown = [c for c in names if c not in self.feature_names and c != target]
+            # with a schema, a site's table predicts as it is: the features are taken by name
+            # and every other column (the target, the client column, columns the schema does
+            # not name) is left, as Schema.read_csv leaves it; without one, a column the
+            # forest does not know is refused
+            unknown = [] if self.schema is not None else \
+                [c for c in names if c not in self.feature_names]
             if missing or unknown:
                 parts = []
                 if missing:
@@ -189,9 +197,9 @@ class ForestModel:
                 if unknown:
                     parts.append(f"unknown column{'s' if len(unknown) > 1 else ''} "
                                  f"{', '.join(map(repr, unknown))}")
+                advice = " (drop the target and any other column)" if unknown else ""
                 raise SchemaError(f"{' and '.join(parts)}: the model's columns are "
-                                  f"{', '.join(self.feature_names)} (drop the target and any "
-                                  "other column)")
+                                  f"{', '.join(self.feature_names)}{advice}")
             twice = sorted({c for c in names if names.count(c) > 1} & set(self.feature_names))
             if twice:
                 raise SchemaError(f"duplicate column {twice[0]!r}: each of the model's columns "

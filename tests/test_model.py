@@ -242,14 +242,56 @@ def test_a_jobs_model_file_loads_with_labels_names_schema_and_predicts_on_site_r
     # the site's CSV as it is: the schema's target column is not a feature and is left out
     site_csv = rows.assign(num=np.where(y, "yes", "no"))
     np.testing.assert_array_equal(est.predict_proba(site_csv), proba)
-    with pytest.raises(SchemaError, match="unknown column 'other'"):
-        est.predict(site_csv.assign(other=0))
+    # columns the schema does not name are ignored, as Schema.read_csv ignores them
+    np.testing.assert_array_equal(est.predict_proba(site_csv.assign(other=0)), proba)
+    with pytest.raises(SchemaError, match=r"missing column 'cp'"):
+        est.predict(site_csv.drop(columns="cp"))
     assert ForestModel.load(path).schema == schema.to_dict()
     # saved again, the file claims no parameters or profile it does not know (the job's
     # model records neither): it is the job's model file as it was
     est.save(tmp_path / "again.json")
     assert (tmp_path / "again.json").read_text() == path.read_text()
 
+
+
+def test_a_jobs_model_predicts_on_what_its_schema_reads_from_a_site_table(
+        tmp_path: Path) -> None:
+    """A site's table as Schema.read_csv reads it: the client column, the target and the
+    columns the schema does not name are there and are not features; predict takes the
+    features by name and leaves the rest, as reading the table for training does. A model
+    without a schema still refuses a column it does not know."""
+    import pandas as pd
+
+    from fedforest_secure.schema import Schema
+
+    schema_text = ('client_column = "site"\n'
+                   '[target]\nname = "num"\nkind = "classification"\nclasses = ["no", "yes"]\n'
+                   '[[features]]\nname = "age"\nkind = "continuous"\nbounds = [0.0, 120.0]\n'
+                   '[[features]]\nname = "cp"\nkind = "categorical"\nlevels = ["1", "2", "4"]\n')
+    schema = Schema.from_dict(__import__("tomllib").loads(schema_text))
+    age = np.linspace(30, 70, 180)
+    cp = np.array([1, 4, 2, 4, 1, 2] * 30)
+    site = pd.DataFrame({"fbs": np.arange(180) % 2, "age": age, "cp": cp,
+                         "num": np.where(cp == 4, "yes", "no"),
+                         "site": np.array(["a", "b", "c"])[np.arange(180) % 3]})
+    csv = tmp_path / "site.csv"
+    site.to_csv(csv, index=False)
+    codes, y, _ = schema.read_csv(csv)  # the schema reads this table: fbs is ignored
+    forest = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        codes, y, client=np.arange(180) % 3).model_
+    path = tmp_path / "model.json"
+    path.write_text(forest.for_job(schema_text, ["a", "b", "c"]).to_json())
+    est = FedForestClassifier.load(path)
+    proba = est.predict_proba(site)
+    np.testing.assert_array_equal(proba, forest.predict_values(codes))
+    np.testing.assert_array_equal(est.predict_proba(pd.read_csv(csv)), proba)
+    assert (est.predict(site) == site["num"]).all()
+    np.testing.assert_array_equal(ForestModel.load(path).predict_values(site), proba)
+    # without a schema, an unknown column is still refused
+    bare = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        site[["age", "cp"]], site["num"])
+    with pytest.raises(SchemaError, match=r"unknown columns 'fbs', 'site'"):
+        bare.predict(site.drop(columns="num"))
 
 
 def test_a_jobs_model_with_classes_out_of_order_reads_as_sklearn_expects(
