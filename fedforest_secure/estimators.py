@@ -36,6 +36,9 @@ shared parameters, with these federated defaults:
 * A DataFrame's bool columns are 0 and 1 in ``fit`` and ``predict`` alike (scikit-learn's
   reading); ``fit`` refuses date and duration columns (as scikit-learn's forests do) and
   repeated column names, naming the column.
+* A regression target is centred on the middle of its range; one whose centred values reach
+  past ``sqrt(float64 max) / (2 n)`` (n rows, frequency weights counted: the trees' sums of
+  y^2 would overflow) is refused at ``fit``, naming it, with the advice to rescale it.
 """
 
 from __future__ import annotations
@@ -265,6 +268,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             self.__dict__.pop(attr, None)
         _refuse_dates(X)
         _refuse_duplicate_names(X)
+        y_name = getattr(y, "name", None)  # a Series' name, for the messages about y
         X, y = _as_schema_error(validate_data, self, X, y, dtype=np.float64,
                                 ensure_all_finite="allow-nan",
                                 y_numeric=self._task == "regression", multi_output=False)
@@ -298,6 +302,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             self.y_offset_ = float((y_enc[kept].min() + y_enc[kept].max()) / 2.0)
             y_enc = y_enc - self.y_offset_
             target_bound = float(np.max(np.abs(y_enc[kept])))
+            rows = float(weights[kept].sum()) if weights is not None else float(n)
+            _refuse_huge_target(y_name, target_bound, self.y_offset_, rows)
         mf = self.max_features
         if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
             raise SchemaError(f"max_features={mf} is more than the {d} features of X")
@@ -636,6 +642,27 @@ def _refuse_dates(X: Any) -> None:
                          else ("durations", "a number of days or seconds"))
             raise SchemaError(f"{what} holds {held} ({dtype}): the forest reads numbers only; "
                               f"convert it, e.g. to {how}, before fit and predict")
+
+
+def _refuse_huge_target(name: Any, largest: float, middle: float, rows: float) -> None:
+    """Refuse a centred regression target whose sums of squares could overflow float64.
+
+    The trees grow from each node's sums of y and y^2 (``_impurity``): over ``rows`` rows
+    (frequency weights counted) the square of the sum reaches ``(rows * largest)^2``, so
+    ``largest`` must stay within ``sqrt(float64 max) / (2 * rows)`` (half of it: the sums of
+    two children and the noise of a DP profile add to a node's). Beyond it every tree came
+    out a single leaf, or the secure aggregate non-finite.
+    """
+    limit = float(np.sqrt(np.finfo(np.float64).max)) / (2.0 * max(rows, 1.0))
+    if largest <= limit:
+        return
+    what = "y" if name is None else f"y ({str(name)!r})"
+    factor = 10.0 ** int(np.floor(np.log10(largest)))  # to values of order 1
+    raise SchemaError(f"{what} lies up to {largest:.3g} from the middle of its range "
+                      f"({middle:.3g}): the sums of squares of y over {rows:.0f} rows that the "
+                      f"trees grow from would overflow float64, which keeps them finite only "
+                      f"within {limit:.3g} of the middle; rescale the target (e.g. divide it "
+                      f"by {factor:.0e}) and multiply the predictions back")
 
 
 def _refuse_duplicate_names(X: Any) -> None:

@@ -774,6 +774,41 @@ def test_a_target_on_a_large_offset_grows_the_forest_it_grows_without(profile: s
     assert min(nodes) > 20, nodes
 
 
+@pytest.mark.parametrize("profile", ["open", "secure"])
+def test_a_target_too_large_for_its_sums_of_squares_is_refused_at_fit(profile: str) -> None:
+    """The trees grow from sums of y and y^2 over the rows: a centred target beyond
+    sqrt(float64 max) / (2 n) made every tree a single leaf (open) or the aggregate
+    non-finite (secure). fit refuses it, naming the target, its largest magnitude and the
+    remedy; a target just inside the bound still grows trees."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(17)
+    n = 600
+    X = rng.normal(size=(n, 3))
+    # skewed: the sum of y over the rows is close to n times its largest magnitude
+    y = np.where(X[:, 0] > -2.5, 1.0, -1.0) * (1 + 0.5 * (X[:, 1] > 0))
+    y = y - (y.min() + y.max()) / 2
+    limit = np.sqrt(np.finfo(np.float64).max) / (2 * n)
+    h = np.arange(n) % 3
+    kw = dict(n_estimators=2, max_depth=4, random_state=0, profile=profile)
+    inside = FedForestRegressor(**kw).fit(X, y * 0.99 * limit / np.abs(y).max() + 7.0,
+                                          client=h)
+    assert min(t.tree_.node_count for t in inside.estimators_) > 1
+    for scale in (1e152, 1e155):
+        big = pd.Series(y * scale + 3.0 * scale, name="price")
+        est = FedForestRegressor(**kw)
+        with pytest.raises(SchemaError, match=r"y \('price'\) lies up to \d\.\d+e\+1\d\d from the "
+                                              r"middle of its range.*600 rows.*float64.*"
+                                              r"rescale"):
+            est.fit(X, big, client=h)
+        assert not hasattr(est, "model_")
+    with pytest.raises(SchemaError, match=r"^y lies up to"):
+        FedForestRegressor(**kw).fit(X, y * 1e155, client=h)
+    # frequency weights count as rows: 600 rows of weight 100 are 60000
+    w = np.full(n, 100)
+    with pytest.raises(SchemaError, match=r"60000 rows"):
+        FedForestRegressor(**kw).fit(X, y * 0.99 * limit / np.abs(y).max(), w, client=h)
+
+
 @pytest.mark.parametrize("dtype", ["bool", "boolean", "object"])
 def test_a_bool_column_predicts_as_the_zeros_and_ones_fit_read(dtype: str) -> None:
     """fit reads a DataFrame's bool column (numpy, pandas' nullable "boolean" with a missing
