@@ -30,9 +30,11 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 2 categorical, 3 client split), with each split's weighted impurity decrease (``gain``) that
 :meth:`ForestModel.feature_importances` adds up.
 
-A file whose parts do not fit together (an unknown task, a child or feature index out of
-range, class labels or value columns that disagree with ``n_classes``, site or feature names
-that disagree with their counts) is refused with a ValueError naming the field and the tree.
+A file whose parts do not fit together (an unknown task, no tree, a child or feature index
+out of range, class labels or value columns that disagree with ``n_classes``, site or feature
+names that disagree with their counts, a ``"proportions"`` classifier's leaf value that is not
+class proportions, a ``y_offset`` that is no finite number) is refused with a ValueError naming
+the field and the tree.
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
@@ -45,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import numbers
 import tomllib
 from collections.abc import Sequence
@@ -70,6 +73,8 @@ _VOTES = ("proportions", "counts")
 _TASKS = ("regression", "classification")
 #: rows a soft-routed forest predicts at a time
 ROUTED_ROWS = 16384
+#: how far a leaf's class proportions may stray from [0, 1] and a sum of 1 (rounding)
+_PROPORTION_SLACK = 1e-6
 
 
 def _column_names(X: Any) -> list[str] | None:
@@ -78,6 +83,23 @@ def _column_names(X: Any) -> list[str] | None:
     if cols is None or isinstance(X, np.ndarray):
         return None
     return [str(c) for c in cols]
+
+
+def _check_proportions(tree: Tree, name: str) -> None:
+    """Refuse a leaf of a ``"proportions"`` vote whose value is not class proportions: every
+    training path writes each in [0, 1], adding up to 1, or all 0 (a DP root whose noisy
+    count is too small takes the zeros a root inherits, and its leaves with it); only a
+    ``"counts"`` vote's leaves hold noisy counts, negative ones too. The average of other
+    values is no probability."""
+    leaves = np.flatnonzero(tree.kind == NodeKind.LEAF)
+    values = tree.value[leaves]
+    total = values.sum(axis=1)
+    bad = ((values < 0.0) | (values > 1.0 + _PROPORTION_SLACK)).any(axis=1) \
+        | ((np.abs(total - 1.0) > _PROPORTION_SLACK) & (total != 0.0))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"{name}, node {int(leaves[k])}: leaf value {values[k].tolist()} is "
+                         "not class proportions (each in [0, 1], adding up to 1, or all 0)")
 
 
 @dataclass
@@ -110,6 +132,12 @@ class ForestModel:
             raise ValueError(f"n_features must be at least 1, got {self.n_features}")
         if self.n_clients < 0:
             raise ValueError(f"n_clients must be at least 0, got {self.n_clients}")
+        if not self.trees:
+            raise ValueError("trees is empty: a forest has at least one tree")
+        if isinstance(self.y_offset, bool) or not isinstance(self.y_offset, numbers.Real) \
+                or not math.isfinite(self.y_offset):
+            raise ValueError(f"y_offset must be a finite number, got {self.y_offset!r}")
+        self.y_offset = float(self.y_offset)
         outputs = 1 if self.task == "regression" else self.n_classes
         for i, tree in enumerate(self.trees):
             tree.check(self.n_features, self.n_clients, name=f"tree {i}")
@@ -117,6 +145,8 @@ class ForestModel:
                 owner = ("a regression forest's value has 1" if self.task == "regression"
                          else f"the forest's n_classes is {self.n_classes}")
                 raise ValueError(f"tree {i}: value has {tree.value.shape[1]} columns, {owner}")
+            if self.task == "classification" and self.vote == "proportions":
+                _check_proportions(tree, f"tree {i}")
         if self.task == "classification" and self.classes is not None \
                 and len(self.classes) != self.n_classes:
             raise ValueError(f"classes has {len(self.classes)} labels, n_classes is "
@@ -371,7 +401,7 @@ class ForestModel:
                    trees=[Tree.from_dict(t) for t in d["trees"]],
                    feature_names=d.get("feature_names"), classes=d.get("classes"),
                    schema=d.get("schema"), clients=d.get("clients"),
-                   y_offset=float(d.get("y_offset", 0.0)), estimator=d.get("estimator"),
+                   y_offset=d.get("y_offset", 0.0), estimator=d.get("estimator"),
                    vote=str(d.get("vote", "proportions")),
                    routing=(SoftRouting.from_dict(d["routing"]) if "routing" in d else None))
 

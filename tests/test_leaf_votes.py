@@ -132,9 +132,13 @@ def test_the_model_file_keeps_the_vote_and_old_files_average_proportions() -> No
     X = np.array([[0.0], [1.0]])
     np.testing.assert_array_equal(again.values_of(X), counts.values_of(X))
     props = _two_stumps(False)
-    assert "vote" not in json.loads(props.to_json())  # the file of a proportions vote as before
+    old = json.loads(props.to_json())
+    assert "vote" not in old  # the file of a proportions vote as before
+    assert ForestModel.from_dict(old).vote == "proportions"
+    # counts came with the vote field: without it, noisy counts are no proportions
     d.pop("vote")
-    assert ForestModel.from_dict(d).vote == "proportions"
+    with pytest.raises(ValueError, match="is not class proportions"):
+        ForestModel.from_dict(d)
     d["vote"] = "median"
     with pytest.raises(ValueError, match="vote"):
         ForestModel.from_dict(d)

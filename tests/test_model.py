@@ -408,6 +408,16 @@ def _set(path: tuple, value: object):  # type: ignore[no-untyped-def,type-arg]
     return change
 
 
+def _leaves(tree: int, value: list[float]):  # type: ignore[no-untyped-def]
+    """Set every leaf value of one tree of a model file."""
+    def change(d: dict) -> None:  # type: ignore[type-arg]
+        t = d["trees"][tree]
+        for i, kind in enumerate(t["kind"]):
+            if kind == 0:
+                t["value"][i] = list(value)
+    return change
+
+
 _INCONSISTENT = [
     ("child out of range", _set(("trees", 0, "left", 0), 999),
      r"tree 0, node 0: left child 999 is not a node after it \(the tree has \d+ nodes\)"),
@@ -431,6 +441,13 @@ _INCONSISTENT = [
      r"feature_names has 2 names, n_features is 4"),
     ("sites of other length", _set(("clients",), [0, 1]),
      r"clients has 2 sites, n_clients is 3"),
+    ("no trees", _set(("trees",), []),
+     r"trees is empty: a forest has at least one tree"),
+    ("negative leaf value", _leaves(1, [-5.0, 3.0, 3.0]),
+     r"tree 1, node \d+: leaf value \[-5.0, 3.0, 3.0\] is not class proportions \(each in "
+     r"\[0, 1\], adding up to 1, or all 0\)"),
+    ("leaf proportions not adding up to 1", _leaves(0, [0.2, 0.2, 0.2]),
+     r"tree 0, node \d+: leaf value \[0.2, 0.2, 0.2\] is not class proportions"),
 ]
 
 
@@ -447,6 +464,31 @@ def test_an_inconsistent_model_file_is_refused_at_load_naming_field_and_tree(
     with pytest.raises(ValueError, match="tampered.json: " + message):
         FedForestClassifier.load(path)
     ForestModel.from_dict(iris_file)  # the file as written loads
+
+
+def test_leaf_values_of_a_counts_vote_may_be_negative_noisy_counts(
+        iris_file: dict) -> None:  # type: ignore[type-arg]
+    """A DP classifier whose forest votes with summed noisy counts (``vote = "counts"``) has
+    leaf values below 0 and above 1: such a file loads and predicts probabilities."""
+    doc = json.loads(json.dumps(iris_file))
+    _leaves(1, [-5.0, 3.0, 3.0])(doc)
+    doc["vote"] = "counts"
+    proba = ForestModel.from_dict(doc).predict_values(np.zeros((3, 4)))
+    assert (proba >= 0).all() and np.allclose(proba.sum(axis=1), 1.0)
+
+
+@pytest.mark.parametrize("offset", [float("nan"), float("inf"), "12"])
+def test_a_regression_file_with_an_offset_that_is_no_finite_number_is_refused(
+        tmp_path: Path, offset: object) -> None:
+    X, y, h = _data()
+    doc = json.loads(FedForestRegressor(n_estimators=2, max_depth=2).fit(
+        X, y, client=h).model_.to_json())
+    doc["y_offset"] = offset
+    path = tmp_path / "offset.json"
+    path.write_text(json.dumps(doc))  # NaN and Infinity as Python's json writes them
+    with pytest.raises(ValueError, match=r"offset.json: y_offset must be a finite number, "
+                                         rf"got {offset!r}"):
+        FedForestRegressor.load(path)
 
 
 def test_a_forest_of_an_unknown_task_is_not_sent_to_the_other_estimator(
