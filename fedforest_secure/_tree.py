@@ -28,6 +28,7 @@ The :class:`NodeKind` codes are what the model file stores and what routing task
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,14 +263,16 @@ class Tree:
         Raises
         ------
         ValueError
-            A node kind that is not a :class:`NodeKind` code.
+            A node kind that is not a :class:`NodeKind` code, a threshold that is not a
+            number (``"inf"`` and ``"nan"`` are read as numbers).
         """
         kind = np.asarray(d["kind"], dtype=np.int64)
         known = np.array([k.value for k in NodeKind])
         if not np.isin(kind, known).all():
             bad = sorted(set(kind.tolist()) - set(known.tolist()))
             raise ValueError(f"unknown node kind codes {bad} in the model file")
-        thr = np.array([float(t) for t in d["threshold"]], dtype=np.float64)
+        thr = np.array([_threshold(t, k) for k, t in enumerate(d["threshold"])],
+                       dtype=np.float64)
         size = len(d["kind"])
         impurity = missing_left = None
         if "impurity" in d:
@@ -289,6 +292,17 @@ class Tree:
                   if "gain" in d else None),
             impurity=impurity, missing_left=missing_left,
         )
+
+
+def _threshold(t: Any, node: int) -> float:
+    """A model file's threshold: a number, or its text ("inf", as :func:`json_float` writes
+    it); anything else raises ValueError naming the node."""
+    if not isinstance(t, bool) and isinstance(t, int | float | str):
+        try:
+            return float(t)
+        except ValueError:
+            pass
+    raise ValueError(f"node {node}: threshold {json.dumps(t, default=repr)} is not a number")
 
 
 def json_float(v: float) -> float | str:

@@ -34,8 +34,9 @@ shared parameters, with these federated defaults:
 * ``X`` may hold missing values (NaN): every split learns where they go (see
   :mod:`fedforest_secure._tree`).
 * A DataFrame's bool columns are 0 and 1 in ``fit`` and ``predict`` alike (scikit-learn's
-  reading); ``fit`` refuses date and duration columns (as scikit-learn's forests do) and
-  repeated column names, naming the column.
+  reading); ``fit`` refuses date, time and duration columns (datetime64 ones, and Python or
+  numpy date objects in an object column; as scikit-learn's forests do) and repeated column
+  names, naming the column.
 * A regression target is centred on the middle of its range; one whose centred values reach
   past ``sqrt(float64 max) / (2 n)`` (n rows, frequency weights counted: the trees' sums of
   y^2 would overflow) is refused at ``fit``, naming it, with the advice to rescale it.
@@ -44,6 +45,7 @@ shared parameters, with these federated defaults:
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import uuid
@@ -550,9 +552,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                      "classification": "FedForestClassifier"}[model.task]
             raise ValueError(f"{path} holds a {model.task} forest: read it with {other}.load")
         section = model.estimator or {}
-        if section and section.get("class") != cls.__name__:
-            raise ValueError(f"{path} was saved by {section.get('class')}, not {cls.__name__}")
-        est = cls(**section["params"]) if section else cls()
+        if section and (not isinstance(section, dict) or section.get("class") != cls.__name__):
+            saved_by = section.get("class") if isinstance(section, dict) else None
+            raise ValueError(f"{path} was saved by {saved_by}, not {cls.__name__}")
+        est = cls._from_params(section["params"], path) if section else cls()
         est.model_ = dataclasses.replace(model, estimator=None)
         if not section:  # a job's model: classes in the schema's order
             sorted_model = _classes_sorted(est.model_)
@@ -560,11 +563,30 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                 est._file_model = est.model_  # what save writes back
                 est.model_ = sorted_model
         if section.get("config") is not None:
-            est.config_ = JobConfig.from_json(json.dumps(section["config"]))
+            try:
+                est.config_ = JobConfig.from_json(json.dumps(section["config"]))
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"{path}: estimator.config is not a job configuration: "
+                                 f"{exc}") from None
         if section:
-            est.profile_ = section["params"]["profile"]
+            est.profile_ = section["params"].get("profile", est.profile)
         est._set_fitted_attributes()
         return est
+
+    @classmethod
+    def _from_params(cls, params: Any, path: str | Path) -> Any:
+        """The estimator of a model file's ``estimator.params``; a ValueError naming the file
+        for a parameter this estimator does not have."""
+        if not isinstance(params, dict):
+            raise ValueError(f"{path}: estimator.params must be a mapping of parameters, got "
+                             f"{params!r}")
+        known = cls().get_params()
+        unknown = sorted(str(k) for k in params if k not in known)
+        if unknown:
+            raise ValueError(f"{path}: estimator.params: unknown parameter "
+                             f"{', '.join(map(repr, unknown))} of {cls.__name__} (its "
+                             f"parameters are {', '.join(sorted(known))})")
+        return cls(**params)
 
     def _set_fitted_attributes(self) -> None:
         model = self.model_
@@ -626,21 +648,41 @@ def _as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
         raise SchemaError(str(exc)) from exc
 
 
+#: what an object column may hold that is a date, a time of day or a duration
+_TIME_TYPES = (dt.date, dt.time, dt.timedelta, np.datetime64, np.timedelta64)
+
+
 def _refuse_dates(X: Any) -> None:
-    """Refuse a table's date or duration column by name: scikit-learn's forests cannot read
-    one as numbers, nor can these (numpy's error names neither the column nor a remedy)."""
+    """Refuse a table's date, time or duration column by name (datetime64 and timedelta64
+    columns, and object columns holding ``datetime`` or numpy date objects): scikit-learn's
+    forests cannot read one as numbers, nor can these (numpy's error names neither the
+    column nor a remedy)."""
+    columns: list[tuple[str, Any, Any]]  # what, dtype, how to get its cells
     if isinstance(X, np.ndarray):
-        columns: list[tuple[str, Any]] = [("X", X.dtype)]
+        columns = [("X", X.dtype, lambda: X)]
     else:
         dtypes: Any = getattr(X, "dtypes", None)
-        columns = [(f"column {str(name)!r}", dtype) for name, dtype in dtypes.items()] \
+        iloc = getattr(X, "iloc", None)
+        columns = [(f"column {str(name)!r}", dtype,
+                    None if iloc is None else (lambda j=j: iloc[:, j]))
+                   for j, (name, dtype) in enumerate(dtypes.items())] \
             if hasattr(dtypes, "items") else []
-    for what, dtype in columns:
+    for what, dtype, cells in columns:
         kind = getattr(dtype, "kind", "")
-        if kind in ("M", "m"):
-            held, how = (("dates", "days since a reference date") if kind == "M"
-                         else ("durations", "a number of days or seconds"))
-            raise SchemaError(f"{what} holds {held} ({dtype}): the forest reads numbers only; "
+        shown = str(dtype)
+        if kind == "O" and cells is not None:  # Python dates, times or durations as objects
+            when = next((v for v in np.asarray(cells(), dtype=object).ravel().tolist()
+                         if isinstance(v, _TIME_TYPES)), None)
+            if when is None:
+                continue
+            kind = ("m" if isinstance(when, dt.timedelta | np.timedelta64)
+                    else "t" if isinstance(when, dt.time) else "M")
+            shown = f"{type(when).__module__.split('.')[0]}.{type(when).__name__} values"
+        if kind in ("M", "m", "t"):
+            held, how = {"M": ("dates", "days since a reference date"),
+                         "m": ("durations", "a number of days or seconds"),
+                         "t": ("times of day", "hours since midnight")}[kind]
+            raise SchemaError(f"{what} holds {held} ({shown}): the forest reads numbers only; "
                               f"convert it, e.g. to {how}, before fit and predict")
 
 

@@ -102,6 +102,19 @@ def _check_proportions(tree: Tree, name: str) -> None:
                          "not class proportions (each in [0, 1], adding up to 1, or all 0)")
 
 
+def _tree_of(entry: Any, i: int) -> Tree:
+    """Tree ``i`` of a model file, a ValueError naming it for an entry that is none."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"tree {i}: not a mapping of node arrays")
+    try:
+        return Tree.from_dict(entry)
+    except KeyError as exc:
+        raise ValueError(f"tree {i}: no {exc.args[0]!r} field") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tree {i}{',' if str(exc).startswith('node') else ':'} {exc}") \
+            from None
+
+
 @dataclass
 class ForestModel:
     """A trained forest, independent of how it was trained (module docstring)."""
@@ -152,6 +165,13 @@ class ForestModel:
             raise ValueError(f"classes has {len(self.classes)} labels, n_classes is "
                              f"{self.n_classes}")
         if self.feature_names is not None:
+            if not isinstance(self.feature_names, list):
+                raise ValueError(f"feature_names must be a list of column names, got "
+                                 f"{self.feature_names!r}")
+            text = [c for c in self.feature_names if not isinstance(c, str)]
+            if text:
+                raise ValueError(f"feature_names must be text (the column names), got "
+                                 f"{text[0]!r}")
             if len(self.feature_names) != self.n_features:
                 raise ValueError(f"feature_names has {len(self.feature_names)} names, "
                                  f"n_features is {self.n_features}")
@@ -396,14 +416,26 @@ class ForestModel:
         """
         if not isinstance(d, dict) or d.get("format") not in _READS:
             raise ValueError(f"not a model file ({' or '.join(_READS)})")
-        return cls(task=d["task"], n_features=int(d["n_features"]), n_classes=int(d["n_classes"]),
-                   n_clients=int(d.get("n_clients", 0)), meta=dict(d.get("meta", {})),
-                   trees=[Tree.from_dict(t) for t in d["trees"]],
-                   feature_names=d.get("feature_names"), classes=d.get("classes"),
-                   schema=d.get("schema"), clients=d.get("clients"),
-                   y_offset=d.get("y_offset", 0.0), estimator=d.get("estimator"),
-                   vote=str(d.get("vote", "proportions")),
-                   routing=(SoftRouting.from_dict(d["routing"]) if "routing" in d else None))
+        try:
+            trees = d["trees"]
+            if not isinstance(trees, list):
+                raise ValueError("trees must be a list of trees")
+            meta = d.get("meta", {})
+            if not isinstance(meta, dict):
+                raise ValueError(f"meta must be a mapping, got {meta!r}")
+            return cls(task=d["task"], n_features=int(d["n_features"]),
+                       n_classes=int(d["n_classes"]), n_clients=int(d.get("n_clients", 0)),
+                       meta=dict(meta), trees=[_tree_of(t, i) for i, t in enumerate(trees)],
+                       feature_names=d.get("feature_names"), classes=d.get("classes"),
+                       schema=d.get("schema"), clients=d.get("clients"),
+                       y_offset=d.get("y_offset", 0.0), estimator=d.get("estimator"),
+                       vote=str(d.get("vote", "proportions")),
+                       routing=(SoftRouting.from_dict(d["routing"]) if "routing" in d
+                                else None))
+        except KeyError as exc:
+            raise ValueError(f"not a model file: no {exc.args[0]!r} field") from None
+        except TypeError as exc:  # a field of another JSON type than the format's
+            raise ValueError(f"not a model file: {exc}") from None
 
     @classmethod
     def from_json(cls, text: str) -> ForestModel:

@@ -3,6 +3,7 @@ and utility of the candidate methods."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import numpy as np
@@ -854,6 +855,29 @@ def test_date_and_time_columns_are_refused_by_name_at_fit_and_predict(kind: str)
         est.predict(X)
     with pytest.raises(SchemaError, match=r"X holds (dates|durations)"):
         FedForestClassifier(n_estimators=2).fit(np.asarray(when).reshape(-1, 1), y)
+
+
+@pytest.mark.parametrize("value", [dt.date(2020, 1, 1), dt.datetime(2020, 1, 1, 8),
+                                   dt.timedelta(days=3), dt.time(8, 30)])
+def test_date_objects_in_an_object_column_are_refused_by_name(value: object) -> None:
+    """A column of Python dates (pandas keeps datetime.date as objects) is refused as a
+    datetime64 column is, naming the column; so is an object array of them."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(18)
+    X = pd.DataFrame({"a": rng.normal(size=90)})
+    y = X["a"] > 0
+    visits = pd.Series([value] * 90, dtype=object)
+    visits[3] = None  # a missing cell among the dates
+    with pytest.raises(SchemaError, match=r"column 'visit' holds (dates|durations|times of "
+                                          r"day) \(datetime\.\w+ values\).*numbers only"):
+        FedForestClassifier(n_estimators=2).fit(X.assign(visit=visits), y)
+    est = FedForestClassifier(n_estimators=2, max_depth=2).fit(X.assign(visit=1.0), y)
+    with pytest.raises(SchemaError, match=r"column 'visit' holds"):
+        est.predict(X.assign(visit=visits))
+    arr = np.empty((90, 1), dtype=object)
+    arr[:, 0] = value
+    with pytest.raises(SchemaError, match=r"^X holds"):
+        FedForestClassifier(n_estimators=2).fit(arr, y)
 
 
 def test_duplicate_column_names_are_refused_at_fit_naming_them() -> None:

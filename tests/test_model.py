@@ -408,6 +408,14 @@ def _set(path: tuple, value: object):  # type: ignore[no-untyped-def,type-arg]
     return change
 
 
+def _drop(path: tuple):  # type: ignore[no-untyped-def,type-arg]
+    def change(d: dict) -> None:  # type: ignore[type-arg]
+        for key in path[:-1]:
+            d = d[key]
+        del d[path[-1]]
+    return change
+
+
 def _leaves(tree: int, value: list[float]):  # type: ignore[no-untyped-def]
     """Set every leaf value of one tree of a model file."""
     def change(d: dict) -> None:  # type: ignore[type-arg]
@@ -448,6 +456,17 @@ _INCONSISTENT = [
      r"\[0, 1\], adding up to 1, or all 0\)"),
     ("leaf proportions not adding up to 1", _leaves(0, [0.2, 0.2, 0.2]),
      r"tree 0, node \d+: leaf value \[0.2, 0.2, 0.2\] is not class proportions"),
+    ("tree without left", _drop(("trees", 1, "left")), r"tree 1: no 'left' field"),
+    ("no task", _drop(("task",)), r"not a model file: no 'task' field"),
+    ("null threshold", _set(("trees", 0, "threshold", 0), None),
+     r"tree 0, node 0: threshold null is not a number"),
+    ("text threshold", _set(("trees", 0, "threshold", 0), "abc"),
+     r"tree 0, node 0: threshold \"abc\" is not a number"),
+    ("trees not a list", _set(("trees",), "many"), r"trees must be a list of trees"),
+    ("tree not a mapping", _set(("trees", 1), [1, 2]), r"tree 1: not a mapping of node arrays"),
+    ("meta not a mapping", _set(("meta",), [1]), r"meta must be a mapping, got \[1\]"),
+    ("feature names as numbers", _set(("feature_names",), [1, 2, 3, 4]),
+     r"feature_names must be text \(the column names\), got 1"),
 ]
 
 
@@ -489,6 +508,30 @@ def test_a_regression_file_with_an_offset_that_is_no_finite_number_is_refused(
     with pytest.raises(ValueError, match=r"offset.json: y_offset must be a finite number, "
                                          rf"got {offset!r}"):
         FedForestRegressor.load(path)
+
+
+_BAD_SECTIONS = [
+    ("unknown parameter", ("params", "colour"), 1,
+     r"estimator.params: unknown parameter 'colour' of FedForestClassifier"),
+    ("edited configuration", ("config",), {"x": 1},
+     r"estimator.config is not a job configuration: .*'x'"),
+    ("params not a mapping", ("params",), [1],
+     r"estimator.params must be a mapping of parameters"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [c[1:] for c in _BAD_SECTIONS],
+                         ids=[c[0] for c in _BAD_SECTIONS])
+def test_an_edited_estimator_section_is_refused_naming_the_file(
+        tmp_path: Path, where: tuple, value: object, message: str) -> None:  # type: ignore[type-arg]
+    X, y, h = _data()
+    path = tmp_path / "saved.json"
+    FedForestClassifier(n_estimators=2, max_depth=2).fit(X, y > 0, client=h).save(path)
+    doc = json.loads(path.read_text())
+    _set(("estimator", *where), value)(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="saved.json: " + message):
+        FedForestClassifier.load(path)
 
 
 def test_a_forest_of_an_unknown_task_is_not_sent_to_the_other_estimator(
