@@ -83,8 +83,19 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     check_transport(settings, insecure_dev=insecure_dev)
     configure()
     db = Database(settings.database)
-    lease = ServerLease(db, settings.port if port is None else port)
-    lease.acquire()  # a second server on this database refuses to start
+    bound = settings.port if port is None else port
+    # the port and the audit log first, the database's claim last: a start that fails a
+    # check leaves the claim as it found it (had it taken a stalled server's claim and given
+    # it back, that server would stop when it resumed, and neither would serve)
+    listener = _listen(settings.host, bound)
+    lease = ServerLease(db, bound)
+    try:
+        audit = open_audit(settings.audit_database)
+        check_audit_chains(db, audit, settings.audit_database)
+        lease.acquire()  # a second server on this database refuses to start
+    except BaseException:
+        listener.close()
+        raise
     tls = None if insecure_dev else settings.tls
     client_ca = tls.client_ca if tls is not None else None
     peer_names: PeerNames | None = None
@@ -94,15 +105,6 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         peer_names = PeerNames()
         http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
     server: uvicorn.Server | None = None
-    bound = settings.port if port is None else port
-    try:
-        audit = open_audit(settings.audit_database)
-        check_audit_chains(db, audit, settings.audit_database)
-        # bound before the start-up is logged: a port another process holds is a clear error
-        listener = _listen(settings.host, bound)
-    except BaseException:  # not serving: the next server may take the database at once
-        lease.release()
-        raise
     app = create_app(db, audit, tick_seconds=settings.tick_seconds,
                      max_upload_bytes=settings.max_upload_bytes,
                      spool=spool_dir(settings.database),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,3 +131,25 @@ def test_a_server_stopped_with_sigterm_gives_its_lease_back(
     with db.connect() as conn:
         assert conn.execute(select(func.count()).select_from(LeaseRow)).scalar() == 0
     db.dispose()
+
+
+def test_a_start_that_cannot_listen_leaves_a_stalled_servers_claim_alone(
+        tmp_path: Path) -> None:
+    """A server stalled past LEASE_S (paused, say) still holds its claim row; a second start on
+    a port that is taken fails on the port before it touches the claim, so the first server,
+    when it resumes, renews its claim and goes on (had the second taken the claim and given
+    it back, the first would have stopped on a lost lease and no server would serve)."""
+    from server_app.serve import run_server
+    from server_app.settings import ServerSettings
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    stalled = ServerLease(db, 1, clock=lambda: time.time() - 2 * LEASE_S)
+    stalled.acquire()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        with pytest.raises(ConfigError, match="Address already in use"):
+            run_server(ServerSettings(host="127.0.0.1", database=url), insecure_dev=True,
+                       port=taken.getsockname()[1])
+    assert stalled.renew()
