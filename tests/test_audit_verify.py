@@ -279,6 +279,21 @@ def test_receipt_disagreeing_with_log_is_named(setup: tuple[AuditLog, Path]) -> 
     assert len(problems) == 7
 
 
+def test_a_second_job_created_entry_in_one_chain_is_named(tmp_path: Path) -> None:
+    """A chain holds one job: a job id created again on the same audit log (e.g. by a second
+    server database) appends a second ``job_created`` to the first job's chain."""
+    with AuditLog(tmp_path / "audit.db") as log:
+        for _ in range(2):
+            log.job(JOB).job_created(schema={"features": ["x"]},
+                                     hyperparameters={"n_estimators": 1},
+                                     profile={"name": "secure"})
+        report = verify_log(log)
+    assert report.problems == [
+        f"job '{JOB}' seq 2 (job_created): a second job_created entry in the chain (the "
+        "first is seq 1): a chain holds one job, so the job id was created again on this "
+        "audit log"]
+
+
 def test_receipts_dir_must_exist(setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
     report = verify_log(setup[0], receipts_dir=tmp_path / "nope")
     assert not report.ok and "does not exist" in report.problems[0]

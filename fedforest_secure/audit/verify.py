@@ -8,6 +8,8 @@ never stops at the first problem. Per job it checks that
 * ``seq`` runs 1, 2, ..., n without gaps or duplicates (a deleted entry);
 * entry 1 links to the genesis value and each later entry to its predecessor's hash;
 * rows were inserted in ``seq`` order (entries moved around);
+* the chain holds one job: a single ``job_created`` entry (a job id created again on the same
+  log appends a second);
 * payloads are canonical JSON of a known kind with the required keys;
 * each stored array is present and its bytes hash to the digest in the entry;
 
@@ -112,6 +114,10 @@ def _check_chain(entries: Sequence[Entry]) -> list[str]:
                 and entry.row_id < prev.row_id:
             out.append(f"{entry.label}: stored before seq {prev.seq} (entries reordered)")
         prev = entry
+    created = [e for e in entries if e.kind == EntryKind.JOB_CREATED.value]
+    out.extend(f"{e.label}: a second job_created entry in the chain (the first is seq "
+               f"{created[0].seq}): a chain holds one job, so the job id was created again "
+               "on this audit log" for e in created[1:])
     model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
     if model is not None:  # a finished job: the server writes nothing after its model
         out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's model entry "
