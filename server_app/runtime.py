@@ -138,6 +138,14 @@ class ServerState:
         with self.core.lock, self.core.db.session() as sess:
             if sess.get(JobRow, spec.id) is not None:
                 raise ConfigError(f"job {spec.id!r} already exists")
+            if self.core.audit.tip(spec.id)[0] > 0:
+                # another server database (or one replaced) created this id on the same audit
+                # log: a second job's entries would join the first's chain, which then fails
+                # to verify
+                raise ConfigError(
+                    f"the audit database already holds a job {spec.id!r} (its chain of "
+                    "entries, from another or an earlier server database): choose another job "
+                    "id, or another audit_database in the server config")
             rows = {c.name: c for c in sess.scalars(
                 select(ClientRow).where(ClientRow.name.in_(spec.clients)))}
             missing = [n for n in spec.clients if n not in rows]

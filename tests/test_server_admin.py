@@ -49,6 +49,30 @@ def test_register_create_and_follow_a_job(tmp_path: Path, tiny_parts, job_dir,
     assert rr is not None and (rr.round_id, rr.level, rr.status) == (job.round_id, 0, "open")
 
 
+def test_create_job_refuses_an_id_whose_chain_is_already_in_the_audit_database(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """A second server database sharing the audit database: the job id already has a chain
+    there, so creating it again is refused and writes nothing to either database (two jobs'
+    entries in one chain would make the first job's log fail to verify)."""
+    parts, feat = tiny_parts
+    spec = load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K))
+    audit = f"sqlite:///{tmp_path / 'audit.db'}"
+    first, second = (f"sqlite:///{tmp_path / n}" for n in ("first.db", "second.db"))
+    with ServerAdmin(first, audit) as admin:
+        for name in spec.clients:
+            admin.add_client(name)
+        admin.create_job(spec)
+    with ServerAdmin(second, audit) as admin:
+        for name in spec.clients:
+            admin.add_client(name)
+        with pytest.raises(ConfigError, match=r"the audit database already holds a job "
+                                              r"'job-a'.*choose another job id"):
+            admin.create_job(spec)
+        assert admin.jobs() == []
+    with AuditLog(audit, create=False) as log:
+        assert [e.kind for e in log.entries(job_id="job-a")] == ["job_created"]
+
+
 def test_a_server_database_that_is_not_a_database_is_a_configuration_error(
         tmp_path: Path) -> None:
     junk = tmp_path / "server.db"
