@@ -76,7 +76,20 @@ def format_status(st: JobStatus) -> str:
         lines.append(f"progress: {where}round {max(st.round_id, 0)}"
                      f"{phase}, {st.rounds_done} rounds done")
     if st.status == "running":
-        lines.append(f"ETA: {format_eta(st.eta_s)}")
+        if st.overrun_s is not None:  # a site stalls the level: no honest estimate
+            level = "the open level" if st.level is None else f"level {st.level}"
+            lines.append(f"ETA: none while {level} waits: it has run {st.overrun_s:.0f} s "
+                         "longer than the levels before it took each")
+        else:
+            lines.append(f"ETA: {format_eta(st.eta_s)}")
+        if st.eta_s is None and st.deadline_in_s is not None:
+            phase = f"phase {st.phase}" if st.phase else "the open phase"
+            lines.append(
+                f"deadline: {phase} closes in {format_eta(st.deadline_in_s)} at the latest; "
+                "the sites that have not answered it by then are dropped"
+                if st.deadline_in_s > 0 else
+                f"deadline: {phase}'s deadline has passed; the sites that have not answered "
+                "it are dropped at the server's next step")
     if st.model_digest:
         lines.append(f"{'model' if st.kind == 'train' else 'result'} sha256 {st.model_digest}")
     return "\n".join(lines)

@@ -188,7 +188,8 @@ class ServerState:
             self.core.tick_if_due(job_id)
             with self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
-                return {**job_status(sess, job, member, self.core.clock()),
+                return {**job_status(sess, job, member, self.core.clock(),
+                                     deadline=self.core.deadlines.of),
                         "audit_head": self.core.audit.head(job_id)}
 
     def directory(self, client: ClientRow, job_id: str) -> dict[str, Any]:

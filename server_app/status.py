@@ -5,13 +5,16 @@ names and states, as the job's audit log (which every member can fetch) records 
 ``client_joined`` and ``client_dropped``; nothing here is about any site's data.
 
 The ETA is a plain extrapolation: the time the levels so far took, per level, times the levels
-left (later levels have more nodes, so it errs on the short side); a level that overruns that
-time (a site stalls) counts as done, the levels after it not.
+left (later levels have more nodes, so it errs on the short side). A level that overruns that
+time (a site stalls) has no ETA (``eta_s`` None) but ``overrun_s``, how long it has run beyond
+it; ``deadline_in_s`` is the time left until the open phase's deadline, when the sites that have
+not answered it are dropped.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -24,14 +27,27 @@ from .store import client_names, closed_rounds, declines_of, members_of
 __all__ = ["job_status", "progress"]
 
 
-def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
-    """``kind``, ``level``, ``max_depth``, ``phase``, ``rounds_done``, ``eta_s`` of a job."""
+#: when the open phase of a round ends at the latest (the server's :meth:`Deadlines.of
+#: <server_app.deadlines.Deadlines.of>`, which a restart moves later)
+DeadlineOf = Callable[[RoundRow, JobRow], float]
+
+
+def _stored_deadline(rr: RoundRow, job: JobRow) -> float:
+    return rr.deadline_at
+
+
+def progress(sess: Session, job: JobRow, now: float, *,
+             deadline: DeadlineOf | None = None) -> dict[str, Any]:
+    """``kind``, ``level``, ``max_depth``, ``phase``, ``rounds_done``, ``eta_s``,
+    ``overrun_s`` and ``deadline_in_s`` of a job; ``deadline`` gives the open phase's deadline
+    (default: the stored one, which a server restarted since may have moved later)."""
     config = json.loads(job.config_json)
     trees = config.get("evaluation") is None  # an evaluation job has one round, no levels
     max_depth = int(config.get("max_depth", 0))
     out: dict[str, Any] = {"kind": "train" if trees else "evaluate",
                            "max_depth": max_depth if trees else None, "level": None,
                            "phase": None, "rounds_done": 0, "eta_s": None,
+                           "overrun_s": None, "deadline_in_s": None,
                            "profile": (config.get("profile") or {}).get("name")}
     rr = sess.get(RoundRow, (job.id, job.current_round)) if job.current_round >= 0 else None
     if rr is None:
@@ -41,6 +57,8 @@ def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
     out["level"] = rr.level if trees else None
     if rr.status == RoundStatus.OPEN and job.status == JobStatus.RUNNING:
         out["phase"] = rr.phase  # a failed job's aborted round is in no phase
+        at = (deadline or _stored_deadline)(rr, job)
+        out["deadline_in_s"] = max(0.0, at - now)
     out["rounds_done"] = closed_rounds(sess, job.id)
     if trees and job.status == JobStatus.RUNNING and 0 < rr.level <= max_depth:  # 0: unknown
         first = sess.scalar(select(func.min(RoundRow.issued_at)).where(
@@ -49,16 +67,18 @@ def progress(sess: Session, job: JobRow, now: float) -> dict[str, Any]:
             RoundRow.job_id == job.id, RoundRow.level == rr.level))
         if first is not None and level_start is not None and level_start > first:
             per_level = (level_start - first) / rr.level
-            # the open level's remaining time floors at 0 (a stalled site), the levels after
-            # it still take theirs
-            out["eta_s"] = (per_level * (max_depth - rr.level)
-                            + max(0.0, per_level - (now - level_start)))
+            overrun = (now - level_start) - per_level
+            if overrun > 0:  # a site stalls the level: no estimate until it moves on
+                out["overrun_s"] = overrun
+            else:
+                out["eta_s"] = per_level * (max_depth - rr.level) - overrun
     return out
 
 
-def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float
-               ) -> dict[str, Any]:
-    """The job's status; ``member`` is the asking site (None: the operator)."""
+def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float, *,
+               deadline: DeadlineOf | None = None) -> dict[str, Any]:
+    """The job's status; ``member`` is the asking site (None: the operator); ``deadline`` as
+    :func:`progress`'s."""
     members = members_of(sess, job.id)
     names = client_names(sess, job.id)
     declined = declines_of(sess, job.id) if any(
@@ -78,5 +98,5 @@ def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float
         "joined_clients": sum(m.state != MemberState.INVITED for m in members),
         "dropped_clients": sum(m.state == MemberState.DROPPED for m in members),
         "members": listed, "model_digest": job.model_digest,
-        **progress(sess, job, now),
+        **progress(sess, job, now, deadline=deadline),
     }

@@ -101,7 +101,8 @@ def add_ui(app: FastAPI, db: Database, state: ServerState, audit: AuditSink) -> 
         now = state.core.clock()
         with db.session() as sess:
             rows = list(sess.scalars(select(JobRow).order_by(JobRow.created_at)))
-            jobs = [job_status(sess, j, None, now) for j in rows]
+            jobs = [job_status(sess, j, None, now, deadline=state.core.deadlines.of)
+                    for j in rows]
             audited = set(sess.scalars(select(AuditedJobRow.job_id)))
         for job, row in zip(jobs, rows, strict=True):
             job["audit"] = chains(job["job_id"], began_audited=row.id in audited,

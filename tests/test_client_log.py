@@ -252,6 +252,27 @@ def test_status_lines_show_members_level_round_phase_and_eta() -> None:
     assert "level" not in ev and f"result sha256 {'ab' * 32}" in ev
 
 
+def test_status_of_a_stalled_level_says_it_overran_and_when_the_phase_deadline_is() -> None:
+    """Not "ETA: about 1 s" while a site stalls the round: the level has overrun, the server
+    waits for the sites that have not answered the phase until its deadline."""
+    st = JobStatus.model_validate({
+        "job_id": "heart", "status": "running", "round_id": 12, "min_clients": 3,
+        "n_clients": 4, "level": 2, "max_depth": 4, "phase": "upload", "rounds_done": 11,
+        "eta_s": None, "overrun_s": 40.2, "deadline_in_s": 19.6})
+    lines = format_status(st).splitlines()
+    assert "ETA: none while level 2 waits: it has run 40 s longer than the levels before it " \
+           "took each" in lines
+    assert "deadline: phase upload closes in about 20 s at the latest; the sites that have not " \
+           "answered it by then are dropped" in lines
+    passed = format_status(st.model_copy(update={"deadline_in_s": 0.0}))
+    assert "deadline: phase upload's deadline has passed; the sites that have not answered " \
+           "it are dropped at the server's next step" in passed.splitlines()
+    # a server that sends neither field (an older one): the ETA line as before
+    old = format_status(JobStatus.model_validate({**st.model_dump(), "overrun_s": None,
+                                                  "deadline_in_s": None, "eta_s": 130.0}))
+    assert "ETA: about 2 min" in old and "deadline" not in old
+
+
 def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> None:
     """The server answers 500 with a JSON reason (the app's error handler); the client's
     waiting line and its final failure quote that reason and point at the server's log."""

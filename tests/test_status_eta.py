@@ -1,10 +1,13 @@
-"""A running job's ETA: the time per level so far times the levels left, and a level that
-takes longer than the others (a site stalls) does not run the estimate down to zero."""
+"""A running job's ETA: the time per level so far times the levels left. A level that takes
+longer than that (a site stalls) has no ETA: the status says by how much it overran and how long
+until the open phase's deadline, when the sites that did not answer are dropped."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,11 +36,16 @@ def _job(tmp_path: Path, levels_issued: list[float], max_depth: int = 8) -> Data
     return db
 
 
-def _eta(db: Database, now: float) -> float | None:
+def _progress(db: Database, now: float,
+              deadline: Callable[[RoundRow, JobRow], float] | None = None) -> dict[str, Any]:
     with db.session() as sess:
         job = sess.get(JobRow, "j")
         assert job is not None
-        return progress(sess, job, T0 + now)["eta_s"]  # type: ignore[no-any-return]
+        return progress(sess, job, T0 + now, deadline=deadline)
+
+
+def _eta(db: Database, now: float) -> float | None:
+    return _progress(db, now)["eta_s"]  # type: ignore[no-any-return]
 
 
 def test_the_eta_is_the_time_per_level_times_the_levels_left(tmp_path: Path) -> None:
@@ -46,11 +54,36 @@ def test_the_eta_is_the_time_per_level_times_the_levels_left(tmp_path: Path) -> 
     assert _eta(db, 24.0) == pytest.approx(66.0)
 
 
-def test_a_level_that_overruns_keeps_the_levels_after_it_in_the_eta(tmp_path: Path) -> None:
+def test_a_level_that_overruns_has_no_eta_but_its_overrun_and_the_phase_deadline(
+        tmp_path: Path) -> None:
+    db = _job(tmp_path, [0.0, 10.0, 20.0])  # level 2's round: issued at 20, deadline at 80
+    on_time = _progress(db, 30.0)  # level 2 took its 10 s: levels 3..8 left
+    assert on_time["eta_s"] == pytest.approx(60.0) and on_time["overrun_s"] is None
+    assert on_time["deadline_in_s"] == pytest.approx(50.0)
+    # level 2 waits for a stalled site: no "about 1 s" while it waits, but how long it has
+    # overrun and when the phase's deadline drops the sites that did not answer
+    stalled = _progress(db, 50.0)
+    assert stalled["eta_s"] is None
+    assert stalled["overrun_s"] == pytest.approx(20.0)
+    assert stalled["deadline_in_s"] == pytest.approx(30.0)
+    # past the deadline (the server drops them at its next tick): 0, never negative
+    assert _progress(db, 95.0)["deadline_in_s"] == 0.0
+
+
+def test_the_deadline_is_the_servers_when_it_moved_it_after_a_restart(tmp_path: Path) -> None:
     db = _job(tmp_path, [0.0, 10.0, 20.0])
-    assert _eta(db, 30.0) == pytest.approx(60.0)  # level 2 took its 10 s: levels 3..8 left
-    # level 2 waits for a stalled site for 100 s: the six levels after it are still ahead
-    assert _eta(db, 120.0) == pytest.approx(60.0)
+    # a server restarted at 70 gives the open phase a full round deadline from its start
+    later = _progress(db, 50.0, deadline=lambda rr, job: T0 + 70.0 + job.round_deadline_s)
+    assert later["deadline_in_s"] == pytest.approx(80.0)
+
+
+def test_a_job_without_an_open_round_has_no_deadline(tmp_path: Path) -> None:
+    db = _job(tmp_path, [0.0, 10.0, 20.0])
+    with db.session() as sess:
+        rr = sess.get(RoundRow, ("j", 2))
+        assert rr is not None
+        rr.status, rr.closed_at = "closed", T0 + 29.0
+    assert _progress(db, 30.0)["deadline_in_s"] is None
 
 
 def test_a_job_without_a_depth_limit_has_no_eta(tmp_path: Path) -> None:

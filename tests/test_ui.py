@@ -11,7 +11,9 @@ import subprocess
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -320,31 +322,19 @@ def test_ci_runs_the_browser_install_before_the_tests() -> None:
     assert steps.index(".ci/install-browser") < steps.index("make test")
 
 
-@pytest.mark.integration
-def test_a_browser_keeps_the_last_jobs_and_says_the_server_failed_on_an_error_answer(
-        tmp_path: Path) -> None:
-    """The real page and script, served with an API that answers once and then fails (a 500
-    with the server's JSON detail, then a non-JSON 502 from something in between): the page
-    keeps the jobs it showed and says the server failed and why, without a console error."""
+@contextmanager
+def _page_with_api(answers: Iterator[Any]) -> Iterator[tuple[Any, int]]:
+    """The real page and script in a headless browser, served with an API that gives
+    ``answers`` in turn (then a non-JSON 502 from something in between): ``(driver, port)``."""
     import threading
 
     import uvicorn
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from fastapi.responses import PlainTextResponse, Response
 
     from fedforest_cli.sim_processes import free_port
     from server_app.ui import _static
 
-    job = {"job_id": "job-a", "status": "running", "kind": "train", "profile": "secure",
-           "level": 1, "max_depth": 3, "round_id": 2, "phase": "upload", "rounds_done": 1,
-           "joined_clients": 3, "n_clients": 3, "active_clients": 3, "dropped_clients": 0,
-           "min_clients": 3, "eta_s": 12.0, "reason": "", "members": [],
-           "audit": {"kept": True, "ok": True, "entries": 5, "problems": []}}
-    answers = iter([JSONResponse({"version": "x", "jobs": [job]}),
-                    JSONResponse({"error": "server_error", "detail": "the server's database "
-                                  "failed"}, status_code=500)])
     app = FastAPI()
     app.get("/ui")(lambda: _static("index.html"))
     app.get("/ui/app.js")(lambda: _static("app.js"))
@@ -361,7 +351,36 @@ def test_a_browser_keeps_the_last_jobs_and_says_the_server_failed_on_an_error_an
     thread.start()
     driver = _driver()
     try:
+        from selenium.webdriver.support.ui import WebDriverWait
         WebDriverWait(driver, 30).until(lambda _: server.started)
+        yield driver, port
+    finally:
+        driver.quit()
+        server.should_exit = True
+        thread.join(10)
+
+
+RUNNING_JOB = {"job_id": "job-a", "status": "running", "kind": "train", "profile": "secure",
+               "level": 1, "max_depth": 3, "round_id": 2, "phase": "upload", "rounds_done": 1,
+               "joined_clients": 3, "n_clients": 3, "active_clients": 3, "dropped_clients": 0,
+               "min_clients": 3, "eta_s": 12.0, "reason": "", "members": [],
+               "audit": {"kept": True, "ok": True, "entries": 5, "problems": []}}
+
+
+@pytest.mark.integration
+def test_a_browser_keeps_the_last_jobs_and_says_the_server_failed_on_an_error_answer(
+        tmp_path: Path) -> None:
+    """The real page and script, served with an API that answers once and then fails (a 500
+    with the server's JSON detail, then a non-JSON 502 from something in between): the page
+    keeps the jobs it showed and says the server failed and why, without a console error."""
+    from fastapi.responses import JSONResponse
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    answers = iter([JSONResponse({"version": "x", "jobs": [RUNNING_JOB]}),
+                    JSONResponse({"error": "server_error", "detail": "the server's database "
+                                  "failed"}, status_code=500)])
+    with _page_with_api(answers) as (driver, port):
         driver.get(f"http://127.0.0.1:{port}/ui")
         driver.find_element(By.ID, "token").send_keys("ffo_x")
         driver.find_element(By.ID, "show").click()
@@ -376,7 +395,39 @@ def test_a_browser_keeps_the_last_jobs_and_says_the_server_failed_on_an_error_an
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
                   and "/ui/api/jobs" not in e["message"]]  # the failed fetches themselves
         assert errors == [], errors
-    finally:
-        driver.quit()
-        server.should_exit = True
-        thread.join(10)
+
+
+@pytest.mark.integration
+def test_a_browser_shows_a_stalled_level_as_overrun_with_the_phase_deadline_not_an_eta(
+        tmp_path: Path) -> None:
+    """A level a site stalls: the page says how long it overran and when the open phase's
+    deadline drops the sites that have not answered, not "about 1 s"; an on-time level shows
+    its ETA and no deadline."""
+    from fastapi.responses import JSONResponse
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    stalled = {**RUNNING_JOB, "job_id": "job-s", "eta_s": None, "overrun_s": 40.2,
+               "deadline_in_s": 19.6}
+    on_time = {**RUNNING_JOB, "deadline_in_s": 50.0}
+    answers = iter([JSONResponse({"version": "x", "jobs": [stalled, on_time]})] * 100)
+    with _page_with_api(answers) as (driver, port):
+        driver.get(f"http://127.0.0.1:{port}/ui")
+        driver.find_element(By.ID, "token").send_keys("ffo_x")
+        driver.find_element(By.ID, "show").click()
+        WebDriverWait(driver, 30).until(
+            lambda _: driver.find_elements(By.CSS_SELECTOR, 'section[data-job="job-s"]'))
+
+        def fact(job: str, name: str) -> list[str]:
+            return [e.text for e in driver.find_elements(
+                By.CSS_SELECTOR, f'section[data-job="{job}"] tr[data-fact="{name}"] td')]
+
+        assert fact("job-s", "ETA") == [
+            "none while level 1 waits: it has run 40 s longer than the levels before it took "
+            "each"]
+        assert fact("job-s", "deadline") == [
+            "phase upload closes in about 20 s at the latest; the sites that have not "
+            "answered it by then are dropped"]
+        assert fact("job-a", "ETA") == ["about 12 s"] and fact("job-a", "deadline") == []
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors

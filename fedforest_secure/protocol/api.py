@@ -186,7 +186,11 @@ class JobStatus(_Response):
     ``kind`` is ``"train"`` or ``"evaluate"`` (one round, no tree levels: ``level`` and
     ``max_depth`` are None); ``level`` is the depth the trees are being grown at (0 = the
     roots), ``phase`` the step of the open round, ``eta_s`` the server's estimate of the seconds
-    left (from the rounds so far; None before there is anything to estimate from).
+    left (from the rounds so far; None before there is anything to estimate from, and while the
+    open level has overrun the time per level so far: a site stalls it). ``overrun_s`` is how
+    long that level has run beyond it, ``deadline_in_s`` the seconds until the open phase's
+    deadline, when the sites that have not answered it are dropped (None: no open phase, or a
+    server older than these fields).
     """
 
     job_id: str
@@ -208,4 +212,6 @@ class JobStatus(_Response):
     phase: str | None = None
     rounds_done: int = 0
     eta_s: float | None = None
+    overrun_s: float | None = None
+    deadline_in_s: float | None = None
     model_digest: str | None = None

@@ -37,7 +37,23 @@
                   job.active_clients + " active, " + job.dropped_clients + " dropped" +
                   " (at least " + job.min_clients + " needed)"],
     ];
-    if (job.status === "running") rows.push(["ETA", eta(job.eta_s)]);
+    if (job.status === "running") {
+      const hasOverrun = job.overrun_s !== null && job.overrun_s !== undefined;
+      const hasDeadline = job.deadline_in_s !== null && job.deadline_in_s !== undefined;
+      // a site stalls the level: how long it overran, not an ETA that floors at "about 1 s"
+      const open = job.level === null ? "the open level" : "level " + job.level;
+      rows.push(["ETA", hasOverrun ? "none while " + open + " waits: it has run " +
+                 Math.round(job.overrun_s) + " s longer than the levels before it took each"
+                 : eta(job.eta_s)]);
+      if (hasDeadline && (job.eta_s === null || job.eta_s === undefined)) {
+        const phase = job.phase ? "phase " + job.phase : "the open phase";
+        rows.push(["deadline", job.deadline_in_s > 0
+          ? phase + " closes in " + eta(job.deadline_in_s) + " at the latest; the sites " +
+            "that have not answered it by then are dropped"
+          : phase + "'s deadline has passed; the sites that have not answered it are " +
+            "dropped at the server's next step"]);
+      }
+    }
     if (job.reason) rows.push(["reason", job.reason]);
     for (const [k, v] of rows) facts.append(el("tr", {"data-fact": k}, el("th", {}, k), el("td", {}, v)));
     const audit = job.audit;
