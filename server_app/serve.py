@@ -120,6 +120,10 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         app, host=settings.host, port=bound,
         log_level="warning", access_log=False, timeout_graceful_shutdown=5, log_config=None,
         timeout_keep_alive=KEEP_ALIVE_S,
+        # the peer is the TCP connection's, never a header's: a token is bound to the
+        # certificate of the connection it came on (uvicorn would take X-Forwarded-For from
+        # 127.0.0.1 as the client's address, and with it another connection's certificate)
+        proxy_headers=False,
         http=http,
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,

@@ -162,6 +162,26 @@ def test_attack6_a_token_is_bound_to_the_name_in_the_client_certificate(live: Li
         assert http.get("/v1/me").json() == {"name": "client-2"}
 
 
+@pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
+def test_attack6_a_forwarded_header_does_not_lend_another_connections_certificate(
+        live: Live, header: str) -> None:
+    """client-0 holds client-2's token: over its own certificate, it names a live connection
+    of client-2's (its address and port) in a proxy header. The server binds the token to
+    the certificate of the connection the request came on, whatever the headers say."""
+    other = live.raw(k=2)  # client-2's connection, kept open
+    try:
+        other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert other.recv(4096).startswith(b"HTTP/1.1 200")
+        host, port = other.getsockname()[:2]
+        value = f"{host}:{port}" if header == "X-Forwarded-For" else f'for="{host}:{port}"'
+        with live.http(k=0, token=2) as http:
+            r = http.get("/v1/me", headers={header: value})
+    finally:
+        other.close()
+    assert r.status_code == 403, f"client-0 acts as {r.text}"
+    assert r.json()["error"] == "certificate_mismatch"
+
+
 def test_attack7_refuse_is_not_accepted_in_an_open_job(live: Live) -> None:
     with live.http(k=1, token=1) as http:
         assert http.post("/v1/jobs/job-a/join").status_code == 200
