@@ -15,6 +15,7 @@ from sqlalchemy import text
 from fedforest_secure.audit import (
     GENESIS,
     AuditLog,
+    JobRecorder,
     ModelReceipt,
     Receipt,
     upload_digest,
@@ -483,6 +484,22 @@ def test_a_site_checks_one_jobs_log_against_its_receipts_of_several_jobs(
     assert verify_log(log, receipts_dir=receipts, job_id=JOB).ok
 
 
+def _round_zero_receipted(log: AuditLog, receipts: Path) -> JobRecorder:
+    """A secure job's chain up to its round 0, whose uploads every client receipted (the
+    receipts pin the chain before the round's entry)."""
+    rec = log.job(JOB)
+    rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
+                    profile={"name": "secure"})
+    for c in CLIENTS:
+        rec.client_joined(c)
+    seq, head = log.tip(JOB)
+    uploads = {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS}
+    for c in CLIENTS:
+        write_receipt(receipts, Receipt(JOB, 0, c, uploads[c], head, seq))
+    rec.round(_task(0), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+    return rec
+
+
 def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems(
         tmp_path: Path) -> None:
     """A job fails in round 1's upload step (its uploads are receipted, the log has the
@@ -491,16 +508,7 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
     only. The same tail without the abort is a problem."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
-        rec = log.job(JOB)
-        rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
-                        profile={"name": "secure"})
-        for c in CLIENTS:
-            rec.client_joined(c)
-        seq, head = log.tip(JOB)
-        uploads = {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS}
-        for c in CLIENTS:
-            write_receipt(receipts, Receipt(JOB, 0, c, uploads[c], head, seq))
-        rec.round(_task(0), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+        rec = _round_zero_receipted(log, receipts)
         unfinished = verify_log(log, receipts_dir=receipts)
         assert any("the last round" in p and "covered by no receipt" in p
                    for p in unfinished.problems), unfinished.problems
@@ -534,16 +542,7 @@ def test_a_job_that_failed_between_rounds_has_a_note_not_a_problem(tmp_path: Pat
     unreceipted aggregate is a note. The same chain without that entry is a problem."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
-        rec = log.job(JOB)
-        rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
-                        profile={"name": "secure"})
-        for c in CLIENTS:
-            rec.client_joined(c)
-        seq, head = log.tip(JOB)
-        uploads = {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS}
-        for c in CLIENTS:
-            write_receipt(receipts, Receipt(JOB, 0, c, uploads[c], head, seq))
-        rec.round(_task(0), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+        rec = _round_zero_receipted(log, receipts)
         rec.client_dropped(CLIENTS[0], round_id=1, reason="deadline")
         cut = verify_log(log, receipts_dir=receipts)
         assert any("the last round" in p and "covered by no receipt" in p

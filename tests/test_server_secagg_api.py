@@ -308,6 +308,18 @@ def last_misses_the_upload(env: dict) -> tuple[JobConfig, dict[int, SecAggClient
     return config, sa, task, vecs
 
 
+def last_misses_the_signature(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
+                                                  dict[int, np.ndarray]]:
+    """The first round up to its signature deadline, passed: every client uploaded, client
+    K - 1 never signed."""
+    config, sa, task, vecs = all_uploaded(env)
+    for k in range(K - 1):
+        assert sign(env, sa, k, task.round_id).status_code == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    return config, sa, task, vecs
+
+
 def test_a_client_missing_the_upload_deadline_is_dropped_and_its_masks_recovered(
         env: dict) -> None:
     config, sa, task, vecs = last_misses_the_upload(env)
@@ -328,12 +340,8 @@ def test_a_site_dropped_after_its_upload_is_in_the_sum_and_counted_dropped_in_th
     (it is in the survivor set), and the round's log line counts it among the clients and
     as dropped during the round."""
     caplog.set_level(logging.INFO, logger=LOGGER)
-    config, sa, task, vecs = all_uploaded(env)
+    config, sa, task, vecs = last_misses_the_signature(env)
     r = task.round_id
-    for k in range(K - 1):
-        assert sign(env, sa, k, r).status_code == 200
-    env["clock"].now += 31
-    env["state"].tick()
     assert offer(env, K - 1)["status"] == "dropped"
     for k in range(K - 1):
         assert unmask(env, sa, k, r).status_code == 200
@@ -350,12 +358,8 @@ def test_a_job_left_with_too_few_sites_after_a_round_ends_its_audit_chain_with_t
     ends with that failure and its reason (else it would end at the round, as a chain whose
     end was cut does)."""
     env = env_all_audited
-    config, sa, task, vecs = all_uploaded(env)
+    config, sa, task, vecs = last_misses_the_signature(env)
     r = task.round_id
-    for k in range(K - 1):
-        assert sign(env, sa, k, r).status_code == 200
-    env["clock"].now += 31
-    env["state"].tick()
     for k in range(K - 1):
         assert unmask(env, sa, k, r).status_code == 200
     status = env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).json()
