@@ -1,7 +1,8 @@
 """SQLAlchemy engines from the database URLs an operator writes (the server's database, an
 audit log): a scheme SQLAlchemy does not know, a driver that is not installed or a malformed
 URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL's password
-hidden."""
+hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
+all of the user part of a URL whose password holds an ``@`` that was not written ``%40``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 __all__ = ["DatabaseUrlError", "create_db_engine", "shown_url", "sqlite_file"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
+#: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
+_SECRET_PARAMS = ("password", "secret", "token", "passfile")
+#: what ``make_url`` raises for a malformed URL (a port that is no number: ValueError)
+_MALFORMED = (ArgumentError, ValueError)
 
 
 class DatabaseUrlError(ValueError):
@@ -22,11 +27,20 @@ class DatabaseUrlError(ValueError):
 
 
 def shown_url(url: str) -> str:
-    """``url`` with its password hidden (``***``), or a placeholder if it does not parse."""
+    """``url`` with its secrets hidden (``***``), or a placeholder if it does not parse: the
+    password, query parameters that carry one, and a host part holding an ``@`` (a password
+    with an ``@`` not written ``%40``: what follows it would read as the host)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+        parsed = make_url(url)
+    except _MALFORMED:
         return "(a malformed URL)"
+    if parsed.host and "@" in parsed.host:
+        parsed = parsed.set(username="***", password=None,
+                            host=parsed.host.rsplit("@", 1)[1])
+    hidden = {k: "***" for k in parsed.query if any(s in k.lower() for s in _SECRET_PARAMS)}
+    if hidden:
+        parsed = parsed.update_query_dict(hidden)
+    return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
 
 
 def sqlite_file(db: str) -> Path | None:
@@ -36,7 +50,7 @@ def sqlite_file(db: str) -> Path | None:
         return Path(db).expanduser()
     try:
         parsed = make_url(db)
-    except ArgumentError:
+    except _MALFORMED:
         return None
     database = parsed.database or ""
     if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
@@ -53,9 +67,18 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
     shown = shown_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise DatabaseUrlError(f"malformed database URL {url.split('@')[-1]!r}: write "
+    except _MALFORMED as exc:
+        why = " (its port must be a number)" if "int()" in str(exc) else ""
+        # shown from the host on, without its query: the parts that hold no secret
+        shown_part = url.split("@")[-1].split("?")[0]
+        raise DatabaseUrlError(f"malformed database URL {shown_part!r}{why}: write "
                                f"{_WORKING}") from None
+    if parsed.host and "@" in parsed.host:
+        raise DatabaseUrlError(f"database URL {shown}: the part before the host holds an @ "
+                               "(in the password?): write each @, :, / or % of the user name "
+                               "and password percent-encoded (@ as %40), or leave the "
+                               "password out of the URL and give it in ~/.pgpass or "
+                               "PGPASSWORD")
     if parsed.drivername == "postgresql+psycopg2":
         raise DatabaseUrlError(f"database URL {shown}: FedForest Secure uses psycopg 3: write "
                                "postgresql+psycopg://... (pip install "

@@ -23,11 +23,11 @@ from sqlalchemy import (
     UniqueConstraint,
     event,
 )
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from fedforest_secure.dburl import DatabaseUrlError, create_db_engine
+from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, shown_url
 
 from .settings import ConfigError
 
@@ -215,8 +215,7 @@ class Database:
                 Base.metadata.create_all(self.engine)
         except DatabaseError as exc:  # not a database, or one that cannot be reached
             self.engine.dispose()
-            shown = make_url(url).render_as_string(hide_password=True)
-            raise ConfigError(f"cannot open the server database {shown}: "
+            raise ConfigError(f"cannot open the server database {shown_url(url)}: "
                               f"{exc.orig or exc}") from None
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
 

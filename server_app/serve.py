@@ -112,7 +112,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
                      stopping=lambda: server is not None and server.should_exit)
     event("startup", host=settings.host, port=bound,
           tls=tls is not None, mtls=client_ca is not None,
-          database=make_url(settings.database).render_as_string(hide_password=True),
+          database=shown_url(settings.database),
           audit=settings.audit_database is not None, pid=os.getpid())
     # SIGTERM / SIGINT: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
     # requests in flight finish (at most 5 s), then the lifespan logs the shutdown

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from ..dburl import DatabaseUrlError, create_db_engine, sqlite_file
+from ..dburl import DatabaseUrlError, create_db_engine, shown_url, sqlite_file
 from ..errors import AuditError
 from .entry import GENESIS, Entry
 from .store import ChainRace, IndexRow, StoredArray
@@ -121,6 +121,7 @@ class SqlStore:
         except DatabaseError as exc:  # not a database, or one that cannot be opened
             self.close()
             where = (str(url) if url is not None and "://" not in str(url)  # a file path
+                     else shown_url(str(url)) if url is not None
                      else engine.url.render_as_string(hide_password=True))
             raise AuditError(f"cannot read the audit log at {where}: {exc.orig or exc}") from None
         if not {entries.name, arrays.name} <= tables:
