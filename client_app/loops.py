@@ -79,11 +79,12 @@ def leave_after_error(ctx: RunContext, session: SecAggSession, exc: Exception) -
 
 
 def _server_knows(exc: Exception) -> bool:
-    """Whether a refusal would tell the server nothing: it dropped the site or refuses its
-    credentials. A server this client gave up on (:class:`TransportFailed`) is still told,
-    briefly: it may answer again, and it would otherwise wait for this site until the step's
-    deadline."""
-    return isinstance(exc, ApiRejected) and (exc.code == "dropped" or exc.status in (401, 403))
+    """Whether a refusal would tell the server nothing: it dropped the site, the job ended, or
+    it refuses the site's credentials. A server this client gave up on
+    (:class:`TransportFailed`) is still told, briefly: it may answer again, and it would
+    otherwise wait for this site until the step's deadline."""
+    return isinstance(exc, ApiRejected) and (exc.code in ("dropped", "job_finished")
+                                             or exc.status in (401, 403))
 
 
 def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.audit import write_receipt
@@ -31,7 +32,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
-from fedforest_secure.protocol.api import JoinBody, JoinResponse, SecAggStep
+from fedforest_secure.protocol.api import JobStatus, JoinBody, JoinResponse, SecAggStep
 
 from .context import (
     RESTARTED_SECURE,
@@ -238,10 +239,15 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             else:
                 run_open(ctx)
         except ApiRejected as exc:
-            if exc.code != "dropped":
+            if exc.code == "job_finished":
+                # the job ended while this site was in a step (it failed: a round aborted):
+                # said as the job's end, with its reason, not as an HTTP error
+                result.status, result.detail = _job_end(tr, job, exc)
+            elif exc.code == "dropped":
+                # dropped while it ran (it stalled past a deadline): as for a site coming back
+                result.status, result.detail = "dropped", dropped_detail(job, exc.detail, tr)
+            else:
                 raise
-            # dropped while it ran (it stalled past a deadline): as for a site coming back
-            result.status, result.detail = "dropped", dropped_detail(job, exc.detail, tr)
         progress.update(bar, completed=config.max_depth + 1)
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
@@ -266,6 +272,19 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     write_atomic(opts.state_dir / "stats.json", stats)
     write_atomic(opts.state_dir / f"stats-{job}.json", stats)
     return result
+
+
+def _job_end(tr: Transport, job: str, exc: ApiRejected) -> tuple[str, str]:
+    """``(status, detail)`` of a job that ended while this site was in a step: its status and
+    reason as the server states them (asked briefly), else what the refusal said."""
+    try:
+        with tr.brief():
+            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+    except (ValidationError, FedForestError, OSError, ValueError):
+        return "failed", exc.detail
+    if st.status == "done":  # the model is there: fetched as at the end of any job
+        return "done", ""
+    return st.status, st.reason or exc.detail
 
 
 def _identity_mismatch(state: ClientState, job: str) -> FedForestError:

@@ -403,3 +403,27 @@ def test_a_restart_on_a_finished_pruned_job_replays_nothing_and_goes_on() -> Non
     assert asked == [f"/v1/jobs/{JOB}/rounds/1/task"]
     with pytest.raises(ApiRejected, match="403 forbidden"):
         replay(transport("forbidden"), JOB, worker=None)  # type: ignore[arg-type]
+
+
+def test_a_job_that_fails_while_the_site_is_in_a_step_ends_with_its_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job fails (a round aborted) while this site sends a step: the server answers 409
+    `job_finished`. The site ends "failed" with the reason the job status gives, as any site
+    told at its next step; not an error about an HTTP status."""
+    from client_app.transport import ApiRejected
+
+    def finished(ctx: Any) -> None:
+        raise ApiRejected(409, "job_finished", "the job is failed", {})
+
+    monkeypatch.setattr(runner, "run_open", finished)
+    reason = "round 4: only 2 masked uploads, fewer than the 3 required"
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
+                           gets={"rounds": [], JOB: {"job_id": JOB, "status": "failed",
+                                                     "reason": reason}})
+    _schema(tmp_path)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    res = runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
+                      np.zeros(4), SiteLog(stream=io.StringIO()))
+    assert (res.status, res.detail) == ("failed", reason)

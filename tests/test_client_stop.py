@@ -110,8 +110,10 @@ class _BriefTransport(_Transport):
     (TransportFailed("the server did not answer for 300s"), [(2, "failed")]),
     # a defect of the client's own: the open round goes on without it at once
     (KeyError("nodes"), [(2, "failed")]),
-    # the server dropped the site or refuses its token: nothing to tell
+    # the server dropped the site, the job ended, or the server refuses its token: nothing
+    # to tell
     (ApiRejected(403, "dropped", "this client was dropped at round 2", {}), []),
+    (ApiRejected(409, "job_finished", "the job is failed", {}), []),
     (ApiRejected(401, "unauthenticated", "unknown or revoked token", {}), []),
 ])
 def test_a_secure_site_stopping_on_an_error_tells_the_server_only_what_it_does_not_know(
