@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -40,11 +41,16 @@ site_cli.register(app)
 
 # ---------------------------------------------------------------------- client
 class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the client: it stops as on Ctrl-C (and exits with 143)."""
+    """SIGTERM or SIGHUP reached the client: it stops as on Ctrl-C (and exits with 128 + the
+    signal's number: 143, 129)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _terminated(_signum: int, _frame: FrameType | None) -> None:
-    raise Terminated
+def _terminated(signum: int, _frame: FrameType | None) -> None:
+    raise Terminated(signum)
 
 
 @app.command()
@@ -84,8 +90,10 @@ def client(
     (waiting for the server or for other sites, each level, dropped sites)."""
     from client_app.runner import ClientOptions, run_client
 
-    # SIGTERM (how a service manager stops it) is Ctrl-C: the site leaves the job the same way
+    # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
+    # are Ctrl-C: the site leaves the job the same way
     signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, _terminated)
     try:
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
                                        schema=schema, ca=ca, cert=cert, key=key,
@@ -96,12 +104,14 @@ def client(
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:
-        how, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
-        console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job {job}."
-                      " The same command resumes it, unless it stopped in the middle of a "
-                      "secure round: then it has left the job (its round keys died with the "
-                      "process), which goes on without it while enough sites remain",
-                      soft_wrap=True)  # one line off a terminal too (a log file)
+        how, code = ("interrupted", 130) if not isinstance(exc, Terminated) else (
+            "hung up" if exc.signum == signal.SIGHUP else "terminated", 128 + exc.signum)
+        with contextlib.suppress(OSError):  # a terminal that closed (SIGHUP) takes no line
+            console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job "
+                          f"{job}. The same command resumes it, unless it stopped in the "
+                          "middle of a secure round: then it has left the job (its round keys "
+                          "died with the process), which goes on without it while enough "
+                          "sites remain", soft_wrap=True)  # one line off a terminal too
         raise typer.Exit(code) from None
     if res.status != "done":
         console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}",

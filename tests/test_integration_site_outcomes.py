@@ -107,17 +107,19 @@ def _break_receipts(fed: Fed, name: str) -> None:
 @pytest.mark.parametrize(("stop", "exit_code", "said", "reason"), [
     ("SIGINT", 130, "interrupted", "refused: stopped"),
     ("SIGTERM", 143, "terminated", "refused: stopped"),
+    ("SIGHUP", 129, "hung up", "refused: stopped"),  # the terminal it ran in closed
     ("receipt_error", 2, "receipts", "refused: failed"),
 ])
 def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not_wait(
         tmp_path: Path, tiny_parts, job_dir, stop: str, exit_code: int, said: str,
         reason: str) -> None:
     """A site's client stops mid-job: Ctrl-C (SIGINT), SIGTERM (how a service manager stops
-    it), or an error it cannot go on after (its receipt cannot be written, as on a full disk).
-    Its round keys die with the process, so it tells the server at once (a refusal, code
-    "stopped", or "failed" after an error) and exits saying why (130 "interrupted", 143
-    "terminated", or 2 with the error); the other sites go on without waiting out the round's
-    deadline (here 300 s: the job would outlast the test's wait)."""
+    it), SIGHUP (its terminal closed), or an error it cannot go on after (its receipt cannot be
+    written, as on a full disk). Its round keys die with the process, so it tells the server
+    at once (a refusal, code "stopped", or "failed" after an error) and exits saying why (130
+    "interrupted", 143 "terminated", 129 "hung up", or 2 with the error); the other sites go
+    on without waiting out the round's deadline (here 300 s: the job would outlast the test's
+    wait)."""
     from fedforest_secure.audit import AuditLog
 
     parts, feat = tiny_parts
