@@ -46,7 +46,7 @@ from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
-from .protocol.uploads import allowed_disclosures
+from .protocol.uploads import allowed_disclosures, check_disclosures
 from .secure_sum import entry_scale_bits
 
 if TYPE_CHECKING:
@@ -148,6 +148,10 @@ class Coordinator:
             if extra:
                 raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
             disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
+            try:
+                check_disclosures(disc[int(k)], task, self.config)
+            except InvalidMessage as exc:
+                raise InvalidMessage(f"client {k}: {exc}") from None
         if participants is not None:
             self.policy.check_participants(task.layout, len(participants))
         blocks = split_blocks(total, task.layout)

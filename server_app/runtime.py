@@ -470,7 +470,7 @@ class ServerState:
                     raise ApiError(409, "wrong_round", "the round is not open")
                 check_against_task(up, rt.task, str(seat.task_digest), str(seat.round_encoding),
                                    None if rt.secure is not None else self._bounds(rt),
-                                   words=rt.words())
+                                   words=rt.words(), config=rt.config)
                 if rt.secure is not None:
                     with self.core.runtimes.guard(job_id):
                         sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)

@@ -276,9 +276,13 @@ def test_a_non_finite_aggregate_fails_the_job_once_with_a_reason_never_a_5xx(
     deadline ticks see a failed job instead of repeating the error."""
     monkeypatch.setattr(ServerState, "_bounds", lambda self, rt: None)  # no range check
     http, state = open_env["http"], open_env["state"]
-    auth, _, task = _join_plain(open_env)
+    auth, config, task = _join_plain(open_env)
     n = sum(b.size for b in task.layout)
-    huge = make_upload(task, np.full(n, 1e308), {})
+    from fedforest_secure.protocol import unpack
+
+    disclosed = unpack(_honest_bodies(open_env, config, task)[0])[1]
+    del disclosed["__summable__"]
+    huge = make_upload(task, np.full(n, 1e308), disclosed)
     statuses = [_post_plain(open_env, a, task, huge).status_code for a in auth]
     assert statuses == [200, 200, 200]
     status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
@@ -317,3 +321,39 @@ def test_a_fixed_point_upload_in_the_clear_is_range_checked_in_ring_units(
         assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
     finally:
         gen.close()
+
+
+_BAD_SKETCHES: dict[str, dict[str, np.ndarray]] = {
+    "points_without_counts": {"sketch_points": np.zeros(4)},
+    "counts_without_points": {"sketch_counts": np.zeros(4)},
+    "mismatched_shapes": {"sketch_points": np.zeros((2, 2, 2)), "sketch_counts": np.zeros(3)},
+    "integer_dtype": {"sketch_points": np.zeros((1,), dtype=np.int32),
+                      "sketch_counts": np.zeros(1, dtype=np.int32)},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(_BAD_SKETCHES))
+def test_a_malformed_disclosed_sketch_is_a_4xx_and_the_sites_honest_upload_is_then_accepted(
+        open_env: dict, variant: str) -> None:
+    """The attack: under ``open`` one site uploads a valid summable vector with a malformed
+    quantile sketch (one of its two arrays alone, shapes that do not match the task, an integer
+    dtype). It was stored, and closing the round then raised on every retry and tick (a
+    KeyError) or failed the job naming no site; now it is refused at receipt, nothing is
+    stored, and the site's honest upload is accepted and closes the round."""
+    http = open_env["http"]
+    auth, config, task = _join_plain(open_env)
+    assert "sketch_points" in task.disclose
+    before = db_snapshot(open_env["db"])
+    honest = _honest_bodies(open_env, config, task)
+    from fedforest_secure.protocol import unpack
+
+    vec = unpack(honest[0])[1]["__summable__"]
+    resp = _post_plain(open_env, auth[0], task, make_upload(task, vec, _BAD_SKETCHES[variant]))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == "malformed_upload"
+    assert "sketch_" in resp.json()["detail"] and "not stored" in resp.json()["detail"]
+    assert db_snapshot(open_env["db"]) == before  # nothing stored
+    for a, body in zip(auth, honest, strict=True):
+        assert _post_plain(open_env, a, task, body).status_code == 200
+    status = http.get("/v1/jobs/job-a", headers=auth[1]).json()
+    assert status["status"] in ("running", "done") and status["round_id"] > task.round_id

@@ -11,15 +11,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedforest_secure.errors import InvalidMessage, ProtocolError
+from fedforest_secure.errors import InvalidMessage, ProtocolError, UploadRejected
 from fedforest_secure.protocol import (
     Block,
     Reply,
     StatKind,
     Task,
     TaskKind,
+    check_against_task,
+    check_disclosures,
     layout_size,
+    make_upload,
     pack,
+    parse_upload,
     split_blocks,
     unpack,
 )
@@ -257,3 +261,117 @@ def test_fuzz_mutated_valid_messages(pos: int, byte: int, cut: int) -> None:
         for fn in (unpack, Task.from_bytes, Reply.from_bytes):
             _only_invalid(fn, mutated)
             _only_invalid(fn, mutated[: cut % (len(mutated) + 1)])
+
+
+# ---------------------------------------------------------------- disclosed items of an upload
+def _sketch_task(disclose: tuple[str, ...], *, features: bool = True) -> Task:
+    """A sketch round of 2 nodes and 3 feature slots, 4-point sketches, Top-2 features."""
+    arrays = {"features": np.array([[0, 1, 2], [1, 2, 3]])} if features else {}
+    return Task(job_id="j", round_id=1, kind=TaskKind.SKETCH, level=0,
+                params={"n_nodes": 2, "n_points": 4, "top_l": 2}, arrays=arrays,
+                layout=(), disclose=disclose)
+
+
+def _honest_items() -> dict[str, np.ndarray]:
+    pts = np.tile(np.array([0.0, 1.0, 2.0, np.nan, np.nan]), (2, 3, 1))
+    return {"sketch_points": pts, "sketch_counts": np.array([5.0, 0.0]),
+            "top_l": np.array([[0, 2], [1, 0]]),
+            "unique_ptr": np.array([0, 1, 1, 3, 3, 3, 4]),
+            "unique_vals": np.array([0.5, 1.0, 2.0, 3.0]),
+            "minmax": np.array([[0.0, 1.0], [np.inf, -np.inf], [-2.0, -2.0], [1.0, 4.0]]),
+            "node_stats": np.array([[3.0, 2.0], [0.0, 0.0]])}
+
+
+class _Sizes:
+    n_features, n_stats = 4, 2
+
+
+_ALL = ("sketch_points", "top_l", "unique", "minmax", "node_stats")
+
+# (what is wrong, items changed (None: dropped), the item the error names)
+_BAD_DISCLOSURES = [
+    ("points without counts", {"sketch_counts": None}, "sketch_counts"),
+    ("counts without points", {"sketch_points": None}, "sketch_points"),
+    ("a CSR half alone", {"unique_vals": None}, "unique_vals"),
+    ("no node summaries", {"node_stats": None}, "node_stats"),
+    ("points of other nodes", {"sketch_points": np.zeros((3, 3, 5))}, "sketch_points"),
+    ("points of another sketch size", {"sketch_points": np.zeros((2, 3, 4))}, "sketch_points"),
+    ("integer points", {"sketch_points": np.zeros((2, 3, 5), dtype=np.int32)},
+     "sketch_points"),
+    ("a point after the padding", {"sketch_points": np.where(
+        np.arange(5) == 0, np.nan, np.zeros((2, 3, 5)))}, "sketch_points"),
+    ("an infinite point", {"sketch_points": np.full((2, 3, 5), np.inf)}, "sketch_points"),
+    ("counts of other nodes", {"sketch_counts": np.zeros(3)}, "sketch_counts"),
+    ("a negative count", {"sketch_counts": np.array([1.0, -1.0])}, "sketch_counts"),
+    ("a NaN count", {"sketch_counts": np.array([1.0, np.nan])}, "sketch_counts"),
+    ("a Top-L of 3", {"top_l": np.zeros((2, 3), dtype=np.int64)}, "top_l"),
+    ("a Top-L slot out of range", {"top_l": np.array([[0, 3], [1, 0]])}, "top_l"),
+    ("float Top-L slots", {"top_l": np.zeros((2, 2))}, "top_l"),
+    ("a short CSR index", {"unique_ptr": np.array([0, 1, 4])}, "unique_ptr"),
+    ("a CSR index past its values", {"unique_ptr": np.array([0, 1, 1, 3, 3, 3, 9])},
+     "unique_ptr"),
+    ("a falling CSR index", {"unique_ptr": np.array([0, 2, 1, 3, 3, 3, 4])}, "unique_ptr"),
+    ("an infinite distinct value", {"unique_vals": np.array([0.5, 1.0, np.inf, 3.0])},
+     "unique_vals"),
+    ("a range per other features", {"minmax": np.zeros((3, 2))}, "minmax"),
+    ("a range with lo > hi", {"minmax": np.array([[1.0, 0.0]] * 4)}, "minmax"),
+    ("a NaN range", {"minmax": np.full((4, 2), np.nan)}, "minmax"),
+    ("summaries of other statistics", {"node_stats": np.zeros((2, 3))}, "node_stats"),
+    ("infinite summaries", {"node_stats": np.full((2, 2), np.inf)}, "node_stats"),
+]
+
+
+def test_honest_disclosed_items_pass_the_checks_of_their_task() -> None:
+    items = _honest_items()
+    check_disclosures(items, _sketch_task(_ALL), _Sizes())  # type: ignore[arg-type]
+    check_disclosures({k: items[k] for k in ("sketch_points", "sketch_counts")},
+                      _sketch_task(("sketch_points",)))
+    # the last level's sketch round lists no features: the node items only
+    check_disclosures({"node_stats": items["node_stats"]},
+                      _sketch_task(("sketch_points", "node_stats"), features=False))
+    # a count may come as an integer (a node group without rows)
+    check_disclosures({"sketch_points": items["sketch_points"],
+                       "sketch_counts": np.array([0, 0])}, _sketch_task(("sketch_points",)))
+
+
+@pytest.mark.parametrize(("what", "change", "named"), _BAD_DISCLOSURES,
+                         ids=[c[0] for c in _BAD_DISCLOSURES])
+def test_malformed_disclosed_items_are_invalid_naming_the_item(
+        what: str, change: dict, named: str) -> None:
+    items = _honest_items()
+    for name, arr in change.items():
+        if arr is None:
+            del items[name]
+        else:
+            items[name] = arr
+    with pytest.raises(InvalidMessage, match=named):
+        check_disclosures(items, _sketch_task(_ALL), _Sizes())  # type: ignore[arg-type]
+
+
+def test_sketch_items_without_the_tasks_features_are_invalid() -> None:
+    items = _honest_items()
+    with pytest.raises(InvalidMessage, match="not asked without the task's features"):
+        check_disclosures({"sketch_points": items["sketch_points"],
+                           "sketch_counts": items["sketch_counts"]},
+                          _sketch_task(("sketch_points",), features=False))
+
+
+def test_site_statistics_have_one_entry_per_statistic_of_the_evaluation_layout() -> None:
+    layout = (Block("counts", (2, 3, 1), (StatKind.COUNT,)),
+              Block("sums", (2, 1, 4), (StatKind.COUNT,) * 4))  # 4 limbs: one statistic
+    task = Task(job_id="j", round_id=0, kind=TaskKind.EVALUATE, level=0, params={},
+                arrays={}, layout=layout, disclose=("site_stats",))
+    check_disclosures({"site_stats": np.arange(8.0)}, task)
+    for bad in (np.arange(14.0), np.full(8, np.nan), np.arange(8.0).reshape(2, 4)):
+        with pytest.raises(InvalidMessage, match="site_stats"):
+            check_disclosures({"site_stats": bad}, task)
+    with pytest.raises(InvalidMessage, match="missing"):
+        check_disclosures({}, task)
+
+
+def test_an_upload_with_a_malformed_disclosure_is_rejected_as_malformed_and_not_stored() -> None:
+    task = _sketch_task(("sketch_points",))
+    body = make_upload(task, np.zeros(0), {"sketch_points": np.zeros(4)})
+    with pytest.raises(UploadRejected, match="sketch_counts") as err:
+        check_against_task(parse_upload(body), task, task.digest().hex(), "float64")
+    assert err.value.code == "malformed_upload" and "not stored" in err.value.detail

@@ -154,6 +154,10 @@ def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
         "wrong_header": (pack({"type": "upload", "job_id": "job-a", "round_id": task.round_id,
                                "task_digest": "00" * 32, "encoding": "float64"},
                               {"__summable__": np.zeros(reply_body_len(good))}), 409),
+        # a valid vector with a disclosed item the task asks alone or not as it asks it
+        "disclosure_missing": (make_upload(task, np.zeros(reply_body_len(good)), {}), 400),
+        "disclosure_alone": (make_upload(task, np.zeros(reply_body_len(good)),
+                                         {"sketch_points": np.zeros(4)}), 400),
     }
     for name, (body, status) in cases.items():
         rid = task.round_id + 5 if name == "wrong_round_path" else task.round_id
@@ -170,6 +174,28 @@ def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
     r = upload(env, 0, task.round_id, good, job="other-job")
     assert r.status_code == 400  # header names job-a
     assert snapshot(env["db"]) == before
+    assert upload(env, 0, task.round_id, good).status_code == 200  # the site's own upload
+
+
+def test_a_malformed_disclosure_is_refused_naming_the_item_and_the_honest_one_accepted(
+        env: dict) -> None:
+    """An upload whose disclosed quantile sketch lacks its counts is a 400
+    ``malformed_upload`` naming the item; nothing is stored, so the site's honest upload is
+    accepted (not a ``409 conflicting_upload``)."""
+    infos = join_all(env)
+    task = get_task(env, 0)
+    assert "sketch_points" in task.disclose
+    good = reply_body(env, infos[0], 0, task)
+    before = snapshot(env["db"])
+    bad = make_upload(task, np.zeros(reply_body_len(good)), {"sketch_points": np.zeros(4)})
+    r = upload(env, 0, task.round_id, bad)
+    assert r.status_code == 400
+    assert r.json()["error"] == "malformed_upload"
+    assert "missing ['sketch_counts']" in r.json()["detail"]
+    assert "not stored" in r.json()["detail"]
+    assert snapshot(env["db"]) == before
+    r = upload(env, 0, task.round_id, good)
+    assert r.status_code == 200 and r.json()["duplicate"] is False
 
 
 def reply_body_len(body: bytes) -> int:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidMessage, ProtocolError
-from ..protocol import Task, TaskKind, allowed_disclosures, layout_size
+from ..protocol import Task, TaskKind, allowed_disclosures, check_disclosures, layout_size
 from .encoding import decode_statistics
 from .noise import config_layout, eval_noise
 from .result import EvalResult, build_result
@@ -105,6 +105,10 @@ class EvalCoordinator:
             extra = set(items) - allowed_disclosures(task)
             if extra:
                 raise ProtocolError(f"site {k} disclosed {sorted(extra)} that were not asked")
+            try:
+                check_disclosures({n: np.asarray(v) for n, v in items.items()}, task)
+            except InvalidMessage as exc:
+                raise InvalidMessage(f"site {k}: {exc}") from None
             if _SITE_STATS in items:
                 site_stats[int(k)] = self._split_site(np.asarray(items[_SITE_STATS]))
         sums = decode_statistics(self.layout, total, self._dp)

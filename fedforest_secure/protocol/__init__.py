@@ -21,6 +21,7 @@ from .uploads import (
     ParsedUpload,
     allowed_disclosures,
     check_against_task,
+    check_disclosures,
     make_upload,
     parse_upload,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "TaskKind",
     "allowed_disclosures",
     "check_against_task",
+    "check_disclosures",
     "kind_code",
     "kinds_vector",
     "layout_size",

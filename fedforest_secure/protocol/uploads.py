@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -22,12 +22,16 @@ from ..errors import InvalidMessage, UploadRejected
 from .tasks import Task
 from .wire import layout_size, pack, unpack
 
+if TYPE_CHECKING:
+    from ..config import JobConfig
+
 __all__ = [
     "SUMMABLE",
     "EntryBounds",
     "ParsedUpload",
     "allowed_disclosures",
     "check_against_task",
+    "check_disclosures",
     "make_upload",
     "parse_upload",
 ]
@@ -122,9 +126,11 @@ class EntryBounds(Protocol):
 
 
 def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str,
-                       bounds: EntryBounds | None = None, words: int | None = None) -> None:
+                       bounds: EntryBounds | None = None, words: int | None = None, *,
+                       config: JobConfig | None = None) -> None:
     """The upload answers exactly this task, in the round's encoding and layout: ``words``
-    long (the round codec's, where it packs grid cells), else one word per layout entry.
+    long (the round codec's, where it packs grid cells), else one word per layout entry, with
+    every item the task asks disclosed, as :func:`check_disclosures` (with ``config``) says.
 
     ``bounds`` (plaintext rounds only: the server sees each client's vector) range-checks every
     entry against the codec's public bound, so no client can push the round's sum out of range
@@ -159,3 +165,106 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
     if extra:
         raise UploadRejected("undisclosable",
                              f"items not requested for disclosure in this round: {extra}")
+    try:
+        check_disclosures(up.disclosed, task, config)
+    except InvalidMessage as exc:
+        raise UploadRejected("malformed_upload", f"{exc}; the upload was not stored (disclose "
+                             "what the task asks, as it asks)") from None
+
+
+#: the dtypes of disclosed numbers (a count may come as an integer) and of indices
+_NUMBERS = (np.dtype(np.float64), np.dtype(np.int64))
+_INDICES = (np.dtype(np.int64), np.dtype(np.int32))
+
+#: the disclosed items a sketch of the level's nodes brings (none without ``features``)
+_SKETCH_ITEMS = frozenset({"sketch_points", "sketch_counts", "top_l", "unique_ptr",
+                           "unique_vals"})
+
+
+def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
+                      config: JobConfig | None = None) -> None:
+    """The disclosed items answer ``task``: every item it asks, together, and each of the
+    shape, dtype and values the task defines (``config`` gives the job's feature and
+    statistic counts; without it those two sizes are not checked). Raises
+    :class:`~fedforest_secure.errors.InvalidMessage` naming the item.
+
+    A sketch's items (``sketch_points`` with ``sketch_counts``, ``top_l``, ``unique_ptr``
+    with ``unique_vals``) come for the task's ``features`` (rows x slots), and none without
+    them; ``minmax`` is one (lo, hi) row per feature, ``node_stats`` one statistics row per
+    node, ``site_stats`` one statistic per entry of the evaluation's layout.
+    """
+    def bad(name: str, what: str) -> InvalidMessage:
+        return InvalidMessage(f"disclosed item {name!r} {what}")
+
+    def want(name: str, dtypes: tuple[np.dtype[Any], ...], shape: tuple[int | None, ...]
+             ) -> np.ndarray:
+        arr = disclosed[name]
+        if arr.dtype not in dtypes or arr.ndim != len(shape) or any(
+                n is not None and n != got for n, got in zip(shape, arr.shape, strict=True)):
+            shown = tuple("any" if n is None else n for n in shape)
+            raise bad(name, f"must be {' or '.join(d.name for d in dtypes)} of shape {shown}, "
+                      f"not {arr.dtype.name} of shape {arr.shape}")
+        return arr
+
+    def finite(name: str, arr: np.ndarray) -> None:
+        if not np.isfinite(arr).all():
+            raise bad(name, "holds NaN or infinity")
+
+    feats = task.arrays.get("features")
+    if feats is not None and feats.ndim != 2:
+        feats = None  # no client answers such a task (it refuses the task)
+    asked = allowed_disclosures(task)
+    if feats is None:
+        asked -= _SKETCH_ITEMS
+    missing = sorted(asked - set(disclosed))
+    extra = sorted(set(disclosed) - asked)
+    if missing or extra:
+        raise InvalidMessage(
+            f"the task asks disclosed items {sorted(asked)}, together"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; not asked without the task's features {extra}" if extra else ""))
+    rows, m = (int(feats.shape[0]), int(feats.shape[1])) if feats is not None else (0, 0)
+    params = task.params
+    n_nodes = int(params["n_nodes"]) if "n_nodes" in params else None
+    if "sketch_points" in asked:
+        n_points = int(params["n_points"]) + 1 if "n_points" in params else None
+        pts = want("sketch_points", _NUMBERS[:1], (rows, m, n_points))
+        nan = np.isnan(pts)
+        if np.isinf(pts).any() or (nan[..., :-1] & ~nan[..., 1:]).any():
+            raise bad("sketch_points", "holds infinity, or a point after its NaN padding")
+        cnt = want("sketch_counts", _NUMBERS, (rows,))
+        finite("sketch_counts", cnt)
+        if (cnt < 0).any():
+            raise bad("sketch_counts", "holds a negative count")
+    if "top_l" in asked:
+        width = min(int(params["top_l"]), m) if "top_l" in params else None
+        top = want("top_l", _INDICES, (rows, width))
+        if top.size and (top.min() < 0 or top.max() >= m):
+            raise bad("top_l", f"holds a slot outside [0, {m})")
+    if "unique_ptr" in asked:
+        ptr = want("unique_ptr", _INDICES, (rows * m + 1,))
+        vals = want("unique_vals", _NUMBERS, (None,))
+        finite("unique_vals", vals)
+        if ptr[0] != 0 or ptr[-1] != vals.size or (np.diff(ptr) < 0).any():
+            raise bad("unique_ptr", f"must rise from 0 to the {vals.size} unique_vals")
+    if "minmax" in asked:
+        mm = want("minmax", _NUMBERS,
+                  (config.n_features if config is not None else None, 2))
+        empty = (mm[:, 0] == np.inf) & (mm[:, 1] == -np.inf)  # a feature without values
+        if not (empty | (np.isfinite(mm).all(axis=1) & (mm[:, 0] <= mm[:, 1]))).all():
+            raise bad("minmax", "must hold finite (lo, hi) rows with lo <= hi, or (inf, -inf)")
+    if "node_stats" in asked:
+        ns = want("node_stats", _NUMBERS,
+                  (n_nodes, config.n_stats if config is not None else None))
+        finite("node_stats", ns)
+    if "site_stats" in asked:
+        size = sum(int(np.prod(b.shape[:-1], dtype=np.int64)) for b in task.layout)
+        finite("site_stats", want("site_stats", _NUMBERS, (size,)))
+    for name in sorted(asked - _KNOWN_ITEMS):  # an item without a rule: numbers, finite
+        arr = disclosed[name]
+        if arr.dtype.kind not in "iuf":
+            raise bad(name, f"must hold numbers, not {arr.dtype.name}")
+        finite(name, arr)
+
+
+_KNOWN_ITEMS = _SKETCH_ITEMS | {"minmax", "node_stats", "site_stats"}
