@@ -267,8 +267,8 @@ class RoundDriver:
               contributors: list[int], *, ring: np.ndarray | None = None,
               secure: SecureRound | None = None) -> None:
         """Hand the round's sum to the coordinator, audit it, and issue the next round. An
-        aggregate the coordinator rejects fails the job once, cleanly (never a 5xx on every
-        retry and tick)."""
+        aggregate the coordinator rejects, or any exception it raises on it, fails the job
+        once, cleanly, with the reason (never a 5xx on every retry and tick)."""
         started = secure.phase_opened if secure is not None else time.perf_counter()
         task = rt.task
         if task is None or task.round_id != rr.round_id:
@@ -291,6 +291,10 @@ class RoundDriver:
                              participants=list(contributors))
             except (FedForestError, ValueError, ArithmeticError) as exc:
                 problem = f"the aggregate was rejected ({type(exc).__name__}: {exc})"
+            except Exception as exc:  # a defect of the coordinator: the job stops here once
+                event("close_error", logging.ERROR, job=job.id, round=rr.round_id, exc=exc)
+                problem = (f"the coordinator failed on the round's aggregate "
+                           f"({type(exc).__name__}: {exc})")
         clear_summables(sess, rr)
         rr.running_sum = None
         if problem is not None:

@@ -357,3 +357,35 @@ def test_a_malformed_disclosed_sketch_is_a_4xx_and_the_sites_honest_upload_is_th
         assert _post_plain(open_env, a, task, body).status_code == 200
     status = http.get("/v1/jobs/job-a", headers=auth[1]).json()
     assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+
+
+def test_any_exception_from_the_coordinator_fails_the_job_once_with_a_reason_never_a_5xx(
+        open_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: were an item to get past the upload checks and make the coordinator
+    raise something other than a protocol error (here an injected KeyError, as a disclosed
+    sketch without its counts once did), closing the round fails the job once with a reason
+    naming the error; the closing upload gets its 200, and later requests, ticks and retries
+    see a failed job instead of a 500 each time."""
+    from fedforest_secure.coordinator import Coordinator
+
+    def broken(self: Coordinator, *args: Any, **kwargs: Any) -> None:
+        raise KeyError("sketch_counts")
+
+    monkeypatch.setattr(Coordinator, "submit", broken)
+    http, state = open_env["http"], open_env["state"]
+    auth, config, task = _join_plain(open_env)
+    honest = _honest_bodies(open_env, config, task)
+    statuses = [_post_plain(open_env, a, task, b).status_code
+                for a, b in zip(auth, honest, strict=True)]
+    assert statuses == [200, 200, 200]
+    resp = http.get("/v1/jobs/job-a", headers=auth[0])
+    assert resp.status_code == 200
+    status = resp.json()
+    assert status["status"] == "failed"
+    assert f"round {task.round_id}" in status["reason"]
+    assert "KeyError: 'sketch_counts'" in status["reason"]
+    state.tick()  # no exception: the job is no longer running
+    state.tick(full_every=1)
+    resp = http.get("/v1/jobs/job-a/task", headers=auth[1])
+    assert resp.status_code == 204 and resp.headers["X-FedForest-Status"] == "failed"
+    assert _post_plain(open_env, auth[0], task, honest[0]).status_code < 500
