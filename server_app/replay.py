@@ -21,6 +21,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol import SealedTask, seal, unpack
 
 from .db import Database, JobRow, RoundRow
@@ -81,7 +82,9 @@ class Runtimes:
                 rt.coord = new_coordinator(rt.config)
                 try:
                     self._replay(rt, sess)
-                except RuntimeError as exc:
+                except (RuntimeError, FedForestError, ValueError) as exc:
+                    # stored rounds the engine refuses now (or that do not fit together):
+                    # the job stops once, with the reason, not on every tick and request
                     self._on_unresumable(sess, job, f"cannot resume: {exc}")
                     rt.coord = None
         self._loaded[job_id] = rt

@@ -466,3 +466,36 @@ def test_a_finished_job_keeps_no_coordinator_in_memory(tmp_path: Path, tiny_part
         assert rt is None or rt.coord is None
         assert http.get("/v1/jobs/job-a/model", headers=auth(tokens[1])).status_code == 200
     db.dispose()
+
+
+def test_a_job_whose_stored_rounds_no_longer_replay_fails_once_with_the_reason(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted server rebuilds a running job from its stored rounds; a stored round the
+    coordinator refuses now (an upload stored under laxer checks) stops the job with "cannot
+    resume" and the reason, once, rather than an error on every tick and request."""
+    from fedforest_secure.errors import InvalidMessage
+    from server_app.replay import Runtimes
+
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K)))
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        for t in tokens:
+            assert http.post("/v1/jobs/job-a/join", headers=auth(t)).status_code == 200
+
+    def refused(self: Runtimes, rt: object, sess: object) -> None:
+        raise InvalidMessage("client 1: sketch_counts missing beside sketch_points")
+
+    monkeypatch.setattr(Runtimes, "_replay", refused)
+    restarted = ServerState(db, NullAudit())  # a new process: nothing loaded
+    restarted.tick()  # the deadline tick rebuilds the job (it raised, every tick)
+    restarted.tick()
+    with TestClient(create_app(db, state=restarted, tick_seconds=60)) as http:
+        r = http.get("/v1/jobs/job-a", headers=auth(tokens[0]))
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "failed"
+        assert r.json()["reason"] == ("cannot resume: client 1: sketch_counts missing beside "
+                                      "sketch_points")
+    db.dispose()
