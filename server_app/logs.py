@@ -2,8 +2,10 @@
 
     2024-05-01T12:00:00Z INFO fedforest-server event=join job=heart-2024 client=cleveland index=0
 
-Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``round`` (a round closed),
-``drop``, ``job_done``, ``job_failed``, ``resume``, ``error``, ``shutdown_timeout`` (uvicorn's
+Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``declined``, ``round`` (a round
+closed), ``drop``, ``client_gone``, ``job_done``, ``job_failed``, ``resume``, ``error`` (a
+request failed), ``close_error`` (closing a round failed: the job stops),
+``database_unavailable``, ``lease_lost``, ``tls_refused``, ``shutdown_timeout`` (uvicorn's
 graceful stop ran out of time). Values with spaces are quoted.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients

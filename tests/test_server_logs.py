@@ -89,3 +89,18 @@ def test_a_job_logs_startup_joins_rounds_and_the_end_and_sigterm_stops_cleanly(
     assert all(re.search(r" close_s=[0-9.]+$", x) and "phase_s=" not in x for x in closed)
     assert "Traceback" not in log and "CancelledError" not in log
     assert stopped_in < 15
+
+
+def test_the_log_module_names_every_event_the_server_logs() -> None:
+    """An operator greps the log by event name: the list in server_app.logs is complete."""
+    import re
+    from pathlib import Path
+
+    import server_app
+    from server_app import logs
+
+    root = Path(server_app.__file__).parent
+    logged = {m for f in root.glob("*.py")
+              for m in re.findall(r'event\("([a-z_]+)"', f.read_text())}
+    listed = set(re.findall(r"``([a-z_]+)``", (logs.__doc__ or "").split("Values")[0]))
+    assert logged <= listed, sorted(logged - listed)
