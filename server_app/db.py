@@ -10,7 +10,7 @@ closed round.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import (
@@ -24,7 +24,7 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, shown_url
@@ -42,6 +42,7 @@ __all__ = [
     "RoundRow",
     "SecAggMessageRow",
     "UploadRow",
+    "unreachable",
 ]
 
 
@@ -218,19 +219,39 @@ class Database:
             raise ConfigError(f"cannot open the server database {shown_url(url)}: "
                               f"{exc.orig or exc}") from None
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._on_unreachable: list[Callable[[], None]] = []
+
+    def on_unreachable(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` whenever a query fails because the database cannot be reached (a
+        refused or lost connection, a timeout): how the server notices an outage of its
+        database, whichever request, tick or renewal meets it first."""
+        self._on_unreachable.append(fn)
+
+    def _failed(self, exc: DBAPIError) -> None:
+        if unreachable(exc):
+            for fn in self._on_unreachable:
+                fn()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A transaction: committed on success, rolled back on any exception."""
-        with self._factory() as sess, sess.begin():
-            yield sess
+        try:
+            with self._factory() as sess, sess.begin():
+                yield sess
+        except DBAPIError as exc:
+            self._failed(exc)
+            raise
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
         """A Core transaction (no ORM session): committed on success, rolled back on any
         exception. For requests that read or write plain values only."""
-        with self.engine.begin() as conn:
-            yield conn
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except DBAPIError as exc:
+            self._failed(exc)
+            raise
 
     def compact(self) -> None:
         """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server
@@ -243,6 +264,13 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached (a refused, lost or timed-out
+    connection), rather than that a statement was wrong."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def _created_meanwhile(exc: DatabaseError) -> bool:

@@ -3,16 +3,21 @@
 Each phase gets the job's full round deadline from the moment it opens
 (``rounds.deadline_at``). After a restart the open phase's deadline runs again from the
 server's start, so clients that were backing off while it was down are not dropped for the
-server's outage. Deadlines only move later (every phase and round sets now + the job's fixed
-round deadline), so the last one seen is a lower bound for every later one of the job: until
-it passes, a request needs no query to know that no deadline has passed.
+server's outage. An outage of the server's database counts the same: once a query failed
+because the database could not be reached (the clients got 500s and backed off), the open
+phase's deadline runs again from when it next answered (the first deadline computed from a
+row read after the failure). Deadlines only move later (every phase and round sets now + the
+job's fixed round deadline), so the last one seen is a lower bound for every later one of the
+job: until it passes, a request needs no query to know that no deadline has passed.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from .db import Database, JobRow, RoundRow
+from .logs import event
 from .store import open_round_deadline
 
 __all__ = ["Deadlines"]
@@ -24,14 +29,40 @@ class Deadlines:
     def __init__(self, db: Database, clock: Callable[[], float]) -> None:
         self._db = db
         self.clock = clock
-        self.started_at = clock()
+        #: when this server started, or its database last answered again after an outage
+        self.resumed_at = clock()
+        #: when a query first failed for want of the database, until it answers again
+        self.unreachable_since: float | None = None
+        self._outage = threading.Lock()
         #: per job, a time before which no deadline of its open round can pass
         self._due: dict[str, float] = {}
+        db.on_unreachable(self.database_unreachable)
+
+    def database_unreachable(self) -> None:
+        """A query failed because the database could not be reached (the clients meet 500s
+        and back off): the deadlines stop counting against them until it answers again."""
+        with self._outage:
+            if self.unreachable_since is None:
+                self.unreachable_since = self.clock()
+
+    def _database_answered(self) -> None:
+        if self.unreachable_since is None:  # the usual case: no lock taken
+            return
+        with self._outage:
+            since = self.unreachable_since
+            if since is None:
+                return
+            self.unreachable_since = None
+            self.resumed_at = max(self.resumed_at, self.clock())
+        event("database_available", unreachable_s=self.resumed_at - since,
+              deadlines="the open rounds' deadlines run again from now")
 
     def at(self, deadline_at: float, round_deadline_s: float) -> float:
         """The open phase's deadline; never earlier than a full round deadline after this
-        server started."""
-        return max(deadline_at, self.started_at + round_deadline_s)
+        server started or its database answered again after an outage (every caller read
+        ``deadline_at`` from the database just now: it answers)."""
+        self._database_answered()
+        return max(deadline_at, self.resumed_at + round_deadline_s)
 
     def of(self, rr: RoundRow, job: JobRow) -> float:
         return self.at(rr.deadline_at, job.round_deadline_s)

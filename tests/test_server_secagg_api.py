@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from db_outage import database_down
 from nacl.signing import SigningKey
+from sqlalchemy.exc import OperationalError
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.federation import client_seed
@@ -549,6 +551,61 @@ def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: di
     env["clock"].now += 2
     assert offer(env, 0)["action"] == "sign"  # the deadline moved the round on...
     assert offer(env, 3)["status"] == "dropped"  # ...and dropped the late client
+
+
+def outage_during_the_upload(env: dict) -> tuple[dict[int, SecAggClient], Task, bytes]:
+    """The first round's upload phase: every client but K - 1 uploaded; then the server's
+    database is down for 40 s (the round deadline is 30 s) while client K - 1 tries to upload
+    (a 500) and the tick fails; returns client K - 1's upload."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K - 1):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    body = upload_body(env, sa, K - 1, task, vecs[K - 1])
+    failing = TestClient(env["http"].app, raise_server_exceptions=False)
+    with database_down(env["db"]):
+        env["clock"].now += 5
+        res = failing.post(f"/v1/jobs/job-a/rounds/{r}/upload", content=body,
+                           headers={**h(env, K - 1), "Content-Type": "application/octet-stream"})
+        assert res.status_code == 500 and "the server's database failed" in res.json()["detail"]
+        with pytest.raises(OperationalError):
+            env["state"].tick()
+        env["clock"].now += 35  # the round's deadline passed during the outage
+    return sa, task, body
+
+
+def test_a_database_outage_longer_than_the_deadline_drops_no_client(
+        env: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """The server's database is down for longer than the round deadline while a client tries
+    to upload: as after a restart, the open phase's deadline runs again from when the database
+    answered, so the client that retried is not dropped and the round goes on with all."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    sa, task, body = outage_during_the_upload(env)
+    r = task.round_id
+    assert offer(env, 0)["action"] == "wait"  # the first request after the outage drops no one
+    assert "event=database_available unreachable_s=35 " in caplog.text
+    env["state"].tick()  # nor the first tick
+    env["clock"].now += 29
+    env["state"].tick()
+    assert offer(env, K - 1)["action"] == "upload"  # still owed, not dropped
+    res = post_upload(env, K - 1, r, body)
+    assert res.status_code == 200, res.text
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+
+
+def test_a_full_round_deadline_after_a_database_outage_a_silent_client_is_dropped(
+        env: dict) -> None:
+    """The deadline a database outage re-arms still applies: a client that does not upload
+    within a full round deadline after the database answered again is dropped."""
+    _sa, _task, _body = outage_during_the_upload(env)
+    env["state"].tick()  # the database answers: the deadline runs again from now
+    env["clock"].now += 31
+    env["state"].tick()
+    assert offer(env, K - 1)["status"] == "dropped"
+    assert offer(env, 0)["action"] == "sign"
 
 
 def test_a_refusal_reason_with_a_nul_character_is_refused_and_changes_nothing(
