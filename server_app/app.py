@@ -67,7 +67,7 @@ from fedforest_secure.secagg.directory import Certification
 from . import __version__
 from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
-from .db import ClientRow, Database
+from .db import ClientRow, Database, unreachable
 from .errors import ApiError, upload_error
 from .limits import BodyLimits, TransportLimits
 from .logs import event
@@ -185,11 +185,16 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(tick_seconds)
+                was_up = st.core.deadlines.unreachable_since is None
                 try:
                     await run_in_threadpool(st.tick)
                 except Exception as exc:  # keep ticking; the failure is logged
-                    event("error", logging.ERROR, exc=exc, where="deadline tick",
-                          error=f"{type(exc).__name__}: {exc}")
+                    if not unreachable(exc):
+                        event("error", logging.ERROR, exc=exc, where="deadline tick",
+                              error=f"{type(exc).__name__}: {exc}")
+                    elif was_up:  # an outage, not a bug: one line when it begins
+                        event("database_unavailable", logging.WARNING, where="deadline tick",
+                              error=type(exc).__name__)
 
         task = asyncio.create_task(ticker())
         try:
@@ -198,9 +203,15 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            with db.session() as sess:
-                running = running_job_ids(sess)
-            event("shutdown", jobs_running=len(running))
+            try:
+                with db.session() as sess:
+                    running: int | None = len(running_job_ids(sess))
+            except SQLAlchemyError as exc:  # the count is for the log only: stop all the same
+                if not unreachable(exc):
+                    raise
+                running = None
+            event("shutdown", jobs_running=running,
+                  database=None if running is not None else "unreachable")
 
     app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
     app.state.server = st

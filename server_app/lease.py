@@ -10,6 +10,7 @@ that was killed leaves it to be taken at once on its host, or after ``LEASE_S`` 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -18,9 +19,10 @@ import uuid
 from collections.abc import Callable
 
 from sqlalchemy import delete, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from .db import Database, LeaseRow
+from .db import Database, LeaseRow, unreachable
+from .logs import event
 from .settings import ConfigError
 
 __all__ = ["LEASE_S", "ServerLease"]
@@ -93,12 +95,21 @@ class ServerLease:
             return bool(res.rowcount)
 
     def release(self) -> None:
-        """Give the lease back (a stopped server): the next server starts at once."""
+        """Give the lease back (a stopped server): the next server starts at once. With the
+        database unreachable the lease stays (one warning says so) and the stop goes on."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self.db.connect() as conn:
-            conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
+        try:
+            with self.db.connect() as conn:
+                conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
+        except SQLAlchemyError as exc:
+            if not unreachable(exc):
+                raise
+            event("lease_not_returned", logging.WARNING,
+                  reason=f"the database cannot be reached ({type(exc).__name__}): the next "
+                  f"server on this host takes it at once, one on another host after "
+                  f"{LEASE_S:.0f} s")
 
     def keep(self, on_lost: Callable[[], None]) -> None:
         """Renew the lease every ``LEASE_S / 3`` seconds from a daemon thread until

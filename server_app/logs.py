@@ -5,8 +5,10 @@
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``declined``, ``round`` (a round
 closed), ``drop``, ``client_gone``, ``job_done``, ``job_failed``, ``resume``, ``error`` (a
 request failed), ``close_error`` (closing a round failed: the job stops),
-``database_unavailable``, ``lease_lost``, ``tls_refused``, ``shutdown_timeout`` (uvicorn's
-graceful stop ran out of time). Values with spaces are quoted.
+``database_unavailable`` and ``database_available`` (an outage of the server's database began;
+it answers again, and the open rounds' deadlines run again from then), ``lease_lost``,
+``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
+``shutdown_timeout`` (uvicorn's graceful stop ran out of time). Values with spaces are quoted.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
 dropped during the round (``dropped``; one dropped after its masked upload is in both), and

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import logging
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from db_outage import database_down
 from ports import free_port
 from sqlalchemy import func, inspect, select
 
@@ -26,6 +29,7 @@ from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
 from server_app.db import ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from server_app.jobspec import load_job_spec
+from server_app.logs import LOGGER
 from server_app.runtime import ServerState
 from server_app.serve import check_transport
 from server_app.settings import ConfigError, ServerSettings, TLSSettings
@@ -499,3 +503,39 @@ def test_a_job_whose_stored_rounds_no_longer_replay_fails_once_with_the_reason(
         assert r.json()["reason"] == ("cannot resume: client 1: sketch_counts missing beside "
                                       "sketch_points")
     db.dispose()
+
+
+def test_a_stop_while_the_database_is_down_logs_the_shutdown_without_a_traceback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The lifespan's shutdown counts the running jobs for its log line; with the database
+    unreachable it logs the shutdown without the count, and the stop is clean (no "Application
+    shutdown failed", exit 1)."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    http = TestClient(create_app(db, tick_seconds=3600)).__enter__()
+    with database_down(db):
+        http.__exit__(None, None, None)  # the server stops while its database is down
+    db.dispose()
+    shutdown = [r.getMessage() for r in caplog.records if "event=shutdown" in r.getMessage()]
+    assert shutdown == ["event=shutdown database=unreachable"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+def test_the_tick_logs_an_outage_of_the_database_once_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The deadline tick meets an unreachable database on every full tick: an outage, not a
+    bug, so one warning line when it begins, not a traceback every few seconds."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    app = create_app(db, tick_seconds=0.01)
+    with TestClient(app), database_down(db):
+        state: ServerState = app.state.server
+        until = time.monotonic() + 10
+        while state._ticks < 30 and time.monotonic() < until:  # several full ticks
+            time.sleep(0.02)
+    db.dispose()
+    assert state._ticks >= 30
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert lines == ["event=database_unavailable where=\"deadline tick\" "
+                     "error=OperationalError"]
+    assert not [r for r in caplog.records if r.exc_info]

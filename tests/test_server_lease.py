@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from db_outage import database_down
 from ports import free_port
 from test_integration_https import launch_server, setup_fed, stop
 
@@ -35,6 +37,26 @@ def test_the_lease_is_held_until_released_or_stale(tmp_path: Path) -> None:
     late = ServerLease(db, 3, clock=lambda: time.time() + LEASE_S + 1)
     late.acquire()
     assert not second.renew()
+    db.dispose()
+
+
+def test_a_lease_that_cannot_be_given_back_is_one_warning_not_a_failed_stop(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server stopped while its database is down cannot delete its claim: the stop goes on
+    (SIGTERM still exits 143) with one warning saying when the next server may start."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    lease = ServerLease(db, 1)
+    lease.acquire()
+    lease.keep(lambda: None)
+    with database_down(db):
+        lease.release()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert lines == [
+        'event=lease_not_returned reason="the database cannot be reached (OperationalError): '
+        'the next server on this host takes it at once, one on another host after 15 s"']
+    assert not [r for r in caplog.records if r.exc_info]
+    with pytest.raises(ConfigError, match="another server"):  # the claim is still there...
+        ServerLease(db, 2).acquire()  # ...and its process runs
     db.dispose()
 
 
