@@ -185,16 +185,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(tick_seconds)
-                was_up = st.core.deadlines.unreachable_since is None
                 try:
                     await run_in_threadpool(st.tick)
                 except Exception as exc:  # keep ticking; the failure is logged
+                    # an outage of the database (not a bug) was logged in one line when it
+                    # began (Deadlines.database_unreachable), not a traceback every tick
                     if not unreachable(exc):
                         event("error", logging.ERROR, exc=exc, where="deadline tick",
                               error=f"{type(exc).__name__}: {exc}")
-                    elif was_up:  # an outage, not a bug: one line when it begins
-                        event("database_unavailable", logging.WARNING, where="deadline tick",
-                              error=type(exc).__name__)
 
         task = asyncio.create_task(ticker())
         try:

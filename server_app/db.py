@@ -219,10 +219,10 @@ class Database:
             raise ConfigError(f"cannot open the server database {shown_url(url)}: "
                               f"{exc.orig or exc}") from None
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
-        self._on_unreachable: list[Callable[[], None]] = []
+        self._on_unreachable: list[Callable[[DBAPIError], None]] = []
 
-    def on_unreachable(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` whenever a query fails because the database cannot be reached (a
+    def on_unreachable(self, fn: Callable[[DBAPIError], None]) -> None:
+        """Call ``fn(exc)`` whenever a query fails because the database cannot be reached (a
         refused or lost connection, a timeout): how the server notices an outage of its
         database, whichever request, tick or renewal meets it first."""
         self._on_unreachable.append(fn)
@@ -230,7 +230,7 @@ class Database:
     def _failed(self, exc: DBAPIError) -> None:
         if unreachable(exc):
             for fn in self._on_unreachable:
-                fn()
+                fn(exc)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

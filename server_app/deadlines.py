@@ -13,6 +13,7 @@ job: until it passes, a request needs no query to know that no deadline has pass
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -38,12 +39,16 @@ class Deadlines:
         self._due: dict[str, float] = {}
         db.on_unreachable(self.database_unreachable)
 
-    def database_unreachable(self) -> None:
+    def database_unreachable(self, exc: BaseException) -> None:
         """A query failed because the database could not be reached (the clients meet 500s
-        and back off): the deadlines stop counting against them until it answers again."""
+        and back off): the deadlines stop counting against them until it answers again. The
+        first failure of an outage is logged, in one line."""
         with self._outage:
-            if self.unreachable_since is None:
-                self.unreachable_since = self.clock()
+            if self.unreachable_since is not None:
+                return
+            self.unreachable_since = self.clock()
+        event("database_unavailable", logging.WARNING, error=type(exc).__name__,
+              deadlines="the open rounds' deadlines run again once it answers")
 
     def _database_answered(self) -> None:
         if self.unreachable_since is None:  # the usual case: no lock taken
