@@ -98,13 +98,14 @@ def _schema(tmp_path: Path) -> Path:
     return tmp_path / "s.toml"
 
 
-def _run(tr: ScriptedTransport, tmp_path: Path) -> None:
+def _run(tr: ScriptedTransport, tmp_path: Path) -> Any:
+    """The client's run against ``tr``, on a table of zeros; its result."""
     _schema(tmp_path)
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
                          data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
                          state_dir=tmp_path / "state", quiet=True)
-    runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
-                np.zeros(4), SiteLog(stream=io.StringIO()))
+    return runner._run(opts, tr, ClientState(opts.state_dir),  # type: ignore[arg-type]
+                       np.zeros((4, 2)), np.zeros(4), SiteLog(stream=io.StringIO()))
 
 
 @pytest.mark.parametrize("join", [
@@ -289,12 +290,7 @@ def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do
                            offer_error=ApiRejected(403, "dropped", "this client was dropped "
                                                    "at round 5", {}),
                            gets={JOB: {"job_id": JOB, "status": "running"}})
-    _schema(tmp_path)
-    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
-                         state_dir=tmp_path / "state", quiet=True)
-    res = runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
-                      np.zeros(4), SiteLog(stream=io.StringIO()))
+    res = _run(tr, tmp_path)
     assert res.status == "dropped"
     assert "dropped at round 5" in res.detail and "the job went on without it" in res.detail
     assert f"fedforest model download --job {JOB}" in res.detail
@@ -420,10 +416,5 @@ def test_a_job_that_fails_while_the_site_is_in_a_step_ends_with_its_reason(
     tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
                            gets={"rounds": [], JOB: {"job_id": JOB, "status": "failed",
                                                      "reason": reason}})
-    _schema(tmp_path)
-    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
-                         state_dir=tmp_path / "state", quiet=True)
-    res = runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),  # type: ignore[arg-type]
-                      np.zeros(4), SiteLog(stream=io.StringIO()))
+    res = _run(tr, tmp_path)
     assert (res.status, res.detail) == ("failed", reason)

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -437,6 +438,16 @@ def test_a_request_to_a_finished_job_does_not_load_its_model(tmp_path: Path) -> 
     assert [c.name for c in JobRow.__table__.columns][-1] == "model_json"
 
 
+def _one_job(tmp_path: Path, parts: Any, feat: list[str], job_dir: Any
+             ) -> tuple[Database, list[str], ServerState]:
+    """A SQLite server database with K clients and job-a (open) created for them."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K)))
+    return db, tokens, state
+
+
 def test_a_finished_job_keeps_no_coordinator_in_memory(tmp_path: Path, tiny_parts,
                                                        job_dir) -> None:
     """A server runs for weeks: once a job is done its coordinator (the forest being grown,
@@ -444,10 +455,7 @@ def test_a_finished_job_keeps_no_coordinator_in_memory(tmp_path: Path, tiny_part
     import json
 
     parts, feat = tiny_parts
-    db = Database(f"sqlite:///{tmp_path / 's.db'}")
-    tokens = [add_client(db, f"client-{k}") for k in range(K)]
-    state = ServerState(db, NullAudit())
-    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K)))
+    db, tokens, state = _one_job(tmp_path, parts, feat, job_dir)
     with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
         infos = [http.post("/v1/jobs/job-a/join", headers=auth(t)).json() for t in tokens]
         config = JobConfig.from_json(json.dumps(infos[0]["config"]))
@@ -480,11 +488,7 @@ def test_a_job_whose_stored_rounds_no_longer_replay_fails_once_with_the_reason(
     from fedforest_secure.errors import InvalidMessage
     from server_app.replay import Runtimes
 
-    parts, feat = tiny_parts
-    db = Database(f"sqlite:///{tmp_path / 's.db'}")
-    tokens = [add_client(db, f"client-{k}") for k in range(K)]
-    state = ServerState(db, NullAudit())
-    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=K)))
+    db, tokens, state = _one_job(tmp_path, *tiny_parts, job_dir)
     with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
         for t in tokens:
             assert http.post("/v1/jobs/job-a/join", headers=auth(t)).status_code == 200
