@@ -93,7 +93,8 @@ def client(
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
     # are Ctrl-C: the site leaves the job the same way
     signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGHUP, _terminated)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
+        signal.signal(signal.SIGHUP, _terminated)
     try:
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
                                        schema=schema, ca=ca, cert=cert, key=key,

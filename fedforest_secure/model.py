@@ -165,9 +165,10 @@ class ForestModel:
             raise ValueError(f"classes has {len(self.classes)} labels, n_classes is "
                              f"{self.n_classes}")
         if self.feature_names is not None:
-            if not isinstance(self.feature_names, list):
+            if not isinstance(self.feature_names, list | tuple):
                 raise ValueError(f"feature_names must be a list of column names, got "
                                  f"{self.feature_names!r}")
+            self.feature_names = list(self.feature_names)  # a tuple from the Python API too
             text = [c for c in self.feature_names if not isinstance(c, str)]
             if text:
                 raise ValueError(f"feature_names must be text (the column names), got "

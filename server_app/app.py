@@ -67,7 +67,7 @@ from fedforest_secure.secagg.directory import Certification
 from . import __version__
 from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
-from .db import ClientRow, Database, unreachable
+from .db import ClientRow, Database
 from .errors import ApiError, upload_error
 from .limits import BodyLimits, TransportLimits
 from .logs import event
@@ -190,7 +190,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 except Exception as exc:  # keep ticking; the failure is logged
                     # an outage of the database (not a bug) was logged in one line when it
                     # began (Deadlines.database_unreachable), not a traceback every tick
-                    if not unreachable(exc):
+                    # (the probe connects: off the event loop)
+                    if not await run_in_threadpool(db.unreachable, exc):
                         event("error", logging.ERROR, exc=exc, where="deadline tick",
                               error=f"{type(exc).__name__}: {exc}")
 
@@ -205,7 +206,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 with db.session() as sess:
                     running: int | None = len(running_job_ids(sess))
             except SQLAlchemyError as exc:  # the count is for the log only: stop all the same
-                if not unreachable(exc):
+                if not db.unreachable(exc):
                     raise
                 running = None
             event("shutdown", jobs_running=running,

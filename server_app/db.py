@@ -42,7 +42,6 @@ __all__ = [
     "RoundRow",
     "SecAggMessageRow",
     "UploadRow",
-    "unreachable",
 ]
 
 
@@ -227,8 +226,24 @@ class Database:
         database, whichever request, tick or renewal meets it first."""
         self._on_unreachable.append(fn)
 
+    def unreachable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` failed because this database cannot be reached, rather than for
+        what a statement did: an operational or interface error (or a connection dropped
+        mid-query) after which a fresh connection cannot run ``SELECT 1`` either. A lock, a
+        missing table, a full disk or another database's error is no outage: the database
+        answers the probe."""
+        if not isinstance(exc, OperationalError | InterfaceError) and not (
+                isinstance(exc, DBAPIError) and exc.connection_invalidated):
+            return False
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except DBAPIError:
+            return True
+        return False
+
     def _failed(self, exc: DBAPIError) -> None:
-        if unreachable(exc):
+        if self._on_unreachable and self.unreachable(exc):
             for fn in self._on_unreachable:
                 fn(exc)
 
@@ -264,13 +279,6 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-def unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database could not be reached (a refused, lost or timed-out
-    connection), rather than that a statement was wrong."""
-    return isinstance(exc, (OperationalError, InterfaceError)) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def _created_meanwhile(exc: DatabaseError) -> bool:

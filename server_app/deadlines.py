@@ -47,7 +47,9 @@ class Deadlines:
             if self.unreachable_since is not None:
                 return
             self.unreachable_since = self.clock()
-        event("database_unavailable", logging.WARNING, error=type(exc).__name__,
+        orig = getattr(exc, "orig", None) or exc
+        event("database_unavailable", logging.WARNING,
+              error=f"{type(orig).__name__}: {str(orig).strip()[:200]}",
               deadlines="the open rounds' deadlines run again once it answers")
 
     def _database_answered(self) -> None:

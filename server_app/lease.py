@@ -21,7 +21,7 @@ from collections.abc import Callable
 from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from .db import Database, LeaseRow, unreachable
+from .db import Database, LeaseRow
 from .logs import event
 from .settings import ConfigError
 
@@ -104,7 +104,7 @@ class ServerLease:
             with self.db.connect() as conn:
                 conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
         except SQLAlchemyError as exc:
-            if not unreachable(exc):
+            if not self.db.unreachable(exc):
                 raise
             event("lease_not_returned", logging.WARNING,
                   reason=f"the database cannot be reached ({type(exc).__name__}): the next "

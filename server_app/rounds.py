@@ -291,6 +291,8 @@ class RoundDriver:
                              participants=list(contributors))
             except (FedForestError, ValueError, ArithmeticError) as exc:
                 problem = f"the aggregate was rejected ({type(exc).__name__}: {exc})"
+            except MemoryError:  # no defect: the request fails, the next tick tries again
+                raise
             except Exception as exc:  # a defect of the coordinator: the job stops here once
                 event("close_error", logging.ERROR, job=job.id, round=rr.round_id, exc=exc)
                 problem = (f"the coordinator failed on the round's aggregate "

@@ -572,3 +572,15 @@ def test_a_model_file_with_repeated_feature_names_still_loads_and_predicts_array
         assert est.predict(X).shape == (5,)
     with pytest.raises(SchemaError, match="'x1'"):
         est.predict(pd.DataFrame(X, columns=["x0", "x1", "x1", "x3"]))
+
+
+def test_feature_names_given_as_a_tuple_are_taken_as_a_list() -> None:
+    """A model built through the Python API with feature names as a tuple predicts on a
+    table by name, as with a list (a model file holds a list)."""
+    import pandas as pd
+
+    m = ForestModel(task="regression", n_features=2, n_classes=0,
+                    trees=[_stump(1, 1, 0.0)], feature_names=("a", "b"))
+    assert m.feature_names == ["a", "b"]
+    X = pd.DataFrame({"b": [-1.0, 1.0], "a": [9.0, 9.0]})
+    np.testing.assert_allclose(m.predict(X), [1.0, 2.0])

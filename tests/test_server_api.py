@@ -540,6 +540,7 @@ def test_the_tick_logs_an_outage_of_the_database_once_in_one_line(
     db.dispose()
     assert state._ticks >= 30
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert lines == ['event=database_unavailable error=OperationalError deadlines="the open '
-                     'rounds\' deadlines run again once it answers"']
+    assert lines == ['event=database_unavailable error="OperationalError: connection refused '
+                     '(the test stopped the database)" deadlines="the open rounds\' deadlines '
+                     'run again once it answers"']
     assert not [r for r in caplog.records if r.exc_info]

@@ -724,3 +724,20 @@ def test_a_packed_sum_whose_count_lane_wrapped_fails_the_job_and_releases_nothin
     with env["db"].session() as s:
         rr = s.get(RoundRow, ("job-a", r))
         assert rr is not None and rr.aggregate is None  # no aggregate was released
+
+
+def test_an_error_of_a_database_that_answers_is_no_outage(env: dict) -> None:
+    """A statement that fails on a database that answers (SQLite's missing table here; a lock,
+    a full disk alike) moves no deadline and is not logged as an outage: the database answers
+    a fresh connection's probe."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    db, deadlines = env["db"], env["state"].core.deadlines
+    with pytest.raises(DBAPIError), db.session() as sess:  # SQLite: OperationalError
+        sess.execute(text("SELECT * FROM no_such_table"))
+    assert deadlines.unreachable_since is None
+    with database_down(db):
+        with pytest.raises(OperationalError), db.session() as sess:
+            sess.execute(text("SELECT 1"))
+        assert deadlines.unreachable_since is not None

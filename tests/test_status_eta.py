@@ -71,10 +71,16 @@ def test_a_level_that_overruns_has_no_eta_but_its_overrun_and_the_phase_deadline
 
 
 def test_the_deadline_is_the_servers_when_it_moved_it_after_a_restart(tmp_path: Path) -> None:
-    db = _job(tmp_path, [0.0, 10.0, 20.0])
-    # a server restarted at 70 gives the open phase a full round deadline from its start
-    later = _progress(db, 50.0, deadline=lambda rr, job: T0 + 70.0 + job.round_deadline_s)
-    assert later["deadline_in_s"] == pytest.approx(80.0)
+    from server_app.deadlines import Deadlines
+
+    db = _job(tmp_path, [0.0, 10.0, 20.0])  # the stored deadline: 80
+    # a server restarted at 70 gives the open phase a full round deadline (60 s) from its
+    # start: 130, which the status tells (the job status and the operator page pass
+    # Deadlines.of, as here)
+    restarted = Deadlines(db, clock=lambda: T0 + 70.0)
+    later = _progress(db, 100.0, deadline=restarted.of)
+    assert later["deadline_in_s"] == pytest.approx(30.0)
+    assert _progress(db, 50.0)["deadline_in_s"] == pytest.approx(30.0)  # the stored one
 
 
 def test_a_job_without_an_open_round_has_no_deadline(tmp_path: Path) -> None:
