@@ -151,8 +151,27 @@ def fuzz_schema(app: Any) -> Any:
         op["requestBody"] = {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
     schema = schemathesis.openapi.from_dict(spec)
-    schema.app = app
+    schema.app = _without_lifespan(app)
     return schema
+
+
+def _without_lifespan(app: Any) -> Any:
+    """``app`` for the fuzzer's requests, without a lifespan of its own: the env's TestClient
+    runs the app's (its deadline ticker); a second one, started by the fuzzer's calls, would be
+    shut down only as the interpreter exits, logging into pytest's closed capture."""
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    return wrapped
 
 
 def _no_refuse(schema: Any) -> Any:
