@@ -142,16 +142,33 @@ def forest_importances(trees: Sequence[FederatedTree], n_features: int) -> np.nd
     return out
 
 
+def _proportions(counts: np.ndarray) -> np.ndarray:
+    """Per node, noisy class counts as proportions: clipped at 0, divided by their sum;
+    uniform where nothing is left."""
+    clipped = np.clip(counts, 0.0, None)
+    total = clipped.sum(axis=-1, keepdims=True)
+    uniform = np.full_like(clipped, 1.0 / max(clipped.shape[-1], 1))
+    out: np.ndarray = np.where(total > 0, clipped / np.where(total > 0, total, 1.0), uniform)
+    return out
+
+
 def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
                       classes: np.ndarray | None = None, y_offset: float = 0.0,
-                      feature_names: np.ndarray | None = None) -> Any:
+                      feature_names: np.ndarray | None = None,
+                      vote: str = "proportions") -> Any:
     """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` whose
     trees are ``trees``: the same splits (missing-value directions included), leaf values,
     impurities and weighted counts, so it predicts what the federated forest predicts.
 
     scikit-learn compares ``float32(x) <= threshold``; the federated forest compares
-    ``x <= threshold`` in float64, so the two agree on every input whose values are float32
-    numbers (and elsewhere unless a value lies within float32 rounding of a threshold).
+    ``x <= threshold`` in float64. Each threshold is exported rounded to float32 (a threshold
+    often is a data value, whose float32 may round above it), so a value goes the same way in
+    both unless it lies within float32 rounding of a threshold without being it.
+
+    A classifier whose leaves hold (noisy) class counts (``vote="counts"``, a DP profile)
+    is exported with each node's counts, clipped at 0, as proportions (uniform where none is
+    left): scikit-learn averages per-tree probabilities, so it predicts close to, not the same
+    as, the summed counts' vote.
 
     Raises
     ------
@@ -183,14 +200,17 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
         nodes["left_child"] = arrays.children_left
         nodes["right_child"] = arrays.children_right
         nodes["feature"] = arrays.feature
-        nodes["threshold"] = arrays.threshold
+        # float32(x) <= float32(t) exactly when x <= t, but for x within float32 rounding of t
+        nodes["threshold"] = arrays.threshold.astype(np.float32).astype(np.float64)
         nodes["impurity"] = arrays.impurity
         nodes["n_node_samples"] = arrays.n_node_samples
         nodes["weighted_n_node_samples"] = arrays.weighted_n_node_samples
         nodes["missing_go_to_left"] = arrays.missing_go_to_left
+        values = np.asarray(arrays.value, dtype=np.float64)
+        if not regression and vote == "counts":
+            values = _proportions(values)
         sk.__setstate__({"max_depth": arrays.max_depth, "node_count": arrays.node_count,
-                         "nodes": nodes,
-                         "values": np.ascontiguousarray(arrays.value, dtype=np.float64)})
+                         "nodes": nodes, "values": np.ascontiguousarray(values)})
         est = est_cls(random_state=i)
         est.tree_ = sk
         est.n_features_in_ = n_features

@@ -441,15 +441,20 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
 
     def to_sklearn(self, *, hard_splits: bool = False) -> Any:
         """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
-        this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`): it
-        predicts what this estimator predicts (on float32 inputs exactly, as scikit-learn
-        reads X as float32), so SHAP, skops, skl2onnx and ``permutation_importance`` work on
-        it unchanged.
+        this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`), so
+        SHAP, skops, skl2onnx and ``permutation_importance`` work on it unchanged. It predicts
+        what this estimator predicts except for a row with a value within float32 rounding of
+        a threshold, on its other side: scikit-learn reads X as float32 (the thresholds go out
+        as float32 numbers). With the open profile's thresholds (data values) that is rare;
+        the secure sketch puts some thresholds just below a repeated value, whose rows then go
+        left in scikit-learn. :meth:`to_onnx` predicts exactly, in float64.
 
         A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
         row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn
         form: ``hard_splits=True`` exports its trees with hard splits, which predict
-        differently from this estimator.
+        differently from this estimator. A DP classifier's noisy leaf counts go out as their
+        proportions (clipped at 0): scikit-learn averages those, close to this forest's vote
+        on the summed counts.
 
         Raises
         ------
@@ -467,7 +472,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         return to_sklearn_forest(model.trees, model.task, model.n_features,
                                  classes=getattr(self, "classes_", None),
                                  y_offset=float(getattr(self, "y_offset_", 0.0)),
-                                 feature_names=getattr(self, "feature_names_in_", None))
+                                 feature_names=getattr(self, "feature_names_in_", None),
+                                 vote=model.vote)
 
     def to_onnx(self, path: str | Path | None = None) -> Any:
         """This forest as an ONNX model computed in double precision

@@ -107,3 +107,33 @@ def test_onnx_round_trip_predicts_what_the_federated_forest_predicts(task: str) 
     else:
         np.testing.assert_array_equal(out["label"], est.predict(Xt))
         np.testing.assert_allclose(out["probabilities"], est.predict_proba(Xt), atol=1e-6)
+
+
+def test_to_sklearn_predicts_the_same_on_the_float64_rows_it_was_trained_on() -> None:
+    """The open profile's thresholds are data values (x <= t sends the value t left), whose
+    float32 often rounds above them: scikit-learn reads X as float32, so the thresholds are
+    exported as float32 numbers and the training rows themselves go the same way in both."""
+    from sklearn.datasets import load_diabetes, load_wine
+
+    X, y = load_diabetes(return_X_y=True)
+    h = np.arange(len(y)) % 4
+    reg = FedForestRegressor(n_estimators=10, max_depth=8, random_state=0).fit(X, y, client=h)
+    np.testing.assert_allclose(reg.to_sklearn().predict(X), reg.predict(X), rtol=0, atol=1e-9)
+    Xw, yw = load_wine(return_X_y=True)
+    clf = FedForestClassifier(method="avgimp", n_estimators=10, max_depth=6,
+                              random_state=3).fit(Xw, yw, client=np.arange(len(yw)) % 4)
+    np.testing.assert_allclose(clf.to_sklearn().predict_proba(Xw), clf.predict_proba(Xw),
+                               rtol=0, atol=1e-12)
+
+
+def test_a_dp_forest_of_noisy_counts_exports_probabilities() -> None:
+    """Under secure-dp (its default epsilon) the leaves hold noisy class counts (some negative)
+    that the forest sums before it votes: scikit-learn averages per-tree probabilities, so
+    each leaf is exported as its counts' proportions (clipped at 0), never as counts."""
+    X, y, h = _data("classification")
+    clf = FedForestClassifier(profile="secure-dp", n_estimators=8, max_depth=4,
+                              random_state=3).fit(X, y, client=h)
+    assert clf.model_.vote == "counts"
+    p = clf.to_sklearn(hard_splits=True).predict_proba(X)
+    assert p.min() >= 0.0 and p.max() <= 1.0
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
