@@ -573,3 +573,46 @@ def test_a_round_rewritten_as_aborted_is_named_in_a_note(setup: tuple[AuditLog, 
         report = verify_log(forged, receipts_dir=receipts)
     assert any(n.startswith(f"job '{JOB}' round 1: 2 receipt(s) of uploads") and
                "the server's word only" in n for n in report.notes), report.notes
+
+
+def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
+        tmp_path: Path) -> None:
+    """alice is dropped after round 0 and checks the honest log with her own receipts: the
+    round after her drop and the model are not hers to vouch for (a note saying whose
+    receipts can), not a problem. The same receipts of a site not dropped leave a problem."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, receipts)
+        (receipts / "bob.jsonl").unlink()
+        rec.client_dropped("alice", round_id=1, reason="deadline")
+        rec.round(_task(1), uploads={"bob": upload_digest(b"bob/1")},
+                  aggregate=np.arange(6.0), masked=True)
+        rec.model(digest="cd" * 32)
+        report = verify_log(log, receipts_dir=receipts)
+        assert report.ok, report.problems
+        assert report.notes == [
+            f"job '{JOB}': these receipts are of sites the log says were dropped (alice (seq "
+            f"5)): the entries after seq 3, job '{JOB}' seq 6 (round) and job '{JOB}' seq 7 "
+            "(model) among them, are vouched for by the other sites' receipts only: add "
+            "theirs to check them"]
+        sql(log, "DELETE FROM audit_entries WHERE seq = 5")  # no drop: a cut chain is named
+        assert any("covered by no receipt" in p
+                   for p in verify_log(log, receipts_dir=receipts).problems)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_an_entry_rewritten_with_a_payload_that_is_no_object_is_a_problem_not_a_traceback(
+        setup: tuple[AuditLog, Path], replay: bool) -> None:
+    """A forger rewrites the model entry's payload as a JSON list (hash recomputed): verify
+    with receipts (and --replay) names it, as the chain check alone did, without a traceback."""
+    log, receipts = setup
+    entries = log.entries(job_id=JOB)
+    last = entries[-1]
+    forged = Entry.build(job_id=JOB, seq=last.seq, kind=last.kind, timestamp=last.timestamp,
+                         payload=[], arrays={}, prev_hash=entries[-2].hash)
+    sql(log, "UPDATE audit_entries SET payload = :pl, hash = :h WHERE seq = :s",
+        pl=forged.payload_json, h=forged.hash, s=last.seq)
+    report = verify_log(log, receipts_dir=receipts, replay=replay)
+    assert not report.ok
+    assert any("seq 9 (model)" in p and "unreadable" in p for p in report.problems), \
+        report.problems

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import DBAPIError
+
 from ..errors import AuditError
 from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
 from .kinds import EntryKind, check_payload
@@ -149,25 +151,29 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
         except ValueError:
             continue  # already reported as unreadable
     found: set[tuple[str, int, str]] = set()
-    for stored in log.store.scan_arrays(job_id):
-        key, name, blob = (stored.job_id, stored.seq), stored.name, stored.data
-        found.add((*key, name))
-        if key not in expected:
-            out.append(f"job {key[0]!r} seq {key[1]}: stored array {name!r} belongs to "
-                       "no entry")
-            continue
-        entry, infos = expected[key]
-        info = infos.get(name)
-        if info is None:
-            out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
-        elif hashlib.sha256(blob).hexdigest() != info.sha256:
-            out.append(f"{entry.label}: stored array {name!r} does not match its digest "
-                       "(array changed)")
-        else:
-            try:
-                decode_array(info, blob)
-            except ValueError as exc:
-                out.append(f"{entry.label}: stored array {name!r}: {exc}")
+    try:
+        for stored in log.store.scan_arrays(job_id):
+            key, name, blob = (stored.job_id, stored.seq), stored.name, stored.data
+            found.add((*key, name))
+            if key not in expected:
+                out.append(f"job {key[0]!r} seq {key[1]}: stored array {name!r} belongs to "
+                           "no entry")
+                continue
+            entry, infos = expected[key]
+            info = infos.get(name)
+            if info is None:
+                out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
+            elif hashlib.sha256(blob).hexdigest() != info.sha256:
+                out.append(f"{entry.label}: stored array {name!r} does not match its digest "
+                           "(array changed)")
+            else:
+                try:
+                    decode_array(info, blob)
+                except ValueError as exc:
+                    out.append(f"{entry.label}: stored array {name!r}: {exc}")
+    except DBAPIError as exc:  # a blob rewritten as text, say: the database cannot return it
+        out.append(f"the stored arrays cannot be read ({type(exc).__name__}: "
+                   f"{str(getattr(exc, 'orig', exc))[:200]}): an array was rewritten")
     for (job, seq), (entry, infos) in sorted(expected.items()):
         for name in sorted(infos):
             if (job, seq, name) not in found:
@@ -214,6 +220,7 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     notes: list[str] = []
     count = 0
     covered: dict[str, int] = {}  # job -> the furthest seq a receipt pins
+    receipted_by: dict[str, set[str]] = defaultdict(set)  # job -> the sites of its receipts
     elsewhere: dict[str, list[str]] = defaultdict(list)  # receipts of jobs not in the log
     uploaded_to_aborted: dict[tuple[str, int], list[str]] = defaultdict(list)
     for where, receipt in read_receipts(receipts_dir):
@@ -227,12 +234,16 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
             continue
         count += 1
         covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
+        receipted_by[receipt.job_id].add(receipt.client)
         if isinstance(receipt, Receipt) and (receipt.job_id, receipt.round_id) in aborted \
                 and not rounds.get((receipt.job_id, receipt.round_id)):
             uploaded_to_aborted[(receipt.job_id, receipt.round_id)].append(where)
         found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
                  else _receipt_problems(receipt, chains, rounds, aborted))
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
+    if (receipts_dir / "receipts").is_dir() and any(p.startswith("receipt ") for p in out):
+        out.append(f"{receipts_dir} looks like a client's --state-dir: its receipts are in "
+                   f"{receipts_dir / 'receipts'}")
     for (job, r), wheres in sorted(uploaded_to_aborted.items()):
         notes.append(f"job {job!r} round {r}: {len(wheres)} receipt(s) of uploads (first "
                      f"{wheres[0]}), and the log says the round was aborted: that no sum of "
@@ -244,7 +255,8 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
         out.append(f"job {job!r} is not in the log ({len(wheres)} receipt(s) of it, first "
                    f"{wheres[0]}){hint}")
     for job in sorted(covered):
-        problems, noted = _tail_problems(job, chains.get(job, {}), covered[job])
+        problems, noted = _tail_problems(job, chains.get(job, {}), covered[job],
+                                         receipted_by[job])
         out.extend(problems)
         notes.extend(noted)
     for job in sorted(set(chains) - set(covered)):
@@ -254,17 +266,46 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     return out, notes, count
 
 
+def _dropped_at(chain: Mapping[int, Entry]) -> dict[str, int]:
+    """The sites a chain records as dropped, with the seq of that entry."""
+    out: dict[str, int] = {}
+    for e in chain.values():
+        if e.kind == EntryKind.CLIENT_DROPPED.value:
+            try:
+                out.setdefault(str(e.payload.get("client")), e.seq)
+            except ValueError:  # unreadable: named by the chain's own check
+                continue
+    return out
+
+
+def _last(chain: Mapping[int, Entry], kind: EntryKind) -> Entry | None:
+    return max((e for e in chain.values() if e.kind == kind.value), key=lambda e: e.seq,
+               default=None)
+
+
 #: the entries that end a job without a model: a round's abort, or a failure between rounds
 _FAILED = frozenset({EntryKind.ROUND_ABORTED.value, EntryKind.JOB_FAILED.value})
 
 
-def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
-                   ) -> tuple[list[str], list[str]]:
+def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int,
+                   sites: Set[str] = frozenset()) -> tuple[list[str], list[str]]:
     """A job's last round and its model entry must lie within a chain head some client
     receipted: otherwise they could be rewritten (with every hash after them) unnoticed. A
     job that failed before any site kept a receipt after its last round cannot have one:
-    that is a note (no model came out of it), not a problem."""
+    that is a note (no model came out of it), not a problem. So is the tail after the drop
+    of every site whose receipts are checked (``sites``): a dropped site checking its own
+    receipts cannot vouch for what came after it; the other sites' receipts can."""
     out: list[str] = []
+    gone = _dropped_at(chain)
+    if sites and sites <= set(gone):
+        tail = [e for e in (_last(chain, EntryKind.ROUND), _last(chain, EntryKind.MODEL))
+                if e is not None and covered < e.seq]
+        if tail:
+            names = ", ".join(f"{s} (seq {gone[s]})" for s in sorted(sites))
+            return out, [f"job {job!r}: these receipts are of sites the log says were dropped "
+                         f"({names}): the entries after seq {covered}, "
+                         f"{' and '.join(e.label for e in tail)} among them, are vouched for "
+                         "by the other sites' receipts only: add theirs to check them"]
     last_round = max((e for e in chain.values() if e.kind == EntryKind.ROUND.value),
                      key=lambda e: e.seq, default=None)
     if last_round is not None and covered < last_round.seq:
@@ -280,7 +321,7 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int
     model = next((e for e in chain.values() if e.kind == EntryKind.MODEL.value), None)
     if model is not None and covered < model.seq:
         out.append(f"job {job!r}: the model entry ({model.label}) is covered by no receipt "
-                   "(no client kept a receipt of the model it received)")
+                   "(none of these receipts pins the chain up to it)")
     return out, []
 
 
@@ -301,9 +342,13 @@ def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[
         out.append("the log has no model entry (deleted?), yet the client received model "
                    f"{receipt.model_digest[:16]}...")
         return out
-    if model.payload.get("digest") != receipt.model_digest:
+    try:
+        logged = model.payload.get("digest")
+    except ValueError:  # named as unreadable by the chain's own check
+        logged = None
+    if logged != receipt.model_digest:
         out.append(f"the client received model {receipt.model_digest[:16]}..., the log's "
-                   f"{model.label} says {str(model.payload.get('digest'))[:16]}...")
+                   f"{model.label} says {str(logged)[:16]}...")
     if model.seq > receipt.seq_seen:
         out.append(f"the chain head announced with the model (seq {receipt.seq_seen}) does not "
                    f"cover the log's {model.label}")
@@ -379,7 +424,11 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
             from .replay import replay_job
 
             for job in report.jobs:
-                report.problems.extend(replay_job(log, job))
+                try:
+                    report.problems.extend(replay_job(log, job))
+                except (ValueError, AuditError, DBAPIError) as exc:  # an entry it cannot read
+                    report.problems.append(f"job {job!r} replay: stopped at an entry it cannot "
+                                           f"read ({type(exc).__name__}: {exc})")
         return report
     finally:
         if owned is not None:
