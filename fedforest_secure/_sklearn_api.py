@@ -142,6 +142,28 @@ def forest_importances(trees: Sequence[FederatedTree], n_features: int) -> np.nd
     return out
 
 
+def _float32_thresholds(t: np.ndarray) -> np.ndarray:
+    """Thresholds for scikit-learn's ``float32(x) <= threshold``.
+
+    Each goes out as the float32 number nearest it, so a data value ``t`` that is a threshold
+    still goes left, unless that float32 number lies above ``t`` and is itself a value a table
+    holds exactly (a number a CSV writes, such as 120 or 0.5: its shortest decimal reads back
+    as it in float64). Then the threshold is a cut just below that value, which must go right:
+    it goes out as the float32 number below. Other values within float32 rounding of a
+    threshold can still go the other way.
+    """
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as scikit-learn's X
+        near = t.astype(np.float32)
+    out = near.astype(np.float64)
+    below = np.nextafter(near, np.float32(-np.inf)).astype(np.float64)
+    result = out.copy()
+    for i in np.flatnonzero(out > t):
+        if float(str(near[i])) == out[i]:  # a value written as its own shortest decimal
+            result[i] = below[i]
+    return result
+
+
 def _proportions(counts: np.ndarray) -> np.ndarray:
     """Per node, noisy class counts as proportions: clipped at 0, divided by their sum;
     uniform where nothing is left."""
@@ -161,14 +183,15 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
     impurities and weighted counts, so it predicts what the federated forest predicts.
 
     scikit-learn compares ``float32(x) <= threshold``; the federated forest compares
-    ``x <= threshold`` in float64. Each threshold is exported rounded to float32 (a threshold
-    often is a data value, whose float32 may round above it), so a value goes the same way in
-    both unless it lies within float32 rounding of a threshold without being it.
+    ``x <= threshold`` in float64. Each threshold is exported as a float32 number
+    (:func:`_float32_thresholds`: a threshold often is a data value, whose float32 may round
+    above it), so a value goes the same way in both unless it lies within float32 rounding of
+    a threshold without being it (or being the float32 number just above a threshold).
 
     A classifier whose leaves hold (noisy) class counts (``vote="counts"``, a DP profile)
     is exported with each node's counts, clipped at 0, as proportions (uniform where none is
-    left): scikit-learn averages per-tree probabilities, so it predicts close to, not the same
-    as, the summed counts' vote.
+    left): scikit-learn averages per-tree probabilities, so its labels can differ from the
+    forest's vote on the summed counts where that vote is close.
 
     Raises
     ------
@@ -200,8 +223,7 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
         nodes["left_child"] = arrays.children_left
         nodes["right_child"] = arrays.children_right
         nodes["feature"] = arrays.feature
-        # float32(x) <= float32(t) exactly when x <= t, but for x within float32 rounding of t
-        nodes["threshold"] = arrays.threshold.astype(np.float32).astype(np.float64)
+        nodes["threshold"] = _float32_thresholds(arrays.threshold)
         nodes["impurity"] = arrays.impurity
         nodes["n_node_samples"] = arrays.n_node_samples
         nodes["weighted_n_node_samples"] = arrays.weighted_n_node_samples

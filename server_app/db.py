@@ -9,6 +9,7 @@ closed round.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -186,6 +187,12 @@ class LeaseRow(Base):
     renewed_at: Mapped[float] = mapped_column(Float)
 
 
+#: seconds a PostgreSQL connection attempt may take
+_CONNECT_TIMEOUT_S = 10
+#: seconds one probe of the database (:meth:`Database.unreachable`) answers for
+_PROBE_EVERY_S = 2.0
+
+
 class Database:
     """An engine plus a session factory; creates the tables on first use."""
 
@@ -197,6 +204,10 @@ class Database:
             # a connection per request thread that reads outside the server's lock (token
             # look-ups, directory, task downloads): as many as the server's thread pool (40)
             kwargs.update(pool_size=10, max_overflow=30, pool_pre_ping=True)
+            if url.startswith("postgresql"):
+                # a host that does not answer costs a request (and an outage's probe) 10 s,
+                # not the system's TCP connect timeout (about two minutes)
+                kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
         self.url = url
         try:
             self.engine: Engine = create_db_engine(url, **kwargs)
@@ -219,6 +230,8 @@ class Database:
                               f"{exc.orig or exc}") from None
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
         self._on_unreachable: list[Callable[[DBAPIError], None]] = []
+        self._probe_mu = threading.Lock()
+        self._probed_at, self._probe_said = -_PROBE_EVERY_S, False
 
     def on_unreachable(self, fn: Callable[[DBAPIError], None]) -> None:
         """Call ``fn(exc)`` whenever a query fails because the database cannot be reached (a
@@ -231,16 +244,26 @@ class Database:
         what a statement did: an operational or interface error (or a connection dropped
         mid-query) after which a fresh connection cannot run ``SELECT 1`` either. A lock, a
         missing table, a full disk or another database's error is no outage: the database
-        answers the probe."""
+        answers the probe. Never raises; a probe that found the database gone answers for
+        every failure within :data:`_PROBE_EVERY_S` seconds (the requests of an outage do not
+        each wait for a connection attempt; one that answers is quick to probe again)."""
         if not isinstance(exc, OperationalError | InterfaceError) and not (
                 isinstance(exc, DBAPIError) and exc.connection_invalidated):
             return False
+        with self._probe_mu:
+            if self._probe_said and time.monotonic() - self._probed_at < _PROBE_EVERY_S:
+                return True
         try:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
+            said = False
         except DBAPIError:
-            return True
-        return False
+            said = True
+        except Exception:  # noqa: BLE001 - a full pool, say: no sign the database is gone
+            said = False
+        with self._probe_mu:
+            self._probed_at, self._probe_said = time.monotonic(), said
+        return said
 
     def _failed(self, exc: DBAPIError) -> None:
         if self._on_unreachable and self.unreachable(exc):

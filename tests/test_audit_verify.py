@@ -616,3 +616,18 @@ def test_an_entry_rewritten_with_a_payload_that_is_no_object_is_a_problem_not_a_
     assert not report.ok
     assert any("seq 9 (model)" in p and "unreadable" in p for p in report.problems), \
         report.problems
+
+
+def test_a_state_dir_given_as_the_receipts_folder_is_named(setup: tuple[AuditLog, Path],
+                                                           tmp_path: Path) -> None:
+    """A client's --state-dir holds its receipts in a `receipts` folder: given the state
+    directory instead, verify says where they are."""
+    log, receipts = setup
+    state = tmp_path / "state"
+    state.mkdir()
+    receipts.rename(state / "receipts")
+    (state / "stats.json").write_text("{}")
+    problems = verify_log(log, receipts_dir=state).problems
+    assert f"{state} looks like a client's --state-dir: its receipts are in " \
+           f"{state / 'receipts'}" in problems, problems
+    assert verify_log(log, receipts_dir=state / "receipts").ok

@@ -137,3 +137,22 @@ def test_a_dp_forest_of_noisy_counts_exports_probabilities() -> None:
     p = clf.to_sklearn(hard_splits=True).predict_proba(X)
     assert p.min() >= 0.0 and p.max() <= 1.0
     np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> None:
+    """On integer-valued columns the secure sketch cuts just below a value (119.99999...
+    below 120): rounded to the nearest float32 that cut is 120 itself, and the rows of 120
+    would go left in scikit-learn. Such a cut goes out as the float32 number below 120, so
+    every row goes the same way in both."""
+    from fedforest_secure._sklearn_api import _float32_thresholds
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.integers(20, 80, 600), rng.integers(90, 200, 600),
+                         rng.integers(0, 4, 600)]).astype(float)
+    y = X[:, 0] * 0.5 + (X[:, 1] > 130) * 10 + rng.normal(size=600)
+    reg = FedForestRegressor(profile="secure", n_estimators=5, max_depth=6,
+                             random_state=0).fit(X, y, client=np.arange(600) % 3)
+    np.testing.assert_allclose(reg.to_sklearn().predict(X), reg.predict(X), rtol=0, atol=1e-9)
+    cuts = _float32_thresholds(np.array([119.99999644677146, 120.0, 0.1, -0.044641636506989144]))
+    assert cuts[0] < 120.0 and cuts[1] == 120.0  # 120 goes right of the first, left of itself
+    assert cuts[2] == float(np.float32(0.1)) and cuts[3] == float(np.float32(-0.044641636506989144))

@@ -241,7 +241,8 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
         found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
                  else _receipt_problems(receipt, chains, rounds, aborted))
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
-    if (receipts_dir / "receipts").is_dir() and any(p.startswith("receipt ") for p in out):
+    if (receipts_dir / "receipts").is_dir() and (
+            not count or any(p.startswith("receipt ") for p in out)):
         out.append(f"{receipts_dir} looks like a client's --state-dir: its receipts are in "
                    f"{receipts_dir / 'receipts'}")
     for (job, r), wheres in sorted(uploaded_to_aborted.items()):
