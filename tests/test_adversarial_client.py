@@ -235,6 +235,16 @@ def _post_plain(env: dict, auth: dict[str, str], task: Task, body: bytes) -> Any
                             headers={**auth, **OCTET})
 
 
+def _honest_uploads_close_the_round(env: dict, auth: list[dict[str, str]], task: Task,
+                                    honest: list[bytes]) -> None:
+    """After a refused upload, the sites' honest uploads are accepted and close the round:
+    the job is not wedged."""
+    for a, body in zip(auth, honest, strict=True):
+        assert _post_plain(env, a, task, body).status_code == 200
+    status = env["http"].get("/v1/jobs/job-a", headers=auth[0]).json()
+    assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+
+
 @pytest.mark.parametrize("value", [1e308, -1e308, 2.0**37, 1e20])
 def test_open_profile_upload_of_huge_finite_values_is_a_4xx_not_a_wedged_job(
         open_env: dict, value: float) -> None:
@@ -262,11 +272,7 @@ def test_open_profile_upload_of_huge_finite_values_is_a_4xx_not_a_wedged_job(
     vec[-1] = value
     assert _post_plain(open_env, auth[0], task, make_upload(task, vec, arrays)).status_code == 400
     assert db_snapshot(open_env["db"]) == before
-    # the honest uploads still close the round: the job is not wedged
-    for a, body in zip(auth, honest, strict=True):
-        assert _post_plain(open_env, a, task, body).status_code == 200
-    status = http.get("/v1/jobs/job-a", headers=auth[0]).json()
-    assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+    _honest_uploads_close_the_round(open_env, auth, task, honest)
 
 
 def test_a_non_finite_aggregate_fails_the_job_once_with_a_reason_never_a_5xx(
@@ -340,7 +346,6 @@ def test_a_malformed_disclosed_sketch_is_a_4xx_and_the_sites_honest_upload_is_th
     dtype). It was stored, and closing the round then raised on every retry and tick (a
     KeyError) or failed the job naming no site; now it is refused at receipt, nothing is
     stored, and the site's honest upload is accepted and closes the round."""
-    http = open_env["http"]
     auth, config, task = _join_plain(open_env)
     assert "sketch_points" in task.disclose
     before = db_snapshot(open_env["db"])
@@ -353,10 +358,7 @@ def test_a_malformed_disclosed_sketch_is_a_4xx_and_the_sites_honest_upload_is_th
     assert resp.json()["error"] == "malformed_upload"
     assert "sketch_" in resp.json()["detail"] and "not stored" in resp.json()["detail"]
     assert db_snapshot(open_env["db"]) == before  # nothing stored
-    for a, body in zip(auth, honest, strict=True):
-        assert _post_plain(open_env, a, task, body).status_code == 200
-    status = http.get("/v1/jobs/job-a", headers=auth[1]).json()
-    assert status["status"] in ("running", "done") and status["round_id"] > task.round_id
+    _honest_uploads_close_the_round(open_env, auth, task, honest)
 
 
 def test_any_exception_from_the_coordinator_fails_the_job_once_with_a_reason_never_a_5xx(

@@ -296,15 +296,22 @@ def test_bad_secagg_messages_are_rejected_and_change_nothing(env: dict) -> None:
     assert offer(env, 0)["action"] == "advert"  # still owed: nothing was accepted
 
 
-def last_misses_the_upload(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
-                                               dict[int, np.ndarray]]:
-    """The first round up to its upload deadline, passed: client K - 1 shared its keys but
-    never uploaded."""
+def all_but_last_uploaded(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
+                                              dict[int, np.ndarray]]:
+    """The first round's upload phase: every client shared its keys, all but K - 1 uploaded."""
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
     run_until_upload(env, sa, task.round_id)
     for k in range(K - 1):
         assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    return config, sa, task, vecs
+
+
+def last_misses_the_upload(env: dict) -> tuple[JobConfig, dict[int, SecAggClient], Task,
+                                               dict[int, np.ndarray]]:
+    """The first round up to its upload deadline, passed: client K - 1 shared its keys but
+    never uploaded."""
+    config, sa, task, vecs = all_but_last_uploaded(env)
     env["clock"].now += 31
     env["state"].tick()
     return config, sa, task, vecs
@@ -540,12 +547,7 @@ def test_a_retry_after_a_restart_is_idempotent_and_a_changed_message_conflicts(
 def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: dict) -> None:
     """Requests skip the deadline query while no deadline can have passed (a cached lower
     bound); once the clock passes it, the next request applies it (the ticker is idle here)."""
-    config, sa = join_all(env)
-    task, vecs, _ = first_round(env, config)
-    r = task.round_id
-    run_until_upload(env, sa, r)
-    for k in range(K - 1):
-        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    all_but_last_uploaded(env)
     env["clock"].now += 29  # not yet: nothing happens, and no client is dropped
     assert offer(env, 3)["action"] == "upload"
     env["clock"].now += 2
@@ -557,12 +559,8 @@ def outage_during_the_upload(env: dict) -> tuple[dict[int, SecAggClient], Task, 
     """The first round's upload phase: every client but K - 1 uploaded; then the server's
     database is down for 40 s (the round deadline is 30 s) while client K - 1 tries to upload
     (a 500) and the tick fails; returns client K - 1's upload."""
-    config, sa = join_all(env)
-    task, vecs, _ = first_round(env, config)
+    _config, sa, task, vecs = all_but_last_uploaded(env)
     r = task.round_id
-    run_until_upload(env, sa, r)
-    for k in range(K - 1):
-        assert upload(env, sa, k, task, vecs[k]).status_code == 200
     body = upload_body(env, sa, K - 1, task, vecs[K - 1])
     failing = TestClient(env["http"].app, raise_server_exceptions=False)
     with database_down(env["db"]):
