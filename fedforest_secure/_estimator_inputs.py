@@ -1,0 +1,137 @@
+"""What the estimators refuse in their inputs before any training, each naming the column
+or argument and the remedy: dates and durations, repeated column names, text weights, and a
+regression target too large for the trees' sums of squares; and the inputs' value bounds."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .errors import SchemaError
+
+__all__ = ["as_schema_error", "nan_bounds", "refuse_dates", "refuse_duplicate_names",
+           "refuse_huge_target", "refuse_text_weights"]
+
+
+def as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
+    """``check(*args, **kwargs)`` with its ValueError raised as :class:`SchemaError` (also a
+    ValueError, with the same message)."""
+    try:
+        return check(*args, **kwargs)
+    except SchemaError:
+        raise
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from exc
+
+
+#: what an object column may hold that is a date, a time of day or a duration
+_TIME_TYPES = (dt.date, dt.time, dt.timedelta, np.datetime64, np.timedelta64)
+
+
+def refuse_dates(X: Any) -> None:
+    """Refuse a table's date, time or duration column by name (datetime64 and timedelta64
+    columns, and object columns holding ``datetime`` or numpy date objects): scikit-learn's
+    forests cannot read one as numbers, nor can these (numpy's error names neither the
+    column nor a remedy)."""
+    columns: list[tuple[str, Any, Any]]  # what, dtype, how to get its cells
+    if isinstance(X, np.ndarray):
+        columns = [("X", X.dtype, lambda: X)]
+    else:
+        dtypes: Any = getattr(X, "dtypes", None)
+        iloc = getattr(X, "iloc", None)
+        columns = [(f"column {str(name)!r}", dtype,
+                    None if iloc is None else (lambda j=j: iloc[:, j]))
+                   for j, (name, dtype) in enumerate(dtypes.items())] \
+            if hasattr(dtypes, "items") else []
+    for what, dtype, cells in columns:
+        kind = getattr(dtype, "kind", "")
+        shown = str(dtype)
+        if kind == "O" and cells is not None:  # Python dates, times or durations as objects
+            when = next((v for v in np.asarray(cells(), dtype=object).ravel().tolist()
+                         if isinstance(v, _TIME_TYPES)), None)
+            if when is None:
+                continue
+            kind = ("m" if isinstance(when, dt.timedelta | np.timedelta64)
+                    else "t" if isinstance(when, dt.time) else "M")
+            shown = f"{type(when).__module__.split('.')[0]}.{type(when).__name__} values"
+        if kind in ("M", "m", "t"):
+            held, how = {"M": ("dates", "days since a reference date"),
+                         "m": ("durations", "a number of days or seconds"),
+                         "t": ("times of day", "hours since midnight")}[kind]
+            raise SchemaError(f"{what} holds {held} ({shown}): the forest reads numbers only; "
+                              f"convert it, e.g. to {how}, before fit and predict")
+
+
+def refuse_huge_target(name: Any, largest: float, middle: float, rows: float) -> None:
+    """Refuse a centred regression target whose sums of squares could overflow float64.
+
+    The trees grow from each node's sums of y and y^2 (``_impurity``): over ``rows`` rows
+    (frequency weights counted) the square of the sum reaches ``(rows * largest)^2``, so
+    ``largest`` must stay within ``sqrt(float64 max) / (2 * rows)`` (half of it: the sums of
+    two children and the noise of a DP profile add to a node's). Beyond it every tree came
+    out a single leaf, or the secure aggregate non-finite.
+    """
+    limit = float(np.sqrt(np.finfo(np.float64).max)) / (2.0 * max(rows, 1.0))
+    if largest <= limit:
+        return
+    what = "y" if name is None else f"y ({str(name)!r})"
+    factor = 10.0 ** int(np.floor(np.log10(largest)))  # to values of order 1
+    raise SchemaError(f"{what} lies up to {largest:.3g} from the middle of its range "
+                      f"({middle:.3g}): the sums of squares of y over {rows:.0f} rows that the "
+                      f"trees grow from would overflow float64, which keeps them finite only "
+                      f"within {limit:.3g} of the middle; rescale the target (e.g. divide it "
+                      f"by {factor:.0e}) and multiply the predictions back")
+
+
+def refuse_duplicate_names(X: Any) -> None:
+    """Refuse a table whose column names (strings: scikit-learn's feature names) repeat:
+    predict takes a table's columns by name, so a repeated one could never be predicted on."""
+    cols = getattr(X, "columns", None)
+    if cols is None or isinstance(X, np.ndarray):
+        return
+    names = list(cols)
+    if not names or not all(isinstance(c, str) for c in names):
+        return
+    twice = sorted(c for c, k in Counter(names).items() if k > 1)
+    if twice:
+        raise SchemaError(f"duplicate column name{'s' if len(twice) > 1 else ''} "
+                          f"{', '.join(map(repr, twice))}: predict takes the columns by name, "
+                          "so each must appear once; rename or drop the repeated columns "
+                          "(pd.concat of tables that share a column repeats it)")
+
+
+def refuse_text_weights(sample_weight: Any) -> None:
+    """Refuse sample_weight holding text that is not a number: site names passed as fit's
+    third positional argument, where ``client=`` was meant."""
+    arr = np.asarray(sample_weight)
+    if arr.dtype.kind not in "OSU":
+        return
+
+    def not_a_number(v: object) -> bool:
+        if not isinstance(v, str | bytes):
+            return False
+        try:  # "2" is a weight, as scikit-learn reads it
+            float(v)
+        except ValueError:
+            return True
+        return False
+
+    text = next((v for v in arr.ravel().tolist() if not_a_number(v)), None)
+    if text is not None:
+        raise SchemaError(f"sample_weight holds text ({text!r}), not frequency weights: "
+                          "sample_weight is fit's third positional argument; pass the sites "
+                          "as client=, e.g. fit(X, y, client=sites)")
+
+
+def nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature [lo, hi] of the present (non-NaN) values, lo < hi: a column without two
+    distinct present values gets a unit range."""
+    present = ~np.isnan(X)
+    lo = np.where(present, X, np.inf).min(axis=0, initial=np.inf)
+    hi = np.where(present, X, -np.inf).max(axis=0, initial=-np.inf)
+    lo = np.where(np.isfinite(lo), lo, 0.0)
+    hi = np.where(np.isfinite(hi) & (hi > lo), hi, lo + 1.0)
+    return lo, hi
