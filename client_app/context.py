@@ -28,7 +28,7 @@ from .state import ClientState
 from .transport import Transport
 
 __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
-           "Watch", "dropped_detail", "parse_as"]
+           "Watch", "dropped_detail", "job_status_briefly", "parse_as"]
 
 #: What a client restarted in the middle of a secure round is told (its round keys were in the
 #: memory of the process that died, so it cannot answer that round's steps).
@@ -157,14 +157,11 @@ class Watch:
         if not force and now - self._last < self.every_s:
             return
         self._last = now
-        try:
-            # a courtesy question, asked briefly: a server slow to answer it must not hold
-            # the site's steps past their deadline
-            with tr.brief():
-                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{self.job}"))
-        except (ValidationError, FedForestError, OSError, ValueError):
-            return  # the log is a courtesy: never fail training over it
-        self.observe(st)
+        # a courtesy question, asked briefly: a server slow to answer it must not hold the
+        # site's steps past their deadline, nor fail training
+        st = job_status_briefly(tr, self.job)
+        if st is not None:
+            self.observe(st)
 
     def observe(self, st: JobStatus) -> None:
         invited = tuple(m.name for m in st.members if m.state == "invited")
@@ -197,23 +194,28 @@ def parse_as(model: type[_M], obj: object, what: str) -> _M:
         raise ProtocolError(f"malformed {what}") from None
 
 
+def job_status_briefly(tr: Transport, job: str) -> JobStatus | None:
+    """The job's status, asked briefly (within about 5 s), or None if the server does not
+    answer it in time or answers something else: for what a site says, never for what it
+    does next."""
+    try:
+        with tr.brief():
+            return JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+    except (ValidationError, FedForestError, OSError, ValueError):
+        return None
+
+
 def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     """What a site dropped from ``job`` is told: what happened and what it can still do. With
     ``tr`` the job's status is asked (best effort), so that a site dropped from a job that
     has failed since is not sent to download a model there will never be."""
     said = f"this site was dropped from job {job} ({why})"
-    status = None
-    if tr is not None:
-        try:
-            with tr.brief():
-                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
-            status = st.status
-            if status == "running" and st.active_clients < st.min_clients:
-                return (f"{said}; the job cannot go on: {st.active_clients} sites remain, "
-                        f"fewer than the {st.min_clients} it needs, so it stops without a "
-                        f"model (`fedforest status --job {job}` says when)")
-        except (ValidationError, FedForestError, OSError, ValueError):
-            pass  # said without it
+    st = job_status_briefly(tr, job) if tr is not None else None  # said without it if none
+    status = st.status if st is not None else None
+    if st is not None and status == "running" and st.active_clients < st.min_clients:
+        return (f"{said}; the job cannot go on: {st.active_clients} sites remain, fewer than "
+                f"the {st.min_clients} it needs, so it stops without a model (`fedforest "
+                f"status --job {job}` says when)")
     if status == "failed":
         return f"{said}; the job has failed since: there is no model (`fedforest status " \
                f"--job {job}` says why)"

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.audit import write_receipt
@@ -32,7 +31,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
-from fedforest_secure.protocol.api import JobStatus, JoinBody, JoinResponse, SecAggStep
+from fedforest_secure.protocol.api import JoinBody, JoinResponse, SecAggStep
 
 from .context import (
     RESTARTED_SECURE,
@@ -41,6 +40,7 @@ from .context import (
     RunContext,
     Watch,
     dropped_detail,
+    job_status_briefly,
     parse_as,
 )
 from .data import load_site_table, schema_sha256
@@ -277,10 +277,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
 def _job_end(tr: Transport, job: str, exc: ApiRejected) -> tuple[str, str]:
     """``(status, detail)`` of a job that ended while this site was in a step: its status and
     reason as the server states them (asked briefly), else what the refusal said."""
-    try:
-        with tr.brief():
-            st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
-    except (ValidationError, FedForestError, OSError, ValueError):
+    st = job_status_briefly(tr, job)
+    if st is None:
         return "failed", exc.detail
     if st.status == "done":  # the model is there: fetched as at the end of any job
         return "done", ""
