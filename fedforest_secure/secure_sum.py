@@ -11,6 +11,7 @@ in the clear, so both settings grow the same forest (invariant 2).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -123,13 +124,17 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
     else:
         scale = np.ones(0)
     codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task))
-    if len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
-        _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
-    _CODEC_CACHE[key] = (config, codec)
+    # several sites' clients may be threads of one process: the eviction and the insert are
+    # one step (two threads evicting the same oldest entry stopped one on a KeyError)
+    with _CODEC_LOCK:
+        while len(_CODEC_CACHE) >= 2:  # per-entry arrays: a few times the vector's size each
+            _CODEC_CACHE.pop(next(iter(_CODEC_CACHE)))
+        _CODEC_CACHE[key] = (config, codec)
     return codec
 
 
 _CODEC_CACHE: dict[object, tuple[JobConfig, StatCodec]] = {}
+_CODEC_LOCK = threading.Lock()
 
 
 def _packing_of(config: JobConfig, task: Task) -> Packing | None:

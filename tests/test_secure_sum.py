@@ -67,3 +67,34 @@ def test_codec_equals_the_per_entry_codec(layout: tuple[Block, ...], task_kind: 
     bounds = plain_bounds(config, task)  # the server's range check reads the same codec
     assert np.array_equal(bounds.value, np.minimum(ring.max_abs * scale,
                                                    np.finfo(np.float64).max / 10))
+
+
+def test_the_codec_cache_is_safe_for_the_sites_threads_of_one_process() -> None:
+    """Several sites' clients run as threads of one process (``client_group``), each asking
+    for its round's codec: the cache's eviction raced (two threads popped the same oldest
+    entry, and one site stopped on a KeyError mid-round)."""
+    import sys
+    import threading
+
+    layout = (Block("hist", (3, 2), (StatKind.COUNT, StatKind.SUM)),)
+    configs = [_config() for _ in range(6)]  # distinct objects: distinct cache keys
+    errors: list[BaseException] = []
+
+    def ask(k: int) -> None:
+        try:
+            for r in range(300):
+                make_codec(configs[(k + r) % len(configs)], _task(layout, r % 3))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the race shows within a few calls
+    try:
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
