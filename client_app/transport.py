@@ -187,10 +187,14 @@ class Transport:
         else:
             self._tls = None
             verify = True  # plain HTTP only towards a loopback server run with --insecure-dev
+        # a proxy of the environment (http_proxy, ALL_PROXY) only where TLS protects the
+        # token end to end (an https proxy tunnels): plain HTTP goes to the loopback server
+        # named, never through a proxy that may be on another machine
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
                                   timeout=httpx.Timeout(self.timeout_s, connect=10.0),
                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
-                                  headers={"Authorization": f"Bearer {self.token}"})
+                                  headers={"Authorization": f"Bearer {self.token}"},
+                                  trust_env=scheme == "https")
         self.bytes_sent = 0
         self.bytes_received = 0
         #: HTTP requests sent (each one a round trip to the server), retries included

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hmac
+import socket
+import threading
 import types
 import warnings
 from collections.abc import Iterator
@@ -259,3 +261,61 @@ def test_a_token_with_a_trailing_newline_is_the_token_and_inner_whitespace_is_re
         with pytest.raises(ValueError, match="token .* is empty or holds spaces") as info:
             Transport("http://127.0.0.1:9", bad, None, insecure_dev=True)
         assert "ffs_a" not in str(info.value)
+
+
+def _listener() -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    sock.settimeout(3.0)
+    return sock, sock.getsockname()[1]
+
+
+def _first_request(sock: socket.socket, seen: list[bytes]) -> None:
+    """Accept one connection, keep its request head, answer 200 with a small JSON body."""
+    try:
+        conn, _ = sock.accept()
+    except OSError:
+        return
+    with conn:
+        conn.settimeout(3.0)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        seen.append(data)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+
+def test_a_plain_http_client_ignores_the_proxy_of_its_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under --insecure-dev the bearer token travels in clear: it goes to the loopback server
+    named, never to a proxy named in ``http_proxy``/``ALL_PROXY`` (which may be another
+    machine)."""
+    proxy, proxy_port = _listener()
+    server, server_port = _listener()
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{proxy_port}")
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    at_proxy: list[bytes] = []
+    at_server: list[bytes] = []
+    threads = [threading.Thread(target=_first_request, args=(proxy, at_proxy)),
+               threading.Thread(target=_first_request, args=(server, at_server))]
+    for t in threads:
+        t.start()
+    tr = Transport(f"http://127.0.0.1:{server_port}", "ffs_secret", None, insecure_dev=True,
+                   retry_budget_s=2.0)
+    try:
+        tr.get_json("/v1/me")
+    finally:
+        tr.close()
+        for sock in (proxy, server):
+            sock.close()
+        for t in threads:
+            t.join(5)
+    assert not any(b"ffs_secret" in r for r in at_proxy), at_proxy
+    assert at_server and b"Bearer ffs_secret" in at_server[0]
