@@ -25,8 +25,11 @@ class ClientState:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        if not self.root.is_dir():
+            # made here: owner only. A directory the user gave that exists keeps its mode (a
+            # working directory or a shared folder); the secrets in it are 0600 each
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root, 0o700)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -80,3 +80,18 @@ def test_writing_into_a_missing_directory_names_the_file_and_the_directory(
         write_atomic(target, b"{}")
     assert str(exc.value) == (f"[Errno 2] cannot write {target}: No such file or directory "
                               f"(no directory {target.parent})")
+
+
+def test_a_state_directory_made_by_the_client_is_owner_only_and_an_existing_one_keeps_its_mode(
+        tmp_path: Path) -> None:
+    """A new state directory is made 0700; a directory the user gave that exists (their
+    working directory, a shared folder) keeps its mode: its secret files are 0600 each."""
+    ClientState(tmp_path / "new")
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    state = ClientState(shared)
+    state.write_secret("identity-j.ed25519", b"a" * 32)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert stat.S_IMODE((shared / "identity-j.ed25519").stat().st_mode) == 0o600
