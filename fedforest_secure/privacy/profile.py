@@ -113,7 +113,8 @@ class PrivacyProfile(BaseModel):
     secure_aggregation : bool
         Pairwise masking; False means plain sums with identical results.
     threshold : float
-        Fraction of the round's clients needed to unmask, in (0, 1].
+        Fraction of the job's clients needed to unmask, in (0, 1]: ``t = ceil(threshold x
+        n_clients)`` for every round, so dropouts do not lower it.
     sketch : {"quantiles", "secure_cdf"}
         The paper's per-client quantile sketches (disclosed) or a pooled CDF sketch whose counts
         are aggregated like any other statistic.

@@ -107,7 +107,7 @@ def local_threshold(t: int, n: int, group_size: int) -> int:
 
 def isolation_proof_holds(tau: int, group_size: int) -> bool:
     """Whether threshold ``tau`` in ring neighbourhoods of ``group_size = 2h + 1`` meets the
-    counting condition of threat_model.md §2.2 (S17).
+    counting condition of threat_model.md §2.2 (S16).
 
     Honest revealers of one owner's shares all use the one survivor set that ``tau`` members of
     the owner's group signed. Two neighbours ``v``, ``p`` at ring distance ``d`` can be backed by
