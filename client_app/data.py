@@ -15,7 +15,9 @@ __all__ = ["load_site_table", "schema_sha256"]
 
 
 def schema_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_text().encode()).hexdigest()
+    """SHA-256 of the schema file's text, without a byte-order mark (the server's hash of the
+    job's schema leaves it out too: a copy saved with one is the same schema)."""
+    return hashlib.sha256(Path(path).read_text(encoding="utf-8-sig").encode()).hexdigest()
 
 
 def load_site_table(data: Path, schema: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,13 @@ from .errors import SchemaError
 _MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
 _Column = Sequence[Any] | NDArray[Any]
 
+#: csv's default limit on one cell (131,072 characters) refuses a valid file with a long free
+#: text cell; raised once, at import, to the largest C long on every platform (a long is 32 bits
+#: on Windows), never lowered below a limit the application set
+_FIELD_LIMIT = 2**31 - 1
+if csv.field_size_limit() < _FIELD_LIMIT:
+    csv.field_size_limit(_FIELD_LIMIT)
+
 
 def read_csv_rows(path: Path) -> tuple[list[list[str]], list[int]]:
     """The rows of a CSV file (UTF-8, a byte-order mark allowed), blank lines skipped, and
@@ -101,6 +108,13 @@ def _is_missing(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in _MISSING
     return no_value(value)
+
+
+def _missing_word(value: Any) -> bool:
+    """Whether a cell is a word read as a missing value (``None``, ``NA``, ``N/A``, ``NaN``,
+    ``null``, any case): in a categorical column it may be a real level so spelled (smoking
+    ``None``), unlike ``?`` or an empty cell."""
+    return isinstance(value, str) and _is_missing(value) and any(c.isalpha() for c in value)
 
 
 def _is_missing_cell(value: Any) -> bool:

@@ -298,10 +298,8 @@ class Schema(BaseModel):
         except OSError as exc:
             raise SchemaError(f"cannot read schema file {p}: {exc.strerror}") from None
         try:
-            if p.suffix.lower() == ".json":
-                data = json.loads(raw)
-            else:
-                data = tomllib.loads(raw.decode("utf-8"))
+            text = raw.decode("utf-8-sig")  # a byte-order mark (Windows editors) is no text
+            data = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SchemaError(f"cannot parse schema file {p}: {exc}") from None
         return cls.from_dict(data, source=p)

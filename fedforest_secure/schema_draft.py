@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ._cells import _canon, _is_missing_cell, _label_sort_key
+from ._cells import _canon, _is_missing_cell, _label_sort_key, _missing_word
 from .errors import SchemaError
 from .tablecheck import RawTable
 
@@ -138,6 +138,30 @@ def _stray_note(table: RawTable, name: str, col: _Column, kind: Kind, forced: bo
             f"them), or rerun with --categorical {name} if the column holds text")
 
 
+def _missing_words_note(table: RawTable, name: str, cells: list[str], what: str) -> str | None:
+    """A note naming the cells of a categorical column (``what``: level or class) spelled as a
+    missing value (``None``, ``NA``, ``null``, ...), each spelling with its count and first
+    line: a real level so spelled (smoking ``None``) would vanish from the draft unsaid."""
+    at: dict[str, list[int]] = {}
+    for i, c in enumerate(cells):
+        if _missing_word(c):
+            at.setdefault(c, []).append(i)
+    if not at:
+        return None
+    parts = [f"{len(idx)} cell{'s' if len(idx) > 1 else ''} {c!r} "
+             f"({'first at ' if len(idx) > 1 else ''}line {table.line_of(idx[:1])[0]})"
+             for c, idx in at.items()]
+    first = next(iter(at))
+    whats = what + ("es" if what.endswith("s") else "s")
+    left = ("the draft leaves them out of the levels (missing = \"allowed\")" if what == "level"
+            else "the draft leaves them out of the classes (a row without its class is refused)")
+    return (f"column {name!r}: {' and '.join(parts)} are read as missing values by FedForest "
+            f"(its missing spellings: empty, ?, NA, N/A, NaN, null, None, in any letter case): "
+            f"{left}. If "
+            f"{first!r} is a {what} here, not 'not recorded', rename it at every site, or add "
+            f"it to the {whats} in the schema")
+
+
 def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
                  continuous: Sequence[str], client_column: str | None) -> None:
     if not table.rows:
@@ -217,6 +241,10 @@ def draft_schema(table: RawTable, target: str, *,
                 "classification needs at least 2. Draft from a site's file that has every class "
                 "(or write classes = [...] with the federation's classes by hand), or choose "
                 "another --target")
+        words = _missing_words_note(table, target, col.cells, "class")
+        if words:
+            notes.append(words)
+            lines.append(f"# {words}")
         lines += ["[target]", f"name = {_q(target)}", 'kind = "classification"',
                   f"classes = [{', '.join(_q(c) for c in labels)}]", ""]
     for name in table.header:
@@ -241,6 +269,11 @@ def draft_schema(table: RawTable, target: str, *,
         lines.append(f'kind = "{kind}"')
         if any(_is_missing_cell(c) for c in col.cells):
             lines.append('missing = "allowed"   # this site has missing cells in this column')
+        words = _missing_words_note(table, name, col.cells, "level") \
+            if kind == "categorical" else None
+        if words:
+            notes.append(words)
+            lines.append(f"# {words}")
         if kind == "categorical":
             if len(levels) < 2:
                 notes.append(f"column {name!r} has {len(levels) or 'no'} level"
@@ -259,5 +292,12 @@ def _listed(levels: list[str]) -> str:
     return f" ({', '.join(map(repr, levels))})" if levels else ""
 
 
+#: TOML basic-string escapes; other control characters (U+0000-U+001F, U+007F) as \uXXXX
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+            "\r": "\\r"}
+
+
 def _q(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``s`` as a TOML basic string (a header cell may hold a line break or a tab)."""
+    return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or c == "\x7f"
+                                             else c) for c in s) + '"'

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ._cells import _canon, _is_missing, _label_key, read_csv_rows
+from ._cells import _canon, _is_missing, _label_key, _missing_word, read_csv_rows
 from .errors import SchemaError
 from .schema import Schema
 
@@ -153,9 +153,15 @@ def check_table(table: RawTable, schema: Schema, *,
     if ragged:
         out.append(Problem("error", None, f"{len(ragged)} rows do not have "
                            f"{len(table.header)} cells ({line_numbers(ragged, table.lines)})",
-                           "fix or delete those lines (a stray comma or a cut line?)",
+                           "fix or delete those lines (a stray comma or a cut line?); their "
+                           "cells are checked once they fit the header",
                            table.line_of(ragged)))
-    if not table.rows:
+        # a ragged row's cells are shifted: checked by column they would be reported again,
+        # as values of the wrong columns (an unknown level '234' of an unquoted 1,234)
+        keep = sorted(set(range(len(table.rows))) - set(ragged))
+        table = RawTable(table.path, table.header, [table.rows[i] for i in keep],
+                         table.line_of(keep))
+    if not table.rows and not ragged:
         out.append(Problem("error", None, "the table has no data rows",
                            "export the site's rows below the header"))
     needed = [*schema.feature_names, schema.target.name]
@@ -361,6 +367,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
                            f"{line_numbers(missing, lines)}",
                            fix,
                            _at(missing, lines)))
+    words = [i for i in missing if _missing_word(cells[i])]
+    if words:
+        out.append(_missing_words(name, cells, words, what, lines))
     miss = set(missing)
     unknown = [i for i, c in enumerate(cells)
                if i not in miss and _label_key(c, index) not in index]
@@ -376,6 +385,25 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
                            "if it was not recorded here, tell the federation"))
     return out
+
+
+def _missing_words(name: str, cells: list[str], idx: list[int], what: str,
+                   lines: Sequence[int]) -> Problem:
+    """A warning naming the cells ``idx`` of a categorical column spelled as a missing value
+    (``None``, ``NA``, ...): a level so spelled would be read as missing without a word."""
+    counts = Counter(cells[i] for i in idx)
+    shown = ", ".join(f"{c!r}: {n}" for c, n in counts.most_common())
+    first = counts.most_common(1)[0][0]
+    whats = what + ("es" if what.endswith("s") else "s")
+    n = len(idx)
+    return Problem("warning", name, f"{n} cell{'s' if n > 1 else ''} spelled as a missing value "
+                   f"({shown}) at {line_numbers(idx, lines)}: FedForest reads "
+                   f"{'them' if n > 1 else 'it'} as missing value{'s' if n > 1 else ''}, not as "
+                   f"{whats}",
+                   f"if {first!r} is a {what} here (not 'not recorded'), rename it at every "
+                   f"site or ask the federation to add it to the schema's {whats}; nothing to "
+                   "do if these cells are missing values",
+                   _at(idx, lines))
 
 
 def clean_rows(table: RawTable, problems: Sequence[Problem], schema: Schema

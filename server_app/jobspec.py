@@ -163,7 +163,7 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
     (and ``names``): an evaluation job scoring these model files (``fedforest evaluate``)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark allowed
     except FileNotFoundError as exc:
         raise ConfigError(f"job file not found: {path}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -175,7 +175,8 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
     if schema is not None:
         schema_path = Path(schema) if Path(schema).is_absolute() else base / schema
         try:
-            raw["schema_text"] = schema_path.read_text(encoding="utf-8")
+            # without a byte-order mark, as the sites hash their copy (client_app.data)
+            raw["schema_text"] = schema_path.read_text(encoding="utf-8-sig")
         except FileNotFoundError as exc:
             raise ConfigError(f"schema file not found: {schema_path}") from exc
         except UnicodeDecodeError as exc:

@@ -80,3 +80,20 @@ def test_a_server_job_centres_the_target_on_its_bounds_and_grows_the_same_forest
     r2 = 1.0 - resid / ((y[900:] - y[900:].mean()) ** 2).sum()
     assert r2 > 0.8, r2
     assert min(t.n_nodes for t in model.trees) > 20
+
+
+def test_a_schema_file_with_a_byte_order_mark_is_the_same_schema_for_server_and_site(
+        tmp_path: Path) -> None:
+    """A schema (and a job file) saved with a UTF-8 byte-order mark loads, and its hash is the
+    one the sites compute of their copy, with or without the mark."""
+    from client_app.data import schema_sha256
+
+    text = tomli_w.dumps(SCHEMA)
+    (tmp_path / "schema.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "plain.toml").write_text(text, encoding="utf-8")
+    path = tmp_path / "job.toml"
+    path.write_bytes(b'\xef\xbb\xbfid = "j"\nclients = ["a", "b", "c"]\nschema = "schema.toml"\n')
+    spec = load_job_spec(path)
+    assert build_config(spec).missing_allowed == (False, True, True)
+    assert spec.schema_sha256() == schema_sha256(tmp_path / "schema.toml") \
+        == schema_sha256(tmp_path / "plain.toml")

@@ -342,3 +342,13 @@ def test_an_invalid_schema_file_is_named_in_the_error(tmp_path: Path) -> None:
         Schema.load(path)
     assert str(exc.value) == (f"invalid schema file {path}: target.classes: needs at least 2 "
                               "classes, got 1")
+
+
+def test_a_schema_file_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a byte-order mark: TOML and JSON schemas load alike."""
+    s = Schema.from_dict(BASE)
+    for name in ("s.toml", "s.json"):
+        p = tmp_path / name
+        s.dump(p)
+        p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+        assert Schema.load(p) == s

@@ -6,6 +6,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_tablecheck import site_csv
 from typer.testing import CliRunner
 
@@ -176,3 +178,48 @@ def test_a_semicolon_separated_file_is_told_to_use_commas_as_check_tells_it(
                                    "y"])
     assert res.exit_code == 2
     assert "save it as comma-separated CSV" in res.output
+
+
+def test_a_level_spelled_like_a_missing_value_is_named_with_its_count_and_what_to_do(
+        tmp_path: Path) -> None:
+    """'None' (no smoking) is a real level that FedForest reads as missing: the draft says so,
+    naming the column, the spelling, the count and the first line, instead of dropping it."""
+    rows = [f"{20 + i},{('Heavy', 'None', 'Light')[i % 3]},{'NA' if i == 5 else i},{i % 2}"
+            for i in range(40)] + ["60,null,7,0", "61,?,8,1"]
+    path = small_csv(tmp_path, "smoking.csv", "age,smoking,score,y", rows)
+    draft = draft_schema(read_raw(path), "y")
+    schema = Schema.from_dict(tomllib.loads(draft.text))
+    smoking = schema.features[schema.feature_names.index("smoking")]
+    assert smoking.levels == ["Heavy", "Light"] and smoking.may_miss
+    (note,) = draft.notes  # the continuous score's 'NA' and smoking's '?' are missing values
+    assert note.startswith("column 'smoking': 13 cells 'None' (first at line 3) and 1 cell "
+                           "'null' (line 42) are read as missing values by FedForest")
+    assert "rename it at every site" in note and "add it to the levels" in note
+    assert f"# {note}" in draft.text
+    res = CliRunner().invoke(app, ["schema", "draft", "--data", str(path), "--target", "y",
+                                   "--out", str(tmp_path / "d.toml")])
+    assert res.exit_code == 0
+    assert "warning: column 'smoking': 13 cells 'None'" in " ".join(res.output.split())
+
+
+def test_a_header_with_a_line_break_or_a_control_character_drafts_valid_toml(
+        tmp_path: Path) -> None:
+    """Spreadsheets allow line breaks in a header cell: the draft escapes them as TOML basic
+    strings do, so it parses and names the column exactly as the file does."""
+    rows = [f"{20 + i},{100 + 2 * i},{'AB'[i % 2]},{'no' if i % 3 else 'yes'}"
+            for i in range(40)]
+    header = 'age,"Blood pressure\n(mmHg)","Ward\tname \\ ""x""\x01",outcome'
+    path = small_csv(tmp_path, "h.csv", header, rows)
+    table = read_raw(path)
+    draft = draft_schema(table, "outcome")
+    schema = Schema.from_dict(tomllib.loads(draft.text))
+    assert schema.feature_names == ["age", "Blood pressure\n(mmHg)", 'Ward\tname \\ "x"\x01']
+    assert schema.feature_names == table.header[:3]
+    assert '"Blood pressure\\n(mmHg)"' in draft.text and "\\u0001" in draft.text
+
+
+@given(st.text())
+def test_every_text_quoted_for_the_draft_reads_back_from_toml_unchanged(text: str) -> None:
+    from fedforest_secure.schema_draft import _q
+
+    assert tomllib.loads(f"name = {_q(text)}")["name"] == text

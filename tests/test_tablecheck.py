@@ -343,3 +343,64 @@ def _doc_schema(tmp_path: Path) -> Path:
     path = tmp_path / "schema.toml"
     path.write_text(doc_files()["schema.toml"])
     return path
+
+
+def test_a_level_spelled_like_a_missing_value_is_a_warning_naming_it(tmp_path: Path) -> None:
+    """A categorical cell spelled None, NA, null, nan or N/A is read as missing: a real level
+    so spelled would vanish silently, so check warns; '?' and empty cells stay quiet, and a
+    level the schema lists as 'None' is a level."""
+    sch = Schema.from_dict({
+        "features": [
+            {"name": "smoking", "kind": "categorical", "levels": ["Heavy", "Light"],
+             "missing": "allowed"},
+            {"name": "ward", "kind": "categorical", "levels": ["A", "B"], "missing": "allowed"},
+            {"name": "age", "kind": "continuous", "bounds": [0.0, 120.0], "missing": "allowed"},
+            {"name": "diet", "kind": "categorical", "levels": ["None", "Vegan"]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "site.csv"
+    path.write_text("smoking,ward,age,diet,y\nHeavy,A,30,None,0\nNone,?,NA,Vegan,1\n"
+                    "Light,,40,None,0\nnone,B,,Vegan,1\nNone,A,50,None,0\n")
+    problems = check_table(read_raw(path), sch)
+    assert [p.severity for p in problems] == ["warning"]
+    (p,) = problems
+    assert p.column == "smoking"
+    assert p.message == ("3 cells spelled as a missing value ('None': 2, 'none': 1) at lines 3, "
+                         "5, 6: FedForest reads them as missing values, not as levels")
+    assert p.lines == (3, 5, 6)
+    assert "rename it at every site" in p.advice and "add it to the schema's levels" in p.advice
+    res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
+                                   str(_dump(tmp_path, sch))])
+    assert res.exit_code == 0 and "0 errors, 1 warning" in res.output
+
+
+def _dump(tmp_path: Path, sch: Schema) -> Path:
+    out = tmp_path / "schema.toml"
+    sch.dump(out)
+    return out
+
+
+def test_a_cell_longer_than_the_csv_modules_default_limit_is_read(tmp_path: Path) -> None:
+    """A free-text note of 200,000 characters in a column the schema does not use: the file
+    is valid CSV, so check and the client read it (csv's default limit is 131,072)."""
+    path = tmp_path / "notes.csv"
+    note = "very long text, with commas " * 8000
+    path.write_text(f'age,note,y\n30,"{note}",0\n40,short,1\n')
+    problems = check_table(read_raw(path), _two_column_schema())
+    assert [p.message for p in problems] == ["columns not in the schema are ignored: note"]
+    X, y, _ = _two_column_schema().read_csv(path)
+    assert X[:, 0].tolist() == [30.0, 40.0] and y is not None and y.tolist() == [0, 1]
+
+
+def test_a_ragged_row_is_reported_once_not_again_by_its_shifted_cells(tmp_path: Path) -> None:
+    """An unquoted 1,234 shifts the row's cells: the row is named as ragged, and its shifted
+    cells are not checked again as unknown levels or missing values of other columns."""
+    sch = Schema.from_dict({
+        "features": [{"name": "chol", "kind": "continuous", "bounds": [0.0, 700.0]},
+                     {"name": "fbs", "kind": "categorical", "levels": ["0", "1"]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "site.csv"
+    path.write_text("chol,fbs,y\n200,0,0\n1,234,1,1\n210,1,1\n220,0\n230,1,0\n")
+    problems = check_table(read_raw(path), sch)
+    assert [str(p) for p in problems] == [
+        "error: 2 rows do not have 3 cells (lines 3, 5) -> fix or delete those lines (a stray "
+        "comma or a cut line?); their cells are checked once they fit the header"]
