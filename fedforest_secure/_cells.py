@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,60 @@ def read_csv_rows(path: Path) -> tuple[list[list[str]], list[int]]:
     return rows, lines
 
 
+def header_cells(idx: Sequence[int]) -> str:
+    """Columns ``idx`` (0-based) by the numbers a spreadsheet user counts: ``header cells 3
+    and 4``."""
+    nums = [str(k + 1) for k in idx]
+    listed = nums[0] if len(nums) == 1 else f"{', '.join(nums[:-1])} and {nums[-1]}"
+    return f"header cell{'s' if len(nums) > 1 else ''} {listed}"
+
+
+def blank_columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """The columns (0-based) without a name and without a value in any row, which readers
+    ignore: the empty columns a spreadsheet's export may add (a header ending ``,y,,``)."""
+    return [k for k, h in enumerate(header) if not h.strip()
+            and all(k >= len(r) or not r[k].strip() for r in rows)]
+
+
+def without_columns(rows: Sequence[Sequence[str]], drop: Sequence[int]) -> list[list[str]]:
+    """``rows`` without the cells of columns ``drop`` (0-based)."""
+    gone = set(drop)
+    return [[c for k, c in enumerate(r) if k not in gone] for r in rows]
+
+
+def header_defects(header: Sequence[str], blank: Sequence[int] = ()) -> list[tuple[str, str]]:
+    """What makes a header unusable, each as (what is wrong, what to do): several unnamed
+    columns holding values (besides the ``blank`` ones, ignored), and names given twice."""
+    out = []
+    unnamed = [k for k, h in enumerate(header) if not h.strip() and k not in blank]
+    if len(unnamed) > 1:
+        out.append((f"{header_cells(unnamed)} are empty", "name those columns, or delete them"))
+    named = [h.strip() for h in header if h.strip()]
+    dups = [h for h, n in Counter(named).items() if n > 1]
+    if dups:
+        at = ["{!r} (columns {})".format(h, " and ".join(
+            str(k + 1) for k, x in enumerate(header) if x.strip() == h)) for h in dups]
+        out.append((f"duplicate column names: {'; '.join(at)}",
+                    "rename the columns so that each name appears once"))
+    return out
+
+
+def _number(text: str) -> float:
+    """``float(text)`` for a number as a table writes it: ASCII digits, without the ``_``
+    grouping (``2_50``) and the non-ASCII digits (full-width ``４０``) that Python's float
+    also reads. Surrounding whitespace is stripped, as float strips it.
+
+    Raises
+    ------
+    ValueError
+        Not a number.
+    """
+    text = text.strip()
+    if "_" in text or not text.isascii():
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
+
+
 def _canon(value: Any) -> str:
     """Canonical text of a label: strings stripped, integral numbers without ``.0``."""
     if isinstance(value, str):
@@ -79,7 +134,7 @@ def _label_key(value: Any, labels: Mapping[str, int] | set[str]) -> str:
     if key in labels or not isinstance(value, str):
         return key
     try:
-        return _canon(float(key))
+        return _canon(_number(key))
     except ValueError:
         return key
 
@@ -139,6 +194,9 @@ def _plain_numbers(col: _Column) -> NDArray[np.float64] | None:
     cells = col.tolist() if isinstance(col, np.ndarray) else list(col)
     if set(map(type, cells)) != {str}:
         return None
+    joined = "".join(cells)
+    if "_" in joined or not joined.isascii():  # float reads 2_50 and ４０: cell by cell
+        return None
     try:
         out = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
     except ValueError:
@@ -175,7 +233,7 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
                     continue
                 raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
             try:
-                x = float(v.strip() if isinstance(v, str) else v)
+                x = _number(v) if isinstance(v, str) else float(v)
             except (TypeError, ValueError):
                 raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number") from None
             if not math.isfinite(x):

@@ -12,8 +12,8 @@ import numpy as np
 
 from .errors import SchemaError
 
-__all__ = ["as_schema_error", "nan_bounds", "refuse_dates", "refuse_duplicate_names",
-           "refuse_huge_target", "refuse_text_weights"]
+__all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_dates",
+           "refuse_duplicate_names", "refuse_huge_target", "refuse_text_weights"]
 
 
 def as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
@@ -25,6 +25,27 @@ def as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     except ValueError as exc:
         raise SchemaError(str(exc)) from exc
+
+
+def name_text_cell(X: Any) -> None:
+    """Refuse a table's first text cell that is not a number (``'130 mmHg'``) naming its column
+    and 1-based row, as predict does (scikit-learn's "could not convert string to float" names
+    neither); nothing for an array or a table without one."""
+    dtypes: Any = getattr(X, "dtypes", None)
+    iloc = getattr(X, "iloc", None)
+    if isinstance(X, np.ndarray) or iloc is None or not hasattr(dtypes, "items"):
+        return
+    for j, (name, dtype) in enumerate(dtypes.items()):
+        if getattr(dtype, "kind", "O") in "biufc":
+            continue
+        for i, v in enumerate(iloc[:, j].tolist(), start=1):
+            if not isinstance(v, str | bytes):
+                continue
+            try:
+                float(v)
+            except ValueError:
+                raise SchemaError(f"column {str(name)!r}, row {i}: {v!r} is not a "
+                                  "number") from None
 
 
 #: what an object column may hold that is a date, a time of day or a duration

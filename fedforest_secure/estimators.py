@@ -63,6 +63,7 @@ from sklearn.utils.validation import _check_sample_weight, check_array, validate
 from ._cells import no_value
 from ._estimator_inputs import (
     as_schema_error,
+    name_text_cell,
     nan_bounds,
     refuse_dates,
     refuse_duplicate_names,
@@ -277,9 +278,13 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         refuse_dates(X)
         refuse_duplicate_names(X)
         y_name = getattr(y, "name", None)  # a Series' name, for the messages about y
-        X, y = as_schema_error(validate_data, self, X, y, dtype=np.float64,
-                                ensure_all_finite="allow-nan",
-                                y_numeric=self._task == "regression", multi_output=False)
+        try:
+            X, y = as_schema_error(validate_data, self, X, y, dtype=np.float64,
+                                    ensure_all_finite="allow-nan",
+                                    y_numeric=self._task == "regression", multi_output=False)
+        except SchemaError:
+            name_text_cell(X)  # a text cell of a table: its column and row, as predict says
+            raise
         if self._task == "classification":
             check_classification_targets(y)
         n, d = X.shape

@@ -63,7 +63,10 @@ from ._cells import (
     _label_codes,
     _label_sort_key,
     _numeric_column,
+    blank_columns,
+    header_defects,
     read_csv_rows,
+    without_columns,
 )
 from .config_errors import allowed_keys, submodel_at
 from .errors import SchemaError
@@ -469,8 +472,12 @@ class Schema(BaseModel):
         if not rows:
             raise SchemaError(f"{p}: empty file, expected a header row")
         header = [h.strip() for h in rows.pop(0)]
-        if len(set(header)) != len(header):
-            raise SchemaError(f"{p}: duplicate column names in header")
+        blank = blank_columns(header, rows)  # an export's empty trailing columns: left out
+        defects = header_defects(header, blank)
+        if defects:
+            raise SchemaError(f"{p}: " + "; ".join(f"{what}: {todo}" for what, todo in defects))
+        if blank:
+            header, rows = without_columns([header], blank)[0], without_columns(rows, blank)
         for row, line in zip(rows, lines[1:], strict=True):
             if len(row) != len(header):
                 raise SchemaError(

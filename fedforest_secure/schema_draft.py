@@ -17,12 +17,18 @@ site, a column given two roles, ``continuous`` for a column of text.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ._cells import _canon, _is_missing_cell, _label_sort_key, _missing_word
+from ._cells import (
+    _canon,
+    _is_missing_cell,
+    _label_sort_key,
+    _missing_word,
+    _number,
+    header_cells,
+)
 from .errors import SchemaError
 from .tablecheck import RawTable
 
@@ -83,7 +89,7 @@ class _Column:
             if _is_missing_cell(c):
                 continue
             try:
-                v = float(c)
+                v = _number(c)
             except ValueError:
                 text.append(i)
                 continue
@@ -167,13 +173,13 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
     if not table.rows:
         raise SchemaError(f"{table.path} has no data rows to draft from: export the site's "
                           "rows below the header")
-    dups = [h for h, n in Counter(table.header).items() if n > 1]
-    if dups:
-        cols = {h: " and ".join(str(k + 1) for k, x in enumerate(table.header) if x == h)
-                for h in dups}
-        where = "; ".join(f"{h!r} (columns {at})" for h, at in cols.items())
-        raise SchemaError(f"{table.path} has duplicate column names: {where}; rename the "
-                          "columns so that each name appears once")
+    if table.defects:
+        raise SchemaError(f"{table.path}: " + "; ".join(f"{what}: {todo}"
+                                                         for what, todo in table.defects))
+    unnamed = [k for k, h in enumerate(table.header) if not h]
+    if unnamed:  # a feature needs a name (the ignored empty columns are gone)
+        raise SchemaError(f"{table.path}: {header_cells(table.file_columns(unnamed))} is empty "
+                          "while its column holds values: name the column, or delete it")
     for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
         if name not in table.header:
             hint = table.separator_advice()
@@ -211,7 +217,7 @@ def draft_schema(table: RawTable, target: str, *,
         The table cannot give a valid schema (module docstring), naming what to change.
     """
     _check_roles(table, target, categorical, continuous, client_column)
-    notes: list[str] = []
+    notes: list[str] = [n for n in [table.ignored_note()] if n]
     lines = [_NOTE.format(path=table.path.name, rows=len(table.rows))]
     if client_column:
         lines.append(f"client_column = {_q(client_column)}\n")

@@ -21,11 +21,22 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from ._cells import _canon, _is_missing, _label_key, _missing_word, read_csv_rows
+from ._cells import (
+    _canon,
+    _is_missing,
+    _label_key,
+    _missing_word,
+    _number,
+    blank_columns,
+    header_cells,
+    header_defects,
+    read_csv_rows,
+    without_columns,
+)
 from .errors import SchemaError
 from .schema import Schema
 
@@ -49,12 +60,31 @@ _ZERO_GAP = 0.3
 class RawTable:
     """A CSV file as text cells: ``header`` and data ``rows``, ``rows[i]`` starting on the
     file's line ``lines[i]`` (blank lines are skipped, as the client skips them; a quoted
-    cell may span lines). Without ``lines``, ``rows[i]`` is line ``i + 2``."""
+    cell may span lines). Without ``lines``, ``rows[i]`` is line ``i + 2``.
+
+    ``ignored`` are the file's columns (0-based) left out because they have neither a name nor
+    a value (an export's trailing empty columns); ``defects`` what makes the file's header
+    unusable, each as (what is wrong, what to do), numbering the file's columns."""
 
     path: Path
     header: list[str]
     rows: list[list[str]]
     lines: tuple[int, ...] = ()
+    ignored: tuple[int, ...] = ()
+    defects: tuple[tuple[str, str], ...] = ()
+
+    def file_columns(self, idx: Sequence[int]) -> list[int]:
+        """The file's columns (0-based) of :attr:`header`'s columns ``idx``."""
+        kept = [k for k in range(len(self.header) + len(self.ignored)) if k not in self.ignored]
+        return [kept[k] for k in idx]
+
+    def ignored_note(self) -> str | None:
+        """What was left out (:attr:`ignored`), as a sentence; None when nothing was."""
+        if not self.ignored:
+            return None
+        return (f"{header_cells(self.ignored)} {'are' if len(self.ignored) > 1 else 'is'} "
+                f"empty, as {'are their columns' if len(self.ignored) > 1 else 'is its column'} "
+                "in every row: ignored")
 
     def line_of(self, idx: Sequence[int]) -> tuple[int, ...]:
         """The file's line numbers of data rows ``idx`` (0-based)."""
@@ -128,7 +158,12 @@ def read_raw(path: str | Path) -> RawTable:
             f"{p} has no header row: its first line holds values ({', '.join(header[:4])}, "
             "...). Add a first line with the column names, e.g. "
             f"(echo 'name1,name2,...'; cat {p.name}) > site.csv")
-    return RawTable(p, header, [[c.strip() for c in r] for r in rows[1:]], tuple(lines[1:]))
+    body = [[c.strip() for c in r] for r in rows[1:]]
+    blank = blank_columns(header, body)
+    defects = tuple(header_defects(header, blank))
+    if blank:
+        header, body = without_columns([header], blank)[0], without_columns(body, blank)
+    return RawTable(p, header, body, tuple(lines[1:]), tuple(blank), defects)
 
 
 def check_table(table: RawTable, schema: Schema, *,
@@ -145,10 +180,11 @@ def check_table(table: RawTable, schema: Schema, *,
     """
     zero_missing = _zero_missing_columns(schema, zero_is_missing)
     out: list[Problem] = []
-    if len(set(table.header)) != len(table.header):
-        dups = sorted(h for h, n in Counter(table.header).items() if n > 1)
-        out.append(Problem("error", None, f"duplicate column names {dups}",
-                           "rename the columns so that each name appears once"))
+    out += [Problem("error", None, what, todo) for what, todo in table.defects]
+    ignored = table.ignored_note()
+    if ignored:
+        out.append(Problem("warning", None, ignored, "nothing to do (a spreadsheet's export may "
+                           "add empty columns); delete them to silence this warning"))
     ragged = [i for i, r in enumerate(table.rows) if len(r) != len(table.header)]
     if ragged:
         out.append(Problem("error", None, f"{len(ragged)} rows do not have "
@@ -159,8 +195,7 @@ def check_table(table: RawTable, schema: Schema, *,
         # a ragged row's cells are shifted: checked by column they would be reported again,
         # as values of the wrong columns (an unknown level '234' of an unquoted 1,234)
         keep = sorted(set(range(len(table.rows))) - set(ragged))
-        table = RawTable(table.path, table.header, [table.rows[i] for i in keep],
-                         table.line_of(keep))
+        table = replace(table, rows=[table.rows[i] for i in keep], lines=table.line_of(keep))
     if not table.rows and not ragged:
         out.append(Problem("error", None, "the table has no data rows",
                            "export the site's rows below the header"))
@@ -172,7 +207,8 @@ def check_table(table: RawTable, schema: Schema, *,
             advice = (table.separator_advice()
                       or f"add the column (header has: {', '.join(table.header)})")
             out.append(Problem("error", name, "missing from the table", advice))
-    extra = [h for h in table.header if h not in needed]
+    extra = [h or f"{header_cells(table.file_columns([k]))} (no name)"
+             for k, h in enumerate(table.header) if h not in needed]
     if extra:
         out.append(Problem("warning", None, f"columns not in the schema are ignored: "
                            f"{', '.join(extra)}",
@@ -276,6 +312,8 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                            f"{line_numbers(missing, lines)}",
                            fix,
                            _at(missing, lines)))
+    if missing and allow_missing and len(missing) == len(cells):
+        return [_all_missing(name, cells)]
     values: dict[int, float] = {}
     bad: list[int] = []
     infinite: list[int] = []  # numbers that are not finite: inf, -Infinity, -nan
@@ -284,7 +322,7 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
         if i in skip:
             continue
         try:
-            v = float(c)
+            v = _number(c)
         except ValueError:
             bad.append(i)
             continue
@@ -370,6 +408,8 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
     words = [i for i in missing if _missing_word(cells[i])]
     if words:
         out.append(_missing_words(name, cells, words, what, lines))
+    if missing and allow_missing and len(missing) == len(cells):
+        return [*out, _all_missing(name, cells)]
     miss = set(missing)
     unknown = [i for i, c in enumerate(cells)
                if i not in miss and _label_key(c, index) not in index]
@@ -385,6 +425,14 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
                            "if it was not recorded here, tell the federation"))
     return out
+
+
+def _all_missing(name: str, cells: list[str]) -> Problem:
+    """A warning: every cell of a column allowing missing values is missing at this site."""
+    tokens = sorted({c or "(empty)" for c in cells})
+    return Problem("warning", name, f"every cell is missing at this site ({', '.join(tokens)})",
+                   "check the export (a column left out?); if it is not recorded here, tell "
+                   "the federation")
 
 
 def _missing_words(name: str, cells: list[str], idx: list[int], what: str,

@@ -919,3 +919,21 @@ def test_site_names_passed_as_the_third_argument_name_sample_weight_and_client(
         h = h.tolist()
     with pytest.raises(SchemaError, match=r"sample_weight.*'cleveland'.*third.*client="):
         FedForestClassifier(n_estimators=2).fit(X, y, h)
+
+
+def test_fit_names_the_column_and_row_of_a_text_cell_as_predict_does() -> None:
+    """'130 mmHg' in a DataFrame: fit says which column and row, as predict does, not only
+    scikit-learn's "could not convert string to float"."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(3)
+    X = pd.DataFrame({"age": rng.integers(20, 80, 60).astype(float),
+                      "trestbps": rng.normal(130, 15, 60)})
+    y = (X["age"] > 50).astype(int)
+    est = FedForestClassifier(n_estimators=2, max_depth=2, profile="open").fit(X, y)
+    X = X.astype(object)
+    X.loc[9, "trestbps"] = "130 mmHg"
+    message = "column 'trestbps', row 10: '130 mmHg' is not a number"
+    with pytest.raises(SchemaError, match=message):
+        est.predict(X)
+    with pytest.raises(SchemaError, match=message):
+        FedForestClassifier(n_estimators=2, max_depth=2, profile="open").fit(X, y)

@@ -404,3 +404,83 @@ def test_a_ragged_row_is_reported_once_not_again_by_its_shifted_cells(tmp_path: 
     assert [str(p) for p in problems] == [
         "error: 2 rows do not have 3 cells (lines 3, 5) -> fix or delete those lines (a stray "
         "comma or a cut line?); their cells are checked once they fit the header"]
+
+
+def test_a_spreadsheets_empty_trailing_columns_are_ignored_with_a_warning(
+        tmp_path: Path) -> None:
+    """An Excel export's header ending `,y,,` names no column twice: its empty, unnamed columns
+    are ignored (a warning says so) by check, draft and client alike; unnamed columns holding
+    values are named by their column numbers."""
+    from fedforest_secure.schema_draft import draft_schema
+
+    sch = _two_column_schema()
+    empty = tmp_path / "excel.csv"
+    empty.write_text("age,y,,\n30,0,,\n40,1,,\n50,0, ,\n")
+    problems = check_table(read_raw(empty), sch)
+    assert [str(p) for p in problems] == [
+        "warning: header cells 3 and 4 are empty, as are their columns in every row: "
+        "ignored -> nothing to do (a spreadsheet's export may add empty columns); delete "
+        "them to silence this warning"]
+    X, y, _ = sch.read_csv(empty)
+    assert X[:, 0].tolist() == [30.0, 40.0, 50.0] and y is not None
+    draft = draft_schema(read_raw(empty), "y", task="classification")
+    assert Schema.from_dict(tomllib.loads(draft.text)).feature_names == ["age"]
+    assert draft.notes == ("header cells 3 and 4 are empty, as are their columns in every "
+                           "row: ignored",)
+    full = tmp_path / "unnamed.csv"
+    full.write_text("age,,y,\n30,a,0,b\n40,,1,\n")
+    (p,) = [p for p in check_table(read_raw(full), sch) if p.severity == "error"]
+    assert p.message == "header cells 2 and 4 are empty"
+    assert p.advice == "name those columns, or delete them"
+    with pytest.raises(SchemaError, match=r"unnamed\.csv: header cells 2 and 4 are empty: "
+                                          r"name those columns, or delete them"):
+        sch.read_csv(full)
+    with pytest.raises(SchemaError, match=r"unnamed\.csv: header cells 2 and 4 are empty"):
+        draft_schema(read_raw(full), "y")
+    one = tmp_path / "one.csv"
+    one.write_text("age,,,y,\n30,,a,0,\n40,,,1,\n")
+    assert [str(p) for p in check_table(read_raw(one), sch)] == [
+        "warning: header cells 2 and 5 are empty, as are their columns in every row: ignored "
+        "-> nothing to do (a spreadsheet's export may add empty columns); delete them to "
+        "silence this warning",
+        "warning: columns not in the schema are ignored: header cell 3 (no name) -> nothing to "
+        "do if that is intended; they never leave the site"]
+    with pytest.raises(SchemaError, match=r"one\.csv: header cell 3 is empty while its column "
+                                          r"holds values: name the column, or delete it"):
+        draft_schema(read_raw(one), "y")
+
+
+def test_a_feature_missing_in_every_row_is_a_warning(tmp_path: Path) -> None:
+    """A column that allows missing values but has none at this site (every cell '?' or
+    empty): the client accepts it, check warns that the column is missing in every row."""
+    sch = Schema.from_dict({
+        "features": [{"name": "age", "kind": "continuous", "bounds": [0.0, 120.0]},
+                     {"name": "chol", "kind": "continuous", "bounds": [0.0, 700.0],
+                      "missing": "allowed"},
+                     {"name": "fbs", "kind": "categorical", "levels": ["0", "1"],
+                      "missing": "allowed"}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "site.csv"
+    path.write_text("age,chol,fbs,y\n30,?,,0\n40,?,,1\n50,?,?,0\n")
+    assert [str(p) for p in check_table(read_raw(path), sch)] == [
+        f"warning: column '{c}': every cell is missing at this site ({cells}) -> check the "
+        "export (a column left out?); if it is not recorded here, tell the federation"
+        for c, cells in (("chol", "?"), ("fbs", "(empty), ?"))]
+    sch.read_csv(path)  # the client accepts it
+
+
+def test_numbers_with_underscores_or_non_ascii_digits_are_not_numbers(tmp_path: Path) -> None:
+    """Python's float reads 2_50 as 250 and full-width ４０ as 40: in a CSV file they are typos
+    or foreign text, refused by check and client alike as any other non-number."""
+    sch = _two_column_schema()
+    path = tmp_path / "site.csv"
+    path.write_text("age,y\n30,0\n2_50,1\n４０,0\n١٢٠,1\n 45 ,0\n", encoding="utf-8")
+    (p,) = check_table(read_raw(path), sch)
+    assert p.message == ("3 values that are not numbers ('2_50', '４０', '١٢٠') at lines 3, 4, 5")
+    with pytest.raises(SchemaError, match=r"column 'age', row 2: '2_50' is not a number"):
+        sch.read_csv(path)
+    for cell in ("４０", "١٢٠"):
+        with pytest.raises(SchemaError, match=f"column 'age', row 2: '{cell}' is not a number"):
+            sch.validate_table({"age": ["30", cell], "y": ["0", "1"]})
+    X, _, _ = sch.validate_table({"age": ["30", "\u00a045 "], "y": ["0", "1"]})
+    assert X[:, 0].tolist() == [30.0, 45.0]  # surrounding (non-ASCII) spaces are no digits
