@@ -26,6 +26,18 @@ if csv.field_size_limit() < _FIELD_LIMIT:
     csv.field_size_limit(_FIELD_LIMIT)
 
 
+class _CellError(SchemaError):
+    """A cell's defect, ``column 'x', row 3: what`` (``row`` 1-based among the data rows),
+    with its parts kept so that a reader of a file names the file's line instead
+    (:meth:`Schema.read_csv <fedforest_secure.schema.Schema.read_csv>`)."""
+
+    def __init__(self, column: str, row: int, what: str) -> None:
+        super().__init__(f"column {column!r}, row {row}: {what}")
+        self.column = column
+        self.row = row
+        self.what = what
+
+
 def read_csv_rows(path: Path) -> tuple[list[list[str]], list[int]]:
     """The rows of a CSV file (UTF-8, a byte-order mark allowed), blank lines skipped, and
     the line each row starts on (a quoted cell may span lines).
@@ -218,26 +230,26 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
             bad &= ~np.isnan(out)
         if bad.any():
             i = int(np.argmax(bad)) + 1
-            raise SchemaError(f"column {name!r}, row {i}: missing or non-finite value")
+            raise _CellError(name, i, "missing or non-finite value")
     else:
         out = np.empty(len(arr), dtype=np.float64)
         for i, v in enumerate(arr, start=1):
             if allow_missing and _is_missing_cell(v):
                 out[i - 1] = np.nan
                 continue
-            if _is_missing(v):
-                raise SchemaError(f"column {name!r}, row {i}: missing value")
+            if _is_missing_cell(v):
+                raise _CellError(name, i, "missing value")
             if isinstance(v, bool | np.bool_):
                 if bools:
                     out[i - 1] = float(v)
                     continue
-                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number")
+                raise _CellError(name, i, f"{_show(v)} is not a number")
             try:
                 x = _number(v) if isinstance(v, str) else float(v)
             except (TypeError, ValueError):
-                raise SchemaError(f"column {name!r}, row {i}: {_show(v)} is not a number") from None
+                raise _CellError(name, i, f"{_show(v)} is not a number") from None
             if not math.isfinite(x):
-                raise SchemaError(f"column {name!r}, row {i}: non-finite value {_show(v)}")
+                raise _CellError(name, i, f"non-finite value {_show(v)}")
             out[i - 1] = x
     return out
 
@@ -257,10 +269,8 @@ def _numeric_column(
         bad = (out < lo) | (out > hi)
         if bad.any():
             i = int(np.argmax(bad))
-            raise SchemaError(
-                f"column {name!r}, row {i + 1}: value {_show(out[i])} outside the public bounds "
-                f"[{lo}, {hi}]"
-            )
+            raise _CellError(name, i + 1, f"value {_show(out[i])} outside the public bounds "
+                             f"[{lo}, {hi}]")
     return out
 
 
@@ -274,10 +284,10 @@ def _label_codes(col: _Column, name: str, labels: list[str], what: str, *,
         if allow_missing and _is_missing_cell(v) and _canon(v) not in index:
             out[i - 1] = np.nan
             continue
-        if _is_missing(v) and _canon(v) not in index:
-            raise SchemaError(f"column {name!r}, row {i}: missing value")
+        if _is_missing_cell(v) and _canon(v) not in index:
+            raise _CellError(name, i, "missing value")
         code = index.get(_label_key(v, index))
         if code is None:
-            raise SchemaError(f"column {name!r}, row {i}: unknown {what} {_canon(v)!r}")
+            raise _CellError(name, i, f"unknown {what} {_canon(v)!r}")
         out[i - 1] = code
     return out

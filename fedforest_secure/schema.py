@@ -58,6 +58,7 @@ from pydantic import (
 
 from ._cells import (
     _canon,
+    _CellError,
     _Column,
     _is_missing,
     _label_codes,
@@ -485,7 +486,13 @@ class Schema(BaseModel):
                     "columns"
                 )
         columns = {h: [r[k] for r in rows] for k, h in enumerate(header)}
-        return self._encode(columns, len(rows), with_target=with_target)
+        try:
+            return self._encode(columns, len(rows), with_target=with_target)
+        except _CellError as exc:  # the file's line, as fedforest check names it
+            raise SchemaError(f"{p}, line {lines[exc.row]}: column {exc.column!r}: "
+                              f"{exc.what}") from None
+        except SchemaError as exc:
+            raise SchemaError(f"{p}: {exc}") from None
 
     def validate_table(
         self, table: Any, *, with_target: bool = True
@@ -624,7 +631,7 @@ class Schema(BaseModel):
             raw = columns[self.client_column]
             for i, v in enumerate(raw, start=1):
                 if _is_missing(v):
-                    raise SchemaError(f"column {self.client_column!r}, row {i}: missing value")
+                    raise _CellError(self.client_column, i, "missing value")
             client = np.array([_canon(v) for v in raw], dtype=np.str_)
         return X, y, client
 

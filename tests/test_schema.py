@@ -168,16 +168,16 @@ def test_read_csv_classification(tmp_path: Path) -> None:
         ("site,age,sex,los\nA,3,F,1\n", "column 'bmi': missing"),
         (
             "site,age,sex,bmi,los\nA,3,F,20,1\nA,3,X,20,1\n",
-            "column 'sex', row 2: unknown level 'X'",
+            "line 3: column 'sex': unknown level 'X'",
         ),
-        ("site,age,sex,bmi,los\nA,abc,F,20,1\n", "column 'age', row 1: 'abc' is not a number"),
-        ("site,age,sex,bmi,los\nA,3,F,20,1\nA,3,F,20,1\nA,121,F,20,1\n", "column 'age', row 3"),
+        ("site,age,sex,bmi,los\nA,abc,F,20,1\n", "line 2: column 'age': 'abc' is not a number"),
+        ("site,age,sex,bmi,los\nA,3,F,20,1\nA,3,F,20,1\nA,121,F,20,1\n", "line 4: column 'age'"),
         ("site,age,sex,bmi,los\nA,3,F,20,1\nA,3,F,9.99,1\n", "outside the public bounds"),
-        ("site,age,sex,bmi,los\nA,3,F,,1\n", "column 'bmi', row 1: missing value"),
-        ("site,age,sex,bmi,los\nA,3,F,NaN,1\n", "column 'bmi', row 1: missing value"),
-        ("site,age,sex,bmi,los\nA,inf,F,20,1\n", "column 'age', row 1: non-finite"),
-        ("site,age,sex,bmi,los\nA,3,F,20,1\n,3,F,20,1\n", "column 'site', row 2: missing"),
-        ("site,age,sex,bmi,los\nA,3,F,20,-1\n", "column 'los', row 1"),
+        ("site,age,sex,bmi,los\nA,3,F,,1\n", "line 2: column 'bmi': missing value"),
+        ("site,age,sex,bmi,los\nA,3,F,NaN,1\n", "line 2: column 'bmi': missing value"),
+        ("site,age,sex,bmi,los\nA,inf,F,20,1\n", "line 2: column 'age': non-finite"),
+        ("site,age,sex,bmi,los\nA,3,F,20,1\n,3,F,20,1\n", "line 3: column 'site': missing"),
+        ("site,age,sex,bmi,los\nA,3,F,20,-1\n", "line 2: column 'los'"),
         ("site,age,sex,bmi,los\nA,3,F,20\n", "line 2: has 4 cells"),
         ("site,age,sex,bmi,los\n", "no data rows"),
         ("", "empty file"),
@@ -191,7 +191,7 @@ def test_read_csv_rejects(tmp_path: Path, text: str, needle: str) -> None:
 
 
 def test_read_csv_unknown_class(tmp_path: Path) -> None:
-    with pytest.raises(SchemaError, match="column 'outcome', row 2: unknown class 'maybe'"):
+    with pytest.raises(SchemaError, match="line 3: column 'outcome': unknown class 'maybe'"):
         Schema.from_dict(CLF).read_csv(_csv(tmp_path, "x,outcome\n0,dead\n0,maybe\n"))
 
 
@@ -303,9 +303,11 @@ def test_columns_allowing_missing_values_read_them_as_nan_and_others_refuse_them
     assert np.isnan(X[:, 0]).tolist() == [True, False, True, False]
     assert np.isnan(X[:, 1]).tolist() == [False, True, True, False]
     assert X[3].tolist() == [40.0, 1.0, 20.0]
-    with pytest.raises(SchemaError, match="'bmi', row 1"):  # bmi may not be missing
+    # bmi may not be missing
+    with pytest.raises(SchemaError, match="line 2: column 'bmi': missing value"):
         sch.read_csv(_csv(tmp_path, "site,age,sex,bmi,los\nA,30,F,?,3\n"))
-    with pytest.raises(SchemaError, match="'age', row 1"):  # not without the declaration
+    # nor age without the declaration
+    with pytest.raises(SchemaError, match="line 2: column 'age': missing value"):
         Schema.from_dict(BASE).read_csv(_csv(tmp_path, text))
     with pytest.raises(SchemaError, match="missing"):
         Schema.from_dict(_with(("features", 0, "missing"), "sometimes"))
@@ -357,3 +359,23 @@ def test_a_schema_file_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> Non
         s.dump(p)
         p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
         assert Schema.load(p) == s
+
+
+def test_read_csv_names_the_file_and_its_line_and_a_missing_target_is_missing(
+        tmp_path: Path) -> None:
+    """The client's errors point where `fedforest check` points: the file and its line (a
+    blank line counted), and '?' in the target is a missing class, not an unknown one."""
+    clf = Schema.from_dict(CLF)
+    path = _csv(tmp_path, "x,outcome\n0,dead\n\n0,alive\n0,?\n")
+    with pytest.raises(SchemaError) as exc:
+        clf.read_csv(path)
+    assert str(exc.value) == f"{path}, line 5: column 'outcome': missing value"
+    with pytest.raises(SchemaError) as exc:
+        clf.read_csv(_csv(tmp_path, "x,outcome\n0,dead\n\n7,alive\n"))
+    assert str(exc.value) == (f"{tmp_path / 't.csv'}, line 4: column 'x': value 7.0 outside "
+                              "the public bounds [-1.0, 1.0]")
+    with pytest.raises(SchemaError) as exc:
+        clf.read_csv(_csv(tmp_path, "outcome\ndead\n"))
+    assert str(exc.value) == f"{tmp_path / 't.csv'}: column 'x': missing from the table"
+    with pytest.raises(SchemaError, match="column 'outcome', row 2: missing value"):
+        clf.validate_table({"x": [0.0, 0.5], "outcome": ["dead", "?"]})

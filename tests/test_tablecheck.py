@@ -477,7 +477,8 @@ def test_numbers_with_underscores_or_non_ascii_digits_are_not_numbers(tmp_path: 
     path.write_text("age,y\n30,0\n2_50,1\n４０,0\n١٢٠,1\n 45 ,0\n", encoding="utf-8")
     (p,) = check_table(read_raw(path), sch)
     assert p.message == ("3 values that are not numbers ('2_50', '４０', '١٢٠') at lines 3, 4, 5")
-    with pytest.raises(SchemaError, match=r"column 'age', row 2: '2_50' is not a number"):
+    with pytest.raises(SchemaError,
+                       match=r"site\.csv, line 3: column 'age': '2_50' is not a number"):
         sch.read_csv(path)
     for cell in ("４０", "١٢٠"):
         with pytest.raises(SchemaError, match=f"column 'age', row 2: '{cell}' is not a number"):
