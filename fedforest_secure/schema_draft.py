@@ -9,9 +9,15 @@ It never writes bounds: bounds are *public* (they fix fixed-point scales, the se
 and DP sensitivities), so the federation agrees on them from domain knowledge, not from one
 site's minimum and maximum, which would disclose that site's extremes to everyone.
 
+Cells of a categorical column spelled as a missing value (``None``, ``NA``, ``null``, ...) are
+read as missing, so a real level so spelled would vanish: the notes name them. Columns without
+a name and without a value (a spreadsheet export's trailing empty columns) are left out, with a
+note.
+
 What cannot become a valid schema is refused with a :class:`SchemaError`: a file without data
-rows, duplicate column names, a classification target with fewer than two classes at this
-site, a column given two roles, ``continuous`` for a column of text.
+rows, duplicate column names, a column holding values under an empty header cell, a
+classification target with fewer than two classes at this site, a column given two roles,
+``continuous`` for a column of text.
 """
 
 from __future__ import annotations

@@ -4,13 +4,16 @@
 that is right for the client (nothing leaves the site unless the whole table fits), but a data
 engineer fixing a file wants the whole list. :func:`check_table` reads the raw cells and reports
 
-* errors (the client would refuse the table): a missing header, missing columns, ragged rows,
-  missing values (``?``, ``NA``, empty), non-numbers, infinite numbers (``inf``), values
-  outside the public bounds, unknown levels or classes, rows without their site (a missing
-  cell in the schema's ``client_column``);
+* errors (the client would refuse the table): a missing header, missing columns, duplicate or
+  several empty column names, ragged rows (whose shifted cells are not checked again),
+  missing values (``?``, ``NA``, empty), non-numbers (``2_50`` and non-ASCII digits among
+  them), infinite numbers (``inf``), values outside the public bounds, unknown levels or
+  classes, rows without their site (a missing cell in the schema's ``client_column``);
 * warnings (it trains, but look first): hidden missing values (a zero in a column whose other
-  values are all far above zero, like ``chol = 0``), constant columns, classes absent at this
-  site, columns the schema does not use.
+  values are all far above zero, like ``chol = 0``), constant columns, features missing in
+  every row, categorical cells spelled as a missing value (``None``, ``NA``, ...: a level so
+  spelled is read as missing), classes absent at this site, columns the schema does not use,
+  empty unnamed columns (ignored).
 
 :func:`clean_rows` keeps the rows without errors, for ``fedforest check --clean-out``.
 """
