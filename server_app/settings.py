@@ -111,7 +111,7 @@ def load_settings(path: Path) -> ServerSettings:
     """Read and validate ``server.toml``; any defect is a :class:`ConfigError`."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark allowed
     except FileNotFoundError as exc:
         raise ConfigError(f"server config not found: {path}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -150,3 +150,14 @@ def test_a_job_or_schema_file_that_is_a_directory_is_a_config_error(tmp_path: Pa
         job.write_text('id = "j"\nschema = "schema"\n')
     with pytest.raises(ConfigError, match=f"cannot read the {what}"):
         load_job_spec(job)
+
+
+def test_server_and_profile_files_saved_with_a_byte_order_mark_load(tmp_path: Path) -> None:
+    """Windows Notepad saves UTF-8 with a byte-order mark; the files read as without it."""
+    text = 'port = 8443\n[tls]\ncert = "a.pem"\nkey = "b.pem"\n'
+    (tmp_path / "plain.toml").write_text(text, encoding="utf-8")
+    (tmp_path / "bom.toml").write_text(text, encoding="utf-8-sig")
+    assert load_settings(tmp_path / "bom.toml") == load_settings(tmp_path / "plain.toml")
+    profile = load_profile("secure").to_toml()
+    (tmp_path / "p.toml").write_text(profile, encoding="utf-8-sig")
+    assert load_profile(tmp_path / "p.toml") == load_profile("secure")

@@ -324,7 +324,7 @@ def _read_toml(source: str | Path) -> dict[str, Any]:
                 "and not a path to a .toml file"
             )
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad) is no text
         except (OSError, UnicodeDecodeError) as exc:
             raise ProfileError(f"cannot read profile file {path}: {exc}") from None
         where = str(path)
