@@ -13,10 +13,10 @@ takes to the classes, like scikit-learn's ``CRITERIA`` and ``SPLITTERS``:
   an optional Top-L shortlist of features;
 * ``exact``: every midpoint between distinct values (discloses them: open profile only);
 * ``histogram``: fixed-width bins on each feature's range (Kalloori et al.);
-* ``random``: no candidates are evaluated: every node splits on its first sampled feature at a
-  threshold drawn in its public box from the feature's pooled marginal counts (one counting
-  round at the first level, :mod:`~fedforest_secure._random_splits`); besides those counts only
-  the leaves' totals are released.
+* ``random``: no candidates are evaluated: every node splits on one of its sampled features
+  (uniformly) at a threshold drawn in its public box from the feature's pooled marginal counts
+  (one counting round at the first level, :mod:`~fedforest_secure._random_splits`); besides
+  those counts only the leaves' totals are released.
 
 Under differential privacy the candidates are fixed-width bins of each node's box whatever the
 method (:func:`box_grid`): they depend on public bounds and earlier splits only.
@@ -332,9 +332,9 @@ class Histogram(CandidateMethod):
 
 
 class RandomSplits(CandidateMethod):
-    """Random splits: each node's first sampled feature at a threshold drawn in the node's
-    public box from the features' pooled marginal distribution (one counting round at the
-    first level). Nothing is evaluated; :meth:`draw` replaces the candidates."""
+    """Random splits: one of each node's sampled features, uniformly, at a threshold drawn in
+    the node's public box from the features' pooled marginal distribution (one counting round
+    at the first level). Nothing is evaluated; :meth:`draw` replaces the candidates."""
 
     name = "random"
 

@@ -93,8 +93,11 @@ def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
 def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarray,
                   box_hi: np.ndarray, cdf: np.ndarray | None = None,
                   bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Feature and threshold per node: the node's first sampled feature, and a threshold in its
-    box on that feature (the middle when the box is a point).
+    """Feature and threshold per node: one of the node's sampled features, uniformly, and a
+    threshold in its box on that feature (the middle when the box is a point).
+
+    A random subset (``m < d``) comes in random order (:func:`~._planner.sample_features`): its
+    first feature is uniform over it. All ``d`` features come in order: one is drawn per node.
 
     Parameters
     ----------
@@ -109,9 +112,12 @@ def random_splits(rng: np.random.Generator, feats: np.ndarray, box_lo: np.ndarra
     -------
     feature (n_nodes,), threshold (n_nodes,)
     """
-    n_nodes = feats.shape[0]
-    feature = feats[:, 0].astype(np.int64)
+    n_nodes, m = feats.shape
     rows = np.arange(n_nodes)
+    if m == box_lo.shape[1]:  # all features, in order: draw one per node
+        feature = feats[rows, rng.integers(m, size=n_nodes)].astype(np.int64)
+    else:  # a random subset in random order: its first (a subset's draws stay as they were)
+        feature = feats[:, 0].astype(np.int64)
     lo, hi = box_lo[rows, feature], box_hi[rows, feature]
     u = rng.random(n_nodes)
     if cdf is None or bounds is None:
