@@ -121,6 +121,10 @@ class JobConfig:
         if self.max_depth == 0 and self.dp is not None:
             raise ValueError("a DP job needs a depth limit (max_depth >= 1): its budget is "
                              "split over the levels")
+        if self.max_depth == 0 and self.method == "random":
+            raise ValueError("method='random' needs a finite max_depth (>= 1; no limit was "
+                             "given): random splits split every node down to max_depth, so "
+                             "without a limit the trees grow until memory runs out")
         if (self.dp is not None and self.method == "random"
                 and self.n_estimators * 2**self.max_depth > MAX_RANDOM_SPLIT_LEAVES):
             raise ValueError(

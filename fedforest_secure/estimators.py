@@ -22,7 +22,8 @@ shared parameters, with these federated defaults:
   ``min_samples_leaf=5`` (the federated default: no leaf summarises fewer than 5 rows) or at
   pure nodes. Under a DP profile the budget is split over the levels, so a depth is needed:
   ``None`` takes the allocation rule's
-  (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`).
+  (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`). Without DP,
+  ``method="random"`` (every node split down to the depth) refuses ``None``.
 * ``n_estimators``, ``n_bins``, ``bootstrap`` left at None: the paper's 50 trees, B = 32
   candidate bins and the client-stratified bootstrap, or under a DP profile the allocation
   rule's trees, bins and row sampling (and its method when ``method`` is left at

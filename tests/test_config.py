@@ -76,6 +76,7 @@ def test_valid_config_defaults_and_derived() -> None:
     dict(n_estimators=0),
     dict(max_depth=-1),
     dict(max_depth=0, profile={"dp": {"epsilon": 1.0, "delta": 1e-6}}),  # DP needs a limit
+    dict(max_depth=0, method="random"),  # random splits need a limit
     dict(max_depth=61),
     dict(min_samples_leaf=0),
     dict(min_samples_split=1),
@@ -90,6 +91,14 @@ def test_valid_config_defaults_and_derived() -> None:
 def test_config_rejects(kw: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         _cfg(**kw)
+
+
+def test_random_splits_without_a_depth_limit_are_refused_with_the_remedy() -> None:
+    """Random splits split every node down to max_depth, DP or not: without a limit the trees
+    grew until memory ran out."""
+    with pytest.raises(ValueError, match=r"method='random' needs a finite max_depth"):
+        _cfg(max_depth=0, method="random")
+    assert _cfg(max_depth=6, method="random").max_depth == 6
 
 
 def test_config_json_round_trip() -> None:

@@ -474,6 +474,17 @@ def test_max_depth_none_grows_until_leaves_stop_it() -> None:
     assert tree.depth == sk.get_depth()
 
 
+def test_random_splits_with_max_depth_none_are_refused() -> None:
+    """Random splits split every node to the full depth: max_depth=None (no limit) is refused
+    before any tree grows (it grew until memory ran out), with the remedy."""
+    X = np.random.default_rng(0).random((60, 3))
+    y = (X[:, 0] > 0.5).astype(int)
+    with pytest.raises(ValueError, match=r"method='random' needs a finite max_depth"):
+        FedForestClassifier(method="random", n_estimators=2).fit(X, y)
+    est = FedForestClassifier(method="random", n_estimators=2, max_depth=3).fit(X, y)
+    assert max(t.depth for t in est.model_.trees) == 3
+
+
 def test_exact_tree_has_sklearns_arrays_importances_and_paths() -> None:
     """One exact tree on pooled-equivalent data: tree_ arrays, mean decrease in impurity,
     apply and decision_path equal scikit-learn's tree (up to node numbering)."""
