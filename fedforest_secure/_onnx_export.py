@@ -21,7 +21,9 @@ columns ordered as ``classes_`` (a forest whose ``vote`` is ``"counts"``: the me
 (n,), the class label of the first largest probability (as ``predict``; where two classes
 tie up to the rounding of the sum, as summed counts can, either may come first).
 
-Numeric splits only: a forest with categorical or client (H) splits is refused.
+Numeric splits only: a forest with categorical or client (H) splits is refused, and so is
+a numeric split on a feature the model's schema calls categorical (a DP job's random splits
+cut its level codes, which the ONNX model would compare with the site's own values).
 
 A forest with soft routing (:mod:`~fedforest_secure._soft_routing`: DP random-split
 classifiers) has no ``TreeEnsemble`` form; standard operators compute it instead. Every
@@ -39,11 +41,12 @@ written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._sklearn_api import check_exportable
 from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 
@@ -113,17 +116,20 @@ class _Ensemble:
 
 def forest_to_onnx(trees: Sequence[Tree], task: str, n_features: int,
                    classes: np.ndarray | None = None, y_offset: float = 0.0,
-                   vote: str = "proportions", routing: SoftRouting | None = None
-                   ) -> ModelProto:
+                   vote: str = "proportions", routing: SoftRouting | None = None,
+                   categorical: Mapping[int, str] | None = None) -> ModelProto:
     """The ONNX model of the forest ``trees`` (module docstring); ``routing``: its soft
-    routing (:attr:`~fedforest_secure.model.ForestModel.routing`), if it has one.
+    routing (:attr:`~fedforest_secure.model.ForestModel.routing`), if it has one;
+    ``categorical``: the features the model's schema calls categorical (index: name).
 
     Raises
     ------
     ImportError
         The ``onnx`` package is not installed.
     ValueError
-        No trees, or a tree splits on a categorical level set or on the client indicator H.
+        No trees, or a tree splits on a categorical level set, on the client indicator H or
+        on a feature of ``categorical``
+        (:func:`~fedforest_secure._sklearn_api.check_exportable`).
     """
     try:
         import onnx
@@ -132,10 +138,7 @@ def forest_to_onnx(trees: Sequence[Tree], task: str, n_features: int,
         raise ImportError("to_onnx needs the onnx package: pip install onnx") from None
     if not trees:
         raise ValueError("to_onnx needs a forest with at least one tree")
-    for t in trees:
-        if ((t.kind != NodeKind.LEAF) & (t.kind != NodeKind.NUMERIC)).any():
-            raise ValueError("this forest has categorical or client (H) splits; to_onnx "
-                             "writes numeric splits only")
+    check_exportable(trees, categorical, "to_onnx")
     regression = task == "regression"
     labels = np.asarray([] if classes is None else classes)
     n_targets = 1 if regression else labels.size

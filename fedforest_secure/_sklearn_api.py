@@ -5,12 +5,14 @@ Everything here reads the trees the coordinator built from aggregated statistics
 weighted counts, impurities, splits): nothing is disclosed beyond what the model already holds.
 
 scikit-learn's trees have numeric splits only, so a forest with categorical or client
-(H) splits has ``tree_`` arrays (with ``kind`` telling the splits apart) but no export.
+(H) splits has ``tree_`` arrays (with ``kind`` telling the splits apart) but no export;
+nor has a forest that splits numerically on a feature its schema calls categorical (at the
+level codes: :func:`check_exportable`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,8 @@ import numpy as np
 
 from ._tree import NodeKind, Tree
 
-__all__ = ["FederatedTree", "TreeArrays", "forest_importances", "to_sklearn_forest"]
+__all__ = ["FederatedTree", "TreeArrays", "check_exportable", "forest_importances",
+           "to_sklearn_forest"]
 
 #: scikit-learn's markers: a leaf's children and a leaf's feature
 _TREE_LEAF = -1
@@ -174,10 +177,30 @@ def _proportions(counts: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_exportable(trees: Sequence[Tree], categorical: Mapping[int, str] | None,
+                     export: str) -> None:
+    """Refuse (ValueError) a forest that ``export`` (``"to_onnx"``, ``"to_sklearn"``) cannot
+    write: a split on a categorical level set or on the client indicator H, or a numeric split
+    on a feature of ``categorical`` (index: name, the features the model's schema calls
+    categorical): it cuts the feature's level codes (a DP job's random splits), which an
+    exported model would compare with the site's own values."""
+    for t in trees:
+        if ((t.kind != NodeKind.LEAF) & (t.kind != NodeKind.NUMERIC)).any():
+            raise ValueError(f"this forest has categorical or client (H) splits; {export} "
+                             "writes numeric splits only")
+    for j, name in sorted((categorical or {}).items()):
+        if any(((t.kind == NodeKind.NUMERIC) & (t.feature == j)).any() for t in trees):
+            raise ValueError(
+                f"this forest splits on the categorical feature {name!r} (at its level "
+                f"codes, which are not the values a site's table holds); {export} writes "
+                "splits on continuous features only: predict with the model itself")
+
+
 def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
                       classes: np.ndarray | None = None, y_offset: float = 0.0,
                       feature_names: np.ndarray | None = None,
-                      vote: str = "proportions") -> Any:
+                      vote: str = "proportions",
+                      categorical: Mapping[int, str] | None = None) -> Any:
     """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` whose
     trees are ``trees``: the same splits (missing-value directions included), leaf values,
     impurities and weighted counts, so it predicts what the federated forest predicts.
@@ -197,17 +220,14 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
     ------
     ValueError
         A tree splits on a categorical level set or on the client indicator H (scikit-learn
-        trees have numeric splits only).
+        trees have numeric splits only), or on a feature of ``categorical``
+        (:func:`check_exportable`).
     """
     from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
     from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
     from sklearn.tree._tree import Tree as SkTree
 
-    for t in trees:
-        if ((t.kind != NodeKind.LEAF) & (t.kind != NodeKind.NUMERIC)).any():
-            raise ValueError("this forest has categorical or client (H) splits, which "
-                             "scikit-learn trees cannot hold; to_sklearn needs numeric "
-                             "splits only")
+    check_exportable(trees, categorical, "to_sklearn")
     regression = task == "regression"
     n_out = 1 if regression else len(classes if classes is not None else [])
     est_cls = DecisionTreeRegressor if regression else DecisionTreeClassifier

@@ -471,8 +471,9 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         Raises
         ------
         ValueError
-            The forest splits on the client indicator H, or it routes rows softly and
-            ``hard_splits`` is False.
+            The forest splits on the client indicator H or on a feature its schema calls
+            categorical (a DP job's random splits cut its level codes), or it routes rows
+            softly and ``hard_splits`` is False.
         """
         model = self._check_fitted()
         if model.routing is not None and not hard_splits:
@@ -485,7 +486,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                  classes=getattr(self, "classes_", None),
                                  y_offset=float(getattr(self, "y_offset_", 0.0)),
                                  feature_names=getattr(self, "feature_names_in_", None),
-                                 vote=model.vote)
+                                 vote=model.vote, categorical=model.categorical_features())
 
     def to_onnx(self, path: str | Path | None = None) -> Any:
         """This forest as an ONNX model computed in double precision
@@ -504,7 +505,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         ImportError
             The ``onnx`` package is not installed.
         ValueError
-            The forest splits on a categorical feature or on the client indicator H.
+            The forest splits on a categorical feature (a feature its schema calls
+            categorical, at its level codes too) or on the client indicator H.
         """
         from ._onnx_export import forest_to_onnx
 
@@ -512,7 +514,8 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         onx = forest_to_onnx(model.trees, model.task, model.n_features,
                              classes=getattr(self, "classes_", None),
                              y_offset=float(getattr(self, "y_offset_", 0.0)),
-                             vote=model.vote, routing=model.routing)
+                             vote=model.vote, routing=model.routing,
+                             categorical=model.categorical_features())
         if path is not None:
             Path(path).write_bytes(onx.SerializeToString())
         return onx

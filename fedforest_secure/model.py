@@ -190,6 +190,18 @@ class ForestModel:
     def uses_client(self) -> bool:
         return any(t.uses_client for t in self.trees)
 
+    def categorical_features(self) -> dict[int, str]:
+        """The features the schema calls categorical, by index, with their names (none
+        without a schema)."""
+        if self.schema is None:
+            return {}
+        from .schema import Schema
+
+        schema = Schema.from_dict(self.schema)
+        return {i: name for i, (name, kind) in
+                enumerate(zip(schema.feature_names, schema.feature_kinds, strict=True))
+                if kind == "categorical"}
+
     # ------------------------------------------------------------------ a job's model
     def for_job(self, schema_text: str | None, clients: Sequence[str]) -> ForestModel:
         """This forest with the job's schema (TOML or JSON text; anything that is not a schema,

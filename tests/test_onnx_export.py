@@ -123,3 +123,27 @@ def test_to_onnx_refuses_client_splits() -> None:
     assert est.model_.uses_client
     with pytest.raises(ValueError, match="client"):
         est.to_onnx()
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_to_onnx_refuses_a_split_on_a_feature_the_schema_calls_categorical(
+        task: str, tmp_path: Path) -> None:
+    """A DP job's random splits cut the categorical cp at its level codes: the ONNX model
+    would compare the site's own values (levels "1", "2", "4", "x") with code thresholds, so
+    it is refused, naming the feature. A job's forest that splits on its continuous features
+    only exports."""
+    import pandas as pd
+    from job_models import job_model_file
+
+    cls = FedForestRegressor if task == "regression" else FedForestClassifier
+    est = cls.load(job_model_file(tmp_path, task, n_estimators=4, max_depth=3))
+    assert any((t.feature[t.kind == 1] == 1).any() for t in est.model_.trees)
+    with pytest.raises(ValueError, match="categorical feature 'cp'"):
+        est.to_onnx()
+    plain = cls.load(job_model_file(tmp_path, task, profile="open", by_chol=True,
+                                    n_estimators=2, max_depth=1, max_features=None))
+    assert all((t.feature[t.kind == 1] == 2).all() for t in plain.model_.trees)
+    site = pd.DataFrame({"age": [30.0, 60.0], "cp": ["1", "x"], "chol": [150.0, 390.0]})
+    out = _run(plain.to_onnx(), np.array([[30.0, 0.0, 150.0], [60.0, 3.0, 390.0]]))
+    got = out["variable"][:, 0] if task == "regression" else out["label"]
+    np.testing.assert_array_equal(got, plain.predict(site))

@@ -9,6 +9,7 @@ same comparison for all three (skl2onnx shifts each float32 threshold so that
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,3 +157,25 @@ def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> Non
     cuts = _float32_thresholds(np.array([119.99999644677146, 120.0, 0.1, -0.044641636506989144]))
     assert cuts[0] < 120.0 and cuts[1] == 120.0  # 120 goes right of the first, left of itself
     assert cuts[2] == float(np.float32(0.1)) and cuts[3] == float(np.float32(-0.044641636506989144))
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_to_sklearn_refuses_a_split_on_a_feature_the_schema_calls_categorical(
+        task: str, tmp_path: Path) -> None:
+    """A DP job's random splits cut the categorical cp at its level codes, which scikit-learn
+    would compare with the site's own values: refused, naming the feature (with hard_splits
+    too)."""
+    import pandas as pd
+    from job_models import job_model_file
+
+    cls = FedForestRegressor if task == "regression" else FedForestClassifier
+    est = cls.load(job_model_file(tmp_path, task, n_estimators=4, max_depth=3))
+    assert any((t.feature[t.kind == 1] == 1).any() for t in est.model_.trees)
+    with pytest.raises(ValueError, match="categorical feature 'cp'"):
+        est.to_sklearn(hard_splits=True)
+    plain = cls.load(job_model_file(tmp_path, task, profile="open", by_chol=True,
+                                    n_estimators=2, max_depth=1, max_features=None))
+    assert all((t.feature[t.kind == 1] == 2).all() for t in plain.model_.trees)
+    site = pd.DataFrame({"age": [30.0, 60.0], "cp": ["1", "x"], "chol": [150.0, 390.0]})
+    codes = site.assign(cp=[0.0, 3.0])
+    np.testing.assert_array_equal(plain.to_sklearn().predict(codes), plain.predict(site))
