@@ -216,11 +216,13 @@ def _plain_numbers(col: _Column) -> NDArray[np.float64] | None:
     return out if np.isfinite(out).all() else None
 
 
-def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: bool = False
-                     ) -> NDArray[np.float64]:
+def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: bool = False,
+                     missing_words: bool = True) -> NDArray[np.float64]:
     """The column as floats, cell by cell for other than numeric arrays: missing cells NaN
     where allowed, otherwise a :class:`SchemaError` naming the column and the 1-based row.
-    A bool is 1 or 0 with ``bools``, otherwise no number."""
+    A bool is 1 or 0 with ``bools``, otherwise no number. Without ``missing_words`` a text
+    cell is a number or an error (``"?"``, ``"NA"``, empty: not missing; ``"nan"``, which
+    ``float`` reads, is NaN), as numpy and scikit-learn read text."""
     if bools and arr.dtype.kind == "b":
         return arr.astype(np.float64)
     if arr.dtype.kind in "fiu":
@@ -234,10 +236,11 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
     else:
         out = np.empty(len(arr), dtype=np.float64)
         for i, v in enumerate(arr, start=1):
-            if allow_missing and _is_missing_cell(v):
+            words = missing_words or not isinstance(v, str)
+            if allow_missing and words and _is_missing_cell(v):
                 out[i - 1] = np.nan
                 continue
-            if _is_missing_cell(v):
+            if words and _is_missing_cell(v):
                 raise _CellError(name, i, "missing value")
             if isinstance(v, bool | np.bool_):
                 if bools:
@@ -248,6 +251,9 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
                 x = _number(v) if isinstance(v, str) else float(v)
             except (TypeError, ValueError):
                 raise _CellError(name, i, f"{_show(v)} is not a number") from None
+            if allow_missing and math.isnan(x):
+                out[i - 1] = np.nan
+                continue
             if not math.isfinite(x):
                 raise _CellError(name, i, f"non-finite value {_show(v)}")
             out[i - 1] = x
@@ -256,14 +262,16 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
 
 def _numeric_column(
     col: _Column, name: str, bounds: tuple[float, float] | None = None, *,
-    allow_missing: bool = False, bools: bool = False,
+    allow_missing: bool = False, bools: bool = False, missing_words: bool = True,
 ) -> NDArray[np.float64]:
     """A column of numbers; with ``allow_missing`` its missing cells (NaN, ``?``, ``NA``,
     empty, ...) are NaN, otherwise an error; with ``bools`` a bool is 1 or 0 (as
-    scikit-learn reads a DataFrame's bool column), otherwise an error."""
+    scikit-learn reads a DataFrame's bool column), otherwise an error; without
+    ``missing_words`` the words (``?``, ``NA``, empty, ...) are no numbers, not missing
+    cells (:func:`_checked_numbers`)."""
     out = _plain_numbers(col)
     if out is None:
-        out = _checked_numbers(np.asarray(col), name, allow_missing, bools)
+        out = _checked_numbers(np.asarray(col), name, allow_missing, bools, missing_words)
     if bounds is not None:
         lo, hi = bounds
         bad = (out < lo) | (out > hi)

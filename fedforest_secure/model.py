@@ -279,9 +279,11 @@ class ForestModel:
                 raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xf.shape}")
             return Xf
         if self.schema is None:  # missing cells (NaN, None, pandas' NA) are NaN
-            # bools are 0 and 1, as the estimators' fit reads them (scikit-learn's validate_data)
+            # bools are 0 and 1 and text is a number or an error ("?", "NA", "": no schema
+            # declares them missing), as the estimators' fit reads them (scikit-learn's
+            # validate_data)
             return np.column_stack([_numeric_column(columns[c], c, allow_missing=True,
-                                                    bools=True)
+                                                    bools=True, missing_words=False)
                                     for c in columns]).reshape(-1, self.n_features)
         from .schema import Schema
 

@@ -15,12 +15,14 @@ from fedforest_secure.schema import Schema
 
 
 def schema_text(task: str) -> str:
-    """A schema of age (continuous), cp (categorical, levels "1" "2" "4" "x"), chol."""
+    """A schema of age (continuous, may miss), cp (categorical, levels "1" "2" "4" "x"),
+    chol (continuous)."""
     target = ('[target]\nname = "num"\nkind = "classification"\nclasses = ["lo", "hi"]\n'
               if task == "classification" else
               '[target]\nname = "num"\nkind = "regression"\nbounds = [-10.0, 10.0]\n')
     return (target
             + '[[features]]\nname = "age"\nkind = "continuous"\nbounds = [0.0, 120.0]\n'
+            + 'missing = "allowed"\n'
             + '[[features]]\nname = "cp"\nkind = "categorical"\nlevels = ["1", "2", "4", "x"]\n'
             + '[[features]]\nname = "chol"\nkind = "continuous"\nbounds = [100.0, 400.0]\n')
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -584,3 +585,36 @@ def test_feature_names_given_as_a_tuple_are_taken_as_a_list() -> None:
     assert m.feature_names == ["a", "b"]
     X = pd.DataFrame({"b": [-1.0, 1.0], "a": [9.0, 9.0]})
     np.testing.assert_allclose(m.predict(X), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("text", ["?", "none", "n/a", "null", "", "na", "NA"])
+def test_a_model_without_a_schema_refuses_text_in_a_number_column_as_fit_does(
+        text: str, tmp_path: Path) -> None:
+    """Without a schema nothing declares missing-value words: fit on a table with a text cell
+    refuses it, and so does predict (it read "?", "none", "" ... as missing); None and NaN
+    cells stay missing values. A job's model reads them by its schema's rules."""
+    from job_models import job_model_file, site_rows
+
+    X, y = _frame()
+    est = FedForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(X, y)
+    odd = X.astype({"chol": object})
+    odd.loc[4, "chol"] = text
+    with pytest.raises(ValueError, match="could not convert string to float"):
+        FedForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(odd, y)
+    with pytest.raises(SchemaError,
+                       match=re.escape(f"column 'chol', row 5: '{text}' is not a number")):
+        est.predict(odd)
+    holes = X.astype({"chol": object})
+    holes.loc[4, "chol"], holes.loc[6, "chol"] = None, np.nan
+    nan = X.copy()
+    nan.loc[[4, 6], "chol"] = np.nan
+    np.testing.assert_array_equal(est.predict_proba(holes), est.predict_proba(nan))
+    # a job's model: its schema allows age to miss, so the word is a missing value there
+    job = FedForestClassifier.load(job_model_file(tmp_path, "classification", profile="open",
+                                                  n_estimators=2, max_depth=3))
+    rows = site_rows("classification")[0].head(8)
+    worded = rows.astype({"age": object})
+    worded.loc[4, "age"] = text
+    np.testing.assert_array_equal(job.predict_proba(worded),
+                                  job.predict_proba(rows.assign(age=rows["age"].where(
+                                      rows.index != 4))))
