@@ -12,13 +12,14 @@ level codes: :func:`check_exportable`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ._tree import NodeKind, Tree
+from .errors import SchemaError
 
 __all__ = ["FederatedTree", "TreeArrays", "check_exportable", "forest_importances",
            "to_sklearn_forest"]
@@ -99,8 +100,15 @@ def tree_arrays(tree: Tree, y_offset: float = 0.0) -> TreeArrays:
         kind=tree.kind.copy())
 
 
+#: Checks a tree's input: ``(X, client)`` to the float64 rows and the sites' codes.
+PrepareInput = Callable[[Any, Any], tuple[np.ndarray, "np.ndarray | None"]]
+
+
 class FederatedTree:
     """One tree of a fitted FedForest estimator (an item of ``estimators_``).
+
+    ``prepare`` checks the input of :meth:`apply` (the estimator's: a table's columns by name,
+    an array's width, a site's name), by default only the array's width.
 
     Attributes
     ----------
@@ -109,14 +117,26 @@ class FederatedTree:
     n_features_in_ : int
     """
 
-    def __init__(self, tree: Tree, n_features: int, y_offset: float = 0.0) -> None:
+    def __init__(self, tree: Tree, n_features: int, y_offset: float = 0.0,
+                 prepare: PrepareInput | None = None) -> None:
         self._tree = tree
         self.tree_ = tree_arrays(tree, y_offset)
         self.n_features_in_ = n_features
+        self._prepare = prepare if prepare is not None else self._check_width
+
+    def _check_width(self, X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        Xf = np.asarray(X, dtype=np.float64)
+        if Xf.ndim != 2 or Xf.shape[1] != self.n_features_in_:
+            got = f"{Xf.shape[1]} features" if Xf.ndim == 2 else f"shape {Xf.shape}"
+            raise SchemaError(f"X has {got}, but this tree is expecting "
+                              f"{self.n_features_in_} features as input")
+        return Xf, None if client is None else np.asarray(client)
 
     def apply(self, X: Any, client: Any = None) -> np.ndarray:
-        """Leaf index of every row, shape (n,)."""
-        return self._tree.apply(np.asarray(X, dtype=np.float64), client)
+        """Leaf index of every row, shape (n,): ``X`` checked as the forest's ``apply`` checks
+        it."""
+        Xf, codes = self._prepare(X, client)
+        return self._tree.apply(Xf, codes)
 
     def get_depth(self) -> int:
         return self.tree_.max_depth

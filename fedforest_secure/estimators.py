@@ -398,7 +398,12 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         their arrays under scikit-learn's ``tree_`` names."""
         model = self._fitted_model()
         offset = float(getattr(self, "y_offset_", 0.0))
-        return [FederatedTree(t, model.n_features, offset) for t in model.trees]
+
+        def prepare(X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
+            Xc = self._validate_X_predict(X)  # as the forest's apply: names, width, levels
+            return Xc, self._predict_codes(client, Xc.shape[0], "apply")
+
+        return [FederatedTree(t, model.n_features, offset, prepare) for t in model.trees]
 
     @property
     def feature_importances_(self) -> np.ndarray:

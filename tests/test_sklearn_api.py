@@ -179,3 +179,32 @@ def test_to_sklearn_refuses_a_split_on_a_feature_the_schema_calls_categorical(
     site = pd.DataFrame({"age": [30.0, 60.0], "cp": ["1", "x"], "chol": [150.0, 390.0]})
     codes = site.assign(cp=[0.0, 3.0])
     np.testing.assert_array_equal(plain.to_sklearn().predict(codes), plain.predict(site))
+
+
+def test_a_trees_apply_checks_its_input_as_the_forests_apply_does() -> None:
+    """``estimators_[i].apply`` takes a DataFrame's columns by name (any order; a missing or
+    unknown column refused) and an array of the fit's width; it took columns by position,
+    extra columns silently, and a narrow array failed with a bare IndexError."""
+    import pandas as pd
+
+    from fedforest_secure._sklearn_api import FederatedTree
+    from fedforest_secure.errors import SchemaError
+
+    X, y, h = _data("classification")
+    df = pd.DataFrame(X, columns=["a", "b", "c", "d", "e"])
+    est = FedForestClassifier(n_estimators=3, max_depth=4, random_state=0).fit(df, y, client=h)
+    tree = est.estimators_[1]
+    np.testing.assert_array_equal(tree.apply(df[["e", "d", "c", "b", "a"]]), est.apply(df)[:, 1])
+    with pytest.raises(SchemaError, match=r"unknown column 'extra'"):
+        tree.apply(df.assign(extra=0.0))
+    with pytest.raises(SchemaError, match=r"missing column 'a'"):
+        tree.apply(df.drop(columns="a"))
+    plain = FedForestClassifier(n_estimators=3, max_depth=4, random_state=0).fit(X, y, client=h)
+    one = plain.estimators_[0]
+    np.testing.assert_array_equal(one.apply(X), plain.apply(X)[:, 0])
+    bare = FederatedTree(plain.model_.trees[0], 5)  # without the estimator: the width only
+    np.testing.assert_array_equal(bare.apply(X), one.apply(X))
+    for bad in (X[:, :3], np.hstack([X, X[:, :1]])):
+        for t in (one, bare):
+            with pytest.raises(ValueError, match=r"X has \d features, but .* expecting 5"):
+                t.apply(bad)
