@@ -13,6 +13,8 @@ same for every ``n_jobs``.
 stores, what ``fedforest model download`` and the client's ``--out`` write), with its class
 labels, feature names and schema, so ``predict_proba`` works on a site's table as is. Fitted on
 a DataFrame (or loaded from a job's model), ``predict`` takes a table's columns by name.
+Where the sites have names (``clients_``: a job's model, or text labels at fit), ``client=``
+takes their names or their indices in ``clients_``, as :meth:`ForestModel.predict` does.
 
 The estimators follow scikit-learn's conventions (``_parameter_constraints``, ``validate_data``,
 ``check_estimator`` passes with the default parameters) and scikit-learn's meanings of the
@@ -234,10 +236,12 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                               "needs the institution it comes from")
         if fitting:
             self.clients_ = np.unique(client)
-        # clients_ is in index order: sorted after fit, the job's order for a job's model
-        index = {c: i for i, c in enumerate(self.clients_.tolist())}
         # a forest that never splits on the site predicts rows of any site, a new one too
         strict = fitting or self.model_.uses_client
+        if not fitting and client.dtype.kind in "iu" and self.clients_.dtype.kind in "OU":
+            return self._site_indices(client, strict)
+        # clients_ is in index order: sorted after fit, the job's order for a job's model
+        index = {c: i for i, c in enumerate(self.clients_.tolist())}
         codes = np.empty(n, dtype=np.int64)
         for r, c in enumerate(client.tolist()):
             k = index.get(c)
@@ -247,6 +251,21 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
                                       f"{self.clients_.tolist()}")
                 k = -1
             codes[r] = k
+        return codes
+
+    def _site_indices(self, client: np.ndarray, strict: bool) -> np.ndarray:
+        """Integers where the sites have names (a job's model): their indices in
+        ``clients_``, as :meth:`ForestModel.predict` takes them; -1 for an index beyond them,
+        refused if ``strict``."""
+        codes = client.astype(np.int64)
+        bad = (codes < 0) | (codes >= len(self.clients_))
+        if bad.any():
+            if strict:
+                names = ", ".join(repr(c) for c in self.clients_.tolist())
+                raise SchemaError(f"unknown client {int(codes[bad][0])}; the forest knows "
+                                  f"sites 0 to {len(self.clients_) - 1} ({names}), by index "
+                                  "or name")
+            codes[bad] = -1
         return codes
 
     def _encode_y(self, y: np.ndarray) -> tuple[np.ndarray, float]:

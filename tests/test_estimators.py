@@ -948,3 +948,32 @@ def test_fit_names_the_column_and_row_of_a_text_cell_as_predict_does() -> None:
         est.predict(X)
     with pytest.raises(SchemaError, match=message):
         FedForestClassifier(n_estimators=2, max_depth=2, profile="open").fit(X, y)
+
+
+def test_a_jobs_model_that_splits_on_the_site_takes_site_indices_as_its_forest_does(
+        tmp_path: Any) -> None:
+    """A job's model names its sites; predict(client=...) takes their names or, as
+    ForestModel.predict does, their indices (refused as "unknown client 1" before); an index
+    beyond the sites is refused, naming them."""
+    from fedforest_secure import ForestModel
+
+    rng = np.random.default_rng(3)
+    n = 300
+    X = rng.normal(size=(n, 2))
+    h = np.arange(n) % 3
+    y = X[:, 0] + 5.0 * h
+    forest = FedForestRegressor(n_estimators=2, max_depth=2, max_features=None,
+                                split_on_client=True, random_state=0).fit(X, y, client=h).model_
+    assert forest.uses_client
+    path = tmp_path / "job.json"
+    path.write_text(forest.for_job(None, ["north", "south", "east"]).to_json())
+    est = FedForestRegressor.load(path)
+    names = np.array(["north", "south", "east"])[h]
+    np.testing.assert_array_equal(est.predict(X, client=h), est.predict(X, client=names))
+    np.testing.assert_array_equal(est.predict(X, client=h),
+                                  ForestModel.load(path).predict(X, client=h))
+    with pytest.raises(SchemaError, match=r"unknown client 3; the forest knows sites 0 to 2 "
+                                          r"\('north', 'south', 'east'\)"):
+        est.predict(X[:2], client=[0, 3])
+    with pytest.raises(SchemaError, match=r"unknown client 'west'"):
+        est.predict(X[:1], client=["west"])
