@@ -61,7 +61,11 @@ class ReleasePolicy:
         self.rows_per_point = int(prof.get("rows_per_sketch_point", 0) or 0)
         h_policy = str(prof.get("h_splits", "clear"))
         if config.split_on_client and h_policy == "off":
-            raise ProfileError("split_on_client=True but the privacy profile has h_splits='off'")
+            raise ProfileError(
+                "split_on_client=True but the privacy profile has h_splits='off' (as 'secure' "
+                "and 'secure-dp' have): set h_splits='clear' (each site's exact node summaries "
+                "are disclosed, as in the open profile) or, with [dp], h_splits='noisy' and "
+                "dp.h_epsilon (docs/privacy.md §2.5), or train with split_on_client=False")
         #: H-splits are scored from per-client node summaries
         self.h_splits = bool(config.split_on_client and h_policy in ("clear", "noisy"))
         #: h_splits = "noisy": the per-client node summaries carry each client's own DP noise

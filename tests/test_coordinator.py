@@ -154,10 +154,13 @@ def test_h_splits_on_client_shift() -> None:
     assert plain.predict(X).shape == (300,)
 
 
-def test_h_splits_refused_by_profiles_without_them() -> None:
-    with pytest.raises(ProfileError):
-        Coordinator(_cfg(split_on_client=True,
-                         profile=load_profile("open", h_splits="off").to_dict()))
+def test_h_splits_refused_by_profiles_without_them_with_the_remedy() -> None:
+    """The refusal says what would allow the splits: h_splits 'clear' (disclosing) or, under
+    DP, 'noisy' with dp.h_epsilon, or split_on_client=False."""
+    for profile in (load_profile("open", h_splits="off"), load_profile("secure")):
+        with pytest.raises(ProfileError, match=r"h_splits='off'.*h_splits='clear'.*"
+                                               r"h_splits='noisy'.*split_on_client=False"):
+            Coordinator(_cfg(split_on_client=True, profile=profile.to_dict()))
 
 
 def test_h_split_rounds_disclose_node_stats_only_when_enabled() -> None:
