@@ -238,7 +238,11 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             self.clients_ = np.unique(client)
         # a forest that never splits on the site predicts rows of any site, a new one too
         strict = fitting or self.model_.uses_client
-        if not fitting and client.dtype.kind in "iu" and self.clients_.dtype.kind in "OU":
+        if not fitting and client.dtype.kind in "iu" and self.clients_.dtype.kind in "OU" \
+                and not any(str(c).strip().lstrip("+-").isdigit()
+                            for c in self.clients_.tolist()):
+            # sites named by words: an integer is an index. Names that read as numbers
+            # ("1", "2") are matched as names only: an index would pick another site
             return self._site_indices(client, strict)
         # clients_ is in index order: sorted after fit, the job's order for a job's model
         index = {c: i for i, c in enumerate(self.clients_.tolist())}

@@ -977,3 +977,20 @@ def test_a_jobs_model_that_splits_on_the_site_takes_site_indices_as_its_forest_d
         est.predict(X[:2], client=[0, 3])
     with pytest.raises(SchemaError, match=r"unknown client 'west'"):
         est.predict(X[:1], client=["west"])
+
+
+def test_sites_named_by_numbers_in_text_are_never_taken_by_index() -> None:
+    """Site labels "1", "2", "3" read from a file as text: predict(client=[1]) is not index 1
+    (site "2"), it is refused as an unknown client, as it was."""
+    rng = np.random.default_rng(4)
+    n = 300
+    X = rng.normal(size=(n, 2))
+    h = np.array(["1", "2", "3"])[np.arange(n) % 3]
+    y = X[:, 0] + 5.0 * (np.arange(n) % 3)
+    est = FedForestRegressor(n_estimators=2, max_depth=2, max_features=None,
+                             split_on_client=True, random_state=0).fit(X, y, client=h)
+    assert est.model_.uses_client
+    with pytest.raises(SchemaError, match="unknown client 1"):
+        est.predict(X[:1], client=np.array([1]))
+    np.testing.assert_array_equal(est.predict(X[:3], client=h[:3]),
+                                  est.predict(X[:3], client=np.array(["1", "2", "3"])))
