@@ -1,7 +1,9 @@
 """``fedforest audit show|verify|export``: inspect, verify and export an audit log.
 
 ``--db`` takes a SQLite file path or any SQLAlchemy URL. ``verify`` exits with 0 only if the
-chains, the stored arrays and the given receipts all agree, and prints every problem otherwise.
+chains, the stored arrays and the given receipts all agree, and prints every problem otherwise;
+a job that has not ended in the log (still running) is verified as far as the log goes, and the
+verdict says so (``OK so far: ...``).
 """
 
 from __future__ import annotations
@@ -160,6 +162,11 @@ def verify(
         typer.echo(f"NOTE {note}")
     summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "
                f"{report.receipts_checked} receipt(s) checked")
+    if report.ok and report.running:  # verified as far as the log goes: not to the end
+        them = "it ends" if len(report.running) == 1 else "they end"
+        typer.echo(f"OK so far: {summary}; {'; '.join(report.running)}: verify again after "
+                   f"{them}")
+        return
     if report.ok:
         typer.echo(f"OK: {summary}")
         return

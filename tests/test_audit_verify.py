@@ -90,6 +90,7 @@ def test_honest_log_verifies(setup: tuple[AuditLog, Path]) -> None:
     report = verify_log(log, receipts_dir=receipts)
     assert report.ok, report.problems
     assert report.entries_checked == 9 and report.receipts_checked == 6
+    assert report.running == [] and report.notes == []  # the job ended: its model
     assert [e.kind for e in log.entries()] == KINDS
     report.raise_for_problems()
 
@@ -505,13 +506,17 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
     """A job fails in round 1's upload step (its uploads are receipted, the log has the
     round's abort, not a round entry) and no site keeps a receipt after round 0's entry:
     the log verifies, with a note saying round 0's aggregate is vouched for by the chain
-    only. The same tail without the abort is a problem."""
+    only. The same tail without the abort is a job still running in this log: a note too,
+    saying so, and the job is named in ``running``."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
         rec = _round_zero_receipted(log, receipts)
         unfinished = verify_log(log, receipts_dir=receipts)
-        assert any("the last round" in p and "covered by no receipt" in p
-                   for p in unfinished.problems), unfinished.problems
+        assert unfinished.ok and len(unfinished.running) == 1, unfinished.problems
+        assert [n.split(": ", 1)[1] for n in unfinished.notes] == [
+            f"its last round (job '{JOB}' seq 4 (round)) is covered by no receipt yet (the "
+            "receipts pin the chain up to seq 3): the sites' next uploads or their model "
+            "receipts cover it"]
         seq, head = log.tip(JOB)
         for c in CLIENTS:
             write_receipt(receipts, Receipt(JOB, 1, c, upload_digest(f"{c}/1".encode()),
@@ -539,14 +544,24 @@ def test_a_failed_jobs_aborted_round_and_unreceipted_last_round_are_not_problems
 def test_a_job_that_failed_between_rounds_has_a_note_not_a_problem(tmp_path: Path) -> None:
     """Sites drop after round 0 until too few remain, and the job fails before issuing round 1
     (no round of it was aborted): its ``job_failed`` entry ends the chain, and round 0's
-    unreceipted aggregate is a note. The same chain without that entry is a problem."""
+    unreceipted aggregate is a note. The same chain without that entry is a job still running
+    in this log (a note saying so); with a site's model receipt of the job, a problem."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
         rec = _round_zero_receipted(log, receipts)
         rec.client_dropped(CLIENTS[0], round_id=1, reason="deadline")
         cut = verify_log(log, receipts_dir=receipts)
-        assert any("the last round" in p and "covered by no receipt" in p
-                   for p in cut.problems), cut.problems
+        assert cut.ok and cut.running == [
+            f"job '{JOB}' has not ended in this log (no model, job_failed or round_aborted "
+            "entry; checked up to seq 5, round 0)"], cut.problems
+        assert len(cut.notes) == 1 and "covered by no receipt yet" in cut.notes[0]
+        seq, head = log.tip(JOB)
+        write_receipt(receipts, ModelReceipt(JOB, "bob", "cd" * 32, head, seq),
+                      filename="bob-model.jsonl")
+        hidden = verify_log(log, receipts_dir=receipts)
+        assert any("the log has no model entry (deleted?), yet" in p  # it reaches the pin
+                   for p in hidden.problems), hidden.problems
+        (receipts / "bob-model.jsonl").unlink()
         rec.job_failed(reason="only 1 clients remain, fewer than the required 2; training "
                               "stopped")
         report = verify_log(log, receipts_dir=receipts)
@@ -631,3 +646,115 @@ def test_a_state_dir_given_as_the_receipts_folder_is_named(setup: tuple[AuditLog
     assert f"{state} looks like a client's --state-dir: its receipts are in " \
            f"{state / 'receipts'}" in problems, problems
     assert verify_log(log, receipts_dir=state / "receipts").ok
+
+
+def _running_job(log: AuditLog, receipts: Path) -> None:
+    """A job still running when its log was downloaded: rounds 0 and 1 logged (seq 4 and 5),
+    each round's uploads receipted by both sites; then the sites uploaded to round 2 (their
+    receipts pin seq 5, the log's last entry) and round 3 (seq 6: the log was downloaded
+    before the server wrote round 2's entry), which the log does not hold yet."""
+    rec = _round_zero_receipted(log, receipts)
+    seq, head = log.tip(JOB)
+    uploads = {c: upload_digest(f"{c}/1".encode()) for c in CLIENTS}
+    for c in CLIENTS:
+        write_receipt(receipts, Receipt(JOB, 1, c, uploads[c], head, seq))
+    rec.round(_task(1), uploads=uploads, aggregate=np.arange(6.0), masked=True)
+    seq, head = log.tip(JOB)
+    for r, (s, h) in ((2, (seq, head)), (3, (seq + 1, "ab" * 32))):
+        for c in CLIENTS:
+            write_receipt(receipts, Receipt(JOB, r, c, upload_digest(f"{c}/{r}".encode()),
+                                            h, s))
+
+
+RUNNING = (f"job '{JOB}' has not ended in this log (no model, job_failed or round_aborted "
+           "entry; checked up to seq 5, round 1)")
+
+
+def test_a_running_jobs_open_round_receipts_are_a_note_and_the_verdict_says_so(
+        tmp_path: Path) -> None:
+    """A site checks the log of a job still running against its receipts: its receipts of the
+    rounds the log does not hold yet go beyond it, a note and no problem; the receipts of
+    round 2 that pin the log's last entry are still checked. `audit verify` exits 0 with a
+    verdict saying the job has not ended in this log and to verify again after it ends."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _running_job(log, receipts)
+    report = verify_log(tmp_path / "audit.db", receipts_dir=receipts, job_id=JOB)
+    assert report.ok, report.problems
+    assert report.running == [RUNNING]
+    assert report.notes == [
+        f"{RUNNING}: 4 receipt(s) of later rounds (first alice.jsonl:3) go beyond it: the job "
+        "is still running, or was when the log was downloaded"]
+    assert report.receipts_checked == 6  # round 3's pin seq 6: nothing of the log to check
+    res = CliRunner().invoke(audit_app, ["verify", "--db", str(tmp_path / "audit.db"),
+                                         "--receipts", str(receipts), "--job", JOB])
+    assert res.exit_code == 0, res.output
+    assert "PROBLEM" not in res.output
+    assert res.output.splitlines()[-1] == (
+        f"OK so far: 5 entries in 1 job(s), 6 receipt(s) checked; {RUNNING}: verify again "
+        "after it ends")
+
+
+def test_a_running_jobs_unreceipted_last_round_is_a_note(tmp_path: Path) -> None:
+    """The sites' receipts were copied before any of them uploaded after round 1's entry (a
+    site stalled, say): the last round is covered by no receipt yet, a note."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _running_job(log, receipts)
+        for f in receipts.iterdir():  # round 0's receipts only
+            f.write_text("".join(f.read_text().splitlines(keepends=True)[:1]))
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.running == [RUNNING]
+    assert report.notes == [
+        f"{RUNNING}: its last round (job '{JOB}' seq 5 (round)) is covered by no receipt yet "
+        "(the receipts pin the chain up to seq 3): the sites' next uploads or their model "
+        "receipts cover it"]
+
+
+def test_a_running_looking_log_of_a_job_whose_model_a_site_holds_does_not_verify(
+        tmp_path: Path) -> None:
+    """A site that received the job's model knows it ended: a log without its end (the
+    server hiding it) fails, the receipts beyond the log and the model receipt named."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _running_job(log, receipts)
+    write_receipt(receipts, ModelReceipt(JOB, "alice", "cd" * 32, "ef" * 32, 9),
+                  filename="alice-model.jsonl")
+    report = verify_log(tmp_path / "audit.db", receipts_dir=receipts)
+    assert not report.ok and report.running == [] and report.notes == []
+    assert any("(client 'alice', job 'job-1', model): the log has no model entry (deleted? "
+               "or this log was read before the job ended: fetch it again)" in p
+               for p in report.problems), report.problems
+    assert sum("the log has no round entry for this round" in p for p in report.problems) == 4
+    res = CliRunner().invoke(audit_app, ["verify", "--db", str(tmp_path / "audit.db"),
+                                         "--receipts", str(receipts)])
+    assert res.exit_code == 1 and res.output.splitlines()[-1].startswith("FAILED: ")
+
+
+@pytest.mark.parametrize("forgery", ["edited", "rewritten"])
+def test_a_tampered_entry_of_a_running_job_does_not_verify(tmp_path: Path,
+                                                           forgery: str) -> None:
+    """An entry of a running job's log edited (hash mismatch), or rewritten with every later
+    hash recomputed (round 2's receipts pin the changed chain head): still a problem."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _running_job(log, receipts)
+        if forgery == "edited":
+            sql(log, "UPDATE audit_entries SET payload = :p WHERE seq = 2",
+                p='{"client":"mallory"}')
+        else:
+            rewrite_from(log, 4, {"uploads": {c: upload_digest(b"forged") for c in CLIENTS}})
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.running == [RUNNING]  # the verdict is FAILED all the same
+    expected = ("seq 2 (client_joined): hash mismatch" if forgery == "edited"
+                else "round 2): chain head seen at seq 5 differs")
+    assert any(expected in p for p in report.problems), report.problems

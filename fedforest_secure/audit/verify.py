@@ -17,7 +17,11 @@ and, given a receipts directory, that every receipt agrees with the log
 (see :mod:`fedforest_secure.audit.receipts`) and that the receipts cover each receipted job's
 tail: some receipt pins a chain head at or after the job's last round entry and after its model
 entry (a model receipt does), a model receipt's digest is the logged model's, and a log that lost
-its model entry is named. With ``replay=True`` it also replays each job
+its model entry is named. A job whose chain has not ended (no ``model``, ``job_failed`` or
+``round_aborted`` entry: it was running when the log was read) and of which no receipt is a model
+receipt (a site that holds the model knows it ended) is checked as far as the log goes: its sites'
+receipts of later rounds and its last round not receipted yet are notes, and the report names the
+job in ``running``. With ``replay=True`` it also replays each job
 through the coordinator (:mod:`fedforest_secure.audit.replay`): every logged task digest must be
 the task that follows from the logged configuration and aggregates, and the model digest the
 model they yield.
@@ -56,6 +60,9 @@ class VerifyReport:
     #: a job that failed before any site kept a receipt after it)
     notes: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
+    #: the jobs that have not ended in this log, each as ``job 'j' has not ended in this log
+    #: (...; checked up to seq n, round r)``: verified only as far as the log goes
+    running: list[str] = field(default_factory=list)
     entries_checked: int = 0
     receipts_checked: int = 0
 
@@ -199,14 +206,39 @@ def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
 #: entry kinds a client keeps a receipt of: a job holding one needs a receipt to be checked
 _RECEIPTED = (EntryKind.ROUND.value, EntryKind.MODEL.value)
 
+#: the entries that end a job without a model: a round's abort, or a failure between rounds
+_FAILED = frozenset({EntryKind.ROUND_ABORTED.value, EntryKind.JOB_FAILED.value})
+#: the entries that end a job: the server appends nothing to its chain after one
+_ENDED = _FAILED | {EntryKind.MODEL.value}
+
+
+def _running(chain: Mapping[int, Entry]) -> str | None:
+    """``None`` for a chain that ends its job; else what a verification of it covers, as
+    ``has not ended in this log (...; checked up to seq n, round r)``."""
+    if not chain or any(e.kind in _ENDED for e in chain.values()):
+        return None
+    last = _last(chain, EntryKind.ROUND)
+    where = "before any round" if last is None else f"round {last.round_id}"
+    return (f"has not ended in this log (no model, job_failed or round_aborted entry; "
+            f"checked up to seq {max(chain)}, {where})")
+
+
+@dataclass
+class _ReceiptsCheck:
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    count: int = 0
+    #: the jobs checked as running: not ended in the log, and no model receipt of them
+    running: set[str] = field(default_factory=set)
+
 
 def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | None
-                    ) -> tuple[list[str], list[str], int]:
-    """Problems, notes and the number of receipts checked."""
+                    ) -> _ReceiptsCheck:
+    """Problems, notes, the number of receipts checked, and the jobs checked as running."""
     if not receipts_dir.is_dir():
         what = ("is a file: give the directory that holds the sites' receipts files"
                 if receipts_dir.exists() else "does not exist")
-        return [f"receipts directory {receipts_dir} {what}"], [], 0
+        return _ReceiptsCheck(problems=[f"receipts directory {receipts_dir} {what}"])
     chains: dict[str, dict[int, Entry]] = defaultdict(dict)
     rounds: dict[tuple[str, int], list[Entry]] = defaultdict(list)
     aborted: set[tuple[str, int]] = set()
@@ -223,28 +255,48 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     receipted_by: dict[str, set[str]] = defaultdict(set)  # job -> the sites of its receipts
     elsewhere: dict[str, list[str]] = defaultdict(list)  # receipts of jobs not in the log
     uploaded_to_aborted: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for where, receipt in read_receipts(receipts_dir):
+    received = [(where, r) for where, r in read_receipts(receipts_dir)
+                if isinstance(r, ValueError) or job_id is None or r.job_id == job_id]
+    # a job not ended in its chain is running unless a site holds its model (then the end
+    # is missing: its model receipt names that)
+    modelled = {r.job_id for _, r in received if isinstance(r, ModelReceipt)}
+    running: dict[str, str] = {}
+    for job, chain in chains.items():
+        reach = _running(chain)
+        if reach is not None and job not in modelled:
+            running[job] = reach
+    last_round = {job: max((r for j, r in rounds if j == job), default=-1) for job in running}
+    beyond: dict[str, list[str]] = defaultdict(list)  # running jobs' receipts of later rounds
+    for where, receipt in received:
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
-            continue
-        if job_id is not None and receipt.job_id != job_id:
             continue
         if receipt.job_id not in chains:
             elsewhere[receipt.job_id].append(where)
             continue
-        count += 1
         covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
         receipted_by[receipt.job_id].add(receipt.client)
+        later = (isinstance(receipt, Receipt) and receipt.job_id in running
+                 and receipt.round_id > last_round[receipt.job_id])
+        if later:  # an upload to a round the log does not hold yet
+            beyond[receipt.job_id].append(where)
+            if receipt.seq_seen > max(chains[receipt.job_id]):
+                continue  # it pins a chain head the log does not reach: nothing to check
+        count += 1
         if isinstance(receipt, Receipt) and (receipt.job_id, receipt.round_id) in aborted \
                 and not rounds.get((receipt.job_id, receipt.round_id)):
             uploaded_to_aborted[(receipt.job_id, receipt.round_id)].append(where)
         found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
-                 else _receipt_problems(receipt, chains, rounds, aborted))
+                 else _receipt_problems(receipt, chains, rounds, aborted, open_round=later))
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
     if (receipts_dir / "receipts").is_dir() and (
             not count or any(p.startswith("receipt ") for p in out)):
         out.append(f"{receipts_dir} looks like a client's --state-dir: its receipts are in "
                    f"{receipts_dir / 'receipts'}")
+    for job, wheres in sorted(beyond.items()):
+        notes.append(f"job {job!r} {running[job]}: {len(wheres)} receipt(s) of later rounds "
+                     f"(first {wheres[0]}) go beyond it: the job is still running, or was when "
+                     "the log was downloaded")
     for (job, r), wheres in sorted(uploaded_to_aborted.items()):
         notes.append(f"job {job!r} round {r}: {len(wheres)} receipt(s) of uploads (first "
                      f"{wheres[0]}), and the log says the round was aborted: that no sum of "
@@ -257,14 +309,14 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
                    f"{wheres[0]}){hint}")
     for job in sorted(covered):
         problems, noted = _tail_problems(job, chains.get(job, {}), covered[job],
-                                         receipted_by[job])
+                                         receipted_by[job], running.get(job))
         out.extend(problems)
         notes.extend(noted)
     for job in sorted(set(chains) - set(covered)):
         if any(e.kind in _RECEIPTED for e in chains[job].values()):
             out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
                        "rounds and model are unreceipted (a rewritten chain would verify)")
-    return out, notes, count
+    return _ReceiptsCheck(out, notes, count, set(running))
 
 
 def _dropped_at(chain: Mapping[int, Entry]) -> dict[str, int]:
@@ -284,18 +336,17 @@ def _last(chain: Mapping[int, Entry], kind: EntryKind) -> Entry | None:
                default=None)
 
 
-#: the entries that end a job without a model: a round's abort, or a failure between rounds
-_FAILED = frozenset({EntryKind.ROUND_ABORTED.value, EntryKind.JOB_FAILED.value})
-
-
 def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int,
-                   sites: Set[str] = frozenset()) -> tuple[list[str], list[str]]:
+                   sites: Set[str] = frozenset(), running: str | None = None
+                   ) -> tuple[list[str], list[str]]:
     """A job's last round and its model entry must lie within a chain head some client
     receipted: otherwise they could be rewritten (with every hash after them) unnoticed. A
     job that failed before any site kept a receipt after its last round cannot have one:
-    that is a note (no model came out of it), not a problem. So is the tail after the drop
-    of every site whose receipts are checked (``sites``): a dropped site checking its own
-    receipts cannot vouch for what came after it; the other sites' receipts can."""
+    that is a note (no model came out of it), not a problem. So is a job still running in
+    this log (``running`` says how far it goes): the sites receipt its last round with their
+    next uploads. So is the tail after the drop of every site whose receipts are checked
+    (``sites``): a dropped site checking its own receipts cannot vouch for what came after
+    it; the other sites' receipts can."""
     out: list[str] = []
     gone = _dropped_at(chain)
     if sites and sites <= set(gone):
@@ -316,6 +367,11 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int,
             return out, [f"job {job!r} failed ({failed.label}) before any site kept a receipt "
                          f"after its last round ({last_round.label}): that round's aggregate "
                          "is vouched for by the chain only"]  # the server's word
+        if running is not None:
+            return out, [f"job {job!r} {running}: its last round ({last_round.label}) is "
+                         f"covered by no receipt yet (the receipts pin the chain up to seq "
+                         f"{covered}): the sites' next uploads or their model receipts "
+                         "cover it"]
         out.append(f"job {job!r}: the last round ({last_round.label}) is covered by no receipt "
                    f"(the receipts pin the chain up to seq {covered}): its aggregate and "
                    "everything after it are unreceipted")
@@ -340,7 +396,9 @@ def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[
                    f"{seen.label} (log rewritten)")
     model = next((e for e in chain.values() if e.kind == EntryKind.MODEL.value), None)
     if model is None:
-        out.append("the log has no model entry (deleted?), yet the client received model "
+        why = ("deleted? or this log was read before the job ended: fetch it again"
+               if receipt.seq_seen > max(chain, default=0) else "deleted?")
+        out.append(f"the log has no model entry ({why}), yet the client received model "
                    f"{receipt.model_digest[:16]}...")
         return out
     try:
@@ -358,7 +416,9 @@ def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[
 
 def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],
                       rounds: Mapping[tuple[str, int], Sequence[Entry]],
-                      aborted: Set[tuple[str, int]]) -> list[str]:
+                      aborted: Set[tuple[str, int]], *, open_round: bool = False) -> list[str]:
+    """``open_round``: the receipt's round is after every round of a job still running in
+    this log, so the log holds no round entry for it yet (its chain head is still checked)."""
     chain = chains.get(receipt.job_id)
     if chain is None:
         return ["the job is not in the log"]
@@ -372,8 +432,8 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
                        f"{seen.label} (log rewritten)")
     candidates = rounds.get((receipt.job_id, receipt.round_id), [])
     if not candidates:
-        if (receipt.job_id, receipt.round_id) not in aborted:  # aborted: no sum to list it
-            out.append("the log has no round entry for this round")
+        if (receipt.job_id, receipt.round_id) not in aborted and not open_round:
+            out.append("the log has no round entry for this round")  # aborted: no sum to list
         return out
     listed = []
     for entry in candidates:
@@ -416,11 +476,18 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
         report.problems.extend(_check_arrays(log, entries, job_id))
         if job_id is not None and not entries:
             report.problems.append(f"job {job_id!r} is not in the log")
+        chains: dict[str, dict[int, Entry]] = defaultdict(dict)
+        for entry in entries:
+            chains[entry.job_id].setdefault(entry.seq, entry)
+        running = set(chains)
         if receipts_dir is not None:
-            found, notes, report.receipts_checked = _check_receipts(
-                entries, Path(receipts_dir), job_id)
-            report.problems.extend(found)
-            report.notes.extend(notes)
+            check = _check_receipts(entries, Path(receipts_dir), job_id)
+            report.problems.extend(check.problems)
+            report.notes.extend(check.notes)
+            report.receipts_checked = check.count
+            running = check.running
+        report.running = [f"job {job!r} {what}" for job in sorted(running)
+                          if (what := _running(chains[job])) is not None]
         if replay:
             from .replay import replay_job
 
