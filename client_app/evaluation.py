@@ -12,8 +12,12 @@ job that failed before its sum was released) deletes that job's line.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +26,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, RefusedRequest
 from fedforest_secure.evaluation.worker import EvalWorker
 from fedforest_secure.federation import client_seed
-from fedforest_secure.files import write_atomic
+from fedforest_secure.files import append_line, write_atomic
 from fedforest_secure.protocol import Reply, Task
 from fedforest_secure.worker import Worker
 
@@ -58,7 +62,26 @@ class EvalLedger:
         digests) on ``rows``, or had this site send the same statistics for a model
         (``statistics``: digests of the noise-free per-model statistics; the same forest in
         a re-formatted or renamed file gives the same ones); else record this job (once;
-        ``record=False``: only the check)."""
+        ``record=False``: only the check).
+
+        The check and the record are one step under the ledger's lock (``.evaluations.lock``
+        beside it): clients of two evaluation jobs sharing the state directory can neither
+        both pass the check for one model nor lose each other's lines."""
+        with self._locked():
+            self._check_and_record(job, models, rows, record=record, statistics=statistics)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # a file of its own: the ledger itself is replaced when a job's line is rewritten
+        fd = os.open(self.path.with_name(".evaluations.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
+                          record: bool, statistics: tuple[str, ...]) -> None:
         mine = False
         for e in self._entries():
             if e.get("rows") != rows:
@@ -92,8 +115,7 @@ class EvalLedger:
                 write_atomic(self.path, "".join(f"{line}\n" for line in others)
                              + json.dumps(entry, sort_keys=True) + "\n")
             else:
-                with self.path.open("a") as fh:
-                    fh.write(json.dumps(entry, sort_keys=True) + "\n")
+                append_line(self.path, json.dumps(entry, sort_keys=True))
 
 
 class LedgeredEvalWorker:

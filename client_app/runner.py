@@ -48,7 +48,7 @@ from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
 from .secagg_session import identity_key, post_refusal
-from .state import ClientState
+from .state import ClientState, check_job_name, holding_output
 from .transport import ApiRejected, Transport
 
 __all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE", "TableChanged",
@@ -102,6 +102,7 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     if opts.data is None and opts.eval_data is None:
         raise FedForestError("give the site's table (--data) or its held-out rows "
                              "(--eval-data)")
+    check_job_name(opts.job)
     # a path that names no file (or one this process may not read) is a slip of this site's,
     # not a table that does not fit the job: said before anything is sent (the server would
     # be told "table")
@@ -136,7 +137,12 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         import fedforest_secure.privacy.dp  # noqa: F401
     log = log or SiteLog()
     state = ClientState(opts.state_dir)
-    with state.locked():
+    with contextlib.ExitStack() as held:
+        # one client per job in a state directory (clients of other jobs share it), and one
+        # client per model file: checked before anything is sent, held until this one ends
+        held.enter_context(state.locked(opts.job))
+        if opts.model_out is not None:
+            held.enter_context(holding_output(opts.model_out, opts.job))
         tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
                        retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,
                        on_wait=log.info)

@@ -1,5 +1,7 @@
 """Files written whole or not at all: a crash (or a full disk) while a model, a result or a
-key is written leaves the file as it was, never a part of the new one."""
+key is written leaves the file as it was, never a part of the new one. Lines appended to a
+log that several processes share (a site's receipts) are each whole and on a line of their
+own."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["replacing", "write_atomic"]
+__all__ = ["append_line", "replacing", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -54,3 +56,22 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o666) -> N
             _write_all(fd, raw)
         finally:
             os.close(fd)
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` (made if missing) as one write, under an
+    exclusive lock of the file: lines from processes appending at once never interleave
+    (nor on a file system where ``O_APPEND`` alone does not keep them apart). After a torn
+    last line (a writer that died mid-line) the new line starts a line of its own."""
+    import fcntl  # POSIX: the site's client; the estimators import this module everywhere
+
+    raw = line.encode("utf-8") + b"\n"
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            raw = b"\n" + raw
+        _write_all(fd, raw)
+    finally:
+        os.close(fd)  # releases the lock

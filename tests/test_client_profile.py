@@ -219,43 +219,128 @@ def test_an_unwritable_out_or_state_dir_fails_before_anything_is_sent(
         runner.run_client(opts)
 
 
-def test_a_second_client_on_the_same_state_dir_stops_before_anything_is_sent(
+def test_a_second_client_of_the_same_job_on_the_same_state_dir_stops_before_anything_is_sent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A site started twice: the second process would answer the open secure round without
-    the round's keys and get the site dropped. It stops instead, naming the first one."""
+    """A site started twice for one job: the second process would answer the open secure
+    round without the round's keys and get the site dropped. It stops instead, naming the
+    job and the first one."""
     opts = _no_transport(tmp_path, monkeypatch)
     first = ClientState(opts.state_dir)
-    with first.locked():
-        with pytest.raises(FedForestError, match=r"another client in this process is using "
-                                                 r"--state-dir"):
+    with first.locked(JOB):
+        with pytest.raises(FedForestError, match=re.escape(
+                f"another client in this process is running job {JOB} with --state-dir "
+                f"{opts.state_dir}: a site runs one client per job")):
             runner.run_client(opts)
     # once the first one has stopped, the directory is free again
     with pytest.raises(AssertionError, match="a transport was opened"):
         runner.run_client(opts)
 
 
-def test_the_state_dir_lock_names_the_process_that_holds_it(tmp_path: Path) -> None:
-    """A client in another process holds the directory: the message names its pid; once it
-    has exited (its lock dies with it) the directory is free."""
-    script = ("import sys, time\n"
-              "from pathlib import Path\n"
-              "from client_app.state import ClientState\n"
-              "with ClientState(Path(sys.argv[1])).locked():\n"
-              "    print('held', flush=True)\n"
-              "    time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "state")],
-                              stdout=subprocess.PIPE, env=child_env())
+def test_clients_of_different_jobs_share_a_state_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site in two jobs at once runs two clients on one state directory (the default
+    included): the second one goes on to the server while the first holds its own job."""
+    opts = _no_transport(tmp_path, monkeypatch)
+    with ClientState(opts.state_dir).locked("another-job"):
+        with pytest.raises(AssertionError, match="a transport was opened"):
+            runner.run_client(opts)
+
+
+def test_a_job_name_that_is_no_file_name_is_refused_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job names the client's lock file (and its table digest, key and model): a name
+    the server cannot have given a job is a slip, said before anything is sent."""
+    opts = dataclasses.replace(_no_transport(tmp_path, monkeypatch), job="../j")
+    with pytest.raises(FedForestError, match=re.escape("--job '../j' is not a job name")):
+        runner.run_client(opts)
+    assert not (tmp_path / "client-..").exists() and not list(tmp_path.glob("*.lock"))
+
+
+_HOLD_STATE = ("import sys, time\n"
+               "from pathlib import Path\n"
+               "from client_app.state import ClientState\n"
+               "with ClientState(Path(sys.argv[1])).locked(sys.argv[2]):\n"
+               "    print('held', flush=True)\n"
+               "    time.sleep(60)\n")
+
+
+def _holder(script: str, *args: str) -> subprocess.Popen[bytes]:
+    """A process that runs ``script`` with ``args`` and holds what it took until killed."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            env=child_env())
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"held":
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the holder exited with {proc.returncode} before holding")
+    return proc
+
+
+def test_the_state_dir_lock_names_the_job_and_the_process_that_holds_it(
+        tmp_path: Path) -> None:
+    """A client of the job in another process holds the directory: the message names the job
+    and its pid, a client of another job shares the directory meanwhile; once the holder has
+    exited (its lock dies with it) the job is free."""
+    holder = _holder(_HOLD_STATE, str(tmp_path / "state"), JOB)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
         with pytest.raises(FedForestError, match=rf"another client process \(pid "
-                                                 rf"{holder.pid}\) is using --state-dir"):
-            with ClientState(tmp_path / "state").locked():
+                                                 rf"{holder.pid}\) is running job {JOB} with "
+                                                 r"--state-dir"):
+            with ClientState(tmp_path / "state").locked(JOB):
                 pass
+        with ClientState(tmp_path / "state").locked("job-q"):  # another job, meanwhile
+            pass
     finally:
         holder.kill()
         holder.communicate()
-    with ClientState(tmp_path / "state").locked():
+    with ClientState(tmp_path / "state").locked(JOB):
         pass
+
+
+_HOLD_OUT = ("import sys, time\n"
+             "from pathlib import Path\n"
+             "from client_app.state import holding_output\n"
+             "with holding_output(Path(sys.argv[1]), sys.argv[2]):\n"
+             "    print('held', flush=True)\n"
+             "    time.sleep(60)\n")
+
+
+def test_a_second_client_writing_the_same_out_stops_before_anything_is_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two clients (here of different jobs, with their own state directories) that name one
+    --out would overwrite each other's model and both say it was saved: the second stops,
+    naming the job and the pid of the first; another --out is free, and so is the same file
+    once the first client has ended (a rerun overwrites it)."""
+    out = tmp_path / "model.json"
+    opts = dataclasses.replace(_no_transport(tmp_path, monkeypatch), model_out=out)
+    holder = _holder(_HOLD_OUT, str(out), "job-q")
+    try:
+        with pytest.raises(FedForestError, match=re.escape(
+                f"--out {out} is being written by another client process (pid {holder.pid}, "
+                "job job-q)")):
+            runner.run_client(opts)
+        with pytest.raises(AssertionError, match="a transport was opened"):
+            runner.run_client(dataclasses.replace(opts, model_out=tmp_path / "other.json"))
+    finally:
+        holder.kill()
+        holder.communicate()
+    with pytest.raises(AssertionError, match="a transport was opened"):
+        runner.run_client(opts)
+
+
+def test_the_out_lock_sees_one_file_through_another_spelling_of_its_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sub/../model.json`` and ``model.json`` are one file: held by a client of this
+    process, the second is refused."""
+    from client_app.state import holding_output
+
+    (tmp_path / "sub").mkdir()
+    opts = dataclasses.replace(_no_transport(tmp_path, monkeypatch),
+                               model_out=tmp_path / "sub" / ".." / "model.json")
+    with holding_output(tmp_path / "model.json", "job-q"):
+        with pytest.raises(FedForestError, match=re.escape(
+                "is being written by another client in this process (job job-q)")):
+            runner.run_client(opts)
 
 
 @pytest.mark.parametrize("option", ["data", "schema", "eval_data"])

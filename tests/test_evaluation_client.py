@@ -178,3 +178,37 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
         runner._run(opts, Offering(), state, None, None,  # type: ignore[arg-type]
                     SiteLog(stream=io.StringIO()), None, held)
     assert sent[1:] == [("POST", "/v1/jobs/ev-2/decline", {"reason": "evaluated_before"})]
+
+
+_RECORD = """\
+import sys
+from client_app.evaluation import EvalLedger
+root, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ledger = EvalLedger(root)
+for i in range(n):
+    if who == "a":  # one job's line, rewritten with each of its statistics
+        ledger.check_and_record("ev-a", ("m-a",), "rows", statistics=(f"s{i}",))
+    else:  # a new job's line each time
+        ledger.check_and_record(f"ev-b{i}", (f"m-b{i}",), "rows")
+"""
+
+
+def test_two_evaluation_clients_recording_at_once_lose_no_line_of_the_ledger(
+        tmp_path: Path) -> None:
+    """Two clients of evaluation jobs share the site's state directory: one rewrites its
+    job's line while the other appends new ones; no job's line is lost (a lost line would let
+    a later job score that model on those rows again)."""
+    import json
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+
+    n = 150
+    procs = [subprocess.Popen([sys.executable, "-c", _RECORD, str(tmp_path), who, str(n)],
+                              env=child_env()) for who in ("a", "b")]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    lines = (tmp_path / "evaluations.jsonl").read_text().splitlines()
+    jobs = sorted(json.loads(line)["job"] for line in lines)
+    assert jobs == sorted(["ev-a"] + [f"ev-b{i}" for i in range(n)])

@@ -95,3 +95,45 @@ def test_a_state_directory_made_by_the_client_is_owner_only_and_an_existing_one_
     state.write_secret("identity-j.ed25519", b"a" * 32)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
     assert stat.S_IMODE((shared / "identity-j.ed25519").stat().st_mode) == 0o600
+
+
+_APPEND_RECEIPTS = """\
+import sys
+from fedforest_secure.audit import Receipt, write_receipt
+folder, job, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for r in range(1, n + 1):
+    write_receipt(folder, Receipt(job_id=job, round_id=r, client="site-a",
+                                  upload_digest=f"{r:064x}", chain_head_seen="ab" * 32,
+                                  seq_seen=r))
+"""
+
+
+def test_two_clients_appending_receipts_at_once_keep_every_line_whole(tmp_path: Path) -> None:
+    """Two clients of one site (two jobs, one state directory) append to the site's one
+    receipt file at the same time: every receipt of both is there, each on a line of its own."""
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+    from fedforest_secure.audit import read_receipts
+
+    n = 400
+    procs = [subprocess.Popen([sys.executable, "-c", _APPEND_RECEIPTS, str(tmp_path), job,
+                               str(n)], env=child_env()) for job in ("job-a", "job-b")]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    read = [rec for _, rec in read_receipts(tmp_path)]
+    assert not [rec for rec in read if isinstance(rec, ValueError)]
+    got = sorted((rec.job_id, getattr(rec, "round_id", 0)) for rec in read)
+    assert got == sorted((job, r) for job in ("job-a", "job-b") for r in range(1, n + 1))
+
+
+def test_an_append_after_a_torn_line_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    """A client that died in the middle of a line (a full disk, a kill) leaves it torn: the
+    next line appended is still whole, not glued to the torn one."""
+    path = tmp_path / "receipts.jsonl"
+    path.write_text('{"whole": 1}\n{"torn": ')
+    files.append_line(path, '{"next": 2}')
+    assert path.read_text().splitlines() == ['{"whole": 1}', '{"torn": ', '{"next": 2}']
+    files.append_line(tmp_path / "new.jsonl", '{"first": 1}')
+    assert (tmp_path / "new.jsonl").read_text() == '{"first": 1}\n'

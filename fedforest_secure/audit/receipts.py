@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import append_line
 from .entry import GENESIS, is_hex_digest
 
 __all__ = ["ModelReceipt", "Receipt", "read_receipts", "upload_digest", "write_receipt"]
@@ -133,8 +134,8 @@ def write_receipt(directory: str | Path, receipt: Receipt | ModelReceipt, *,
     if Path(name).name != name or not name.endswith(".jsonl"):
         raise ValueError(f"bad receipt file name {name!r}")
     path = folder / name
-    with path.open("a", encoding="utf-8") as fp:
-        fp.write(json.dumps(receipt.to_json(), sort_keys=True) + "\n")
+    # one file for all the site's jobs, whose clients may append at the same time
+    append_line(path, json.dumps(receipt.to_json(), sort_keys=True))
     return path
 
 
