@@ -28,7 +28,7 @@ from .state import ClientState
 from .transport import Transport
 
 __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
-           "Watch", "dropped_detail", "job_status_briefly", "parse_as"]
+           "Watch", "dropped_detail", "ended", "job_status_briefly", "parse_as"]
 
 #: What a client restarted in the middle of a secure round is told (its round keys were in the
 #: memory of the process that died, so it cannot answer that round's steps).
@@ -203,6 +203,14 @@ def job_status_briefly(tr: Transport, job: str) -> JobStatus | None:
             return JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
     except (ValidationError, FedForestError, OSError, ValueError):
         return None
+
+
+def ended(status: str, detail: str) -> str:
+    """How a job ended for this site, in one phrase: its status and the detail, or the
+    detail alone where it says the status itself ("this site was dropped from job ...")."""
+    if detail.startswith(f"this site was {status}"):
+        return detail
+    return f"{status} {detail}".rstrip()
 
 
 def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:

@@ -40,6 +40,7 @@ from .context import (
     RunContext,
     Watch,
     dropped_detail,
+    ended,
     job_status_briefly,
     parse_as,
 )
@@ -267,7 +268,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         log.info(f"job {job} done: {kind} saved to {out} "
                  f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
     else:
-        log.warn(f"job {job} ended: {result.status} {result.detail}")
+        log.warn(f"job {job} ended: {ended(result.status, result.detail)}")
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
     stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,

@@ -88,6 +88,7 @@ def client(
 
     Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
     (waiting for the server or for other sites, each level, dropped sites)."""
+    from client_app.context import ended
     from client_app.runner import ClientOptions, run_client
 
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
@@ -115,7 +116,7 @@ def client(
                           "sites remain", soft_wrap=True)  # one line off a terminal too
         raise typer.Exit(code) from None
     if res.status != "done":
-        console.print(f"[yellow]job ended: {res.status}[/yellow] {escape(res.detail)}",
+        console.print(f"[yellow]job ended:[/yellow] {escape(ended(res.status, res.detail))}",
                       soft_wrap=True)
         raise typer.Exit(3)
 

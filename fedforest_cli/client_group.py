@@ -26,6 +26,7 @@ PATH_FIELDS = ("data", "schema", "ca", "cert", "key", "state_dir", "model_out")
 
 def run_group(spec_path: Path) -> int:
     """Run every site of ``spec_path`` as a thread; 0 if all end ``done``, else 1."""
+    from client_app.context import ended
     from client_app.runner import ClientOptions, run_client
 
     results: list[str] = []
@@ -40,7 +41,7 @@ def run_group(spec_path: Path) -> int:
             status, detail = "error", repr(exc)
         results.append(status)
         if status != "done":
-            print(f"site {paths['state_dir'].name}: {status} {detail} (after "
+            print(f"site {paths['state_dir'].name}: {ended(status, detail)} (after "
                   f"{time.monotonic() - started:.0f} s)", flush=True)
 
     threads = [threading.Thread(target=one, args=(d,))

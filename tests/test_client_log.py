@@ -295,3 +295,28 @@ def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> N
     reason = "HTTP 500: the server failed: FedForestError: disk full"
     assert len(told) == 1 and reason in told[0]
     assert reason in str(err.value) and "its log says why" in str(err.value)
+
+
+@pytest.mark.parametrize(("status", "detail", "line"), [
+    ("dropped", "this site was dropped from job spaceL (this client was dropped at round 8); "
+                "the job went on without it",
+     "job ended: this site was dropped from job spaceL (this client was dropped at round 8); "
+     "the job went on without it"),
+    ("failed", "round 6: secure aggregation aborted",
+     "job ended: failed round 6: secure aggregation aborted"),
+])
+def test_the_client_commands_last_line_says_how_the_job_ended_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, detail: str,
+        line: str) -> None:
+    """A dropped site's last line says it was dropped once, not the status and then a detail
+    that starts with the same words; a failed job's line keeps its status and reason."""
+    from client_app import runner
+    from client_app.context import ClientResult
+
+    monkeypatch.setattr(runner, "run_client",
+                        lambda opts: ClientResult(status=status, detail=detail))
+    res = CliRunner().invoke(app, [
+        "client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", "spaceL",
+        "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml")])
+    assert res.exit_code == 3, res.output
+    assert res.output.splitlines()[-1] == line

@@ -209,6 +209,9 @@ def test_a_restarted_secure_client_says_it_cannot_rejoin_the_open_round(
     assert res.detail.startswith(f"this site was dropped from job {JOB} ({RESTARTED_SECURE}); ")
     assert says in res.detail, res.detail
     assert RESTARTED_SECURE in out.getvalue() and "stage" not in out.getvalue()
+    # the site's last log line says "dropped" once (not "ended: dropped this site was dropped")
+    last = out.getvalue().splitlines()[-1]
+    assert last.endswith(f"warning: job {JOB} ended: {res.detail}"), last
     # after the join: GETs, and the refusal of round 28 (a code, nothing else)
     posts = [path for method, path in tr.sent[2:] if method != "GET"]
     assert posts == [f"/v1/jobs/{JOB}/rounds/28/secagg/refuse"]
