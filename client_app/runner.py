@@ -49,7 +49,7 @@ from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
 from .secagg_session import identity_key, post_refusal
-from .state import ClientState, check_job_name, holding_output
+from .state import ClientState, check_job_name, holding_output, make_state_dir
 from .transport import ApiRejected, Transport
 
 __all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE", "TableChanged",
@@ -346,7 +346,7 @@ def _check_outputs(opts: ClientOptions) -> None:
     """The model file and the state directory can be written: checked before joining, not
     when a job of hours ends."""
     try:
-        opts.state_dir.mkdir(parents=True, exist_ok=True)
+        make_state_dir(opts.state_dir)
         with tempfile.NamedTemporaryFile(dir=opts.state_dir, prefix=".fedforest-check-"):
             pass
     except OSError as exc:

@@ -17,7 +17,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import append_line, write_atomic
 from fedforest_secure.protocol.api import NAME_PATTERN
 
-__all__ = ["ClientState", "check_job_name", "holding_output"]
+__all__ = ["ClientState", "check_job_name", "holding_output", "make_state_dir"]
 
 #: the locks this process's clients hold: (state directory, job) and output files (to say
 #: that the holder is a client of this process)
@@ -91,18 +91,23 @@ def holding_output(out: Path, job: str) -> Iterator[None]:
             _HELD_OUT.discard(target)
 
 
+def make_state_dir(root: Path) -> Path:
+    """``root``, made owner-only (0700) if it does not exist. A directory the user gave that
+    exists keeps its mode (a working directory or a shared folder); the secrets in it are 0600
+    each."""
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+    return root
+
+
 class ClientState:
     """A directory of append-only receipts, one JSON object per line, and the secrets and
     records of each job the site takes part in. Clients of different jobs may share it (a
     site in two jobs at once); each job has one client at a time."""
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
-            # made here: owner only. A directory the user gave that exists keeps its mode (a
-            # working directory or a shared folder); the secrets in it are 0600 each
-            self.root.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.root, 0o700)
+        self.root = make_state_dir(Path(root))
 
     @contextlib.contextmanager
     def locked(self, job: str) -> Iterator[None]:

@@ -137,3 +137,14 @@ def test_an_append_after_a_torn_line_starts_a_line_of_its_own(tmp_path: Path) ->
     assert path.read_text().splitlines() == ['{"whole": 1}', '{"torn": ', '{"next": 2}']
     files.append_line(tmp_path / "new.jsonl", '{"first": 1}')
     assert (tmp_path / "new.jsonl").read_text() == '{"first": 1}\n'
+
+
+def test_the_clients_output_check_makes_a_new_state_directory_owner_only(tmp_path: Path) -> None:
+    """The check before joining makes a missing --state-dir: 0700, as ClientState makes it."""
+    import types
+
+    from client_app import runner
+
+    runner._check_outputs(types.SimpleNamespace(state_dir=tmp_path / "new" / "state",
+                                                model_out=None))
+    assert stat.S_IMODE((tmp_path / "new" / "state").stat().st_mode) == 0o700
