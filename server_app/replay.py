@@ -121,6 +121,9 @@ class Runtimes:
                 rt.open_task(task)
                 if rt.secure is not None:
                     self._resume_secure(rt, sess, rr, task)
+                # every profile: the open round goes on where it was
+                event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id,
+                      phase=rr.phase)
                 break
             total = np.frombuffer(rr.aggregate or b"", dtype="<f8").copy()
             contributors = [int(i) for i in json.loads(rr.contributors_json or "[]")]
@@ -164,4 +167,3 @@ class Runtimes:
             dropped=dropped_members(sess, rt.job_id) & set(asked),
             refused=msgs.get("refuse", {}))
         bridge.resume(task, asked, stored, rt.words())
-        event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id, phase=rr.phase)

@@ -269,3 +269,5 @@ def test_server_restart_mid_job_gives_the_same_model(tmp_path: Path, tiny_parts,
     assert codes == [0, 0, 0]
     got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
     assert trees(got) == trees(reference(fed))
+    # the open profile's job resumed in the round it was in, and the log says so
+    assert "event=resume job=job-a round=" in (fed.root / "server.log").read_text()

@@ -480,6 +480,26 @@ def test_a_finished_job_keeps_no_coordinator_in_memory(tmp_path: Path, tiny_part
     db.dispose()
 
 
+def test_a_restarted_server_logs_the_resume_of_an_open_job_with_its_round_and_phase(
+        tmp_path: Path, tiny_parts, job_dir, caplog: pytest.LogCaptureFixture) -> None:
+    """The open profile resumes after a restart as the secure ones do, and says so: one
+    ``event=resume`` line with the open round and its phase when the job is rebuilt."""
+    db, tokens, state = _one_job(tmp_path, *tiny_parts, job_dir)
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        for t in tokens:
+            assert http.post("/v1/jobs/job-a/join", headers=auth(t)).status_code == 200
+    with db.session() as s:
+        round_id = s.get(JobRow, "job-a").current_round
+    assert round_id >= 0
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    restarted = ServerState(db, NullAudit())  # a new process: nothing loaded
+    restarted.tick()  # the deadline tick rebuilds the running job
+    restarted.tick()
+    lines = [r.getMessage() for r in caplog.records if "event=resume" in r.getMessage()]
+    assert lines == [f"event=resume job=job-a round={round_id} phase=upload"], lines
+    db.dispose()
+
+
 def test_a_job_whose_stored_rounds_no_longer_replay_fails_once_with_the_reason(
         tmp_path: Path, tiny_parts, job_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     """A restarted server rebuilds a running job from its stored rounds; a stored round the
