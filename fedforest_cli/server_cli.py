@@ -1,4 +1,5 @@
-"""``fedforest server``: run the federation server, register institutions, create jobs."""
+"""``fedforest server``: run the federation server, register institutions, create and cancel
+jobs."""
 
 from __future__ import annotations
 
@@ -149,6 +150,29 @@ def create_job_cmd(config: ConfigOpt,
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
                   f"(min_clients = {row.min_clients}, round deadline "
                   f"{row.round_deadline_s:.0f}s)")
+
+
+@server_cli.command("cancel-job")
+def cancel_job_cmd(config: ConfigOpt,
+                   job: Annotated[str, typer.Option("--job", "-j", help="the job's id")],
+                   wait: Annotated[float, typer.Option(
+                       min=0, help="seconds to wait for the running server to cancel it")
+                   ] = 60.0) -> None:
+    """Cancel a waiting or running job: it fails with the reason "cancelled by the operator".
+
+    The command records the request in the database and the running server fails the job at
+    its next check (every 5 ticks): its audit chain ends with its job_failed entry, its sites
+    are told at their next poll, and `prune --job` may then delete its rounds. With no server
+    running the command fails the job itself (the config's audit_database must hold the job's
+    chain)."""
+    from server_app.cancel import CANCELLED, CancelError
+
+    out = _admin_does(config, lambda admin: admin.cancel_job(job, wait_s=wait), existing=True)
+    if out.reason != CANCELLED:  # it finished on its own meanwhile
+        fail(CancelError(f"job {job!r} finished before it was cancelled: it is {out.status}"
+                         + (f" ({out.reason})" if out.reason else "")))
+    console.print(f"job [bold]{escape(job)}[/bold] cancelled: it failed with the reason "
+                  f"{out.reason!r}; its sites are told at their next poll")
 
 
 @server_cli.command("prune")

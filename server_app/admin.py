@@ -1,8 +1,8 @@
 """Operator actions on a server's database from outside the server process.
 
-``fedforest server add-client | create-job | status`` and ``fedforest simulate`` use these to
-register institutions, create jobs and follow a job while the server runs on the same database;
-nothing outside :mod:`server_app` reads its tables.
+``fedforest server add-client | create-job | cancel-job | status`` and ``fedforest simulate``
+use these to register institutions, create, cancel and follow jobs while the server runs on the
+same database; nothing outside :mod:`server_app` reads its tables.
 """
 
 from __future__ import annotations
@@ -14,17 +14,22 @@ from types import TracebackType
 
 from sqlalchemy import select
 
+from fedforest_secure.audit.log import to_url
+from fedforest_secure.dburl import shown_url
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
 from .auth import add_client, add_operator, remove_operator, revoke_client, rotate_token
-from .db import Database, JobRow, RoundRow
+from .cancel import CancelError, cancellable, request_cancel
+from .db import AuditedJobRow, Database, JobRow, RoundRow
 from .jobcheck import check_job
 from .jobspec import JobSpec
+from .lease import ServerLease, holder
+from .phases import JobStatus
 from .retention import Pruned, prune
 from .runtime import ServerState
 from .serve import spool_dir
-from .settings import ServerSettings
+from .settings import ConfigError, ServerSettings
 from .status import job_status
 
 __all__ = ["JobSummary", "RoundSummary", "ServerAdmin"]
@@ -105,6 +110,65 @@ class ServerAdmin:
             self._audit = open_audit(self._audit_url)
         row = ServerState(self._db, self._audit).create_job(checked.spec)
         return JobSummary._of(row, tuple(checked.notes))
+
+    def cancel_job(self, job_id: str, *, wait_s: float = 30.0) -> JobSummary:
+        """Cancel a waiting or running job (:mod:`server_app.cancel`): the server that serves
+        the database fails it, within ``wait_s`` seconds, or :class:`CancelError` says it did
+        not (the request stays, for the server to apply). With no server on the database this
+        process takes its lease and fails the job itself."""
+        with self._db.session() as sess:
+            cancellable(sess, job_id)  # no such job, or finished: nothing is recorded
+        if holder(self._db) is None:
+            lease = ServerLease(self._db, 0)
+            try:
+                lease.acquire()
+            except ConfigError:  # a server took the database at this moment: it cancels
+                pass
+            else:
+                try:
+                    return self._cancel_here(job_id)
+                finally:
+                    lease.release()
+        request_cancel(self._db, job_id, time.time())
+        until = time.monotonic() + wait_s
+        while True:
+            job = self.job(job_id)
+            if job is None:
+                raise RuntimeError(f"job {job_id!r} vanished")
+            if job.status not in (JobStatus.WAITING, JobStatus.RUNNING):
+                return job
+            if time.monotonic() >= until:
+                serving = holder(self._db)
+                who = ("the server" if serving is None else
+                       f"the server (pid {serving.pid} on {serving.host}, port {serving.port})")
+                raise CancelError(
+                    f"{who} has not cancelled job {job_id!r} within {wait_s:.0f} s; the "
+                    "request stays recorded and the server applies it at its next check "
+                    "(`fedforest server status` shows the job failed then)")
+            time.sleep(0.2)
+
+    def _cancel_here(self, job_id: str) -> JobSummary:
+        """Fail ``job_id`` as cancelled in this process, which holds the database's lease.
+        Its ``job_failed`` entry must end its chain, so this config's audit log must hold
+        that chain (a server's start checks the same)."""
+        if self._audit is None:
+            self._audit = open_audit(self._audit_url)
+        with self._db.session() as sess:
+            began_audited = sess.get(AuditedJobRow, job_id) is not None
+        if self._audit.enabled and self._audit.tip(job_id)[0] == 0:
+            shown = shown_url(to_url(self._audit_url)) if self._audit_url else "?"
+            raise CancelError(f"the audit log at {shown} has none of job {job_id!r}'s entries "
+                              "(it began on another audit_database, or none): cancel it with "
+                              "the server config that names the audit_database it began with")
+        if not self._audit.enabled and began_audited:
+            raise CancelError(f"job {job_id!r} began with an audit log and this server config "
+                              "has no audit_database: cancel it with the server config that "
+                              "names the audit_database it began with")
+        ServerState(self._db, self._audit, spool=spool_dir(self._db.url)).cancel(job_id)
+        job = self.job(job_id)
+        if job is None:
+            raise RuntimeError(f"job {job_id!r} vanished")
+        return job
 
     def job(self, job_id: str) -> JobSummary | None:
         with self._db.session() as sess:

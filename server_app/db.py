@@ -35,6 +35,7 @@ from .settings import ConfigError
 __all__ = [
     "AuditedJobRow",
     "Base",
+    "CancelRow",
     "ClientRow",
     "Database",
     "JobRow",
@@ -97,6 +98,16 @@ class AuditedJobRow(Base):
 
     __tablename__ = "audited_jobs"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+
+
+class CancelRow(Base):
+    """An operator's request to cancel a job (``fedforest server cancel-job``), kept until the
+    server that serves this database applies it (:mod:`server_app.cancel`; its own table:
+    databases made before it gain it without a migration)."""
+
+    __tablename__ = "cancel_requests"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    requested_at: Mapped[float] = mapped_column(Float)
 
 
 class MemberRow(Base):

@@ -25,7 +25,7 @@ from .db import Database, LeaseRow
 from .logs import event
 from .settings import ConfigError
 
-__all__ = ["LEASE_S", "ServerLease"]
+__all__ = ["LEASE_S", "ServerLease", "holder"]
 
 #: a lease not renewed for this many seconds is free
 LEASE_S = 15.0
@@ -47,6 +47,19 @@ def _running_here(host: str, pid: int) -> bool:
     return True
 
 
+def _held(row: LeaseRow, now: float) -> bool:
+    """Whether ``row``'s server still holds the lease: renewed within ``LEASE_S`` seconds by a
+    process that, on this host, still runs."""
+    return now - row.renewed_at < LEASE_S and _running_here(row.host, row.pid)
+
+
+def holder(db: Database, clock: Callable[[], float] = time.time) -> LeaseRow | None:
+    """The lease of the server that serves ``db`` now, or None when no server does."""
+    with db.session() as sess:
+        row = sess.get(LeaseRow, 1)
+        return row if row is not None and _held(row, clock()) else None
+
+
 class ServerLease:
     """This process's claim on ``db`` (:meth:`acquire`, :meth:`renew`, :meth:`release`)."""
 
@@ -62,13 +75,12 @@ class ServerLease:
             with self.db.session() as sess:
                 row = sess.get(LeaseRow, 1)
                 now = self.clock()
-                if row is not None and row.owner != self.owner:
+                if row is not None and row.owner != self.owner and _held(row, now):
                     age = now - row.renewed_at
-                    if age < LEASE_S and _running_here(row.host, row.pid):
-                        raise ConfigError(
-                            f"another server (pid {row.pid} on {row.host}, port {row.port}) "
-                            f"serves this database (it renewed its claim {age:.0f} s ago): "
-                            "stop it first, or give this server a database of its own")
+                    raise ConfigError(
+                        f"another server (pid {row.pid} on {row.host}, port {row.port}) "
+                        f"serves this database (it renewed its claim {age:.0f} s ago): "
+                        "stop it first, or give this server a database of its own")
                 if row is None:
                     sess.add(LeaseRow(id=1, owner=self.owner, host=socket.gethostname(),
                                       pid=os.getpid(), port=self.port, renewed_at=now))

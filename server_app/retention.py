@@ -82,7 +82,8 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
                 raise FedForestError(f"no job {job_id!r}; nothing was deleted")
             if named.status not in _FINISHED:
                 raise FedForestError(f"job {job_id!r} is {named.status}: only finished jobs "
-                                     "are pruned; nothing was deleted")
+                                     "are pruned (`fedforest server cancel-job --job "
+                                     f"{job_id}` stops it); nothing was deleted")
         query = select(JobRow).where(JobRow.status.in_(_FINISHED))
         if job_ids is not None:
             query = query.where(JobRow.id.in_(job_ids))

@@ -41,6 +41,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.uploads import check_against_task, parse_upload
 
 from .audit_hook import AuditSink
+from .cancel import apply_cancels, cancel
 from .core import Core, check_seat
 from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
@@ -174,6 +175,19 @@ class ServerState:
             "config": json.loads(config.to_json()),
         })
         return job
+
+    def cancel(self, job_id: str) -> bool:
+        """Fail a waiting or running job as cancelled by the operator (:mod:`server_app.cancel`);
+        False if it had finished."""
+        with self.core.lock:
+            done = cancel(self.core, job_id)
+        self.core.changes.notify(job_id)
+        return done
+
+    def apply_cancels(self) -> list[str]:
+        """Cancel the jobs whose cancelling an operator recorded (``fedforest server
+        cancel-job``); returns them."""
+        return apply_cancels(self.core)
 
     # ------------------------------------------------------------------ lookups
     def jobs_of(self, client: ClientRow) -> list[dict[str, Any]]:
@@ -506,8 +520,9 @@ class ServerState:
         """Apply deadlines and finish rounds whose uploads are all in (called periodically).
 
         Between deadlines a tick costs no query (:meth:`Deadlines.due`); every ``full_every``-th
-        tick re-reads every running job from the database (a fallback: the message that
-        completes a phase closes it itself). Spooled uploads are swept after a round closed."""
+        tick applies the operator's requests to cancel jobs and re-reads every running job from
+        the database (a fallback: the message that completes a phase closes it itself).
+        Spooled uploads are swept after a round closed."""
         self._ticks += 1
         full = self._ticks % max(full_every, 1) == 1 or full_every <= 1
         if full:
@@ -522,6 +537,8 @@ class ServerState:
                 else:
                     self.core.tick_if_due(job_id)
             self.core.changes.notify(job_id)  # after the commit: a deadline may have moved it on
+        if full:
+            self.apply_cancels()
         if self.core.driver.sweep_due or full:
             with self.core.lock:
                 self.core.sweep_spool()

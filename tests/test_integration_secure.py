@@ -141,6 +141,42 @@ def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(
     assert report.ok, report.problems
 
 
+def test_a_secure_job_cancelled_by_the_operator_stops_every_site_with_the_reason(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """`fedforest server cancel-job` while a secure job runs (one site frozen mid-job): the
+    running server fails it, every site stops with the reason, and the log verifies against
+    every site's receipts."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app as cli_app
+    from server_app.cancel import CANCELLED
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure")
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        freeze_mid_job(fed, clients[2], 2)
+        time.sleep(0.5)  # the other two sites answer what they can of the open round
+        res = CliRunner().invoke(cli_app, ["server", "cancel-job", "--config",
+                                           str(fed.server_toml), "--job", "job-a"])
+        clients[2].send_signal(signal.SIGCONT)
+        codes = [c.wait(120) for c in clients]
+    finally:
+        stop_all(fed)
+    assert res.exit_code == 0, res.output
+    assert _job_status(fed.db_url, "job-a")["reason"] == CANCELLED
+    logs = [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    assert all(code != 0 for code in codes), (codes, logs)
+    assert all(CANCELLED in log for log in logs), logs
+    with AuditLog(fed.audit_url, create=False) as log:
+        last = log.entries(job_id="job-a")[-1]
+    assert (last.kind, last.payload) == ("job_failed", {"reason": CANCELLED})
+    report = verify_log(fed.audit_url,
+                        receipts_dir=collect_receipts(fed.root, fed.root / "state"))
+    assert report.ok, report.problems
+
+
 def _open_phase(engine: Engine) -> tuple[int, str, str]:
     """(current round, its phase, job status), read straight from the server's database."""
     try:

@@ -80,8 +80,9 @@ def test_prune_deletes_old_finished_rounds_and_keeps_models_running_and_recent_j
         assert counts(db, kept) == (2, 2, 3, True) and (spool / kept).exists()
     # a named finished job goes whatever its age; naming a running or unknown one deletes
     # nothing and says why
-    with pytest.raises(FedForestError, match="job 'running' is running: only finished jobs "
-                                             "are pruned; nothing was deleted"):
+    with pytest.raises(FedForestError, match=r"job 'running' is running: only finished jobs "
+                                             r"are pruned \(`fedforest server cancel-job --job "
+                                             r"running` stops it\); nothing was deleted"):
         prune(db, spool, job_ids=["recent", "running"])
     with pytest.raises(FedForestError, match="no job 'recnt'; nothing was deleted"):
         prune(db, spool, job_ids=["recent", "recnt"])

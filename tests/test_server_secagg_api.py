@@ -382,6 +382,46 @@ def test_a_job_left_with_too_few_sites_after_a_round_ends_its_audit_chain_with_t
     assert ok, problems
 
 
+def test_a_secure_job_cancelled_mid_round_fails_for_every_site_and_releases_no_sum(
+        env_all_audited: dict) -> None:
+    """The operator cancels a running secure job while its round waits for two masked
+    uploads: the server fails it (``fedforest server cancel-job`` records the request, the
+    next full tick applies it), every site's next poll reads the reason, a late upload is
+    refused, no sum is released, the chain ends with the failure and verifies, and the job's
+    rounds can be pruned."""
+    from server_app.cancel import CANCELLED, request_cancel
+    from server_app.retention import prune
+
+    env = env_all_audited
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    body = upload_body(env, sa, 3, task, vecs[3])
+    for k in range(2):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    request_cancel(env["db"], "job-a", env["clock"]())
+    env["state"].tick(full_every=1)
+    for k in range(K):
+        o = offer(env, k)
+        assert (o["status"], o["detail"]) == ("failed", CANCELLED), o
+    late = post_upload(env, 3, r, body)
+    assert late.status_code == 409 and late.json()["error"] == "job_finished", late.text
+    st = env["http"].get("/v1/jobs/job-a", headers=h(env, 2)).json()
+    assert (st["status"], st["reason"], st["phase"]) == ("failed", CANCELLED, None)
+    with env["db"].session() as s:
+        rr = s.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.aggregate is None and rr.status != "closed"
+    entries = [json.loads(line) for line in env["audit"].export("job-a").splitlines()]
+    assert [e["kind"] for e in entries][-2:] == ["round_aborted", "job_failed"]
+    assert entries[-2]["payload"] == {"round_id": r, "reason": CANCELLED}
+    assert entries[-1]["payload"] == {"reason": CANCELLED}
+    assert "round" not in [e["kind"] for e in entries]
+    ok, _, problems = env["audit"].verify_chain("job-a", began_audited=True)
+    assert ok, problems
+    assert prune(env["db"], env["state"].spool, job_ids=["job-a"]).jobs == ["job-a"]
+
+
 def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(
         env_all: dict) -> None:
     """min_clients may lie above t: a round with fewer masked uploads than it fails before
