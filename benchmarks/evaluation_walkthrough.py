@@ -12,6 +12,12 @@ models in ``--out``; the numbers of docs/deployment.md come from these runs.
 
 A site scores a model on its held-out rows once (its ledger refuses a second evaluation job of
 the same model on the same rows), so the exact and the DP evaluation are separate runs.
+
+Each site runs all its clients (both training jobs, then the evaluation) on one state
+directory, as a site would: its identity key, its receipts and its evaluation ledger live
+there. Should a client fail, or the server exit, the script stops the other processes at once
+and prints the failing ones' last log lines; ``--timeout`` bounds the training and the
+evaluation each (default: 10 times ``--round-deadline``, the jobs' round deadline).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +50,71 @@ def _fedforest(*args: str, env: dict[str, str] | None = None, log: Path | None =
     if done.returncode != 0:
         raise SystemExit(f"fedforest {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+#: a process the script waits for: its name (``<job>.<site>``, ``evaluate``), the process and
+#: the log file its output goes to
+_Watched = tuple[str, subprocess.Popen[bytes], Path]
+
+#: log lines printed of each process that failed or did not end
+_TAIL = 12
+
+
+def _tail(log: Path, lines: int = _TAIL) -> str:
+    """The last ``lines`` lines of ``log``, indented (a note when there is none)."""
+    try:
+        text = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
+    except OSError as exc:
+        return f"    (no log: {exc.strerror})"
+    return "\n".join(f"    {line}" for line in text) if text else "    (empty log)"
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Kill the processes still running and reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+
+
+def _wait_all(procs: Sequence[_Watched], timeout: float, what: str,
+              server: _Watched | None = None) -> None:
+    """Wait until every process of ``procs`` has exited with 0.
+
+    The first that exits otherwise, the ``server`` exiting, or ``timeout`` seconds passing
+    ends the wait: the processes still running are killed, and SystemExit says which failed
+    (or did not end) with the last lines of their logs. Waiting on would gain nothing: this
+    script needs every site, and a job's other clients would only wait out their deadlines.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        failed = [(name, proc.returncode, log) for name, proc, log in procs
+                  if proc.poll() not in (None, 0)]
+        if server is not None and server[1].poll() is not None:
+            failed.insert(0, ("the server", server[1].returncode, server[2]))
+        running = [(name, log) for name, proc, log in procs if proc.poll() is None]
+        if not running and not failed:
+            return
+        if failed or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    _stop([proc for _, proc, _ in procs])
+    if failed:
+        head = f"error: {what} failed: " + ", ".join(f"{name} exited with {code}"
+                                                      for name, code, _ in failed)
+        if running:
+            head += f"; stopped the others still running: {', '.join(n for n, _ in running)}"
+        shown = [(name, log) for name, _, log in failed]
+    else:
+        head = (f"error: {what} did not end within {timeout:.0f} s (--timeout); stopped "
+                f"those still running: {', '.join(n for n, _ in running)}")
+        shown = running
+    parts = [head] + [f"--- {name}: last lines of {log}\n{_tail(log)}" for name, log in shown]
+    raise SystemExit("\n".join(parts))
 
 
 #: the file that marks an --out directory as this script's (the next run may replace it)
@@ -71,11 +143,19 @@ def main() -> None:
     ap.add_argument("--eval-profile", default="secure")
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--round-deadline", type=float, default=120.0,
+                    help="the round deadline of every job, seconds (default 120)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds the training (both jobs) and the evaluation may take each "
+                         "before the script stops them (default: 10 round deadlines)")
     args = ap.parse_args()
+    if args.round_deadline <= 0 or (args.timeout is not None and args.timeout <= 0):
+        ap.error("--round-deadline and --timeout are positive numbers of seconds")
+    timeout: float = args.timeout or 10 * args.round_deadline
     out: Path = args.out.resolve()
     try:  # a dataset name that is not one is said before anything is written or removed
         X, y, task, feat = load_table(args.dataset)
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:  # not one; its data file is not there
         raise SystemExit(f"error: --dataset: {exc}") from None
     _clear_earlier_run(out)
     (out / "logs").mkdir(parents=True)
@@ -106,7 +186,7 @@ def main() -> None:
     # two training jobs of the same federation: secure, and secure-dp
     for job, profile in (("train-secure", "secure"), ("train-dp", "secure-dp")):
         doc: dict[str, object] = {"id": job, "clients": names, "schema": "schema.toml",
-                                  "profile": profile, "round_deadline": 120.0,
+                                  "profile": profile, "round_deadline": args.round_deadline,
                                   "public_rows": len(y)}
         if profile == "secure":
             doc["forest"] = {"n_estimators": 20, "max_depth": 6, "n_bins": 16}
@@ -119,9 +199,10 @@ def main() -> None:
                         log=out / "logs" / "server.log")
     assert isinstance(server, subprocess.Popen)
     url = f"https://127.0.0.1:{server_toml.read_text().split('port = ')[1].split()[0]}"
+    watched = ("server", server, out / "logs" / "server.log")
+    procs: list[_Watched] = []  # every process started below, killed if the script stops
     try:
         time.sleep(2.0)
-        procs = []
         for job, profile in (("train-secure", "secure"), ("train-dp", "secure-dp")):
             for name in names:
                 pin = str(out / f"{job}.profile.toml") if profile == "secure-dp" else profile
@@ -133,9 +214,7 @@ def main() -> None:
                 procs.append(_site(out, url, name, tokens[name], job, pin,
                                    ["--data", str(out / f"{name}.csv"), "--out",
                                     str(out / f"{job}.{name}.model.json")], len(names)))
-        codes = [p.wait() for p in procs]
-        if any(codes):
-            raise SystemExit(f"training clients exited with {codes} (logs in {out / 'logs'})")
+        _wait_all(procs, timeout, "training", server=watched)
         for job, label in (("train-secure", "secure"), ("train-dp", "secure-dp")):
             shutil.copyfile(out / f"{job}.{names[0]}.model.json", out / f"{label}.json")
         t_train = time.monotonic() - t0
@@ -143,7 +222,7 @@ def main() -> None:
         # the evaluation job: both models on every site's held-out rows
         (out / "eval.toml").write_text(tomli_w.dumps({
             "id": "eval", "clients": names, "schema": "schema.toml",
-            "profile": args.eval_profile, "round_deadline": 120.0,
+            "profile": args.eval_profile, "round_deadline": args.round_deadline,
             **({"privacy": {"epsilon": args.epsilon}}
                if args.eval_profile == "secure-dp" else {})}))
         evaluate = _fedforest("evaluate", "--config", str(server_toml), "--job",
@@ -151,37 +230,61 @@ def main() -> None:
                               str(out / "secure-dp.json"), wait=False,
                               log=out / "logs" / "evaluate.log")
         assert isinstance(evaluate, subprocess.Popen)
-        wait_for_job(out / "server.db", "eval", timeout=300)
+        procs = [("evaluate", evaluate, out / "logs" / "evaluate.log")]
+        _wait_for_job(out / "server.db", "eval", procs[0], min(timeout, 300.0))
         pin = args.eval_profile
         if args.eval_profile == "secure-dp":
             pin = str(out / "train-dp.profile.toml")
-        sites = [_site(out, url, name, tokens[name], "eval", pin,
-                       ["--eval-data", str(out / f"{name}.test.csv")], len(names))
-                 for name in names]
-        codes = [p.wait() for p in sites]
-        if evaluate.wait() != 0 or any(codes):
-            raise SystemExit(f"evaluation failed (logs in {out / 'logs'})")
+        procs += [_site(out, url, name, tokens[name], "eval", pin,
+                        ["--eval-data", str(out / f"{name}.test.csv")], len(names))
+                  for name in names]
+        _wait_all(procs, timeout, "evaluation", server=watched)
     finally:
+        _stop([proc for _, proc, _ in procs])  # none left when the script stops early
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            _stop([server])
     print((out / "logs" / "evaluate.log").read_text())
     print(f"wall time: training {t_train:.0f} s, evaluation "
           f"{time.monotonic() - t0 - t_train:.0f} s")
 
 
+def _wait_for_job(db: Path, job: str, evaluate: _Watched, timeout: float) -> None:
+    """Wait until ``fedforest evaluate`` has created ``job``; SystemExit with its last log
+    lines when it exits first or ``timeout`` seconds pass."""
+    name, proc, log = evaluate
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            wait_for_job(db, job, timeout=1.0)
+            return
+        except TimeoutError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"error: {name} exited with {proc.returncode} before it created "
+                             f"job {job}\n--- {name}: last lines of {log}\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            _stop([proc])
+            raise SystemExit(f"error: {name} did not create job {job} within {timeout:.0f} s; "
+                             f"stopped it\n--- {name}: last lines of {log}\n{_tail(log)}")
+
+
 def _site(out: Path, url: str, name: str, token: str, job: str, profile: str,
-          table: list[str], n_sites: int) -> subprocess.Popen[bytes]:
-    """One site's ``fedforest client``, pinning the job's profile and its number of sites."""
+          table: list[str], n_sites: int) -> _Watched:
+    """One site's ``fedforest client``, pinning the job's profile and its number of sites;
+    its state directory is the site's, whichever job the client is of."""
+    log = out / "logs" / f"{job}.{name}.log"
     proc = _fedforest("client", "--server", url, "--job", job, "--schema",
                       str(out / "schema.toml"), *table, "--ca", str(out / "certs" / "ca.pem"),
                       "--cert", str(out / "certs" / f"{name}.pem"), "--key",
                       str(out / "certs" / f"{name}.key"), "--state-dir",
                       str(out / "state" / name), "--profile", profile,
                       "--clients", str(n_sites), "--quiet",
-                      env={"FEDFOREST_TOKEN": token}, wait=False,
-                      log=out / "logs" / f"{job}.{name}.log")
+                      env={"FEDFOREST_TOKEN": token}, wait=False, log=log)
     assert isinstance(proc, subprocess.Popen)
-    return proc
+    return f"{job}.{name}", proc, log
 
 
 if __name__ == "__main__":

@@ -254,12 +254,7 @@ class Bench:
         self.profiles: tuple[str, ...] = tuple(args.profiles)
         self.only: set[str] | None = None
         if args.methods:
-            keys = [k.strip() for k in args.methods.split(",") if k.strip()]
-            unknown = [k for k in keys if k not in METHOD_KEYS]
-            if unknown:
-                raise SystemExit(f"unknown --methods {unknown}; choose from "
-                                 f"{', '.join(METHOD_KEYS)}")
-            self.only = {METHOD_KEYS[k] for k in keys}
+            self.only = _chosen_methods(args.methods, self.profiles)
         self.skipped: dict[str, set[str]] = {}
         # (experiment, condition, open values, secure values, paper cell, higher is better)
         self.compare: list[tuple[str, str, list[float], list[float], str | None, bool]] = []
@@ -327,6 +322,26 @@ class Bench:
 
 
 _OPEN_FEDFOREST = (QUANT_X, QUANT_XH, AVG_X, AVG_XH, HIST)
+
+
+def _chosen_methods(methods: str, profiles: Sequence[str]) -> set[str]:
+    """The methods ``--methods`` names (comma-separated keys of :data:`METHOD_KEYS`).
+
+    Raises ValueError for a key that is not one, and for a FedForest method that none of
+    ``profiles`` runs (``secure_x`` without ``secure``, the open methods without ``open``):
+    it would be dropped from every table without a word.
+    """
+    keys = [k.strip() for k in methods.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in METHOD_KEYS]
+    if unknown:
+        raise ValueError(f"unknown --methods {unknown}; choose from {', '.join(METHOD_KEYS)}")
+    for profile, of_profile in (("secure", (SECURE_X,)), ("open", _OPEN_FEDFOREST)):
+        missing = [k for k in keys if METHOD_KEYS[k] in of_profile]
+        if missing and profile not in profiles:
+            raise ValueError(f"--methods {', '.join(missing)} needs --profiles {profile} "
+                             f"(the run has --profiles {' '.join(profiles)}): add it, or "
+                             "leave the method out")
+    return {METHOD_KEYS[k] for k in keys}
 
 
 def _paper_std(cell: str | None) -> float:
@@ -740,7 +755,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         + ", ".join(METHOD_KEYS))
     p.add_argument("--json", type=Path, default=None, help="also write the raw per-rep scores")
     args = p.parse_args(argv)
-    b = Bench(args)
+    try:
+        b = Bench(args)
+    except ValueError as exc:
+        p.error(str(exc))
     todo = EXPERIMENTS if "all" in args.experiment else tuple(args.experiment)
     print(f"<!-- benchmarks/paper.py {' '.join(sys.argv[1:] if argv is None else argv)} | "
           f"{time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()} | "

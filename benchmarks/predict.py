@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import at_least  # noqa: E402
 from speed import _load, _state  # noqa: E402
 
 from fedforest_secure import FedForestClassifier, load_profile  # noqa: E402
@@ -51,7 +52,7 @@ def _seconds(model: ForestModel, X: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[300, 10_000, 100_000])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=at_least(1), default=3)
     ap.add_argument("--epsilon", type=float, default=8.0)
     args = ap.parse_args(argv)
     soft = _forest(args.epsilon)

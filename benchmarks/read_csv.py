@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _cli import at_least
 
 from fedforest_secure.schema import Schema
 
@@ -38,12 +39,12 @@ def _table(path: Path, n: int, d: int) -> Schema:
                      for c in names]})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--features", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--repeat", type=at_least(1), default=3)
+    args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _cli import at_least
 
 __all__ = ["fit_growth", "main"]
 
@@ -84,7 +85,7 @@ def _jsize(msg: Any) -> int:
 
 
 def protocol_round_costs(k: int, graph: str, length: int, rounds: int = 3,
-                         seed: int = 0) -> dict[str, float]:
+                         seed: int = 0) -> dict[str, Any]:
     """Mean per-client and server costs of the steady-state rounds (all but the first)."""
     from nacl.signing import SigningKey
 
@@ -450,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("protocol", help="one secure-aggregation round in process")
     p.add_argument("--length", type=int, default=20_000, help="entries of the summed vector")
-    p.add_argument("--rounds", type=int, default=3, help="rounds run (the first is not counted)")
+    p.add_argument("--rounds", type=at_least(2, "the first round is not counted"), default=3,
+                   help="rounds run, at least 2 (the first is not counted)")
     h = sub.add_parser("https", help="whole secure jobs over HTTPS on 127.0.0.1")
     h.add_argument("--dataset", default="kin8nm")
     h.add_argument("--trees", type=int, default=10)
@@ -471,7 +473,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(args)
+    if a.what == "protocol" and min(a.clients) < 3:
+        p.error(f"--clients {min(a.clients)}: at least 3 (secure aggregation sums over at "
+                "least 3 clients)")
     a.out.mkdir(parents=True, exist_ok=True)
+    extra: tuple[str, ...]
     if a.what == "protocol":
         rows = run_protocol(a)
         cols, extra = _PROTOCOL_COLS, ("neighbours",)

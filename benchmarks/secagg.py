@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _cli import at_least
 
 from fedforest_secure.secagg import RingCodec, SecAggServer
 from fedforest_secure.secagg.driver import InProcessSecureSum
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="K per run, at least 4: one client drops after sharing and the "
                          "other K - 1 must still reach t = ceil(0.67 K)")
     ap.add_argument("--big", action="store_true", help="also run 10^7 entries")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=at_least(1), default=2)
     ap.add_argument("--no-flower", action="store_true")
     ap.add_argument("--prg", action="store_true",
                     help="only the masks' keystream: AES-128-CTR against AES-256-CTR over "

@@ -38,6 +38,10 @@ import sys
 import time
 
 import numpy as np
+from _cli import at_least
+
+#: the contenders by name, before a ``-numpy`` and a ``-N`` suffix
+CONTENDERS = ("sklearn", "open", "secure", "secure-plain")
 
 
 def _data(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,11 +53,26 @@ def _data(n: int, d: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 
 
 def _split(contender: str) -> tuple[str, int]:
-    """``"open-2"`` -> ``("open", 2)``; no suffix: one job."""
-    name, _, jobs = contender.partition("-")
-    if jobs.isdigit():
+    """``"open-2"`` -> ``("open", 2)``, ``"secure-plain-2"`` -> ``("secure-plain", 2)``; no
+    suffix: one job."""
+    name, _, jobs = contender.rpartition("-")
+    if name and jobs.isdigit():
         return name, int(jobs)
     return contender, 1
+
+
+def _contender(text: str) -> str:
+    """An argparse ``type``: a contender's name, with its suffixes, checked before anything
+    runs."""
+    name, n_jobs = _split(text)
+    numpy = name.endswith("-numpy")
+    name = name.removesuffix("-numpy")
+    if name not in CONTENDERS or n_jobs < 1 or (numpy and name == "sklearn"):
+        raise argparse.ArgumentTypeError(
+            f"unknown contender {text!r}: choose from {', '.join(CONTENDERS)}, with an "
+            "optional suffix -N (n_jobs = N >= 1) and, for FedForest, -numpy before it "
+            "(open-numpy-2)")
+    return text
 
 
 def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool) -> None:
@@ -101,15 +120,21 @@ def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool
     out = subprocess.run([sys.executable, __file__, "--child", contender, "--sizes", str(n),
                           "--trees", str(trees), "--depth", str(depth)]
                          + (["--warm-up"] if warm_up else []),
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"error: the fit of contender {contender} at n = {n} failed (exit "
+                         f"code {out.returncode}); its output:\n{out.stdout}{out.stderr}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    ap.add_argument("--contenders", nargs="+", default=["sklearn", "open"])
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--contenders", type=_contender, nargs="+", default=["sklearn", "open"],
+                    help=f"from {', '.join(CONTENDERS)}; a suffix -N: n_jobs = N; -numpy "
+                         "(FedForest only): without its compiled loops")
+    ap.add_argument("--repeat", type=at_least(1), default=1)
     ap.add_argument("--trees", type=int, default=50)
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--warm-up", action="store_true",
@@ -117,7 +142,7 @@ def main() -> None:
                          "unmeasured: per-process start-up (FedForest: loading its compiled "
                          "loops) is left out")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         _child(args.child, args.sizes[0], args.trees, args.depth, args.warm_up)
         return

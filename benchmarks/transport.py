@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
+from _cli import print_table
 from rich.table import Table
 
 from fedforest_cli.simulate import SimulateOptions, run_simulation
@@ -229,7 +229,7 @@ def main() -> None:
               f"{server_training_cpu:.1f} + {cpu_clients:.1f} / {cpu_inproc:.1f}",
               f"{out['cpu_ratio_training']:.2f}", str(rounds),
               str(max(per_level.values(), default=0)), str(requests), str(same_model))
-    Console().print(t)
+    print_table(t)
     if "overhead_cpu_s" in out:
         print(f"CPU beyond the in-process run's: {out['overhead_cpu_s']:.2f} s (server + "
               f"clients - in process) over the {requests_total} requests of the clients' "
@@ -244,14 +244,14 @@ def main() -> None:
         p.add_column("rest", justify="right")
         p.add_row(*(f"{sec:.2f} s ({sec / train_s:.0%})" for sec in phases.values()),
                   f"{train_s - sum(phases.values()):.2f} s")
-        Console().print(p)
+        print_table(p)
     b = Table(title="bytes per client")
     for col in ("sent", "received", "summable payload", "uploaded vectors",
                 "8*T*2^M*d_sampled*B*S", "sent / bound", "sent / vectors"):
         b.add_column(col, justify="right")
     b.add_row(f"{sent:,}", f"{recv:,}", f"{summable:,}", f"{uploaded:,}", f"{bound:,}",
               f"{sent / bound:.2f}", f"{sent / uploaded:.2f}")
-    Console().print(b)
+    print_table(b)
     if a.json is not None:
         a.json.write_text(json.dumps(_finite_or_null(out), indent=2) + "\n")
 

@@ -1,0 +1,220 @@
+"""The benchmark scripts' command lines: options out of range are usage errors that say the
+valid values before anything runs, a failing child process is named with what it said, and
+tables printed to a file keep every column readable."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from rich.table import Table
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (its folder on ``sys.path``, as when it
+    runs, for its ``_cli`` and ``_common`` imports)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _usage_error(capsys: pytest.CaptureFixture[str], main: object, argv: list[str]) -> str:
+    """The message of the usage error (exit 2) ``main(argv)`` stops with."""
+    assert callable(main)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    return err
+
+
+# ------------------------------------------------------------------------------ --repeat
+@pytest.mark.parametrize("name", ["secagg", "speed", "predict", "read_csv"])
+def test_repeat_zero_is_a_usage_error(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script(name).main, ["--repeat", "0"])
+    assert "--repeat" in err and "0: at least 1" in err
+
+
+# ------------------------------------------------------------------------------ speed.py
+def test_speed_reads_the_jobs_suffix_from_the_right() -> None:
+    speed = _script("speed")
+    assert speed._split("secure-plain-2") == ("secure-plain", 2)
+    assert speed._split("secure-plain") == ("secure-plain", 1)
+    assert speed._split("open-2") == ("open", 2)
+    assert speed._split("sklearn") == ("sklearn", 1)
+
+
+def test_speed_refuses_an_unknown_contender_before_running_any(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("speed").main,
+                       ["--sizes", "1000", "--contenders", "open", "sklern", "--trees", "1"])
+    assert "--contenders: unknown contender 'sklern'" in err
+    assert "sklearn" in err and "secure-plain" in err and "-numpy" in err
+    assert capsys.readouterr().out == ""  # nothing measured, not even the header
+
+
+@pytest.mark.parametrize("name", ["open-numpy-2", "secure-plain-2", "sklearn-3", "secure"])
+def test_speed_accepts_the_documented_contender_names(name: str) -> None:
+    assert _script("speed")._contender(name) == name
+
+
+def test_speed_says_what_a_failing_child_printed() -> None:
+    with pytest.raises(SystemExit) as stop:  # a name the parent would refuse: the child fails
+        _script("speed")._measure("nosuch", 100, 1, 2, False)
+    message = str(stop.value.code)
+    assert "contender nosuch" in message and "KeyError: 'nosuch'" in message
+
+
+# ------------------------------------------------------------------------------ paper.py
+def test_paper_refuses_secure_x_without_the_secure_profile(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("paper").main,
+                       ["heart", "--reps", "1", "--methods", "cent_x,secure_x"])
+    assert "--methods secure_x needs --profiles secure" in err
+
+
+def test_paper_refuses_open_methods_without_the_open_profile(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("paper").main,
+                       ["heart", "--profiles", "secure", "--methods", "quant_x,avg_xh"])
+    assert "--methods quant_x, avg_xh needs --profiles open" in err
+
+
+def test_paper_names_unknown_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("paper").main, ["heart", "--methods", "quant"])
+    assert "unknown --methods ['quant']" in err and "quant_x" in err
+
+
+# ------------------------------------------------------------------------------ scale.py
+def test_scale_protocol_needs_a_counted_round(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    err = _usage_error(capsys, _script("scale").main,
+                       ["protocol", "--rounds", "1", "--out", str(tmp_path / "out")])
+    assert "--rounds" in err and "1: at least 2 (the first round is not counted)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_scale_protocol_needs_three_clients(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    err = _usage_error(capsys, _script("scale").main,
+                       ["protocol", "--clients", "10", "2", "--out", str(tmp_path / "out")])
+    assert "--clients 2: at least 3" in err
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------ tables
+def test_a_table_printed_to_a_file_keeps_its_headers_whole() -> None:
+    table = Table(title="transport benchmark")
+    headers = ("HTTPS training s", "training CPU s: server + clients / in-proc",
+               "max aggregation rounds per level", "requests per client", "same model")
+    for col in headers:
+        table.add_column(col, justify="right")
+    table.add_row("12.3", "10.0 + 20.0 / 5.0", "3", "300", "True")
+    out = io.StringIO()
+    _script("_cli").print_table(table, out)
+    text = out.getvalue()
+    assert "…" not in text
+    assert all(col in text for col in headers) and "10.0 + 20.0 / 5.0" in text
+
+
+# ------------------------------------------------------------------ evaluation_walkthrough.py
+Started = list[subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def started() -> Iterator[Started]:
+    """The processes a test starts, killed at its end if they still run."""
+    procs: Started = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def _proc(tmp_path: Path, started: Started, name: str, code: str
+          ) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """A stand-in client ``name`` running ``code``, its output in ``<name>.log``."""
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=fh,
+                                stderr=subprocess.STDOUT)
+    started.append(proc)
+    return name, proc, log
+
+
+def test_the_walkthrough_stops_the_clients_when_one_fails(tmp_path: Path, started: Started) -> None:
+    walk = _script("evaluation_walkthrough")
+    ok = _proc(tmp_path, started, "train-secure.site-0", "print('done')")
+    bad = _proc(tmp_path, started, "train-dp.site-0", "import sys, time; time.sleep(0.5); "
+                "print('error: another client process is using --state-dir'); sys.exit(2)")
+    stuck = _proc(tmp_path, started, "train-dp.site-1",
+                  "import time; print('joined'); time.sleep(60)")
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as stop:
+        walk._wait_all([ok, bad, stuck], timeout=60, what="training")
+    assert time.monotonic() - t0 < 20
+    message = str(stop.value.code)
+    assert "training failed: train-dp.site-0 exited with 2" in message
+    assert "error: another client process is using --state-dir" in message
+    assert "stopped the others still running: train-dp.site-1" in message
+    assert stuck[1].poll() is not None  # killed, not left behind
+
+
+def test_the_walkthrough_gives_up_after_its_timeout(tmp_path: Path, started: Started) -> None:
+    walk = _script("evaluation_walkthrough")
+    stuck = _proc(tmp_path, started, "eval.site-3", "import time; print('waiting for round 2', "
+                  "flush=True); time.sleep(60)")
+    with pytest.raises(SystemExit) as stop:
+        walk._wait_all([stuck], timeout=1.0, what="evaluation")
+    message = str(stop.value.code)
+    assert "evaluation did not end within 1 s (--timeout)" in message
+    assert "eval.site-3" in message and "waiting for round 2" in message
+    assert stuck[1].poll() is not None
+
+
+def test_the_walkthrough_stops_when_the_server_exits(tmp_path: Path, started: Started) -> None:
+    walk = _script("evaluation_walkthrough")
+    server = _proc(tmp_path, started, "server", "import sys; print('address in use'); sys.exit(1)")
+    client = _proc(tmp_path, started, "train-secure.site-0", "import time; time.sleep(60)")
+    with pytest.raises(SystemExit) as stop:
+        walk._wait_all([client], timeout=60, what="training", server=server)
+    message = str(stop.value.code)
+    assert "training failed: the server exited with 1" in message
+    assert "address in use" in message
+    assert client[1].poll() is not None
+
+
+def test_the_walkthrough_waits_for_clients_that_succeed(tmp_path: Path, started: Started) -> None:
+    walk = _script("evaluation_walkthrough")
+    procs = [_proc(tmp_path, started, f"eval.site-{k}", "import time; time.sleep(0.3)")
+             for k in range(3)]
+    walk._wait_all(procs, timeout=30, what="evaluation")
+    assert [p.returncode for _, p, _ in procs] == [0, 0, 0]
+
+
+def test_the_walkthrough_says_missing_data_before_writing(tmp_path: Path) -> None:
+    from fedforest_cli.sim_processes import child_env
+
+    out = tmp_path / "walk"
+    env = dict(child_env(), FEDFOREST_DATA_DIR=str(tmp_path / "no-data"))
+    done = subprocess.run([sys.executable, str(BENCH / "evaluation_walkthrough.py"), "--out",
+                           str(out), "--dataset", "banknote"], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "error: --dataset: shared data directory not found" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
