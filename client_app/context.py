@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 from rich.progress import Progress, TaskID
 
-from fedforest_secure.audit import Receipt, write_receipt
+from fedforest_secure.audit import Receipt, SentReceipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.protocol import Reply, Task
@@ -124,8 +124,23 @@ class RunContext:
             return np.asarray(encode_contribution(self.config, task, reply))
         return np.asarray(reply.summable, dtype=np.float64)
 
+    def receipt_sent(self, task: Task, body: bytes, seq: int | str, head: str) -> None:
+        """Record the upload ``body`` before it is sent (on disk when this returns): a site
+        stopped while the upload's request waits for its answer keeps a record of what it
+        sent, which ``audit verify --receipts`` checks against the log's round entry."""
+        try:
+            rec = SentReceipt(job_id=self.job, round_id=task.round_id, client=self.name,
+                              task_digest=task.digest().hex(),
+                              upload_digest=hashlib.sha256(body).hexdigest(),
+                              chain_head_seen=str(head), seq_seen=int(seq))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
+        write_receipt(self.state.root / "receipts", rec)
+
     def receipt(self, task: Task, body: bytes, seq: int | str, head: str,
                 server_receipt: dict[str, Any] | None) -> None:
+        """Record the upload ``body`` once the server has answered it (its receipt follows the
+        record :meth:`receipt_sent` wrote)."""
         if server_receipt is not None:
             self.state.add_receipt(server_receipt)
             self.result.receipts.append(server_receipt)

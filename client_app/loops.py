@@ -43,9 +43,11 @@ def run_open(ctx: RunContext) -> None:
         ctx.show(task)
         reply = ctx.worker.handle(task)
         body = make_upload(task, ctx.contribution(task, reply), reply.disclosed)
+        seq = resp.headers.get("X-FedForest-Audit-Seq", "0")
+        head = resp.headers.get("X-FedForest-Audit-Head", "")
+        ctx.receipt_sent(task, body, seq, head)  # on disk before the upload goes
         receipt = _upload(tr, job, task, body)
-        ctx.receipt(task, body, resp.headers.get("X-FedForest-Audit-Seq", "0"),
-                    resp.headers.get("X-FedForest-Audit-Head", ""), receipt)
+        ctx.receipt(task, body, seq, head, receipt)
         result.rounds += 1
 
 
@@ -197,6 +199,9 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
                     vector = ctx.contribution(task, reply)
                 header, masked = session.mask(task, message, vector)
                 body = make_upload(task, masked, reply.disclosed, secagg=header)
+                # recorded on disk before it goes: the POST waits until every site has
+                # uploaded, and a site stopped meanwhile keeps a record of what it sent
+                ctx.receipt_sent(task, body, step.audit_seq, step.audit_head)
                 receipt = _upload(tr, job, task, body)
                 ctx.receipt(task, body, step.audit_seq, step.audit_head, receipt)
                 result.rounds += 1

@@ -8,9 +8,11 @@ profile discloses. The rounds themselves (tasks, uploads, the secure-aggregation
 replay after a restart) are :mod:`client_app.loops`; what a run shares between its steps is
 :mod:`client_app.context`.
 
-After every upload the client writes an audit :class:`~fedforest_secure.audit.Receipt` (the
-upload's SHA-256 and the audit-chain tip the server announced with the task) to
-``<state dir>/receipts/<client>.jsonl``; ``fedforest audit verify --receipts`` checks them.
+Before every upload the client writes an audit :class:`~fedforest_secure.audit.SentReceipt`
+(the task's and the upload's SHA-256 and the audit-chain tip the server announced with the task),
+synced to disk before the request goes, and after the server's answer the upload's
+:class:`~fedforest_secure.audit.Receipt`, to ``<state dir>/receipts/<client>.jsonl``;
+``fedforest audit verify --receipts`` checks them.
 """
 
 from __future__ import annotations

@@ -58,11 +58,12 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o666) -> N
             os.close(fd)
 
 
-def append_line(path: str | Path, line: str) -> None:
+def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
     """Append ``line`` and a newline to ``path`` (made if missing) as one write, under an
     exclusive lock of the file: lines from processes appending at once never interleave
     (nor on a file system where ``O_APPEND`` alone does not keep them apart). After a torn
-    last line (a writer that died mid-line) the new line starts a line of its own."""
+    last line (a writer that died mid-line) the new line starts a line of its own. With
+    ``sync`` the line is on disk when this returns (``fsync``)."""
     import fcntl  # POSIX: the site's client; the estimators import this module everywhere
 
     raw = line.encode("utf-8") + b"\n"
@@ -73,5 +74,7 @@ def append_line(path: str | Path, line: str) -> None:
         if size and os.pread(fd, 1, size - 1) != b"\n":
             raw = b"\n" + raw
         _write_all(fd, raw)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)  # releases the lock

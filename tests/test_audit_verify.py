@@ -18,11 +18,13 @@ from fedforest_secure.audit import (
     JobRecorder,
     ModelReceipt,
     Receipt,
+    SentReceipt,
     upload_digest,
     verify_log,
     write_receipt,
 )
 from fedforest_secure.audit.entry import Entry
+from fedforest_secure.audit.receipts import parse_receipt
 from fedforest_secure.errors import AuditError
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 
@@ -40,9 +42,9 @@ def _task(round_id: int) -> Task:
                 layout=layout)
 
 
-def build_job(log: AuditLog, receipts: Path) -> None:
+def build_job(log: AuditLog, receipts: Path, *, sent: bool = False) -> None:
     """A small job; each client keeps a receipt per upload and one of the model, as a real
-    client would."""
+    client would (with ``sent``, each upload's receipt follows its sent record)."""
     rec = log.job(JOB)
     rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
                     profile={"name": "secure"})
@@ -52,6 +54,9 @@ def build_job(log: AuditLog, receipts: Path) -> None:
         seq, head = log.tip(JOB)  # the server announces this with the task
         uploads = {c: upload_digest(f"{c}/{round_id}".encode()) for c in CLIENTS}
         for c in CLIENTS:
+            if sent:
+                write_receipt(receipts, SentReceipt(JOB, round_id, c, "ee" * 32, uploads[c],
+                                                    head, seq))
             write_receipt(receipts, Receipt(JOB, round_id, c, uploads[c], head, seq))
         rec.round(_task(round_id), uploads=uploads, aggregate=np.arange(6.0) + round_id,
                   masked=True)
@@ -328,6 +333,13 @@ def test_receipt_validation() -> None:
             dataclasses.replace(ok, **bad)
     with pytest.raises(ValueError):
         Receipt.from_json({**ok.to_json(), "extra": 1})
+    sent = SentReceipt(JOB, 0, "a", "e" * 64, "a" * 64, GENESIS, 0)
+    assert parse_receipt(json.loads(json.dumps(sent.to_json()))) == sent
+    for bad in [{"task_digest": "xyz"}, {"seq_seen": 1}, {"round_id": -1}]:
+        with pytest.raises(ValueError):
+            dataclasses.replace(sent, **bad)
+    with pytest.raises(ValueError, match="a sent record has exactly the fields"):
+        parse_receipt({k: v for k, v in sent.to_json().items() if k != "task_digest"})
 
 
 @pytest.mark.parametrize("holds", ["nothing", "another job's receipts"])
@@ -758,3 +770,119 @@ def test_a_tampered_entry_of_a_running_job_does_not_verify(tmp_path: Path,
     expected = ("seq 2 (client_joined): hash mismatch" if forgery == "edited"
                 else "round 2): chain head seen at seq 5 differs")
     assert any(expected in p for p in report.problems), report.problems
+
+
+def test_a_sent_record_its_upload_receipt_follows_is_counted_once(tmp_path: Path) -> None:
+    """A client records each upload before it sends it, then its receipt when the server
+    answers: the pair is one upload, checked once, and adds no note."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        build_job(log, receipts, sent=True)
+        assert len((receipts / "alice.jsonl").read_text().splitlines()) == 4
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.notes == [] and report.receipts_checked == 6
+
+
+def _stopped_while_uploading(receipts: Path, line: int = 2) -> None:
+    """alice was stopped while her upload of round 1 waited for its answer: her receipt of it
+    (line ``line`` of her file) is the sent record only."""
+    path = receipts / "alice.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    confirmed = Receipt.from_json(json.loads(lines[line - 1]))
+    lines[line - 1] = json.dumps(SentReceipt(
+        confirmed.job_id, confirmed.round_id, confirmed.client, "ee" * 32,
+        confirmed.upload_digest, confirmed.chain_head_seen, confirmed.seq_seen).to_json()) + "\n"
+    path.write_text("".join(lines))
+
+
+def test_an_unconfirmed_upload_the_log_lists_is_checked(setup: tuple[AuditLog, Path]) -> None:
+    """The server summed alice's upload of round 1, and alice stopped before its answer came:
+    her sent record is checked against the round entry like a receipt (no note), and pins the
+    chain head she saw, so a chain rewritten before it is still named."""
+    log, receipts = setup
+    _stopped_while_uploading(receipts)
+    report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.notes == [] and report.receipts_checked == 6
+    rewrite_from(log, 4, {"uploads": {c: upload_digest(f"{c}/0".encode()) for c in CLIENTS},
+                          "aggregate_note": "forged"})
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert any(p.startswith("receipt alice.jsonl:2 (client 'alice', job 'job-1', round 1, "
+                            "sent): chain head seen at seq 5 differs") for p in problems), \
+        problems
+
+
+def test_an_unconfirmed_upload_the_log_lists_otherwise_is_a_problem(
+        setup: tuple[AuditLog, Path]) -> None:
+    """The log lists an upload of alice in round 1 that is not the one she sent, and none of
+    her records is of it: named, as a receipt's other digest is."""
+    log, receipts = setup
+    _stopped_while_uploading(receipts)
+    rewrite_from(log, 6, {"uploads": {"alice": upload_digest(b"forged"),
+                                      "bob": upload_digest(b"bob/1")}})
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert "receipt alice.jsonl:2 (client 'alice', job 'job-1', round 1, sent): round entry " \
+           "seq 6 lists another upload of this client than the one it sent, and none of its " \
+           "records is of that upload (log rewritten? or the site also uploaded from another " \
+           "--state-dir)" in problems, problems
+
+
+@pytest.mark.parametrize("end", ["closed without it", "aborted"])
+def test_an_unconfirmed_upload_the_log_does_not_hold_is_a_note(tmp_path: Path,
+                                                               end: str) -> None:
+    """alice was stopped while her upload of round 1 was on its way, before the server
+    received it: the round closed with bob's upload only (alice dropped), or was aborted.
+    Her sent record is a note saying so, not a problem."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, receipts)
+        seq, head = log.tip(JOB)
+        write_receipt(receipts, SentReceipt(JOB, 1, "alice", "ee" * 32,
+                                            upload_digest(b"alice/1"), head, seq))
+        write_receipt(receipts, Receipt(JOB, 1, "bob", upload_digest(b"bob/1"), head, seq))
+        if end == "aborted":
+            rec.round_aborted(1, reason="round 1: only 1 masked upload")
+        else:
+            rec.client_dropped("alice", round_id=1, reason="deadline")
+            rec.round(_task(1), uploads={"bob": upload_digest(b"bob/1")},
+                      aggregate=np.arange(6.0), masked=True)
+            rec.model(digest="cd" * 32)
+            seq, head = log.tip(JOB)
+            write_receipt(receipts, ModelReceipt(JOB, "bob", "cd" * 32, head, seq),
+                          filename="bob-model.jsonl")
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    why = ("the log says the round was aborted" if end == "aborted"
+           else "round entry seq 6 does not list this client's upload")
+    sent = (f"receipt alice.jsonl:2 (client 'alice', job 'job-1', round 1, sent): an upload "
+            f"the site sent and the server never confirmed, not in the log ({why}): the site "
+            "stopped before the server received it, or the round went on without it")
+    assert sent in report.notes, report.notes
+    assert len(report.notes) == (2 if end == "aborted" else 1), report.notes  # and bob's
+
+
+def test_a_receipt_is_on_disk_when_written_and_a_cut_last_line_stays_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_receipt syncs the file (and the directory of a new file) before it returns; a
+    last line a crash cut short is named as damaged, and the next receipt stays whole."""
+    from fedforest_secure.audit import read_receipts
+    from fedforest_secure.audit import receipts as receipts_module
+
+    synced: list[int] = []
+    real_fsync = receipts_module.os.fsync
+    monkeypatch.setattr(receipts_module.os, "fsync",
+                        lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    folder = tmp_path / "receipts"
+    first = Receipt(JOB, 0, "alice", "a" * 64, GENESIS, 0)
+    write_receipt(folder, first)
+    assert len(synced) == 2  # the file, then the directory that now names it
+    with (folder / "alice.jsonl").open("a") as fh:
+        fh.write('{"job_id": "job-1", "round')  # a crash in the middle of a line
+    sent = SentReceipt(JOB, 1, "alice", "e" * 64, "b" * 64, "c" * 64, 3)
+    write_receipt(folder, sent)
+    assert len(synced) == 3
+    read = list(read_receipts(folder))
+    assert [w for w, _ in read] == ["alice.jsonl:1", "alice.jsonl:2", "alice.jsonl:3"]
+    assert read[0][1] == first and read[2][1] == sent
+    assert isinstance(read[1][1], ValueError)

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from .entry import GENESIS, ArrayInfo, Entry
 from .kinds import EntryKind
-from .receipts import ModelReceipt, Receipt, read_receipts, upload_digest, write_receipt
+from .receipts import (
+    ModelReceipt,
+    Receipt,
+    SentReceipt,
+    read_receipts,
+    upload_digest,
+    write_receipt,
+)
 from .recorder import JobRecorder
 from .store import AuditStore
 
@@ -70,6 +77,7 @@ __all__ = [
     "JobRecorder",
     "ModelReceipt",
     "Receipt",
+    "SentReceipt",
     "VerifyReport",
     "contains_per_client_plaintext",
     "export_csv",

@@ -1,7 +1,8 @@
 """Client receipts: what a client keeps so it can later hold the server's audit log to account.
 
 For every upload a client writes one :class:`Receipt` as a JSON line to a file in its receipts
-directory (``<dir>/<client>.jsonl`` by default). A receipt pins two facts:
+directory (``<dir>/<client>.jsonl`` by default), once the server has answered the upload. A
+receipt pins two facts:
 
 * ``upload_digest``: SHA-256 hex of the exact bytes uploaded (masked or not) for
   ``(job_id, round_id)``. The log's round entry must list this digest for this client.
@@ -16,12 +17,21 @@ last round and the model) needs one more: when a client downloads the final mode
 :class:`ModelReceipt` (``kind = "model"``) with the model file's SHA-256 and the chain head the
 server announced with it, which covers the model entry and everything before it. ``verify``
 holds the log to both (see :mod:`fedforest_secure.audit.verify`).
+
+An upload's answer can take long (a secure upload's POST waits until every site has uploaded),
+and a client stopped meanwhile would keep no record of an upload the server may have counted.
+So before it sends an upload the client writes a :class:`SentReceipt` (``kind = "sent"``): the
+same facts plus the task's digest, flushed to disk before the request goes. A sent record that
+the upload's :class:`Receipt` follows says nothing more; one that none follows is checked against
+the log's round entry if it lists that upload, and is a note if it does not (the server may
+never have received it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,9 +40,12 @@ from typing import Any
 from ..files import append_line
 from .entry import GENESIS, is_hex_digest
 
-__all__ = ["ModelReceipt", "Receipt", "read_receipts", "upload_digest", "write_receipt"]
+__all__ = ["ModelReceipt", "Receipt", "SentReceipt", "read_receipts", "upload_digest",
+           "write_receipt"]
 
 _FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "seq_seen")
+_SENT_FIELDS = ("kind", "job_id", "round_id", "client", "task_digest", "upload_digest",
+                "chain_head_seen", "seq_seen")
 _MODEL_FIELDS = ("kind", "job_id", "client", "model_digest", "chain_head_seen", "seq_seen")
 
 
@@ -82,6 +95,47 @@ class Receipt:
 
 
 @dataclass(frozen=True)
+class SentReceipt:
+    """A client's record of an upload it is about to send, written before the request: what the
+    client knows before the server answers (the upload's :class:`Receipt` follows the answer).
+    """
+
+    job_id: str
+    round_id: int
+    client: str
+    task_digest: str
+    upload_digest: str
+    chain_head_seen: str
+    seq_seen: int
+
+    def __post_init__(self) -> None:
+        Receipt(self.job_id, self.round_id, self.client, self.upload_digest,
+                self.chain_head_seen, self.seq_seen)  # the same checks
+        if not is_hex_digest(self.task_digest):
+            raise ValueError("receipt task_digest must be a sha256 hex digest")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "sent", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> SentReceipt:
+        """Parse a sent record; ``ValueError`` on missing, extra or mistyped fields."""
+        if not isinstance(obj, dict) or set(obj) != set(_SENT_FIELDS) \
+                or obj.get("kind") != "sent":
+            raise ValueError(f"a sent record has exactly the fields {', '.join(_SENT_FIELDS)}")
+        return cls(**{name: obj[name] for name in _SENT_FIELDS if name != "kind"})
+
+    def confirmed_by(self, receipt: Receipt) -> bool:
+        """Whether ``receipt`` is the receipt of this very upload."""
+        return (receipt.job_id, receipt.round_id, receipt.client, receipt.upload_digest) == \
+            (self.job_id, self.round_id, self.client, self.upload_digest)
+
+    @property
+    def label(self) -> str:
+        return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}, sent"
+
+
+@dataclass(frozen=True)
 class ModelReceipt:
     """A client's record of the final model it received and of the chain head announced with it."""
 
@@ -118,29 +172,58 @@ class ModelReceipt:
         return f"client {self.client!r}, job {self.job_id!r}, model"
 
 
-def parse_receipt(obj: Any) -> Receipt | ModelReceipt:
-    """A round receipt, or a model receipt (``"kind": "model"``); ``ValueError`` otherwise."""
+#: Any record of a receipts file.
+AnyReceipt = Receipt | SentReceipt | ModelReceipt
+
+
+def parse_receipt(obj: Any) -> AnyReceipt:
+    """A round receipt, a sent record (``"kind": "sent"``) or a model receipt (``"kind":
+    "model"``); ``ValueError`` otherwise."""
+    if isinstance(obj, dict) and obj.get("kind") == "sent":
+        return SentReceipt.from_json(obj)
     if isinstance(obj, dict) and "kind" in obj:
         return ModelReceipt.from_json(obj)
     return Receipt.from_json(obj)
 
 
-def write_receipt(directory: str | Path, receipt: Receipt | ModelReceipt, *,
+def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
                   filename: str | None = None) -> Path:
-    """Append ``receipt`` as one JSON line to ``directory/<client>.jsonl`` (or ``filename``)."""
+    """Append ``receipt`` as one JSON line to ``directory/<client>.jsonl`` (or ``filename``),
+    on disk when this returns: one ``write`` in append mode, then ``fsync`` (and of the
+    directory when the file is new), so a client killed right after (e.g. while its upload's
+    request waits) keeps the line whole. A last line a crash cut short stays a line of its own
+    (the reader names it as damaged) rather than swallowing this one."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     name = filename or f"{receipt.client}.jsonl"
     if Path(name).name != name or not name.endswith(".jsonl"):
         raise ValueError(f"bad receipt file name {name!r}")
     path = folder / name
-    # one file for all the site's jobs, whose clients may append at the same time
-    append_line(path, json.dumps(receipt.to_json(), sort_keys=True))
+    new = not path.exists()
+    # one file for all the site's jobs, whose clients may append at the same time; on disk
+    # before the upload it records is sent
+    append_line(path, json.dumps(receipt.to_json(), sort_keys=True), sync=True)
+    if new:
+        _fsync_dir(folder)
     return path
 
 
+def _fsync_dir(folder: Path) -> None:
+    """Make a new file's name durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def read_receipts(directory: str | Path
-                  ) -> Iterator[tuple[str, Receipt | ModelReceipt | ValueError]]:
+                  ) -> Iterator[tuple[str, AnyReceipt | ValueError]]:
     """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line."""
     for path in sorted(Path(directory).glob("*.jsonl")):
         if not path.is_file():

@@ -21,7 +21,11 @@ its model entry is named. A job whose chain has not ended (no ``model``, ``job_f
 ``round_aborted`` entry: it was running when the log was read) and of which no receipt is a model
 receipt (a site that holds the model knows it ended) is checked as far as the log goes: its sites'
 receipts of later rounds and its last round not receipted yet are notes, and the report names the
-job in ``running``. With ``replay=True`` it also replays each job
+job in ``running``. A client's record of an upload it sent (written before the request) that no
+receipt of the upload follows (the client stopped before the server answered) is checked like a
+receipt when the log's round entry lists that upload for the client, is a note when the entry
+does not list the client (or the round has none), and a problem when it lists another upload of
+the client that none of the client's records holds. With ``replay=True`` it also replays each job
 through the coordinator (:mod:`fedforest_secure.audit.replay`): every logged task digest must be
 the task that follows from the logged configuration and aggregates, and the model digest the
 model they yield.
@@ -43,7 +47,7 @@ from ..errors import AuditError
 from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
 from .kinds import EntryKind, check_payload
 from .log import AuditLog
-from .receipts import ModelReceipt, Receipt, read_receipts
+from .receipts import AnyReceipt, ModelReceipt, Receipt, SentReceipt, read_receipts
 
 if TYPE_CHECKING:
     from ._sql import Engine
@@ -257,6 +261,8 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
     uploaded_to_aborted: dict[tuple[str, int], list[str]] = defaultdict(list)
     received = [(where, r) for where, r in read_receipts(receipts_dir)
                 if isinstance(r, ValueError) or job_id is None or r.job_id == job_id]
+    confirmed = _confirmed_later(received)
+    sent_or_receipted = _uploads_held(received)
     # a job not ended in its chain is running unless a site holds its model (then the end
     # is missing: its model receipt names that)
     modelled = {r.job_id for _, r in received if isinstance(r, ModelReceipt)}
@@ -267,16 +273,18 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
             running[job] = reach
     last_round = {job: max((r for j, r in rounds if j == job), default=-1) for job in running}
     beyond: dict[str, list[str]] = defaultdict(list)  # running jobs' receipts of later rounds
-    for where, receipt in received:
+    for i, (where, receipt) in enumerate(received):
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
+            continue
+        if i in confirmed:  # the receipt of the same upload follows: it is checked instead
             continue
         if receipt.job_id not in chains:
             elsewhere[receipt.job_id].append(where)
             continue
         covered[receipt.job_id] = max(covered.get(receipt.job_id, 0), receipt.seq_seen)
         receipted_by[receipt.job_id].add(receipt.client)
-        later = (isinstance(receipt, Receipt) and receipt.job_id in running
+        later = (isinstance(receipt, Receipt | SentReceipt) and receipt.job_id in running
                  and receipt.round_id > last_round[receipt.job_id])
         if later:  # an upload to a round the log does not hold yet
             beyond[receipt.job_id].append(where)
@@ -286,8 +294,15 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
         if isinstance(receipt, Receipt) and (receipt.job_id, receipt.round_id) in aborted \
                 and not rounds.get((receipt.job_id, receipt.round_id)):
             uploaded_to_aborted[(receipt.job_id, receipt.round_id)].append(where)
-        found = (_model_receipt_problems(receipt, chains) if isinstance(receipt, ModelReceipt)
-                 else _receipt_problems(receipt, chains, rounds, aborted, open_round=later))
+        if isinstance(receipt, ModelReceipt):
+            found = _model_receipt_problems(receipt, chains)
+        elif isinstance(receipt, SentReceipt):
+            found, note = _sent_problems(receipt, chains, rounds, aborted, sent_or_receipted,
+                                         open_round=later)
+            if note is not None:
+                notes.append(f"receipt {where} ({receipt.label}): {note}")
+        else:
+            found = _receipt_problems(receipt, chains, rounds, aborted, open_round=later)
         out.extend(f"receipt {where} ({receipt.label}): {p}" for p in found)
     if (receipts_dir / "receipts").is_dir() and (
             not count or any(p.startswith("receipt ") for p in out)):
@@ -317,6 +332,35 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
             out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
                        "rounds and model are unreceipted (a rewritten chain would verify)")
     return _ReceiptsCheck(out, notes, count, set(running))
+
+
+def _upload_key(r: Receipt | SentReceipt) -> tuple[str, int, str]:
+    return r.job_id, r.round_id, r.client
+
+
+def _confirmed_later(received: Sequence[tuple[str, AnyReceipt | ValueError]]) -> set[int]:
+    """The positions of the sent records a receipt of the same upload follows: the client
+    recorded the upload before it sent it, then the server's answer."""
+    out: set[int] = set()
+    receipted: set[tuple[tuple[str, int, str], str]] = set()
+    for i in range(len(received) - 1, -1, -1):
+        r = received[i][1]
+        if isinstance(r, Receipt):
+            receipted.add((_upload_key(r), r.upload_digest))
+        elif isinstance(r, SentReceipt) and (_upload_key(r), r.upload_digest) in receipted:
+            out.add(i)
+    return out
+
+
+def _uploads_held(received: Sequence[tuple[str, AnyReceipt | ValueError]]
+                  ) -> dict[tuple[str, int, str], set[str]]:
+    """(job, round, client) -> the digests of the uploads the records (sent or receipted)
+    hold."""
+    out: dict[tuple[str, int, str], set[str]] = defaultdict(set)
+    for _, r in received:
+        if isinstance(r, Receipt | SentReceipt):
+            out[_upload_key(r)].add(r.upload_digest)
+    return out
 
 
 def _dropped_at(chain: Mapping[int, Entry]) -> dict[str, int]:
@@ -422,24 +466,13 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
     chain = chains.get(receipt.job_id)
     if chain is None:
         return ["the job is not in the log"]
-    out: list[str] = []
-    if receipt.seq_seen > 0:
-        seen = chain.get(receipt.seq_seen)
-        if seen is None:
-            out.append(f"the log has no entry seq {receipt.seq_seen} (deleted or truncated)")
-        elif seen.hash != receipt.chain_head_seen:
-            out.append(f"chain head seen at seq {receipt.seq_seen} differs from the log's "
-                       f"{seen.label} (log rewritten)")
+    out = _head_problems(receipt, chain)
     candidates = rounds.get((receipt.job_id, receipt.round_id), [])
     if not candidates:
         if (receipt.job_id, receipt.round_id) not in aborted and not open_round:
             out.append("the log has no round entry for this round")  # aborted: no sum to list
         return out
-    listed = []
-    for entry in candidates:
-        uploads = entry.payload.get("uploads")
-        if isinstance(uploads, dict) and receipt.client in uploads:
-            listed.append((entry, uploads[receipt.client]))
+    listed = _listed(receipt, candidates)
     if not listed:
         seqs = ", ".join(str(e.seq) for e in candidates)
         out.append(f"round entry seq {seqs} does not list this client's upload")
@@ -447,6 +480,73 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
         seqs = ", ".join(str(e.seq) for e, _ in listed)
         out.append(f"upload digest differs from the one in round entry seq {seqs}")
     return out
+
+
+def _head_problems(receipt: Receipt | SentReceipt, chain: Mapping[int, Entry]) -> list[str]:
+    """The chain head the client saw must be the log's entry ``seq_seen``."""
+    if receipt.seq_seen == 0:
+        return []
+    seen = chain.get(receipt.seq_seen)
+    if seen is None:
+        return [f"the log has no entry seq {receipt.seq_seen} (deleted or truncated)"]
+    if seen.hash != receipt.chain_head_seen:
+        return [f"chain head seen at seq {receipt.seq_seen} differs from the log's "
+                f"{seen.label} (log rewritten)"]
+    return []
+
+
+def _listed(receipt: Receipt | SentReceipt, candidates: Sequence[Entry]
+            ) -> list[tuple[Entry, object]]:
+    """The round entries that list an upload of the receipt's client, with its digest."""
+    listed: list[tuple[Entry, object]] = []
+    for entry in candidates:
+        uploads = entry.payload.get("uploads")
+        if isinstance(uploads, dict) and receipt.client in uploads:
+            listed.append((entry, uploads[receipt.client]))
+    return listed
+
+
+def _sent_problems(receipt: SentReceipt, chains: Mapping[str, Mapping[int, Entry]],
+                   rounds: Mapping[tuple[str, int], Sequence[Entry]],
+                   aborted: Set[tuple[str, int]],
+                   held: Mapping[tuple[str, int, str], Set[str]], *, open_round: bool = False
+                   ) -> tuple[list[str], str | None]:
+    """Problems and a note for an upload the client sent and no receipt confirms (the client
+    stopped while it waited for the answer). The chain head it saw is checked as a receipt's;
+    a round entry listing the upload for the client proves it was summed; one that lists
+    the client with another upload none of its records holds is a problem; otherwise the
+    server may never have received it: a note. ``open_round`` as for
+    :func:`_receipt_problems` (the running job's note names it)."""
+    chain = chains.get(receipt.job_id)
+    if chain is None:
+        return ["the job is not in the log"], None
+    out = _head_problems(receipt, chain)
+    if open_round:
+        return out, None
+    key = (receipt.job_id, receipt.round_id)
+    candidates = rounds.get(key, [])
+    listed = _listed(receipt, candidates)
+    if any(digest == receipt.upload_digest for _, digest in listed):
+        return out, None
+    if listed and not any(d in held.get(_upload_key(receipt), set()) for _, d in listed):
+        seqs = ", ".join(str(e.seq) for e, _ in listed)
+        out.append(f"round entry seq {seqs} lists another upload of this client than the one "
+                   "it sent, and none of its records is of that upload (log rewritten? or "
+                   "the site also uploaded from another --state-dir)")
+        return out, None
+    if listed:
+        why = (f"round entry seq {', '.join(str(e.seq) for e, _ in listed)} lists another "
+               "upload of this client, which its records hold too")
+    elif candidates:
+        why = (f"round entry seq {', '.join(str(e.seq) for e in candidates)} does not list "
+               "this client's upload")
+    elif key in aborted:
+        why = "the log says the round was aborted"
+    else:
+        why = "the log has no round entry for this round"
+    return out, (f"an upload the site sent and the server never confirmed, not in the log "
+                 f"({why}): the site stopped before the server received it, or the round went "
+                 "on without it")
 
 
 def verify_log(log_or_url: AuditLog | Engine | str | Path,

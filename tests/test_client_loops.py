@@ -1,0 +1,136 @@
+"""A site records each upload in its receipts before it sends it: a site stopped while the
+upload's request waits for its answer (a secure upload's POST waits until every site has
+uploaded) still holds a record of what it sent, which ``audit verify`` checks against the log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import httpx
+import numpy as np
+import pytest
+from rich.progress import Progress
+
+from client_app import loops
+from client_app.context import ClientOptions, ClientResult, RunContext, Watch
+from client_app.log import SiteLog
+from client_app.secagg_session import SecAggSession
+from client_app.state import ClientState
+from client_app.transport import Transport
+from fedforest_secure.audit import Receipt, SentReceipt, read_receipts
+from fedforest_secure.config import JobConfig
+from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
+
+JOB = "job-r"
+HEAD = "ab" * 32
+
+
+def _task_bytes() -> bytes:
+    layout = (Block("totals", (2, 3), (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)),)
+    return Task(job_id=JOB, round_id=0, kind=TaskKind.HISTOGRAM, level=0,
+                params={"nodes": [0, 1]}, arrays={"thresholds": np.linspace(0, 1, 4)},
+                layout=layout).to_bytes()
+
+
+class _Ctx(RunContext):
+    """A run context whose answer is a fixed vector (no table, no privacy profile to encode
+    it with); the receipts are written by :class:`RunContext` itself."""
+
+    def contribution(self, task: Task, reply: Reply) -> np.ndarray:
+        return np.zeros(6, dtype=np.uint64)
+
+    def show(self, task: Task, what: str = "") -> None:
+        pass
+
+
+class _Worker:
+    def handle(self, task: Task) -> Reply:
+        return Reply(round_id=task.round_id, summable=np.zeros(6))
+
+
+class _Session:
+    """A secure session whose round keys exist already (the advert went out)."""
+
+    open_round: int | None = None
+    client = object()
+
+    def advertised(self, r: int) -> bool:
+        return True
+
+    def refused(self, r: int) -> bool:
+        return False
+
+    def mask(self, task: Task, message: str, vector: np.ndarray) -> tuple[str, np.ndarray]:
+        return "{}", vector
+
+
+def _records(receipts: Path) -> list[Any]:
+    return [r for _, r in read_receipts(receipts)] if receipts.is_dir() else []
+
+
+@pytest.mark.parametrize("profile", ["secure", "open"])
+def test_the_upload_is_recorded_in_the_receipts_before_its_request_is_sent(
+        tmp_path: Path, profile: str) -> None:
+    """When the upload's POST reaches the server, the site's receipts file already holds a
+    sent record of it (the task's and the body's digests, the chain head given with the
+    step); the server's answer adds the upload's receipt after it."""
+    task = _task_bytes()
+    task_digest = hashlib.sha256(task).hexdigest()
+    receipts = tmp_path / "state" / "receipts"
+    at_upload: list[Any] = []
+    sent_body: list[bytes] = []
+    asked_task = 0
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal asked_task
+        path = request.url.path
+        if path == f"/v1/jobs/{JOB}/secagg":
+            return httpx.Response(200, json={
+                "status": "task", "action": "upload", "round_id": 0, "message": "{}",
+                "task_digest": task_digest, "audit_seq": 3, "audit_head": HEAD})
+        if path == f"/v1/jobs/{JOB}/rounds/0/task":
+            return httpx.Response(200, content=task)
+        if path == f"/v1/jobs/{JOB}/task":  # the open profile's long poll
+            asked_task += 1
+            if asked_task > 1:
+                return httpx.Response(204, headers={"X-FedForest-Status": "done"})
+            return httpx.Response(200, content=task, headers={
+                "X-FedForest-Task-Digest": task_digest, "X-FedForest-Audit-Seq": "3",
+                "X-FedForest-Audit-Head": HEAD})
+        if path == f"/v1/jobs/{JOB}/rounds/0/upload":
+            at_upload.extend(_records(receipts))
+            sent_body.append(request.content)
+            return httpx.Response(200, json={"accepted": True, "round_id": 0,
+                                             "next": {"status": "done", "detail": "ok"}})
+        return httpx.Response(404, json={"error": "not_found", "detail": path})
+
+    tr = Transport("http://127.0.0.1:9", "token", None, insecure_dev=True)
+    tr.close()
+    tr._http = httpx.Client(base_url=tr.base_url, transport=httpx.MockTransport(answer))
+    log = SiteLog(plain=True)
+    opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
+                         schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
+    result = ClientResult(status="running")
+    with Progress(disable=True) as progress:
+        ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
+                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
+                   name="alice", worker=cast(Any, _Worker()), result=result,
+                   progress=progress, bar=progress.add_task("job"), log=log,
+                   watch=Watch(JOB, log, 0))
+        if profile == "secure":
+            tr.step_wait = 10.0  # the upload's answer brings the next step, as in run_secure
+            with ThreadPoolExecutor(max_workers=1) as sender:
+                loops.secure_steps(ctx, cast(SecAggSession, _Session()), sender)
+        else:
+            loops.run_open(ctx)
+    assert result.status == "done" and result.rounds == 1
+    digest = hashlib.sha256(sent_body[0]).hexdigest()
+    sent = SentReceipt(JOB, 0, "alice", task_digest, digest, HEAD, 3)
+    assert at_upload == [sent]
+    assert _records(receipts) == [sent, Receipt(JOB, 0, "alice", digest, HEAD, 3)]
+    assert json.loads((receipts / "alice.jsonl").read_text().splitlines()[0])["kind"] == "sent"
