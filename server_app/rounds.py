@@ -87,6 +87,17 @@ def _disclosed(upload: UploadRow) -> dict[str, np.ndarray]:
     return unpack(upload.disclosed)[1] if upload.disclosed else {}
 
 
+def _who_left(names: dict[int, str], refused: dict[int, str], dropped: set[int]) -> str:
+    """The sites an aborted secure round lost, by name: ``client-1 refused (stopped);
+    client-2 and client-3 missed the deadline`` (a refusal drops a site too: named once)."""
+    said = [f"{names[k]} refused ({why})" for k, why in refused.items()]
+    late = [names[k] for k in sorted(dropped) if k not in refused]
+    if late:
+        listed = late[0] if len(late) == 1 else ", ".join(late[:-1]) + " and " + late[-1]
+        said.append(f"{listed} missed the deadline")
+    return "; ".join(said)
+
+
 class RoundDriver:
     """Moves the jobs' rounds along; holds no state of its own beyond the spool sweep flag."""
 
@@ -196,9 +207,9 @@ class RoundDriver:
                                                        self.clock() + job.round_deadline_s)
         except AbortedRound as exc:
             bridge.current = None
-            refused = "; ".join(f"{rt.names[k]} refused ({why})" for k, why in sr.refused.items())
+            who = _who_left(rt.names, sr.refused, sr.dropped)
             self.fail(sess, job, f"round {rr.round_id}: secure aggregation aborted in phase "
-                      f"{phase}: {exc}" + (f" [{refused}]" if refused else "")
+                      f"{phase}: {exc}" + (f" [{who}]" if who else "")
                       + "; no partial sum was released", rr, rt)
 
     def deadline(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow) -> None:

@@ -8,6 +8,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -433,6 +434,7 @@ def test_a_secure_round_with_fewer_uploads_than_min_clients_releases_no_sum(
     o = offer(env, 0)
     assert o["status"] == "failed", o
     assert "only 3 masked uploads, fewer than the job's min_clients = 4" in o["detail"]
+    assert "[client-3 missed the deadline]" in o["detail"]  # who was missing, by name
     assert "no partial sum was released" in o["detail"]
     with env["db"].session() as s:
         rr = s.get(RoundRow, ("job-a", r))
@@ -453,8 +455,31 @@ def test_too_few_clients_left_fails_the_job_with_a_clear_reason(env: dict) -> No
     env["state"].tick()
     o = offer(env, 0)
     assert o["status"] == "failed" and "no partial sum was released" in o["detail"]
+    assert "[client-2 and client-3 missed the deadline]" in o["detail"], o["detail"]
     with env["db"].session() as s:
         assert s.get(JobRow, "job-a").status == "failed"
+
+
+def test_an_aborted_round_names_the_sites_that_refused_and_those_that_missed_the_deadline(
+        env: dict[str, Any]) -> None:
+    """client-1 refuses the round (it stopped), client-3 never answers: with two adverts of
+    the t = 3 needed the round aborts at the deadline, and its reason names both, each with
+    what it did."""
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    assert env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, 1),
+                            json={"reason": "stopped"}).status_code == 200
+    for k in (0, 2):
+        assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()).status_code \
+            == 200
+    env["clock"].now += 31
+    env["state"].tick()
+    o = offer(env, 0)
+    assert o["status"] == "failed", o
+    assert (f"round {r}: secure aggregation aborted in phase advertise: only 2 clients "
+            "advertised keys" in o["detail"]), o["detail"]
+    assert "[client-1 refused (stopped); client-3 missed the deadline]" in o["detail"], o
 
 
 def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None:
