@@ -28,7 +28,8 @@ from .state import ClientState
 from .transport import Transport
 
 __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
-           "Watch", "dropped_detail", "ended", "job_status_briefly", "parse_as"]
+           "Watch", "dropped_detail", "ended", "job_status_briefly", "left_detail",
+           "parse_as"]
 
 #: What a client restarted in the middle of a secure round is told (its round keys were in the
 #: memory of the process that died, so it cannot answer that round's steps).
@@ -188,12 +189,25 @@ class Watch:
             if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
                 self._dropped.add(m.name)
                 at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
-                goes = (f"the job continues with {st.active_clients} sites (at least "
-                        f"{st.min_clients} needed)" if st.status == "running"
-                        and st.active_clients >= st.min_clients else
-                        f"the job {st.status if st.status != 'running' else 'cannot go on'} "
-                        f"with {st.active_clients} sites (at least {st.min_clients} needed)")
-                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; {goes}")
+                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; {_goes(st)}")
+
+
+def _goes(st: JobStatus) -> str:
+    """What became of a job a site was dropped from, in words."""
+    n, need = _sites(st.active_clients), f"(at least {st.min_clients} needed)"
+    if st.status == "running":
+        verb = "continues" if st.active_clients >= st.min_clients else "cannot go on"
+        return f"the job {verb} with {n} {need}"
+    if st.status == "done":
+        return f"the job finished with {n}"
+    if st.status == "failed":
+        return f"the job failed with {n} left {need}"
+    return f"the job is {st.status} with {n} {need}"
+
+
+def _sites(n: int) -> str:
+    """``1 site``, ``3 sites``."""
+    return f"{n} site" if n == 1 else f"{n} sites"
 
 
 def _names(names: Sequence[str]) -> str:
@@ -236,8 +250,9 @@ def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     st = job_status_briefly(tr, job) if tr is not None else None  # said without it if none
     status = st.status if st is not None else None
     if st is not None and status == "running" and st.active_clients < st.min_clients:
-        return (f"{said}; the job cannot go on: {st.active_clients} sites remain, fewer than "
-                f"the {st.min_clients} it needs, so it stops without a model (`fedforest "
+        remain = "remains" if st.active_clients == 1 else "remain"
+        return (f"{said}; the job cannot go on: {_sites(st.active_clients)} {remain}, fewer "
+                f"than the {st.min_clients} it needs, so it stops without a model (`fedforest "
                 f"status --job {job}` says when)")
     if status == "failed":
         return f"{said}; the job has failed since: there is no model (`fedforest status " \
@@ -247,3 +262,33 @@ def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     return (f"{said}; the job went on without it. Once the job is done, `fedforest model "
             f"download --job {job}` fetches its model")
 
+
+
+def left_detail(job: str, how: str, *, told: bool, st: JobStatus | None) -> str:
+    """What a site that stops in the middle of a secure round of ``job`` says last: that it
+    left the job (``how``: why; ``told``: whether the server took its refusal), that running
+    the client again cannot rejoin it, and what became of the job (``st``, asked after the
+    refusal; None: not known). A job that had ended before is said as such."""
+    if st is not None and st.status in ("done", "failed") and not told:
+        return f"job {job} had ended before this site stopped: {_ended(job, st)}"
+    server = ("the server was told" if told else
+              "the server could not be told: it drops this site at the step's deadline")
+    said = (f"this site has left job {job} ({how}; {server}): its round keys die with this "
+            "process, so running the client again cannot rejoin the job")
+    if st is not None and st.status in ("done", "failed"):
+        return f"{said}; {_ended(job, st)}"
+    if st is None or st.status != "running":
+        return (f"{said}; the job goes on without it while enough sites remain (`fedforest "
+                f"status --job {job}` says how it goes)")
+    if st.active_clients >= st.min_clients:
+        return (f"{said}; the job goes on without it with {_sites(st.active_clients)} (at "
+                f"least {st.min_clients} needed)")
+    remain = "remains" if st.active_clients == 1 else "remain"
+    return (f"{said}; the job cannot go on: {_sites(st.active_clients)} {remain}, fewer than "
+            f"the {st.min_clients} it needs, so it stops without a model")
+
+
+def _ended(job: str, st: JobStatus) -> str:
+    if st.status == "done":
+        return f"the job is done: `fedforest model download --job {job}` fetches its model"
+    return f"the job has failed{f' ({st.reason})' if st.reason else ''}: there is no model"

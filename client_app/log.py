@@ -23,11 +23,14 @@ class SiteLog:
         self.stream = stream if stream is not None else sys.stderr
         self.plain = (not _isatty(self.stream)) if plain is None else plain
         self.console = Console(file=self.stream, quiet=self.plain)
+        #: the last :meth:`warn` message (the command does not print again what it said)
+        self.last_warning: str | None = None
 
     def info(self, message: str) -> None:
         self._emit(message)
 
     def warn(self, message: str) -> None:
+        self.last_warning = message
         self._emit(f"warning: {message}", style="[yellow]warning:[/yellow] "
                    + message.replace("[", "\\["))
 

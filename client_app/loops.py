@@ -16,13 +16,27 @@ from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolErro
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
 from fedforest_secure.protocol.api import RoundInfo, SecAggStep
 
-from .context import LONG_POLL_S, RESTARTED_SECURE, RunContext, dropped_detail, parse_as
+from .context import (
+    LONG_POLL_S,
+    RESTARTED_SECURE,
+    RunContext,
+    dropped_detail,
+    job_status_briefly,
+    left_detail,
+    parse_as,
+)
 from .evaluation import SiteWorker
 from .secagg_session import SecAggSession
-from .transport import ApiRejected, Transport
+from .transport import ApiRejected, ServerUnreachable, Transport
 
-__all__ = ["leave_after_error", "replay", "run_open", "run_secure", "secure_steps",
-           "tell_stopped"]
+__all__ = ["LeftSecureJob", "leave_after_error", "replay", "run_open", "run_secure",
+           "secure_steps", "tell_stopped"]
+
+
+class LeftSecureJob(FedForestError):
+    """This client gave up on its server in the middle of a secure round: the site has left
+    the job (its round keys die with the process), which running the client again cannot
+    rejoin."""
 
 
 def run_open(ctx: RunContext) -> None:
@@ -61,23 +75,46 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
             secure_steps(ctx, session, sender)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # stopped (Ctrl-C, SIGTERM): the round keys die with this process, so the open round
         # goes on without this site; the server learns it now, not at the step's deadline
-        _leave_round(ctx, session, "stopped")
+        r = session.open_round
+        if r is None:  # before its first round: the same command resumes it
+            raise
+        try:
+            told = _leave_round(ctx, session, "stopped")
+            st = job_status_briefly(tr, job)
+        except KeyboardInterrupt:  # a second Ctrl-C cuts the leaving short
+            told, st = session.refused(r), None
+        # what the command prints last: the site left the job, which a rerun cannot rejoin
+        exc.add_note(left_detail(job, f"it stopped in the middle of secure round {r}",
+                                 told=told, st=st))
         raise
     except Exception as exc:
         # an error this process stops on (a full disk, a server that misbehaves, a defect of
         # this program): the same (the command prints the error)
-        leave_after_error(ctx, session, exc)
+        told = leave_after_error(ctx, session, exc)
+        r = session.open_round
+        if isinstance(exc, ServerUnreachable) and r is not None:
+            # "is it running?" would send the site's operator to rerun the client once the
+            # server is back: that cannot rejoin the job
+            st = job_status_briefly(tr, job) if told else None
+            raise LeftSecureJob(
+                f"{exc.failure}; "
+                + left_detail(job, f"it gave up on the server in the middle of secure round "
+                                   f"{r}", told=told, st=st)
+                + f". --retry-budget sets how long a client waits for its server "
+                  f"({ctx.opts.retry_budget_s:.0f}s here, 300s by default)") from exc
         raise
 
 
-def leave_after_error(ctx: RunContext, session: SecAggSession, exc: Exception) -> None:
+def leave_after_error(ctx: RunContext, session: SecAggSession, exc: Exception) -> bool:
     """This process stops on ``exc`` in a secure job: refuse the open round (code ``failed``,
-    or the refusal's own code), unless the server cannot be told or knows already."""
-    if not _server_knows(exc):
-        _leave_round(ctx, session, exc.code if isinstance(exc, RefusedRequest) else "failed")
+    or the refusal's own code), unless the server cannot be told or knows already. Whether
+    the server took the refusal (now or before)."""
+    if _server_knows(exc):
+        return False
+    return _leave_round(ctx, session, exc.code if isinstance(exc, RefusedRequest) else "failed")
 
 
 def _server_knows(exc: Exception) -> bool:
@@ -89,42 +126,46 @@ def _server_knows(exc: Exception) -> bool:
                                              or exc.status in (401, 403))
 
 
-def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> None:
+def _leave_round(ctx: RunContext, session: SecAggSession, code: str) -> bool:
     """This process stops in the middle of a secure round: refuse it with ``code`` (unless it
-    did already), within a few seconds."""
+    did already), within a few seconds. Whether the server has this site's refusal."""
     r = session.open_round
-    if r is not None and not session.refused(r):
-        with ctx.tr.brief():
-            tell_stopped(ctx, session, r, code)
+    if r is None:
+        return False
+    if session.refused(r):
+        return True
+    with ctx.tr.brief():
+        return tell_stopped(ctx, session, r, code)
 
 
 def tell_stopped(ctx: RunContext, session: SecAggSession, r: int, code: str = "stopped"
-                 ) -> None:
+                 ) -> bool:
     """Tell the server this site stopped (a refusal with ``code``): refuse round ``r`` or,
     where ``r`` closed meanwhile, the round open now (this site's keys for it rode on its
     answer to ``r``, so the server counts the site in and would wait for it until the step's
-    deadline)."""
+    deadline). Whether the server took the refusal."""
     for _ in range(2):
         try:
             session.refuse_round(r, code)
-            return
+            return True
         except ApiRejected as exc:
             if exc.code != "round_closed":
                 ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-                return
+                return False
             try:
                 step = parse_as(SecAggStep, ctx.tr.get_json(f"/v1/jobs/{ctx.job}/secagg"),
                                 "secure-aggregation step")
             except (FedForestError, OSError) as err:
                 ctx.log.info(f"round {r}: the server was not told this site stopped: {err}")
-                return
+                return False
             if step.round_id is None or step.round_id <= r:
                 ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-                return
+                return False
             r = step.round_id
         except (FedForestError, OSError) as exc:
             ctx.log.info(f"round {r}: the server was not told this site stopped: {exc}")
-            return
+            return False
+    return False
 
 
 def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExecutor) -> None:

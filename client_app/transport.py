@@ -27,8 +27,8 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.pki import check_validity
 from fedforest_secure.protocol.api import ErrorBody
 
-__all__ = ["ApiRejected", "Transport", "TransportFailed", "check_server_url", "is_loopback_host",
-           "tls_context"]
+__all__ = ["ApiRejected", "ServerUnreachable", "Transport", "TransportFailed", "check_server_url",
+           "is_loopback_host", "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 #: Connections closed without an answer, in a row, before the client asks whether the server
@@ -63,7 +63,17 @@ class ApiRejected(FedForestError):
 
 
 class TransportFailed(FedForestError):
-    """The server stayed unreachable for longer than the retry budget."""
+    """The server cannot be talked to: it stayed unreachable for longer than the retry budget
+    (:class:`ServerUnreachable`), or TLS stands in the way."""
+
+
+class ServerUnreachable(TransportFailed):
+    """The server did not answer, or kept failing, for longer than the retry budget.
+    ``failure`` is what happened, without the advice the message ends with."""
+
+    def __init__(self, message: str, *, failure: str) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -281,13 +291,13 @@ class Transport:
                                       body.model_dump())
                 err = f"HTTP {resp.status_code}{_detail_of(resp)}"
             if time.monotonic() - start > self.retry_budget_s:
-                if err.startswith("HTTP"):
-                    raise TransportFailed(f"{method} {path}: the server at {self.base_url} "
-                                          f"kept failing for {self.retry_budget_s:.0f}s "
-                                          f"({err}); its log says why")
-                raise TransportFailed(f"{method} {path}: the server at {self.base_url} did "
-                                      f"not answer for {self.retry_budget_s:.0f}s ({err}); is "
-                                      "it running, and are the address and port right?")
+                failing = err.startswith("HTTP")
+                failure = (f"{method} {path}: the server at {self.base_url} "
+                           f"{'kept failing' if failing else 'did not answer'} for "
+                           f"{self.retry_budget_s:.0f}s ({err})")
+                raise ServerUnreachable(failure + ("; its log says why" if failing else
+                                                   "; is it running, and are the address and "
+                                                   "port right?"), failure=failure)
             if not self._waiting and self.on_wait is not None:
                 self.on_wait(f"waiting for the server at {self.base_url} ({err}); retrying "
                              f"for up to {self.retry_budget_s:.0f}s")

@@ -89,8 +89,10 @@ def client(
     Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
     (waiting for the server or for other sites, each level, dropped sites)."""
     from client_app.context import ended
+    from client_app.log import SiteLog
     from client_app.runner import ClientOptions, run_client
 
+    log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
     # are Ctrl-C: the site leaves the job the same way
     signal.signal(signal.SIGTERM, _terminated)
@@ -102,22 +104,26 @@ def client(
                                        state_dir=state_dir, model_out=out, quiet=quiet,
                                        retry_budget_s=retry_budget, profile=profile,
                                        insecure_dev=insecure_dev, n_clients=clients,
-                                       eval_data=eval_data))
+                                       eval_data=eval_data), log)
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:
         how, code = ("interrupted", 130) if not isinstance(exc, Terminated) else (
             "hung up" if exc.signum == signal.SIGHUP else "terminated", 128 + exc.signum)
+        # stopped in the middle of a secure round, the site left the job: the secure loop
+        # says so, and what became of the job, in a note of the interrupt
+        left = getattr(exc, "__notes__", None)
+        said = left[-1] if left else (f"this site stopped taking part in job {job}. The same "
+                                      "command resumes it")
         with contextlib.suppress(OSError):  # a terminal that closed (SIGHUP) takes no line
-            console.print(f"[yellow]{how}[/yellow]: this site stopped taking part in job "
-                          f"{job}. The same command resumes it, unless it stopped in the "
-                          "middle of a secure round: then it has left the job (its round keys "
-                          "died with the process), which goes on without it while enough "
-                          "sites remain", soft_wrap=True)  # one line off a terminal too
+            console.print(f"[yellow]{how}[/yellow]: {escape(said)}",
+                          soft_wrap=True)  # one line off a terminal too
         raise typer.Exit(code) from None
     if res.status != "done":
-        console.print(f"[yellow]job ended:[/yellow] {escape(ended(res.status, res.detail))}",
-                      soft_wrap=True)
+        if not res.detail or res.detail not in (log.last_warning or ""):
+            # unless the client's last warning said how the job ended: said once
+            console.print(f"[yellow]job ended:[/yellow] {escape(ended(res.status, res.detail))}",
+                          soft_wrap=True)
         raise typer.Exit(3)
 
 
@@ -234,16 +240,17 @@ def simulate(
     round_deadline: Annotated[float, typer.Option(
         help="seconds a client has for each step of a round before it is dropped")] = 60.0,
 ) -> None:
-    """Server + K client processes over HTTPS on 127.0.0.1, then a comparison table."""
+    """Server + K client processes over HTTPS on 127.0.0.1, then a comparison table. Exits 3
+    when a client process did not end done (killed, dropped, failed), naming it."""
     from .simulate import SimulateOptions, run_simulation
 
     # SIGTERM (`timeout`, a CI job cancel) is Ctrl-C: the server and clients are stopped
     signal.signal(signal.SIGTERM, _terminated_once)
     try:
-        run_simulation(SimulateOptions(dataset=dataset, clients=clients, alpha=alpha,
-                                       profile=profile, out=out, trees=trees, depth=depth,
-                                       bins=bins, seed=seed, max_rows=max_rows,
-                                       round_deadline=round_deadline))
+        res = run_simulation(SimulateOptions(dataset=dataset, clients=clients, alpha=alpha,
+                                             profile=profile, out=out, trees=trees,
+                                             depth=depth, bins=bins, seed=seed,
+                                             max_rows=max_rows, round_deadline=round_deadline))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:
@@ -251,6 +258,12 @@ def simulate(
         console.print(f"[yellow]{how}[/yellow]: the simulation's server and client processes "
                       f"were stopped; what it wrote so far is in {out}", soft_wrap=True)
         raise typer.Exit(code) from None
+    failed = res["failed_clients"]
+    if failed:  # the job finished without them: not a run that went as it should
+        console.print(f"[red]error:[/red] {len(failed)} of {clients} client processes did not "
+                      f"end done ({', '.join(e.name for e in failed)}): the model was trained "
+                      f"over {escape(res['trained_over'])}", soft_wrap=True)
+        raise typer.Exit(3)
 
 
 def _terminated_once(_signum: int, _frame: FrameType | None) -> None:

@@ -1,10 +1,12 @@
 """The processes of ``fedforest simulate`` and of the integration tests: a server on
-127.0.0.1 (its TOML, its process, its health) and one client process per site."""
+127.0.0.1 (its TOML, its process, its health), one client process per site, and how each
+client process ended."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.protocol.api import JobStatus
 
 from .sim_data import SiteData
 
-__all__ = ["OneSiteServer", "child_env", "db_url", "free_port", "one_site_server", "start_client",
-           "start_server", "stop", "stop_all", "wait_healthy", "write_server_config"]
+__all__ = ["ClientEnd", "OneSiteServer", "child_env", "client_ends", "db_url", "free_port",
+           "one_site_server", "start_client", "start_server", "stop", "stop_all", "trained_over",
+           "wait_healthy", "write_server_config"]
 
 
 def free_port() -> int:
@@ -190,3 +194,66 @@ def one_site_server(root: Path, port: int | None = None, timeout: float = 120.0
         yield OneSiteServer(proc, url, certs, token)
     finally:
         stop(proc)
+
+
+#: What a client's exit code says (``fedforest client``: 2 an error, 3 the job ended without
+#: this site's model, 128 + n a signal it stopped on).
+_EXITS = {2: "stopped on an error", 3: "ended without taking part to the end",
+          129: "hung up", 130: "interrupted", 143: "terminated"}
+
+
+@dataclass(frozen=True)
+class ClientEnd:
+    """How one client process ended: its exit code (negative: killed by that signal) and, if
+    the server dropped it, the round."""
+
+    name: str
+    code: int
+    dropped_round: int | None = None
+    dropped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the client ended done (it has the job's model)."""
+        return self.code == 0
+
+    def describe(self) -> str:
+        """``client-2: killed by SIGKILL (exit code -9); dropped from the job at round 4``."""
+        if self.code < 0:
+            try:
+                how = f"killed by {signal.Signals(-self.code).name}"
+            except ValueError:
+                how = f"killed by signal {-self.code}"
+        else:
+            how = _EXITS.get(self.code, "failed") if self.code else "done"
+        at = f" at round {self.dropped_round}" if self.dropped_round is not None else ""
+        return f"{self.name}: {how} (exit code {self.code})" + (
+            f"; dropped from the job{at}" if self.dropped else "")
+
+
+def client_ends(names: Sequence[str], codes: Sequence[int], status: JobStatus | None
+                ) -> list[ClientEnd]:
+    """How each client process (``names[k]`` exited with ``codes[k]``) ended, with whether the
+    job's ``status`` (None: not known) lists it as dropped."""
+    members = {m.name: m for m in status.members} if status is not None else {}
+    out = []
+    for name, code in zip(names, codes, strict=True):
+        m = members.get(name)
+        if m is not None and m.state == "dropped":
+            out.append(ClientEnd(name, code, m.dropped_round, dropped=True))
+        else:
+            out.append(ClientEnd(name, code))
+    return out
+
+
+def trained_over(status: JobStatus | None, n: int) -> str:
+    """The sites a job's model was trained over: ``5 sites``, or with sites dropped on the
+    way, ``5 sites, 4 of them to the end (client-2 dropped at round 4)``."""
+    gone = sorted((m for m in status.members if m.state == "dropped"),
+                  key=lambda m: m.name) if status is not None else []
+    if not gone:
+        return f"{n} sites"
+    said = ", ".join(f"{m.name}{' dropped' if i == 0 else ''}"
+                     + (f" at round {m.dropped_round}" if m.dropped_round is not None else "")
+                     for i, m in enumerate(gone))
+    return f"{n} sites, {n - len(gone)} of them to the end ({said})"

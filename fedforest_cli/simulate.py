@@ -22,6 +22,7 @@ from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import write_atomic
+from fedforest_secure.protocol.api import JobStatus
 
 from .sim_data import (
     SimData,
@@ -33,12 +34,14 @@ from .sim_data import (
 from .sim_eval import evaluate
 from .sim_evaluation import EvalRun
 from .sim_processes import (
+    client_ends,
     db_url,
     free_port,
     start_client,
     start_server,
     stop,
     stop_all,
+    trained_over,
     wait_healthy,
     write_server_config,
 )
@@ -125,8 +128,12 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
         _watch(out / "server.db", sim.job_id, opts.depth, clients, server)
         codes = [p.wait() for p in clients]
         status = _job_status(out / "server.db", sim.job_id)
+        members = _members(out / "server.db", sim.job_id)
+        ends = client_ends([s.name for s in sim.sites], codes, members)
+        failed = [e for e in ends if not e.ok]
         if status["status"] != "done":
-            raise FedForestError(f"the job ended {status['status']}: {status['reason']} "
+            gone = "".join(f"; {e.describe()}" for e in failed)
+            raise FedForestError(f"the job ended {status['status']}: {status['reason']}{gone} "
                                  f"(logs in {out / 'logs'})")
         model_text = status["model_json"]
         write_atomic(out / "model.json", model_text)
@@ -145,12 +152,17 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     receipts = collect_receipts(out)
     audit = _audit_summary(out / "audit.db", receipts, sim.job_id)
     scores = evaluate(model, sim, opts, evaluation.result)
-    _print_table(scores, sim, opts, wall, status["round"])
+    over = trained_over(members, opts.clients)
+    _print_table(scores, sim, opts, wall, status["round"], over)
     _print_where(out, audit)
+    for end in failed:  # the model came without them: said last, with where to look
+        console.print(f"[yellow]warning:[/yellow] {end.describe()}; its log: "
+                      f"{out / 'logs' / (end.name + '.log')}", soft_wrap=True)
     return {"scores": scores, "wall_s": wall, "train_wall_s": train_wall,
             "eval_wall_s": evaluation.wall_s, "client_exit_codes": codes, "out": out,
             "model_digest": status["model_digest"], "receipts": receipts, "audit": audit,
-            "rounds": status["round"], "evaluation": evaluation.result}
+            "rounds": status["round"], "evaluation": evaluation.result,
+            "failed_clients": failed, "trained_over": over}
 
 
 def _clear_earlier_run(out: Path) -> None:
@@ -222,6 +234,14 @@ def _job_status(db: Path | str, job_id: str) -> dict[str, Any]:
             "model_digest": job.model_digest, "round": job.round_id}
 
 
+def _members(db: Path | str, job_id: str) -> JobStatus | None:
+    """The job as ``fedforest status`` shows it: its members, who was dropped and when."""
+    from server_app.admin import ServerAdmin
+
+    with ServerAdmin(db_url(db)) as admin:
+        return admin.status(job_id)
+
+
 def wait_for_job(db: Path | str, job_id: str, timeout: float) -> None:
     """Wait until the job exists in the server's database (created by another process, e.g.
     ``fedforest evaluate``); TimeoutError after ``timeout`` seconds."""
@@ -264,7 +284,10 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
 
 
 def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: float,
-                 rounds: int) -> None:
+                 rounds: int, over: str | None = None) -> None:
+    """The comparison table; ``over``: the sites the model was trained over
+    (:func:`~fedforest_cli.sim_processes.trained_over`; all of them by default)."""
+    over = over or f"{opts.clients} sites"
     metric = scores["metric"]
     secure = opts.privacy_profile().secure_aggregation  # a file's name says nothing
     table = Table(title=f"{opts.dataset}: test {metric} on {len(sim.y_test)} held-out rows "
@@ -272,7 +295,7 @@ def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: 
     table.add_column("method")
     table.add_column(metric, justify="right")
     table.add_column("who sees what")
-    sees = (f"the server sees only masked vectors and their sum over the {opts.clients} sites"
+    sees = (f"the server sees only masked vectors and their sum over the {over}"
             if secure else f"the server sees each site's statistics (profile {opts.profile})")
     noise = scores.get("fedforest_noise")
     value = f"{scores['fedforest']:.4f}" + (f" ± {noise:.4f}" if noise else "")
@@ -287,7 +310,7 @@ def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: 
                   "each site alone, on its own rows")
     console.print(table)
     console.print(f"T={opts.trees} trees, maximum depth {opts.depth}, B={opts.bins} bins, "
-                  f"{opts.clients} sites, {rounds} aggregation rounds; wall time {wall:.1f}s. "
+                  f"{over}, {rounds} aggregation rounds; wall time {wall:.1f}s. "
                   "FedForest should be close to the centralized forest and better than local "
                   "learning when the sites are heterogeneous.")
 

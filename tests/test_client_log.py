@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from client_app.context import Watch
 from client_app.log import SiteLog
-from client_app.transport import Transport, TransportFailed
+from client_app.transport import ServerUnreachable, Transport, TransportFailed
 from fedforest_cli.cli import app
 from fedforest_cli.sim_processes import one_site_server
 from fedforest_cli.site_cli import format_status
@@ -62,7 +62,27 @@ def test_the_watch_names_the_sites_not_joined_yet_and_each_dropped_site_once() -
                     "warning: job j: site c was dropped at round 4; the job continues with 2 "
                     "sites (at least 2 needed)",
                     "warning: job j: site b was dropped at round 4; the job cannot go on with "
-                    "1 sites (at least 2 needed)"]
+                    "1 site (at least 2 needed)"]
+
+
+@pytest.mark.parametrize(("job_status", "active", "says"), [
+    ("done", 3, "the job finished with 3 sites"),
+    ("failed", 1, "the job failed with 1 site left (at least 2 needed)"),
+    ("running", 1, "the job cannot go on with 1 site (at least 2 needed)"),
+])
+def test_the_watch_says_what_became_of_the_job_a_site_was_dropped_from(
+        job_status: str, active: int, says: str) -> None:
+    """Seen at the end of the job (its last status poll), a dropped site is told in words:
+    "the job finished with 3 sites", not "the job done with 3 sites"."""
+    out = io.StringIO()
+    watch = Watch("j", SiteLog(stream=out), me=0)
+    watch.observe(JobStatus.model_validate({
+        "job_id": "j", "status": job_status, "min_clients": 2, "n_clients": 4,
+        "active_clients": active,
+        "members": [{"name": "a", "index": 0, "state": "active"},
+                    {"name": "b", "index": 1, "state": "dropped", "dropped_round": 4}]}))
+    msgs = [LINE.match(x).group(1) for x in out.getvalue().splitlines()]  # type: ignore[union-attr]
+    assert msgs == [f"warning: job j: site b was dropped at round 4; {says}"]
 
 
 def test_a_client_started_before_the_server_says_it_waits_and_then_why_it_gave_up() -> None:
@@ -76,6 +96,11 @@ def test_a_client_started_before_the_server_says_it_waits_and_then_why_it_gave_u
     assert "did not answer for 0s (connection refused: the server is not running yet" in str(
         err.value)
     assert "is it running" in str(err.value)
+    # what a secure client that gave up says in its own words: the failure without the advice
+    assert isinstance(err.value, ServerUnreachable)
+    assert err.value.failure == (f"GET /v1/jobs: the server at {url} did not answer for 0s "
+                                 "(connection refused: the server is not running yet, or the "
+                                 "port is wrong)")
 
 
 def _json_handler(status: int, body: bytes) -> type[http.server.BaseHTTPRequestHandler]:

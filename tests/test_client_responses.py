@@ -305,6 +305,7 @@ def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do
     ("done", "the job is done: `fedforest model download --job j1` fetches its model", True),
     ("running", "the job went on without it. Once the job is done", True),
     ("too few", "the job cannot go on: 2 sites remain, fewer than the 3 it needs", False),
+    ("one left", "the job cannot go on: 1 site remains, fewer than the 3 it needs", False),
     (None, "the job went on without it. Once the job is done", True),  # status unreadable
 ])
 def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, says: str,
@@ -315,9 +316,9 @@ def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, s
         assert path == "/v1/jobs/j1"
         if job_status is None:
             raise ProtocolError("malformed job status")
-        if job_status == "too few":  # running, about to fail for want of sites
-            return {"job_id": "j1", "status": "running", "active_clients": 2,
-                    "min_clients": 3}
+        if job_status in ("too few", "one left"):  # running, about to fail for want of sites
+            return {"job_id": "j1", "status": "running",
+                    "active_clients": 2 if job_status == "too few" else 1, "min_clients": 3}
         return {"job_id": "j1", "status": job_status, "active_clients": 3, "min_clients": 3}
 
     detail = dropped_detail("j1", "missed the round deadline",

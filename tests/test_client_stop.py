@@ -15,7 +15,7 @@ import pytest
 from ports import free_port
 
 from client_app import loops
-from client_app.transport import ApiRejected, Transport, TransportFailed
+from client_app.transport import ApiRejected, ServerUnreachable, Transport, TransportFailed
 from fedforest_secure.errors import ProtocolError, RefusedRequest
 
 
@@ -188,3 +188,156 @@ def test_the_status_poll_asks_briefly_and_never_fails_the_site() -> None:
         tr.close()
     assert asked == [5.0]
     assert tr.retry_budget_s == 600.0  # restored
+
+
+# ------------------------------------------------ what a site that left a secure job says last
+@dataclass
+class _StatusTransport(_BriefTransport):
+    """Answers the job's status with ``status`` (None: the server does not answer it)."""
+
+    status: dict[str, Any] | None = None
+
+    def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        self.asked.append(path)
+        if self.status is None:
+            raise TransportFailed("the server did not answer for 5s")
+        return self.status
+
+
+@dataclass
+class _UnreachableSession(_OpenSession):
+    """A session whose server does not answer its refusal."""
+
+    def refuse_round(self, round_id: int, code: str) -> None:
+        raise TransportFailed("the server did not answer for 5s")
+
+
+def _run_secure_failing(monkeypatch: pytest.MonkeyPatch, session: _Session,
+                        tr: _Transport, error: BaseException) -> Any:
+    """``run_secure`` whose steps raise ``error`` in round ``session.open_now``."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(loops, "SecAggSession", lambda *a, **k: session)
+
+    def failing(*a: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(loops, "secure_steps", failing)
+    ctx = SimpleNamespace(tr=tr, job="job-a", log=_Log(), index=0, config=None,
+                          opts=SimpleNamespace(ca=None, cert=None, retry_budget_s=60.0))
+    return ctx
+
+
+UNREACHABLE = ServerUnreachable(
+    "POST /v1/jobs/job-a/rounds/4/secagg/unmask: the server at https://h:8443 did not answer "
+    "for 60s (connection refused); is it running, and are the address and port right?",
+    failure="POST /v1/jobs/job-a/rounds/4/secagg/unmask: the server at https://h:8443 did not "
+            "answer for 60s (connection refused)")
+
+
+def test_a_secure_site_that_gives_up_on_its_server_mid_round_says_it_left_the_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server stayed away longer than the retry budget in the middle of a secure round:
+    the site's round keys die with the process, so rerunning the client (what "is it
+    running?" invites) cannot rejoin the job. The error says so, and names --retry-budget."""
+    session = _UnreachableSession(open_now=4)
+    tr = _StatusTransport({})
+    ctx = _run_secure_failing(monkeypatch, session, tr, UNREACHABLE)
+    with pytest.raises(loops.LeftSecureJob) as err:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    text = str(err.value)
+    assert text.startswith("POST /v1/jobs/job-a/rounds/4/secagg/unmask: the server at "
+                           "https://h:8443 did not answer for 60s (connection refused); this "
+                           "site has left job job-a (it gave up on the server in the middle of "
+                           "secure round 4; the server could not be told"), text
+    assert "running the client again cannot rejoin the job" in text
+    assert "is it running" not in text
+    assert text.endswith("--retry-budget sets how long a client waits for its server (60s "
+                         "here, 300s by default)"), text
+    assert err.value.__cause__ is UNREACHABLE
+    assert tr.asked == []  # a server that did not answer the refusal is not asked more
+
+
+def test_a_site_that_gave_up_on_its_server_but_told_it_says_what_became_of_the_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    session = _OpenSession(open_now=4)
+    tr = _StatusTransport({}, status={"job_id": "job-a", "status": "running",
+                                      "active_clients": 4, "min_clients": 3})
+    ctx = _run_secure_failing(monkeypatch, session, tr, UNREACHABLE)
+    with pytest.raises(loops.LeftSecureJob) as err:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    assert session.refusals == [(4, "failed")]
+    assert "(it gave up on the server in the middle of secure round 4; the server was told)" \
+        in str(err.value)
+    assert "the job goes on without it with 4 sites (at least 3 needed)" in str(err.value)
+
+
+def test_a_server_error_outside_a_secure_round_is_raised_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before its first secure round a site holds no round keys: a rerun resumes it, and the
+    error stays the transport's own."""
+    session = _OpenSession(open_now=4)
+    monkeypatch.setattr(_OpenSession, "open_round", property(lambda self: None))
+    ctx = _run_secure_failing(monkeypatch, session, _StatusTransport({}), UNREACHABLE)
+    with pytest.raises(ServerUnreachable):
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("status", "says"), [
+    ({"job_id": "job-a", "status": "running", "active_clients": 4, "min_clients": 3},
+     "this site has left job job-a (it stopped in the middle of secure round 4; the server was "
+     "told): its round keys die with this process, so running the client again cannot rejoin "
+     "the job; the job goes on without it with 4 sites (at least 3 needed)"),
+    ({"job_id": "job-a", "status": "running", "active_clients": 2, "min_clients": 3},
+     "; the job cannot go on: 2 sites remain, fewer than the 3 it needs, so it stops without "
+     "a model"),
+    ({"job_id": "job-a", "status": "failed", "reason": "round 4: too few", "active_clients": 2,
+      "min_clients": 3}, "; the job has failed (round 4: too few): there is no model"),
+    (None, "; the job goes on without it while enough sites remain (`fedforest status --job "
+           "job-a` says how it goes)"),
+])
+def test_a_secure_site_stopped_mid_round_says_it_left_and_what_became_of_the_job(
+        monkeypatch: pytest.MonkeyPatch, status: dict[str, Any] | None, says: str) -> None:
+    """Ctrl-C or SIGTERM in a secure round: the site refuses the round ("stopped"), asks the
+    job's status briefly, and its interrupt carries what the command prints last."""
+    session = _OpenSession(open_now=4)
+    tr = _StatusTransport({}, status=status)
+    ctx = _run_secure_failing(monkeypatch, session, tr, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as err:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    assert session.refusals == [(4, "stopped")]
+    assert tr.asked == ["/v1/jobs/job-a"]
+    notes = getattr(err.value, "__notes__", [])
+    assert len(notes) == 1 and says in notes[0], notes
+
+
+def test_a_secure_site_stopped_after_its_job_failed_says_the_job_had_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job failed before the stop reached the site: the server refuses its refusal
+    (job_finished); it says the job had ended, not that it left a job that goes on."""
+
+    @dataclass
+    class Finished(_OpenSession):
+        def refuse_round(self, round_id: int, code: str) -> None:
+            raise ApiRejected(409, "job_finished", "the job is failed", {})
+
+    tr = _StatusTransport({}, status={"job_id": "job-a", "status": "failed",
+                                      "reason": "round 4: aborted", "active_clients": 2,
+                                      "min_clients": 3})
+    ctx = _run_secure_failing(monkeypatch, Finished(open_now=4), tr, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as err:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    assert getattr(err.value, "__notes__", []) == [
+        "job job-a had ended before this site stopped: the job has failed (round 4: aborted): "
+        "there is no model"]
+
+
+def test_a_site_stopped_outside_a_secure_round_adds_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    session = _OpenSession(open_now=4)
+    monkeypatch.setattr(_OpenSession, "open_round", property(lambda self: None))
+    tr = _StatusTransport({})
+    ctx = _run_secure_failing(monkeypatch, session, tr, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt) as err:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    assert getattr(err.value, "__notes__", []) == [] and tr.asked == []

@@ -1,4 +1,5 @@
-"""The server processes of ``fedforest simulate``, the integration tests and the benchmarks."""
+"""The server and client processes of ``fedforest simulate``, the integration tests and the
+benchmarks, and how the simulation reports a client that did not end done."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from fedforest_cli.sim_processes import one_site_server, stop
+from fedforest_cli.sim_processes import client_ends, one_site_server, stop, trained_over
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.protocol.api import JobStatus
 
 
 @pytest.mark.integration
@@ -120,3 +122,40 @@ def test_a_relative_profile_path_is_read_from_the_current_directory(tmp_path: Pa
     assert code == 0, said
     assert "the server sees only masked vectors" in said
     assert _no_processes_left(str(tmp_path / "run"))
+
+
+def _status(**dropped: int) -> JobStatus:
+    """A finished job of five sites, ``dropped`` mapping a site to its round."""
+    names = [f"client-{k}" for k in range(5)]
+    return JobStatus.model_validate({
+        "job_id": "sim", "status": "done", "n_clients": 5, "min_clients": 3,
+        "active_clients": 5 - len(dropped), "dropped_clients": len(dropped),
+        "members": [{"name": n, "index": k, "state": "dropped" if n in dropped else "active",
+                     "dropped_round": dropped.get(n)} for k, n in enumerate(names)]})
+
+
+def test_each_client_that_did_not_end_done_is_named_with_how_it_ended() -> None:
+    """client-2 was killed (SIGKILL) and dropped at round 4, client-4 was dropped and ended
+    with the client's exit code 3: both are named, the others are not."""
+    names = [f"client-{k}" for k in range(5)]
+    status = _status(**{"client-2": 4, "client-4": 6})
+    ends = client_ends(names, [0, 0, -signal.SIGKILL, 0, 3], status)
+    failed = [e for e in ends if not e.ok]
+    assert [e.name for e in failed] == ["client-2", "client-4"]
+    assert failed[0].describe() == ("client-2: killed by SIGKILL (exit code -9); dropped from "
+                                    "the job at round 4")
+    assert failed[1].describe() == ("client-4: ended without taking part to the end (exit code "
+                                    "3); dropped from the job at round 6")
+    assert [e.describe() for e in client_ends(["a"], [2], None)] == [
+        "a: stopped on an error (exit code 2)"]
+    assert [e.describe() for e in client_ends(["a"], [143], None)] == [
+        "a: terminated (exit code 143)"]
+
+
+def test_the_sites_a_model_was_trained_over_count_the_dropped_ones_apart() -> None:
+    assert trained_over(_status(), 5) == "5 sites"
+    assert trained_over(None, 5) == "5 sites"
+    assert trained_over(_status(**{"client-2": 4}), 5) == (
+        "5 sites, 4 of them to the end (client-2 dropped at round 4)")
+    assert trained_over(_status(**{"client-2": 4, "client-0": 7}), 5) == (
+        "5 sites, 3 of them to the end (client-0 dropped at round 7, client-2 at round 4)")

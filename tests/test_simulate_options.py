@@ -260,7 +260,7 @@ def test_the_result_table_says_what_the_server_saw_from_the_loaded_profile(
     Path(file).write_text(text)
     opts = SimulateOptions(profile=file, clients=3)
     scores = {"metric": "accuracy", "fedforest": 0.9, "centralized": 0.9, "local": 0.8}
-    simulate._print_table(scores, SimpleNamespace(y_test=[0, 1]), opts, 1.0, 3)
+    simulate._print_table(scores, SimpleNamespace(y_test=[0, 1]), opts, 1.0, 3, "3 sites")
     assert sees in console.export_text()
 
 
@@ -287,3 +287,43 @@ def test_signals_wait_while_the_simulations_processes_are_stopped() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_result_table_says_which_sites_the_model_was_trained_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site dropped on the way: not "their sum over the 5 sites", "5 sites, 9 rounds"."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fedforest_cli import simulate
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    monkeypatch.setattr(simulate, "console", console)
+    opts = SimulateOptions(clients=5)
+    scores = {"metric": "accuracy", "fedforest": 0.9, "centralized": 0.9, "local": 0.8}
+    over = "5 sites, 4 of them to the end (client-2 dropped at round 4)"
+    simulate._print_table(scores, SimpleNamespace(y_test=[0, 1]), opts, 1.0, 9, over)
+    text = console.export_text()
+    assert f"their sum over the {over}" in text, text
+    assert f"B=16 bins, {over}, 9 aggregation rounds" in text, text
+
+
+def test_the_command_exits_non_zero_and_names_a_client_that_did_not_end_done(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job finished without client-2 (killed, dropped at round 4): the simulation's last
+    line names it and says over how many sites the model was trained, and it exits 3."""
+    from fedforest_cli import simulate
+    from fedforest_cli.sim_processes import ClientEnd
+
+    def fake_run(opts: SimulateOptions) -> dict[str, object]:
+        return {"failed_clients": [ClientEnd("client-2", -9, 4, dropped=True)],
+                "trained_over": "5 sites, 4 of them to the end (client-2 dropped at round 4)"}
+
+    monkeypatch.setattr(simulate, "run_simulation", fake_run)
+    res = CliRunner().invoke(app, ["simulate", "--clients", "5", "--out", str(tmp_path / "run")],
+                             env={"COLUMNS": "1000"})
+    assert res.exit_code == 3, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "error: 1 of 5 client processes did not end done (client-2): the model was trained "
+        "over 5 sites, 4 of them to the end (client-2 dropped at round 4)")
