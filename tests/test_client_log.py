@@ -339,7 +339,7 @@ def test_the_client_commands_last_line_says_how_the_job_ended_once(
     from client_app.context import ClientResult
 
     monkeypatch.setattr(runner, "run_client",
-                        lambda opts: ClientResult(status=status, detail=detail))
+                        lambda opts, *rest: ClientResult(status=status, detail=detail))
     res = CliRunner().invoke(app, [
         "client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", "spaceL",
         "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml")])
