@@ -1,9 +1,10 @@
 """``fedforest audit show|verify|export``: inspect, verify and export an audit log.
 
 ``--db`` takes a SQLite file path or any SQLAlchemy URL. ``verify`` exits with 0 only if the
-chains, the stored arrays and the given receipts all agree, and prints every problem otherwise;
-a job that has not ended in the log (still running) is verified as far as the log goes, and the
-verdict says so (``OK so far: ...``).
+chains, the stored arrays and the given receipts all agree to the job's end, and prints every
+problem otherwise (exit code 1); a job that has not ended in the log (still running, or a log
+cut before its end) is verified as far as the log goes, and the verdict says so (``OK so far:
+...``, exit code 3: not a pass).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
 
 from ._common import check_output
+
+#: ``verify``'s exit code when nothing disagrees but a job has not ended in the log: not a pass
+RUNNING_EXIT = 3
 
 if TYPE_CHECKING:
     from fedforest_secure.audit import AuditLog
@@ -136,8 +140,10 @@ def verify(
         "digest and the model digest must follow from the logged configuration and "
         "aggregates.")] = False,
 ) -> None:
-    """Check hash chains, stored arrays and receipts; exit code 1 if anything disagrees. --db
-    may also name a JSON-lines export (.jsonl, .jsonl.gz), as a member fetches its job's log."""
+    """Check hash chains, stored arrays and receipts; exit code 0 if all agree to the job's
+    end, 1 if anything disagrees, 3 if nothing disagrees but the job has not ended in the log
+    (still running, or a log cut before its end). --db may also name a JSON-lines export
+    (.jsonl, .jsonl.gz), as a member fetches its job's log."""
     from fedforest_secure.audit import VerifyReport, verify_entries, verify_log
 
     report: VerifyReport
@@ -165,8 +171,9 @@ def verify(
     if report.ok and report.running:  # verified as far as the log goes: not to the end
         them = "it ends" if len(report.running) == 1 else "they end"
         typer.echo(f"OK so far: {summary}; {'; '.join(report.running)}: verify again after "
-                   f"{them}")
-        return
+                   f"{them} (a site whose job has ended must see OK: the log it was given is "
+                   "cut before the job's end)")
+        raise typer.Exit(code=RUNNING_EXIT)
     if report.ok:
         typer.echo(f"OK: {summary}")
         return

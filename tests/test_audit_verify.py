@@ -660,11 +660,12 @@ def test_a_state_dir_given_as_the_receipts_folder_is_named(setup: tuple[AuditLog
     assert verify_log(log, receipts_dir=state / "receipts").ok
 
 
-def _running_job(log: AuditLog, receipts: Path) -> None:
+def _running_job(log: AuditLog, receipts: Path, *, ahead: bool = False) -> None:
     """A job still running when its log was downloaded: rounds 0 and 1 logged (seq 4 and 5),
     each round's uploads receipted by both sites; then the sites uploaded to round 2 (their
-    receipts pin seq 5, the log's last entry) and round 3 (seq 6: the log was downloaded
-    before the server wrote round 2's entry), which the log does not hold yet."""
+    receipts pin seq 5, the log's last entry: the open round, which the log does not hold
+    yet). With ``ahead`` they also uploaded to round 3, pinning seq 6: an entry the server
+    announced that this log does not hold."""
     rec = _round_zero_receipted(log, receipts)
     seq, head = log.tip(JOB)
     uploads = {c: upload_digest(f"{c}/1".encode()) for c in CLIENTS}
@@ -672,7 +673,8 @@ def _running_job(log: AuditLog, receipts: Path) -> None:
         write_receipt(receipts, Receipt(JOB, 1, c, uploads[c], head, seq))
     rec.round(_task(1), uploads=uploads, aggregate=np.arange(6.0), masked=True)
     seq, head = log.tip(JOB)
-    for r, (s, h) in ((2, (seq, head)), (3, (seq + 1, "ab" * 32))):
+    rounds = ((2, (seq, head)), (3, (seq + 1, "ab" * 32))) if ahead else ((2, (seq, head)),)
+    for r, (s, h) in rounds:
         for c in CLIENTS:
             write_receipt(receipts, Receipt(JOB, r, c, upload_digest(f"{c}/{r}".encode()),
                                             h, s))
@@ -699,16 +701,53 @@ def test_a_running_jobs_open_round_receipts_are_a_note_and_the_verdict_says_so(
     assert report.ok, report.problems
     assert report.running == [RUNNING]
     assert report.notes == [
-        f"{RUNNING}: 4 receipt(s) of later rounds (first alice.jsonl:3) go beyond it: the job "
+        f"{RUNNING}: 2 receipt(s) of later rounds (first alice.jsonl:3) go beyond it: the job "
         "is still running, or was when the log was downloaded"]
-    assert report.receipts_checked == 6  # round 3's pin seq 6: nothing of the log to check
+    assert report.receipts_checked == 6
     res = CliRunner().invoke(audit_app, ["verify", "--db", str(tmp_path / "audit.db"),
                                          "--receipts", str(receipts), "--job", JOB])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 3, res.output  # not a pass: the job's end is not in the log
     assert "PROBLEM" not in res.output
-    assert res.output.splitlines()[-1] == (
+    assert res.output.splitlines()[-1].startswith(
         f"OK so far: 5 entries in 1 job(s), 6 receipt(s) checked; {RUNNING}: verify again "
         "after it ends")
+
+
+def test_a_receipt_pinning_an_entry_past_the_running_logs_end_is_a_problem(
+        tmp_path: Path) -> None:
+    """A site's receipt pins seq 6, which the server announced, and the log ends at seq 5: the
+    log is cut (or was fetched before): a problem, never skipped as a running job's."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _running_job(log, receipts, ahead=True)
+        problems = verify_log(log, receipts_dir=receipts).problems
+    assert len(problems) == 2 and all(
+        "round 3): the log has no entry seq 6 (deleted or truncated; or the log was fetched "
+        "before the site saw that entry: fetch it again)" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("cut", [4, 5, 6, 7])
+def test_a_finished_jobs_log_cut_before_its_end_never_passes(
+        setup: tuple[AuditLog, Path], cut: int) -> None:
+    """The server cuts a finished job's log after seq ``cut`` and the sites hold no model
+    receipt (the job failed, or they were dropped): verify never exits 0. Where a receipt
+    pins an entry the log no longer holds it fails; otherwise the log is indistinguishable
+    from a running job's, and the verdict is "OK so far" with exit code 3, which a site whose
+    job has ended reads as a cut log."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    log, receipts = setup
+    for f in receipts.glob("*-model.jsonl"):
+        f.unlink()
+    sql(log, "DELETE FROM audit_entries WHERE seq > :s", s=cut)
+    sql(log, "DELETE FROM audit_arrays WHERE seq > :s", s=cut)
+    res = CliRunner().invoke(audit_app, ["verify", "--db", str(receipts.parent / "audit.db"),
+                                         "--receipts", str(receipts)])
+    assert res.exit_code in (1, 3), res.output
+    if cut < 5:  # round 1's receipts pin seq 5
+        assert res.exit_code == 1 and "the log has no entry seq 5" in res.output
 
 
 def test_a_running_jobs_unreceipted_last_round_is_a_note(tmp_path: Path) -> None:
@@ -746,7 +785,7 @@ def test_a_running_looking_log_of_a_job_whose_model_a_site_holds_does_not_verify
     assert any("(client 'alice', job 'job-1', model): the log has no model entry (deleted? "
                "or this log was read before the job ended: fetch it again)" in p
                for p in report.problems), report.problems
-    assert sum("the log has no round entry for this round" in p for p in report.problems) == 4
+    assert sum("the log has no round entry for this round" in p for p in report.problems) == 2
     res = CliRunner().invoke(audit_app, ["verify", "--db", str(tmp_path / "audit.db"),
                                          "--receipts", str(receipts)])
     assert res.exit_code == 1 and res.output.splitlines()[-1].startswith("FAILED: ")

@@ -287,9 +287,9 @@ def _check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | 
         later = (isinstance(receipt, Receipt | SentReceipt) and receipt.job_id in running
                  and receipt.round_id > last_round[receipt.job_id])
         if later:  # an upload to a round the log does not hold yet
+            # (a receipt pinning a chain head past the log's end is still checked below, a
+            # problem: the server announced more of the chain than this log holds)
             beyond[receipt.job_id].append(where)
-            if receipt.seq_seen > max(chains[receipt.job_id]):
-                continue  # it pins a chain head the log does not reach: nothing to check
         count += 1
         if isinstance(receipt, Receipt) and (receipt.job_id, receipt.round_id) in aborted \
                 and not rounds.get((receipt.job_id, receipt.round_id)):
@@ -488,7 +488,8 @@ def _head_problems(receipt: Receipt | SentReceipt, chain: Mapping[int, Entry]) -
         return []
     seen = chain.get(receipt.seq_seen)
     if seen is None:
-        return [f"the log has no entry seq {receipt.seq_seen} (deleted or truncated)"]
+        return [f"the log has no entry seq {receipt.seq_seen} (deleted or truncated; or the "
+                "log was fetched before the site saw that entry: fetch it again)"]
     if seen.hash != receipt.chain_head_seen:
         return [f"chain head seen at seq {receipt.seq_seen} differs from the log's "
                 f"{seen.label} (log rewritten)"]
