@@ -13,8 +13,11 @@ same for every ``n_jobs``.
 stores, what ``fedforest model download`` and the client's ``--out`` write), with its class
 labels, feature names and schema, so ``predict_proba`` works on a site's table as is. Fitted on
 a DataFrame (or loaded from a job's model), ``predict`` takes a table's columns by name.
-Where the sites have names (``clients_``: a job's model, or text labels at fit), ``client=``
-takes their names or their indices in ``clients_``, as :meth:`ForestModel.predict` does.
+Where the sites have word names (``clients_``: a job's model, or text labels at fit),
+``client=`` takes their names or their indices in ``clients_``, as :meth:`ForestModel.predict`
+does. Where some name reads as a number (``"1"``, ``"2"``) an integer is refused rather than
+taken as an index (which would name another site); :meth:`ForestModel.predict`, which knows
+no names, always takes integers as indices.
 
 The estimators follow scikit-learn's conventions (``_parameter_constraints``, ``validate_data``,
 ``check_estimator`` passes with the default parameters) and scikit-learn's meanings of the
@@ -258,9 +261,9 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         return codes
 
     def _site_indices(self, client: np.ndarray, strict: bool) -> np.ndarray:
-        """Integers where the sites have names (a job's model): their indices in
+        """Integers where the sites have word names (a job's model): their indices in
         ``clients_``, as :meth:`ForestModel.predict` takes them; -1 for an index beyond them,
-        refused if ``strict``."""
+        refused if ``strict``. Not called where a name reads as a number."""
         codes = client.astype(np.int64)
         bad = (codes < 0) | (codes >= len(self.clients_))
         if bad.any():
