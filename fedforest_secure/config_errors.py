@@ -120,5 +120,7 @@ def explain(exc: ValidationError, model: type[BaseModel], data: Any = None) -> s
             msg = "required key missing"
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
+            if isinstance(err.get("input"), bool) and err["type"].endswith("_type"):
+                msg += f", not {str(err['input']).lower()}"  # TOML's true where a number is due
         out.append(f"{where}: {msg}" if where else msg)
     return "; ".join(out)

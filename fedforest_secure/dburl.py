@@ -13,7 +13,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-__all__ = ["DatabaseUrlError", "create_db_engine", "shown_url", "sqlite_file"]
+__all__ = ["DatabaseUrlError", "create_db_engine", "in_memory", "shown_url", "sqlite_file"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
@@ -60,6 +60,23 @@ def sqlite_file(db: str) -> Path | None:
         if not database or database == ":memory:":
             return None
     return Path(database).expanduser()
+
+
+def in_memory(db: str) -> bool:
+    """Whether ``db`` (a URL or a SQLite path) is a SQLite database kept in memory:
+    ``sqlite://``, ``:memory:``, a ``file::memory:`` URI or one with ``mode=memory``. Each
+    connection to one has a database of its own, gone when it closes."""
+    if "://" not in db:
+        return db.strip() == ":memory:"
+    try:
+        parsed = make_url(db)
+    except _MALFORMED:
+        return False
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    database = parsed.database or ""
+    return (database in ("", ":memory:") or database.startswith("file::memory:")
+            or parsed.query.get("mode") == "memory" or "mode=memory" in database)
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:

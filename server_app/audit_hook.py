@@ -16,9 +16,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedforest_secure.audit import GENESIS, AuditLog, Entry, export_jsonl, verify_entries
+from fedforest_secure.dburl import in_memory
 from fedforest_secure.protocol import Task
 
 from .secure_round import SecureRound
+from .settings import IN_MEMORY, ConfigError
 
 __all__ = ["AuditSink", "NullAudit", "open_audit", "record_events", "record_round"]
 
@@ -138,9 +140,13 @@ def _model_entry_of(entry: Entry, digest: str) -> bool:
 
 
 def open_audit(url: str | None) -> AuditSink:
-    """The audit log at ``url`` (SQLAlchemy URL or SQLite path), or a :class:`NullAudit`."""
+    """The audit log at ``url`` (SQLAlchemy URL or SQLite path), or a :class:`NullAudit`;
+    SQLite in memory is refused (:class:`ConfigError`): a job's chain would not outlive the
+    connection that wrote it."""
     if not url:
         return NullAudit()
+    if in_memory(url):
+        raise ConfigError(f"audit_database {url}: {IN_MEMORY}")
     return _AuditLogSink(AuditLog(url))
 
 

@@ -28,9 +28,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, shown_url
+from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, in_memory, shown_url
 
-from .settings import ConfigError
+from .settings import IN_MEMORY, ConfigError
 
 __all__ = [
     "AuditedJobRow",
@@ -205,9 +205,12 @@ _PROBE_EVERY_S = 2.0
 
 
 class Database:
-    """An engine plus a session factory; creates the tables on first use."""
+    """An engine plus a session factory; creates the tables on first use. SQLite in memory
+    is refused (:class:`ConfigError`): each connection would have a database of its own."""
 
     def __init__(self, url: str) -> None:
+        if in_memory(url):
+            raise ConfigError(f"server database {url}: {IN_MEMORY}")
         kwargs: dict[str, object] = {}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}

@@ -14,7 +14,9 @@ Example::
     key = "certs/server.key"
     client_ca = "certs/ca.pem"    # optional: require client certificates signed by this CA
 
-Relative paths (and relative SQLite files) are resolved against the config file's directory.
+Relative paths (and relative SQLite files, as ``sqlite:///`` URLs or as ``audit_database``
+paths) are resolved against the config file's directory. A SQLite database in memory is
+refused: each connection would see a database of its own, gone when it closes.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedforest_secure.config_errors import explain
+from fedforest_secure.dburl import in_memory
 from fedforest_secure.errors import FedForestError
 
-__all__ = ["ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
+__all__ = ["IN_MEMORY", "ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
 
 LOOPBACK = "127.0.0.1"
+#: the refusal of SQLite in memory, as a database or an audit log
+IN_MEMORY = "an in-memory database keeps nothing; give a file"
 
 
 class ConfigError(FedForestError, ValueError):
@@ -54,18 +59,20 @@ class ServerSettings(BaseModel):
 
     host: str = Field(default=LOOPBACK, description=(
         'address to listen on ("0.0.0.0": every interface)'))
-    port: int = Field(default=8443, ge=1, le=65535, description="TCP port of the HTTPS API")
+    # strict numbers: TOML's `true` is no port 1
+    port: int = Field(default=8443, ge=1, le=65535, strict=True,
+                      description="TCP port of the HTTPS API")
     database: str = Field(default="sqlite:///fedforest-server.db", description=(
         "SQLAlchemy URL of the server's database (jobs, rounds, tokens); SQLite or "
         "PostgreSQL"))
     audit_database: str | None = Field(default=None, description=(
-        "SQLAlchemy URL of the audit log; absent: no audit log is kept (the sites finish "
-        "without model receipts, and say so)"))
-    tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
+        "SQLAlchemy URL of the audit log, or a SQLite file's path; absent: no audit log is "
+        "kept (the sites finish without model receipts, and say so)"))
+    tick_seconds: float = Field(default=0.5, gt=0, le=60, strict=True, description=(
         "how often round deadlines are checked"))
-    max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(
+    max_upload_bytes: int = Field(default=1 << 30, gt=0, strict=True, description=(
         "largest upload accepted (a bigger one gets 413)"))
-    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description=(
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, strict=True, description=(
         "seconds a request body may stall between two chunks before it is cut off (408)"))
     tls: TLSSettings | None = Field(default=None, description=(
         "the `[tls]` table; required unless the server runs with --insecure-dev on "
@@ -74,17 +81,30 @@ class ServerSettings(BaseModel):
     @field_validator("audit_database")
     @classmethod
     def _audit_url_given(cls, value: str | None) -> str | None:
-        """An empty URL is a mistake, not "no audit log" (that is leaving the key out)."""
+        """An empty URL is a mistake, not "no audit log" (that is leaving the key out); so is
+        an audit log in memory (the job `create-job` audited there is gone when it ends)."""
         if value is not None and not value.strip():
             raise ValueError("an empty URL: write the audit log's SQLAlchemy URL, or leave "
                              "audit_database out to keep no audit log")
+        if value is not None and in_memory(value):
+            raise ValueError(f"{IN_MEMORY}, e.g. sqlite:///fedforest-audit.db, or leave "
+                             "audit_database out to keep no audit log")
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _database_kept(cls, value: str) -> str:
+        if in_memory(value):
+            raise ValueError(f"{IN_MEMORY}, e.g. sqlite:///fedforest-server.db (each "
+                             "connection to SQLite in memory has a database of its own: the "
+                             "server would miss its tables, a token printed would be gone)")
         return value
 
     def resolved(self, base: Path) -> ServerSettings:
         """Resolve relative paths against ``base`` (the config file's directory)."""
         upd: dict[str, object] = {
             "database": _resolve_url(self.database, base),
-            "audit_database": (_resolve_url(self.audit_database, base)
+            "audit_database": (_resolve_url(self.audit_database, base, path_ok=True)
                                if self.audit_database else None),
         }
         if self.tls is not None:
@@ -98,8 +118,13 @@ def _resolve(path: Path, base: Path) -> Path:
     return path if path.is_absolute() else (base / path).resolve()
 
 
-def _resolve_url(url: str, base: Path) -> str:
+def _resolve_url(url: str, base: Path, *, path_ok: bool = False) -> str:
+    """``url`` with a relative SQLite file made absolute against ``base``; with ``path_ok``
+    a path (no ``scheme://``, as ``audit_database`` may be) becomes a ``sqlite:///`` URL of
+    its file, ``~`` expanded."""
     prefix = "sqlite:///"
+    if path_ok and "://" not in url:
+        return prefix + str(_resolve(Path(url).expanduser(), base))
     if url.startswith(prefix) and not url.startswith("sqlite:////"):
         rest = url[len(prefix):]
         if rest and rest != ":memory:":

@@ -92,3 +92,23 @@ def test_the_file_a_database_is_kept_in(db: str, path: str | None,
     monkeypatch.setenv("HOME", "/home/site")
     want = None if path is None else Path(path.format(home="/home/site"))
     assert sqlite_file(db) == want
+
+
+@pytest.mark.parametrize(("db", "memory"), [
+    ("sqlite://", True),
+    ("sqlite:///:memory:", True),
+    (":memory:", True),
+    ("sqlite:///file::memory:?uri=true", True),
+    ("sqlite:///file:shared?mode=memory&cache=shared&uri=true", True),
+    ("sqlite:///audit.db", False),
+    ("sqlite:///file:/data/audit.db?mode=ro&uri=true", False),
+    ("audit.db", False),
+    ("postgresql+psycopg://u@h/db", False),
+    ("not a url://", False),
+])
+def test_a_sqlite_database_kept_in_memory_is_told_from_a_file(db: str, memory: bool) -> None:
+    """What the server refuses as its database or audit log: SQLite in memory keeps nothing
+    beyond the connection that made it."""
+    from fedforest_secure.dburl import in_memory
+
+    assert in_memory(db) is memory
