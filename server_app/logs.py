@@ -8,7 +8,9 @@ request failed), ``close_error`` (closing a round failed: the job stops),
 ``database_unavailable`` and ``database_available`` (an outage of the server's database began;
 it answers again, and the open rounds' deadlines run again from then), ``lease_lost``,
 ``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
-``shutdown_timeout`` (uvicorn's graceful stop ran out of time). Values with spaces are quoted.
+``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
+does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of
+time). Values with spaces are quoted.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
 dropped during the round (``dropped``; one dropped after its masked upload is in both), and

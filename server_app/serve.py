@@ -19,7 +19,6 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
-from fedforest_secure.pki import check_validity
 
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
@@ -28,6 +27,7 @@ from .lease import ServerLease
 from .logs import configure, event
 from .phases import JobStatus
 from .settings import LOOPBACK, ConfigError, ServerSettings
+from .tls_files import check_tls_files
 from .tls_identity import PeerNames, log_refused_handshakes, protocol_with_peer_names
 
 __all__ = ["check_transport", "run_server", "spool_dir"]
@@ -43,45 +43,25 @@ def spool_dir(database: str) -> Path | None:
     return Path(url.database + ".spool")
 
 
-def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> None:
+def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> list[str]:
     """Refuse any configuration that would serve plain HTTP beyond 127.0.0.1, and TLS files
-    that cannot serve: missing, not PEM, a key not the certificate's, a certificate outside
-    its validity period."""
+    that cannot serve (:func:`~server_app.tls_files.check_tls_files`); return the warnings
+    to log at start-up."""
     if insecure_dev:
         if settings.host != LOOPBACK:
             raise ConfigError("--insecure-dev serves plain HTTP and is allowed on 127.0.0.1 only")
-        return
+        return []
     if settings.tls is None:
         raise ConfigError("the server needs [tls] cert and key (or --insecure-dev on 127.0.0.1)")
-    for path in (settings.tls.cert, settings.tls.key, settings.tls.client_ca):
-        if path is not None and not path.is_file():
-            raise ConfigError(f"TLS file not found: {path}")
-    # what uvicorn will load, loaded here first: a key that is not the certificate's, or a
-    # file that is not PEM, is a configuration error, not a traceback at start-up
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        ctx.load_cert_chain(str(settings.tls.cert), str(settings.tls.key))
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"[tls] cert {settings.tls.cert} and key {settings.tls.key}: not a PEM "
-                          f"certificate and its private key, or the key does not match the "
-                          f"certificate ({exc})") from None
-    try:  # clients refuse a certificate outside its dates, each with a TLS error of its own
-        check_validity(settings.tls.cert)
-    except ValueError as exc:
-        raise ConfigError(f"[tls] cert {exc}: clients refuse it; put a current certificate "
-                          "there (signed by the CA the clients trust) and start again") from None
-    if settings.tls.client_ca is not None:
-        try:
-            ctx.load_verify_locations(cafile=str(settings.tls.client_ca))
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"[tls] client_ca {settings.tls.client_ca}: not a PEM "
-                              f"certificate file ({exc})") from None
+    return check_tls_files(settings.tls, settings.host)
 
 
 def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
                port: int | None = None) -> None:
-    check_transport(settings, insecure_dev=insecure_dev)
+    warnings = check_transport(settings, insecure_dev=insecure_dev)
     configure()
+    for warning in warnings:
+        event("tls_warning", logging.WARNING, reason=warning)
     db = Database(settings.database)
     bound = settings.port if port is None else port
     # the port and the audit log first, the database's claim last: a start that fails a
@@ -114,7 +94,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
           tls=tls is not None, mtls=client_ca is not None,
           database=shown_url(settings.database),
           audit=settings.audit_database is not None, pid=os.getpid())
-    # SIGTERM / SIGINT: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
+    # SIGTERM / SIGINT / SIGHUP: uvicorn stops accepting, long polls answer within _POLL_SLICE, the
     # requests in flight finish (at most 5 s), then the lifespan logs the shutdown
     config = uvicorn.Config(
         app, host=settings.host, port=bound,
@@ -140,17 +120,31 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         if server is not None:
             server.should_exit = True
 
+    hung_up = False
+
+    def hang_up(signum: int, frame: object) -> None:  # the terminal closed: as on SIGTERM
+        nonlocal hung_up
+        hung_up = True
+        if server is not None:
+            server.should_exit = True
+
     lease.keep(lost)
     # uvicorn shuts down gracefully on SIGTERM, restores the handler it found and raises the
     # signal again: with the default handler the process died there, before the lease was
     # given back. This handler turns it into SystemExit (status 128 + 15), so it is given back.
+    # SIGHUP, which uvicorn leaves alone (the default killed the process at once), stops the
+    # server the same way, with status 128 + 1; under nohup it stays ignored.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, hang_up)
     try:
         server.run(sockets=[listener])
     finally:
         listener.close()
         lease.release()
+    if hung_up:
+        raise SystemExit(128 + signal.SIGHUP)
 
 
 #: seconds the server keeps an idle connection open: longer than a client's pool keeps one

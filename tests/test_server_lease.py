@@ -132,10 +132,12 @@ def test_a_second_server_on_the_same_database_refuses_to_start(
 
 
 @pytest.mark.integration
-def test_a_server_stopped_with_sigterm_gives_its_lease_back(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
-    """systemd and container runtimes stop a server with SIGTERM: after its graceful shutdown
-    the lease row is gone, so a replacement (on another host too) starts at once."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_server_stopped_with_sigterm_or_sighup_gives_its_lease_back(
+        tmp_path: Path, tiny_parts, job_dir, sig: signal.Signals) -> None:
+    """systemd and container runtimes stop a server with SIGTERM, a closed terminal with
+    SIGHUP: after its graceful shutdown (exit status 128 + the signal's number) the lease row
+    is gone, so a replacement (on another host too) starts at once."""
     from sqlalchemy import func, select
 
     from server_app.db import LeaseRow
@@ -144,10 +146,11 @@ def test_a_server_stopped_with_sigterm_gives_its_lease_back(
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
     server = launch_server(fed)
     try:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        server.send_signal(sig)
+        code = server.wait(60)
     finally:
         stop(server)
+    assert code == 128 + sig, code
     assert "event=shutdown" in (tmp_path / "server.log").read_text()
     db = Database(fed.db_url)
     with db.connect() as conn:

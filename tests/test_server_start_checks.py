@@ -84,3 +84,21 @@ def test_a_refused_client_certificate_is_in_the_server_log(
     line = next((x for x in log.splitlines() if "event=tls_refused" in x), None)
     assert line is not None, log[-2000:]
     assert "certificate" in line.lower(), line
+
+
+def test_a_tls_warning_is_in_the_server_log_at_start_up(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """A server key its group can read: the server starts, and says so in its log."""
+    from test_integration_https import launch_server, stop_all
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    (fed.certs / "server.key").chmod(0o640)
+    try:
+        launch_server(fed)
+    finally:
+        stop_all(fed)
+    log = (tmp_path / "server.log").read_text()
+    line = next((x for x in log.splitlines() if "event=tls_warning" in x), None)
+    assert line is not None and " WARNING " in line, log[-2000:]
+    assert "its group can read it (mode 0640)" in line and "chmod 600" in line, line
