@@ -216,9 +216,17 @@ def _p12_password(ca_dir: Path, names: list[str]) -> bytes:
     if there:
         fail(FileExistsError(f"{there[0]} exists: nothing was written (a certificate file "
                              "is never replaced; pick another name)"))
-    password = (os.environ.get("FEDFOREST_P12_PASSWORD") or typer.prompt(
-        "password of the .p12 file", hide_input=True, confirmation_prompt=True,
-        default="", show_default=False)).encode()
+    password = os.environ.get("FEDFOREST_P12_PASSWORD", "").encode()
+    try:
+        password = password or typer.prompt(
+            "password of the .p12 file", hide_input=True, confirmation_prompt=True,
+            default="", show_default=False).encode()
+    except typer.Abort as exc:
+        if not isinstance(exc.__context__, EOFError):  # Ctrl-C at the prompt
+            raise
+        console.print()  # after the prompt's text
+        fail(ValueError("no terminal to ask for the .p12 file's password on: set "
+                        "FEDFOREST_P12_PASSWORD"))
     if not password:
         fail(ValueError("a .p12 file needs a password"))
     return password

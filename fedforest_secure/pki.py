@@ -26,7 +26,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .protocol.api import NAME_PATTERN
@@ -190,7 +191,45 @@ def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
 
 
 def load_certificate(path: Path) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(Path(path).read_bytes())
+    """The (first) certificate in the PEM file ``path``.
+
+    Raises
+    ------
+    ValueError
+        The file holds no PEM certificate; the message starts with ``path`` and says what
+        the file holds (DER: how to convert it).
+    """
+    data = Path(path).read_bytes()
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError:
+        raise _not_pem(path, data, "certificate", "x509") from None
+
+
+def _load_private_key(path: Path) -> PrivateKeyTypes:
+    """The private key in the PEM file ``path`` (ValueError naming the file, or TypeError
+    for an encrypted one)."""
+    data = Path(path).read_bytes()
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except ValueError:
+        raise _not_pem(path, data, "private key", "pkey") from None
+
+
+def _not_pem(path: Path, data: bytes, what: str, tool: str) -> ValueError:
+    """``<path>: not a PEM <what> (...)``, saying what the file holds instead."""
+    labels = sorted({m.decode() for m in re.findall(rb"-----BEGIN ([A-Z0-9 ]+)-----", data)})
+    wanted = [label for label in labels if label.endswith(what.upper())]
+    if wanted:
+        why = f"its {wanted[0]} block is damaged"
+    elif labels:
+        why = f"it holds {' and '.join(labels)}, no {what}"
+    elif data[:1] == b"\x30":  # an ASN.1 SEQUENCE: the same object in binary
+        why = (f"it is DER: `openssl {tool} -inform der -in {path} -out {path}.new` writes "
+               "it as PEM, to put in its place")
+    else:
+        why = "it holds no -----BEGIN ...----- block"
+    return ValueError(f"{path}: not a PEM {what} ({why})")
 
 
 def _utc(moment: _dt.datetime) -> str:
@@ -207,10 +246,7 @@ def check_validity(path: Path, *, now: _dt.datetime | None = None) -> x509.Certi
         The file holds no PEM certificate, or the certificate has expired or is not valid
         yet; the message starts with ``path`` and gives the certificate's dates.
     """
-    try:
-        cert = load_certificate(path)
-    except ValueError as exc:
-        raise ValueError(f"{path}: not a PEM certificate ({exc})") from None
+    cert = load_certificate(path)
     moment = now or _now()
     before, after = cert.not_valid_before_utc, cert.not_valid_after_utc
     period = f"valid from {_utc(before)} to {_utc(after)}"
@@ -291,11 +327,12 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
     FileNotFoundError
         Either file is missing.
     ValueError
-        The certificate is not a CA's, or the key is not its key.
+        Either file is not PEM, the certificate is not a CA's, the key is not an EC key, or
+        the key is not its key.
     """
     cert = load_certificate(cert_path)
     try:
-        key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+        key = _load_private_key(key_path)
     except TypeError:  # encrypted with a password
         raise ValueError(f"{key_path} is encrypted; give the CA's key without a password "
                          "(keep it offline)") from None
@@ -305,9 +342,13 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
         is_ca = False
     if not is_ca:
         raise ValueError(f"{cert_path} is not a CA certificate")
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        kind = "an RSA key" if isinstance(key, rsa.RSAPrivateKey) else "not an EC key"
+        raise ValueError(f"{key_path}: {kind}; `fedforest pki issue` signs with EC CA keys "
+                         "only (P-256, as `fedforest pki init` makes): issue this site's "
+                         "certificate with the PKI that made this CA")
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if (not isinstance(key, ec.EllipticCurvePrivateKey)
-            or key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki)):
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
         raise ValueError(f"{key_path} does not match the CA certificate {cert_path}")
     return CertifiedKey(key, cert)
 
@@ -379,8 +420,11 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found")
     cert = load_certificate(ca_dir / f"{name}.pem")
-    key = serialization.load_pem_private_key((ca_dir / f"{name}.key").read_bytes(),
-                                             password=None)
+    try:
+        key = _load_private_key(ca_dir / f"{name}.key")
+    except TypeError:  # encrypted with a password
+        raise ValueError(f"{ca_dir / (name + '.key')} is encrypted; give it without a "
+                         "password") from None
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if (not isinstance(key, ec.EllipticCurvePrivateKey)
             or key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki)):

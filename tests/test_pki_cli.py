@@ -169,3 +169,80 @@ def test_p12_bundles_a_certificate_issued_before(tmp_path: Path,
     assert code == 2 and "operator.p12 exists" in out
     code, out = _pki("p12", "--ca-dir", str(certs), "--name", "nobody")
     assert code == 2 and "nobody.pem not found" in out
+
+
+def _rsa_ca(root: Path) -> None:
+    """``root/ca.pem`` and ``root/ca.key``: a self-signed RSA CA (an institution's own)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "RSA CA")])
+    now = _dt.datetime.now(_dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _dt.timedelta(hours=1))
+            .not_valid_after(now + _dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256()))
+    (root / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (root / "ca.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+
+
+def test_issue_from_an_rsa_ca_says_only_ec_ca_keys_are_supported(tmp_path: Path) -> None:
+    """Not "ca.key does not match the CA certificate": it does."""
+    _rsa_ca(tmp_path)
+    code, out = _pki("issue", "--ca-dir", str(tmp_path), "--name", "hospital-d")
+    assert code == 2, out
+    assert f"{tmp_path / 'ca.key'}: an RSA key; `fedforest pki issue` signs with EC CA keys " \
+           "only (P-256, as `fedforest pki init` makes)" in out, out
+    assert "does not match" not in out
+    assert not (tmp_path / "hospital-d.pem").exists()
+
+
+@pytest.mark.parametrize("part", ["ca.pem", "ca.key"])
+@pytest.mark.parametrize("form", ["garbage", "DER"])
+def test_issue_names_a_ca_file_that_is_not_pem(tmp_path: Path, part: str, form: str) -> None:
+    """Not cryptography's "Unable to load PEM file ... MalformedFraming", which names no
+    file: the file, what it holds, and for DER how to convert it."""
+    from cryptography.hazmat.primitives import serialization
+
+    ca = create_ca()
+    ca.write(tmp_path / "ca.pem", tmp_path / "ca.key")
+    if form == "garbage":
+        (tmp_path / part).write_text("not a certificate\n")
+    elif part == "ca.pem":
+        (tmp_path / part).write_bytes(ca.cert.public_bytes(serialization.Encoding.DER))
+    else:
+        (tmp_path / part).write_bytes(ca.key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+    code, out = _pki("issue", "--ca-dir", str(tmp_path), "--name", "hospital-d")
+    assert code == 2, out
+    what = "certificate" if part == "ca.pem" else "private key"
+    assert f"error: {tmp_path / part}: not a PEM {what}" in out, out
+    assert "MalformedFraming" not in out and "Unable to load" not in out
+    if form == "DER":
+        tool = "x509" if part == "ca.pem" else "pkey"
+        assert f"it is DER: `openssl {tool} -inform der -in {tmp_path / part}" in out, out
+    assert not (tmp_path / "hospital-d.pem").exists()
+
+
+@pytest.mark.parametrize("command", ["issue", "p12"])
+def test_a_p12_password_with_no_terminal_to_ask_on_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    """Run from a script (stdin at its end) without $FEDFOREST_P12_PASSWORD: the error says
+    to set it, not just "Aborted.", and nothing is written."""
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    monkeypatch.delenv("FEDFOREST_P12_PASSWORD", raising=False)
+    args = (["issue", "--p12", "--name", "operator"] if command == "issue"
+            else ["p12", "--name", "hospital-a"])
+    res = CliRunner().invoke(app, ["pki", *args, "--ca-dir", str(certs)], input="")
+    out = res.output.replace("\n", "")
+    assert res.exit_code == 2, out
+    assert "error: no terminal to ask for the .p12 file's password on: set " \
+           "FEDFOREST_P12_PASSWORD" in out, out
+    assert not list(certs.glob("*.p12")) and not (certs / "operator.pem").exists()
