@@ -332,13 +332,18 @@ def _pooled(points: np.ndarray, counts: np.ndarray, npts: np.ndarray, n_bins: in
     width = points.shape[2]
     if keep.all() and width > 4 and (longest <= width // 2).any():
         # rows whose clients sent short sketches (small nodes, adaptive B) are done with
-        # narrower arrays: bucket rows by the longest sketch they hold
+        # narrower arrays: bucket rows by the longest sketch they hold; the last bucket (the
+        # full width) is done here, not by another call that would bucket it again forever
         edges = [w for w in BUCKET_WIDTHS if w < width] + [width]
         lo = 0
         for hi_w in edges:
             sel = (longest > lo) & (longest <= hi_w)
             if sel.any():
-                out[sel] = _pooled(points[sel, :, :hi_w], counts[sel], npts[sel], n_bins)
+                if hi_w < width:
+                    out[sel] = _pooled(points[sel, :, :hi_w], counts[sel], npts[sel], n_bins)
+                else:
+                    out[sel] = _pooled_numpy(points[sel], weights[sel], npts[sel], n_bins,
+                                             np.full((int(sel.sum()), n_bins - 1), np.inf))
             lo = hi_w
         return out
     if not keep.all():

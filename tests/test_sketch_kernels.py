@@ -92,6 +92,45 @@ def test_candidates_are_the_same_with_and_without_the_compiled_kernels(
 
 
 @compiled_only
+@pytest.mark.parametrize("B", [512, 1000])
+def test_wide_sketches_give_the_same_candidates_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, B: int) -> None:
+    """Sketches wider than twice the widest row bucket, beside short ones: the numpy code
+    buckets the short rows and does the wide ones at full width (it used to recurse on them
+    forever)."""
+    rng = np.random.default_rng(B)
+    P = B + 1
+    pts, _, npts = _rows(rng, 60, 4, P, "normal")
+    npts[:20] = np.minimum(npts[:20], 40)  # short rows: the numpy code buckets these
+    npts[20:40] = np.maximum(npts[20:40], P // 2 + 1)
+    for r in range(60):
+        for k in range(4):
+            pts[r, k] = np.sort(rng.normal(size=P))
+            pts[r, k, npts[r, k]:] = np.nan
+    counts = rng.integers(1, 30, size=(60, 4)).astype(np.float64)
+    compiled = _sketch.pooled_candidates(pts, counts, B)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = _sketch.pooled_candidates(pts, counts, B)
+    assert np.isfinite(plain).sum() > 60 * B // 2
+    np.testing.assert_array_equal(compiled, plain)
+
+
+@compiled_only
+@pytest.mark.parametrize("B", [512, 1000])
+def test_a_forest_with_many_bins_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, B: int) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(800, 5))
+    y = (X[:, 0] > 0).astype(int)
+    kw = dict(n_estimators=3, n_bins=B, random_state=1)
+    compiled = FedForestClassifier(**kw).fit(X, y, client=np.arange(800) % 4)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = FedForestClassifier(**kw).fit(X, y, client=np.arange(800) % 4)
+    assert plain.score(X, y) > 0.9
+    assert compiled.model_.to_json() == plain.model_.to_json()
+
+
+@compiled_only
 def test_bad_arrays_are_refused_with_a_clear_error() -> None:
     kernels = _kernels.compiled()
     assert kernels is not None
