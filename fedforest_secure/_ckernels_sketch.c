@@ -71,22 +71,70 @@ static point *stable_sort(point *pts, point *tmp, int64_t *runs, int64_t n)
     return src;
 }
 
-/* insertion sort of a short row, NaN last (stable) */
-static void sort_short(double *t, int64_t n)
+/* Stable sort of t[0..n), NaN last: insertion sort for short rows, else a natural merge sort
+ * (the cuts come nearly in order: few runs), O(n log n) at worst. tmp and runs are scratch of
+ * n and n + 1 entries; the result is left in t. */
+static void sort_cuts(double *t, double *tmp, int64_t *runs, int64_t n)
 {
-    int64_t i, j;
-    for (i = 1; i < n; i++) {
-        double v = t[i];
-        for (j = i; j > 0 && lt_nan_last(v, t[j - 1]); j--)
-            t[j] = t[j - 1];
-        t[j] = v;
+    int64_t nr = 0, i, j, r;
+    double *src = t, *dst = tmp, *swap;
+    if (n <= 24) {
+        for (i = 1; i < n; i++) {
+            double v = t[i];
+            for (j = i; j > 0 && lt_nan_last(v, t[j - 1]); j--)
+                t[j] = t[j - 1];
+            t[j] = v;
+        }
+        return;
     }
+    runs[nr++] = 0;
+    for (i = 1; i < n; i++)
+        if (lt_nan_last(t[i], t[i - 1]))
+            runs[nr++] = i;
+    runs[nr] = n;
+    while (nr > 1) { /* merge runs two by two from src into dst, then swap */
+        int64_t out_runs = 0;
+        for (r = 0; r < nr; r += 2) {
+            int64_t a = runs[r];
+            const double *p, *q, *pe, *qe;
+            double *o = dst + a;
+            if (r + 1 >= nr) { /* an odd run out: copied as it is */
+                memcpy(o, src + a, (size_t)(n - a) * sizeof(double));
+                runs[out_runs++] = a;
+                break;
+            }
+            p = src + a;
+            pe = src + runs[r + 1];
+            q = pe;
+            qe = src + runs[r + 2];
+            while (p < pe && q < qe) { /* the right one only when strictly smaller: stable */
+                if (lt_nan_last(*q, *p))
+                    *o++ = *q++;
+                else
+                    *o++ = *p++;
+            }
+            while (p < pe)
+                *o++ = *p++;
+            while (q < qe)
+                *o++ = *q++;
+            runs[out_runs++] = a;
+        }
+        runs[out_runs] = n;
+        nr = out_runs;
+        swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != t)
+        memcpy(t, src, (size_t)n * sizeof(double));
 }
 
 struct scratch {
     double *dsp, *djp, *xs, *s, *F;
     point *pts, *tmp;
     int64_t *runs;
+    double *cut_tmp; /* n_bins - 1 entries, and n_bins runs: sort_cuts's scratch */
+    int64_t *cut_runs;
 };
 
 /* One row: points flat (K, P) NaN-padded, weights (K,), the B - 1 cuts into out. */
@@ -185,11 +233,11 @@ static int one_row(const double *flat, const double *weights, int64_t K, int64_t
         }
         out[b] = t + 0.0; /* -0.0 becomes 0.0, as in numpy's */
     }
-    sort_short(out, nt);
+    sort_cuts(out, sc->cut_tmp, sc->cut_runs, nt);
     for (b = nt - 1; b >= 1; b--) /* from the end: each compared with its sorted neighbour */
         if (out[b] == out[b - 1])
             out[b] = INFINITY;
-    sort_short(out, nt);
+    sort_cuts(out, sc->cut_tmp, sc->cut_runs, nt);
     return 0;
 }
 
@@ -221,7 +269,7 @@ PyObject *pooled_rows(PyObject *self, PyObject *args)
         goto done;
     }
     mem = malloc((size_t)W * (5 * sizeof(double) + 2 * sizeof(point) + sizeof(int64_t))
-                 + sizeof(int64_t));
+                 + sizeof(int64_t) + (size_t)n_bins * (sizeof(double) + sizeof(int64_t)));
     if (mem == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -234,6 +282,8 @@ PyObject *pooled_rows(PyObject *self, PyObject *args)
     sc.pts = (point *)(sc.F + W);
     sc.tmp = sc.pts + W;
     sc.runs = (int64_t *)(sc.tmp + W);
+    sc.cut_runs = sc.runs + W + 1;
+    sc.cut_tmp = (double *)(sc.cut_runs + n_bins);
     Py_BEGIN_ALLOW_THREADS
     for (r = 0; r < R && !bad; r++)
         bad = one_row((const double *)v[0].buf + r * W, (const double *)v[1].buf + r * K, K,

@@ -131,6 +131,24 @@ def test_a_forest_with_many_bins_is_the_same_with_and_without_the_compiled_kerne
 
 
 @compiled_only
+@pytest.mark.parametrize("kind", ["normal", "ties", "gaps"])
+def test_candidates_at_tens_of_thousands_of_bins_equal_numpy(
+        monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The compiled loop sorts a row's B - 1 cuts (and again once duplicates became +inf)
+    with a merge sort: at n_bins 30000 it gives numpy's bits, for cuts mostly distinct, mostly
+    duplicates (integer points) and in clients' separate stretches."""
+    B = 30000
+    rng = np.random.default_rng(B + len(kind))
+    pts, _, npts = _rows(rng, 6, 4, 100, kind)
+    counts = rng.integers(1, 30, size=(6, 4)).astype(np.float64) * (npts > 0)
+    compiled = _sketch.pooled_candidates(pts, counts, B)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = _sketch.pooled_candidates(pts, counts, B)
+    assert np.isfinite(plain).sum() > 6 * 3
+    np.testing.assert_array_equal(compiled, plain)
+
+
+@compiled_only
 def test_bad_arrays_are_refused_with_a_clear_error() -> None:
     kernels = _kernels.compiled()
     assert kernels is not None
