@@ -1,6 +1,7 @@
 """What the estimators refuse in their inputs before any training, each naming the column
-or argument and the remedy: dates and durations, repeated column names, text weights, and a
-regression target too large for the trees' sums of squares; and the inputs' value bounds."""
+or argument and the remedy: dates and durations, repeated column names, text weights, a site
+whose rows all weigh 0, and a regression target too large for the trees' sums of squares; and
+the inputs' value bounds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import numpy as np
 from .errors import SchemaError
 
 __all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_dates",
-           "refuse_duplicate_names", "refuse_huge_target", "refuse_text_weights"]
+           "refuse_duplicate_names", "refuse_huge_target", "refuse_text_weights",
+           "refuse_weightless_sites"]
 
 
 def as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
@@ -145,6 +147,25 @@ def refuse_text_weights(sample_weight: Any) -> None:
         raise SchemaError(f"sample_weight holds text ({text!r}), not frequency weights: "
                           "sample_weight is fit's third positional argument; pass the sites "
                           "as client=, e.g. fit(X, y, client=sites)")
+
+
+def refuse_weightless_sites(clients: np.ndarray, codes: np.ndarray, kept: np.ndarray) -> None:
+    """Refuse sites (``clients[k]``, the labels of ``client=``) none of whose rows (``codes ==
+    k``) is ``kept`` (of positive sample_weight): each site trains on its own rows, so one
+    without any has nothing to send."""
+    rows = np.bincount(codes, minlength=len(clients))
+    weighed = np.bincount(codes[kept], minlength=len(clients))
+    empty = np.flatnonzero(weighed == 0)
+    if not empty.size:
+        return
+    labels = clients.tolist()
+    shown = ", ".join(repr(labels[k]) for k in empty[:10]) + (", ..." if empty.size > 10 else "")
+    one = empty.size == 1
+    counted = f"its {rows[empty[0]]} rows weigh 0" if one else "all their rows weigh 0"
+    raise SchemaError(f"client{'' if one else 's'} {shown} ha{'s' if one else 've'} no row of "
+                      f"positive sample_weight ({counted}): a site needs at least one row to "
+                      f"train on; drop {'its' if one else 'their'} rows from X, y, sample_weight "
+                      f"and client, or give some of them a positive weight")
 
 
 def nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

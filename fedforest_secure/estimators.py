@@ -75,6 +75,7 @@ from ._estimator_inputs import (
     refuse_duplicate_names,
     refuse_huge_target,
     refuse_text_weights,
+    refuse_weightless_sites,
 )
 from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
 from .config import METHODS, JobConfig, resolve_max_features
@@ -327,6 +328,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         h = self._client_codes(client, n, fitting=True)
         y_enc, _ = self._encode_y(y)
         kept = weights > 0 if weights is not None else np.ones(n, dtype=bool)
+        refuse_weightless_sites(self.clients_, h, kept)
         target_bound = float(np.max(np.abs(y_enc[kept]))) if self._task == "regression" \
             else 1.0
         K = len(self.clients_)

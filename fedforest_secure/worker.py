@@ -82,6 +82,10 @@ class Worker:
         if y.shape != (X.shape[0],):
             raise SchemaError(f"y must have shape ({X.shape[0]},), got {y.shape}")
         weights = _frequency_weights(sample_weight, X.shape[0], config.dp is not None)
+        if weights is not None and X.shape[0] and not (weights > 0).any():
+            raise SchemaError(f"all {X.shape[0]} rows of this client have sample_weight 0: a "
+                              "client needs at least one row to train on; give some of them "
+                              "a positive weight, or leave this site out of the job")
         if weights is not None:
             X, y, weights = X[weights > 0], y[weights > 0], weights[weights > 0]
             if (weights == 1).all():

@@ -457,6 +457,20 @@ def test_sample_weight_must_be_frequencies() -> None:
             X, y, w, client=np.arange(40) % 3)
 
 
+def test_a_site_whose_rows_all_weigh_zero_is_named_with_what_to_do() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 3))
+    y = (X[:, 0] > 0).astype(int)
+    sites = np.array(["A", "B", "C", "D"])[np.arange(80) % 4]
+    w = (sites != "B").astype(int)
+    with pytest.raises(SchemaError, match=r"client 'B' has no row of positive sample_weight"
+                       r" \(its 20 rows weigh 0\).*drop its rows.*or give"):
+        FedForestClassifier(n_estimators=1).fit(X, y, sample_weight=w, client=sites)
+    w[(sites == "D")] = 0
+    with pytest.raises(SchemaError, match=r"clients 'B', 'D' have no row of positive"):
+        FedForestClassifier(n_estimators=1).fit(X, y, sample_weight=w, client=sites)
+
+
 def test_max_depth_none_grows_until_leaves_stop_it() -> None:
     """No depth limit: every leaf is pure or too small to split (min_samples_leaf), and the
     trees go deeper than the paper's 8 levels when the data ask for it."""

@@ -673,3 +673,11 @@ def test_under_dp_equal_rows_are_records_of_their_own(sampling: str) -> None:
         for t in range(50):  # per tree: the same draws, and one more (the new copy's)
             assert (Counter(per[t]) - Counter(after[key][t])).total() == 0
             assert (Counter(after[key][t]) - Counter(per[t])).total() == 1
+
+
+def test_a_client_whose_rows_all_weigh_zero_is_told_what_to_do() -> None:
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(12, 3)), rng.normal(size=12)
+    with pytest.raises(SchemaError, match=r"all 12 rows of this client have sample_weight 0"
+                       r".*give some of them a positive weight, or leave this site out"):
+        Worker(_cfg(), X, y, client_index=0, sample_weight=np.zeros(12))
