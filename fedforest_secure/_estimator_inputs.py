@@ -1,7 +1,7 @@
 """What the estimators refuse in their inputs before any training, each naming the column
 or argument and the remedy: dates and durations, repeated column names, text weights, a site
-whose rows all weigh 0, and a regression target too large for the trees' sums of squares; and
-the inputs' value bounds."""
+whose rows all weigh 0, and a regression target too large or of too small a spread for the
+trees' sums of squares; and the inputs' value bounds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from .errors import SchemaError
 
 __all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_dates",
            "refuse_duplicate_names", "refuse_huge_target", "refuse_text_weights",
-           "refuse_weightless_sites"]
+           "refuse_tiny_target", "refuse_weightless_sites"]
+
+#: the least scale of a regression target in the fixed-point ring (``target_bound`` of a job):
+#: a target of smaller spread is encoded in units of this scale
+TARGET_BOUND_FLOOR = 1e-12
 
 
 def as_schema_error(check: Any, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +111,37 @@ def refuse_huge_target(name: Any, largest: float, middle: float, rows: float) ->
                       f"trees grow from would overflow float64, which keeps them finite only "
                       f"within {limit:.3g} of the middle; rescale the target (e.g. divide it "
                       f"by {factor:.0e}) and multiply the predictions back")
+
+
+def refuse_tiny_target(name: Any, largest: float, middle: float, frac_bits: int | None
+                       ) -> None:
+    """Refuse a centred regression target of nonzero spread too small for the trees' sums.
+
+    In float64 (every profile) the squares of y must stay normal numbers with their full
+    precision: ``largest^2 * 2^-52`` at least the smallest normal float64, so ``largest`` at
+    least ``sqrt(tiny / eps)`` (about 1e-146; below about 1e-155 every tree came out a single
+    leaf). In a fixed-point ring (``frac_bits``, secure profiles) y^2 is encoded in units of
+    ``TARGET_BOUND_FLOOR^2 * 2^-frac_bits``: ``largest`` must be at least
+    ``TARGET_BOUND_FLOOR * 2^-(frac_bits / 3)`` (3.9e-15 at 24 bits), so the largest row's y^2
+    still spans ``2^(frac_bits / 3)`` units (at 1e-15, 17 units, the trees still grew; they
+    shrank at 3e-16 and were single leaves below about 3e-17). A constant target
+    (``largest == 0``) is allowed.
+    """
+    fi = np.finfo(np.float64)
+    limit = float(np.sqrt(fi.tiny / fi.eps))
+    if frac_bits is not None:
+        limit = max(limit, TARGET_BOUND_FLOOR * 2.0 ** (-frac_bits / 3))
+    if largest == 0 or largest >= limit:
+        return
+    what = "y" if name is None else f"y ({str(name)!r})"
+    factor = 10.0 ** -int(np.floor(np.log10(largest)))  # to values of order 1
+    where = ("the fixed-point encoding of secure aggregation resolves" if frac_bits is not None
+             and limit > float(np.sqrt(fi.tiny / fi.eps)) else "float64 keeps")
+    raise SchemaError(f"{what} lies at most {largest:.3g} from the middle of its range "
+                      f"({middle:.3g}): the sums of squares of y that the trees grow from "
+                      f"would round to nothing ({where} a spread of {limit:.3g} or more), and "
+                      f"every tree would be a single leaf; rescale the target (e.g. multiply it "
+                      f"by {factor:.0e}) and divide the predictions back")
 
 
 def refuse_duplicate_names(X: Any) -> None:

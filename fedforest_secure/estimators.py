@@ -68,6 +68,7 @@ from sklearn.utils.validation import _check_sample_weight, check_array, validate
 
 from ._cells import no_value
 from ._estimator_inputs import (
+    TARGET_BOUND_FLOOR,
     as_schema_error,
     name_text_cell,
     nan_bounds,
@@ -75,6 +76,7 @@ from ._estimator_inputs import (
     refuse_duplicate_names,
     refuse_huge_target,
     refuse_text_weights,
+    refuse_tiny_target,
     refuse_weightless_sites,
 )
 from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
@@ -346,6 +348,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             target_bound = float(np.max(np.abs(y_enc[kept])))
             rows = float(weights[kept].sum()) if weights is not None else float(n)
             refuse_huge_target(y_name, target_bound, self.y_offset_, rows)
+            prof = _profile_dict(self.profile)
+            refuse_tiny_target(y_name, target_bound, self.y_offset_,
+                               int(prof.get("frac_bits", 24)) if prof.get("fixed_point")
+                               else None)
         mf = self.max_features
         if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
             raise SchemaError(f"max_features={mf} is more than the {d} features of X")
@@ -357,7 +363,7 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
             n_clients=K, n_classes=n_classes, missing_allowed=missing,
             feature_bounds=tuple((float(a), float(b)) for a, b in zip(lo, hi, strict=True)),
-            target_bound=max(target_bound, 1e-12), n_estimators=shape["n_estimators"],
+            target_bound=max(target_bound, TARGET_BOUND_FLOOR), n_estimators=shape["n_estimators"],
             max_depth=shape["max_depth"], min_samples_leaf=self.min_samples_leaf,
             min_samples_split=self.min_samples_split,
             min_impurity_decrease=self.min_impurity_decrease,

@@ -471,6 +471,26 @@ def test_a_site_whose_rows_all_weigh_zero_is_named_with_what_to_do() -> None:
         FedForestClassifier(n_estimators=1).fit(X, y, sample_weight=w, client=sites)
 
 
+@pytest.mark.parametrize("profile,limit", [("open", 1e-146), ("secure", 1e-12 * 2.0**-8)])
+def test_a_target_of_tiny_spread_is_refused_and_one_just_above_grows_trees(
+        profile: str, limit: float) -> None:
+    """Below the limit the trees came out single leaves (open: squares of y underflow float64;
+    secure: the fixed-point ring rounds y^2 away); a constant target is allowed."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    y = 3 * X[:, 0] + X[:, 1] ** 2
+    spread = np.abs(y - (y.min() + y.max()) / 2).max()
+    h = np.arange(300) % 3
+    kw = dict(n_estimators=2, profile=profile, random_state=0)
+    with pytest.raises(SchemaError, match=r"y lies at most .* from the middle of its range.*"
+                       r"rescale the target \(e.g. multiply it by 1e\+"):
+        FedForestRegressor(**kw).fit(X, y * (0.5 * limit / spread), client=h)
+    est = FedForestRegressor(**kw).fit(X, y * (2 * limit / spread), client=h)
+    assert all(t.n_nodes > 20 for t in est.model_.trees)
+    assert np.corrcoef(est.predict(X), y)[0, 1] > 0.8
+    FedForestRegressor(**kw).fit(X, np.full(300, 1e-200), client=h)
+
+
 def test_max_depth_none_grows_until_leaves_stop_it() -> None:
     """No depth limit: every leaf is pure or too small to split (min_samples_leaf), and the
     trees go deeper than the paper's 8 levels when the data ask for it."""
