@@ -256,7 +256,9 @@ class SecureCdfPlanner:
         self.bnu = bnu
         self.max_rounds = max_rounds
         self.rounds = 0
-        self.tol = 1e-12 * np.maximum(np.abs(self.hi - self.lo), 1e-300)
+        # the box's width without overflowing near the float maximum (halves scale exactly:
+        # the same bits as 1e-12 * |hi - lo| wherever that is finite)
+        self.tol = 2e-12 * np.maximum(np.abs(self.hi * 0.5 - self.lo * 0.5), 0.5e-300)
         aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
         self.atom_floor = np.maximum(self.tol, aw[self.fr])
         self.edges = self._first_edges(n, marginal)
@@ -282,7 +284,12 @@ class SecureCdfPlanner:
         g = np.arange(1, max(top, 2), dtype=np.float64)
         frac = g[None, :] / cells[:, None]
         valid = g[None, :] < cells[:, None]
-        edges = lo[:, None] + (hi - lo)[:, None] * frac
+        with np.errstate(over="ignore", invalid="ignore"):
+            span = hi - lo  # past the float maximum for a box of values near it
+            edges = lo[:, None] + span[:, None] * frac
+            wide = ~np.isfinite(span)
+            if wide.any():  # the same points without the overflowing width
+                edges[wide] = lo[wide, None] * (1.0 - frac[wide]) + hi[wide, None] * frac[wide]
         rows = np.flatnonzero(known)
         if rows.size and marginal is not None:
             u_lo = marginal.cdf_at(self.fr[rows], lo[rows])

@@ -246,3 +246,25 @@ def test_a_box_too_narrow_for_a_new_edge_is_not_asked_again() -> None:
         grids.append(grid)
         planner.receive(_true_counts([X], grid, planner.active_features()))
     assert len(grids) == 1
+
+
+def test_features_near_the_float_maximum_grow_the_same_trees_without_overflow() -> None:
+    """A box from -1.5e308 to 1.5e308 is wider than the largest float: its grid and its atom
+    tolerance are computed without overflowing (the grid was all infinite: single leaves,
+    0.53 accuracy, and RuntimeWarnings from this module)."""
+    import warnings
+
+    from fedforest_secure import FedForestClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(400, 3))
+    y = (X[:, 0] > 0).astype(int)
+    h = np.arange(400) % 4
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        huge = FedForestClassifier(n_estimators=3, max_depth=3, profile="secure",
+                                   random_state=0).fit(X * 1.5e308, y, client=h)
+        score = huge.score(X * 1.5e308, y)  # scikit-learn's input check sums X: its warning
+    ours = [w for w in seen if "fedforest_secure" in w.filename]
+    assert not ours, [(w.filename, w.lineno, str(w.message)) for w in ours]
+    assert score > 0.95
