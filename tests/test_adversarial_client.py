@@ -67,8 +67,9 @@ def test_out_of_range_contribution_is_refused_before_encoding(env: dict, bad: fl
     summable = replies[0].summable.copy()
     summable[1] = bad  # a count no site can have, or not a number at all
     evil = Reply(round_id=task.round_id, summable=summable, disclosed={})
-    with pytest.raises(OverflowRisk, match=r"value\[1\]"):
+    with pytest.raises(OverflowRisk, match=r"value\[1\]") as refused:
         encode_contribution(config, task, evil)
+    assert "scale the data down" in str(refused.value)  # and says what to do
     # the honest encoding is unaffected, and its decode is exact for counts
     codec = make_codec(config, task)
     assert np.array_equal(codec.decode(vecs[0]), replies[0].summable)

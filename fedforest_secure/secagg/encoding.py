@@ -226,7 +226,9 @@ class RingCodec:
     def _overflow(self, vals: np.ndarray, bad: int) -> OverflowRisk:
         return OverflowRisk(
             f"value[{bad}] = {float(vals[bad])!r} is outside [-{self.max_abs[bad]}, "
-            f"{self.max_abs[bad]}]: {self.n_clients} clients could overflow the ring")
+            f"{self.max_abs[bad]}]: {self.n_clients} clients could overflow the ring. A "
+            "statistic this large cannot be summed securely: scale the data down (the target, "
+            "or very large sample_weight), or use fewer clients")
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """The float64 values of a uint64 sum of encodings."""
