@@ -76,7 +76,8 @@ def in_memory(db: str) -> bool:
         return False
     database = parsed.database or ""
     return (database in ("", ":memory:") or database.startswith("file::memory:")
-            or parsed.query.get("mode") == "memory" or "mode=memory" in database)
+            or parsed.query.get("mode") == "memory"
+            or (database.startswith("file:") and "mode=memory" in database))
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:

@@ -59,8 +59,7 @@ class ServerSettings(BaseModel):
 
     host: str = Field(default=LOOPBACK, description=(
         'address to listen on ("0.0.0.0": every interface)'))
-    # strict numbers: TOML's `true` is no port 1
-    port: int = Field(default=8443, ge=1, le=65535, strict=True,
+    port: int = Field(default=8443, ge=1, le=65535,
                       description="TCP port of the HTTPS API")
     database: str = Field(default="sqlite:///fedforest-server.db", description=(
         "SQLAlchemy URL of the server's database (jobs, rounds, tokens); SQLite or "
@@ -68,15 +67,25 @@ class ServerSettings(BaseModel):
     audit_database: str | None = Field(default=None, description=(
         "SQLAlchemy URL of the audit log, or a SQLite file's path; absent: no audit log is "
         "kept (the sites finish without model receipts, and say so)"))
-    tick_seconds: float = Field(default=0.5, gt=0, le=60, strict=True, description=(
+    tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "how often round deadlines are checked"))
-    max_upload_bytes: int = Field(default=1 << 30, gt=0, strict=True, description=(
+    max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(
         "largest upload accepted (a bigger one gets 413)"))
-    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, strict=True, description=(
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description=(
         "seconds a request body may stall between two chunks before it is cut off (408)"))
     tls: TLSSettings | None = Field(default=None, description=(
         "the `[tls]` table; required unless the server runs with --insecure-dev on "
         "127.0.0.1"))
+
+    @field_validator("port", "tick_seconds", "max_upload_bytes", "body_timeout_s",
+                     mode="before")
+    @classmethod
+    def _no_bool(cls, v: object) -> object:
+        """TOML's ``true`` is no number (pydantic would read it as 1: ``port = true`` was port
+        1); a whole float (``max_upload_bytes = 2e9``) is still one."""
+        if isinstance(v, bool):
+            raise ValueError(f"Input should be a valid number, not {str(v).lower()}")
+        return v
 
     @field_validator("audit_database")
     @classmethod

@@ -34,11 +34,12 @@ def check_tls_files(tls: TLSSettings, host: str) -> list[str]:
     """Refuse (:class:`ConfigError`) ``[tls]`` files the server cannot serve with; return
     the warnings to log.
 
-    Refused: a file missing or a directory; an encrypted key; a key other users can read; a
+    Refused: a file missing or a directory; an encrypted key; a
     certificate and key that are not PEM or not a pair; a certificate outside its validity
     period or without the serverAuth extended key usage; a ``client_ca`` that is not PEM, not
-    a CA certificate, or outside its validity period. Warned: a key its group can read; a
-    certificate whose subject alternative names do not cover ``host``.
+    a CA certificate, or no CA in it valid now. Warned: a key others or its group can read; a
+    certificate whose subject alternative names do not cover ``host``; a ``client_ca`` bundle's
+    CA that is not valid now (beside a current one).
     """
     for option, path in (("cert", tls.cert), ("key", tls.key), ("client_ca", tls.client_ca)):
         if path is None:
@@ -69,7 +70,7 @@ def check_tls_files(tls: TLSSettings, host: str) -> list[str]:
                           "would refuse it ('unsuitable certificate purpose'): give the "
                           "server's certificate, e.g. server.pem of `fedforest pki init`")
     if tls.client_ca is not None:
-        _check_client_ca(ctx, tls.client_ca)
+        warnings += _check_client_ca(ctx, tls.client_ca)
     named = _unnamed_host(cert, host)
     if named is not None:
         url_host = f"[{host}]" if ":" in host else host
@@ -92,18 +93,20 @@ def _check_key(path: Path) -> list[str]:
     if os.name != "posix":
         return []
     mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o007:
-        raise ConfigError(f"[tls] key {path}: other users of this machine can read it (mode "
-                          f"{mode:04o}); make it readable by the server only: chmod 600 {path}")
+    if mode & 0o007:  # a warning: a container's secret volume mounts keys 0644 or 0444
+        return [f"[tls] key {path}: other users of this machine can read it (mode "
+                f"{mode:04o}); make it readable by the server only: chmod 600 {path} (or the "
+                "secret volume's defaultMode 0400)"]
     if mode & 0o070:
         return [f"[tls] key {path}: its group can read it (mode {mode:04o}); unless that "
                 f"group is meant to, make it readable by the server only: chmod 600 {path}"]
     return []
 
 
-def _check_client_ca(ctx: ssl.SSLContext, path: Path) -> None:
-    """Every certificate in ``client_ca`` is a current CA's: a site's own certificate, or an
-    expired CA, there makes every site's handshake fail."""
+def _check_client_ca(ctx: ssl.SSLContext, path: Path) -> list[str]:
+    """Every certificate in ``client_ca`` is a CA's, and one at least is current: a site's own
+    certificate, or only expired CAs, there make every site's handshake fail. The warnings: a
+    bundle's CAs that are not current (a changeover's old CA)."""
     try:
         ctx.load_verify_locations(cafile=str(path))
         certs = x509.load_pem_x509_certificates(path.read_bytes())
@@ -122,15 +125,18 @@ def _check_client_ca(ctx: ssl.SSLContext, path: Path) -> None:
             check_validity(path)
         except ValueError as exc:
             raise ConfigError(f"[tls] client_ca {exc}{refused}") from None
-        return
+        return []
     now = _dt.datetime.now(_dt.UTC)
-    for cert in certs:
-        before, after = cert.not_valid_before_utc, cert.not_valid_after_utc
-        if not before <= now <= after:
-            raise ConfigError(f"[tls] client_ca {path}: the certificate of "
-                              f"{cert.subject.rfc4514_string()} is valid from "
-                              f"{before:%Y-%m-%d %H:%M} to {after:%Y-%m-%d %H:%M} UTC, not "
-                              f"now{refused}")
+    stale = [c for c in certs if not c.not_valid_before_utc <= now <= c.not_valid_after_utc]
+    if len(stale) < len(certs):  # a CA changeover: the current CA verifies, OpenSSL skips
+        return [f"[tls] client_ca {path}: the certificate of {c.subject.rfc4514_string()} is "
+                f"valid from {c.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+                f"{c.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now: sites it signed are "
+                "refused (the others' CA is current)" for c in stale]
+    raise ConfigError(f"[tls] client_ca {path}: no certificate in it is valid now (e.g. "
+                      f"{stale[0].subject.rfc4514_string()}: "
+                      f"{stale[0].not_valid_before_utc:%Y-%m-%d %H:%M} to "
+                      f"{stale[0].not_valid_after_utc:%Y-%m-%d %H:%M} UTC){refused}")
 
 
 def _is_ca(cert: x509.Certificate) -> bool:

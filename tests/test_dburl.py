@@ -5,6 +5,7 @@ never a traceback, and never the URL's password."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,11 @@ def test_a_sqlite_database_kept_in_memory_is_told_from_a_file(db: str, memory: b
     from fedforest_secure.dburl import in_memory
 
     assert in_memory(db) is memory
+
+
+def test_a_database_file_whose_name_holds_mode_memory_is_a_file(tmp_path: Path) -> None:
+    """Only a query or a ``file:`` URI asks SQLite for memory; a file's name does not."""
+    from fedforest_secure.dburl import in_memory
+
+    assert not in_memory(f"sqlite:///{tmp_path / 'mode=memory.db'}")
+    assert in_memory("sqlite:///file:x?mode=memory&uri=true")

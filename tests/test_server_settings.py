@@ -97,3 +97,11 @@ def test_a_boolean_where_a_number_is_due_is_refused(tmp_path: Path, key: str) ->
     path.write_text(f"{key} = true\n")
     with pytest.raises(ConfigError, match=rf"{key}: Input should be a valid \w+, not true"):
         load_settings(path)
+
+
+def test_a_whole_float_where_an_integer_is_due_is_still_read(tmp_path: Path) -> None:
+    """TOML writes 2e9 as a float: it was read as 2000000000 and still is (only booleans are
+    refused)."""
+    path = tmp_path / "server.toml"
+    path.write_text("max_upload_bytes = 2e9\nport = 9443\n")
+    assert load_settings(path).max_upload_bytes == 2_000_000_000

@@ -103,16 +103,17 @@ def test_an_encrypted_key_is_refused_before_anything_asks_for_its_passphrase(
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 @pytest.mark.parametrize("mode", [0o604, 0o644, 0o666], ids=oct)
-def test_a_key_other_users_can_read_is_refused(dev_pki: DevPKI, tmp_path: Path,
-                                               mode: int) -> None:
+def test_a_key_other_users_can_read_is_a_warning_with_the_remedy(
+        dev_pki: DevPKI, tmp_path: Path, mode: int) -> None:
+    """A warning, not a refusal: a container's secret volume mounts keys 0644 or 0444 by
+    default, and such a server must still start."""
     key = tmp_path / "server.key"
     key.write_bytes(dev_pki.server_key.read_bytes())
     key.chmod(mode)
-    with pytest.raises(ConfigError) as err:
-        check_transport(_settings(dev_pki.server_cert, key), insecure_dev=False)
-    assert str(err.value) == (
+    assert check_transport(_settings(dev_pki.server_cert, key), insecure_dev=False) == [
         f"[tls] key {key}: other users of this machine can read it (mode {mode:04o}); make "
-        f"it readable by the server only: chmod 600 {key}"), err.value
+        f"it readable by the server only: chmod 600 {key} (or the secret volume's "
+        "defaultMode 0400)"]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
@@ -152,5 +153,24 @@ def test_a_client_ca_bundle_takes_several_cas_but_no_leaf(dev_pki: DevPKI,
                            insecure_dev=False) == []
     bundle.write_bytes(bundle.read_bytes() + dev_pki.client_certs[1].read_bytes())
     with pytest.raises(ConfigError, match=r"not a CA certificate \(.*CN=client-1"):
+        check_transport(_settings(dev_pki.server_cert, dev_pki.server_key, bundle),
+                        insecure_dev=False)
+
+
+def test_a_client_ca_bundle_with_an_expired_ca_beside_a_current_one_is_a_warning(
+        dev_pki: DevPKI, tmp_path: Path) -> None:
+    """A CA changeover keeps the old CA beside the new one: once the old one expires OpenSSL
+    skips it and the sites of the current one are accepted, so the server starts and warns;
+    a bundle of expired CAs only is refused."""
+    start = _dt.datetime.now(_dt.UTC) - _dt.timedelta(days=15)
+    old_ca, _ = _write(create_ca("FedForest old CA", days=10, now=start), tmp_path, "old-ca")
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(dev_pki.ca_cert.read_bytes() + old_ca.read_bytes())
+    said = check_transport(_settings(dev_pki.server_cert, dev_pki.server_key, bundle),
+                           insecure_dev=False)
+    assert len(said) == 1 and "CN=FedForest old CA" in said[0] and "not now" in said[0], said
+    older, _ = _write(create_ca("FedForest older CA", days=5, now=start), tmp_path, "older")
+    bundle.write_bytes(old_ca.read_bytes() + older.read_bytes())
+    with pytest.raises(ConfigError, match="no certificate in it is valid now"):
         check_transport(_settings(dev_pki.server_cert, dev_pki.server_key, bundle),
                         insecure_dev=False)
