@@ -14,119 +14,80 @@ typedef struct {
     int64_t i;
 } point;
 
-/* Stable sort of pts[0..n) by value (no NaN): insertion sort for short rows, else a natural
- * merge sort, since the input is made of the clients' non-decreasing lists. tmp and runs are
- * scratch of n and n + 1 entries. Returns the array that holds the result: pts or tmp. */
-static point *stable_sort(point *pts, point *tmp, int64_t *runs, int64_t n)
-{
-    int64_t nr = 0, i, j, r;
-    point *src = pts, *dst = tmp, *swap;
-    if (n <= 24) {
-        for (i = 1; i < n; i++) {
-            point x = pts[i];
-            for (j = i; j > 0 && x.v < pts[j - 1].v; j--)
-                pts[j] = pts[j - 1];
-            pts[j] = x;
-        }
-        return pts;
+/* NATURAL_MERGE_SORT(name, type, LESS) defines `static type *name(type *a, type *tmp,
+ * int64_t *runs, int64_t n)`: a stable sort of a[0..n) by LESS(x, y) ("x goes before y"):
+ * insertion sort for short rows, else a natural merge sort of the rows' non-decreasing runs
+ * (the inputs come nearly in order: few runs), O(n log n) at worst. tmp and runs are scratch
+ * of n and n + 1 entries. Returns the array that holds the result: a or tmp. */
+#define NATURAL_MERGE_SORT(name, type, LESS)                                                 \
+    static type *name(type *a, type *tmp, int64_t *runs, int64_t n)                           \
+    {                                                                                         \
+        int64_t nr = 0, i, j, r;                                                              \
+        type *src = a, *dst = tmp, *swap;                                                     \
+        if (n <= 24) {                                                                        \
+            for (i = 1; i < n; i++) {                                                         \
+                type x = a[i];                                                                \
+                for (j = i; j > 0 && LESS(x, a[j - 1]); j--)                                  \
+                    a[j] = a[j - 1];                                                          \
+                a[j] = x;                                                                     \
+            }                                                                                 \
+            return a;                                                                         \
+        }                                                                                     \
+        runs[nr++] = 0;                                                                       \
+        for (i = 1; i < n; i++)                                                               \
+            if (LESS(a[i], a[i - 1]))                                                         \
+                runs[nr++] = i;                                                               \
+        runs[nr] = n;                                                                         \
+        while (nr > 1) { /* merge runs two by two from src into dst, then swap */             \
+            int64_t out_runs = 0;                                                             \
+            for (r = 0; r < nr; r += 2) {                                                     \
+                int64_t s0 = runs[r];                                                         \
+                const type *p, *q, *pe, *qe;                                                  \
+                type *o = dst + s0;                                                           \
+                if (r + 1 >= nr) { /* an odd run out: copied as it is */                      \
+                    memcpy(o, src + s0, (size_t)(n - s0) * sizeof(type));                     \
+                    runs[out_runs++] = s0;                                                    \
+                    break;                                                                    \
+                }                                                                             \
+                p = src + s0;                                                                 \
+                pe = src + runs[r + 1];                                                       \
+                q = pe;                                                                       \
+                qe = src + runs[r + 2];                                                       \
+                while (p < pe && q < qe) { /* the right one only when strictly less: stable */ \
+                    if (LESS(*q, *p))                                                         \
+                        *o++ = *q++;                                                          \
+                    else                                                                      \
+                        *o++ = *p++;                                                          \
+                }                                                                             \
+                while (p < pe)                                                                \
+                    *o++ = *p++;                                                              \
+                while (q < qe)                                                                \
+                    *o++ = *q++;                                                              \
+                runs[out_runs++] = s0;                                                        \
+            }                                                                                 \
+            runs[out_runs] = n;                                                               \
+            nr = out_runs;                                                                    \
+            swap = src;                                                                       \
+            src = dst;                                                                        \
+            dst = swap;                                                                       \
+        }                                                                                     \
+        return src;                                                                           \
     }
-    runs[nr++] = 0;
-    for (i = 1; i < n; i++)
-        if (pts[i].v < pts[i - 1].v)
-            runs[nr++] = i;
-    runs[nr] = n;
-    while (nr > 1) { /* merge runs two by two from src into dst, then swap */
-        int64_t out_runs = 0;
-        for (r = 0; r < nr; r += 2) {
-            int64_t a = runs[r];
-            const point *p, *q, *pe, *qe;
-            point *o = dst + a;
-            if (r + 1 >= nr) { /* an odd run out: copied as it is */
-                memcpy(o, src + a, (size_t)(n - a) * sizeof(point));
-                runs[out_runs++] = a;
-                break;
-            }
-            p = src + a;
-            pe = src + runs[r + 1];
-            q = pe;
-            qe = src + runs[r + 2];
-            while (p < pe && q < qe) { /* the right one only when strictly smaller: stable */
-                if (q->v < p->v)
-                    *o++ = *q++;
-                else
-                    *o++ = *p++;
-            }
-            while (p < pe)
-                *o++ = *p++;
-            while (q < qe)
-                *o++ = *q++;
-            runs[out_runs++] = a;
-        }
-        runs[out_runs] = n;
-        nr = out_runs;
-        swap = src;
-        src = dst;
-        dst = swap;
-    }
-    return src;
-}
 
-/* Stable sort of t[0..n), NaN last: insertion sort for short rows, else a natural merge sort
- * (the cuts come nearly in order: few runs), O(n log n) at worst. tmp and runs are scratch of
- * n and n + 1 entries; the result is left in t. */
+#define POINT_LESS(x, y) ((x).v < (y).v)
+
+/* Stable sort of points by value (no NaN): the clients' non-decreasing lists, merged. */
+NATURAL_MERGE_SORT(stable_sort, point, POINT_LESS)
+
+/* Stable sort of cuts, NaN last (the cuts come nearly in order). */
+NATURAL_MERGE_SORT(sort_doubles, double, lt_nan_last)
+
+/* sort_doubles, the result left in t. */
 static void sort_cuts(double *t, double *tmp, int64_t *runs, int64_t n)
 {
-    int64_t nr = 0, i, j, r;
-    double *src = t, *dst = tmp, *swap;
-    if (n <= 24) {
-        for (i = 1; i < n; i++) {
-            double v = t[i];
-            for (j = i; j > 0 && lt_nan_last(v, t[j - 1]); j--)
-                t[j] = t[j - 1];
-            t[j] = v;
-        }
-        return;
-    }
-    runs[nr++] = 0;
-    for (i = 1; i < n; i++)
-        if (lt_nan_last(t[i], t[i - 1]))
-            runs[nr++] = i;
-    runs[nr] = n;
-    while (nr > 1) { /* merge runs two by two from src into dst, then swap */
-        int64_t out_runs = 0;
-        for (r = 0; r < nr; r += 2) {
-            int64_t a = runs[r];
-            const double *p, *q, *pe, *qe;
-            double *o = dst + a;
-            if (r + 1 >= nr) { /* an odd run out: copied as it is */
-                memcpy(o, src + a, (size_t)(n - a) * sizeof(double));
-                runs[out_runs++] = a;
-                break;
-            }
-            p = src + a;
-            pe = src + runs[r + 1];
-            q = pe;
-            qe = src + runs[r + 2];
-            while (p < pe && q < qe) { /* the right one only when strictly smaller: stable */
-                if (lt_nan_last(*q, *p))
-                    *o++ = *q++;
-                else
-                    *o++ = *p++;
-            }
-            while (p < pe)
-                *o++ = *p++;
-            while (q < qe)
-                *o++ = *q++;
-            runs[out_runs++] = a;
-        }
-        runs[out_runs] = n;
-        nr = out_runs;
-        swap = src;
-        src = dst;
-        dst = swap;
-    }
-    if (src != t)
-        memcpy(t, src, (size_t)n * sizeof(double));
+    double *sorted = sort_doubles(t, tmp, runs, n);
+    if (sorted != t)
+        memcpy(t, sorted, (size_t)n * sizeof(double));
 }
 
 struct scratch {
