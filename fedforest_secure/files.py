@@ -63,10 +63,12 @@ def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
     exclusive lock of the file: lines from processes appending at once never interleave
     (nor on a file system where ``O_APPEND`` alone does not keep them apart). After a torn
     last line (a writer that died mid-line) the new line starts a line of its own. With
-    ``sync`` the line is on disk when this returns (``fsync``)."""
+    ``sync`` the line is on disk when this returns (``fsync``; and the file's name, where this
+    made the file)."""
     import fcntl  # POSIX: the site's client; the estimators import this module everywhere
 
     raw = line.encode("utf-8") + b"\n"
+    new = sync and not os.path.exists(path)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -78,3 +80,19 @@ def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)  # releases the lock
+    if new:
+        _fsync_dir(Path(path).parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a new file's name durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -905,13 +905,13 @@ def test_a_receipt_is_on_disk_when_written_and_a_cut_last_line_stays_apart(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """write_receipt syncs the file (and the directory of a new file) before it returns; a
     last line a crash cut short is named as damaged, and the next receipt stays whole."""
+    import os
+
     from fedforest_secure.audit import read_receipts
-    from fedforest_secure.audit import receipts as receipts_module
 
     synced: list[int] = []
-    real_fsync = receipts_module.os.fsync
-    monkeypatch.setattr(receipts_module.os, "fsync",
-                        lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
     folder = tmp_path / "receipts"
     first = Receipt(JOB, 0, "alice", "a" * 64, GENESIS, 0)
     write_receipt(folder, first)

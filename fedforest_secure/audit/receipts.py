@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +46,15 @@ _FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "
 _SENT_FIELDS = ("kind", "job_id", "round_id", "client", "task_digest", "upload_digest",
                 "chain_head_seen", "seq_seen")
 _MODEL_FIELDS = ("kind", "job_id", "client", "model_digest", "chain_head_seen", "seq_seen")
+
+
+def _fields_of(obj: Any, fields: tuple[str, ...], what: str, kind: str | None = None
+               ) -> dict[str, Any]:
+    """The record's fields but ``kind``, if ``obj`` has exactly ``fields`` (and the ``kind``
+    given); ``ValueError`` naming ``what`` otherwise."""
+    if not isinstance(obj, dict) or set(obj) != set(fields) or obj.get("kind") != kind:
+        raise ValueError(f"{what} has exactly the fields {', '.join(fields)}")
+    return {name: obj[name] for name in fields if name != "kind"}
 
 
 def upload_digest(data: bytes) -> str:
@@ -85,9 +93,7 @@ class Receipt:
     @classmethod
     def from_json(cls, obj: Any) -> Receipt:
         """Parse a receipt; ``ValueError`` on missing, extra or mistyped fields."""
-        if not isinstance(obj, dict) or set(obj) != set(_FIELDS):
-            raise ValueError(f"a receipt has exactly the fields {', '.join(_FIELDS)}")
-        return cls(**{name: obj[name] for name in _FIELDS})
+        return cls(**_fields_of(obj, _FIELDS, "a receipt"))
 
     @property
     def label(self) -> str:
@@ -120,10 +126,7 @@ class SentReceipt:
     @classmethod
     def from_json(cls, obj: Any) -> SentReceipt:
         """Parse a sent record; ``ValueError`` on missing, extra or mistyped fields."""
-        if not isinstance(obj, dict) or set(obj) != set(_SENT_FIELDS) \
-                or obj.get("kind") != "sent":
-            raise ValueError(f"a sent record has exactly the fields {', '.join(_SENT_FIELDS)}")
-        return cls(**{name: obj[name] for name in _SENT_FIELDS if name != "kind"})
+        return cls(**_fields_of(obj, _SENT_FIELDS, "a sent record", kind="sent"))
 
     def confirmed_by(self, receipt: Receipt) -> bool:
         """Whether ``receipt`` is the receipt of this very upload."""
@@ -162,10 +165,7 @@ class ModelReceipt:
     @classmethod
     def from_json(cls, obj: Any) -> ModelReceipt:
         """Parse a model receipt; ``ValueError`` on missing, extra or mistyped fields."""
-        if not isinstance(obj, dict) or set(obj) != set(_MODEL_FIELDS) \
-                or obj.get("kind") != "model":
-            raise ValueError(f"a model receipt has exactly the fields {', '.join(_MODEL_FIELDS)}")
-        return cls(**{name: obj[name] for name in _MODEL_FIELDS if name != "kind"})
+        return cls(**_fields_of(obj, _MODEL_FIELDS, "a model receipt", kind="model"))
 
     @property
     def label(self) -> str:
@@ -199,27 +199,10 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     if Path(name).name != name or not name.endswith(".jsonl"):
         raise ValueError(f"bad receipt file name {name!r}")
     path = folder / name
-    new = not path.exists()
     # one file for all the site's jobs, whose clients may append at the same time; on disk
     # before the upload it records is sent
     append_line(path, json.dumps(receipt.to_json(), sort_keys=True), sync=True)
-    if new:
-        _fsync_dir(folder)
     return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a new file's name durable (where the platform can open a directory)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_receipts(directory: str | Path
