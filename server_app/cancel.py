@@ -73,12 +73,10 @@ def cancel(core: Core, job_id: str) -> bool:
         if job is None or job.status not in _UNFINISHED:
             return False
         found = open_round(sess, job_id)
-        if found is not None:
-            # its sites may hold receipts of their uploads to it: the log says it was aborted
-            # (no sum of it released), and the job's failure follows
-            core.audit.append(job_id, "round_aborted", {"round_id": found[1].round_id,
-                                                        "reason": CANCELLED})
-        core.driver.fail(sess, job, CANCELLED, None, core.runtimes.peek(job_id))
+        # its sites may hold receipts of their uploads to the open round: the log says it was
+        # aborted (no sum of it released), and the job's failure follows
+        core.driver.fail(sess, job, CANCELLED, found[1] if found is not None else None,
+                         core.runtimes.peek(job_id), ended=True)
         return True
 
 

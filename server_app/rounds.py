@@ -255,9 +255,10 @@ class RoundDriver:
         return out
 
     def fail(self, sess: Session, job: JobRow, reason: str, rr: RoundRow | None,
-             rt: JobRuntime | None) -> None:
+             rt: JobRuntime | None, *, ended: bool = False) -> None:
         """Stop the job with ``reason``, audited as the abort of ``rr`` if given, else as the
-        job's failure between rounds."""
+        job's failure between rounds; with ``ended`` as both, the abort first (a job stopped
+        from outside mid-round: its sites hold receipts of the round's uploads)."""
         self.changes.touch(job.id)
         reason = printable(reason)
         job.status = JobStatus.FAILED
@@ -269,7 +270,7 @@ class RoundDriver:
         if rr is not None:
             self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
                                                         "reason": reason})
-        else:
+        if rr is None or ended:
             self.audit.append(job.id, "job_failed", {"reason": reason})
         event("job_failed", logging.ERROR, job=job.id, reason=reason)
 
