@@ -270,6 +270,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         log.info(f"job {job} done: {kind} saved to {out} "
                  f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
     else:
+        if result.status == "failed":
+            _failed_receipt(ctx)
         log.warn(f"job {job} ended: {ended(result.status, result.detail)}")
     result.bytes_sent, result.bytes_received = tr.bytes_sent, tr.bytes_received
     stats = json.dumps({
@@ -440,6 +442,31 @@ def _model_receipt(ctx: RunContext, model: bytes, headers: Any) -> None:
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"the server announced a malformed audit tip with the model: "
                             f"{exc}") from exc
+    write_receipt(ctx.state.root / "receipts", rec)
+
+
+def _failed_receipt(ctx: RunContext) -> None:
+    """Keep a receipt of the job's failure and of the audit-chain head the server announces
+    with it: it covers the entry of the failure (``fedforest audit verify --receipts``), so a
+    log cut before it does not pass for a job still running."""
+    from fedforest_secure.audit import FailedReceipt
+
+    st = job_status_briefly(ctx.tr, ctx.job)
+    if st is None or st.status != "failed":
+        ctx.log.warn(f"job {ctx.job}: the server did not confirm the job's failure: this site "
+                     "keeps no receipt of it")
+        return
+    if st.audit_seq == 0:
+        ctx.log.warn(f"job {ctx.job}: the server keeps no audit log: this site keeps no "
+                     "receipt of the job's failure")
+        return
+    try:
+        rec = FailedReceipt(job_id=ctx.job, client=ctx.name, chain_head_seen=st.audit_head,
+                            seq_seen=st.audit_seq)
+    except (TypeError, ValueError) as exc:  # the job's failure is still what the site says
+        ctx.log.warn(f"job {ctx.job}: the server announced a malformed audit tip with the "
+                     f"job's failure ({exc}): this site keeps no receipt of it")
+        return
     write_receipt(ctx.state.root / "receipts", rec)
 
 

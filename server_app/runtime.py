@@ -202,9 +202,11 @@ class ServerState:
             self.core.tick_if_due(job_id)
             with self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
-                return {**job_status(sess, job, member, self.core.clock(),
-                                     deadline=self.core.deadlines.of),
-                        "audit_head": self.core.audit.head(job_id)}
+                out = job_status(sess, job, member, self.core.clock(),
+                                 deadline=self.core.deadlines.of)
+            # read after the status: the chain of a job that ended holds its last entry
+            seq, head = self.core.audit.tip(job_id)
+            return {**out, "audit_seq": seq, "audit_head": head}
 
     def directory(self, client: ClientRow, job_id: str) -> dict[str, Any]:
         """The job's identity directory ``{client index: Ed25519 verify key hex}``, relayed."""

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from fedforest_secure.audit import (
     GENESIS,
     AuditLog,
+    FailedReceipt,
     JobRecorder,
     ModelReceipt,
     Receipt,
@@ -340,6 +341,13 @@ def test_receipt_validation() -> None:
             dataclasses.replace(sent, **bad)
     with pytest.raises(ValueError, match="a sent record has exactly the fields"):
         parse_receipt({k: v for k, v in sent.to_json().items() if k != "task_digest"})
+    failed = FailedReceipt(JOB, "a", "a" * 64, 3)
+    assert parse_receipt(json.loads(json.dumps(failed.to_json()))) == failed
+    for bad in [{"seq_seen": 0}, {"chain_head_seen": "xyz"}, {"client": ""}]:
+        with pytest.raises(ValueError):
+            dataclasses.replace(failed, **bad)
+    with pytest.raises(ValueError, match="a failure receipt has exactly the fields"):
+        parse_receipt({**failed.to_json(), "model_digest": "cd" * 32})
 
 
 @pytest.mark.parametrize("holds", ["nothing", "another job's receipts"])
@@ -582,6 +590,79 @@ def test_a_job_that_failed_between_rounds_has_a_note_not_a_problem(tmp_path: Pat
         f"job '{JOB}' failed (job '{JOB}' seq 6 (job_failed)) before any site kept a receipt "
         f"after its last round (job '{JOB}' seq 4 (round)): that round's aggregate is vouched "
         "for by the chain only"]
+
+
+def _failed_with_receipts(log: AuditLog, receipts: Path) -> JobRecorder:
+    """A secure job that fails after round 0 (too few sites remain), whose two sites were told
+    it failed and keep a failure receipt of the chain head the server announced then."""
+    rec = _round_zero_receipted(log, receipts)
+    rec.client_dropped(CLIENTS[0], round_id=1, reason="deadline")
+    rec.job_failed(reason="only 1 clients remain, fewer than the required 2; training stopped")
+    seq, head = log.tip(JOB)
+    for c in CLIENTS:
+        write_receipt(receipts, FailedReceipt(JOB, c, head, seq))
+    return rec
+
+
+def test_a_failed_job_its_sites_hold_failure_receipts_of_verifies_without_notes(
+        tmp_path: Path) -> None:
+    """The failure receipts pin the chain up to the job_failed entry: the job's last round is
+    covered by them (no note saying it is the chain's word only), and the job is not running."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _failed_with_receipts(log, receipts)
+        report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.notes == [] and report.running == []
+    assert report.receipts_checked == 4
+
+
+@pytest.mark.parametrize("cut", [4, 5])
+def test_a_failed_jobs_log_cut_before_its_failure_is_named_by_the_failure_receipts(
+        tmp_path: Path, cut: int) -> None:
+    """The server cuts a failed job's log after seq ``cut`` (its failure entry gone, so the
+    chain reads as a job still running): the sites' failure receipts pin the entry the log no
+    longer holds, a problem, not "OK so far"."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _failed_with_receipts(log, receipts)
+        sql(log, "DELETE FROM audit_entries WHERE seq > :s", s=cut)
+        sql(log, "DELETE FROM audit_arrays WHERE seq > :s", s=cut)
+        report = verify_log(log, receipts_dir=receipts)
+    assert not report.ok and report.running == []
+    assert f"receipt alice.jsonl:2 (client 'alice', job '{JOB}', failed): the log has no entry " \
+           "seq 6" in report.problems[0], report.problems
+    assert any("the log has no round_aborted or job_failed entry (deleted?), yet the server "
+               "told the client the job failed" in p for p in report.problems)
+
+
+def test_a_model_appended_to_a_failed_job_is_named_by_the_failure_receipts(
+        tmp_path: Path) -> None:
+    """A server that told its sites the job failed, then logged a model after the failure
+    (no site holds a receipt of it): the failure receipts name the model entry."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _failed_with_receipts(log, receipts)
+        rec.model(digest="cd" * 32)
+        report = verify_log(log, receipts_dir=receipts)
+    assert any(f"the log has a model entry (job '{JOB}' seq 7 (model)), yet the server told "
+               "the client the job failed" in p for p in report.problems), report.problems
+
+
+def test_a_failure_receipt_pinning_a_head_before_the_failure_entry_is_a_problem(
+        tmp_path: Path) -> None:
+    """The server announced the job's failure with a chain head before the failure's entry
+    (the entry written later, or rewritten): the receipt does not cover it."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, receipts)
+        seq, head = log.tip(JOB)
+        write_receipt(receipts, FailedReceipt(JOB, "alice", head, seq))
+        rec.job_failed(reason="the server was stopped")
+        report = verify_log(log, receipts_dir=receipts)
+    assert any("the chain head announced with the job's failure (seq 4) does not cover the "
+               f"log's job '{JOB}' seq 5 (job_failed)" in p for p in report.problems), \
+        report.problems
 
 
 def test_a_round_rewritten_as_aborted_is_named_in_a_note(setup: tuple[AuditLog, Path],

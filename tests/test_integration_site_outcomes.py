@@ -4,6 +4,7 @@ that keeps no audit log lets its sites finish (exit code 0) without a model rece
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -143,3 +144,56 @@ def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not
     with AuditLog(fed.audit_url, create=False) as log:
         drops = [e.payload for e in log.entries(job_id="job-a") if e.kind == "client_dropped"]
     assert [(d["client"], d["reason"]) for d in drops] == [("client-3", reason)]
+
+
+def test_a_failed_jobs_log_cut_before_its_failure_does_not_verify_against_the_sites_receipts(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """A secure job of three sites that needs all three fails when client-2 stops mid-job. The
+    two others are told the job failed and keep a receipt of it with the chain head the server
+    announced: their receipts verify the log, and the same log cut before its failure entries
+    (which would read as a job still running, "OK so far") does not."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, deadline=300.0,
+                    min_clients=3, profile="secure")
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        wait_round(fed, 2)
+        clients[2].send_signal(signal.SIGTERM)
+        for c in clients:
+            c.wait(200)
+    finally:
+        stop_all(fed)
+    receipts = tmp_path / "receipts"
+    receipts.mkdir()
+    for k in (0, 1):
+        log = (fed.root / f"client-{k}.log").read_text()
+        assert "ended: failed" in log, log
+        shutil.copy(fed.root / "state" / f"client-{k}" / "receipts" / f"client-{k}.jsonl",
+                    receipts)
+    kinds = [json.loads(line).get("kind") for k in (0, 1)
+             for line in (receipts / f"client-{k}.jsonl").read_text().splitlines()]
+    assert kinds.count("failed") == 2
+    audit_db = tmp_path / "audit.db"
+
+    def verify() -> tuple[int, str]:
+        res = CliRunner().invoke(audit_app, ["verify", "--db", str(audit_db),
+                                             "--receipts", str(receipts)])
+        return res.exit_code, res.output
+
+    code, out = verify()
+    assert code == 0, out
+    with sqlite3.connect(audit_db) as con:
+        first = con.execute("SELECT min(seq) FROM audit_entries WHERE job_id = 'job-a' AND "
+                            "kind IN ('round_aborted', 'job_failed')").fetchone()[0]
+        con.execute("DELETE FROM audit_arrays WHERE job_id = 'job-a' AND seq >= ?", (first,))
+        con.execute("DELETE FROM audit_entries WHERE job_id = 'job-a' AND seq >= ?", (first,))
+    code, out = verify()
+    assert code == 1, out
+    assert f"the log has no entry seq {first}" in out or "no round_aborted or job_failed" in out

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .entry import GENESIS, ArrayInfo, Entry
 from .kinds import EntryKind
 from .receipts import (
+    FailedReceipt,
     ModelReceipt,
     Receipt,
     SentReceipt,
@@ -74,6 +75,7 @@ __all__ = [
     "AuditStore",
     "Entry",
     "EntryKind",
+    "FailedReceipt",
     "JobRecorder",
     "ModelReceipt",
     "Receipt",

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from .entry import Entry
 from .kinds import EntryKind
-from .receipts import AnyReceipt, ModelReceipt, Receipt, SentReceipt, read_receipts
+from .receipts import (
+    AnyReceipt,
+    FailedReceipt,
+    ModelReceipt,
+    Receipt,
+    SentReceipt,
+    read_receipts,
+)
 
 __all__ = ["check_receipts", "not_ended"]
 
@@ -43,7 +50,8 @@ class _ReceiptsCheck:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     count: int = 0
-    #: the jobs checked as running: not ended in the log, and no model receipt of them
+    #: the jobs checked as running: not ended in the log, and no model or failure receipt
+    #: of them
     running: set[str] = field(default_factory=set)
 
 
@@ -74,9 +82,9 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
                 if isinstance(r, ValueError) or job_id is None or r.job_id == job_id]
     confirmed = _confirmed_later(received)
     sent_or_receipted = _uploads_held(received)
-    # a job not ended in its chain is running unless a site holds its model (then the end
-    # is missing: its model receipt names that)
-    modelled = {r.job_id for _, r in received if isinstance(r, ModelReceipt)}
+    # a job not ended in its chain is running unless a site holds its model or was told it
+    # failed (then the end is missing: that receipt names it)
+    modelled = {r.job_id for _, r in received if isinstance(r, ModelReceipt | FailedReceipt)}
     running: dict[str, str] = {}
     for job, chain in chains.items():
         reach = not_ended(chain)
@@ -107,6 +115,8 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
             uploaded_to_aborted[(receipt.job_id, receipt.round_id)].append(where)
         if isinstance(receipt, ModelReceipt):
             found = _model_receipt_problems(receipt, chains)
+        elif isinstance(receipt, FailedReceipt):
+            found = _failed_receipt_problems(receipt, chains)
         elif isinstance(receipt, SentReceipt):
             found, note = _sent_problems(receipt, chains, rounds, aborted, sent_or_receipted,
                                          open_round=later)
@@ -269,6 +279,29 @@ def _model_receipt_problems(receipt: ModelReceipt, chains: Mapping[str, Mapping[
     return out
 
 
+def _failed_receipt_problems(receipt: FailedReceipt,
+                             chains: Mapping[str, Mapping[int, Entry]]) -> list[str]:
+    """The server told the client its job failed, announcing the chain head ``seq_seen``: the
+    log must hold that entry, the failure's entry within it, and no model."""
+    chain = chains.get(receipt.job_id)
+    if chain is None:
+        return ["the job is not in the log"]
+    out = _head_problems(receipt, chain)
+    failed = min((e for e in chain.values() if e.kind in _FAILED), key=lambda e: e.seq,
+                 default=None)
+    if failed is None:
+        out.append("the log has no round_aborted or job_failed entry (deleted?), yet the "
+                   "server told the client the job failed")
+    elif failed.seq > receipt.seq_seen:
+        out.append(f"the chain head announced with the job's failure (seq {receipt.seq_seen}) "
+                   f"does not cover the log's {failed.label}")
+    model = next((e for e in chain.values() if e.kind == EntryKind.MODEL.value), None)
+    if model is not None:
+        out.append(f"the log has a model entry ({model.label}), yet the server told the "
+                   "client the job failed")
+    return out
+
+
 def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],
                       rounds: Mapping[tuple[str, int], Sequence[Entry]],
                       aborted: Set[tuple[str, int]], *, open_round: bool = False) -> list[str]:
@@ -293,7 +326,8 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
     return out
 
 
-def _head_problems(receipt: Receipt | SentReceipt, chain: Mapping[int, Entry]) -> list[str]:
+def _head_problems(receipt: Receipt | SentReceipt | FailedReceipt,
+                   chain: Mapping[int, Entry]) -> list[str]:
     """The chain head the client saw must be the log's entry ``seq_seen``."""
     if receipt.seq_seen == 0:
         return []

@@ -16,7 +16,10 @@ A round receipt pins the chain as it was *before* its round's entry, so the tail
 last round and the model) needs one more: when a client downloads the final model it writes a
 :class:`ModelReceipt` (``kind = "model"``) with the model file's SHA-256 and the chain head the
 server announced with it, which covers the model entry and everything before it. ``verify``
-holds the log to both (see :mod:`fedforest_secure.audit.verify`).
+holds the log to both (see :mod:`fedforest_secure.audit.verify`). A job that fails instead
+has no model: when the server tells a client that its job failed, the client writes a
+:class:`FailedReceipt` (``kind = "failed"``) with the chain head the server announced then, which
+covers the entry of the failure (``round_aborted`` or ``job_failed``) and everything before it.
 
 An upload's answer can take long (a secure upload's POST waits until every site has uploaded),
 and a client stopped meanwhile would keep no record of an upload the server may have counted.
@@ -39,13 +42,14 @@ from typing import Any
 from ..files import append_line
 from .entry import GENESIS, is_hex_digest
 
-__all__ = ["ModelReceipt", "Receipt", "SentReceipt", "read_receipts", "upload_digest",
-           "write_receipt"]
+__all__ = ["FailedReceipt", "ModelReceipt", "Receipt", "SentReceipt", "read_receipts",
+           "upload_digest", "write_receipt"]
 
 _FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "seq_seen")
 _SENT_FIELDS = ("kind", "job_id", "round_id", "client", "task_digest", "upload_digest",
                 "chain_head_seen", "seq_seen")
 _MODEL_FIELDS = ("kind", "job_id", "client", "model_digest", "chain_head_seen", "seq_seen")
+_FAILED_FIELDS = ("kind", "job_id", "client", "chain_head_seen", "seq_seen")
 
 
 def _fields_of(obj: Any, fields: tuple[str, ...], what: str, kind: str | None = None
@@ -172,15 +176,50 @@ class ModelReceipt:
         return f"client {self.client!r}, job {self.job_id!r}, model"
 
 
+@dataclass(frozen=True)
+class FailedReceipt:
+    """A client's record that the server told it its job failed, and of the chain head the
+    server announced then (it covers the entry of the failure)."""
+
+    job_id: str
+    client: str
+    chain_head_seen: str
+    seq_seen: int
+
+    def __post_init__(self) -> None:
+        for name in ("job_id", "client"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"receipt {name} must be a non-empty string")
+        if isinstance(self.seq_seen, bool) or not isinstance(self.seq_seen, int) \
+                or self.seq_seen < 1:
+            raise ValueError("a failure receipt's seq_seen must be a positive integer")
+        if not is_hex_digest(self.chain_head_seen):
+            raise ValueError("receipt chain_head_seen must be a sha256 hex digest")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "failed", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> FailedReceipt:
+        """Parse a failure receipt; ``ValueError`` on missing, extra or mistyped fields."""
+        return cls(**_fields_of(obj, _FAILED_FIELDS, "a failure receipt", kind="failed"))
+
+    @property
+    def label(self) -> str:
+        return f"client {self.client!r}, job {self.job_id!r}, failed"
+
+
 #: Any record of a receipts file.
-AnyReceipt = Receipt | SentReceipt | ModelReceipt
+AnyReceipt = Receipt | SentReceipt | ModelReceipt | FailedReceipt
 
 
 def parse_receipt(obj: Any) -> AnyReceipt:
-    """A round receipt, a sent record (``"kind": "sent"``) or a model receipt (``"kind":
-    "model"``); ``ValueError`` otherwise."""
+    """A round receipt, a sent record (``"kind": "sent"``), a model receipt (``"kind":
+    "model"``) or a failure receipt (``"kind": "failed"``); ``ValueError`` otherwise."""
     if isinstance(obj, dict) and obj.get("kind") == "sent":
         return SentReceipt.from_json(obj)
+    if isinstance(obj, dict) and obj.get("kind") == "failed":
+        return FailedReceipt.from_json(obj)
     if isinstance(obj, dict) and "kind" in obj:
         return ModelReceipt.from_json(obj)
     return Receipt.from_json(obj)

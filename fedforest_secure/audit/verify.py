@@ -17,18 +17,20 @@ and, given a receipts directory, that every receipt agrees with the log
 (see :mod:`fedforest_secure.audit.receipts`) and that the receipts cover each receipted job's
 tail: some receipt pins a chain head at or after the job's last round entry and after its model
 entry (a model receipt does), a model receipt's digest is the logged model's, and a log that lost
-its model entry is named. A job whose chain has not ended (no ``model``, ``job_failed`` or
-``round_aborted`` entry: it was running when the log was read) and of which no receipt is a model
-receipt (a site that holds the model knows it ended) is checked as far as the log goes: its sites'
-receipts of later rounds and its last round not receipted yet are notes, and the report names the
-job in ``running``. A client's record of an upload it sent (written before the request) that no
-receipt of the upload follows (the client stopped before the server answered) is checked like a
-receipt when the log's round entry lists that upload for the client, is a note when the entry
-does not list the client (or the round has none), and a problem when it lists another upload of
-the client that none of the client's records holds. With ``replay=True`` it also replays each job
-through the coordinator (:mod:`fedforest_secure.audit.replay`): every logged task digest must be
-the task that follows from the logged configuration and aggregates, and the model digest the
-model they yield.
+its model entry is named. A failure receipt (the server told a site its job failed) needs the
+log's entry of the failure (``round_aborted`` or ``job_failed``) within the chain head it pins,
+and no model entry. A job whose chain has not ended (no ``model``, ``job_failed`` or
+``round_aborted`` entry: it was running when the log was read) and of which no receipt is a
+model or failure receipt (a site that holds one knows it ended) is checked as far as the log
+goes: its sites' receipts of later rounds and its last round not receipted yet are notes, and
+the report names the job in ``running``. A client's record of an upload it sent (written
+before the request) that no receipt of the upload follows (the client stopped before the server
+answered) is checked like a receipt when the log's round entry lists that upload for the
+client, is a note when the entry does not list the client (or the round has none), and a
+problem when it lists another upload of the client that none of the client's records holds.
+With ``replay=True`` it also replays each job through the coordinator
+(:mod:`fedforest_secure.audit.replay`): every logged task digest must be the task that follows
+from the logged configuration and aggregates, and the model digest the model they yield.
 """
 
 from __future__ import annotations

@@ -215,3 +215,6 @@ class JobStatus(_Response):
     overrun_s: float | None = None
     deadline_in_s: float | None = None
     model_digest: str | None = None
+    #: the job's audit-chain tip when the status was read (0 and "": no audit log)
+    audit_seq: int = 0
+    audit_head: str = ""
