@@ -37,81 +37,30 @@ sensitivities. Data outside them is an error, never silently clipped.
 from __future__ import annotations
 
 import json
-import math
 import tomllib
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import tomli_w
 from numpy.typing import ArrayLike, NDArray
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    StrictFloat,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from ._cells import (
-    _canon,
-    _CellError,
-    _Column,
-    _is_missing,
-    _label_codes,
-    _label_sort_key,
-    _numeric_column,
-    blank_columns,
-    header_defects,
-    read_csv_rows,
-    without_columns,
+from . import _schema_tables
+from ._cells import _Column
+from ._schema_checks import (
+    _Bounds,
+    _bounds_field,
+    _check_labels,
+    _check_name,
+    _format_error,
+    _name_field,
 )
-from .config_errors import allowed_keys, submodel_at
+from ._schema_infer import inferred_schema
 from .errors import SchemaError
 
 __all__ = ["Feature", "Schema", "Target"]
-
-_Bounds = tuple[StrictFloat, StrictFloat]
-
-
-def _check_bounds(bounds: tuple[float, float] | None) -> None:
-    if bounds is None:
-        return
-    lo, hi = bounds
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError(f"bounds must be finite, got [{lo}, {hi}]")
-    if not lo < hi:
-        raise ValueError(f"lower bound must be < upper bound, got [{lo}, {hi}]")
-
-
-def _check_labels(labels: list[str], what: str) -> None:
-    if len(labels) < 2:
-        raise ValueError(f"needs at least 2 {what}, got {len(labels)}")
-    if any(not s.strip() or s != s.strip() for s in labels):
-        raise ValueError(f"{what} must be non-empty strings without surrounding spaces")
-    dups = sorted(lab for lab, count in Counter(labels).items() if count > 1)
-    if dups:
-        raise ValueError(f"duplicate {what}: {dups}")
-
-
-def _check_name(name: str) -> None:
-    if not name.strip() or name != name.strip():
-        raise ValueError(f"name must be non-empty without surrounding spaces, got {name!r}")
-
-
-def _name_field(cls: type[BaseModel], v: str) -> str:
-    _check_name(v)
-    return v
-
-
-def _bounds_field(
-    cls: type[BaseModel], v: tuple[float, float] | None
-) -> tuple[float, float] | None:
-    _check_bounds(v)
-    return v
 
 
 class Feature(BaseModel):
@@ -214,32 +163,6 @@ class Target(BaseModel):
         return self
 
 
-def _format_error(exc: ValidationError, data: Any) -> str:
-    """What is wrong, field by field: ``target.classes: ...; features[2] ('age').bounds: ...``."""
-    parts = []
-    for err in exc.errors():
-        loc: list[str] = []
-        for i, key in enumerate(err["loc"]):
-            if isinstance(key, int) and loc:
-                loc[-1] += f"[{key}]"
-                if err["loc"][:i] == ("features",) and isinstance(data, Mapping):
-                    feats = data.get("features")
-                    if isinstance(feats, list) and key < len(feats):
-                        name = feats[key].get("name") if isinstance(feats[key], Mapping) else None
-                        if isinstance(name, str):
-                            loc[-1] += f" ({name!r})"
-            else:
-                loc.append(str(key))
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            owner = submodel_at(Schema, err["loc"][:-1])
-            msg = "unknown key"
-            if owner is not None:
-                msg += f"; allowed: {', '.join(allowed_keys(owner))}"
-        parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
-    return "; ".join(parts)
-
-
 class Schema(BaseModel):
     """Feature kinds, public bounds and target of a federated table.
 
@@ -291,7 +214,7 @@ class Schema(BaseModel):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise SchemaError(f"{what}: {_format_error(exc, data)}") from None
+            raise SchemaError(f"{what}: {_format_error(exc, data, Schema)}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Schema:
@@ -347,48 +270,8 @@ class Schema(BaseModel):
         categorical : sequence of int or str, optional
             Indices or names of categorical features; their levels are the sorted unique values.
         """
-        Xa = np.asarray(X)
-        ya = np.asarray(y)
-        if Xa.ndim != 2 or Xa.shape[0] == 0 or Xa.shape[1] == 0:
-            raise SchemaError(f"X must be a non-empty 2-D array, got shape {Xa.shape}")
-        if ya.ndim != 1 or ya.shape[0] != Xa.shape[0]:
-            raise SchemaError(f"y must have shape ({Xa.shape[0]},), got {ya.shape}")
-        d = Xa.shape[1]
-        names = [f"x{j}" for j in range(d)] if feature_names is None else list(feature_names)
-        if len(names) != d:
-            raise SchemaError(f"feature_names has {len(names)} names for {d} columns")
-        cat: set[int] = set()
-        for c in categorical or ():
-            if isinstance(c, str):
-                if c not in names:
-                    raise SchemaError(f"categorical: unknown feature {c!r}")
-                cat.add(names.index(c))
-            elif isinstance(c, int | np.integer) and 0 <= int(c) < d:
-                cat.add(int(c))
-            else:
-                raise SchemaError(f"categorical: bad feature index {c!r}")
-        feats: list[dict[str, Any]] = []
-        for j, name in enumerate(names):
-            col = Xa[:, j]
-            if j in cat:
-                levels = sorted({_canon(v) for v in col}, key=_label_sort_key)
-                feats.append({"name": name, "kind": "categorical", "levels": levels})
-            else:
-                vals = _numeric_column(col, name)
-                lo, hi = float(vals.min()), float(vals.max())
-                if lo == hi:
-                    hi = lo + 1.0
-                feats.append({"name": name, "kind": "continuous", "bounds": (lo, hi)})
-        target: dict[str, Any] = {"name": "y", "kind": task}
-        if task == "classification":
-            target["classes"] = sorted({_canon(v) for v in ya}, key=_label_sort_key)
-        elif task == "regression":
-            yv = _numeric_column(ya, "y")
-            lo, hi = float(yv.min()), float(yv.max())
-            target["bounds"] = (lo, hi if hi > lo else lo + 1.0)
-        else:
-            raise SchemaError(f"task must be 'regression' or 'classification', got {task!r}")
-        return cls.from_dict({"features": feats, "target": target})
+        return cls.from_dict(
+            inferred_schema(X, y, feature_names, task, categorical))
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -468,31 +351,7 @@ class Schema(BaseModel):
         SchemaError
             Naming the column and the 1-based data row of the first problem.
         """
-        p = Path(path)
-        rows, lines = read_csv_rows(p)
-        if not rows:
-            raise SchemaError(f"{p}: empty file, expected a header row")
-        header = [h.strip() for h in rows.pop(0)]
-        blank = blank_columns(header, rows)  # an export's empty trailing columns: left out
-        defects = header_defects(header, blank)
-        if defects:
-            raise SchemaError(f"{p}: " + "; ".join(f"{what}: {todo}" for what, todo in defects))
-        if blank:
-            header, rows = without_columns([header], blank)[0], without_columns(rows, blank)
-        for row, line in zip(rows, lines[1:], strict=True):
-            if len(row) != len(header):
-                raise SchemaError(
-                    f"{p}, line {line}: has {len(row)} cells, the header has {len(header)} "
-                    "columns"
-                )
-        columns = {h: [r[k] for r in rows] for k, h in enumerate(header)}
-        try:
-            return self._encode(columns, len(rows), with_target=with_target)
-        except _CellError as exc:  # the file's line, as fedforest check names it
-            raise SchemaError(f"{p}, line {lines[exc.row]}: column {exc.column!r}: "
-                              f"{exc.what}") from None
-        except SchemaError as exc:
-            raise SchemaError(f"{p}: {exc}") from None
+        return _schema_tables.read_csv(self, path, with_target=with_target)
 
     def validate_table(
         self, table: Any, *, with_target: bool = True
@@ -505,32 +364,7 @@ class Schema(BaseModel):
             Anything with ``.columns`` and ``table[col]`` (e.g. a pandas DataFrame), a dict of
             columns, or a list of ``{column: value}`` rows.
         """
-        columns: dict[str, list[Any]]
-        if hasattr(table, "columns") and not isinstance(table, Mapping):
-            columns = {str(c): list(table[c]) for c in table.columns}
-        elif isinstance(table, Mapping):
-            columns = {str(k): list(v) for k, v in table.items()}
-        elif isinstance(table, Iterable):
-            rows = list(table)
-            columns = {}
-            for i, row in enumerate(rows, start=1):
-                if not isinstance(row, Mapping):
-                    raise SchemaError(f"row {i}: expected a mapping of column to value")
-            names = self._needed_columns(with_target)
-            for name in names:
-                col = []
-                for i, row in enumerate(rows, start=1):
-                    if name not in row:
-                        raise SchemaError(f"column {name!r}, row {i}: missing")
-                    col.append(row[name])
-                columns[name] = col
-        else:
-            raise SchemaError(f"cannot read a table from {type(table).__name__}")
-        lengths = {len(v) for v in columns.values()}
-        if len(lengths) > 1:
-            raise SchemaError("columns have different lengths")
-        n = lengths.pop() if lengths else 0
-        return self._encode(columns, n, with_target=with_target)
+        return _schema_tables.validate_table(self, table, with_target=with_target)
 
     def check_arrays(
         self, X: ArrayLike, y: ArrayLike | None = None
@@ -550,17 +384,7 @@ class Schema(BaseModel):
         y : ndarray of shape (n_samples,) or None
             float64 for regression, int64 class codes for classification.
         """
-        Xa = np.asarray(X)
-        if Xa.ndim != 2 or Xa.shape[1] != self.n_features:
-            raise SchemaError(f"X must have shape (n, {self.n_features}), got {Xa.shape}")
-        columns: dict[str, _Column] = {f.name: Xa[:, j] for j, f in enumerate(self.features)}
-        if y is not None:
-            ya = np.asarray(y)
-            if ya.shape != (Xa.shape[0],):
-                raise SchemaError(f"y must have shape ({Xa.shape[0]},), got {ya.shape}")
-            columns[self.target.name] = ya
-        Xo, yo, _ = self._encode(columns, Xa.shape[0], with_target=y is not None, with_client=False)
-        return Xo, yo
+        return _schema_tables.check_arrays(self, X, y)
 
     def encode_features(self, columns: Mapping[str, _Column], n_rows: int
                         ) -> NDArray[np.float64]:
@@ -576,67 +400,8 @@ class Schema(BaseModel):
         SchemaError
             A missing column, a non-number, an unknown level.
         """
-        X = np.empty((n_rows, self.n_features), dtype=np.float64)
-        for j, f in enumerate(self.features):
-            if f.name not in columns:
-                raise SchemaError(f"column {f.name!r}: missing from the table")
-            col = columns[f.name]
-            if f.kind == "continuous":
-                X[:, j] = _numeric_column(col, f.name, allow_missing=f.may_miss)
-            else:
-                X[:, j] = _label_codes(col, f.name, f.levels or [], "level",
-                                       allow_missing=f.may_miss)
-        return X
+        return _schema_tables.encode_features(self, columns, n_rows)
 
     def encode_target(self, y: ArrayLike) -> NDArray[Any]:
         """Validate and encode a target vector (float64, or int64 class codes)."""
-        ya = np.asarray(y)
-        if ya.ndim != 1:
-            raise SchemaError(f"y must be 1-D, got shape {ya.shape}")
-        return self._encode_target(ya)
-
-    # ------------------------------------------------------------------ internals
-    def _needed_columns(self, with_target: bool, with_client: bool = True) -> list[str]:
-        names = self.feature_names
-        if with_target:
-            names.append(self.target.name)
-        if with_client and self.client_column is not None:
-            names.append(self.client_column)
-        return names
-
-    def _encode(
-        self,
-        columns: Mapping[str, _Column],
-        n_rows: int,
-        *,
-        with_target: bool,
-        with_client: bool = True,
-    ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
-        for name in self._needed_columns(with_target, with_client):
-            if name not in columns:
-                raise SchemaError(f"column {name!r}: missing from the table")
-        if n_rows == 0:
-            raise SchemaError("the table has no data rows")
-        X = np.empty((n_rows, self.n_features), dtype=np.float64)
-        for j, f in enumerate(self.features):
-            col = columns[f.name]
-            if f.kind == "continuous":
-                X[:, j] = _numeric_column(col, f.name, f.bounds, allow_missing=f.may_miss)
-            else:
-                X[:, j] = _label_codes(col, f.name, f.levels or [], "level",
-                                       allow_missing=f.may_miss)
-        y = self._encode_target(columns[self.target.name]) if with_target else None
-        client = None
-        if with_client and self.client_column is not None:
-            raw = columns[self.client_column]
-            for i, v in enumerate(raw, start=1):
-                if _is_missing(v):
-                    raise _CellError(self.client_column, i, "missing value")
-            client = np.array([_canon(v) for v in raw], dtype=np.str_)
-        return X, y, client
-
-    def _encode_target(self, col: _Column) -> NDArray[Any]:
-        t = self.target
-        if t.kind == "regression":
-            return _numeric_column(col, t.name, t.bounds)
-        return _label_codes(col, t.name, t.classes or [], "class").astype(np.int64)
+        return _schema_tables.encode_target(self, y)

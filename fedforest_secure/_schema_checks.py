@@ -1,0 +1,85 @@
+"""The checks a schema's fields pass, and the message a failed schema validation makes.
+
+Column names carry no surrounding spaces; public bounds are finite with ``lo < hi``; levels and
+classes are at least two distinct, trimmed labels. A pydantic ``ValidationError`` becomes one
+line naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, StrictFloat, ValidationError
+
+from .config_errors import allowed_keys, submodel_at
+
+_Bounds = tuple[StrictFloat, StrictFloat]
+
+
+def _check_bounds(bounds: tuple[float, float] | None) -> None:
+    if bounds is None:
+        return
+    lo, hi = bounds
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"bounds must be finite, got [{lo}, {hi}]")
+    if not lo < hi:
+        raise ValueError(f"lower bound must be < upper bound, got [{lo}, {hi}]")
+
+
+def _check_labels(labels: list[str], what: str) -> None:
+    if len(labels) < 2:
+        raise ValueError(f"needs at least 2 {what}, got {len(labels)}")
+    if any(not s.strip() or s != s.strip() for s in labels):
+        raise ValueError(f"{what} must be non-empty strings without surrounding spaces")
+    dups = sorted(lab for lab, count in Counter(labels).items() if count > 1)
+    if dups:
+        raise ValueError(f"duplicate {what}: {dups}")
+
+
+def _check_name(name: str) -> None:
+    if not name.strip() or name != name.strip():
+        raise ValueError(f"name must be non-empty without surrounding spaces, got {name!r}")
+
+
+def _name_field(cls: type[BaseModel], v: str) -> str:
+    _check_name(v)
+    return v
+
+
+def _bounds_field(
+    cls: type[BaseModel], v: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    _check_bounds(v)
+    return v
+
+
+def _format_error(exc: ValidationError, data: Any, model: type[BaseModel]) -> str:
+    """What is wrong, field by field: ``target.classes: ...; features[2] ('age').bounds: ...``.
+
+    ``model`` is the validated model; an unknown key's message lists the keys its table allows.
+    """
+    parts = []
+    for err in exc.errors():
+        loc: list[str] = []
+        for i, key in enumerate(err["loc"]):
+            if isinstance(key, int) and loc:
+                loc[-1] += f"[{key}]"
+                if err["loc"][:i] == ("features",) and isinstance(data, Mapping):
+                    feats = data.get("features")
+                    if isinstance(feats, list) and key < len(feats):
+                        name = feats[key].get("name") if isinstance(feats[key], Mapping) else None
+                        if isinstance(name, str):
+                            loc[-1] += f" ({name!r})"
+            else:
+                loc.append(str(key))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            owner = submodel_at(model, err["loc"][:-1])
+            msg = "unknown key"
+            if owner is not None:
+                msg += f"; allowed: {', '.join(allowed_keys(owner))}"
+        parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+    return "; ".join(parts)
