@@ -51,12 +51,10 @@ shared parameters, with these federated defaults:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import uuid
 from collections.abc import Mapping
 from numbers import Integral, Real
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,9 +62,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, RealNotInt, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_array, validate_data
+from sklearn.utils.validation import _check_sample_weight, validate_data
 
-from ._cells import no_value
+from ._estimator_files import _EstimatorFiles
 from ._estimator_inputs import (
     TARGET_BOUND_FLOOR,
     as_schema_error,
@@ -79,16 +77,12 @@ from ._estimator_inputs import (
     refuse_tiny_target,
     refuse_weightless_sites,
 )
-from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
+from ._estimator_structure import _EstimatorStructure
 from .config import METHODS, JobConfig, resolve_max_features
-from .errors import NotFittedError, SchemaError
+from .errors import SchemaError
 from .federation import run_in_process
-from .files import write_atomic
-from .model import ForestModel, _column_names
 
 __all__ = ["FedForestClassifier", "FedForestRegressor"]
-
-_OLD_FORMAT = "fedforest-secure/estimator/v1"  # files written before the one model format
 
 
 def _dp_rule_for(method: str | None, epsilon: float, task: str, n_rows: int, n_features: int,
@@ -116,25 +110,16 @@ def _profile_types() -> list[Any]:
     return [str, os.PathLike, Mapping, PrivacyProfile]
 
 
-def _check_label_kinds(labels: list[Any]) -> None:
-    """Refuse client labels that mix text and numbers: ``1`` and ``"1"`` would otherwise
-    become one site (numpy makes both text) or fail to sort."""
-    text = [lab for lab in labels if isinstance(lab, str)]
-    if text and len(text) < len(labels):
-        other = next((lab for lab in labels if not isinstance(lab, str)
-                      and not no_value(lab)), None)
-        if other is None:  # text and missing labels: the missing ones are named later
-            return
-        raise SchemaError(f"client mixes text and numbers (e.g. {text[0]!r} and {other!r}): "
-                          "give every row's institution the same kind of label")
-
-
 #: what fit sets: dropped when a fit starts, so a failed fit leaves the estimator unfitted
 _FITTED = ("model_", "config_", "profile_", "y_offset_", "clients_", "n_clients_",
            "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_")
 
 
-class _FedForestBase(BaseEstimator):  # type: ignore[misc]
+class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # type: ignore[misc]
+    """What the two estimators share: their parameters and ``fit``. The bases add the reading
+    of ``client=`` and ``X`` (``_estimator_rows``), the fitted trees and exports
+    (``_estimator_structure``), and ``save`` / ``load`` (``_estimator_files``)."""
+
     _task: ClassVar[str] = "regression"
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -217,71 +202,10 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
             return int(self.random_state)
         return int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
 
-    def _client_codes(self, client: Any, n: int, fitting: bool) -> np.ndarray:
-        if client is None:
-            if fitting:
-                self.clients_ = np.array([0])
-            return np.zeros(n, dtype=np.int64)
-        given = client
-        client = np.asarray(client)
-        if client.dtype.kind in "OU":
-            _check_label_kinds(client.tolist() if client.dtype.kind == "O" or
-                               isinstance(given, np.ndarray) else list(given))
-        if client.shape != (n,):
-            raise SchemaError(f"client must have shape ({n},), got {client.shape}")
-        if client.dtype.kind == "f":
-            holes = np.flatnonzero(np.isnan(client))
-        elif client.dtype.kind == "O":
-            holes = np.flatnonzero([no_value(c) for c in client.tolist()])
-        else:
-            holes = np.zeros(0, dtype=np.int64)
-        if holes.size:
-            shown = ", ".join(str(r) for r in holes[:10]) + (", ..." if holes.size > 10 else "")
-            raise SchemaError(f"client has no value at {holes.size} "
-                              f"row{'s' if holes.size > 1 else ''} ({shown}): every row "
-                              "needs the institution it comes from")
-        if fitting:
-            self.clients_ = np.unique(client)
-        # a forest that never splits on the site predicts rows of any site, a new one too
-        strict = fitting or self.model_.uses_client
-        if not fitting and client.dtype.kind in "iu" and self.clients_.dtype.kind in "OU" \
-                and not any(str(c).strip().lstrip("+-").isdigit()
-                            for c in self.clients_.tolist()):
-            # sites named by words: an integer is an index. Names that read as numbers
-            # ("1", "2") are matched as names only: an index would pick another site
-            return self._site_indices(client, strict)
-        # clients_ is in index order: sorted after fit, the job's order for a job's model
-        index = {c: i for i, c in enumerate(self.clients_.tolist())}
-        codes = np.empty(n, dtype=np.int64)
-        for r, c in enumerate(client.tolist()):
-            k = index.get(c)
-            if k is None:
-                if strict:
-                    raise SchemaError(f"unknown client {c!r}; the forest knows "
-                                      f"{self.clients_.tolist()}")
-                k = -1
-            codes[r] = k
-        return codes
-
-    def _site_indices(self, client: np.ndarray, strict: bool) -> np.ndarray:
-        """Integers where the sites have word names (a job's model): their indices in
-        ``clients_``, as :meth:`ForestModel.predict` takes them; -1 for an index beyond them,
-        refused if ``strict``. Not called where a name reads as a number."""
-        codes = client.astype(np.int64)
-        bad = (codes < 0) | (codes >= len(self.clients_))
-        if bad.any():
-            if strict:
-                names = ", ".join(repr(c) for c in self.clients_.tolist())
-                raise SchemaError(f"unknown client {int(codes[bad][0])}; the forest knows "
-                                  f"sites 0 to {len(self.clients_) - 1} ({names}), by index "
-                                  "or name")
-            codes[bad] = -1
-        return codes
-
     def _encode_y(self, y: np.ndarray) -> tuple[np.ndarray, float]:
         return y.astype(np.float64), 1.0
 
-    # ------------------------------------------------------------------ fit / predict
+    # ------------------------------------------------------------------ fit
     def fit(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None,
             on_round: Any = None) -> Any:
         """Train over in-process clients.
@@ -386,315 +310,6 @@ class _FedForestBase(BaseEstimator):  # type: ignore[misc]
         self.n_clients_ = K
         self.n_outputs_ = 1
         return self
-
-    def _check_fitted(self) -> ForestModel:
-        if not hasattr(self, "model_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
-        model: ForestModel = self.model_
-        return model
-
-    def _validate_X_predict(self, X: Any) -> np.ndarray:
-        """``X`` checked against the fit. A table with named columns is matched to
-        ``feature_names_in_`` by name (any order; a missing or unknown column is refused) and,
-        for a federated job's model, categorical columns are read as levels
-        (:meth:`ForestModel.prepare`); an array is taken by position."""
-        model = self._check_fitted()
-        refuse_dates(X)
-        if model.schema is not None or (_column_names(X) is not None
-                                        and model.feature_names is not None):
-            Xp = model.prepare(X)
-            out: np.ndarray = as_schema_error(check_array, Xp, dtype=np.float64,
-                                               ensure_all_finite="allow-nan")
-            return out
-        out = as_schema_error(validate_data, self, X, reset=False, dtype=np.float64,
-                               ensure_all_finite="allow-nan")
-        return out
-
-    def _predict_codes(self, client: Any, n: int, method: str) -> np.ndarray | None:
-        """The sites' codes of ``n`` rows to predict (None without ``client``); a forest that
-        splits on the site indicator H needs them."""
-        if client is None:
-            if self.model_.uses_client:
-                raise ValueError("this forest splits on the client indicator H: pass client= "
-                                 f"to {method}")
-            return None
-        return self._client_codes(client, n, False)
-
-    def _values(self, X: Any, client: Any, method: str = "predict") -> np.ndarray:
-        model = self._check_fitted()
-        X = self._validate_X_predict(X)
-        return model.values_of(X, self._predict_codes(client, X.shape[0], method))
-
-    # ------------------------------------------------------------------ fitted structure
-    @property
-    def estimators_(self) -> list[FederatedTree]:
-        """The trees, one :class:`~fedforest_secure._sklearn_api.FederatedTree` each, with
-        their arrays under scikit-learn's ``tree_`` names."""
-        model = self._fitted_model()
-        offset = float(getattr(self, "y_offset_", 0.0))
-
-        def prepare(X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
-            Xc = self._validate_X_predict(X)  # as the forest's apply: names, width, levels
-            return Xc, self._predict_codes(client, Xc.shape[0], "apply")
-
-        return [FederatedTree(t, model.n_features, offset, prepare) for t in model.trees]
-
-    @property
-    def feature_importances_(self) -> np.ndarray:
-        """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
-        from the node statistics the coordinator aggregated to grow the trees (nothing more
-        is disclosed); splits on the client indicator count for no feature. Under DP those
-        statistics are noisy: a split whose noisy decrease comes out below zero counts as no
-        decrease."""
-        model = self._fitted_model()
-        return forest_importances(self.estimators_, model.n_features)
-
-    def _fitted_model(self) -> ForestModel:
-        if not hasattr(self, "model_"):
-            raise AttributeError(f"this {type(self).__name__} is not fitted yet")
-        model: ForestModel = self.model_
-        return model
-
-    def apply(self, X: Any, *, client: Any = None) -> np.ndarray:
-        """Leaf index of every row in every tree, shape (n, n_estimators)."""
-        model = self._check_fitted()
-        X = self._validate_X_predict(X)
-        codes = self._predict_codes(client, X.shape[0], "apply")
-        return np.stack([t.apply(X, codes) for t in model.trees], axis=1) \
-            if model.trees else np.zeros((X.shape[0], 0), dtype=np.int64)
-
-    def decision_path(self, X: Any, *, client: Any = None) -> tuple[Any, np.ndarray]:
-        """The nodes every row passes through, as scikit-learn's forests return them.
-
-        Returns
-        -------
-        indicator : sparse matrix of shape (n, total nodes), 1 where a row passes a node
-            (the trees' nodes side by side)
-        n_nodes_ptr : array of shape (n_estimators + 1,), tree ``i``'s columns are
-            ``[n_nodes_ptr[i], n_nodes_ptr[i + 1])``
-        """
-        from scipy.sparse import csr_matrix
-
-        model = self._check_fitted()
-        X = self._validate_X_predict(X)
-        codes = self._predict_codes(client, X.shape[0], "decision_path")
-        ptr = np.concatenate([[0], np.cumsum([t.n_nodes for t in model.trees])])
-        rows, cols = [], []
-        for i, t in enumerate(model.trees):
-            r, c = t.decision_path(X, codes)
-            rows.append(r)
-            cols.append(c + ptr[i])
-        r_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-        c_all = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
-        indicator = csr_matrix((np.ones(r_all.size, dtype=np.int64), (r_all, c_all)),
-                               shape=(X.shape[0], int(ptr[-1])))
-        return indicator, ptr
-
-    def to_sklearn(self, *, hard_splits: bool = False) -> Any:
-        """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
-        this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`), so
-        SHAP, skops, skl2onnx and ``permutation_importance`` work on it unchanged. It predicts
-        what this estimator predicts except for a row with a value within float32 rounding of
-        a threshold, on its other side: scikit-learn reads X as float32 (the thresholds go out
-        as float32 numbers). With the open profile's thresholds (data values) that is rare;
-        the secure sketch puts some thresholds just below a repeated value, whose rows then go
-        left in scikit-learn. :meth:`to_onnx` predicts exactly, in float64.
-
-        A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
-        row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn
-        form: ``hard_splits=True`` exports its trees with hard splits, which predict
-        differently from this estimator. A DP classifier's noisy leaf counts go out as their
-        proportions (clipped at 0): scikit-learn averages those, close to this forest's vote
-        on the summed counts.
-
-        Raises
-        ------
-        ValueError
-            The forest splits on the client indicator H or on a feature its schema calls
-            categorical (a DP job's random splits cut its level codes), or it routes rows
-            softly and ``hard_splits`` is False.
-        """
-        model = self._check_fitted()
-        if model.routing is not None and not hard_splits:
-            raise ValueError("this forest shares a row near a threshold between both "
-                             "children (soft routing, docs/privacy.md §2.6), which "
-                             "scikit-learn's trees cannot: use to_onnx(), or "
-                             "to_sklearn(hard_splits=True) for its trees with hard splits "
-                             "(different predictions)")
-        return to_sklearn_forest(model.trees, model.task, model.n_features,
-                                 classes=getattr(self, "classes_", None),
-                                 y_offset=float(getattr(self, "y_offset_", 0.0)),
-                                 feature_names=getattr(self, "feature_names_in_", None),
-                                 vote=model.vote, categorical=model.categorical_features())
-
-    def to_onnx(self, path: str | Path | None = None) -> Any:
-        """This forest as an ONNX model computed in double precision
-        (:func:`~fedforest_secure._onnx_export.forest_to_onnx`): input ``X`` (n, n_features)
-        float64; outputs ``variable`` (n, 1) for a regressor, ``label`` (n,) and
-        ``probabilities`` (n, n_classes) for a classifier. onnxruntime predicts with it what
-        this estimator predicts on float64 inputs, missing values (NaN) included. Written to
-        ``path`` when given.
-
-        Returns
-        -------
-        onnx.ModelProto
-
-        Raises
-        ------
-        ImportError
-            The ``onnx`` package is not installed.
-        ValueError
-            The forest splits on a categorical feature (a feature its schema calls
-            categorical, at its level codes too) or on the client indicator H.
-        """
-        from ._onnx_export import forest_to_onnx
-
-        model = self._check_fitted()
-        onx = forest_to_onnx(model.trees, model.task, model.n_features,
-                             classes=getattr(self, "classes_", None),
-                             y_offset=float(getattr(self, "y_offset_", 0.0)),
-                             vote=model.vote, routing=model.routing,
-                             categorical=model.categorical_features())
-        if path is not None:
-            Path(path).write_bytes(onx.SerializeToString())
-        return onx
-
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> None:
-        """Write the fitted estimator as a model file (:mod:`fedforest_secure.model`): the
-        forest with its labels and feature names, plus the parameters, privacy profile and job
-        configuration. An estimator read from a federated job's model file, which records no
-        parameters or profile, writes that file as it was (claiming none)."""
-        model = self._check_fitted()
-        if not hasattr(self, "profile_"):  # loaded from a file without an estimator section
-            write_atomic(path, getattr(self, "_file_model", model).to_json())
-            return
-        params = self.get_params()
-        params["profile"] = getattr(self, "profile_", params["profile"])
-        config = getattr(self, "config_", None)
-        if not isinstance(params["random_state"], Integral | None) and config is not None:
-            params["random_state"] = config.random_state
-        section = {"class": type(self).__name__, "params": params,
-                   "config": None if config is None else json.loads(config.to_json())}
-        write_atomic(path, dataclasses.replace(model, estimator=section).to_json())
-
-    @classmethod
-    def load(cls, path: str | Path) -> Any:
-        """Read a model file: one this estimator saved, or a federated job's model (the
-        server's, ``fedforest model download``'s, a client's ``--out``).
-
-        Raises
-        ------
-        ValueError
-            Not a model file, a file whose parts do not fit together (the message names the
-            field and the tree, :meth:`ForestModel.from_dict`), or a forest of the other task
-            (a regression forest is read by :class:`FedForestRegressor`, a classification
-            forest by :class:`FedForestClassifier`).
-        """
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a model file ({exc})") from None
-        try:
-            if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
-                return cls._load_old(doc)
-            model = ForestModel.from_dict(doc)
-        except KeyError as exc:
-            raise ValueError(f"{path}: not a model file: no {exc.args[0]!r} field") from None
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: {exc}") from None
-        if model.task != cls._task:  # ForestModel refuses a task other than these two
-            other = {"regression": "FedForestRegressor",
-                     "classification": "FedForestClassifier"}[model.task]
-            raise ValueError(f"{path} holds a {model.task} forest: read it with {other}.load")
-        section = model.estimator or {}
-        if section and (not isinstance(section, dict) or section.get("class") != cls.__name__):
-            saved_by = section.get("class") if isinstance(section, dict) else None
-            raise ValueError(f"{path} was saved by {saved_by}, not {cls.__name__}")
-        est = cls._from_params(section["params"], path) if section else cls()
-        est.model_ = dataclasses.replace(model, estimator=None)
-        if not section:  # a job's model: classes in the schema's order
-            sorted_model = _classes_sorted(est.model_)
-            if sorted_model is not est.model_:
-                est._file_model = est.model_  # what save writes back
-                est.model_ = sorted_model
-        if section.get("config") is not None:
-            try:
-                est.config_ = JobConfig.from_json(json.dumps(section["config"]))
-            except (TypeError, ValueError, AttributeError) as exc:
-                raise ValueError(f"{path}: estimator.config is not a job configuration: "
-                                 f"{exc}") from None
-        if section:
-            est.profile_ = section["params"].get("profile", est.profile)
-        est._set_fitted_attributes()
-        return est
-
-    @classmethod
-    def _from_params(cls, params: Any, path: str | Path) -> Any:
-        """The estimator of a model file's ``estimator.params``; a ValueError naming the file
-        for a parameter this estimator does not have."""
-        if not isinstance(params, dict):
-            raise ValueError(f"{path}: estimator.params must be a mapping of parameters, got "
-                             f"{params!r}")
-        known = cls().get_params()
-        unknown = sorted(str(k) for k in params if k not in known)
-        if unknown:
-            raise ValueError(f"{path}: estimator.params: unknown parameter "
-                             f"{', '.join(map(repr, unknown))} of {cls.__name__} (its "
-                             f"parameters are {', '.join(sorted(known))})")
-        return cls(**params)
-
-    def _set_fitted_attributes(self) -> None:
-        model = self.model_
-        self.n_features_in_ = model.n_features
-        if model.feature_names is not None:
-            self.feature_names_in_ = np.array(model.feature_names, dtype=object)
-        self.clients_ = np.array(model.clients if model.clients is not None
-                                 else list(range(max(model.n_clients, 1))))
-        self.n_clients_ = len(self.clients_)
-        if model.task == "classification":
-            self.classes_ = np.array(model.classes if model.classes is not None
-                                     else list(range(model.n_classes)))
-            self.n_classes_ = int(self.classes_.size)
-        self.n_outputs_ = 1
-        self.y_offset_ = model.y_offset
-
-    @classmethod
-    def _load_old(cls, doc: dict[str, Any]) -> Any:
-        if doc.get("class") != cls.__name__:
-            raise ValueError(f"not a saved {cls.__name__} (saved by {doc.get('class')})")
-        params = dict(doc["params"])
-        if params.get("max_features") == "auto":  # files written before scikit-learn 1.4 names
-            params.pop("max_features")
-        est = cls(**params)
-        model = ForestModel.from_dict(doc["model"])
-        est.model_ = dataclasses.replace(
-            model, clients=doc["clients"], classes=doc.get("classes"),
-            feature_names=doc.get("feature_names"), y_offset=float(doc.get("y_offset", 0.0)))
-        est.config_ = JobConfig.from_json(json.dumps(doc["config"]))
-        est.profile_ = doc["params"]["profile"]
-        est._set_fitted_attributes()
-        return est
-
-
-def _classes_sorted(model: ForestModel) -> ForestModel:
-    """``model`` with its classes in sorted order, the trees' class columns to match (as
-    scikit-learn's classifiers keep ``classes_``, and its metrics read probability columns);
-    ``model`` itself if they are sorted already or cannot be compared."""
-    if model.task != "classification" or not model.classes:
-        return model
-    try:
-        order = sorted(range(len(model.classes)), key=lambda i: model.classes[i])  # type: ignore[index]
-    except TypeError:  # labels of mixed kinds: kept as they are
-        return model
-    if order == list(range(len(order))):
-        return model
-    trees = [dataclasses.replace(t, value=t.value[:, order]) for t in model.trees]
-    return dataclasses.replace(model, trees=trees, classes=[model.classes[i] for i in order])
 
 
 class FedForestRegressor(RegressorMixin, _FedForestBase):  # type: ignore[misc]

@@ -1,0 +1,136 @@
+"""How a FedForest estimator reads the rows it is given: the sites named by ``client=`` as
+codes (at fit, the sites it learns; after it, the sites it knows, by name or by index), and the
+``X`` to predict checked against the fit (columns by name, width, categorical levels), with the
+error a method of an unfitted estimator raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.utils.validation import check_array, validate_data
+
+from ._cells import no_value
+from ._estimator_inputs import as_schema_error, refuse_dates
+from .errors import NotFittedError, SchemaError
+from .model import ForestModel, _column_names
+
+
+def _check_label_kinds(labels: list[Any]) -> None:
+    """Refuse client labels that mix text and numbers: ``1`` and ``"1"`` would otherwise
+    become one site (numpy makes both text) or fail to sort."""
+    text = [lab for lab in labels if isinstance(lab, str)]
+    if text and len(text) < len(labels):
+        other = next((lab for lab in labels if not isinstance(lab, str)
+                      and not no_value(lab)), None)
+        if other is None:  # text and missing labels: the missing ones are named later
+            return
+        raise SchemaError(f"client mixes text and numbers (e.g. {text[0]!r} and {other!r}): "
+                          "give every row's institution the same kind of label")
+
+
+class _EstimatorRows:
+    """The estimators' reading of ``client=`` and of the ``X`` to predict."""
+
+    # set by fit or load
+    model_: ForestModel
+    clients_: np.ndarray
+
+    def _client_codes(self, client: Any, n: int, fitting: bool) -> np.ndarray:
+        if client is None:
+            if fitting:
+                self.clients_ = np.array([0])
+            return np.zeros(n, dtype=np.int64)
+        given = client
+        client = np.asarray(client)
+        if client.dtype.kind in "OU":
+            _check_label_kinds(client.tolist() if client.dtype.kind == "O" or
+                               isinstance(given, np.ndarray) else list(given))
+        if client.shape != (n,):
+            raise SchemaError(f"client must have shape ({n},), got {client.shape}")
+        if client.dtype.kind == "f":
+            holes = np.flatnonzero(np.isnan(client))
+        elif client.dtype.kind == "O":
+            holes = np.flatnonzero([no_value(c) for c in client.tolist()])
+        else:
+            holes = np.zeros(0, dtype=np.int64)
+        if holes.size:
+            shown = ", ".join(str(r) for r in holes[:10]) + (", ..." if holes.size > 10 else "")
+            raise SchemaError(f"client has no value at {holes.size} "
+                              f"row{'s' if holes.size > 1 else ''} ({shown}): every row "
+                              "needs the institution it comes from")
+        if fitting:
+            self.clients_ = np.unique(client)
+        # a forest that never splits on the site predicts rows of any site, a new one too
+        strict = fitting or self.model_.uses_client
+        if not fitting and client.dtype.kind in "iu" and self.clients_.dtype.kind in "OU" \
+                and not any(str(c).strip().lstrip("+-").isdigit()
+                            for c in self.clients_.tolist()):
+            # sites named by words: an integer is an index. Names that read as numbers
+            # ("1", "2") are matched as names only: an index would pick another site
+            return self._site_indices(client, strict)
+        # clients_ is in index order: sorted after fit, the job's order for a job's model
+        index = {c: i for i, c in enumerate(self.clients_.tolist())}
+        codes = np.empty(n, dtype=np.int64)
+        for r, c in enumerate(client.tolist()):
+            k = index.get(c)
+            if k is None:
+                if strict:
+                    raise SchemaError(f"unknown client {c!r}; the forest knows "
+                                      f"{self.clients_.tolist()}")
+                k = -1
+            codes[r] = k
+        return codes
+
+    def _site_indices(self, client: np.ndarray, strict: bool) -> np.ndarray:
+        """Integers where the sites have word names (a job's model): their indices in
+        ``clients_``, as :meth:`ForestModel.predict` takes them; -1 for an index beyond them,
+        refused if ``strict``. Not called where a name reads as a number."""
+        codes = client.astype(np.int64)
+        bad = (codes < 0) | (codes >= len(self.clients_))
+        if bad.any():
+            if strict:
+                names = ", ".join(repr(c) for c in self.clients_.tolist())
+                raise SchemaError(f"unknown client {int(codes[bad][0])}; the forest knows "
+                                  f"sites 0 to {len(self.clients_) - 1} ({names}), by index "
+                                  "or name")
+            codes[bad] = -1
+        return codes
+
+    def _check_fitted(self) -> ForestModel:
+        if not hasattr(self, "model_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
+        model: ForestModel = self.model_
+        return model
+
+    def _validate_X_predict(self, X: Any) -> np.ndarray:
+        """``X`` checked against the fit. A table with named columns is matched to
+        ``feature_names_in_`` by name (any order; a missing or unknown column is refused) and,
+        for a federated job's model, categorical columns are read as levels
+        (:meth:`ForestModel.prepare`); an array is taken by position."""
+        model = self._check_fitted()
+        refuse_dates(X)
+        if model.schema is not None or (_column_names(X) is not None
+                                        and model.feature_names is not None):
+            Xp = model.prepare(X)
+            out: np.ndarray = as_schema_error(check_array, Xp, dtype=np.float64,
+                                               ensure_all_finite="allow-nan")
+            return out
+        out = as_schema_error(validate_data, self, X, reset=False, dtype=np.float64,
+                               ensure_all_finite="allow-nan")
+        return out
+
+    def _predict_codes(self, client: Any, n: int, method: str) -> np.ndarray | None:
+        """The sites' codes of ``n`` rows to predict (None without ``client``); a forest that
+        splits on the site indicator H needs them."""
+        if client is None:
+            if self.model_.uses_client:
+                raise ValueError("this forest splits on the client indicator H: pass client= "
+                                 f"to {method}")
+            return None
+        return self._client_codes(client, n, False)
+
+    def _values(self, X: Any, client: Any, method: str = "predict") -> np.ndarray:
+        model = self._check_fitted()
+        X = self._validate_X_predict(X)
+        return model.values_of(X, self._predict_codes(client, X.shape[0], method))

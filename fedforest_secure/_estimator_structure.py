@@ -1,0 +1,151 @@
+"""The fitted forest as scikit-learn's forests show theirs (``estimators_``,
+``feature_importances_``, ``apply``, ``decision_path``), and the forest exported as a
+scikit-learn forest or as an ONNX model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._estimator_rows import _EstimatorRows
+from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
+from .model import ForestModel
+
+
+class _EstimatorStructure(_EstimatorRows):
+    """The estimators' fitted trees, importances and exports."""
+
+    @property
+    def estimators_(self) -> list[FederatedTree]:
+        """The trees, one :class:`~fedforest_secure._sklearn_api.FederatedTree` each, with
+        their arrays under scikit-learn's ``tree_`` names."""
+        model = self._fitted_model()
+        offset = float(getattr(self, "y_offset_", 0.0))
+
+        def prepare(X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
+            Xc = self._validate_X_predict(X)  # as the forest's apply: names, width, levels
+            return Xc, self._predict_codes(client, Xc.shape[0], "apply")
+
+        return [FederatedTree(t, model.n_features, offset, prepare) for t in model.trees]
+
+    @property
+    def feature_importances_(self) -> np.ndarray:
+        """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
+        from the node statistics the coordinator aggregated to grow the trees (nothing more
+        is disclosed); splits on the client indicator count for no feature. Under DP those
+        statistics are noisy: a split whose noisy decrease comes out below zero counts as no
+        decrease."""
+        model = self._fitted_model()
+        return forest_importances(self.estimators_, model.n_features)
+
+    def _fitted_model(self) -> ForestModel:
+        if not hasattr(self, "model_"):
+            raise AttributeError(f"this {type(self).__name__} is not fitted yet")
+        model: ForestModel = self.model_
+        return model
+
+    def apply(self, X: Any, *, client: Any = None) -> np.ndarray:
+        """Leaf index of every row in every tree, shape (n, n_estimators)."""
+        model = self._check_fitted()
+        X = self._validate_X_predict(X)
+        codes = self._predict_codes(client, X.shape[0], "apply")
+        return np.stack([t.apply(X, codes) for t in model.trees], axis=1) \
+            if model.trees else np.zeros((X.shape[0], 0), dtype=np.int64)
+
+    def decision_path(self, X: Any, *, client: Any = None) -> tuple[Any, np.ndarray]:
+        """The nodes every row passes through, as scikit-learn's forests return them.
+
+        Returns
+        -------
+        indicator : sparse matrix of shape (n, total nodes), 1 where a row passes a node
+            (the trees' nodes side by side)
+        n_nodes_ptr : array of shape (n_estimators + 1,), tree ``i``'s columns are
+            ``[n_nodes_ptr[i], n_nodes_ptr[i + 1])``
+        """
+        from scipy.sparse import csr_matrix
+
+        model = self._check_fitted()
+        X = self._validate_X_predict(X)
+        codes = self._predict_codes(client, X.shape[0], "decision_path")
+        ptr = np.concatenate([[0], np.cumsum([t.n_nodes for t in model.trees])])
+        rows, cols = [], []
+        for i, t in enumerate(model.trees):
+            r, c = t.decision_path(X, codes)
+            rows.append(r)
+            cols.append(c + ptr[i])
+        r_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        c_all = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        indicator = csr_matrix((np.ones(r_all.size, dtype=np.int64), (r_all, c_all)),
+                               shape=(X.shape[0], int(ptr[-1])))
+        return indicator, ptr
+
+    def to_sklearn(self, *, hard_splits: bool = False) -> Any:
+        """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
+        this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`), so
+        SHAP, skops, skl2onnx and ``permutation_importance`` work on it unchanged. It predicts
+        what this estimator predicts except for a row with a value within float32 rounding of
+        a threshold, on its other side: scikit-learn reads X as float32 (the thresholds go out
+        as float32 numbers). With the open profile's thresholds (data values) that is rare;
+        the secure sketch puts some thresholds just below a repeated value, whose rows then go
+        left in scikit-learn. :meth:`to_onnx` predicts exactly, in float64.
+
+        A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
+        row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn
+        form: ``hard_splits=True`` exports its trees with hard splits, which predict
+        differently from this estimator. A DP classifier's noisy leaf counts go out as their
+        proportions (clipped at 0): scikit-learn averages those, close to this forest's vote
+        on the summed counts.
+
+        Raises
+        ------
+        ValueError
+            The forest splits on the client indicator H or on a feature its schema calls
+            categorical (a DP job's random splits cut its level codes), or it routes rows
+            softly and ``hard_splits`` is False.
+        """
+        model = self._check_fitted()
+        if model.routing is not None and not hard_splits:
+            raise ValueError("this forest shares a row near a threshold between both "
+                             "children (soft routing, docs/privacy.md §2.6), which "
+                             "scikit-learn's trees cannot: use to_onnx(), or "
+                             "to_sklearn(hard_splits=True) for its trees with hard splits "
+                             "(different predictions)")
+        return to_sklearn_forest(model.trees, model.task, model.n_features,
+                                 classes=getattr(self, "classes_", None),
+                                 y_offset=float(getattr(self, "y_offset_", 0.0)),
+                                 feature_names=getattr(self, "feature_names_in_", None),
+                                 vote=model.vote, categorical=model.categorical_features())
+
+    def to_onnx(self, path: str | Path | None = None) -> Any:
+        """This forest as an ONNX model computed in double precision
+        (:func:`~fedforest_secure._onnx_export.forest_to_onnx`): input ``X`` (n, n_features)
+        float64; outputs ``variable`` (n, 1) for a regressor, ``label`` (n,) and
+        ``probabilities`` (n, n_classes) for a classifier. onnxruntime predicts with it what
+        this estimator predicts on float64 inputs, missing values (NaN) included. Written to
+        ``path`` when given.
+
+        Returns
+        -------
+        onnx.ModelProto
+
+        Raises
+        ------
+        ImportError
+            The ``onnx`` package is not installed.
+        ValueError
+            The forest splits on a categorical feature (a feature its schema calls
+            categorical, at its level codes too) or on the client indicator H.
+        """
+        from ._onnx_export import forest_to_onnx
+
+        model = self._check_fitted()
+        onx = forest_to_onnx(model.trees, model.task, model.n_features,
+                             classes=getattr(self, "classes_", None),
+                             y_offset=float(getattr(self, "y_offset_", 0.0)),
+                             vote=model.vote, routing=model.routing,
+                             categorical=model.categorical_features())
+        if path is not None:
+            Path(path).write_bytes(onx.SerializeToString())
+        return onx
