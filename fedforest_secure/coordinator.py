@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _impurity, _leaves, _random_splits, _splits
-from ._candidates import RandomSplits, fixed_width_grid, make_method
+from . import _impurity, _leaves, _splits
+from ._candidates import RandomSplits, make_method
 from ._evaluation import EvaluatedNodes, client_splits, evaluate_nodes
-from ._layouts import CLASS_TOTALS_BLOCK, class_totals_block, counts_block, totals_block
+from ._fused_levels import FusedLevels
+from ._fused_levels import _tapped as _tapped  # importable from here too
+from ._layouts import totals_block
 from ._packing import PACKED_KINDS, packs, root_lane_bits
 from ._planner import (
     Disclosures,
@@ -39,8 +41,8 @@ from ._planner import (
     grow,
     sample_features,
 )
+from ._random_levels import RandomLevels
 from ._release import ReleasePolicy
-from ._soft_routing import SoftRouting
 from ._tree import NodeKind, TreeBuilder
 from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
@@ -55,8 +57,12 @@ if TYPE_CHECKING:
 __all__ = ["Coordinator"]
 
 
-class Coordinator:
+class Coordinator(FusedLevels, RandomLevels):
     """Server side of one job. Drive it with :meth:`next_task` / :meth:`submit`.
+
+    The fused levels of the secure pooled-CDF sketch
+    (:class:`~fedforest_secure._fused_levels.FusedLevels`) and the steps of random splits
+    (:class:`~fedforest_secure._random_levels.RandomLevels`) are methods of its base classes.
 
     Parameters
     ----------
@@ -304,15 +310,6 @@ class Coordinator:
                            meta={"rounds": self._round,
                                  "rounds_by_kind": dict(self.rounds_by_kind)})
 
-    def _soft_routing(self) -> SoftRouting | None:
-        """The forest's soft routing at prediction: the policy's width with the released
-        marginal CDF (random-split DP classification), or None (hard splits)."""
-        width = self.policy.soft_routing_width()
-        if width <= 0 or self._marginal_cdf is None or self.config.feature_bounds is None:
-            return None
-        return SoftRouting(width, np.array(self.config.feature_bounds, dtype=np.float64),
-                           self._marginal_cdf)
-
     def _leaf_level(self, level: int, frontier: Frontier,
                     routing: dict[str, np.ndarray] | None, trees: list[TreeBuilder]
                     ) -> Generator[Task, Received, None]:
@@ -320,40 +317,10 @@ class Coordinator:
         leaves keep the values their parents' noisy histogram gave them; with random splits
         every node's value comes from the (noisy) leaf totals."""
         blocks, _ = yield self._sketch_task(level, frontier.size, routing, None, False)
-        cfg = self.config
         if self.policy.totals_in_sketch(last=True):
             self._record_totals(frontier, blocks["totals"], trees, level)
         if self.policy.random_splits:
-            # imported here: the DP modules pull in diffprivlib (~1.6 s per process)
-            from .privacy import allocation
-
-            vote_noise = self.policy.leaf_vote_noise()
-            leaf_weight = 0.0
-            if vote_noise is not None:  # rows per tree from the released totals
-                n_rows = float(blocks["totals"].sum()) / max(len(trees), 1)
-                self._count_votes = allocation.leaf_votes_are_counts(
-                    vote_noise, n_rows, cfg.max_depth) or (
-                    self._class_totals is not None and allocation.CLASS_TOTALS_COUNT_VOTES)
-                if not self._count_votes:
-                    leaf_weight = allocation.leaf_vote_weight(vote_noise, n_rows,
-                                                              cfg.max_depth)
-            # weighted leaves: the forest's average is normalised per row, as counts are
-            self._normalised_votes = self._count_votes or leaf_weight > 0
-            _random_splits.values_from_leaves(
-                trees, frontier.tree, frontier.node, blocks["totals"], cfg.task,
-                self.policy.leaf_min_count(),
-                cfg.target_bound if cfg.task == "regression" else None, cfg.criterion,
-                shrink=self.policy.leaf_shrinkage(), count_votes=self._count_votes,
-                balanced=allocation.LEAF_VOTE_BALANCED,
-                class_prior_noise=self.policy.class_prior_noise(),
-                class_totals=self._class_totals,
-                class_totals_noise=self.policy.class_totals_noise(),
-                leaf_weight=leaf_weight)
-            if not cfg.has_missing:  # a missing value at prediction: the larger child
-                for tb in trees:
-                    for nd, (lc, rc) in enumerate(zip(tb.left, tb.right, strict=True)):
-                        if lc >= 0:
-                            tb.missing_left[nd] = tb.n[lc] > tb.n[rc]
+            self._random_leaf_values(frontier, blocks["totals"], trees)
         elif not self.policy.totals_in_sketch(last=True):
             for i in range(frontier.size):
                 trees[frontier.tree[i]].value[frontier.node[i]] = frontier.parent_value[i]
@@ -439,132 +406,7 @@ class Coordinator:
         self.decisions.append({"level": level, "splits": growth.splits})
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 
-    # ------------------------------------------------------------------ fused levels
-    def _fused(self, level: int, frontier: Frontier) -> bool:
-        """Whether the level's sketch round also asks the level's first grid (one round per
-        level): the candidate method sums the bins' statistics in its grid rounds (the secure
-        pooled-CDF sketch), the parents' splits predict the nodes' counts exactly (no
-        abstention, which drops rows after routing; no DP; no H-splits)."""
-        return (level > 0 and frontier.count is not None and self._method.fuses_histogram()
-                and self.policy.totals_in_sketch(last=False) and not self.policy.h_splits
-                and int(self.config.profile.get("abstain_below", 0) or 0) <= 0)
-
-    def _child_counts(self, ok: np.ndarray, found: EvaluatedNodes
-                      ) -> dict[int, np.ndarray] | None:
-        """Weighted rows of the left and right child of every split ``e`` (``ok[e]``), from the
-        histogram that chose it; None unless the next level may be fused."""
-        if not self._method.fuses_histogram() or "hist" not in found.blocks \
-                or self.policy.h_splits:
-            return None
-        hist = found.blocks["hist"]
-        out: dict[int, np.ndarray] = {}
-        for e in np.flatnonzero(ok):
-            node = _impurity.counts_of(hist[e, found.slot[e]], self.config.task).sum()
-            left = float(_impurity.counts_of(found.left[e], self.config.task))
-            out[int(e)] = np.array([left, node - left])
-        return out
-
-    def _fused_level(self, level: int, frontier: Frontier,
-                     routing: dict[str, np.ndarray] | None, trees: list[TreeBuilder],
-                     feats: np.ndarray
-                     ) -> Generator[Task, Received, tuple[Frontier, dict[str, np.ndarray],
-                                                          float]]:
-        """A level in one round: routing, node totals and the first grid of the nodes whose
-        predicted count (:attr:`Frontier.count`) allows a split; refinement rounds if a cell
-        is heavy. The node totals then decide which nodes may split, as in
-        :meth:`_split_level`."""
-        cfg = self.config
-        n_nodes = frontier.size
-        count = frontier.count if frontier.count is not None else np.zeros(n_nodes)
-        ev = np.flatnonzero(_leaves.splittable_noisy(cfg, np.nan_to_num(count)))
-        ctx = LevelContext(level=level, feats=feats, totals=np.zeros((n_nodes, cfg.n_stats)),
-                           n=count, is_cat=np.array(cfg.kinds) == "categorical",
-                           box_lo=frontier.box_lo, box_hi=frontier.box_hi, lohi=self._grid_lohi)
-        first: list[Received] = []
-        fused: list[Task] = []
-
-        def ask(kind: TaskKind, level: int, params: dict[str, Any],
-                arrays: dict[str, np.ndarray], layout: tuple[Block, ...],
-                disclose: tuple[str, ...] = ()) -> Task:
-            if fused:  # refinement rounds
-                return self._task(kind, level, params, arrays, layout, disclose)
-            # the first grid rides on the level's sketch round
-            grid = {f"grid_{k}": v for k, v in arrays.items()}
-            fused.append(self._task(TaskKind.SKETCH, level,
-                                    {"n_nodes": int(n_nodes), "totals": True,
-                                     "stats": params["stats"]},
-                                    {**(routing or {}), **grid},
-                                    (totals_block(cfg, n_nodes), *layout)))
-            return fused[0]
-
-        found = yield from _tapped(evaluate_nodes(cfg, self._method, False, ctx, ev, ev, {}, ask),
-                                   first)
-        if first:
-            totals = first[0][0]["totals"]
-        else:  # nothing to evaluate: the level's routing and totals in a round of their own
-            blocks, _ = yield self._sketch_task(level, n_nodes, routing, None, False)
-            totals = blocks["totals"]
-        values, n = self._record_totals(frontier, totals, trees, level)
-        can = _leaves.splittable(cfg, totals)
-        ok = (np.isfinite(found.gain) & can[ev]
-              & (found.gain / self._root_n[frontier.tree[ev]] + 1e-15
-                 >= cfg.min_impurity_decrease))
-        growth = grow(trees, frontier, ev, ok, found.kind, found.feature, found.threshold,
-                      found.sets, {}, values, gains=found.gain,
-                      child_counts=self._child_counts(ok, found))
-        self.decisions.append({"level": level, "splits": growth.splits})
-        return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
-
-    def _marginals(self, n_roots: int) -> Generator[Task, Received, np.ndarray]:
-        """Random splits, level 0: one counting round of every feature's rows in ``n_bins``
-        fixed-width bins of its public range, over the first tree's root (every tree holds
-        every row, or with disjoint rows over all roots); returns the marginal CDF
-        (:func:`~fedforest_secure._random_splits.marginal_cdf`) with, under DP, the count
-        noise's standard deviation as the per-bin floor."""
-        cfg = self.config
-        if cfg.feature_bounds is None:  # pragma: no cover - the policy checks
-            raise ProtocolError("internal: random splits need public feature bounds")
-        d, nb = cfg.n_features, cfg.n_bins
-        nodes = (np.arange(n_roots, dtype=np.int64) if cfg.sampling == "disjoint"
-                 else np.zeros(1, dtype=np.int64))
-        feats = np.tile(np.arange(d, dtype=np.int64), (nodes.size, 1))
-        yield self._task(TaskKind.SKETCH, 0, {"n_nodes": int(n_roots), "totals": False},
-                         {"nodes": nodes, "features": feats}, ())
-        lohi = np.array(cfg.feature_bounds, dtype=np.float64)
-        thr = np.tile(fixed_width_grid(lohi, nb)[None], (nodes.size, 1, 1))
-        scale = self.policy.class_totals_scale()
-        layout = (counts_block(nodes.size, d, nb),) + (
-            (class_totals_block(cfg.n_classes),) if scale else ())
-        blocks, _ = yield self._task(TaskKind.HISTOGRAM, 0, {"stats": "count"},
-                                     {"nodes": nodes, "features": feats, "thresholds": thr},
-                                     layout)
-        counts = blocks["counts"].reshape(nodes.size, d, nb).sum(axis=0)
-        if scale:  # the classes' row totals: a times over in the vector, 1/a of its noise
-            self._class_totals = blocks[CLASS_TOTALS_BLOCK].reshape(-1) / float(scale)
-        return _random_splits.marginal_cdf(counts, self.policy.marginal_floor())
-
-    def _grow_random(self, level: int, frontier: Frontier, trees: list[TreeBuilder],
-                     feats: np.ndarray) -> tuple[Frontier, dict[str, np.ndarray]]:
-        """Random splits: every node of the level splits at its drawn (feature, threshold);
-        the children start from zero values (the leaves' totals give every value at the
-        end). Returns the next frontier and its routing."""
-        if frontier.box_lo is None or frontier.box_hi is None:  # pragma: no cover - policy
-            raise ProtocolError("internal: random splits need public feature bounds")
-        bounds = (np.array(self.config.feature_bounds, dtype=np.float64)
-                  if self._marginal_cdf is not None else None)
-        feature, threshold = RandomSplits.draw(self._rng, feats, frontier.box_lo,
-                                               frontier.box_hi, self._marginal_cdf, bounds)
-        n = frontier.size
-        # where missing values go is data-independent too: a coin per node, from a stream of
-        # its own (the splits' draws are the same with or without missing values)
-        missing_left = (self._rng_missing.random(n) < 0.5) if self.config.has_missing else None
-        growth = grow(trees, frontier, np.arange(n), np.ones(n, dtype=bool),
-                      np.full(n, NodeKind.NUMERIC, dtype=np.int64), feature, threshold,
-                      [[] for _ in range(n)], {}, np.zeros_like(frontier.parent_value),
-                      missing_left=missing_left, route_missing=self.config.has_missing)
-        self.decisions.append({"level": level, "splits": growth.splits})
-        return growth.frontier, growth.routing
-
+    # ------------------------------------------------------------------ node statistics
     def _client_splits(self, ev: np.ndarray, n_nodes: int, disc: Disclosures,
                        found: EvaluatedNodes) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """H-splits from the per-client node summaries of the sketch round (no extra round):
@@ -604,20 +446,3 @@ class Coordinator:
             elif e in h_left:
                 out[e] = np.stack(h_left[e])
         return out
-
-
-def _tapped(gen: Generator[Task, Received, EvaluatedNodes], first: list[Received]
-            ) -> Generator[Task, Received, EvaluatedNodes]:
-    """Drive the round generator ``gen``, keeping the answer to its first round in ``first``."""
-    try:
-        task = next(gen)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    while True:
-        answer = yield task
-        if not first:
-            first.append(answer)
-        try:
-            task = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
