@@ -31,7 +31,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from fedforest_secure.audit import write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
-from fedforest_secure.files import write_atomic
+from fedforest_secure.files import readable_by, write_atomic
 from fedforest_secure.privacy import PrivacyProfile, load_profile
 from fedforest_secure.protocol.api import JoinBody, JoinResponse, SecAggStep
 
@@ -149,11 +149,27 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
                        retry_budget_s=opts.retry_budget_s, insecure_dev=opts.insecure_dev,
                        on_wait=log.info)
+        _warn_readable_key(opts, log)
         try:
             X, y = train if train is not None else (None, None)
             return _run(opts, tr, state, X, y, log, pinned, held_out)
         finally:
             tr.close()
+
+
+def _warn_readable_key(opts: ClientOptions, log: SiteLog) -> None:
+    """Warn when the site's TLS key (``--key``, else the key in ``--cert``) can be read by
+    other users of the machine, or by its group: whoever reads it can act as this site."""
+    key = opts.key or opts.cert
+    if key is None or opts.cert is None:
+        return
+    readers = readable_by(key)
+    if readers is None:
+        return
+    who, mode = readers
+    whom = "other users of this machine" if who == "others" else "its group"
+    log.warn(f"--key {key}: {whom} can read it (mode {mode:04o}), and whoever reads it can act "
+             f"as this site; make it readable by this site's user only: chmod 600 {key}")
 
 
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray | None,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "replacing", "write_atomic"]
+__all__ = ["append_line", "readable_by", "replacing", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -39,6 +40,20 @@ def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def readable_by(path: str | Path) -> tuple[str, int] | None:
+    """``("others", mode)`` if users other than the owner and its group may read ``path``,
+    ``("group", mode)`` if its group may, else None (and on systems without POSIX modes): for
+    the warnings about private keys."""
+    if os.name != "posix":
+        return None
+    mode = stat.S_IMODE(Path(path).stat().st_mode)
+    if mode & 0o007:
+        return "others", mode
+    if mode & 0o070:
+        return "group", mode
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import ipaddress
-import os
 import ssl
-import stat
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from fedforest_secure.files import readable_by
 from fedforest_secure.pki import check_validity
 
 from .settings import ConfigError, TLSSettings
@@ -90,17 +89,16 @@ def _check_key(path: Path) -> list[str]:
                           "password (readable by the server only)") from None
     except (ValueError, OSError):  # not PEM, or unreadable: the pair's check below names it
         pass
-    if os.name != "posix":
+    readers = readable_by(path)
+    if readers is None:
         return []
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o007:  # a warning: a container's secret volume mounts keys 0644 or 0444
+    who, mode = readers
+    if who == "others":  # a warning: a container's secret volume mounts keys 0644 or 0444
         return [f"[tls] key {path}: other users of this machine can read it (mode "
                 f"{mode:04o}); make it readable by the server only: chmod 600 {path} (or the "
                 "secret volume's defaultMode 0400)"]
-    if mode & 0o070:
-        return [f"[tls] key {path}: its group can read it (mode {mode:04o}); unless that "
-                f"group is meant to, make it readable by the server only: chmod 600 {path}"]
-    return []
+    return [f"[tls] key {path}: its group can read it (mode {mode:04o}); unless that "
+            f"group is meant to, make it readable by the server only: chmod 600 {path}"]
 
 
 def _check_client_ca(ctx: ssl.SSLContext, path: Path) -> list[str]:

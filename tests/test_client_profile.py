@@ -24,7 +24,13 @@ import pytest
 
 from client_app import runner
 from client_app.log import SiteLog
-from client_app.runner import ClientOptions, ProfileRefused, check_job_profile, pinned_profile
+from client_app.runner import (
+    ClientOptions,
+    ClientResult,
+    ProfileRefused,
+    check_job_profile,
+    pinned_profile,
+)
 from client_app.state import ClientState
 from fedforest_cli.sim_processes import child_env
 from fedforest_secure import load_profile
@@ -394,3 +400,33 @@ def test_out_naming_an_input_file_is_refused_before_joining(
     opts = dataclasses.replace(opts, model_out=getattr(opts, option))
     with pytest.raises(FedForestError, match=f"--out .* is the --{option} file"):
         runner.run_client(opts)
+
+
+@pytest.mark.parametrize(("mode", "whom"), [(0o644, "other users of this machine"),
+                                             (0o640, "its group"), (0o600, None)])
+def test_a_key_others_can_read_is_named_at_start(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, mode: int,
+                                                 whom: str | None) -> None:
+    """Whoever reads a site's TLS key can act as the site: a key its group or other users can
+    read gets a warning naming the file and the chmod that mends it; one only the site's user
+    reads gets none."""
+    opts = _no_transport(tmp_path, monkeypatch)
+    key = tmp_path / "site.key"
+    key.write_text("a key")
+    key.chmod(mode)
+    opts = dataclasses.replace(opts, cert=tmp_path / "site.pem", key=key)
+
+    class Stub:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
+    monkeypatch.setattr(runner, "_run", lambda *a, **k: ClientResult(status="done"))
+    out = io.StringIO()
+    runner.run_client(opts, log=SiteLog(stream=out, plain=True))
+    said = " ".join(out.getvalue().split())
+    if whom is None:
+        assert "chmod" not in said, said
+    else:
+        assert f"--key {key}: {whom} can read it (mode {mode:04o})" in said, said
+        assert f"chmod 600 {key}" in said
