@@ -211,13 +211,13 @@ class Database:
     def __init__(self, url: str) -> None:
         if in_memory(url):
             raise ConfigError(f"server database {url}: {IN_MEMORY}")
-        kwargs: dict[str, object] = {}
+        # a connection per request thread that reads outside the server's lock (token
+        # look-ups, directory, task downloads): as many as the server's thread pool (40)
+        kwargs: dict[str, object] = {"pool_size": 10, "max_overflow": 30}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            # a connection per request thread that reads outside the server's lock (token
-            # look-ups, directory, task downloads): as many as the server's thread pool (40)
-            kwargs.update(pool_size=10, max_overflow=30, pool_pre_ping=True)
+            kwargs["pool_pre_ping"] = True
             if url.startswith("postgresql"):
                 # a host that does not answer costs a request (and an outage's probe) 10 s,
                 # not the system's TCP connect timeout (about two minutes)

@@ -49,3 +49,33 @@ def test_an_outage_is_probed_once_for_the_failures_that_follow_it(
         assert [db.unreachable(_failure()) for _ in range(5)] == [True] * 5
         assert len(connects) == 1
     db.dispose()
+
+
+def test_every_request_thread_of_the_server_gets_a_connection_at_once(tmp_path: Path) -> None:
+    """The server runs requests in a pool of 40 threads, each reading with a connection of its
+    own: 40 transactions open at once on the SQLite database all get one, none waits for
+    another to end (a pool of 15 made the 16th wait, and time out after 30 s under load)."""
+    import threading
+
+    from sqlalchemy import text
+
+    threads = 40
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    together = threading.Barrier(threads, timeout=10)
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            with db.session() as sess:
+                sess.execute(text("SELECT 1"))
+                together.wait()  # every thread holds its connection here
+        except BaseException as exc:  # reported by the test
+            failed.append(exc)
+
+    workers = [threading.Thread(target=read) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    db.engine.dispose()
+    assert failed == [], failed[:1]
