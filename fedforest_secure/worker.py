@@ -21,16 +21,31 @@ from typing import Any
 
 import numpy as np
 
+from ._answered import AnsweredRounds
 from ._bootstrap import canonical_order, row_keys, tree_pairs
+from ._disclosures import MAX_SKETCH_POINTS as MAX_SKETCH_POINTS
+from ._disclosures import profile_disclosures, sketch_items
 from ._grid_stats import bin_statistics
 from ._layouts import CLASS_TOTALS_BLOCK
+from ._level_pairs import by_node, group_pairs, node_totals, order_positions
 from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
 from ._order import LevelOrder
 from ._routing import route
+from ._site_table import check_level_codes, checked_rows, encode_features, row_statistics
+from ._site_table import frequency_weights as _frequency_weights  # noqa: F401  (re-exported)
+from ._task_checks import (
+    check_class_totals,
+    check_fields,
+    check_random_root,
+    check_sketch_grid,
+    group_arrays,
+    histogram_arrays,
+    level_features,
+    sketch_n_nodes,
+)
 from .config import JobConfig
-from .errors import ProtocolError, RefusedRequest, SchemaError
-from .privacy.pinning import clip_targets
-from .protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind, layout_size
+from .errors import ProtocolError, RefusedRequest
+from .protocol import Reply, Task, TaskKind, layout_size
 
 __all__ = ["Worker"]
 
@@ -43,8 +58,6 @@ KEEP_ORDER_BYTES = 32 << 20
 #: SORT_RATIO thresholds per (pair, slot) entry (measured: the sort costs about as much per
 #: entry as the search, and each threshold about as much again)
 SORT_RATIO = 1.25
-#: the most quantile points a sketch round may ask per (node, slot) (the compiled loops' limit)
-MAX_SKETCH_POINTS = 1 << 24
 
 
 class Worker:
@@ -75,81 +88,23 @@ class Worker:
                  keep_last_reply: bool = True,
                  keep_level_order: bool | str | None = True,
                  sample_weight: Any = None) -> None:
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y)
-        if X.ndim != 2 or X.shape[1] != config.n_features:
-            raise SchemaError(f"X must have shape (n, {config.n_features}), got {X.shape}")
-        if y.shape != (X.shape[0],):
-            raise SchemaError(f"y must have shape ({X.shape[0]},), got {y.shape}")
-        weights = _frequency_weights(sample_weight, X.shape[0], config.dp is not None)
-        if weights is not None and X.shape[0] and not (weights > 0).any():
-            raise SchemaError(f"all {X.shape[0]} rows of this client have sample_weight 0: a "
-                              "client needs at least one row to train on; give some of them "
-                              "a positive weight, or leave this site out of the job")
-        if weights is not None:
-            X, y, weights = X[weights > 0], y[weights > 0], weights[weights > 0]
-            if (weights == 1).all():
-                weights = None
-        if X.shape[0] < 1:
-            raise SchemaError("a client needs at least one row (of positive weight)")
-        # a missing value (NaN) only where the job allows it; infinities never
-        bad_cells = ~np.isfinite(X) & ~(np.isnan(X) & np.array(config.may_miss)[None, :])
-        if bad_cells.any():
-            bad = np.argwhere(bad_cells)[0]
-            what = "missing" if np.isnan(X[bad[0], bad[1]]) else "non-finite"
-            raise SchemaError(f"{what} value in row {bad[0] + 1}, column {bad[1]}"
-                              + (" (the job allows no missing values there)"
-                                 if what == "missing" else ""))
+        X, y, weights = checked_rows(config, X, y, sample_weight)
         if not 0 <= client_index < config.n_clients:
             raise ValueError(f"client_index must be in [0, {config.n_clients})")
         self.config = config
         self.client_index = int(client_index)
         self._profile = dict(config.profile)
-        n, d = X.shape
+        n = X.shape[0]
         self.n_rows = n
-        # row statistics (one row of S per sample)
-        if config.task == "regression":
-            yf = y.astype(np.float64)
-            if not np.isfinite(yf).all():
-                raise SchemaError("non-finite target value")
-            if config.target_offset:
-                yf = yf - config.target_offset  # centred: the sums carry the spread
-            yf = clip_targets(config, yf)  # within the bound the DP noise is calibrated for
-            self._stats = np.stack([np.ones(n), yf, yf * yf], axis=1)
-            self._y = yf
-        else:
-            yi = y.astype(np.int64)
-            if (yi != y).any() or yi.min() < 0 or yi.max() >= config.n_classes:
-                raise SchemaError(f"class codes must be integers in [0, {config.n_classes})")
-            self._y = yi
-            self._stats = np.zeros((n, config.n_classes))
-            self._stats[np.arange(n), yi] = 1.0
-        self._stats_cm = np.ascontiguousarray(self._stats.T)  # one contiguous row per statistic
-        del self._stats
-        for j, (kind, nl) in enumerate(zip(config.kinds, config.levels, strict=True)):
-            if kind == "categorical":
-                col = X[:, j][~np.isnan(X[:, j])]
-                if col.size and ((col != np.round(col)).any() or col.min() < 0
-                                 or col.max() >= nl):
-                    raise SchemaError(f"categorical column {j} must hold level codes 0..{nl - 1}")
+        # row statistics: one contiguous row per statistic, one column per sample
+        self._y, self._stats_cm = row_statistics(config, y)
+        check_level_codes(config, X)
         # the table itself is not kept: codes and distinct values answer every question
-        # exact integer codes: rank among the client's distinct values of each feature; a
-        # missing value's code is one past the last (it sorts after every present value)
-        uniq = [np.unique(X[:, j][~np.isnan(X[:, j])]) for j in range(d)]
-        self._uniq_off = np.concatenate([[0], np.cumsum([u.size for u in uniq])])
-        self._uniq_all = np.concatenate(uniq)
-        del uniq  # one copy: each feature's distinct values are a view into _uniq_all
-        self._uniq = [self._uniq_all[self._uniq_off[j]:self._uniq_off[j + 1]] for j in range(d)]
-        # codes of a block live in [block << cbits, (block + 1) << cbits): shifts, not divisions
-        # at least 16 bits: then a code is exactly the low 16 bits of its field (cheap to pull
-        # out of a packed key, see _order.LevelOrder.compact)
-        self._cbits = max(int(max(u.size for u in self._uniq) + 1).bit_length(), 16)
+        # (uniq[j] is a view into uniq_all; codes feature-major: code of (j, row) at j * n + row)
+        book, self._codes = encode_features(X)
+        self._uniq, self._uniq_all = book.uniq, book.uniq_all
+        self._uniq_off, self._cbits = book.uniq_off, book.cbits
         self._rbits = int(n).bit_length() + 8  # row index and bootstrap weight (8 bits)
-        codes = np.empty((d, n), dtype=np.int32)
-        for j in range(d):
-            codes[j] = np.searchsorted(self._uniq[j], X[:, j])
-            codes[j][np.isnan(X[:, j])] = self._uniq[j].size
-        self._codes = codes.ravel()  # feature-major: code of (j, row) at j * n + row
         # client-stratified bootstrap: n_k draws with replacement from the client's own rows;
         # level 0: a pair's node index is its tree index
         # (under DP each row's draws from its own key: module docstring of _bootstrap)
@@ -168,13 +123,8 @@ class Worker:
         self._group: np.ndarray | None = None  # nodes of the current order (None: the level)
         self._sketched_level: int | None = None  # level whose sketch round was answered
         self._node_ptr: np.ndarray | None = None  # start of each node's pairs (node order)
-        self._last_round: int | None = None
-        self._last_reply: Reply | None = None
-        self._last_digest = b""
-        self._keep_last_reply = keep_last_reply
+        self._answers = AnsweredRounds(config, keep_last_reply)  # rounds and questions answered
         self._keep_order = keep_level_order
-        self._questions: set[bytes] = set()
-        self._dp_releases = 0
         #: number of nodes this client abstained from, per level (for audits and tests)
         self.abstained: dict[int, int] = {}
 
@@ -201,20 +151,9 @@ class Worker:
         return LevelStatistics(order, self.config, self._y, self._book())
 
     def _node_totals(self, n_nodes: int) -> np.ndarray:
-        S = self.config.n_stats
-        out = np.zeros((n_nodes, S))
-        # indices converted once (numpy converts int32 indices on every gather and bincount)
-        rows = self._p_row.astype(np.intp)
-        node = self._p_node.astype(np.intp)
-        for c in range(S):
-            if c == 0 and self.config.task == "regression":
-                # statistic 1 per row: the weights themselves (integer sums, exact either way)
-                out[:, 0] = np.bincount(node, weights=self._p_w, minlength=n_nodes)
-                continue
-            wc = self._stats_cm[c][rows]
-            wc *= self._p_w
-            out[:, c] = np.bincount(node, weights=wc, minlength=n_nodes)
-        return out
+        """The row statistics summed per node over the active pairs, shape (n_nodes, n_stats)."""
+        return node_totals(self.config, self._stats_cm, self._p_row, self._p_node, self._p_w,
+                           n_nodes)
 
     def _abstain(self, n_nodes: int) -> None:
         m = int(self._profile.get("abstain_below", 0) or 0)
@@ -241,32 +180,13 @@ class Worker:
         if task.job_id != self.config.job_id:
             raise ProtocolError("task belongs to another job")
         digest = task.digest() if digests is None else digests[0]
-        if self._last_round is not None and task.round_id == self._last_round:
-            if digest != self._last_digest:
-                raise ProtocolError(f"round {task.round_id} was already answered for another "
-                                    "question; refusing to answer it twice")
-            if self._last_reply is None:
-                raise ProtocolError(f"round {task.round_id} was already answered")
-            return self._last_reply
-        if self._last_round is not None and task.round_id < self._last_round:
-            raise ProtocolError(f"round {task.round_id} is older than round {self._last_round}")
+        replayed = self._answers.replay(task.round_id, digest)
+        if replayed is not None:
+            return replayed
         self._check_disclosures(task)
-        extra = (set(task.params) - TASK_PARAMS[task.kind]) | (
-            set(task.arrays) - TASK_ARRAYS[task.kind])
-        if extra:
-            raise ProtocolError(f"task carries fields this client does not use: {sorted(extra)}")
+        check_fields(task)
         question = task.question_digest() if digests is None else digests[1]
-        if question in self._questions:
-            raise RefusedRequest("this question was already answered in an earlier round; "
-                                 "answering it again could isolate a client by differencing")
-        if self.config.dp is not None and task.layout:
-            # one noisy aggregate per planned release: a histogram round per splitting level,
-            # or with random splits the marginal counts (with the class totals, if planned)
-            # and the leaves' totals
-            limit = 2 if self.config.method == "random" else self.config.max_depth
-            if self._dp_releases >= limit:
-                raise RefusedRequest(f"privacy budget spent: this client releases at most "
-                                     f"{limit} noisy aggregates per job")
+        self._answers.check_new(task, question)
         if task.kind == TaskKind.SKETCH:
             reply = self._sketch(task)
         elif task.kind == TaskKind.HISTOGRAM:
@@ -275,10 +195,7 @@ class Worker:
             raise ProtocolError(f"unknown task kind {task.kind}")
         if reply.summable.shape != (layout_size(task.layout),):
             raise ProtocolError("reply does not match the task layout")
-        self._last_round, self._last_digest = task.round_id, digest
-        # the last reply is kept so a retried round gets the same answer; an in-process
-        # federation, which never retries, can skip keeping it (memory)
-        self._last_reply = reply if self._keep_last_reply else None
+        self._answers.answered(task.round_id, digest, reply)
         keep = self._keep_order
         if keep is None and self._sorted is not None:  # auto, by size
             size = self._sorted.size
@@ -289,9 +206,7 @@ class Worker:
             self._sorted = None  # free the sorted order (the next round of the level re-sorts)
         elif keep == "compact" and self._sorted is not None:
             self._sorted.compact()  # until the level's next round
-        self._questions.add(question)
-        if self.config.dp is not None and task.layout:
-            self._dp_releases += 1
+        self._answers.counted(task, question)
         return reply
 
     def allowed_disclosures(self) -> set[str]:
@@ -303,20 +218,7 @@ class Worker:
         Anything else is refused, whatever the task asks (a malicious server cannot widen the
         disclosure). ``h_splits = "off"`` refuses node summaries in every profile.
         """
-        prof = self._profile
-        # --- node summaries for H-splits (h_splits: "off" never, "clear" as they are,
-        # "noisy" only with the client's own DP noise, privacy/hsplits.py) ---
-        h = prof.get("h_splits")
-        node_stats = h == "clear" and not prof.get("dp") or h == "noisy" and bool(prof.get("dp"))
-        if not prof.get("secure_aggregation"):
-            return {"sketch_points", "top_l", "unique", "minmax"} | (
-                set() if h == "off" else {"node_stats"})
-        allowed: set[str] = set()
-        if prof.get("sketch") == "quantiles" and not prof.get("dp"):
-            allowed.add("sketch_points")
-        if node_stats:
-            allowed.add("node_stats")
-        return allowed
+        return profile_disclosures(self._profile)
 
     def _check_disclosures(self, task: Task) -> None:
         extra = set(task.disclose) - self.allowed_disclosures()
@@ -327,24 +229,11 @@ class Worker:
     # ------------------------------------------------------------------ sketch round
     def _sketch(self, task: Task) -> Reply:
         level = task.level
-        try:
-            n_nodes = int(task.params["n_nodes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError("sketch task lacks a valid n_nodes") from exc
-        grid = [k for k in ("grid_nodes", "grid_features", "grid_thresholds")
-                if k in task.arrays]
-        if grid and (len(grid) < 3 or "stats" not in task.params or "nodes" in task.arrays) \
-                or "stats" in task.params and not grid:
-            # a histogram in a sketch task comes whole (nodes, features, thresholds and the
-            # statistics), in a whole-level sketch; a parameter it does not use is refused
-            raise ProtocolError("a sketch task asks a histogram with grid_nodes, "
-                                "grid_features, grid_thresholds and stats, or none of them")
+        n_nodes = sketch_n_nodes(task)
+        check_sketch_grid(task)
         if "nodes" in task.arrays:
             return self._sketch_group(task, n_nodes)
-        feats = task.arrays.get("features")
-        if feats is not None and (feats.ndim != 2 or feats.shape[0] != n_nodes
-                                  or (feats >= self.config.n_features).any()):
-            raise ProtocolError("features must have one row per node and valid indices")
+        feats = level_features(task, n_nodes, self.config.n_features)
         if level == self._level + 1:
             self._route(task)
             self._level = level
@@ -382,7 +271,8 @@ class Worker:
                 raise ProtocolError("features must have one row per node and valid indices")
             order = self._sort_level(feats)
             counts = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
-            disclosed.update(self._sketch_items(task, order, feats, counts))
+            disclosed.update(sketch_items(task, self._level_stats(order), feats, counts,
+                                          self._profile))
         self._sketched_level = level
         summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
         if "grid_thresholds" in task.arrays:
@@ -390,7 +280,8 @@ class Worker:
             if feats is not None:
                 raise ProtocolError("a sketch task sorts the level or asks a histogram, "
                                     "not both")
-            nodes, gfeats, thr, mode = self._histogram_arrays(task, "grid_")
+            nodes, gfeats, thr, mode = histogram_arrays(task, self._n_nodes,
+                                                        self.config.n_features, "grid_")
             if mode == "gain":
                 raise ProtocolError("a sketch task asks histograms of statistics only")
             hist = self._unsorted_histogram(nodes, gfeats, thr, mode)
@@ -414,51 +305,17 @@ class Worker:
         want = set(task.disclose)
         if want & {"node_stats", "minmax"}:
             raise ProtocolError("a node group's sketch discloses sketches only")
-        nodes = a["nodes"]
-        feats = a.get("features")
-        if (nodes.ndim != 1 or nodes.dtype.kind not in "iu" or nodes.size == 0
-                or nodes.min() < 0 or nodes.max() >= n_nodes
-                or (nodes.size > 1 and (np.diff(nodes) <= 0).any())):
-            raise ProtocolError("nodes must be distinct ascending node indices of the level")
-        if feats is None or feats.ndim != 2 or feats.shape[0] != nodes.size \
-                or (feats >= self.config.n_features).any():
-            raise ProtocolError("features must have one row per listed node and valid indices")
-        nodes = nodes.astype(np.int64)
-        feats = feats.astype(np.int64)
+        nodes, feats = group_arrays(task, n_nodes, self.config.n_features)
         loc, row, w = self._group_pairs(nodes)
         counts = np.bincount(loc, weights=w, minlength=nodes.size)
         order = self._sort_level(feats, nodes, (loc, row, w))
         del loc, row, w
-        disclosed = self._sketch_items(task, order, feats, counts)
+        disclosed = sketch_items(task, self._level_stats(order), feats, counts, self._profile)
         if task.params.get("totals", True):
             summable = self._node_totals(self._n_nodes)[nodes].ravel()
         else:
             summable = np.zeros(0)
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
-
-    def _sketch_items(self, task: Task, order: LevelOrder, feats: np.ndarray,
-                      counts: np.ndarray) -> dict[str, np.ndarray]:
-        """The sketch disclosures the task asks, for the nodes of the level order ``order``."""
-        want = set(task.disclose)
-        stats = self._level_stats(order)
-        out: dict[str, np.ndarray] = {}
-        if "sketch_points" in want or "top_l" in want:
-            rows_per_point = int(self._profile.get("rows_per_sketch_point", 0) or 0)
-            n_points = int(task.params["n_points"])
-            if not 1 <= n_points <= MAX_SKETCH_POINTS:
-                raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
-                                    f"{MAX_SKETCH_POINTS}")
-            pts = stats.quantile_points(feats, n_points, rows_per_point)
-            if "sketch_points" in want:
-                out["sketch_points"] = pts
-                out["sketch_counts"] = counts
-            if "top_l" in want:
-                out["top_l"] = stats.top_l(feats, pts, int(task.params["top_l"]))
-        if "unique" in want:
-            ptr, vals = stats.unique_values(feats)
-            out["unique_ptr"] = ptr
-            out["unique_vals"] = vals
-        return out
 
     def _group_pairs(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pairs of the listed nodes (ascending): their position in ``nodes``, rows and
@@ -469,25 +326,9 @@ class Worker:
         one slice of them.
         """
         if self._node_ptr is None:
-            node = self._p_node
-            if node.size > 1 and (node[1:] < node[:-1]).any():
-                perm = np.argsort(node, kind="stable")
-                self._p_node, self._p_row, self._p_w = node[perm], self._p_row[perm], \
-                    self._p_w[perm]
-                del perm
-            self._node_ptr = np.searchsorted(self._p_node, np.arange(self._n_nodes + 1))
-        ptr = self._node_ptr
-        first, last = int(nodes[0]), int(nodes[-1])
-        lo, hi = int(ptr[first]), int(ptr[last + 1])
-        loc = self._p_node[lo:hi] - np.int32(first)
-        row, w = self._p_row[lo:hi], self._p_w[lo:hi]
-        if nodes.size != last + 1 - first:  # nodes not listed lie in between: drop theirs
-            table = np.full(last + 1 - first, -1, dtype=np.int32)
-            table[nodes - first] = np.arange(nodes.size, dtype=np.int32)
-            loc = table[loc]
-            keep = np.flatnonzero(loc >= 0)
-            loc, row, w = loc[keep], row[keep], w[keep]
-        return loc, row, w
+            self._p_node, self._p_row, self._p_w, self._node_ptr = by_node(
+                self._p_node, self._p_row, self._p_w, self._n_nodes)
+        return group_pairs(self._p_node, self._p_row, self._p_w, self._node_ptr, nodes)
 
     def _sort_level(self, feats: np.ndarray, group: np.ndarray | None = None,
                     pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -521,52 +362,14 @@ class Worker:
                 raise ProtocolError("no sketch round for this level yet")
             # freed after the level's (or group's) last round; redo
             order = self._sort_level(self._level_feats, self._group)
-        group = self._group
-        local = nodes
-        if group is not None:
-            local = np.searchsorted(group, nodes)
-            if nodes.size and (local.max() >= group.size or (group[local] != nodes).any()):
-                raise ProtocolError("histogram asks for nodes outside the last sketched group")
-        ref = order.feats[local]
-        if ref.shape != feats.shape or ((feats >= 0) & (feats != ref)).any():
-            raise ProtocolError("histogram features differ from the level's sketch features")
-        return order, local
+        return order, order_positions(order, self._group, feats, nodes)
 
     # ------------------------------------------------------------------ histogram round
-    def _histogram_arrays(self, task: Task, prefix: str = ""
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-        """The evaluated nodes, features, thresholds and statistics mode a task asks a
-        histogram of (``prefix``: ``"grid_"`` in a sketch task), checked."""
-        try:
-            nodes = task.arrays[prefix + "nodes"].astype(np.int64)
-            feats = task.arrays[prefix + "features"].astype(np.int64)
-            thr = task.arrays[prefix + "thresholds"].astype(np.float64)
-        except KeyError as exc:
-            raise ProtocolError(f"histogram task lacks {exc}") from exc
-        if (nodes.ndim != 1 or feats.ndim != 2 or thr.ndim != 3
-                or feats.shape[0] != nodes.size or thr.shape[:2] != feats.shape
-                or (nodes.size and (nodes.min() < 0 or nodes.max() >= self._n_nodes))
-                or (nodes.size > 1 and (np.diff(nodes) <= 0).any())
-                or (feats >= self.config.n_features).any() or np.isnan(thr).any()):
-            raise ProtocolError("histogram task arrays are inconsistent")
-        if thr.shape[2] and (thr[:, :, 1:] < thr[:, :, :-1]).any():
-            raise ProtocolError("thresholds must be sorted per node and slot")
-        mode = task.params.get("stats", "full")
-        if mode not in ("full", "count", "gain", "moments"):
-            raise ProtocolError(f"unknown statistics mode {mode!r}")
-        return nodes, feats, thr, mode
-
     def _histogram(self, task: Task) -> Reply:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
-        nodes, feats, thr, mode = self._histogram_arrays(task)
-        cfg = self.config
-        if (cfg.dp is not None and cfg.method == "random" and task.level == 0
-                and cfg.sampling != "disjoint" and nodes.size > 1):
-            # the marginal counts (and class totals) of a DP random-split job: every tree holds
-            # every row, so the plan's sensitivity holds for one root's counts only
-            raise ProtocolError("the level-0 counts of a DP random-split job are asked of one "
-                                "root (every tree holds every row)")
+        nodes, feats, thr, mode = histogram_arrays(task, self._n_nodes, self.config.n_features)
+        check_random_root(self.config, task, nodes)
         # statistics carry the missing rows' bin when the job has missing values; counts (the
         # secure sketch's grids) leave missing rows out
         missing_bin = mode != "count" and self.config.has_missing
@@ -605,15 +408,8 @@ class Worker:
         """
         from .privacy.allocation import class_totals_scale
 
-        cfg = self.config
-        a = class_totals_scale(cfg)
-        names = [b.name for b in task.layout]
-        if (a < 1 or task.level != 0 or mode != "count" or names[-1:] != [CLASS_TOTALS_BLOCK]
-                or names.count(CLASS_TOTALS_BLOCK) != 1
-                or task.layout[-1].shape != (1, cfg.n_classes)):
-            raise ProtocolError("class totals are released only with the level-0 marginal "
-                                "counts of a DP random-split classification job that plans "
-                                "them, as one (1, n_classes) block after the counts")
+        a = class_totals_scale(self.config)
+        check_class_totals(self.config, task, mode, a)
         totals = self._node_totals(self._n_nodes)[nodes].sum(axis=0)
         out: np.ndarray = float(a) * totals
         return out
@@ -651,30 +447,3 @@ class Worker:
                               feats, thr, self._codes, self.n_rows, self._uniq_all,
                               self._uniq_off, self._y, columns, classes,
                               has_missing=self.config.has_missing, missing_bin=missing_bin)
-
-
-
-def _frequency_weights(sample_weight: Any, n: int, dp: bool) -> np.ndarray | None:
-    """Validated frequency weights (int64), or None.
-
-    Raises
-    ------
-    SchemaError
-        Not one finite, non-negative integer per row, (``dp``) a weight above 1, or weights
-        adding up to more than 2^40 rows.
-    """
-    if sample_weight is None:
-        return None
-    w = np.asarray(sample_weight, dtype=np.float64)
-    if w.shape != (n,):
-        raise SchemaError(f"sample_weight must have shape ({n},), got {w.shape}")
-    if not np.isfinite(w).all() or (w < 0).any() or (w != np.round(w)).any():
-        raise SchemaError("sample_weight must hold non-negative integers (frequency weights: "
-                          "a row of weight 3 counts as three rows)")
-    if dp and (w > 1).any():
-        raise SchemaError("under differential privacy a row counts at most once: "
-                          "sample_weight may only be 0 or 1")
-    if w.sum() > 2.0**40:  # counts stay exact in float64 and in the ring, with room to sum
-        raise SchemaError(f"sample_weight adds up to {w.sum():.3g} rows; at most 2^40 "
-                          "(about 1.1e12) rows per client")
-    return w.astype(np.int64)

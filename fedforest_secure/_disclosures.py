@@ -1,0 +1,67 @@
+"""What a client discloses beyond sums: the items its own privacy profile allows, and the
+per-client sketch items (quantile points and counts, Top-L shortlists, distinct values) a
+sketch round hands back for the nodes of a level order.
+
+A server cannot widen the disclosure: a worker refuses every item its own profile does not
+name, whatever the task asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ._level_stats import LevelStatistics
+from .errors import ProtocolError
+from .protocol import Task
+
+__all__ = ["MAX_SKETCH_POINTS", "profile_disclosures", "sketch_items"]
+
+#: the most quantile points a sketch round may ask per (node, slot) (the compiled loops' limit)
+MAX_SKETCH_POINTS = 1 << 24
+
+
+def profile_disclosures(profile: Mapping[str, Any]) -> set[str]:
+    """What a client's own ``profile`` lets it disclose beyond sums (see
+    :meth:`~fedforest_secure.worker.Worker.allowed_disclosures`)."""
+    prof = profile
+    # --- node summaries for H-splits (h_splits: "off" never, "clear" as they are,
+    # "noisy" only with the client's own DP noise, privacy/hsplits.py) ---
+    h = prof.get("h_splits")
+    node_stats = h == "clear" and not prof.get("dp") or h == "noisy" and bool(prof.get("dp"))
+    if not prof.get("secure_aggregation"):
+        return {"sketch_points", "top_l", "unique", "minmax"} | (
+            set() if h == "off" else {"node_stats"})
+    allowed: set[str] = set()
+    if prof.get("sketch") == "quantiles" and not prof.get("dp"):
+        allowed.add("sketch_points")
+    if node_stats:
+        allowed.add("node_stats")
+    return allowed
+
+
+def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: np.ndarray,
+                 profile: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The sketch disclosures the task asks, for the nodes of the level order of ``stats``
+    (``counts``: the nodes' row counts; ``profile``: the client's own)."""
+    want = set(task.disclose)
+    out: dict[str, np.ndarray] = {}
+    if "sketch_points" in want or "top_l" in want:
+        rows_per_point = int(profile.get("rows_per_sketch_point", 0) or 0)
+        n_points = int(task.params["n_points"])
+        if not 1 <= n_points <= MAX_SKETCH_POINTS:
+            raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
+                                f"{MAX_SKETCH_POINTS}")
+        pts = stats.quantile_points(feats, n_points, rows_per_point)
+        if "sketch_points" in want:
+            out["sketch_points"] = pts
+            out["sketch_counts"] = counts
+        if "top_l" in want:
+            out["top_l"] = stats.top_l(feats, pts, int(task.params["top_l"]))
+    if "unique" in want:
+        ptr, vals = stats.unique_values(feats)
+        out["unique_ptr"] = ptr
+        out["unique_vals"] = vals
+    return out
