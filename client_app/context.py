@@ -18,6 +18,7 @@ from rich.progress import Progress, TaskID
 from fedforest_secure.audit import Receipt, SentReceipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.privacy.profile import with_profile_defaults
 from fedforest_secure.protocol import Reply, Task
 from fedforest_secure.protocol.api import JobStatus
 from fedforest_secure.secure_sum import encode_contribution
@@ -119,8 +120,8 @@ class RunContext:
 
 
     def contribution(self, task: Task, reply: Reply) -> np.ndarray:
-        ring = bool(self.config.profile.get("fixed_point",
-                                            self.config.profile.get("secure_aggregation")))
+        prof = with_profile_defaults(self.config.profile)  # PrivacyProfile's defaults
+        ring = bool(prof["fixed_point"] or prof.get("secure_aggregation"))
         if ring:
             return np.asarray(encode_contribution(self.config, task, reply))
         return np.asarray(reply.summable, dtype=np.float64)

@@ -18,6 +18,7 @@ synced to disk before the request goes, and after the server's answer the upload
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -55,7 +56,7 @@ from .state import ClientState, check_job_name, holding_output, make_state_dir
 from .transport import ApiRejected, Transport
 
 __all__ = ["ClientOptions", "ClientResult", "ProfileRefused", "RESTARTED_SECURE", "TableChanged",
-           "check_job_profile", "pinned_profile", "run_client"]
+           "check_job_profile", "job_profile_settings", "pinned_profile", "run_client"]
 
 
 class TableChanged(FedForestError):
@@ -85,11 +86,7 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
     different one that it claims is equivalent.
     """
     want = pinned.get("name", "?")
-    try:
-        job = PrivacyProfile.from_dict(job_profile).to_dict()
-    except FedForestError as exc:
-        raise ProfileRefused(f"the job's privacy profile is not a valid profile ({exc}); this "
-                             f"site pinned {want!r}: refusing to take part") from None
+    job = job_profile_settings(job_profile, pinned=want)
     diffs = sorted(k for k in set(pinned) | set(job)
                    if k not in _PROFILE_LABELS and pinned.get(k) != job.get(k))
     if diffs:
@@ -98,6 +95,23 @@ def check_job_profile(pinned: dict[str, Any], job_profile: Any) -> None:
             f"the job's privacy profile {job.get('name', '?')!r} is not the profile this site "
             f"pinned ({want!r}): {shown}. Refusing to take part: this site did not join the job "
             "(it only asked what the job is)")
+
+
+def job_profile_settings(job_profile: Any, *, pinned: str | None = None) -> dict[str, Any]:
+    """The job's privacy profile as this site runs the job with it: every setting the server
+    left out at :class:`PrivacyProfile`'s default (``threshold`` 1.0, ``h_splits = "off"``,
+    ...), the same reading as the pin check's. The client replaces the job configuration's
+    profile with it once, when it accepts the job, so every reader (the worker, the
+    secure-aggregation session, the encoding of uploads) sees one set of defaults, not each its
+    own. A profile that is not a valid one is refused (:class:`ProfileRefused`), pinned or not.
+    """
+    try:
+        return PrivacyProfile.from_dict(job_profile).to_dict()
+    except FedForestError as exc:
+        why = "refusing to take part" if pinned is None else \
+            f"this site pinned {pinned!r}: refusing to take part"
+        raise ProfileRefused(f"the job's privacy profile is not a valid profile ({exc}); "
+                             f"{why}") from None
 
 
 def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
@@ -194,6 +208,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     else:
         log.warn("no --profile pinned: this site accepts the privacy profile the server "
                  "states for the job")
+        with _declining(tr, job, "profile", log):  # a valid one only
+            job_profile_settings(info.config.get("profile"))
     want = info.schema_sha256
     if want is not None and want != schema_sha256(opts.schema):
         _decline(tr, job, "schema", log)
@@ -203,6 +219,9 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         config = JobConfig.from_json(json.dumps(info.config))
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
+    # from here on the job's profile is read as the pin check read it: a setting the server
+    # left out is PrivacyProfile's default for every reader, not a weaker one of its own
+    config = dataclasses.replace(config, profile=job_profile_settings(config.profile))
     with _declining(tr, job, "job_config", log):
         _check_job(config, opts, log)
     k = info.client_index

@@ -25,7 +25,9 @@ certificate) also requires every identity to be certified by a certificate that 
 (:mod:`fedforest_secure.secagg.directory`), so the server cannot add identities of its own.
 The threshold and the graph (``neighbours``: None for the complete graph, ``k`` for the
 SecAgg+ sparse graph) come from the job's privacy profile (the site's pinned profile when it
-pinned one), the fewest survivors from the profile's ``min_clients`` and the ``K_min`` of its
+pinned one; a setting the profile leaves out is
+:class:`~fedforest_secure.privacy.PrivacyProfile`'s default, as in the pin check: threshold 1.0,
+t = n), the fewest survivors from the profile's ``min_clients`` and the ``K_min`` of its
 DP noise; a round that announces another threshold or graph is refused.
 """
 
@@ -41,6 +43,7 @@ from pydantic import ValidationError
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
+from fedforest_secure.privacy.profile import with_profile_defaults
 from fedforest_secure.protocol import Task, question_key
 from fedforest_secure.protocol.api import Directory, RefuseBody
 from fedforest_secure.secagg import (
@@ -131,10 +134,13 @@ class SecAggSession:
             except (ValueError, TypeError) as exc:
                 raise InvalidMessage("malformed identity certifications") from exc
             self.names = verify_directory(self.job, directory, certs, self.ca_pem)
-        threshold = self.config.profile.get("threshold", 0.67)
+        # read as the site's pin check reads them: a left-out threshold is the profile's
+        # default 1.0 (t = n), never a lower one
+        prof = with_profile_defaults(self.config.profile)
+        threshold = prof["threshold"]
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise ProtocolError(f"the job's profile has no valid threshold ({threshold!r})")
-        neighbours = self.config.profile.get("neighbours")
+        neighbours = prof["neighbours"]
         if neighbours is not None and (isinstance(neighbours, bool)
                                        or not isinstance(neighbours, int)):
             raise ProtocolError(f"the job's profile has no valid graph ({neighbours!r})")

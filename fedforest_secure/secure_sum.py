@@ -20,6 +20,7 @@ import numpy as np
 from ._packing import Packing, packs
 from .config import JobConfig
 from .errors import BudgetError, InvalidMessage
+from .privacy.profile import with_profile_defaults
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 from .secagg.encoding import Periodic
@@ -216,14 +217,14 @@ class RingAggregator:
 
     def __init__(self, config: JobConfig, *, record: bool = False) -> None:
         self.config = config
-        prof = config.profile
+        prof = with_profile_defaults(config.profile)  # PrivacyProfile's defaults
         self.secure = bool(prof.get("secure_aggregation"))
-        self.min_clients = int(prof.get("min_clients", 1))
+        self.min_clients = int(prof["min_clients"])
         self.record = record
         self._secagg: InProcessSecureSum | None = None
         if self.secure:
             self._secagg = InProcessSecureSum(range(config.n_clients),
-                                              threshold=float(prof.get("threshold", 0.67)),
+                                              threshold=float(prof["threshold"]),
                                               job_id=config.job_id, streaming=True,
                                               record=record,
                                               min_survivors=unmask_floor(config))
@@ -292,8 +293,8 @@ def unmask_floor(config: JobConfig) -> int:
     """The fewest survivors a client helps unmask in this job: 3, the profile's ``min_clients``,
     and under DP the ``K_min`` its noise is calibrated for (a sum over fewer would carry less
     noise than the budget says). Computed from the configuration the client checked at join."""
-    prof = config.profile
-    floor = max(3, int(prof.get("min_clients", 3)))
+    prof = with_profile_defaults(config.profile)  # PrivacyProfile's defaults
+    floor = max(3, int(prof["min_clients"]))
     dp = config.dp
     if dp is None:
         return floor
@@ -301,5 +302,5 @@ def unmask_floor(config: JobConfig) -> int:
 
     tol = dp.get("dropout_tolerance")
     if tol is None:
-        tol = max(0.0, 1.0 - float(prof.get("threshold", 1.0)))
+        tol = max(0.0, 1.0 - float(prof["threshold"]))
     return max(floor, min_survivors(config.n_clients, min(float(tol), 0.999)))

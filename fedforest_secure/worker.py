@@ -45,6 +45,7 @@ from ._task_checks import (
 )
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
+from .privacy.profile import with_profile_defaults
 from .protocol import Reply, Task, TaskKind, layout_size
 
 __all__ = ["Worker"]
@@ -93,7 +94,9 @@ class Worker:
             raise ValueError(f"client_index must be in [0, {config.n_clients})")
         self.config = config
         self.client_index = int(client_index)
-        self._profile = dict(config.profile)
+        # every setting the job's profile leaves out at PrivacyProfile's default (h_splits
+        # "off", rows_per_sketch_point 1, ...), as a site's pin check reads it
+        self._profile = with_profile_defaults(config.profile)
         n = X.shape[0]
         self.n_rows = n
         # row statistics: one contiguous row per statistic, one column per sample

@@ -354,6 +354,51 @@ def test_secure_worker_refuses_to_disclose_what_its_profile_forbids() -> None:
     assert reply.disclosed == {}, f"plaintext disclosed under 'secure': {sorted(reply.disclosed)}"
 
 
+def _omitting(profile: dict[str, Any], key: str) -> dict[str, Any]:
+    """The job profile of a server that leaves ``key`` out of the profile it states."""
+    return {k: v for k, v in profile.items() if k != key}
+
+
+def test_a_worker_reads_a_left_out_h_splits_as_off_and_discloses_no_node_summaries() -> None:
+    """A site pins an open profile with ``h_splits = "off"``; the server leaves the key out of the
+    job's profile. The pin check reads the documented default ("off") and passes, so the worker
+    must read the same default: node summaries are refused, not disclosed."""
+    from client_app.runner import check_job_profile
+
+    pinned = load_profile("open", h_splits="off").to_dict()
+    served = _omitting(pinned, "h_splits")
+    check_job_profile(pinned, served)  # the same settings, as PrivacyProfile reads them
+    cfg, clients = _secure_config("open")
+    cfg = dataclasses.replace(cfg, profile=served)
+    w = _workers(cfg, clients)[0]
+    assert "node_stats" not in w.allowed_disclosures()
+    t = Coordinator(cfg).next_task()
+    assert t is not None
+    evil = Task(job_id=t.job_id, round_id=t.round_id, kind=t.kind, level=t.level,
+                params=t.params, arrays=t.arrays, layout=t.layout, disclose=("node_stats",))
+    with pytest.raises(RefusedRequest, match=r"forbids disclosing \['node_stats'\]"):
+        w.handle(evil)
+
+
+def test_a_worker_reads_a_left_out_rows_per_sketch_point_as_the_profiles_default() -> None:
+    """The server leaves ``rows_per_sketch_point`` out of an open job's profile: the worker
+    applies the profile's default (1: a sketch point per row at most, the paper's rule), not
+    "no rule" (every node's sketch with all its points, more than it has rows)."""
+    cfg, clients = _secure_config("open")
+    assert cfg.profile["rows_per_sketch_point"] == 1
+    served = dataclasses.replace(cfg, profile=_omitting(cfg.profile, "rows_per_sketch_point"))
+    X, y = clients[0]
+    few = (X[:5], y[:5])  # fewer rows than the sketch has points
+    task = Coordinator(cfg).next_task()
+    assert task is not None and "sketch_points" in task.disclose
+    assert int(task.params["n_points"]) > 5
+    stated, left_out = (_workers(c, [few])[0].handle(task).disclosed["sketch_points"]
+                        for c in (cfg, served))
+    np.testing.assert_array_equal(left_out, stated)
+    # at most one point per row: no node's sketch has more distinct points than rows
+    assert (np.sum(~np.isnan(stated), axis=-1) <= 5 + 1).all()
+
+
 def _advance(coord: Coordinator, ws: list[Worker], stop: Any) -> Task:
     """Run honest rounds (plain sums) until the coordinator issues a task with ``stop(task)``."""
     task = coord.next_task()

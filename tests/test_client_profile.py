@@ -154,6 +154,65 @@ def test_the_same_profile_is_accepted_whatever_its_labels(name: str, tmp_path: P
     check_job_profile(pinned_profile(str(path)), job)
 
 
+class _Accepted(Exception):
+    """Raised by the stub worker factory: the client accepted the job with this config."""
+
+    def __init__(self, config: JobConfig) -> None:
+        super().__init__("accepted")
+        self.config = config
+
+
+def _accepted_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: dict[str, Any],
+                     pin: str | None) -> JobConfig:
+    """The job configuration the client hands its worker and secure-aggregation session (they
+    are built from it) after accepting a job whose profile is ``served``."""
+    def capture(config: JobConfig, *_: Any) -> Any:
+        raise _Accepted(config)
+
+    monkeypatch.setattr(runner, "site_worker", capture)
+    monkeypatch.setattr(runner, "_check_job", lambda *a: None)  # the schema: not this test's
+    tr = RecordingTransport(served)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True, profile=pin)
+    with pytest.raises(_Accepted) as info:
+        runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                    SiteLog(stream=io.StringIO()), None if pin is None else pinned_profile(pin))
+    return info.value.config
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_setting_the_server_leaves_out_is_read_as_the_profiles_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pinned: bool) -> None:
+    """The server states the job's profile with ``threshold`` (default 1.0: t = n) and
+    ``h_splits`` (default "off") left out. The pin check reads PrivacyProfile's defaults; so does
+    everything the client runs the job with: one set of defaults, not one per reader."""
+    pin = tmp_path / "strict.toml"
+    pin.write_text('name = "strict"\nsecure_aggregation = true\nfixed_point = true\n'
+                   'sketch = "secure_cdf"\nrows_per_sketch_point = 2\nmin_clients = 3\n')
+    served = {k: v for k, v in pinned_profile(str(pin)).items()
+              if k not in ("threshold", "h_splits")}
+    config = _accepted_config(tmp_path, monkeypatch, served, str(pin) if pinned else None)
+    assert config.profile == pinned_profile(str(pin))
+    assert config.profile["threshold"] == 1.0 and config.profile["h_splits"] == "off"
+
+
+def test_an_invalid_job_profile_is_refused_without_a_pin(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--profile`` the site takes the server's profile, but only a valid one: its
+    settings are read as PrivacyProfile reads them, or the job is declined."""
+    monkeypatch.setattr(runner, "_check_job", lambda *a: None)
+    tr = RecordingTransport({**load_profile("secure").to_dict(), "threshold": 0.4})
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    with pytest.raises(ProfileRefused, match="not a valid profile.*threshold > 0.5"):
+        runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                    SiteLog(stream=io.StringIO()))
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/decline")]
+    assert tr.bodies == [{"reason": "profile"}]
+
+
 def _no_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                   profile: str | None = None) -> ClientOptions:
     """A site's options whose table loads, with a client that fails if it opens a transport."""

@@ -416,6 +416,46 @@ def test_attack2_a_refusal_tells_the_server_only_a_code() -> None:
     assert path.endswith("/secagg/refuse") and json.loads(body) == {"reason": "too_few_survivors"}
 
 
+def test_a_session_takes_its_threshold_from_the_profiles_default_when_the_server_omits_it(
+        ) -> None:
+    """A site pins a secure profile with the documented default threshold 1.0 (t = n); the
+    server leaves ``threshold`` out of the job's profile. The pin check reads the default and
+    passes, so the session must read it too: t = 4 of 4, a round announcing t = 3 is refused,
+    and so is a survivor set of 3 (the sum over fewer than t is never unmasked)."""
+    from client_app.runner import check_job_profile
+
+    pinned = load_profile("secure", threshold=1.0).to_dict()
+    served = {k: v for k, v in pinned.items() if k != "threshold"}
+    check_job_profile(pinned, served)  # the same settings, as PrivacyProfile reads them
+    cfg = JobConfig(job_id=JOB, task="regression", n_features=1, n_clients=4, target_bound=1.0,
+                    profile=served)
+    keys = {u: SigningKey.generate() for u in range(4)}
+    dirj = {"complete": True, "keys": {str(u): bytes(k.verify_key).hex()
+                                       for u, k in keys.items()}}
+    trs = {u: RecordingTransport(dirj) for u in range(4)}
+    sessions = {u: SecAggSession(cfg, trs[u], JOB, u, keys[u]) for u in range(4)}  # type: ignore[arg-type]
+    for s in sessions.values():
+        s.connect(timeout_s=1.0)
+        assert s.client is not None and s.client.t == 4
+    adverts = {u: s.client.advertise(0) for u, s in sessions.items()}  # type: ignore[union-attr]
+    setup = RoundSetup(job_id=JOB, round_id=0, question=Q, task_digest=DIGEST, threshold=3,
+                       vector_length=L, adverts=tuple(adverts[u] for u in range(4)))
+    with pytest.raises(RefusedRequest, match="threshold 3"):
+        sessions[0].share(TASK, setup.model_dump_json())
+    setup = setup.model_copy(update={"threshold": 4})
+    bundles = {}
+    for u, s in sessions.items():
+        s.share(TASK, setup.model_dump_json())
+        bundles[u] = ShareBundle.model_validate_json(trs[u].sent[-1][2])
+    for u, s in sessions.items():
+        cts = {v: b.ciphertexts[u] for v, b in bundles.items() if u in b.ciphertexts}
+        s.mask(TASK, ShareDelivery(job_id=JOB, round_id=0, recipient=u,
+                                   ciphertexts=cts).model_dump_json(), np.zeros(L, np.uint64))
+    three = SurvivorSet(job_id=JOB, round_id=0, survivors=(0, 1, 2))
+    with pytest.raises(RefusedRequest, match="fewer than t=4"):
+        sessions[0].sign(TASK, three.model_dump_json())
+
+
 # -- any strategy at all ---------------------------------------------------------------------------
 @st.composite
 def plans(draw: st.DrawFn) -> Plan:

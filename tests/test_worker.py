@@ -238,7 +238,8 @@ def test_abstention_zeroes_small_nodes_and_counts_them() -> None:
 
 def test_sketch_disclosures_are_only_what_was_asked() -> None:
     rng = np.random.default_rng(0)
-    cfg = _cfg(n_estimators=2)
+    # an open profile that discloses node summaries (left out, h_splits is "off")
+    cfg = _cfg(n_estimators=2, profile={"h_splits": "clear"})
     w = Worker(cfg, rng.normal(size=(30, 3)), rng.normal(size=30), client_index=0, seed=0)
     rep = w.handle(_sketch_task(1, 0, 2, feats=[[0, 1, 2], [2, 1, 0]]))
     assert rep.disclosed == {}

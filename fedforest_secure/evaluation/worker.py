@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ProtocolError, RefusedRequest
+from ..privacy.profile import with_profile_defaults
 from ..protocol import TASK_ARRAYS, TASK_PARAMS, Reply, Task, TaskKind
 from .encoding import encode_statistics
 from .noise import config_layout, eval_noise
@@ -66,7 +67,8 @@ class EvalWorker:
         self._X, self._y = X, y
         self._dp = config.dp is not None
         self.layout = config_layout(config)
-        self._profile: dict[str, Any] = dict(config.profile)
+        # every setting the profile leaves out at PrivacyProfile's default
+        self._profile: dict[str, Any] = with_profile_defaults(config.profile)
         self._answered: tuple[int, bytes, Reply] | None = None
         #: per model, the SHA-256 of this site's noise-free statistics of its answer (empty
         #: while unanswered or when it abstains): what a site's ledger compares across jobs

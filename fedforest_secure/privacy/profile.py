@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from ..config_errors import allowed_keys, submodel_at
 from ..errors import ProfileError
 
-__all__ = ["DPConfig", "PrivacyProfile", "available_profiles", "load_profile"]
+__all__ = ["DPConfig", "PrivacyProfile", "available_profiles", "load_profile",
+           "with_profile_defaults"]
 
 _PROFILE_DIR = "profiles"
 
@@ -173,7 +174,7 @@ class PrivacyProfile(BaseModel):
     def _defaults(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "min_clients" not in data:
             data = dict(data)
-            data["min_clients"] = 3 if data.get("secure_aggregation") is True else 1
+            data["min_clients"] = _default_min_clients(data)
         return data
 
     @model_validator(mode="after")
@@ -287,6 +288,31 @@ class PrivacyProfile(BaseModel):
     def to_toml(self) -> str:
         """TOML text that :func:`load_profile` reads back to an equal profile."""
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+
+def _default_min_clients(data: Mapping[str, Any]) -> int:
+    """``min_clients`` of a profile that leaves it out: 3 with secure aggregation, else 1."""
+    return 3 if data.get("secure_aggregation") is True else 1
+
+
+def with_profile_defaults(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """``profile`` with every setting it leaves out at :class:`PrivacyProfile`'s default.
+
+    A job's profile travels as a mapping (``JobConfig.profile``). Whoever reads a setting from
+    it reads it through this function (or through :meth:`PrivacyProfile.from_dict`), so a
+    left-out setting means what it means to a site's pin check: ``threshold`` 1.0 (t = n),
+    ``h_splits = "off"``, ``rows_per_sketch_point`` 1, ``abstain_below`` 0, ``min_clients`` 3
+    with secure aggregation (else 1), and so on; a server cannot weaken a setting by leaving it
+    out. Nothing is validated (:meth:`PrivacyProfile.from_dict` does that): settings without a
+    default (``name``, ``secure_aggregation``, ``sketch``) stay left out.
+    """
+    out = dict(profile)
+    if "min_clients" not in out:
+        out["min_clients"] = _default_min_clients(out)
+    for key, info in PrivacyProfile.model_fields.items():
+        if key not in out and not info.is_required():
+            out[key] = info.get_default(call_default_factory=True)
+    return out
 
 
 def _format_error(exc: ValidationError, data: Mapping[str, Any]) -> str:
