@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedforest_secure.config import JobConfig
+from fedforest_secure.privacy.profile import with_profile_defaults
 from fedforest_secure.protocol import SealedTask, layout_size
 from fedforest_secure.secure_sum import StatCodec
 
@@ -75,8 +76,11 @@ def new_runtime(job_id: str, config: JobConfig, names: dict[int, str], min_clien
     """A runtime without coordinator or open round; secure jobs get their relay."""
     rt = JobRuntime(job_id, config, names, min_clients, deadline_s)
     if uses_secagg(config):
-        thr = config.profile.get("threshold", 0.67)
+        # a setting the stored profile leaves out is PrivacyProfile's default, as the sites
+        # read it (threshold 1.0): a round setup announcing another t would be refused
+        prof = with_profile_defaults(config.profile)
+        thr = prof["threshold"]
         threshold = int(thr) if isinstance(thr, int) and not isinstance(thr, bool) \
             else float(thr)
-        rt.secure = SecAggBridge(job_id, threshold, neighbours=config.profile.get("neighbours"))
+        rt.secure = SecAggBridge(job_id, threshold, neighbours=prof["neighbours"])
     return rt

@@ -451,3 +451,16 @@ def test_clients_refuse_the_same_histogram_over_a_smaller_set() -> None:
         return  # refused: the fix
     assert not np.array_equal(total1 - total2, enc1[3]), \
         "the server recovered client 3's exact histogram by differencing two rounds"
+
+
+def test_the_servers_round_threshold_of_a_profile_without_one_is_the_sites_reading() -> None:
+    """A stored job profile that leaves out ``threshold``: the server's secure rounds announce
+    t = n, PrivacyProfile's default 1.0, as the sites read the same profile (a lower t would be
+    refused by every site, and a server reading its own default would fail the job)."""
+    from server_app.jobs import new_runtime
+
+    cfg, _ = _secure_config("secure")
+    partial = {k: v for k, v in cfg.profile.items() if k != "threshold"}
+    rt = new_runtime(JOB, dataclasses.replace(cfg, profile=partial),
+                     {k: f"client-{k}" for k in range(4)}, 3, 60.0)
+    assert rt.secure is not None and rt.secure.threshold == 1.0
