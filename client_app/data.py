@@ -21,7 +21,8 @@ def schema_sha256(path: Path) -> str:
 
 
 def load_site_table(data: Path, schema: Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(X, y)`` of the site's CSV, validated against ``schema``.
+    """``(X, y)`` of the site's CSV, validated against ``schema``: one site's rows (a schema's
+    ``client_column`` holds one value), each fitting the schema.
 
     Raises
     ------
@@ -31,20 +32,34 @@ def load_site_table(data: Path, schema: Path) -> tuple[np.ndarray, np.ndarray]:
     """
     sch = Schema.load(schema)
     try:
-        X, y, _client = sch.read_csv(data)
+        X, y, client = sch.read_csv(data)
     except SchemaError as first:
         try:
-            problems = [p for p in check_table(read_raw(data), sch) if p.severity == "error"]
-        except SchemaError as exc:
+            listed = _every_problem(data, schema, sch)
+        except SchemaError as exc:  # the file itself is unreadable: that is the error
             raise exc from None
-        if not problems:
+        if listed is None:
             raise
-        listed = "\n  ".join(str(p) for p in problems)
-        raise SchemaError(f"{data} does not fit the schema {schema} ({len(problems)} "
-                          f"problem{'s' if len(problems) > 1 else ''}; `fedforest check "
-                          f"--data {data} --schema {schema}` says the same):\n  "
-                          f"{listed}") from first
+        raise listed from first
+    if client is not None and len(set(client.tolist())) > 1:
+        # the rows of several sites (a pooled file given to each site): every row would be
+        # counted once per site that gives it
+        listed = _every_problem(data, schema, sch)
+        raise listed or SchemaError(
+            f"{data}: column {sch.client_column!r} names several sites: a site's table holds "
+            "that site's rows only")
     if y is None:
         raise SchemaError(f"{data}: the table has no target column")
     return np.asarray(X, dtype=np.float64), np.asarray(y)
 
+
+def _every_problem(data: Path, schema: Path, sch: Schema) -> SchemaError | None:
+    """Every error :func:`check_table` finds in ``data``, as one error; None when it finds
+    none."""
+    problems = [p for p in check_table(read_raw(data), sch) if p.severity == "error"]
+    if not problems:
+        return None
+    listed = "\n  ".join(str(p) for p in problems)
+    return SchemaError(f"{data} does not fit the schema {schema} ({len(problems)} "
+                       f"problem{'s' if len(problems) > 1 else ''}; `fedforest check "
+                       f"--data {data} --schema {schema}` says the same):\n  {listed}")

@@ -173,7 +173,8 @@ class Schema(BaseModel):
     target : Target
         The ``[target]`` table: the column to predict.
     client_column : str or None
-        Column holding each row's client (site) identifier, if the table has one.
+        Column holding each row's client (site) identifier, if the table has one (one value
+        in a site's own table; several where a pooled table is split into sites in process).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -8,14 +8,17 @@ engineer fixing a file wants the whole list. :func:`check_table` reads the raw c
   several empty column names, ragged rows (whose shifted cells are not checked again),
   missing values (``?``, ``NA``, empty), non-numbers (``2_50`` and non-ASCII digits among
   them), infinite numbers (``inf``), values outside the public bounds, unknown levels or
-  classes, rows without their site (a missing cell in the schema's ``client_column``);
+  classes, rows without their site (a missing cell in the schema's ``client_column``),
+  several sites' rows in one table (a site gives its own rows only);
 * warnings (it trains, but look first): hidden missing values (a zero in a column whose other
   values are all far above zero, like ``chol = 0``), constant columns, features missing in
   every row, categorical cells spelled as a missing value (``None``, ``NA``, ...: a level so
   spelled is read as missing), classes absent at this site, columns the schema does not use,
-  empty unnamed columns (ignored).
+  empty unnamed columns (ignored), ``--zero-is-missing`` zeros in a column allowing missing
+  values (the client would read them as the number 0).
 
-:func:`clean_rows` keeps the rows without errors, for ``fedforest check --clean-out``.
+:func:`clean_rows` keeps the rows without errors, for ``fedforest check --clean-out``, with the
+cells of :attr:`Problem.blank` problems written empty.
 """
 
 from __future__ import annotations
@@ -109,13 +112,18 @@ class RawTable:
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a table: where, what, and what to do."""
+    """One thing wrong with a table: where, what, and what to do.
+
+    ``blank``: the cells of ``column`` on ``lines`` are missing values written otherwise (a
+    ``--zero-is-missing`` zero in a column allowing missing values): :func:`clean_rows`
+    writes them empty and keeps their rows."""
 
     severity: Severity
     column: str | None
     message: str
     advice: str
     lines: tuple[int, ...] = field(default=())
+    blank: bool = False
 
     def __str__(self) -> str:
         where = f"column {self.column!r}: " if self.column else ""
@@ -246,7 +254,8 @@ def check_table(table: RawTable, schema: Schema, *,
             if absent and table.rows:
                 out.append(Problem(
                     "warning", t.name, f"class{'es' if len(absent) > 1 else ''} "
-                    f"{', '.join(absent)} of the schema never occur at this site",
+                    f"{', '.join(absent)} of the schema never occur{'' if len(absent) > 1 else 's'}"
+                    " at this site",
                     "fine for training (the forest learns them from the other sites); check "
                     "that the labels are coded as the schema says"))
     if schema.client_column is not None and schema.client_column in table.header:
@@ -290,17 +299,34 @@ def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
 
 
 def _check_client_column(name: str, cells: list[str], lines: Sequence[int]) -> list[Problem]:
-    """The client column's missing cells: the client refuses a row without its site."""
+    """The client column's missing cells (the client refuses a row without its site) and
+    several sites in one table (a site's table holds its own rows only)."""
+    out: list[Problem] = []
     missing = [i for i, c in enumerate(cells) if _is_missing(c)]
-    if not missing:
-        return []
-    tokens = sorted({cells[i] or "(empty)" for i in missing})
-    return [Problem("error", name, f"{len(missing)} missing value"
-                    f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
-                    f"{line_numbers(missing, lines)}",
-                    "write each row's site in the client column, or drop those rows (fedforest "
-                    "check --clean-out writes the rows without errors): the client column "
-                    "cannot be declared missing", _at(missing, lines))]
+    if missing:
+        tokens = sorted({cells[i] or "(empty)" for i in missing})
+        out.append(Problem("error", name, f"{len(missing)} missing value"
+                           f"{'s' if len(missing) > 1 else ''} ({', '.join(tokens)}) at "
+                           f"{line_numbers(missing, lines)}",
+                           "write each row's site in the client column, or drop those rows "
+                           "(fedforest check --clean-out writes the rows without errors): the "
+                           "client column cannot be declared missing", _at(missing, lines)))
+    sites = _site_counts(cells)
+    if len(sites) > 1:
+        shown = ", ".join(f"{s}: {n} row{'s' if n > 1 else ''}" for s, n in sites[:_SHOW])
+        more = f" and {len(sites) - _SHOW} more" if len(sites) > _SHOW else ""
+        out.append(Problem("error", name, f"the table holds {len(sites)} sites ({shown}{more}): "
+                           "a site's table holds that site's rows only",
+                           "each site gives its own rows: split the file by this column and "
+                           "give each site its part (a table of every site's rows, given to "
+                           "each site, counts every row once per site)"))
+    return out
+
+
+def _site_counts(cells: Sequence[str]) -> list[tuple[str, int]]:
+    """The distinct sites of a client column's ``cells`` with their row counts, in the order
+    they first occur (missing cells left out; labels compared as the client reads them)."""
+    return list(Counter(_canon(c) for c in cells if not _is_missing(c)).items())
 
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
@@ -352,10 +378,15 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                            "the column categorical in the schema", _at(bad, lines)))
     zeros = [i for i, v in values.items() if v == 0.0]
     if zero_missing and zeros:
-        where = line_numbers(zeros, lines)
-        out.append(Problem("error", name, f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''}"
-                           f" (--zero-is-missing: missing values) at {where}", fix,
-                           _at(zeros, lines)))
+        what = (f"{len(zeros)} zero{'s' if len(zeros) > 1 else ''} (--zero-is-missing: missing "
+                f"values) at {line_numbers(zeros, lines)}")
+        if allow_missing:  # the rows stay: --clean-out writes these cells empty
+            out.append(Problem("warning", name, what + "; the column allows missing values",
+                               "--clean-out writes them as empty cells (missing values) and "
+                               "keeps the rows: train on that file (the client reads a zero "
+                               "as the number 0)", _at(zeros, lines), blank=True))
+        else:
+            out.append(Problem("error", name, what, fix, _at(zeros, lines)))
         values = {i: v for i, v in values.items() if v != 0.0}
     if bounds is not None:
         lo, hi = bounds
@@ -389,7 +420,8 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                     f"{min(nonzero):g}: hidden "
                     "missing values?",
                     f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
-                    "(they become errors that --clean-out drops)", _at(zeros, lines)))
+                    + ("(--clean-out then writes the zeros as empty cells)" if allow_missing else
+                       "(they become errors that --clean-out drops)"), _at(zeros, lines)))
     return out
 
 
@@ -418,8 +450,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
                if i not in miss and _label_key(c, index) not in index]
     if unknown:
         vals = sorted({_canon(cells[i]) for i in unknown})
-        out.append(Problem("error", name, f"{len(unknown)} unknown {what}"
-                           f"{'s' if len(unknown) > 1 else ''} ({', '.join(map(repr, vals[:5]))})"
+        out.append(Problem("error", name, f"{len(unknown)} unknown "
+                           f"{whats if len(unknown) > 1 else what} "
+                           f"({', '.join(map(repr, vals[:5]))})"
                            f" at {line_numbers(unknown, lines)}; the schema's {whats} are "
                            f"{', '.join(labels)}",
                            f"recode them to the schema's {whats}, or ask the federation to add "
@@ -459,18 +492,38 @@ def _missing_words(name: str, cells: list[str], idx: list[int], what: str,
 
 def clean_rows(table: RawTable, problems: Sequence[Problem], schema: Schema
                ) -> tuple[list[str], list[list[str]]]:
-    """The schema's columns of the rows no error points at: ``(header, rows)``."""
+    """The schema's columns of the rows no error points at: ``(header, rows)``, with the
+    cells of the ``blank`` problems written empty (missing values).
+
+    Raises
+    ------
+    SchemaError
+        The table lacks a schema column or names one twice, or holds several sites' rows
+        (which of them are this site's is for the site to say).
+    """
     bad = {line for p in problems if p.severity == "error" for line in p.lines}
+    blank = {(p.column, line) for p in problems if p.blank for line in p.lines}
     cols = [*schema.feature_names, schema.target.name]
     if schema.client_column is not None:
         cols.append(schema.client_column)
     if any(c not in table.header for c in cols):
         raise SchemaError("cannot clean a table that lacks the schema's columns")
+    if schema.client_column is not None:
+        sites = _site_counts(table.column(schema.client_column))
+        if len(sites) > 1:
+            raise SchemaError(f"cannot clean a table holding several sites' rows "
+                              f"({', '.join(s for s, _ in sites[:_SHOW])}"
+                              f"{', ...' if len(sites) > _SHOW else ''} in column "
+                              f"{schema.client_column!r}): split it by that column and give "
+                              "each site its own rows first")
     dups = sorted({c for c in cols if table.header.count(c) > 1})
     if dups:  # which of the two columns holds the values is for the site to say
         raise SchemaError(f"cannot clean a table whose header names {', '.join(dups)} twice: "
                           "rename or delete the extra column first")
     idx = [table.header.index(c) for c in cols]
-    rows = [[r[k] for k in idx] for i, r in enumerate(table.rows)
-            if table.line_of([i])[0] not in bad and len(r) == len(table.header)]
+    rows = []
+    for line, r in zip(table.line_of(range(len(table.rows))), table.rows, strict=True):
+        if line in bad or len(r) != len(table.header):
+            continue
+        rows.append(["" if (c, line) in blank else r[k] for c, k in zip(cols, idx, strict=True)])
     return cols, rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -485,3 +486,141 @@ def test_numbers_with_underscores_or_non_ascii_digits_are_not_numbers(tmp_path: 
             sch.validate_table({"age": ["30", cell], "y": ["0", "1"]})
     X, _, _ = sch.validate_table({"age": ["30", "\u00a045 "], "y": ["0", "1"]})
     assert X[:, 0].tolist() == [30.0, 45.0]  # surrounding (non-ASCII) spaces are no digits
+
+
+def test_a_table_holding_several_sites_rows_is_an_error_naming_each_site_and_its_rows(
+        tmp_path: Path) -> None:
+    """One file holding every site's rows, given to each site, was accepted: each row was
+    counted once per site (root weighted_n_node_samples 4 x 650). check names the sites and
+    their row counts; --clean-out cannot tell which rows are this site's and refuses."""
+    (tmp_path / "s.toml").write_text(_WITH_SITE)
+    path = tmp_path / "all_sites.csv"
+    path.write_text("age,y,site\n30,0,va\n40,1,cle\n50,0,va\n60,1,hu\n70,0,va\n")
+    sch = Schema.from_dict(tomllib.loads(_WITH_SITE))
+    (error,) = [p for p in check_table(read_raw(path), sch) if p.severity == "error"]
+    assert error.column == "site"
+    assert "3 sites (va: 3 rows, cle: 1 row, hu: 1 row)" in error.message
+    assert "each site gives its own rows" in error.advice
+    res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
+                                   str(tmp_path / "s.toml")])
+    assert res.exit_code == 1, res.output
+    assert "1 error, 0 warnings: the client would refuse this table" in res.output
+    res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
+                                   str(tmp_path / "s.toml"), "--clean-out",
+                                   str(tmp_path / "clean.csv")])
+    assert res.exit_code == 2
+    assert "cannot clean a table holding several sites' rows" in res.output
+    assert not (tmp_path / "clean.csv").exists()
+    # a pooled table split in process (experiments, estimators' client=) is still read whole
+    _, _, client = sch.read_csv(path)
+    assert client is not None and client.tolist() == ["va", "cle", "va", "hu", "va"]
+
+
+def test_the_client_refuses_a_table_of_several_sites_and_declines_the_job_as_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client read the client column and threw it away: a table of every site's rows
+    joined the job. It refuses it with check's error and tells the server "table"."""
+    from client_app import runner
+    from client_app.data import load_site_table
+
+    (tmp_path / "s.toml").write_text(_WITH_SITE)
+    path = tmp_path / "all_sites.csv"
+    path.write_text("age,y,site\n30,0,va\n40,1,cle\n50,0,va\n")
+    with pytest.raises(SchemaError, match=r"(?s)\(1 problem; .*column 'site': the table holds "
+                                          r"2 sites \(va: 2 rows, cle: 1 row\)"):
+        load_site_table(path, tmp_path / "s.toml")
+    one = tmp_path / "va.csv"
+    one.write_text("age,y,site\n30,0,va\n50,1,va\n")
+    X, _ = load_site_table(one, tmp_path / "s.toml")
+    assert X[:, 0].tolist() == [30.0, 50.0]
+
+    sent: list[tuple[str, object]] = []
+
+    class Recorder:
+        def __init__(self, *a: object, **k: object) -> None:
+            pass
+
+        def post_json(self, path: str, body: object = None) -> object:
+            sent.append((path, body))
+            return {}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "Transport", Recorder)
+    opts = runner.ClientOptions(server="https://fedforest.example.org", token="t", job="job-t",
+                                data=path, schema=tmp_path / "s.toml", ca=None,
+                                state_dir=tmp_path / "state", quiet=True)
+    with pytest.raises(SchemaError, match="2 sites"):
+        runner.run_client(opts)
+    assert sent == [("/v1/jobs/job-t/decline", {"reason": "table"})]
+
+
+_ZERO_SCHEMA = """
+[target]
+name = "y"
+kind = "classification"
+classes = ["no", "yes"]
+
+[[features]]
+name = "age"
+kind = "continuous"
+bounds = [0.0, 120.0]
+
+[[features]]
+name = "chol"
+kind = "continuous"
+bounds = [0.0, 700.0]
+missing = "allowed"
+"""
+
+
+def test_zero_is_missing_on_a_column_allowing_missing_values_writes_empty_cells_not_drops(
+        tmp_path: Path) -> None:
+    """--zero-is-missing on a column whose schema allows missing values dropped whole rows
+    and advised allowing missing values, which the schema already did: the zeros are a
+    warning and --clean-out writes them as empty cells, keeping every row."""
+    from client_app.data import load_site_table
+
+    (tmp_path / "s.toml").write_text(_ZERO_SCHEMA)
+    path = tmp_path / "site.csv"
+    path.write_text("age,chol,y\n50,200,no\n60,0,yes\n70,,yes\n40,180,no\n55,0,no\n")
+    sch = Schema.from_dict(tomllib.loads(_ZERO_SCHEMA))
+    table = read_raw(path)
+    problems = check_table(table, sch, zero_is_missing=["chol"])
+    assert [p.severity for p in problems] == ["warning"]
+    (note,) = problems
+    assert note.column == "chol" and note.lines == (3, 6)
+    assert "2 zeros (--zero-is-missing: missing values) at lines 3, 6" in note.message
+    assert "allowed" not in note.advice and "empty" in note.advice
+    header, rows = clean_rows(table, problems, sch)
+    assert header == ["age", "chol", "y"]
+    assert rows == [["50", "200", "no"], ["60", "", "yes"], ["70", "", "yes"],
+                    ["40", "180", "no"], ["55", "", "no"]]
+    res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
+                                   str(tmp_path / "s.toml"), "--zero-is-missing", "chol",
+                                   "--clean-out", str(tmp_path / "clean.csv")])
+    assert res.exit_code == 0, res.output
+    assert "0 errors, 1 warning" in res.output and "wrote 5 of 5 rows" in res.output
+    X, _ = load_site_table(tmp_path / "clean.csv", tmp_path / "s.toml")
+    assert np.isnan(X[[1, 2, 4], 1]).all() and X[[0, 3], 1].tolist() == [200.0, 180.0]
+    # without --zero-is-missing, the hint says what --clean-out will do with the zeros
+    path.write_text("age,chol,y\n50,200,no\n60,0,yes\n70,250,yes\n40,180,no\n55,220,no\n")
+    (hint,) = [p for p in check_table(read_raw(path), sch) if "hidden" in p.message]
+    assert "--zero-is-missing chol" in hint.advice and "empty cells" in hint.advice
+
+
+def test_unknown_classes_and_levels_are_counted_in_good_english(tmp_path: Path) -> None:
+    """'11 unknown classs': the plural of class is classes (and one class occurs)."""
+    sch = Schema.from_dict({
+        "features": [{"name": "sex", "kind": "categorical", "levels": ["f", "m"]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "t.csv"
+    path.write_text("sex,y\nf,0\nx,2\nm,3\n")
+    text = "\n".join(p.message for p in check_table(read_raw(path), sch))
+    assert "2 unknown classes ('2', '3') at lines 3, 4" in text
+    assert "1 unknown level ('x') at line 3" in text
+    assert "class 1 of the schema never occurs at this site" in text  # not 'never occur'
+    path.write_text("sex,y\nf,0\nm,2\n")
+    text = "\n".join(p.message for p in check_table(read_raw(path), sch))
+    assert "1 unknown class ('2') at line 3" in text
