@@ -83,10 +83,17 @@ def to_markdown(res: EvalResult, reference: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _class_name(res: EvalResult, key: str) -> str:
+    """``class <label>`` of a curve's key (a class index); ``schema class <index>`` for a
+    result without labels (the index counts the schema's classes, not the sorted ones)."""
+    label = res.class_label(key)
+    return f"class {label}" if label is not None else f"schema class {key}"
+
+
 def plot(res: EvalResult, path: str | Path) -> Path:
     """ROC and calibration curves per model (classification; the positive class of two, every
-    class of more), or predicted-vs-actual bins per model (regression), written to ``path``
-    (its directory must exist)."""
+    class of more, each named by its label where the result has them), or predicted-vs-actual
+    bins per model (regression), written to ``path`` (its directory must exist)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,17 +120,21 @@ def plot(res: EvalResult, path: str | Path) -> Path:
         ax.legend(fontsize=8)
     else:
         fig, (roc_ax, cal_ax) = plt.subplots(1, 2, figsize=(10, 4.6))
+        positive = ""
         for m in res.models:
             for cls, curve in m.curves.get("roc", {}).items():
                 one = len(m.curves["roc"]) == 1
-                suffix = "" if one else f", class {cls}"
+                suffix = "" if one else f", {_class_name(res, cls)}"
+                if one:
+                    positive = _class_name(res, cls)
                 # one class against the rest: that curve's own area (the metric is the macro
                 # average); the area under the binned curve is the binned AUC, ties as half
                 auc = m.metrics["roc_auc"] if one else float(np.trapezoid(
                     np.asarray(curve["tpr"], dtype=float), np.asarray(curve["fpr"], dtype=float)))
                 roc_ax.plot(curve["fpr"], curve["tpr"], label=f"{m.name}{suffix} (AUC {_fmt(auc)})")
             for cls, curve in m.curves.get("calibration", {}).items():
-                suffix = "" if len(m.curves["calibration"]) == 1 else f", class {cls}"
+                suffix = ("" if len(m.curves["calibration"]) == 1
+                          else f", {_class_name(res, cls)}")
                 cal_ax.plot(curve["prob_pred"], curve["prob_true"], "o-",
                             label=f"{m.name}{suffix}")
         roc_ax.plot([0, 1], [0, 1], "k:", lw=1)
@@ -133,7 +144,9 @@ def plot(res: EvalResult, path: str | Path) -> Path:
         roc_ax.legend(fontsize=8, loc="lower right")
         cal_ax.plot([0, 1], [0, 1], "k:", lw=1)
         cal_ax.set_xlabel("mean predicted probability")
-        cal_ax.set_ylabel("fraction of positives")
+        # two classes: one curve per model, of the positive class (named)
+        cal_ax.set_ylabel(f"fraction of positives ({positive})" if positive
+                          else "fraction of positives")
         cal_ax.set_title("calibration (federated)")
         cal_ax.legend(fontsize=8, loc="upper left")
     noise = f", DP ε={res.dp['epsilon']:g}" if res.dp else ""

@@ -165,3 +165,44 @@ def test_a_forged_split_decision_is_named_by_the_replay(log: AuditLog) -> None:
     problems = replay_job(log, JOB)
     assert len(problems) == 1 and problems[0].endswith(
         "the logged split decisions are not the ones the coordinator takes on the logged sums")
+
+
+def test_an_evaluation_result_stored_before_results_named_their_classes_still_replays() -> None:
+    """An older server stored an evaluation's result without its ``classes`` list; the
+    replay takes that text (the same numbers) as well as today's, and nothing else."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.audit.replay import _check_model
+    from fedforest_secure.evaluation import EvalSpec
+    from fedforest_secure.evaluation.coordinator import EvalCoordinator
+    from fedforest_secure.evaluation.inprocess import eval_config, evaluate_in_process
+    from fedforest_secure.privacy import load_profile
+
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(90, 2)), np.arange(90) % 3
+    model = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, y, client=np.arange(90) % 3).model_
+    model = dataclasses.replace(model, classes=["b", "a", "c"])
+    config = eval_config("ev", EvalSpec(models=(model.to_json(),)), task="classification",
+                         n_features=2, n_clients=3, n_classes=3,
+                         profile=load_profile("open").to_dict())
+    sites = [(X[k::3], y[k::3]) for k in range(3)]
+    result = evaluate_in_process(config, sites)
+    assert result.classes == ["b", "a", "c"]
+    coord = EvalCoordinator(config)
+    coord._result, coord._pending = result, None  # the state after the logged round
+
+    def entry(text: str) -> SimpleNamespace:
+        return SimpleNamespace(label="model entry",
+                               payload={"digest": hashlib.sha256(text.encode()).hexdigest()})
+
+    old = json.loads(result.to_json())
+    del old["classes"]
+    old_text = json.dumps(old, sort_keys=True, allow_nan=False)
+    assert _check_model(coord, entry(result.to_json()), None, []) == []
+    assert _check_model(coord, entry(old_text), None, []) == []
+    old["models"][0]["metrics"]["accuracy"] = 0.5
+    forged = _check_model(coord, entry(json.dumps(old, sort_keys=True)), None, [])
+    assert len(forged) == 1 and "the model the logged aggregates yield has digest" in forged[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -331,3 +332,103 @@ def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
     assert res.exit_code == 2
     assert "the evaluation job ev cannot start: a (evaluated_before), c (table) declined it" \
         in " ".join(res.output.split()), res.output
+
+
+def _labelled_wine(classes: list[str] | None) -> EvalResult:
+    """Three classes of wine, scored by a model whose file names them ``classes`` in the
+    schema's order (as a training job's model file does), not sorted."""
+    import dataclasses
+
+    from sklearn.datasets import load_wine
+
+    X, y = load_wine(return_X_y=True)
+    idx = np.random.default_rng(0).permutation(len(y))
+    tr, te = idx[:120], idx[120:]
+    model = FedForestClassifier(n_estimators=3, max_depth=2, random_state=0).fit(
+        X[tr], y[tr], client=np.arange(120) % 3).model_
+    model = dataclasses.replace(model, classes=classes)
+    config = eval_config("w", EvalSpec(models=(model.to_json(),), names=("m",)),
+                         task="classification", n_features=13, n_clients=3, n_classes=3,
+                         profile=load_profile("secure").to_dict())
+    site = np.arange(len(te)) % 3
+    return evaluate_in_process(config, [(X[te][site == k], y[te][site == k])
+                                        for k in range(3)])
+
+
+def _legends(res: EvalResult, path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The labels of every line the plot's legends show."""
+    from matplotlib.axes import Axes
+
+    labels: list[str] = []
+    real_legend = Axes.legend
+
+    def keep(ax, *args, **kw):  # type: ignore[no-untyped-def]
+        labels.extend(h.get_label() for h in ax.get_lines() if not h.get_label().startswith("_"))
+        return real_legend(ax, *args, **kw)
+
+    monkeypatch.setattr(Axes, "legend", keep)
+    plot(res, path)
+    return labels
+
+
+def test_the_result_names_each_class_index_by_the_models_class_label(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Curves stay keyed by class index (the schema's order); ``classes`` gives each index its
+    label, and the plot's legends name the class, so "zebra" is not read as the first of the
+    sorted labels (apple)."""
+    res = _labelled_wine(["zebra", "apple", "mango"])
+    assert res.classes == ["zebra", "apple", "mango"]
+    doc = json.loads(res.to_json())
+    assert doc["classes"] == ["zebra", "apple", "mango"]
+    assert list(doc["models"][0]["curves"]["roc"]) == ["0", "1", "2"]
+    assert EvalResult.from_json(res.to_json()).classes == ["zebra", "apple", "mango"]
+    labels = _legends(res, tmp_path / "w.png", monkeypatch)
+    roc = {lab.split(", class ")[1].split(" (AUC")[0]: lab for lab in labels if "AUC" in lab}
+    assert list(roc) == ["zebra", "apple", "mango"]
+    apple = res.models[0].curves["roc"]["1"]
+    auc = float(np.trapezoid(np.asarray(apple["tpr"], dtype=float),
+                             np.asarray(apple["fpr"], dtype=float)))
+    assert roc["apple"] == f"m, class apple (AUC {auc:.4f})"
+    assert [lab for lab in labels if "AUC" not in lab] == [
+        "m, class zebra", "m, class apple", "m, class mango"]
+
+
+def test_a_result_without_class_labels_names_the_schemas_class_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that names no classes (and a result file written before results named them):
+    no ``classes`` in the document, and the legend says the number is the schema's index."""
+    res = _labelled_wine(None)
+    assert res.classes is None and "classes" not in json.loads(res.to_json())
+    old = json.loads(res.to_json())
+    assert EvalResult.from_json(json.dumps(old)).classes is None
+    labels = _legends(res, tmp_path / "w.png", monkeypatch)
+    assert [lab.split(" (AUC")[0] for lab in labels if "AUC" in lab] == [
+        "m, schema class 0", "m, schema class 1", "m, schema class 2"]
+
+
+def test_a_two_class_plot_names_the_positive_class_its_calibration_counts(
+        tiny_parts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from matplotlib.axes import Axes
+
+    parts, _ = tiny_parts
+    X = np.concatenate([p[0] for p in parts[:3]])
+    y = np.concatenate([p[1] for p in parts[:3]])
+    model = FedForestClassifier(n_estimators=3, max_depth=2).fit(X, y).model_
+    model = dataclasses.replace(model, classes=["sick", "well"])
+    config = eval_config("ev", EvalSpec(models=(model.to_json(),)), task="classification",
+                         n_features=4, n_clients=3, n_classes=2,
+                         profile=load_profile("secure").to_dict())
+    res = evaluate_in_process(config, [(p[0], p[1]) for p in parts[3:5]] + [parts[0]])
+    assert res.classes == ["sick", "well"] and list(res.models[0].curves["roc"]) == ["1"]
+    ylabels: list[str] = []
+    real = Axes.set_ylabel
+
+    def keep(ax, label, *args, **kw):  # type: ignore[no-untyped-def]
+        ylabels.append(label)
+        return real(ax, label, *args, **kw)
+
+    monkeypatch.setattr(Axes, "set_ylabel", keep)
+    plot(res, tmp_path / "b.png")
+    assert ylabels == ["true positive rate", "fraction of positives (class well)"]

@@ -125,7 +125,8 @@ class EvalCoordinator:
                       "pva_bins": self.spec.pva_bins,
                       "log_loss_floor": self.layout.log_loss_floor,
                       "target_range": list(self.layout.target_range),
-                      "profile": self.config.profile.get("name")})
+                      "profile": self.config.profile.get("name")},
+            classes=self.spec.class_labels(self.layout.n_classes))
         self._pending = None
 
     def _split_site(self, flat: np.ndarray) -> dict[str, np.ndarray]:

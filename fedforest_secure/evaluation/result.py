@@ -57,7 +57,8 @@ class ModelResult:
     curves : dict
         ``roc`` (per ROC class: ``fpr``, ``tpr``), ``calibration`` (per ROC class:
         ``prob_true``, ``prob_pred``, ``rows``), ``pva`` (regression: ``pred``, ``actual``,
-        ``rows``).
+        ``rows``). A ROC class is keyed by its index in the schema's classes (``"1"`` alone
+        for two classes, the positive one): :attr:`EvalResult.classes` names it.
     sums : dict of str to list
         The summed statistics (nested lists of the block shapes).
     per_site : dict of str to dict
@@ -75,7 +76,14 @@ class ModelResult:
 
 @dataclass
 class EvalResult:
-    """Every model's evaluation, with what the evaluation released."""
+    """Every model's evaluation, with what the evaluation released.
+
+    ``classes`` (classification): the label of each class index, in the schema's order (the
+    keys of the curves, the rows and columns of the ``confusion`` sums); None when the models
+    do not name their classes (and in result files written before results carried them):
+    the indices are then the schema's order, not the sorted order of an estimator's
+    ``classes_``. The document leaves the key out when it is None.
+    """
 
     job_id: str
     task: str
@@ -83,6 +91,7 @@ class EvalResult:
     contributors: int
     dp: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    classes: list[str] | None = None
 
     def model(self, name: str) -> ModelResult:
         for m in self.models:
@@ -91,10 +100,20 @@ class EvalResult:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "job_id": self.job_id, "task": self.task,
-                "contributors": self.contributors, "dp": _clean(self.dp),
-                "settings": _clean(self.settings),
-                "models": [_clean(vars(m)) for m in self.models]}
+        out = {"format": FORMAT, "job_id": self.job_id, "task": self.task,
+               "contributors": self.contributors, "dp": _clean(self.dp),
+               "settings": _clean(self.settings),
+               "models": [_clean(vars(m)) for m in self.models]}
+        if self.classes is not None:  # left out: the document of a result without labels
+            out["classes"] = list(self.classes)
+        return out
+
+    def class_label(self, key: str | int) -> str | None:
+        """The label of the class with index ``key`` (a curve's key), or None without
+        labels."""
+        i = int(key)
+        return self.classes[i] if self.classes is not None and 0 <= i < len(self.classes) \
+            else None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
@@ -115,9 +134,11 @@ class EvalResult:
                               per_site={str(s): {k: num(v) for k, v in ms.items()}
                                         for s, ms in m.get("per_site", {}).items()})
                   for m in d["models"]]
+        classes = d.get("classes")
         return cls(job_id=str(d["job_id"]), task=str(d["task"]), models=models,
                    contributors=int(d["contributors"]), dp=d.get("dp"),
-                   settings=dict(d.get("settings", {})))
+                   settings=dict(d.get("settings", {})),
+                   classes=None if classes is None else [str(c) for c in classes])
 
 
 def _curves(layout: EvalLayout, stats: Mapping[str, np.ndarray],
@@ -178,8 +199,10 @@ def build_result(job_id: str, layout: EvalLayout, names: Sequence[str],
                  block_std: Mapping[str, float] | None = None,
                  site_stats: Mapping[int, Mapping[str, np.ndarray]] | None = None,
                  dp: dict[str, Any] | None = None,
-                 settings: dict[str, Any] | None = None) -> EvalResult:
-    """The result of an evaluation from its summed statistics (blocks with a model axis)."""
+                 settings: dict[str, Any] | None = None,
+                 classes: Sequence[str] | None = None) -> EvalResult:
+    """The result of an evaluation from its summed statistics (blocks with a model axis);
+    ``classes``: the label of each class index (classification)."""
     models = []
     for m, (name, digest) in enumerate(zip(names, digests, strict=True)):
         stats = {k: np.asarray(v)[m] for k, v in sums.items()}
@@ -195,4 +218,6 @@ def build_result(job_id: str, layout: EvalLayout, names: Sequence[str],
                                   _curves(layout, stats, block_std),
                                   {k: np.asarray(v).tolist() for k, v in stats.items()},
                                   per_site))
-    return EvalResult(job_id, layout.task, models, contributors, dp, dict(settings or {}))
+    labels = list(classes) if classes is not None and layout.task == "classification" else None
+    return EvalResult(job_id, layout.task, models, contributors, dp, dict(settings or {}),
+                      labels)

@@ -176,6 +176,19 @@ class EvalSpec:
             return self.log_loss_floor
         return DP_LOG_LOSS_FLOOR if dp else SKLEARN_LOG_LOSS_FLOOR
 
+    def class_labels(self, n_classes: int) -> list[str] | None:
+        """The label of each class index ``0..n_classes - 1`` (the schema's order, in which
+        the sites count the classes), as the models' files name their classes; None when no
+        model names them other than by those indices, or models name them differently (a
+        job with a schema refuses such models: ``server_app.evaljob``)."""
+        codes = tuple(str(i) for i in range(n_classes))
+        named = {tuple(str(c) for c in f.classes) for f in self.forests()
+                 if f.task == "classification" and f.classes is not None} - {codes}
+        if len(named) != 1:
+            return None
+        labels = named.pop()
+        return list(labels) if len(labels) == n_classes else None
+
     def check_models(self, task: str, n_features: int, n_classes: int) -> None:
         """Every model is a forest for this task, these features and these classes."""
         for name, forest in zip(self.names, self.forests(), strict=True):
