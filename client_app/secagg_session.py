@@ -121,6 +121,11 @@ class SecAggSession:
             raise ProtocolError("the server's directory does not hold this client's identity "
                                 "key (a server substituting keys?)")
         n = self.config.n_clients
+        if len(set(directory.values())) != len(directory):
+            same = sorted(i for i, k in directory.items()
+                          if list(directory.values()).count(k) > 1)
+            raise ProtocolError(f"the server's directory gives clients {same} the same identity "
+                                "key (a server counting one site's signature several times?)")
         if sorted(directory) != list(range(n)):
             raise ProtocolError(f"the server's directory lists clients {sorted(directory)[:8]}"
                                 f"{'...' if len(directory) > 8 else ''}; this job has {n} "

@@ -312,6 +312,11 @@ class ServerState:
                     member.state = MemberState.ACTIVE
                     member.joined_at = self.core.clock()
                     if secure and identity_key is not None and stored is None:
+                        if identity_key.hex() in identity_keys(sess, job_id).values():
+                            # every site would refuse the directory (one key, two entries)
+                            raise ApiError(409, "identity_taken", "another site of this job "
+                                           "joined with this identity key: each site makes its "
+                                           "own (a state directory copied from another site?)")
                         add_message(sess, job_id, -1, IDENTITY, idx, identity_key.hex(),
                                     digest=hashlib.sha256(identity_key).hexdigest())
                         if identity_cert is not None:

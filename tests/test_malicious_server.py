@@ -662,3 +662,31 @@ def test_residual_t_colluding_clients_with_the_server_unmask_a_vector() -> None:
         seen.self_shares.setdefault(victim, {})[u + 1] = b_share
         seen.key_shares.setdefault(victim, {})[u + 1] = sk_share
     assert recovered(seen, x) == [victim]
+
+
+def test_a_directory_giving_two_clients_one_identity_key_is_refused() -> None:
+    """The server lists client 0's identity key again for client 3 (a fourth identity it
+    plays without a key of its own): client 0's signature of a survivor set would then count
+    as client 3's too, t signatures of the consistency step from fewer than t sites. Every
+    session refuses such a directory before it sends anything, and so does the library
+    client."""
+    from fedforest_secure.secagg import SecAggClient
+    from fedforest_secure.secagg._rounds import consistency_payload
+    from fedforest_secure.secagg._verify import survivor_signature_ok
+
+    keys = {u: SigningKey.generate() for u in range(4)}
+    directory = {u: bytes(k.verify_key) for u, k in keys.items()}
+    directory[3] = directory[0]
+    payload = consistency_payload(JOB, 0, DIGEST, (0, 1, 2, 3))
+    sig = keys[0].sign(payload).signature
+    assert survivor_signature_ok(directory, 0, sig, payload)  # the attack: one signature, two
+    assert survivor_signature_ok(directory, 3, sig, payload)  # signers
+    dirj = {"complete": True, "keys": {str(u): k.hex() for u, k in directory.items()}}
+    for u in (0, 1):
+        tr = RecordingTransport(dirj)
+        session = SecAggSession(_config(4), tr, JOB, u, keys[u])  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError, match=r"gives clients \[0, 3\] the same identity key"):
+            session.connect(timeout_s=1.0)
+        assert session.client is None and tr.sent == []
+    with pytest.raises(ValueError, match="two entries of the identity directory hold the same"):
+        SecAggClient(1, JOB, keys[1], directory, n_clients=4, threshold=0.75)

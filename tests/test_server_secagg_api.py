@@ -195,6 +195,22 @@ def test_join_of_a_secure_job_needs_an_identity_key(env: dict) -> None:
     assert r.status_code == 409 and r.json()["error"] == "identity_mismatch"
 
 
+
+def test_a_join_with_another_sites_identity_key_is_refused(env: dict) -> None:
+    """Two sites of a job with one identity key (a state directory copied from another site)
+    would give a directory every site refuses: the second join is refused, naming why, and
+    the site stays invited."""
+    body = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
+    assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, 0), json=body).status_code \
+        == 200
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 1), json=body)
+    assert r.status_code == 409 and r.json()["error"] == "identity_taken"
+    assert "another site of this job joined with this identity key" in r.json()["detail"]
+    own = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
+    assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, 1), json=own).status_code \
+        == 200  # nothing of the refused join was kept
+
+
 def test_a_site_restarted_with_new_keys_for_a_finished_job_is_told_it_is_done(
         env: dict) -> None:
     """A site whose state directory is gone (its identity key with it) starts its client

@@ -166,6 +166,10 @@ class SecAggClient:
         if len(self.directory) != self.n_clients:
             raise ValueError(f"the identity directory holds {len(self.directory)} clients, the "
                              f"job has {self.n_clients}")
+        if len(set(self.directory.values())) != len(self.directory):
+            # one site's signature would count for every entry holding its key: t signatures
+            # of the consistency step from fewer than t sites
+            raise ValueError("two entries of the identity directory hold the same identity key")
         if self.neighbours is not None and (isinstance(self.neighbours, bool)
                                             or not isinstance(self.neighbours, int)
                                             or self.neighbours < 2):
