@@ -65,7 +65,8 @@ class AnsweredRounds:
         """
         if question in self._questions:
             raise RefusedRequest("this question was already answered in an earlier round; "
-                                 "answering it again could isolate a client by differencing")
+                                 "answering it again could isolate a client by differencing",
+                                 code="question_reused")
         if self.config.dp is not None and task.layout:
             # one noisy aggregate per planned release: a histogram round per splitting level,
             # or with random splits the marginal counts (with the class totals, if planned)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .protocol import Block, StatKind
+from .protocol.tasks import CLASS_TOTALS_BLOCK  # the one block name part of a question's key
 
 if TYPE_CHECKING:  # config imports the candidate registry, which uses these layouts
     from .config import JobConfig
@@ -52,14 +53,11 @@ def gain_block(n_nodes: int, m: int, n_thresholds: int) -> Block:
     return Block("gain", (n_nodes, m, n_thresholds, 2), (StatKind.GAIN, StatKind.COUNT))
 
 
-#: Name of the block of the classes' row totals in the level-0 marginal counts of a DP
-#: random-split classification job (:func:`class_totals_block`).
-CLASS_TOTALS_BLOCK = "class_totals"
-
-
 def class_totals_block(n_classes: int) -> Block:
     """The classes' row totals (times the plan's scale, see
-    :func:`~fedforest_secure.privacy.allocation.class_totals_scale`): (1, n_classes)."""
+    :func:`~fedforest_secure.privacy.allocation.class_totals_scale`): (1, n_classes), named
+    :data:`CLASS_TOTALS_BLOCK`, in the level-0 marginal counts of a DP random-split
+    classification job."""
     return Block(CLASS_TOTALS_BLOCK, (1, n_classes), (StatKind.COUNT,) * n_classes)
 
 

@@ -2,9 +2,10 @@
 arrays and parameters (shapes, node and feature indices, sorted thresholds, statistics modes,
 the layout of class totals).
 
-A malformed or out-of-plan request is refused with :class:`~fedforest_secure.errors.ProtocolError`
-saying what is wrong; the checks read the job's configuration and the task, never the site's
-table.
+The form of a task (its fields and their types:
+:func:`~fedforest_secure.protocol.check_task_form`) is checked before these. A malformed or
+out-of-plan request is refused with :class:`~fedforest_secure.errors.ProtocolError` saying what
+is wrong; the checks read the job's configuration and the task, never the site's table.
 """
 
 from __future__ import annotations
@@ -14,18 +15,10 @@ import numpy as np
 from ._layouts import CLASS_TOTALS_BLOCK
 from .config import JobConfig
 from .errors import ProtocolError
-from .protocol import TASK_ARRAYS, TASK_PARAMS, Task
+from .protocol import Task
 
-__all__ = ["check_class_totals", "check_fields", "check_random_root", "check_sketch_grid",
+__all__ = ["check_class_totals", "check_random_root", "check_sketch_grid",
            "group_arrays", "histogram_arrays", "level_features", "sketch_n_nodes"]
-
-
-def check_fields(task: Task) -> None:
-    """Refuse a task carrying parameters or arrays its kind does not use."""
-    extra = (set(task.params) - TASK_PARAMS[task.kind]) | (
-        set(task.arrays) - TASK_ARRAYS[task.kind])
-    if extra:
-        raise ProtocolError(f"task carries fields this client does not use: {sorted(extra)}")
 
 
 def sketch_n_nodes(task: Task) -> int:

@@ -35,7 +35,6 @@ from ._site_table import check_level_codes, checked_rows, encode_features, row_s
 from ._site_table import frequency_weights as _frequency_weights  # noqa: F401  (re-exported)
 from ._task_checks import (
     check_class_totals,
-    check_fields,
     check_random_root,
     check_sketch_grid,
     group_arrays,
@@ -46,7 +45,7 @@ from ._task_checks import (
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
 from .privacy.profile import with_profile_defaults
-from .protocol import Reply, Task, TaskKind, layout_size
+from .protocol import Reply, Task, TaskKind, check_task_form, layout_size
 
 __all__ = ["Worker"]
 
@@ -187,7 +186,7 @@ class Worker:
         if replayed is not None:
             return replayed
         self._check_disclosures(task)
-        check_fields(task)
+        check_task_form(task)  # no unused field, no wrong type: the question key is exact
         question = task.question_digest() if digests is None else digests[1]
         self._answers.check_new(task, question)
         if task.kind == TaskKind.SKETCH:
@@ -237,6 +236,12 @@ class Worker:
         if "nodes" in task.arrays:
             return self._sketch_group(task, n_nodes)
         feats = level_features(task, n_nodes, self.config.n_features)
+        if level == self._sketched_level:
+            # the level's node totals again (routing, which the client does not redo, or a
+            # sketch setting changed): a question answered already
+            raise RefusedRequest(f"the sketch of level {level} was already answered; a second "
+                                 "one re-asks its node totals, which could isolate a client by "
+                                 "differencing", code="question_reused")
         if level == self._level + 1:
             self._route(task)
             self._level = level

@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,12 @@ from nacl.signing import SigningKey
 
 from client_app.secagg_session import SecAggSession
 from fedforest_secure import load_profile
+from fedforest_secure._layouts import hist_block
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Block, StatKind, Task, TaskKind, question_key
+from fedforest_secure.protocol import Block, SealedTask, StatKind, Task, TaskKind, question_key
 from fedforest_secure.secagg import (
     ClientStage,
     InProcessSecureSum,
@@ -464,3 +466,108 @@ def test_the_servers_round_threshold_of_a_profile_without_one_is_the_sites_readi
     rt = new_runtime(JOB, dataclasses.replace(cfg, profile=partial),
                      {k: f"client-{k}" for k in range(4)}, 3, 60.0)
     assert rt.secure is not None and rt.secure.threshold == 1.0
+
+
+# -- the same question dressed up as a new one ---------------------------------------------------
+def _reask(task: Task, round_id: int, **changes: Any) -> Task:
+    """``task`` in round ``round_id`` with some fields replaced."""
+    return dataclasses.replace(task, round_id=round_id, **changes)
+
+
+def _dressed_up(variant: str, cfg: JobConfig, ws: list[Worker]) -> tuple[Task, Task]:
+    """An honest question (answered by every client) and the same statistics re-asked in the
+    next round with a cosmetic change (``variant``) the clients' computation ignores."""
+    if variant.startswith("totals") or variant in ("n_points_added", "top_l_added"):
+        first = Coordinator(cfg).next_task()  # the level-0 sketch: the roots' node totals
+        assert first is not None and first.kind is TaskKind.SKETCH and first.params["totals"]
+    elif variant == "level_resketched_without_routing":
+        first = _advance(Coordinator(cfg), ws,
+                         lambda t: t.kind is TaskKind.SKETCH and t.level == 1)
+    else:
+        first = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    r = first.round_id + 1
+    a, p, (block,) = first.arrays, first.params, first.layout[:1]
+    if variant == "stats_left_to_its_default":
+        # "full" spelled out in one round, left to its default in the other
+        n_nodes, m = a["features"].shape
+        layout = (hist_block(cfg, n_nodes, m, block.shape[2]),)
+        first = _reask(first, first.round_id, params={**p, "stats": "full"}, layout=layout)
+        return first, _reask(first, r, params={k: v for k, v in p.items() if k != "stats"})
+    make: dict[str, Callable[[], dict[str, Any]]] = {
+        "nodes_as_int32": lambda: {"arrays": {**a, "nodes": a["nodes"].astype(np.int32)}},
+        "features_as_int32": lambda: {
+            "arrays": {**a, "features": a["features"].astype(np.int32)}},
+        "thresholds_as_integers": lambda: {"arrays": {**a, "thresholds": np.floor(
+            np.nan_to_num(a["thresholds"], posinf=9.0)).astype(np.int64)}},
+        "block_renamed": lambda: {"layout": (Block("renamed", block.shape, block.kinds),)},
+        "block_reshaped": lambda: {"layout": (Block(block.name, (block.size // len(block.kinds),
+                                                                  len(block.kinds)),
+                                                    block.kinds),)},
+        "block_kinds_changed": lambda: {"layout": (Block(block.name, block.shape,
+                                                         (StatKind.SUM,) * len(block.kinds)),)},
+        "totals_left_to_its_default": lambda: {
+            "params": {k: v for k, v in p.items() if k != "totals"}},
+        "totals_as_the_number_1": lambda: {"params": {**p, "totals": 1}},
+        "n_points_added": lambda: {"params": {**p, "n_points": 7}},
+        "top_l_added": lambda: {"params": {**p, "top_l": 3}},
+        "level_resketched_without_routing": lambda: {"arrays": {
+            k: v for k, v in a.items() if not k.startswith("route_")}},
+    }
+    return first, _reask(first, r, **make[variant]())
+
+
+#: Variants whose question key is the first question's (a client refuses the question it already
+#: answered: RefusedRequest), a second sketch of a level (the node totals again: refused as the
+#: same question too), and forms a client refuses as malformed (ProtocolError: the coordinator
+#: never sends them).
+_SAME_QUESTION = ["nodes_as_int32", "features_as_int32", "stats_left_to_its_default",
+                  "block_renamed", "block_reshaped", "block_kinds_changed",
+                  "totals_left_to_its_default"]
+_RESKETCH = ["level_resketched_without_routing"]
+_MALFORMED = ["thresholds_as_integers", "totals_as_the_number_1", "n_points_added",
+              "top_l_added"]
+
+
+@pytest.mark.parametrize("variant", _SAME_QUESTION + _RESKETCH + _MALFORMED)
+def test_clients_refuse_a_repeated_question_dressed_up_as_new(variant: str) -> None:
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    first, second = _dressed_up(variant, cfg, ws)
+    assert second.digest() != first.digest()
+    agg = InProcessSecureSum(range(4), threshold=0.67, job_id=JOB)
+    agg.round_id = first.round_id
+    enc1 = {k: encode_contribution(cfg, first, wk.handle(first)) for k, wk in enumerate(ws)}
+    agg.sum(question_key(first), first.digest(), enc1)  # over clients 0-3
+    if variant in _SAME_QUESTION:
+        # the key is what the client computes: the same question, on the wire too
+        wired = SealedTask.from_wire(second.to_bytes())
+        assert question_key(second) == question_key(wired) == question_key(first)
+    # ... so no client answers it again (over clients 0-2: client 3's vector by subtraction)
+    for k in (0, 1, 2):
+        with pytest.raises(ProtocolError) as caught:
+            ws[k].handle(second)
+        if variant in _SAME_QUESTION + _RESKETCH:
+            assert isinstance(caught.value, RefusedRequest)
+            assert caught.value.code == "question_reused"
+        else:
+            assert not isinstance(caught.value, RefusedRequest)
+
+
+@pytest.mark.parametrize("variant", ["block_renamed", "block_reshaped"])
+def test_the_session_refuses_a_repeated_question_dressed_up_as_new(variant: str) -> None:
+    from test_client_secagg_question import _round
+
+    fed = Federation(k=4, threshold=3)
+    session, tr = _session(fed, 0)
+    fed.clients[0] = session.client  # type: ignore[assignment]
+    t0 = _task(0)
+    total0 = _round(fed, session, tr.sent, t0, [0, 1, 2, 3])
+    block = t0.layout[0]
+    layout = (Block("renamed", block.shape, block.kinds) if variant == "block_renamed"
+              else Block(block.name, (2, L // 2, 1), block.kinds),)
+    t1 = _reask(t0, 1, layout=layout)
+    assert question_key(t1) == question_key(t0)
+    with pytest.raises(RefusedRequest, match="already answered for a different set"):
+        total0 = total0 - _round(fed, session, tr.sent, t1, [0, 1, 2])
+    assert json.loads(tr.sent[-1][2]) == {"reason": "question_reused"}
+    assert not np.array_equal(total0, np.full(L, 13, dtype=np.uint64))

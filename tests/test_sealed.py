@@ -109,3 +109,46 @@ def test_fast_question_digest_equals_the_tasks(arrays: dict) -> None:
         assert got.question_digest() == task.question_digest()
         assert got.digest() == task.digest()
     assert SealedTask.from_wire(body).to_bytes() is body
+
+
+def test_arrays_a_client_casts_take_the_slow_path_to_the_same_question() -> None:
+    """A task whose arrays are not in the dtypes a client reads them as (int32 indices) is
+    the same question as the canonical one; its digest is computed by casting them."""
+    task = _task()
+    assert seal(task)._fast_question() == task.question_digest()  # int64 / float64 already
+    a = task.arrays
+    narrow = Task(**{**vars(task), "arrays": {**a, "nodes": a["nodes"].astype(np.int32),
+                                              "features": a["features"].astype(np.uint8)}})
+    for got in (seal(narrow), SealedTask.from_wire(narrow.to_bytes())):
+        assert got._fast_question() is None
+        assert got.question_digest() == narrow.question_digest() == task.question_digest()
+    assert narrow.digest() != task.digest()
+
+
+@pytest.mark.parametrize("profile", ["secure", "open"])
+def test_an_honest_coordinator_sends_tasks_in_the_form_a_client_accepts(profile: str) -> None:
+    """Every task of a job passes the client's form check, and its question digest from the
+    wire is the task's (from the bytes, or casting the routing's int32 arrays)."""
+    from test_adversarial_server import _secure_config, _workers
+
+    from fedforest_secure.coordinator import Coordinator
+    from fedforest_secure.protocol import TASK_ARRAY_DTYPES, check_task_form
+
+    cfg, clients = _secure_config(profile)
+    ws, coord = _workers(cfg, clients), Coordinator(cfg)
+    seen: set[str] = set()
+    task = coord.next_task()
+    while task is not None:
+        check_task_form(task)
+        sealed = SealedTask.from_wire(task.to_bytes())
+        assert sealed.question_digest() == task.question_digest()
+        if all(a.dtype == TASK_ARRAY_DTYPES[k] for k, a in task.arrays.items()):
+            assert sealed._fast_question() == task.question_digest()
+        seen |= set(task.arrays) | set(task.params)
+        rep = [w.handle(task) for w in ws]
+        coord.submit(task.round_id, np.sum([r.summable for r in rep], axis=0),
+                     participants=list(range(len(ws))),
+                     disclosed={k: r.disclosed for k, r in enumerate(rep) if r.disclosed})
+        task = coord.next_task()
+    assert {"route_kind", "route_threshold", "nodes", "features", "totals"} <= seen
+    assert ("n_points" in seen) == (profile == "open")

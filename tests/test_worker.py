@@ -35,7 +35,9 @@ def _sketch_task(rid: int, level: int, n_nodes: int, S: int = 3, *, feats: Any =
     if feats is not None:
         arrays["features"] = np.asarray(feats, dtype=np.int64)
     return Task(job_id=job, round_id=rid, kind=TaskKind.SKETCH, level=level,
-                params={"n_nodes": n_nodes, "n_points": n_points}, arrays=arrays,
+                params={"n_nodes": n_nodes, **(
+                    {"n_points": n_points} if {"sketch_points", "top_l"} & set(disclose)
+                    else {})}, arrays=arrays,
                 layout=(Block("totals", (n_nodes, S), (StatKind.COUNT,) * S if S != 3 else REG),),
                 disclose=disclose)
 

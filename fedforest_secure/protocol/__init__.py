@@ -15,7 +15,17 @@ This package holds no network code.
 from __future__ import annotations
 
 from .questions import question_key
-from .tasks import TASK_ARRAYS, TASK_PARAMS, Reply, SealedTask, Task, TaskKind, seal
+from .tasks import (
+    TASK_ARRAY_DTYPES,
+    TASK_ARRAYS,
+    TASK_PARAMS,
+    Reply,
+    SealedTask,
+    Task,
+    TaskKind,
+    check_task_form,
+    seal,
+)
 from .uploads import (
     SUMMABLE,
     ParsedUpload,
@@ -39,6 +49,7 @@ from .wire import (
 __all__ = [
     "SUMMABLE",
     "TASK_ARRAYS",
+    "TASK_ARRAY_DTYPES",
     "TASK_PARAMS",
     "Block",
     "ParsedUpload",
@@ -50,6 +61,7 @@ __all__ = [
     "allowed_disclosures",
     "check_against_task",
     "check_disclosures",
+    "check_task_form",
     "kind_code",
     "kinds_vector",
     "layout_size",

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import numbers
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidMessage
+from ..errors import InvalidMessage, ProtocolError
 from .wire import (
     HEAD_SIZE,
     Block,
@@ -35,12 +36,15 @@ from .wire import (
 )
 
 __all__ = [
+    "CLASS_TOTALS_BLOCK",
     "TASK_ARRAYS",
+    "TASK_ARRAY_DTYPES",
     "TASK_PARAMS",
     "Reply",
     "SealedTask",
     "Task",
     "TaskKind",
+    "check_task_form",
     "seal",
 ]
 
@@ -83,6 +87,85 @@ TASK_ARRAYS: dict[TaskKind, frozenset[str]] = {
 #: or saying how the answer is encoded, not what it is ("pack": the count lane of packed grid
 #: cells, fedforest_secure._packing), so a server cannot make a question "new" with them.
 _INFORMATIONAL = frozenset({"dp", "purpose", "pack"})
+
+#: The dtype a client reads each task array as (it casts what it receives): thresholds as
+#: float64, where rows missing a value go as bool, every other array (indices, kinds) as int64.
+#: The question digest hashes every array in its dtype, so an int32 copy of an int64 array is
+#: the same question; an array of another kind (floats for indices) is refused.
+TASK_ARRAY_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype("<f8") if name.endswith("threshold") or name.endswith("thresholds")
+    else np.dtype("?") if name == "route_missing_left" else np.dtype("<i8")
+    for names in TASK_ARRAYS.values() for name in names}
+#: The dtype kinds a client reads as each of those dtypes.
+_READS = {"i": "iu", "f": "f", "b": "b"}
+#: Parameters a client reads as this default when the task leaves them out: the question is
+#: the same either way.
+_DEFAULTS: dict[TaskKind, dict[str, Any]] = {
+    TaskKind.SKETCH: {"totals": True},
+    TaskKind.HISTOGRAM: {"stats": "full"},
+}
+#: The one block name a client reads (:func:`fedforest_secure._layouts.class_totals_block`:
+#: the classes' row totals are appended to the answer); the rest of the layout says how the
+#: answer is cut and encoded (shapes, statistic kinds), not what it is.
+CLASS_TOTALS_BLOCK = "class_totals"
+#: Integer parameters (never bool), and the disclosures that make a client read them.
+_INT_PARAMS = ("n_nodes", "n_points", "top_l")
+_READ_WITH = {"n_points": {"sketch_points", "top_l"}, "top_l": {"top_l"}}
+
+
+def _question_header(task: Task) -> dict[str, Any]:
+    """The task's header as a question: what a client computes, in one canonical form.
+
+    Round id 0; informational parameters left out and defaults spelled out; the disclosures as
+    a sorted set; of the layout only the class-totals block a client reads.
+    """
+    head = task.header()
+    head["round_id"] = 0
+    params = {**_DEFAULTS.get(task.kind, {}), **task.params}
+    head["params"] = {k: v for k, v in params.items() if k not in _INFORMATIONAL}
+    head["layout"] = [b.name for b in task.layout if b.name == CLASS_TOTALS_BLOCK]
+    head["disclose"] = sorted(set(task.disclose))
+    return head
+
+
+def _question_array(name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr`` in the dtype a client reads it as (unchanged if it would refuse it)."""
+    want = TASK_ARRAY_DTYPES.get(name)
+    if want is None or arr.dtype == want or arr.dtype.kind not in _READS[want.kind]:
+        return arr
+    return arr.astype(want)
+
+
+def check_task_form(task: Task) -> None:
+    """Refuse a task in a form the coordinator never sends, whose question key would not be
+    what the client computes: a parameter or array the client does not use for this kind of
+    task (``n_points`` / ``top_l`` without the sketch disclosures that read them), an array of
+    the wrong kind of numbers, or a parameter of the wrong type (``totals: 1`` for ``true``).
+
+    Raises
+    ------
+    ProtocolError
+        The task carries such a field.
+    """
+    unused = (set(task.params) - TASK_PARAMS[task.kind]) | (
+        set(task.arrays) - TASK_ARRAYS[task.kind]) | {
+        k for k, read_with in _READ_WITH.items()
+        if k in task.params and not read_with & set(task.disclose)}
+    if unused:
+        raise ProtocolError(f"task carries fields this client does not use: {sorted(unused)}")
+    for name, arr in task.arrays.items():
+        want = TASK_ARRAY_DTYPES[name]
+        if arr.dtype.kind not in _READS[want.kind]:
+            raise ProtocolError(f"task array {name!r} holds {arr.dtype} values; this client "
+                                f"reads it as {want.name}")
+    p = task.params
+    wrong = [k for k in _INT_PARAMS if k in p
+             and (not isinstance(p[k], numbers.Integral) or isinstance(p[k], bool | np.bool_))]
+    wrong += [k for k, t in (("totals", bool), ("stats", str)) if k in p
+              and not isinstance(p[k], t)]
+    if wrong:
+        raise ProtocolError(f"task parameters of the wrong type: {sorted(wrong)} (integers "
+                            "n_nodes, n_points, top_l; boolean totals; a string stats)")
 
 
 @dataclass
@@ -141,13 +224,13 @@ class Task:
 
         Two rounds that ask the same question have the same question digest; a client answers
         a question once, so a server cannot re-ask it over a smaller set of clients and
-        subtract the sums (differencing).
+        subtract the sums (differencing). The digest is of what a client computes: the task
+        in one canonical form (:func:`_question_header`; arrays in the dtypes a client reads
+        them as, :data:`TASK_ARRAY_DTYPES`), so no cosmetic change a client ignores makes the
+        question "new" (a form :func:`check_task_form` refuses may change it).
         """
-        head = self.header()
-        head["round_id"] = 0
-        # informational parameters the client does not act on cannot make a question "new"
-        head["params"] = {k: v for k, v in self.params.items() if k not in _INFORMATIONAL}
-        return pack_digest(head, self.arrays)
+        return pack_digest(_question_header(self), {
+            k: _question_array(k, v) for k, v in self.arrays.items()})
 
 
 @dataclass
@@ -189,10 +272,12 @@ class Reply:
 # Canonical bytes. Downloaded bytes are the task's canonical encoding (what ``pack`` writes)
 # exactly when their array table lists the arrays in name order and their ``meta`` equals the
 # canonical text; both are checked on the small ``meta`` alone (the array data of a parsed body
-# is, byte for byte, what ``pack`` writes). Then the body's SHA-256 is the task digest, and the
-# question digest (the same bytes with the question's header) is one hash over the new ``meta``
-# and the body's data section, without packing the arrays again. Any other body (valid but not
-# canonical) takes the slow path of :class:`Task`, with the same results.
+# is, byte for byte, what ``pack`` writes). Then the body's SHA-256 is the task digest, and,
+# when every array is in the dtype a client reads it as, the question digest (the question's
+# header over the same arrays) is one hash over the new ``meta`` and the body's data section,
+# without packing the arrays again. Any other body (valid but not canonical, or with arrays to
+# cast, such as the routing's int32 arrays) takes the slow path of :class:`Task`, with the same
+# results.
 #
 # A sealed task must not be mutated; nothing in the library mutates a task it received.
 
@@ -227,15 +312,15 @@ class SealedTask(Task):
 
     def _fast_question(self) -> bytes | None:
         """:meth:`Task.question_digest` from the canonical bytes: the question's header
-        (round id 0, informational parameters left out) over the same array data."""
+        over the same array data, when every array is in the dtype a client reads it as
+        (else None: the slow path casts them)."""
+        if any(_question_array(k, v) is not v for k, v in self.arrays.items()):
+            return None
         body = self.to_bytes()
         table = self._table if self._table is not None else canonical_table(body)
         if table is None:
             return None
-        head = self.header()
-        head["round_id"] = 0
-        head["params"] = {k: v for k, v in self.params.items() if k not in _INFORMATIONAL}
-        meta = canonical_meta(head, table)
+        meta = canonical_meta(_question_header(self), table)
         if meta is None:
             return None
         hlen = meta_length(body)
