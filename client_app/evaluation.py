@@ -4,10 +4,23 @@ evaluation job, and the site's ledger of the models it scored.
 A site scores a given model on given held-out rows for one evaluation job only. An evaluation
 job asks its one question once (:class:`~fedforest_secure.evaluation.worker.EvalWorker`), but a
 server could create a second job that asks the same question over fewer sites and subtract the
-two sums; the ledger (``<state dir>/evaluations.jsonl``: one line per job with the digests of
-the models and of the held-out rows) makes the site refuse any job that scores a model it
-already scored on the same rows in another job. A site that means to repeat an evaluation (a
-job that failed before its sum was released) deletes that job's line.
+two sums. The ledger (``<state dir>/evaluations.jsonl``, one line per job) keeps, per job, the
+digests of the models, of the held-out rows (in any order) and, never sent, the noise-free
+statistics the site released for each model, block by block. The site refuses a job that
+scores a model it already scored on the same rows in another job, or that would have it send
+a block of statistics (the confusion matrix, the ROC or calibration counts, the calibration,
+log-loss or Brier sums; for regression the error and prediction-bin sums) equal, within a
+relative 1e-6, to the same block of any model it sent in another job on those rows: the same
+forest in another file, with its trees in another order, with other bins or another log-loss
+floor, or with a constant tree added, hands those blocks over again. Any earlier job counts: a
+site cannot tell which sites' answers a sum holds (the server may leave any site out of a
+round at its deadline). Blocks of the rows alone (regression's row count and sums of y and
+y^2) are the same for every model and are not compared. A site that means to repeat an
+evaluation (a job that failed before its sum was released) deletes that job's line.
+
+Ledgers written before the blocks were kept hold a digest of all of a model's statistics and a
+digest of the rows in file order: such a line still refuses an exact repeat (the same rows in
+the same order).
 """
 
 from __future__ import annotations
@@ -17,8 +30,9 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,10 +47,33 @@ from fedforest_secure.worker import Worker
 __all__ = ["EvalLedger", "LedgeredEvalWorker", "SiteWorker", "site_worker", "table_digest"]
 
 _Table = tuple[np.ndarray, np.ndarray]
+#: A model's released blocks as the ledger keeps them: name -> shape, bound and sums.
+_Blocks = Mapping[str, Mapping[str, Any]]
+
+#: Two released blocks are the same answer when every entry agrees within this relative
+#: tolerance, or within ``_ATOL`` times the block's per-row bound (entries near zero): a sum
+#: known to a millionth is known for any use, and rounding (another summation order) moves
+#: it by far less.
+_RTOL = 1e-6
+_ATOL = 1e-9
 
 
 def table_digest(X: np.ndarray, y: np.ndarray) -> str:
-    """SHA-256 of a table's values (rows in order)."""
+    """SHA-256 of a table's rows whatever their order (the rows sorted, then hashed)."""
+    X = np.asarray(X, dtype=np.float64) + 0.0  # -0.0 as 0.0: they sort as equals
+    y = np.asarray(y)
+    # sorted by the first column, then the next, ..., then the target (lexsort's last key
+    # is its first); equal rows are equal bytes, so their order does not matter
+    order = np.lexsort([np.unique(y, return_inverse=True)[1].reshape(-1), *X.T[::-1]])
+    h = hashlib.sha256(b"fedforest/rows-any-order/v1")
+    for arr in (np.ascontiguousarray(X[order]), np.ascontiguousarray(y[order])):
+        h.update(str(arr.shape).encode() + arr.dtype.str.encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _table_digest_in_order(X: np.ndarray, y: np.ndarray) -> str:
+    """SHA-256 of a table's values, rows in file order: the rows key of older ledgers."""
     h = hashlib.sha256()
     for arr in (np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)):
         h.update(str(arr.shape).encode() + arr.dtype.str.encode())
@@ -44,8 +81,50 @@ def table_digest(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _fingerprint(stats: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of a model's statistics, every block in layout order (older ledgers' key)."""
+    return hashlib.sha256(b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes()
+                                   for a in stats.values())).hexdigest()
+
+
+def _released_blocks(worker: EvalWorker) -> tuple[dict[str, dict[str, Any]], ...]:
+    """Per model, the blocks of ``worker``'s answer that the ledger compares across jobs
+    (all but those of the rows alone), as the ledger keeps them."""
+    out = []
+    for stats in worker.model_statistics():
+        out.append({b.name: {"shape": list(stats[b.name].shape), "bound": float(b.bound),
+                             "sums": stats[b.name].reshape(-1).tolist()}
+                    for b in worker.layout.blocks if not b.data_only})
+    return tuple(out)
+
+
+def _same_block(ours: Mapping[str, Any], theirs: object) -> bool:
+    """Whether two kept blocks are the same answer (same shape, entries within tolerance)."""
+    if not isinstance(theirs, Mapping) or theirs.get("shape") != ours["shape"]:
+        return False
+    a = np.asarray(ours["sums"], dtype=np.float64)
+    b = np.asarray(theirs.get("sums"), dtype=np.float64)
+    bound = max(float(ours["bound"]), float(theirs.get("bound", 1.0)))
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=_RTOL, atol=_ATOL * bound))
+
+
+def _repeated_block(ours: Sequence[_Blocks], theirs: object) -> tuple[int, int, str] | None:
+    """(our model, their model, block) of the first block of ours that repeats one of theirs."""
+    if not isinstance(theirs, list):
+        return None
+    for i, mine in enumerate(ours):
+        for j, earlier in enumerate(theirs):
+            if not isinstance(earlier, Mapping):
+                continue
+            for name, block in mine.items():
+                if _same_block(block, earlier.get(name)):
+                    return i, j, name
+    return None
+
+
 class EvalLedger:
-    """``<state dir>/evaluations.jsonl``: which models this site scored on which rows, per job."""
+    """``<state dir>/evaluations.jsonl``: which models this site scored on which rows, and
+    what it sent for them, per job."""
 
     def __init__(self, root: Path) -> None:
         self.path = Path(root) / "evaluations.jsonl"
@@ -57,18 +136,24 @@ class EvalLedger:
                 if line.strip()]
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
-                         record: bool = True, statistics: tuple[str, ...] = ()) -> None:
-        """Refuse (:class:`RefusedRequest`) if another job scored one of ``models`` (file
-        digests) on ``rows``, or had this site send the same statistics for a model
-        (``statistics``: digests of the noise-free per-model statistics; the same forest in
-        a re-formatted or renamed file gives the same ones); else record this job (once;
-        ``record=False``: only the check).
+                         record: bool = True, statistics: tuple[str, ...] = (),
+                         blocks: Sequence[_Blocks] = (),
+                         rows_in_order: str | None = None) -> None:
+        """Refuse (:class:`RefusedRequest`) if another job on ``rows`` (or, for older
+        lines, ``rows_in_order``) scored one of ``models`` (file digests), had this site
+        send the same statistics for a model (``statistics``: digests of the noise-free
+        per-model statistics), or had it send a block equal within tolerance to one of
+        ``blocks`` (per model, :func:`_released_blocks`), of any of its models; else record
+        this job (once; ``record=False``: only the check).
 
         The check and the record are one step under the ledger's lock (``.evaluations.lock``
         beside it): clients of two evaluation jobs sharing the state directory can neither
         both pass the check for one model nor lose each other's lines."""
         with self._locked():
-            self._check_and_record(job, models, rows, record=record, statistics=statistics)
+            self._check(job, models, {rows} | ({rows_in_order} if rows_in_order else set()),
+                        statistics, blocks)
+            if record:
+                self._record(job, models, rows, statistics, blocks)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -80,14 +165,16 @@ class EvalLedger:
         finally:
             os.close(fd)  # releases the lock
 
-    def _check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
-                          record: bool, statistics: tuple[str, ...]) -> None:
-        mine = False
+    def _refuse(self, job: str, before: object, what: str) -> RefusedRequest:
+        return RefusedRequest(
+            f"job {job!r} {what}; a second evaluation could isolate this site by "
+            "differencing. Refusing (to repeat an evaluation on purpose, delete job "
+            f"{before!r}'s line from {self.path})", code="evaluated_before")
+
+    def _check(self, job: str, models: tuple[str, ...], rows: set[str],
+               statistics: tuple[str, ...], blocks: Sequence[_Blocks]) -> None:
         for e in self._entries():
-            if e.get("rows") != rows:
-                continue
-            if e.get("job") == job:
-                mine = True
+            if e.get("rows") not in rows or e.get("job") == job:
                 continue
             before = e.get("job")
             for key, ours, what in (
@@ -100,47 +187,65 @@ class EvalLedger:
                 again = sorted(set(ours) & {str(m) for m in theirs}) \
                     if isinstance(theirs, list) else []
                 if again:
-                    raise RefusedRequest(
-                        f"job {job!r} " + what.format(again[0][:16] + "...") + "; a second "
-                        "evaluation could isolate this site by differencing. Refusing (to "
-                        f"repeat an evaluation on purpose, delete job {before!r}'s line from "
-                        f"{self.path})", code="evaluated_before")
-        if record:
-            entry = {"job": job, "models": list(models), "rows": rows}
-            if statistics:
-                entry["statistics"] = list(statistics)
-            if mine:  # this job's line again, now with its statistics
-                others = [json.dumps(e, sort_keys=True) for e in self._entries()
-                          if e.get("job") != job]
-                write_atomic(self.path, "".join(f"{line}\n" for line in others)
-                             + json.dumps(entry, sort_keys=True) + "\n")
-            else:
-                append_line(self.path, json.dumps(entry, sort_keys=True))
+                    raise self._refuse(job, before, what.format(again[0][:16] + "..."))
+            repeated = _repeated_block(blocks, e.get("blocks"))
+            if repeated is not None:
+                i, j, name = repeated
+                theirs = e.get("models")
+                was = f"model {str(theirs[j])[:16]}..." \
+                    if isinstance(theirs, list) and j < len(theirs) else f"model {j}"
+                raise self._refuse(job, before, (
+                    "asks this site for the statistics of a model on these held-out rows that "
+                    f"it already sent in job {before!r}: its block {name!r} for model "
+                    f"{models[i][:16]}... equals the one sent for "
+                    f"{was} (within a relative {_RTOL:g})"))
+
+    def _record(self, job: str, models: tuple[str, ...], rows: str,
+                statistics: tuple[str, ...], blocks: Sequence[_Blocks]) -> None:
+        entry: dict[str, object] = {"job": job, "models": list(models), "rows": rows}
+        if statistics:
+            entry["statistics"] = list(statistics)
+        if blocks:
+            entry["blocks"] = [dict(b) for b in blocks]
+        entries = self._entries()
+        if any(e.get("job") == job for e in entries):  # this job's line again, now complete
+            others = [json.dumps(e, sort_keys=True) for e in entries if e.get("job") != job]
+            write_atomic(self.path, "".join(f"{line}\n" for line in others)
+                         + json.dumps(entry, sort_keys=True) + "\n")
+        else:
+            append_line(self.path, json.dumps(entry, sort_keys=True))
 
 
 class LedgeredEvalWorker:
     """An :class:`EvalWorker` that checks the ledger before its statistics leave the site."""
 
-    def __init__(self, worker: EvalWorker, ledger: EvalLedger, rows: str) -> None:
+    def __init__(self, worker: EvalWorker, ledger: EvalLedger, rows: str,
+                 rows_in_order: str | None = None) -> None:
         self.inner = worker
         self._ledger = ledger
         self._rows = rows
+        self._rows_in_order = rows_in_order
 
     @property
     def n_rows(self) -> int:
         return self.inner.n_rows
 
+    def _ledgered(self, *, record: bool) -> None:
+        stats = self.inner.model_statistics()
+        self._ledger.check_and_record(
+            self.inner.config.job_id, self.inner.spec.digests, self._rows, record=record,
+            statistics=tuple(_fingerprint(s) for s in stats),
+            blocks=_released_blocks(self.inner), rows_in_order=self._rows_in_order)
+
     def check(self) -> None:
-        """The ledger's refusal, before the site joins (nothing is recorded)."""
-        self._ledger.check_and_record(self.inner.config.job_id, self.inner.spec.digests,
-                                      self._rows, record=False)
+        """The ledger's refusal, before the site joins (nothing is recorded): the models'
+        digests and the statistics this site would send (computed now, once)."""
+        self._ledgered(record=False)
 
     def handle(self, task: Task) -> Reply:
-        job, models = self.inner.config.job_id, self.inner.spec.digests
-        self._ledger.check_and_record(job, models, self._rows, record=False)
+        self._ledgered(record=False)
         reply = self.inner.handle(task)  # stays here unless the ledger lets it go
-        self._ledger.check_and_record(job, models, self._rows,
-                                      statistics=self.inner.fingerprints)
+        self._ledgered(record=True)
         return reply
 
 
@@ -160,4 +265,5 @@ def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _
         raise FedForestError(f"job {config.job_id!r} is an evaluation job: pass the site's "
                              "held-out rows with --eval-data (a CSV with the same schema)")
     worker = EvalWorker(config, *held_out)
-    return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out))
+    return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out),
+                              _table_digest_in_order(*held_out))

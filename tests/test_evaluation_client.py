@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from client_app.evaluation import site_worker
+from client_app.evaluation import LedgeredEvalWorker, site_worker
 from client_app.runner import ClientOptions, run_client
 from fedforest_secure import FedForestClassifier
 from fedforest_secure.config import JobConfig
@@ -212,3 +212,220 @@ def test_two_evaluation_clients_recording_at_once_lose_no_line_of_the_ledger(
     lines = (tmp_path / "evaluations.jsonl").read_text().splitlines()
     jobs = sorted(json.loads(line)["job"] for line in lines)
     assert jobs == sorted(["ev-a"] + [f"ev-b{i}" for i in range(n)])
+
+
+# --- the same per-site sums asked again by a job that is not byte-for-byte the first one ---
+
+def _variant(text: str, *, reverse: bool = False, constant_tree: bool = False) -> str:
+    """Another file for the same forest: its trees reversed, or one constant tree
+    ([0.5, 0.5]) appended (every class decision unchanged)."""
+    import json as _json
+
+    doc = _json.loads(text)
+    if reverse:
+        doc["trees"] = doc["trees"][::-1]
+    if constant_tree:
+        t0 = doc["trees"][0]
+        leaf = {k: ([v[0]] if isinstance(v, list) else v) for k, v in t0.items()}
+        leaf.update(feature=[-1], left=[-1], right=[-1], kind=[0], missing_left=[False],
+                    threshold=[0.0], gain=[0.0], value=[[0.5, 0.5]], n=[1.0],
+                    impurity=[0.0], sets={})
+        doc["trees"].append(leaf)
+    return _json.dumps(doc, indent=2)
+
+
+def _isolated_blocks(job_a: JobConfig, job_b: JobConfig, sites: list[Any],
+                     model_b: int = 0) -> list[str]:
+    """Without ledgers: the blocks of site 3's statistics that (job A over the 4 sites) -
+    (job B over sites 0-2) gives to a millionth."""
+    a = _secure_sum(job_a, [EvalWorker(job_a, *s) for s in sites])
+    b = _secure_sum(job_b, [EvalWorker(job_b, *s) for s in sites[:3]])
+    own = EvalWorker(job_a, *sites[3]).statistics()
+    return [n for n, arr in own.items() if b[n][model_b].shape == arr[0].shape
+            and np.allclose(a[n][0] - b[n][model_b], arr[0], rtol=1e-6, atol=1e-9)]
+
+
+def _second_job_refused(job_a: JobConfig, job_b: JobConfig, sites: list[Any],
+                        tmp_path: Path) -> RefusedRequest:
+    """With each site's ledger: job A over the 4 sites, then job B over sites 0-2 is refused
+    (before anything leaves a site)."""
+    states = [tmp_path / f"site-{k}" for k in range(4)]
+    for d in states:
+        d.mkdir()
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    for k, s in enumerate(sites[:3]):  # each site declines before it joins
+        worker = site_worker(job_b, k, None, s, states[k])
+        assert isinstance(worker, LedgeredEvalWorker)
+        with pytest.raises(RefusedRequest):
+            worker.check()
+    with pytest.raises(RefusedRequest) as exc:
+        _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+    assert exc.value.code == "evaluated_before"
+    return exc.value
+
+
+@pytest.fixture(scope="module")
+def ten_trees(setting: dict[str, Any]) -> str:
+    """A forest whose trees summed in reverse order differ in the last bits."""
+    X, y = load_breast_cancer(return_X_y=True)
+    text: str = FedForestClassifier(n_estimators=10, max_depth=4, random_state=1).fit(
+        X[:300], y[:300]).model_.to_json()
+    return text
+
+
+def test_the_same_forest_with_its_trees_reversed_cannot_isolate_a_site(
+        setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
+    """Its statistics differ from the first file's by rounding only (the trees' outputs are
+    summed in another order): the site compares each block within a relative 1e-9, not the
+    bytes of all of them."""
+    sites = setting["sites"]
+    spec_a = EvalSpec(models=(ten_trees,))
+    spec_b = EvalSpec(models=(_variant(ten_trees, reverse=True),))
+    own_a = EvalWorker(_config(spec_a, "a", 4), *sites[0]).statistics()
+    own_b = EvalWorker(_config(spec_b, "b", 4), *sites[0]).statistics()
+    assert any(not np.array_equal(own_a[n], own_b[n]) for n in own_a)  # not the same bytes
+    job_a, job_b = _config(spec_a, "eval-a", 4), _config(spec_b, "eval-b", 3)
+    assert _isolated_blocks(job_a, job_b, sites) == list(own_a)  # the attack: every block
+    err = _second_job_refused(job_a, job_b, sites, tmp_path)
+    assert "already sent in job 'eval-a'" in str(err)
+
+
+def test_the_same_forest_with_other_metric_settings_cannot_isolate_a_site(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """Other score and calibration bins and another log-loss floor, in a re-formatted file:
+    the confusion matrix, log-loss and Brier sums do not depend on the bins, so they would be
+    handed over exactly; the site refuses since those blocks equal its first job's."""
+    spec, sites = setting["spec"], setting["sites"]
+    other = EvalSpec(models=(_variant(spec.models[0]),), score_bins=99, calibration_bins=9,
+                     log_loss_floor=1e-9)
+    assert other.digests != spec.digests
+    job_a, job_b = _config(spec, "eval-a", 4), _config(other, "eval-b", 3)
+    assert {"confusion", "log_loss", "brier"} <= set(_isolated_blocks(job_a, job_b, sites))
+    err = _second_job_refused(job_a, job_b, sites, tmp_path)
+    assert "confusion" in str(err) and "'eval-a'" in str(err)
+
+
+def test_the_forest_plus_a_constant_tree_cannot_isolate_a_sites_confusion_matrix(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """A constant tree [0.5, 0.5] added to the forest changes every probability but no class
+    decision: the confusion matrix alone would be handed over exactly."""
+    spec, sites = setting["spec"], setting["sites"]
+    plus = EvalSpec(models=(_variant(spec.models[0], constant_tree=True),))
+    job_a, job_b = _config(spec, "eval-a", 4), _config(plus, "eval-b", 3)
+    assert _isolated_blocks(job_a, job_b, sites) == ["confusion"]
+    err = _second_job_refused(job_a, job_b, sites, tmp_path)
+    assert "confusion" in str(err)
+
+
+def test_the_same_forest_as_the_second_model_of_a_job_cannot_isolate_a_site(
+        setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
+    """Each model of the new job is compared with each model of the earlier jobs."""
+    spec, sites = setting["spec"], setting["sites"]
+    both = EvalSpec(models=(ten_trees, _variant(spec.models[0], constant_tree=True)),
+                    names=("x", "y"))
+    job_a, job_b = _config(spec, "eval-a", 4), _config(both, "eval-b", 3)
+    assert "confusion" in _isolated_blocks(job_a, job_b, sites, model_b=1)
+    err = _second_job_refused(job_a, job_b, sites, tmp_path)
+    assert "confusion" in str(err)
+
+
+def test_an_honest_evaluation_of_another_model_on_the_same_rows_is_accepted(
+        setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
+    """A different forest scores the rows differently in every block the ledger compares:
+    the second job goes ahead, and a third job asking the second's sums again is refused."""
+    spec, sites = setting["spec"], setting["sites"]
+    other = EvalSpec(models=(ten_trees,))
+    job_a, job_b = _config(spec, "eval-a", 4), _config(other, "eval-b", 3)
+    states = [tmp_path / f"site-{k}" for k in range(4)]
+    for d in states:
+        d.mkdir()
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    b = _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+    assert b["confusion"][0].sum() == sum(len(s[1]) for s in sites[:3])
+    again = _config(EvalSpec(models=(_variant(ten_trees, reverse=True),)), "eval-c", 3)
+    with pytest.raises(RefusedRequest, match="already sent in job 'eval-b'"):
+        _secure_sum(again, [site_worker(again, i, None, sites[k], states[k])
+                            for i, k in enumerate((1, 2, 3))])
+
+
+def test_the_same_held_out_rows_in_another_order_are_recognised(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    spec, sites = setting["spec"], setting["sites"]
+    job_a, job_b = _config(spec, "eval-a", 4), _config(spec, "eval-b", 3)
+    states = [tmp_path / f"site-{k}" for k in range(4)]
+    for d in states:
+        d.mkdir()
+    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
+                        for k, s in enumerate(sites)])
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for X, y in sites[:3]:
+        order = rng.permutation(len(y))
+        shuffled.append((X[order], y[order]))
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'"):
+        _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+                            for k, s in enumerate(shuffled)])
+
+
+def test_an_evaluation_of_another_regression_forest_on_the_same_rows_is_accepted(
+        tmp_path: Path) -> None:
+    """A regression's row count and sums of y and y^2 are the same for every model: the ledger
+    does not compare them, so a second model goes ahead; the same forest again does not."""
+    from sklearn.datasets import load_diabetes
+
+    from fedforest_secure import FedForestRegressor
+
+    X, y = load_diabetes(return_X_y=True)
+    texts = [FedForestRegressor(n_estimators=n, max_depth=3, random_state=0).fit(
+        X[:300], y[:300]).model_.to_json() for n in (3, 5)]
+
+    def config(text: str, job: str) -> JobConfig:
+        spec = EvalSpec(models=(text,), target_range=(25.0, 346.0), pva_bins=8)
+        return eval_config(job, spec, task="regression", n_features=10, n_clients=3,
+                           target_bound=346.0, profile=load_profile("secure").to_dict())
+
+    sites = [(X[300 + 40 * k:340 + 40 * k], y[300 + 40 * k:340 + 40 * k]) for k in range(3)]
+    states = [tmp_path / f"site-{k}" for k in range(3)]
+    for d in states:
+        d.mkdir()
+    for text, job in zip(texts, ("eval-a", "eval-b"), strict=True):
+        cfg = config(text, job)
+        _secure_sum(cfg, [site_worker(cfg, k, None, s, states[k])
+                          for k, s in enumerate(sites)])
+    again = config(_variant(texts[0], reverse=True), "eval-c")
+    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'"):
+        _secure_sum(again, [site_worker(again, k, None, s, states[k])
+                            for k, s in enumerate(sites)])
+
+
+def test_a_ledger_line_written_before_the_blocks_were_kept_still_refuses_an_exact_repeat(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """An older ledger line holds the model digests, one digest of all of a model's
+    statistics and the rows' digest in file order: the same model, or the same forest in
+    another file, on the same rows in the same order is still refused."""
+    import hashlib
+    import json
+
+    spec, sites = setting["spec"], setting["sites"]
+    X, y = sites[0]
+    h = hashlib.sha256()  # the rows key older ledgers wrote
+    for arr in (np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(y)):
+        h.update(str(arr.shape).encode() + arr.dtype.str.encode())
+        h.update(arr.tobytes())
+    own = EvalWorker(_config(spec, "eval-a", 4), X, y).statistics()
+    fingerprint = hashlib.sha256(b"".join(np.ascontiguousarray(a[0]).tobytes()
+                                          for a in own.values())).hexdigest()
+    (tmp_path / "evaluations.jsonl").write_text(json.dumps(
+        {"job": "eval-a", "models": list(spec.digests), "rows": h.hexdigest(),
+         "statistics": [fingerprint]}) + "\n")
+    for job_b, said in ((_config(spec, "eval-b", 3), "already scored it on in job 'eval-a'"),
+                        (_config(EvalSpec(models=(_variant(spec.models[0]),)), "eval-b", 3),
+                         "already sent in job 'eval-a'")):  # the same forest, another file
+        worker = site_worker(job_b, 0, None, (X, y), tmp_path)
+        assert isinstance(worker, LedgeredEvalWorker)
+        with pytest.raises(RefusedRequest, match=said):
+            worker.check()

@@ -36,6 +36,8 @@ prediction over [lo, hi])
 cancels little.) Each row's contribution is clipped to its bound (a table that satisfies the
 schema is never clipped, except predictions under DP).
 
+``count``, ``y`` and ``y_sq`` depend on the rows only, not on the model (``data_only``).
+
 ``l1`` / ``l2`` of a block: how far one record moves the block (one model), in units of its
 bound: the DP sensitivities of :mod:`.noise`, checked by brute-force removal in the tests.
 """
@@ -73,6 +75,9 @@ class StatBlock:
         Norms of the change one record makes to the block, in units of ``bound``.
     touched : int
         Entries one record changes.
+    data_only : bool
+        A sum of the rows alone (the same for every model scored on them): a site's ledger
+        does not compare it across jobs (``client_app/evaluation.py``).
     """
 
     name: str
@@ -83,6 +88,7 @@ class StatBlock:
     l1: float = 1.0
     l2: float = 1.0
     touched: int = 1
+    data_only: bool = False
 
     @property
     def size(self) -> int:
@@ -170,12 +176,12 @@ def eval_layout(spec: EvalSpec, task: str, n_classes: int, target_bound: float,
     h = (hi - lo) / 2.0
     P = spec.pva_bins
     blocks = (
-        StatBlock("count", (1,), real=False),
+        StatBlock("count", (1,), real=False, data_only=True),
         StatBlock("err", (1,), real=True, bound=2 * h, signed=True),
         StatBlock("sq_err", (1,), real=True, bound=4 * h * h),
         StatBlock("abs_err", (1,), real=True, bound=2 * h),
-        StatBlock("y", (1,), real=True, bound=h, signed=True),
-        StatBlock("y_sq", (1,), real=True, bound=h * h),
+        StatBlock("y", (1,), real=True, bound=h, signed=True, data_only=True),
+        StatBlock("y_sq", (1,), real=True, bound=h * h, data_only=True),
         StatBlock("pva_counts", (P,), real=False),
         StatBlock("pva_y", (P,), real=True, bound=h, signed=True),
         StatBlock("pva_pred", (P,), real=True, bound=h, signed=True),

@@ -18,7 +18,6 @@ masked, and still with its noise share).
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,9 +69,7 @@ class EvalWorker:
         # every setting the profile leaves out at PrivacyProfile's default
         self._profile: dict[str, Any] = with_profile_defaults(config.profile)
         self._answered: tuple[int, bytes, Reply] | None = None
-        #: per model, the SHA-256 of this site's noise-free statistics of its answer (empty
-        #: while unanswered or when it abstains): what a site's ledger compares across jobs
-        self.fingerprints: tuple[str, ...] = ()
+        self._stats: dict[str, np.ndarray] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -93,8 +90,20 @@ class EvalWorker:
         return set()
 
     def statistics(self) -> dict[str, np.ndarray]:
-        """This site's raw statistics (every block with its model axis)."""
-        return site_statistics(self.layout, self.spec.forests(), self._X, self._y)
+        """This site's raw statistics (every block with its model axis; computed once)."""
+        if self._stats is None:
+            self._stats = site_statistics(self.layout, self.spec.forests(), self._X, self._y)
+        return dict(self._stats)
+
+    def model_statistics(self) -> tuple[dict[str, np.ndarray], ...]:
+        """Per model, the noise-free statistics this site's answer carries (each block
+        without the model axis, in layout order); empty when it abstains (it sends zeros).
+        What a site's ledger compares across jobs."""
+        if self.abstains:
+            return ()
+        stats = self.statistics()
+        return tuple({b.name: np.asarray(stats[b.name][m], dtype=np.float64)
+                      for b in self.layout.blocks} for m in range(self.layout.n_models))
 
     def handle(self, task: Task) -> Reply:
         """Answer the evaluation task (the same reply again for a retried round)."""
@@ -131,11 +140,6 @@ class EvalWorker:
         else:
             stats = self.statistics()
             rows = self.n_rows
-            self.fingerprints = tuple(
-                hashlib.sha256(b"".join(
-                    np.ascontiguousarray(stats[b.name][m], dtype=np.float64).tobytes()
-                    for b in self.layout.blocks)).hexdigest()
-                for m in range(self.layout.n_models))
         vec = encode_statistics(self.layout, stats, rows, self._dp)
         if self._dp:
             vec = vec + eval_noise(self.config).sample(self.layout)
