@@ -1,0 +1,171 @@
+"""The calibration of a DP job's noise: planned releases, their Rényi cost, and the client noise
+scales that make all of them together spend exactly (epsilon, delta).
+
+A release ``r`` has blocks ``b`` (statistic kinds with their own sensitivity ``D_b``, in integer
+units, and length ``d_b``) and a share ``w_b`` of the budget (the shares of all blocks of all
+releases add up to 1). For a multiplier ``s`` each client adds ``N_Z(0, sigma_b**2)`` with
+``sigma_b = s * D_b / sqrt(2 w_b K_min)``, so that without the distributed-sum terms block ``b``
+would be exactly ``w_b / s**2``-zCDP. The smallest ``s`` whose composed Rényi curve (with the
+``tau`` terms of :func:`~.dp.ddg_cost`) converts to at most epsilon at delta is found by
+bisection (:func:`calibrate`; :mod:`.accountant`: Rényi curves add up, one conversion).
+:class:`JobNoise` holds the result for a job's planned releases (:func:`~.allocation.job_noise`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import BudgetError
+from .accountant import Cost, ZCdp, epsilon_of
+from .dp import ddg_cost, rho_for
+from .sensitivity import Sensitivity
+
+__all__ = ["JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "release_cost"]
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    """One block of a planned release: a statistic kind with its own noise scale.
+
+    Attributes
+    ----------
+    name : str
+        The statistic kind (``"count"``, ``"sum"``, ``"sumsq"``).
+    sensitivity : Sensitivity
+        Of the block, in the integer units the noise is added in.
+    dims : int
+        Upper bound on the block's length (the distributed-sum terms grow with it).
+    weight : float
+        Share of the job's zCDP budget, in (0, 1].
+    """
+
+    name: str
+    sensitivity: Sensitivity
+    dims: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class PlannedRelease:
+    """One planned release: its label, the survivors its noise holds for, its blocks."""
+
+    label: str
+    k_min: int
+    blocks: tuple[PlannedBlock, ...]
+
+
+def release_cost(release: PlannedRelease, sigmas: Sequence[float],
+                 dims: Sequence[int] | None = None) -> Cost:
+    """Rényi bound of ``release`` with client scales ``sigmas`` (per block); ``dims`` gives
+    the blocks' actual lengths (default: the planned upper bounds)."""
+    lengths = [b.dims for b in release.blocks] if dims is None else list(dims)
+    blocks: list[tuple[ZCdp, ...]] = []
+    for b, s, d in zip(release.blocks, sigmas, lengths, strict=True):
+        if b.sensitivity.l2 == 0 or d == 0:
+            continue
+        blocks.extend(ddg_cost(float(s), release.k_min, b.sensitivity, int(d)).blocks)
+    if not blocks:
+        raise BudgetError(f"release {release.label!r} has nothing to cost")
+    return Cost(tuple(blocks))
+
+
+def calibrate(releases: Sequence[PlannedRelease], epsilon: float,
+              delta: float) -> tuple[tuple[float, ...], ...]:
+    """Client noise scales (per release, per block) that spend exactly (epsilon, delta).
+
+    Raises
+    ------
+    BudgetError
+        A budget that is not finite and positive, weights that do not add up to 1, or an
+        empty plan.
+    """
+    rho = rho_for(epsilon, delta)  # validates the budget
+    blocks = [b for r in releases for b in r.blocks]
+    if not blocks:
+        raise BudgetError("a DP job needs at least one planned release")
+    weights = [b.weight for b in blocks]
+    if not all(math.isfinite(w) and w > 0 for w in weights) or abs(sum(weights) - 1) > 1e-9:
+        raise BudgetError(f"the releases' budget shares must be > 0 and add up to 1, got "
+                          f"{sum(weights)}")
+
+    def sigmas(s: float) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(s * b.sensitivity.l2 / math.sqrt(2.0 * b.weight * r.k_min)
+                           for b in r.blocks) for r in releases)
+
+    def eps_at(s: float) -> float:
+        sig = sigmas(s)
+        return epsilon_of([release_cost(r, g) for r, g in zip(releases, sig, strict=True)],
+                          delta)
+
+    lo = 0.5 / math.sqrt(rho)  # four times the budget: never enough noise
+    hi = 1.0 / math.sqrt(rho)
+    while eps_at(hi) > epsilon:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e100:  # the accountant's orders stop (10^4): no noise scale reaches epsilon
+            raise BudgetError(f"(epsilon={epsilon}, delta={delta}) is below what the "
+                              "accountant certifies for this job at any noise scale (its Renyi "
+                              "orders stop at 10^4): ask for a larger epsilon or delta")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if eps_at(mid) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * hi:
+            break
+    return sigmas(hi)
+
+
+# ----------------------------------------------------------------------------- engine plan
+@dataclass(frozen=True)
+class JobNoise:
+    """The noise plan of a DP job (:func:`~.allocation.job_noise`).
+
+    Attributes
+    ----------
+    releases : tuple of PlannedRelease
+        The planned releases, in order.
+    levels : tuple of int
+        The level each release happens at (greedy splits: one per splitting level
+        ``0 .. max_depth - 1``; random splits: the leaves, ``max_depth``).
+    sigmas : tuple of tuple of float
+        Each client's scale per release and block, in integer (ring) units.
+    k_min : int
+        Survivors every release's noise holds for.
+    epsilon, delta : float
+        The job's budget, spent exactly by the whole plan.
+    """
+
+    releases: tuple[PlannedRelease, ...]
+    levels: tuple[int, ...]
+    sigmas: tuple[tuple[float, ...], ...]
+    k_min: int
+    epsilon: float
+    delta: float
+
+    def _index(self, level: int) -> int:
+        if level not in self.levels:
+            raise BudgetError(f"no release is planned at level {level}; the plan releases at "
+                              f"levels {list(self.levels)}")
+        return self.levels.index(level)
+
+    def level_sigmas(self, level: int) -> dict[str, float]:
+        """Client scale per statistic kind of the release at ``level``."""
+        i = self._index(level)
+        rel = self.releases[i]
+        return {b.name: s for b, s in zip(rel.blocks, self.sigmas[i], strict=True)}
+
+    def cost(self, level: int, dims: Mapping[str, int] | None = None) -> Cost:
+        """Rényi bound of the release at ``level`` (``dims``: its blocks' actual lengths)."""
+        i = self._index(level)
+        rel = self.releases[i]
+        lengths = None if dims is None else [min(int(dims.get(b.name, 0)), b.dims)
+                                             for b in rel.blocks]
+        return release_cost(rel, self.sigmas[i], lengths)
+
+    def sum_count_std(self, level: int, n_clients: int) -> float:
+        """Standard deviation of the noise on one summed count of the release at ``level``
+        when ``n_clients`` clients contribute (counts are integers: one unit per row)."""
+        return self.level_sigmas(level)["count"] * math.sqrt(n_clients)
