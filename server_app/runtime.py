@@ -9,6 +9,7 @@ The parts, each in its own module:
 ================================  ==============================================================
 :mod:`server_app.core`            the parts of one server and the job-level steps they share
 :mod:`server_app.relay`           the secure-aggregation requests (``/secagg``)
+:mod:`server_app._joins`          a site joining or declining a job, and the job's start
 :mod:`server_app.phases`          phase, job, member and round enums; the rounds' transition
                                   tables (plain and secure)
 :mod:`server_app.rounds`          the round state machine: uploads, phases, deadlines, drops,
@@ -25,9 +26,7 @@ The parts, each in its own module:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,9 +36,9 @@ from typing import Any
 from sqlalchemy import select
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.uploads import check_against_task, parse_upload
 
+from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
 from .cancel import apply_cancels, cancel
 from .core import Core, check_seat
@@ -50,7 +49,6 @@ from .evaljob import evaluation_entry
 from .jobcheck import check_job
 from .jobs import JobRuntime
 from .jobspec import JobSpec, build_config, default_min_clients
-from .logs import event
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .relay import SecAggRelay
 from .replay import Runtimes
@@ -58,10 +56,6 @@ from .settings import ConfigError
 from .spool import Spool
 from .status import job_status
 from .store import (
-    DECLINED,
-    IDENTITY,
-    IDENTITY_CERT,
-    add_message,
     identity_certs,
     identity_keys,
     job_of,
@@ -72,7 +66,6 @@ from .store import (
     rounds_of,
     running_job_ids,
     seat_view,
-    stored_message,
     stored_upload_digest,
 )
 
@@ -279,126 +272,18 @@ class ServerState:
     # ------------------------------------------------------------------ join
     def join(self, client: ClientRow, job_id: str, identity_key: bytes | None = None,
              identity_cert: str | None = None) -> dict[str, Any]:
-        """Join a job. Secure jobs need the client's long-term Ed25519 verify key (32 bytes),
-        registered once, audited, and relayed to the other clients in the directory, with its
-        certification (``{"cert": PEM, "sig": hex}`` JSON) when the client sends one."""
-        with self.core.lock:
-            with self.core.db.session() as sess:
-                job, member = membership(sess, client, job_id)
-                if member.state == MemberState.DROPPED:
-                    raise ApiError(403, "dropped",
-                                   f"this client was dropped at round {member.dropped_round}")
-                secure = uses_secagg(JobConfig.from_json(job.config_json))
-                idx = member.client_index
-                stored = stored_message(sess, job_id, -1, IDENTITY, idx)
-                if secure:
-                    if identity_key is None or len(identity_key) != 32:
-                        raise ApiError(400, "identity_required", "this job uses secure "
-                                       "aggregation: join with your Ed25519 identity key "
-                                       "(32 bytes, hex) as {\"identity_key\": ...}")
-                    finished = job.status in (JobStatus.DONE, JobStatus.FAILED)
-                    if stored is not None and stored.body != identity_key.hex() \
-                            and not finished:  # a finished job has no round to sign for
-                        raise ApiError(409, "identity_mismatch", "this client joined with "
-                                       "another identity key; it cannot change mid-job")
-                first = member.state == MemberState.INVITED
-                if first:
-                    declined = stored_message(sess, job_id, -1, DECLINED, idx)
-                    if declined is not None:  # the site fixed what made it decline
-                        sess.delete(declined)
-                    self.core.changes.touch(job_id)
-                    if job.status != JobStatus.WAITING:
-                        raise ApiError(409, "job_started", "the job started without this client")
-                    member.state = MemberState.ACTIVE
-                    member.joined_at = self.core.clock()
-                    if secure and identity_key is not None and stored is None:
-                        if identity_key.hex() in identity_keys(sess, job_id).values():
-                            # every site would refuse the directory (one key, two entries)
-                            raise ApiError(409, "identity_taken", "another site of this job "
-                                           "joined with this identity key: each site makes its "
-                                           "own (a state directory copied from another site?)")
-                        add_message(sess, job_id, -1, IDENTITY, idx, identity_key.hex(),
-                                    digest=hashlib.sha256(identity_key).hexdigest())
-                        if identity_cert is not None:
-                            add_message(sess, job_id, -1, IDENTITY_CERT, idx, identity_cert,
-                                        digest=hashlib.sha256(identity_cert.encode()
-                                                              ).hexdigest())
-                info = _job_info(job, client, idx, secure)
-                if first:
-                    # audited before the join commits: if the audit log fails, the site stays
-                    # invited and its retry joins (and is audited) again
-                    payload: dict[str, Any] = {"client": client.name, "client_index": idx}
-                    if secure and identity_key is not None:
-                        payload["identity_key"] = identity_key.hex()
-                        if identity_cert is not None:
-                            payload["identity_cert"] = json.loads(identity_cert)
-                    self.core.audit.append(job_id, "client_joined", payload)
-            if first:
-                event("join", job=job_id, client=client.name, index=idx)
-            self._maybe_start(job_id)
-            self.core.changes.notify(job_id)
-            return info
+        """Join a job (:func:`server_app._joins.join`); secure jobs need the client's long-term
+        Ed25519 verify key (32 bytes) and take its certification when the client sends one."""
+        return join(self.core, client, job_id, identity_key, identity_cert)
 
     def decline(self, client: ClientRow, job_id: str, reason: str) -> dict[str, Any]:
-        """An invited site will not join the job, for ``reason`` (a code): kept beside the
-        member (the job status shows it) until the site joins."""
-        with self.core.lock:
-            with self.core.db.session() as sess:
-                _, member = membership(sess, client, job_id)
-                if member.state != MemberState.INVITED:
-                    raise ApiError(409, "not_invited", f"this client is {member.state} in job "
-                                   f"{job_id}: only a site that has not joined declines it")
-                idx = member.client_index
-                old = stored_message(sess, job_id, -1, DECLINED, idx)
-                if old is not None:
-                    sess.delete(old)
-                    sess.flush()
-                add_message(sess, job_id, -1, DECLINED, idx, reason)
-            event("declined", logging.WARNING, job=job_id, client=client.name, reason=reason)
-            self.core.changes.notify(job_id)
-        return {"status": "declined", "reason": reason}
+        """An invited site will not join the job, for ``reason`` (a code):
+        :func:`server_app._joins.decline`."""
+        return decline(self.core, client, job_id, reason)
 
     def job_offer(self, client: ClientRow, job_id: str) -> dict[str, Any]:
-        """What the join answers (the job's configuration, schema digest and this client's
-        place), without joining: a site checks the job against its own pins first, so a site
-        that refuses the job is never counted as joined."""
-        with self.core.db.session() as sess:
-            job, member = membership(sess, client, job_id)
-            if member.state == MemberState.DROPPED:
-                raise ApiError(403, "dropped",
-                               f"this client was dropped at round {member.dropped_round}")
-            return _job_info(job, client, member.client_index,
-                             uses_secagg(JobConfig.from_json(job.config_json)))
-
-    def _maybe_start(self, job_id: str) -> None:
-        with self.core.db.session() as sess:
-            job = sess.get(JobRow, job_id)
-            if job is None or job.status != JobStatus.WAITING:
-                return
-            if member_indices(sess, job_id, MemberState.INVITED):
-                return
-        try:
-            rt = self.core.runtimes.get(job_id)
-        except (FedForestError, ValueError) as exc:
-            # a job created before create-job checked it: stop it with the reason, which the
-            # sites read in the job status, instead of failing every request
-            with self.core.db.session() as sess:
-                self.core.driver.fail(sess, job_of(sess, job_id),
-                                      f"the job cannot start: {exc}", None, None)
-            return
-        with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
-            job = job_of(sess, job_id)
-            job.status = JobStatus.RUNNING
-            ev, profile = rt.config.evaluation, rt.config.profile.get("name")
-            if ev is not None:
-                event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
-                      kind="evaluate", models=len(ev.get("names", ())),
-                      server_cpu_s=time.process_time())
-            else:
-                event("job_started", job=job_id, clients=rt.config.n_clients, profile=profile,
-                      trees=rt.config.n_estimators, max_depth=rt.config.max_depth,
-                      server_cpu_s=time.process_time())
-            self.core.driver.issue_next(rt, sess, job)
+        """What the join answers, without joining (:func:`server_app._joins.job_offer`)."""
+        return job_offer(self.core, client, job_id)
 
     # ------------------------------------------------------------------ offers
     def offer(self, client: ClientRow, job_id: str) -> TaskOffer:
@@ -549,12 +434,3 @@ class ServerState:
         if self.core.driver.sweep_due or full:
             with self.core.lock:
                 self.core.sweep_spool()
-
-
-def _job_info(job: JobRow, client: ClientRow, idx: int, secure: bool) -> dict[str, Any]:
-    """The join response: the job's configuration and this client's place in it."""
-    spec = JobSpec.model_validate_json(job.spec_json)
-    return {"job_id": job.id, "client_index": idx, "client_name": client.name,
-            "config": json.loads(job.config_json), "status": job.status,
-            "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
-            "round_deadline": job.round_deadline_s, "secure_aggregation": secure}
