@@ -175,6 +175,10 @@ def record_round(sink: AuditSink, job_id: str, names: Mapping[int, str], *, task
             "recovered": [names[i] for i in (req.dropped if req else ())],
             "unmasked_by": [names[i] for i in sorted(secure.server.answered)],
         }
+        if secure.server.corrupt_shares:  # shares routed around in this round's unmasking
+            extra["secagg"]["corrupt_shares"] = [
+                {"sender": names[w], "owner": names[o], "secret": what}
+                for w, o, what in secure.server.corrupt_shares]
     sink.append(job_id, "round", {
         **extra,
         "round_id": task.round_id, "clients": [names[i] for i in contributors],

@@ -33,7 +33,7 @@ from fedforest_secure.errors import (
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import pack, seal, unpack
 from fedforest_secure.protocol.uploads import ParsedUpload
-from fedforest_secure.secagg import MaskedUpload, parse
+from fedforest_secure.secagg import KeyMismatch, MaskedUpload, parse
 
 from .audit_hook import AuditSink, record_events, record_round
 from .db import JobRow, RoundRow, UploadRow
@@ -196,6 +196,9 @@ class RoundDriver:
                                        f"min_clients = {job.min_clients}")
                 if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out
                     ring = sr.finish()
+                    if sr.server.corrupt_shares:  # routed around: the sum is exact, say who
+                        event("corrupt_shares", logging.WARNING, job=job.id, round=rr.round_id,
+                              report=sr.server.corrupt_report(rt.names))
                     bridge.finished(sr)
                     survivors = sorted(int(u) for u in (sr.request.survivors
                                                         if sr.request else ()))
@@ -208,6 +211,9 @@ class RoundDriver:
         except AbortedRound as exc:
             bridge.current = None
             who = _who_left(rt.names, sr.refused, sr.dropped)
+            if isinstance(exc, KeyMismatch) and exc.senders:
+                who += ("; " if who else "") + "sites whose shares may be corrupt: " + ", ".join(
+                    rt.names[i] for i in sorted(exc.senders))
             self.fail(sess, job, f"round {rr.round_id}: secure aggregation aborted in phase "
                       f"{phase}: {exc}" + (f" [{who}]" if who else "")
                       + "; no partial sum was released", rr, rt)

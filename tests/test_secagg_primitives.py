@@ -43,6 +43,27 @@ def test_shamir_split_from_parts_known_answer() -> None:
     assert _shamir.combine({1: 60, 2: 100, 3: 162}, 3) == 42
 
 
+def test_shamir_interpolate_evaluates_the_dealt_polynomial_anywhere() -> None:
+    # f(x) = 42 + 7x + 11x^2 from any 3 of its points, at 0, at a share's x and elsewhere
+    shares = _shamir._split_from_parts(42, 3, [1, 2, 3, 4, 9], [7, 11])
+    for subset in itertools.combinations(sorted(shares), 3):
+        points = [(x, shares[x]) for x in subset]
+        assert _shamir.interpolate(points, 0) == 42
+        assert all(_shamir.interpolate(points, x) == y for x, y in shares.items())
+        assert _shamir.interpolate(points, 5) == 42 + 35 + 275
+    with pytest.raises(ValueError, match="distinct"):
+        _shamir.interpolate([(1, 60), (1, 60)], 0)
+
+
+def test_x25519_keys_are_made_clamped() -> None:
+    for _ in range(8):
+        key = _kdf.generate_private_key()
+        assert _kdf.is_clamped(key)
+        bumped = key[:31] + bytes([key[31] | 0x80])  # the top bit, which X25519 ignores
+        assert _kdf.public_key(bumped) == _kdf.public_key(key)
+        assert not _kdf.is_clamped(bumped)
+
+
 def test_shamir_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         _shamir.split(_shamir.PRIME, 2, [1, 2])

@@ -250,6 +250,95 @@ def test_corrupt_self_mask_share_is_detected() -> None:
         server.finish()
 
 
+def _bump(share: bytes, by: int = 1) -> bytes:
+    """A share moved off its polynomial (what a site that alters the share it reveals sends)."""
+    return _shamir.to_bytes((_shamir.from_bytes(share) + by) % _shamir.PRIME)
+
+
+def _unmask_all(agg: InProcessSecureSum, server: SecAggServer, req: UnmaskRequest,
+                bad_self: dict[int, tuple[int, ...]] | None = None,
+                bad_key: dict[int, tuple[int, ...]] | None = None) -> None:
+    """Every survivor answers ``req``; ``bad_self[w]`` / ``bad_key[w]`` are the owners whose
+    self-mask / key share survivor ``w`` alters."""
+    for u in req.survivors:
+        resp = agg.clients[u].unmask(req)
+        selfs, keys = dict(resp.self_mask_shares), dict(resp.key_shares)
+        for owner in (bad_self or {}).get(u, ()):
+            selfs[owner] = _bump(selfs[owner])
+        for owner in (bad_key or {}).get(u, ()):
+            keys[owner] = _bump(keys[owner])
+        server.receive_unmask(resp.model_copy(update={"self_mask_shares": selfs,
+                                                      "key_shares": keys}))
+
+
+def test_one_corrupt_self_mask_share_among_more_than_t_recovers_the_sum_and_names_it() -> None:
+    """The hunt's attack (5 sites, t = 4): client 0 adds 1 to its share of client 1's self-mask
+    seed. The first 4 shares by index include it, so reconstructing from them fails; the server
+    holds 5 and needs 4: it finds the 4 that match client 1's commitment, releases the exact
+    sum, and names client 0 (not the victim) as the sender of the corrupt share."""
+    agg, server, vecs = _run_to_unmask(k=5, t=4)
+    req = _signed_request(agg, server)
+    _unmask_all(agg, server, req, bad_self={0: (1,)})
+    assert np.array_equal(server.finish(), _sum(vecs, range(5)))
+    assert server.corrupt_shares == ((0, 1, "self-mask seed"),)
+    assert "client 0 sent a corrupt share of client 1's self-mask seed" in server.corrupt_report()
+
+
+def test_one_corrupt_key_share_of_a_dropped_client_recovers_the_sum_and_names_it() -> None:
+    agg, server, vecs = _run_to_unmask(k=6, t=4, drop=frozenset({5}))
+    req = _signed_request(agg, server)
+    _unmask_all(agg, server, req, bad_key={1: (5,)})
+    assert np.array_equal(server.finish(), _sum(vecs, range(5)))
+    assert server.corrupt_shares == ((1, 5, "masking private key"),)
+
+
+def test_a_key_share_shifted_into_the_clamped_bits_is_named_too() -> None:
+    """X25519 ignores the top bit of a private key (bit 7 of its last byte, which is 2^7 of the
+    big-endian integer that is shared): a share moved so that the key comes out 128 higher
+    still gives the advertised public key. The server accepts only the key as it was made
+    (clamped), so the shifted share is found and named, not used."""
+    agg, server, vecs = _run_to_unmask(k=6, t=4, drop=frozenset({5}))
+    raw = agg.clients[5]._round.keys.mask_private  # type: ignore[union-attr]
+    assert raw[-1] & 0xC0 == 0x40  # made clamped: top bit clear, so +128 sets it
+    req = _signed_request(agg, server)
+    xs = (1, 2, 3, 4)  # clients 0-3 answer first by index; client 0's x is 1
+    lagrange = _shamir.lagrange_at_zero(xs)[0]
+    for u in req.survivors:
+        resp = agg.clients[u].unmask(req)
+        if u == 0:  # f(0) moves by lagrange * delta = 128
+            delta = 128 * pow(lagrange, -1, _shamir.PRIME) % _shamir.PRIME
+            resp = resp.model_copy(update={"key_shares": {5: _bump(resp.key_shares[5], delta)}})
+        server.receive_unmask(resp)
+    assert np.array_equal(server.finish(), _sum(vecs, range(5)))
+    assert server.corrupt_shares == ((0, 5, "masking private key"),)
+
+
+def test_corrupt_shares_no_t_subset_survives_abort_naming_the_candidates() -> None:
+    """Two corrupt shares of one seed among 5 with t = 4: every 4 of them hold a corrupt one.
+    No sum is released and the reason names the senders that may have sent them."""
+    agg, server, _ = _run_to_unmask(k=5, t=4)
+    req = _signed_request(agg, server)
+    _unmask_all(agg, server, req, bad_self={0: (2,), 3: (2,)})
+    with pytest.raises(KeyMismatch, match=r"self-mask seed of client 2") as err:
+        server.finish()
+    assert "clients 0, 1, 2, 3 and 4" in str(err.value)
+    assert "no sum is released" in str(err.value)
+    assert err.value.senders == frozenset(range(5))
+    assert server.stage is secagg.ServerStage.ABORTED
+
+
+def test_a_named_sender_is_in_the_abort_when_another_secret_cannot_be_recovered() -> None:
+    """Client 1 corrupts its share of client 0's seed (found and named); clients 0 and 3
+    corrupt theirs of client 2's seed (no 4 of 5 match): the abort names both findings."""
+    agg, server, _ = _run_to_unmask(k=5, t=4)
+    req = _signed_request(agg, server)
+    _unmask_all(agg, server, req, bad_self={1: (0,), 0: (2,), 3: (2,)})
+    with pytest.raises(KeyMismatch) as err:
+        server.finish()
+    assert "client 1 sent a corrupt share of client 0's self-mask seed" in str(err.value)
+    assert "self-mask seed of client 2" in str(err.value)
+
+
 # -- state machine and message checks --------------------------------------------------------
 def test_out_of_order_and_replayed_messages() -> None:
     agg = InProcessSecureSum(range(4), threshold=3, job_id="j")

@@ -28,6 +28,7 @@ from fedforest_secure.secagg import (
     UnmaskRequest,
     parse,
 )
+from fedforest_secure.secagg._primitives import _shamir
 from fedforest_secure.secure_sum import encode_contribution, make_codec, unmask_floor
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
@@ -474,6 +475,57 @@ def test_too_few_clients_left_fails_the_job_with_a_clear_reason(env: dict) -> No
     assert "[client-2 and client-3 missed the deadline]" in o["detail"], o["detail"]
     with env["db"].session() as s:
         assert s.get(JobRow, "job-a").status == "failed"
+
+
+def corrupt_unmask(env: dict, sa: dict, k: int, r: int, owners: tuple[int, ...]):
+    """``unmask``, with client ``k``'s self-mask share of each of ``owners`` moved by ``k + 1``
+    (errors that differ: equal ones at x = 1 and 2 would cancel in the first 3 shares)."""
+    o = offer(env, k)
+    assert o["action"] == "unmask", o
+    resp = sa[k].unmask(parse(UnmaskRequest, o["message"]), next_advert=sa[k].advertise(r + 1))
+    shares = dict(resp.self_mask_shares)
+    for owner in owners:
+        shares[owner] = _shamir.to_bytes((_shamir.from_bytes(shares[owner]) + k + 1)
+                                         % _shamir.PRIME)
+    return post(env, k, r, "unmask",
+                resp.model_copy(update={"self_mask_shares": shares}).model_dump_json())
+
+
+def test_a_corrupt_unmask_share_is_routed_around_and_its_site_named(
+        env: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """K = 4, t = 3, every site unmasks: client-0's share of client-1's self-mask seed is
+    corrupt. The round closes with the exact sum and the server log names client-0."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    config, sa, task, vecs = all_uploaded(env)
+    r = task.round_id
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    assert corrupt_unmask(env, sa, 0, r, (1,)).status_code == 200
+    for k in range(1, K):
+        assert unmask(env, sa, k, r).status_code == 200
+    want = make_codec(config, task).decode(sum(vecs.values(), np.zeros_like(vecs[0])))
+    assert np.array_equal(aggregate(env, r), want)
+    lines = [x.getMessage() for x in caplog.records
+             if x.getMessage().startswith("event=corrupt_shares ")]
+    assert len(lines) == 1, lines
+    assert "client-0 sent a corrupt share of client-1's self-mask seed" in lines[0], lines
+
+
+def test_corrupt_unmask_shares_beyond_repair_fail_the_job_naming_the_sites(env: dict) -> None:
+    """client-0 and client-1 both corrupt their shares of client-2's seed: no 3 of the 4 fit,
+    so the job fails, no sum is released, and the status names the sites that sent them."""
+    config, sa, task, _ = all_uploaded(env)
+    r = task.round_id
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in range(K):
+        answer = corrupt_unmask(env, sa, k, r, (2,) if k < 2 else ())
+        assert answer.status_code == 200
+    o = offer(env, 0)
+    assert o["status"] == "failed" and "no partial sum was released" in o["detail"]
+    assert "self-mask seed of client 2 does not match its advertisement" in o["detail"]
+    assert ("sites whose shares may be corrupt: client-0, client-1, client-2, client-3"
+            in o["detail"]), o["detail"]
 
 
 def test_an_aborted_round_names_the_sites_that_refused_and_those_that_missed_the_deadline(

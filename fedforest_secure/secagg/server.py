@@ -12,9 +12,13 @@ value every client computes from its own profile. In the consistency step each s
 survivor set U3; the unmask request carries those signatures, and a client reveals shares only
 for the set it signed, carried by ``t`` valid signatures. With fewer than ``t`` clients left at
 any stage the round aborts with
-:class:`~fedforest_secure.errors.AbortedRound` and no partial sum. After reconstruction every
-masking private key is checked against its advertised public key, and every self-mask seed against
-its advertised commitment (Shamir shares carry no integrity): a mismatch is :class:`KeyMismatch`.
+:class:`~fedforest_secure.errors.AbortedRound` and no partial sum. Every reconstructed masking
+private key is checked against its advertised public key (and must be clamped, as it was made),
+and every self-mask seed against its advertised commitment (Shamir shares carry no integrity).
+Holding more than ``t`` shares of a secret, the server routes around corrupt ones
+(:func:`._recover.recover`: other ``t``-subsets, bounded) and names their senders
+(:attr:`SecAggServer.corrupt_shares`); the sum is then exact. When no subset tried matches, the
+round aborts with :class:`KeyMismatch`, naming the senders that may have sent the corrupt shares.
 
 Adverts for the next round that ride along on uploads or unmask responses are verified and kept in
 :attr:`SecAggServer.next_adverts`, to be fed to the next round's server with ``receive_advert``.
@@ -28,13 +32,14 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import AbortedRound, InvalidMessage, ProtocolError
 from ._primitives import _kdf, _prg, _shamir
+from ._recover import MAX_TRIES, recover
 from ._rounds import (
     check_job_id,
     consistency_payload,
@@ -63,8 +68,27 @@ __all__ = ["KeyMismatch", "SecAggServer", "ServerStage"]
 _EMPTY = np.zeros(0, dtype=np.uint64)  # placeholder for a streamed upload (already summed)
 
 
+#: reconstructions a round may spend searching for matching subsets, beyond the first of
+#: each secret: a flood of corrupt shares costs at most this many O(t^2) interpolations
+ROUND_TRIES = 4 * MAX_TRIES
+_WHAT = {"self": "self-mask seed", "key": "masking private key"}
+
+
 class KeyMismatch(AbortedRound):
-    """A reconstructed secret does not match what its owner advertised (a corrupt share)."""
+    """A secret could not be reconstructed to match what its owner advertised (corrupt shares).
+
+    ``senders`` are the clients whose shares may be corrupt: those found corrupt, and every
+    sender of a share of the secret that could not be recovered.
+    """
+
+    def __init__(self, reason: str, senders: Iterable[int] = ()) -> None:
+        super().__init__(reason)
+        self.senders = frozenset(senders)
+
+
+def _listed(ids: Iterable[object]) -> str:
+    items = [str(i) for i in ids]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 class ServerStage(enum.Enum):
@@ -113,6 +137,9 @@ class SecAggServer:
     _roster: tuple[int, ...] = ()
     _sparse: bool = False
     _request: UnmaskRequest | None = field(default=None, repr=False)
+    _corrupt: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
+    _disputed: list[tuple[int, str, frozenset[int]]] = field(default_factory=list, repr=False)
+    _search_left: int = ROUND_TRIES
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -367,7 +394,52 @@ class SecAggServer:
         self._take_next(response.next_advert)
         self._responses[u] = response
 
+    @property
+    def corrupt_shares(self) -> tuple[tuple[int, int, str], ...]:
+        """``(sender, owner, what)`` for every share found off its secret's polynomial in
+        :meth:`finish` (``what``: ``"self-mask seed"`` or ``"masking private key"``)."""
+        return tuple(sorted(self._corrupt))
+
+    def corrupt_report(self, names: Mapping[int, str] | None = None) -> str:
+        """The senders of corrupt shares in words (``""`` if none), clients named by ``names``
+        when given: ``client 0 sent a corrupt share of client 1's self-mask seed``."""
+        def name(i: int) -> str:
+            return names[i] if names is not None else f"client {i}"
+
+        said = [f"{name(w)} sent a corrupt share of {name(o)}'s {what}"
+                for w, o, what in self.corrupt_shares]
+        said += [f"the shares of {name(o)}'s {what} from {_listed(name(w) for w in sorted(ws))} "
+                 "are off the polynomial of the ones that match its advertisement (too many to "
+                 "tell which are corrupt)" for o, what, ws in self._disputed]
+        return "; ".join(said)
+
+    def _check(self, owner: int, kind: str) -> Callable[[int], bool]:
+        """Whether a reconstructed secret (an integer) is what ``owner`` advertised."""
+        advert = self._adverts[owner]
+
+        def seed_ok(secret: int) -> bool:
+            if secret >= 1 << 256:
+                return False
+            seed = secret.to_bytes(32, "big")
+            commit = self_mask_commitment(self.job_id, self.round_id, owner, seed)
+            return hmac.compare_digest(commit, advert.self_mask_commit)
+
+        def key_ok(secret: int) -> bool:
+            if secret >= 1 << 256:
+                return False
+            sk = secret.to_bytes(32, "big")
+            if not _kdf.is_clamped(sk):  # a key differing in the clamped bits is not the one made
+                return False
+            try:
+                return hmac.compare_digest(_kdf.public_key(sk), advert.mask_key)
+            except ValueError:
+                return False
+
+        return seed_ok if kind == "self" else key_ok
+
     def _reconstruct(self, owner: int, kind: str) -> bytes:
+        """``owner``'s secret of ``kind`` from the revealed shares, checked against its advert
+        (:func:`._recover.recover`), recording the senders of corrupt shares."""
         group = self._groups[owner]
         t_local = local_threshold(self._t, len(self.directory), len(self._job_groups[owner]))
         shares = {}
@@ -377,19 +449,41 @@ class SecAggServer:
                 continue
             table = resp.self_mask_shares if kind == "self" else resp.key_shares
             if owner in table:
-                shares[w + 1] = _shamir.from_bytes(table[owner])
+                shares[w + 1] = _shamir.from_bytes(table[owner])  # x = client id + 1
         if len(shares) < t_local:
             raise self._abort(f"only {len(shares)} shares of client {owner}, need {t_local}")
-        secret = _shamir.combine(shares, t_local)
-        if secret >= 1 << 256:
-            raise self._mismatch(owner, kind)
-        return secret.to_bytes(32, "big")
+        what = _WHAT[kind]
+        suspects = {w + 1 for w, _, _ in self._corrupt}
+        found = recover(shares, t_local, self._check(owner, kind), suspects=suspects,
+                        max_tries=1 + self._search_left)
+        self._search_left -= found.tries - 1
+        self._corrupt.extend((x - 1, owner, what) for x in sorted(found.corrupt))
+        if found.disputed:
+            self._disputed.append((owner, what, frozenset(x - 1 for x in found.disputed)))
+        if found.secret is None:
+            raise self._mismatch(owner, what, sorted(x - 1 for x in shares), t_local,
+                                 found.exhausted)
+        return found.secret.to_bytes(32, "big")
 
-    def _mismatch(self, owner: int, kind: str) -> KeyMismatch:
+    def _mismatch(self, owner: int, what: str, senders: list[int], t: int,
+                  exhausted: bool) -> KeyMismatch:
         self._discard()
-        what = "self-mask seed" if kind == "self" else "masking private key"
-        return KeyMismatch(f"reconstructed {what} of client {owner} does not match its "
-                           "advertisement (a corrupt share): no sum is released")
+        n = len(senders)
+        where = f"its {n} shares (from clients {_listed(senders)})"
+        if n == t:
+            why = (f"{where} do not reconstruct it and there is no spare share to try: one of "
+                   "them or more is corrupt")
+        elif exhausted:
+            why = (f"no {t} of {where} reconstruct it: more than {n - t} of them are corrupt")
+        else:
+            why = (f"none of the {t}-subsets of {where} tried reconstructs it (the search "
+                   f"stops after {MAX_TRIES} tries per secret, {ROUND_TRIES} per round): "
+                   "corrupt shares")
+        found = self.corrupt_report()
+        return KeyMismatch((f"{found}; " if found else "")
+                           + f"the reconstructed {what} of client {owner} does not match its "
+                           f"advertisement: {why} (or client {owner} dealt them wrong); no sum "
+                           "is released", senders={*senders, *(w for w, _, _ in self._corrupt)})
 
     def finish(self) -> np.ndarray:
         """Remove every mask and return the uint64 sum of the survivors' vectors."""
@@ -406,20 +500,10 @@ class SecAggServer:
                 np.add(total, self._uploads[u], out=total)
         plus: list[bytes] = []
         minus: list[bytes] = []
-        for u in survivors:
-            seed = self._reconstruct(u, "self")
-            commit = self_mask_commitment(self.job_id, self.round_id, u, seed)
-            if not hmac.compare_digest(commit, self._adverts[u].self_mask_commit):
-                raise self._mismatch(u, "self")
-            minus.append(seed)
+        for u in survivors:  # each secret is checked against its advert as it is reconstructed
+            minus.append(self._reconstruct(u, "self"))
         for v in sorted(self._dropped):
             sk = self._reconstruct(v, "key")
-            try:
-                ok = hmac.compare_digest(_kdf.public_key(sk), self._adverts[v].mask_key)
-            except ValueError:
-                ok = False
-            if not ok:
-                raise self._mismatch(v, "key")
             for u in sorted(self._groups[v] & set(survivors)):
                 info = mask_info(self.job_id, self.round_id, u, v, self.task_digest)
                 s_uv = _kdf.derive_seed(sk, self._adverts[u].mask_key, info)

@@ -23,6 +23,14 @@ def generate_private_key() -> bytes:
         serialization.NoEncryption())
 
 
+def is_clamped(private: bytes) -> bool:
+    """Whether 32 raw private-key bytes are clamped as :func:`generate_private_key` makes them
+    (RFC 7748: the low 3 bits of the first byte clear, the top bit of the last clear, the next
+    set). X25519 ignores those bits, so a key that differs in them gives the same public key:
+    only a clamped key is the one that was made."""
+    return len(private) == KEY_BYTES and private[0] & 7 == 0 and private[31] & 0xC0 == 0x40
+
+
 def public_key(private: bytes) -> bytes:
     """The raw 32-byte X25519 public key of a raw private key."""
     return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 PRIME = (1 << 521) - 1
 SHARE_BYTES = 66  # ceil(521 / 8)
@@ -54,6 +54,55 @@ def combine(shares: Mapping[int, int], threshold: int) -> int:
         raise ValueError("share outside the field")
     coeffs = lagrange_at_zero(xs)
     return sum(c * y for c, (_, y) in zip(coeffs, points, strict=True)) % PRIME
+
+
+def _inverses(values: Sequence[int]) -> list[int]:
+    """The inverses of non-zero field elements with one inversion (Montgomery's trick)."""
+    prefix = [1]
+    for v in values:
+        prefix.append(prefix[-1] * v % PRIME)
+    inv = pow(prefix[-1], -1, PRIME)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = inv * prefix[i] % PRIME
+        inv = inv * values[i] % PRIME
+    return out
+
+
+def evaluator(points: Sequence[tuple[int, int]]) -> Callable[[int], int]:
+    """``x -> f(x)`` for the polynomial ``f`` of degree below ``len(points)`` through ``points``
+    (distinct ``x``; not cached: for the few subsets a robust reconstruction tries).
+
+    Barycentric form: O(t^2) multiplications once, then O(t) and one inversion per point."""
+    xs = [x % PRIME for x, _ in points]
+    if len(set(xs)) != len(xs):
+        raise ValueError("evaluation points must be distinct")
+    dens = []
+    for i, xi in enumerate(xs):
+        den = 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                den = den * (xi - xj) % PRIME
+        dens.append(den)
+    weighted = [w * y % PRIME for w, (_, y) in zip(_inverses(dens), points, strict=True)]
+    known = {x: y % PRIME for x, (_, y) in zip(xs, points, strict=True)}
+
+    def at(x: int) -> int:
+        x %= PRIME
+        if x in known:
+            return known[x]
+        diffs = [(x - xi) % PRIME for xi in xs]
+        total = sum(w * d for w, d in zip(weighted, _inverses(diffs), strict=True))
+        for d in diffs:
+            total = total * d % PRIME
+        return total
+
+    return at
+
+
+def interpolate(points: Sequence[tuple[int, int]], at: int) -> int:
+    """``f(at)`` for the polynomial of degree below ``len(points)`` through ``points``."""
+    return evaluator(points)(at)
 
 
 @functools.lru_cache(maxsize=64)
