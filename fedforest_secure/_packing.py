@@ -148,7 +148,8 @@ class Packing:
         Raises :class:`~fedforest_secure.errors.OverflowRisk` where a pooled count comes out
         at ``2^(c-1)`` or more: lanes the coordinator sized from the root totals never hold
         one, so a lane wrapped (so did the sum lane of a cell with no rows whose sum came out
-        beyond it: its count comes out negative), and the sum is not used."""
+        beyond it: its count comes out negative), or a site added to its words what no
+        encoding holds (2^63 lands in the count lane's top bit), and the sum is not used."""
         arr = np.asarray(words)
         if arr.dtype != np.uint64 or arr.shape != (self.words,):
             raise ValueError(f"expected {self.words} uint64 words, got {arr.dtype} {arr.shape}")
@@ -169,7 +170,8 @@ class Packing:
             if wrapped.size:
                 raise OverflowRisk(f"entry {a + 2 * int(wrapped[0])}: a pooled count of "
                                    f"{self.count_bits}-bit lane wrapped in a packed sum "
-                                   "(the task's packing is too narrow for this data)")
+                                   "(the task's packing is too narrow for this data, or a "
+                                   "site sent values outside the codec's range)")
             out[a + 1:b:2] = sums.view(np.uint64)
             out[a:b:2] = counts
             w += n

@@ -11,6 +11,7 @@ Every error the library raises on purpose derives from :class:`FedForestError`::
     │   ├── UploadRejected (ValueError)   an upload that is malformed or does not answer its task
     │   └── AbortedRound                  too few survivors: no partial sum is released
     ├── OverflowRisk (ValueError)         a value outside the fixed-point range (never a wrong sum)
+    │   └── SumOutOfRange                 a ring sum no honest sites' encodings can add up to
     ├── BudgetError (ValueError)          a differential-privacy budget missing or exhausted
     ├── AuditError                        a log whose chain or receipts do not verify
     └── NotFittedError (sklearn's NotFittedError)
@@ -35,6 +36,7 @@ __all__ = [
     "ProtocolError",
     "RefusedRequest",
     "SchemaError",
+    "SumOutOfRange",
     "UploadRejected",
 ]
 
@@ -109,6 +111,21 @@ class AbortedRound(ProtocolError):
 
 class OverflowRisk(FedForestError, ValueError):
     """A value outside the range the fixed-point ring can sum without wrapping."""
+
+
+class SumOutOfRange(OverflowRisk):
+    """A decoded ring sum with an entry outside what its contributors' encodings can add up
+    to: every honest encoding is range-checked before it is encoded, so a site sent a value
+    outside the codec's range (a malicious site can add anything to its masked words). The
+    sum is not to be used. ``entry`` is the first such entry of the round's layout, ``value``
+    its decoded value and ``bound`` the largest |value| the contributors can make, both in
+    the statistic's units."""
+
+    def __init__(self, message: str, *, entry: int, value: float, bound: float) -> None:
+        super().__init__(message)
+        self.entry = entry
+        self.value = value
+        self.bound = bound
 
 
 class BudgetError(FedForestError, ValueError):

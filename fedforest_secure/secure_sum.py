@@ -6,6 +6,11 @@ into the 64-bit ring by :class:`~fedforest_secure.secagg.RingCodec`. Under
 ``secure_aggregation`` the encodings are masked (pairwise masks with Shamir-shared keys) so the
 server recovers only their sum; with ``secure_aggregation = false`` the same encodings are summed
 in the clear, so both settings grow the same forest (invariant 2).
+
+A masked upload cannot be range-checked, but the sum can: every sum of ``K`` uploads is decoded
+by :meth:`StatCodec.decode_sum`, which refuses an entry no ``K`` range-checked encodings add up
+to (:class:`~fedforest_secure.errors.SumOutOfRange`): a site sent values outside the codec's
+range, and no aggregate is released.
 """
 
 from __future__ import annotations
@@ -14,23 +19,50 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ._packing import Packing, packs
 from .config import JobConfig
-from .errors import BudgetError, InvalidMessage
+from .errors import BudgetError, InvalidMessage, SumOutOfRange
 from .privacy.profile import with_profile_defaults
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 from .secagg.encoding import Periodic
 
-__all__ = ["RingAggregator", "StatCodec", "encode_contribution", "entry_scale_bits", "make_codec",
-           "noise_sigmas", "noise_units", "unmask_floor"]
+__all__ = ["RingAggregator", "StatCodec", "SumBounds", "encode_contribution", "entry_scale_bits",
+           "make_codec", "noise_sigmas", "noise_units", "unmask_floor"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
 _MAX_COUNT = float(2**36)
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class SumBounds:
+    """What one site's encoding can hold, per statistic kind, and so what the ring sum of
+    ``K`` sites' encodings can: ``|sum| <= K x site``, and ``sum >= 0`` for kinds whose every
+    encoding is (:meth:`StatCodec.check_sum`).
+
+    Every kind is indexed by :func:`~fedforest_secure.protocol.kind_code`."""
+
+    #: per layout block with statistics: the kind codes of its columns and its rows (the
+    #: codec's runs, in entry order)
+    runs: tuple[tuple[tuple[int, ...], int], ...]
+    #: per kind: the largest |encoding| of one site in ring units, ``rint(max_abs x
+    #: 2^frac_bits)`` (the codec range-checks every value before it encodes it)
+    site: tuple[int, ...]
+    #: per kind: one site's encoding is never negative (counts and sums of squares of a job
+    #: without DP noise)
+    nonneg: tuple[bool, ...]
+    #: per kind: statistic units per ring unit (``scale / 2^frac_bits``), for messages
+    unit: tuple[float, ...]
+    #: DP jobs whose sites add discrete-Gaussian noise to their encodings in the ring: per
+    #: kind, the largest |noise| one site can add (:func:`_noise_bounds`), computed when a sum
+    #: is checked; None without such noise
+    noise: Callable[[], Mapping[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +76,8 @@ class StatCodec:
     scale: np.ndarray | Periodic | float
     #: the packing of the uploaded words, or None: one word per entry
     packing: Packing | None = None
+    #: what a sum of sites' encodings can hold (:meth:`check_sum`); None: not checked
+    bounds: SumBounds | None = None
 
     @property
     def words(self) -> int:
@@ -65,14 +99,72 @@ class StatCodec:
         return entries if self.packing is None else self.packing.pack(entries)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
-        """The sum's statistics from the sum of the uploads (unpacked first if packed)."""
-        out = self.ring.decode(total if self.packing is None else self.packing.unpack(total))
+        """The sum's statistics from the sum of the uploads (unpacked first if packed), not
+        checked: a sum of uploads is decoded by :meth:`decode_sum`."""
+        return self._decode_entries(total if self.packing is None
+                                    else self.packing.unpack(total))
+
+    def _decode_entries(self, entries: np.ndarray) -> np.ndarray:
+        out = self.ring.decode(entries)
         if isinstance(self.scale, Periodic):
             for a, b, pat in self.scale.rows():
                 rows = out[a:b].reshape(-1, pat.size)
                 np.multiply(rows, pat, out=rows)
             return out
         return out * self.scale
+
+    def check_sum(self, entries: np.ndarray, contributors: int) -> None:
+        """Raise :class:`~fedforest_secure.errors.SumOutOfRange` for the first entry of a
+        ring sum (unpacked: one uint64 per entry) that ``contributors`` sites' encodings cannot
+        add up to (:class:`SumBounds`): a site sent values outside the codec's range."""
+        b = self.bounds
+        if b is None:
+            raise ValueError("this codec has no bounds on its sums (build it with make_codec)")
+        if isinstance(contributors, bool) or not isinstance(contributors, int) \
+                or contributors < 1:
+            raise ValueError(f"contributors must be a positive int, got {contributors!r}")
+        arr = np.asarray(entries)
+        if arr.dtype != np.uint64 or arr.shape != (self.ring.size,):
+            raise ValueError(f"expected a uint64 vector of {self.ring.size} entries")
+        signed = arr.view(np.int64)
+        noise = b.noise() if b.noise is not None else {}
+        at = 0
+        for pattern, rows in b.runs:
+            width = len(pattern)
+            block = signed[at:at + width * rows].reshape(rows, width)
+            first: tuple[int, int, int, int] | None = None  # entry, kind, low, high
+            for j, code in enumerate(pattern):
+                high = min(contributors * (b.site[code] + noise.get(code, 0)), _INT64_MAX)
+                low = 0 if b.nonneg[code] else -high
+                col = block[:, j]
+                if int(col.max()) <= high and int(col.min()) >= low:
+                    continue
+                row = int(np.flatnonzero((col > high) | (col < low))[0])
+                if first is None or at + row * width + j < first[0]:
+                    first = (at + row * width + j, code, low, high)
+            if first is not None:
+                entry, code, _, high = first
+                unit = b.unit[code]
+                value, bound = float(signed[entry]) * unit, float(high) * unit
+                shown = f"[0, {bound:.6g}]" if b.nonneg[code] else f"{bound:.6g}"
+                sites = "1 site's encoding" if contributors == 1 else \
+                    f"{contributors} sites' encodings"
+                raise SumOutOfRange(
+                    f"the aggregate lies outside what {sites} can sum to (entry {entry}: value "
+                    f"{value:.6g}, bound {shown}): a site sent values outside the codec's range",
+                    entry=entry, value=value, bound=bound)
+            at += width * rows
+
+    def decode_sum(self, total: np.ndarray, contributors: int) -> np.ndarray:
+        """:meth:`decode` of the sum of ``contributors`` sites' uploads, checked first: raises
+        :class:`~fedforest_secure.errors.SumOutOfRange` for an entry no ``contributors``
+        honest encodings can sum to (:meth:`check_sum`), and, where grid cells are packed,
+        :class:`~fedforest_secure.errors.OverflowRisk` for a count lane that wrapped
+        (:meth:`~fedforest_secure._packing.Packing.unpack`). Every sum of uploads a server
+        or an in-process run releases is decoded by this."""
+        entries = total if self.packing is None else self.packing.unpack(total)
+        self.check_sum(np.asarray(entries), contributors)
+        return self._decode_entries(entries)
 
     def quantum(self) -> np.ndarray:
         """Value of one unit of the ring per entry (the resolution of the encoding)."""
@@ -124,7 +216,19 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
         scale = Periodic([(per_kind_scale[p], r) for p, r in runs if r])
     else:
         scale = np.ones(0)
-    codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task))
+    noisy = config.dp is not None and config.evaluation is None
+    bounds = SumBounds(
+        runs=tuple((tuple(pattern), rows) for pattern, rows in runs if rows and pattern),
+        site=tuple(int(np.rint(np.ldexp(m, int(f)))) for m, f in zip(per_kind_max, per_kind_bits,
+                                                                       strict=True)),
+        # no DP noise: a site's count or sum of squares is rounded from a value >= 0; with
+        # noise (in the ring, or an evaluation site's in its reply) it may come out below 0
+        nonneg=tuple(config.dp is None and k in (StatKind.COUNT, StatKind.SUMSQ)
+                     for k in StatKind),
+        unit=tuple(float(np.ldexp(sc, -int(f))) for sc, f in zip(per_kind_scale, per_kind_bits,
+                                                                 strict=True)),
+        noise=partial(_noise_bounds, config, task.layout, task.level) if noisy else None)
+    codec = StatCodec(ring=ring, scale=scale, packing=_packing_of(config, task), bounds=bounds)
     # several sites' clients may be threads of one process: the eviction and the insert are
     # one step (two threads evicting the same oldest entry stopped one on a KeyError)
     with _CODEC_LOCK:
@@ -146,6 +250,15 @@ def _packing_of(config: JobConfig, task: Task) -> Packing | None:
         return Packing.of(task.layout, bits)
     except ValueError as exc:
         raise InvalidMessage(f"the task's packing: {exc}") from None
+
+
+def _noise_bounds(config: JobConfig, layout: tuple[Block, ...], level: int) -> dict[int, int]:
+    """Per kind code: the largest |noise| one site adds to an entry of this release
+    (:func:`encode_contribution`, from :func:`noise_sigmas`)."""
+    from .privacy._sampling import discrete_gaussian_bound
+
+    sigmas, _ = noise_sigmas(config, layout, level)
+    return {kind_code(StatKind(k)): discrete_gaussian_bound(float(v)) for k, v in sigmas.items()}
 
 
 def noise_units(config: JobConfig) -> dict[str, float]:
@@ -256,7 +369,7 @@ class RingAggregator:
             codec = make_codec(self.config, task)
             total = self._secagg.sum_produced(task.question_digest().hex(), task.digest(),
                                               range(n_clients), codec.words, produce)
-            return codec.decode(total), disclosed
+            return codec.decode_sum(total, n_clients), disclosed
         running: np.ndarray | None = None
         for k in range(n_clients):
             reply = answer(k)
@@ -272,7 +385,7 @@ class RingAggregator:
             else:
                 encoded[k] = enc
         if running is not None:
-            return make_codec(self.config, task).decode(running), disclosed
+            return make_codec(self.config, task).decode_sum(running, n_clients), disclosed
         return self.sum_encoded(task, encoded), disclosed
 
     def sum_encoded(self, task: Task, encoded: dict[int, np.ndarray]) -> np.ndarray:
@@ -286,7 +399,7 @@ class RingAggregator:
             total = np.zeros(codec.words, dtype=np.uint64)
             for k in sorted(encoded):
                 total += encoded[k]
-        return codec.decode(total)
+        return codec.decode_sum(total, len(encoded))
 
 
 def unmask_floor(config: JobConfig) -> int:

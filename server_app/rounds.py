@@ -29,6 +29,7 @@ from fedforest_secure.errors import (
     InvalidMessage,
     OverflowRisk,
     ProtocolError,
+    SumOutOfRange,
 )
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import pack, seal, unpack
@@ -297,6 +298,8 @@ class RoundDriver:
         problem = None
         try:
             total = self._total(rt, rr, contributors, uploads, ring)
+        except SumOutOfRange as exc:  # a site sent values outside the codec's range
+            total, problem = np.zeros(0), str(exc)
         except OverflowRisk as exc:  # a packed sum whose count lane wrapped
             total, problem = np.zeros(0), f"the aggregate could not be decoded ({exc})"
         disclosed = {idx: _disclosed(uploads[idx]) for idx in contributors}
@@ -359,7 +362,8 @@ class RoundDriver:
         if ring is not None:
             if rt.codec is None:
                 raise RuntimeError("a ring sum in a round without a codec")
-            return np.asarray(rt.codec.decode(ring), dtype=np.float64)
+            # checked: an entry no len(contributors) honest encodings can sum to is refused
+            return np.asarray(rt.codec.decode_sum(ring, len(contributors)), dtype=np.float64)
         total: np.ndarray | None = None
         for idx in contributors:
             vec = np.frombuffer(uploads[idx].summable or b"", dtype="<f8")

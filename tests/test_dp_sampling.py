@@ -119,3 +119,30 @@ def test_edge_cases() -> None:
     for bad in (-1.0, float("nan"), float("inf"), 2.0**50):
         with pytest.raises(ValueError):
             sample_discrete_gaussian(bad, 3)
+
+
+class _Extreme:
+    """A randomness source whose first geometric draws the largest uniform double below 1,
+    the second 0, and whose acceptance test always passes: the largest draw the sampler can
+    make."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def random(self, size: int) -> NDArray[np.float64]:
+        self.calls += 1
+        return np.full(size, 1.0 - 2.0**-53 if self.calls % 3 == 1 else 0.0)
+
+
+@pytest.mark.parametrize("sigma", [1000.0, 3.7e6])
+def test_the_discrete_gaussian_bound_holds_for_the_sampler_s_largest_draw(sigma: float) -> None:
+    """A site's noise can move a secure sum at most this far (secure_sum's range check of
+    sums relies on it): the largest draw, from the largest double below 1, stays within it."""
+    from fedforest_secure.privacy._sampling import discrete_gaussian_bound
+
+    largest = int(sample_discrete_gaussian(sigma, 4, _Extreme()).max())
+    bound = discrete_gaussian_bound(sigma)
+    assert largest <= bound <= 1.01 * largest
+    assert int(np.abs(sample_discrete_gaussian(sigma, 10_000, ChaChaRandom(bytes(32)))).max()) \
+        < bound / 5  # draws sit far inside it (within ~4 sigma)
+    assert discrete_gaussian_bound(0.0) == 0

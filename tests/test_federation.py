@@ -159,6 +159,31 @@ def test_fixed_point_without_masking_matches_masked_round_by_round() -> None:
         assert a.tobytes() == b.tobytes()
 
 
+
+def test_a_secure_in_process_run_refuses_a_sum_no_honest_sites_can_make(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One site adds 2^63 to every masked word (the attack of a malicious site): the run
+    stops at the first round with the out-of-range error instead of growing one-leaf trees
+    with negative counts."""
+    from fedforest_secure.errors import SumOutOfRange
+    from fedforest_secure.secagg import client as secagg_client
+
+    cfg, clients = _config("secure")
+    honest_mask = secagg_client.SecAggClient.mask
+
+    def poisoned_mask(self: Any, delivery: Any, vector: np.ndarray, **kw: Any) -> Any:
+        header, masked = honest_mask(self, delivery, vector, **kw)
+        if self.client_id == 1:
+            masked += np.uint64(2**63)
+        return header, masked
+
+    monkeypatch.setattr(secagg_client.SecAggClient, "mask", poisoned_mask)
+    rounds: list[RoundRecord] = []
+    with pytest.raises(SumOutOfRange, match=r"outside what 4 sites' encodings can sum to "
+                                            r"\(entry 0: value -9\.22"):
+        run_in_process(cfg, clients, on_round=rounds.append)
+    assert rounds == []  # the first round's sum was never handed on
+
 def test_run_in_process_checks_client_count() -> None:
     cfg, clients = _config("open")
     with pytest.raises(ValueError):

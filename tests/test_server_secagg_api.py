@@ -258,6 +258,36 @@ def test_a_full_secure_round_over_the_api_gives_the_plain_sum(env: dict) -> None
     assert o["round_id"] == r + 1 and o["action"] == "share"
 
 
+
+def test_a_secure_round_whose_sum_no_honest_sites_can_make_fails_the_job_and_releases_nothing(
+        env: dict) -> None:
+    """A malicious site adds 2^63 to every word of its encoded upload before masking: the
+    masks cancel and the unmasked sum is out of every honest range (counts at -9.2e18). The
+    job fails at that round with the reason; no aggregate is stored, no next round issued."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K):
+        vec = vecs[k] + np.uint64(2**63) if k == 1 else vecs[k]
+        assert upload(env, sa, k, task, vec).status_code == 200
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in range(K):
+        assert unmask(env, sa, k, r).status_code == 200
+    o = offer(env, 0)
+    assert o["status"] == "failed", o
+    assert o["detail"].startswith(f"round {r}: the aggregate lies outside what {K} sites' "
+                                  "encodings can sum to (entry 0: value -9.22"), o
+    assert "a site sent values outside the codec's range; training stopped and no aggregate " \
+        "was released" in o["detail"], o
+    with env["db"].session() as s:
+        job = s.get(JobRow, "job-a")
+        assert job is not None and job.status == "failed" and job.model_json is None
+        rr = s.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.aggregate is None and rr.status != "closed"
+        assert s.get(RoundRow, ("job-a", r + 1)) is None  # no next round was issued
+
 def test_a_secagg_plus_round_over_the_api_routes_shares_between_neighbours_only(
         env_plus: dict) -> None:
     env = env_plus

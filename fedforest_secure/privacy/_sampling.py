@@ -29,7 +29,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from numpy.typing import NDArray
 
-__all__ = ["ChaChaRandom", "RandomSource", "sample_discrete_gaussian"]
+__all__ = ["ChaChaRandom", "RandomSource", "discrete_gaussian_bound", "sample_discrete_gaussian"]
 
 
 class RandomSource(Protocol):
@@ -67,6 +67,21 @@ class ChaChaRandom:
 def _geometric(rng: RandomSource, t: float, size: int) -> NDArray[np.float64]:
     u = rng.random(size)
     return np.floor(-t * np.log1p(-u))
+
+
+#: ``-log(1 - u)`` for the largest uniform double below 1 (``1 - 2**-53``) is ``53 ln 2``, 36.74
+_MAX_GEOMETRIC_RATE = 37.0
+
+
+def discrete_gaussian_bound(sigma: float) -> int:
+    """The largest ``|value|`` :func:`sample_discrete_gaussian` can return for ``sigma``.
+
+    A draw is a difference of two geometric variates ``floor(-t * log(1 - U))``,
+    ``t = floor(sigma) + 1``, each below ``37 t`` for every double ``U < 1`` (53 bits): a hard
+    bound, not a tail probability. Bounds what a site's noise can add to a sum."""
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
+    return 0 if sigma == 0 else math.ceil(_MAX_GEOMETRIC_RATE * (math.floor(sigma) + 1.0))
 
 
 def sample_discrete_gaussian(
