@@ -254,10 +254,13 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             # a request a privacy rule refuses, or a peer's message (relayed by the server)
             # that does not authenticate: the round cannot go on with this site, and says why
             code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
+            # a peer's message that does not authenticate: the refusal accuses that peer, so
+            # the server's log and the job status name it, not only this site as refusing
+            accused = exc.peer if isinstance(exc, InvalidMessage) else None
             ctx.log.warn(f"refused the server's request in round {r}: {exc}")
             if not session.refused(r):  # the site's own answer refused: the server learns it
                 try:  # now, not at the step's deadline every other site would wait for
-                    session.refuse_round(r, code)
+                    session.refuse_round(r, code, accused=accused)
                 except ApiRejected as rej:  # the round closed, or the site was dropped
                     ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
             result.status, result.detail = "refused", f"round {r}: {exc}"

@@ -186,7 +186,10 @@ class SecAggSession:
             raise ProtocolError("the round setup does not describe the task this client was "
                                 "given (digest, question or vector length differ)")
         # SecAggClient checks the signatures and its own rules (>= 3 clients, t a strict majority)
-        return self._sa().share_keys(setup).model_dump_json()
+        try:
+            return self._sa().share_keys(setup).model_dump_json()
+        except InvalidMessage as exc:
+            raise self._named(exc) from exc
 
     def post_shares(self, round_id: int, bundle: str) -> None:
         self._post(round_id, "shares", bundle)
@@ -197,8 +200,19 @@ class SecAggSession:
         if delivery.round_id != task.round_id:
             raise ProtocolError("share delivery for another round")
         # the plain encoding is not needed after masking: mask it in place (no second buffer)
-        header, masked = self._sa().mask(delivery, vector, inplace=True)
+        try:
+            header, masked = self._sa().mask(delivery, vector, inplace=True)
+        except InvalidMessage as exc:
+            raise self._named(exc) from exc
         return header.model_dump_json(), masked
+
+    def _named(self, exc: InvalidMessage) -> InvalidMessage:
+        """``exc``, saying also the site name of the peer it accuses where this session knows
+        it (a certified directory): what the site's log line and its operator read."""
+        name = self.names.get(exc.peer) if exc.peer is not None else None
+        if name is None or name == f"client-{exc.peer}":
+            return exc
+        return InvalidMessage(f"{exc}; client {exc.peer} is {name}", peer=exc.peer)
 
     def sign(self, task: Task, message: str) -> None:
         """Sign the round's survivor set (once per round), or refuse."""
@@ -220,11 +234,13 @@ class SecAggSession:
         """Whether this client told the server it refuses round ``round_id``."""
         return round_id in self._refused
 
-    def refuse_round(self, round_id: int, code: str) -> None:
+    def refuse_round(self, round_id: int, code: str, accused: int | None = None) -> None:
         """Tell the server this client leaves the job at round ``round_id``, and why (a code
-        of :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops it at once."""
+        of :data:`~fedforest_secure.errors.REFUSAL_CODES`, and for ``invalid_message`` the
+        client index of the peer whose message did not authenticate): the server drops it at
+        once."""
         self._refused.add(round_id)
-        post_refusal(self.tr, self.job, round_id, code)
+        post_refusal(self.tr, self.job, round_id, code, accused)
 
     def unmask(self, task: Task, message: str) -> None:
         """Answer the unmask request (with the next round's advert riding along), or refuse."""
@@ -245,9 +261,12 @@ class SecAggSession:
         return self.client
 
 
-def post_refusal(tr: Transport, job: str, round_id: int, code: str) -> None:
+def post_refusal(tr: Transport, job: str, round_id: int, code: str,
+                 accused: int | None = None) -> None:
     """``POST .../rounds/{round_id}/secagg/refuse`` with ``code`` (one of
-    :data:`~fedforest_secure.errors.REFUSAL_CODES`): the server drops this site at once."""
+    :data:`~fedforest_secure.errors.REFUSAL_CODES`) and the peer it ``accused``, if any: the
+    server drops this site at once. A refusal accusing nobody is the body it always was."""
+    body = RefuseBody(reason=code, accused=accused)
     tr.request("POST", f"/v1/jobs/{job}/rounds/{round_id}/secagg/refuse",
-               content=RefuseBody(reason=code).model_dump_json().encode(),
+               content=body.model_dump_json(exclude_none=True).encode(),
                content_type="application/json")

@@ -58,7 +58,14 @@ class ProtocolError(FedForestError):
 
 
 class InvalidMessage(ProtocolError, ValueError):
-    """A message that fails to parse or authenticate. Deliberately says no more than that."""
+    """A message that fails to parse or authenticate. Deliberately says no more than that,
+    except whose it was: ``peer`` is the index of the client whose message (relayed by the
+    server) failed, None for the server's own messages. A client refusing a round on it
+    accuses that peer (threat_model.md §2.4): the peer, or the server that relayed it."""
+
+    def __init__(self, *args: object, peer: int | None = None) -> None:
+        super().__init__(*args)
+        self.peer = peer
 
 
 class RefusedRequest(ProtocolError):
@@ -89,6 +96,7 @@ REFUSAL_CODES = (
     "stopped",           # the site's client was stopped (Ctrl-C, SIGTERM): its round keys die
     "failed",            # the site's client stopped on an error (its own log says which)
     "invalid_message",   # a peer's message, relayed by the server, that does not authenticate
+                         # (the refusal may name the peer it accuses, by its client index)
     "evaluated_before",  # a model this site already scored on the same held-out rows
     "other",
 )

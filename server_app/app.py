@@ -355,7 +355,8 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.post("/v1/jobs/{job_id}/rounds/{round_id}/secagg/refuse", tags=["secagg"])
     async def refuse(job_id: JobId, round_id: RoundId, body: RefuseBody,
                      c: Client) -> dict[str, Any]:
-        return await run_in_threadpool(st.secagg_refuse, c, job_id, round_id, body.reason)
+        return await run_in_threadpool(st.secagg_refuse, c, job_id, round_id, body.reason,
+                                       body.accused)
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     async def status(job_id: JobId, c: Client) -> dict[str, Any]:

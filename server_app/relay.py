@@ -20,7 +20,7 @@ from .errors import ApiError
 from .jobs import JobRuntime
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .rounds import secagg_step
-from .secure_round import SecureRound, parse_message, sender_of
+from .secure_round import ACCUSE, SecureRound, parse_message, sender_of
 from .store import (
     SeatView,
     add_message,
@@ -156,13 +156,16 @@ class SecAggRelay:
             return {"job_id": job_id, "round_id": round_id, "accepted": kind,
                     "duplicate": False}
 
-    def refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
-               ) -> dict[str, Any]:
+    def refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str,
+               accused: int | None = None) -> dict[str, Any]:
         """A member of the open secure round refuses a request (a privacy rule); it leaves the
         job. ``reason`` is a code from :data:`~fedforest_secure.errors.REFUSAL_CODES` (the
-        route validated it): only that code reaches the job status and the audit log. Open
-        jobs, closed or other rounds, and clients outside the round's roster get a 4xx and
-        change nothing."""
+        route validated it) and ``accused`` (code ``invalid_message`` only) the index of the
+        peer whose relayed message did not authenticate: only these reach the job status and
+        the audit log, which name the accused site (and the abort reason how many sites
+        accused it). Open jobs, closed or other rounds, and clients outside the round's roster
+        get a 4xx and change nothing; so does an accusation of a client that is not another
+        participant of the round (400)."""
         with self.core.lock:
             with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
@@ -180,13 +183,23 @@ class SecAggRelay:
                         or idx in sr.dropped:
                     raise ApiError(403, "not_participant",
                                    f"this client is not a member of round {round_id}")
+                if accused is not None and (accused == idx or accused not in sr.participants):
+                    raise ApiError(400, "invalid_accusation",
+                                   f"client {accused} is not another participant of round "
+                                   f"{round_id}")
                 why = printable(reason, 300)
                 sr.refused[idx] = why
                 sr.dropped.add(idx)
                 if stored_message(sess, job_id, round_id, "refuse", idx) is None:
                     add_message(sess, job_id, round_id, "refuse", idx, why)
-                self.core.driver.drop(rt, sess, job, [idx], job.current_round,
-                                      reason=f"refused: {why}")
+                said = f"refused: {why}"
+                if accused is not None:
+                    sr.accused[idx] = accused
+                    if stored_message(sess, job_id, round_id, ACCUSE, idx) is None:
+                        add_message(sess, job_id, round_id, ACCUSE, idx, str(accused))
+                    said += f" ({rt.names[accused]}'s message did not authenticate)"
+                self.core.driver.drop(rt, sess, job, [idx], job.current_round, reason=said,
+                                      accused=None if accused is None else rt.names[accused])
                 self.core.driver.progress_secure(rt, sess, job, rr)
             self.core.changes.notify(job_id)
             return {"job_id": job_id, "round_id": round_id, "recorded": True}

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -88,15 +89,31 @@ def _disclosed(upload: UploadRow) -> dict[str, np.ndarray]:
     return unpack(upload.disclosed)[1] if upload.disclosed else {}
 
 
-def _who_left(names: dict[int, str], refused: dict[int, str], dropped: set[int]) -> str:
+def _who_left(names: dict[int, str], refused: dict[int, str], dropped: set[int],
+              accused: dict[int, int]) -> str:
     """The sites an aborted secure round lost, by name: ``client-1 refused (stopped);
-    client-2 and client-3 missed the deadline`` (a refusal drops a site too: named once)."""
-    said = [f"{names[k]} refused ({why})" for k, why in refused.items()]
+    client-2 refused (invalid_message, accusing client-0); client-3 and client-4 missed the
+    deadline`` (a refusal drops a site too: named once)."""
+    said = [f"{names[k]} refused ({why}"
+            + (f", accusing {names[accused[k]]})" if k in accused else ")")
+            for k, why in refused.items()]
     late = [names[k] for k in sorted(dropped) if k not in refused]
     if late:
         listed = late[0] if len(late) == 1 else ", ".join(late[:-1]) + " and " + late[-1]
         said.append(f"{listed} missed the deadline")
     return "; ".join(said)
+
+
+def _accusations(names: dict[int, str], accused: dict[int, int]) -> str:
+    """Whom the refusing sites accused, most accused first: ``accused by the sites that
+    refused: client-0 (3 sites), client-2 (1 site)`` ("" if none did): the site an operator
+    may exclude before running the job again (threat_model.md §2.4)."""
+    if not accused:
+        return ""
+    counts = Counter(accused.values())
+    listed = ", ".join(f"{names[v]} ({n} site{'s' if n != 1 else ''})"
+                       for v, n in sorted(counts.items(), key=lambda vn: (-vn[1], vn[0])))
+    return f"; accused by the sites that refused: {listed}"
 
 
 class RoundDriver:
@@ -211,12 +228,13 @@ class RoundDriver:
                                                        self.clock() + job.round_deadline_s)
         except AbortedRound as exc:
             bridge.current = None
-            who = _who_left(rt.names, sr.refused, sr.dropped)
+            who = _who_left(rt.names, sr.refused, sr.dropped, sr.accused)
             if isinstance(exc, KeyMismatch) and exc.senders:
                 who += ("; " if who else "") + "sites whose shares may be corrupt: " + ", ".join(
                     rt.names[i] for i in sorted(exc.senders))
             self.fail(sess, job, f"round {rr.round_id}: secure aggregation aborted in phase "
                       f"{phase}: {exc}" + (f" [{who}]" if who else "")
+                      + _accusations(rt.names, sr.accused)
                       + "; no partial sum was released", rr, rt)
 
     def deadline(self, rt: JobRuntime, sess: Session, job: JobRow, rr: RoundRow) -> None:
@@ -244,8 +262,11 @@ class RoundDriver:
                       "stopped and no partial sum was released", rr, rt)
 
     def drop(self, rt: JobRuntime, sess: Session, job: JobRow, indices: list[int],
-             round_id: int, reason: str = "missed the round deadline") -> list[int]:
-        """Drop members from the job (audited); returns those that were not dropped before."""
+             round_id: int, reason: str = "missed the round deadline", *,
+             accused: str | None = None) -> list[int]:
+        """Drop members from the job (audited, with the site a refusing member ``accused``
+        of a message that did not authenticate, if any); returns those that were not dropped
+        before."""
         out = []
         for idx in indices:
             member = member_at(sess, job.id, idx)
@@ -255,8 +276,10 @@ class RoundDriver:
             member.dropped_round = round_id
             out.append(idx)
             self.changes.touch(job.id)
-            self.audit.append(job.id, "client_dropped", {
-                "client": rt.names[idx], "round_id": round_id, "reason": reason})
+            payload = {"client": rt.names[idx], "round_id": round_id, "reason": reason}
+            if accused is not None:
+                payload["accused"] = accused
+            self.audit.append(job.id, "client_dropped", payload)
             event("drop", logging.WARNING, job=job.id, client=rt.names[idx], index=idx,
                   round=round_id, reason=reason)
         return out

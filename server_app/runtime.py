@@ -334,10 +334,11 @@ class ServerState:
         """Accept a client's ``advert`` / ``shares`` / ``unmask`` message (JSON)."""
         return self._relay.message(client, job_id, round_id, kind, body)
 
-    def secagg_refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str
-                      ) -> dict[str, Any]:
-        """A client refuses a request (a privacy rule); it leaves the job, and says why."""
-        return self._relay.refuse(client, job_id, round_id, reason)
+    def secagg_refuse(self, client: ClientRow, job_id: str, round_id: int, reason: str,
+                      accused: int | None = None) -> dict[str, Any]:
+        """A client refuses a request (a privacy rule); it leaves the job, and says why (and
+        whom it accuses of a message that did not authenticate)."""
+        return self._relay.refuse(client, job_id, round_id, reason, accused)
 
     def upload(self, client: ClientRow, job_id: str, round_id: int, body: bytes | bytearray
                ) -> dict[str, Any]:

@@ -35,7 +35,12 @@ from fedforest_secure.secagg import (
 
 from .phases import SECURE, Phase, PhaseError
 
-__all__ = ["ClientMessage", "SecureRound", "StoredRound", "parse_message", "sender_of"]
+__all__ = ["ACCUSE", "ClientMessage", "SecureRound", "StoredRound", "parse_message",
+           "sender_of"]
+
+#: the stage under which a refusal's accusation is stored with its round (the body: the
+#: accused client's index), beside the refusal's code (stage ``refuse``)
+ACCUSE = "accuse"
 
 #: a message a client POSTs as JSON in a secure round
 ClientMessage = KeyAdvert | ShareBundle | SurvivorSignature | UnmaskResponse
@@ -78,6 +83,8 @@ class StoredRound:
     signatures: Mapping[int, str] = field(default_factory=dict)
     dropped: Iterable[int] = ()
     refused: Mapping[int, str] = field(default_factory=dict)
+    #: refusing client -> the peer it accused of a message that did not authenticate
+    accused: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +100,8 @@ class SecureRound:
     request: UnmaskRequest | None = None
     dropped: set[int] = field(default_factory=set)
     refused: dict[int, str] = field(default_factory=dict)
+    #: refusing client -> the peer it accused of a message that did not authenticate
+    accused: dict[int, int] = field(default_factory=dict)
     #: the JSON of the messages every client of a phase gets (setup, survivor set, unmask
     #: request), made once: serialising an O(K) message for each of K clients costs O(K^2).
     #: On the SecAgg+ sparse graph the setup and unmask request are per client (O(k) adverts
@@ -202,6 +211,7 @@ class SecureRound:
         closed (:class:`PhaseError` if they do not lead back to its phase)."""
         self.dropped = set(stored.dropped)
         self.refused = dict(stored.refused)
+        self.accused = dict(stored.accused)
         while True:
             _PHASES[self.phase].replay(self, stored)
             if self.phase is stored.phase:

@@ -106,6 +106,8 @@ def test_injected_clock_is_stamped_in_utc() -> None:
     ("client_joined", {"client": "a", "x": b"raw"}, None, TypeError),
     ("client_joined", {"client": "a", (1, 2): 3}, None, TypeError),
     ("abstained", {"count": -1}, None, ValueError),
+    ("client_dropped", {"client": "a", "reason": "refused: invalid_message", "accused": 0},
+     None, ValueError),  # the accused site by its client id, never an index
     ("no_such_kind", {"client": "a"}, None, ValueError),
     ("disclosure", {"client": "a", "item": "s"}, {"data": np.array(["x"])}, TypeError),
     ("disclosure", {"client": "a", "item": "s"}, {"data": np.array([object()])}, TypeError),
@@ -117,6 +119,20 @@ def test_bad_input_is_refused_and_writes_nothing(kind: str, payload: dict[str, A
         with pytest.raises(error):
             log.append("j", kind, payload, arrays)
         assert log.entries() == []
+
+
+def test_a_client_dropped_entry_may_name_the_site_it_accused() -> None:
+    """``accused`` is optional: entries without it (every log written before it existed)
+    append and verify as before."""
+    with AuditLog.in_memory() as log:
+        log.append("j", "client_dropped", {"client": "a", "round_id": 1,
+                                           "reason": "missed the round deadline"})
+        log.append("j", "client_dropped", {"client": "b", "round_id": 1, "accused": "c",
+                                           "reason": "refused: invalid_message (c's message "
+                                                     "did not authenticate)"})
+        assert [e.payload.get("accused") for e in log.entries()] == [None, "c"]
+        report = verify_log(log)
+    assert report.ok, report.problems
 
 
 @pytest.mark.parametrize("job_id", ["", "x" * 201, "a\nb", 3])

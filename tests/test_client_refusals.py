@@ -18,12 +18,15 @@ from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.protocol import Task, TaskKind
 
 
-def test_a_share_that_does_not_authenticate_is_refused_at_once_with_its_code() -> None:
+def _run_upload_step(error: Exception) -> tuple[list[tuple[int, str, int | None]],
+                                                 ClientResult, str]:
+    """One upload step whose masking raises ``error``: what the session told the server
+    (round, code, accused peer), the result, and the site's log."""
     task = Task(job_id="j", round_id=2, kind=TaskKind.SKETCH, level=0)
     body = task.to_bytes()
     step = {"status": "task", "action": "upload", "round_id": 2, "message": "{}",
             "task_digest": hashlib.sha256(body).hexdigest()}
-    refused: list[tuple[int, str]] = []
+    refused: list[tuple[int, str, int | None]] = []
 
     class Session:
         client = object()
@@ -33,22 +36,40 @@ def test_a_share_that_does_not_authenticate_is_refused_at_once_with_its_code() -
             return True
 
         def mask(self, *args: Any) -> Any:
-            raise InvalidMessage("share ciphertext does not authenticate")
+            raise error
 
         def refused(self, r: int) -> bool:
             return False
 
-        def refuse_round(self, r: int, code: str) -> None:
-            refused.append((r, code))
+        def refuse_round(self, r: int, code: str, accused: int | None = None) -> None:
+            refused.append((r, code, accused))
 
     tr = SimpleNamespace(take_next_step=lambda: step, get_json=None,
                          request=lambda *a, **k: SimpleNamespace(content=body))
     result = ClientResult(status="running")
-    ctx = SimpleNamespace(tr=tr, job="j", result=result, log=SiteLog(stream=io.StringIO()),
+    stream = io.StringIO()
+    ctx = SimpleNamespace(tr=tr, job="j", result=result, log=SiteLog(stream=stream),
                           worker=SimpleNamespace(handle=lambda t: SimpleNamespace(disclosed={})),
                           contribution=lambda t, r: [0.0], show=lambda *a: None,
                           waiting=lambda: None)
     with ThreadPoolExecutor(max_workers=1) as sender:
         loops.secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
-    assert refused == [(2, "invalid_message")]
-    assert result.status == "refused" and "does not authenticate" in result.detail
+    return refused, result, stream.getvalue()
+
+
+def test_a_share_that_does_not_authenticate_is_refused_at_once_with_its_code() -> None:
+    refused, result, _ = _run_upload_step(
+        InvalidMessage("share delivery addressed to another client"))
+    assert refused == [(2, "invalid_message", None)]  # the server's message: no peer accused
+    assert result.status == "refused" and "addressed to another client" in result.detail
+
+
+def test_a_peers_share_that_does_not_authenticate_is_refused_naming_that_peer() -> None:
+    """A malicious site's garbage share ciphertext: the refusal accuses it (its index, checked
+    by the server against the round's participants), and the site's log line names it."""
+    refused, result, log = _run_upload_step(InvalidMessage(
+        "the share ciphertext of client 3 does not authenticate; client 3 is site-d", peer=3))
+    assert refused == [(2, "invalid_message", 3)]
+    assert result.status == "refused" and "client 3 is site-d" in result.detail
+    assert "refused the server's request in round 2: the share ciphertext of client 3 does " \
+        "not authenticate; client 3 is site-d" in log

@@ -197,3 +197,70 @@ def test_a_failed_jobs_log_cut_before_its_failure_does_not_verify_against_the_si
     code, out = verify()
     assert code == 1, out
     assert f"the log has no entry seq {first}" in out or "no round_aborted or job_failed" in out
+
+
+#: ``python -c`` body of a malicious site: ``fedforest client`` whose share bundles carry
+#: correctly addressed ciphertexts that are all zeros (the server cannot tell them apart)
+_GARBAGE_SHARES = """
+from fedforest_secure.secagg import client as C
+_share = C.SecAggClient._share_keys_from_parts
+def _garbage(self, setup, randbelow):
+    bundle = _share(self, setup, randbelow)
+    return bundle.model_copy(update={"ciphertexts": {
+        v: bytes(len(ct)) for v, ct in bundle.ciphertexts.items()}})
+C.SecAggClient._share_keys_from_parts = _garbage
+from fedforest_cli.cli import app
+app(prog_name="fedforest")
+"""
+
+
+def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_round(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-0 is malicious: its share ciphertexts are all zeros. Every honest site refuses
+    the round naming it (threat_model.md §2.4): the round aborts, and the audit log and the
+    job's status name client-0 as accused by the three others, not the honest sites alone as
+    the ones that refused."""
+    import subprocess
+
+    from fedforest_secure.audit import AuditLog
+    from server_app.db import Database, JobRow
+    from server_app.status import job_status
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=4, deadline=300.0,
+                    profile="secure")
+    popen = subprocess.Popen
+
+    def malicious(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        at = cmd.index("-m")
+        return popen([*cmd[:at], "-c", _GARBAGE_SHARES, *cmd[at + 2:]], **kw)  # type: ignore[call-overload]
+
+    try:
+        launch_server(fed)
+        with monkeypatch.context() as m:
+            m.setattr(subprocess, "Popen", malicious)
+            clients = [launch_client(fed, 0)]
+        clients += [launch_client(fed, k) for k in range(1, 4)]
+        codes = [c.wait(300) for c in clients]
+    finally:
+        stop_all(fed)
+    logs = [(fed.root / f"client-{k}.log").read_text() for k in range(4)]
+    assert codes == [3, 3, 3, 3], logs
+    for log in logs[1:]:
+        assert "the share ciphertext of client 0 does not authenticate" in log, log
+    with AuditLog(fed.audit_url, create=False) as log:
+        entries = log.entries(job_id="job-a")
+    drops = sorted((e.payload["client"], e.payload.get("accused"), e.payload["reason"])
+                   for e in entries if e.kind == "client_dropped")
+    assert drops == [(f"client-{k}", "client-0", "refused: invalid_message (client-0's "
+                      "message did not authenticate)") for k in (1, 2, 3)]
+    aborted = [e.payload["reason"] for e in entries if e.kind == "round_aborted"]
+    assert len(aborted) == 1
+    assert "accused by the sites that refused: client-0 (3 sites)" in aborted[0], aborted
+    db = Database(fed.db_url)
+    with db.session() as sess:
+        job = sess.get(JobRow, "job-a")
+        assert job is not None
+        st = job_status(sess, job, None, time.time())
+    db.dispose()
+    assert st["status"] == "failed" and st["reason"] == aborted[0]

@@ -409,6 +409,72 @@ def test_forged_advert_and_tampered_share_are_invalid() -> None:
     assert header.sender == 0
 
 
+def test_a_peer_share_that_does_not_authenticate_names_its_sender() -> None:
+    """A malicious site sends correctly addressed share ciphertexts that are all zeros: the
+    honest recipient cannot mask, and its error names the sender (``peer``), not just "a
+    share", so the round's refusal can accuse it (threat_model.md §2.4)."""
+    agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
+    server = SecAggServer("j", 0, "q", DIGEST, L, 3, agg.directory)
+    for u in range(4):
+        server.receive_advert(agg.clients[u].advertise(0))
+    setup = server.setup()
+    for u in range(4):
+        bundle = agg.clients[u].share_keys(setup)
+        if u == 2:  # the malicious site
+            bundle = bundle.model_copy(update={"ciphertexts": {
+                v: bytes(len(ct)) for v, ct in bundle.ciphertexts.items()}})
+        server.receive_shares(bundle)
+    deliveries = server.deliver_shares()
+    for u in (0, 1, 3):
+        with pytest.raises(InvalidMessage,
+                           match="the share ciphertext of client 2 does not authenticate") as e:
+            agg.clients[u].mask(deliveries[u], np.zeros(L, dtype=np.uint64))
+        assert e.value.peer == 2
+        assert agg.clients[u].stage is ClientStage.SHARED  # nothing masked, nothing burnt
+    # an error of the server's own message accuses no peer
+    with pytest.raises(InvalidMessage) as e:
+        agg.clients[0].mask(deliveries[1], np.zeros(L, dtype=np.uint64))
+    assert e.value.peer is None
+
+
+@pytest.mark.parametrize("key", ["enc_key", "mask_key"])
+def test_a_peer_advertising_an_unusable_key_is_named(key: str) -> None:
+    """A malicious site signs an advert whose encryption or masking key is a low-order point
+    (the all-zero key): the honest sites cannot encrypt their shares to it, or derive its
+    pairwise mask; each one's error names it (``peer``), the only one that could have signed
+    that key, instead of a bare "bad masking key" or a library error."""
+    from fedforest_secure.secagg._rounds import advert_payload
+
+    agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
+    server = SecAggServer("j", 0, "q", DIGEST, L, 3, agg.directory)
+    for u in range(4):
+        advert = agg.clients[u].advertise(0)
+        if u == 2:
+            advert = advert.model_copy(update={key: bytes(32)})
+            payload = advert_payload("j", 0, 2, advert.enc_key, advert.mask_key,
+                                     advert.self_mask_commit)
+            advert = advert.model_copy(update={
+                "signature": agg.clients[2].identity.sign(payload).signature})
+            agg.clients[2]._keys[0].advert = advert  # the attacker shares under this advert
+        server.receive_advert(advert)
+    setup = server.setup()
+    what = "encryption" if key == "enc_key" else "masking"
+    match = f"the {what} key client 2 advertised is not a usable X25519 key"
+    if key == "enc_key":
+        for u in (0, 1, 3):
+            with pytest.raises(InvalidMessage, match=match) as e:
+                agg.clients[u].share_keys(setup)
+            assert e.value.peer == 2
+        return
+    for u in range(4):
+        server.receive_shares(agg.clients[u].share_keys(setup))
+    deliveries = server.deliver_shares()
+    for u in (0, 1, 3):
+        with pytest.raises(InvalidMessage, match=match) as e:
+            agg.clients[u].mask(deliveries[u], np.zeros(L, dtype=np.uint64))
+        assert e.value.peer == 2
+
+
 def test_json_round_trip_and_parse_errors() -> None:
     agg = InProcessSecureSum(range(3), threshold=2, job_id="j")
     a = agg.clients[0].advertise(0)

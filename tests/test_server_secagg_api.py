@@ -603,6 +603,68 @@ def test_a_refusal_is_recorded_and_surfaces_in_the_job_status(env: dict) -> None
     assert "both_shares" in o["detail"]
 
 
+def refuse(env: dict, k: int, r: int, body: dict[str, Any]):
+    return env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/refuse", headers=h(env, k),
+                            json=body)
+
+
+def test_refusals_accusing_a_peer_are_audited_and_the_abort_names_the_accused(
+        env_all_audited: dict) -> None:
+    """A malicious client-0 sent share ciphertexts that do not authenticate: the three honest
+    sites refuse the round naming it (code invalid_message, ``accused`` its index). Their
+    ``client_dropped`` entries and the round's abort reason name client-0 and how many sites
+    accused it, so the operator sees whom to exclude; before, the log named only the honest
+    sites, as the ones that refused. An accusation of a site outside the round is a 400."""
+    env = env_all_audited
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    assert upload(env, sa, 0, task, vecs[0]).status_code == 200  # the attacker uploads
+    for bad in (7, 1):  # no such participant; the refusing site itself
+        res = refuse(env, 1, r, {"reason": "invalid_message", "accused": bad})
+        assert res.status_code == 400 and res.json()["error"] == "invalid_accusation", res.text
+    for bad_body in ({"reason": "stopped", "accused": 0},  # an accusation needs its code
+                     {"reason": "invalid_message", "accused": -1},
+                     {"reason": "invalid_message", "accused": "client-0"}):
+        assert refuse(env, 1, r, bad_body).status_code == 422, bad_body
+    assert offer(env, 1)["action"] == "upload"  # the rejected refusals changed nothing
+    for k in (1, 2, 3):
+        res = refuse(env, k, r, {"reason": "invalid_message", "accused": 0})
+        assert res.status_code == 200, res.text
+    st = env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).json()
+    assert st["status"] == "failed", st
+    assert "[client-1 refused (invalid_message, accusing client-0); client-2 refused " \
+        "(invalid_message, accusing client-0); client-3 refused (invalid_message, accusing " \
+        "client-0)]; accused by the sites that refused: client-0 (3 sites)" in st["reason"], st
+    entries = [json.loads(line) for line in env["audit"].export("job-a").splitlines()]
+    drops = [e["payload"] for e in entries if e["kind"] == "client_dropped"]
+    assert drops == [{"client": f"client-{k}", "round_id": r, "accused": "client-0",
+                      "reason": "refused: invalid_message (client-0's message did not "
+                                "authenticate)"} for k in (1, 2, 3)]
+    aborted = [e["payload"] for e in entries if e["kind"] == "round_aborted"]
+    assert aborted == [{"round_id": r, "reason": st["reason"]}]
+    ok, _, problems = env["audit"].verify_chain("job-a")
+    assert ok, problems
+
+
+def test_accusations_survive_a_server_restart_into_the_abort_reason(env_all: dict) -> None:
+    env = env_all
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    assert upload(env, sa, 2, task, vecs[2]).status_code == 200
+    for k in (0, 1):
+        assert refuse(env, k, r, {"reason": "invalid_message", "accused": 2}).status_code == 200
+    restart(env)
+    assert refuse(env, 3, r, {"reason": "invalid_message", "accused": 0}).status_code == 200
+    o = offer(env, 2)
+    assert o["status"] == "failed", o
+    assert "accused by the sites that refused: client-2 (2 sites), client-0 (1 site)" \
+        in o["detail"], o["detail"]
+
+
 def restart(env: dict) -> None:
     """What a killed and restarted server process has: a new engine, state and app over the
     same database file, and nothing of the old process's memory."""

@@ -6,7 +6,8 @@ kind                payload (required keys first; more keys are allowed and hash
 ``job_created``     ``schema``, ``hyperparameters``, ``profile`` (a server also logs ``clients``
                     in index order and ``config``, the job's JobConfig: what a replay needs)
 ``client_joined``   ``client``
-``client_dropped``  ``client`` (``round_id``, ``reason``)
+``client_dropped``  ``client`` (``round_id``, ``reason``; ``accused``: the site a client that
+                    refused a secure round accused of a message that did not authenticate)
 ``abstained``       ``count`` (``round_id``, ``node``): how many clients contributed nothing
 ``round``           ``round_id``, ``clients``, ``uploads`` ({client: upload sha256}),
                     ``masked`` (true when uploads were masked); ``task_kind``, ``level``,
@@ -99,3 +100,5 @@ def check_payload(kind: EntryKind, payload: Mapping[str, Any], array_names: set[
     if kind in (EntryKind.CLIENT_JOINED, EntryKind.CLIENT_DROPPED, EntryKind.DISCLOSURE) \
             and not isinstance(payload["client"], str):
         raise ValueError(f"{kind.value} payload: client must be a string")
+    if kind is EntryKind.CLIENT_DROPPED and not isinstance(payload.get("accused", ""), str):
+        raise ValueError("client_dropped payload: accused must be a client id")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ..errors import REFUSAL_CODES
 
@@ -70,9 +70,18 @@ class _CodedReason(_Request):
 class RefuseBody(_CodedReason):
     """``POST /v1/jobs/{job}/rounds/{r}/secagg/refuse``: why the client refuses the round, as a
     code from the fixed list :data:`~fedforest_secure.errors.REFUSAL_CODES` (the client keeps
-    the full message in its own log)."""
+    the full message in its own log), and, with code ``invalid_message`` only, the client index
+    of the peer whose relayed message did not authenticate (``accused``; the server checks it
+    is another participant of the round). No free text."""
 
     CODES = REFUSAL_CODES
+    accused: StrictInt | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _accuses_only_on_invalid_message(self) -> RefuseBody:
+        if self.accused is not None and self.reason != "invalid_message":
+            raise ValueError("accused names a peer only with reason invalid_message")
+        return self
 
 
 #: Why a site declines a job before joining it (the only words of it that reach the server):

@@ -25,7 +25,9 @@ graph as an option):
    ``y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)`` in Z_{2^64}, over the peers
    ``v`` that shared, and only if at least ``t - 1`` of its group's peers shared (fewer masks
    than that would let the survivors' self-mask shares strip them all). The round's secrets are
-   then dropped from memory.
+   then dropped from memory. A peer's share that does not open, or its advertised key that no
+   agreement accepts, is :class:`~fedforest_secure.errors.InvalidMessage` naming that peer
+   (``peer``): the client cannot mask, and its refusal accuses that peer.
 4. ``sign_survivors(survivor_set)``: signs job, round, task digest and the survivor set, once per
    round (a second, different set is refused), if the set is inside its roster, holds the client,
    names no group member it did not mask with, and has at least ``max(t, 3, min_survivors)``
@@ -277,7 +279,11 @@ class SecAggClient:
                                                             for _ in range(t_local - 1)])
         cts: dict[int, bytes] = {}
         for v in sorted(group - {self.client_id}):
-            box = self._box(adverts[v].enc_key)
+            try:
+                box = self._box(adverts[v].enc_key)
+            except CryptoError as exc:  # a low-order key, signed by v itself
+                raise InvalidMessage(f"the encryption key client {v} advertised is not a "
+                                     "usable X25519 key", peer=v) from exc
             plain = (share_header(self.job_id, r, self.client_id, v, setup.task_digest)
                      + _shamir.to_bytes(b_sh[v + 1]) + _shamir.to_bytes(sk_sh[v + 1]))
             cts[v] = bytes(box.encrypt(plain))
@@ -371,7 +377,11 @@ class SecAggClient:
                  mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest))
                 for v in order])
         except ValueError as exc:
-            raise InvalidMessage("bad masking key in the roster") from exc
+            bad = self._unusable_mask_key(keys.mask_private, rnd, order)
+            if bad is None:
+                raise InvalidMessage("bad masking key in the roster") from exc
+            raise InvalidMessage(f"the masking key client {bad} advertised is not a usable "
+                                 "X25519 key", peer=bad) from exc
         plus = [keys.self_seed] + [s for v, s in zip(order, seeds, strict=True)
                                    if v > self.client_id]
         minus = [s for v, s in zip(order, seeds, strict=True) if v < self.client_id]
@@ -388,6 +398,17 @@ class SecAggClient:
                               length=int(masked.shape[0]), next_advert=next_advert)
         return header, masked
 
+    @staticmethod
+    def _unusable_mask_key(private: bytes, rnd: _Round, order: list[int]) -> int | None:
+        """The first peer of ``order`` whose advertised masking key (signed by that peer) no
+        key agreement accepts (a low-order point), once :func:`_kdf.derive_seeds` failed."""
+        for v in order:
+            try:
+                _kdf.derive_seed(private, rnd.adverts[v].mask_key, b"")
+            except ValueError:
+                return v
+        return None
+
     def _open_share(self, rnd: _Round, sender: int, ct: bytes) -> tuple[int, int]:
         head = share_header(self.job_id, rnd.round_id, sender, self.client_id,
                             rnd.task_digest)
@@ -399,7 +420,10 @@ class SecAggClient:
             return (_shamir.from_bytes(body[:_shamir.SHARE_BYTES]),
                     _shamir.from_bytes(body[_shamir.SHARE_BYTES:]))
         except (CryptoError, ValueError, TypeError, KeyError) as exc:
-            raise InvalidMessage("share ciphertext does not authenticate") from exc
+            # the sender is named: a refusal of the round then accuses it (or the server that
+            # relayed it) instead of leaving the honest sites looking like the ones who quit
+            raise InvalidMessage(f"the share ciphertext of client {sender} does not "
+                                 "authenticate", peer=sender) from exc
 
     def _box(self, peer_enc_key: bytes) -> Box:
         """The authenticated box with a peer's per-job encryption key (its X25519 agreement is
