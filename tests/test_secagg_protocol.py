@@ -440,9 +440,10 @@ def test_a_peer_share_that_does_not_authenticate_names_its_sender() -> None:
 @pytest.mark.parametrize("key", ["enc_key", "mask_key"])
 def test_a_peer_advertising_an_unusable_key_is_named(key: str) -> None:
     """A malicious site signs an advert whose encryption or masking key is a low-order point
-    (the all-zero key): the honest sites cannot encrypt their shares to it, or derive its
-    pairwise mask; each one's error names it (``peer``), the only one that could have signed
-    that key, instead of a bare "bad masking key" or a library error."""
+    (the all-zero key). The server refuses the advert, so the site stays out of the round's
+    roster; a server that relays it anyway: the honest sites cannot encrypt their shares to it,
+    or derive its pairwise mask, and each one's error names it (``peer``), the only one that
+    could have signed that key, instead of a bare "bad masking key" or a library error."""
     from fedforest_secure.secagg._rounds import advert_payload
 
     agg = InProcessSecureSum(range(4), threshold=3, job_id="j")
@@ -456,6 +457,12 @@ def test_a_peer_advertising_an_unusable_key_is_named(key: str) -> None:
             advert = advert.model_copy(update={
                 "signature": agg.clients[2].identity.sign(payload).signature})
             agg.clients[2]._keys[0].advert = advert  # the attacker shares under this advert
+            what = "encryption" if key == "enc_key" else "masking"
+            with pytest.raises(InvalidMessage, match=f"client 2 advertised an {what} key no "
+                               "key agreement accepts"):
+                server.receive_advert(advert)
+            server._adverts[2] = advert  # a malicious server relays it all the same
+            continue
         server.receive_advert(advert)
     setup = server.setup()
     what = "encryption" if key == "enc_key" else "masking"

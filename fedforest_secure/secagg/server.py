@@ -217,6 +217,12 @@ class SecAggServer:
         """Accept one client's signed round keys."""
         self._stage(ServerStage.COLLECT_ADVERTS, "key advertisement")
         verify_advert(advert, self.directory, self.job_id, self.round_id)
+        for what, key in (("encryption", advert.enc_key), ("masking", advert.mask_key)):
+            if not _kdf.usable_public(key):
+                # every peer's key agreement with it fails: kept out of the roster, it cannot
+                # make the round's honest clients refuse it
+                raise InvalidMessage(f"client {advert.client_id} advertised an {what} key no "
+                                     "key agreement accepts (a low-order point)")
         if advert.client_id in self._adverts:
             raise ProtocolError(f"client {advert.client_id} already advertised for this round")
         self._adverts[advert.client_id] = advert

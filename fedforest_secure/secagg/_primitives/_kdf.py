@@ -51,6 +51,21 @@ def agree(private: bytes, peer_public: bytes) -> bytes:
         raise ValueError("X25519 agreement failed") from exc
 
 
+#: a private key of no one's, for :func:`usable_public`
+_PROBE = X25519PrivateKey.generate().private_bytes(
+    serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+
+
+def usable_public(peer_public: bytes) -> bool:
+    """Whether ``peer_public`` is a public key every key agreement accepts: 32 bytes and not a
+    low-order point (with which every agreement, whoever's the private key, is all zeros)."""
+    try:
+        agree(_PROBE, peer_public)
+    except ValueError:
+        return False
+    return True
+
+
 def derive_seed(private: bytes, peer_public: bytes, info: bytes) -> bytes:
     """A 256-bit pairwise seed: ``HKDF-SHA256(X25519(private, peer_public), info)``."""
     return hkdf_sha256(agree(private, peer_public), info)
