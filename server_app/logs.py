@@ -10,7 +10,8 @@ it answers again, and the open rounds' deadlines run again from then), ``lease_l
 ``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
 ``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
 does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of
-time). Values with spaces are quoted.
+time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt shares: ``report``
+names their senders). Values with spaces are quoted.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
 dropped during the round (``dropped``; one dropped after its masked upload is in both), and
