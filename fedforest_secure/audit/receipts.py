@@ -142,6 +142,22 @@ class SentReceipt:
         return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}, sent"
 
 
+def _check_end_receipt(receipt: ModelReceipt | FailedReceipt, what: str,
+                       digests: tuple[str, ...]) -> None:
+    """The checks of a receipt of a job's end (its model, or its failure): non-empty job and
+    client, a positive ``seq_seen`` (the end is an entry), and the ``digests`` fields SHA-256
+    hex; ``ValueError`` naming ``what`` otherwise."""
+    for name in ("job_id", "client"):
+        if not isinstance(getattr(receipt, name), str) or not getattr(receipt, name):
+            raise ValueError(f"receipt {name} must be a non-empty string")
+    seq = receipt.seq_seen
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ValueError(f"{what}'s seq_seen must be a positive integer")
+    for name in digests:
+        if not is_hex_digest(getattr(receipt, name)):
+            raise ValueError(f"receipt {name} must be a sha256 hex digest")
+
+
 @dataclass(frozen=True)
 class ModelReceipt:
     """A client's record of the final model it received and of the chain head announced with it."""
@@ -153,15 +169,7 @@ class ModelReceipt:
     seq_seen: int
 
     def __post_init__(self) -> None:
-        for name in ("job_id", "client"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"receipt {name} must be a non-empty string")
-        if isinstance(self.seq_seen, bool) or not isinstance(self.seq_seen, int) \
-                or self.seq_seen < 1:
-            raise ValueError("a model receipt's seq_seen must be a positive integer")
-        for name in ("model_digest", "chain_head_seen"):
-            if not is_hex_digest(getattr(self, name)):
-                raise ValueError(f"receipt {name} must be a sha256 hex digest")
+        _check_end_receipt(self, "a model receipt", ("model_digest", "chain_head_seen"))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "model", **asdict(self)}
@@ -187,14 +195,7 @@ class FailedReceipt:
     seq_seen: int
 
     def __post_init__(self) -> None:
-        for name in ("job_id", "client"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"receipt {name} must be a non-empty string")
-        if isinstance(self.seq_seen, bool) or not isinstance(self.seq_seen, int) \
-                or self.seq_seen < 1:
-            raise ValueError("a failure receipt's seq_seen must be a positive integer")
-        if not is_hex_digest(self.chain_head_seen):
-            raise ValueError("receipt chain_head_seen must be a sha256 hex digest")
+        _check_end_receipt(self, "a failure receipt", ("chain_head_seen",))
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "failed", **asdict(self)}
