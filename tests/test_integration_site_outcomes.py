@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,20 @@ def _break_receipts(fed: Fed, name: str) -> None:
     raise AssertionError(f"could not replace {receipts}")
 
 
+def _run_stopping_one(fed: Fed, n: int,
+                      stop: Callable[[list[subprocess.Popen[bytes]]], None]) -> list[int]:
+    """Run the job with ``n`` sites, call ``stop(clients)`` once round 2 is open (to stop one
+    of them), and return every client's exit code."""
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(n)]
+        wait_round(fed, 2)
+        stop(clients)
+        return [c.wait(200) for c in clients]
+    finally:
+        stop_all(fed)
+
+
 @pytest.mark.parametrize(("stop", "exit_code", "said", "reason"), [
     ("SIGINT", 130, "interrupted", "refused: stopped"),
     ("SIGTERM", 143, "terminated", "refused: stopped"),
@@ -126,18 +142,14 @@ def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not
     parts, feat = tiny_parts
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=4, deadline=300.0,
                     min_clients=3, profile="secure")
-    try:
-        launch_server(fed)
-        clients = [launch_client(fed, k) for k in range(4)]
-        wait_round(fed, 2)
+
+    def stop_client_3(clients: list[subprocess.Popen[bytes]]) -> None:
         if stop == "receipt_error":
             _break_receipts(fed, "client-3")
         else:
             clients[3].send_signal(getattr(signal, stop))
-        stopped = clients[3].wait(200)
-        codes = [c.wait(200) for c in clients[:3]]
-    finally:
-        stop_all(fed)
+
+    *codes, stopped = _run_stopping_one(fed, 4, stop_client_3)
     log3 = (fed.root / "client-3.log").read_text()
     assert stopped == exit_code and said in log3, log3
     assert codes == [0, 0, 0]
@@ -161,15 +173,7 @@ def test_a_failed_jobs_log_cut_before_its_failure_does_not_verify_against_the_si
     parts, feat = tiny_parts
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, deadline=300.0,
                     min_clients=3, profile="secure")
-    try:
-        launch_server(fed)
-        clients = [launch_client(fed, k) for k in range(3)]
-        wait_round(fed, 2)
-        clients[2].send_signal(signal.SIGTERM)
-        for c in clients:
-            c.wait(200)
-    finally:
-        stop_all(fed)
+    _run_stopping_one(fed, 3, lambda clients: clients[2].send_signal(signal.SIGTERM))
     receipts = tmp_path / "receipts"
     receipts.mkdir()
     for k in (0, 1):
@@ -220,8 +224,6 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
     the round naming it (threat_model.md §2.4): the round aborts, and the audit log and the
     job's status name client-0 as accused by the three others, not the honest sites alone as
     the ones that refused."""
-    import subprocess
-
     from fedforest_secure.audit import AuditLog
     from server_app.db import Database, JobRow
     from server_app.status import job_status
