@@ -9,9 +9,9 @@ the table methods of :class:`~fedforest_secure.schema.Schema`, which document th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -28,14 +28,56 @@ from ._cells import (
     read_csv_rows,
     without_columns,
 )
+from ._schema_checks import _Bounds
 from .errors import SchemaError
 
-if TYPE_CHECKING:  # schema imports this module for its table methods
-    from .schema import Schema
+
+class FeatureSpec(Protocol):
+    """What a table is read against of a feature (:class:`~fedforest_secure.schema.Feature`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def bounds(self) -> _Bounds | None: ...
+    @property
+    def levels(self) -> list[str] | None: ...
+    @property
+    def may_miss(self) -> bool: ...
+
+
+class TargetSpec(Protocol):
+    """What a table is read against of the target (:class:`~fedforest_secure.schema.Target`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def bounds(self) -> _Bounds | None: ...
+    @property
+    def classes(self) -> list[str] | None: ...
+
+
+class SchemaSpec(Protocol):
+    """What a table is read against of a schema (:class:`~fedforest_secure.schema.Schema`,
+    which imports this module for its table methods)."""
+
+    @property
+    def features(self) -> Sequence[FeatureSpec]: ...
+    @property
+    def target(self) -> TargetSpec: ...
+    @property
+    def client_column(self) -> str | None: ...
+    @property
+    def n_features(self) -> int: ...
+    @property
+    def feature_names(self) -> list[str]: ...
 
 
 def read_csv(
-    schema: Schema, path: str | Path, *, with_target: bool = True
+    schema: SchemaSpec, path: str | Path, *, with_target: bool = True
 ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
     """``X, y, client`` of a CSV file with a header row (:meth:`Schema.read_csv`)."""
     p = Path(path)
@@ -66,7 +108,7 @@ def read_csv(
 
 
 def validate_table(
-    schema: Schema, table: Any, *, with_target: bool = True
+    schema: SchemaSpec, table: Any, *, with_target: bool = True
 ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
     """``X, y, client`` of an in-memory table (:meth:`Schema.validate_table`)."""
     columns: dict[str, list[Any]]
@@ -98,7 +140,7 @@ def validate_table(
 
 
 def check_arrays(
-    schema: Schema, X: ArrayLike, y: ArrayLike | None = None
+    schema: SchemaSpec, X: ArrayLike, y: ArrayLike | None = None
 ) -> tuple[NDArray[np.float64], NDArray[Any] | None]:
     """``X, y`` of numpy input in schema column order (:meth:`Schema.check_arrays`)."""
     Xa = np.asarray(X)
@@ -115,7 +157,7 @@ def check_arrays(
     return Xo, yo
 
 
-def encode_features(schema: Schema, columns: Mapping[str, _Column], n_rows: int
+def encode_features(schema: SchemaSpec, columns: Mapping[str, _Column], n_rows: int
                     ) -> NDArray[np.float64]:
     """The features of rows to predict, bounds not enforced (:meth:`Schema.encode_features`)."""
     X = np.empty((n_rows, schema.n_features), dtype=np.float64)
@@ -131,7 +173,7 @@ def encode_features(schema: Schema, columns: Mapping[str, _Column], n_rows: int
     return X
 
 
-def encode_target(schema: Schema, y: ArrayLike) -> NDArray[Any]:
+def encode_target(schema: SchemaSpec, y: ArrayLike) -> NDArray[Any]:
     """A validated, encoded target vector (:meth:`Schema.encode_target`)."""
     ya = np.asarray(y)
     if ya.ndim != 1:
@@ -139,7 +181,7 @@ def encode_target(schema: Schema, y: ArrayLike) -> NDArray[Any]:
     return _encode_target(schema, ya)
 
 
-def _needed_columns(schema: Schema, with_target: bool, with_client: bool = True) -> list[str]:
+def _needed_columns(schema: SchemaSpec, with_target: bool, with_client: bool = True) -> list[str]:
     names = schema.feature_names
     if with_target:
         names.append(schema.target.name)
@@ -149,7 +191,7 @@ def _needed_columns(schema: Schema, with_target: bool, with_client: bool = True)
 
 
 def _encode(
-    schema: Schema,
+    schema: SchemaSpec,
     columns: Mapping[str, _Column],
     n_rows: int,
     *,
@@ -180,7 +222,7 @@ def _encode(
     return X, y, client
 
 
-def _encode_target(schema: Schema, col: _Column) -> NDArray[Any]:
+def _encode_target(schema: SchemaSpec, col: _Column) -> NDArray[Any]:
     t = schema.target
     if t.kind == "regression":
         return _numeric_column(col, t.name, t.bounds)
