@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedforest_secure.errors import FedForestError
+from fedforest_secure.errors import FedForestError, InvalidMessage
 from fedforest_secure.protocol import Task, question_key
 from fedforest_secure.secagg import KeyAdvert, SecAggServer
 
@@ -63,7 +63,10 @@ class SecAggBridge:
         for idx in sorted(participants):
             advert = self.pending.get(idx)
             if advert is not None and advert.round_id == task.round_id:
-                server.receive_advert(advert)
+                try:
+                    server.receive_advert(advert)
+                except InvalidMessage:  # stored before its keys were checked: not in the
+                    continue  # roster (the site advertises again, or the round goes on)
         self.pending = {}
         self.current = sr
         return sr

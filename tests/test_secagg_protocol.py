@@ -458,7 +458,7 @@ def test_a_peer_advertising_an_unusable_key_is_named(key: str) -> None:
                 "signature": agg.clients[2].identity.sign(payload).signature})
             agg.clients[2]._keys[0].advert = advert  # the attacker shares under this advert
             what = "encryption" if key == "enc_key" else "masking"
-            with pytest.raises(InvalidMessage, match=f"client 2 advertised an {what} key no "
+            with pytest.raises(InvalidMessage, match=f"client 2 advertised a {what} key no "
                                "key agreement accepts"):
                 server.receive_advert(advert)
             server._adverts[2] = advert  # a malicious server relays it all the same

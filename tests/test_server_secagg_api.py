@@ -964,3 +964,46 @@ def test_an_error_of_a_database_that_answers_is_no_outage(env: dict) -> None:
         with pytest.raises(OperationalError), db.session() as sess:
             sess.execute(text("SELECT 1"))
         assert deadlines.unreachable_since is not None
+
+
+@pytest.mark.parametrize("rides_on", ["upload", "unmask"])
+def test_a_next_rounds_low_order_advert_riding_on_a_message_is_refused(
+        env: dict, rides_on: str) -> None:
+    """A site attaches, to its masked upload or its unmask response, a signed advert for the
+    next round whose masking key is a low-order point (every peer's key agreement with it
+    fails). The message is a 400 naming the key, as the same advert sent on its own is, and
+    never a 5xx: the advert is not kept for the next round, whose opening would fail on it."""
+    from fedforest_secure.secagg._rounds import advert_payload
+
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r, k = task.round_id, K - 1
+    run_until_upload(env, sa, r)
+    nxt = sa[k].advertise(r + 1).model_copy(update={"mask_key": bytes(32)})
+    payload = advert_payload("job-a", r + 1, k, nxt.enc_key, nxt.mask_key, nxt.self_mask_commit)
+    nxt = nxt.model_copy(update={"signature": sa[k].identity.sign(payload).signature})
+    refused = "client 3 advertised a masking key no key agreement accepts"
+    for j in range(K - 1):
+        assert upload(env, sa, j, task, vecs[j]).status_code == 200
+    if rides_on == "upload":
+        o = offer(env, k)
+        header, masked = sa[k].mask(parse(ShareDelivery, o["message"]), vecs[k],
+                                    next_advert=nxt)
+        body = make_upload(task, masked, {}, secagg=header.model_dump_json())
+        res = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/upload", content=body,
+                               headers={**h(env, k), "Content-Type": "application/octet-stream"})
+        assert res.status_code == 400 and refused in res.json()["detail"], res.text
+        return
+    assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for j in range(K):
+        assert sign(env, sa, j, r).status_code == 200
+    o = offer(env, k)
+    resp = sa[k].unmask(parse(UnmaskRequest, o["message"]), next_advert=nxt)
+    res = post(env, k, r, "unmask", resp.model_dump_json())
+    assert res.status_code == 400 and refused in res.json()["detail"], res.text
+    for j in range(K - 1):
+        assert unmask(env, sa, j, r).status_code == 200
+    env["clock"].now += 1000  # the step's deadline passes without client 3's answer
+    assert env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).status_code == 200
+    assert aggregate(env, r).size > 0  # the round closed over the honest answers
+    assert offer(env, 0)["round_id"] == r + 1  # and the next one opened

@@ -103,6 +103,18 @@ class ServerStage(enum.Enum):
     ABORTED = "aborted"
 
 
+
+def _check_usable_keys(advert: KeyAdvert) -> None:
+    """Refuse an advert whose encryption or masking key no key agreement accepts (a low-order
+    point): every peer's agreement with it would fail, so kept out of the roster its site
+    cannot make the round's honest clients refuse the round. The same check for an advert sent
+    on its own and for one riding on a message for the next round."""
+    for what, key in (("encryption", advert.enc_key), ("masking", advert.mask_key)):
+        if not _kdf.usable_public(key):
+            raise InvalidMessage(f"client {advert.client_id} advertised a {what} key no key "
+                                 "agreement accepts (a low-order point)")
+
+
 @dataclass
 class SecAggServer:
     """Server state machine for round ``round_id`` of ``job_id``.
@@ -217,12 +229,7 @@ class SecAggServer:
         """Accept one client's signed round keys."""
         self._stage(ServerStage.COLLECT_ADVERTS, "key advertisement")
         verify_advert(advert, self.directory, self.job_id, self.round_id)
-        for what, key in (("encryption", advert.enc_key), ("masking", advert.mask_key)):
-            if not _kdf.usable_public(key):
-                # every peer's key agreement with it fails: kept out of the roster, it cannot
-                # make the round's honest clients refuse it
-                raise InvalidMessage(f"client {advert.client_id} advertised an {what} key no "
-                                     "key agreement accepts (a low-order point)")
+        _check_usable_keys(advert)
         if advert.client_id in self._adverts:
             raise ProtocolError(f"client {advert.client_id} already advertised for this round")
         self._adverts[advert.client_id] = advert
@@ -322,6 +329,7 @@ class SecAggServer:
     def _take_next(self, advert: KeyAdvert | None) -> None:
         if advert is not None:
             verify_advert(advert, self.directory, self.job_id, self.round_id + 1)
+            _check_usable_keys(advert)
             self.next_adverts[advert.client_id] = advert
 
     def request_signatures(self) -> SurvivorSet:
