@@ -1,5 +1,6 @@
 """Robust reconstruction of a committed secret (``secagg._recover``): corrupt shares among more
-than ``t`` are routed around and located, a bounded search, no framing of honest senders."""
+than ``t`` are routed around and located within the unique-decoding radius, a bounded search;
+beyond the radius, colluders can get honest senders named (a documented residual)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_known_corrupt_senders_are_left_out_first() -> None:
     assert (found.secret, found.corrupt, check.calls) == (SECRET, {1, 2, 3}, 2)
 
 
-def test_colluders_cancelling_inside_a_subset_do_not_get_an_honest_sender_named() -> None:
+def test_a_match_leaving_more_shares_off_than_the_radius_names_no_one() -> None:
     """x=1 is corrupt, so the first subset (1, 2, 3) fails; x=2 and x=3 collude so that the next
     subset tried, (2, 3, 4), still gives the secret, on a polynomial other than the dealt one.
     The honest share at x=5 is off that polynomial; with more shares off it than can be
@@ -114,3 +115,27 @@ def test_colluders_cancelling_inside_a_subset_do_not_get_an_honest_sender_named(
 def test_recover_rejects_too_few_shares() -> None:
     with pytest.raises(ValueError, match="at least t=4"):
         recover(dict(list(_deal(3, 5).items())[:3]), 4, _Check())
+
+
+def test_colluders_beyond_the_radius_can_get_honest_senders_named() -> None:
+    """RESIDUAL: 3 colluding senders of 10 (t = 7: fewer than t), more than the radius
+    ``(n + 1 - t) // 2 = 2``, add to their shares a polynomial of degree t - 1 that is zero at 0
+    and at t - 2 honest ``x``: the secret still reconstructs, but the polynomial closest to the
+    shares the server holds is the shifted one, and the two honest senders left off it are
+    named. Names are evidence of which shares disagree, not proof of who altered them."""
+    t, n = 7, 10
+    shares = _deal(t, n)
+    colluders, framed = (1, 2, 3), (4, 5)
+    roots = [x for x in range(1, n + 1) if x not in colluders + framed]
+
+    def delta(x: int) -> int:
+        v = x
+        for r in roots:
+            v = v * (x - r) % _shamir.PRIME
+        return v
+
+    for x in colluders:
+        shares[x] = (shares[x] + delta(x)) % _shamir.PRIME
+    found = recover(shares, t, _Check())
+    assert found.secret == SECRET
+    assert found.corrupt == frozenset(framed)

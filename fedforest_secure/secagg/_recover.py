@@ -27,8 +27,13 @@ shares plus the known point ``(0, secret)``), the polynomial of any matching sub
 at most ``r`` shares off is the dealt one, so exactly those senders are named. A matching subset
 with more shares off is remembered and the search goes on (within the bound) for one that
 leaves at most ``r`` off; failing that, the secret is used and the shares off the first match
-are reported as disputed, not named. A share a sender reveals is the one its owner dealt
-it: a wrong one may also come from an owner that dealt it wrong (Shamir is not verifiable).
+are reported as disputed, not named. The attribution holds only while at most ``r`` shares are
+corrupt: more colluders than that (still fewer than ``t``) can shift their shares by a
+polynomial that vanishes at 0 and at chosen honest ``x``, so that the closest polynomial leaves
+honest senders off it, and those are named. A share a sender reveals is the one its owner
+dealt it, so a wrong one may also come from an owner that dealt it wrong (Shamir is not
+verifiable). Names say which shares disagree with the secret's commitment, not who altered
+them.
 """
 
 from __future__ import annotations
