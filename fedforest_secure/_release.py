@@ -31,6 +31,7 @@ import numpy as np
 from . import _impurity, _splits
 from .config import JobConfig
 from .errors import BudgetError, ProfileError, ProtocolError
+from .privacy.profile import with_profile_defaults
 from .protocol import Block, TaskKind
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ class ReleasePolicy:
 
     def __init__(self, config: JobConfig) -> None:
         self.config = config
-        prof = dict(config.profile)
+        # a setting the profile leaves out is PrivacyProfile's default, as the sites read it
+        prof = with_profile_defaults(config.profile)
         #: "quantiles" (per-client sketches, disclosed) or "secure_cdf" (pooled, summed)
         self.sketch = str(prof.get("sketch", "quantiles"))
         #: adaptive B: a sketch point summarises at least this many rows (0: no rule)
@@ -77,6 +79,12 @@ class ReleasePolicy:
                               "train without one")
         if config.method == "exact" and prof.get("secure_aggregation"):
             raise ProfileError("method='exact' discloses every node value; use the open profile")
+        if config.method == "avgimp" and prof.get("secure_aggregation"):
+            # the sites refuse it: they disclose nothing in the clear under secure aggregation
+            # but what the profile names (sketch points, node summaries)
+            raise ProfileError("method='avgimp' discloses each site's top-L features in the "
+                               "clear, which a profile with secure aggregation never does; use "
+                               "method='quantiles' (or the open profile)")
         if self.sketch == "secure_cdf" and config.method in ("quantiles", "avgimp"):
             if config.feature_bounds is None:
                 raise ProfileError("the secure_cdf sketch needs public feature bounds "

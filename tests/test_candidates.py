@@ -16,6 +16,7 @@ from fedforest_secure._candidates import (
 )
 from fedforest_secure._release import ReleasePolicy
 from fedforest_secure.config import METHODS, JobConfig
+from fedforest_secure.errors import ProfileError
 from fedforest_secure.privacy import load_profile
 
 
@@ -50,7 +51,6 @@ def test_unknown_method_is_refused_by_name() -> None:
     ("quantiles", "secure", {}, SketchRequest()),  # secure CDF: counts in extra rounds
     ("avgimp", "open", {"top_l": 2},
      SketchRequest({"n_points": 8, "top_l": 2}, ("sketch_points", "top_l"))),
-    ("avgimp", "secure", {"top_l": 2}, SketchRequest({"top_l": 2, "n_points": 8}, ("top_l",))),
     ("exact", "open", {}, SketchRequest({}, ("unique",))),
     ("histogram", "open", {}, SketchRequest()),
     ("random", "open", {}, SketchRequest()),  # splits drawn from public bounds only
@@ -63,6 +63,16 @@ def test_sketch_round_asks_what_the_method_needs(method: str, profile: str, kw: 
     assert list(got.params) == list(want.params)  # the task's parameters keep this order
 
 
+@pytest.mark.parametrize("profile", ["secure", "secure-dp"])
+def test_avgimp_under_secure_aggregation_is_refused_before_training(profile: str) -> None:
+    """AvgImp asks every site for its top-L features in the clear, which no site discloses
+    under secure aggregation: the job is refused when it is set up, naming the method, not
+    by every site in its first round."""
+    cfg = _cfg(method="avgimp", profile=load_profile(profile).to_dict(), top_l=2)
+    with pytest.raises(ProfileError, match="method='avgimp' discloses each site's top-L"):
+        ReleasePolicy(cfg)
+
+
 def test_histogram_needs_the_clients_ranges_only_without_public_bounds() -> None:
     with_bounds = _cfg(method="histogram")
     without = dataclasses.replace(with_bounds, feature_bounds=None)
@@ -73,3 +83,15 @@ def test_histogram_needs_the_clients_ranges_only_without_public_bounds() -> None
 def test_fixed_width_grid_cuts_each_range_and_pads_empty_ones() -> None:
     lohi = np.array([[0.0, 4.0], [2.0, 2.0]])
     np.testing.assert_array_equal(fixed_width_grid(lohi, 4), [[1.0, 2.0, 3.0], [np.inf] * 3])
+
+
+def test_a_profile_leaving_h_splits_out_reads_it_as_off_on_the_coordinators_side_too() -> None:
+    """A hand-written profile without ``h_splits``: the sites read it as PrivacyProfile's
+    default "off" and refuse node summaries, so the coordinator reads it the same way and
+    refuses H-splits when the job is set up, not in a round every site refuses."""
+    cfg = _cfg(split_on_client=True,
+               profile={"name": "mine", "secure_aggregation": False, "sketch": "quantiles"})
+    with pytest.raises(ProfileError, match="split_on_client=True but the privacy profile has "
+                                           "h_splits='off'"):
+        ReleasePolicy(cfg)
+    assert ReleasePolicy(dataclasses.replace(cfg, split_on_client=False)).rows_per_point == 1
