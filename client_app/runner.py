@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedforest_secure.audit import write_receipt
+from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import readable_by, write_atomic
@@ -174,16 +174,16 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
 def _warn_readable_key(opts: ClientOptions, log: SiteLog) -> None:
     """Warn when the site's TLS key (``--key``, else the key in ``--cert``) can be read by
     other users of the machine, or by its group: whoever reads it can act as this site."""
-    key = opts.key or opts.cert
-    if key is None or opts.cert is None:
+    if opts.cert is None:
         return
+    option, key = ("--key", opts.key) if opts.key is not None else ("--cert", opts.cert)
     readers = readable_by(key)
     if readers is None:
         return
     who, mode = readers
     whom = "other users of this machine" if who == "others" else "its group"
-    log.warn(f"--key {key}: {whom} can read it (mode {mode:04o}), and whoever reads it can act "
-             f"as this site; make it readable by this site's user only: chmod 600 {key}")
+    log.warn(f"{option} {key}: {whom} can read it (mode {mode:04o}), and whoever reads the key "
+             f"can act as this site; make it readable by this site's user only: chmod 600 {key}")
 
 
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray | None,
@@ -492,8 +492,10 @@ def _failed_receipt(ctx: RunContext) -> None:
                      "keeps no receipt of it")
         return
     if st.audit_seq == 0:
-        ctx.log.warn(f"job {ctx.job}: the server keeps no audit log: this site keeps no "
-                     "receipt of the job's failure")
+        why = ("the server keeps no audit log" if st.audit_head in ("", GENESIS) else
+               "the server does not announce its audit chain's tip with the job's status (a "
+               "server older than this client)")
+        ctx.log.warn(f"job {ctx.job}: {why}: this site keeps no receipt of the job's failure")
         return
     try:
         rec = FailedReceipt(job_id=ctx.job, client=ctx.name, chain_head_seen=st.audit_head,

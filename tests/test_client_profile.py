@@ -489,3 +489,61 @@ def test_a_key_others_can_read_is_named_at_start(tmp_path: Path,
     else:
         assert f"--key {key}: {whom} can read it (mode {mode:04o})" in said, said
         assert f"chmod 600 {key}" in said
+
+
+
+def test_a_key_inside_cert_that_others_can_read_is_named_by_cert(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key inside ``--cert`` (no ``--key``): the warning names ``--cert``, the option the
+    site gave."""
+    opts = _no_transport(tmp_path, monkeypatch)
+    pem = tmp_path / "site.pem"
+    pem.write_text("a certificate and its key")
+    pem.chmod(0o644)
+    opts = dataclasses.replace(opts, cert=pem, key=None)
+
+    class Stub:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
+    monkeypatch.setattr(runner, "_run", lambda *a, **k: ClientResult(status="done"))
+    out = io.StringIO()
+    runner.run_client(opts, log=SiteLog(stream=out, plain=True))
+    said = " ".join(out.getvalue().split())
+    assert f"--cert {pem}: other users of this machine can read it (mode 0644)" in said, said
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    ({"audit_seq": 7, "audit_head": "ab" * 32}, None),
+    ({"audit_head": "ab" * 32}, "does not announce its audit chain's tip"),
+    ({"audit_seq": 0, "audit_head": "0" * 64}, "the server keeps no audit log"),
+])
+def test_a_failed_jobs_receipt_is_kept_or_its_absence_said_truly(
+        tmp_path: Path, status: dict[str, Any], said: str | None) -> None:
+    """A site told its job failed keeps a failure receipt of the tip the job status announces;
+    a server older than the receipt (no ``audit_seq``, a real head) is not said to keep no
+    audit log, which is what a server without one (the genesis head) is told."""
+    import contextlib
+    import types
+
+    from fedforest_secure.audit import FailedReceipt, read_receipts
+
+    class Tr:
+        @contextlib.contextmanager
+        def brief(self) -> Any:
+            yield
+
+        def get_json(self, path: str) -> dict[str, Any]:
+            return {"job_id": JOB, "status": "failed", **status}
+
+    out = io.StringIO()
+    ctx = types.SimpleNamespace(tr=Tr(), job=JOB, name="site-a", log=SiteLog(stream=out,
+                                plain=True), state=ClientState(tmp_path / "state"))
+    runner._failed_receipt(ctx)  # type: ignore[arg-type]
+    kept = [r for _, r in read_receipts(tmp_path / "state" / "receipts")]
+    if said is None:
+        assert kept == [FailedReceipt(JOB, "site-a", "ab" * 32, 7)]
+        assert out.getvalue() == ""
+    else:
+        assert kept == [] and said in " ".join(out.getvalue().split())
