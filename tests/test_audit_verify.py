@@ -1006,3 +1006,39 @@ def test_a_receipt_is_on_disk_when_written_and_a_cut_last_line_stays_apart(
     assert [w for w, _ in read] == ["alice.jsonl:1", "alice.jsonl:2", "alice.jsonl:3"]
     assert read[0][1] == first and read[2][1] == sent
     assert isinstance(read[1][1], ValueError)
+
+
+@pytest.mark.parametrize("appended", ["client_joined", "dp_spend", "client_dropped"])
+def test_entries_appended_after_a_failed_jobs_end_do_not_verify(tmp_path: Path,
+                                                                appended: str) -> None:
+    """A failed job's chain ends with its failure: an entry the server appends after it (a
+    site joining, a spend, a drop accusing a site), with every hash recomputed and every
+    failure receipt present, is a problem, as one after a finished job's model is."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _failed_with_receipts(log, receipts)
+        if appended == "client_joined":
+            rec.client_joined("mallory")
+        elif appended == "dp_spend":
+            rec.dp_spend(epsilon=9.0, delta=1e-6, mechanism="gaussian", total_epsilon=9.0,
+                         total_delta=1e-6)
+        else:
+            rec.client_dropped(CLIENTS[1], round_id=1, reason="refused: invalid_message")
+        report = verify_log(log, receipts_dir=receipts)
+    assert f"job '{JOB}': seq 7 ({appended}) comes after the job's failure (job '{JOB}' seq 6 " \
+           "(job_failed)): nothing follows a failed job's end (appended?)" in report.problems
+
+
+def test_a_rounds_abort_then_the_jobs_failure_is_an_honest_end(tmp_path: Path) -> None:
+    """A job stopped in a round (cancelled, say) ends with the round's abort and, right after
+    it, the job's failure: that verifies; anything after them does not."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, receipts)
+        rec.round_aborted(1, reason="cancelled by the operator")
+        rec.job_failed(reason="cancelled by the operator")
+        assert verify_log(log, receipts_dir=receipts).ok
+        rec.client_joined("mallory")
+        report = verify_log(log, receipts_dir=receipts)
+    assert any("seq 7 (client_joined) comes after the job's failure" in p
+               for p in report.problems), report.problems

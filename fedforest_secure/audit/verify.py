@@ -138,6 +138,18 @@ def _check_chain(entries: Sequence[Entry]) -> list[str]:
         out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's model entry "
                    f"(seq {model.seq}): nothing follows a finished job's model (appended?)"
                    for e in entries if e.seq > model.seq)
+    failed = next((e for e in entries if e.kind in (EntryKind.ROUND_ABORTED.value,
+                                                     EntryKind.JOB_FAILED.value)), None)
+    if model is None and failed is not None:
+        # a failed job: the server writes nothing after its failure but the job's failure
+        # right after the open round's abort (a job stopped in a round, e.g. cancelled)
+        ends = 2 if failed.kind == EntryKind.ROUND_ABORTED.value else 1
+        tail = [e for e in entries if e.seq > failed.seq]
+        allowed = [e for e in tail[:ends - 1] if e.seq == failed.seq + 1
+                   and e.kind == EntryKind.JOB_FAILED.value]
+        out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's failure "
+                   f"({failed.label}): nothing follows a failed job's end (appended?)"
+                   for e in tail if e not in allowed)
     return out
 
 
