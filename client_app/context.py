@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 from rich.progress import Progress, TaskID
 
-from fedforest_secure.audit import Receipt, SentReceipt, write_receipt
+from fedforest_secure.audit import Receipt, RefusedReceipt, SentReceipt, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.privacy.profile import with_profile_defaults
@@ -152,6 +152,24 @@ class RunContext:
                           chain_head_seen=str(head), seq_seen=int(seq))
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
+        write_receipt(self.state.root / "receipts", rec)
+
+    def refusal_receipt(self, round_id: int, answer: dict[str, Any]) -> None:
+        """Record this site's refusal of round ``round_id`` with the chain head the server
+        answered it with (it covers the site's ``client_dropped`` entry and the peer it
+        accused): the site leaves the job, and ``audit verify --receipts`` holds the log to
+        what it was told. A server that keeps no audit log (sequence 0), or an older one that
+        answers without the head, leaves nothing to record."""
+        seq, head = answer.get("audit_seq"), answer.get("audit_head")
+        if not seq:
+            return
+        try:
+            rec = RefusedReceipt(job_id=self.job, round_id=round_id, client=self.name,
+                                 chain_head_seen=str(head), seq_seen=int(seq))
+        except (TypeError, ValueError) as exc:  # the refusal itself was recorded
+            self.log.warn(f"job {self.job}: the server answered this site's refusal with a "
+                          f"malformed audit tip ({exc}): no receipt of it kept")
+            return
         write_receipt(self.state.root / "receipts", rec)
 
 

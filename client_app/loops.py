@@ -70,7 +70,8 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
     tr, job = ctx.tr, ctx.job
     ca = ctx.opts.ca.read_bytes() if ctx.opts.ca is not None and ctx.opts.cert is not None \
         else None
-    session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca)
+    session = SecAggSession(ctx.config, tr, job, ctx.index, identity, ca_pem=ca,
+                            on_refused=ctx.refusal_receipt)
     tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:

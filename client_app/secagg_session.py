@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from nacl.signing import SigningKey
@@ -93,6 +94,9 @@ class SecAggSession:
     #: the round the client is answering (None before the first)
     open_round: int | None = None
     _refused: set[int] = field(default_factory=set)
+    #: called with ``(round_id, the server's answer)`` once a refusal of this client is
+    #: recorded (the site keeps a receipt of it)
+    on_refused: Callable[[int, dict[str, Any]], None] | None = None
 
     def connect(self, timeout_s: float = 600.0,
                 on_wait: Callable[[], None] | None = None) -> None:
@@ -240,7 +244,9 @@ class SecAggSession:
         client index of the peer whose message did not authenticate): the server drops it at
         once."""
         self._refused.add(round_id)
-        post_refusal(self.tr, self.job, round_id, code, accused)
+        answer = post_refusal(self.tr, self.job, round_id, code, accused)
+        if self.on_refused is not None:
+            self.on_refused(round_id, answer)
 
     def unmask(self, task: Task, message: str) -> None:
         """Answer the unmask request (with the next round's advert riding along), or refuse."""
@@ -262,11 +268,17 @@ class SecAggSession:
 
 
 def post_refusal(tr: Transport, job: str, round_id: int, code: str,
-                 accused: int | None = None) -> None:
+                 accused: int | None = None) -> dict[str, Any]:
     """``POST .../rounds/{round_id}/secagg/refuse`` with ``code`` (one of
     :data:`~fedforest_secure.errors.REFUSAL_CODES`) and the peer it ``accused``, if any: the
-    server drops this site at once. A refusal accusing nobody is the body it always was."""
+    server drops this site at once. A refusal accusing nobody is the body it always was. The
+    server's answer (with the audit chain's tip after the site's drop), or ``{}``."""
     body = RefuseBody(reason=code, accused=accused)
-    tr.request("POST", f"/v1/jobs/{job}/rounds/{round_id}/secagg/refuse",
-               content=body.model_dump_json(exclude_none=True).encode(),
-               content_type="application/json")
+    resp = tr.request("POST", f"/v1/jobs/{job}/rounds/{round_id}/secagg/refuse",
+                      content=body.model_dump_json(exclude_none=True).encode(),
+                      content_type="application/json")
+    try:
+        answer = resp.json()
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}

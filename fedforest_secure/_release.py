@@ -79,12 +79,14 @@ class ReleasePolicy:
                               "train without one")
         if config.method == "exact" and prof.get("secure_aggregation"):
             raise ProfileError("method='exact' discloses every node value; use the open profile")
-        if config.method == "avgimp" and prof.get("secure_aggregation"):
+        if config.method == "avgimp" and config.top_l is not None \
+                and prof.get("secure_aggregation"):
             # the sites refuse it: they disclose nothing in the clear under secure aggregation
             # but what the profile names (sketch points, node summaries)
-            raise ProfileError("method='avgimp' discloses each site's top-L features in the "
-                               "clear, which a profile with secure aggregation never does; use "
-                               "method='quantiles' (or the open profile)")
+            raise ProfileError("method='avgimp' with top_l discloses each site's top-L "
+                               "features in the clear, which a profile with secure aggregation "
+                               "never does; leave top_l out (the gains are summed securely) or "
+                               "use the open profile")
         if self.sketch == "secure_cdf" and config.method in ("quantiles", "avgimp"):
             if config.feature_bounds is None:
                 raise ProfileError("the secure_cdf sketch needs public feature bounds "

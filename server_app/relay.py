@@ -202,4 +202,7 @@ class SecAggRelay:
                                       accused=None if accused is None else rt.names[accused])
                 self.core.driver.progress_secure(rt, sess, job, rr)
             self.core.changes.notify(job_id)
-            return {"job_id": job_id, "round_id": round_id, "recorded": True}
+            # the chain's tip, past this site's client_dropped entry: its receipt of the refusal
+            seq, head = self.core.audit.tip(job_id)
+            return {"job_id": job_id, "round_id": round_id, "recorded": True,
+                    "audit_seq": seq, "audit_head": head}

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from nacl.signing import SigningKey
@@ -68,7 +69,7 @@ class FakeTransport:
     def request(self, method: str, path: str, *, content: bytes | None = None,
                 content_type: str = "application/octet-stream", **_: Any) -> Any:
         self.sent.append((method, path, content or b""))
-        return None
+        return httpx.Response(200, json={"recorded": True})
 
 
 class Federation:

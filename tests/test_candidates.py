@@ -64,13 +64,18 @@ def test_sketch_round_asks_what_the_method_needs(method: str, profile: str, kw: 
 
 
 @pytest.mark.parametrize("profile", ["secure", "secure-dp"])
-def test_avgimp_under_secure_aggregation_is_refused_before_training(profile: str) -> None:
-    """AvgImp asks every site for its top-L features in the clear, which no site discloses
-    under secure aggregation: the job is refused when it is set up, naming the method, not
-    by every site in its first round."""
+def test_avgimp_with_top_l_under_secure_aggregation_is_refused_before_training(
+        profile: str) -> None:
+    """AvgImp with ``top_l`` asks every site for its top-L features in the clear, which no
+    site discloses under secure aggregation: the job is refused when it is set up, naming the
+    method, not by every site in its first round. Without ``top_l`` nothing is asked in the
+    clear, and the job is accepted."""
     cfg = _cfg(method="avgimp", profile=load_profile(profile).to_dict(), top_l=2)
-    with pytest.raises(ProfileError, match="method='avgimp' discloses each site's top-L"):
+    with pytest.raises(ProfileError, match="method='avgimp' with top_l discloses each site's "
+                                           "top-L features"):
         ReleasePolicy(cfg)
+    if profile == "secure":  # (secure-dp needs public bounds this config has not)
+        ReleasePolicy(dataclasses.replace(cfg, top_l=None))  # no top-L list: accepted
 
 
 def test_histogram_needs_the_clients_ranges_only_without_public_bounds() -> None:

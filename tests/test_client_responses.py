@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -83,7 +84,7 @@ class ScriptedTransport:
         self.sent.append((method, path))
         if method == "POST" and path.endswith("/secagg/refuse"):  # a refusal is recorded
             self.refusals.append(json.loads(content))
-            return None
+            return httpx.Response(200, json={"recorded": True})
         if method == "GET" and path in self.downloads:
             return SimpleNamespace(content=self.downloads[path])
         raise AssertionError(f"the client sent {method} {path}")

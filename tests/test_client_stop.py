@@ -161,7 +161,8 @@ def test_a_secure_site_stopping_on_a_defect_of_its_own_refuses_the_open_round(
     monkeypatch.setattr(loops, "secure_steps", broken)
     tr = _BriefTransport({})
     ctx = SimpleNamespace(tr=tr, job="job-a", log=_Log(), index=0, config=None,
-                          opts=SimpleNamespace(ca=None, cert=None))
+                          opts=SimpleNamespace(ca=None, cert=None),
+                          refusal_receipt=lambda *a: None)
     with pytest.raises(KeyError, match="nodes"):
         loops.run_secure(ctx, None)  # type: ignore[arg-type]
     assert session.refusals == [(4, "failed")]
@@ -224,7 +225,8 @@ def _run_secure_failing(monkeypatch: pytest.MonkeyPatch, session: _Session,
 
     monkeypatch.setattr(loops, "secure_steps", failing)
     ctx = SimpleNamespace(tr=tr, job="job-a", log=_Log(), index=0, config=None,
-                          opts=SimpleNamespace(ca=None, cert=None, retry_budget_s=60.0))
+                          opts=SimpleNamespace(ca=None, cert=None, retry_budget_s=60.0),
+                          refusal_receipt=lambda *a: None)
     return ctx
 
 

@@ -18,6 +18,7 @@ from .receipts import (
     FailedReceipt,
     ModelReceipt,
     Receipt,
+    RefusedReceipt,
     SentReceipt,
     read_receipts,
 )
@@ -117,6 +118,8 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
             found = _model_receipt_problems(receipt, chains)
         elif isinstance(receipt, FailedReceipt):
             found = _failed_receipt_problems(receipt, chains)
+        elif isinstance(receipt, RefusedReceipt):
+            found = _refused_receipt_problems(receipt, chains)
         elif isinstance(receipt, SentReceipt):
             found, note = _sent_problems(receipt, chains, rounds, aborted, sent_or_receipted,
                                          open_round=later)
@@ -302,6 +305,22 @@ def _failed_receipt_problems(receipt: FailedReceipt,
     return out
 
 
+def _refused_receipt_problems(receipt: RefusedReceipt,
+                              chains: Mapping[str, Mapping[int, Entry]]) -> list[str]:
+    """The server answered the client's refusal of a round with the chain head ``seq_seen``:
+    the log must hold that entry and, within it, the client's ``client_dropped`` entry."""
+    chain = chains.get(receipt.job_id)
+    if chain is None:
+        return ["the job is not in the log"]
+    out = _head_problems(receipt, chain)
+    gone = _dropped_at(chain).get(receipt.client)
+    if gone is None or gone > receipt.seq_seen:
+        out.append(f"the log has no client_dropped entry of this client up to seq "
+                   f"{receipt.seq_seen}, yet the server answered its refusal of round "
+                   f"{receipt.round_id} with that head")
+    return out
+
+
 def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]],
                       rounds: Mapping[tuple[str, int], Sequence[Entry]],
                       aborted: Set[tuple[str, int]], *, open_round: bool = False) -> list[str]:
@@ -326,7 +345,7 @@ def _receipt_problems(receipt: Receipt, chains: Mapping[str, Mapping[int, Entry]
     return out
 
 
-def _head_problems(receipt: Receipt | SentReceipt | FailedReceipt,
+def _head_problems(receipt: Receipt | SentReceipt | FailedReceipt | RefusedReceipt,
                    chain: Mapping[int, Entry]) -> list[str]:
     """The chain head the client saw must be the log's entry ``seq_seen``."""
     if receipt.seq_seen == 0:

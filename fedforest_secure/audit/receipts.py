@@ -20,6 +20,10 @@ holds the log to both (see :mod:`fedforest_secure.audit.verify`). A job that fai
 has no model: when the server tells a client that its job failed, the client writes a
 :class:`FailedReceipt` (``kind = "failed"``) with the chain head the server announced then, which
 covers the entry of the failure (``round_aborted`` or ``job_failed``) and everything before it.
+A client that refuses a round (a privacy rule, a peer's message that does not authenticate)
+leaves the job: it writes a :class:`RefusedReceipt` (``kind = "refused"``) with the chain head the
+server answered the refusal with, which covers the client's ``client_dropped`` entry (and the
+peer it accused).
 
 An upload's answer can take long (a secure upload's POST waits until every site has uploaded),
 and a client stopped meanwhile would keep no record of an upload the server may have counted.
@@ -42,14 +46,15 @@ from typing import Any
 from ..files import append_line
 from .entry import GENESIS, is_hex_digest
 
-__all__ = ["FailedReceipt", "ModelReceipt", "Receipt", "SentReceipt", "read_receipts",
-           "upload_digest", "write_receipt"]
+__all__ = ["FailedReceipt", "ModelReceipt", "Receipt", "RefusedReceipt", "SentReceipt",
+           "read_receipts", "upload_digest", "write_receipt"]
 
 _FIELDS = ("job_id", "round_id", "client", "upload_digest", "chain_head_seen", "seq_seen")
 _SENT_FIELDS = ("kind", "job_id", "round_id", "client", "task_digest", "upload_digest",
                 "chain_head_seen", "seq_seen")
 _MODEL_FIELDS = ("kind", "job_id", "client", "model_digest", "chain_head_seen", "seq_seen")
 _FAILED_FIELDS = ("kind", "job_id", "client", "chain_head_seen", "seq_seen")
+_REFUSED_FIELDS = ("kind", "job_id", "round_id", "client", "chain_head_seen", "seq_seen")
 
 
 def _fields_of(obj: Any, fields: tuple[str, ...], what: str, kind: str | None = None
@@ -142,11 +147,11 @@ class SentReceipt:
         return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}, sent"
 
 
-def _check_end_receipt(receipt: ModelReceipt | FailedReceipt, what: str,
+def _check_end_receipt(receipt: ModelReceipt | FailedReceipt | RefusedReceipt, what: str,
                        digests: tuple[str, ...]) -> None:
-    """The checks of a receipt of a job's end (its model, or its failure): non-empty job and
-    client, a positive ``seq_seen`` (the end is an entry), and the ``digests`` fields SHA-256
-    hex; ``ValueError`` naming ``what`` otherwise."""
+    """The checks of a receipt of a job's end for a site (its model, its failure, or the site's
+    refusal): non-empty job and client, a positive ``seq_seen`` (the end is an entry), and the
+    ``digests`` fields SHA-256 hex; ``ValueError`` naming ``what`` otherwise."""
     for name in ("job_id", "client"):
         if not isinstance(getattr(receipt, name), str) or not getattr(receipt, name):
             raise ValueError(f"receipt {name} must be a non-empty string")
@@ -210,17 +215,51 @@ class FailedReceipt:
         return f"client {self.client!r}, job {self.job_id!r}, failed"
 
 
+@dataclass(frozen=True)
+class RefusedReceipt:
+    """A client's record that it refused round ``round_id`` (and so left the job), and of the
+    chain head the server answered the refusal with (it covers the client's ``client_dropped``
+    entry, which names the peer it accused, if any)."""
+
+    job_id: str
+    round_id: int
+    client: str
+    chain_head_seen: str
+    seq_seen: int
+
+    def __post_init__(self) -> None:
+        _check_end_receipt(self, "a refusal receipt", ("chain_head_seen",))
+        if isinstance(self.round_id, bool) or not isinstance(self.round_id, int) \
+                or self.round_id < 0:
+            raise ValueError("receipt round_id must be a non-negative integer")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "refused", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RefusedReceipt:
+        """Parse a refusal receipt; ``ValueError`` on missing, extra or mistyped fields."""
+        return cls(**_fields_of(obj, _REFUSED_FIELDS, "a refusal receipt", kind="refused"))
+
+    @property
+    def label(self) -> str:
+        return f"client {self.client!r}, job {self.job_id!r}, round {self.round_id}, refused"
+
+
 #: Any record of a receipts file.
-AnyReceipt = Receipt | SentReceipt | ModelReceipt | FailedReceipt
+AnyReceipt = Receipt | SentReceipt | ModelReceipt | FailedReceipt | RefusedReceipt
 
 
 def parse_receipt(obj: Any) -> AnyReceipt:
     """A round receipt, a sent record (``"kind": "sent"``), a model receipt (``"kind":
-    "model"``) or a failure receipt (``"kind": "failed"``); ``ValueError`` otherwise."""
+    "model"``), a failure receipt (``"kind": "failed"``) or a refusal receipt (``"kind":
+    "refused"``); ``ValueError`` otherwise."""
     if isinstance(obj, dict) and obj.get("kind") == "sent":
         return SentReceipt.from_json(obj)
     if isinstance(obj, dict) and obj.get("kind") == "failed":
         return FailedReceipt.from_json(obj)
+    if isinstance(obj, dict) and obj.get("kind") == "refused":
+        return RefusedReceipt.from_json(obj)
     if isinstance(obj, dict) and "kind" in obj:
         return ModelReceipt.from_json(obj)
     return Receipt.from_json(obj)
