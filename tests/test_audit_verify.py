@@ -19,6 +19,7 @@ from fedforest_secure.audit import (
     JobRecorder,
     ModelReceipt,
     Receipt,
+    RefusedReceipt,
     SentReceipt,
     upload_digest,
     verify_log,
@@ -1042,3 +1043,45 @@ def test_a_rounds_abort_then_the_jobs_failure_is_an_honest_end(tmp_path: Path) -
         report = verify_log(log, receipts_dir=receipts)
     assert any("seq 7 (client_joined) comes after the job's failure" in p
                for p in report.problems), report.problems
+
+
+
+def _refused_with_receipts(log: AuditLog, receipts: Path) -> JobRecorder:
+    """Round 1 of a secure job: bob refuses it, accusing alice (her share did not
+    authenticate), and keeps a refusal receipt of the chain head the server answered with."""
+    rec = _round_zero_receipted(log, receipts)
+    rec.client_dropped("bob", round_id=1, reason="refused: invalid_message (alice's message "
+                       "did not authenticate)", accused="alice")
+    seq, head = log.tip(JOB)
+    write_receipt(receipts, RefusedReceipt(JOB, 1, "bob", head, seq))
+    return rec
+
+
+def test_a_refusal_receipt_verifies_and_parses() -> None:
+    ok = RefusedReceipt(JOB, 1, "bob", "ab" * 32, 5)
+    assert parse_receipt(json.loads(json.dumps(ok.to_json()))) == ok
+    for bad in [{"seq_seen": 0}, {"round_id": -1}, {"chain_head_seen": "xyz"}]:
+        with pytest.raises(ValueError):
+            dataclasses.replace(ok, **bad)
+
+
+def test_a_refusing_sites_receipt_catches_its_accusation_rewritten(tmp_path: Path) -> None:
+    """The log names the site a refusing site accused; a server that rewrites the accusation
+    to blame another site (every hash recomputed) is caught by the refusing site's receipt, as
+    is a log cut before its drop."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        _refused_with_receipts(log, receipts)
+        assert verify_log(log, receipts_dir=receipts).ok
+        rewrite_from(log, 5, {"accused": "carol"})
+        report = verify_log(log, receipts_dir=receipts)
+        assert any("(client 'bob', job 'job-1', round 1, refused): chain head seen at seq 5 "
+                   "differs" in p for p in report.problems), report.problems
+    with AuditLog(tmp_path / "cut.db") as log:
+        receipts2 = tmp_path / "receipts2"
+        _refused_with_receipts(log, receipts2)
+        sql(log, "DELETE FROM audit_entries WHERE seq >= 5")
+        report = verify_log(log, receipts_dir=receipts2)
+        assert any("the log has no entry seq 5" in p for p in report.problems)
+        assert any("the log has no client_dropped entry of this client up to seq 5" in p
+                   for p in report.problems), report.problems

@@ -224,7 +224,7 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
     the round naming it (threat_model.md §2.4): the round aborts, and the audit log and the
     job's status name client-0 as accused by the three others, not the honest sites alone as
     the ones that refused."""
-    from fedforest_secure.audit import AuditLog
+    from fedforest_secure.audit import AuditLog, verify_log
     from server_app.db import Database, JobRow
     from server_app.status import job_status
 
@@ -258,6 +258,16 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
                       "message did not authenticate)") for k in (1, 2, 3)]
     aborted = [e.payload["reason"] for e in entries if e.kind == "round_aborted"]
     assert len(aborted) == 1
+    # each refusing site keeps a receipt of the chain head the server answered its refusal
+    # with: the log's account of who accused whom is checked against them
+    receipts = tmp_path / "receipts"
+    receipts.mkdir()
+    for k in (1, 2, 3):
+        kept = fed.root / "state" / f"client-{k}" / "receipts" / f"client-{k}.jsonl"
+        assert '"kind": "refused"' in kept.read_text()
+        shutil.copy(kept, receipts)
+    with AuditLog(fed.audit_url, create=False) as log:
+        assert verify_log(log, receipts_dir=receipts).ok
     assert "accused by the sites that refused: client-0 (3 sites)" in aborted[0], aborted
     db = Database(fed.db_url)
     with db.session() as sess:
