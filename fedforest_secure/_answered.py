@@ -3,16 +3,35 @@
 A retried round (the same round id and the same task) gets the same reply; an older round, a
 round already answered for another question, and a question answered in an earlier round are
 refused (answering it again could isolate a client by differencing); under differential
-privacy the noisy aggregates a client releases are counted against its plan's limit.
+privacy each noisy aggregate a client releases is one of its job's planned releases
+(:func:`planned_releases`), made once.
 """
 
 from __future__ import annotations
 
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
-from .protocol import Reply, Task
+from .protocol import Reply, Task, TaskKind, layout_size
 
-__all__ = ["AnsweredRounds"]
+__all__ = ["AnsweredRounds", "planned_releases"]
+
+
+def planned_releases(config: JobConfig) -> dict[tuple[int, TaskKind], str]:
+    """The noisy releases of a DP training job's plan, by the level and kind of the round that
+    makes each (the levels of :func:`~fedforest_secure.privacy.allocation.job_noise`), with
+    what each releases.
+
+    Greedy splits: one histogram round per splitting level ``0 .. max_depth - 1``. Random
+    splits: the level-0 histogram round of the marginal counts (with the class totals, if
+    planned) and the last level's sketch round of the leaves' totals. Each noise scale holds
+    for its release made once, in the planned shape: a second one (its noise averaged with
+    the first's) or a round the plan does not have is spent budget the plan never accounted.
+    """
+    if config.method == "random":
+        return {(0, TaskKind.HISTOGRAM): "the marginal counts",
+                (config.max_depth, TaskKind.SKETCH): "the leaves' totals"}
+    return {(level, TaskKind.HISTOGRAM): f"level {level}'s histograms"
+            for level in range(config.max_depth)}
 
 
 class AnsweredRounds:
@@ -31,7 +50,7 @@ class AnsweredRounds:
         self._last_digest = b""
         self._keep_last_reply = keep_last_reply
         self._questions: set[bytes] = set()
-        self._dp_releases = 0
+        self._dp_made: set[tuple[int, TaskKind]] = set()  # planned releases made (DP)
 
     def replay(self, round_id: int, digest: bytes) -> Reply | None:
         """The reply already given in round ``round_id`` to the task of ``digest`` (a retry),
@@ -56,25 +75,47 @@ class AnsweredRounds:
 
     def check_new(self, task: Task, question: bytes) -> None:
         """Refuse a question answered in an earlier round, and under DP a noisy aggregate
-        beyond the plan's.
+        that is not one of the plan's releases (:func:`planned_releases`), or one already
+        made.
 
         Raises
         ------
         RefusedRequest
-            The question was answered before, or the client's noisy releases are spent.
+            The question was answered before, or the release is not planned, not in its
+            planned form, or made already.
         """
         if question in self._questions:
             raise RefusedRequest("this question was already answered in an earlier round; "
                                  "answering it again could isolate a client by differencing",
                                  code="question_reused")
-        if self.config.dp is not None and task.layout:
-            # one noisy aggregate per planned release: a histogram round per splitting level,
-            # or with random splits the marginal counts (with the class totals, if planned)
-            # and the leaves' totals
-            limit = 2 if self.config.method == "random" else self.config.max_depth
-            if self._dp_releases >= limit:
-                raise RefusedRequest(f"privacy budget spent: this client releases at most "
-                                     f"{limit} noisy aggregates per job")
+        if self.config.dp is not None and layout_size(task.layout) > 0:
+            self._check_planned(task)
+
+    def _check_planned(self, task: Task) -> None:
+        """Refuse a noisy release that is not one of the plan's, or one already made."""
+        cfg = self.config
+        plan = planned_releases(cfg)
+        key = (task.level, task.kind)
+        name = f"level-{task.level} {task.kind.value} release"
+        if key not in plan:
+            made = ", ".join(f"level {lv} {k.value} ({what})" for (lv, k), what in plan.items())
+            raise RefusedRequest(f"refusing a noisy aggregate outside the job's DP plan: the "
+                                 f"plan has no {name}; this client releases noisy "
+                                 f"aggregates only in {made}")
+        if key in self._dp_made:
+            raise RefusedRequest(f"privacy budget spent: the job's DP plan's {name} "
+                                 f"({plan[key]}) was already made; a second would average "
+                                 "its noise away")
+        if cfg.method == "random" and (
+                task.kind is TaskKind.HISTOGRAM and task.params.get("stats") != "count"
+                or task.kind is TaskKind.SKETCH
+                and any(k.startswith("grid_") for k in task.arrays)):
+            # the marginal counts are counts; the leaves' release is their node totals only
+            # (a histogram beside them would release the totals twice in one vector)
+            raise RefusedRequest(f"the {name} of the job's DP plan releases {plan[key]} "
+                                 "only" + (" (stats 'count')"
+                                           if task.kind is TaskKind.HISTOGRAM else
+                                           ", without a histogram"))
 
     def answered(self, round_id: int, digest: bytes, reply: Reply) -> None:
         """Record ``reply`` as the answer of round ``round_id`` to the task of ``digest``."""
@@ -84,7 +125,7 @@ class AnsweredRounds:
         self._last_reply = reply if self._keep_last_reply else None
 
     def counted(self, task: Task, question: bytes) -> None:
-        """Count ``task``'s question as answered (and under DP its noisy release)."""
+        """Count ``task``'s question as answered (and under DP its planned release as made)."""
         self._questions.add(question)
-        if self.config.dp is not None and task.layout:
-            self._dp_releases += 1
+        if self.config.dp is not None and layout_size(task.layout) > 0:
+            self._dp_made.add((task.level, task.kind))

@@ -436,6 +436,30 @@ def test_secure_dp_client_does_not_let_the_server_turn_its_noise_off(tamper: str
     assert not np.array_equal(sent, noiseless), "the client uploaded its exact statistics"
 
 
+def test_a_greedy_dp_client_makes_each_level_s_release_once_and_no_other() -> None:
+    """Greedy splits under secure-dp: the plan has one histogram release per splitting level.
+    A server asking level 0's histogram again (other thresholds: a new question) instead of a
+    later level's, or node totals in a sketch round (a release the plan does not have), is
+    refused."""
+    from fedforest_secure._layouts import totals_block
+
+    cfg, clients = _secure_config("secure-dp")
+    ws = _workers(cfg, clients)
+    task = _advance(Coordinator(cfg), ws, lambda t: bool(t.layout))
+    assert task.kind is TaskKind.HISTOGRAM and task.level == 0
+    ws[0].handle(task)
+    again = dataclasses.replace(task, round_id=task.round_id + 1, arrays={
+        **task.arrays, "thresholds": task.arrays["thresholds"] * 0.5})
+    with pytest.raises(RefusedRequest, match="level-0 histogram release .*already"):
+        ws[0].handle(again)
+    fresh = _workers(cfg, clients)[1]  # a client at its first round
+    sketch = Task(job_id=task.job_id, round_id=1, kind=TaskKind.SKETCH, level=0,
+                  params={"n_nodes": cfg.n_estimators, "totals": True}, arrays={},
+                  layout=(totals_block(cfg, cfg.n_estimators),))
+    with pytest.raises(RefusedRequest, match="no level-0 sketch release"):
+        fresh.handle(sketch)
+
+
 def test_clients_refuse_the_same_histogram_over_a_smaller_set() -> None:
     cfg, clients = _secure_config("secure")
     ws = _workers(cfg, clients)

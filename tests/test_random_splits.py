@@ -16,7 +16,7 @@ from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import RefusedRequest
 from fedforest_secure.federation import client_seed
 from fedforest_secure.privacy import load_profile
-from fedforest_secure.protocol import Task, TaskKind
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.worker import Worker
 
 
@@ -110,7 +110,7 @@ def test_a_random_dp_client_refuses_a_third_release() -> None:
                     last.layout[0].name, (last.layout[0].shape[0] + 1,
                                           *last.layout[0].shape[1:]),
                     last.layout[0].kinds),), disclose=())
-    with pytest.raises(RefusedRequest, match="at most 2 noisy aggregates"):
+    with pytest.raises(RefusedRequest, match="leaves' totals.*already made"):
         ws[0].handle(evil)
 
 
@@ -230,3 +230,146 @@ def test_a_random_forest_with_all_features_splits_on_every_feature(
     two = FedForestClassifier(max_features=2, random_state=1, **kw).fit(X, y, client=h)
     assert model.score(X, y) > 0.85
     assert model.score(X, y) > two.score(X, y) - 0.05
+
+
+def _run_to(coord: Coordinator, ws: list[Worker], stop: Any, fake_level_0: bool = False
+            ) -> Task:
+    """Answer the coordinator's rounds until a task with ``stop(task)``; ``fake_level_0``:
+    the level-0 marginal release is never sent to the clients (the server fakes its sum)."""
+    from fedforest_secure.protocol import layout_size
+
+    task = coord.next_task()
+    while task is not None and not stop(task):
+        if fake_level_0 and task.layout and task.level == 0:
+            total = np.ones(layout_size(task.layout))
+        else:
+            total = np.sum([w.handle(task).summable for w in ws], axis=0)
+        coord.submit(task.round_id, total, participants=range(len(ws)))
+        task = coord.next_task()
+    assert task is not None
+    return task
+
+
+def test_a_random_dp_client_refuses_the_level_0_counts_over_all_roots_as_sketch_totals(
+        ) -> None:
+    """Every tree holds every row: a server asks the level-0 sketch with node totals over all
+    T roots (T copies of each client's class counts, each with the marginal counts' noise;
+    their mean over the roots takes the noise away). The plan has no level-0 sketch release:
+    the client refuses."""
+    from fedforest_secure._layouts import totals_block
+
+    cfg, ws = _random_dp_job()
+    T = cfg.n_estimators
+    honest = Coordinator(cfg).next_task()
+    assert honest is not None and honest.kind is TaskKind.SKETCH and honest.level == 0
+    assert honest.params["totals"] is False and honest.layout == ()
+    evil = dataclasses.replace(honest, params={**honest.params, "totals": True},
+                               layout=(totals_block(cfg, T),))
+    with pytest.raises(RefusedRequest, match="plan.*no level-0 sketch release"):
+        ws[0].handle(evil)
+
+
+def test_a_random_dp_client_refuses_the_leaf_totals_asked_again_as_a_histogram() -> None:
+    """A server skips the level-0 marginal release and asks the leaves' totals twice (once in
+    the last level's sketch, once as a histogram without thresholds), both with the leaves'
+    noise: their mean halves the noise's variance. The client makes the leaf release once and
+    refuses the histogram, a release its plan does not have."""
+    cfg, ws = _random_dp_job()
+    coord = Coordinator(cfg)
+    last = _run_to(coord, ws, lambda t: t.kind is TaskKind.SKETCH and t.level == cfg.max_depth,
+                   fake_level_0=True)
+    n = int(last.params["n_nodes"])
+    for w in ws:
+        w.handle(last)
+    again = Task(job_id=cfg.job_id, round_id=last.round_id + 1, kind=TaskKind.HISTOGRAM,
+                 level=cfg.max_depth, params={"stats": "full"},
+                 arrays={"nodes": np.arange(n, dtype=np.int64),
+                         "features": np.zeros((n, 1), dtype=np.int64),
+                         "thresholds": np.zeros((n, 1, 0))},
+                 layout=(Block("hist", (n, 1, 1, 2), (StatKind.COUNT, StatKind.COUNT)),))
+    with pytest.raises(RefusedRequest, match="no level-3 histogram release"):
+        ws[0].handle(again)
+
+
+def test_a_random_dp_client_makes_the_marginal_release_once() -> None:
+    """A server asks the level-0 marginal counts twice (the second with other thresholds: a
+    new question), skipping the leaves: the client refuses the second release of the same
+    planned one."""
+    cfg, ws = _random_dp_job()
+    coord = Coordinator(cfg)
+    marg = _run_to(coord, ws, lambda t: bool(t.layout))
+    assert marg.kind is TaskKind.HISTOGRAM and marg.level == 0
+    ws[0].handle(marg)
+    thr = marg.arrays["thresholds"] + 1e-3
+    again = dataclasses.replace(marg, round_id=marg.round_id + 1,
+                                arrays={**marg.arrays, "thresholds": thr})
+    with pytest.raises(RefusedRequest, match="level-0 histogram release .*already"):
+        ws[0].handle(again)
+
+
+@pytest.mark.parametrize("case", ["random", "random_class_totals", "random_regression",
+                                  "random_disjoint", "random_bootstrap", "histogram",
+                                  "quantiles", "noisy_h_splits"])
+def test_an_honest_dp_job_makes_each_planned_release_once(case: str) -> None:
+    """Every DP path of the honest coordinator trains in process with clients that refuse
+    anything outside their plan: each round that releases a noisy aggregate is one of the
+    plan's (:func:`~fedforest_secure._answered.planned_releases`, at the levels of
+    ``job_noise``), each made once."""
+    from fedforest_secure._answered import planned_releases
+    from fedforest_secure.privacy.allocation import job_noise
+    from fedforest_secure.secure_sum import noise_units
+
+    rng = np.random.default_rng(7)
+    K, n, d = 4, 240, 3
+    X = rng.uniform(-2, 2, size=(n, d))
+    h = np.arange(n) % K
+    task = "regression" if case == "random_regression" else "classification"
+    y: np.ndarray = (X[:, 0] > 0).astype(np.int64) if task == "classification" \
+        else np.clip(3 * X[:, 0] + rng.normal(size=n), -8, 8)
+    prof: dict[str, Any] = {"epsilon": 0.5 if case == "random_class_totals" else 4.0}
+    kw: dict[str, Any] = dict(method="random", row_sampling="all", max_features=1)
+    if case == "random_disjoint":
+        kw["row_sampling"] = "disjoint"
+    elif case == "random_bootstrap":
+        kw["row_sampling"] = "bootstrap"
+    elif case in ("histogram", "quantiles"):
+        kw = dict(method=case, max_features=2)
+    elif case == "noisy_h_splits":
+        kw = dict(method="histogram", max_features=2, split_on_client=True, row_sampling="all")
+        prof.update(h_splits="noisy", h_epsilon=2.0)
+    extra: dict[str, Any] = ({"n_classes": 2, "criterion": "gini"} if task == "classification"
+                             else {"target_bound": 8.0})
+    cfg = JobConfig(job_id="job-p", task=task, n_features=d, n_clients=K,
+                    feature_bounds=((-2.0, 2.0),) * d, n_estimators=3, max_depth=3,
+                    min_samples_leaf=3, n_bins=4,
+                    profile=load_profile("secure-dp", **prof).to_dict(), **extra, **kw)
+    ws = [Worker(cfg, X[h == k], y[h == k], client_index=k, seed=client_seed(cfg, k))
+          for k in range(K)]
+    coord = Coordinator(cfg)
+    released = released_tasks(coord, ws)
+    plan = planned_releases(cfg)
+    assert [(t.level, t.kind) for t in released] == list(plan)
+    assert [lv for lv, _ in plan] == list(job_noise(cfg, noise_units(cfg)).levels)
+    assert coord.result() is not None
+
+
+def test_a_random_dp_client_releases_the_leaves_totals_alone_and_the_marginals_as_counts(
+        ) -> None:
+    """The planned releases in another form: the last level's sketch with a histogram of the
+    leaves beside their totals (the totals twice in one vector), or the marginal counts asked
+    with full statistics: refused."""
+    cfg, ws = _random_dp_job()
+    coord = Coordinator(cfg)
+    marg = _run_to(coord, ws, lambda t: bool(t.layout))
+    full = dataclasses.replace(marg, params={**marg.params, "stats": "full"})
+    with pytest.raises(RefusedRequest, match="marginal counts only \\(stats 'count'\\)"):
+        ws[0].handle(full)
+    last = _run_to(coord, ws, lambda t: t.kind is TaskKind.SKETCH and t.level == cfg.max_depth)
+    n = int(last.params["n_nodes"])
+    grid = dataclasses.replace(last, params={**last.params, "stats": "count"}, arrays={
+        **last.arrays, "grid_nodes": np.arange(n, dtype=np.int64),
+        "grid_features": np.zeros((n, 1), dtype=np.int64),
+        "grid_thresholds": np.zeros((n, 1, 0))}, layout=(*last.layout, Block(
+            "hist", (n, 1, 1, 1), (StatKind.COUNT,))))
+    with pytest.raises(RefusedRequest, match="leaves' totals only, without a histogram"):
+        ws[1].handle(grid)
