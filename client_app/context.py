@@ -258,7 +258,7 @@ def ended(status: str, detail: str) -> str:
     detail alone where it says the status itself ("this site was dropped from job ...")."""
     if detail.startswith(f"this site was {status}"):
         return detail
-    return f"{status} {detail}".rstrip()
+    return f"{status}: {detail}" if detail else status
 
 
 def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:

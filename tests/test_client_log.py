@@ -328,7 +328,7 @@ def test_a_server_error_reaches_the_client_with_its_reason_not_a_bare_500() -> N
      "job ended: this site was dropped from job spaceL (this client was dropped at round 8); "
      "the job went on without it"),
     ("failed", "round 6: secure aggregation aborted",
-     "job ended: failed round 6: secure aggregation aborted"),
+     "job ended: failed: round 6: secure aggregation aborted"),
 ])
 def test_the_client_commands_last_line_says_how_the_job_ended_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str, detail: str,

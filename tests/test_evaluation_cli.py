@@ -406,6 +406,17 @@ def test_a_result_without_class_labels_names_the_schemas_class_index(
         "m, schema class 0", "m, schema class 1", "m, schema class 2"]
 
 
+def test_class_labels_that_read_as_indices_are_labels_too(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema whose classes are "0", "1", "2" (a model file names them so): the result
+    carries them, and the legend says ``class 1``, as for any other labels."""
+    res = _labelled_wine(["0", "1", "2"])
+    assert res.classes == ["0", "1", "2"] and json.loads(res.to_json())["classes"] == res.classes
+    labels = _legends(res, tmp_path / "w.png", monkeypatch)
+    assert [lab.split(" (AUC")[0] for lab in labels if "AUC" in lab] == [
+        "m, class 0", "m, class 1", "m, class 2"]
+
+
 def test_a_two_class_plot_names_the_positive_class_its_calibration_counts(
         tiny_parts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses

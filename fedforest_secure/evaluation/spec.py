@@ -179,11 +179,11 @@ class EvalSpec:
     def class_labels(self, n_classes: int) -> list[str] | None:
         """The label of each class index ``0..n_classes - 1`` (the schema's order, in which
         the sites count the classes), as the models' files name their classes; None when no
-        model names them other than by those indices, or models name them differently (a
-        job with a schema refuses such models: ``server_app.evaljob``)."""
-        codes = tuple(str(i) for i in range(n_classes))
+        model names them, or models name them differently (a
+        job with a schema refuses such models: ``server_app.evaljob``). Labels that read as
+        the indices themselves (a schema whose classes are "0" and "1") are labels too."""
         named = {tuple(str(c) for c in f.classes) for f in self.forests()
-                 if f.task == "classification" and f.classes is not None} - {codes}
+                 if f.task == "classification" and f.classes is not None}
         if len(named) != 1:
             return None
         labels = named.pop()
