@@ -15,9 +15,9 @@ import numpy as np
 from ._layouts import CLASS_TOTALS_BLOCK
 from .config import JobConfig
 from .errors import ProtocolError
-from .protocol import Task
+from .protocol import Task, TaskKind
 
-__all__ = ["check_class_totals", "check_random_root", "check_sketch_grid",
+__all__ = ["bounded_question", "check_class_totals", "check_random_root", "check_sketch_grid",
            "group_arrays", "histogram_arrays", "level_features", "sketch_n_nodes"]
 
 
@@ -118,3 +118,33 @@ def check_class_totals(config: JobConfig, task: Task, mode: str, a: int) -> None
         raise ProtocolError("class totals are released only with the level-0 marginal "
                             "counts of a DP random-split classification job that plans "
                             "them, as one (1, n_classes) block after the counts")
+
+
+def bounded_question(config: JobConfig, task: Task, question: bytes) -> bytes:
+    """The question digest of ``task`` (``question``: :meth:`Task.question_digest`) with
+    every finite histogram threshold that cuts nothing within its feature's public bounds
+    (``config.feature_bounds``: below the lower bound or at or above the upper one) taken as
+    +inf, which the question's canonical form leaves out: a histogram re-asked with such a
+    threshold appended has the same non-empty bins, so it is the same question. Without
+    public bounds, or with none of those thresholds, ``question`` itself."""
+    bounds = config.feature_bounds
+    prefix = "" if task.kind is TaskKind.HISTOGRAM else "grid_"
+    thr = task.arrays.get(prefix + "thresholds")
+    feats = task.arrays.get(prefix + "features")
+    if (bounds is None or thr is None or feats is None or thr.ndim != 3 or feats.ndim != 2
+            or thr.shape[:2] != feats.shape or feats.dtype.kind not in "iu"
+            or thr.dtype.kind not in "fiu"):
+        return question  # no histogram, or one the client refuses (histogram_arrays)
+    f = feats.astype(np.int64)
+    used = (f >= 0) & (f < len(bounds))
+    lohi = np.asarray(bounds, dtype=np.float64)[np.where(used, f, 0)]
+    t = thr.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        out = (np.isfinite(t) & used[:, :, None]
+               & ((t < lohi[:, :, :1]) | (t >= lohi[:, :, 1:])))
+    if not out.any():
+        return question
+    arrays = {**task.arrays, prefix + "thresholds": np.where(out, np.inf, t)}
+    return Task(job_id=task.job_id, round_id=task.round_id, kind=task.kind, level=task.level,
+                params=task.params, arrays=arrays, layout=task.layout,
+                disclose=task.disclose).question_digest()

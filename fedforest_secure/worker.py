@@ -34,6 +34,7 @@ from ._routing import route
 from ._site_table import check_level_codes, checked_rows, encode_features, row_statistics
 from ._site_table import frequency_weights as _frequency_weights  # noqa: F401  (re-exported)
 from ._task_checks import (
+    bounded_question,
     check_class_totals,
     check_random_root,
     check_sketch_grid,
@@ -188,6 +189,8 @@ class Worker:
         self._check_disclosures(task)
         check_task_form(task)  # no unused field, no wrong type: the question key is exact
         question = task.question_digest() if digests is None else digests[1]
+        # thresholds beyond the public bounds cut nothing: the same question without them
+        question = bounded_question(self.config, task, question)
         self._answers.check_new(task, question)
         if task.kind == TaskKind.SKETCH:
             reply = self._sketch(task)
@@ -301,8 +304,9 @@ class Worker:
 
         The coordinator may evaluate a level's nodes in groups (each group a sketch round and
         a histogram round): the task lists the group's nodes (``nodes``, ascending) and their
-        features, one row per listed node. Nothing is routed and no abstention is decided
-        again; the level order is built for the group's pairs only.
+        features, one row per listed node. Nothing is routed, no abstention is decided again
+        and no node totals are sent (the level's sketch round sent them); the level order is
+        built for the group's pairs only.
         """
         a = task.arrays
         if self._sketched_level != task.level or task.level != self._level:
@@ -313,17 +317,18 @@ class Worker:
         want = set(task.disclose)
         if want & {"node_stats", "minmax"}:
             raise ProtocolError("a node group's sketch discloses sketches only")
+        if task.params.get("totals", True):
+            # the level's sketch round released them (the coordinator sends totals: false)
+            raise ProtocolError("a node group's sketch asks no node totals: the level's sketch "
+                                "round released them; asking them again could isolate a "
+                                "client by differencing")
         nodes, feats = group_arrays(task, n_nodes, self.config.n_features)
         loc, row, w = self._group_pairs(nodes)
         counts = np.bincount(loc, weights=w, minlength=nodes.size)
         order = self._sort_level(feats, nodes, (loc, row, w))
         del loc, row, w
         disclosed = sketch_items(task, self._level_stats(order), feats, counts, self._profile)
-        if task.params.get("totals", True):
-            summable = self._node_totals(self._n_nodes)[nodes].ravel()
-        else:
-            summable = np.zeros(0)
-        return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
+        return Reply(round_id=task.round_id, summable=np.zeros(0), disclosed=disclosed)
 
     def _group_pairs(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pairs of the listed nodes (ascending): their position in ``nodes``, rows and
@@ -377,6 +382,11 @@ class Worker:
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
         nodes, feats, thr, mode = histogram_arrays(task, self._n_nodes, self.config.n_features)
+        if nodes.size and thr.shape[2] == 0:
+            # one bin per slot: the nodes' totals, which the level's sketch round released
+            # (the coordinator always sends thresholds, +inf padded where a slot has none)
+            raise ProtocolError("a histogram without thresholds asks the level's node totals "
+                                "again; refusing (it could isolate a client by differencing)")
         check_random_root(self.config, task, nodes)
         # statistics carry the missing rows' bin when the job has missing values; counts (the
         # secure sketch's grids) leave missing rows out

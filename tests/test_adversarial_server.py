@@ -578,6 +578,100 @@ def test_clients_refuse_a_repeated_question_dressed_up_as_new(variant: str) -> N
             assert not isinstance(caught.value, RefusedRequest)
 
 
+def _bins(block: Block, n_bins: int) -> tuple[Block, ...]:
+    """A histogram layout of ``block``'s kind with ``n_bins`` bins per slot."""
+    return (Block(block.name, block.shape[:2] + (n_bins,) + block.shape[3:], block.kinds),)
+
+
+def _answered_histogram(cfg: JobConfig, ws: list[Worker]) -> Task:
+    """The level-0 histogram of an honest run, answered by every client (after its sketch)."""
+    task = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    for wk in ws:
+        wk.handle(task)
+    return task
+
+
+#: A level's node totals (answered in its sketch round) asked again in another form: as a
+#: histogram with no thresholds (one bin per feature slot: the node's total), or in a node
+#: group's sketch.
+_TOTALS_REASKED = ["histogram_without_thresholds", "group_sketch_with_totals"]
+
+
+@pytest.mark.parametrize("variant", _TOTALS_REASKED)
+def test_clients_refuse_the_node_totals_reasked_in_another_form(variant: str) -> None:
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    hist = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    nodes, feats = hist.arrays["nodes"], hist.arrays["features"]
+    n, m = feats.shape
+    if variant == "histogram_without_thresholds":
+        again = _reask(hist, hist.round_id,
+                       arrays={**hist.arrays, "thresholds": np.zeros((n, m, 0))},
+                       layout=_bins(hist.layout[0], 1))
+    else:
+        again = Task(job_id=JOB, round_id=hist.round_id, kind=TaskKind.SKETCH, level=0,
+                     params={"n_nodes": int(cfg.n_estimators), "totals": True},
+                     arrays={"nodes": nodes, "features": feats},
+                     layout=(Block("totals", (n, cfg.n_stats), (StatKind.SUM,) * cfg.n_stats),))
+    # the sketch round gave every client's node totals; over clients 0-2 the difference would
+    # be client 3's exact node totals
+    for k in (0, 1, 2):
+        with pytest.raises(ProtocolError, match="node totals"):
+            ws[k].handle(again)
+
+
+#: The same histogram re-asked with thresholds that cut nothing (the same non-empty bins): one
+#: beyond every value, at the feature's public upper bound or below its lower bound, +inf
+#: padding appended, a threshold repeated.
+_CUTS_NOTHING = ["threshold_1e300_appended", "upper_bound_appended", "below_lower_bound",
+                 "inf_appended", "threshold_repeated"]
+
+
+@pytest.mark.parametrize("variant", _CUTS_NOTHING)
+def test_clients_refuse_a_histogram_reasked_with_thresholds_that_cut_nothing(
+        variant: str) -> None:
+    cfg, clients = _secure_config("secure")
+    ws = _workers(cfg, clients)
+    first = _answered_histogram(cfg, ws)
+    thr = first.arrays["thresholds"]
+    n, m, w = thr.shape
+    col = {"threshold_1e300_appended": 1e300, "upper_bound_appended": 2.0,
+           "below_lower_bound": -2.5, "inf_appended": np.inf}.get(variant)
+    if variant == "threshold_repeated":
+        more = np.concatenate([thr[:, :, :1], thr], axis=2)
+    elif variant == "below_lower_bound":
+        more = np.concatenate([np.full((n, m, 1), col), thr], axis=2)
+    else:
+        more = np.concatenate([thr, np.full((n, m, 1), col)], axis=2)
+    assert (np.diff(more, axis=2) >= 0).all() and not np.array_equal(more, thr)
+    second = _reask(first, first.round_id + 1, arrays={**first.arrays, "thresholds": more},
+                    layout=_bins(first.layout[0], first.layout[0].shape[2] + 1))
+    if variant in ("inf_appended", "threshold_repeated"):
+        # the same cuts whatever the bounds: the same secure-sum question, on the wire too
+        wired = SealedTask.from_wire(second.to_bytes())
+        assert question_key(second) == question_key(wired) == question_key(first)
+    # over clients 0-2, the difference of the two sums would be client 3's exact histogram
+    for k in (0, 1, 2):
+        with pytest.raises(RefusedRequest) as caught:
+            ws[k].handle(second)
+        assert caught.value.code == "question_reused"
+
+
+def test_the_question_key_of_a_histogram_is_the_cuts_its_thresholds_make() -> None:
+    def key(*thr: float) -> str:
+        t = Task(job_id=JOB, round_id=3, kind=TaskKind.HISTOGRAM, level=0,
+                 arrays={"nodes": np.zeros(1, dtype=np.int64),
+                         "features": np.zeros((1, 1), dtype=np.int64),
+                         "thresholds": np.array(thr, dtype=np.float64).reshape(1, 1, -1)})
+        assert question_key(SealedTask.from_wire(t.to_bytes())) == question_key(t)
+        return question_key(t)
+
+    same = key(0.0, 1.0)
+    # -0.0 for 0.0, a repeated threshold, +inf padding or -inf: the same bins that hold rows
+    assert key(-0.0, 1.0) == key(0.0, 0.0, 1.0, np.inf) == key(-np.inf, 0.0, 1.0) == same
+    assert key(0.0, 1.5) != same and key(0.0) != same and key(np.inf) == key()
+
+
 @pytest.mark.parametrize("variant", ["block_renamed", "block_reshaped"])
 def test_the_session_refuses_a_repeated_question_dressed_up_as_new(variant: str) -> None:
     from test_client_secagg_question import _round

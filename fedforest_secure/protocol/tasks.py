@@ -129,11 +129,44 @@ def _question_header(task: Task) -> dict[str, Any]:
 
 
 def _question_array(name: str, arr: np.ndarray) -> np.ndarray:
-    """``arr`` in the dtype a client reads it as (unchanged if it would refuse it)."""
+    """``arr`` in the dtype a client reads it as (unchanged if it would refuse it); histogram
+    thresholds in the canonical form of :func:`_canonical_thresholds`."""
     want = TASK_ARRAY_DTYPES.get(name)
-    if want is None or arr.dtype == want or arr.dtype.kind not in _READS[want.kind]:
+    if want is None or arr.dtype.kind not in _READS[want.kind]:
         return arr
-    return arr.astype(want)
+    out = arr if arr.dtype == want else arr.astype(want)
+    if name in _THRESHOLD_GRIDS:
+        out = _canonical_thresholds(out)
+    same = out is arr or (out.shape == arr.shape and out.dtype == arr.dtype
+                          and np.array_equal(out, arr)
+                          and not (np.signbit(arr) & (arr == 0)).any())  # no -0.0
+    return arr if same else out
+
+
+#: The task arrays of a histogram's thresholds, (nodes, slots, thresholds) per slot.
+_THRESHOLD_GRIDS = frozenset({"thresholds", "grid_thresholds"})
+
+
+def _canonical_thresholds(thr: np.ndarray) -> np.ndarray:
+    """Histogram thresholds (float64) as the cuts they make: per (node, slot), its distinct
+    finite thresholds, ascending (-0.0 as 0.0), +inf padded to the widest row's count (no
+    column at all when no row has one). An infinite or repeated threshold cuts nothing (its
+    bin is empty), so the same non-empty bins are the same question whatever is appended."""
+    if thr.ndim != 3 or np.isnan(thr).any():
+        return thr  # refused by the client (histogram_arrays)
+    fin = np.isfinite(thr)
+    width = int(fin.sum(axis=2).max()) if thr.size else 0
+    a, b = thr[:, :, :-1], thr[:, :, 1:]
+    if (not (thr == -np.inf).any() and not (np.signbit(thr) & (thr == 0)).any()
+            and (fin[:, :, :-1] | ~fin[:, :, 1:]).all() and ((a < b) | ~fin[:, :, 1:]).all()):
+        # the coordinator's form: increasing finite thresholds, then +inf (no sort needed)
+        return thr if width == thr.shape[2] else np.ascontiguousarray(thr[:, :, :width])
+    t = np.sort(np.where(np.isfinite(thr), thr + 0.0, np.inf), axis=2)
+    if t.shape[2] > 1:
+        t[:, :, 1:][t[:, :, 1:] == t[:, :, :-1]] = np.inf
+        t = np.sort(t, axis=2)
+    width = int(np.isfinite(t).sum(axis=2).max()) if t.size else 0
+    return np.ascontiguousarray(t[:, :, :width])
 
 
 def check_task_form(task: Task) -> None:
@@ -226,7 +259,8 @@ class Task:
         a question once, so a server cannot re-ask it over a smaller set of clients and
         subtract the sums (differencing). The digest is of what a client computes: the task
         in one canonical form (:func:`_question_header`; arrays in the dtypes a client reads
-        them as, :data:`TASK_ARRAY_DTYPES`), so no cosmetic change a client ignores makes the
+        them as, :data:`TASK_ARRAY_DTYPES`; histogram thresholds as the cuts they make,
+        :func:`_canonical_thresholds`), so no cosmetic change a client ignores makes the
         question "new" (a form :func:`check_task_form` refuses may change it).
         """
         return pack_digest(_question_header(self), {
@@ -306,15 +340,19 @@ class SealedTask(Task):
 
     def question_digest(self) -> bytes:
         if self._question is None:
-            fast = self._fast_question() if self._bytes is not None else None
-            self._question = fast or super().question_digest()
+            arrays = {k: _question_array(k, v) for k, v in self.arrays.items()}
+            fast = self._fast_question(arrays) if self._bytes is not None else None
+            self._question = fast or pack_digest(_question_header(self), arrays)
         return self._question
 
-    def _fast_question(self) -> bytes | None:
+    def _fast_question(self, arrays: dict[str, np.ndarray] | None = None) -> bytes | None:
         """:meth:`Task.question_digest` from the canonical bytes: the question's header
-        over the same array data, when every array is in the dtype a client reads it as
-        (else None: the slow path casts them)."""
-        if any(_question_array(k, v) is not v for k, v in self.arrays.items()):
+        over the same array data, when every array is already in its question form
+        (``arrays``, computed if not given: the dtype a client reads it as, canonical
+        thresholds), else None (the slow path hashes ``arrays``)."""
+        if arrays is None:
+            arrays = {k: _question_array(k, v) for k, v in self.arrays.items()}
+        if any(arrays[k] is not v for k, v in self.arrays.items()):
             return None
         body = self.to_bytes()
         table = self._table if self._table is not None else canonical_table(body)
