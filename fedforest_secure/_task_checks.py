@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._layouts import CLASS_TOTALS_BLOCK
+from ._layouts import CLASS_TOTALS_BLOCK, stats_kinds
 from .config import JobConfig
 from .errors import ProtocolError
-from .protocol import Task, TaskKind
+from .protocol import StatKind, Task, TaskKind
 
-__all__ = ["bounded_question", "check_class_totals", "check_random_root", "check_sketch_grid",
-           "group_arrays", "histogram_arrays", "level_features", "sketch_n_nodes"]
+__all__ = ["bounded_question", "check_class_totals", "check_feature_slots", "check_random_root",
+           "check_reply_kinds", "check_sketch_grid", "group_arrays", "histogram_arrays",
+           "level_features", "sketch_n_nodes"]
 
 
 def sketch_n_nodes(task: Task) -> int:
@@ -94,6 +95,92 @@ def histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str = ""
     if mode not in ("full", "count", "gain", "moments"):
         raise ProtocolError(f"unknown statistics mode {mode!r}")
     return nodes, feats, thr, mode
+
+
+def plan_slots(config: JobConfig, level: int) -> int:
+    """The feature slots per node the job's plan evaluates at ``level``: ``max_features``
+    (resolved to a count), and at level 0 of a random-split job every feature (the marginal
+    counts release all d)."""
+    if config.method == "random" and level == 0:
+        return config.n_features
+    return config.max_features
+
+
+def check_feature_slots(config: JobConfig, task: Task) -> None:
+    """Refuse feature slots the job's plan does not evaluate: more slots per node than
+    :func:`plan_slots`, an index below -1 (-1: an empty slot), or a feature twice in one node.
+
+    The noise of a release is calibrated for the plan's slots: every further slot of a feature
+    is a fresh noisy copy of its statistics, so copies averaged remove the noise.
+    """
+    limit = plan_slots(config, task.level)
+    for name in ("features", "grid_features"):
+        feats = task.arrays.get(name)
+        if feats is None or feats.ndim != 2 or feats.size == 0:
+            continue  # absent or malformed: the task's own checks refuse a malformed one
+        m = int(feats.shape[1])
+        if m > limit:
+            raise ProtocolError(f"the task's {name} asks {m} feature slots per node; the "
+                                f"job's plan evaluates at most {limit} (max_features, or the "
+                                f"d features of the random-split marginal counts)")
+        if (feats < -1).any():
+            raise ProtocolError(f"the task's {name} holds an index below -1: a slot is -1 "
+                                f"(an empty slot) or a feature of the job")
+        srt = np.sort(feats, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+        if dup.any():
+            row, col = (int(v[0]) for v in np.nonzero(dup))
+            listed = task.arrays.get("grid_nodes" if name == "grid_features" else "nodes")
+            node = int(listed[row]) if listed is not None and row < listed.size else row
+            raise ProtocolError(f"the task's {name}: node {node} repeats feature "
+                                f"{int(srt[row, col + 1])} (a node's slots are distinct "
+                                f"features; a repeat is a second noisy copy)")
+
+
+def _mode_kinds(config: JobConfig, mode: str) -> tuple[StatKind, ...]:
+    """The statistic kinds of a histogram in statistics mode ``mode`` (see
+    :mod:`~fedforest_secure._layouts`)."""
+    if mode == "count":
+        return (StatKind.COUNT,)
+    if mode == "gain":
+        return (StatKind.GAIN, StatKind.COUNT)
+    if mode == "moments" and config.task == "regression":
+        return (StatKind.COUNT, StatKind.SUM)
+    return stats_kinds(config)
+
+
+def check_reply_kinds(config: JobConfig, task: Task, size: int) -> None:
+    """Refuse a layout whose blocks are not the pieces of the reply, of ``size`` entries, this
+    client computed: each piece's size and statistic kinds (node totals, a histogram in the
+    task's statistics mode, class totals), in order.
+
+    The codec's scale and the DP noise of an entry follow the kinds its block gives: a sum
+    labelled a count would get count noise.
+    """
+    pieces: list[tuple[int, tuple[StatKind, ...]]] = []
+    rest = size
+    if task.kind == TaskKind.SKETCH:
+        if task.params.get("totals", True):
+            nodes = task.arrays.get("nodes")
+            rows = int(nodes.size) if nodes is not None else int(task.params["n_nodes"])
+            pieces.append((rows * config.n_stats, stats_kinds(config)))
+            rest -= rows * config.n_stats
+        if "grid_thresholds" in task.arrays:
+            pieces.append((rest, _mode_kinds(config, str(task.params.get("stats")))))
+    else:
+        tail = [(config.n_classes, (StatKind.COUNT,) * config.n_classes)] \
+            if any(b.name == CLASS_TOTALS_BLOCK for b in task.layout) else []
+        rest -= sum(n for n, _ in tail)
+        pieces = [(rest, _mode_kinds(config, str(task.params.get("stats", "full")))), *tail]
+    want = [(n, kinds) for n, kinds in pieces if n > 0]
+    got = [(b.size, tuple(b.kinds)) for b in task.layout if b.size > 0]
+    if got != want:
+        def show(blocks: list[tuple[int, tuple[StatKind, ...]]]) -> str:
+            return ", ".join(f"{n} x ({'/'.join(k.value for k in kinds)})"
+                             for n, kinds in blocks) or "none"
+        raise ProtocolError(f"the task's layout gives statistic kinds {show(got)} (entries x "
+                            f"kinds); this client's reply has {show(want)}: a block's kinds "
+                            f"decide its scale and noise")
 
 
 def check_random_root(config: JobConfig, task: Task, nodes: np.ndarray) -> None:

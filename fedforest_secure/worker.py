@@ -36,7 +36,9 @@ from ._site_table import frequency_weights as _frequency_weights  # noqa: F401  
 from ._task_checks import (
     bounded_question,
     check_class_totals,
+    check_feature_slots,
     check_random_root,
+    check_reply_kinds,
     check_sketch_grid,
     group_arrays,
     histogram_arrays,
@@ -188,6 +190,7 @@ class Worker:
             return replayed
         self._check_disclosures(task)
         check_task_form(task)  # no unused field, no wrong type: the question key is exact
+        check_feature_slots(self.config, task)  # the plan's slots: one noisy copy per feature
         question = task.question_digest() if digests is None else digests[1]
         # thresholds beyond the public bounds cut nothing: the same question without them
         question = bounded_question(self.config, task, question)
@@ -200,6 +203,7 @@ class Worker:
             raise ProtocolError(f"unknown task kind {task.kind}")
         if reply.summable.shape != (layout_size(task.layout),):
             raise ProtocolError("reply does not match the task layout")
+        check_reply_kinds(self.config, task, reply.summable.size)  # kinds decide the noise
         self._answers.answered(task.round_id, digest, reply)
         keep = self._keep_order
         if keep is None and self._sorted is not None:  # auto, by size

@@ -30,7 +30,8 @@ def _cfg(**kw: Any) -> JobConfig:
 
 def _sketch_task(rid: int, level: int, n_nodes: int, S: int = 3, *, feats: Any = None,
                  routing: dict[str, np.ndarray] | None = None, job: str = "job",
-                 disclose: tuple[str, ...] = (), n_points: int = 8) -> Task:
+                 disclose: tuple[str, ...] = (), n_points: int = 8,
+                 regression: bool = True) -> Task:
     arrays = dict(routing or {})
     if feats is not None:
         arrays["features"] = np.asarray(feats, dtype=np.int64)
@@ -38,20 +39,25 @@ def _sketch_task(rid: int, level: int, n_nodes: int, S: int = 3, *, feats: Any =
                 params={"n_nodes": n_nodes, **(
                     {"n_points": n_points} if {"sketch_points", "top_l"} & set(disclose)
                     else {})}, arrays=arrays,
-                layout=(Block("totals", (n_nodes, S), (StatKind.COUNT,) * S if S != 3 else REG),),
+                layout=(Block("totals", (n_nodes, S),
+                              REG if regression and S == 3 else (StatKind.COUNT,) * S),),
                 disclose=disclose)
 
 
 def _hist_task(rid: int, level: int, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-               S: int = 3, mode: str = "full") -> Task:
+               S: int = 3, mode: str = "full", regression: bool = True) -> Task:
     E, m, bt = thr.shape
     width = {"full": S, "moments": S, "count": 1, "gain": 2}[mode]
+    # the kinds the worker computes: (n, sum y, sum y^2) or (n, sum y) for regression (S = 3,
+    # or 2 in moments mode), class counts otherwise (the worker refuses other kinds)
+    kinds = {"count": (StatKind.COUNT,), "gain": (StatKind.GAIN, StatKind.COUNT)}.get(
+        mode, REG[:width] if regression and (width, mode) in ((3, "full"), (2, "moments")) else
+        (StatKind.COUNT,) * width)
     return Task(job_id="job", round_id=rid, kind=TaskKind.HISTOGRAM, level=level,
                 params={"stats": mode},
                 arrays={"nodes": np.asarray(nodes, dtype=np.int64),
                         "features": np.asarray(feats, dtype=np.int64), "thresholds": thr},
-                layout=(Block("h", (E, m, bt + (mode != "gain"), width),
-                              (StatKind.COUNT,) * width),))
+                layout=(Block("h", (E, m, bt + (mode != "gain"), width), kinds),))
 
 
 def _multiplicities(cfg: JobConfig, X: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
@@ -173,9 +179,10 @@ def test_histogram_classification_counts() -> None:
     y = rng.integers(0, C, n)
     w = Worker(cfg, X, y, client_index=1, seed=0)
     feats = np.array([[0, 1, 2]])
-    w.handle(_sketch_task(1, 0, 1, S=C, feats=feats))
+    w.handle(_sketch_task(1, 0, 1, S=C, feats=feats, regression=False))
     thr = np.sort(rng.normal(size=(1, 3, 4)), axis=2)
-    got = w.handle(_hist_task(2, 0, np.array([0]), feats, thr, S=C)).summable.reshape(1, 3, 5, C)
+    got = w.handle(_hist_task(2, 0, np.array([0]), feats, thr, S=C,
+                              regression=False)).summable.reshape(1, 3, 5, C)
     for s in range(3):
         b = np.searchsorted(thr[0, s], X[:, s], side="left")
         ref = np.zeros((5, C))
@@ -221,14 +228,15 @@ def test_abstention_zeroes_small_nodes_and_counts_them() -> None:
                "route_right": np.array([1, 3, -1], dtype=np.int32),
                "route_set_ptr": np.zeros(4, dtype=np.int64),
                "route_set_vals": np.zeros(0, dtype=np.int32)}
-    rep = w.handle(_sketch_task(2, 1, 4, routing=routing, feats=np.zeros((4, 3))))
+    feats = np.tile(np.arange(3), (4, 1))  # feature 0 in slot 0
+    rep = w.handle(_sketch_task(2, 1, 4, routing=routing, feats=feats))
     tot = rep.summable.reshape(4, 3)
     np.testing.assert_array_equal(tot[:, 0], [0, 7, 5, 5])
     np.testing.assert_allclose(tot[1], [7, sum(range(3, 10)), sum(v * v for v in range(3, 10))])
     assert w.abstained[1] == 1
     # abstained rows are gone from later statistics of the level too
     thr = np.full((4, 3, 1), 100.0)
-    h = w.handle(_hist_task(3, 1, np.arange(4), np.zeros((4, 3)), thr))
+    h = w.handle(_hist_task(3, 1, np.arange(4), feats, thr))
     np.testing.assert_array_equal(h.summable.reshape(4, 3, 2, 3)[:, 0, 0, 0], [0, 7, 5, 5])
     # without the rule the small node is reported
     w2 = Worker(_cfg(n_estimators=T, bootstrap=False), X, y, client_index=0, seed=0)
@@ -348,13 +356,14 @@ def test_histogram_without_a_sorted_level_matches_the_sorted_one(
     thr[1, 0, 3:] = np.inf
     S = cfg.n_stats
     sorted_w = Worker(cfg, X, y, client_index=0, seed=0)
-    sorted_w.handle(_sketch_task(1, 0, 3, S, feats=feats))
+    reg = task == "regression"
+    sorted_w.handle(_sketch_task(1, 0, 3, S, feats=feats, regression=reg))
     one_pass = Worker(cfg, X, y, client_index=0, seed=0)
-    one_pass.handle(_sketch_task(1, 0, 3, S))
+    one_pass.handle(_sketch_task(1, 0, 3, S, regression=reg))
     nodes = np.arange(3)
     width = S if mode != "moments" or task == "classification" else 2
-    a = sorted_w.handle(_hist_task(2, 0, nodes, feats, thr, width, mode)).summable
-    b = one_pass.handle(_hist_task(2, 0, nodes, feats, thr, width, mode)).summable
+    a = sorted_w.handle(_hist_task(2, 0, nodes, feats, thr, width, mode, reg)).summable
+    b = one_pass.handle(_hist_task(2, 0, nodes, feats, thr, width, mode, reg)).summable
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     assert a.any()
 
