@@ -164,13 +164,19 @@ class RunContext:
         if not seq:
             return
         try:
+            if isinstance(seq, bool) or not isinstance(seq, int):
+                raise ValueError(f"audit_seq {seq!r} is not a whole number")
             rec = RefusedReceipt(job_id=self.job, round_id=round_id, client=self.name,
-                                 chain_head_seen=str(head), seq_seen=int(seq))
-        except (TypeError, ValueError) as exc:  # the refusal itself was recorded
+                                 chain_head_seen=str(head), seq_seen=seq)
+        except ValueError as exc:  # the refusal itself was recorded
             self.log.warn(f"job {self.job}: the server answered this site's refusal with a "
                           f"malformed audit tip ({exc}): no receipt of it kept")
             return
-        write_receipt(self.state.root / "receipts", rec)
+        try:
+            write_receipt(self.state.root / "receipts", rec)
+        except OSError as exc:  # the server has the refusal: only the site's record is lost
+            self.log.warn(f"job {self.job}: the server recorded this site's refusal of round "
+                          f"{round_id}, but its receipt could not be written ({exc})")
 
 
 @dataclass

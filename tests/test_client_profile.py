@@ -547,3 +547,50 @@ def test_a_failed_jobs_receipt_is_kept_or_its_absence_said_truly(
         assert out.getvalue() == ""
     else:
         assert kept == [] and said in " ".join(out.getvalue().split())
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ({"audit_seq": 5, "audit_head": "ab" * 32}, None),
+    ({"audit_seq": float("inf"), "audit_head": "ab" * 32}, "malformed audit tip"),
+    ({"audit_seq": 3.7, "audit_head": "ab" * 32}, "malformed audit tip"),
+    ({"audit_seq": "x", "audit_head": "ab" * 32}, "malformed audit tip"),
+    ({"recorded": True}, ""),  # an older server: nothing to record, nothing said
+])
+def test_a_refusal_receipt_is_kept_or_its_absence_said(tmp_path: Path, answer: dict[str, Any],
+                                                       said: str | None) -> None:
+    """The server's answer to this site's refusal: a receipt of its audit tip is kept; a
+    malformed tip is a warning, never a crash (the refusal was recorded all the same)."""
+    import types
+
+    from client_app.context import RunContext
+    from fedforest_secure.audit import RefusedReceipt, read_receipts
+
+    out = io.StringIO()
+    ctx = types.SimpleNamespace(job=JOB, name="site-a", log=SiteLog(stream=out, plain=True),
+                                state=ClientState(tmp_path / "state"))
+    RunContext.refusal_receipt(ctx, 2, answer)  # type: ignore[arg-type]
+    kept = [r for _, r in read_receipts(tmp_path / "state" / "receipts")]
+    if said is None:
+        assert kept == [RefusedReceipt(JOB, 2, "site-a", "ab" * 32, 5)]
+    else:
+        assert kept == [] and said in " ".join(out.getvalue().split())
+
+
+def test_a_refusal_whose_receipt_cannot_be_written_is_still_a_recorded_refusal(
+        tmp_path: Path) -> None:
+    """The receipts folder cannot be written (a file stands there): the site warns that the
+    server recorded its refusal and the receipt is lost; nothing is raised, so the site is not
+    told that the server does not know it left."""
+    import types
+
+    from client_app.context import RunContext
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "receipts").write_text("not a folder")
+    out = io.StringIO()
+    ctx = types.SimpleNamespace(job=JOB, name="site-a", log=SiteLog(stream=out, plain=True),
+                                state=ClientState(state))
+    RunContext.refusal_receipt(ctx, 2, {"audit_seq": 5, "audit_head": "ab" * 32})  # type: ignore[arg-type]
+    assert "recorded this site's refusal of round 2, but its receipt could not be written" in \
+        " ".join(out.getvalue().split())
