@@ -63,9 +63,12 @@ class ReleasePolicy:
         self.rows_per_point = int(prof.get("rows_per_sketch_point", 0) or 0)
         h_policy = str(prof.get("h_splits", "clear"))
         if config.split_on_client and h_policy == "off":
+            how = ("h_splits='off' (as 'secure' and 'secure-dp' have)"
+                   if "h_splits" in config.profile else
+                   "no h_splits, which means 'off' (its default, as the sites read it)")
             raise ProfileError(
-                "split_on_client=True but the privacy profile has h_splits='off' (as 'secure' "
-                "and 'secure-dp' have): set h_splits='clear' (each site's exact node summaries "
+                f"split_on_client=True but the privacy profile has {how}: set "
+                "h_splits='clear' (each site's exact node summaries "
                 "are disclosed, as in the open profile) or, with [dp], h_splits='noisy' and "
                 "dp.h_epsilon (docs/privacy.md §2.5), or train with split_on_client=False")
         #: H-splits are scored from per-client node summaries

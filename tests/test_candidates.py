@@ -97,6 +97,6 @@ def test_a_profile_leaving_h_splits_out_reads_it_as_off_on_the_coordinators_side
     cfg = _cfg(split_on_client=True,
                profile={"name": "mine", "secure_aggregation": False, "sketch": "quantiles"})
     with pytest.raises(ProfileError, match="split_on_client=True but the privacy profile has "
-                                           "h_splits='off'"):
+                                           "no h_splits, which means 'off'"):
         ReleasePolicy(cfg)
     assert ReleasePolicy(dataclasses.replace(cfg, split_on_client=False)).rows_per_point == 1
