@@ -15,7 +15,7 @@ import numpy as np
 from ._layouts import CLASS_TOTALS_BLOCK, stats_kinds
 from .config import JobConfig
 from .errors import ProtocolError
-from .protocol import StatKind, Task, TaskKind
+from .protocol import SealedTask, StatKind, Task, TaskKind
 
 __all__ = ["bounded_question", "check_class_totals", "check_feature_slots", "check_random_root",
            "check_reply_kinds", "check_sketch_grid", "group_arrays", "histogram_arrays",
@@ -213,8 +213,21 @@ def bounded_question(config: JobConfig, task: Task, question: bytes) -> bytes:
     (``config.feature_bounds``: below the lower bound or at or above the upper one) taken as
     +inf, which the question's canonical form leaves out: a histogram re-asked with such a
     threshold appended has the same non-empty bins, so it is the same question. Without
-    public bounds, or with none of those thresholds, ``question`` itself."""
+    public bounds, or with none of those thresholds, ``question`` itself. Derived once per
+    sealed task and bounds (every client of an in-process federation reads the same one)."""
     bounds = config.feature_bounds
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("bounded_question", question, bounds)
+    if memo is not None and key in memo:
+        return memo[key]
+    out = _bounded_question(task, question, bounds)
+    if memo is not None:
+        memo[key] = out
+    return out
+
+
+def _bounded_question(task: Task, question: bytes,
+                      bounds: tuple[tuple[float, float], ...] | None) -> bytes:
     prefix = "" if task.kind is TaskKind.HISTOGRAM else "grid_"
     thr = task.arrays.get(prefix + "thresholds")
     feats = task.arrays.get(prefix + "features")

@@ -325,6 +325,9 @@ class SealedTask(Task):
         self._digest: bytes | None = None
         self._question: bytes | None = None
         self._table: bytes | None = None  # canonical JSON of the array table, when known
+        #: what a reader derives from the task once for all its readers (an in-process
+        #: federation hands the one sealed task to every client), by the reader's key
+        self.derived: dict[object, bytes] = {}
 
     def to_bytes(self) -> bytes:
         if self._bytes is None:
