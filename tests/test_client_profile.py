@@ -461,6 +461,21 @@ def test_out_naming_an_input_file_is_refused_before_joining(
         runner.run_client(opts)
 
 
+def _said_at_start(opts: ClientOptions, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What the client says (one line of words) when it starts with ``opts``, its transport
+    and the job itself stubbed out."""
+
+    class Stub:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
+    monkeypatch.setattr(runner, "_run", lambda *a, **k: ClientResult(status="done"))
+    out = io.StringIO()
+    runner.run_client(opts, log=SiteLog(stream=out, plain=True))
+    return " ".join(out.getvalue().split())
+
+
 @pytest.mark.parametrize(("mode", "whom"), [(0o644, "other users of this machine"),
                                              (0o640, "its group"), (0o600, None)])
 def test_a_key_others_can_read_is_named_at_start(tmp_path: Path,
@@ -475,21 +490,12 @@ def test_a_key_others_can_read_is_named_at_start(tmp_path: Path,
     key.chmod(mode)
     opts = dataclasses.replace(opts, cert=tmp_path / "site.pem", key=key)
 
-    class Stub:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
-    monkeypatch.setattr(runner, "_run", lambda *a, **k: ClientResult(status="done"))
-    out = io.StringIO()
-    runner.run_client(opts, log=SiteLog(stream=out, plain=True))
-    said = " ".join(out.getvalue().split())
+    said = _said_at_start(opts, monkeypatch)
     if whom is None:
         assert "chmod" not in said, said
     else:
         assert f"--key {key}: {whom} can read it (mode {mode:04o})" in said, said
         assert f"chmod 600 {key}" in said
-
 
 
 def test_a_key_inside_cert_that_others_can_read_is_named_by_cert(
@@ -502,15 +508,7 @@ def test_a_key_inside_cert_that_others_can_read_is_named_by_cert(
     pem.chmod(0o644)
     opts = dataclasses.replace(opts, cert=pem, key=None)
 
-    class Stub:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
-    monkeypatch.setattr(runner, "_run", lambda *a, **k: ClientResult(status="done"))
-    out = io.StringIO()
-    runner.run_client(opts, log=SiteLog(stream=out, plain=True))
-    said = " ".join(out.getvalue().split())
+    said = _said_at_start(opts, monkeypatch)
     assert f"--cert {pem}: other users of this machine can read it (mode 0644)" in said, said
 
 
