@@ -32,8 +32,8 @@ from ._schema_checks import _Bounds
 from .errors import SchemaError
 
 
-class FeatureSpec(Protocol):
-    """What a table is read against of a feature (:class:`~fedforest_secure.schema.Feature`)."""
+class ColumnSpec(Protocol):
+    """What a table is read against of a column the schema names (a feature, the target)."""
 
     @property
     def name(self) -> str: ...
@@ -41,21 +41,20 @@ class FeatureSpec(Protocol):
     def kind(self) -> str: ...
     @property
     def bounds(self) -> _Bounds | None: ...
+
+
+class FeatureSpec(ColumnSpec, Protocol):
+    """What a table is read against of a feature (:class:`~fedforest_secure.schema.Feature`)."""
+
     @property
     def levels(self) -> list[str] | None: ...
     @property
     def may_miss(self) -> bool: ...
 
 
-class TargetSpec(Protocol):
+class TargetSpec(ColumnSpec, Protocol):
     """What a table is read against of the target (:class:`~fedforest_secure.schema.Target`)."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def bounds(self) -> _Bounds | None: ...
     @property
     def classes(self) -> list[str] | None: ...
 
