@@ -356,6 +356,22 @@ def _sessions(n_keys: int, n_clients: int) -> tuple[dict[int, SecAggSession],
     return sessions, trs
 
 
+def share_all(sessions: dict[int, SecAggSession], trs: dict[int, RecordingTransport],
+              setup: RoundSetup) -> dict[int, ShareBundle]:
+    """Every session shares its keys under ``setup``; the share bundle each posted."""
+    bundles = {}
+    for u, s in sessions.items():
+        s.share(TASK, setup.model_dump_json())
+        bundles[u] = ShareBundle.model_validate_json(trs[u].sent[-1][2])
+    return bundles
+
+
+def delivery(bundles: dict[int, ShareBundle], u: int) -> str:
+    """The share delivery of client ``u``: what every bundle holds for it, as JSON."""
+    cts = {v: b.ciphertexts[u] for v, b in bundles.items() if u in b.ciphertexts}
+    return ShareDelivery(job_id=JOB, round_id=0, recipient=u, ciphertexts=cts).model_dump_json()
+
+
 def test_attack2_sessions_refuse_a_server_chosen_sparse_graph() -> None:
     n = 5
     sessions, trs = _sessions(n, n)
@@ -401,14 +417,9 @@ def test_attack2_a_refusal_tells_the_server_only_a_code() -> None:
     adverts = {u: s.client.advertise(0) for u, s in sessions.items()}  # type: ignore[union-attr]
     setup = RoundSetup(job_id=JOB, round_id=0, question=Q, task_digest=DIGEST, threshold=3,
                        vector_length=L, adverts=tuple(adverts[u] for u in range(4)))
-    bundles = {}
+    bundles = share_all(sessions, trs, setup)
     for u, s in sessions.items():
-        s.share(TASK, setup.model_dump_json())
-        bundles[u] = ShareBundle.model_validate_json(trs[u].sent[-1][2])
-    for u, s in sessions.items():
-        cts = {v: b.ciphertexts[u] for v, b in bundles.items() if u in b.ciphertexts}
-        s.mask(TASK, ShareDelivery(job_id=JOB, round_id=0, recipient=u,
-                                   ciphertexts=cts).model_dump_json(), np.zeros(L, np.uint64))
+        s.mask(TASK, delivery(bundles, u), np.zeros(L, np.uint64))
     small = SurvivorSet(job_id=JOB, round_id=0, survivors=(0, 1))
     with pytest.raises(RefusedRequest):
         sessions[0].sign(TASK, small.model_dump_json())
@@ -443,14 +454,9 @@ def test_a_session_takes_its_threshold_from_the_profiles_default_when_the_server
     with pytest.raises(RefusedRequest, match="threshold 3"):
         sessions[0].share(TASK, setup.model_dump_json())
     setup = setup.model_copy(update={"threshold": 4})
-    bundles = {}
+    bundles = share_all(sessions, trs, setup)
     for u, s in sessions.items():
-        s.share(TASK, setup.model_dump_json())
-        bundles[u] = ShareBundle.model_validate_json(trs[u].sent[-1][2])
-    for u, s in sessions.items():
-        cts = {v: b.ciphertexts[u] for v, b in bundles.items() if u in b.ciphertexts}
-        s.mask(TASK, ShareDelivery(job_id=JOB, round_id=0, recipient=u,
-                                   ciphertexts=cts).model_dump_json(), np.zeros(L, np.uint64))
+        s.mask(TASK, delivery(bundles, u), np.zeros(L, np.uint64))
     three = SurvivorSet(job_id=JOB, round_id=0, survivors=(0, 1, 2))
     with pytest.raises(RefusedRequest, match="fewer than t=4"):
         sessions[0].sign(TASK, three.model_dump_json())

@@ -16,11 +16,21 @@ import json
 import numpy as np
 import pytest
 from nacl.signing import SigningKey
-from test_malicious_server import DIGEST, JOB, TASK, L, Q, RecordingTransport, _config
+from test_malicious_server import (
+    DIGEST,
+    JOB,
+    TASK,
+    L,
+    Q,
+    RecordingTransport,
+    _config,
+    delivery,
+    share_all,
+)
 
 from client_app.secagg_session import SecAggSession
 from fedforest_secure.errors import InvalidMessage
-from fedforest_secure.secagg import RoundSetup, ShareBundle, ShareDelivery
+from fedforest_secure.secagg import RoundSetup
 
 
 def _sessions(n: int) -> tuple[dict[int, SecAggSession], dict[int, RecordingTransport]]:
@@ -41,26 +51,18 @@ def test_a_session_whose_peer_sends_garbage_shares_refuses_naming_that_peer() ->
     adverts = {u: s.client.advertise(0) for u, s in sessions.items()}  # type: ignore[union-attr]
     setup = RoundSetup(job_id=JOB, round_id=0, question=Q, task_digest=DIGEST, threshold=3,
                        vector_length=L, adverts=tuple(adverts[u] for u in range(4)))
-    bundles = {}
-    for u, s in sessions.items():
-        s.share(TASK, setup.model_dump_json())
-        bundles[u] = ShareBundle.model_validate_json(trs[u].sent[-1][2])
+    bundles = share_all(sessions, trs, setup)
     evil = 3
     bundles[evil] = bundles[evil].model_copy(update={"ciphertexts": {
         v: bytes(len(ct)) for v, ct in bundles[evil].ciphertexts.items()}})
 
-    def delivery(u: int) -> str:
-        cts = {v: b.ciphertexts[u] for v, b in bundles.items() if u in b.ciphertexts}
-        return ShareDelivery(job_id=JOB, round_id=0, recipient=u,
-                             ciphertexts=cts).model_dump_json()
-
     with pytest.raises(InvalidMessage, match="^the share ciphertext of client 3 does not "
                                              "authenticate; client 3 is site-d$") as e:
-        sessions[0].mask(TASK, delivery(0), np.zeros(L, np.uint64))
+        sessions[0].mask(TASK, delivery(bundles, 0), np.zeros(L, np.uint64))
     assert e.value.peer == evil
     # a session without certified names names the peer by index
     with pytest.raises(InvalidMessage, match="of client 3 does not authenticate$") as e:
-        sessions[1].mask(TASK, delivery(1), np.zeros(L, np.uint64))
+        sessions[1].mask(TASK, delivery(bundles, 1), np.zeros(L, np.uint64))
     assert e.value.peer == evil
     # what the server is told: the code and the accused peer's index, no free text
     sessions[0].refuse_round(0, "invalid_message", accused=evil)
@@ -68,5 +70,5 @@ def test_a_session_whose_peer_sends_garbage_shares_refuses_naming_that_peer() ->
     assert path.endswith("/secagg/refuse")
     assert json.loads(body) == {"reason": "invalid_message", "accused": evil}
     # the attacker's own session masks: its peers' shares are genuine
-    header, _ = sessions[evil].mask(TASK, delivery(evil), np.zeros(L, np.uint64))
+    header, _ = sessions[evil].mask(TASK, delivery(bundles, evil), np.zeros(L, np.uint64))
     assert json.loads(header)["sender"] == evil
