@@ -377,7 +377,8 @@ class SecAggClient:
                  mask_info(self.job_id, rnd.round_id, self.client_id, v, rnd.task_digest))
                 for v in order])
         except ValueError as exc:
-            bad = self._unusable_mask_key(keys.mask_private, rnd, order)
+            bad = next((v for v in order if not _kdf.usable_public(rnd.adverts[v].mask_key)),
+                       None)  # a low-order key, signed by that peer itself
             if bad is None:
                 raise InvalidMessage("bad masking key in the roster") from exc
             raise InvalidMessage(f"the masking key client {bad} advertised is not a usable "
@@ -397,17 +398,6 @@ class SecAggClient:
         header = MaskedUpload(job_id=self.job_id, round_id=rnd.round_id, sender=self.client_id,
                               length=int(masked.shape[0]), next_advert=next_advert)
         return header, masked
-
-    @staticmethod
-    def _unusable_mask_key(private: bytes, rnd: _Round, order: list[int]) -> int | None:
-        """The first peer of ``order`` whose advertised masking key (signed by that peer) no
-        key agreement accepts (a low-order point), once :func:`_kdf.derive_seeds` failed."""
-        for v in order:
-            try:
-                _kdf.derive_seed(private, rnd.adverts[v].mask_key, b"")
-            except ValueError:
-                return v
-        return None
 
     def _open_share(self, rnd: _Round, sender: int, ct: bytes) -> tuple[int, int]:
         head = share_header(self.job_id, rnd.round_id, sender, self.client_id,
