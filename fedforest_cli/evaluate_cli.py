@@ -104,7 +104,7 @@ def evaluate(
                                          "job: give --job the evaluation's job.toml and "
                                          "--models the model files to score")
                 _check_reference(reference, names_of)
-            text = _wait(admin, job_id, timeout)
+            text = _wait(admin, job_id, timeout, config)
         res = EvalResult.from_json(text)
         _check_reference(reference, [m.name for m in res.models])
     except (FedForestError, ValueError, OSError) as exc:
@@ -163,22 +163,31 @@ def _check_reference(reference: str | None, names: list[str] | None) -> None:
                              f"{', '.join(names)}")
 
 
-def _refuse_declined(admin: ServerAdmin, job_id: str) -> None:
+def _refuse_declined(admin: ServerAdmin, job_id: str, config: Path) -> None:
     """Stop waiting (an error naming the sites and their codes) once every site that has not
-    joined declined the job: it starts only when all have joined."""
+    joined declined the job: it starts only when all have joined. ``config``: the server's
+    config, for the cancel command the error gives."""
     st = admin.status(job_id)
     if st is None:
         return
     pending = [m for m in st.members if m.state == "invited"]
     if pending and all(m.declined for m in pending):
         said = ", ".join(f"{m.name} ({m.declined})" for m in pending)
+        if any(m.declined == "evaluated_before" for m in pending):
+            # such a site declines this job each time its client asks: it never joins
+            raise FedForestError(
+                f"the evaluation job {job_id} cannot start: {said} declined it. A site that "
+                "already scored one of its models on the same rows (evaluated_before) "
+                "declines it every time: cancel it (`fedforest server cancel-job --config "
+                f"{config} --job {job_id}`) and score models that site has not scored, or "
+                "all the models to compare in one job")
         raise FedForestError(
             f"the evaluation job {job_id} cannot start: {said} declined it (the job stays; "
             f"once their clients join, `fedforest evaluate --job {job_id}` waits for it "
             "again)")
 
 
-def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:
+def _wait(admin: ServerAdmin, job_id: str, timeout: float, config: Path) -> str:
     """The job's result once it is done (its ``model_json``); an error if it failed."""
     deadline = time.monotonic() + timeout
     shown = ""
@@ -194,7 +203,7 @@ def _wait(admin: ServerAdmin, job_id: str, timeout: float) -> str:
             console.print(f"job {job_id}: {summary.status}")
             shown = summary.status
         if summary.status == "waiting":
-            _refuse_declined(admin, job_id)
+            _refuse_declined(admin, job_id, config)
         if time.monotonic() > deadline:
             raise FedForestError(f"the evaluation job {job_id} is still {summary.status} "
                                  f"after {timeout:.0f} s")

@@ -302,11 +302,10 @@ def test_models_given_on_the_command_line_do_not_take_the_files_names(
         in " ".join(res.output.split()), res.output
 
 
-def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
-                                                              tmp_path: Path) -> None:
-    """Sites a and c joined nothing and declined (one scored the model before, one's table
-    does not fit): the job cannot start, and the command says so, naming them, instead of
-    waiting out --timeout saying only "waiting"."""
+def _declined_evaluation(tiny_parts: Any, tmp_path: Path, codes: dict[int, str]) -> str:
+    """What ``fedforest evaluate --job ev`` says (exit code 2 checked, whitespace joined) when
+    site b joined the evaluation job and the sites of ``codes`` (client index: decline code)
+    declined it."""
     from typer.testing import CliRunner
 
     from fedforest_cli.cli import app
@@ -324,14 +323,34 @@ def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
             if m.client_index == 1:
                 m.state = MemberState.ACTIVE  # b joined
             else:
-                add_message(sess, "ev", -1, DECLINED, m.client_index,
-                            "evaluated_before" if m.client_index == 0 else "table")
+                add_message(sess, "ev", -1, DECLINED, m.client_index, codes[m.client_index])
     db.dispose()
     res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", "ev",
                                    "--timeout", "600"])
-    assert res.exit_code == 2
+    assert res.exit_code == 2, res.output
+    return " ".join(res.output.split())
+
+
+def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
+                                                              tmp_path: Path) -> None:
+    """Sites a and c joined nothing and declined (their tables do not fit): the job cannot
+    start, and the command says so, naming them, instead of waiting out --timeout saying only
+    "waiting"; once their clients join, the command waits for the job again."""
+    said = _declined_evaluation(tiny_parts, tmp_path, {0: "schema", 2: "table"})
+    assert "the evaluation job ev cannot start: a (schema), c (table) declined it" in said
+    assert "once their clients join, `fedforest evaluate --job ev` waits for it again" in said
+
+
+def test_evaluate_says_to_cancel_a_job_a_site_declined_as_evaluated_before(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """Site a scored the model before on the same rows: it declines the job each time its
+    client asks, so the command says to cancel the job rather than to wait for a join."""
+    said = _declined_evaluation(tiny_parts, tmp_path, {0: "evaluated_before", 2: "table"})
     assert "the evaluation job ev cannot start: a (evaluated_before), c (table) declined it" \
-        in " ".join(res.output.split()), res.output
+        in said
+    assert f"cancel it (`fedforest server cancel-job --config {tmp_path / 'server.toml'} --job " \
+        "ev`)" in said
+    assert "waits for it again" not in said
 
 
 def _labelled_wine(classes: list[str] | None) -> EvalResult:
