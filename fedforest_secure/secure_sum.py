@@ -25,14 +25,15 @@ import numpy as np
 
 from ._packing import Packing, packs
 from .config import JobConfig
-from .errors import BudgetError, InvalidMessage, SumOutOfRange
+from .errors import BudgetError, InvalidMessage, OverflowRisk, SumOutOfRange
 from .privacy.profile import with_profile_defaults
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
 from .secagg import InProcessSecureSum, RingCodec
 from .secagg.encoding import Periodic
 
-__all__ = ["RingAggregator", "StatCodec", "SumBounds", "encode_contribution", "entry_scale_bits",
-           "make_codec", "noise_sigmas", "noise_units", "unmask_floor"]
+__all__ = ["RingAggregator", "StatCodec", "SumBounds", "check_frac_bits", "encode_contribution",
+           "entry_scale_bits", "make_codec", "most_frac_bits", "noise_sigmas", "noise_units",
+           "unmask_floor"]
 
 #: Largest |value| per client, in units of the entry's scale (rows times bound).
 _MAX_ROWS = float(2**28)
@@ -189,6 +190,28 @@ def entry_scale_bits(config: JobConfig, kind: StatKind) -> float:
     return float(2.0**frac) / _scales(config)[kind.value]
 
 
+def most_frac_bits(n_clients: int) -> int:
+    """The largest ``frac_bits`` at which ``n_clients`` sites' fixed-point sums fit the signed
+    64-bit ring: a site's sum of y (or y^2) stands for at most 2^28 rows at the unit bound,
+    scaled by ``2**frac_bits``; 0 if none does."""
+    most = 63 - int(_MAX_ROWS).bit_length()  # one site alone: 2^28 * 2^34 < 2^63
+    while most > 0 and max(n_clients, 1) * int(_MAX_ROWS) * 2**most > _INT64_MAX:
+        most -= 1
+    return most
+
+
+def check_frac_bits(config: JobConfig) -> None:
+    """Raise :class:`~fedforest_secure.errors.OverflowRisk` if the profile's ``frac_bits``
+    is more than the job's sites' ring sums hold (:func:`most_frac_bits`)."""
+    frac = int(config.profile.get("frac_bits", 24))
+    most = most_frac_bits(config.n_clients)
+    if frac > most:
+        raise OverflowRisk(
+            f"frac_bits = {frac} is more than {config.n_clients} sites' fixed-point sums hold: "
+            f"at most {most} (each site's sums are scaled by 2^frac_bits, and the sites' sum "
+            "must fit the signed 64-bit ring); lower frac_bits in the profile")
+
+
 def make_codec(config: JobConfig, task: Task) -> StatCodec:
     """The codec of a task's summable vector, from its layout's statistic kinds."""
     # keyed by the config object (kept alive by its entry, so its id is not reused): every
@@ -197,6 +220,7 @@ def make_codec(config: JobConfig, task: Task) -> StatCodec:
     hit = _CODEC_CACHE.get(key)
     if hit is not None and hit[0] is config:
         return hit[1]
+    check_frac_bits(config)
     frac = int(config.profile.get("frac_bits", 24))
     scales = _scales(config)
     per_kind_scale = np.array([scales[k.value] for k in StatKind])
@@ -329,6 +353,7 @@ class RingAggregator:
     """
 
     def __init__(self, config: JobConfig, *, record: bool = False) -> None:
+        check_frac_bits(config)
         self.config = config
         prof = with_profile_defaults(config.profile)  # PrivacyProfile's defaults
         self.secure = bool(prof.get("secure_aggregation"))

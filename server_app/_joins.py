@@ -21,6 +21,7 @@ from .core import Core
 from .db import ClientRow, JobRow
 from .engine import uses_secagg
 from .errors import ApiError
+from .jobs import JobRuntime
 from .jobspec import JobSpec
 from .logs import event
 from .phases import JobStatus, MemberState
@@ -156,6 +157,19 @@ def _maybe_start(core: Core, job_id: str) -> None:
             core.driver.fail(sess, job_of(sess, job_id),
                              f"the job cannot start: {exc}", None, None)
         return
+    try:
+        _start(core, job_id, rt)
+    except (FedForestError, ValueError) as exc:
+        # its first round cannot be issued (e.g. its codec refuses the job's settings): the
+        # start rolled back, and the job fails with the reason rather than a 500 to the join
+        # that started it, which would leave the job waiting for ever
+        with core.db.session() as sess:
+            core.driver.fail(sess, job_of(sess, job_id), f"the job cannot start: {exc}", None,
+                             rt)
+
+
+def _start(core: Core, job_id: str, rt: JobRuntime) -> None:
+    """Mark the job running and issue its first round (one transaction)."""
     with core.runtimes.guard(job_id), core.db.session() as sess:
         job = job_of(sess, job_id)
         job.status = JobStatus.RUNNING

@@ -12,7 +12,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.plain_bounds import PlainBounds
 from fedforest_secure.protocol import Task
-from fedforest_secure.secure_sum import StatCodec, make_codec
+from fedforest_secure.secure_sum import StatCodec, check_frac_bits, make_codec
 
 __all__ = ["JobOutput", "PlainBounds", "RoundEngine", "make_codec", "new_coordinator",
            "plain_bounds", "round_codec", "uses_ring", "uses_secagg"]
@@ -41,7 +41,10 @@ class RoundEngine(Protocol):
 
 
 def new_coordinator(config: JobConfig) -> RoundEngine:
-    """The coordinator of the job's kind."""
+    """The coordinator of the job's kind (:class:`~fedforest_secure.errors.OverflowRisk` for
+    a fixed-point job whose ``frac_bits`` its sites' sums cannot hold)."""
+    if uses_ring(config):
+        check_frac_bits(config)  # else the first round's codec fails, after every join
     if config.evaluation is not None:
         from fedforest_secure.evaluation.coordinator import EvalCoordinator
 

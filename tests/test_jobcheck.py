@@ -136,6 +136,44 @@ def test_a_job_that_cannot_start_fails_with_its_reason_not_a_500(
     assert step["status"] == "failed" and "cannot start" in step["detail"]
 
 
+def test_frac_bits_more_than_the_sites_ring_sums_hold_are_refused_at_creation(
+        tmp_path: Path) -> None:
+    """Three sites' fixed-point sums fit the 64-bit ring up to frac_bits = 33: create-job
+    refuses 34 with that limit (the profile alone allows up to 40)."""
+    text = 'clients = ["a", "b", "c"]\nprofile = "secure"\n[privacy]\nfrac_bits = {}\n'
+    assert check_job(load_job_spec(job(tmp_path, text.format(33)))).spec.id == "j"
+    with pytest.raises(ConfigError, match=r"job 'j' cannot start: frac_bits = 34 is more than "
+                                          r"3 sites' fixed-point sums hold: at most 33"):
+        check_job(load_job_spec(job(tmp_path, text.format(34))))
+
+
+def test_a_job_whose_first_round_cannot_be_issued_fails_with_its_reason_not_a_500(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job stored before create-job checked it, whose coordinator starts but whose first
+    round cannot be issued (frac_bits the sites' sums cannot hold): the join that starts it
+    gets its answer and the job fails with the reason, instead of a 500 that leaves it
+    waiting for ever."""
+    import server_app.runtime as runtime
+
+    spec = load_job_spec(job(tmp_path, 'clients = ["a", "b", "c"]\nprofile = "secure"\n'
+                                       "[privacy]\nfrac_bits = 36\n"))
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, n) for n in "abc"]
+    state = ServerState(db, NullAudit())
+    monkeypatch.setattr(runtime, "check_job", lambda s: type("C", (), {"spec": s})())
+    state.create_job(spec)
+    with TestClient(create_app(db, state=state, tick_seconds=60),
+                    raise_server_exceptions=False) as http:
+        codes = [http.post("/v1/jobs/j/join", headers={"Authorization": f"Bearer {t}"},
+                           json={"identity_key": f"{k + 1:02d}" * 32}).status_code
+                 for k, t in enumerate(tokens)]
+        st = http.get("/v1/jobs/j", headers={"Authorization": f"Bearer {tokens[0]}"}).json()
+    db.dispose()
+    assert codes == [200, 200, 200]
+    assert st["status"] == "failed" and "the job cannot start" in st["reason"]
+    assert "frac_bits = 36 is more than 3 sites' fixed-point sums hold" in st["reason"]
+
+
 def test_an_unexpected_server_error_is_json_with_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = Database(f"sqlite:///{tmp_path / 's.db'}")

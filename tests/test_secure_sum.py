@@ -266,3 +266,26 @@ def test_the_in_process_secure_sum_refuses_a_sum_no_honest_sites_can_make() -> N
     with pytest.raises(SumOutOfRange, match=r"outside what 5 sites' encodings can sum to "
                                             r"\(entry 0"):
         agg.sum_encoded(task, encoded)
+
+
+@pytest.mark.parametrize(("sites", "most"), [(3, 33), (4, 32), (5, 32), (9, 31), (17, 30)])
+def test_frac_bits_above_what_the_sites_ring_sums_hold_are_refused_naming_the_most(
+        sites: int, most: int) -> None:
+    """A site's sum of y (up to 2^28 rows' worth) scaled by 2^frac_bits, summed over the sites,
+    must fit the signed 64-bit ring: the largest frac_bits the sites allow is accepted, one
+    more is refused up front, by the aggregator and by the codec, with that largest value."""
+    def config(frac_bits: int, task: str) -> JobConfig:
+        return dataclasses.replace(_config(task), n_clients=sites, profile=load_profile(
+            "secure", frac_bits=frac_bits).to_dict())
+
+    layout = (Block("totals", (3, 3), (C, S, Q)),)
+    for task in ("regression", "classification"):
+        make_codec(config(most, task), _task(layout, round_id=270 + sites))
+        RingAggregator(config(most, task))
+        too_many = config(most + 1, task)
+        expected = (rf"frac_bits = {most + 1} is more than {sites} sites' fixed-point sums "
+                    rf"hold: at most {most}")
+        with pytest.raises(OverflowRisk, match=expected):
+            RingAggregator(too_many)
+        with pytest.raises(OverflowRisk, match=expected):
+            make_codec(too_many, _task(layout, round_id=280 + sites))
