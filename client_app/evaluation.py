@@ -130,10 +130,26 @@ class EvalLedger:
         self.path = Path(root) / "evaluations.jsonl"
 
     def _entries(self) -> list[dict[str, object]]:
+        """The ledger's lines; ``ValueError`` naming the file and line for one that is not an
+        entry (not a decline reason: the site's own file needs mending)."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines()
-                if line.strip()]
+        entries: list[dict[str, object]] = []
+        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as exc:
+                entry = exc
+            if not isinstance(entry, dict):
+                raise ValueError(
+                    f"{self.path} line {number} is not a ledger entry ({entry}). A client "
+                    "stopped while writing its line leaves it cut short, and that job's "
+                    "statistics were never sent: then delete that line (keep the others: "
+                    "they keep this site from being isolated by a second evaluation)")
+            entries.append(entry)
+        return entries
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
                          record: bool = True, statistics: tuple[str, ...] = (),
@@ -213,7 +229,8 @@ class EvalLedger:
             write_atomic(self.path, "".join(f"{line}\n" for line in others)
                          + json.dumps(entry, sort_keys=True) + "\n")
         else:
-            append_line(self.path, json.dumps(entry, sort_keys=True))
+            # on disk before the statistics it stands for leave the site
+            append_line(self.path, json.dumps(entry, sort_keys=True), sync=True)
 
 
 class LedgeredEvalWorker:

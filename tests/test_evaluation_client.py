@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from client_app.evaluation import LedgeredEvalWorker, site_worker
+from client_app.evaluation import EvalLedger, LedgeredEvalWorker, site_worker
 from client_app.runner import ClientOptions, run_client
 from fedforest_secure import FedForestClassifier
 from fedforest_secure.config import JobConfig
@@ -429,3 +429,21 @@ def test_a_ledger_line_written_before_the_blocks_were_kept_still_refuses_an_exac
         assert isinstance(worker, LedgeredEvalWorker)
         with pytest.raises(RefusedRequest, match=said):
             worker.check()
+
+
+def test_a_ledger_line_cut_short_is_named_with_its_file_and_line_not_a_json_error(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """A client stopped while writing its ledger line leaves half a line: the next check
+    names the ledger's path and the line, and says what to do. It is not a decline reason
+    (not a FedForestError): the site's own file needs mending, the job may still be right."""
+    spec, sites = setting["spec"], setting["sites"]
+    X, y = sites[0]
+    EvalLedger(tmp_path).check_and_record("eval-a", spec.digests, "other rows")
+    ledger = tmp_path / "evaluations.jsonl"
+    ledger.write_text(ledger.read_text() + '{"job": "eval-c", "models')
+    worker = site_worker(_config(spec, "eval-b", 3), 0, None, (X, y), tmp_path)
+    assert isinstance(worker, LedgeredEvalWorker)
+    with pytest.raises(ValueError, match=rf"{ledger} line 2 is not a ledger entry .*delete "
+                                         r"that line") as exc:
+        worker.check()
+    assert not isinstance(exc.value, FedForestError)
