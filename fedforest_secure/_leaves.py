@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _impurity
+from ._tree import TreeBuilder
 from .config import JobConfig
 
-__all__ = ["noisy_level_totals", "node_values", "splittable", "splittable_noisy"]
+__all__ = ["noisy_level_totals", "node_values", "reconcile_split_nodes", "splittable",
+           "splittable_noisy"]
 
 
 def node_values(totals: np.ndarray, task: str, fallback: np.ndarray) -> np.ndarray:
@@ -54,3 +56,28 @@ def noisy_level_totals(hist: np.ndarray, feats: np.ndarray) -> np.ndarray:
     totals: np.ndarray = (slot_tot * valid_slot).sum(axis=1) / np.maximum(valid_slot.sum(axis=1),
                                                                           1)
     return totals
+
+
+def reconcile_split_nodes(tb: TreeBuilder, totals: dict[int, np.ndarray], task: str,
+                          criterion: str) -> None:
+    """Give every split node of ``tb`` the statistics of its children's rows together (sums
+    of the leaves' exact ``totals``, by node id, from the leaves up): its weighted count,
+    value and impurity. For a job a site left midway: the levels before its drop counted its
+    rows, the later ones did not, and a parent's count would otherwise not be its children's.
+    A split node with a child whose totals were not recorded keeps its own."""
+    summed: dict[int, np.ndarray] = {}
+    for node in range(len(tb.kind) - 1, -1, -1):  # children come after their parents
+        left, right = tb.left[node], tb.right[node]
+        if left < 0:
+            if node in totals:
+                summed[node] = totals[node]
+            continue
+        if left not in summed or right not in summed:
+            continue
+        stats = (summed[left] + summed[right])[None, :]
+        summed[node] = stats[0]
+        n = float(_impurity.counts_of(stats, task)[0])
+        if n > 0:
+            tb.n[node] = n
+            tb.value[node] = _impurity.node_values(stats, task)[0]
+            tb.impurity[node] = float(_impurity.impurity(stats, task, criterion)[0])

@@ -113,6 +113,11 @@ class Coordinator(FusedLevels, RandomLevels):
         #: (:func:`~fedforest_secure.privacy.allocation.leaf_vote_weight`)
         self._normalised_votes = False
         self.rounds_by_kind: dict[str, int] = {}
+        #: the first round's participants, and whether a later round had fewer (a site left)
+        self._first_participants: frozenset[int] | None = None
+        self._site_left = False
+        #: per level with exact node totals: its nodes' trees, node ids and totals
+        self._recorded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         #: split decisions per level: tree, node, kind, feature, threshold, left set
         self.decisions: list[dict[str, Any]] = []
         self._events_seen = (0, 0)
@@ -160,6 +165,10 @@ class Coordinator(FusedLevels, RandomLevels):
                 raise InvalidMessage(f"client {k}: {exc}") from None
         if participants is not None:
             self.policy.check_participants(task.layout, len(participants))
+            if self._first_participants is None:
+                self._first_participants = frozenset(participants)
+            elif not self._first_participants <= set(participants):
+                self._site_left = True
         blocks = split_blocks(total, task.layout)
         try:
             self._pending = self._gen.send((blocks, disc))
@@ -302,6 +311,16 @@ class Coordinator(FusedLevels, RandomLevels):
                 break
             frontier, routing, weight = yield from self._split_level(
                 level, frontier, routing, trees, weight)
+        if self._site_left and int(cfg.profile.get("abstain_below", 0) or 0) <= 0:
+            # exact totals (none are recorded under DP): abstention leaves a site's rows out
+            # of a node's children by design, a drop only once the site has gone
+            recorded: list[dict[int, np.ndarray]] = [{} for _ in trees]
+            for tree, node, totals in self._recorded:
+                for i in range(tree.size):
+                    recorded[tree[i]][int(node[i])] = totals[i]
+            for tb, totals_of in zip(trees, recorded, strict=True):
+                _leaves.reconcile_split_nodes(tb, totals_of, cfg.task, cfg.criterion)
+        self._recorded = []
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
                            vote="counts" if self._normalised_votes else "proportions",
@@ -335,6 +354,9 @@ class Coordinator(FusedLevels, RandomLevels):
                 self._root_sumsq = np.asarray(totals, dtype=np.float64)[:, 2].copy()
         values = _leaves.node_values(totals, self.config.task, frontier.parent_value)
         frontier.record(trees, values, n, self._impurity(totals))
+        # kept per level, not per node: a site that leaves midway needs them at the end
+        self._recorded.append((frontier.tree.copy(), frontier.node.copy(),
+                               np.array(totals, dtype=np.float64)))
         return values, n
 
     def _split_level(self, level: int, frontier: Frontier,

@@ -286,3 +286,52 @@ def test_regression_histogram_rounds_ask_counts_and_sums_of_y_only(missing: bool
     if missing:
         assert [t.to_dict() for t in model.trees] == \
             [t.to_dict() for t in run_in_process(_cfg(), _clients()).trees]
+
+
+def _drive_with_a_drop(cfg: JobConfig, clients: list[tuple[np.ndarray, np.ndarray]],
+                       drop_after: int) -> Coordinator:
+    """The rounds of ``cfg`` over ``clients``, the last of them dropped after round
+    ``drop_after`` (its rows are in that round's sum, never in a later one)."""
+    workers = [Worker(cfg, X, y, client_index=k, seed=client_seed(cfg, k))
+               for k, (X, y) in enumerate(clients)]
+    coord = Coordinator(cfg)
+    while (task := coord.next_task()) is not None:
+        alive = range(len(workers) if task.round_id <= drop_after else len(workers) - 1)
+        replies = {k: workers[k].handle(task) for k in alive}
+        disc = {k: r.disclosed for k, r in replies.items() if r.disclosed}
+        coord.submit(task.round_id, PlainSum().aggregate(task, replies), disc,
+                     participants=list(alive))
+    return coord
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+@pytest.mark.parametrize("drop_after", [1, 2, 3])
+def test_after_a_site_drops_every_split_nodes_count_is_its_childrens(
+        task: str, drop_after: int) -> None:
+    """A site that drops mid-job is in the node totals of the levels before its drop and in
+    none after. Every split node's weighted count, value and impurity are those of its
+    children's rows together (one set of sites), so the feature importances subtract like
+    quantities: without that, the root held 456 rows and its children 297."""
+    clients = _clients(n=600)
+    if task == "classification":
+        clients = [(X, (y > 0.5).astype(np.int64)) for X, y in clients]
+    cfg = _cfg(task=task, n_classes=2 if task == "classification" else 0,
+               criterion="gini" if task == "classification" else "mse", max_depth=4,
+               bootstrap=False, row_sampling="all")
+    model = _drive_with_a_drop(cfg, clients, drop_after).result()
+    split_nodes = 0
+    for tree in model.trees:
+        inner = np.flatnonzero(tree.kind != NodeKind.LEAF)
+        split_nodes += inner.size
+        left, right = tree.left[inner], tree.right[inner]
+        assert np.allclose(tree.n[inner], tree.n[left] + tree.n[right], rtol=1e-12)
+        kids = tree.n[left, None] * tree.value[left] + tree.n[right, None] * tree.value[right]
+        assert np.allclose(tree.n[inner, None] * tree.value[inner], kids, rtol=1e-9)
+        # an impurity decrease is never below zero when parent and children agree
+        assert tree.impurity is not None
+        dec = tree.n[inner] * tree.impurity[inner] - tree.n[left] * tree.impurity[left] \
+            - tree.n[right] * tree.impurity[right]
+        assert (dec >= -1e-9 * tree.n[inner]).all()
+    assert split_nodes > 0
+    if drop_after == 1:  # dropped after the roots' totals: no node holds its rows
+        assert all(tree.n[0] == sum(len(y) for _, y in clients[:-1]) for tree in model.trees)
