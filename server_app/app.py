@@ -69,7 +69,7 @@ from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError, upload_error
-from .limits import BodyLimits, TransportLimits
+from .limits import BODY_REFUSED, BodyLimits, TransportLimits
 from .logs import event
 from .runtime import ServerState
 from .store import running_job_ids
@@ -130,10 +130,18 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
     try:
         return await _read_body_chunks(request, length, limit)
     except ClientDisconnect:
+        raise _gone(request) from None
+
+
+def _gone(request: Request) -> ApiError:
+    """A client whose connection closed before its body was complete: logged as the
+    client's failure (a warning, no traceback), and refused. A body the transport layer
+    refused (stalled, too large) reads as a disconnect too: that layer logged it already."""
+    if not request.scope.get(BODY_REFUSED):
         event("client_gone", logging.WARNING, method=request.method, path=request.url.path,
               reason="the connection closed before the body was complete")
-        raise ApiError(400, "client_disconnected", "the connection closed before the body "
-                       "was complete") from None
+    return ApiError(400, "client_disconnected", "the connection closed before the body was "
+                    "complete")
 
 
 async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytearray:
@@ -331,10 +339,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
 
     async def _json_body(request: Request) -> bytes:
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > JSON_MAX:
-                raise ApiError(413, "too_large", f"messages are at most {JSON_MAX} bytes")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > JSON_MAX:
+                    raise ApiError(413, "too_large", f"messages are at most {JSON_MAX} bytes")
+        except ClientDisconnect:
+            raise _gone(request) from None
         return bytes(body)
 
     for _kind in ("advert", "shares", "signature", "unmask"):

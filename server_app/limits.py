@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -28,9 +29,10 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from .auth import TokenCache
+from .logs import event
 from .tls_identity import PeerNames
 
-__all__ = ["BodyLimits", "TransportLimits"]
+__all__ = ["BODY_REFUSED", "BodyLimits", "TransportLimits"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -56,6 +58,11 @@ class BodyLimits:
         if _SECAGG.match(path):
             return self.secagg
         return self.other
+
+
+#: set in a request's scope when this layer refused its body (and logged why): the route's
+#: read then ends in a disconnect that is not the client's
+BODY_REFUSED = "fedforest.body_refused"
 
 
 class _Refused(Exception):
@@ -124,6 +131,11 @@ class TransportLimits:
             # was cut off (FastAPI would turn any error in its body read into a 400)
             if not state["started"] and not state["refused"]:
                 state["refused"] = True
+                # logged here with its reason; the route then sees a disconnect, which it
+                # does not log again as a connection closed (BODY_REFUSED)
+                scope[BODY_REFUSED] = True
+                event("body_refused", logging.WARNING, method=scope.get("method"), path=path,
+                      status=exc.status, code=exc.code, reason=exc.detail)
                 await _refuse(send, exc.status, exc.code, exc.detail)
             return {"type": "http.disconnect"}
 

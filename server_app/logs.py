@@ -3,7 +3,9 @@
     2024-05-01T12:00:00Z INFO fedforest-server event=join job=heart-2024 client=cleveland index=0
 
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``declined``, ``round`` (a round
-closed), ``drop``, ``client_gone``, ``job_done``, ``job_failed``, ``resume``, ``error`` (a
+closed), ``drop``, ``client_gone`` (a site's connection closed before its body was
+complete), ``body_refused`` (a body that stalled past the body timeout, or too large),
+``job_done``, ``job_failed``, ``resume``, ``error`` (a
 request failed), ``close_error`` (closing a round failed: the job stops),
 ``database_unavailable`` and ``database_available`` (an outage of the server's database began;
 it answers again, and the open rounds' deadlines run again from then), ``lease_lost``,

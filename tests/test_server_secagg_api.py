@@ -1007,3 +1007,85 @@ def test_a_next_rounds_low_order_advert_riding_on_a_message_is_refused(
     assert env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).status_code == 200
     assert aggregate(env, r).size > 0  # the round closed over the honest answers
     assert offer(env, 0)["round_id"] == r + 1  # and the next one opened
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/job-a/rounds/1/secagg/signature",
+                                  "/v1/jobs/job-a/rounds/1/secagg/shares",
+                                  "/v1/jobs/job-a/rounds/1/secagg/refuse",
+                                  "/v1/jobs/job-a/decline", "/v1/jobs/job-a/join"])
+def test_a_site_whose_connection_closes_mid_message_is_a_warning_not_a_server_error(
+        env: dict, caplog: pytest.LogCaptureFixture, path: str) -> None:
+    """A site's network that drops during a POST (half a JSON body, then the connection
+    gone): the server answers 400 and logs no ERROR, no traceback. A secure-aggregation
+    message, read as it arrives, is logged as the site's failure (a warning), as an upload
+    is; a body the framework reads (join, decline, refuse) is its 400, unparsed."""
+    import asyncio
+
+    if not path.endswith("join"):
+        join_all(env)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "https", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000),
+             "server": ("127.0.0.1", 443),
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"content-length", b"400"),
+                         (b"authorization", f"Bearer {env['tokens'][0]}".encode())]}
+    arriving = iter([{"type": "http.request", "body": b'{"sender": 0, "sig', "more_body": True}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(arriving, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(env["http"].app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
+    if "/secagg/" in path and not path.endswith("refuse"):
+        assert json.loads(sent[1]["body"])["error"] == "client_disconnected"
+        said = [r.getMessage() for r in caplog.records if r.name.startswith(LOGGER)]
+        assert any("event=client_gone" in m and path in m for m in said), said
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], \
+        [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/job-a/rounds/1/secagg/shares",
+                                  "/v1/jobs/job-a/rounds/1/upload"])
+def test_a_body_that_stalls_is_logged_as_stalled_not_as_a_closed_connection(
+        env: dict, caplog: pytest.LogCaptureFixture, path: str) -> None:
+    """A site that sends part of a body and then nothing: after the body timeout it gets its
+    408, and the server's log says the body stalled (the connection did not close)."""
+    import asyncio
+
+    join_all(env)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    app = create_app(env["db"], state=env["state"], tick_seconds=3600, body_timeout_s=0.2)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "https", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50001),
+             "server": ("127.0.0.1", 443),
+             "headers": [(b"host", b"testserver"), (b"content-length", b"400"),
+                         (b"content-type", b"application/octet-stream" if path.endswith(
+                             "upload") else b"application/json"),
+                         (b"authorization", f"Bearer {env['tokens'][0]}".encode())]}
+    arriving = iter([{"type": "http.request", "body": b'{"sender": 0', "more_body": True}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        message = next(arriving, None)
+        if message is None:
+            await asyncio.sleep(30)  # the rest never comes
+            return {"type": "http.disconnect"}
+        return message
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 408
+    said = [r.getMessage() for r in caplog.records if r.name.startswith(LOGGER)]
+    assert any("event=body_refused" in m and "body_timeout" in m and path in m
+               for m in said), said
+    assert not any("event=client_gone" in m for m in said), said
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
