@@ -23,6 +23,7 @@ from fedforest_secure.dburl import shown_url
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
 from .db import AuditedJobRow, Database, JobRow
+from .idle import protocol_with_idle_limit
 from .lease import ServerLease
 from .logs import configure, event
 from .phases import JobStatus
@@ -79,11 +80,13 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     tls = None if insecure_dev else settings.tls
     client_ca = tls.client_ca if tls is not None else None
     peer_names: PeerNames | None = None
-    http: type[asyncio.Protocol] | str = "auto"
+    # a connection that asks nothing (no request, or headers stopped half-way) is closed too,
+    # not only one idle after a response: a site cannot hold the server's descriptors
+    http: type[asyncio.Protocol] = protocol_with_idle_limit(AutoHTTPProtocol, KEEP_ALIVE_S)
     if client_ca is not None:
         # mutual TLS: every token is bound to the client its connection's certificate names
         peer_names = PeerNames()
-        http = protocol_with_peer_names(AutoHTTPProtocol, peer_names)
+        http = protocol_with_peer_names(http, peer_names)
     server: uvicorn.Server | None = None
     app = create_app(db, audit, tick_seconds=settings.tick_seconds,
                      max_upload_bytes=settings.max_upload_bytes,
@@ -147,9 +150,9 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         raise SystemExit(128 + signal.SIGHUP)
 
 
-#: seconds the server keeps an idle connection open: longer than a client's pool keeps one
-#: (5 s), so the client, not the server, ends an idle connection, and a request never meets
-#: the server's close
+#: seconds the server keeps an idle connection open (idle after a response, or with no
+#: request in progress since it was made): longer than a client's pool keeps one (5 s), so the
+#: client, not the server, ends an idle connection, and a request never meets the server's close
 KEEP_ALIVE_S = 30
 
 
