@@ -255,6 +255,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     except ApiRejected as exc:
         if exc.code == "identity_mismatch":
             raise _identity_mismatch(state, job) from None
+        if exc.code == "job_failed":  # before this site joined (e.g. cancelled): its reason
+            return ClientResult(status="failed", detail=exc.detail)
         raise
     if (joined.config, joined.client_index, joined.schema_sha256) != (
             info.config, k, info.schema_sha256):

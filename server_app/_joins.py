@@ -70,6 +70,8 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
                 if declined is not None:  # the site fixed what made it decline
                     sess.delete(declined)
                 core.changes.touch(job_id)
+                if job.status == JobStatus.FAILED:  # e.g. cancelled before it started
+                    raise ApiError(409, "job_failed", job.reason or "the job failed")
                 if job.status != JobStatus.WAITING:
                     raise ApiError(409, "job_started", "the job started without this client")
                 member.state = MemberState.ACTIVE

@@ -61,9 +61,13 @@ class ScriptedTransport:
     downloads: dict[str, bytes] = field(default_factory=dict)
     #: what the offer raises instead of answering
     offer_error: Exception | None = None
+    #: what the join raises instead of answering
+    join_error: Exception | None = None
 
     def post_json(self, path: str, body: Any = None) -> Any:
         self.sent.append(("POST", path))
+        if path == f"/v1/jobs/{JOB}/join" and self.join_error is not None:
+            raise self.join_error
         return self.join
 
     def get_json(self, path: str, params: Any = None) -> Any:
@@ -423,3 +427,17 @@ def test_a_job_that_fails_while_the_site_is_in_a_step_ends_with_its_reason(
                                                      "reason": reason}})
     res = _run(tr, tmp_path)
     assert (res.status, res.detail) == ("failed", reason)
+
+
+def test_a_site_joining_a_job_that_failed_before_it_joined_is_told_why(tmp_path: Path) -> None:
+    """The job was cancelled (or failed) before this site joined: the join's 409 says so, and
+    the site ends as the sites that had joined do, with the job's reason, not with an HTTP
+    error that says the job started without it."""
+    from client_app.transport import ApiRejected
+
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")}, join_error=(
+        ApiRejected(409, "job_failed", "cancelled by the operator",
+                    {"error": "job_failed", "detail": "cancelled by the operator"})))
+    result = _run(tr, tmp_path)
+    assert (result.status, result.detail) == ("failed", "cancelled by the operator")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/join")]

@@ -97,6 +97,10 @@ def test_a_waiting_job_is_cancelled_by_the_running_server_and_its_sites_are_told
     assert r.headers["X-FedForest-Detail"] == CANCELLED
     st = http.get("/v1/jobs/job-a", headers=auth(tokens[2])).json()
     assert (st["status"], st["reason"]) == ("failed", CANCELLED)
+    # a site that starts only now is told the job failed, and why (it never started)
+    r = http.post("/v1/jobs/job-a/join", headers=auth(tokens[2]))
+    assert r.status_code == 409
+    assert r.json() == {"error": "job_failed", "detail": CANCELLED}
     kinds, last = _kinds_and_last(served["audit"])
     assert kinds == ["job_created", "client_joined", "job_failed"], kinds
     assert last == {"reason": CANCELLED}
