@@ -205,6 +205,9 @@ def _wait(admin: ServerAdmin, job_id: str, timeout: float, config: Path) -> str:
         if summary.status == "waiting":
             _refuse_declined(admin, job_id, config)
         if time.monotonic() > deadline:
-            raise FedForestError(f"the evaluation job {job_id} is still {summary.status} "
-                                 f"after {timeout:.0f} s")
+            raise FedForestError(
+                f"the evaluation job {job_id} is still {summary.status} after {timeout:.0f} s. "
+                f"It stays on the server: `fedforest evaluate --config {config} --job "
+                f"{job_id}` waits for it again, `fedforest server cancel-job --config {config} "
+                f"--job {job_id}` cancels it")
         time.sleep(0.5)

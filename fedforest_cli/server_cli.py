@@ -197,10 +197,14 @@ def prune_cmd(config: ConfigOpt,
         fail(ValueError("give --keep-days N or --job J"))
     if keep_days is not None and not keep_days >= 0:
         fail(ValueError(f"--keep-days must be a number of days >= 0, got {keep_days}"))
+    from server_app.retention import NotFinished
+
     try:
         with ServerAdmin.from_settings(_existing(load_settings(config))) as admin:
             out = admin.prune(keep_days=keep_days, job_ids=list(job) if job else None,
                               dry_run=dry_run)
+    except NotFinished as exc:  # the cancel command it names, with this server's config
+        fail(NotFinished(exc.job_id, exc.status, str(config)))
     except FedForestError as exc:
         fail(exc)
     verb = "would delete" if dry_run else "deleted"

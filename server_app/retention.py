@@ -23,9 +23,20 @@ from fedforest_secure.errors import FedForestError
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
-__all__ = ["Pruned", "prune"]
+__all__ = ["NotFinished", "Pruned", "prune"]
 
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED)
+
+
+class NotFinished(FedForestError):
+    """A job named for pruning has not finished: nothing is deleted. ``config``: the server
+    config the cancel command this names takes (a placeholder if unknown)."""
+
+    def __init__(self, job_id: str, status: str, config: str = "<server.toml>") -> None:
+        super().__init__(f"job {job_id!r} is {status}: only finished jobs are pruned "
+                         f"(`fedforest server cancel-job --config {config} --job {job_id}` "
+                         "stops it); nothing was deleted")
+        self.job_id, self.status = job_id, status
 
 
 @dataclass
@@ -81,9 +92,7 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
             if named is None:
                 raise FedForestError(f"no job {job_id!r}; nothing was deleted")
             if named.status not in _FINISHED:
-                raise FedForestError(f"job {job_id!r} is {named.status}: only finished jobs "
-                                     "are pruned (`fedforest server cancel-job --job "
-                                     f"{job_id}` stops it); nothing was deleted")
+                raise NotFinished(job_id, str(named.status))
         query = select(JobRow).where(JobRow.status.in_(_FINISHED))
         if job_ids is not None:
             query = query.where(JobRow.id.in_(job_ids))

@@ -462,3 +462,24 @@ def test_a_two_class_plot_names_the_positive_class_its_calibration_counts(
     monkeypatch.setattr(Axes, "set_ylabel", keep)
     plot(res, tmp_path / "b.png")
     assert ylabels == ["true positive rate", "fraction of positives (class well)"]
+
+
+def test_evaluate_that_times_out_says_the_job_stays_and_how_to_wait_or_cancel(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """No site has joined yet when --timeout runs out: the error says the job stays, and
+    gives the commands (with the server's config) that wait for it again or cancel it."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 1})
+    create_eval_job(server, write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open",
+                                           models))
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", "ev",
+                                   "--timeout", "0"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "the evaluation job ev is still waiting after 0 s. It stays on the server" in said
+    assert f"`fedforest evaluate --config {server} --job ev` waits for it again" in said
+    assert f"`fedforest server cancel-job --config {server} --job ev` cancels it" in said

@@ -81,8 +81,9 @@ def test_prune_deletes_old_finished_rounds_and_keeps_models_running_and_recent_j
     # a named finished job goes whatever its age; naming a running or unknown one deletes
     # nothing and says why
     with pytest.raises(FedForestError, match=r"job 'running' is running: only finished jobs "
-                                             r"are pruned \(`fedforest server cancel-job --job "
-                                             r"running` stops it\); nothing was deleted"):
+                                             r"are pruned \(`fedforest server cancel-job --config "
+                                             r"<server.toml> --job running` stops it\); "
+                                             r"nothing was deleted"):
         prune(db, spool, job_ids=["recent", "running"])
     with pytest.raises(FedForestError, match="no job 'recnt'; nothing was deleted"):
         prune(db, spool, job_ids=["recent", "recnt"])

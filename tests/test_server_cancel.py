@@ -174,7 +174,8 @@ def test_with_no_server_running_the_command_cancels_the_job_itself(fed: dict) ->
     refused = CliRunner().invoke(cli_app, prune)
     assert refused.exit_code == 2
     assert "error: job 'job-a' is waiting: only finished jobs are pruned (`fedforest server " \
-        "cancel-job --job job-a` stops it)" in refused.output
+        f"cancel-job --config {fed['config']} --job job-a` stops it)" in \
+        " ".join(refused.output.split())
     res = CliRunner().invoke(cli_app, ["server", "cancel-job", "--config", str(fed["config"]),
                                        "--job", "job-a"])
     assert res.exit_code == 0, res.output
