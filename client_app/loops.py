@@ -84,6 +84,8 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
             raise
         try:
             told = _leave_round(ctx, session, "stopped")
+            if told:  # the round the server recorded: the next one, if r closed meanwhile
+                r = session.last_refused() or r
             st = job_status_briefly(tr, job)
         except KeyboardInterrupt:  # a second Ctrl-C cuts the leaving short
             told, st = session.refused(r), None

@@ -238,6 +238,10 @@ class SecAggSession:
         """Whether this client told the server it refuses round ``round_id``."""
         return round_id in self._refused
 
+    def last_refused(self) -> int | None:
+        """The last round this client refused (or tried to), or None."""
+        return max(self._refused, default=None)
+
     def refuse_round(self, round_id: int, code: str, accused: int | None = None) -> None:
         """Tell the server this client leaves the job at round ``round_id``, and why (a code
         of :data:`~fedforest_secure.errors.REFUSAL_CODES`, and for ``invalid_message`` the

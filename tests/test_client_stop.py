@@ -29,6 +29,9 @@ class _Session:
             raise ApiRejected(409, "round_closed", f"round {round_id} is not the open round", {})
         self.refusals.append((round_id, code))
 
+    def last_refused(self) -> int | None:
+        return max((r for r, _ in self.refusals), default=None)
+
 
 @dataclass
 class _Transport:
@@ -343,3 +346,38 @@ def test_a_site_stopped_outside_a_secure_round_adds_nothing(
     with pytest.raises(KeyboardInterrupt) as err:
         loops.run_secure(ctx, None)  # type: ignore[arg-type]
     assert getattr(err.value, "__notes__", []) == [] and tr.asked == []
+
+
+def test_a_stopped_site_names_the_round_the_server_recorded_its_stop_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped just as round 3 closed: its refusal went to round 4, which counted it in, and
+    the last words name round 4, where the server's log and the audit log record the stop."""
+    from types import SimpleNamespace
+
+    class Session:
+        open_round = 3
+        _refused = {3, 4}  # round 3's refusal met its close; round 4's was taken
+
+        def __init__(self, *_: Any, **__: Any) -> None:
+            pass
+
+        def refused(self, round_id: int) -> bool:
+            return round_id in self._refused
+
+        def last_refused(self) -> int:
+            return max(self._refused)
+
+    def stopped(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loops, "SecAggSession", Session)
+    monkeypatch.setattr(loops, "secure_steps", stopped)
+    monkeypatch.setattr(loops, "_leave_round", lambda *_: True)
+    monkeypatch.setattr(loops, "job_status_briefly", lambda *_: None)
+    ctx = SimpleNamespace(tr=SimpleNamespace(step_wait=0.0), job="job-a", config=None,
+                          index=0, opts=SimpleNamespace(ca=None, cert=None),
+                          refusal_receipt=None)
+    with pytest.raises(KeyboardInterrupt) as exc:
+        loops.run_secure(ctx, None)  # type: ignore[arg-type]
+    said = " ".join(exc.value.__notes__)
+    assert "it stopped in the middle of secure round 4; the server was told" in said, said
