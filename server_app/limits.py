@@ -29,10 +29,11 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from .auth import TokenCache
+from .db import ClientRow
 from .logs import event
 from .tls_identity import PeerNames
 
-__all__ = ["BODY_REFUSED", "BodyLimits", "TransportLimits"]
+__all__ = ["BODY_REFUSED", "MAX_IN_FLIGHT", "BodyLimits", "TransportLimits"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,6 +60,11 @@ class BodyLimits:
             return self.secagg
         return self.other
 
+
+#: requests one site may have in progress at once (long polls included): a site runs a few
+#: (its loop, its share sender, a second job); beyond this it could hold the server's
+#: connections and descriptors for the other sites
+MAX_IN_FLIGHT = 32
 
 #: set in a request's scope when this layer refused its body (and logged why): the route's
 #: read then ends in a disconnect that is not the client's
@@ -91,21 +97,33 @@ class TransportLimits:
     """The ASGI layer in front of the app (module docstring)."""
 
     def __init__(self, app: ASGIApp, tokens: TokenCache, *, limits: BodyLimits,
-                 body_timeout_s: float = 30.0, peer_names: PeerNames | None = None) -> None:
+                 body_timeout_s: float = 30.0, peer_names: PeerNames | None = None,
+                 max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.app = app
         self.tokens = tokens
         self.limits = limits
         self.body_timeout_s = body_timeout_s
         self.peer_names = peer_names
+        self.max_in_flight = max_in_flight
+        #: requests in progress per site (client row id); on the event loop only
+        self._in_flight: dict[int, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = str(scope.get("path", ""))
+        site: int | None = None
         try:
             if path.startswith("/v1/"):
-                await self._authenticate(scope)
+                row = await self._authenticate(scope)
+                site = int(row.id)
+                if self._in_flight.get(site, 0) >= self.max_in_flight:
+                    event("too_many_requests", logging.WARNING, path=path, client=row.name,
+                          in_flight=self.max_in_flight)
+                    raise _Refused(429, "too_many_requests", f"this site has "
+                                   f"{self.max_in_flight} requests in progress, the most one "
+                                   "site may have at once: retry when one has been answered")
             limit = self.limits.for_path(path)
             length = _header(scope, b"content-length")
             if length is not None:
@@ -139,11 +157,18 @@ class TransportLimits:
                 await _refuse(send, exc.status, exc.code, exc.detail)
             return {"type": "http.disconnect"}
 
+        if site is not None:
+            self._in_flight[site] = self._in_flight.get(site, 0) + 1
         try:
             await self.app(scope, self._counting(receive, limit, refuse_now), guarded_send)
         except Exception:
             if not state["refused"]:
                 raise
+        finally:
+            if site is not None:
+                left = self._in_flight.pop(site) - 1
+                if left:
+                    self._in_flight[site] = left
 
     def _counting(self, receive: Receive, limit: int,
                   refuse_now: Callable[[_Refused], Awaitable[Message]]) -> Receive:
@@ -172,7 +197,9 @@ class TransportLimits:
 
         return counted
 
-    async def _authenticate(self, scope: Scope) -> None:
+    async def _authenticate(self, scope: Scope) -> ClientRow:
+        """The site (client row) the request's token names; :class:`_Refused` if none does,
+        or (mutual TLS) not the connection's certificate's."""
         auth = _header(scope, b"authorization")
         scheme, _, token = (auth or b"").decode("latin-1").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -189,3 +216,4 @@ class TransportLimits:
                 raise _Refused(403, "certificate_mismatch",
                                "the token belongs to another client than the TLS certificate "
                                "of this connection")
+        return row

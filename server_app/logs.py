@@ -5,6 +5,7 @@
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``declined``, ``round`` (a round
 closed), ``drop``, ``client_gone`` (a site's connection closed before its body was
 complete), ``body_refused`` (a body that stalled past the body timeout, or too large),
+``too_many_requests`` (a site past its requests in progress at once),
 ``job_done``, ``job_failed``, ``resume``, ``error`` (a
 request failed), ``close_error`` (closing a round failed: the job stops),
 ``database_unavailable`` and ``database_available`` (an outage of the server's database began;

@@ -1,0 +1,67 @@
+"""One site's requests in progress at once are capped (server_app/limits.py): beyond the cap
+its next request is answered 429 at once, so one site's long polls cannot hold the server's
+connections for the others; every other site is served as before."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from server_app.auth import TokenCache, add_client
+from server_app.db import Database
+from server_app.limits import BodyLimits, TransportLimits
+
+CAP = 3
+
+
+def _scope(token: str) -> dict[str, Any]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "https", "path": "/v1/jobs/j/secagg", "raw_path": b"/v1/jobs/j/secagg",
+            "query_string": b"wait=30", "root_path": "", "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 443),
+            "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {token}".encode())]}
+
+
+def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_served(
+        tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    greedy, other = add_client(db, "greedy"), add_client(db, "other")
+    release = asyncio.Event()
+    served: list[str] = []
+
+    async def long_poll(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await release.wait()  # a long poll: answered when something happens
+        served.append(scope["headers"][1][1].decode())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    layer = TransportLimits(long_poll, TokenCache(db), limits=BodyLimits(), max_in_flight=CAP)
+
+    async def call(token: str) -> int:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await layer(_scope(token), receive, send)
+        return int(sent[0]["status"])
+
+    async def scenario() -> tuple[list[int], int, list[int], int]:
+        polls = [asyncio.create_task(call(greedy)) for _ in range(CAP)]
+        await asyncio.sleep(0.05)  # the site's CAP long polls are in progress
+        refused = await call(greedy)  # one more: at once, not held
+        others = asyncio.create_task(call(other))  # another site is not counted with it
+        await asyncio.sleep(0.05)
+        release.set()
+        done = list(await asyncio.gather(*polls))
+        return done, refused, [await others], await call(greedy)  # a slot free again
+
+    done, refused, others, again = asyncio.run(scenario())
+    db.dispose()
+    assert done == [200] * CAP and others == [200] and again == 200
+    assert refused == 429
+    assert len(served) == CAP + 2
