@@ -285,13 +285,16 @@ def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:
 
 
 def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
-    """After a restart, rebuild the worker by answering the job's earlier SKETCH tasks again
-    (none once the job is finished and its rounds were pruned)."""
+    """After a restart, rebuild the worker by answering the job's SKETCH tasks again: the
+    closed ones and the open one, which this site may have uploaded before it stopped (the
+    server then only waits for the others, and its next round is that level's histogram);
+    none once the job is finished and its rounds were pruned. A worker answers a round twice
+    with one reply, so the open round's upload, if still due, is the same."""
     listed = tr.get_json(f"/v1/jobs/{job}/rounds")
     if not isinstance(listed, list):
         raise ProtocolError("malformed round list")
     for r in (parse_as(RoundInfo, item, "round list") for item in listed):
-        if r.status != "closed" or r.kind != TaskKind.SKETCH.value:
+        if r.status not in ("closed", "open") or r.kind != TaskKind.SKETCH.value:
             continue
         try:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content

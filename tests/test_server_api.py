@@ -564,3 +564,45 @@ def test_the_tick_logs_an_outage_of_the_database_once_in_one_line(
                      '(the test stopped the database)" deadlines="the open rounds\' deadlines '
                      'run again once it answers"']
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_an_open_site_restarted_after_its_upload_of_a_sketch_round_answers_the_next_round(
+        env: dict) -> None:
+    """Open profile: a site stopped after it uploaded a sketch round that is still open (the
+    others have not) and started again replays the job's sketch rounds, the open one
+    included, so its worker is at that level when the level's histogram round comes: the
+    same answer as the process that never stopped."""
+    from types import SimpleNamespace
+
+    from client_app.loops import replay
+    from fedforest_secure.protocol import TaskKind
+
+    http, tokens = env["http"], env["tokens"]
+    infos = join_all(env)
+    config = JobConfig.from_json(__import__("json").dumps(infos[0]["config"]))
+    workers = [Worker(config, *env["parts"][k], client_index=k, seed=client_seed(config, k))
+               for k in range(K)]
+
+    def answer_round(sites: range) -> Task:
+        task = get_task(env, sites[0])
+        for k in sites:
+            rep = workers[k].handle(task)
+            assert upload(env, k, task.round_id, make_upload(
+                task, rep.summable, rep.disclosed)).status_code == 200
+        return task
+
+    task = answer_round(range(K))  # level 0's sketch
+    while (task := get_task(env, 0)).kind != TaskKind.SKETCH or task.level < 1:
+        answer_round(range(K))
+    answer_round(range(1))  # site 0 uploads level 1's sketch; the round stays open
+    restarted = Worker(config, *env["parts"][0], client_index=0,
+                       seed=client_seed(config, 0))
+    tr = SimpleNamespace(
+        get_json=lambda path: http.get(path, headers=auth(tokens[0])).json(),
+        request=lambda method, path, **_: http.request(method, path, headers=auth(tokens[0])))
+    replay(tr, "job-a", restarted)  # type: ignore[arg-type]
+    answer_round(range(1, K))  # the others: the sketch round closes
+    histogram = get_task(env, 0)
+    assert histogram.kind == TaskKind.HISTOGRAM and histogram.level == 1
+    again = restarted.handle(histogram)
+    assert np.array_equal(again.summable, workers[0].handle(histogram).summable)
