@@ -64,7 +64,8 @@ def reconcile_split_nodes(tb: TreeBuilder, totals: dict[int, np.ndarray], task: 
     of the leaves' exact ``totals``, by node id, from the leaves up): its weighted count,
     value and impurity. For a job a site left midway: the levels before its drop counted its
     rows, the later ones did not, and a parent's count would otherwise not be its children's.
-    A split node with a child whose totals were not recorded keeps its own."""
+    A node all of whose rows left is empty (count and impurity 0) and keeps its value. A split
+    node with a child whose totals were not recorded keeps its own statistics."""
     summed: dict[int, np.ndarray] = {}
     for node in range(len(tb.kind) - 1, -1, -1):  # children come after their parents
         left, right = tb.left[node], tb.right[node]
@@ -77,7 +78,9 @@ def reconcile_split_nodes(tb: TreeBuilder, totals: dict[int, np.ndarray], task: 
         stats = (summed[left] + summed[right])[None, :]
         summed[node] = stats[0]
         n = float(_impurity.counts_of(stats, task)[0])
+        tb.n[node] = max(n, 0.0)
         if n > 0:
-            tb.n[node] = n
             tb.value[node] = _impurity.node_values(stats, task)[0]
             tb.impurity[node] = float(_impurity.impurity(stats, task, criterion)[0])
+        else:  # no row below it any more (they all left): empty, its value kept
+            tb.impurity[node] = 0.0

@@ -118,6 +118,10 @@ class Coordinator(FusedLevels, RandomLevels):
         self._site_left = False
         #: per level with exact node totals: its nodes' trees, node ids and totals
         self._recorded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        #: a job that lost a site: the forest before its split nodes took their children's
+        #: totals (:func:`~fedforest_secure._leaves.reconcile_split_nodes`), as servers before
+        #: that step stored it; None otherwise
+        self.unreconciled: ForestModel | None = None
         #: split decisions per level: tree, node, kind, feature, threshold, left set
         self.decisions: list[dict[str, Any]] = []
         self._events_seen = (0, 0)
@@ -311,9 +315,13 @@ class Coordinator(FusedLevels, RandomLevels):
                 break
             frontier, routing, weight = yield from self._split_level(
                 level, frontier, routing, trees, weight)
-        if self._site_left and int(cfg.profile.get("abstain_below", 0) or 0) <= 0:
-            # exact totals (none are recorded under DP): abstention leaves a site's rows out
-            # of a node's children by design, a drop only once the site has gone
+        if (self._site_left and not self.policy.random_splits
+                and int(cfg.profile.get("abstain_below", 0) or 0) <= 0):
+            # exact totals (none are recorded under DP; random splits set their inner nodes
+            # from the leaves already): abstention leaves a site's rows out of a node's
+            # children by design, a drop only once the site has gone. The model as it was
+            # before this step stays known: an older server logged that one
+            self.unreconciled = self._forest(trees)
             recorded: list[dict[int, np.ndarray]] = [{} for _ in trees]
             for tree, node, totals in self._recorded:
                 for i in range(tree.size):
@@ -321,6 +329,11 @@ class Coordinator(FusedLevels, RandomLevels):
             for tb, totals_of in zip(trees, recorded, strict=True):
                 _leaves.reconcile_split_nodes(tb, totals_of, cfg.task, cfg.criterion)
         self._recorded = []
+        return self._forest(trees)
+
+    def _forest(self, trees: list[TreeBuilder]) -> ForestModel:
+        """The forest of ``trees`` as the job's model."""
+        cfg = self.config
         return ForestModel(task=cfg.task, n_features=cfg.n_features, n_classes=cfg.n_classes,
                            n_clients=cfg.n_clients, trees=[t.build() for t in trees],
                            vote="counts" if self._normalised_votes else "proportions",

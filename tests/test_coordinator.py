@@ -310,8 +310,8 @@ def test_after_a_site_drops_every_split_nodes_count_is_its_childrens(
         task: str, drop_after: int) -> None:
     """A site that drops mid-job is in the node totals of the levels before its drop and in
     none after. Every split node's weighted count, value and impurity are those of its
-    children's rows together (one set of sites), so the feature importances subtract like
-    quantities: without that, the root held 456 rows and its children 297."""
+    children's rows together, so the feature importances subtract like quantities: without
+    that, the root held 456 rows and its children 297."""
     clients = _clients(n=600)
     if task == "classification":
         clients = [(X, (y > 0.5).astype(np.int64)) for X, y in clients]
@@ -335,3 +335,59 @@ def test_after_a_site_drops_every_split_nodes_count_is_its_childrens(
     assert split_nodes > 0
     if drop_after == 1:  # dropped after the roots' totals: no node holds its rows
         assert all(tree.n[0] == sum(len(y) for _, y in clients[:-1]) for tree in model.trees)
+
+
+def test_a_subtree_whose_rows_all_left_with_the_dropped_site_keeps_the_counts_consistent(
+        ) -> None:
+    """The third site's y is far off, so the root splits on the site indicator and the third
+    site's node is split below it; the site drops after. That node's subtree has no rows in
+    the later rounds: the node is empty (its value kept), and every count is still its
+    children's together."""
+    rng = np.random.default_rng(0)
+    clients = []
+    for k in range(3):
+        X = rng.normal(size=(200, 3))
+        clients.append((X, 0.01 * X[:, 0] + 0.1 * rng.normal(size=200)
+                        + (50.0 if k == 2 else 0.0)))
+    cfg = _cfg(max_depth=4, bootstrap=False, row_sampling="all", n_estimators=1,
+               max_features=3, split_on_client=True)
+    coord = _drive_with_a_drop(cfg, clients, drop_after=4)
+    tree = coord.result().trees[0]
+    assert tree.kind[0] == NodeKind.CLIENT
+    inner = np.flatnonzero(tree.kind != NodeKind.LEAF)
+    assert np.allclose(tree.n[inner], tree.n[tree.left[inner]] + tree.n[tree.right[inner]])
+    gone = next(i for i in inner if tree.n[i] == 0)  # the third site's node
+    assert coord.unreconciled is not None
+    assert np.array_equal(tree.value[gone], coord.unreconciled.trees[0].value[gone])
+
+
+def test_random_splits_keep_their_inner_nodes_from_the_leaves_after_a_drop() -> None:
+    """Random splits set every inner node from its leaves' totals already (with their own
+    rules under DP): a drop changes nothing there."""
+    cfg = _cfg(method="random", bootstrap=False, row_sampling="all",
+               feature_bounds=((-5.0, 5.0),) * 3)
+    coord = _drive_with_a_drop(cfg, _clients(n=600), drop_after=2)
+    assert coord.unreconciled is None
+    assert coord.result().trees[0].n_nodes > 1
+
+
+def test_the_replay_of_an_older_servers_log_of_a_job_that_lost_a_site_verifies() -> None:
+    """A server before the split nodes of a job that lost a site took their children's totals
+    logged the forest without that step: the replay accepts that digest as well as today's,
+    and no other."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from fedforest_secure.audit.replay import _check_model
+
+    coord = _drive_with_a_drop(_cfg(bootstrap=False, row_sampling="all"), _clients(n=600), 2)
+    assert coord.unreconciled is not None
+
+    def said(model: Any) -> list[str]:
+        digest = hashlib.sha256(model.for_job(None, ["a", "b", "c"]).to_json().encode())
+        entry = SimpleNamespace(label="model entry", payload={"digest": digest.hexdigest()})
+        return _check_model(coord, entry, None, ["a", "b", "c"])  # type: ignore[arg-type]
+
+    assert said(coord.result()) == [] and said(coord.unreconciled) == []
+    other = _drive(_cfg(bootstrap=False, row_sampling="all"), _clients(n=600)).result()
+    assert said(other) and "the log says" in said(other)[0]
