@@ -178,7 +178,8 @@ def _refuse_declined(admin: ServerAdmin, job_id: str, config: Path) -> None:
             raise FedForestError(
                 f"the evaluation job {job_id} cannot start: {said} declined it. A site that "
                 "already scored one of its models on the same rows (evaluated_before) "
-                "declines it every time: cancel it (`fedforest server cancel-job --config "
+                "declines it each time its client asks (unless that site deletes the earlier "
+                "job's line from its ledger): cancel it (`fedforest server cancel-job --config "
                 f"{config} --job {job_id}`) and score models that site has not scored, or "
                 "all the models to compare in one job")
         raise FedForestError(
