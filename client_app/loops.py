@@ -193,7 +193,11 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             raise ProtocolError("a secure-aggregation step without its round")
         r = session.open_round = step.round_id
         if session.client is None:
-            session.connect(on_wait=ctx.waiting)
+            try:
+                session.connect(on_wait=ctx.waiting)
+            except (RefusedRequest, InvalidMessage) as exc:  # a peer's identity: accused
+                _refuse_step(ctx, session, r, exc)
+                return
         if step.action != "advert" and not session.advertised(r):
             # this process never sent keys for round r: it is a restart of a client whose
             # round keys died with the old process. Refusing the round drops it now, rather
@@ -254,24 +258,30 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             elif action == "unmask":
                 session.unmask(task, message)
         except (RefusedRequest, InvalidMessage) as exc:
-            # a request a privacy rule refuses, or a peer's message (relayed by the server)
-            # that does not authenticate: the round cannot go on with this site, and says why
-            code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
-            # a peer's message that does not authenticate: the refusal accuses that peer, so
-            # the server's log and the job status name it, not only this site as refusing
-            accused = exc.peer if isinstance(exc, InvalidMessage) else None
-            ctx.log.warn(f"refused the server's request in round {r}: {exc}")
-            if not session.refused(r):  # the site's own answer refused: the server learns it
-                try:  # now, not at the step's deadline every other site would wait for
-                    session.refuse_round(r, code, accused=accused)
-                except ApiRejected as rej:  # the round closed, or the site was dropped
-                    ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
-            result.status, result.detail = "refused", f"round {r}: {exc}"
+            _refuse_step(ctx, session, r, exc)
             return
         except ApiRejected as exc:
             if exc.code in ("wrong_phase", "round_closed"):
                 continue  # the phase moved on (e.g. a deadline passed): ask again
             raise
+
+
+def _refuse_step(ctx: RunContext, session: SecAggSession, r: int,
+                 exc: RefusedRequest | InvalidMessage) -> None:
+    """A request a privacy rule refuses, or a peer's message or identity (relayed by the
+    server) that does not authenticate: the round cannot go on with this site, which says
+    why, and ends ``refused``."""
+    code = exc.code if isinstance(exc, RefusedRequest) else "invalid_message"
+    # a peer's message that does not authenticate: the refusal accuses that peer, so the
+    # server's log and the job status name it, not only this site as refusing
+    accused = exc.peer if isinstance(exc, InvalidMessage) else None
+    ctx.log.warn(f"refused the server's request in round {r}: {exc}")
+    if not session.refused(r):  # the site's own answer refused: the server learns it now,
+        try:  # not at the step's deadline every other site would wait for
+            session.refuse_round(r, code, accused=accused)
+        except ApiRejected as rej:  # the round closed, or the site was dropped
+            ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
+    ctx.result.status, ctx.result.detail = "refused", f"round {r}: {exc}"
 
 
 def _check_task(body: bytes, headers: httpx.Headers, job: str) -> Task:

@@ -142,7 +142,14 @@ class SecAggSession:
                 certs = {int(k): Certification.from_json(v) for k, v in d.certs.items()}
             except (ValueError, TypeError) as exc:
                 raise InvalidMessage("malformed identity certifications") from exc
-            self.names = verify_directory(self.job, directory, certs, self.ca_pem)
+            try:
+                self.names = verify_directory(self.job, directory, certs, self.ca_pem)
+            except InvalidMessage as exc:
+                if exc.peer != self.index:
+                    raise
+                # this site's own entry: its own certificate, not a peer's to accuse
+                raise FedForestError(f"this site's own identity in job {self.job} does not "
+                                     f"check: {exc} (--cert)") from None
         # read as the site's pin check reads them: a left-out threshold is the profile's
         # default 1.0 (t = n), never a lower one
         prof = with_profile_defaults(self.config.profile)

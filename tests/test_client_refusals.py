@@ -73,3 +73,38 @@ def test_a_peers_share_that_does_not_authenticate_is_refused_naming_that_peer() 
     assert result.status == "refused" and "client 3 is site-d" in result.detail
     assert "refused the server's request in round 2: the share ciphertext of client 3 does " \
         "not authenticate; client 3 is site-d" in log
+
+
+def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_peer() -> None:
+    """The identity directory, checked when the site's first round comes: a peer's
+    certificate that is no longer valid (it expired after that site joined) is that peer's to
+    answer for. The refusal accuses it, so the job's reason names it, not every honest site as
+    having failed."""
+    task = Task(job_id="j", round_id=1, kind=TaskKind.SKETCH, level=0)
+    step = {"status": "task", "action": "advert", "round_id": 1, "message": "{}",
+            "task_digest": hashlib.sha256(task.to_bytes()).hexdigest()}
+    refused: list[tuple[int, str, int | None]] = []
+
+    class Session:
+        client = None
+        open_round: int | None = None
+
+        def connect(self, **_: Any) -> None:
+            raise InvalidMessage("directory entry 2 ('client-2'): the certificate is not valid "
+                                 "now", peer=2)
+
+        def refused(self, r: int) -> bool:
+            return False
+
+        def refuse_round(self, r: int, code: str, accused: int | None = None) -> None:
+            refused.append((r, code, accused))
+
+    result = ClientResult(status="running")
+    stream = io.StringIO()
+    ctx = SimpleNamespace(tr=SimpleNamespace(take_next_step=lambda: step), job="j",
+                          result=result, log=SiteLog(stream=stream), show=lambda *a: None,
+                          waiting=lambda: None)
+    with ThreadPoolExecutor(max_workers=1) as sender:
+        loops.secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
+    assert refused == [(1, "invalid_message", 2)]
+    assert result.status == "refused" and "'client-2'" in result.detail

@@ -92,25 +92,35 @@ def certify_identity(job_id: str, identity_key: bytes, cert_pem: bytes,
 
 def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
                  ca: x509.Certificate, now: _dt.datetime) -> str:
+    """The entry's certified name; :class:`InvalidMessage` naming entry ``index`` (its
+    ``peer``) otherwise."""
     try:
         cert = x509.load_pem_x509_certificate(cert_text.cert_pem.encode("ascii"))
     except (ValueError, UnicodeEncodeError) as exc:
-        raise InvalidMessage(f"directory entry {index}: unreadable certificate") from exc
+        raise InvalidMessage(f"directory entry {index}: unreadable certificate",
+                             peer=index) from exc
     if not verify_signed_by(cert, ca):
         raise InvalidMessage(f"directory entry {index}: the certificate was not issued by the "
-                             "federation CA")
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-        raise InvalidMessage(f"directory entry {index}: the certificate is not valid now")
-    name = certificate_name(cert)
+                             "federation CA", peer=index)
+    try:
+        name = certificate_name(cert)
+    except InvalidMessage as exc:
+        raise InvalidMessage(f"directory entry {index}: {exc}", peer=index) from None
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if not start <= now <= end:
+        raise InvalidMessage(
+            f"directory entry {index} ({name!r}): the certificate is not valid now (valid "
+            f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC); that site needs a new one",
+            peer=index)
     public = cert.public_key()
     if not isinstance(public, ec.EllipticCurvePublicKey):
-        raise InvalidMessage(f"directory entry {index}: not an EC certificate")
+        raise InvalidMessage(f"directory entry {index}: not an EC certificate", peer=index)
     try:
         public.verify(cert_text.signature, identity_payload(job_id, name, key),
                       ec.ECDSA(hashes.SHA256()))
     except (InvalidSignature, ValueError) as exc:
         raise InvalidMessage(f"directory entry {index}: the identity key is not signed by the "
-                             f"certificate of {name!r}") from exc
+                             f"certificate of {name!r}", peer=index) from exc
     return name
 
 
@@ -129,7 +139,8 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
     for index in sorted(keys):
         cert = certifications.get(index)
         if cert is None:
-            raise InvalidMessage(f"directory entry {index} carries no certification")
+            raise InvalidMessage(f"directory entry {index} carries no certification",
+                                 peer=index)
         names[index] = _check_entry(job_id, index, keys[index], cert, ca, when)
     if len(set(names.values())) != len(names):
         raise InvalidMessage("two directory entries carry certificates of the same client")
