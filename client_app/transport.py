@@ -104,7 +104,8 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
             check_validity(cert)
         except ValueError as exc:
             raise ValueError(f"--cert {exc}; the server refuses it: ask the federation's "
-                             "coordinator for a new certificate") from None
+                             "coordinator for a new certificate of this site's name (`fedforest "
+                             "pki issue --renew --name <site>` where the CA is kept)") from None
     return ctx
 
 

@@ -168,14 +168,19 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
               p12: Annotated[bool, typer.Option(
                   "--p12", help="also write <name>.p12 (certificate, key and CA in one "
                   "password-protected file), what a browser imports; the password is asked, "
-                  "or read from $FEDFOREST_P12_PASSWORD")] = False) -> None:
+                  "or read from $FEDFOREST_P12_PASSWORD")] = False,
+              renew: Annotated[bool, typer.Option(
+                  "--renew", help="give sites that have a certificate a new one with the same "
+                  "name (before the old one expires); the old files are kept as "
+                  "<name>.pem.replaced-<time> and <name>.key.replaced-<time>")] = False
+              ) -> None:
     """Client certificates signed by the existing CA: a site that joins later, or an
-    operator's browser. Never replaces a file."""
+    operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
     from fedforest_secure.pki import export_pkcs12, issue_client_certificates
 
     password = _p12_password(ca_dir, list(name or [])) if p12 else b""
     try:
-        written = issue_client_certificates(ca_dir, list(name or []))
+        written = issue_client_certificates(ca_dir, list(name or []), renew=renew)
         bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
     except (ValueError, OSError) as exc:
         fail(exc)

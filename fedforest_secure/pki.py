@@ -353,17 +353,25 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
     return CertifiedKey(key, cert)
 
 
-def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
+def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
+                              renew: bool = False) -> list[Path]:
     """Client certificates for ``names``, signed by the CA in ``ca_dir`` (``ca.pem`` and
     ``ca.key``), written beside it as ``<name>.pem`` and ``<name>.key`` (mode 0600): a site
     that joins later, or an operator's browser. Returns the certificates' paths.
 
+    With ``renew`` every name must have its pair there already: each is moved aside (to
+    ``<name>.pem.replaced-<UTC time>`` and ``<name>.key.replaced-<UTC time>``, kept; a
+    ``<name>.p12`` too) and a new pair with the same name is written, so the site's token,
+    bound to that name, goes on working. The old certificate stays valid until its end (there
+    is no revocation list).
+
     Raises
     ------
     FileNotFoundError
-        ``ca.pem`` or ``ca.key`` is missing.
+        ``ca.pem`` or ``ca.key`` is missing; with ``renew``, a name has no pair to renew.
     FileExistsError
-        A ``<name>.pem`` or ``<name>.key`` is there already: nothing is written.
+        Without ``renew``, a ``<name>.pem`` or ``<name>.key`` is there already: nothing is
+        written.
     ValueError
         A name is not usable as a file name, the key is not the CA's, or the CA's certificate
         has expired (or is not valid yet).
@@ -386,8 +394,23 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str]) -> list[Path]:
         raise ValueError(f"{exc}: certificates it signs would not verify; the federation needs "
                          "a new CA (`fedforest pki init --force`), and every site a new "
                          "certificate from it") from None
-    _refuse_existing([ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")],
-                     "a site's certificate is never replaced; pick another name")
+    pairs = [ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")]
+    if not renew:
+        _refuse_existing(pairs, "a site's certificate is replaced only with --renew, which "
+                                "keeps the old files beside it; a site's token works only with "
+                                "a certificate of its own name")
+        return _write_clients(ca, ca_dir, names)[0]
+    missing = [p for p in pairs if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{missing[0]} not found: --renew replaces a site's existing "
+                                "certificate and key (without --renew, `pki issue` makes a "
+                                "new site's)")
+    stamp = _now().strftime("%Y%m%dT%H%M%SZ")
+    bundles = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").is_file()]
+    for path in pairs + bundles:  # a browser bundle of the old pair goes aside with it
+        kept = path.with_name(f"{path.name}.replaced-{stamp}")
+        _refuse_existing([kept], "renewed twice within a second; run it again")
+        path.rename(kept)
     return _write_clients(ca, ca_dir, names)[0]
 
 

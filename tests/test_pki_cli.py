@@ -67,6 +67,7 @@ def test_issue_never_replaces_a_site_certificate(tmp_path: Path) -> None:
     before = (certs / "hospital-a.key").read_bytes()
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a")
     assert code == 2 and "hospital-a.pem" in out
+    assert "replaced only with --renew" in " ".join(out.split())
     assert (certs / "hospital-a.key").read_bytes() == before
 
 
@@ -246,3 +247,29 @@ def test_a_p12_password_with_no_terminal_to_ask_on_names_the_variable(
     assert "error: no terminal to ask for the .p12 file's password on: set " \
            "FEDFOREST_P12_PASSWORD" in out, out
     assert not list(certs.glob("*.p12")) and not (certs / "operator.pem").exists()
+
+
+def test_issue_renew_gives_a_site_a_new_certificate_of_its_name_and_keeps_the_old(
+        tmp_path: Path) -> None:
+    """A site's certificate near its end: `--renew` writes a new pair with the same name (the
+    site's token is bound to that name) and keeps the old files beside it; a name with no
+    pair has nothing to renew."""
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    old_cert, old_key = (certs / "hospital-a.pem").read_bytes(), \
+        (certs / "hospital-a.key").read_bytes()
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a", "--renew")
+    assert code == 0, out
+    new = load_certificate(certs / "hospital-a.pem")
+    assert new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hospital-a"
+    assert verify_signed_by(new, load_certificate(certs / "ca.pem"))
+    assert (certs / "hospital-a.pem").read_bytes() != old_cert
+    assert (certs / "hospital-a.key").stat().st_mode & 0o777 == 0o600
+    kept = sorted(p.name for p in certs.glob("hospital-a.*.replaced-*"))
+    assert [k.split(".replaced-")[0] for k in kept] == ["hospital-a.key", "hospital-a.pem"]
+    assert (certs / kept[0]).read_bytes() == old_key and (certs / kept[1]).read_bytes() == \
+        old_cert
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-z", "--renew")
+    assert code == 2 and "hospital-z.pem not found: --renew replaces a site's existing" in \
+        " ".join(out.split())
+    assert not (certs / "hospital-z.pem").exists()
