@@ -167,6 +167,15 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         try:
             X, y = train if train is not None else (None, None)
             return _run(opts, tr, state, X, y, log, pinned, held_out)
+        except ApiRejected as exc:
+            if exc.status != 401:
+                raise
+            raise FedForestError(
+                f"{exc}: the server does not know this site's token (mistyped, or rotated or "
+                "revoked by its operator, which takes effect within 30 s): ask the "
+                "federation's coordinator for the site's current token and start the client "
+                "again with it (--token or FEDFOREST_TOKEN); under a secure profile a site "
+                "that stopped mid-job cannot rejoin that job") from None
         finally:
             tr.close()
 

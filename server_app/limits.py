@@ -197,6 +197,13 @@ class TransportLimits:
 
         return counted
 
+    def _peer(self, scope: Scope) -> str | None:
+        """The name the connection's client certificate gives (mutual TLS), else None."""
+        if self.peer_names is None:
+            return None
+        client = scope.get("client")
+        return self.peer_names.name_of(tuple(client) if client else None)
+
     async def _authenticate(self, scope: Scope) -> ClientRow:
         """The site (client row) the request's token names; :class:`_Refused` if none does,
         or (mutual TLS) not the connection's certificate's."""
@@ -208,11 +215,16 @@ class TransportLimits:
         if not known:
             row = await run_in_threadpool(self.tokens, token.strip())
         if row is None:
+            event("auth_refused", logging.WARNING, path=scope.get("path"),
+                  reason="unknown or revoked token", peer=self._peer(scope))
             raise _Refused(401, "unauthenticated", "unknown or revoked token")
         if self.peer_names is not None:
-            client = scope.get("client")
-            name = self.peer_names.name_of(tuple(client) if client else None)
+            name = self._peer(scope)
             if name != row.name:
+                # a token used over another site's certificate: a leaked token, or a site's
+                # files mixed up; the operator reads both names
+                event("auth_refused", logging.WARNING, path=scope.get("path"),
+                      reason="certificate_mismatch", token_of=row.name, certificate_of=name)
                 raise _Refused(403, "certificate_mismatch",
                                "the token belongs to another client than the TLS certificate "
                                "of this connection")

@@ -592,3 +592,27 @@ def test_a_refusal_whose_receipt_cannot_be_written_is_still_a_recorded_refusal(
     RunContext.refusal_receipt(ctx, 2, {"audit_seq": 5, "audit_head": "ab" * 32})  # type: ignore[arg-type]
     assert "recorded this site's refusal of round 2, but its receipt could not be written" in \
         " ".join(out.getvalue().split())
+
+
+def test_a_token_the_server_no_longer_knows_says_what_to_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator rotated or revoked the site's token (or it was mistyped): the site's last
+    line says so and what to do, not only the HTTP status."""
+    from client_app.transport import ApiRejected
+
+    class Stub:
+        def close(self) -> None:
+            pass
+
+    def unknown(*_: Any, **__: Any) -> ClientResult:
+        raise ApiRejected(401, "unauthenticated", "unknown or revoked token",
+                          {"error": "unauthenticated", "detail": "unknown or revoked token"})
+
+    opts = _no_transport(tmp_path, monkeypatch)
+    monkeypatch.setattr(runner, "Transport", lambda *a, **k: Stub())
+    monkeypatch.setattr(runner, "_run", unknown)
+    with pytest.raises(FedForestError, match=r"401 unauthenticated: unknown or revoked token: "
+                                             r"the server does not know this site's token .*"
+                                             r"ask the federation's coordinator for the "
+                                             r"site's current token"):
+        runner.run_client(opts)

@@ -160,6 +160,15 @@ def test_attack6_a_token_is_bound_to_the_name_in_the_client_certificate(live: Li
     assert r.json()["error"] == "certificate_mismatch"
     with live.http(k=2, token=2) as http:  # its own token over its own certificate
         assert http.get("/v1/me").json() == {"name": "client-2"}
+    # the operator reads whose token came over whose certificate (a leaked token?); and an
+    # unknown token is logged too, never the token itself
+    with live.http(k=1) as http:
+        assert http.get("/v1/me", headers={"Authorization": "Bearer nope"}).status_code == 401
+    log = (live.root / "server.log").read_text()
+    assert "event=auth_refused" in log and "reason=certificate_mismatch token_of=client-0 " \
+        "certificate_of=client-2" in log, log[-2000:]
+    assert 'reason="unknown or revoked token" peer=client-1' in log, log[-2000:]
+    assert live.tokens[0] not in log and "nope" not in log
 
 
 @pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
