@@ -3,11 +3,11 @@
 uvicorn closes a keep-alive connection that stays idle after a response, but not one that
 never sends a request, nor one whose request headers stop half-way: a site could hold as many
 of either as the process has file descriptors, and lock the other sites out. The protocol
-:func:`protocol_with_idle_limit` makes closes a connection that has had no request in progress
-(its headers not yet complete, or no request at all) for ``seconds`` since it was made or since
-its last response, however slowly its bytes trickle in. A request whose headers are complete
-is the app's: its body has the transport layer's body timeout
-(:class:`~server_app.limits.TransportLimits`), its handler as long as it needs.
+:func:`protocol_with_idle_limit` makes closes a connection on which no request has begun or
+been in progress for ``seconds`` (none since it was made, or headers stopped half-way), however
+slowly its bytes trickle in; a connection busy with one short request after another stays. A
+request whose headers are complete is the app's: its body has the transport layer's body
+timeout (:class:`~server_app.limits.TransportLimits`), its handler as long as it needs.
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ __all__ = ["protocol_with_idle_limit"]
 
 def protocol_with_idle_limit(base: type[Any], seconds: float) -> type[Any]:
     """A subclass of uvicorn's HTTP protocol ``base`` (httptools or h11) that closes a
-    connection with no request in progress for ``seconds`` (checked every third of it)."""
+    connection on which no request has begun or been in progress for ``seconds`` (looked at
+    every third of it: closed between ``seconds`` and 4/3 of it after its last request)."""
 
     class IdleLimitProtocol(base):  # type: ignore[misc]
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
-            self._waiting_since: float | None = asyncio.get_running_loop().time()
+            #: since when no request has been seen in progress or begun (checked every
+            #: third of ``seconds``; each request is a new cycle object)
+            self._quiet_since = asyncio.get_running_loop().time()
+            self._seen_cycle: Any = None
             self._watch_handle: asyncio.TimerHandle | None = None
             self._schedule_watch()
 
@@ -36,13 +40,14 @@ def protocol_with_idle_limit(base: type[Any], seconds: float) -> type[Any]:
             transport = self.transport
             if transport is None or transport.is_closing():
                 return
-            cycle = getattr(self, "cycle", None)
+            cycle: Any = getattr(self, "cycle", None)
             now = asyncio.get_running_loop().time()
-            if cycle is not None and not cycle.response_complete:
-                self._waiting_since = None  # a request in progress: the app's
-            elif self._waiting_since is None:
-                self._waiting_since = now  # its response went out since the last look
-            elif now - self._waiting_since >= seconds:
+            if cycle is not self._seen_cycle or (cycle is not None
+                                                 and not cycle.response_complete):
+                # a request began since the last look, or one is in progress: the app's
+                self._seen_cycle = cycle
+                self._quiet_since = now
+            elif now - self._quiet_since >= seconds:
                 transport.close()  # nothing asked: connection_lost follows
                 return
             self._schedule_watch()

@@ -150,9 +150,10 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         raise SystemExit(128 + signal.SIGHUP)
 
 
-#: seconds the server keeps an idle connection open (idle after a response, or with no
-#: request in progress since it was made): longer than a client's pool keeps one (5 s), so the
-#: client, not the server, ends an idle connection, and a request never meets the server's close
+#: seconds the server keeps an idle connection open (no request begun or in progress since
+#: its last response, or since it was made): longer than a client's pool keeps one (5 s), so
+#: the client, not the server, ends an idle connection, and a request never meets the
+#: server's close
 KEEP_ALIVE_S = 30
 
 

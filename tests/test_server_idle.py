@@ -98,3 +98,18 @@ def test_a_request_served_for_longer_than_the_limit_is_answered(port: int) -> No
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         # and the connection, idle after its response, is closed in its turn
         assert _closed_within(sock, 4 * LIMIT)
+
+
+def test_a_connection_busy_with_one_short_request_after_another_stays_open(port: int) -> None:
+    """Requests every tenth of the limit on one connection, for three times the limit: the
+    server answers every one and never closes it between them."""
+    with _connect(port) as sock:
+        sock.settimeout(5)
+        started = time.monotonic()
+        answered = 0
+        while time.monotonic() - started < 3 * LIMIT:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200"), "the server closed it"
+            answered += 1
+            time.sleep(LIMIT / 10)
+        assert answered >= 15
