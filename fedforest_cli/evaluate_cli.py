@@ -209,6 +209,6 @@ def _wait(admin: ServerAdmin, job_id: str, timeout: float, config: Path) -> str:
             raise FedForestError(
                 f"the evaluation job {job_id} is still {summary.status} after {timeout:.0f} s. "
                 f"It stays on the server: `fedforest evaluate --config {config} --job "
-                f"{job_id}` waits for it again, `fedforest server cancel-job --config {config} "
-                f"--job {job_id}` cancels it")
+                f"{job_id}` waits for it again (give the same --out and --reference), "
+                f"`fedforest server cancel-job --config {config} --job {job_id}` cancels it")
         time.sleep(0.5)

@@ -481,5 +481,6 @@ def test_evaluate_that_times_out_says_the_job_stays_and_how_to_wait_or_cancel(
     said = " ".join(res.output.split())
     assert res.exit_code == 2, res.output
     assert "the evaluation job ev is still waiting after 0 s. It stays on the server" in said
-    assert f"`fedforest evaluate --config {server} --job ev` waits for it again" in said
+    assert f"`fedforest evaluate --config {server} --job ev` waits for it again (give the " \
+        "same --out and --reference)" in said
     assert f"`fedforest server cancel-job --config {server} --job ev` cancels it" in said
