@@ -278,7 +278,14 @@ def _refuse_step(ctx: RunContext, session: SecAggSession, r: int,
     ctx.log.warn(f"refused the server's request in round {r}: {exc}")
     if not session.refused(r):  # the site's own answer refused: the server learns it now,
         try:  # not at the step's deadline every other site would wait for
-            session.refuse_round(r, code, accused=accused)
+            try:
+                session.refuse_round(r, code, accused=accused)
+            except ApiRejected as rej:
+                if rej.code != "invalid_accusation" or accused is None:
+                    raise
+                # the peer is not in the round (e.g. dropped before it): the refusal still
+                # goes in, accusing nobody
+                session.refuse_round(r, code)
         except ApiRejected as rej:  # the round closed, or the site was dropped
             ctx.log.info(f"round {r}: the server did not record the refusal: {rej}")
     ctx.result.status, ctx.result.detail = "refused", f"round {r}: {exc}"
@@ -315,7 +322,13 @@ def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
         digest = hashlib.sha256(body).digest()
         if digest.hex() != r.task_digest:
             raise ProtocolError(f"round {r.round_id}: task does not match its digest")
-        worker.handle(SealedTask.from_wire(body, digest))
+        try:
+            worker.handle(SealedTask.from_wire(body, digest))
+        except RefusedRequest:
+            if r.status == "closed":
+                raise
+            # the open round's task: the job's loop meets it again and refuses it there,
+            # telling the server (a secure round's refusal drops this site at once)
 
 
 def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:

@@ -178,7 +178,7 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
     operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
     from fedforest_secure.pki import export_pkcs12, issue_client_certificates
 
-    password = _p12_password(ca_dir, list(name or [])) if p12 else b""
+    password = _p12_password(ca_dir, list(name or []), renew) if p12 else b""
     try:
         written = issue_client_certificates(ca_dir, list(name or []), renew=renew)
         bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
@@ -214,13 +214,14 @@ def pki_p12(ca_dir: Annotated[Path, typer.Option(
                   markup=False)
 
 
-def _p12_password(ca_dir: Path, names: list[str]) -> bytes:
+def _p12_password(ca_dir: Path, names: list[str], renew: bool = False) -> bytes:
     """The .p12 files' password (asked, or $FEDFOREST_P12_PASSWORD), before anything is
-    written; exits with an error for an empty one or a .p12 already there."""
+    written; exits with an error for an empty one or a .p12 already there (unless renewed:
+    the renewal moves it aside with the old pair)."""
     there = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").exists()]
-    if there:
-        fail(FileExistsError(f"{there[0]} exists: nothing was written (a certificate file "
-                             "is never replaced; pick another name)"))
+    if there and not renew:
+        fail(FileExistsError(f"{there[0]} exists: nothing was written (a site's files are "
+                             "replaced only with --renew, which keeps them aside)"))
     password = os.environ.get("FEDFOREST_P12_PASSWORD", "").encode()
     try:
         password = password or typer.prompt(

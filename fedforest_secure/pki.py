@@ -407,9 +407,12 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
                                 "new site's)")
     stamp = _now().strftime("%Y%m%dT%H%M%SZ")
     bundles = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").is_file()]
-    for path in pairs + bundles:  # a browser bundle of the old pair goes aside with it
-        kept = path.with_name(f"{path.name}.replaced-{stamp}")
-        _refuse_existing([kept], "renewed twice within a second; run it again")
+    moves = [(path, path.with_name(f"{path.name}.replaced-{stamp}"))
+             for path in pairs + bundles]  # a browser bundle of the old pair goes aside too
+    # every target checked before anything moves
+    _refuse_existing([kept for _, kept in moves], "renewed within the same second: run it "
+                                                  "again in a second")
+    for path, kept in moves:
         path.rename(kept)
     return _write_clients(ca, ca_dir, names)[0]
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +68,9 @@ class BodyLimits:
 #: connections and descriptors for the other sites
 MAX_IN_FLIGHT = 32
 
+#: seconds between two log lines of the same refused token (kind, names)
+AUTH_LOG_EVERY_S = 60.0
+
 #: set in a request's scope when this layer refused its body (and logged why): the route's
 #: read then ends in a disconnect that is not the client's
 BODY_REFUSED = "fedforest.body_refused"
@@ -107,6 +112,8 @@ class TransportLimits:
         self.max_in_flight = max_in_flight
         #: requests in progress per site (client row id); on the event loop only
         self._in_flight: dict[int, int] = {}
+        #: when each kind of refused token was last logged, and how many since went unlogged
+        self._auth_logged: dict[tuple[tuple[str, str | None], ...], tuple[float, int]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -197,6 +204,25 @@ class TransportLimits:
 
         return counted
 
+    def _log_refusal(self, scope: Scope, **fields: str | None) -> None:
+        """``event=auth_refused`` with ``fields``, once per :data:`AUTH_LOG_EVERY_S` for the
+        same fields: a client repeating a refused request (anyone, without mutual TLS) does
+        not fill the log; the next line says how many were left out (``repeated``)."""
+        key = tuple(sorted(fields.items()))
+        now = time.monotonic()
+        last, skipped = self._auth_logged.get(key, (-math.inf, 0))
+        if now - last < AUTH_LOG_EVERY_S:
+            self._auth_logged[key] = (last, skipped + 1)
+            return
+        if len(self._auth_logged) >= 1024:  # bounded whatever the names: the oldest go
+            for old in sorted(self._auth_logged, key=lambda k: self._auth_logged[k][0])[:512]:
+                del self._auth_logged[old]
+        self._auth_logged[key] = (now, 0)
+        said: dict[str, Any] = {"path": scope.get("path"), **fields}
+        if skipped:
+            said["repeated"] = skipped
+        event("auth_refused", logging.WARNING, **said)
+
     def _peer(self, scope: Scope) -> str | None:
         """The name the connection's client certificate gives (mutual TLS), else None."""
         if self.peer_names is None:
@@ -215,16 +241,15 @@ class TransportLimits:
         if not known:
             row = await run_in_threadpool(self.tokens, token.strip())
         if row is None:
-            event("auth_refused", logging.WARNING, path=scope.get("path"),
-                  reason="unknown or revoked token", peer=self._peer(scope))
+            self._log_refusal(scope, reason="unknown or revoked token", peer=self._peer(scope))
             raise _Refused(401, "unauthenticated", "unknown or revoked token")
         if self.peer_names is not None:
             name = self._peer(scope)
             if name != row.name:
                 # a token used over another site's certificate: a leaked token, or a site's
                 # files mixed up; the operator reads both names
-                event("auth_refused", logging.WARNING, path=scope.get("path"),
-                      reason="certificate_mismatch", token_of=row.name, certificate_of=name)
+                self._log_refusal(scope, reason="certificate_mismatch", token_of=row.name,
+                                  certificate_of=name)
                 raise _Refused(403, "certificate_mismatch",
                                "the token belongs to another client than the TLS certificate "
                                "of this connection")

@@ -11,9 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from client_app import loops
 from client_app.log import SiteLog
 from client_app.runner import ClientResult
+from client_app.transport import ApiRejected
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.protocol import Task, TaskKind
 
@@ -75,11 +78,14 @@ def test_a_peers_share_that_does_not_authenticate_is_refused_naming_that_peer() 
         "not authenticate; client 3 is site-d" in log
 
 
-def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_peer() -> None:
+@pytest.mark.parametrize("in_round", [True, False])
+def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_peer(
+        in_round: bool) -> None:
     """The identity directory, checked when the site's first round comes: a peer's
     certificate that is no longer valid (it expired after that site joined) is that peer's to
     answer for. The refusal accuses it, so the job's reason names it, not every honest site as
-    having failed."""
+    having failed. A peer that is not in the round (dropped before it) cannot be accused
+    there (400 invalid_accusation): the refusal still goes in, accusing nobody."""
     task = Task(job_id="j", round_id=1, kind=TaskKind.SKETCH, level=0)
     step = {"status": "task", "action": "advert", "round_id": 1, "message": "{}",
             "task_digest": hashlib.sha256(task.to_bytes()).hexdigest()}
@@ -97,6 +103,9 @@ def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_p
             return False
 
         def refuse_round(self, r: int, code: str, accused: int | None = None) -> None:
+            if accused is not None and not in_round:
+                raise ApiRejected(400, "invalid_accusation", "client 2 is not another "
+                                  "participant of round 1", {})
             refused.append((r, code, accused))
 
     result = ClientResult(status="running")
@@ -106,5 +115,5 @@ def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_p
                           waiting=lambda: None)
     with ThreadPoolExecutor(max_workers=1) as sender:
         loops.secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
-    assert refused == [(1, "invalid_message", 2)]
+    assert refused == [(1, "invalid_message", 2 if in_round else None)]
     assert result.status == "refused" and "'client-2'" in result.detail

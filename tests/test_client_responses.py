@@ -441,3 +441,32 @@ def test_a_site_joining_a_job_that_failed_before_it_joined_is_told_why(tmp_path:
     result = _run(tr, tmp_path)
     assert (result.status, result.detail) == ("failed", "cancelled by the operator")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/join")]
+
+
+@pytest.mark.parametrize("status", ["open", "closed"])
+def test_a_refused_task_met_while_replaying_is_left_to_the_loop_if_its_round_is_open(
+        status: str) -> None:
+    """A restart replays the job's sketch rounds. One the site's profile refuses: the open
+    round's is left to the job's loop, which refuses it telling the server; a closed round's
+    (answered before, refused now) stops the client."""
+    import hashlib
+
+    from client_app.loops import replay
+    from fedforest_secure.errors import RefusedRequest
+    from fedforest_secure.protocol import Task, TaskKind
+
+    body = Task(job_id=JOB, round_id=1, kind=TaskKind.SKETCH, level=0).to_bytes()
+    listed = [{"round_id": 1, "kind": "sketch", "level": 0, "status": status,
+               "task_digest": hashlib.sha256(body).hexdigest()}]
+    tr = SimpleNamespace(get_json=lambda path: listed,
+                         request=lambda *a, **k: SimpleNamespace(content=body))
+
+    def refusing(task: Any) -> None:
+        raise RefusedRequest("the privacy profile 'secure' forbids disclosing ['node_stats']")
+
+    worker = SimpleNamespace(handle=refusing)
+    if status == "open":
+        replay(tr, JOB, worker)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(RefusedRequest, match="forbids disclosing"):
+            replay(tr, JOB, worker)  # type: ignore[arg-type]

@@ -273,3 +273,45 @@ def test_issue_renew_gives_a_site_a_new_certificate_of_its_name_and_keeps_the_ol
     assert code == 2 and "hospital-z.pem not found: --renew replaces a site's existing" in \
         " ".join(out.split())
     assert not (certs / "hospital-z.pem").exists()
+
+
+def test_renew_with_p12_replaces_the_browser_bundle_and_keeps_the_old(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's certificate renewed with its browser bundle: the new .p12 holds the new
+    certificate, the old one is kept beside it."""
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "s3cret")
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12")[0] == 0
+    old = (certs / "operator.p12").read_bytes()
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12", "--renew")
+    assert code == 0, out
+    _, cert, _ = pkcs12.load_key_and_certificates((certs / "operator.p12").read_bytes(),
+                                                  b"s3cret")
+    assert cert == load_certificate(certs / "operator.pem")
+    (kept,) = certs.glob("operator.p12.replaced-*")
+    assert kept.read_bytes() == old
+
+
+def test_a_renewal_refused_for_one_name_moves_nothing(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sites renewed in the same second as a renewal of one of them (the clock held
+    still): refused before any file moves (every target is checked first), so both pairs stay
+    where they were."""
+    import datetime as dt
+
+    import fedforest_secure.pki as pki
+    from fedforest_secure.pki import issue_client_certificates
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a", "--name",
+                "hospital-b")[0] == 0
+    still = dt.datetime.now(dt.UTC)
+    monkeypatch.setattr(pki, "_now", lambda: still)
+    issue_client_certificates(certs, ["hospital-b"], renew=True)
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    with pytest.raises(FileExistsError, match="renewed within the same second"):
+        issue_client_certificates(certs, ["hospital-a", "hospital-b"], renew=True)
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before

@@ -5,8 +5,11 @@ connections for the others; every other site is served as before."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from server_app.auth import TokenCache, add_client
 from server_app.db import Database
@@ -65,3 +68,41 @@ def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_ser
     assert done == [200] * CAP and others == [200] and again == 200
     assert refused == 429
     assert len(served) == CAP + 2
+
+
+def test_refused_tokens_are_logged_once_a_minute_with_the_count_left_out(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone may send requests with a made-up token: the server logs the first, then at most
+    one line a minute for the same refusal, saying how many it left out."""
+    import server_app.limits as limits
+    from server_app.logs import LOGGER
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("a refused request reached the app")
+
+    layer = TransportLimits(app, TokenCache(db), limits=BodyLimits())
+
+    async def call() -> int:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await layer(_scope("made-up"), receive, send)
+        return int(sent[0]["status"])
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    assert [asyncio.run(call()) for _ in range(5)] == [401] * 5
+    lines = [r.getMessage() for r in caplog.records if "event=auth_refused" in r.getMessage()]
+    assert len(lines) == 1 and "repeated" not in lines[0] and "made-up" not in lines[0]
+    monkeypatch.setattr(limits, "AUTH_LOG_EVERY_S", 0.0)  # a minute later
+    assert asyncio.run(call()) == 401
+    lines = [r.getMessage() for r in caplog.records if "event=auth_refused" in r.getMessage()]
+    assert len(lines) == 2 and "repeated=4" in lines[1]
+    db.dispose()
