@@ -105,7 +105,9 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
         except ValueError as exc:
             raise ValueError(f"--cert {exc}; the server refuses it: ask the federation's "
                              "coordinator for a new certificate of this site's name (`fedforest "
-                             "pki issue --renew --name <site>` where the CA is kept)") from None
+                             "pki issue --renew --name <site>` where the CA is kept; if the "
+                             "federation's CA has expired too, a new CA and a certificate from "
+                             "it)") from None
     return ctx
 
 

@@ -170,9 +170,10 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
                   "password-protected file), what a browser imports; the password is asked, "
                   "or read from $FEDFOREST_P12_PASSWORD")] = False,
               renew: Annotated[bool, typer.Option(
-                  "--renew", help="give sites that have a certificate a new one with the same "
-                  "name (before the old one expires); the old files are kept as "
-                  "<name>.pem.replaced-<time> and <name>.key.replaced-<time>")] = False
+                  "--renew", help="give sites that have a certificate a new key and certificate "
+                  "of the same name (a lost or leaked key; it never outlasts ca.pem); the old "
+                  "files are kept as <name>.pem.replaced-<time> and <name>.key.replaced-<time>"
+                  )] = False
               ) -> None:
     """Client certificates signed by the existing CA: a site that joins later, or an
     operator's browser. Replaces a site's files only with --renew, which keeps them aside."""

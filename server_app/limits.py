@@ -68,7 +68,8 @@ class BodyLimits:
 #: connections and descriptors for the other sites
 MAX_IN_FLIGHT = 32
 
-#: seconds between two log lines of the same refused token (kind, names)
+#: seconds between two log lines of the same refusal (a refused token, a site past its requests
+#: in progress at once: the event and its fields)
 AUTH_LOG_EVERY_S = 60.0
 
 #: set in a request's scope when this layer refused its body (and logged why): the route's
@@ -126,8 +127,8 @@ class TransportLimits:
                 row = await self._authenticate(scope)
                 site = int(row.id)
                 if self._in_flight.get(site, 0) >= self.max_in_flight:
-                    event("too_many_requests", logging.WARNING, path=path, client=row.name,
-                          in_flight=self.max_in_flight)
+                    self._log_limited("too_many_requests", scope, client=row.name,
+                                      in_flight=str(self.max_in_flight))
                     raise _Refused(429, "too_many_requests", f"this site has "
                                    f"{self.max_in_flight} requests in progress, the most one "
                                    "site may have at once: retry when one has been answered")
@@ -204,11 +205,12 @@ class TransportLimits:
 
         return counted
 
-    def _log_refusal(self, scope: Scope, **fields: str | None) -> None:
-        """``event=auth_refused`` with ``fields``, once per :data:`AUTH_LOG_EVERY_S` for the
-        same fields: a client repeating a refused request (anyone, without mutual TLS) does
-        not fill the log; the next line says how many were left out (``repeated``)."""
-        key = tuple(sorted(fields.items()))
+    def _log_limited(self, name: str, scope: Scope, **fields: str | None) -> None:
+        """``event=<name>`` with ``fields``, once per :data:`AUTH_LOG_EVERY_S` for the same
+        event and fields: a client repeating a refused request (a made-up token: anyone,
+        without mutual TLS) does not fill the log; the next line says how many were left out
+        (``repeated``)."""
+        key = ((" event", name), *sorted(fields.items()))
         now = time.monotonic()
         last, skipped = self._auth_logged.get(key, (-math.inf, 0))
         if now - last < AUTH_LOG_EVERY_S:
@@ -221,7 +223,7 @@ class TransportLimits:
         said: dict[str, Any] = {"path": scope.get("path"), **fields}
         if skipped:
             said["repeated"] = skipped
-        event("auth_refused", logging.WARNING, **said)
+        event(name, logging.WARNING, **said)
 
     def _peer(self, scope: Scope) -> str | None:
         """The name the connection's client certificate gives (mutual TLS), else None."""
@@ -241,15 +243,16 @@ class TransportLimits:
         if not known:
             row = await run_in_threadpool(self.tokens, token.strip())
         if row is None:
-            self._log_refusal(scope, reason="unknown or revoked token", peer=self._peer(scope))
+            self._log_limited("auth_refused", scope, reason="unknown or revoked token",
+                              peer=self._peer(scope))
             raise _Refused(401, "unauthenticated", "unknown or revoked token")
         if self.peer_names is not None:
             name = self._peer(scope)
             if name != row.name:
                 # a token used over another site's certificate: a leaked token, or a site's
                 # files mixed up; the operator reads both names
-                self._log_refusal(scope, reason="certificate_mismatch", token_of=row.name,
-                                  certificate_of=name)
+                self._log_limited("auth_refused", scope, reason="certificate_mismatch",
+                                  token_of=row.name, certificate_of=name)
                 raise _Refused(403, "certificate_mismatch",
                                "the token belongs to another client than the TLS certificate "
                                "of this connection")

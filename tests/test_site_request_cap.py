@@ -27,7 +27,12 @@ def _scope(token: str) -> dict[str, Any]:
 
 
 def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_served(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A site with CAP requests in progress (long polls) is answered 429 at once for the
+    next, and logged once a minute for it, not once a request; another site is served."""
+    from server_app.logs import LOGGER
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     greedy, other = add_client(db, "greedy"), add_client(db, "other")
     release = asyncio.Event()
@@ -57,6 +62,7 @@ def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_ser
         polls = [asyncio.create_task(call(greedy)) for _ in range(CAP)]
         await asyncio.sleep(0.05)  # the site's CAP long polls are in progress
         refused = await call(greedy)  # one more: at once, not held
+        assert [await call(greedy) for _ in range(3)] == [429] * 3
         others = asyncio.create_task(call(other))  # another site is not counted with it
         await asyncio.sleep(0.05)
         release.set()
@@ -68,6 +74,8 @@ def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_ser
     assert done == [200] * CAP and others == [200] and again == 200
     assert refused == 429
     assert len(served) == CAP + 2
+    said = [r.getMessage() for r in caplog.records if "event=too_many_requests" in r.getMessage()]
+    assert len(said) == 1 and "client=greedy" in said[0], said
 
 
 def test_refused_tokens_are_logged_once_a_minute_with_the_count_left_out(

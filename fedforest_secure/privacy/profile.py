@@ -135,8 +135,9 @@ class PrivacyProfile(BaseModel):
         ``secure_aggregation = false`` and the same ``fixed_point``/``frac_bits`` grows the same
         forest, split for split.
     frac_bits : int
-        Fractional bits of the fixed-point encoding of real-valued sums (0..40; a job refuses
-        more than its sites' sums hold: 33 for 2-3 sites, 32 for 4-7, 31 for 8-15, 30 for 16-31).
+        Fractional bits of the fixed-point encoding of real-valued sums (0..40; a job of K
+        sites refuses more than their sums hold, 34 - floor(log2 K): 33 for 2-3 sites, 32 for
+        4-7, 31 for 8-15, 30 for 16-31).
     min_clients : int
         Sums over fewer clients are refused (default 3 with secure aggregation, else 1).
     neighbours : int or None
