@@ -3,7 +3,7 @@
 uvicorn closes a keep-alive connection that stays idle after a response, but not one that
 never sends a request, nor one whose request headers stop half-way: a site could hold as many
 of either as the process has file descriptors, and lock the other sites out. The protocol
-:func:`protocol_with_idle_limit` makes closes a connection on which no request has begun or
+:func:`protocol_with_idle_limit` closes a connection on which no request has begun or
 been in progress for ``seconds`` (none since it was made, or headers stopped half-way), however
 slowly its bytes trickle in; a connection busy with one short request after another stays. A
 request whose headers are complete is the app's: its body has the transport layer's body

@@ -70,7 +70,7 @@ MAX_IN_FLIGHT = 32
 
 #: seconds between two log lines of the same refusal (a refused token, a site past its requests
 #: in progress at once: the event and its fields)
-AUTH_LOG_EVERY_S = 60.0
+LOG_EVERY_S = 60.0
 
 #: set in a request's scope when this layer refused its body (and logged why): the route's
 #: read then ends in a disconnect that is not the client's
@@ -113,8 +113,8 @@ class TransportLimits:
         self.max_in_flight = max_in_flight
         #: requests in progress per site (client row id); on the event loop only
         self._in_flight: dict[int, int] = {}
-        #: when each kind of refused token was last logged, and how many since went unlogged
-        self._auth_logged: dict[tuple[tuple[str, str | None], ...], tuple[float, int]] = {}
+        #: when each refusal (event and fields) was last logged, and how many since were not
+        self._logged: dict[tuple[tuple[str, str | None], ...], tuple[float, int]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -206,20 +206,20 @@ class TransportLimits:
         return counted
 
     def _log_limited(self, name: str, scope: Scope, **fields: str | None) -> None:
-        """``event=<name>`` with ``fields``, once per :data:`AUTH_LOG_EVERY_S` for the same
+        """``event=<name>`` with ``fields``, once per :data:`LOG_EVERY_S` for the same
         event and fields: a client repeating a refused request (a made-up token: anyone,
         without mutual TLS) does not fill the log; the next line says how many were left out
         (``repeated``)."""
         key = ((" event", name), *sorted(fields.items()))
         now = time.monotonic()
-        last, skipped = self._auth_logged.get(key, (-math.inf, 0))
-        if now - last < AUTH_LOG_EVERY_S:
-            self._auth_logged[key] = (last, skipped + 1)
+        last, skipped = self._logged.get(key, (-math.inf, 0))
+        if now - last < LOG_EVERY_S:
+            self._logged[key] = (last, skipped + 1)
             return
-        if len(self._auth_logged) >= 1024:  # bounded whatever the names: the oldest go
-            for old in sorted(self._auth_logged, key=lambda k: self._auth_logged[k][0])[:512]:
-                del self._auth_logged[old]
-        self._auth_logged[key] = (now, 0)
+        if len(self._logged) >= 1024:  # bounded whatever the names: the oldest go
+            for old in sorted(self._logged, key=lambda k: self._logged[k][0])[:512]:
+                del self._logged[old]
+        self._logged[key] = (now, 0)
         said: dict[str, Any] = {"path": scope.get("path"), **fields}
         if skipped:
             said["repeated"] = skipped

@@ -109,7 +109,7 @@ def test_refused_tokens_are_logged_once_a_minute_with_the_count_left_out(
     assert [asyncio.run(call()) for _ in range(5)] == [401] * 5
     lines = [r.getMessage() for r in caplog.records if "event=auth_refused" in r.getMessage()]
     assert len(lines) == 1 and "repeated" not in lines[0] and "made-up" not in lines[0]
-    monkeypatch.setattr(limits, "AUTH_LOG_EVERY_S", 0.0)  # a minute later
+    monkeypatch.setattr(limits, "LOG_EVERY_S", 0.0)  # a minute later
     assert asyncio.run(call()) == 401
     lines = [r.getMessage() for r in caplog.records if "event=auth_refused" in r.getMessage()]
     assert len(lines) == 2 and "repeated=4" in lines[1]
