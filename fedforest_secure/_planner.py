@@ -10,6 +10,7 @@ returns the next frontier and the routing arrays the next sketch round sends to 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -102,11 +103,14 @@ class NodeGrouping:
     :class:`~fedforest_secure.coordinator.Coordinator`). Both None: never.
     """
 
-    def __init__(self, max_nodes: int | None, max_bytes: int | None) -> None:
-        if max_nodes is not None and max_nodes < 1:
-            raise ValueError("max_nodes_per_round must be at least 1")
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError("max_round_bytes must be positive")
+    def __init__(self, max_nodes: int | None, max_bytes: float | None) -> None:
+        if max_nodes is not None and (not isinstance(max_nodes, numbers.Integral)
+                                      or isinstance(max_nodes, bool) or max_nodes < 1):
+            raise ValueError(f"max_nodes_per_round must be a whole number >= 1, not "
+                             f"{max_nodes!r}")
+        if max_bytes is not None and (not isinstance(max_bytes, numbers.Real)
+                                      or isinstance(max_bytes, bool) or not max_bytes > 0):
+            raise ValueError(f"max_round_bytes must be a number > 0, not {max_bytes!r}")
         self.max_nodes = max_nodes
         self.max_bytes = max_bytes
 

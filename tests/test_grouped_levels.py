@@ -8,6 +8,7 @@ with the ungrouped protocol, and the grouped worker replies row for row with the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -324,3 +325,22 @@ def test_grouped_round_record_shapes() -> None:
         assert r.total.size == 0  # node totals come from the level's routing round only
         for items in r.disclosed.values():
             assert items["sketch_points"].shape[0] == r.task.arrays["nodes"].size
+
+
+@pytest.mark.parametrize(("limit", "said"), [
+    (dict(max_nodes_per_round=2.5), "max_nodes_per_round must be a whole number >= 1, not 2.5"),
+    (dict(max_nodes_per_round="3"), "max_nodes_per_round must be a whole number >= 1, not '3'"),
+    (dict(max_nodes_per_round=True), "max_nodes_per_round must be a whole number >= 1, not True"),
+    (dict(max_nodes_per_round=0), "max_nodes_per_round must be a whole number >= 1, not 0"),
+    (dict(max_round_bytes=float("nan")), "max_round_bytes must be a number > 0, not nan"),
+    (dict(max_round_bytes=-5), "max_round_bytes must be a number > 0, not -5"),
+])
+def test_a_group_limit_that_is_no_limit_is_refused_naming_it(limit: dict[str, Any],
+                                                             said: str) -> None:
+    """A limit of nodes per round that is not a whole number, or of bytes that is not a
+    positive number (NaN turned grouping off without a word): refused up front."""
+    from fedforest_secure.coordinator import Coordinator
+
+    cfg = _cfg()
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Coordinator(cfg, **limit)
