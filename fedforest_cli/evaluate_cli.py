@@ -184,8 +184,8 @@ def _refuse_declined(admin: ServerAdmin, job_id: str, config: Path) -> None:
                 "all the models to compare in one job")
         raise FedForestError(
             f"the evaluation job {job_id} cannot start: {said} declined it (the job stays; "
-            f"once their clients join, `fedforest evaluate --job {job_id}` waits for it "
-            "again)")
+            f"once their clients join, `fedforest evaluate --config {config} --job {job_id}` "
+            "waits for it again)")
 
 
 def _wait(admin: ServerAdmin, job_id: str, timeout: float, config: Path) -> str:

@@ -461,12 +461,16 @@ def test_a_refused_task_met_while_replaying_is_left_to_the_loop_if_its_round_is_
     tr = SimpleNamespace(get_json=lambda path: listed,
                          request=lambda *a, **k: SimpleNamespace(content=body))
 
+    asked: list[int] = []
+
     def refusing(task: Any) -> None:
+        asked.append(task.round_id)
         raise RefusedRequest("the privacy profile 'secure' forbids disclosing ['node_stats']")
 
     worker = SimpleNamespace(handle=refusing)
     if status == "open":
         replay(tr, JOB, worker)  # type: ignore[arg-type]
+        assert asked == [1]  # the open round's task was answered, and its refusal left
     else:
         with pytest.raises(RefusedRequest, match="forbids disclosing"):
             replay(tr, JOB, worker)  # type: ignore[arg-type]

@@ -361,14 +361,20 @@ def test_a_subtree_whose_rows_all_left_with_the_dropped_site_keeps_the_counts_co
     assert np.array_equal(tree.value[gone], coord.unreconciled.trees[0].value[gone])
 
 
-def test_random_splits_keep_their_inner_nodes_from_the_leaves_after_a_drop() -> None:
+@pytest.mark.parametrize("drop_after", [1, 2, 3])
+def test_random_splits_keep_their_inner_nodes_from_the_leaves_after_a_drop(
+        drop_after: int) -> None:
     """Random splits set every inner node from its leaves' totals already (with their own
-    rules under DP): a drop changes nothing there."""
+    rules under DP), so their counts are their children's after a drop too, untouched by the
+    reconciliation."""
     cfg = _cfg(method="random", bootstrap=False, row_sampling="all",
                feature_bounds=((-5.0, 5.0),) * 3)
-    coord = _drive_with_a_drop(cfg, _clients(n=600), drop_after=2)
+    coord = _drive_with_a_drop(cfg, _clients(n=600), drop_after=drop_after)
     assert coord.unreconciled is None
-    assert coord.result().trees[0].n_nodes > 1
+    for tree in coord.result().trees:
+        inner = np.flatnonzero(tree.kind != NodeKind.LEAF)
+        assert inner.size
+        assert np.allclose(tree.n[inner], tree.n[tree.left[inner]] + tree.n[tree.right[inner]])
 
 
 def test_the_replay_of_an_older_servers_log_of_a_job_that_lost_a_site_verifies() -> None:

@@ -338,7 +338,8 @@ def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
     "waiting"; once their clients join, the command waits for the job again."""
     said = _declined_evaluation(tiny_parts, tmp_path, {0: "schema", 2: "table"})
     assert "the evaluation job ev cannot start: a (schema), c (table) declined it" in said
-    assert "once their clients join, `fedforest evaluate --job ev` waits for it again" in said
+    assert f"once their clients join, `fedforest evaluate --config {tmp_path / 'server.toml'} " \
+        "--job ev` waits for it again" in said
 
 
 def test_evaluate_says_to_cancel_a_job_a_site_declined_as_evaluated_before(

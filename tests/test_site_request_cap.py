@@ -58,16 +58,27 @@ def test_a_site_past_its_requests_in_progress_is_answered_429_and_others_are_ser
         await layer(_scope(token), receive, send)
         return int(sent[0]["status"])
 
+    async def in_flight(count: int) -> None:
+        """Until the layer counts ``count`` requests of the site in progress (5 s at most)."""
+        for _ in range(500):
+            if sum(layer._in_flight.values()) == count:  # noqa: SLF001
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{count} requests never were in progress")
+
     async def scenario() -> tuple[list[int], int, list[int], int]:
-        polls = [asyncio.create_task(call(greedy)) for _ in range(CAP)]
-        await asyncio.sleep(0.05)  # the site's CAP long polls are in progress
-        refused = await call(greedy)  # one more: at once, not held
-        assert [await call(greedy) for _ in range(3)] == [429] * 3
-        others = asyncio.create_task(call(other))  # another site is not counted with it
-        await asyncio.sleep(0.05)
-        release.set()
-        done = list(await asyncio.gather(*polls))
-        return done, refused, [await others], await call(greedy)  # a slot free again
+        try:
+            polls = [asyncio.create_task(call(greedy)) for _ in range(CAP)]
+            await in_flight(CAP)  # the site's CAP long polls are in progress
+            # one more: answered at once, not held (a held one would time out here)
+            refused = await asyncio.wait_for(call(greedy), 5)
+            assert [await asyncio.wait_for(call(greedy), 5) for _ in range(3)] == [429] * 3
+            others = asyncio.create_task(call(other))  # another site is not counted with it
+            await in_flight(CAP + 1)
+        finally:
+            release.set()
+        done = list(await asyncio.wait_for(asyncio.gather(*polls), 5))
+        return done, refused, [await others], await asyncio.wait_for(call(greedy), 5)
 
     done, refused, others, again = asyncio.run(scenario())
     db.dispose()
