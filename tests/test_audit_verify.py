@@ -709,6 +709,40 @@ def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
                    for p in verify_log(log, receipts_dir=receipts).problems)
 
 
+def test_a_round_and_model_logged_after_every_site_was_dropped_are_a_problem(
+        tmp_path: Path) -> None:
+    """A server tells every site it was dropped after round 0 (so none keeps a later
+    receipt), then logs a round and a model of its own making: nobody is left to vouch for
+    them, so every site's receipts together fail the check instead of a note asking for the
+    other sites' receipts (there are none). A site the log drops only after them took part:
+    its receipts must cover them. One site left in the job keeps alice's receipts a note."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, receipts)
+        for c in CLIENTS:
+            rec.client_dropped(c, round_id=1, reason="deadline")
+        rec.round(_task(1), uploads={"bob": upload_digest(b"bob/1")},
+                  aggregate=np.arange(6.0), masked=True)
+        rec.model(digest="cd" * 32)
+        report = verify_log(log, receipts_dir=receipts)
+        assert not report.ok
+        assert report.problems == [
+            f"job '{JOB}': the log says every site of the job was dropped (alice, bob) before "
+            f"job '{JOB}' seq 7 (round): job '{JOB}' seq 7 (round) and job '{JOB}' seq 8 "
+            "(model) came after the last site left, so no site's receipt can cover them (a "
+            "server that drops every site can write any ending)"]
+        rec.client_dropped("bob", round_id=2, reason="deadline")  # bob, also after them:
+        sql(log, "DELETE FROM audit_entries WHERE seq = 6")  # he took part, his receipts
+        report = verify_log(log, receipts_dir=receipts)      # must cover them
+        assert any("the last round (job 'job-1' seq 7 (round)) is covered by no receipt" in p
+                   for p in report.problems), report.problems
+        sql(log, "DELETE FROM audit_entries WHERE seq = 9")  # bob stays: alice's is a note
+        (receipts / "bob.jsonl").unlink()
+        report = verify_log(log, receipts_dir=receipts)
+        assert not any("every site" in p for p in report.problems)
+        assert any("vouched for by the other sites' receipts only" in n for n in report.notes)
+
+
 @pytest.mark.parametrize("replay", [False, True])
 def test_an_entry_rewritten_with_a_payload_that_is_no_object_is_a_problem_not_a_traceback(
         setup: tuple[AuditLog, Path], replay: bool) -> None:

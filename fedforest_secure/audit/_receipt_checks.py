@@ -199,6 +199,23 @@ def _dropped_at(chain: Mapping[int, Entry]) -> dict[str, int]:
     return out
 
 
+def _roster(chain: Mapping[int, Entry]) -> set[str]:
+    """The job's sites: the ``clients`` its ``job_created`` entry lists (a server logs them),
+    with every site the chain says joined."""
+    out: set[str] = set()
+    for e in chain.values():
+        try:
+            if e.kind == EntryKind.JOB_CREATED.value:
+                listed = e.payload.get("clients")
+                if isinstance(listed, list):
+                    out.update(str(c) for c in listed)
+            elif e.kind == EntryKind.CLIENT_JOINED.value:
+                out.add(str(e.payload.get("client")))
+        except ValueError:  # unreadable: named by the chain's own check
+            continue
+    return out
+
+
 def _last(chain: Mapping[int, Entry], kind: EntryKind) -> Entry | None:
     return max((e for e in chain.values() if e.kind == kind.value), key=lambda e: e.seq,
                default=None)
@@ -214,18 +231,29 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int,
     this log (``running`` says how far it goes): the sites receipt its last round with their
     next uploads. So is the tail after the drop of every site whose receipts are checked
     (``sites``): a dropped site checking its own receipts cannot vouch for what came after
-    it; the other sites' receipts can."""
+    it; the other sites' receipts can. But a tail after the drop of every site of the job is
+    a problem: no site's receipt can cover it."""
     out: list[str] = []
     gone = _dropped_at(chain)
-    if sites and sites <= set(gone):
-        tail = [e for e in (_last(chain, EntryKind.ROUND), _last(chain, EntryKind.MODEL))
-                if e is not None and covered < e.seq]
-        if tail:
-            names = ", ".join(f"{s} (seq {gone[s]})" for s in sorted(sites))
-            return out, [f"job {job!r}: these receipts are of sites the log says were dropped "
-                         f"({names}): the entries after seq {covered}, "
-                         f"{' and '.join(e.label for e in tail)} among them, are vouched for "
-                         "by the other sites' receipts only: add theirs to check them"]
+    tail = [e for e in (_last(chain, EntryKind.ROUND), _last(chain, EntryKind.MODEL))
+            if e is not None and covered < e.seq]
+    # the sites the log says left before the unreceipted tail began (one dropped later
+    # took part in it, and its receipts must cover it)
+    left = {s for s, seq in gone.items() if tail and seq < tail[0].seq}
+    if tail and sites and sites <= left:
+        roster = _roster(chain)
+        if roster and roster <= left:
+            # no site was left to take part, nor to keep a receipt: nobody can vouch for it
+            return [f"job {job!r}: the log says every site of the job was dropped "
+                    f"({', '.join(sorted(roster))}) before {tail[0].label}: "
+                    f"{' and '.join(e.label for e in tail)} came after the last site left, "
+                    "so no site's receipt can cover them (a server that drops every site "
+                    "can write any ending)"], []
+        names = ", ".join(f"{s} (seq {gone[s]})" for s in sorted(sites))
+        return out, [f"job {job!r}: these receipts are of sites the log says were dropped "
+                     f"({names}): the entries after seq {covered}, "
+                     f"{' and '.join(e.label for e in tail)} among them, are vouched for "
+                     "by the other sites' receipts only: add theirs to check them"]
     last_round = max((e for e in chain.values() if e.kind == EntryKind.ROUND.value),
                      key=lambda e: e.seq, default=None)
     if last_round is not None and covered < last_round.seq:
