@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import JobConfig
 
-__all__ = ["canonical_order", "row_keys", "tree_pairs"]
+__all__ = ["canonical_order", "record_uniforms", "row_keys", "tree_pairs"]
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -87,6 +87,13 @@ def _record_keys(keys: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         mixed: np.ndarray = keys ^ ((occurrence + np.uint64(1)) * np.uint64(0xD6E8FEB86659FD93))
     return mixed
+
+
+def record_uniforms(X: np.ndarray, y: np.ndarray, seed: int, stream: int) -> np.ndarray:
+    """A uniform in [0, 1) per row from that row's values alone (copies of a row draw
+    independently), the seed and a stream number: adding or removing one record leaves every
+    other record's draw as it was."""
+    return _uniforms(_record_keys(row_keys(X, y)), seed, stream)
 
 
 def _per_row_draws(config: JobConfig, keys: np.ndarray, rng: np.random.Generator

@@ -26,6 +26,29 @@ def test_each_site_splits_its_own_rows_into_equal_folds() -> None:
     assert not np.array_equal(f, site_folds(23, 4, seed=1, site=1))
 
 
+def test_under_dp_one_added_or_removed_record_moves_no_other_records_fold() -> None:
+    """The privacy cost counts one record's trainings and one evaluation: a record added to a
+    site (or removed from it) must leave every other record in its fold, whatever its place
+    in the table."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3)).round(2)
+    y = rng.integers(0, 2, size=300).astype(float)
+    f = site_folds(300, 3, seed=0, site=0, rows=(X, y))
+    new = (np.vstack([X[:150], [[9.0, 9.0, 9.0]], X[150:]]), np.r_[y[:150], 1.0, y[150:]])
+    g = site_folds(301, 3, seed=0, site=0, rows=new)
+    assert np.array_equal(np.delete(g, 150), f)
+    assert np.array_equal(site_folds(299, 3, seed=0, site=0, rows=(X[1:], y[1:])), f[1:])
+    order = rng.permutation(300)  # the folds go with the rows, not their places
+    assert np.array_equal(site_folds(300, 3, seed=0, site=0, rows=(X[order], y[order])),
+                          f[order])
+    dup = site_folds(302, 3, seed=0, site=0, rows=(np.vstack([X, X[:2]]), np.r_[y, y[:2]]))
+    assert np.array_equal(dup[:300], f)  # copies of a row are records of their own
+    assert sorted(np.bincount(f, minlength=3)) == sorted(np.bincount(f, minlength=3))
+    assert 80 <= np.bincount(f, minlength=3).min()  # about a third each (binomial shares)
+    assert not np.array_equal(f, site_folds(300, 3, seed=0, site=1, rows=(X, y)))
+    assert not np.array_equal(f, site_folds(300, 3, seed=1, site=0, rows=(X, y)))
+
+
 def test_the_cross_validated_metric_is_that_of_the_pooled_out_of_fold_predictions(
         tiny_parts: Any) -> None:
     parts, _ = tiny_parts

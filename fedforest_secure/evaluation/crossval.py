@@ -1,7 +1,8 @@
 """Federated k-fold cross-validation of one hyper-parameter, on evaluation rounds.
 
 Each site splits its own rows into ``k`` folds (a permutation seeded by the CV seed and the
-site's index; no row and no fold label leaves the site). For every fold ``f`` and candidate
+site's index; under DP each row's fold is drawn from that row's values, :func:`site_folds`; no
+row and no fold label leaves the site). For every fold ``f`` and candidate
 value ``v`` a forest is trained through the real protocol on every site's rows outside fold
 ``f``; then one evaluation round (the ``evaluate`` task and secure sum of an evaluation job)
 scores the fold's forests, one per value, on every site's fold-``f`` rows. The folds' summed
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._bootstrap import record_uniforms
 from ..config import JobConfig
 from .inprocess import eval_config, evaluate_in_process
 from .layout import eval_layout
@@ -60,9 +62,25 @@ def choosable_metrics(task: str) -> tuple[str, ...]:
     return tuple(sorted(set(names) & (_LOWER | _HIGHER)))
 
 
-def site_folds(n_rows: int, folds: int, seed: int, site: int) -> np.ndarray:
-    """The fold of each of a site's rows: a seeded permutation, folds of equal size (+-1)."""
-    perm = np.random.default_rng(np.random.SeedSequence([seed, 0xCF, site])).permutation(n_rows)
+def site_folds(n_rows: int, folds: int, seed: int, site: int,
+               rows: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """The fold of each of a site's rows: a seeded permutation, folds of equal size (+-1).
+
+    Given the site's ``rows`` ``(X, y)`` (under DP), each row's fold comes from that row's
+    values alone (:func:`~fedforest_secure._bootstrap.record_uniforms`): adding or removing
+    one record moves no other record to another fold, which the privacy cost assumes (a
+    permutation of the table would redraw them all). The folds' sizes then vary (a binomial
+    share of the rows each)."""
+    ss = np.random.SeedSequence([seed, 0xCF, site])
+    if rows is not None:
+        X, y = rows
+        if len(y) != n_rows:
+            raise ValueError(f"{len(y)} rows given for a site of {n_rows}")
+        u = record_uniforms(np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64),
+                            int(ss.generate_state(1, np.uint64)[0]), stream=0)
+        fold: np.ndarray = np.minimum((u * folds).astype(np.int64), folds - 1)
+        return fold
+    perm = np.random.default_rng(ss).permutation(n_rows)
     out = np.empty(n_rows, dtype=np.int64)
     out[perm] = np.arange(n_rows) % folds
     return out
@@ -181,7 +199,9 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
         _check_class_codes(sites, n_classes)
     prof = profile if isinstance(profile, PrivacyProfile) else load_profile(profile)
     base = {"random_state": seed, **dict(params or {}), "profile": prof}
-    fold_of = [site_folds(len(y), folds, seed, k) for k, (_, y) in enumerate(sites)]
+    # under DP each record's fold is its own draw (privacy_cost counts one record's part)
+    fold_of = [site_folds(len(y), folds, seed, k, (X, y) if prof.dp is not None else None)
+               for k, (X, y) in enumerate(sites)]
     y_all = np.concatenate([np.asarray(y, dtype=np.float64) for _, y in sites])
     rng = (float(y_all.min()), float(y_all.max())) if task == "regression" else None
     if rng is not None and rng[0] == rng[1]:
