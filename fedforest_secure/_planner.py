@@ -57,7 +57,9 @@ class Frontier:
 
     tree: np.ndarray  # (n_nodes,) tree index
     node: np.ndarray  # (n_nodes,) node id in its tree
-    parent_value: np.ndarray  # (n_nodes, n_out) the parent's value (a root: zeros)
+    #: (n_nodes, n_out) the parent's value (a root: what a tree knowing nothing predicts,
+    #: a regression's centred 0 or every class alike)
+    parent_value: np.ndarray
     box_lo: np.ndarray | None  # (n_nodes, d) with public feature bounds
     box_hi: np.ndarray | None
     #: (n_nodes,) weighted rows, as the parents' split statistics predict them (None: unknown)
@@ -70,12 +72,17 @@ class Frontier:
     @classmethod
     def roots(cls, trees: Sequence[TreeBuilder], n_out: int,
               bounds: np.ndarray | None) -> Frontier:
-        """Level 0: a root per tree (added to ``trees``), boxes equal to the public bounds."""
+        """Level 0: a root per tree (added to ``trees``), boxes equal to the public bounds.
+        A root's parent value, which a root too small to trust takes (under DP, a noisy count
+        below ``min_samples_leaf``), is 0 for a regression (the centred mean) and ``1 / C``
+        for each of a classification's ``C = n_out > 1`` classes: class proportions that sum
+        to 1, as every other node's."""
         T = len(trees)
         node = np.array([t.add() for t in trees], dtype=np.int64)
         box_lo = np.tile(bounds[:, 0], (T, 1)) if bounds is not None else None
         box_hi = np.tile(bounds[:, 1], (T, 1)) if bounds is not None else None
-        return cls(np.arange(T, dtype=np.int64), node, np.zeros((T, n_out)), box_lo, box_hi)
+        value = np.full((T, n_out), 1.0 / n_out) if n_out > 1 else np.zeros((T, n_out))
+        return cls(np.arange(T, dtype=np.int64), node, value, box_lo, box_hi)
 
     def record(self, trees: Sequence[TreeBuilder], values: np.ndarray, n: np.ndarray,
                impurity: np.ndarray) -> None:

@@ -241,6 +241,34 @@ def test_classifier_labels_and_proba() -> None:
         FedForestClassifier(n_estimators=1, criterion="mse").fit(X, y)
 
 
+@pytest.mark.parametrize("method", ["histogram", "avgimp"])
+def test_dp_trees_whose_root_is_too_small_to_trust_predict_every_class_alike(
+        method: str) -> None:
+    """Under DP a root whose noisy count falls below min_samples_leaf takes its parent's
+    value: for a classifier every class alike (1 / C), so that every row's probabilities
+    still sum to 1 (zeros made rows sum to the share of the other trees). At epsilon = 0.05
+    on 300 rows most roots are too small to trust."""
+    from fedforest_secure._planner import Frontier
+    from fedforest_secure._tree import TreeBuilder
+
+    roots = Frontier.roots([TreeBuilder(3) for _ in range(2)], 3, None)
+    np.testing.assert_array_equal(roots.parent_value, np.full((2, 3), 1 / 3))
+    assert not Frontier.roots([TreeBuilder(1)], 1, None).parent_value.any()
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 3))
+    y = (X[:, 0] > 0).astype(int)
+    est = FedForestClassifier(n_estimators=10, max_depth=3, method=method, random_state=0,
+                              profile=load_profile("secure-dp", epsilon=0.05)).fit(
+        X, y, client=np.arange(300) % 3)
+    weak = [t for t in est.model_.trees if t.n[0] < 5]  # min_samples_leaf under secure-dp
+    assert weak, "no root's noisy count was too small: the test checks nothing"
+    for t in weak:
+        assert t.n_nodes == 1
+        np.testing.assert_allclose(t.value[0], [0.5, 0.5])
+    np.testing.assert_allclose(est.predict_proba(X).sum(axis=1), 1.0)
+    np.testing.assert_allclose(est.to_sklearn().predict_proba(X).sum(axis=1), 1.0)
+
+
 def test_fit_without_client_is_one_client() -> None:
     rng = np.random.default_rng(2)
     X = rng.normal(size=(60, 2))
