@@ -63,6 +63,27 @@ def test_every_profile_gives_the_pooled_metrics_and_open_equals_secure(cancer: d
         models=(cancer["models"][0].to_json(),)).digests[0]
 
 
+def test_the_coordinator_and_a_site_each_parse_the_model_files_once(
+        cancer: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model file of 50 deep trees takes ~0.1 s to parse: the coordinator (checking the
+    models, naming their classes in the result) and each site (checking, scoring) parse
+    each file once."""
+    from fedforest_secure.evaluation import spec as spec_module
+
+    parsed: list[str] = []
+    real = spec_module.load_forest
+
+    def counting(text: str) -> Any:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(spec_module, "load_forest", counting)
+    res = evaluate_in_process(_config(cancer), cancer["sites"])
+    assert [m.name for m in res.models] == ["shallow", "deep"]
+    n_files = len(cancer["models"])
+    assert len(parsed) == n_files * (1 + len(cancer["sites"])), len(parsed)
+
+
 @pytest.mark.parametrize("offset", [0.0, 3e6])
 def test_regression_forests_are_scored_like_sklearn_on_the_pooled_rows(offset: float) -> None:
     """Near zero, with the evaluation's own target range; 3e6 away, with the job's centre

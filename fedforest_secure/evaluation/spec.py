@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -161,8 +162,14 @@ class EvalSpec:
         return tuple(model_digest(m) for m in self.models)
 
     def forests(self) -> list[ForestModel]:
-        """The models, parsed."""
-        return [load_forest(m) for m in self.models]
+        """The models, parsed (once per spec: a forest of 50 deep trees is a file of a few MB,
+        ~0.1 s to parse, and an evaluation checks, scores and names its models' classes).
+        Shared: read them, do not change them."""
+        return list(self._parsed)
+
+    @cached_property
+    def _parsed(self) -> tuple[ForestModel, ...]:
+        return tuple(load_forest(m) for m in self.models)
 
     def bins(self, dp: bool) -> int:
         """The score bins in effect."""
