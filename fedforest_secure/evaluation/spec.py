@@ -62,7 +62,7 @@ def load_forest(text: str) -> ForestModel:
         offset = float(doc.get("y_offset") or 0.0)
         doc = doc["model"]  # an estimator file: its forest
     try:
-        forest = ForestModel.from_json(json.dumps(doc))
+        forest = ForestModel.from_dict(doc)
     except (ValueError, KeyError, TypeError) as exc:
         raise EvaluationError(f"not a FedForest model file ({exc})") from None
     if offset and forest.task == "regression":
