@@ -190,8 +190,9 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             worker.check()
     table = None if train is None else _table_digest(*train)
     secure = bool(config.profile.get("secure_aggregation"))
+    site = info.client_name or f"client-{k}"
     try:
-        _check_same_table(state, job, table)
+        _check_same_table(state, job, table, site)
     except TableChanged:
         if not secure:
             raise
@@ -220,7 +221,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             info.config, k, info.schema_sha256):
         raise ProtocolError("the join response differs from the job the server offered")
     if table is not None:
-        write_atomic(state.root / f"table-{job}.sha256", table.encode())
+        write_atomic(state.root / f"table-{job}.sha256", f"{table}\n{site}\n".encode())
     if secure:
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
@@ -328,13 +329,23 @@ def _table_digest(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _check_same_table(state: ClientState, job: str, table: str | None) -> None:
+def _check_same_table(state: ClientState, job: str, table: str | None, site: str) -> None:
     """A site's rows cannot change within a job: a restarted client rebuilds its part of the
-    job's earlier rounds from its table, so it must be the table it joined with."""
+    job's earlier rounds from its table, so it must be the table it joined with. The file
+    names the site that wrote it: another site's (a state directory copied from it) is
+    refused with what to do, not taken for this site's table."""
     path = state.root / f"table-{job}.sha256"
     if table is None or not path.exists():
         return
-    if path.read_text().strip() != table:
+    lines = path.read_text().split("\n")
+    owner = lines[1].strip() if len(lines) > 1 else ""
+    if owner and owner != site:
+        raise FedForestError(
+            f"the state directory {state.root} holds the files of site {owner!r} for job "
+            f"{job}, not of this site ({site!r}): it was copied from that site's. Give each "
+            f"site a state directory of its own (--state-dir), or delete table-{job}.sha256 "
+            f"and identity-{job}.ed25519 from this one and start the client again")
+    if lines[0].strip() != table:
         raise TableChanged(f"this site joined job {job} with another table (--data): a "
                              "site's rows cannot change within a job. Restart the client with "
                              "the table it joined with; a changed table takes part in a new "

@@ -82,9 +82,9 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
                         raise ApiError(409, "identity_taken", "another site of this job "
                                        "joined with this identity key: each site makes its "
                                        "own (a state directory copied from another site?); "
-                                       f"delete identity-{job_id}.ed25519 from this site's "
-                                       "--state-dir and start the client again, which makes "
-                                       "a new one")
+                                       f"delete identity-{job_id}.ed25519 and "
+                                       f"table-{job_id}.sha256 from this site's --state-dir "
+                                       "and start the client again, which makes a new key")
                     add_message(sess, job_id, -1, IDENTITY, idx, identity_key.hex(),
                                 digest=hashlib.sha256(identity_key).hexdigest())
                     if identity_cert is not None:

@@ -242,7 +242,29 @@ def test_the_join_records_the_table_a_restart_must_bring_back(tmp_path: Path) ->
     with pytest.raises(ProtocolError):
         _run(tr, tmp_path)  # stops at the malformed round list, after the join
     recorded = (tmp_path / "state" / f"table-{JOB}.sha256").read_text()
-    assert recorded == runner._table_digest(np.zeros((4, 2)), np.zeros(4))
+    assert recorded == runner._table_digest(np.zeros((4, 2)), np.zeros(4)) + "\nclient-0\n"
+
+
+@pytest.mark.parametrize("profile", ["open", "secure"])
+def test_a_state_directory_copied_from_another_site_is_named_before_anything_is_sent(
+        tmp_path: Path, profile: str) -> None:
+    """A site started on a copy of another site's state directory finds that site's table
+    record: it says whose files these are and which to delete, rather than blaming a table
+    change on this site, and it neither joins nor leaves a round it never joined."""
+    state = ClientState(tmp_path / "state")
+    runner.write_atomic(state.root / f"table-{JOB}.sha256",
+                        (runner._table_digest(np.ones((4, 2)), np.zeros(4))
+                         + "\nhospital-b\n").encode())
+    tr = ScriptedTransport({"client_index": 0, "client_name": "hospital-a",
+                            "config": _config(profile)})
+    with pytest.raises(FedForestError) as err:
+        _run(tr, tmp_path)
+    assert str(err.value) == (
+        f"the state directory {state.root} holds the files of site 'hospital-b' for job {JOB}, "
+        "not of this site ('hospital-a'): it was copied from that site's. Give each site a "
+        f"state directory of its own (--state-dir), or delete table-{JOB}.sha256 and "
+        f"identity-{JOB}.ed25519 from this one and start the client again")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
 
 
 def test_a_secure_client_refusing_its_own_answer_tells_the_server_at_once(

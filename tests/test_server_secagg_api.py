@@ -207,6 +207,8 @@ def test_a_join_with_another_sites_identity_key_is_refused(env: dict) -> None:
     r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 1), json=body)
     assert r.status_code == 409 and r.json()["error"] == "identity_taken"
     assert "another site of this job joined with this identity key" in r.json()["detail"]
+    assert "delete identity-job-a.ed25519 and table-job-a.sha256 from this site's " \
+           "--state-dir" in r.json()["detail"]
     own = {"identity_key": bytes(SigningKey.generate().verify_key).hex()}
     assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, 1), json=own).status_code \
         == 200  # nothing of the refused join was kept
