@@ -94,6 +94,11 @@ def evaluate(
                     console.print(f"evaluation job {job_id} exists: waiting for its result")
             else:
                 job_id = job
+                if admin.job(job_id) is None and (files or job_path.suffix == ".toml"
+                                                  or len(job_path.parts) > 1):
+                    # a mistyped path read as a job id would wait for no job, and drop --models
+                    raise FedForestError(f"job file not found: {job} (nor is it the id of a "
+                                         "job on this server)")
                 names_of = admin.evaluation_names(job_id)
                 if (files or labels) and names_of is not None:
                     raise FedForestError(f"evaluation job {job_id!r} exists and scores "

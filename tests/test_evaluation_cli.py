@@ -164,6 +164,26 @@ def test_evaluate_given_a_training_job_says_so(tiny_parts: Any, job_dir: Any,
     assert "error: job 'job-a' is a training job, not an evaluation job" in res.output
 
 
+@pytest.mark.parametrize("job, models", [("eval.toml", False), ("sub/eval", False),
+                                         ("ev2", True)])
+def test_evaluate_given_a_job_file_that_does_not_exist_says_so(
+        tiny_parts: Any, tmp_path: Path, job: str, models: bool) -> None:
+    """A mistyped job file (or an id with --models that no job has) is named as a file not
+    found, as create-job names it, not taken for the id of a job the server lacks."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    server, _ = _evaluation_server(tiny_parts, tmp_path, {"m1": 2})
+    args = ["evaluate", "--config", str(server), "--job", job, "--timeout", "0"]
+    if models:
+        args += ["--models", str(tmp_path / "m1.json")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert f"error: job file not found: {job} (nor is it the id of a job on this server)" \
+        in " ".join(res.output.split())
+
+
 def test_evaluate_of_an_existing_job_by_id_refuses_other_models(tiny_parts: Any,
                                                                  tmp_path: Path) -> None:
     """An existing job's models are fixed: --models or --names next to its id were ignored
