@@ -29,10 +29,10 @@ shared parameters, with these federated defaults:
   ``None`` takes the allocation rule's
   (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`). Without DP,
   ``method="random"`` (every node split down to the depth) refuses ``None``.
-* ``n_estimators``, ``n_bins``, ``bootstrap`` left at None: the paper's 50 trees, B = 32
-  candidate bins and the client-stratified bootstrap, or under a DP profile the allocation
-  rule's trees, bins and row sampling (and its method when ``method`` is left at
-  "quantiles").
+* ``n_estimators``, ``n_bins``, ``bootstrap``, ``method`` left at None: the paper's 50
+  trees, B = 32 candidate bins, the client-stratified bootstrap and the quantile sketch
+  (``"quantiles"``), or under a DP profile the allocation rule's trees, bins, row sampling
+  and method; a method the user names is kept under DP too, as a job file's is.
 * ``max_features``: scikit-learn's values (an int, a fraction, "sqrt", "log2", None for all);
   default "sqrt" (classifier) and the paper's 1/3 (regressor).
 * ``sample_weight``: non-negative integer frequency weights (a row of weight 3 counts as three
@@ -133,7 +133,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
                          StrOptions({"sqrt", "log2"}), None],
         "bootstrap": ["boolean", None],
         "n_bins": [Interval(Integral, 2, None, closed="left"), None],
-        "method": [StrOptions(set(METHODS))],
+        "method": [StrOptions(set(METHODS)), None],
         "top_l": [Interval(Integral, 1, None, closed="left"), None],
         "split_on_client": ["boolean"],
         "profile": _profile_types(),
@@ -145,7 +145,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
                  min_impurity_decrease: float = 0.0, max_features: Any = 1 / 3,
                  bootstrap: bool | None = None, n_bins: int | None = None,
-                 method: str = "quantiles", top_l: int | None = None,
+                 method: str | None = None, top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
                  random_state: Any = 0, n_jobs: int | None = None) -> None:
         self.n_estimators = n_estimators
@@ -181,9 +181,8 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
                "n_bins": self.n_bins,
                "sampling": None if self.bootstrap is None else
                ("bootstrap" if self.bootstrap else "all"),
-               # under DP the quantile sketch (the default method) is never used: the rule
-               # picks the method; any other method the user names is kept
-               "method": None if dp and self.method == "quantiles" else self.method}
+               # left at None: the quantile sketch, or under DP the rule's method
+               "method": self.method}
         if dp and out["method"] is None and self.split_on_client:
             out["method"] = "histogram"  # H-splits are scored by the greedy levels
         if dp:
@@ -191,7 +190,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
                                     n_classes, float(dp["delta"]))
         else:
             defaults = {"n_estimators": 50, "max_depth": 0, "n_bins": 32,
-                        "sampling": "bootstrap", "method": self.method}
+                        "sampling": "bootstrap", "method": "quantiles"}
         for key in out:
             if out[key] is None:
                 out[key] = defaults[key]
@@ -350,7 +349,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
                  min_impurity_decrease: float = 0.0, max_features: Any = "sqrt",
                  bootstrap: bool | None = None, n_bins: int | None = None,
-                 method: str = "quantiles", top_l: int | None = None,
+                 method: str | None = None, top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
                  criterion: str = "gini", random_state: Any = 0,
                  n_jobs: int | None = None) -> None:

@@ -709,6 +709,15 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
     want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="histogram")
     assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
             est.config_.max_features) == ("histogram", 8, want.max_depth, 3)  # d/3 of 10
+    # so does "quantiles" named by the user, as a job file's [forest] method does; left
+    # unset, the method is the quantile sketch without DP
+    est = FedForestRegressor(method="quantiles", profile=load_profile("secure-dp", epsilon=1.0)
+                             ).fit(X, y, client=np.repeat(np.arange(3), 40))
+    want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="quantiles")
+    assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
+            est.config_.n_bins) == ("quantiles", want.n_estimators, want.max_depth, want.n_bins)
+    assert FedForestRegressor().get_params()["method"] is None
+    assert FedForestRegressor(n_estimators=2).fit(X, y).config_.method == "quantiles"
 
 
 # ---------------------------------------------------------------------------- what users meet
