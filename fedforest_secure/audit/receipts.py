@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import append_line
-from .entry import GENESIS, is_hex_digest
+from .entry import GENESIS, is_hex_digest, load_json
 
 __all__ = ["FailedReceipt", "ModelReceipt", "Receipt", "RefusedReceipt", "SentReceipt",
            "read_receipts", "upload_digest", "write_receipt"]
@@ -298,6 +298,6 @@ def read_receipts(directory: str | Path
                     line = raw.decode("utf-8")
                     if not line.strip():
                         continue
-                    yield where, parse_receipt(json.loads(line))
+                    yield where, parse_receipt(load_json(line))
                 except (ValueError, TypeError) as exc:
                     yield where, ValueError(str(exc))
