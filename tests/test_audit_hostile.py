@@ -1,7 +1,7 @@
-"""verify_log on what a forger leaves that the log's API never writes: values SQLite
+"""verify_log on what a forger or a crash leaves that the log's API never writes: values SQLite
 keeps behind the log's back (text in an integer or blob column, text that is not UTF-8, JSON
-nested too deeply to parse), and a receipts line nested too deeply. Each is a problem line,
-never a traceback."""
+nested too deeply to parse), and receipts files with a hostile or torn line. Each is a problem
+line (or, for a crash's torn last receipt line, a note), never a traceback."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_audit_verify import JOB, build_job, label, sql
 
-from fedforest_secure.audit import AuditLog, verify_log
+from fedforest_secure.audit import AuditLog, Receipt, read_receipts, verify_log, write_receipt
 from fedforest_secure.errors import AuditError
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -114,3 +114,62 @@ def test_a_receipt_line_nested_too_deeply_to_parse_is_malformed(
     (receipts / "evil.jsonl").write_text(DEEP + "\n")
     assert verify_log(log, receipts_dir=receipts).problems == [
         "receipt evil.jsonl:1: malformed (JSON nested too deeply to read)"]
+
+
+def _tear_last_line(path: Path) -> str:
+    """Cut the file's last line short, as a client killed while writing it leaves it."""
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-30])
+    lines = raw.count(b"\n")
+    return f"{path.name}:{lines}"
+
+
+def test_a_torn_last_receipt_line_is_a_note_and_ignored(setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    where = _tear_last_line(receipts / "alice.jsonl")
+    assert where == "alice.jsonl:2"
+    report = verify_log(log, receipts_dir=receipts)
+    assert report.ok, report.problems
+    assert report.receipts_checked == 5
+    (note,) = report.notes
+    assert note.startswith(f"receipt {where}: the file's last line is cut short (")
+    assert note.endswith("), as a client that stopped while writing it leaves it: it is "
+                         "ignored; remove that line before the client writes to the file "
+                         "again (a damaged line that others follow is a problem)")
+
+
+def test_a_torn_receipt_line_that_others_follow_is_a_problem(
+        setup: tuple[AuditLog, Path]) -> None:
+    """The client restarted after the crash and wrote its receipt again: the torn line is no
+    longer the last one."""
+    log, receipts = setup
+    path = receipts / "alice.jsonl"
+    receipt = next(r for w, r in read_receipts(receipts) if w == "alice.jsonl:2")
+    assert isinstance(receipt, Receipt)
+    _tear_last_line(path)
+    write_receipt(receipts, receipt)
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert len(problems) == 1 and problems[0].startswith(
+        "receipt alice.jsonl:2: malformed ("), problems
+
+
+def test_a_last_line_that_is_json_but_no_receipt_is_not_torn(
+        setup: tuple[AuditLog, Path]) -> None:
+    log, receipts = setup
+    with (receipts / "alice.jsonl").open("a") as fh:
+        fh.write('{"job_id": "job-1"}')  # whole JSON, no newline: not cut short
+    problems = verify_log(log, receipts_dir=receipts).problems
+    assert problems == ["receipt alice.jsonl:3: malformed (a receipt has exactly the fields "
+                        "job_id, round_id, client, upload_digest, chain_head_seen, seq_seen)"]
+
+
+def test_torn_model_receipts_leave_the_model_uncovered(setup: tuple[AuditLog, Path]) -> None:
+    """Ignoring a torn line hides nothing: the receipts it would have held are missing, and
+    what only they cover is not covered."""
+    log, receipts = setup
+    for client in ("alice", "bob"):
+        _tear_last_line(receipts / f"{client}-model.jsonl")
+    report = verify_log(log, receipts_dir=receipts)
+    assert len(report.notes) == 2
+    assert f"job '{JOB}': the model entry ({label(9)}) is covered by no receipt (none of " \
+        "these receipts pins the chain up to it)" in report.problems, report.problems

@@ -30,7 +30,8 @@ before the request) that no receipt of the upload follows (the client stopped be
 answered) is checked like a receipt when the log's round entry lists that upload for the
 client, is a note when the entry does not list the client (or the round has none), and a
 problem when it lists another upload of the client that none of the client's records holds.
-A log whose entries the
+A receipts file's last line cut short (a client that stopped while writing it) is a note and
+is ignored; a damaged line that other lines follow is a problem. A log whose entries the
 database cannot return (a value changed behind the log's back: text that is not UTF-8, a
 ``seq`` that is not an integer) is one problem naming it.
 With ``replay=True`` it also replays each job through the coordinator
