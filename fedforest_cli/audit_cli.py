@@ -14,6 +14,7 @@ import enum
 import gzip
 import io
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -70,7 +71,7 @@ def _read_export(db: str) -> list[tuple[Entry, dict[str, bytes]]]:
         with (gzip.open(path, "rt", encoding="utf-8") if db.endswith(".gz")
               else path.open(encoding="utf-8")) as fh:
             return read_jsonl(fh)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as exc:  # zlib: bad deflate data
         raise AuditError(f"cannot read the export {db}: {exc}") from None
 
 
@@ -86,11 +87,16 @@ def _load(entries: list[tuple[Entry, dict[str, bytes]]]) -> AuditLog:
 
 @contextlib.contextmanager
 def _as_error(console: Console) -> Iterator[None]:
-    """An :class:`AuditError` inside: the one-line error, exit code 1."""
+    """An :class:`AuditError` inside, or a row the database cannot return (a value changed
+    behind the log's back): the one-line error, exit code 1."""
+    from sqlalchemy.exc import DBAPIError
+
+    from fedforest_secure.audit.verify import unreadable
+
     try:
         yield
-    except AuditError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+    except (AuditError, DBAPIError) as exc:
+        console.print(f"[red]error:[/red] {escape(unreadable('rows', exc))}", soft_wrap=True)
         raise typer.Exit(code=1) from None
 
 
@@ -114,7 +120,7 @@ def show(
     from fedforest_secure.audit import render_tables
 
     console = _table_console()
-    with _open(db, console) as log:
+    with _open(db, console) as log, _as_error(console):
         if job is not None and job not in log.jobs():
             console.print(f"[red]error:[/red] job {job!r} is not in the log")
             raise typer.Exit(code=1)

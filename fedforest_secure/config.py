@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -99,6 +100,9 @@ class JobConfig:
     evaluation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.profile, Mapping):
+            raise ValueError("profile must be a mapping of the profile's sections, not a "
+                             f"{type(self.profile).__name__}")
         if self.task not in ("regression", "classification"):
             raise ValueError(f"task must be 'regression' or 'classification', not {self.task!r}")
         if self.method not in METHODS:

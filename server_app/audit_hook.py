@@ -14,9 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from sqlalchemy.exc import DBAPIError
 
 from fedforest_secure.audit import GENESIS, AuditLog, Entry, export_jsonl, verify_entries
+from fedforest_secure.audit.verify import unreadable
 from fedforest_secure.dburl import in_memory
+from fedforest_secure.errors import AuditError
 from fedforest_secure.protocol import Task
 
 from .secure_round import SecureRound
@@ -106,7 +109,10 @@ class _AuditLogSink:
         still have lost: entries after the tip this server last wrote, every entry of a job
         that ``began_audited``, or the entry of the job's model (``model_digest``)."""
         with self._mu:
-            entries = self._log.entries(job_id=job_id)
+            try:
+                entries = self._log.entries(job_id=job_id)
+            except (AuditError, DBAPIError) as exc:  # a row changed behind the log's back
+                return False, 0, [unreadable("entries", exc)]
             written = self._written.get(job_id)
         problems = list(verify_entries(entries).problems)
         if written is not None and (not entries or entries[-1].hash != written):

@@ -191,3 +191,60 @@ def test_show_puts_a_dp_spends_running_total_before_its_own_share(tmp_path: Path
     assert result.exit_code == 0, result.output
     assert "total_epsilon=0.3682 total_delta=1e-06 epsilon=0.3682" in result.output
     assert "total_epsilon=1 total_delta=1e-06 epsilon=0.9148" in result.output
+
+
+def _export(db: Path, out: Path) -> None:
+    result = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (lambda first: first.replace('"seq": 1,', '"seq": 1e400,'),
+     "export line 1: malformed (cannot convert float infinity to integer)"),
+    (lambda first: '{"format": "fedforest-audit/1", "payload": ' + "[" * 100_000
+     + "]" * 100_000 + "}", "export line 1: malformed (JSON nested too deeply to read)"),
+])
+def test_a_hostile_export_line_fails_verify_with_its_line(db: Path, tmp_path: Path, line,
+                                                          problem: str) -> None:
+    """What a malicious server serves a site to verify: a verdict naming the line."""
+    _export(db, tmp_path / "log.jsonl")
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    hostile = tmp_path / "hostile.jsonl"
+    hostile.write_text("\n".join([line(lines[0]), *lines[1:]]) + "\n")
+    result = runner.invoke(audit_app, ["verify", "--db", str(hostile)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), \
+        result.exception
+    assert result.output.splitlines() == [
+        f"PROBLEM {problem}", "FAILED: 1 problem(s); 0 entries in 0 job(s), 0 receipt(s) checked"]
+
+
+def test_a_compressed_export_with_damaged_data_fails_verify(tmp_path: Path) -> None:
+    import gzip
+
+    raw = bytearray(gzip.compress(b'{"format": "fedforest-audit/1"}\n' * 200, mtime=0))
+    for i in range(20, 40):  # inside the deflate stream, past the 10-byte header
+        raw[i] ^= 0xFF
+    damaged = tmp_path / "damaged.jsonl.gz"
+    damaged.write_bytes(bytes(raw))
+    result = runner.invoke(audit_app, ["verify", "--db", str(damaged)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), \
+        result.exception
+    problem, verdict = result.output.splitlines()
+    # what zlib says of the data after this prefix depends on its version
+    assert problem.startswith(f"PROBLEM cannot read the export {damaged}: Error -3 while "
+                              "decompressing data: "), problem
+    assert verdict == "FAILED: 1 problem(s); 0 entries in 0 job(s), 0 receipt(s) checked"
+
+
+@pytest.mark.parametrize("command", [["show"], ["export", "--format", "csv"],
+                                     ["export", "--format", "jsonl"]])
+def test_show_and_export_of_a_log_with_unreadable_rows_are_errors(db: Path,
+                                                                   command: list[str]) -> None:
+    with AuditLog(db) as log, log.engine.begin() as conn:
+        conn.execute(text("UPDATE audit_entries SET payload = CAST(X'7B22FF227D' AS TEXT) "
+                          "WHERE seq = 2"))
+    result = runner.invoke(audit_app, [*command, "--db", str(db)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert "error: the audit log's rows cannot be read (OperationalError: Could not decode " \
+        "to UTF-8 column 'payload'" in result.output

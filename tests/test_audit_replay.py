@@ -151,6 +151,18 @@ def test_a_log_without_the_configuration_cannot_be_replayed(log: AuditLog) -> No
     assert len(problems) == 1 and "cannot replay" in problems[0]
 
 
+@pytest.mark.parametrize("profile", ["open", ["secure"], 3])
+def test_a_configuration_whose_profile_is_no_mapping_does_not_load(log: AuditLog,
+                                                                   profile: object) -> None:
+    created = log.entries(job_id=JOB, kind="job_created")[0]
+    _forge(log, created.seq, payload={"config": {**created.payload["config"],
+                                                 "profile": profile}})
+    assert verify_log(log).ok  # the chain alone is consistent again
+    assert verify_log(log, replay=True).problems == [
+        f"job {JOB!r} replay: {created.label}: the configuration does not load (profile must "
+        f"be a mapping of the profile's sections, not a {type(profile).__name__})"]
+
+
 def test_a_forged_split_decision_is_named_by_the_replay(log: AuditLog) -> None:
     """`audit show` displays the logged split decisions: a split rewritten with the chain
     re-hashed (another feature and threshold) is not the decision the coordinator takes on the

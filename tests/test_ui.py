@@ -104,6 +104,43 @@ def test_the_page_shows_an_audit_chain_changed_under_a_running_server(
     assert audit["ok"] is False and "changed" in "; ".join(audit["problems"])
 
 
+@pytest.mark.parametrize(("change", "problem"), [
+    ("seq = 'x2'", "row 2 of the audit log (job 'job-a') has seq 'x2', not an integer: the "
+                   "audit database was changed behind the log's back"),
+    ("payload = CAST(X'7B22FF227D' AS TEXT)",
+     "the audit log's entries cannot be read (OperationalError: Could not decode to UTF-8 "
+     "column 'payload'"),
+])
+def test_the_page_shows_a_row_changed_to_what_the_log_never_writes_as_not_verifying(
+        ui: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str,
+        problem: str) -> None:
+    """A value SQLite keeps behind the log's back (text for a seq, text that is not UTF-8):
+    the page's chain check names it, on the running server and on one that starts now (whose
+    read of the chain's tip fails too)."""
+    import sqlite3
+
+    import server_app.ui as ui_mod
+
+    monkeypatch.setattr(ui_mod, "RECHECK_S", 0.0)
+    op = {"Authorization": f"Bearer {ui['operator']}"}
+    http = ui["http"]
+    http.post("/v1/jobs/job-a/join", headers={"Authorization": f"Bearer {ui['tokens'][0]}"})
+    assert http.get("/ui/api/jobs", headers=op).json()["jobs"][0]["audit"]["ok"] is True
+    with sqlite3.connect(tmp_path / "audit.db") as conn:  # the join's entry, seq 2
+        conn.execute(f"UPDATE audit_entries SET {change} WHERE kind = 'client_joined'")
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    fresh = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
+    with TestClient(create_app(db, fresh, state=ServerState(db, fresh),
+                               tick_seconds=60)) as http2:
+        for client in (http, http2):
+            r = client.get("/ui/api/jobs", headers=op)
+            assert r.status_code == 200, r.text
+            audit = r.json()["jobs"][0]["audit"]
+            assert audit["ok"] is False and audit["entries"] == 0
+            assert audit["problems"][0].startswith(problem), audit["problems"]
+    db.dispose()
+
+
 def test_the_page_shows_a_chain_cut_deleted_or_missing_as_not_verifying(
         ui: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chain sound in itself is still wrong when entries after the tip this server wrote are

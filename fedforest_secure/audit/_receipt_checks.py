@@ -20,6 +20,7 @@ from .receipts import (
     Receipt,
     RefusedReceipt,
     SentReceipt,
+    TornLine,
     read_receipts,
 )
 
@@ -94,6 +95,12 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
     last_round = {job: max((r for j, r in rounds if j == job), default=-1) for job in running}
     beyond: dict[str, list[str]] = defaultdict(list)  # running jobs' receipts of later rounds
     for i, (where, receipt) in enumerate(received):
+        if isinstance(receipt, TornLine):  # no receipt: as if the crash came before it
+            notes.append(f"receipt {where}: the file's last line is cut short ({receipt}), as "
+                         "a client that stopped while writing it leaves it: it is ignored; "
+                         "remove that line before the client writes to the file again (a "
+                         "damaged line that others follow is a problem)")
+            continue
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
             continue

@@ -4,6 +4,10 @@
 makes two writers that race for the same ``seq`` fail instead of forking the chain.
 ``audit_arrays`` holds the ``.npy`` bytes of each entry's arrays, keyed by ``(job_id, seq, name)``.
 ``round_id`` is a query convenience copied from the payload (not hashed; verification checks it).
+SQLite keeps whatever value a column is set to behind the log's back (text in an integer column,
+text in a blob): reading a row back, a ``seq`` that is not an integer is an
+:class:`~fedforest_secure.errors.AuditError` naming the row, a stored array that is not bytes is
+reported with its :class:`~.store.StoredArray`, and ``round_id`` is given as it is stored.
 Threads sharing a store are serialised by a lock; separate writers (processes, other stores)
 that race for the same ``seq`` hit the constraint, which the store reports as a
 :class:`~fedforest_secure.audit.store.ChainRace`.
@@ -34,7 +38,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from ..dburl import DatabaseUrlError, create_db_engine, shown_url, sqlite_file
@@ -45,6 +49,9 @@ from .store import ChainRace, IndexRow, StoredArray
 __all__ = ["Engine", "SqlStore", "to_url"]
 
 metadata = MetaData()
+
+#: what a driver returns for a blob
+_BYTES = (bytes, bytearray, memoryview)
 
 entries = Table(
     "audit_entries",
@@ -172,7 +179,9 @@ class SqlStore:
             select(entries.c.seq, entries.c.hash).where(entries.c.job_id == job_id)
             .order_by(entries.c.seq.desc()).limit(1)
         ).first()
-        return (int(row.seq), str(row.hash)) if row is not None else (0, GENESIS)
+        if row is None:
+            return 0, GENESIS
+        return _seq(row.seq, f"the last entry of job {job_id!r}"), str(row.hash)
 
     def last(self, job_id: str) -> tuple[int, str]:
         with self._lock, self.engine.connect() as conn:
@@ -199,15 +208,41 @@ class SqlStore:
         query = select(arrays.c.name, arrays.c.data).where(
             arrays.c.job_id == job_id, arrays.c.seq == seq)
         with self._lock, self.engine.connect() as conn:
-            return {str(r.name): bytes(r.data) for r in conn.execute(query)}
+            # a value that is not bytes (a blob rewritten as text) as its text's bytes: they
+            # cannot match the digest of a .npy array, whose first byte is not UTF-8
+            return {str(r.name): bytes(r.data) if isinstance(r.data, _BYTES)
+                    else str(r.data).encode() for r in conn.execute(query)}
 
     def scan_arrays(self, job_id: str | None = None) -> Iterator[StoredArray]:
-        query = select(arrays).order_by(arrays.c.job_id, arrays.c.seq, arrays.c.name)
+        order = (arrays.c.job_id, arrays.c.seq, arrays.c.name)
+        query = select(arrays).order_by(*order)
+        keys = select(*order).order_by(*order)
         if job_id is not None:
             query = query.where(arrays.c.job_id == job_id)
+            keys = keys.where(arrays.c.job_id == job_id)
+        done: set[tuple[Any, ...]] = set()
+        try:
+            with self.engine.connect() as conn:
+                for row in conn.execute(query):
+                    done.add((row.job_id, row.seq, row.name))
+                    yield _stored_array(row.job_id, row.seq, row.name, row.data)
+            return
+        except DBAPIError:  # a row the database cannot return (text that is not UTF-8)
+            pass
+        # the rest one at a time: a row that cannot be read is reported, the others checked
         with self.engine.connect() as conn:
-            for row in conn.execute(query):
-                yield StoredArray(str(row.job_id), int(row.seq), str(row.name), bytes(row.data))
+            for key in conn.execute(keys).all():
+                if tuple(key) in done:
+                    continue
+                try:
+                    data = conn.execute(select(arrays.c.data).where(
+                        arrays.c.job_id == key.job_id, arrays.c.seq == key.seq,
+                        arrays.c.name == key.name)).scalar_one()
+                except DBAPIError as exc:
+                    yield StoredArray(str(key.job_id), _seq(key.seq, "a stored array"),
+                                      str(key.name), b"", error=_db_error(exc))
+                else:
+                    yield _stored_array(key.job_id, key.seq, key.name, data)
 
     def scan_index(self, job_id: str | None = None) -> Iterator[IndexRow]:
         query = select(entries.c.job_id, entries.c.seq, entries.c.kind, entries.c.round_id,
@@ -216,13 +251,34 @@ class SqlStore:
             query = query.where(entries.c.job_id == job_id)
         with self.engine.connect() as conn:
             for row in conn.execute(query):
-                yield IndexRow(str(row.job_id), int(row.seq), str(row.kind),
-                               None if row.round_id is None else int(row.round_id),
-                               str(row.payload))
+                yield IndexRow(str(row.job_id), _seq(row.seq, f"an entry of job {row.job_id!r}"),
+                               str(row.kind), row.round_id, str(row.payload))
+
+
+def _seq(value: object, what: str) -> int:
+    """A stored ``seq``; :class:`AuditError` naming ``what`` if it is not an integer."""
+    if type(value) is not int:
+        raise AuditError(f"{what} has seq {value!r}, not an integer: the audit database was "
+                         "changed behind the log's back")
+    return value
+
+
+def _db_error(exc: DBAPIError) -> str:
+    """What the database said when it could not return a value."""
+    orig = exc.orig if exc.orig is not None else exc
+    return f"{type(orig).__name__}: {str(orig)[:200]}"
+
+
+def _stored_array(job_id: object, seq: object, name: object, data: object) -> StoredArray:
+    if isinstance(data, _BYTES):
+        return StoredArray(str(job_id), _seq(seq, "a stored array"), str(name), bytes(data))
+    return StoredArray(str(job_id), _seq(seq, "a stored array"), str(name), b"",
+                       error=f"the database holds {type(data).__name__}, not bytes")
 
 
 def _entry_from_row(row: Row[Any]) -> Entry:
-    return Entry(job_id=str(row.job_id), seq=int(row.seq), kind=str(row.kind),
-                 timestamp=str(row.timestamp), payload_json=str(row.payload),
+    return Entry(job_id=str(row.job_id),
+                 seq=_seq(row.seq, f"row {row.id} of the audit log (job {row.job_id!r})"),
+                 kind=str(row.kind), timestamp=str(row.timestamp), payload_json=str(row.payload),
                  arrays_json=str(row.arrays), prev_hash=str(row.prev_hash),
                  hash=str(row.hash), row_id=int(row.id))

@@ -69,6 +69,7 @@ __all__ = [
     "format_timestamp",
     "is_hex_digest",
     "jsonable",
+    "load_json",
 ]
 
 #: ``prev_hash`` of the first entry of every job.
@@ -89,6 +90,15 @@ def canonical_json(obj: Any) -> str:
     """The canonical JSON text of a JSON-able value (see the module docstring)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
+
+
+def load_json(text: str | bytes) -> Any:
+    """``json.loads``, with text nested too deeply to parse a ``ValueError`` like any other bad
+    JSON (Python's parser raises ``RecursionError``): what a verifier reads may be hostile."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 class _NotPlain(Exception):
@@ -254,14 +264,14 @@ class Entry:
 
     @property
     def payload(self) -> dict[str, Any]:
-        value = json.loads(self.payload_json)
+        value = load_json(self.payload_json)
         if not isinstance(value, dict):
             raise ValueError("payload is not a JSON object")
         return value
 
     @property
     def arrays(self) -> dict[str, ArrayInfo]:
-        value = json.loads(self.arrays_json)
+        value = load_json(self.arrays_json)
         if not isinstance(value, dict):
             raise ValueError("arrays is not a JSON object")
         return {str(k): ArrayInfo.from_json(v) for k, v in value.items()}

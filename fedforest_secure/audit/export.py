@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from ..errors import AuditError
-from .entry import Entry, canonical_json
+from .entry import Entry, canonical_json, load_json
 from .log import AuditLog
 
 __all__ = ["export_csv", "export_jsonl", "import_jsonl", "read_csv", "read_jsonl"]
@@ -61,7 +61,7 @@ def read_jsonl(lines: Iterable[str]) -> list[tuple[Entry, dict[str, bytes]]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = load_json(line)
             if not isinstance(obj, dict) or obj.get("format") != FORMAT:
                 raise ValueError(f"not a {FORMAT} line")
             entry = Entry(
@@ -73,7 +73,11 @@ def read_jsonl(lines: Iterable[str]) -> list[tuple[Entry, dict[str, bytes]]]:
             if not isinstance(data, dict):
                 raise ValueError("data must be an object")
             blobs = {str(k): base64.b64decode(v, validate=True) for k, v in data.items()}
-        except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        except RecursionError:  # parsed, but too deep to write canonically
+            raise AuditError(f"export line {lineno}: malformed (JSON nested too deeply)"
+                             ) from None
+        # OverflowError: a "seq" of 1e400
+        except (ValueError, KeyError, TypeError, OverflowError, binascii.Error) as exc:
             raise AuditError(f"export line {lineno}: malformed ({exc})") from exc
         out.append((entry, blobs))
     return out

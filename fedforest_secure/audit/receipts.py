@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import append_line
-from .entry import GENESIS, is_hex_digest
+from .entry import GENESIS, is_hex_digest, load_json
 
 __all__ = ["FailedReceipt", "ModelReceipt", "Receipt", "RefusedReceipt", "SentReceipt",
            "read_receipts", "upload_digest", "write_receipt"]
@@ -271,7 +271,8 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     on disk when this returns: one ``write`` in append mode, then ``fsync`` (and of the
     directory when the file is new), so a client killed right after (e.g. while its upload's
     request waits) keeps the line whole. A last line a crash cut short stays a line of its own
-    (the reader names it as damaged) rather than swallowing this one."""
+    rather than swallowing this one (the reader then names it as a damaged line, no longer
+    a torn last one: remove such a line before the client writes again)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     name = filename or f"{receipt.client}.jsonl"
@@ -284,9 +285,15 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     return path
 
 
+class TornLine(ValueError):
+    """A file's last line that does not parse and has no newline: what a site's crash in the
+    middle of :func:`write_receipt` leaves (the line and its newline are one write)."""
+
+
 def read_receipts(directory: str | Path
                   ) -> Iterator[tuple[str, AnyReceipt | ValueError]]:
-    """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line."""
+    """Yield ``("file.jsonl:line", receipt or the parse error)`` for every ``*.jsonl`` line;
+    the error of a torn last line is a :class:`TornLine`."""
     for path in sorted(Path(directory).glob("*.jsonl")):
         if not path.is_file():
             yield path.name, ValueError("not a file")
@@ -298,6 +305,10 @@ def read_receipts(directory: str | Path
                     line = raw.decode("utf-8")
                     if not line.strip():
                         continue
-                    yield where, parse_receipt(json.loads(line))
+                    yield where, parse_receipt(load_json(line))
                 except (ValueError, TypeError) as exc:
-                    yield where, ValueError(str(exc))
+                    # cut short: bytes or JSON that end too soon, and no newline (which only
+                    # the last line can lack)
+                    torn = isinstance(exc, UnicodeDecodeError | json.JSONDecodeError) \
+                        and not raw.endswith(b"\n")
+                    yield where, (TornLine if torn else ValueError)(str(exc))

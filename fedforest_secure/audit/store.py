@@ -23,20 +23,25 @@ class ChainRace(Exception):
 
 
 class StoredArray(NamedTuple):
+    """One stored array's bytes; or, when the store could not read them (a value that is not
+    bytes), empty ``data`` and the ``error`` saying why."""
+
     job_id: str
     seq: int
     name: str
     data: bytes
+    error: str | None = None
 
 
 class IndexRow(NamedTuple):
     """What a store indexes of an entry beside its texts: the ``round_id`` it copied from the
-    payload (a query convenience, not hashed) next to the stored payload text."""
+    payload (a query convenience, not hashed), as stored (a value rewritten behind the log's
+    back need not be an integer), next to the stored payload text."""
 
     job_id: str
     seq: int
     kind: str
-    round_id: int | None
+    round_id: object
     payload: str
 
 
@@ -72,7 +77,8 @@ class AuditStore(Protocol):
         ...
 
     def scan_arrays(self, job_id: str | None = None) -> Iterator[StoredArray]:
-        """Every stored array (of one job), ordered by job, ``seq`` and name, one at a time."""
+        """Every stored array (of one job), ordered by job, ``seq`` and name, one at a time;
+        an array whose bytes cannot be read comes with its ``error``, and the others follow."""
         ...
 
     def scan_index(self, job_id: str | None = None) -> Iterator[IndexRow]:

@@ -11,7 +11,9 @@ never stops at the first problem. Per job it checks that
 * the chain holds one job: a single ``job_created`` entry (a job id created again on the same
   log appends a second);
 * payloads are canonical JSON of a known kind with the required keys;
-* each stored array is present and its bytes hash to the digest in the entry;
+* each stored array is present and its bytes hash to the digest in the entry (an array the
+  database cannot return is named, and the others are still checked);
+* the ``round_id`` column holds the payload's ``round_id`` as an integer, or nothing;
 
 and, given a receipts directory, that every receipt agrees with the log
 (see :mod:`fedforest_secure.audit.receipts`) and that the receipts cover each receipted job's
@@ -28,6 +30,10 @@ before the request) that no receipt of the upload follows (the client stopped be
 answered) is checked like a receipt when the log's round entry lists that upload for the
 client, is a note when the entry does not list the client (or the round has none), and a
 problem when it lists another upload of the client that none of the client's records holds.
+A receipts file's last line cut short (a client that stopped while writing it) is a note and
+is ignored; a damaged line that other lines follow is a problem. A log whose entries the
+database cannot return (a value changed behind the log's back: text that is not UTF-8, a
+``seq`` that is not an integer) is one problem naming it.
 With ``replay=True`` it also replays each job through the coordinator
 (:mod:`fedforest_secure.audit.replay`): every logged task digest must be the task that follows
 from the logged configuration and aggregates, and the model digest the model they yield.
@@ -36,7 +42,6 @@ from the logged configuration and aggregates, and the model digest the model the
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -47,14 +52,22 @@ from sqlalchemy.exc import DBAPIError
 
 from ..errors import AuditError
 from ._receipt_checks import check_receipts, not_ended
-from .entry import GENESIS, ArrayInfo, Entry, canonical_json, decode_array, is_hex_digest
+from .entry import (
+    GENESIS,
+    ArrayInfo,
+    Entry,
+    canonical_json,
+    decode_array,
+    is_hex_digest,
+    load_json,
+)
 from .kinds import EntryKind, check_payload
 from .log import AuditLog
 
 if TYPE_CHECKING:
     from ._sql import Engine
 
-__all__ = ["VerifyReport", "verify_entries", "verify_log"]
+__all__ = ["VerifyReport", "unreadable", "verify_entries", "verify_log"]
 
 
 @dataclass
@@ -94,9 +107,12 @@ def _check_entry(entry: Entry) -> list[str]:
     try:
         payload = entry.payload
         arrays = entry.arrays
+        canonical = canonical_json(payload) == entry.payload_json
+    except RecursionError:  # parsed, but too deep to write again
+        return [*out, f"{where}: unreadable payload or arrays (JSON nested too deeply)"]
     except ValueError as exc:
         return [*out, f"{where}: unreadable payload or arrays ({exc})"]
-    if canonical_json(payload) != entry.payload_json:
+    if not canonical:
         out.append(f"{where}: payload text is not canonical JSON")
     if canonical_json({k: v.to_json() for k, v in arrays.items()}) != entry.arrays_json:
         out.append(f"{where}: arrays text is not canonical JSON")
@@ -176,6 +192,7 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
         except ValueError:
             continue  # already reported as unreadable
     found: set[tuple[str, int, str]] = set()
+    stopped: str | None = None
     try:
         for stored in log.store.scan_arrays(job_id):
             key, name, blob = (stored.job_id, stored.seq), stored.name, stored.data
@@ -188,6 +205,9 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
             info = infos.get(name)
             if info is None:
                 out.append(f"{entry.label}: stored array {name!r} is not listed in the entry")
+            elif stored.error is not None:
+                out.append(f"{entry.label}: stored array {name!r} cannot be read "
+                           f"({stored.error}): the array was rewritten")
             elif hashlib.sha256(blob).hexdigest() != info.sha256:
                 out.append(f"{entry.label}: stored array {name!r} does not match its digest "
                            "(array changed)")
@@ -196,29 +216,50 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
                     decode_array(info, blob)
                 except ValueError as exc:
                     out.append(f"{entry.label}: stored array {name!r}: {exc}")
-    except DBAPIError as exc:  # a blob rewritten as text, say: the database cannot return it
-        out.append(f"the stored arrays cannot be read ({type(exc).__name__}: "
-                   f"{str(getattr(exc, 'orig', exc))[:200]}): an array was rewritten")
-    for (job, seq), (entry, infos) in sorted(expected.items()):
-        for name in sorted(infos):
-            if (job, seq, name) not in found:
-                out.append(f"{entry.label}: stored array {name!r} is missing")
+    except (DBAPIError, AuditError) as exc:  # the arrays' keys cannot be read
+        stopped = unreadable("stored arrays", exc)
+    unseen = [f"{entry.label}: stored array {name!r}"
+              for (job, seq), (entry, infos) in sorted(expected.items())
+              for name in sorted(infos) if (job, seq, name) not in found]
+    if stopped is None:
+        out.extend(f"{what} is missing" for what in unseen)
+    else:  # what the scan did not reach may be there
+        out.append(stopped + (f"; {len(unseen)} array(s) were not checked (first: {unseen[0]})"
+                              if unseen else ""))
     return out
 
 
 def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
     out: list[str] = []
-    for row in log.store.scan_index(job_id):
-        try:
-            value = json.loads(row.payload).get("round_id")
-        except (ValueError, AttributeError):
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            value = None
-        if row.round_id != value:
-            out.append(f"job {row.job_id!r} seq {row.seq} ({row.kind}): round_id column "
-                       "disagrees with the payload")
+    try:
+        for row in log.store.scan_index(job_id):
+            try:
+                value = load_json(row.payload).get("round_id")
+            except (ValueError, AttributeError):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                value = None
+            # the column as stored: 3.5 or "three" is not the payload's 3 (a query for
+            # round 3 would not find the entry)
+            column = row.round_id
+            if not (column is None and value is None or type(column) is int and column == value):
+                out.append(f"job {row.job_id!r} seq {row.seq} ({row.kind}): round_id column "
+                           f"({column!r}) disagrees with the payload ({value!r})")
+    except (DBAPIError, AuditError) as exc:
+        out.append(unreadable("entries", exc))
     return out
+
+
+def unreadable(what: str, exc: DBAPIError | AuditError) -> str:
+    """The problem of a part of the log (``what``) that cannot be read: a value the database
+    cannot return (text that is not UTF-8), or a ``seq`` that is no integer (the store's
+    :class:`AuditError` names its row)."""
+    if isinstance(exc, AuditError):
+        return str(exc)
+    orig = exc.orig if exc.orig is not None else exc
+    return (f"the audit log's {what} cannot be read ({type(orig).__name__}: "
+            f"{str(orig)[:200]}): a value was changed behind the log's back, or the database "
+            "failed")
 
 
 def verify_log(log_or_url: AuditLog | Engine | str | Path,
@@ -242,7 +283,10 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
         except AuditError as exc:
             return VerifyReport(problems=[str(exc)])
     try:
-        entries = log.entries(job_id=job_id)
+        try:
+            entries = log.entries(job_id=job_id)
+        except (DBAPIError, AuditError) as exc:
+            return VerifyReport(problems=[unreadable("entries", exc)])
         report = verify_entries(entries)
         report.problems.extend(_check_round_column(log, job_id))
         report.problems.extend(_check_arrays(log, entries, job_id))
@@ -267,8 +311,9 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
                 try:
                     report.problems.extend(replay_job(log, job))
                 except (ValueError, AuditError, DBAPIError) as exc:  # an entry it cannot read
+                    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
                     report.problems.append(f"job {job!r} replay: stopped at an entry it cannot "
-                                           f"read ({type(exc).__name__}: {exc})")
+                                           f"read ({type(orig).__name__}: {str(orig)[:200]})")
         return report
     finally:
         if owned is not None:
