@@ -9,7 +9,9 @@ its profile), so that every client computes its own noise and the server cannot 
   splitting level; under DP nothing else is released) gets a share of the job's zCDP budget,
   and one calibration (:func:`calibrate`) solves for the client noise scales such that the
   composition of *all* the job's releases is exactly (epsilon, delta)-DP
-  (:mod:`.accountant`: Rényi curves add up, one conversion).
+  (:mod:`.accountant`: Rényi curves add up, one conversion). The sensitivities are those of
+  :mod:`.sensitivity` in ring units, the sums of ``y`` and ``y**2`` with one more unit per
+  cell a record touches for each site's rounding to the fixed-point grid.
 
 The calibration (planned releases and their Rényi cost, the client noise scales that spend
 the budget exactly, and the plan's type :class:`JobNoise`) is :mod:`._calibration`; its names
@@ -74,7 +76,8 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         _dp_value(dp, "max_multiplicity", 4))
-    mult *= abstention_factor(config.profile)  # abstention moves m rows per record
+    rows = abstention_factor(config.profile)  # abstention moves m rows per record
+    mult *= rows
     tol = float(_dp_value(dp, "dropout_tolerance",
                           max(0.0, 1.0 - float(config.profile.get("threshold", 1.0)))))
     k_min = min_survivors(config.n_clients, min(tol, 0.999))
@@ -96,9 +99,12 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
         for name, stat, cols in kinds:
             sens = histogram_sensitivity(
                 stat, n_features=m, n_trees=trees, max_multiplicity=mult,
-                target_bounds=(-config.target_bound, config.target_bound))
-            blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])),
-                                       nodes * m * width * cols, level_w[level] / len(kinds)))
+                target_bounds=(-config.target_bound, config.target_bound)
+            ).scaled(float(unit[name]))
+            if name != "count":  # each site's sums are rounded: one unit per bin its rows touch
+                sens = sens.rounded(trees * m * rows)
+            blocks.append(PlannedBlock(name, sens, nodes * m * width * cols,
+                                       level_w[level] / len(kinds)))
         releases.append(PlannedRelease(f"level {level} histograms", k_min, tuple(blocks)))
     sig = calibrate(releases, eps, delta)
     return JobNoise(tuple(releases), tuple(range(depth)), sig, k_min, eps, delta)
@@ -254,7 +260,9 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
     :func:`class_totals_scale` ``a >= 1`` also ``a`` times the classes' row totals, the share
     then ``MARGINAL_SHARE * (1 + a**2 / d)``.
     Level ``max_depth``: the leaves' node totals (a record sits in one leaf per tree: a
-    histogram with ``F = 1`` over ``T`` trees), the rest."""
+    histogram with ``F = 1`` over ``T`` trees), the rest. Counts are integers; a regression's
+    sums of ``y`` and ``y**2`` get one more unit per leaf the record reaches, for each site's
+    rounding to the grid (:meth:`~.sensitivity.Sensitivity.rounded`)."""
     leaves = trees * 2**config.max_depth
     leaf_share = 1.0 - MARGINAL_SHARE
     kinds: list[tuple[str, StatKind, int, float]]
@@ -282,8 +290,11 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
     blocks = []
     for name, stat, cols, share in kinds:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
-                                     target_bounds=(-config.target_bound, config.target_bound))
-        blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])), leaves * cols, share))
+                                     target_bounds=(-config.target_bound, config.target_bound)
+                                     ).scaled(float(unit[name]))
+        if name != "count":  # each site's sums are rounded: one unit in the record's leaf
+            sens = sens.rounded(trees)
+        blocks.append(PlannedBlock(name, sens, leaves * cols, share))
     release = PlannedRelease("leaf totals", k_min, tuple(blocks))
     sig = calibrate([marginals, release], eps, delta)
     return JobNoise((marginals, release), (0, config.max_depth), sig, k_min, eps, delta)

@@ -41,7 +41,7 @@ from ..errors import BudgetError, RefusedRequest
 from ._sampling import RandomSource, sample_discrete_gaussian
 from .accountant import Cost, PrivacyAccountant
 from .allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
-from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sensitivity
+from .sensitivity import StatKind, abstention_factor, histogram_sensitivity
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -164,10 +164,8 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
     for stat, unit in kinds[:n_kinds]:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
                                      target_bounds=(-config.target_bound, config.target_bound))
-        if stat in ("sum", "sum_sq"):
-            cells = float(trees)  # rounding to the grid: one more unit per changed cell
-            sens = sens.scaled(1.0 / unit)
-            sens = Sensitivity(sens.l1 + cells, sens.l2 + math.sqrt(cells), sens.linf + 1.0)
+        if stat in ("sum", "sum_sq"):  # rounding to the grid: one more unit per changed cell
+            sens = sens.scaled(1.0 / unit).rounded(trees)
         blocks.append(PlannedBlock(stat, sens, max(max_dims, dims),
                                    1.0 / (n_kinds * config.max_depth)))
     release = PlannedRelease("node summaries", 1, tuple(blocks))
