@@ -4,23 +4,29 @@
   one record moves an encoded sum by up to one unit more than its exact value, and the plan's
   sensitivities include that unit (at ``frac_bits = 0`` a record at the target bound can move
   a site's encoded sum by 2 units, twice its exact 1).
+* A small epsilon with a large ``frac_bits`` asks for noise scales the discrete Gaussian
+  sampler cannot draw: the job is refused before any round, naming epsilon and ``frac_bits``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from fedforest_secure import secure_sum
+from fedforest_secure import FedForestRegressor, secure_sum
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
+from fedforest_secure.errors import BudgetError
 from fedforest_secure.federation import client_seed
 from fedforest_secure.privacy import Sensitivity, load_profile
+from fedforest_secure.privacy._sampling import MAX_SIGMA
 from fedforest_secure.privacy.allocation import job_noise
 from fedforest_secure.protocol import StatKind, kind_code, kinds_vector
 from fedforest_secure.worker import Worker
+from server_app.engine import new_coordinator
 
 K, D = 4, 3
 
@@ -101,3 +107,67 @@ def test_at_the_shipped_frac_bits_rounding_adds_2_to_the_minus_24_of_the_sums_no
                                              2.0**24 * cells**0.5 + cells**0.5, 2.0**24 + 1)
             sigmas = plan.level_sigmas(level)
             assert sigmas[kind] / sigmas["count"] == pytest.approx(2.0**24 + 1, rel=1e-12)
+
+
+def test_noise_the_sampler_cannot_draw_is_refused_before_any_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(400, 3))
+    y = X[:, 0] * 10
+    calls = {"handle": 0, "encode": 0}
+    handle, encode = Worker.handle, secure_sum.encode_contribution
+
+    def counted_handle(self: Worker, task: Any) -> Any:
+        calls["handle"] += 1
+        return handle(self, task)
+
+    def counted_encode(*args: Any) -> Any:
+        calls["encode"] += 1
+        return encode(*args)
+
+    def fit(frac_bits: int) -> FedForestRegressor:
+        prof = load_profile("secure-dp", frac_bits=frac_bits, epsilon=0.002)
+        return FedForestRegressor(profile=prof, random_state=0).fit(
+            X, y, client=np.arange(400) % 4)
+
+    with monkeypatch.context() as m:
+        m.setattr(Worker, "handle", counted_handle)
+        m.setattr(secure_sum, "encode_contribution", counted_encode)
+        with pytest.raises(BudgetError) as err:
+            fit(32)
+    assert str(err.value) == (
+        "epsilon = 0.002 with frac_bits = 32 needs each client's noise on the leaf totals "
+        "(sumsq) at a scale of 2.19e+14 ring units, more than the discrete Gaussian sampler "
+        "draws (below 2^45 = 3.52e+13): raise epsilon, or lower frac_bits to 29 or less (the "
+        "noise on sums of y and y^2 scales with 2^frac_bits)")
+    assert calls == {"handle": 0, "encode": 0}  # no round was asked, nothing was uploaded
+    # the frac_bits it names trains, and the sampler draws every scale; one more does not
+    with pytest.raises(BudgetError, match="with frac_bits = 30 .* lower frac_bits to 29 or"):
+        fit(30)
+    cfg = fit(29).config_
+    plan = job_noise(cfg, secure_sum.noise_units(cfg))
+    assert MAX_SIGMA / 2 < max(s for r in plan.sigmas for s in r) < MAX_SIGMA
+
+
+def test_a_server_job_whose_noise_the_sampler_cannot_draw_does_not_start() -> None:
+    prof = load_profile("secure-dp", frac_bits=32, epsilon=0.002).to_dict()
+    cfg = _config(prof, "random")
+    with pytest.raises(BudgetError, match=r"^epsilon = 0\.002 with frac_bits = 32 needs each "
+                                          r"client's noise on the leaf totals \(sumsq\)"):
+        new_coordinator(cfg)
+
+
+def test_noisy_h_splits_the_sampler_cannot_draw_are_refused_before_any_round() -> None:
+    def config(frac_bits: int) -> JobConfig:
+        prof = load_profile("secure-dp", frac_bits=frac_bits, epsilon=1.0, h_splits="noisy",
+                            h_epsilon=0.001).to_dict()
+        return replace(_config(prof, "histogram"), split_on_client=True)
+
+    with pytest.raises(BudgetError) as err:
+        Coordinator(config(32))
+    assert str(err.value) == (
+        "h_epsilon = 0.001 with frac_bits = 32 needs each client's noise on the node "
+        "summaries' sums of y at a scale of 5.81e+13 ring units, more than the discrete "
+        "Gaussian sampler draws (below 2^45 = 3.52e+13): raise h_epsilon, or lower frac_bits "
+        "to 31 or less (the noise on sums of y and y^2 scales with 2^frac_bits)")
+    assert Coordinator(config(31)).next_task() is not None

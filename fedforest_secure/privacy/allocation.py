@@ -27,7 +27,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetError
-from ._calibration import JobNoise, PlannedBlock, PlannedRelease, calibrate, release_cost
+from ._calibration import (
+    JobNoise,
+    PlannedBlock,
+    PlannedRelease,
+    calibrate,
+    check_sampling,
+    release_cost,
+)
 from .dp import min_survivors, rho_for
 from .sensitivity import StatKind, abstention_factor, histogram_sensitivity
 
@@ -58,6 +65,12 @@ def job_noise(config: JobConfig, units: Mapping[str, float]) -> JobNoise:
     units : mapping
         Integer (ring) units per unit of each statistic kind (``"count"``, ``"sum"``,
         ``"sumsq"``): 1 for counts, ``2**frac_bits / scale`` for the others.
+
+    Raises
+    ------
+    BudgetError
+        No budget, or a client noise scale the sampler cannot draw (a small epsilon with a
+        large ``frac_bits``; :func:`~._calibration.check_sampling`).
     """
     key = (config.to_json(), tuple(sorted((k, float(v)) for k, v in units.items())))
     return _job_noise(*key)
@@ -69,6 +82,24 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
 
     config = JobConfig.from_json(config_json)
     unit = dict(units)
+    plan = _planned(config, unit)
+    frac = int(config.profile.get("frac_bits", 24))
+
+    def sigmas_at(bits: int) -> dict[str, float]:  # real sums' units scale with 2**frac_bits
+        return _named_sigmas(_planned(config, {k: v if k == "count" else v * 2.0**(bits - frac)
+                                               for k, v in unit.items()}))
+
+    check_sampling(_named_sigmas(plan), sigmas_at, frac, ("epsilon", plan.epsilon))
+    return plan
+
+
+def _named_sigmas(plan: JobNoise) -> dict[str, float]:
+    return {f"{r.label} ({b.name})": s for r, sig in zip(plan.releases, plan.sigmas, strict=True)
+            for b, s in zip(r.blocks, sig, strict=True)}
+
+
+def _planned(config: JobConfig, unit: Mapping[str, float]) -> JobNoise:
+    """The noise plan of :func:`job_noise`, not checked against the sampler."""
     dp = config.dp
     if not dp:
         raise BudgetError("the job has no [dp] section: no budget")

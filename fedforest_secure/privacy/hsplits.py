@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import BudgetError, RefusedRequest
+from ._calibration import check_sampling
 from ._sampling import RandomSource, sample_discrete_gaussian
 from .accountant import Cost, PrivacyAccountant
 from .allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
@@ -138,15 +139,30 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
     Raises
     ------
     BudgetError
-        No ``[dp]`` section or no ``dp.h_epsilon``; missing target bounds for regression.
+        No ``[dp]`` section or no ``dp.h_epsilon``; missing target bounds for regression; a
+        scale the sampler cannot draw (a small ``h_epsilon`` with a large ``frac_bits``).
     """
+    frac = int(config.profile.get("frac_bits", 24))
+    noise = _node_stats_noise(config, n_nodes, frac)
+    names = ["class counts"] if config.task == "classification" else [
+        "counts", "sums of y", "sums of y^2"]
+
+    def named(sigma: NDArray[np.float64]) -> dict[str, float]:
+        return {f"node summaries' {n}": float(v) for n, v in zip(names, sigma, strict=False)}
+
+    check_sampling(named(noise.sigma), lambda bits: named(
+        _node_stats_noise(config, n_nodes, bits).sigma), frac, ("h_epsilon", noise.epsilon))
+    return noise
+
+
+def _node_stats_noise(config: JobConfig, n_nodes: int, frac: int) -> NodeStatsNoise:
+    """:func:`node_stats_noise` on the grid of ``frac`` bits, not checked against the sampler."""
     dp = config.dp
     eps, delta = _h_epsilon(dp), float((dp or {})["delta"])
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         (dp or {}).get("max_multiplicity", 4))
     mult *= abstention_factor(config.profile)  # abstention moves m rows per record
-    frac = int(config.profile.get("frac_bits", 24))
     kinds: list[tuple[StatKind, float]]
     if config.task == "classification":
         kinds = [("class_count", 1.0)] * config.n_classes
