@@ -50,7 +50,8 @@ class ReleasePolicy:
         ``h_splits = "off"``, the exact method under secure aggregation, the secure sketch or
         random splits without public feature bounds, random splits on the client).
     BudgetError
-        Differential privacy without public bounds, or noisy H-splits without a budget.
+        Differential privacy without public bounds, noisy H-splits without a budget, or a
+        budget whose noise scales the sampler cannot draw at the profile's ``frac_bits``.
     """
 
     def __init__(self, config: JobConfig) -> None:
@@ -120,6 +121,16 @@ class ReleasePolicy:
             # noisy histograms, so no other round releases anything, except (noisy H-splits)
             # one set of noisy per-client node summaries per splitting level
             self.accountant = job_budget(dp, config.max_depth, noisy_h=self.noisy_h).accountant()
+            # every noise scale the clients will draw is one the sampler can (BudgetError here,
+            # before any round, not at the sampler mid-job)
+            from .privacy.allocation import job_noise
+            from .secure_sum import noise_units
+
+            job_noise(config, noise_units(config))
+            if self.noisy_h:
+                from .privacy.hsplits import node_stats_noise
+
+                node_stats_noise(config)
         #: every DP release: round, budget share, running totals, noise scales
         self.spends: list[dict[str, Any]] = []
         self._k_min = 0

@@ -31,6 +31,7 @@ from fedforest_secure.errors import ProfileError
 from fedforest_secure.federation import RoundRecord, client_seed, run_in_process
 from fedforest_secure.privacy import (
     PrivacyProfile,
+    Sensitivity,
     ZCdp,
     epsilon_of,
     histogram_sensitivity,
@@ -319,12 +320,15 @@ def test_dp_noise_of_the_aggregate_matches_calibration(monkeypatch: pytest.Monke
     rhos = []
     for kind, sigma_client in dp["sigma"].items():
         # the engine's calibration is the documented one: histogram sensitivity (disjoint rows:
-        # one tree, multiplicity 1, one bin per feature slot), in ring units, distributed
-        # over K_min survivors; every kind of every level gets the same zCDP share
+        # one tree, multiplicity 1, one bin per feature slot), in ring units (sums: one more
+        # unit per bin for each site's rounding), distributed over K_min survivors; every kind
+        # of every level gets the same zCDP share
         sens = histogram_sensitivity(names[kind], n_features=slots, n_trees=1,
                                      max_multiplicity=1,
                                      target_bounds=(-cfg.target_bound, cfg.target_bound))
         sens = sens.scaled(entry_scale_bits(cfg, StatKind(kind)))
+        if kind != "count":
+            sens = Sensitivity(sens.l1 + slots, sens.l2 + math.sqrt(slots), sens.linf + 1)
         rhos.append(sens.l2**2 / (2 * k_min * sigma_client**2))
     assert rhos == pytest.approx([rhos[0]] * 3, rel=1e-9)
     # the max_depth levels' releases of the three kinds compose to the job's epsilon

@@ -9,20 +9,23 @@ would be exactly ``w_b / s**2``-zCDP. The smallest ``s`` whose composed Rényi c
 ``tau`` terms of :func:`~.dp.ddg_cost`) converts to at most epsilon at delta is found by
 bisection (:func:`calibrate`; :mod:`.accountant`: Rényi curves add up, one conversion).
 :class:`JobNoise` holds the result for a job's planned releases (:func:`~.allocation.job_noise`).
+:func:`check_sampling` refuses a plan whose scales the sampler cannot draw, before any round.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import BudgetError
+from ._sampling import MAX_SIGMA
 from .accountant import Cost, ZCdp, epsilon_of
 from .dp import ddg_cost, rho_for
 from .sensitivity import Sensitivity
 
-__all__ = ["JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "release_cost"]
+__all__ = ["JobNoise", "PlannedBlock", "PlannedRelease", "calibrate", "check_sampling",
+           "release_cost"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,43 @@ def calibrate(releases: Sequence[PlannedRelease], epsilon: float,
         if hi - lo < 1e-12 * hi:
             break
     return sigmas(hi)
+
+
+def check_sampling(sigmas: Mapping[str, float], sigmas_at: Callable[[int], Mapping[str, float]],
+                   frac_bits: int, budget: tuple[str, float]) -> None:
+    """Refuse a noise plan with a client scale the discrete Gaussian sampler cannot draw.
+
+    Parameters
+    ----------
+    sigmas : the plan's client scales in ring units, by a name that says where they apply
+    sigmas_at : the same plan's scales at another ``frac_bits`` (the scales of real sums grow
+        with ``2**frac_bits``; those of counts do not)
+    frac_bits : the profile's
+    budget : the name and value of the budget that sets the scales (``("epsilon", 0.002)``)
+
+    Raises
+    ------
+    BudgetError
+        A scale of at least :data:`~._sampling.MAX_SIGMA`, naming the budget, ``frac_bits``
+        and the largest ``frac_bits`` whose plan the sampler can draw (if any does).
+    """
+    over = {k: s for k, s in sigmas.items() if not s < MAX_SIGMA}
+    if not over:
+        return
+    where, worst = max(over.items(), key=lambda kv: kv[1])
+    # one bit less at most halves a scale: no frac_bits above this one fits
+    f = frac_bits - 1
+    if math.isfinite(worst):
+        f = min(f, frac_bits + math.floor(math.log2(MAX_SIGMA / worst)))
+    while f >= 0 and not all(s < MAX_SIGMA for s in sigmas_at(f).values()):
+        f -= 1
+    name, value = budget
+    todo = (f"raise {name}, or lower frac_bits to {f} or less (the noise on sums of y and y^2 "
+            "scales with 2^frac_bits)" if f >= 0 else f"raise {name}")
+    raise BudgetError(
+        f"{name} = {value:g} with frac_bits = {frac_bits} needs each client's noise on the "
+        f"{where} at a scale of {worst:.3g} ring units, more than the discrete Gaussian "
+        f"sampler draws (below 2^45 = {MAX_SIGMA:.3g}): {todo}")
 
 
 # ----------------------------------------------------------------------------- engine plan

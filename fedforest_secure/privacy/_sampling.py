@@ -29,7 +29,13 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from numpy.typing import NDArray
 
-__all__ = ["ChaChaRandom", "RandomSource", "discrete_gaussian_bound", "sample_discrete_gaussian"]
+__all__ = ["MAX_SIGMA", "ChaChaRandom", "RandomSource", "discrete_gaussian_bound",
+           "sample_discrete_gaussian"]
+
+#: :func:`sample_discrete_gaussian` draws scales below this one (its int64 arithmetic is exact
+#: there); a DP job's noise plan is checked against it before any round
+#: (:func:`~._calibration.check_sampling`).
+MAX_SIGMA = 2.0**45
 
 
 class RandomSource(Protocol):
@@ -103,7 +109,7 @@ def sample_discrete_gaussian(
     """
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
-    if sigma >= 2.0**45:
+    if sigma >= MAX_SIGMA:
         raise ValueError(f"sigma {sigma} is too large for exact int64 sampling")
     if size < 0:
         raise ValueError("size must be >= 0")

@@ -9,7 +9,9 @@ its profile), so that every client computes its own noise and the server cannot 
   splitting level; under DP nothing else is released) gets a share of the job's zCDP budget,
   and one calibration (:func:`calibrate`) solves for the client noise scales such that the
   composition of *all* the job's releases is exactly (epsilon, delta)-DP
-  (:mod:`.accountant`: Rényi curves add up, one conversion).
+  (:mod:`.accountant`: Rényi curves add up, one conversion). The sensitivities are those of
+  :mod:`.sensitivity` in ring units, the sums of ``y`` and ``y**2`` with one more unit per
+  cell a record touches for each site's rounding to the fixed-point grid.
 
 The calibration (planned releases and their Rényi cost, the client noise scales that spend
 the budget exactly, and the plan's type :class:`JobNoise`) is :mod:`._calibration`; its names
@@ -25,7 +27,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetError
-from ._calibration import JobNoise, PlannedBlock, PlannedRelease, calibrate, release_cost
+from ._calibration import (
+    JobNoise,
+    PlannedBlock,
+    PlannedRelease,
+    calibrate,
+    check_sampling,
+    release_cost,
+)
 from .dp import min_survivors, rho_for
 from .sensitivity import StatKind, abstention_factor, histogram_sensitivity
 
@@ -56,6 +65,12 @@ def job_noise(config: JobConfig, units: Mapping[str, float]) -> JobNoise:
     units : mapping
         Integer (ring) units per unit of each statistic kind (``"count"``, ``"sum"``,
         ``"sumsq"``): 1 for counts, ``2**frac_bits / scale`` for the others.
+
+    Raises
+    ------
+    BudgetError
+        No budget, or a client noise scale the sampler cannot draw (a small epsilon with a
+        large ``frac_bits``; :func:`~._calibration.check_sampling`).
     """
     key = (config.to_json(), tuple(sorted((k, float(v)) for k, v in units.items())))
     return _job_noise(*key)
@@ -67,6 +82,24 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
 
     config = JobConfig.from_json(config_json)
     unit = dict(units)
+    plan = _planned(config, unit)
+    frac = int(config.profile.get("frac_bits", 24))
+
+    def sigmas_at(bits: int) -> dict[str, float]:  # real sums' units scale with 2**frac_bits
+        return _named_sigmas(_planned(config, {k: v if k == "count" else v * 2.0**(bits - frac)
+                                               for k, v in unit.items()}))
+
+    check_sampling(_named_sigmas(plan), sigmas_at, frac, ("epsilon", plan.epsilon))
+    return plan
+
+
+def _named_sigmas(plan: JobNoise) -> dict[str, float]:
+    return {f"{r.label} ({b.name})": s for r, sig in zip(plan.releases, plan.sigmas, strict=True)
+            for b, s in zip(r.blocks, sig, strict=True)}
+
+
+def _planned(config: JobConfig, unit: Mapping[str, float]) -> JobNoise:
+    """The noise plan of :func:`job_noise`, not checked against the sampler."""
     dp = config.dp
     if not dp:
         raise BudgetError("the job has no [dp] section: no budget")
@@ -74,7 +107,8 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         _dp_value(dp, "max_multiplicity", 4))
-    mult *= abstention_factor(config.profile)  # abstention moves m rows per record
+    rows = abstention_factor(config.profile)  # abstention moves m rows per record
+    mult *= rows
     tol = float(_dp_value(dp, "dropout_tolerance",
                           max(0.0, 1.0 - float(config.profile.get("threshold", 1.0)))))
     k_min = min_survivors(config.n_clients, min(tol, 0.999))
@@ -96,9 +130,12 @@ def _job_noise(config_json: str, units: tuple[tuple[str, float], ...]) -> JobNoi
         for name, stat, cols in kinds:
             sens = histogram_sensitivity(
                 stat, n_features=m, n_trees=trees, max_multiplicity=mult,
-                target_bounds=(-config.target_bound, config.target_bound))
-            blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])),
-                                       nodes * m * width * cols, level_w[level] / len(kinds)))
+                target_bounds=(-config.target_bound, config.target_bound)
+            ).scaled(float(unit[name]))
+            if name != "count":  # each site's sums are rounded: one unit per bin its rows touch
+                sens = sens.rounded(trees * m * rows)
+            blocks.append(PlannedBlock(name, sens, nodes * m * width * cols,
+                                       level_w[level] / len(kinds)))
         releases.append(PlannedRelease(f"level {level} histograms", k_min, tuple(blocks)))
     sig = calibrate(releases, eps, delta)
     return JobNoise(tuple(releases), tuple(range(depth)), sig, k_min, eps, delta)
@@ -254,7 +291,9 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
     :func:`class_totals_scale` ``a >= 1`` also ``a`` times the classes' row totals, the share
     then ``MARGINAL_SHARE * (1 + a**2 / d)``.
     Level ``max_depth``: the leaves' node totals (a record sits in one leaf per tree: a
-    histogram with ``F = 1`` over ``T`` trees), the rest."""
+    histogram with ``F = 1`` over ``T`` trees), the rest. Counts are integers; a regression's
+    sums of ``y`` and ``y**2`` get one more unit per leaf the record reaches, for each site's
+    rounding to the grid (:meth:`~.sensitivity.Sensitivity.rounded`)."""
     leaves = trees * 2**config.max_depth
     leaf_share = 1.0 - MARGINAL_SHARE
     kinds: list[tuple[str, StatKind, int, float]]
@@ -282,8 +321,11 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
     blocks = []
     for name, stat, cols, share in kinds:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
-                                     target_bounds=(-config.target_bound, config.target_bound))
-        blocks.append(PlannedBlock(name, sens.scaled(float(unit[name])), leaves * cols, share))
+                                     target_bounds=(-config.target_bound, config.target_bound)
+                                     ).scaled(float(unit[name]))
+        if name != "count":  # each site's sums are rounded: one unit in the record's leaf
+            sens = sens.rounded(trees)
+        blocks.append(PlannedBlock(name, sens, leaves * cols, share))
     release = PlannedRelease("leaf totals", k_min, tuple(blocks))
     sig = calibrate([marginals, release], eps, delta)
     return JobNoise((marginals, release), (0, config.max_depth), sig, k_min, eps, delta)

@@ -38,10 +38,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import BudgetError, RefusedRequest
+from ._calibration import check_sampling
 from ._sampling import RandomSource, sample_discrete_gaussian
 from .accountant import Cost, PrivacyAccountant
 from .allocation import PlannedBlock, PlannedRelease, calibrate, release_cost
-from .sensitivity import Sensitivity, StatKind, abstention_factor, histogram_sensitivity
+from .sensitivity import StatKind, abstention_factor, histogram_sensitivity
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -138,15 +139,30 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
     Raises
     ------
     BudgetError
-        No ``[dp]`` section or no ``dp.h_epsilon``; missing target bounds for regression.
+        No ``[dp]`` section or no ``dp.h_epsilon``; missing target bounds for regression; a
+        scale the sampler cannot draw (a small ``h_epsilon`` with a large ``frac_bits``).
     """
+    frac = int(config.profile.get("frac_bits", 24))
+    noise = _node_stats_noise(config, n_nodes, frac)
+    names = ["class counts"] if config.task == "classification" else [
+        "counts", "sums of y", "sums of y^2"]
+
+    def named(sigma: NDArray[np.float64]) -> dict[str, float]:
+        return {f"node summaries' {n}": float(v) for n, v in zip(names, sigma, strict=False)}
+
+    check_sampling(named(noise.sigma), lambda bits: named(
+        _node_stats_noise(config, n_nodes, bits).sigma), frac, ("h_epsilon", noise.epsilon))
+    return noise
+
+
+def _node_stats_noise(config: JobConfig, n_nodes: int, frac: int) -> NodeStatsNoise:
+    """:func:`node_stats_noise` on the grid of ``frac`` bits, not checked against the sampler."""
     dp = config.dp
     eps, delta = _h_epsilon(dp), float((dp or {})["delta"])
     trees = 1 if config.sampling == "disjoint" else config.n_estimators
     mult = 1 if config.sampling in ("disjoint", "all") else int(
         (dp or {}).get("max_multiplicity", 4))
     mult *= abstention_factor(config.profile)  # abstention moves m rows per record
-    frac = int(config.profile.get("frac_bits", 24))
     kinds: list[tuple[StatKind, float]]
     if config.task == "classification":
         kinds = [("class_count", 1.0)] * config.n_classes
@@ -164,10 +180,8 @@ def node_stats_noise(config: JobConfig, n_nodes: int = 1) -> NodeStatsNoise:
     for stat, unit in kinds[:n_kinds]:
         sens = histogram_sensitivity(stat, n_features=1, n_trees=trees, max_multiplicity=mult,
                                      target_bounds=(-config.target_bound, config.target_bound))
-        if stat in ("sum", "sum_sq"):
-            cells = float(trees)  # rounding to the grid: one more unit per changed cell
-            sens = sens.scaled(1.0 / unit)
-            sens = Sensitivity(sens.l1 + cells, sens.l2 + math.sqrt(cells), sens.linf + 1.0)
+        if stat in ("sum", "sum_sq"):  # rounding to the grid: one more unit per changed cell
+            sens = sens.scaled(1.0 / unit).rounded(trees)
         blocks.append(PlannedBlock(stat, sens, max(max_dims, dims),
                                    1.0 / (n_kinds * config.max_depth)))
     release = PlannedRelease("node summaries", 1, tuple(blocks))

@@ -137,7 +137,9 @@ class PrivacyProfile(BaseModel):
     frac_bits : int
         Fractional bits of the fixed-point encoding of real-valued sums (0..40; a job of K
         sites refuses more than their sums hold, 34 - floor(log2 K): 33 for 2-3 sites, 32 for
-        4-7, 31 for 8-15, 30 for 16-31).
+        4-7, 31 for 8-15, 30 for 16-31). Under ``[dp]`` the sums' noise grows with
+        ``2**frac_bits``: a small epsilon with a large ``frac_bits`` whose noise the sampler
+        cannot draw is refused before any round, naming the largest ``frac_bits`` it can.
     min_clients : int
         Sums over fewer clients are refused (default 3 with secure aggregation, else 1).
     neighbours : int or None

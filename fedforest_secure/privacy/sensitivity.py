@@ -19,7 +19,10 @@ instead, the record would move up to ``B`` entries per feature: ``L1`` and ``L2*
 
 Statistics sent in one round combine with :meth:`Sensitivity.combine` (L1 add, L2 in quadrature).
 A fixed-point encoding with ``frac_bits`` multiplies every bound by ``2**frac_bits``
-(:meth:`Sensitivity.scaled`), which is the unit the integer noise is calibrated in.
+(:meth:`Sensitivity.scaled`), which is the unit the integer noise is calibrated in. Each site
+rounds its real sums (of ``y``, ``y**2``) to that integer grid before they are summed, so one
+record moves each entry it touches by up to one more unit (:meth:`Sensitivity.rounded`); counts
+are integers already.
 """
 
 from __future__ import annotations
@@ -68,6 +71,15 @@ class Sensitivity:
         if not (math.isfinite(factor) and factor > 0):
             raise BudgetError(f"scale factor must be finite and > 0, got {factor}")
         return Sensitivity(self.l1 * factor, self.l2 * factor, self.linf * factor)
+
+    def rounded(self, cells: int) -> Sensitivity:
+        """Sensitivity (in integer units) of a statistic that each site rounds to the integer
+        grid: one record moves each of the ``cells`` entries it touches by up to one unit more
+        than the exact value does (each rounding is off by at most half a unit), so
+        ``L1 + cells``, ``L2 + sqrt(cells)`` (triangle inequality) and ``Linf + 1``."""
+        if not isinstance(cells, int) or isinstance(cells, bool) or cells < 1:
+            raise BudgetError(f"cells must be an int >= 1, got {cells!r}")
+        return Sensitivity(self.l1 + cells, self.l2 + math.sqrt(cells), self.linf + 1.0)
 
 
 def abstention_factor(profile: Mapping[str, Any]) -> int:
