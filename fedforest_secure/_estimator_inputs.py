@@ -1,7 +1,7 @@
 """What the estimators refuse in their inputs before any training, each naming the column
 or argument and the remedy: dates and durations, repeated column names, text weights, a site
-whose rows all weigh 0, and a regression target too large or of too small a spread for the
-trees' sums of squares; and the inputs' value bounds."""
+whose rows all weigh 0, unsigned class labels beyond int64, and a regression target too large or
+of too small a spread for the trees' sums of squares; and the inputs' value bounds."""
 
 from __future__ import annotations
 
@@ -182,6 +182,21 @@ def refuse_text_weights(sample_weight: Any) -> None:
         raise SchemaError(f"sample_weight holds text ({text!r}), not frequency weights: "
                           "sample_weight is fit's third positional argument; pass the sites "
                           "as client=, e.g. fit(X, y, client=sites)")
+
+
+def refuse_wide_int_labels(classes: np.ndarray) -> None:
+    """Refuse unsigned integer class labels beyond int64 (2^63 and more): a model file reads
+    integer labels back as int64 numbers (larger ones came back as rounded floats) and ONNX
+    holds them as int64. (scikit-learn's target checks refuse Python ints held as objects.)"""
+    if classes.dtype.kind != "u" or not classes.size or classes.max() <= _INT64_MAX:
+        return
+    raise SchemaError(f"class label {int(classes.max())} is outside the range of 64-bit signed "
+                      "integers (-2^63 to 2^63 - 1): the model file and ONNX keep integer "
+                      "labels as int64, and this one would not come back exact; map the "
+                      "classes to smaller integers or to text (e.g. y.astype(str)) before fit")
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def refuse_weightless_sites(clients: np.ndarray, codes: np.ndarray, kept: np.ndarray) -> None:

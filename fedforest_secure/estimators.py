@@ -76,6 +76,7 @@ from ._estimator_inputs import (
     refuse_text_weights,
     refuse_tiny_target,
     refuse_weightless_sites,
+    refuse_wide_int_labels,
 )
 from ._estimator_structure import _EstimatorStructure
 from .config import METHODS, JobConfig, resolve_max_features
@@ -240,7 +241,13 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             name_text_cell(X)  # a text cell of a table: its column and row, as predict says
             raise
         if self._task == "classification":
-            check_classification_targets(y)
+            try:
+                check_classification_targets(y)
+            except TypeError:  # labels that cannot be sorted together: numbers and text
+                kinds = sorted({type(v).__name__ for v in y.tolist()})
+                raise SchemaError(f"y mixes class labels of kinds that cannot be ordered "
+                                  f"({', '.join(kinds)}); give every label the same kind, "
+                                  "e.g. y.astype(str)") from None
         n, d = X.shape
         weights = None
         if sample_weight is not None:
@@ -371,6 +378,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         if self.classes_.size < 2:
             raise SchemaError(f"y has one class ({self.classes_[0]!r}); a classifier needs "
                               "at least two classes")
+        refuse_wide_int_labels(self.classes_)
         return np.searchsorted(self.classes_, y).astype(np.int64), 1.0
 
     def predict_proba(self, X: Any, *, client: Any = None) -> np.ndarray:

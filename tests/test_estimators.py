@@ -746,6 +746,31 @@ def test_client_labels_mixing_text_and_numbers_are_refused(as_series: bool) -> N
         FedForestClassifier(n_estimators=2).fit(X, y, client=sites)
 
 
+def test_integer_class_labels_beyond_int64_are_refused_at_fit() -> None:
+    """A model file reads integer labels back as int64 (2^63 + 5 came back as a rounded
+    float) and ONNX holds them as int64: such labels are refused with the remedy."""
+    X, y, h = _iris_sites()
+    huge = np.array([1, 2, 2**63 + 5], dtype=np.uint64)[y]
+    message = (r"class label 9223372036854775813 is outside the range of 64-bit signed "
+               r"integers \(-2\^63 to 2\^63 - 1\): the model file and ONNX keep integer "
+               r"labels as int64, and this one would not come back exact; map the classes to "
+               r"smaller integers or to text \(e.g. y.astype\(str\)\) before fit")
+    with pytest.raises(SchemaError, match=message):
+        FedForestClassifier(n_estimators=2).fit(X, huge, client=h)
+    widest = np.array([0, 1, 2**63 - 1], dtype=np.uint64)[y]  # int64's largest: kept exact
+    est = FedForestClassifier(n_estimators=2).fit(X, widest, client=h)
+    assert est.classes_.tolist() == [0, 1, 2**63 - 1]
+
+
+def test_class_labels_mixing_text_and_numbers_are_refused_naming_the_kinds() -> None:
+    X, y, h = _iris_sites()
+    mixed = np.array(["zero", 1, 2], dtype=object)[y]
+    with pytest.raises(SchemaError, match=r"y mixes class labels of kinds that cannot be "
+                                          r"ordered \(int, str\); give every label the same "
+                                          r"kind, e.g. y.astype\(str\)"):
+        FedForestClassifier(n_estimators=2).fit(X, mixed, client=h)
+
+
 def test_max_features_above_the_number_of_features_is_refused() -> None:
     X, y, h = _iris_sites()
     with pytest.raises(ValueError, match=r"max_features=100 .* 4 features"):
