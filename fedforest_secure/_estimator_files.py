@@ -89,6 +89,9 @@ class _EstimatorFiles(_EstimatorRows):
         if section and (not isinstance(section, dict) or section.get("class") != cls.__name__):
             saved_by = section.get("class") if isinstance(section, dict) else None
             raise ValueError(f"{path} was saved by {saved_by}, not {cls.__name__}")
+        if section and "params" not in section:
+            raise ValueError(f"{path}: estimator has no 'params' field (the estimator's "
+                             "parameters)")
         est = cls._from_params(section["params"], path) if section else cls()
         est.model_ = dataclasses.replace(model, estimator=None)
         if not section:  # a job's model: classes in the schema's order

@@ -1,16 +1,19 @@
 """What the estimators refuse in their inputs before any training, each naming the column
 or argument and the remedy: dates and durations, repeated column names, text weights, a site
-whose rows all weigh 0, and a regression target too large or of too small a spread for the
-trees' sums of squares; and the inputs' value bounds."""
+whose rows all weigh 0, unsigned class labels beyond int64, and a regression target too large or
+of too small a spread for the trees' sums of squares; and the inputs' value bounds, with a
+warning where the secure sketch cannot resolve a feature's values within them."""
 
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from ._secure_cdf import MIN_CELL
 from .errors import SchemaError
 
 __all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_dates",
@@ -184,6 +187,21 @@ def refuse_text_weights(sample_weight: Any) -> None:
                           "as client=, e.g. fit(X, y, client=sites)")
 
 
+def refuse_wide_int_labels(classes: np.ndarray) -> None:
+    """Refuse unsigned integer class labels beyond int64 (2^63 and more): a model file reads
+    integer labels back as int64 numbers (larger ones came back as rounded floats) and ONNX
+    holds them as int64. (scikit-learn's target checks refuse Python ints held as objects.)"""
+    if classes.dtype.kind != "u" or not classes.size or classes.max() <= _INT64_MAX:
+        return
+    raise SchemaError(f"class label {int(classes.max())} is outside the range of 64-bit signed "
+                      "integers (-2^63 to 2^63 - 1): the model file and ONNX keep integer "
+                      "labels as int64, and this one would not come back exact; map the "
+                      "classes to smaller integers or to text (e.g. y.astype(str)) before fit")
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def refuse_weightless_sites(clients: np.ndarray, codes: np.ndarray, kept: np.ndarray) -> None:
     """Refuse sites (``clients[k]``, the labels of ``client=``) none of whose rows (``codes ==
     k``) is ``kept`` (of positive sample_weight): each site trains on its own rows, so one
@@ -201,6 +219,33 @@ def refuse_weightless_sites(clients: np.ndarray, codes: np.ndarray, kept: np.nda
                       f"positive sample_weight ({counted}): a site needs at least one row to "
                       f"train on; drop {'its' if one else 'their'} rows from X, y, sample_weight "
                       f"and client, or give some of them a positive weight")
+
+
+def warn_unresolved(X: np.ndarray, lo: np.ndarray, hi: np.ndarray, names: Any) -> None:
+    """Warn (UserWarning), per feature, where the secure pooled-CDF sketch cannot tell the
+    data's bulk apart within the bounds ``[lo, hi]`` the estimator took from ``X``: the middle
+    half of the feature's distinct values (its interquartile range; distinct values, so that a
+    value most rows share is no narrow bulk) spans less than
+    :data:`~fedforest_secure._secure_cdf.MIN_CELL` of the bounds' width, the narrowest cell
+    the sketch cuts (one far value, 1e20 beside data of spread 10, does it). ``names``: the
+    columns' names, or None."""
+    for j in range(X.shape[1]):
+        col = X[:, j]
+        distinct = np.unique(col[~np.isnan(col)])
+        if distinct.size < 2:
+            continue
+        q1, q3 = np.percentile(distinct, [25.0, 75.0])
+        width = 2.0 * (float(hi[j]) * 0.5 - float(lo[j]) * 0.5)  # inf beyond the float range
+        if q3 - q1 >= MIN_CELL * width:
+            continue
+        what = f"feature {j}" if names is None else f"feature {str(names[j])!r}"
+        warnings.warn(
+            f"{what}: the middle half of its distinct values spans {q3 - q1:.3g}, less than "
+            f"{MIN_CELL:g} of its range [{float(lo[j]):.6g}, {float(hi[j]):.6g}] (its smallest "
+            "and largest values, the bounds of the secure sketch); the sketch cuts no finer, "
+            "so the forest may split on this feature rarely or never. Clip the far values to "
+            "the feature's plausible range (np.clip), transform the feature (e.g. a log), or "
+            "drop the rows that hold them", UserWarning, stacklevel=3)
 
 
 def nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

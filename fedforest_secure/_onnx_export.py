@@ -333,10 +333,14 @@ def _soft_sums(trees: Sequence[Tree], routing: SoftRouting, n_targets: int,
 
 def _label_tensor_values(labels: np.ndarray) -> tuple[int, list[Any]]:
     """The ONNX element type and values of the class labels: int64 for integer or boolean
-    labels, double for real ones, string otherwise."""
+    labels (a ValueError for unsigned ones beyond int64), double for real ones, string
+    otherwise."""
     from onnx import TensorProto
 
     if labels.dtype.kind in "iub":
+        if labels.dtype.kind == "u" and labels.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"class label {int(labels.max())} does not fit ONNX's int64 "
+                             "labels; map the classes to smaller integers or to text")
         return TensorProto.INT64, [int(v) for v in labels]
     if labels.dtype.kind == "f":
         return TensorProto.DOUBLE, [float(v) for v in labels]

@@ -30,6 +30,12 @@ comes within 2/B of its pooled rank beside one far value at either end (tested t
 times the data's spread) and for data anywhere inside public bounds up to 10^6 times wider
 than it (``tests/test_secure_cdf.py``); data deep inside bounds 10^7 times wider or more (far
 values of different sizes at both ends) is beyond what the equal cuts reach in four rounds.
+No cell narrower than :data:`MIN_CELL` of its box is cut: where the middle half of a feature's
+distinct values spans less than that of its bounds (data beside one value some 10^12 times
+their spread away), the roots' candidates miss the data's bulk, and the forest splits on the
+feature later and less often (banknote beside a value 10^18 away: half as often; 10^20:
+never). The estimators warn at fit
+(:func:`~fedforest_secure._estimator_inputs.warn_unresolved`).
 
 **Candidates.** For ``b = 1 .. B_nu - 1`` the cell edge whose pooled CDF is nearest to
 ``b / B_nu``: a target inside a cell is at most half the cell's mass from one of its edges (the
@@ -53,7 +59,8 @@ from ._cdf_prior import Marginal
 from ._cdf_prior import _count_below as _count_below  # re-exported
 from .errors import InvalidMessage
 
-__all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_HEAVY_ROWS", "Marginal", "SecureCdfPlanner"]
+__all__ = ["FIRST_CELLS", "HEAVY_MASS", "MIN_CELL", "MIN_HEAVY_ROWS", "Marginal",
+           "SecureCdfPlanner"]
 
 #: a cell holding more than HEAVY_MASS / B_nu of its node's rows is refined (at the box's
 #: ends, where only one edge is a candidate, more than (HEAVY_MASS - 1) / B_nu) ...
@@ -69,6 +76,10 @@ MAX_SUB = 64
 #: a cell whose whole mass stayed in one sub-cell this many refinements in a row is taken as
 #: a single value (an atom) and not cut again
 ATOM_RUNS = 3
+#: a cell no wider than this fraction of its node's box is not cut again (about 2^-40, the
+#: finest geometric step): values closer together than that at the roots, whose boxes are
+#: the public bounds, are not told apart until a split narrows the box
+MIN_CELL = 1e-12
 
 
 def _steps(rows: np.ndarray, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,9 +142,9 @@ class SecureCdfPlanner:
         self.bnu = bnu
         self.max_rounds = max_rounds
         self.rounds = 0
-        # the box's width without overflowing near the float maximum (halves scale exactly:
-        # the same bits as 1e-12 * |hi - lo| wherever that is finite)
-        self.tol = 2e-12 * np.maximum(np.abs(self.hi * 0.5 - self.lo * 0.5), 0.5e-300)
+        # MIN_CELL of the box's width without overflowing near the float maximum (halves
+        # scale exactly: the same bits as MIN_CELL * |hi - lo| wherever that is finite)
+        self.tol = 2.0 * MIN_CELL * np.maximum(np.abs(self.hi * 0.5 - self.lo * 0.5), 0.5e-300)
         aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
         self.atom_floor = np.maximum(self.tol, aw[self.fr])
         self.edges = self._first_edges(n, marginal)

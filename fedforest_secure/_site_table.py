@@ -30,7 +30,8 @@ def checked_rows(config: JobConfig, X: Any, y: Any, sample_weight: Any
     ------
     SchemaError
         X or y of the wrong shape, invalid weights (:func:`frequency_weights`), no row of
-        positive weight, a missing value where the job allows none, or an infinity.
+        positive weight, a missing value where the job allows none, an infinity, or a
+        continuous feature's value outside the job's public bounds (never clipped).
     """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y)
@@ -57,7 +58,27 @@ def checked_rows(config: JobConfig, X: Any, y: Any, sample_weight: Any
         raise SchemaError(f"{what} value in row {bad[0] + 1}, column {bad[1]}"
                           + (" (the job allows no missing values there)"
                              if what == "missing" else ""))
+    _refuse_outside_bounds(config, X)
     return X, y, weights
+
+
+def _refuse_outside_bounds(config: JobConfig, X: np.ndarray) -> None:
+    """Refuse a continuous feature's value outside the job's public bounds (the fixed-point
+    scales, the secure sketch's grid and the DP sensitivities hold only within them), naming
+    the first such cell; a missing value (NaN) is no value outside them. Categorical columns
+    are checked as level codes (:func:`check_level_codes`)."""
+    if config.feature_bounds is None:
+        return
+    lohi = np.array(config.feature_bounds, dtype=np.float64).reshape(-1, 2)
+    continuous = np.array([kind == "continuous" for kind in config.kinds])
+    outside = ((X < lohi[:, 0]) | (X > lohi[:, 1])) & continuous  # NaN: neither
+    if outside.any():
+        row, j = (int(v) for v in np.argwhere(outside)[0])
+        lo, hi = (float(b) for b in lohi[j])
+        raise SchemaError(f"value {float(X[row, j])!r} in row {row + 1}, column {j} is outside "
+                          f"the job's public bounds [{lo!r}, {hi!r}] of that feature: values "
+                          "are never clipped; correct them, drop the rows, or agree on wider "
+                          "bounds (the schema's) with every site")
 
 
 def row_statistics(config: JobConfig, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

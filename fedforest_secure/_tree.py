@@ -263,10 +263,12 @@ class Tree:
         Raises
         ------
         ValueError
-            A node kind that is not a :class:`NodeKind` code, a threshold that is not a
-            number (``"inf"`` and ``"nan"`` are read as numbers).
+            A node kind that is not a :class:`NodeKind` code, a kind, feature or child that
+            is not an integer of int64's range, a threshold that is not a number (``"inf"``
+            and ``"nan"`` are read as numbers), ``sets`` that is not a mapping of node ids to
+            lists of indices.
         """
-        kind = np.asarray(d["kind"], dtype=np.int64)
+        kind = _indices(d, "kind")
         known = np.array([k.value for k in NodeKind])
         if not np.isin(kind, known).all():
             bad = sorted(set(kind.tolist()) - set(known.tolist()))
@@ -281,17 +283,57 @@ class Tree:
             missing_left = np.asarray(d["missing_left"], dtype=bool).reshape(size)
         return cls(
             kind=kind,
-            feature=np.asarray(d["feature"], dtype=np.int64),
+            feature=_indices(d, "feature"),
             threshold=thr,
-            left=np.asarray(d["left"], dtype=np.int64),
-            right=np.asarray(d["right"], dtype=np.int64),
+            left=_indices(d, "left"),
+            right=_indices(d, "right"),
             value=np.asarray(d["value"], dtype=np.float64).reshape(len(d["kind"]), -1),
             n=np.asarray(d["n"], dtype=np.float64),
-            sets={int(k): list(v) for k, v in d.get("sets", {}).items()},
+            sets=_sets(d.get("sets", {})),
             gain=(np.array([float(g) for g in d["gain"]], dtype=np.float64)
                   if "gain" in d else None),
             impurity=impurity, missing_left=missing_left,
         )
+
+
+def _indices(d: dict[str, Any], name: str) -> np.ndarray:
+    """A model file's array of node kinds, features or children: a list of integers of
+    int64's range; anything else raises ValueError naming the field and the node."""
+    values = d[name]
+    if not isinstance(values, list):
+        raise ValueError(f"{name} must be a list of integers, got "
+                         f"{json.dumps(values, default=repr)[:40]}")
+    # the types by one C-level pass (a forest's arrays have many thousands of entries)
+    if any(t is bool or not issubclass(t, int) for t in set(map(type, values))) or any(
+            v < _INT64_MIN or v > _INT64_MAX for v in (min(values, default=0),
+                                                       max(values, default=0))):
+        node, v = next((i, v) for i, v in enumerate(values)
+                       if isinstance(v, bool) or not isinstance(v, int)
+                       or not _INT64_MIN <= v <= _INT64_MAX)
+        raise ValueError(f"node {node}: {name} {json.dumps(v, default=repr)[:40]} is not an "
+                         "integer of int64's range")
+    return np.array(values, dtype=np.int64)
+
+
+def _sets(raw: Any) -> dict[int, list[Any]]:
+    """A model file's ``sets``: node id (a decimal string, JSON's keys being text) to the
+    list of a categorical split's levels or a client split's sites (their range is checked
+    by :meth:`Tree.check`); anything else raises ValueError naming the field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"sets must be a mapping of node ids to lists, got "
+                         f"{json.dumps(raw, default=repr)[:40]}")
+    out: dict[int, list[Any]] = {}
+    for key, members in raw.items():
+        if not (isinstance(key, str) and key.isdecimal() and len(key) <= 18):
+            raise ValueError(f"sets: {key!r} is not a node id")
+        if not isinstance(members, list):
+            raise ValueError(f"sets, node {key}: {json.dumps(members, default=repr)[:40]} is "
+                             "not a list of indices")
+        out[int(key)] = members
+    return out
+
+
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 def _threshold(t: Any, node: int) -> float:

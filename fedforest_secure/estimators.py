@@ -3,8 +3,10 @@
 ``fit(X, y, client=h)`` splits the rows by the client indicator ``h`` into in-process clients
 that run the real protocol (workers, coordinator, aggregation under the chosen privacy
 profile); the rows are never pooled. The public feature bounds the secure sketch needs are
-inferred from the data here (the in-process facade plays every part); a real deployment takes
-them from the schema. ``n_jobs`` threads run the clients' work of each round concurrently (numpy
+inferred from the data here (the in-process facade plays every part), with a warning where one
+far value makes a feature's bounds too wide for the sketch to resolve its other values
+(:func:`~fedforest_secure._estimator_inputs.warn_unresolved`); a real deployment takes them
+from the schema. ``n_jobs`` threads run the clients' work of each round concurrently (numpy
 releases the GIL in the heavy steps); the replies are added in client order, so the forest is the
 same for every ``n_jobs``.
 
@@ -76,6 +78,8 @@ from ._estimator_inputs import (
     refuse_text_weights,
     refuse_tiny_target,
     refuse_weightless_sites,
+    refuse_wide_int_labels,
+    warn_unresolved,
 )
 from ._estimator_structure import _EstimatorStructure
 from .config import METHODS, JobConfig, resolve_max_features
@@ -239,7 +243,13 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             name_text_cell(X)  # a text cell of a table: its column and row, as predict says
             raise
         if self._task == "classification":
-            check_classification_targets(y)
+            try:
+                check_classification_targets(y)
+            except TypeError:  # labels that cannot be sorted together: numbers and text
+                kinds = sorted({type(v).__name__ for v in y.tolist()})
+                raise SchemaError(f"y mixes class labels of kinds that cannot be ordered "
+                                  f"({', '.join(kinds)}); give every label the same kind, "
+                                  "e.g. y.astype(str)") from None
         n, d = X.shape
         weights = None
         if sample_weight is not None:
@@ -279,6 +289,9 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
             raise SchemaError(f"max_features={mf} is more than the {d} features of X")
         self.profile_ = _profile_dict(self.profile)
+        if (self.profile_.get("sketch") == "secure_cdf" and not self.profile_.get("dp")
+                and shape["method"] in ("quantiles", "avgimp")):  # the secure sketch's grids
+            warn_unresolved(X[kept], lo, hi, getattr(self, "feature_names_in_", None))
         # a feature missing in some training row may be missing (the estimator plays the
         # schema's part: missing = "allowed" where the data have holes)
         missing = tuple(bool(v) for v in np.isnan(X[kept]).any(axis=0))
@@ -370,6 +383,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         if self.classes_.size < 2:
             raise SchemaError(f"y has one class ({self.classes_[0]!r}); a classifier needs "
                               "at least two classes")
+        refuse_wide_int_labels(self.classes_)
         return np.searchsorted(self.classes_, y).astype(np.int64), 1.0
 
     def predict_proba(self, X: Any, *, client: Any = None) -> np.ndarray:

@@ -15,7 +15,8 @@ a name and without a value (a spreadsheet export's trailing empty columns) are l
 note.
 
 What cannot become a valid schema is refused with a :class:`SchemaError`: a file without data
-rows, duplicate column names, a column holding values under an empty header cell, a
+rows, duplicate column names, a column holding values under an empty header cell, rows whose
+cells are not one per column (named by their lines, as ``fedforest check`` names them), a
 classification target with fewer than two classes at this site, a column given two roles,
 ``continuous`` for a column of text.
 """
@@ -191,6 +192,9 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
             hint = table.separator_advice()
             raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
                               f"{', '.join(table.header)})" + (f": {hint}" if hint else ""))
+    ragged, what, fix = table.ragged()
+    if ragged:  # read by position, their cells would land in other columns
+        raise SchemaError(f"{table.path}: {what}: {fix}, then draft again")
     if client_column == target:
         raise SchemaError(f"{target!r} cannot be both the target and the client column: "
                           "the client column names each row's site, the target is predicted")

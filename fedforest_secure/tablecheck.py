@@ -100,6 +100,27 @@ class RawTable:
         k = self.header.index(name)
         return [r[k] if k < len(r) else "" for r in self.rows]
 
+    def ragged(self) -> tuple[list[int], str, str]:
+        """The data rows (0-based) whose cells are not one per column of the header, what is
+        wrong with them (naming their lines) and what to do: a file whose rows separate their
+        cells with ``;``, a tab or ``|`` under a comma-separated header is named as such,
+        other rows as a stray comma (an unquoted decimal comma) or a cut line. No rows: two
+        empty strings."""
+        idx = [i for i, r in enumerate(self.rows) if len(r) != len(self.header)]
+        if not idx:
+            return idx, "", ""
+        n = len(idx)
+        what = (f"{n} row{'s do' if n > 1 else ' does'} not have {len(self.header)} cells "
+                f"({line_numbers(idx, self.lines)})")
+        sep = next((c for c in (";", "\t", "|") if len(self.header) > 1
+                    and not any(c in h for h in self.header)
+                    and all(any(c in cell for cell in self.rows[i]) for i in idx)), None)
+        if sep is not None:
+            return idx, what, (f"the rows separate their cells with {sep!r} while the header "
+                               "uses commas: save the file as comma-separated CSV")
+        return idx, what, (f"fix or delete {'those lines' if n > 1 else 'that line'} (a stray "
+                           "comma or a cut line?)")
+
     def separator_advice(self) -> str | None:
         """What to do when the file separates its cells with ``;``, a tab or ``|`` rather
         than commas (its header is one cell holding one of them); None otherwise."""
@@ -196,12 +217,12 @@ def check_table(table: RawTable, schema: Schema, *,
     if ignored:
         out.append(Problem("warning", None, ignored, "nothing to do (a spreadsheet's export may "
                            "add empty columns); delete them to silence this warning"))
-    ragged = [i for i, r in enumerate(table.rows) if len(r) != len(table.header)]
+    ragged, what, fix = table.ragged()
     if ragged:
-        out.append(Problem("error", None, f"{len(ragged)} rows do not have "
-                           f"{len(table.header)} cells ({line_numbers(ragged, table.lines)})",
-                           "fix or delete those lines (a stray comma or a cut line?); their "
-                           "cells are checked once they fit the header",
+        out.append(Problem("error", None, what,
+                           f"{fix}; {'their' if len(ragged) > 1 else 'its'} cells are "
+                           f"checked once {'they fit' if len(ragged) > 1 else 'it fits'} the "
+                           "header",
                            table.line_of(ragged)))
         # a ragged row's cells are shifted: checked by column they would be reported again,
         # as values of the wrong columns (an unknown level '234' of an unquoted 1,234)

@@ -103,7 +103,8 @@ class DataFacts(BaseModel):
     n_levels: list[int] = Field(default_factory=list, description=(
         "number of levels per feature (0 for a continuous one)"))
     feature_bounds: list[tuple[float, float]] | None = Field(default=None, description=(
-        "public [lo, hi] per feature; needed by the secure profiles' pooled sketch"))
+        "public [lo, hi] per feature; needed by the secure profiles' pooled sketch; a site's "
+        "value outside them is an error, never clipped"))
 
 
 class JobSpec(BaseModel):

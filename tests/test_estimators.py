@@ -755,6 +755,76 @@ def test_client_labels_mixing_text_and_numbers_are_refused(as_series: bool) -> N
         FedForestClassifier(n_estimators=2).fit(X, y, client=sites)
 
 
+def test_integer_class_labels_beyond_int64_are_refused_at_fit() -> None:
+    """A model file reads integer labels back as int64 (2^63 + 5 came back as a rounded
+    float) and ONNX holds them as int64: such labels are refused with the remedy."""
+    X, y, h = _iris_sites()
+    huge = np.array([1, 2, 2**63 + 5], dtype=np.uint64)[y]
+    message = (r"class label 9223372036854775813 is outside the range of 64-bit signed "
+               r"integers \(-2\^63 to 2\^63 - 1\): the model file and ONNX keep integer "
+               r"labels as int64, and this one would not come back exact; map the classes to "
+               r"smaller integers or to text \(e.g. y.astype\(str\)\) before fit")
+    with pytest.raises(SchemaError, match=message):
+        FedForestClassifier(n_estimators=2).fit(X, huge, client=h)
+    widest = np.array([0, 1, 2**63 - 1], dtype=np.uint64)[y]  # int64's largest: kept exact
+    est = FedForestClassifier(n_estimators=2).fit(X, widest, client=h)
+    assert est.classes_.tolist() == [0, 1, 2**63 - 1]
+
+
+def test_class_labels_mixing_text_and_numbers_are_refused_naming_the_kinds() -> None:
+    X, y, h = _iris_sites()
+    mixed = np.array(["zero", 1, 2], dtype=object)[y]
+    with pytest.raises(SchemaError, match=r"y mixes class labels of kinds that cannot be "
+                                          r"ordered \(int, str\); give every label the same "
+                                          r"kind, e.g. y.astype\(str\)"):
+        FedForestClassifier(n_estimators=2).fit(X, mixed, client=h)
+
+
+def _banknote() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from fedforest_secure.errors import FedForestError
+    from fedforest_secure.experiments import loaders
+
+    try:
+        ds = loaders.load_dataset("banknote")
+    except FedForestError:
+        pytest.skip("shared data directory (../shared/data or $FEDFOREST_DATA_DIR) is missing")
+    return ds.X.copy(), ds.y, np.arange(ds.y.size) % 4
+
+
+def test_a_feature_beside_a_far_value_the_secure_sketch_cannot_resolve_is_warned_about() -> None:
+    """One value 1e20 in a feature whose other values span about 10: the bounds the
+    estimator takes from the data are then some 1e19 times wider than the data's middle half,
+    beyond the 1e12 the secure sketch's cells resolve, and (banknote) the forest never split
+    on the feature. Fit warns, naming the feature, its bounds and what to do; the open
+    profile (no secure sketch) does not, nor does a far value of 1e10."""
+    pd = pytest.importorskip("pandas")
+    X, y, h = _banknote()
+    X[0, 0] = 1e20
+    frame = pd.DataFrame(X, columns=["variance", "skewness", "curtosis", "entropy"])
+    message = (r"feature 'variance': the middle half of its distinct values spans 4.65, less "
+               r"than 1e-12 of its range \[-7.0421, 1e\+20\] \(its smallest and largest "
+               r"values, the bounds of the secure sketch\); the sketch cuts no finer, so the "
+               r"forest may split on this feature rarely or never. Clip the far values to the "
+               r"feature's plausible range \(np.clip\), transform the feature \(e.g. a log\), "
+               r"or drop the rows that hold them")
+    with pytest.warns(UserWarning, match=message) as caught:
+        FedForestClassifier(n_estimators=2, profile="secure").fit(frame, y, client=h)
+    assert len(caught) == 1
+    with pytest.warns(UserWarning, match=r"^feature 0: the middle half"):
+        FedForestRegressor(n_estimators=2, profile="secure").fit(X[:, :3], X[:, 3], client=h)
+    FedForestClassifier(n_estimators=2, profile="open").fit(X, y, client=h)  # no warning
+    X[0, 0] = 1e10  # within the sketch's reach
+    FedForestClassifier(n_estimators=2, profile="secure").fit(X, y, client=h)
+
+
+def test_ordinary_data_fit_under_the_secure_profile_without_a_warning() -> None:
+    X, y, h = _banknote()
+    FedForestClassifier(n_estimators=2, profile="secure").fit(X, y, client=h)
+    Xf, yf = make_friedman1(n_samples=300, random_state=0)
+    Xf[:, 3] = (Xf[:, 3] > 0.8).astype(float)  # a 0/1 column, most rows 0
+    FedForestRegressor(n_estimators=2, profile="secure").fit(Xf, yf, client=np.arange(300) % 3)
+
+
 def test_max_features_above_the_number_of_features_is_refused() -> None:
     X, y, h = _iris_sites()
     with pytest.raises(ValueError, match=r"max_features=100 .* 4 features"):

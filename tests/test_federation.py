@@ -13,6 +13,7 @@ import pytest
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import SchemaError
 from fedforest_secure.federation import (
     PlainSum,
     RoundRecord,
@@ -275,3 +276,19 @@ def test_a_profiles_min_clients_holds_without_secure_aggregation() -> None:
         FedForestRegressor(n_estimators=1, profile=load_profile("open", min_clients=3)).fit(
             X, y, client=np.arange(60) % 2)
     FedForestRegressor(n_estimators=1, profile=plain).fit(X, y, client=np.arange(60) % 3)
+
+
+def test_run_in_process_refuses_a_sites_value_outside_the_public_bounds() -> None:
+    """Bounds narrower than a site's data are an error at that site, not bins the values are
+    silently put into."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    y = (X[:, 0] > 0).astype(int)
+    cfg = JobConfig(job_id="bounds", task="classification", n_features=2, n_clients=2,
+                    n_classes=2, criterion="gini", n_estimators=2, max_depth=2, max_features=2,
+                    feature_bounds=((-1.0, 1.0), (-1.0, 1.0)))
+    run_in_process(cfg, [(X[:30], y[:30]), (X[30:], y[30:])])
+    X[40, 0] = 1.5
+    with pytest.raises(SchemaError, match=r"value 1.5 in row 11, column 0 is outside the job's "
+                                          r"public bounds \[-1.0, 1.0\]"):
+        run_in_process(cfg, [(X[:30], y[:30]), (X[30:], y[30:])])

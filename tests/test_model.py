@@ -11,6 +11,7 @@ import pytest
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, ForestModel
 from fedforest_secure.errors import SchemaError
+from fedforest_secure.evaluation.spec import EvaluationError, load_forest
 from fedforest_secure.model import Tree
 from fedforest_secure.privacy import load_profile
 
@@ -468,6 +469,25 @@ _INCONSISTENT = [
     ("meta not a mapping", _set(("meta",), [1]), r"meta must be a mapping, got \[1\]"),
     ("feature names as numbers", _set(("feature_names",), [1, 2, 3, 4]),
      r"feature_names must be text \(the column names\), got 1"),
+    ("sets a number", _set(("trees", 0, "sets"), 0),
+     r"tree 0: sets must be a mapping of node ids to lists, got 0"),
+    ("sets null", _set(("trees", 1, "sets"), None),
+     r"tree 1: sets must be a mapping of node ids to lists, got null"),
+    ("set not a list", _set(("trees", 0, "sets"), {"0": 3}),
+     r"tree 0: sets, node 0: 3 is not a list of indices"),
+    ("set of no node", _set(("trees", 0, "sets"), {"x": [1]}),
+     r"tree 0: sets: 'x' is not a node id"),
+    ("child beyond int64", _set(("trees", 0, "left", 0), 1e308),
+     r"tree 0, node 0: left 1e\+308 is not an integer of int64's range"),
+    ("feature beyond int64", _set(("trees", 1, "feature", 0), 10**30),
+     r"tree 1, node 0: feature 1000000000000000000000000000000 is not an integer of int64's "
+     r"range"),
+    ("fractional child", _set(("trees", 0, "right", 0), 1.5),
+     r"tree 0, node 0: right 1.5 is not an integer of int64's range"),
+    ("kind beyond int64", _set(("trees", 0, "kind", 0), -(10**19)),
+     r"tree 0, node 0: kind -10000000000000000000 is not an integer of int64's range"),
+    ("children not a list", _set(("trees", 0, "left"), 4),
+     r"tree 0: left must be a list of integers, got 4"),
 ]
 
 
@@ -483,7 +503,19 @@ def test_an_inconsistent_model_file_is_refused_at_load_naming_field_and_tree(
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="tampered.json: " + message):
         FedForestClassifier.load(path)
+    with pytest.raises(EvaluationError, match=r"not a FedForest model file \(" + message):
+        load_forest(path.read_text())
     ForestModel.from_dict(iris_file)  # the file as written loads
+
+
+@pytest.mark.parametrize(("offset", "shown"), [([1], "[1]"), ("abc", '"abc"')])
+def test_an_evaluation_refuses_an_old_estimator_file_whose_offset_is_no_number(
+        iris_file: dict, offset: object, shown: str) -> None:  # type: ignore[type-arg]
+    text = json.dumps({"format": "fedforest-secure/estimator/v1", "model": iris_file,
+                       "y_offset": offset})
+    with pytest.raises(EvaluationError, match=r"not a FedForest model file \(y_offset must be "
+                                              rf"a number, got {re.escape(shown)}\)"):
+        load_forest(text)
 
 
 def test_leaf_values_of_a_counts_vote_may_be_negative_noisy_counts(
@@ -511,6 +543,7 @@ def test_a_regression_file_with_an_offset_that_is_no_finite_number_is_refused(
         FedForestRegressor.load(path)
 
 
+_DROP = object()  # a field left out
 _BAD_SECTIONS = [
     ("unknown parameter", ("params", "colour"), 1,
      r"estimator.params: unknown parameter 'colour' of FedForestClassifier"),
@@ -518,6 +551,8 @@ _BAD_SECTIONS = [
      r"estimator.config is not a job configuration: .*'x'"),
     ("params not a mapping", ("params",), [1],
      r"estimator.params must be a mapping of parameters"),
+    ("no params", ("params",), _DROP,
+     r"estimator has no 'params' field \(the estimator's parameters\)"),
 ]
 
 
@@ -529,7 +564,10 @@ def test_an_edited_estimator_section_is_refused_naming_the_file(
     path = tmp_path / "saved.json"
     FedForestClassifier(n_estimators=2, max_depth=2).fit(X, y > 0, client=h).save(path)
     doc = json.loads(path.read_text())
-    _set(("estimator", *where), value)(doc)
+    if value is _DROP:
+        _drop(("estimator", *where))(doc)
+    else:
+        _set(("estimator", *where), value)(doc)
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="saved.json: " + message):
         FedForestClassifier.load(path)

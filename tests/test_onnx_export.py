@@ -147,3 +147,15 @@ def test_to_onnx_refuses_a_split_on_a_feature_the_schema_calls_categorical(
     out = _run(plain.to_onnx(), np.array([[30.0, 0.0, 150.0], [60.0, 3.0, 390.0]]))
     got = out["variable"][:, 0] if task == "regression" else out["label"]
     np.testing.assert_array_equal(got, plain.predict(site))
+
+
+def test_unsigned_labels_beyond_int64_are_refused_naming_the_label() -> None:
+    """ONNX holds integer labels as int64: a uint64 label of 2^63 or more is a ValueError
+    with the remedy (fit refuses such labels before; this guards other callers)."""
+    from fedforest_secure._onnx_export import _label_tensor_values
+
+    with pytest.raises(ValueError, match=r"class label 9223372036854775813 does not fit ONNX's "
+                                         r"int64 labels; map the classes to smaller integers "
+                                         r"or to text"):
+        _label_tensor_values(np.array([1, 2**63 + 5], dtype=np.uint64))
+    assert _label_tensor_values(np.array([1, 2**63 - 1], dtype=np.uint64))[1] == [1, 2**63 - 1]

@@ -180,6 +180,40 @@ def test_a_semicolon_separated_file_is_told_to_use_commas_as_check_tells_it(
     assert "save it as comma-separated CSV" in res.output
 
 
+def test_ragged_rows_are_refused_naming_their_lines_as_check_names_them(
+        tmp_path: Path) -> None:
+    """Read by position, a decimal comma (8,1674) would shift a number into the target's
+    classes and a cut line would make a feature "missing": the draft refuses such rows."""
+    rows = [f"{20 + i}.5,{i % 2}" for i in range(40)]
+    rows[1] = "8,1674,1"  # line 3: an unquoted decimal comma
+    rows[6] = "33.5"  # line 8: a cut line
+    path = small_csv(tmp_path, "ragged.csv", "age,y", rows)
+    with pytest.raises(SchemaError, match=r"ragged\.csv: 2 rows do not have 2 cells \(lines 3, "
+                                          r"8\): fix or delete those lines \(a stray comma or "
+                                          r"a cut line\?\), then draft again"):
+        draft_schema(read_raw(path), "y")
+    path.write_text(path.read_text().replace("33.5\n", "33.5,1\n"))
+    with pytest.raises(SchemaError, match=r"ragged\.csv: 1 row does not have 2 cells \(line 3\): "
+                                          r"fix or delete that line \(a stray comma"):
+        draft_schema(read_raw(path), "y")
+    res = CliRunner().invoke(app, ["schema", "draft", "--data", str(path), "--target", "y",
+                                   "--out", str(tmp_path / "d.toml")])
+    assert res.exit_code == 2 and "1 row does not have 2 cells (line 3)" in res.output
+    assert not (tmp_path / "d.toml").exists()
+
+
+def test_rows_separated_by_semicolons_under_a_comma_header_are_named_as_such(
+        tmp_path: Path) -> None:
+    rows = [f"{20 + i};{i % 2}" for i in range(40)]
+    path = small_csv(tmp_path, "semi_rows.csv", "age,y", rows)
+    with pytest.raises(SchemaError, match=r"semi_rows\.csv: 40 rows do not have 2 cells \(lines "
+                                          r"2, 3, 4, 5, 6, 7, 8, 9 and 32 more\): the rows "
+                                          r"separate their cells with ';' while the header uses "
+                                          r"commas: save the file as comma-separated CSV, then "
+                                          r"draft again"):
+        draft_schema(read_raw(path), "y")
+
+
 def test_a_level_spelled_like_a_missing_value_is_named_with_its_count_and_what_to_do(
         tmp_path: Path) -> None:
     """'None' (no smoking) is a real level that FedForest reads as missing: the draft says so,

@@ -101,7 +101,7 @@ def test_bounds_unknown_levels_ragged_rows_and_numbers_written_as_codes(
     path.write_text("age,sex,y\n30,1.0,0\n130,2,1\n40,0\n-1,x,1\n50,1,0\n")
     problems = check_table(read_raw(path), schema)
     text = "\n".join(map(str, problems))
-    assert "1 rows do not have 3 cells (line 4)" in text
+    assert "1 row does not have 3 cells (line 4)" in text
     assert "2 values outside the public bounds [0, 120] (-1, 130) at lines 3, 5" in text
     assert "2 unknown levels ('2', 'x') at lines 3, 5" in text
     assert "1.0" not in text  # the code 1.0 is the level "1"
@@ -405,6 +405,20 @@ def test_a_ragged_row_is_reported_once_not_again_by_its_shifted_cells(tmp_path: 
     assert [str(p) for p in problems] == [
         "error: 2 rows do not have 3 cells (lines 3, 5) -> fix or delete those lines (a stray "
         "comma or a cut line?); their cells are checked once they fit the header"]
+
+
+def test_rows_separated_by_semicolons_under_a_comma_header_are_named_as_such(
+        tmp_path: Path) -> None:
+    sch = Schema.from_dict({
+        "features": [{"name": "chol", "kind": "continuous", "bounds": [0.0, 700.0]}],
+        "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}})
+    path = tmp_path / "site.csv"
+    path.write_text("chol,y\n200;0\n210;1\n")
+    problems = check_table(read_raw(path), sch)
+    assert [str(p) for p in problems] == [
+        "error: 2 rows do not have 2 cells (lines 2, 3) -> the rows separate their cells with "
+        "';' while the header uses commas: save the file as comma-separated CSV; their cells "
+        "are checked once they fit the header"]
 
 
 def test_a_spreadsheets_empty_trailing_columns_are_ignored_with_a_warning(

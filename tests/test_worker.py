@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -583,6 +584,29 @@ def test_missing_values_only_where_the_job_allows_them() -> None:
     X[0, 1], X[1, 0] = 0.0, np.inf
     with pytest.raises(SchemaError, match="non-finite"):
         Worker(_missing_cfg(), X, y, client_index=0)
+
+
+def test_a_value_outside_the_public_bounds_is_refused_never_clipped() -> None:
+    """A continuous cell outside ``config.feature_bounds`` is refused naming its row, column
+    and the bounds; missing cells (NaN) and rows of weight 0 (left out) are no values outside
+    them."""
+    X, y = _nan_table(30, np.random.default_rng(12))
+    assert np.isnan(X).any() and np.nanmax(np.abs(X)) < 5
+    cfg = _missing_cfg(feature_bounds=((-5.0, 5.0),) * 3)
+    Worker(cfg, X, y, client_index=0)  # every present value within its bounds
+    X[3, 1] = 5.25
+    with pytest.raises(SchemaError, match=re.escape(
+            "value 5.25 in row 4, column 1 is outside the job's public bounds [-5.0, 5.0] of "
+            "that feature: values are never clipped; correct them, drop the rows, or agree on "
+            "wider bounds (the schema's) with every site")):
+        Worker(cfg, X, y, client_index=0)
+    weights = np.ones(30)
+    weights[3] = 0
+    Worker(cfg, X, y, client_index=0, sample_weight=weights)  # the row is left out
+    X[3, 1] = 0.0
+    X[7, 0] = -1e20
+    with pytest.raises(SchemaError, match=r"value -1e\+20 in row 8, column 0 is outside"):
+        Worker(cfg, X, y, client_index=0)
 
 
 @pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])

@@ -57,9 +57,12 @@ def load_forest(text: str) -> ForestModel:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise EvaluationError(f"a model file is not JSON: {exc}") from None
-    offset = 0.0
+    offset: Any = 0.0
     if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
-        offset = float(doc.get("y_offset") or 0.0)
+        offset = doc.get("y_offset") or 0.0
+        if isinstance(offset, bool) or not isinstance(offset, int | float):
+            raise EvaluationError(f"not a FedForest model file (y_offset must be a number, "
+                                  f"got {json.dumps(offset, default=repr)[:40]})")
         doc = doc["model"]  # an estimator file: its forest
     try:
         forest = ForestModel.from_dict(doc)
