@@ -6,6 +6,7 @@ own."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import stat
@@ -73,13 +74,16 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o666) -> N
             os.close(fd)
 
 
-def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
+def append_line(path: str | Path, line: str, *, sync: bool = False,
+                drop_torn: bool = False) -> None:
     """Append ``line`` and a newline to ``path`` (made if missing) as one write, under an
     exclusive lock of the file: lines from processes appending at once never interleave
     (nor on a file system where ``O_APPEND`` alone does not keep them apart). After a torn
-    last line (a writer that died mid-line) the new line starts a line of its own. With
-    ``sync`` the line is on disk when this returns (``fsync``; and the file's name, where this
-    made the file)."""
+    last line (a writer that died mid-line, leaving no newline) the new line starts a line of
+    its own; with ``drop_torn`` (JSON lines) it takes the torn line's place unless that line
+    is whole JSON (cut just before its newline): a record cut short holds nothing, as if the
+    writer had died before it. With ``sync`` the line is on disk when this returns
+    (``fsync``; and the file's name, where this made the file)."""
     import fcntl  # POSIX: the site's client; the estimators import this module everywhere
 
     raw = line.encode("utf-8") + b"\n"
@@ -89,7 +93,11 @@ def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            raw = b"\n" + raw
+            start = _last_line_start(fd, size)
+            if drop_torn and not _is_json(os.pread(fd, size - start, start)):
+                os.ftruncate(fd, start)
+            else:
+                raw = b"\n" + raw
         _write_all(fd, raw)
         if sync:
             os.fsync(fd)
@@ -97,6 +105,28 @@ def append_line(path: str | Path, line: str, *, sync: bool = False) -> None:
         os.close(fd)  # releases the lock
     if new:
         _fsync_dir(Path(path).parent)
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
+
+
+def _last_line_start(fd: int, size: int) -> int:
+    """The offset just after the last newline of the file's first ``size`` bytes (0 if none):
+    where its last line starts."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        chunk = os.pread(fd, end - start, start)
+        at = chunk.rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -134,20 +134,46 @@ def test_a_torn_last_receipt_line_is_a_note_and_ignored(setup: tuple[AuditLog, P
     (note,) = report.notes
     assert note.startswith(f"receipt {where}: the file's last line is cut short (")
     assert note.endswith("), as a client that stopped while writing it leaves it: it is "
-                         "ignored; remove that line before the client writes to the file "
-                         "again (a damaged line that others follow is a problem)")
+                         "ignored (the client's next receipt takes its place)")
 
 
-def test_a_torn_receipt_line_that_others_follow_is_a_problem(
+def test_the_clients_next_receipt_takes_the_place_of_a_torn_last_line(
         setup: tuple[AuditLog, Path]) -> None:
-    """The client restarted after the crash and wrote its receipt again: the torn line is no
-    longer the last one."""
+    """The client restarted after the crash and wrote its receipt again: the torn line is
+    gone, and the file verifies without a note."""
     log, receipts = setup
     path = receipts / "alice.jsonl"
     receipt = next(r for w, r in read_receipts(receipts) if w == "alice.jsonl:2")
     assert isinstance(receipt, Receipt)
+    whole = path.read_bytes()
     _tear_last_line(path)
     write_receipt(receipts, receipt)
+    assert path.read_bytes() == whole
+    report = verify_log(log, receipts_dir=receipts)
+    assert report.ok and not report.notes, (report.problems, report.notes)
+
+
+def test_a_last_line_cut_just_before_its_newline_is_kept(setup: tuple[AuditLog, Path]) -> None:
+    """A receipt whole but for its newline is a receipt: the next one starts a line after it."""
+    log, receipts = setup
+    path = receipts / "alice.jsonl"
+    receipt = next(r for w, r in read_receipts(receipts) if w == "alice.jsonl:2")
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1])
+    write_receipt(receipts, receipt)
+    assert path.read_bytes() == whole + whole.splitlines(keepends=True)[-1]
+
+
+def test_a_damaged_receipt_line_that_others_follow_is_a_problem(
+        setup: tuple[AuditLog, Path]) -> None:
+    """A line cut short in the middle of the file (edited by hand, or written by a client
+    that kept a torn line) is no torn last line: a problem until it is deleted."""
+    log, receipts = setup
+    path = receipts / "alice.jsonl"
+    last = path.read_bytes().splitlines(keepends=True)[-1]
+    _tear_last_line(path)
+    with path.open("ab") as fh:
+        fh.write(b"\n" + last)
     problems = verify_log(log, receipts_dir=receipts).problems
     assert len(problems) == 1 and problems[0].startswith(
         "receipt alice.jsonl:2: malformed ("), problems

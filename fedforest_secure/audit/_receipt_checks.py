@@ -97,9 +97,8 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
     for i, (where, receipt) in enumerate(received):
         if isinstance(receipt, TornLine):  # no receipt: as if the crash came before it
             notes.append(f"receipt {where}: the file's last line is cut short ({receipt}), as "
-                         "a client that stopped while writing it leaves it: it is ignored; "
-                         "remove that line before the client writes to the file again (a "
-                         "damaged line that others follow is a problem)")
+                         "a client that stopped while writing it leaves it: it is ignored "
+                         "(the client's next receipt takes its place)")
             continue
         if isinstance(receipt, ValueError):
             out.append(f"receipt {where}: malformed ({receipt})")
@@ -206,18 +205,24 @@ def _dropped_at(chain: Mapping[int, Entry]) -> dict[str, int]:
     return out
 
 
-def _roster(chain: Mapping[int, Entry]) -> set[str]:
-    """The job's sites: the ``clients`` its ``job_created`` entry lists (a server logs them),
-    with every site the chain says joined."""
+def _roster(chain: Mapping[int, Entry], covered: int) -> set[str]:
+    """The job's sites as the entries the receipts pin (``seq <= covered``) name them: the
+    ``clients`` of its ``job_created`` entry (a server logs them), the sites that joined, were
+    dropped or took part in a round. An entry after ``covered`` is the server's word only (a
+    site it says joined late could be one of its own)."""
     out: set[str] = set()
     for e in chain.values():
+        if e.seq > covered:
+            continue
         try:
             if e.kind == EntryKind.JOB_CREATED.value:
                 listed = e.payload.get("clients")
                 if isinstance(listed, list):
                     out.update(str(c) for c in listed)
-            elif e.kind == EntryKind.CLIENT_JOINED.value:
+            elif e.kind in (EntryKind.CLIENT_JOINED.value, EntryKind.CLIENT_DROPPED.value):
                 out.add(str(e.payload.get("client")))
+            elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
+                out.update(str(c) for c in e.payload["clients"])
         except ValueError:  # unreadable: named by the chain's own check
             continue
     return out
@@ -248,8 +253,8 @@ def _tail_problems(job: str, chain: Mapping[int, Entry], covered: int,
     # took part in it, and its receipts must cover it)
     left = {s for s, seq in gone.items() if tail and seq < tail[0].seq}
     if tail and sites and sites <= left:
-        roster = _roster(chain)
-        if roster and roster <= left:
+        roster = _roster(chain, covered) | set(sites)
+        if roster <= left:
             # no site was left to take part, nor to keep a receipt: nobody can vouch for it
             return [f"job {job!r}: the log says every site of the job was dropped "
                     f"({', '.join(sorted(roster))}) before {tail[0].label}: "

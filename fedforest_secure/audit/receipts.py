@@ -270,9 +270,8 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     """Append ``receipt`` as one JSON line to ``directory/<client>.jsonl`` (or ``filename``),
     on disk when this returns: one ``write`` in append mode, then ``fsync`` (and of the
     directory when the file is new), so a client killed right after (e.g. while its upload's
-    request waits) keeps the line whole. A last line a crash cut short stays a line of its own
-    rather than swallowing this one (the reader then names it as a damaged line, no longer
-    a torn last one: remove such a line before the client writes again)."""
+    request waits) keeps the line whole. A last line a crash cut short (no newline) holds no
+    receipt: this one takes its place, as if the crash had come before that write."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     name = filename or f"{receipt.client}.jsonl"
@@ -281,7 +280,7 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     path = folder / name
     # one file for all the site's jobs, whose clients may append at the same time; on disk
     # before the upload it records is sent
-    append_line(path, json.dumps(receipt.to_json(), sort_keys=True), sync=True)
+    append_line(path, json.dumps(receipt.to_json(), sort_keys=True), sync=True, drop_torn=True)
     return path
 
 
