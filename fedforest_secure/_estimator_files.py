@@ -21,6 +21,18 @@ from .model import ForestModel
 _OLD_FORMAT = "fedforest-secure/estimator/v1"  # files written before the one model format
 
 
+def _rule_method(section: dict[str, Any]) -> Any:
+    """The saved parameters, with a ``method`` of ``"quantiles"`` that the fitted forest did
+    not use read as None: a file saved when "quantiles" was the default, whose forest took the
+    DP allocation rule's method. Refitted, the estimator takes the rule's method again."""
+    params = section["params"]
+    config = section.get("config")
+    if isinstance(params, dict) and params.get("method") == "quantiles" \
+            and isinstance(config, dict) and config.get("method") not in (None, "quantiles"):
+        return {**params, "method": None}
+    return params
+
+
 class _EstimatorFiles(_EstimatorRows):
     """The estimators' ``save`` and ``load``."""
 
@@ -92,7 +104,7 @@ class _EstimatorFiles(_EstimatorRows):
         if section and "params" not in section:
             raise ValueError(f"{path}: estimator has no 'params' field (the estimator's "
                              "parameters)")
-        est = cls._from_params(section["params"], path) if section else cls()
+        est = cls._from_params(_rule_method(section), path) if section else cls()
         est.model_ = dataclasses.replace(model, estimator=None)
         if not section:  # a job's model: classes in the schema's order
             sorted_model = _classes_sorted(est.model_)
@@ -144,7 +156,7 @@ class _EstimatorFiles(_EstimatorRows):
     def _load_old(cls, doc: dict[str, Any]) -> Any:
         if doc.get("class") != cls.__name__:
             raise ValueError(f"not a saved {cls.__name__} (saved by {doc.get('class')})")
-        params = dict(doc["params"])
+        params = dict(_rule_method(doc))
         if params.get("max_features") == "auto":  # files written before scikit-learn 1.4 names
             params.pop("max_features")
         est = cls(**params)

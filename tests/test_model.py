@@ -64,6 +64,31 @@ def test_classifier_save_load_is_bit_for_bit(tmp_path: Path) -> None:
         FedForestRegressor.load(path)  # a classifier file is not a regressor
 
 
+def test_a_dp_estimator_saved_with_quantiles_its_forest_did_not_use_refits_the_rules_forest(
+        tmp_path: Path) -> None:
+    """Files saved when the estimators' method defaulted to "quantiles" hold that method, while
+    their DP forest took the allocation rule's: loaded, the method reads as left unset, so a
+    refit grows the rule's forest again. A method the forest did use is kept."""
+    from sklearn.base import clone
+
+    X, y, h = _data(3)
+    dp = load_profile("secure-dp", epsilon=1.0)
+    est = FedForestRegressor(profile=dp).fit(X, y, client=h)
+    assert est.config_.method == "random"
+    path = tmp_path / "dp.json"
+    est.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["estimator"]["params"]["method"] is None
+    doc["estimator"]["params"]["method"] = "quantiles"  # as such files hold it
+    path.write_text(json.dumps(doc))
+    back = FedForestRegressor.load(path)
+    assert back.method is None
+    assert clone(back).fit(X, y, client=h).config_.method == "random"
+    named = FedForestRegressor(profile=dp, method="quantiles").fit(X, y, client=h)
+    named.save(tmp_path / "named.json")
+    assert FedForestRegressor.load(tmp_path / "named.json").method == "quantiles"
+
+
 def test_h_split_model_round_trip(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     X = rng.normal(size=(180, 2))
