@@ -44,8 +44,11 @@ def checked_rows(config: JobConfig, X: Any, y: Any, sample_weight: Any
         raise SchemaError(f"all {X.shape[0]} rows of this client have sample_weight 0: a "
                           "client needs at least one row to train on; give some of them "
                           "a positive weight, or leave this site out of the job")
+    # the rows' numbers as given (1-based), for the messages: rows of weight 0 are left out
+    number = np.arange(1, X.shape[0] + 1)
     if weights is not None:
-        X, y, weights = X[weights > 0], y[weights > 0], weights[weights > 0]
+        kept = weights > 0
+        X, y, weights, number = X[kept], y[kept], weights[kept], number[kept]
         if (weights == 1).all():
             weights = None
     if X.shape[0] < 1:
@@ -55,18 +58,18 @@ def checked_rows(config: JobConfig, X: Any, y: Any, sample_weight: Any
     if bad_cells.any():
         bad = np.argwhere(bad_cells)[0]
         what = "missing" if np.isnan(X[bad[0], bad[1]]) else "non-finite"
-        raise SchemaError(f"{what} value in row {bad[0] + 1}, column {bad[1]}"
+        raise SchemaError(f"{what} value in row {number[bad[0]]}, column {bad[1]}"
                           + (" (the job allows no missing values there)"
                              if what == "missing" else ""))
-    _refuse_outside_bounds(config, X)
+    _refuse_outside_bounds(config, X, number)
     return X, y, weights
 
 
-def _refuse_outside_bounds(config: JobConfig, X: np.ndarray) -> None:
+def _refuse_outside_bounds(config: JobConfig, X: np.ndarray, number: np.ndarray) -> None:
     """Refuse a continuous feature's value outside the job's public bounds (the fixed-point
     scales, the secure sketch's grid and the DP sensitivities hold only within them), naming
-    the first such cell; a missing value (NaN) is no value outside them. Categorical columns
-    are checked as level codes (:func:`check_level_codes`)."""
+    the first such cell by its row's ``number``; a missing value (NaN) is no value outside
+    them. Categorical columns are checked as level codes (:func:`check_level_codes`)."""
     if config.feature_bounds is None:
         return
     lohi = np.array(config.feature_bounds, dtype=np.float64).reshape(-1, 2)
@@ -75,10 +78,10 @@ def _refuse_outside_bounds(config: JobConfig, X: np.ndarray) -> None:
     if outside.any():
         row, j = (int(v) for v in np.argwhere(outside)[0])
         lo, hi = (float(b) for b in lohi[j])
-        raise SchemaError(f"value {float(X[row, j])!r} in row {row + 1}, column {j} is outside "
-                          f"the job's public bounds [{lo!r}, {hi!r}] of that feature: values "
-                          "are never clipped; correct them, drop the rows, or agree on wider "
-                          "bounds (the schema's) with every site")
+        raise SchemaError(f"value {float(X[row, j])!r} in row {number[row]}, column {j} is "
+                          f"outside the job's public bounds [{lo!r}, {hi!r}] of that feature: "
+                          "values are never clipped; correct them, drop the rows, or agree on "
+                          "wider bounds (the schema's) with every site")
 
 
 def row_statistics(config: JobConfig, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

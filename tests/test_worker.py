@@ -607,6 +607,12 @@ def test_a_value_outside_the_public_bounds_is_refused_never_clipped() -> None:
     X[7, 0] = -1e20
     with pytest.raises(SchemaError, match=r"value -1e\+20 in row 8, column 0 is outside"):
         Worker(cfg, X, y, client_index=0)
+    # rows of weight 0 before it are left out, and the row keeps its number as given
+    with pytest.raises(SchemaError, match=r"value -1e\+20 in row 8, column 0 is outside"):
+        Worker(cfg, X, y, client_index=0, sample_weight=weights)
+    X[7, 0] = np.inf
+    with pytest.raises(SchemaError, match=r"non-finite value in row 8, column 0"):
+        Worker(cfg, X, y, client_index=0, sample_weight=weights)
 
 
 @pytest.mark.parametrize("sampling", ["bootstrap", "disjoint"])
