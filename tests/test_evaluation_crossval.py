@@ -3,6 +3,7 @@ the metric of the pooled out-of-fold predictions, and its privacy cost composes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,26 @@ def test_under_dp_one_added_or_removed_record_moves_no_other_records_fold() -> N
     assert 80 <= np.bincount(f, minlength=3).min()  # about a third each (binomial shares)
     assert not np.array_equal(f, site_folds(300, 3, seed=0, site=1, rows=(X, y)))
     assert not np.array_equal(f, site_folds(300, 3, seed=1, site=0, rows=(X, y)))
+
+
+def test_under_dp_a_site_whose_rows_all_draw_one_fold_is_refused_before_any_training(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """That fold's models would train without the site (a smaller federation, or a job of
+    too few sites): named, with what to do."""
+    from fedforest_secure.evaluation import crossval
+
+    parts, _ = tiny_parts
+    small = (parts[2][0][:3], parts[2][1][:3])
+    seed = next(s for s in range(200)
+                if np.unique(site_folds(3, 3, s, 2, rows=small)).size == 1)
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    fold = int(site_folds(3, 3, seed, 2, rows=small)[0])
+    with pytest.raises(EvaluationError, match=re.escape(
+            f"site 2's 3 rows all fall in fold {fold} (under DP each row's fold is drawn from "
+            "its own values), so that fold's models would train without the site: use fewer "
+            "folds, or another --seed")):
+        cross_validate([parts[0], parts[1], small], task="classification", param="max_depth",
+                       values=[1, 2], folds=3, profile="secure-dp", n_classes=2, seed=seed)
 
 
 def test_the_cross_validated_metric_is_that_of_the_pooled_out_of_fold_predictions(

@@ -202,6 +202,14 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
     # under DP each record's fold is its own draw (privacy_cost counts one record's part)
     fold_of = [site_folds(len(y), folds, seed, k, (X, y) if prof.dp is not None else None)
                for k, (X, y) in enumerate(sites)]
+    for k, fo in enumerate(fold_of):  # under DP a small site's rows may all draw one fold
+        lone = np.unique(fo)
+        if lone.size == 1:
+            raise EvaluationError(
+                f"site {k}'s {len(fo)} row{'s' if len(fo) != 1 else ''} all fall in fold "
+                f"{int(lone[0])} (under DP each row's fold is drawn from its own values), so "
+                "that fold's models would train without the site: use fewer folds, or "
+                "another --seed")
     y_all = np.concatenate([np.asarray(y, dtype=np.float64) for _, y in sites])
     rng = (float(y_all.min()), float(y_all.max())) if task == "regression" else None
     if rng is not None and rng[0] == rng[1]:
