@@ -66,9 +66,12 @@ class RawTable:
         n = len(idx)
         what = (f"{n} row{'s do' if n > 1 else ' does'} not have {len(self.header)} cells "
                 f"({line_numbers(idx, self.lines)})")
+        # a separator that splits every such row (its text put back together) into one cell
+        # per column of the header: not one that a text column merely holds
         sep = next((c for c in (";", "\t", "|") if len(self.header) > 1
                     and not any(c in h for h in self.header)
-                    and all(any(c in cell for cell in self.rows[i]) for i in idx)), None)
+                    and all(",".join(self.rows[i]).count(c) + 1 == len(self.header)
+                            for i in idx)), None)
         if sep is not None:
             return idx, what, (f"the rows separate their cells with {sep!r} while the header "
                                "uses commas: save the file as comma-separated CSV")

@@ -421,6 +421,17 @@ def test_rows_separated_by_semicolons_under_a_comma_header_are_named_as_such(
         "are checked once they fit the header"]
 
 
+def test_a_text_column_holding_a_bar_does_not_make_a_stray_comma_a_separator(
+        tmp_path: Path) -> None:
+    """A '|' in a column's text, in every row, is no separator: a row with a stray comma
+    (split by the '|' into 2 pieces, not 3 cells) is named as a stray comma or a cut line."""
+    path = tmp_path / "site.csv"
+    path.write_text("note,chol,y\na|b,200,0\nc|d,2,10,1\n")
+    idx, what, todo = read_raw(path).ragged()
+    assert (idx, what) == ([1], "1 row does not have 3 cells (line 3)")
+    assert todo == "fix or delete that line (a stray comma or a cut line?)"
+
+
 def test_a_spreadsheets_empty_trailing_columns_are_ignored_with_a_warning(
         tmp_path: Path) -> None:
     """An Excel export's header ending `,y,,` names no column twice: its empty, unnamed columns
