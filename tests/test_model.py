@@ -533,13 +533,15 @@ def test_an_inconsistent_model_file_is_refused_at_load_naming_field_and_tree(
     ForestModel.from_dict(iris_file)  # the file as written loads
 
 
-@pytest.mark.parametrize(("offset", "shown"), [([1], "[1]"), ("abc", '"abc"')])
-def test_an_evaluation_refuses_an_old_estimator_file_whose_offset_is_no_number(
+@pytest.mark.parametrize(("offset", "shown"), [
+    ([1], "[1]"), ("abc", '"abc"'), (float("nan"), "NaN"), (float("inf"), "Infinity"),
+    (10**400, "1" + "0" * 39)])
+def test_an_evaluation_refuses_an_old_estimator_file_whose_offset_is_no_finite_number(
         iris_file: dict, offset: object, shown: str) -> None:  # type: ignore[type-arg]
     text = json.dumps({"format": "fedforest-secure/estimator/v1", "model": iris_file,
                        "y_offset": offset})
     with pytest.raises(EvaluationError, match=r"not a FedForest model file \(y_offset must be "
-                                              rf"a number, got {re.escape(shown)}\)"):
+                                              rf"a finite number, got {re.escape(shown)}\)"):
         load_forest(text)
 
 

@@ -49,6 +49,14 @@ class EvaluationError(FedForestError, ValueError):
     """An evaluation job or model that does not fit (wrong task, features, classes, size)."""
 
 
+def _finite(value: float) -> bool:
+    """A finite float: not NaN nor infinite, nor an integer too large for a float."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def load_forest(text: str) -> ForestModel:
     """A forest from a model file's text: the server's ``fedforest-secure/model/v1`` file, or an
     estimator file (``FedForest*.save``) that embeds one (a regressor's ``y_offset`` is added
@@ -60,9 +68,11 @@ def load_forest(text: str) -> ForestModel:
     offset: Any = 0.0
     if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
         offset = doc.get("y_offset") or 0.0
-        if isinstance(offset, bool) or not isinstance(offset, int | float):
-            raise EvaluationError(f"not a FedForest model file (y_offset must be a number, "
-                                  f"got {json.dumps(offset, default=repr)[:40]})")
+        if isinstance(offset, bool) or not isinstance(offset, int | float) \
+                or not _finite(offset):
+            raise EvaluationError(f"not a FedForest model file (y_offset must be a finite "
+                                  f"number, got {json.dumps(offset, default=repr)[:40]})")
+        offset = float(offset)
         doc = doc["model"]  # an estimator file: its forest
     try:
         forest = ForestModel.from_dict(doc)
