@@ -189,7 +189,7 @@ def refuse_text_weights(sample_weight: Any) -> None:
 
 def refuse_wide_int_labels(classes: np.ndarray) -> None:
     """Refuse unsigned integer class labels beyond int64 (2^63 and more): a model file reads
-    integer labels back as int64 numbers (larger ones came back as rounded floats) and ONNX
+    integer labels back as int64 numbers (a larger one would come back as a rounded float) and ONNX
     holds them as int64. (scikit-learn's target checks refuse Python ints held as objects.)"""
     if classes.dtype.kind != "u" or not classes.size or classes.max() <= _INT64_MAX:
         return

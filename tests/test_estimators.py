@@ -757,7 +757,7 @@ def test_client_labels_mixing_text_and_numbers_are_refused(as_series: bool) -> N
 
 
 def test_integer_class_labels_beyond_int64_are_refused_at_fit() -> None:
-    """A model file reads integer labels back as int64 (2^63 + 5 came back as a rounded
+    """A model file reads integer labels back as int64 (2^63 + 5 would come back as a rounded
     float) and ONNX holds them as int64: such labels are refused with the remedy."""
     X, y, h = _iris_sites()
     huge = np.array([1, 2, 2**63 + 5], dtype=np.uint64)[y]
