@@ -20,6 +20,7 @@ from fedforest_secure.errors import FedForestError
 from . import data_cli, site_cli
 from ._common import console, fail
 from .audit_cli import audit_app
+from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
 from .evaluate_cli import evaluate
 from .server_cli import server_cli
@@ -289,73 +290,7 @@ def _terminated_once(_signum: int, _frame: FrameType | None) -> None:
 
 
 # ---------------------------------------------------------------------- compare
-@app.command()
-def compare(
-    dataset: Annotated[str | None, typer.Option(
-        help="dataset name (breast_cancer, wine, diabetes, ...); or use --csv")] = None,
-    epsilons: Annotated[str, typer.Option(
-        help="comma-separated DP budgets; inf = the column of the methods without DP")
-    ] = "0.5,1,2,4,8,inf",
-    seeds: Annotated[int, typer.Option(help="repetitions (seeds 0..n-1)")] = 5,
-    clients: Annotated[int, typer.Option(min=1, help="clients K of the Dirichlet partition")] = 4,
-    alpha: Annotated[float, typer.Option(help="Dirichlet concentration")] = 1.0,
-    out: Annotated[Path, typer.Option(help="directory for compare_<name>.png / .csv")
-                   ] = Path("docs"),
-    csv_path: Annotated[Path | None, typer.Option(
-        "--csv", help="a CSV table instead of --dataset")] = None,
-    target: Annotated[str | None, typer.Option(help="target column of --csv")] = None,
-    client_column: Annotated[str | None, typer.Option(
-        help="client column of --csv (its clients replace the Dirichlet partition)")] = None,
-    task: Annotated[str, typer.Option(
-        help="auto | classification | regression (for --csv)")] = "auto",
-    metric: Annotated[str | None, typer.Option(
-        help="balanced_accuracy (default) or accuracy for classification; r2 for regression. "
-             "Another metric than the default writes compare_<name>_<metric>.png / .csv")
-    ] = None,
-    quiet: Annotated[bool, typer.Option(help="no per-fit progress lines")] = False,
-) -> None:
-    """Utility with and without noise: FedForest profiles vs central DP and plain baselines."""
-    from rich.console import Console as _Console
-
-    from fedforest_secure.experiments.compare import (
-        METRICS,
-        load_csv_table,
-        parse_epsilons,
-        run_comparison,
-        to_csv,
-    )
-
-    from .compare_view import format_table, plot
-
-    try:
-        eps = parse_epsilons(epsilons)
-        if csv_path is not None:
-            if target is None:
-                raise ValueError("--csv needs --target")
-            data = load_csv_table(csv_path, target, client_column, task)
-            name = csv_path.stem
-            res = run_comparison(data=data, name=name, epsilons=eps, seeds=seeds,
-                                 n_clients=clients, alpha=alpha, metric=metric,
-                                 progress=None if quiet else console.print)
-        else:
-            if dataset is None:
-                raise ValueError("give --dataset NAME or --csv FILE --target COL")
-            name = dataset
-            res = run_comparison(dataset, epsilons=eps, seeds=seeds, n_clients=clients,
-                                 alpha=alpha, metric=metric,
-                                 progress=None if quiet else console.print)
-        stem = (f"compare_{name}" if res.metric == METRICS[res.task][0]
-                else f"compare_{name}_{res.metric}")
-        png = plot(res, out / f"{stem}.png")
-        csv_file = to_csv(res, out / f"{stem}.csv")
-    except (FedForestError, ValueError, OSError) as exc:
-        fail(exc)
-    out_console = _Console()
-    out_console.width = max(out_console.width, 132)
-    out_console.print(format_table(res))
-    for note in res.settings.get("notes", []):
-        console.print(f"note: {note}", markup=False)
-    console.print(f"wrote {png} and {csv_file}", markup=False)
+app.command("compare")(compare_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

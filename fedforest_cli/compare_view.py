@@ -6,14 +6,16 @@ The numbers come from :func:`fedforest_secure.experiments.compare.run_comparison
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 from rich.table import Table
 
 from fedforest_secure.experiments.compare import DP_METHODS, METHOD_LABELS, ComparisonResult
+from fedforest_secure.files import write_atomic
 
-__all__ = ["format_table", "plot", "to_markdown"]
+__all__ = ["format_table", "plot", "render", "to_markdown"]
 
 
 def _cell(res: ComparisonResult, m: str, eps: float) -> str:
@@ -56,7 +58,18 @@ def to_markdown(res: ComparisonResult) -> str:
 
 
 def plot(res: ComparisonResult, path: str | Path) -> Path:
-    """Utility against epsilon (log x axis), inf at the right edge, error bars = std.
+    """Write :func:`render` to ``path`` in the format its suffix names (PNG without one),
+    whole or not at all (:func:`~fedforest_secure.files.write_atomic`)."""
+    path = Path(path)
+    image = render(res, path.suffix.lstrip(".") or "png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, image)
+    return path
+
+
+def render(res: ComparisonResult, fmt: str = "png") -> bytes:
+    """The plot as an image file's bytes (``fmt``: ``png``, ``svg``, ``pdf``, ...): utility
+    against epsilon (log x axis), inf at the right edge, error bars = std.
 
     DP methods are lines over the finite epsilons; methods without DP are a point at the inf
     edge and a dashed horizontal reference line across the plot.
@@ -66,8 +79,6 @@ def plot(res: ComparisonResult, path: str | Path) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     finite = [e for e in res.columns if math.isfinite(e)]
     lo = min(finite) if finite else 1.0
     hi = max(finite) if finite else 1.0
@@ -109,6 +120,9 @@ def plot(res: ComparisonResult, path: str | Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, dpi=120, format=fmt)
+    finally:
+        plt.close(fig)
+    return image.getvalue()

@@ -184,3 +184,15 @@ def test_centralized_classification_and_client_bootstrap() -> None:
         CentralizedRF(bootstrap="maybe").fit(Xr, yr)
     with pytest.raises(ValueError, match="client"):
         CentralizedRF(bootstrap="client").fit(Xr, yr)
+
+
+def test_an_unknown_client_is_named_as_given_not_as_a_numpy_scalar() -> None:
+    X, y, h = _offset_data()
+    ll = LocalLearning(**SMALL, random_state=0).fit(X, y, client=h)
+    with pytest.raises(ValueError) as exc:
+        ll.predict(X[:2], client=np.array([0, 7]))
+    assert str(exc.value) == "unknown client 7; known clients are [0, 1, 2]"
+    named = LocalLearning(**SMALL, random_state=0).fit(X, y, client=np.array(["a", "b", "c"])[h])
+    with pytest.raises(ValueError) as exc:
+        named.predict(X[:1], client=np.array(["solo"]))
+    assert str(exc.value) == "unknown client 'solo'; known clients are ['a', 'b', 'c']"

@@ -82,7 +82,8 @@ def test_run_comparison_regression_on_a_table_with_clients(tmp_path: Path) -> No
         for i in range(n):
             w.writerow([*X[i], f"site-{h[i]}", y[i]])
     Xl, yl, hl, task = load_csv_table(path, "target", "site")
-    assert task == "regression" and Xl.shape == (n, 3) and set(hl.tolist()) == {0, 1, 2}
+    assert task == "regression" and Xl.shape == (n, 3)
+    assert set(hl.tolist()) == {"site-0", "site-1", "site-2"}  # the sites as the table names them
     res = run_comparison(data=(Xl, yl, hl, task), name="t", epsilons=[2, math.inf], seeds=[0, 1],
                          fed_params=TINY, baseline_params=BASE)
     assert res.metric == "r2" and res.n_clients == 3
@@ -265,3 +266,51 @@ def test_cli_compare_with_another_metric_names_its_files_after_it(tmp_path: Path
     bad = CliRunner().invoke(app, ["compare", "--csv", str(path), "--target", "label",
                                    "--metric", "r2", "--seeds", "1", "--out", str(out)])
     assert bad.exit_code != 0 and "does not score a classification task" in bad.output
+
+
+def test_every_site_keeps_training_rows_in_every_seed() -> None:
+    """Row 10, the only row of the site 'solo', falls in the held-out 30% of seeds 1 and 2:
+    there it is trained on instead (local learning needs a forest of its site), the run goes
+    on and a note names the site and the seeds."""
+    from fedforest_secure.experiments import compare
+
+    rng = np.random.default_rng(4)
+    n = 90
+    X = rng.normal(size=(n, 2))
+    y = (X[:, 0] > 0).astype(int)
+    sites = np.array([f"hosp{k % 3}" for k in range(n)])
+    sites[10] = "solo"
+    res = run_comparison(data=(X, y, sites, "classification"), epsilons="inf", seeds=3,
+                         methods=["fedforest-open", "local"], fed_params=TINY,
+                         baseline_params=BASE)
+    assert res.n_clients == 4
+    assert res.settings["notes"] == [
+        "site 'solo' had no training row in the 70/30 split of seeds 1, 2: its held-out rows "
+        "were moved to the training rows there, so those seeds score no row of it"]
+    assert all(len(v) == 3 for per_eps in res.scores.values() for v in per_eps.values())
+    codes = np.unique(sites, return_inverse=True)[1]
+    solo = int(codes[10])
+    for seed, held_out in ((0, False), (1, True), (2, True)):
+        s = compare._split(X, y, codes, "classification", seed, 4, 1.0)
+        assert solo in s.htr and solo not in s.hte
+        assert s.moved.tolist() == ([solo] if held_out else [])
+        assert len(s.ytr) + len(s.yte) == n and len(s.yte) == 27 - held_out
+    # otherwise the split is scikit-learn's: a seed without such a site is left as it is
+    from sklearn.model_selection import train_test_split
+
+    tr, te = train_test_split(np.arange(n), test_size=0.3, random_state=0, stratify=y)
+    s0 = compare._split(X, y, codes, "classification", 0, 4, 1.0)
+    np.testing.assert_array_equal(s0.Xtr, X[tr])
+    np.testing.assert_array_equal(s0.hte, codes[te])
+
+
+def test_sites_too_small_for_any_held_out_row_are_refused_naming_the_seed() -> None:
+    X = np.arange(20, dtype=np.float64)[:, None]
+    y = np.arange(20) % 2
+    sites = np.array([f"s{k}" for k in range(20)])  # one row each
+    with pytest.raises(ValueError, match=re.escape(
+            "seed 0: every held-out row belongs to a site without training rows: the sites "
+            "have too few rows for a 70/30 split; give each site more rows, or merge the "
+            "smallest")):
+        run_comparison(data=(X, y, sites, "classification"), epsilons="inf", seeds=1,
+                       methods=["local"], baseline_params=BASE)

@@ -26,7 +26,9 @@ Protocol per seed ``s``: a 70/30 split (stratified for classification) with ``ra
 the training rows are spread over ``K`` clients by :func:`~.partitions.dirichlet_partition` on the
 training features (covariate shift; concentration ``alpha``). Held-out rows get an owner for
 local learning: their nearest training row's client (standardised features), i.e. a held-out
-sample of the client mixture. A table with its own client column keeps it instead.
+sample of the client mixture. A table with its own client column keeps it instead; a site
+whose rows all fall in a seed's held-out 30% has them moved to that seed's training rows (with
+a note in ``settings["notes"]``), so every method trains on every site.
 The metric is balanced accuracy (classification; or accuracy, ``metric="accuracy"``) or R^2
 (regression): :data:`METRICS`. Nothing is tuned on the
 test rows. The module has no network code and draws nothing: the ``fedforest compare`` command
@@ -36,6 +38,7 @@ renders the result (``fedforest_cli.compare_view``).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
 import warnings
@@ -46,19 +49,19 @@ from typing import Any
 
 import numpy as np
 
-from .._cells import _is_missing_cell
 from ..estimators import FedForestClassifier, FedForestRegressor
+from ..files import write_atomic
 from ..privacy import load_profile
-from ..tablecheck import line_numbers, read_raw
+from ._compare_data import _Split, _split, load_csv_table
 from .baselines import CentralizedRF, LocalLearning
 from .loaders import load_dataset
-from .partitions import dirichlet_partition
 
 __all__ = [
     "DP_METHODS",
     "METHOD_LABELS",
     "METRICS",
     "ComparisonResult",
+    "csv_text",
     "load_csv_table",
     "parse_epsilons",
     "read_csv",
@@ -162,133 +165,6 @@ class ComparisonResult:
                             "n_seeds": st[2],
                             "scores": ";".join(f"{v:.6f}" for v in self.scores[m][eps])})
         return out
-
-
-# ------------------------------------------------------------------------------ data
-@dataclass
-class _Split:
-    Xtr: np.ndarray
-    ytr: np.ndarray
-    htr: np.ndarray
-    Xte: np.ndarray
-    yte: np.ndarray
-    hte: np.ndarray
-
-
-def load_csv_table(path: str | Path, target: str, client_column: str | None = None,
-                   task: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str]:
-    """Read a CSV with a header: numeric feature columns, a target and optionally a client column.
-
-    Returns ``(X, y, client, task)``. ``task="auto"``: classification if the target is not
-    numeric or holds at most 20 distinct integers, else regression. Client values may be any
-    strings; they are mapped to codes ``0..K-1``. The file is read as the sites' tables are
-    (UTF-8 with or without a byte-order mark, blank lines skipped); errors name the file's
-    line and column.
-
-    Raises
-    ------
-    ValueError
-        Duplicate column names, a row with another number of cells than the header, a
-        missing target or client cell, a feature cell that is no finite number (or beyond
-        float32, which the baselines' trees read), no data rows, a target with one class.
-    """
-    table = read_raw(path)
-    names, rows, lines = table.header, table.rows, table.lines
-    dups = sorted({c for c in names if names.count(c) > 1})
-    if dups:
-        raise ValueError(f"{path}: duplicate column names {dups}: rename them so that each "
-                         "appears once")
-    for name in (target, client_column):
-        if name is not None and name not in names:
-            raise ValueError(f"{path}: no column {name!r} (columns: {names})")
-    ragged = [i for i, r in enumerate(rows) if len(r) != len(names)]
-    if ragged:
-        raise ValueError(f"{path}: {line_numbers(ragged, lines)} "
-                         f"{'do' if len(ragged) > 1 else 'does'} not have {len(names)} cells, "
-                         "as the header")
-    if not rows:
-        raise ValueError(f"{path}: no data rows below the header")
-    feats = [c for c in names if c not in (target, client_column)]
-    if not feats:
-        raise ValueError(f"{path}: no feature columns")
-    cells = {c: [r[k] for r in rows] for k, c in enumerate(names)}
-    for name, role in ((target, "the target"), (client_column, "the client column")):
-        if name is None:
-            continue
-        empty = [i for i, v in enumerate(cells[name]) if _is_missing_cell(v)]
-        if empty:
-            shown = ", ".join(map(repr, sorted({cells[name][i] for i in empty})))
-            raise ValueError(f"{path}: column {name!r} ({role}) has no value at "
-                             f"{line_numbers(empty, lines)} ({shown}): every row needs one")
-    X = np.empty((len(rows), len(feats)))
-    big = float(np.finfo(np.float32).max)
-    for j, c in enumerate(feats):
-        for i, v in enumerate(cells[c]):
-            try:
-                x = float(v)
-            except ValueError:
-                x = math.nan
-            if not (math.isfinite(x) and abs(x) <= big):
-                raise ValueError(f"{path}: column {c!r} is not a finite number at "
-                                 f"{line_numbers([i], lines)}: {v!r} (feature columns must be "
-                                 "numeric and complete: drop or fill such rows)")
-            X[i, j] = x
-    raw_y = cells[target]
-    try:
-        y_num: np.ndarray | None = np.array([float(v) for v in raw_y])
-    except ValueError:
-        y_num = None
-    if y_num is not None and not np.isfinite(y_num).all():
-        y_num = None  # "nan", "inf": text, as a label
-    if task == "auto":
-        if y_num is None:
-            task = "classification"
-        else:
-            ints = np.all(y_num == np.round(y_num))
-            task = "classification" if ints and np.unique(y_num).size <= 20 else "regression"
-    if task == "classification":
-        labels, y = np.unique(np.array(raw_y) if y_num is None else y_num, return_inverse=True)
-        if labels.size < 2:
-            raise ValueError(f"{path}: the target {target!r} has one class ({raw_y[0]!r}): "
-                             "a classifier needs at least two")
-        y = y.astype(np.int64)
-    elif task == "regression":
-        if y_num is None:
-            raise ValueError(f"{path}: regression target {target!r} must be numeric")
-        y = y_num
-    else:
-        raise ValueError(f"task must be auto, classification or regression, got {task!r}")
-    client = None
-    if client_column is not None:
-        _, client = np.unique(np.array(cells[client_column]), return_inverse=True)
-        client = client.astype(np.int64)
-    return X, y, client, task
-
-
-def _owner_of(Xtr: np.ndarray, htr: np.ndarray, Xte: np.ndarray) -> np.ndarray:
-    """Client of each held-out row: the client of its nearest training row (standardised)."""
-    mu, sd = Xtr.mean(axis=0), Xtr.std(axis=0)
-    sd = np.where(sd > 0, sd, 1.0)
-    A, B = (Xtr - mu) / sd, (Xte - mu) / sd
-    d2 = (B * B).sum(1)[:, None] - 2 * B @ A.T + (A * A).sum(1)[None, :]
-    return np.asarray(htr[np.argmin(d2, axis=1)], dtype=np.int64)
-
-
-def _split(X: np.ndarray, y: np.ndarray, client: np.ndarray | None, task: str, seed: int,
-           n_clients: int, alpha: float) -> _Split:
-    from sklearn.model_selection import train_test_split
-
-    idx = np.arange(X.shape[0])
-    tr, te = train_test_split(idx, test_size=0.3, random_state=seed,
-                              stratify=y if task == "classification" else None)
-    Xtr, Xte, ytr, yte = X[tr], X[te], y[tr], y[te]
-    if client is not None:
-        htr, hte = client[tr], client[te]
-    else:
-        min_size = max(2, min(10, Xtr.shape[0] // (2 * n_clients)))
-        htr = dirichlet_partition(Xtr, n_clients, alpha, seed, min_size=min_size)
-        hte = _owner_of(Xtr, htr, Xte)
-    return _Split(Xtr, ytr, htr, Xte, yte, hte)
 
 
 # ------------------------------------------------------------------------------ methods
@@ -421,7 +297,8 @@ def run_comparison(
         epsilon=eps, **dp_profile)``; default: none)
     baseline_params : ``n_estimators`` / ``max_depth`` of the central and local forests and of
         diffprivlib's (default 50 and 8)
-    data : ``(X, y, client or None, task)`` instead of a named dataset
+    data : ``(X, y, client or None, task)`` instead of a named dataset; ``client`` labels
+        each row's site (names or numbers, numbered ``0..K-1`` in sorted order)
     metric : one of ``METRICS[task]`` (default: balanced accuracy or R^2)
     progress : called with a short message after every fit
     """
@@ -436,6 +313,10 @@ def run_comparison(
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y)
         name = name or dataset or "table"
+    sites: list[Any] = []  # the sites' names (client labels), by code
+    if client is not None:
+        labels, client = np.unique(np.asarray(client), return_inverse=True)
+        sites = labels.tolist()
     eps_list = parse_epsilons(epsilons if not isinstance(epsilons, str) else epsilons)
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list:
@@ -468,8 +349,8 @@ def run_comparison(
     finite = [e for e in eps_list if math.isfinite(e)]
     res = ComparisonResult(
         dataset=name, task=task,
-        metric=metric, epsilons=eps_list, seeds=seed_list, n_clients=n_clients if client is None
-        else int(np.unique(client).size), alpha=alpha,
+        metric=metric, epsilons=eps_list, seeds=seed_list,
+        n_clients=n_clients if client is None else len(sites), alpha=alpha,
         settings={"fed_params": fed, "dp_params": dpp, "baseline_params": base,
                   "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
                   "client_column": client is not None, "methods": chosen, "notes": notes})
@@ -496,30 +377,50 @@ def run_comparison(
         return _fit_predict(cls(task=task, n_estimators=base["n_estimators"],
                                 max_depth=base["max_depth"], random_state=seed), s)
 
+    moved: dict[int, list[int]] = {}  # site code -> the seeds whose held-out rows held it all
     for seed in seed_list:
         split = _split(X, y, client, task, seed, n_clients, alpha)
+        for code in split.moved.tolist():
+            moved.setdefault(code, []).append(seed)
         for m in chosen:
             for eps in (finite if m in DP_METHODS else [INF]):
                 t0 = time.perf_counter()
                 score = _score(metric, split.yte, fit_one(m, eps, split, seed))
                 res.add(m, eps, score, time.perf_counter() - t0)
                 note(f"seed {seed} {m} eps={_eps_label(eps)}: {score:.4f}")
+    notes += [_moved_note(sites[code], seeds) for code, seeds in sorted(moved.items())]
     return res
+
+
+def _moved_note(site: Any, seeds: list[int]) -> str:
+    """The note of a site whose rows all fell in the held-out part of ``seeds``."""
+    many = len(seeds) > 1
+    which = "those seeds score" if many else "that seed scores"
+    return (f"site {site!r} had no training row in the 70/30 split of seed"
+            f"{'s' if many else ''} {', '.join(map(str, seeds))}: its held-out rows were "
+            f"moved to the training rows there, so {which} no row of it")
 
 
 # ------------------------------------------------------------------------------ outputs
 def to_csv(res: ComparisonResult, path: str | Path) -> Path:
-    """One row per (method, epsilon): mean, std, number of seeds and the per-seed scores."""
+    """One row per (method, epsilon): mean, std, number of seeds and the per-seed scores;
+    written whole or not at all (:func:`~fedforest_secure.files.write_atomic`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, csv_text(res))
+    return path
+
+
+def csv_text(res: ComparisonResult) -> str:
+    """The text :func:`to_csv` writes."""
     fields = ["dataset", "task", "metric", "method", "label", "epsilon", "mean", "std",
               "n_seeds", "scores"]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        for row in res.rows():
-            w.writerow({**row, "mean": f"{row['mean']:.6f}", "std": f"{row['std']:.6f}"})
-    return path
+    fh = io.StringIO(newline="")
+    w = csv.DictWriter(fh, fieldnames=fields)
+    w.writeheader()
+    for row in res.rows():
+        w.writerow({**row, "mean": f"{row['mean']:.6f}", "std": f"{row['std']:.6f}"})
+    return fh.getvalue()
 
 
 def read_csv(path: str | Path, *, n_clients: int = 0, alpha: float = math.nan
