@@ -90,7 +90,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Dry run of the site's table against the schema: every problem, and what to do.
 
-        Exit code 0 when the client would accept the table (warnings allowed), 1 otherwise.
+        Exit code 0 when the client would accept the table and read it as checked (warnings
+        allowed), 1 otherwise: with --zero-is-missing zeros in it (the client reads a zero as
+        the number 0), check the --clean-out file.
         """
         if clean_out is not None:
             check_output(clean_out, force=force, inputs=[("--data", data),
@@ -99,6 +101,8 @@ def register(app: typer.Typer) -> None:
             sch = Schema.load(schema)
             table = read_raw(data)
             problems = check_table(table, sch, zero_is_missing=_split(zero_is_missing))
+            # what the client finds: it has no --zero-is-missing, a zero is the number 0
+            as_read = check_table(table, sch) if zero_is_missing else problems
         except (FedForestError, OSError) as exc:
             fail(exc)
         errors = sum(p.severity == "error" for p in problems)
@@ -107,8 +111,7 @@ def register(app: typer.Typer) -> None:
               f"against {schema}")
         if problems:
             print(format_problems(problems))
-        verdict = ("the client would refuse this table" if errors else
-                   "the client accepts this table")
+        verdict, accepted = _verdict(problems, as_read)
         print(f"{errors} error{'s' if errors != 1 else ''}, {warnings} "
               f"warning{'s' if warnings != 1 else ''}: {verdict}")
         if clean_out is not None:
@@ -122,5 +125,28 @@ def register(app: typer.Typer) -> None:
                 w.writerows(rows)
             print(f"wrote {len(rows)} of {len(table.rows)} rows to {clean_out} (the rows "
                   "without errors, the schema's columns); check it again before training")
-        if errors:
+        if not accepted:
             raise typer.Exit(1)
+
+
+def _verdict(problems: list[Problem], as_read: list[Problem]) -> tuple[str, bool]:
+    """What the client does with the table, and whether it reads it as checked: ``problems``
+    with the ``--zero-is-missing`` zeros as missing values, ``as_read`` as the client reads
+    the table (zeros as the number 0; the same list without that option)."""
+    refused = [p for p in as_read if p.severity == "error"]
+    if problems == as_read:  # no --zero-is-missing zero in the table
+        return ("the client would refuse this table" if refused else
+                "the client accepts this table"), not refused
+    read_as_zero = ("the client would accept this table but read its --zero-is-missing "
+                    "zeros as the number 0, not as missing values")
+    clean = "train on the file --clean-out writes (and check it again)"
+    if any(p.severity == "error" for p in problems):
+        if refused:
+            return "the client would refuse this table", False
+        return f"{read_as_zero}: {clean}", False
+    if refused:  # only the zeros, read as numbers, are refused
+        why = "; ".join(f"column {p.column!r}: {p.message}" if p.column else p.message
+                        for p in refused)
+        return ("the client would refuse this table, reading a zero as the number 0 "
+                f"({why}): {clean}, with the --zero-is-missing zeros as empty cells"), False
+    return f"{read_as_zero}: {clean}, with those zeros as empty cells", False

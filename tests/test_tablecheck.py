@@ -625,8 +625,17 @@ def test_zero_is_missing_on_a_column_allowing_missing_values_writes_empty_cells_
     res = CliRunner().invoke(app, ["check", "--data", str(path), "--schema",
                                    str(tmp_path / "s.toml"), "--zero-is-missing", "chol",
                                    "--clean-out", str(tmp_path / "clean.csv")])
-    assert res.exit_code == 0, res.output
-    assert "0 errors, 1 warning" in res.output and "wrote 5 of 5 rows" in res.output
+    # the client reads those zeros as the number 0: only the clean file is read as checked
+    assert res.exit_code == 1, res.output
+    assert ("0 errors, 1 warning: the client would accept this table but read its "
+            "--zero-is-missing zeros as the number 0, not as missing values: train on the file "
+            "--clean-out writes (and check it again), with those zeros as empty cells"
+            ) in " ".join(res.output.split())
+    assert "wrote 5 of 5 rows" in res.output
+    assert load_site_table(path, tmp_path / "s.toml")[0][1, 1] == 0.0
+    res = CliRunner().invoke(app, ["check", "--data", str(tmp_path / "clean.csv"), "--schema",
+                                   str(tmp_path / "s.toml"), "--zero-is-missing", "chol"])
+    assert res.exit_code == 0 and "the client accepts this table" in res.output, res.output
     X, _ = load_site_table(tmp_path / "clean.csv", tmp_path / "s.toml")
     assert np.isnan(X[[1, 2, 4], 1]).all() and X[[0, 3], 1].tolist() == [200.0, 180.0]
     # without --zero-is-missing, the hint says what --clean-out will do with the zeros
@@ -649,3 +658,52 @@ def test_unknown_classes_and_levels_are_counted_in_good_english(tmp_path: Path) 
     path.write_text("sex,y\nf,0\nm,2\n")
     text = "\n".join(p.message for p in check_table(read_raw(path), sch))
     assert "1 unknown class ('2') at line 3" in text
+
+
+def test_zero_is_missing_zeros_outside_the_bounds_are_no_verdict_of_acceptance(
+        tmp_path: Path) -> None:
+    """With --zero-is-missing b, the zero of b (bounds [1, 10], missing values allowed) is a
+    missing value to check: the client, which reads it as the number 0, refuses the file.
+    The verdict says so, and that the client accepts the clean file; exit code 1."""
+    from client_app.data import load_site_table
+
+    schema = tmp_path / "s.toml"
+    schema.write_text(_ZERO_SCHEMA.replace("[0.0, 700.0]", "[1.0, 10.0]")
+                      .replace('"chol"', '"b"').replace('"age"', '"a"'))
+    data = tmp_path / "site.csv"
+    data.write_text("a,b,y\n2,0,no\n3,4,yes\n5,6,no\n7,8,yes\n")
+    clean = tmp_path / "clean.csv"
+    res = CliRunner().invoke(app, ["check", "--data", str(data), "--schema", str(schema),
+                                   "--zero-is-missing", "b", "--clean-out", str(clean)])
+    assert res.exit_code == 1, res.output
+    assert ("0 errors, 1 warning: the client would refuse this table, reading a zero as the "
+            "number 0 (column 'b': 1 value outside the public bounds [1, 10] (0) at line 2): "
+            "train on the file --clean-out writes (and check it again), with the "
+            "--zero-is-missing zeros as empty cells") in " ".join(res.output.split())
+    with pytest.raises(SchemaError) as refused:  # as the verdict says
+        load_site_table(data, schema)
+    assert "column 'b': 1 value outside the public bounds [1, 10] (0) at line 2" in str(
+        refused.value)
+    # the client's message names the check that lists the same problems: it does
+    named = CliRunner().invoke(app, ["check", "--data", str(data), "--schema", str(schema)])
+    assert named.exit_code == 1
+    assert "column 'b': 1 value outside the public bounds [1, 10] (0) at line 2" in named.output
+    X, _ = load_site_table(clean, schema)  # the clean file, as the verdict says
+    assert np.isnan(X[0, 1]) and X[1:, 1].tolist() == [4.0, 6.0, 8.0]
+    # zeros of a column without missing values: errors under --zero-is-missing, numbers to
+    # the client, which accepts the table
+    data.write_text("a,b,y\n0,3,no\n3,4,yes\n5,6,no\n7,8,yes\n")
+    schema.write_text(schema.read_text().replace("bounds = [1.0, 10.0]\n\n",
+                                                 "bounds = [0.0, 10.0]\n\n", 1))
+    load_site_table(data, schema)
+    res = CliRunner().invoke(app, ["check", "--data", str(data), "--schema", str(schema),
+                                   "--zero-is-missing", "a"])
+    assert res.exit_code == 1, res.output
+    assert ("1 error, 0 warnings: the client would accept this table but read its "
+            "--zero-is-missing zeros as the number 0, not as missing values: train on the file "
+            "--clean-out writes (and check it again)") in " ".join(res.output.split())
+    # a --zero-is-missing column without zeros changes nothing
+    res = CliRunner().invoke(app, ["check", "--data", str(data), "--schema", str(schema),
+                                   "--zero-is-missing", "b"])
+    assert res.exit_code == 0 and "0 errors, 1 warning: the client accepts this table" in \
+        res.output, res.output
