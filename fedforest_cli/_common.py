@@ -11,10 +11,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["check_output", "console", "fail"]
+__all__ = ["MAX_SEED", "check_output", "console", "fail"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
 console = Console(stderr=True)
+
+#: the largest ``--seed``: scikit-learn's forests take a ``random_state`` below 2**32
+MAX_SEED = 2**32 - 1
 
 
 def fail(exc: Exception) -> NoReturn:

@@ -18,7 +18,7 @@ from rich.markup import escape
 from fedforest_secure.errors import FedForestError
 
 from . import data_cli, site_cli
-from ._common import console, fail
+from ._common import MAX_SEED, console, fail
 from .audit_cli import audit_app
 from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
@@ -251,7 +251,7 @@ def simulate(
     trees: Annotated[int, typer.Option(help="number of trees T")] = 20,
     depth: Annotated[int, typer.Option(help="maximum depth M")] = 6,
     bins: Annotated[int, typer.Option(help="sketch size B")] = 16,
-    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="random seed")] = 0,
     max_rows: Annotated[int | None, typer.Option(help="subsample the dataset")] = None,
     round_deadline: Annotated[float, typer.Option(
         help="seconds a client has for each step of a round before it is dropped")] = 60.0,

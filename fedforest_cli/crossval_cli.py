@@ -20,7 +20,7 @@ from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
 
-from ._common import console, fail
+from ._common import MAX_SEED, console, fail
 
 __all__ = ["cross_validate_cmd", "parse_values"]
 
@@ -59,7 +59,8 @@ def cross_validate_cmd(
     trees: Annotated[int, typer.Option(help="trees T of every training")] = 20,
     metric: Annotated[str | None, typer.Option(
         help="metric to choose by (default accuracy / r2)")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the partition, folds and forests")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED,
+                                      help="seed of the partition, folds and forests")] = 0,
 ) -> None:
     """Federated k-fold cross-validation of one hyper-parameter (in process)."""
     from fedforest_secure.evaluation.crossval import cross_validate

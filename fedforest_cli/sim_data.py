@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._common import MAX_SEED
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -95,6 +97,8 @@ class SimulateOptions:
                 raise ValueError(f"{flag} must be at least {low:g}, got {value}")
             if high is not None and value > high:
                 raise ValueError(f"{flag} must be at most {high:g}, got {value}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED}, got {self.seed}")
         for flag, number in (("--alpha", self.alpha), ("--round-deadline",
                                                        self.round_deadline)):
             if not (math.isfinite(number) and number > 0):

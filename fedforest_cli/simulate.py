@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +78,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     """Run the whole simulation; returns the scores and paths (also printed as a table)."""
     from fedforest_secure.model import ForestModel
     from fedforest_secure.pki import init_dev_pki
+    from fedforest_secure.privacy import available_profiles
 
     opts.check()
     table = load_table(opts.dataset)  # read before anything is written: a missing file stops here
@@ -87,7 +88,8 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     # a profile file is named by its absolute path: job.toml and eval.toml lie in --out
     opts = replace(opts, profile=opts.profile_ref())
     out = opts.out.resolve()
-    _clear_earlier_run(out)
+    _clear_earlier_run(out, inputs=[] if opts.profile in available_profiles() else
+                       [("--profile", Path(opts.profile))])
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_MARKER).write_text("written by fedforest simulate; the next run replaces this "
                                   "directory\n")
@@ -165,9 +167,11 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
             "failed_clients": failed, "trained_over": over}
 
 
-def _clear_earlier_run(out: Path) -> None:
+def _clear_earlier_run(out: Path, inputs: Sequence[tuple[str, Path]] = ()) -> None:
     """Remove ``out`` if an earlier simulation wrote it; refuse any other non-empty directory
-    (or a file) there, so a mistyped ``--out`` never deletes a user's files."""
+    (or a file) there, so a mistyped ``--out`` never deletes a user's files, and an earlier
+    run's directory that holds one of the run's ``inputs`` (``(option, absolute path)``
+    pairs: a ``--profile`` file), which the run reads after this."""
     if not out.exists():
         return
     if not out.is_dir():
@@ -180,6 +184,11 @@ def _clear_earlier_run(out: Path) -> None:
         raise FedForestError(f"--out {out} is a directory that holds files and is not the "
                              "output of an earlier `fedforest simulate` (the next run would "
                              "replace it): choose another --out, or empty it yourself")
+    for option, path in inputs:
+        if path.is_relative_to(out):
+            raise FedForestError(f"{option} {path} lies in --out {out}, the directory of an "
+                                 "earlier `fedforest simulate` that this run replaces (with "
+                                 f"the file): move the file out of it, or choose another --out")
     import shutil
 
     shutil.rmtree(out)

@@ -26,6 +26,8 @@ from fedforest_secure.errors import FedForestError
     ({"alpha": 0.0}, "--alpha must be a positive number"),
     ({"alpha": float("nan")}, "--alpha must be a positive number"),
     ({"round_deadline": -1.0}, "--round-deadline must be a positive number"),
+    ({"seed": -1}, "--seed must be an integer from 0 to 4294967295, got -1"),
+    ({"seed": 2**32}, "--seed must be an integer from 0 to 4294967295, got 4294967296"),
 ])
 def test_bad_options_are_refused_before_anything_is_created(tmp_path: Path,
                                                             change: dict[str, object],
@@ -327,3 +329,42 @@ def test_the_command_exits_non_zero_and_names_a_client_that_did_not_end_done(
     assert res.output.strip().splitlines()[-1] == (
         "error: 1 of 5 client processes did not end done (client-2): the model was trained "
         "over 5 sites, 4 of them to the end (client-2 dropped at round 4)")
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_seed_out_of_range_is_refused_naming_the_option(tmp_path: Path, seed: str) -> None:
+    """simulate and cross-validate refuse a --seed scikit-learn's forests cannot take,
+    before anything runs, naming the option as for the command's other options."""
+    for args in (["simulate", "--out", str(tmp_path / "run")],
+                 ["cross-validate", "--param", "max_depth", "--values", "2"]):
+        res = CliRunner().invoke(app, [*args, "--dataset", "wine", "--seed", seed])
+        assert res.exit_code == 2, res.output
+        assert "Invalid value for '--seed'" in res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_profile_file_inside_the_earlier_run_it_replaces_is_refused_and_kept(
+        tmp_path: Path) -> None:
+    """The run replaces an earlier run's --out: a --profile file there would be deleted
+    before the clients read it. It is refused before anything is removed."""
+    from fedforest_secure.privacy import available_profiles
+
+    assert "secure" in available_profiles()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RUN_MARKER).write_text("")
+    (out / "model.json").write_text("{}")
+    profile = out / "mine.toml"
+    shipped = Path(__file__).parents[1] / "fedforest_secure" / "privacy" / "profiles"
+    profile.write_text((shipped / "secure.toml").read_text())
+    with pytest.raises(FedForestError) as exc:
+        run_simulation(SimulateOptions(dataset="wine", clients=3, trees=2, depth=2, out=out,
+                                       profile=str(profile)))
+    assert str(exc.value) == (
+        f"--profile {profile} lies in --out {out}, the directory of an earlier `fedforest "
+        "simulate` that this run replaces (with the file): move the file out of it, or choose "
+        "another --out")
+    assert sorted(p.name for p in out.iterdir()) == [RUN_MARKER, "mine.toml", "model.json"]
+    res = CliRunner().invoke(app, ["simulate", "--dataset", "wine", "--clients", "3",
+                                   "--out", str(out), "--profile", str(profile)])
+    assert res.exit_code == 2 and "lies in --out" in res.output and profile.exists()
