@@ -23,10 +23,12 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    inspect,
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.schema import CreateColumn
 
 from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, in_memory, shown_url
 
@@ -196,6 +198,14 @@ class LeaseRow(Base):
     pid: Mapped[int] = mapped_column(Integer)
     port: Mapped[int] = mapped_column(Integer)
     renewed_at: Mapped[float] = mapped_column(Float)
+    #: when the holder's process started, "<boot id>:<clock ticks since boot>" (Linux), so a
+    #: process that has its pid now is not taken for it; None where that cannot be read
+    started: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+#: columns added to a table after databases were made with it, as (table, column): nullable,
+#: so the rows already there read as None; a database without one gains it when opened
+_ADDED_COLUMNS = (("server_lease", "started"),)
 
 
 #: seconds a PostgreSQL connection attempt may take
@@ -238,6 +248,7 @@ class Database:
                 # another process created the tables between the check and the CREATE
                 # (several admin commands at once on a new database): take them as they are
                 Base.metadata.create_all(self.engine)
+            _add_columns(self.engine)
         except DatabaseError as exc:  # not a database, or one that cannot be reached
             self.engine.dispose()
             raise ConfigError(f"cannot open the server database {shown_url(url)}: "
@@ -319,10 +330,27 @@ class Database:
 
 
 def _created_meanwhile(exc: DatabaseError) -> bool:
-    """Whether ``exc`` is a CREATE that lost a race with another process's (SQLite: "already
-    exists"; PostgreSQL: a duplicate key in its catalogue)."""
+    """Whether ``exc`` is a CREATE or ADD COLUMN that lost a race with another process's
+    (SQLite: "already exists", "duplicate column"; PostgreSQL: "already exists", or a
+    duplicate key in its catalogue)."""
     text = str(exc.orig or exc)
-    return "already exists" in text or "duplicate key" in text
+    return any(s in text for s in ("already exists", "duplicate key", "duplicate column"))
+
+
+def _add_columns(engine: Engine) -> None:
+    """Add the columns of :data:`_ADDED_COLUMNS` that the database's tables lack."""
+    for table, name in _ADDED_COLUMNS:
+        with engine.connect() as conn:
+            if name in {c["name"] for c in inspect(conn).get_columns(table)}:
+                continue
+        column = CreateColumn(Base.metadata.tables[table].c[name]).compile(dialect=engine.dialect)
+        quoted = engine.dialect.identifier_preparer.quote(table)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {column}")
+        except DatabaseError as exc:
+            if not _created_meanwhile(exc):  # another process added it meanwhile: it is there
+                raise
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:

@@ -6,6 +6,11 @@ server takes the lease when it starts and renews it every ``LEASE_S / 3`` second
 server refuses to start while the lease is held: renewed within ``LEASE_S`` seconds by a
 process that, on this host, still runs. A server stopped cleanly gives the lease back; one
 that was killed leaves it to be taken at once on its host, or after ``LEASE_S`` elsewhere.
+
+On Linux the lease names its process by pid and start time (and the host's boot), so a
+process that has the dead holder's pid now is not taken for it: a server restarted as the same
+pid (a container's PID 1 after ``docker restart``, which keeps the host name) takes its own
+dead lease at once, and so does a server whose lease pid went to some other process.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -34,10 +40,29 @@ _SAME_MOMENT = ("another server took this database at the same moment: stop it f
                 "this server a database of its own")
 
 
-def _running_here(host: str, pid: int) -> bool:
-    """Whether the lease's holder may still run: on another host, assumed so."""
-    if host != socket.gethostname():
-        return True
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started, as ``"<boot id>:<clock ticks since boot>"`` (Linux:
+    field 22 of ``/proc/<pid>/stat``); None where that cannot be read (another system, no
+    such process, or one that ``/proc`` hides)."""
+    boot = _boot_id()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command name before it may hold anything
+    if boot is None or len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return f"{boot}:{fields[19]}"
+
+
+def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -47,10 +72,30 @@ def _running_here(host: str, pid: int) -> bool:
     return True
 
 
+def _running_here(host: str, pid: int, started: str | None) -> bool:
+    """Whether the lease's holder (``pid``, started at ``started``, on ``host``) may still
+    run: on another host, or another boot of this one (another machine with its host name),
+    it is assumed so; here, while a process with its pid and start time runs."""
+    if host != socket.gethostname():
+        return True
+    mine = _started(os.getpid())
+    if started is not None and mine is not None:
+        if started.partition(":")[0] != mine.partition(":")[0]:
+            return True
+        if not _exists(pid):
+            return False
+        now = _started(pid)
+        return now is None or now == started  # unreadable (hidden): assumed to be the holder
+    # a start time is missing (not Linux, or a holder from a version that did not record it)
+    if started is None and mine is not None and pid == os.getpid():
+        return False  # this process records its start time: it is not that holder
+    return _exists(pid)
+
+
 def _held(row: LeaseRow, now: float) -> bool:
     """Whether ``row``'s server still holds the lease: renewed within ``LEASE_S`` seconds by a
     process that, on this host, still runs."""
-    return now - row.renewed_at < LEASE_S and _running_here(row.host, row.pid)
+    return now - row.renewed_at < LEASE_S and _running_here(row.host, row.pid, row.started)
 
 
 def holder(db: Database, clock: Callable[[], float] = time.time) -> LeaseRow | None:
@@ -81,17 +126,17 @@ class ServerLease:
                         f"another server (pid {row.pid} on {row.host}, port {row.port}) "
                         f"serves this database (it renewed its claim {age:.0f} s ago): "
                         "stop it first, or give this server a database of its own")
+                mine = {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
+                        "started": _started(os.getpid()), "port": self.port, "renewed_at": now}
                 if row is None:
-                    sess.add(LeaseRow(id=1, owner=self.owner, host=socket.gethostname(),
-                                      pid=os.getpid(), port=self.port, renewed_at=now))
+                    sess.add(LeaseRow(id=1, **mine))
                 else:
                     # taken over only as it was read: a server that took it in between wins
                     taken = sess.execute(
                         update(LeaseRow)
                         .where(LeaseRow.id == 1, LeaseRow.owner == row.owner,
                                LeaseRow.renewed_at == row.renewed_at)
-                        .values(owner=self.owner, host=socket.gethostname(), pid=os.getpid(),
-                                port=self.port, renewed_at=now)
+                        .values(**mine)
                         .execution_options(synchronize_session=False))
                     if not taken.rowcount:  # type: ignore[attr-defined]
                         raise ConfigError(_SAME_MOMENT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import socket
@@ -14,11 +15,12 @@ from pathlib import Path
 import pytest
 from db_outage import database_down
 from ports import free_port
+from sqlalchemy import update
 from test_integration_https import launch_server, setup_fed, stop
 
-from fedforest_cli.sim_processes import start_server, wait_healthy
-from server_app.db import Database
-from server_app.lease import LEASE_S, ServerLease
+from fedforest_cli.sim_processes import child_env, start_server, wait_healthy
+from server_app.db import Database, LeaseRow
+from server_app.lease import LEASE_S, ServerLease, holder
 from server_app.settings import ConfigError
 
 
@@ -66,14 +68,179 @@ def test_the_lease_of_a_process_gone_on_this_host_is_free_at_once(tmp_path: Path
                           capture_output=True, text=True, check=True)
     held = ServerLease(db, 1)
     held.acquire()
-    from sqlalchemy import update
-
-    from server_app.db import LeaseRow
-
     with db.connect() as conn:  # as a killed server leaves it: its pid no longer runs
         conn.execute(update(LeaseRow).values(pid=int(gone.stdout)))
     ServerLease(db, 2).acquire()
     db.dispose()
+
+
+linux_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
+                                reason="process start times are read from /proc (Linux)")
+
+_HOLD = """
+import sys
+from server_app.db import Database
+from server_app.lease import ServerLease
+ServerLease(Database(sys.argv[1]), 7).acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def _other_server(url: str) -> subprocess.Popen[str]:
+    """Another process that takes ``url``'s lease as a server does, and holds it until it is
+    killed."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=child_env())
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def _killed(proc: subprocess.Popen[str]) -> None:
+    """kill -9: the process's lease row stays as it left it."""
+    proc.kill()
+    proc.communicate(timeout=30)
+
+
+def _rewrite(db: Database, **values: object) -> None:
+    with db.connect() as conn:
+        conn.execute(update(LeaseRow).values(**values))
+
+
+def _refused(db: Database, pid: int) -> pytest.RaisesExc[ConfigError]:
+    return pytest.raises(ConfigError, match=(
+        rf"^another server \(pid {pid} on {re.escape(socket.gethostname())}, port 7\) serves "
+        r"this database \(it renewed its claim \d+ s ago\): stop it first, or give this "
+        r"server a database of its own$"))
+
+
+@linux_proc
+def test_a_server_restarted_as_the_pid_of_its_killed_predecessor_takes_its_lease_at_once(
+        tmp_path: Path) -> None:
+    """A container's server is PID 1, and is again after ``docker restart`` (same host name):
+    the killed server's lease names this very pid, with another start time, and is free."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    other = _other_server(url)
+    with _refused(db, other.pid):  # while it runs, the other server holds the lease
+        ServerLease(db, 2).acquire()
+    _killed(other)
+    _rewrite(db, pid=os.getpid())  # as the restarted PID 1 finds it: its own pid
+    assert holder(db) is None
+    lease = ServerLease(db, 2)
+    lease.acquire()
+    assert lease.renew()
+    db.dispose()
+
+
+@linux_proc
+def test_a_process_that_has_a_killed_servers_pid_now_is_not_taken_for_that_server(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    other = _other_server(url)
+    _killed(other)
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                stdin=subprocess.PIPE, text=True)
+    try:
+        _rewrite(db, pid=stranger.pid)  # the dead server's pid, reused by a process that runs
+        assert holder(db) is None
+        ServerLease(db, 2).acquire()
+    finally:
+        _killed(stranger)
+    db.dispose()
+
+
+@linux_proc
+def test_a_lease_from_another_boot_of_this_host_name_waits_for_its_renewals_to_stop(
+        tmp_path: Path) -> None:
+    """Another machine with this host name (or this one before a reboot) holds the lease:
+    its pid says nothing here, so the lease is held until it is not renewed for LEASE_S."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    other = _other_server(url)
+    _killed(other)  # its pid runs nowhere on this machine
+    _rewrite(db, started="another-boot:12345")
+    with _refused(db, other.pid):
+        ServerLease(db, 2).acquire()
+    late = ServerLease(db, 2, clock=lambda: time.time() + LEASE_S + 1)
+    late.acquire()
+    assert late.renew()
+    db.dispose()
+
+
+@linux_proc
+def test_a_lease_without_a_start_time_is_free_when_it_names_this_process(
+        tmp_path: Path) -> None:
+    """A server of a version that recorded no start time was killed, and this server runs as
+    its pid: this process records its start time, so it is not that server; a row without a
+    start time naming another live process is held."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    _killed(_other_server(url))
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                stdin=subprocess.PIPE, text=True)
+    try:
+        _rewrite(db, pid=stranger.pid, started=None, port=7)
+        with _refused(db, stranger.pid):
+            ServerLease(db, 2).acquire()
+    finally:
+        _killed(stranger)
+    _rewrite(db, pid=os.getpid())
+    assert holder(db) is None
+    ServerLease(db, 2).acquire()
+    db.dispose()
+
+
+def test_a_database_whose_lease_table_has_no_start_time_column_gains_it(db_url: str) -> None:
+    """A server database made before the lease recorded start times: opening it adds the
+    column, the row there reads as having none, and its dead holder's lease is taken at once."""
+    from sqlalchemy import create_engine, text
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # the table as those versions made it
+        conn.execute(text("CREATE TABLE server_lease (id INTEGER NOT NULL, owner VARCHAR(32) "
+                          "NOT NULL, host VARCHAR(255) NOT NULL, pid INTEGER NOT NULL, port "
+                          "INTEGER NOT NULL, renewed_at FLOAT NOT NULL, PRIMARY KEY (id))"))
+        conn.execute(text("INSERT INTO server_lease VALUES (1, :owner, :host, :pid, 7, :at)"),
+                     {"owner": "f" * 32, "host": socket.gethostname(),
+                      "pid": int(gone.stdout), "at": time.time()})
+    engine.dispose()
+    db = Database(db_url)
+    with db.session() as sess:
+        row = sess.get(LeaseRow, 1)
+        assert row is not None and row.owner == "f" * 32 and row.started is None
+    assert holder(db) is None
+    lease = ServerLease(db, 2)
+    lease.acquire()
+    with db.session() as sess:
+        row = sess.get(LeaseRow, 1)
+        assert row is not None and row.owner == lease.owner
+        assert (row.started is not None) == Path("/proc/self/stat").exists()
+    db.dispose()
+    Database(db_url).dispose()  # opened again: the column is there
+
+
+def test_two_processes_adding_the_start_time_column_at_once_both_open_the_database(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process added the column between this one's look at the table and its ALTER
+    (SQLite: "duplicate column name"; PostgreSQL: "already exists"): the column it added is
+    taken as it is."""
+    import server_app.db as db_mod
+
+    Database(db_url).dispose()  # the column is there already...
+
+    class Blind:  # ...but this process looked before the other added it
+        def __init__(self, _conn: object) -> None:
+            pass
+
+        def get_columns(self, _table: str) -> list[dict[str, object]]:
+            return []
+
+    monkeypatch.setattr(db_mod, "inspect", Blind)
+    Database(db_url).dispose()
 
 
 def test_two_servers_taking_a_stale_lease_at_the_same_moment_one_refuses(
@@ -89,8 +256,8 @@ def test_two_servers_taking_a_stale_lease_at_the_same_moment_one_refuses(
     dead.acquire()  # renewed long ago: free for the taking
     first, second = ServerLease(db, 2), ServerLease(db, 3)
 
-    def meanwhile(host: str, pid: int) -> bool:
-        monkeypatch.setattr(lease_mod, "_running_here", lambda host, pid: False)
+    def meanwhile(host: str, pid: int, started: str | None) -> bool:
+        monkeypatch.setattr(lease_mod, "_running_here", lambda host, pid, started: False)
         second.acquire()  # the other server takes the stale lease in between
         return False
 
