@@ -196,3 +196,6 @@ def test_an_unknown_client_is_named_as_given_not_as_a_numpy_scalar() -> None:
     with pytest.raises(ValueError) as exc:
         named.predict(X[:1], client=np.array(["solo"]))
     assert str(exc.value) == "unknown client 'solo'; known clients are ['a', 'b', 'c']"
+    with pytest.raises(ValueError) as exc:  # labels held as objects (a pandas column of text)
+        named.predict(X[:1], client=np.array(["solo"], dtype=object))
+    assert str(exc.value) == "unknown client 'solo'; known clients are ['a', 'b', 'c']"

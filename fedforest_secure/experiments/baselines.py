@@ -237,7 +237,7 @@ class LocalLearning(_LocalForests):
         idx = np.clip(idx, 0, self.n_clients_ - 1)
         unknown = self.clients_[idx] != h
         if unknown.any():
-            raise ValueError(f"unknown client {h[unknown][0].item()!r}; known clients are "
+            raise ValueError(f"unknown client {h[unknown].tolist()[0]!r}; known clients are "
                              f"{self.clients_.tolist()}")
         width = 1 if self.task == "regression" else len(self.classes_)
         out = np.zeros((X.shape[0], width))
