@@ -70,6 +70,28 @@ def test_under_dp_a_site_whose_rows_all_draw_one_fold_is_refused_before_any_trai
                        values=[1, 2], folds=3, profile="secure-dp", n_classes=2, seed=seed)
 
 
+def test_under_dp_a_fold_no_sites_row_draws_is_refused_before_any_training(
+        tiny_parts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedforest_secure.evaluation import crossval
+
+    parts, _ = tiny_parts
+    sites = [(X[:4], y[:4]) for X, y in parts[:3]]
+
+    def folds_of(seed: int) -> list[np.ndarray]:
+        return [site_folds(4, 3, seed, k, rows=s) for k, s in enumerate(sites)]
+
+    seed = next(s for s in range(500)
+                if all(np.unique(f).size > 1 for f in folds_of(s))
+                and len(set(np.concatenate(folds_of(s)).tolist())) < 3)
+    empty = min({0, 1, 2} - set(np.concatenate(folds_of(seed)).tolist()))
+    monkeypatch.setattr(crossval, "_fit", lambda *a, **k: pytest.fail("a forest was trained"))
+    with pytest.raises(EvaluationError, match=re.escape(
+            f"no site has a row in fold {empty} (under DP each row's fold is drawn from its own "
+            "values), so it would be scored on no row: use fewer folds, or another --seed")):
+        cross_validate(sites, task="classification", param="max_depth", values=[1, 2],
+                       folds=3, profile="secure-dp", n_classes=2, seed=seed)
+
+
 def test_the_cross_validated_metric_is_that_of_the_pooled_out_of_fold_predictions(
         tiny_parts: Any) -> None:
     parts, _ = tiny_parts

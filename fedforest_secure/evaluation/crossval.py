@@ -210,6 +210,11 @@ def cross_validate(sites: Sequence[tuple[np.ndarray, np.ndarray]], *, task: str,
                 f"{int(lone[0])} (under DP each row's fold is drawn from its own values), so "
                 "that fold's models would train without the site: use fewer folds, or "
                 "another --seed")
+    empty = [f for f in range(folds) if not any((fo == f).any() for fo in fold_of)]
+    if empty:  # under DP: scored on noise alone
+        raise EvaluationError(f"no site has a row in fold {empty[0]} (under DP each row's fold "
+                              "is drawn from its own values), so it would be scored on no "
+                              "row: use fewer folds, or another --seed")
     y_all = np.concatenate([np.asarray(y, dtype=np.float64) for _, y in sites])
     rng = (float(y_all.min()), float(y_all.max())) if task == "regression" else None
     if rng is not None and rng[0] == rng[1]:
