@@ -93,14 +93,15 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
                                                           ).hexdigest())
             info = _job_info(job, client, idx, secure)
             if first:
-                # audited before the join commits: if the audit log fails, the site stays
-                # invited and its retry joins (and is audited) again
+                # committed with the join and appended to the log once it committed (a join
+                # the database rolled back leaves no entry; a retry of a join that committed
+                # is not logged again)
                 payload: dict[str, Any] = {"client": client.name, "client_index": idx}
                 if secure and identity_key is not None:
                     payload["identity_key"] = identity_key.hex()
                     if identity_cert is not None:
                         payload["identity_cert"] = json.loads(identity_cert)
-                core.audit.append(job_id, "client_joined", payload)
+                core.audit.within(sess).append(job_id, "client_joined", payload)
         if first:
             event("join", job=job_id, client=client.name, index=idx)
         _maybe_start(core, job_id)

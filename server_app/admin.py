@@ -19,6 +19,7 @@ from fedforest_secure.dburl import shown_url
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
+from .audit_outbox import first_queued
 from .auth import add_client, add_operator, remove_operator, revoke_client, rotate_token
 from .cancel import CancelError, cancellable, request_cancel
 from .db import AuditedJobRow, Database, JobRow, RoundRow
@@ -155,7 +156,9 @@ class ServerAdmin:
             self._audit = open_audit(self._audit_url)
         with self._db.session() as sess:
             began_audited = sess.get(AuditedJobRow, job_id) is not None
-        if self._audit.enabled and self._audit.tip(job_id)[0] == 0:
+            # a job whose create-job stopped before its job_created entry reached the log
+            waiting = first_queued(sess).get(job_id)
+        if self._audit.enabled and self._audit.tip(job_id)[0] == 0 and waiting != 1:
             shown = shown_url(to_url(self._audit_url)) if self._audit_url else "?"
             raise CancelError(f"the audit log at {shown} has none of job {job_id!r}'s entries "
                               "(it began on another audit_database, or none): cancel it with "
@@ -164,6 +167,8 @@ class ServerAdmin:
             raise CancelError(f"job {job_id!r} began with an audit log and this server config "
                               "has no audit_database: cancel it with the server config that "
                               "names the audit_database it began with")
+        # the job's entries of steps that committed before a process stopped come first
+        self._audit.flush_all(self._db.engine, job_id)
         ServerState(self._db, self._audit, spool=spool_dir(self._db.url)).cancel(job_id)
         job = self.job(job_id)
         if job is None:

@@ -2,8 +2,11 @@
 
 The server records job creation, joins, drops, every round, disclosures, DP spends, split
 decisions and the model digest, and sends the chain tip (seq and hash) with every task, which
-clients keep in their receipts. Without an audit database a :class:`NullAudit` keeps the same
-interface and a genesis head.
+clients keep in their receipts. A step records its entries through :meth:`AuditSink.within`
+its transaction: they are committed with it and appended to the log once it committed
+(:mod:`server_app.audit_outbox`), so the log and the server database agree whenever the
+server stops. Without an audit database a :class:`NullAudit` keeps the same interface and a
+genesis head.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from fedforest_secure.audit import GENESIS, AuditLog, Entry, export_jsonl, verify_entries
 from fedforest_secure.audit.verify import unreadable
@@ -22,17 +27,34 @@ from fedforest_secure.dburl import in_memory
 from fedforest_secure.errors import AuditError
 from fedforest_secure.protocol import Task
 
+from .audit_outbox import Outbox
 from .secure_round import SecureRound
 from .settings import IN_MEMORY, ConfigError
 
-__all__ = ["AuditSink", "NullAudit", "open_audit", "record_events", "record_round"]
+__all__ = ["AuditSink", "AuditWriter", "NullAudit", "open_audit", "record_events",
+           "record_round"]
+
+
+class AuditWriter(Protocol):
+    """Records the entries of one step (:meth:`AuditSink.within`)."""
+
+    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None) -> None: ...
 
 
 class AuditSink(Protocol):
     enabled: bool  # False: the server keeps no audit log
 
-    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
-               arrays: Mapping[str, np.ndarray] | None = None) -> None: ...
+    def within(self, sess: Session) -> AuditWriter:
+        """The writer of the step whose transaction is ``sess``: its entries are committed
+        with it, and appended to the log once it committed."""
+        ...
+
+    def flush_all(self, engine: Engine, job_id: str | None = None) -> None:
+        """Append the entries committed in ``engine``'s database (of ``job_id`` only, if
+        given) that the log lacks: those of a process stopped between a commit and its
+        append, or of an append that failed."""
+        ...
 
     def head(self, job_id: str) -> str: ...
 
@@ -49,8 +71,14 @@ class NullAudit:
 
     enabled = False
 
+    def within(self, sess: Session) -> AuditWriter:
+        return self
+
     def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
                arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        return None
+
+    def flush_all(self, engine: Engine, job_id: str | None = None) -> None:
         return None
 
     def head(self, job_id: str) -> str:
@@ -70,6 +98,18 @@ class NullAudit:
         return None
 
 
+class _StepWriter:
+    """The entries of one step, queued in its transaction (:class:`Outbox`)."""
+
+    def __init__(self, outbox: Outbox, sess: Session) -> None:
+        self._outbox = outbox
+        self._sess = sess
+
+    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
+               arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        self._outbox.queue(self._sess, job_id, kind, payload, arrays)
+
+
 class _AuditLogSink:
     """The server is the only writer of its audit log, so each job's tip is kept in memory
     after the first read and replaced on every append (every task offer sends it)."""
@@ -83,19 +123,27 @@ class _AuditLogSink:
         #: processes append, such as `fedforest server create-job`'s, clear it)
         self._written: dict[str, str] = {}
         self._mu = threading.Lock()  # an append and a tip read never interleave
+        self._outbox = Outbox(log, self._appended)
 
-    def append(self, job_id: str, kind: str, payload: Mapping[str, Any],
-               arrays: Mapping[str, np.ndarray] | None = None) -> None:
+    def within(self, sess: Session) -> AuditWriter:
+        return _StepWriter(self._outbox, sess)
+
+    def _appended(self, job_id: str, seq: int, head: str) -> None:
         with self._mu:
-            self._tips.pop(job_id, None)
-            self._written[job_id] = self._log.append(job_id, kind, dict(payload),
-                                                     dict(arrays or {}))
+            self._tips[job_id] = (seq, head)
+            self._written[job_id] = head
+
+    def flush_all(self, engine: Engine, job_id: str | None = None) -> None:
+        self._outbox.flush_all(engine, job_id)
 
     def head(self, job_id: str) -> str:
         return self.tip(job_id)[1]
 
     def tip(self, job_id: str) -> tuple[int, str]:
-        """``(seq, hash)`` of the job's last entry: sent with every task for client receipts."""
+        """``(seq, hash)`` of the job's last entry: sent with every task for client receipts.
+        Entries of the job that wait after a failed append are appended first (their error
+        is raised): a tip announced covers every step the server answered."""
+        self._outbox.flush_waiting(job_id)
         with self._mu:
             cached = self._tips.get(job_id)
             if cached is None:
@@ -130,6 +178,7 @@ class _AuditLogSink:
 
     def export(self, job_id: str) -> str:
         """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""
+        self._outbox.flush_waiting(job_id)
         buf = io.StringIO()
         export_jsonl(self._log, buf, job_id=job_id)
         return buf.getvalue()
@@ -156,7 +205,7 @@ def open_audit(url: str | None) -> AuditSink:
     return _AuditLogSink(AuditLog(url))
 
 
-def record_round(sink: AuditSink, job_id: str, names: Mapping[int, str], *, task: Task,
+def record_round(sink: AuditWriter, job_id: str, names: Mapping[int, str], *, task: Task,
                  task_digest: str, encoding: str, contributors: Sequence[int],
                  uploads: Mapping[int, str], total: np.ndarray,
                  disclosed: Mapping[int, Mapping[str, np.ndarray]], masked: bool,
@@ -201,7 +250,7 @@ def record_round(sink: AuditSink, job_id: str, names: Mapping[int, str], *, task
                 {"data": arr})
 
 
-def record_events(sink: AuditSink, job_id: str, round_id: int,
+def record_events(sink: AuditWriter, job_id: str, round_id: int,
                   spends: Sequence[Mapping[str, Any]],
                   decisions: Sequence[Mapping[str, Any]]) -> None:
     """The coordinator's DP spends and split decisions of a closed round."""

@@ -3,8 +3,8 @@
 Everything a restarted server needs lives here: clients and their hashed tokens, jobs and their
 configuration, memberships, every task issued (the exact bytes), every upload's digest, the
 running sum of the open round (or, in a secure round, its masked uploads and every
-secure-aggregation message it accepted), and the aggregate handed to the coordinator for each
-closed round.
+secure-aggregation message it accepted), the aggregate handed to the coordinator for each
+closed round, and the audit entries of saved steps until they are in the audit log.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, in_memory
 from .settings import IN_MEMORY, ConfigError
 
 __all__ = [
+    "AFTER_COMMIT",
+    "AuditOutboxRow",
     "AuditedJobRow",
     "Base",
     "CancelRow",
@@ -100,6 +102,22 @@ class AuditedJobRow(Base):
 
     __tablename__ = "audited_jobs"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+
+
+class AuditOutboxRow(Base):
+    """An audit entry of a job, committed with the step that made it and appended to the
+    audit log once that step committed (:mod:`server_app.audit_outbox`): the log holds an entry
+    only for what the database holds, whenever the server stops. ``seq`` is the place the
+    entry takes in the job's chain; ``payload`` its canonical JSON, ``arrays`` its arrays
+    (``.npz``). The row is deleted once the entry is in the log (its own table: databases made
+    before it gain it without a migration)."""
+
+    __tablename__ = "audit_outbox"
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    payload: Mapped[str] = mapped_column(Text)
+    arrays: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
 
 
 class CancelRow(Base):
@@ -208,6 +226,10 @@ class LeaseRow(Base):
 _ADDED_COLUMNS = (("server_lease", "started"),)
 
 
+#: the key of :attr:`Session.info <sqlalchemy.orm.Session.info>` under which a step lists what
+#: to do once its transaction committed (callables, run in order by :meth:`Database.session`)
+AFTER_COMMIT = "fedforest.after_commit"
+
 #: seconds a PostgreSQL connection attempt may take
 _CONNECT_TIMEOUT_S = 10
 #: seconds one probe of the database (:meth:`Database.unreachable`) answers for
@@ -297,10 +319,15 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A transaction: committed on success, rolled back on any exception."""
+        """A transaction: committed on success, rolled back on any exception. Once it
+        committed, the callables the step listed in ``sess.info[AFTER_COMMIT]`` run (the audit
+        entries it made are appended to the log: :mod:`server_app.audit_outbox`)."""
         try:
-            with self._factory() as sess, sess.begin():
-                yield sess
+            with self._factory() as sess:
+                with sess.begin():
+                    yield sess
+                for after in sess.info.pop(AFTER_COMMIT, ()):
+                    after()
         except DBAPIError as exc:
             self._failed(exc)
             raise

@@ -279,7 +279,7 @@ class RoundDriver:
             payload = {"client": rt.names[idx], "round_id": round_id, "reason": reason}
             if accused is not None:
                 payload["accused"] = accused
-            self.audit.append(job.id, "client_dropped", payload)
+            self.audit.within(sess).append(job.id, "client_dropped", payload)
             event("drop", logging.WARNING, job=job.id, client=rt.names[idx], index=idx,
                   round=round_id, reason=reason)
         return out
@@ -297,11 +297,11 @@ class RoundDriver:
             rt.coord = None  # a stopped job grows no more trees
             if rt.secure is not None:
                 rt.secure.current = None
+        audit = self.audit.within(sess)
         if rr is not None:
-            self.audit.append(job.id, "round_aborted", {"round_id": rr.round_id,
-                                                        "reason": reason})
+            audit.append(job.id, "round_aborted", {"round_id": rr.round_id, "reason": reason})
         if rr is None or ended:
-            self.audit.append(job.id, "job_failed", {"reason": reason})
+            audit.append(job.id, "job_failed", {"reason": reason})
         event("job_failed", logging.ERROR, job=job.id, reason=reason)
 
     # ------------------------------------------------------------------ closing
@@ -357,12 +357,13 @@ class RoundDriver:
         self.sweep_due = True
         if secure is not None:  # the round's relay state is not needed once its sum is out
             clear_round_messages(sess, job.id, rr.round_id)
-        record_round(self.audit, rt.job_id, rt.names, task=task, task_digest=rr.task_digest,
+        audit = self.audit.within(sess)
+        record_round(audit, rt.job_id, rt.names, task=task, task_digest=rr.task_digest,
                      encoding=rr.encoding, contributors=contributors,
                      uploads={i: uploads[i].digest for i in contributors}, total=total,
                      disclosed=disclosed, masked=rt.secure is not None, secure=secure)
         spends, decisions = coord.pop_events()
-        record_events(self.audit, rt.job_id, rr.round_id, spends, decisions)
+        record_events(audit, rt.job_id, rr.round_id, spends, decisions)
         # dropped: the sites dropped during the round, also one dropped after its upload
         # (which the sum holds, so it counts among the clients too)
         dropped = set(round_dropped(rr)) | (set(participants(rr)) - set(contributors))
@@ -422,7 +423,7 @@ class RoundDriver:
                           else "evaluation complete")
             rt.task = None
             rt.coord = None  # the model is stored: a server running for weeks lets it go
-            self.audit.append(job.id, "model", {"digest": job.model_digest})
+            self.audit.within(sess).append(job.id, "model", {"digest": job.model_digest})
             event("job_done", job=job.id, rounds=closed_rounds(sess, job.id),
                   model_sha256=job.model_digest, server_cpu_s=time.process_time())
             return

@@ -21,6 +21,7 @@ The parts, each in its own module:
 :mod:`server_app.spool`           masked vectors of the open secure round, kept until its close
 :mod:`server_app.notify`          wake-ups for long-polling requests
 :mod:`server_app.audit_hook`      the audit sink and what a closed round records
+:mod:`server_app.audit_outbox`    a step's audit entries, saved with it and appended after
 ================================  ==============================================================
 """
 
@@ -156,17 +157,21 @@ class ServerState:
             for k, name in enumerate(spec.clients):
                 sess.add(MemberRow(job_id=spec.id, client_id=rows[name].id, client_index=k,
                                    state=MemberState.INVITED))
-        self.core.audit.append(spec.id, "job_created", {
-            "schema": spec.schema_text or json.dumps(spec.data.model_dump() if spec.data else {}),
-            "hyperparameters": spec.forest.model_dump(),
-            **evaluation_entry(config),
-            "profile": config.profile,
-            "clients": spec.clients, "min_clients": min_clients,
-            "round_deadline": spec.round_deadline,
-            # the coordinator's whole input besides the aggregates: a verifier replays the
-            # rounds with it (``fedforest audit verify --replay``)
-            "config": json.loads(config.to_json()),
-        })
+            # committed with the job's rows, appended to the log once they committed: a
+            # create-job stopped between the two leaves the entry waiting in the server
+            # database, and the server appends it when it starts
+            self.core.audit.within(sess).append(spec.id, "job_created", {
+                "schema": spec.schema_text or json.dumps(spec.data.model_dump() if spec.data
+                                                         else {}),
+                "hyperparameters": spec.forest.model_dump(),
+                **evaluation_entry(config),
+                "profile": config.profile,
+                "clients": spec.clients, "min_clients": min_clients,
+                "round_deadline": spec.round_deadline,
+                # the coordinator's whole input besides the aggregates: a verifier replays the
+                # rounds with it (``fedforest audit verify --replay``)
+                "config": json.loads(config.to_json()),
+            })
         return job
 
     def cancel(self, job_id: str) -> bool:
@@ -391,8 +396,9 @@ class ServerState:
                     if rr is None:
                         raise RuntimeError(f"round {round_id} vanished")
                     self.core.driver.add_plain(sess, rr, idx, up)
-                receipt = self._receipt(job_id, round_id, seat.task_digest, idx, up.digest,
-                                        duplicate=False)
+            # after the commit: the head covers the entries of a round this upload closed
+            receipt = self._receipt(job_id, round_id, seat.task_digest, idx, up.digest,
+                                    duplicate=False)
             if rt.secure is None:  # a secure round moved on in this step already
                 self.core.maybe_close(job_id)
             self.core.changes.notify(job_id)
@@ -432,6 +438,9 @@ class ServerState:
             self.core.changes.notify(job_id)  # after the commit: a deadline may have moved it on
         if full:
             self.apply_cancels()
+            # entries a failed append left waiting, and those a `fedforest server create-job`
+            # stopped after its commit left in the database
+            self.core.audit.flush_all(self.core.db.engine)
         if self.core.driver.sweep_due or full:
             with self.core.lock:
                 self.core.sweep_spool()

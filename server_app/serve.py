@@ -19,9 +19,11 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
+from fedforest_secure.errors import AuditError
 
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
+from .audit_outbox import first_queued
 from .db import AuditedJobRow, Database, JobRow
 from .idle import protocol_with_idle_limit
 from .lease import ServerLease
@@ -204,8 +206,11 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
         return
     with db.session() as sess:
         unfinished = sess.scalars(unfinished_q).all()
+        waiting = first_queued(sess)
         for job_id in unfinished:
-            if audit.tip(job_id)[0] == 0:
+            # a job whose creation committed but whose job_created entry was not appended yet
+            # (its create-job was stopped in between) has its chain's first entry waiting
+            if audit.tip(job_id)[0] == 0 and waiting.get(job_id) != 1:
                 shown = shown_url(to_url(url)) if url else "?"
                 raise ConfigError(
                     f"job {job_id!r} is not finished and the audit log at {shown} has none of "
@@ -215,6 +220,15 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
             # a job created before jobs were marked (its chain is here): marked now
             if sess.get(AuditedJobRow, job_id) is None:
                 sess.add(AuditedJobRow(job_id=job_id))
+    try:
+        # the entries of steps that committed before a server (or a create-job, a
+        # cancel-job) stopped and that the log lacks: appended before anything is served
+        audit.flush_all(db.engine)
+    except AuditError as exc:
+        shown = shown_url(to_url(url)) if url else "?"
+        raise ConfigError(f"the audit log at {shown} cannot take the entries the server "
+                          f"database holds for it: {exc}. Start the server with the "
+                          "audit_database its jobs began with") from None
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -1066,6 +1066,51 @@ def test_entries_appended_after_a_failed_jobs_end_do_not_verify(tmp_path: Path,
            "(job_failed)): nothing follows a failed job's end (appended?)" in report.problems
 
 
+def test_a_round_and_a_model_after_a_rounds_abort_do_not_verify(tmp_path: Path) -> None:
+    """A round's abort ends the job (no sum of it was released): the same round's entry and a
+    model after it are each a problem, though the chain then ends with a model (a server that
+    went on after logging the abort)."""
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, tmp_path / "receipts")
+        rec.client_dropped(CLIENTS[1], round_id=1, reason="missed the round deadline")
+        rec.round_aborted(1, reason="only 1 masked uploads")
+        rec.round(_task(1), uploads={"alice": "aa" * 32}, aggregate=np.arange(6.0),
+                  masked=True)
+        rec.model(digest="cd" * 32)
+        problems = verify_log(log).problems
+    assert problems == [
+        f"job '{JOB}': seq {seq} ({kind}) comes after the job's failure (job '{JOB}' seq 6 "
+        "(round_aborted)): nothing follows a failed job's end (appended?)"
+        for seq, kind in ((7, "round"), (8, "model"))]
+
+
+def test_a_round_listing_a_site_dropped_in_an_earlier_round_does_not_verify(
+        tmp_path: Path) -> None:
+    """bob is dropped in round 1: round 1's entry may list him (a secure round's sum holds the
+    masked upload of a site dropped after it), round 2's may not."""
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, tmp_path / "receipts")
+        rec.client_dropped("bob", round_id=1, reason="missed the round deadline (phase sign)")
+        both = {c: upload_digest(f"{c}/1".encode()) for c in CLIENTS}
+        rec.round(_task(1), uploads=both, aggregate=np.arange(6.0), masked=True)
+        assert verify_log(log).problems == []
+        rec.round(_task(2), uploads={c: upload_digest(f"{c}/2".encode()) for c in CLIENTS},
+                  aggregate=np.arange(6.0), masked=True)
+        problems = verify_log(log).problems
+    assert problems == [f"job '{JOB}' seq 7 (round): lists site 'bob', which the log dropped "
+                        f"in an earlier round (job '{JOB}' seq 5 (client_dropped)): a dropped "
+                        "site takes no part in later rounds"]
+
+
+def test_a_site_joining_twice_does_not_verify(tmp_path: Path) -> None:
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, tmp_path / "receipts")
+        rec.client_joined("alice")
+        problems = verify_log(log).problems
+    assert problems == [f"job '{JOB}' seq 5 (client_joined): site 'alice' joined already (job "
+                        f"'{JOB}' seq 2 (client_joined)): a site joins a job once"]
+
+
 def test_a_rounds_abort_then_the_jobs_failure_is_an_honest_end(tmp_path: Path) -> None:
     """A job stopped in a round (cancelled, say) ends with the round's abort and, right after
     it, the job's failure: that verifies; anything after them does not."""

@@ -50,13 +50,15 @@ def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
     db.dispose()
 
 
-def test_a_join_whose_audit_entry_fails_is_not_counted_and_its_retry_is_logged(
-        tmp_path: Path, tiny_parts, job_dir) -> None:
-    """The audit log's database fails while a site joins (PostgreSQL restarting): the join
-    fails and the site stays invited, so its retry joins again and its client_joined entry
-    is written: no site counts as joined without its entry."""
+def test_a_join_whose_audit_append_fails_is_logged_once_before_any_tip_covers_it(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
+    """The audit log's database fails while a site joins (PostgreSQL restarting): the join is
+    saved with its entry in the server database and answers that the entry waits; no chain
+    tip is announced while it waits (the status fails), and once the log answers the entry is
+    appended once (the site's retry logs no second one) and the tip covers it."""
     import pytest
 
+    from server_app.audit_outbox import AuditPending
     from server_app.auth import authenticate
 
     parts, feat = tiny_parts
@@ -65,22 +67,31 @@ def test_a_join_whose_audit_entry_fails_is_not_counted_and_its_retry_is_logged(
     audit = open_audit(f"sqlite:///{tmp_path / 'audit.db'}")
     state = ServerState(db, audit)
     state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
-    real_append = audit.append
+    real_append = AuditLog.append
 
-    def failing(job_id: str, kind: str, *args: object, **kw: object) -> None:
+    def failing(*args: object, **kw: object) -> str:
         raise ConnectionError("the audit database is restarting")
 
-    audit.append = failing  # type: ignore[method-assign]
+    monkeypatch.setattr(AuditLog, "append", failing)
     client = authenticate(db, tokens[0])
     assert client is not None
-    with pytest.raises(ConnectionError):
+    with pytest.raises(AuditPending) as err:
         state.join(client, "job-a")
-    audit.append = real_append  # type: ignore[method-assign]
-    state.join(client, "job-a")
+    assert str(err.value) == (
+        "job 'job-a': audit entries of a step the server saved could not be appended to the "
+        "audit log yet (ConnectionError: the audit database is restarting): they wait in the "
+        "server database and are appended when the log answers again (the server tries at "
+        "every check and at its start)")
+    with pytest.raises(AuditPending):
+        state.status(client, "job-a")  # no tip without the waiting entry
+    monkeypatch.setattr(AuditLog, "append", real_append)
+    state.join(client, "job-a")  # the retry: the site joined already
+    status = state.status(client, "job-a")
     with AuditLog(f"sqlite:///{tmp_path / 'audit.db'}", create=False) as log:
-        joined = [e.payload["client"] for e in log.entries(job_id="job-a")
-                  if e.kind == "client_joined"]
+        entries = log.entries(job_id="job-a")
+    joined = [e.payload["client"] for e in entries if e.kind == "client_joined"]
     assert joined == ["client-0"]
+    assert (status["audit_seq"], status["audit_head"]) == (entries[-1].seq, entries[-1].hash)
     db.dispose()
 
 

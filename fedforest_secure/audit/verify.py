@@ -10,6 +10,9 @@ never stops at the first problem. Per job it checks that
 * rows were inserted in ``seq`` order (entries moved around);
 * the chain holds one job: a single ``job_created`` entry (a job id created again on the same
   log appends a second);
+* nothing follows the job's end: its model, or its failure (``job_failed``, or a round's
+  ``round_aborted`` with at most the job's ``job_failed`` right after it), a model included;
+* a site joins once, and a dropped site is among the clients of no later round;
 * payloads are canonical JSON of a known kind with the required keys;
 * each stored array is present and its bytes hash to the digest in the entry (an array the
   database cannot return is named, and the others are still checked);
@@ -150,23 +153,65 @@ def _check_chain(entries: Sequence[Entry]) -> list[str]:
                f"{created[0].seq}): a chain holds one job, so the job id was created again "
                "on this audit log" for e in created[1:])
     model = next((e for e in entries if e.kind == EntryKind.MODEL.value), None)
+    after_model: list[Entry] = []
     if model is not None:  # a finished job: the server writes nothing after its model
-        out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's model entry "
-                   f"(seq {model.seq}): nothing follows a finished job's model (appended?)"
-                   for e in entries if e.seq > model.seq)
+        after_model = [e for e in entries if e.seq > model.seq]
+        out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's model "
+                   f"entry (seq {model.seq}): nothing follows a finished job's model "
+                   "(appended?)" for e in after_model)
     failed = next((e for e in entries if e.kind in (EntryKind.ROUND_ABORTED.value,
                                                      EntryKind.JOB_FAILED.value)), None)
-    if model is None and failed is not None:
+    if failed is not None:
         # a failed job: the server writes nothing after its failure but the job's failure
-        # right after the open round's abort (a job stopped in a round, e.g. cancelled)
+        # right after the open round's abort (a job stopped in a round, e.g. cancelled); a
+        # round or a model after it is a problem too (the log says no sum of that round was
+        # released, and the job had stopped)
         ends = 2 if failed.kind == EntryKind.ROUND_ABORTED.value else 1
         tail = [e for e in entries if e.seq > failed.seq]
         allowed = [e for e in tail[:ends - 1] if e.seq == failed.seq + 1
                    and e.kind == EntryKind.JOB_FAILED.value]
         out.extend(f"job {e.job_id!r}: seq {e.seq} ({e.kind}) comes after the job's failure "
                    f"({failed.label}): nothing follows a failed job's end (appended?)"
-                   for e in tail if e not in allowed)
+                   for e in tail if e not in allowed and e not in after_model)
+    out.extend(_after_drop(entries))
     return out
+
+
+def _after_drop(entries: Sequence[Entry]) -> list[str]:
+    """A site leaves a job when the log drops it: a ``round`` entry of a later round that
+    lists it among its clients, or a second ``client_joined`` entry of a site, is a problem
+    (a site dropped in a round may still be among that round's clients: a secure round's sum
+    holds the masked upload of a site dropped after it)."""
+    out: list[str] = []
+    dropped: dict[str, Entry] = {}
+    joined: dict[str, Entry] = {}
+    for e in entries:
+        try:
+            payload = e.payload
+        except ValueError:  # unreadable: named by the entry's own check
+            continue
+        client = payload.get("client")
+        if e.kind == EntryKind.CLIENT_DROPPED.value and isinstance(client, str):
+            dropped.setdefault(client, e)
+        elif e.kind == EntryKind.CLIENT_JOINED.value and isinstance(client, str):
+            first = joined.setdefault(client, e)
+            if first is not e:
+                out.append(f"{e.label}: site {client!r} joined already ({first.label}): a "
+                           "site joins a job once")
+        elif e.kind == EntryKind.ROUND.value and isinstance(payload.get("clients"), list):
+            for name in payload["clients"]:
+                gone = dropped.get(name) if isinstance(name, str) else None
+                if gone is not None and _earlier_round(gone, e):
+                    out.append(f"{e.label}: lists site {name!r}, which the log dropped in an "
+                               f"earlier round ({gone.label}): a dropped site takes no part "
+                               "in later rounds")
+    return out
+
+
+def _earlier_round(drop: Entry, round_entry: Entry) -> bool:
+    """Whether ``drop`` names a round before ``round_entry``'s."""
+    when, then = drop.round_id, round_entry.round_id
+    return when is not None and then is not None and when < then
 
 
 def verify_entries(entries: Iterable[Entry]) -> VerifyReport:
