@@ -23,7 +23,7 @@ from fedforest_secure.errors import AuditError
 
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
-from .audit_outbox import first_queued
+from .audit_outbox import AuditPending, first_queued
 from .db import AuditedJobRow, Database, JobRow
 from .idle import protocol_with_idle_limit
 from .lease import ServerLease
@@ -77,6 +77,12 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         check_audit_chains(db, audit, settings.audit_database)
         lease.acquire()  # a second server on this database refuses to start
     except BaseException:
+        listener.close()
+        raise
+    try:
+        flush_waiting_entries(db, audit, settings.audit_database)
+    except BaseException:
+        lease.release()
         listener.close()
         raise
     tls = None if insecure_dev else settings.tls
@@ -220,11 +226,18 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
             # a job created before jobs were marked (its chain is here): marked now
             if sess.get(AuditedJobRow, job_id) is None:
                 sess.add(AuditedJobRow(job_id=job_id))
+
+
+def flush_waiting_entries(db: Database, audit: AuditSink, url: str | None) -> None:
+    """Append the entries of steps that committed before a server (or a create-job, a
+    cancel-job) stopped and that the log lacks, before anything is served: called once this
+    server holds the database's lease (a second server, refused, writes nothing)."""
     try:
-        # the entries of steps that committed before a server (or a create-job, a
-        # cancel-job) stopped and that the log lacks: appended before anything is served
         audit.flush_all(db.engine)
-    except AuditError as exc:
+    except AuditPending as exc:  # the log's database failed: the entries keep waiting
+        raise ConfigError(f"{exc}. Check that the audit database answers, then start the "
+                          "server again") from None
+    except AuditError as exc:  # another log's chain: the entries would split it
         shown = shown_url(to_url(url)) if url else "?"
         raise ConfigError(f"the audit log at {shown} cannot take the entries the server "
                           f"database holds for it: {exc}. Start the server with the "

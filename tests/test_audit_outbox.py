@@ -240,7 +240,7 @@ def _waiting_join(tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> tuple[str
     client = authenticate(db, token)
     assert client is not None
     def failing(*args: object, **kw: object) -> str:
-        raise ConnectionError("the audit database is restarting")
+        raise ConnectionError("the audit database stopped answering")
 
     with monkeypatch.context() as patch:
         patch.setattr(AuditLog, "append", failing)
@@ -255,7 +255,7 @@ def test_a_server_start_appends_the_entries_that_wait_once(tmp_path: Path, tiny_
                                                            job_dir, monkeypatch) -> None:
     from server_app.audit_hook import open_audit
     from server_app.db import Database
-    from server_app.serve import check_audit_chains
+    from server_app.serve import check_audit_chains, flush_waiting_entries
 
     db_url, audit_url = _waiting_join(tmp_path, tiny_parts, job_dir, monkeypatch)
     db = Database(db_url)
@@ -263,6 +263,7 @@ def test_a_server_start_appends_the_entries_that_wait_once(tmp_path: Path, tiny_
         for _ in range(2):  # a second start finds nothing waiting
             audit = open_audit(audit_url)
             check_audit_chains(db, audit, audit_url)
+            flush_waiting_entries(db, audit, audit_url)
             assert audit.tip("job-a")[0] == 2
             audit.close()  # type: ignore[attr-defined]
         with AuditLog(audit_url, create=False) as log:
@@ -279,7 +280,7 @@ def test_a_server_start_refuses_entries_that_another_entry_holds_the_place_of(
     says why; nothing is appended."""
     from server_app.audit_hook import open_audit
     from server_app.db import Database
-    from server_app.serve import check_audit_chains
+    from server_app.serve import check_audit_chains, flush_waiting_entries
     from server_app.settings import ConfigError
 
     db_url, audit_url = _waiting_join(tmp_path, tiny_parts, job_dir, monkeypatch)
@@ -287,8 +288,9 @@ def test_a_server_start_refuses_entries_that_another_entry_holds_the_place_of(
         log.job("job-a").client_joined("client-1")
     db, audit = Database(db_url), open_audit(audit_url)
     try:
+        check_audit_chains(db, audit, audit_url)
         with pytest.raises(ConfigError) as err:
-            check_audit_chains(db, audit, audit_url)
+            flush_waiting_entries(db, audit, audit_url)
         assert str(err.value) == (
             f"the audit log at {audit_url} cannot take the entries the server database holds "
             "for it: job 'job-a': the audit log's entry seq 2 is not the client_joined entry "
@@ -301,3 +303,58 @@ def test_a_server_start_refuses_entries_that_another_entry_holds_the_place_of(
     with AuditLog(audit_url, create=False) as log:
         assert [(e.kind, e.payload.get("client")) for e in log.entries(job_id="job-a")] \
             == [("job_created", None), ("client_joined", "client-1")]
+
+
+def test_a_server_refused_by_the_lease_appends_nothing_that_waits(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
+    """A second server started by mistake on the database (here with the same audit log) is
+    refused by the running server's lease before it touches the entries that wait: they are
+    the running server's to append."""
+    from server_app.db import Database
+    from server_app.lease import ServerLease
+    from server_app.serve import run_server
+    from server_app.settings import ConfigError, ServerSettings
+
+    db_url, audit_url = _waiting_join(tmp_path, tiny_parts, job_dir, monkeypatch)
+    db = Database(db_url)
+    running = ServerLease(db, 1)
+    running.acquire()  # this live process holds the database
+    try:
+        with pytest.raises(ConfigError, match="another server"):
+            run_server(ServerSettings(host="127.0.0.1", database=db_url,
+                                      audit_database=audit_url), insecure_dev=True, port=0)
+        with AuditLog(audit_url, create=False) as log:
+            assert [e.kind for e in log.entries(job_id="job-a")] == ["job_created"]
+    finally:
+        running.release()
+        db.dispose()
+
+
+def test_a_start_whose_audit_log_fails_says_to_check_it_not_to_change_the_config(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
+    """An audit database that fails while the waiting entries are appended (down, locked) is
+    named as such: the entries keep waiting; the configuration is not wrong."""
+    from server_app.audit_hook import open_audit
+    from server_app.db import Database
+    from server_app.serve import flush_waiting_entries
+    from server_app.settings import ConfigError
+
+    db_url, audit_url = _waiting_join(tmp_path, tiny_parts, job_dir, monkeypatch)
+    db, audit = Database(db_url), open_audit(audit_url)
+
+    def failing(*args: object, **kw: object) -> str:
+        raise ConnectionError("the audit database stopped answering")
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(AuditLog, "append", failing)
+            with pytest.raises(ConfigError) as err:
+                flush_waiting_entries(db, audit, audit_url)
+        assert str(err.value).endswith("Check that the audit database answers, then start "
+                                       "the server again")
+        assert "began with" not in str(err.value)
+        flush_waiting_entries(db, audit, audit_url)  # it answers again: appended
+        assert audit.tip("job-a")[0] == 2
+    finally:
+        audit.close()  # type: ignore[attr-defined]
+        db.dispose()

@@ -52,8 +52,9 @@ def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
 
 def test_a_join_whose_audit_append_fails_is_logged_once_before_any_tip_covers_it(
         tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
-    """The audit log's database fails while a site joins (PostgreSQL restarting): the join is
-    saved with its entry in the server database and answers that the entry waits; no chain
+    """The audit log's database fails as a site's join entry is appended (it stopped
+    answering): the join is saved with its entry in the server database and answers that the
+    entry waits; no chain
     tip is announced while it waits (the status fails), and once the log answers the entry is
     appended once (the site's retry logs no second one) and the tip covers it."""
     import pytest
@@ -70,7 +71,7 @@ def test_a_join_whose_audit_append_fails_is_logged_once_before_any_tip_covers_it
     real_append = AuditLog.append
 
     def failing(*args: object, **kw: object) -> str:
-        raise ConnectionError("the audit database is restarting")
+        raise ConnectionError("the audit database stopped answering")
 
     monkeypatch.setattr(AuditLog, "append", failing)
     client = authenticate(db, tokens[0])
@@ -79,7 +80,7 @@ def test_a_join_whose_audit_append_fails_is_logged_once_before_any_tip_covers_it
         state.join(client, "job-a")
     assert str(err.value) == (
         "job 'job-a': audit entries of a step the server saved could not be appended to the "
-        "audit log yet (ConnectionError: the audit database is restarting): they wait in the "
+        "audit log yet (ConnectionError: the audit database stopped answering): they wait in the "
         "server database and are appended when the log answers again (the server tries at "
         "every check and at its start)")
     with pytest.raises(AuditPending):
