@@ -64,7 +64,18 @@ from ._tree import NodeKind, Tree
 from .errors import SchemaError
 from .files import write_atomic
 
-__all__ = ["ForestModel", "Tree"]
+__all__ = ["ForestModel", "Tree", "finite_number"]
+
+def finite_number(value: object) -> bool:
+    """A real number (not a bool) that is a finite float: not NaN nor infinite, nor an
+    integer too large for a float (as a model file's JSON may hold)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
 
 FORMAT = "fedforest-secure/model/v2"
 #: the format of a model file with soft routing
@@ -148,8 +159,7 @@ class ForestModel:
             raise ValueError(f"n_clients must be at least 0, got {self.n_clients}")
         if not self.trees:
             raise ValueError("trees is empty: a forest has at least one tree")
-        if isinstance(self.y_offset, bool) or not isinstance(self.y_offset, numbers.Real) \
-                or not math.isfinite(self.y_offset):
+        if not finite_number(self.y_offset):
             raise ValueError(f"y_offset must be a finite number, got {self.y_offset!r}")
         self.y_offset = float(self.y_offset)
         outputs = 1 if self.task == "regression" else self.n_classes

@@ -556,7 +556,7 @@ def test_leaf_values_of_a_counts_vote_may_be_negative_noisy_counts(
     assert (proba >= 0).all() and np.allclose(proba.sum(axis=1), 1.0)
 
 
-@pytest.mark.parametrize("offset", [float("nan"), float("inf"), "12"])
+@pytest.mark.parametrize("offset", [float("nan"), float("inf"), "12", 10**400])
 def test_a_regression_file_with_an_offset_that_is_no_finite_number_is_refused(
         tmp_path: Path, offset: object) -> None:
     X, y, h = _data()

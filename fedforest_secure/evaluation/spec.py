@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import FedForestError
-from ..model import ForestModel
+from ..model import ForestModel, finite_number
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -49,14 +49,6 @@ class EvaluationError(FedForestError, ValueError):
     """An evaluation job or model that does not fit (wrong task, features, classes, size)."""
 
 
-def _finite(value: float) -> bool:
-    """A finite float: not NaN nor infinite, nor an integer too large for a float."""
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
 def load_forest(text: str) -> ForestModel:
     """A forest from a model file's text: the server's ``fedforest-secure/model/v1`` file, or an
     estimator file (``FedForest*.save``) that embeds one (a regressor's ``y_offset`` is added
@@ -68,8 +60,7 @@ def load_forest(text: str) -> ForestModel:
     offset: Any = 0.0
     if isinstance(doc, dict) and isinstance(doc.get("model"), dict):
         offset = doc.get("y_offset") or 0.0
-        if isinstance(offset, bool) or not isinstance(offset, int | float) \
-                or not _finite(offset):
+        if not finite_number(offset):
             raise EvaluationError(f"not a FedForest model file (y_offset must be a finite "
                                   f"number, got {json.dumps(offset, default=repr)[:40]})")
         offset = float(offset)
