@@ -37,7 +37,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import OverflowRisk
 from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Reply, Task, make_upload, pack
-from fedforest_secure.secagg import ShareDelivery, parse
+from fedforest_secure.secagg import ShareDelivery, UnmaskResponse, parse
 from fedforest_secure.secure_sum import encode_contribution, make_codec
 from fedforest_secure.worker import Worker
 from server_app.app import create_app
@@ -147,9 +147,12 @@ def test_a_dropped_client_cannot_upload_or_unmask_afterwards(env: dict) -> None:
     before = state_of(env)
     resp = _post(env, 3, r, make_upload(task, late_masked, {}, secagg=late_header))
     assert resp.status_code == 403 and resp.json()["error"] == "dropped"
-    resp = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/unmask", content=b"{}",
+    late_unmask = UnmaskResponse(job_id="job-a", round_id=r, sender=3, self_mask_shares={},
+                                 key_shares={})
+    resp = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/unmask",
+                            content=late_unmask.model_dump_json(),
                             headers={**h(env, 3), "Content-Type": "application/json"})
-    assert resp.status_code == 400  # a malformed body is refused before anything else
+    assert resp.status_code == 403 and resp.json()["error"] == "dropped"
     resp = env["http"].post("/v1/jobs/job-a/join", headers=h(env, 3), json={
         "identity_key": bytes(sa[3].identity.verify_key).hex()})
     assert resp.status_code == 403 and resp.json()["error"] == "dropped"

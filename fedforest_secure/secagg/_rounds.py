@@ -127,7 +127,8 @@ def job_threshold(threshold: float | int, n_clients: int) -> int:
     """``t`` of a job of ``n_clients`` clients: a strict majority of them, or ``ValueError``.
 
     Every round of the job uses this ``t`` whatever its roster, so two sets that each carry ``t``
-    signatures of distinct members share a member (``2t > n_clients``).
+    signatures of distinct members share a member (``2t > n_clients``); that member is honest
+    while fewer than ``2t - n_clients`` clients collude with the server.
     """
     if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 3:
         raise ValueError(f"secure aggregation needs a job of at least 3 clients, not {n_clients!r}")

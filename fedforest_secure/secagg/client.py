@@ -39,7 +39,8 @@ graph as an option):
      distinct members of its group on that set (a strict majority of the group, and each client
      signs one set per round, so no two sets both gather them from one group's honest members).
      On the complete graph the group is the roster and ``t_local = t`` (``2t > n_clients``: no
-     two honest clients reveal shares for different sets). On the SecAgg+ sparse graph the
+     two honest clients reveal shares for different sets, while fewer than ``2t - n_clients``
+     colluders sign both; threat_model.md §2.3). On the SecAgg+ sparse graph the
      check is local to the neighbourhood, as in Bell et al. (2020): a client verifies ``k + 1``
      signatures, not ``t`` of the job, and different neighbourhoods may be shown different sets
      (threat_model.md §2.2 says what that leaves to a malicious server);
