@@ -624,3 +624,29 @@ def test_fused_masking_of_an_out_of_range_value_burns_the_round_keys() -> None:
     with pytest.raises(ValueError, match="codec encodes"):
         agg.clients[1].mask(deliveries[1], np.zeros(n),
                             codec=secagg.RingCodec(np.full(4, 8), np.full(4, 1.0), k))
+
+
+def test_a_next_advert_riding_on_another_clients_message_is_refused() -> None:
+    """A client's upload or unmask response carries its own next-round advert only: one that
+    carries a peer's advert is refused, and the server files no advert for that peer."""
+    from nacl.signing import SigningKey
+
+    ids = list(range(4))
+    keys = {u: SigningKey.generate() for u in ids}
+    directory = {u: bytes(k.verify_key) for u, k in keys.items()}
+    clients = {u: secagg.SecAggClient(u, "j", keys[u], directory, n_clients=4, threshold=0.75)
+               for u in ids}
+    server = SecAggServer("j", 0, "q", DIGEST, 3, 0.75, directory)
+    for c in clients.values():
+        server.receive_advert(c.advertise(0))
+    server.setup()
+    for u, c in clients.items():
+        server.receive_shares(c.share_keys(server.setup_for(u)))
+    delivered = server.deliver_shares()
+    peer_advert = clients[2].advertise(1)  # client 2's own advert for the next round
+    header, masked = clients[1].mask(delivered[1], np.arange(3, dtype=np.uint64),
+                                     next_advert=peer_advert)
+    with pytest.raises(InvalidMessage, match="client 1's message carries the next advert of "
+                                             "client 2"):
+        server.receive_upload(header, masked)
+    assert 2 not in server.next_adverts

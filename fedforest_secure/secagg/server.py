@@ -317,7 +317,7 @@ class SecAggServer:
         if (arr.dtype != np.uint64 or arr.shape != (self.vector_length,)
                 or header.length != self.vector_length):
             raise InvalidMessage("masked vector has the wrong type or length")
-        self._take_next(header.next_advert)
+        self._take_next(header.next_advert, header.sender)
         if self.streaming:
             if self._running is None:
                 self._running = np.zeros(self.vector_length, dtype=np.uint64)
@@ -326,8 +326,12 @@ class SecAggServer:
         else:
             self._uploads[header.sender] = np.array(arr, dtype=np.uint64, copy=True)
 
-    def _take_next(self, advert: KeyAdvert | None) -> None:
+    def _take_next(self, advert: KeyAdvert | None, sender: int) -> None:
+        """The next round's advert riding on ``sender``'s message: its own only."""
         if advert is not None:
+            if advert.client_id != sender:
+                raise InvalidMessage(f"client {sender}'s message carries the next advert of "
+                                     f"client {advert.client_id}")
             verify_advert(advert, self.directory, self.job_id, self.round_id + 1)
             _check_usable_keys(advert)
             self.next_adverts[advert.client_id] = advert
@@ -405,7 +409,7 @@ class SecAggServer:
         if (set(response.self_mask_shares) != group & set(self._uploads)
                 or set(response.key_shares) != group & self._dropped):
             raise InvalidMessage("unmask response does not hold exactly the requested shares")
-        self._take_next(response.next_advert)
+        self._take_next(response.next_advert, u)
         self._responses[u] = response
 
     @property
