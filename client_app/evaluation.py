@@ -18,9 +18,23 @@ round at its deadline). Blocks of the rows alone (regression's row count and sum
 y^2) are the same for every model and are not compared. A site that means to repeat an
 evaluation (a job that failed before its sum was released) deletes that job's line.
 
+A job's id is the server's word, so each line also keeps a digest of the job's configuration as
+the site received it (:func:`_evaluation_digest`: the number of clients, the profile, the
+models, the bins, the task; everything a restart of the job keeps). A line of another
+configuration under the same id is checked like any other job's. A line of the same job and
+configuration is this job met again: before joining it is passed over (a restarted client
+joins; under secure aggregation it then leaves the round it answered, whose keys died with the
+old process). When the statistics are about to leave, it is passed over only if this client
+wrote it (a retried round) or the job has no secure aggregation (a restarted client sends the
+same upload again, and every upload is per-site in the clear anyway). Otherwise the job asks a
+question this site already answered in it, and the sum could hold another set of sites (a
+re-created job, a site dropped or replaced): refused.
+
 Ledgers written before the blocks were kept hold a digest of all of a model's statistics and a
 digest of the rows in file order: such a line still refuses an exact repeat (the same rows in
-the same order).
+the same order). A line without the configuration's digest (written before it was kept) is
+checked like another job's, whatever its job id: a client restarted across that upgrade in the
+middle of its job declines the job, naming the line to delete.
 """
 
 from __future__ import annotations
@@ -79,6 +93,14 @@ def _table_digest_in_order(X: np.ndarray, y: np.ndarray) -> str:
         h.update(str(arr.shape).encode() + arr.dtype.str.encode())
         h.update(arr.tobytes())
     return h.hexdigest()
+
+
+def _evaluation_digest(config: JobConfig) -> str:
+    """SHA-256 of an evaluation job's configuration as this site received it: what tells a
+    restart of the job (the same configuration: the server keeps it) from another evaluation
+    under the same id (another number of clients, profile, models or bins)."""
+    return hashlib.sha256(b"fedforest/evaluation-job/v1\0"
+                          + config.to_json().encode()).hexdigest()
 
 
 def _fingerprint(stats: Mapping[str, np.ndarray]) -> str:
@@ -152,8 +174,8 @@ class EvalLedger:
         return entries
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
-                         record: bool = True, statistics: tuple[str, ...] = (),
-                         blocks: Sequence[_Blocks] = (),
+                         evaluation: str, resumed: bool, record: bool = True,
+                         statistics: tuple[str, ...] = (), blocks: Sequence[_Blocks] = (),
                          rows_in_order: str | None = None) -> None:
         """Refuse (:class:`RefusedRequest`) if another job on ``rows`` (or, for older
         lines, ``rows_in_order``) scored one of ``models`` (file digests), had this site
@@ -162,14 +184,19 @@ class EvalLedger:
         ``blocks`` (per model, :func:`_released_blocks`), of any of its models; else record
         this job (once; ``record=False``: only the check).
 
+        ``evaluation`` (:func:`_evaluation_digest`) identifies the evaluation: a line of
+        ``job`` with another one (or none) is another job's. A line of ``job`` and
+        ``evaluation`` on ``rows`` is passed over if ``resumed`` (this job resumed, or this
+        client's own line), else refused (the job's question asked a second time).
+
         The check and the record are one step under the ledger's lock (``.evaluations.lock``
         beside it): clients of two evaluation jobs sharing the state directory can neither
         both pass the check for one model nor lose each other's lines."""
         with self._locked():
             self._check(job, models, {rows} | ({rows_in_order} if rows_in_order else set()),
-                        statistics, blocks)
+                        statistics, blocks, evaluation, resumed)
             if record:
-                self._record(job, models, rows, statistics, blocks)
+                self._record(job, models, rows, statistics, blocks, evaluation)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -188,17 +215,30 @@ class EvalLedger:
             f"{before!r}'s line from {self.path})", code="evaluated_before")
 
     def _check(self, job: str, models: tuple[str, ...], rows: set[str],
-               statistics: tuple[str, ...], blocks: Sequence[_Blocks]) -> None:
+               statistics: tuple[str, ...], blocks: Sequence[_Blocks], evaluation: str,
+               resumed: bool) -> None:
         for e in self._entries():
-            if e.get("rows") not in rows or e.get("job") == job:
+            if e.get("rows") not in rows:
                 continue
             before = e.get("job")
+            if before == job and e.get("evaluation") == evaluation:
+                if resumed:
+                    continue
+                raise self._refuse(job, before, (
+                    "asks this site again for the statistics it already answered in this "
+                    "job (the line of an earlier client of this job in this state directory): "
+                    "a restarted client does not answer a secure round again (its round keys "
+                    "died with the old process), so this is the job's question asked a second "
+                    "time, and its sum may hold another set of sites"))
+            # a line of this job id but of another configuration (or none) is another job's
+            earlier = f"job {before!r}" if before != job else (
+                f"an earlier job also named {before!r} (of another configuration)")
             for key, ours, what in (
                     ("models", models, "scores model {} on the held-out rows this site "
-                                       f"already scored it on in job {before!r}"),
+                                       f"already scored it on in {earlier}"),
                     ("statistics", statistics, "asks this site for the statistics of a model "
                                                "on these held-out rows that it already sent "
-                                               f"in job {before!r} (model {{}})")):
+                                               f"in {earlier} (model {{}})")):
                 theirs = e.get(key)
                 again = sorted(set(ours) & {str(m) for m in theirs}) \
                     if isinstance(theirs, list) else []
@@ -212,20 +252,26 @@ class EvalLedger:
                     if isinstance(theirs, list) and j < len(theirs) else f"model {j}"
                 raise self._refuse(job, before, (
                     "asks this site for the statistics of a model on these held-out rows that "
-                    f"it already sent in job {before!r}: its block {name!r} for model "
+                    f"it already sent in {earlier}: its block {name!r} for model "
                     f"{models[i][:16]}... equals the one sent for "
                     f"{was} (within a relative {_RTOL:g})"))
 
     def _record(self, job: str, models: tuple[str, ...], rows: str,
-                statistics: tuple[str, ...], blocks: Sequence[_Blocks]) -> None:
-        entry: dict[str, object] = {"job": job, "models": list(models), "rows": rows}
+                statistics: tuple[str, ...], blocks: Sequence[_Blocks], evaluation: str) -> None:
+        entry: dict[str, object] = {"job": job, "models": list(models), "rows": rows,
+                                    "evaluation": evaluation}
         if statistics:
             entry["statistics"] = list(statistics)
         if blocks:
             entry["blocks"] = [dict(b) for b in blocks]
         entries = self._entries()
-        if any(e.get("job") == job for e in entries):  # this job's line again, now complete
-            others = [json.dumps(e, sort_keys=True) for e in entries if e.get("job") != job]
+
+        def ours(e: Mapping[str, object]) -> bool:
+            return e.get("job") == job and e.get("evaluation") == evaluation
+
+        if any(ours(e) for e in entries):  # this evaluation's line again, now complete
+            # (the lines of other evaluations under the same id stay)
+            others = [json.dumps(e, sort_keys=True) for e in entries if not ours(e)]
             write_atomic(self.path, "".join(f"{line}\n" for line in others)
                          + json.dumps(entry, sort_keys=True) + "\n")
         else:
@@ -242,27 +288,39 @@ class LedgeredEvalWorker:
         self._ledger = ledger
         self._rows = rows
         self._rows_in_order = rows_in_order
+        self._evaluation = _evaluation_digest(worker.config)
+        # without secure aggregation every upload is the site's own, in the clear: the same
+        # upload sent again by a restarted client tells the server nothing new
+        self._in_clear = worker.config.profile.get("secure_aggregation") is False
+        self._recorded = False  # whether this client wrote the job's line
 
     @property
     def n_rows(self) -> int:
         return self.inner.n_rows
 
-    def _ledgered(self, *, record: bool) -> None:
+    def _ledgered(self, *, record: bool, answering: bool) -> None:
         stats = self.inner.model_statistics()
         self._ledger.check_and_record(
-            self.inner.config.job_id, self.inner.spec.digests, self._rows, record=record,
+            self.inner.config.job_id, self.inner.spec.digests, self._rows,
+            evaluation=self._evaluation,
+            resumed=not answering or self._recorded or self._in_clear, record=record,
             statistics=tuple(_fingerprint(s) for s in stats),
             blocks=_released_blocks(self.inner), rows_in_order=self._rows_in_order)
+        self._recorded = self._recorded or record
 
     def check(self) -> None:
         """The ledger's refusal, before the site joins (nothing is recorded): the models'
-        digests and the statistics this site would send (computed now, once)."""
-        self._ledgered(record=False)
+        digests and the statistics this site would send (computed now, once). A line of this
+        job and configuration is passed over: a restarted client joins, and under secure
+        aggregation leaves the round it answered (its round keys died)."""
+        self._ledgered(record=False, answering=False)
 
     def handle(self, task: Task) -> Reply:
-        self._ledgered(record=False)
+        """The inner worker's reply, once the ledger lets it leave: a line of this job and
+        configuration that this client did not write refuses it under secure aggregation."""
+        self._ledgered(record=False, answering=True)
         reply = self.inner.handle(task)  # stays here unless the ledger lets it go
-        self._ledgered(record=True)
+        self._ledgered(record=True, answering=True)
         return reply
 
 

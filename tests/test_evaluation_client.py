@@ -41,6 +41,14 @@ def _config(spec: EvalSpec, job: str, n: int) -> JobConfig:
                        n_classes=2, profile=load_profile("secure").to_dict())
 
 
+def _ledgered(config: JobConfig, k: int, rows: tuple[np.ndarray, np.ndarray],
+              state: Path) -> LedgeredEvalWorker:
+    """Site ``k``'s client of an evaluation job, with its ledger in ``state``."""
+    worker = site_worker(config, k, None, rows, state)
+    assert isinstance(worker, LedgeredEvalWorker)
+    return worker
+
+
 def _secure_sum(config: JobConfig, workers: list[Any]) -> dict[str, np.ndarray]:
     task = EvalCoordinator(config).next_task()
     assert task is not None
@@ -71,9 +79,10 @@ def test_a_site_refuses_to_be_isolated_by_a_second_evaluation_over_fewer_sites(
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"  # the words that reach the operator
-    # job A itself may be answered again (a restarted client of the same job)
-    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
-                        for k, s in enumerate(sites)])
+    # a restarted client of job A passes the check before joining (it then leaves the secure
+    # round it answered: its round keys died)
+    for k, s in enumerate(sites):
+        _ledgered(job_a, k, s, states[k]).check()
     # other held-out rows are another question
     more = [(np.vstack([X, X[:1]]), np.concatenate([y, y[:1]])) for X, y in sites[:3]]
     _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
@@ -104,9 +113,9 @@ def test_the_same_forest_in_another_file_cannot_isolate_a_site_either(
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"
-    # job A answered again (a restarted client) is no repeat
-    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
-                        for k, s in enumerate(sites)])
+    # a restarted client of job A is no repeat before it joins
+    for k, s in enumerate(sites):
+        _ledgered(job_a, k, s, states[k]).check()
 
 
 def test_a_site_needs_the_table_its_jobs_kind_scores(setting: dict[str, Any],
@@ -157,7 +166,8 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
     (tmp_path / "s.toml").write_text(tomli_w.dumps(schema))
     held = (X, (y > 0).astype(int))
     state = ClientState(tmp_path / "state")
-    EvalLedger(state.root).check_and_record("ev-1", spec.digests, table_digest(*held))
+    EvalLedger(state.root).check_and_record("ev-1", spec.digests, table_digest(*held),
+                                            evaluation="e-1", resumed=False)
 
     sent: list[tuple[str, str, object]] = []
 
@@ -187,9 +197,11 @@ root, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ledger = EvalLedger(root)
 for i in range(n):
     if who == "a":  # one job's line, rewritten with each of its statistics
-        ledger.check_and_record("ev-a", ("m-a",), "rows", statistics=(f"s{i}",))
+        ledger.check_and_record("ev-a", ("m-a",), "rows", statistics=(f"s{i}",),
+                                evaluation="e-a", resumed=True)
     else:  # a new job's line each time
-        ledger.check_and_record(f"ev-b{i}", (f"m-b{i}",), "rows")
+        ledger.check_and_record(f"ev-b{i}", (f"m-b{i}",), "rows", evaluation=f"e-b{i}",
+                                resumed=False)
 """
 
 
@@ -438,7 +450,8 @@ def test_a_ledger_line_cut_short_is_named_with_its_file_and_line_not_a_json_erro
     (not a FedForestError): the site's own file needs mending, the job may still be right."""
     spec, sites = setting["spec"], setting["sites"]
     X, y = sites[0]
-    EvalLedger(tmp_path).check_and_record("eval-a", spec.digests, "other rows")
+    EvalLedger(tmp_path).check_and_record("eval-a", spec.digests, "other rows",
+                                          evaluation="e-a", resumed=False)
     ledger = tmp_path / "evaluations.jsonl"
     ledger.write_text(ledger.read_text() + '{"job": "eval-c", "models')
     worker = site_worker(_config(spec, "eval-b", 3), 0, None, (X, y), tmp_path)
@@ -447,3 +460,146 @@ def test_a_ledger_line_cut_short_is_named_with_its_file_and_line_not_a_json_erro
                                          r"that line") as exc:
         worker.check()
     assert not isinstance(exc.value, FedForestError)
+
+
+# --- a job id met again: the same evaluation resumed, or another one under the same name ---
+
+def _states(tmp_path: Path, n: int = 4) -> list[Path]:
+    states = [tmp_path / f"site-{k}" for k in range(n)]
+    for d in states:
+        d.mkdir()
+    return states
+
+
+def test_a_job_made_again_under_the_same_id_over_fewer_sites_is_refused(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """The server makes "eval-a" again (a fresh database) over sites 0-2: the difference of
+    the two sums would be site 3's statistics. Its configuration differs from the first
+    "eval-a" the sites answered (3 clients, not 4), so each site checks it like any other
+    job and declines it before joining."""
+    spec, sites = setting["spec"], setting["sites"]
+    job_a, again = _config(spec, "eval-a", 4), _config(spec, "eval-a", 3)
+    # the attack, without ledgers
+    a = _secure_sum(job_a, [EvalWorker(job_a, *s) for s in sites])
+    b = _secure_sum(again, [EvalWorker(again, *s) for s in sites[:3]])
+    for name, arr in EvalWorker(job_a, *sites[3]).statistics().items():
+        np.testing.assert_allclose(a[name] - b[name], arr, atol=1e-9)
+    # with each site's ledger
+    states = _states(tmp_path)
+    _secure_sum(job_a, [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)])
+    said = ("job 'eval-a' scores model {}... on the held-out rows this site already scored it "
+            "on in an earlier job also named 'eval-a' (of another configuration); a second "
+            "evaluation could isolate this site by differencing. Refusing (to repeat an "
+            "evaluation on purpose, delete job 'eval-a''s line from {})")
+    for k, s in enumerate(sites[:3]):  # each site declines before it joins
+        with pytest.raises(RefusedRequest) as exc:
+            _ledgered(again, k, s, states[k]).check()
+        assert str(exc.value) == said.format(spec.digests[0][:16],
+                                             states[k] / "evaluations.jsonl")
+        assert exc.value.code == "evaluated_before"
+    with pytest.raises(RefusedRequest, match="an earlier job also named 'eval-a'"):
+        _secure_sum(again, [_ledgered(again, k, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+
+
+def test_the_same_job_and_configuration_asked_again_under_secure_aggregation_is_refused(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """The server makes "eval-a" again with the same configuration (4 clients) and fills
+    site 3's seat with a client of its own, on rows it knows (or drops site 3 at a deadline):
+    the sum less its own client's statistics, subtracted from the first sum, would be site
+    3's. A restarted client never answers a secure round again (its round keys died), so a
+    site meeting its own earlier answer of this job refuses to answer; before joining it
+    passes (a restarted client joins, then leaves the round it answered)."""
+    spec, sites = setting["spec"], setting["sites"]
+    job_a = _config(spec, "eval-a", 4)
+    X, y = load_breast_cancer(return_X_y=True)
+    known = EvalWorker(job_a, X[:40], y[:40])  # the server's own client
+    # the attack, without ledgers
+    a = _secure_sum(job_a, [EvalWorker(job_a, *s) for s in sites])
+    b = _secure_sum(job_a, [EvalWorker(job_a, *s) for s in sites[:3]] + [known])
+    mine = known.statistics()
+    for name, arr in EvalWorker(job_a, *sites[3]).statistics().items():
+        np.testing.assert_allclose(a[name] - (b[name] - mine[name]), arr, atol=1e-9)
+    # with each site's ledger
+    states = _states(tmp_path)
+    first = [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)]
+    task = EvalCoordinator(job_a).next_task()
+    assert task is not None
+    replies = [w.handle(task) for w in first]
+    # a retried round within a client: the same reply again
+    assert all(np.array_equal(w.handle(task).summable, r.summable)
+               for w, r in zip(first, replies, strict=True))
+    for k, s in enumerate(sites[:3]):
+        worker = _ledgered(job_a, k, s, states[k])
+        worker.check()  # before joining: passed over
+        with pytest.raises(RefusedRequest) as exc:
+            worker.handle(task)
+        assert str(exc.value) == (
+            "job 'eval-a' asks this site again for the statistics it already answered in this "
+            "job (the line of an earlier client of this job in this state directory): a "
+            "restarted client does not answer a secure round again (its round keys died with "
+            "the old process), so this is the job's question asked a second time, and its "
+            "sum may hold another set of sites; a second evaluation could isolate this site "
+            "by differencing. Refusing (to repeat an evaluation on purpose, delete job "
+            f"'eval-a''s line from {states[k] / 'evaluations.jsonl'})")
+        assert exc.value.code == "evaluated_before"
+
+
+def test_a_restarted_client_of_a_job_without_secure_aggregation_sends_its_upload_again(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """Without secure aggregation every upload is the site's own, in the clear: a restarted
+    client answers the job's round again with the same reply, and the job keeps one line."""
+    import json
+
+    spec, sites = setting["spec"], setting["sites"]
+    job = eval_config("eval-o", spec, task="classification", n_features=30, n_clients=4,
+                      n_classes=2, profile=load_profile("open").to_dict())
+    task = EvalCoordinator(job).next_task()
+    assert task is not None
+    before = _ledgered(job, 0, sites[0], tmp_path).handle(task)
+    restarted = _ledgered(job, 0, sites[0], tmp_path)
+    restarted.check()
+    assert np.array_equal(restarted.handle(task).summable, before.summable)
+    lines = (tmp_path / "evaluations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["job"] for line in lines] == ["eval-o"]
+
+
+def test_another_evaluation_under_the_same_id_is_checked_like_another_job(
+        setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
+    """"eval-a" made again to score another forest asks other statistics: it goes ahead, and
+    the first "eval-a"'s line stays beside its own, so a third job asking the first's sums
+    again is still refused."""
+    import json
+
+    spec, sites = setting["spec"], setting["sites"]
+    job_a = _config(spec, "eval-a", 4)
+    other = _config(EvalSpec(models=(ten_trees,)), "eval-a", 3)
+    states = _states(tmp_path)
+    _secure_sum(job_a, [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)])
+    _secure_sum(other, [_ledgered(other, k, s, states[k]) for k, s in enumerate(sites[:3])])
+    lines = [json.loads(line) for line in
+             (states[0] / "evaluations.jsonl").read_text().splitlines()]
+    assert [(e["job"], e["models"]) for e in lines] == [
+        ("eval-a", list(spec.digests)), ("eval-a", list(EvalSpec.of(other).digests))]
+    third = _config(EvalSpec(models=(_variant(spec.models[0]),)), "eval-c", 3)
+    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'"):
+        _secure_sum(third, [_ledgered(third, k, s, states[k])
+                            for k, s in enumerate(sites[:3])])
+
+
+def test_a_line_without_the_configurations_digest_is_another_jobs(
+        setting: dict[str, Any], tmp_path: Path) -> None:
+    """A line written before the ledger kept the configuration's digest may be any
+    evaluation named so: a job of that id scoring its model on the same rows is declined,
+    naming the line to delete."""
+    import json
+
+    from client_app.evaluation import table_digest
+
+    spec, sites = setting["spec"], setting["sites"]
+    X, y = sites[0]
+    (tmp_path / "evaluations.jsonl").write_text(json.dumps(
+        {"job": "eval-a", "models": list(spec.digests), "rows": table_digest(X, y)}) + "\n")
+    with pytest.raises(RefusedRequest, match="already scored it on in an earlier job also "
+                                             "named 'eval-a'.*delete job 'eval-a''s line"):
+        _ledgered(_config(spec, "eval-a", 4), 0, (X, y), tmp_path).check()
