@@ -32,9 +32,13 @@ __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "
            "Watch", "dropped_detail", "ended", "job_status_briefly", "left_detail",
            "parse_as"]
 
-#: What a client restarted in the middle of a secure round is told (its round keys were in the
-#: memory of the process that died, so it cannot answer that round's steps).
-RESTARTED_SECURE = ("a restarted site cannot rejoin an open secure round (its round keys died "
+#: What a restarted client of a secure job is told when it took part in a round before: in the
+#: middle of a round (its round keys were in the memory of the process that died, so it cannot
+#: answer that round's steps), or after uploading in the job (its record of the questions it
+#: answered and of the DP releases it made died too, so it answers no question of the job
+#: again).
+RESTARTED_SECURE = ("a restarted site cannot rejoin a secure job once it has taken part in a "
+                    "round (its round keys, and its record of the questions it answered, died "
                     "with the process that stopped)")
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -99,6 +103,10 @@ class RunContext:
     bar: TaskID
     log: SiteLog
     watch: Watch
+    #: This site's receipts recorded an upload of the job before this process started (it
+    #: is a restart): under a secure profile it answers no round of the job (under the open
+    #: profile it resumes)
+    uploaded_before: bool
 
     def show(self, task: Task, what: str = "") -> None:
         self.progress.update(self.bar, completed=task.level,

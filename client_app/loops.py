@@ -198,10 +198,15 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             except (RefusedRequest, InvalidMessage) as exc:  # a peer's identity: accused
                 _refuse_step(ctx, session, r, exc)
                 return
-        if step.action != "advert" and not session.advertised(r):
-            # this process never sent keys for round r: it is a restart of a client whose
-            # round keys died with the old process. Refusing the round drops it now, rather
-            # than at the step's deadline, which every other site would wait for
+        if not session.advertised(r) and (step.action != "advert" or ctx.uploaded_before):
+            # this process never sent keys for round r: it is a restart. Asked a step past the
+            # advert, its round keys died with the old process; having uploaded in the job
+            # before (its receipts say so), its record of the questions it answered and of
+            # the DP releases it made died too, so it answers no question of the job again,
+            # whatever the step (an honest server never asks it for keys: they rode on its
+            # last unmask; one that does could ask it again what it answered over fewer
+            # sites). Refusing the round drops it now, rather than at the step's deadline,
+            # which every other site would wait for
             ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
             try:
                 session.refuse_round(r, "restarted")
@@ -306,7 +311,9 @@ def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
     closed ones and the open one, which this site may have uploaded before it stopped (the
     server then only waits for the others, and its next round is that level's histogram);
     none once the job is finished and its rounds were pruned. A worker answers a round twice
-    with one reply, so the open round's upload, if still due, is the same."""
+    with one reply, so the open round's upload, if still due, is the same. (A secure site
+    that uploaded in the job before is not rebuilt: it answers none of the job's rounds
+    again, see :func:`secure_steps`.)"""
     listed = tr.get_json(f"/v1/jobs/{job}/rounds")
     if not isinstance(listed, list):
         raise ProtocolError("malformed round list")

@@ -226,7 +226,12 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
              f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
-    replay(tr, job, worker)
+    uploaded = state.uploaded_in(job)  # before this process: a restart
+    # a restarted secure site that uploaded in the job answers none of its rounds again (the
+    # secure loop refuses the first one it is asked about): nothing to rebuild, and the other
+    # sites wait for its refusal
+    if not (secure and uploaded):
+        replay(tr, job, worker)
     cpu0 = time.process_time()  # start-up (imports, table, join) done: training from here
     requests0 = tr.requests
     result = ClientResult(status="running")
@@ -236,7 +241,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     with progress:
         bar = progress.add_task(f"job {job}", total=config.max_depth + 1)
         ctx = RunContext(opts, tr, state, config, job, k, info.client_name or f"client-{k}",
-                         worker, result, progress, bar, log, Watch(job, log, k))
+                         worker, result, progress, bar, log, Watch(job, log, k),
+                         uploaded_before=uploaded)
         ctx.waiting()
         try:
             if secure and identity is not None:

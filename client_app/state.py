@@ -148,6 +148,33 @@ class ClientState:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def uploaded_in(self, job: str) -> bool:
+        """Whether this site's receipts record an upload of ``job``: a sent record (written
+        and synced before every upload goes) or an upload's receipt of the job, in any file
+        of ``receipts/`` (the server names the file's site, and may name it otherwise at a
+        later join). A line damaged past parsing that names the job counts too: it may be
+        such a record. A refusal, a model or a failure of the job is no upload."""
+        folder = self.root / "receipts"
+        if not folder.is_dir():
+            return False
+        named = json.dumps(job).encode()
+        for path in sorted(folder.glob("*.jsonl")):
+            if not path.is_file():
+                continue
+            with path.open("rb") as fp:
+                for raw in fp:
+                    try:
+                        rec = json.loads(raw)
+                    except ValueError:  # not UTF-8 or not JSON: read as bytes
+                        if named in raw:
+                            return True
+                        continue
+                    # an upload's receipt has no kind; a sent record's is "sent"
+                    if isinstance(rec, dict) and rec.get("job_id") == job \
+                            and rec.get("kind") in (None, "sent"):
+                        return True
+        return False
+
     def write_secret(self, name: str, data: bytes) -> None:
         write_atomic(self.root / name, data, mode=0o600)
 

@@ -121,7 +121,7 @@ def test_the_upload_is_recorded_in_the_receipts_before_its_request_is_sent(
                    config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
                    name="alice", worker=cast(Any, _Worker()), result=result,
                    progress=progress, bar=progress.add_task("job"), log=log,
-                   watch=Watch(JOB, log, 0))
+                   watch=Watch(JOB, log, 0), uploaded_before=False)
         if profile == "secure":
             tr.step_wait = 10.0  # the upload's answer brings the next step, as in run_secure
             with ThreadPoolExecutor(max_workers=1) as sender:
