@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from client_app.transport import tls_context
 from fedforest_secure.pki import (
@@ -33,6 +34,19 @@ def test_dev_pki_files_and_sans(dev_pki: DevPKI) -> None:
     assert len(dev_pki.client_certs) == 5
     assert all(verify_signed_by(load_certificate(p), ca) for p in dev_pki.client_certs)
     assert (dev_pki.server_key.stat().st_mode & 0o777) == 0o600
+
+
+def test_the_server_certificate_serves_tls_only_and_site_certificates_are_clients(
+        dev_pki: DevPKI) -> None:
+    """A site's certificate is a client's (clientAuth: what certifies a secure-aggregation
+    identity); the server's holds serverAuth only, so the server cannot certify one."""
+    def usage(path: Path) -> list[x509.ObjectIdentifier]:
+        cert = load_certificate(path)
+        assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        return list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+    assert usage(dev_pki.server_cert) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert all(usage(p) == [ExtendedKeyUsageOID.CLIENT_AUTH] for p in dev_pki.client_certs)
 
 
 def test_foreign_certificate_is_not_signed_by_ca(dev_pki: DevPKI) -> None:

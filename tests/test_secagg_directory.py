@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nacl.signing import SigningKey
 
 from fedforest_secure.errors import InvalidMessage
@@ -67,13 +70,100 @@ def test_a_server_cannot_add_or_swap_an_identity(pkis: tuple[Path, Path], attack
         verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes())
 
 
+def test_the_server_cannot_certify_an_identity_with_its_own_tls_certificate(
+        pkis: tuple[Path, Path]) -> None:
+    """The federation CA issued the server's certificate (an EC key, like the sites'): an
+    identity the server plays, signed with ``server.key``, is refused as not a site's."""
+    a, _ = pkis
+    keys, certs = _entries(a, 2)
+    keys[2] = bytes(SigningKey.generate().verify_key)
+    certs[2] = certify_identity(JOB, keys[2], (a / "server.pem").read_bytes(),
+                                (a / "server.key").read_bytes())
+    with pytest.raises(InvalidMessage) as exc:
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes())
+    assert str(exc.value) == (
+        "directory entry 2 ('localhost'): not a site's certificate (its extended key usage "
+        "holds serverAuth, no clientAuth); a site certifies its identity with its own client "
+        "certificate, whose extended key usage holds clientAuth, as those of `fedforest pki "
+        "issue` do")
+    assert exc.value.peer == 2
+
+
+def _leaf(a: Path, name: str, usages: list[x509.ObjectIdentifier] | None, *,
+          ca: bool = False) -> tuple[bytes, bytes]:
+    """A certificate (PEM) and key (PEM) for ``name`` signed by the CA in ``a``, with the
+    extended key usages ``usages`` (None: no such extension) and BasicConstraints ``ca``."""
+    import datetime as dt
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from fedforest_secure.pki import CertifiedKey, load_ca
+
+    issuer = load_ca(a / "ca.pem", a / "ca.key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(issuer.cert.subject).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(hours=1))
+               .not_valid_after(now + dt.timedelta(days=30))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if usages is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    leaf = CertifiedKey(key, builder.sign(issuer.key, hashes.SHA256()))
+    return leaf.cert_pem(), leaf.key_pem()
+
+
+@pytest.mark.parametrize(("case", "what"), [
+    ("the_ca_itself", "a CA certificate"),
+    ("a_ca_with_client_auth", "a CA certificate"),
+    ("no_usage", "it has no extended key usage"),
+    ("any_usage", "its extended key usage holds anyExtendedKeyUsage, no clientAuth"),
+])
+def test_an_entry_whose_certificate_is_no_site_certificate_is_refused_and_accused(
+        pkis: tuple[Path, Path], case: str, what: str) -> None:
+    """Only a certificate that is not a CA's and whose extended key usage holds clientAuth
+    certifies an identity."""
+    a, _ = pkis
+    keys, certs = _entries(a)
+    if case == "the_ca_itself":
+        cert_pem, key_pem = (a / "ca.pem").read_bytes(), (a / "ca.key").read_bytes()
+        name = "FedForest dev CA"
+    else:
+        usages = {"a_ca_with_client_auth": [ExtendedKeyUsageOID.CLIENT_AUTH], "no_usage": None,
+                  "any_usage": [ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE]}[case]
+        name = "hospital-x"
+        cert_pem, key_pem = _leaf(a, name, usages, ca=case == "a_ca_with_client_auth")
+    keys[1] = bytes(SigningKey.generate().verify_key)
+    certs[1] = certify_identity(JOB, keys[1], cert_pem, key_pem)
+    with pytest.raises(InvalidMessage,
+                       match=re.escape(f"directory entry 1 ({name!r}): not a site's "
+                                       f"certificate ({what}); a site certifies")) as exc:
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes())
+    assert exc.value.peer == 1
+
+
+def test_a_site_certificate_with_client_and_server_auth_certifies_an_identity(
+        pkis: tuple[Path, Path]) -> None:
+    """clientAuth is what makes a site's certificate (an institution's PKI may add serverAuth):
+    hence a server certificate must not hold clientAuth (docs/deployment.md)."""
+    a, _ = pkis
+    keys, certs = _entries(a, 2)
+    cert_pem, key_pem = _leaf(a, "hospital-x", [ExtendedKeyUsageOID.SERVER_AUTH,
+                                                ExtendedKeyUsageOID.CLIENT_AUTH])
+    keys[2] = bytes(SigningKey.generate().verify_key)
+    certs[2] = certify_identity(JOB, keys[2], cert_pem, key_pem)
+    names = verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes())
+    assert names == {0: "client-0", 1: "client-1", 2: "hospital-x"}
+
+
 def test_an_entry_whose_certificate_expired_is_named_with_its_dates_and_accused(
         pkis: tuple[Path, Path]) -> None:
     """A certificate valid when its site joined and expired since: the entry is named (index
     and name), with its validity, as that site's (``peer``) to renew."""
     import datetime as dt
-
-    from cryptography import x509
 
     a, _ = pkis
     keys, certs = _entries(a)
@@ -107,34 +197,60 @@ def test_the_entry_that_does_not_check_is_the_accused_peer(pkis: tuple[Path, Pat
     assert exc.value.peer == peer
 
 
-def test_a_site_whose_own_certificate_expired_is_told_so_and_accuses_no_peer(
-        pkis: tuple[Path, Path]) -> None:
-    """Its own directory entry does not check (its certificate expired after it joined): the
-    site's error says it is its own identity, with the entry's dates, not a peer's."""
-    import datetime as dt
+def _connect_as_site_0(a: Path, cert_pem: bytes, key_pem: bytes) -> None:
+    """Site 0's secure session, with its own identity certified by ``cert_pem``/``key_pem``,
+    checking the directory of the job (sites 1 and 2 certified by their own certificates)."""
     from types import SimpleNamespace
 
     from client_app.secagg_session import SecAggSession
     from fedforest_secure.config import JobConfig
-    from fedforest_secure.errors import FedForestError
-    from fedforest_secure.pki import issue_certificate, load_ca
 
-    a, _ = pkis
     keys, certs = _entries(a)
     own = SigningKey.generate()
-    ca = load_ca(a / "ca.pem", a / "ca.key")
-    past = issue_certificate(ca, "client-0", server=False, days=1,
-                             now=dt.datetime.now(dt.UTC) - dt.timedelta(days=30))
     keys[0] = bytes(own.verify_key)
-    certs[0] = certify_identity(JOB, keys[0], past.cert_pem(), past.key_pem())
+    certs[0] = certify_identity(JOB, keys[0], cert_pem, key_pem)
     listing = {"complete": True, "keys": {str(k): v.hex() for k, v in keys.items()},
                "certs": {str(k): c.to_json() for k, c in certs.items()}}
     config = JobConfig(job_id=JOB, task="regression", n_features=1, n_clients=3,
                        n_estimators=1, max_depth=1, max_features=1, n_bins=2)
     session = SecAggSession(config, SimpleNamespace(get_json=lambda path: listing),  # type: ignore[arg-type]
                             JOB, 0, own, ca_pem=(a / "ca.pem").read_bytes())
+    session.connect()
+
+
+def test_a_site_whose_own_certificate_expired_is_told_so_and_accuses_no_peer(
+        pkis: tuple[Path, Path]) -> None:
+    """Its own directory entry does not check (its certificate expired after it joined): the
+    site's error says it is its own identity, with the entry's dates, not a peer's."""
+    import datetime as dt
+
+    from fedforest_secure.errors import FedForestError
+    from fedforest_secure.pki import issue_certificate, load_ca
+
+    a, _ = pkis
+    ca = load_ca(a / "ca.pem", a / "ca.key")
+    past = issue_certificate(ca, "client-0", server=False, days=1,
+                             now=dt.datetime.now(dt.UTC) - dt.timedelta(days=30))
     with pytest.raises(FedForestError, match=r"this site's own identity in job job-d does not "
                                              r"check: directory entry 0 \('client-0'\): the "
                                              r"certificate is not valid now") as exc:
-        session.connect()
+        _connect_as_site_0(a, past.cert_pem(), past.key_pem())
     assert not isinstance(exc.value, InvalidMessage)
+
+
+def test_a_site_whose_own_certificate_has_no_client_auth_is_told_so(
+        pkis: tuple[Path, Path]) -> None:
+    """A site of an institution's PKI whose certificate lacks the extended key usage
+    clientAuth: its error names its own entry and what its certificate needs."""
+    from fedforest_secure.errors import FedForestError
+
+    a, _ = pkis
+    cert_pem, key_pem = _leaf(a, "client-0", None)
+    with pytest.raises(FedForestError) as exc:
+        _connect_as_site_0(a, cert_pem, key_pem)
+    assert not isinstance(exc.value, InvalidMessage)
+    assert str(exc.value) == (
+        "this site's own identity in job job-d does not check: directory entry 0 ('client-0'): "
+        "not a site's certificate (it has no extended key usage); a site certifies its "
+        "identity with its own client certificate, whose extended key usage holds clientAuth, "
+        "as those of `fedforest pki issue` do (--cert)")

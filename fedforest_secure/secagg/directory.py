@@ -6,12 +6,16 @@ could add identities of its own (Sybils) and play them. A certified directory cl
 to anyone but the CA: at join a client signs ``job | name | identity key`` with the private key
 of its TLS client certificate (:func:`certify_identity`), and sends the certificate and the
 signature along; every client checks every entry of the directory against the federation CA it
-already pins for TLS (:func:`verify_directory`): a certificate the CA issued, a name that is the
-certificate's common name and appears once, a valid signature on the entry's identity key.
+already pins for TLS (:func:`verify_directory`): a site's certificate the CA issued (not a CA's,
+its extended key usage holding clientAuth: the server's own certificate, serverAuth only,
+certifies nothing), a name that is the certificate's common name and appears once, a valid
+signature on the entry's identity key.
 
 What is left: a CA that issues certificates at the server's request registers Sybils (the
 coordinator, the CA and the directory are often run by one party; institutions that want more
-compare the audit log's ``client_joined`` keys out of band).
+compare the audit log's ``client_joined`` keys out of band), and so does a server whose own
+certificate holds clientAuth besides serverAuth (an institution's PKI may issue one; the
+federation CA of ``fedforest pki`` does not).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..errors import InvalidMessage
 from ..pki import verify_signed_by
@@ -34,6 +38,11 @@ __all__ = ["Certification", "certificate_name", "certify_identity", "identity_pa
            "verify_directory"]
 
 _MAX_PEM = 8192
+_USAGE_NAMES = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+                ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
+                ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning",
+                ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
+                ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,25 @@ def certify_identity(job_id: str, identity_key: bytes, cert_pem: bytes,
     return Certification(cert_pem.decode("ascii"), key.sign(payload, ec.ECDSA(hashes.SHA256())))
 
 
+def _not_a_site_certificate(cert: x509.Certificate) -> str | None:
+    """None for a site's (TLS client) certificate: not a CA's, and an extended key usage that
+    holds clientAuth; else what it is instead. The CA also issues the server's certificate
+    (serverAuth), whose key the server holds: that one certifies no identity."""
+    try:
+        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+            return "a CA certificate"
+    except x509.ExtensionNotFound:
+        pass
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return "it has no extended key usage"
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        held = ", ".join(_USAGE_NAMES.get(u, u.dotted_string) for u in usages) or "nothing"
+        return f"its extended key usage holds {held}, no clientAuth"
+    return None
+
+
 def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
                  ca: x509.Certificate, now: _dt.datetime) -> str:
     """The entry's certified name; :class:`InvalidMessage` naming entry ``index`` (its
@@ -106,6 +134,12 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
         name = certificate_name(cert)
     except InvalidMessage as exc:
         raise InvalidMessage(f"directory entry {index}: {exc}", peer=index) from None
+    unfit = _not_a_site_certificate(cert)
+    if unfit is not None:
+        raise InvalidMessage(
+            f"directory entry {index} ({name!r}): not a site's certificate ({unfit}); a site "
+            "certifies its identity with its own client certificate, whose extended key usage "
+            "holds clientAuth, as those of `fedforest pki issue` do", peer=index)
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
     if not start <= now <= end:
         raise InvalidMessage(
@@ -130,8 +164,9 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
     """Check every identity key of a job against the federation CA; return ``{index: name}``.
 
     Raises :class:`InvalidMessage` naming the first entry that has no certification, a
-    certificate the CA did not issue (or not valid now), a signature that does not cover its
-    key, or a name that another entry already has.
+    certificate the CA did not issue (or not valid now), one that is not a site's (a CA
+    certificate, or an extended key usage without clientAuth, as the server's has), a
+    signature that does not cover its key, or a name that another entry already has.
     """
     ca = x509.load_pem_x509_certificate(ca_pem)
     when = now or _dt.datetime.now(_dt.UTC)
