@@ -164,29 +164,39 @@ def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path(
 def pki_issue(ca_dir: Annotated[Path, typer.Option(
                   help="the directory of the federation CA (ca.pem, ca.key)")] = Path("certs"),
               name: Annotated[list[str] | None, typer.Option(
-                  help="a site's (or an operator's) name: writes <name>.pem and <name>.key "
-                       "beside the CA (repeat for each)")] = None,
+                  help="a site's (or with --operator an operator's) name: writes <name>.pem "
+                       "and <name>.key beside the CA (repeat for each)")] = None,
+              operator: Annotated[bool, typer.Option(
+                  "--operator", help="an operator's certificate, for a browser on the "
+                  "operator page (/ui): it opens TLS connections but certifies no site in "
+                  "secure jobs; the name 'operator' is issued with --operator only")] = False,
               p12: Annotated[bool, typer.Option(
-                  "--p12", help="also write <name>.p12 (certificate, key and CA in one "
-                  "password-protected file), what a browser imports; the password is asked, "
-                  "or read from $FEDFOREST_P12_PASSWORD")] = False,
+                  "--p12", help="with --operator, also write <name>.p12 (certificate, key and "
+                  "CA in one password-protected file), what a browser imports; the password "
+                  "is asked, or read from $FEDFOREST_P12_PASSWORD")] = False,
               renew: Annotated[bool, typer.Option(
                   "--renew", help="give sites that have a certificate a new key and certificate "
                   "of the same name (a lost or leaked key; it never outlasts ca.pem); the old "
                   "files are kept as <name>.pem.replaced-<time> and <name>.key.replaced-<time>"
                   )] = False
               ) -> None:
-    """Client certificates signed by the existing CA: a site that joins later, or an
-    operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
+    """Client certificates signed by the existing CA: a site that joins later, or (--operator)
+    an operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
     from fedforest_secure.pki import export_pkcs12, issue_client_certificates
 
+    if p12 and not operator:
+        fail(ValueError("--p12 bundles an operator's certificate for a browser: add --operator "
+                        "(a site's certificate stays a .pem and .key for its client; nothing "
+                        "was written)"))
     password = _p12_password(ca_dir, list(name or []), renew) if p12 else b""
     try:
-        written = issue_client_certificates(ca_dir, list(name or []), renew=renew)
+        written = issue_client_certificates(ca_dir, list(name or []), renew=renew,
+                                            operator=operator)
         bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
     except (ValueError, OSError) as exc:
         fail(exc)
-    console.print(f"{len(written)} client certificate(s) signed by {ca_dir / 'ca.pem'}: "
+    kind = "operator" if operator else "client"
+    console.print(f"{len(written)} {kind} certificate(s) signed by {ca_dir / 'ca.pem'}: "
                   f"{', '.join(str(p) for p in written)}", markup=False)
     if bundles:
         console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
@@ -199,14 +209,21 @@ def pki_p12(ca_dir: Annotated[Path, typer.Option(
             name: Annotated[list[str] | None, typer.Option(
                 help="the name of a certificate issued before (<name>.pem and <name>.key); "
                      "repeat for each")] = None) -> None:
-    """Bundle a certificate issued before (`pki issue` without --p12) with its key and the CA
-    into <name>.p12, what a browser imports; the password is asked, or read from
-    $FEDFOREST_P12_PASSWORD. Never replaces a file."""
-    from fedforest_secure.pki import export_pkcs12
+    """Bundle an operator's certificate issued before (`pki issue --operator` without --p12)
+    with its key and the CA into <name>.p12, what a browser imports; the password is asked, or
+    read from $FEDFOREST_P12_PASSWORD. Never replaces a file; never bundles a site's
+    certificate."""
+    from fedforest_secure.pki import export_pkcs12, load_operator_certificate
 
     names = list(name or [])
     if not names:
         fail(ValueError("--name: the certificate to bundle (e.g. --name operator)"))
+    try:  # before the password is asked
+        for n in names:
+            if (ca_dir / f"{n}.pem").is_file():
+                load_operator_certificate(ca_dir / f"{n}.pem")
+    except ValueError as exc:
+        fail(exc)
     password = _p12_password(ca_dir, names)
     try:
         bundles = [export_pkcs12(ca_dir, n, password) for n in names]

@@ -5,9 +5,17 @@ transport in FedForest Secure runs over verified TLS, even on a laptop::
 
     paths = init_dev_pki(Path("certs"), n_clients=4)
     # certs/ca.pem, certs/server.pem, certs/server.key, certs/client-0.pem, certs/client-0.key, ...
-    issue_client_certificates(Path("certs"), ["operator"])  # later, from the same CA
+    issue_client_certificates(Path("certs"), ["hospital-d"])  # later, from the same CA
+    issue_client_certificates(Path("certs"), ["operator"], operator=True)  # a browser's
 
 Neither replaces a file that is there (``init_dev_pki(..., overwrite=True)`` makes a new CA).
+
+A site's certificate (extended key usage clientAuth) opens the server's API and certifies the
+site's identity in secure jobs. An operator's certificate (clientAuth and
+:data:`OPERATOR_PURPOSE`) opens TLS connections the same way, for a browser on the operator page,
+but certifies no identity: the server operator holds its key, and the sites refuse it in a
+job's identity directory (:mod:`fedforest_secure.secagg.directory`). The name
+:data:`OPERATOR_NAME` is an operator's only: no site certificate is issued under it.
 
 Keys are EC P-256; the server certificate names ``localhost`` and ``127.0.0.1`` (and any extra
 host names given) as subject alternative names. Private keys are written with mode 0600.
@@ -34,6 +42,8 @@ from ._pem_files import load_private_key as _load_private_key
 from .protocol.api import NAME_PATTERN
 
 __all__ = [
+    "OPERATOR_NAME",
+    "OPERATOR_PURPOSE",
     "CertifiedKey",
     "DevPKI",
     "check_validity",
@@ -42,8 +52,10 @@ __all__ = [
     "init_dev_pki",
     "issue_certificate",
     "issue_client_certificates",
+    "is_operator_certificate",
     "load_ca",
     "load_certificate",
+    "load_operator_certificate",
     "verify_signed_by",
 ]
 
@@ -51,6 +63,14 @@ _VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 #: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
 _SITE_NAME = re.compile(NAME_PATTERN)
+#: FedForest's object identifier arc (ITU-T X.667: 2.25 and a UUID as one integer; the UUID is
+#: c49e1022-2ed5-4af7-a169-b75b09989a2d)
+_FEDFOREST_ARC = "2.25.261349397304297363440624600421328525869"
+#: the extended key usage purpose that marks an operator's certificate (beside clientAuth, for
+#: a browser's TLS): it certifies no secure-aggregation identity
+OPERATOR_PURPOSE = x509.ObjectIdentifier(f"{_FEDFOREST_ARC}.1")
+#: the name `fedforest pki` issues an operator's certificate under, and never a site's
+OPERATOR_NAME = "operator"
 
 
 @dataclass(frozen=True)
@@ -152,16 +172,22 @@ def _check_host(host: str) -> None:
 
 
 def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
-                      hosts: tuple[str, ...] = (), days: int = _VALIDITY_DAYS,
+                      operator: bool = False, hosts: tuple[str, ...] = (),
+                      days: int = _VALIDITY_DAYS,
                       now: _dt.datetime | None = None) -> CertifiedKey:
-    """A leaf certificate signed by ``ca``: TLS server auth (with SANs ``hosts``) or client auth."""
+    """A leaf certificate signed by ``ca``: TLS server auth (with SANs ``hosts``) or client
+    auth; an ``operator``'s client certificate also holds :data:`OPERATOR_PURPOSE`."""
     if server and not hosts:
         raise ValueError("a server certificate needs at least one host name or IP address")
+    if server and operator:
+        raise ValueError("an operator's certificate is a client certificate, not a server's")
     for host in hosts:
         _check_host(host)
     key = ec.generate_private_key(ec.SECP256R1())
     start = (now or _now()) - _dt.timedelta(minutes=5)
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server
+              else [ExtendedKeyUsageOID.CLIENT_AUTH, OPERATOR_PURPOSE] if operator
+              else [ExtendedKeyUsageOID.CLIENT_AUTH])
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -176,7 +202,7 @@ def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
             digital_signature=True, content_commitment=False, key_encipherment=False,
             data_encipherment=False, key_agreement=True, key_cert_sign=False, crl_sign=False,
             encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
                        critical=False)
     )
@@ -198,6 +224,37 @@ def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     except (InvalidSignature, ValueError, TypeError):
         return False
     return True
+
+
+def is_operator_certificate(cert: x509.Certificate) -> bool:
+    """True if the certificate's extended key usage holds :data:`OPERATOR_PURPOSE`."""
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
+    return OPERATOR_PURPOSE in usages
+
+
+def load_operator_certificate(path: Path) -> x509.Certificate:
+    """The certificate in the PEM file ``path`` if it is an operator's (what goes into a
+    browser); ValueError naming the file and how to issue one otherwise."""
+    cert = load_certificate(path)
+    if not is_operator_certificate(cert):
+        path = Path(path)
+        name = path.name.removesuffix(".pem")
+        raise ValueError(f"{path} is not an operator's certificate: a browser's bundle holds "
+                         "an operator's only (a site's would certify an identity in secure "
+                         f"jobs); `fedforest pki issue --ca-dir {path.parent} --name {name} "
+                         "--operator --p12` issues one (with --renew in place of this one)")
+    return cert
+
+
+def _check_site_names(names: Sequence[str]) -> None:
+    """Refuse :data:`OPERATOR_NAME` as a site's name."""
+    if OPERATOR_NAME in names:
+        raise ValueError(f"{OPERATOR_NAME!r} names an operator's certificate, never a site's: "
+                         f"`fedforest pki issue --name {OPERATOR_NAME} --operator` issues one "
+                         "(for a browser on the operator page; it certifies no site)")
 
 
 def _check_names(names: Sequence[str]) -> None:
@@ -234,6 +291,7 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")
     _check_names(names)
+    _check_site_names(names)
     out = Path(out)
     if not overwrite:
         targets = [out / f for f in ("ca.pem", "ca.key", "server.pem", "server.key")]
@@ -285,11 +343,12 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
     return CertifiedKey(key, cert)
 
 
-def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
-                              renew: bool = False) -> list[Path]:
+def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool = False,
+                              operator: bool = False) -> list[Path]:
     """Client certificates for ``names``, signed by the CA in ``ca_dir`` (``ca.pem`` and
     ``ca.key``), written beside it as ``<name>.pem`` and ``<name>.key`` (mode 0600): a site
-    that joins later, or an operator's browser. Returns the certificates' paths.
+    that joins later, or with ``operator`` an operator's browser (:data:`OPERATOR_PURPOSE`:
+    it certifies no site). Returns the certificates' paths.
 
     With ``renew`` every name must have its pair there already: each is moved aside (to
     ``<name>.pem.replaced-<UTC time>`` and ``<name>.key.replaced-<UTC time>``, kept; a
@@ -305,14 +364,17 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
         Without ``renew``, a ``<name>.pem`` or ``<name>.key`` is there already: nothing is
         written.
     ValueError
-        A name is not usable as a file name, the key is not the CA's, or the CA's certificate
-        has expired (or is not valid yet).
+        A name is not usable as a file name (or is :data:`OPERATOR_NAME` for a site), the key
+        is not the CA's, the CA's certificate has expired (or is not valid yet), or with
+        ``renew`` an operator's certificate would be renewed as a site's.
     """
     ca_dir = Path(ca_dir)
     names = list(names)
     if not names:
         raise ValueError("no site name given")
     _check_names(names)
+    if not operator:
+        _check_site_names(names)
     for part in ("ca.pem", "ca.key"):
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
@@ -331,12 +393,17 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
         _refuse_existing(pairs, "a site's certificate is replaced only with --renew, which "
                                 "keeps the old files beside it; a site's token works only with "
                                 "a certificate of its own name")
-        return _write_clients(ca, ca_dir, names)[0]
+        return _write_clients(ca, ca_dir, names, operator)[0]
     missing = [p for p in pairs if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"{missing[0]} not found: --renew replaces a site's existing "
                                 "certificate and key (without --renew, `pki issue` makes a "
                                 "new site's)")
+    if not operator:  # an operator's renewed as a site's would certify an identity
+        held = [n for n in names if is_operator_certificate(load_certificate(ca_dir / f"{n}.pem"))]
+        if held:
+            raise ValueError(f"{ca_dir / (held[0] + '.pem')} is an operator's certificate: "
+                             "renew it with --operator (nothing was written)")
     stamp = _now().strftime("%Y%m%dT%H%M%SZ")
     bundles = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").is_file()]
     moves = [(path, path.with_name(f"{path.name}.replaced-{stamp}"))
@@ -346,7 +413,7 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *,
                                                   "again in a second")
     for path, kept in moves:
         path.rename(kept)
-    return _write_clients(ca, ca_dir, names)[0]
+    return _write_clients(ca, ca_dir, names, operator)[0]
 
 
 def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
@@ -362,8 +429,8 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     FileExistsError
         ``<name>.p12`` is there already: nothing is written.
     ValueError
-        An empty password, a name not usable as a file name, or a key that is not the
-        certificate's.
+        An empty password, a name not usable as a file name, a certificate that is not an
+        operator's (:func:`load_operator_certificate`), or a key that is not the certificate's.
     """
     from cryptography.hazmat.primitives.serialization import pkcs12
 
@@ -377,7 +444,7 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     for part in ("ca.pem", f"{name}.pem", f"{name}.key"):
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found")
-    cert = load_certificate(ca_dir / f"{name}.pem")
+    cert = load_operator_certificate(ca_dir / f"{name}.pem")
     try:
         key = _load_private_key(ca_dir / f"{name}.key")
     except TypeError:  # encrypted with a password
@@ -394,12 +461,13 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     return out
 
 
-def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str]
+def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: bool = False
                    ) -> tuple[list[Path], list[Path]]:
-    """``out/<name>.pem`` and ``out/<name>.key`` for each name, signed by ``ca``."""
+    """``out/<name>.pem`` and ``out/<name>.key`` for each name, signed by ``ca`` (operators'
+    certificates with ``operator``)."""
     certs, keys = [], []
     for name in names:
         certs.append(out / f"{name}.pem")
         keys.append(out / f"{name}.key")
-        issue_certificate(ca, name, server=False).write(certs[-1], keys[-1])
+        issue_certificate(ca, name, server=False, operator=operator).write(certs[-1], keys[-1])
     return certs, keys

@@ -8,14 +8,17 @@ of its TLS client certificate (:func:`certify_identity`), and sends the certific
 signature along; every client checks every entry of the directory against the federation CA it
 already pins for TLS (:func:`verify_directory`): a site's certificate the CA issued (not a CA's,
 its extended key usage holding clientAuth: the server's own certificate, serverAuth only,
-certifies nothing), a name that is the certificate's common name and appears once, a valid
-signature on the entry's identity key.
+certifies nothing; and not an operator's, whose extended key usage also holds
+:data:`~fedforest_secure.pki.OPERATOR_PURPOSE` or whose name is
+:data:`~fedforest_secure.pki.OPERATOR_NAME`: the server operator holds its key for a browser),
+a name that is the certificate's common name and appears once, a valid signature on the entry's
+identity key.
 
-What is left: a CA that issues certificates at the server's request registers Sybils (the
-coordinator, the CA and the directory are often run by one party; institutions that want more
-compare the audit log's ``client_joined`` keys out of band), and so does a server whose own
-certificate holds clientAuth besides serverAuth (an institution's PKI may issue one; the
-federation CA of ``fedforest pki`` does not).
+What is left: a CA that issues site certificates (clientAuth without the operator purpose) at
+the server's request registers Sybils (the coordinator, the CA and the directory are often run
+by one party; institutions that want more compare the audit log's ``client_joined`` keys out of
+band), and so does a server whose own certificate holds clientAuth besides serverAuth (an
+institution's PKI may issue one; the federation CA of ``fedforest pki`` does not).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..errors import InvalidMessage
-from ..pki import verify_signed_by
+from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, verify_signed_by
 from ._rounds import check_job_id
 
 __all__ = ["Certification", "certificate_name", "certify_identity", "identity_payload",
@@ -42,7 +45,8 @@ _USAGE_NAMES = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
                 ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
                 ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning",
                 ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
-                ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage"}
+                ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage",
+                OPERATOR_PURPOSE: "the FedForest operator purpose"}
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,12 @@ def certify_identity(job_id: str, identity_key: bytes, cert_pem: bytes,
     return Certification(cert_pem.decode("ascii"), key.sign(payload, ec.ECDSA(hashes.SHA256())))
 
 
-def _not_a_site_certificate(cert: x509.Certificate) -> str | None:
-    """None for a site's (TLS client) certificate: not a CA's, and an extended key usage that
-    holds clientAuth; else what it is instead. The CA also issues the server's certificate
-    (serverAuth), whose key the server holds: that one certifies no identity."""
+def _not_a_site_certificate(cert: x509.Certificate, name: str) -> str | None:
+    """None for a site's (TLS client) certificate: not a CA's, an extended key usage that
+    holds clientAuth and not the operator purpose, a name that is not the operator's; else
+    what it is instead. The CA also issues the server's certificate (serverAuth) and operators'
+    browser certificates (clientAuth and the operator purpose), whose keys the server operator
+    holds: those certify no identity."""
     try:
         if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
             return "a CA certificate"
@@ -115,6 +121,11 @@ def _not_a_site_certificate(cert: x509.Certificate) -> str | None:
     if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
         held = ", ".join(_USAGE_NAMES.get(u, u.dotted_string) for u in usages) or "nothing"
         return f"its extended key usage holds {held}, no clientAuth"
+    if OPERATOR_PURPOSE in usages:
+        return ("an operator's certificate: its extended key usage holds the FedForest "
+                f"operator purpose {OPERATOR_PURPOSE.dotted_string}")
+    if name == OPERATOR_NAME:  # `fedforest pki` issues no site certificate of that name
+        return f"an operator's certificate: its name is {OPERATOR_NAME!r}"
     return None
 
 
@@ -134,12 +145,13 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
         name = certificate_name(cert)
     except InvalidMessage as exc:
         raise InvalidMessage(f"directory entry {index}: {exc}", peer=index) from None
-    unfit = _not_a_site_certificate(cert)
+    unfit = _not_a_site_certificate(cert, name)
     if unfit is not None:
         raise InvalidMessage(
             f"directory entry {index} ({name!r}): not a site's certificate ({unfit}); a site "
             "certifies its identity with its own client certificate, whose extended key usage "
-            "holds clientAuth, as those of `fedforest pki issue` do", peer=index)
+            "holds clientAuth and not the operator purpose, as those `fedforest pki issue` "
+            "writes without --operator do", peer=index)
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
     if not start <= now <= end:
         raise InvalidMessage(
@@ -165,8 +177,9 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
 
     Raises :class:`InvalidMessage` naming the first entry that has no certification, a
     certificate the CA did not issue (or not valid now), one that is not a site's (a CA
-    certificate, or an extended key usage without clientAuth, as the server's has), a
-    signature that does not cover its key, or a name that another entry already has.
+    certificate, an extended key usage without clientAuth, as the server's has, or an
+    operator's), a signature that does not cover its key, or a name that another entry already
+    has.
     """
     ca = x509.load_pem_x509_certificate(ca_pem)
     when = now or _dt.datetime.now(_dt.UTC)
