@@ -29,7 +29,7 @@ def test_a_second_init_leaves_the_federation_ca_alone(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     before = {p.name: p.read_bytes() for p in certs.iterdir()}
-    code, out = _pki("init", "--out", str(certs), "--name", "operator")
+    code, out = _pki("init", "--out", str(certs), "--name", "hospital-b")
     assert code == 2
     assert "already holds" in out and "ca.pem" in out and "pki issue" in out
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
@@ -47,16 +47,17 @@ def test_issue_adds_a_client_certificate_signed_by_the_existing_ca(tmp_path: Pat
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     ca_before = (certs / "ca.pem").read_bytes(), (certs / "ca.key").read_bytes()
-    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--name",
-                     "hospital-b")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-b", "--name",
+                     "hospital-c")
     assert code == 0, out
+    assert "2 client certificate(s) signed by" in out
     ca = load_certificate(certs / "ca.pem")
-    for name in ("operator", "hospital-b"):
+    for name in ("hospital-b", "hospital-c"):
         cert = load_certificate(certs / f"{name}.pem")
         assert verify_signed_by(cert, ca)
         assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == name
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+        assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
         assert (certs / f"{name}.key").stat().st_mode & 0o777 == 0o600
     assert ((certs / "ca.pem").read_bytes(), (certs / "ca.key").read_bytes()) == ca_before
 
@@ -76,11 +77,11 @@ def test_issue_needs_the_ca_key_that_matches_the_ca_certificate(tmp_path: Path) 
     assert _pki("init", "--out", str(one))[0] == 0
     assert _pki("init", "--out", str(two))[0] == 0
     (one / "ca.key").write_bytes((two / "ca.key").read_bytes())
-    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator")
+    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator", "--operator")
     assert code == 2 and "does not match" in out
     assert not (one / "operator.pem").exists()
     (one / "ca.key").unlink()
-    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator")
+    code, out = _pki("issue", "--ca-dir", str(one), "--name", "operator", "--operator")
     assert code == 2 and "ca.key" in out
 
 
@@ -115,16 +116,17 @@ def test_issue_from_a_ca_not_valid_yet_points_at_the_clock_not_a_new_ca(tmp_path
 
 def test_issue_p12_writes_what_a_browser_imports_with_the_password(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`pki issue --name operator --p12`: operator.p12 holds the certificate, its key and the
-    CA, opens with the password only, and is private; without a password, or over an existing
-    .p12, nothing is written."""
+    """`pki issue --name operator --operator --p12`: operator.p12 holds the certificate, its
+    key and the CA, opens with the password only, and is private; without a password, or over
+    an existing .p12, nothing is written."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.serialization import pkcs12
 
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "s3cret")
-    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--operator",
+                     "--p12")
     assert code == 0, out
     assert f"to import into a browser: {certs / 'operator.p12'}" in out
     data = (certs / "operator.p12").read_bytes()
@@ -142,25 +144,26 @@ def test_issue_p12_writes_what_a_browser_imports_with_the_password(
     assert extra == [load_certificate(certs / "ca.pem")]
     # a .p12 already there: refused before the certificate is issued
     (certs / "alice.p12").write_bytes(b"mine")
-    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--p12")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--operator", "--p12")
     assert code == 2 and "alice.p12 exists: nothing was written" in out
     assert not (certs / "alice.pem").exists()
     monkeypatch.delenv("FEDFOREST_P12_PASSWORD")
     res = CliRunner().invoke(app, ["pki", "issue", "--ca-dir", str(certs), "--name", "bob",
-                                   "--p12"], input="\n\n")
+                                   "--operator", "--p12"], input="\n\n")
     assert res.exit_code == 2 and "needs a password" in res.output
     assert not (certs / "bob.pem").exists()
 
 
 def test_p12_bundles_a_certificate_issued_before(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """`pki p12 --name operator` for a certificate `pki issue` wrote without --p12: the bundle
-    opens with the password and holds that certificate; a missing certificate is an error."""
+    """`pki p12 --name operator` for an operator's certificate `pki issue --operator` wrote
+    without --p12: the bundle opens with the password and holds that certificate; a missing
+    certificate is an error."""
     from cryptography.hazmat.primitives.serialization import pkcs12
 
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
-    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator")[0] == 0
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--operator")[0] == 0
     monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
     code, out = _pki("p12", "--ca-dir", str(certs), "--name", "operator")
     assert code == 0, out
@@ -239,8 +242,10 @@ def test_a_p12_password_with_no_terminal_to_ask_on_names_the_variable(
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     monkeypatch.delenv("FEDFOREST_P12_PASSWORD", raising=False)
-    args = (["issue", "--p12", "--name", "operator"] if command == "issue"
-            else ["p12", "--name", "hospital-a"])
+    if command == "p12":
+        assert _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--operator")[0] == 0
+    args = (["issue", "--operator", "--p12", "--name", "operator"] if command == "issue"
+            else ["p12", "--name", "alice"])
     res = CliRunner().invoke(app, ["pki", *args, "--ca-dir", str(certs)], input="")
     out = res.output.replace("\n", "")
     assert res.exit_code == 2, out
@@ -284,9 +289,11 @@ def test_renew_with_p12_replaces_the_browser_bundle_and_keeps_the_old(
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "s3cret")
-    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12")[0] == 0
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--operator",
+                "--p12")[0] == 0
     old = (certs / "operator.p12").read_bytes()
-    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--p12", "--renew")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--operator",
+                     "--p12", "--renew")
     assert code == 0, out
     _, cert, _ = pkcs12.load_key_and_certificates((certs / "operator.p12").read_bytes(),
                                                   b"s3cret")
@@ -315,3 +322,102 @@ def test_a_renewal_refused_for_one_name_moves_nothing(tmp_path: Path,
     with pytest.raises(FileExistsError, match="renewed within the same second"):
         issue_client_certificates(certs, ["hospital-a", "hospital-b"], renew=True)
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+
+
+def test_issue_operator_writes_a_browser_certificate_that_is_no_sites(tmp_path: Path) -> None:
+    """`pki issue --operator`: a client certificate (clientAuth, for the browser's TLS) that
+    also holds the FedForest operator purpose, under X.667's 2.25 arc."""
+    from fedforest_secure.pki import OPERATOR_PURPOSE, is_operator_certificate
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--operator")
+    assert code == 0, out
+    assert f"1 operator certificate(s) signed by {certs / 'ca.pem'}: {certs / 'operator.pem'}" \
+        in out, out
+    cert = load_certificate(certs / "operator.pem")
+    assert verify_signed_by(cert, load_certificate(certs / "ca.pem"))
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH, OPERATOR_PURPOSE]
+    assert OPERATOR_PURPOSE.dotted_string == "2.25.261349397304297363440624600421328525869.1"
+    assert is_operator_certificate(cert)
+    assert not is_operator_certificate(load_certificate(certs / "hospital-a.pem"))
+
+
+@pytest.mark.parametrize("args", [
+    ["issue", "--name", "operator"],
+    ["issue", "--name", "operator", "--name", "hospital-b"],
+    ["issue", "--name", "operator", "--renew"],
+    ["init", "--name", "hospital-b", "--name", "operator", "--force"],
+])
+def test_the_name_operator_is_issued_as_an_operators_certificate_only(
+        tmp_path: Path, args: list[str]) -> None:
+    """The documented operator flow without --operator would give the coordinator a
+    certificate that certifies a site: refused, saying how to issue an operator's, and nothing
+    is written."""
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    where = "--out" if args[0] == "init" else "--ca-dir"
+    code, out = _pki(*args, where, str(certs))
+    assert code == 2, out
+    assert "error: 'operator' names an operator's certificate, never a site's: `fedforest pki " \
+           "issue --name operator --operator` issues one (for a browser on the operator page; " \
+           "it certifies no site)" in out, out
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+
+
+def test_a_p12_bundles_an_operators_certificate_only(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser's bundle never holds a site's certificate: `pki issue --p12` needs --operator,
+    and `pki p12` refuses a site's certificate before it asks for a password."""
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--p12")
+    assert code == 2, out
+    assert "error: --p12 bundles an operator's certificate for a browser: add --operator (a " \
+           "site's certificate stays a .pem and .key for its client; nothing was written)" \
+           in out, out
+    monkeypatch.delenv("FEDFOREST_P12_PASSWORD")
+    res = CliRunner().invoke(app, ["pki", "p12", "--ca-dir", str(certs), "--name",
+                                   "hospital-a"], input="")
+    out = res.output.replace("\n", "")
+    assert res.exit_code == 2, out
+    assert f"error: {certs / 'hospital-a.pem'} is not an operator's certificate: a browser's " \
+           "bundle holds an operator's only (a site's would certify an identity in secure " \
+           f"jobs); `fedforest pki issue --ca-dir {certs} --name hospital-a --operator --p12` " \
+           "issues one (with --renew in place of this one)" in out, out
+    assert "password" not in out
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+
+
+def test_renew_keeps_an_operators_certificate_an_operators(tmp_path: Path) -> None:
+    """An operator's certificate renewed without --operator would come back as a site's:
+    refused, nothing moves; with --operator it is renewed as an operator's, and a site-style
+    certificate of an operator renewed with --operator becomes one."""
+    from fedforest_secure.pki import is_operator_certificate, issue_certificate, load_ca
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--operator")[0] == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--renew")
+    assert code == 2, out
+    assert f"error: {certs / 'alice.pem'} is an operator's certificate: renew it with " \
+           "--operator (nothing was written)" in out, out
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--renew",
+                     "--operator")
+    assert code == 0, out
+    assert is_operator_certificate(load_certificate(certs / "alice.pem"))
+    assert (certs / "alice.pem").read_bytes() != before["alice.pem"]
+    # a browser certificate named 'operator' that certifies a site (clientAuth alone)
+    ca = load_ca(certs / "ca.pem", certs / "ca.key")
+    issue_certificate(ca, "operator", server=False).write(certs / "operator.pem",
+                                                         certs / "operator.key")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "operator", "--renew",
+                     "--operator")
+    assert code == 0, out
+    assert is_operator_certificate(load_certificate(certs / "operator.pem"))

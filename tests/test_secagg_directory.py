@@ -84,8 +84,8 @@ def test_the_server_cannot_certify_an_identity_with_its_own_tls_certificate(
     assert str(exc.value) == (
         "directory entry 2 ('localhost'): not a site's certificate (its extended key usage "
         "holds serverAuth, no clientAuth); a site certifies its identity with its own client "
-        "certificate, whose extended key usage holds clientAuth, as those of `fedforest pki "
-        "issue` do")
+        "certificate, whose extended key usage holds clientAuth and not the operator purpose, "
+        "as those `fedforest pki issue` writes without --operator do")
     assert exc.value.peer == 2
 
 
@@ -252,5 +252,120 @@ def test_a_site_whose_own_certificate_has_no_client_auth_is_told_so(
     assert str(exc.value) == (
         "this site's own identity in job job-d does not check: directory entry 0 ('client-0'): "
         "not a site's certificate (it has no extended key usage); a site certifies its "
-        "identity with its own client certificate, whose extended key usage holds clientAuth, "
-        "as those of `fedforest pki issue` do (--cert)")
+        "identity with its own client certificate, whose extended key usage holds clientAuth "
+        "and not the operator purpose, as those `fedforest pki issue` writes without "
+        "--operator do (--cert)")
+
+
+def _operator_directory(root: Path, n_sites: int) -> tuple[dict[int, bytes],
+                                                          dict[int, Certification]]:
+    """A federation in ``root`` whose server operator was issued its browser certificate the
+    way docs/deployment.md §5 says (`fedforest pki issue --name operator --operator --p12`):
+    the directory of a job of ``n_sites`` sites plus an identity the coordinator plays,
+    certified with ``operator.key`` (entry ``n_sites``), and one certified with its own
+    ``server.key`` (entry ``n_sites + 1``)."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    init_dev_pki(root, n_sites)
+    res = CliRunner().invoke(app, ["pki", "issue", "--ca-dir", str(root), "--name", "operator",
+                                   "--operator", "--p12"], env={"FEDFOREST_P12_PASSWORD": "pw"})
+    assert res.exit_code == 0, res.output
+    keys, certs = _entries(root, n_sites)
+    for index, holder in ((n_sites, "operator"), (n_sites + 1, "server")):
+        keys[index] = bytes(SigningKey.generate().verify_key)
+        certs[index] = certify_identity(JOB, keys[index], (root / f"{holder}.pem").read_bytes(),
+                                        (root / f"{holder}.key").read_bytes())
+    return keys, certs
+
+
+def test_the_operator_certificate_of_the_documented_flow_certifies_no_identity(
+        tmp_path: Path) -> None:
+    """The coordinator holds the key of the operator's browser certificate: an identity it
+    plays, signed with ``operator.key``, is refused, naming the entry."""
+    keys, certs = _operator_directory(tmp_path, 2)
+    del keys[3], certs[3]  # the operator's entry alone
+    with pytest.raises(InvalidMessage) as exc:
+        verify_directory(JOB, keys, certs, (tmp_path / "ca.pem").read_bytes())
+    assert str(exc.value) == (
+        "directory entry 2 ('operator'): not a site's certificate (an operator's certificate: "
+        "its extended key usage holds the FedForest operator purpose "
+        "2.25.261349397304297363440624600421328525869.1); a site certifies its identity with "
+        "its own client certificate, whose extended key usage holds clientAuth and not the "
+        "operator purpose, as those `fedforest pki issue` writes without --operator do")
+    assert exc.value.peer == 2
+
+
+def test_a_four_site_job_refuses_the_coordinators_operator_and_server_identities(
+        tmp_path: Path) -> None:
+    """n = 4, t = 3: two honest sites and the two identities the coordinator certifies with
+    the keys it holds anyway (operator's browser, server TLS). Site 0's real session refuses
+    the job's directory, accusing the operator's entry (the first that does not check)."""
+    from types import SimpleNamespace
+
+    from client_app.secagg_session import SecAggSession
+    from fedforest_secure import load_profile
+    from fedforest_secure.config import JobConfig
+
+    keys, certs = _operator_directory(tmp_path, 2)
+    own = SigningKey.generate()
+    keys[0] = bytes(own.verify_key)
+    certs[0] = certify_identity(JOB, keys[0], (tmp_path / "client-0.pem").read_bytes(),
+                                (tmp_path / "client-0.key").read_bytes())
+    listing = {"complete": True, "keys": {str(k): v.hex() for k, v in keys.items()},
+               "certs": {str(k): c.to_json() for k, c in certs.items()}}
+    config = JobConfig(job_id=JOB, task="regression", n_features=1, n_clients=4,
+                       n_estimators=1, max_depth=1, max_features=1, n_bins=2,
+                       profile=load_profile("secure").to_dict())
+    session = SecAggSession(config, SimpleNamespace(get_json=lambda path: listing),  # type: ignore[arg-type]
+                            JOB, 0, own, ca_pem=(tmp_path / "ca.pem").read_bytes())
+    with pytest.raises(InvalidMessage, match=re.escape(
+            "directory entry 2 ('operator'): not a site's certificate (an operator's "
+            "certificate: its extended key usage holds the FedForest operator purpose")) as exc:
+        session.connect()
+    assert exc.value.peer == 2 and session.client is None
+
+
+@pytest.mark.parametrize("case", ["purpose_under_another_name", "name_without_purpose"])
+def test_an_operators_certificate_is_known_by_its_purpose_or_its_name(
+        pkis: tuple[Path, Path], case: str) -> None:
+    """An operator's browser certificate issued under another name (it carries the operator
+    purpose), and a client certificate named 'operator' without that purpose (the name
+    `fedforest pki` issues no site certificate under): neither certifies an identity."""
+    from fedforest_secure.pki import issue_certificate, load_ca
+
+    a, _ = pkis
+    ca = load_ca(a / "ca.pem", a / "ca.key")
+    if case == "purpose_under_another_name":
+        from fedforest_secure.pki import OPERATOR_PURPOSE
+
+        name, leaf = "alice-browser", issue_certificate(ca, "alice-browser", server=False,
+                                                        operator=True)
+        what = ("its extended key usage holds the FedForest operator purpose "
+                f"{OPERATOR_PURPOSE.dotted_string}")
+    else:
+        name, leaf = "operator", issue_certificate(ca, "operator", server=False)
+        what = "its name is 'operator'"
+    keys, certs = _entries(a, 2)
+    keys[2] = bytes(SigningKey.generate().verify_key)
+    certs[2] = certify_identity(JOB, keys[2], leaf.cert_pem(), leaf.key_pem())
+    with pytest.raises(InvalidMessage, match=re.escape(
+            f"directory entry 2 ({name!r}): not a site's certificate (an operator's "
+            f"certificate: {what}); a site certifies")) as exc:
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes())
+    assert exc.value.peer == 2
+
+
+def test_a_site_started_with_the_operator_certificate_is_told_so(tmp_path: Path) -> None:
+    """The operator's certificate given to a site's client (--cert): its error names its own
+    entry and that the certificate is an operator's."""
+    from fedforest_secure.errors import FedForestError
+
+    _operator_directory(tmp_path, 3)
+    with pytest.raises(FedForestError, match=re.escape(
+            "this site's own identity in job job-d does not check: directory entry 0 "
+            "('operator'): not a site's certificate (an operator's certificate")) as exc:
+        _connect_as_site_0(tmp_path, (tmp_path / "operator.pem").read_bytes(),
+                           (tmp_path / "operator.key").read_bytes())
+    assert not isinstance(exc.value, InvalidMessage)

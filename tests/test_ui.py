@@ -468,3 +468,58 @@ def test_a_browser_shows_a_stalled_level_as_overrun_with_the_phase_deadline_not_
         assert fact("job-a", "ETA") == ["about 12 s"] and fact("job-a", "deadline") == []
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
+
+
+@pytest.mark.integration
+def test_the_operators_certificate_opens_the_page_of_a_server_that_asks_for_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real server with ``client_ca`` (it asks every connection for a certificate of the
+    federation CA): the operator's certificate issued as docs/deployment.md §5 says, taken
+    from its .p12 as a browser imports it, opens /ui and, with an operator token, its jobs API;
+    a connection without a certificate fails its handshake."""
+    import ssl
+
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
+    from test_integration_https import provision, stop
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_secure.pki import is_operator_certificate
+    from server_app.admin import ServerAdmin
+    from server_app.settings import load_settings
+
+    server = provision(tmp_path, ["client-0"], [])
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
+    res = CliRunner().invoke(app, ["pki", "issue", "--ca-dir", str(server.certs), "--name",
+                                   "operator", "--operator", "--p12"])
+    assert res.exit_code == 0, res.output
+    key, cert, _ = pkcs12.load_key_and_certificates(
+        (server.certs / "operator.p12").read_bytes(), b"pw")
+    assert key is not None and cert is not None and is_operator_certificate(cert)
+    (tmp_path / "browser.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "browser.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    with ServerAdmin.from_settings(load_settings(server.toml)) as admin:
+        operator = admin.add_operator("ops")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        server.launch(tmp_path / "server.log", procs)
+        ca = str(server.certs / "ca.pem")
+        browser = ssl.create_default_context(cafile=ca)
+        browser.load_cert_chain(str(tmp_path / "browser.pem"), str(tmp_path / "browser.key"))
+        with httpx.Client(base_url=server.url, verify=browser, timeout=10) as http:
+            page = http.get("/ui")
+            assert page.status_code == 200 and "Operator token" in page.text
+            jobs = http.get("/ui/api/jobs", headers={"Authorization": f"Bearer {operator}"})
+            assert jobs.status_code == 200, jobs.text
+            assert jobs.json()["jobs"] == []
+        with (httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=ca),
+                           timeout=10) as http, pytest.raises(httpx.HTTPError)):
+            http.get("/ui")
+    finally:
+        for proc in procs:
+            stop(proc)
+
