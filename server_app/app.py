@@ -220,7 +220,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             event("shutdown", jobs_running=running,
                   database=None if running is not None else "unreachable")
 
-    app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
+    # no /docs or /redoc: they load scripts from a CDN into /ui's origin, where the operator's
+    # token is kept (sessionStorage); /openapi.json, plain JSON, stays
+    app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.state.server = st
     app.state.db = db
     app.state.tokens = TokenCache(db)
