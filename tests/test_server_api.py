@@ -392,6 +392,35 @@ def test_a_cached_token_still_needs_its_secret(env: dict) -> None:
     assert http.get("/v1/me", headers=auth(token)).json()["name"] == "client-0"
 
 
+@pytest.mark.parametrize("name", ["hospital-a\n", "hospital a", "-a", "a" * 65])
+def test_a_site_or_operator_name_with_a_trailing_newline_is_refused_as_any_bad_name(
+        tmp_path: Path, name: str) -> None:
+    from server_app.auth import TokenError, add_operator
+
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    with pytest.raises(TokenError) as client:
+        add_client(db, name)
+    with pytest.raises(TokenError) as operator:
+        add_operator(db, name)
+    assert str(client.value) == ("client names are 1-64 characters: letters, digits, '_', "
+                                 "'.', '-'")
+    assert str(operator.value) == ("operator names are 1-64 characters: letters, digits, "
+                                   "'_', '.', '-'")
+    with db.session() as sess:
+        assert sess.scalars(select(ClientRow)).all() == []
+    db.dispose()
+
+
+def test_a_token_with_a_trailing_newline_authenticates_no_one(env: dict) -> None:
+    from server_app.auth import TokenCache, authenticate
+
+    token = env["tokens"][0]
+    cache = TokenCache(env["db"])
+    assert cache(token) is not None  # cached from here on
+    assert authenticate(env["db"], token + "\n") is None
+    assert cache(token + "\n") is None
+
+
 def test_token_cache_forgets_a_revoked_token_after_its_ttl(env: dict) -> None:
     from server_app.auth import TokenCache, hash_secret
     from server_app.db import ClientRow
