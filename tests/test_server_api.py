@@ -383,6 +383,38 @@ def test_an_upload_without_content_length_is_read_whole(env: dict) -> None:
     assert r.json()["upload_sha256"] == hashlib.sha256(body).hexdigest()
 
 
+def test_a_failure_reason_with_a_newline_and_any_character_reaches_the_sites(env: dict) -> None:
+    """The reason travels in the X-FedForest-Detail header, on uvicorn as the server runs: a
+    newline becomes a space, and a character beyond latin-1 arrives as it is (every site's
+    poll failed otherwise)."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    reason = "round 3: the coordinator failed (KeyError: '体重')\nsee § 5b"
+    with env["db"].session() as s:
+        job = s.get(JobRow, "job-a")
+        job.status, job.reason = "failed", reason
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(env["http"].app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the test server did not start"
+            time.sleep(0.02)
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/job-a/task",
+                      headers=auth(env["tokens"][0]), timeout=10)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert (r.status_code, r.headers["X-FedForest-Status"]) == (204, "failed")
+    assert r.headers["X-FedForest-Detail"] == reason.replace("\n", " ")
+
+
 def test_a_cached_token_still_needs_its_secret(env: dict) -> None:
     http, token = env["http"], env["tokens"][0]
     assert http.get("/v1/me", headers=auth(token)).status_code == 200  # cached from here on
