@@ -258,7 +258,7 @@ def _check_site_names(names: Sequence[str]) -> None:
 
 
 def _check_names(names: Sequence[str]) -> None:
-    bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.match(n)
+    bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.fullmatch(n)
            or n in ("ca", "server")]
     if bad:
         raise ValueError(f"site names {bad!r} are not usable as file names (letters, digits, "

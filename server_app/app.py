@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path as FsPath
 from typing import Annotated, Any, TypeVar
@@ -90,6 +91,14 @@ _POLL_SLICE = 0.5  # secure-aggregation messages are small; bound them
 
 
 _bearer = HTTPBearer(auto_error=False)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _header_text(text: str) -> str:
+    """``text`` as a response header can carry it: control characters (a newline, which
+    uvicorn refuses to send) become spaces, and the rest goes as UTF-8, which httpx reads
+    back (Starlette writes a header's characters as latin-1 bytes, and fails on any other)."""
+    return _CONTROL.sub(" ", text).encode("utf-8").decode("latin-1")
 
 
 async def _client(request: Request,
@@ -220,7 +229,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             event("shutdown", jobs_running=running,
                   database=None if running is not None else "unreachable")
 
-    app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan)
+    # no /docs or /redoc: they load scripts from a CDN into /ui's origin, where the operator's
+    # token is kept (sessionStorage); /openapi.json, plain JSON, stays
+    app = FastAPI(title="FedForest Secure server", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.state.server = st
     app.state.db = db
     app.state.tokens = TokenCache(db)
@@ -380,7 +392,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                                  wait)
         headers = {"X-FedForest-Status": offer.status}
         if offer.detail:
-            headers["X-FedForest-Detail"] = offer.detail[:200]
+            headers["X-FedForest-Detail"] = _header_text(offer.detail[:200])
         if offer.status != "task" or offer.body is None:
             return Response(status_code=204, headers=headers)
         headers.update({

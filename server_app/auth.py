@@ -47,7 +47,7 @@ def new_token() -> tuple[str, str, str]:
 
 def add_client(db: Database, name: str) -> str:
     """Register institution ``name`` and return its token (shown once, never stored)."""
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise TokenError("client names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
     with db.session() as sess:
@@ -83,7 +83,7 @@ def _set_token(db: Database, name: str, token_id: str, token_hash: str) -> None:
 
 def add_operator(db: Database, name: str) -> str:
     """Register an operator of the ``/ui`` page; returns its ``ffo_`` token (shown once)."""
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise TokenError("operator names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
     with db.session() as sess:
@@ -106,7 +106,7 @@ def remove_operator(db: Database, name: str) -> None:
 def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
     """The operator owning ``token`` (an ``ffo_`` token; a client's never matches), or None.
     Constant-time in the secret."""
-    match = _OPERATOR_RE.match(token)
+    match = _OPERATOR_RE.fullmatch(token)
     if match is None:
         hmac.compare_digest(hash_secret("x"), hash_secret("y"))
         return None
@@ -120,7 +120,7 @@ def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
 
 def authenticate(db: Database, token: str) -> ClientRow | None:
     """The client owning ``token``, or None. Constant-time in the secret."""
-    match = _TOKEN_RE.match(token)
+    match = _TOKEN_RE.fullmatch(token)
     if match is None:
         hmac.compare_digest(hash_secret("x"), hash_secret("y"))  # keep timing uniform
         return None
@@ -151,7 +151,7 @@ class TokenCache:
 
     def lookup(self, token: str) -> tuple[bool, ClientRow | None]:
         """``(True, row or None)`` if the cache can answer, ``(False, None)`` if not."""
-        match = _TOKEN_RE.match(token)
+        match = _TOKEN_RE.fullmatch(token)
         if match is None:
             return False, None
         token_id, secret = match.groups()
@@ -168,7 +168,7 @@ class TokenCache:
         if known:
             return row
         row = authenticate(self.db, token)
-        match = _TOKEN_RE.match(token)
+        match = _TOKEN_RE.fullmatch(token)
         if row is not None and match is not None:
             with self._mu:
                 self._rows[match.group(1)] = (row, self.clock())

@@ -15,7 +15,6 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
@@ -25,6 +24,7 @@ from .app import create_app
 from .audit_hook import AuditSink, open_audit
 from .audit_outbox import AuditPending, first_queued
 from .db import AuditedJobRow, Database, JobRow
+from .head_limit import MAX_HEAD_BYTES, http_protocol
 from .idle import protocol_with_idle_limit
 from .lease import ServerLease
 from .logs import configure, event
@@ -89,8 +89,9 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     client_ca = tls.client_ca if tls is not None else None
     peer_names: PeerNames | None = None
     # a connection that asks nothing (no request, or headers stopped half-way) is closed too,
-    # not only one idle after a response: a site cannot hold the server's descriptors
-    http: type[asyncio.Protocol] = protocol_with_idle_limit(AutoHTTPProtocol, KEEP_ALIVE_S)
+    # not only one idle after a response: a site cannot hold the server's descriptors; and a
+    # request line and headers past MAX_HEAD_BYTES get a 431 (server_app/head_limit.py)
+    http: type[asyncio.Protocol] = protocol_with_idle_limit(http_protocol(), KEEP_ALIVE_S)
     if client_ca is not None:
         # mutual TLS: every token is bound to the client its connection's certificate names
         peer_names = PeerNames()
@@ -116,6 +117,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         # 127.0.0.1 as the client's address, and with it another connection's certificate)
         proxy_headers=False,
         http=http,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # where httptools is missing
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,
         ssl_ca_certs=str(client_ca) if client_ca is not None else None,

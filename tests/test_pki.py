@@ -173,3 +173,13 @@ def test_check_validity_names_the_dates_of_a_certificate_outside_them(tmp_path: 
     earlier = _dt.datetime.now(_dt.UTC) - _dt.timedelta(days=1)
     with pytest.raises(ValueError, match="is not valid before"):
         check_validity(cert, now=earlier)
+
+
+@pytest.mark.parametrize("name", ["hospital-a\n", "hospital a", "ca"])
+def test_a_site_name_with_a_trailing_newline_is_refused_as_any_bad_name(
+        tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        init_dev_pki(tmp_path / "certs", 1, client_names=[name])
+    assert str(refused.value) == (f"site names {[name]!r} are not usable as file names "
+                                  "(letters, digits, '.', '_', '-'; not 'ca' or 'server')")
+    assert not (tmp_path / "certs").exists()

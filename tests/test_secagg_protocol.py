@@ -162,6 +162,16 @@ def test_same_question_different_set_is_refused() -> None:
     agg.sum("level 4 / histogram", DIGEST, vecs, drop_after_sharing={4})
 
 
+@pytest.mark.parametrize("job_id", ["job-a\n", "job|a", ""])
+def test_a_job_id_with_a_trailing_newline_is_refused_as_any_bad_one(job_id: str) -> None:
+    from fedforest_secure.secagg._rounds import check_job_id
+
+    with pytest.raises(ValueError) as refused:
+        check_job_id(job_id)
+    assert str(refused.value) == f"job_id must match ^[A-Za-z0-9._:-]{{1,128}}$, got {job_id!r}"
+    assert check_job_id("job-a") == "job-a"
+
+
 def test_fewer_than_three_clients_is_refused_or_rejected() -> None:
     with pytest.raises(ValueError):
         InProcessSecureSum([0, 1], threshold=2, job_id="j")

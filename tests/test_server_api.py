@@ -383,6 +383,38 @@ def test_an_upload_without_content_length_is_read_whole(env: dict) -> None:
     assert r.json()["upload_sha256"] == hashlib.sha256(body).hexdigest()
 
 
+def test_a_failure_reason_with_a_newline_and_any_character_reaches_the_sites(env: dict) -> None:
+    """The reason travels in the X-FedForest-Detail header, on uvicorn as the server runs: a
+    newline becomes a space, and a character beyond latin-1 arrives as it is (every site's
+    poll failed otherwise)."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    reason = "round 3: the coordinator failed (KeyError: '体重')\nsee § 5b"
+    with env["db"].session() as s:
+        job = s.get(JobRow, "job-a")
+        job.status, job.reason = "failed", reason
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(env["http"].app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the test server did not start"
+            time.sleep(0.02)
+        r = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/job-a/task",
+                      headers=auth(env["tokens"][0]), timeout=10)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert (r.status_code, r.headers["X-FedForest-Status"]) == (204, "failed")
+    assert r.headers["X-FedForest-Detail"] == reason.replace("\n", " ")
+
+
 def test_a_cached_token_still_needs_its_secret(env: dict) -> None:
     http, token = env["http"], env["tokens"][0]
     assert http.get("/v1/me", headers=auth(token)).status_code == 200  # cached from here on
@@ -390,6 +422,35 @@ def test_a_cached_token_still_needs_its_secret(env: dict) -> None:
     r = http.get("/v1/me", headers=auth(wrong))
     assert r.status_code == 401 and r.json()["error"] == "unauthenticated"
     assert http.get("/v1/me", headers=auth(token)).json()["name"] == "client-0"
+
+
+@pytest.mark.parametrize("name", ["hospital-a\n", "hospital a", "-a", "a" * 65])
+def test_a_site_or_operator_name_with_a_trailing_newline_is_refused_as_any_bad_name(
+        tmp_path: Path, name: str) -> None:
+    from server_app.auth import TokenError, add_operator
+
+    db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+    with pytest.raises(TokenError) as client:
+        add_client(db, name)
+    with pytest.raises(TokenError) as operator:
+        add_operator(db, name)
+    assert str(client.value) == ("client names are 1-64 characters: letters, digits, '_', "
+                                 "'.', '-'")
+    assert str(operator.value) == ("operator names are 1-64 characters: letters, digits, "
+                                   "'_', '.', '-'")
+    with db.session() as sess:
+        assert sess.scalars(select(ClientRow)).all() == []
+    db.dispose()
+
+
+def test_a_token_with_a_trailing_newline_authenticates_no_one(env: dict) -> None:
+    from server_app.auth import TokenCache, authenticate
+
+    token = env["tokens"][0]
+    cache = TokenCache(env["db"])
+    assert cache(token) is not None  # cached from here on
+    assert authenticate(env["db"], token + "\n") is None
+    assert cache(token + "\n") is None
 
 
 def test_token_cache_forgets_a_revoked_token_after_its_ttl(env: dict) -> None:

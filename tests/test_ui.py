@@ -64,6 +64,15 @@ def test_the_page_needs_no_token_and_holds_no_data(ui: dict) -> None:
     assert ui["http"].get("/ui/app.js").headers["content-type"].startswith("text/javascript")
 
 
+def test_no_page_but_the_operators_runs_scripts_in_its_origin(ui: dict) -> None:
+    """FastAPI's /docs and /redoc would load a CDN's scripts where the token is kept."""
+    http = ui["http"]
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert http.get(path).status_code == 404, path
+    r = http.get("/openapi.json")
+    assert r.headers["content-type"] == "application/json" and "paths" in r.json()
+
+
 def test_the_jobs_api_needs_an_operator_token_not_a_client_one(ui: dict) -> None:
     http = ui["http"]
     assert http.get("/ui/api/jobs").status_code == 401

@@ -28,7 +28,7 @@ PREFIX = b"fedforest/v1/"
 
 def check_job_id(job_id: str) -> str:
     """``job_id`` if it is 1-128 characters of ``[A-Za-z0-9._:-]`` (no ``|``), else ValueError."""
-    if not isinstance(job_id, str) or not _JOB_RE.match(job_id):
+    if not isinstance(job_id, str) or not _JOB_RE.fullmatch(job_id):
         raise ValueError(f"job_id must match {_JOB_RE.pattern}, got {job_id!r}")
     return job_id
 
