@@ -278,7 +278,8 @@ def ended(status: str, detail: str) -> str:
 def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
     """What a site dropped from ``job`` is told: what happened and what it can still do. With
     ``tr`` the job's status is asked (best effort), so that a site dropped from a job that
-    has failed since is not sent to download a model there will never be."""
+    has failed since is not sent to download a model there will never be; a status not
+    known (no ``tr``, or no answer) is said to be not known."""
     said = f"this site was dropped from job {job} ({why})"
     st = job_status_briefly(tr, job) if tr is not None else None  # said without it if none
     status = st.status if st is not None else None
@@ -292,6 +293,10 @@ def dropped_detail(job: str, why: str, tr: Transport | None = None) -> str:
                f"--job {job}` says why)"
     if status == "done":
         return f"{said}; the job is done: `fedforest model download --job {job}` fetches its model"
+    if st is None:  # the server did not answer (stopped, unreachable): the job may have failed
+        return (f"{said}; whether the job went on without it is not known: the server did not "
+                f"answer when asked (`fedforest status --job {job}` asks again). Once the job "
+                f"is done, `fedforest model download --job {job}` fetches its model")
     return (f"{said}; the job went on without it. Once the job is done, `fedforest model "
             f"download --job {job}` fetches its model")
 

@@ -347,4 +347,13 @@ def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] 
     except ApiRejected as exc:
         if exc.code == "round_closed" and exc.body.get("counted"):
             return None  # a retry of an upload the server already counted
+        if exc.code == "conflicting_upload":
+            # this client's retries and restarts send the same bytes for a round (the same
+            # rows, the same state directory): a different one is likely another client's
+            raise FedForestError(
+                f"job {job}: the server has counted another upload of this site for round "
+                f"{task.round_id} ({exc.status} {exc.code}): another client of this site may "
+                "have uploaded for this round. Check that one client only runs for this site "
+                "(on this machine and others), with the --state-dir and --data it joined "
+                "with") from None
         raise

@@ -26,6 +26,7 @@ from fedforest_secure.evaluation.spec import model_digest
 from fedforest_secure.files import write_atomic
 
 from ._common import console, fail
+from ._db_locked import locks_named
 
 if TYPE_CHECKING:
     from server_app.admin import ServerAdmin
@@ -68,7 +69,7 @@ def evaluate(
         _check_out_dir(out)
     try:
         settings = load_settings(config)
-        with ServerAdmin.from_settings(settings) as admin:
+        with locks_named(config), ServerAdmin.from_settings(settings) as admin:
             job_path = Path(job)
             if job_path.is_file():
                 spec = load_job_spec(job_path, models=files or None, names=labels)

@@ -14,6 +14,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.api import JobStatus
 
 from ._common import console, fail
+from ._db_locked import locks_named
 
 if TYPE_CHECKING:
     from server_app.admin import ServerAdmin
@@ -49,7 +50,8 @@ def server(ctx: typer.Context,
     from server_app.settings import load_settings
 
     try:
-        run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
+        with locks_named(config):
+            run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
     except FedForestError as exc:
         fail(exc)
 
@@ -78,7 +80,8 @@ def _admin_does(config: Path, action: Callable[[ServerAdmin], _T], *,
 
     try:
         settings = load_settings(config)
-        with ServerAdmin.from_settings(_existing(settings) if existing else settings) as admin:
+        with locks_named(config), ServerAdmin.from_settings(
+                _existing(settings) if existing else settings) as admin:
             return action(admin)
     except (FedForestError, TokenError) as exc:
         fail(exc)
@@ -141,7 +144,7 @@ def create_job_cmd(config: ConfigOpt,
     try:
         settings = load_settings(config)
         spec = load_job_spec(job)
-        with ServerAdmin.from_settings(settings) as admin:
+        with locks_named(config), ServerAdmin.from_settings(settings) as admin:
             row = admin.create_job(spec)
     except FedForestError as exc:
         fail(exc)
@@ -200,7 +203,8 @@ def prune_cmd(config: ConfigOpt,
     from server_app.retention import NotFinished
 
     try:
-        with ServerAdmin.from_settings(_existing(load_settings(config))) as admin:
+        with locks_named(config), ServerAdmin.from_settings(
+                _existing(load_settings(config))) as admin:
             out = admin.prune(keep_days=keep_days, job_ids=list(job) if job else None,
                               dry_run=dry_run)
     except NotFinished as exc:  # the cancel command it names, with this server's config
@@ -238,7 +242,8 @@ def status_cmd(config: ConfigOpt) -> None:
     from server_app.settings import load_settings
 
     try:
-        with ServerAdmin.from_settings(_existing(load_settings(config))) as admin:
+        with locks_named(config), ServerAdmin.from_settings(
+                _existing(load_settings(config))) as admin:
             jobs = admin.statuses()
     except FedForestError as exc:
         fail(exc)

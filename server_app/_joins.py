@@ -44,7 +44,9 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
          identity_cert: str | None = None) -> dict[str, Any]:
     """Join a job. Secure jobs need the client's long-term Ed25519 verify key (32 bytes),
     registered once, audited, and relayed to the other clients in the directory, with its
-    certification (``{"cert": PEM, "sig": hex}`` JSON) when the client sends one."""
+    certification (``{"cert": PEM, "sig": hex}`` JSON) when the client sends one. Under every
+    profile the key a site first joins with is kept, and a later join of the running job
+    with another key is refused (``identity_mismatch``): another client of the site."""
     with core.lock:
         with core.db.session() as sess:
             job, member = membership(sess, client, job_id)
@@ -54,16 +56,18 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
             secure = uses_secagg(JobConfig.from_json(job.config_json))
             idx = member.client_index
             stored = stored_message(sess, job_id, -1, IDENTITY, idx)
-            if secure:
-                if identity_key is None or len(identity_key) != 32:
-                    raise ApiError(400, "identity_required", "this job uses secure "
-                                   "aggregation: join with your Ed25519 identity key "
-                                   "(32 bytes, hex) as {\"identity_key\": ...}")
-                finished = job.status in (JobStatus.DONE, JobStatus.FAILED)
-                if stored is not None and stored.body != identity_key.hex() \
-                        and not finished:  # a finished job has no round to sign for
-                    raise ApiError(409, "identity_mismatch", "this client joined with "
-                                   "another identity key; it cannot change mid-job")
+            if secure and (identity_key is None or len(identity_key) != 32):
+                raise ApiError(400, "identity_required", "this job uses secure "
+                               "aggregation: join with your Ed25519 identity key "
+                               "(32 bytes, hex) as {\"identity_key\": ...}")
+            # under every profile: a second client of the site (another state directory)
+            # would answer the rounds in its place, with other rows under the open profile;
+            # a finished job has no round left to answer (its model is there to download)
+            finished = job.status in (JobStatus.DONE, JobStatus.FAILED)
+            if identity_key is not None and stored is not None \
+                    and stored.body != identity_key.hex() and not finished:
+                raise ApiError(409, "identity_mismatch", "this client joined with "
+                               "another identity key; it cannot change mid-job")
             first = member.state == MemberState.INVITED
             if first:
                 declined = stored_message(sess, job_id, -1, DECLINED, idx)
@@ -76,8 +80,8 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
                     raise ApiError(409, "job_started", "the job started without this client")
                 member.state = MemberState.ACTIVE
                 member.joined_at = core.clock()
-                if secure and identity_key is not None and stored is None:
-                    if identity_key.hex() in identity_keys(sess, job_id).values():
+                if identity_key is not None and stored is None:
+                    if secure and identity_key.hex() in identity_keys(sess, job_id).values():
                         # every site would refuse the directory (one key, two entries)
                         raise ApiError(409, "identity_taken", "another site of this job "
                                        "joined with this identity key: each site makes its "
@@ -87,7 +91,7 @@ def join(core: Core, client: ClientRow, job_id: str, identity_key: bytes | None 
                                        "and start the client again, which makes a new key")
                     add_message(sess, job_id, -1, IDENTITY, idx, identity_key.hex(),
                                 digest=hashlib.sha256(identity_key).hexdigest())
-                    if identity_cert is not None:
+                    if secure and identity_cert is not None:
                         add_message(sess, job_id, -1, IDENTITY_CERT, idx, identity_cert,
                                     digest=hashlib.sha256(identity_cert.encode()
                                                           ).hexdigest())

@@ -8,7 +8,8 @@ GET      /v1/me                                       who the token belongs to
 GET      /v1/jobs                                     the jobs this client is invited to
 POST     /v1/jobs/{job}/decline                       {"reason": code}: an invited site will not
                                                       join (its table, schema, pins), until it does
-POST     /v1/jobs/{job}/join                          join (secure jobs: {"identity_key": hex});
+POST     /v1/jobs/{job}/join                          join ({"identity_key": hex}, kept for
+                                                      the job; secure jobs need one);
                                                       returns the JobConfig and index
 GET      /v1/jobs/{job}                               status, round, members, audit head
 GET      /v1/jobs/{job}/directory                     clients' Ed25519 identity keys (relayed)

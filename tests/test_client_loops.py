@@ -1,6 +1,7 @@
 """A site records each upload in its receipts before it sends it: a site stopped while the
 upload's request waits for its answer (a secure upload's POST waits until every site has
-uploaded) still holds a record of what it sent, which ``audit verify`` checks against the log."""
+uploaded) still holds a record of what it sent, which ``audit verify`` checks against the log.
+An upload refused because the server counted another one of the site says what to check."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from client_app.state import ClientState
 from client_app.transport import Transport
 from fedforest_secure.audit import Receipt, SentReceipt, read_receipts
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
 
 JOB = "job-r"
@@ -134,3 +136,41 @@ def test_the_upload_is_recorded_in_the_receipts_before_its_request_is_sent(
     assert at_upload == [sent]
     assert _records(receipts) == [sent, Receipt(JOB, 0, "alice", digest, HEAD, 3)]
     assert json.loads((receipts / "alice.jsonl").read_text().splitlines()[0])["kind"] == "sent"
+
+
+def test_an_upload_the_server_counted_another_of_says_another_client_of_the_site_may_have(
+        tmp_path: Path) -> None:
+    """A ``409 conflicting_upload``: the server counted another upload of this site for the
+    round, which this client's retries and restarts never send (the same rows and state
+    directory give the same bytes). The client stops saying what to check."""
+    task = _task_bytes()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == f"/v1/jobs/{JOB}/task":
+            return httpx.Response(200, content=task, headers={
+                "X-FedForest-Task-Digest": hashlib.sha256(task).hexdigest(),
+                "X-FedForest-Audit-Seq": "3", "X-FedForest-Audit-Head": HEAD})
+        assert request.url.path == f"/v1/jobs/{JOB}/rounds/0/upload"
+        return httpx.Response(409, json={"error": "conflicting_upload", "detail": "a different "
+                                         "upload for round 0 was already counted"})
+
+    tr = Transport("http://127.0.0.1:9", "token", None, insecure_dev=True)
+    tr.close()
+    tr._http = httpx.Client(base_url=tr.base_url, transport=httpx.MockTransport(answer))
+    log = SiteLog(plain=True)
+    opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
+                         schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
+    with Progress(disable=True) as progress:
+        ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
+                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
+                   name="alice", worker=cast(Any, _Worker()),
+                   result=ClientResult(status="running"), progress=progress,
+                   bar=progress.add_task("job"), log=log, watch=Watch(JOB, log, 0),
+                   uploaded_before=False)
+        with pytest.raises(FedForestError) as err:
+            loops.run_open(ctx)
+    assert str(err.value) == (
+        f"job {JOB}: the server has counted another upload of this site for round 0 (409 "
+        "conflicting_upload): another client of this site may have uploaded for this round. "
+        "Check that one client only runs for this site (on this machine and others), with the "
+        "--state-dir and --data it joined with")

@@ -26,6 +26,7 @@ from client_app.context import dropped_detail
 from client_app.log import SiteLog
 from client_app.runner import ClientOptions
 from client_app.state import ClientState
+from client_app.transport import ServerUnreachable
 from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError
@@ -327,22 +328,32 @@ def test_a_dropped_site_that_comes_back_is_told_what_happened_and_what_it_can_do
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("GET", f"/v1/jobs/{JOB}")]
 
 
+_UNKNOWN = ("whether the job went on without it is not known: the server did not answer when "
+            "asked (`fedforest status --job j1` asks again). Once the job is done, `fedforest "
+            "model download --job j1` fetches its model")
+
+
 @pytest.mark.parametrize(("job_status", "says", "download"), [
     ("failed", "the job has failed since: there is no model", False),
     ("done", "the job is done: `fedforest model download --job j1` fetches its model", True),
     ("running", "the job went on without it. Once the job is done", True),
     ("too few", "the job cannot go on: 2 sites remain, fewer than the 3 it needs", False),
     ("one left", "the job cannot go on: 1 site remains, fewer than the 3 it needs", False),
-    (None, "the job went on without it. Once the job is done", True),  # status unreadable
+    (None, _UNKNOWN, True),  # status unreadable
+    ("unreachable", _UNKNOWN, True),  # the server stopped: the job may have failed
 ])
 def test_a_dropped_site_is_told_what_became_of_the_job(job_status: str | None, says: str,
                                                         download: bool) -> None:
     """A site dropped from a job that failed since is not sent to download a model there will
-    never be; one whose job is done is told the model is there."""
+    never be; one whose job is done is told the model is there; one that cannot learn the
+    job's status says it is not known."""
     def get_json(path: str, params: Any = None) -> Any:
         assert path == "/v1/jobs/j1"
         if job_status is None:
             raise ProtocolError("malformed job status")
+        if job_status == "unreachable":
+            raise ServerUnreachable("the server at https://127.0.0.1:1 cannot be reached",
+                                    failure="connection refused")
         if job_status in ("too few", "one left"):  # running, about to fail for want of sites
             return {"job_id": "j1", "status": "running",
                     "active_clients": 2 if job_status == "too few" else 1, "min_clients": 3}

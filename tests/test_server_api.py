@@ -145,6 +145,34 @@ def test_the_offer_answers_what_the_join_does_without_joining(env: dict) -> None
     assert r.status_code == 404 and r.json()["error"] == "unknown_job"
 
 
+def test_an_open_jobs_join_with_another_identity_key_than_the_sites_first_is_refused(
+        env: dict) -> None:
+    """Every client sends its identity key (kept in its state directory): under the open
+    profile too the key a site first joined with is kept. Its client restarted on the same
+    state directory joins the running job again; a second client of the site (another state
+    directory: another key) is refused, and the job goes on with the site's first client."""
+    http, tokens = env["http"], env["tokens"]
+    keys = [{"identity_key": f"{k + 1:02x}" * 32} for k in range(K)]
+    for k in range(K):
+        assert http.post("/v1/jobs/job-a/join", headers=auth(tokens[k]),
+                         json=keys[k]).status_code == 200
+    assert http.post("/v1/jobs/job-a/join", headers=auth(tokens[0]),
+                     json=keys[0]).status_code == 200  # a restart
+    r = http.post("/v1/jobs/job-a/join", headers=auth(tokens[0]),
+                  json={"identity_key": "ee" * 32})
+    assert r.status_code == 409 and r.json() == {
+        "error": "identity_mismatch",
+        "detail": "this client joined with another identity key; it cannot change mid-job"}
+    st = http.get("/v1/jobs/job-a", headers=auth(tokens[0])).json()
+    assert st["status"] == "running" and st["active_clients"] == K
+    with env["db"].session() as s:  # once the job is done, any client of the site joins it
+        job = s.get(JobRow, "job-a")  # to download the model
+        assert job is not None
+        job.status = "done"
+    assert http.post("/v1/jobs/job-a/join", headers=auth(tokens[0]),
+                     json={"identity_key": "ee" * 32}).status_code == 200
+
+
 def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
     infos = join_all(env)
     task = get_task(env, 0)

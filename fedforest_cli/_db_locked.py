@@ -1,0 +1,80 @@
+"""A server's SQLite database that another process holds locked: the commands' one-line error.
+
+SQLite lets one connection write at a time. ``fedforest server``, its admin commands and
+``fedforest evaluate`` wait for another process's write transaction (the connection's busy
+timeout), then fail with "database is locked": a server paused or stuck mid-transaction, or a
+tool that holds one open. :func:`locks_named` turns that into an error naming the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedforest_secure.errors import FedForestError
+
+from ._common import fail
+
+__all__ = ["is_locked", "locked_message", "locks_named"]
+
+
+def is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` (a SQLAlchemy error or the driver's own) is SQLite's "database is
+    locked": another connection held the write lock for the whole busy timeout."""
+    from sqlalchemy.exc import DBAPIError  # loaded already by the command that met it
+
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    return (isinstance(orig, sqlite3.OperationalError) and isinstance(code, int)
+            and code & 0xFF == sqlite3.SQLITE_BUSY)
+
+
+def _locked_now(path: Path) -> bool:
+    """Whether a process holds a write transaction on the SQLite file ``path`` now (a write
+    transaction begun and rolled back at once; nothing is written)."""
+    if not path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return is_locked(exc)
+    return False
+
+
+def locked_message(config: Path) -> str:
+    """The error for a "database is locked" met on the databases ``config`` names: the SQLite
+    file that is locked now (both, or the one there is, if none is any more)."""
+    from fedforest_secure.dburl import sqlite_file
+    from server_app.settings import load_settings
+
+    try:
+        settings = load_settings(config)
+        urls = [settings.database, settings.audit_database]
+    except FedForestError:  # it loaded when the command began: changed since
+        urls = []
+    files = list(dict.fromkeys(f for f in (sqlite_file(u) for u in urls if u) if f))
+    named = [f for f in files if _locked_now(f)] or files
+    what = (f"the database file {' or '.join(str(f) for f in named)}" if named
+            else f"a database that {config} names")
+    return (f"{what} is locked by another process that holds a write transaction on it (a "
+            "paused or stuck server, or another tool): resume or stop that process, or try "
+            "again once it is done")
+
+
+@contextmanager
+def locks_named(config: Path) -> Iterator[None]:
+    """Run a command's work on the databases ``config`` names; a "database is locked" ends it
+    with :func:`locked_message` (the CLI's one-line error, exit 2) instead of a traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_locked(exc):
+            raise
+        fail(OSError(locked_message(config)))
