@@ -85,11 +85,13 @@ class _EstimatorStructure(_EstimatorRows):
         """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
         this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`), so
         SHAP, skops, skl2onnx and ``permutation_importance`` work on it unchanged. It predicts
-        what this estimator predicts except for a row with a value within float32 rounding of
-        a threshold, on its other side: scikit-learn reads X as float32 (the thresholds go out
-        as float32 numbers). With the open profile's thresholds (data values) that is rare;
-        the secure sketch puts some thresholds just below a repeated value, whose rows then go
-        left in scikit-learn. :meth:`to_onnx` predicts exactly, in float64.
+        what this estimator predicts except for a row whose value has the float32 number of a
+        threshold and lies on its other side: scikit-learn reads X as float32 and cannot tell
+        such values apart. The thresholds go out as float32 numbers that keep a table's
+        values where this forest sends them (a threshold that is a data value, as the open
+        profile's are, and the value just above a secure sketch's cut); values finer than
+        float32 beside a threshold (whole numbers past 2^24 a few apart, full float64
+        fractions) can go the other way. :meth:`to_onnx` predicts exactly, in float64.
 
         A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
         row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn

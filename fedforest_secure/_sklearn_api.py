@@ -165,24 +165,46 @@ def forest_importances(trees: Sequence[FederatedTree], n_features: int) -> np.nd
     return out
 
 
-def _float32_thresholds(t: np.ndarray) -> np.ndarray:
-    """Thresholds for scikit-learn's ``float32(x) <= threshold``.
+#: a threshold written with at most this many significant digits is taken for a data value
+#: (a number a table holds, as the open profile's thresholds are): a cut the trees compute
+#: (a midpoint, a sketch's grid edge) is that short about once in 10^4 times
+_TABLE_DIGITS = 12
 
-    Each goes out as the float32 number nearest it, so a data value ``t`` that is a threshold
-    still goes left, unless that float32 number lies above ``t`` and is itself a value a table
-    holds exactly (a number a CSV writes, such as 120 or 0.5: its shortest decimal reads back
-    as it in float64). Then the threshold is a cut just below that value, which must go right:
-    it goes out as the float32 number below. Other values within float32 rounding of a
-    threshold can still go the other way.
+
+def _float32_thresholds(t: np.ndarray) -> np.ndarray:
+    """Thresholds for scikit-learn's ``float32(x) <= threshold``, as float32 numbers.
+
+    scikit-learn reads a value ``x`` as ``float32(x)``, the forest compares ``x <= t`` in
+    float64. Let ``a = float32(t)``. Every ``x`` with ``float32(x) != a`` goes the same way
+    in both whether the threshold goes out as ``a`` or as the float32 number below ``a``.
+    The values with ``float32(x) == a`` all go one way in scikit-learn, while the forest
+    sends those ``<= t`` left and the others right: unless ``t`` is the largest of them,
+    two such values on either side of ``t`` cannot both go as the forest sends them. So
+    ``a`` goes out when ``a <= t`` (``t`` and ``a`` go left; the values of ``a`` above ``t``
+    go left too), and when ``a > t`` the side where a table's values lie is kept:
+
+    * ``t`` written with at most :data:`_TABLE_DIGITS` significant digits (-99327204, 0.35):
+      a data value, which goes left: ``a`` (the values of ``a`` above ``t``, ``a`` among
+      them, go left too).
+    * ``t`` halfway between ``a`` and the float32 number below (a midpoint of float32
+      data): that number below, so every float32 value goes as in the forest; only ``t``
+      itself goes right.
+    * ``a`` a short decimal (120, 0.5: its float32 digits read back as it): ``t`` is a cut
+      just below a value a table holds (the secure sketch's 119.99999644677146 below 120),
+      which goes right: the float32 number below (the values of ``a`` up to ``t`` go right
+      too).
+    * otherwise ``a``: ``t``, a data value at full float64 precision, goes left.
     """
     t = np.asarray(t, dtype=np.float64)
     with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as scikit-learn's X
         near = t.astype(np.float32)
-    out = near.astype(np.float64)
+    result = near.astype(np.float64)
     below = np.nextafter(near, np.float32(-np.inf)).astype(np.float64)
-    result = out.copy()
-    for i in np.flatnonzero(out > t):
-        if float(str(near[i])) == out[i]:  # a value written as its own shortest decimal
+    for i in np.flatnonzero(result > t):
+        ti = float(t[i])
+        if float(f"{ti:.{_TABLE_DIGITS}g}") == ti:
+            continue
+        if (below[i] + result[i]) / 2.0 == ti or float(str(near[i])) == result[i]:
             result[i] = below[i]
     return result
 
@@ -227,9 +249,11 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
 
     scikit-learn compares ``float32(x) <= threshold``; the federated forest compares
     ``x <= threshold`` in float64. Each threshold is exported as a float32 number
-    (:func:`_float32_thresholds`: a threshold often is a data value, whose float32 may round
-    above it), so a value goes the same way in both unless it lies within float32 rounding of
-    a threshold without being it (or being the float32 number just above a threshold).
+    (:func:`_float32_thresholds`), so a value goes the same way in both unless its float32
+    number is the threshold's own: of the values that share it, those on one side of the
+    threshold can go the other way (scikit-learn cannot tell them apart). The side kept is
+    the one a table's values lie on: the threshold itself where it is a data value (the open
+    profile's), the value just above it where it is a cut below one (the secure sketch's).
 
     A classifier whose leaves hold (noisy) class counts (``vote="counts"``, a DP profile)
     is exported with each node's counts, clipped at 0, as proportions (uniform where none is

@@ -159,6 +159,109 @@ def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> Non
     assert cuts[2] == float(np.float32(0.1)) and cuts[3] == float(np.float32(-0.044641636506989144))
 
 
+def _float32_range(a: np.float32) -> tuple[float, float]:
+    """The least and the largest float64 value whose float32 number is ``a``."""
+    x = float(a)
+    lo = (x + float(np.nextafter(a, np.float32(-np.inf)))) / 2.0
+    hi = (x + float(np.nextafter(a, np.float32(np.inf)))) / 2.0
+    if np.float32(lo) != a:
+        lo = float(np.nextafter(lo, np.inf))
+    if np.float32(hi) != a:
+        hi = float(np.nextafter(hi, -np.inf))
+    return lo, hi
+
+
+def _stump(t: float) -> Any:
+    from fedforest_secure.model import Tree
+
+    return Tree(kind=np.array([1, 0, 0]), feature=np.array([0, -1, -1]),
+                threshold=np.array([t, 0.0, 0.0]), left=np.array([1, -1, -1]),
+                right=np.array([2, -1, -1]), value=np.array([[0.0], [-1.0], [1.0]]),
+                n=np.array([2.0, 1.0, 1.0]))
+
+
+def test_to_sklearn_routes_every_value_near_a_threshold_the_forest_does_where_it_can() -> None:
+    """Stumps at thresholds beside float32 numbers (ties, one float64 step away, large
+    integers, a sketch's cut below 120), each probed with the values around it: a value
+    whose float32 number is not the threshold's goes the same way in scikit-learn as in
+    the forest; of the values that share the threshold's float32 number (which scikit-learn
+    cannot tell apart) all go as in the forest where the threshold is the largest of them,
+    the threshold itself goes left where it is a short decimal (a data value, even halfway
+    between two float32 numbers as -99327204 is), else every float32 value goes as in the
+    forest where the threshold is a float32 number or halfway between two, and 120 goes
+    right of the cut just below it."""
+    from fedforest_secure._sklearn_api import to_sklearn_forest
+
+    def f32(x: float) -> np.float32:
+        return np.float32(x)
+
+    cases: list[tuple[float, str]] = []
+    for a in map(f32, [0.3, 2.18, 13.6, -0.0446416, 120.0, 1.0, 2.0**24, 2.0**25 + 4,
+                       -99327200.0, 99999996.0, 3.0e7 + 2, 1e-20, 12345.678]):
+        up = float(np.nextafter(a, np.float32(np.inf)))
+        down = float(np.nextafter(a, np.float32(-np.inf)))
+        lo, hi = _float32_range(a)
+        cases += [(hi, "all"), (float(a), "float32"), ((down + float(a)) / 2.0, "float32"),
+                  ((float(a) + up) / 2.0, "float32"), (lo, ""),
+                  (float(np.nextafter(float(a), -np.inf)), ""),
+                  (float(np.nextafter(float(a), np.inf)), ""),
+                  (float(np.nextafter(lo, np.inf)), ""), (float(np.nextafter(hi, -np.inf)), "")]
+    cases += [(-99327204.0, ""), (16777219.0, ""), (99999999.0, ""), (12345678.91, ""),
+              (0.35, ""), (119.99999644677146, "cut")]
+    trees = [_stump(t) for t, _ in cases]
+    sk = to_sklearn_forest(trees, "regression", 1)
+    for (t, kind), tree, exported in zip(cases, trees, sk.estimators_, strict=True):
+        a = f32(t)
+        lo, hi = _float32_range(a)
+        probes = np.array([t, np.nextafter(t, -np.inf), np.nextafter(t, np.inf), float(a),
+                           float(np.nextafter(a, np.float32(-np.inf))),
+                           float(np.nextafter(a, np.float32(np.inf))), lo, hi,
+                           np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf),
+                           np.round(t) - 1, np.round(t), np.round(t) + 1, 120.0])
+        ours = tree.apply(probes[:, None], None)
+        theirs = exported.apply(probes[:, None].astype(np.float32))
+        other = probes.astype(np.float32) != a
+        np.testing.assert_array_equal(theirs[other], ours[other], err_msg=f"threshold {t!r}")
+        if kind == "all":
+            np.testing.assert_array_equal(theirs, ours, err_msg=f"threshold {t!r}")
+        short = float(f"{t:.12g}") == t  # a data value, which goes left: first of all
+        if kind == "float32" and not short:  # the float32 numbers among the probes
+            f32s = probes == probes.astype(np.float32)
+            np.testing.assert_array_equal(theirs[f32s], ours[f32s], err_msg=f"threshold {t!r}")
+        if short:
+            assert theirs[0] == ours[0] == 1, f"threshold {t!r}"
+        if kind == "cut":
+            assert theirs[-1] == ours[-1] == 2  # 120 goes right
+
+
+def test_to_sklearn_predicts_the_same_on_integer_columns_beyond_float32s_integers() -> None:
+    """Prices in cents between 2 x 10^7 and 10^8 (whole numbers that float32 rounds to a
+    multiple of 2, 4 or 8): the open profile's thresholds are such numbers, and the rows
+    equal to one went right in scikit-learn (52 of 750 held-out rows got other
+    probabilities). Training and held-out rows now go the same way, as on space_ga."""
+    rng = np.random.default_rng(0)
+    levels = 20_000_000 + rng.integers(0, 80_000_000, 400)
+    price = levels[rng.integers(0, 400, 3000)]
+    X = np.column_stack([price, rng.normal(size=3000)]).astype(float)
+    y = (price > 60_000_000).astype(int) ^ (rng.random(3000) < 0.1)
+    h = rng.integers(0, 3, 3000)
+    clf = FedForestClassifier(n_estimators=20, random_state=0).fit(X[:2250], y[:2250],
+                                                                   client=h[:2250])
+    np.testing.assert_allclose(clf.to_sklearn().predict_proba(X), clf.predict_proba(X),
+                               rtol=0, atol=1e-12)
+    from fedforest_secure.errors import FedForestError
+    from fedforest_secure.experiments import loaders
+
+    try:
+        ds = loaders.load_dataset("space_ga")
+    except FedForestError:
+        pytest.skip("shared data directory (../shared/data or $FEDFOREST_DATA_DIR) is missing")
+    reg = FedForestRegressor(n_estimators=10, random_state=1).fit(
+        ds.X, ds.y, client=np.random.default_rng(0).integers(0, 4, ds.y.size))
+    np.testing.assert_allclose(reg.to_sklearn().predict(ds.X), reg.predict(ds.X), rtol=0,
+                               atol=1e-9)
+
+
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_to_sklearn_refuses_a_split_on_a_feature_the_schema_calls_categorical(
         task: str, tmp_path: Path) -> None:
