@@ -35,8 +35,10 @@ class _EstimatorStructure(_EstimatorRows):
         """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
         from the node statistics the coordinator aggregated to grow the trees (nothing more
         is disclosed); splits on the client indicator count for no feature. Under DP those
-        statistics are noisy: a split whose noisy decrease comes out below zero counts as no
-        decrease."""
+        statistics are noisy (with minimum-leaf abstention partial): the node counts are
+        taken as a tree's (``estimators_[i].tree_``: each leaf at least one row, each inner
+        node the sum of its children), and a split whose decrease comes out below zero counts
+        as no decrease."""
         model = self._fitted_model()
         return forest_importances(self.estimators_, model.n_features)
 
@@ -91,7 +93,11 @@ class _EstimatorStructure(_EstimatorRows):
         values where this forest sends them (a threshold that is a data value, as the open
         profile's are, and the value just above a secure sketch's cut); values finer than
         float32 beside a threshold (whole numbers past 2^24 a few apart, full float64
-        fractions) can go the other way. :meth:`to_onnx` predicts exactly, in float64.
+        fractions) can go the other way. :meth:`to_onnx` predicts exactly, in float64. The
+        trees' node counts are a tree's (under DP and with minimum-leaf abstention each leaf
+        counts at least one row, each inner node the sum of its children), so SHAP's
+        ``TreeExplainer`` takes them and the export's ``feature_importances_`` are this
+        estimator's.
 
         A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
         row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn

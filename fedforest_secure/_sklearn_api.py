@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._node_weights import exported_impurity, tree_counts
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
 
@@ -38,6 +39,11 @@ class TreeArrays:
     separates the present values from the missing ones; ``missing_go_to_left`` says where a
     missing value goes (scikit-learn's name). ``value`` has shape (node_count, 1, n_outputs)
     for regression and (node_count, 1, n_classes) for classification (class proportions).
+    ``weighted_n_node_samples`` and ``n_node_samples`` (rounded) are the nodes' weighted
+    training rows where the model's counts are a tree's; under DP (noisy counts, some below
+    zero) and with minimum-leaf abstention (a node counts the clients that did not abstain)
+    each leaf counts at least one row and each inner node the sum of its children
+    (:func:`~fedforest_secure._node_weights.tree_counts`).
     """
 
     node_count: int
@@ -62,8 +68,8 @@ class TreeArrays:
         """Mean decrease in impurity per feature (scikit-learn's definition): every numeric or
         categorical split adds ``w_node imp_node - w_left imp_left - w_right imp_right`` to
         its feature, divided by the root's weight; client splits count for no feature. Under
-        DP the weights and impurities are noisy, so a decrease can come out below zero: it
-        counts as zero."""
+        DP the impurities are noisy (and with abstention partial), so a decrease can come out
+        below zero: it counts as zero."""
         out = np.zeros(n_features)
         left, right = self.children_left, self.children_right
         inner = np.flatnonzero((left != _TREE_LEAF) & (self.feature >= 0))
@@ -88,14 +94,14 @@ def tree_arrays(tree: Tree, y_offset: float = 0.0) -> TreeArrays:
     threshold = np.where(leaf, float(_TREE_UNDEFINED), tree.threshold)
     value = tree.value + y_offset if tree.value.shape[1] == 1 else tree.value
     impurity = tree.impurity if tree.impurity is not None else np.zeros(tree.n_nodes)
+    weighted, whole = tree_counts(tree.n, tree.left, tree.right)
     return TreeArrays(
         node_count=tree.n_nodes, max_depth=tree.depth,
         children_left=np.where(leaf, _TREE_LEAF, tree.left).astype(np.intp),
         children_right=np.where(leaf, _TREE_LEAF, tree.right).astype(np.intp),
         feature=feature.astype(np.intp), threshold=threshold.astype(np.float64),
         value=value[:, None, :].astype(np.float64), impurity=impurity.astype(np.float64),
-        n_node_samples=np.rint(tree.n).astype(np.intp),
-        weighted_n_node_samples=tree.n.astype(np.float64),
+        n_node_samples=whole, weighted_n_node_samples=weighted,
         missing_go_to_left=np.where(leaf, False, tree.missing_goes_left()).astype(np.uint8),
         kind=tree.kind.copy())
 
@@ -255,6 +261,13 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
     the one a table's values lie on: the threshold itself where it is a data value (the open
     profile's), the value just above it where it is a cut below one (the secure sketch's).
 
+    The counts are the trees' (:class:`TreeArrays`: under DP or abstention, each leaf's at
+    least one row and each inner node's the sum of its children's), and where a split's
+    noisy decrease in impurity comes out below zero the impurities above it are raised
+    (:func:`~fedforest_secure._node_weights.exported_impurity`): scikit-learn's
+    ``feature_importances_`` are the estimators', and SHAP's ``TreeExplainer`` reads node
+    weights of a tree.
+
     A classifier whose leaves hold (noisy) class counts (``vote="counts"``, a DP profile)
     is exported with each node's counts, clipped at 0, as proportions (uniform where none is
     left): scikit-learn averages per-tree probabilities, so its labels can differ from the
@@ -288,7 +301,8 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
         nodes["right_child"] = arrays.children_right
         nodes["feature"] = arrays.feature
         nodes["threshold"] = _float32_thresholds(arrays.threshold)
-        nodes["impurity"] = arrays.impurity
+        nodes["impurity"] = exported_impurity(arrays.weighted_n_node_samples, arrays.impurity,
+                                              arrays.children_left, arrays.children_right)
         nodes["n_node_samples"] = arrays.n_node_samples
         nodes["weighted_n_node_samples"] = arrays.weighted_n_node_samples
         nodes["missing_go_to_left"] = arrays.missing_go_to_left

@@ -393,9 +393,10 @@ def test_feature_importances_come_from_the_split_gains() -> None:
 @pytest.mark.parametrize("profile", ["open", "secure-dp"])
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
-    """ForestModel.feature_importances and the estimator's feature_importances_ (node
-    impurities, scikit-learn's rule) are one quantity, under DP too (whose random splits
-    record no gain)."""
+    """ForestModel.feature_importances, the estimator's feature_importances_ (node
+    impurities, scikit-learn's rule) and those of its scikit-learn export are one quantity,
+    under DP too (whose random splits record no gain, and whose noisy decreases below zero
+    count as none)."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(400, 5))
     signal = 2.0 * X[:, 0] + X[:, 1] ** 2
@@ -407,8 +408,9 @@ def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
     imp = est.model_.feature_importances()
     np.testing.assert_allclose(imp, est.feature_importances_, atol=1e-12)
     assert (imp >= 0).all() and imp.sum() == pytest.approx(1.0)  # a DP model's too, not zeros
-    if profile == "open":  # scikit-learn's own computation over the exported trees agrees
-        np.testing.assert_allclose(imp, est.to_sklearn().feature_importances_, atol=1e-9)
+    # scikit-learn's own computation over the exported trees agrees, under DP too
+    np.testing.assert_allclose(imp, est.to_sklearn(hard_splits=True).feature_importances_,
+                               atol=1e-9)
     if profile == "open":  # (DP noise, drawn afresh each fit, may blur which features matter)
         assert est.feature_importances_[:2].sum() > 0.5
 

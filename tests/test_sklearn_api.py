@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from sklearn.inspection import permutation_importance
 
-from fedforest_secure import FedForestClassifier, FedForestRegressor
+from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -138,6 +138,33 @@ def test_a_dp_forest_of_noisy_counts_exports_probabilities() -> None:
     p = clf.to_sklearn(hard_splits=True).predict_proba(X)
     assert p.min() >= 0.0 and p.max() <= 1.0
     np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dp", "abstention"])
+def test_exported_node_counts_are_a_trees_counts(kind: str) -> None:
+    """Under DP a leaf's count is noisy (below zero too), with abstention a leaf can count
+    0 rows and children fewer than their parent: scikit-learn's feature_importances_ went
+    negative, SHAP's TreeExplainer refused the export. Exported, every leaf counts at least
+    one row and every inner node the sum of its children, the importances are the
+    estimator's (>= 0) and the predictions stay the estimator's."""
+    X, y, h = _data("regression", n=900)
+    prof = load_profile("secure-dp", epsilon=0.3) if kind == "dp" else \
+        load_profile("secure", abstain_below=6)
+    reg = FedForestRegressor(n_estimators=6, max_depth=6, random_state=0,
+                             profile=prof).fit(X, y, client=h)
+    raw = np.concatenate([t.n[t.kind == 0] for t in reg.model_.trees])
+    assert raw.min() < 1  # the model's own leaf counts: below one row somewhere
+    sk = reg.to_sklearn()
+    for est in sk.estimators_:
+        tr = est.tree_
+        inner = np.flatnonzero(tr.children_left >= 0)
+        for counts in (tr.n_node_samples, tr.weighted_n_node_samples):
+            assert counts.min() >= 1
+            np.testing.assert_array_equal(counts[inner], counts[tr.children_left[inner]]
+                                          + counts[tr.children_right[inner]])
+    assert sk.feature_importances_.min() >= 0
+    np.testing.assert_allclose(sk.feature_importances_, reg.feature_importances_, atol=1e-12)
+    np.testing.assert_allclose(sk.predict(X), reg.predict(X), rtol=0, atol=1e-9)
 
 
 def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> None:
