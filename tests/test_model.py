@@ -48,6 +48,28 @@ def test_regressor_save_load_is_bit_for_bit(tmp_path: Path, method: str) -> None
     assert path2.read_text() == path.read_text()
 
 
+def test_a_model_with_abstentions_at_ten_levels_or_more_keeps_its_digest(
+        tmp_path: Path) -> None:
+    """Minimum-leaf abstention counts are kept per client and level (``meta["abstained"]``):
+    with trees of 10 levels or more, the model's digest is the same after a save and load,
+    and the loaded model saves the same bytes."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 4))
+    y = X[:, 0] + rng.normal(size=2000)
+    est = FedForestRegressor(n_estimators=2, random_state=3,
+                             profile=load_profile("secure", abstain_below=2)).fit(
+        X, y, client=rng.integers(0, 3, 2000))
+    assert max(t.depth for t in est.model_.trees) >= 10
+    path = tmp_path / "a.json"
+    est.save(path)
+    back = FedForestRegressor.load(path)
+    assert back.model_.digest() == est.model_.digest()
+    back.save(tmp_path / "b.json")
+    assert (tmp_path / "b.json").read_bytes() == path.read_bytes()
+    assert back.model_.meta == est.model_.meta  # levels as text keys, as the file has them
+    assert {"2", "10"} <= {lv for per in est.model_.meta["abstained"].values() for lv in per}
+
+
 def test_classifier_save_load_is_bit_for_bit(tmp_path: Path) -> None:
     X, y, h = _data(2)
     labels = np.array(["low", "mid", "high"])[np.digitize(y, [-0.3, 0.4])]
