@@ -93,7 +93,8 @@ class _EstimatorStructure(_EstimatorRows):
         values where this forest sends them (a threshold that is a data value, as the open
         profile's are, and the value just above a secure sketch's cut); values finer than
         float32 beside a threshold (whole numbers past 2^24 a few apart, full float64
-        fractions) can go the other way. :meth:`to_onnx` predicts exactly, in float64. The
+        fractions), and a float32-stored value just above a histogram's or DP grid's cut,
+        can go the other way. :meth:`to_onnx` predicts exactly, in float64. The
         trees' node counts are a tree's (under DP and with minimum-leaf abstention each leaf
         counts at least one row, each inner node the sum of its children), so SHAP's
         ``TreeExplainer`` takes them and the export's ``feature_importances_`` are this

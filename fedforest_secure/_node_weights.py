@@ -11,8 +11,8 @@ node the sum of its leaves'.
 
 A split's decrease in impurity, ``w_node imp_node - w_left imp_left - w_right imp_right``, can
 come out below zero from such statistics; the estimators count it as zero, scikit-learn
-(which never meets one) adds it. :func:`exported_impurity` raises the impurities of the
-nodes above such a split so that scikit-learn's sums are the estimators' clipped ones.
+(which never meets one) adds it. :func:`exported_impurity` gives such a tree impurities
+whose decreases, in scikit-learn's arithmetic, are the estimators' clipped ones.
 """
 
 from __future__ import annotations
@@ -69,29 +69,26 @@ def exported_impurity(w: np.ndarray, impurity: np.ndarray, left: np.ndarray,
                       right: np.ndarray) -> np.ndarray:
     """Impurities for scikit-learn (module docstring): each split's decrease there, with
     the counts ``w``, is the decrease of ``impurity`` clipped at zero (as the estimators
-    count it). Where no decrease is negative, ``impurity`` itself."""
+    count it). Where no decrease is negative, ``impurity`` itself; else impurities measured
+    from the leaves up: each leaf's 0, each inner node's the clipped decreases of the splits
+    below it (its own included) per row of the node, so a subtree whose splits decrease
+    nothing has 0 throughout and adds exactly nothing."""
     imp = np.asarray(impurity, dtype=np.float64)
     inner = np.flatnonzero(left >= 0)
     if (_decrease(w, imp, inner, left, right) >= 0).all():
         return imp.copy()
-    out = imp.copy()
+    out = np.zeros_like(imp)
     for nodes in reversed(_levels(left, right)):
         up = nodes[left[nodes] >= 0]
         if not up.size:
             continue
         lo, ro = left[up], right[up]
-        # the part of the decrease below zero, and what the children were raised by
-        short = np.maximum(-_decrease(w, imp, up, left, right), 0.0)
-        raised = w[lo] * (out[lo] - imp[lo]) + w[ro] * (out[ro] - imp[ro])
-        moved = (short > 0) | (raised != 0)
-        if not moved.any():
-            continue
-        at = up[moved]
-        out[at] = imp[at] + (short[moved] + raised[moved]) / w[at]
+        kept = np.maximum(_decrease(w, imp, up, left, right), 0.0)
+        out[up] = (kept + w[lo] * out[lo] + w[ro] * out[ro]) / w[up]
         for _ in range(8):  # rounding: no decrease below zero where the clipped one is zero
-            dec = _decrease(w, out, at, left, right)
+            dec = _decrease(w, out, up, left, right)
             low = dec < 0
             if not low.any():
                 break
-            out[at[low]] = np.nextafter(out[at[low]] - dec[low] / w[at[low]], np.inf)
+            out[up[low]] = np.nextafter(out[up[low]] - dec[low] / w[up[low]], np.inf)
     return out

@@ -199,7 +199,9 @@ def _float32_thresholds(t: np.ndarray) -> np.ndarray:
       just below a value a table holds (the secure sketch's 119.99999644677146 below 120),
       which goes right: the float32 number below (the values of ``a`` up to ``t`` go right
       too).
-    * otherwise ``a``: ``t``, a data value at full float64 precision, goes left.
+    * otherwise ``a``: ``t``, a data value at full float64 precision, goes left. A float32
+      value just above a cut that is none of these (a histogram's or a DP grid's edge beside
+      a float32-stored table's value) then goes left too.
     """
     t = np.asarray(t, dtype=np.float64)
     with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as scikit-learn's X
@@ -262,8 +264,9 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
     profile's), the value just above it where it is a cut below one (the secure sketch's).
 
     The counts are the trees' (:class:`TreeArrays`: under DP or abstention, each leaf's at
-    least one row and each inner node's the sum of its children's), and where a split's
-    noisy decrease in impurity comes out below zero the impurities above it are raised
+    least one row and each inner node's the sum of its children's). A tree in which a
+    split's noisy decrease in impurity comes out below zero goes out with impurities
+    measured from its leaves (each leaf 0) whose decreases are the estimators' clipped ones
     (:func:`~fedforest_secure._node_weights.exported_impurity`): scikit-learn's
     ``feature_importances_`` are the estimators', and SHAP's ``TreeExplainer`` reads node
     weights of a tree.

@@ -41,15 +41,24 @@ def test_noisy_or_partial_counts_become_a_trees_counts() -> None:
 
 def test_impurities_give_scikit_learn_the_clipped_decreases() -> None:
     """Node 1's children are less pure than it (a noisy decrease of 6 x 0.1 - 1 x 0.5 - 5 x
-    0.3 = -1.4): scikit-learn would add -1.4 to the feature. Node 1's impurity is raised so
-    that its decrease is 0, and the root's, which read node 1's impurity, keeps its own
-    decrease (10 x 0.5 - 6 x 0.1 - 4 x 0.2 = 3.6); the leaves keep theirs."""
+    0.3 = -1.4): scikit-learn would add -1.4 to the feature. The tree goes out with
+    impurities from its leaves (0) up: node 1's decrease is 0, the root's its own
+    (10 x 0.5 - 6 x 0.1 - 4 x 0.2 = 3.6)."""
     w = np.array([10.0, 6.0, 4.0, 1.0, 5.0])
     imp = np.array([0.5, 0.1, 0.2, 0.5, 0.3])
     out = exported_impurity(w, imp, LEFT, RIGHT)
     np.testing.assert_allclose(_decreases(w, out), [3.6, 0.0], rtol=0, atol=1e-12)
-    assert (_decreases(w, out) >= 0).all()
-    np.testing.assert_array_equal(out[2:], imp[2:])
-    np.testing.assert_allclose(out[1], 2.0 / 6.0)
+    np.testing.assert_allclose(out, [0.36, 0.0, 0.0, 0.0, 0.0], rtol=0, atol=1e-15)
     exact = np.array([0.5, 0.4, 0.2, 0.5, 0.3])  # no decrease below zero: kept as it is
     np.testing.assert_array_equal(exported_impurity(w, exact, LEFT, RIGHT), exact)
+
+
+def test_a_subtree_whose_splits_decrease_nothing_adds_exactly_nothing() -> None:
+    """Every split's noisy decrease below zero, impurities of 10^5: the estimators count
+    no decrease (the tree's importances are all zero), and so must scikit-learn, to the
+    last bit (a rounding residue of 10^-11 would be normalised into an importance of 1)."""
+    w = np.array([1202.75, 785.75, 417.0, 487.0, 298.75])
+    imp = np.array([0.0, 95.446, 1.0e5, 364.244, 1.0e5 / 3])
+    out = exported_impurity(w, imp, LEFT, RIGHT)
+    assert (_decreases(w, imp) < 0).all()
+    np.testing.assert_array_equal(_decreases(w, out), [0.0, 0.0])
