@@ -245,7 +245,7 @@ def warn_unresolved(X: np.ndarray, lo: np.ndarray, hi: np.ndarray, names: Any) -
             "and largest values, the bounds of the secure sketch); the sketch cuts no finer, "
             "so the forest may split on this feature rarely or never. Clip the far values to "
             "the feature's plausible range (np.clip), transform the feature (e.g. a log), or "
-            "drop the rows that hold them", UserWarning, stacklevel=3)
+            "drop the rows that hold them", UserWarning, stacklevel=4)  # the line calling fit
 
 
 def nan_bounds(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,8 +35,10 @@ class _EstimatorStructure(_EstimatorRows):
         """Mean decrease in impurity per feature, shape (n_features,), summing to 1: computed
         from the node statistics the coordinator aggregated to grow the trees (nothing more
         is disclosed); splits on the client indicator count for no feature. Under DP those
-        statistics are noisy: a split whose noisy decrease comes out below zero counts as no
-        decrease."""
+        statistics are noisy (with minimum-leaf abstention partial): the node counts are
+        taken as a tree's (``estimators_[i].tree_``: each leaf at least one row, each inner
+        node the sum of its children), and a split whose decrease comes out below zero counts
+        as no decrease."""
         model = self._fitted_model()
         return forest_importances(self.estimators_, model.n_features)
 
@@ -85,11 +87,18 @@ class _EstimatorStructure(_EstimatorRows):
         """A fitted scikit-learn ``RandomForestRegressor`` / ``RandomForestClassifier`` with
         this forest's trees (:func:`~fedforest_secure._sklearn_api.to_sklearn_forest`), so
         SHAP, skops, skl2onnx and ``permutation_importance`` work on it unchanged. It predicts
-        what this estimator predicts except for a row with a value within float32 rounding of
-        a threshold, on its other side: scikit-learn reads X as float32 (the thresholds go out
-        as float32 numbers). With the open profile's thresholds (data values) that is rare;
-        the secure sketch puts some thresholds just below a repeated value, whose rows then go
-        left in scikit-learn. :meth:`to_onnx` predicts exactly, in float64.
+        what this estimator predicts except for a row whose value has the float32 number of a
+        threshold and lies on its other side: scikit-learn reads X as float32 and cannot tell
+        such values apart. The thresholds go out as float32 numbers that keep a table's
+        values where this forest sends them (a threshold that is a data value, as the open
+        profile's are, and the value just above a secure sketch's cut); values finer than
+        float32 beside a threshold (whole numbers past 2^24 a few apart, full float64
+        fractions), and a float32-stored value just above a histogram's or DP grid's cut,
+        can go the other way. :meth:`to_onnx` predicts exactly, in float64. The
+        trees' node counts are a tree's (under DP and with minimum-leaf abstention each leaf
+        counts at least one row, each inner node the sum of its children), so SHAP's
+        ``TreeExplainer`` takes them and the export's ``feature_importances_`` are this
+        estimator's.
 
         A forest with soft routing (``model_.routing``: a DP random-split classifier shares a
         row near a threshold between both children, docs/privacy.md §2.6) has no scikit-learn

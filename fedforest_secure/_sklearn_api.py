@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._node_weights import exported_impurity, tree_counts
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
 
@@ -38,6 +39,11 @@ class TreeArrays:
     separates the present values from the missing ones; ``missing_go_to_left`` says where a
     missing value goes (scikit-learn's name). ``value`` has shape (node_count, 1, n_outputs)
     for regression and (node_count, 1, n_classes) for classification (class proportions).
+    ``weighted_n_node_samples`` and ``n_node_samples`` (rounded) are the nodes' weighted
+    training rows where the model's counts are a tree's; under DP (noisy counts, some below
+    zero) and with minimum-leaf abstention (a node counts the clients that did not abstain)
+    each leaf counts at least one row and each inner node the sum of its children
+    (:func:`~fedforest_secure._node_weights.tree_counts`).
     """
 
     node_count: int
@@ -62,8 +68,8 @@ class TreeArrays:
         """Mean decrease in impurity per feature (scikit-learn's definition): every numeric or
         categorical split adds ``w_node imp_node - w_left imp_left - w_right imp_right`` to
         its feature, divided by the root's weight; client splits count for no feature. Under
-        DP the weights and impurities are noisy, so a decrease can come out below zero: it
-        counts as zero."""
+        DP the impurities are noisy (and with abstention partial), so a decrease can come out
+        below zero: it counts as zero."""
         out = np.zeros(n_features)
         left, right = self.children_left, self.children_right
         inner = np.flatnonzero((left != _TREE_LEAF) & (self.feature >= 0))
@@ -88,14 +94,14 @@ def tree_arrays(tree: Tree, y_offset: float = 0.0) -> TreeArrays:
     threshold = np.where(leaf, float(_TREE_UNDEFINED), tree.threshold)
     value = tree.value + y_offset if tree.value.shape[1] == 1 else tree.value
     impurity = tree.impurity if tree.impurity is not None else np.zeros(tree.n_nodes)
+    weighted, whole = tree_counts(tree.n, tree.left, tree.right)
     return TreeArrays(
         node_count=tree.n_nodes, max_depth=tree.depth,
         children_left=np.where(leaf, _TREE_LEAF, tree.left).astype(np.intp),
         children_right=np.where(leaf, _TREE_LEAF, tree.right).astype(np.intp),
         feature=feature.astype(np.intp), threshold=threshold.astype(np.float64),
         value=value[:, None, :].astype(np.float64), impurity=impurity.astype(np.float64),
-        n_node_samples=np.rint(tree.n).astype(np.intp),
-        weighted_n_node_samples=tree.n.astype(np.float64),
+        n_node_samples=whole, weighted_n_node_samples=weighted,
         missing_go_to_left=np.where(leaf, False, tree.missing_goes_left()).astype(np.uint8),
         kind=tree.kind.copy())
 
@@ -165,24 +171,48 @@ def forest_importances(trees: Sequence[FederatedTree], n_features: int) -> np.nd
     return out
 
 
-def _float32_thresholds(t: np.ndarray) -> np.ndarray:
-    """Thresholds for scikit-learn's ``float32(x) <= threshold``.
+#: a threshold written with at most this many significant digits is taken for a data value
+#: (a number a table holds, as the open profile's thresholds are): a cut the trees compute
+#: (a midpoint, a sketch's grid edge) is that short about once in 10^4 times
+_TABLE_DIGITS = 12
 
-    Each goes out as the float32 number nearest it, so a data value ``t`` that is a threshold
-    still goes left, unless that float32 number lies above ``t`` and is itself a value a table
-    holds exactly (a number a CSV writes, such as 120 or 0.5: its shortest decimal reads back
-    as it in float64). Then the threshold is a cut just below that value, which must go right:
-    it goes out as the float32 number below. Other values within float32 rounding of a
-    threshold can still go the other way.
+
+def _float32_thresholds(t: np.ndarray) -> np.ndarray:
+    """Thresholds for scikit-learn's ``float32(x) <= threshold``, as float32 numbers.
+
+    scikit-learn reads a value ``x`` as ``float32(x)``, the forest compares ``x <= t`` in
+    float64. Let ``a = float32(t)``. Every ``x`` with ``float32(x) != a`` goes the same way
+    in both whether the threshold goes out as ``a`` or as the float32 number below ``a``.
+    The values with ``float32(x) == a`` all go one way in scikit-learn, while the forest
+    sends those ``<= t`` left and the others right: unless ``t`` is the largest of them,
+    two such values on either side of ``t`` cannot both go as the forest sends them. So
+    ``a`` goes out when ``a <= t`` (``t`` and ``a`` go left; the values of ``a`` above ``t``
+    go left too), and when ``a > t`` the side where a table's values lie is kept:
+
+    * ``t`` written with at most :data:`_TABLE_DIGITS` significant digits (-99327204, 0.35):
+      a data value, which goes left: ``a`` (the values of ``a`` above ``t``, ``a`` among
+      them, go left too).
+    * ``t`` halfway between ``a`` and the float32 number below (a midpoint of float32
+      data): that number below, so every float32 value goes as in the forest; only ``t``
+      itself goes right.
+    * ``a`` a short decimal (120, 0.5: its float32 digits read back as it): ``t`` is a cut
+      just below a value a table holds (the secure sketch's 119.99999644677146 below 120),
+      which goes right: the float32 number below (the values of ``a`` up to ``t`` go right
+      too).
+    * otherwise ``a``: ``t``, a data value at full float64 precision, goes left. A float32
+      value just above a cut that is none of these (a histogram's or a DP grid's edge beside
+      a float32-stored table's value) then goes left too.
     """
     t = np.asarray(t, dtype=np.float64)
     with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as scikit-learn's X
         near = t.astype(np.float32)
-    out = near.astype(np.float64)
+    result = near.astype(np.float64)
     below = np.nextafter(near, np.float32(-np.inf)).astype(np.float64)
-    result = out.copy()
-    for i in np.flatnonzero(out > t):
-        if float(str(near[i])) == out[i]:  # a value written as its own shortest decimal
+    for i in np.flatnonzero(result > t):
+        ti = float(t[i])
+        if float(f"{ti:.{_TABLE_DIGITS}g}") == ti:
+            continue
+        if (below[i] + result[i]) / 2.0 == ti or float(str(near[i])) == result[i]:
             result[i] = below[i]
     return result
 
@@ -227,9 +257,19 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
 
     scikit-learn compares ``float32(x) <= threshold``; the federated forest compares
     ``x <= threshold`` in float64. Each threshold is exported as a float32 number
-    (:func:`_float32_thresholds`: a threshold often is a data value, whose float32 may round
-    above it), so a value goes the same way in both unless it lies within float32 rounding of
-    a threshold without being it (or being the float32 number just above a threshold).
+    (:func:`_float32_thresholds`), so a value goes the same way in both unless its float32
+    number is the threshold's own: of the values that share it, those on one side of the
+    threshold can go the other way (scikit-learn cannot tell them apart). The side kept is
+    the one a table's values lie on: the threshold itself where it is a data value (the open
+    profile's), the value just above it where it is a cut below one (the secure sketch's).
+
+    The counts are the trees' (:class:`TreeArrays`: under DP or abstention, each leaf's at
+    least one row and each inner node's the sum of its children's). A tree in which a
+    split's noisy decrease in impurity comes out below zero goes out with impurities
+    measured from its leaves (each leaf 0) whose decreases are the estimators' clipped ones
+    (:func:`~fedforest_secure._node_weights.exported_impurity`): scikit-learn's
+    ``feature_importances_`` are the estimators', and SHAP's ``TreeExplainer`` reads node
+    weights of a tree.
 
     A classifier whose leaves hold (noisy) class counts (``vote="counts"``, a DP profile)
     is exported with each node's counts, clipped at 0, as proportions (uniform where none is
@@ -264,7 +304,8 @@ def to_sklearn_forest(trees: Sequence[Tree], task: str, n_features: int,
         nodes["right_child"] = arrays.children_right
         nodes["feature"] = arrays.feature
         nodes["threshold"] = _float32_thresholds(arrays.threshold)
-        nodes["impurity"] = arrays.impurity
+        nodes["impurity"] = exported_impurity(arrays.weighted_n_node_samples, arrays.impurity,
+                                              arrays.children_left, arrays.children_right)
         nodes["n_node_samples"] = arrays.n_node_samples
         nodes["weighted_n_node_samples"] = arrays.weighted_n_node_samples
         nodes["missing_go_to_left"] = arrays.missing_go_to_left

@@ -114,7 +114,8 @@ def _profile_types() -> list[Any]:
     return [str, os.PathLike, Mapping, PrivacyProfile]
 
 
-#: what fit sets: dropped when a fit starts, so a failed fit leaves the estimator unfitted
+#: what fit sets: dropped when a fit starts and when it fails, so a failed fit leaves the
+#: estimator unfitted (scikit-learn's ``check_is_fitted`` says so too)
 _FITTED = ("model_", "config_", "profile_", "y_offset_", "clients_", "n_clients_",
            "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_")
 
@@ -229,9 +230,20 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         """
         self._validate_params()
         # a fit that fails leaves the estimator unfitted, never the old forest answering under
-        # the new fit's classes, columns or sites
+        # the new fit's classes, columns or sites, nor the attributes set on the way
+        self._drop_fitted()
+        try:
+            return self._fit(X, y, sample_weight, client, on_round)
+        except BaseException:
+            self._drop_fitted()
+            raise
+
+    def _drop_fitted(self) -> None:
         for attr in _FITTED:
             self.__dict__.pop(attr, None)
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any, client: Any, on_round: Any) -> Any:
+        """The body of :meth:`fit`, on an estimator without fitted attributes."""
         refuse_dates(X)
         refuse_duplicate_names(X)
         y_name = getattr(y, "name", None)  # a Series' name, for the messages about y

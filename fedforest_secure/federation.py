@@ -236,7 +236,11 @@ def run_in_process(config: JobConfig, clients: Iterable[tuple[Any, ...]], *,
         if pool is not None:
             pool.shutdown(wait=True)
     model = coord.result()
-    model.meta["abstained"] = {str(k): dict(w.abstained) for k, w in enumerate(workers)}
+    # keys as a model file reads them back (JSON keys are text), so that the digest of the
+    # model trained and of the model loaded are one
+    model.meta["abstained"] = {str(k): {str(level): count for level, count in
+                                        sorted(w.abstained.items())}
+                               for k, w in enumerate(workers)}
     return model
 
 

@@ -15,6 +15,7 @@ from sklearn.datasets import make_classification, make_friedman1
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 from sklearn.utils.estimator_checks import estimator_checks_generator
+from sklearn.utils.validation import check_is_fitted
 
 from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 from fedforest_secure.errors import NotFittedError, SchemaError
@@ -742,6 +743,26 @@ def test_a_refused_refit_leaves_the_estimator_unfitted() -> None:
         with pytest.raises(NotFittedError):
             est.predict(Xp)
     assert not hasattr(est, "feature_importances_")
+    with pytest.raises(sklearn.exceptions.NotFittedError):
+        check_is_fitted(est)
+
+
+@pytest.mark.parametrize("cls", [FedForestClassifier, FedForestRegressor])
+def test_a_fit_that_fails_part_way_leaves_no_fitted_attribute(cls: Any) -> None:
+    """fit sets classes, sites, columns and the target's offset before it meets an input
+    it refuses (max_features beyond the columns, a profile's minimum of sites): after the
+    refusal no attribute of a fit is left, so scikit-learn's check_is_fitted, which looks for
+    them, says "not fitted" as predict does."""
+    X, y, h = _iris_sites()
+    for est, match in ((cls(n_estimators=2, max_features=5), "max_features=5 is more than"),
+                       (cls(n_estimators=2, profile="secure"), "fewer than 3 clients")):
+        with pytest.raises(ValueError, match=match):
+            est.fit(X, y, client=h % 2 if match.startswith("fewer") else h)
+        assert [k for k in vars(est) if k.endswith("_")] == []
+        with pytest.raises(sklearn.exceptions.NotFittedError):
+            check_is_fitted(est)
+        with pytest.raises(NotFittedError):
+            est.predict(X)
 
 
 @pytest.mark.parametrize("as_series", [False, True])

@@ -48,6 +48,28 @@ def test_regressor_save_load_is_bit_for_bit(tmp_path: Path, method: str) -> None
     assert path2.read_text() == path.read_text()
 
 
+def test_a_model_with_abstentions_at_ten_levels_or_more_keeps_its_digest(
+        tmp_path: Path) -> None:
+    """Minimum-leaf abstention counts are kept per client and level (``meta["abstained"]``):
+    with trees of 10 levels or more, the model's digest is the same after a save and load,
+    and the loaded model saves the same bytes."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 4))
+    y = X[:, 0] + rng.normal(size=2000)
+    est = FedForestRegressor(n_estimators=2, random_state=3,
+                             profile=load_profile("secure", abstain_below=2)).fit(
+        X, y, client=rng.integers(0, 3, 2000))
+    assert max(t.depth for t in est.model_.trees) >= 10
+    path = tmp_path / "a.json"
+    est.save(path)
+    back = FedForestRegressor.load(path)
+    assert back.model_.digest() == est.model_.digest()
+    back.save(tmp_path / "b.json")
+    assert (tmp_path / "b.json").read_bytes() == path.read_bytes()
+    assert back.model_.meta == est.model_.meta  # levels as text keys, as the file has them
+    assert {"2", "10"} <= {lv for per in est.model_.meta["abstained"].values() for lv in per}
+
+
 def test_classifier_save_load_is_bit_for_bit(tmp_path: Path) -> None:
     X, y, h = _data(2)
     labels = np.array(["low", "mid", "high"])[np.digitize(y, [-0.3, 0.4])]
@@ -393,9 +415,10 @@ def test_feature_importances_come_from_the_split_gains() -> None:
 @pytest.mark.parametrize("profile", ["open", "secure-dp"])
 @pytest.mark.parametrize("task", ["classification", "regression"])
 def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
-    """ForestModel.feature_importances and the estimator's feature_importances_ (node
-    impurities, scikit-learn's rule) are one quantity, under DP too (whose random splits
-    record no gain)."""
+    """ForestModel.feature_importances, the estimator's feature_importances_ (node
+    impurities, scikit-learn's rule) and those of its scikit-learn export are one quantity,
+    under DP too (whose random splits record no gain, and whose noisy decreases below zero
+    count as none)."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(400, 5))
     signal = 2.0 * X[:, 0] + X[:, 1] ** 2
@@ -407,8 +430,9 @@ def test_model_and_estimator_importances_agree(task: str, profile: str) -> None:
     imp = est.model_.feature_importances()
     np.testing.assert_allclose(imp, est.feature_importances_, atol=1e-12)
     assert (imp >= 0).all() and imp.sum() == pytest.approx(1.0)  # a DP model's too, not zeros
-    if profile == "open":  # scikit-learn's own computation over the exported trees agrees
-        np.testing.assert_allclose(imp, est.to_sklearn().feature_importances_, atol=1e-9)
+    # scikit-learn's own computation over the exported trees agrees, under DP too
+    np.testing.assert_allclose(imp, est.to_sklearn(hard_splits=True).feature_importances_,
+                               atol=1e-9)
     if profile == "open":  # (DP noise, drawn afresh each fit, may blur which features matter)
         assert est.feature_importances_[:2].sum() > 0.5
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pydantic
 import pytest
 from hypothesis import given, settings
@@ -70,6 +71,45 @@ def test_overrides() -> None:
     t = load_profile(p, delta=1e-7, threshold=0.8)  # from a profile object
     assert t.dp is not None and (t.dp.epsilon, t.dp.delta, t.threshold) == (2.0, 1e-7, 0.8)
     assert load_profile(p) == p
+
+
+def test_numpy_scalars_are_taken_as_the_python_values_they_hold() -> None:
+    """A sweep over np.arange(...) gives numpy scalars: an integer setting takes np.int64 as
+    it takes an int, a number np.float32 as a float, a switch np.bool_ as a bool (overrides,
+    the [dp] section, a profile given as a mapping); the values kept are Python's."""
+    p = load_profile("secure-dp", abstain_below=np.int64(2), epsilon=np.float32(0.5),
+                     max_multiplicity=np.int32(3), fixed_point=np.True_)
+    assert p.dp is not None
+    assert (p.abstain_below, p.dp.epsilon, p.dp.max_multiplicity) == (2, 0.5, 3)
+    assert type(p.abstain_below) is int and type(p.dp.max_multiplicity) is int
+    assert type(p.dp.epsilon) is float and p.fixed_point is True
+    q = load_profile("secure", dp={"epsilon": np.float64(2.0), "delta": 1e-7,
+                                   "max_multiplicity": np.uint8(2)})
+    assert q.dp == DPConfig(epsilon=2.0, delta=1e-7, max_multiplicity=2)
+    as_map = PrivacyProfile.from_dict({**SECURE, "secure_aggregation": np.True_,
+                                       "min_clients": np.int16(4)})
+    assert as_map.secure_aggregation is True and as_map.min_clients == 4
+    for k in range(3):  # the loop of the sweep
+        assert load_profile("secure", abstain_below=np.arange(3)[k]).abstain_below == k
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"abstain_below": np.True_}, "abstain_below: Input should be a valid integer"),
+        ({"abstain_below": np.float64(2.0)}, "abstain_below: Input should be a valid integer"),
+        ({"abstain_below": np.array([2])}, "abstain_below: Input should be a valid integer"),
+        ({"fixed_point": np.int64(1)}, "fixed_point: Input should be a valid boolean"),
+        ({"epsilon": np.True_}, "dp.epsilon: Input should be a valid number"),
+    ],
+)
+def test_numpy_scalars_of_another_kind_are_refused_as_python_values_are(
+        overrides: dict[str, Any], needle: str) -> None:
+    """A numpy bool is no integer, 2.0 no integer setting, 1 no switch, and an array no
+    number: refused as True, 2.0, 1 and a list are."""
+    with pytest.raises(ProfileError) as exc:
+        load_profile("secure-dp", **overrides)
+    assert needle in str(exc.value)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from sklearn.inspection import permutation_importance
 
-from fedforest_secure import FedForestClassifier, FedForestRegressor
+from fedforest_secure import FedForestClassifier, FedForestRegressor, load_profile
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -140,6 +140,40 @@ def test_a_dp_forest_of_noisy_counts_exports_probabilities() -> None:
     np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["dp", "abstention"])
+def test_exported_node_counts_are_a_trees_counts(kind: str) -> None:
+    """Under DP a leaf's count is noisy (below zero too), with abstention a leaf can count
+    0 rows and children fewer than their parent: scikit-learn's feature_importances_ went
+    negative, SHAP's TreeExplainer refused the export. Exported, every leaf counts at least
+    one row and every inner node the sum of its children, the importances are the
+    estimator's (>= 0) and the predictions stay the estimator's."""
+    X, y, h = _data("regression", n=900)
+    prof = load_profile("secure-dp", epsilon=0.3) if kind == "dp" else \
+        load_profile("secure", abstain_below=6)
+    reg = FedForestRegressor(n_estimators=6, max_depth=6, random_state=0,
+                             profile=prof).fit(X, y, client=h)
+    raw = np.concatenate([t.n[t.kind == 0] for t in reg.model_.trees])
+    assert raw.min() < 1  # the model's own leaf counts: below one row somewhere
+    sk = reg.to_sklearn()
+    for est in sk.estimators_:
+        tr = est.tree_
+        inner = np.flatnonzero(tr.children_left >= 0)
+        for counts in (tr.n_node_samples, tr.weighted_n_node_samples):
+            assert counts.min() >= 1
+            np.testing.assert_array_equal(counts[inner], counts[tr.children_left[inner]]
+                                          + counts[tr.children_right[inner]])
+    assert sk.feature_importances_.min() >= 0
+    np.testing.assert_allclose(sk.feature_importances_, reg.feature_importances_, atol=1e-12)
+    # the same predictions, on the rows no threshold shares a float32 number with (DP's
+    # noise moves the thresholds: one may land beside a row's value)
+    near = np.zeros(len(X), dtype=bool)
+    for t in reg.model_.trees:
+        for j, thr in zip(t.feature[t.kind == 1], t.threshold[t.kind == 1], strict=True):
+            near |= X[:, j].astype(np.float32) == np.float32(thr)
+    assert near.mean() < 0.05
+    np.testing.assert_allclose(sk.predict(X)[~near], reg.predict(X)[~near], rtol=0, atol=1e-9)
+
+
 def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> None:
     """On integer-valued columns the secure sketch cuts just below a value (119.99999...
     below 120): rounded to the nearest float32 that cut is 120 itself, and the rows of 120
@@ -157,6 +191,109 @@ def test_to_sklearn_keeps_the_secure_sketchs_cut_below_an_integer_value() -> Non
     cuts = _float32_thresholds(np.array([119.99999644677146, 120.0, 0.1, -0.044641636506989144]))
     assert cuts[0] < 120.0 and cuts[1] == 120.0  # 120 goes right of the first, left of itself
     assert cuts[2] == float(np.float32(0.1)) and cuts[3] == float(np.float32(-0.044641636506989144))
+
+
+def _float32_range(a: np.float32) -> tuple[float, float]:
+    """The least and the largest float64 value whose float32 number is ``a``."""
+    x = float(a)
+    lo = (x + float(np.nextafter(a, np.float32(-np.inf)))) / 2.0
+    hi = (x + float(np.nextafter(a, np.float32(np.inf)))) / 2.0
+    if np.float32(lo) != a:
+        lo = float(np.nextafter(lo, np.inf))
+    if np.float32(hi) != a:
+        hi = float(np.nextafter(hi, -np.inf))
+    return lo, hi
+
+
+def _stump(t: float) -> Any:
+    from fedforest_secure.model import Tree
+
+    return Tree(kind=np.array([1, 0, 0]), feature=np.array([0, -1, -1]),
+                threshold=np.array([t, 0.0, 0.0]), left=np.array([1, -1, -1]),
+                right=np.array([2, -1, -1]), value=np.array([[0.0], [-1.0], [1.0]]),
+                n=np.array([2.0, 1.0, 1.0]))
+
+
+def test_to_sklearn_routes_every_value_near_a_threshold_the_forest_does_where_it_can() -> None:
+    """Stumps at thresholds beside float32 numbers (ties, one float64 step away, large
+    integers, a sketch's cut below 120), each probed with the values around it: a value
+    whose float32 number is not the threshold's goes the same way in scikit-learn as in
+    the forest; of the values that share the threshold's float32 number (which scikit-learn
+    cannot tell apart) all go as in the forest where the threshold is the largest of them,
+    the threshold itself goes left where it is a short decimal (a data value, even halfway
+    between two float32 numbers as -99327204 is), else every float32 value goes as in the
+    forest where the threshold is a float32 number or halfway between two, and 120 goes
+    right of the cut just below it."""
+    from fedforest_secure._sklearn_api import to_sklearn_forest
+
+    def f32(x: float) -> np.float32:
+        return np.float32(x)
+
+    cases: list[tuple[float, str]] = []
+    for a in map(f32, [0.3, 2.18, 13.6, -0.0446416, 120.0, 1.0, 2.0**24, 2.0**25 + 4,
+                       -99327200.0, 99999996.0, 3.0e7 + 2, 1e-20, 12345.678]):
+        up = float(np.nextafter(a, np.float32(np.inf)))
+        down = float(np.nextafter(a, np.float32(-np.inf)))
+        lo, hi = _float32_range(a)
+        cases += [(hi, "all"), (float(a), "float32"), ((down + float(a)) / 2.0, "float32"),
+                  ((float(a) + up) / 2.0, "float32"), (lo, ""),
+                  (float(np.nextafter(float(a), -np.inf)), ""),
+                  (float(np.nextafter(float(a), np.inf)), ""),
+                  (float(np.nextafter(lo, np.inf)), ""), (float(np.nextafter(hi, -np.inf)), "")]
+    cases += [(-99327204.0, ""), (16777219.0, ""), (99999999.0, ""), (12345678.91, ""),
+              (0.35, ""), (119.99999644677146, "cut")]
+    trees = [_stump(t) for t, _ in cases]
+    sk = to_sklearn_forest(trees, "regression", 1)
+    for (t, kind), tree, exported in zip(cases, trees, sk.estimators_, strict=True):
+        a = f32(t)
+        lo, hi = _float32_range(a)
+        probes = np.array([t, np.nextafter(t, -np.inf), np.nextafter(t, np.inf), float(a),
+                           float(np.nextafter(a, np.float32(-np.inf))),
+                           float(np.nextafter(a, np.float32(np.inf))), lo, hi,
+                           np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf),
+                           np.round(t) - 1, np.round(t), np.round(t) + 1, 120.0])
+        ours = tree.apply(probes[:, None], None)
+        theirs = exported.apply(probes[:, None].astype(np.float32))
+        other = probes.astype(np.float32) != a
+        np.testing.assert_array_equal(theirs[other], ours[other], err_msg=f"threshold {t!r}")
+        if kind == "all":
+            np.testing.assert_array_equal(theirs, ours, err_msg=f"threshold {t!r}")
+        short = float(f"{t:.12g}") == t  # a data value, which goes left: first of all
+        if kind == "float32" and not short:  # the float32 numbers among the probes
+            f32s = probes == probes.astype(np.float32)
+            np.testing.assert_array_equal(theirs[f32s], ours[f32s], err_msg=f"threshold {t!r}")
+        if short:
+            assert theirs[0] == ours[0] == 1, f"threshold {t!r}"
+        if kind == "cut":
+            assert theirs[-1] == ours[-1] == 2  # 120 goes right
+
+
+def test_to_sklearn_predicts_the_same_on_integer_columns_beyond_float32s_integers() -> None:
+    """Prices in cents between 2 x 10^7 and 10^8 (whole numbers that float32 rounds to a
+    multiple of 2, 4 or 8): the open profile's thresholds are such numbers, and the rows
+    equal to one went right in scikit-learn (52 of 750 held-out rows got other
+    probabilities). Training and held-out rows now go the same way, as on space_ga."""
+    rng = np.random.default_rng(0)
+    levels = 20_000_000 + rng.integers(0, 80_000_000, 400)
+    price = levels[rng.integers(0, 400, 3000)]
+    X = np.column_stack([price, rng.normal(size=3000)]).astype(float)
+    y = (price > 60_000_000).astype(int) ^ (rng.random(3000) < 0.1)
+    h = rng.integers(0, 3, 3000)
+    clf = FedForestClassifier(n_estimators=20, random_state=0).fit(X[:2250], y[:2250],
+                                                                   client=h[:2250])
+    np.testing.assert_allclose(clf.to_sklearn().predict_proba(X), clf.predict_proba(X),
+                               rtol=0, atol=1e-12)
+    from fedforest_secure.errors import FedForestError
+    from fedforest_secure.experiments import loaders
+
+    try:
+        ds = loaders.load_dataset("space_ga")
+    except FedForestError:
+        pytest.skip("shared data directory (../shared/data or $FEDFOREST_DATA_DIR) is missing")
+    reg = FedForestRegressor(n_estimators=10, random_state=1).fit(
+        ds.X, ds.y, client=np.random.default_rng(0).integers(0, 4, ds.y.size))
+    np.testing.assert_allclose(reg.to_sklearn().predict(ds.X), reg.predict(ds.X), rtol=0,
+                               atol=1e-9)
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])

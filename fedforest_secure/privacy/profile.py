@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -285,13 +286,28 @@ class PrivacyProfile(BaseModel):
         if not isinstance(data, Mapping):
             raise ProfileError(f"a profile must be a mapping, got {type(data).__name__}")
         try:
-            return cls.model_validate(dict(data))
+            return cls.model_validate(_python_values(data))
         except ValidationError as exc:
             raise ProfileError(_format_error(exc, data)) from None
 
     def to_toml(self) -> str:
         """TOML text that :func:`load_profile` reads back to an equal profile."""
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+
+def _python_values(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with each numpy scalar (``np.int64(2)``, ``np.float32(0.5)``, ``np.True_``) as
+    the Python value it holds, in the ``dp`` section too: the strict checks take it as they
+    take that value (an integer setting takes ``np.int64(2)``, not ``np.True_`` nor
+    ``np.float64(2.0)``, as it takes 2, not True nor 2.0). Arrays are left as they are."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        elif isinstance(value, Mapping):
+            value = _python_values(value)
+        out[key] = value
+    return out
 
 
 def _default_min_clients(data: Mapping[str, Any]) -> int:
