@@ -200,6 +200,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async def heartbeat() -> None:
+            # on the event loop, apart from the ticks (which may take long): a gap between
+            # two beats is time this process did not run (Deadlines.beat)
+            while True:
+                st.core.deadlines.beat(tick_seconds)
+                await asyncio.sleep(tick_seconds)
+
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(tick_seconds)
@@ -213,13 +220,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                         event("error", logging.ERROR, exc=exc, where="deadline tick",
                               error=f"{type(exc).__name__}: {exc}")
 
-        task = asyncio.create_task(ticker())
+        tasks = [asyncio.create_task(heartbeat()), asyncio.create_task(ticker())]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             try:
                 with db.session() as sess:
                     running: int | None = len(running_job_ids(sess))

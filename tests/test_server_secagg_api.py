@@ -833,6 +833,48 @@ def test_a_full_round_deadline_after_a_database_outage_a_silent_client_is_droppe
     assert offer(env, 0)["action"] == "sign"
 
 
+def test_a_server_stalled_longer_than_the_deadline_drops_no_client(
+        env: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """The server process stalls (paused, a suspended VM) for 40 s of the upload phase (the
+    round deadline is 30 s) while client K - 1's upload waits in its socket queue: its
+    heartbeat is 40 s late, so the open phase's deadline runs again from when it runs again,
+    and the upload that waited is taken."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    _config, sa, task, vecs = all_but_last_uploaded(env)
+    r = task.round_id
+    body = upload_body(env, sa, K - 1, task, vecs[K - 1])
+    deadlines = env["state"].core.deadlines
+    deadlines.beat(0.5)  # the serving process beats every tick...
+    env["clock"].now += 5  # (a gap of 5 s is no stall)
+    deadlines.beat(0.5)
+    env["clock"].now += 40  # ...and then did not run for 40 s
+    res = post_upload(env, K - 1, r, body)  # the first request after the stall
+    assert res.status_code == 200, res.text
+    assert [m for m in caplog.messages if "server_stalled" in m] == [
+        "event=server_stalled stalled_s=40 deadlines=\"the open rounds' deadlines run again "
+        "from now\""]
+    assert "event=drop" not in caplog.text
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+
+
+def test_a_full_round_deadline_after_a_stall_a_silent_client_is_dropped(env: dict) -> None:
+    """The deadline a stall re-arms still applies: a client that does not upload within a
+    full round deadline after the server ran again is dropped."""
+    all_but_last_uploaded(env)
+    deadlines = env["state"].core.deadlines
+    deadlines.beat(0.5)
+    env["clock"].now += 40
+    env["state"].tick()  # the first tick after the stall drops no one...
+    assert offer(env, K - 1)["action"] == "upload"
+    for _ in range(31):  # ...but a full deadline after it, the server running (beating)
+        env["clock"].now += 1
+        deadlines.beat(0.5)
+    env["state"].tick()
+    assert offer(env, K - 1)["status"] == "dropped"
+    assert offer(env, 0)["action"] == "sign"
+
+
 def test_a_refusal_reason_with_a_nul_character_is_refused_and_changes_nothing(
         env: dict) -> None:
     """PostgreSQL text cannot hold NUL: a reason carrying one is refused at the boundary (a
