@@ -875,6 +875,34 @@ def test_a_full_round_deadline_after_a_stall_a_silent_client_is_dropped(env: dic
     assert offer(env, 0)["action"] == "sign"
 
 
+def test_the_first_tick_of_a_server_whose_lease_was_taken_changes_nothing(
+        env: dict, db_url: str) -> None:
+    """A server paused past its lease and past the round deadline, whose database another
+    server took over: its first act when it runs again may be its deadline tick, with the
+    deadline it knew passed. The tick's step is rolled back (LeaseLost): no site is dropped,
+    and the round stays open for the server that took over."""
+    import time
+
+    from server_app.db import MemberRow
+    from server_app.lease import LEASE_S, LeaseLost, ServerLease
+
+    lease = ServerLease(env["db"], 1)
+    lease.acquire()
+    lease.keep(lambda err: None)
+    _config, _sa, task, _vecs = all_but_last_uploaded(env)
+    env["clock"].now += 31  # the upload phase's deadline passed
+    other = ServerLease(Database(db_url), 9, clock=lambda: time.time() + LEASE_S + 1)
+    other.acquire()
+    with pytest.raises(LeaseLost, match="^another server .* took this database over"):
+        env["state"].tick()
+    with env["db"].session() as sess:
+        assert {m.state for m in sess.query(MemberRow)} == {"active"}
+        rr = sess.get(RoundRow, ("job-a", task.round_id))
+        assert rr is not None and (rr.status, rr.phase) == ("open", "upload")
+    lease.release()
+    other.db.dispose()
+
+
 def test_a_refusal_reason_with_a_nul_character_is_refused_and_changes_nothing(
         env: dict) -> None:
     """PostgreSQL text cannot hold NUL: a reason carrying one is refused at the boundary (a
