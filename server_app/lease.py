@@ -67,8 +67,8 @@ def _lost(taker: tuple[int, str, int] | None) -> LeaseLost:
                "database over and serves its jobs now")
     return LeaseLost(f"{who}: this server's claim was not renewed for {LEASE_S:.0f} s (the "
                      "process was paused or stalled that long) or its process was taken for "
-                     "dead. This server stopped serving the database and wrote nothing more "
-                     "to it")
+                     "dead. This server stopped serving the database, and saved none of its "
+                     "steps after that")
 
 
 def _boot_id() -> str | None:

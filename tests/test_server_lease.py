@@ -359,7 +359,8 @@ def _taken_message() -> str:
     return (f"another server (pid {os.getpid()} on {socket.gethostname()}, port 9) took this "
             "database over and serves its jobs now: this server's claim was not renewed for "
             "15 s (the process was paused or stalled that long) or its process was taken for "
-            "dead. This server stopped serving the database and wrote nothing more to it")
+            "dead. This server stopped serving the database, and saved none of its steps "
+            "after that")
 
 
 def test_a_server_whose_lease_was_taken_writes_nothing_more(db_url: str) -> None:

@@ -149,7 +149,8 @@ def test_a_paused_server_whose_database_was_taken_over_writes_nothing_and_fails(
     said = (f"another server (pid {b.pid} on {socket.gethostname()}, port {port_b}) took this "
             "database over and serves its jobs now: this server's claim was not renewed for "
             "15 s (the process was paused or stalled that long) or its process was taken for "
-            "dead. This server stopped serving the database and wrote nothing more to it")
+            "dead. This server stopped serving the database, and saved none of its steps "
+            "after that")
     assert code == 2, log[-3000:]
     assert f'event=lease_lost reason="{said}"' in log, log[-3000:]
     assert f"error: {said}" in " ".join(log.split())
