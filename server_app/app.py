@@ -71,7 +71,8 @@ from .audit_hook import AuditSink, NullAudit
 from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError, upload_error
-from .limits import BODY_REFUSED, BodyLimits, TransportLimits
+from .lease import LeaseLost, ServerLease
+from .limits import BODY_REFUSED, NOT_SERVING, BodyLimits, NotServing, TransportLimits
 from .logs import event
 from .runtime import ServerState
 from .store import running_job_ids
@@ -187,10 +188,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                max_upload_bytes: int = 1 << 30, state: ServerState | None = None,
                spool: FsPath | None = None, body_timeout_s: float = 30.0,
                peer_names: PeerNames | None = None,
-               stopping: Callable[[], bool] = lambda: False) -> FastAPI:
+               stopping: Callable[[], bool] = lambda: False,
+               lease: ServerLease | None = None) -> FastAPI:
     """Build the app around a database (and an audit sink); ``spool`` is where masked
     uploads of open secure rounds are kept (default: in the database). ``stopping`` says
-    that the server is shutting down: long polls then answer at once.
+    that the server is shutting down: long polls then answer at once. Once another server
+    took ``lease`` (the serving process's claim on the database), every request is answered
+    503 ``not_serving`` and the deadline ticker stops.
 
     Every request passes :class:`~server_app.limits.TransportLimits` first: a known token
     before any body is read, a body limit per route (uploads ``max_upload_bytes``), a
@@ -198,13 +202,27 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     client bound to the name in the connection's certificate."""
     st = state or ServerState(db, audit or NullAudit(), spool=spool)
 
+    def lost() -> bool:
+        return lease is not None and lease.lost is not None
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async def ticker() -> None:
+        async def heartbeat() -> None:
+            # on the event loop, apart from the ticks (which may take long): a gap between
+            # two beats is time this process did not run (Deadlines.beat)
             while True:
+                st.core.deadlines.beat(tick_seconds)
                 await asyncio.sleep(tick_seconds)
+
+        async def ticker() -> None:
+            while not lost():
+                await asyncio.sleep(tick_seconds)
+                if lost():
+                    return
                 try:
                     await run_in_threadpool(st.tick)
+                except LeaseLost:  # said once, by the lease; the server is stopping
+                    return
                 except Exception as exc:  # keep ticking; the failure is logged
                     # an outage of the database (not a bug) was logged in one line when it
                     # began (Deadlines.database_unreachable), not a traceback every tick
@@ -213,13 +231,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                         event("error", logging.ERROR, exc=exc, where="deadline tick",
                               error=f"{type(exc).__name__}: {exc}")
 
-        task = asyncio.create_task(ticker())
+        tasks = [asyncio.create_task(heartbeat()), asyncio.create_task(ticker())]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             try:
                 with db.session() as sess:
                     running: int | None = len(running_job_ids(sess))
@@ -240,10 +259,17 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     app.add_middleware(TransportLimits, tokens=app.state.tokens,
                        limits=BodyLimits(upload=max_upload_bytes, secagg=JSON_MAX),
                        body_timeout_s=body_timeout_s, peer_names=peer_names)
+    if lease is not None:
+        app.add_middleware(NotServing, lease=lease)  # outermost: before anything is read
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(LeaseLost)
+    async def _lease_lost(_req: Request, exc: LeaseLost) -> JSONResponse:
+        # the step was rolled back; the lease logged why and stops the server
+        return JSONResponse({"error": "not_serving", "detail": NOT_SERVING}, status_code=503)
 
     @app.exception_handler(UploadRejected)
     async def _upload_rejected(req: Request, exc: UploadRejected) -> JSONResponse:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from sqlalchemy import (
     Float,
@@ -230,6 +231,11 @@ _ADDED_COLUMNS = (("server_lease", "started"),)
 #: to do once its transaction committed (callables, run in order by :meth:`Database.session`)
 AFTER_COMMIT = "fedforest.after_commit"
 
+#: whether the transaction of the innermost :meth:`Database.session` or :meth:`Database.connect`
+#: block of this thread wrote (a one-item list, so that a statement marks the block it ran in);
+#: kept only once a fence is set (:meth:`Database.fence`)
+_WROTE: ContextVar[list[bool] | None] = ContextVar("fedforest_db_wrote", default=None)
+
 #: seconds a PostgreSQL connection attempt may take
 _CONNECT_TIMEOUT_S = 10
 #: seconds one probe of the database (:meth:`Database.unreachable`) answers for
@@ -279,6 +285,18 @@ class Database:
         self._on_unreachable: list[Callable[[DBAPIError], None]] = []
         self._probe_mu = threading.Lock()
         self._probed_at, self._probe_said = -_PROBE_EVERY_S, False
+        self._fence: Callable[[Connection], None] | None = None
+
+    def fence(self, check: Callable[[Connection], None]) -> None:
+        """From now on run ``check(conn)`` in every transaction of :meth:`session` and
+        :meth:`connect` that wrote (any statement but a ``SELECT``), on its connection, just
+        before it commits: an exception it raises rolls the transaction back and is raised to
+        the caller. What a serving process sets so that it writes only while it holds the
+        database's lease (:meth:`ServerLease.keep <server_app.lease.ServerLease.keep>`); a
+        transaction that only read costs nothing more."""
+        if self._fence is None:
+            event.listen(self.engine, "before_cursor_execute", _note_write)
+        self._fence = check
 
     def on_unreachable(self, fn: Callable[[DBAPIError], None]) -> None:
         """Call ``fn(exc)`` whenever a query fails because the database cannot be reached (a
@@ -321,27 +339,49 @@ class Database:
     def session(self) -> Iterator[Session]:
         """A transaction: committed on success, rolled back on any exception. Once it
         committed, the callables the step listed in ``sess.info[AFTER_COMMIT]`` run (the audit
-        entries it made are appended to the log: :mod:`server_app.audit_outbox`)."""
+        entries it made are appended to the log: :mod:`server_app.audit_outbox`). With a fence
+        set (:meth:`fence`), a transaction that wrote passes it before it commits."""
+        wrote = _WROTE.set([False]) if self._fence is not None else None
         try:
             with self._factory() as sess:
                 with sess.begin():
                     yield sess
+                    if wrote is not None:
+                        sess.flush()  # what the commit would write: its statements count
+                        self._check_fence(sess.connection)
                 for after in sess.info.pop(AFTER_COMMIT, ()):
                     after()
         except DBAPIError as exc:
             self._failed(exc)
             raise
+        finally:
+            if wrote is not None:
+                _WROTE.reset(wrote)
 
     @contextmanager
-    def connect(self) -> Iterator[Connection]:
+    def connect(self, *, fenced: bool = True) -> Iterator[Connection]:
         """A Core transaction (no ORM session): committed on success, rolled back on any
-        exception. For requests that read or write plain values only."""
+        exception. For requests that read or write plain values only. ``fenced=False``: the
+        fence (:meth:`fence`) is not checked (the lease's own renewal and release, whose
+        statements name the lease's holder)."""
+        wrote = _WROTE.set([False]) if self._fence is not None and fenced else None
         try:
             with self.engine.begin() as conn:
                 yield conn
+                if wrote is not None:
+                    self._check_fence(lambda: conn)
         except DBAPIError as exc:
             self._failed(exc)
             raise
+        finally:
+            if wrote is not None:
+                _WROTE.reset(wrote)
+
+    def _check_fence(self, connection: Callable[[], Connection]) -> None:
+        """Run the fence on the block's connection if its transaction wrote."""
+        box, check = _WROTE.get(), self._fence
+        if box is not None and box[0] and check is not None:
+            check(connection())
 
     def compact(self) -> None:
         """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server
@@ -378,6 +418,15 @@ def _add_columns(engine: Engine) -> None:
         except DatabaseError as exc:
             if not _created_meanwhile(exc):  # another process added it meanwhile: it is there
                 raise
+
+
+def _note_write(conn: Connection, cursor: object, statement: str, parameters: object,
+                context: object, executemany: bool) -> None:
+    """Mark the running block's transaction as one that wrote (any statement but a read)."""
+    box = _WROTE.get()
+    if box is not None and not box[0] and \
+            statement.lstrip()[:6].upper() not in ("SELECT", "PRAGMA"):
+        box[0] = True
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:

@@ -6,9 +6,15 @@ server's start, so clients that were backing off while it was down are not dropp
 server's outage. An outage of the server's database counts the same: once a query failed
 because the database could not be reached (the clients got 500s and backed off), the open
 phase's deadline runs again from when it next answered (the first deadline computed from a
-row read after the failure). Deadlines only move later (every phase and round sets now + the
-job's fixed round deadline), so the last one seen is a lower bound for every later one of the
-job: until it passes, a request needs no query to know that no deadline has passed.
+row read after the failure). So does a stall of the server process itself (paused with
+SIGSTOP, a suspended or migrated VM, a swap storm): its sites' requests waited in its socket
+queue, unanswered. The serving process beats every tick (:meth:`Deadlines.beat`, from the event
+loop); a gap between two beats well over their interval is such a stall, and the open phase's
+deadline runs again from when it is noticed: at the next beat, or at the first deadline
+computed after the stall, whichever comes first. Deadlines only move later (every phase and
+round sets now + the job's fixed round deadline), so the last one seen is a lower bound for
+every later one of the job: until it passes, a request needs no query to know that no deadline
+has passed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ from .db import Database, JobRow, RoundRow
 from .logs import event
 from .store import open_round_deadline
 
-__all__ = ["Deadlines"]
+__all__ = ["STALL_S", "Deadlines"]
+
+#: a gap between two heartbeats this many seconds (or one interval, if longer) beyond their
+#: interval is a stall of the server process
+STALL_S = 5.0
 
 
 class Deadlines:
@@ -37,6 +47,9 @@ class Deadlines:
         self._outage = threading.Lock()
         #: per job, a time before which no deadline of its open round can pass
         self._due: dict[str, float] = {}
+        #: the last heartbeat and the interval of the beats (None: nothing beats)
+        self._beat_at: float | None = None
+        self._beat_every = 0.0
         db.on_unreachable(self.database_unreachable)
 
     def database_unreachable(self, exc: BaseException) -> None:
@@ -64,10 +77,34 @@ class Deadlines:
         event("database_available", unreachable_s=self.resumed_at - since,
               deadlines="the open rounds' deadlines run again from now")
 
+    def beat(self, every: float) -> None:
+        """The serving process's heartbeat, every ``every`` seconds: a stall since the last
+        one (:meth:`_stalled`) is noticed here at the latest."""
+        now = self.clock()
+        self._stalled(now)
+        self._beat_every, self._beat_at = every, now
+
+    def _stalled(self, now: float) -> None:
+        """If the last heartbeat is overdue by more than ``max(STALL_S, interval)``, this
+        process stalled (or was paused) since: the deadlines stop counting that time against
+        the sites (they run again from now), and one line says so."""
+        last = self._beat_at
+        if last is None or now - last <= self._beat_every + max(STALL_S, self._beat_every):
+            return  # the usual case: no lock taken
+        with self._outage:
+            if self._beat_at != last:  # another thread noticed it first
+                return
+            self._beat_at = now
+            self.resumed_at = max(self.resumed_at, now)
+        event("server_stalled", logging.WARNING, stalled_s=round(now - last, 1),
+              deadlines="the open rounds' deadlines run again from now")
+
     def at(self, deadline_at: float, round_deadline_s: float) -> float:
         """The open phase's deadline; never earlier than a full round deadline after this
-        server started or its database answered again after an outage (every caller read
-        ``deadline_at`` from the database just now: it answers)."""
+        server started, its database answered again after an outage, or its process ran again
+        after a stall (every caller read ``deadline_at`` from the database just now: it
+        answers)."""
+        self._stalled(self.clock())
         self._database_answered()
         return max(deadline_at, self.resumed_at + round_deadline_s)
 

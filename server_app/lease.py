@@ -11,6 +11,14 @@ On Linux the lease names its process by pid and start time (and the host's boot)
 process that has the dead holder's pid now is not taken for it: a server restarted as the same
 pid (a container's PID 1 after ``docker restart``, which keeps the host name) takes its own
 dead lease at once, and so does a server whose lease pid went to some other process.
+
+A server that stalled past ``LEASE_S`` (paused, a suspended VM) may find, when it resumes, that
+another server took the lease and serves the database. Its writes are fenced: every transaction
+of the serving process that wrote reads the lease row before it commits, in the same
+transaction (``FOR SHARE`` where the database locks rows: a takeover waits for it), and is
+rolled back unless this server still holds the lease (:meth:`ServerLease.keep`). The first such
+refusal, or the renewal that finds the lease taken, raises :class:`LeaseLost` and stops the
+server, whichever of its requests, ticks or renewals comes first after the stall.
 """
 
 from __future__ import annotations
@@ -24,20 +32,43 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import delete, update
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from fedforest_secure.errors import FedForestError
 
 from .db import Database, LeaseRow
 from .logs import event
 from .settings import ConfigError
 
-__all__ = ["LEASE_S", "ServerLease", "holder"]
+__all__ = ["LEASE_S", "LeaseLost", "ServerLease", "holder"]
 
 #: a lease not renewed for this many seconds is free
 LEASE_S = 15.0
 
 _SAME_MOMENT = ("another server took this database at the same moment: stop it first, or give "
                 "this server a database of its own")
+
+
+class LeaseLost(FedForestError):
+    """Another process took the database's lease from this server: the server stops, and the
+    step that found it out was rolled back."""
+
+
+def _lost(taker: tuple[int, str, int] | None) -> LeaseLost:
+    """Why this server stopped, once ``taker`` (its pid, host and port; None: a process that
+    gave the lease back since) took the lease."""
+    if taker is None:
+        who = ("another process took this database over and gave it back (a `fedforest server "
+               "cancel-job`, or a server stopped since)")
+    else:
+        pid, host, port = taker
+        who = (f"another server (pid {pid} on {host}, port {port}) took this "
+               "database over and serves its jobs now")
+    return LeaseLost(f"{who}: this server's claim was not renewed for {LEASE_S:.0f} s (the "
+                     "process was paused or stalled that long) or its process was taken for "
+                     "dead. This server stopped serving the database, and saved none of its "
+                     "steps after that")
 
 
 def _boot_id() -> str | None:
@@ -113,6 +144,10 @@ class ServerLease:
         self.owner = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: why this server stopped serving once another process took its lease (None: held)
+        self.lost: LeaseLost | None = None
+        self._lost_mu = threading.Lock()
+        self._on_lost: Callable[[LeaseLost], None] = lambda err: None
 
     def acquire(self) -> None:
         """Take the lease, or raise :class:`ConfigError` naming the server that holds it."""
@@ -145,7 +180,7 @@ class ServerLease:
 
     def renew(self) -> bool:
         """Renew the lease; False if another server holds it now."""
-        with self.db.connect() as conn:
+        with self.db.connect(fenced=False) as conn:
             res = conn.execute(update(LeaseRow).where(LeaseRow.id == 1,
                                                       LeaseRow.owner == self.owner)
                                .values(renewed_at=self.clock()))
@@ -158,7 +193,7 @@ class ServerLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            with self.db.connect() as conn:
+            with self.db.connect(fenced=False) as conn:
                 conn.execute(delete(LeaseRow).where(LeaseRow.owner == self.owner))
         except SQLAlchemyError as exc:
             if not self.db.unreachable(exc):
@@ -168,18 +203,50 @@ class ServerLease:
                   f"server on this host takes it at once, one on another host after "
                   f"{LEASE_S:.0f} s")
 
-    def keep(self, on_lost: Callable[[], None]) -> None:
-        """Renew the lease every ``LEASE_S / 3`` seconds from a daemon thread until
-        :meth:`release`; ``on_lost`` is called once if another server took it."""
+    def keep(self, on_lost: Callable[[LeaseLost], None]) -> None:
+        """Hold the lease while serving: fence every write of this process's database on it
+        (:meth:`Database.fence <server_app.db.Database.fence>`), and renew it every
+        ``LEASE_S / 3`` seconds from a daemon thread until :meth:`release`. Once another
+        process took it, :attr:`lost` says so, ``on_lost`` is called once (from the thread
+        that found out), and every write raises :class:`LeaseLost` and is rolled back."""
+        self._on_lost = on_lost
+        self.db.fence(self._fence)
+
         def loop() -> None:
             while not self._stop.wait(LEASE_S / 3):
                 try:
                     held = self.renew()
+                    if not held:
+                        with self.db.session() as sess:
+                            row = sess.get(LeaseRow, 1)
+                            err = _lost(None if row is None else (row.pid, row.host, row.port))
                 except Exception:  # noqa: BLE001 - a database hiccup: try again next time
                     continue
                 if not held:
-                    on_lost()
+                    self._lose(err)
                     return
 
         self._thread = threading.Thread(target=loop, name="server-lease", daemon=True)
         self._thread.start()
+
+    def _fence(self, conn: Connection) -> None:
+        """In a transaction that wrote, before its commit: :class:`LeaseLost` (the transaction
+        is rolled back) unless this server holds the lease. ``FOR SHARE`` holds a takeover
+        (an ``UPDATE`` of the row) until the transaction ends (SQLite leaves it out: a
+        transaction that wrote holds the database's one write lock already)."""
+        if self.lost is not None:
+            raise LeaseLost(str(self.lost))
+        row = conn.execute(select(LeaseRow.owner, LeaseRow.pid, LeaseRow.host, LeaseRow.port)
+                           .where(LeaseRow.id == 1).with_for_update(read=True)).first()
+        if row is not None and row.owner == self.owner:
+            return
+        err = _lost(None if row is None else (row.pid, row.host, row.port))
+        self._lose(err)
+        raise LeaseLost(str(err))
+
+    def _lose(self, err: LeaseLost) -> None:
+        with self._lost_mu:
+            if self.lost is not None:
+                return
+            self.lost = err
+        self._on_lost(err)

@@ -12,6 +12,9 @@
   worker's memory for at most that long.
 * **Certificate binding.** Under mutual TLS the token's client must be the client named in the
   TLS certificate of the connection (:mod:`server_app.tls_identity`): a 403 otherwise.
+* **Not serving.** Once another server took the database's lease from this one
+  (:mod:`server_app.lease`), every request is a 503 ``not_serving`` (:class:`NotServing`):
+  this server stops, and the sites retry.
 
 Every refusal is a JSON body ``{"error": code, "detail": ...}`` with ``Connection: close``.
 """
@@ -32,10 +35,12 @@ from starlette.concurrency import run_in_threadpool
 
 from .auth import TokenCache
 from .db import ClientRow
+from .lease import ServerLease
 from .logs import event
 from .tls_identity import PeerNames
 
-__all__ = ["BODY_REFUSED", "MAX_IN_FLIGHT", "BodyLimits", "TransportLimits"]
+__all__ = ["BODY_REFUSED", "MAX_IN_FLIGHT", "NOT_SERVING", "BodyLimits", "NotServing",
+           "TransportLimits"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -90,6 +95,24 @@ async def _refuse(send: Send, status: int, code: str, detail: str) -> None:
                             (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+#: the 503 of a server whose database another server took over
+NOT_SERVING = ("this server no longer serves its database: another server took it over; "
+               "retry, and ask the operator which server serves the job now if this goes on")
+
+
+class NotServing:
+    """503 ``not_serving`` to every request once another process took ``lease``."""
+
+    def __init__(self, app: ASGIApp, lease: ServerLease) -> None:
+        self.app, self.lease = app, lease
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.lease.lost is not None:
+            await _refuse(send, 503, "not_serving", NOT_SERVING)
+            return
+        await self.app(scope, receive, send)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

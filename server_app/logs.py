@@ -10,7 +10,9 @@ complete), ``body_refused`` (a body that stalled past the body timeout, or too l
 site's certificate: both names), ``job_done``, ``job_failed``, ``resume``, ``error`` (a
 request failed), ``close_error`` (closing a round failed: the job stops),
 ``database_unavailable`` and ``database_available`` (an outage of the server's database began;
-it answers again, and the open rounds' deadlines run again from then), ``lease_lost``,
+it answers again, and the open rounds' deadlines run again from then), ``server_stalled``
+(the process did not run for a while: the open rounds' deadlines run again from then),
+``lease_lost`` (another server took the database over: this one stops),
 ``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
 ``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
 does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of

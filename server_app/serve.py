@@ -26,7 +26,7 @@ from .audit_outbox import AuditPending, first_queued
 from .db import AuditedJobRow, Database, JobRow
 from .head_limit import MAX_HEAD_BYTES, http_protocol
 from .idle import protocol_with_idle_limit
-from .lease import ServerLease
+from .lease import LeaseLost, ServerLease
 from .logs import configure, event
 from .phases import JobStatus
 from .settings import LOOPBACK, ConfigError, ServerSettings
@@ -101,7 +101,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
                      max_upload_bytes=settings.max_upload_bytes,
                      spool=spool_dir(settings.database),
                      body_timeout_s=settings.body_timeout_s, peer_names=peer_names,
-                     stopping=lambda: server is not None and server.should_exit)
+                     stopping=lambda: server is not None and server.should_exit, lease=lease)
     event("startup", host=settings.host, port=bound,
           tls=tls is not None, mtls=client_ca is not None,
           database=shown_url(settings.database),
@@ -127,9 +127,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         log_refused_handshakes(config.ssl)
     server = uvicorn.Server(config)
 
-    def lost() -> None:  # this process stalled past the lease and another server took it
-        event("lease_lost", logging.ERROR, reason="another server serves this database now; "
-              "stopping")
+    def lost(err: LeaseLost) -> None:  # another process took the lease: stop serving
+        event("lease_lost", logging.ERROR, reason=str(err))
         if server is not None:
             server.should_exit = True
 
@@ -156,6 +155,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     finally:
         listener.close()
         lease.release()
+    if lease.lost is not None:  # an error (exit status 2), though the stop itself went well
+        raise lease.lost
     if hung_up:
         raise SystemExit(128 + signal.SIGHUP)
 

@@ -345,3 +345,124 @@ def test_a_start_that_cannot_listen_leaves_a_stalled_servers_claim_alone(
             run_server(ServerSettings(host="127.0.0.1", database=url), insecure_dev=True,
                        port=taken.getsockname()[1])
     assert stalled.renew()
+
+
+def _taken_over(url: str) -> ServerLease:
+    """Another server takes ``url``'s lease as it takes a stale one (its holder stalled past
+    LEASE_S), in a process of its own (a Database of its own)."""
+    other = ServerLease(Database(url), 9, clock=lambda: time.time() + LEASE_S + 1)
+    other.acquire()
+    return other
+
+
+def _taken_message() -> str:
+    return (f"another server (pid {os.getpid()} on {socket.gethostname()}, port 9) took this "
+            "database over and serves its jobs now: this server's claim was not renewed for "
+            "15 s (the process was paused or stalled that long) or its process was taken for "
+            "dead. This server stopped serving the database, and saved none of its steps "
+            "after that")
+
+
+def test_a_server_whose_lease_was_taken_writes_nothing_more(db_url: str) -> None:
+    """The serving process's writes are fenced on its lease: once another server took it, a
+    transaction that wrote (ORM session or Core) is rolled back with LeaseLost, reads go on,
+    and the lease's own renewal and release still run (they name their holder)."""
+    from sqlalchemy import func, insert, select
+
+    from server_app.auth import add_client
+    from server_app.db import ClientRow
+    from server_app.lease import LeaseLost
+
+    db = Database(db_url)
+    lease = ServerLease(db, 1)
+    lease.acquire()
+    told: list[LeaseLost] = []
+    lease.keep(told.append)
+    add_client(db, "before")  # held: written
+    other = _taken_over(db_url)
+    said = re.escape(_taken_message())
+    with pytest.raises(LeaseLost, match=f"^{said}$"):
+        add_client(db, "after")
+    assert told == [lease.lost] and str(lease.lost) == _taken_message()
+    with pytest.raises(LeaseLost, match=f"^{said}$"), db.connect() as conn:
+        conn.execute(insert(ClientRow).values(name="core", token_id="t", token_hash="h"))
+    with db.session() as sess:  # reads are not fenced
+        assert sess.scalars(select(ClientRow.name)).all() == ["before"]
+    assert not lease.renew()
+    lease.release()  # the other server's claim stays
+    assert other.renew()
+    # a process that serves nothing (an admin command) writes as before
+    admin = Database(db_url)
+    add_client(admin, "admin")
+    with admin.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(ClientRow)).scalar() == 2
+    for d in (db, admin, other.db):
+        d.dispose()
+
+
+def test_a_lease_given_back_by_another_process_fences_the_stalled_server_too(
+        tmp_path: Path) -> None:
+    """`fedforest server cancel-job` run while the server was stalled takes its stale lease,
+    cancels and gives it back: the row is gone, and the stalled server writes nothing more."""
+    from server_app.auth import add_client
+    from server_app.lease import LeaseLost
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    lease = ServerLease(db, 1)
+    lease.acquire()
+    lease.keep(lambda err: None)
+    other = _taken_over(url)
+    other.release()
+    with pytest.raises(LeaseLost, match=r"^another process took this database over and gave "
+                                        r"it back \(a `fedforest server cancel-job`, or a "
+                                        r"server stopped since\): "):
+        add_client(db, "after")
+    lease.release()
+    db.dispose()
+    other.db.dispose()
+
+
+def test_a_request_of_a_server_whose_lease_was_taken_is_answered_503_and_changes_nothing(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """The join that finds the lease taken is rolled back and answered 503 ``not_serving``
+    (the sites retry); from then on every request is, /health included."""
+    import warnings
+
+    from server_app.app import create_app
+    from server_app.audit_hook import NullAudit
+    from server_app.auth import add_client
+    from server_app.db import MemberRow
+    from server_app.jobspec import load_job_spec
+    from server_app.limits import NOT_SERVING
+    from server_app.runtime import ServerState
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+        from fastapi.testclient import TestClient
+
+    parts, feat = tiny_parts
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    db = Database(url)
+    token = add_client(db, "client-0")
+    for k in (1, 2):
+        add_client(db, f"client-{k}")
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
+    lease = ServerLease(db, 1)
+    lease.acquire()
+    lease.keep(lambda err: None)
+    refused = {"error": "not_serving", "detail": NOT_SERVING}
+    with TestClient(create_app(db, state=state, tick_seconds=60, lease=lease)) as http:
+        assert http.get("/health").status_code == 200
+        other = _taken_over(url)
+        r = http.post("/v1/jobs/job-a/join", headers={"Authorization": f"Bearer {token}"})
+        assert (r.status_code, r.json()) == (503, refused)
+        assert lease.lost is not None
+        r = http.get("/health")
+        assert (r.status_code, r.json()) == (503, refused)
+    with db.session() as sess:
+        assert {m.state for m in sess.query(MemberRow)} == {"invited"}
+    lease.release()
+    db.dispose()
+    other.db.dispose()

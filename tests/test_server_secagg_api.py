@@ -833,6 +833,76 @@ def test_a_full_round_deadline_after_a_database_outage_a_silent_client_is_droppe
     assert offer(env, 0)["action"] == "sign"
 
 
+def test_a_server_stalled_longer_than_the_deadline_drops_no_client(
+        env: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """The server process stalls (paused, a suspended VM) for 40 s of the upload phase (the
+    round deadline is 30 s) while client K - 1's upload waits in its socket queue: its
+    heartbeat is 40 s late, so the open phase's deadline runs again from when it runs again,
+    and the upload that waited is taken."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    _config, sa, task, vecs = all_but_last_uploaded(env)
+    r = task.round_id
+    body = upload_body(env, sa, K - 1, task, vecs[K - 1])
+    deadlines = env["state"].core.deadlines
+    deadlines.beat(0.5)  # the serving process beats every tick...
+    env["clock"].now += 5  # (a gap of 5 s is no stall)
+    deadlines.beat(0.5)
+    env["clock"].now += 40  # ...and then did not run for 40 s
+    res = post_upload(env, K - 1, r, body)  # the first request after the stall
+    assert res.status_code == 200, res.text
+    assert [m for m in caplog.messages if "server_stalled" in m] == [
+        "event=server_stalled stalled_s=40 deadlines=\"the open rounds' deadlines run again "
+        "from now\""]
+    assert "event=drop" not in caplog.text
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+
+
+def test_a_full_round_deadline_after_a_stall_a_silent_client_is_dropped(env: dict) -> None:
+    """The deadline a stall re-arms still applies: a client that does not upload within a
+    full round deadline after the server ran again is dropped."""
+    all_but_last_uploaded(env)
+    deadlines = env["state"].core.deadlines
+    deadlines.beat(0.5)
+    env["clock"].now += 40
+    env["state"].tick()  # the first tick after the stall drops no one...
+    assert offer(env, K - 1)["action"] == "upload"
+    for _ in range(31):  # ...but a full deadline after it, the server running (beating)
+        env["clock"].now += 1
+        deadlines.beat(0.5)
+    env["state"].tick()
+    assert offer(env, K - 1)["status"] == "dropped"
+    assert offer(env, 0)["action"] == "sign"
+
+
+def test_the_first_tick_of_a_server_whose_lease_was_taken_changes_nothing(
+        env: dict, db_url: str) -> None:
+    """A server paused past its lease and past the round deadline, whose database another
+    server took over: its first act when it runs again may be its deadline tick, with the
+    deadline it knew passed. The tick's step is rolled back (LeaseLost): no site is dropped,
+    and the round stays open for the server that took over."""
+    import time
+
+    from server_app.db import MemberRow
+    from server_app.lease import LEASE_S, LeaseLost, ServerLease
+
+    lease = ServerLease(env["db"], 1)
+    lease.acquire()
+    lease.keep(lambda err: None)
+    _config, _sa, task, _vecs = all_but_last_uploaded(env)
+    env["clock"].now += 31  # the upload phase's deadline passed
+    other = ServerLease(Database(db_url), 9, clock=lambda: time.time() + LEASE_S + 1)
+    other.acquire()
+    with pytest.raises(LeaseLost, match="^another server .* took this database over"):
+        env["state"].tick()
+    with env["db"].session() as sess:
+        assert {m.state for m in sess.query(MemberRow)} == {"active"}
+        rr = sess.get(RoundRow, ("job-a", task.round_id))
+        assert rr is not None and (rr.status, rr.phase) == ("open", "upload")
+    lease.release()
+    other.db.dispose()
+
+
 def test_a_refusal_reason_with_a_nul_character_is_refused_and_changes_nothing(
         env: dict) -> None:
     """PostgreSQL text cannot hold NUL: a reason carrying one is refused at the boundary (a
