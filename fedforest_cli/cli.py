@@ -178,7 +178,11 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
                   "--renew", help="give sites that have a certificate a new key and certificate "
                   "of the same name (a lost or leaked key; it never outlasts ca.pem); the old "
                   "files are kept as <name>.pem.replaced-<time> and <name>.key.replaced-<time>"
-                  )] = False
+                  )] = False,
+              from_site: Annotated[bool, typer.Option(
+                  "--from-site", help="with --renew --operator: make a certificate issued as "
+                  "a site's (a browser's made without --operator) an operator's; the site of "
+                  "that name then takes part in no secure job")] = False
               ) -> None:
     """Client certificates signed by the existing CA: a site that joins later, or (--operator)
     an operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
@@ -188,10 +192,13 @@ def pki_issue(ca_dir: Annotated[Path, typer.Option(
         fail(ValueError("--p12 bundles an operator's certificate for a browser: add --operator "
                         "(a site's certificate stays a .pem and .key for its client; nothing "
                         "was written)"))
+    if from_site and not (renew and operator):
+        fail(ValueError("--from-site goes with --renew --operator: it makes a certificate "
+                        "issued as a site's an operator's (nothing was written)"))
     password = _p12_password(ca_dir, list(name or []), renew) if p12 else b""
     try:
         written = issue_client_certificates(ca_dir, list(name or []), renew=renew,
-                                            operator=operator)
+                                            operator=operator, from_site=from_site)
         bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
     except (ValueError, OSError) as exc:
         fail(exc)

@@ -37,6 +37,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ._operator_certs import (
+    OPERATOR_NAME,
+    OPERATOR_PURPOSE,
+    check_renewed_kinds,
+    check_site_names,
+    is_operator_certificate,
+    load_operator_certificate,
+)
 from ._pem_files import check_validity, load_certificate
 from ._pem_files import load_private_key as _load_private_key
 from .protocol.api import NAME_PATTERN
@@ -63,14 +71,6 @@ _VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 #: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
 _SITE_NAME = re.compile(NAME_PATTERN)
-#: FedForest's object identifier arc (ITU-T X.667: 2.25 and a UUID as one integer; the UUID is
-#: c49e1022-2ed5-4af7-a169-b75b09989a2d)
-_FEDFOREST_ARC = "2.25.261349397304297363440624600421328525869"
-#: the extended key usage purpose that marks an operator's certificate (beside clientAuth, for
-#: a browser's TLS): it certifies no secure-aggregation identity
-OPERATOR_PURPOSE = x509.ObjectIdentifier(f"{_FEDFOREST_ARC}.1")
-#: the name `fedforest pki` issues an operator's certificate under, and never a site's
-OPERATOR_NAME = "operator"
 
 
 @dataclass(frozen=True)
@@ -226,37 +226,6 @@ def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     return True
 
 
-def is_operator_certificate(cert: x509.Certificate) -> bool:
-    """True if the certificate's extended key usage holds :data:`OPERATOR_PURPOSE`."""
-    try:
-        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound:
-        return False
-    return OPERATOR_PURPOSE in usages
-
-
-def load_operator_certificate(path: Path) -> x509.Certificate:
-    """The certificate in the PEM file ``path`` if it is an operator's (what goes into a
-    browser); ValueError naming the file and how to issue one otherwise."""
-    cert = load_certificate(path)
-    if not is_operator_certificate(cert):
-        path = Path(path)
-        name = path.name.removesuffix(".pem")
-        raise ValueError(f"{path} is not an operator's certificate: a browser's bundle holds "
-                         "an operator's only (a site's would certify an identity in secure "
-                         f"jobs); `fedforest pki issue --ca-dir {path.parent} --name {name} "
-                         "--operator --p12` issues one (with --renew in place of this one)")
-    return cert
-
-
-def _check_site_names(names: Sequence[str]) -> None:
-    """Refuse :data:`OPERATOR_NAME` as a site's name."""
-    if OPERATOR_NAME in names:
-        raise ValueError(f"{OPERATOR_NAME!r} names an operator's certificate, never a site's: "
-                         f"`fedforest pki issue --name {OPERATOR_NAME} --operator` issues one "
-                         "(for a browser on the operator page; it certifies no site)")
-
-
 def _check_names(names: Sequence[str]) -> None:
     bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.fullmatch(n)
            or n in ("ca", "server")]
@@ -291,8 +260,8 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")
     _check_names(names)
-    _check_site_names(names)
     out = Path(out)
+    check_site_names(names, out, init=True)
     if not overwrite:
         targets = [out / f for f in ("ca.pem", "ca.key", "server.pem", "server.key")]
         targets += [out / f"{n}.{ext}" for n in names for ext in ("pem", "key")]
@@ -344,7 +313,7 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
 
 
 def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool = False,
-                              operator: bool = False) -> list[Path]:
+                              operator: bool = False, from_site: bool = False) -> list[Path]:
     """Client certificates for ``names``, signed by the CA in ``ca_dir`` (``ca.pem`` and
     ``ca.key``), written beside it as ``<name>.pem`` and ``<name>.key`` (mode 0600): a site
     that joins later, or with ``operator`` an operator's browser (:data:`OPERATOR_PURPOSE`:
@@ -354,7 +323,11 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     ``<name>.pem.replaced-<UTC time>`` and ``<name>.key.replaced-<UTC time>``, kept; a
     ``<name>.p12`` too) and a new pair with the same name is written, so the site's token,
     bound to that name, goes on working. The old certificate stays valid until its end (there
-    is no revocation list).
+    is no revocation list). A renewal keeps a certificate's kind: an operator's is renewed with
+    ``operator`` only, and a site's (one not named :data:`OPERATOR_NAME`) becomes an operator's
+    only with ``from_site`` too (a browser's certificate issued as a site's). An old
+    ``<name>.pem`` that holds no certificate of that name (damaged, a key, another name's:
+    files mixed up) is replaced by the kind ``operator`` says.
 
     Raises
     ------
@@ -366,7 +339,8 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     ValueError
         A name is not usable as a file name (or is :data:`OPERATOR_NAME` for a site), the key
         is not the CA's, the CA's certificate has expired (or is not valid yet), or with
-        ``renew`` an operator's certificate would be renewed as a site's.
+        ``renew`` an operator's certificate would be renewed as a site's, or a site's as an
+        operator's without ``from_site``.
     """
     ca_dir = Path(ca_dir)
     names = list(names)
@@ -374,7 +348,7 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
         raise ValueError("no site name given")
     _check_names(names)
     if not operator:
-        _check_site_names(names)
+        check_site_names(names, ca_dir, renew=renew)
     for part in ("ca.pem", "ca.key"):
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
@@ -399,11 +373,7 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
         raise FileNotFoundError(f"{missing[0]} not found: --renew replaces a site's existing "
                                 "certificate and key (without --renew, `pki issue` makes a "
                                 "new site's)")
-    if not operator:  # an operator's renewed as a site's would certify an identity
-        held = [n for n in names if is_operator_certificate(load_certificate(ca_dir / f"{n}.pem"))]
-        if held:
-            raise ValueError(f"{ca_dir / (held[0] + '.pem')} is an operator's certificate: "
-                             "renew it with --operator (nothing was written)")
+    check_renewed_kinds(ca_dir, names, operator=operator, from_site=from_site)
     stamp = _now().strftime("%Y%m%dT%H%M%SZ")
     bundles = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").is_file()]
     moves = [(path, path.with_name(f"{path.name}.replaced-{stamp}"))

@@ -4,12 +4,16 @@ asks for client certificates) carries the federation CA and the site's certifica
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 
 from fedforest_cli.cli import app
@@ -73,3 +77,58 @@ def test_every_site_command_carries_the_ca_and_the_site_certificate() -> None:
         words = shlex.split(line)
         assert {"--ca", "--cert", "--key"} <= set(words), \
             f"{line}: the page's server refuses a site without --cert and --key"
+
+
+@pytest.mark.integration
+def test_the_documented_health_probe_certificate_opens_health_and_certifies_no_site(
+        tmp_path: Path) -> None:
+    """§4: a health probe of a server with ``client_ca`` presents a certificate of the
+    federation CA, the coordinator's own. Issued as §1 says (`--operator`), a real server
+    answers the probe's `curl` line, and every site refuses an identity certified with its key
+    (the server operator holds it), naming the entry."""
+    from nacl.signing import SigningKey
+    from test_integration_https import provision, stop
+    from typer.testing import CliRunner
+
+    from fedforest_secure.errors import InvalidMessage
+    from fedforest_secure.secagg.directory import certify_identity, verify_directory
+
+    issue = [line for line in command_lines() if " --name probe " in f"{line} "]
+    assert issue == ["fedforest pki issue --ca-dir certs/ --name probe --operator"]
+    curl = [shlex.split(c) for c in re.findall(r"`(curl\s[^`]*probe\.pem[^`]*)`",
+                                                 DOC.read_text())]
+    assert len(curl) == 1 and curl[0][-1].endswith("/health"), curl
+    if shutil.which("curl") is None:
+        pytest.skip("the documented probe runs curl, which this machine lacks")
+    server = provision(tmp_path, ["client-0"], [])
+    words = [str(server.certs) if w == "certs/" else w for w in shlex.split(issue[0])]
+    res = CliRunner().invoke(app, words[1:])
+    assert res.exit_code == 0, res.output
+    # the documented options, against this server's URL, from the certificates' directory
+    probe = ["curl", "-sS", "--max-time", "20", *curl[0][1:-1], f"{server.url}/health"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        server.launch(tmp_path / "server.log", procs)
+        answer = subprocess.run(probe, cwd=server.certs, capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert answer.returncode == 0, answer.stderr
+        assert json.loads(answer.stdout)["status"] == "ok"
+        without = [w for w in probe if w not in ("--cert", "probe.pem", "--key", "probe.key")]
+        refused = subprocess.run(without, cwd=server.certs, capture_output=True, text=True,
+                                 timeout=60, check=False)
+        assert refused.returncode != 0, refused.stdout  # the server asks for a certificate
+    finally:
+        for proc in procs:
+            stop(proc)
+    site = bytes(SigningKey.generate().verify_key)
+    played = bytes(SigningKey.generate().verify_key)
+    keys = {0: site, 1: played}
+    certs = {k: certify_identity("job-a", key, (server.certs / f"{who}.pem").read_bytes(),
+                                 (server.certs / f"{who}.key").read_bytes())
+             for k, key, who in ((0, site, "client-0"), (1, played, "probe"))}
+    with pytest.raises(InvalidMessage) as exc:
+        verify_directory("job-a", keys, certs, (server.certs / "ca.pem").read_bytes())
+    assert str(exc.value).startswith(
+        "directory entry 1 ('probe'): not a site's certificate (an operator's certificate: "
+        "its extended key usage holds the FedForest operator purpose ")
+    assert exc.value.peer == 1

@@ -344,26 +344,31 @@ def test_issue_operator_writes_a_browser_certificate_that_is_no_sites(tmp_path: 
     assert not is_operator_certificate(load_certificate(certs / "hospital-a.pem"))
 
 
-@pytest.mark.parametrize("args", [
-    ["issue", "--name", "operator"],
-    ["issue", "--name", "operator", "--name", "hospital-b"],
-    ["issue", "--name", "operator", "--renew"],
-    ["init", "--name", "hospital-b", "--name", "operator", "--force"],
+@pytest.mark.parametrize(("args", "how"), [
+    (["issue", "--name", "operator"], "`fedforest pki issue --ca-dir {} --name operator "
+                                      "--operator` issues one"),
+    (["issue", "--name", "operator", "--name", "hospital-b"],
+     "`fedforest pki issue --ca-dir {} --name operator --operator` issues one"),
+    (["issue", "--name", "operator", "--renew"],
+     "`fedforest pki issue --ca-dir {} --name operator --operator --renew` renews it as one"),
+    (["init", "--name", "hospital-b", "--name", "operator", "--force"],
+     "run `pki init` without it, then `fedforest pki issue --ca-dir {} --name operator "
+     "--operator` issues one"),
 ])
 def test_the_name_operator_is_issued_as_an_operators_certificate_only(
-        tmp_path: Path, args: list[str]) -> None:
+        tmp_path: Path, args: list[str], how: str) -> None:
     """The documented operator flow without --operator would give the coordinator a
-    certificate that certifies a site: refused, saying how to issue an operator's, and nothing
-    is written."""
+    certificate that certifies a site: refused, naming the command that issues (or renews)
+    it as an operator's, and nothing is written."""
     certs = tmp_path / "certs"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     before = {p.name: p.read_bytes() for p in certs.iterdir()}
     where = "--out" if args[0] == "init" else "--ca-dir"
     code, out = _pki(*args, where, str(certs))
     assert code == 2, out
-    assert "error: 'operator' names an operator's certificate, never a site's: `fedforest pki " \
-           "issue --name operator --operator` issues one (for a browser on the operator page; " \
-           "it certifies no site)" in out, out
+    assert "error: 'operator' names an operator's certificate, never a site's: " \
+           f"{how.format(certs)} (for a browser on the operator page; it certifies no site)" \
+           in out, out
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
 
 
@@ -387,8 +392,11 @@ def test_a_p12_bundles_an_operators_certificate_only(tmp_path: Path,
     assert res.exit_code == 2, out
     assert f"error: {certs / 'hospital-a.pem'} is not an operator's certificate: a browser's " \
            "bundle holds an operator's only (a site's would certify an identity in secure " \
-           f"jobs); `fedforest pki issue --ca-dir {certs} --name hospital-a --operator --p12` " \
-           "issues one (with --renew in place of this one)" in out, out
+           f"jobs); `fedforest pki issue --ca-dir {certs} --name operator --operator --p12` " \
+           "issues the operator's certificate and its bundle; a browser's certificate issued " \
+           "as a site's (without --operator) becomes an operator's with `fedforest pki issue " \
+           f"--ca-dir {certs} --name hospital-a --renew --operator --from-site --p12`, and no " \
+           "longer certifies a site" in out, out
     assert "password" not in out
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
 
@@ -405,8 +413,9 @@ def test_renew_keeps_an_operators_certificate_an_operators(tmp_path: Path) -> No
     before = {p.name: p.read_bytes() for p in certs.iterdir()}
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--renew")
     assert code == 2, out
-    assert f"error: {certs / 'alice.pem'} is an operator's certificate: renew it with " \
-           "--operator (nothing was written)" in out, out
+    assert f"error: {certs / 'alice.pem'} is an operator's certificate: `fedforest pki " \
+           f"issue --ca-dir {certs} --name alice --renew --operator` renews it as one " \
+           "(nothing was written)" in out, out
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "alice", "--renew",
                      "--operator")
