@@ -33,7 +33,7 @@ from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import readable_by, write_atomic
-from fedforest_secure.protocol.api import JoinBody, JoinResponse, SecAggStep
+from fedforest_secure.protocol.api import JoinResponse, SecAggStep
 
 from .context import (
     RESTARTED_SECURE,
@@ -51,7 +51,7 @@ from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
 from .pins import ProfileRefused, check_job_profile, job_profile_settings, pinned_profile
-from .secagg_session import identity_key, post_refusal
+from .secagg_session import check_own_certificate, identity_key, join_body, post_refusal
 from .state import ClientState, check_job_name, holding_output, make_state_dir
 from .transport import ApiRejected, Transport
 
@@ -182,6 +182,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     config = dataclasses.replace(config, profile=job_profile_settings(config.profile))
     with _declining(tr, job, "job_config", log):
         _check_job(config, opts, log)
+    if opts.cert is not None and config.profile.get("secure_aggregation"):
+        check_own_certificate(opts.cert, job)  # as every other site will check it
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root)
@@ -209,7 +211,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
                              ) from None
     try:
         joined = parse_as(JoinResponse,
-                          tr.post_json(f"/v1/jobs/{job}/join", _join_body(state, job, opts)),
+                          tr.post_json(f"/v1/jobs/{job}/join",
+                                       join_body(state, job, opts.cert, opts.key)),
                           "join response")
     except ApiRejected as exc:
         if exc.code == "identity_mismatch":
@@ -482,18 +485,3 @@ def _failed_receipt(ctx: RunContext) -> None:
                      f"job's failure ({exc}): this site keeps no receipt of it")
         return
     write_receipt(ctx.state.root / "receipts", rec)
-
-
-def _join_body(state: ClientState, job: str, opts: ClientOptions) -> dict[str, Any]:
-    """Every client registers its Ed25519 identity key (used only by secure jobs); a client
-    with a TLS certificate also certifies the key with it (see
-    :mod:`fedforest_secure.secagg.directory`)."""
-    from fedforest_secure.secagg.directory import certify_identity
-
-    key = bytes(identity_key(state, job).verify_key)
-    cert = None
-    if opts.cert is not None and opts.key is not None:
-        cert = certify_identity(job, key, opts.cert.read_bytes(),
-                                opts.key.read_bytes()).to_json()
-    return JoinBody(identity_key=key.hex(), identity_cert=cert).model_dump(exclude_none=True)
-

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,9 +45,10 @@ from pydantic import ValidationError
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
+from fedforest_secure.pki import load_certificate
 from fedforest_secure.privacy.profile import with_profile_defaults
 from fedforest_secure.protocol import Task, question_key
-from fedforest_secure.protocol.api import Directory, RefuseBody
+from fedforest_secure.protocol.api import Directory, JoinBody, RefuseBody
 from fedforest_secure.secagg import (
     RoundSetup,
     SecAggClient,
@@ -55,13 +57,20 @@ from fedforest_secure.secagg import (
     UnmaskRequest,
     parse,
 )
-from fedforest_secure.secagg.directory import Certification, verify_directory
+from fedforest_secure.secagg.directory import (
+    SITE_CERTIFICATE,
+    Certification,
+    certify_identity,
+    site_certificate_problem,
+    verify_directory,
+)
 from fedforest_secure.secure_sum import make_codec, unmask_floor
 
 from .state import ClientState
 from .transport import Transport
 
-__all__ = ["SecAggSession", "identity_key", "post_refusal"]
+__all__ = ["SecAggSession", "check_own_certificate", "identity_key", "join_body",
+           "post_refusal"]
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
@@ -73,6 +82,36 @@ def identity_key(state: ClientState, job: str) -> SigningKey:
         state.write_secret(name, bytes(key))
         return key
     return SigningKey(seed)
+
+
+def check_own_certificate(cert: Path, job: str) -> None:
+    """Refuse (:class:`FedForestError`) to join the secure job ``job`` with a TLS certificate
+    (``--cert``) that is not a site's: every other site would refuse the identity it
+    certifies at the job's first round (:func:`~fedforest_secure.secagg.directory.
+    site_certificate_problem`, the rule they apply), and the job would fail for all of them."""
+    unfit = site_certificate_problem(load_certificate(cert))
+    if unfit is not None:
+        raise FedForestError(
+            f"--cert {cert} is not a site's certificate ({unfit}): every other site of secure "
+            f"job {job} would refuse this site's identity at the job's first round, and the "
+            f"job would fail. {SITE_CERTIFICATE[0].upper()}{SITE_CERTIFICATE[1:]}: start the "
+            "client with this site's own certificate and key (ask the federation's "
+            "coordinator for them). This site has not joined the job")
+
+
+def join_body(state: ClientState, job: str, cert: Path | None,
+              key: Path | None) -> dict[str, Any]:
+    """The join's body: this site's Ed25519 identity key for ``job`` (used only by secure
+    jobs) and, with a TLS client certificate (``cert``; its key in ``key``, else in the same
+    file, as TLS reads them), the key certified with it (see
+    :mod:`fedforest_secure.secagg.directory`)."""
+    identity = bytes(identity_key(state, job).verify_key)
+    certification = None
+    if cert is not None:
+        certification = certify_identity(job, identity, cert.read_bytes(),
+                                         (key or cert).read_bytes()).to_json()
+    return JoinBody(identity_key=identity.hex(),
+                    identity_cert=certification).model_dump(exclude_none=True)
 
 
 @dataclass

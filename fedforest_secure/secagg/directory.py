@@ -37,8 +37,13 @@ from ..errors import InvalidMessage
 from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, verify_signed_by
 from ._rounds import check_job_id
 
-__all__ = ["Certification", "certificate_name", "certify_identity", "identity_payload",
-           "verify_directory"]
+__all__ = ["SITE_CERTIFICATE", "Certification", "certificate_name", "certify_identity",
+           "identity_payload", "site_certificate_problem", "verify_directory"]
+
+#: What certifies a site's identity, as a refusal of another certificate says it.
+SITE_CERTIFICATE = ("a site certifies its identity with its own client certificate, whose "
+                    "extended key usage holds clientAuth and not the operator purpose, as "
+                    "those `fedforest pki issue` writes without --operator do")
 
 _MAX_PEM = 8192
 _USAGE_NAMES = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
@@ -129,6 +134,18 @@ def _not_a_site_certificate(cert: x509.Certificate, name: str) -> str | None:
     return None
 
 
+def site_certificate_problem(cert: x509.Certificate) -> str | None:
+    """None if ``cert`` is a site's certificate by the rule :func:`verify_directory` applies
+    to every entry (one common name; not a CA's; clientAuth and not the operator purpose; not
+    named :data:`~fedforest_secure.pki.OPERATOR_NAME`), else what it is instead: a site
+    checks its own with it before it joins a secure job."""
+    try:
+        name = certificate_name(cert)
+    except InvalidMessage as exc:
+        return str(exc)
+    return _not_a_site_certificate(cert, name)
+
+
 def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
                  ca: x509.Certificate, now: _dt.datetime) -> str:
     """The entry's certified name; :class:`InvalidMessage` naming entry ``index`` (its
@@ -147,11 +164,8 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
         raise InvalidMessage(f"directory entry {index}: {exc}", peer=index) from None
     unfit = _not_a_site_certificate(cert, name)
     if unfit is not None:
-        raise InvalidMessage(
-            f"directory entry {index} ({name!r}): not a site's certificate ({unfit}); a site "
-            "certifies its identity with its own client certificate, whose extended key usage "
-            "holds clientAuth and not the operator purpose, as those `fedforest pki issue` "
-            "writes without --operator do", peer=index)
+        raise InvalidMessage(f"directory entry {index} ({name!r}): not a site's certificate "
+                             f"({unfit}); {SITE_CERTIFICATE}", peer=index)
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
     if not start <= now <= end:
         raise InvalidMessage(

@@ -1,0 +1,138 @@
+"""A site checks its own TLS certificate (``--cert``) before it joins a secure job, by the rule
+every other site applies to it at the job's first round
+(:func:`fedforest_secure.secagg.directory.site_certificate_problem`): a certificate that is not
+a site's stops its client with an error naming it and what to do, before the join, instead of
+every site refusing the first round and the job failing for all of them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from nacl.signing import SigningKey
+from test_client_responses import JOB, ScriptedTransport, _config, _schema
+from test_secagg_directory import _leaf
+from typer.testing import CliRunner
+
+from client_app import runner
+from client_app.log import SiteLog
+from client_app.runner import ClientOptions
+from client_app.state import ClientState
+from fedforest_cli.cli import app
+from fedforest_secure.errors import FedForestError
+from fedforest_secure.pki import init_dev_pki, issue_certificate, load_ca
+from fedforest_secure.protocol.api import JoinBody
+from fedforest_secure.secagg.directory import Certification, verify_directory
+
+
+class _Joined(Exception):
+    """Raised by the transport at the join: the client went as far as joining."""
+
+
+class JoiningTransport(ScriptedTransport):
+    """Offers the job; records the join's body, then stops the run."""
+
+    bodies: list[Any]
+
+    def post_json(self, path: str, body: Any = None) -> Any:
+        self.sent.append(("POST", path))
+        if path == f"/v1/jobs/{JOB}/join":
+            self.bodies.append(body)
+            raise _Joined
+        return {}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A federation's certificates: client-0's, an operator's (`pki issue --operator`), one
+    without extended key usage (an institution's PKI may issue such), one named 'operator'
+    without the operator purpose, and client-0's certificate and key in one file."""
+    root = tmp_path_factory.mktemp("certs")
+    init_dev_pki(root, 1)
+    res = CliRunner().invoke(app, ["pki", "issue", "--ca-dir", str(root), "--name", "probe",
+                                   "--operator"])
+    assert res.exit_code == 0, res.output
+    cert, key = _leaf(root, "hospital-x", None)
+    (root / "no-usage.pem").write_bytes(cert)
+    (root / "no-usage.key").write_bytes(key)
+    issue_certificate(load_ca(root / "ca.pem", root / "ca.key"), "operator",
+                      server=False).write(root / "operator.pem", root / "operator.key")
+    (root / "both.pem").write_bytes((root / "client-0.pem").read_bytes()
+                                    + (root / "client-0.key").read_bytes())
+    return root
+
+
+def _offering(profile: str) -> JoiningTransport:
+    """A server that offers a job of ``profile`` and records the join's body."""
+    tr = JoiningTransport({"client_index": 0, "config": _config(profile)})
+    tr.bodies = []
+    return tr
+
+
+def _run(tmp_path: Path, tr: JoiningTransport, cert: Path, key: Path | None) -> None:
+    """The client started with ``--cert cert --key key`` against ``tr``, until it joins
+    (:class:`_Joined`)."""
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None, cert=cert,
+                         key=key, state_dir=tmp_path / "state", quiet=True)
+    runner._run(opts, tr, ClientState(opts.state_dir),  # type: ignore[arg-type]
+                np.zeros((4, 2)), np.zeros(4), SiteLog(stream=io.StringIO()))
+
+
+@pytest.mark.parametrize(("name", "what"), [
+    ("probe", "an operator's certificate: its extended key usage holds the FedForest operator "
+              "purpose 2.25.261349397304297363440624600421328525869.1"),
+    ("no-usage", "it has no extended key usage"),
+    ("operator", "an operator's certificate: its name is 'operator'"),
+])
+def test_a_site_whose_certificate_is_not_a_sites_does_not_join_a_secure_job(
+        tmp_path: Path, certs: Path, name: str, what: str) -> None:
+    """The operator's probe certificate given to a site's client, one without extended key
+    usage, one named 'operator': the error names the file and what it is, and the client
+    has sent nothing but the offer's GET (no join, no identity key made)."""
+    cert = certs / f"{name}.pem"
+    tr = _offering("secure")
+    with pytest.raises(FedForestError) as exc:
+        _run(tmp_path, tr, cert, certs / f"{name}.key")
+    assert str(exc.value) == (
+        f"--cert {cert} is not a site's certificate ({what}): every other site of secure job "
+        f"{JOB} would refuse this site's identity at the job's first round, and the job would "
+        "fail. A site certifies its identity with its own client certificate, whose extended "
+        "key usage holds clientAuth and not the operator purpose, as those `fedforest pki "
+        "issue` writes without --operator do: start the client with this site's own "
+        "certificate and key (ask the federation's coordinator for them). This site has not "
+        "joined the job")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+    assert not (tmp_path / "state" / f"identity-{JOB}.ed25519").exists()
+
+
+def test_a_job_without_secure_aggregation_takes_any_certificate_of_the_federation(
+        tmp_path: Path, certs: Path) -> None:
+    """Under the open profile no identity is certified: the same certificate joins."""
+    with pytest.raises(_Joined):
+        _run(tmp_path, _offering("open"), certs / "no-usage.pem", certs / "no-usage.key")
+
+
+@pytest.mark.parametrize("key", ["client-0.key", None])
+def test_a_sites_certificate_certifies_its_identity_at_the_join(
+        tmp_path: Path, certs: Path, key: str | None) -> None:
+    """A site's certificate joins the secure job and certifies the identity key it registers,
+    as the other sites will check it; its key may be in the same file as the certificate
+    (--cert alone, as TLS reads it)."""
+    cert = certs / ("client-0.pem" if key is not None else "both.pem")
+    tr = _offering("secure")
+    with pytest.raises(_Joined):
+        _run(tmp_path, tr, cert, certs / key if key is not None else None)
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/join")]
+    body = JoinBody.model_validate(tr.bodies[-1])
+    assert body.identity_cert is not None
+    identity = bytes(SigningKey(
+        (tmp_path / "state" / f"identity-{JOB}.ed25519").read_bytes()).verify_key)
+    assert body.identity_key == identity.hex()
+    names = verify_directory(JOB, {0: identity},
+                             {0: Certification.from_json(body.identity_cert)},
+                             (certs / "ca.pem").read_bytes())
+    assert names == {0: "client-0"}
