@@ -30,7 +30,7 @@ from .transport import Transport
 
 __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
            "Watch", "dropped_detail", "ended", "job_status_briefly", "left_detail",
-           "parse_as"]
+           "parse_as", "uploaded_before_detail"]
 
 #: What a restarted client of a secure job is told when it took part in a round before: in the
 #: middle of a round (its round keys were in the memory of the process that died, so it cannot
@@ -40,6 +40,17 @@ __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "
 RESTARTED_SECURE = ("a restarted site cannot rejoin a secure job once it has taken part in a "
                     "round (its round keys, and its record of the questions it answered, died "
                     "with the process that stopped)")
+
+
+def uploaded_before_detail(job: str, receipts: Path) -> str:
+    """What a client of the secure job ``job`` is told when this site's receipts (in the
+    folder ``receipts``) record an upload of a job of that name from before this process: a
+    restart of its client in the job, or an earlier job of the same name (the receipts know a
+    job by its name only)."""
+    return (f"this site's receipts in {receipts} record an upload in job {job}, and a site "
+            "answers no round of a secure job it uploaded in: its client was restarted in "
+            "this job, or took part in an earlier job of that name, and every job needs a "
+            "name of its own")
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -103,9 +114,9 @@ class RunContext:
     bar: TaskID
     log: SiteLog
     watch: Watch
-    #: This site's receipts recorded an upload of the job before this process started (it
-    #: is a restart): under a secure profile it answers no round of the job (under the open
-    #: profile it resumes)
+    #: This site's receipts recorded an upload of the job before this process started (a
+    #: restart, or an earlier job of that name): under a secure profile it answers no round of
+    #: the job (under the open profile it resumes)
     uploaded_before: bool
 
     def show(self, task: Task, what: str = "") -> None:

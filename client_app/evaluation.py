@@ -21,7 +21,9 @@ evaluation (a job that failed before its sum was released) deletes that job's li
 A job's id is the server's word, so each line also keeps a digest of the job's configuration as
 the site received it (:func:`_evaluation_digest`: the number of clients, the profile, the
 models, the bins, the task; everything a restart of the job keeps). A line of another
-configuration under the same id is checked like any other job's. A line of the same job and
+configuration under the same id is checked like any other job's (by the ledger: under secure
+aggregation a site whose receipts record an upload in a job of that id refuses, once joined,
+every round of it, as after a restart; docs/deployment.md §5). A line of the same job and
 configuration is this job met again: before joining it is passed over (a restarted client
 joins; under secure aggregation it then leaves the round it answered, whose keys died with the
 old process). When the statistics are about to leave, it is passed over only if this client

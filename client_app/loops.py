@@ -24,6 +24,7 @@ from .context import (
     job_status_briefly,
     left_detail,
     parse_as,
+    uploaded_before_detail,
 )
 from .evaluation import SiteWorker
 from .secagg_session import SecAggSession
@@ -206,14 +207,17 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             # whatever the step (an honest server never asks it for keys: they rode on its
             # last unmask; one that does could ask it again what it answered over fewer
             # sites). Refusing the round drops it now, rather than at the step's deadline,
-            # which every other site would wait for
-            ctx.log.warn(f"job {job}: {RESTARTED_SECURE}")
+            # which every other site would wait for. The receipts know a job by its name: an
+            # upload they record may be an earlier job's of that name, and the site says so
+            why = (uploaded_before_detail(job, ctx.state.root / "receipts")
+                   if ctx.uploaded_before else RESTARTED_SECURE)
+            ctx.log.warn(f"job {job}: {why}")
             try:
                 session.refuse_round(r, "restarted")
             except ApiRejected as exc:  # the round closed, or the site was dropped, meanwhile
                 ctx.log.info(f"round {r}: the server did not record the refusal: {exc}")
             # whether the job went on without this site or failed for want of it
-            result.status, result.detail = "dropped", dropped_detail(job, RESTARTED_SECURE, tr)
+            result.status, result.detail = "dropped", dropped_detail(job, why, tr)
             return
         if task is None or task.round_id != r:
             body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content

@@ -229,7 +229,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         identity = identity_key(state, job)
     log.info(f"joined job {job} as client {k} of {config.n_clients} "
              f"({worker.n_rows} rows, profile {config.profile.get('name', '?')})")
-    uploaded = state.uploaded_in(job)  # before this process: a restart
+    # before this process: a restart, or an earlier job of that name
+    uploaded = state.uploaded_in(job)
     # a restarted secure site that uploaded in the job answers none of its rounds again (the
     # secure loop refuses the first one it is asked about): nothing to rebuild, and the other
     # sites wait for its refusal

@@ -21,7 +21,6 @@ import pytest
 from test_client_responses import JOB, ScriptedTransport, _config, _schema
 
 from client_app import runner
-from client_app.context import RESTARTED_SECURE
 from client_app.log import SiteLog
 from client_app.runner import ClientOptions, ClientResult
 from client_app.secagg_session import identity_key
@@ -55,17 +54,20 @@ def _uploaded(state: ClientState, task: Task, name: str = "client-0", job: str =
     write_receipt(state.root / "receipts", Receipt(job, task.round_id, name, digest, HEAD, 7))
 
 
-def _restarted(tmp_path: Path, profile: str, action: str, task: Task
+def _restarted(tmp_path: Path, profile: str, action: str, task: Task, *,
+               config: dict[str, Any] | None = None,
+               held: tuple[np.ndarray, np.ndarray] | None = None
                ) -> tuple[ClientResult, ScriptedTransport, list[str], str]:
     """A client started on the state directory of a site that joined the job (its identity
     key is there), told to take step ``action`` of round ``task.round_id`` whose task is
     ``task``: its result, its transport, the secure-aggregation messages it posted but
-    refusals, and its log."""
+    refusals, and its log. The job is ``_config(profile)`` unless ``config`` is given (an
+    evaluation job's, scored on the held-out rows ``held``)."""
     state = ClientState(tmp_path / "state")
     own = bytes(identity_key(state, JOB).verify_key).hex()
     body = task.to_bytes()
     r = task.round_id
-    tr = ScriptedTransport({"client_index": 0, "config": _config(profile)},
+    tr = ScriptedTransport({"client_index": 0, "config": config or _config(profile)},
                            gets={"rounds": [], JOB: {"job_id": JOB, "status": "running"},
                                  "secagg": {"status": "task", "action": action, "round_id": r,
                                             "task_digest": hashlib.sha256(body).hexdigest(),
@@ -88,10 +90,13 @@ def _restarted(tmp_path: Path, profile: str, action: str, task: Task
     tr.request = request  # type: ignore[method-assign]
     out = io.StringIO()
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None,
-                         state_dir=tmp_path / "state", quiet=True)
-    res = runner._run(opts, tr, state, np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
-                      SiteLog(stream=out))
+                         data=tmp_path / "d.csv" if held is None else None,
+                         eval_data=None if held is None else tmp_path / "held.csv",
+                         schema=_schema(tmp_path), ca=None, state_dir=tmp_path / "state",
+                         quiet=True)
+    X, y = (np.zeros((4, 2)), np.zeros(4)) if held is None else (None, None)
+    res = runner._run(opts, tr, state, X, y, SiteLog(stream=out),  # type: ignore[arg-type]
+                      None, held)
     return res, tr, posted, out.getvalue()
 
 
@@ -114,8 +119,13 @@ def test_a_restarted_secure_site_that_uploaded_in_the_job_answers_no_round_of_it
     assert ("GET", f"/v1/jobs/{JOB}/rounds/6/task") not in tr.sent
     assert ("GET", f"/v1/jobs/{JOB}/rounds") not in tr.sent  # nothing to rebuild
     assert res.status == "dropped"
-    assert res.detail.startswith(f"this site was dropped from job {JOB} ({RESTARTED_SECURE}); ")
-    assert f"warning: job {JOB}: {RESTARTED_SECURE}" in log
+    said = (f"this site's receipts in {tmp_path / 'state' / 'receipts'} record an upload in "
+            f"job {JOB}, and a site answers no round of a secure job it uploaded in: its "
+            "client was restarted in this job, or took part in an earlier job of that name, "
+            "and every job needs a name of its own")
+    assert res.detail.startswith(f"this site was dropped from job {JOB} ({said}); ")
+    assert f"warning: job {JOB}: {said}\n" in log
+    assert "a restarted site" not in log
 
 
 def test_a_restarted_secure_site_named_otherwise_by_the_server_still_finds_its_upload(
@@ -167,3 +177,43 @@ def test_the_state_directory_says_whether_the_site_uploaded_in_a_job(tmp_path: P
     line = json.dumps({"kind": "sent", "job_id": JOB, "round_id": 2}).encode()
     (damaged.root / "receipts" / "b.jsonl").write_bytes(line[:-3] + b"\xff\n")
     assert damaged.uploaded_in(JOB)
+
+
+def test_a_secure_evaluation_under_the_name_of_a_job_this_site_uploaded_in_is_refused_joined(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never restarted: this site's state directory holds an upload of an earlier job of the
+    same name (the server's database made afresh). The job scores another model: the
+    evaluation ledger checks it like another job and lets it join; once joined, the site
+    answers none of its rounds, since its receipts know a job by its name, and says so (not
+    that it was restarted)."""
+    from client_app.evaluation import EvalLedger, table_digest
+    from fedforest_secure import FedForestClassifier, load_profile
+    from fedforest_secure.evaluation import EvalSpec
+    from fedforest_secure.evaluation.inprocess import eval_config
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    model = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, y, client=np.arange(40) % 3).model_
+    config = eval_config(JOB, EvalSpec(models=(model.to_json(),)), task="classification",
+                         n_features=2, n_clients=3, n_classes=2,
+                         profile=load_profile("secure").to_dict())
+    monkeypatch.setattr(runner, "_check_job", lambda *a: None)  # the schema: not this test's
+    state = ClientState(tmp_path / "state")
+    EvalLedger(state.root).check_and_record(JOB, ("an earlier model",), table_digest(X, y),
+                                            evaluation="an earlier configuration",
+                                            resumed=False)
+    _uploaded(state, _histogram(0))
+    res, tr, posted, log = _restarted(tmp_path, "secure", "advert", _histogram(0),
+                                      config=json.loads(config.to_json()), held=(X, y))
+    assert ("POST", f"/v1/jobs/{JOB}/join") in tr.sent  # the ledger let it join
+    assert posted == [] and tr.refusals == [{"reason": "restarted"}]
+    said = (f"this site's receipts in {state.root / 'receipts'} record an upload in job {JOB}, "
+            "and a site answers no round of a secure job it uploaded in: its client was "
+            "restarted in this job, or took part in an earlier job of that name, and every job "
+            "needs a name of its own")
+    assert res.status == "dropped"
+    assert res.detail.startswith(f"this site was dropped from job {JOB} ({said}); ")
+    assert f"warning: job {JOB}: {said}\n" in log
+    assert "a restarted site" not in log
