@@ -19,8 +19,9 @@ y^2) are the same for every model and are not compared. A site that means to rep
 evaluation (a job that failed before its sum was released) deletes that job's line.
 
 A job's id is the server's word, so each line also keeps a digest of the job's configuration as
-the site received it (:func:`_evaluation_digest`: the number of clients, the profile, the
-models, the bins, the task; everything a restart of the job keeps). A line of another
+the server sent it (:func:`_evaluation_digest`: the number of clients, the profile, the
+models, the bins, the task; everything a restart of the job keeps, and nothing this client's
+version fills in: a client upgraded in the middle of a job still knows its line). A line of another
 configuration under the same id is checked like any other job's (by the ledger: under secure
 aggregation a site whose receipts record an upload in a job of that id refuses, once joined,
 every round of it, as after a restart; docs/deployment.md §5). A line of the same job and
@@ -97,12 +98,14 @@ def _table_digest_in_order(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def _evaluation_digest(config: JobConfig) -> str:
-    """SHA-256 of an evaluation job's configuration as this site received it: what tells a
-    restart of the job (the same configuration: the server keeps it) from another evaluation
-    under the same id (another number of clients, profile, models or bins)."""
-    return hashlib.sha256(b"fedforest/evaluation-job/v1\0"
-                          + config.to_json().encode()).hexdigest()
+def _evaluation_digest(sent: Mapping[str, Any]) -> str:
+    """SHA-256 of an evaluation job's configuration as the server sent it (the JSON object of
+    the job offer, keys sorted), before this client reads in its own defaults: what tells a
+    restart of the job (the same configuration: the server keeps it and sends it as it was)
+    from another evaluation under the same id (another number of clients, profile, models or
+    bins), whatever version of the client reads it."""
+    canonical = json.dumps(sent, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(b"fedforest/evaluation-job/v2\0" + canonical.encode()).hexdigest()
 
 
 def _fingerprint(stats: Mapping[str, np.ndarray]) -> str:
@@ -285,12 +288,15 @@ class LedgeredEvalWorker:
     """An :class:`EvalWorker` that checks the ledger before its statistics leave the site."""
 
     def __init__(self, worker: EvalWorker, ledger: EvalLedger, rows: str,
-                 rows_in_order: str | None = None) -> None:
+                 rows_in_order: str | None = None, *,
+                 sent: Mapping[str, Any] | None = None) -> None:
         self.inner = worker
         self._ledger = ledger
         self._rows = rows
         self._rows_in_order = rows_in_order
-        self._evaluation = _evaluation_digest(worker.config)
+        # the configuration as the server sent it (``sent``), else as the worker's reads
+        self._evaluation = _evaluation_digest(
+            sent if sent is not None else json.loads(worker.config.to_json()))
         # without secure aggregation every upload is the site's own, in the clear: the same
         # upload sent again by a restarted client tells the server nothing new
         self._in_clear = worker.config.profile.get("secure_aggregation") is False
@@ -331,8 +337,10 @@ SiteWorker = Worker | LedgeredEvalWorker
 
 
 def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _Table | None,
-                state_dir: Path) -> SiteWorker:
-    """The worker of the job's kind, on the table that kind needs."""
+                state_dir: Path, *, sent: Mapping[str, Any] | None = None) -> SiteWorker:
+    """The worker of the job's kind, on the table that kind needs; an evaluation job's knows
+    itself in the ledger by ``sent``, the configuration as the server sent it (default:
+    ``config``'s)."""
     if config.evaluation is None:
         if train is None:
             raise FedForestError(f"job {config.job_id!r} trains a forest: pass the site's "
@@ -343,4 +351,4 @@ def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _
                              "held-out rows with --eval-data (a CSV with the same schema)")
     worker = EvalWorker(config, *held_out)
     return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out),
-                              _table_digest_in_order(*held_out))
+                              _table_digest_in_order(*held_out), sent=sent)

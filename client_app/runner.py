@@ -186,7 +186,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         check_own_certificate(opts.cert, job)  # as every other site will check it
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
-    worker = site_worker(config, k, train, held_out, state.root)
+    worker = site_worker(config, k, train, held_out, state.root, sent=info.config)
     if isinstance(worker, LedgeredEvalWorker):  # scored these rows with a model before
         with _declining(tr, job, "evaluated_before", log):
             worker.check()

@@ -166,7 +166,7 @@ def _accepted_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: di
                      pin: str | None) -> JobConfig:
     """The job configuration the client hands its worker and secure-aggregation session (they
     are built from it) after accepting a job whose profile is ``served``."""
-    def capture(config: JobConfig, *_: Any) -> Any:
+    def capture(config: JobConfig, *_: Any, **__: Any) -> Any:
         raise _Accepted(config)
 
     monkeypatch.setattr(runner, "site_worker", capture)

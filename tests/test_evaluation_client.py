@@ -603,3 +603,81 @@ def test_a_line_without_the_configurations_digest_is_another_jobs(
     with pytest.raises(RefusedRequest, match="already scored it on in an earlier job also "
                                              "named 'eval-a'.*delete job 'eval-a''s line"):
         _ledgered(_config(spec, "eval-a", 4), 0, (X, y), tmp_path).check()
+
+
+def test_a_client_upgraded_in_the_middle_of_its_job_knows_its_own_ledger_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger knows an evaluation job by its configuration as the server sent it, before
+    the client reads in the profile's defaults. A client restarted in the middle of its
+    open-profile job after an upgrade that adds a profile setting (one more default filled
+    in) finds the line its earlier process wrote as this job's: it joins and sends its same
+    upload again, instead of declining its own job as "an earlier job also named" it."""
+    import dataclasses
+    import io
+    import json
+
+    import tomli_w
+
+    from client_app import runner
+    from client_app.log import SiteLog
+    from client_app.state import ClientState
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    y = (X[:, 0] + 0.1 * rng.normal(size=60) > 0).astype(int)
+    model = FedForestClassifier(n_estimators=2, max_depth=2, random_state=0).fit(
+        X, y, client=np.arange(60) % 3).model_
+    cfg = dataclasses.replace(
+        eval_config("ev-1", EvalSpec(models=(model.to_json(),)), task="classification",
+                    n_features=2, n_clients=3, n_classes=2,
+                    profile=load_profile("open").to_dict()),
+        feature_bounds=((-1.0, 1.0),) * 2, target_bound=1.0)
+    schema = {"features": [{"name": f"x{j}", "kind": "continuous", "bounds": [-1.0, 1.0]}
+                           for j in range(2)],
+              "target": {"name": "y", "kind": "classification", "classes": ["0", "1"]}}
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(schema))
+    state = ClientState(tmp_path / "state")
+
+    class Joined(Exception):
+        pass
+
+    posted: list[str] = []
+
+    class Offering:
+        def get_json(self, path: str, params: object = None) -> object:
+            return {"job_id": "ev-1", "client_index": 0, "client_name": "site-0",
+                    "config": json.loads(cfg.to_json()), "status": "running"}
+
+        def post_json(self, path: str, body: object = None) -> object:
+            posted.append(path)
+            raise Joined
+
+    workers: list[Any] = []
+
+    def capturing(*args: Any, **kwargs: Any) -> Any:
+        workers.append(site_worker(*args, **kwargs))
+        return workers[-1]
+
+    def run() -> None:
+        opts = ClientOptions(server="https://fedforest.example.org", token="t", job="ev-1",
+                             data=None, eval_data=tmp_path / "held.csv",
+                             schema=tmp_path / "s.toml", ca=None, state_dir=state.root,
+                             quiet=True)
+        with pytest.raises(Joined):  # the check before joining passed
+            runner._run(opts, Offering(), state, None, None,  # type: ignore[arg-type]
+                        SiteLog(stream=io.StringIO()), None, (X, y))
+
+    monkeypatch.setattr(runner, "site_worker", capturing)
+    run()
+    task = EvalCoordinator(cfg).next_task()
+    assert task is not None
+    before = workers[-1].handle(task)  # its line in the ledger
+    settings = runner.job_profile_settings
+    monkeypatch.setattr(runner, "job_profile_settings",  # the upgrade: one more default
+                        lambda profile, **kw: {**settings(profile, **kw), "later": "off"})
+    run()
+    assert workers[-1].inner.config.profile["later"] == "off"
+    assert np.array_equal(workers[-1].handle(task).summable, before.summable)
+    lines = (state.root / "evaluations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["job"] for line in lines] == ["ev-1"]
+    assert posted == ["/v1/jobs/ev-1/join"] * 2  # no decline
