@@ -26,17 +26,25 @@ The estimators follow scikit-learn's conventions (``_parameter_constraints``, ``
 shared parameters, with these federated defaults:
 
 * ``max_depth=None``: no depth limit, as in scikit-learn; the trees stop growing at
-  ``min_samples_leaf=5`` (the federated default: no leaf summarises fewer than 5 rows) or at
-  pure nodes. Under a DP profile the budget is split over the levels, so a depth is needed:
-  ``None`` takes the allocation rule's
+  ``min_samples_leaf=5`` (the federated default) or at pure nodes. Under a DP profile the
+  budget is split over the levels, so a depth is needed: ``None`` takes the allocation rule's
   (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`). Without DP,
   ``method="random"`` (every node split down to the depth) refuses ``None``.
 * ``n_estimators``, ``n_bins``, ``bootstrap``, ``method`` left at None: the paper's 50
   trees, B = 32 candidate bins, the client-stratified bootstrap and the quantile sketch
   (``"quantiles"``), or under a DP profile the allocation rule's trees, bins, row sampling
   and method; a method the user names is kept under DP too, as a job file's is.
+* ``min_samples_leaf`` and ``min_samples_split`` count rows with their bootstrap repeats and
+  frequency weights, not distinct rows as scikit-learn's forests do: a leaf of count 5 may
+  hold fewer distinct records, down to one record the bootstrap drew 5 times (the leaf's value
+  is then that record's target). The profile's ``abstain_below`` counts a client's distinct
+  rows (docs/privacy.md, section 2.2).
 * ``max_features``: scikit-learn's values (an int, a fraction, "sqrt", "log2", None for all);
-  default "sqrt" (classifier) and the paper's 1/3 (regressor).
+  default "sqrt" (classifier) and the paper's 1/3 (regressor). Each node draws exactly that
+  many features; where every drawn feature is constant on the node's rows, the node becomes a
+  leaf (scikit-learn draws further features). On binary or one-hot features, which are
+  constant below a split on them, this stops many branches early: give such data a larger
+  ``max_features``.
 * ``sample_weight``: non-negative integer frequency weights (a row of weight 3 counts as three
   rows; under DP only 0 and 1).
 * ``X`` may hold missing values (NaN): every split learns where they go (see
