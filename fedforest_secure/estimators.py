@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -315,6 +316,12 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         # a feature missing in some training row may be missing (the estimator plays the
         # schema's part: missing = "allowed" where the data have holes)
         missing = tuple(bool(v) for v in np.isnan(X[kept]).any(axis=0))
+        top_l = self.top_l
+        if top_l is not None and shape["method"] != "avgimp":
+            warnings.warn(f"top_l={top_l} is ignored with method={shape['method']!r}: top_l "
+                          "applies to method='avgimp' only; every drawn feature is evaluated",
+                          UserWarning, stacklevel=3)
+            top_l = None
         config = JobConfig(
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
             n_clients=K, n_classes=n_classes, missing_allowed=missing,
@@ -325,7 +332,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             min_impurity_decrease=self.min_impurity_decrease,
             max_features=resolve_max_features(mf, d),
             bootstrap=shape["sampling"] == "bootstrap", row_sampling=shape["sampling"],
-            n_bins=shape["n_bins"], method=shape["method"], top_l=self.top_l,
+            n_bins=shape["n_bins"], method=shape["method"], top_l=top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
             random_state=self._seed(), profile=self.profile_)
         # each client's share of the rows is made when its worker is built, and dropped after
