@@ -293,8 +293,8 @@ class AvgImp(Quantiles):
         keep = np.zeros_like(feats, dtype=bool)
         for k in disc:
             top = disc[k]["top_l"][pos]
-            sent = disc[k]["sketch_counts"][pos] > 0 if "sketch_counts" in disc[k] \
-                else np.ones(nodes.size, dtype=bool)
+            sent = (disc[k]["sketch_counts"][pos] > 0).any(axis=1) \
+                if "sketch_counts" in disc[k] else np.ones(nodes.size, dtype=bool)
             rows = np.repeat(np.arange(nodes.size), top.shape[1])
             keep[rows[np.repeat(sent, top.shape[1])], top[sent].ravel()] = True
         return np.where(keep, feats, -1)
@@ -382,7 +382,8 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
     if E == 0 or not clients:
         return np.full((E, m, B - 1), np.inf)
     K = len(clients)
-    cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=1)  # (E, K)
+    # each client's rows that have the slot's feature, the paper's n_{node,k}: (E, m, K)
+    cnt = np.stack([disc[k]["sketch_counts"][ev] for k in clients], axis=2)
     P = disc[clients[0]]["sketch_points"].shape[2]
     lengths = {}
     for k in clients:  # a list is NaN-padded at its end only
@@ -402,7 +403,7 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
             at = slice(int(sel[0]), int(sel[-1]) + 1)  # a run of nodes: views, one copy
         pts = np.stack([disc[k]["sketch_points"][at] for k in clients], axis=2)
         rows = pts.reshape(sel.size * m, K, P)
-        counts = np.repeat(cnt[a:a + step], m, axis=0)
+        counts = cnt[a:a + step].reshape(sel.size * m, K)
         npts = np.stack([lengths[k][at] for k in clients], axis=2).reshape(sel.size * m, K)
         thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B, npts).reshape(
             sel.size, m, B - 1)

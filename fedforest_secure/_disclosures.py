@@ -42,10 +42,41 @@ def profile_disclosures(profile: Mapping[str, Any]) -> set[str]:
     return allowed
 
 
+def present_counts(stats: LevelStatistics, feats: np.ndarray, counts: np.ndarray
+                   ) -> np.ndarray:
+    """(n_nodes, m): each node's (weighted) row count ``counts`` less, per slot, its rows
+    missing the slot's feature: the rows the slot's quantile points summarise, the weight
+    the pooled sketch mixes them with. Without missing values every slot holds its node's
+    count."""
+    n_nodes, m = feats.shape
+    out = np.repeat(np.asarray(counts, dtype=np.float64).reshape(n_nodes, 1), m, axis=1)
+    order = stats.order
+    if not stats.config.has_missing or order.size == 0:
+        return out
+    flat = out.reshape(-1)
+    edges = order.all_edges()
+    fl = feats.reshape(-1)
+    for b0, b1 in order.chunks(edges):
+        e0, e1 = int(edges[b0]), int(edges[b1])
+        if e1 == e0:
+            continue
+        start, end = edges[b0:b1] - e0, edges[b0 + 1:b1 + 1] - e0
+        # a block's missing entries sort last (their code is one past the distinct values)
+        blk = np.arange(b0, b1, dtype=np.int64)
+        mcode = stats.book.missing_code[fl[b0:b1].clip(0)]
+        cut = np.maximum(np.minimum(end, order.search((blk << stats.book.cbits) | mcode,
+                                                      e0, e1)), start)
+        cw0 = np.zeros(e1 - e0 + 1)
+        np.cumsum(order.weights(e0, e1), out=cw0[1:])
+        flat[b0:b1] -= cw0[end] - cw0[cut]
+    return out
+
+
 def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: np.ndarray,
                  profile: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The sketch disclosures the task asks, for the nodes of the level order of ``stats``
-    (``counts``: the nodes' row counts; ``profile``: the client's own)."""
+    (``counts``: the nodes' row counts; ``profile``: the client's own). ``sketch_counts`` is
+    per (node, slot): the rows that have the slot's feature (:func:`present_counts`)."""
     want = set(task.disclose)
     out: dict[str, np.ndarray] = {}
     if "sketch_points" in want or "top_l" in want:
@@ -57,7 +88,7 @@ def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: 
         pts = stats.quantile_points(feats, n_points, rows_per_point)
         if "sketch_points" in want:
             out["sketch_points"] = pts
-            out["sketch_counts"] = counts
+            out["sketch_counts"] = present_counts(stats, feats, counts)
         if "top_l" in want:
             out["top_l"] = stats.top_l(feats, pts, int(task.params["top_l"]))
     if "unique" in want:

@@ -278,7 +278,8 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int,
     points : array of shape (R, K, P)
         Each client's quantile points per row (node x feature), NaN-padded.
     counts : array of shape (R, K)
-        Each client's (weighted) number of rows at the node: the mixing weights.
+        Each client's (weighted) number of rows at the node that have the row's feature
+        (the rows its quantile points summarise): the mixing weights.
     n_bins : the sketch size B of the pooled grid
     npts : array of shape (R, K), optional
         Each list's number of points (:func:`list_lengths`), if the caller counted them

@@ -51,14 +51,17 @@ def candidate_valid(hist: np.ndarray, thresholds: np.ndarray, missing: bool, tas
                     ) -> np.ndarray:
     """(..., C) which candidates of :func:`candidate_lefts` exist: a finite threshold, and
     with missing rows at the node for the missing-left and +inf candidates; the +inf split
-    needs a finite threshold in the slot too (as scikit-learn, which never splits a feature
-    whose present values are constant)."""
+    (present | missing) where the slot has a finite threshold or present rows, so a feature
+    whose present values are all equal splits present from missing too (as scikit-learn's
+    trees from 1.8)."""
     fin: np.ndarray = np.isfinite(thresholds)
     if not missing:
         return fin
     n_miss = _impurity.counts_of(hist[..., -1, :], task)
     has = (n_miss > 0)[..., None]
-    return np.concatenate([fin, fin & has, fin.any(axis=-1, keepdims=True) & has], axis=-1)
+    n_present = _impurity.counts_of(hist[..., :-1, :].sum(axis=-2), task)
+    present = fin.any(axis=-1, keepdims=True) | (n_present > 0)[..., None]
+    return np.concatenate([fin, fin & has, present & has], axis=-1)
 
 
 def best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,

@@ -26,17 +26,25 @@ The estimators follow scikit-learn's conventions (``_parameter_constraints``, ``
 shared parameters, with these federated defaults:
 
 * ``max_depth=None``: no depth limit, as in scikit-learn; the trees stop growing at
-  ``min_samples_leaf=5`` (the federated default: no leaf summarises fewer than 5 rows) or at
-  pure nodes. Under a DP profile the budget is split over the levels, so a depth is needed:
-  ``None`` takes the allocation rule's
+  ``min_samples_leaf=5`` (the federated default) or at pure nodes. Under a DP profile the
+  budget is split over the levels, so a depth is needed: ``None`` takes the allocation rule's
   (:func:`~fedforest_secure.privacy.allocation.dp_forest_settings`). Without DP,
   ``method="random"`` (every node split down to the depth) refuses ``None``.
 * ``n_estimators``, ``n_bins``, ``bootstrap``, ``method`` left at None: the paper's 50
   trees, B = 32 candidate bins, the client-stratified bootstrap and the quantile sketch
   (``"quantiles"``), or under a DP profile the allocation rule's trees, bins, row sampling
   and method; a method the user names is kept under DP too, as a job file's is.
+* ``min_samples_leaf`` and ``min_samples_split`` count rows with their bootstrap repeats and
+  frequency weights, not distinct rows as scikit-learn's forests do: a leaf of count 5 may
+  hold fewer distinct records, down to one record the bootstrap drew 5 times (the leaf's value
+  is then that record's target). The profile's ``abstain_below`` counts a client's distinct
+  rows (docs/privacy.md, section 2.2).
 * ``max_features``: scikit-learn's values (an int, a fraction, "sqrt", "log2", None for all);
-  default "sqrt" (classifier) and the paper's 1/3 (regressor).
+  default "sqrt" (classifier) and the paper's 1/3 (regressor). Each node draws exactly that
+  many features; where every drawn feature is constant on the node's rows, the node becomes a
+  leaf (scikit-learn draws further features). On binary or one-hot features, which are
+  constant below a split on them, this stops many branches early: give such data a larger
+  ``max_features``.
 * ``sample_weight``: non-negative integer frequency weights (a row of weight 3 counts as three
   rows; under DP only 0 and 1).
 * ``X`` may hold missing values (NaN): every split learns where they go (see
@@ -55,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+import warnings
 from collections.abc import Mapping
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -307,6 +316,12 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         # a feature missing in some training row may be missing (the estimator plays the
         # schema's part: missing = "allowed" where the data have holes)
         missing = tuple(bool(v) for v in np.isnan(X[kept]).any(axis=0))
+        top_l = self.top_l
+        if top_l is not None and shape["method"] != "avgimp":
+            warnings.warn(f"top_l={top_l} is ignored with method={shape['method']!r}: top_l "
+                          "applies to method='avgimp' only; every drawn feature is evaluated",
+                          UserWarning, stacklevel=3)
+            top_l = None
         config = JobConfig(
             job_id=f"local-{uuid.uuid4().hex[:12]}", task=self._task, n_features=d,
             n_clients=K, n_classes=n_classes, missing_allowed=missing,
@@ -317,7 +332,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             min_impurity_decrease=self.min_impurity_decrease,
             max_features=resolve_max_features(mf, d),
             bootstrap=shape["sampling"] == "bootstrap", row_sampling=shape["sampling"],
-            n_bins=shape["n_bins"], method=shape["method"], top_l=self.top_l,
+            n_bins=shape["n_bins"], method=shape["method"], top_l=top_l,
             split_on_client=self.split_on_client, criterion=self._criterion(),
             random_state=self._seed(), profile=self.profile_)
         # each client's share of the rows is made when its worker is built, and dropped after

@@ -269,6 +269,10 @@ def build_config(spec: JobSpec) -> JobConfig:
     dp = profile.get("dp")
     if dp and spec.kind == "train":  # forest settings the job file leaves out: DP rule
         forest.update(_dp_forest(spec, facts, dp))
+    if forest["top_l"] is not None and forest["method"] != "avgimp":
+        raise ConfigError(f"job {spec.id!r}: [forest] top_l = {forest['top_l']} applies to "
+                          f"method = \"avgimp\" only, and the job's method is "
+                          f"{forest['method']!r}: remove top_l, or set method = \"avgimp\"")
     try:
         forest["max_features"] = resolve_max_features(forest["max_features"],
                                                       int(facts["n_features"]))

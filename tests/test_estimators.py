@@ -167,7 +167,8 @@ def _depths(tree: Tree) -> np.ndarray:
 # ---------------------------------------------------------------------------- sklearn conventions
 @pytest.mark.parametrize("cls", [FedForestRegressor, FedForestClassifier])
 def test_sklearn_conventions(cls: Any) -> None:
-    est = cls(n_estimators=3, max_depth=2, profile=load_profile("open"), top_l=2)
+    est = cls(n_estimators=3, max_depth=2, profile=load_profile("open"),
+              method="avgimp", top_l=2)
     params = est.get_params()
     assert params["n_estimators"] == 3 and params["top_l"] == 2 and "profile" in params
     est.set_params(max_depth=3, n_bins=8)

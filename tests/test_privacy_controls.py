@@ -182,15 +182,14 @@ def test_adaptive_b_open_limits_per_client_sketch_points(r: int) -> None:
     """B_k = min(B, floor(n_k / r)) + 1 points where the client has at least r rows."""
     sketches, B = _open_sketches(r)
     checked = binding = 0
-    for pts, n_k in sketches:  # pts: (n_nodes, m, B + 1) NaN-padded; n_k: (n_nodes,)
+    for pts, n_k in sketches:  # pts: (n_nodes, m, B + 1) NaN-padded; n_k: (n_nodes, m)
         n_pts = np.isfinite(pts).sum(axis=2)
         assert (n_pts <= B + 1).all()
         enough = n_k >= r
         limit = np.floor(n_k / r).astype(int) + 1
-        assert (n_pts[enough] <= limit[enough][:, None]).all()
+        assert (n_pts[enough] <= limit[enough]).all()
         expect = np.minimum(B, np.floor(n_k / r).astype(int)) + 1
-        np.testing.assert_array_equal(
-            n_pts[enough], np.repeat(expect[enough][:, None], pts.shape[1], axis=1))
+        np.testing.assert_array_equal(n_pts[enough], expect[enough])
         np.testing.assert_array_equal(n_pts[n_k == 0], 0)  # nothing where it has no rows
         checked += int(enough.sum())
         binding += int((enough & (np.floor(n_k / r) < B)).sum())

@@ -274,7 +274,7 @@ def _sketch_task(disclose: tuple[str, ...], *, features: bool = True) -> Task:
 
 def _honest_items() -> dict[str, np.ndarray]:
     pts = np.tile(np.array([0.0, 1.0, 2.0, np.nan, np.nan]), (2, 3, 1))
-    return {"sketch_points": pts, "sketch_counts": np.array([5.0, 0.0]),
+    return {"sketch_points": pts, "sketch_counts": np.array([[5.0, 4.0, 5.0], [0.0, 0.0, 0.0]]),
             "top_l": np.array([[0, 2], [1, 0]]),
             "unique_ptr": np.array([0, 1, 1, 3, 3, 3, 4]),
             "unique_vals": np.array([0.5, 1.0, 2.0, 3.0]),
@@ -301,9 +301,12 @@ _BAD_DISCLOSURES = [
     ("a point after the padding", {"sketch_points": np.where(
         np.arange(5) == 0, np.nan, np.zeros((2, 3, 5)))}, "sketch_points"),
     ("an infinite point", {"sketch_points": np.full((2, 3, 5), np.inf)}, "sketch_points"),
-    ("counts of other nodes", {"sketch_counts": np.zeros(3)}, "sketch_counts"),
-    ("a negative count", {"sketch_counts": np.array([1.0, -1.0])}, "sketch_counts"),
-    ("a NaN count", {"sketch_counts": np.array([1.0, np.nan])}, "sketch_counts"),
+    ("counts of other nodes", {"sketch_counts": np.zeros((3, 3))}, "sketch_counts"),
+    ("one count per node", {"sketch_counts": np.zeros(2)}, "sketch_counts"),
+    ("a negative count", {"sketch_counts": np.array([[1.0] * 3, [1.0, -1.0, 1.0]])},
+     "sketch_counts"),
+    ("a NaN count", {"sketch_counts": np.array([[1.0] * 3, [1.0, np.nan, 1.0]])},
+     "sketch_counts"),
     ("a Top-L of 3", {"top_l": np.zeros((2, 3), dtype=np.int64)}, "top_l"),
     ("a Top-L slot out of range", {"top_l": np.array([[0, 3], [1, 0]])}, "top_l"),
     ("float Top-L slots", {"top_l": np.zeros((2, 2))}, "top_l"),
@@ -331,7 +334,8 @@ def test_honest_disclosed_items_pass_the_checks_of_their_task() -> None:
                       _sketch_task(("sketch_points", "node_stats"), features=False))
     # a count may come as an integer (a node group without rows)
     check_disclosures({"sketch_points": items["sketch_points"],
-                       "sketch_counts": np.array([0, 0])}, _sketch_task(("sketch_points",)))
+                       "sketch_counts": np.zeros((2, 3), dtype=np.int64)},
+                      _sketch_task(("sketch_points",)))
 
 
 @pytest.mark.parametrize(("what", "change", "named"), _BAD_DISCLOSURES,

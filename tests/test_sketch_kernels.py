@@ -335,9 +335,9 @@ def test_a_sketch_with_a_point_after_its_padding_is_refused(kernels: str) -> Non
     """A client's quantile list is padded with NaN at its end only: a value after a NaN (a
     crafted upload) is refused, not read one way by numpy and another by the compiled loop."""
     disc = {0: {"sketch_points": np.array([[[np.nan, 1.1, np.nan, np.nan, -1.1]]]),
-                "sketch_counts": np.array([2.0])},
+                "sketch_counts": np.array([[2.0]])},
             1: {"sketch_points": np.array([[[0.0, 0.5, 1.0, np.nan, np.nan]]]),
-                "sketch_counts": np.array([3.0])}}
+                "sketch_counts": np.array([[3.0]])}}
     with pytest.raises(InvalidMessage, match="after its padding"):
         _candidates.pooled_sketch_candidates(disc, np.array([0]), np.zeros((1, 1), int), 5)
 

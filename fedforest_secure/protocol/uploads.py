@@ -232,7 +232,7 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
         nan = np.isnan(pts)
         if np.isinf(pts).any() or (nan[..., :-1] & ~nan[..., 1:]).any():
             raise bad("sketch_points", "holds infinity, or a point after its NaN padding")
-        cnt = want("sketch_counts", _NUMBERS, (rows,))
+        cnt = want("sketch_counts", _NUMBERS, (rows, m))
         finite("sketch_counts", cnt)
         if (cnt < 0).any():
             raise bad("sketch_counts", "holds a negative count")

@@ -1,0 +1,59 @@
+"""``top_l`` shortlists features for ``method="avgimp"`` only: the estimators warn and train
+on every drawn feature with another method; a job file that sets it with another method is
+refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedforest_secure import FedForestRegressor
+from server_app.jobspec import JobSpec, build_config
+from server_app.settings import ConfigError
+
+DATA = {"task": "regression", "n_features": 4, "feature_bounds": [(0.0, 1.0)] * 4}
+
+
+def _spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = {"id": "j", "clients": ["a", "b", "c", "d"],
+                               "profile": "open", "data": DATA}
+    base.update(kw)
+    return JobSpec.model_validate(base)
+
+
+def test_estimator_warns_that_top_l_is_ignored_with_another_method() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 4))
+    y = X[:, 0] + rng.normal(size=300)
+    h = rng.integers(0, 3, 300)
+    kw = dict(n_estimators=2, max_depth=3, method="quantiles", random_state=0)
+    with pytest.warns(UserWarning) as rec:
+        a = FedForestRegressor(top_l=1, **kw).fit(X, y, client=h)
+    assert [str(w.message) for w in rec] == [
+        "top_l=1 is ignored with method='quantiles': top_l applies to method='avgimp' only; "
+        "every drawn feature is evaluated"]
+    assert a.config_.top_l is None
+    b = FedForestRegressor(**kw).fit(X, y, client=h)
+    assert a.model_.digest() == b.model_.digest()
+
+
+def test_estimator_keeps_top_l_with_avgimp() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 4))
+    y = X[:, 0] + rng.normal(size=300)
+    est = FedForestRegressor(n_estimators=2, max_depth=3, method="avgimp", top_l=1,
+                             random_state=0).fit(X, y, client=rng.integers(0, 3, 300))
+    assert est.config_.top_l == 1
+
+
+def test_job_file_with_top_l_and_another_method_is_refused() -> None:
+    with pytest.raises(ConfigError) as exc:
+        build_config(_spec(forest={"method": "quantiles", "top_l": 2}))
+    assert str(exc.value) == (
+        "job 'j': [forest] top_l = 2 applies to method = \"avgimp\" only, and the job's "
+        "method is 'quantiles': remove top_l, or set method = \"avgimp\"")
+    # under DP an unset method is the allocation rule's ("random"): refused too
+    with pytest.raises(ConfigError, match="the job's method is 'random'"):
+        build_config(_spec(profile="secure-dp", profile_overrides={"epsilon": 2.0},
+                           forest={"top_l": 2}))
+    assert build_config(_spec(forest={"method": "avgimp", "top_l": 2})).top_l == 2
