@@ -90,7 +90,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     peer_names: PeerNames | None = None
     # a connection that asks nothing (no request, or headers stopped half-way) is closed too,
     # not only one idle after a response: a site cannot hold the server's descriptors; and a
-    # request line and headers past MAX_HEAD_BYTES get a 431 (server_app/head_limit.py)
+    # request line and headers, or a chunked body's trailer fields, past MAX_HEAD_BYTES get a
+    # 431 (server_app/head_limit.py)
     http: type[asyncio.Protocol] = protocol_with_idle_limit(http_protocol(), KEEP_ALIVE_S)
     if client_ca is not None:
         # mutual TLS: every token is bound to the client its connection's certificate names

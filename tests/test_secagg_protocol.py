@@ -636,27 +636,22 @@ def test_fused_masking_of_an_out_of_range_value_burns_the_round_keys() -> None:
                             codec=secagg.RingCodec(np.full(4, 8), np.full(4, 1.0), k))
 
 
-def test_a_next_advert_riding_on_another_clients_message_is_refused() -> None:
+@pytest.mark.parametrize("carrier", ["upload", "unmask response"])
+def test_a_next_advert_riding_on_another_clients_message_is_refused(carrier: str) -> None:
     """A client's upload or unmask response carries its own next-round advert only: one that
     carries a peer's advert is refused, and the server files no advert for that peer."""
-    from nacl.signing import SigningKey
-
-    ids = list(range(4))
-    keys = {u: SigningKey.generate() for u in ids}
-    directory = {u: bytes(k.verify_key) for u, k in keys.items()}
-    clients = {u: secagg.SecAggClient(u, "j", keys[u], directory, n_clients=4, threshold=0.75)
-               for u in ids}
-    server = SecAggServer("j", 0, "q", DIGEST, 3, 0.75, directory)
-    for c in clients.values():
-        server.receive_advert(c.advertise(0))
-    server.setup()
-    for u, c in clients.items():
-        server.receive_shares(c.share_keys(server.setup_for(u)))
-    delivered = server.deliver_shares()
-    peer_advert = clients[2].advertise(1)  # client 2's own advert for the next round
-    header, masked = clients[1].mask(delivered[1], np.arange(3, dtype=np.uint64),
-                                     next_advert=peer_advert)
-    with pytest.raises(InvalidMessage, match="client 1's message carries the next advert of "
-                                             "client 2"):
-        server.receive_upload(header, masked)
+    agg, server, delivered = _round_to_masking(4, 3, "j")
+    peer_advert = agg.clients[2].advertise(1)  # client 2's own advert for the next round
+    refused = "client 1's message carries the next advert of client 2"
+    if carrier == "upload":
+        header, masked = agg.clients[1].mask(delivered[1], np.arange(3, dtype=np.uint64),
+                                             next_advert=peer_advert)
+        with pytest.raises(InvalidMessage, match=refused):
+            server.receive_upload(header, masked)
+    else:
+        for u, c in agg.clients.items():
+            server.receive_upload(*c.mask(delivered[u], np.arange(3, dtype=np.uint64)))
+        response = agg.clients[1].unmask(_signed_request(agg, server), next_advert=peer_advert)
+        with pytest.raises(InvalidMessage, match=refused):
+            server.receive_unmask(response)
     assert 2 not in server.next_adverts

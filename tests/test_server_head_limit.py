@@ -1,11 +1,13 @@
-"""A request line and headers past MAX_HEAD_BYTES get a 431 and the connection is closed before
-the rest is read (server_app/head_limit.py): on the real server (a process on 127.0.0.1, TLS
-with client certificates), and on uvicorn in this process for bodies and pipelining."""
+"""A request line and headers past MAX_HEAD_BYTES, and a chunked body's trailer fields or framing
+between two chunks past it, get a 431 and the connection is closed before the rest is read
+(server_app/head_limit.py): on the real server (a process on 127.0.0.1, TLS with client
+certificates), and on uvicorn in this process for bodies and pipelining."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -28,6 +30,20 @@ Opened = list[socket.socket]  # the sockets a test opened
 REFUSAL = {"error": "head_too_large",
            "detail": f"the request line and headers take more than {MAX_HEAD_BYTES} bytes, the "
                      "most this server reads: send a shorter URL and fewer or shorter headers"}
+TRAILER_REFUSAL = {
+    "error": "trailer_too_large",
+    "detail": "the chunked body's trailer fields, or its framing between two chunks, take more "
+              f"than {MAX_HEAD_BYTES} bytes, the most this server reads: send fewer or shorter "
+              "trailer fields and no chunk extensions, or the body with a Content-Length"}
+#: a request for a WebSocket with ~80 KiB of complete headers
+BIG_UPGRADE = (b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+               + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(80)) + b"\r\n")
+
+
+def _chunked(size: int, count: int) -> bytes:
+    """A chunked body of ``count`` chunks of ``size`` bytes and a short trailer field."""
+    return b"%x\r\n%s\r\n" % (size, b"c" * size) * count + b"0\r\nX-Sum: 1\r\n\r\n"
 
 
 class Conn:
@@ -83,9 +99,9 @@ def opened() -> Iterator[Opened]:
         sock.close()
 
 
-def _refused(conn: Conn) -> None:
+def _refused(conn: Conn, refusal: dict[str, str] = REFUSAL) -> None:
     status, headers, body = conn.response()
-    assert (status, headers["connection"], json.loads(body)) == (431, "close", REFUSAL)
+    assert (status, headers["connection"], json.loads(body)) == (431, "close", refusal)
     assert conn.closed()
 
 
@@ -159,6 +175,30 @@ def test_a_pipelined_request_before_a_refused_head_is_answered_first(
     status, _, body = conn.response()
     assert (status, json.loads(body)["status"]) == (200, "ok")
     _refused(conn)
+
+
+def test_a_never_ending_trailer_field_ends_the_connection(
+        server: Server, opened: Opened) -> None:
+    """The 405 to a chunked POST /health comes at once; its trailer field, never ended, ends the
+    connection as it passes the limit (the request has its answer: no 431 follows)."""
+    conn = _tls(server, opened)
+    conn.send(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"0\r\nX-T: ")
+    assert conn.response()[0] == 405
+    conn.send(b"a" * MB)
+    assert conn.closed()
+
+
+def test_a_chunked_body_of_many_chunks_and_a_trailer_field_is_read_and_the_connection_kept(
+        server: Server, opened: Opened) -> None:
+    """20 000 chunks of 100 bytes: their framing (120 000 bytes) is more than the limit, but
+    only a few bytes of it lie between two chunks."""
+    conn = _tls(server, opened)
+    conn.send(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + _chunked(100, 20_000) + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert conn.response()[0] == 405
+    status, _, body = conn.response()
+    assert (status, json.loads(body)["status"]) == (200, "ok")
 
 
 # ------------------------------------------------------------------ uvicorn in this process
@@ -247,6 +287,49 @@ def test_headers_just_under_the_limit_are_served_and_just_over_it_refused(
     _refused(conn)
 
 
+def _head_of(size: int) -> bytes:
+    """A head of exactly ``size`` bytes: its request line, header fields of 8 bytes with no
+    value (``00001:`` and CRLF) and one that takes the rest, the empty line."""
+    line, count = b"GET / HTTP/1.1\r\n", (size - 16 - 2 - 9) // 8
+    fields = b"".join(b"%05d:\r\n" % i for i in range(count))
+    last = b"x:" + b"p" * (size - len(line) - len(fields) - 2 - 4) + b"\r\n"
+    head = line + fields + last + b"\r\n"
+    assert len(head) == size
+    return head
+
+
+def test_a_head_of_many_fields_is_measured_by_its_bytes(local: int, opened: Opened) -> None:
+    conn = _plain(local, opened)
+    conn.send(_head_of(MAX_HEAD_BYTES))
+    assert conn.response()[::2] == (200, b"0")
+    conn = _plain(local, opened)
+    conn.send(_head_of(MAX_HEAD_BYTES + 1))
+    _refused(conn)
+
+
+def test_a_never_ending_trailer_field_is_refused_while_the_body_is_read(
+        local: int, opened: Opened) -> None:
+    conn = _plain(local, opened)
+    conn.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5\r\nhello\r\n0\r\nX-T: " + b"a" * MB)
+    _refused(conn, TRAILER_REFUSAL)
+
+
+def test_a_never_ending_chunk_extension_is_refused(local: int, opened: Opened) -> None:
+    conn = _plain(local, opened)
+    conn.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5\r\nhello\r\n5;x=" + b"a" * MB)
+    _refused(conn, TRAILER_REFUSAL)
+
+
+def test_chunked_bodies_of_many_chunks_are_read_whole(local: int, opened: Opened) -> None:
+    conn = _plain(local, opened)
+    for size, count in ((100, 20_000), (64 << 10, 40)):
+        conn.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + _chunked(size, count))
+        assert conn.response()[::2] == (200, str(size * count).encode())
+
+
 def test_a_refused_head_ends_the_connection_with_its_body_and_the_requests_after_it(
         local: int, opened: Opened) -> None:
     conn = _plain(local, opened)
@@ -282,30 +365,68 @@ class _Transport(asyncio.Transport):
         pass
 
 
-def test_headers_past_the_limit_in_one_read_are_refused_in_their_turn() -> None:
-    """A request, one whose ~100 KiB of headers and body come in the same read, and one more:
-    the first is answered, the second refused, the third not served."""
+def _fed(*reads: bytes, settle: float = 0.0) -> _Transport:
+    """What the server's protocol, on a transport of its own, writes for ``reads`` received in
+    turn, once the apps have run (``settle`` seconds more); the protocol reads on even where it
+    paused reading (as when an app waits for its client to leave)."""
     import uvicorn
     from uvicorn.server import ServerState
 
     from server_app.head_limit import http_protocol
 
     async def run() -> _Transport:
-        config = uvicorn.Config(_app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(_app, log_level="warning", lifespan="off", log_config=None)
         config.load()
         protocol = http_protocol()(config, ServerState(), {})
         transport = _Transport()
         protocol.connection_made(transport)
-        many = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(100))
-        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-                               b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n" + many
-                               + b"\r\nhelloGET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(10):  # the first request's task runs, and its response completes
+        for data in reads:
+            protocol.data_received(data)
+        for _ in range(10):  # the apps' tasks run, and their responses complete
             await asyncio.sleep(0)
+        await asyncio.sleep(settle)
         return transport
 
-    transport = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def _answered_then_refused(transport: _Transport, refusal: dict[str, str]) -> None:
+    """``transport`` got a 200 with body ``0``, then the 431 with ``refusal``, and closed."""
     assert transport.closed
-    first, refusal = transport.out.split(b"HTTP/1.1 431 ", 1)
+    first, refused = transport.out.split(b"HTTP/1.1 431 ", 1)
     assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b"\r\n\r\n0")
-    assert json.loads(refusal.split(b"\r\n\r\n", 1)[1]) == REFUSAL
+    assert json.loads(refused.split(b"\r\n\r\n", 1)[1]) == refusal
+
+
+def test_headers_past_the_limit_in_one_read_are_refused_in_their_turn() -> None:
+    """A request, one whose ~100 KiB of headers and body come in the same read, and one more:
+    the first is answered, the second refused, the third not served."""
+    many = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(100))
+    transport = _fed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n" + many
+                     + b"\r\nhelloGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    _answered_then_refused(transport, REFUSAL)
+
+
+def test_a_websocket_request_with_headers_past_the_limit_is_refused_in_its_turn(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A request, then one for a WebSocket whose ~80 KiB of headers come in the same read: the
+    first is answered, the second refused (not upgraded), and nothing is logged."""
+    uvicorn_log = logging.getLogger("uvicorn.error")  # it does not reach the root logger
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        transport = _fed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + BIG_UPGRADE)
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    _answered_then_refused(transport, REFUSAL)
+    assert not caplog.records
+
+
+def test_a_refused_trailer_of_a_pipelined_request_waits_for_the_response_before_it() -> None:
+    """A request in progress (``/slow``), then a chunked one queued behind it whose trailer
+    field passes the limit: the first is answered, then the 431, and the second's app, when it
+    runs, finds its client gone."""
+    transport = _fed(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n0\r\nX-T: ", *[b"a" * (16 << 10)] * 5, settle=0.7)
+    _answered_then_refused(transport, TRAILER_REFUSAL)
