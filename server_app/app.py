@@ -72,7 +72,14 @@ from .auth import TokenCache
 from .db import ClientRow, Database
 from .errors import ApiError, upload_error
 from .lease import LeaseLost, ServerLease
-from .limits import BODY_REFUSED, NOT_SERVING, BodyLimits, NotServing, TransportLimits
+from .limits import (
+    BODY_REFUSED,
+    DATABASE_UNAVAILABLE,
+    NOT_SERVING,
+    BodyLimits,
+    NotServing,
+    TransportLimits,
+)
 from .logs import event
 from .runtime import ServerState
 from .store import running_job_ids
@@ -280,6 +287,18 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         errs = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
         return JSONResponse({"error": "invalid_request", "detail": "the request does not "
                              "validate", "errors": errs}, status_code=422)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database_error(_req: Request, exc: SQLAlchemyError) -> JSONResponse:
+        # an outage of the database (not a bug): the query that met it reported it to
+        # Database.on_unreachable, which logs one line when the outage begins; the client
+        # gets a 503 and retries, and the log no traceback per request (the probe connects:
+        # off the event loop). Any other database error is unexpected: raised on to
+        # _unexpected (an error line, the traceback, a 500)
+        if await run_in_threadpool(db.unreachable, exc):
+            return JSONResponse({"error": "database_unavailable",
+                                 "detail": DATABASE_UNAVAILABLE}, status_code=503)
+        raise exc
 
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:

@@ -144,9 +144,22 @@ def _check_names(spec: EvalSpec, schema: Schema) -> None:
                 f"model {name!r} takes its features as {', '.join(forest.feature_names)}; the "
                 f"schema's are {', '.join(want_f)}, in this order: fit the model on the "
                 "schema's columns in the schema's order")
+        if not want_c or forest.classes is None:
+            continue
+        got = [str(c) for c in forest.classes]
+        if got != want_c and sorted(got) == sorted(want_c):
+            # the schema's labels in another order: read by value, the columns name other
+            # classes than the sites count them as (classes [0, 1] under a schema listing
+            # "1", "0" are labels fitted on the raw target, or codes: no one can tell which)
+            raise EvaluationError(
+                f"model {name!r} predicts the classes {', '.join(got)} in that order; the "
+                f"schema lists the same labels as {', '.join(want_c)}: the sites count its "
+                "probability columns in the schema's order, so each would be read as another "
+                "class. Evaluate a model that lists the classes in the schema's order (a "
+                "training job's model on this schema), or a schema listing them as "
+                f"{', '.join(got)}")
         codes = list(range(len(want_c)))  # an estimator fitted on the schema's class codes
-        if want_c and forest.classes is not None and forest.classes != codes and \
-                [str(c) for c in forest.classes] != want_c:
+        if forest.classes != codes and got != want_c:
             raise EvaluationError(
                 f"model {name!r} predicts the classes {', '.join(map(str, forest.classes))} in "
                 f"that order; the schema lists {', '.join(want_c)}: the sites count its "

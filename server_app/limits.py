@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from .auth import TokenCache
@@ -80,6 +81,10 @@ LOG_EVERY_S = 60.0
 #: set in a request's scope when this layer refused its body (and logged why): the route's
 #: read then ends in a disconnect that is not the client's
 BODY_REFUSED = "fedforest.body_refused"
+
+
+#: what a request that meets an outage of the server's database is answered (503)
+DATABASE_UNAVAILABLE = "the server's database cannot be reached; retry later"
 
 
 class _Refused(Exception):
@@ -264,7 +269,14 @@ class TransportLimits:
             raise _Refused(401, "unauthenticated", "send 'Authorization: Bearer <token>'")
         known, row = self.tokens.lookup(token.strip())  # no I/O: on the event loop
         if not known:
-            row = await run_in_threadpool(self.tokens, token.strip())
+            try:
+                row = await run_in_threadpool(self.tokens, token.strip())
+            except SQLAlchemyError as exc:
+                # an outage (logged once, in one line, by Database.on_unreachable): a 503 the
+                # client retries; any other database error is the server's (a 500 and its log)
+                if await run_in_threadpool(self.tokens.db.unreachable, exc):
+                    raise _Refused(503, "database_unavailable", DATABASE_UNAVAILABLE) from None
+                raise
         if row is None:
             self._log_limited("auth_refused", scope, reason="unknown or revoked token",
                               peer=self._peer(scope))

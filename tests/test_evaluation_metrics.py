@@ -143,6 +143,53 @@ def test_regression_metrics_from_site_sums_equal_sklearn_on_pooled_rows() -> Non
         assert rows.sum() == n
 
 
+@pytest.mark.parametrize("lo,hi", [(0.0, 100.0), (-3.0, 97.0), (0.0, 1e8)])
+def test_r2_of_constant_targets_is_sklearns_not_the_rounding_of_the_sums(lo: float,
+                                                                        hi: float) -> None:
+    # the total sum of squares rebuilt from the rounded sums is about +-1e-9, not 0
+    rng = np.random.default_rng(3)
+    n = 90
+    y = np.full(n, lo + 0.1 * (hi - lo))
+    spec = EvalSpec(models=("{}",), pva_bins=12, target_range=(lo, hi))
+    layout = eval_layout(spec, "regression", 0, hi, dp=False)
+    sites = _split(n, 3, rng)
+    off = np.clip(y + rng.normal(scale=0.01 * (hi - lo), size=n), lo, hi)
+    for yhat in (off, y):
+        stats = _through_the_encoding(layout, yhat, y, sites)
+        want = skm.r2_score(y, yhat)
+        assert want == (1.0 if yhat is y else 0.0)
+        assert metrics(stats, layout)["r2"] == want
+        assert metrics(stats, layout, sites=3)["r2"] == want
+    one = _through_the_encoding(layout, y[:1] + 1.0, y[:1], [np.arange(1)])
+    assert math.isnan(metrics(one, layout, sites=1)["r2"])  # sklearn: NaN below two rows
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_regression_metrics_are_within_the_bounds_docs_give_in_units_of_the_target_range(
+        seed: int) -> None:
+    # docs/deployment.md section 9: MSE within (sites / rows) range^2 2^-41, MAE and the mean
+    # error within (sites / rows) range 2^-41, R^2 within (sites / rows) (range^2 / variance)
+    # 2^-40 (R^2 above -1/3); targets spread little inside wide bounds (prices in [0, 1e8])
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(20, 400)), int(rng.integers(1, 8))
+    lo, hi = 0.0, float(10 ** rng.uniform(1, 9))
+    rng_w = hi - lo
+    spread = rng_w * 10 ** rng.uniform(-6, -1)
+    y = np.clip(rng.uniform(lo + 0.2 * rng_w, hi - 0.2 * rng_w) + spread * rng.normal(size=n),
+                lo, hi)
+    yhat = np.clip(y + spread * rng.normal(scale=rng.uniform(0.1, 1.1), size=n), lo, hi)
+    layout = eval_layout(EvalSpec(models=("{}",), target_range=(lo, hi)), "regression", 0,
+                         hi, dp=False)
+    sites = _split(n, k, rng)
+    m = metrics(_through_the_encoding(layout, yhat, y, sites), layout)
+    share = sum(1 for s in sites if len(s)) / n
+    assert abs(m["mse"] - skm.mean_squared_error(y, yhat)) <= share * rng_w**2 * 2.0**-41
+    assert abs(m["mae"] - skm.mean_absolute_error(y, yhat)) <= share * rng_w * 2.0**-41
+    assert abs(m["mean_error"] - float(np.mean(yhat - y))) <= share * rng_w * 2.0**-41
+    assert skm.r2_score(y, yhat) > -1 / 3
+    assert abs(m["r2"] - skm.r2_score(y, yhat)) <= share * rng_w**2 / np.var(y) * 2.0**-40
+
+
 @pytest.mark.parametrize("count", [0.0, -3.0])
 def test_per_row_means_of_noisy_sums_are_undefined_unless_the_noisy_row_count_is_positive(
         count: float) -> None:

@@ -655,6 +655,31 @@ def test_the_tick_logs_an_outage_of_the_database_once_in_one_line(
     assert not [r for r in caplog.records if r.exc_info]
 
 
+def test_requests_during_an_outage_of_the_database_get_503_and_log_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request whose query meets an unreachable database is refused with 503 (the client
+    retries) and logs no error or traceback: the outage is the one database_unavailable
+    line. Both where a query meets it: the route's (a token the server knows from an
+    earlier request) and the token's look-up before any route."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    known, new = add_client(db, "client-0"), add_client(db, "client-1")
+    with TestClient(create_app(db, tick_seconds=3600)) as http:
+        assert http.get("/v1/jobs/job-a", headers=auth(known)).status_code == 404
+        with database_down(db):
+            for token in (known, new, known, new):
+                r = http.get("/v1/jobs/job-a", headers=auth(token))
+                assert r.status_code == 503
+                assert r.json() == {"error": "database_unavailable", "detail": "the server's "
+                                    "database cannot be reached; retry later"}
+    db.dispose()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert lines == ['event=database_unavailable error="OperationalError: connection refused '
+                     '(the test stopped the database)" deadlines="the open rounds\' deadlines '
+                     'run again once it answers"']
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_an_open_site_restarted_after_its_upload_of_a_sketch_round_answers_the_next_round(
         env: dict) -> None:
     """Open profile: a site stopped after it uploaded a sketch round that is still open (the

@@ -785,7 +785,7 @@ def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: di
 def outage_during_the_upload(env: dict) -> tuple[dict[int, SecAggClient], Task, bytes]:
     """The first round's upload phase: every client but K - 1 uploaded; then the server's
     database is down for 40 s (the round deadline is 30 s) while client K - 1 tries to upload
-    (a 500) and the tick fails; returns client K - 1's upload."""
+    (a 503) and the tick fails; returns client K - 1's upload."""
     _config, sa, task, vecs = all_but_last_uploaded(env)
     r = task.round_id
     body = upload_body(env, sa, K - 1, task, vecs[K - 1])
@@ -794,7 +794,7 @@ def outage_during_the_upload(env: dict) -> tuple[dict[int, SecAggClient], Task, 
         env["clock"].now += 5
         res = failing.post(f"/v1/jobs/job-a/rounds/{r}/upload", content=body,
                            headers={**h(env, K - 1), "Content-Type": "application/octet-stream"})
-        assert res.status_code == 500 and "the server's database failed" in res.json()["detail"]
+        assert res.status_code == 503 and res.json()["error"] == "database_unavailable"
         with pytest.raises(OperationalError):
             env["state"].tick()
         env["clock"].now += 35  # the round's deadline passed during the outage

@@ -11,7 +11,8 @@ profile (integers below 2^53 add exactly in float64).
   2^24 rows, so ``X < 2^66``; the limbs' sums over sites never wrap, and the server rebuilds the
   exact sum of the sites' ``X`` with integer arithmetic. The result differs from the float sum
   of the pooled rows by at most ``c 2^-41`` per site: ``tests/test_evaluation_metrics.py``
-  checks the metrics against scikit-learn on the pooled rows to 1e-9. (The limb sums show the
+  checks the metrics against scikit-learn on the pooled rows (a regression's within bounds
+  that scale with the target range, :mod:`.metrics`). (The limb sums show the
   server, besides the total, how often the sites' low limbs carried into the next: an integer
   below the number of sites, a function of the sums' digits below ``c 2^-10``.)
 * With DP, a real-valued sum travels as one integer ``round(2^8 S / c)`` and every entry

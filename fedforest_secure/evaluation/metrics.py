@@ -3,9 +3,12 @@ pooled rows.
 
 Every function takes one model's statistics (the blocks of :mod:`.layout`, summed over sites)
 and never sees a row. With exact sums the results equal scikit-learn's on the pooled held-out
-rows (``tests/test_evaluation_metrics.py``, to 1e-9): accuracy, balanced accuracy, macro
-precision / recall / F1 (``zero_division=0``), log-loss, Brier score, calibration curve; R^2,
-MSE, MAE. ROC AUC and average precision are those of the scores binned into the ``G`` score
+rows (``tests/test_evaluation_metrics.py``): accuracy, balanced accuracy, macro precision /
+recall / F1 (``zero_division=0``), log-loss, Brier score, calibration curve to 1e-9; R^2, MSE,
+MAE within the rounding of the sums' encoding (:mod:`.encoding`), which scales with the
+target range ``r``: MSE within ``sites / rows * r^2 * 2^-41``, MAE and the mean error within
+``sites / rows * r * 2^-41``, R^2 within ``sites / rows * r^2 / var(y) * 2^-40`` (R^2 above
+-1/3). ROC AUC and average precision are those of the scores binned into the ``G`` score
 bins (scikit-learn's on the pooled bin indices); the AUC of the unbinned scores differs from it
 by at most :func:`auc_binning_bound` (pairs of a positive and a negative row in one bin count
 as ties).
@@ -146,18 +149,54 @@ def _nanmean(values: list[float]) -> float:
     return float(np.mean(good)) if good else float("nan")
 
 
-def regression_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
-    """R^2, MSE, RMSE, MAE and the mean error (bias, mean of yhat - y) of one model."""
+def regression_metrics(stats: _Stats, layout: EvalLayout, sites: int | None = None
+                       ) -> dict[str, float]:
+    """R^2, MSE, RMSE, MAE and the mean error (bias, mean of yhat - y) of one model.
+
+    R^2 follows scikit-learn's ``r2_score``: NaN for fewer than two rows; for targets without
+    spread (total sum of squares 0) 1.0 if every prediction is exact, else 0.0. The total sum
+    of squares is rebuilt from two fixed-point sums, each rounded by up to ``bound 2^-41`` per
+    site (:mod:`.encoding`): a total within that rounding (:func:`_sst_rounding`) counts as 0,
+    and so does a squared error within its own. ``sites``: the sites whose sums are in
+    ``stats`` (at most the rows when not given)."""
     def one(name: str) -> float:
         return float(np.asarray(stats[name]).reshape(-1)[0])
 
     n = one("count")
     sq, sy, syy = one("sq_err"), one("y"), one("y_sq")
-    sst = syy - sy * sy / n if n > 0 else float("nan")
     mse = _per_row(sq, n)
-    return {"n": n, "r2": 1.0 - _div(sq, sst) if sst != 0 else float("nan"),
+    return {"n": n, "r2": _r2(layout, n, sq, sy, syy, sites),
             "mse": mse, "rmse": math.sqrt(mse) if mse >= 0 else float("nan"),
             "mae": _per_row(one("abs_err"), n), "mean_error": _per_row(one("err"), n)}
+
+
+def _r2(layout: EvalLayout, n: float, sq: float, sy: float, syy: float,
+        sites: int | None) -> float:
+    if not n >= 2:
+        return float("nan")
+    sst = syy - sy * sy / n
+    k = float(sites) if sites is not None else n
+    sst_err, sq_err = _sst_rounding(layout, n, k)
+    if abs(sst) <= sst_err:
+        return 1.0 if abs(sq) <= sq_err else 0.0
+    return 1.0 - sq / sst
+
+
+def _sst_rounding(layout: EvalLayout, n: float, sites: float) -> tuple[float, float]:
+    """Bounds on the error of the rebuilt total sum of squares ``syy - sy^2 / n`` and of the
+    squared-error sum, over ``sites`` sites and ``n`` rows (``h``: half the target range).
+    Each site rounds ``sum (y - mid)^2`` (bound ``h^2``) and ``sum (y - mid)`` (bound ``h``)
+    to ``bound 2^-41``: ``syy`` is off by at most ``sites h^2 2^-41``, ``sy`` by
+    ``e = sites h 2^-41``, so ``sy^2 / n`` (``|sy| <= n h``) by ``2 h e + e^2 / n``; float64
+    arithmetic on sums up to ``n h^2`` (the sites' sums of rows and the subtraction) adds a few
+    ulps of ``n h^2``, bounded by ``n h^2 2^-45``. The squared errors (bound ``4 h^2``) round
+    to ``sites 4 h^2 2^-41`` plus the same float64 share."""
+    lo, hi = layout.target_range
+    h2 = ((hi - lo) / 2.0) ** 2
+    e = sites * math.sqrt(h2) * 2.0 ** -41
+    ulps = n * h2 * 2.0 ** -45
+    sst_err = sites * h2 * 2.0 ** -41 + 2.0 * math.sqrt(h2) * e + e * e / n + ulps
+    return sst_err, sites * 4.0 * h2 * 2.0 ** -41 + 4.0 * ulps
 
 
 def predicted_vs_actual(stats: _Stats, layout: EvalLayout
@@ -170,8 +209,9 @@ def predicted_vs_actual(stats: _Stats, layout: EvalLayout
             np.asarray(stats["pva_y"])[keep] / rows[keep] + mid, rows[keep])
 
 
-def metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float]:
-    """The metrics of one model's summed statistics, for the layout's task."""
+def metrics(stats: _Stats, layout: EvalLayout, sites: int | None = None) -> dict[str, float]:
+    """The metrics of one model's summed statistics, for the layout's task (``sites``: the
+    sites whose sums they are, see :func:`regression_metrics`)."""
     if layout.task == "classification":
         return classification_metrics(stats, layout)
-    return regression_metrics(stats, layout)
+    return regression_metrics(stats, layout, sites)

@@ -207,13 +207,13 @@ def build_result(job_id: str, layout: EvalLayout, names: Sequence[str],
     for m, (name, digest) in enumerate(zip(names, digests, strict=True)):
         stats = {k: np.asarray(v)[m] for k, v in sums.items()}
         with np.errstate(all="ignore"):
-            values = metrics(stats, layout)
+            values = metrics(stats, layout, contributors)
         noise = metric_noise(layout, stats, block_std) if block_std else {}
         per_site = {}
         for site, s in sorted((site_stats or {}).items()):
             with np.errstate(all="ignore"):
                 per_site[str(site)] = metrics({k: np.asarray(v)[m] for k, v in s.items()},
-                                              layout)
+                                              layout, 1)
         models.append(ModelResult(name, digest, values, noise,
                                   _curves(layout, stats, block_std),
                                   {k: np.asarray(v).tolist() for k, v in stats.items()},
