@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import gzip
 import io
 import sys
@@ -62,8 +63,9 @@ def _is_export(db: str) -> bool:
     return db.endswith((".jsonl", ".jsonl.gz")) and Path(db).is_file()
 
 
-def _read_export(db: str) -> list[tuple[Entry, dict[str, bytes]]]:
-    """The entries of an export and their array bytes (:class:`AuditError` if unreadable)."""
+def _read_export(db: str) -> list[tuple[Entry, dict[str, bytes] | None]]:
+    """The entries of an export and their array bytes, ``None`` where the export holds none
+    (a member's copy of its job's log) (:class:`AuditError` if unreadable)."""
     from fedforest_secure.audit import read_jsonl
 
     path = Path(db)
@@ -75,8 +77,9 @@ def _read_export(db: str) -> list[tuple[Entry, dict[str, bytes]]]:
         raise AuditError(f"cannot read the export {db}: {exc}") from None
 
 
-def _load(entries: list[tuple[Entry, dict[str, bytes]]]) -> AuditLog:
-    """An in-memory log holding an export's entries as they are (chains checked on import)."""
+def _load(entries: list[tuple[Entry, dict[str, bytes] | None]]) -> AuditLog:
+    """An in-memory log holding an export's entries as they are (chains checked on import;
+    an entry without its arrays' bytes is kept without them)."""
     from fedforest_secure.audit import AuditLog
 
     log = AuditLog.in_memory()
@@ -100,11 +103,21 @@ def _as_error(console: Console) -> Iterator[None]:
         raise typer.Exit(code=1) from None
 
 
-def _open(db: str, console: Console) -> AuditLog:
+def _held(entries: list[tuple[Entry, dict[str, bytes] | None]]) -> bool:
+    """Whether an export holds every entry's arrays (a site's copy of its job's log holds
+    none, unless the server sets ``audit_arrays_for_sites``)."""
+    return all(blobs is not None for _, blobs in entries)
+
+
+def _open(db: str, console: Console) -> tuple[AuditLog, bool]:
+    """The log ``db`` names, and whether it holds the arrays of its entries."""
     from fedforest_secure.audit import AuditLog  # SQLAlchemy: loaded by audit commands only
 
     try:
-        return _load(_read_export(db)) if _is_export(db) else AuditLog(db, create=False)
+        if _is_export(db):
+            entries = _read_export(db)
+            return _load(entries), _held(entries)
+        return AuditLog(db, create=False), True
     except AuditError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(code=1) from exc
@@ -120,7 +133,8 @@ def show(
     from fedforest_secure.audit import render_tables
 
     console = _table_console()
-    with _open(db, console) as log, _as_error(console):
+    opened, held = _open(db, console)
+    with opened as log, _as_error(console):
         if job is not None and job not in log.jobs():
             console.print(f"[red]error:[/red] job {job!r} is not in the log")
             raise typer.Exit(code=1)
@@ -128,7 +142,7 @@ def show(
             console.print(f"[red]error:[/red] round {round_id} is not in the log"
                           + (f" of job {job!r}" if job is not None else ""))
             raise typer.Exit(code=1)
-        tables = render_tables(log, job_id=job, round_id=round_id)
+        tables = render_tables(log, job_id=job, round_id=round_id, arrays_held=held)
         if not tables:
             console.print("the audit log is empty")
         for table in tables:
@@ -163,7 +177,7 @@ def verify(
             if report.ok:
                 try:
                     report = verify_log(_load(entries), receipts_dir=receipts, job_id=job,
-                                        replay=replay)
+                                        replay=replay, arrays_held=_held(entries))
                 except AuditError as exc:
                     report = VerifyReport(problems=[str(exc)])
     else:
@@ -195,17 +209,20 @@ def export(
     job: JobOption = None,
     force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
-    """Export entries as JSON lines (complete, with arrays) or CSV (metadata and digests);
-    an --out file ending in .gz is gzip-compressed."""
+    """Export entries as JSON lines (complete, with arrays; a site's copy of its job's log,
+    which holds none, without them) or CSV (metadata and digests); an --out file ending in .gz
+    is gzip-compressed."""
     from fedforest_secure.audit import export_csv, export_jsonl
     from fedforest_secure.dburl import sqlite_file
 
     console = Console(stderr=True)
-    writer = export_jsonl if fmt is ExportFormat.JSONL else export_csv
     if out is not None:
         source = sqlite_file(db)  # a path or a sqlite:/// URL: never written over
         check_output(out, force=force, inputs=[("--db", source)] if source else [])
-    with _open(db, console) as log, _as_error(console):
+    opened, held = _open(db, console)
+    writer = (functools.partial(export_jsonl, include_arrays=held)
+              if fmt is ExportFormat.JSONL else export_csv)
+    with opened as log, _as_error(console):
         if job is not None and job not in log.jobs():  # a typo exports nothing, say so
             console.print(f"[red]error:[/red] job {job!r} is not in the log; nothing was "
                           "exported")

@@ -185,7 +185,9 @@ def register(app: typer.Typer) -> None:
                            force: Annotated[bool, typer.Option(
                                help="replace an existing --out file")] = False) -> None:
         """Download the audit log of a job this site is a member of (a site's own check:
-        `fedforest audit verify --db <out> --receipts <state dir>/receipts --job <job>`)."""
+        `fedforest audit verify --db <out> --receipts <state dir>/receipts --job <job>`). The
+        server serves it without the rounds' arrays (their digests are in the chain) unless
+        its server.toml sets audit_arrays_for_sites = true."""
         check_output(out, force=force)
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
@@ -198,8 +200,24 @@ def register(app: typer.Typer) -> None:
         except (FedForestError, ValueError, OSError) as exc:
             fail(exc)
         entries = body.count(b"\n")
-        console.print(f"audit log of job {job} written to {out} ({entries} entries)",
+        note = "" if _holds_arrays(body) else (
+            "; without the rounds' arrays, which the server keeps for its operator: their "
+            "digests are in the chain, so `fedforest audit verify --receipts` checks it, and "
+            "`--replay` needs the whole log the operator exports")
+        console.print(f"audit log of job {job} written to {out} ({entries} entries{note})",
                       soft_wrap=True)
+
+
+def _holds_arrays(body: bytes) -> bool:
+    """Whether a downloaded audit log holds its entries' arrays (``data`` on every line)."""
+    for line in body.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # not for this message to judge: `audit verify` names a damaged line
+        if isinstance(doc, dict) and "data" not in doc:
+            return False
+    return True
 
 
 def _is_evaluation(body: bytes) -> bool:

@@ -48,7 +48,7 @@ from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
-from .protocol.uploads import allowed_disclosures, check_disclosures
+from .protocol.uploads import allowed_disclosures, check_disclosures, node_rows
 from .secure_sum import entry_scale_bits
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ class Coordinator(FusedLevels, RandomLevels):
         #: random-split DP classification at small epsilon: the classes' noisy row totals
         #: released with the marginal counts (None when the plan releases none)
         self._class_totals: np.ndarray | None = None
+        #: the pooled weighted rows of the level's nodes (exact node totals only)
+        self._level_n: np.ndarray | None = None
         self._gen = self._run()
         self._pending: Task | None = next(self._gen)
 
@@ -158,13 +160,14 @@ class Coordinator(FusedLevels, RandomLevels):
         if not np.isfinite(total).all():
             raise InvalidMessage("aggregate has non-finite entries")
         disc: dict[int, dict[str, np.ndarray]] = {}
+        counts = self._node_counts(task, total) if disclosed else None
         for k, items in (disclosed or {}).items():
             extra = set(items) - allowed_disclosures(task)
             if extra:
                 raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
             disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
             try:
-                check_disclosures(disc[int(k)], task, self.config)
+                check_disclosures(disc[int(k)], task, self.config, node_counts=counts)
             except InvalidMessage as exc:
                 raise InvalidMessage(f"client {k}: {exc}") from None
         if participants is not None:
@@ -179,6 +182,17 @@ class Coordinator(FusedLevels, RandomLevels):
         except StopIteration as stop:
             self._model = stop.value
             self._pending = None
+
+    def _node_counts(self, task: Task, total: np.ndarray) -> np.ndarray | None:
+        """The pooled rows at each node a sketch ``task`` asks distinct values of (no site
+        lists more): the round's own node totals, or for a node group the level's; None
+        where no exact count is known (under DP)."""
+        if "unique" not in task.disclose:
+            return None
+        counts = node_rows(total, task)
+        if counts is None and "nodes" in task.arrays and self._level_n is not None:
+            counts = self._level_n[task.arrays["nodes"]]
+        return counts
 
     def result(self) -> ForestModel:
         """The trained forest."""
@@ -400,9 +414,11 @@ class Coordinator(FusedLevels, RandomLevels):
             mm = np.stack([disc[k]["minmax"] for k in sorted(disc)])
             self._grid_lohi = np.stack([mm[:, :, 0].min(axis=0), mm[:, :, 1].max(axis=0)],
                                        axis=1)
+        self._level_n = None  # the level's pooled node counts, where exact
         if self.policy.totals_in_sketch(last=False):
             totals = blocks["totals"]
             values, n = self._record_totals(frontier, totals, trees, level)
+            self._level_n = n
             can = _leaves.splittable(cfg, totals)
             ev = np.flatnonzero(can)
         else:  # DP: every node is evaluated; its totals come from the noisy histogram

@@ -25,7 +25,10 @@ GET      /v1/jobs/{job}/rounds/{r}/task               the task of round r (octet
 POST     /v1/jobs/{job}/rounds/{r}/upload             the client's vector (octet-stream)
 GET      /v1/jobs/{job}/model                         the final model (JSON), members only, with
                                                       the audit tip (X-FedForest-Audit-Seq/Head)
-GET      /v1/jobs/{job}/audit                         the job's audit log (JSON lines), members only
+GET      /v1/jobs/{job}/audit                         the job's audit log (JSON lines), members
+                                                      only, without the arrays' bytes (their
+                                                      digests kept) unless
+                                                      audit_arrays_for_sites
 =======  ===========================================  ==========================================
 
 ``?wait=s`` long-polls: the request returns as soon as something changes for the client (at
@@ -485,6 +488,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.get("/v1/jobs/{job_id}/audit", tags=["jobs"],
              responses={200: {"content": {"application/x-ndjson": {}}}})
     async def audit_log(job_id: JobId, c: Client) -> Response:
+        """The job's audit log for a member: every entry, without the arrays' bytes (each
+        entry's digests of them kept, so the chain and the receipts verify), or with them
+        where the server sets ``audit_arrays_for_sites``."""
         text = await run_in_threadpool(st.audit_log, c, job_id)
         return Response(content=text, media_type="application/x-ndjson")
 

@@ -7,6 +7,13 @@ its transaction: they are committed with it and appended to the log once it comm
 (:mod:`server_app.audit_outbox`), so the log and the server database agree whenever the
 server stops. Without an audit database a :class:`NullAudit` keeps the same interface and a
 genesis head.
+
+A job's members read its log (``GET /v1/jobs/{job}/audit``) without the arrays' bytes: each
+round's aggregate, from which n-1 colluding sites would subtract their own vectors to get the
+last site's, and each site's disclosures. Every entry keeps its arrays' SHA-256 digests, so the
+chain and the sites' receipts verify the same. ``arrays_for_sites`` (the server setting
+``audit_arrays_for_sites``) serves them the arrays too, for replaying the training; the
+operator reads the whole log from the audit database either way.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class AuditWriter(Protocol):
 
 class AuditSink(Protocol):
     enabled: bool  # False: the server keeps no audit log
+    #: whether a job's members get its log with the arrays' bytes (``export(arrays=True)``)
+    arrays_for_sites: bool
 
     def within(self, sess: Session) -> AuditWriter:
         """The writer of the step whose transaction is ``sess``: its entries are committed
@@ -60,7 +69,10 @@ class AuditSink(Protocol):
 
     def tip(self, job_id: str) -> tuple[int, str]: ...
 
-    def export(self, job_id: str) -> str: ...
+    def export(self, job_id: str, *, arrays: bool = True) -> str:
+        """The job's entries as JSON lines; ``arrays=False``: without the arrays' bytes
+        (each entry keeps their digests)."""
+        ...
 
     def verify_chain(self, job_id: str, *, began_audited: bool = False,
                      model_digest: str | None = None) -> tuple[bool, int, list[str]]: ...
@@ -70,6 +82,7 @@ class NullAudit:
     """Records nothing; the head stays at genesis."""
 
     enabled = False
+    arrays_for_sites = False
 
     def within(self, sess: Session) -> AuditWriter:
         return self
@@ -87,7 +100,7 @@ class NullAudit:
     def tip(self, job_id: str) -> tuple[int, str]:
         return 0, GENESIS
 
-    def export(self, job_id: str) -> str:
+    def export(self, job_id: str, *, arrays: bool = True) -> str:
         return ""
 
     def verify_chain(self, job_id: str, *, began_audited: bool = False,
@@ -116,8 +129,9 @@ class _AuditLogSink:
 
     enabled = True
 
-    def __init__(self, log: AuditLog) -> None:
+    def __init__(self, log: AuditLog, *, arrays_for_sites: bool = False) -> None:
         self._log = log
+        self.arrays_for_sites = arrays_for_sites
         self._tips: dict[str, tuple[int, str]] = {}
         #: the hash of the last entry this server appended to each job's chain (entries other
         #: processes append, such as `fedforest server create-job`'s, clear it)
@@ -176,11 +190,13 @@ class _AuditLogSink:
                             "cut or rewritten")
         return not problems, len(entries), problems
 
-    def export(self, job_id: str) -> str:
-        """The job's entries as JSON lines (arrays included), as ``fedforest audit export``."""
+    def export(self, job_id: str, *, arrays: bool = True) -> str:
+        """The job's entries as JSON lines, as ``fedforest audit export`` writes them;
+        ``arrays=False``: without the arrays' bytes (no ``data``; each entry's ``arrays``
+        keeps their digests, which its hash covers)."""
         self._outbox.flush_waiting(job_id)
         buf = io.StringIO()
-        export_jsonl(self._log, buf, job_id=job_id)
+        export_jsonl(self._log, buf, job_id=job_id, include_arrays=arrays)
         return buf.getvalue()
 
     def close(self) -> None:
@@ -194,15 +210,16 @@ def _model_entry_of(entry: Entry, digest: str) -> bool:
         return False
 
 
-def open_audit(url: str | None) -> AuditSink:
+def open_audit(url: str | None, *, arrays_for_sites: bool = False) -> AuditSink:
     """The audit log at ``url`` (SQLAlchemy URL or SQLite path), or a :class:`NullAudit`;
     SQLite in memory is refused (:class:`ConfigError`): a job's chain would not outlive the
-    connection that wrote it."""
+    connection that wrote it. ``arrays_for_sites``: members read their job's log with the
+    arrays' bytes (the setting ``audit_arrays_for_sites``), else without them."""
     if not url:
         return NullAudit()
     if in_memory(url):
         raise ConfigError(f"audit_database {url}: {IN_MEMORY}")
-    return _AuditLogSink(AuditLog(url))
+    return _AuditLogSink(AuditLog(url), arrays_for_sites=arrays_for_sites)
 
 
 def record_round(sink: AuditWriter, job_id: str, names: Mapping[int, str], *, task: Task,

@@ -252,11 +252,14 @@ class ServerState:
         return rr.task_blob if rr is not None else None
 
     def audit_log(self, client: ClientRow, job_id: str) -> str:
-        """A member's copy of its job's audit log (JSON lines). Other jobs' logs are not
-        served over HTTP: the operator reads them from the audit database."""
+        """A member's copy of its job's audit log (JSON lines): without the arrays' bytes
+        (every entry keeps their digests, so the chain and the receipts verify), unless the
+        server sets ``audit_arrays_for_sites``. Other jobs' logs are not served over HTTP:
+        the operator reads them, whole, from the audit database."""
         with self.core.db.session() as sess:
             membership(sess, client, job_id)
-        return self.core.audit.export(job_id)
+        audit = self.core.audit
+        return audit.export(job_id, arrays=audit.arrays_for_sites)
 
     def model(self, client: ClientRow, job_id: str) -> str:
         return self.model_and_tip(client, job_id)[0]

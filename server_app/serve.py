@@ -73,7 +73,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     listener = _listen(settings.host, bound)
     lease = ServerLease(db, bound)
     try:
-        audit = open_audit(settings.audit_database)
+        audit = open_audit(settings.audit_database,
+                           arrays_for_sites=settings.audit_arrays_for_sites)
         check_audit_chains(db, audit, settings.audit_database)
         lease.acquire()  # a second server on this database refuses to start
     except BaseException:

@@ -6,6 +6,7 @@ Example::
     port = 8443
     database = "sqlite:///fedforest-server.db"   # any SQLAlchemy URL
     audit_database = "sqlite:///fedforest-audit.db"
+    audit_arrays_for_sites = false   # true: members' copy of the log holds every array
     tick_seconds = 0.5
     body_timeout_s = 30.0        # a request body that stalls this long is cut off (408)
 
@@ -67,6 +68,12 @@ class ServerSettings(BaseModel):
     audit_database: str | None = Field(default=None, description=(
         "SQLAlchemy URL of the audit log, or a SQLite file's path; absent: no audit log is "
         "kept (the sites finish without model receipts, and say so)"))
+    audit_arrays_for_sites: bool = Field(default=False, strict=True, description=(
+        "serve the sites the audit log of their job with its arrays (every round's aggregate, "
+        "every site's disclosures), so that they can replay the training (`fedforest audit "
+        "verify --replay`): n-1 colluding sites then learn the last site's sums, and under "
+        "the open profile every site sees the others' disclosures; false: without them (their "
+        "SHA-256 digests stay in the chain, so the chain and the receipts verify)"))
     tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "how often round deadlines are checked"))
     max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(

@@ -454,6 +454,65 @@ def test_a_member_verifies_the_export_it_fetched_against_its_receipts(
     assert res.exit_code == 1 and f"PROBLEM {label(9)}: hash mismatch" in res.output
 
 
+def test_a_sites_copy_without_arrays_verifies_against_its_receipts_and_cannot_replay(
+        setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    """A site's copy of its job's log holds no array bytes (the server serves it so): `audit
+    verify --receipts` checks the chain and the receipts on the digests and says, in a note,
+    what was not checked; `--replay` says the copy holds no arrays and where the whole log
+    comes from; `show` gives the arrays' sizes; a changed digest is still named; an export of
+    the copy stays without arrays, and importing it says why it cannot."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+    from fedforest_secure.audit import export_jsonl, import_jsonl
+
+    log, receipts = setup
+    run = CliRunner().invoke
+    copy = tmp_path / "site-copy.jsonl"
+    with copy.open("w", encoding="utf-8") as fh:
+        export_jsonl(log, fh, JOB, include_arrays=False)
+    res = run(audit_app, ["verify", "--db", str(copy), "--receipts", str(receipts)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        f"NOTE job '{JOB}': the arrays of 3 entries (the rounds' aggregates, the sites' "
+        "disclosures) are not in this log, as the server serves its sites the log: their "
+        "SHA-256 digests are in the entries, so the chain and the receipts verify; the arrays "
+        "themselves are not checked",
+        "OK: 9 entries in 1 job(s), 6 receipt(s) checked"]
+    res = run(audit_app, ["verify", "--db", str(copy), "--replay"])
+    assert res.exit_code == 1
+    assert res.output.splitlines()[0] == (
+        f"PROBLEM job '{JOB}' replay: this log holds no arrays to replay (the server serves "
+        "its sites the log without the rounds' aggregates and disclosures, unless its "
+        "server.toml sets audit_arrays_for_sites = true); replay the whole log, which the "
+        f"server's operator exports with `fedforest audit export --db <audit database> "
+        f"--format jsonl --job {JOB} --out {JOB}.jsonl`, or verify this one without --replay")
+    shown = run(audit_app, ["show", "--db", str(copy)], terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    assert "size=6 (not in this copy of the log)" in shown.output
+    assert "UNREADABLE" not in shown.output
+    lines = copy.read_text(encoding="utf-8").splitlines()
+    assert not any("data" in json.loads(line) for line in lines)
+    again = tmp_path / "again.jsonl"
+    res = run(audit_app, ["export", "--db", str(copy), "--format", "jsonl", "--out",
+                          str(again)])
+    assert res.exit_code == 0, res.output
+    assert again.read_text(encoding="utf-8").splitlines() == lines
+    with AuditLog.in_memory() as target, pytest.raises(AuditError) as err:
+        import_jsonl(target, lines)
+    assert str(err.value) == (
+        f"job '{JOB}' seq 1 (job_created): cannot import: the export holds no array data "
+        "(written without arrays, as a server serves its sites their job's log); import the "
+        "complete export `fedforest audit export --format jsonl` writes from the audit "
+        "database")
+    doc = json.loads(lines[3])  # the round of seq 4: its aggregate's digest changed
+    doc["arrays"]["aggregate"]["sha256"] = "ab" * 32
+    lines[3] = json.dumps(doc)
+    copy.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    res = run(audit_app, ["verify", "--db", str(copy), "--receipts", str(receipts)])
+    assert res.exit_code == 1 and f"PROBLEM {label(4)}: hash mismatch" in res.output
+
+
 def test_damaged_receipt_files_are_problems_not_tracebacks(setup: tuple[AuditLog, Path]
                                                            ) -> None:
     log, receipts = setup

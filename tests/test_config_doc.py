@@ -88,7 +88,8 @@ def test_an_unknown_server_key_lists_the_allowed_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_settings(tmp_path / "server.toml")
     msg = str(err.value)
-    assert "prot: unknown key; allowed: audit_database, body_timeout_s, database, host" in msg
+    assert ("prot: unknown key; allowed: audit_arrays_for_sites, audit_database, "
+            "body_timeout_s, database, host") in msg
     assert "(did you mean 'port'?)" in msg
     assert "[tls] ca: unknown key; allowed: cert, client_ca, key" in msg
 

@@ -397,3 +397,48 @@ def test_the_replay_of_an_older_servers_log_of_a_job_that_lost_a_site_verifies()
     assert said(coord.result()) == [] and said(coord.unreconciled) == []
     other = _drive(_cfg(bootstrap=False, row_sampling="all"), _clients(n=600)).result()
     assert said(other) and "the log says" in said(other)[0]
+
+
+def _flood(disclosed: dict[str, np.ndarray], values: int) -> dict[str, np.ndarray]:
+    """``disclosed`` with its first (node, slot) block of distinct values replaced by
+    ``values`` made-up ones (well formed: finite, the pointers rising)."""
+    ptr, vals = disclosed["unique_ptr"].copy(), disclosed["unique_vals"]
+    first = int(ptr[1] - ptr[0])
+    ptr[1:] += values - first
+    return {**disclosed, "unique_ptr": ptr,
+            "unique_vals": np.concatenate([np.linspace(-1e6, 1e6, values), vals[first:]])}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_site_listing_more_distinct_values_than_a_nodes_rows_is_refused(grouped: bool) -> None:
+    """Open profile, method="exact": every distinct value a site lists becomes a candidate
+    that every site's next histogram carries. A site that lists more values at a node than
+    the node's pooled rows (from the round's node totals, or for a node group the level's) is
+    refused, naming the block; nothing is taken and the honest answers go on."""
+    cfg = _cfg(method="exact", n_estimators=2, max_depth=3)
+    clients = _clients()
+    workers = [Worker(cfg, X, y, client_index=k, seed=client_seed(cfg, k))
+               for k, (X, y) in enumerate(clients)]
+    coord = Coordinator(cfg, max_nodes_per_round=1 if grouped else None)
+    agg = PlainSum()
+    while True:  # to the first round that asks distinct values
+        task = coord.next_task()
+        assert task is not None
+        replies = {k: w.handle(task) for k, w in enumerate(workers)}
+        if "unique" in task.disclose:
+            break
+        coord.submit(task.round_id, agg.aggregate(task, replies),
+                     {k: dict(r.disclosed) for k, r in replies.items() if r.disclosed})
+    assert ("nodes" in task.arrays) is grouped
+    total = agg.aggregate(task, replies)
+    disc = {k: dict(r.disclosed) for k, r in replies.items()}
+    rows = 399  # the root's pooled rows: 2 trees, each a bootstrap of the 3 x 133 rows
+    assert np.diff(disc[2]["unique_ptr"])[0] <= 133
+    with pytest.raises(InvalidMessage) as err:
+        coord.submit(task.round_id, total, {**disc, 2: _flood(disc[2], rows + 1)})
+    assert str(err.value) == (
+        "client 2: disclosed item 'unique_vals' lists 400 distinct values at the node of the "
+        f"task's features row 0 (slot 0), more than its {rows} rows there: a site has no "
+        "more distinct values at a node than rows")
+    assert coord.next_task() is task  # nothing was taken
+    coord.submit(task.round_id, total, {**disc, 2: _flood(disc[2], rows)})  # as many: taken

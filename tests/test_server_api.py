@@ -720,3 +720,53 @@ def test_an_open_site_restarted_after_its_upload_of_a_sketch_round_answers_the_n
     assert histogram.kind == TaskKind.HISTOGRAM and histogram.level == 1
     again = restarted.handle(histogram)
     assert np.array_equal(again.summable, workers[0].handle(histogram).summable)
+
+
+@pytest.mark.parametrize("fixed_point", [False, True])
+def test_more_distinct_values_than_the_sites_rows_at_a_node_are_refused_naming_the_block(
+        tmp_path: Path, tiny_parts, job_dir, db_url: str, fixed_point: bool) -> None:
+    """Open profile, method="exact": a site lists the distinct values of each (node, slot),
+    and each becomes a candidate every site's next histogram carries. An upload listing more
+    values at a node than the rows the same upload counts there (its node totals, decoded
+    when fixed-point) is a 400 naming the block; nothing is stored, and the site's honest
+    upload is then accepted."""
+    from fedforest_secure.privacy import load_profile
+    from fedforest_secure.secure_sum import encode_contribution
+
+    parts, feat = tiny_parts
+    profile = tmp_path / "open-fixed.toml"
+    profile.write_text(load_profile("open", name="open-fixed", fixed_point=True).to_toml())
+    job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K,
+                       profile=str(profile) if fixed_point else "open")
+    job_toml.write_text(job_toml.read_text().replace("[forest]\n", '[forest]\nmethod = "exact"\n'))
+    db = Database(db_url)
+    tokens = [add_client(db, f"client-{k}") for k in range(K)]
+    state = ServerState(db, NullAudit())
+    state.create_job(load_job_spec(job_toml))
+    with TestClient(create_app(db, state=state, tick_seconds=60)) as http:
+        env = {"http": http, "db": db, "tokens": tokens}
+        infos = join_all(env)
+        config = JobConfig.from_json(__import__("json").dumps(infos[0]["config"]))
+        task = get_task(env, 0)
+        assert config.method == "exact" and "unique" in task.disclose
+        X, y = parts[0]
+        rep = Worker(config, X, y, client_index=0, seed=client_seed(config, 0)).handle(task)
+        summable = encode_contribution(config, task, rep) if fixed_point else rep.summable
+        assert summable.dtype == (np.uint64 if fixed_point else np.float64)
+        ptr, vals = rep.disclosed["unique_ptr"].copy(), rep.disclosed["unique_vals"]
+        first = int(ptr[1])
+        ptr[1:] += 61 - first  # 61 made-up values for the root's first slot; the site has 60
+        forged = {**rep.disclosed, "unique_ptr": ptr,
+                  "unique_vals": np.concatenate([np.arange(61.0), vals[first:]])}
+        before = snapshot(db)
+        r = upload(env, 0, task.round_id, make_upload(task, summable, forged))
+        assert r.status_code == 400 and r.json()["error"] == "malformed_upload"
+        assert r.json()["detail"] == (
+            "disclosed item 'unique_vals' lists 61 distinct values at the node of the task's "
+            "features row 0 (slot 0), more than its 60 rows there: a site has no more distinct "
+            "values at a node than rows; the upload was not stored (disclose what the task "
+            "asks, as it asks)")
+        assert snapshot(db) == before
+        r = upload(env, 0, task.round_id, make_upload(task, summable, dict(rep.disclosed)))
+        assert r.status_code == 200 and r.json()["duplicate"] is False
+    db.dispose()

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from fedforest_secure.audit import AuditLog, verify_entries
+from fedforest_secure.audit.entry import decode_array
 from fedforest_secure.audit.export import read_jsonl
+from fedforest_secure.config import JobConfig
+from fedforest_secure.federation import client_seed
+from fedforest_secure.protocol import Task, make_upload
+from fedforest_secure.worker import Worker
 from server_app.app import create_app
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
@@ -129,3 +138,83 @@ def test_a_database_failure_is_answered_without_its_sql_or_address(
         assert down.status_code == 503 and down.json()["status"] == "database unavailable"
         assert "10.1.2.3" not in down.text
     db.dispose()
+
+
+def _open_round_closed(tmp_path: Path, tiny_parts, job_dir, *, arrays_for_sites: bool
+                       ) -> tuple[str, str]:
+    """An open job of 3 sites whose first round (node totals, each site's quantile sketch
+    disclosed) closed: a member's GET /audit text, and the audit log's URL."""
+    parts, feat = tiny_parts
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    tokens = [add_client(db, f"client-{k}") for k in range(3)]
+    audit_url = f"sqlite:///{tmp_path / 'audit.db'}"
+    state = ServerState(db, open_audit(audit_url, arrays_for_sites=arrays_for_sites))
+    state.create_job(load_job_spec(job_dir(tmp_path / "job", parts, feat, n_clients=3)))
+    app = create_app(db, state=state, tick_seconds=60)
+    with TestClient(app) as http:
+        auth = [{"Authorization": f"Bearer {t}"} for t in tokens]
+        infos = [http.post("/v1/jobs/job-a/join", headers=a).json() for a in auth]
+        config = JobConfig.from_json(json.dumps(infos[0]["config"]))
+        task = Task.from_bytes(http.get("/v1/jobs/job-a/task", headers=auth[0]).content)
+        for k in range(3):
+            X, y = parts[k]
+            rep = Worker(config, X, y, client_index=k, seed=client_seed(config, k)).handle(task)
+            r = http.post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload",
+                          content=make_upload(task, rep.summable, rep.disclosed),
+                          headers={**auth[k], "Content-Type": "application/octet-stream"})
+            assert r.status_code == 200, r.text
+        got = http.get("/v1/jobs/job-a/audit", headers=auth[2])
+        assert got.status_code == 200
+    db.dispose()
+    return got.text, audit_url
+
+
+def test_a_member_reads_its_jobs_log_without_the_arrays_and_its_chain_verifies(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """By default a member's copy of the log holds no array bytes: neither the round's
+    aggregate (n-1 colluding sites would subtract their own vectors from it) nor the other
+    sites' disclosures; every entry keeps its arrays' digests, so the copy's hashes are the
+    log's and its chain verifies."""
+    text, audit_url = _open_round_closed(tmp_path, tiny_parts, job_dir, arrays_for_sites=False)
+    served = read_jsonl(text.splitlines())
+    assert all(blobs is None for _, blobs in served)
+    assert all("data" not in json.loads(line) for line in text.splitlines())
+    entries = [entry for entry, _ in served]
+    kinds = [e.kind for e in entries]
+    assert "round" in kinds and kinds.count("disclosure") >= 3  # each site's sketch
+    with AuditLog(audit_url, create=False) as log:
+        whole = log.entries(job_id="job-a")
+        round_entry = next(e for e in whole if e.kind == "round")
+        assert "aggregate" in log.stored_arrays("job-a", round_entry.seq)  # the operator's
+    assert [(e.hash, e.arrays_json) for e in entries] == [(e.hash, e.arrays_json)
+                                                          for e in whole]
+    assert verify_entries(entries).ok
+
+
+def test_a_server_that_serves_the_arrays_to_sites_sends_every_aggregate(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """With audit_arrays_for_sites the member's copy is the whole log: the round's aggregate
+    decodes to the operator's."""
+    text, audit_url = _open_round_closed(tmp_path, tiny_parts, job_dir, arrays_for_sites=True)
+    served = read_jsonl(text.splitlines())
+    assert all(blobs is not None for _, blobs in served)
+    entry, blobs = next((e, b) for e, b in served if e.kind == "round")
+    assert blobs is not None
+    with AuditLog(audit_url, create=False) as log:
+        want = log.array(entry, "aggregate")
+    assert np.array_equal(decode_array(entry.arrays["aggregate"], blobs["aggregate"]), want)
+
+
+@pytest.mark.parametrize("value", ["true", "1", '"yes"'])
+def test_audit_arrays_for_sites_takes_a_toml_boolean_only(tmp_path: Path, value: str) -> None:
+    from server_app.settings import ConfigError, load_settings
+
+    (tmp_path / "server.toml").write_text(f"audit_arrays_for_sites = {value}\n")
+    if value == "true":
+        assert load_settings(tmp_path / "server.toml").audit_arrays_for_sites is True
+        return
+    with pytest.raises(ConfigError, match="audit_arrays_for_sites: Input should be a valid "
+                                          "boolean"):
+        load_settings(tmp_path / "server.toml")
+    (tmp_path / "server.toml").write_text("")
+    assert load_settings(tmp_path / "server.toml").audit_arrays_for_sites is False

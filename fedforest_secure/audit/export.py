@@ -7,7 +7,9 @@ JSON lines (complete, re-importable): one object per entry, in job and ``seq`` o
      "prev_hash": ..., "hash": ..., "data": {name: base64 of the stored .npy bytes}}
 
 ``payload`` and ``arrays`` are JSON objects whose canonical encoding is what the hash covers (see
-:mod:`fedforest_secure.audit.entry`); ``data`` is omitted with ``include_arrays=False``.
+:mod:`fedforest_secure.audit.entry`); ``data`` is omitted with ``include_arrays=False`` (what a
+server serves a job's members: each entry's ``arrays`` keeps the digests, so the chain and the
+receipts verify without the bytes, but such an export cannot be imported or replayed).
 
 CSV (for spreadsheets, no array bytes): columns ``job_id, seq, kind, round_id, timestamp,
 payload, arrays, prev_hash, hash`` with ``payload`` and ``arrays`` as their canonical JSON text,
@@ -54,8 +56,9 @@ def export_jsonl(log: AuditLog, fp: IO[str], job_id: str | None = None, *,
     return count
 
 
-def read_jsonl(lines: Iterable[str]) -> list[tuple[Entry, dict[str, bytes]]]:
-    """Parse a JSON-lines export into entries and their array bytes (:class:`AuditError` if bad)."""
+def read_jsonl(lines: Iterable[str]) -> list[tuple[Entry, dict[str, bytes] | None]]:
+    """Parse a JSON-lines export into entries and their array bytes (:class:`AuditError` if
+    bad); ``None`` for a line without ``data`` (an export written without arrays)."""
     out = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -69,10 +72,11 @@ def read_jsonl(lines: Iterable[str]) -> list[tuple[Entry, dict[str, bytes]]]:
                 timestamp=str(obj["timestamp"]), payload_json=canonical_json(obj["payload"]),
                 arrays_json=canonical_json(obj["arrays"]), prev_hash=str(obj["prev_hash"]),
                 hash=str(obj["hash"]))
-            data = obj.get("data", {})
-            if not isinstance(data, dict):
+            data = obj.get("data")
+            if data is not None and not isinstance(data, dict):
                 raise ValueError("data must be an object")
-            blobs = {str(k): base64.b64decode(v, validate=True) for k, v in data.items()}
+            blobs = None if data is None else {
+                str(k): base64.b64decode(v, validate=True) for k, v in data.items()}
         except RecursionError:  # parsed, but too deep to write canonically
             raise AuditError(f"export line {lineno}: malformed (JSON nested too deeply)"
                              ) from None
@@ -87,10 +91,16 @@ def import_jsonl(log: AuditLog, lines: Iterable[str]) -> int:
     """Append a complete JSON-lines export to ``log``, checking every hash and link on the way.
 
     Entries are inserted verbatim (same hashes), so the target must not already hold those jobs'
-    entries. Raises :class:`AuditError` at the first entry that does not extend its chain.
+    entries. Raises :class:`AuditError` at the first entry that does not extend its chain, or
+    that comes without its arrays' bytes.
     """
     count = 0
     for entry, blobs in read_jsonl(lines):
+        if blobs is None:
+            raise AuditError(f"{entry.label}: cannot import: the export holds no array data "
+                             "(written without arrays, as a server serves its sites their "
+                             "job's log); import the complete export `fedforest audit export "
+                             "--format jsonl` writes from the audit database")
         log.import_entry(entry, blobs)
         count += 1
     return count

@@ -142,19 +142,24 @@ class AuditLog:
         raise AuditError(f"job {job_id!r}: could not append after {_MAX_ATTEMPTS} attempts "
                          "(concurrent writers)")
 
-    def import_entry(self, entry: Entry, blobs: Mapping[str, bytes]) -> str:
+    def import_entry(self, entry: Entry, blobs: Mapping[str, bytes] | None) -> str:
         """Append an entry made elsewhere (an export), verbatim, if it extends the chain.
 
         The entry must be the next ``seq``, link to the current head, hash correctly, and come
         with exactly its arrays, each matching its digest; otherwise :class:`AuditError`.
+        ``blobs=None`` takes the entry without its arrays' bytes (an export written without
+        them, as a job's members get it): the entry and its digests are kept, no array is
+        stored, and :meth:`array` says the array is missing.
         """
         try:
-            check_payload(EntryKind(entry.kind), entry.payload, set(blobs))
             infos = entry.arrays
-            if set(infos) != set(blobs):
-                raise ValueError("arrays do not match their descriptors")
-            for name, info in infos.items():
-                decode_array(info, blobs[name])
+            check_payload(EntryKind(entry.kind), entry.payload,
+                          set(infos) if blobs is None else set(blobs))
+            if blobs is not None:
+                if set(infos) != set(blobs):
+                    raise ValueError("arrays do not match their descriptors")
+                for name, info in infos.items():
+                    decode_array(info, blobs[name])
             if entry.computed_hash() != entry.hash:
                 raise ValueError("hash does not match the entry")
         except ValueError as exc:
@@ -167,7 +172,7 @@ class AuditLog:
             return entry
 
         try:
-            self.store.append_next(entry.job_id, extends, blobs)
+            self.store.append_next(entry.job_id, extends, blobs or {})
         except ChainRace as exc:
             raise AuditError(f"{entry.label}: cannot import: another writer extended the "
                              "chain meanwhile") from exc

@@ -36,8 +36,12 @@ def _layout(payload: dict[str, Any]) -> str:
     return _clip(" ".join(parts))
 
 
-def _aggregate(log: AuditLog, entry: Entry, name: str) -> str:
+def _aggregate(log: AuditLog, entry: Entry, name: str, held: bool) -> str:
     try:
+        if not held and name not in log.stored_arrays(entry.job_id, entry.seq):
+            info = entry.arrays.get(name)
+            if info is not None:  # a site's copy of its job's log: the digest, no bytes
+                return f"size={info.size} (not in this copy of the log)"
         return str(summarize_array(log.array(entry, name)))
     except (AuditError, KeyError, ValueError) as exc:  # a damaged entry: verify names it
         return f"UNREADABLE ({exc})"
@@ -59,7 +63,7 @@ def _details(payload: dict[str, Any]) -> str:
     return _clip(" ".join(f"{k}={_value(rest[k])}" for k in keys))
 
 
-def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
+def _row(log: AuditLog, entry: Entry, held: bool) -> list[str | Text]:
     when = entry.timestamp[:19].replace("T", " ")  # ISO 8601 in UTC, to the second
     try:
         payload = entry.payload
@@ -71,13 +75,13 @@ def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
         clients = _clients(list(payload.get("clients", [])))
         kind = f"round/{payload.get('task_kind', '?')}"
         layout = _layout(payload)
-        aggregate = _aggregate(log, entry, "aggregate")
+        aggregate = _aggregate(log, entry, "aggregate", held)
         note = Text("masked uploads, sum only") if payload.get("masked") is True \
             else Text("PLAINTEXT uploads: per-client vectors seen", "bold red")
     elif entry.kind == EntryKind.DISCLOSURE.value:
         kind = entry.kind
         clients = str(payload.get("client", ""))
-        aggregate = _aggregate(log, entry, "data")
+        aggregate = _aggregate(log, entry, "data", held)
         note = Text(f"PER-CLIENT PLAINTEXT: {payload.get('item', '?')}", "bold red")
     else:
         kind = entry.kind
@@ -88,8 +92,10 @@ def _row(log: AuditLog, entry: Entry) -> list[str | Text]:
 
 
 def render_tables(log: AuditLog, job_id: str | None = None,
-                  round_id: int | None = None) -> list[Table]:
-    """One table per job of what the server saw (only ``round_id``'s entries if given)."""
+                  round_id: int | None = None, *, arrays_held: bool = True) -> list[Table]:
+    """One table per job of what the server saw (only ``round_id``'s entries if given);
+    ``arrays_held=False``: the log holds entries without their arrays' bytes (a site's copy
+    of its job's log), whose sizes are shown instead."""
     jobs = [job_id] if job_id is not None else log.jobs()
     tables = []
     for job in jobs:
@@ -103,6 +109,6 @@ def render_tables(log: AuditLog, job_id: str | None = None,
                        "notes"):
             table.add_column(column, overflow="fold")
         for entry in entries:
-            table.add_row(*_row(log, entry))
+            table.add_row(*_row(log, entry, arrays_held))
         tables.append(table)
     return tables

@@ -15,7 +15,8 @@ never stops at the first problem. Per job it checks that
 * a site joins once, and a dropped site is among the clients of no later round;
 * payloads are canonical JSON of a known kind with the required keys;
 * each stored array is present and its bytes hash to the digest in the entry (an array the
-  database cannot return is named, and the others are still checked);
+  database cannot return is named, and the others are still checked; a site's copy of its
+  job's log, read with ``arrays_held=False``, holds the digests only: a note says so);
 * the ``round_id`` column holds the payload's ``round_id`` as an integer, or nothing;
 
 and, given a receipts directory, that every receipt agrees with the log
@@ -227,8 +228,11 @@ def verify_entries(entries: Iterable[Entry]) -> VerifyReport:
     return report
 
 
-def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -> list[str]:
-    """Stream the stored arrays (one blob in memory at a time) against the entries' digests."""
+def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None,
+                  missing: dict[str, int] | None = None) -> list[str]:
+    """Stream the stored arrays (one blob in memory at a time) against the entries' digests.
+    With ``missing`` (a log that holds some entries without their arrays' bytes), an absent
+    array is no problem: ``missing`` counts, per job, the entries that lack theirs."""
     out: list[str] = []
     expected: dict[tuple[str, int], tuple[Entry, dict[str, ArrayInfo]]] = {}
     for entry in entries:
@@ -266,7 +270,11 @@ def _check_arrays(log: AuditLog, entries: Sequence[Entry], job_id: str | None) -
     unseen = [f"{entry.label}: stored array {name!r}"
               for (job, seq), (entry, infos) in sorted(expected.items())
               for name in sorted(infos) if (job, seq, name) not in found]
-    if stopped is None:
+    if stopped is None and missing is not None:
+        for (job, seq), (_entry, infos) in expected.items():
+            if any((job, seq, name) not in found for name in infos):
+                missing[job] = missing.get(job, 0) + 1
+    elif stopped is None:
         out.extend(f"{what} is missing" for what in unseen)
     else:  # what the scan did not reach may be there
         out.append(stopped + (f"; {len(unseen)} array(s) were not checked (first: {unseen[0]})"
@@ -295,6 +303,24 @@ def _check_round_column(log: AuditLog, job_id: str | None) -> list[str]:
     return out
 
 
+def _without_arrays(job: str, count: int) -> str:
+    """The note of a job whose log holds ``count`` entries without their arrays' bytes."""
+    return (f"job {job!r}: the arrays of {count} entr{'y' if count == 1 else 'ies'} (the "
+            "rounds' aggregates, the sites' disclosures) are not in this log, as the server "
+            "serves its sites the log: their SHA-256 digests are in the entries, so the chain "
+            "and the receipts verify; the arrays themselves are not checked")
+
+
+def _no_replay(job: str) -> str:
+    """The problem of a replay asked of a job whose arrays the log does not hold."""
+    return (f"job {job!r} replay: this log holds no arrays to replay (the server serves its "
+            "sites the log without the rounds' aggregates and disclosures, unless its "
+            "server.toml sets audit_arrays_for_sites = true); replay the whole log, which the "
+            "server's operator exports with `fedforest audit export --db <audit database> "
+            f"--format jsonl --job {job} --out {job}.jsonl`, or verify this one without "
+            "--replay")
+
+
 def unreadable(what: str, exc: DBAPIError | AuditError) -> str:
     """The problem of a part of the log (``what``) that cannot be read: a value the database
     cannot return (text that is not UTF-8), or a ``seq`` that is no integer (the store's
@@ -309,12 +335,17 @@ def unreadable(what: str, exc: DBAPIError | AuditError) -> str:
 
 def verify_log(log_or_url: AuditLog | Engine | str | Path,
                receipts_dir: str | Path | None = None, *,
-               job_id: str | None = None, replay: bool = False) -> VerifyReport:
+               job_id: str | None = None, replay: bool = False,
+               arrays_held: bool = True) -> VerifyReport:
     """Verify every job (or ``job_id``) of a log, and the receipts in ``receipts_dir`` if given;
     with ``replay``, replay each job's rounds through the coordinator (needs the engine).
 
     ``log_or_url`` is an :class:`AuditLog`, a SQLAlchemy engine, a SQLAlchemy URL or a SQLite
     file path; a database without an audit log is reported as a problem, not created.
+    ``arrays_held=False``: the log holds entries without their arrays' bytes (a job's members
+    get its log without them, unless the server sets ``audit_arrays_for_sites``): each job
+    that lacks some is a note (the chain and the receipts verify on the digests), and its
+    replay, which needs them, a problem saying where the whole log comes from.
     """
     owned: AuditLog | None = None
     if isinstance(log_or_url, AuditLog):
@@ -334,7 +365,10 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
             return VerifyReport(problems=[unreadable("entries", exc)])
         report = verify_entries(entries)
         report.problems.extend(_check_round_column(log, job_id))
-        report.problems.extend(_check_arrays(log, entries, job_id))
+        missing: dict[str, int] | None = None if arrays_held else {}
+        report.problems.extend(_check_arrays(log, entries, job_id, missing))
+        for job, count in sorted((missing or {}).items()):
+            report.notes.append(_without_arrays(job, count))
         if job_id is not None and not entries:
             report.problems.append(f"job {job_id!r} is not in the log")
         chains: dict[str, dict[int, Entry]] = defaultdict(dict)
@@ -353,6 +387,9 @@ def verify_log(log_or_url: AuditLog | Engine | str | Path,
             from .replay import replay_job
 
             for job in report.jobs:
+                if missing and job in missing:
+                    report.problems.append(_no_replay(job))
+                    continue
                 try:
                     report.problems.extend(replay_job(log, job))
                 except (ValueError, AuditError, DBAPIError) as exc:  # an entry it cannot read

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InvalidMessage, UploadRejected
 from .tasks import Task
-from .wire import layout_size, pack, unpack
+from .wire import StatKind, layout_size, pack, split_blocks, unpack
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -33,6 +33,7 @@ __all__ = [
     "check_against_task",
     "check_disclosures",
     "make_upload",
+    "node_rows",
     "parse_upload",
 ]
 
@@ -165,8 +166,11 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
     if extra:
         raise UploadRejected("undisclosable",
                              f"items not requested for disclosure in this round: {extra}")
+    counts = None
+    if bounds is not None and config is not None and "unique" in task.disclose:
+        counts = node_rows(_plain_values(up, task, config), task)  # the site's own counts
     try:
-        check_disclosures(up.disclosed, task, config)
+        check_disclosures(up.disclosed, task, config, node_counts=counts)
     except InvalidMessage as exc:
         raise UploadRejected("malformed_upload", f"{exc}; the upload was not stored (disclose "
                              "what the task asks, as it asks)") from None
@@ -181,12 +185,41 @@ _SKETCH_ITEMS = frozenset({"sketch_points", "sketch_counts", "top_l", "unique_pt
                            "unique_vals"})
 
 
+def _plain_values(up: ParsedUpload, task: Task, config: JobConfig) -> np.ndarray:
+    """The statistics of a plaintext upload (a fixed-point one decoded by the round's
+    codec)."""
+    if up.summable.dtype != np.uint64:
+        return up.summable
+    from ..secure_sum import make_codec  # the codec sits above the protocol
+
+    return make_codec(config, task).decode(up.summable)
+
+
+def node_rows(values: np.ndarray, task: Task) -> np.ndarray | None:
+    """The weighted rows at each node of a sketch ``task`` (each row of its ``features``),
+    from a vector of its statistics (``values``: one site's, or the sum of every site's): the
+    count columns of its ``totals`` block summed per node. None when the task sums no node
+    totals (a node group's sketch, or under DP)."""
+    block = next((b for b in task.layout if b.name == "totals"), None)
+    if block is None or values.shape != (layout_size(task.layout),):
+        return None
+    totals = split_blocks(np.asarray(values, dtype=np.float64), task.layout)["totals"]
+    counts = np.array([k is StatKind.COUNT for k in block.kinds])
+    return np.asarray(totals[:, counts].sum(axis=1))
+
+
 def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
-                      config: JobConfig | None = None) -> None:
+                      config: JobConfig | None = None, *,
+                      node_counts: np.ndarray | None = None) -> None:
     """The disclosed items answer ``task``: every item it asks, together, and each of the
     shape, dtype and values the task defines (``config`` gives the job's feature and
     statistic counts; without it those two sizes are not checked). Raises
     :class:`~fedforest_secure.errors.InvalidMessage` naming the item.
+
+    ``node_counts`` (one per row of the task's ``features``: :func:`node_rows`) bounds the
+    distinct values a client lists per (node, feature slot): it has no more than its rows at
+    the node, and every value it lists becomes a candidate threshold that every site's next
+    histogram carries, so an unbounded list would inflate every later round.
 
     A sketch's items (``sketch_points`` with ``sketch_counts``, ``top_l``, ``unique_ptr``
     with ``unique_vals``) come for the task's ``features`` (rows x slots), and none without
@@ -247,6 +280,17 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
         finite("unique_vals", vals)
         if ptr[0] != 0 or ptr[-1] != vals.size or (np.diff(ptr) < 0).any():
             raise bad("unique_ptr", f"must rise from 0 to the {vals.size} unique_vals")
+        if node_counts is not None:
+            if node_counts.shape != (rows,):
+                raise ValueError("node_counts must hold one count per row of the features")
+            lengths = np.diff(ptr).reshape(rows, m)
+            over = lengths > np.floor(node_counts + 1e-6)[:, None]
+            if over.any():
+                r, slot = (int(i) for i in np.argwhere(over)[0])
+                raise bad("unique_vals", f"lists {int(lengths[r, slot])} distinct values at "
+                          f"the node of the task's features row {r} (slot {slot}), more "
+                          f"than its {max(float(node_counts[r]), 0.0):g} rows there: a site "
+                          "has no more distinct values at a node than rows")
     if "minmax" in asked:
         mm = want("minmax", _NUMBERS,
                   (config.n_features if config is not None else None, 2))
