@@ -31,13 +31,17 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sqlalchemy import select
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.protocol.uploads import check_against_task, parse_upload
+from fedforest_secure.protocol import Task
+from fedforest_secure.protocol.uploads import ParsedUpload, check_against_task, parse_upload
+from fedforest_secure.secure_sum import make_codec
 
 from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
@@ -385,7 +389,8 @@ class ServerState:
                     raise ApiError(409, "wrong_round", "the round is not open")
                 check_against_task(up, rt.task, str(seat.task_digest), str(seat.round_encoding),
                                    None if rt.secure is not None else self._bounds(rt),
-                                   words=rt.words(), config=rt.config)
+                                   words=rt.words(), config=rt.config,
+                                   plain_values=partial(_plain_values, up, rt.task, rt.config))
                 if rt.secure is not None:
                     with self.core.runtimes.guard(job_id):
                         sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
@@ -447,3 +452,11 @@ class ServerState:
         if self.core.driver.sweep_due or full:
             with self.core.lock:
                 self.core.sweep_spool()
+
+
+def _plain_values(up: ParsedUpload, task: Task, config: JobConfig) -> np.ndarray:
+    """The statistics of a plaintext upload (a fixed-point one decoded by the round's
+    codec)."""
+    if up.summable.dtype != np.uint64:
+        return up.summable
+    return make_codec(config, task).decode(up.summable)

@@ -13,6 +13,7 @@ Every defect raises :class:`~fedforest_secure.errors.UploadRejected` whose ``cod
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -128,14 +129,18 @@ class EntryBounds(Protocol):
 
 def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding: str,
                        bounds: EntryBounds | None = None, words: int | None = None, *,
-                       config: JobConfig | None = None) -> None:
+                       config: JobConfig | None = None,
+                       plain_values: Callable[[], np.ndarray] | None = None) -> None:
     """The upload answers exactly this task, in the round's encoding and layout: ``words``
     long (the round codec's, where it packs grid cells), else one word per layout entry, with
     every item the task asks disclosed, as :func:`check_disclosures` (with ``config``) says.
 
     ``bounds`` (plaintext rounds only: the server sees each client's vector) range-checks every
     entry against the codec's public bound, so no client can push the round's sum out of range
-    (float64 overflow to inf, or a wrapped ring sum); masked vectors cannot be checked."""
+    (float64 overflow to inf, or a wrapped ring sum); masked vectors cannot be checked.
+    ``plain_values`` gives such an upload's statistics in the clear (a fixed-point vector
+    decoded by the round's codec, which sits above the protocol): its node totals bound the
+    distinct values it lists (:func:`check_disclosures`)."""
     if up.task_digest != task_digest:
         raise UploadRejected("wrong_task",
                              "the upload answers a different task than this round's")
@@ -167,8 +172,8 @@ def check_against_task(up: ParsedUpload, task: Task, task_digest: str, encoding:
         raise UploadRejected("undisclosable",
                              f"items not requested for disclosure in this round: {extra}")
     counts = None
-    if bounds is not None and config is not None and "unique" in task.disclose:
-        counts = node_rows(_plain_values(up, task, config), task)  # the site's own counts
+    if bounds is not None and plain_values is not None and "unique" in task.disclose:
+        counts = node_rows(plain_values(), task)  # the site's own counts
     try:
         check_disclosures(up.disclosed, task, config, node_counts=counts)
     except InvalidMessage as exc:
@@ -183,16 +188,6 @@ _INDICES = (np.dtype(np.int64), np.dtype(np.int32))
 #: the disclosed items a sketch of the level's nodes brings (none without ``features``)
 _SKETCH_ITEMS = frozenset({"sketch_points", "sketch_counts", "top_l", "unique_ptr",
                            "unique_vals"})
-
-
-def _plain_values(up: ParsedUpload, task: Task, config: JobConfig) -> np.ndarray:
-    """The statistics of a plaintext upload (a fixed-point one decoded by the round's
-    codec)."""
-    if up.summable.dtype != np.uint64:
-        return up.summable
-    from ..secure_sum import make_codec  # the codec sits above the protocol
-
-    return make_codec(config, task).decode(up.summable)
 
 
 def node_rows(values: np.ndarray, task: Task) -> np.ndarray | None:
