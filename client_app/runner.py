@@ -212,7 +212,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     try:
         joined = parse_as(JoinResponse,
                           tr.post_json(f"/v1/jobs/{job}/join",
-                                       join_body(state, job, opts.cert, opts.key)),
+                                       join_body(state, job, opts.cert, opts.key,
+                                                 secure=secure)),
                           "join response")
     except ApiRejected as exc:
         if exc.code == "identity_mismatch":

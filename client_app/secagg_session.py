@@ -99,17 +99,34 @@ def check_own_certificate(cert: Path, job: str) -> None:
             "coordinator for them). This site has not joined the job")
 
 
-def join_body(state: ClientState, job: str, cert: Path | None,
-              key: Path | None) -> dict[str, Any]:
+def join_body(state: ClientState, job: str, cert: Path | None, key: Path | None, *,
+              secure: bool) -> dict[str, Any]:
     """The join's body: this site's Ed25519 identity key for ``job`` (used only by secure
-    jobs) and, with a TLS client certificate (``cert``; its key in ``key``, else in the same
-    file, as TLS reads them), the key certified with it (see
-    :mod:`fedforest_secure.secagg.directory`)."""
+    jobs) and, for a ``secure`` job with a TLS client certificate (``cert``; its key in
+    ``key``, else in the same file, as TLS reads them), the key certified with it (see
+    :mod:`fedforest_secure.secagg.directory`). An open job stores no certification, so none
+    is made: any certificate TLS accepts joins it. A certificate and key that cannot certify
+    (not an EC key, no key, not exactly one common name) stop a secure join with
+    :class:`FedForestError` naming ``--cert``."""
     identity = bytes(identity_key(state, job).verify_key)
     certification = None
-    if cert is not None:
-        certification = certify_identity(job, identity, cert.read_bytes(),
-                                         (key or cert).read_bytes()).to_json()
+    if secure and cert is not None:
+        key_file = key or cert
+        key_pem = key_file.read_bytes()
+        try:
+            if b"PRIVATE KEY-----" not in key_pem:
+                raise ValueError(f"{key_file} holds no private key")
+            certification = certify_identity(job, identity, cert.read_bytes(),
+                                             key_pem).to_json()
+        except (ValueError, TypeError) as exc:  # InvalidMessage is a ValueError
+            given = f"--cert {cert}" + (f" with --key {key}" if key is not None else "")
+            raise FedForestError(
+                f"{given} cannot certify this site's identity key for secure job {job} "
+                f"({exc}): a site of a secure job signs its identity with its certificate's EC "
+                "private key (in --key, or in the --cert file), and the certificate names the "
+                "site in exactly one common name, as those `fedforest pki issue` writes: start "
+                "the client with this site's own certificate and key (ask the federation's "
+                "coordinator for them). This site has not joined the job") from None
     return JoinBody(identity_key=identity.hex(),
                     identity_cert=certification).model_dump(exclude_none=True)
 

@@ -49,6 +49,7 @@ from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
 from .protocol.uploads import allowed_disclosures, check_disclosures, node_rows
+from .protocol.uploads import allowed_disclosures, check_disclosures, spread_node_counts
 from .secure_sum import entry_scale_bits
 
 if TYPE_CHECKING:
@@ -147,7 +148,11 @@ class Coordinator(FusedLevels, RandomLevels):
     def submit(self, round_id: int, total: np.ndarray,
                disclosed: Mapping[int, Mapping[str, np.ndarray]] | None = None,
                participants: Sequence[int] | None = None) -> None:
-        """Hand in the aggregate of the current round (and any per-client disclosures)."""
+        """Hand in the aggregate of the current round (and any per-client disclosures).
+
+        A ``sketch_counts`` of one count per node (a round stored or logged by a server from
+        before per-slot counts) is spread across the node's slots, the weighting that server
+        used (:func:`~fedforest_secure.protocol.uploads.spread_node_counts`)."""
         task = self._pending
         if task is None:
             raise ProtocolError("the job is finished; no round is open")
@@ -165,7 +170,8 @@ class Coordinator(FusedLevels, RandomLevels):
             extra = set(items) - allowed_disclosures(task)
             if extra:
                 raise ProtocolError(f"client {k} disclosed {sorted(extra)} that were not asked")
-            disc[int(k)] = {name: np.asarray(v) for name, v in items.items()}
+            disc[int(k)] = spread_node_counts({name: np.asarray(v) for name, v in items.items()},
+                                              task)
             try:
                 check_disclosures(disc[int(k)], task, self.config, node_counts=counts)
             except InvalidMessage as exc:

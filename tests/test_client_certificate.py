@@ -62,7 +62,39 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       server=False).write(root / "operator.pem", root / "operator.key")
     (root / "both.pem").write_bytes((root / "client-0.pem").read_bytes()
                                     + (root / "client-0.key").read_bytes())
+    (root / "rsa-both.pem").write_bytes(_combined(root, "hospital-rsa", rsa=True))
+    (root / "no-cn-both.pem").write_bytes(_combined(root, None, rsa=False))
     return root
+
+
+def _combined(ca_dir: Path, name: str | None, *, rsa: bool) -> bytes:
+    """A TLS client certificate (clientAuth) signed by the CA in ``ca_dir`` and its key, in
+    one PEM file: an RSA key, or an EC one; subject common name ``name`` (None: the subject
+    names an organisation only)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import rsa as rsa_keys
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    issuer = load_ca(ca_dir / "ca.pem", ca_dir / "ca.key")
+    key = (rsa_keys.generate_private_key(public_exponent=65537, key_size=2048) if rsa
+           else ec.generate_private_key(ec.SECP256R1()))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)] if name is not None
+                        else [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Hospital")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer.cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(issuer.key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
 
 
 def _offering(profile: str) -> JoiningTransport:
@@ -114,6 +146,48 @@ def test_a_job_without_secure_aggregation_takes_any_certificate_of_the_federatio
     """Under the open profile no identity is certified: the same certificate joins."""
     with pytest.raises(_Joined):
         _run(tmp_path, _offering("open"), certs / "no-usage.pem", certs / "no-usage.key")
+
+
+@pytest.mark.parametrize(("cert", "key"), [("rsa-both.pem", None), ("no-cn-both.pem", None),
+                                          ("client-0.pem", "client-0.key")])
+def test_an_open_job_is_joined_with_any_certificate_and_no_certification(
+        tmp_path: Path, certs: Path, cert: str, key: str | None) -> None:
+    """Under the open profile the identity key is not certified (the server keeps no
+    certification of an open job): a combined PEM with an RSA key, or a certificate without
+    a common name, joins as TLS accepts it, and a site's certificate sends none either."""
+    tr = _offering("open")
+    with pytest.raises(_Joined):
+        _run(tmp_path, tr, certs / cert, certs / key if key is not None else None)
+    body = JoinBody.model_validate(tr.bodies[-1])
+    assert body.identity_cert is None
+    identity = bytes(SigningKey(
+        (tmp_path / "state" / f"identity-{JOB}.ed25519").read_bytes()).verify_key)
+    assert body.identity_key == identity.hex()
+
+
+@pytest.mark.parametrize(("cert", "key", "given", "why"), [
+    ("rsa-both.pem", None, "--cert {d}/rsa-both.pem",
+     "identity certification needs an EC client key"),
+    ("client-0.pem", None, "--cert {d}/client-0.pem", "{d}/client-0.pem holds no private key"),
+    ("client-0.pem", "rsa-both.pem", "--cert {d}/client-0.pem with --key {d}/rsa-both.pem",
+     "identity certification needs an EC client key"),
+])
+def test_a_certificate_and_key_that_cannot_certify_stop_a_secure_join_naming_cert(
+        tmp_path: Path, certs: Path, cert: str, key: str | None, given: str, why: str
+        ) -> None:
+    """A site's certificate whose key is RSA, or is not given (no --key, none in the --cert
+    file): the client stops before the join with an error naming --cert, no traceback."""
+    tr = _offering("secure")
+    with pytest.raises(FedForestError) as exc:
+        _run(tmp_path, tr, certs / cert, certs / key if key is not None else None)
+    assert str(exc.value) == (
+        f"{given.format(d=certs)} cannot certify this site's identity key for secure job "
+        f"{JOB} ({why.format(d=certs)}): a site of a secure job signs its identity with its "
+        "certificate's EC private key (in --key, or in the --cert file), and the certificate "
+        "names the site in exactly one common name, as those `fedforest pki issue` writes: "
+        "start the client with this site's own certificate and key (ask the federation's "
+        "coordinator for them). This site has not joined the job")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
 
 
 @pytest.mark.parametrize("key", ["client-0.key", None])

@@ -36,6 +36,7 @@ __all__ = [
     "make_upload",
     "node_rows",
     "parse_upload",
+    "spread_node_counts",
 ]
 
 #: The array name of the summable vector in an upload (no disclosed item may take it).
@@ -260,6 +261,11 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
         nan = np.isnan(pts)
         if np.isinf(pts).any() or (nan[..., :-1] & ~nan[..., 1:]).any():
             raise bad("sketch_points", "holds infinity, or a point after its NaN padding")
+        if disclosed["sketch_counts"].shape == (rows,):
+            raise bad("sketch_counts", f"holds one count per node, as clients of fedforest "
+                      f"versions before per-slot sketch counts send; it must be one per node "
+                      f"and slot, of shape {(rows, m)}: upgrade the site's fedforest to the "
+                      "server's version")
         cnt = want("sketch_counts", _NUMBERS, (rows, m))
         finite("sketch_counts", cnt)
         if (cnt < 0).any():
@@ -307,3 +313,18 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
 
 
 _KNOWN_ITEMS = _SKETCH_ITEMS | {"minmax", "node_stats", "site_stats"}
+
+
+def spread_node_counts(disclosed: dict[str, np.ndarray], task: Task) -> dict[str, np.ndarray]:
+    """``disclosed`` with a ``sketch_counts`` of one count per node (rows,), as servers before
+    per-slot sketch counts stored and logged it, spread across the node's slots (rows, m):
+    each slot weighted by its node's rows, the weighting those servers' pooled sketch used, so
+    a stored or logged round of theirs gives the forest it gave then. Anything else is
+    returned as it is. For rounds read back (the audit replay, a restarted server's stored
+    rounds); an upload is checked by :func:`check_against_task`, which refuses the old shape."""
+    cnt = disclosed.get("sketch_counts")
+    feats = task.arrays.get("features")
+    if cnt is None or feats is None or feats.ndim != 2 or cnt.shape != (feats.shape[0],):
+        return disclosed
+    spread = np.repeat(cnt.reshape(-1, 1), feats.shape[1], axis=1)
+    return {**disclosed, "sketch_counts": spread}
