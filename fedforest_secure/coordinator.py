@@ -48,8 +48,12 @@ from .config import JobConfig
 from .errors import InvalidMessage, ProtocolError
 from .model import ForestModel
 from .protocol import Block, StatKind, Task, TaskKind, layout_size, split_blocks
-from .protocol.uploads import allowed_disclosures, check_disclosures, node_rows
-from .protocol.uploads import allowed_disclosures, check_disclosures, spread_node_counts
+from .protocol.uploads import (
+    allowed_disclosures,
+    check_disclosures,
+    node_rows,
+    spread_node_counts,
+)
 from .secure_sum import entry_scale_bits
 
 if TYPE_CHECKING:
