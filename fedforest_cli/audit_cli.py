@@ -104,9 +104,16 @@ def _as_error(console: Console) -> Iterator[None]:
 
 
 def _held(entries: list[tuple[Entry, dict[str, bytes] | None]]) -> bool:
-    """Whether an export holds every entry's arrays (a site's copy of its job's log holds
-    none, unless the server sets ``audit_arrays_for_sites``)."""
-    return all(blobs is not None for _, blobs in entries)
+    """Whether an export holds every entry's arrays (the server's whole log) or none (a
+    site's copy of its job's log, unless the server sets ``audit_arrays_for_sites``);
+    :class:`AuditError` for an export that holds some lines' arrays and not others'."""
+    held = [blobs is not None for _, blobs in entries]
+    if any(held) and not all(held):
+        missing = next(e.label for e, blobs in entries if blobs is None)
+        raise AuditError(f"{missing} comes without its array data, beside entries that hold "
+                         "theirs: the export is neither the server's whole log nor a site's "
+                         "copy without arrays (a line's \"data\" was removed)")
+    return all(held)
 
 
 def _open(db: str, console: Console) -> tuple[AuditLog, bool]:

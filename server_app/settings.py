@@ -73,7 +73,8 @@ class ServerSettings(BaseModel):
         "every site's disclosures), so that they can replay the training (`fedforest audit "
         "verify --replay`): n-1 colluding sites then learn the last site's sums, and under "
         "the open profile every site sees the others' disclosures; false: without them (their "
-        "SHA-256 digests stay in the chain, so the chain and the receipts verify)"))
+        "SHA-256 digests stay in the chain, so the chain and the receipts verify; the tasks "
+        "and an evaluation's result still tell sites what threat_model.md §2.4 lists)"))
     tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "how often round deadlines are checked"))
     max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(

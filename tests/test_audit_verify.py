@@ -1225,3 +1225,31 @@ def test_a_refusing_sites_receipt_catches_its_accusation_rewritten(tmp_path: Pat
         assert any("the log has no entry seq 5" in p for p in report.problems)
         assert any("the log has no client_dropped entry of this client up to seq 5" in p
                    for p in report.problems), report.problems
+
+
+def test_an_export_holding_some_lines_arrays_and_not_others_is_an_error(
+        setup: tuple[AuditLog, Path], tmp_path: Path) -> None:
+    """The server's whole export with one round line's ``data`` removed is neither the whole
+    log nor a site's copy without arrays: verify and show stop with an error naming the entry,
+    rather than checking it as a site's copy."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.audit_cli import audit_app
+    from fedforest_secure.audit import export_jsonl
+
+    log, receipts = setup
+    whole = tmp_path / "whole.jsonl"
+    with whole.open("w", encoding="utf-8") as fh:
+        export_jsonl(log, fh, JOB)
+    lines = whole.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "round")
+    doc = json.loads(lines[i])
+    del doc["data"]
+    lines[i] = json.dumps(doc)
+    whole.write_text("\n".join(lines) + "\n")
+    for args in (["verify", "--db", str(whole), "--receipts", str(receipts)],
+                 ["show", "--db", str(whole)]):
+        res = CliRunner().invoke(audit_app, args)
+        assert res.exit_code == 1, res.output
+        assert "comes without its array data, beside entries that hold theirs" in res.output
+        assert f"{JOB!r}" in res.output or JOB in res.output
