@@ -270,9 +270,14 @@ def build_config(spec: JobSpec) -> JobConfig:
     if dp and spec.kind == "train":  # forest settings the job file leaves out: DP rule
         forest.update(_dp_forest(spec, facts, dp))
     if forest["top_l"] is not None and forest["method"] != "avgimp":
+        # avgimp with top_l discloses each site's top-L features: only a profile in the clear
+        fix = ('remove top_l, or set method = "avgimp"'
+               if profile.get("secure_aggregation") is False else
+               "remove top_l (with method = \"avgimp\" it discloses each site's top-L "
+               "features in the clear, which a profile with secure aggregation never does)")
         raise ConfigError(f"job {spec.id!r}: [forest] top_l = {forest['top_l']} applies to "
                           f"method = \"avgimp\" only, and the job's method is "
-                          f"{forest['method']!r}: remove top_l, or set method = \"avgimp\"")
+                          f"{forest['method']!r}: {fix}")
     try:
         forest["max_features"] = resolve_max_features(forest["max_features"],
                                                       int(facts["n_features"]))

@@ -144,7 +144,8 @@ class ServerState:
                 raise ConfigError(
                     f"the audit database already holds a job {spec.id!r} (its chain of "
                     "entries, from another or an earlier server database): choose another job "
-                    "id, or another audit_database in the server config")
+                    "id (the sites that took part in that job refuse a job of the same id, and "
+                    "their receipts of it name this log)")
             rows = {c.name: c for c in sess.scalars(
                 select(ClientRow).where(ClientRow.name.in_(spec.clients)))}
             missing = [n for n in spec.clients if n not in rows]

@@ -52,8 +52,13 @@ def test_job_file_with_top_l_and_another_method_is_refused() -> None:
     assert str(exc.value) == (
         "job 'j': [forest] top_l = 2 applies to method = \"avgimp\" only, and the job's "
         "method is 'quantiles': remove top_l, or set method = \"avgimp\"")
-    # under DP an unset method is the allocation rule's ("random"): refused too
-    with pytest.raises(ConfigError, match="the job's method is 'random'"):
+    # under DP an unset method is the allocation rule's ("random"): refused too, and with
+    # secure aggregation avgimp's top_l is no fix (it discloses each site's top-L features)
+    with pytest.raises(ConfigError) as exc:
         build_config(_spec(profile="secure-dp", profile_overrides={"epsilon": 2.0},
                            forest={"top_l": 2}))
+    assert str(exc.value) == (
+        "job 'j': [forest] top_l = 2 applies to method = \"avgimp\" only, and the job's "
+        "method is 'random': remove top_l (with method = \"avgimp\" it discloses each site's "
+        "top-L features in the clear, which a profile with secure aggregation never does)")
     assert build_config(_spec(forest={"method": "avgimp", "top_l": 2})).top_l == 2
