@@ -209,7 +209,9 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     Every request passes :class:`~server_app.limits.TransportLimits` first: a known token
     before any body is read, a body limit per route (uploads ``max_upload_bytes``), a
     ``body_timeout_s`` between body chunks and, with ``peer_names`` (mutual TLS), the token's
-    client bound to the name in the connection's certificate."""
+    client bound to the name in the connection's certificate. The upload route then checks
+    the member's seat, open round and phase, and caps the body at what that round's upload
+    can be (:meth:`~server_app.core.Core.upload_limit`), before it reads the body."""
     st = state or ServerState(db, audit or NullAudit(), spool=spool)
 
     def lost() -> bool:
@@ -475,8 +477,13 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_upload_bytes):
             raise ApiError(413, "too_large", f"uploads are at most {max_upload_bytes} bytes")
-        body = await _read_body(request, None if length is None else int(length),
-                                max_upload_bytes)
+        # before a byte of the body is read: the seat, the open round and its phase, and the
+        # size this round's upload can reach (a member cannot make the server buffer more)
+        limit = await run_in_threadpool(st.upload_limit, c, job_id, round_id, max_upload_bytes)
+        if length is not None and int(length) > limit:
+            raise ApiError(413, "too_large", f"an upload for round {round_id} is at most "
+                           f"{limit} bytes (its task's vector and disclosures)")
+        body = await _read_body(request, None if length is None else int(length), limit)
         out: dict[str, Any] = await run_in_threadpool(st.upload, c, job_id, round_id, body)
         if next_wait > 0:  # secure jobs: the next step of secure aggregation, long-polled
             try:

@@ -13,16 +13,26 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from fedforest_secure.protocol import Task, layout_size, upload_size_bound
+
 from .audit_hook import AuditSink
-from .db import Database, JobRow, RoundRow
+from .db import ClientRow, Database, JobRow, RoundRow
 from .deadlines import Deadlines
+from .engine import round_codec
 from .errors import ApiError
 from .notify import Changes
-from .phases import JobStatus, MemberState, RoundStatus
+from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .replay import Runtimes
 from .rounds import RoundDriver
 from .spool import Spool
-from .store import SeatView, job_position, open_round
+from .store import (
+    SeatView,
+    job_position,
+    open_round,
+    round_task_blob,
+    seat_view,
+    stored_upload_digest,
+)
 
 __all__ = ["Core", "check_seat"]
 
@@ -88,6 +98,48 @@ class Core:
             found = open_round(sess, job_id)
             if found is not None:
                 self.driver.deadline(rt, sess, *found)
+
+    def upload_limit(self, client: ClientRow, job_id: str, round_id: int, most: int) -> int:
+        """The most bytes ``client``'s upload for round ``round_id`` may have, known before
+        a byte of it is read: the size a valid upload of that round can reach
+        (:func:`~fedforest_secure.protocol.upload_size_bound`), at most ``most``.
+
+        An upload the round cannot take whatever its body is gets the answer
+        :meth:`~server_app.runtime.ServerState.upload` would give it after reading it (the
+        same 4xx): a non-member, a dropped member, a round not issued or not open, a phase
+        that takes no uploads, a client outside the round. A member whose upload the round
+        already counted may send it again (a retry): its body is read, up to that round's
+        bound, to tell a retry from a different upload. ``upload`` checks everything again
+        once the body is in."""
+        with self.lock, self.db.connect() as conn:
+            seat = seat_view(conn, client, job_id, round_id)
+            check_seat(seat, round_id)
+            prev = stored_upload_digest(conn, job_id, round_id, seat.client_index)
+            if prev is None:
+                if seat.round_status != RoundStatus.OPEN:
+                    raise ApiError(409, "round_closed", f"round {round_id} is closed",
+                                   counted=False)
+                if seat.round_phase != Phase.UPLOAD:
+                    raise ApiError(409, "wrong_phase",
+                                   f"round {round_id} is in phase {seat.round_phase}")
+                if seat.client_index not in seat.participants():
+                    raise ApiError(403, "not_participant",
+                                   f"this client is not a participant of round {round_id}")
+            rt = self.runtimes.get(job_id)
+            if rt.task is not None and rt.task.round_id == round_id:
+                bound = upload_size_bound(rt.task, rt.words(), rt.config)
+            elif prev is None:
+                raise ApiError(409, "wrong_round", "the round is not open")
+            else:  # a retry of a counted upload of an earlier round: that round's task
+                blob = round_task_blob(conn, job_id, round_id)
+                if not blob:
+                    raise ApiError(410, "pruned", f"round {round_id}'s task was deleted by "
+                                   "`fedforest server prune` (the job is finished)")
+                task = Task.from_bytes(blob)
+                codec = round_codec(rt.config, task)
+                words = codec.words if codec is not None else layout_size(task.layout)
+                bound = upload_size_bound(task, words, rt.config)
+        return most if bound is None else min(most, bound)
 
     def sweep_spool(self) -> None:
         """Remove the spooled uploads of rounds that closed."""

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from sqlalchemy import Connection
@@ -69,6 +70,7 @@ from .store import (
 
 __all__ = ["RoundDriver", "secagg_step"]
 
+_T = TypeVar("_T")
 
 
 def secagg_step(fn: Callable[[], None]) -> None:
@@ -82,6 +84,22 @@ def secagg_step(fn: Callable[[], None]) -> None:
         raise
     except ProtocolError as exc:
         raise ApiError(409, "protocol_error", str(exc)) from exc
+
+
+def _closing(step: Callable[[], _T], job_id: str, round_id: int) -> _T:
+    """Run ``step``, which closes a phase of a secure round. An exception the
+    secure-aggregation server does not raise by design (a message its checks let through, a
+    defect) becomes an :class:`AbortedRound`: the job fails once with the reason, instead of
+    the step failing again on every request and deadline tick. A :class:`MemoryError` passes
+    through (no defect: the request fails, the next tick tries again)."""
+    try:
+        return step()
+    except (AbortedRound, MemoryError):
+        raise
+    except Exception as exc:
+        event("close_error", logging.ERROR, job=job_id, round=round_id, exc=exc)
+        raise AbortedRound(f"the server failed to close the phase ({type(exc).__name__}: "
+                           f"{exc})") from exc
 
 
 def _disclosed(upload: UploadRow) -> dict[str, np.ndarray]:
@@ -213,7 +231,7 @@ class RoundDriver:
                     raise AbortedRound(f"only {len(kept)} masked uploads, fewer than the job's "
                                        f"min_clients = {job.min_clients}")
                 if rt.plan.after(phase) is None:  # the last phase: the round's sum comes out
-                    ring = sr.finish()
+                    ring = _closing(sr.finish, job.id, rr.round_id)
                     if sr.server.corrupt_shares:  # routed around: the sum is exact, say who
                         event("corrupt_shares", logging.WARNING, job=job.id, round=rr.round_id,
                               report=sr.server.corrupt_report(rt.names))
@@ -222,7 +240,7 @@ class RoundDriver:
                                                         if sr.request else ()))
                     self.close(rt, sess, job, rr, survivors, ring=ring, secure=sr)
                     return
-                rr.phase = sr.advance()
+                rr.phase = _closing(sr.advance, job.id, rr.round_id)
                 self.changes.touch(job.id)
                 rr.deadline_at = self.deadlines.opened(job.id,
                                                        self.clock() + job.round_deadline_s)

@@ -353,6 +353,11 @@ class ServerState:
         whom it accuses of a message that did not authenticate)."""
         return self._relay.refuse(client, job_id, round_id, reason, accused)
 
+    def upload_limit(self, client: ClientRow, job_id: str, round_id: int, most: int) -> int:
+        """The most bytes this upload's body may have, checked before it is read
+        (:meth:`Core.upload_limit <server_app.core.Core.upload_limit>`)."""
+        return self.core.upload_limit(client, job_id, round_id, most)
+
     def upload(self, client: ClientRow, job_id: str, round_id: int, body: bytes | bytearray
                ) -> dict[str, Any]:
         """Count a client's upload of the open round. The checks read plain values (one

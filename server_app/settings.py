@@ -78,7 +78,8 @@ class ServerSettings(BaseModel):
     tick_seconds: float = Field(default=0.5, gt=0, le=60, description=(
         "how often round deadlines are checked"))
     max_upload_bytes: int = Field(default=1 << 30, gt=0, description=(
-        "largest upload accepted (a bigger one gets 413)"))
+        "largest upload accepted (a bigger one gets 413); each round's uploads are also "
+        "capped at the most bytes its task's vector and disclosures can take"))
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description=(
         "seconds a request body may stall between two chunks before it is cut off (408)"))
     tls: TLSSettings | None = Field(default=None, description=(

@@ -118,9 +118,12 @@ def test_malformed_masked_uploads_are_rejected_and_change_nothing(env: dict) -> 
         assert resp.status_code == status, (name, resp.text)
         assert {"error", "detail"} <= set(resp.json()), name
         assert state_of(env) == before, name
-    # the same body sent to a round that is not open, or under a job it does not name
-    assert _post(env, 0, r + 1, good).status_code == 400  # the header names round r
-    assert _post(env, 0, r, good, job="job-b").status_code == 400
+    # the same body sent to a round that was not issued, or to a job this site is not in:
+    # refused before the body is read
+    wrong_round = _post(env, 0, r + 1, good)
+    assert (wrong_round.status_code, wrong_round.json()["error"]) == (409, "wrong_round")
+    other_job = _post(env, 0, r, good, job="job-b")
+    assert (other_job.status_code, other_job.json()["error"]) == (404, "unknown_job")
     assert state_of(env) == before
     # the genuine upload still goes through; its replay is the same receipt, a variant a 409
     first = _post(env, 0, r, good)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -379,3 +380,72 @@ def test_an_upload_with_a_malformed_disclosure_is_rejected_as_malformed_and_not_
     with pytest.raises(UploadRejected, match="sketch_counts") as err:
         check_against_task(parse_upload(body), task, task.digest().hex(), "float64")
     assert err.value.code == "malformed_upload" and "not stored" in err.value.detail
+
+
+def _bounded_run(profile: str, **kw: Any) -> list[tuple[Task, int, int | None]]:
+    """``(task, largest honest upload body, upload_size_bound)`` of every round of a whole
+    in-process job (4 sites, regression; ``kw``: the job's settings): each site's body as it
+    would send it."""
+    from fedforest_secure import load_profile
+    from fedforest_secure.config import JobConfig
+    from fedforest_secure.federation import run_in_process
+    from fedforest_secure.protocol import upload_size_bound
+    from fedforest_secure.secure_sum import make_codec
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(160, 3)).round(2)
+    y = X[:, 0] + np.sin(2 * X[:, 1]) + 0.2 * rng.normal(size=160)
+    settings: dict[str, Any] = {"feature_bounds": ((-5.0, 5.0),) * 3, **kw}
+    cfg = JobConfig(job_id="fed", task="regression", n_features=3, n_clients=4,
+                    target_bound=float(np.abs(y).max()), n_estimators=2, max_depth=3,
+                    min_samples_leaf=3, max_features=2, n_bins=8,
+                    profile=load_profile(profile).to_dict(), **settings)
+    secure = profile != "open"
+    out = []
+
+    def seen(record: Any) -> None:
+        task = record.task
+        words = make_codec(cfg, task).words if secure else layout_size(task.layout)
+        summable = np.zeros(words, dtype=np.uint64 if secure else np.float64)
+        biggest = max(len(make_upload(task, summable, record.disclosed.get(k, {}),
+                                      secagg="x" * 4096 if secure else None))
+                      for k in range(4))
+        out.append((task, biggest, upload_size_bound(task, words, cfg)))
+
+    run_in_process(cfg, [(X[k::4], y[k::4]) for k in range(4)], on_round=seen)
+    return out
+
+
+@pytest.mark.parametrize(("profile", "settings", "items"), [
+    ("open", {"method": "quantiles", "split_on_client": True},
+     {"sketch_points", "node_stats"}),
+    ("open", {"method": "avgimp", "top_l": 2}, {"sketch_points", "top_l"}),
+    ("open", {"method": "histogram", "feature_bounds": None}, {"minmax"}),
+    ("open", {"method": "avgimp"}, set()),
+    ("open", {"method": "random"}, set()),
+    ("secure", {"method": "quantiles"}, set()),
+    ("secure", {"method": "histogram"}, set())])
+def test_every_honest_upload_fits_its_rounds_size_bound(profile: str, settings: dict[str, Any],
+                                                        items: set[str]) -> None:
+    """The server caps an upload's body at ``upload_size_bound`` before reading it: every
+    body an honest site sends in a whole job fits (the disclosures ``items`` among them),
+    and the bound exceeds it by at most the largest meta (1 MiB)."""
+    from fedforest_secure.protocol.wire import HEAD_SIZE
+
+    rounds = _bounded_run(profile, **settings)
+    assert rounds
+    for task, biggest, bound in rounds:
+        assert bound is not None, (task.round_id, task.disclose)
+        assert biggest <= bound <= biggest + HEAD_SIZE + (1 << 20), (task.round_id, biggest,
+                                                                     bound)
+    assert items <= {name for task, _, _ in rounds for name in task.disclose}
+
+
+def test_an_upload_of_distinct_values_has_no_size_bound_from_its_task() -> None:
+    """``method = "exact"``: a site discloses its distinct values, as many as its rows: the
+    task does not fix their number, so the bound is None (the server's
+    ``max_upload_bytes`` caps it)."""
+    rounds = _bounded_run("open", method="exact")
+    asks = [bound for task, _, bound in rounds if "unique" in task.disclose]
+    assert asks and all(b is None for b in asks)
+    assert all(b is not None for task, _, b in rounds if "unique" not in task.disclose)

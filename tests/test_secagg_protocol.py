@@ -260,6 +260,25 @@ def test_corrupt_self_mask_share_is_detected() -> None:
         server.finish()
 
 
+@pytest.mark.parametrize(("table", "drop"), [("self_mask_shares", frozenset()),
+                                             ("key_shares", frozenset({4}))])
+def test_a_share_outside_the_field_is_refused_on_arrival(table: str,
+                                                          drop: frozenset[int]) -> None:
+    """66 bytes hold values above the field prime: such a share is refused when it arrives
+    (nothing kept), not found when the masks are removed, so the others still finish."""
+    agg, server, vecs = _run_to_unmask(k=5, t=3, drop=drop)
+    req = _signed_request(agg, server)
+    resp = agg.clients[0].unmask(req)
+    shares = dict(getattr(resp, table))
+    shares[min(shares)] = b"\xff" * _shamir.SHARE_BYTES
+    with pytest.raises(InvalidMessage, match="outside the Shamir field"):
+        server.receive_unmask(resp.model_copy(update={table: shares}))
+    assert server.answered == frozenset()
+    for u in req.survivors:
+        server.receive_unmask(resp if u == 0 else agg.clients[u].unmask(req))
+    assert np.array_equal(server.finish(), _sum(vecs, req.survivors))
+
+
 def _bump(share: bytes, by: int = 1) -> bytes:
     """A share moved off its polynomial (what a site that alters the share it reveals sends)."""
     return _shamir.to_bytes((_shamir.from_bytes(share) + by) % _shamir.PRIME)

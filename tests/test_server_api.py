@@ -204,8 +204,8 @@ def test_bad_uploads_rejected_and_change_nothing(env: dict) -> None:
     r = env["http"].post(f"/v1/jobs/job-a/rounds/{task.round_id}/upload", content=good,
                          headers={**auth(env["tokens"][0]), "Content-Type": "application/json"})
     assert r.status_code == 415
-    r = upload(env, 0, task.round_id, good, job="other-job")
-    assert r.status_code == 400  # header names job-a
+    r = upload(env, 0, task.round_id, good, job="other-job")  # not this site's job
+    assert (r.status_code, r.json()["error"]) == (404, "unknown_job")
     assert snapshot(env["db"]) == before
     assert upload(env, 0, task.round_id, good).status_code == 200  # the site's own upload
 

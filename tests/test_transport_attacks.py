@@ -245,11 +245,117 @@ def test_a_client_that_disconnects_mid_upload_is_no_server_error(live: Live) -> 
     sock.sendall(f"POST /v1/jobs/job-a/rounds/{round_id}/upload HTTP/1.1\r\n".encode()
                  + b"Host: 127.0.0.1\r\n"
                  b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
-                 b"Content-Type: application/octet-stream\r\nContent-Length: 16777216\r\n\r\n")
-    sock.sendall(b"\0" * (1 << 20))
+                 b"Content-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n")
+    sock.sendall(b"\0" * (1 << 19))  # half of a length the round's upload may have
     sock.close()
     time.sleep(1.0)
     with live.http(0, token=0) as http:  # the server answers on; the log has had its line
         assert http.get("/v1/me").status_code == 200
     log = (live.root / "server.log").read_text()
     assert "ClientDisconnect" not in log and "Traceback" not in log, log[-2000:]
+
+
+def _post_head(live: Live, path: str, *, length: int | None, total: int) -> tuple[bytes, int]:
+    """client-0 POSTs ``total`` bytes of zeros to ``path`` (with ``Content-Length: length``,
+    or chunked), reading for an answer between chunks: ``(the answer's first bytes, bytes
+    sent before it came)``."""
+    sock = live.raw()
+    framing = (f"Content-Length: {length}" if length is not None
+               else "Transfer-Encoding: chunked").encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                 + b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Content-Type: application/octet-stream\r\n" + framing + b"\r\n\r\n")
+    chunk = b"\0" * (1 << 16)
+    sent, head = 0, b""
+    sock.settimeout(0.2)
+    while sent < total and not head:
+        try:
+            head = sock.recv(4096)  # an answer already (or the connection closed: b"")
+            break
+        except TimeoutError:
+            pass
+        try:
+            sock.sendall(chunk if length is not None
+                         else b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        except OSError:  # the server answered and closed: read its answer
+            break
+        sent += len(chunk)
+    if not head:
+        head = _response_head(sock, 5.0)
+    sock.settimeout(5.0)
+    while head and not _complete(head):  # the rest of the answer
+        try:
+            more = sock.recv(4096)
+        except (TimeoutError, OSError):
+            break
+        if not more:
+            break
+        head += more
+    sock.close()
+    return head, sent
+
+
+def _complete(answer: bytes) -> bool:
+    """Whether ``answer`` holds a whole response (its head and Content-Length bytes)."""
+    top, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in top.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return True
+
+
+def _json_of(head: bytes) -> dict[str, object]:
+    return dict(json.loads(head.split(b"\r\n\r\n", 1)[1]))
+
+
+def test_an_upload_before_the_job_starts_is_refused_before_its_body_is_read(
+        live: Live) -> None:
+    """One member, the job not started (no round issued): a 128 MiB upload is answered
+    at once, before its body is read (the server used to buffer every such body whole,
+    up to ``max_upload_bytes``, before any check)."""
+    with live.http(k=0, token=0) as http:
+        assert http.post("/v1/jobs/job-a/join").status_code == 200
+    head, sent = _post_head(live, "/v1/jobs/job-a/rounds/1/upload", length=128 << 20,
+                            total=128 << 20)
+    assert head.startswith(b"HTTP/1.1 409"), head[:200]
+    assert _json_of(head)["error"] == "wrong_round"
+    assert sent < 8 << 20, f"the server read {sent} bytes before refusing"
+
+
+def test_an_upload_larger_than_its_round_can_take_is_refused_before_its_body_is_read(
+        live: Live, tiny_parts) -> None:
+    """A member of the open round states 64 MiB, or sends a chunked body: refused with a
+    413 naming the round's limit (its task's vector and disclosures plus the largest
+    header), at once or as the body passes that limit; the site's honest upload is then
+    accepted."""
+    from fedforest_secure.config import JobConfig
+    from fedforest_secure.federation import client_seed
+    from fedforest_secure.worker import Worker
+
+    for k in (1, 2):
+        with live.http(k=k, token=k) as other:
+            assert other.post("/v1/jobs/job-a/join").status_code == 200
+    with live.http(k=0, token=0) as http:
+        info = http.post("/v1/jobs/job-a/join").json()
+        task = Task.from_bytes(http.get("/v1/jobs/job-a/task").content)
+    path = f"/v1/jobs/job-a/rounds/{task.round_id}/upload"
+    head, sent = _post_head(live, path, length=64 << 20, total=64 << 20)
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    said = _json_of(head)
+    assert said["error"] == "too_large", said
+    limit = int(str(said["detail"]).split(" at most ")[1].split()[0])
+    assert limit < 2 << 20, said  # the vector of a few KB and 1 MiB of header
+    assert sent < 8 << 20, f"the server read {sent} bytes before refusing"
+    head, sent = _post_head(live, path, length=None, total=64 << 20)
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    assert sent < limit + (8 << 20), f"the server read {sent} bytes of a chunked body"
+    config = JobConfig.from_json(json.dumps(info["config"]))
+    X, y = tiny_parts[0][0]
+    reply = Worker(config, X, y, client_index=0, seed=client_seed(config, 0)).handle(task)
+    body = make_upload(task, reply.summable.astype(np.float64), reply.disclosed)
+    with live.http(k=0, token=0) as http:
+        r = http.post(path, content=body, headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200 and r.json()["duplicate"] is False, r.text

@@ -34,6 +34,7 @@ from .uploads import (
     check_disclosures,
     make_upload,
     parse_upload,
+    upload_size_bound,
 )
 from .wire import (
     Block,
@@ -72,4 +73,5 @@ __all__ = [
     "seal",
     "split_blocks",
     "unpack",
+    "upload_size_bound",
 ]

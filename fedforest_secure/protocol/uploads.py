@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InvalidMessage, UploadRejected
 from .tasks import Task
-from .wire import StatKind, layout_size, pack, split_blocks, unpack
+from .wire import _MAX_HEADER, HEAD_SIZE, StatKind, layout_size, pack, split_blocks, unpack
 
 if TYPE_CHECKING:
     from ..config import JobConfig
@@ -37,6 +37,7 @@ __all__ = [
     "node_rows",
     "parse_upload",
     "spread_node_counts",
+    "upload_size_bound",
 ]
 
 #: The array name of the summable vector in an upload (no disclosed item may take it).
@@ -328,3 +329,44 @@ def spread_node_counts(disclosed: dict[str, np.ndarray], task: Task) -> dict[str
         return disclosed
     spread = np.repeat(cnt.reshape(-1, 1), feats.shape[1], axis=1)
     return {**disclosed, "sketch_counts": spread}
+
+
+def upload_size_bound(task: Task, words: int, config: JobConfig | None = None) -> int | None:
+    """The most bytes a body that passes :func:`check_against_task` for ``task`` can hold:
+    the largest meta :func:`~.wire.unpack` reads, ``words`` 8-byte words of the summable
+    vector, and every disclosed item the task asks at the largest shape and dtype
+    :func:`check_disclosures` accepts (8 bytes an entry). None when the task asks an item
+    whose size it does not fix: ``unique_vals`` (a site's distinct values, bounded by its
+    rows at each node, which only the body's own vector tells) or an item without a rule,
+    and sizes that need ``config`` without it.
+
+    The server caps an upload's body at this before it reads a byte of it."""
+    feats = task.arrays.get("features")
+    if feats is not None and feats.ndim != 2:
+        feats = None
+    asked = allowed_disclosures(task)
+    if feats is None:
+        asked -= _SKETCH_ITEMS
+    rows, m = (int(feats.shape[0]), int(feats.shape[1])) if feats is not None else (0, 0)
+    params = task.params
+
+    def param(name: str) -> int | None:
+        return int(params[name]) if name in params else None
+
+    n_points, top_l, n_nodes = param("n_points"), param("top_l"), param("n_nodes")
+    entries: dict[str, int | None] = {
+        "sketch_points": None if n_points is None else rows * m * (n_points + 1),
+        "sketch_counts": rows * m,
+        "top_l": None if top_l is None else rows * min(top_l, m),
+        "unique_ptr": rows * m + 1,
+        "minmax": None if config is None else config.n_features * 2,
+        "node_stats": None if config is None or n_nodes is None else n_nodes * config.n_stats,
+        "site_stats": sum(int(np.prod(b.shape[:-1], dtype=np.int64)) for b in task.layout),
+    }
+    total = HEAD_SIZE + _MAX_HEADER + 8 * words
+    for name in asked:
+        n = entries.get(name)  # unique_vals and items without a rule: no size
+        if n is None:
+            return None
+        total += 8 * n
+    return total

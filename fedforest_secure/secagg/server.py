@@ -398,7 +398,8 @@ class SecAggServer:
 
     # -- unmask ----------------------------------------------------------------------------------
     def receive_unmask(self, response: UnmaskResponse) -> None:
-        """Accept one survivor's revealed shares."""
+        """Accept one survivor's revealed shares: exactly the requested ones, each an element
+        of the Shamir field (:class:`InvalidMessage` otherwise, and nothing is kept)."""
         self._stage(ServerStage.COLLECT_UNMASK, "unmask response")
         self._check_msg(response, UnmaskResponse, getattr(response, "sender", -1),
                         self._signatures)
@@ -409,6 +410,14 @@ class SecAggServer:
         if (set(response.self_mask_shares) != group & set(self._uploads)
                 or set(response.key_shares) != group & self._dropped):
             raise InvalidMessage("unmask response does not hold exactly the requested shares")
+        for kind, table in (("self", response.self_mask_shares), ("key", response.key_shares)):
+            for owner, share in table.items():  # finish() reads each one as a field element
+                try:
+                    _shamir.from_bytes(share)
+                except ValueError:
+                    raise InvalidMessage(f"the unmask response holds a share of client "
+                                         f"{owner}'s {_WHAT[kind]} outside the Shamir field "
+                                         "(not one that was dealt)") from None
         self._take_next(response.next_advert, u)
         self._responses[u] = response
 
