@@ -314,8 +314,8 @@ def _json_of(head: bytes) -> dict[str, object]:
 def test_an_upload_before_the_job_starts_is_refused_before_its_body_is_read(
         live: Live) -> None:
     """One member, the job not started (no round issued): a 128 MiB upload is answered
-    at once, before its body is read (the server used to buffer every such body whole,
-    up to ``max_upload_bytes``, before any check)."""
+    at once, before its body is read, so no member makes the server hold such bodies
+    (each up to ``max_upload_bytes``) before any check."""
     with live.http(k=0, token=0) as http:
         assert http.post("/v1/jobs/job-a/join").status_code == 200
     head, sent = _post_head(live, "/v1/jobs/job-a/rounds/1/upload", length=128 << 20,
