@@ -11,13 +11,13 @@ model receipts the last round is covered by no receipt, and verification says so
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from audit_forgery import forge
-from sqlalchemy import select, text
+from sqlalchemy import text
+from state_driver import join_sites
 
 from fedforest_secure.audit import (
     AuditLog,
@@ -28,12 +28,10 @@ from fedforest_secure.audit import (
 )
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.config import JobConfig
-from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Task, make_upload
-from fedforest_secure.worker import Worker
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
-from server_app.db import ClientRow, Database
+from server_app.db import Database
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
 
@@ -49,13 +47,7 @@ def _run_job(root: Path, parts: list, feat: list[str], job_dir) -> tuple[Path, P
     audit = open_audit(f"sqlite:///{root / 'audit.db'}")
     state = ServerState(db, audit)
     state.create_job(load_job_spec(job_toml))
-    with db.session() as s:
-        rows = [s.scalar(select(ClientRow).where(ClientRow.name == f"client-{k}"))
-                for k in range(K)]
-    infos = [state.join(rows[k], JOB) for k in range(K)]
-    config = JobConfig.from_json(json.dumps(infos[0]["config"]))
-    workers = [Worker(config, *parts[k], client_index=k, seed=client_seed(config, k))
-               for k in range(K)]
+    rows, workers = join_sites(db, state, JOB, parts[:K])
     receipts = root / "receipts"
     for _ in range(500):
         offers = [state.offer(rows[k], JOB) for k in range(K)]

@@ -12,16 +12,15 @@ values) run by commit a019a9d, the last before per-slot counts.
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from sqlalchemy import select
+from state_driver import join_sites
 
 from fedforest_secure.audit import AuditLog, verify_log
 from fedforest_secure.audit.replay import replay_job
-from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Task, check_disclosures, make_upload, pack, unpack
@@ -123,13 +122,7 @@ def _run(root: Path, parts: list, feat: list[str], job_dir, *, restart: bool) ->
         add_client(db, f"client-{k}")
     state = ServerState(db, NullAudit())
     state.create_job(load_job_spec(_job_toml(job_dir, root / "job", parts, feat)))
-    with db.session() as s:
-        rows = [s.scalar(select(ClientRow).where(ClientRow.name == f"client-{k}"))
-                for k in range(K)]
-    infos = [state.join(rows[k], JOB) for k in range(K)]
-    config = JobConfig.from_json(json.dumps(infos[0]["config"]))
-    workers = [Worker(config, *parts[k], client_index=k, seed=client_seed(config, k))
-               for k in range(K)]
+    rows, workers = join_sites(db, state, JOB, parts[:K])
     if restart:
         assert not _drive(state, rows, workers, lambda: len(_sketched_rounds(db)) >= 2)
         with db.session() as s:

@@ -18,6 +18,7 @@ import pytest
 from db_outage import database_down
 from ports import free_port
 from sqlalchemy import func, inspect, select
+from threaded_server import serving
 
 from fedforest_cli.sim_processes import child_env, write_server_config
 from fedforest_secure.config import JobConfig
@@ -415,8 +416,6 @@ def test_a_failure_reason_with_a_newline_and_any_character_reaches_the_sites(env
     """The reason travels in the X-FedForest-Detail header, on uvicorn as the server runs: a
     newline becomes a space, and a character beyond latin-1 arrives as it is (every site's
     poll failed otherwise)."""
-    import threading
-
     import httpx
     import uvicorn
 
@@ -425,20 +424,10 @@ def test_a_failure_reason_with_a_newline_and_any_character_reaches_the_sites(env
         job = s.get(JobRow, "job-a")
         job.status, job.reason = "failed", reason
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(env["http"].app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "the test server did not start"
-            time.sleep(0.02)
+    with serving(uvicorn.Config(env["http"].app, host="127.0.0.1", port=port,
+                                log_level="warning", lifespan="off")):
         r = httpx.get(f"http://127.0.0.1:{port}/v1/jobs/job-a/task",
                       headers=auth(env["tokens"][0]), timeout=10)
-    finally:
-        server.should_exit = True
-        thread.join(10)
     assert (r.status_code, r.headers["X-FedForest-Status"]) == (204, "failed")
     assert r.headers["X-FedForest-Detail"] == reason.replace("\n", " ")
 

@@ -10,13 +10,12 @@ import json
 import logging
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from ports import free_port
+from threaded_server import serving
 
 from fedforest_cli.simulate import start_server, wait_healthy, write_server_config
 from fedforest_secure.pki import init_dev_pki
@@ -230,18 +229,8 @@ def local() -> Iterator[int]:
     port = free_port()
     config = uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning",
                             http=protocol_with_idle_limit(http_protocol(), 30), lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
+    with serving(config):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _plain(port: int, opened: Opened) -> Conn:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from ports import free_port
+from threaded_server import serving
 
 LIMIT = 0.6  # seconds without a request in progress
 
@@ -37,18 +37,8 @@ def port() -> Iterator[int]:
     config = uvicorn.Config(_app, host="127.0.0.1", port=chosen, log_level="warning",
                             http=protocol_with_idle_limit(AutoHTTPProtocol, LIMIT),
                             timeout_keep_alive=60, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
+    with serving(config):
         yield chosen
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
