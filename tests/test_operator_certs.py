@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from test_pki_cli import _pki
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
@@ -19,11 +20,6 @@ from fedforest_secure.pki import (
     load_ca,
     load_certificate,
 )
-
-
-def _pki(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(app, ["pki", *args])
-    return res.exit_code, res.output.replace("\n", "")  # the console wraps long paths
 
 
 def _run_hint(out: str, which: int = 0) -> tuple[int, str]:
