@@ -111,12 +111,7 @@ def test_the_upload_is_recorded_in_the_receipts_before_its_request_is_sent(
                                              "next": {"status": "done", "detail": "ok"}})
         return httpx.Response(404, json={"error": "not_found", "detail": path})
 
-    tr = Transport("http://127.0.0.1:9", "token", None, insecure_dev=True)
-    tr.close()
-    tr._http = httpx.Client(base_url=tr.base_url, transport=httpx.MockTransport(answer))
-    log = SiteLog(plain=True)
-    opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
-                         schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
+    tr, log, opts = _mocked(answer, tmp_path)
     result = ClientResult(status="running")
     with Progress(disable=True) as progress:
         ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
@@ -154,12 +149,7 @@ def test_an_upload_the_server_counted_another_of_says_another_client_of_the_site
         return httpx.Response(409, json={"error": "conflicting_upload", "detail": "a different "
                                          "upload for round 0 was already counted"})
 
-    tr = Transport("http://127.0.0.1:9", "token", None, insecure_dev=True)
-    tr.close()
-    tr._http = httpx.Client(base_url=tr.base_url, transport=httpx.MockTransport(answer))
-    log = SiteLog(plain=True)
-    opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
-                         schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
+    tr, log, opts = _mocked(answer, tmp_path)
     with Progress(disable=True) as progress:
         ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
                    config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
@@ -174,3 +164,13 @@ def test_an_upload_the_server_counted_another_of_says_another_client_of_the_site
         "conflicting_upload): another client of this site may have uploaded for this round. "
         "Check that one client only runs for this site (on this machine and others), with the "
         "--state-dir and --data it joined with")
+
+
+def _mocked(answer: Any, tmp_path: Path) -> tuple[Transport, SiteLog, ClientOptions]:
+    """A site's transport whose requests ``answer`` handles, its log and its options."""
+    tr = Transport("http://127.0.0.1:9", "token", None, insecure_dev=True)
+    tr.close()
+    tr._http = httpx.Client(base_url=tr.base_url, transport=httpx.MockTransport(answer))
+    opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
+                         schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
+    return tr, SiteLog(plain=True), opts
