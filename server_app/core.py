@@ -34,7 +34,7 @@ from .store import (
     stored_upload_digest,
 )
 
-__all__ = ["Core", "check_seat"]
+__all__ = ["Core", "check_seat", "check_upload_round"]
 
 
 @dataclass
@@ -116,15 +116,7 @@ class Core:
             check_seat(seat, round_id)
             prev = stored_upload_digest(conn, job_id, round_id, seat.client_index)
             if prev is None:
-                if seat.round_status != RoundStatus.OPEN:
-                    raise ApiError(409, "round_closed", f"round {round_id} is closed",
-                                   counted=False)
-                if seat.round_phase != Phase.UPLOAD:
-                    raise ApiError(409, "wrong_phase",
-                                   f"round {round_id} is in phase {seat.round_phase}")
-                if seat.client_index not in seat.participants():
-                    raise ApiError(403, "not_participant",
-                                   f"this client is not a participant of round {round_id}")
+                check_upload_round(seat, round_id, counted=False)
             rt = self.runtimes.get(job_id)
             if rt.task is not None and rt.task.round_id == round_id:
                 bound = upload_size_bound(rt.task, rt.words(), rt.config)
@@ -164,3 +156,16 @@ def check_seat(seat: SeatView, round_id: int) -> None:
                        f"(current round: {seat.current_round})")
     if seat.job_status != JobStatus.RUNNING and seat.round_status == RoundStatus.OPEN:
         raise ApiError(409, "job_finished", f"the job is {seat.job_status}")
+
+
+def check_upload_round(seat: SeatView, round_id: int, *, counted: bool) -> None:
+    """The checks on an upload for round ``round_id`` that its body does not change: the
+    round is open, in its upload phase, and the client one of its participants. ``counted``:
+    whether the round counted this very upload (said with a closed round's 409)."""
+    if seat.round_status != RoundStatus.OPEN:
+        raise ApiError(409, "round_closed", f"round {round_id} is closed", counted=counted)
+    if seat.round_phase != Phase.UPLOAD:
+        raise ApiError(409, "wrong_phase", f"round {round_id} is in phase {seat.round_phase}")
+    if seat.client_index not in seat.participants():
+        raise ApiError(403, "not_participant",
+                       f"this client is not a participant of round {round_id}")

@@ -46,7 +46,7 @@ from fedforest_secure.secure_sum import make_codec
 from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
 from .cancel import apply_cancels, cancel
-from .core import Core, check_seat
+from .core import Core, check_seat, check_upload_round
 from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
@@ -382,15 +382,8 @@ class ServerState:
                                              duplicate=True)
                     raise ApiError(409, "conflicting_upload", f"a different upload for round "
                                    f"{round_id} was already counted")
-                if seat.round_status != RoundStatus.OPEN:
-                    raise ApiError(409, "round_closed", f"round {round_id} is closed",
+                check_upload_round(seat, round_id,
                                    counted=prev is not None and prev == up.digest)
-                if seat.round_phase != Phase.UPLOAD:
-                    raise ApiError(409, "wrong_phase",
-                                   f"round {round_id} is in phase {seat.round_phase}")
-                if idx not in seat.participants():
-                    raise ApiError(403, "not_participant",
-                                   f"this client is not a participant of round {round_id}")
                 if rt.task is None or rt.task.round_id != round_id:
                     raise ApiError(409, "wrong_round", "the round is not open")
                 check_against_task(up, rt.task, str(seat.task_digest), str(seat.round_encoding),
