@@ -184,14 +184,23 @@ def wait_round(fed: Fed, at_least: int, timeout: float = 300) -> None:
     raise AssertionError("the job did not reach the round in time")
 
 
-def freeze_mid_job(fed: Fed, client: subprocess.Popen[bytes], at_least: int) -> None:
-    """Once the job reaches round ``at_least``, freeze ``client`` (SIGSTOP): the job cannot
-    finish without its answers, so a kill or a restart that follows happens mid-job. A tiny
-    job can run to its end while the status is polled; that would make the test vacuous, so it
-    fails here instead."""
-    wait_round(fed, at_least)
+def freeze_mid_job(fed: Fed, client: subprocess.Popen[bytes], at_least: int,
+                   timeout: float = 300) -> None:
+    """Leave ``client`` frozen (SIGSTOP) once the job reaches round ``at_least``: the job
+    cannot finish without its answers, so a kill or a restart that follows happens mid-job.
+    The client runs in steps of 10 ms between frozen status checks, so a tiny job cannot run
+    to its end between a check and the freeze; a job that ended anyway would make the test
+    vacuous, so it fails here instead."""
+    deadline = time.monotonic() + timeout
     client.send_signal(signal.SIGSTOP)
-    st = _job_status(fed.db_url, "job-a")
+    while True:
+        st = _job_status(fed.db_url, "job-a")
+        if st["round"] >= at_least or st["status"] in ("done", "failed"):
+            break
+        assert time.monotonic() < deadline, "the job did not reach the round in time"
+        client.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+        client.send_signal(signal.SIGSTOP)
     assert st["status"] == "running", f"the job was {st['status']} before the freeze"
 
 
