@@ -324,8 +324,8 @@ sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t mi
         if (__builtin_add_overflow(total, fgetk(&fl[0], j, ws), &total) || total < 0)
             return 1;
     bk = n_points;
-    if (r >= 1) {
-        bk = total / r;
+    if (r >= 1) { /* r >= 2: distinct rows (the block's entries, whatever their weights) */
+        bk = (r >= 2 ? e0 - s0 : total) / r;
         if (bk > n_points)
             bk = n_points;
         if (bk < 1)
@@ -357,8 +357,8 @@ sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t mi
  * quantile points Q(b / B_k), b = 0..B_k: the value of the first entry whose cumulative
  * weight within the block reaches max(ceil(b W / B_k), 1) (W the block's weight), at most the
  * block's last entry. Missing values (code >= missing[f], the block's last entries) are left
- * out. B_k is n_points, or min(W // r, n_points) with r >= 1 (adaptive B; no point where that
- * is 0). A value is uniq_all[uniq_off[f] + code], f = feat[i]; out (n_blocks, n_points + 1)
+ * out. B_k is n_points, or min(C // r, n_points) with r >= 1 (adaptive B; no point where that
+ * is 0): C is the block's entries left (its distinct rows) with r >= 2, W with r = 1. A value is uniq_all[uniq_off[f] + code], f = feat[i]; out (n_blocks, n_points + 1)
  * gets them, NaN in its other slots. */
 PyObject *sketch_values(PyObject *self, PyObject *args)
 {

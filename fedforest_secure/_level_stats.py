@@ -79,8 +79,10 @@ class LevelStatistics:
         """Weighted quantile points Q(b/B_k), b = 0..B_k, per (node, slot); NaN-padded.
 
         Categorical slots get no points. With ``rows_per_point`` r >= 1 (adaptive B), a block
-        of w rows gets at most w // r points, none below r rows. Blocks are processed in runs
-        of a bounded number of entries, so the scratch memory does not grow with the level.
+        gets B_k = min(n_points, c // r) intervals, none where that is 0: c is its distinct
+        rows (its entries, whatever their weights) with r >= 2, its weighted rows with r = 1.
+        Blocks are processed in runs of a bounded number of entries, so the scratch memory
+        does not grow with the level.
         """
         n_nodes, m = feats.shape
         nblk = n_nodes * m
@@ -127,11 +129,16 @@ class LevelStatistics:
             before = cw0[start]
             bw = cw0[end] - before
             present = np.flatnonzero((end > start) & wanted[b0:b1])
-            # adaptive B: a sketch point summarises at least r rows (B_k <= n_k / r)
+            # adaptive B: a sketch point summarises at least r rows (B_k <= c_k / r); with
+            # r >= 2 c_k is the block's distinct rows (its entries: a row drawn several times,
+            # or of frequency weight w, counts once), with r = 1 its weighted rows (the paper's
+            # rule; a row of weight w as w copies; its points show at most its d_k values)
             bk = np.full(present.size, n_points, dtype=np.int64)
             if r >= 1:
-                bk = np.minimum(bw[present] // r, n_points)
-                # fewer than r rows: no point at all (a lone min or max would be a record)
+                rows = (end - start)[present] if r >= 2 else bw[present]
+                bk = np.minimum(rows // r, n_points)
+                # fewer than r rows: no point at all (a lone min or max would be a record,
+                # however often it was drawn)
                 keep = bk >= 1
                 present, bk = present[keep], bk[keep]
             # the points b = 0..B_k of every present block, one after the other (blocks with

@@ -5,20 +5,49 @@ nodes (``route_kind``, ``route_feature``, ``route_threshold``, ``route_left``, `
 and the left sets in CSR form, ``route_set_ptr`` / ``route_set_vals``). :func:`route` sends
 every pair of the client to its child in the new level, for all pairs at once. A job with
 missing values adds ``route_missing_left``: where each node sends a row missing its feature.
+
+A split on the client indicator H (``NodeKind.CLIENT``) sends whole sites left or right, so a
+node below it can hold one site's rows alone, and its sum over every site is that site's own
+statistics. A client follows one only where its own profile allows H-splits and the job splits
+on the client (:func:`check_client_splits`); otherwise it refuses the task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from ._level_stats import CodeBook
 from ._tree import NodeKind
 from .config import JobConfig
-from .errors import ProtocolError
+from .errors import ProtocolError, RefusedRequest
+from .privacy.profile import with_profile_defaults
 
-__all__ = ["route"]
+__all__ = ["check_client_splits", "route"]
+
+
+def check_client_splits(config: JobConfig, profile: Mapping[str, Any]) -> None:
+    """Refuse to follow a split on the client indicator H unless this client's own ``profile``
+    allows H-splits (``h_splits`` "clear" or "noisy") and the job splits on the client
+    (``config.split_on_client``): the honest coordinator sends one only then.
+
+    Raises
+    ------
+    RefusedRequest
+        (code ``"disclosure"``) H-splits are off for this client or this job.
+    """
+    h = profile.get("h_splits", "off")
+    if h in ("clear", "noisy") and config.split_on_client:
+        return
+    why = (f"This site's privacy profile {profile.get('name', '?')!r} has h_splits={h!r}"
+           if h not in ("clear", "noisy") else "The job was created with split_on_client=false")
+    raise RefusedRequest(
+        "refusing a task that routes rows by the site indicator H (a split on the client): it "
+        "can put one site's rows alone in a node, whose sum over all sites is then that site's "
+        f"own statistics. {why}, so this site follows no H-splits, and an honest server sends "
+        "none in this job (nothing to change on this site)", code="disclosure")
 
 
 def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, row: np.ndarray,
@@ -35,12 +64,18 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
     ------
     ProtocolError
         The routing does not describe this level's nodes or names an unknown feature.
+    RefusedRequest
+        The routing splits on the client indicator H where this client follows no H-splits
+        (:func:`check_client_splits`).
     """
     a = arrays
     kind = a["route_kind"]
     if kind.shape != (n_nodes,):
         raise ProtocolError(
             f"routing describes {kind.shape[0]} nodes, this client has {n_nodes}")
+    if (kind == NodeKind.CLIENT).any():
+        # the job's profile is the client's own (checked against its pins when it joined)
+        check_client_splits(config, with_profile_defaults(config.profile))
     feat = a["route_feature"].astype(np.int64)
     thr = a["route_threshold"]
     left = a["route_left"].astype(np.int64)

@@ -233,7 +233,7 @@ class Worker:
         extra = set(task.disclose) - self.allowed_disclosures()
         if extra:
             raise RefusedRequest(f"the privacy profile {self._profile.get('name', '?')!r} "
-                                 f"forbids disclosing {sorted(extra)}")
+                                 f"forbids disclosing {sorted(extra)}", code="disclosure")
 
     # ------------------------------------------------------------------ sketch round
     def _sketch(self, task: Task) -> Reply:

@@ -379,8 +379,9 @@ def test_a_worker_reads_a_left_out_h_splits_as_off_and_discloses_no_node_summari
     assert t is not None
     evil = Task(job_id=t.job_id, round_id=t.round_id, kind=t.kind, level=t.level,
                 params=t.params, arrays=t.arrays, layout=t.layout, disclose=("node_stats",))
-    with pytest.raises(RefusedRequest, match=r"forbids disclosing \['node_stats'\]"):
+    with pytest.raises(RefusedRequest, match=r"forbids disclosing \['node_stats'\]") as info:
         w.handle(evil)
+    assert info.value.code == "disclosure"  # the refusal's reason, as the server is told
 
 
 def test_a_worker_reads_a_left_out_rows_per_sketch_point_as_the_profiles_default() -> None:

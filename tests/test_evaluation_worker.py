@@ -149,8 +149,9 @@ def test_per_site_statistics_only_where_the_sites_profile_allows_them(cancer: di
     asking = _config(cancer, per_site=True)
     task = EvalCoordinator(asking).next_task()
     assert task is not None and task.disclose == (SITE_STATS,)
-    with pytest.raises(RefusedRequest, match="forbids disclosing"):
+    with pytest.raises(RefusedRequest, match="forbids disclosing") as info:
         EvalWorker(asking, *cancer["sites"][0]).handle(task)
+    assert info.value.code == "disclosure"  # the refusal's reason, as the server is told
     allowed = _config(cancer, load_profile("secure", site_metrics=True).to_dict(),
                       per_site=True)
     res = evaluate_in_process(allowed, cancer["sites"])

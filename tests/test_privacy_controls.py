@@ -167,42 +167,57 @@ def test_without_abstention_small_nodes_are_reported() -> None:
 
 
 # ---------------------------------------------------------------------------- adaptive B
-def _open_sketches(r: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """(points, n_k) of every per-client sketch disclosed in an open-profile run."""
+def _open_sketches(r: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
+    """(points, n_k, d_k) of every per-client sketch disclosed in an open-profile run: n_k the
+    sketch counts (bootstrap-weighted rows), d_k the client's distinct rows at the node."""
     X, y, h = _data()
-    _, records, cfg = _run(load_profile("open", rows_per_sketch_point=r), X, y, h)
-    out = [(items["sketch_points"], items["sketch_counts"]) for rec in records
-           if "sketch_points" in rec.task.disclose for items in rec.disclosed.values()]
+    workers, _, cfg = _run(load_profile("open", rows_per_sketch_point=r), X, y, h)
+    out = []
+    for w in workers:
+        for _task, pre, rep in w.log:
+            if "sketch_points" not in rep.disclosed:
+                continue
+            pts, n_k = rep.disclosed["sketch_points"], rep.disclosed["sketch_counts"]
+            assert pre is not None and pre.size == pts.shape[0]  # a whole level's sketch
+            out.append((pts, n_k, np.repeat(pre[:, None], pts.shape[1], axis=1)))
     assert out
     return out, cfg.n_bins
 
 
 @pytest.mark.parametrize("r", [1, 3])
 def test_adaptive_b_open_limits_per_client_sketch_points(r: int) -> None:
-    """B_k = min(B, floor(n_k / r)) + 1 points where the client has at least r rows."""
+    """B_k = min(B, floor(c_k / r)) + 1 points where c_k >= r, none below: with r >= 2 c_k is
+    the client's distinct rows at the node (d_k: a row the bootstrap drew several times counts
+    once), with r = 1 its weighted rows (n_k, the paper's rule)."""
     sketches, B = _open_sketches(r)
-    checked = binding = 0
-    for pts, n_k in sketches:  # pts: (n_nodes, m, B + 1) NaN-padded; n_k: (n_nodes, m)
+    checked = binding = repeated = 0
+    for pts, n_k, d_k in sketches:  # pts: (n_nodes, m, B + 1) NaN-padded; n_k, d_k: (n_nodes, m)
         n_pts = np.isfinite(pts).sum(axis=2)
         assert (n_pts <= B + 1).all()
-        enough = n_k >= r
-        limit = np.floor(n_k / r).astype(int) + 1
-        assert (n_pts[enough] <= limit[enough]).all()
-        expect = np.minimum(B, np.floor(n_k / r).astype(int)) + 1
+        c_k = d_k if r >= 2 else n_k.astype(int)
+        enough = c_k >= r
+        expect = np.minimum(B, c_k // r) + 1
         np.testing.assert_array_equal(n_pts[enough], expect[enough])
-        np.testing.assert_array_equal(n_pts[n_k == 0], 0)  # nothing where it has no rows
+        np.testing.assert_array_equal(n_pts[~enough], 0)  # no point below r rows
         checked += int(enough.sum())
-        binding += int((enough & (np.floor(n_k / r) < B)).sum())
-    assert checked > 0 and binding > 0  # the limit was below B somewhere
+        binding += int((enough & (c_k // r < B)).sum())
+        repeated += int((enough & (n_k // r > d_k // r) & (d_k // r < B)).sum())
+    # the limit was below B somewhere, and rows the bootstrap repeated were somewhere
+    assert checked > 0 and binding > 0 and repeated > 0
 
 
-def test_adaptive_b_open_small_nodes_disclose_at_most_one_point() -> None:
-    """The documented rule (a sketch point summarises >= r rows) on nodes with n_k < r."""
+def test_adaptive_b_open_nodes_below_r_distinct_rows_disclose_no_point() -> None:
+    """The documented rule (a sketch point summarises >= r distinct rows): a node where the
+    client has fewer than r distinct rows gets no point, also where the bootstrap drew them
+    r times or more (a lone record drawn twice would otherwise be its own min and max)."""
     sketches, _ = _open_sketches(3)
-    for pts, n_k in sketches:
+    drawn_often = 0
+    for pts, n_k, d_k in sketches:
         n_pts = np.isfinite(pts).sum(axis=2)
-        small = (n_k > 0) & (n_k < 3)
-        assert (n_pts[small] <= 1).all()
+        small = (d_k > 0) & (d_k < 3)
+        np.testing.assert_array_equal(n_pts[small], 0)
+        drawn_often += int((small & (n_k >= 3)).sum())
+    assert drawn_often > 0
 
 
 def test_adaptive_b_secure_follows_pooled_node_size(monkeypatch: pytest.MonkeyPatch) -> None:

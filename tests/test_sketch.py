@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedforest_secure import load_profile
 from fedforest_secure._sketch import client_quantiles, mixture_cdf, pooled_candidates
 from fedforest_secure.config import JobConfig
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
@@ -253,30 +254,48 @@ def test_worker_quantile_points_equal_reference(bootstrap: bool, ties: bool) -> 
 
 @pytest.mark.parametrize("r", [1, 2, 3, 7])
 def test_worker_adaptive_sketch_size(r: int) -> None:
-    """Adaptive B: B_k = min(B, floor(n_k / r)) intervals, i.e. B_k + 1 quantile points, so a
-    sketch interval summarises at least r rows (none at all below r rows); the points are the
-    reference Q(b / B_k)."""
+    """Adaptive B: B_k = min(B, floor(c_k / r)) intervals, i.e. B_k + 1 quantile points, with
+    c_k the node's distinct rows for r >= 2 (a row the bootstrap drew several times counts
+    once) and its weighted rows for r = 1 (the paper's rule), so a sketch interval summarises
+    at least r rows (none at all below r); the points are the reference Q(b / B_k) of the
+    weighted rows."""
     rng = np.random.default_rng(8)
     B = 16
     for n in (1, 2, 5, 9, 20, 40, 200):
         X = rng.normal(size=(n, 2))
         _, pts, counts = _worker_points(X, rng.normal(size=n), B, 2, True,
                                         {"rows_per_sketch_point": r})
-        bk = int(min(n // r, B))
         for t in range(2):
             for j in range(2):
+                u = np.unique(X[:, j])
+                mult = counts[t, j, : u.size]
+                distinct = int((mult > 0).sum())  # the values are distinct: one per row
+                rows = distinct if r >= 2 else n  # the bootstrap draws n_k times
+                bk = int(min(rows // r, B))
                 valid = ~np.isnan(pts[t, j])
-                if bk == 0:  # fewer than r rows: no point (a lone min/max is a record's value)
+                if bk == 0:  # fewer than r distinct rows: no point (a lone min/max is a record)
                     assert valid.sum() == 0
                     continue
                 assert valid.sum() == bk + 1
                 assert valid[: bk + 1].all()  # NaN padding at the end only
-                if n // r >= 1:
-                    assert (valid.sum() - 1) <= n / r
-                u = np.unique(X[:, j])
-                mult = counts[t, j, : u.size]
+                assert bk <= rows / r
                 ref = client_quantiles(u[mult > 0], mult[mult > 0], bk)
                 np.testing.assert_array_equal(pts[t, j, : bk + 1], ref)
+
+
+def test_a_lone_record_drawn_twice_discloses_no_sketch_point() -> None:
+    """With r = 2 (the secure profiles' rule, here under ``sketch = "quantiles"``) a node whose
+    only record the bootstrap drew twice or more sends no point: its weighted count passes r,
+    but its min and max would be that record's raw value."""
+    X = np.array([[1.2345], [7.5]])
+    T = 16
+    prof = load_profile("secure", sketch="quantiles").to_dict()
+    assert prof["rows_per_sketch_point"] == 2
+    w, pts, counts = _worker_points(X, np.array([0.5, -0.5]), 8, T, True, prof)
+    lone = (counts[:, 0, :2] > 0).sum(axis=1) == 1  # trees whose root holds one record
+    assert (counts[lone, 0, :2].sum(axis=1) == 2).all() and lone.sum() > 0  # drawn twice
+    assert np.isnan(pts[lone]).all()
+    assert np.isfinite(pts[~lone, 0, :2]).all()  # both records: min and max
 
 
 def test_cut_between_disjoint_clients_goes_to_the_middle_of_the_gap() -> None:

@@ -110,8 +110,9 @@ def _random_routing(rng: np.random.Generator, T: int, cfg: JobConfig, X: np.ndar
 def test_routing_matches_per_row_reference(client_index: int) -> None:
     rng = np.random.default_rng(client_index)
     T, n = 12, 80
+    # the routing splits on the client too: a job with H-splits, which the profile allows
     cfg = _cfg(n_estimators=T, feature_kinds=("continuous", "categorical", "continuous"),
-               n_levels=(0, 4, 0))
+               n_levels=(0, 4, 0), split_on_client=True, profile=load_profile("open").to_dict())
     X = np.column_stack([rng.normal(size=n).round(1), rng.integers(0, 4, n), rng.random(n)])
     y = rng.normal(size=n)
     w = Worker(cfg, X, y, client_index=client_index, seed=99)

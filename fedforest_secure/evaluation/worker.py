@@ -127,7 +127,7 @@ class EvalWorker:
         undisclosable = set(task.disclose) - self.allowed_disclosures()
         if undisclosable:
             raise RefusedRequest(f"the privacy profile {self._profile.get('name', '?')!r} "
-                                 f"forbids disclosing {sorted(undisclosable)}")
+                                 f"forbids disclosing {sorted(undisclosable)}", code="disclosure")
         reply = self._answer(task)
         self._answered = (task.round_id, digest, reply)
         return reply

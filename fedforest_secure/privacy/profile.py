@@ -122,7 +122,8 @@ class PrivacyProfile(BaseModel):
         are aggregated like any other statistic.
     rows_per_sketch_point : int
         Adaptive B: a sketch point summarises at least this many rows (>= 1; 1 is the paper's
-        ``B < n`` rule; secure profiles need >= 2).
+        ``B < n`` rule; secure profiles need >= 2). With r >= 2 a per-client sketch counts
+        the client's distinct rows (a bootstrap repeat or frequency weight once).
     abstain_below : int
         A client with fewer distinct rows than this at a node contributes nothing for it or
         its subtree (0: never). Bootstrap repeats of a row count once.

@@ -4,8 +4,9 @@
   nothing for that node (a zero vector, still masked, so abstaining is not visible).
 * Adaptive B: a sketch never has more points than the rows it summarises allow,
   ``B_nu = min(B, floor(n_min / rows_per_sketch_point))`` where ``n_min`` is the smallest row
-  count it summarises (the per-client count for per-client sketches; the pooled count for the
-  secure CDF sketch).
+  count it summarises (for per-client sketches the client's rows, with ``rows_per_sketch_point``
+  >= 2 its distinct rows, a row the bootstrap drew several times counting once; the pooled
+  count for the secure CDF sketch).
 * Profile/schema compatibility: the secure CDF sketch needs public feature bounds (its grid lives
   in the node's box), fixed-point encoding of a regression target needs its bounds (scales and
   range checks), differential privacy needs all bounds (sensitivities).
