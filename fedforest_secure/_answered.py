@@ -2,13 +2,20 @@
 
 A retried round (the same round id and the same task) gets the same reply; an older round, a
 round already answered for another question, and a question answered in an earlier round are
-refused (answering it again could isolate a client by differencing); under differential
-privacy each noisy aggregate a client releases is one of its job's planned releases
-(:func:`planned_releases`), made once.
+refused (answering it again could isolate a client by differencing); so is a histogram slot
+released in an earlier round of the level (:mod:`~fedforest_secure._slot_keys`: the same node,
+feature and cuts, whatever the task's kind, slot order or statistics mode), except the one
+step the coordinator takes, a slot whose counts a grid round released asked once more with its
+statistics (the secure pooled-CDF sketch's candidates are often its grid's own edges); under
+differential privacy each noisy aggregate a client releases is one of its job's planned
+releases (:func:`planned_releases`), made once.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from ._slot_keys import SlotKeys, slot_keys
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
 from .protocol import Reply, Task, TaskKind, layout_size
@@ -51,6 +58,12 @@ class AnsweredRounds:
         self._keep_last_reply = keep_last_reply
         self._questions: set[bytes] = set()
         self._dp_made: set[tuple[int, TaskKind]] = set()  # planned releases made (DP)
+        # the histogram slots released at the current level (a worker never answers a
+        # histogram of an earlier level): sorted keys, and per key whether its statistics
+        # were released (True) or its counts only (False)
+        self._slot_level = -1
+        self._slots = np.zeros(0, dtype=np.uint64)
+        self._slot_stats = np.zeros(0, dtype=bool)
 
     def replay(self, round_id: int, digest: bytes) -> Reply | None:
         """The reply already given in round ``round_id`` to the task of ``digest`` (a retry),
@@ -73,23 +86,50 @@ class AnsweredRounds:
             raise ProtocolError(f"round {round_id} is older than round {self._last_round}")
         return None
 
-    def check_new(self, task: Task, question: bytes) -> None:
-        """Refuse a question answered in an earlier round, and under DP a noisy aggregate
-        that is not one of the plan's releases (:func:`planned_releases`), or one already
-        made.
+    def check_new(self, task: Task, question: bytes) -> SlotKeys | None:
+        """Refuse a question answered in an earlier round, a histogram slot released in an
+        earlier round (:meth:`_check_slots`), and under DP a noisy aggregate that is not one
+        of the plan's releases (:func:`planned_releases`), or one already made. Returns the
+        task's histogram slots, for :meth:`counted`.
 
         Raises
         ------
         RefusedRequest
-            The question was answered before, or the release is not planned, not in its
-            planned form, or made already.
+            The question or one of its slots was answered before, or the release is not
+            planned, not in its planned form, or made already.
         """
         if question in self._questions:
             raise RefusedRequest("this question was already answered in an earlier round; "
                                  "answering it again could isolate a client by differencing",
                                  code="question_reused")
+        slots = slot_keys(self.config, task)
+        if slots is not None:
+            self._check_slots(task, slots)
         if self.config.dp is not None and layout_size(task.layout) > 0:
             self._check_planned(task)
+        return slots
+
+    def _check_slots(self, task: Task, slots: SlotKeys) -> None:
+        """Refuse a histogram slot (node, feature, cuts) of the level released in an earlier
+        round, in any form: a slot whose statistics were released, and a slot whose counts
+        were released asked for its counts again. A slot whose counts only were released
+        may be asked once for its statistics (the coordinator's histogram round on its grid
+        round's edges)."""
+        if task.level != self._slot_level or not self._slots.size or not slots.keys.size:
+            return
+        pos = np.minimum(np.searchsorted(self._slots, slots.keys), self._slots.size - 1)
+        seen = self._slots[pos] == slots.keys
+        again = seen & (self._slot_stats[pos] | (slots.mode == "count"))
+        if again.any():
+            i = int(np.flatnonzero(again)[0])
+            node, feat = int(slots.nodes[i]), int(slots.features[i])
+            what = (f"the totals of node {node}" if feat < 0
+                    else f"the histogram of node {node}, feature {feat}")
+            raise RefusedRequest(
+                f"{what} at level {task.level}, with the same cuts, was already released in "
+                "an earlier round (the task asks it again in another form: another task kind, "
+                "slot order or statistics mode); answering it again could isolate a client "
+                "by differencing", code="question_reused")
 
     def _check_planned(self, task: Task) -> None:
         """Refuse a noisy release that is not one of the plan's, or one already made."""
@@ -124,8 +164,25 @@ class AnsweredRounds:
         # federation, which never retries, can skip keeping it (memory)
         self._last_reply = reply if self._keep_last_reply else None
 
-    def counted(self, task: Task, question: bytes) -> None:
-        """Count ``task``'s question as answered (and under DP its planned release as made)."""
+    def counted(self, task: Task, question: bytes, slots: SlotKeys | None = None) -> None:
+        """Count ``task``'s question as answered, and its histogram ``slots`` (from
+        :meth:`check_new`) as released (and under DP its planned release as made)."""
         self._questions.add(question)
+        if slots is not None:
+            self._count_slots(task.level, slots)
         if self.config.dp is not None and layout_size(task.layout) > 0:
             self._dp_made.add((task.level, task.kind))
+
+    def _count_slots(self, level: int, slots: SlotKeys) -> None:
+        if level != self._slot_level:  # a new level: the earlier one's are never asked again
+            self._slot_level = level
+            self._slots = np.zeros(0, dtype=np.uint64)
+            self._slot_stats = np.zeros(0, dtype=bool)
+        keys = np.concatenate([self._slots, slots.keys])
+        stats = np.concatenate([self._slot_stats,
+                                np.full(slots.keys.size, slots.mode != "count")])
+        order = np.lexsort((~stats, keys))  # per key, a statistics release first
+        keys, stats = keys[order], stats[order]
+        first = np.ones(keys.size, dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        self._slots, self._slot_stats = keys[first], stats[first]

@@ -218,8 +218,9 @@ def bounded_question(config: JobConfig, task: Task, question: bytes) -> bytes:
     bounds = config.feature_bounds
     memo = task.derived if isinstance(task, SealedTask) else None
     key = ("bounded_question", question, bounds)
-    if memo is not None and key in memo:
-        return memo[key]
+    hit = memo.get(key) if memo is not None else None
+    if isinstance(hit, bytes):
+        return hit
     out = _bounded_question(task, question, bounds)
     if memo is not None:
         memo[key] = out

@@ -194,7 +194,7 @@ class Worker:
         question = task.question_digest() if digests is None else digests[1]
         # thresholds beyond the public bounds cut nothing: the same question without them
         question = bounded_question(self.config, task, question)
-        self._answers.check_new(task, question)
+        slots = self._answers.check_new(task, question)
         if task.kind == TaskKind.SKETCH:
             reply = self._sketch(task)
         elif task.kind == TaskKind.HISTOGRAM:
@@ -215,7 +215,7 @@ class Worker:
             self._sorted = None  # free the sorted order (the next round of the level re-sorts)
         elif keep == "compact" and self._sorted is not None:
             self._sorted.compact()  # until the level's next round
-        self._answers.counted(task, question)
+        self._answers.counted(task, question, slots)
         return reply
 
     def allowed_disclosures(self) -> set[str]:

@@ -167,7 +167,10 @@ def test_histogram_matches_brute_force() -> None:
                 b = int(np.searchsorted(thr[e, s], X[i, f], side="left"))  # t_{b-1} < x <= t_b
                 ref[e, s, b] += mult[nd, i] * np.array([1.0, y[i], y[i] ** 2])
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-10)
-    # count mode and classification give the same bins
+    # count mode gives the same bins (a second worker of the same rows and seed: a worker
+    # releases a histogram slot once, in one statistics mode)
+    w = Worker(cfg, X, y, client_index=0, seed=5)
+    w.handle(_sketch_task(1, 0, T, feats=feats))
     rep_c = w.handle(_hist_task(3, 0, nodes, feats[nodes], thr, mode="count"))
     np.testing.assert_allclose(rep_c.summable.reshape(2, d, bt + 1), ref[..., 0])
 
@@ -531,6 +534,10 @@ def test_missing_values_fill_one_last_bin_per_slot(path: str, all_missing: bool,
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(got[..., 0].sum(axis=2), np.repeat(mult.sum(axis=1)[:, None],
                                                                    d, axis=1))
+    # counts (a second worker of the same rows and seed: a worker releases a histogram slot
+    # once, in one statistics mode) leave the rows missing the feature out
+    w = Worker(cfg, X, y, client_index=0, seed=5)
+    w.handle(_sketch_task(1, 0, T, feats=feats if sorted_level else None))
     counts = w.handle(_hist_task(3, 0, nodes, feats, thr, mode="count"))
     np.testing.assert_allclose(counts.summable.reshape(T, d, bt + 1), ref[:, :, :-1, 0])
 

@@ -172,7 +172,8 @@ def _canonical_thresholds(thr: np.ndarray) -> np.ndarray:
 def check_task_form(task: Task) -> None:
     """Refuse a task in a form the coordinator never sends, whose question key would not be
     what the client computes: a parameter or array the client does not use for this kind of
-    task (``n_points`` / ``top_l`` without the sketch disclosures that read them), an array of
+    task (``n_points`` / ``top_l`` without the sketch disclosures that read them, disclosures
+    in a histogram task, which discloses nothing), an array of
     the wrong kind of numbers, or a parameter of the wrong type (``totals: 1`` for ``true``).
 
     Raises
@@ -186,6 +187,10 @@ def check_task_form(task: Task) -> None:
         if k in task.params and not read_with & set(task.disclose)}
     if unused:
         raise ProtocolError(f"task carries fields this client does not use: {sorted(unused)}")
+    if task.kind is TaskKind.HISTOGRAM and task.disclose:
+        # the question key hashes the disclosures: ignored ones would make a question "new"
+        raise ProtocolError(f"a histogram task discloses nothing; this one asks to disclose "
+                            f"{sorted(set(task.disclose))}")
     for name, arr in task.arrays.items():
         want = TASK_ARRAY_DTYPES[name]
         if arr.dtype.kind not in _READS[want.kind]:
@@ -327,7 +332,7 @@ class SealedTask(Task):
         self._table: bytes | None = None  # canonical JSON of the array table, when known
         #: what a reader derives from the task once for all its readers (an in-process
         #: federation hands the one sealed task to every client), by the reader's key
-        self.derived: dict[object, bytes] = {}
+        self.derived: dict[object, object] = {}
 
     def to_bytes(self) -> bytes:
         if self._bytes is None:

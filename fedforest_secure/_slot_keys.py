@@ -1,0 +1,147 @@
+"""What a histogram releases, slot by slot: the keys a worker records so that it releases each
+histogram slot once, whatever form the task asks it in.
+
+A histogram (a HISTOGRAM task, or the level's first histogram a SKETCH task carries in
+``grid_*``) releases, per listed node and feature slot, the statistics of the node's rows in
+the bins its thresholds cut. What is released is fixed by the level, the node, the feature and
+the cuts alone, so a slot's key is made of those: the cuts in the canonical form of the
+question key (distinct finite thresholds, ascending, -0.0 as 0.0) without the thresholds
+outside the feature's public bounds (they cut nothing). Not in the key, because they do not
+change what is released: the task's kind (a sketch's grid or a histogram round), the slot's
+position in the node's row, the other slots and nodes of the task, and the statistics mode
+(``count`` is inside ``moments``, which is inside ``full``; ``gain`` carries the left counts):
+the worker compares modes itself (:class:`~fedforest_secure._answered.AnsweredRounds`).
+
+A slot without a finite cut has one bin: its node's totals (with missing values, those of the
+rows that have the feature, and the rest in the missing bin). Without missing values every
+such slot of a node releases the same totals, so they share one key whatever the feature.
+
+Keys are 64-bit hashes (splitmix64 over the key's fields), computed for all slots at once.
+The same slot always gets the same key; two different slots share one with probability about
+``n^2 / 2^64`` for ``n`` slots, which would make a worker refuse, never answer twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import JobConfig
+from .protocol import SealedTask, Task, TaskKind
+
+__all__ = ["SlotKeys", "slot_keys"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    out: np.ndarray = x ^ (x >> np.uint64(31))
+    return out
+
+
+def _mix(h: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return _splitmix(h ^ _splitmix(v))
+
+
+@dataclass(frozen=True)
+class SlotKeys:
+    """The slots one histogram task releases: per slot its key, node and feature (-1 for a
+    node's totals, a slot without a cut when the job has no missing values), and the task's
+    statistics mode."""
+
+    keys: np.ndarray  # uint64
+    nodes: np.ndarray  # int64
+    features: np.ndarray  # int64
+    mode: str
+
+
+def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    """Per (node, slot): its distinct finite thresholds inside the feature's public bounds,
+    ascending (-0.0 as 0.0), +inf padded; ``feats`` (E, m) int64, ``thr`` (E, m, W)."""
+    t = thr
+    fin = np.isfinite(t)
+    bounds = config.feature_bounds
+    if bounds is not None and t.size:
+        lohi = np.asarray(bounds, dtype=np.float64)
+        f = np.clip(feats, 0, len(bounds) - 1)
+        with np.errstate(invalid="ignore"):
+            out = fin & ((t < lohi[f, 0][:, :, None]) | (t >= lohi[f, 1][:, :, None]))
+        if out.any():
+            t = np.where(out, np.inf, t)
+            fin = fin & ~out
+    if t.shape[2] > 1:
+        a, b = t[:, :, :-1], t[:, :, 1:]
+        if ((fin[:, :, :-1] | ~fin[:, :, 1:]).all() and ((a < b) | ~fin[:, :, 1:]).all()
+                and not (t == -np.inf).any()):
+            # increasing finite thresholds, then infinite ones (the coordinator's form)
+            return np.where(fin, t + 0.0, np.inf)
+    elif not (t == -np.inf).any():
+        return np.where(fin, t + 0.0, np.inf)
+    t = np.sort(np.where(fin, t + 0.0, np.inf), axis=2)
+    if t.shape[2] > 1:
+        t[:, :, 1:][t[:, :, 1:] == t[:, :, :-1]] = np.inf
+        t = np.sort(t, axis=2)
+    return t
+
+
+def slot_keys(config: JobConfig, task: Task) -> SlotKeys | None:
+    """The slots ``task`` releases, or None: it asks no histogram, or one whose arrays the
+    worker refuses anyway (:func:`~fedforest_secure._task_checks.histogram_arrays`).
+    Derived once per sealed task and job (every client of an in-process federation reads the
+    same one)."""
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("slot_keys", config.feature_bounds, config.has_missing, config.n_features)
+    hit = memo.get(key) if memo is not None else None
+    if isinstance(hit, SlotKeys):
+        return hit
+    out = _slot_keys(config, task)
+    if memo is not None and out is not None:
+        memo[key] = out
+    return out
+
+
+def _slot_keys(config: JobConfig, task: Task) -> SlotKeys | None:
+    prefix = "" if task.kind is TaskKind.HISTOGRAM else "grid_"
+    if task.kind not in (TaskKind.HISTOGRAM, TaskKind.SKETCH):
+        return None
+    a = task.arrays
+    nodes, feats, thr = (a.get(prefix + k) for k in ("nodes", "features", "thresholds"))
+    if (nodes is None or feats is None or thr is None or nodes.ndim != 1 or feats.ndim != 2
+            or thr.ndim != 3 or feats.shape[0] != nodes.size or thr.shape[:2] != feats.shape
+            or nodes.dtype.kind not in "iu" or feats.dtype.kind not in "iu"
+            or thr.dtype.kind not in "fiu"):
+        return None
+    f = feats.astype(np.int64)
+    t = thr.astype(np.float64)
+    if np.isnan(t).any() or (f >= config.n_features).any():
+        return None
+    mode = str(task.params.get("stats", "full"))
+    cuts = canonical_cuts(config, f, t)
+    rows, cols = np.nonzero(f >= 0)
+    c = cuts[rows, cols]  # (slots, W)
+    fin = np.isfinite(c)
+    n_cuts = fin.sum(axis=1)
+    feat = f[rows, cols]
+    if not config.has_missing:
+        feat = np.where(n_cuts == 0, -1, feat)  # the node's totals
+    node = nodes.astype(np.int64)[rows]
+    h = _mix(np.full(rows.size, np.uint64(task.level)), node.astype(np.uint64))
+    h = _mix(h, feat.astype(np.uint64))
+    h = _mix(h, n_cuts.astype(np.uint64))
+    width = int(n_cuts.max()) if n_cuts.size else 0
+    if width:
+        # the cuts (finite first, ascending), each times an odd constant of its position,
+        # summed (padding +inf adds 0); a constant's collisions could make a worker refuse
+        # a slot, never answer one twice
+        bits = np.ascontiguousarray(c[:, :width]).view(np.uint64)
+        odd = _splitmix(np.arange(width, dtype=np.uint64)) | np.uint64(1)
+        mixed = (bits ^ (bits >> np.uint64(29))) * odd[None, :]
+        mixed[~fin[:, :width]] = 0
+        h = _mix(h, mixed.sum(axis=1, dtype=np.uint64))
+    return SlotKeys(h, node, feat, mode)
