@@ -174,13 +174,14 @@ class AnsweredRounds:
             self._dp_made.add((task.level, task.kind))
 
     def _count_slots(self, level: int, slots: SlotKeys) -> None:
-        if level != self._slot_level:  # a new level: the earlier one's are never asked again
+        stats_new = np.full(slots.distinct.size, slots.mode != "count")
+        if level != self._slot_level or not self._slots.size:
+            # a new level (the earlier one's are never asked again): the task's slots alone
             self._slot_level = level
-            self._slots = np.zeros(0, dtype=np.uint64)
-            self._slot_stats = np.zeros(0, dtype=bool)
-        keys = np.concatenate([self._slots, slots.keys])
-        stats = np.concatenate([self._slot_stats,
-                                np.full(slots.keys.size, slots.mode != "count")])
+            self._slots, self._slot_stats = slots.distinct, stats_new
+            return
+        keys = np.concatenate([self._slots, slots.distinct])
+        stats = np.concatenate([self._slot_stats, stats_new])
         order = np.lexsort((~stats, keys))  # per key, a statistics release first
         keys, stats = keys[order], stats[order]
         first = np.ones(keys.size, dtype=bool)

@@ -24,6 +24,7 @@ The same slot always gets the same key; two different slots share one with proba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -59,6 +60,13 @@ class SlotKeys:
     nodes: np.ndarray  # int64
     features: np.ndarray  # int64
     mode: str
+
+    @cached_property
+    def distinct(self) -> np.ndarray:
+        """The distinct keys, ascending (made once: every client of an in-process federation
+        records the same task's)."""
+        out: np.ndarray = np.unique(self.keys)
+        return out
 
 
 def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray) -> np.ndarray:
