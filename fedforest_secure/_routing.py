@@ -74,7 +74,9 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
         raise ProtocolError(
             f"routing describes {kind.shape[0]} nodes, this client has {n_nodes}")
     if (kind == NodeKind.CLIENT).any():
-        # the job's profile is the client's own (checked against its pins when it joined)
+        # the job's profile as this client accepted it: equal to the site's pinned profile
+        # where it pins one (checked at join); an unpinned site takes the server's
+        # (threat model S10)
         check_client_splits(config, with_profile_defaults(config.profile))
     feat = a["route_feature"].astype(np.int64)
     thr = a["route_threshold"]

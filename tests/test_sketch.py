@@ -253,7 +253,7 @@ def test_worker_quantile_points_equal_reference(bootstrap: bool, ties: bool) -> 
 
 
 @pytest.mark.parametrize("r", [1, 2, 3, 7])
-def test_worker_adaptive_sketch_size(r: int) -> None:
+def test_worker_adaptive_sketch_size(r: int, kernels: str) -> None:
     """Adaptive B: B_k = min(B, floor(c_k / r)) intervals, i.e. B_k + 1 quantile points, with
     c_k the node's distinct rows for r >= 2 (a row the bootstrap drew several times counts
     once) and its weighted rows for r = 1 (the paper's rule), so a sketch interval summarises
@@ -283,7 +283,7 @@ def test_worker_adaptive_sketch_size(r: int) -> None:
                 np.testing.assert_array_equal(pts[t, j, : bk + 1], ref)
 
 
-def test_a_lone_record_drawn_twice_discloses_no_sketch_point() -> None:
+def test_a_lone_record_drawn_twice_discloses_no_sketch_point(kernels: str) -> None:
     """With r = 2 (the secure profiles' rule, here under ``sketch = "quantiles"``) a node whose
     only record the bootstrap drew twice or more sends no point: its weighted count passes r,
     but its min and max would be that record's raw value."""

@@ -18,6 +18,7 @@ from fedforest_secure import (
     _order,
     _secure_cdf,
     _sketch,
+    load_profile,
 )
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import InvalidMessage, OverflowRisk, ProtocolError, SchemaError
@@ -164,11 +165,12 @@ def test_bad_arrays_are_refused_with_a_clear_error() -> None:
 
 @compiled_only
 @pytest.mark.parametrize("task", ["regression", "classification"])
-@pytest.mark.parametrize("profile", ["open", "secure"])
+@pytest.mark.parametrize("profile", ["open", "secure", "secure-quantiles"])
 @pytest.mark.parametrize("missing", [False, True])
 def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch, task: str, profile: str, missing: bool) -> None:
-    """Bootstrap weights, adaptive sketch sizes (secure), missing values: the same trees."""
+    """Bootstrap weights, adaptive sketch sizes (per-client sketches with r = 2 under
+    ``secure-quantiles``), missing values: the same trees."""
     rng = np.random.default_rng(11)
     n = 600
     X = rng.normal(size=(n, 5))
@@ -181,7 +183,8 @@ def test_a_forest_is_the_same_with_and_without_the_compiled_kernels(
     if task == "classification":
         y = (y > 0).astype(int)
     kw = dict(n_estimators=4, max_depth=5, min_samples_leaf=3, n_bins=16, random_state=2,
-              profile=profile)
+              profile=(load_profile("secure", sketch="quantiles")
+                       if profile == "secure-quantiles" else profile))
     compiled = cls(**kw).fit(X, y, client=h)
     monkeypatch.setattr(_kernels, "KERNELS", None)
     plain = cls(**kw).fit(X, y, client=h)
