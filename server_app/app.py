@@ -140,14 +140,16 @@ def _database_answers(db: Database) -> bool:
     return True
 
 
-async def _read_body(request: Request, length: int | None, limit: int) -> bytearray:
-    """The request body in one buffer, each chunk copied into place once.
+async def _read_body(request: Request, length: int | None, limit: int) -> bytes:
+    """The request body in one buffer, each chunk copied into it once.
 
-    Uploads run to tens of MB in chunks of 64 KB. The buffer doubles as data arrives (never
-    beyond a stated Content-Length), so a client that states a length but stalls holds only
-    what it sent: nothing is allocated on the word of a header. Without a Content-Length the
-    buffer grows up to ``limit`` bytes. A client whose connection closes before its body is
-    complete is refused (logged as a client's failure, not a server error)."""
+    Uploads run to tens of MB in chunks of 64 KB. The chunks are kept as they arrive and
+    joined once the body is complete (one allocation of the body's size, no zero-filled
+    buffer grown and copied on the way), so a client that states a length but stalls holds
+    only what it sent: nothing is allocated on the word of a header. A body longer than its
+    Content-Length is refused as soon as it is; without a Content-Length, one longer than
+    ``limit`` bytes. A client whose connection closes before its body is complete is refused
+    (logged as a client's failure, not a server error)."""
     try:
         return await _read_body_chunks(request, length, limit)
     except ClientDisconnect:
@@ -165,33 +167,21 @@ def _gone(request: Request) -> ApiError:
                     "complete")
 
 
-async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytearray:
-    if length is None:
-        grown = bytearray()
-        async for chunk in request.stream():
-            grown += chunk
-            if len(grown) > limit:
-                raise ApiError(413, "too_large", f"uploads are at most {limit} bytes")
-        return grown
-    body = bytearray()
-    view, pos = memoryview(body), 0
-    try:
-        async for chunk in request.stream():
-            end = pos + len(chunk)
-            if end > length:
-                raise ApiError(400, "malformed_upload", "the body is longer than its "
-                               "Content-Length")
-            if end > len(body):
-                view.release()  # a bytearray cannot grow while a view of it exists
-                body += bytes(min(length, max(2 * len(body), end)) - len(body))
-                view = memoryview(body)
-            view[pos:end] = chunk
-            pos = end
-    finally:
-        view.release()
-    if pos != length:
+async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytes:
+    most, too_long = ((limit, ApiError(413, "too_large", f"uploads are at most {limit} bytes"))
+                      if length is None else
+                      (length, ApiError(400, "malformed_upload", "the body is longer than its "
+                                        "Content-Length")))
+    chunks: list[bytes] = []
+    got = 0
+    async for chunk in request.stream():
+        got += len(chunk)
+        if got > most:
+            raise too_long
+        chunks.append(chunk)
+    if length is not None and got != length:
         raise ApiError(400, "malformed_upload", "the body is shorter than its Content-Length")
-    return body
+    return b"".join(chunks)
 
 
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,

@@ -136,6 +136,13 @@ def holder(db: Database, clock: Callable[[], float] = time.time) -> LeaseRow | N
         return row if row is not None and _held(row, clock()) else None
 
 
+#: the fence's read of the lease row (:meth:`ServerLease._fence`), built once: every
+#: transaction of the serving process that wrote runs it, and a statement built anew each time
+#: costs more than the read itself (its cache key, and its result's columns matched again)
+_FENCE_READ = (select(LeaseRow.owner, LeaseRow.pid, LeaseRow.host, LeaseRow.port)
+               .where(LeaseRow.id == 1).with_for_update(read=True))
+
+
 class ServerLease:
     """This process's claim on ``db`` (:meth:`acquire`, :meth:`renew`, :meth:`release`)."""
 
@@ -236,8 +243,7 @@ class ServerLease:
         transaction that wrote holds the database's one write lock already)."""
         if self.lost is not None:
             raise LeaseLost(str(self.lost))
-        row = conn.execute(select(LeaseRow.owner, LeaseRow.pid, LeaseRow.host, LeaseRow.port)
-                           .where(LeaseRow.id == 1).with_for_update(read=True)).first()
+        row = conn.execute(_FENCE_READ).first()
         if row is not None and row.owner == self.owner:
             return
         err = _lost(None if row is None else (row.pid, row.host, row.port))

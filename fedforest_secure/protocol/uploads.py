@@ -90,7 +90,7 @@ def make_upload(task: Task, summable: np.ndarray, disclosed: dict[str, np.ndarra
 def parse_upload(body: bytes | bytearray) -> ParsedUpload:
     """Decode an upload body; any defect says no more than necessary."""
     try:
-        # unpack reads any buffer (the server hands it the bytearray it read, uncopied)
+        # unpack reads any buffer (the server hands it the body it read, uncopied)
         header, arrays = unpack(cast(bytes, body))
     except InvalidMessage as exc:
         raise UploadRejected("malformed_upload",
