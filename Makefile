@@ -7,7 +7,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test demo lint bench clean
 
+# pyproject.toml's requires-python (tests/test_makefile.py checks they agree)
+MIN_PYTHON := 3.11
+# $(call NEED_PYTHON,interpreter,what it is,what to do): exits 1 with a message saying what
+# to do unless the interpreter is Python $(MIN_PYTHON) or later
+NEED_PYTHON = $(1) -c "import sys; v = sys.version_info; \
+	need = tuple(int(n) for n in '$(MIN_PYTHON)'.split('.')); \
+	sys.exit(None if v >= need else \
+	'$(2) Python %d.%d; FedForest Secure needs Python $(MIN_PYTHON) or later. $(3)' % v[:2])"
+AGAIN := make $(or $(MAKECMDGOALS),install) PYTHON=python$(MIN_PYTHON)
+
 $(BIN)/python:
+	@$(call NEED_PYTHON,$(PYTHON),$(PYTHON) is,Name a newer one: $(AGAIN))
 	$(PYTHON) -m venv $(VENV)
 
 # setup.py builds the compiled loops (fedforest_secure/_ckernels*.[ch]): a change to them reinstalls;
@@ -15,6 +26,8 @@ $(BIN)/python:
 CAN_BUILD := command -v cc >/dev/null 2>&1 && $(BIN)/python -c "import os, sysconfig; \
 	raise SystemExit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"
 $(STAMP): pyproject.toml setup.py $(wildcard fedforest_secure/_ckernels*.[ch]) | $(BIN)/python
+	@$(call NEED_PYTHON,$(BIN)/python,$(VENV) was made by,Remove it and make it again \
+	with a newer one: rm -rf $(VENV); $(AGAIN))
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	FEDFOREST_REQUIRE_KERNELS=$$($(CAN_BUILD) && echo 1 || echo 0) \
 	    $(BIN)/python -m pip install --quiet -e ".[dev]"

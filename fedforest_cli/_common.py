@@ -1,8 +1,12 @@
-"""What the ``fedforest`` sub-commands share: the error console and the failure exit."""
+"""What the ``fedforest`` sub-commands share: the error console, the failure exit and how
+this command was started (for the commands a sub-command suggests next)."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -11,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["MAX_SEED", "check_output", "console", "fail"]
+__all__ = ["MAX_SEED", "check_output", "console", "fail", "own_command"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
 console = Console(stderr=True)
@@ -42,3 +46,17 @@ def check_output(path: Path, *, force: bool, inputs: Sequence[tuple[str, Path]] 
     if (path.exists() or path.is_symlink()) and not force:
         fail(FileExistsError(f"{path} exists: nothing was written (--force replaces it)"))
 
+
+
+def own_command() -> str:
+    """How to run ``fedforest`` again the way it runs now, for a command to suggest: the bare
+    name where it is the ``fedforest`` found on PATH, else the path it was started by (a
+    virtualenv's ``.venv/bin/fedforest`` not on PATH), else (``python -m fedforest_cli``, or
+    the app called in process) this interpreter with ``-m fedforest_cli``."""
+    started = sys.argv[0] if sys.argv else ""
+    if Path(started).name == "fedforest" and Path(started).is_file():
+        on_path = shutil.which("fedforest")
+        if on_path is not None and os.path.samefile(on_path, started):
+            return "fedforest"
+        return shlex.quote(started)
+    return f"{shlex.quote(sys.executable)} -m fedforest_cli"

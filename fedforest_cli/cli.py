@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from fedforest_secure import __version__
 from fedforest_secure.errors import FedForestError
 
 from . import data_cli, site_cli
@@ -38,6 +39,21 @@ app.command(context_settings={"allow_extra_args": True})(evaluate)
 app.command("cross-validate")(cross_validate_cmd)
 data_cli.register(app)
 site_cli.register(app)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"fedforest {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", "-V", is_eager=True, callback=_print_version,
+        help="print fedforest-secure's version and exit")] = False,
+) -> None:
+    """FedForest Secure: federated random forests over HTTPS."""
 
 
 # ---------------------------------------------------------------------- client

@@ -7,6 +7,7 @@ read only their own CSV, and at the end a comparison with centralized and local 
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import threading
@@ -24,6 +25,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.protocol.api import JobStatus
 
+from ._common import own_command
 from .sim_data import (
     SimData,
     SimulateOptions,
@@ -336,7 +338,9 @@ def _print_where(out: Path, audit: dict[str, Any]) -> None:
                   f"audit log: {db}\n"
                   f"receipts:  {out / 'receipts'} (one file per site)\n"
                   f"logs:      {out / 'logs'}")
+    fedforest = own_command()
     console.print("next, try:\n"
-                  f"  fedforest audit show --db {db}\n"
-                  f"  fedforest audit verify --db {db} --receipts {out / 'receipts'}",
-                  highlight=False, soft_wrap=True)
+                  f"  {fedforest} audit show --db {shlex.quote(str(db))}\n"
+                  f"  {fedforest} audit verify --db {shlex.quote(str(db))} "
+                  f"--receipts {shlex.quote(str(out / 'receipts'))}",
+                  highlight=False, soft_wrap=True, markup=False)
