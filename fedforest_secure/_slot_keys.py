@@ -6,7 +6,10 @@ A histogram (a HISTOGRAM task, or the level's first histogram a SKETCH task carr
 the bins its thresholds cut. What is released is fixed by the level, the node, the feature and
 the cuts alone, so a slot's key is made of those: the cuts in the canonical form of the
 question key (distinct finite thresholds, ascending, -0.0 as 0.0) without the thresholds
-outside the feature's public bounds (they cut nothing). Not in the key, because they do not
+outside the feature's public bounds (they cut nothing). A categorical feature's values are its
+public level codes 0..L-1 and a row goes left where its code is <= the threshold, so every
+threshold in [k, k + 1) makes the cut k + 0.5, and one below 0 or at L - 1 or above cuts
+nothing: the key holds the cuts k + 0.5 the thresholds make. Not in the key, because they do not
 change what is released: the task's kind (a sketch's grid or a histogram round), the slot's
 position in the node's row, the other slots and nodes of the task, and the statistics mode
 (``count`` is inside ``moments``, which is inside ``full``; ``gain`` carries the left counts):
@@ -74,6 +77,18 @@ def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray) -> np.
     ascending (-0.0 as 0.0), +inf padded; ``feats`` (E, m) int64, ``thr`` (E, m, W)."""
     t = thr
     fin = np.isfinite(t)
+    cat = np.array([k == "categorical" for k in config.kinds], dtype=bool)
+    if cat.any() and t.size:
+        f = np.clip(feats, 0, len(cat) - 1)
+        on = cat[f] & (feats >= 0)
+        if on.any():
+            top = np.asarray(config.levels, dtype=np.float64)[f] - 1.0  # L - 1
+            with np.errstate(invalid="ignore"):
+                k = np.floor(t)
+                kept = fin & on[:, :, None]
+                cut = kept & (k >= 0) & (k < top[:, :, None])
+                t = np.where(cut, k + 0.5, np.where(kept, np.inf, t))
+            fin = np.isfinite(t)
     bounds = config.feature_bounds
     if bounds is not None and t.size:
         lohi = np.asarray(bounds, dtype=np.float64)
@@ -104,7 +119,8 @@ def slot_keys(config: JobConfig, task: Task) -> SlotKeys | None:
     Derived once per sealed task and job (every client of an in-process federation reads the
     same one)."""
     memo = task.derived if isinstance(task, SealedTask) else None
-    key = ("slot_keys", config.feature_bounds, config.has_missing, config.n_features)
+    key = ("slot_keys", config.feature_bounds, config.has_missing, config.n_features,
+           config.kinds, config.levels)
     hit = memo.get(key) if memo is not None else None
     if isinstance(hit, SlotKeys):
         return hit

@@ -118,6 +118,45 @@ def test_a_slot_whose_counts_were_released_is_answered_once_more_with_its_statis
         "nodes": a["nodes"], "features": a["features"][:, ::-1].copy(),
         "thresholds": a["thresholds"][:, ::-1, :].copy()})
     _refused_by_0_to_2(ws, again)
+    n, m, b = first.layout[0].shape[:3]  # the third ask with statistics, in another mode
+    full = dataclasses.replace(first, round_id=first.round_id + 2, params={"stats": "full"},
+                               layout=(hist_block(cfg, n, m, b),))
+    assert question_key(full) != question_key(stats)
+    _refused_by_0_to_2(ws, full)
+
+
+def test_a_categorical_slot_reasked_with_its_cuts_moved_inside_the_level_gaps_is_refused(
+        ) -> None:
+    """A categorical feature's values are its level codes, so the cuts 0.25, 1.25, 2.25 make
+    the bins 0.5, 1.5, 2.5 make, on every client: the same slot."""
+    rng = np.random.default_rng(3)
+    K, n = 4, 200
+    X = rng.uniform(-2, 2, size=(n, 3))
+    X[:, 1] = rng.integers(0, 4, size=n)
+    X[:, 2] = rng.integers(0, 3, size=n)
+    y = X[:, 0] + X[:, 1] + 0.3 * rng.normal(size=n)
+    h = np.arange(n) % K
+    cfg = JobConfig(job_id="job-c", task="regression", n_features=3, n_clients=K,
+                    feature_kinds=("continuous", "categorical", "categorical"),
+                    n_levels=(0, 4, 3),
+                    feature_bounds=((-2.0, 2.0), (0.0, 3.0), (0.0, 2.0)),
+                    target_bound=float(np.abs(y).max()),
+                    n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2, n_bins=8,
+                    profile=load_profile("secure").to_dict())
+    ws = _workers(cfg, [(X[h == k], y[h == k]) for k in range(K)])
+    first = _advance(Coordinator(cfg), ws, lambda t: t.kind is TaskKind.HISTOGRAM)
+    _answered_by_all(ws, first)
+    feats, thr = first.arrays["features"], first.arrays["thresholds"].copy()
+    cat = np.isin(feats, [1, 2])
+    assert cat.any()
+    moved = cat[:, :, None] & np.isfinite(thr)
+    assert moved.any()
+    thr[moved] -= 0.25
+    again = dataclasses.replace(first, round_id=first.round_id + 1, arrays={
+        **first.arrays, "features": np.where(cat, feats, -1), "thresholds": thr})
+    assert question_key(again) != question_key(first)
+    _refused_by_0_to_2(ws, again, "the histogram of node .*, feature [12] at level .*, with "
+                                  "the same cuts, was already released")
 
 
 def test_a_node_s_totals_asked_through_slots_without_a_cut_are_answered_once() -> None:
