@@ -322,7 +322,8 @@ def test_residual_a_server_that_registers_sybil_clients_learns_a_lone_honest_vec
 
 
 # -- a server that changes the task itself ----------------------------------------------------
-def _secure_config(profile: str = "secure", **kw: Any) -> tuple[JobConfig, list]:
+def _secure_config(profile: str = "secure", split_on_client: bool = False,
+                   **kw: Any) -> tuple[JobConfig, list]:
     rng = np.random.default_rng(3)
     K, n = 4, 160
     X = rng.uniform(-2, 2, size=(n, 3))
@@ -331,7 +332,7 @@ def _secure_config(profile: str = "secure", **kw: Any) -> tuple[JobConfig, list]
     cfg = JobConfig(job_id=JOB, task="regression", n_features=3, n_clients=K,
                     feature_bounds=((-2.0, 2.0),) * 3, target_bound=float(np.abs(y).max()),
                     n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2, n_bins=8,
-                    profile=load_profile(profile, **kw).to_dict())
+                    split_on_client=split_on_client, profile=load_profile(profile, **kw).to_dict())
     return cfg, [(X[h == k], y[h == k]) for k in range(K)]
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_adversarial_server import JOB, _workers
+from test_adversarial_server import _secure_config as _config
 
 from fedforest_secure import FedForestRegressor, _routing, load_profile
 from fedforest_secure._layouts import totals_block
@@ -22,33 +24,13 @@ from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.coordinator import Coordinator
 from fedforest_secure.errors import RefusedRequest
-from fedforest_secure.federation import client_seed
 from fedforest_secure.protocol import Task, TaskKind, question_key
 from fedforest_secure.secagg import InProcessSecureSum
 from fedforest_secure.secure_sum import encode_contribution, make_codec
 from fedforest_secure.worker import Worker
 
-JOB = "job-h"
 K = 4
 VICTIM = 3
-
-
-def _config(profile: str, split_on_client: bool = False, **kw: Any) -> tuple[JobConfig, list]:
-    rng = np.random.default_rng(3)
-    n = 160
-    X = rng.uniform(-2, 2, size=(n, 3))
-    h = np.arange(n) % K
-    y = X[:, 0] + 0.3 * rng.normal(size=n)
-    cfg = JobConfig(job_id=JOB, task="regression", n_features=3, n_clients=K,
-                    feature_bounds=((-2.0, 2.0),) * 3, target_bound=float(np.abs(y).max()),
-                    n_estimators=2, max_depth=3, min_samples_leaf=3, max_features=2, n_bins=8,
-                    split_on_client=split_on_client, profile=load_profile(profile, **kw).to_dict())
-    return cfg, [(X[h == k], y[h == k]) for k in range(K)]
-
-
-def _workers(cfg: JobConfig, clients: list) -> list[Worker]:
-    return [Worker(cfg, X, y, client_index=k, seed=client_seed(cfg, k))
-            for k, (X, y) in enumerate(clients)]
 
 
 def _h_split_task(cfg: JobConfig, round_id: int, totals: bool = True) -> Task:
