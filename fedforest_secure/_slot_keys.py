@@ -72,45 +72,54 @@ class SlotKeys:
         return out
 
 
-def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray) -> np.ndarray:
+def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Per (node, slot): its distinct finite thresholds inside the feature's public bounds,
-    ascending (-0.0 as 0.0), +inf padded; ``feats`` (E, m) int64, ``thr`` (E, m, W)."""
+    ascending (-0.0 as 0.0), +inf padded, and how many there are; ``feats`` (E, m) int64,
+    ``thr`` (E, m, W) float64 without NaN. The coordinator's form (per slot increasing
+    thresholds inside the bounds, then +inf) is recognised in a few passes and kept."""
     t = thr
-    fin = np.isfinite(t)
     cat = np.array([k == "categorical" for k in config.kinds], dtype=bool)
+    f = np.clip(feats, 0, max(config.n_features - 1, 0))
     if cat.any() and t.size:
-        f = np.clip(feats, 0, len(cat) - 1)
         on = cat[f] & (feats >= 0)
         if on.any():
+            fin = np.isfinite(t)
             top = np.asarray(config.levels, dtype=np.float64)[f] - 1.0  # L - 1
             with np.errstate(invalid="ignore"):
                 k = np.floor(t)
                 kept = fin & on[:, :, None]
                 cut = kept & (k >= 0) & (k < top[:, :, None])
                 t = np.where(cut, k + 0.5, np.where(kept, np.inf, t))
-            fin = np.isfinite(t)
+    if t.shape[2] > 1:
+        with np.errstate(invalid="ignore"):  # +inf - +inf: padding after padding
+            ordered = not (np.diff(t, axis=2) <= 0).any()
+        # a -inf that no step above flags stands first in its slot
+        ordered = ordered and not (t[:, :, 0] == -np.inf).any()
+    else:
+        ordered = not (t == -np.inf).any()
+    if ordered:  # increasing finite thresholds, then +inf
+        n = (t < np.inf).sum(axis=2)
+        bounds = config.feature_bounds
+        if bounds is None or not t.size:
+            return t + 0.0, n
+        lohi = np.asarray(bounds, dtype=np.float64)[f]  # (E, m, 2)
+        last = np.take_along_axis(t, np.maximum(n - 1, 0)[:, :, None], axis=2)[:, :, 0]
+        has = n > 0
+        if not ((has & ((t[:, :, 0] < lohi[:, :, 0]) | (last >= lohi[:, :, 1]))).any()):
+            return t + 0.0, n
+    # the general form: thresholds outside the bounds and -inf cut nothing, as +inf
+    fin = np.isfinite(t)
     bounds = config.feature_bounds
     if bounds is not None and t.size:
-        lohi = np.asarray(bounds, dtype=np.float64)
-        f = np.clip(feats, 0, len(bounds) - 1)
+        lohi = np.asarray(bounds, dtype=np.float64)[f]
         with np.errstate(invalid="ignore"):
-            out = fin & ((t < lohi[f, 0][:, :, None]) | (t >= lohi[f, 1][:, :, None]))
-        if out.any():
-            t = np.where(out, np.inf, t)
-            fin = fin & ~out
-    if t.shape[2] > 1:
-        a, b = t[:, :, :-1], t[:, :, 1:]
-        if ((fin[:, :, :-1] | ~fin[:, :, 1:]).all() and ((a < b) | ~fin[:, :, 1:]).all()
-                and not (t == -np.inf).any()):
-            # increasing finite thresholds, then infinite ones (the coordinator's form)
-            return np.where(fin, t + 0.0, np.inf)
-    elif not (t == -np.inf).any():
-        return np.where(fin, t + 0.0, np.inf)
+            fin &= (t >= lohi[:, :, 0][:, :, None]) & (t < lohi[:, :, 1][:, :, None])
     t = np.sort(np.where(fin, t + 0.0, np.inf), axis=2)
     if t.shape[2] > 1:
         t[:, :, 1:][t[:, :, 1:] == t[:, :, :-1]] = np.inf
         t = np.sort(t, axis=2)
-    return t
+    return t, (t < np.inf).sum(axis=2)
 
 
 def slot_keys(config: JobConfig, task: Task) -> SlotKeys | None:
@@ -141,31 +150,37 @@ def _slot_keys(config: JobConfig, task: Task) -> SlotKeys | None:
             or nodes.dtype.kind not in "iu" or feats.dtype.kind not in "iu"
             or thr.dtype.kind not in "fiu"):
         return None
-    f = feats.astype(np.int64)
-    t = thr.astype(np.float64)
+    f = feats.astype(np.int64, copy=False)
+    t = thr.astype(np.float64, copy=False)
     if np.isnan(t).any() or (f >= config.n_features).any():
         return None
     mode = str(task.params.get("stats", "full"))
-    cuts = canonical_cuts(config, f, t)
-    rows, cols = np.nonzero(f >= 0)
-    c = cuts[rows, cols]  # (slots, W)
-    fin = np.isfinite(c)
-    n_cuts = fin.sum(axis=1)
-    feat = f[rows, cols]
+    cuts, n_cuts = canonical_cuts(config, f, t)
+    feat = f
     if not config.has_missing:
-        feat = np.where(n_cuts == 0, -1, feat)  # the node's totals
-    node = nodes.astype(np.int64)[rows]
-    h = _mix(np.full(rows.size, np.uint64(task.level)), node.astype(np.uint64))
+        feat = np.where(n_cuts == 0, -1, f)  # the node's totals
+    node = np.broadcast_to(nodes.astype(np.int64)[:, None], f.shape)
+    h = _mix(np.full(f.shape, np.uint64(task.level)), node.astype(np.uint64))
     h = _mix(h, feat.astype(np.uint64))
     h = _mix(h, n_cuts.astype(np.uint64))
+    # the cuts (finite first, ascending), each times an odd constant of its position, summed;
+    # the +inf padding adds nothing (its terms are taken off again), so a slot's key does not
+    # depend on the other slots of the task. A collision could make a worker refuse a slot,
+    # never answer one twice
     width = int(n_cuts.max()) if n_cuts.size else 0
+    total = np.zeros(f.shape, dtype=np.uint64)
     if width:
-        # the cuts (finite first, ascending), each times an odd constant of its position,
-        # summed (padding +inf adds 0); a constant's collisions could make a worker refuse
-        # a slot, never answer one twice
-        bits = np.ascontiguousarray(c[:, :width]).view(np.uint64)
+        c = cuts[:, :, :width]
+        bits = c.view(np.uint64) if c.flags.c_contiguous else np.ascontiguousarray(c).view(
+            np.uint64)
         odd = _splitmix(np.arange(width, dtype=np.uint64)) | np.uint64(1)
-        mixed = (bits ^ (bits >> np.uint64(29))) * odd[None, :]
-        mixed[~fin[:, :width]] = 0
-        h = _mix(h, mixed.sum(axis=1, dtype=np.uint64))
+        total = ((bits ^ (bits >> np.uint64(29))) * odd).sum(axis=2, dtype=np.uint64)
+        inf = np.array([np.inf]).view(np.uint64)
+        pad = np.zeros(width + 1, dtype=np.uint64)  # pad[j]: the padding's terms from j on
+        pad[:width] = np.cumsum(((inf ^ (inf >> np.uint64(29))) * odd)[::-1],
+                                dtype=np.uint64)[::-1]
+        total -= pad[n_cuts]
+    h = _mix(h, total)
+    rows, cols = np.nonzero(f >= 0)
+    h, node, feat = h[rows, cols], node[rows, cols], feat[rows, cols]
     return SlotKeys(h, node, feat, mode)

@@ -181,6 +181,15 @@ def test_a_node_s_totals_asked_through_slots_without_a_cut_are_answered_once() -
     _refused_by_0_to_2(ws, uncut(sketch.round_id + 2, 1, 1e300),
                        r"the totals of node 0 at level 0, with the same cuts, was already "
                        "released")
+    # beside a slot that has a cut (another feature, never asked), the same totals again
+    beside = uncut(sketch.round_id + 2, 1, np.inf)
+    feats = np.concatenate([beside.arrays["features"], np.full((T, 1), 2)], axis=1)
+    thr = np.concatenate([beside.arrays["thresholds"], np.full((T, 1, 1), 0.123)], axis=1)
+    beside = dataclasses.replace(beside, arrays={**beside.arrays, "features": feats,
+                                                 "thresholds": thr},
+                                 layout=(hist_block(cfg, T, 2, 2),))
+    _refused_by_0_to_2(ws, beside, r"the totals of node 0 at level 0, with the same cuts, was "
+                                   "already released")
 
 
 def _job(method: str, sketch: str, missing: bool, binary: bool) -> tuple[JobConfig, list]:
