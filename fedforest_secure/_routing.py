@@ -25,7 +25,7 @@ from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
 from .privacy.profile import with_profile_defaults
 
-__all__ = ["check_client_splits", "route"]
+__all__ = ["check_client_splits", "check_one_parent", "route"]
 
 
 def check_client_splits(config: JobConfig, profile: Mapping[str, Any]) -> None:
@@ -50,6 +50,30 @@ def check_client_splits(config: JobConfig, profile: Mapping[str, Any]) -> None:
         "none in this job (nothing to change on this site)", code="disclosure")
 
 
+def check_one_parent(kind: np.ndarray, left: np.ndarray, right: np.ndarray) -> None:
+    """Refuse a routing in which a new node has two parents (two nodes' children, or both
+    children of one split, given the same id): such a node holds a record's copies from
+    several trees, or its parent's rows again, so one record moves one of its statistics more
+    than once (the DP noise is calibrated for a record in one node per tree) and its totals
+    are asked again under a new id. The honest coordinator numbers every child once.
+
+    Raises
+    ------
+    RefusedRequest
+        (code ``"disclosure"``) a new node id is given to more than one child.
+    """
+    inner = kind != NodeKind.LEAF
+    kids = np.concatenate([left[inner], right[inner]])
+    kids = kids[kids >= 0]
+    if kids.size and np.unique(kids).size != kids.size:
+        raise RefusedRequest(
+            "refusing a task whose routing sends the rows of two nodes (or both sides of a "
+            "split) to one new node: a record would then count more than once in that node's "
+            "statistics (across trees), more than its differential-privacy noise is "
+            "calibrated for, and a node's rows could be asked again under another id; an "
+            "honest server gives every child its own node", code="disclosure")
+
+
 def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, row: np.ndarray,
           node_ptr: np.ndarray | None, codes: np.ndarray, n_rows: int, book: CodeBook,
           config: JobConfig, client_index: int) -> np.ndarray:
@@ -66,7 +90,8 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
         The routing does not describe this level's nodes or names an unknown feature.
     RefusedRequest
         The routing splits on the client indicator H where this client follows no H-splits
-        (:func:`check_client_splits`).
+        (:func:`check_client_splits`), or gives a new node two parents
+        (:func:`check_one_parent`).
     """
     a = arrays
     kind = a["route_kind"]
@@ -82,6 +107,7 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
     thr = a["route_threshold"]
     left = a["route_left"].astype(np.int64)
     right = a["route_right"].astype(np.int64)
+    check_one_parent(kind, left, right)
     ptr = a["route_set_ptr"].astype(np.int64)
     vals = a["route_set_vals"].astype(np.int64)
     miss_left = a.get("route_missing_left")
