@@ -11,10 +11,12 @@ STAMP  := $(VENV)/.installed
 MIN_PYTHON := 3.11
 # $(call NEED_PYTHON,interpreter,what it is,what to do): exits 1 with a message saying what
 # to do unless the interpreter is Python $(MIN_PYTHON) or later
-NEED_PYTHON = $(1) -c "import sys; v = sys.version_info; \
-	need = tuple(int(n) for n in '$(MIN_PYTHON)'.split('.')); \
-	sys.exit(None if v >= need else \
-	'$(2) Python %d.%d; FedForest Secure needs Python $(MIN_PYTHON) or later. $(3)' % v[:2])"
+# (the texts are passed as arguments, so an interpreter named with spaces or double quotes,
+# PYTHON='"/opt/my py/python3"', is not read as Python code)
+NEED_PYTHON = $(1) -c 'import sys; need = tuple(map(int, sys.argv[1].split("."))); \
+	sys.exit(None if sys.version_info >= need else "%s Python %d.%d; FedForest Secure needs \
+	Python %s or later. %s" % (sys.argv[2], *sys.version_info[:2], sys.argv[1], sys.argv[3]))' \
+	$(MIN_PYTHON) '$(2)' '$(3)'
 AGAIN := make $(or $(MAKECMDGOALS),install) PYTHON=python$(MIN_PYTHON)
 
 $(BIN)/python:

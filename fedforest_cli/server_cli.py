@@ -3,6 +3,7 @@ jobs."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -49,6 +50,9 @@ def server(ctx: typer.Context,
     from server_app.serve import run_server
     from server_app.settings import load_settings
 
+    # the server's own modules (FastAPI, SQLAlchemy, uvicorn) live as long as the process:
+    # frozen like the command's (fedforest_cli.__main__), no full collection walks them
+    gc.freeze()
     try:
         with locks_named(config):
             run_server(load_settings(config), insecure_dev=insecure_dev, port=port)

@@ -140,13 +140,14 @@ def _database_answers(db: Database) -> bool:
     return True
 
 
-async def _read_body(request: Request, length: int | None, limit: int) -> bytes:
+async def _read_body(request: Request, length: int | None, limit: int) -> bytearray:
     """The request body in one buffer, each chunk copied into it once.
 
-    Uploads run to tens of MB in chunks of 64 KB. The chunks are kept as they arrive and
-    joined once the body is complete (one allocation of the body's size, no zero-filled
-    buffer grown and copied on the way), so a client that states a length but stalls holds
-    only what it sent: nothing is allocated on the word of a header. A body longer than its
+    Uploads run to tens of MB in chunks of 64 KB. Each chunk is appended to one buffer as it
+    arrives (no zero-filled buffer allocated ahead, no per-chunk objects kept: a client that
+    sends its body a few bytes at a time makes the server hold what it sent and the buffer's
+    growth room), so a client that states a length but stalls holds only about what it sent:
+    nothing is allocated on the word of a header. A body longer than its
     Content-Length is refused as soon as it is; without a Content-Length, one longer than
     ``limit`` bytes. A client whose connection closes before its body is complete is refused
     (logged as a client's failure, not a server error)."""
@@ -167,21 +168,19 @@ def _gone(request: Request) -> ApiError:
                     "complete")
 
 
-async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytes:
+async def _read_body_chunks(request: Request, length: int | None, limit: int) -> bytearray:
     most, too_long = ((limit, ApiError(413, "too_large", f"uploads are at most {limit} bytes"))
                       if length is None else
                       (length, ApiError(400, "malformed_upload", "the body is longer than its "
                                         "Content-Length")))
-    chunks: list[bytes] = []
-    got = 0
+    body = bytearray()
     async for chunk in request.stream():
-        got += len(chunk)
-        if got > most:
+        if len(body) + len(chunk) > most:
             raise too_long
-        chunks.append(chunk)
-    if length is not None and got != length:
+        body += chunk
+    if length is not None and len(body) != length:
         raise ApiError(400, "malformed_upload", "the body is shorter than its Content-Length")
-    return b"".join(chunks)
+    return body
 
 
 def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: float = 0.5,

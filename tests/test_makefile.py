@@ -70,3 +70,14 @@ def test_a_virtualenv_of_a_too_old_python_is_refused_before_installing(tmp_path:
         "Remove it and make it again with a newer one: rm -rf .venv; make demo "
         "PYTHON=python99.0")
     assert "not run" not in res.stderr and not (tmp_path / ".venv" / ".installed").exists()
+
+
+def test_an_interpreter_named_with_a_space_in_double_quotes_is_checked_as_a_path(
+        tmp_path: Path) -> None:
+    python = _interpreter(tmp_path / "my py" / "python3")
+    res = _make(tmp_path, "demo", f'PYTHON="{python}"')
+    assert res.returncode == 2
+    have = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert res.stderr.splitlines()[0] == (
+        f'"{python}" is Python {have}; FedForest Secure needs Python 99.0 or later. Name a '
+        "newer one: make demo PYTHON=python99.0")
