@@ -64,6 +64,10 @@ class AnsweredRounds:
         self._slot_level = -1
         self._slots = np.zeros(0, dtype=np.uint64)
         self._slot_stats = np.zeros(0, dtype=bool)
+        # the (node, feature) pairs of the current level whose sketch was disclosed, as
+        # node * (n_features + 1) + feature, sorted
+        self._sketch_level = -1
+        self._sketched = np.zeros(0, dtype=np.int64)
 
     def replay(self, round_id: int, digest: bytes) -> Reply | None:
         """The reply already given in round ``round_id`` to the task of ``digest`` (a retry),
@@ -130,6 +134,39 @@ class AnsweredRounds:
                 "an earlier round (the task asks it again in another form: another task kind, "
                 "slot order or statistics mode); answering it again could isolate a client "
                 "by differencing", code="question_reused")
+
+    def check_sketch(self, level: int, nodes: np.ndarray, feats: np.ndarray) -> np.ndarray:
+        """Refuse a sketch (its points, or its top-L ranking) of a node's feature at ``level``
+        disclosed before at the level: asked again with another number of points, its
+        quantiles at other ranks would show more of the client's values than the profile's
+        ``rows_per_sketch_point`` allows. ``nodes`` (E,) and ``feats`` (E, m), -1 for no
+        feature. Returns the pairs' keys, for :meth:`count_sketch`.
+
+        Raises
+        ------
+        RefusedRequest
+            (code ``question_reused``) one of the pairs was sketched at the level already.
+        """
+        valid = feats >= 0
+        node = np.broadcast_to(np.asarray(nodes, dtype=np.int64)[:, None], feats.shape)
+        keys = node[valid] * (self.config.n_features + 1) + feats[valid].astype(np.int64)
+        if level == self._sketch_level and self._sketched.size:
+            again = np.isin(keys, self._sketched)
+            if again.any():
+                i = int(np.flatnonzero(again)[0])
+                raise RefusedRequest(
+                    f"the sketch of node {int(node[valid][i])}, feature "
+                    f"{int(feats[valid][i])} at level {level} was already disclosed; another "
+                    "sketch of it (other quantile points) would show more of this client's "
+                    "values than its profile allows", code="question_reused")
+        return keys
+
+    def count_sketch(self, level: int, keys: np.ndarray) -> None:
+        """Count the sketches of ``keys`` (from :meth:`check_sketch`) as disclosed."""
+        if level != self._sketch_level:  # a new level: the earlier one's are never asked again
+            self._sketch_level, self._sketched = level, np.unique(keys)
+        else:
+            self._sketched = np.union1d(self._sketched, keys)
 
     def _check_planned(self, task: Task) -> None:
         """Refuse a noisy release that is not one of the plan's, or one already made."""

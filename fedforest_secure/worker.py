@@ -284,10 +284,13 @@ class Worker:
             feats = feats.astype(np.int64)
             if feats.shape[0] != n_nodes or (feats >= self.config.n_features).any():
                 raise ProtocolError("features must have one row per node and valid indices")
+            sketched = self._check_sketch(task, np.arange(n_nodes), feats)
             order = self._sort_level(feats)
             counts = np.bincount(self._p_node, weights=self._p_w, minlength=n_nodes)
             disclosed.update(sketch_items(task, self._level_stats(order), feats, counts,
                                           self._profile))
+            if sketched is not None:
+                self._answers.count_sketch(level, sketched)
         self._sketched_level = level
         summable = totals.ravel() if task.params.get("totals", True) else np.zeros(0)
         if "grid_thresholds" in task.arrays:
@@ -327,12 +330,23 @@ class Worker:
                                 "round released them; asking them again could isolate a "
                                 "client by differencing")
         nodes, feats = group_arrays(task, n_nodes, self.config.n_features)
+        sketched = self._check_sketch(task, nodes, feats)
         loc, row, w = self._group_pairs(nodes)
         counts = np.bincount(loc, weights=w, minlength=nodes.size)
         order = self._sort_level(feats, nodes, (loc, row, w))
         del loc, row, w
         disclosed = sketch_items(task, self._level_stats(order), feats, counts, self._profile)
+        if sketched is not None:
+            self._answers.count_sketch(task.level, sketched)
         return Reply(round_id=task.round_id, summable=np.zeros(0), disclosed=disclosed)
+
+    def _check_sketch(self, task: Task, nodes: np.ndarray, feats: np.ndarray
+                      ) -> np.ndarray | None:
+        """Where ``task`` discloses sketches (points or a top-L ranking), refuse those of a
+        (node, feature) disclosed before at the level and return the pairs' keys; else None."""
+        if not {"sketch_points", "top_l"} & set(task.disclose):
+            return None
+        return self._answers.check_sketch(task.level, nodes, np.asarray(feats))
 
     def _group_pairs(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pairs of the listed nodes (ascending): their position in ``nodes``, rows and

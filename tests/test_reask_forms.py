@@ -228,3 +228,43 @@ def test_an_honest_secure_job_re_asks_nothing_the_clients_refuse(
     for a, b in zip(secure.trees, clear.trees, strict=True):
         np.testing.assert_array_equal(a.feature, b.feature)
         np.testing.assert_array_equal(a.kind, b.kind)
+
+
+def test_a_node_s_sketch_is_disclosed_once_per_level_whatever_its_number_of_points() -> None:
+    """secure with per-client sketches (r = 2): each sketch shows at most floor(d / r) + 1 of a
+    node's d values, but sketches of one node's feature at other numbers of points would show
+    quantiles at other ranks, nearly every value in the end. A node group's sketch of a
+    (node, feature) sketched before at the level is refused."""
+    cfg, clients = _secure_config("secure", sketch="quantiles")
+    ws = _workers(cfg, clients)
+    T = cfg.n_estimators
+    routing = Task(job_id=cfg.job_id, round_id=1, kind=TaskKind.SKETCH, level=0,
+                   params={"n_nodes": T, "totals": False}, arrays={}, layout=())
+    _answered_by_all(ws, routing)  # the level's sketch round, no sketch of a node
+
+    def group(round_id: int, node: int, n_points: int) -> Task:
+        return Task(job_id=cfg.job_id, round_id=round_id, kind=TaskKind.SKETCH, level=0,
+                    params={"n_nodes": T, "totals": False, "n_points": n_points},
+                    arrays={"nodes": np.array([node], dtype=np.int64),
+                            "features": np.array([[0, 1]], dtype=np.int64)},
+                    layout=(), disclose=("sketch_points",))
+
+    _answered_by_all(ws, group(2, 0, 8))
+    _refused_by_0_to_2(ws, group(3, 0, 5), "the sketch of node 0, feature 0 at level 0 was "
+                                           "already disclosed")
+    _answered_by_all(ws, group(4, 1, 5))  # another node: its first sketch
+
+
+def test_a_node_sketched_in_its_level_s_sketch_round_is_not_sketched_again_in_a_group() -> None:
+    cfg, clients = _secure_config("secure", sketch="quantiles")
+    ws = _workers(cfg, clients)
+    first = Coordinator(cfg).next_task()
+    assert first is not None and "sketch_points" in first.disclose
+    _answered_by_all(ws, first)
+    again = Task(job_id=cfg.job_id, round_id=first.round_id + 1, kind=TaskKind.SKETCH, level=0,
+                 params={"n_nodes": cfg.n_estimators, "totals": False, "n_points": 3},
+                 arrays={"nodes": np.array([0], dtype=np.int64),
+                         "features": first.arrays["features"][:1]},
+                 layout=(), disclose=("sketch_points",))
+    _refused_by_0_to_2(ws, again, "the sketch of node 0, feature .* at level 0 was already "
+                                  "disclosed")
