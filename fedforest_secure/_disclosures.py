@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._level_stats import LevelStatistics
-from .errors import ProtocolError
+from .errors import ProtocolError, RefusedRequest
 from .protocol import Task
 
 __all__ = ["MAX_SKETCH_POINTS", "profile_disclosures", "sketch_items"]
@@ -76,7 +76,11 @@ def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: 
                  profile: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The sketch disclosures the task asks, for the nodes of the level order of ``stats``
     (``counts``: the nodes' row counts; ``profile``: the client's own). ``sketch_counts`` is
-    per (node, slot): the rows that have the slot's feature (:func:`present_counts`)."""
+    per (node, slot): the rows that have the slot's feature (:func:`present_counts`).
+
+    A sketch has the job's ``n_bins`` intervals (B, as the coordinator asks it): sketches of
+    the same rows at other numbers of points would show their quantiles at other ranks, and
+    together nearly every value, whatever ``rows_per_sketch_point`` bounds one sketch to."""
     want = set(task.disclose)
     out: dict[str, np.ndarray] = {}
     if "sketch_points" in want or "top_l" in want:
@@ -85,6 +89,12 @@ def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: 
         if not 1 <= n_points <= MAX_SKETCH_POINTS:
             raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
                                 f"{MAX_SKETCH_POINTS}")
+        if n_points != stats.config.n_bins:
+            raise RefusedRequest(
+                f"a sketch of {n_points} intervals was asked; this job's sketches have "
+                f"n_bins = {stats.config.n_bins}: sketches of the same rows at other numbers "
+                "of points would show more of this client's values than its profile allows",
+                code="disclosure")
         pts = stats.quantile_points(feats, n_points, rows_per_point)
         if "sketch_points" in want:
             out["sketch_points"] = pts

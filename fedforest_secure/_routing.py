@@ -54,8 +54,8 @@ def check_one_parent(kind: np.ndarray, left: np.ndarray, right: np.ndarray) -> N
     """Refuse a routing in which a new node has two parents (two nodes' children, or both
     children of one split, given the same id): such a node holds a record's copies from
     several trees, or its parent's rows again, so one record moves one of its statistics more
-    than once (the DP noise is calibrated for a record in one node per tree) and its totals
-    are asked again under a new id. The honest coordinator numbers every child once.
+    than once (the DP noise is calibrated for a record in one node per tree). The honest
+    coordinator numbers every child once.
 
     Raises
     ------
@@ -70,8 +70,8 @@ def check_one_parent(kind: np.ndarray, left: np.ndarray, right: np.ndarray) -> N
             "refusing a task whose routing sends the rows of two nodes (or both sides of a "
             "split) to one new node: a record would then count more than once in that node's "
             "statistics (across trees), more than its differential-privacy noise is "
-            "calibrated for, and a node's rows could be asked again under another id; an "
-            "honest server gives every child its own node", code="disclosure")
+            "calibrated for; an honest server gives every child its own node",
+            code="disclosure")
 
 
 def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, row: np.ndarray,

@@ -230,10 +230,12 @@ def test_an_honest_secure_job_re_asks_nothing_the_clients_refuse(
         np.testing.assert_array_equal(a.kind, b.kind)
 
 
-def test_a_node_s_sketch_is_disclosed_once_per_level_whatever_its_number_of_points() -> None:
+def test_a_node_s_sketch_is_disclosed_once_per_level_and_at_the_job_s_number_of_points(
+        ) -> None:
     """secure with per-client sketches (r = 2): each sketch shows at most floor(d / r) + 1 of a
-    node's d values, but sketches of one node's feature at other numbers of points would show
-    quantiles at other ranks, nearly every value in the end. A node group's sketch of a
+    node's d values, but sketches of one node's rows at other numbers of points would show
+    quantiles at other ranks, nearly every value in the end (the same rows sit at every root
+    without bootstrap). A sketch has the job's n_bins intervals, and a node group's sketch of a
     (node, feature) sketched before at the level is refused."""
     cfg, clients = _secure_config("secure", sketch="quantiles")
     ws = _workers(cfg, clients)
@@ -242,17 +244,25 @@ def test_a_node_s_sketch_is_disclosed_once_per_level_whatever_its_number_of_poin
                    params={"n_nodes": T, "totals": False}, arrays={}, layout=())
     _answered_by_all(ws, routing)  # the level's sketch round, no sketch of a node
 
-    def group(round_id: int, node: int, n_points: int) -> Task:
+    def group(round_id: int, node: int, n_points: int, feats: tuple[int, int] = (0, 1)
+              ) -> Task:
         return Task(job_id=cfg.job_id, round_id=round_id, kind=TaskKind.SKETCH, level=0,
                     params={"n_nodes": T, "totals": False, "n_points": n_points},
                     arrays={"nodes": np.array([node], dtype=np.int64),
-                            "features": np.array([[0, 1]], dtype=np.int64)},
+                            "features": np.array([feats], dtype=np.int64)},
                     layout=(), disclose=("sketch_points",))
 
+    assert cfg.n_bins == 8
     _answered_by_all(ws, group(2, 0, 8))
-    _refused_by_0_to_2(ws, group(3, 0, 5), "the sketch of node 0, feature 0 at level 0 was "
-                                           "already disclosed")
-    _answered_by_all(ws, group(4, 1, 5))  # another node: its first sketch
+    # feature 0 of node 0 again, beside a feature not sketched yet (a new question)
+    _refused_by_0_to_2(ws, group(3, 0, 8, (2, 0)), "the sketch of node 0, feature 0 at level 0 "
+                                                   "was already disclosed")
+    for k in (0, 1, 2):  # another node (another root: the same rows without bootstrap)
+        with pytest.raises(RefusedRequest, match="a sketch of 5 intervals was asked; this "
+                                                 "job's sketches have n_bins = 8") as caught:
+            ws[k].handle(group(3, 1, 5))
+        assert caught.value.code == "disclosure"
+    _answered_by_all(ws, group(4, 1, 8))  # another node: its first sketch
 
 
 def test_a_node_sketched_in_its_level_s_sketch_round_is_not_sketched_again_in_a_group() -> None:

@@ -5,8 +5,8 @@ A malicious server that sends both children of every tree's root to node 0 puts 
 tree copies in one node: under ``secure-dp`` one record then moves one bin of each slot by T,
 where the noise every site adds is calibrated for T bins moved by 1 (``privacy/sensitivity``:
 a record sits in one node of each tree), so the released histogram carries sqrt(T) times too
-little noise; the noisy per-site node summaries (``h_splits = "noisy"``) likewise. Both children
-of one split given one id would ask the parent's rows again under a new id.
+little noise; the noisy per-site node summaries (``h_splits = "noisy"``) likewise. Both
+children of one split given one id are refused too.
 """
 
 from __future__ import annotations

@@ -544,7 +544,7 @@ def test_missing_values_fill_one_last_bin_per_slot(path: str, all_missing: bool,
 
 def test_missing_values_are_no_sketch_points_nor_distinct_values() -> None:
     rng = np.random.default_rng(9)
-    cfg = _missing_cfg(n_estimators=1, bootstrap=False)
+    cfg = _missing_cfg(n_estimators=1, bootstrap=False, n_bins=4)
     X, y = _nan_table(60, rng)
     w = Worker(cfg, X, y, client_index=0, seed=1)
     feats = np.array([[0, 1, 2]])
