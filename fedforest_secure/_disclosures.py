@@ -17,7 +17,7 @@ from ._level_stats import LevelStatistics
 from .errors import ProtocolError, RefusedRequest
 from .protocol import Task
 
-__all__ = ["MAX_SKETCH_POINTS", "profile_disclosures", "sketch_items"]
+__all__ = ["MAX_SKETCH_POINTS", "check_sketch_size", "profile_disclosures", "sketch_items"]
 
 #: the most quantile points a sketch round may ask per (node, slot) (the compiled loops' limit)
 MAX_SKETCH_POINTS = 1 << 24
@@ -72,29 +72,44 @@ def present_counts(stats: LevelStatistics, feats: np.ndarray, counts: np.ndarray
     return out
 
 
+def check_sketch_size(task: Task, n_bins: int) -> None:
+    """Refuse a task that discloses sketches (points or a top-L ranking) of another number of
+    intervals than the job's ``n_bins`` (B, as the coordinator asks them): sketches of the same
+    rows at other numbers of points would show their quantiles at other ranks, and together
+    nearly every value, whatever ``rows_per_sketch_point`` bounds one sketch to.
+
+    Raises
+    ------
+    ProtocolError
+        ``n_points`` is not a count from 1 to :data:`MAX_SKETCH_POINTS`.
+    RefusedRequest
+        (code ``disclosure``) ``n_points`` is not ``n_bins``.
+    """
+    if not {"sketch_points", "top_l"} & set(task.disclose):
+        return
+    n_points = int(task.params["n_points"])
+    if not 1 <= n_points <= MAX_SKETCH_POINTS:
+        raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
+                            f"{MAX_SKETCH_POINTS}")
+    if n_points != n_bins:
+        raise RefusedRequest(
+            f"a sketch of {n_points} intervals was asked; this job's sketches have "
+            f"n_bins = {n_bins}: sketches of the same rows at other numbers of points would "
+            "show more of this client's values than its profile allows", code="disclosure")
+
+
 def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: np.ndarray,
                  profile: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The sketch disclosures the task asks, for the nodes of the level order of ``stats``
     (``counts``: the nodes' row counts; ``profile``: the client's own). ``sketch_counts`` is
-    per (node, slot): the rows that have the slot's feature (:func:`present_counts`).
-
-    A sketch has the job's ``n_bins`` intervals (B, as the coordinator asks it): sketches of
-    the same rows at other numbers of points would show their quantiles at other ranks, and
-    together nearly every value, whatever ``rows_per_sketch_point`` bounds one sketch to."""
+    per (node, slot): the rows that have the slot's feature (:func:`present_counts`). A
+    sketch has the job's ``n_bins`` intervals (:func:`check_sketch_size`)."""
     want = set(task.disclose)
     out: dict[str, np.ndarray] = {}
     if "sketch_points" in want or "top_l" in want:
         rows_per_point = int(profile.get("rows_per_sketch_point", 0) or 0)
+        check_sketch_size(task, stats.config.n_bins)
         n_points = int(task.params["n_points"])
-        if not 1 <= n_points <= MAX_SKETCH_POINTS:
-            raise ProtocolError(f"a sketch of {n_points} points was asked; from 1 to "
-                                f"{MAX_SKETCH_POINTS}")
-        if n_points != stats.config.n_bins:
-            raise RefusedRequest(
-                f"a sketch of {n_points} intervals was asked; this job's sketches have "
-                f"n_bins = {stats.config.n_bins}: sketches of the same rows at other numbers "
-                "of points would show more of this client's values than its profile allows",
-                code="disclosure")
         pts = stats.quantile_points(feats, n_points, rows_per_point)
         if "sketch_points" in want:
             out["sketch_points"] = pts

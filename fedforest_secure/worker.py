@@ -24,7 +24,7 @@ import numpy as np
 from ._answered import AnsweredRounds
 from ._bootstrap import canonical_order, row_keys, tree_pairs
 from ._disclosures import MAX_SKETCH_POINTS as MAX_SKETCH_POINTS
-from ._disclosures import profile_disclosures, sketch_items
+from ._disclosures import check_sketch_size, profile_disclosures, sketch_items
 from ._grid_stats import bin_statistics
 from ._layouts import CLASS_TOTALS_BLOCK
 from ._level_pairs import by_node, group_pairs, node_totals, order_positions
@@ -249,6 +249,8 @@ class Worker:
             raise RefusedRequest(f"the sketch of level {level} was already answered; a second "
                                  "one re-asks its node totals, which could isolate a client by "
                                  "differencing", code="question_reused")
+        # before the routing: a refused task leaves the client at its level
+        check_sketch_size(task, self.config.n_bins)
         if level == self._level + 1:
             self._route(task)
             self._level = level

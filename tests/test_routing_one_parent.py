@@ -120,3 +120,40 @@ def test_a_site_refuses_a_routing_that_gives_both_sides_of_a_split_one_node() ->
                  arrays=_routing(2, [0, 1], [0, 2]), layout=())
     with pytest.raises(RefusedRequest, match=_REFUSED):
         w.handle(again)
+
+
+def test_a_sketch_of_another_number_of_points_is_refused_before_its_routing_is_followed(
+        ) -> None:
+    """The site stays at its level: the honest task of the next level is answered as if the
+    refused one had never come."""
+    cfg, clients = _secure_config("secure", sketch="quantiles")
+    ws = _workers(cfg, clients)
+
+    def level_1(workers: list[Worker]) -> Task:
+        coord = Coordinator(cfg)
+        task = coord.next_task()
+        while task is not None and task.level == 0:
+            rep = [w.handle(task) for w in workers]
+            coord.submit(task.round_id, sum(r.summable for r in rep),
+                         disclosed={k: r.disclosed for k, r in enumerate(rep)},
+                         participants=list(range(len(workers))))
+            task = coord.next_task()
+        assert task is not None and task.level == 1 and "route_kind" in task.arrays
+        return task
+
+    honest = level_1(ws)
+    assert "sketch_points" in honest.disclose
+    # another number of points, and its own routing (thresholds moved)
+    odd = dataclasses.replace(honest, round_id=honest.round_id + 100,
+                              params={**honest.params, "n_points": cfg.n_bins + 1},
+                              arrays={**honest.arrays, "route_threshold":
+                                      honest.arrays["route_threshold"] + 0.5})
+    with pytest.raises(RefusedRequest, match="a sketch of 9 intervals was asked") as caught:
+        ws[0].handle(odd)
+    assert caught.value.code == "disclosure"
+    fresh = _workers(cfg, clients)  # never sent the refused task
+    assert level_1(fresh).digest() == honest.digest()
+    mine, theirs = ws[0].handle(honest), fresh[0].handle(honest)
+    assert np.array_equal(mine.summable, theirs.summable)
+    assert np.array_equal(mine.disclosed["sketch_points"], theirs.disclosed["sketch_points"],
+                          equal_nan=True)
