@@ -21,12 +21,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from test_integration_https import (
     Fed,
+    freeze_mid_job,
     launch_client,
     reference,
     setup_fed,
     stop_all,
     trees,
-    wait_round,
 )
 
 from fedforest_cli.sim_processes import child_env, wait_healthy
@@ -165,8 +165,7 @@ def test_a_server_killed_just_after_a_deadline_drop_is_logged_keeps_the_drop(
         server = _serve(fed, ("after", "client_dropped" if ends == "drop" else "round_aborted",
                               1))
         clients = [launch_client(fed, k) for k in range(n)]
-        wait_round(fed, 2)
-        clients[frozen].send_signal(signal.SIGSTOP)
+        freeze_mid_job(fed, clients[frozen], 2)
         _killed(server)
         _serve(fed)
         time.sleep(1.0)

@@ -17,11 +17,11 @@ from ports import free_port
 from sqlalchemy import select
 from test_integration_https import (
     Provisioned,
+    freeze_mid_job,
     launch_client,
     launch_server,
     setup_fed,
     stop_all,
-    wait_round,
 )
 
 from fedforest_secure.audit import AuditLog
@@ -94,8 +94,9 @@ def test_a_server_paused_longer_than_the_round_deadline_drops_no_site(
     try:
         server = launch_server(fed)
         clients = [launch_client(fed, k) for k in range(3)]
-        wait_round(fed, 2)
+        freeze_mid_job(fed, clients[0], 2)  # the job cannot end before the server's pause
         server.send_signal(signal.SIGSTOP)
+        clients[0].send_signal(signal.SIGCONT)
         assert _job_state(fed.db_url)["job"][0] == "running"
         time.sleep(14)
         server.send_signal(signal.SIGCONT)
@@ -123,10 +124,11 @@ def test_a_paused_server_whose_database_was_taken_over_writes_nothing_and_fails(
     a = None
     try:
         a = launch_server(fed)
-        for k in range(3):  # the sites are A's: they retry A while it is paused, and gone
-            launch_client(fed, k)
-        wait_round(fed, 2)
+        # the sites are A's: they retry A while it is paused, and gone
+        clients = [launch_client(fed, k) for k in range(3)]
+        freeze_mid_job(fed, clients[0], 2)  # the job cannot end before A's pause
         _pause_holding_no_lock(a, tmp_path / "server.db", tmp_path / "audit.db")
+        clients[0].send_signal(signal.SIGCONT)
         assert _job_state(fed.db_url)["job"][0] == "running"
         time.sleep(LEASE_S + 1)
         port_b = free_port()
