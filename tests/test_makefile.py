@@ -49,13 +49,16 @@ def _make(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_a_too_old_python_makes_no_virtualenv(tmp_path: Path) -> None:
-    python = _interpreter(tmp_path / "bin" / "python3")
-    res = _make(tmp_path, "demo", f"PYTHON={python}")
+@pytest.mark.parametrize(("folder", "quote"), [("bin", ""), ("my py", '"')],
+                         ids=["plain", "a space, in double quotes"])
+def test_a_too_old_python_makes_no_virtualenv(tmp_path: Path, folder: str, quote: str) -> None:
+    python = _interpreter(tmp_path / folder / "python3")
+    named = f"{quote}{python}{quote}"  # as the user wrote PYTHON=
+    res = _make(tmp_path, "demo", f"PYTHON={named}")
     assert res.returncode == 2
     have = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert res.stderr.splitlines()[0] == (
-        f"{python} is Python {have}; FedForest Secure needs Python 99.0 or later. Name a "
+        f"{named} is Python {have}; FedForest Secure needs Python 99.0 or later. Name a "
         "newer one: make demo PYTHON=python99.0")
     assert not (tmp_path / ".venv").exists()
 
@@ -70,14 +73,3 @@ def test_a_virtualenv_of_a_too_old_python_is_refused_before_installing(tmp_path:
         "Remove it and make it again with a newer one: rm -rf .venv; make demo "
         "PYTHON=python99.0")
     assert "not run" not in res.stderr and not (tmp_path / ".venv" / ".installed").exists()
-
-
-def test_an_interpreter_named_with_a_space_in_double_quotes_is_checked_as_a_path(
-        tmp_path: Path) -> None:
-    python = _interpreter(tmp_path / "my py" / "python3")
-    res = _make(tmp_path, "demo", f'PYTHON="{python}"')
-    assert res.returncode == 2
-    have = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert res.stderr.splitlines()[0] == (
-        f'"{python}" is Python {have}; FedForest Secure needs Python 99.0 or later. Name a '
-        "newer one: make demo PYTHON=python99.0")
