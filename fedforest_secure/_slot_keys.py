@@ -33,6 +33,7 @@ import numpy as np
 
 from .config import JobConfig
 from .protocol import SealedTask, Task, TaskKind
+from .protocol.tasks import canonical_thresholds
 
 __all__ = ["SlotKeys", "slot_keys"]
 
@@ -115,10 +116,7 @@ def canonical_cuts(config: JobConfig, feats: np.ndarray, thr: np.ndarray
         lohi = np.asarray(bounds, dtype=np.float64)[f]
         with np.errstate(invalid="ignore"):
             fin &= (t >= lohi[:, :, 0][:, :, None]) & (t < lohi[:, :, 1][:, :, None])
-    t = np.sort(np.where(fin, t + 0.0, np.inf), axis=2)
-    if t.shape[2] > 1:
-        t[:, :, 1:][t[:, :, 1:] == t[:, :, :-1]] = np.inf
-        t = np.sort(t, axis=2)
+    t = canonical_thresholds(np.where(fin, t, np.inf))  # the question key's canonical form
     return t, (t < np.inf).sum(axis=2)
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "SealedTask",
     "Task",
     "TaskKind",
+    "canonical_thresholds",
     "check_task_form",
     "seal",
 ]
@@ -130,13 +131,13 @@ def _question_header(task: Task) -> dict[str, Any]:
 
 def _question_array(name: str, arr: np.ndarray) -> np.ndarray:
     """``arr`` in the dtype a client reads it as (unchanged if it would refuse it); histogram
-    thresholds in the canonical form of :func:`_canonical_thresholds`."""
+    thresholds in the canonical form of :func:`canonical_thresholds`."""
     want = TASK_ARRAY_DTYPES.get(name)
     if want is None or arr.dtype.kind not in _READS[want.kind]:
         return arr
     out = arr if arr.dtype == want else arr.astype(want)
     if name in _THRESHOLD_GRIDS:
-        out = _canonical_thresholds(out)
+        out = canonical_thresholds(out)
     same = out is arr or (out.shape == arr.shape and out.dtype == arr.dtype
                           and np.array_equal(out, arr)
                           and not (np.signbit(arr) & (arr == 0)).any())  # no -0.0
@@ -147,7 +148,7 @@ def _question_array(name: str, arr: np.ndarray) -> np.ndarray:
 _THRESHOLD_GRIDS = frozenset({"thresholds", "grid_thresholds"})
 
 
-def _canonical_thresholds(thr: np.ndarray) -> np.ndarray:
+def canonical_thresholds(thr: np.ndarray) -> np.ndarray:
     """Histogram thresholds (float64) as the cuts they make: per (node, slot), its distinct
     finite thresholds, ascending (-0.0 as 0.0), +inf padded to the widest row's count (no
     column at all when no row has one). An infinite or repeated threshold cuts nothing (its
@@ -265,7 +266,7 @@ class Task:
         subtract the sums (differencing). The digest is of what a client computes: the task
         in one canonical form (:func:`_question_header`; arrays in the dtypes a client reads
         them as, :data:`TASK_ARRAY_DTYPES`; histogram thresholds as the cuts they make,
-        :func:`_canonical_thresholds`), so no cosmetic change a client ignores makes the
+        :func:`canonical_thresholds`), so no cosmetic change a client ignores makes the
         question "new" (a form :func:`check_task_form` refuses may change it).
         """
         return pack_digest(_question_header(self), {
