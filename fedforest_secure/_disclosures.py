@@ -102,14 +102,13 @@ def sketch_items(task: Task, stats: LevelStatistics, feats: np.ndarray, counts: 
                  profile: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The sketch disclosures the task asks, for the nodes of the level order of ``stats``
     (``counts``: the nodes' row counts; ``profile``: the client's own). ``sketch_counts`` is
-    per (node, slot): the rows that have the slot's feature (:func:`present_counts`). A
-    sketch has the job's ``n_bins`` intervals (:func:`check_sketch_size`)."""
+    per (node, slot): the rows that have the slot's feature (:func:`present_counts`). The
+    caller checked the task's sketch size first (:func:`check_sketch_size`)."""
     want = set(task.disclose)
     out: dict[str, np.ndarray] = {}
     if "sketch_points" in want or "top_l" in want:
         rows_per_point = int(profile.get("rows_per_sketch_point", 0) or 0)
-        check_sketch_size(task, stats.config.n_bins)
-        n_points = int(task.params["n_points"])
+        n_points = int(task.params["n_points"])  # checked: check_sketch_size
         pts = stats.quantile_points(feats, n_points, rows_per_point)
         if "sketch_points" in want:
             out["sketch_points"] = pts

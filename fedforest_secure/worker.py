@@ -333,6 +333,7 @@ class Worker:
                                 "client by differencing")
         nodes, feats = group_arrays(task, n_nodes, self.config.n_features)
         sketched = self._check_sketch(task, nodes, feats)
+        check_sketch_size(task, self.config.n_bins)
         loc, row, w = self._group_pairs(nodes)
         counts = np.bincount(loc, weights=w, minlength=nodes.size)
         order = self._sort_level(feats, nodes, (loc, row, w))
