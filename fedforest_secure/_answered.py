@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._slot_keys import SlotKeys, slot_keys
+from ._sorted import distinct
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
 from .protocol import Reply, Task, TaskKind, layout_size
@@ -164,9 +165,9 @@ class AnsweredRounds:
     def count_sketch(self, level: int, keys: np.ndarray) -> None:
         """Count the sketches of ``keys`` (from :meth:`check_sketch`) as disclosed."""
         if level != self._sketch_level:  # a new level: the earlier one's are never asked again
-            self._sketch_level, self._sketched = level, np.unique(keys)
+            self._sketch_level, self._sketched = level, distinct(keys)
         else:
-            self._sketched = np.union1d(self._sketched, keys)
+            self._sketched = distinct(np.concatenate((self._sketched, keys)))
 
     def _check_planned(self, task: Task) -> None:
         """Refuse a noisy release that is not one of the plan's, or one already made."""

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._level_stats import CodeBook
+from ._sorted import has_repeats
 from ._tree import NodeKind
 from .config import JobConfig
 from .errors import ProtocolError, RefusedRequest
@@ -65,7 +66,7 @@ def check_one_parent(kind: np.ndarray, left: np.ndarray, right: np.ndarray) -> N
     inner = kind != NodeKind.LEAF
     kids = np.concatenate([left[inner], right[inner]])
     kids = kids[kids >= 0]
-    if kids.size and np.unique(kids).size != kids.size:
+    if has_repeats(kids):
         raise RefusedRequest(
             "refusing a task whose routing sends the rows of two nodes (or both sides of a "
             "split) to one new node: a record would then count more than once in that node's "

@@ -31,6 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ._sorted import distinct
 from .config import JobConfig
 from .protocol import SealedTask, Task, TaskKind
 from .protocol.tasks import canonical_thresholds
@@ -69,7 +70,7 @@ class SlotKeys:
     def distinct(self) -> np.ndarray:
         """The distinct keys, ascending (made once: every client of an in-process federation
         records the same task's)."""
-        out: np.ndarray = np.unique(self.keys)
+        out: np.ndarray = distinct(self.keys)
         return out
 
 
