@@ -224,6 +224,13 @@ class RoundDriver:
                     return
                 force = False
                 sr.phase_closed(phase)
+                if sr.accused:
+                    # a site refused a peer's message that did not authenticate: the round
+                    # stops here, so neither a site sending chosen peers shares they cannot
+                    # use, nor a server altering them, picks which honest sites leave a job
+                    # that goes on (threat_model.md §2.4)
+                    raise AbortedRound("a site refused the round over a peer's message that "
+                                       "did not authenticate")
                 kept = sr.server.uploaded
                 if phase is Phase.UPLOAD and len(kept) < job.min_clients:
                     # the job's own floor, which may lie above the threshold t: no sum over

@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_integration_https import (
@@ -205,29 +206,27 @@ def test_a_failed_jobs_log_cut_before_its_failure_does_not_verify_against_the_si
 
 #: ``python -c`` body of a malicious site: ``fedforest client`` whose share bundles carry
 #: correctly addressed ciphertexts that are all zeros (the server cannot tell them apart)
-_GARBAGE_SHARES = """
+def _garbage_shares(peers: str) -> str:
+    """A ``python -c`` client whose share ciphertexts to the peers for which ``peers`` (a
+    Python expression in ``v``, the peer's index) holds are all zeros."""
+    return f"""
 from fedforest_secure.secagg import client as C
 _share = C.SecAggClient._share_keys_from_parts
 def _garbage(self, setup, randbelow):
     bundle = _share(self, setup, randbelow)
-    return bundle.model_copy(update={"ciphertexts": {
-        v: bytes(len(ct)) for v, ct in bundle.ciphertexts.items()}})
+    return bundle.model_copy(update={{"ciphertexts": {{
+        v: (bytes(len(ct)) if {peers} else ct) for v, ct in bundle.ciphertexts.items()}}}})
 C.SecAggClient._share_keys_from_parts = _garbage
 from fedforest_cli.cli import app
 app(prog_name="fedforest")
 """
 
 
-def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_round(
-        tmp_path: Path, tiny_parts, job_dir, monkeypatch: pytest.MonkeyPatch) -> None:
-    """client-0 is malicious: its share ciphertexts are all zeros. Every honest site refuses
-    the round naming it (threat_model.md §2.4): the round aborts, and the audit log and the
-    job's status name client-0 as accused by the three others, not the honest sites alone as
-    the ones that refused."""
-    from fedforest_secure.audit import AuditLog, verify_log
-    from server_app.db import Database, JobRow
-    from server_app.status import job_status
-
+def _run_with_a_malicious_client_0(tmp_path: Path, tiny_parts, job_dir,
+                                   monkeypatch: pytest.MonkeyPatch, script: str
+                                   ) -> tuple[Fed, list[int], list[str]]:
+    """A secure job of four sites whose client-0 runs ``script``: the fed, the four exit
+    codes and the four client logs."""
     parts, feat = tiny_parts
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=4, deadline=300.0,
                     profile="secure")
@@ -235,7 +234,7 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
 
     def malicious(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
         at = cmd.index("-m")
-        return popen([*cmd[:at], "-c", _GARBAGE_SHARES, *cmd[at + 2:]], **kw)  # type: ignore[call-overload]
+        return popen([*cmd[:at], "-c", script, *cmd[at + 2:]], **kw)  # type: ignore[call-overload]
 
     try:
         launch_server(fed)
@@ -246,7 +245,33 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
         codes = [c.wait(300) for c in clients]
     finally:
         stop_all(fed)
-    logs = [(fed.root / f"client-{k}.log").read_text() for k in range(4)]
+    return fed, codes, [(fed.root / f"client-{k}.log").read_text() for k in range(4)]
+
+
+def _status(fed: Fed) -> dict[str, Any]:
+    from server_app.db import Database, JobRow
+    from server_app.status import job_status
+
+    db = Database(fed.db_url)
+    with db.session() as sess:
+        job = sess.get(JobRow, "job-a")
+        assert job is not None
+        st: dict[str, Any] = job_status(sess, job, None, time.time())
+    db.dispose()
+    return st
+
+
+def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_round(
+        tmp_path: Path, tiny_parts, job_dir,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-0 is malicious: its share ciphertexts are all zeros. Every honest site refuses
+    the round naming it (threat_model.md §2.4): the round aborts, and the audit log and the
+    job's status name client-0 as accused by the three others, not the honest sites alone as
+    the ones that refused."""
+    from fedforest_secure.audit import AuditLog, verify_log
+
+    fed, codes, logs = _run_with_a_malicious_client_0(tmp_path, tiny_parts, job_dir,
+                                                      monkeypatch, _garbage_shares("True"))
     assert codes == [3, 3, 3, 3], logs
     for log in logs[1:]:
         assert "the share ciphertext of client 0 does not authenticate" in log, log
@@ -269,10 +294,33 @@ def test_a_site_sending_garbage_shares_is_named_by_the_sites_that_refuse_the_rou
     with AuditLog(fed.audit_url, create=False) as log:
         assert verify_log(log, receipts_dir=receipts).ok
     assert "accused by the sites that refused: client-0 (3 sites)" in aborted[0], aborted
-    db = Database(fed.db_url)
-    with db.session() as sess:
-        job = sess.get(JobRow, "job-a")
-        assert job is not None
-        st = job_status(sess, job, None, time.time())
-    db.dispose()
+    st = _status(fed)
     assert st["status"] == "failed" and st["reason"] == aborted[0]
+
+
+def test_a_site_sending_garbage_shares_to_one_peer_fails_the_job_instead_of_removing_it(
+        tmp_path: Path, tiny_parts, job_dir,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-0 sends client-1 alone share ciphertexts that do not authenticate, and its
+    other peers good ones: client-1 refuses the round accusing client-0, the others upload.
+    The round aborts once its phase closes, so the accused site cannot choose which honest
+    sites leave a job that goes on with it (it gets no model), and every site is told who
+    accused whom."""
+    from fedforest_secure.audit import AuditLog
+
+    fed, codes, logs = _run_with_a_malicious_client_0(tmp_path, tiny_parts, job_dir,
+                                                      monkeypatch, _garbage_shares("v == 1"))
+    assert "the share ciphertext of client 0 does not authenticate" in logs[1], logs[1]
+    assert codes[1] == 3, logs[1]
+    st = _status(fed)
+    assert st["status"] == "failed", (st["status"], st["reason"])
+    assert "accused by the sites that refused: client-0 (1 site)" in st["reason"], st["reason"]
+    with AuditLog(fed.audit_url, create=False) as log:
+        entries = log.entries(job_id="job-a")
+    assert not [e for e in entries if e.kind == "model"]
+    assert [e.payload["reason"] for e in entries if e.kind == "round_aborted"] == [st["reason"]]
+    for k in (0, 2, 3):  # the sites that stayed end with the job's failure, naming the accused
+        assert codes[k] != 0, logs[k]
+        assert not (fed.root / f"client-{k}.model.json").exists()
+    for said in logs[2:]:
+        assert "accused by the sites that refused: client-0 (1 site)" in said, said
