@@ -2,7 +2,8 @@
 audit log): a scheme SQLAlchemy does not know, a driver that is not installed or a malformed
 URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL's password
 hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
-all of the user part of a URL whose password holds an ``@`` that was not written ``%40``)."""
+all of the user part of a URL whose password holds an ``@`` that was not written ``%40``; of a
+malformed URL, only what cannot be its password: :func:`_malformed_part`)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,23 @@ def in_memory(db: str) -> bool:
             or (database.startswith("file:") and "mode=memory" in database))
 
 
+def _malformed_part(url: str) -> str:
+    """What the error of a malformed ``url`` shows of it: the parts that hold no secret. From
+    the host on (after the last ``@``), without the query; a URL without an ``@`` may hold a
+    password all the same (``user:password/db``: the ``@`` before the host left out, the
+    password read as the port), so what follows the first ``:`` of its host part (all of it
+    without a ``scheme://``) shows as ``***``."""
+    if "@" in url:
+        return url.rsplit("@", 1)[1].split("?")[0]
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme://: all of it read as a host part
+        name, colon, _ = url.partition(":")
+        return f"{name}{colon and ':***'}"
+    host, slash, path = rest.split("?")[0].partition("/")
+    name, colon, _ = host.partition(":")
+    return f"{scheme}{sep}{name}{colon and ':***'}{slash}{path}"
+
+
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
     """``sqlalchemy.create_engine(url, **kwargs)``, or :class:`DatabaseUrlError`."""
     shown = shown_url(url)
@@ -87,9 +105,10 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         parsed = make_url(url)
     except _MALFORMED as exc:
         why = " (its port must be a number)" if "int()" in str(exc) else ""
-        # shown from the host on, without its query: the parts that hold no secret
-        shown_part = url.split("@")[-1].split("?")[0]
-        raise DatabaseUrlError(f"malformed database URL {shown_part!r}{why}: write "
+        if "@" not in url and why:
+            why = (" (its port must be a number; a user name and password end with an @: "
+                   "user:password@host)")
+        raise DatabaseUrlError(f"malformed database URL {_malformed_part(url)!r}{why}: write "
                                f"{_WORKING}") from None
     if parsed.host and "@" in parsed.host:
         raise DatabaseUrlError(f"database URL {shown}: the part before the host holds an @ "
@@ -102,7 +121,7 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
                                "postgresql+psycopg://... (pip install "
                                "'fedforest-secure[postgres]')")
     try:
-        return create_engine(url, **kwargs)
+        engine = create_engine(url, **kwargs)
     except NoSuchModuleError:
         raise DatabaseUrlError(f"database URL {shown}: unknown scheme "
                                f"{parsed.drivername!r}; write {_WORKING}") from None
@@ -110,3 +129,4 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: its driver is not installed ({exc}); "
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
+    return engine
