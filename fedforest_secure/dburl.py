@@ -3,14 +3,17 @@ audit log): a scheme SQLAlchemy does not know, a driver that is not installed or
 URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL's password
 hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
 all of the user part of a URL whose password holds an ``@`` that was not written ``%40``; of a
-malformed URL, only what cannot be its password: :func:`_malformed_part`)."""
+malformed URL, only what cannot be its password: :func:`_malformed_part`). A SQLite file an
+engine creates is readable by its owner only."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -129,4 +132,21 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: its driver is not installed ({exc}); "
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
+    path = sqlite_file(url)
+    # not a URI's mode=ro or rw (they create no file), nor a ~ (SQLite does not expand it)
+    if path is not None and "mode=" not in url and "~" not in url:
+        event.listen(engine, "do_connect", _create_owner_only(path))
     return engine
+
+
+def _create_owner_only(path: Path) -> Callable[..., None]:
+    """A ``do_connect`` listener that creates the SQLite file ``path``, empty and readable by
+    its owner only, when a connection would create it: what the file holds (the tokens'
+    digests, the sites' disclosures, an audit log) is the server's, and SQLite gives its WAL
+    and journal files the file's mode. A file that exists keeps the mode it has."""
+
+    def create(*_: object) -> None:
+        if not path.exists() and path.parent.is_dir():  # else SQLite's own error
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+    return create
