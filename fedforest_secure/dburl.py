@@ -2,14 +2,18 @@
 audit log): a scheme SQLAlchemy does not know, a driver that is not installed or a malformed
 URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL's password
 hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
-all of the user part of a URL whose password holds an ``@`` that was not written ``%40``)."""
+all of the user part of a URL whose password holds an ``@`` that was not written ``%40``; of a
+malformed URL, only what cannot be its password: :func:`_malformed_part`). A SQLite file an
+engine creates is readable by its owner only."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -80,6 +84,23 @@ def in_memory(db: str) -> bool:
             or (database.startswith("file:") and "mode=memory" in database))
 
 
+def _malformed_part(url: str) -> str:
+    """What the error of a malformed ``url`` shows of it: the parts that hold no secret. From
+    the host on (after the last ``@``), without the query; a URL without an ``@`` may hold a
+    password all the same (``user:password/db``: the ``@`` before the host left out, the
+    password read as the port), so what follows the first ``:`` of its host part (all of it
+    without a ``scheme://``) shows as ``***``."""
+    if "@" in url:
+        return url.rsplit("@", 1)[1].split("?")[0]
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme://: all of it read as a host part
+        name, colon, _ = url.partition(":")
+        return f"{name}{colon and ':***'}"
+    host, slash, path = rest.split("?")[0].partition("/")
+    name, colon, _ = host.partition(":")
+    return f"{scheme}{sep}{name}{colon and ':***'}{slash}{path}"
+
+
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
     """``sqlalchemy.create_engine(url, **kwargs)``, or :class:`DatabaseUrlError`."""
     shown = shown_url(url)
@@ -87,9 +108,10 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         parsed = make_url(url)
     except _MALFORMED as exc:
         why = " (its port must be a number)" if "int()" in str(exc) else ""
-        # shown from the host on, without its query: the parts that hold no secret
-        shown_part = url.split("@")[-1].split("?")[0]
-        raise DatabaseUrlError(f"malformed database URL {shown_part!r}{why}: write "
+        if "@" not in url and why:
+            why = (" (its port must be a number; a user name and password end with an @: "
+                   "user:password@host)")
+        raise DatabaseUrlError(f"malformed database URL {_malformed_part(url)!r}{why}: write "
                                f"{_WORKING}") from None
     if parsed.host and "@" in parsed.host:
         raise DatabaseUrlError(f"database URL {shown}: the part before the host holds an @ "
@@ -102,7 +124,7 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
                                "postgresql+psycopg://... (pip install "
                                "'fedforest-secure[postgres]')")
     try:
-        return create_engine(url, **kwargs)
+        engine = create_engine(url, **kwargs)
     except NoSuchModuleError:
         raise DatabaseUrlError(f"database URL {shown}: unknown scheme "
                                f"{parsed.drivername!r}; write {_WORKING}") from None
@@ -110,3 +132,21 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: its driver is not installed ({exc}); "
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
+    path = sqlite_file(url)
+    # not a URI's mode=ro or rw (they create no file), nor a ~ (SQLite does not expand it)
+    if path is not None and "mode=" not in url and "~" not in url:
+        event.listen(engine, "do_connect", _create_owner_only(path))
+    return engine
+
+
+def _create_owner_only(path: Path) -> Callable[..., None]:
+    """A ``do_connect`` listener that creates the SQLite file ``path``, empty and readable by
+    its owner only, when a connection would create it: what the file holds (the tokens'
+    digests, the sites' disclosures, an audit log) is the server's, and SQLite gives its WAL
+    and journal files the file's mode. A file that exists keeps the mode it has."""
+
+    def create(*_: object) -> None:
+        if not path.exists() and path.parent.is_dir():  # else SQLite's own error
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+    return create

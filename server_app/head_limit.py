@@ -25,8 +25,9 @@ or the end of the head and the start of the tail, the request's bytes are left o
 or tail that never ends is refused at most one read past the limit. A 431 waits for the
 responses to the requests before it on the connection, which are served; nothing after it is
 parsed (under TLS the closing connection discards what still arrives, until the peer ends it or
-for 30 s, the event loop's TLS shutdown timeout). A refused request is never upgraded (to a
-WebSocket).
+for 30 s, the event loop's TLS shutdown timeout). No request is upgraded (to a WebSocket): the
+server runs without WebSocket support (server_app/serve.py), and a request asking for an
+upgrade is answered as any other, without a warning in the log.
 """
 
 from __future__ import annotations
@@ -67,8 +68,18 @@ def http_protocol() -> type[asyncio.Protocol]:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn[standard] brings httptools: only a hand-made install lacks it
         from uvicorn.protocols.http.h11_impl import H11Protocol
-        return H11Protocol
+        return type("H11Protocol", (_NoUpgradeWarning, H11Protocol), {})
     return head_limited(HttpToolsProtocol)
+
+
+class _NoUpgradeWarning:
+    """Before uvicorn's HTTP protocol: a request asking for an upgrade logs nothing. The server
+    upgrades no connection (``ws="none"``: server_app/serve.py) and answers such a request as
+    any other; uvicorn's warnings (the second one about WebSocket libraries to install) would
+    be lines that any client adds to the server's log, one per request."""
+
+    def _unsupported_upgrade_warning(self) -> None:
+        pass
 
 
 def head_limited(base: type[Any]) -> type[Any]:
@@ -76,7 +87,7 @@ def head_limited(base: type[Any]) -> type[Any]:
     line and headers, or whose trailer fields or framing between two chunks, take more than
     :data:`MAX_HEAD_BYTES`, and closes its connection."""
 
-    class HeadLimitProtocol(base):  # type: ignore[misc]
+    class HeadLimitProtocol(_NoUpgradeWarning, base):  # type: ignore[misc]
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             #: bytes of the current request's head counted so far; None outside a head
@@ -163,10 +174,6 @@ def head_limited(base: type[Any]) -> type[Any]:
 
         def _should_upgrade(self) -> bool:
             return not self._refused and bool(super()._should_upgrade())
-
-        def _unsupported_upgrade_warning(self) -> None:
-            if not self._refused:  # a refused request's Upgrade header is no server's concern
-                super()._unsupported_upgrade_warning()
 
         def _responses_pending(self) -> bool:
             """Whether a request before the refused one waits for (the end of) its response

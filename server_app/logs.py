@@ -17,7 +17,13 @@ it answers again, and the open rounds' deadlines run again from then), ``server_
 ``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
 does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of
 time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt shares: ``report``
-names their senders). Values with spaces are quoted.
+names their senders).
+
+Values holding a space, ``"`` or ``=``, or a character that is not printable, are quoted; inside
+the quotes ``\\`` and ``"`` are escaped with a backslash, and each character that is not printable
+is written as Python writes it in a string (``\\r``, ``\\n``, ``\\x1b``, ``\\u2028``). Every line
+is so one event of plain text, whatever a client sent (a request's path, a reason): a line
+break, a terminal escape sequence or a made-up field of a client stays inside its value.
 
 A ``round`` line counts the clients whose answers the sum holds (``clients``) and the clients
 dropped during the round (``dropped``; one dropped after its masked upload is in both), and
@@ -39,13 +45,37 @@ LOGGER = "fedforest.server"
 _log = logging.getLogger(LOGGER)
 
 
+#: the escapes of characters that are not printable and have a short one
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(c: str) -> str:
+    """A character that is not printable as Python writes it in a string: ``\\r``,
+    ``\\x1b``, ``\\u2028``."""
+    o = ord(c)
+    return _SHORT.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
+                             else f"\\U{o:08x}")
+
+
+def _printable(text: str) -> str:
+    """``text`` with each character that is not printable escaped (:func:`_escape`): line
+    breaks of any kind (``\\r``, NEL, U+2028), terminal escape sequences, NUL, bidirectional
+    overrides. Whatever a client sent, a log line stays one line of plain text."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
 def _value(v: object) -> str:
+    """A field's value: as it is if it is printable and holds no space, ``"`` or ``=``; else
+    quoted, with ``\\`` and ``"`` escaped by a backslash and the characters that are not
+    printable by :func:`_printable`."""
     if isinstance(v, float):
         text = f"{v:.3f}".rstrip("0").rstrip(".")
     else:
         text = str(v)
-    if not text or any(c.isspace() or c in '"=' for c in text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    if not text or not text.isprintable() or any(c in ' "=' for c in text):
+        return '"' + _printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
     return text
 
 
@@ -71,8 +101,9 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        # one line per event: a traceback stays with its event, its lines joined
-        return text.replace("\n", " | ")
+        # one line per event: a traceback stays with its event, its lines joined; what is
+        # not printable in it (an exception's message, uvicorn's) escaped
+        return _printable(text.replace("\n", " | "))
 
 
 class _ShutdownTimeout(logging.Filter):

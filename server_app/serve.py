@@ -119,6 +119,10 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         # 127.0.0.1 as the client's address, and with it another connection's certificate)
         proxy_headers=False,
         http=http,
+        # no WebSocket: the server has no such route, and a connection uvicorn handed to a
+        # WebSocket protocol would skip the connection bookkeeping of the HTTP protocol above
+        # (its certificate name, its idle watch); an Upgrade request is an ordinary request
+        ws="none",
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # where httptools is missing
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,

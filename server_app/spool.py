@@ -34,8 +34,10 @@ class Spool:
 
     def write(self, job_id: str, round_id: int, idx: int, vec: np.ndarray) -> None:
         path = self.path(job_id, round_id, idx)
-        if path is None:
+        if path is None or self.root is None:
             raise RuntimeError("no spool directory")
+        # the uploads are the server's to read: a spool directory it makes is its user's only
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:

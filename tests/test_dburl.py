@@ -4,6 +4,7 @@ never a traceback, and never the URL's password."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -70,6 +71,36 @@ def test_two_processes_creating_a_new_database_at_once_both_open_it(
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     assert len(calls) == 2
     db.dispose()
+
+
+def test_the_files_the_server_creates_are_its_users_only(tmp_path: Path) -> None:
+    """The server's SQLite database (tokens' digests, the sites' disclosures) with its WAL
+    files, a SQLite audit log and the spool directory of masked uploads, created by the
+    server, are readable by its user only, whatever the umask; a file that exists keeps its
+    mode."""
+    import stat
+
+    import numpy as np
+
+    from server_app.spool import Spool
+
+    old = os.umask(0o022)
+    try:
+        (tmp_path / "given.db").touch(0o640)
+        db = Database(f"sqlite:///{tmp_path / 'server.db'}")
+        given = Database(f"sqlite:///{tmp_path / 'given.db'}")
+        log = AuditLog(tmp_path / "audit.db")
+        Spool(tmp_path / "server.db.spool").write("job-a", 1, 0, np.zeros(4, dtype="<u8"))
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+        db.dispose()
+        given.dispose()
+        log.close()
+    finally:
+        os.umask(old)
+    assert {"server.db-wal", "server.db-shm", "audit.db"} <= set(modes), modes
+    assert modes == {**{n: 0o600 for n in modes if n.startswith(("server.db", "audit.db"))},
+                     "server.db.spool": 0o700,
+                     **{n: 0o640 for n in modes if n.startswith("given.db")}}, modes
 
 
 @pytest.mark.parametrize(("db", "path"), [

@@ -6,18 +6,20 @@ import io
 import logging
 import re
 import signal
+import socket
+import ssl
 import time
 from pathlib import Path
 
 import pytest
-from test_integration_https import launch_client, launch_server, setup_fed, stop
+from test_integration_https import launch_client, launch_server, setup_fed, stop, stop_all
 
 from server_app.logs import configure, event, fields
 
 pytestmark = pytest.mark.integration
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (INFO|WARNING|ERROR) fedforest-server "
-                  r"event=\w+( \w+=(\"[^\"]*\"|\S+))*$")
+                  r'event=\w+( \w+=("(?:[^"\\]|\\.)*"|[^\s"]+))*$')
 
 
 def test_fields_quote_what_has_spaces_and_an_error_keeps_its_traceback_on_one_line(
@@ -34,6 +36,95 @@ def test_fields_quote_what_has_spaces_and_an_error_keeps_its_traceback_on_one_li
         event("error", logging.ERROR, exc=exc, where="test")
     (line,) = out.getvalue().splitlines()
     assert "event=error where=test" in line and "Traceback" in line and "| ValueError" in line
+
+
+#: a field of a line: ``key=value`` or ``key="value"`` (``\\"`` and ``\\\\`` inside the quotes)
+FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)(?: |$)')
+_UNESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|[trn\\\"])")
+
+
+def parsed(line: str) -> dict[str, str]:
+    """The fields of an event line, its quoted values unescaped: as a log reader takes them
+    (an assertion fails if the line does not split into fields from its ``event=`` on)."""
+    body = line.split(" fedforest-server ", 1)[1]
+    found = list(FIELD.finditer(body))
+    assert "".join(m.group(0) for m in found) == body, line
+    out = {}
+    for m in found:
+        key, value = m.group(1), m.group(2)
+        if value.startswith('"'):
+            value = _UNESCAPE.sub(lambda e: {"t": "\t", "r": "\r", "n": "\n"}.get(
+                e.group(1), e.group(1) if len(e.group(1)) == 1 else chr(int(e.group(1)[1:], 16))),
+                value[1:-1])
+        assert key not in out, line
+        out[key] = value
+    return out
+
+
+#: what a client can send in a request's path (uvicorn decodes it): a carriage return, an
+#: ANSI erase-line and a terminal-title sequence, a BEL, NEL and Unicode line and paragraph
+#: separators, a right-to-left override, a tab, a quote, a backslash and a made-up field
+HOSTILE = ('/v1/jobs/x\r2026-12-07T09:00:00Z INFO fedforest-server event=job_done job=job-x'
+           '\x1b[2K\x1b]0;pwned\x07\x85\u2028\u2029\u202e\t"\\ event=lease_lost\x00\x7f')
+
+
+def test_every_character_a_reader_could_take_as_a_line_or_field_boundary_is_escaped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    line = fields(event="auth_refused", path=HOSTILE, reason="unknown or revoked token")
+    assert line.isprintable() and len(line.splitlines()) == 1, line
+    assert "\\x1b[2K" in line and "\\r2026" in line and "\\u2028" in line, line
+    assert parsed("t INFO fedforest-server " + line) == {
+        "event": "auth_refused", "path": HOSTILE, "reason": "unknown or revoked token"}
+    # printable text, accents included, stays as it was
+    assert fields(event="join", client="zürich-1", job="j") == "event=join client=zürich-1 job=j"
+    assert fields(event="drop", reason="", x="a=b") == 'event=drop reason="" x="a=b"'
+    # a traceback's text too: the exception's message came from anywhere
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stderr", out)
+    configure()
+    try:
+        raise ValueError("bad\rforged\x1b[2K\u2028line")
+    except ValueError as exc:
+        event("error", logging.ERROR, exc=exc, path=HOSTILE)
+    text = out.getvalue()
+    assert text.endswith("\n") and text[:-1].isprintable(), repr(text)
+    assert "ValueError: bad\\rforged\\x1b[2K\\u2028line" in text, text
+
+
+def test_a_request_path_with_control_characters_is_one_escaped_line_in_the_log(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """Anyone who reaches the port (here: with a site's certificate, a made-up token) has the
+    server log the path of a refused request: its control characters are escaped, and no line
+    is forged."""
+    from urllib.parse import quote
+
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=2)
+    try:
+        launch_server(fed)
+        ctx = ssl.create_default_context(cafile=str(fed.certs / "ca.pem"))
+        ctx.load_cert_chain(fed.certs / "client-0.pem", fed.certs / "client-0.key")
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", fed.server.port)),
+                             server_hostname="127.0.0.1") as sock:
+            sock.sendall(f"GET {quote(HOSTILE, safe='/')} HTTP/1.1\r\nHost: x\r\n"
+                         "Authorization: Bearer made-up\r\nConnection: close\r\n\r\n".encode())
+            answer = sock.recv(200)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        time.sleep(0.5)
+    finally:
+        stop_all(fed)
+    raw = (fed.root / "server.log").read_bytes()
+    for byte in (b"\r", b"\x1b", b"\x07", b"\x00", b"\x7f", b"\t"):
+        assert byte not in raw, raw
+    text = raw.decode()
+    lines = text.splitlines()  # universal newlines: NEL, U+2028 and U+2029 end a line too
+    assert lines == text.split("\n")[:-1], lines
+    assert all(LINE.match(x) for x in lines), text
+    (refused,) = [x for x in lines if "event=auth_refused" in x]
+    assert parsed(refused) == {"event": "auth_refused", "path": HOSTILE,
+                               "reason": "unknown or revoked token", "peer": "client-0"}, refused
+    events = [parsed(x)["event"] for x in lines]
+    assert "job_done" not in events and "lease_lost" not in events, events
 
 
 def test_uvicorns_graceful_shutdown_timeout_is_a_warning_event_not_an_error(
