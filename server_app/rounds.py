@@ -226,9 +226,9 @@ class RoundDriver:
                 sr.phase_closed(phase)
                 if sr.accused:
                     # a site refused a peer's message that did not authenticate: the round
-                    # stops here, so neither a site sending chosen peers shares they cannot
-                    # use, nor a server altering them, picks which honest sites leave a job
-                    # that goes on (threat_model.md §2.4)
+                    # stops here, so a site sending chosen peers shares they cannot use does
+                    # not pick which honest sites leave a job that goes on (threat_model.md
+                    # §2.4; a malicious server drops whom it likes, §2.2)
                     raise AbortedRound("a site refused the round over a peer's message that "
                                        "did not authenticate")
                 kept = sr.server.uploaded

@@ -667,6 +667,64 @@ def test_accusations_survive_a_server_restart_into_the_abort_reason(env_all: dic
         in o["detail"], o["detail"]
 
 
+def test_an_accusation_stops_the_round_the_other_sites_would_finish(env: dict) -> None:
+    """client-1 refuses accusing client-0 and the three others upload (three is the job's t):
+    the round aborts once its upload phase closes, also across a server restart between the
+    accusation and the uploads, so a site spoiling the shares of one chosen peer cannot have
+    the job go on without it."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    assert refuse(env, 1, r, {"reason": "invalid_message", "accused": 0}).status_code == 200
+    restart(env)
+    for k in (0, 2, 3):
+        res = upload(env, sa, k, task, vecs[k])
+        assert res.status_code in (200, 409), res.text
+    o = offer(env, 2)
+    assert o["status"] == "failed", o
+    assert "accused by the sites that refused: client-0 (1 site)" in o["detail"], o["detail"]
+
+
+def test_an_accusation_at_unmask_stops_the_round_before_its_sum(env: dict) -> None:
+    """An accusation in the unmask phase, after the three others revealed their shares, stops
+    the round before its sum."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    for k in range(K):
+        assert upload(env, sa, k, task, vecs[k]).status_code == 200
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    for k in (0, 2, 3):
+        assert unmask(env, sa, k, r).status_code == 200
+    assert refuse(env, 1, r, {"reason": "invalid_message", "accused": 0}).status_code == 200
+    o = offer(env, 0)
+    assert o["status"] == "failed", o
+    assert "accused by the sites that refused: client-0 (1 site)" in o["detail"], o["detail"]
+    with env["db"].session() as sess:  # no sum of the round was stored
+        rr = sess.get(RoundRow, ("job-a", r))
+        assert rr is not None and rr.status != "closed" and rr.aggregate is None
+
+
+def test_a_refusal_that_accuses_nobody_drops_only_the_refuser(env: dict) -> None:
+    """A site that refuses without accusing a peer leaves; the round goes on with the three
+    others (the job's t) and its sum comes out."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    assert refuse(env, 1, r, {"reason": "invalid_message"}).status_code == 200
+    for step in (upload, sign, unmask):
+        for k in (0, 2, 3):
+            args = (task, vecs[k]) if step is upload else (r,)
+            assert step(env, sa, k, *args).status_code == 200  # type: ignore[operator]
+    total = aggregate(env, r)
+    assert total.size > 0
+    assert offer(env, 0)["status"] != "failed"
+
+
 def restart(env: dict) -> None:
     """What a killed and restarted server process has: a new engine, state and app over the
     same database file, and nothing of the old process's memory."""
