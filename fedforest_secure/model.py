@@ -31,11 +31,11 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 :meth:`ForestModel.feature_importances` adds up.
 
 A file whose parts do not fit together (an unknown task, no tree, a node kind, child or feature
-index that is no integer or out of range, split sets that are no mapping of lists, class labels
-or value columns that disagree with ``n_classes``, site or feature names that disagree with
-their counts, a ``"proportions"`` classifier's leaf value that is not class proportions, a
-``y_offset`` that is no finite number) is refused with a ValueError naming the field and the
-tree.
+index that is no integer or out of range, a leaf with a child, split sets that are no mapping
+of lists, class labels or value columns that disagree with ``n_classes``, site or feature names
+that disagree with their counts, a ``"proportions"`` classifier's leaf value that is not class
+proportions, a ``y_offset`` that is no finite number) is refused with a ValueError naming the
+field and the tree.
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
