@@ -4,7 +4,8 @@ A CSV file, an in-memory table (DataFrame-like, mapping of columns, rows of mapp
 arrays become the arrays the engine uses: a float64 feature matrix (categorical features as level
 codes ``0..L-1``), the encoded target (float64, or int64 class codes) and the client column. Every
 cell is checked against the schema; errors name the column and the row. These are the bodies of
-the table methods of :class:`~fedforest_secure.schema.Schema`, which document them.
+the table methods of :class:`~fedforest_secure.schema.Schema`, which document them, and the
+reading of a site's CSV file to predict on (:func:`feature_cells`, the estimators' ``read_rows``).
 """
 
 from __future__ import annotations
