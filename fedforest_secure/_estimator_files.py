@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ._estimator_rows import _EstimatorRows
+from ._model_files import model_text
 from .config import JobConfig
 from .files import write_atomic
 from .model import ForestModel
@@ -77,10 +78,7 @@ class _EstimatorFiles(_EstimatorRows):
             (a regression forest is read by :class:`FedForestRegressor`, a classification
             forest by :class:`FedForestClassifier`).
         """
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        text = model_text(path)
         try:
             doc = json.loads(text)
         except ValueError as exc:

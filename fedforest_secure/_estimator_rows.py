@@ -5,6 +5,7 @@ error a method of an unfitted estimator raises."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,38 @@ class _EstimatorRows:
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit first")
         model: ForestModel = self.model_
         return model
+
+    def read_rows(self, path: str | Path) -> np.ndarray:
+        """A site's CSV file as rows to predict on, read by the model's schema as the site's
+        client reads the file (:meth:`Schema.read_csv`): cells as text (a level spelled
+        ``None`` or ``NA`` stays that level, ``01`` stays ``01``), column names stripped,
+        the target, the client column and columns the schema does not name left out. A
+        general-purpose reader such as ``pandas.read_csv`` guesses missing values and
+        numbers, and so reads such a file otherwise.
+
+        Returns
+        -------
+        X : ndarray of object, shape (n_samples, n_features_in_)
+            The text cells of the model's features, in the model's column order: what
+            ``predict``, ``predict_proba``, ``apply`` and ``score`` take.
+
+        Raises
+        ------
+        SchemaError
+            The file cannot be read, misses a feature's column, or holds a cell that is no
+            number or no level of its column (naming the file and its line; values outside
+            the schema's public bounds are read); a model without a schema (one fitted in
+            process).
+        """
+        model = self._check_fitted()
+        if model.schema is None:
+            raise SchemaError("read_rows reads a site's CSV file by the schema of a federated "
+                              "job's model; this model has none (fitted in process): read the "
+                              "file with pandas")
+        from ._schema_tables import feature_cells
+        from .schema import Schema
+
+        return feature_cells(Schema.from_dict(model.schema), path)
 
     def _validate_X_predict(self, X: Any) -> np.ndarray:
         """``X`` checked against the fit. A table with named columns is matched to

@@ -26,10 +26,19 @@ MIN_LEAF_COUNT = 1.0
 
 
 def _levels(left: np.ndarray, right: np.ndarray) -> list[np.ndarray]:
-    """Node ids level by level from the root (``left``/``right``: -1 at a leaf)."""
+    """Node ids level by level from the root (``left``/``right``: -1 at a leaf).
+
+    Raises
+    ------
+    ValueError
+        Children that lead a walk from the root round (a tree has fewer levels than nodes).
+    """
     levels: list[np.ndarray] = []
     frontier = np.zeros(1 if left.size else 0, dtype=np.intp)
     while frontier.size:
+        if len(levels) >= left.size:
+            raise ValueError("the children of the nodes do not form a tree (a walk from the "
+                             "root goes round)")
         levels.append(frontier)
         inner = frontier[left[frontier] >= 0]
         frontier = np.concatenate([left[inner], right[inner]]).astype(np.intp)

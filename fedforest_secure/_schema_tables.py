@@ -4,7 +4,8 @@ A CSV file, an in-memory table (DataFrame-like, mapping of columns, rows of mapp
 arrays become the arrays the engine uses: a float64 feature matrix (categorical features as level
 codes ``0..L-1``), the encoded target (float64, or int64 class codes) and the client column. Every
 cell is checked against the schema; errors name the column and the row. These are the bodies of
-the table methods of :class:`~fedforest_secure.schema.Schema`, which document them.
+the table methods of :class:`~fedforest_secure.schema.Schema`, which document them, and the
+reading of a site's CSV file to predict on (:func:`feature_cells`, the estimators' ``read_rows``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,28 @@ def read_csv(
 ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
     """``X, y, client`` of a CSV file with a header row (:meth:`Schema.read_csv`)."""
     p = Path(path)
+    columns, lines = csv_columns(p)
+    n = len(lines)
+    try:
+        return _encode(schema, columns, n, with_target=with_target)
+    except _CellError as exc:  # the file's line, as fedforest check names it
+        raise SchemaError(f"{p}, line {lines[exc.row - 1]}: column {exc.column!r}: "
+                          f"{exc.what}") from None
+    except SchemaError as exc:
+        raise SchemaError(f"{p}: {exc}") from None
+
+
+def csv_columns(p: Path) -> tuple[dict[str, list[str]], list[int]]:
+    """A CSV file's columns of text cells by name, as :func:`read_csv` reads them (names
+    stripped, an export's empty trailing columns left out), and the line each data row
+    starts on.
+
+    Raises
+    ------
+    SchemaError
+        Unreadable, empty, a header with unnamed or repeated columns, a row whose cells are
+        not one per column.
+    """
     rows, lines = read_csv_rows(p)
     if not rows:
         raise SchemaError(f"{p}: empty file, expected a header row")
@@ -96,14 +119,33 @@ def read_csv(
                 f"{p}, line {line}: has {len(row)} cells, the header has {len(header)} "
                 "columns"
             )
-    columns = {h: [r[k] for r in rows] for k, h in enumerate(header)}
+    return {h: [r[k] for r in rows] for k, h in enumerate(header)}, lines[1:]
+
+
+def feature_cells(schema: SchemaSpec, path: str | Path) -> NDArray[np.object_]:
+    """The text cells of a CSV file's feature columns, shape (n_rows, n_features) in the
+    schema's order, as :func:`read_csv` reads the file (the other columns left), each checked
+    as :func:`encode_features` reads it: a value outside the public bounds is kept.
+
+    Raises
+    ------
+    SchemaError
+        What :func:`csv_columns` refuses, a missing feature column, a cell that is no number
+        or no level (naming the file's line).
+    """
+    p = Path(path)
+    columns, lines = csv_columns(p)
     try:
-        return _encode(schema, columns, len(rows), with_target=with_target)
-    except _CellError as exc:  # the file's line, as fedforest check names it
-        raise SchemaError(f"{p}, line {lines[exc.row]}: column {exc.column!r}: "
+        encode_features(schema, columns, len(lines))
+    except _CellError as exc:
+        raise SchemaError(f"{p}, line {lines[exc.row - 1]}: column {exc.column!r}: "
                           f"{exc.what}") from None
     except SchemaError as exc:
         raise SchemaError(f"{p}: {exc}") from None
+    out = np.empty((len(lines), schema.n_features), dtype=object)
+    for j, name in enumerate(schema.feature_names):
+        out[:, j] = columns[name]
+    return out
 
 
 def validate_table(

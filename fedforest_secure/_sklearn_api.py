@@ -94,11 +94,13 @@ def tree_arrays(tree: Tree, y_offset: float = 0.0) -> TreeArrays:
     threshold = np.where(leaf, float(_TREE_UNDEFINED), tree.threshold)
     value = tree.value + y_offset if tree.value.shape[1] == 1 else tree.value
     impurity = tree.impurity if tree.impurity is not None else np.zeros(tree.n_nodes)
-    weighted, whole = tree_counts(tree.n, tree.left, tree.right)
+    # children by node kind: a leaf has none, whatever its entries hold
+    left = np.where(leaf, _TREE_LEAF, tree.left).astype(np.intp)
+    right = np.where(leaf, _TREE_LEAF, tree.right).astype(np.intp)
+    weighted, whole = tree_counts(tree.n, left, right)
     return TreeArrays(
         node_count=tree.n_nodes, max_depth=tree.depth,
-        children_left=np.where(leaf, _TREE_LEAF, tree.left).astype(np.intp),
-        children_right=np.where(leaf, _TREE_LEAF, tree.right).astype(np.intp),
+        children_left=left, children_right=right,
         feature=feature.astype(np.intp), threshold=threshold.astype(np.float64),
         value=value[:, None, :].astype(np.float64), impurity=impurity.astype(np.float64),
         n_node_samples=whole, weighted_n_node_samples=weighted,

@@ -171,9 +171,10 @@ class Tree:
         """Raise ValueError, naming ``name`` and the node, unless the arrays fit together and
         with a forest of ``n_features`` features and ``n_clients`` sites: one entry per node
         in each array, a split's children are nodes after it (so every walk ends at a leaf), a
-        numeric or categorical split's feature is one of the forest's, numeric thresholds are
-        numbers (+inf allowed), values and row counts are finite, and every categorical or
-        client split has its set: level indices, or indices of the forest's sites. A tree
+        leaf's are -1, a numeric or categorical split's feature is one of the forest's,
+        numeric thresholds are numbers (+inf allowed), values and row counts are finite, and
+        every categorical or client split has its set: level indices, or indices of the
+        forest's sites. A tree
         that passed for these counts is not checked again (a model is rebuilt around the same
         trees by ``dataclasses.replace``; trees are not changed in place)."""
         if getattr(self, "_checked_for", None) == (n_features, n_clients):
@@ -190,12 +191,18 @@ class Tree:
         if self.value.ndim != 2 or self.value.shape[0] != size:
             raise ValueError(f"{name}: value has {self.value.shape[0]} rows, kind has {size}")
         inner = np.flatnonzero(self.kind != NodeKind.LEAF)
+        leaves = np.flatnonzero(self.kind == NodeKind.LEAF)
         for side, child in (("left", self.left), ("right", self.right)):
             bad = inner[(child[inner] <= inner) | (child[inner] >= size)]
             if bad.size:
                 i = int(bad[0])
                 raise ValueError(f"{name}, node {i}: {side} child {int(child[i])} is not a node "
                                  f"after it (the tree has {size} nodes)")
+            bad = leaves[child[leaves] != -1]
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"{name}, node {i}: a leaf's {side} child is "
+                                 f"{int(child[i])}, not -1 (a leaf has no children)")
         on_feature = inner[self.kind[inner] != NodeKind.CLIENT]
         bad = on_feature[(self.feature[on_feature] < 0)
                          | (self.feature[on_feature] >= n_features)]

@@ -31,11 +31,13 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 :meth:`ForestModel.feature_importances` adds up.
 
 A file whose parts do not fit together (an unknown task, no tree, a node kind, child or feature
-index that is no integer or out of range, split sets that are no mapping of lists, class labels
-or value columns that disagree with ``n_classes``, site or feature names that disagree with
-their counts, a ``"proportions"`` classifier's leaf value that is not class proportions, a
-``y_offset`` that is no finite number) is refused with a ValueError naming the field and the
-tree.
+index that is no integer or out of range, a leaf with a child, split sets that are no mapping
+of lists, class labels or value columns that disagree with ``n_classes``, site or feature names
+that disagree with their counts, a ``"proportions"`` classifier's leaf value that is not class
+proportions, a ``y_offset`` that is no finite number, a ``schema`` that disagrees with the
+forest: other features or another order than ``feature_names``, another task or classes, a
+categorical split on a continuous feature or beyond its levels) is refused with a ValueError
+naming the field and the tree; :meth:`ForestModel.load` names the file too.
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
@@ -59,12 +61,13 @@ from typing import Any
 import numpy as np
 
 from ._cells import _numeric_column
+from ._model_files import check_schema, model_text
 from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
 from .files import write_atomic
 
-__all__ = ["ForestModel", "Tree", "finite_number"]
+__all__ = ["ForestModel", "Tree", "finite_number", "model_text"]
 
 def finite_number(value: object) -> bool:
     """A real number (not a bool) that is a finite float: not NaN nor infinite, nor an
@@ -190,6 +193,7 @@ class ForestModel:
         if self.clients is not None and len(self.clients) != self.n_clients:
             raise ValueError(f"clients has {len(self.clients)} sites, n_clients is "
                              f"{self.n_clients}")
+        check_schema(self)
         if self.routing is not None:
             if self.routing.n_features != self.n_features:
                 raise ValueError(f"the routing has {self.routing.n_features} features, the "
@@ -476,4 +480,21 @@ class ForestModel:
 
     @classmethod
     def load(cls, path: str | Path) -> ForestModel:
-        return cls.from_json(Path(path).read_text())
+        """The model of the file ``path``.
+
+        Raises
+        ------
+        ValueError
+            The file cannot be read, is not a model file (not UTF-8 text, not JSON, not of a
+            format this version reads) or one whose parts do not fit together; the message
+            names the file.
+        """
+        text = model_text(path)
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a model file ({exc})") from None
+        try:
+            return cls.from_dict(doc)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None

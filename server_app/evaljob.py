@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.evaluation.spec import EvalSpec, EvaluationError
+from fedforest_secure.model import model_text
 from fedforest_secure.schema import Schema
 
 from .settings import ConfigError
@@ -90,9 +91,9 @@ def embed_models(raw: dict[str, Any], base: Path) -> None:
     for m in models:
         path = Path(str(m)) if Path(str(m)).is_absolute() else base / str(m)
         try:
-            texts.append(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"model file not found: {path} ({exc.strerror})") from None
+            texts.append(model_text(path))
+        except ValueError as exc:  # unreadable, or not text (an ONNX export, a pickle, ...)
+            raise ConfigError(str(exc)) from None
     ev["model_texts"] = texts
     if ev.get("names") is None:
         stems = [Path(str(m)).name.removesuffix(".json") for m in models]

@@ -505,3 +505,32 @@ def test_evaluate_that_times_out_says_the_job_stays_and_how_to_wait_or_cancel(
     assert f"`fedforest evaluate --config {server} --job ev` waits for it again (give the " \
         "same --out and --reference)" in said
     assert f"`fedforest server cancel-job --config {server} --job ev` cancels it" in said
+
+
+def test_evaluate_names_a_models_file_that_is_not_text_as_no_model_file(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """The ONNX file an estimator writes next to its model file, given to --models: the
+    error names it and says what a model file is (it was the codec's error alone)."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import write_eval_job
+    from server_app.admin import ServerAdmin
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 2})
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"\x08\x07\x12\x07skl2onnx\x1a\x051.0\xc6\x00")
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", str(job),
+                                   "--models", str(onnx), "--timeout", "0"])
+    assert res.exit_code == 2, res.output
+    assert (f"error: {onnx}: not a model file (not UTF-8 text: invalid continuation byte at "
+            "byte 17); a model file is the JSON text that a job's client, fedforest model "
+            "download or an estimator's save writes") in " ".join(res.output.split()), res.output
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", str(job),
+                                   "--models", str(tmp_path / "nosuch.json"), "--timeout", "0"])
+    assert res.exit_code == 2, res.output
+    assert (f"error: cannot read model file {tmp_path / 'nosuch.json'}: No such file or "
+            "directory") in " ".join(res.output.split()), res.output
+    with ServerAdmin(f"sqlite:///{tmp_path}/s.db") as admin:
+        assert admin.job("ev") is None

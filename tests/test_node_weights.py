@@ -62,3 +62,25 @@ def test_a_subtree_whose_splits_decrease_nothing_adds_exactly_nothing() -> None:
     out = exported_impurity(w, imp, LEFT, RIGHT)
     assert (_decreases(w, imp) < 0).all()
     np.testing.assert_array_equal(_decreases(w, out), [0.0, 0.0])
+
+
+def test_the_counts_of_a_tree_whose_child_points_back_are_refused_not_walked_forever() -> None:
+    """Node 2 is given as a split whose left child is the root: a walk from the root would
+    never end; the walk stops at as many levels as the tree has nodes."""
+    import signal
+
+    import pytest
+
+    def _stuck(*_: object) -> None:
+        raise AssertionError("tree_counts did not return within 20 s")
+
+    old = signal.signal(signal.SIGALRM, _stuck)
+    signal.alarm(20)
+    try:
+        with pytest.raises(ValueError, match="^the children of the nodes do not form a tree "
+                                             r"\(a walk from the root goes round\)$"):
+            tree_counts(np.array([9.0, 2.6, 6.4, -3.4, 6.0]), np.array([1, 3, 0, -1, -1]),
+                        np.array([2, 4, 1, -1, -1]))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

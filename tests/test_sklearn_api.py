@@ -345,3 +345,31 @@ def test_a_trees_apply_checks_its_input_as_the_forests_apply_does() -> None:
         for t in (one, bare):
             with pytest.raises(ValueError, match=r"X has \d features, but .* expecting 5"):
                 t.apply(bad)
+
+
+def test_the_scikit_learn_view_takes_a_leaf_by_its_kind_whatever_its_child_entries() -> None:
+    """A tree made in code (not checked as a model file is) whose leaf holds the root as its
+    left child: the view gives that leaf no children, and its counts are the tree's."""
+    import signal
+
+    from fedforest_secure._sklearn_api import tree_arrays
+    from fedforest_secure._tree import Tree
+
+    tree = Tree(kind=np.array([1, 0, 0]), feature=np.array([0, -1, -1]),
+                threshold=np.array([0.5, 0.0, 0.0]), left=np.array([1, 0, -1]),
+                right=np.array([2, -1, -1]), value=np.array([[0.0], [1.0], [2.0]]),
+                n=np.array([5.0, -2.0, 3.0]))
+
+    def _stuck(*_: object) -> None:
+        raise AssertionError("tree_arrays did not return within 20 s")
+
+    old = signal.signal(signal.SIGALRM, _stuck)
+    signal.alarm(20)
+    try:
+        arrays = tree_arrays(tree)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert arrays.children_left.tolist() == [1, -1, -1]
+    assert arrays.children_right.tolist() == [2, -1, -1]
+    assert arrays.weighted_n_node_samples.tolist() == [4.0, 1.0, 3.0]

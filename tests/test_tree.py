@@ -82,3 +82,14 @@ def test_missing_values_follow_each_split_and_old_files_use_the_larger_child() -
     assert legacy.missing_left is None and "missing_left" not in legacy.to_dict()
     np.testing.assert_array_equal(legacy.missing_goes_left()[:2], [True, False])
     np.testing.assert_array_equal(legacy.apply(X, None), [3, 3, 4, 4])
+
+
+@pytest.mark.parametrize(("side", "child"), [("left", 0), ("right", 2), ("left", -2)])
+def test_a_leaf_with_a_child_is_refused_at_load(side: str, child: int) -> None:
+    """A leaf's children are -1: the walks of feature_importances_, estimators_ and
+    to_sklearn follow a leaf's child (one pointing back to the root went round forever)."""
+    doc = json.loads(_FILE)
+    doc["trees"][0][side][3] = child
+    with pytest.raises(ValueError, match=rf"^tree 0, node 3: a leaf's {side} child is "
+                                         rf"{child}, not -1 \(a leaf has no children\)$"):
+        ForestModel.from_json(json.dumps(doc))
