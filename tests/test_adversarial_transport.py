@@ -74,6 +74,12 @@ def test_tokens_are_checked_with_compare_digest_on_every_path(tmp_path: Path,
         assert r.status_code == 401 and len(spy.calls) == before + 1
         r = http.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and r.json()["name"] == "site-a"
+        # the site's next requests are answered from the token cache: compared alike
+        for candidate, status in ((token, 200), (wrong_secret, 401)):
+            before = len(spy.calls)
+            r = http.get("/v1/me", headers={"Authorization": f"Bearer {candidate}"})
+            assert r.status_code == status
+            assert len(spy.calls) > before, "a cached token was not compared in constant time"
     db.dispose()
 
 

@@ -148,3 +148,25 @@ def test_an_exception_while_a_round_closes_fails_the_job_once_with_the_reason(
     assert sum("event=close_error" in m for m in logged) == 1
     assert sum("event=job_failed" in m for m in logged) == 1
     assert not any("event=drop" in m or "event=resume" in m for m in logged)
+
+
+@pytest.mark.parametrize("how", ["missing", "extra"])
+def test_an_unmask_response_without_exactly_the_requested_shares_is_refused(
+        env: dict, how: str) -> None:
+    """An unmask response that leaves out a requested self-mask share, or adds a key share of
+    a survivor (both shares of one client), is a 400 and changes nothing."""
+    _, sa, task, _ = all_uploaded(env)
+    r = task.round_id
+    for k in range(K):
+        assert sign(env, sa, k, r).status_code == 200
+    before = (db_snapshot(env["db"]), secagg_snapshot(env["state"]))
+    honest = json.loads(_tampered_unmask(env, sa, 3, r, "self_mask_shares")[0])
+    shares = honest["self_mask_shares"]
+    first = sorted(shares)[0]
+    if how == "missing":
+        shares.pop(first)
+    else:
+        honest["key_shares"] = {first: shares[first]}
+    bad = post(env, 3, r, "unmask", json.dumps(honest))
+    assert bad.status_code == 400, bad.text
+    assert (db_snapshot(env["db"]), secagg_snapshot(env["state"])) == before

@@ -610,6 +610,30 @@ def refuse(env: dict, k: int, r: int, body: dict[str, Any]):
                             json=body)
 
 
+def test_a_well_formed_refusal_in_an_open_job_is_refused(tmp_path: Path, tiny_parts, job_dir,
+                                                        db_url: str) -> None:
+    """A refusal with a valid reason code in an open job (no secure aggregation) is a 409
+    ``not_secure``: nothing to refuse there."""
+    for env in _env(tmp_path, tiny_parts, job_dir, db_url, "open"):
+        for k in range(K):
+            assert env["http"].post("/v1/jobs/job-a/join", headers=h(env, k)).status_code == 200
+        res = refuse(env, 1, 0, {"reason": "both_shares"})
+        assert res.status_code == 409 and res.json()["error"] == "not_secure", res.text
+
+
+def test_a_site_outside_the_round_can_neither_refuse_nor_accuse(env: dict) -> None:
+    """A site that left the round (its own refusal) is no member of it: a second refusal,
+    accusing a peer, is a 403 ``not_participant`` and names nobody."""
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    assert refuse(env, 3, r, {"reason": "stopped"}).status_code == 200
+    res = refuse(env, 3, r, {"reason": "invalid_message", "accused": 0})
+    assert res.status_code == 403 and res.json()["error"] == "not_participant", res.text
+    st = env["http"].get("/v1/jobs/job-a", headers=h(env, 0)).json()
+    assert "accus" not in str(st.get("reason")), st
+
+
 def test_refusals_accusing_a_peer_are_audited_and_the_abort_names_the_accused(
         env_all_audited: dict) -> None:
     """A malicious client-0 sent share ciphertexts that do not authenticate: the three honest
