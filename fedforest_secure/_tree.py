@@ -203,6 +203,12 @@ class Tree:
                 i = int(bad[0])
                 raise ValueError(f"{name}, node {i}: a leaf's {side} child is "
                                  f"{int(child[i])}, not -1 (a leaf has no children)")
+        kids = np.concatenate([self.left[inner], self.right[inner]])
+        seen = np.bincount(kids, minlength=size) if kids.size else np.zeros(size, np.intp)
+        if (seen > 1).any():  # a walk from the root would visit it (and below) twice
+            i = int(np.flatnonzero(seen > 1)[0])
+            raise ValueError(f"{name}, node {i}: the child of two splits (a node has one "
+                             "parent)")
         on_feature = inner[self.kind[inner] != NodeKind.CLIENT]
         bad = on_feature[(self.feature[on_feature] < 0)
                          | (self.feature[on_feature] >= n_features)]

@@ -3,12 +3,13 @@ audit log): a scheme SQLAlchemy does not know, a driver that is not installed or
 URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL's password
 hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
 all of the user part of a URL whose password holds an ``@`` that was not written ``%40``; of a
-malformed URL, only what cannot be its password: :func:`_malformed_part`). A SQLite file an
+malformed URL, its scheme only: :func:`_malformed_part`). A SQLite file an
 engine creates is readable by its owner only."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,20 +86,12 @@ def in_memory(db: str) -> bool:
 
 
 def _malformed_part(url: str) -> str:
-    """What the error of a malformed ``url`` shows of it: the parts that hold no secret. From
-    the host on (after the last ``@``), without the query; a URL without an ``@`` may hold a
-    password all the same (``user:password/db``: the ``@`` before the host left out, the
-    password read as the port), so what follows the first ``:`` of its host part (all of it
-    without a ``scheme://``) shows as ``***``."""
-    if "@" in url:
-        return url.rsplit("@", 1)[1].split("?")[0]
-    scheme, sep, rest = url.partition("://")
-    if not sep:  # no scheme://: all of it read as a host part
-        name, colon, _ = url.partition(":")
-        return f"{name}{colon and ':***'}"
-    host, slash, path = rest.split("?")[0].partition("/")
-    name, colon, _ = host.partition(":")
-    return f"{scheme}{sep}{name}{colon and ':***'}{slash}{path}"
+    """What the error of a malformed ``url`` shows of it: its scheme only. Where a URL does not
+    parse, which of its characters belong to the password is not known (an ``@`` of the
+    password not written ``%40``, the ``@`` before the host left out, a ``/`` in the
+    password), so all that follows the scheme shows as ``***``."""
+    scheme, sep, _ = url.partition("://")
+    return f"{scheme}{sep}***" if sep and scheme.replace("+", "").isalnum() else "***"
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
@@ -133,8 +126,11 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
     path = sqlite_file(url)
-    # not a URI's mode=ro or rw (they create no file), nor a ~ (SQLite does not expand it)
-    if path is not None and "mode=" not in url and "~" not in url:
+    # not a URI's mode=ro, rw or memory (they create no file), nor a path starting with ~,
+    # which SQLite opens unexpanded (sqlite_file expands it)
+    raw = (parsed.database or "").removeprefix("file:")
+    if path is not None and not re.search(r"mode=(ro|rw|memory)(&|$)", url) \
+            and not raw.startswith("~"):
         event.listen(engine, "do_connect", _create_owner_only(path))
     return engine
 

@@ -5,12 +5,14 @@ never a traceback, and never the URL's password."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
 import pytest
 
 from fedforest_secure.audit import AuditLog
+from fedforest_secure.dburl import create_db_engine
 from fedforest_secure.errors import AuditError
 from server_app.db import Database
 from server_app.settings import ConfigError
@@ -152,3 +154,26 @@ def test_a_database_file_whose_name_holds_mode_memory_is_a_file(tmp_path: Path) 
 
     assert not in_memory(f"sqlite:///{tmp_path / 'mode=memory.db'}")
     assert in_memory("sqlite:///file:x?mode=memory&uri=true")
+
+
+@pytest.mark.parametrize("form", ["uri_rwc", "tilde_inside"])
+def test_a_sqlite_file_made_through_a_uri_or_a_path_holding_a_tilde_is_its_users_only(
+        tmp_path: Path, form: str) -> None:
+    """``mode=rwc`` creates the file (only ``mode=ro``, ``rw`` and ``memory`` do not), and a
+    ``~`` inside a path is an ordinary character: both files come out 0600."""
+    old = os.umask(0o022)
+    try:
+        if form == "uri_rwc":
+            path = tmp_path / "made.db"
+            url = f"sqlite:///file:{path}?mode=rwc&uri=true"
+        else:
+            (tmp_path / "fed~1").mkdir()
+            path = tmp_path / "fed~1" / "made.db"
+            url = f"sqlite:///{path}"
+        engine = create_db_engine(url)
+        with engine.connect() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        engine.dispose()
+    finally:
+        os.umask(old)
+    assert path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600

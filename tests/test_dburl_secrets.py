@@ -35,7 +35,8 @@ def test_a_query_parameter_that_is_no_secret_stays_readable() -> None:
 
 
 def test_a_port_that_is_no_number_is_a_message_not_a_traceback() -> None:
-    with pytest.raises(DatabaseUrlError, match=r"malformed database URL '127.0.0.1:5543x/db' "
+    with pytest.raises(DatabaseUrlError, match=r"malformed database URL "
+                                               r"'postgresql\+psycopg://\*\*\*' "
                                                r"\(its port must be a number\)") as err:
         create_db_engine(f"postgresql+psycopg://fed:{SECRET}@127.0.0.1:5543x/db"
                          f"?password={SECRET}")
@@ -44,10 +45,13 @@ def test_a_port_that_is_no_number_is_a_message_not_a_traceback() -> None:
 
 @pytest.mark.parametrize(("url", "shown"), [
     (f"postgresql+psycopg://fed:{SECRET}/fedforest?host=/run/postgresql",
-     "'postgresql+psycopg://fed:***/fedforest' (its port must be a number; a user name and "
+     "'postgresql+psycopg://***' (its port must be a number; a user name and "
      "password end with an @: user:password@host)"),
-    (f"postgresql+psycopg:/fed:{SECRET}/db", "'postgresql+psycopg:***'"),
-    (f"fed:{SECRET}", "'fed:***'"),
+    (f"postgresql+psycopg:/fed:{SECRET}/db", "'***'"),
+    (f"fed:{SECRET}", "'***'"),
+    # an @ of the password not written %40, and the @ before the host left out
+    (f"postgresql+psycopg://fed:p@{SECRET}:w0rd/fedforest",
+     "'postgresql+psycopg://***' (its port must be a number)"),
 ])
 def test_a_malformed_url_without_an_at_is_shown_without_what_may_be_its_password(
         url: str, shown: str) -> None:
@@ -68,7 +72,7 @@ def test_an_unencoded_at_in_the_password_is_said_before_any_connection() -> None
 #: docs/deployment.md's unix-socket URL with a password added and its @ left out: the password
 #: reads as the port of a host named after the user
 NO_AT = f"postgresql+psycopg://fedforest:{SECRET}/fedforest?host=/run/postgresql"
-NO_AT_SAID = ("malformed database URL 'postgresql+psycopg://fedforest:***/fedforest' (its port "
+NO_AT_SAID = ("malformed database URL 'postgresql+psycopg://***' (its port "
               "must be a number; a user name and password end with an @: "
               "user:password@host): write postgresql+psycopg://user:password@host:5432/db or "
               "sqlite:///path/to/file.db")
