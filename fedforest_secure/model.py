@@ -31,13 +31,13 @@ node kinds stored as their :class:`~fedforest_secure._tree.NodeKind` codes (0 le
 :meth:`ForestModel.feature_importances` adds up.
 
 A file whose parts do not fit together (an unknown task, no tree, a node kind, child or feature
-index that is no integer or out of range, a leaf with a child, a node with two parents, split
-sets that are no mapping of lists, class labels or value columns that disagree with
-``n_classes``, site or feature names that disagree with their counts, a ``"proportions"``
-classifier's leaf value that is not class proportions, a ``y_offset`` that is no finite number, a ``schema`` that disagrees with the
-forest: other features or another order than ``feature_names``, another task or classes, a
-categorical split on a continuous feature or beyond its levels) is refused with a ValueError
-naming the field and the tree; :meth:`ForestModel.load` names the file too.
+index that is no integer or out of range, a leaf with a child, a node with two parents, split sets
+that are no mapping of lists, class labels or value columns that disagree with ``n_classes``, site
+or feature names that disagree with their counts, a ``"proportions"`` classifier's leaf value that
+is not class proportions, a ``y_offset`` that is no finite number, a ``schema`` that disagrees with
+the forest: other features or another order than ``feature_names``, another task or classes, a
+categorical split on a continuous feature or beyond its levels) is refused with a ValueError naming
+the field, the tree and (:meth:`ForestModel.load`) the file.
 
 Floats are written with ``repr`` precision (JSON numbers from Python floats round-trip exactly),
 so a loaded model predicts bit-for-bit the same. Files of the first format
