@@ -3,6 +3,11 @@
 On a terminal: rich's console (and the progress bar). Anywhere else (a service manager, a log
 file, ``nohup``): one plain line per event, ``2024-05-01T12:00:00Z fedforest-client <message>``,
 never wrapped, never a progress bar, flushed at once.
+
+A message may quote the server (a job's failure reason, a site's name, an error's ``detail``):
+in both modes each character that is not printable is escaped
+(:func:`fedforest_secure.printable.printable`: ``\\x1b``, ``\\r``, ``\\u2028``) and rich markup
+is not read, so whatever the server sent, the operator reads it as text, one line per message.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import time
 from typing import TextIO
 
 from rich.console import Console
+from rich.text import Text
+
+from fedforest_secure.printable import printable
 
 __all__ = ["SiteLog"]
 
@@ -31,16 +39,18 @@ class SiteLog:
 
     def warn(self, message: str) -> None:
         self.last_warning = message
-        self._emit(f"warning: {message}", style="[yellow]warning:[/yellow] "
-                   + message.replace("[", "\\["))
+        self._emit(message, warning=True)
 
-    def _emit(self, message: str, style: str | None = None) -> None:
+    def _emit(self, message: str, *, warning: bool = False) -> None:
+        text = printable(message)
         if self.plain:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            self.stream.write(f"{stamp} fedforest-client {message}\n")
+            said = f"warning: {text}" if warning else text
+            self.stream.write(f"{stamp} fedforest-client {said}\n")
             self.stream.flush()
         else:
-            self.console.log(style if style is not None else message.replace("[", "\\["))
+            self.console.log(Text.assemble(("warning: ", "yellow"), text) if warning
+                             else Text(text))
 
 
 def _isatty(stream: TextIO) -> bool:

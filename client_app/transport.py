@@ -25,6 +25,7 @@ import httpx
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.pki import check_validity
+from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
 
 __all__ = ["ApiRejected", "ServerUnreachable", "Transport", "TransportFailed", "check_server_url",
@@ -55,10 +56,11 @@ _STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|shares|signature|unmask)|u
 
 
 class ApiRejected(FedForestError):
-    """The server refused a request with a 4xx; ``code`` and ``detail`` come from its JSON."""
+    """The server refused a request with a 4xx; ``code`` and ``detail`` come from its JSON (the
+    message holds them :func:`~fedforest_secure.printable.printable`: one line of text)."""
 
     def __init__(self, status: int, code: str, detail: str, body: dict[str, Any]) -> None:
-        super().__init__(f"{status} {code}: {detail}")
+        super().__init__(printable(f"{status} {code}: {detail}"))
         self.status, self.code, self.detail, self.body = status, code, detail, body
 
 
@@ -373,7 +375,7 @@ def _detail_of(resp: httpx.Response) -> str:
         detail = ErrorBody.model_validate(resp.json()).detail
     except ValueError:
         return ""
-    return f": {detail[:300]}" if detail else ""
+    return f": {printable(detail[:300])}" if detail else ""
 
 
 def _describe(exc: httpx.TransportError) -> str:

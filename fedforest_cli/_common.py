@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from fedforest_secure.printable import printable_lines
+
 __all__ = ["MAX_SEED", "check_output", "console", "fail", "own_command"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
@@ -26,8 +28,10 @@ MAX_SEED = 2**32 - 1
 
 def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as an error and exit with code 2: on one line whatever the terminal's
-    width (the terminal wraps it, so a path in it copies whole)."""
-    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+    width (the terminal wraps it, so a path in it copies whole), and whatever it quotes (a
+    server's ``detail``) as text: each character that is not printable but a line break of
+    the message's own escaped (``\\x1b``, ``\\r``), rich markup not read."""
+    console.print(f"[red]error:[/red] {escape(printable_lines(str(exc)))}", soft_wrap=True)
     raise typer.Exit(2)
 
 

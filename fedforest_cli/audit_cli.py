@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
+from fedforest_secure.printable import printable_lines
 
 from ._common import check_output
 
@@ -99,7 +100,8 @@ def _as_error(console: Console) -> Iterator[None]:
     try:
         yield
     except (AuditError, DBAPIError) as exc:
-        console.print(f"[red]error:[/red] {escape(unreadable('rows', exc))}", soft_wrap=True)
+        said = printable_lines(unreadable("rows", exc))
+        console.print(f"[red]error:[/red] {escape(said)}", soft_wrap=True)
         raise typer.Exit(code=1) from None
 
 
@@ -126,7 +128,7 @@ def _open(db: str, console: Console) -> tuple[AuditLog, bool]:
             return _load(entries), _held(entries)
         return AuditLog(db, create=False), True
     except AuditError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        console.print(f"[red]error:[/red] {escape(printable_lines(str(exc)))}")
         raise typer.Exit(code=1) from exc
 
 

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from fedforest_secure import __version__
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.printable import printable
 
 from . import data_cli, site_cli
 from ._common import MAX_SEED, console, fail
@@ -133,14 +134,15 @@ def client(
         said = left[-1] if left else (f"this site stopped taking part in job {job}. The same "
                                       "command resumes it")
         with contextlib.suppress(OSError):  # a terminal that closed (SIGHUP) takes no line
-            console.print(f"[yellow]{how}[/yellow]: {escape(said)}",
+            console.print(f"[yellow]{how}[/yellow]: {escape(printable(said))}",
                           soft_wrap=True)  # one line off a terminal too
         raise typer.Exit(code) from None
     if res.status != "done":
         if not res.detail or res.detail not in (log.last_warning or ""):
             # unless the client's last warning said how the job ended: said once
-            console.print(f"[yellow]job ended:[/yellow] {escape(ended(res.status, res.detail))}",
-                          soft_wrap=True)
+            # the server's reason: its characters that are not printable escaped
+            said = printable(ended(res.status, res.detail))
+            console.print(f"[yellow]job ended:[/yellow] {escape(said)}", soft_wrap=True)
         raise typer.Exit(3)
 
 

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from client_app.transport import Transport
 from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.files import write_atomic
+from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import JobListEntry, JobStatus
 
 from ._common import check_output, console, fail
@@ -55,7 +56,8 @@ def format_eta(seconds: float | None) -> str:
 
 
 def format_status(st: JobStatus) -> str:
-    """The lines ``fedforest status`` prints."""
+    """The lines ``fedforest status`` prints; what the server sent (a reason, a site's name)
+    with its characters that are not printable escaped (``\\x1b``, ``\\r``), each line one."""
     lines = [f"job {st.job_id}: {st.status}" + (f" ({st.reason})" if st.reason else "")
              + (f", profile {st.profile}" if st.profile else "")]
     dropped = st.dropped_clients or sum(m.state == "dropped" for m in st.members)
@@ -92,7 +94,7 @@ def format_status(st: JobStatus) -> str:
                 "it are dropped at the server's next step")
     if st.model_digest:
         lines.append(f"{'model' if st.kind == 'train' else 'result'} sha256 {st.model_digest}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def register(app: typer.Typer) -> None:
@@ -118,7 +120,8 @@ def register(app: typer.Typer) -> None:
             return
         print(f"{'JOB':<28} {'STATUS':<10} {'INDEX':>5}  YOUR STATE")
         for e in entries:
-            print(f"{e.job_id:<28} {e.status:<10} {e.client_index:>5}  {e.member_state}")
+            print(printable(f"{e.job_id:<28} {e.status:<10} {e.client_index:>5}  "
+                            f"{e.member_state}"))
 
     @app.command("status")
     def status_cmd(job: Annotated[str, typer.Option(help="the job id")], server: ServerOpt,

@@ -39,43 +39,24 @@ from __future__ import annotations
 import logging
 import time
 
+from fedforest_secure.printable import printable
+
 __all__ = ["configure", "event", "fields"]
 
 LOGGER = "fedforest.server"
 _log = logging.getLogger(LOGGER)
 
 
-#: the escapes of characters that are not printable and have a short one
-_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(c: str) -> str:
-    """A character that is not printable as Python writes it in a string: ``\\r``,
-    ``\\x1b``, ``\\u2028``."""
-    o = ord(c)
-    return _SHORT.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
-                             else f"\\U{o:08x}")
-
-
-def _printable(text: str) -> str:
-    """``text`` with each character that is not printable escaped (:func:`_escape`): line
-    breaks of any kind (``\\r``, NEL, U+2028), terminal escape sequences, NUL, bidirectional
-    overrides. Whatever a client sent, a log line stays one line of plain text."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escape(c) for c in text)
-
-
 def _value(v: object) -> str:
     """A field's value: as it is if it is printable and holds no space, ``"`` or ``=``; else
     quoted, with ``\\`` and ``"`` escaped by a backslash and the characters that are not
-    printable by :func:`_printable`."""
+    printable by :func:`~fedforest_secure.printable.printable`."""
     if isinstance(v, float):
         text = f"{v:.3f}".rstrip("0").rstrip(".")
     else:
         text = str(v)
     if not text or not text.isprintable() or any(c in ' "=' for c in text):
-        return '"' + _printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+        return '"' + printable(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
     return text
 
 
@@ -103,7 +84,7 @@ class _Formatter(logging.Formatter):
         text = super().format(record)
         # one line per event: a traceback stays with its event, its lines joined; what is
         # not printable in it (an exception's message, uvicorn's) escaped
-        return _printable(text.replace("\n", " | "))
+        return printable(text.replace("\n", " | "))
 
 
 class _ShutdownTimeout(logging.Filter):

@@ -1,0 +1,41 @@
+"""Text from another party made safe to print: one line of plain text, whatever it holds.
+
+What a server says reaches a site's operator (a job's failure reason, a site's name, an
+error's ``detail``), and what a client sends reaches the server's log (a request's path, a
+reason). Each character that is not printable (:meth:`str.isprintable`) is written as Python
+writes it in a string: ``\\r``, ``\\n``, ``\\t``, ``\\x1b``, ``\\x07``, ``\\u2028``,
+``\\U000e0001``. So a line break of any kind (CR, LF, NEL, U+2028) cannot forge a line, a
+terminal escape sequence (a clipboard write, a hyperlink, a cursor movement, a window title)
+reaches the terminal as its characters, not as a command, and NUL or a bidirectional override
+cannot hide or reorder what follows.
+"""
+
+from __future__ import annotations
+
+__all__ = ["escape_char", "printable", "printable_lines"]
+
+#: the escapes of characters that are not printable and have a short one
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def escape_char(c: str) -> str:
+    """A character that is not printable as Python writes it in a string: ``\\r``,
+    ``\\x1b``, ``\\u2028``."""
+    o = ord(c)
+    return _SHORT.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
+                             else f"\\U{o:08x}")
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable escaped (:func:`escape_char`);
+    printable text as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else escape_char(c) for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """``text`` whose own lines (``\\n``) stay lines, each :func:`printable`: for a message of
+    several lines (an error listing problems) that may quote another party, whose text must
+    then be :func:`printable` already so that its ``\\n`` cannot forge a line."""
+    return "\n".join(printable(line) for line in text.split("\n"))
