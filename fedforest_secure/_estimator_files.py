@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ._estimator_rows import _EstimatorRows
-from ._model_files import model_text
+from ._model_files import model_document
 from .config import JobConfig
 from .files import write_atomic
 from .model import ForestModel
@@ -78,11 +78,7 @@ class _EstimatorFiles(_EstimatorRows):
             (a regression forest is read by :class:`FedForestRegressor`, a classification
             forest by :class:`FedForestClassifier`).
         """
-        text = model_text(path)
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a model file ({exc})") from None
+        doc = model_document(path)
         try:
             if isinstance(doc, dict) and doc.get("format") == _OLD_FORMAT:
                 return cls._load_old(doc)

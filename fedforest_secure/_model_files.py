@@ -5,8 +5,9 @@ order of ``feature_names``, so the two must agree."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .errors import SchemaError
 if TYPE_CHECKING:
     from .model import ForestModel
 
-__all__ = ["check_schema", "model_text", "not_text"]
+__all__ = ["check_schema", "model_document", "model_text", "not_text"]
 
 #: what a model file is, for the message of a file that is none
 WHAT_IT_IS = ("a model file is the JSON text that a job's client, fedforest model download or "
@@ -46,6 +47,21 @@ def model_text(path: str | Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(not_text(path, exc)) from None
+
+
+def model_document(path: str | Path) -> Any:
+    """The JSON document of the model file ``path`` (:func:`model_text`, then parsed).
+
+    Raises
+    ------
+    ValueError
+        The file cannot be read, is not UTF-8 text or not JSON; the message names the file.
+    """
+    text = model_text(path)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a model file ({exc})") from None
 
 
 def _listed(labels: list[object]) -> str:

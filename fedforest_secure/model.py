@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from ._cells import _numeric_column
-from ._model_files import check_schema, model_text
+from ._model_files import check_schema, model_document, model_text
 from ._soft_routing import SoftRouting
 from ._tree import NodeKind, Tree
 from .errors import SchemaError
@@ -489,11 +489,7 @@ class ForestModel:
             format this version reads) or one whose parts do not fit together; the message
             names the file.
         """
-        text = model_text(path)
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a model file ({exc})") from None
+        doc = model_document(path)
         try:
             return cls.from_dict(doc)
         except ValueError as exc:
