@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
-from fedforest_secure.printable import printable_lines
+from fedforest_secure.printable import printable, printable_lines
 
 from ._common import check_output
 
@@ -145,11 +145,11 @@ def show(
     opened, held = _open(db, console)
     with opened as log, _as_error(console):
         if job is not None and job not in log.jobs():
-            console.print(f"[red]error:[/red] job {job!r} is not in the log")
+            console.print(f"[red]error:[/red] job {escape(repr(job))} is not in the log")
             raise typer.Exit(code=1)
         if round_id is not None and not log.entries(job_id=job, round_id=round_id):
             console.print(f"[red]error:[/red] round {round_id} is not in the log"
-                          + (f" of job {job!r}" if job is not None else ""))
+                          + (f" of job {escape(repr(job))}" if job is not None else ""))
             raise typer.Exit(code=1)
         tables = render_tables(log, job_id=job, round_id=round_id, arrays_held=held)
         if not tables:
@@ -191,17 +191,18 @@ def verify(
                     report = VerifyReport(problems=[str(exc)])
     else:
         report = verify_log(db, receipts_dir=receipts, job_id=job, replay=replay)
+    # one line each, the log's text (another party's) escaped
     for problem in report.problems:
-        typer.echo(f"PROBLEM {problem}")
+        typer.echo(printable(f"PROBLEM {problem}"))
     for note in report.notes:
-        typer.echo(f"NOTE {note}")
+        typer.echo(printable(f"NOTE {note}"))
     summary = (f"{report.entries_checked} entries in {len(report.jobs)} job(s), "
                f"{report.receipts_checked} receipt(s) checked")
     if report.ok and report.running:  # verified as far as the log goes: not to the end
         them = "it ends" if len(report.running) == 1 else "they end"
-        typer.echo(f"OK so far: {summary}; {'; '.join(report.running)}: verify again after "
-                   f"{them} (a site whose job has ended must see OK: the log it was given is "
-                   "cut before the job's end)")
+        typer.echo(printable(f"OK so far: {summary}; {'; '.join(report.running)}: verify "
+                             f"again after {them} (a site whose job has ended must see OK: the "
+                             "log it was given is cut before the job's end)"))
         raise typer.Exit(code=RUNNING_EXIT)
     if report.ok:
         typer.echo(f"OK: {summary}")
@@ -233,8 +234,8 @@ def export(
               if fmt is ExportFormat.JSONL else export_csv)
     with opened as log, _as_error(console):
         if job is not None and job not in log.jobs():  # a typo exports nothing, say so
-            console.print(f"[red]error:[/red] job {job!r} is not in the log; nothing was "
-                          "exported")
+            console.print(f"[red]error:[/red] job {escape(repr(job))} is not in the log; "
+                          "nothing was exported")
             raise typer.Exit(code=1)
         if out is None:
             count = writer(log, sys.stdout, job)

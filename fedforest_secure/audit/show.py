@@ -1,4 +1,10 @@
-"""Render a log as rich tables: per job, one row per entry, per-client plaintext flagged."""
+"""Render a log as rich tables: per job, one row per entry, per-client plaintext flagged.
+
+A log can come from another party (the copy of its job's log a server serves a site), which
+writes its text: each cell and title is a :class:`~rich.text.Text`, so rich markup in it is
+shown as it is, and holds the text :func:`~fedforest_secure.printable.printable`, so a
+terminal escape sequence, a carriage return or a U+2028 is shown as ``\\x1b``, ``\\r``,
+``\\u2028``."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import AuditError
+from ..printable import printable
 from .entry import Entry
 from .kinds import EntryKind
 from .log import AuditLog
@@ -22,6 +29,11 @@ _MAX_TEXT = 80
 
 def _clip(text: str) -> str:
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 3] + "..."
+
+
+def _text(text: str, style: str = "") -> Text:
+    """A cell showing ``text`` as text: its markup as it is, escaped (:func:`printable`)."""
+    return Text(printable(text), style)
 
 
 def _clients(names: list[Any]) -> str:
@@ -63,12 +75,14 @@ def _details(payload: dict[str, Any]) -> str:
     return _clip(" ".join(f"{k}={_value(rest[k])}" for k in keys))
 
 
-def _row(log: AuditLog, entry: Entry, held: bool) -> list[str | Text]:
+def _row(log: AuditLog, entry: Entry, held: bool) -> list[Text]:
+    """The cells of ``entry``'s row, each :func:`_text`."""
     when = entry.timestamp[:19].replace("T", " ")  # ISO 8601 in UTC, to the second
     try:
         payload = entry.payload
     except ValueError:
-        return [str(entry.seq), when, entry.kind, "", "", "", "", Text("UNREADABLE", "bold red")]
+        return [_text(c) for c in (str(entry.seq), when, entry.kind, "", "", "", "")] \
+            + [_text("UNREADABLE", "bold red")]
     round_id = "" if entry.round_id is None else str(entry.round_id)
     clients, layout, aggregate = "", "", ""
     if entry.kind == EntryKind.ROUND.value:
@@ -76,19 +90,20 @@ def _row(log: AuditLog, entry: Entry, held: bool) -> list[str | Text]:
         kind = f"round/{payload.get('task_kind', '?')}"
         layout = _layout(payload)
         aggregate = _aggregate(log, entry, "aggregate", held)
-        note = Text("masked uploads, sum only") if payload.get("masked") is True \
-            else Text("PLAINTEXT uploads: per-client vectors seen", "bold red")
+        note = _text("masked uploads, sum only") if payload.get("masked") is True \
+            else _text("PLAINTEXT uploads: per-client vectors seen", "bold red")
     elif entry.kind == EntryKind.DISCLOSURE.value:
         kind = entry.kind
         clients = str(payload.get("client", ""))
         aggregate = _aggregate(log, entry, "data", held)
-        note = Text(f"PER-CLIENT PLAINTEXT: {payload.get('item', '?')}", "bold red")
+        note = _text(f"PER-CLIENT PLAINTEXT: {payload.get('item', '?')}", "bold red")
     else:
         kind = entry.kind
         if "client" in payload:
             clients = str(payload["client"])
-        note = Text(_details(payload))
-    return [str(entry.seq), when, kind, round_id, clients, layout, aggregate, note]
+        note = _text(_details(payload))
+    return [*(_text(c) for c in (str(entry.seq), when, kind, round_id, clients, layout,
+                                 aggregate)), note]
 
 
 def render_tables(log: AuditLog, job_id: str | None = None,
@@ -103,7 +118,7 @@ def render_tables(log: AuditLog, job_id: str | None = None,
         flagged = sum(is_per_client_plaintext(e) for e in entries)
         caption = (f"{flagged} entr{'y' if flagged == 1 else 'ies'} with per-client plaintext"
                    if flagged else "no per-client plaintext")
-        table = Table(title=f"audit log of job {job!r} (head {log.head(job)[:16]}...)",
+        table = Table(title=_text(f"audit log of job {job!r} (head {log.head(job)[:16]}...)"),
                       caption=caption)
         for column in ("seq", "time (UTC)", "kind", "round", "clients", "layout", "aggregate",
                        "notes"):
