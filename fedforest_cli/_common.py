@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fedforest_secure.printable import printable_lines
+from fedforest_secure.errors import ProtocolError
+from fedforest_secure.printable import printable, printable_lines
 
 __all__ = ["MAX_SEED", "check_output", "console", "fail", "own_command"]
 
@@ -29,9 +30,12 @@ MAX_SEED = 2**32 - 1
 def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as an error and exit with code 2: on one line whatever the terminal's
     width (the terminal wraps it, so a path in it copies whole), and whatever it quotes (a
-    server's ``detail``) as text: each character that is not printable but a line break of
-    the message's own escaped (``\\x1b``, ``\\r``), rich markup not read."""
-    console.print(f"[red]error:[/red] {escape(printable_lines(str(exc)))}", soft_wrap=True)
+    server's ``detail``) as text, rich markup not read. A protocol error (what a server
+    sent did not check) is one line, every character that is not printable escaped
+    (``\\n``, ``\\x1b``, ``\\r``); another error keeps its own line breaks (a data file's
+    problems, one a line)."""
+    text = printable(str(exc)) if isinstance(exc, ProtocolError) else printable_lines(str(exc))
+    console.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
     raise typer.Exit(2)
 
 

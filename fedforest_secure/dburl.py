@@ -52,7 +52,10 @@ def sqlite_file(db: str) -> Path | None:
     """The file a database is kept in: ``db`` itself when it is a path, the file a
     ``sqlite://`` URL names; None for another database (or SQLite in memory)."""
     if "://" not in db:
-        return Path(db).expanduser()
+        try:
+            return Path(db).expanduser()
+        except RuntimeError:  # ~name of no user: the path as it is written
+            return Path(db)
     try:
         parsed = make_url(db)
     except _MALFORMED:
@@ -64,7 +67,10 @@ def sqlite_file(db: str) -> Path | None:
         database = database[len("file:"):].split("?", 1)[0]
         if not database or database == ":memory:":
             return None
-    return Path(database).expanduser()
+    try:
+        return Path(database).expanduser()
+    except RuntimeError:  # ~name of no user: the path as SQLite reads it
+        return Path(database)
 
 
 def in_memory(db: str) -> bool:
@@ -125,13 +131,12 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: its driver is not installed ({exc}); "
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
-    path = sqlite_file(url)
-    # not a URI's mode=ro, rw or memory (they create no file), nor a path starting with ~,
-    # which SQLite opens unexpanded (sqlite_file expands it)
-    raw = (parsed.database or "").removeprefix("file:")
-    if path is not None and not re.search(r"mode=(ro|rw|memory)(&|$)", url) \
-            and not raw.startswith("~"):
-        event.listen(engine, "do_connect", _create_owner_only(path))
+    # the file SQLite opens: the URL's path as it is (SQLite does not expand a ~), not for
+    # a URI whose query says mode=ro, rw or memory (they create no file)
+    raw, _, query = (parsed.database or "").removeprefix("file:").partition("?")
+    mode = parsed.query.get("mode") or "".join(re.findall(r"(?:^|&)mode=([^&]*)", query))
+    if sqlite_file(url) is not None and raw and mode not in ("ro", "rw", "memory"):
+        event.listen(engine, "do_connect", _create_owner_only(Path(raw)))
     return engine
 
 

@@ -156,24 +156,31 @@ def test_a_database_file_whose_name_holds_mode_memory_is_a_file(tmp_path: Path) 
     assert in_memory("sqlite:///file:x?mode=memory&uri=true")
 
 
-@pytest.mark.parametrize("form", ["uri_rwc", "tilde_inside"])
-def test_a_sqlite_file_made_through_a_uri_or_a_path_holding_a_tilde_is_its_users_only(
-        tmp_path: Path, form: str) -> None:
-    """``mode=rwc`` creates the file (only ``mode=ro``, ``rw`` and ``memory`` do not), and a
-    ``~`` inside a path is an ordinary character: both files come out 0600."""
+@pytest.mark.parametrize("form", ["uri_rwc", "tilde_inside", "tilde_first", "tilde_user",
+                                  "mode_in_path"])
+def test_a_sqlite_file_made_through_a_uri_or_an_unusual_path_is_its_users_only(
+        tmp_path: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mode=rwc`` creates the file (only ``mode=ro``, ``rw`` and ``memory`` do not); a ``~``
+    is an ordinary character to SQLite (``sqlite:///~/x.db`` is ``./~/x.db``; ``~h`` of no
+    user is no traceback), and so is a directory named ``mode=rw``: each file SQLite makes
+    comes out 0600."""
+    monkeypatch.chdir(tmp_path)
+    for d in ("fed~1", "~", "mode=rw"):
+        (tmp_path / d).mkdir()
+    url, path = {
+        "uri_rwc": (f"sqlite:///file:{tmp_path / 'made.db'}?mode=rwc&uri=true", "made.db"),
+        "tilde_inside": (f"sqlite:///{tmp_path / 'fed~1' / 'made.db'}", "fed~1/made.db"),
+        "tilde_first": ("sqlite:///~/made.db", "~/made.db"),
+        "tilde_user": ("sqlite:///~nosuchuser9.db", "~nosuchuser9.db"),
+        "mode_in_path": (f"sqlite:///{tmp_path / 'mode=rw' / 'made.db'}", "mode=rw/made.db"),
+    }[form]
     old = os.umask(0o022)
     try:
-        if form == "uri_rwc":
-            path = tmp_path / "made.db"
-            url = f"sqlite:///file:{path}?mode=rwc&uri=true"
-        else:
-            (tmp_path / "fed~1").mkdir()
-            path = tmp_path / "fed~1" / "made.db"
-            url = f"sqlite:///{path}"
         engine = create_db_engine(url)
         with engine.connect() as conn:
             conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
         engine.dispose()
     finally:
         os.umask(old)
-    assert path.exists() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    made = tmp_path / path
+    assert made.exists() and stat.S_IMODE(made.stat().st_mode) == 0o600

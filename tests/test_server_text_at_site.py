@@ -191,3 +191,50 @@ def test_a_servers_error_detail_is_one_escaped_error_line(server: FakeServer) ->
     assert res.exit_code == 2, res.output
     _no_controls(res.output)
     assert res.output == f"error: 403 forbidden: {SHOWN}\n"
+
+
+def test_the_job_list_shows_a_servers_job_ids_and_states_escaped(server: FakeServer) -> None:
+    server.answer = (200, [{"job_id": f"j\r{FORGED}", "status": "done", "client_index": 0,
+                            "member_state": ATTACK}])
+    res = server.cli("jobs")
+    assert res.exit_code == 0, res.output
+    _no_controls(res.output)
+    lines = res.output.split("\n")
+    assert lines[1].startswith(f"j\\r{FORGED}") and lines[1].endswith(SHOWN), lines
+    assert not any(x.startswith(FORGED) for x in lines)
+
+
+def test_a_models_digest_from_the_server_cannot_start_a_line_of_the_error(
+        server: FakeServer, tmp_path: Path) -> None:
+    """The digest the job's status records goes into the error of a model that does not match
+    it: a line break in it stays inside the one error line."""
+    server.answer = (200, {"job_id": "j", "status": "done", "min_clients": 2, "n_clients": 2,
+                           "members": [], "model_digest": f"ab\n{FORGED}"})
+    res = server.cli("model", "download", "--job", "j", "--out", str(tmp_path / "m.json"))
+    assert res.exit_code == 2, res.output
+    _no_controls(res.output)
+    assert not any(x.startswith(FORGED) for x in res.output.split("\n")), res.output
+    assert f"(ab\\n{FORGED}); not written" in res.output
+
+
+def test_a_job_configuration_key_from_the_server_cannot_start_a_line_of_the_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown key of the job's configuration in the join answer is quoted in the client's
+    error: a line break in it stays inside the one line."""
+    cfg = _config("open")
+    cfg[f"x\n{FORGED}"] = 1
+    tr = ScriptedTransport({"client_index": 0, "config": cfg})
+    _schema(tmp_path)
+
+    def fake_run_client(opts: ClientOptions, log: SiteLog) -> ClientResult:
+        return runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)),
+                           np.zeros(4), log)
+
+    monkeypatch.setattr(runner, "run_client", fake_run_client)
+    res = CliRunner().invoke(app, [
+        "client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", JOB,
+        "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml"),
+        "--state-dir", str(tmp_path / "state")])
+    _no_controls(res.output)
+    assert "malformed job configuration" in res.output, res.output
+    assert not any(x.startswith(FORGED) for x in res.output.split("\n")), res.output
