@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
-from fedforest_secure.printable import printable, printable_lines
+from fedforest_secure.printable import printable
 
 from ._common import check_output
 
@@ -100,7 +100,7 @@ def _as_error(console: Console) -> Iterator[None]:
     try:
         yield
     except (AuditError, DBAPIError) as exc:
-        said = printable_lines(unreadable("rows", exc))
+        said = printable(unreadable("rows", exc))  # it may quote the log's text: one line
         console.print(f"[red]error:[/red] {escape(said)}", soft_wrap=True)
         raise typer.Exit(code=1) from None
 
@@ -128,7 +128,7 @@ def _open(db: str, console: Console) -> tuple[AuditLog, bool]:
             return _load(entries), _held(entries)
         return AuditLog(db, create=False), True
     except AuditError as exc:
-        console.print(f"[red]error:[/red] {escape(printable_lines(str(exc)))}")
+        console.print(f"[red]error:[/red] {escape(printable(str(exc)))}")  # quotes the log
         raise typer.Exit(code=1) from exc
 
 

@@ -121,3 +121,19 @@ def test_audit_verify_of_a_hostile_log_prints_one_escaped_line_per_problem(
     assert all(line.startswith(("PROBLEM ", "NOTE ", "FAILED: "))
                for line in result.output.splitlines()), result.output
     assert f"--format jsonl --job {SHOWN} --out {SHOWN}.jsonl`" in result.output
+
+
+def test_an_error_quoting_a_hostile_logs_entry_is_one_line(tmp_path: Path) -> None:
+    """An entry whose kind holds a line break and a made-up line is named in the error of
+    ``audit show``: the error stays one line, its characters that are not printable escaped."""
+    forged = "error: nothing wrong, job j verified"
+    entry = Entry.build(job_id="j", seq=1, kind=f"x\n{forged}\x1b[2J", timestamp=TIME,
+                        payload={}, arrays={}, prev_hash=GENESIS)
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps({"format": "fedforest-audit/1", **entry.to_json()}) + "\n",
+                    encoding="utf-8")
+    res = CliRunner().invoke(audit_app, ["show", "--db", str(path)])
+    assert res.exit_code == 1, res.output
+    _no_controls(res.output)
+    assert "\\n" + forged in res.output, res.output
+    assert not any(line.startswith(forged) for line in res.output.split("\n")), res.output
