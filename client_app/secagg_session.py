@@ -43,6 +43,7 @@ import numpy as np
 from nacl.signing import SigningKey
 from pydantic import ValidationError
 
+from fedforest_secure import __version__
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolError, RefusedRequest
 from fedforest_secure.pki import load_certificate
@@ -247,6 +248,16 @@ class SecAggSession:
         """The ShareBundle JSON for the round setup ``message``, after checking that the setup
         describes ``task`` (digest, question and vector length); nothing is sent."""
         setup = parse(RoundSetup, message)
+        if (setup.round_id == task.round_id and setup.task_digest == task.digest()
+                and setup.vector_length == make_codec(self.config, task).words
+                and setup.question != question_key(task)):
+            # the same task, read as another question: the server computes question keys as
+            # another version of the code does (or relabels the question)
+            raise ProtocolError(
+                "the round setup names this round's task but another question key for it: "
+                "the server may run another version of fedforest-secure than this site "
+                f"(this site: {__version__}); run the same version on the server and every "
+                "site. A server of this version that does this relabels the question")
         if (setup.round_id != task.round_id or setup.task_digest != task.digest()
                 or setup.question != question_key(task)
                 or setup.vector_length != make_codec(self.config, task).words):
