@@ -33,7 +33,6 @@ from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import readable_by, write_atomic
-from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import JoinResponse, SecAggStep
 
 from .context import (
@@ -177,8 +176,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     try:
         config = JobConfig.from_json(json.dumps(info.config))
     except (TypeError, ValueError) as exc:
-        raise ProtocolError("malformed job configuration in the join response: "
-                            f"{printable(str(exc))}") from exc
+        raise ProtocolError(f"malformed job configuration in the join response: {exc}") from exc
     # from here on the job's profile is read as the pin check read it: a setting the server
     # left out is PrivacyProfile's default for every reader, not a weaker one of its own
     config = dataclasses.replace(config, profile=job_profile_settings(config.profile))

@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
             digest = hashlib.sha256(body).hexdigest()
             if st.model_digest and st.model_digest != digest:
                 raise ProtocolError(f"the model's SHA-256 {digest} is not the one the job "
-                                    f"records ({printable(st.model_digest)}); not written")
+                                    f"records ({st.model_digest}); not written")
             write_atomic(out, body)
         except ValidationError:
             fail(ProtocolError("malformed job status from the server"))
