@@ -22,19 +22,25 @@ LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (INFO|WARNING|ERROR) fedfor
                   r'event=\w+( \w+=("(?:[^"\\]|\\.)*"|[^\s"]+))*$')
 
 
+def _logged_error(monkeypatch: pytest.MonkeyPatch, message: str, **extra: object) -> str:
+    """What the server's log writes for an ``error`` event carrying a ValueError(``message``)
+    raised and caught, with the fields ``extra``."""
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stderr", out)
+    configure()
+    try:
+        raise ValueError(message)
+    except ValueError as exc:
+        event("error", logging.ERROR, exc=exc, **extra)
+    return out.getvalue()
+
+
 def test_fields_quote_what_has_spaces_and_an_error_keeps_its_traceback_on_one_line(
         monkeypatch: pytest.MonkeyPatch) -> None:
     assert fields(event="drop", job="j", reason="missed the deadline", round=3, x=None,
                   seconds=1.23456) == 'event=drop job=j reason="missed the deadline" round=3 ' \
                                       "seconds=1.235"
-    out = io.StringIO()
-    monkeypatch.setattr("sys.stderr", out)
-    configure()
-    try:
-        raise ValueError("boom\nsecond line")
-    except ValueError as exc:
-        event("error", logging.ERROR, exc=exc, where="test")
-    (line,) = out.getvalue().splitlines()
+    (line,) = _logged_error(monkeypatch, "boom\nsecond line", where="test").splitlines()
     assert "event=error where=test" in line and "Traceback" in line and "| ValueError" in line
 
 
@@ -79,14 +85,7 @@ def test_every_character_a_reader_could_take_as_a_line_or_field_boundary_is_esca
     assert fields(event="join", client="zürich-1", job="j") == "event=join client=zürich-1 job=j"
     assert fields(event="drop", reason="", x="a=b") == 'event=drop reason="" x="a=b"'
     # a traceback's text too: the exception's message came from anywhere
-    out = io.StringIO()
-    monkeypatch.setattr("sys.stderr", out)
-    configure()
-    try:
-        raise ValueError("bad\rforged\x1b[2K\u2028line")
-    except ValueError as exc:
-        event("error", logging.ERROR, exc=exc, path=HOSTILE)
-    text = out.getvalue()
+    text = _logged_error(monkeypatch, "bad\rforged\x1b[2K\u2028line", path=HOSTILE)
     assert text.endswith("\n") and text[:-1].isprintable(), repr(text)
     assert "ValueError: bad\\rforged\\x1b[2K\\u2028line" in text, text
 
