@@ -168,15 +168,15 @@ class Tree:
                 steps.append((moved, node[moved]))
 
     def check(self, n_features: int, n_clients: int, *, name: str = "the tree") -> None:
-        """Raise ValueError, naming ``name`` and the node, unless the arrays fit together and
-        with a forest of ``n_features`` features and ``n_clients`` sites: one entry per node
-        in each array, a split's children are nodes after it (so every walk ends at a leaf), a
-        leaf's are -1, a numeric or categorical split's feature is one of the forest's,
-        numeric thresholds are numbers (+inf allowed), values and row counts are finite, and
-        every categorical or client split has its set: level indices, or indices of the
-        forest's sites. A tree
-        that passed for these counts is not checked again (a model is rebuilt around the same
-        trees by ``dataclasses.replace``; trees are not changed in place)."""
+        """Raise ValueError, naming ``name`` and the node, unless the arrays fit together
+        and with a forest of ``n_features`` features and ``n_clients`` sites: one entry per
+        node in each array, a split's children are nodes after it (so every walk ends at a
+        leaf), a leaf's are -1, every node has one parent, a numeric or categorical split's
+        feature is one of the forest's, numeric thresholds are numbers (+inf allowed),
+        values and row counts are finite, and every categorical or client split has its
+        set: level indices, or indices of the forest's sites. A tree that passed for these
+        counts is not checked again (a model is rebuilt around the same trees by
+        ``dataclasses.replace``; trees are not changed in place)."""
         if getattr(self, "_checked_for", None) == (n_features, n_clients):
             return
         size = self.n_nodes
