@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fedforest_secure import __version__
 from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
@@ -160,6 +161,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         # and what it can still do, not an HTTP error
         return ClientResult(status="dropped", detail=dropped_detail(job, exc.detail, tr))
     info = parse_as(JoinResponse, offered, "job offer")
+    _check_server_version(tr, job, info.server_version, log)
     if pinned is not None:  # before anything else leaves the site
         with _declining(tr, job, "profile", log):
             check_job_profile(pinned, info.config.get("profile"))
@@ -389,6 +391,20 @@ def _check_outputs(opts: ClientOptions) -> None:
         except OSError as exc:
             raise FedForestError(f"--out {out}: cannot write in {out.parent}: "
                                  f"{exc.strerror or exc}") from None
+
+
+def _check_server_version(tr: Transport, job: str, server: str | None, log: SiteLog) -> None:
+    """Decline a job whose server says it runs another version of fedforest-secure: a task's
+    question key, the secure-aggregation messages and the model file may differ between
+    versions. A server that does not say its version is let through (the round setup's check
+    of the question key still stops a job whose tasks this site reads otherwise)."""
+    if server is None or server == __version__:
+        return
+    _decline(tr, job, "version", log)
+    raise FedForestError(f"the server runs fedforest-secure {server[:64]!r} and this "
+                         f"site {__version__!r}: this site did not join job {job}. Run one "
+                         "version on the server and every site (fedforest --version), "
+                         "upgraded together between jobs")
 
 
 def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:

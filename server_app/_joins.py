@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from fedforest_secure import __version__
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError
 
@@ -198,4 +199,5 @@ def _job_info(job: JobRow, client: ClientRow, idx: int, secure: bool) -> dict[st
     return {"job_id": job.id, "client_index": idx, "client_name": client.name,
             "config": json.loads(job.config_json), "status": job.status,
             "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
-            "round_deadline": job.round_deadline_s, "secure_aggregation": secure}
+            "round_deadline": job.round_deadline_s, "secure_aggregation": secure,
+            "server_version": __version__}

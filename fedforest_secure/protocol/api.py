@@ -87,8 +87,9 @@ class RefuseBody(_CodedReason):
 #: Why a site declines a job before joining it (the only words of it that reach the server):
 #: its table does not fit the job's schema; its schema file is not the job's; the job's
 #: privacy profile is not the one it pinned; the job's configuration disagrees with its own;
-#: an evaluation job scores a model this site already scored on the same held-out rows.
-DECLINE_CODES = ("table", "schema", "profile", "job_config", "evaluated_before")
+#: an evaluation job scores a model this site already scored on the same held-out rows; the
+#: server runs another version of fedforest-secure than the site.
+DECLINE_CODES = ("table", "schema", "profile", "job_config", "evaluated_before", "version")
 
 
 class DeclineBody(_CodedReason):
@@ -131,6 +132,9 @@ class JoinResponse(_Response):
     client_name: str | None = None
     #: SHA-256 of the job's schema file: the client refuses a different local schema.
     schema_sha256: str | None = None
+    #: the server's version of fedforest-secure: a site of another version declines the job
+    #: (``None``: a server that does not say)
+    server_version: str | None = None
 
 
 class Directory(_Response):
