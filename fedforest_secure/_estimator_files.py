@@ -56,7 +56,9 @@ class _EstimatorFiles(_EstimatorRows):
         if not hasattr(self, "profile_"):  # loaded from a file without an estimator section
             write_atomic(path, getattr(self, "_file_model", model).to_json())
             return
-        params = self.get_params()
+        # numpy scalars (a search over np.arange(...)) as the JSON numbers they stand for
+        params = {k: v.item() if isinstance(v, np.generic) else v
+                  for k, v in self.get_params().items()}
         params["profile"] = getattr(self, "profile_", params["profile"])
         config = getattr(self, "config_", None)
         if not isinstance(params["random_state"], Integral | None) and config is not None:

@@ -14,7 +14,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = ["METHODS", "JobConfig", "resolve_max_features"]
+
+
+def _json_scalar(value: Any) -> Any:
+    """A numpy scalar (a setting taken from ``np.arange(...)``) as the JSON value it holds."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a job configuration holds {type(value).__name__!r}, which JSON cannot "
+                    "hold")
 
 #: the names ``method`` takes, one per candidate method of
 #: :data:`~fedforest_secure._candidates.CANDIDATE_METHODS` (in its order)
@@ -198,7 +208,7 @@ class JobConfig:
             del obj["missing_allowed"]  # nor one without missing values a missing key
         if obj["target_offset"] == 0.0:
             del obj["target_offset"]  # nor one whose target needs no centring an offset key
-        return json.dumps(obj, sort_keys=True)
+        return json.dumps(obj, sort_keys=True, default=_json_scalar)
 
     @classmethod
     def from_json(cls, text: str) -> JobConfig:

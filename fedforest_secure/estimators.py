@@ -126,7 +126,8 @@ def _profile_types() -> list[Any]:
 #: what fit sets: dropped when a fit starts and when it fails, so a failed fit leaves the
 #: estimator unfitted (scikit-learn's ``check_is_fitted`` says so too)
 _FITTED = ("model_", "config_", "profile_", "y_offset_", "clients_", "n_clients_",
-           "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_")
+           "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_",
+           "_file_model")
 
 
 class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # type: ignore[misc]
@@ -418,10 +419,22 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         return self._values(X, client, "predict_proba")
 
     def predict(self, X: Any, *, client: Any = None) -> np.ndarray:
-        """Predicted classes, shape (n,)."""
+        """Predicted classes, shape (n,). Exactly tied probabilities go to the class first in
+        the model's own order: ``classes_`` for a fitted estimator, the schema's order for a
+        job's model file (as ``ForestModel.predict`` and a federated evaluation break them)."""
         self._check_fitted()
-        labels: np.ndarray = self.classes_[np.argmax(self._values(X, client), axis=1)]
+        order = self._tie_order()
+        v = self._values(X, client)
+        labels: np.ndarray = self.classes_[order[np.argmax(v[:, order], axis=1)]]
         return labels
+
+    def _tie_order(self) -> np.ndarray:
+        """Positions in ``classes_`` of the classes in the order ties go to them."""
+        file_model = getattr(self, "_file_model", None)
+        if file_model is None or file_model.classes is None:
+            return np.arange(self.classes_.size)
+        where = {c: i for i, c in enumerate(self.classes_.tolist())}
+        return np.array([where[c] for c in file_model.classes], dtype=np.int64)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:
         """Accuracy of ``predict(X, client=client)`` against ``y``.

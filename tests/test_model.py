@@ -374,6 +374,55 @@ def test_a_jobs_model_with_classes_out_of_order_reads_as_sklearn_expects(
     assert (tmp_path / "again.json").read_text() == path.read_text()
 
 
+def test_a_tie_goes_to_the_class_the_jobs_schema_lists_first_in_every_prediction_path(
+        tmp_path: Path) -> None:
+    """Two trees vote for opposite classes of a job whose schema lists "lo" before "hi": every
+    row ties. The loaded estimator (classes_ sorted: "hi", "lo") predicts and scores as the
+    job's model and a federated evaluation do, giving each tie to the schema's first class;
+    refitted, it breaks ties in its own classes_ order."""
+    schema_text = ('[target]\nname = "y"\nkind = "classification"\nclasses = ["lo", "hi"]\n'
+                   '[[features]]\nname = "x"\nkind = "continuous"\nbounds = [0.0, 1.0]\n')
+    x = np.linspace(0, 1, 60)[:, None]
+    y = (x[:, 0] > 0.5).astype(int)
+    forest = FedForestClassifier(n_estimators=2, max_depth=1, random_state=0).fit(
+        x, y, client=np.arange(60) % 3).model_
+    doc = json.loads(forest.for_job(schema_text, ["a", "b", "c"]).to_json())
+    for tree, vote in zip(doc["trees"], ([1.0, 0.0], [0.0, 1.0]), strict=True):
+        tree["value"] = [vote] * len(tree["value"])
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    est = FedForestClassifier.load(path)
+    assert list(est.classes_) == ["hi", "lo"]
+    np.testing.assert_array_equal(est.predict_proba(x), np.full((60, 2), 0.5))
+    model = ForestModel.load(path)
+    assert [model.classes[i] for i in model.predict(x)] == ["lo"] * 60  # type: ignore[index]
+    assert list(est.predict(x)) == ["lo"] * 60
+    assert est.score(x, np.array(["lo"] * 60)) == 1.0
+    est.fit(x, np.where(y == 1, "hi", "lo"), client=np.arange(60) % 3)
+    tied = np.full((1, 2), 0.5)
+    assert est.classes_[est._tie_order()[np.argmax(tied)]] == "hi"
+
+
+def test_an_estimator_whose_parameters_are_numpy_scalars_saves_and_loads(
+        tmp_path: Path) -> None:
+    """A grid search over ``np.arange(...)`` hands its best estimator numpy scalars: the
+    file holds them as JSON numbers and booleans, and the estimator reads back the same."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = (X[:, 0] > 0).astype(int)
+    est = FedForestClassifier(n_estimators=np.int64(3), max_depth=np.int32(3),
+                              bootstrap=np.bool_(True), max_features=np.float64(0.5),
+                              random_state=0).fit(X, y, client=np.arange(120) % 3)
+    est.save(tmp_path / "m.json")
+    back = FedForestClassifier.load(tmp_path / "m.json")
+    params = back.get_params()
+    assert {k: (type(params[k]), params[k]) for k in
+            ("n_estimators", "max_depth", "bootstrap", "max_features")} == {
+        "n_estimators": (int, 3), "max_depth": (int, 3), "bootstrap": (bool, True),
+        "max_features": (float, 0.5)}
+    np.testing.assert_array_equal(back.predict_proba(X), est.predict_proba(X))
+
+
 def test_a_jobs_model_scores_a_site_csv_whose_class_labels_pandas_reads_as_numbers(
         tmp_path: Path) -> None:
     """The schema's classes are text ("0", "1"); pandas reads the CSV's target as integers:
