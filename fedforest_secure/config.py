@@ -16,7 +16,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["METHODS", "JobConfig", "resolve_max_features"]
+__all__ = ["MAX_BINS", "METHODS", "JobConfig", "resolve_max_features"]
+
+#: the largest sketch size B a job may ask (``n_bins``): a worker's grids and sketches grow
+#: with B per node and feature
+MAX_BINS = 4096
 
 
 def _json_scalar(value: Any) -> Any:
@@ -148,8 +152,8 @@ class JobConfig:
                 "noisy count needs rows; unset, the allocation rule picks the depth from them)")
         if self.min_samples_split < 2:
             raise ValueError("min_samples_split must be >= 2")
-        if self.n_bins < 2:
-            raise ValueError("n_bins must be >= 2")
+        if not 2 <= self.n_bins <= MAX_BINS:
+            raise ValueError(f"n_bins must be between 2 and {MAX_BINS}, not {self.n_bins}")
         if not 1 <= self.max_features <= self.n_features:
             raise ValueError("max_features must be resolved to an int in [1, n_features]")
         if self.top_l is not None and not 1 <= self.top_l <= self.n_features:

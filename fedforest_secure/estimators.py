@@ -91,7 +91,7 @@ from ._estimator_inputs import (
     warn_unresolved,
 )
 from ._estimator_structure import _EstimatorStructure
-from .config import METHODS, JobConfig, resolve_max_features
+from .config import MAX_BINS, METHODS, JobConfig, resolve_max_features
 from .errors import SchemaError
 from .federation import run_in_process
 
@@ -147,7 +147,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
                          Interval(RealNotInt, 0.0, 1.0, closed="right"),
                          StrOptions({"sqrt", "log2"}), None],
         "bootstrap": ["boolean", None],
-        "n_bins": [Interval(Integral, 2, None, closed="left"), None],
+        "n_bins": [Interval(Integral, 2, MAX_BINS, closed="both"), None],
         "method": [StrOptions(set(METHODS)), None],
         "top_l": [Interval(Integral, 1, None, closed="left"), None],
         "split_on_client": ["boolean"],
@@ -298,7 +298,8 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             # centre y on the middle of its range: sums of y and y^2 then carry the spread, not
             # an offset (y = 10^6 + noise lost its splits to rounding, and in the fixed-point
             # ring to its scale), and under DP the noise on sums of y is halved
-            self.y_offset_ = float((y_enc[kept].min() + y_enc[kept].max()) / 2.0)
+            # (halves first: no overflow for targets near the float maximum)
+            self.y_offset_ = float(y_enc[kept].min() / 2.0 + y_enc[kept].max() / 2.0)
             y_enc = y_enc - self.y_offset_
             target_bound = float(np.max(np.abs(y_enc[kept])))
             rows = float(weights[kept].sum()) if weights is not None else float(n)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedforest_secure.config import JobConfig, resolve_max_features
+from fedforest_secure.config import MAX_BINS, JobConfig, resolve_max_features
 from fedforest_secure.config_errors import explain
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.privacy.pinning import schema_facts
@@ -66,7 +66,7 @@ class ForestParams(BaseModel):
     bootstrap: bool = Field(default=True, description=(
         "each site resamples its own rows per tree (client-stratified bootstrap); false: "
         "every tree sees every row"))
-    n_bins: int = Field(default=32, ge=2, le=4096, description=(
+    n_bins: int = Field(default=32, ge=2, le=MAX_BINS, description=(
         "sketch size B: candidate thresholds per feature and node (method = \"random\": "
         "fixed-width bins of the marginal counts the thresholds are drawn from)"))
     method: str = Field(default="quantiles", description=(

@@ -4,6 +4,7 @@ and utility of the candidate methods."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import numpy as np
@@ -520,6 +521,18 @@ def test_a_target_of_tiny_spread_is_refused_and_one_just_above_grows_trees(
     assert all(t.n_nodes > 20 for t in est.model_.trees)
     assert np.corrcoef(est.predict(X), y)[0, 1] > 0.8
     FedForestRegressor(**kw).fit(X, np.full(300, 1e-200), client=h)
+
+
+@pytest.mark.parametrize("low,high,middle", [(1e308, 1.5e308, "1.25e+308"),
+                                             (-1.5e308, -1e308, "-1.25e+308")])
+def test_a_target_near_the_float_maximum_is_refused_with_the_rescaling_to_do(
+        low: float, high: float, middle: str) -> None:
+    """The middle of y's range is taken without overflowing: the refusal names it."""
+    X = np.random.default_rng(1).normal(size=(40, 2))
+    with pytest.raises(SchemaError, match=re.escape(
+            f"y lies up to 2.5e+307 from the middle of its range ({middle})") + ".*"
+            + re.escape("rescale the target (e.g. divide it by 1e+307)")):
+        FedForestRegressor(n_estimators=2).fit(X, np.linspace(low, high, 40))
 
 
 def test_max_depth_none_grows_until_leaves_stop_it() -> None:

@@ -435,10 +435,13 @@ def test_profile_file_with_unknown_dp_field_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("profile", ["open", "secure"])
-def test_sketch_size_below_two_is_refused(profile: str) -> None:
+@pytest.mark.parametrize("n_bins", [1, 4097, 10**7])
+def test_a_sketch_size_outside_2_to_4096_is_refused_as_a_job_file_refuses_it(
+        profile: str, n_bins: int) -> None:
     X, y, h = _data(n=80)
-    with pytest.raises(ValueError, match="n_bins"):
-        FedForestRegressor(n_bins=1, n_estimators=1, max_depth=1, profile=profile).fit(
+    with pytest.raises(ValueError, match=r"The 'n_bins' parameter of FedForestRegressor must "
+                       r"be an int in the range \[2, 4096\] or None"):
+        FedForestRegressor(n_bins=n_bins, n_estimators=1, max_depth=1, profile=profile).fit(
             X, y, client=h)
 
 
