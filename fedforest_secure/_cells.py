@@ -251,7 +251,9 @@ def _checked_numbers(arr: NDArray[Any], name: str, allow_missing: bool, bools: b
                 x = _number(v) if isinstance(v, str) else float(v)
             except (TypeError, ValueError):
                 raise _CellError(name, i, f"{_show(v)} is not a number") from None
-            if allow_missing and math.isnan(x):
+            # a NaN written as a number (``-nan``) where missing words are read: not one of
+            # them, and not finite (as ``fedforest check`` says)
+            if allow_missing and math.isnan(x) and not (words and isinstance(v, str)):
                 out[i - 1] = np.nan
                 continue
             if not math.isfinite(x):
@@ -271,7 +273,10 @@ def _numeric_column(
     cells (:func:`_checked_numbers`)."""
     out = _plain_numbers(col)
     if out is None:
-        out = _checked_numbers(np.asarray(col), name, allow_missing, bools, missing_words)
+        arr = np.asarray(col)
+        if arr.dtype.kind == "U" and not isinstance(col, np.ndarray):
+            arr = np.asarray(col, dtype=object)  # numpy's text arrays drop trailing NULs
+        out = _checked_numbers(arr, name, allow_missing, bools, missing_words)
     if bounds is not None:
         lo, hi = bounds
         bad = (out < lo) | (out > hi)

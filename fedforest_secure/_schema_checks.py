@@ -27,6 +27,9 @@ def _check_bounds(bounds: tuple[float, float] | None) -> None:
         raise ValueError(f"bounds must be finite, got [{lo}, {hi}]")
     if not lo < hi:
         raise ValueError(f"lower bound must be < upper bound, got [{lo}, {hi}]")
+    if not math.isfinite(hi - lo):
+        raise ValueError(f"bounds [{lo}, {hi}] are wider than the largest float: give the "
+                         "column's plausible range (the grids and sketches cut its width)")
 
 
 def _check_labels(labels: list[str], what: str) -> None:

@@ -15,7 +15,9 @@ engineer fixing a file wants the whole list. :func:`check_table` reads the raw c
   every row, categorical cells spelled as a missing value (``None``, ``NA``, ...: a level so
   spelled is read as missing), classes absent at this site, columns the schema does not use,
   empty unnamed columns (ignored), ``--zero-is-missing`` zeros in a column allowing missing
-  values (the client would read them as the number 0).
+  values (the client would read them as the number 0), a target or feature whose spread at
+  the site is too narrow for its public bounds under a secure profile
+  (:mod:`~fedforest_secure._spread_checks`).
 
 :func:`clean_rows` keeps the rows without errors, for ``fedforest check --clean-out``, with the
 cells of :attr:`Problem.blank` problems written empty.
@@ -26,12 +28,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ._cells import _canon, _is_missing, _label_key, _missing_word, _number, header_cells
 from ._rawtable import _SHOW, RawTable, _at, line_numbers, read_raw
+from ._spread_checks import feature_spread_problem, target_spread_problem
 from .errors import SchemaError
 from .schema import Schema
 
@@ -48,6 +51,8 @@ _DROP_TARGET = ("drop those rows (fedforest check --clean-out writes the rows wi
 #: least this fraction of their median (cholesterol 0 among 85..600), not when zero is the most
 #: common value or small values are common (ST depression 0, 0.1, 0.5, ...).
 _ZERO_GAP = 0.3
+#: a column's (values, bounds) -> (what, advice) of a warning, or None
+_Spread = Callable[[list[float], tuple[float, float]], tuple[str, str] | None]
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,8 @@ def check_table(table: RawTable, schema: Schema, *,
         cells = table.column(f.name)
         if f.kind == "continuous":
             out += _check_numeric(f.name, cells, f.bounds, f.name in zero_missing,
-                                  allow_missing=f.may_miss, lines=table.lines)
+                                  allow_missing=f.may_miss, lines=table.lines,
+                                  spread=feature_spread_problem)
         else:
             out += _check_labels(f.name, cells, f.levels or [], "level",
                                  allow_missing=f.may_miss, lines=table.lines)
@@ -138,7 +144,8 @@ def check_table(table: RawTable, schema: Schema, *,
         cells = table.column(t.name)
         if t.kind == "regression":
             out += _check_numeric(t.name, cells, t.bounds, t.name in zero_missing,
-                                  lines=table.lines, fix=_DROP_TARGET)
+                                  lines=table.lines, fix=_DROP_TARGET,
+                                  spread=target_spread_problem)
         else:
             out += _check_labels(t.name, cells, t.classes or [], "class", lines=table.lines,
                                  fix=_DROP_TARGET)
@@ -224,7 +231,10 @@ def _site_counts(cells: Sequence[str]) -> list[tuple[str, int]]:
 
 def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | None,
                    zero_missing: bool, *, allow_missing: bool = False,
-                   lines: Sequence[int] = (), fix: str = _DROP) -> list[Problem]:
+                   lines: Sequence[int] = (), fix: str = _DROP,
+                   spread: _Spread | None = None) -> list[Problem]:
+    """The problems of a continuous column; ``spread``: the warning, if any, about the
+    spread of its values within ``bounds`` (:mod:`~fedforest_secure._spread_checks`)."""
     out: list[Problem] = []
     missing = [i for i, c in enumerate(cells) if _is_missing(c) or c == "?"]
     if missing and not allow_missing:
@@ -259,10 +269,10 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                  if allow_missing else "")
         out.append(Problem("error", name, f"{n} non-finite value{'s' if n > 1 else ''} "
                            f"({shown}) at {line_numbers(infinite, lines)}",
-                           "infinity is not a measurement (an overflow or a division by zero "
-                           "in the export?): write the measured value" + empty + ", or drop "
-                           "those rows (fedforest check --clean-out writes the rows without "
-                           "errors)", _at(infinite, lines)))
+                           "infinity or NaN is not a measurement (an overflow or a division "
+                           "by zero in the export?): write the measured value" + empty
+                           + ", or drop those rows (fedforest check --clean-out writes the rows "
+                           "without errors)", _at(infinite, lines)))
     if bad:
         shown = ", ".join(repr(cells[i]) for i in bad[:3])
         out.append(Problem("error", name, f"{len(bad)} value{'s' if len(bad) > 1 else ''} "
@@ -294,6 +304,10 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                                "values are never clipped: correct them, drop the rows, or ask "
                                "the federation to widen the bounds in schema.toml for every site",
                                _at(outside, lines)))
+    if values and bounds is not None and spread is not None:
+        narrow = spread(list(values.values()), bounds)
+        if narrow is not None:
+            out.append(Problem("warning", name, *narrow))
     if values:
         distinct = set(values.values())
         if len(distinct) == 1 and len(values) > 1:

@@ -707,3 +707,61 @@ def test_zero_is_missing_zeros_outside_the_bounds_are_no_verdict_of_acceptance(
                                    "--zero-is-missing", "b"])
     assert res.exit_code == 0 and "0 errors, 1 warning: the client accepts this table" in \
         res.output, res.output
+
+
+def _spread_schema(x_bounds: list[float], y_bounds: list[float]) -> Schema:
+    return Schema.from_dict({
+        "features": [{"name": "x", "kind": "continuous", "bounds": x_bounds}],
+        "target": {"name": "y", "kind": "regression", "bounds": y_bounds}})
+
+
+def test_a_target_spread_too_narrow_for_its_bounds_is_a_warning_naming_both(
+        tmp_path: Path) -> None:
+    """Targets of standard deviation about 1,000 under bounds [0, 1e8]: under a secure profile
+    the sums of y^2 come in steps of (5e7)^2 * 2^-24, too coarse for the trees (test R^2 0.81
+    against 0.99). Bounds [0, 1e5] are fine; a feature whose bulk is below the secure sketch's
+    narrowest cell of its bounds is flagged too."""
+    y = 21674.0 + 1000.0 * np.sin(np.arange(200))
+    x = np.linspace(0.0, 10.0, 200)
+    path = tmp_path / "site.csv"
+    rows = zip(x.tolist(), y.tolist(), strict=True)
+    path.write_text("x,y\n" + "".join(f"{a!r},{b!r}\n" for a, b in rows))
+    sd = float(np.std(y))
+    wide = check_table(read_raw(path), _spread_schema([-1e300, 1e300], [0.0, 1e8]))
+    assert [(p.severity, p.column) for p in wide] == [("warning", "x"), ("warning", "y")]
+    assert wide[1].message == (
+        f"its standard deviation at this site ({sd:.3g}) is below 2.44e+04, 1/2048 of the "
+        "half-width of its bounds [0, 1e+08]: under a secure profile (frac_bits 24) the "
+        "sites' sums of y^2 are kept in steps of 1.49e+08, too coarse for the target's "
+        "variance in small nodes, and the trees lose splits")
+    assert "narrow the target's bounds in schema.toml" in wide[1].advice
+    assert wide[0].message == (
+        "the middle half of its distinct values at this site spans 5, less than 1e-12 of the "
+        "width of its bounds [-1e+300, 1e+300]: the secure sketch cuts no finer, so the "
+        "forest may split on it rarely or never")
+    assert check_table(read_raw(path), _spread_schema([0.0, 10.0], [0.0, 1e5])) == []
+
+
+def test_bounds_wider_than_the_largest_float_are_refused() -> None:
+    with pytest.raises(SchemaError, match=r"bounds \[-1e\+308, 1e\+308\] are wider than the "
+                       r"largest float: give the column's plausible range"):
+        _spread_schema([-1e308, 1e308], [0.0, 1.0])
+
+
+@pytest.mark.parametrize("cell,what", [("-nan", "non-finite value"),
+                                       ("1\x00", "not a number"), ("\x00", "not a number")])
+def test_a_nan_written_as_a_number_or_a_nul_byte_is_refused_by_check_and_client_alike(
+        tmp_path: Path, cell: str, what: str) -> None:
+    """In a column that allows missing values: missing is a word ('nan', 'NA', '?', empty),
+    not a NaN printed as a number; a cell holding a NUL byte is no number (numpy's text
+    arrays would drop it, reading '1\\x00' as 1)."""
+    sch = Schema.from_dict({
+        "features": [{"name": "x", "kind": "continuous", "bounds": [-5.0, 5.0],
+                      "missing": "allowed"}],
+        "target": {"name": "y", "kind": "regression", "bounds": [-10.0, 10.0]}})
+    path = tmp_path / "site.csv"
+    path.write_bytes(f"x,y\n1,1\nnan,2\n{cell},3\n".encode())
+    errors = [p for p in check_table(read_raw(path), sch) if p.severity == "error"]
+    assert [(p.column, p.lines) for p in errors] == [("x", (4,))]
+    with pytest.raises(SchemaError, match=rf"site.csv, line 4: column 'x': .*{what}"):
+        sch.read_csv(path)
