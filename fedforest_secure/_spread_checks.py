@@ -16,7 +16,8 @@ Under the secure profiles the bounds fix what the federation can resolve, whatev
 from __future__ import annotations
 
 import math
-import statistics
+
+import numpy as np
 
 from ._secure_cdf import MIN_CELL
 
@@ -38,7 +39,7 @@ def target_spread_problem(values: list[float], bounds: tuple[float, float],
     middle = lo / 2.0 + hi / 2.0
     half = max(hi - middle, middle - lo)
     step = half * half * 2.0 ** -frac_bits  # one ring unit of a sum of y^2
-    sd = statistics.pstdev(values)
+    sd = float(np.std(np.asarray(values, dtype=np.float64)))
     if sd == 0.0 or sd * sd >= _STEPS * step:
         return None
     limit = half * math.sqrt(_STEPS * 2.0 ** -frac_bits)
@@ -55,10 +56,10 @@ def feature_spread_problem(values: list[float], bounds: tuple[float, float]
                            ) -> tuple[str, str] | None:
     """(what, advice) when the middle half of the site's distinct values spans less than the
     secure sketch's narrowest cell (module docstring), or None."""
-    distinct = sorted(set(values))
-    if len(distinct) < 2:
+    distinct = np.unique(np.asarray(values, dtype=np.float64))
+    if distinct.size < 2:
         return None
-    q1, _, q3 = statistics.quantiles(distinct, n=4, method="inclusive")
+    q1, q3 = (float(q) for q in np.percentile(distinct, [25.0, 75.0]))
     lo, hi = bounds
     if q3 - q1 >= MIN_CELL * (hi - lo):
         return None

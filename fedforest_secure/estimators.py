@@ -420,22 +420,13 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
         return self._values(X, client, "predict_proba")
 
     def predict(self, X: Any, *, client: Any = None) -> np.ndarray:
-        """Predicted classes, shape (n,). Exactly tied probabilities go to the class first in
-        the model's own order: ``classes_`` for a fitted estimator, the schema's order for a
-        job's model file (as ``ForestModel.predict`` and a federated evaluation break them)."""
+        """Predicted classes, shape (n,). An exactly tied row goes to the class first in
+        ``classes_`` (sorted), as in the ONNX and scikit-learn exports; a job's
+        ``ForestModel.predict`` and a federated evaluation give it to the schema's first class
+        instead, so on such rows ``score`` may differ from the evaluation's accuracy."""
         self._check_fitted()
-        order = self._tie_order()
-        v = self._values(X, client)
-        labels: np.ndarray = self.classes_[order[np.argmax(v[:, order], axis=1)]]
+        labels: np.ndarray = self.classes_[np.argmax(self._values(X, client), axis=1)]
         return labels
-
-    def _tie_order(self) -> np.ndarray:
-        """Positions in ``classes_`` of the classes in the order ties go to them."""
-        file_model = getattr(self, "_file_model", None)
-        if file_model is None or file_model.classes is None:
-            return np.arange(self.classes_.size)
-        where = {c: i for i, c in enumerate(self.classes_.tolist())}
-        return np.array([where[c] for c in file_model.classes], dtype=np.int64)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, *, client: Any = None) -> float:
         """Accuracy of ``predict(X, client=client)`` against ``y``.

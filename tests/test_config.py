@@ -81,7 +81,6 @@ def test_valid_config_defaults_and_derived() -> None:
     dict(min_samples_leaf=0),
     dict(min_samples_split=1),
     dict(n_bins=1),
-    dict(n_bins=4097),
     dict(max_features=0),
     dict(max_features=5),
     dict(top_l=0),
