@@ -78,10 +78,16 @@ def identity_key(state: ClientState, job: str) -> SigningKey:
     """This site's Ed25519 identity for ``job``: loaded from the state dir, or made once."""
     name = f"identity-{job}.ed25519"
     seed = state.read_secret(name)
-    if seed is None or len(seed) != 32:
+    if seed is None:
         key = SigningKey.generate()
         state.write_secret(name, bytes(key))
         return key
+    if len(seed) != 32:  # a new key would not be the one the server knows for this site
+        raise FedForestError(
+            f"{state.root / name} holds {len(seed)} bytes, not an Ed25519 key of 32: the "
+            f"state directory is damaged. This site's identity in job {job} is the key it "
+            "first joined with: restore the file from a backup; without it the site cannot "
+            "take part in the job again")
     return SigningKey(seed)
 
 

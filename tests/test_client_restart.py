@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from fedforest_secure.audit import (
     SentReceipt,
     write_receipt,
 )
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 
 HEAD = "ab" * 32
@@ -217,3 +219,19 @@ def test_a_secure_evaluation_under_the_name_of_a_job_this_site_uploaded_in_is_re
     assert res.detail.startswith(f"this site was dropped from job {JOB} ({said}); ")
     assert f"warning: job {JOB}: {said}\n" in log
     assert "a restarted site" not in log
+
+
+def test_a_damaged_identity_key_file_is_refused_not_replaced(tmp_path: Path) -> None:
+    """The site's identity in a job is the key it first joined with: a file that holds no
+    Ed25519 key is named, and kept as it is (a new key would be refused by the server as
+    another site's)."""
+    state = ClientState(tmp_path / "state")
+    key = bytes(identity_key(state, JOB))
+    assert bytes(identity_key(state, JOB)) == key  # read back, not made again
+    path = state.root / f"identity-{JOB}.ed25519"
+    path.write_bytes(key[:5])
+    with pytest.raises(FedForestError, match=re.escape(
+            f"{path} holds 5 bytes, not an Ed25519 key of 32: the state directory is "
+            f"damaged. This site's identity in job {JOB} is the key it first joined with")):
+        identity_key(state, JOB)
+    assert path.read_bytes() == key[:5]
