@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedforest_secure import FedForestRegressor
-from fedforest_secure._splits import candidate_valid
+from fedforest_secure._splits import best_grouping, candidate_valid
 
 
 def test_present_vs_missing_exists_where_the_present_values_are_all_equal() -> None:
@@ -37,3 +37,23 @@ def test_a_flag_recorded_or_missing_is_split_present_vs_missing(method: str) -> 
                               max_depth=1).fit(X, y).model_.trees[0]
     assert tree.feature[0] == 0 and not tree.missing_left[0]
     assert tree.gain[0] == pytest.approx(5875.8, abs=0.1)
+
+
+def test_a_grouping_may_leave_exactly_min_samples_leaf_rows_on_each_side() -> None:
+    """Categorical levels or clients (H): two groups of 5 rows under min_samples_leaf = 5
+    split (regression statistics: count, sum y, sum y^2 per group)."""
+    two = np.array([[5, 5.0, 5.0], [5, 50.0, 500.0]])
+    gain, left, _ = best_grouping(two, "regression", "mse", 5)
+    assert gain == pytest.approx(202.5) and left == [0]
+    gain6, _, _ = best_grouping(two, "regression", "mse", 6)
+    assert not np.isfinite(gain6)
+
+
+def test_multiclass_groups_are_ordered_by_the_majority_class_share() -> None:
+    """Six groups of three classes, class 2 the majority: ordered by each group's share of
+    class 2, the best two-way partition is {0, 1, 5} | {2, 3, 4} (ordered by class 0's share
+    instead, it is not found)."""
+    cls = np.array([[1, 0, 18], [0, 1, 18], [5, 5, 0], [0, 9, 2], [9, 0, 2], [1, 1, 16]],
+                   dtype=float)
+    _, left, _ = best_grouping(cls, "classification", "gini", 1)
+    assert left in ([0, 1, 5], [2, 3, 4])

@@ -11,10 +11,11 @@ import pytest
 
 import fedforest_secure.worker as worker_mod
 from fedforest_secure import _level_stats
-from fedforest_secure._bootstrap import canonical_order, tree_pairs
+from fedforest_secure._bootstrap import canonical_order, row_keys, tree_pairs
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError, SchemaError
+from fedforest_secure.federation import client_seed
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
 from fedforest_secure.worker import Worker
@@ -731,3 +732,34 @@ def test_a_client_whose_rows_all_weigh_zero_is_told_what_to_do() -> None:
     with pytest.raises(SchemaError, match=r"all 12 rows of this client have sample_weight 0"
                        r".*give some of them a positive weight, or leave this site out"):
         Worker(_cfg(), X, y, client_index=0, sample_weight=np.zeros(12))
+
+
+def test_a_dp_bootstrap_caps_every_rows_multiplicity_in_every_tree() -> None:
+    """dp.max_multiplicity bounds each (tree, row) multiplicity of the DP bootstrap: the
+    noise is calibrated to it (a row drawn 5 times under a cap of 4 gets too little)."""
+    prof = load_profile("secure-dp", epsilon=1.0).to_dict()
+    cap = int(prof["dp"]["max_multiplicity"])
+    cfg = _cfg(n_estimators=8, profile=prof,
+               feature_bounds=((-5.0, 5.0),) * 3, target_bound=1.0)
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 3))
+    y = (X[:, 0] > 0).astype(float)
+    _, _, w = tree_pairs(cfg, 300, np.random.default_rng(7), keys=row_keys(X, y))
+    assert int(w.max()) == cap  # 2,400 Poisson(1) draws: some reach the cap, none pass it
+
+
+def test_clients_of_equal_size_draw_their_bootstraps_independently() -> None:
+    """Two clients of 100 rows each: each client's seed is its own, so their trees'
+    multiplicity patterns (in each client's canonical row order) differ."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3))
+    y = X[:, 0] + rng.normal(size=200)
+    cfg = _cfg(n_clients=2, n_estimators=5)
+    patterns = []
+    for k in (0, 1):
+        Xk, yk = X[k * 100:(k + 1) * 100], y[k * 100:(k + 1) * 100]
+        w = Worker(cfg, Xk, yk, client_index=k, seed=client_seed(cfg, k))
+        m = np.zeros((cfg.n_estimators, 100), dtype=np.int64)
+        m[w._p_node, w._p_row] = w._p_w
+        patterns.append(m[:, canonical_order(Xk, yk)])
+    assert (patterns[0] != patterns[1]).mean() > 0.2
