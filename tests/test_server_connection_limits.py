@@ -1,10 +1,13 @@
 """What the real server (run_server: mutual TLS, on 127.0.0.1) does with connections that
-hold it: a connection that does not finish its TLS handshake is closed after TLS_HANDSHAKE_S
-(server_app/event_loop.py). The limits are shortened for the tests."""
+hold it or flood its log: a connection that does not finish its TLS handshake is closed after
+TLS_HANDSHAKE_S (server_app/event_loop.py); a body refused or cut short by its client, repeated,
+is logged once per LOG_EVERY_S with the site's name and the count left out
+(server_app/limits.py). The limits are shortened for the tests."""
 
 from __future__ import annotations
 
 import io
+import re
 import socket
 import ssl
 import threading
@@ -17,7 +20,7 @@ import uvicorn
 from ports import free_port
 
 from fedforest_secure.pki import DevPKI
-from server_app import event_loop
+from server_app import event_loop, limits
 from server_app.auth import add_client
 from server_app.db import Database
 from server_app.serve import run_server
@@ -135,4 +138,43 @@ def test_a_connection_that_does_not_finish_its_tls_handshake_is_closed_after_the
         waited = _closed_after(sock, 5 * HANDSHAKE_S)
     assert waited is not None, "the server kept the connection"
     assert waited > 0.8 * HANDSHAKE_S  # and not before
+
+
+def test_a_site_whose_bodies_are_cut_short_again_and_again_is_logged_once_a_minute(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five POSTs whose connections close half-way through their bodies: one client_gone line
+    naming the site; the next, a minute later, says how many were left out."""
+    path = "/v1/jobs/job-a/rounds/0/secagg/advert"
+    head = b"Content-Type: application/json\r\nContent-Length: 400\r\n"
+    for _ in range(5):
+        server.post(path, head, b'{"sender": 0, "keys', cut=True)
+    server.settle()  # each of the five was read until its client left
+    said = server.wait_lines("client_gone", 1)
+    assert len(said) == 1, said
+    assert re.search(rf"event=client_gone path={path} client=client-0 method=POST reason=", said[0])
+    assert "repeated" not in said[0]
+    monkeypatch.setattr(limits, "LOG_EVERY_S", 0.0)  # a minute later
+    server.post(path, head, b"{", cut=True)
+    said = server.wait_lines("client_gone", 2)
+    assert len(said) == 2 and said[1].endswith(" repeated=4"), said
+
+
+def test_a_site_whose_bodies_are_refused_again_and_again_is_logged_once_a_minute(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three chunked bodies past the 64 KiB of /join: each answered 413, one body_refused line
+    naming the site; the next, a minute later, says how many were left out."""
+    chunked = b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    body = b"10000\r\n" + b" " * 0x10000 + b"\r\n1\r\n \r\n0\r\n\r\n"  # 64 KiB + 1
+    path = "/v1/jobs/job-a/join"
+    for _ in range(3):
+        assert server.post(path, chunked, body).startswith(b"HTTP/1.1 413 ")
+    server.settle()
+    said = server.wait_lines("body_refused", 1)
+    assert len(said) == 1, said
+    assert re.search(rf"event=body_refused path={path} client=client-0 method=POST status=413 "
+                     "code=too_large reason=", said[0]), said
+    monkeypatch.setattr(limits, "LOG_EVERY_S", 0.0)  # a minute later
+    assert server.post(path, chunked, body).startswith(b"HTTP/1.1 413 ")
+    said = server.wait_lines("body_refused", 2)
+    assert len(said) == 2 and said[1].endswith(" repeated=2"), said
 
