@@ -76,7 +76,6 @@ from .db import ClientRow, Database
 from .errors import ApiError, upload_error
 from .lease import LeaseLost, ServerLease
 from .limits import (
-    BODY_REFUSED,
     DATABASE_UNAVAILABLE,
     NOT_SERVING,
     BodyLimits,
@@ -154,16 +153,14 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
     try:
         return await _read_body_chunks(request, length, limit)
     except ClientDisconnect:
-        raise _gone(request) from None
+        raise _gone() from None
 
 
-def _gone(request: Request) -> ApiError:
-    """A client whose connection closed before its body was complete: logged as the
-    client's failure (a warning, no traceback), and refused. A body the transport layer
-    refused (stalled, too large) reads as a disconnect too: that layer logged it already."""
-    if not request.scope.get(BODY_REFUSED):
-        event("client_gone", logging.WARNING, method=request.method, path=request.url.path,
-              reason="the connection closed before the body was complete")
+def _gone() -> ApiError:
+    """A client whose connection closed before its body was complete: refused, and logged
+    by the transport layer as the client's failure (``client_gone``: a warning, no
+    traceback). A body that layer refused (stalled, too large) reads as a disconnect too:
+    it logged why (``body_refused``)."""
     return ApiError(400, "client_disconnected", "the connection closed before the body was "
                     "complete")
 
@@ -397,7 +394,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 if len(body) > JSON_MAX:
                     raise ApiError(413, "too_large", f"messages are at most {JSON_MAX} bytes")
         except ClientDisconnect:
-            raise _gone(request) from None
+            raise _gone() from None
         return bytes(body)
 
     for _kind in ("advert", "shares", "signature", "unmask"):

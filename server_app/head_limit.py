@@ -1,5 +1,6 @@
 """A request's line and headers take at most :data:`MAX_HEAD_BYTES`, and so do a chunked body's
-trailer fields and the framing between two of its chunks.
+trailer fields and the framing between two of its chunks; at most :data:`MAX_PIPELINED` requests
+wait on one connection.
 
 uvicorn's httptools protocol bounds none of them, and it (with httptools) builds the URL and
 each header or trailer field by appending every piece it receives, on the server's only event
@@ -19,10 +20,18 @@ protocol :func:`http_protocol` gives counts, for each request:
   then its answer ends the connection) and closes the connection; the app, if it is still
   reading the body, sees the client leave.
 
+It also bounds the requests that wait on one connection (pipelined: sent before the answer to
+the one in progress): uvicorn queues each one, with its headers, and reads on after every
+answer, so a client that sends request after request and reads no answer would make the server
+hold them without limit. Once :data:`MAX_PIPELINED` wait, the next is answered 429
+``too_many_pipelined`` (after the answers to those before it) and the connection closed:
+nothing after it is served. No site's client pipelines: it sends a request when the previous
+one on the connection has its answer.
+
 Both are counted by reads: a read that holds nothing but the current request's head (or tail
 and body) counts whole (its body bytes left out); of a read that also holds another request,
 or the end of the head and the start of the tail, the request's bytes are left out. So a head
-or tail that never ends is refused at most one read past the limit. A 431 waits for the
+or tail that never ends is refused at most one read past the limit. A refusal waits for the
 responses to the requests before it on the connection, which are served; nothing after it is
 parsed (under TLS the closing connection discards what still arrives, until the peer ends it or
 for 30 s, the event loop's TLS shutdown timeout). No request is upgraded (to a WebSocket): the
@@ -36,34 +45,49 @@ import asyncio
 import json
 from typing import Any
 
-__all__ = ["MAX_HEAD_BYTES", "http_protocol"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_PIPELINED", "http_protocol"]
 
 #: the most bytes a request's line and headers may take (h11 allows 16 KiB, nginx 8 KiB per
 #: line); a site's requests send a few hundred. Also the most a chunked body's trailer fields,
 #: or its framing between two chunks, may take.
 MAX_HEAD_BYTES = 64 << 10
 
+#: the most requests that may wait on one connection behind the one in progress (a site's
+#: client sends none: it waits for each answer)
+MAX_PIPELINED = 8
 
-def _refusal(error: str, detail: str) -> bytes:
-    return json.dumps({"error": error, "detail": detail}).encode()
+#: a refusal's status line and JSON body
+_Refusal = tuple[bytes, bytes]
 
 
+def _refusal(status: bytes, error: str, detail: str) -> _Refusal:
+    body = json.dumps({"error": error, "detail": detail}).encode()
+    return b"HTTP/1.1 " + status + b"\r\n", body
+
+
+_HEADER_FIELDS_TOO_LARGE = b"431 Request Header Fields Too Large"
 _HEAD_TOO_LARGE = _refusal(
-    "head_too_large",
+    _HEADER_FIELDS_TOO_LARGE, "head_too_large",
     f"the request line and headers take more than {MAX_HEAD_BYTES} bytes, the most this server "
     "reads: send a shorter URL and fewer or shorter headers")
 _TRAILER_TOO_LARGE = _refusal(
-    "trailer_too_large",
+    _HEADER_FIELDS_TOO_LARGE, "trailer_too_large",
     f"the chunked body's trailer fields, or its framing between two chunks, take more than "
     f"{MAX_HEAD_BYTES} bytes, the most this server reads: send fewer or shorter trailer fields "
     "and no chunk extensions, or the body with a Content-Length")
+_TOO_MANY_PIPELINED = _refusal(
+    b"429 Too Many Requests", "too_many_pipelined",
+    f"more than {MAX_PIPELINED} requests waited on this connection for the answer to the one "
+    "before them, the most this server queues: send each request once the previous one has "
+    "its answer, or use more connections")
 
 
 def http_protocol() -> type[asyncio.Protocol]:
     """The HTTP protocol class the server runs: uvicorn's httptools protocol with the limit;
     uvicorn's h11 protocol where httptools is not installed, whose limit the server's
     ``uvicorn.Config(h11_max_incomplete_event_size=MAX_HEAD_BYTES)`` sets (h11 counts a
-    trailer section like a head)."""
+    trailer section like a head; it stops reading while a request is in progress, so queues
+    none)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn[standard] brings httptools: only a hand-made install lacks it
@@ -85,7 +109,8 @@ class _NoUpgradeWarning:
 def head_limited(base: type[Any]) -> type[Any]:
     """A subclass of uvicorn's httptools protocol ``base`` that answers 431 to a request whose
     line and headers, or whose trailer fields or framing between two chunks, take more than
-    :data:`MAX_HEAD_BYTES`, and closes its connection."""
+    :data:`MAX_HEAD_BYTES`, and 429 to one that would wait behind :data:`MAX_PIPELINED` others,
+    and closes its connection."""
 
     class HeadLimitProtocol(_NoUpgradeWarning, base):  # type: ignore[misc]
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -100,8 +125,8 @@ def head_limited(base: type[Any]) -> type[Any]:
             self._begun = 0  # requests begun during the current read
             self._body_read = 0  # body bytes given to the app during the current read
             self._chunk_began = False  # a chunk began during the current read
-            self._refused = False  # a request is refused: its 431 is sent or waits its turn
-            self._answer: bytes | None = None  # the refusal's body; None: the close alone
+            self._refused = False  # a request is refused: its refusal is sent or waits its turn
+            self._answer: _Refusal | None = None  # the refusal; None: the close alone
 
         def data_received(self, data: bytes) -> None:
             if self._refused:
@@ -149,6 +174,9 @@ def head_limited(base: type[Any]) -> type[Any]:
             if size > MAX_HEAD_BYTES:
                 self._refuse(_HEAD_TOO_LARGE)
                 return
+            if len(self.pipeline) >= MAX_PIPELINED:  # this one would wait behind as many
+                self._refuse(_TOO_MANY_PIPELINED)
+                return
             self._tail = 0
             super().on_headers_complete()
 
@@ -193,10 +221,10 @@ def head_limited(base: type[Any]) -> type[Any]:
             cycle.message_event.set()  # a read of the body waiting for more returns
             self._refuse(_TRAILER_TOO_LARGE)
 
-        def _refuse(self, answer: bytes | None) -> None:
+        def _refuse(self, answer: _Refusal | None) -> None:
             self._refused, self._head, self._tail, self._answer = True, None, None, answer
             if self._responses_pending():
-                self.flow.pause_reading()  # the 431 follows the responses before it
+                self.flow.pause_reading()  # the refusal follows the responses before it
             else:
                 self._send_refusal()
 
@@ -204,13 +232,14 @@ def head_limited(base: type[Any]) -> type[Any]:
             if self.transport.is_closing():
                 return
             if self._answer is not None:
-                head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
+                status, body = self._answer
+                head = [status]
                 head += [name + b": " + value + b"\r\n"
                          for name, value in self.server_state.default_headers]
                 head += [b"content-type: application/json\r\n",
-                         b"content-length: %d\r\n" % len(self._answer),
+                         b"content-length: %d\r\n" % len(body),
                          b"connection: close\r\n\r\n"]
-                self.transport.write(b"".join(head) + self._answer)
+                self.transport.write(b"".join(head) + body)
             self.transport.close()
 
     HeadLimitProtocol.__name__ = f"HeadLimit{base.__name__}"

@@ -16,7 +16,10 @@
   (:mod:`server_app.lease`), every request is a 503 ``not_serving`` (:class:`NotServing`):
   this server stops, and the sites retry.
 
-Every refusal is a JSON body ``{"error": code, "detail": ...}`` with ``Connection: close``.
+Every refusal is a JSON body ``{"error": code, "detail": ...}`` with ``Connection: close``. The
+refusals of a token or of a site past its requests in progress, a body refused, and a body its
+client cut short (its connection closed) are logged with the site's name, each once per
+:data:`LOG_EVERY_S` for the same event and fields: a client cannot fill the log.
 """
 
 from __future__ import annotations
@@ -40,8 +43,7 @@ from .lease import ServerLease
 from .logs import event
 from .tls_identity import PeerNames
 
-__all__ = ["BODY_REFUSED", "MAX_IN_FLIGHT", "NOT_SERVING", "BodyLimits", "NotServing",
-           "TransportLimits"]
+__all__ = ["MAX_IN_FLIGHT", "NOT_SERVING", "BodyLimits", "NotServing", "TransportLimits"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -75,12 +77,8 @@ class BodyLimits:
 MAX_IN_FLIGHT = 32
 
 #: seconds between two log lines of the same refusal (a refused token, a site past its requests
-#: in progress at once: the event and its fields)
+#: in progress at once, a body refused or cut short by its client: the event and its fields)
 LOG_EVERY_S = 60.0
-
-#: set in a request's scope when this layer refused its body (and logged why): the route's
-#: read then ends in a disconnect that is not the client's
-BODY_REFUSED = "fedforest.body_refused"
 
 
 #: what a request that meets an outage of the server's database is answered (503)
@@ -150,10 +148,11 @@ class TransportLimits:
             return
         path = str(scope.get("path", ""))
         site: int | None = None
+        client: str | None = None  # the token's site; else the certificate's name, if any
         try:
             if path.startswith("/v1/"):
                 row = await self._authenticate(scope)
-                site = int(row.id)
+                site, client = int(row.id), str(row.name)
                 if self._in_flight.get(site, 0) >= self.max_in_flight:
                     self._log_limited("too_many_requests", scope, client=row.name,
                                       in_flight=str(self.max_in_flight))
@@ -171,6 +170,8 @@ class TransportLimits:
         except _Refused as exc:
             await _refuse(send, exc.status, exc.code, exc.detail)
             return
+        if client is None:
+            client = self._peer(scope)
         state = {"started": False, "refused": False}
 
         async def guarded_send(message: Message) -> None:
@@ -185,18 +186,19 @@ class TransportLimits:
             # was cut off (FastAPI would turn any error in its body read into a 400)
             if not state["started"] and not state["refused"]:
                 state["refused"] = True
-                # logged here with its reason; the route then sees a disconnect, which it
-                # does not log again as a connection closed (BODY_REFUSED)
-                scope[BODY_REFUSED] = True
-                event("body_refused", logging.WARNING, method=scope.get("method"), path=path,
-                      status=exc.status, code=exc.code, reason=exc.detail)
+                # logged here with its reason; the route then sees a disconnect, which is not
+                # logged again as a connection closed (client_gone)
+                self._log_limited("body_refused", scope, client=client,
+                                  method=scope.get("method"), status=str(exc.status),
+                                  code=exc.code, reason=exc.detail)
                 await _refuse(send, exc.status, exc.code, exc.detail)
             return {"type": "http.disconnect"}
 
         if site is not None:
             self._in_flight[site] = self._in_flight.get(site, 0) + 1
         try:
-            await self.app(scope, self._counting(receive, limit, refuse_now), guarded_send)
+            await self.app(scope, self._counting(scope, client, receive, limit, refuse_now),
+                           guarded_send)
         except Exception:
             if not state["refused"]:
                 raise
@@ -206,14 +208,17 @@ class TransportLimits:
                 if left:
                     self._in_flight[site] = left
 
-    def _counting(self, receive: Receive, limit: int,
+    def _counting(self, scope: Scope, client: str | None, receive: Receive, limit: int,
                   refuse_now: Callable[[_Refused], Awaitable[Message]]) -> Receive:
+        """``receive``, its body's bytes counted against ``limit`` and each chunk's wait against
+        the body timeout (a refusal: ``refuse_now``); a connection that closes before the
+        body's end is logged (``client_gone``)."""
         seen = 0
         timeout = self.body_timeout_s
-        cut = False
+        cut = ended = False
 
         async def counted() -> Message:
-            nonlocal seen, cut
+            nonlocal seen, cut, ended
             if cut:
                 return {"type": "http.disconnect"}
             try:
@@ -225,18 +230,25 @@ class TransportLimits:
                                                  f"body arrived for {timeout:g} s"))
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                ended = not message.get("more_body", False)
                 if seen > limit:
                     cut = True
                     return await refuse_now(_Refused(413, "too_large", f"this route takes "
                                                      f"bodies of at most {limit} bytes"))
+            elif message["type"] == "http.disconnect" and not ended:
+                ended = True  # the client's failure (a warning, no traceback): said once
+                self._log_limited("client_gone", scope, client=client,
+                                  method=scope.get("method"),
+                                  reason="the connection closed before the body was complete")
             return message
 
         return counted
 
     def _log_limited(self, name: str, scope: Scope, **fields: str | None) -> None:
-        """``event=<name>`` with ``fields``, once per :data:`LOG_EVERY_S` for the same
-        event and fields: a client repeating a refused request (a made-up token: anyone,
-        without mutual TLS) does not fill the log; the next line says how many were left out
+        """``event=<name>`` with the request's path and ``fields``, once per
+        :data:`LOG_EVERY_S` for the same event and fields (whatever the path): a client
+        repeating a refused request (a made-up token: anyone, without mutual TLS), or one cut
+        short, does not fill the log; the next line says how many were left out
         (``repeated``)."""
         key = ((" event", name), *sorted(fields.items()))
         now = time.monotonic()

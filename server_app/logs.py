@@ -4,10 +4,11 @@
 
 Events: ``startup``, ``shutdown``, ``job_started``, ``join``, ``declined``, ``round`` (a round
 closed), ``drop``, ``client_gone`` (a site's connection closed before its body was
-complete), ``body_refused`` (a body that stalled past the body timeout, or too large),
-``too_many_requests`` (a site past its requests in progress at once),
-``auth_refused`` (a request with an unknown or revoked token, or a token over another
-site's certificate: both names), ``job_done``, ``job_failed``, ``resume``, ``error`` (a
+complete), ``body_refused`` (a body that stalled past the body timeout, or too large), both
+naming the site (``client``), ``too_many_requests`` (a site past its requests in progress at
+once), ``auth_refused`` (a request with an unknown or revoked token, or a token over another
+site's certificate: both names) (these four, repeated with the same fields, once a minute:
+:class:`~server_app.limits.TransportLimits`), ``job_done``, ``job_failed``, ``resume``, ``error`` (a
 request failed), ``close_error`` (closing a round failed: the job stops),
 ``database_unavailable`` and ``database_available`` (an outage of the server's database began;
 it answers again, and the open rounds' deadlines run again from then), ``server_stalled``

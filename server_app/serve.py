@@ -24,6 +24,7 @@ from .app import create_app
 from .audit_hook import AuditSink, open_audit
 from .audit_outbox import AuditPending, first_queued
 from .db import AuditedJobRow, Database, JobRow
+from .event_loop import LOOP
 from .head_limit import MAX_HEAD_BYTES, http_protocol
 from .idle import protocol_with_idle_limit
 from .lease import LeaseLost, ServerLease
@@ -124,6 +125,10 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
         # (its certificate name, its idle watch); an Upgrade request is an ordinary request
         ws="none",
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # where httptools is missing
+        # uvloop (or asyncio) with a TLS handshake timeout: a connection that does not finish
+        # its handshake, which the idle watch above does not see yet, is closed after
+        # TLS_HANDSHAKE_S (server_app/event_loop.py), not the loop's default 60 s
+        loop=LOOP,
         ssl_certfile=str(tls.cert) if tls is not None else None,
         ssl_keyfile=str(tls.key) if tls is not None else None,
         ssl_ca_certs=str(client_ca) if client_ca is not None else None,

@@ -1,7 +1,8 @@
 """A request line and headers past MAX_HEAD_BYTES, and a chunked body's trailer fields or framing
-between two chunks past it, get a 431 and the connection is closed before the rest is read
-(server_app/head_limit.py): on the real server (a process on 127.0.0.1, TLS with client
-certificates), and on uvicorn in this process for bodies and pipelining."""
+between two chunks past it, get a 431 and the connection is closed before the rest is read; a
+request that would wait behind MAX_PIPELINED others on its connection gets a 429 and the
+connection is closed (server_app/head_limit.py): on the real server (a process on 127.0.0.1,
+TLS with client certificates), and on uvicorn in this process for bodies and pipelining."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from threaded_server import serving
 
 from fedforest_cli.simulate import start_server, wait_healthy, write_server_config
 from fedforest_secure.pki import init_dev_pki
-from server_app.head_limit import MAX_HEAD_BYTES
+from server_app.head_limit import MAX_HEAD_BYTES, MAX_PIPELINED
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +35,11 @@ TRAILER_REFUSAL = {
     "detail": "the chunked body's trailer fields, or its framing between two chunks, take more "
               f"than {MAX_HEAD_BYTES} bytes, the most this server reads: send fewer or shorter "
               "trailer fields and no chunk extensions, or the body with a Content-Length"}
+PIPELINE_REFUSAL = {
+    "error": "too_many_pipelined",
+    "detail": f"more than {MAX_PIPELINED} requests waited on this connection for the answer to "
+              "the one before them, the most this server queues: send each request once the "
+              "previous one has its answer, or use more connections"}
 #: a request for a WebSocket with ~80 KiB of complete headers
 BIG_UPGRADE = (b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -174,6 +180,33 @@ def test_a_pipelined_request_before_a_refused_head_is_answered_first(
     status, _, body = conn.response()
     assert (status, json.loads(body)["status"]) == (200, "ok")
     _refused(conn)
+
+
+def test_requests_pipelined_past_the_cap_are_refused_429_and_the_connection_closed(
+        server: Server, opened: Opened) -> None:
+    """A client with a certificate and no token sends 200 requests at once and reads nothing
+    until it has sent them: the one in progress and the MAX_PIPELINED waiting behind it are
+    answered, the next one 429, and nothing after it (the server queues no more)."""
+    conn = _tls(server, opened)
+    conn.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 200)
+    for _ in range(1 + MAX_PIPELINED):
+        status, _, body = conn.response()
+        assert (status, json.loads(body)["status"]) == (200, "ok")
+    status, headers, body = conn.response()
+    assert (status, headers.get("connection"), json.loads(body)) == (429, "close",
+                                                                  PIPELINE_REFUSAL)
+    assert conn.closed()
+
+
+def test_requests_pipelined_up_to_the_cap_are_all_answered_and_the_connection_kept(
+        server: Server, opened: Opened) -> None:
+    conn = _tls(server, opened)
+    for _ in range(2):
+        conn.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * (1 + MAX_PIPELINED))
+        for _ in range(1 + MAX_PIPELINED):
+            status, headers, body = conn.response()
+            assert (status, json.loads(body)["status"]) == (200, "ok")
+            assert headers.get("connection") != "close"
 
 
 def test_a_never_ending_trailer_field_ends_the_connection(
