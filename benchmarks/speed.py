@@ -75,8 +75,9 @@ def _contender(text: str) -> str:
     return text
 
 
-def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool) -> None:
-    X, y, h = _data(n, 20, 10)
+def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool, d: int = 20
+           ) -> None:
+    X, y, h = _data(n, d, 10)
     if "-numpy" in contender:  # read when fedforest_secure is first imported, below
         os.environ["FEDFOREST_NUMPY_KERNELS"] = "1"
         contender = contender.replace("-numpy", "")
@@ -99,7 +100,7 @@ def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool) -> Non
                                n_jobs=n_jobs).fit(X, y, client=h)
 
     if warm_up:  # one unmeasured fit on 1,000 other rows: per-process start-up left out
-        fit(*_data(1000, 20, 10, seed=1))
+        fit(*_data(1000, d, 10, seed=1))
     cpu0 = _cpu()
     t0 = time.perf_counter()
     fit(X, y, h)
@@ -115,10 +116,10 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool
+def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool, d: int = 20
              ) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", contender, "--sizes", str(n),
-                          "--trees", str(trees), "--depth", str(depth)]
+                          "--trees", str(trees), "--depth", str(depth), "--features", str(d)]
                          + (["--warm-up"] if warm_up else []),
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=at_least(1), default=1)
     ap.add_argument("--trees", type=int, default=50)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--features", type=at_least(4), default=20,
+                    help="d, the columns of the synthetic data (the target uses the first 4)")
     ap.add_argument("--warm-up", action="store_true",
                     help="each child first fits its contender once on 1,000 other rows, "
                          "unmeasured: per-process start-up (FedForest: loading its compiled "
@@ -144,10 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _child(args.child, args.sizes[0], args.trees, args.depth, args.warm_up)
+        _child(args.child, args.sizes[0], args.trees, args.depth, args.warm_up, args.features)
         return
     base = args.contenders[0]
-    print(f"T={args.trees} depth={args.depth} d=20 K=10; median of {args.repeat}; "
+    print(f"T={args.trees} depth={args.depth} d={args.features} K=10; median of {args.repeat}; "
           f"ratios against {base}; {'after a warm-up fit; ' if args.warm_up else ''}"
           f"{_state()}; load {_load()}")
     print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'cpu s':>8} {'peak MiB':>9} {'time x':>7} "
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
         for _ in range(args.repeat):
             for c in args.contenders:  # alternate contenders within each repetition
-                runs[c].append(_measure(c, n, args.trees, args.depth, args.warm_up))
+                runs[c].append(_measure(c, n, args.trees, args.depth, args.warm_up,
+                                        args.features))
         med = {c: {k: statistics.median(r[k] for r in runs[c])
                    for k in ("seconds", "cpu", "peak_mib")} for c in args.contenders}
         for c in args.contenders:
