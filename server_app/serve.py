@@ -91,7 +91,8 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     client_ca = tls.client_ca if tls is not None else None
     peer_names: PeerNames | None = None
     # a connection that asks nothing (no request, or headers stopped half-way) is closed too,
-    # not only one idle after a response: a site cannot hold the server's descriptors; and a
+    # not only one idle after a response, and so is one whose client takes none of its answer:
+    # a site cannot hold the server's descriptors (a slow reader keeps its own); and a
     # request line and headers, or a chunked body's trailer fields, past MAX_HEAD_BYTES get a
     # 431 (server_app/head_limit.py)
     http: type[asyncio.Protocol] = protocol_with_idle_limit(http_protocol(), KEEP_ALIVE_S)

@@ -1,7 +1,7 @@
 """A connection that asks the server nothing is closed; one whose request is being served is
-not; one whose answers its client does not read is dropped (server_app/idle.py), on a real
-uvicorn server on 127.0.0.1 (over TLS, with the server's HTTP protocol and event loop, where
-answers go unread)."""
+not, nor one whose client reads its answer, however slowly; one whose answers its client does
+not read is dropped (server_app/idle.py), on a real uvicorn server on 127.0.0.1 (for answers:
+with the server's HTTP protocol and event loop, over TLS and over plain HTTP)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -112,41 +113,83 @@ def test_a_connection_busy_with_one_short_request_after_another_stays_open(port:
         assert answered >= 15
 
 
-# ------------------------------------------------------------ answers the client does not read
-Tls = tuple[Any, int, ssl.SSLContext]  # the uvicorn server, its port, a client's TLS context
+# ---------------------------------------------------------- answers read slowly, or not at all
+#: seconds a closed TLS connection waits for its client before it is ended: the event loop's
+#: 30 s scaled down as LIMIT is, so that an answer cut by it is cut within the test
+TLS_SHUTDOWN_S = LIMIT
+#: seconds past 4/3 of the limit within which a connection due to be dropped is (a loaded machine)
+SLACK = 2 * LIMIT
 
 
-@pytest.fixture
-def tls(dev_pki: DevPKI) -> Iterator[Tls]:
-    """The server's HTTP protocol (head limit, idle limit) and event loop over TLS."""
+def _server_loop() -> asyncio.AbstractEventLoop:
+    """The server's event loop (server_app/event_loop.py), its TLS shutdown timeout
+    :data:`TLS_SHUTDOWN_S`."""
+    from server_app.event_loop import new_event_loop
+
+    loop = new_event_loop()
+    create_server = loop.create_server
+
+    async def create_server_with_short_shutdown(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("ssl") is not None:
+            kwargs["ssl_shutdown_timeout"] = TLS_SHUTDOWN_S
+        return await create_server(*args, **kwargs)
+
+    loop.create_server = create_server_with_short_shutdown  # type: ignore[method-assign]
+    return loop
+
+
+@dataclass
+class Served:
+    """A server with the server's HTTP protocol and event loop, over TLS or plain HTTP."""
+
+    server: Any  # uvicorn's
+    port: int
+    tls: ssl.SSLContext | None  # a client's TLS context; None over plain HTTP
+
+    def connect(self, receive_buffer: int) -> socket.socket:
+        """A connection whose client takes at most ``receive_buffer`` bytes it has not read."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", self.port))
+        if self.tls is None:
+            return sock
+        return self.tls.wrap_socket(sock, server_hostname="127.0.0.1")
+
+    def connections(self) -> int:
+        """The connections the server holds (uvicorn's count: made and not lost)."""
+        return len(self.server.server_state.connections)
+
+    def wait_for_connection(self) -> None:
+        """Until the server has the connection (over TLS, its handshake ends on its side)."""
+        deadline = time.monotonic() + 5
+        while not self.connections():
+            assert time.monotonic() < deadline, "the server never had the connection"
+            time.sleep(0.01)
+
+
+@pytest.fixture(params=["tls", "plain"])
+def served(request: pytest.FixtureRequest, dev_pki: DevPKI) -> Iterator[Served]:
+    """The server's HTTP protocol (head limit, idle limit), event loop and keep-alive timeout
+    (the idle limit), over TLS or over plain HTTP (as with --insecure-dev)."""
     import uvicorn
 
-    from server_app.event_loop import LOOP
     from server_app.head_limit import http_protocol
     from server_app.idle import protocol_with_idle_limit
 
+    over_tls = request.param == "tls"
     chosen = free_port()
     config = uvicorn.Config(_app, host="127.0.0.1", port=chosen, log_level="warning",
                             http=protocol_with_idle_limit(http_protocol(), LIMIT),
-                            timeout_keep_alive=60, lifespan="off", loop=LOOP,
-                            ssl_certfile=str(dev_pki.server_cert),
-                            ssl_keyfile=str(dev_pki.server_key))
-    ctx = ssl.create_default_context(cafile=str(dev_pki.ca_cert))
+                            timeout_keep_alive=LIMIT, lifespan="off", loop=_server_loop,
+                            ssl_certfile=str(dev_pki.server_cert) if over_tls else None,
+                            ssl_keyfile=str(dev_pki.server_key) if over_tls else None)
+    ctx = ssl.create_default_context(cafile=str(dev_pki.ca_cert)) if over_tls else None
     with serving(config) as server:
-        yield server, chosen, ctx
+        yield Served(server, chosen, ctx)
 
 
-def _tls_connect(tls: Tls, receive_buffer: int | None = None) -> ssl.SSLSocket:
-    _, port, ctx = tls
-    sock = socket.socket()
-    if receive_buffer is not None:  # a client that reads little fills its buffer soon
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.settimeout(10)
-    sock.connect(("127.0.0.1", port))
-    return ctx.wrap_socket(sock, server_hostname="127.0.0.1")
-
-
-def _read_all(sock: ssl.SSLSocket) -> int:
+def _read_all(sock: socket.socket) -> int:
     """The bytes ``sock`` receives until the server ends or drops the connection."""
     got = 0
     try:
@@ -157,45 +200,83 @@ def _read_all(sock: ssl.SSLSocket) -> int:
     return got
 
 
-def _connections(server: Any) -> int:
-    """The connections the server holds (uvicorn's count: made and not lost)."""
-    return len(server.server_state.connections)
+def _read_body_slowly(sock: socket.socket, size: int, seconds: float) -> int:
+    """The body bytes of an answer of ``size`` bytes that ``sock`` receives, read at a steady
+    rate that takes about ``seconds`` for the whole, until the server ends or drops the
+    connection."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = sock.recv(4096)
+        assert part, "the server closed the connection before its answer"
+        head += part
+    head, body = head.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    got = len(body)
+    try:
+        while got < size and (part := sock.recv(1 << 16)):
+            got += len(part)
+            time.sleep(seconds * len(part) / size)
+    except (ConnectionResetError, ssl.SSLError):
+        pass
+    return got
 
 
-def test_a_connection_whose_answers_are_not_read_is_dropped(tls: Tls) -> None:
-    """Three answers of 4 MiB asked at once, none read: the writes pause behind the first, the
-    third request stays in progress, and the server drops the connection after the limit
-    (without it, the connection would be held as long as its client keeps it)."""
-    server = tls[0]
-    with _tls_connect(tls, receive_buffer=4096) as sock:
-        sock.sendall(b"GET /big?4 HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
-        deadline = time.monotonic() + 5
-        while not _connections(server):  # its handshake ends on the server's side
-            assert time.monotonic() < deadline, "the server never had the connection"
+def _ask(sock: socket.socket) -> bytes:
+    """The start of the answer to ``GET /`` on ``sock``; b"" if the server closed it."""
+    try:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        return sock.recv(4096)
+    except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+        return b""
+
+
+def test_a_large_answer_read_slowly_arrives_whole_and_its_connection_serves_on(
+        served: Served) -> None:
+    """A client that reads an answer of 16 MiB steadily over about five times the limit (its
+    receive buffer small: the server has most of the answer still to send when the idle limit,
+    and uvicorn's keep-alive timeout, pass after the answer was written) gets all of it, and
+    the answer to its next request on the connection: its client reading is not idling, nor
+    stalling."""
+    size = 16 * MB
+    with served.connect(receive_buffer=1 << 16) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /big?16 HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = _read_body_slowly(sock, size, 5 * LIMIT)
+        assert got == size, f"the server ended the connection after {got} of {size} bytes"
+        assert time.monotonic() - started > 3 * LIMIT, "read faster than the test means to"
+        assert _ask(sock).startswith(b"HTTP/1.1 200"), "the server closed the connection"
+
+
+@pytest.mark.parametrize("connection", [b"keep-alive", b"close"])
+def test_a_connection_whose_answer_is_not_read_is_dropped_after_the_limit(
+        served: Served, connection: bytes) -> None:
+    """A client that asks for 16 MiB and reads nothing: its peer takes no byte once the buffers
+    are full, and the server drops the connection between the limit and about 4/3 of it after
+    (without that, the connection would be held as long as its client keeps it), closing
+    after the answer (``Connection: close``: over plain HTTP the transport's close waits for
+    its buffer to be sent) or not."""
+    with served.connect(receive_buffer=4096) as sock:
+        served.wait_for_connection()
+        asked = time.monotonic()
+        sock.sendall(b"GET /big?16 HTTP/1.1\r\nHost: x\r\nConnection: " + connection
+                     + b"\r\n\r\n")
+        while served.connections() and time.monotonic() < asked + 4 * LIMIT / 3 + SLACK:
             time.sleep(0.01)
-        deadline = time.monotonic() + 6 * LIMIT
-        while _connections(server) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _connections(server) == 0, "the server still holds the connection"
+        took = time.monotonic() - asked
+        assert served.connections() == 0, f"the server still holds the connection ({took:.1f} s)"
+        assert took > 0.9 * LIMIT, f"dropped after {took:.2f} s, before the limit"
+        assert _read_all(sock) < 16 * MB  # what was not sent is dropped
+
+
+def test_a_connection_whose_pipelined_answers_are_not_read_is_dropped(served: Served) -> None:
+    """Three answers of 4 MiB asked at once, none read: the server's writes wait behind the
+    first, the third request stays in progress, and the server drops the connection after the
+    limit all the same."""
+    with served.connect(receive_buffer=4096) as sock:
+        served.wait_for_connection()
+        asked = time.monotonic()
+        sock.sendall(b"GET /big?4 HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        while served.connections() and time.monotonic() < asked + 4 * LIMIT / 3 + SLACK:
+            time.sleep(0.01)
+        assert served.connections() == 0, "the server still holds the connection"
         assert _read_all(sock) < 3 * 4 * MB  # what was not sent is dropped
-
-
-def test_a_large_answer_read_slowly_for_longer_than_the_limit_arrives_whole(tls: Tls) -> None:
-    """A client that reads an answer of 8 MiB over about four times the limit gets all of it:
-    reading, however slowly, is not stalling."""
-    server = tls[0]
-    with _tls_connect(tls, receive_buffer=1 << 16) as sock:
-        sock.sendall(b"GET /big?8 HTTP/1.1\r\nHost: x\r\n\r\n")
-        started, got = time.monotonic(), b""
-        while b"\r\n\r\n" not in got:
-            got += sock.recv(4096)
-        head, body = got.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 200")
-        size = len(body)
-        while size < 8 * MB:
-            part = sock.recv(1 << 16)
-            assert part, f"the server dropped the connection after {size} bytes"
-            size += len(part)
-            time.sleep(4 * LIMIT * len(part) / (8 * MB))  # about 4 LIMIT for the whole answer
-        assert time.monotonic() - started > 2 * LIMIT
-        assert _connections(server) == 1  # kept: the client may ask again
