@@ -94,9 +94,9 @@ class CandidateMethod(ABC):
         return self.reply_bytes(m)
 
     def reply_bytes(self, m: int) -> float:
-        """Memory per evaluated node of its histogram round: every client's reply and their
-        sum, all held at once where the replies are collected before they are added up
-        (``8 (K + 1)`` bytes per value). A reply holds per feature slot the statistics of
+        """Memory per evaluated node of its histogram round: a client's reply and the running
+        sum (``8 * 2`` bytes per value: the in-process federation adds the replies one by one,
+        in the clear or in the ring, as each client answers). A reply holds per feature slot the statistics of
         each of its ``max(B, L)`` bins (one more with missing values; ``L`` the most levels of a
         categorical feature; ``S`` values each: the class counts, or ``(n, sum y)``), or with
         AvgImp two values per candidate."""
@@ -107,7 +107,7 @@ class CandidateMethod(ABC):
             values = 2 * (2 * bt + 1 if miss else bt)
         else:  # hist_block / moments_block
             values = (bt + 1 + miss) * (2 if cfg.task == "regression" else cfg.n_stats)
-        return 8.0 * (cfg.n_clients + 1) * m * values
+        return 16.0 * m * values
 
     def plans_whole_level(self) -> bool:
         """Whether the candidates of a level are planned over all its nodes at once (then
