@@ -89,8 +89,25 @@ class CandidateMethod(ABC):
         return False
 
     def node_bytes(self, m: int) -> float:
-        """Estimated coordinator memory per evaluated node (the clients' sketches)."""
-        return 0.0
+        """Estimated memory per evaluated node of the state its rounds create besides the
+        clients' sorted orders: here the histogram round's replies (:meth:`reply_bytes`)."""
+        return self.reply_bytes(m)
+
+    def reply_bytes(self, m: int) -> float:
+        """Memory per evaluated node of its histogram round: a client's reply and the running
+        sum (``8 * 2`` bytes per value: the in-process federation adds the replies one by one,
+        in the clear or in the ring, as each client answers). A reply holds per feature slot the statistics of
+        each of its ``max(B, L)`` bins (one more with missing values; ``L`` the most levels of a
+        categorical feature; ``S`` values each: the class counts, or ``(n, sum y)``), or with
+        AvgImp two values per candidate."""
+        cfg = self.config
+        bt = max(cfg.n_bins - 1, max(cfg.levels, default=0) - 1)  # categorical_cuts' width
+        miss = int(cfg.has_missing)
+        if self.stats == "gain":  # gain_block
+            values = 2 * (2 * bt + 1 if miss else bt)
+        else:  # hist_block / moments_block
+            values = (bt + 1 + miss) * (2 if cfg.task == "regression" else cfg.n_stats)
+        return 16.0 * m * values
 
     def plans_whole_level(self) -> bool:
         """Whether the candidates of a level are planned over all its nodes at once (then
@@ -149,9 +166,8 @@ class Quantiles(CandidateMethod):
 
     def node_bytes(self, m: int) -> float:
         cfg = self.config
-        if self._client_sketches:
-            return 8.0 * cfg.n_clients * m * (cfg.n_bins + 1)
-        return 0.0
+        sketches = 8.0 * cfg.n_clients * m * (cfg.n_bins + 1) if self._client_sketches else 0.0
+        return sketches + self.reply_bytes(m)
 
     def plans_whole_level(self) -> bool:
         return self.policy.sketch == "secure_cdf"
@@ -308,6 +324,12 @@ class Exact(CandidateMethod):
     def sketch_request(self) -> SketchRequest:
         return SketchRequest({}, ("unique",))
 
+    def node_bytes(self, m: int) -> float:
+        # the candidates are the distinct values the sketch round discloses: how many, and so
+        # the histogram's width, is known only after that round; the sorted orders' share
+        # (``8 m n_nu``) bounds the groups
+        return 0.0
+
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:
         yield from ()
@@ -337,6 +359,9 @@ class RandomSplits(CandidateMethod):
     at the first level). Nothing is evaluated; :meth:`draw` replaces the candidates."""
 
     name = "random"
+
+    def node_bytes(self, m: int) -> float:
+        return 0.0  # no histogram round: nothing is evaluated
 
     def candidates(self, q: CandidateQuery, ask: AskRound
                    ) -> Generator[Task, Received, np.ndarray]:

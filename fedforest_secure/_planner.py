@@ -138,8 +138,11 @@ class NodeGrouping:
         A group holds at most ``max_nodes`` nodes and, estimated from the node totals, at most
         ``max_bytes`` of the state its rounds create: every client's sorted level order (at
         most one 8-byte entry per unit of weight and feature slot, so ``8 m n_nu`` over all
-        clients) and ``node_bytes`` per node (with quantile sketches, the coordinator's copy
-        of every client's sketch, ``8 K m (B + 1)``). A group has at least one node.
+        clients) and ``node_bytes`` per node (the candidate method's
+        :meth:`~fedforest_secure._candidates.CandidateMethod.node_bytes`: a client's
+        histogram reply and the running sum, ``16 m B S`` with S the class counts or
+        ``(n, sum y)``, and with quantile sketches the coordinator's copy of every client's
+        sketch, ``8 K m (B + 1)``). A group has at least one node.
         """
         E = ev.size
         if E == 0:

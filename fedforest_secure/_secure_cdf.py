@@ -140,6 +140,10 @@ class SecureCdfPlanner:
         if self.r >= 1:
             bnu = np.clip((n // self.r).astype(np.int64), 1, n_bins)
         self.bnu = bnu
+        #: B', the bins of the candidates' histogram: the largest B_nu of a row with a grid (at
+        #: least 2, at most B). No row has more than B_nu - 1 candidates: an n_bins above what
+        #: adaptive B allows pads no array, nor the histograms the clients sum
+        self.width = min(n_bins, max(2, int(bnu[self.active].max(initial=0))))
         self.max_rounds = max_rounds
         self.rounds = 0
         # MIN_CELL of the box's width without overflowing near the float maximum (halves
@@ -383,7 +387,7 @@ class SecureCdfPlanner:
         return self._picked
 
     def _pick(self) -> tuple[np.ndarray, np.ndarray]:
-        B = self.B
+        B = self.width  # every b >= B_nu is padding: b < B' covers a row's candidates
         W = self.edges.shape[1]
         total = self.counts.sum(axis=1)
         ok = self.active & (total > 0) & (self.bnu >= 2) & np.isfinite(self.edges).any(axis=1)
@@ -422,8 +426,9 @@ class SecureCdfPlanner:
         return rows, pick
 
     def candidates(self) -> np.ndarray:
-        """Thresholds (E, m, B - 1): the chosen cell edges, sorted and +inf padded."""
-        R, B = self.R, self.B
+        """Thresholds (E, m, B' - 1) (:attr:`width`): the chosen cell edges, sorted and +inf
+        padded."""
+        R, B = self.R, self.width
         out = np.full((R, max(B - 1, 0)), np.inf)
         rows, pick = self._picks()
         if rows.size:
@@ -433,12 +438,12 @@ class SecureCdfPlanner:
         return out.reshape(self.shape + (max(B - 1, 0),))
 
     def histogram(self) -> np.ndarray:
-        """Statistics (E, m, B, S) of the bins between the candidates (bin b holds
-        t_{b-1} < x <= t_b), summed from the cells' statistics (which this spends: call it
-        once, after the last round)."""
+        """Statistics (E, m, B', S) (:attr:`width`) of the bins between the candidates (bin b
+        holds t_{b-1} < x <= t_b), summed from the cells' statistics (which this spends: call
+        it once, after the last round)."""
         if self.stats is None:
             raise ValueError("the grid rounds carried counts only")
-        R, B = self.R, self.B
+        R, B = self.R, self.width
         S = self.stats.shape[2]
         out = np.zeros((R, B, S))
         out[:, 0] = self.stats.sum(axis=1)  # no candidate: every row in the first bin

@@ -76,8 +76,9 @@ class Coordinator(FusedLevels, RandomLevels):
         estimated state (see :meth:`~fedforest_secure._planner.NodeGrouping.groups`) exceeds
         this many bytes, is evaluated in groups of nodes (each within both limits): after the
         level's routing round (node totals), every group gets its own sketch round and
-        histogram round, so neither the clients' sorted orders nor the coordinator's copy of
-        their sketches scale with the whole level. The forest is identical; such a level takes
+        histogram round, so neither the clients' sorted orders, the coordinator's copy of
+        their sketches nor the histogram replies (whose size grows with the number of
+        classes) scale with the whole level. The forest is identical; such a level takes
         more rounds. Both None (the default, and what a deployment uses): one sketch and one
         histogram round per level. Ignored under DP and with the secure pooled-CDF sketch.
     total_rows : the number of rows over all clients, if known (the in-process driver knows

@@ -156,6 +156,42 @@ def test_round_bytes_bound_the_groups() -> None:
     assert len(seen) > cfg.max_depth  # some level had several groups
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(method="histogram"),
+                                dict(feature_kinds=("categorical",) + ("continuous",) * 3,
+                                     n_levels=(40, 0, 0, 0))])
+def test_many_classes_histogram_rounds_stay_within_the_round_bytes(kw: dict[str, Any]) -> None:
+    """A histogram reply holds every class's count per bin: with 40 classes a level's replies
+    are far above the budget although its sorted orders are not. The groups keep a client's
+    reply and the running sum within ``max_round_bytes``; the forest is the ungrouped one."""
+    C, K, cap = 40, 3, 300_000
+    cfg = _cfg(task="classification", n_classes=C, criterion="gini", n_clients=K,
+               n_estimators=8, max_depth=6, n_bins=16, **kw)
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(C, 4)) * 3
+    clients = []
+    for _ in range(K):
+        y = rng.integers(0, C, 150)
+        X = centers[y] + rng.normal(size=(150, 4))
+        X[:, 0] = np.round(np.abs(X[:, 0]) * 4) % 40 if kw.get("n_levels") else X[:, 0]
+        clients.append((X, y))
+    # (summed vector bytes, nodes) of every histogram round, ungrouped and within the budget
+    whole: list[tuple[int, int]] = []
+    sizes: list[tuple[int, int]] = []
+
+    def record(into: list[tuple[int, int]]) -> Any:
+        return lambda r: into.append((r.total.nbytes, r.task.arrays["nodes"].size)) \
+            if r.task.kind == TaskKind.HISTOGRAM else None
+
+    ref = run_in_process(cfg, clients, on_round=record(whole), max_round_bytes=None)
+    got = run_in_process(cfg, clients, on_round=record(sizes), max_round_bytes=cap)
+    assert _forest(got) == _forest(ref)
+    assert max(whole)[0] > 2 * cap  # a whole level's replies are over the budget
+    assert len(sizes) > len(whole)  # so such levels were evaluated in groups
+    # a reply and the running sum within the budget (a group has at least one node)
+    assert all(2 * b <= cap or n == 1 for b, n in sizes), max(sizes)
+    assert max(n for b, n in sizes) > 1
+
+
 # ---------------------------------------------------------------------- worker, one group
 
 
