@@ -96,10 +96,10 @@ class CandidateMethod(ABC):
     def reply_bytes(self, m: int) -> float:
         """Memory per evaluated node of its histogram round: a client's reply and the running
         sum (``8 * 2`` bytes per value: the in-process federation adds the replies one by one,
-        in the clear or in the ring, as each client answers). A reply holds per feature slot the statistics of
-        each of its ``max(B, L)`` bins (one more with missing values; ``L`` the most levels of a
-        categorical feature; ``S`` values each: the class counts, or ``(n, sum y)``), or with
-        AvgImp two values per candidate."""
+        in the clear or in the ring, as each client answers). A reply holds per feature slot
+        the statistics of each of its ``max(B, L)`` bins (one more with missing values; ``L``
+        the most levels of a categorical feature; ``S`` values each: the class counts, or
+        ``(n, sum y)``), or with AvgImp two values per candidate."""
         cfg = self.config
         bt = max(cfg.n_bins - 1, max(cfg.levels, default=0) - 1)  # categorical_cuts' width
         miss = int(cfg.has_missing)
