@@ -18,16 +18,19 @@ this limit nor uvicorn's keep-alive timeout closes it, while its peer acknowledg
 Linux, ``tcpi_bytes_acked`` of ``TCP_INFO``); it is aborted, what it has not sent dropped,
 once it has had bytes to send and none has been acknowledged for ``seconds``: a client that
 asks and never reads the answers cannot hold it, its request in progress or not. Once it has
-sent everything, the idle limit counts from then. A client that reads, however slowly, gets
-the whole answer, over TLS as over plain HTTP.
+sent everything, the idle limit counts from then. A client that keeps its connection alive
+and reads, however slowly, gets the whole answer, over TLS as over plain HTTP. An answer whose
+connection closes after it (the request said ``Connection: close``, or HTTP/1.0) is cut over
+TLS if it is still being read 30 s after the close began (the event loop's TLS shutdown
+timeout).
 
 Where the kernel does not tell (not Linux: no ``TCP_INFO`` or ``TIOCOUTQ``), the bytes to send
 are the transport's buffer and progress is that buffer's size changing: over plain HTTP the
 same holds; over TLS the buffer of the TCP transport under the TLS layer is not seen, so an
 answer counts as sent once the TLS layer has encrypted it: its connection is closed ``seconds``
 after it, and its TLS shutdown ends it at most 30 s later (the event loop's shutdown timeout),
-the answer cut if it is still being read. No connection whose client reads nothing is kept
-longer than on Linux.
+the answer cut if it is still being read. A connection whose client reads nothing is dropped
+as on Linux over plain HTTP; over TLS its close may wait up to 30 s more.
 """
 
 from __future__ import annotations
