@@ -358,13 +358,16 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def directory(job_id: JobId, c: Client) -> dict[str, Any]:
         return await run_in_threadpool(st.directory, c, job_id)
 
-    async def _long_poll(fn: Callable[[], _T], is_wait: Callable[[_T], bool], wait: float,
-                         surely_waits: Callable[[], bool] | None = None) -> _T:
+    async def _long_poll(c: ClientRow, fn: Callable[[], _T], is_wait: Callable[[_T], bool],
+                         wait: float, surely_waits: Callable[[], bool] | None = None) -> _T:
         """``fn()`` once it is not a wait, or after ``wait`` seconds. ``surely_waits`` (read
         from memory, no query) skips asking ``fn`` while it holds: the generation is taken
-        first, so a change after it ends the wait at once."""
+        first, so a change after it ends the wait at once. An answer given after waiting
+        goes to ``c`` only if it still holds the token its request came with (revoked while
+        it waited: 401, as its next request would be)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
+        waited = False
         while True:
             gen = st.generation
             left = deadline - loop.time()
@@ -374,11 +377,15 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             out = await run_in_threadpool(fn)
             left = deadline - loop.time()
             if not is_wait(out) or left <= 0 or stopping():
+                if waited and not is_wait(out) and not await run_in_threadpool(
+                        app.state.tokens.still_holds, c):
+                    raise ApiError(401, "unauthenticated", "unknown or revoked token")
                 return out  # on shutdown at once: a cancelled request would be a 500
+            waited = True
             await st.wait_change_async(gen, min(left, _POLL_SLICE))
 
     async def _secagg_offer(c: ClientRow, job_id: str, wait: float) -> dict[str, Any]:
-        return await _long_poll(lambda: st.secagg_offer(c, job_id),
+        return await _long_poll(c, lambda: st.secagg_offer(c, job_id),
                                 lambda o: o.get("status") == "wait", wait,
                                 lambda: st.secagg_answered(c, job_id))
 
@@ -425,7 +432,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     @app.get("/v1/jobs/{job_id}/task", tags=["rounds"],
              responses={200: {"content": {OCTET: {}}}, 204: {"description": "nothing to do"}})
     async def task(job_id: JobId, c: Client, wait: Wait = 0.0) -> Response:
-        offer = await _long_poll(lambda: st.offer(c, job_id), lambda o: o.status == "wait",
+        offer = await _long_poll(c, lambda: st.offer(c, job_id), lambda o: o.status == "wait",
                                  wait)
         headers = {"X-FedForest-Status": offer.status}
         if offer.detail:

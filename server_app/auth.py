@@ -163,6 +163,15 @@ class TokenCache:
         ok = hmac.compare_digest(row.token_hash, hash_secret(secret))
         return True, (row if ok else None)
 
+    def still_holds(self, row: ClientRow) -> bool:
+        """Whether the client of ``row`` (as a request authenticated it) still holds that
+        token in the database: not revoked, rotated or removed since (a database read, for
+        an answer that a long poll gives after waiting, when the cache may be stale)."""
+        with self.db.session() as sess:
+            now = sess.get(ClientRow, row.id)
+            return now is not None and (now.token_id, now.token_hash) == (row.token_id,
+                                                                          row.token_hash)
+
     def __call__(self, token: str) -> ClientRow | None:
         known, row = self.lookup(token)
         if known:

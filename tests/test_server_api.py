@@ -487,6 +487,33 @@ def test_token_cache_forgets_a_revoked_token_after_its_ttl(env: dict) -> None:
     assert cache.lookup("not a token") == (False, None)
 
 
+@pytest.mark.parametrize("change", ["revoke", "rotate"])
+def test_a_long_poll_answered_after_its_token_was_revoked_is_refused(env: dict,
+                                                                     change: str) -> None:
+    """A site's long poll waits for the job to start; its token is revoked (or replaced)
+    while it waits, the cache still holding it: the task the poll would get is refused (401)
+    at once, not handed out for up to the cache's 30 s more. A site whose token holds gets
+    its task through the same wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_app.auth import revoke_client, rotate_token
+
+    http, tokens = env["http"], env["tokens"]
+    for t in tokens[:2]:
+        assert http.post("/v1/jobs/job-a/join", headers=auth(t)).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        polls = [pool.submit(http.get, "/v1/jobs/job-a/task?wait=20", headers=auth(t))
+                 for t in tokens[:2]]
+        time.sleep(1.0)  # both polls wait: the job waits for its third site
+        assert not any(p.done() for p in polls)
+        (revoke_client if change == "revoke" else rotate_token)(env["db"], "client-0")
+        assert http.post("/v1/jobs/job-a/join", headers=auth(tokens[2])).status_code == 200
+        refused, answered = (p.result(timeout=30) for p in polls)
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["detail"] == "unknown or revoked token"
+    assert answered.status_code == 200 and answered.headers["X-FedForest-Status"] == "task"
+
+
 def test_round_blobs_are_stored_after_the_small_columns() -> None:
     """SQLite reaches a column stored after a blob by walking the blob's overflow pages: the
     round's status and phase (read by every request) must come before its vectors."""
