@@ -4,6 +4,7 @@ jobs."""
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -12,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
+from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import JobStatus
 
 from ._common import console, fail
@@ -219,6 +221,10 @@ def prune_cmd(config: ConfigOpt,
     print(f"{verb} the data of {out.rounds} rounds ({out.bytes / 1e6:.1f} MB of tasks, sums "
           f"and aggregates) of {len(out.jobs)} finished job(s)"
           + (f": {', '.join(out.jobs)}" if out.jobs else ""))
+    if out.not_compacted is not None:
+        print(f"the database file was not compacted ({printable(out.not_compacted)}): the "
+              "deleted data is gone, its space stays in the file until a prune compacts it; "
+              "run prune again when the server is less busy", file=sys.stderr)
 
 
 def format_jobs(jobs: list[JobStatus]) -> str:

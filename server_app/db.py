@@ -383,6 +383,14 @@ class Database:
         if box is not None and box[0] and check is not None:
             check(connection())
 
+    def free_pages(self) -> int:
+        """Pages of the file that deleted rows left free (SQLite; 0 elsewhere): what
+        :meth:`compact` gives back."""
+        if not self.url.startswith("sqlite"):
+            return 0
+        with self.engine.connect() as conn:
+            return int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+
     def compact(self) -> None:
         """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server
         database elsewhere reclaims it by its own maintenance)."""

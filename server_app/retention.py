@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from fedforest_secure.errors import FedForestError
@@ -46,6 +47,9 @@ class Pruned:
     jobs: list[str] = field(default_factory=list)
     rounds: int = 0
     bytes: int = 0  # task, sum and aggregate bytes of the deleted rounds and uploads
+    #: why the database file was not compacted after the deletion (None: it was, or had
+    #: nothing to give back)
+    not_compacted: str | None = None
 
 
 def _last_activity(sess: Session, job: JobRow) -> float:
@@ -118,6 +122,9 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
                 task_blob=b"", running_sum=None, aggregate=None, disclosed_blob=None))
             if spooled is not None:
                 shutil.rmtree(spooled, ignore_errors=True)
-    if out.jobs and not dry_run:
-        db.compact()
+    if not dry_run and (out.jobs or db.free_pages()):  # also what an earlier prune left
+        try:
+            db.compact()
+        except OperationalError as exc:  # the deletion stands: a later prune compacts
+            out.not_compacted = str(exc.orig or exc).splitlines()[0]
     return out
