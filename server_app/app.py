@@ -372,6 +372,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
             gen = st.generation
             left = deadline - loop.time()
             if surely_waits is not None and left > 0 and not stopping() and surely_waits():
+                waited = True
                 await st.wait_change_async(gen, min(left, _POLL_SLICE))
                 continue
             out = await run_in_threadpool(fn)

@@ -383,13 +383,15 @@ class Database:
         if box is not None and box[0] and check is not None:
             check(connection())
 
-    def free_pages(self) -> int:
-        """Pages of the file that deleted rows left free (SQLite; 0 elsewhere): what
-        :meth:`compact` gives back."""
+    def free_share(self) -> float:
+        """The share of the file's pages that deleted rows left free (SQLite; 0 elsewhere):
+        what :meth:`compact` gives back."""
         if not self.url.startswith("sqlite"):
-            return 0
+            return 0.0
         with self.engine.connect() as conn:
-            return int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+            free = int(conn.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+            pages = int(conn.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+        return free / pages if pages else 0.0
 
     def compact(self) -> None:
         """Give deleted rows' space back to the file system (SQLite: ``VACUUM``; a server

@@ -122,9 +122,13 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
                 task_blob=b"", running_sum=None, aggregate=None, disclosed_blob=None))
             if spooled is not None:
                 shutil.rmtree(spooled, ignore_errors=True)
-    if not dry_run and (out.jobs or db.free_pages()):  # also what an earlier prune left
-        try:
+    if dry_run:
+        return out
+    try:
+        # also what an earlier prune left free: a quarter of the file or more (a running
+        # server frees and reuses pages of its own, which are not worth rewriting the file)
+        if out.jobs or db.free_share() >= 0.25:
             db.compact()
-        except OperationalError as exc:  # the deletion stands: a later prune compacts
-            out.not_compacted = str(exc.orig or exc).splitlines()[0]
+    except OperationalError as exc:  # the deletion stands: a later prune compacts
+        out.not_compacted = str(exc.orig or exc).splitlines()[0]
     return out

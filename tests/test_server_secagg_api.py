@@ -1246,3 +1246,29 @@ def test_a_body_that_stalls_is_logged_as_stalled_not_as_a_closed_connection(
                for m in said), said
     assert not any("event=client_gone" in m for m in said), said
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_secagg_long_poll_answered_after_its_token_was_revoked_is_refused(env: dict) -> None:
+    """Site 0 has posted its advert and waits for the next step; its token is revoked while
+    it waits (the cache still holding it): when the others' adverts complete the phase, its
+    poll gets 401, not the shares message."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_app.auth import revoke_client
+
+    config, sa = join_all(env)
+    task, _, _ = first_round(env, config)
+    r = task.round_id
+    assert post(env, 0, r, "advert", sa[0].advertise(r).model_dump_json()).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(env["http"].get, "/v1/jobs/job-a/secagg?wait=20", headers=h(env, 0))
+        time.sleep(1.0)
+        assert not poll.done()
+        revoke_client(env["db"], "client-0")
+        for k in range(1, K):
+            assert post(env, k, r, "advert", sa[k].advertise(r).model_dump_json()
+                        ).status_code == 200
+        resp = poll.result(timeout=30)
+    assert resp.status_code == 401, resp.text[:300]
+    assert resp.json()["detail"] == "unknown or revoked token"
