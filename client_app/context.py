@@ -80,6 +80,9 @@ class ClientOptions:
     n_clients: int | None = None
     #: The site's held-out rows (same schema), scored by evaluation jobs (``--eval-data``).
     eval_data: Path | None = None
+    #: Take part in another evaluation job on held-out rows this site already answered one
+    #: on (``--evaluate-again``); a model it already scored on them is still refused.
+    evaluate_again: bool = False
 
 
 @dataclass

@@ -1,22 +1,24 @@
 """The site's worker for a job: training rows for a training job, held-out rows for an
-evaluation job, and the site's ledger of the models it scored.
+evaluation job, and the site's ledger of the evaluations it answered.
 
-A site scores a given model on given held-out rows for one evaluation job only. An evaluation
-job asks its one question once (:class:`~fedforest_secure.evaluation.worker.EvalWorker`), but a
-server could create a second job that asks the same question over fewer sites and subtract the
-two sums. The ledger (``<state dir>/evaluations.jsonl``, one line per job) keeps, per job, the
-digests of the models, of the held-out rows (in any order) and, never sent, the noise-free
-statistics the site released for each model, block by block. The site refuses a job that
-scores a model it already scored on the same rows in another job, or that would have it send
-a block of statistics (the confusion matrix, the ROC or calibration counts, the calibration,
-log-loss or Brier sums; for regression the error and prediction-bin sums) equal, within a
-relative 1e-6, to the same block of any model it sent in another job on those rows: the same
-forest in another file, with its trees in another order, with other bins or another log-loss
-floor, or with a constant tree added, hands those blocks over again. Any earlier job counts: a
-site cannot tell which sites' answers a sum holds (the server may leave any site out of a
-round at its deadline). Blocks of the rows alone (regression's row count and sums of y and
-y^2) are the same for every model and are not compared. A site that means to repeat an
+An evaluation job asks its one question once (:class:`~fedforest_secure.evaluation.worker.
+EvalWorker`), but a server could create a second job that asks the same question (the same
+forest in another file, its trees reordered, other bins, a constant tree added) over another
+set of sites and subtract the two sums. The ledger (``<state dir>/evaluations.jsonl``, one line
+per job) keeps, per job, the digests of the models, of the held-out rows (in any order) and of
+the job's configuration. A site answers one evaluation job per held-out set: it refuses
+(``evaluated_before``) any other evaluation job on rows it already answered one on, whatever
+its models. Its operator may allow more evaluations on the same rows (``--evaluate-again``,
+``again``): then only a job that scores a model (file digest) the site already scored on those
+rows is refused. Any earlier job counts: a site cannot tell which sites' answers a sum holds
+(the server may leave any site out of a round at its deadline). A site that means to repeat an
 evaluation (a job that failed before its sum was released) deletes that job's line.
+
+Whether a site takes part depends only on these facts, never on its rows' values: the server
+learns from a refusal only that the site answered another evaluation on the same held-out rows
+(that its held-out set did not change), not where its rows lie (a per-site statistic compared
+with an earlier job's would tell the server, for a model B that differs from an earlier one on
+a small box, whether the site has a row there).
 
 A job's id is the server's word, so each line also keeps a digest of the job's configuration as
 the server sent it (:func:`_evaluation_digest`: the number of clients, the profile, the
@@ -33,11 +35,12 @@ same upload again, and every upload is per-site in the clear anyway). Otherwise 
 question this site already answered in it, and the sum could hold another set of sites (a
 re-created job, a site dropped or replaced): refused.
 
-Ledgers written before the blocks were kept hold a digest of all of a model's statistics and a
-digest of the rows in file order: such a line still refuses an exact repeat (the same rows in
-the same order). A line without the configuration's digest (written before it was kept) is
-checked like another job's, whatever its job id: a client restarted across that upgrade in the
-middle of its job declines the job, naming the line to delete.
+Ledgers written by earlier versions keyed some lines by a digest of the rows in file order:
+such a line counts for the same rows in the same order. A line without the configuration's
+digest (written before it was kept) is checked like another job's, whatever its job id: a
+client restarted across that upgrade in the middle of its job declines the job, naming the
+line to delete. Their other fields (digests and sums of the statistics the site sent) are not
+read.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +67,6 @@ from fedforest_secure.worker import Worker
 __all__ = ["EvalLedger", "LedgeredEvalWorker", "SiteWorker", "site_worker", "table_digest"]
 
 _Table = tuple[np.ndarray, np.ndarray]
-#: A model's released blocks as the ledger keeps them: name -> shape, bound and sums.
-_Blocks = Mapping[str, Mapping[str, Any]]
-
-#: Two released blocks are the same answer when every entry agrees within this relative
-#: tolerance, or within ``_ATOL`` times the block's per-row bound (entries near zero): a sum
-#: known to a millionth is known for any use, and rounding (another summation order) moves
-#: it by far less.
-_RTOL = 1e-6
-_ATOL = 1e-9
 
 
 def table_digest(X: np.ndarray, y: np.ndarray) -> str:
@@ -108,50 +102,9 @@ def _evaluation_digest(sent: Mapping[str, Any]) -> str:
     return hashlib.sha256(b"fedforest/evaluation-job/v2\0" + canonical.encode()).hexdigest()
 
 
-def _fingerprint(stats: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 of a model's statistics, every block in layout order (older ledgers' key)."""
-    return hashlib.sha256(b"".join(np.ascontiguousarray(a, dtype=np.float64).tobytes()
-                                   for a in stats.values())).hexdigest()
-
-
-def _released_blocks(worker: EvalWorker) -> tuple[dict[str, dict[str, Any]], ...]:
-    """Per model, the blocks of ``worker``'s answer that the ledger compares across jobs
-    (all but those of the rows alone), as the ledger keeps them."""
-    out = []
-    for stats in worker.model_statistics():
-        out.append({b.name: {"shape": list(stats[b.name].shape), "bound": float(b.bound),
-                             "sums": stats[b.name].reshape(-1).tolist()}
-                    for b in worker.layout.blocks if not b.data_only})
-    return tuple(out)
-
-
-def _same_block(ours: Mapping[str, Any], theirs: object) -> bool:
-    """Whether two kept blocks are the same answer (same shape, entries within tolerance)."""
-    if not isinstance(theirs, Mapping) or theirs.get("shape") != ours["shape"]:
-        return False
-    a = np.asarray(ours["sums"], dtype=np.float64)
-    b = np.asarray(theirs.get("sums"), dtype=np.float64)
-    bound = max(float(ours["bound"]), float(theirs.get("bound", 1.0)))
-    return a.shape == b.shape and bool(np.allclose(a, b, rtol=_RTOL, atol=_ATOL * bound))
-
-
-def _repeated_block(ours: Sequence[_Blocks], theirs: object) -> tuple[int, int, str] | None:
-    """(our model, their model, block) of the first block of ours that repeats one of theirs."""
-    if not isinstance(theirs, list):
-        return None
-    for i, mine in enumerate(ours):
-        for j, earlier in enumerate(theirs):
-            if not isinstance(earlier, Mapping):
-                continue
-            for name, block in mine.items():
-                if _same_block(block, earlier.get(name)):
-                    return i, j, name
-    return None
-
-
 class EvalLedger:
-    """``<state dir>/evaluations.jsonl``: which models this site scored on which rows, and
-    what it sent for them, per job."""
+    """``<state dir>/evaluations.jsonl``: which evaluation jobs this site answered, on which
+    held-out rows, with which models."""
 
     def __init__(self, root: Path) -> None:
         self.path = Path(root) / "evaluations.jsonl"
@@ -180,14 +133,13 @@ class EvalLedger:
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
                          evaluation: str, resumed: bool, record: bool = True,
-                         statistics: tuple[str, ...] = (), blocks: Sequence[_Blocks] = (),
-                         rows_in_order: str | None = None) -> None:
-        """Refuse (:class:`RefusedRequest`) if another job on ``rows`` (or, for older
-        lines, ``rows_in_order``) scored one of ``models`` (file digests), had this site
-        send the same statistics for a model (``statistics``: digests of the noise-free
-        per-model statistics), or had it send a block equal within tolerance to one of
-        ``blocks`` (per model, :func:`_released_blocks`), of any of its models; else record
-        this job (once; ``record=False``: only the check).
+                         again: bool = False, rows_in_order: str | None = None) -> None:
+        """Refuse (:class:`RefusedRequest`, code ``evaluated_before``) if another job on
+        ``rows`` (or, for older lines, ``rows_in_order``) is in the ledger (with ``again``,
+        the site's ``--evaluate-again``: only if that job scored one of ``models``, file
+        digests); else record this job (once; ``record=False``: only the check). Nothing
+        here reads the rows' values: a refusal tells the server only that this site answered
+        another evaluation on the same rows.
 
         ``evaluation`` (:func:`_evaluation_digest`) identifies the evaluation: a line of
         ``job`` with another one (or none) is another job's. A line of ``job`` and
@@ -196,12 +148,12 @@ class EvalLedger:
 
         The check and the record are one step under the ledger's lock (``.evaluations.lock``
         beside it): clients of two evaluation jobs sharing the state directory can neither
-        both pass the check for one model nor lose each other's lines."""
+        both pass the check nor lose each other's lines."""
         with self._locked():
             self._check(job, models, {rows} | ({rows_in_order} if rows_in_order else set()),
-                        statistics, blocks, evaluation, resumed)
+                        evaluation, resumed, again)
             if record:
-                self._record(job, models, rows, statistics, blocks, evaluation)
+                self._record(job, models, rows, evaluation)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -213,15 +165,17 @@ class EvalLedger:
         finally:
             os.close(fd)  # releases the lock
 
-    def _refuse(self, job: str, before: object, what: str) -> RefusedRequest:
+    def _refuse(self, job: str, before: object, what: str, *,
+                again_helps: bool = False) -> RefusedRequest:
+        anyway = ("to answer it all the same, with a server you trust, start the client with "
+                  "--evaluate-again; " if again_helps else "")
         return RefusedRequest(
             f"job {job!r} {what}; a second evaluation could isolate this site by "
-            "differencing. Refusing (to repeat an evaluation on purpose, delete job "
+            f"differencing. Refusing ({anyway}to repeat an evaluation on purpose, delete job "
             f"{before!r}'s line from {self.path})", code="evaluated_before")
 
-    def _check(self, job: str, models: tuple[str, ...], rows: set[str],
-               statistics: tuple[str, ...], blocks: Sequence[_Blocks], evaluation: str,
-               resumed: bool) -> None:
+    def _check(self, job: str, models: tuple[str, ...], rows: set[str], evaluation: str,
+               resumed: bool, again: bool) -> None:
         for e in self._entries():
             if e.get("rows") not in rows:
                 continue
@@ -238,43 +192,28 @@ class EvalLedger:
             # a line of this job id but of another configuration (or none) is another job's
             earlier = f"job {before!r}" if before != job else (
                 f"an earlier job also named {before!r} (of another configuration)")
-            for key, ours, what in (
-                    ("models", models, "scores model {} on the held-out rows this site "
-                                       f"already scored it on in {earlier}"),
-                    ("statistics", statistics, "asks this site for the statistics of a model "
-                                               "on these held-out rows that it already sent "
-                                               f"in {earlier} (model {{}})")):
-                theirs = e.get(key)
-                again = sorted(set(ours) & {str(m) for m in theirs}) \
-                    if isinstance(theirs, list) else []
-                if again:
-                    raise self._refuse(job, before, what.format(again[0][:16] + "..."))
-            repeated = _repeated_block(blocks, e.get("blocks"))
-            if repeated is not None:
-                i, j, name = repeated
-                theirs = e.get("models")
-                was = f"model {str(theirs[j])[:16]}..." \
-                    if isinstance(theirs, list) and j < len(theirs) else f"model {j}"
+            theirs = e.get("models")
+            scored = sorted(set(models) & {str(m) for m in theirs}) \
+                if isinstance(theirs, list) else []
+            if scored:
                 raise self._refuse(job, before, (
-                    "asks this site for the statistics of a model on these held-out rows that "
-                    f"it already sent in {earlier}: its block {name!r} for model "
-                    f"{models[i][:16]}... equals the one sent for "
-                    f"{was} (within a relative {_RTOL:g})"))
+                    f"scores model {scored[0][:16]}... on the held-out rows this site already "
+                    f"scored it on in {earlier}"))
+            if not again:
+                raise self._refuse(job, before, (
+                    "is another evaluation of the held-out rows this site already answered in "
+                    f"{earlier} (a site answers one evaluation job per held-out set)"),
+                    again_helps=True)
 
-    def _record(self, job: str, models: tuple[str, ...], rows: str,
-                statistics: tuple[str, ...], blocks: Sequence[_Blocks], evaluation: str) -> None:
+    def _record(self, job: str, models: tuple[str, ...], rows: str, evaluation: str) -> None:
         entry: dict[str, object] = {"job": job, "models": list(models), "rows": rows,
                                     "evaluation": evaluation}
-        if statistics:
-            entry["statistics"] = list(statistics)
-        if blocks:
-            entry["blocks"] = [dict(b) for b in blocks]
         entries = self._entries()
 
         def ours(e: Mapping[str, object]) -> bool:
             return e.get("job") == job and e.get("evaluation") == evaluation
 
-        if any(ours(e) for e in entries):  # this evaluation's line again, now complete
+        if any(ours(e) for e in entries):  # this evaluation's line again
             # (the lines of other evaluations under the same id stay)
             others = [json.dumps(e, sort_keys=True) for e in entries if not ours(e)]
             write_atomic(self.path, "".join(f"{line}\n" for line in others)
@@ -285,15 +224,18 @@ class EvalLedger:
 
 
 class LedgeredEvalWorker:
-    """An :class:`EvalWorker` that checks the ledger before its statistics leave the site."""
+    """An :class:`EvalWorker` that checks the ledger before its statistics leave the site;
+    ``again``: the site's ``--evaluate-again`` (another evaluation on rows it answered one on
+    is allowed, a model it already scored on them is not)."""
 
     def __init__(self, worker: EvalWorker, ledger: EvalLedger, rows: str,
                  rows_in_order: str | None = None, *,
-                 sent: Mapping[str, Any] | None = None) -> None:
+                 sent: Mapping[str, Any] | None = None, again: bool = False) -> None:
         self.inner = worker
         self._ledger = ledger
         self._rows = rows
         self._rows_in_order = rows_in_order
+        self._again = again
         # the configuration as the server sent it (``sent``), else as the worker's reads
         self._evaluation = _evaluation_digest(
             sent if sent is not None else json.loads(worker.config.to_json()))
@@ -307,25 +249,23 @@ class LedgeredEvalWorker:
         return self.inner.n_rows
 
     def _ledgered(self, *, record: bool, answering: bool) -> None:
-        stats = self.inner.model_statistics()
         self._ledger.check_and_record(
             self.inner.config.job_id, self.inner.spec.digests, self._rows,
             evaluation=self._evaluation,
             resumed=not answering or self._recorded or self._in_clear, record=record,
-            statistics=tuple(_fingerprint(s) for s in stats),
-            blocks=_released_blocks(self.inner), rows_in_order=self._rows_in_order)
+            again=self._again, rows_in_order=self._rows_in_order)
         self._recorded = self._recorded or record
 
     def check(self) -> None:
-        """The ledger's refusal, before the site joins (nothing is recorded): the models'
-        digests and the statistics this site would send (computed now, once). A line of this
+        """The ledger's refusal, before the site joins (nothing is recorded). A line of this
         job and configuration is passed over: a restarted client joins, and under secure
         aggregation leaves the round it answered (its round keys died)."""
         self._ledgered(record=False, answering=False)
 
     def handle(self, task: Task) -> Reply:
-        """The inner worker's reply, once the ledger lets it leave: a line of this job and
-        configuration that this client did not write refuses it under secure aggregation."""
+        """The inner worker's reply, once the ledger lets it leave (the same facts as
+        :meth:`check`'s): a line of this job and configuration that this client did not
+        write refuses it under secure aggregation."""
         self._ledgered(record=False, answering=True)
         reply = self.inner.handle(task)  # stays here unless the ledger lets it go
         self._ledgered(record=True, answering=True)
@@ -337,10 +277,12 @@ SiteWorker = Worker | LedgeredEvalWorker
 
 
 def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _Table | None,
-                state_dir: Path, *, sent: Mapping[str, Any] | None = None) -> SiteWorker:
+                state_dir: Path, *, sent: Mapping[str, Any] | None = None,
+                evaluate_again: bool = False) -> SiteWorker:
     """The worker of the job's kind, on the table that kind needs; an evaluation job's knows
     itself in the ledger by ``sent``, the configuration as the server sent it (default:
-    ``config``'s)."""
+    ``config``'s), and takes part in another evaluation of rows it answered one on only with
+    ``evaluate_again`` (the site's ``--evaluate-again``)."""
     if config.evaluation is None:
         if train is None:
             raise FedForestError(f"job {config.job_id!r} trains a forest: pass the site's "
@@ -351,4 +293,5 @@ def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _
                              "held-out rows with --eval-data (a CSV with the same schema)")
     worker = EvalWorker(config, *held_out)
     return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out),
-                              _table_digest_in_order(*held_out), sent=sent)
+                              _table_digest_in_order(*held_out), sent=sent,
+                              again=evaluate_again)

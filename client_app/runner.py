@@ -188,8 +188,9 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         check_own_certificate(opts.cert, job)  # as every other site will check it
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
-    worker = site_worker(config, k, train, held_out, state.root, sent=info.config)
-    if isinstance(worker, LedgeredEvalWorker):  # scored these rows with a model before
+    worker = site_worker(config, k, train, held_out, state.root, sent=info.config,
+                         evaluate_again=opts.evaluate_again)
+    if isinstance(worker, LedgeredEvalWorker):  # answered an evaluation on these rows before
         with _declining(tr, job, "evaluated_before", log):
             worker.check()
     table = None if train is None else _table_digest(*train)

@@ -100,6 +100,13 @@ def client(
     insecure_dev: Annotated[bool, typer.Option(
         "--insecure-dev", help="allow plain http:// to a loopback server run with "
                                "--insecure-dev (development only)")] = False,
+    evaluate_again: Annotated[bool, typer.Option(
+        "--evaluate-again",
+        help="take part in another evaluation job on held-out rows this site already answered "
+             "one on (by default it declines: evaluated_before). The risk: a server that "
+             "sums two evaluations over different sets of sites can subtract them and learn "
+             "this site's statistics; use it only with a server you trust. A model this site "
+             "already scored on the same rows is still refused")] = False,
 ) -> None:
     """Join a job as one institution and take part until the job ends: train on --data, or
     score an evaluation job's models on --eval-data.
@@ -122,7 +129,8 @@ def client(
                                        state_dir=state_dir, model_out=out, quiet=quiet,
                                        retry_budget_s=retry_budget, profile=profile,
                                        insecure_dev=insecure_dev, n_clients=clients,
-                                       eval_data=eval_data), log)
+                                       eval_data=eval_data,
+                                       evaluate_again=evaluate_again), log)
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:

@@ -183,11 +183,12 @@ def _refuse_declined(admin: ServerAdmin, job_id: str, config: Path) -> None:
             # such a site declines this job each time its client asks: it never joins
             raise FedForestError(
                 f"the evaluation job {job_id} cannot start: {said} declined it. A site that "
-                "already scored one of its models on the same rows (evaluated_before) "
-                "declines it each time its client asks (unless that site deletes the earlier "
-                "job's line from its ledger): cancel it (`fedforest server cancel-job --config "
-                f"{config} --job {job_id}`) and score models that site has not scored, or "
-                "all the models to compare in one job")
+                "already answered an evaluation job on the same held-out rows "
+                "(evaluated_before) declines every other one each time its client asks: "
+                f"cancel it (`fedforest server cancel-job --config {config} --job {job_id}`) "
+                "and score all the models to compare in one job; a site's operator who trusts "
+                "this server may start its client with --evaluate-again (a model that site "
+                "already scored on those rows stays refused)")
         raise FedForestError(
             f"the evaluation job {job_id} cannot start: {said} declined it (the job stays; "
             f"once their clients join, `fedforest evaluate --config {config} --job {job_id}` "

@@ -125,12 +125,13 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> N
 
 def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, log: Path,
                  model_out: Path, *, profile: str | None = None, n_clients: int | None = None,
-                 insecure_dev: bool = False, eval_data: Path | None = None
-                 ) -> subprocess.Popen[bytes]:
+                 insecure_dev: bool = False, eval_data: Path | None = None,
+                 evaluate_again: bool = False) -> subprocess.Popen[bytes]:
     """One client process. ``profile`` pins the privacy profile the site accepts (the job's
     own) and ``n_clients`` the number of clients it knows the job has; ``insecure_dev`` only
     when the server itself runs with ``--insecure-dev``; ``eval_data``: the site's held-out
-    rows, for an evaluation job (instead of its table)."""
+    rows, for an evaluation job (instead of its table); ``evaluate_again``: the site takes
+    part in another evaluation of held-out rows it answered one on (``--evaluate-again``)."""
     env = child_env()
     env["FEDFOREST_TOKEN"] = site.token
     table = ["--eval-data", str(eval_data)] if eval_data is not None else ["--data",
@@ -147,6 +148,8 @@ def start_client(site: SiteData, url: str, job: str, certs: Path, state: Path, l
         cmd += ["--clients", str(n_clients)]
     if insecure_dev:
         cmd.append("--insecure-dev")
+    if evaluate_again:
+        cmd.append("--evaluate-again")
     with log.open("ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
 

@@ -2,7 +2,9 @@
 
 The fields are :class:`fedforest_secure.protocol.api.JobStatus`'s. Members see each other's
 names and states, as the job's audit log (which every member can fetch) records them in
-``client_joined`` and ``client_dropped``; nothing here is about any site's data.
+``client_joined`` and ``client_dropped``. Why a site declined the job (its code: ``table``
+may say that a value of its table lies outside the schema's bounds) is shown to the operator
+and to that site only; nothing here is about any site's data.
 
 The ETA is a plain extrapolation: the time the levels so far took, per level, times the levels
 left (later levels have more nodes, so it errs on the short side). A level that overruns that
@@ -83,6 +85,8 @@ def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float,
     names = client_names(sess, job.id)
     declined = declines_of(sess, job.id) if any(
         m.state == MemberState.INVITED for m in members) else {}
+    if member is not None:  # a site sees its own reason only; the operator every site's
+        declined = {i: r for i, r in declined.items() if i == member.client_index}
     listed = [{"name": names.get(m.client_index, f"client-{m.client_index}"),
                "index": m.client_index, "state": m.state,
                "dropped_round": m.dropped_round,

@@ -58,13 +58,15 @@ def _uploaded(state: ClientState, task: Task, name: str = "client-0", job: str =
 
 def _restarted(tmp_path: Path, profile: str, action: str, task: Task, *,
                config: dict[str, Any] | None = None,
-               held: tuple[np.ndarray, np.ndarray] | None = None
+               held: tuple[np.ndarray, np.ndarray] | None = None,
+               evaluate_again: bool = False
                ) -> tuple[ClientResult, ScriptedTransport, list[str], str]:
     """A client started on the state directory of a site that joined the job (its identity
     key is there), told to take step ``action`` of round ``task.round_id`` whose task is
     ``task``: its result, its transport, the secure-aggregation messages it posted but
     refusals, and its log. The job is ``_config(profile)`` unless ``config`` is given (an
-    evaluation job's, scored on the held-out rows ``held``)."""
+    evaluation job's, scored on the held-out rows ``held``; ``evaluate_again``: the site's
+    ``--evaluate-again``)."""
     state = ClientState(tmp_path / "state")
     own = bytes(identity_key(state, JOB).verify_key).hex()
     body = task.to_bytes()
@@ -95,7 +97,7 @@ def _restarted(tmp_path: Path, profile: str, action: str, task: Task, *,
                          data=tmp_path / "d.csv" if held is None else None,
                          eval_data=None if held is None else tmp_path / "held.csv",
                          schema=_schema(tmp_path), ca=None, state_dir=tmp_path / "state",
-                         quiet=True)
+                         quiet=True, evaluate_again=evaluate_again)
     X, y = (np.zeros((4, 2)), np.zeros(4)) if held is None else (None, None)
     res = runner._run(opts, tr, state, X, y, SiteLog(stream=out),  # type: ignore[arg-type]
                       None, held)
@@ -184,8 +186,9 @@ def test_the_state_directory_says_whether_the_site_uploaded_in_a_job(tmp_path: P
 def test_a_secure_evaluation_under_the_name_of_a_job_this_site_uploaded_in_is_refused_joined(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never restarted: this site's state directory holds an upload of an earlier job of the
-    same name (the server's database made afresh). The job scores another model: the
-    evaluation ledger checks it like another job and lets it join; once joined, the site
+    same name (the server's database made afresh). The job scores another model and the site
+    allows another evaluation of its rows (--evaluate-again): the evaluation ledger checks it
+    like another job and lets it join; once joined, the site
     answers none of its rounds, since its receipts know a job by its name, and says so (not
     that it was restarted)."""
     from client_app.evaluation import EvalLedger, table_digest
@@ -208,7 +211,8 @@ def test_a_secure_evaluation_under_the_name_of_a_job_this_site_uploaded_in_is_re
                                             resumed=False)
     _uploaded(state, _histogram(0))
     res, tr, posted, log = _restarted(tmp_path, "secure", "advert", _histogram(0),
-                                      config=json.loads(config.to_json()), held=(X, y))
+                                      config=json.loads(config.to_json()), held=(X, y),
+                                      evaluate_again=True)
     assert ("POST", f"/v1/jobs/{JOB}/join") in tr.sent  # the ledger let it join
     assert posted == [] and tr.refusals == [{"reason": "restarted"}]
     said = (f"this site's receipts in {state.root / 'receipts'} record an upload in job {JOB}, "

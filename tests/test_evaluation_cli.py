@@ -364,13 +364,17 @@ def test_evaluate_stops_waiting_once_every_site_left_declined(tiny_parts: Any,
 
 def test_evaluate_says_to_cancel_a_job_a_site_declined_as_evaluated_before(
         tiny_parts: Any, tmp_path: Path) -> None:
-    """Site a scored the model before on the same rows: it declines the job each time its
-    client asks, so the command says to cancel the job rather than to wait for a join."""
+    """Site a answered an evaluation on the same rows before: it declines the job each time
+    its client asks, so the command says to cancel the job rather than to wait for a join, and
+    names the site's option that would let it take part."""
     said = _declined_evaluation(tiny_parts, tmp_path, {0: "evaluated_before", 2: "table"})
-    assert "the evaluation job ev cannot start: a (evaluated_before), c (table) declined it" \
-        in said
-    assert f"cancel it (`fedforest server cancel-job --config {tmp_path / 'server.toml'} --job " \
-        "ev`)" in said
+    assert "the evaluation job ev cannot start: a (evaluated_before), c (table) declined it. " \
+        "A site that already answered an evaluation job on the same held-out rows " \
+        "(evaluated_before) declines every other one each time its client asks: cancel it " \
+        f"(`fedforest server cancel-job --config {tmp_path / 'server.toml'} --job ev`) and " \
+        "score all the models to compare in one job; a site's operator who trusts this " \
+        "server may start its client with --evaluate-again (a model that site already " \
+        "scored on those rows stays refused)" in said
     assert "waits for it again" not in said
 
 

@@ -1,8 +1,10 @@
 """The site's side of evaluation jobs: which table it scores, and its ledger against a server
-that re-asks an evaluation over fewer sites in a second job (differencing)."""
+that re-asks an evaluation over fewer sites in a second job (differencing), deciding from facts
+that do not depend on the site's rows."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,10 @@ def _config(spec: EvalSpec, job: str, n: int) -> JobConfig:
 
 
 def _ledgered(config: JobConfig, k: int, rows: tuple[np.ndarray, np.ndarray],
-              state: Path) -> LedgeredEvalWorker:
-    """Site ``k``'s client of an evaluation job, with its ledger in ``state``."""
-    worker = site_worker(config, k, None, rows, state)
+              state: Path, *, again: bool = False) -> LedgeredEvalWorker:
+    """Site ``k``'s client of an evaluation job, with its ledger in ``state`` (``again``: the
+    site's ``--evaluate-again``)."""
+    worker = site_worker(config, k, None, rows, state, evaluate_again=again)
     assert isinstance(worker, LedgeredEvalWorker)
     return worker
 
@@ -93,8 +96,8 @@ def test_the_same_forest_in_another_file_cannot_isolate_a_site_either(
         setting: dict[str, Any], tmp_path: Path) -> None:
     """The server re-formats the model file and changes what predictions do not use (its
     meta): another file digest, the same forest. Over fewer sites the second job would
-    isolate site 3 again; each site refuses it, since it would send the same statistics for
-    the model as in the first job."""
+    isolate site 3 again; each site refuses it, since it already answered an evaluation on
+    its rows."""
     import json as _json
 
     spec, sites = setting["spec"], setting["sites"]
@@ -108,8 +111,8 @@ def test_the_same_forest_in_another_file_cannot_isolate_a_site_either(
         d.mkdir()
     _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
                         for k, s in enumerate(sites)])
-    with pytest.raises(RefusedRequest, match="statistics of a model on these held-out rows "
-                                             "that it already sent in job 'eval-a'") as exc:
+    with pytest.raises(RefusedRequest, match="another evaluation of the held-out rows this "
+                                             "site already answered in job 'eval-a'") as exc:
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"
@@ -196,12 +199,12 @@ from client_app.evaluation import EvalLedger
 root, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ledger = EvalLedger(root)
 for i in range(n):
-    if who == "a":  # one job's line, rewritten with each of its statistics
-        ledger.check_and_record("ev-a", ("m-a",), "rows", statistics=(f"s{i}",),
-                                evaluation="e-a", resumed=True)
+    if who == "a":  # one job's line, rewritten each time (a retried round)
+        ledger.check_and_record("ev-a", ("m-a",), "rows", evaluation="e-a", resumed=True,
+                                again=True)
     else:  # a new job's line each time
         ledger.check_and_record(f"ev-b{i}", (f"m-b{i}",), "rows", evaluation=f"e-b{i}",
-                                resumed=False)
+                                resumed=False, again=True)
 """
 
 
@@ -260,7 +263,8 @@ def _isolated_blocks(job_a: JobConfig, job_b: JobConfig, sites: list[Any],
 def _second_job_refused(job_a: JobConfig, job_b: JobConfig, sites: list[Any],
                         tmp_path: Path) -> RefusedRequest:
     """With each site's ledger: job A over the 4 sites, then job B over sites 0-2 is refused
-    (before anything leaves a site)."""
+    (before anything leaves a site, and in the round), as another evaluation of rows each site
+    answered job A on."""
     states = [tmp_path / f"site-{k}" for k in range(4)]
     for d in states:
         d.mkdir()
@@ -275,6 +279,8 @@ def _second_job_refused(job_a: JobConfig, job_b: JobConfig, sites: list[Any],
         _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
                             for k, s in enumerate(sites[:3])])
     assert exc.value.code == "evaluated_before"
+    assert "another evaluation of the held-out rows this site already answered in job " \
+        "'eval-a' (a site answers one evaluation job per held-out set)" in str(exc.value)
     return exc.value
 
 
@@ -290,8 +296,8 @@ def ten_trees(setting: dict[str, Any]) -> str:
 def test_the_same_forest_with_its_trees_reversed_cannot_isolate_a_site(
         setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
     """Its statistics differ from the first file's by rounding only (the trees' outputs are
-    summed in another order): the site compares each block within a relative 1e-9, not the
-    bytes of all of them."""
+    summed in another order), and its file digest differs: the site refuses it all the same,
+    as a second evaluation of its rows."""
     sites = setting["sites"]
     spec_a = EvalSpec(models=(ten_trees,))
     spec_b = EvalSpec(models=(_variant(ten_trees, reverse=True),))
@@ -300,23 +306,21 @@ def test_the_same_forest_with_its_trees_reversed_cannot_isolate_a_site(
     assert any(not np.array_equal(own_a[n], own_b[n]) for n in own_a)  # not the same bytes
     job_a, job_b = _config(spec_a, "eval-a", 4), _config(spec_b, "eval-b", 3)
     assert _isolated_blocks(job_a, job_b, sites) == list(own_a)  # the attack: every block
-    err = _second_job_refused(job_a, job_b, sites, tmp_path)
-    assert "already sent in job 'eval-a'" in str(err)
+    _second_job_refused(job_a, job_b, sites, tmp_path)
 
 
 def test_the_same_forest_with_other_metric_settings_cannot_isolate_a_site(
         setting: dict[str, Any], tmp_path: Path) -> None:
     """Other score and calibration bins and another log-loss floor, in a re-formatted file:
     the confusion matrix, log-loss and Brier sums do not depend on the bins, so they would be
-    handed over exactly; the site refuses since those blocks equal its first job's."""
+    handed over exactly; the site refuses the second evaluation of its rows."""
     spec, sites = setting["spec"], setting["sites"]
     other = EvalSpec(models=(_variant(spec.models[0]),), score_bins=99, calibration_bins=9,
                      log_loss_floor=1e-9)
     assert other.digests != spec.digests
     job_a, job_b = _config(spec, "eval-a", 4), _config(other, "eval-b", 3)
     assert {"confusion", "log_loss", "brier"} <= set(_isolated_blocks(job_a, job_b, sites))
-    err = _second_job_refused(job_a, job_b, sites, tmp_path)
-    assert "confusion" in str(err) and "'eval-a'" in str(err)
+    _second_job_refused(job_a, job_b, sites, tmp_path)
 
 
 def test_the_forest_plus_a_constant_tree_cannot_isolate_a_sites_confusion_matrix(
@@ -327,40 +331,41 @@ def test_the_forest_plus_a_constant_tree_cannot_isolate_a_sites_confusion_matrix
     plus = EvalSpec(models=(_variant(spec.models[0], constant_tree=True),))
     job_a, job_b = _config(spec, "eval-a", 4), _config(plus, "eval-b", 3)
     assert _isolated_blocks(job_a, job_b, sites) == ["confusion"]
-    err = _second_job_refused(job_a, job_b, sites, tmp_path)
-    assert "confusion" in str(err)
+    _second_job_refused(job_a, job_b, sites, tmp_path)
 
 
 def test_the_same_forest_as_the_second_model_of_a_job_cannot_isolate_a_site(
         setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
-    """Each model of the new job is compared with each model of the earlier jobs."""
+    """The job's first model is a new one: the site refuses the job as a second evaluation of
+    its rows, whatever its models."""
     spec, sites = setting["spec"], setting["sites"]
     both = EvalSpec(models=(ten_trees, _variant(spec.models[0], constant_tree=True)),
                     names=("x", "y"))
     job_a, job_b = _config(spec, "eval-a", 4), _config(both, "eval-b", 3)
     assert "confusion" in _isolated_blocks(job_a, job_b, sites, model_b=1)
-    err = _second_job_refused(job_a, job_b, sites, tmp_path)
-    assert "confusion" in str(err)
+    _second_job_refused(job_a, job_b, sites, tmp_path)
 
 
-def test_an_honest_evaluation_of_another_model_on_the_same_rows_is_accepted(
+def test_another_model_on_the_same_rows_is_declined_unless_the_site_evaluates_again(
         setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
-    """A different forest scores the rows differently in every block the ledger compares:
-    the second job goes ahead, and a third job asking the second's sums again is refused."""
+    """An honest second evaluation of a different forest on the same rows: by default each
+    site declines it (one evaluation per held-out set); sites started with --evaluate-again
+    answer it, and still refuse a third job scoring the second one's model file again."""
     spec, sites = setting["spec"], setting["sites"]
     other = EvalSpec(models=(ten_trees,))
     job_a, job_b = _config(spec, "eval-a", 4), _config(other, "eval-b", 3)
-    states = [tmp_path / f"site-{k}" for k in range(4)]
-    for d in states:
-        d.mkdir()
-    _secure_sum(job_a, [site_worker(job_a, k, None, s, states[k])
-                        for k, s in enumerate(sites)])
-    b = _secure_sum(job_b, [site_worker(job_b, k, None, s, states[k])
+    states = _states(tmp_path)
+    _secure_sum(job_a, [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)])
+    for k, s in enumerate(sites[:3]):
+        with pytest.raises(RefusedRequest, match="already answered in job 'eval-a'") as exc:
+            _ledgered(job_b, k, s, states[k]).check()
+        assert exc.value.code == "evaluated_before"
+    b = _secure_sum(job_b, [_ledgered(job_b, k, s, states[k], again=True)
                             for k, s in enumerate(sites[:3])])
     assert b["confusion"][0].sum() == sum(len(s[1]) for s in sites[:3])
-    again = _config(EvalSpec(models=(_variant(ten_trees, reverse=True),)), "eval-c", 3)
-    with pytest.raises(RefusedRequest, match="already sent in job 'eval-b'"):
-        _secure_sum(again, [site_worker(again, i, None, sites[k], states[k])
+    again = _config(other, "eval-c", 3)
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-b'"):
+        _secure_sum(again, [_ledgered(again, i, sites[k], states[k], again=True)
                             for i, k in enumerate((1, 2, 3))])
 
 
@@ -383,10 +388,11 @@ def test_the_same_held_out_rows_in_another_order_are_recognised(
                             for k, s in enumerate(shuffled)])
 
 
-def test_an_evaluation_of_another_regression_forest_on_the_same_rows_is_accepted(
+def test_a_site_that_evaluates_again_answers_another_regression_forest_on_the_same_rows(
         tmp_path: Path) -> None:
-    """A regression's row count and sums of y and y^2 are the same for every model: the ledger
-    does not compare them, so a second model goes ahead; the same forest again does not."""
+    """With --evaluate-again a second regression forest on the same rows goes ahead (its row
+    count and sums of y and y^2 are those of the first job: no reason to refuse); without it,
+    it is declined; the first forest's file again is refused either way."""
     from sklearn.datasets import load_diabetes
 
     from fedforest_secure import FedForestRegressor
@@ -404,21 +410,23 @@ def test_an_evaluation_of_another_regression_forest_on_the_same_rows_is_accepted
     states = [tmp_path / f"site-{k}" for k in range(3)]
     for d in states:
         d.mkdir()
-    for text, job in zip(texts, ("eval-a", "eval-b"), strict=True):
-        cfg = config(text, job)
-        _secure_sum(cfg, [site_worker(cfg, k, None, s, states[k])
-                          for k, s in enumerate(sites)])
-    again = config(_variant(texts[0], reverse=True), "eval-c")
-    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'"):
-        _secure_sum(again, [site_worker(again, k, None, s, states[k])
-                            for k, s in enumerate(sites)])
+    first, second = config(texts[0], "eval-a"), config(texts[1], "eval-b")
+    _secure_sum(first, [_ledgered(first, k, s, states[k]) for k, s in enumerate(sites)])
+    with pytest.raises(RefusedRequest, match="already answered in job 'eval-a'"):
+        _ledgered(second, 0, sites[0], states[0]).check()
+    _secure_sum(second, [_ledgered(second, k, s, states[k], again=True)
+                         for k, s in enumerate(sites)])
+    again = config(texts[0], "eval-c")
+    for allowed in (False, True):
+        with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'"):
+            _ledgered(again, 0, sites[0], states[0], again=allowed).check()
 
 
-def test_a_ledger_line_written_before_the_blocks_were_kept_still_refuses_an_exact_repeat(
+def test_an_older_ledger_line_keyed_by_the_rows_in_file_order_counts_for_those_rows(
         setting: dict[str, Any], tmp_path: Path) -> None:
     """An older ledger line holds the model digests, one digest of all of a model's
-    statistics and the rows' digest in file order: the same model, or the same forest in
-    another file, on the same rows in the same order is still refused."""
+    statistics (not read) and the rows' digest in file order: on the same rows in the same
+    order, the same model is refused, and so is another evaluation."""
     import hashlib
     import json
 
@@ -436,7 +444,7 @@ def test_a_ledger_line_written_before_the_blocks_were_kept_still_refuses_an_exac
          "statistics": [fingerprint]}) + "\n")
     for job_b, said in ((_config(spec, "eval-b", 3), "already scored it on in job 'eval-a'"),
                         (_config(EvalSpec(models=(_variant(spec.models[0]),)), "eval-b", 3),
-                         "already sent in job 'eval-a'")):  # the same forest, another file
+                         "already answered in job 'eval-a'")):  # the same forest, another file
         worker = site_worker(job_b, 0, None, (X, y), tmp_path)
         assert isinstance(worker, LedgeredEvalWorker)
         with pytest.raises(RefusedRequest, match=said):
@@ -566,9 +574,9 @@ def test_a_restarted_client_of_a_job_without_secure_aggregation_sends_its_upload
 
 def test_another_evaluation_under_the_same_id_is_checked_like_another_job(
         setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
-    """"eval-a" made again to score another forest asks other statistics: it goes ahead, and
-    the first "eval-a"'s line stays beside its own, so a third job asking the first's sums
-    again is still refused."""
+    """"eval-a" made again to score another forest is another evaluation of the rows: declined
+    by default; with --evaluate-again it goes ahead, and the first "eval-a"'s line stays
+    beside its own, so a third job scoring the first's model again is still refused."""
     import json
 
     spec, sites = setting["spec"], setting["sites"]
@@ -576,14 +584,18 @@ def test_another_evaluation_under_the_same_id_is_checked_like_another_job(
     other = _config(EvalSpec(models=(ten_trees,)), "eval-a", 3)
     states = _states(tmp_path)
     _secure_sum(job_a, [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)])
-    _secure_sum(other, [_ledgered(other, k, s, states[k]) for k, s in enumerate(sites[:3])])
+    with pytest.raises(RefusedRequest, match="already answered in an earlier job also named "
+                                             "'eval-a' \\(of another configuration\\)"):
+        _ledgered(other, 0, sites[0], states[0]).check()
+    _secure_sum(other, [_ledgered(other, k, s, states[k], again=True)
+                        for k, s in enumerate(sites[:3])])
     lines = [json.loads(line) for line in
              (states[0] / "evaluations.jsonl").read_text().splitlines()]
     assert [(e["job"], e["models"]) for e in lines] == [
         ("eval-a", list(spec.digests)), ("eval-a", list(EvalSpec.of(other).digests))]
-    third = _config(EvalSpec(models=(_variant(spec.models[0]),)), "eval-c", 3)
-    with pytest.raises(RefusedRequest, match="already sent in job 'eval-a'"):
-        _secure_sum(third, [_ledgered(third, k, s, states[k])
+    third = _config(spec, "eval-c", 3)
+    with pytest.raises(RefusedRequest, match="already scored it on in job 'eval-a'"):
+        _secure_sum(third, [_ledgered(third, k, s, states[k], again=True)
                             for k, s in enumerate(sites[:3])])
 
 
@@ -681,3 +693,116 @@ def test_a_client_upgraded_in_the_middle_of_its_job_knows_its_own_ledger_line(
     lines = (state.root / "evaluations.jsonl").read_text().splitlines()
     assert [json.loads(line)["job"] for line in lines] == ["ev-1"]
     assert posted == ["/v1/jobs/ev-1/join"] * 2  # no decline
+
+
+# --- a probe job: whether a site takes part must not depend on its held-out rows ---
+
+def _forest_text(template: str, nodes: list[dict[str, Any]]) -> str:
+    """``template``'s model file with one tree made of ``nodes`` (the root first)."""
+    import json
+
+    keys = ("feature", "gain", "impurity", "kind", "left", "missing_left", "n", "right",
+            "threshold", "value")
+    doc = json.loads(template)
+    doc["trees"] = [{**{k: [node[k] for node in nodes] for k in keys}, "sets": {}}]
+    return json.dumps(doc)
+
+
+def _leaf(value: list[float]) -> dict[str, Any]:
+    return {"feature": -1, "gain": 0.0, "impurity": 0.0, "kind": 0, "left": -1,
+            "missing_left": False, "n": 100.0, "right": -1, "threshold": 0.0, "value": value}
+
+
+def _split(feature: int, threshold: float, left: int, right: int) -> dict[str, Any]:
+    return {**_leaf([0.9, 0.1]), "feature": feature, "kind": 1, "left": left, "right": right,
+            "threshold": threshold}
+
+
+def _probe(template: str, lo: float, hi: float) -> str:
+    """Model B of the probe: the constant model A ([0.9, 0.1]) except for x0 in (lo, hi],
+    where it says [0.2, 0.8]."""
+    a, b = [0.9, 0.1], [0.2, 0.8]
+    return _forest_text(template, [_split(0, lo, 1, 2), _leaf(a), _split(0, hi, 3, 4),
+                                   _leaf(b), _leaf(a)])
+
+
+def _outcome(act: Any, state: Path) -> tuple[str, str] | None:
+    """None if ``act()`` passes, else the refusal's code and words (the site's own ledger
+    path written ``<ledger>``)."""
+    try:
+        act()
+    except RefusedRequest as exc:
+        return exc.code, str(exc).replace(str(state / "evaluations.jsonl"), "<ledger>")
+    return None
+
+
+@pytest.fixture()
+def probed(setting: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """Every site answered job A (a constant model); the probe job B differs from A only on a
+    box of x0 that holds one of site 0's held-out rows and none of site 1's."""
+    spec, sites = setting["spec"], setting["sites"]
+    x0 = [set(X[:, 0].tolist()) for X, _ in sites]
+    v = min(x0[0] - x0[1])
+    lo, hi = v - 1e-3, v + 1e-3
+    inside = [int(np.sum((X[:, 0] > lo) & (X[:, 0] <= hi))) for X, _ in sites]
+    assert inside[0] >= 1 and inside[1] == 0
+    a = EvalSpec(models=(_forest_text(spec.models[0], [_leaf([0.9, 0.1])]),))
+    b = EvalSpec(models=(_probe(spec.models[0], lo, hi),))
+    job_a, job_b = _config(a, "eval-a", 4), _config(b, "probe-1", 4)
+    # without a ledger: site 1 would send the same sums for B as for A, site 0 other ones
+    own_a = [EvalWorker(job_a, *s).statistics() for s in sites[:2]]
+    own_b = [EvalWorker(job_b, *s).statistics() for s in sites[:2]]
+    assert np.array_equal(own_a[1]["confusion"], own_b[1]["confusion"])
+    assert not np.array_equal(own_a[0]["confusion"], own_b[0]["confusion"])
+    states = _states(tmp_path)
+    _secure_sum(job_a, [_ledgered(job_a, k, s, states[k]) for k, s in enumerate(sites)])
+    return {"job_a": job_a, "job_b": job_b, "states": states, "sites": sites}
+
+
+def test_whether_a_site_takes_a_probe_job_does_not_depend_on_its_held_out_rows(
+        probed: dict[str, Any]) -> None:
+    """The server evaluated model A, then offers job B = A except on a small box of x0. Site 0
+    has a held-out row in the box, site 1 none: the server sees the same from both, before
+    joining and in the round (both decline: each already answered an evaluation on its rows),
+    so a decline tells nothing about where a site's rows lie."""
+    job_b, states, sites = probed["job_b"], probed["states"], probed["sites"]
+    task = EvalCoordinator(job_b).next_task()
+    assert task is not None
+    before, within = [], []
+    for k in (0, 1):
+        worker = _ledgered(job_b, k, sites[k], states[k])
+        before.append(_outcome(worker.check, states[k]))
+        within.append(_outcome(lambda w=worker: w.handle(task), states[k]))
+    assert before[0] == before[1]
+    assert within[0] == within[1]
+    said = ("job 'probe-1' is another evaluation of the held-out rows this site already "
+            "answered in job 'eval-a' (a site answers one evaluation job per held-out set); a "
+            "second evaluation could isolate this site by differencing. Refusing (to answer it "
+            "all the same, with a server you trust, start the client with --evaluate-again; to "
+            "repeat an evaluation on purpose, delete job 'eval-a''s line from <ledger>)")
+    assert before[0] == within[0] == ("evaluated_before", said)
+
+
+def test_a_site_that_evaluates_again_takes_a_probe_job_whatever_its_rows(
+        probed: dict[str, Any]) -> None:
+    """With --evaluate-again both sites answer the probe job, the one with a row in its box and
+    the one without alike; model A's own file again is refused by both, before joining and in
+    the round."""
+    job_b, states, sites = probed["job_b"], probed["states"], probed["sites"]
+    task = EvalCoordinator(job_b).next_task()
+    assert task is not None
+    for k in (0, 1):
+        worker = _ledgered(job_b, k, sites[k], states[k], again=True)
+        worker.check()
+        assert worker.handle(task).summable.size > 0
+    a_again = dataclasses.replace(probed["job_a"], job_id="eval-a2")
+    task = EvalCoordinator(a_again).next_task()
+    assert task is not None
+    for k in (0, 1):
+        worker = _ledgered(a_again, k, sites[k], states[k], again=True)
+        for act in (worker.check, lambda w=worker: w.handle(task)):
+            with pytest.raises(RefusedRequest, match="scores model .* on the held-out rows "
+                                                     "this site already scored it on in job "
+                                                     "'eval-a'") as exc:
+                act()
+            assert exc.value.code == "evaluated_before"

@@ -1,7 +1,8 @@
 """A site that will not join a job says why, as a code (POST /v1/jobs/{job}/decline): its
 table does not fit the schema, its schema file is another, the job's profile or configuration
-is not the one it pinned. The operator and the other sites see it beside the member, instead
-of a job that waits for it with no reason given; the site's join clears it."""
+is not the one it pinned. The operator sees it beside the member, instead of a job that waits
+for it with no reason given, and so does that site; the other sites see only that it has not
+joined. The site's join clears it."""
 
 from __future__ import annotations
 
@@ -55,13 +56,18 @@ def _declined(http: TestClient, headers: dict) -> dict[str, str | None]:
     return {m.name: m.declined for m in st.members}
 
 
-def test_a_sites_declining_is_shown_to_the_operator_and_the_sites_until_it_joins(
+def test_a_sites_declining_is_shown_to_the_operator_and_that_site_only_until_it_joins(
         server: dict) -> None:
     http, site, ops = server["http"], server["site"], server["ops"]
     http.post("/v1/jobs/job-a/join", headers=site[0])
     r = http.post("/v1/jobs/job-a/decline", json={"reason": "table"}, headers=site[2])
     assert r.status_code == 200, r.text
-    assert _declined(http, site[0]) == {"client-0": None, "client-1": None, "client-2": "table"}
+    assert _declined(http, site[2]) == {"client-0": None, "client-1": None, "client-2": "table"}
+    # another site sees that client-2 has not joined, not why (its table: its own data)
+    for other in (site[0], site[1]):
+        assert _declined(http, other) == {"client-0": None, "client-1": None, "client-2": None}
+        st = http.get("/v1/jobs/job-a", headers=other).json()
+        assert [m["state"] for m in st["members"]] == ["active", "invited", "invited"]
     page = http.get("/ui/api/jobs", headers=ops).json()["jobs"][0]
     assert [m.get("declined") for m in page["members"]] == [None, None, "table"]
     line = format_jobs([JobStatus.model_validate(page)]).splitlines()[1]
@@ -133,7 +139,7 @@ def test_a_site_declines_a_job_whose_server_runs_another_version(
         f"the server runs fedforest-secure '0.0.1' and this site {__version__!r}: this site "
         "did not join job job-a. Run one version on the server and every site (fedforest "
         "--version), upgraded together between jobs")
-    assert _declined(http, site[1]) == {"client-0": "version", "client-1": None,
+    assert _declined(http, site[0]) == {"client-0": "version", "client-1": None,
                                         "client-2": None}
     st = http.get("/v1/jobs/job-a", headers=site[1]).json()
     assert [m["state"] for m in st["members"]] == ["invited"] * 3

@@ -189,7 +189,8 @@ class MemberStatus(_Response):
     index: int
     state: str  # "invited" (not joined yet) | "active" | "dropped"
     dropped_round: int | None = None
-    #: an invited site that declined the job: why (:data:`DECLINE_CODES`), until it joins
+    #: an invited site that declined the job: why (:data:`DECLINE_CODES`), until it joins;
+    #: shown to the operator and to that site only (None to the other sites)
     declined: str | None = None
 
 
