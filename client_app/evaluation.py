@@ -133,11 +133,13 @@ class EvalLedger:
 
     def check_and_record(self, job: str, models: tuple[str, ...], rows: str, *,
                          evaluation: str, resumed: bool, record: bool = True,
-                         again: bool = False, rows_in_order: str | None = None) -> None:
+                         again: bool = False, check: bool = True,
+                         rows_in_order: str | None = None) -> None:
         """Refuse (:class:`RefusedRequest`, code ``evaluated_before``) if another job on
         ``rows`` (or, for older lines, ``rows_in_order``) is in the ledger (with ``again``,
         the site's ``--evaluate-again``: only if that job scored one of ``models``, file
-        digests); else record this job (once; ``record=False``: only the check). Nothing
+        digests); else record this job (once; ``record=False``: only the check; ``check=False``:
+        only the record). Nothing
         here reads the rows' values: a refusal tells the server only that this site answered
         another evaluation on the same rows.
 
@@ -150,8 +152,10 @@ class EvalLedger:
         beside it): clients of two evaluation jobs sharing the state directory can neither
         both pass the check nor lose each other's lines."""
         with self._locked():
-            self._check(job, models, {rows} | ({rows_in_order} if rows_in_order else set()),
-                        evaluation, resumed, again)
+            if check:
+                self._check(job, models,
+                            {rows} | ({rows_in_order} if rows_in_order else set()),
+                            evaluation, resumed, again)
             if record:
                 self._record(job, models, rows, evaluation)
 
@@ -239,8 +243,9 @@ class LedgeredEvalWorker:
         # the configuration as the server sent it (``sent``), else as the worker's reads
         self._evaluation = _evaluation_digest(
             sent if sent is not None else json.loads(worker.config.to_json()))
-        # without secure aggregation every upload is the site's own, in the clear: the same
-        # upload sent again by a restarted client tells the server nothing new
+        # without secure aggregation every upload is the site's own, in the clear: there is no
+        # sum to difference, so the ledger only records the job (and a restarted client sends
+        # its same upload again)
         self._in_clear = worker.config.profile.get("secure_aggregation") is False
         self._recorded = False  # whether this client wrote the job's line
 
@@ -252,8 +257,8 @@ class LedgeredEvalWorker:
         self._ledger.check_and_record(
             self.inner.config.job_id, self.inner.spec.digests, self._rows,
             evaluation=self._evaluation,
-            resumed=not answering or self._recorded or self._in_clear, record=record,
-            again=self._again, rows_in_order=self._rows_in_order)
+            resumed=not answering or self._recorded, record=record, again=self._again,
+            check=not self._in_clear, rows_in_order=self._rows_in_order)
         self._recorded = self._recorded or record
 
     def check(self) -> None:

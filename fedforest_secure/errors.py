@@ -97,7 +97,7 @@ REFUSAL_CODES = (
     "failed",            # the site's client stopped on an error (its own log says which)
     "invalid_message",   # a peer's message, relayed by the server, that does not authenticate
                          # (the refusal may name the peer it accuses, by its client index)
-    "evaluated_before",  # a model this site already scored on the same held-out rows
+    "evaluated_before",  # an evaluation job on held-out rows this site answered another on
     "other",
 )
 

@@ -138,10 +138,9 @@ def test_a_site_needs_the_table_its_jobs_kind_scores(setting: dict[str, Any],
 
 def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
         tmp_path: Path) -> None:
-    """Under every profile (open included, where no round can be refused) a site whose ledger
-    already holds one of the job's models on the same held-out rows declines the job before
-    joining, telling the server the code `evaluated_before`, so the other sites never wait
-    out a round's deadline for it."""
+    """Under secure aggregation a site whose ledger already holds one of the job's models on
+    the same held-out rows declines the job before joining, telling the server the code
+    `evaluated_before`, so the other sites never wait out a round's deadline for it."""
     import dataclasses
     import io
     import json
@@ -161,7 +160,7 @@ def test_a_site_that_scored_the_model_before_declines_the_job_before_joining(
     spec = EvalSpec(models=(model.to_json(),))
     cfg = dataclasses.replace(
         eval_config("ev-2", spec, task="classification", n_features=2, n_clients=3,
-                    n_classes=2, profile=load_profile("open").to_dict()),
+                    n_classes=2, profile=load_profile("secure").to_dict()),
         feature_bounds=((-1.0, 1.0),) * 2, target_bound=1.0)
     schema = {"features": [{"name": f"x{j}", "kind": "continuous", "bounds": [-1.0, 1.0]}
                            for j in range(2)],
@@ -622,8 +621,9 @@ def test_a_client_upgraded_in_the_middle_of_its_job_knows_its_own_ledger_line(
     """The ledger knows an evaluation job by its configuration as the server sent it, before
     the client reads in the profile's defaults. A client restarted in the middle of its
     open-profile job after an upgrade that adds a profile setting (one more default filled
-    in) finds the line its earlier process wrote as this job's: it joins and sends its same
-    upload again, instead of declining its own job as "an earlier job also named" it."""
+    in) finds the line its earlier process wrote as this job's: it sends its same upload
+    again and the job keeps one line, not a second one as another job's (under secure
+    aggregation the ledger would decline it as "an earlier job also named" it)."""
     import dataclasses
     import io
     import json
@@ -806,3 +806,26 @@ def test_a_site_that_evaluates_again_takes_a_probe_job_whatever_its_rows(
                                                      "'eval-a'") as exc:
                 act()
             assert exc.value.code == "evaluated_before"
+
+
+def test_without_secure_aggregation_a_site_answers_every_evaluation_of_its_rows(
+        setting: dict[str, Any], ten_trees: str, tmp_path: Path) -> None:
+    """Without secure aggregation every upload is the site's own, in the clear: there is no
+    sum to difference, so the ledger refuses no evaluation (another forest, or the same
+    model again) and only records each job."""
+    import json
+
+    spec, sites = setting["spec"], setting["sites"]
+    first = eval_config("eval-1", spec, task="classification", n_features=30, n_clients=4,
+                        n_classes=2, profile=load_profile("open").to_dict())
+    second = eval_config("eval-2", EvalSpec(models=(ten_trees, *spec.models)),
+                         task="classification", n_features=30, n_clients=4, n_classes=2,
+                         profile=load_profile("open").to_dict())
+    for job in (first, second):
+        task = EvalCoordinator(job).next_task()
+        assert task is not None
+        worker = _ledgered(job, 0, sites[0], tmp_path)
+        worker.check()
+        assert worker.handle(task).summable is not None
+    lines = (tmp_path / "evaluations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["job"] for line in lines] == ["eval-1", "eval-2"]

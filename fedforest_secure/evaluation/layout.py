@@ -76,8 +76,7 @@ class StatBlock:
     touched : int
         Entries one record changes.
     data_only : bool
-        A sum of the rows alone (the same for every model scored on them): a site's ledger
-        does not compare it across jobs (``client_app/evaluation.py``).
+        A sum of the rows alone (the same for every model scored on them).
     """
 
     name: str

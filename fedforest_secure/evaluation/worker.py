@@ -95,16 +95,6 @@ class EvalWorker:
             self._stats = site_statistics(self.layout, self.spec.forests(), self._X, self._y)
         return dict(self._stats)
 
-    def model_statistics(self) -> tuple[dict[str, np.ndarray], ...]:
-        """Per model, the noise-free statistics this site's answer carries (each block
-        without the model axis, in layout order); empty when it abstains (it sends zeros).
-        What a site's ledger compares across jobs."""
-        if self.abstains:
-            return ()
-        stats = self.statistics()
-        return tuple({b.name: np.asarray(stats[b.name][m], dtype=np.float64)
-                      for b in self.layout.blocks} for m in range(self.layout.n_models))
-
     def handle(self, task: Task) -> Reply:
         """Answer the evaluation task (the same reply again for a retried round)."""
         if task.job_id != self.config.job_id:

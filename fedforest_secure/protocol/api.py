@@ -87,7 +87,7 @@ class RefuseBody(_CodedReason):
 #: Why a site declines a job before joining it (the only words of it that reach the server):
 #: its table does not fit the job's schema; its schema file is not the job's; the job's
 #: privacy profile is not the one it pinned; the job's configuration disagrees with its own;
-#: an evaluation job scores a model this site already scored on the same held-out rows; the
+#: an evaluation job on held-out rows this site already answered another evaluation on; the
 #: server runs another version of fedforest-secure than the site.
 DECLINE_CODES = ("table", "schema", "profile", "job_config", "evaluated_before", "version")
 
