@@ -2,8 +2,10 @@
 
 Client-stratified bootstrap: every client resamples its own rows per tree, with replacement,
 from its own seed, so no row ever leaves its site to be resampled. The draws are assigned to
-the rows in an order fixed by the rows' contents (:func:`canonical_order`), so the forest does
-not depend on how a site's table is sorted, and a row of integer weight ``w`` is drawn exactly
+the rows in an order fixed by the rows' contents (:func:`canonical_order`), so the forest's
+splits do not depend on how a site's table is sorted (without secure aggregation a regression's
+leaf values may differ in the last bits: the clients' float sums follow their tables' order;
+fixed-point sums are exact), and a row of integer weight ``w`` is drawn exactly
 as ``w`` copies of it would be (the client draws as many times as its rows' total weight; past
 ``MAX_COPY_DRAWS`` copies, population counts as weights, the same multinomial law is drawn per
 row instead, in memory of the rows' number).

@@ -232,6 +232,9 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         sample_weight : array-like of shape (n,), non-negative integer frequency weights, or
             None
         client : array-like of shape (n,), the institution of each row (None: one client)
+            (its distinct values, sorted, give the sites their indices, and each index seeds
+            that site's bootstrap: the same sites under names that sort in another order grow
+            another forest)
         on_round : optional callback receiving each round's :class:`RoundRecord`
 
         Returns
