@@ -180,6 +180,54 @@ def test_a_client_certificate_the_server_does_not_trust_is_named_not_retried(
     assert "unknown ca" in text and "signed by a CA the server does not trust" in text
 
 
+def test_a_client_certificate_not_valid_yet_on_the_servers_clock_names_the_clocks(
+        mtls_server: str, dev_pki: DevPKI, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's clock is 10 min ahead of the server's, and the site's certificate was
+    issued here (`pki issue --renew` on this machine): it starts 5 min before this clock's
+    now, 5 min after the server's, which refuses it. The client names that possibility and
+    the dates, beside the CA, revocation and expiry."""
+    import datetime as dt
+    import types
+
+    import fedforest_secure._pem_files as pem_files
+    from fedforest_secure.pki import issue_certificate, load_ca
+
+    ahead = dt.timedelta(minutes=10)
+    here = dt.datetime.now(dt.UTC).replace(microsecond=0) + ahead
+
+    class Here(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Here:  # type: ignore[override]
+            return cls.fromtimestamp(here.timestamp(), tz)
+
+    monkeypatch.setattr(pem_files, "_dt", types.SimpleNamespace(
+        datetime=Here, UTC=dt.UTC, timedelta=dt.timedelta))
+    import client_app.transport as transport
+    monkeypatch.setattr(transport, "_utcnow", lambda: here, raising=False)
+    made = issue_certificate(load_ca(dev_pki.ca_cert, dev_pki.ca_key),
+                             "client-0", server=False, now=here)
+    made.write(tmp_path / "c.pem", tmp_path / "c.key")
+    tr = Transport(mtls_server, "t", dev_pki.ca_cert, tmp_path / "c.pem", tmp_path / "c.key",
+                   retry_budget_s=30.0)
+    with pytest.raises(TransportFailed) as err:
+        tr.request("GET", "/v1/jobs")
+    tr.close()
+    start = here - dt.timedelta(minutes=5)
+    end = made.cert.not_valid_after_utc
+    assert str(err.value).endswith(
+        "Is it signed by a CA the server does not trust (its [tls] client_ca), revoked, "
+        "expired, or not valid yet on the server's clock? Check that --cert and --key are the "
+        "pair the federation's coordinator issued for this site, and that the CA that signed "
+        f"it is the server's client_ca (`openssl verify -CAfile <that CA> {tmp_path / 'c.pem'}`)"
+        "; the server's operator can tell which CA it trusts. This certificate is valid from "
+        f"{start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock "
+        f"says {here:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 5 min behind "
+        "this one takes it for not valid yet (its log says `certificate is not yet valid`); "
+        "compare the server's clock with this machine's (NTP), or wait until the server's "
+        "clock has passed its start"), str(err.value)
+
+
 def test_a_server_that_drops_requests_after_the_handshake_is_still_waited_for(
         dev_pki: DevPKI) -> None:
     """A server that accepts the certificate but closes connections without answering a
