@@ -393,15 +393,19 @@ def _clock_hint(cert_path: Path) -> str:
               f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
               f"{now:%Y-%m-%d %H:%M:%S} UTC")
     compare = "compare the server's clock with this machine's (NTP)"
+    if now < start:  # (checked before it connects: a clock that stepped back since)
+        return (f". {period}: it is not valid yet on this machine's clock either; {compare}, "
+                "or wait until its start")
     if now - start < _CLOSE:
-        by = f"{max(0, int((now - start).total_seconds() // 60))} min"
+        by = f"{int((now - start).total_seconds() // 60)} min"
         return (f". {period}: a server whose clock is more than {by} behind this one takes "
                 "it for not valid yet (its log says `certificate is not yet valid`); "
                 f"{compare}, or wait until the server's clock has passed its start")
     if end - now < _CLOSE:
         by = f"{max(0, int((end - now).total_seconds() // 60))} min"
         return (f". {period}: a server whose clock is more than {by} ahead of this one "
-                "takes it for expired; renew it (`fedforest pki issue --renew`), and "
+                "takes it for expired: ask the federation's coordinator for a new one "
+                "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
                 f"{compare}")
     return ""
 

@@ -393,3 +393,28 @@ def test_the_client_commands_last_line_says_how_the_job_ended_once(
         "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml")])
     assert res.exit_code == 3, res.output
     assert res.output.splitlines()[-1] == line
+
+
+def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settled_certificate(
+        dev_pki: DevPKI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A certificate that ends within the hour by this machine's clock: a server ahead of it
+    takes it for expired, and the message says by how much. One started a day ago and valid
+    for months: nothing is added (the clocks are not the likely cause)."""
+    import datetime as dt
+
+    import client_app.transport as transport
+    from fedforest_secure.pki import load_certificate
+
+    cert = load_certificate(dev_pki.client_certs[0])
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    near_end = end - dt.timedelta(minutes=20, seconds=30)
+    monkeypatch.setattr(transport, "_utcnow", lambda: near_end)
+    assert transport._clock_hint(dev_pki.client_certs[0]) == (
+        f". This certificate is valid from {start:%Y-%m-%d %H:%M:%S} to "
+        f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
+        f"{near_end:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 20 min ahead of "
+        "this one takes it for expired: ask the federation's coordinator for a new one "
+        "(`fedforest pki issue --renew --name <site>` where the CA is kept), and compare the "
+        "server's clock with this machine's (NTP)")
+    monkeypatch.setattr(transport, "_utcnow", lambda: start + dt.timedelta(days=1))
+    assert transport._clock_hint(dev_pki.client_certs[0]) == ""
