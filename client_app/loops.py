@@ -197,6 +197,7 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
             try:
                 session.connect(on_wait=ctx.waiting)
             except (RefusedRequest, InvalidMessage) as exc:  # a peer's identity: accused
+                # (RefusedRequest: a certificate not valid yet on this clock, accusing nobody)
                 _refuse_step(ctx, session, r, exc)
                 return
         if not session.advertised(r) and (step.action != "advert" or ctx.uploaded_before):

@@ -9,6 +9,7 @@ with the client's explicit ``--insecure-dev``; the URL is parsed, never prefix-m
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import ipaddress
 import json
 import re
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.pki import check_validity
+from fedforest_secure.pki import check_validity, load_certificate
 from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
 
@@ -349,10 +350,11 @@ class Transport:
                     "client certificate (mutual TLS). Pass --cert client.pem --key "
                     "client.key (from the federation's `fedforest pki init`)")
         check = ("Is it signed by a CA the server does not trust (its [tls] client_ca), "
-                 "revoked, or expired? Check that --cert and --key are the pair the "
-                 "federation's coordinator issued for this site, and that the CA that signed "
-                 f"it is the server's client_ca (`openssl verify -CAfile <that CA> "
-                 f"{self.cert}`); the server's operator can tell which CA it trusts")
+                 "revoked, expired, or not valid yet on the server's clock? Check that --cert "
+                 "and --key are the pair the federation's coordinator issued for this site, "
+                 "and that the CA that signed it is the server's client_ca (`openssl verify "
+                 f"-CAfile <that CA> {self.cert}`); the server's operator can tell which CA it "
+                 f"trusts{_clock_hint(self.cert)}")
         if alert:
             return (f"{self.base_url} refuses the client certificate --cert {self.cert}{said}. "
                     f"{check}")
@@ -367,6 +369,45 @@ class Transport:
             return self.request("POST", path).json()
         return self.request("POST", path, content=json.dumps(body).encode(),
                             content_type="application/json").json()
+
+
+def _utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.UTC)
+
+
+#: a certificate whose start (or end) lies this close to this machine's clock may be refused by
+#: a server whose clock differs by that much
+_CLOSE = _dt.timedelta(hours=1)
+
+
+def _clock_hint(cert_path: Path) -> str:
+    """What this machine's clock says of ``cert_path``, when a server whose clock differs from
+    it by less than an hour would refuse the certificate (not valid yet, or expired); else
+    nothing."""
+    try:
+        cert = load_certificate(cert_path)
+    except (OSError, ValueError):
+        return ""
+    now, start, end = _utcnow(), cert.not_valid_before_utc, cert.not_valid_after_utc
+    period = (f"This certificate is valid from {start:%Y-%m-%d %H:%M:%S} to "
+              f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
+              f"{now:%Y-%m-%d %H:%M:%S} UTC")
+    compare = "compare the server's clock with this machine's (NTP)"
+    if now < start:  # (checked before it connects: a clock that stepped back since)
+        return (f". {period}: it is not valid yet on this machine's clock either; {compare}, "
+                "or wait until its start")
+    if now - start < _CLOSE:
+        by = f"{int((now - start).total_seconds() // 60)} min"
+        return (f". {period}: a server whose clock is more than {by} behind this one takes "
+                "it for not valid yet (its log says `certificate is not yet valid`); "
+                f"{compare}, or wait until the server's clock has passed its start")
+    if end - now < _CLOSE:
+        by = f"{max(0, int((end - now).total_seconds() // 60))} min"
+        return (f". {period}: a server whose clock is more than {by} ahead of this one "
+                "takes it for expired: ask the federation's coordinator for a new one "
+                "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
+                f"{compare}")
+    return ""
 
 
 def _detail_of(resp: httpx.Response) -> str:

@@ -3,11 +3,12 @@ this command was started (for the commands a sub-command suggests next)."""
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -18,7 +19,7 @@ from rich.markup import escape
 from fedforest_secure.errors import ProtocolError
 from fedforest_secure.printable import printable, printable_lines
 
-__all__ = ["MAX_SEED", "check_output", "console", "fail", "own_command"]
+__all__ = ["MAX_SEED", "check_output", "console", "duration", "fail", "own_command"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
 console = Console(stderr=True)
@@ -54,6 +55,21 @@ def check_output(path: Path, *, force: bool, inputs: Sequence[tuple[str, Path]] 
     if (path.exists() or path.is_symlink()) and not force:
         fail(FileExistsError(f"{path} exists: nothing was written (--force replaces it)"))
 
+
+
+def duration(unit: str) -> Callable[[float | None], float | None]:
+    """The ``callback`` of a float option that is a duration in ``unit`` (``"seconds"``,
+    ``"days"``): a value that is not a finite number, 0 or more (``nan``, ``inf``, ``-5``) is a
+    usage error naming the option, before the command does anything; None (left out)
+    passes."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise typer.BadParameter(f"must be a finite number of {unit}, 0 or more; got "
+                                     f"{value:g}")
+        return value
+
+    return check
 
 
 def own_command() -> str:

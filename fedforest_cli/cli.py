@@ -20,7 +20,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 
 from . import data_cli, site_cli
-from ._common import MAX_SEED, console, fail
+from ._common import MAX_SEED, console, duration, fail
 from .audit_cli import audit_app
 from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
@@ -89,7 +89,8 @@ def client(
     out: Annotated[Path | None, typer.Option(
         help="where to save the model (an evaluation job: its result)")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
-    retry_budget: Annotated[float, typer.Option(help="seconds to keep retrying")] = 300.0,
+    retry_budget: Annotated[float, typer.Option(
+        help="seconds to keep retrying", callback=duration("seconds"))] = 300.0,
     profile: Annotated[str | None, typer.Option(
         help="the privacy profile this site accepts (open | secure | secure-dp | path to a "
              "TOML file): the client refuses a job whose profile differs")] = None,

@@ -25,7 +25,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.evaluation.spec import model_digest
 from fedforest_secure.files import write_atomic
 
-from ._common import console, fail
+from ._common import console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def evaluate(
              "first model's directory; the current one for a job given by id)")
     ] = None,
     timeout: Annotated[float, typer.Option(
-        help="seconds to wait for the sites")] = 3600.0,
+        help="seconds to wait for the sites", callback=duration("seconds"))] = 3600.0,
 ) -> None:
     """Evaluate models on the sites' held-out rows (an evaluation job), then a table and a plot."""
     from fedforest_secure.evaluation.result import EvalResult

@@ -16,7 +16,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import JobStatus
 
-from ._common import console, fail
+from ._common import console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ def create_job_cmd(config: ConfigOpt,
 def cancel_job_cmd(config: ConfigOpt,
                    job: Annotated[str, typer.Option("--job", "-j", help="the job's id")],
                    wait: Annotated[float, typer.Option(
-                       min=0, help="seconds to wait for the running server to cancel it")
-                   ] = 60.0) -> None:
+                       help="seconds to wait for the running server to cancel it",
+                       callback=duration("seconds"))] = 60.0) -> None:
     """Cancel a waiting or running job: it fails with the reason "cancelled by the operator".
 
     The command records the request in the database and the running server fails the job at
@@ -187,8 +187,8 @@ def cancel_job_cmd(config: ConfigOpt,
 @server_cli.command("prune")
 def prune_cmd(config: ConfigOpt,
               keep_days: Annotated[float | None, typer.Option(
-                  help="prune finished jobs whose last round closed more than N days ago")
-              ] = None,
+                  help="prune finished jobs whose last round closed more than N days ago",
+                  callback=duration("days"))] = None,
               job: Annotated[list[str] | None, typer.Option(
                   help="prune this finished job (repeat for several)")] = None,
               dry_run: Annotated[bool, typer.Option(
@@ -204,8 +204,6 @@ def prune_cmd(config: ConfigOpt,
 
     if keep_days is None and not job:
         fail(ValueError("give --keep-days N or --job J"))
-    if keep_days is not None and not keep_days >= 0:
-        fail(ValueError(f"--keep-days must be a number of days >= 0, got {keep_days}"))
     from server_app.retention import NotFinished
 
     try:

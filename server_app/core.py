@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,10 +53,10 @@ class Core:
 
     @classmethod
     def build(cls, db: Database, audit: AuditSink, clock: Callable[[], float],
-              spool: Spool) -> Core:
+              spool: Spool, monotonic: Callable[[], float] = time.monotonic) -> Core:
         lock = threading.RLock()
         changes = Changes(lock)
-        deadlines = Deadlines(db, clock)
+        deadlines = Deadlines(db, clock, monotonic)
         driver = RoundDriver(audit, clock, changes, deadlines, spool)
 
         def unresumable(sess: Session, job: JobRow, reason: str) -> None:

@@ -1,26 +1,32 @@
 """Round deadlines: when the open phase of a job's round ends, and a cheap "not yet" check.
 
 Each phase gets the job's full round deadline from the moment it opens
-(``rounds.deadline_at``). After a restart the open phase's deadline runs again from the
-server's start, so clients that were backing off while it was down are not dropped for the
-server's outage. An outage of the server's database counts the same: once a query failed
-because the database could not be reached (the clients got 500s and backed off), the open
-phase's deadline runs again from when it next answered (the first deadline computed from a
-row read after the failure). So does a stall of the server process itself (paused with
-SIGSTOP, a suspended or migrated VM, a swap storm): its sites' requests waited in its socket
-queue, unanswered. The serving process beats every tick (:meth:`Deadlines.beat`, from the event
-loop); a gap between two beats well over their interval is such a stall, and the open phase's
-deadline runs again from when it is noticed: at the next beat, or at the first deadline
-computed after the stall, whichever comes first. Deadlines only move later (every phase and
-round sets now + the job's fixed round deadline), so the last one seen is a lower bound for
-every later one of the job: until it passes, a request needs no query to know that no deadline
-has passed.
+(``rounds.deadline_at``). The deadlines run on the process's own timeline
+(:meth:`Deadlines.now`: the wall clock at the server's start plus the monotonic time since), so
+a step of the wall clock (NTP correcting it, a date set by hand, a VM restored from a snapshot)
+moves no deadline, backwards or forwards (``deadline_at`` is stored on that timeline, which
+differs from the wall clock by the steps the wall clock took since the server started). After a
+restart the open phase's deadline runs again from the server's start (a stored deadline that
+this process did not set is on another process's timeline), so clients that were backing off
+while it was down are not dropped for the server's outage. An outage of the server's database
+counts the same: once a query failed because the database could not be reached (the clients got
+500s and backed off), the open phase's deadline runs again from when it next answered (the
+first deadline computed from a row read after the failure). So does a stall of the server
+process itself (paused with SIGSTOP, a suspended or migrated VM, a swap storm): its sites'
+requests waited in its socket queue, unanswered. The serving process beats every tick
+(:meth:`Deadlines.beat`, from the event loop); a gap between two beats well over their interval
+is such a stall, and the open phase's deadline runs again from when it is noticed: at the next
+beat, or at the first deadline computed after the stall, whichever comes first. Deadlines only
+move later (every phase and round sets now + the job's fixed round deadline), so the last one
+seen is a lower bound for every later one of the job: until it passes, a request needs no query
+to know that no deadline has passed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from .db import Database, JobRow, RoundRow
@@ -35,13 +41,17 @@ STALL_S = 5.0
 
 
 class Deadlines:
-    """The deadline clock of one server process."""
+    """The deadline clock of one server process: ``clock`` is the wall clock (what the status
+    tells deadlines in), ``monotonic`` what times them."""
 
-    def __init__(self, db: Database, clock: Callable[[], float]) -> None:
+    def __init__(self, db: Database, clock: Callable[[], float],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._db = db
         self.clock = clock
+        self._monotonic = monotonic
+        self._wall0, self._mono0 = clock(), monotonic()
         #: when this server started, or its database last answered again after an outage
-        self.resumed_at = clock()
+        self.resumed_at = self.now()
         #: when a query first failed for want of the database, until it answers again
         self.unreachable_since: float | None = None
         self._outage = threading.Lock()
@@ -50,7 +60,16 @@ class Deadlines:
         #: the last heartbeat and the interval of the beats (None: nothing beats)
         self._beat_at: float | None = None
         self._beat_every = 0.0
+        #: the deadlines this process set and that have not passed (a stored deadline that is
+        #: not among them was set before this process started, on another timeline)
+        self._mine: set[float] = set()
+        self._mine_mu = threading.Lock()
         db.on_unreachable(self.database_unreachable)
+
+    def now(self) -> float:
+        """This process's time, which every deadline is on: the wall clock at its start plus
+        the monotonic time since (a step of the wall clock does not move it)."""
+        return self._wall0 + (self._monotonic() - self._mono0)
 
     def database_unreachable(self, exc: BaseException) -> None:
         """A query failed because the database could not be reached (the clients meet 500s
@@ -59,7 +78,7 @@ class Deadlines:
         with self._outage:
             if self.unreachable_since is not None:
                 return
-            self.unreachable_since = self.clock()
+            self.unreachable_since = self.now()
         orig = getattr(exc, "orig", None) or exc
         event("database_unavailable", logging.WARNING,
               error=f"{type(orig).__name__}: {str(orig).strip()[:200]}",
@@ -73,14 +92,14 @@ class Deadlines:
             if since is None:
                 return
             self.unreachable_since = None
-            self.resumed_at = max(self.resumed_at, self.clock())
+            self.resumed_at = max(self.resumed_at, self.now())
         event("database_available", unreachable_s=self.resumed_at - since,
               deadlines="the open rounds' deadlines run again from now")
 
     def beat(self, every: float) -> None:
         """The serving process's heartbeat, every ``every`` seconds: a stall since the last
         one (:meth:`_stalled`) is noticed here at the latest."""
-        now = self.clock()
+        now = self.now()
         self._stalled(now)
         self._beat_every, self._beat_at = every, now
 
@@ -100,16 +119,23 @@ class Deadlines:
               deadlines="the open rounds' deadlines run again from now")
 
     def at(self, deadline_at: float, round_deadline_s: float) -> float:
-        """The open phase's deadline; never earlier than a full round deadline after this
-        server started, its database answered again after an outage, or its process ran again
-        after a stall (every caller read ``deadline_at`` from the database just now: it
-        answers)."""
-        self._stalled(self.clock())
+        """The open phase's deadline on this process's timeline; never earlier than a full
+        round deadline after this server started, its database answered again after an
+        outage, or its process ran again after a stall; a full round deadline after the
+        latest of those when ``deadline_at`` was set before this process started (every
+        caller read ``deadline_at`` from the database just now: it answers)."""
+        self._stalled(self.now())
         self._database_answered()
-        return max(deadline_at, self.resumed_at + round_deadline_s)
+        rearmed = self.resumed_at + round_deadline_s
+        if deadline_at in self._mine:
+            return max(deadline_at, rearmed)
+        # set by an earlier process, before its phase's full deadline from this start (on one
+        # clock), or on a timeline that a step of the wall clock moved, either way
+        return rearmed
 
     def of(self, rr: RoundRow, job: JobRow) -> float:
-        return self.at(rr.deadline_at, job.round_deadline_s)
+        """The open phase's deadline on the wall clock (what the status tells)."""
+        return self.clock() + (self.at(rr.deadline_at, job.round_deadline_s) - self.now())
 
     def remaining(self, rr: RoundRow, job: JobRow) -> float:
         """Seconds left in the open phase (what clients are told)."""
@@ -117,13 +143,21 @@ class Deadlines:
 
     def remaining_at(self, deadline_at: float, round_deadline_s: float) -> float:
         """:meth:`remaining` from the stored values."""
-        return max(0.0, self.at(deadline_at, round_deadline_s) - self.clock())
+        return max(0.0, self.at(deadline_at, round_deadline_s) - self.now())
 
     def passed(self, rr: RoundRow, job: JobRow) -> bool:
-        return self.clock() >= self.of(rr, job)
+        return self.now() >= self.at(rr.deadline_at, job.round_deadline_s)
 
-    def opened(self, job_id: str, at: float) -> float:
-        """A phase opened with deadline ``at`` (noted as the job's lower bound); returns it."""
+    def opened(self, job_id: str, round_deadline_s: float) -> float:
+        """A phase of ``job_id`` opens now: its deadline, ``round_deadline_s`` from now on this
+        process's timeline (noted as the job's lower bound), for ``rounds.deadline_at``."""
+        now = self.now()
+        at = now + round_deadline_s
+        with self._mine_mu:
+            # one that passed needs no record: taken for an earlier process's, it is re-armed
+            # to resumed_at + round deadline, which has passed too or is what it gave anyway
+            self._mine = {d for d in self._mine if d >= now}
+            self._mine.add(at)
         self._due[job_id] = at
         return at
 
@@ -139,7 +173,7 @@ class Deadlines:
         """Whether the open round's deadline has passed: no query while the lower bound has
         not passed, one small query otherwise."""
         lower = self._due.get(job_id)
-        if lower is not None and self.clock() < lower:
+        if lower is not None and self.now() < lower:
             return False
         with self._db.session() as sess:
             found = open_round_deadline(sess, job_id)
@@ -148,7 +182,7 @@ class Deadlines:
             return False
         round_deadline_s, deadline_at = found
         at = self.at(deadline_at, round_deadline_s)
-        if self.clock() >= at:
+        if self.now() >= at:
             self._due.pop(job_id, None)
             return True
         self._due[job_id] = at

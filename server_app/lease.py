@@ -12,6 +12,12 @@ process that has the dead holder's pid now is not taken for it: a server restart
 pid (a container's PID 1 after ``docker restart``, which keeps the host name) takes its own
 dead lease at once, and so does a server whose lease pid went to some other process.
 
+The lease's times come from the database's clock: the holder's renewals and every reader's
+"now" (a second server, ``fedforest server cancel-job``) are read from it, so hosts whose clocks
+differ agree on a claim's age (PostgreSQL's ``clock_timestamp()``; SQLite's ``'now'``, the
+clock of the machine that runs the process: a SQLite database in write-ahead-log mode is shared
+by the processes of one machine only). A test may pass a clock of its own.
+
 A server that stalled past ``LEASE_S`` (paused, a suspended VM) may find, when it resumes, that
 another server took the lease and serves the database. Its writes are fenced: every transaction
 of the serving process that wrote reads the lease row before it commits, in the same
@@ -27,13 +33,16 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, Float, delete, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from fedforest_secure.errors import FedForestError
 
@@ -48,6 +57,36 @@ LEASE_S = 15.0
 
 _SAME_MOMENT = ("another server took this database at the same moment: stop it first, or give "
                 "this server a database of its own")
+
+
+class _DatabaseNow(FunctionElement[float]):
+    """The database's clock, in seconds since the epoch (the unit of ``renewed_at``)."""
+
+    type = Float()
+    name = "database_now"
+    inherit_cache = True
+
+
+@compiles(_DatabaseNow)
+def _now_postgresql(element: _DatabaseNow, compiler: SQLCompiler, **kw: object) -> str:
+    # the time of the statement (now() is the transaction's start), to the microsecond
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(_DatabaseNow, "sqlite")
+def _now_sqlite(element: _DatabaseNow, compiler: SQLCompiler, **kw: object) -> str:
+    # to the millisecond (CURRENT_TIMESTAMP has whole seconds)
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+#: a clock that says the time; None: the database's (:class:`_DatabaseNow`)
+Clock = Callable[[], float] | None
+
+
+def _now(sess: Session | Connection, clock: Clock) -> float:
+    if clock is not None:
+        return clock()
+    return float(sess.execute(select(_DatabaseNow())).scalar_one())
 
 
 class LeaseLost(FedForestError):
@@ -124,16 +163,18 @@ def _running_here(host: str, pid: int, started: str | None) -> bool:
 
 
 def _held(row: LeaseRow, now: float) -> bool:
-    """Whether ``row``'s server still holds the lease: renewed within ``LEASE_S`` seconds by a
-    process that, on this host, still runs."""
+    """Whether ``row``'s server still holds the lease: renewed within ``LEASE_S`` seconds
+    (``now`` read from the clock it was renewed by) by a process that, on this host, still
+    runs."""
     return now - row.renewed_at < LEASE_S and _running_here(row.host, row.pid, row.started)
 
 
-def holder(db: Database, clock: Callable[[], float] = time.time) -> LeaseRow | None:
-    """The lease of the server that serves ``db`` now, or None when no server does."""
+def holder(db: Database, clock: Clock = None) -> LeaseRow | None:
+    """The lease of the server that serves ``db`` now, or None when no server does (its age
+    read on the database's clock, or ``clock``)."""
     with db.session() as sess:
         row = sess.get(LeaseRow, 1)
-        return row if row is not None and _held(row, clock()) else None
+        return row if row is not None and _held(row, _now(sess, clock)) else None
 
 
 #: the fence's read of the lease row (:meth:`ServerLease._fence`), built once: every
@@ -144,9 +185,10 @@ _FENCE_READ = (select(LeaseRow.owner, LeaseRow.pid, LeaseRow.host, LeaseRow.port
 
 
 class ServerLease:
-    """This process's claim on ``db`` (:meth:`acquire`, :meth:`renew`, :meth:`release`)."""
+    """This process's claim on ``db`` (:meth:`acquire`, :meth:`renew`, :meth:`release`), timed
+    by the database's clock (or ``clock``)."""
 
-    def __init__(self, db: Database, port: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Database, port: int, clock: Clock = None) -> None:
         self.db, self.port, self.clock = db, port, clock
         self.owner = uuid.uuid4().hex
         self._stop = threading.Event()
@@ -161,7 +203,7 @@ class ServerLease:
         try:
             with self.db.session() as sess:
                 row = sess.get(LeaseRow, 1)
-                now = self.clock()
+                now = _now(sess, self.clock)
                 if row is not None and row.owner != self.owner and _held(row, now):
                     age = now - row.renewed_at
                     raise ConfigError(
@@ -190,7 +232,8 @@ class ServerLease:
         with self.db.connect(fenced=False) as conn:
             res = conn.execute(update(LeaseRow).where(LeaseRow.id == 1,
                                                       LeaseRow.owner == self.owner)
-                               .values(renewed_at=self.clock()))
+                               .values(renewed_at=_DatabaseNow() if self.clock is None
+                                       else self.clock()))
             return bool(res.rowcount)
 
     def release(self) -> None:

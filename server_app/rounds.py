@@ -249,8 +249,7 @@ class RoundDriver:
                     return
                 rr.phase = _closing(sr.advance, job.id, rr.round_id)
                 self.changes.touch(job.id)
-                rr.deadline_at = self.deadlines.opened(job.id,
-                                                       self.clock() + job.round_deadline_s)
+                rr.deadline_at = self.deadlines.opened(job.id, job.round_deadline_s)
         except AbortedRound as exc:
             bridge.current = None
             who = _who_left(rt.names, sr.refused, sr.dropped, sr.accused)
@@ -461,7 +460,7 @@ class RoundDriver:
                       task_digest=task.digest().hex(),
                       encoding="uint64" if uses_ring(rt.config) else "float64",
                       participants_json=json.dumps(active), issued_at=now,
-                      deadline_at=self.deadlines.opened(job.id, now + job.round_deadline_s),
+                      deadline_at=self.deadlines.opened(job.id, job.round_deadline_s),
                       status=RoundStatus.OPEN, phase=rt.plan.first, dropped_json="[]")
         sess.add(rr)
         job.current_round = task.round_id

@@ -96,8 +96,11 @@ class ServerState:
     """All jobs of one server. Thread-safe; every public method is one atomic step."""
 
     def __init__(self, db: Database, audit: AuditSink,
-                 clock: Callable[[], float] = time.time, *, spool: Path | None = None) -> None:
-        self.core = Core.build(db, audit, clock, Spool(spool))
+                 clock: Callable[[], float] = time.time, *,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 spool: Path | None = None) -> None:
+        # ``clock``: the wall clock (timestamps); ``monotonic`` times the deadlines
+        self.core = Core.build(db, audit, clock, Spool(spool), monotonic)
         self._relay = SecAggRelay(self.core)
         self._ticks = 0
 

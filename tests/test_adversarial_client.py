@@ -201,7 +201,7 @@ def _plain_env(tmp_path: Path, parts: list, feat: list, job_dir: Any, profile: s
     toml = job_dir(tmp_path / "job", parts, feat, n_clients=3, profile=profile)
     db = Database(f"sqlite:///{tmp_path / 'server.db'}")
     tokens = [add_client(db, f"client-{k}") for k in range(3)]
-    state = ServerState(db, NullAudit(), clock=lambda: 1000.0)
+    state = ServerState(db, NullAudit(), clock=lambda: 1000.0, monotonic=lambda: 1000.0)
     state.create_job(load_job_spec(toml))
     app = create_app(db, state=state, tick_seconds=3600)
     with TestClient(app, raise_server_exceptions=False) as http:

@@ -90,7 +90,7 @@ def two_jobs(tmp_path: Path, tiny_parts, job_dir) -> Iterator[dict[str, Any]]:
     parts, feat = tiny_parts
     db = Database(f"sqlite:///{tmp_path / 'server.db'}")
     tokens = [add_client(db, f"client-{k}") for k in range(4)]
-    state = ServerState(db, NullAudit(), clock=lambda: 1000.0)
+    state = ServerState(db, NullAudit(), clock=lambda: 1000.0, monotonic=lambda: 1000.0)
     for job_id, n, profile in (("job-a", 4, "open"), ("job-b", 3, "secure")):
         state.create_job(load_job_spec(job_dir(tmp_path / job_id, parts, feat, n_clients=n,
                                                job_id=job_id, profile=profile)))

@@ -89,3 +89,28 @@ def test_simulates_next_commands_run_as_printed(
             for line in lines[at + 1:]]
     assert [(r.returncode, r.stdout.strip()) for r in said] == [
         (0, "the audit log is empty"), (0, "OK: 0 entries in 0 job(s), 0 receipt(s) checked")]
+
+
+_DURATIONS = {  # every float option that is a duration, in a command that would run with it
+    "--retry-budget": (["client", "--server", "https://127.0.0.1:1", "--token", "t", "--job",
+                        "j", "--data", "site.csv", "--schema", "schema.toml"], "seconds"),
+    "--timeout": (["evaluate", "--config", "server.toml"], "seconds"),
+    "--wait": (["server", "cancel-job", "--config", "server.toml", "--job", "j"], "seconds"),
+    "--keep-days": (["server", "prune", "--config", "server.toml"], "days"),
+}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-5"])
+@pytest.mark.parametrize("option", sorted(_DURATIONS))
+def test_a_duration_that_is_not_a_finite_number_0_or_more_is_a_usage_error(
+        option: str, value: str, tmp_path: Path) -> None:
+    """``--retry-budget nan`` retried forever (no comparison with nan is true), ``-5`` gave
+    up at once saying the server did not answer for -5s, ``cancel-job --wait nan`` passed its
+    ``min=0``: each is refused before the command does anything, naming the option."""
+    args, unit = _DURATIONS[option]
+    res = runner.invoke(app, [*args, f"{option}={value}"])
+    said = " ".join(res.output.replace("│", " ").split())
+    shown = f"{float(value):g}"
+    assert res.exit_code == 2, res.output
+    assert (f"Invalid value for '{option}': must be a finite number of {unit}, 0 or more; "
+            f"got {shown}") in said, res.output

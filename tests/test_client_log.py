@@ -180,6 +180,54 @@ def test_a_client_certificate_the_server_does_not_trust_is_named_not_retried(
     assert "unknown ca" in text and "signed by a CA the server does not trust" in text
 
 
+def test_a_client_certificate_not_valid_yet_on_the_servers_clock_names_the_clocks(
+        mtls_server: str, dev_pki: DevPKI, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's clock is 10 min ahead of the server's, and the site's certificate was
+    issued here (`pki issue --renew` on this machine): it starts 5 min before this clock's
+    now, 5 min after the server's, which refuses it. The client names that possibility and
+    the dates, beside the CA, revocation and expiry."""
+    import datetime as dt
+    import types
+
+    import fedforest_secure._pem_files as pem_files
+    from fedforest_secure.pki import issue_certificate, load_ca
+
+    ahead = dt.timedelta(minutes=10)
+    here = dt.datetime.now(dt.UTC).replace(microsecond=0) + ahead
+
+    class Here(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Here:  # type: ignore[override]
+            return cls.fromtimestamp(here.timestamp(), tz)
+
+    monkeypatch.setattr(pem_files, "_dt", types.SimpleNamespace(
+        datetime=Here, UTC=dt.UTC, timedelta=dt.timedelta))
+    import client_app.transport as transport
+    monkeypatch.setattr(transport, "_utcnow", lambda: here, raising=False)
+    made = issue_certificate(load_ca(dev_pki.ca_cert, dev_pki.ca_key),
+                             "client-0", server=False, now=here)
+    made.write(tmp_path / "c.pem", tmp_path / "c.key")
+    tr = Transport(mtls_server, "t", dev_pki.ca_cert, tmp_path / "c.pem", tmp_path / "c.key",
+                   retry_budget_s=30.0)
+    with pytest.raises(TransportFailed) as err:
+        tr.request("GET", "/v1/jobs")
+    tr.close()
+    start = here - dt.timedelta(minutes=5)
+    end = made.cert.not_valid_after_utc
+    assert str(err.value).endswith(
+        "Is it signed by a CA the server does not trust (its [tls] client_ca), revoked, "
+        "expired, or not valid yet on the server's clock? Check that --cert and --key are the "
+        "pair the federation's coordinator issued for this site, and that the CA that signed "
+        f"it is the server's client_ca (`openssl verify -CAfile <that CA> {tmp_path / 'c.pem'}`)"
+        "; the server's operator can tell which CA it trusts. This certificate is valid from "
+        f"{start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock "
+        f"says {here:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 5 min behind "
+        "this one takes it for not valid yet (its log says `certificate is not yet valid`); "
+        "compare the server's clock with this machine's (NTP), or wait until the server's "
+        "clock has passed its start"), str(err.value)
+
+
 def test_a_server_that_drops_requests_after_the_handshake_is_still_waited_for(
         dev_pki: DevPKI) -> None:
     """A server that accepts the certificate but closes connections without answering a
@@ -345,3 +393,28 @@ def test_the_client_commands_last_line_says_how_the_job_ended_once(
         "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml")])
     assert res.exit_code == 3, res.output
     assert res.output.splitlines()[-1] == line
+
+
+def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settled_certificate(
+        dev_pki: DevPKI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A certificate that ends within the hour by this machine's clock: a server ahead of it
+    takes it for expired, and the message says by how much. One started a day ago and valid
+    for months: nothing is added (the clocks are not the likely cause)."""
+    import datetime as dt
+
+    import client_app.transport as transport
+    from fedforest_secure.pki import load_certificate
+
+    cert = load_certificate(dev_pki.client_certs[0])
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    near_end = end - dt.timedelta(minutes=20, seconds=30)
+    monkeypatch.setattr(transport, "_utcnow", lambda: near_end)
+    assert transport._clock_hint(dev_pki.client_certs[0]) == (
+        f". This certificate is valid from {start:%Y-%m-%d %H:%M:%S} to "
+        f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
+        f"{near_end:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 20 min ahead of "
+        "this one takes it for expired: ask the federation's coordinator for a new one "
+        "(`fedforest pki issue --renew --name <site>` where the CA is kept), and compare the "
+        "server's clock with this machine's (NTP)")
+    monkeypatch.setattr(transport, "_utcnow", lambda: start + dt.timedelta(days=1))
+    assert transport._clock_hint(dev_pki.client_certs[0]) == ""

@@ -108,7 +108,8 @@ def env(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict[str, 
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     outsider = add_client(db, "outsider")
     audit = _Recorder()
-    state = ServerState(db, audit, clock=lambda: 1000.0)  # a frozen clock: no deadline passes
+    state = ServerState(db, audit, clock=lambda: 1000.0,  # a frozen clock: no deadline passes
+                        monotonic=lambda: 1000.0)
     for job_id, profile in (("job-o", "open"), ("job-s", "secure")):
         toml = job_dir(tmp_path / job_id, parts, feat, n_clients=K, job_id=job_id,
                        profile=profile)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nacl.signing import SigningKey
 
-from fedforest_secure.errors import InvalidMessage
+from fedforest_secure.errors import InvalidMessage, RefusedRequest
 from fedforest_secure.pki import init_dev_pki
 from fedforest_secure.secagg.directory import (
     Certification,
@@ -162,18 +163,79 @@ def test_a_site_certificate_with_client_and_server_auth_certifies_an_identity(
 def test_an_entry_whose_certificate_expired_is_named_with_its_dates_and_accused(
         pkis: tuple[Path, Path]) -> None:
     """A certificate valid when its site joined and expired since: the entry is named (index
-    and name), with its validity, as that site's (``peer``) to renew."""
+    and name), with its validity and this machine's time, as that site's (``peer``) to
+    renew."""
     import datetime as dt
 
     a, _ = pkis
     keys, certs = _entries(a)
-    end = x509.load_pem_x509_certificate(certs[1].cert_pem.encode()).not_valid_after_utc
-    with pytest.raises(InvalidMessage, match=r"directory entry 0 \('client-0'\): the "
-                                             r"certificate is not valid now \(valid .* to "
-                                             r".* UTC\); that site needs a new one") as exc:
-        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes(),
-                         now=end + dt.timedelta(days=1))
+    cert = x509.load_pem_x509_certificate(certs[0].cert_pem.encode())
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    now = end + dt.timedelta(days=1)
+    with pytest.raises(InvalidMessage) as exc:
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes(), now=now)
+    assert str(exc.value) == (
+        f"directory entry 0 ('client-0'): the certificate has expired (valid "
+        f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC; this machine's clock says "
+        f"{now:%Y-%m-%d %H:%M} UTC); that site needs a new one")
     assert exc.value.peer == 0
+
+
+def _certified_at(a: Path, *ages: datetime.timedelta
+                  ) -> tuple[dict[int, bytes], dict[int, Certification], datetime.datetime]:
+    """A directory whose entry k holds a certificate issued ``ages[k]`` ago (the CA of ``a``),
+    and the present."""
+    from fedforest_secure.pki import issue_certificate, load_ca
+
+    ca = load_ca(a / "ca.pem", a / "ca.key")
+    real = datetime.datetime.now(datetime.UTC)
+    keys, certs = {}, {}
+    for k, age in enumerate(ages):
+        made = issue_certificate(ca, f"client-{k}", server=False, now=real - age)
+        keys[k] = bytes(SigningKey.generate().verify_key)
+        certs[k] = certify_identity(JOB, keys[k], made.cert_pem(), made.key_pem())
+    return keys, certs, real
+
+
+def test_a_peer_certificate_issued_minutes_ago_checks_on_a_site_whose_clock_is_an_hour_behind(
+        pkis: tuple[Path, Path]) -> None:
+    """Sites 0 and 1 were certified 3 hours ago, site 2 10 minutes ago (its certificate
+    starts 5 minutes before that); this machine's clock is 55 minutes behind: site 2's
+    certificate starts 50 minutes after this clock's now, within the hour of
+    NOT_YET_VALID_LEEWAY, and the entry checks."""
+    a, _ = pkis
+    old, new = datetime.timedelta(hours=3), datetime.timedelta(minutes=10)
+    keys, certs, real = _certified_at(a, old, old, new)
+    names = verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes(),
+                             now=real - datetime.timedelta(minutes=55))
+    assert names == {0: "client-0", 1: "client-1", 2: "client-2"}
+    with pytest.raises(RefusedRequest):  # 1 h + 1 min before it starts: beyond the leeway
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes(),
+                         now=real - datetime.timedelta(minutes=15 + 61))
+
+
+def test_a_peer_certificate_not_valid_yet_beyond_the_leeway_is_this_clocks_fault_not_the_peers(
+        pkis: tuple[Path, Path]) -> None:
+    """This machine's clock is 3 h behind: a peer certified 10 minutes ago is not valid yet on
+    it (the others, certified 5 hours ago, are). The check refuses the round (RefusedRequest,
+    code "other"), accusing nobody, and says this machine's time beside the certificate's
+    dates and what to check."""
+    a, _ = pkis
+    old, new = datetime.timedelta(hours=5), datetime.timedelta(minutes=10)
+    keys, certs, real = _certified_at(a, old, old, new)
+    cert = x509.load_pem_x509_certificate(certs[2].cert_pem.encode())
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    now = real - datetime.timedelta(hours=3)
+    with pytest.raises(RefusedRequest) as exc:
+        verify_directory(JOB, keys, certs, (a / "ca.pem").read_bytes(), now=now)
+    assert not isinstance(exc.value, InvalidMessage)
+    assert exc.value.code == "other"
+    assert str(exc.value) == (
+        f"directory entry 2 ('client-2'): the certificate is not valid yet on this machine's "
+        f"clock (valid {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC; this machine's "
+        f"clock says {now:%Y-%m-%d %H:%M} UTC, more than 1 h before the certificate starts); "
+        "this machine's clock is likely behind: check its time (NTP, time zone) and start "
+        "this client again")
 
 
 @pytest.mark.parametrize(("attack", "peer"), [("sybil_key", 2), ("other_ca", 2),
@@ -233,7 +295,7 @@ def test_a_site_whose_own_certificate_expired_is_told_so_and_accuses_no_peer(
                              now=dt.datetime.now(dt.UTC) - dt.timedelta(days=30))
     with pytest.raises(FedForestError, match=r"this site's own identity in job job-d does not "
                                              r"check: directory entry 0 \('client-0'\): the "
-                                             r"certificate is not valid now") as exc:
+                                             r"certificate has expired") as exc:
         _connect_as_site_0(a, past.cert_pem(), past.key_pem())
     assert not isinstance(exc.value, InvalidMessage)
 

@@ -74,6 +74,65 @@ def test_the_lease_of_a_process_gone_on_this_host_is_free_at_once(tmp_path: Path
     db.dispose()
 
 
+_OTHER_HOST = """
+import os, socket, sys, time
+_real = time.time
+time.time = lambda: _real() + float(sys.argv[2])  # this host's clock, skewed
+socket.gethostname = lambda: "host-b"
+from server_app.db import Database
+from server_app.lease import ServerLease, holder
+db = Database(sys.argv[1])
+print("holder:", None if holder(db) is None else holder(db).port, flush=True)
+try:
+    ServerLease(db, 8).acquire()
+    print("took the claim", flush=True)
+except Exception as exc:
+    print(f"refused: {exc}", flush=True)
+"""
+
+
+def _on_other_host(url: str, skew: float) -> list[str]:
+    """What a process on host ``host-b``, whose clock is ``skew`` s off this one's, sees of
+    ``url``'s lease (:func:`holder`, as ``cancel-job`` asks it) and whether it takes it."""
+    out = subprocess.run([sys.executable, "-c", _OTHER_HOST, url, str(skew)],
+                         capture_output=True, text=True, env=child_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("skew", [20.0, 3600.0])
+def test_a_host_whose_clock_is_ahead_does_not_take_a_live_claim(db_url: str,
+                                                                skew: float) -> None:
+    """The claim's age is read on the database's clock, not on the reader's: a host whose
+    clock is 20 s (or an hour) ahead sees the claim renewed just now as held, and a second
+    server there refuses to start."""
+    db = Database(db_url)
+    live = ServerLease(db, 1)
+    live.acquire()
+    seen, verdict = _on_other_host(db_url, skew)
+    assert seen == "holder: 1"
+    assert re.fullmatch(
+        rf"refused: another server \(pid {os.getpid()} on {re.escape(socket.gethostname())}, "
+        r"port 1\) serves this database \(it renewed its claim [0-9] s ago\): stop it first, "
+        r"or give this server a database of its own", verdict), verdict
+    assert live.renew()
+    db.dispose()
+
+
+@pytest.mark.parametrize("skew", [-20.0, -3600.0])
+def test_a_host_whose_clock_is_behind_takes_a_stale_claim(db_url: str, skew: float) -> None:
+    """A claim last renewed LEASE_S + 1 s ago on the database's clock (this machine's: the
+    database runs here) is free for a host whose own clock is behind (it would have waited
+    for the difference, or an hour)."""
+    db = Database(db_url)
+    stale = ServerLease(db, 1)
+    stale.acquire()
+    _rewrite(db, renewed_at=time.time() - LEASE_S - 1, host="host-a")
+    assert _on_other_host(db_url, skew) == ["holder: None", "took the claim"]
+    assert not stale.renew()
+    db.dispose()
+
+
 linux_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                                 reason="process start times are read from /proc (Linux)")
 

@@ -81,19 +81,22 @@ def env_all_audited(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterato
 
 
 def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str,
-         min_clients: int | None = None, audit: AuditSink | None = None) -> Iterator[dict]:
+         min_clients: int | None = None, audit: AuditSink | None = None,
+         wall: Clock | None = None) -> Iterator[dict]:
+    """``env["clock"]`` is the server's monotonic clock, and its wall clock too unless
+    ``wall`` is given (``env["wall"]``)."""
     parts, feat = tiny_parts
     job_toml = job_dir(tmp_path / "job", parts, feat, n_clients=K, profile=profile,
                        deadline=30.0, min_clients=min_clients)
     db = Database(db_url)
     tokens = [add_client(db, f"client-{k}") for k in range(K)]
     clock = Clock()
-    state = ServerState(db, audit or NullAudit(), clock=clock)
+    state = ServerState(db, audit or NullAudit(), clock=wall or clock, monotonic=clock)
     state.create_job(load_job_spec(job_toml))
     app = create_app(db, state=state, tick_seconds=3600)
     with TestClient(app) as http:
         yield {"http": http, "db": db, "tokens": tokens, "parts": parts, "clock": clock,
-               "state": state, "audit": audit}
+               "wall": wall or clock, "state": state, "audit": audit}
     db.dispose()
 
 
@@ -754,7 +757,8 @@ def restart(env: dict) -> None:
     same database file, and nothing of the old process's memory."""
     db = Database(env["db"].url)
     env.setdefault("extra_dbs", []).append(db)
-    env["state"] = ServerState(db, NullAudit(), clock=env["clock"], spool=env["state"].spool)
+    env["state"] = ServerState(db, NullAudit(), clock=env["wall"], monotonic=env["clock"],
+                               spool=env["state"].spool)
     env["http"] = TestClient(create_app(db, state=env["state"], tick_seconds=3600))
 
 

@@ -77,7 +77,7 @@ def test_the_deadline_is_the_servers_when_it_moved_it_after_a_restart(tmp_path: 
     # a server restarted at 70 gives the open phase a full round deadline (60 s) from its
     # start: 130, which the status tells (the job status and the operator page pass
     # Deadlines.of, as here)
-    restarted = Deadlines(db, clock=lambda: T0 + 70.0)
+    restarted = Deadlines(db, clock=lambda: T0 + 70.0, monotonic=lambda: 0.0)
     later = _progress(db, 100.0, deadline=restarted.of)
     assert later["deadline_in_s"] == pytest.approx(30.0)
     assert _progress(db, 50.0)["deadline_in_s"] == pytest.approx(30.0)  # the stored one

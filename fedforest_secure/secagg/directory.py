@@ -33,17 +33,29 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ..errors import InvalidMessage
+from ..errors import InvalidMessage, RefusedRequest
 from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, verify_signed_by
 from ._rounds import check_job_id
 
-__all__ = ["SITE_CERTIFICATE", "Certification", "certificate_name", "certify_identity",
-           "identity_payload", "site_certificate_problem", "verify_directory"]
+__all__ = ["NOT_YET_VALID_LEEWAY", "SITE_CERTIFICATE", "Certification", "certificate_name",
+           "certify_identity", "identity_payload", "site_certificate_problem",
+           "verify_directory"]
 
 #: What certifies a site's identity, as a refusal of another certificate says it.
 SITE_CERTIFICATE = ("a site certifies its identity with its own client certificate, whose "
                     "extended key usage holds clientAuth and not the operator purpose, as "
                     "those `fedforest pki issue` writes without --operator do")
+
+#: how long before its start a peer's certificate is accepted. A certificate that is not valid
+#: yet on this machine's clock says that this clock is behind the CA's (which backdates its
+#: certificates by 5 min only) and the server's (whose mutual TLS checked the certificate on
+#: its own clock at each of that site's connections), not that the peer is at fault: a site
+#: just certified (a new one, or one renewed) meets a site whose clock is behind at the next
+#: round. An hour covers the skew seen on machines that lost NTP (a VM restored from a
+#: snapshot, a drifting RTC), as Let's Encrypt's hour of backdating does for its clients; a
+#: clock off by hours (an RTC on local time) is this machine's to fix, and the refusal says so.
+NOT_YET_VALID_LEEWAY = _dt.timedelta(hours=1)
+_LEEWAY_TEXT = f"{NOT_YET_VALID_LEEWAY.total_seconds() / 3600:g} h"
 
 _MAX_PEM = 8192
 _USAGE_NAMES = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
@@ -167,11 +179,19 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
         raise InvalidMessage(f"directory entry {index} ({name!r}): not a site's certificate "
                              f"({unfit}); {SITE_CERTIFICATE}", peer=index)
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if not start <= now <= end:
-        raise InvalidMessage(
-            f"directory entry {index} ({name!r}): the certificate is not valid now (valid "
-            f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC); that site needs a new one",
-            peer=index)
+    window = (f"valid {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC; this machine's "
+              f"clock says {now:%Y-%m-%d %H:%M} UTC")
+    if now > end:
+        raise InvalidMessage(f"directory entry {index} ({name!r}): the certificate has "
+                             f"expired ({window}); that site needs a new one", peer=index)
+    if now < start - NOT_YET_VALID_LEEWAY:
+        # the server checked this certificate on its own clock at each of the site's
+        # connections: "not valid yet" here says this machine's clock is behind
+        raise RefusedRequest(
+            f"directory entry {index} ({name!r}): the certificate is not valid yet on this "
+            f"machine's clock ({window}, more than {_LEEWAY_TEXT} before the certificate "
+            "starts); this machine's clock is likely behind: check its time (NTP, time zone) "
+            "and start this client again", code="other")
     public = cert.public_key()
     if not isinstance(public, ec.EllipticCurvePublicKey):
         raise InvalidMessage(f"directory entry {index}: not an EC certificate", peer=index)
@@ -190,10 +210,13 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
     """Check every identity key of a job against the federation CA; return ``{index: name}``.
 
     Raises :class:`InvalidMessage` naming the first entry that has no certification, a
-    certificate the CA did not issue (or not valid now), one that is not a site's (a CA
+    certificate the CA did not issue (or expired), one that is not a site's (a CA
     certificate, an extended key usage without clientAuth, as the server's has, or an
     operator's), a signature that does not cover its key, or a name that another entry already
-    has.
+    has. A certificate that starts more than :data:`NOT_YET_VALID_LEEWAY` after ``now`` is
+    this machine's clock problem, not the peer's: :class:`RefusedRequest` (code ``other``,
+    accusing nobody) says so, with this machine's time and the certificate's dates; one that
+    starts within the leeway is accepted.
     """
     ca = x509.load_pem_x509_certificate(ca_pem)
     when = now or _dt.datetime.now(_dt.UTC)
