@@ -51,6 +51,8 @@ _REFUSAL = re.compile(r"(?:tlsv1|tlsv13|sslv3) alert (unknown ca|certificate exp
                       r"certificate revoked|bad certificate|certificate unknown|"
                       r"unsupported certificate|access denied|certificate required)",
                       re.IGNORECASE)
+#: The alerts a certificate outside its dates may be refused with.
+_DATE_ALERTS = ("bad certificate", "certificate expired", "certificate unknown")
 #: The POSTs that carry the next secure-aggregation step back (``?next_wait=``). The client
 #: posts its share bundle from a second thread while it computes its answer.
 _STEP_PATH = re.compile(r"/rounds/\d+/(secagg/(advert|shares|signature|unmask)|upload)$")
@@ -345,6 +347,11 @@ class Transport:
         """Why the server refuses this client's connections; ``alert``: the reason of the TLS
         alert it sent (``unknown ca``), if any."""
         said = f" (TLS alert: {alert})" if alert else ""
+        # a certificate not valid yet, or expired, is answered `bad certificate` or
+        # `certificate expired` (by OpenSSL's version); `unknown ca`, `certificate revoked`
+        # and the others name another cause, where the clocks are beside the point
+        clocks = _clock_hint(self.cert) if self.cert is not None and (
+            alert is None or alert.lower() in _DATE_ALERTS) else ""
         if self.cert is None:
             return (f"{self.base_url} refuses the connection{said}: the server requires a "
                     "client certificate (mutual TLS). Pass --cert client.pem --key "
@@ -354,7 +361,7 @@ class Transport:
                  "and --key are the pair the federation's coordinator issued for this site, "
                  "and that the CA that signed it is the server's client_ca (`openssl verify "
                  f"-CAfile <that CA> {self.cert}`); the server's operator can tell which CA it "
-                 f"trusts{_clock_hint(self.cert)}")
+                 f"trusts{clocks}")
         if alert:
             return (f"{self.base_url} refuses the client certificate --cert {self.cert}{said}. "
                     f"{check}")

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from fedforest_secure.protocol import Task, layout_size, upload_size_bound
 
 from .audit_hook import AuditSink
 from .db import ClientRow, Database, JobRow, RoundRow
-from .deadlines import Deadlines
+from .deadlines import Deadlines, steady_clock
 from .engine import round_codec
 from .errors import ApiError
 from .notify import Changes
@@ -53,7 +52,7 @@ class Core:
 
     @classmethod
     def build(cls, db: Database, audit: AuditSink, clock: Callable[[], float],
-              spool: Spool, monotonic: Callable[[], float] = time.monotonic) -> Core:
+              spool: Spool, monotonic: Callable[[], float] = steady_clock) -> Core:
         lock = threading.RLock()
         changes = Changes(lock)
         deadlines = Deadlines(db, clock, monotonic)

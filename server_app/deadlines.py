@@ -33,7 +33,19 @@ from .db import Database, JobRow, RoundRow
 from .logs import event
 from .store import open_round_deadline
 
-__all__ = ["STALL_S", "Deadlines"]
+__all__ = ["STALL_S", "Deadlines", "steady_clock"]
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def steady_clock() -> float:
+    """Seconds on a clock that no step of the wall clock moves and that counts the time the
+    machine spent suspended (Linux's ``CLOCK_BOOTTIME``; elsewhere the monotonic clock, which
+    may not count it): a suspended server host wakes up to a stall, and the open rounds'
+    deadlines run again from then."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
 
 #: a gap between two heartbeats this many seconds (or one interval, if longer) beyond their
 #: interval is a stall of the server process
@@ -45,7 +57,7 @@ class Deadlines:
     tells deadlines in), ``monotonic`` what times them."""
 
     def __init__(self, db: Database, clock: Callable[[], float],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = steady_clock) -> None:
         self._db = db
         self.clock = clock
         self._monotonic = monotonic

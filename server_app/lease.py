@@ -67,7 +67,20 @@ class _DatabaseNow(FunctionElement[float]):
     inherit_cache = True
 
 
-@compiles(_DatabaseNow)
+#: the databases whose clock the lease reads (in their own SQL)
+CLOCKED_DIALECTS = ("postgresql", "sqlite")
+
+
+def check_clocked(dialect: str) -> None:
+    """:class:`ConfigError` unless the lease can read the clock of a ``dialect`` database."""
+    if dialect not in CLOCKED_DIALECTS:
+        raise ConfigError(
+            f"server database: a {dialect} database is not supported (the server's claim on "
+            "its database is timed by the database's clock, read in the SQL of SQLite and "
+            "PostgreSQL): use SQLite or PostgreSQL")
+
+
+@compiles(_DatabaseNow, "postgresql")
 def _now_postgresql(element: _DatabaseNow, compiler: SQLCompiler, **kw: object) -> str:
     # the time of the statement (now() is the transaction's start), to the microsecond
     return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
@@ -86,6 +99,7 @@ Clock = Callable[[], float] | None
 def _now(sess: Session | Connection, clock: Clock) -> float:
     if clock is not None:
         return clock()
+    check_clocked((sess.get_bind() if isinstance(sess, Session) else sess).dialect.name)
     return float(sess.execute(select(_DatabaseNow())).scalar_one())
 
 

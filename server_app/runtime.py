@@ -48,6 +48,7 @@ from .audit_hook import AuditSink
 from .cancel import apply_cancels, cancel
 from .core import Core, check_seat, check_upload_round
 from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
+from .deadlines import steady_clock
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
 from .evaljob import evaluation_entry
@@ -97,7 +98,7 @@ class ServerState:
 
     def __init__(self, db: Database, audit: AuditSink,
                  clock: Callable[[], float] = time.time, *,
-                 monotonic: Callable[[], float] = time.monotonic,
+                 monotonic: Callable[[], float] = steady_clock,
                  spool: Path | None = None) -> None:
         # ``clock``: the wall clock (timestamps); ``monotonic`` times the deadlines
         self.core = Core.build(db, audit, clock, Spool(spool), monotonic)

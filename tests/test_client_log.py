@@ -395,6 +395,25 @@ def test_the_client_commands_last_line_says_how_the_job_ended_once(
     assert res.output.splitlines()[-1] == line
 
 
+def test_a_fresh_certificate_of_another_ca_is_told_of_the_ca_not_of_the_clocks(
+        mtls_server: str, dev_pki: DevPKI, tmp_path: Path) -> None:
+    """A certificate issued a moment ago by another CA: the server's alert says `unknown ca`,
+    and the client's message names the CA, without the clock hint that a certificate the
+    server takes for not valid yet gets."""
+    from fedforest_secure.pki import init_dev_pki
+
+    other = init_dev_pki(tmp_path / "other", 1)
+    tr = Transport(mtls_server, "t", dev_pki.ca_cert, other.client_certs[0],
+                   other.client_keys[0], retry_budget_s=30.0)
+    with pytest.raises(TransportFailed) as err:
+        tr.request("GET", "/v1/jobs")
+    tr.close()
+    said = str(err.value)
+    assert "(TLS alert: unknown ca)" in said, said
+    assert "signed by a CA the server does not trust" in said
+    assert "clock" not in said.split("the server's operator can tell which CA it trusts")[1]
+
+
 def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settled_certificate(
         dev_pki: DevPKI, monkeypatch: pytest.MonkeyPatch) -> None:
     """A certificate that ends within the hour by this machine's clock: a server ahead of it

@@ -6,6 +6,7 @@ way the wall clock stepped, and after a restart too."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,3 +77,39 @@ def test_a_server_restarted_after_a_backward_step_gives_the_phase_a_full_deadlin
     assert offer(env, K - 1)["action"] == "upload"
     _run(env, 2)
     assert offer(env, K - 1)["status"] == "dropped"
+
+
+def test_a_phase_opened_long_after_the_server_started_keeps_its_full_deadline(
+        env: dict) -> None:
+    """A phase this server opened 100 s after it started runs its own full round deadline
+    (30 s), not one re-armed from the start as an earlier process's would be."""
+    env["clock"].now += 100.0
+    env["wall"].now += 100.0
+    all_but_last_uploaded(env)
+    env["clock"].now += 5.0
+    env["wall"].now += 5.0
+    env["state"].tick()
+    assert offer(env, K - 1)["action"] == "upload"
+    assert _deadline_in(env) == pytest.approx(25.0)
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="Linux's CLOCK_BOOTTIME")
+def test_the_deadlines_count_the_time_the_host_spent_suspended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadlines' clock is CLOCK_BOOTTIME, which goes on while the machine is suspended
+    (CLOCK_MONOTONIC stops): a host that wakes up sees the gap as a stall, and the open
+    round's deadline runs again from then, as after a pause of the process."""
+    import inspect
+
+    from server_app import deadlines
+    from server_app.core import Core
+    from server_app.runtime import ServerState
+
+    def clock_gettime(which: int) -> float:
+        return 1e6 if which == time.CLOCK_BOOTTIME else 0.0
+
+    monkeypatch.setattr(deadlines.time, "clock_gettime", clock_gettime)
+    assert deadlines.steady_clock() == 1e6
+    for made in (deadlines.Deadlines.__init__, Core.build, ServerState.__init__):
+        assert inspect.signature(made).parameters["monotonic"].default \
+            is deadlines.steady_clock, made

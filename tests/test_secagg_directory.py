@@ -234,8 +234,8 @@ def test_a_peer_certificate_not_valid_yet_beyond_the_leeway_is_this_clocks_fault
         f"directory entry 2 ('client-2'): the certificate is not valid yet on this machine's "
         f"clock (valid {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC; this machine's "
         f"clock says {now:%Y-%m-%d %H:%M} UTC, more than 1 h before the certificate starts); "
-        "this machine's clock is likely behind: check its time (NTP, time zone) and start "
-        "this client again")
+        "this machine's clock is likely behind: check its time (NTP, time zone) before this "
+        "site's next job (this site leaves this one: it cannot take part in its rounds)")
 
 
 @pytest.mark.parametrize(("attack", "peer"), [("sybil_key", 2), ("other_ca", 2),

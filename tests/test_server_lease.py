@@ -113,7 +113,7 @@ def test_a_host_whose_clock_is_ahead_does_not_take_a_live_claim(db_url: str,
     assert seen == "holder: 1"
     assert re.fullmatch(
         rf"refused: another server \(pid {os.getpid()} on {re.escape(socket.gethostname())}, "
-        r"port 1\) serves this database \(it renewed its claim [0-9] s ago\): stop it first, "
+        r"port 1\) serves this database \(it renewed its claim [0-9]+ s ago\): stop it first, "
         r"or give this server a database of its own", verdict), verdict
     assert live.renew()
     db.dispose()
@@ -525,3 +525,20 @@ def test_a_request_of_a_server_whose_lease_was_taken_is_answered_503_and_changes
     lease.release()
     db.dispose()
     other.db.dispose()
+
+
+def test_a_database_whose_clock_the_lease_cannot_read_is_refused_by_name() -> None:
+    """The lease reads the database's clock in SQLite's and PostgreSQL's SQL: a server on
+    another kind of database is refused at its start with one line naming it, not with an
+    SQL error from its first claim."""
+    from server_app.lease import check_clocked
+    from server_app.settings import ConfigError
+
+    check_clocked("sqlite")
+    check_clocked("postgresql")
+    with pytest.raises(ConfigError) as exc:
+        check_clocked("mysql")
+    assert str(exc.value) == (
+        "server database: a mysql database is not supported (the server's claim on its "
+        "database is timed by the database's clock, read in the SQL of SQLite and "
+        "PostgreSQL): use SQLite or PostgreSQL")

@@ -191,7 +191,8 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
             f"directory entry {index} ({name!r}): the certificate is not valid yet on this "
             f"machine's clock ({window}, more than {_LEEWAY_TEXT} before the certificate "
             "starts); this machine's clock is likely behind: check its time (NTP, time zone) "
-            "and start this client again", code="other")
+            "before this site's next job (this site leaves this one: it cannot take part in "
+            "its rounds)", code="other")
     public = cert.public_key()
     if not isinstance(public, ec.EllipticCurvePublicKey):
         raise InvalidMessage(f"directory entry {index}: not an EC certificate", peer=index)
