@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import http.server
 import io
 import re
@@ -345,3 +346,26 @@ def test_the_client_commands_last_line_says_how_the_job_ended_once(
         "--data", str(tmp_path / "d.csv"), "--schema", str(tmp_path / "s.toml")])
     assert res.exit_code == 3, res.output
     assert res.output.splitlines()[-1] == line
+
+
+class _FullDisk(io.StringIO):
+    """A log file on a full disk: every write fails with ENOSPC."""
+
+    name = "/var/log/fedforest/client.log"
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_log_on_a_full_disk_loses_its_lines_and_says_so_once_on_stdout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for plain in (True, False):
+        log = SiteLog(stream=_FullDisk(), plain=plain)
+        log.info("level 2 of 4 [round 7]")
+        log.warn("site b was dropped")
+        log.info("level 3 of 4 [round 8]")
+        assert log.last_warning == "site b was dropped"
+        assert capsys.readouterr().out == (
+            "fedforest-client warning: cannot write the log (/var/log/fedforest/client.log): "
+            "the disk is full; the client goes on, and its log lines are lost until the write "
+            "succeeds again\n")
