@@ -4,6 +4,10 @@ On a terminal: rich's console (and the progress bar). Anywhere else (a service m
 file, ``nohup``): one plain line per event, ``2024-05-01T12:00:00Z fedforest-client <message>``,
 never wrapped, never a progress bar, flushed at once.
 
+The log is informational: a write that fails (the disk under a log file is full, a closed
+pipe) never stops the client. The line is lost, and the first such failure is told once on
+the other stream (stdout for a log on stderr, and stderr otherwise), if that one is writable.
+
 A message may quote the server (a job's failure reason, a site's name, an error's ``detail``):
 in both modes each character that is not printable is escaped
 (:func:`fedforest_secure.printable.printable`: ``\\x1b``, ``\\r``, ``\\u2028``) and rich markup
@@ -12,6 +16,7 @@ is not read, so whatever the server sent, the operator reads it as text, one lin
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from typing import TextIO
@@ -33,6 +38,7 @@ class SiteLog:
         self.console = Console(file=self.stream, quiet=self.plain)
         #: the last :meth:`warn` message (the command does not print again what it said)
         self.last_warning: str | None = None
+        self._told_lost_lines = False
 
     def info(self, message: str) -> None:
         self._emit(message)
@@ -43,14 +49,37 @@ class SiteLog:
 
     def _emit(self, message: str, *, warning: bool = False) -> None:
         text = printable(message)
-        if self.plain:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            said = f"warning: {text}" if warning else text
-            self.stream.write(f"{stamp} fedforest-client {said}\n")
-            self.stream.flush()
-        else:
-            self.console.log(Text.assemble(("warning: ", "yellow"), text) if warning
-                             else Text(text))
+        try:
+            if self.plain:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                said = f"warning: {text}" if warning else text
+                self.stream.write(f"{stamp} fedforest-client {said}\n")
+                self.stream.flush()
+            else:
+                self.console.log(Text.assemble(("warning: ", "yellow"), text) if warning
+                                 else Text(text))
+        except OSError as exc:
+            self._tell_lost_lines(exc)
+
+    def _tell_lost_lines(self, exc: OSError) -> None:
+        """Say once, on the other stream, that the log lost lines; never raise."""
+        if self._told_lost_lines:
+            return
+        self._told_lost_lines = True
+        other = sys.stdout if self.stream is not sys.stdout else sys.stderr
+        if other is None or other is self.stream:
+            return
+        name = getattr(self.stream, "name", None)
+        where = f"the log ({name})" if isinstance(name, str) else "the log"
+        why = exc.strerror or str(exc) or type(exc).__name__
+        if exc.errno == errno.ENOSPC:
+            why = "the disk is full"
+        try:
+            other.write(f"fedforest-client warning: cannot write {where}: {why}; the client "
+                        "goes on, and its log lines are lost until the write succeeds again\n")
+            other.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -24,6 +24,7 @@ import json
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from fedforest_secure import __version__
 from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
-from fedforest_secure.files import readable_by, write_atomic
+from fedforest_secure.files import os_error_text, readable_by, write_atomic
 from fedforest_secure.protocol.api import JoinResponse, SecAggStep
 
 from .context import (
@@ -289,10 +290,21 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
         "requests": tr.requests, "requests_training": tr.requests - requests0,
         "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
-    # the last job's, and each job's own (a site may run a training then an evaluation job)
-    write_atomic(opts.state_dir / "stats.json", stats)
-    write_atomic(opts.state_dir / f"stats-{job}.json", stats)
+    save_stats(opts.state_dir, result, job, stats, log)
     return result
+
+
+def save_stats(state_dir: Path, result: ClientResult, job: str, stats: str,
+               log: SiteLog) -> None:
+    """Write the job's statistics: ``stats.json`` (the last job's) and ``stats-<job>.json``
+    (a site may run a training then an evaluation job). The job ended all the same when they
+    cannot be written (a full disk): a warning says so and names the file."""
+    try:
+        write_atomic(state_dir / "stats.json", stats)
+        write_atomic(state_dir / f"stats-{job}.json", stats)
+    except OSError as exc:
+        log.warn(f"job {job} ended ({ended(result.status, result.detail)}); its statistics "
+                 f"were not saved: {os_error_text(exc)}")
 
 
 def _job_end(tr: Transport, job: str, exc: ApiRejected) -> tuple[str, str]:

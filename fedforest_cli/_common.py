@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fedforest_secure.errors import ProtocolError
+from fedforest_secure.files import os_error_text
 from fedforest_secure.printable import printable, printable_lines
 
 __all__ = ["MAX_SEED", "check_output", "console", "duration", "fail", "own_command"]
@@ -34,8 +35,10 @@ def fail(exc: Exception) -> NoReturn:
     server's ``detail``) as text, rich markup not read. A protocol error (what a server
     sent did not check) is one line, every character that is not printable escaped
     (``\\n``, ``\\x1b``, ``\\r``); another error keeps its own line breaks (a data file's
-    problems, one a line)."""
-    text = printable(str(exc)) if isinstance(exc, ProtocolError) else printable_lines(str(exc))
+    problems, one a line). An :class:`OSError` reads as its file and why, "the disk is full"
+    when it is (:func:`~fedforest_secure.files.os_error_text`), without ``[Errno N]``."""
+    said = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+    text = printable(said) if isinstance(exc, ProtocolError) else printable_lines(said)
     console.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
     raise typer.Exit(2)
 

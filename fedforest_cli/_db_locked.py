@@ -3,11 +3,13 @@
 SQLite lets one connection write at a time. ``fedforest server``, its admin commands and
 ``fedforest evaluate`` wait for another process's write transaction (the connection's busy
 timeout), then fail with "database is locked": a server paused or stuck mid-transaction, or a
-tool that holds one open. :func:`locks_named` turns that into an error naming the file.
+tool that holds one open. :func:`locks_named` turns that into an error naming the file, and
+so a write the disk refused (full: :func:`full_message`).
 """
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from fedforest_secure.errors import FedForestError
 
 from ._common import fail
 
-__all__ = ["is_locked", "locked_message", "locks_named"]
+__all__ = ["full_message", "is_locked", "locked_message", "locks_named"]
 
 
 def is_locked(exc: BaseException) -> bool:
@@ -75,6 +77,41 @@ def locks_named(config: Path) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not is_locked(exc):
+        if is_locked(exc):
+            fail(OSError(locked_message(config)))
+        from fedforest_secure.dburl import sqlite_disk_full  # sqlalchemy: loaded already
+
+        said = sqlite_disk_full(exc)
+        if said is None:
             raise
-        fail(OSError(locked_message(config)))
+        fail(OSError(full_message(config, said)))
+
+
+def full_message(config: Path, said: str) -> str:
+    """The error for a write SQLite's disk refused (:func:`sqlite_disk_full`) on the
+    databases ``config`` names: the SQLite file(s) on a disk with little room left (both, or
+    the one there is, if none is)."""
+    from fedforest_secure.dburl import sqlite_file
+    from server_app.settings import load_settings
+
+    try:
+        settings = load_settings(config)
+        urls = [settings.database, settings.audit_database]
+    except FedForestError:  # it loaded when the command began: changed since
+        urls = []
+    files = list(dict.fromkeys(f for f in (sqlite_file(u) for u in urls if u) if f))
+    named = [f for f in files if _free_bytes(f) < _LITTLE_ROOM] or files
+    what = (f"the database file {' or '.join(str(f) for f in named)}" if named
+            else f"a database that {config} names")
+    return (f"{what} cannot be written: the disk is full ({said}); the command's change was "
+            "not made. Free some space on that disk, then run the command again")
+
+
+_LITTLE_ROOM = 64 << 20  # bytes: less free space than this on a database's disk is named
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path.parent).free
+    except OSError:
+        return 0

@@ -219,7 +219,13 @@ def prune_cmd(config: ConfigOpt,
     print(f"{verb} the data of {out.rounds} rounds ({out.bytes / 1e6:.1f} MB of tasks, sums "
           f"and aggregates) of {len(out.jobs)} finished job(s)"
           + (f": {', '.join(out.jobs)}" if out.jobs else ""))
-    if out.not_compacted is not None:
+    if out.compact_needs is not None:
+        print(f"the database file was not compacted ({printable(out.not_compacted or '')}): "
+              "the deleted data is gone, its space stays in the file until a prune compacts "
+              "it; compacting rewrites the file and needs free space about the file's size "
+              f"({out.compact_needs / 1e6:.1f} MB) on its disk: free that much, then run "
+              "prune again", file=sys.stderr)
+    elif out.not_compacted is not None:
         print(f"the database file was not compacted ({printable(out.not_compacted)}): the "
               "deleted data is gone, its space stays in the file until a prune compacts it; "
               "run prune again when the server is less busy", file=sys.stderr)

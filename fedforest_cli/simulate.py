@@ -36,6 +36,7 @@ from .sim_data import (
 from .sim_eval import evaluate
 from .sim_evaluation import EvalRun
 from .sim_processes import (
+    ClientEnd,
     client_ends,
     db_url,
     free_port,
@@ -136,9 +137,7 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
         ends = client_ends([s.name for s in sim.sites], codes, members)
         failed = [e for e in ends if not e.ok]
         if status["status"] != "done":
-            gone = "".join(f"; {e.describe()}" for e in failed)
-            raise FedForestError(f"the job ended {status['status']}: {status['reason']}{gone} "
-                                 f"(logs in {out / 'logs'})")
+            raise FedForestError(not_done(status, failed, out / "logs"))
         model_text = status["model_json"]
         write_atomic(out / "model.json", model_text)
         train_wall = time.monotonic() - t0
@@ -231,6 +230,18 @@ def _audit_summary(db: Path, receipts: Path, job_id: str) -> dict[str, Any]:
         n = len(log.entries(job_id=job_id))
     return {"ok": report.ok, "problems": list(report.problems), "entries": n,
             "receipts_checked": report.receipts_checked, "plaintext_entries": len(plain)}
+
+
+def not_done(status: dict[str, Any], failed: list[ClientEnd], logs: Path) -> str:
+    """Why a simulation has no model, once every client process has exited: the job's end
+    (its status and reason), or, for a job still waiting or running, that every site's
+    client stopped before it ended; then how each client that did not finish ended."""
+    gone = "".join(f"; {e.describe()}" for e in failed)
+    if status["status"] in ("done", "failed"):
+        return f"the job ended {status['status']}: {status['reason']}{gone} (logs in {logs})"
+    at = f" at round {status['round']}" if (status.get("round") or -1) >= 0 else ""
+    return (f"every site's client stopped before the job ended (it is still "
+            f"{status['status']}{at}){gone}; see their logs in {logs}")
 
 
 def _job_status(db: Path | str, job_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ._estimator_rows import _EstimatorRows
 from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
+from .files import write_atomic
 from .model import ForestModel
 
 
@@ -155,6 +156,6 @@ class _EstimatorStructure(_EstimatorRows):
                              y_offset=float(getattr(self, "y_offset_", 0.0)),
                              vote=model.vote, routing=model.routing,
                              categorical=model.categorical_features())
-        if path is not None:
-            Path(path).write_bytes(onx.SerializeToString())
+        if path is not None:  # whole or not at all: a failed write keeps the file there was
+            write_atomic(path, onx.SerializeToString())
         return onx

@@ -18,7 +18,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-__all__ = ["DatabaseUrlError", "create_db_engine", "in_memory", "shown_url", "sqlite_file"]
+__all__ = ["DatabaseUrlError", "create_db_engine", "in_memory", "shown_url", "sqlite_disk_full",
+           "sqlite_file"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
@@ -71,6 +72,23 @@ def sqlite_file(db: str) -> Path | None:
         return Path(database).expanduser()
     except RuntimeError:  # ~name of no user: the path as SQLite reads it
         return Path(database)
+
+
+def sqlite_disk_full(exc: BaseException) -> str | None:
+    """What SQLite said when ``exc`` (a SQLAlchemy error or the driver's own) is a write that
+    its disk refused: ``SQLITE_FULL`` ("database or disk is full") or ``SQLITE_IOERR`` (a
+    write or sync that failed, as on a disk out of space or failing); None for any other
+    error."""
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    if not (isinstance(orig, sqlite3.Error) and isinstance(code, int)
+            and code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)):
+        return None
+    return (str(orig).splitlines() or [""])[0] or "database or disk is full"
 
 
 def in_memory(db: str) -> bool:

@@ -1,11 +1,13 @@
 """Files written whole or not at all: a crash (or a full disk) while a model, a result or a
 key is written leaves the file as it was, never a part of the new one. Lines appended to a
 log that several processes share (a site's receipts) are each whole and on a line of their
-own."""
+own. A write that fails names the file and, when the disk is full, says so
+(:func:`cannot_write`, :func:`os_error_text`)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -13,7 +15,40 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "readable_by", "replacing", "write_atomic"]
+__all__ = ["append_line", "cannot_write", "os_error_text", "readable_by", "replacing",
+           "write_atomic"]
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _why(exc: OSError) -> str:
+    said = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno in _FULL:
+        return f"the disk is full ({said})"
+    if exc.errno == errno.EFBIG:
+        return f"the file would be larger than this process may write ({said})"
+    return said
+
+
+def cannot_write(exc: OSError, path: str | Path) -> OSError:
+    """``exc`` (met writing ``path``) as the same kind of error, saying "cannot write
+    <path>: <why>", why being "the disk is full" when it is. An error that already names its
+    file is returned as it is."""
+    if exc.filename is not None or (exc.strerror or "").startswith("cannot write "):
+        return exc
+    return type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}")
+
+
+def os_error_text(exc: OSError) -> str:
+    """What an operator reads of ``exc``: its message, with the file it names and "the disk
+    is full" when it is (``[Errno 28] No space left on device: 'x'`` reads
+    ``x: the disk is full (No space left on device)``)."""
+    if exc.strerror is None:
+        return str(exc) or type(exc).__name__
+    if exc.strerror.startswith("cannot "):
+        return exc.strerror
+    return f"{exc.filename}: {_why(exc)}" if exc.filename is not None else _why(exc)
 
 
 @contextlib.contextmanager
@@ -26,17 +61,22 @@ def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
     try:
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
     except OSError as exc:  # named by the file asked for, not the temporary one
-        raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}"
+        raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
                         + (f" (no directory {path.parent})" if not path.parent.is_dir()
                            else "")) from None
     try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            yield tmp
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:  # named by the file asked for, not the temporary one
+            if exc.filename is not None and str(exc.filename) == str(tmp):
+                exc.filename = None
+            raise cannot_write(exc, path) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -84,10 +124,19 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
     is whole JSON (cut just before its newline): a record cut short holds nothing, as if the
     writer had died before it. With ``sync`` the line is on disk when this returns
     (``fsync``; and the file's name, where this made the file)."""
-    import fcntl  # POSIX: the site's client; the estimators import this module everywhere
-
     raw = line.encode("utf-8") + b"\n"
     new = sync and not os.path.exists(path)
+    try:
+        _append(path, raw, sync=sync, drop_torn=drop_torn)
+    except OSError as exc:
+        raise cannot_write(exc, path) from None
+    if new:
+        _fsync_dir(Path(path).parent)
+
+
+def _append(path: str | Path, raw: bytes, *, sync: bool, drop_torn: bool) -> None:
+    import fcntl  # POSIX: the site's client; the estimators import this module everywhere
+
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -103,8 +152,6 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
             os.fsync(fd)
     finally:
         os.close(fd)  # releases the lock
-    if new:
-        _fsync_dir(Path(path).parent)
 
 
 def _is_json(raw: bytes) -> bool:

@@ -23,6 +23,7 @@ host names given) as subject alternative names. Private keys are written with mo
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import ipaddress
 import os
@@ -47,6 +48,7 @@ from ._operator_certs import (
 )
 from ._pem_files import check_validity, load_certificate
 from ._pem_files import load_private_key as _load_private_key
+from .files import replacing, write_atomic
 from .protocol.api import NAME_PATTERN
 
 __all__ = [
@@ -91,8 +93,9 @@ class CertifiedKey:
         )
 
     def write(self, cert_path: Path, key_path: Path) -> None:
-        cert_path.write_bytes(self.cert_pem())
-        _write_private(key_path, self.key_pem())
+        """Write the pair, each file whole or not at all (the key mode 0600)."""
+        write_atomic(cert_path, self.cert_pem())
+        write_atomic(key_path, self.key_pem(), mode=0o600)
 
 
 @dataclass(frozen=True)
@@ -364,15 +367,23 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
                          "certificate from it") from None
     pairs = [ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")]
     if not renew:
+        halves = [n for n in names if (ca_dir / f"{n}.pem").is_file()
+                  != (ca_dir / f"{n}.key").is_file()]
         _refuse_existing(pairs, "a site's certificate is replaced only with --renew, which "
                                 "keeps the old files beside it; a site's token works only with "
-                                "a certificate of its own name")
+                                "a certificate of its own name" if not halves else
+                                f"{halves[0]} has half a pair, as a renewal cut short leaves "
+                                f"it: `pki issue --name {halves[0]} --renew` writes a new pair "
+                                "and keeps what is there beside it")
         return _write_clients(ca, ca_dir, names, operator)[0]
-    missing = [p for p in pairs if not p.is_file()]
+    # a renewal cut short (an earlier version's on a full disk) left half a pair: renewed too
+    missing = [n for n in names
+               if not (ca_dir / f"{n}.pem").is_file() and not (ca_dir / f"{n}.key").is_file()]
     if missing:
-        raise FileNotFoundError(f"{missing[0]} not found: --renew replaces a site's existing "
-                                "certificate and key (without --renew, `pki issue` makes a "
-                                "new site's)")
+        raise FileNotFoundError(f"{ca_dir / (missing[0] + '.pem')} not found: --renew replaces "
+                                "a site's existing certificate and key (without --renew, "
+                                "`pki issue` makes a new site's)")
+    pairs = [p for p in pairs if p.is_file()]
     check_renewed_kinds(ca_dir, names, operator=operator, from_site=from_site)
     stamp = _now().strftime("%Y%m%dT%H%M%SZ")
     bundles = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").is_file()]
@@ -381,9 +392,7 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     # every target checked before anything moves
     _refuse_existing([kept for _, kept in moves], "renewed within the same second: run it "
                                                   "again in a second")
-    for path, kept in moves:
-        path.rename(kept)
-    return _write_clients(ca, ca_dir, names, operator)[0]
+    return _write_clients(ca, ca_dir, names, operator, moves=moves)[0]
 
 
 def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
@@ -431,13 +440,33 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     return out
 
 
-def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: bool = False
+def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: bool = False,
+                   *, moves: Sequence[tuple[Path, Path]] = ()
                    ) -> tuple[list[Path], list[Path]]:
     """``out/<name>.pem`` and ``out/<name>.key`` for each name, signed by ``ca`` (operators'
-    certificates with ``operator``)."""
-    certs, keys = [], []
-    for name in names:
-        certs.append(out / f"{name}.pem")
-        keys.append(out / f"{name}.key")
-        issue_certificate(ca, name, server=False, operator=operator).write(certs[-1], keys[-1])
+    certificates with ``operator``), all written or none: each file is written whole beside
+    its place first; then the files ``moves`` names are moved aside (``(path, kept)``: an old
+    pair) and the new ones renamed into place. A failure (a full disk) leaves the directory
+    as it was, the moved files back in their place."""
+    issued = [issue_certificate(ca, name, server=False, operator=operator) for name in names]
+    certs = [out / f"{name}.pem" for name in names]
+    keys = [out / f"{name}.key" for name in names]
+    moved: list[tuple[Path, Path]] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for ck, cert, key in zip(issued, certs, keys, strict=True):
+                _fill(stack.enter_context(replacing(cert)), ck.cert_pem())
+                _fill(stack.enter_context(replacing(key, mode=0o600)), ck.key_pem())
+            for path, kept in moves:  # every new file is written: the old ones go aside
+                path.rename(kept)
+                moved.append((path, kept))
+    except BaseException:
+        for path, kept in reversed(moved):
+            os.replace(kept, path)
+        raise
     return certs, keys
+
+
+def _fill(tmp: Path, data: bytes) -> None:
+    with open(tmp, "wb") as fh:
+        fh.write(data)

@@ -58,7 +58,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from fedforest_secure.dburl import sqlite_disk_full
 from fedforest_secure.errors import InvalidMessage, UploadRejected
+from fedforest_secure.files import os_error_text
 from fedforest_secure.protocol.api import (
     NAME_PATTERN,
     DeclineBody,
@@ -154,6 +156,17 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
         return await _read_body_chunks(request, length, limit)
     except ClientDisconnect:
         raise _gone() from None
+
+
+def _failure_words(exc: Exception) -> str:
+    """What a site reads of an unexpected error: its kind and words (a database error: that
+    the database failed, or that its disk is full); a file's error names the file."""
+    if isinstance(exc, SQLAlchemyError):
+        return ("the server's database cannot be written: its disk is full"
+                if sqlite_disk_full(exc) is not None else "the server's database failed")
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {os_error_text(exc)[:300]}"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _gone() -> ApiError:
@@ -295,11 +308,10 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
         # a bug or a broken deployment: the client gets the reason in words (and retries),
         # the server log the traceback; a database error's words (its SQL, the database's
-        # address) stay in the log
+        # address) stay in the log; a full disk is said, with the file where it is known
+        said = _failure_words(exc)
         event("error", logging.ERROR, exc=exc, method=req.method, path=req.url.path,
-              error=f"{type(exc).__name__}: {exc}")
-        said = ("the server's database failed" if isinstance(exc, SQLAlchemyError)
-                else f"{type(exc).__name__}: {str(exc)[:300]}")
+              error=said if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
         return JSONResponse({"error": "server_error", "detail": f"the server failed: {said} "
                              "(its log has the traceback)"}, status_code=500)
 

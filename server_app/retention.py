@@ -19,12 +19,13 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from fedforest_secure.dburl import shown_url, sqlite_disk_full, sqlite_file
 from fedforest_secure.errors import FedForestError
 
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
-__all__ = ["NotFinished", "Pruned", "prune"]
+__all__ = ["DiskFull", "NotFinished", "Pruned", "prune"]
 
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED)
 
@@ -40,6 +41,17 @@ class NotFinished(FedForestError):
         self.job_id, self.status = job_id, status
 
 
+class DiskFull(FedForestError):
+    """The deletion could not be written: the disk under the database file is full (or its
+    writes fail). The transaction rolled back: nothing was deleted."""
+
+    def __init__(self, db_file: str, said: str) -> None:
+        super().__init__(
+            f"the database file {db_file} cannot be written: the disk is full ({said}); "
+            "nothing was deleted. Prune writes its deletion before the space comes free: "
+            "free some space on that disk (a few MB), then run prune again")
+
+
 @dataclass
 class Pruned:
     """What :func:`prune` removed (or would remove, with ``dry_run``)."""
@@ -50,6 +62,9 @@ class Pruned:
     #: why the database file was not compacted after the deletion (None: it was, or had
     #: nothing to give back)
     not_compacted: str | None = None
+    #: the size in bytes of the database file when its compaction failed for lack of space:
+    #: compacting needs about that much free space on its disk (None: it did not fail so)
+    compact_needs: int | None = None
 
 
 def _last_activity(sess: Session, job: JobRow) -> float:
@@ -88,8 +103,43 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
     ------
     FedForestError
         A named job that does not exist or has not finished: nothing is deleted.
+    DiskFull
+        The deletion could not be written (SQLite: its disk is full): nothing is deleted.
     """
     out = Pruned()
+    try:
+        gone = _delete(db, spool, out, older_than=older_than, job_ids=job_ids,
+                       dry_run=dry_run)
+    except OperationalError as exc:
+        said = sqlite_disk_full(exc)
+        if said is None:
+            raise
+        raise DiskFull(str(sqlite_file(db.url) or shown_url(db.url)), said) from exc
+    for spooled in gone:  # once the deletion is committed
+        shutil.rmtree(spooled, ignore_errors=True)
+    if dry_run:
+        return out
+    try:
+        # also what an earlier prune left free: a quarter of the file or more (a running
+        # server frees and reuses pages of its own, which are not worth rewriting the file)
+        if out.jobs or db.free_share() >= 0.25:
+            db.compact()
+    except OperationalError as exc:  # the deletion stands: a later prune compacts
+        out.not_compacted = str(exc.orig or exc).splitlines()[0]
+        db_file = sqlite_file(db.url)
+        if sqlite_disk_full(exc) is not None and db_file is not None:
+            try:
+                out.compact_needs = db_file.stat().st_size
+            except OSError:
+                out.compact_needs = 0
+    return out
+
+
+def _delete(db: Database, spool: Path | None, out: Pruned, *, older_than: float | None,
+            job_ids: list[str] | None, dry_run: bool) -> list[Path]:
+    """:func:`prune`'s deletion, in one transaction; counted in ``out``. Returns the spool
+    directories of the pruned jobs, removed once the transaction committed."""
+    gone: list[Path] = []
     with db.session() as sess:
         for job_id in job_ids or []:  # every named job checked before anything is deleted
             named = sess.get(JobRow, job_id)
@@ -121,14 +171,5 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
             sess.execute(update(RoundRow).where(RoundRow.job_id == job.id).values(
                 task_blob=b"", running_sum=None, aggregate=None, disclosed_blob=None))
             if spooled is not None:
-                shutil.rmtree(spooled, ignore_errors=True)
-    if dry_run:
-        return out
-    try:
-        # also what an earlier prune left free: a quarter of the file or more (a running
-        # server frees and reuses pages of its own, which are not worth rewriting the file)
-        if out.jobs or db.free_share() >= 0.25:
-            db.compact()
-    except OperationalError as exc:  # the deletion stands: a later prune compacts
-        out.not_compacted = str(exc.orig or exc).splitlines()[0]
-    return out
+                gone.append(spooled)
+    return gone

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import http.server
 import io
 import re
@@ -437,3 +438,26 @@ def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settle
         "server's clock with this machine's (NTP)")
     monkeypatch.setattr(transport, "_utcnow", lambda: start + dt.timedelta(days=1))
     assert transport._clock_hint(dev_pki.client_certs[0]) == ""
+
+
+class _FullDisk(io.StringIO):
+    """A log file on a full disk: every write fails with ENOSPC."""
+
+    name = "/var/log/fedforest/client.log"
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_log_on_a_full_disk_loses_its_lines_and_says_so_once_on_stdout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for plain in (True, False):
+        log = SiteLog(stream=_FullDisk(), plain=plain)
+        log.info("level 2 of 4 [round 7]")
+        log.warn("site b was dropped")
+        log.info("level 3 of 4 [round 8]")
+        assert log.last_warning == "site b was dropped"
+        assert capsys.readouterr().out == (
+            "fedforest-client warning: cannot write the log (/var/log/fedforest/client.log): "
+            "the disk is full; the client goes on, and its log lines are lost until the write "
+            "succeeds again\n")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 
 from client_app.state import ClientState
 from fedforest_secure import FedForestClassifier, files
@@ -148,3 +151,57 @@ def test_the_clients_output_check_makes_a_new_state_directory_owner_only(tmp_pat
     runner._check_outputs(types.SimpleNamespace(state_dir=tmp_path / "new" / "state",
                                                 model_out=None))
     assert stat.S_IMODE((tmp_path / "new" / "state").stat().st_mode) == 0o700
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills while the new bytes are written (ENOSPC)."""
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "_write_all", full)
+
+
+def test_a_write_on_a_full_disk_names_the_file_and_says_the_disk_is_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "model.json"
+    _disk_full(monkeypatch)
+    with pytest.raises(OSError) as exc:
+        write_atomic(path, b"{}")
+    assert exc.value.errno == errno.ENOSPC
+    assert str(exc.value) == (f"[Errno 28] cannot write {path}: the disk is full (No space "
+                              "left on device)")
+    assert files.os_error_text(exc.value) == (f"cannot write {path}: the disk is full (No "
+                                              "space left on device)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_line_appended_on_a_full_disk_names_the_file() -> None:
+    with pytest.raises(OSError) as exc:
+        files.append_line("/dev/full", "{}")  # every write to it fails with ENOSPC
+    assert str(exc.value) == ("[Errno 28] cannot write /dev/full: the disk is full (No space "
+                              "left on device)")
+
+
+def test_the_commands_error_line_names_the_file_and_the_full_disk(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from fedforest_cli._common import fail
+
+    with pytest.raises(typer.Exit):
+        fail(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/srv/site/state/receipts.jsonl"))
+    assert capsys.readouterr().err == ("error: /srv/site/state/receipts.jsonl: the disk is full "
+                                       "(No space left on device)\n")
+
+
+def test_a_finished_job_whose_statistics_cannot_be_written_is_still_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from client_app.context import ClientResult
+    from client_app.log import SiteLog
+    from client_app.runner import save_stats
+
+    out = io.StringIO()
+    _disk_full(monkeypatch)
+    save_stats(tmp_path, ClientResult(status="done"), "job-a", "{}",
+               SiteLog(stream=out, plain=True))
+    assert out.getvalue().split(" ", 2)[2] == (
+        f"warning: job job-a ended (done); its statistics were not saved: cannot write "
+        f"{tmp_path / 'stats.json'}: the disk is full (No space left on device)\n")

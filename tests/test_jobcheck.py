@@ -3,10 +3,14 @@ cannot start fails with its reason, never with a 500 on every request."""
 
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
 import warnings
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
@@ -224,3 +228,30 @@ def test_a_secure_jobs_min_clients_below_its_threshold_is_refused(tmp_path: Path
                                           r"threshold t = 4 \(0.67 of 5 sites\)"):
         check_job(spec)
     assert check_job(load_job_spec(job(tmp_path, five + "min_clients = 5\n"))).spec
+
+
+@pytest.mark.parametrize("error, said", [
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/srv/fedforest/server.db.spool/j/1"),
+     "OSError: /srv/fedforest/server.db.spool/j/1: the disk is full (No space left on device)"),
+    (OperationalError("INSERT", None, sqlite3.OperationalError("database or disk is full")),
+     "the server's database cannot be written: its disk is full"),
+], ids=["file", "sqlite"])
+def test_an_unexpected_error_on_a_full_disk_says_so_and_names_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, said: str) -> None:
+    if isinstance(error, OperationalError):  # SQLite's own code, as its driver sets it
+        error.orig.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[union-attr]
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    token = add_client(db, "a")
+    state = ServerState(db, NullAudit())
+
+    def broken(*_: object) -> None:
+        raise error
+
+    monkeypatch.setattr(state, "jobs_of", broken)
+    with TestClient(create_app(db, state=state, tick_seconds=60),
+                    raise_server_exceptions=False) as http:
+        r = http.get("/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+    db.dispose()
+    assert r.status_code == 500
+    assert r.json() == {"error": "server_error",
+                        "detail": f"the server failed: {said} (its log has the traceback)"}

@@ -159,3 +159,38 @@ def test_unsigned_labels_beyond_int64_are_refused_naming_the_label() -> None:
                                          r"or to text"):
         _label_tensor_values(np.array([1, 2**63 + 5], dtype=np.uint64))
     assert _label_tensor_values(np.array([1, 2**63 - 1], dtype=np.uint64))[1] == [1, 2**63 - 1]
+
+
+_EXPORT_PAST_A_SIZE_LIMIT = """\
+import resource, sys
+import numpy as np
+from fedforest_secure import FedForestRegressor
+rng = np.random.default_rng(0)
+X = rng.normal(size=(400, 4)); y = X[:, 0] + rng.normal(size=400); h = np.arange(400) % 3
+small = FedForestRegressor(n_estimators=1, max_depth=2, random_state=0).fit(X, y, client=h)
+big = FedForestRegressor(n_estimators=8, max_depth=6, random_state=0).fit(X, y, client=h)
+small.to_onnx(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    big.to_onnx(sys.argv[1])
+except OSError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_an_export_that_fails_midway_keeps_the_onnx_file_there_was(tmp_path: Path) -> None:
+    """A write cut short (here the file size limit, as a full disk does) leaves the model
+    exported before whole: the export is written whole or not at all."""
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+
+    path = tmp_path / "model.onnx"
+    done = subprocess.run([sys.executable, "-c", _EXPORT_PAST_A_SIZE_LIMIT, str(path)],
+                          capture_output=True, text=True, env=child_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    model = onnx.load(str(path))  # whole: the small forest's
+    assert len(model.graph.node) >= 1 and path.stat().st_size < 4096
+    assert done.stdout.startswith(f"refused: [Errno 27] cannot write {path}: "), done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]

@@ -430,3 +430,53 @@ def test_renew_keeps_an_operators_certificate_an_operators(tmp_path: Path) -> No
                      "--operator")
     assert code == 0, out
     assert is_operator_certificate(load_certificate(certs / "operator.pem"))
+
+
+def test_a_renewal_that_cannot_write_the_new_pair_keeps_the_old_pair_in_place(
+        tmp_path: Path) -> None:
+    """The new pair's files cannot be written (here a file size limit, as a full disk does):
+    the error names the file, and the old pair stays where it was, nothing moved aside."""
+    import resource
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "fedforest_cli", "pki", "issue", "--ca-dir",
+                           str(certs), "--name", "hospital-a", "--renew"],
+                          capture_output=True, text=True, env=child_env(), timeout=120,
+                          preexec_fn=small_files, cwd=tmp_path)
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+    assert done.returncode == 2, done.stderr
+    assert " ".join(done.stderr.split()) == (
+        f"error: cannot write {certs / 'hospital-a.pem'}: the file would be larger than this "
+        "process may write (File too large)")
+
+
+def test_a_pair_a_renewal_left_half_written_is_renewed_and_named_by_issue(
+        tmp_path: Path) -> None:
+    """What an interrupted renewal leaves (an empty certificate, no key, the old pair kept
+    aside): `issue` names the half pair and the way out; `--renew` writes a new pair."""
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    (certs / "hospital-a.pem").rename(certs / "hospital-a.pem.replaced-20261207T120000Z")
+    (certs / "hospital-a.key").rename(certs / "hospital-a.key.replaced-20261207T120000Z")
+    (certs / "hospital-a.pem").write_bytes(b"")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a")
+    assert code == 2
+    assert " ".join(out.split()) == (
+        f"error: {certs} already holds hospital-a.pem: nothing was written (hospital-a has "
+        "half a pair, as a renewal cut short leaves it: `pki issue --name hospital-a --renew` "
+        "writes a new pair and keeps what is there beside it)")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a", "--renew")
+    assert code == 0, out
+    new = load_certificate(certs / "hospital-a.pem")
+    assert new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hospital-a"
+    assert (certs / "hospital-a.key").stat().st_size > 0

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from typer.testing import CliRunner
 
+from fedforest_cli._db_locked import locks_named
 from fedforest_cli.cli import app
 from fedforest_secure.audit import AuditLog
 from fedforest_secure.errors import FedForestError
@@ -209,3 +212,96 @@ def test_a_pruned_failed_job_keeps_its_level_and_rounds_done(tmp_path: Path) -> 
     assert prune(db, tmp_path / "s.db.spool", job_ids=["f"]).rounds == 3
     assert level_and_done() == (2, 2)
     db.dispose()
+
+
+def _sqlite_full() -> sqlite3.OperationalError:
+    """SQLite's own "database or disk is full" (SQLITE_FULL), met on a capped database."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("PRAGMA max_page_count = 2")
+    conn.execute("CREATE TABLE t (x BLOB)")
+    try:
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    except sqlite3.OperationalError as exc:
+        assert exc.sqlite_errorcode == sqlite3.SQLITE_FULL
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("the capped database took the row")
+
+
+@pytest.fixture
+def full_on_delete() -> Iterator[None]:
+    """Every DELETE statement fails as on a full disk (SQLite's SQLITE_FULL)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.exc import OperationalError
+
+    full = _sqlite_full()
+
+    def refuse(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            raise OperationalError(statement, None, full)
+
+    event.listen(Engine, "before_cursor_execute", refuse)
+    try:
+        yield
+    finally:
+        event.remove(Engine, "before_cursor_execute", refuse)
+
+
+def test_prune_on_a_full_disk_names_the_file_and_deletes_nothing(
+        tmp_path: Path, full_on_delete: None) -> None:
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    res = CliRunner().invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
+                                   "--job", "old"])
+    assert res.exit_code == 2, res.output
+    assert " ".join(res.output.split()) == (
+        f"error: the database file {tmp_path / 's.db'} cannot be written: the disk is full "
+        "(database or disk is full); nothing was deleted. Prune writes its deletion before "
+        "the space comes free: free some space on that disk (a few MB), then run prune again")
+    assert counts(db, "old") == (2, 2, 3, True)
+    assert (tmp_path / "s.db.spool" / "old" / "1" / "0.u64").is_file()
+    db.dispose()
+
+
+def test_a_command_on_a_full_disk_names_the_database_file(
+        tmp_path: Path, full_on_delete: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """A command's write the disk refuses ends with one line naming the file, not
+    SQLAlchemy's traceback."""
+    import typer
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    with pytest.raises(typer.Exit) as ended:
+        with locks_named(tmp_path / "server.toml"), db.session() as sess:
+            sess.execute(delete(UploadRow))
+    assert ended.value.exit_code == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        f"error: the database file {tmp_path / 's.db'} cannot be written: the disk is full "
+        "(database or disk is full); the command's change was not made. Free some space on "
+        "that disk, then run the command again")
+    db.dispose()
+
+
+def test_a_compaction_that_fails_for_lack_of_space_says_it_needs_the_files_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    db.dispose()
+    full = OperationalError("VACUUM", None, _sqlite_full())
+    monkeypatch.setattr(Database, "compact", lambda self: (_ for _ in ()).throw(full))
+    res = CliRunner().invoke(app, ["server", "prune", "--config", str(tmp_path / "server.toml"),
+                                   "--job", "old"])
+    assert res.exit_code == 0, res.output
+    size = (tmp_path / "s.db").stat().st_size
+    assert " ".join(res.output.split()).endswith(
+        "the database file was not compacted (database or disk is full): the deleted data is "
+        "gone, its space stays in the file until a prune compacts it; compacting rewrites the "
+        "file and needs free space about the file's size "
+        f"({size / 1e6:.1f} MB) on its disk: free that much, then run prune again")

@@ -159,3 +159,23 @@ def test_the_sites_a_model_was_trained_over_count_the_dropped_ones_apart() -> No
         "5 sites, 4 of them to the end (client-2 dropped at round 4)")
     assert trained_over(_status(**{"client-2": 4, "client-0": 7}), 5) == (
         "5 sites, 3 of them to the end (client-0 dropped at round 7, client-2 at round 4)")
+
+
+def test_a_simulation_whose_clients_all_stopped_while_the_job_ran_says_so(
+        tmp_path: Path) -> None:
+    from fedforest_cli.simulate import not_done
+
+    ends = client_ends(["client-0", "client-1"], [2, 2], None)
+    running = {"status": "running", "reason": "", "round": 3}
+    assert not_done(running, ends, tmp_path / "logs") == (
+        "every site's client stopped before the job ended (it is still running at round 3); "
+        "client-0: stopped on an error (exit code 2); client-1: stopped on an error (exit "
+        f"code 2); see their logs in {tmp_path / 'logs'}")
+    waiting = {"status": "waiting", "reason": "", "round": -1}
+    assert not_done(waiting, ends[:1], tmp_path / "logs") == (
+        "every site's client stopped before the job ended (it is still waiting); client-0: "
+        f"stopped on an error (exit code 2); see their logs in {tmp_path / 'logs'}")
+    failed = {"status": "failed", "reason": "round 2: too few sites", "round": 2}
+    assert not_done(failed, ends[:1], tmp_path / "logs") == (
+        "the job ended failed: round 2: too few sites; client-0: stopped on an error (exit "
+        f"code 2) (logs in {tmp_path / 'logs'})")
