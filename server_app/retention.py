@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from fedforest_secure.dburl import shown_url, sqlite_disk_full, sqlite_file
+from fedforest_secure.dburl import SqliteWriteError, shown_url, sqlite_file, sqlite_write_error
 from fedforest_secure.errors import FedForestError
 
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
@@ -42,14 +42,17 @@ class NotFinished(FedForestError):
 
 
 class DiskFull(FedForestError):
-    """The deletion could not be written: the disk under the database file is full (or its
-    writes fail). The transaction rolled back: nothing was deleted."""
+    """The deletion could not be written: the disk under the database file is full, or its
+    writes fail (an I/O error: a file size limit, a failing disk). The transaction rolled
+    back: nothing was deleted."""
 
-    def __init__(self, db_file: str, said: str) -> None:
-        super().__init__(
-            f"the database file {db_file} cannot be written: the disk is full ({said}); "
-            "nothing was deleted. Prune writes its deletion before the space comes free: "
-            "free some space on that disk (a few MB), then run prune again")
+    def __init__(self, db_file: str, refused: SqliteWriteError) -> None:
+        then = ("free some space on that disk (a few MB), then run prune again" if refused.full
+                else "check that disk's free space (prune needs a few MB), the file size limit "
+                     "(`ulimit -f`) and the system log for disk errors, then run prune again")
+        super().__init__(f"{refused.why(f'the database file {db_file}')}; nothing was "
+                         f"deleted. Prune writes its deletion before the space comes free: "
+                         f"{then}")
 
 
 @dataclass
@@ -104,17 +107,18 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
     FedForestError
         A named job that does not exist or has not finished: nothing is deleted.
     DiskFull
-        The deletion could not be written (SQLite: its disk is full): nothing is deleted.
+        The deletion could not be written (SQLite: its disk is full, or an I/O error):
+        nothing is deleted.
     """
     out = Pruned()
     try:
         gone = _delete(db, spool, out, older_than=older_than, job_ids=job_ids,
                        dry_run=dry_run)
     except OperationalError as exc:
-        said = sqlite_disk_full(exc)
-        if said is None:
+        refused = sqlite_write_error(exc)
+        if refused is None:
             raise
-        raise DiskFull(str(sqlite_file(db.url) or shown_url(db.url)), said) from exc
+        raise DiskFull(str(sqlite_file(db.url) or shown_url(db.url)), refused) from exc
     for spooled in gone:  # once the deletion is committed
         shutil.rmtree(spooled, ignore_errors=True)
     if dry_run:
@@ -127,7 +131,7 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
     except OperationalError as exc:  # the deletion stands: a later prune compacts
         out.not_compacted = str(exc.orig or exc).splitlines()[0]
         db_file = sqlite_file(db.url)
-        if sqlite_disk_full(exc) is not None and db_file is not None:
+        if sqlite_write_error(exc) is not None and db_file is not None:
             try:
                 out.compact_needs = db_file.stat().st_size
             except OSError:

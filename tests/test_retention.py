@@ -3,6 +3,7 @@ be compressed."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import sqlite3
@@ -229,24 +230,36 @@ def _sqlite_full() -> sqlite3.OperationalError:
     raise AssertionError("the capped database took the row")
 
 
-@pytest.fixture
-def full_on_delete() -> Iterator[None]:
-    """Every DELETE statement fails as on a full disk (SQLite's SQLITE_FULL)."""
+@contextlib.contextmanager
+def _deletes_fail(error: sqlite3.OperationalError) -> Iterator[None]:
+    """Every DELETE statement fails with SQLite's ``error``."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import OperationalError
 
-    full = _sqlite_full()
-
     def refuse(conn: object, cursor: object, statement: str, *args: object) -> None:
         if statement.lstrip().upper().startswith("DELETE"):
-            raise OperationalError(statement, None, full)
+            raise OperationalError(statement, None, error)
 
     event.listen(Engine, "before_cursor_execute", refuse)
     try:
         yield
     finally:
         event.remove(Engine, "before_cursor_execute", refuse)
+
+
+@pytest.fixture
+def full_on_delete() -> Iterator[None]:
+    """Every DELETE statement fails as on a full disk (SQLite's SQLITE_FULL)."""
+    with _deletes_fail(_sqlite_full()):
+        yield
+
+
+def _sqlite_ioerr() -> sqlite3.OperationalError:
+    """SQLite's "disk I/O error" of a write (SQLITE_IOERR_WRITE), as its driver raises it."""
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # type: ignore[attr-defined]
+    return exc
 
 
 def test_prune_on_a_full_disk_names_the_file_and_deletes_nothing(
@@ -283,6 +296,63 @@ def test_a_command_on_a_full_disk_names_the_database_file(
         f"error: the database file {tmp_path / 's.db'} cannot be written: the disk is full "
         "(database or disk is full); the command's change was not made. Free some space on "
         "that disk, then run the command again")
+    db.dispose()
+
+
+def test_prune_over_the_file_size_limit_says_it_is_an_io_error_not_a_full_disk(
+        tmp_path: Path) -> None:
+    """SQLite's writes refused by a file size limit (EFBIG: SQLITE_IOERR_WRITE) on a disk with
+    room: prune says it is an I/O error writing the file and what to check, not that the disk
+    is full, and deletes nothing."""
+    import resource
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    db.dispose()
+    limit = 70_000  # bytes: less than the deletion writes to the journal
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "fedforest_cli", "server", "prune",
+                           "--config", str(tmp_path / "server.toml"), "--job", "old"],
+                          capture_output=True, text=True, env=child_env(), timeout=120,
+                          preexec_fn=small_files, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert " ".join(done.stderr.split()) == (
+        f"error: an I/O error writing the database file {tmp_path / 's.db'} (disk I/O error: a "
+        "full disk, a file size limit or a failing disk); nothing was deleted. Prune writes "
+        "its deletion before the space comes free: check that disk's free space (prune needs "
+        "a few MB), the file size limit (`ulimit -f`) and the system log for disk errors, "
+        "then run prune again")
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    assert counts(db, "old") == (2, 2, 3, True)
+    assert (tmp_path / "s.db.spool" / "old" / "1" / "0.u64").is_file()
+    db.dispose()
+
+
+def test_a_commands_io_error_names_the_database_file_and_says_what_to_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An I/O error (not SQLITE_FULL) is not called a full disk."""
+    import typer
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    with pytest.raises(typer.Exit) as ended, _deletes_fail(_sqlite_ioerr()):
+        with locks_named(tmp_path / "server.toml"), db.session() as sess:
+            sess.execute(delete(UploadRow))
+    assert ended.value.exit_code == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        f"error: an I/O error writing the database file {tmp_path / 's.db'} (disk I/O error: "
+        "a full disk, a file size limit or a failing disk); the command's change was not "
+        "made. Check that disk's free space, the file size limit (`ulimit -f`) and the system "
+        "log for disk errors, then run the command again")
     db.dispose()
 
 
