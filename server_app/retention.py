@@ -11,6 +11,7 @@ file.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from fedforest_secure.errors import FedForestError
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
-__all__ = ["DiskFull", "NotFinished", "Pruned", "prune"]
+__all__ = ["DiskFull", "NotFinished", "Pruned", "prune", "sqlite_temp_dir"]
 
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED)
 
@@ -66,8 +67,30 @@ class Pruned:
     #: nothing to give back)
     not_compacted: str | None = None
     #: the size in bytes of the database file when its compaction failed for lack of space:
-    #: compacting needs about that much free space on its disk (None: it did not fail so)
+    #: compacting needs about that much free space on its disk and in SQLite's temporary
+    #: directory (None: it did not fail so)
     compact_needs: int | None = None
+    #: that temporary directory and what chose it (:func:`sqlite_temp_dir`), with
+    #: ``compact_needs``
+    compact_temp_dir: tuple[Path, str] | None = None
+
+
+def sqlite_temp_dir() -> tuple[Path, str]:
+    """The directory SQLite writes its temporary files in (VACUUM's copy of the database
+    among them), and what chose it: as SQLite on Unix picks it, the first of
+    ``SQLITE_TMPDIR``, ``TMPDIR``, ``/var/tmp``, ``/usr/tmp`` and ``/tmp`` that is a
+    directory this process may write in (else the working directory); "SQLITE_TMPDIR",
+    "TMPDIR" or "the default"."""
+    for var in ("SQLITE_TMPDIR", "TMPDIR"):
+        where = os.environ.get(var)
+        if where and _writable_dir(where):
+            return Path(where), var
+    return next((Path(d) for d in ("/var/tmp", "/usr/tmp", "/tmp") if _writable_dir(d)),
+                Path(".")), "the default"
+
+
+def _writable_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
 def _last_activity(sess: Session, job: JobRow) -> float:
@@ -136,6 +159,7 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
                 out.compact_needs = db_file.stat().st_size
             except OSError:
                 out.compact_needs = 0
+            out.compact_temp_dir = sqlite_temp_dir()
     return out
 
 

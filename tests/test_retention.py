@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -356,11 +357,21 @@ def test_a_commands_io_error_names_the_database_file_and_says_what_to_check(
     db.dispose()
 
 
-def test_a_compaction_that_fails_for_lack_of_space_says_it_needs_the_files_size(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("temp", ["TMPDIR", "SQLITE_TMPDIR", None])
+def test_a_compaction_that_fails_for_lack_of_space_names_the_disk_and_the_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temp: str | None) -> None:
+    """VACUUM copies the file into SQLite's temporary directory, then back: the advice names
+    the database's disk and that directory, and what chose it."""
     from sqlalchemy.exc import OperationalError
 
+    from server_app.retention import sqlite_temp_dir
+
     (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.delenv("SQLITE_TMPDIR", raising=False)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    if temp is not None:
+        monkeypatch.setenv(temp, str(tmp_path / "tmp"))
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
     db.dispose()
@@ -370,8 +381,14 @@ def test_a_compaction_that_fails_for_lack_of_space_says_it_needs_the_files_size(
                                    "--job", "old"])
     assert res.exit_code == 0, res.output
     size = (tmp_path / "s.db").stat().st_size
+    where = (f"{tmp_path / 'tmp'} (set by {temp})" if temp is not None
+             else f"{sqlite_temp_dir()[0]} (SQLite's default: neither SQLITE_TMPDIR nor TMPDIR "
+                  "names a directory)")
     assert " ".join(res.output.split()).endswith(
         "the database file was not compacted (database or disk is full): the deleted data is "
-        "gone, its space stays in the file until a prune compacts it; compacting rewrites the "
-        "file and needs free space about the file's size "
-        f"({size / 1e6:.1f} MB) on its disk: free that much, then run prune again")
+        "gone, its space stays in the file until a prune compacts it; compacting copies the "
+        f"file and needs free space about the file's size ({size / 1e6:.1f} MB) both on its "
+        f"disk and in SQLite's temporary directory {where}: free that much in both (or set "
+        "SQLITE_TMPDIR to a directory with room), then run prune again")
+    if temp is None and os.access("/var/tmp", os.W_OK | os.X_OK):  # SQLite's first default
+        assert sqlite_temp_dir() == (Path("/var/tmp"), "the default")
