@@ -392,3 +392,33 @@ def test_a_compaction_that_fails_for_lack_of_space_names_the_disk_and_the_tempor
         "SQLITE_TMPDIR to a directory with room), then run prune again")
     if temp is None and os.access("/var/tmp", os.W_OK | os.X_OK):  # SQLite's first default
         assert sqlite_temp_dir() == (Path("/var/tmp"), "the default")
+
+
+def test_a_commit_the_disk_refuses_keeps_every_spooled_vector(tmp_path: Path) -> None:
+    """The disk refuses the deletion's COMMIT (where SQLite writes its journal), two jobs:
+    the spool of neither is removed, and nothing was deleted."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.exc import OperationalError
+
+    from server_app.retention import DiskFull
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    spool = tmp_path / "s.db.spool"
+    for j in ("a", "b"):
+        add_job(db, spool, j, "done", time.time() - 10 * DAY)
+    full = _sqlite_full()
+
+    def refuse(conn: object) -> None:
+        raise OperationalError("COMMIT", None, full)
+
+    event.listen(Engine, "commit", refuse)
+    try:
+        with pytest.raises(DiskFull):
+            prune(db, spool, job_ids=["a", "b"])
+    finally:
+        event.remove(Engine, "commit", refuse)
+    assert sorted(p.name for p in spool.iterdir()) == ["a", "b"]
+    assert (spool / "a" / "1" / "0.u64").is_file() and (spool / "b" / "1" / "0.u64").is_file()
+    assert counts(db, "a") == (2, 2, 3, True) and counts(db, "b") == (2, 2, 3, True)
+    db.dispose()
