@@ -5,8 +5,11 @@ file, ``nohup``): one plain line per event, ``2024-05-01T12:00:00Z fedforest-cli
 never wrapped, never a progress bar, flushed at once.
 
 The log is informational: a write that fails (the disk under a log file is full, a closed
-pipe) never stops the client. The line is lost, and the first such failure is told once on
-the other stream (stdout for a log on stderr, and stderr otherwise), if that one is writable.
+pipe, a terminal gone) never stops the client. The line is lost, whole or the part not
+written, and never written later (on a terminal rich's unwritten output is dropped, not kept
+to replay); in plain mode the next event after such a failure starts on a new line, so a
+line cut short never runs into it. The first such failure is told once on the other stream
+(stdout for a log on stderr, and stderr otherwise), if that one is writable.
 
 A message may quote the server (a job's failure reason, a site's name, an error's ``detail``):
 in both modes each character that is not printable is escaped
@@ -39,6 +42,7 @@ class SiteLog:
         #: the last :meth:`warn` message (the command does not print again what it said)
         self.last_warning: str | None = None
         self._told_lost_lines = False
+        self._cut = False  # a plain line's write failed: the next starts on a new line
 
     def info(self, message: str) -> None:
         self._emit(message)
@@ -53,12 +57,17 @@ class SiteLog:
             if self.plain:
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 said = f"warning: {text}" if warning else text
-                self.stream.write(f"{stamp} fedforest-client {said}\n")
+                start = "\n" if self._cut else ""  # after a line cut short
+                self._cut = True  # until the whole line is written
+                self.stream.write(f"{start}{stamp} fedforest-client {said}\n")
                 self.stream.flush()
+                self._cut = False
             else:
                 self.console.log(Text.assemble(("warning: ", "yellow"), text) if warning
                                  else Text(text))
         except OSError as exc:
+            if not self.plain:  # what rich could not write is dropped, not written next time
+                del self.console._buffer[:]
             self._tell_lost_lines(exc)
 
     def _tell_lost_lines(self, exc: OSError) -> None:

@@ -4,7 +4,7 @@ SQLite lets one connection write at a time. ``fedforest server``, its admin comm
 ``fedforest evaluate`` wait for another process's write transaction (the connection's busy
 timeout), then fail with "database is locked": a server paused or stuck mid-transaction, or a
 tool that holds one open. :func:`locks_named` turns that into an error naming the file, and
-so a write the disk refused (full: :func:`full_message`).
+so a write the disk refused (full, or an I/O error: :func:`full_message`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedforest_secure.errors import FedForestError
 
 from ._common import fail
+
+if TYPE_CHECKING:
+    from fedforest_secure.dburl import SqliteWriteError
 
 __all__ = ["full_message", "is_locked", "locked_message", "locks_named"]
 
@@ -79,18 +83,18 @@ def locks_named(config: Path) -> Iterator[None]:
     except Exception as exc:
         if is_locked(exc):
             fail(OSError(locked_message(config)))
-        from fedforest_secure.dburl import sqlite_disk_full  # sqlalchemy: loaded already
+        from fedforest_secure.dburl import sqlite_write_error  # sqlalchemy: loaded already
 
-        said = sqlite_disk_full(exc)
-        if said is None:
+        refused = sqlite_write_error(exc)
+        if refused is None:
             raise
-        fail(OSError(full_message(config, said)))
+        fail(OSError(full_message(config, refused)))
 
 
-def full_message(config: Path, said: str) -> str:
-    """The error for a write SQLite's disk refused (:func:`sqlite_disk_full`) on the
-    databases ``config`` names: the SQLite file(s) on a disk with little room left (both, or
-    the one there is, if none is)."""
+def full_message(config: Path, refused: SqliteWriteError) -> str:
+    """The error for a write SQLite's disk refused (:func:`sqlite_write_error`: full, or an
+    I/O error) on the databases ``config`` names: the SQLite file(s) on a disk with little
+    room left (both, or the one there is, if none is)."""
     from fedforest_secure.dburl import sqlite_file
     from server_app.settings import load_settings
 
@@ -103,8 +107,11 @@ def full_message(config: Path, said: str) -> str:
     named = [f for f in files if _free_bytes(f) < _LITTLE_ROOM] or files
     what = (f"the database file {' or '.join(str(f) for f in named)}" if named
             else f"a database that {config} names")
-    return (f"{what} cannot be written: the disk is full ({said}); the command's change was "
-            "not made. Free some space on that disk, then run the command again")
+    then = ("Free some space on that disk" if refused.full
+            else "Check that disk's free space, the file size limit (`ulimit -f`) and the "
+                 "system log for disk errors")
+    return (f"{refused.why(what)}; the command's change was not made. {then}, then run the "
+            "command again")
 
 
 _LITTLE_ROOM = 64 << 20  # bytes: less free space than this on a database's disk is named

@@ -220,11 +220,16 @@ def prune_cmd(config: ConfigOpt,
           f"and aggregates) of {len(out.jobs)} finished job(s)"
           + (f": {', '.join(out.jobs)}" if out.jobs else ""))
     if out.compact_needs is not None:
+        temp, chose = out.compact_temp_dir or (Path("/tmp"), "the default")
+        temp_dir = printable(str(temp)) + (
+            f" (set by {chose})" if chose != "the default"
+            else " (SQLite's default: neither SQLITE_TMPDIR nor TMPDIR names a directory)")
         print(f"the database file was not compacted ({printable(out.not_compacted or '')}): "
               "the deleted data is gone, its space stays in the file until a prune compacts "
-              "it; compacting rewrites the file and needs free space about the file's size "
-              f"({out.compact_needs / 1e6:.1f} MB) on its disk: free that much, then run "
-              "prune again", file=sys.stderr)
+              "it; compacting copies the file and needs free space about the file's size "
+              f"({out.compact_needs / 1e6:.1f} MB) both on its disk and in SQLite's temporary "
+              f"directory {temp_dir}: free that much in both (or set SQLITE_TMPDIR to a "
+              "directory with room), then run prune again", file=sys.stderr)
     elif out.not_compacted is not None:
         print(f"the database file was not compacted ({printable(out.not_compacted)}): the "
               "deleted data is gone, its space stays in the file until a prune compacts it; "

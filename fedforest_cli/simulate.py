@@ -239,7 +239,8 @@ def not_done(status: dict[str, Any], failed: list[ClientEnd], logs: Path) -> str
     gone = "".join(f"; {e.describe()}" for e in failed)
     if status["status"] in ("done", "failed"):
         return f"the job ended {status['status']}: {status['reason']}{gone} (logs in {logs})"
-    at = f" at round {status['round']}" if (status.get("round") or -1) >= 0 else ""
+    at = (f" at round {status['round']}"
+          if status.get("round") is not None and status["round"] >= 0 else "")
     return (f"every site's client stopped before the job ended (it is still "
             f"{status['status']}{at}){gone}; see their logs in {logs}")
 

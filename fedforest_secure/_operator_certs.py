@@ -87,10 +87,11 @@ def check_site_names(names: Sequence[str], where: Path, *, renew: bool = False,
 
 def _held_kind(path: Path, name: str) -> bool | None:
     """Whether the PEM file ``path`` holds an operator's certificate of ``name`` (True) or a
-    site's (False); None if it holds no certificate of that name."""
+    site's (False); None if it holds no certificate of that name (or is not there: half a
+    pair, the key alone)."""
     try:
         cert = load_certificate(path)
-    except ValueError:  # damaged, or a key in place of the certificate
+    except (ValueError, FileNotFoundError):  # damaged, a key in its place, or missing
         return None
     names = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     return is_operator_certificate(cert) if names == [name] else None

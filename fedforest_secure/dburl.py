@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-__all__ = ["DatabaseUrlError", "create_db_engine", "in_memory", "shown_url", "sqlite_disk_full",
-           "sqlite_file"]
+__all__ = ["DatabaseUrlError", "SqliteWriteError", "create_db_engine", "in_memory", "shown_url",
+           "sqlite_file", "sqlite_write_error"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
@@ -74,13 +75,35 @@ def sqlite_file(db: str) -> Path | None:
         return Path(database)
 
 
-def sqlite_disk_full(exc: BaseException) -> str | None:
-    """What SQLite said when ``exc`` (a SQLAlchemy error or the driver's own) is a write that
-    its disk refused: ``SQLITE_FULL`` ("database or disk is full") or ``SQLITE_IOERR`` (a
-    write or sync that failed, as on a disk out of space or failing); None for any other
-    error."""
-    import sqlite3
+class SqliteWriteError(NamedTuple):
+    """An error of SQLite's file I/O (:func:`sqlite_write_error`): ``full`` for SQLITE_FULL
+    ("database or disk is full"), otherwise an SQLITE_IOERR (``reading`` for a read's), which
+    a full disk, a file size limit or a failing disk each give; ``said``: SQLite's words."""
 
+    full: bool
+    reading: bool
+    said: str
+
+    def why(self, what: str) -> str:
+        """What an operator reads of it for ``what`` (a database file, the server's
+        database): ``<what> cannot be written: the disk is full (<said>)``, or ``an I/O error
+        writing <what> (<said>: a full disk, a file size limit or a failing disk)``."""
+        if self.full:
+            return f"{what} cannot be written: the disk is full ({self.said})"
+        if self.reading:
+            return f"an I/O error reading {what} ({self.said}: a failing disk)"
+        return (f"an I/O error writing {what} ({self.said}: a full disk, a file size limit or "
+                "a failing disk)")
+
+
+_READS = (sqlite3.SQLITE_IOERR_READ, sqlite3.SQLITE_IOERR_SHORT_READ)
+
+
+def sqlite_write_error(exc: BaseException) -> SqliteWriteError | None:
+    """What SQLite said when ``exc`` (a SQLAlchemy error or the driver's own) is an error of
+    its file I/O: ``SQLITE_FULL`` (its disk is full) or ``SQLITE_IOERR`` (a write, sync or
+    read that failed: a full disk, a file over the size limit, a failing disk); None for any
+    other error."""
     from sqlalchemy.exc import DBAPIError
 
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -88,7 +111,10 @@ def sqlite_disk_full(exc: BaseException) -> str | None:
     if not (isinstance(orig, sqlite3.Error) and isinstance(code, int)
             and code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)):
         return None
-    return (str(orig).splitlines() or [""])[0] or "database or disk is full"
+    full = code & 0xFF == sqlite3.SQLITE_FULL
+    said = (str(orig).splitlines() or [""])[0] or (
+        "database or disk is full" if full else "disk I/O error")
+    return SqliteWriteError(full, code in _READS, said)
 
 
 def in_memory(db: str) -> bool:

@@ -43,12 +43,17 @@ def cannot_write(exc: OSError, path: str | Path) -> OSError:
 def os_error_text(exc: OSError) -> str:
     """What an operator reads of ``exc``: its message, with the file it names and "the disk
     is full" when it is (``[Errno 28] No space left on device: 'x'`` reads
-    ``x: the disk is full (No space left on device)``)."""
+    ``x: the disk is full (No space left on device)``); an error of two files (a rename's)
+    names both, ``<src> -> <dst>: <why>``."""
     if exc.strerror is None:
         return str(exc) or type(exc).__name__
     if exc.strerror.startswith("cannot "):
         return exc.strerror
-    return f"{exc.filename}: {_why(exc)}" if exc.filename is not None else _why(exc)
+    if exc.filename is None:
+        return _why(exc)
+    named = (f"{exc.filename} -> {exc.filename2}" if exc.filename2 is not None
+             else str(exc.filename))
+    return f"{named}: {_why(exc)}"
 
 
 @contextlib.contextmanager

@@ -322,9 +322,10 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     that joins later, or with ``operator`` an operator's browser (:data:`OPERATOR_PURPOSE`:
     it certifies no site). Returns the certificates' paths.
 
-    With ``renew`` every name must have its pair there already: each is moved aside (to
-    ``<name>.pem.replaced-<UTC time>`` and ``<name>.key.replaced-<UTC time>``, kept; a
-    ``<name>.p12`` too) and a new pair with the same name is written, so the site's token,
+    With ``renew`` every name must have its pair there already, or half of it (the
+    certificate or the key alone, as a renewal cut short leaves it): what is there is moved
+    aside (to ``<name>.pem.replaced-<UTC time>`` and ``<name>.key.replaced-<UTC time>``, kept;
+    a ``<name>.p12`` too) and a new pair with the same name is written, so the site's token,
     bound to that name, goes on working. The old certificate stays valid until its end (there
     is no revocation list). A renewal keeps a certificate's kind: an operator's is renewed with
     ``operator`` only, and a site's (one not named :data:`OPERATOR_NAME`) becomes an operator's
@@ -335,7 +336,8 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     Raises
     ------
     FileNotFoundError
-        ``ca.pem`` or ``ca.key`` is missing; with ``renew``, a name has no pair to renew.
+        ``ca.pem`` or ``ca.key`` is missing; with ``renew``, a name has neither file of a pair
+        to renew.
     FileExistsError
         Without ``renew``, a ``<name>.pem`` or ``<name>.key`` is there already: nothing is
         written.
@@ -369,14 +371,16 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     if not renew:
         halves = [n for n in names if (ca_dir / f"{n}.pem").is_file()
                   != (ca_dir / f"{n}.key").is_file()]
+        renewal = (f"`fedforest pki issue --ca-dir {ca_dir} --name {halves[0]}"
+                   + (" --operator" if operator else "") + " --renew`" if halves else "")
         _refuse_existing(pairs, "a site's certificate is replaced only with --renew, which "
                                 "keeps the old files beside it; a site's token works only with "
                                 "a certificate of its own name" if not halves else
                                 f"{halves[0]} has half a pair, as a renewal cut short leaves "
-                                f"it: `pki issue --name {halves[0]} --renew` writes a new pair "
-                                "and keeps what is there beside it")
+                                f"it: {renewal} writes a new pair and keeps what is there "
+                                "beside it")
         return _write_clients(ca, ca_dir, names, operator)[0]
-    # a renewal cut short (an earlier version's on a full disk) left half a pair: renewed too
+    # half a pair (a renewal cut short between its renames, a file deleted): renewed too
     missing = [n for n in names
                if not (ca_dir / f"{n}.pem").is_file() and not (ca_dir / f"{n}.key").is_file()]
     if missing:
@@ -468,5 +472,8 @@ def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: 
 
 
 def _fill(tmp: Path, data: bytes) -> None:
+    """``data`` written to ``tmp`` and flushed to disk, before any old file moves aside."""
     with open(tmp, "wb") as fh:
         fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -58,7 +58,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from fedforest_secure.dburl import sqlite_disk_full
+from fedforest_secure.dburl import sqlite_write_error
 from fedforest_secure.errors import InvalidMessage, UploadRejected
 from fedforest_secure.files import os_error_text
 from fedforest_secure.protocol.api import (
@@ -160,10 +160,14 @@ async def _read_body(request: Request, length: int | None, limit: int) -> bytear
 
 def _failure_words(exc: Exception) -> str:
     """What a site reads of an unexpected error: its kind and words (a database error: that
-    the database failed, or that its disk is full); a file's error names the file."""
+    the database failed, that its disk is full, or an I/O error writing it); a file's error
+    names the file."""
     if isinstance(exc, SQLAlchemyError):
-        return ("the server's database cannot be written: its disk is full"
-                if sqlite_disk_full(exc) is not None else "the server's database failed")
+        refused = sqlite_write_error(exc)
+        if refused is None:
+            return "the server's database failed"
+        return ("the server's database cannot be written: its disk is full" if refused.full
+                else refused.why("the server's database"))
     if isinstance(exc, OSError):
         return f"{type(exc).__name__}: {os_error_text(exc)[:300]}"
     return f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -11,6 +11,7 @@ file.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +20,13 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from fedforest_secure.dburl import shown_url, sqlite_disk_full, sqlite_file
+from fedforest_secure.dburl import SqliteWriteError, shown_url, sqlite_file, sqlite_write_error
 from fedforest_secure.errors import FedForestError
 
 from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
-__all__ = ["DiskFull", "NotFinished", "Pruned", "prune"]
+__all__ = ["DiskFull", "NotFinished", "Pruned", "prune", "sqlite_temp_dir"]
 
 _FINISHED = (JobStatus.DONE, JobStatus.FAILED)
 
@@ -42,14 +43,17 @@ class NotFinished(FedForestError):
 
 
 class DiskFull(FedForestError):
-    """The deletion could not be written: the disk under the database file is full (or its
-    writes fail). The transaction rolled back: nothing was deleted."""
+    """The deletion could not be written: the disk under the database file is full, or its
+    writes fail (an I/O error: a file size limit, a failing disk). The transaction rolled
+    back: nothing was deleted."""
 
-    def __init__(self, db_file: str, said: str) -> None:
-        super().__init__(
-            f"the database file {db_file} cannot be written: the disk is full ({said}); "
-            "nothing was deleted. Prune writes its deletion before the space comes free: "
-            "free some space on that disk (a few MB), then run prune again")
+    def __init__(self, db_file: str, refused: SqliteWriteError) -> None:
+        then = ("free some space on that disk (a few MB), then run prune again" if refused.full
+                else "check that disk's free space (prune needs a few MB), the file size limit "
+                     "(`ulimit -f`) and the system log for disk errors, then run prune again")
+        super().__init__(f"{refused.why(f'the database file {db_file}')}; nothing was "
+                         f"deleted. Prune writes its deletion before the space comes free: "
+                         f"{then}")
 
 
 @dataclass
@@ -63,8 +67,30 @@ class Pruned:
     #: nothing to give back)
     not_compacted: str | None = None
     #: the size in bytes of the database file when its compaction failed for lack of space:
-    #: compacting needs about that much free space on its disk (None: it did not fail so)
+    #: compacting needs about that much free space on its disk and in SQLite's temporary
+    #: directory (None: it did not fail so)
     compact_needs: int | None = None
+    #: that temporary directory and what chose it (:func:`sqlite_temp_dir`), with
+    #: ``compact_needs``
+    compact_temp_dir: tuple[Path, str] | None = None
+
+
+def sqlite_temp_dir() -> tuple[Path, str]:
+    """The directory SQLite writes its temporary files in (VACUUM's copy of the database
+    among them), and what chose it: as SQLite on Unix picks it, the first of
+    ``SQLITE_TMPDIR``, ``TMPDIR``, ``/var/tmp``, ``/usr/tmp`` and ``/tmp`` that is a
+    directory this process may write in (else the working directory); "SQLITE_TMPDIR",
+    "TMPDIR" or "the default"."""
+    for var in ("SQLITE_TMPDIR", "TMPDIR"):
+        where = os.environ.get(var)
+        if where and _writable_dir(where):
+            return Path(where), var
+    return next((Path(d) for d in ("/var/tmp", "/usr/tmp", "/tmp") if _writable_dir(d)),
+                Path(".")), "the default"
+
+
+def _writable_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
 def _last_activity(sess: Session, job: JobRow) -> float:
@@ -104,17 +130,18 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
     FedForestError
         A named job that does not exist or has not finished: nothing is deleted.
     DiskFull
-        The deletion could not be written (SQLite: its disk is full): nothing is deleted.
+        The deletion could not be written (SQLite: its disk is full, or an I/O error):
+        nothing is deleted.
     """
     out = Pruned()
     try:
         gone = _delete(db, spool, out, older_than=older_than, job_ids=job_ids,
                        dry_run=dry_run)
     except OperationalError as exc:
-        said = sqlite_disk_full(exc)
-        if said is None:
+        refused = sqlite_write_error(exc)
+        if refused is None:
             raise
-        raise DiskFull(str(sqlite_file(db.url) or shown_url(db.url)), said) from exc
+        raise DiskFull(str(sqlite_file(db.url) or shown_url(db.url)), refused) from exc
     for spooled in gone:  # once the deletion is committed
         shutil.rmtree(spooled, ignore_errors=True)
     if dry_run:
@@ -127,11 +154,12 @@ def prune(db: Database, spool: Path | None, *, older_than: float | None = None,
     except OperationalError as exc:  # the deletion stands: a later prune compacts
         out.not_compacted = str(exc.orig or exc).splitlines()[0]
         db_file = sqlite_file(db.url)
-        if sqlite_disk_full(exc) is not None and db_file is not None:
+        if sqlite_write_error(exc) is not None and db_file is not None:
             try:
                 out.compact_needs = db_file.stat().st_size
             except OSError:
                 out.compact_needs = 0
+            out.compact_temp_dir = sqlite_temp_dir()
     return out
 
 

@@ -461,3 +461,54 @@ def test_a_log_on_a_full_disk_loses_its_lines_and_says_so_once_on_stdout(
             "fedforest-client warning: cannot write the log (/var/log/fedforest/client.log): "
             "the disk is full; the client goes on, and its log lines are lost until the write "
             "succeeds again\n")
+
+
+class _FillingDisk(io.StringIO):
+    """A log file whose disk fills: while ``full``, a write keeps its first ``room``
+    characters and fails with ENOSPC (``room`` 0: nothing written)."""
+
+    name = "/var/log/fedforest/client.log"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full, self.room = False, 0
+
+    def write(self, s: str) -> int:
+        if self.full:
+            super().write(s[:self.room])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(s)
+
+
+def test_a_plain_log_line_cut_short_by_a_full_disk_never_runs_into_the_next_event(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    disk = _FillingDisk()
+    log = SiteLog(stream=disk, plain=True)
+    log.info("level 1 of 4 [round 3]")
+    disk.full, disk.room = True, 40
+    log.info("level 2 of 4 [round 7]")
+    disk.room = 0
+    log.info("level 3 of 4 [round 8]")  # lost whole
+    disk.full = False
+    log.info("level 4 of 4 [round 9]")
+    lines = disk.getvalue().split("\n")
+    assert [line[len("2026-12-07T14:00:00Z "):] for line in lines] == [
+        "fedforest-client level 1 of 4 [round 3]", "fedforest-client le",  # cut at 40
+        "fedforest-client level 4 of 4 [round 9]", ""]
+    assert "lost until the write succeeds again" in capsys.readouterr().out
+
+
+def test_a_terminal_log_drops_the_lines_it_could_not_write(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On a terminal (rich) a line that could not be written is dropped: never written later,
+    nor kept (a terminal that fails for hours does not pile them up)."""
+    disk = _FillingDisk()
+    log = SiteLog(stream=disk, plain=False)
+    disk.full = True
+    for i in range(5):
+        log.info(f"line {i} while full")
+    assert log.console._buffer == []
+    disk.full = False
+    log.info("first line after space returns")
+    written = disk.getvalue().splitlines()
+    assert len(written) == 1 and "first line after space returns" in written[0]

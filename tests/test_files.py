@@ -192,6 +192,20 @@ def test_the_commands_error_line_names_the_file_and_the_full_disk(
                                        "(No space left on device)\n")
 
 
+def test_the_commands_error_line_names_both_files_of_a_failed_rename(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedforest_cli._common import fail
+
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(OSError) as exc:
+        os.replace(tmp_path / "f", tmp_path / "sub")  # a file over a directory
+    with pytest.raises(typer.Exit):
+        fail(exc.value)
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'f'} -> {tmp_path / 'sub'}: Is a "
+                                       "directory\n")
+
+
 def test_a_finished_job_whose_statistics_cannot_be_written_is_still_finished(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from client_app.context import ClientResult

@@ -235,11 +235,15 @@ def test_a_secure_jobs_min_clients_below_its_threshold_is_refused(tmp_path: Path
      "OSError: /srv/fedforest/server.db.spool/j/1: the disk is full (No space left on device)"),
     (OperationalError("INSERT", None, sqlite3.OperationalError("database or disk is full")),
      "the server's database cannot be written: its disk is full"),
-], ids=["file", "sqlite"])
+    (OperationalError("INSERT", None, sqlite3.OperationalError("disk I/O error")),
+     "an I/O error writing the server's database (disk I/O error: a full disk, a file size "
+     "limit or a failing disk)"),
+], ids=["file", "sqlite", "sqlite-ioerr"])
 def test_an_unexpected_error_on_a_full_disk_says_so_and_names_the_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, said: str) -> None:
     if isinstance(error, OperationalError):  # SQLite's own code, as its driver sets it
-        error.orig.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[union-attr]
+        error.orig.sqlite_errorcode = (  # type: ignore[union-attr]
+            sqlite3.SQLITE_FULL if "full" in str(error.orig) else sqlite3.SQLITE_IOERR_WRITE)
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     token = add_client(db, "a")
     state = ServerState(db, NullAudit())

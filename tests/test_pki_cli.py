@@ -473,10 +473,81 @@ def test_a_pair_a_renewal_left_half_written_is_renewed_and_named_by_issue(
     assert code == 2
     assert " ".join(out.split()) == (
         f"error: {certs} already holds hospital-a.pem: nothing was written (hospital-a has "
-        "half a pair, as a renewal cut short leaves it: `pki issue --name hospital-a --renew` "
-        "writes a new pair and keeps what is there beside it)")
+        "half a pair, as a renewal cut short leaves it: `fedforest pki issue --ca-dir "
+        f"{certs} --name hospital-a --renew` writes a new pair and keeps what is there beside "
+        "it)")
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a", "--renew")
     assert code == 0, out
     new = load_certificate(certs / "hospital-a.pem")
     assert new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hospital-a"
     assert (certs / "hospital-a.key").stat().st_size > 0
+
+
+def test_a_renewal_cut_short_between_its_renames_is_repaired_by_renew(tmp_path: Path) -> None:
+    """The power goes after the new key is renamed into place and before the certificate (the
+    old pair kept aside): `issue` names the key-only half pair and the command that renews
+    it; that command writes a new pair and keeps the lone key beside it."""
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    crash = ("import os, pathlib\n"
+             "real = os.replace\n"
+             "def replace(src, dst, **kw):\n"
+             "    if str(dst).endswith('hospital-a.pem') and '.part' in str(src):\n"
+             "        os._exit(137)\n"
+             "    return real(src, dst, **kw)\n"
+             "os.replace = replace\n"
+             "from fedforest_secure.pki import issue_client_certificates\n"
+             f"issue_client_certificates(pathlib.Path({str(certs)!r}), ['hospital-a'], "
+             "renew=True)\n")
+    done = subprocess.run([sys.executable, "-c", crash], env=child_env(), timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 137
+    assert (certs / "hospital-a.key").is_file() and not (certs / "hospital-a.pem").exists()
+    lone_key = (certs / "hospital-a.key").read_bytes()
+    for kept in certs.glob("hospital-a.*.replaced-*"):  # the crash was a while ago
+        kept.rename(kept.with_name(kept.name.rsplit("-", 1)[0] + "-20261207T120000Z"))
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a")
+    assert code == 2
+    assert " ".join(out.split()) == (
+        f"error: {certs} already holds hospital-a.key: nothing was written (hospital-a has "
+        "half a pair, as a renewal cut short leaves it: `fedforest pki issue --ca-dir "
+        f"{certs} --name hospital-a --renew` writes a new pair and keeps what is there beside "
+        "it)")
+    code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a", "--renew")
+    assert code == 0, out
+    new = load_certificate(certs / "hospital-a.pem")
+    assert new.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hospital-a"
+    assert [p.read_bytes() for p in certs.glob("hospital-a.key.replaced-*")].count(
+        lone_key) == 1
+
+
+def test_a_renewal_whose_certificate_cannot_be_put_in_place_puts_the_old_pair_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new certificate's rename into place fails (an I/O error) after the old pair moved
+    aside: the old pair is back in its place, byte for byte, and nothing is left aside."""
+    import errno
+    import os
+
+    from fedforest_secure.pki import issue_client_certificates
+
+    certs = tmp_path / "certs"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    real = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if str(dst).endswith("hospital-a.pem") and ".part" in str(src):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(src), None, str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError) as exc:
+        issue_client_certificates(certs, ["hospital-a"], renew=True)
+    assert str(exc.value) == (f"[Errno 5] cannot write {certs / 'hospital-a.pem'}: "
+                              "Input/output error")
+    assert {p.name: p.read_bytes() for p in certs.iterdir()} == before

@@ -3,8 +3,10 @@ be compressed."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -229,24 +231,36 @@ def _sqlite_full() -> sqlite3.OperationalError:
     raise AssertionError("the capped database took the row")
 
 
-@pytest.fixture
-def full_on_delete() -> Iterator[None]:
-    """Every DELETE statement fails as on a full disk (SQLite's SQLITE_FULL)."""
+@contextlib.contextmanager
+def _deletes_fail(error: sqlite3.OperationalError) -> Iterator[None]:
+    """Every DELETE statement fails with SQLite's ``error``."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
     from sqlalchemy.exc import OperationalError
 
-    full = _sqlite_full()
-
     def refuse(conn: object, cursor: object, statement: str, *args: object) -> None:
         if statement.lstrip().upper().startswith("DELETE"):
-            raise OperationalError(statement, None, full)
+            raise OperationalError(statement, None, error)
 
     event.listen(Engine, "before_cursor_execute", refuse)
     try:
         yield
     finally:
         event.remove(Engine, "before_cursor_execute", refuse)
+
+
+@pytest.fixture
+def full_on_delete() -> Iterator[None]:
+    """Every DELETE statement fails as on a full disk (SQLite's SQLITE_FULL)."""
+    with _deletes_fail(_sqlite_full()):
+        yield
+
+
+def _sqlite_ioerr() -> sqlite3.OperationalError:
+    """SQLite's "disk I/O error" of a write (SQLITE_IOERR_WRITE), as its driver raises it."""
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # type: ignore[attr-defined]
+    return exc
 
 
 def test_prune_on_a_full_disk_names_the_file_and_deletes_nothing(
@@ -286,11 +300,78 @@ def test_a_command_on_a_full_disk_names_the_database_file(
     db.dispose()
 
 
-def test_a_compaction_that_fails_for_lack_of_space_says_it_needs_the_files_size(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sqlalchemy.exc import OperationalError
+def test_prune_over_the_file_size_limit_says_it_is_an_io_error_not_a_full_disk(
+        tmp_path: Path) -> None:
+    """SQLite's writes refused by a file size limit (EFBIG: SQLITE_IOERR_WRITE) on a disk with
+    room: prune says it is an I/O error writing the file and what to check, not that the disk
+    is full, and deletes nothing."""
+    import resource
+    import subprocess
+    import sys
+
+    from fedforest_cli.sim_processes import child_env
 
     (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    db.dispose()
+    limit = 70_000  # bytes: less than the deletion writes to the journal
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    done = subprocess.run([sys.executable, "-m", "fedforest_cli", "server", "prune",
+                           "--config", str(tmp_path / "server.toml"), "--job", "old"],
+                          capture_output=True, text=True, env=child_env(), timeout=120,
+                          preexec_fn=small_files, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert " ".join(done.stderr.split()) == (
+        f"error: an I/O error writing the database file {tmp_path / 's.db'} (disk I/O error: a "
+        "full disk, a file size limit or a failing disk); nothing was deleted. Prune writes "
+        "its deletion before the space comes free: check that disk's free space (prune needs "
+        "a few MB), the file size limit (`ulimit -f`) and the system log for disk errors, "
+        "then run prune again")
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    assert counts(db, "old") == (2, 2, 3, True)
+    assert (tmp_path / "s.db.spool" / "old" / "1" / "0.u64").is_file()
+    db.dispose()
+
+
+def test_a_commands_io_error_names_the_database_file_and_says_what_to_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An I/O error (not SQLITE_FULL) is not called a full disk."""
+    import typer
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
+    with pytest.raises(typer.Exit) as ended, _deletes_fail(_sqlite_ioerr()):
+        with locks_named(tmp_path / "server.toml"), db.session() as sess:
+            sess.execute(delete(UploadRow))
+    assert ended.value.exit_code == 2
+    assert " ".join(capsys.readouterr().err.split()) == (
+        f"error: an I/O error writing the database file {tmp_path / 's.db'} (disk I/O error: "
+        "a full disk, a file size limit or a failing disk); the command's change was not "
+        "made. Check that disk's free space, the file size limit (`ulimit -f`) and the system "
+        "log for disk errors, then run the command again")
+    db.dispose()
+
+
+@pytest.mark.parametrize("temp", ["TMPDIR", "SQLITE_TMPDIR", None])
+def test_a_compaction_that_fails_for_lack_of_space_names_the_disk_and_the_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, temp: str | None) -> None:
+    """VACUUM copies the file into SQLite's temporary directory, then back: the advice names
+    the database's disk and that directory, and what chose it."""
+    from sqlalchemy.exc import OperationalError
+
+    from server_app.retention import sqlite_temp_dir
+
+    (tmp_path / "server.toml").write_text(f'database = "sqlite:///{tmp_path}/s.db"\n')
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.delenv("SQLITE_TMPDIR", raising=False)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    if temp is not None:
+        monkeypatch.setenv(temp, str(tmp_path / "tmp"))
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     add_job(db, tmp_path / "s.db.spool", "old", "done", time.time() - 10 * DAY)
     db.dispose()
@@ -300,8 +381,44 @@ def test_a_compaction_that_fails_for_lack_of_space_says_it_needs_the_files_size(
                                    "--job", "old"])
     assert res.exit_code == 0, res.output
     size = (tmp_path / "s.db").stat().st_size
+    where = (f"{tmp_path / 'tmp'} (set by {temp})" if temp is not None
+             else f"{sqlite_temp_dir()[0]} (SQLite's default: neither SQLITE_TMPDIR nor TMPDIR "
+                  "names a directory)")
     assert " ".join(res.output.split()).endswith(
         "the database file was not compacted (database or disk is full): the deleted data is "
-        "gone, its space stays in the file until a prune compacts it; compacting rewrites the "
-        "file and needs free space about the file's size "
-        f"({size / 1e6:.1f} MB) on its disk: free that much, then run prune again")
+        "gone, its space stays in the file until a prune compacts it; compacting copies the "
+        f"file and needs free space about the file's size ({size / 1e6:.1f} MB) both on its "
+        f"disk and in SQLite's temporary directory {where}: free that much in both (or set "
+        "SQLITE_TMPDIR to a directory with room), then run prune again")
+    if temp is None and os.access("/var/tmp", os.W_OK | os.X_OK):  # SQLite's first default
+        assert sqlite_temp_dir() == (Path("/var/tmp"), "the default")
+
+
+def test_a_commit_the_disk_refuses_keeps_every_spooled_vector(tmp_path: Path) -> None:
+    """The disk refuses the deletion's COMMIT (where SQLite writes its journal), two jobs:
+    the spool of neither is removed, and nothing was deleted."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.exc import OperationalError
+
+    from server_app.retention import DiskFull
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    spool = tmp_path / "s.db.spool"
+    for j in ("a", "b"):
+        add_job(db, spool, j, "done", time.time() - 10 * DAY)
+    full = _sqlite_full()
+
+    def refuse(conn: object) -> None:
+        raise OperationalError("COMMIT", None, full)
+
+    event.listen(Engine, "commit", refuse)
+    try:
+        with pytest.raises(DiskFull):
+            prune(db, spool, job_ids=["a", "b"])
+    finally:
+        event.remove(Engine, "commit", refuse)
+    assert sorted(p.name for p in spool.iterdir()) == ["a", "b"]
+    assert (spool / "a" / "1" / "0.u64").is_file() and (spool / "b" / "1" / "0.u64").is_file()
+    assert counts(db, "a") == (2, 2, 3, True) and counts(db, "b") == (2, 2, 3, True)
+    db.dispose()

@@ -171,6 +171,10 @@ def test_a_simulation_whose_clients_all_stopped_while_the_job_ran_says_so(
         "every site's client stopped before the job ended (it is still running at round 3); "
         "client-0: stopped on an error (exit code 2); client-1: stopped on an error (exit "
         f"code 2); see their logs in {tmp_path / 'logs'}")
+    first = {"status": "running", "reason": "", "round": 0}
+    assert not_done(first, ends[:1], tmp_path / "logs") == (
+        "every site's client stopped before the job ended (it is still running at round 0); "
+        f"client-0: stopped on an error (exit code 2); see their logs in {tmp_path / 'logs'}")
     waiting = {"status": "waiting", "reason": "", "round": -1}
     assert not_done(waiting, ends[:1], tmp_path / "logs") == (
         "every site's client stopped before the job ended (it is still waiting); client-0: "
