@@ -66,8 +66,11 @@ class SiteLog:
                 self.console.log(Text.assemble(("warning: ", "yellow"), text) if warning
                                  else Text(text))
         except OSError as exc:
-            if not self.plain:  # what rich could not write is dropped, not written next time
-                del self.console._buffer[:]
+            # what rich could not write is dropped, not written next time (its buffer is
+            # rich's own: a version without it has nothing to drop here)
+            pending = None if self.plain else getattr(self.console, "_buffer", None)
+            if isinstance(pending, list):
+                del pending[:]
             self._tell_lost_lines(exc)
 
     def _tell_lost_lines(self, exc: OSError) -> None:
