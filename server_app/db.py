@@ -445,6 +445,9 @@ def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
     # and a blob on 4 KiB pages is a chain of thousands of overflow pages (5x slower to write)
     cur.execute("PRAGMA page_size=65536")
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
+    # FULL: a commit is on disk before it returns, so the audit entries a step appends after
+    # its commit (and a site's receipt of them) never get ahead of the database after a power
+    # loss (NORMAL in WAL mode left the last commits to the next checkpoint)
+    cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
