@@ -15,8 +15,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "cannot_write", "os_error_text", "readable_by", "replacing",
-           "write_atomic"]
+__all__ = ["append_line", "cannot_write", "fsync_dir", "os_error_text", "readable_by",
+           "replacing", "write_atomic"]
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -57,10 +57,12 @@ def os_error_text(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
+def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
+              ) -> Iterator[Path]:
     """A new, empty temporary file beside ``path`` (created with ``mode``, less the umask) to
     write; once the block ends without an error it is flushed to disk and renamed over
-    ``path``, otherwise removed."""
+    ``path``, otherwise removed. With ``sync_dir`` the rename is flushed to disk too (the
+    directory's ``fsync``): ``path`` survives a power loss once this returns."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
     try:
@@ -86,6 +88,8 @@ def replacing(path: str | Path, *, mode: int = 0o666) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def readable_by(path: str | Path) -> tuple[str, int] | None:
@@ -102,19 +106,27 @@ def readable_by(path: str | Path) -> tuple[str, int] | None:
     return None
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")  # counted in bytes, whatever the buffer's item size
     while view:
         view = view[os.write(fd, view):]
 
 
-def write_atomic(path: str | Path, data: bytes | str, *, mode: int = 0o666) -> None:
-    """Write ``data`` to ``path`` through :func:`replacing`."""
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    with replacing(path, mode=mode) as tmp:
+def write_atomic(path: str | Path, data: bytes | bytearray | memoryview | str, *,
+                 mode: int = 0o666, sync_dir: bool = False) -> None:
+    """Write ``data`` (text as UTF-8; a buffer, e.g. an array's ``memoryview``, as its bytes,
+    not copied) to ``path`` through :func:`replacing`. A write that fails (a full disk:
+    ``ENOSPC``) raises, and ``path`` is left as it was; so does a file that ends up shorter
+    than ``data``."""
+    raw = data.encode("utf-8") if isinstance(data, str) else memoryview(data).cast("B")
+    with replacing(path, mode=mode, sync_dir=sync_dir) as tmp:
         fd = os.open(tmp, os.O_WRONLY)
         try:
             _write_all(fd, raw)
+            size = os.fstat(fd).st_size
+            if size != len(raw):
+                raise OSError(errno.EIO, f"cannot write {path}: {size} of {len(raw)} bytes "
+                              "were written")
         finally:
             os.close(fd)
 
@@ -136,7 +148,7 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
     except OSError as exc:
         raise cannot_write(exc, path) from None
     if new:
-        _fsync_dir(Path(path).parent)
+        fsync_dir(Path(path).parent)
 
 
 def _append(path: str | Path, raw: bytes, *, sync: bool, drop_torn: bool) -> None:
@@ -181,7 +193,7 @@ def _last_line_start(fd: int, size: int) -> int:
     return 0
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make a new file's name durable (where the platform can open a directory)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

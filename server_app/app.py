@@ -86,6 +86,7 @@ from .limits import (
 )
 from .logs import event
 from .runtime import ServerState
+from .spool import SpoolError
 from .store import running_job_ids
 from .tls_identity import PeerNames
 from .ui import add_ui
@@ -285,6 +286,15 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
     async def _lease_lost(_req: Request, exc: LeaseLost) -> JSONResponse:
         # the step was rolled back; the lease logged why and stops the server
         return JSONResponse({"error": "not_serving", "detail": NOT_SERVING}, status_code=503)
+
+    @app.exception_handler(SpoolError)
+    async def _spool_error(req: Request, exc: SpoolError) -> JSONResponse:
+        # the server's disk, not the upload: rolled back, logged (the file, the cause), and
+        # the site retries; the spool's path stays in the log
+        event("spool_write_failed", logging.ERROR, path=req.url.path, error=str(exc))
+        return JSONResponse({"error": "upload_not_stored", "detail": "the server could not "
+                             "store the upload (its disk is full, or a write failed); it was "
+                             "not counted: send it again later"}, status_code=503)
 
     @app.exception_handler(UploadRejected)
     async def _upload_rejected(req: Request, exc: UploadRejected) -> JSONResponse:

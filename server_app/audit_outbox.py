@@ -10,7 +10,13 @@ The log therefore never holds an entry of a step the database rolled back, and a
 committed step is never lost:
 
 * a server stopped between the commit and the append (``kill -9``, power loss) appends the
-  entries when it starts again, before it serves (:meth:`Outbox.flush_all`);
+  entries when it starts again, before it serves (:meth:`Outbox.flush_all`). A commit is on
+  disk before the append (SQLite: ``synchronous=FULL``; other databases: their own durable
+  commit), so a power loss does not leave the log ahead of the database. Should it be ahead
+  anyway (a disk that lied about its flush, a database restored from an older copy), the
+  job's row holds the last ``seq`` it queued (``jobs.audit_seq``, written with the entries),
+  and the server refuses to start while the log's chain of an unfinished job goes further
+  (:func:`~server_app.serve.check_audit_chains`), rather than log its rounds twice;
 * one stopped between an append and the deletion of its row finds the entry in the log at its
   ``seq`` and does not append it again (a different entry at that place is an
   :class:`~fedforest_secure.errors.AuditError`);
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -40,7 +46,7 @@ from fedforest_secure.audit.entry import canonical_json, encode_array, jsonable
 from fedforest_secure.audit.kinds import EntryKind, check_payload
 from fedforest_secure.errors import AuditError
 
-from .db import AFTER_COMMIT, AuditOutboxRow
+from .db import AFTER_COMMIT, AuditOutboxRow, JobRow
 
 __all__ = ["AuditPending", "Outbox", "Queued", "first_queued"]
 
@@ -121,6 +127,8 @@ class Outbox:
         seq = self._next_seq(sess, job_id)
         sess.add(AuditOutboxRow(job_id=job_id, seq=seq, kind=kind, payload=canonical_json(plain),
                                 arrays=_pack(blobs)))
+        # committed with the step: how far the log may go (checked at a server's start)
+        sess.execute(update(JobRow).where(JobRow.id == job_id).values(audit_seq=seq))
         queued: dict[str, list[Queued]] | None = sess.info.get(_QUEUED)
         if queued is None:
             queued = sess.info[_QUEUED] = {}

@@ -91,6 +91,11 @@ class JobRow(Base):
     current_round: Mapped[int] = mapped_column(Integer, default=-1)
     model_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    #: the ``seq`` of the last audit entry a committed step of the job queued (None: none
+    #: yet, or a database made before the column): a log whose chain goes further holds
+    #: steps this database lost (a power loss, a restored older copy), and the server refuses
+    #: to serve the job (:func:`server_app.serve.check_audit_chains`)
+    audit_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
     #: the final model, loaded only where it is read (it can be megabytes, and every request
     #: of a client loads its job row); the last column, so SQLite reaches the others without
     #: walking its overflow pages
@@ -224,7 +229,7 @@ class LeaseRow(Base):
 
 #: columns added to a table after databases were made with it, as (table, column): nullable,
 #: so the rows already there read as None; a database without one gains it when opened
-_ADDED_COLUMNS = (("server_lease", "started"),)
+_ADDED_COLUMNS = (("server_lease", "started"), ("jobs", "audit_seq"))
 
 
 #: the key of :attr:`Session.info <sqlalchemy.orm.Session.info>` under which a step lists what
@@ -445,6 +450,9 @@ def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
     # and a blob on 4 KiB pages is a chain of thousands of overflow pages (5x slower to write)
     cur.execute("PRAGMA page_size=65536")
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
+    # FULL: a commit is on disk before it returns, so the audit entries a step appends after
+    # its commit (and a site's receipt of them) never get ahead of the database after a power
+    # loss (NORMAL in WAL mode left the last commits to the next checkpoint)
+    cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()

@@ -18,7 +18,10 @@ it answers again, and the open rounds' deadlines run again from then), ``server_
 ``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
 does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of
 time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt shares: ``report``
-names their senders).
+names their senders), ``spool_write_failed`` (a masked upload could not be written to the
+spool: ``error`` names the file and the cause, e.g. a full disk; the site got a 503 and sends it
+again), ``spool_stray`` (once per entry: something in the spool directory that is not a job's
+folder, left alone).
 
 Values holding a space, ``"`` or ``=``, or a character that is not printable, are quoted; inside
 the quotes ``\\`` and ``"`` are escaped with a backslash, and each character that is not printable

@@ -15,6 +15,7 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
@@ -229,6 +230,7 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
         unfinished = sess.scalars(unfinished_q).all()
         waiting = first_queued(sess)
         for job_id in unfinished:
+            _check_not_behind(sess, audit, job_id, url)
             # a job whose creation committed but whose job_created entry was not appended yet
             # (its create-job was stopped in between) has its chain's first entry waiting
             if audit.tip(job_id)[0] == 0 and waiting.get(job_id) != 1:
@@ -241,6 +243,25 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
             # a job created before jobs were marked (its chain is here): marked now
             if sess.get(AuditedJobRow, job_id) is None:
                 sess.add(AuditedJobRow(job_id=job_id))
+
+
+def _check_not_behind(sess: Session, audit: AuditSink, job_id: str, url: str | None) -> None:
+    """Refuse an unfinished job whose audit chain goes beyond the last entry its database
+    queued: the database lost steps it had committed (a power loss on a disk that did not
+    keep its flushes, a restore from an older copy), and serving it from there would log its
+    rounds again and answer its sites from an older state than their receipts."""
+    queued = sess.scalar(select(JobRow.audit_seq).where(JobRow.id == job_id))
+    tip = audit.tip(job_id)[0]
+    if queued is None or tip <= queued:  # None: a database made before the column
+        return
+    shown = shown_url(to_url(url)) if url else "?"
+    raise ConfigError(
+        f"job {job_id!r}: the audit log at {shown} holds its entries up to seq {tip}, but "
+        f"the server database knows only those up to seq {queued}: the database lost steps "
+        "it had saved (a power loss, or a restore from an older copy), and serving the job "
+        "from there would log its rounds again. Restore the server database that belongs "
+        "to this audit log, or cancel the job (`fedforest server cancel-job --config "
+        f"<server.toml> --job {job_id}`) and start the server again")
 
 
 def flush_waiting_entries(db: Database, audit: AuditSink, url: str | None) -> None:

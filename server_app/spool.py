@@ -5,10 +5,17 @@ again, so each is kept until the round closes: one file ``<root>/<job>/<round>/<
 each, or, without a spool directory, the ``uploads.summable`` column. A file is written once
 and unlinked, where a database blob is written and then freed page by page: with vectors of
 tens of MB that difference is the upload step's latency.
+
+A file is on disk (``fsync``, its name too) before the upload's database row commits, so a
+server that lost power finds every upload its database counted. A write that fails (a full
+disk) raises :class:`SpoolError` and leaves no file: the upload is not counted, the site gets a
+503 and sends it again.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -16,9 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
+from fedforest_secure.files import fsync_dir, write_atomic
+
+from .logs import event
 from .phases import JobStatus
 
-__all__ = ["Spool"]
+__all__ = ["Spool", "SpoolError"]
+
+
+class SpoolError(Exception):
+    """A masked upload could not be written to the spool (its disk is full, or the write
+    failed otherwise): the message names the file and the cause, for the server's log."""
 
 
 class Spool:
@@ -26,6 +41,8 @@ class Spool:
 
     def __init__(self, root: Path | None) -> None:
         self.root = root
+        #: the entries of the spool root that are not job folders, each logged once
+        self._strays: set[str] = set()
 
     def path(self, job_id: str, round_id: int, idx: int) -> Path | None:
         if self.root is None:
@@ -36,13 +53,20 @@ class Spool:
         path = self.path(job_id, round_id, idx)
         if path is None or self.root is None:
             raise RuntimeError("no spool directory")
-        # the uploads are the server's to read: a spool directory it makes is its user's only
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            np.ascontiguousarray(vec, dtype="<u8").tofile(fh)
-        os.replace(tmp, path)  # whole or absent, never half a vector
+        data = np.ascontiguousarray(vec, dtype="<u8").data  # its bytes, not a copy
+        try:
+            # the uploads are the server's to read: a spool directory it makes is its user's
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_dirs(path.parent, self.root)
+            # whole or absent, never half a vector; on disk before the upload's row commits
+            write_atomic(path, data, sync_dir=True)
+        except OSError as exc:
+            cause = os.strerror(exc.errno) if exc.errno else str(exc)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                cause = f"disk full ({cause})"
+            raise SpoolError(f"cannot write the masked upload {path} to the spool: {cause}; "
+                             "the upload was not counted (the site sends it again): free "
+                             "space on the spool's disk") from exc
 
     def read(self, job_id: str, round_id: int, idx: int) -> np.ndarray | None:
         """The spooled vector, or None if it has no file."""
@@ -60,10 +84,25 @@ class Spool:
         if self.root is None or not self.root.is_dir():
             return
         for job_dir in self.root.iterdir():
-            rounds = [d for d in job_dir.iterdir() if d.name.isdigit()]
+            if not job_dir.is_dir():  # not the spool's: left alone, and said once
+                if job_dir.name not in self._strays:
+                    self._strays.add(job_dir.name)
+                    event("spool_stray", logging.WARNING, path=job_dir,
+                          detail="not a job's folder of the spool: left alone")
+                continue
+            rounds = [d for d in job_dir.iterdir() if d.name.isdigit() and d.is_dir()]
             if not rounds:
                 continue
             pos = position(job_dir.name)
             for d in rounds:
                 if pos is None or pos[0] != JobStatus.RUNNING or int(d.name) < pos[1]:
                     shutil.rmtree(d, ignore_errors=True)
+
+
+def _make_dirs(folder: Path, root: Path) -> None:
+    """Make ``folder`` and its parents up to ``root``, each new one's name on disk."""
+    if folder == root or folder.is_dir():
+        return
+    _make_dirs(folder.parent, root)
+    folder.mkdir(exist_ok=True)
+    fsync_dir(folder.parent)

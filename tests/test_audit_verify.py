@@ -1170,6 +1170,24 @@ def test_a_site_joining_twice_does_not_verify(tmp_path: Path) -> None:
                         f"'{JOB}' seq 2 (client_joined)): a site joins a job once"]
 
 
+@pytest.mark.parametrize(("second", "said"), [(2, "again"), (1, "after round 2")])
+def test_a_round_logged_twice_or_going_back_does_not_verify(tmp_path: Path, second: int,
+                                                            said: str) -> None:
+    """Without receipts or a replay: a round entry whose round id is not above the previous
+    round entry's (a server that resumed from an older copy of its database logs rounds
+    again)."""
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = _round_zero_receipted(log, tmp_path / "receipts")
+        for r in (1, 2):
+            rec.round(_task(r), uploads={}, aggregate=np.arange(6.0), masked=True)
+        assert verify_log(log).ok
+        rec.round(_task(second), uploads={}, aggregate=np.arange(6.0), masked=True)
+        problems = verify_log(log).problems
+    assert problems == [f"job '{JOB}' seq 7 (round): round {second} is logged {said} (job "
+                        f"'{JOB}' seq 6 (round)): each round is logged once, in order (a "
+                        "server that resumed from an older copy of its database?)"]
+
+
 def test_a_rounds_abort_then_the_jobs_failure_is_an_honest_end(tmp_path: Path) -> None:
     """A job stopped in a round (cancelled, say) ends with the round's abort and, right after
     it, the job's failure: that verifies; anything after them does not."""

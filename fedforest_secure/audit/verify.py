@@ -175,6 +175,31 @@ def _check_chain(entries: Sequence[Entry]) -> list[str]:
                    f"({failed.label}): nothing follows a failed job's end (appended?)"
                    for e in tail if e not in allowed and e not in after_model)
     out.extend(_after_drop(entries))
+    out.extend(_rounds_in_order(entries))
+    return out
+
+
+def _rounds_in_order(entries: Sequence[Entry]) -> list[str]:
+    """The server logs each round once, when it closes, and rounds close in the order of their
+    ids: a ``round`` entry whose round id is not above the previous one's logs a round twice
+    or goes back (a server that resumed from an older copy of its database)."""
+    out: list[str] = []
+    last: tuple[int, Entry] | None = None
+    for e in entries:
+        if e.kind != EntryKind.ROUND.value:
+            continue
+        try:
+            round_id = e.payload.get("round_id")
+        except ValueError:  # unreadable: named by the entry's own check
+            continue
+        if not isinstance(round_id, int) or isinstance(round_id, bool):
+            continue  # named by the payload's check
+        if last is not None and round_id <= last[0]:
+            again = "again" if round_id == last[0] else "after round " + str(last[0])
+            out.append(f"{e.label}: round {round_id} is logged {again} ({last[1].label}): "
+                       "each round is logged once, in order (a server that resumed from an "
+                       "older copy of its database?)")
+        last = (round_id, e)
     return out
 
 

@@ -1,0 +1,55 @@
+"""A server database that lost steps its audit log holds (a power loss, a restore from an
+older copy): the server refuses to serve the job rather than log its rounds again."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from nacl.signing import SigningKey
+from test_server_secagg_api import K, env_all_audited, h  # noqa: F401 (the fixture)
+
+from server_app.audit_hook import open_audit
+from server_app.db import Database
+from server_app.serve import check_audit_chains
+from server_app.settings import ConfigError
+
+
+def join(env: dict, k: int) -> None:
+    key = bytes(SigningKey.generate().verify_key).hex()
+    r = env["http"].post("/v1/jobs/job-a/join", headers=h(env, k), json={"identity_key": key})
+    assert r.status_code == 200, r.text
+
+
+def test_a_server_database_behind_its_audit_log_is_refused_at_start(
+        env_all_audited: dict, tmp_path: Path) -> None:  # noqa: F811
+    env = env_all_audited
+    url = env["db"].url
+    if not url.startswith("sqlite:///"):
+        pytest.skip("copies a SQLite file")
+    audit_url = str(tmp_path / "audit.db")
+    join(env, 0)
+    older = tmp_path / "older.db"  # what a power loss leaves: the database of an earlier step
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as src, sqlite3.connect(older) as dst:
+        src.backup(dst)
+    for k in range(1, K):
+        join(env, k)
+    tip = env["audit"].tip("job-a")[0]
+    assert tip == 1 + K  # job_created and the joins
+    check_audit_chains(env["db"], env["audit"], audit_url)  # the database that goes with it
+    db, audit = Database(f"sqlite:///{older}"), open_audit(audit_url)
+    try:
+        with pytest.raises(ConfigError) as err:
+            check_audit_chains(db, audit, audit_url)
+    finally:
+        audit.close()  # type: ignore[attr-defined]
+        db.dispose()
+    assert str(err.value) == (
+        f"job 'job-a': the audit log at sqlite:///{audit_url} holds its entries up to seq "
+        f"{tip}, but the server database knows only those up to seq 2: the database lost "
+        "steps it had saved "
+        "(a power loss, or a restore from an older copy), and serving the job from there "
+        "would log its rounds again. Restore the server database that belongs to this audit "
+        "log, or cancel the job (`fedforest server cancel-job --config <server.toml> --job "
+        "job-a`) and start the server again")
