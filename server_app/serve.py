@@ -15,7 +15,6 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
@@ -230,7 +229,7 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
         unfinished = sess.scalars(unfinished_q).all()
         waiting = first_queued(sess)
         for job_id in unfinished:
-            _check_not_behind(sess, audit, job_id, url)
+            _check_not_behind(db, audit, job_id, url)
             # a job whose creation committed but whose job_created entry was not appended yet
             # (its create-job was stopped in between) has its chain's first entry waiting
             if audit.tip(job_id)[0] == 0 and waiting.get(job_id) != 1:
@@ -245,13 +244,18 @@ def check_audit_chains(db: Database, audit: AuditSink, url: str | None) -> None:
                 sess.add(AuditedJobRow(job_id=job_id))
 
 
-def _check_not_behind(sess: Session, audit: AuditSink, job_id: str, url: str | None) -> None:
+def _check_not_behind(db: Database, audit: AuditSink, job_id: str, url: str | None) -> None:
     """Refuse an unfinished job whose audit chain goes beyond the last entry its database
     queued: the database lost steps it had committed (a power loss on a disk that did not
     keep its flushes, a restore from an older copy), and serving it from there would log its
-    rounds again and answer its sites from an older state than their receipts."""
-    queued = sess.scalar(select(JobRow.audit_seq).where(JobRow.id == job_id))
+    rounds again and answer its sites from an older state than their receipts.
+
+    The log's tip is read first, then the database in a transaction of its own: a step
+    commits in the database before its entries are appended, so a server already serving the
+    job (this one is refused by the lease next) only moves the second read further ahead."""
     tip = audit.tip(job_id)[0]
+    with db.session() as sess:
+        queued = sess.scalar(select(JobRow.audit_seq).where(JobRow.id == job_id))
     if queued is None or tip <= queued:  # None: a database made before the column
         return
     shown = shown_url(to_url(url)) if url else "?"

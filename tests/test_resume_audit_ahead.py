@@ -53,3 +53,32 @@ def test_a_server_database_behind_its_audit_log_is_refused_at_start(
         "would log its rounds again. Restore the server database that belongs to this audit "
         "log, or cancel the job (`fedforest server cancel-job --config <server.toml> --job "
         "job-a`) and start the server again")
+
+
+def test_a_step_of_a_running_server_during_the_check_is_not_taken_for_lost_steps(
+        env_all_audited: dict, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second server started on the database of a running one checks the chains before the
+    lease refuses it: a step the running server saves (and logs) while the check reads is
+    not taken for steps the database lost, so the second server meets the lease's refusal,
+    not a false "the database lost steps"."""
+    env = env_all_audited
+    audit_url = str(tmp_path / "audit.db")
+    join(env, 0)
+    db, audit = Database(env["db"].url), open_audit(audit_url)
+    real_tip = audit.tip
+    stepped: list[int] = []
+
+    def tip(job_id: str) -> tuple[int, str]:
+        if not stepped:  # the running server's next step lands as the log's tip is read
+            stepped.append(1)
+            join(env, 1)
+        return real_tip(job_id)
+
+    monkeypatch.setattr(audit, "tip", tip)
+    try:
+        check_audit_chains(db, audit, audit_url)
+    finally:
+        audit.close()
+        db.dispose()
+    assert stepped == [1]
