@@ -95,7 +95,7 @@ class JobRow(Base):
     #: yet, or a database made before the column): a log whose chain goes further holds
     #: steps this database lost (a power loss, a restored older copy), and the server refuses
     #: to serve the job (:func:`server_app.serve.check_audit_chains`)
-    audit_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    audit_seq: Mapped[int | None] = mapped_column(Integer, nullable=True, deferred=True)
     #: the final model, loaded only where it is read (it can be megabytes, and every request
     #: of a client loads its job row); the last column, so SQLite reaches the others without
     #: walking its overflow pages

@@ -62,11 +62,14 @@ class Spool:
             write_atomic(path, data, sync_dir=True)
         except OSError as exc:
             cause = os.strerror(exc.errno) if exc.errno else str(exc)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if full:
                 cause = f"disk full ({cause})"
+            todo = "free space on the spool's disk" if full else (
+                f"check the spool directory {self.root} (its disk, permissions and limits)")
             raise SpoolError(f"cannot write the masked upload {path} to the spool: {cause}; "
-                             "the upload was not counted (the site sends it again): free "
-                             "space on the spool's disk") from exc
+                             f"the upload was not counted (the site sends it again): {todo}"
+                             ) from exc
 
     def read(self, job_id: str, round_id: int, idx: int) -> np.ndarray | None:
         """The spooled vector, or None if it has no file."""

@@ -105,3 +105,22 @@ def test_the_sweep_leaves_a_stray_file_alone_says_so_once_and_sweeps_the_closed_
             if x.getMessage().startswith("event=spool_stray ")]
     assert said == [f"event=spool_stray path={root / 'notes.txt'} "
                     'detail="not a job\'s folder of the spool: left alone"']
+
+
+def test_a_spool_write_that_fails_for_another_cause_names_it_and_not_a_full_disk(
+        tmp_path: Path) -> None:
+    """A spool whose job folder cannot be made (a file stands where it should be): the error
+    names the cause and the spool directory to check, not a full disk to free."""
+    from server_app.spool import Spool, SpoolError
+
+    root = tmp_path / "spool"
+    root.mkdir()
+    (root / "job-a").write_text("not a folder")
+    with pytest.raises(SpoolError) as exc:
+        Spool(root).write("job-a", 1, 0, np.arange(4, dtype=np.uint64))
+    said = str(exc.value)
+    assert said.startswith(f"cannot write the masked upload {root / 'job-a' / '1' / '0.u64'} "
+                           "to the spool: ")
+    assert said.endswith(f"the upload was not counted (the site sends it again): check the "
+                         f"spool directory {root} (its disk, permissions and limits)")
+    assert "disk full" not in said and "free space" not in said

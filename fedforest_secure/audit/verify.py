@@ -13,6 +13,8 @@ never stops at the first problem. Per job it checks that
 * nothing follows the job's end: its model, or its failure (``job_failed``, or a round's
   ``round_aborted`` with at most the job's ``job_failed`` right after it), a model included;
 * a site joins once, and a dropped site is among the clients of no later round;
+* each ``round`` entry's round id is above the previous ``round`` entry's (a round logged
+  twice, or an older round logged after a newer one);
 * payloads are canonical JSON of a known kind with the required keys;
 * each stored array is present and its bytes hash to the digest in the entry (an array the
   database cannot return is named, and the others are still checked; a site's copy of its
