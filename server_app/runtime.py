@@ -373,7 +373,10 @@ class ServerState:
         with self.core.lock:
             self.core.tick_if_due(job_id)
             rt = self.core.runtimes.get(job_id)
-            with self.core.db.session() as sess:
+            # the guard outside the session: a step whose commit fails (a connection lost at
+            # the commit) forgets the runtime that took the upload; the retry rebuilds it
+            # from what the database kept
+            with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
                 conn = sess.connection()
                 seat = seat_view(conn, client, job_id, round_id)
                 check_seat(seat, round_id)
@@ -394,13 +397,12 @@ class ServerState:
                                    words=rt.words(), config=rt.config,
                                    plain_values=partial(_plain_values, up, rt.task, rt.config))
                 if rt.secure is not None:
-                    with self.core.runtimes.guard(job_id):
-                        sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
-                        if sr.complete():  # what progress_secure would wait for
-                            rr = sess.get(RoundRow, (job_id, round_id))
-                            if rr is None:
-                                raise RuntimeError(f"round {round_id} vanished")
-                            self.core.driver.progress_secure(rt, sess, job_of(sess, job_id), rr)
+                    sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
+                    if sr.complete():  # what progress_secure would wait for
+                        rr = sess.get(RoundRow, (job_id, round_id))
+                        if rr is None:
+                            raise RuntimeError(f"round {round_id} vanished")
+                        self.core.driver.progress_secure(rt, sess, job_of(sess, job_id), rr)
                 else:
                     rr = sess.get(RoundRow, (job_id, round_id))
                     if rr is None:
