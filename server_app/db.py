@@ -236,8 +236,6 @@ AFTER_COMMIT = "fedforest.after_commit"
 #: kept only once a fence is set (:meth:`Database.fence`)
 _WROTE: ContextVar[list[bool] | None] = ContextVar("fedforest_db_wrote", default=None)
 
-#: seconds a PostgreSQL connection attempt may take
-_CONNECT_TIMEOUT_S = 10
 #: seconds one probe of the database (:meth:`Database.unreachable`) answers for
 _PROBE_EVERY_S = 2.0
 
@@ -255,11 +253,8 @@ class Database:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
+            # PostgreSQL: the connection, lock and keepalive bounds of create_db_engine
             kwargs["pool_pre_ping"] = True
-            if url.startswith("postgresql"):
-                # a host that does not answer costs a request (and an outage's probe) 10 s,
-                # not the system's TCP connect timeout (about two minutes)
-                kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
         self.url = url
         try:
             self.engine: Engine = create_db_engine(url, **kwargs)
