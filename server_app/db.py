@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
     LargeBinary,
+    Select,
     String,
     Text,
     UniqueConstraint,
@@ -27,7 +29,13 @@ from sqlalchemy import (
     inspect,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    DatabaseError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.schema import CreateColumn
 
@@ -49,6 +57,7 @@ __all__ = [
     "RoundRow",
     "SecAggMessageRow",
     "UploadRow",
+    "lost_race",
 ]
 
 
@@ -399,6 +408,23 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+@contextmanager
+def lost_race(db: Database, row: Select[Any], error: Exception | None) -> Iterator[None]:
+    """Around a step that checks a row is not there, then inserts it: an insert that lost a
+    race (another process inserted the row between the check and the insert, and a unique
+    constraint refused this one) raises ``error``, what the check says, once ``row`` reads
+    the other process's row; with ``error`` None the step ends as if it had inserted it.
+    Another integrity error is raised as it is."""
+    try:
+        yield
+    except IntegrityError:
+        with db.session() as sess:
+            if sess.execute(row).first() is None:
+                raise
+        if error is not None:
+            raise error from None
 
 
 def _created_meanwhile(exc: DatabaseError) -> bool:

@@ -47,7 +47,16 @@ from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
 from .cancel import apply_cancels, cancel
 from .core import Core, check_seat, check_upload_round
-from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
+from .db import (
+    AuditedJobRow,
+    ClientRow,
+    Database,
+    JobRow,
+    MemberRow,
+    RoundRow,
+    UploadRow,
+    lost_race,
+)
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
 from .evaljob import evaluation_entry
@@ -137,9 +146,11 @@ class ServerState:
         spec = check_job(spec).spec
         config = build_config(spec)
         min_clients = default_min_clients(spec, config.profile)
-        with self.core.lock, self.core.db.session() as sess:
+        taken = ConfigError(f"job {spec.id!r} already exists")
+        with self.core.lock, lost_race(self.core.db, select(JobRow.id).where(
+                JobRow.id == spec.id), taken), self.core.db.session() as sess:
             if sess.get(JobRow, spec.id) is not None:
-                raise ConfigError(f"job {spec.id!r} already exists")
+                raise taken
             if self.core.audit.tip(spec.id)[0] > 0:
                 # another server database (or one replaced) created this id on the same audit
                 # log: a second job's entries would join the first's chain, which then fails
