@@ -291,14 +291,15 @@ class Database:
         self._probed_at, self._probe_said = -_PROBE_EVERY_S, False
         self._fence: Callable[[Connection], None] | None = None
 
-    def fence(self, check: Callable[[Connection], None]) -> None:
+    def fence(self, check: Callable[[Connection], None] | None) -> None:
         """From now on run ``check(conn)`` in every transaction of :meth:`session` and
         :meth:`connect` that wrote (any statement but a ``SELECT``), on its connection, just
         before it commits: an exception it raises rolls the transaction back and is raised to
-        the caller. What a serving process sets so that it writes only while it holds the
-        database's lease (:meth:`ServerLease.keep <server_app.lease.ServerLease.keep>`); a
-        transaction that only read costs nothing more."""
-        if self._fence is None:
+        the caller. What a process sets so that it writes only while it holds the database's
+        lease (:meth:`ServerLease.keep <server_app.lease.ServerLease.keep>`); a transaction
+        that only read costs nothing more. ``None``: no check any more (a lease given back)."""
+        if check is not None and not event.contains(self.engine, "before_cursor_execute",
+                                                    _note_write):
             event.listen(self.engine, "before_cursor_execute", _note_write)
         self._fence = check
 
