@@ -4,14 +4,23 @@ URL is a :class:`DatabaseUrlError` saying what to write or install, with the URL
 hidden (:func:`shown_url`: the password after the user name, one given as a query parameter, and
 all of the user part of a URL whose password holds an ``@`` that was not written ``%40``; of a
 malformed URL, its scheme only: :func:`_malformed_part`). A SQLite file an
-engine creates is readable by its owner only."""
+engine creates is readable by its owner only.
+
+A PostgreSQL connection is opened with bounds (:func:`_postgres_connect_args`): a connection
+attempt gives up after :data:`PG_CONNECT_TIMEOUT_S` seconds; a statement that waits for a lock
+another transaction holds (a server paused, or whose host died, inside a transaction) fails
+after :data:`PG_LOCK_TIMEOUT_S` seconds, as a SQLite connection of the server waits for
+another's write lock; and TCP keepalives and a TCP user timeout at both ends find a peer
+that is gone within about 30 s, so the database ends a dead client's session (and its
+transaction's locks) then, not after the system's two hours. The URL's own parameters
+(``?connect_timeout=...``, ``?options=-c lock_timeout=...``) take precedence."""
 
 from __future__ import annotations
 
 import os
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,14 +28,28 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-__all__ = ["DatabaseUrlError", "SqliteWriteError", "create_db_engine", "in_memory", "shown_url",
-           "sqlite_file", "sqlite_write_error"]
+__all__ = ["PG_CONNECT_TIMEOUT_S", "PG_LOCK_TIMEOUT_S", "DatabaseUrlError", "SqliteWriteError",
+           "create_db_engine", "in_memory", "shown_url", "sqlite_file", "sqlite_write_error"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
 _SECRET_PARAMS = ("password", "secret", "token", "passfile")
 #: what ``make_url`` raises for a malformed URL (a port that is no number: ValueError)
 _MALFORMED = (ArgumentError, ValueError)
+
+#: seconds a PostgreSQL connection attempt may take (a host that does not answer costs a
+#: request 10 s, not the system's TCP connect timeout of about two minutes)
+PG_CONNECT_TIMEOUT_S = 10
+#: seconds a statement on PostgreSQL waits for a lock that another transaction holds, then
+#: fails (SQLSTATE 55P03, "canceling statement due to lock timeout"): the busy timeout of the
+#: server's SQLite connections
+PG_LOCK_TIMEOUT_S = 30
+#: TCP keepalives of a PostgreSQL connection, set at both ends: seconds idle before the first
+#: probe, seconds between probes, probes unanswered before the connection is dropped
+_PG_KEEPALIVES = (10, 5, 3)
+#: seconds data sent on a PostgreSQL connection may stay unacknowledged before the connection
+#: is dropped (both ends; a peer gone while a reply was in flight is found without keepalives)
+_PG_TCP_USER_TIMEOUT_S = 30
 
 
 class DatabaseUrlError(ValueError):
@@ -166,6 +189,9 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: FedForest Secure uses psycopg 3: write "
                                "postgresql+psycopg://... (pip install "
                                "'fedforest-secure[postgres]')")
+    if parsed.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = _postgres_connect_args(parsed.query,
+                                                        kwargs.get("connect_args", {}))
     try:
         engine = create_engine(url, **kwargs)
     except NoSuchModuleError:
@@ -182,6 +208,28 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
     if sqlite_file(url) is not None and raw and mode not in ("ro", "rw", "memory"):
         event.listen(engine, "do_connect", _create_owner_only(Path(raw)))
     return engine
+
+
+def _postgres_connect_args(query: Mapping[str, Any], given: Mapping[str, Any]
+                           ) -> dict[str, Any]:
+    """The libpq parameters of a PostgreSQL engine: its connection, lock and keepalive bounds
+    (the module's docstring), under those the URL's ``query`` or the caller (``given``) sets.
+    The server-side settings travel in ``options``; the URL's own ``options`` come after them,
+    so a setting it names wins."""
+    idle, interval, count = _PG_KEEPALIVES
+    unacked_ms = _PG_TCP_USER_TIMEOUT_S * 1000
+    ours: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "keepalives": 1,
+                            "keepalives_idle": idle, "keepalives_interval": interval,
+                            "keepalives_count": count, "tcp_user_timeout": unacked_ms}
+    args = {k: v for k, v in ours.items() if k not in query}
+    settings = (f"-c lock_timeout={PG_LOCK_TIMEOUT_S * 1000} -c tcp_keepalives_idle={idle} "
+                f"-c tcp_keepalives_interval={interval} -c tcp_keepalives_count={count} "
+                f"-c tcp_user_timeout={unacked_ms}")
+    theirs = query.get("options")
+    if isinstance(theirs, tuple):  # given more than once
+        theirs = " ".join(theirs)
+    args["options"] = f"{settings} {theirs}" if theirs else settings
+    return {**args, **given}
 
 
 def _create_owner_only(path: Path) -> Callable[..., None]:

@@ -25,7 +25,7 @@ from .cancel import CancelError, cancellable, request_cancel
 from .db import AuditedJobRow, Database, JobRow, RoundRow
 from .jobcheck import check_job
 from .jobspec import JobSpec
-from .lease import ServerLease, holder
+from .lease import LEASE_S, LeaseLost, ServerLease, holder
 from .phases import JobStatus
 from .retention import Pruned, prune
 from .runtime import ServerState
@@ -126,10 +126,24 @@ class ServerAdmin:
             except ConfigError:  # a server took the database at this moment: it cancels
                 pass
             else:
+                # its writes are fenced on the claim, which it renews meanwhile: a command
+                # paused past the claim's 15 s, while a server started and took the database
+                # over, saves nothing behind that server's back
+                lease.keep(lambda _lost: None)
                 try:
                     return self._cancel_here(job_id)
+                except LeaseLost:
+                    serving = holder(self._db)
+                    who = ("a server" if serving is None else f"a server (pid {serving.pid} "
+                           f"on {serving.host}, port {serving.port})")
+                    raise CancelError(
+                        f"job {job_id!r} was not cancelled: this command was paused for more "
+                        f"than {LEASE_S:.0f} s while it held the database, and {who} took "
+                        "the database over meanwhile; run the command again (the server "
+                        "that serves the database then cancels the job)") from None
                 finally:
                     lease.release()
+                    self._db.fence(None)
         request_cancel(self._db, job_id, time.time())
         until = time.monotonic() + wait_s
         while True:

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from fedforest_secure.protocol.api import NAME_PATTERN
 
-from .db import ClientRow, Database, OperatorRow
+from .db import ClientRow, Database, OperatorRow, lost_race
 
 __all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
            "authenticate_operator", "hash_secret", "new_token", "revoke_client", "rotate_token"]
@@ -50,11 +50,14 @@ def add_client(db: Database, name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise TokenError("client names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
-    with db.session() as sess:
+    taken = TokenError(f"client {name!r} already exists")
+    with lost_race(db, select(ClientRow.id).where(ClientRow.name == name), taken), \
+            db.session() as sess:
         if sess.scalar(select(ClientRow).where(ClientRow.name == name)) is not None:
-            raise TokenError(f"client {name!r} already exists")
+            raise taken
         sess.add(ClientRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
     return token
+
 
 
 def rotate_token(db: Database, name: str) -> str:
@@ -86,9 +89,11 @@ def add_operator(db: Database, name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise TokenError("operator names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
-    with db.session() as sess:
+    taken = TokenError(f"operator {name!r} already exists")
+    with lost_race(db, select(OperatorRow.id).where(OperatorRow.name == name), taken), \
+            db.session() as sess:
         if sess.scalar(select(OperatorRow).where(OperatorRow.name == name)) is not None:
-            raise TokenError(f"operator {name!r} already exists")
+            raise taken
         sess.add(OperatorRow(name=name, token_id=token_id, token_hash=hash_secret(secret)))
     return "ffo_" + token.removeprefix("ffs_")
 

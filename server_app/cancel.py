@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from fedforest_secure.errors import FedForestError
 
 from .core import Core
-from .db import CancelRow, Database, JobRow
+from .db import CancelRow, Database, JobRow, lost_race
 from .phases import JobStatus
 from .store import open_round
 
@@ -55,7 +55,9 @@ def cancellable(sess: Session, job_id: str) -> JobRow:
 def request_cancel(db: Database, job_id: str, now: float) -> None:
     """Record the operator's request to cancel ``job_id`` (waiting or running), for the
     server to apply (asking twice records one request)."""
-    with db.session() as sess:
+    # another process's request recorded between the check and the insert is this one
+    with lost_race(db, select(CancelRow.job_id).where(CancelRow.job_id == job_id), None), \
+            db.session() as sess:
         cancellable(sess, job_id)
         if sess.get(CancelRow, job_id) is None:
             sess.add(CancelRow(job_id=job_id, requested_at=now))

@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
     LargeBinary,
+    Select,
     String,
     Text,
     UniqueConstraint,
@@ -27,7 +29,13 @@ from sqlalchemy import (
     inspect,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DatabaseError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    DatabaseError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.schema import CreateColumn
 
@@ -49,6 +57,7 @@ __all__ = [
     "RoundRow",
     "SecAggMessageRow",
     "UploadRow",
+    "lost_race",
 ]
 
 
@@ -241,8 +250,6 @@ AFTER_COMMIT = "fedforest.after_commit"
 #: kept only once a fence is set (:meth:`Database.fence`)
 _WROTE: ContextVar[list[bool] | None] = ContextVar("fedforest_db_wrote", default=None)
 
-#: seconds a PostgreSQL connection attempt may take
-_CONNECT_TIMEOUT_S = 10
 #: seconds one probe of the database (:meth:`Database.unreachable`) answers for
 _PROBE_EVERY_S = 2.0
 
@@ -260,11 +267,8 @@ class Database:
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
+            # PostgreSQL: the connection, lock and keepalive bounds of create_db_engine
             kwargs["pool_pre_ping"] = True
-            if url.startswith("postgresql"):
-                # a host that does not answer costs a request (and an outage's probe) 10 s,
-                # not the system's TCP connect timeout (about two minutes)
-                kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
         self.url = url
         try:
             self.engine: Engine = create_db_engine(url, **kwargs)
@@ -292,14 +296,15 @@ class Database:
         self._probed_at, self._probe_said = -_PROBE_EVERY_S, False
         self._fence: Callable[[Connection], None] | None = None
 
-    def fence(self, check: Callable[[Connection], None]) -> None:
+    def fence(self, check: Callable[[Connection], None] | None) -> None:
         """From now on run ``check(conn)`` in every transaction of :meth:`session` and
         :meth:`connect` that wrote (any statement but a ``SELECT``), on its connection, just
         before it commits: an exception it raises rolls the transaction back and is raised to
-        the caller. What a serving process sets so that it writes only while it holds the
-        database's lease (:meth:`ServerLease.keep <server_app.lease.ServerLease.keep>`); a
-        transaction that only read costs nothing more."""
-        if self._fence is None:
+        the caller. What a process sets so that it writes only while it holds the database's
+        lease (:meth:`ServerLease.keep <server_app.lease.ServerLease.keep>`); a transaction
+        that only read costs nothing more. ``None``: no check any more (a lease given back)."""
+        if check is not None and not event.contains(self.engine, "before_cursor_execute",
+                                                    _note_write):
             event.listen(self.engine, "before_cursor_execute", _note_write)
         self._fence = check
 
@@ -409,6 +414,23 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+@contextmanager
+def lost_race(db: Database, row: Select[Any], error: Exception | None) -> Iterator[None]:
+    """Around a step that checks a row is not there, then inserts it: an insert that lost a
+    race (another process inserted the row between the check and the insert, and a unique
+    constraint refused this one) raises ``error``, what the check says, once ``row`` reads
+    the other process's row; with ``error`` None the step ends as if it had inserted it.
+    Another integrity error is raised as it is."""
+    try:
+        yield
+    except IntegrityError:
+        with db.session() as sess:
+            if sess.execute(row).first() is None:
+                raise
+        if error is not None:
+            raise error from None
 
 
 def _created_meanwhile(exc: DatabaseError) -> bool:

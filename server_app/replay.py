@@ -21,7 +21,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError
+from fedforest_secure.errors import FedForestError, UploadRejected
 from fedforest_secure.protocol import SealedTask, seal, unpack
 
 from .db import Database, JobRow, RoundRow
@@ -98,11 +98,14 @@ class Runtimes:
     @contextmanager
     def guard(self, job_id: str) -> Iterator[None]:
         """On an unexpected exception inside the block, forget the job's runtime (the database
-        rolls back; the next request rebuilds it, as after a restart). A 4xx rejection
-        (:class:`ApiError`) is raised before anything changes, so the runtime is kept."""
+        rolls back; the next request rebuilds it, as after a restart). A step's session opens
+        inside the block, so a commit that fails forgets it too. A 4xx rejection
+        (:class:`ApiError`, or an upload that does not answer its task:
+        :class:`~fedforest_secure.errors.UploadRejected`) is raised before anything changes,
+        so the runtime is kept."""
         try:
             yield
-        except ApiError:
+        except (ApiError, UploadRejected):
             raise
         except BaseException:
             self.evict(job_id)

@@ -47,7 +47,16 @@ from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
 from .cancel import apply_cancels, cancel
 from .core import Core, check_seat, check_upload_round
-from .db import AuditedJobRow, ClientRow, Database, JobRow, MemberRow, RoundRow, UploadRow
+from .db import (
+    AuditedJobRow,
+    ClientRow,
+    Database,
+    JobRow,
+    MemberRow,
+    RoundRow,
+    UploadRow,
+    lost_race,
+)
 from .deadlines import steady_clock
 from .engine import PlainBounds, uses_secagg
 from .errors import ApiError
@@ -138,9 +147,11 @@ class ServerState:
         spec = check_job(spec).spec
         config = build_config(spec)
         min_clients = default_min_clients(spec, config.profile)
-        with self.core.lock, self.core.db.session() as sess:
+        taken = ConfigError(f"job {spec.id!r} already exists")
+        with self.core.lock, lost_race(self.core.db, select(JobRow.id).where(
+                JobRow.id == spec.id), taken), self.core.db.session() as sess:
             if sess.get(JobRow, spec.id) is not None:
-                raise ConfigError(f"job {spec.id!r} already exists")
+                raise taken
             if self.core.audit.tip(spec.id)[0] > 0:
                 # another server database (or one replaced) created this id on the same audit
                 # log: a second job's entries would join the first's chain, which then fails
@@ -374,7 +385,10 @@ class ServerState:
         with self.core.lock:
             self.core.tick_if_due(job_id)
             rt = self.core.runtimes.get(job_id)
-            with self.core.db.session() as sess:
+            # the guard outside the session: a step whose commit fails (a connection lost at
+            # the commit) forgets the runtime that took the upload; the retry rebuilds it
+            # from what the database kept
+            with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
                 conn = sess.connection()
                 seat = seat_view(conn, client, job_id, round_id)
                 check_seat(seat, round_id)
@@ -395,13 +409,12 @@ class ServerState:
                                    words=rt.words(), config=rt.config,
                                    plain_values=partial(_plain_values, up, rt.task, rt.config))
                 if rt.secure is not None:
-                    with self.core.runtimes.guard(job_id):
-                        sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
-                        if sr.complete():  # what progress_secure would wait for
-                            rr = sess.get(RoundRow, (job_id, round_id))
-                            if rr is None:
-                                raise RuntimeError(f"round {round_id} vanished")
-                            self.core.driver.progress_secure(rt, sess, job_of(sess, job_id), rr)
+                    sr = self.core.driver.add_masked(rt, conn, job_id, round_id, idx, up)
+                    if sr.complete():  # what progress_secure would wait for
+                        rr = sess.get(RoundRow, (job_id, round_id))
+                        if rr is None:
+                            raise RuntimeError(f"round {round_id} vanished")
+                        self.core.driver.progress_secure(rt, sess, job_of(sess, job_id), rr)
                 else:
                     rr = sess.get(RoundRow, (job_id, round_id))
                     if rr is None:

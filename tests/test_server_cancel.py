@@ -3,12 +3,14 @@ serves the database fails it with the operator's reason; with none, the command 
 
 from __future__ import annotations
 
+import os
+import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, event, select, update
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app as cli_app
@@ -17,7 +19,7 @@ from server_app.admin import ServerAdmin
 from server_app.app import create_app
 from server_app.audit_hook import open_audit
 from server_app.cancel import CANCELLED, CancelError
-from server_app.db import CancelRow, Database, JobRow
+from server_app.db import CancelRow, Database, JobRow, LeaseRow
 from server_app.jobspec import load_job_spec
 from server_app.lease import ServerLease, holder
 from server_app.runtime import ServerState
@@ -214,3 +216,52 @@ def test_with_no_server_a_config_without_the_jobs_audit_chain_cancels_nothing(
         assert admin.job("job-a").status == "waiting"
     kinds, _ = _kinds_and_last(fed["audit"])
     assert kinds == ["job_created"]
+
+
+def test_with_no_server_a_command_paused_while_a_server_took_over_cancels_nothing(
+        fed: dict) -> None:
+    """The command holds the database's claim while it cancels the job. Paused (Ctrl-Z)
+    longer than the claim lasts, it finds, when it resumes, that a server started meanwhile
+    took the database over and serves the job: it saves nothing behind that server's back
+    (the job stays as the server has it) and says so."""
+    socket_host = socket.gethostname()
+    fired: list[int] = []
+
+    def take_over() -> None:  # what a server started while the command was paused does
+        other = Database(fed["url"])
+        try:
+            with other.session() as sess:
+                sess.execute(update(LeaseRow).values(renewed_at=LeaseRow.renewed_at - 60))
+            ServerLease(other, 9000).acquire()
+        finally:
+            other.dispose()
+
+    def before(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        words = statement.lstrip().upper()
+        if not fired and words.startswith(("UPDATE JOBS ", "INSERT INTO AUDIT_OUTBOX ")):
+            fired.append(1)
+            take_over()
+
+    event.listen(Engine, "before_cursor_execute", before)
+    try:
+        res = CliRunner().invoke(cli_app, ["server", "cancel-job", "--config",
+                                           str(fed["config"]), "--job", "job-a"])
+    finally:
+        event.remove(Engine, "before_cursor_execute", before)
+    assert fired
+    assert res.exit_code == 2, res.output
+    assert " ".join(res.output.split()) == (
+        "error: job 'job-a' was not cancelled: this command was paused for more than 15 s "
+        f"while it held the database, and a server (pid {os.getpid()} on {socket_host}, port "
+        "9000) took the database over meanwhile; run the command again (the server that "
+        "serves the database then cancels the job)")
+    with ServerAdmin(fed["url"]) as admin:
+        assert admin.job("job-a").status == "waiting"
+    kinds, _ = _kinds_and_last(fed["audit"])
+    assert kinds == ["job_created"]
+    db = Database(fed["url"])
+    try:
+        served_by = holder(db)
+        assert served_by is not None and served_by.port == 9000  # the server's claim stands
+    finally:
+        db.dispose()
