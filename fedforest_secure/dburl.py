@@ -13,7 +13,8 @@ after :data:`PG_LOCK_TIMEOUT_S` seconds, as a SQLite connection of the server wa
 another's write lock; and TCP keepalives and a TCP user timeout at both ends find a peer
 that is gone within about 30 s, so the database ends a dead client's session (and its
 transaction's locks) then, not after the system's two hours. The URL's own parameters
-(``?connect_timeout=...``, ``?options=-c lock_timeout=...``) take precedence."""
+(``?connect_timeout=...``, ``?options=-c lock_timeout=...``), ``PGOPTIONS``, a service file
+and the role's or database's settings take precedence."""
 
 from __future__ import annotations
 
@@ -201,6 +202,8 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise DatabaseUrlError(f"database URL {shown}: its driver is not installed ({exc}); "
                                "for PostgreSQL: pip install 'fedforest-secure[postgres]'"
                                ) from None
+    if parsed.get_backend_name() == "postgresql":
+        event.listen(engine, "connect", _postgres_session_bounds)
     # the file SQLite opens: the URL's path as it is (SQLite does not expand a ~), not for
     # a URI whose query says mode=ro, rw or memory (they create no file)
     raw, _, query = (parsed.database or "").removeprefix("file:").partition("?")
@@ -212,24 +215,40 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
 
 def _postgres_connect_args(query: Mapping[str, Any], given: Mapping[str, Any]
                            ) -> dict[str, Any]:
-    """The libpq parameters of a PostgreSQL engine: its connection, lock and keepalive bounds
-    (the module's docstring), under those the URL's ``query`` or the caller (``given``) sets.
-    The server-side settings travel in ``options``; the URL's own ``options`` come after them,
-    so a setting it names wins."""
+    """The libpq parameters of a PostgreSQL engine: its connection and keepalive bounds (the
+    module's docstring), under those the URL's ``query``, ``PGCONNECT_TIMEOUT`` or the caller
+    (``given``) sets. The database's end is set once connected
+    (:func:`_postgres_session_bounds`)."""
     idle, interval, count = _PG_KEEPALIVES
-    unacked_ms = _PG_TCP_USER_TIMEOUT_S * 1000
     ours: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "keepalives": 1,
                             "keepalives_idle": idle, "keepalives_interval": interval,
-                            "keepalives_count": count, "tcp_user_timeout": unacked_ms}
-    args = {k: v for k, v in ours.items() if k not in query}
-    settings = (f"-c lock_timeout={PG_LOCK_TIMEOUT_S * 1000} -c tcp_keepalives_idle={idle} "
-                f"-c tcp_keepalives_interval={interval} -c tcp_keepalives_count={count} "
-                f"-c tcp_user_timeout={unacked_ms}")
-    theirs = query.get("options")
-    if isinstance(theirs, tuple):  # given more than once
-        theirs = " ".join(theirs)
-    args["options"] = f"{settings} {theirs}" if theirs else settings
-    return {**args, **given}
+                            "keepalives_count": count,
+                            "tcp_user_timeout": _PG_TCP_USER_TIMEOUT_S * 1000}
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        del ours["connect_timeout"]
+    return {**{k: v for k, v in ours.items() if k not in query}, **given}
+
+
+def _postgres_session_bounds(dbapi_connection: Any, _record: object) -> None:
+    """A new PostgreSQL connection's bounds at the database's end (its lock timeout, TCP
+    keepalives and user timeout), each set only where it still has the database's default: a
+    value the URL's ``options``, ``PGOPTIONS``, a service file, the role or the database gives
+    wins, and a setting this PostgreSQL lacks is passed over. Set after connecting, not in
+    libpq's ``options`` (which would override ``PGOPTIONS`` and a service file's, and which
+    PgBouncer refuses)."""
+    idle, interval, count = _PG_KEEPALIVES
+    wanted = (("lock_timeout", PG_LOCK_TIMEOUT_S * 1000), ("tcp_keepalives_idle", idle),
+              ("tcp_keepalives_interval", interval), ("tcp_keepalives_count", count),
+              ("tcp_user_timeout", _PG_TCP_USER_TIMEOUT_S * 1000))
+    rows = ", ".join(f"('{name}', '{int(value)}')" for name, value in wanted)
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(
+            "SELECT set_config(s.name, v.setting, false) FROM (VALUES " + rows + ") AS "
+            "v(name, setting) JOIN pg_settings s ON s.name = v.name WHERE s.source = 'default'")
+    finally:
+        cursor.close()
+    dbapi_connection.commit()  # a session setting made in a transaction rolled back is undone
 
 
 def _create_owner_only(path: Path) -> Callable[..., None]:
