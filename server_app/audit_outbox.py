@@ -14,7 +14,7 @@ committed step is never lost:
   disk before the append (SQLite: ``synchronous=FULL``; other databases: their own durable
   commit), so a power loss does not leave the log ahead of the database. Should it be ahead
   anyway (a disk that lied about its flush, a database restored from an older copy), the
-  job's row holds the last ``seq`` it queued (``jobs.audit_seq``, written with the entries),
+  database marks the last ``seq`` each step queued (``audit_marks``, inserted with the entries),
   and the server refuses to start while the log's chain of an unfinished job goes further
   (:func:`~server_app.serve.check_audit_chains`), rather than log its rounds twice;
 * one stopped between an append and the deletion of its row finds the entry in the log at its
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -46,13 +46,14 @@ from fedforest_secure.audit.entry import canonical_json, encode_array, jsonable
 from fedforest_secure.audit.kinds import EntryKind, check_payload
 from fedforest_secure.errors import AuditError
 
-from .db import AFTER_COMMIT, AuditOutboxRow, JobRow
+from .db import AFTER_COMMIT, AuditMarkRow, AuditOutboxRow
 
 __all__ = ["AuditPending", "Outbox", "Queued", "first_queued"]
 
 #: ``Session.info`` keys: the entries a step queued, by job; the last ``seq`` it gave, by job
 _QUEUED = "fedforest.audit_queued"
 _LAST_SEQ = "fedforest.audit_last_seq"
+_MARKS = "fedforest.audit_marks"
 #: attempts of a flush that finds the chain moved on under it (another process appended the
 #: same entries: a `fedforest server create-job` and a server flushing a new job at once)
 _ATTEMPTS = 5
@@ -127,8 +128,14 @@ class Outbox:
         seq = self._next_seq(sess, job_id)
         sess.add(AuditOutboxRow(job_id=job_id, seq=seq, kind=kind, payload=canonical_json(plain),
                                 arrays=_pack(blobs)))
-        # committed with the step: how far the log may go (checked at a server's start)
-        sess.execute(update(JobRow).where(JobRow.id == job_id).values(audit_seq=seq))
+        # committed with the step: how far the log may go (checked at a server's start); one
+        # row per step, inserted, so no step waits for another's lock on it
+        marks: dict[str, AuditMarkRow] = sess.info.setdefault(_MARKS, {})
+        if job_id in marks:
+            marks[job_id].seq = seq
+        else:
+            marks[job_id] = AuditMarkRow(job_id=job_id, seq=seq)
+            sess.add(marks[job_id])
         queued: dict[str, list[Queued]] | None = sess.info.get(_QUEUED)
         if queued is None:
             queued = sess.info[_QUEUED] = {}

@@ -100,11 +100,6 @@ class JobRow(Base):
     current_round: Mapped[int] = mapped_column(Integer, default=-1)
     model_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=time.time)
-    #: the ``seq`` of the last audit entry a committed step of the job queued (None: none
-    #: yet, or a database made before the column): a log whose chain goes further holds
-    #: steps this database lost (a power loss, a restored older copy), and the server refuses
-    #: to serve the job (:func:`server_app.serve.check_audit_chains`)
-    audit_seq: Mapped[int | None] = mapped_column(Integer, nullable=True, deferred=True)
     #: the final model, loaded only where it is read (it can be megabytes, and every request
     #: of a client loads its job row); the last column, so SQLite reaches the others without
     #: walking its overflow pages
@@ -133,6 +128,21 @@ class AuditOutboxRow(Base):
     kind: Mapped[str] = mapped_column(String(40))
     payload: Mapped[str] = mapped_column(Text)
     arrays: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+
+
+class AuditMarkRow(Base):
+    """How far a committed step of a job queued its audit chain: ``seq``, the last entry it
+    queued (one row per step, inserted with it; :mod:`server_app.audit_outbox`). A log whose
+    chain goes beyond the job's largest mark holds steps this database lost (a power loss, a
+    restored older copy), and the server refuses to serve the job
+    (:func:`server_app.serve.check_audit_chains`). Rows are only inserted, never updated, so
+    steps never wait for each other's lock on them (a table of its own: databases made before
+    it gain it without a migration; a job without marks is not checked)."""
+
+    __tablename__ = "audit_marks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
 
 
 class CancelRow(Base):
@@ -238,7 +248,7 @@ class LeaseRow(Base):
 
 #: columns added to a table after databases were made with it, as (table, column): nullable,
 #: so the rows already there read as None; a database without one gains it when opened
-_ADDED_COLUMNS = (("server_lease", "started"), ("jobs", "audit_seq"))
+_ADDED_COLUMNS = (("server_lease", "started"),)
 
 
 #: the key of :attr:`Session.info <sqlalchemy.orm.Session.info>` under which a step lists what

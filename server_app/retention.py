@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from fedforest_secure.dburl import SqliteWriteError, shown_url, sqlite_file, sqlite_write_error
 from fedforest_secure.errors import FedForestError
 
-from .db import Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
+from .db import AuditMarkRow, Database, JobRow, RoundRow, SecAggMessageRow, UploadRow
 from .phases import JobStatus
 
 __all__ = ["DiskFull", "NotFinished", "Pruned", "prune", "sqlite_temp_dir"]
@@ -192,6 +192,7 @@ def _delete(db: Database, spool: Path | None, out: Pruned, *, older_than: float 
             if dry_run:
                 continue
             sess.execute(delete(UploadRow).where(UploadRow.job_id == job.id))
+            sess.execute(delete(AuditMarkRow).where(AuditMarkRow.job_id == job.id))
             sess.execute(delete(SecAggMessageRow).where(  # identity keys (round -1) stay
                 SecAggMessageRow.job_id == job.id, SecAggMessageRow.round_id >= 0))
             # each round's row stays without its data: the job's level and rounds done

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import uvicorn
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from fedforest_secure.audit.log import to_url
@@ -23,7 +23,7 @@ from fedforest_secure.errors import AuditError
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
 from .audit_outbox import AuditPending, first_queued
-from .db import AuditedJobRow, Database, JobRow
+from .db import AuditedJobRow, AuditMarkRow, Database, JobRow
 from .event_loop import LOOP
 from .head_limit import MAX_HEAD_BYTES, http_protocol
 from .idle import protocol_with_idle_limit
@@ -255,8 +255,9 @@ def _check_not_behind(db: Database, audit: AuditSink, job_id: str, url: str | No
     job (this one is refused by the lease next) only moves the second read further ahead."""
     tip = audit.tip(job_id)[0]
     with db.session() as sess:
-        queued = sess.scalar(select(JobRow.audit_seq).where(JobRow.id == job_id))
-    if queued is None or tip <= queued:  # None: a database made before the column
+        queued = sess.scalar(select(func.max(AuditMarkRow.seq))
+                             .where(AuditMarkRow.job_id == job_id))
+    if queued is None or tip <= queued:  # None: no step marked (a database made before)
         return
     shown = shown_url(to_url(url)) if url else "?"
     raise ConfigError(

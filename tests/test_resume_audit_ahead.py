@@ -82,3 +82,32 @@ def test_a_step_of_a_running_server_during_the_check_is_not_taken_for_lost_steps
         audit.close()
         db.dispose()
     assert stepped == [1]
+
+
+def test_each_audited_step_inserts_its_mark_and_updates_no_job_row(
+        env_all_audited: dict) -> None:  # noqa: F811
+    """A step's audit position is a row of its own, inserted (the largest is how far the log
+    may go), never an update of a row other steps of the job also write: a step never waits
+    for another's lock on it."""
+    from sqlalchemy import event, func, select
+
+    from server_app.db import AuditMarkRow
+
+    env = env_all_audited
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    event.listen(env["db"].engine, "before_cursor_execute", seen)
+    try:
+        join(env, 0)
+        join(env, 1)
+    finally:
+        event.remove(env["db"].engine, "before_cursor_execute", seen)
+    assert not [s for s in statements if s.lstrip().upper().startswith("UPDATE JOBS")]
+    with env["db"].session() as sess:
+        marks = sess.scalars(select(AuditMarkRow.seq).where(AuditMarkRow.job_id == "job-a")
+                             .order_by(AuditMarkRow.id)).all()
+        assert sess.scalar(select(func.max(AuditMarkRow.seq))) == env["audit"].tip("job-a")[0]
+    assert list(marks) == sorted(marks) and len(marks) >= 3  # job_created, two joins
