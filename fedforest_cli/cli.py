@@ -25,12 +25,14 @@ from .audit_cli import audit_app
 from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
 from .evaluate_cli import evaluate
+from .interrupts import FedforestGroup, Terminated, how_stopped
 from .server_cli import server_cli
 
 __all__ = ["app"]
 
+# every sub-command stops on SIGTERM and SIGHUP as on Ctrl-C, and says so (FedforestGroup)
 app = typer.Typer(help="FedForest Secure: federated random forests over HTTPS.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False, cls=FedforestGroup)
 pki_cli = typer.Typer(help="Development certificates (a CA, a server and client certificates).",
                       no_args_is_help=True)
 app.add_typer(server_cli, name="server")
@@ -58,19 +60,6 @@ def _options(
 
 
 # ---------------------------------------------------------------------- client
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP reached the client: it stops as on Ctrl-C (and exits with 128 + the
-    signal's number: 143, 129)."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _terminated(signum: int, _frame: FrameType | None) -> None:
-    raise Terminated(signum)
-
-
 @app.command()
 def client(
     server: Annotated[str, typer.Option(help="https://host:port of the federation server")],
@@ -120,10 +109,7 @@ def client(
 
     log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
-    # are Ctrl-C: the site leaves the job the same way
-    signal.signal(signal.SIGTERM, _terminated)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup it stays ignored
-        signal.signal(signal.SIGHUP, _terminated)
+    # are Ctrl-C (FedforestGroup): the site leaves the job the same way
     try:
         res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
                                        schema=schema, ca=ca, cert=cert, key=key,
@@ -135,8 +121,7 @@ def client(
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:
-        how, code = ("interrupted", 130) if not isinstance(exc, Terminated) else (
-            "hung up" if exc.signum == signal.SIGHUP else "terminated", 128 + exc.signum)
+        how, code = how_stopped(exc)
         # stopped in the middle of a secure round, the site left the job: the secure loop
         # says so, and what became of the job, in a note of the interrupt
         left = getattr(exc, "__notes__", None)
@@ -321,7 +306,7 @@ def simulate(
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
     except KeyboardInterrupt as exc:
-        how, code = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        how, code = how_stopped(exc)
         console.print(f"[yellow]{how}[/yellow]: the simulation's server and client processes "
                       f"were stopped; what it wrote so far is in {out}", soft_wrap=True)
         raise typer.Exit(code) from None

@@ -13,7 +13,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.evaluation.result import EvalResult
 
 from .sim_data import SiteData
-from .sim_processes import start_client, stop_all
+from .sim_processes import signals_held, start_client, stop_all
 
 __all__ = ["EvalRun", "create_eval_job", "run_eval_clients", "wait_job", "write_eval_job"]
 
@@ -80,12 +80,15 @@ def run_eval_clients(sites: Sequence[SiteData], held_out: Sequence[Path], url: s
     """Start one client per site on its held-out rows, wait for the job, read its result."""
     t0 = time.monotonic()
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    procs = [start_client(site, url, job_id, certs, root / "clients" / site.name,
-                          root / "logs" / f"{site.name}.{job_id}.log",
-                          root / "clients" / f"{site.name}.{job_id}.json", profile=profile,
-                          n_clients=len(sites), eval_data=data)
-             for site, data in zip(sites, held_out, strict=True)]
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        for site, data in zip(sites, held_out, strict=True):
+            with signals_held():  # a signal here finds the client recorded, or not started
+                procs.append(start_client(site, url, job_id, certs, root / "clients" / site.name,
+                                          root / "logs" / f"{site.name}.{job_id}.log",
+                                          root / "clients" / f"{site.name}.{job_id}.json",
+                                          profile=profile, n_clients=len(sites),
+                                          eval_data=data))
         text = wait_job(server_db, job_id, procs, timeout)
         codes = [p.wait(30) for p in procs]
     finally:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from fedforest_secure.protocol.api import JobStatus
 from .sim_data import SiteData
 
 __all__ = ["ClientEnd", "OneSiteServer", "child_env", "client_ends", "db_url", "free_port",
-           "one_site_server", "start_client", "start_server", "stop", "stop_all", "trained_over",
-           "wait_healthy", "write_server_config"]
+           "one_site_server", "signals_held", "start_client", "start_server", "stop", "stop_all",
+           "trained_over", "wait_healthy", "write_server_config"]
 
 
 def free_port() -> int:
@@ -64,6 +65,35 @@ def child_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP that arrive inside the block reach their handlers at its
+    end: a process started and recorded inside it (``procs.append(start_client(...))``) is,
+    when the handler raises, either not started or recorded, so the code that stops the
+    recorded processes stops it. (Blocking the signals with ``pthread_sigmask`` instead would
+    leave them blocked in the child: exec keeps a signal mask.) In the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        held.append(signum)
+
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in kept.items():
+        if callable(handler):  # an ignored signal stays ignored, a default one kills
+            signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if callable(handler):
+                signal.signal(s, handler)
+        for held_signal in dict.fromkeys(held):
+            signal.raise_signal(held_signal)
 
 
 def start_server(config: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -40,6 +40,7 @@ from .sim_processes import (
     client_ends,
     db_url,
     free_port,
+    signals_held,
     start_client,
     start_server,
     stop,
@@ -61,13 +62,13 @@ RUN_MARKER = ".fedforest-simulate"
 
 @contextmanager
 def uninterrupted() -> Iterator[None]:
-    """SIGINT and SIGTERM are ignored while the simulation's processes are stopped: a second
-    Ctrl-C, or the SIGTERM a CI job sends after its SIGINT, would cut the stopping short and
-    leave the server running. In the main thread only (where Python handles signals)."""
+    """SIGINT, SIGTERM and SIGHUP are ignored while the simulation's processes are stopped: a
+    second Ctrl-C, or the SIGTERM a CI job sends after its SIGINT, would cut the stopping short
+    and leave the server running. In the main thread only (where Python handles signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for s in kept:
         signal.signal(s, signal.SIG_IGN)
     try:
@@ -118,17 +119,19 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     server: subprocess.Popen[bytes] | None = None
     clients: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(server_toml, out / "logs" / "server.log")
+        with signals_held():  # a signal here finds the server recorded, or not started
+            server = start_server(server_toml, out / "logs" / "server.log")
         wait_healthy(url, certs / "ca.pem", server, cert=certs / f"{names[0]}.pem",
                      key=certs / f"{names[0]}.key")
         console.print(f"3. server listening on {url} (TLS with client certificates)")
         for site in sim.sites:
-            clients.append(start_client(site, url, sim.job_id, certs,
-                                        out / "clients" / site.name,
-                                        out / "logs" / f"{site.name}.log",
-                                        out / "clients" / f"{site.name}.model.json",
-                                        profile=opts.profile,  # TLS: no http
-                                        n_clients=len(sim.sites)))
+            with signals_held():
+                clients.append(start_client(site, url, sim.job_id, certs,
+                                            out / "clients" / site.name,
+                                            out / "logs" / f"{site.name}.log",
+                                            out / "clients" / f"{site.name}.model.json",
+                                            profile=opts.profile,  # TLS: no http
+                                            n_clients=len(sim.sites)))
         console.print(f"4. {len(clients)} client processes started; training...")
         _watch(out / "server.db", sim.job_id, opts.depth, clients, server)
         codes = [p.wait() for p in clients]

@@ -462,11 +462,12 @@ def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: 
                 _fill(stack.enter_context(replacing(cert)), ck.cert_pem())
                 _fill(stack.enter_context(replacing(key, mode=0o600)), ck.key_pem())
             for path, kept in moves:  # every new file is written: the old ones go aside
+                moved.append((path, kept))  # first: an interrupt lands after the rename too
                 path.rename(kept)
-                moved.append((path, kept))
     except BaseException:
         for path, kept in reversed(moved):
-            os.replace(kept, path)
+            with contextlib.suppress(FileNotFoundError):  # one interrupted before its rename
+                os.replace(kept, path)
         raise
     return certs, keys
 

@@ -59,6 +59,7 @@ from ._schema_checks import (
 )
 from ._schema_infer import inferred_schema
 from .errors import SchemaError
+from .files import write_atomic
 
 __all__ = ["Feature", "Schema", "Target"]
 
@@ -237,12 +238,13 @@ class Schema(BaseModel):
         return self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
 
     def dump(self, path: str | Path) -> None:
-        """Write the schema to ``path`` (TOML unless the suffix is ``.json``)."""
+        """Write the schema to ``path`` (TOML unless the suffix is ``.json``), whole or not at
+        all: an interrupt or a full disk leaves the file there as it was."""
         p = Path(path)
         if p.suffix.lower() == ".json":
-            p.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+            write_atomic(p, json.dumps(self.to_dict(), indent=2) + "\n")
         else:
-            p.write_text(tomli_w.dumps(self.to_dict()), encoding="utf-8")
+            write_atomic(p, tomli_w.dumps(self.to_dict()))
 
     @classmethod
     def infer(

@@ -50,7 +50,8 @@ def add_client(db: Database, name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise TokenError("client names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
-    taken = TokenError(f"client {name!r} already exists")
+    taken = TokenError(f"client {name!r} already exists (its token was shown once, when it was "
+                       f"added): `fedforest server rotate-token {name}` gives it a new one")
     with lost_race(db, select(ClientRow.id).where(ClientRow.name == name), taken), \
             db.session() as sess:
         if sess.scalar(select(ClientRow).where(ClientRow.name == name)) is not None:
@@ -89,7 +90,9 @@ def add_operator(db: Database, name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise TokenError("operator names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
-    taken = TokenError(f"operator {name!r} already exists")
+    taken = TokenError(f"operator {name!r} already exists (its token was shown once, when it "
+                       f"was added): `fedforest server remove-operator {name}` then "
+                       f"`fedforest server add-operator {name}` give the name a new one")
     with lost_race(db, select(OperatorRow.id).where(OperatorRow.name == name), taken), \
             db.session() as sess:
         if sess.scalar(select(OperatorRow).where(OperatorRow.name == name)) is not None:

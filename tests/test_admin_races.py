@@ -68,6 +68,15 @@ def _rival(url: str, act: Callable[[ServerAdmin], object]) -> Callable[[], None]
     return run
 
 
+#: what a second registration of hospital-a is told: how to get the name a new token
+EXISTS = {
+    "add-client": ("client 'hospital-a' already exists (its token was shown once, when it was "
+                   "added): `fedforest server rotate-token hospital-a` gives it a new one"),
+    "add-operator": ("operator 'hospital-a' already exists (its token was shown once, when it "
+                     "was added): `fedforest server remove-operator hospital-a` then "
+                     "`fedforest server add-operator hospital-a` give the name a new one")}
+
+
 @pytest.mark.parametrize(("command", "table"), [("add-client", "clients"),
                                                 ("add-operator", "operators")])
 def test_a_registration_that_loses_the_race_for_its_name_is_told_it_exists(
@@ -78,8 +87,7 @@ def test_a_registration_that_loses_the_race_for_its_name_is_told_it_exists(
     with raced(table, _rival(server["url"], act)) as fired:
         lost = _run(args)
     assert fired
-    what = command.removeprefix("add-")
-    assert lost == (2, [f"error: {what} 'hospital-a' already exists"])
+    assert lost == (2, [f"error: {EXISTS[command]}"])
     assert _run(args) == lost  # what the check says to the same command later
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from client_app import runner
 from client_app.context import ClientResult
-from fedforest_cli import cli
+from fedforest_cli import cli, interrupts
 
 
 @pytest.mark.parametrize("nohup", [False, True])
@@ -38,7 +38,7 @@ def test_sighup_stops_the_client_unless_it_runs_under_nohup(
         signal.signal(signal.SIGHUP, hup)
         signal.signal(signal.SIGTERM, term)
     assert res.exit_code == 0, res.output
-    assert seen["hup"] is (signal.SIG_IGN if nohup else cli._terminated)
+    assert seen["hup"] is (signal.SIG_IGN if nohup else interrupts.terminated)
 
 
 def _invoke_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
