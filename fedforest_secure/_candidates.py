@@ -218,69 +218,84 @@ class Quantiles(CandidateMethod):
         hi = ctx.box_hi[nodes[:, None], feats]
         planner = _secure_cdf.SecureCdfPlanner(
             lo, hi, feats, ctx.is_cat, ctx.n[nodes], cfg.n_bins, self.policy.rows_per_point,
-            marginal=self._marginal, atom_width=self._atom_width)
+            marginal=self._marginal, atom_width=self._atom_width,
+            keep_cells=self._learns(lo, hi, feats))
         cat_slot = (feats >= 0) & ctx.is_cat[np.maximum(feats, 0)]
-        cat_hist: np.ndarray | None = None
+        cat_cells: tuple[np.ndarray, np.ndarray] | None = None
+        # the first round asks every node with a grid or a categorical slot; a refinement
+        # round only the (node, slot) rows refined (:meth:`SecureCdfPlanner.next_round`)
         grid = planner.next_grid()
         if grid is None and cat_slot.any():
             grid = np.full((E, m, 1), np.inf)
-        first = True
-        while grid is not None:
+        question: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if grid is not None:
             active = planner.active_features()
-            if first and cat_slot.any():  # one bin per level, in the first round only
+            if cat_slot.any():  # one bin per level, in the first round only
                 grid = categorical_cuts(grid, feats, ctx.is_cat, cfg.levels)
                 active = np.where(cat_slot, feats, active)
             rows = np.flatnonzero((active >= 0).any(axis=1))
+            question = (rows, active, grid) if rows.size == E else \
+                (rows, active[rows], grid[rows])
+            del grid, active
+        while question is not None:
+            rows, active, grid = question
             nb = grid.shape[2] + 1
             block = (moments_block(cfg, rows.size, m, nb) if with_stats
                      else counts_block(rows.size, m, nb))
-            every = rows.size == E
             task = ask(TaskKind.HISTOGRAM, ctx.level,
                        {"stats": "moments" if with_stats else "count", "purpose": "sketch"},
-                       {"nodes": nodes if every else nodes[rows],
-                        "features": active if every else active[rows],
-                        "thresholds": grid if every else grid[rows]}, (block,))
+                       {"nodes": nodes if rows.size == E else nodes[rows],
+                        "features": active, "thresholds": grid}, (block,))
+            del question, active, grid
             blocks, _ = yield task
             got = blocks[block.name]
-            if every:
-                full = got
-            else:
-                full = np.zeros((E, m, nb, got.shape[3]))
-                full[rows] = got
-            del blocks, got, task
-            counts = _impurity.counts_of(full, cfg.task) if with_stats else full[..., 0]
-            if first and cat_slot.any():
-                cat_hist = full
-            planner.receive(counts, full if with_stats else None)
-            first = False
-            grid = planner.next_grid()
-        self._learn(planner, lo, hi, feats)
+            del blocks, task
+            if cat_cells is None and cat_slot.any():  # the first round: the levels' bins
+                sel = cat_slot[rows]
+                cat_cells = ((rows[:, None] * m + np.arange(m))[sel], got[sel])
+            counts = _impurity.counts_of(got, cfg.task) if with_stats else got[..., 0]
+            planner.receive(counts, got if with_stats else None, rows)
+            del got, counts
+            question = planner.next_round()
+        self._learn(planner)
         thr = categorical_cuts(planner.candidates(), feats, ctx.is_cat, cfg.levels)
         if not with_stats:
             return thr, None
-        num = planner.histogram() if planner.stats is not None else None
+        num = planner.histogram() if planner.carries_stats else None
         S = cfg.n_stats if cfg.task != "regression" else 2
-        hist = np.zeros((E, m, thr.shape[2] + 1, S))
-        if num is not None:
-            hist[:, :, : num.shape[2]] = num
-        if cat_hist is not None:
-            w = min(cat_hist.shape[2], hist.shape[2])
-            hist[cat_slot, :w] = cat_hist[cat_slot, :w]
+        del planner
+        if num is not None and num.shape[2:] == (thr.shape[2] + 1, S):
+            hist = num  # the planner's own array: it is done
+        else:
+            hist = np.zeros((E, m, thr.shape[2] + 1, S))
+            if num is not None:
+                hist[:, :, : num.shape[2]] = num
+        if cat_cells is not None:
+            at, cells = cat_cells
+            w = min(cells.shape[1], hist.shape[2])
+            hist.reshape((E * m,) + hist.shape[2:])[at, :w] = cells[:, :w]
         return thr, hist
 
-    def _learn(self, planner: _secure_cdf.SecureCdfPlanner, lo: np.ndarray, hi: np.ndarray,
-               feats: np.ndarray) -> None:
-        """Update the prior (marginals of features first seen on a node whose box is still
-        the public range) and the atoms' widths from a level's final grids."""
+    def _learns(self, lo: np.ndarray, hi: np.ndarray, feats: np.ndarray) -> np.ndarray:
+        """(E, m) the (node, slot) rows the prior learns from (:meth:`_learn`): a feature it
+        does not know yet, on a node whose box is still the public range."""
         bounds = self.config.feature_bounds
         if bounds is None:  # pragma: no cover - the policy checks
-            return
+            return np.zeros(feats.shape, dtype=bool)
         pub = np.array(bounds, dtype=np.float64)
-        f = feats.reshape(-1)
-        fr = np.maximum(f, 0)
-        full_box = (lo.reshape(-1) <= pub[fr, 0]) & (hi.reshape(-1) >= pub[fr, 1])
-        self._marginal.learn(np.where(planner.active, f, -1), planner.lo, planner.hi,
-                             planner.edges, planner.counts, full_box)
+        fr = np.maximum(feats, 0)
+        full_box: np.ndarray = ((lo <= pub[fr, 0]) & (hi >= pub[fr, 1])
+                                & ~self._marginal.known[fr])
+        return full_box
+
+    def _learn(self, planner: _secure_cdf.SecureCdfPlanner) -> None:
+        """Update the prior (marginals of features first seen on a node whose box is still
+        the public range: the rows of :meth:`_learns`) and the atoms' widths from a level's
+        final grids."""
+        rows, edges, counts = planner.final_cells()
+        f = planner.feats.reshape(-1)[rows]
+        self._marginal.learn(f, planner.lo[rows], planner.hi[rows], edges, counts,
+                             np.ones(rows.size, dtype=bool))
         fa, wa = planner.atoms()
         if fa.size:
             np.maximum.at(self._atom_width, fa, wa)

@@ -359,7 +359,7 @@ static void sort_i64(int64_t *t, int64_t n)
     }
 }
 
-/* The secure sketch's candidates (fedforest_secure._secure_cdf.SecureCdfPlanner._pick): for
+/* The secure sketch's candidates (fedforest_secure._cdf_grids.grid_picks): for
  * each row q (grid row rows[q]) with cells' counts (W + 1 per row), their total and the grid's
  * edges (W per row, +inf padded), for b = 1 .. B - 1 below bnu the edge whose pooled CDF
  * (cumulative count / total; 3.0 at padding) is nearest to b / bnu (the lower one on a tie),

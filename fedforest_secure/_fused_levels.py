@@ -134,9 +134,11 @@ class FusedLevels:
         return growth.frontier, growth.routing, float(np.maximum(n[ev][ok], 0.0).sum())
 
 
-def _tapped(gen: Generator[Task, Received, EvaluatedNodes], first: list[Received]
-            ) -> Generator[Task, Received, EvaluatedNodes]:
-    """Drive the round generator ``gen``, keeping the answer to its first round in ``first``."""
+def _tapped(gen: Generator[Task, Received, EvaluatedNodes], first: list[Received],
+            keep: tuple[str, ...] = ("totals",)) -> Generator[Task, Received, EvaluatedNodes]:
+    """Drive the round generator ``gen``, keeping in ``first`` copies of the blocks ``keep``
+    of its first round's answer (not the views that would hold that round's whole sum
+    through the level's later rounds)."""
     try:
         task = next(gen)
     except StopIteration as stop:
@@ -144,7 +146,8 @@ def _tapped(gen: Generator[Task, Received, EvaluatedNodes], first: list[Received
     while True:
         answer = yield task
         if not first:
-            first.append(answer)
+            first.append(({k: v.copy() for k, v in answer[0].items() if k in keep},
+                          answer[1]))
         try:
             task = gen.send(answer)
         except StopIteration as stop:

@@ -46,15 +46,19 @@ the candidates are the pooled quantiles. The statistics of the bins between cons
 candidates are sums of cells. Adaptive B: ``B_nu = min(B, n_nu / r)``. The
 server sees only pooled statistics per cell, never a client's quantile.
 
-All rows (node x feature slot) are handled at once with padded arrays: ``edges`` (R, W) sorted
-and ``+inf``-padded, ``counts`` (R, W + 1) and ``stats`` (R, W + 1, S) per cell.
+The rows (node x feature slot) still refined are handled at once with padded arrays: ``edges``
+(R', W) sorted and ``+inf``-padded, ``counts`` (R', W + 1) per cell. A row whose grid is final
+gets its candidates and its bins' statistics in the round that made it final (a run of rows at
+a time) and keeps none of its cells, so a level's memory follows its first grid and the rows
+refined, not (rows x the widest refined grid): a wide level (many nodes and features) with a
+few heavy cells stays within a few times its first round's sums.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels
+from ._cdf_grids import cell_ends, cell_ends_at, distinct_sorted, grid_picks, sub_cell_edges
 from ._cdf_prior import Marginal
 from ._cdf_prior import _count_below as _count_below  # re-exported
 from .errors import InvalidMessage
@@ -80,31 +84,19 @@ ATOM_RUNS = 3
 #: finest geometric step): values closer together than that at the roots, whose boxes are
 #: the public bounds, are not told apart until a split narrows the box
 MIN_CELL = 1e-12
-
-
-def _steps(rows: np.ndarray, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For every entry ``i`` of ``rows``, ``reps[i]`` entries: its row and the step ``k = 1 ..
-    reps[i]``."""
-    reps = np.maximum(reps, 0)
-    k = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps) + 1
-    return np.repeat(rows, reps), k
-
-
-def _distinct_sorted(edges: np.ndarray) -> np.ndarray:
-    """Each row sorted, repeated values replaced by +inf (and moved to the end)."""
-    out = np.sort(edges, axis=1)
-    dup = np.zeros(out.shape, dtype=bool)
-    dup[:, 1:] = out[:, 1:] == out[:, :-1]
-    if dup.any():
-        out[dup] = np.inf
-        out.sort(axis=1)
-    width = int(np.isfinite(out).sum(axis=1).max()) if out.size else 0
-    return out[:, :max(width, 1)]
+#: the planner's row-by-row steps (first grids, heavy cells, final rows' candidates and bins)
+#: run over this many cell entries at a time: their temporaries stay a few MB on any level
+CHUNK_ENTRIES = 1 << 18
 
 
 class SecureCdfPlanner:
     """Plans the grid rounds of one level's evaluated nodes and turns their pooled statistics
     into candidates (module docstring).
+
+    Only the rows still refined keep a grid (:attr:`edges`, :attr:`counts`, :attr:`unsplit`,
+    rows of :attr:`work`, padded to the widest of them): a row whose grid is final gets its
+    candidates and its bins' statistics at once and drops its cells, so a few rows refined
+    deep pad no other row of the level.
 
     Parameters
     ----------
@@ -117,12 +109,14 @@ class SecureCdfPlanner:
     marginal : the prior of the grids (None or a feature it does not know: equal widths)
     atom_width : (d,) per feature, cells no wider than this are single values (not refined)
     max_rounds : at most this many grid rounds (the first and its refinements)
+    keep_cells : (E, m) the (node, slot) rows whose final cells :meth:`final_cells` returns
+        (None: every row with a grid)
     """
 
     def __init__(self, lo: np.ndarray, hi: np.ndarray, feats: np.ndarray, is_cat: np.ndarray,
                  n_nodes_rows: np.ndarray, n_bins: int, rows_per_point: int = 0, *,
                  marginal: Marginal | None = None, atom_width: np.ndarray | None = None,
-                 max_rounds: int = 4) -> None:
+                 max_rounds: int = 4, keep_cells: np.ndarray | None = None) -> None:
         E, m = feats.shape
         self.shape = (E, m)
         self.B = n_bins
@@ -151,26 +145,53 @@ class SecureCdfPlanner:
         self.tol = 2.0 * MIN_CELL * np.maximum(np.abs(self.hi * 0.5 - self.lo * 0.5), 0.5e-300)
         aw = np.zeros(int(is_cat.size)) if atom_width is None else atom_width
         self.atom_floor = np.maximum(self.tol, aw[self.fr])
-        self.edges = self._first_edges(n, marginal)
-        self._picked: tuple[np.ndarray, np.ndarray] | None = None  # _picks, until receive
-        self.counts = np.zeros((R, self.edges.shape[1] + 1))
-        self.stats: np.ndarray | None = None
-        self.unsplit = np.zeros((R, self.edges.shape[1] + 1), dtype=np.int8)
-        self.pending = self.active.copy()  # rows whose next grid must be summed
+        #: the rows (of the E x m) whose grid is still refined, ascending; the next round asks
+        #: every one of them
+        self.work = np.flatnonzero(self.active)
+        #: their grids: edges (sorted, +inf padded), pooled counts per cell, and per cell how
+        #: many refinements in a row left its mass whole
+        self.edges = self._first_edges(n[self.work], marginal)
+        self.counts: np.ndarray = np.zeros((0, 0))  # set from each round's sums
+        self.unsplit: np.ndarray = np.zeros((0, 0), dtype=np.int8)
         # refinement bookkeeping: per new cell, its cell in the previous grid (-1: none)
         self._parent: np.ndarray | None = None
         self._prev: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # what the rows whose grid is final leave: candidates, bins' statistics (once a round
+        # carries statistics), cells found to be atoms, and the cells ``keep_cells`` asks for
+        self._thr: np.ndarray | None = None  # (R, B' - 1), from the first round's sums
+        self._hist: np.ndarray | None = None
+        self._atoms: list[tuple[np.ndarray, np.ndarray]] = []
+        self._keep = self.active if keep_cells is None else self.active & keep_cells.reshape(R)
+        self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     # ------------------------------------------------------------------ the first grid
     def _first_edges(self, n: np.ndarray, marginal: Marginal | None) -> np.ndarray:
-        R, lo, hi, bnu = self.R, self.lo, self.hi, self.bnu
-        known = (marginal.known[self.fr] if marginal is not None
-                 else np.zeros(R, dtype=bool)) & self.active
+        """The first grid of the rows of :attr:`work` (``n``: their nodes' pooled rows), a
+        run of rows at a time."""
+        w = self.work
+        bnu = self.bnu[w]
+        known = marginal.known[self.fr[w]] if marginal is not None \
+            else np.zeros(w.size, dtype=bool)
         r = max(self.r, 1)
         uniform_cells = np.minimum(FIRST_CELLS * bnu, np.maximum(bnu, (n // r).astype(np.int64)))
         cells = np.where(known, bnu, uniform_cells)
-        cells = np.where(self.active, cells, 1)
-        top = int(cells.max()) if R else 1
+        step = max(1, CHUNK_ENTRIES // max(int(cells.max(initial=1)), 1))
+        parts = [self._first_edges_of(w[a:a + step], cells[a:a + step], known[a:a + step],
+                                      marginal) for a in range(0, w.size, step)]
+        width = max((p.shape[1] for p in parts), default=1)
+        edges = np.full((w.size, width), np.inf)
+        a = 0
+        for p in parts:
+            edges[a:a + p.shape[0], :p.shape[1]] = p
+            a += p.shape[0]
+        return edges
+
+    def _first_edges_of(self, w: np.ndarray, cells: np.ndarray, known: np.ndarray,
+                        marginal: Marginal | None) -> np.ndarray:
+        """The first grid of the rows ``w``, ``cells`` cells each: at the prior's quantiles
+        where ``known`` (the prior knows the row's feature), else of equal widths."""
+        lo, hi, fr = self.lo[w], self.hi[w], self.fr[w]
+        top = int(cells.max()) if w.size else 1
         g = np.arange(1, max(top, 2), dtype=np.float64)
         frac = g[None, :] / cells[:, None]
         valid = g[None, :] < cells[:, None]
@@ -182,146 +203,164 @@ class SecureCdfPlanner:
                 edges[wide] = lo[wide, None] * (1.0 - frac[wide]) + hi[wide, None] * frac[wide]
         rows = np.flatnonzero(known)
         if rows.size and marginal is not None:
-            u_lo = marginal.cdf_at(self.fr[rows], lo[rows])
-            u_hi = marginal.cdf_at(self.fr[rows], hi[rows])
+            u_lo = marginal.cdf_at(fr[rows], lo[rows])
+            u_hi = marginal.cdf_at(fr[rows], hi[rows])
             mass = u_hi - u_lo > 1e-12  # the marginal has mass in the box: follow it
             rows, u_lo, u_hi = rows[mass], u_lo[mass], u_hi[mass]
             if rows.size:
                 u = u_lo[:, None] + (u_hi - u_lo)[:, None] * np.minimum(frac[rows], 1.0)
-                edges[rows] = marginal.quantile_at(self.fr[rows], u)
-        inside = valid & self.active[:, None] & (edges > lo[:, None]) & (edges < hi[:, None])
-        return _distinct_sorted(np.where(inside, edges, np.inf))
+                edges[rows] = marginal.quantile_at(fr[rows], u)
+        inside = valid & (edges > lo[:, None]) & (edges < hi[:, None])
+        return distinct_sorted(np.where(inside, edges, np.inf))
 
     # ------------------------------------------------------------------ rounds
+    def next_round(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The next round's question, or None when the sketch is done: the nodes (ascending
+        indices of the E) with a row to count, their features (E', m), -1 where a slot is
+        finished, and thresholds (E', m, W)."""
+        if self.work.size == 0 or self.rounds >= self.max_rounds:
+            return None
+        m = self.shape[1]
+        node, slot = np.divmod(self.work, m)
+        nodes = np.unique(node)
+        at = np.searchsorted(nodes, node)
+        asked = np.zeros((nodes.size, m), dtype=bool)
+        asked[at, slot] = True
+        width = max(int(np.isfinite(self.edges).sum(axis=1).max()), 1)
+        grid = np.full((nodes.size, m, width), np.inf)
+        grid[at, slot] = self.edges[:, :width]
+        return nodes, np.where(asked, self.feats[nodes], -1), grid
+
     def active_features(self) -> np.ndarray:
-        """Features to count in the next round (-1 where a slot is finished)."""
-        return np.where(self.pending.reshape(self.shape), self.feats, -1)
+        """Features to count in the next round (E, m) (-1 where a slot is finished)."""
+        pending = np.zeros(self.R, dtype=bool)
+        pending[self.work] = True
+        return np.where(pending.reshape(self.shape), self.feats, -1)
 
     def next_grid(self) -> np.ndarray | None:
-        """Thresholds (E, m, W) of the next round, or None when the sketch is done."""
-        if not self.pending.any() or self.rounds >= self.max_rounds:
+        """Thresholds (E, m, W) of the next round (:meth:`next_round` for every node), or None
+        when the sketch is done."""
+        if self.R and self.work.size == self.R and self.rounds < self.max_rounds:
+            # every row asked: the grids themselves (as wide as the widest, as below), no copy
+            return self.edges.reshape(self.shape + self.edges.shape[1:])
+        question = self.next_round()
+        if question is None:
             return None
-        if self.pending.all():
-            return self.edges.reshape(self.shape + (self.edges.shape[1],))
-        grid = np.where(self.pending[:, None], self.edges, np.inf)
-        width = max(int(np.isfinite(grid).sum(axis=1).max()), 1)
-        return grid[:, :width].reshape(self.shape + (width,))
+        nodes, _, grid = question
+        out = np.full(self.shape + grid.shape[2:], np.inf)
+        out[nodes] = grid
+        return out
 
-    def _cells(self) -> tuple[np.ndarray, np.ndarray]:
-        """Left and right end of every cell (R, W + 1); padding cells are empty at ``hi``."""
-        hi = self.hi[:, None]
-        e = np.where(np.isfinite(self.edges), self.edges, hi)
-        left = np.concatenate([self.lo[:, None], e], axis=1)
-        right = np.concatenate([e, hi], axis=1)
-        return left, right
-
-    def receive(self, counts: np.ndarray, stats: np.ndarray | None = None) -> None:
-        """Pooled counts (E, m, W' + 1) per cell of the grid just sent, and optionally every
-        cell's statistics (E, m, W' + 1, S); plan the next round."""
+    def receive(self, counts: np.ndarray, stats: np.ndarray | None = None,
+                nodes: np.ndarray | None = None) -> None:
+        """Pooled counts (E', m, W' + 1) per cell of the grid just sent, and optionally every
+        cell's statistics (E', m, W' + 1, S), of the nodes ``nodes`` (the E' that
+        :meth:`next_round` named; None: all E); plan the next round. The rows whose grid is
+        final get their candidates and, with ``stats``, their bins' statistics."""
         self.rounds += 1
-        self._picked = None  # the counts (and maybe the edges) change
-        R = self.R
-        W = self.edges.shape[1]
-        c = np.maximum(counts.reshape(R, -1), 0.0)
-        if (c > 2.0**53).any():  # beyond exact counting: a crafted sum, not rows
+        E, m = self.shape
+        nb = counts.shape[-1]
+        counts = counts.reshape(-1, m, nb)
+        if (counts > 2.0**53).any():  # beyond exact counting: a crafted sum, not rows
             raise InvalidMessage("a grid cell's pooled count exceeds 2^53 rows")
-        w = min(c.shape[1], W + 1)
-        if c.shape[1] == W + 1:
-            got = c
-        else:
-            got = np.zeros((R, W + 1))
-            got[:, :w] = c[:, :w]
-        pend = self.pending
-        if stats is not None:
-            st = stats.reshape(R, c.shape[1], -1)
-            if self.stats is None:  # the first round: every active row was asked
-                if st.shape[1] == W + 1:
-                    self.stats = st  # the caller's array, read only, not copied
-                else:
-                    self.stats = np.zeros((R, W + 1, st.shape[2]))
-                    self.stats[:, :w] = st[:, :w]
-            else:
-                self.stats[pend] = 0.0
-                self.stats[pend, :w] = st[pend, :w]
+        place = np.arange(E) if nodes is None else np.full(E, -1, dtype=np.int64)
+        if nodes is not None:
+            place[nodes] = np.arange(nodes.size)
+        node, slot = np.divmod(self.work, m)
+        node = place[node]  # each row's place in the sums
+        if (node < 0).any():
+            raise ValueError("internal: a grid round left out a row being refined")
+        at = node * m + slot
+        W = self.edges.shape[1]
+        w = min(nb, W + 1)
+        got = np.zeros((self.work.size, W + 1))
+        step = max(1, CHUNK_ENTRIES // (W + 1))
+        for a in range(0, got.shape[0], step):  # no copy of the whole round's counts
+            got[a:a + step, :w] = np.maximum(counts[node[a:a + step], slot[a:a + step], :w], 0.0)
+        if self._thr is None:
+            self._thr = np.full((self.R, max(self.width - 1, 0)), np.inf)
+        st = None if stats is None else stats.reshape(counts.shape[0] * m, nb, -1)
+        if st is not None and self._hist is None:  # the first round carrying statistics
+            self._hist = np.zeros((self.R, self.width, st.shape[2]))
+            idle = np.flatnonzero(~self.active)  # no grid: every row in the first bin
+            where = place[idle // m] * m + idle % m
+            asked = where >= 0
+            self._hist[idle[asked], 0] = st[where[asked], :w].sum(axis=1)
         if self._parent is not None and self._prev is not None:
-            self.unsplit[pend] = self._unsplit(got, self._parent, self._prev)[pend]
-        self.counts[pend] = got[pend]
+            self.unsplit = self._unsplit(got, self._parent, self._prev)
+        else:  # the first round
+            self.unsplit = np.zeros(got.shape, dtype=np.int8)
+        self.counts = got
         self._parent = self._prev = None
-        if self.rounds >= self.max_rounds:
-            self.pending = np.zeros(R, dtype=bool)
-            return
-        self._plan_refinement()
+        plan = self._plan_refinement() if self.rounds < self.max_rounds else None
+        refine = plan[0] if plan is not None else np.zeros(self.work.size, dtype=bool)
+        self._finish(np.flatnonzero(~refine), st, at, w)
+        if plan is None:
+            self.work = self.work[:0]
+            self.edges = np.full((0, 1), np.inf)
+        else:
+            self.work = self.work[refine]
+            self.edges, self._parent, self._prev = plan[1], plan[2], plan[3]
+        self.counts = np.zeros((0, 0))
+        self.unsplit = np.zeros((0, 0), dtype=np.int8)
 
-    def _unsplit(self, got: np.ndarray, parent: np.ndarray,
+    @staticmethod
+    def _unsplit(got: np.ndarray, parent: np.ndarray,
                  prev: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
         """Per new cell: how many refinements in a row left its mass in one cell
         (``parent``: its cell in the previous grid; ``prev``: that grid's counts, unsplit
         counts and heavy cells)."""
         prev_counts, prev_unsplit, prev_heavy = prev
-        rows = np.arange(self.R)[:, None]
+        rows = np.arange(got.shape[0])[:, None]
         p = np.maximum(parent, 0)
         whole = (parent >= 0) & prev_heavy[rows, p] & (got > 0) & (got == prev_counts[rows, p])
         out: np.ndarray = np.where(whole, prev_unsplit[rows, p] + 1, 0).astype(np.int8)
         return out
 
-    def _plan_refinement(self) -> None:
-        R = self.R
+    def _plan_refinement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                        tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """The next grid of the rows of :attr:`work` with a heavy cell: which rows, their
+        edges, per new cell its cell in the current grid, and the current grid's counts,
+        unsplit counts and heavy cells of those rows; None where no row is refined."""
+        R = self.work.size
+        if R == 0:
+            return None
+        lo, hi, bnu = self.lo[self.work], self.hi[self.work], self.bnu[self.work]
         total = self.counts.sum(axis=1)
-        left, right = self._cells()
-        share = np.full(self.counts.shape, HEAVY_MASS)
-        share[:, 0] = HEAVY_MASS - 1.0  # the box's end cells
-        share[np.arange(R), np.isfinite(self.edges).sum(axis=1)] = HEAVY_MASS - 1.0
-        limit = np.maximum(share * (total / self.bnu)[:, None], MIN_HEAVY_ROWS)
-        heavy = ((self.counts > limit) & (right - left > self.atom_floor[:, None])
-                 & (self.unsplit < ATOM_RUNS) & self.pending[:, None])
+        heavy = self._heavy(total, lo, hi, bnu)
         n_heavy = heavy.sum(axis=1)
         refine = n_heavy > 0
         if not refine.any():
-            self.pending = np.zeros(R, dtype=bool)
-            return
+            return None
+        hr, hc = np.nonzero(heavy)
+        count = self.counts[hr, hc]
+        unsplit = self.unsplit[hr, hc]
         # sub-cells: about half an equal-mass cell each, many for a suspected atom, never
         # more than the rows allow (r per cell) nor a budget of 4 B new edges per row (a cell that
         # kept its whole mass adds geometric ones besides, see below)
         r = max(self.r, 1)
-        want = np.ceil(2.0 * self.counts * self.bnu[:, None] / np.maximum(total, 1.0)[:, None])
+        want = np.ceil(2.0 * count * bnu[hr] / np.maximum(total, 1.0)[hr])
         sub = np.clip(want, 2, MAX_SUB).astype(np.int64)
-        sub = np.where(self.unsplit >= 1, MAX_SUB, sub)
+        sub = np.where(unsplit >= 1, MAX_SUB, sub)
         if self.rounds + 1 >= self.max_rounds:  # the last round: no later one mends a cell
             sub[:] = MAX_SUB                    # whose rows sit at one end
-        sub = np.minimum(sub, np.maximum(2, (self.counts // r).astype(np.int64)))
+        sub = np.minimum(sub, np.maximum(2, (count // r).astype(np.int64)))
         budget = np.maximum(2, (4 * self.B) // np.maximum(n_heavy, 1))
-        sub = np.minimum(sub, budget[:, None])
-        hr, hc = np.nonzero(heavy)
+        n_sub = np.minimum(sub, budget[hr])
         # a cell whose mass stayed whole in one sub-cell holds a cluster narrower than the
         # sub-cells (or an atom): besides its equal steps, up to MAX_SUB / 2 edges at
         # geometric steps from both ends (down to 2^-40 of its width; from what the budget
         # leaves, or 2 B more per row), which cut a cluster beside one end at any scale in
         # one round (data beside a far value, the box's end at the data's minimum or maximum)
-        n_sub = sub[hr, hc]
         room = np.maximum(budget[hr] - n_sub, (2 * self.B) // np.maximum(n_heavy[hr], 1))
-        geo = np.where(self.unsplit[hr, hc] >= 1, np.clip(room // 2, 0, MAX_SUB // 4), 0)
-        n_eq = n_sub
-        rr_eq, k_eq = _steps(hr, n_eq - 1)
-        rr_geo, k_geo = _steps(hr, geo)
-        cell_eq, cell_geo = np.repeat(np.arange(hr.size), n_eq - 1), np.repeat(
-            np.arange(hr.size), geo)
-        lw, rw = left[hr, hc], right[hr, hc]
-        w = rw - lw
-        # the first half of the steps of ratio 1/4 (fine cells near the end), the rest
-        # steeper, down to 2^-40 of the width
-        g = geo[cell_geo].astype(np.float64)
-        half = np.ceil(g / 2.0)
-        steep = np.maximum(2.0, (40.0 - 2.0 * half) / np.maximum(g - half, 1.0))
-        frac = np.exp2(-2.0 * np.minimum(k_geo, half) - steep * np.maximum(k_geo - half, 0))
-        rr = np.concatenate([rr_eq, rr_geo, rr_geo])
-        new_vals = np.concatenate([
-            lw[cell_eq] + w[cell_eq] * k_eq / n_eq[cell_eq],
-            lw[cell_geo] + w[cell_geo] * frac, rw[cell_geo] - w[cell_geo] * frac])
+        geo = np.where(unsplit >= 1, np.clip(room // 2, 0, MAX_SUB // 4), 0)
+        lw, rw = cell_ends_at(self.edges, lo, hi, hr, hc)
+        rr, new_vals = sub_cell_edges(hr, lw, rw, n_sub, geo)
         old_r, old_c = np.nonzero(np.isfinite(self.edges) & refine[:, None])
         rows = np.concatenate([old_r, rr])
         vals = np.concatenate([self.edges[old_r, old_c], new_vals])
         is_old = np.concatenate([np.ones(old_r.size, dtype=bool), np.zeros(rr.size, dtype=bool)])
-        inside = (vals > self.lo[rows]) & (vals < self.hi[rows])
+        inside = (vals > lo[rows]) & (vals < hi[rows])
         rows, vals, is_old = rows[inside], vals[inside], is_old[inside]
         order = np.lexsort((~is_old, vals, rows))  # an old edge first among equal values
         rows, vals, is_old = rows[order], vals[order], is_old[order]
@@ -335,126 +374,131 @@ class SecureCdfPlanner:
         if (refine & ~gained).any():
             refine = refine & gained
             if not refine.any():
-                self.pending = np.zeros(R, dtype=bool)
-                return
+                return None
             mine = refine[rows]
             rows, vals, is_old = rows[mine], vals[mine], is_old[mine]
-        cnt = np.bincount(rows, minlength=R)
+        ref = np.flatnonzero(refine)
+        rows = (np.cumsum(refine) - 1)[rows]  # rows of ``ref``
+        cnt = np.bincount(rows, minlength=ref.size)
         start = np.cumsum(cnt) - cnt
         col = np.arange(rows.size) - start[rows]
-        W = self.edges.shape[1]
-        width = max(int(cnt.max()), W, 1)
-        edges = np.full((R, width), np.inf)
-        edges[:, :W] = self.edges
-        edges[refine] = np.inf
+        width = max(int(cnt.max()), 1)
+        edges = np.full((ref.size, width), np.inf)
         edges[rows, col] = vals
         # the previous cell of every new cell: old edges at or before its left end
-        olds = np.zeros((R, width), dtype=np.int64)
+        olds = np.zeros((ref.size, width), dtype=np.int64)
         olds[rows, col] = is_old
-        parent = np.full((R, width + 1), -1, dtype=np.int64)
+        parent = np.full((ref.size, width + 1), -1, dtype=np.int64)
         parent[:, 0] = 0
         parent[:, 1:] = np.cumsum(olds, axis=1)
-        n_new = np.isfinite(edges).sum(axis=1)
-        parent[np.arange(width + 1)[None, :] > n_new[:, None]] = -1
-        parent[~refine] = -1
-        self._prev = (self.counts, self.unsplit, heavy)
-        self._parent = parent
-        self.edges = edges
-        self.counts = np.zeros((R, width + 1))
-        self.counts[~refine, : W + 1] = self._prev[0][~refine]
-        unsplit = np.zeros((R, width + 1), dtype=np.int8)
-        unsplit[~refine, : W + 1] = self._prev[1][~refine]
-        self.unsplit = unsplit
-        if self.stats is not None:
-            stats = np.zeros((R, width + 1, self.stats.shape[2]))
-            stats[~refine, : W + 1] = self.stats[~refine]
-            self.stats = stats
-        self.pending = refine
+        parent[np.arange(width + 1)[None, :] > cnt[:, None]] = -1
+        return refine, edges, parent, (self.counts[ref], self.unsplit[ref], heavy[ref])
+
+    def _heavy(self, total: np.ndarray, lo: np.ndarray, hi: np.ndarray, bnu: np.ndarray
+               ) -> np.ndarray:
+        """The heavy cells (R', W + 1) of the rows of :attr:`work` (``total`` their pooled rows,
+        ``lo``, ``hi``, ``bnu`` theirs), a run of rows at a time."""
+        heavy = np.empty(self.counts.shape, dtype=bool)
+        step = max(1, CHUNK_ENTRIES // self.counts.shape[1])
+        for a in range(0, self.work.size, step):
+            at = slice(a, a + step)
+            counts, edges = self.counts[at], self.edges[at]
+            left, right = cell_ends(edges, lo[at], hi[at])
+            share = np.full(counts.shape, HEAVY_MASS)
+            share[:, 0] = HEAVY_MASS - 1.0  # the box's end cells
+            share[np.arange(counts.shape[0]), np.isfinite(edges).sum(axis=1)] = HEAVY_MASS - 1.0
+            limit = np.maximum(share * (total[at] / bnu[at])[:, None], MIN_HEAVY_ROWS)
+            heavy[at] = ((counts > limit)
+                         & (right - left > self.atom_floor[self.work[at]][:, None])
+                         & (self.unsplit[at] < ATOM_RUNS))
+        return heavy
+
+    # ------------------------------------------------------------------ final rows
+    def _finish(self, done: np.ndarray, st: np.ndarray | None, at: np.ndarray, w: int) -> None:
+        """Candidates, bins' statistics, atoms and kept cells of the rows ``done`` (of
+        :attr:`work`), whose grids are final: a run of rows at a time. ``st`` the round's
+        statistics per asked (node, slot) row, ``at`` the place of each row of ``work`` in
+        it, ``w`` the cells it has of each grid."""
+        W = self.edges.shape[1]
+        S = st.shape[2] if st is not None else 1
+        step = max(1, CHUNK_ENTRIES // ((W + 1) * S))
+        for a in range(0, done.size, step):
+            q = done[a:a + step]
+            rows = self.work[q]
+            edges, counts = self.edges[q], self.counts[q]
+            ar, ac = np.nonzero(self.unsplit[q] >= ATOM_RUNS)
+            if ar.size:  # cells found to hold a single value
+                left, right = cell_ends(edges[ar], self.lo[rows[ar]], self.hi[rows[ar]])
+                i = np.arange(ar.size)
+                self._atoms.append((self.fr[rows[ar]], right[i, ac] - left[i, ac]))
+            keep = self._keep[rows]
+            if keep.any():
+                self._kept.append((rows[keep], edges[keep], counts[keep]))
+            total = counts.sum(axis=1)
+            ok = np.flatnonzero((total > 0) & (self.bnu[rows] >= 2)
+                                & np.isfinite(edges).any(axis=1))
+            pick = grid_picks(ok, counts, total, edges, self.bnu[rows], self.width)
+            if ok.size and self._thr is not None:
+                padded = np.concatenate([edges[ok], np.full((ok.size, 1), np.inf)], axis=1)
+                self._thr[rows[ok]] = np.take_along_axis(padded, np.minimum(pick, W), axis=1)
+            if st is None or self._hist is None:
+                continue
+            if st.shape[1] == W + 1:
+                cells = st[at[q]]
+            else:
+                cells = np.zeros((q.size, W + 1, S))
+                cells[:, :w] = st[at[q], :w]
+            self._hist[rows, 0] = cells.sum(axis=1)  # no candidate: every row in the first bin
+            if ok.size:
+                B = self.width
+                cum = np.cumsum(cells[ok], axis=1)  # through cell i (the cells' own are kept)
+                left_of = cum[np.arange(ok.size)[:, None], pick]  # (R', B - 1, S)
+                part = np.empty((ok.size, B, S))
+                part[:, 0] = left_of[:, 0]
+                part[:, 1:B - 1] = np.diff(left_of, axis=1)
+                part[:, B - 1] = cum[:, -1] - left_of[:, -1]
+                self._hist[rows[ok]] = part
 
     # ------------------------------------------------------------------ results
     def atoms(self) -> tuple[np.ndarray, np.ndarray]:
-        """Features and widths of the cells found to hold a single value (unsplit twice)."""
-        left, right = self._cells()
-        r, c = np.nonzero((self.unsplit >= ATOM_RUNS) & self.active[:, None])
-        return self.fr[r], (right - left)[r, c]
+        """Features and widths of the cells found to hold a single value (whole through
+        :data:`ATOM_RUNS` refinements)."""
+        if not self._atoms:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return (np.concatenate([f for f, _ in self._atoms]),
+                np.concatenate([wd for _, wd in self._atoms]))
 
-    def _picks(self) -> tuple[np.ndarray, np.ndarray]:
-        """Rows with candidates and, per row, the chosen edges' indices (sorted, ``W`` where
-        none): for b = 1 .. B_nu - 1 the edge whose pooled CDF is nearest to b / B_nu.
-        Computed once per state of the grid (candidates and histogram both ask)."""
-        if self._picked is None:
-            self._picked = self._pick()
-        return self._picked
+    def final_cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows (of the E x m, ascending) of ``keep_cells`` whose grid is final, their
+        edges (+inf padded) and pooled counts per cell (zero padded)."""
+        if not self._kept:
+            return np.zeros(0, dtype=np.int64), np.full((0, 1), np.inf), np.zeros((0, 2))
+        rows = np.concatenate([r for r, _, _ in self._kept])
+        width = max(e.shape[1] for _, e, _ in self._kept)
+        edges = np.full((rows.size, width), np.inf)
+        counts = np.zeros((rows.size, width + 1))
+        a = 0
+        for _, e, c in self._kept:
+            edges[a:a + e.shape[0], :e.shape[1]] = e
+            counts[a:a + c.shape[0], :c.shape[1]] = c
+            a += e.shape[0]
+        order = np.argsort(rows, kind="stable")
+        return rows[order], edges[order], counts[order]
 
-    def _pick(self) -> tuple[np.ndarray, np.ndarray]:
-        B = self.width  # every b >= B_nu is padding: b < B' covers a row's candidates
-        W = self.edges.shape[1]
-        total = self.counts.sum(axis=1)
-        ok = self.active & (total > 0) & (self.bnu >= 2) & np.isfinite(self.edges).any(axis=1)
-        rows = np.flatnonzero(ok)
-        if rows.size == 0:
-            return rows, np.zeros((0, max(B - 1, 0)), dtype=np.int64)
-        if _kernels.KERNELS is not None and B >= 2:  # the same picks, row by row
-            pick = np.empty((rows.size, B - 1), dtype=np.int64)
-            _kernels.KERNELS.grid_picks(rows.astype(np.int64),
-                                        _kernels.f64(self.counts),
-                                        _kernels.f64(total),
-                                        _kernels.f64(self.edges),
-                                        _kernels.i64(self.bnu), pick,
-                                        B, W)
-            return rows, pick
-        cum = np.cumsum(self.counts[rows], axis=1)[:, :W] / total[rows, None]
-        fin = np.isfinite(self.edges[rows])
-        cum = np.where(fin, cum, 3.0)  # padding edges are never the nearest
-        b = np.arange(1, B)
-        u = b[None, :] / self.bnu[rows, None]
-        valid = b[None, :] < self.bnu[rows, None]
-        offs = 4.0 * np.arange(rows.size)[:, None]
-        i = np.searchsorted((cum + offs).ravel(), (u + offs).ravel(), side="left")
-        i = i.reshape(u.shape) - np.arange(rows.size)[:, None] * W
-        hi_i = np.clip(i, 0, W - 1)
-        lo_i = np.clip(i - 1, 0, W - 1)
-        d_hi = np.abs(np.take_along_axis(cum, hi_i, axis=1) - u)
-        d_lo = np.abs(np.take_along_axis(cum, lo_i, axis=1) - u)
-        pick = np.where(d_lo <= d_hi, lo_i, hi_i)
-        pick = np.where(valid, pick, W)
-        pick.sort(axis=1)
-        dup = np.zeros(pick.shape, dtype=bool)
-        dup[:, 1:] = pick[:, 1:] == pick[:, :-1]
-        pick[dup] = W
-        pick.sort(axis=1)
-        return rows, pick
+    @property
+    def carries_stats(self) -> bool:
+        """Whether the rounds carried the cells' statistics (:meth:`histogram` holds them)."""
+        return self._hist is not None
 
     def candidates(self) -> np.ndarray:
         """Thresholds (E, m, B' - 1) (:attr:`width`): the chosen cell edges, sorted and +inf
-        padded."""
-        R, B = self.R, self.width
-        out = np.full((R, max(B - 1, 0)), np.inf)
-        rows, pick = self._picks()
-        if rows.size:
-            W = self.edges.shape[1]
-            padded = np.concatenate([self.edges[rows], np.full((rows.size, 1), np.inf)], axis=1)
-            out[rows] = np.take_along_axis(padded, np.minimum(pick, W), axis=1)
-        return out.reshape(self.shape + (max(B - 1, 0),))
+        padded (none for a row whose grid is not final)."""
+        shape = self.shape + (max(self.width - 1, 0),)
+        return np.full(shape, np.inf) if self._thr is None else self._thr.reshape(shape)
 
     def histogram(self) -> np.ndarray:
         """Statistics (E, m, B', S) (:attr:`width`) of the bins between the candidates (bin b
-        holds t_{b-1} < x <= t_b), summed from the cells' statistics (which this spends: call
-        it once, after the last round)."""
-        if self.stats is None:
+        holds t_{b-1} < x <= t_b), summed from the final cells' statistics."""
+        if self._hist is None:
             raise ValueError("the grid rounds carried counts only")
-        R, B = self.R, self.width
-        S = self.stats.shape[2]
-        out = np.zeros((R, B, S))
-        out[:, 0] = self.stats.sum(axis=1)  # no candidate: every row in the first bin
-        rows, pick = self._picks()
-        if rows.size:
-            cum = np.cumsum(self.stats, axis=1)  # through cell i (the cells' own are kept)
-            self.stats = None  # spent
-            at = cum[rows[:, None], pick]  # (R', B - 1, S): everything left of each candidate
-            part = out[rows]
-            part[:, 0] = at[:, 0]
-            part[:, 1:B - 1] = np.diff(at, axis=1)
-            part[:, B - 1] = cum[rows, -1] - at[:, -1]
-            out[rows] = part
-        return out.reshape(self.shape + (B, S))
+        return self._hist.reshape(self.shape + self._hist.shape[1:])

@@ -64,10 +64,16 @@ def candidate_valid(hist: np.ndarray, thresholds: np.ndarray, missing: bool, tas
     return np.concatenate([fin, fin & has, present & has], axis=-1)
 
 
+#: :func:`best_numeric` scores runs of nodes of at most this many histogram entries at a
+#: time: the temporaries of a wide level (many nodes, features and bins) stay a few MB
+SCORE_ENTRIES = 1 << 19
+
+
 def best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,
                  task: str, criterion: str, min_leaf: float, missing: bool = False
                  ) -> tuple[np.ndarray, ...]:
-    """Best (slot, threshold index) per node from per-bin histograms.
+    """Best (slot, threshold index) per node from per-bin histograms, a run of nodes at a
+    time (a node's result does not depend on the others).
 
     Parameters
     ----------
@@ -83,6 +89,19 @@ def best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarra
     split at +inf: ``Bt``), left stats (E, S), missing_left (E,) bool: where the missing rows
     go (with none at the node, the child with more rows, as scikit-learn)
     """
+    step = max(1, SCORE_ENTRIES // max(int(np.prod(hist.shape[1:])), 1))
+    if hist.shape[0] <= step:
+        return _best_numeric(hist, thresholds, valid_slot, task, criterion, min_leaf, missing)
+    parts = [_best_numeric(hist[a:a + step], thresholds[a:a + step], valid_slot[a:a + step],
+                           task, criterion, min_leaf, missing)
+             for a in range(0, hist.shape[0], step)]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0])))
+
+
+def _best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,
+                  task: str, criterion: str, min_leaf: float, missing: bool
+                  ) -> tuple[np.ndarray, ...]:
+    """:func:`best_numeric` of one run of nodes."""
     E, m = hist.shape[:2]
     S = hist.shape[-1]
     bt = thresholds.shape[2]

@@ -268,3 +268,76 @@ def test_features_near_the_float_maximum_grow_the_same_trees_without_overflow() 
     ours = [w for w in seen if "fedforest_secure" in w.filename]
     assert not ours, [(w.filename, w.lineno, str(w.message)) for w in ours]
     assert score > 0.95
+
+
+def _wide_level_peak(E: int, m: int, n: int, B: int) -> tuple[int, list[tuple[int, ...]], int]:
+    """One level of E nodes x m feature slots through the secure sketch's grid rounds (with
+    the bins' statistics, as a fused level asks them), answered with the true sums of each
+    node's ``n`` rows; three nodes' first feature sits deep inside a box a million times
+    wider than its data, so their grids are refined in every round. Returns the most memory
+    held during the rounds (tracemalloc), the shapes of the rounds' sums and the bytes of
+    the first round's."""
+    import tracemalloc
+
+    from fedforest_secure._candidates import CandidateQuery, Quantiles
+    from fedforest_secure._planner import LevelContext
+    from fedforest_secure._release import ReleasePolicy
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(E, n, m))
+    y = X[:, :, 0] + rng.normal(size=(E, n))
+    cfg = JobConfig(job_id="w", task="regression", n_features=m, n_clients=1,
+                    feature_bounds=((-1e6, 1e6),) * m, target_bound=float(np.abs(y).max()) + 1,
+                    n_bins=B, profile=load_profile("secure").to_dict())
+    method = Quantiles(cfg, ReleasePolicy(cfg))
+    box_lo, box_hi = np.full((E, m), -6.0), np.full((E, m), 6.0)
+    box_lo[:3, 0], box_hi[:3, 0] = -1e6, 1e6
+    feats = np.tile(np.arange(m), (E, 1))
+    ctx = LevelContext(level=1, feats=feats, totals=np.zeros((E, 2)), n=np.full(E, float(n)),
+                       is_cat=np.zeros(m, dtype=bool), box_lo=box_lo, box_hi=box_hi, lohi=None)
+    query = CandidateQuery(ctx, np.arange(E), np.arange(E), feats, {})
+
+    def ask(kind: TaskKind, level: int, params: dict[str, Any], arrays: dict[str, np.ndarray],
+            layout: tuple[Any, ...], disclose: tuple[str, ...] = ()) -> Any:
+        return arrays, layout
+
+    shapes: list[tuple[int, ...]] = []
+    first = 0
+    tracemalloc.start()
+    try:
+        rounds = method.grid_evaluation(query, ask)
+        task = next(rounds)
+        while True:
+            arrays, (block,) = task
+            nodes, fs, thr = arrays["nodes"], arrays["features"], arrays["thresholds"]
+            sums = np.zeros(block.shape)
+            for i, s in zip(*np.nonzero(fs >= 0), strict=True):
+                b = np.searchsorted(thr[i, s], X[nodes[i], :, fs[i, s]], side="left")
+                sums[i, s, :, 0] = np.bincount(b, minlength=sums.shape[2])
+                sums[i, s, :, 1] = np.bincount(b, weights=y[nodes[i]], minlength=sums.shape[2])
+            shapes.append(sums.shape)
+            if len(shapes) == 1:
+                first = sums.nbytes
+            try:
+                task = rounds.send(({"hist": sums}, {}))
+            except StopIteration:
+                break
+            del sums
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, shapes, first
+
+
+def test_a_wide_level_with_a_few_refined_grids_holds_about_its_first_round() -> None:
+    """A level's memory follows its first round's sums, not (every node x feature slot) x the
+    widest refined grid: the grid rounds of 1,000 nodes x 10 slots, three of whose grids are
+    refined to four times the first grid's cells, hold under 6 x the first round's sums
+    (the sums, the working counts, the grids, the candidates and bins' statistics, runs of
+    temporaries: about 4 x). Every row padded to the widest grid would hold about 34 x (on
+    a madelon level of 458 nodes x 166 slots, 1.9 GB)."""
+    peak, shapes, first = _wide_level_peak(E=1000, m=10, n=150, B=16)
+    assert shapes[0][:2] == (1000, 10)
+    assert len(shapes) >= 3 and all(s[0] == 3 for s in shapes[1:])  # refined rows' nodes only
+    assert shapes[-1][2] >= 3 * shapes[0][2]  # padding to it: >= 3 x per copy of the sums
+    assert peak < 6 * first, (peak / first, shapes)

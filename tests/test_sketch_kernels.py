@@ -277,8 +277,9 @@ def test_the_secure_sketch_candidates_are_the_same_with_and_without_the_compiled
         counts[0, 0] = 0.0
         counts[1, 0, 2] = 500.0
         counts[2, 0] = 1.0
-        plan.receive(counts)
-        return plan.candidates(), *plan._picks()
+        sums = np.stack([counts, rng.normal(size=counts.shape)], axis=-1)  # (n, sum y)
+        plan.receive(counts, sums)
+        return plan.candidates(), plan.histogram()
 
     state = rng.bit_generator.state
     compiled = picks()

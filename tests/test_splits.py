@@ -1,12 +1,14 @@
-"""Tests for fedforest_secure._splits: which candidate splits exist."""
+"""Tests for fedforest_secure._splits: which candidate splits exist, the best ones."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from fedforest_secure import FedForestRegressor
-from fedforest_secure._splits import best_grouping, candidate_valid
+from fedforest_secure import FedForestRegressor, _splits
+from fedforest_secure._splits import best_grouping, best_numeric, candidate_valid
 
 
 def test_present_vs_missing_exists_where_the_present_values_are_all_equal() -> None:
@@ -57,3 +59,54 @@ def test_multiclass_groups_are_ordered_by_the_majority_class_share() -> None:
                    dtype=float)
     _, left, _ = best_grouping(cls, "classification", "gini", 1)
     assert left in ([0, 1, 5], [2, 3, 4])
+
+
+def _wide_histogram(E: int, m: int, bt: int, task: str, missing: bool, seed: int = 0
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-bin statistics (E, m, bt + 1 (+1), S) with integer counts, thresholds (some +inf)
+    and slots that hold a numeric feature."""
+    rng = np.random.default_rng(seed)
+    nb = bt + 1 + int(missing)
+    if task == "regression":
+        hist = np.stack([rng.integers(0, 12, size=(E, m, nb)).astype(float),
+                         rng.normal(size=(E, m, nb))], axis=-1)
+    else:
+        hist = rng.integers(0, 6, size=(E, m, nb, 3)).astype(float)
+    thr = np.sort(rng.normal(size=(E, m, bt)), axis=2)
+    thr[rng.random((E, m, bt)) < 0.1] = np.inf
+    thr.sort(axis=2)
+    return hist, thr, rng.random((E, m)) < 0.9
+
+
+@pytest.mark.parametrize("task,criterion", [("regression", "mse"),
+                                            ("classification", "gini"),
+                                            ("classification", "entropy")])
+@pytest.mark.parametrize("missing", [False, True])
+def test_best_numeric_scores_runs_of_nodes_as_one_level(monkeypatch: pytest.MonkeyPatch,
+                                                        task: str, criterion: str,
+                                                        missing: bool) -> None:
+    """A level scored a few nodes at a time gives every node the same split, gain and left
+    statistics, to the bit, as the level scored at once."""
+    hist, thr, valid = _wide_histogram(37, 5, 7, task, missing)
+    whole = best_numeric(hist, thr, valid, task, criterion, 3, missing)
+    monkeypatch.setattr(_splits, "SCORE_ENTRIES", 2 * hist[0].size + 1)  # runs of 2 nodes
+    runs = best_numeric(hist, thr, valid, task, criterion, 3, missing)
+    assert len(runs) == len(whole) == 5
+    for a, b in zip(whole, runs, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    assert np.isfinite(whole[0]).sum() > 30  # splits were found
+
+
+def test_a_wide_level_is_scored_within_its_histograms_size() -> None:
+    """Scoring a level of 1,000 nodes x 60 slots x 32 bins (a 30 MB histogram) holds less
+    than the histogram's size besides it (about half: runs of nodes); every candidate's left
+    and right statistics and gains of the whole level at once would take about 3.6 x."""
+    hist, thr, valid = _wide_histogram(1000, 60, 31, "regression", False)
+    tracemalloc.start()
+    try:
+        best_numeric(hist, thr, valid, "regression", "mse", 5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < hist.nbytes, peak / hist.nbytes
