@@ -341,3 +341,29 @@ def test_a_wide_level_with_a_few_refined_grids_holds_about_its_first_round() -> 
     assert len(shapes) >= 3 and all(s[0] == 3 for s in shapes[1:])  # refined rows' nodes only
     assert shapes[-1][2] >= 3 * shapes[0][2]  # padding to it: >= 3 x per copy of the sums
     assert peak < 6 * first, (peak / first, shapes)
+
+
+def test_small_row_chunks_grow_the_same_secure_forest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secure sketch walks a level's (node, slot) rows a chunk at a time (its memory):
+    chunks of a few entries, splitting levels and refined grids across many chunks, grow the
+    same forest, round for round, as the default chunks."""
+    X = _outlier_data(3, 0.2, n=900)
+    rng = np.random.default_rng(3)
+    y = X[:, 0] + rng.normal(size=X.shape[0])
+    K = 3
+    bounds = tuple((float(a) - 1.0, float(b) + 1.0)
+                   for a, b in zip(X.min(0), X.max(0), strict=True))
+    cfg = JobConfig(job_id="c", task="regression", n_features=3, n_clients=K,
+                    feature_bounds=bounds, target_bound=float(np.abs(y).max()), n_estimators=3,
+                    max_depth=4, min_samples_leaf=5, max_features=2, n_bins=16,
+                    profile=load_profile("secure").to_dict())
+    parts = [(X[k::K], y[k::K]) for k in range(K)]
+
+    def fit() -> tuple[str, list[str]]:
+        recs: list[RoundRecord] = []
+        model = run_in_process(cfg, parts, on_round=recs.append)
+        return model.to_json(), [r.task.digest() for r in recs]
+
+    whole = fit()
+    monkeypatch.setattr(secure_cdf_mod, "CHUNK_ENTRIES", 7)
+    assert fit() == whole
