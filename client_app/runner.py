@@ -23,14 +23,12 @@ import hashlib
 import json
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedforest_secure import __version__
 from fedforest_secure.audit import GENESIS, write_receipt
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
@@ -49,6 +47,7 @@ from .context import (
     parse_as,
 )
 from .data import load_site_table, schema_sha256
+from .declines import check_server_version, decline, decline_alone, declining
 from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
@@ -94,7 +93,7 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         held_out = load_site_table(opts.eval_data, opts.schema) if opts.eval_data is not None \
             else None
     except SchemaError:
-        _decline_alone(opts, "table", log)
+        decline_alone(opts, "table", log)
         raise
     _check_outputs(opts)
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
@@ -162,18 +161,18 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         # and what it can still do, not an HTTP error
         return ClientResult(status="dropped", detail=dropped_detail(job, exc.detail, tr))
     info = parse_as(JoinResponse, offered, "job offer")
-    _check_server_version(tr, job, info.server_version, log)
+    check_server_version(tr, job, info.server_version, log)
     if pinned is not None:  # before anything else leaves the site
-        with _declining(tr, job, "profile", log):
+        with declining(tr, job, "profile", log):
             check_job_profile(pinned, info.config.get("profile"))
     else:
         log.warn("no --profile pinned: this site accepts the privacy profile the server "
                  "states for the job")
-        with _declining(tr, job, "profile", log):  # a valid one only
+        with declining(tr, job, "profile", log):  # a valid one only
             job_profile_settings(info.config.get("profile"))
     want = info.schema_sha256
     if want is not None and want != schema_sha256(opts.schema):
-        _decline(tr, job, "schema", log)
+        decline(tr, job, "schema", log)
         raise FedForestError("the local schema file differs from the job's schema; "
                              "get the federation's schema file")
     try:
@@ -183,7 +182,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     # from here on the job's profile is read as the pin check read it: a setting the server
     # left out is PrivacyProfile's default for every reader, not a weaker one of its own
     config = dataclasses.replace(config, profile=job_profile_settings(config.profile))
-    with _declining(tr, job, "job_config", log):
+    with declining(tr, job, "job_config", log):
         _check_job(config, opts, log)
     if opts.cert is not None and config.profile.get("secure_aggregation"):
         check_own_certificate(opts.cert, job)  # as every other site will check it
@@ -192,7 +191,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     worker = site_worker(config, k, train, held_out, state.root, sent=info.config,
                          evaluate_again=opts.evaluate_again)
     if isinstance(worker, LedgeredEvalWorker):  # answered an evaluation on these rows before
-        with _declining(tr, job, "evaluated_before", log):
+        with declining(tr, job, "evaluated_before", log):
             worker.check()
     table = None if train is None else _table_digest(*train)
     secure = bool(config.profile.get("secure_aggregation"))
@@ -406,20 +405,6 @@ def _check_outputs(opts: ClientOptions) -> None:
                                  f"{exc.strerror or exc}") from None
 
 
-def _check_server_version(tr: Transport, job: str, server: str | None, log: SiteLog) -> None:
-    """Decline a job whose server says it runs another version of fedforest-secure: a task's
-    question key, the secure-aggregation messages and the model file may differ between
-    versions. A server that does not say its version is let through (the round setup's check
-    of the question key still stops a job whose tasks this site reads otherwise)."""
-    if server is None or server == __version__:
-        return
-    _decline(tr, job, "version", log)
-    raise FedForestError(f"the server runs fedforest-secure {server[:64]!r} and this "
-                         f"site {__version__!r}: this site did not join job {job}. Run one "
-                         "version on the server and every site (fedforest --version), "
-                         "upgraded together between jobs")
-
-
 def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     """Refuse a job whose configuration disagrees with this site's own schema file (bounds
     included: they calibrate the DP noise) or with its pinned number of clients."""
@@ -430,43 +415,6 @@ def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     if opts.n_clients is None and config.profile.get("secure_aggregation"):
         log.warn(f"no --clients pinned: this site takes the server's word that the job has "
                  f"{config.n_clients} clients")
-
-
-def _decline(tr: Transport, job: str, reason: str, log: SiteLog) -> None:
-    """Tell the server why this site will not join ``job`` (a code; the message stays in the
-    site's log), so the operator sees it beside the member; best effort."""
-    try:
-        tr.post_json(f"/v1/jobs/{job}/decline", {"reason": reason})
-        log.warn(f"job {job}: the server was told this site declines it ({reason}); it waits "
-                 "for this site until it joins")
-    except (FedForestError, OSError, ValueError) as exc:
-        log.info(f"job {job}: the server was not told this site declines it: {exc}")
-
-
-@contextlib.contextmanager
-def _declining(tr: Transport, job: str, reason: str, log: SiteLog) -> Iterator[None]:
-    """A check whose failure (a :class:`FedForestError`) this site declines the job for."""
-    try:
-        yield
-    except FedForestError:
-        _decline(tr, job, reason, log)
-        raise
-
-
-def _decline_alone(opts: ClientOptions, reason: str, log: SiteLog | None) -> None:
-    """:func:`_decline` before the client's transport exists (its table failed to load)."""
-    if not opts.job:
-        return
-    try:
-        tr = Transport(opts.server, opts.token, opts.ca, opts.cert, opts.key,
-                       retry_budget_s=min(opts.retry_budget_s, 10.0),
-                       insecure_dev=opts.insecure_dev)
-    except (FedForestError, OSError, ValueError):
-        return
-    try:
-        _decline(tr, opts.job, reason, log or SiteLog())
-    finally:
-        tr.close()
 
 
 def _model_receipt(ctx: RunContext, model: bytes, headers: Any) -> None:
