@@ -60,6 +60,8 @@ def server(ctx: typer.Context,
             run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
     except FedForestError as exc:
         fail(exc)
+    except KeyboardInterrupt:  # Ctrl-C: the server stopped as on SIGTERM, and says so in its log
+        raise typer.Exit(130) from None
 
 
 def _existing(settings: ServerSettings) -> ServerSettings:

@@ -65,13 +65,15 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
     directory's ``fsync``): ``path`` survives a power loss once this returns."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    owned = True  # an interrupt from here on removes the temporary file, made or not yet
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
-    except OSError as exc:  # named by the file asked for, not the temporary one
-        raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
-                        + (f" (no directory {path.parent})" if not path.parent.is_dir()
-                           else "")) from None
-    try:
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+        except OSError as exc:  # named by the file asked for, not the temporary one
+            owned = False  # not made here (another's, if it exists)
+            raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
+                            + (f" (no directory {path.parent})" if not path.parent.is_dir()
+                               else "")) from None
         try:
             yield tmp
             fd = os.open(tmp, os.O_RDONLY)
@@ -85,8 +87,9 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
                 exc.filename = None
             raise cannot_write(exc, path) from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if owned:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
     if sync_dir:
         fsync_dir(path.parent)

@@ -51,7 +51,9 @@ def add_client(db: Database, name: str) -> str:
         raise TokenError("client names are 1-64 characters: letters, digits, '_', '.', '-'")
     token, token_id, secret = new_token()
     taken = TokenError(f"client {name!r} already exists (its token was shown once, when it was "
-                       f"added): `fedforest server rotate-token {name}` gives it a new one")
+                       f"added): `fedforest server rotate-token {name}` gives it a new one, and "
+                       "the old one stops working (a job the site is in then stops at its "
+                       "next request: rotate between its jobs)")
     with lost_race(db, select(ClientRow.id).where(ClientRow.name == name), taken), \
             db.session() as sess:
         if sess.scalar(select(ClientRow).where(ClientRow.name == name)) is not None:
@@ -92,7 +94,8 @@ def add_operator(db: Database, name: str) -> str:
     token, token_id, secret = new_token()
     taken = TokenError(f"operator {name!r} already exists (its token was shown once, when it "
                        f"was added): `fedforest server remove-operator {name}` then "
-                       f"`fedforest server add-operator {name}` give the name a new one")
+                       f"`fedforest server add-operator {name}` give the name a new one (the "
+                       "old one then stops working)")
     with lost_race(db, select(OperatorRow.id).where(OperatorRow.name == name), taken), \
             db.session() as sess:
         if sess.scalar(select(OperatorRow).where(OperatorRow.name == name)) is not None:

@@ -71,10 +71,13 @@ def _rival(url: str, act: Callable[[ServerAdmin], object]) -> Callable[[], None]
 #: what a second registration of hospital-a is told: how to get the name a new token
 EXISTS = {
     "add-client": ("client 'hospital-a' already exists (its token was shown once, when it was "
-                   "added): `fedforest server rotate-token hospital-a` gives it a new one"),
+                   "added): `fedforest server rotate-token hospital-a` gives it a new one, "
+                   "and the old one stops working (a job the site is in then stops at its "
+                   "next request: rotate between its jobs)"),
     "add-operator": ("operator 'hospital-a' already exists (its token was shown once, when it "
                      "was added): `fedforest server remove-operator hospital-a` then "
-                     "`fedforest server add-operator hospital-a` give the name a new one")}
+                     "`fedforest server add-operator hospital-a` give the name a new one (the "
+                     "old one then stops working)")}
 
 
 @pytest.mark.parametrize(("command", "table"), [("add-client", "clients"),

@@ -219,3 +219,30 @@ def test_a_finished_job_whose_statistics_cannot_be_written_is_still_finished(
     assert out.getvalue().split(" ", 2)[2] == (
         f"warning: job job-a ended (done); its statistics were not saved: cannot write "
         f"{tmp_path / 'stats.json'}: the disk is full (No space left on device)\n")
+
+
+def test_an_interrupt_just_as_the_temporary_file_is_made_leaves_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM/SIGHUP, which every command turns into one) landing just after the
+    temporary file beside the target was made, before its block began: the temporary file is
+    removed, the target is as it was."""
+    from fedforest_secure import files
+
+    target = tmp_path / "s.pem"
+    target.write_text("old")
+    real_close = os.close
+    calls: list[int] = []
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if not calls:
+            calls.append(fd)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.os, "close", close)
+    with pytest.raises(KeyboardInterrupt), files.replacing(target) as tmp:
+        tmp.write_text("new")
+    monkeypatch.undo()
+    assert calls
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.pem"]
+    assert target.read_text() == "old"

@@ -201,7 +201,9 @@ def test_a_client_whose_token_an_interrupt_lost_is_told_how_to_get_a_new_one(
     again = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
     assert (again.exit_code, again.output.strip()) == (
         2, "error: client 'hosp-b' already exists (its token was shown once, when it was "
-           "added): `fedforest server rotate-token hosp-b` gives it a new one")
+           "added): `fedforest server rotate-token hosp-b` gives it a new one, and the old "
+           "one stops working (a job the site is in then stops at its next request: rotate "
+           "between its jobs)")
 
 
 # ---------------------------------------------------------------------- Schema.dump

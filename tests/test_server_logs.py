@@ -194,3 +194,22 @@ def test_the_log_module_names_every_event_the_server_logs() -> None:
               for m in re.findall(r'event\("([a-z_]+)"', f.read_text())}
     listed = set(re.findall(r"``([a-z_]+)``", (logs.__doc__ or "").split("Values")[0]))
     assert logged <= listed, sorted(logged - listed)
+
+
+def test_ctrl_c_stops_the_server_as_sigterm_does_without_an_interrupted_line(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """Ctrl-C (SIGINT) on `fedforest server`: it shuts down as on SIGTERM (its log's last
+    line `event=shutdown`) and exits 130, without the "the command stopped before it
+    finished" line other commands end with."""
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3)
+    server = launch_server(fed)
+    try:
+        server.send_signal(signal.SIGINT)
+        code = server.wait(30)
+    finally:
+        stop(server)
+    log = (fed.root / "server.log").read_text()
+    assert code == 130, log
+    assert "event=shutdown" in log.splitlines()[-1], log
+    assert "stopped before it finished" not in log and "Traceback" not in log
