@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client_app import runner
+from client_app import declines, runner
 from client_app.log import SiteLog
 from client_app.runner import (
     ClientOptions,
@@ -222,6 +222,7 @@ def _no_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         raise AssertionError("a transport was opened")
 
     monkeypatch.setattr(runner, "Transport", no_transport)
+    monkeypatch.setattr(declines, "Transport", no_transport)  # a decline's own connection
     for name in ("d.csv", "s.toml"):  # there (their content is the stub's)
         (tmp_path / name).touch()
     return ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,

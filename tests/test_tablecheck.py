@@ -572,7 +572,9 @@ def test_the_client_refuses_a_table_of_several_sites_and_declines_the_job_as_tab
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(runner, "Transport", Recorder)
+    from client_app import declines
+
+    monkeypatch.setattr(declines, "Transport", Recorder)  # the decline's own connection
     opts = runner.ClientOptions(server="https://fedforest.example.org", token="t", job="job-t",
                                 data=path, schema=tmp_path / "s.toml", ca=None,
                                 state_dir=tmp_path / "state", quiet=True)
