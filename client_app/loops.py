@@ -28,6 +28,7 @@ from .context import (
 )
 from .evaluation import SiteWorker
 from .secagg_session import SecAggSession
+from .stop import raise_if_asked
 from .transport import ApiRejected, ServerUnreachable, Transport
 
 __all__ = ["LeftSecureJob", "leave_after_error", "replay", "run_open", "run_secure",
@@ -76,7 +77,11 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
     tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
-            secure_steps(ctx, session, sender)
+            try:
+                secure_steps(ctx, session, sender)
+            except Exception as exc:  # a stop wrapped in another error is the stop
+                raise_if_asked(exc)
+                raise
     except KeyboardInterrupt as exc:
         # stopped (Ctrl-C, SIGTERM): the round keys die with this process, so the open round
         # goes on without this site; the server learns it now, not at the step's deadline

@@ -106,20 +106,23 @@ def client(
     from client_app.context import ended
     from client_app.log import SiteLog
     from client_app.runner import ClientOptions, run_client
+    from client_app.stop import raise_if_asked
 
     log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
     # are Ctrl-C (FedforestGroup): the site leaves the job the same way
     try:
-        res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
-                                       schema=schema, ca=ca, cert=cert, key=key,
-                                       state_dir=state_dir, model_out=out, quiet=quiet,
-                                       retry_budget_s=retry_budget, profile=profile,
-                                       insecure_dev=insecure_dev, n_clients=clients,
-                                       eval_data=eval_data,
-                                       evaluate_again=evaluate_again), log)
-    except (FedForestError, ValueError, OSError) as exc:
-        fail(exc)
+        try:
+            res = run_client(ClientOptions(server=server, token=token, job=job, data=data,
+                                           schema=schema, ca=ca, cert=cert, key=key,
+                                           state_dir=state_dir, model_out=out, quiet=quiet,
+                                           retry_budget_s=retry_budget, profile=profile,
+                                           insecure_dev=insecure_dev, n_clients=clients,
+                                           eval_data=eval_data,
+                                           evaluate_again=evaluate_again), log)
+        except (FedForestError, ValueError, OSError) as exc:
+            raise_if_asked(exc)  # an error met while stopping is the stop
+            fail(exc)
     except KeyboardInterrupt as exc:
         how, code = how_stopped(exc)
         # stopped in the middle of a secure round, the site left the job: the secure loop

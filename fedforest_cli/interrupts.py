@@ -17,6 +17,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from client_app import stop
+
 from ._common import console
 
 __all__ = ["FedforestGroup", "Terminated", "how_stopped", "signals_as_interrupts",
@@ -33,8 +35,17 @@ class Terminated(KeyboardInterrupt):
 
 
 def terminated(signum: int, _frame: FrameType | None) -> None:
-    """The handler of SIGTERM and SIGHUP: :class:`Terminated`."""
-    raise Terminated(signum)
+    """The handler of SIGTERM and SIGHUP: :class:`Terminated` (recorded: :mod:`client_app.stop`)."""
+    raised = Terminated(signum)
+    stop.record(raised)
+    raise raised
+
+
+def interrupted(_signum: int, _frame: FrameType | None) -> None:
+    """The handler of SIGINT: ``KeyboardInterrupt``, as Python's own, recorded too."""
+    raised = KeyboardInterrupt()
+    stop.record(raised)
+    raise raised
 
 
 def how_stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
@@ -53,7 +64,9 @@ def signals_as_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    if kept[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, terminated)
     if kept[signal.SIGHUP] is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, terminated)
@@ -63,6 +76,7 @@ def signals_as_interrupts() -> Iterator[None]:
         for s, handler in kept.items():
             if handler is not None:  # None: a handler not set from Python, left as it is
                 signal.signal(s, handler)
+        stop.forget()
 
 
 class FedforestGroup(TyperGroup):

@@ -229,3 +229,27 @@ def test_a_schema_dump_interrupted_leaves_the_file_as_it_was(
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
     assert Schema.load(path) == schema
+
+
+def test_a_stop_that_surfaces_wrapped_in_another_error_is_taken_for_the_stop() -> None:
+    """A signal's interrupt met inside a library's own code (pydantic's JSON serializer turns
+    it into "Error serializing to JSON: KeyboardInterrupt") is still the stop: the handlers
+    record the interrupt they raise, and the client raises it in place of the error, so the
+    site leaves its secure round as stopped (not failed) and exits 143 (or 130, 129)."""
+    import signal as signals
+
+    from client_app import stop
+    from fedforest_cli.interrupts import Terminated, terminated
+
+    stop.forget()
+    try:
+        stop.raise_if_asked(ValueError("not while running"))  # nothing asked: nothing raised
+        with pytest.raises(Terminated) as raised:
+            terminated(signals.SIGTERM, None)
+        wrapped = ValueError("Error serializing to JSON: Terminated: 15")
+        with pytest.raises(Terminated) as again:
+            stop.raise_if_asked(wrapped)
+        assert again.value is raised.value and again.value.__cause__ is wrapped
+    finally:
+        stop.forget()
+    assert stop.asked() is None
