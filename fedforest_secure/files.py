@@ -15,16 +15,21 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "cannot_write", "fsync_dir", "os_error_text", "readable_by",
+__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "os_error_text", "readable_by",
            "replacing", "write_atomic"]
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+def disk_full(exc: OSError) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota on it) is full."""
+    return exc.errno in _FULL
+
+
 def _why(exc: OSError) -> str:
     said = exc.strerror or str(exc) or type(exc).__name__
-    if exc.errno in _FULL:
+    if disk_full(exc):
         return f"the disk is full ({said})"
     if exc.errno == errno.EFBIG:
         return f"the file would be larger than this process may write ({said})"

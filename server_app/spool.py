@@ -14,7 +14,6 @@ disk) raises :class:`SpoolError` and leaves no file: the upload is not counted, 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedforest_secure.files import fsync_dir, write_atomic
+from fedforest_secure.files import disk_full, fsync_dir, write_atomic
 
 from .logs import event
 from .phases import JobStatus
@@ -62,7 +61,7 @@ class Spool:
             write_atomic(path, data, sync_dir=True)
         except OSError as exc:
             cause = os.strerror(exc.errno) if exc.errno else str(exc)
-            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            full = disk_full(exc)
             if full:
                 cause = f"disk full ({cause})"
             todo = "free space on the spool's disk" if full else (
