@@ -5,6 +5,7 @@ databases on each backend (SQLite files; PostgreSQL in a throwaway cluster, mark
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,13 @@ from pg_cluster import Cluster, PostgresUnavailable
 from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
 from fedforest_secure import _kernels
 from fedforest_secure.pki import DevPKI, init_dev_pki
+
+# A run started in the background of a shell without job control (`pytest ... &` in a script)
+# inherits SIGINT ignored, and passes that on to every process the tests start: the tests of
+# Ctrl-C would see it do nothing. Such a run takes Python's own handler back, which the
+# processes it starts reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
