@@ -75,9 +75,15 @@ __all__ = ["SecAggSession", "check_own_certificate", "identity_key", "join_body"
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
-    """This site's Ed25519 identity for ``job``: loaded from the state dir, or made once."""
+    """This site's Ed25519 identity for ``job``: loaded from the state dir, or made once. A
+    key file that someone else may have written or can read is refused
+    (:meth:`ClientState.read_secret`), never used."""
     name = f"identity-{job}.ed25519"
-    seed = state.read_secret(name)
+    try:
+        seed = state.read_secret(name)
+    except FedForestError as exc:
+        raise FedForestError(f"{exc}. This client did not use the key (this site's identity "
+                             f"in job {job})") from None
     if seed is None:
         key = SigningKey.generate()
         state.write_secret(name, bytes(key))

@@ -15,8 +15,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "os_error_text", "readable_by",
-           "replacing", "write_atomic"]
+__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "open_in_place",
+           "os_error_text", "readable_by", "replacing", "write_atomic"]
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -39,8 +39,9 @@ def _why(exc: OSError) -> str:
 def cannot_write(exc: OSError, path: str | Path) -> OSError:
     """``exc`` (met writing ``path``) as the same kind of error, saying "cannot write
     <path>: <why>", why being "the disk is full" when it is. An error that already names its
-    file is returned as it is."""
-    if exc.filename is not None or (exc.strerror or "").startswith("cannot write "):
+    file ("cannot open <path>: ..." too) is returned as it is."""
+    if exc.filename is not None or (exc.strerror or "").startswith(("cannot write ",
+                                                                    "cannot open ")):
         return exc
     return type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}")
 
@@ -100,6 +101,36 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
         fsync_dir(path.parent)
 
 
+def open_in_place(path: str | Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open(path, flags, mode)`` of a file that is written where it lies (a lock, a log
+    appended to), never through another name: a symbolic link is not followed
+    (``O_NOFOLLOW``), and a file that is not a regular one or has another name too (a hard
+    link) is refused. Otherwise whoever could put a link in its directory would have this
+    process truncate or append to any file its user can write. A refusal is an
+    :class:`OSError` saying "cannot open <path>: ..." and what to do."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise OSError(exc.errno, f"cannot open {path}: it is a symbolic link, which this "
+                          "file is never opened through (a link someone else put there would "
+                          "send the writes to another file of this user's): put the file "
+                          "itself in its place, or remove the link; and keep the directory "
+                          "writable by its owner only") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        why = ("it is not a regular file: remove it" if not stat.S_ISREG(st.st_mode) else
+               f"it has {st.st_nlink} names (hard links), and a write here would change the "
+               f"file of every name: give it one of its own (cp -p {path} {path}.copy && "
+               f"mv {path}.copy {path})")
+        raise OSError(errno.EPERM, f"cannot open {path}: {why}; and keep the directory "
+                      "writable by its owner only")
+    os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from holding up the open
+    return fd
+
+
 def readable_by(path: str | Path) -> tuple[str, int] | None:
     """``("others", mode)`` if users other than the owner and its group may read ``path``,
     ``("group", mode)`` if its group may, else None (and on systems without POSIX modes): for
@@ -148,7 +179,8 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
     its own; with ``drop_torn`` (JSON lines) it takes the torn line's place unless that line
     is whole JSON (cut just before its newline): a record cut short holds nothing, as if the
     writer had died before it. With ``sync`` the line is on disk when this returns
-    (``fsync``; and the file's name, where this made the file)."""
+    (``fsync``; and the file's name, where this made the file). A symbolic link, or a file
+    that is not a regular one of one name, is refused (:func:`open_in_place`)."""
     raw = line.encode("utf-8") + b"\n"
     new = sync and not os.path.exists(path)
     try:
@@ -162,7 +194,7 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
 def _append(path: str | Path, raw: bytes, *, sync: bool, drop_torn: bool) -> None:
     import fcntl  # POSIX: the site's client; the estimators import this module everywhere
 
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = open_in_place(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size

@@ -87,11 +87,11 @@ def test_writing_into_a_missing_directory_names_the_file_and_the_directory(
 
 def test_a_state_directory_made_by_the_client_is_owner_only_and_an_existing_one_keeps_its_mode(
         tmp_path: Path) -> None:
-    """A new state directory is made 0700; a directory the user gave that exists (their
-    working directory, a shared folder) keeps its mode: its secret files are 0600 each."""
+    """A new state directory is made 0700; a directory of the user's that exists (their
+    working directory, readable by others) keeps its mode: its secret files are 0600 each."""
     ClientState(tmp_path / "new")
     assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
-    shared = tmp_path / "shared"
+    shared = tmp_path / "work"
     shared.mkdir()
     shared.chmod(0o755)
     state = ClientState(shared)
@@ -175,10 +175,13 @@ def test_a_write_on_a_full_disk_names_the_file_and_says_the_disk_is_full(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_line_appended_on_a_full_disk_names_the_file() -> None:
+def test_a_line_appended_on_a_full_disk_names_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "receipts.jsonl"
+    _disk_full(monkeypatch)
     with pytest.raises(OSError) as exc:
-        files.append_line("/dev/full", "{}")  # every write to it fails with ENOSPC
-    assert str(exc.value) == ("[Errno 28] cannot write /dev/full: the disk is full (No space "
+        files.append_line(path, "{}")
+    assert str(exc.value) == (f"[Errno 28] cannot write {path}: the disk is full (No space "
                               "left on device)")
 
 
