@@ -215,7 +215,9 @@ def verify(
 def export(
     db: DbOption,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="jsonl or csv.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Output file (default stdout).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Output file (default stdout): a new one is its user's only (0600: the "
+                      "log holds the sites' disclosures), a replaced one keeps its mode.")] = None,
     job: JobOption = None,
     force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
@@ -241,11 +243,12 @@ def export(
             count = writer(log, sys.stdout, job)
         elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
             # the gzip header names the final file, not the temporary one
-            with (replacing(out) as tmp, tmp.open("wb") as raw,
+            with (replacing(out, mode=0o600, keep_mode=True) as tmp, tmp.open("wb") as raw,
                   gzip.GzipFile(filename=out.name, mode="wb", fileobj=raw) as gz,
                   io.TextIOWrapper(gz, encoding="utf-8", newline="") as text):
                 count = writer(log, text, job)
         else:
-            with replacing(out) as tmp, tmp.open("w", encoding="utf-8", newline="") as fp:
+            with (replacing(out, mode=0o600, keep_mode=True) as tmp,
+                  tmp.open("w", encoding="utf-8", newline="") as fp):
                 count = writer(log, fp, job)
     console.print(f"exported {count} entries", highlight=False)

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "open_in_place",
+__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "mode_of", "open_in_place",
            "os_error_text", "readable_by", "replacing", "write_atomic"]
 
 
@@ -63,24 +63,31 @@ def os_error_text(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
-              ) -> Iterator[Path]:
+def replacing(path: str | Path, *, mode: int = 0o666, keep_mode: bool = False,
+              sync_dir: bool = False) -> Iterator[Path]:
     """A new, empty temporary file beside ``path`` (created with ``mode``, less the umask) to
     write; once the block ends without an error it is flushed to disk and renamed over
-    ``path``, otherwise removed. With ``sync_dir`` the rename is flushed to disk too (the
-    directory's ``fsync``): ``path`` survives a power loss once this returns."""
+    ``path``, otherwise removed. With ``keep_mode`` a file that ``path`` names already
+    passes its permission bits on (a file its user made 0600 stays 0600, as under a shell's
+    ``>``); the temporary file is never more open than the file it replaces. With
+    ``sync_dir`` the rename is flushed to disk too (the directory's ``fsync``): ``path``
+    survives a power loss once this returns."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    kept = mode_of(path) if keep_mode else None
     owned = True  # an interrupt from here on removes the temporary file, made or not yet
     try:
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             mode if kept is None else 0o600))
         except OSError as exc:  # named by the file asked for, not the temporary one
             owned = False  # not made here (another's, if it exists)
             raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
                             + (f" (no directory {path.parent})" if not path.parent.is_dir()
                                else "")) from None
         try:
+            if kept is not None:
+                os.chmod(tmp, kept & 0o777)
             yield tmp
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -99,6 +106,15 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def mode_of(path: str | Path) -> int | None:
+    """The permission bits of the file ``path`` names (following a link), None if there is
+    none (or it cannot be looked at)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return None
 
 
 def open_in_place(path: str | Path, flags: int, mode: int = 0o600) -> int:

@@ -46,6 +46,30 @@ def test_modes_follow_the_umask_or_the_secret_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
 
 
+def test_a_file_replaced_with_keep_mode_keeps_its_mode_and_is_never_more_open(
+        tmp_path: Path) -> None:
+    """Under umask 000 too: the new file takes the old one's mode (0600 stays 0600, 0640
+    stays 0640), and a missing one is made with ``mode``."""
+    path = tmp_path / "out.csv"
+    seen: list[int] = []
+    old = os.umask(0)
+    try:
+        for mode in (0o600, 0o640):
+            path.write_text("old")
+            path.chmod(mode)
+            with files.replacing(path, keep_mode=True) as tmp:
+                seen.append(stat.S_IMODE(tmp.stat().st_mode))
+                tmp.write_text("new")
+            assert stat.S_IMODE(path.stat().st_mode) == mode and path.read_text() == "new"
+        path.unlink()
+        with files.replacing(path, mode=0o600, keep_mode=True) as tmp:
+            tmp.write_text("new")
+    finally:
+        os.umask(old)
+    assert seen == [0o600, 0o640]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
 def test_a_saved_model_survives_a_crash_while_it_is_saved_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(0)
