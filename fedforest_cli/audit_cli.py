@@ -43,7 +43,8 @@ audit_app = typer.Typer(help="Inspect, verify and export an audit log.", no_args
 
 DbOption = Annotated[str, typer.Option(
     "--db", help="SQLite file path or SQLAlchemy URL, or a JSON-lines export (.jsonl, "
-                 ".jsonl.gz).")]
+                 ".jsonl.gz). Other users of this machine can read a command line: give a "
+                 "PostgreSQL password in ~/.pgpass or PGPASSWORD, not in the URL.")]
 JobOption = Annotated[str | None, typer.Option("--job", help="Only this job.")]
 
 
