@@ -1,7 +1,7 @@
 """Another user of the machine, for the tests of what one local user can do to another's
 files: commands run as uid and gid 65534 ("nobody"), in a shared folder both can reach.
 Playing another user needs root (the tests run as root here and in CI); elsewhere the tests
-that need it are skipped."""
+that need it are skipped when they first ask for the other user."""
 
 from __future__ import annotations
 
@@ -16,12 +16,11 @@ import pytest
 
 NOBODY = 65534
 
-needs_root = pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0,
-                                reason="playing another user of the machine (setuid) needs root")
-
-
 def as_other_user(*cmd: str) -> None:
-    """Run ``cmd`` as the other user (no supplementary groups); it must succeed."""
+    """Run ``cmd`` as the other user (no supplementary groups); it must succeed. The test is
+    skipped where this process cannot take another user's id (not root)."""
+    if os.name != "posix" or os.geteuid() != 0:
+        pytest.skip("playing another user of the machine (setuid) needs root")
     subprocess.run(list(cmd), user=NOBODY, group=NOBODY, extra_groups=[], check=True,
                    cwd="/")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
-from other_user import NOBODY, as_other_user, needs_root, plant_file, shared_folder
+from other_user import NOBODY, as_other_user, plant_file, shared_folder
 
 from client_app.evaluation import EvalLedger
 from client_app.secagg_session import identity_key
@@ -48,7 +48,6 @@ def _mode(path: Path) -> int:
 
 # -- the state directory ----------------------------------------------------------------------
 
-@needs_root
 def test_a_state_directory_another_user_made_is_refused(shared_folder: Path) -> None:
     """The other user makes the directory the site names (a shared folder's) and puts an
     identity key it knows in it: the client refuses the directory, and so never uses the key."""
@@ -133,7 +132,6 @@ def test_the_receipts_folder_is_the_site_s_alone_under_umask_000(
 
 # -- the identity key -------------------------------------------------------------------------
 
-@needs_root
 def test_an_identity_key_another_user_wrote_is_refused(shared_folder: Path) -> None:
     """The other user put a key it knows into the site's directory while it was open (it is
     the site's, 0700 now): the client refuses the key, never signs with it."""
@@ -198,7 +196,6 @@ def test_the_site_s_own_identity_key_is_made_once_and_used_again(tmp_path: Path)
 
 # -- lock and log files -----------------------------------------------------------------------
 
-@needs_root
 def test_the_out_lock_another_user_linked_to_a_site_file_is_refused_and_the_file_kept(
         shared_folder: Path, tmp_path: Path) -> None:
     """The other user links ``.model.json.lock`` in a shared results folder (--out's) to a
