@@ -121,11 +121,14 @@ def register(app: typer.Typer) -> None:
             except FedForestError as exc:
                 fail(exc)
             # the site's rows: a new file as open as --data at most, an old one keeps its mode
-            with (replacing(clean_out, mode=(mode_of(data) or 0o600) & 0o666, keep_mode=True)
-                  as tmp, tmp.open("w", newline="") as fh):
-                w = csv.writer(fh)
-                w.writerow(header)
-                w.writerows(rows)
+            try:
+                with (replacing(clean_out, mode=(mode_of(data) or 0o600) & 0o666,
+                                keep_mode=True) as tmp, tmp.open("w", newline="") as fh):
+                    w = csv.writer(fh)
+                    w.writerow(header)
+                    w.writerows(rows)
+            except OSError as exc:  # a full disk, a folder this user may not write
+                fail(exc)
             print(f"wrote {len(rows)} of {len(table.rows)} rows to {clean_out} (the rows "
                   "without errors, the schema's columns); check it again before training")
         if not accepted:

@@ -65,35 +65,38 @@ def os_error_text(exc: OSError) -> str:
 @contextlib.contextmanager
 def replacing(path: str | Path, *, mode: int = 0o666, keep_mode: bool = False,
               sync_dir: bool = False) -> Iterator[Path]:
-    """A new, empty temporary file beside ``path`` (created with ``mode``, less the umask) to
-    write; once the block ends without an error it is flushed to disk and renamed over
-    ``path``, otherwise removed. With ``keep_mode`` a file that ``path`` names already
-    passes its permission bits on (a file its user made 0600 stays 0600, as under a shell's
-    ``>``); the temporary file is never more open than the file it replaces. With
-    ``sync_dir`` the rename is flushed to disk too (the directory's ``fsync``): ``path``
-    survives a power loss once this returns."""
+    """A new, empty temporary file beside ``path`` to write; once the block ends without an
+    error it is flushed to disk, given its mode and renamed over ``path``, otherwise removed.
+    It is writable by its owner while the block writes it (whatever ``mode`` says); its final
+    mode is ``mode`` less the umask (a read-only ``0o444`` too), set just before the
+    rename. With ``keep_mode`` a file that ``path`` names already passes its permission bits
+    on instead (a file its user made 0600 or 0444 stays so, as under a shell's ``>``), and
+    its group where this user may give the file that group (a group the user is in); where
+    not, the new file's group (the user's) gets no permission bits, so the file is never open
+    to people who could not open the one it replaces. With ``sync_dir`` the rename is flushed
+    to disk too (the directory's ``fsync``): ``path`` survives a power loss once this
+    returns."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    kept = mode_of(path) if keep_mode else None
+    try:
+        old = os.stat(path) if keep_mode else None
+    except (OSError, ValueError):
+        old = None
     owned = True  # an interrupt from here on removes the temporary file, made or not yet
     try:
         try:
+            # writable by its owner while written, whatever ``mode``; group and others get
+            # what ``mode`` gives them, and nothing before a kept mode is set
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                             mode if kept is None else 0o600))
+                             (mode | 0o600) if old is None else 0o600))
         except OSError as exc:  # named by the file asked for, not the temporary one
             owned = False  # not made here (another's, if it exists)
             raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
                             + (f" (no directory {path.parent})" if not path.parent.is_dir()
                                else "")) from None
         try:
-            if kept is not None:
-                os.chmod(tmp, kept & 0o777)
             yield tmp
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _finish(tmp, mode, old)
             os.replace(tmp, path)
         except OSError as exc:  # named by the file asked for, not the temporary one
             if exc.filename is not None and str(exc.filename) == str(tmp):
@@ -106,6 +109,29 @@ def replacing(path: str | Path, *, mode: int = 0o666, keep_mode: bool = False,
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def _finish(tmp: Path, mode: int, old: os.stat_result | None) -> None:
+    """Flush the written temporary file ``tmp`` to disk and give it its final mode: ``mode``
+    less the umask (the mode it was made with, ``mode | 0o600`` less the umask, without the
+    bits ``mode`` lacks), or the bits (and, where it may, the group) of ``old``, the file it
+    replaces."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        made = os.fstat(fd)
+        final = stat.S_IMODE(made.st_mode) & mode
+        if old is not None:
+            final = stat.S_IMODE(old.st_mode) & 0o777
+            if os.name == "posix" and old.st_gid != made.st_gid:
+                try:
+                    os.fchown(fd, -1, old.st_gid)
+                except PermissionError:  # not a group of this user's: it gets no access
+                    final &= ~0o070
+        if final != stat.S_IMODE(made.st_mode):
+            os.chmod(tmp, final)  # by name: os.fchmod is POSIX only before Python 3.13
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def mode_of(path: str | Path) -> int | None:

@@ -154,6 +154,45 @@ def test_an_audit_export_is_its_users_only_and_forced_keeps_the_mode(
     assert _mode(out) == 0o640 and out.stat().st_size > 0
 
 
+def _disk_full_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up as the written file is flushed to it."""
+    import errno
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+
+
+def test_clean_rows_that_cannot_be_written_are_one_error_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, schema = _schema(tmp_path)
+    clean = tmp_path / "clean.csv"
+    _disk_full_at_the_end(monkeypatch)
+    res = runner.invoke(app, ["check", "--data", str(data), "--schema", str(schema),
+                              "--clean-out", str(clean)], env=WIDE)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert res.stderr == (f"error: cannot write {clean}: the disk is full (No space left on "
+                          "device)\n")
+    assert not clean.exists() and not list(tmp_path.glob(".*.part"))
+
+
+@pytest.mark.parametrize("name", ["all.jsonl", "all.jsonl.gz"])
+def test_an_audit_export_that_cannot_be_written_is_one_error_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    db = tmp_path / "audit.db"
+    with AuditLog(db) as log:
+        log.job("j1").job_created(schema={}, hyperparameters={}, profile="secure")
+    out = tmp_path / name
+    _disk_full_at_the_end(monkeypatch)
+    res = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl", "--out",
+                                    str(out)], env=WIDE)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert res.stderr == (f"error: cannot write {out}: the disk is full (No space left on "
+                          "device)\n")
+    assert not out.exists() and not list(tmp_path.glob(".*.part"))
+
+
 @pytest.mark.parametrize("as_url", [False, True])
 def test_audit_export_never_writes_over_its_own_database(tmp_path: Path, as_url: bool) -> None:
     """``--db`` given as a path or as the SQLAlchemy URL of the same SQLite file: the export is
