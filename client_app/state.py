@@ -100,42 +100,80 @@ def holding_output(out: Path, job: str) -> Iterator[None]:
 def make_state_dir(root: Path) -> Path:
     """``root``, made owner-only (0700) if it does not exist. One that exists must be this
     user's and writable by no one else (it keeps its mode otherwise: a working directory
-    may be readable); the secrets in it are 0600 each.
+    may be readable); the secrets in it are 0600 each. So must its ``receipts`` folder, and
+    every file in that folder must be this user's (the client reads them to know whether it
+    uploaded in a job).
 
     Raises :class:`~fedforest_secure.errors.FedForestError` for a directory another user
-    owns or that group or others can write: they could plant the site's identity key, or
-    links that turn the client's writes onto other files of this user's."""
+    owns or that group or others can write, or reached through a symbolic link another user
+    made: they could plant the site's identity key or receipts, or links that turn the
+    client's writes onto other files of this user's."""
     try:
         root.mkdir(mode=0o700, parents=True)  # never open to others, whatever the umask
     except FileExistsError:
         pass
     else:
         os.chmod(root, 0o700)  # a umask that takes the owner's own bits
-    _check_private_dir(root)
+    if os.name == "posix":  # no POSIX owners and modes elsewhere
+        _check_private_dir(root)
+        _check_receipts(root / "receipts")
     return root
 
 
-def _check_private_dir(root: Path) -> None:
-    if os.name != "posix":  # no POSIX owners and modes
-        return
-    st = root.stat()
+def _check_private_dir(path: Path, *, receipts: bool = False) -> None:
+    """Refuse the directory ``path`` (the state directory, or its ``receipts`` folder) unless
+    it is this user's, writable by no one else, and not reached through a symbolic link of
+    another user's."""
+    named = f"the receipts folder {path}" if receipts else f"--state-dir {path}"
+    planted = ("receipts of uploads this site never made, or links to this user's files"
+               if receipts else "this site's identity key or links to this user's files")
+    link = path.lstat()
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != os.geteuid():
+        raise FedForestError(
+            f"{named} is a symbolic link another user (uid {link.st_uid}) made, who can point "
+            "it at another directory at any time. "
+            + (f"Remove the link (rm {path}; the folder is made again)" if receipts else
+               "Name the directory itself (its real path), one of this user's own"))
+    st = path.stat()
     if not stat.S_ISDIR(st.st_mode):
-        raise FedForestError(f"--state-dir {root} is not a directory: name a directory (one "
+        raise FedForestError(f"{named} is not a directory: name a directory (one "
                              "that does not exist is made, for this user only)")
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != os.geteuid():
         raise FedForestError(
-            f"--state-dir {root} belongs to another user (uid {st.st_uid}), who could put "
-            "this site's identity key or links to this user's files in it. Give the client a "
-            "directory of this user's own (one that does not exist is made, for this user "
-            f"only), or make this one this user's: chown {_user()} {root}")
+            f"{named} belongs to another user (uid {st.st_uid}), who could put {planted} in "
+            "it. " + ("" if receipts else "Give the client a directory of this user's own "
+                      "(one that does not exist is made, for this user only), or ")
+            + ("M" if receipts else "m") + f"ake this one this user's: chown {_user()} {path}")
     if mode & 0o022:
         whom = "other users of this machine" if mode & 0o002 else "its group"
         raise FedForestError(
-            f"--state-dir {root}: {whom} can write it (mode {mode:04o}), and could put this "
-            "site's identity key or links to this user's files in it. Make it writable by "
-            f"this user only: chmod go-w {root} (chmod 700 {root} keeps its receipts private "
-            "too)")
+            f"{named}: {whom} can write it (mode {mode:04o}), and could put {planted} in "
+            f"it. Make it writable by this user only: chmod go-w {path} (chmod 700 {path} "
+            "keeps its receipts private too), and remove the files in it this user did not "
+            "put there")
+
+
+def _check_receipts(folder: Path) -> None:
+    """The state directory's ``receipts`` folder, if it is one, as the directory itself; and
+    each file in it this user's: a receipt another user wrote (a forged record of an upload)
+    would make a restarted site answer no rounds."""
+    try:
+        link = folder.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(link.st_mode) and not stat.S_ISLNK(link.st_mode):
+        return  # a file in its place: the receipts cannot be written, which is said then
+    _check_private_dir(folder, receipts=True)
+    for path in sorted(folder.iterdir()):
+        owner = path.lstat().st_uid
+        if owner != os.geteuid():
+            raise FedForestError(
+                f"{path} belongs to another user (uid {owner}), who could have written "
+                "receipts of uploads this site never made: the client reads them to know "
+                f"whether it uploaded in a job. Remove it (rm {path}) if this site did not "
+                "write it, or make it this user's if it did (chown "
+                f"{_user()} {path})")
 
 
 def _user() -> str:

@@ -148,7 +148,8 @@ def open_in_place(path: str | Path, flags: int, mode: int = 0o600) -> int:
     appended to), never through another name: a symbolic link is not followed
     (``O_NOFOLLOW``), and a file that is not a regular one or has another name too (a hard
     link) is refused. Otherwise whoever could put a link in its directory would have this
-    process truncate or append to any file its user can write. A refusal is an
+    process truncate or append to any file its user can write. A file another user owns is
+    refused too (on POSIX systems): that user could write it still. A refusal is an
     :class:`OSError` saying "cannot open <path>: ..." and what to do."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK, mode)
@@ -161,12 +162,16 @@ def open_in_place(path: str | Path, flags: int, mode: int = 0o600) -> int:
                           "writable by its owner only") from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+    foreign = os.name == "posix" and st.st_uid != os.geteuid()
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or foreign:
         os.close(fd)
         why = ("it is not a regular file: remove it" if not stat.S_ISREG(st.st_mode) else
                f"it has {st.st_nlink} names (hard links), and a write here would change the "
                f"file of every name: give it one of its own (cp -p {path} {path}.copy && "
-               f"mv {path}.copy {path})")
+               f"mv {path}.copy {path})" if st.st_nlink > 1 else
+               f"it belongs to another user (uid {st.st_uid}), who could still change what "
+               f"this process writes to it: remove it (rm {path}; it is made again, this "
+               "user's)")
         raise OSError(errno.EPERM, f"cannot open {path}: {why}; and keep the directory "
                       "writable by its owner only")
     os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from holding up the open

@@ -75,7 +75,8 @@ def test_a_state_directory_others_or_its_group_can_write_is_refused(
     assert str(exc.value) == (
         f"--state-dir {state}: {whom} can write it (mode {mode:04o}), and could put this "
         "site's identity key or links to this user's files in it. Make it writable by this "
-        f"user only: chmod go-w {state} (chmod 700 {state} keeps its receipts private too)")
+        f"user only: chmod go-w {state} (chmod 700 {state} keeps its receipts private too), "
+        "and remove the files in it this user did not put there")
 
 
 def test_the_check_before_joining_refuses_a_state_directory_others_can_write(
@@ -90,6 +91,120 @@ def test_the_check_before_joining_refuses_a_state_directory_others_can_write(
     os.chmod(state, 0o777)
     with pytest.raises(FedForestError, match="can write it"):
         runner._check_outputs(types.SimpleNamespace(state_dir=state, model_out=None))
+
+
+def test_a_state_directory_behind_another_user_s_link_is_refused(
+        shared_folder: Path, tmp_path: Path) -> None:
+    """The other user's link in a shared folder names a directory of the site's: it could
+    point it elsewhere once checked. A link of the site user's own is followed."""
+    own = make_state_dir(tmp_path / "state")
+    link = shared_folder / "state"
+    as_other_user("ln", "-s", str(own), str(link))
+    with pytest.raises(FedForestError) as exc:
+        ClientState(link)
+    assert str(exc.value) == (
+        f"--state-dir {link} is a symbolic link another user (uid {NOBODY}) made, who can "
+        "point it at another directory at any time. Name the directory itself (its real "
+        "path), one of this user's own")
+    mine = tmp_path / "mine"
+    mine.symlink_to(own)
+    assert ClientState(mine).root == mine
+
+
+def _opened_once(shared_folder: Path) -> Path:
+    """A state directory of the site's that others could write once (0777, as an earlier
+    client left it under umask 000) and that the site then made 0700."""
+    state = shared_folder / "state"
+    state.mkdir(mode=0o700)
+    os.chmod(state, 0o777)
+    return state
+
+
+def test_files_another_user_planted_are_not_written_once_the_directory_is_private(
+        shared_folder: Path) -> None:
+    """Planted while the directory was open, kept after ``chmod 700``: the other user's
+    receipts file (which it can still write) and lock are refused, never written."""
+    state = _opened_once(shared_folder)
+    receipts, lock = state / "receipts.jsonl", state / "client-j1.lock"
+    plant_file(receipts, b'{"job_id": "j0"}\n', 0o666)
+    plant_file(lock, b"", 0o666)
+    os.chmod(state, 0o700)
+    site = ClientState(state)
+    with pytest.raises(OSError) as exc:
+        site.add_receipt({"job_id": "j1"})
+    assert str(exc.value) == (
+        f"[Errno 1] cannot open {receipts}: it belongs to another user (uid {NOBODY}), who "
+        f"could still change what this process writes to it: remove it (rm {receipts}; it is "
+        "made again, this user's); and keep the directory writable by its owner only")
+    assert receipts.read_bytes() == b'{"job_id": "j0"}\n'
+    with pytest.raises(FedForestError, match=f"cannot open {lock}: it belongs to another "
+                                             f"user \\(uid {NOBODY}\\)"), site.locked("j1"):
+        pass
+    receipts.unlink()  # what the message says to do
+    site.add_receipt({"job_id": "j1"})
+    assert receipts.stat().st_uid == os.geteuid()
+
+
+def test_a_receipts_folder_another_user_made_or_linked_is_refused(
+        shared_folder: Path, tmp_path: Path) -> None:
+    """A ``receipts`` link of the other user's would send the site's receipts elsewhere and
+    have it read forged ones; a folder of the other user's holds what it wrote."""
+    state = _opened_once(shared_folder)
+    receipts = state / "receipts"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    as_other_user("ln", "-s", str(elsewhere), str(receipts))
+    os.chmod(state, 0o700)
+    with pytest.raises(FedForestError) as exc:
+        ClientState(state)
+    assert str(exc.value) == (
+        f"the receipts folder {receipts} is a symbolic link another user (uid {NOBODY}) "
+        f"made, who can point it at another directory at any time. Remove the link (rm "
+        f"{receipts}; the folder is made again)")
+    receipts.unlink()
+    os.chmod(state, 0o777)
+    as_other_user("mkdir", "-m", "755", str(receipts))
+    os.chmod(state, 0o700)
+    with pytest.raises(FedForestError) as exc:
+        ClientState(state)
+    assert str(exc.value) == (
+        f"the receipts folder {receipts} belongs to another user (uid {NOBODY}), who could "
+        "put receipts of uploads this site never made, or links to this user's files in it. "
+        f"Make this one this user's: chown root {receipts}")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_receipts_folder_others_could_write_or_a_receipt_another_user_wrote_is_refused(
+        shared_folder: Path) -> None:
+    """A folder an earlier client made 0777 (umask 000) is refused; made 0700, a receipt
+    the other user put in it meanwhile (a forged record of an upload, which would make a
+    restarted site answer no rounds) is refused too."""
+    state = make_state_dir(shared_folder / "state")
+    receipts = state / "receipts"
+    receipts.mkdir()
+    os.chmod(receipts, 0o777)
+    with pytest.raises(FedForestError) as exc:
+        ClientState(state)
+    assert str(exc.value) == (
+        f"the receipts folder {receipts}: other users of this machine can write it (mode "
+        "0777), and could put receipts of uploads this site never made, or links to this "
+        f"user's files in it. Make it writable by this user only: chmod go-w {receipts} "
+        f"(chmod 700 {receipts} keeps its receipts private too), and remove the files in it "
+        "this user did not put there")
+    os.chmod(state, 0o777)
+    forged = receipts / "site-a.jsonl"
+    plant_file(forged, b'{"job_id": "j1", "kind": "sent"}\n', 0o644)
+    os.chmod(state, 0o700)
+    os.chmod(receipts, 0o700)
+    with pytest.raises(FedForestError) as exc:
+        ClientState(state)
+    assert str(exc.value) == (
+        f"{forged} belongs to another user (uid {NOBODY}), who could have written receipts of "
+        "uploads this site never made: the client reads them to know whether it uploaded in a "
+        f"job. Remove it (rm {forged}) if this site did not write it, or make it this user's "
+        f"if it did (chown root {forged})")
+    forged.unlink()
+    assert not ClientState(state).uploaded_in("j1")
 
 
 def test_a_readable_state_directory_of_the_user_s_own_is_used(tmp_path: Path) -> None:
