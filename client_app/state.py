@@ -261,7 +261,28 @@ class ClientState:
         return False
 
     def write_secret(self, name: str, data: bytes) -> None:
-        write_atomic(self.root / name, data, mode=0o600)
+        """Write the secret ``name`` of the directory, 0600, and check that it is: a file
+        system without POSIX permissions (vfat, exFAT, an SMB share) gives every file the
+        mode its mount options say, and the secret could be read by others.
+
+        Raises :class:`~fedforest_secure.errors.FedForestError` (the file removed) where the
+        file system did not keep it this user's only."""
+        path = self.root / name
+        write_atomic(path, data, mode=0o600)
+        if os.name != "posix":
+            return
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if mode & 0o077:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            raise FedForestError(
+                f"{path} was written for this user only (mode 0600), but its file system "
+                f"shows it as mode {mode:04o}: one that keeps no permissions of its own (a "
+                "vfat or exFAT drive, an SMB share), where others may read this site's secret "
+                "key and chmod cannot help. The file was removed. Give --state-dir a "
+                "directory on another file system, or mount this one so that its files are "
+                "this user's only (the mount options fmask=077 for vfat or exFAT, "
+                "file_mode=0600 for an SMB share)")
 
     def read_secret(self, name: str) -> bytes | None:
         """The secret ``name`` of the directory, None if there is none. It is a regular file,
@@ -308,5 +329,8 @@ def _secret_problem(path: Path, st: os.stat_result) -> str | None:
         whom = "other users of this machine" if mode & 0o007 else "its group"
         return (f"{path}: {whom} can read or write it (mode {mode:04o}): whoever reads "
                 "this site's secret key can sign as this site, and whoever writes it can put a "
-                f"key of their own in its place. Make it this user's only: chmod 600 {path}")
+                f"key of their own in its place. Make it this user's only: chmod 600 {path} "
+                "(on a file system that keeps no permissions of its own, a vfat or exFAT drive "
+                "or an SMB share, chmod cannot: mount it with fmask=077 or file_mode=0600, or "
+                "move the state directory to another file system)")
     return None

@@ -90,7 +90,7 @@ def test_the_check_before_joining_refuses_a_state_directory_others_can_write(
     state.mkdir()
     os.chmod(state, 0o777)
     with pytest.raises(FedForestError, match="can write it"):
-        runner._check_outputs(types.SimpleNamespace(state_dir=state, model_out=None))
+        runner._check_outputs(types.SimpleNamespace(state_dir=state, model_out=None, job="j1"))
 
 
 def test_a_state_directory_behind_another_user_s_link_is_refused(
@@ -280,8 +280,11 @@ def test_an_identity_key_others_or_its_group_can_read_or_write_is_refused(
     assert str(exc.value) == (
         f"{key}: {whom} can read or write it (mode {mode:04o}): whoever reads this site's "
         "secret key can sign as this site, and whoever writes it can put a key of their own "
-        f"in its place. Make it this user's only: chmod 600 {key}. This client did not use "
-        "the key (this site's identity in job j1)")
+        f"in its place. Make it this user's only: chmod 600 {key} (on a file system that "
+        "keeps no permissions of its own, a vfat or exFAT drive or an SMB share, chmod "
+        "cannot: mount it with fmask=077 or file_mode=0600, or move the state directory to "
+        "another file system). This client did not use the key (this site's identity in job "
+        "j1)")
     os.chmod(key, 0o600)  # what the message says to do
     assert bytes(identity_key(state, "j1")) == bytes(range(32))
 
@@ -307,6 +310,56 @@ def test_the_site_s_own_identity_key_is_made_once_and_used_again(tmp_path: Path)
     made = identity_key(state, "j1")
     assert _mode(state.root / "identity-j1.ed25519") == 0o600
     assert isinstance(made, SigningKey) and bytes(identity_key(state, "j1")) == bytes(made)
+
+
+def test_the_check_before_joining_refuses_an_identity_key_others_can_read(
+        tmp_path: Path) -> None:
+    """A restarted site whose key a plain ``cp`` left 0644 is refused by the client's first
+    check, before it asks the server for the job."""
+    import types
+
+    from client_app import runner
+
+    state = ClientState(tmp_path / "state")
+    key = state.root / "identity-j1.ed25519"
+    key.write_bytes(bytes(range(32)))
+    os.chmod(key, 0o644)
+    opts = types.SimpleNamespace(state_dir=state.root, model_out=None, job="j1")
+    with pytest.raises(FedForestError, match="other users of this machine can read or write "
+                                             "it \\(mode 0644\\)"):
+        runner._check_outputs(opts)
+    os.chmod(key, 0o600)
+    runner._check_outputs(opts)
+    key.unlink()  # a site new to the job: its key is made when it joins
+    runner._check_outputs(opts)
+
+
+def test_a_new_identity_key_a_file_system_does_not_keep_private_is_refused_and_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a vfat drive or an SMB share every file gets the mode of the mount options
+    (0644 here, played by a write that ends with that mode): the new key is refused at once,
+    before the join sends it, and removed; not used now and refused only at a restart."""
+    from client_app import state as state_module
+
+    write_atomic = state_module.write_atomic
+
+    def no_modes(path: Path, data: bytes, **kwargs: Any) -> None:
+        write_atomic(path, data, **kwargs)
+        os.chmod(path, 0o644)  # what the file system shows, whatever was asked
+
+    monkeypatch.setattr(state_module, "write_atomic", no_modes)
+    state = ClientState(tmp_path / "state")
+    key = state.root / "identity-j1.ed25519"
+    with pytest.raises(FedForestError) as exc:
+        identity_key(state, "j1")
+    assert str(exc.value) == (
+        f"{key} was written for this user only (mode 0600), but its file system shows it as "
+        "mode 0644: one that keeps no permissions of its own (a vfat or exFAT drive, an SMB "
+        "share), where others may read this site's secret key and chmod cannot help. The "
+        "file was removed. Give --state-dir a directory on another file system, or mount this "
+        "one so that its files are this user's only (the mount options fmask=077 for vfat or "
+        "exFAT, file_mode=0600 for an SMB share). This site has not joined job j1")
+    assert not key.exists()
 
 
 # -- lock and log files -----------------------------------------------------------------------

@@ -253,7 +253,7 @@ def test_the_clients_output_check_makes_a_new_state_directory_owner_only(tmp_pat
     from client_app import runner
 
     runner._check_outputs(types.SimpleNamespace(state_dir=tmp_path / "new" / "state",
-                                                model_out=None))
+                                                model_out=None, job="j1"))
     assert stat.S_IMODE((tmp_path / "new" / "state").stat().st_mode) == 0o700
 
 
