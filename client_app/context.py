@@ -58,7 +58,7 @@ _M = TypeVar("_M", bound=BaseModel)
 @dataclass
 class ClientOptions:
     server: str
-    token: str
+    token: str = field(repr=False)  # a logged repr never holds the site's token
     job: str
     data: Path | None
     schema: Path

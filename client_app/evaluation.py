@@ -60,7 +60,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, RefusedRequest
 from fedforest_secure.evaluation.worker import EvalWorker
 from fedforest_secure.federation import client_seed
-from fedforest_secure.files import append_line, write_atomic
+from fedforest_secure.files import append_line, open_in_place, write_atomic
 from fedforest_secure.protocol import Reply, Task
 from fedforest_secure.worker import Worker
 
@@ -162,7 +162,9 @@ class EvalLedger:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         # a file of its own: the ledger itself is replaced when a job's line is rewritten
-        fd = os.open(self.path.with_name(".evaluations.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        # never through a link, nor a file of another name (open_in_place)
+        fd = open_in_place(self.path.with_name(".evaluations.lock"), os.O_RDWR | os.O_CREAT,
+                           0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

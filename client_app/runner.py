@@ -52,7 +52,13 @@ from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
 from .pins import ProfileRefused, check_job_profile, job_profile_settings, pinned_profile
-from .secagg_session import check_own_certificate, identity_key, join_body, post_refusal
+from .secagg_session import (
+    check_own_certificate,
+    identity_key,
+    join_body,
+    post_refusal,
+    stored_identity,
+)
 from .state import ClientState, check_job_name, holding_output, make_state_dir
 from .transport import ApiRejected, Transport
 
@@ -379,11 +385,13 @@ def _check_same_table(state: ClientState, job: str, table: str | None, site: str
 
 def _check_outputs(opts: ClientOptions) -> None:
     """The model file and the state directory can be written: checked before joining, not
-    when a job of hours ends."""
+    when a job of hours ends; and the site's identity key for the job, if it has one, is
+    its own (checked before anything is sent)."""
     try:
         make_state_dir(opts.state_dir)
         with tempfile.NamedTemporaryFile(dir=opts.state_dir, prefix=".fedforest-check-"):
             pass
+        stored_identity(ClientState(opts.state_dir), opts.job)
     except OSError as exc:
         raise FedForestError(f"--state-dir {opts.state_dir}: {exc.strerror or exc}") from None
     out = opts.model_out

@@ -71,24 +71,44 @@ from .state import ClientState
 from .transport import Transport
 
 __all__ = ["SecAggSession", "check_own_certificate", "identity_key", "join_body",
-           "post_refusal"]
+           "post_refusal", "stored_identity"]
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
-    """This site's Ed25519 identity for ``job``: loaded from the state dir, or made once."""
-    name = f"identity-{job}.ed25519"
-    seed = state.read_secret(name)
+    """This site's Ed25519 identity for ``job``: loaded from the state dir, or made once. A
+    key file that someone else may have written or can read is refused
+    (:func:`stored_identity`), never used; so is a new key its file system does not keep
+    this user's only (:meth:`ClientState.write_secret`), before the join sends it."""
+    seed = stored_identity(state, job)
     if seed is None:
         key = SigningKey.generate()
-        state.write_secret(name, bytes(key))
+        try:
+            state.write_secret(f"identity-{job}.ed25519", bytes(key))
+        except FedForestError as exc:
+            raise FedForestError(f"{exc}. This site has not joined job {job}") from None
         return key
-    if len(seed) != 32:  # a new key would not be the one the server knows for this site
+    return SigningKey(seed)
+
+
+def stored_identity(state: ClientState, job: str) -> bytes | None:
+    """The seed of this site's identity key for ``job`` in the state dir, None if it has
+    none yet: checked before anything is sent, and again when the key is used.
+
+    Raises :class:`FedForestError` for a key file that someone else may have written or can
+    read (:meth:`ClientState.read_secret`), or that holds no key."""
+    name = f"identity-{job}.ed25519"
+    try:
+        seed = state.read_secret(name)
+    except FedForestError as exc:
+        raise FedForestError(f"{exc}. This client did not use the key (this site's identity "
+                             f"in job {job})") from None
+    if seed is not None and len(seed) != 32:  # a new key would not be the one the server knows
         raise FedForestError(
             f"{state.root / name} holds {len(seed)} bytes, not an Ed25519 key of 32: the "
             f"state directory is damaged. This site's identity in job {job} is the key it "
             "first joined with: restore the file from a backup; without it the site cannot "
             "take part in the job again")
-    return SigningKey(seed)
+    return seed
 
 
 def check_own_certificate(cert: Path, job: str) -> None:

@@ -18,7 +18,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +170,7 @@ class Transport:
     """A small wrapper over :class:`httpx.Client` with bounded exponential backoff."""
 
     base_url: str
-    token: str
+    token: str = field(repr=False)  # a logged repr never holds the site's token
     ca: Path | None
     cert: Path | None = None
     key: Path | None = None

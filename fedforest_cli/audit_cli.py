@@ -16,9 +16,9 @@ import gzip
 import io
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ from fedforest_secure.errors import AuditError
 from fedforest_secure.files import replacing
 from fedforest_secure.printable import printable
 
-from ._common import check_output
+from ._common import check_output, fail
 
 #: ``verify``'s exit code when nothing disagrees but a job has not ended in the log: not a pass
 RUNNING_EXIT = 3
@@ -43,7 +43,8 @@ audit_app = typer.Typer(help="Inspect, verify and export an audit log.", no_args
 
 DbOption = Annotated[str, typer.Option(
     "--db", help="SQLite file path or SQLAlchemy URL, or a JSON-lines export (.jsonl, "
-                 ".jsonl.gz).")]
+                 ".jsonl.gz). Other users of this machine can read a command line: give a "
+                 "PostgreSQL password in ~/.pgpass or PGPASSWORD, not in the URL.")]
 JobOption = Annotated[str | None, typer.Option("--job", help="Only this job.")]
 
 
@@ -211,11 +212,29 @@ def verify(
     raise typer.Exit(code=1)
 
 
+def _export_to(out: Path, writer: Callable[[AuditLog, IO[str], str | None], int],
+               log: AuditLog, job: str | None) -> int:
+    """Write the export to the file ``out`` (gzip-compressed if it ends in .gz): a new one
+    is its user's only (0600: the log holds the sites' disclosures), a replaced one keeps its
+    mode."""
+    if out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
+        # the gzip header names the final file, not the temporary one
+        with (replacing(out, mode=0o600, keep_mode=True) as tmp, tmp.open("wb") as raw,
+              gzip.GzipFile(filename=out.name, mode="wb", fileobj=raw) as gz,
+              io.TextIOWrapper(gz, encoding="utf-8", newline="") as text):
+            return writer(log, text, job)
+    with (replacing(out, mode=0o600, keep_mode=True) as tmp,
+          tmp.open("w", encoding="utf-8", newline="") as fp):
+        return writer(log, fp, job)
+
+
 @audit_app.command()
 def export(
     db: DbOption,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="jsonl or csv.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Output file (default stdout).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Output file (default stdout): a new one is its user's only (0600: the "
+                      "log holds the sites' disclosures), a replaced one keeps its mode.")] = None,
     job: JobOption = None,
     force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
@@ -239,13 +258,9 @@ def export(
             raise typer.Exit(code=1)
         if out is None:
             count = writer(log, sys.stdout, job)
-        elif out.suffix == ".gz":  # compressed: JSON lines of aggregates shrink ~3-10x
-            # the gzip header names the final file, not the temporary one
-            with (replacing(out) as tmp, tmp.open("wb") as raw,
-                  gzip.GzipFile(filename=out.name, mode="wb", fileobj=raw) as gz,
-                  io.TextIOWrapper(gz, encoding="utf-8", newline="") as text):
-                count = writer(log, text, job)
         else:
-            with replacing(out) as tmp, tmp.open("w", encoding="utf-8", newline="") as fp:
-                count = writer(log, fp, job)
+            try:
+                count = _export_to(out, writer, log, job)
+            except OSError as exc:  # a full disk, a folder this user may not write
+                fail(exc)
     console.print(f"exported {count} entries", highlight=False)

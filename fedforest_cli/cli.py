@@ -73,8 +73,9 @@ def client(
     ca: Annotated[Path | None, typer.Option(help="the federation CA certificate (PEM)")] = None,
     cert: Annotated[Path | None, typer.Option(help="client certificate for mTLS")] = None,
     key: Annotated[Path | None, typer.Option(help="client key for mTLS")] = None,
-    state_dir: Annotated[Path, typer.Option(help="receipts and local state")] = Path(
-        ".fedforest-client"),
+    state_dir: Annotated[Path, typer.Option(
+        help="receipts and local state (the site's identity keys): this user's alone, made "
+             "0700 if missing; one others can write is refused")] = Path(".fedforest-client"),
     out: Annotated[Path | None, typer.Option(
         help="where to save the model (an evaluation job: its result)")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,

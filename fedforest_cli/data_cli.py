@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.files import replacing, write_atomic
+from fedforest_secure.files import mode_of, replacing, write_atomic
 from fedforest_secure.schema import Schema
 from fedforest_secure.schema_draft import draft_schema
 from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
@@ -84,7 +84,8 @@ def register(app: typer.Typer) -> None:
             help="comma-separated numeric columns where 0 means 'not measured'")
         ] = None,
         clean_out: Annotated[Path | None, typer.Option(
-            help="write the rows without errors (the schema's columns only) here")] = None,
+            help="write the rows without errors (the schema's columns only) here: a new file "
+                 "no more readable than --data, a replaced one keeps its mode")] = None,
         force: Annotated[bool, typer.Option(help="replace an existing --clean-out file")
                          ] = False,
     ) -> None:
@@ -119,10 +120,15 @@ def register(app: typer.Typer) -> None:
                 header, rows = clean_rows(table, problems, sch)
             except FedForestError as exc:
                 fail(exc)
-            with replacing(clean_out) as tmp, tmp.open("w", newline="") as fh:
-                w = csv.writer(fh)
-                w.writerow(header)
-                w.writerows(rows)
+            # the site's rows: a new file as open as --data at most, an old one keeps its mode
+            try:
+                with (replacing(clean_out, mode=(mode_of(data) or 0o600) & 0o666,
+                                keep_mode=True) as tmp, tmp.open("w", newline="") as fh):
+                    w = csv.writer(fh)
+                    w.writerow(header)
+                    w.writerows(rows)
+            except OSError as exc:  # a full disk, a folder this user may not write
+                fail(exc)
             print(f"wrote {len(rows)} of {len(table.rows)} rows to {clean_out} (the rows "
                   "without errors, the schema's columns); check it again before training")
         if not accepted:

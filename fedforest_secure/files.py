@@ -15,8 +15,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "os_error_text", "readable_by",
-           "replacing", "write_atomic"]
+__all__ = ["append_line", "cannot_write", "disk_full", "fsync_dir", "mode_of", "open_in_place",
+           "os_error_text", "readable_by", "replacing", "write_atomic"]
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -39,8 +39,9 @@ def _why(exc: OSError) -> str:
 def cannot_write(exc: OSError, path: str | Path) -> OSError:
     """``exc`` (met writing ``path``) as the same kind of error, saying "cannot write
     <path>: <why>", why being "the disk is full" when it is. An error that already names its
-    file is returned as it is."""
-    if exc.filename is not None or (exc.strerror or "").startswith("cannot write "):
+    file ("cannot open <path>: ..." too) is returned as it is."""
+    if exc.filename is not None or (exc.strerror or "").startswith(("cannot write ",
+                                                                    "cannot open ")):
         return exc
     return type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}")
 
@@ -62,18 +63,32 @@ def os_error_text(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
-              ) -> Iterator[Path]:
-    """A new, empty temporary file beside ``path`` (created with ``mode``, less the umask) to
-    write; once the block ends without an error it is flushed to disk and renamed over
-    ``path``, otherwise removed. With ``sync_dir`` the rename is flushed to disk too (the
-    directory's ``fsync``): ``path`` survives a power loss once this returns."""
+def replacing(path: str | Path, *, mode: int = 0o666, keep_mode: bool = False,
+              sync_dir: bool = False) -> Iterator[Path]:
+    """A new, empty temporary file beside ``path`` to write; once the block ends without an
+    error it is flushed to disk, given its mode and renamed over ``path``, otherwise removed.
+    It is writable by its owner while the block writes it (whatever ``mode`` says); its final
+    mode is ``mode`` less the umask (a read-only ``0o444`` too), set just before the
+    rename. With ``keep_mode`` a file that ``path`` names already passes its permission bits
+    on instead (a file its user made 0600 or 0444 stays so, as under a shell's ``>``), and
+    its group where this user may give the file that group (a group the user is in); where
+    not, the new file's group (the user's) gets no permission bits, so the file is never open
+    to people who could not open the one it replaces. With ``sync_dir`` the rename is flushed
+    to disk too (the directory's ``fsync``): ``path`` survives a power loss once this
+    returns."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
+    try:
+        old = os.stat(path) if keep_mode else None
+    except (OSError, ValueError):
+        old = None
     owned = True  # an interrupt from here on removes the temporary file, made or not yet
     try:
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+            # writable by its owner while written, whatever ``mode``; group and others get
+            # what ``mode`` gives them, and nothing before a kept mode is set
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             (mode | 0o600) if old is None else 0o600))
         except OSError as exc:  # named by the file asked for, not the temporary one
             owned = False  # not made here (another's, if it exists)
             raise type(exc)(exc.errno, f"cannot write {path}: {_why(exc)}"
@@ -81,11 +96,7 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
                                else "")) from None
         try:
             yield tmp
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _finish(tmp, mode, old)
             os.replace(tmp, path)
         except OSError as exc:  # named by the file asked for, not the temporary one
             if exc.filename is not None and str(exc.filename) == str(tmp):
@@ -98,6 +109,73 @@ def replacing(path: str | Path, *, mode: int = 0o666, sync_dir: bool = False
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def _finish(tmp: Path, mode: int, old: os.stat_result | None) -> None:
+    """Flush the written temporary file ``tmp`` to disk and give it its final mode: ``mode``
+    less the umask (the mode it was made with, ``mode | 0o600`` less the umask, without the
+    bits ``mode`` lacks), or the bits (and, where it may, the group) of ``old``, the file it
+    replaces."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        made = os.fstat(fd)
+        final = stat.S_IMODE(made.st_mode) & mode
+        if old is not None:
+            final = stat.S_IMODE(old.st_mode) & 0o777
+            if os.name == "posix" and old.st_gid != made.st_gid:
+                try:
+                    os.fchown(fd, -1, old.st_gid)
+                except PermissionError:  # not a group of this user's: it gets no access
+                    final &= ~0o070
+        if final != stat.S_IMODE(made.st_mode):
+            os.chmod(tmp, final)  # by name: os.fchmod is POSIX only before Python 3.13
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mode_of(path: str | Path) -> int | None:
+    """The permission bits of the file ``path`` names (following a link), None if there is
+    none (or it cannot be looked at)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return None
+
+
+def open_in_place(path: str | Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open(path, flags, mode)`` of a file that is written where it lies (a lock, a log
+    appended to), never through another name: a symbolic link is not followed
+    (``O_NOFOLLOW``), and a file that is not a regular one or has another name too (a hard
+    link) is refused. Otherwise whoever could put a link in its directory would have this
+    process truncate or append to any file its user can write. A file another user owns is
+    refused too (on POSIX systems): that user could write it still. A refusal is an
+    :class:`OSError` saying "cannot open <path>: ..." and what to do."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise OSError(exc.errno, f"cannot open {path}: it is a symbolic link, which this "
+                          "file is never opened through (a link someone else put there would "
+                          "send the writes to another file of this user's): put the file "
+                          "itself in its place, or remove the link; and keep the directory "
+                          "writable by its owner only") from None
+        raise
+    st = os.fstat(fd)
+    foreign = os.name == "posix" and st.st_uid != os.geteuid()
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or foreign:
+        os.close(fd)
+        why = ("it is not a regular file: remove it" if not stat.S_ISREG(st.st_mode) else
+               f"it has {st.st_nlink} names (hard links), and a write here would change the "
+               f"file of every name: give it one of its own (cp -p {path} {path}.copy && "
+               f"mv {path}.copy {path})" if st.st_nlink > 1 else
+               f"it belongs to another user (uid {st.st_uid}), who could still change what "
+               f"this process writes to it: remove it (rm {path}; it is made again, this "
+               "user's)")
+        raise OSError(errno.EPERM, f"cannot open {path}: {why}; and keep the directory "
+                      "writable by its owner only")
+    os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from holding up the open
+    return fd
 
 
 def readable_by(path: str | Path) -> tuple[str, int] | None:
@@ -148,7 +226,8 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
     its own; with ``drop_torn`` (JSON lines) it takes the torn line's place unless that line
     is whole JSON (cut just before its newline): a record cut short holds nothing, as if the
     writer had died before it. With ``sync`` the line is on disk when this returns
-    (``fsync``; and the file's name, where this made the file)."""
+    (``fsync``; and the file's name, where this made the file). A symbolic link, or a file
+    that is not a regular one of one name, is refused (:func:`open_in_place`)."""
     raw = line.encode("utf-8") + b"\n"
     new = sync and not os.path.exists(path)
     try:
@@ -162,7 +241,7 @@ def append_line(path: str | Path, line: str, *, sync: bool = False,
 def _append(path: str | Path, raw: bytes, *, sync: bool, drop_torn: bool) -> None:
     import fcntl  # POSIX: the site's client; the estimators import this module everywhere
 
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    fd = open_in_place(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size

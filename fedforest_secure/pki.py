@@ -93,8 +93,10 @@ class CertifiedKey:
         )
 
     def write(self, cert_path: Path, key_path: Path) -> None:
-        """Write the pair, each file whole or not at all (the key mode 0600)."""
-        write_atomic(cert_path, self.cert_pem())
+        """Write the pair, each file whole or not at all: the certificate 0644 less the umask
+        (anyone may read it, only its user replace it: a CA's is the federation's trust
+        anchor), the key 0600."""
+        write_atomic(cert_path, self.cert_pem(), mode=0o644)
         write_atomic(key_path, self.key_pem(), mode=0o600)
 
 
@@ -250,6 +252,8 @@ def _refuse_existing(paths: Sequence[Path], hint: str) -> None:
 def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT_HOSTS,
                  client_names: list[str] | None = None, overwrite: bool = False) -> DevPKI:
     """Write a dev CA, a server certificate for ``hosts`` and ``n_clients`` client certificates.
+    A missing ``out`` is made its user's only (0700: it holds the CA's and every site's key);
+    one that exists keeps its mode.
 
     Raises
     ------
@@ -273,7 +277,7 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
                                   "certificate it signed")
     ca = create_ca()
     server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)  # checks the hosts
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca.write(out / "ca.pem", out / "ca.key")
     server.write(out / "server.pem", out / "server.key")
     certs, keys = _write_clients(ca, out, names)
@@ -459,7 +463,7 @@ def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: 
     try:
         with contextlib.ExitStack() as stack:
             for ck, cert, key in zip(issued, certs, keys, strict=True):
-                _fill(stack.enter_context(replacing(cert)), ck.cert_pem())
+                _fill(stack.enter_context(replacing(cert, mode=0o644)), ck.cert_pem())
                 _fill(stack.enter_context(replacing(key, mode=0o600)), ck.key_pem())
             for path, kept in moves:  # every new file is written: the old ones go aside
                 moved.append((path, kept))  # first: an interrupt lands after the rename too

@@ -248,3 +248,13 @@ def test_show_and_export_of_a_log_with_unreadable_rows_are_errors(db: Path,
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert "error: the audit log's rows cannot be read (OperationalError: Could not decode " \
         "to UTF-8 column 'payload'" in result.output
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "export"])
+def test_the_db_help_says_where_a_postgresql_password_goes_instead_of_the_command_line(
+        command: str) -> None:
+    res = runner.invoke(audit_app, [command, "--help"], env={"COLUMNS": "1000"})
+    assert res.exit_code == 0
+    said = " ".join(res.output.replace("│", " ").split())
+    assert ("Other users of this machine can read a command line: give a PostgreSQL password "
+            "in ~/.pgpass or PGPASSWORD, not in the URL.") in said, said

@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import gzip
+import os
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,95 @@ def test_audit_export_keeps_an_archive_unless_forced(tmp_path: Path) -> None:
     assert data[10:data.index(b"\0", 10)] == b"j1.jsonl"
     assert gzip.decompress(data).count(b'"j1"') >= 2  # both entries of the job
     assert not list(tmp_path.glob(".*.part"))
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_clean_rows_are_no_more_readable_than_the_site_table_and_forced_keeps_the_mode(
+        tmp_path: Path, umask_022: None) -> None:
+    """A 0600 table gives a 0600 --clean-out file (not 0644, the umask's), and --force
+    writing over a file the user made 0600 (or 0640) keeps that mode."""
+    data, schema = _schema(tmp_path)
+    data.chmod(0o600)
+    clean = tmp_path / "clean.csv"
+    args = ("check", "--data", str(data), "--schema", str(schema), "--clean-out", str(clean))
+    assert _invoke(*args)[0] in (0, 1)
+    assert _mode(clean) == 0o600
+    clean.chmod(0o640)
+    assert _invoke(*args, "--force")[0] in (0, 1)
+    assert _mode(clean) == 0o640 and clean.read_text().startswith("age,chol")
+    data.chmod(0o644)  # a table others may read gives a copy as readable
+    clean.unlink()
+    assert _invoke(*args)[0] in (0, 1)
+    assert _mode(clean) == 0o644
+
+
+@pytest.mark.parametrize("name", ["all.jsonl", "all.jsonl.gz", "all.csv"])
+def test_an_audit_export_is_its_users_only_and_forced_keeps_the_mode(
+        tmp_path: Path, umask_022: None, name: str) -> None:
+    """The export holds the sites' disclosures: a new --out file is 0600 (as the server
+    makes the audit database), and --force over a file the user made 0640 keeps 0640."""
+    db = tmp_path / "audit.db"
+    with AuditLog(db) as log:
+        log.job("j1").job_created(schema={}, hyperparameters={}, profile="secure")
+    out = tmp_path / name
+    args = ["export", "--db", str(db), "--format", "csv" if name.endswith("csv") else "jsonl",
+            "--out", str(out)]
+    assert runner.invoke(audit_app, args).exit_code == 0
+    assert _mode(out) == 0o600
+    out.chmod(0o640)
+    assert runner.invoke(audit_app, [*args, "--force"]).exit_code == 0
+    assert _mode(out) == 0o640 and out.stat().st_size > 0
+
+
+def _disk_full_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up as the written file is flushed to it."""
+    import errno
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+
+
+def test_clean_rows_that_cannot_be_written_are_one_error_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, schema = _schema(tmp_path)
+    clean = tmp_path / "clean.csv"
+    _disk_full_at_the_end(monkeypatch)
+    res = runner.invoke(app, ["check", "--data", str(data), "--schema", str(schema),
+                              "--clean-out", str(clean)], env=WIDE)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert res.stderr == (f"error: cannot write {clean}: the disk is full (No space left on "
+                          "device)\n")
+    assert not clean.exists() and not list(tmp_path.glob(".*.part"))
+
+
+@pytest.mark.parametrize("name", ["all.jsonl", "all.jsonl.gz"])
+def test_an_audit_export_that_cannot_be_written_is_one_error_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    db = tmp_path / "audit.db"
+    with AuditLog(db) as log:
+        log.job("j1").job_created(schema={}, hyperparameters={}, profile="secure")
+    out = tmp_path / name
+    _disk_full_at_the_end(monkeypatch)
+    res = runner.invoke(audit_app, ["export", "--db", str(db), "--format", "jsonl", "--out",
+                                    str(out)], env=WIDE)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert res.stderr == (f"error: cannot write {out}: the disk is full (No space left on "
+                          "device)\n")
+    assert not out.exists() and not list(tmp_path.glob(".*.part"))
 
 
 @pytest.mark.parametrize("as_url", [False, True])

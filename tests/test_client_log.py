@@ -512,3 +512,21 @@ def test_a_terminal_log_drops_the_lines_it_could_not_write(
     log.info("first line after space returns")
     written = disk.getvalue().splitlines()
     assert len(written) == 1 and "first line after space returns" in written[0]
+
+
+def test_the_client_options_and_transport_reprs_hold_no_token(tmp_path: Path) -> None:
+    """A library user who logs the client's options or its transport (their dataclass repr)
+    does not log the site's token."""
+    from client_app.context import ClientOptions
+
+    token = "ffs_0123456789abcdef"
+    opts = ClientOptions(server="https://127.0.0.1:1", token=token, job="j1", data=None,
+                         schema=tmp_path / "schema.toml", ca=None)
+    tr = Transport("http://127.0.0.1:1", token, None, insecure_dev=True)
+    try:
+        for shown in (repr(opts), str(opts), repr(tr)):
+            assert "token" not in shown and token not in shown, shown
+        assert "job='j1'" in repr(opts) and "base_url='http://127.0.0.1:1'" in repr(tr)
+        assert tr.token == opts.token == token
+    finally:
+        tr.close()

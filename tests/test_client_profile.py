@@ -585,7 +585,7 @@ def test_a_refusal_whose_receipt_cannot_be_written_is_still_a_recorded_refusal(
     from client_app.context import RunContext
 
     state = tmp_path / "state"
-    state.mkdir()
+    state.mkdir(mode=0o700)  # the site user's alone, whatever the umask (002 too)
     (state / "receipts").write_text("not a folder")
     out = io.StringIO()
     ctx = types.SimpleNamespace(job=JOB, name="site-a", log=SiteLog(stream=out, plain=True),

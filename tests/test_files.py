@@ -11,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from other_user import NOBODY, as_other_user, shared_folder
 
 from client_app.state import ClientState
 from fedforest_secure import FedForestClassifier, files
 from fedforest_secure.files import write_atomic
+
+__all__ = ["shared_folder"]  # the fixture, imported for the tests below
 
 
 def _crash_halfway(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,6 +47,107 @@ def test_modes_follow_the_umask_or_the_secret_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "model.json").stat().st_mode) == 0o666 & ~umask
     write_atomic(tmp_path / "key", b"k", mode=0o600)
     assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
+
+
+def test_a_file_replaced_with_keep_mode_keeps_its_mode_and_is_never_more_open(
+        tmp_path: Path) -> None:
+    """Under umask 000 too: the new file takes the old one's mode (0600 stays 0600, 0640
+    stays 0640, a read-only 0444 stays 0444), and a missing one is made with ``mode``. While
+    the block writes it the temporary file is its owner's only, and writable by it."""
+    path = tmp_path / "out.csv"
+    seen: list[int] = []
+    old = os.umask(0)
+    try:
+        for mode in (0o600, 0o640, 0o444):
+            path.write_text("old")
+            path.chmod(mode)
+            with files.replacing(path, keep_mode=True) as tmp:
+                seen.append(stat.S_IMODE(tmp.stat().st_mode))
+                tmp.write_text("new")
+            assert stat.S_IMODE(path.stat().st_mode) == mode and path.read_text() == "new"
+        path.chmod(0o600)
+        path.unlink()
+        with files.replacing(path, mode=0o600, keep_mode=True) as tmp:
+            tmp.write_text("new")
+    finally:
+        os.umask(old)
+    assert seen == [0o600, 0o600, 0o600]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_read_only_mode_is_given_once_the_file_is_written(tmp_path: Path) -> None:
+    """``mode=0o444`` (a copy of a read-only table): the temporary file is writable by its
+    owner while the block writes it (group and others have what ``mode`` gives them); the
+    file ends up 0444 less the umask."""
+    path = tmp_path / "clean.csv"
+    old = os.umask(0o022)
+    try:
+        with files.replacing(path, mode=0o444) as tmp:
+            made = stat.S_IMODE(tmp.stat().st_mode)
+            tmp.write_text("new")
+        assert made == 0o644 and stat.S_IMODE(path.stat().st_mode) == 0o444
+        os.umask(0o077)
+        path.unlink()
+        with files.replacing(path, mode=0o444) as tmp:
+            tmp.write_text("new")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o400 and path.read_text() == "new"
+
+
+def test_a_user_who_is_not_root_writes_read_only_copies_and_replaces_read_only_files(
+        shared_folder: Path) -> None:
+    """As a user without root's right to write any file (the other user plays it): a new
+    file of mode 0444 or 0440, and one that replaces a 0444 file keeping its mode, are
+    written, not refused with "Permission denied"."""
+    script = (
+        "import importlib.util, os, stat, sys\n"
+        "spec = importlib.util.spec_from_file_location('files', sys.argv[1])\n"
+        "files = importlib.util.module_from_spec(spec); spec.loader.exec_module(files)\n"
+        "folder = sys.argv[2]; os.umask(0o022); modes = []\n"
+        "for mode in (0o444, 0o440):\n"
+        "    path = os.path.join(folder, f'new-{mode:o}.csv')\n"
+        "    with files.replacing(path, mode=mode) as tmp:\n"
+        "        tmp.write_text('new')\n"
+        "    modes.append(stat.S_IMODE(os.stat(path).st_mode))\n"
+        "path = os.path.join(folder, 'old.csv')\n"
+        "open(path, 'w').write('old'); os.chmod(path, 0o444)\n"
+        "with files.replacing(path, keep_mode=True) as tmp:\n"
+        "    tmp.write_text('new')\n"
+        "modes.append(stat.S_IMODE(os.stat(path).st_mode))\n"
+        "assert open(path).read() == 'new', 'not replaced'\n"
+        "open(os.path.join(folder, 'modes'), 'w').write(repr(modes))\n")
+    as_other_user("python3", "-c", script, files.__file__, str(shared_folder))
+    assert (shared_folder / "modes").read_text() == "[292, 288, 292]"  # 0444, 0440, 0444
+    assert not list(shared_folder.glob(".*.part"))
+
+
+def test_a_replaced_file_keeps_its_group_or_gives_the_new_group_nothing(
+        shared_folder: Path) -> None:
+    """An archive made 0640 for a group: replaced by a user who may give files that group
+    (root here), it keeps group and mode; replaced by one who may not (the other user, not in
+    that group), the new file's group (that user's own) gets no bits: 0600."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a file another user's group needs root")
+    kept = shared_folder / "kept.jsonl"
+    kept.write_text("old")
+    os.chown(kept, -1, NOBODY)
+    kept.chmod(0o640)
+    with files.replacing(kept, keep_mode=True) as tmp:
+        tmp.write_text("new")
+    assert (kept.stat().st_gid, stat.S_IMODE(kept.stat().st_mode)) == (NOBODY, 0o640)
+    theirs = shared_folder / "theirs.jsonl"
+    theirs.write_text("old")
+    os.chown(theirs, NOBODY, 0)  # the other user's file, of a group it is not in
+    theirs.chmod(0o640)
+    as_other_user("python3", "-c", (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('files', sys.argv[1])\n"
+        "files = importlib.util.module_from_spec(spec); spec.loader.exec_module(files)\n"
+        "with files.replacing(sys.argv[2], keep_mode=True) as tmp:\n"
+        "    tmp.write_text('new')\n"), files.__file__, str(theirs))
+    assert theirs.read_text() == "new"
+    assert (theirs.stat().st_gid, stat.S_IMODE(theirs.stat().st_mode)) == (NOBODY, 0o600)
 
 
 def test_a_saved_model_survives_a_crash_while_it_is_saved_again(
@@ -87,11 +191,11 @@ def test_writing_into_a_missing_directory_names_the_file_and_the_directory(
 
 def test_a_state_directory_made_by_the_client_is_owner_only_and_an_existing_one_keeps_its_mode(
         tmp_path: Path) -> None:
-    """A new state directory is made 0700; a directory the user gave that exists (their
-    working directory, a shared folder) keeps its mode: its secret files are 0600 each."""
+    """A new state directory is made 0700; a directory of the user's that exists (their
+    working directory, readable by others) keeps its mode: its secret files are 0600 each."""
     ClientState(tmp_path / "new")
     assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
-    shared = tmp_path / "shared"
+    shared = tmp_path / "work"
     shared.mkdir()
     shared.chmod(0o755)
     state = ClientState(shared)
@@ -149,7 +253,7 @@ def test_the_clients_output_check_makes_a_new_state_directory_owner_only(tmp_pat
     from client_app import runner
 
     runner._check_outputs(types.SimpleNamespace(state_dir=tmp_path / "new" / "state",
-                                                model_out=None))
+                                                model_out=None, job="j1"))
     assert stat.S_IMODE((tmp_path / "new" / "state").stat().st_mode) == 0o700
 
 
@@ -175,10 +279,13 @@ def test_a_write_on_a_full_disk_names_the_file_and_says_the_disk_is_full(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_line_appended_on_a_full_disk_names_the_file() -> None:
+def test_a_line_appended_on_a_full_disk_names_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "receipts.jsonl"
+    _disk_full(monkeypatch)
     with pytest.raises(OSError) as exc:
-        files.append_line("/dev/full", "{}")  # every write to it fails with ENOSPC
-    assert str(exc.value) == ("[Errno 28] cannot write /dev/full: the disk is full (No space "
+        files.append_line(path, "{}")
+    assert str(exc.value) == (f"[Errno 28] cannot write {path}: the disk is full (No space "
                               "left on device)")
 
 

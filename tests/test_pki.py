@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import ipaddress
+import os
 import re
 import socket
 import ssl
+import stat
 import threading
 from pathlib import Path
 
@@ -183,3 +185,23 @@ def test_a_site_name_with_a_trailing_newline_is_refused_as_any_bad_name(
     assert str(refused.value) == (f"site names {[name]!r} are not usable as file names "
                                   "(letters, digits, '.', '_', '-'; not 'ca' or 'server')")
     assert not (tmp_path / "certs").exists()
+
+
+def test_a_new_pki_directory_is_its_users_and_no_one_else_can_replace_its_files(
+        tmp_path: Path) -> None:
+    """Under umask 000: ``pki init``'s new directory is 0700 (it holds the CA's key), every
+    certificate 0644 (no one else replaces the CA certificate, the server's and the sites'
+    trust anchor) and every key 0600; so is a certificate ``pki issue`` adds."""
+    from fedforest_secure.pki import issue_client_certificates
+
+    old = os.umask(0)
+    try:
+        pki = init_dev_pki(tmp_path / "pki", 1)
+        added = issue_client_certificates(tmp_path / "pki", ["hospital-z"])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "pki").stat().st_mode) == 0o700
+    for cert in [pki.ca_cert, pki.server_cert, *pki.client_certs, *added]:
+        assert stat.S_IMODE(cert.stat().st_mode) == 0o644, cert
+    for key in [pki.ca_key, pki.server_key, *pki.client_keys, tmp_path / "pki" / "hospital-z.key"]:
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key

@@ -271,9 +271,10 @@ def write_receipt(directory: str | Path, receipt: AnyReceipt, *,
     on disk when this returns: one ``write`` in append mode, then ``fsync`` (and of the
     directory when the file is new), so a client killed right after (e.g. while its upload's
     request waits) keeps the line whole. A last line a crash cut short (no newline) holds no
-    receipt: this one takes its place, as if the crash had come before that write."""
+    receipt: this one takes its place, as if the crash had come before that write. A missing
+    ``directory`` is made owner-only (0700)."""
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     name = filename or f"{receipt.client}.jsonl"
     if Path(name).name != name or not name.endswith(".jsonl"):
         raise ValueError(f"bad receipt file name {name!r}")
