@@ -253,3 +253,8 @@ def test_roundtrip_property(
     assert load_profile(p) == p
     if dp is not None:
         assert p.dropout_tolerance == pytest.approx(1 - threshold)
+
+
+def test_the_python_api_refuses_a_dp_key_given_flat_and_in_dp_too() -> None:
+    with pytest.raises(ProfileError, match=r"epsilon is given twice, as epsilon= and in dp="):
+        load_profile("secure-dp", epsilon=8.0, dp={"epsilon": 1.0, "delta": 1e-6})

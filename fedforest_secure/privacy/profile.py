@@ -416,6 +416,10 @@ def load_profile(name_or_path: str | Path | PrivacyProfile, **overrides: Any) ->
         raise ProfileError(
             f"unknown profile override(s) {unknown}; valid: {sorted(top | dp_fields)}"
         )
+    given_dp = overrides.get("dp")
+    twice = sorted(set(dp_over) & set(given_dp)) if isinstance(given_dp, Mapping) else []
+    if twice:  # neither silently wins
+        raise ProfileError(f"{twice[0]} is given twice, as {twice[0]}= and in dp=: give it once")
     for k, v in overrides.items():
         if k in top:
             data[k] = v
