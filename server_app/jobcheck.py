@@ -17,7 +17,6 @@ from ``public_rows``), so that the operator sees it before the job runs: the non
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from fedforest_secure.schema import Schema
 from fedforest_secure.secagg import job_threshold
 
 from .engine import new_coordinator
-from .jobspec import JobSpec, build_config, resolve_profile
+from .jobspec import JobSpec, build_config, parse_schema, resolve_profile
 from .settings import ConfigError
 
 __all__ = ["CheckedJob", "DP_RULE_FIELDS", "check_job"]
@@ -44,15 +43,6 @@ class CheckedJob:
 
     spec: JobSpec
     notes: list[str] = field(default_factory=list)
-
-
-def _schema(spec: JobSpec) -> Schema | None:
-    if spec.schema_text is None:
-        return None
-    try:
-        return Schema.from_dict(tomllib.loads(spec.schema_text))
-    except (ValueError, tomllib.TOMLDecodeError):
-        return None  # a JSON schema or an invalid one: build_config says what is wrong
 
 
 def check_job(spec: JobSpec) -> CheckedJob:
@@ -94,9 +84,8 @@ def check_job(spec: JobSpec) -> CheckedJob:
                           f"min_clients = {floor}: a round closed with fewer sites would "
                           f"release a sum the profile refuses; set min_clients >= {floor} or "
                           "leave it out")
-    schema = _schema(spec)
-    if schema is not None:
-        _check_bounds(schema, profile, name)
+    if spec.schema_text is not None:  # TOML or JSON, read as build_config reads it
+        _check_bounds(parse_schema(spec.schema_text), profile, name)
     config = build_config(spec)
     try:
         new_coordinator(config)
