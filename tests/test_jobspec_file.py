@@ -52,6 +52,19 @@ def test_a_value_of_another_type_is_refused_naming_its_key(tmp_path: Path, text:
     assert said in str(err.value)
 
 
+@pytest.mark.parametrize("text, said", [
+    ("per_site = \"yes\"\n", "[evaluation] per_site: Input should be a valid boolean"),
+    ("score_bins = true\n", "[evaluation] score_bins: Input should be a valid integer, not true"),
+])
+def test_an_evaluation_value_of_another_type_is_refused_naming_its_key(
+        tmp_path: Path, text: str, said: str) -> None:
+    (tmp_path / "m.json").write_text("{}")
+    path = job(tmp_path, 'kind = "evaluate"\n[evaluation]\nmodels = ["m.json"]\n' + text)
+    with pytest.raises(ConfigError) as err:
+        load_job_spec(path)
+    assert said in str(err.value)
+
+
 def test_data_facts_stay_typed_and_take_bounds_as_arrays(tmp_path: Path) -> None:
     data = ('profile = "open"\n[data]\ntask = "classification"\nn_features = 1\n'
             "n_classes = 2\nfeature_bounds = [[0, 10]]\n")
