@@ -44,7 +44,7 @@ from .jobprofile import job_profile
 from .settings import ConfigError
 
 __all__ = ["MAX_RANDOM_STATE", "ForestParams", "JobSpec", "build_config", "load_job_spec",
-           "parse_schema", "resolve_profile"]
+           "parse_schema", "resolve_profile", "schema_sha256", "stored_schema_text"]
 
 #: the largest ``random_state``, as of ``--seed`` (scikit-learn's forests take one below 2**32)
 MAX_RANDOM_STATE = 2**32 - 1
@@ -135,7 +135,8 @@ class JobSpec(BaseModel):
     """``job.toml``: one training job, as the operator creates it."""
 
     # populate_by_name: the stored spec (JobRow.spec_json) carries the fields' own names; a
-    # job file using them is refused by load_job_spec
+    # job file using them is refused by load_job_spec. The server reads a stored spec's
+    # schema text only (stored_schema_text): these limits and strict types are create-job's
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     id: str = Field(pattern=NAME_PATTERN, description=(
@@ -180,9 +181,22 @@ class JobSpec(BaseModel):
         return v
 
     def schema_sha256(self) -> str | None:
-        if self.schema_text is None:
-            return None
-        return hashlib.sha256(self.schema_text.encode()).hexdigest()
+        return schema_sha256(self.schema_text)
+
+
+def schema_sha256(schema_text: str | None) -> str | None:
+    """The SHA-256 of a job's schema text, as the sites hash their copy."""
+    return None if schema_text is None else hashlib.sha256(schema_text.encode()).hexdigest()
+
+
+def stored_schema_text(spec_json: str) -> str | None:
+    """The schema text of a stored job's spec (``JobRow.spec_json``), read as it is.
+
+    The stored spec is not validated again: create-job validated it, with the limits of the
+    version that created it, and a later version's limits (or strict types) are the job
+    file's, never a reason to refuse a job the database already holds."""
+    text = json.loads(spec_json).get("schema_text")
+    return text if isinstance(text, str) else None
 
 
 def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
