@@ -7,24 +7,24 @@ reading wins silently), and so is a ``[dp]`` key for a profile without a ``[dp]`
 unless ``[privacy.dp]`` gives the section whole (``epsilon`` and ``delta``).
 
 A shipped profile's name means that profile's settings, since the sites' status and logs show
-the job's profile by its name only:
+the job's profile by its name only (:mod:`fedforest_secure.privacy.names`, the rule
+:func:`~fedforest_secure.privacy.load_profile` applies too):
 
-* a profile named like a shipped one (by ``[privacy] name`` or by a profile file's ``name``)
-  whose settings differ from it is refused, naming the settings that differ;
+* a name claiming a shipped profile (its name, or its name and a space or ``(``), given by
+  ``[privacy] name`` or by a profile file's ``name``, is refused unless it is the name the
+  settings get from that rule, and the refusal names what differs;
 * a shipped profile that ``[privacy]`` changes without naming it is named after the base and
   the changes, e.g. ``secure-dp (epsilon = 2.0)``.
-
-The labels ``name`` and ``description`` are no settings (the sites' pin check ignores them).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from fedforest_secure.privacy import DPConfig, PrivacyProfile, available_profiles, load_profile
-from fedforest_secure.privacy.pinning import PROFILE_LABELS
+from fedforest_secure.errors import ProfileError
+from fedforest_secure.privacy import DPConfig, PrivacyProfile, load_profile
+from fedforest_secure.privacy.names import checked_name, claimed_base, derived_name, shown_value
 
 from .settings import ConfigError
 
@@ -32,28 +32,7 @@ __all__ = ["job_profile"]
 
 _DP_ONLY = frozenset(DPConfig.model_fields) - frozenset(PrivacyProfile.model_fields)
 _DP_REQUIRED = tuple(k for k, f in DPConfig.model_fields.items() if f.is_required())
-
-
-def _value(v: Any) -> str:
-    """A setting's value as a TOML file writes it (``true``, ``"clear"``, ``2.0``)."""
-    return "absent" if v is None else json.dumps(v)
-
-
-def _settings(profile: PrivacyProfile) -> dict[str, Any]:
-    """The profile's settings, one per key, ``[dp]`` keys included by their own names (a
-    profile without ``[dp]``: its required keys absent, the others at their defaults)."""
-    out = {k: v for k, v in profile.to_dict().items() if k not in PROFILE_LABELS and k != "dp"}
-    dp = profile.dp.model_dump(mode="json") if profile.dp is not None else {
-        k: None if f.is_required() else f.get_default(call_default_factory=True)
-        for k, f in DPConfig.model_fields.items()}
-    out.update(dp)
-    return out
-
-
-def _differences(job: PrivacyProfile, shipped: PrivacyProfile) -> list[tuple[str, Any, Any]]:
-    mine, theirs = _settings(job), _settings(shipped)
-    return [(k, mine.get(k), theirs.get(k)) for k in mine | theirs
-            if mine.get(k) != theirs.get(k)]
+_value = shown_value
 
 
 def _dp_overrides(base: PrivacyProfile, over: dict[str, Any]) -> dict[str, Any] | None:
@@ -93,37 +72,39 @@ def job_profile(name: str, overrides: Mapping[str, Any]) -> PrivacyProfile:
     ------
     ConfigError, ProfileError
         A key given twice, a ``[dp]`` key without a section to override, a profile that does
-        not validate, or a shipped profile's name on other settings.
+        not validate, or a name claiming a shipped profile for other settings.
     """
-    shipped_names = available_profiles()
     base = load_profile(name)
     over = dict(overrides)
+    given = over.pop("name", None)
     dp = _dp_overrides(base, over)
     if dp is not None:
         over["dp"] = dp
+    if given is None:  # the file's own name, for the file's own settings
+        base = _renamed(base, _checked(
+            base.name, base, f"the profile file {name} names itself {_value(base.name)}",
+            f"give it a name of its own: name = \"...\" in {name}"))
+    # named as the base is, or (a base named like a shipped profile) after it and the changes
     prof = load_profile(base, **over) if over else base
-    if "name" in over:
-        _refuse_a_false_name(prof, f"[privacy] name = {_value(prof.name)}")
+    if given is None:
         return prof
-    if base.name not in shipped_names:
-        return prof
-    _refuse_a_false_name(base, f"the profile file {name} names itself {base.name!r}")
-    diffs = _differences(prof, load_profile(base.name))
-    if not diffs:
-        return prof
-    changes = ", ".join(f"{k} = {_value(mine)}" for k, mine, _ in diffs)
-    return prof.model_copy(update={"name": f"{prof.name} ({changes})"})
+    named = PrivacyProfile.from_dict({**prof.model_dump(), "name": given})  # a valid name
+    claimed = claimed_base(prof.name)
+    unnamed = prof.name if claimed is None else derived_name(prof, claimed)
+    return _renamed(named, _checked(
+        named.name, named, f"[privacy] name = {_value(given)}",
+        'give it a name of its own ([privacy] name = "..."), or leave name out (the server '
+        f"then names the profile {unnamed!r})"))
 
 
-def _refuse_a_false_name(profile: PrivacyProfile, said: str) -> None:
-    """Refuse ``profile`` if it carries a shipped profile's name on other settings."""
-    if profile.name not in available_profiles():
-        return
-    diffs = _differences(profile, load_profile(profile.name))
-    if diffs:
-        shown = "; ".join(f"{k} = {_value(mine)} ({profile.name!r}: {_value(theirs)})"
-                          for k, mine, theirs in diffs)
-        raise ConfigError(
-            f"{said}, a shipped profile's name, but its settings differ from that profile's: "
-            f"{shown}. The sites and `fedforest status` show a job's profile by its name: "
-            "give it a name of its own ([privacy] name = \"...\")")
+def _checked(name: str, profile: PrivacyProfile, said: str, fix: str) -> str:
+    """:func:`~fedforest_secure.privacy.names.checked_name`, its refusal a ConfigError (the
+    message names the job file's key, no profile needs naming before it)."""
+    try:
+        return checked_name(name, profile, said, fix)
+    except ProfileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _renamed(profile: PrivacyProfile, name: str) -> PrivacyProfile:
+    return profile if name == profile.name else profile.model_copy(update={"name": name})
