@@ -85,7 +85,8 @@ def check_job(spec: JobSpec) -> CheckedJob:
                           f"release a sum the profile refuses; set min_clients >= {floor} or "
                           "leave it out")
     if spec.schema_text is not None:  # TOML or JSON, read as build_config reads it
-        _check_bounds(parse_schema(spec.schema_text), profile, name)
+        _check_bounds(parse_schema(spec.schema_text), profile, name,
+                      json_schema=spec.schema_text.lstrip().startswith("{"))
     config = build_config(spec)
     try:
         new_coordinator(config)
@@ -97,7 +98,11 @@ def check_job(spec: JobSpec) -> CheckedJob:
     return CheckedJob(spec, notes)
 
 
-def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
+def _check_bounds(schema: Schema, profile: dict[str, Any], name: str, *,
+                  json_schema: bool) -> None:
+    """Refuse a schema without the public bounds the profile needs; the advice is in the
+    schema's own format (TOML or JSON)."""
+    bounds = '`"bounds": [lo, hi]`' if json_schema else "`bounds = [lo, hi]`"
     missing = [f.name for f in schema.features if f.kind == "continuous" and f.bounds is None]
     needs = []
     if profile.get("sketch") == "secure_cdf":
@@ -108,15 +113,16 @@ def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
         raise ConfigError(
             f"profile {name!r} needs public bounds for every continuous feature ("
             f"{'; '.join(needs)}); the job's schema has none for {', '.join(missing)}. Agree on "
-            "them from domain knowledge, never from one site's data, and add "
-            "`bounds = [lo, hi]` to each (docs/configuration.md)")
+            f"them from domain knowledge, never from one site's data, and add {bounds} to "
+            "each (docs/configuration.md)")
     target = schema.target
+    where = '"target"' if json_schema else "[target]"
     if target.kind == "regression" and target.bounds is None and (
             profile.get("fixed_point") or profile.get("dp")):
         raise ConfigError(
             f"profile {name!r} encodes sums in fixed point, scaled by the target's public "
-            f"bounds; the job's schema's [target] {target.name!r} has none. Add "
-            "`bounds = [lo, hi]` to [target]")
+            f"bounds; the job's schema's {where} {target.name!r} has none. Add {bounds} to "
+            f"{where}")
 
 
 def _dp_notes(spec: JobSpec, profile: dict[str, Any], config: JobConfig) -> list[str]:

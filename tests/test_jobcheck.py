@@ -81,14 +81,16 @@ def test_a_json_schema_is_checked_for_bounds_as_a_toml_one_is(tmp_path: Path,
                     'schema = "schema.json"\n')
     with pytest.raises(ConfigError, match=rf"^profile '{profile}' encodes sums in fixed point, "
                                           r"scaled by the target's public bounds; the job's "
-                                          r"schema's \[target\] 'y' has none"):
+                                          r"schema's \"target\" 'y' has none. Add "
+                                          r"`\"bounds\": \[lo, hi\]` to \"target\"$"):
         check_job(load_job_spec(path))
     unbounded = json.dumps({"target": {"name": "y", "kind": "classification",
                                        "classes": ["0", "1"]},
                             "features": [{"name": "a", "kind": "continuous"}]})
     (tmp_path / "schema.json").write_text(unbounded)
     with pytest.raises(ConfigError, match=r"needs public bounds for every continuous feature "
-                                          r".*the job's schema has none for a\."):
+                                          r".*the job's schema has none for a\..* and add "
+                                          r"`\"bounds\": \[lo, hi\]` to each "):
         check_job(load_job_spec(path))
 
 

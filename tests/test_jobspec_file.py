@@ -142,7 +142,6 @@ def test_a_profile_that_is_neither_shipped_nor_a_file_names_both(tmp_path: Path,
 
 @pytest.mark.parametrize("text, key", [
     ('profile = "secure-dp"\n[profile_overrides]\nepsilon = 8.0\n', "profile_overrides"),
-    ('[privacy]\nepsilon = 2.0\n[profile_overrides]\nepsilon = 8.0\n', "profile_overrides"),
     ('schema_text = "[target]"\n', "schema_text"),
 ])
 def test_the_stored_specs_own_key_names_are_unknown_keys_of_a_job_file(
