@@ -23,7 +23,7 @@ from .db import ClientRow, JobRow
 from .engine import uses_secagg
 from .errors import ApiError
 from .jobs import JobRuntime
-from .jobspec import JobSpec
+from .jobspec import schema_sha256, stored_schema_text
 from .logs import event
 from .phases import JobStatus, MemberState
 from .store import (
@@ -195,9 +195,9 @@ def _start(core: Core, job_id: str, rt: JobRuntime) -> None:
 
 def _job_info(job: JobRow, client: ClientRow, idx: int, secure: bool) -> dict[str, Any]:
     """The join response: the job's configuration and this client's place in it."""
-    spec = JobSpec.model_validate_json(job.spec_json)
+    schema = stored_schema_text(job.spec_json)
     return {"job_id": job.id, "client_index": idx, "client_name": client.name,
             "config": json.loads(job.config_json), "status": job.status,
-            "schema_sha256": spec.schema_sha256(), "min_clients": job.min_clients,
+            "schema_sha256": schema_sha256(schema), "min_clients": job.min_clients,
             "round_deadline": job.round_deadline_s, "secure_aggregation": secure,
             "server_version": __version__}

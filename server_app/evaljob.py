@@ -39,7 +39,8 @@ __all__ = ["EvaluationParams", "embed_models", "evaluation_entry", "evaluation_o
 class EvaluationParams(BaseModel):
     """The ``[evaluation]`` table of an evaluation job (``kind = "evaluate"``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: TOML's true is no number and "yes" no boolean
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     models: list[str] = Field(min_length=1, max_length=16, description=(
         "model files to score (relative to job.toml), e.g. the `model.json` of earlier "

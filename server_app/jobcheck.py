@@ -17,7 +17,6 @@ from ``public_rows``), so that the operator sees it before the job runs: the non
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from fedforest_secure.schema import Schema
 from fedforest_secure.secagg import job_threshold
 
 from .engine import new_coordinator
-from .jobspec import JobSpec, build_config, resolve_profile
+from .jobspec import JobSpec, build_config, parse_schema, resolve_profile
 from .settings import ConfigError
 
 __all__ = ["CheckedJob", "DP_RULE_FIELDS", "check_job"]
@@ -44,15 +43,6 @@ class CheckedJob:
 
     spec: JobSpec
     notes: list[str] = field(default_factory=list)
-
-
-def _schema(spec: JobSpec) -> Schema | None:
-    if spec.schema_text is None:
-        return None
-    try:
-        return Schema.from_dict(tomllib.loads(spec.schema_text))
-    except (ValueError, tomllib.TOMLDecodeError):
-        return None  # a JSON schema or an invalid one: build_config says what is wrong
 
 
 def check_job(spec: JobSpec) -> CheckedJob:
@@ -94,9 +84,9 @@ def check_job(spec: JobSpec) -> CheckedJob:
                           f"min_clients = {floor}: a round closed with fewer sites would "
                           f"release a sum the profile refuses; set min_clients >= {floor} or "
                           "leave it out")
-    schema = _schema(spec)
-    if schema is not None:
-        _check_bounds(schema, profile, name)
+    if spec.schema_text is not None:  # TOML or JSON, read as build_config reads it
+        _check_bounds(parse_schema(spec.schema_text), profile, name,
+                      json_schema=spec.schema_text.lstrip().startswith("{"))
     config = build_config(spec)
     try:
         new_coordinator(config)
@@ -108,7 +98,11 @@ def check_job(spec: JobSpec) -> CheckedJob:
     return CheckedJob(spec, notes)
 
 
-def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
+def _check_bounds(schema: Schema, profile: dict[str, Any], name: str, *,
+                  json_schema: bool) -> None:
+    """Refuse a schema without the public bounds the profile needs; the advice is in the
+    schema's own format (TOML or JSON)."""
+    bounds = '`"bounds": [lo, hi]`' if json_schema else "`bounds = [lo, hi]`"
     missing = [f.name for f in schema.features if f.kind == "continuous" and f.bounds is None]
     needs = []
     if profile.get("sketch") == "secure_cdf":
@@ -119,15 +113,16 @@ def _check_bounds(schema: Schema, profile: dict[str, Any], name: str) -> None:
         raise ConfigError(
             f"profile {name!r} needs public bounds for every continuous feature ("
             f"{'; '.join(needs)}); the job's schema has none for {', '.join(missing)}. Agree on "
-            "them from domain knowledge, never from one site's data, and add "
-            "`bounds = [lo, hi]` to each (docs/configuration.md)")
+            f"them from domain knowledge, never from one site's data, and add {bounds} to "
+            "each (docs/configuration.md)")
     target = schema.target
+    where = '"target"' if json_schema else "[target]"
     if target.kind == "regression" and target.bounds is None and (
             profile.get("fixed_point") or profile.get("dp")):
         raise ConfigError(
             f"profile {name!r} encodes sums in fixed point, scaled by the target's public "
-            f"bounds; the job's schema's [target] {target.name!r} has none. Add "
-            "`bounds = [lo, hi]` to [target]")
+            f"bounds; the job's schema's {where} {target.name!r} has none. Add {bounds} to "
+            f"{where}")
 
 
 def _dp_notes(spec: JobSpec, profile: dict[str, Any], config: JobConfig) -> list[str]:

@@ -33,22 +33,28 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedforest_secure.config import MAX_BINS, JobConfig, resolve_max_features
-from fedforest_secure.config_errors import explain
-from fedforest_secure.privacy import load_profile
+from fedforest_secure.config_errors import allowed_keys, explain
+from fedforest_secure.privacy import available_profiles
 from fedforest_secure.privacy.pinning import schema_facts
 from fedforest_secure.protocol.api import NAME_PATTERN
 from fedforest_secure.schema import Schema
 
 from .evaljob import EvaluationParams, embed_models, evaluation_of, set_models
+from .jobprofile import job_profile
 from .settings import ConfigError
 
-__all__ = ["ForestParams", "JobSpec", "build_config", "load_job_spec", "resolve_profile"]
+__all__ = ["MAX_RANDOM_STATE", "ForestParams", "JobSpec", "build_config", "load_job_spec",
+           "parse_schema", "resolve_profile", "schema_sha256", "stored_schema_text"]
+
+#: the largest ``random_state``, as of ``--seed`` (scikit-learn's forests take one below 2**32)
+MAX_RANDOM_STATE = 2**32 - 1
 
 
 class ForestParams(BaseModel):
     """The ``[forest]`` table: the forest's hyper-parameters (scikit-learn meanings)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: TOML's true is no number, "no" no boolean and "16" no integer
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     n_estimators: int = Field(default=50, ge=1, le=10_000, description=(
         "number of trees T"))
@@ -80,14 +86,24 @@ class ForestParams(BaseModel):
     criterion: str | None = Field(default=None, description=(
         'impurity: "gini" or "entropy" for classification, "mse" for regression; absent: '
         "gini / mse"))
-    random_state: int = Field(default=0, description=(
+    random_state: int = Field(default=0, ge=0, le=MAX_RANDOM_STATE, description=(
         "seed of the coordinator's feature sampling and the sites' bootstrap"))
+
+
+    @field_validator("max_features", mode="before")
+    @classmethod
+    def _features(cls, v: object) -> object:
+        """One message for a value of no allowed type (not one per member of the union)."""
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float | str)):
+            shown = str(v).lower() if isinstance(v, bool) else repr(v)
+            raise ValueError(f'an int, a fraction in (0, 1], "sqrt" or "log2", not {shown}')
+        return v
 
 
 class DataFacts(BaseModel):
     """The ``[data]`` table: schema-level facts, for a job created without a schema file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     task: str = Field(description='"classification" or "regression"')
     n_features: int = Field(ge=1, description="number of features d")
@@ -106,11 +122,22 @@ class DataFacts(BaseModel):
         "public [lo, hi] per feature; needed by the secure profiles' pooled sketch; a site's "
         "value outside them is an error, never clipped"))
 
+    @field_validator("feature_bounds", mode="before")
+    @classmethod
+    def _pairs(cls, v: object) -> object:
+        """A TOML array ``[lo, hi]`` is the pair (strict validation takes only tuples)."""
+        if isinstance(v, list):
+            return [tuple(b) if isinstance(b, list) else b for b in v]
+        return v
+
 
 class JobSpec(BaseModel):
     """``job.toml``: one training job, as the operator creates it."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # populate_by_name: the stored spec (JobRow.spec_json) carries the fields' own names; a
+    # job file using them is refused by load_job_spec. The server reads a stored spec's
+    # schema text only (stored_schema_text): these limits and strict types are create-job's
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     id: str = Field(pattern=NAME_PATTERN, description=(
         "the job's name: letters, digits, '_', '.', '-' (at most 64)"))
@@ -118,7 +145,8 @@ class JobSpec(BaseModel):
         "the sites taking part, as registered with `fedforest server add-client`; the order "
         "fixes each site's index"))
     profile: str = Field(default="secure", description=(
-        '"open", "secure", "secure-dp" or a path to a profile TOML file (relative to job.toml)'))
+        '"open", "secure", "secure-dp" or the path of a profile TOML file (relative to '
+        "job.toml, whatever its name)"))
     profile_overrides: dict[str, Any] = Field(
         default_factory=dict, validation_alias=AliasChoices("privacy", "profile_overrides"),
         description=("the `[privacy]` table: overrides of the profile's fields (see below), "
@@ -135,7 +163,7 @@ class JobSpec(BaseModel):
     forest: ForestParams = Field(default_factory=ForestParams, description=(
         "the `[forest]` table"))
     data: DataFacts | None = Field(default=None, description=(
-        "the `[data]` table, only for a job without a schema file"))
+        "the `[data]` table, only for a job without a schema file (refused beside `schema`)"))
     public_rows: int | None = Field(default=None, ge=1, description=(
         "a public count (or lower bound) of the federation's rows, for the DP allocation "
         "rule; absent: 100 rows per site"))
@@ -153,9 +181,22 @@ class JobSpec(BaseModel):
         return v
 
     def schema_sha256(self) -> str | None:
-        if self.schema_text is None:
-            return None
-        return hashlib.sha256(self.schema_text.encode()).hexdigest()
+        return schema_sha256(self.schema_text)
+
+
+def schema_sha256(schema_text: str | None) -> str | None:
+    """The SHA-256 of a job's schema text, as the sites hash their copy."""
+    return None if schema_text is None else hashlib.sha256(schema_text.encode()).hexdigest()
+
+
+def stored_schema_text(spec_json: str) -> str | None:
+    """The schema text of a stored job's spec (``JobRow.spec_json``), read as it is.
+
+    The stored spec is not validated again: create-job validated it, with the limits of the
+    version that created it, and a later version's limits (or strict types) are the job
+    file's, never a reason to refuse a job the database already holds."""
+    text = json.loads(spec_json).get("schema_text")
+    return text if isinstance(text, str) else None
 
 
 def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
@@ -172,8 +213,18 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
     except OSError as exc:  # a directory, a file this process may not read
         raise ConfigError(f"cannot read the job file {path}: {exc.strerror or exc}") from exc
     base = path.resolve().parent
+    _refuse_inner_keys(raw, path)
     schema = raw.pop("schema", None)
     if schema is not None:
+        if not isinstance(schema, str):
+            raise ConfigError(f"invalid job file {path}: schema = {schema!r}: write the path of "
+                              'the schema file as a string, e.g. schema = "schema.toml"')
+        if "data" in raw:
+            raise ConfigError(
+                f"invalid job file {path}: [data] is only for a job without a schema file, and "
+                f"this one names schema = {schema!r}: the sites check the job against the "
+                "schema's facts, so a [data] table replacing them gets the job refused by every "
+                "site. Remove the [data] table (or the schema)")
         schema_path = Path(schema) if Path(schema).is_absolute() else base / schema
         try:
             # without a byte-order mark, as the sites hash their copy (client_app.data)
@@ -185,10 +236,15 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
         except OSError as exc:
             raise ConfigError(f"cannot read the schema file {schema_path}: "
                               f"{exc.strerror or exc}") from exc
-        _parse_schema(raw["schema_text"], schema_path)  # errors name the file
+        parse_schema(raw["schema_text"], schema_path)  # errors name the file
     prof = raw.get("profile")
-    if isinstance(prof, str) and prof.endswith(".toml"):
+    if isinstance(prof, str) and prof not in available_profiles():
+        # a profile file, whatever its name: relative to job.toml, as the schema
         ppath = Path(prof) if Path(prof).is_absolute() else base / prof
+        if not ppath.exists():
+            raise ConfigError(f"invalid job file {path}: profile = {prof!r} is neither a shipped "
+                              f"profile ({', '.join(available_profiles())}) nor a file: no "
+                              f"{ppath} (a profile file's path is relative to job.toml)")
         raw["profile"] = str(ppath.resolve())
     if models is not None:
         set_models(raw, models, names)
@@ -199,17 +255,29 @@ def load_job_spec(path: Path, *, models: Sequence[Path] | None = None,
         raise ConfigError(f"invalid job file {path}: {explain(exc, JobSpec, raw)}") from None
 
 
+def _refuse_inner_keys(raw: dict[str, Any], path: Path) -> None:
+    """Refuse the names the stored spec gives ``[privacy]`` and the schema's text: a job file
+    writes ``[privacy]`` and ``schema``."""
+    for key in ("profile_overrides", "schema_text"):
+        if key in raw:
+            raise ConfigError(f"invalid job file {path}: {key}: unknown key; allowed: "
+                              f"{', '.join(allowed_keys(JobSpec))}")
+
+
 def resolve_profile(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The profile (shipped name or TOML path, :func:`~fedforest_secure.privacy.load_profile`)
-    as the JSON mapping :class:`JobConfig` carries."""
+    """The profile (shipped name or TOML path) with the job file's ``[privacy]`` overrides
+    (:func:`~server_app.jobprofile.job_profile`), as the JSON mapping :class:`JobConfig`
+    carries."""
     try:
-        prof = load_profile(name, **(overrides or {}))
+        prof = job_profile(name, overrides or {})
+    except ConfigError:
+        raise  # it names the [privacy] keys
     except (ValueError, OSError) as exc:
         raise ConfigError(f"profile {name!r}: {exc}") from exc
     return dict(json.loads(json.dumps(prof.to_dict(), default=str)))
 
 
-def _parse_schema(schema_text: str, source: Path | None = None) -> Schema:
+def parse_schema(schema_text: str, source: Path | None = None) -> Schema:
     """The schema of a schema file's text (TOML or JSON); errors name ``source``."""
     try:
         raw = json.loads(schema_text) if schema_text.lstrip().startswith("{") else \
@@ -253,7 +321,7 @@ def _dp_forest(spec: JobSpec, facts: dict[str, Any], dp: dict[str, Any]) -> dict
 
 def build_config(spec: JobSpec) -> JobConfig:
     """The job's :class:`JobConfig` from the spec (schema facts + forest + profile)."""
-    schema = _parse_schema(spec.schema_text) if spec.schema_text is not None else None
+    schema = parse_schema(spec.schema_text) if spec.schema_text is not None else None
     if spec.data is not None:
         facts: dict[str, Any] = spec.data.model_dump()
         facts["feature_kinds"] = tuple(facts["feature_kinds"])

@@ -44,7 +44,7 @@ from .deadlines import Deadlines
 from .engine import uses_ring
 from .errors import ApiError
 from .jobs import JobRuntime
-from .jobspec import JobSpec
+from .jobspec import stored_schema_text
 from .logs import event
 from .notify import Changes
 from .phases import JobStatus, MemberState, Phase, RoundStatus
@@ -436,9 +436,9 @@ class RoundDriver:
             # the model file sites download: the forest with the job's schema (feature names,
             # levels, classes) and site names, or an evaluation job's result as it is; the
             # audit log's digest is of these bytes
-            spec = JobSpec.model_validate_json(job.spec_json)
             result = coord.result()
-            text = (result.for_job(spec.schema_text, [rt.names[k] for k in sorted(rt.names)])
+            schema = stored_schema_text(job.spec_json)
+            text = (result.for_job(schema, [rt.names[k] for k in sorted(rt.names)])
                     if isinstance(result, ForestModel) else result).to_json()
             job.model_json = text
             job.model_digest = hashlib.sha256(text.encode()).hexdigest()

@@ -76,8 +76,9 @@ def test_a_secure_site_refuses_a_routing_on_the_site_indicator_so_no_sum_isolate
                 "refusing a task that routes rows by the site indicator H (a split on the "
                 "client): it can put one site's rows alone in a node, whose sum over all sites "
                 "is then that site's own statistics. This site's privacy profile "
-                f"'{profile}' has h_splits='off', so this site follows no H-splits, and an "
-                "honest server sends none in this job (nothing to change on this site)")
+                f"{cfg.profile['name']!r} has h_splits='off', so this site follows no "
+                "H-splits, and an honest server sends none in this job (nothing to change on "
+                "this site)")
     if len(answered) == K and cfg.dp is None:  # the attack: every site's masked reply, summed
         enc = {k: encode_contribution(cfg, evil, r) for k, r in answered.items()}
         agg.round_id = evil.round_id

@@ -4,6 +4,7 @@ cannot start fails with its reason, never with a 500 on every request."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import warnings
@@ -65,6 +66,32 @@ def test_missing_bounds_under_a_secure_profile_are_refused_naming_the_features(
                              regression))
     with pytest.raises(ConfigError, match=r"\[target\] 'y' has none"):
         check_job(spec)
+
+
+@pytest.mark.parametrize("profile", ["secure", "secure-dp"])
+def test_a_json_schema_is_checked_for_bounds_as_a_toml_one_is(tmp_path: Path,
+                                                              profile: str) -> None:
+    """Without the target's bounds, the fixed-point scale would be 1: secure-dp would clip
+    every target to [-1, 1]."""
+    (tmp_path / "schema.json").write_text(json.dumps({
+        "target": {"name": "y", "kind": "regression"},
+        "features": [{"name": "a", "kind": "continuous", "bounds": [0, 10]}]}))
+    path = tmp_path / "job.toml"
+    path.write_text(f'id = "j"\nclients = ["a", "b", "c"]\nprofile = "{profile}"\n'
+                    'schema = "schema.json"\n')
+    with pytest.raises(ConfigError, match=rf"^profile '{profile}' encodes sums in fixed point, "
+                                          r"scaled by the target's public bounds; the job's "
+                                          r"schema's \"target\" 'y' has none. Add "
+                                          r"`\"bounds\": \[lo, hi\]` to \"target\"$"):
+        check_job(load_job_spec(path))
+    unbounded = json.dumps({"target": {"name": "y", "kind": "classification",
+                                       "classes": ["0", "1"]},
+                            "features": [{"name": "a", "kind": "continuous"}]})
+    (tmp_path / "schema.json").write_text(unbounded)
+    with pytest.raises(ConfigError, match=r"needs public bounds for every continuous feature "
+                                          r".*the job's schema has none for a\..* and add "
+                                          r"`\"bounds\": \[lo, hi\]` to each "):
+        check_job(load_job_spec(path))
 
 
 def test_a_dp_job_without_forest_settings_is_told_what_the_dp_rule_chose(

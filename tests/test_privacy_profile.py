@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +254,52 @@ def test_roundtrip_property(
     assert load_profile(p) == p
     if dp is not None:
         assert p.dropout_tolerance == pytest.approx(1 - threshold)
+
+
+def test_the_python_api_refuses_a_dp_key_given_flat_and_in_dp_too() -> None:
+    with pytest.raises(ProfileError, match=r"epsilon is given twice, as epsilon= and in dp="):
+        load_profile("secure-dp", epsilon=8.0, dp={"epsilon": 1.0, "delta": 1e-6})
+
+
+def test_dp_given_as_a_mapping_overrides_only_its_keys_as_a_job_files_dp_table_does(
+        tmp_path: Path) -> None:
+    p = load_profile("secure-dp", dp={"epsilon": 2.0})
+    assert p.dp is not None and (p.dp.epsilon, p.dp.delta) == (2.0, 1e-6)
+    (tmp_path / "mine.toml").write_text(load_profile("secure-dp", name="mine",
+                                                     max_multiplicity=8).to_toml())
+    q = load_profile(tmp_path / "mine.toml", dp={"epsilon": 2.0, "delta": 1e-7})
+    assert q.dp is not None and (q.dp.epsilon, q.dp.delta, q.dp.max_multiplicity) == (
+        2.0, 1e-7, 8)
+    assert load_profile("secure-dp", dp=None).dp is None  # None still removes the section
+
+
+def test_a_shipped_profile_changed_by_overrides_is_named_by_its_changes() -> None:
+    assert load_profile("secure-dp", epsilon=2.0).name == "secure-dp (epsilon = 2.0)"
+    assert load_profile("secure", secure_aggregation=False).name == \
+        "secure (secure_aggregation = false)"
+    assert load_profile("secure-dp", epsilon=1.0).name == "secure-dp"  # nothing changed
+    assert load_profile("secure", name="mine", abstain_below=4).name == "mine"
+    # the derived name, given, is taken for the settings it describes
+    assert load_profile("secure-dp", epsilon=2.0, name="secure-dp (epsilon = 2.0)").name == \
+        "secure-dp (epsilon = 2.0)"
+
+
+@pytest.mark.parametrize("name", ["secure", "secure ", "SECURE", "secure (epsilon = 2.0)",
+                                  "secure-dp (epsilon = 2.0)"])
+def test_a_name_claiming_a_shipped_profile_for_other_settings_is_refused(name: str) -> None:
+    said = re.escape(repr(name))
+    with pytest.raises(ProfileError, match=rf"^name={said}, (a shipped profile's name, but its "
+                                           r"settings differ|in the form of the name of "
+                                           r"profile).*: pass a name of its own "
+                                           r"\(name=\"...\"\), or leave name= out \(the "
+                                           r"profile is then named 'open'\)$"):
+        load_profile("open", name=name)
+
+
+def test_a_profile_file_is_read_as_it_is_whatever_its_name(tmp_path: Path) -> None:
+    """A site's pin file written by an earlier version (named "secure-dp", with another
+    epsilon) still loads: the sites' pin check ignores names."""
+    text = load_profile("secure-dp").to_toml().replace("epsilon = 1.0", "epsilon = 2.0")
+    (tmp_path / "pin.toml").write_text(text)
+    pin = load_profile(tmp_path / "pin.toml")
+    assert pin.name == "secure-dp" and pin.dp is not None and pin.dp.epsilon == 2.0

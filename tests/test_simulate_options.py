@@ -368,3 +368,24 @@ def test_a_profile_file_inside_the_earlier_run_it_replaces_is_refused_and_kept(
     res = CliRunner().invoke(app, ["simulate", "--dataset", "wine", "--clients", "3",
                                    "--out", str(out), "--profile", str(profile)])
     assert res.exit_code == 2 and "lies in --out" in res.output and profile.exists()
+
+
+def test_a_profile_file_named_like_a_shipped_one_is_told_to_rename_it_in_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """simulate writes the job file itself: the fix is the profile file's name."""
+    monkeypatch.chdir(tmp_path)
+    from fedforest_secure.privacy import load_profile
+
+    text = load_profile("secure-dp").to_toml().replace("epsilon = 1.0", "epsilon = 2.0")
+    Path("eps2.toml").write_text(text)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError) as err:
+        run_simulation(SimulateOptions(out=out, profile="eps2.toml",
+                                       **TINY))  # type: ignore[arg-type]
+    said = str(err.value)
+    assert said.startswith(f'the profile file {tmp_path / "eps2.toml"} names itself '
+                           '"secure-dp", a shipped profile\'s name, but its settings differ '
+                           "from that profile's: epsilon = 2.0 ('secure-dp': 1.0).")
+    assert said.endswith(f'give it a name of its own: name = "..." in {tmp_path / "eps2.toml"}')
+    assert "[privacy]" not in said
+    assert not out.exists()

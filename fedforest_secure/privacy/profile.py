@@ -4,8 +4,14 @@ A profile is a TOML file validated by :class:`PrivacyProfile`. Three ship with t
 (``open``, ``secure``, ``secure-dp``); :func:`load_profile` reads one of them or any TOML file and
 applies keyword overrides::
 
-    load_profile("secure-dp", epsilon=2.0)
+    load_profile("secure-dp", epsilon=2.0)              # named "secure-dp (epsilon = 2.0)"
     load_profile("secure", secure_aggregation=False)
+
+A shipped profile's name means its settings (:mod:`.names`): a profile changed by overrides
+is named after the shipped profile and the changes, and a ``name=`` claiming a shipped
+profile's name for other settings is refused. A file is read as it is, whatever its name (a
+site's pin file is compared setting by setting; ``fedforest server create-job`` checks a job's
+profile file's name).
 
 Rules enforced here (each violation is a :class:`~fedforest_secure.errors.ProfileError`):
 
@@ -391,12 +397,18 @@ def load_profile(name_or_path: str | Path | PrivacyProfile, **overrides: Any) ->
     **overrides
         Top-level fields (``secure_aggregation=False``, ``dp=None``, ``dp={...}``) or fields of
         the ``[dp]`` section (``epsilon=2.0``, ``delta=1e-7``); the latter need a profile with
-        a ``[dp]`` section (or a ``dp=`` override).
+        a ``[dp]`` section (or a ``dp=`` override). ``dp={...}`` overrides the keys it gives
+        and keeps the profile's other ``[dp]`` keys, as a job file's ``[privacy.dp]`` table
+        does; on a profile without ``[dp]`` it gives the section whole. With overrides, a
+        profile named like a shipped one is named after it and its changes
+        (``secure-dp (epsilon = 2.0)``), and ``name=`` may not claim a shipped profile's name
+        for other settings (:mod:`~fedforest_secure.privacy.names`).
 
     Raises
     ------
     ProfileError
-        Unknown name or keyword, unreadable file, or a profile that does not validate.
+        Unknown name or keyword, unreadable file, a profile that does not validate, or a
+        ``name=`` claiming a shipped profile's name for other settings.
     """
     if isinstance(name_or_path, PrivacyProfile):
         data = name_or_path.model_dump()
@@ -416,8 +428,17 @@ def load_profile(name_or_path: str | Path | PrivacyProfile, **overrides: Any) ->
         raise ProfileError(
             f"unknown profile override(s) {unknown}; valid: {sorted(top | dp_fields)}"
         )
+    source = data.get("name")
+    given_dp = overrides.get("dp")
+    twice = sorted(set(dp_over) & set(given_dp)) if isinstance(given_dp, Mapping) else []
+    if twice:  # neither silently wins
+        raise ProfileError(f"{twice[0]} is given twice, as {twice[0]}= and in dp=: give it once")
     for k, v in overrides.items():
-        if k in top:
+        if k == "dp" and isinstance(v, Mapping) and isinstance(data.get("dp"), Mapping | DPConfig):
+            # dp={...} overrides the keys it gives, as a job file's [privacy.dp] table does
+            dp = data["dp"]
+            data["dp"] = {**(dp.model_dump() if isinstance(dp, DPConfig) else dp), **v}
+        elif k in top:
             data[k] = v
     if dp_over:
         dp = data.get("dp")
@@ -429,4 +450,27 @@ def load_profile(name_or_path: str | Path | PrivacyProfile, **overrides: Any) ->
                 "section (pass dp={...} or start from 'secure-dp')"
             )
         data["dp"] = {**dp, **dp_over}
-    return PrivacyProfile.from_dict(data)
+    return _named(PrivacyProfile.from_dict(data), source, "name" in overrides)
+
+
+def _named(profile: PrivacyProfile, source: Any, given: bool) -> PrivacyProfile:
+    """``profile`` (read with overrides) under the name it may bear
+    (:mod:`~fedforest_secure.privacy.names`): a profile named like a shipped one takes the
+    shipped name and its changes (``secure-dp (epsilon = 2.0)``); a ``name=`` claiming a shipped
+    profile's name for other settings is refused."""
+    from .names import checked_name, claimed_base, derived_name
+
+    def auto(name: str) -> str:
+        base = claimed_base(name)
+        return name if base is None else derived_name(profile, base)
+
+    if not given:
+        name = auto(profile.name)
+    else:
+        otherwise = auto(source) if isinstance(source, str) and source.strip() else None
+        name = checked_name(profile.name, profile, f"name={profile.name!r}",
+                            'pass a name of its own (name="...")' + (
+                                "" if otherwise is None else
+                                f", or leave name= out (the profile is then named "
+                                f"{otherwise!r})"))
+    return profile if name == profile.name else profile.model_copy(update={"name": name})
