@@ -15,10 +15,11 @@ import json
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,23 @@ import httpx
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.pki import check_validity, load_certificate
 from fedforest_secure.printable import printable
-from fedforest_secure.protocol.api import ErrorBody
+from fedforest_secure.protocol.api import MAX_WAIT_S, ErrorBody
 
-__all__ = ["ApiRejected", "ServerUnreachable", "Transport", "TransportFailed", "check_server_url",
-           "is_loopback_host", "tls_context"]
+from . import stop
+
+__all__ = ["ANSWER_MARGIN_S", "ApiRejected", "ServerUnreachable", "Transport", "TransportFailed",
+           "check_server_url", "is_loopback_host", "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+#: Seconds the server may take to answer a request beyond the long poll the request asks for
+#: (``?wait=`` or ``?next_wait=``, which the server ends within the seconds asked, at most
+#: :data:`~fedforest_secure.protocol.api.MAX_WAIT_S`): its work on the request, a wait for its
+#: lock, the network. A connection silent for longer has lost the request or its answer (a
+#: NAT or firewall that forgot the connection, a Wi-Fi hand-over): the attempt gives up and
+#: the request goes again (every request the client retries is idempotent on the server).
+ANSWER_MARGIN_S = 20.0
+#: Seconds a connection attempt may take.
+_CONNECT_S = 10.0
 #: Connections closed without an answer, in a row, before the client asks whether the server
 #: closes every connection right after the TLS handshake: what a server that refuses the
 #: client's certificate (or its lack of one) does under TLS 1.3, where the client's side of
@@ -175,7 +187,9 @@ class Transport:
     cert: Path | None = None
     key: Path | None = None
     retry_budget_s: float = 300.0
-    timeout_s: float = 120.0
+    #: Seconds one attempt waits for the server beyond the long poll it asks for (the wait it
+    #: asks plus this is the longest a connection may stay silent): :data:`ANSWER_MARGIN_S`.
+    answer_margin_s: float = field(default_factory=lambda: ANSWER_MARGIN_S)
 
     insecure_dev: bool = False
     #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
@@ -209,7 +223,8 @@ class Transport:
         # token end to end (an https proxy tunnels): plain HTTP goes to the loopback server
         # named, never through a proxy that may be on another machine
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
-                                  timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                  timeout=httpx.Timeout(self.answer_margin_s,
+                                                        connect=_CONNECT_S),
                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
                                   headers={"Authorization": f"Bearer {self.token}"},
                                   trust_env=scheme == "https")
@@ -246,20 +261,31 @@ class Transport:
                 ok_statuses: tuple[int, ...] = (200,),
                 content_type: str = "application/octet-stream",
                 params: dict[str, Any] | None = None) -> httpx.Response:
-        """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`."""
+        """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`.
+
+        Each attempt waits for an answer at most the long poll it asks for plus
+        :attr:`answer_margin_s` (or the seconds of :meth:`brief`); attempts go on, with
+        backoff, while :attr:`retry_budget_s` lasts. A request made outside the main thread (the
+        share bundle's POST) is not retried once this process was asked to stop: the signal
+        interrupts only the main thread."""
         headers = {"Content-Type": content_type} if content is not None else {}
         step = self.step_wait > 0 and method == "POST" and params is None and bool(
             _STEP_PATH.search(path))
         if step:
             params = {"next_wait": self.step_wait}
+        if self._timeout is not None:
+            timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
+        else:
+            silent_s = _wait_of(params) + self.answer_margin_s
+            timeout = httpx.Timeout(silent_s, connect=_CONNECT_S)
         delay, start = 0.2, time.monotonic()
-        hangups = 0
+        hangups = tries = 0
         while True:
             self.requests += 1
+            tries += 1
             try:
                 resp = self._http.request(method, path, content=content, headers=headers,
-                                          params=params, timeout=self._timeout
-                                          or httpx.USE_CLIENT_DEFAULT)
+                                          params=params, timeout=timeout)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -276,7 +302,9 @@ class Transport:
                     hangups = 0
                     if self._closes_after_handshake():
                         raise TransportFailed(self._refused(None)) from exc
-                err: str = _describe(exc)
+                silent = isinstance(exc, httpx.ReadTimeout)
+                err: str = (f"no answer on the connection for {silent_s:.0f}s" if silent
+                            else _describe(exc))
             else:
                 self.bytes_sent += len(content or b"") + len(path) + 200
                 self.bytes_received += len(resp.content)
@@ -297,21 +325,37 @@ class Transport:
                         body = ErrorBody(error="http_error", detail=resp.text[:200])
                     raise ApiRejected(resp.status_code, body.error, body.detail,
                                       body.model_dump())
-                err = f"HTTP {resp.status_code}{_detail_of(resp)}"
+                err, silent = f"HTTP {resp.status_code}{_detail_of(resp)}", False
+            if _stopping():
+                raise TransportFailed(f"{method} {path}: not sent again: this client is "
+                                      f"stopping ({err})")
             if time.monotonic() - start > self.retry_budget_s:
-                failing = err.startswith("HTTP")
-                failure = (f"{method} {path}: the server at {self.base_url} "
-                           f"{'kept failing' if failing else 'did not answer'} for "
-                           f"{self.retry_budget_s:.0f}s ({err})")
-                raise ServerUnreachable(failure + ("; its log says why" if failing else
-                                                   "; is it running, and are the address and "
-                                                   "port right?"), failure=failure)
+                raise self._gave_up(method, path, err, silent=silent, tries=tries)
             if not self._waiting and self.on_wait is not None:
                 self.on_wait(f"waiting for the server at {self.base_url} ({err}); retrying "
                              f"for up to {self.retry_budget_s:.0f}s")
             self._waiting = True
-            time.sleep(delay)
+            _sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _gave_up(self, method: str, path: str, err: str, *, silent: bool, tries: int
+                 ) -> ServerUnreachable:
+        """The error of a request that failed until its retry budget ran out: ``err`` what its
+        last attempt met (``silent``: its connection went silent), after ``tries`` attempts."""
+        budget, retried = f"{self.retry_budget_s:.0f}s", _retried(tries - 1)
+        if silent:  # the server took the connection: it runs, at that address
+            failure = (f"{method} {path}: no answer from the server at {self.base_url} reached "
+                       f"this client within {budget} ({err}; {retried})")
+            return ServerUnreachable(
+                failure + "; the request or its answer was lost on the way: a firewall, proxy "
+                "or NAT between this site and the server may drop connections, or the server "
+                "is overloaded or hung (its log says whether the request arrived)", failure=failure)
+        failing = err.startswith("HTTP")
+        failure = (f"{method} {path}: the server at {self.base_url} "
+                   f"{'kept failing' if failing else 'did not answer'} for {budget} ({err})")
+        return ServerUnreachable(failure + ("; its log says why" if failing else
+                                            "; is it running, and are the address and "
+                                            "port right?"), failure=failure)
 
     def _closes_after_handshake(self) -> bool:
         """Whether the server closes a fresh TLS connection that has sent nothing yet, right
@@ -415,6 +459,37 @@ def _clock_hint(cert_path: Path) -> str:
                 "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
                 f"{compare}")
     return ""
+
+
+def _wait_of(params: dict[str, Any] | None) -> float:
+    """The long poll a request's ``params`` ask for (``wait`` or ``next_wait``), in seconds, as
+    the server bounds it (at most :data:`~fedforest_secure.protocol.api.MAX_WAIT_S`)."""
+    asked = 0.0
+    for name in ("wait", "next_wait"):
+        try:
+            asked = max(asked, float((params or {}).get(name) or 0.0))
+        except (TypeError, ValueError):
+            continue
+    return min(asked, MAX_WAIT_S)
+
+
+def _retried(times: int) -> str:
+    return {0: "not retried", 1: "retried once"}.get(times, f"retried {times} times")
+
+
+def _stopping() -> bool:
+    """Whether this process was asked to stop and the caller runs outside the main thread:
+    a signal interrupts only the main thread, whose own requests (the refusal it sends on its
+    way out) are the ones still meant to go."""
+    return stop.asked() is not None and threading.current_thread() is not \
+        threading.main_thread()
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep ``seconds``, less if :func:`_stopping` becomes true meanwhile."""
+    end = time.monotonic() + seconds
+    while not _stopping() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
 
 
 def _detail_of(resp: httpx.Response) -> str:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from ..errors import REFUSAL_CODES
 
 __all__ = [
+    "MAX_WAIT_S",
     "NAME_PATTERN",
     "Directory",
     "ErrorBody",
@@ -30,6 +31,11 @@ __all__ = [
     "SecAggStep",
 ]
 
+
+#: The longest long poll a request may ask for, in seconds (``?wait=``, ``?next_wait=``): the
+#: server answers within the seconds asked, and a client's read timeout is that wait plus a
+#: margin for the server's work.
+MAX_WAIT_S = 30.0
 
 #: a site's, an operator's or a job's name: it names files (a site's certificate and key) and
 #: appears in URLs
