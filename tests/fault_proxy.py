@@ -31,11 +31,13 @@ __all__ = ["Fault", "FaultProxy"]
 @dataclass
 class Fault:
     """Lose the answer of the first ``count`` requests whose request line (``POST /v1/...
-    HTTP/1.1``) matches ``pattern``, by ``action`` (``blackhole`` or ``reset``)."""
+    HTTP/1.1``) matches ``pattern`` (and that the server answered with ``status``, if given),
+    by ``action`` (``blackhole`` or ``reset``)."""
 
     pattern: str
     action: str
     count: int = 1
+    status: int | None = None
     #: the request lines it acted on
     hits: list[str] = field(default_factory=list)
 
@@ -56,6 +58,8 @@ class FaultProxy:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.port = 0
+        #: one line per request relayed: its request line, the server's status, the fault
+        self.log: list[str] = []
 
     @property
     def url(self) -> str:
@@ -85,9 +89,10 @@ class FaultProxy:
         await self._closing.wait()
         server.close()
 
-    def _fault_for(self, line: str) -> Fault | None:
+    def _fault_for(self, line: str, status: int) -> Fault | None:
         for fault in self.faults:
-            if len(fault.hits) < fault.count and re.search(fault.pattern, line):
+            if len(fault.hits) < fault.count and re.search(fault.pattern, line) \
+                    and fault.status in (None, status):
                 fault.hits.append(line)
                 return fault
         return None
@@ -111,7 +116,10 @@ class FaultProxy:
                 rhead = await up[0].readuntil(b"\r\n\r\n")
                 rbody = await _body(up[0], rhead, response=True,
                                     head_request=line.startswith("HEAD "))
-                fault = self._fault_for(line)
+                status = int(rhead.split(b" ", 2)[1])
+                fault = self._fault_for(line, status)
+                self.log.append(f"{line} -> {status}"
+                                f"{f' ({fault.action})' if fault is not None else ''}")
                 if fault is not None and fault.action == "reset":
                     sock = cw.get_extra_info("socket")
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -123,7 +131,8 @@ class FaultProxy:
                     return
                 cw.write(rhead + rbody)
                 await cw.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as exc:
+            self.log.append(f"relay error: {exc!r}")
             return
         finally:
             for writer in (cw, up[1] if up is not None else None):
