@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from ..errors import REFUSAL_CODES
 
 __all__ = [
+    "LOCK_WAIT_S",
     "MAX_WAIT_S",
     "NAME_PATTERN",
     "Directory",
@@ -36,6 +37,12 @@ __all__ = [
 #: server answers within the seconds asked, and a client's read timeout is that wait plus a
 #: margin for the server's work.
 MAX_WAIT_S = 30.0
+
+#: The longest the server waits for a database lock another transaction holds before it fails
+#: the statement, in seconds: a PostgreSQL statement's ``lock_timeout``, a SQLite connection's
+#: busy timeout. A request that met such a lock may be answered that much later; a client waits
+#: for an answer longer than this beyond the long poll it asked for.
+LOCK_WAIT_S = 30
 
 #: a site's, an operator's or a job's name: it names files (a site's certificate and key) and
 #: appears in URLs
