@@ -1,7 +1,8 @@
 """HTTPS transport of a client: TLS verified against the federation CA, retries with backoff.
 
-Each attempt of a request waits for its answer as long as the long poll it asks for plus
-:data:`ANSWER_MARGIN_S`, then sends it again, while the retry budget lasts.
+Each attempt of a request waits as long as :mod:`.waits` says (for its answer, the long poll it
+asks for plus :data:`~.waits.ANSWER_MARGIN_S`; for each part of its body, as long), then sends
+it again, while the retry budget lasts.
 
 There is deliberately no way to switch certificate verification off: the only trust anchor is
 the CA file given on the command line (plus an optional client certificate for mTLS). Plain
@@ -29,24 +30,16 @@ import httpx
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.pki import check_validity, load_certificate
 from fedforest_secure.printable import printable
-from fedforest_secure.protocol.api import MAX_WAIT_S, ErrorBody
+from fedforest_secure.protocol.api import ErrorBody
 
 from . import stop
 from .server_url import check_server_url, is_loopback_host
+from .waits import ANSWER_MARGIN_S, CONNECT_S, MIN_SEND_RATE, attempt_timeout, body_parts
 
-__all__ = ["ANSWER_MARGIN_S", "ApiRejected", "ServerUnreachable", "Transport", "TransportFailed",
-           "check_server_url", "is_loopback_host", "tls_context"]
+__all__ = ["ANSWER_MARGIN_S", "MIN_SEND_RATE", "ApiRejected", "ServerUnreachable", "Transport",
+           "TransportFailed", "check_server_url", "is_loopback_host", "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-#: Seconds the server may take to answer a request beyond the long poll the request asks for
-#: (``?wait=`` or ``?next_wait=``, which the server ends within the seconds asked, at most
-#: :data:`~fedforest_secure.protocol.api.MAX_WAIT_S`): its work on the request, a wait for its
-#: lock, the network. A connection silent for longer has lost the request or its answer (a
-#: NAT or firewall that forgot the connection, a Wi-Fi hand-over): the attempt gives up and
-#: the request goes again (every request the client retries is idempotent on the server).
-ANSWER_MARGIN_S = 20.0
-#: Seconds a connection attempt may take.
-_CONNECT_S = 10.0
 #: Connections closed without an answer, in a row, before the client asks whether the server
 #: closes every connection right after the TLS handshake: what a server that refuses the
 #: client's certificate (or its lack of one) does under TLS 1.3, where the client's side of
@@ -143,6 +136,8 @@ class Transport:
     #: Seconds one attempt waits for the server beyond the long poll it asks for (the wait it
     #: asks plus this is the longest a connection may stay silent): :data:`ANSWER_MARGIN_S`.
     answer_margin_s: float = field(default_factory=lambda: ANSWER_MARGIN_S)
+    #: Bytes a second a body is sure to get through at: :data:`MIN_SEND_RATE`.
+    min_send_rate: float = MIN_SEND_RATE
 
     insecure_dev: bool = False
     #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
@@ -177,7 +172,7 @@ class Transport:
         # named, never through a proxy that may be on another machine
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
                                   timeout=httpx.Timeout(self.answer_margin_s,
-                                                        connect=_CONNECT_S),
+                                                        connect=CONNECT_S),
                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
                                   headers={"Authorization": f"Bearer {self.token}"},
                                   trust_env=scheme == "https")
@@ -217,11 +212,14 @@ class Transport:
         """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`.
 
         Each attempt waits for an answer at most the long poll it asks for plus
-        :attr:`answer_margin_s` (or the seconds of :meth:`brief`); attempts go on, with
-        backoff, while :attr:`retry_budget_s` lasts. A request made outside the main thread (the
+        :attr:`answer_margin_s` (or the seconds of :meth:`brief`), plus the time the body's
+        bytes still queued in the kernel take at :attr:`min_send_rate`, and for each part of
+        the body to be taken as long; attempts go on, with backoff, while
+        :attr:`retry_budget_s` lasts. A request made outside the main thread (the
         share bundle's POST) is not retried once this process was asked to stop: the signal
         interrupts only the main thread."""
-        headers = {"Content-Type": content_type} if content is not None else {}
+        headers = {} if content is None else {"Content-Type": content_type,
+                                               "Content-Length": str(len(content))}
         step = self.step_wait > 0 and method == "POST" and params is None and bool(
             _STEP_PATH.search(path))
         if step:
@@ -229,16 +227,17 @@ class Transport:
         if self._timeout is not None:
             timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
         else:
-            silent_s = _wait_of(params) + self.answer_margin_s
-            timeout = httpx.Timeout(silent_s, connect=_CONNECT_S)
+            timeout = attempt_timeout(params, len(content or b""), self.answer_margin_s,
+                                      self.min_send_rate)
+            silent_s = float(timeout.write or 0.0)
         delay, start = 0.2, time.monotonic()
         hangups = tries = 0
         while True:
             self.requests += 1
             tries += 1
             try:
-                resp = self._http.request(method, path, content=content, headers=headers,
-                                          params=params, timeout=timeout)
+                resp = self._http.request(method, path, content=body_parts(content),
+                                          headers=headers, params=params, timeout=timeout)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -255,8 +254,11 @@ class Transport:
                     hangups = 0
                     if self._closes_after_handshake():
                         raise TransportFailed(self._refused(None)) from exc
-                silent = isinstance(exc, httpx.ReadTimeout)
-                err: str = (f"no answer on the connection for {silent_s:.0f}s" if silent
+                silent = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
+                err: str = (f"no answer on the connection for {timeout.read or 0:.0f}s"
+                            if isinstance(exc, httpx.ReadTimeout) else
+                            f"the connection took no part of the request body for "
+                            f"{silent_s:.0f}s" if isinstance(exc, httpx.WriteTimeout)
                             else _describe(exc))
             else:
                 self.bytes_sent += len(content or b"") + len(path) + 200
@@ -412,18 +414,6 @@ def _clock_hint(cert_path: Path) -> str:
                 "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
                 f"{compare}")
     return ""
-
-
-def _wait_of(params: dict[str, Any] | None) -> float:
-    """The long poll a request's ``params`` ask for (``wait`` or ``next_wait``), in seconds, as
-    the server bounds it (at most :data:`~fedforest_secure.protocol.api.MAX_WAIT_S`)."""
-    asked = 0.0
-    for name in ("wait", "next_wait"):
-        try:
-            asked = max(asked, float((params or {}).get(name) or 0.0))
-        except (TypeError, ValueError):
-            continue
-    return min(asked, MAX_WAIT_S)
 
 
 def _retried(times: int) -> str:
