@@ -5,8 +5,10 @@ unmask), and the replay of a job's earlier sketch rounds after a restart."""
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
 
 import httpx
 import numpy as np
@@ -31,14 +33,40 @@ from .secagg_session import SecAggSession
 from .stop import raise_if_asked
 from .transport import ApiRejected, ServerUnreachable, Transport
 
-__all__ = ["LeftSecureJob", "leave_after_error", "replay", "run_open", "run_secure",
-           "secure_steps", "tell_stopped"]
+__all__ = ["LeftSecureJob", "ShareSender", "leave_after_error", "replay", "run_open",
+           "run_secure", "secure_steps", "tell_stopped"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 class LeftSecureJob(FedForestError):
     """This client gave up on its server in the middle of a secure round: the site has left
     the job (its round keys die with the process), which running the client again cannot
     rejoin."""
+
+
+class ShareSender(Executor):
+    """Runs each call in a daemon thread of its own: the share bundle's POST, which waits for
+    the round's share deliveries while the main thread computes. A client that stops (Ctrl-C,
+    SIGTERM: the signal interrupts the main thread only) waits for none of them, neither on
+    its way out nor when the process exits; such a request sends no retry once the stop is
+    recorded (:mod:`client_app.stop`)."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+               ) -> Future[_T]:
+        done: Future[_T] = Future()
+
+        def run() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the caller's to look at
+                done.set_exception(exc)
+
+        threading.Thread(target=run, name="shares", daemon=True).start()
+        return done
 
 
 def run_open(ctx: RunContext) -> None:
@@ -76,12 +104,11 @@ def run_secure(ctx: RunContext, identity: SigningKey) -> None:
                             on_refused=ctx.refusal_receipt)
     tr.step_wait = LONG_POLL_S  # every POST brings the next step back: no separate GET
     try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shares") as sender:
-            try:
-                secure_steps(ctx, session, sender)
-            except Exception as exc:  # a stop wrapped in another error is the stop
-                raise_if_asked(exc)
-                raise
+        try:
+            secure_steps(ctx, session, ShareSender())
+        except Exception as exc:  # a stop wrapped in another error is the stop
+            raise_if_asked(exc)
+            raise
     except KeyboardInterrupt as exc:
         # stopped (Ctrl-C, SIGTERM): the round keys die with this process, so the open round
         # goes on without this site; the server learns it now, not at the step's deadline
@@ -177,8 +204,9 @@ def tell_stopped(ctx: RunContext, session: SecAggSession, r: int, code: str = "s
     return False
 
 
-def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExecutor) -> None:
-    """The loop of :func:`run_secure`; ``sender`` posts the share bundles."""
+def secure_steps(ctx: RunContext, session: SecAggSession, sender: Executor) -> None:
+    """The loop of :func:`run_secure`; ``sender`` posts the share bundles (in another
+    thread)."""
     tr, job, result = ctx.tr, ctx.job, ctx.result
     task: Task | None = None
     reply: Reply | None = None
@@ -252,8 +280,12 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: ThreadPoolExec
                 try:
                     reply = ctx.worker.handle(task)
                     vector = ctx.contribution(task, reply)
-                finally:
-                    failed = posted.exception()
+                except KeyboardInterrupt:
+                    raise  # stopped: the POST is not waited for
+                except BaseException:
+                    posted.exception()  # the shares' POST ends before the error goes on
+                    raise
+                failed = posted.exception()
                 if failed is not None:
                     raise failed
             elif action == "upload":

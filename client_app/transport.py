@@ -1,5 +1,9 @@
 """HTTPS transport of a client: TLS verified against the federation CA, retries with backoff.
 
+Each attempt of a request waits as long as :mod:`.waits` says (for its answer, the long poll it
+asks for plus :data:`~.waits.ANSWER_MARGIN_S`; for each part of its body, as long), then sends
+it again, while the retry budget lasts.
+
 There is deliberately no way to switch certificate verification off: the only trust anchor is
 the CA file given on the command line (plus an optional client certificate for mTLS). Plain
 ``http://`` is allowed only towards a loopback host (``localhost``, 127.0.0.0/8, ``::1``) and only
@@ -10,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import ipaddress
 import json
 import re
 import socket
 import ssl
+import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +32,12 @@ from fedforest_secure.pki import check_validity, load_certificate
 from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
 
-__all__ = ["ApiRejected", "ServerUnreachable", "Transport", "TransportFailed", "check_server_url",
-           "is_loopback_host", "tls_context"]
+from . import stop
+from .server_url import check_server_url, is_loopback_host
+from .waits import ANSWER_MARGIN_S, CONNECT_S, MIN_SEND_RATE, attempt_timeout, body_parts
+
+__all__ = ["ANSWER_MARGIN_S", "MIN_SEND_RATE", "ApiRejected", "ServerUnreachable", "Transport",
+           "TransportFailed", "check_server_url", "is_loopback_host", "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 #: Connections closed without an answer, in a row, before the client asks whether the server
@@ -116,55 +123,6 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
     return ctx
 
 
-def is_loopback_host(host: str) -> bool:
-    """``localhost`` or a literal loopback address (127.0.0.0/8, ::1); never a name that
-    merely starts like one (``127.0.0.1.evil.example``, ``localhost.example.org``)."""
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_server_url(url: str, *, insecure_dev: bool = False) -> str:
-    """Check a server URL before anything is sent to it; returns its scheme.
-
-    ``https://host[:port][/path]`` always; ``http://`` only with ``insecure_dev`` (the
-    client's ``--insecure-dev``) and a loopback host. The URL is parsed (by ``urllib`` and by
-    ``httpx``, which connects; both must agree on the host), never prefix-matched, and
-    user-info (``http://127.0.0.1@evil.example``) is refused outright.
-    """
-    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 for c in url) or "\\" in url:
-        raise ValueError("the server URL must be a plain https://host:port URL")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parsed = httpx.URL(url)
-        _ = parts.port  # raises ValueError on a malformed port
-    except (ValueError, httpx.InvalidURL) as exc:
-        raise ValueError(f"the server URL {url!r} does not parse: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        raise ValueError("the server URL must be https:// (http:// only for a loopback server "
-                         "with --insecure-dev)")
-    if "@" in parts.netloc or parts.username is not None or parsed.userinfo:
-        raise ValueError("the server URL must not contain user-info ('user@host'): it hides "
-                         "the real host")
-    host = (parts.hostname or "").lower()
-    if not host or host != parsed.host.lower().strip("[]") or parts.query or parts.fragment:
-        raise ValueError(f"the server URL {url!r} is ambiguous or has no host")
-    if scheme == "http":
-        if not is_loopback_host(host):
-            raise ValueError(f"plain http:// is refused for {host!r}: the server URL must be "
-                             "https:// (http:// only for a loopback host with --insecure-dev)")
-        if not insecure_dev:
-            raise ValueError("plain http:// sends the token and every upload unencrypted: use "
-                             "https://, or pass --insecure-dev for a loopback development "
-                             "server run with --insecure-dev")
-    return scheme
-
-
 @dataclass
 class Transport:
     """A small wrapper over :class:`httpx.Client` with bounded exponential backoff."""
@@ -175,7 +133,11 @@ class Transport:
     cert: Path | None = None
     key: Path | None = None
     retry_budget_s: float = 300.0
-    timeout_s: float = 120.0
+    #: Seconds one attempt waits for the server beyond the long poll it asks for (the wait it
+    #: asks plus this is the longest a connection may stay silent): :data:`ANSWER_MARGIN_S`.
+    answer_margin_s: float = field(default_factory=lambda: ANSWER_MARGIN_S)
+    #: Bytes a second a body is sure to get through at: :data:`MIN_SEND_RATE`.
+    min_send_rate: float = MIN_SEND_RATE
 
     insecure_dev: bool = False
     #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
@@ -209,7 +171,8 @@ class Transport:
         # token end to end (an https proxy tunnels): plain HTTP goes to the loopback server
         # named, never through a proxy that may be on another machine
         self._http = httpx.Client(base_url=self.base_url, verify=verify,
-                                  timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                  timeout=httpx.Timeout(self.answer_margin_s,
+                                                        connect=CONNECT_S),
                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
                                   headers={"Authorization": f"Bearer {self.token}"},
                                   trust_env=scheme == "https")
@@ -246,20 +209,35 @@ class Transport:
                 ok_statuses: tuple[int, ...] = (200,),
                 content_type: str = "application/octet-stream",
                 params: dict[str, Any] | None = None) -> httpx.Response:
-        """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`."""
-        headers = {"Content-Type": content_type} if content is not None else {}
+        """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`.
+
+        Each attempt waits for an answer at most the long poll it asks for plus
+        :attr:`answer_margin_s` (or the seconds of :meth:`brief`), plus the time the body's
+        bytes still queued in the kernel take at :attr:`min_send_rate`, and for each part of
+        the body to be taken as long; attempts go on, with backoff, while
+        :attr:`retry_budget_s` lasts. A request made outside the main thread (the
+        share bundle's POST) is not retried once this process was asked to stop: the signal
+        interrupts only the main thread."""
+        headers = {} if content is None else {"Content-Type": content_type,
+                                               "Content-Length": str(len(content))}
         step = self.step_wait > 0 and method == "POST" and params is None and bool(
             _STEP_PATH.search(path))
         if step:
             params = {"next_wait": self.step_wait}
+        if self._timeout is not None:
+            timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
+        else:
+            timeout = attempt_timeout(params, len(content or b""), self.answer_margin_s,
+                                      self.min_send_rate)
+            silent_s = float(timeout.write or 0.0)
         delay, start = 0.2, time.monotonic()
-        hangups = 0
+        hangups = tries = 0
         while True:
             self.requests += 1
+            tries += 1
             try:
-                resp = self._http.request(method, path, content=content, headers=headers,
-                                          params=params, timeout=self._timeout
-                                          or httpx.USE_CLIENT_DEFAULT)
+                resp = self._http.request(method, path, content=body_parts(content),
+                                          headers=headers, params=params, timeout=timeout)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -276,7 +254,12 @@ class Transport:
                     hangups = 0
                     if self._closes_after_handshake():
                         raise TransportFailed(self._refused(None)) from exc
-                err: str = _describe(exc)
+                silent = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
+                err: str = (f"no answer on the connection for {timeout.read or 0:.0f}s"
+                            if isinstance(exc, httpx.ReadTimeout) else
+                            f"the connection took no part of the request body for "
+                            f"{silent_s:.0f}s" if isinstance(exc, httpx.WriteTimeout)
+                            else _describe(exc))
             else:
                 self.bytes_sent += len(content or b"") + len(path) + 200
                 self.bytes_received += len(resp.content)
@@ -297,21 +280,37 @@ class Transport:
                         body = ErrorBody(error="http_error", detail=resp.text[:200])
                     raise ApiRejected(resp.status_code, body.error, body.detail,
                                       body.model_dump())
-                err = f"HTTP {resp.status_code}{_detail_of(resp)}"
+                err, silent = f"HTTP {resp.status_code}{_detail_of(resp)}", False
+            if _stopping():
+                raise TransportFailed(f"{method} {path}: not sent again: this client is "
+                                      f"stopping ({err})")
             if time.monotonic() - start > self.retry_budget_s:
-                failing = err.startswith("HTTP")
-                failure = (f"{method} {path}: the server at {self.base_url} "
-                           f"{'kept failing' if failing else 'did not answer'} for "
-                           f"{self.retry_budget_s:.0f}s ({err})")
-                raise ServerUnreachable(failure + ("; its log says why" if failing else
-                                                   "; is it running, and are the address and "
-                                                   "port right?"), failure=failure)
+                raise self._gave_up(method, path, err, silent=silent, tries=tries)
             if not self._waiting and self.on_wait is not None:
                 self.on_wait(f"waiting for the server at {self.base_url} ({err}); retrying "
                              f"for up to {self.retry_budget_s:.0f}s")
             self._waiting = True
-            time.sleep(delay)
+            _sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _gave_up(self, method: str, path: str, err: str, *, silent: bool, tries: int
+                 ) -> ServerUnreachable:
+        """The error of a request that failed until its retry budget ran out: ``err`` what its
+        last attempt met (``silent``: its connection went silent), after ``tries`` attempts."""
+        budget, retried = f"{self.retry_budget_s:.0f}s", _retried(tries - 1)
+        if silent:  # the server took the connection: it runs, at that address
+            failure = (f"{method} {path}: no answer from the server at {self.base_url} reached "
+                       f"this client within {budget} ({err}; {retried})")
+            return ServerUnreachable(
+                failure + "; the request or its answer was lost on the way: a firewall, proxy "
+                "or NAT between this site and the server may drop connections, or the server "
+                "is overloaded or hung (its log says whether the request arrived)", failure=failure)
+        failing = err.startswith("HTTP")
+        failure = (f"{method} {path}: the server at {self.base_url} "
+                   f"{'kept failing' if failing else 'did not answer'} for {budget} ({err})")
+        return ServerUnreachable(failure + ("; its log says why" if failing else
+                                            "; is it running, and are the address and "
+                                            "port right?"), failure=failure)
 
     def _closes_after_handshake(self) -> bool:
         """Whether the server closes a fresh TLS connection that has sent nothing yet, right
@@ -415,6 +414,25 @@ def _clock_hint(cert_path: Path) -> str:
                 "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
                 f"{compare}")
     return ""
+
+
+def _retried(times: int) -> str:
+    return {0: "not retried", 1: "retried once"}.get(times, f"retried {times} times")
+
+
+def _stopping() -> bool:
+    """Whether this process was asked to stop and the caller runs outside the main thread:
+    a signal interrupts only the main thread, whose own requests (the refusal it sends on its
+    way out) are the ones still meant to go."""
+    return stop.asked() is not None and threading.current_thread() is not \
+        threading.main_thread()
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep ``seconds``, less if :func:`_stopping` becomes true meanwhile."""
+    end = time.monotonic() + seconds
+    while not _stopping() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
 
 
 def _detail_of(resp: httpx.Response) -> str:

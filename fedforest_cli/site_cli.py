@@ -40,7 +40,7 @@ model_cli = typer.Typer(help="The trained model of a job.", no_args_is_help=True
 
 def _transport(server: str, token: str, ca: Path | None, cert: Path | None, key: Path | None,
                insecure_dev: bool) -> Transport:
-    return Transport(server, token, ca, cert, key, retry_budget_s=10.0, timeout_s=30.0,
+    return Transport(server, token, ca, cert, key, retry_budget_s=10.0,
                      insecure_dev=insecure_dev)
 
 

@@ -29,6 +29,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from .protocol.api import LOCK_WAIT_S
+
 __all__ = ["PG_CONNECT_TIMEOUT_S", "PG_LOCK_TIMEOUT_S", "DatabaseUrlError", "SqliteWriteError",
            "create_db_engine", "in_memory", "shown_url", "sqlite_file", "sqlite_write_error"]
 
@@ -43,8 +45,9 @@ _MALFORMED = (ArgumentError, ValueError)
 PG_CONNECT_TIMEOUT_S = 10
 #: seconds a statement on PostgreSQL waits for a lock that another transaction holds, then
 #: fails (SQLSTATE 55P03, "canceling statement due to lock timeout"): the busy timeout of the
-#: server's SQLite connections
-PG_LOCK_TIMEOUT_S = 30
+#: server's SQLite connections too (:data:`~fedforest_secure.protocol.api.LOCK_WAIT_S`, which
+#: a client's wait for an answer allows for)
+PG_LOCK_TIMEOUT_S = LOCK_WAIT_S
 #: TCP keepalives of a PostgreSQL connection, set at both ends: seconds idle before the first
 #: probe, seconds between probes, probes unanswered before the connection is dropped
 _PG_KEEPALIVES = (10, 5, 3)

@@ -58,6 +58,7 @@ from starlette.requests import ClientDisconnect
 
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.protocol.api import (
+    MAX_WAIT_S,
     NAME_PATTERN,
     DeclineBody,
     Health,
@@ -92,7 +93,7 @@ _T = TypeVar("_T")
 OCTET = "application/octet-stream"
 JobId = Annotated[str, Path(pattern=NAME_PATTERN)]
 RoundId = Annotated[int, Path(ge=0, le=10_000_000)]
-Wait = Annotated[float, Query(ge=0.0, le=30.0)]
+Wait = Annotated[float, Query(ge=0.0, le=MAX_WAIT_S)]
 JSON_MAX = 4 << 20
 #: A long poll re-checks for news (and for a shutdown) at least this often, in seconds.
 _POLL_SLICE = 0.5  # secure-aggregation messages are small; bound them

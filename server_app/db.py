@@ -39,7 +39,13 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.schema import CreateColumn
 
-from fedforest_secure.dburl import DatabaseUrlError, create_db_engine, in_memory, shown_url
+from fedforest_secure.dburl import (
+    PG_LOCK_TIMEOUT_S,
+    DatabaseUrlError,
+    create_db_engine,
+    in_memory,
+    shown_url,
+)
 
 from .settings import IN_MEMORY, ConfigError
 
@@ -275,7 +281,9 @@ class Database:
         # look-ups, directory, task downloads): as many as the server's thread pool (40)
         kwargs: dict[str, object] = {"pool_size": 10, "max_overflow": 30}
         if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            # a write lock another connection holds: waited for as long as PostgreSQL's
+            kwargs["connect_args"] = {"check_same_thread": False,
+                                      "timeout": PG_LOCK_TIMEOUT_S}
         else:
             # PostgreSQL: the connection, lock and keepalive bounds of create_db_engine
             kwargs["pool_pre_ping"] = True

@@ -12,15 +12,17 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from fedforest_secure.errors import InvalidMessage
 
 from .core import Core, check_seat
-from .db import ClientRow, RoundRow
+from .db import ClientRow, JobRow, MemberRow, RoundRow
 from .errors import ApiError
 from .jobs import JobRuntime
 from .phases import JobStatus, MemberState, Phase, RoundStatus
 from .rounds import secagg_step
-from .secure_round import ACCUSE, SecureRound, parse_message, sender_of
+from .secure_round import ACCUSE, REFUSE, SecureRound, parse_message, sender_of
 from .store import (
     SeatView,
     add_message,
@@ -163,46 +165,75 @@ class SecAggRelay:
         route validated it) and ``accused`` (code ``invalid_message`` only) the index of the
         peer whose relayed message did not authenticate: only these reach the job status and
         the audit log, which name the accused site (and the abort reason how many sites
-        accused it). Open jobs, closed or other rounds, and clients outside the round's roster
-        get a 4xx and change nothing; so does an accusation of a client that is not another
-        participant of the round (400)."""
+        accused it). The same refusal sent again (its answer lost on the way) gets the same
+        answer, ``duplicate`` true, whatever became of the round since (it closed, or the job
+        ended): the server recorded it, and the site keeps its receipt. Open jobs, closed or
+        other rounds, and clients outside the round's roster get a 4xx and change nothing; so
+        does an accusation of a client that is not another participant of the round (400), and
+        another refusal of a round by a site its refusal dropped (403)."""
         with self.core.lock:
             with self.core.runtimes.guard(job_id), self.core.db.session() as sess:
                 job, member = membership(sess, client, job_id)
-                rt = self.core.runtimes.get(job_id)
-                if rt.secure is None:
-                    raise ApiError(409, "not_secure", "this job does not use secure aggregation: "
-                                   "there is nothing to refuse")
-                rr = sess.get(RoundRow, (job_id, job.current_round))
-                sr = rt.secure.current
-                if rr is None or rr.round_id != round_id or rr.status != RoundStatus.OPEN \
-                        or sr is None or sr.round_id != round_id:
-                    raise ApiError(409, "round_closed", f"round {round_id} is not the open round")
-                idx = member.client_index
-                if member.state != MemberState.ACTIVE or idx not in sr.participants \
-                        or idx in sr.dropped:
-                    raise ApiError(403, "not_participant",
-                                   f"this client is not a member of round {round_id}")
-                if accused is not None and (accused == idx or accused not in sr.participants):
-                    raise ApiError(400, "invalid_accusation",
-                                   f"client {accused} is not another participant of round "
-                                   f"{round_id}")
-                why = printable(reason, 300)
-                sr.refused[idx] = why
-                sr.dropped.add(idx)
-                if stored_message(sess, job_id, round_id, "refuse", idx) is None:
-                    add_message(sess, job_id, round_id, "refuse", idx, why)
-                said = f"refused: {why}"
-                if accused is not None:
-                    sr.accused[idx] = accused
-                    if stored_message(sess, job_id, round_id, ACCUSE, idx) is None:
-                        add_message(sess, job_id, round_id, ACCUSE, idx, str(accused))
-                    said += f" ({rt.names[accused]}'s message did not authenticate)"
-                self.core.driver.drop(rt, sess, job, [idx], job.current_round, reason=said,
-                                      accused=None if accused is None else rt.names[accused])
-                self.core.driver.progress_secure(rt, sess, job, rr)
-            self.core.changes.notify(job_id)
+                again = _refused_before(sess, member, job_id, round_id, reason, accused)
+                if not again:
+                    self._take_refusal(sess, job, member, round_id, reason, accused)
+            if not again:
+                self.core.changes.notify(job_id)
             # the chain's tip, past this site's client_dropped entry: its receipt of the refusal
             seq, head = self.core.audit.tip(job_id)
             return {"job_id": job_id, "round_id": round_id, "recorded": True,
-                    "audit_seq": seq, "audit_head": head}
+                    "duplicate": again, "audit_seq": seq, "audit_head": head}
+
+    def _take_refusal(self, sess: Session, job: JobRow, member: MemberRow, round_id: int,
+                      reason: str, accused: int | None) -> None:
+        """Drop the refusing ``member`` from the job's open secure round ``round_id`` (4xx
+        for a round that is not open, a client outside it, an accusation of a non-peer)."""
+        job_id = job.id
+        rt = self.core.runtimes.get(job_id)
+        if rt.secure is None:
+            raise ApiError(409, "not_secure", "this job does not use secure aggregation: "
+                           "there is nothing to refuse")
+        rr = sess.get(RoundRow, (job_id, job.current_round))
+        sr = rt.secure.current
+        if rr is None or rr.round_id != round_id or rr.status != RoundStatus.OPEN \
+                or sr is None or sr.round_id != round_id:
+            raise ApiError(409, "round_closed", f"round {round_id} is not the open round")
+        idx = member.client_index
+        if member.state != MemberState.ACTIVE or idx not in sr.participants \
+                or idx in sr.dropped:
+            raise ApiError(403, "not_participant",
+                           f"this client is not a member of round {round_id}")
+        if accused is not None and (accused == idx or accused not in sr.participants):
+            raise ApiError(400, "invalid_accusation",
+                           f"client {accused} is not another participant of round "
+                           f"{round_id}")
+        why = printable(reason, 300)
+        sr.refused[idx] = why
+        sr.dropped.add(idx)
+        if stored_message(sess, job_id, round_id, REFUSE, idx) is None:
+            add_message(sess, job_id, round_id, REFUSE, idx, why)
+        said = f"refused: {why}"
+        if accused is not None:
+            sr.accused[idx] = accused
+            if stored_message(sess, job_id, round_id, ACCUSE, idx) is None:
+                add_message(sess, job_id, round_id, ACCUSE, idx, str(accused))
+            said += f" ({rt.names[accused]}'s message did not authenticate)"
+        self.core.driver.drop(rt, sess, job, [idx], job.current_round, reason=said,
+                              accused=None if accused is None else rt.names[accused])
+        self.core.driver.progress_secure(rt, sess, job, rr)
+
+
+def _refused_before(sess: Session, member: MemberRow, job_id: str, round_id: int, reason: str,
+                    accused: int | None) -> bool:
+    """Whether the server recorded this very refusal already: ``member`` was dropped at round
+    ``round_id`` for its refusal with code ``reason``, accusing ``accused`` (the stored
+    refusal and accusation outlive the round's close)."""
+    if member.state != MemberState.DROPPED or member.dropped_round != round_id:
+        return False
+    idx = member.client_index
+    refusal = stored_message(sess, job_id, round_id, REFUSE, idx)
+    if refusal is None or refusal.body != printable(reason, 300):
+        return False
+    accusation = stored_message(sess, job_id, round_id, ACCUSE, idx)
+    return (None if accusation is None else accusation.body) == (
+        None if accused is None else str(accused))

@@ -31,7 +31,7 @@ from .errors import ApiError
 from .jobs import JobRuntime, new_runtime
 from .logs import event
 from .phases import SECURE, JobStatus, RoundStatus
-from .secure_round import ACCUSE, StoredRound
+from .secure_round import ACCUSE, REFUSE, StoredRound
 from .spool import Spool
 from .store import (
     client_names,
@@ -168,6 +168,6 @@ class Runtimes:
             unmask=msgs.get("unmask", {}),
             signatures=msgs.get("signature", {}),
             dropped=dropped_members(sess, rt.job_id) & set(asked),
-            refused=msgs.get("refuse", {}),
+            refused=msgs.get(REFUSE, {}),
             accused={i: int(b) for i, b in msgs.get(ACCUSE, {}).items()})
         bridge.resume(task, asked, stored, rt.words())

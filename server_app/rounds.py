@@ -48,7 +48,7 @@ from .jobspec import stored_schema_text
 from .logs import event
 from .notify import Changes
 from .phases import JobStatus, MemberState, Phase, RoundStatus
-from .secure_round import SecureRound
+from .secure_round import ACCUSE, REFUSE, SecureRound
 from .spool import Spool
 from .store import (
     add_dropped,
@@ -379,8 +379,9 @@ class RoundDriver:
             f"{idx}/{name}": arr for idx, items in disclosed.items()
             for name, arr in items.items()})
         self.sweep_due = True
-        if secure is not None:  # the round's relay state is not needed once its sum is out
-            clear_round_messages(sess, job.id, rr.round_id)
+        if secure is not None:  # the round's relay state is not needed once its sum is out;
+            # its refusals stay, so a refusal sent again is answered as the recorded one
+            clear_round_messages(sess, job.id, rr.round_id, keep=(REFUSE, ACCUSE))
         audit = self.audit.within(sess)
         record_round(audit, rt.job_id, rt.names, task=task, task_digest=rr.task_digest,
                      encoding=rr.encoding, contributors=contributors,

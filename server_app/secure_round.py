@@ -35,11 +35,13 @@ from fedforest_secure.secagg import (
 
 from .phases import SECURE, Phase, PhaseError
 
-__all__ = ["ACCUSE", "ClientMessage", "SecureRound", "StoredRound", "parse_message",
+__all__ = ["ACCUSE", "REFUSE", "ClientMessage", "SecureRound", "StoredRound", "parse_message",
            "sender_of"]
 
+#: the stage under which a client's refusal of a round is stored with it (the body: its code)
+REFUSE = "refuse"
 #: the stage under which a refusal's accusation is stored with its round (the body: the
-#: accused client's index), beside the refusal's code (stage ``refuse``)
+#: accused client's index), beside the refusal's code (stage :data:`REFUSE`)
 ACCUSE = "accuse"
 
 #: a message a client POSTs as JSON in a secure round

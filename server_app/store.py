@@ -355,9 +355,12 @@ def round_messages(sess: Session, job_id: str, round_id: int) -> dict[str, dict[
     return out
 
 
-def clear_round_messages(sess: Session, job_id: str, round_id: int) -> None:
+def clear_round_messages(sess: Session, job_id: str, round_id: int,
+                         keep: tuple[str, ...] = ()) -> None:
+    """Delete the messages stored with a round, but those of the stages in ``keep``."""
     sess.execute(delete(SecAggMessageRow).where(
-        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id))
+        SecAggMessageRow.job_id == job_id, SecAggMessageRow.round_id == round_id,
+        SecAggMessageRow.stage.not_in(keep)))
 
 
 def identity_keys(sess: Session, job_id: str) -> dict[int, str]:

@@ -232,7 +232,7 @@ def test_model_download_keeps_an_existing_file_unless_forced(
     from fedforest_cli import site_cli
 
     def quick(server: str, token: str, ca: Any, cert: Any, key: Any, dev: bool) -> Transport:
-        return Transport(server, token, ca, cert, key, retry_budget_s=0.5, timeout_s=5.0,
+        return Transport(server, token, ca, cert, key, retry_budget_s=0.5, answer_margin_s=5.0,
                          insecure_dev=dev)
 
     monkeypatch.setattr(site_cli, "_transport", quick)  # the closed port: given up at once

@@ -74,6 +74,13 @@ def env_all(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
 
 
 @pytest.fixture()
+def env_audited(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
+    """As ``env``, with an audit log (``env["audit"]``)."""
+    yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure",
+                    audit=open_audit(str(tmp_path / "audit.db")))
+
+
+@pytest.fixture()
 def env_all_audited(tmp_path: Path, tiny_parts, job_dir, db_url: str) -> Iterator[dict]:
     """As ``env_all``, with an audit log (``env["audit"]``)."""
     yield from _env(tmp_path, tiny_parts, job_dir, db_url, "secure", min_clients=K,
@@ -750,6 +757,42 @@ def test_a_refusal_that_accuses_nobody_drops_only_the_refuser(env: dict) -> None
     total = aggregate(env, r)
     assert total.size > 0
     assert offer(env, 0)["status"] != "failed"
+
+
+def test_a_refusal_sent_again_is_answered_as_recorded_while_its_round_is_open_and_closed(
+        env_audited: dict) -> None:
+    """client-1's refusal is recorded but its answer is lost on the way, and the client sends
+    it again: while the round is open, and after the round closed without it, the server
+    answers it as it did the first time (``duplicate`` true, with the chain's tip, past the
+    site's drop), and the audit log holds the one drop. Another refusal of the round by the
+    site it dropped is still a 403."""
+    env = env_audited
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    first = refuse(env, 1, r, {"reason": "stopped"})
+    assert first.status_code == 200 and first.json()["recorded"] is True, first.text
+    again = refuse(env, 1, r, {"reason": "stopped"})
+    assert again.status_code == 200, again.text
+    assert again.json() == {**first.json(), "duplicate": True}
+    assert first.json()["duplicate"] is False
+    other = refuse(env, 1, r, {"reason": "failed"})
+    assert other.status_code == 403 and other.json()["error"] == "not_participant", other.text
+    for step in (upload, sign, unmask):
+        for k in (0, 2, 3):
+            args = (task, vecs[k]) if step is upload else (r,)
+            assert step(env, sa, k, *args).status_code == 200  # type: ignore[operator]
+    assert aggregate(env, r).size > 0  # the round closed without client-1
+    late = refuse(env, 1, r, {"reason": "stopped"})
+    assert late.status_code == 200, late.text
+    assert late.json()["recorded"] is True and late.json()["duplicate"] is True
+    assert late.json()["audit_seq"] > first.json()["audit_seq"]  # the round's entries since
+    entries = [json.loads(line) for line in env["audit"].export("job-a").splitlines()]
+    assert [e["payload"] for e in entries if e["kind"] == "client_dropped"] == [
+        {"client": "client-1", "round_id": r, "reason": "refused: stopped"}]
+    ok, _, problems = env["audit"].verify_chain("job-a")
+    assert ok, problems
 
 
 def restart(env: dict) -> None:

@@ -25,8 +25,10 @@ leaves the job: it writes a :class:`RefusedReceipt` (``kind = "refused"``) with 
 server answered the refusal with, which covers the client's ``client_dropped`` entry (and the
 peer it accused).
 
-An upload's answer can take long (a secure upload's POST waits until every site has uploaded),
-and a client stopped meanwhile would keep no record of an upload the server may have counted.
+An upload's answer can take a while (the server counts the upload first; a secure upload's answer
+then waits up to 10 s for the next step of secure aggregation, and a large body takes its time
+on a slow link), and a client stopped meanwhile would keep no record of an upload the server
+may have counted.
 So before it sends an upload the client writes a :class:`SentReceipt` (``kind = "sent"``): the
 same facts plus the task's digest, flushed to disk before the request goes. A sent record that
 the upload's :class:`Receipt` follows says nothing more; one that none follows is checked against

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from ..errors import REFUSAL_CODES
 
 __all__ = [
+    "LOCK_WAIT_S",
+    "MAX_WAIT_S",
     "NAME_PATTERN",
     "Directory",
     "ErrorBody",
@@ -30,6 +32,17 @@ __all__ = [
     "SecAggStep",
 ]
 
+
+#: The longest long poll a request may ask for, in seconds (``?wait=``, ``?next_wait=``): the
+#: server answers within the seconds asked, and a client's read timeout is that wait plus a
+#: margin for the server's work.
+MAX_WAIT_S = 30.0
+
+#: The longest the server waits for a database lock another transaction holds before it fails
+#: the statement, in seconds: a PostgreSQL statement's ``lock_timeout``, a SQLite connection's
+#: busy timeout. A request that met such a lock may be answered that much later; a client waits
+#: for an answer longer than this beyond the long poll it asked for.
+LOCK_WAIT_S = 30
 
 #: a site's, an operator's or a job's name: it names files (a site's certificate and key) and
 #: appears in URLs
