@@ -14,12 +14,12 @@ from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
-from fedforest_secure.protocol.api import JobStatus
 
 from ._common import console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
+    from fedforest_secure.protocol.api import JobStatus
     from server_app.admin import ServerAdmin
     from server_app.settings import ServerSettings
 
