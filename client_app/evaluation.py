@@ -59,10 +59,9 @@ import numpy as np
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, RefusedRequest
 from fedforest_secure.evaluation.worker import EvalWorker
-from fedforest_secure.federation import client_seed
 from fedforest_secure.files import append_line, open_in_place, write_atomic
 from fedforest_secure.protocol import Reply, Task
-from fedforest_secure.worker import Worker
+from fedforest_secure.worker import Worker, client_seed
 
 __all__ = ["EvalLedger", "LedgeredEvalWorker", "SiteWorker", "site_worker", "table_digest"]
 

@@ -21,9 +21,11 @@ pairwise seeds are bound to ``job|round|i|j|task_digest``.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._rounds import job_threshold
 from .client import ClientStage, SecAggClient
-from .driver import InProcessSecureSum, Upload
 from .encoding import RingCodec, decode, encode
 from .messages import (
     KeyAdvert,
@@ -37,7 +39,28 @@ from .messages import (
     UnmaskResponse,
     parse,
 )
-from .server import KeyMismatch, SecAggServer, ServerStage
+
+if TYPE_CHECKING:
+    from .driver import InProcessSecureSum, Upload
+    from .server import KeyMismatch, SecAggServer, ServerStage
+
+#: the server's side (and the in-process driver, which runs it), imported on first use: a
+#: site's client process runs the client's side only
+_LAZY = {"InProcessSecureSum": "driver", "Upload": "driver", "KeyMismatch": "server",
+         "SecAggServer": "server", "ServerStage": "server"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "ClientStage",
