@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -109,6 +110,9 @@ def client(
     from client_app.runner import ClientOptions, run_client
     from client_app.stop import raise_if_asked
 
+    # the client's modules (imported here, not by the other commands) live as long as the
+    # process: frozen like the command's (fedforest_cli.__main__), no full collection walks them
+    gc.freeze()
     log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
     # are Ctrl-C (FedforestGroup): the site leaves the job the same way

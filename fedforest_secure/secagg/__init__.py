@@ -25,7 +25,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._rounds import job_threshold
-from .client import ClientStage, SecAggClient
 from .encoding import RingCodec, decode, encode
 from .messages import (
     KeyAdvert,
@@ -41,13 +40,15 @@ from .messages import (
 )
 
 if TYPE_CHECKING:
+    from .client import ClientStage, SecAggClient
     from .driver import InProcessSecureSum, Upload
     from .server import KeyMismatch, SecAggServer, ServerStage
 
-#: the server's side (and the in-process driver, which runs it), imported on first use: a
-#: site's client process runs the client's side only
-_LAZY = {"InProcessSecureSum": "driver", "Upload": "driver", "KeyMismatch": "server",
-         "SecAggServer": "server", "ServerStage": "server"}
+#: the two sides (and the in-process driver, which runs both), imported on first use: a site's
+#: client process runs the client's side only, the server the server's side only
+_LAZY = {"ClientStage": "client", "SecAggClient": "client", "InProcessSecureSum": "driver",
+         "Upload": "driver", "KeyMismatch": "server", "SecAggServer": "server",
+         "ServerStage": "server"}
 
 
 def __getattr__(name: str) -> Any:
