@@ -8,12 +8,16 @@ Each measured command runs in a fresh interpreter, its user + system CPU read fr
 ...), so a load that comes and goes on a shared machine falls on both. The base is a ``git
 archive`` export of the commit in a temporary directory; each version is first on
 ``PYTHONPATH`` and the commands run from an empty directory, so neither imports the other's
-modules. Printed: the median CPU of each command for each version and their ratio, as a Markdown
-table, with the machine's load average before and after.
+modules; one untimed run of each command first compiles each version's bytecode. Printed: the
+median CPU of each command for each version and their ratio, as a Markdown table, with the
+machine's load average before and after.
 
-The commands: ``fedforest --help``; the server's modules (``import server_app.app``, what
-``fedforest server`` imports besides the command line); a site's client (``import
-fedforest_cli.cli, client_app.runner``, what ``fedforest client`` imports before it connects).
+The commands: ``fedforest --help``; ``fedforest client`` up to its check of the site's table
+(which is not there: it exits 2 before connecting, with every module it runs with imported);
+``fedforest server`` up to serving (uvicorn's ``Server.run`` replaced by a return: the
+settings read, the database opened, the app built, the socket bound); and the imports alone:
+the server's modules (``import server_app.app``) and the command line with a site's client
+(``import fedforest_cli.cli, client_app.runner``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import io
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -34,17 +39,44 @@ from _cli import at_least
 
 ROOT = Path(__file__).resolve().parents[1]
 
-COMMANDS = {
-    "fedforest --help": ["-m", "fedforest_cli", "--help"],
-    "import server_app.app": ["-c", "import server_app.app"],
-    "import fedforest_cli.cli, client_app.runner": [
-        "-c", "import fedforest_cli.cli, client_app.runner"],
-}
+#: ``fedforest server`` in this process, with uvicorn's serving loop replaced by a return
+_SERVER = ("import sys, uvicorn\n"
+           "uvicorn.Server.run = lambda self, sockets=None: None\n"
+           "sys.argv = ['fedforest', *sys.argv[1:]]\n"
+           "from fedforest_cli.__main__ import main\n"
+           "main()\n")
 
 
-def cpu_of(argv: list[str], env: dict[str, str], cwd: Path) -> float:
-    """User + system CPU seconds of one run of ``argv``; a failing run stops the benchmark
-    with what it said."""
+def commands(work: Path) -> dict[str, tuple[list[str], int]]:
+    """What is measured: the arguments of ``python`` and the exit status each run must end
+    with; ``work`` holds the server's configuration and databases."""
+    config = work / "server.toml"
+    config.write_text(f'host = "127.0.0.1"\ndatabase = "sqlite:///{work / "server.db"}"\n'
+                      f'audit_database = "sqlite:///{work / "audit.db"}"\n')
+    client = ["client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", "j",
+              "--schema", str(work / "schema.toml"), "--data", str(work / "missing.csv")]
+    return {
+        "fedforest --help": (["-m", "fedforest_cli", "--help"], 0),
+        "fedforest client (to its check of --data)": (["-m", "fedforest_cli", *client], 2),
+        "fedforest server (to serving)": (
+            ["-c", _SERVER, "server", "--config", str(config), "--insecure-dev", "--port",
+             "{port}"], 0),
+        "import server_app.app": (["-c", "import server_app.app"], 0),
+        "import fedforest_cli.cli, client_app.runner": (
+            ["-c", "import fedforest_cli.cli, client_app.runner"], 0),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_of(argv: list[str], env: dict[str, str], cwd: Path, code: int = 0) -> float:
+    """User + system CPU seconds of one run of ``argv`` (``{port}`` in it: a free port); a
+    run that does not exit with ``code`` stops the benchmark with what it said."""
+    argv = [str(free_port()) if a == "{port}" else a for a in argv]
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -52,7 +84,7 @@ def cpu_of(argv: list[str], env: dict[str, str], cwd: Path) -> float:
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     proc.stderr.close()
-    if proc.returncode != 0:
+    if proc.returncode != code:
         sys.exit(f"error: {' '.join(argv)} exited {proc.returncode}: "
                  f"{err.decode(errors='replace').strip()[-2000:]}")
     return usage.ru_utime + usage.ru_stime
@@ -60,14 +92,14 @@ def cpu_of(argv: list[str], env: dict[str, str], cwd: Path) -> float:
 
 def export(base: str, into: Path) -> str:
     """``git archive`` of ``base`` extracted into ``into``; returns the commit's short hash."""
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", base],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
-                             capture_output=True, check=True).stdout
-    except subprocess.CalledProcessError as exc:
-        sys.exit(f"error: --base {base}: {exc.stderr.decode(errors='replace').strip()}"
-                 if isinstance(exc.stderr, bytes) else f"error: --base {base}: {exc.stderr}")
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                            "--short", f"{base}^{{commit}}"],
+                           capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        sys.exit(f"error: --base {base}: not a commit of the repository in {ROOT}")
+    commit = found.stdout.strip()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+                         capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
         archive.extractall(into, filter="data")
     return commit
@@ -110,16 +142,24 @@ def main(argv: list[str] | None = None) -> None:
         commit = export(args.base, base_tree)
         trees = {"this tree": ROOT, "base": base_tree}
         envs = {name: env_for(tree) for name, tree in trees.items()}
+        runs: dict[str, dict[str, tuple[list[str], int]]] = {}
         for name, tree in trees.items():
             check_tree(tree, envs[name], empty)
+            work = Path(tmp) / f"work-{len(runs)}"  # each version its own databases
+            work.mkdir()
+            runs[name] = commands(work)
+        for name in trees:  # untimed: the export's bytecode, the server's databases
+            for argv, code in runs[name].values():
+                cpu_of([sys.executable, *argv], envs[name], empty, code)
         load_before = os.getloadavg()
         cpu: dict[tuple[str, str], list[float]] = {}
         for i in range(args.runs):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
-            for label, command in COMMANDS.items():
+            for label in runs["base"]:
                 for name in order:
+                    argv, code = runs[name][label]
                     cpu.setdefault((label, name), []).append(
-                        cpu_of([sys.executable, *command], envs[name], empty))
+                        cpu_of([sys.executable, *argv], envs[name], empty, code))
         load_after = os.getloadavg()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; this tree {head()} against "
           f"{args.base} ({commit}); Python {platform.python_version()}, {os.cpu_count()} CPUs; "
@@ -128,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print("| command | this tree CPU s | base CPU s | this / base |")
     print("|---|---:|---:|---:|")
-    for label in COMMANDS:
+    for label in runs["base"]:
         new = statistics.median(cpu[(label, "this tree")])
         old = statistics.median(cpu[(label, "base")])
         print(f"| `{label}` | {new:.3f} | {old:.3f} | {new / old:.2f} |")

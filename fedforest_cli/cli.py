@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -22,6 +21,7 @@ from fedforest_secure.printable import printable
 
 from . import data_cli, site_cli
 from ._common import MAX_SEED, console, duration, fail
+from ._gc import lasting_imports
 from .audit_cli import audit_app
 from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
@@ -105,14 +105,14 @@ def client(
 
     Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
     (waiting for the server or for other sites, each level, dropped sites)."""
-    from client_app.context import ended
-    from client_app.log import SiteLog
-    from client_app.runner import ClientOptions, run_client
-    from client_app.stop import raise_if_asked
-
     # the client's modules (imported here, not by the other commands) live as long as the
-    # process: frozen like the command's (fedforest_cli.__main__), no full collection walks them
-    gc.freeze()
+    # process, like the command line's (fedforest_cli.__main__)
+    with lasting_imports():
+        from client_app.context import ended
+        from client_app.log import SiteLog
+        from client_app.runner import ClientOptions, run_client
+        from client_app.stop import raise_if_asked
+
     log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)
     # are Ctrl-C (FedforestGroup): the site leaves the job the same way
