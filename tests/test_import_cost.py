@@ -84,6 +84,8 @@ def test_a_site_client_starts_without_the_servers_modules(tmp_path: Path) -> Non
     assert "client_app.runner" in modules  # the command ran
     assert _of(modules, NEVER_AT_START) == []
     assert _of(modules, SERVER_ONLY) == []
+    # an evaluation job's statistics (and the model files they score): imported for one
+    assert _of(modules, ("fedforest_secure.evaluation", "fedforest_secure.model")) == []
 
 
 def test_the_server_starts_without_a_sites_modules(tmp_path: Path) -> None:
