@@ -6,7 +6,7 @@ The public API is what ``__all__`` lists.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import FedForestError
 
@@ -22,17 +22,17 @@ _LAZY = {"FedForestClassifier": "estimators", "FedForestRegressor": "estimators"
          "ForestModel": "model", "load_profile": "privacy"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups are plain attribute reads
-    return value
+if not TYPE_CHECKING:  # to mypy, the names are the imports above: a misspelt one is an error
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later look-ups are plain attribute reads
+        return value
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
