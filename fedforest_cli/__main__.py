@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from fedforest_cli._gc import lasting_imports
+from fedforest_secure.startup import lasting_imports
 
 
 def main() -> None:
     """Run the ``fedforest`` command in this process (``python -m fedforest_cli`` and the
     installed ``fedforest`` script). The command line's modules are imported here, outside the
-    garbage collector's reach (:func:`~fedforest_cli._gc.lasting_imports`); a command imports
-    its own modules when it runs (the client's and the server's the same way)."""
+    garbage collector's reach (:func:`~fedforest_secure.startup.lasting_imports`); a command
+    imports its own modules when it runs (the client's and the server's the same way)."""
     with lasting_imports():
         from fedforest_cli.cli import app
     app(prog_name="fedforest")

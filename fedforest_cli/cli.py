@@ -18,10 +18,10 @@ from rich.markup import escape
 from fedforest_secure import __version__
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
+from fedforest_secure.startup import lasting_imports
 
 from . import data_cli, site_cli
 from ._common import MAX_SEED, console, duration, fail
-from ._gc import lasting_imports
 from .audit_cli import audit_app
 from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd

@@ -13,10 +13,10 @@ from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
+from fedforest_secure.startup import lasting_imports
 
 from ._common import console, duration, fail
 from ._db_locked import locks_named
-from ._gc import lasting_imports
 
 if TYPE_CHECKING:
     from fedforest_secure.protocol.api import JobStatus

@@ -1,9 +1,10 @@
 """What a ``fedforest`` process imports to start: every server and site process of a federation
 (and of the tests) is one, and each module it imports is CPU spent before the command does
-anything. The DP calibration stack (diffprivlib, which imports much of scikit-learn) is loaded
-only by the code that calibrates noise; a command imports what it runs, not what the other
-commands need (``fedforest --help`` neither side's app, a site's client none of the server's
-modules, the server none of a site's)."""
+anything. No module imports the DP calibration stack (diffprivlib, which imports much of
+scikit-learn) with itself: a site's client loads it before joining unless it pinned a profile
+without DP, the rest of the code where it calibrates noise. A command imports what it runs, not
+what the other commands need (``fedforest --help`` neither side's app, a site's client none of
+the server's modules, the server none of a site's)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ports import free_port
 
+from fedforest_cli.sim_data import schema_dict, write_site_files
 from fedforest_cli.sim_processes import child_env
 
-#: libraries no ``fedforest`` process needs at start-up (the estimators, DP calibration, plots)
+#: libraries neither the server nor a site's client without DP imports to start (the
+#: estimators, DP calibration, plots)
 NEVER_AT_START = ("sklearn", "scipy", "diffprivlib", "matplotlib", "pandas")
 #: the server's libraries and the coordinator's side of the engine and of the secure sum
 SERVER_ONLY = ("fastapi", "starlette", "sqlalchemy", "uvicorn", "server_app",
@@ -73,15 +77,24 @@ def test_fedforest_help_imports_neither_app_nor_the_libraries_of_the_commands() 
                          "nacl", "sqlalchemy", "fastapi", "uvicorn")) == []
 
 
-def test_a_site_client_starts_without_the_servers_modules(tmp_path: Path) -> None:
-    """``fedforest client`` up to its first request (the server is not there): the client's
-    modules are in, the server's and the coordinator's are not."""
-    schema = tmp_path / "schema.toml"  # not there: the client stops at it
-    modules = _imported(_RUN, "client", "--server", f"https://127.0.0.1:{free_port()}",
-                        "--token", "t", "--job", "j", "--schema", str(schema),
-                        "--data", str(tmp_path / "site.csv"), "--retry-budget", "0",
-                        "--state-dir", str(tmp_path / "state"), "--quiet")
-    assert "client_app.runner" in modules  # the command ran
+def test_a_site_client_starts_without_the_servers_modules(tmp_path: Path,
+                                                          tiny_parts: Any) -> None:
+    """``fedforest client`` with a profile without DP, up to its first request (the server is
+    not there): the client's modules are in, the server's, the coordinator's and the DP
+    stack's are not (with the default profile, or one with DP, the client imports the DP
+    stack before joining: tests/test_process_start.py)."""
+    parts, feat = tiny_parts
+    (site,) = write_site_files(tmp_path, ["a"], parts[:1], feat, "classification",
+                               schema_dict(*parts[0], "classification", feat))
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, "client", "--insecure-dev",
+         "--server", f"http://127.0.0.1:{free_port()}", "--token", "t", "--job", "j",
+         "--schema", str(tmp_path / "schema.toml"), "--data", str(site), "--profile", "open",
+         "--retry-budget", "0", "--state-dir", str(tmp_path / "state"), "--quiet"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False)
+    assert "GET /v1/jobs/j/offer: the server at" in out.stderr  # its first request
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "client_app.transport" in modules
     assert _of(modules, NEVER_AT_START) == []
     assert _of(modules, SERVER_ONLY) == []
     # an evaluation job's statistics (and the model files they score): imported for one

@@ -1,4 +1,6 @@
-"""The imports of a ``fedforest`` process, made once for its whole life."""
+"""The imports of a ``fedforest`` process, made once for its whole life: the command line's
+(:mod:`fedforest_cli.__main__`), a command's own modules, and a site's DP stack
+(:func:`client_app.runner.run_client`)."""
 
 from __future__ import annotations
 
