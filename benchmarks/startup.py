@@ -12,12 +12,15 @@ modules; one untimed run of each command first compiles each version's bytecode.
 median CPU of each command for each version and their ratio, as a Markdown table, with the
 machine's load average before and after.
 
-The commands: ``fedforest --help``; ``fedforest client`` up to its check of the site's table
-(which is not there: it exits 2 before connecting, with every module it runs with imported);
-``fedforest server`` up to serving (uvicorn's ``Server.run`` replaced by a return: the
-settings read, the database opened, the app built, the socket bound); and the imports alone:
-the server's modules (``import server_app.app``) and the command line with a site's client
-(``import fedforest_cli.cli, client_app.runner``).
+The commands: ``fedforest --help``; ``fedforest client`` up to its check of ``--data`` (a
+file that is not there: it exits 2 with the client's modules imported, before it reads the
+schema and the table and before the DP stack it imports to join); ``fedforest client`` up to
+its first request (a valid schema and table, the default profile, so the DP stack too; the
+server's port closed: it exits 2 when the request is refused); ``fedforest server`` up to
+serving (uvicorn's ``Server.run`` replaced by a return: the settings read, the database
+opened, the app built, the socket bound); and the imports alone: the server's modules
+(``import server_app.app``) and the command line with a site's client (``import
+fedforest_cli.cli, client_app.runner``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import io
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -53,11 +57,17 @@ def commands(work: Path) -> dict[str, tuple[list[str], int]]:
     config = work / "server.toml"
     config.write_text(f'host = "127.0.0.1"\ndatabase = "sqlite:///{work / "server.db"}"\n'
                       f'audit_database = "sqlite:///{work / "audit.db"}"\n')
+    site_files(work)
     client = ["client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", "j",
               "--schema", str(work / "schema.toml"), "--data", str(work / "missing.csv")]
+    joining = ["client", "--insecure-dev", "--server", "http://127.0.0.1:{port}", "--token",
+               "t", "--job", "j", "--schema", str(work / "schema.toml"), "--data",
+               str(work / "site.csv"), "--retry-budget", "0", "--state-dir",
+               str(work / "state"), "--quiet"]
     return {
         "fedforest --help": (["-m", "fedforest_cli", "--help"], 0),
         "fedforest client (to its check of --data)": (["-m", "fedforest_cli", *client], 2),
+        "fedforest client (to its first request)": (["-m", "fedforest_cli", *joining], 2),
         "fedforest server (to serving)": (
             ["-c", _SERVER, "server", "--config", str(config), "--insecure-dev", "--port",
              "{port}"], 0),
@@ -65,6 +75,20 @@ def commands(work: Path) -> dict[str, tuple[list[str], int]]:
         "import fedforest_cli.cli, client_app.runner": (
             ["-c", "import fedforest_cli.cli, client_app.runner"], 0),
     }
+
+
+def site_files(work: Path, rows: int = 200) -> None:
+    """A site's ``schema.toml`` and ``site.csv`` (two features, two classes) in ``work``."""
+    rng = random.Random(0)
+    (work / "schema.toml").write_text(
+        '[[features]]\nname = "a"\nkind = "continuous"\nbounds = [0.0, 1.0]\n\n'
+        '[[features]]\nname = "b"\nkind = "continuous"\nbounds = [0.0, 1.0]\n\n'
+        '[target]\nname = "y"\nkind = "classification"\nclasses = ["0", "1"]\n')
+    lines = ["a,b,y"]
+    for _ in range(rows):
+        a, b = rng.random(), rng.random()
+        lines.append(f"{a!r},{b!r},{int(a + b > 1)}")
+    (work / "site.csv").write_text("\n".join(lines) + "\n")
 
 
 def free_port() -> int:
@@ -76,7 +100,8 @@ def free_port() -> int:
 def cpu_of(argv: list[str], env: dict[str, str], cwd: Path, code: int = 0) -> float:
     """User + system CPU seconds of one run of ``argv`` (``{port}`` in it: a free port); a
     run that does not exit with ``code`` stops the benchmark with what it said."""
-    argv = [str(free_port()) if a == "{port}" else a for a in argv]
+    port = str(free_port())
+    argv = [a.replace("{port}", port) for a in argv]
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
