@@ -52,17 +52,18 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, RefusedRequest
-from fedforest_secure.evaluation.worker import EvalWorker
-from fedforest_secure.federation import client_seed
 from fedforest_secure.files import append_line, open_in_place, write_atomic
 from fedforest_secure.protocol import Reply, Task
-from fedforest_secure.worker import Worker
+from fedforest_secure.worker import Worker, client_seed
+
+if TYPE_CHECKING:
+    from fedforest_secure.evaluation.worker import EvalWorker
 
 __all__ = ["EvalLedger", "LedgeredEvalWorker", "SiteWorker", "site_worker", "table_digest"]
 
@@ -298,6 +299,9 @@ def site_worker(config: JobConfig, index: int, train: _Table | None, held_out: _
     if held_out is None:
         raise FedForestError(f"job {config.job_id!r} is an evaluation job: pass the site's "
                              "held-out rows with --eval-data (a CSV with the same schema)")
+    # a training job's site never loads the evaluation's statistics
+    from fedforest_secure.evaluation.worker import EvalWorker
+
     worker = EvalWorker(config, *held_out)
     return LedgeredEvalWorker(worker, EvalLedger(state_dir), table_digest(*held_out),
                               _table_digest_in_order(*held_out), sent=sent,

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
 from fedforest_secure.files import os_error_text, readable_by, write_atomic
 from fedforest_secure.protocol.api import JoinResponse, SecAggStep
+from fedforest_secure.startup import lasting_imports
 
 from .context import (
     RESTARTED_SECURE,
@@ -106,8 +108,11 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
     if pinned is None or pinned.get("dp") is not None:
         # the DP machinery (diffprivlib, SciPy) takes seconds to import on a loaded machine:
         # loaded before joining, not inside the first round's deadline, unless this site
-        # pinned a profile without DP
-        import fedforest_secure.privacy.dp  # noqa: F401
+        # pinned a profile without DP; its modules live as long as the process (the first
+        # import only: a process running several sites, or the tests, freezes its heap once)
+        if "fedforest_secure.privacy.dp" not in sys.modules:
+            with lasting_imports():
+                import fedforest_secure.privacy.dp  # noqa: F401
     log = log or SiteLog()
     state = ClientState(opts.state_dir)
     with contextlib.ExitStack() as held:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import gc
-
-from fedforest_cli.cli import app
+from fedforest_secure.startup import lasting_imports
 
 
 def main() -> None:
     """Run the ``fedforest`` command in this process (``python -m fedforest_cli`` and the
-    installed ``fedforest`` script). The objects its imports made (modules, classes,
-    functions) live as long as the process: frozen, the garbage collector no longer walks them
-    in each full collection, nor in the collections of the interpreter's exit, which would
-    otherwise take a large part of a short-lived client's or server's CPU."""
-    gc.freeze()
+    installed ``fedforest`` script). The command line's modules are imported here, outside the
+    garbage collector's reach (:func:`~fedforest_secure.startup.lasting_imports`); a command
+    imports its own modules when it runs (the client's and the server's the same way)."""
+    with lasting_imports():
+        from fedforest_cli.cli import app
     app(prog_name="fedforest")
 
 

@@ -18,6 +18,7 @@ from rich.markup import escape
 from fedforest_secure import __version__
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
+from fedforest_secure.startup import lasting_imports
 
 from . import data_cli, site_cli
 from ._common import MAX_SEED, console, duration, fail
@@ -104,10 +105,13 @@ def client(
 
     Progress goes to stderr: a progress bar on a terminal, one plain line per event otherwise
     (waiting for the server or for other sites, each level, dropped sites)."""
-    from client_app.context import ended
-    from client_app.log import SiteLog
-    from client_app.runner import ClientOptions, run_client
-    from client_app.stop import raise_if_asked
+    # the client's modules (imported here, not by the other commands) live as long as the
+    # process, like the command line's (fedforest_cli.__main__)
+    with lasting_imports():
+        from client_app.context import ended
+        from client_app.log import SiteLog
+        from client_app.runner import ClientOptions, run_client
+        from client_app.stop import raise_if_asked
 
     log = SiteLog()
     # SIGTERM (how a service manager stops it) and SIGHUP (the terminal it runs in closed)

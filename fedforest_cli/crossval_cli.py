@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
 
@@ -63,6 +61,9 @@ def cross_validate_cmd(
                                       help="seed of the partition, folds and forests")] = 0,
 ) -> None:
     """Federated k-fold cross-validation of one hyper-parameter (in process)."""
+    import numpy as np
+    from rich.table import Table
+
     from fedforest_secure.evaluation.crossval import cross_validate
 
     from .sim_data import _partition, load_table

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.files import mode_of, replacing, write_atomic
-from fedforest_secure.schema import Schema
-from fedforest_secure.schema_draft import draft_schema
-from fedforest_secure.tablecheck import Problem, check_table, clean_rows, read_raw
 
 from ._common import check_output, console, fail
+
+if TYPE_CHECKING:
+    from fedforest_secure.tablecheck import Problem
 
 __all__ = ["format_problems", "register", "schema_cli"]
 
@@ -51,6 +51,9 @@ def draft_cmd(
     force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
 ) -> None:
     """A starting schema.toml: kinds, levels, classes; bounds left for the federation."""
+    from fedforest_secure.schema_draft import draft_schema
+    from fedforest_secure.tablecheck import read_raw
+
     if task not in ("auto", "classification", "regression"):
         fail(ValueError("--task must be auto, classification or regression"))
     if out is not None:
@@ -95,6 +98,9 @@ def register(app: typer.Typer) -> None:
         allowed), 1 otherwise: with --zero-is-missing zeros in it (the client reads a zero as
         the number 0), check the --clean-out file.
         """
+        from fedforest_secure.schema import Schema
+        from fedforest_secure.tablecheck import check_table, clean_rows, read_raw
+
         if clean_out is not None:
             check_output(clean_out, force=force, inputs=[("--data", data),
                                                          ("--schema", schema)])

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fedforest_secure.errors import FedForestError
-from fedforest_secure.evaluation.spec import model_digest
 from fedforest_secure.files import write_atomic
 
 from ._common import console, duration, fail
@@ -143,6 +142,8 @@ def _check_out_dir(out: Path) -> None:
 def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec) -> None:
     """An existing job's result answers this command only if the job scores the same
     models (by SHA-256): otherwise its metrics would be shown for other models."""
+    from fedforest_secure.evaluation.spec import model_digest
+
     texts = spec.evaluation.model_texts if spec.evaluation is not None else None
     asked = [model_digest(t) for t in texts or []]
     scored = admin.evaluation_digests(job_id)

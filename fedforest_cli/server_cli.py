@@ -3,7 +3,6 @@ jobs."""
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +13,13 @@ from rich.markup import escape
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
-from fedforest_secure.protocol.api import JobStatus
+from fedforest_secure.startup import lasting_imports
 
 from ._common import console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
+    from fedforest_secure.protocol.api import JobStatus
     from server_app.admin import ServerAdmin
     from server_app.settings import ServerSettings
 
@@ -49,12 +49,12 @@ def server(ctx: typer.Context,
         return
     if config is None:
         fail(ValueError("--config server.toml is required"))
-    from server_app.serve import run_server
-    from server_app.settings import load_settings
+    # the server's own modules (FastAPI, SQLAlchemy, uvicorn) live as long as the process,
+    # like the command line's (fedforest_cli.__main__)
+    with lasting_imports():
+        from server_app.serve import run_server
+        from server_app.settings import load_settings
 
-    # the server's own modules (FastAPI, SQLAlchemy, uvicorn) live as long as the process:
-    # frozen like the command's (fedforest_cli.__main__), no full collection walks them
-    gc.freeze()
     try:
         with locks_named(config):
             run_server(load_settings(config), insecure_dev=insecure_dev, port=port)

@@ -12,18 +12,22 @@ import gzip
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 
-from client_app.transport import Transport
 from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.files import write_atomic
 from fedforest_secure.printable import printable
-from fedforest_secure.protocol.api import JobListEntry, JobStatus
 
 from ._common import check_output, console, fail
+
+if TYPE_CHECKING:
+    from client_app.transport import Transport
+    from fedforest_secure.protocol.api import JobStatus
+
+# the commands import the client's transport (httpx, cryptography) and the API's models
+# (pydantic) when they run: `fedforest --help` and the other commands start without them
 
 __all__ = ["format_eta", "format_status", "model_cli", "register"]
 
@@ -40,6 +44,8 @@ model_cli = typer.Typer(help="The trained model of a job.", no_args_is_help=True
 
 def _transport(server: str, token: str, ca: Path | None, cert: Path | None, key: Path | None,
                insecure_dev: bool) -> Transport:
+    from client_app.transport import Transport
+
     return Transport(server, token, ca, cert, key, retry_budget_s=10.0,
                      insecure_dev=insecure_dev)
 
@@ -104,6 +110,10 @@ def register(app: typer.Typer) -> None:
     def jobs_cmd(server: ServerOpt, token: TokenOpt, ca: CaOpt = None, cert: CertOpt = None,
                  key: KeyOpt = None, insecure_dev: DevOpt = False) -> None:
         """The jobs this site is a member of."""
+        from pydantic import ValidationError
+
+        from fedforest_secure.protocol.api import JobListEntry
+
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
@@ -128,6 +138,10 @@ def register(app: typer.Typer) -> None:
                    token: TokenOpt, ca: CaOpt = None, cert: CertOpt = None,
                    key: KeyOpt = None, insecure_dev: DevOpt = False) -> None:
         """Members (joined, active, dropped), level, round, phase and ETA of a job."""
+        from pydantic import ValidationError
+
+        from fedforest_secure.protocol.api import JobStatus
+
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
@@ -150,6 +164,10 @@ def register(app: typer.Typer) -> None:
                          help="replace an existing --out file")] = False) -> None:
         """Download a finished job's model (what FedForestClassifier/Regressor.load read);
         an existing --out file is kept unless --force."""
+        from pydantic import ValidationError
+
+        from fedforest_secure.protocol.api import JobStatus
+
         check_output(out, force=force)
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)

@@ -5,26 +5,34 @@ The public API is what ``__all__`` lists.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import TYPE_CHECKING
 
 from .errors import FedForestError
-from .model import ForestModel
-from .privacy import load_profile
 
 if TYPE_CHECKING:
     from .estimators import FedForestClassifier, FedForestRegressor
+    from .model import ForestModel
+    from .privacy import load_profile
+
+#: the names imported on first use: the estimators import scikit-learn, the model NumPy and
+#: the profiles pydantic, none of which a command that imports only a submodule (``from
+#: fedforest_secure.errors import ...``, ``fedforest --help``) needs
+_LAZY = {"FedForestClassifier": "estimators", "FedForestRegressor": "estimators",
+         "ForestModel": "model", "load_profile": "privacy"}
 
 
-def __getattr__(name: str) -> Any:
-    # the estimators import scikit-learn: loaded on first use, so a site's client process
-    # (which never needs them) starts without it
-    if name in ("FedForestClassifier", "FedForestRegressor"):
-        from . import estimators
-
-        value = getattr(estimators, name)
-        globals()[name] = value
+if not TYPE_CHECKING:  # to mypy, the names are the imports above: a misspelt one is an error
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later look-ups are plain attribute reads
         return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

@@ -27,7 +27,7 @@ from .coordinator import Coordinator
 from .errors import ProfileError
 from .model import ForestModel
 from .protocol import Reply, Task, seal
-from .worker import Worker
+from .worker import Worker, client_seed
 
 __all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "client_seed",
            "effective_n_jobs", "run_in_process"]
@@ -39,11 +39,6 @@ __all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "c
 IN_PROCESS_ROUND_BYTES = 32 << 20
 
 T = TypeVar("T")
-
-
-def client_seed(config: JobConfig, client_index: int) -> np.random.SeedSequence:
-    """The seed of a client's own randomness (its bootstrap), derived from the job's seed."""
-    return np.random.SeedSequence([config.random_state, 0xC1, client_index])
 
 
 class Aggregator(Protocol):

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,8 +29,11 @@ from .config import JobConfig
 from .errors import BudgetError, InvalidMessage, OverflowRisk, SumOutOfRange
 from .privacy.profile import with_profile_defaults
 from .protocol import Block, Reply, StatKind, Task, kind_code, kinds_vector
-from .secagg import InProcessSecureSum, RingCodec
+from .secagg import RingCodec
 from .secagg.encoding import Periodic
+
+if TYPE_CHECKING:
+    from .secagg.driver import InProcessSecureSum
 
 __all__ = ["RingAggregator", "StatCodec", "SumBounds", "check_frac_bits", "encode_contribution",
            "entry_scale_bits", "make_codec", "most_frac_bits", "noise_sigmas", "noise_units",
@@ -361,6 +365,8 @@ class RingAggregator:
         self.record = record
         self._secagg: InProcessSecureSum | None = None
         if self.secure:
+            from .secagg.driver import InProcessSecureSum
+
             self._secagg = InProcessSecureSum(range(config.n_clients),
                                               threshold=float(prof["threshold"]),
                                               job_id=config.job_id, streaming=True,

@@ -50,7 +50,7 @@ from .errors import ProtocolError, RefusedRequest
 from .privacy.profile import with_profile_defaults
 from .protocol import Reply, Task, TaskKind, check_task_form, layout_size
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "client_seed"]
 
 #: with ``keep_level_order=None``, a worker keeps its level order between rounds as is while it
 #: takes at most KEEP_FULL_BYTES, compact while that takes at most KEEP_ORDER_BYTES, and
@@ -61,6 +61,11 @@ KEEP_ORDER_BYTES = 32 << 20
 #: SORT_RATIO thresholds per (pair, slot) entry (measured: the sort costs about as much per
 #: entry as the search, and each threshold about as much again)
 SORT_RATIO = 1.25
+
+
+def client_seed(config: JobConfig, client_index: int) -> np.random.SeedSequence:
+    """The seed of a client's own randomness (its bootstrap), derived from the job's seed."""
+    return np.random.SeedSequence([config.random_state, 0xC1, client_index])
 
 
 class Worker:

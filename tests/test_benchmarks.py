@@ -49,6 +49,19 @@ def test_repeat_zero_is_a_usage_error(name: str, capsys: pytest.CaptureFixture[s
     assert "--repeat" in err and "0: at least 1" in err
 
 
+# ------------------------------------------------------------------------------ startup.py
+def test_startup_runs_zero_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("startup").main, ["--runs", "0"])
+    assert "--runs" in err and "0: at least 1" in err
+
+
+def test_startup_names_a_base_that_is_not_a_commit(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _script("startup").main(["--base", "no-such-branch", "--runs", "1"])
+    assert stop.value.code == (f"error: --base no-such-branch: not a commit of the repository "
+                               f"in {BENCH.parent}")
+
+
 # ------------------------------------------------------------------------------ speed.py
 def test_speed_reads_the_jobs_suffix_from_the_right() -> None:
     speed = _script("speed")

@@ -21,9 +21,10 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from fedforest_cli import data_cli, interrupts
+from fedforest_cli import interrupts
 from fedforest_cli.cli import app
 from fedforest_cli.sim_processes import child_env
+from fedforest_secure import schema_draft
 
 STOPPED = "the command stopped before it finished; a file it was writing is left as it was"
 
@@ -83,7 +84,7 @@ def test_every_command_stops_on_sigterm_and_sighup_and_gets_its_handlers_back(
     term = signal.getsignal(signal.SIGTERM)
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(data_cli, "draft_schema", drafted)
+        mp.setattr(schema_draft, "draft_schema", drafted)  # what `schema draft` calls
         data = tmp_path / "d.csv"
         data.write_text("a,y\n1,0\n2,1\n")
         res = CliRunner().invoke(app, ["schema", "draft", "--data", str(data), "--target", "y",

@@ -21,9 +21,10 @@ pairwise seeds are bound to ``job|round|i|j|task_digest``.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from ._rounds import job_threshold
-from .client import ClientStage, SecAggClient
-from .driver import InProcessSecureSum, Upload
 from .encoding import RingCodec, decode, encode
 from .messages import (
     KeyAdvert,
@@ -37,7 +38,31 @@ from .messages import (
     UnmaskResponse,
     parse,
 )
-from .server import KeyMismatch, SecAggServer, ServerStage
+
+if TYPE_CHECKING:
+    from .client import ClientStage, SecAggClient
+    from .driver import InProcessSecureSum, Upload
+    from .server import KeyMismatch, SecAggServer, ServerStage
+
+#: the two sides (and the in-process driver, which runs both), imported on first use: a site's
+#: client process runs the client's side only, the server the server's side only
+_LAZY = {"ClientStage": "client", "SecAggClient": "client", "InProcessSecureSum": "driver",
+         "Upload": "driver", "KeyMismatch": "server", "SecAggServer": "server",
+         "ServerStage": "server"}
+
+
+if not TYPE_CHECKING:  # to mypy, the names are the imports above: a misspelt one is an error
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later look-ups are plain attribute reads
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ClientStage",
