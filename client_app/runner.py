@@ -105,14 +105,6 @@ def run_client(opts: ClientOptions, log: SiteLog | None = None) -> ClientResult:
         raise
     _check_outputs(opts)
     pinned = pinned_profile(opts.profile) if opts.profile is not None else None
-    if pinned is None or pinned.get("dp") is not None:
-        # the DP machinery (diffprivlib, SciPy) takes seconds to import on a loaded machine:
-        # loaded before joining, not inside the first round's deadline, unless this site
-        # pinned a profile without DP; its modules live as long as the process (the first
-        # import only: a process running several sites, or the tests, freezes its heap once)
-        if "fedforest_secure.privacy.dp" not in sys.modules:
-            with lasting_imports():
-                import fedforest_secure.privacy.dp  # noqa: F401
     log = log or SiteLog()
     state = ClientState(opts.state_dir)
     with contextlib.ExitStack() as held:
@@ -156,6 +148,17 @@ def _warn_readable_key(opts: ClientOptions, log: SiteLog) -> None:
              f"can act as this site; make it readable by this site's user only: chmod 600 {key}")
 
 
+def _import_dp_stack() -> None:
+    """Import the DP machinery (diffprivlib, SciPy, scikit-learn) of a job whose profile has
+    DP: it takes seconds on a loaded machine, so a site loads it once it read the job's
+    profile in the offer and before it joins, not inside the first round's deadline; a job
+    without DP never loads it. Its modules live as long as the process (the first import
+    only: a process running several sites, or the tests, freezes its heap once)."""
+    if "fedforest_secure.privacy.dp" not in sys.modules:
+        with lasting_imports():
+            import fedforest_secure.privacy.dp  # noqa: F401
+
+
 def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray | None,
          y: np.ndarray | None, log: SiteLog, pinned: dict[str, Any] | None = None,
          held_out: tuple[np.ndarray, np.ndarray] | None = None) -> ClientResult:
@@ -193,6 +196,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     # from here on the job's profile is read as the pin check read it: a setting the server
     # left out is PrivacyProfile's default for every reader, not a weaker one of its own
     config = dataclasses.replace(config, profile=job_profile_settings(config.profile))
+    if config.profile.get("dp") is not None:
+        _import_dp_stack()
     with declining(tr, job, "job_config", log):
         _check_job(config, opts, log)
     if opts.cert is not None and config.profile.get("secure_aggregation"):

@@ -181,6 +181,31 @@ def _accepted_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: di
     return info.value.config
 
 
+@pytest.mark.parametrize(("served", "loads_dp"), [("secure-dp", True), ("secure", False),
+                                                 ("open", False)])
+def test_the_dp_stack_is_loaded_after_the_offer_and_before_the_join_of_a_dp_job_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: str, loads_dp: bool) -> None:
+    """A site without a pin learns from the offer whether the job's profile has DP: it loads
+    the DP machinery then, before its worker is built and before it joins, and a job without
+    DP never loads it."""
+    tr = RecordingTransport(load_profile(served).to_dict())
+    seen: list[list[tuple[str, str]]] = []
+    monkeypatch.setattr(runner, "_import_dp_stack", lambda: seen.append(list(tr.sent)))
+
+    def capture(config: JobConfig, *_: Any, **__: Any) -> Any:
+        raise _Accepted(config)
+
+    monkeypatch.setattr(runner, "site_worker", capture)
+    monkeypatch.setattr(runner, "_check_job", lambda *a: None)
+    opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
+                         data=tmp_path / "d.csv", schema=tmp_path / "s.toml", ca=None,
+                         state_dir=tmp_path / "state", quiet=True)
+    with pytest.raises(_Accepted):
+        runner._run(opts, tr, ClientState(opts.state_dir), np.zeros((4, 2)), np.zeros(4),  # type: ignore[arg-type]
+                    SiteLog(stream=io.StringIO()))
+    assert seen == ([[("GET", f"/v1/jobs/{JOB}/offer")]] if loads_dp else [])
+
+
 @pytest.mark.parametrize("pinned", [True, False])
 def test_a_setting_the_server_leaves_out_is_read_as_the_profiles_default(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pinned: bool) -> None:

@@ -1,8 +1,8 @@
 """What a ``fedforest`` process imports to start: every server and site process of a federation
 (and of the tests) is one, and each module it imports is CPU spent before the command does
 anything. No module imports the DP calibration stack (diffprivlib, which imports much of
-scikit-learn) with itself: a site's client loads it before joining unless it pinned a profile
-without DP, the rest of the code where it calibrates noise. A command imports what it runs, not
+scikit-learn) with itself: a site's client loads it once the offer says the job's profile has
+DP (before joining), the rest of the code where it calibrates noise. A command imports what it runs, not
 what the other commands need (``fedforest --help`` neither side's app, a site's client none of
 the server's modules, the server none of a site's)."""
 
@@ -81,8 +81,8 @@ def test_a_site_client_starts_without_the_servers_modules(tmp_path: Path,
                                                           tiny_parts: Any) -> None:
     """``fedforest client`` with a profile without DP, up to its first request (the server is
     not there): the client's modules are in, the server's, the coordinator's and the DP
-    stack's are not (with the default profile, or one with DP, the client imports the DP
-    stack before joining: tests/test_process_start.py)."""
+    stack's are not (the DP stack loads after an offer of a DP job: tests/test_client_profile.py;
+    with the default profile, up to the offer, without it: tests/test_process_start.py)."""
     parts, feat = tiny_parts
     (site,) = write_site_files(tmp_path, ["a"], parts[:1], feat, "classification",
                                schema_dict(*parts[0], "classification", feat))
