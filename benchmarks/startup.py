@@ -17,7 +17,7 @@ file that is not there: it exits 2 with the client's modules imported, before it
 schema and the table); ``fedforest client`` up to its first request, the offer (a valid
 schema and table, the default profile; the server's port closed: it exits 2 when the request
 is refused; a client loads the DP stack only once an offer says the job has DP, so not here:
-commits before ``4118f99`` loaded it before this request unless the site pinned a profile
+commits up to ``4118f99`` loaded it before this request unless the site pinned a profile
 without DP); ``fedforest server`` up to
 serving (uvicorn's ``Server.run`` replaced by a return: the settings read, the database
 opened, the app built, the socket bound); and the imports alone: the server's modules

@@ -1,10 +1,10 @@
 """What a ``fedforest`` process imports to start: every server and site process of a federation
 (and of the tests) is one, and each module it imports is CPU spent before the command does
 anything. No module imports the DP calibration stack (diffprivlib, which imports much of
-scikit-learn) with itself: a site's client loads it once the offer says the job's profile has
-DP (before joining), the rest of the code where it calibrates noise. A command imports what it runs, not
-what the other commands need (``fedforest --help`` neither side's app, a site's client none of
-the server's modules, the server none of a site's)."""
+scikit-learn) with itself: a site's client loads it once the offer says the job's profile
+has DP (before joining), the rest of the code where it calibrates noise. A command imports
+what it runs, not what the other commands need (``fedforest --help`` neither side's app, a
+site's client none of the server's modules, the server none of a site's)."""
 
 from __future__ import annotations
 

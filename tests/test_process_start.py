@@ -7,7 +7,9 @@ import gc
 import json
 import subprocess
 import sys
+import threading
 import tomllib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from ports import free_port
 
 from fedforest_cli.sim_data import schema_dict, write_site_files
 from fedforest_cli.sim_processes import child_env
+from fedforest_secure import load_profile
+from fedforest_secure.config import JobConfig
 from fedforest_secure.startup import lasting_imports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +125,63 @@ def test_a_site_client_reaches_its_first_request_without_the_dp_stack(
     assert seen["collecting"] is True
     assert seen["dp"] is False, seen["blocks"]
     assert seen["blocks"] and not any("diffprivlib" in b for b in seen["blocks"])
+
+
+def _serve_an_offer(offer: dict[str, Any]) -> tuple[ThreadingHTTPServer, list[str]]:
+    """A stand-in server on 127.0.0.1 that answers a job's offer with ``offer`` and every other
+    request with 404; it records the requests."""
+    seen: list[str] = []
+
+    class Offer(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            body = json.dumps(offer).encode() if self.path == "/v1/jobs/j/offer" else b"{}"
+            self.send_response(200 if self.path == "/v1/jobs/j/offer" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Offer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_a_site_client_offered_a_dp_job_imports_the_dp_stack_with_the_collector_stopped(
+        tmp_path: Path, tiny_parts: Any) -> None:
+    """A client offered a job whose profile has DP imports the DP stack (diffprivlib, SciPy,
+    scikit-learn) after the offer, in a ``lasting_imports`` block, and the collector runs
+    again afterwards."""
+    parts, feat = tiny_parts
+    (site,) = write_site_files(tmp_path, ["a"], parts[:1], feat, "classification",
+                               schema_dict(*parts[0], "classification", feat))
+    config = JobConfig(job_id="j", task="regression", n_features=len(feat), n_clients=2,
+                       feature_bounds=((-1.0, 1.0),) * len(feat), target_bound=1.0,
+                       n_estimators=1, max_depth=2, min_samples_leaf=2, max_features=2,
+                       n_bins=4, profile=load_profile("secure-dp").to_dict())
+    server, requests = _serve_an_offer({"client_index": 0,
+                                        "config": json.loads(config.to_json())})
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _RECORDED, "client", "--insecure-dev",
+             "--server", f"http://127.0.0.1:{server.server_address[1]}", "--token", "t",
+             "--job", "j", "--schema", str(tmp_path / "schema.toml"), "--data", str(site),
+             "--retry-budget", "0", "--state-dir", str(tmp_path / "state"), "--quiet"],
+            capture_output=True, text=True, env=child_env(), timeout=120, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert requests[0] == "GET /v1/jobs/j/offer", requests
+    assert out.returncode != 0  # the stand-in answers nothing after the offer
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["collecting"] is True and seen["dp"] is True
+    dp_blocks = [b for b in seen["blocks"] if "diffprivlib" in b]
+    assert len(dp_blocks) == 1 and {"sklearn", "scipy"} <= set(dp_blocks[0]), seen["blocks"]
 
 
 def test_the_server_serves_with_the_collector_running(tmp_path: Path) -> None:
