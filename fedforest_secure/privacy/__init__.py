@@ -18,8 +18,9 @@ worker and the coordinator, not re-exported).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 # profiles are needed by every job; the DP machinery (diffprivlib, SciPy, cryptography's
 # ChaCha20) is imported on first use of one of its names, so an open-profile job never loads it
@@ -57,17 +58,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+if not TYPE_CHECKING:  # to mypy, the names are the imports above: a misspelt one is an error
+    __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -21,9 +21,9 @@ pairwise seeds are bound to ``job|round|i|j|task_digest``.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from ._rounds import job_threshold
 from .encoding import RingCodec, decode, encode
 from .messages import (
@@ -52,16 +52,7 @@ _LAZY = {"ClientStage": "client", "SecAggClient": "client", "InProcessSecureSum"
 
 
 if not TYPE_CHECKING:  # to mypy, the names are the imports above: a misspelt one is an error
-    def __getattr__(name: str) -> object:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value  # later look-ups are plain attribute reads
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_LAZY))
+    __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [
