@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 from audit_forgery import forge
 from sqlalchemy import text
-from state_driver import join_sites
+from state_driver import answer_until_done, join_sites
 
 from fedforest_secure.audit import AuditLog, Entry, verify_log
 from fedforest_secure.audit.replay import replay_job
-from fedforest_secure.protocol import Task, make_upload
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
 from server_app.db import Database
@@ -43,20 +42,7 @@ def _run_job(root: Path, parts: list, feat: list[str], job_dir) -> Path:
     state = ServerState(db, audit)
     state.create_job(load_job_spec(job_toml))
     rows, workers = join_sites(db, state, JOB, parts[:K])
-    for _ in range(500):
-        offers = [state.offer(rows[k], JOB) for k in range(K)]
-        if all(o.status == "done" for o in offers):
-            break
-        for k, o in enumerate(offers):
-            if o.status != "task":
-                continue
-            task = Task.from_bytes(o.body)
-            reply = workers[k].handle(task)
-            body = make_upload(task, np.asarray(reply.summable, dtype=np.float64),
-                               reply.disclosed)
-            state.upload(rows[k], JOB, task.round_id, body)
-    else:
-        raise AssertionError("the job did not finish")
+    assert answer_until_done(state, JOB, rows, workers)
     audit.close()  # type: ignore[attr-defined]
     db.dispose()
     return root / "audit.db"

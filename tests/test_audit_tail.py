@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from audit_forgery import forge
 from sqlalchemy import text
-from state_driver import join_sites
+from state_driver import answer_until_done, join_sites
 
 from fedforest_secure.audit import (
     AuditLog,
@@ -28,12 +28,12 @@ from fedforest_secure.audit import (
 )
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.config import JobConfig
-from fedforest_secure.protocol import Task, make_upload
+from fedforest_secure.protocol import Task
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
 from server_app.db import Database
 from server_app.jobspec import load_job_spec
-from server_app.runtime import ServerState
+from server_app.runtime import ServerState, TaskOffer
 
 K = 3
 JOB = "job-a"
@@ -49,23 +49,12 @@ def _run_job(root: Path, parts: list, feat: list[str], job_dir) -> tuple[Path, P
     state.create_job(load_job_spec(job_toml))
     rows, workers = join_sites(db, state, JOB, parts[:K])
     receipts = root / "receipts"
-    for _ in range(500):
-        offers = [state.offer(rows[k], JOB) for k in range(K)]
-        if all(o.status == "done" for o in offers):
-            break
-        for k, o in enumerate(offers):
-            if o.status != "task":
-                continue
-            task = Task.from_bytes(o.body)
-            reply = workers[k].handle(task)
-            body = make_upload(task, np.asarray(reply.summable, dtype=np.float64),
-                               reply.disclosed)
-            state.upload(rows[k], JOB, task.round_id, body)
-            write_receipt(receipts, Receipt(JOB, task.round_id, f"client-{k}",
-                                            hashlib.sha256(body).hexdigest(),
-                                            str(o.audit_head), int(o.audit_seq or 0)))
-    else:
-        raise AssertionError("the job did not finish")
+    def receipt(k: int, o: TaskOffer, task: Task, body: bytes) -> None:
+        write_receipt(receipts, Receipt(JOB, task.round_id, f"client-{k}",
+                                        hashlib.sha256(body).hexdigest(),
+                                        str(o.audit_head), int(o.audit_seq or 0)))
+
+    assert answer_until_done(state, JOB, rows, workers, uploaded=receipt)
     audit.close()  # type: ignore[attr-defined]
     with AuditLog(root / "audit.db", create=False) as log:
         seq, head = log.tip(JOB)

@@ -17,18 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sqlalchemy import select
-from state_driver import join_sites
+from state_driver import answer_until_done, join_sites
 
 from fedforest_secure.audit import AuditLog, verify_log
 from fedforest_secure.audit.replay import replay_job
 from fedforest_secure.errors import InvalidMessage
 from fedforest_secure.federation import client_seed
-from fedforest_secure.protocol import Task, check_disclosures, make_upload, pack, unpack
+from fedforest_secure.protocol import Task, check_disclosures, pack, unpack
 from fedforest_secure.protocol.uploads import spread_node_counts
 from fedforest_secure.worker import Worker
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
-from server_app.db import ClientRow, Database, JobRow, RoundRow
+from server_app.db import Database, JobRow, RoundRow
 from server_app.jobspec import build_config, load_job_spec
 from server_app.runtime import ServerState
 
@@ -88,24 +88,6 @@ def test_one_count_per_node_is_spread_across_the_slots_and_refused_in_an_upload(
     assert spread_node_counts(disclosed, task) is disclosed
 
 
-def _drive(state: ServerState, rows: list[ClientRow], workers: list[Worker],
-           stop: object = None) -> bool:
-    """Answer the job's tasks until it is done (True) or ``stop()`` says so (False)."""
-    for _ in range(500):
-        if callable(stop) and stop():
-            return False
-        offers = [state.offer(rows[k], JOB) for k in range(K)]
-        if all(o.status == "done" for o in offers):
-            return True
-        for k, o in enumerate(offers):
-            if o.status == "task":
-                task = Task.from_bytes(o.body)
-                reply = workers[k].handle(task)
-                state.upload(rows[k], JOB, task.round_id, make_upload(
-                    task, np.asarray(reply.summable, dtype=np.float64), reply.disclosed))
-    raise AssertionError("the job did not finish")
-
-
 def _sketched_rounds(db: Database) -> list[RoundRow]:
     with db.session() as s:
         return [rr for rr in s.scalars(select(RoundRow).where(RoundRow.job_id == JOB))
@@ -124,7 +106,8 @@ def _run(root: Path, parts: list, feat: list[str], job_dir, *, restart: bool) ->
     state.create_job(load_job_spec(_job_toml(job_dir, root / "job", parts, feat)))
     rows, workers = join_sites(db, state, JOB, parts[:K])
     if restart:
-        assert not _drive(state, rows, workers, lambda: len(_sketched_rounds(db)) >= 2)
+        assert not answer_until_done(state, JOB, rows, workers,
+                                     stop=lambda: len(_sketched_rounds(db)) >= 2)
         with db.session() as s:
             for rr in s.scalars(select(RoundRow).where(RoundRow.job_id == JOB)):
                 if not rr.disclosed_blob:
@@ -137,7 +120,7 @@ def _run(root: Path, parts: list, feat: list[str], job_dir, *, restart: bool) ->
                    for n, a in unpack(rr.disclosed_blob)[1].items()
                    if n.endswith("/sketch_counts"))
         state = ServerState(db, NullAudit())  # a new process: the job is rebuilt
-    assert _drive(state, rows, workers)
+    assert answer_until_done(state, JOB, rows, workers)
     with db.session() as s:
         assert s.get(JobRow, JOB).status == "done"
     model = state.model(rows[0], JOB)

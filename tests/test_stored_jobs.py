@@ -7,11 +7,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 from sqlalchemy import select
-from state_driver import join_sites
+from state_driver import answer_until_done, join_sites
 
-from fedforest_secure.protocol import Task, make_upload
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
 from server_app.db import Database, JobRow
@@ -52,19 +50,7 @@ def test_a_stored_job_past_the_job_files_limits_is_joined_and_finishes(
     info = state.join(rows[0], JOB)  # a re-join reads the stored spec again
     assert info["config"]["random_state"] == SEED
     assert info["schema_sha256"] == hashlib.sha256(schema.encode()).hexdigest()
-    for _ in range(500):
-        offers = [state.offer(rows[k], JOB) for k in range(K)]
-        if all(o.status == "done" for o in offers):
-            break
-        for k, o in enumerate(offers):
-            if o.status != "task":
-                continue
-            task = Task.from_bytes(o.body)
-            reply = workers[k].handle(task)
-            state.upload(rows[k], JOB, task.round_id, make_upload(
-                task, np.asarray(reply.summable, dtype=np.float64), reply.disclosed))
-    else:
-        raise AssertionError("the job did not finish")
+    assert answer_until_done(state, JOB, rows, workers)
     model = json.loads(state.model(rows[0], JOB))
     assert model["feature_names"] == feat
     db.dispose()
