@@ -21,6 +21,9 @@ from fedforest_secure.pki import DevPKI
 
 LIMIT = 0.6  # seconds without a request in progress
 MB = 1 << 20
+#: seconds within which a connection due to be closed or dropped is, on a loaded machine (on a
+#: quiet one, between LIMIT and 4/3 of it): a connection held for good fails after it
+WITHIN = 10.0
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -68,7 +71,7 @@ def _connect(port: int) -> socket.socket:
 
 def test_a_connection_that_never_sends_a_request_is_closed(port: int) -> None:
     with _connect(port) as sock:
-        assert _closed_within(sock, 4 * LIMIT)
+        assert _closed_within(sock, WITHIN)
 
 
 def test_request_headers_that_stop_half_way_are_closed_however_slowly_they_trickle(
@@ -78,7 +81,7 @@ def test_request_headers_that_stop_half_way_are_closed_however_slowly_they_trick
         started = time.monotonic()
         sock.settimeout(0.2)
         closed = False
-        while time.monotonic() - started < 4 * LIMIT and not closed:
+        while time.monotonic() - started < WITHIN and not closed:
             try:
                 sock.sendall(b"X-a: b\r\n")  # a byte now and then: not a request yet
                 closed = sock.recv(4096) == b""
@@ -95,7 +98,7 @@ def test_a_request_served_for_longer_than_the_limit_is_answered(port: int) -> No
         sock.settimeout(10)
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         # and the connection, idle after its response, is closed in its turn
-        assert _closed_within(sock, 4 * LIMIT)
+        assert _closed_within(sock, WITHIN)
 
 
 def test_a_connection_busy_with_one_short_request_after_another_stays_open(port: int) -> None:
@@ -117,8 +120,6 @@ def test_a_connection_busy_with_one_short_request_after_another_stays_open(port:
 #: seconds a closed TLS connection waits for its client before it is ended: the event loop's
 #: 30 s scaled down as LIMIT is, so that an answer cut by it is cut within the test
 TLS_SHUTDOWN_S = LIMIT
-#: seconds past 4/3 of the limit within which a connection due to be dropped is (a loaded machine)
-SLACK = 2 * LIMIT
 
 
 def _server_loop() -> asyncio.AbstractEventLoop:
@@ -260,7 +261,7 @@ def test_a_connection_whose_answer_is_not_read_is_dropped_after_the_limit(
         asked = time.monotonic()
         sock.sendall(b"GET /big?16 HTTP/1.1\r\nHost: x\r\nConnection: " + connection
                      + b"\r\n\r\n")
-        while served.connections() and time.monotonic() < asked + 4 * LIMIT / 3 + SLACK:
+        while served.connections() and time.monotonic() < asked + WITHIN:
             time.sleep(0.01)
         took = time.monotonic() - asked
         assert served.connections() == 0, f"the server still holds the connection ({took:.1f} s)"
@@ -276,7 +277,8 @@ def test_a_connection_whose_pipelined_answers_are_not_read_is_dropped(served: Se
         served.wait_for_connection()
         asked = time.monotonic()
         sock.sendall(b"GET /big?4 HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
-        while served.connections() and time.monotonic() < asked + 4 * LIMIT / 3 + SLACK:
+        while served.connections() and time.monotonic() < asked + WITHIN:
             time.sleep(0.01)
-        assert served.connections() == 0, "the server still holds the connection"
+        took = time.monotonic() - asked
+        assert served.connections() == 0, f"the server still holds the connection ({took:.1f} s)"
         assert _read_all(sock) < 3 * 4 * MB  # what was not sent is dropped
