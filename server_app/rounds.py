@@ -319,8 +319,6 @@ class RoundDriver:
         job.reason = reason
         if rt is not None:
             rt.release()  # a stopped job grows no more trees, and its open round is over
-            if rt.secure is not None:
-                rt.secure.current = None
         audit = self.audit.within(sess)
         if rr is not None:
             audit.append(job.id, "round_aborted", {"round_id": rr.round_id, "reason": reason})

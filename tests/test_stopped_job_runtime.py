@@ -9,12 +9,23 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 from state_driver import join_sites
+from test_server_secagg_api import (
+    env,  # noqa: F401 - the secure-job fixture (K=4, manual clock), reused
+    first_round,
+    join_all,
+    offer,
+    post_upload,
+    restart,
+    run_until_upload,
+    upload_body,
+)
 
 from fedforest_secure.protocol import Task, make_upload
 from server_app.audit_hook import NullAudit
 from server_app.auth import add_client
-from server_app.db import Database
+from server_app.db import Database, UploadRow
 from server_app.errors import ApiError
 from server_app.jobspec import load_job_spec
 from server_app.retention import prune
@@ -70,3 +81,27 @@ def test_a_job_stopped_mid_round_keeps_no_task_in_memory_and_serves_it_as_stored
     assert err.value.detail == (f"round {task.round_id}'s task was deleted by `fedforest "
                                 "server prune` (the job is finished)")
     db.dispose()
+
+
+def test_a_secure_job_whose_open_round_does_not_resume_keeps_no_secure_round_in_memory(
+        env: dict[str, Any]) -> None:  # noqa: F811 - the fixture imported above
+    """A stored masked upload the restarted server cannot read (a ValueError while the open
+    secure round replays) stops the job, and the runtime it keeps holds no secure round."""
+    config, sa = join_all(env)
+    task, vecs, _ = first_round(env, config)
+    r = task.round_id
+    run_until_upload(env, sa, r)
+    assert post_upload(env, 0, r, upload_body(env, sa, 0, task, vecs[0])).status_code == 200
+    with env["db"].session() as sess:  # the stored masked upload lost its last byte
+        row = sess.scalar(select(UploadRow).where(UploadRow.job_id == "job-a",
+                                                  UploadRow.client_index == 0))
+        assert row is not None and row.summable is not None
+        row.summable = row.summable[:-1]
+    restart(env)
+    rt = env["state"].runtimes.get("job-a")
+    o = offer(env, 1)
+    assert o["status"] == "failed", o
+    assert o["detail"].startswith("cannot resume: buffer size must be a multiple of element "
+                                  "size"), o["detail"]
+    assert rt.secure is not None and rt.secure.current is None
+    assert (rt.coord, rt.task, rt.codec, rt._bounds) == (None, None, None, None)
