@@ -19,6 +19,7 @@ refused, naming what differs.
 from __future__ import annotations
 
 import time
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -167,12 +168,21 @@ def _check_same_job(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSp
             f"{', '.join(d[:12] for d in scored)}; asked: {', '.join(d[:12] for d in asked)}); "
             f"give this evaluation a new id in {job_path}, or pass --job {job_id} to show "
             "that job's result")
-    differs = admin.differences(spec) or []
+    # the file's own labels are its settings; with --models they are --names (checked by the
+    # caller) or the files' names, which change with the paths the models are given from
+    names_given = not models_given and _names_set(job_path)
+    differs = admin.differences(spec, names_given=names_given) or []
     if differs:
         raise FedForestError(
             f"evaluation job {job_id} exists with other settings than {job_path}: "
             f"{'; '.join(differs)}. Give this evaluation a new id in {job_path}, or pass "
             f"--job {job_id} to show that job's result")
+
+
+def _names_set(job_path: Path) -> bool:
+    """The job file's ``[evaluation]`` table labels its models itself (``names``)."""
+    evaluation = tomllib.loads(job_path.read_text(encoding="utf-8-sig")).get("evaluation")
+    return isinstance(evaluation, dict) and evaluation.get("names") is not None
 
 
 def _names_of(spec: JobSpec) -> list[str]:

@@ -203,13 +203,13 @@ class ServerAdmin:
             evaluation = None if job is None else json.loads(job.config_json).get("evaluation")
         return None if not evaluation else [str(d) for d in evaluation["digests"]]
 
-    def differences(self, spec: JobSpec) -> list[str] | None:
+    def differences(self, spec: JobSpec, *, names_given: bool = False) -> list[str] | None:
         """What ``spec`` sets otherwise than the stored job of its id
-        (:func:`~server_app.jobdiff.differences`; empty: the job it describes); None if no
-        job has that id."""
+        (:func:`~server_app.jobdiff.differences`, ``names_given`` as there; empty: the job it
+        describes); None if no job has that id."""
         with self._db.session() as sess:
             job = sess.get(JobRow, spec.id)
-            return None if job is None else differences(spec, job)
+            return None if job is None else differences(spec, job, names_given=names_given)
 
     def evaluation_names(self, job_id: str) -> list[str] | None:
         """The label of each model an evaluation job scores, in its order (None: no such job,

@@ -24,16 +24,21 @@ __all__ = ["differences"]
 _FACTS = frozenset({"task", "n_features", "n_classes", "feature_kinds", "n_levels",
                     "missing_allowed", "feature_bounds", "target_bound", "target_offset"})
 #: Fields compared elsewhere, or not set by a job file: the id, the number of sites (the
-#: sites are compared by name), and an evaluation's models and their labels (the caller
-#: compares the models by digest and says which; a label does not change a result's numbers).
+#: sites are compared by name), and an evaluation's models (the caller compares them by
+#: digest and says which) and their labels unless the file names them itself.
 _SKIPPED = frozenset({"job_id", "n_clients", "profile", "evaluation"})
 _SKIPPED_EVALUATION = frozenset({"models", "digests", "names"})
+#: A profile's own label and text: changed with its settings (a shipped profile changed by
+#: ``[privacy]`` is named after the changes), said only when nothing else differs.
+_PROFILE_LABELS = ("name", "description")
 
 
-def differences(spec: JobSpec, job: JobRow) -> list[str]:
+def differences(spec: JobSpec, job: JobRow, *, names_given: bool = False) -> list[str]:
     """What ``spec`` (a job file as :func:`~server_app.jobspec.load_job_spec` read it) sets
     otherwise than the stored ``job``, each as ``"<setting> (stored: …; job file: …)"``; empty
-    if the file describes that job.
+    if the file describes that job. ``names_given``: the file's ``[evaluation] names`` label
+    its models (they are compared too); the labels taken from the model files' names are
+    not, as the same models may be given from files of other names.
 
     Raises
     ------
@@ -55,7 +60,8 @@ def differences(spec: JobSpec, job: JobRow) -> list[str]:
     if old.get("profile") != fresh.get("profile"):
         named = (str(stored_spec.get("profile")), spec.profile)
         out.append(_said("profile", *named) if named[0] != named[1]
-                   else "profile (its [privacy] settings)")
+                   else "profile settings: " + ", ".join(
+                       _profile_changes(old.get("profile") or {}, fresh.get("profile") or {})))
     schema_differs = stored_schema_text(job.spec_json) != spec.schema_text
     if schema_differs:
         out.append("schema (the schema file's text)")
@@ -75,10 +81,32 @@ def differences(spec: JobSpec, job: JobRow) -> list[str]:
         else:
             out.append(_said(f"[forest] {key}", old.get(key), fresh.get(key)))
     was, now = old.get("evaluation") or {}, fresh.get("evaluation") or {}
-    for key in sorted((set(was) | set(now)) - _SKIPPED_EVALUATION):
+    skipped = _SKIPPED_EVALUATION - ({"names"} if names_given else set())
+    for key in sorted((set(was) | set(now)) - skipped):
         if was.get(key) != now.get(key):
             out.append(_said(f"[evaluation] {key}", was.get(key), now.get(key)))
     return out
+
+
+def _profile_changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The settings of a profile of the same name (its file edited, or its ``[privacy]``
+    table) that differ, a ``[dp]`` key by its own name, as ``[privacy]`` writes it."""
+    def flat(profile: dict[str, Any]) -> dict[str, Any]:
+        dp = profile.get("dp")
+        out = {k: v for k, v in profile.items() if k != "dp"}
+        if isinstance(dp, dict):
+            out.update({(f"dp.{k}" if k in profile else k): v for k, v in dp.items()})
+        elif dp is not None:
+            out["dp"] = dp
+        return out
+
+    old, new = flat(was), flat(now)
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if not keys:  # alike once flat (an empty [dp] against none): the profiles' own keys
+        old, new = was, now
+        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    shown = [k for k in keys if k not in _PROFILE_LABELS] or keys
+    return [_said(k, old.get(k), new.get(k)) for k in shown]
 
 
 def _said(name: str, stored: object, given: object) -> str:

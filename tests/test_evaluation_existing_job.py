@@ -9,12 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tomli_w
 from typer.testing import CliRunner
 
 from fedforest_cli.cli import app
 from fedforest_cli.sim_data import schema_dict, write_schema
 from fedforest_cli.sim_evaluation import create_eval_job, write_eval_job
 from fedforest_secure import FedForestClassifier
+from fedforest_secure.privacy import load_profile
 from server_app.admin import ServerAdmin
 from server_app.jobspec import load_job_spec
 
@@ -68,6 +70,7 @@ def test_evaluate_refuses_a_job_file_whose_id_is_a_training_jobs(
     ({"round_deadline": 90.0}, "round_deadline (stored: 60.0; job file: 90.0)"),
     ({"score_bins": 50}, "[evaluation] score_bins (stored: unset; job file: 50)"),
     ({"per_site": True}, "[evaluation] per_site (stored: false; job file: true)"),
+    ({"names": ["new-label"]}, "[evaluation] names (stored: m1; job file: new-label)"),
 ])
 def test_evaluate_refuses_an_edited_job_file_with_an_existing_evaluations_id(
         tiny_parts: Any, tmp_path: Path, edit: dict[str, Any], named: str) -> None:
@@ -89,10 +92,68 @@ def test_evaluate_refuses_an_edited_job_file_with_an_existing_evaluations_id(
     assert "waiting" not in res.output
 
 
+def test_evaluate_refuses_a_job_file_that_relabels_the_models_it_named(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """The file's own ``[evaluation] names`` edited: the existing job's result, under the old
+    labels, was shown and written as the edited file's (--names with the same labels is
+    refused); with --models, the file's labels are not the job's and are not compared."""
+    server, model = _server(tiny_parts, tmp_path, list("abc"))
+    job = tmp_path / "eval.toml"
+    create_eval_job(server, write_eval_job(job, "ev", list("abc"), "open", [model],
+                                           names=["old-label"]))
+    write_eval_job(job, "ev", list("abc"), "open", [model], names=["new-label"])
+    args = ["evaluate", "--config", str(server), "--job", str(job), "--timeout", "0"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert (f"error: evaluation job ev exists with other settings than {job}: [evaluation] "
+            "names (stored: old-label; job file: new-label). Give this evaluation a new id in "
+            f"{job}, or pass --job ev to show that job's result") in _said(res)
+    assert "waiting" not in res.output
+    res = CliRunner().invoke(app, [*args, "--models", str(model), "--names", "old-label"])
+    assert "evaluation job ev exists: waiting for its result" in _said(res), res.output
+
+
+def _profile_job(path: Path, profile: str, privacy: dict[str, Any] | None = None) -> Path:
+    doc: dict[str, Any] = {"id": "ev", "kind": "evaluate", "clients": list("abc"),
+                           "profile": profile, "schema": "schema.toml", "round_deadline": 60.0,
+                           "evaluation": {"models": ["m1.json"]}}
+    if privacy is not None:
+        doc["privacy"] = privacy
+    path.write_text(tomli_w.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("edit, named", [
+    ("file", "site_metrics (stored: false; job file: true)"),
+    ("privacy", "epsilon (stored: 1.0; job file: 2.0)"),
+])
+def test_evaluate_refuses_a_job_file_whose_profile_settings_changed_naming_them(
+        tiny_parts: Any, tmp_path: Path, edit: str, named: str) -> None:
+    """The same profile, of other settings (its file edited, or the job file's [privacy]):
+    the refusal names the settings that differ."""
+    server, _ = _server(tiny_parts, tmp_path, list("abc"))
+    job = tmp_path / "eval.toml"
+    if edit == "file":
+        text = load_profile("open", name="site-open").to_toml()
+        (tmp_path / "prof.toml").write_text(text)
+        create_eval_job(server, _profile_job(job, "prof.toml"))
+        (tmp_path / "prof.toml").write_text(text.replace("site_metrics = false",
+                                                         "site_metrics = true"))
+    else:
+        create_eval_job(server, _profile_job(job, "secure-dp"))
+        _profile_job(job, "secure-dp", {"epsilon": 2.0})
+    res = CliRunner().invoke(app, ["evaluate", "--config", str(server), "--job", str(job),
+                                   "--timeout", "0"])
+    assert res.exit_code == 2, res.output
+    assert (f"error: evaluation job ev exists with other settings than {job}: profile "
+            f"settings: {named}. Give this evaluation a new id") in _said(res)
+
+
 def test_evaluate_of_the_same_job_file_again_waits_for_the_existing_evaluation(
         tiny_parts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same job.toml, with the same models given from another directory (a copy of the
-    file, so another path and label), waits for the evaluation job it created."""
+    file, so another path and label), or the file naming that copy without labels, waits for
+    the evaluation job it created."""
     server, model = _server(tiny_parts, tmp_path, list("abc"))
     job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", [model])
     runner = CliRunner()
@@ -103,7 +164,9 @@ def test_evaluate_of_the_same_job_file_again_waits_for_the_existing_evaluation(
     elsewhere.mkdir()
     shutil.copy(model, elsewhere / "copy.json")
     monkeypatch.chdir(elsewhere)
-    for extra in ([], ["--models", "copy.json"]):
+    for extra, models in (([], [model]), (["--models", "copy.json"], [model]),
+                          ([], [elsewhere / "copy.json"])):
+        write_eval_job(job, "ev", list("abc"), "open", models)
         res = runner.invoke(app, [*args, *extra])
         assert res.exit_code == 2, res.output
         said = _said(res)
