@@ -10,12 +10,16 @@ sites score the models (each runs ``fedforest client --job <id> --eval-data site
 then prints the table (metric, model, value, ± the evaluation's DP noise, difference to the
 reference model) and writes ``evaluation-<job>.png`` (ROC and calibration curves, or
 predicted-vs-actual bins), ``.md`` and ``.json`` next to the first model. With the id of an
-existing evaluation job instead of a file it waits for that job and shows its result.
+existing evaluation job instead of a file it waits for that job and shows its result; so does
+a job file whose id the server has, if that job is the evaluation the file describes (the same
+file run again): a training job's id, or an evaluation job of other models or settings, is
+refused, naming what differs.
 """
 
 from __future__ import annotations
 
 import time
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -39,7 +43,8 @@ def evaluate(
     config: Annotated[Path, typer.Option("--config", "-c", help="the server's server.toml")],
     job: Annotated[str, typer.Option(
         "--job", "-j", help='job.toml of the evaluation (clients, schema, profile; kind = '
-                            '"evaluate" is implied), or the id of an existing evaluation job')],
+                            '"evaluate" is implied; a job of its id on the server must be the '
+                            'evaluation it describes), or the id of an existing evaluation job')],
     models: Annotated[list[Path] | None, typer.Option(
         "--models", help="model files to score: --models a.json b.json")] = None,
     names: Annotated[str | None, typer.Option(
@@ -83,7 +88,7 @@ def evaluate(
                                   f"{len(spec.clients)} sites; each runs: fedforest client "
                                   f"--job {job_id} --eval-data <held-out rows> ...")
                 else:
-                    _check_same_models(admin, job_id, job_path, spec)
+                    _check_same_job(admin, job_id, job_path, spec, bool(files))
                     existing = admin.evaluation_names(job_id)
                     if labels is not None and existing is not None and labels != existing:
                         raise FedForestError(
@@ -139,20 +144,45 @@ def _check_out_dir(out: Path) -> None:
                                "(nothing was created)"))
 
 
-def _check_same_models(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec) -> None:
-    """An existing job's result answers this command only if the job scores the same
-    models (by SHA-256): otherwise its metrics would be shown for other models."""
+def _check_same_job(admin: ServerAdmin, job_id: str, job_path: Path, spec: JobSpec,
+                    models_given: bool) -> None:
+    """An existing job of the file's id answers this command only if it is the evaluation
+    the file describes: an evaluation job (a training job's id is refused), of the same
+    models (by SHA-256: otherwise its metrics would be shown for other models), with the
+    same settings (sites, profile, schema, bins...: otherwise its result would be shown as
+    that of the edited file)."""
     from fedforest_secure.evaluation.spec import model_digest
 
+    scored = admin.evaluation_digests(job_id)
+    if scored is None:
+        what = " (an evaluation of --models)" if models_given else ""
+        raise FedForestError(
+            f"job {job_id!r} on this server is a training job, and {job_path}{what} has the "
+            f"same id: give the evaluation its own id (`id = ...` in {job_path}, or in a copy "
+            "of it) and run this command again")
     texts = spec.evaluation.model_texts if spec.evaluation is not None else None
     asked = [model_digest(t) for t in texts or []]
-    scored = admin.evaluation_digests(job_id)
-    if scored is not None and asked != scored:
+    if asked != scored:
         raise FedForestError(
             f"evaluation job {job_id} exists and scores other models ({len(scored)}: "
             f"{', '.join(d[:12] for d in scored)}; asked: {', '.join(d[:12] for d in asked)}); "
             f"give this evaluation a new id in {job_path}, or pass --job {job_id} to show "
             "that job's result")
+    # the file's own labels are its settings; with --models they are --names (checked by the
+    # caller) or the files' names, which change with the paths the models are given from
+    names_given = not models_given and _names_set(job_path)
+    differs = admin.differences(spec, names_given=names_given) or []
+    if differs:
+        raise FedForestError(
+            f"evaluation job {job_id} exists with other settings than {job_path}: "
+            f"{'; '.join(differs)}. Give this evaluation a new id in {job_path}, or pass "
+            f"--job {job_id} to show that job's result")
+
+
+def _names_set(job_path: Path) -> bool:
+    """The job file's ``[evaluation]`` table labels its models itself (``names``)."""
+    evaluation = tomllib.loads(job_path.read_text(encoding="utf-8-sig")).get("evaluation")
+    return isinstance(evaluation, dict) and evaluation.get("names") is not None
 
 
 def _names_of(spec: JobSpec) -> list[str]:

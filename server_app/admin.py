@@ -24,6 +24,7 @@ from .auth import add_client, add_operator, remove_operator, revoke_client, rota
 from .cancel import CancelError, cancellable, request_cancel
 from .db import AuditedJobRow, Database, JobRow, RoundRow
 from .jobcheck import check_job
+from .jobdiff import differences
 from .jobspec import JobSpec
 from .lease import LEASE_S, LeaseLost, ServerLease, holder
 from .phases import JobStatus
@@ -201,6 +202,14 @@ class ServerAdmin:
             job = sess.get(JobRow, job_id)
             evaluation = None if job is None else json.loads(job.config_json).get("evaluation")
         return None if not evaluation else [str(d) for d in evaluation["digests"]]
+
+    def differences(self, spec: JobSpec, *, names_given: bool = False) -> list[str] | None:
+        """What ``spec`` sets otherwise than the stored job of its id
+        (:func:`~server_app.jobdiff.differences`, ``names_given`` as there; empty: the job it
+        describes); None if no job has that id."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, spec.id)
+            return None if job is None else differences(spec, job, names_given=names_given)
 
     def evaluation_names(self, job_id: str) -> list[str] | None:
         """The label of each model an evaluation job scores, in its order (None: no such job,

@@ -54,6 +54,18 @@ class JobRuntime:
         self.task = task
         self.codec = round_codec(self.config, task)
 
+    def release(self) -> None:
+        """The job stopped (done or failed): let its coordinator, its open round's task, codec
+        and bounds, and its open secure round go, so that a server running for weeks holds
+        none of a finished job's. A member asking for that round's task then gets its stored
+        bytes (410 once pruned), as for every other round."""
+        self.coord = None
+        self.task = None
+        self.codec = None
+        self._bounds = None
+        if self.secure is not None:
+            self.secure.current = None
+
     def words(self) -> int:
         """Words of the open round's uploads: its codec's (packed grid cells one word each),
         or one per entry of the layout (float64 rounds)."""

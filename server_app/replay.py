@@ -86,7 +86,7 @@ class Runtimes:
                     # stored rounds the engine refuses now (or that do not fit together):
                     # the job stops once, with the reason, not on every tick and request
                     self._on_unresumable(sess, job, f"cannot resume: {exc}")
-                    rt.coord = None
+                    rt.release()
         self._loaded[job_id] = rt
         return rt
 

@@ -318,9 +318,7 @@ class RoundDriver:
         job.status = JobStatus.FAILED
         job.reason = reason
         if rt is not None:
-            rt.coord = None  # a stopped job grows no more trees
-            if rt.secure is not None:
-                rt.secure.current = None
+            rt.release()  # a stopped job grows no more trees, and its open round is over
         audit = self.audit.within(sess)
         if rr is not None:
             audit.append(job.id, "round_aborted", {"round_id": rr.round_id, "reason": reason})
@@ -446,8 +444,7 @@ class RoundDriver:
             job.status = JobStatus.DONE
             job.reason = ("training complete" if isinstance(result, ForestModel)
                           else "evaluation complete")
-            rt.task = None
-            rt.coord = None  # the model is stored: a server running for weeks lets it go
+            rt.release()  # the model is stored
             self.audit.within(sess).append(job.id, "model", {"digest": job.model_digest})
             event("job_done", job=job.id, rounds=closed_rounds(sess, job.id),
                   model_sha256=job.model_digest, server_cpu_s=time.process_time())
