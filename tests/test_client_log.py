@@ -26,8 +26,8 @@ from fedforest_cli.site_cli import format_status
 from fedforest_secure.pki import DevPKI, init_dev_pki
 from fedforest_secure.protocol.api import JobStatus
 
-#: seconds within which a client that meets a refused certificate gives up, on a loaded machine
-#: (about one on a quiet one): a client that retried would wait out its retry budget (300 s)
+#: seconds within which a client that meets a refused certificate gives up, on a loaded machine:
+#: a client that retried would wait out its retry budget (300 s)
 GIVES_UP_WITHIN = 60.0
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ fedforest-client (.*)$")
 

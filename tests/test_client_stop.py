@@ -146,8 +146,8 @@ def test_a_brief_request_to_a_server_that_never_answers_gives_up_within_seconds(
             assert (tr.retry_budget_s, tr._timeout) == (300.0, None)  # restored
         finally:
             tr.close()
-    # well within the 40 s an answer is otherwise waited for (the answer margin), on a loaded
-    # machine
+    # on a loaded machine: less than the 40 s an answer is otherwise waited for (the answer
+    # margin)
     assert took < 30.0, took
 
 

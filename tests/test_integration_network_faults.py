@@ -27,8 +27,8 @@ from fedforest_cli.sim_processes import start_client
 
 pytestmark = pytest.mark.integration
 
-#: seconds within which a stopped client exits, on a loaded machine (2-3 on a quiet one): well
-#: within the 40 s its POST waits for an answer (client_app.waits.ANSWER_MARGIN_S), then retries
+#: seconds within which a stopped client exits, on a loaded machine: less than the 40 s its POST
+#: waits for an answer (client_app.waits.ANSWER_MARGIN_S) before it retries
 STOPS_WITHIN = 30.0
 REFUSAL = r"^POST /v1/jobs/job-a/rounds/\d+/secagg/refuse "
 
