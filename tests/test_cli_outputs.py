@@ -242,9 +242,9 @@ def test_model_download_keeps_an_existing_file_unless_forced(
     monkeypatch.setattr(site_cli, "_transport", quick)  # the closed port: given up at once
     model = tmp_path / "model.json"
     model.write_text("the model the site validated")
-    code, text, took = _download(model, dev_pki.ca_cert)
+    code, text, _ = _download(model, dev_pki.ca_cert)
     assert code == 2 and f"{model} exists: nothing was written (--force replaces it)" in text
-    assert "did not answer" not in text and took < REFUSED_WITHIN  # refused before connecting
+    assert "did not answer" not in text  # refused before connecting
     assert model.read_text() == "the model the site validated"
     code, text, _ = _download(model, dev_pki.ca_cert, "--force")
     assert code == 2 and "did not answer" in text  # --force goes on to the server

@@ -179,6 +179,7 @@ def test_a_client_certificate_the_server_does_not_trust_is_named_not_retried(
         tr.request("GET", "/v1/jobs")
     tr.close()
     assert time.monotonic() - start < GIVES_UP_WITHIN
+    assert tr.requests == 1  # the alert is not retried
     text = str(err.value)
     assert f"refuses the client certificate --cert {other.client_certs[0]}" in text, text
     assert "unknown ca" in text and "signed by a CA the server does not trust" in text

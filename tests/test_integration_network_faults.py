@@ -27,9 +27,9 @@ from fedforest_cli.sim_processes import start_client
 
 pytestmark = pytest.mark.integration
 
-#: seconds within which a stopped client exits, on a loaded machine: less than the 40 s its POST
-#: waits for an answer (client_app.waits.ANSWER_MARGIN_S) before it retries
-STOPS_WITHIN = 30.0
+#: seconds within which a client stopped with SIGTERM exits (under a second on a quiet machine):
+#: short of the 10 s a container runtime gives it before it kills it (docs/deployment.md)
+STOPS_WITHIN = 9.0
 REFUSAL = r"^POST /v1/jobs/job-a/rounds/\d+/secagg/refuse "
 
 
