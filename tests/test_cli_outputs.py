@@ -26,6 +26,10 @@ from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 runner = CliRunner()
 #: the error console breaks lines at the terminal's width, which it takes from COLUMNS
 WIDE = {"COLUMNS": "1000"}
+#: seconds within which a command refused before it connects ends, on a loaded machine (well
+#: under one on a quiet one): less than the 10 s a command that tried the server first spends
+#: retrying a closed port (fedforest_cli.site_cli._transport's retry budget)
+REFUSED_WITHIN = 8.0
 RAW = "age,chol,num\n50,200,0\n61,250,1\n44,180,0\n70,300,1\n"
 
 
@@ -238,9 +242,9 @@ def test_model_download_keeps_an_existing_file_unless_forced(
     monkeypatch.setattr(site_cli, "_transport", quick)  # the closed port: given up at once
     model = tmp_path / "model.json"
     model.write_text("the model the site validated")
-    code, text, took = _download(model, dev_pki.ca_cert)
+    code, text, _ = _download(model, dev_pki.ca_cert)
     assert code == 2 and f"{model} exists: nothing was written (--force replaces it)" in text
-    assert "did not answer" not in text and took < 5  # refused before connecting
+    assert "did not answer" not in text  # refused before connecting
     assert model.read_text() == "the model the site validated"
     code, text, _ = _download(model, dev_pki.ca_cert, "--force")
     assert code == 2 and "did not answer" in text  # --force goes on to the server
@@ -252,11 +256,11 @@ def test_model_download_checks_where_it_writes_before_connecting(tmp_path: Path,
     missing = tmp_path / "nodir" / "m.json"
     code, text, took = _download(missing, dev_pki.ca_cert)
     assert code == 2 and f"{missing}: the directory {missing.parent} does not exist" in text
-    assert ".part" not in text and took < 5
+    assert ".part" not in text and took < REFUSED_WITHIN
     for force in ([], ["--force"]):
         code, text, took = _download(tmp_path, dev_pki.ca_cert, *force)
         assert code == 2 and f"{tmp_path} is a directory: name the file to write" in text
-        assert took < 5
+        assert took < REFUSED_WITHIN
     assert not list(tmp_path.rglob("*.part"))
 
 

@@ -26,6 +26,9 @@ from fedforest_cli.site_cli import format_status
 from fedforest_secure.pki import DevPKI, init_dev_pki
 from fedforest_secure.protocol.api import JobStatus
 
+#: seconds within which a client that meets a refused certificate gives up, on a loaded machine:
+#: a client that retried would wait out its retry budget (300 s)
+GIVES_UP_WITHIN = 60.0
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ fedforest-client (.*)$")
 
 
@@ -175,7 +178,8 @@ def test_a_client_certificate_the_server_does_not_trust_is_named_not_retried(
     with pytest.raises(TransportFailed) as err:
         tr.request("GET", "/v1/jobs")
     tr.close()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < GIVES_UP_WITHIN
+    assert tr.requests == 1  # the alert is not retried
     text = str(err.value)
     assert f"refuses the client certificate --cert {other.client_certs[0]}" in text, text
     assert "unknown ca" in text and "signed by a CA the server does not trust" in text
@@ -283,7 +287,7 @@ def test_the_real_server_hanging_up_on_a_foreign_client_certificate_is_explained
     with pytest.raises(TransportFailed) as err:
         tr.request("GET", "/v1/jobs")
     tr.close()
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < GIVES_UP_WITHIN
     text = str(err.value)
     assert f"may refuse the client certificate --cert {other.client_certs[0]}" in text, text
     assert "signed by a CA the server does not trust" in text and "is it running" not in text

@@ -29,6 +29,12 @@ from server_app.settings import ServerSettings, TLSSettings
 pytestmark = pytest.mark.integration
 
 HANDSHAKE_S = 1.0  # the handshake timeout the tests' server runs with
+#: seconds within which a connection due to be closed is, on a loaded machine (on a quiet one,
+#: HANDSHAKE_S): less than the server's own 10 s, so a server that kept its own timeout, or
+#: none (the event loop's 60 s), fails
+CLOSED_WITHIN = 8.0
+#: seconds within which the server finishes what the test sent it, on a loaded machine
+SETTLE_S = 30.0
 
 
 class Server:
@@ -39,8 +45,8 @@ class Server:
         self.uv, self.port, self.token, self.ctx, self.log = uv, port, token, ctx, log
 
     def settle(self) -> None:
-        """Wait until the server holds no connection and runs no request (10 s at most)."""
-        deadline = time.monotonic() + 10
+        """Wait until the server holds no connection and runs no request (SETTLE_S at most)."""
+        deadline = time.monotonic() + SETTLE_S
         while self.uv.server_state.connections or self.uv.server_state.tasks:
             assert time.monotonic() < deadline, "the server still serves the test's requests"
             time.sleep(0.02)
@@ -50,8 +56,8 @@ class Server:
         return [line for line in self.log.getvalue().splitlines() if f" event={name} " in line]
 
     def wait_lines(self, name: str, count: int) -> list[str]:
-        """The log's ``event=<name>`` lines once there are ``count`` (10 s at most)."""
-        deadline = time.monotonic() + 10
+        """The log's ``event=<name>`` lines once there are ``count`` (SETTLE_S at most)."""
+        deadline = time.monotonic() + SETTLE_S
         while len(self.lines(name)) < count and time.monotonic() < deadline:
             time.sleep(0.02)
         return self.lines(name)
@@ -135,7 +141,7 @@ def test_a_connection_that_does_not_finish_its_tls_handshake_is_closed_after_the
     ClientHello, is closed once the handshake timeout passes (not the event loop's 60 s)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(sent)
-        waited = _closed_after(sock, 5 * HANDSHAKE_S)
+        waited = _closed_after(sock, CLOSED_WITHIN)
     assert waited is not None, "the server kept the connection"
     assert waited > 0.8 * HANDSHAKE_S  # and not before
 

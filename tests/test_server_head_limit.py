@@ -387,9 +387,10 @@ class _Transport(asyncio.Transport):
         pass
 
 
-def _fed(*reads: bytes, settle: float = 0.0) -> _Transport:
+def _fed(*reads: bytes, until_closed: bool = False) -> _Transport:
     """What the server's protocol, on a transport of its own, writes for ``reads`` received in
-    turn, once the apps have run (``settle`` seconds more); the protocol reads on even where it
+    turn, once the apps have run (``until_closed``: and the protocol has closed the transport,
+    30 s at most: an app that pauses, on a loaded machine); the protocol reads on even where it
     paused reading (as when an app waits for its client to leave)."""
     import uvicorn
     from uvicorn.server import ServerState
@@ -406,7 +407,10 @@ def _fed(*reads: bytes, settle: float = 0.0) -> _Transport:
             protocol.data_received(data)
         for _ in range(10):  # the apps' tasks run, and their responses complete
             await asyncio.sleep(0)
-        await asyncio.sleep(settle)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while until_closed and not transport.closed and loop.time() < deadline:
+            await asyncio.sleep(0.05)
         return transport
 
     return asyncio.run(run())
@@ -450,5 +454,5 @@ def test_a_refused_trailer_of_a_pipelined_request_waits_for_the_response_before_
     runs, finds its client gone."""
     transport = _fed(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
                      b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"5\r\nhello\r\n0\r\nX-T: ", *[b"a" * (16 << 10)] * 5, settle=0.7)
+                     b"5\r\nhello\r\n0\r\nX-T: ", *[b"a" * (16 << 10)] * 5, until_closed=True)
     _answered_then_refused(transport, TRAILER_REFUSAL)

@@ -105,15 +105,15 @@ def test_a_connection_busy_with_one_short_request_after_another_stays_open(port:
     """Requests every tenth of the limit on one connection, for three times the limit: the
     server answers every one and never closes it between them."""
     with _connect(port) as sock:
-        sock.settimeout(5)
+        sock.settimeout(WITHIN)
         started = time.monotonic()
         answered = 0
-        while time.monotonic() - started < 3 * LIMIT:
+        # for three times the limit, and 15 requests at least (a loaded machine answers slowly)
+        while time.monotonic() - started < 3 * LIMIT or answered < 15:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 200"), "the server closed it"
             answered += 1
             time.sleep(LIMIT / 10)
-        assert answered >= 15
 
 
 # ---------------------------------------------------------- answers read slowly, or not at all
@@ -163,7 +163,7 @@ class Served:
 
     def wait_for_connection(self) -> None:
         """Until the server has the connection (over TLS, its handshake ends on its side)."""
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WITHIN
         while not self.connections():
             assert time.monotonic() < deadline, "the server never had the connection"
             time.sleep(0.01)
