@@ -55,9 +55,12 @@ def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True,
 
 
 def db_url(db: Path | str) -> str:
-    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file."""
+    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file (its URL percent-encodes
+    what a URL would read otherwise: a ``?``, a ``%``)."""
+    from fedforest_secure.dburl import sqlite_url
+
     text = str(db)
-    return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+    return text if "://" in text else sqlite_url(Path(text).resolve())
 
 
 def child_env() -> dict[str, str]:

@@ -289,7 +289,7 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
 
     from server_app.admin import ServerAdmin
 
-    with ServerAdmin(f"sqlite:///{db_path}") as admin, \
+    with ServerAdmin(db_url(db_path)) as admin, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                      TextColumn("level {task.completed}/{task.total}"), TimeElapsedColumn(),
                      console=console) as prog:

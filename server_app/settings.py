@@ -26,9 +26,11 @@ import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from fedforest_secure.config_errors import explain
-from fedforest_secure.dburl import in_memory
+from fedforest_secure.dburl import in_memory, sqlite_url
 from fedforest_secure.errors import FedForestError
 
 __all__ = ["IN_MEMORY", "ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
@@ -140,13 +142,18 @@ def _resolve_url(url: str, base: Path, *, path_ok: bool = False) -> str:
     """``url`` with a relative SQLite file made absolute against ``base``; with ``path_ok``
     a path (no ``scheme://``, as ``audit_database`` may be) becomes a ``sqlite:///`` URL of
     its file, ``~`` expanded."""
-    prefix = "sqlite:///"
     if path_ok and "://" not in url:
-        return prefix + str(_resolve(Path(url).expanduser(), base))
-    if url.startswith(prefix) and not url.startswith("sqlite:////"):
-        rest = url[len(prefix):]
+        return sqlite_url(_resolve(Path(url).expanduser(), base))
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):  # left to the engine's clear error
+            return url
+        rest = parsed.database or ""
         if rest and rest != ":memory:":
-            return prefix + str(_resolve(Path(rest), base))
+            # the file's path percent-encoded in the URL: a ?, % or # of base stays its own
+            return parsed.set(database=str(_resolve(Path(rest), base))).render_as_string(
+                hide_password=False)
     return url
 
 

@@ -105,3 +105,32 @@ def test_a_whole_float_where_an_integer_is_due_is_still_read(tmp_path: Path) -> 
     path = tmp_path / "server.toml"
     path.write_text("max_upload_bytes = 2e9\nport = 9443\n")
     assert load_settings(path).max_upload_bytes == 2_000_000_000
+
+
+@pytest.mark.parametrize("dirname", ["conf?x", "conf%41", "conf#1 é"])
+def test_relative_databases_stay_beside_a_config_whose_directory_holds_url_characters(
+        tmp_path: Path, dirname: str) -> None:
+    """A ``?`` in the config's directory started the URL's query and a ``%41`` was decoded
+    to ``A``: the database and the audit log were opened elsewhere (one file ``conf``, both
+    of them in it). Each is now the file beside server.toml, made readable by its owner only."""
+    import stat
+
+    from fedforest_secure.dburl import sqlite_file
+    from server_app.admin import ServerAdmin
+    from server_app.audit_hook import open_audit
+
+    conf_dir = tmp_path / dirname
+    conf_dir.mkdir()
+    (conf_dir / "server.toml").write_text('database = "sqlite:///fed.db?timeout=5"\n'
+                                          'audit_database = "audit.db"\n')
+    settings = load_settings(conf_dir / "server.toml")
+    assert sqlite_file(settings.database) == conf_dir / "fed.db"
+    assert settings.database.endswith("?timeout=5")  # the URL's own query is kept
+    assert settings.audit_database is not None
+    assert sqlite_file(settings.audit_database) == conf_dir / "audit.db"
+    with ServerAdmin.from_settings(settings) as admin:
+        admin.add_client("site-a")
+    open_audit(settings.audit_database).close()
+    assert [p.name for p in tmp_path.iterdir()] == [dirname]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in conf_dir.glob("*.db")} == {
+        "fed.db": 0o600, "audit.db": 0o600}
