@@ -37,6 +37,7 @@ from ._cells import (
     header_cells,
 )
 from .errors import SchemaError
+from .name_lists import comma_hint, name_arg
 from .tablecheck import RawTable
 
 __all__ = ["SchemaDraft", "draft_schema"]
@@ -148,7 +149,7 @@ def _stray_note(table: RawTable, name: str, col: _Column, kind: Kind, forced: bo
     return (f"column {name!r}: {n} cell{'s are' if n > 1 else ' is'} not a number "
             f"({_cells_at(table, col.cells, col.text)}): drafted {kind} {how}. Fix "
             f"{'those cells' if n > 1 else 'that cell'} at the site (fedforest check lists "
-            f"them), or rerun with --categorical {name} if the column holds text")
+            f"them), or rerun with --categorical {name_arg(name)} if the column holds text")
 
 
 def _missing_words_note(table: RawTable, name: str, cells: list[str], what: str) -> str | None:
@@ -187,11 +188,15 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
     if unnamed:  # a feature needs a name (the ignored empty columns are gone)
         raise SchemaError(f"{table.path}: {header_cells(table.file_columns(unnamed))} is empty "
                           "while its column holds values: name the column, or delete it")
-    for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
+    given = [(target, "--target"), *((c, "--categorical") for c in categorical),
+             *((c, "--continuous") for c in continuous),
+             *((c, "--client-column") for c in [client_column] if c)]
+    for name, option in given:
         if name not in table.header:
-            hint = table.separator_advice()
+            hint = table.separator_advice() or comma_hint(name, table.header, option)
             raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
-                              f"{', '.join(table.header)})" + (f": {hint}" if hint else ""))
+                              f"{', '.join(map(repr, table.header))})"
+                              + (f": {hint}" if hint else ""))
     ragged, what, fix = table.ragged()
     if ragged:  # read by position, their cells would land in other columns
         raise SchemaError(f"{table.path}: {what}: {fix}, then draft again")

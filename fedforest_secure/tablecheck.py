@@ -36,6 +36,7 @@ from ._cells import _canon, _is_missing, _label_key, _missing_word, _number, hea
 from ._rawtable import _SHOW, RawTable, _at, line_numbers, read_raw
 from ._spread_checks import feature_spread_problem, target_spread_problem
 from .errors import SchemaError
+from .name_lists import comma_hint, name_arg
 from .schema import Schema
 
 __all__ = ["Problem", "RawTable", "check_table", "clean_rows", "line_numbers", "read_raw"]
@@ -175,7 +176,7 @@ def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
     numeric = [f.name for f in schema.features if f.kind == "continuous"]
     if schema.target.kind == "regression":
         numeric.append(schema.target.name)
-    listed = ", ".join(numeric) or "none"
+    listed = ", ".join(map(repr, numeric)) or "none"
     only = f"name numeric columns only (the schema's: {listed})"
     for name in names:
         if name in numeric:
@@ -193,8 +194,9 @@ def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
         if name == schema.client_column:
             raise SchemaError(f"--zero-is-missing: column {name!r} is the client column (each "
                               f"row's site), not a number; {only}")
+        hint = comma_hint(name, numeric, "--zero-is-missing")
         raise SchemaError(f"--zero-is-missing: the schema has no column {name!r}; its numeric "
-                          f"columns are {listed}")
+                          f"columns are {listed}" + (f": {hint}" if hint else ""))
     return set(names)
 
 
@@ -326,7 +328,8 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                     f"{line_numbers(zeros, lines)} while every other value is >= "
                     f"{min(nonzero):g}: hidden "
                     "missing values?",
-                    f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
+                    "if a zero means 'not measured', rerun with --zero-is-missing "
+                    f"{name_arg(name)} "
                     + ("(--clean-out then writes the zeros as empty cells)" if allow_missing else
                        "(they become errors that --clean-out drops)"), _at(zeros, lines)))
     return out

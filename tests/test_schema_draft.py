@@ -171,7 +171,7 @@ def test_a_semicolon_separated_file_is_told_to_use_commas_as_check_tells_it(
         tmp_path: Path) -> None:
     table = read_raw(small_csv(tmp_path, "semi.csv", "age;y", ["30;0", "40;1"]))
     with pytest.raises(SchemaError, match=r"column 'y' is not in .*semi\.csv \(columns: "
-                                          r"age;y\): the file separates cells with ';', not "
+                                          r"'age;y'\): the file separates cells with ';', not "
                                           r"commas: save it as comma-separated CSV"):
         draft_schema(table, "y")
     res = CliRunner().invoke(app, ["schema", "draft", "--data", str(table.path), "--target",
@@ -257,3 +257,32 @@ def test_every_text_quoted_for_the_draft_reads_back_from_toml_unchanged(text: st
     from fedforest_secure.schema_draft import _q
 
     assert tomllib.loads(f"name = {_q(text)}")["name"] == text
+
+
+def test_columns_holding_a_comma_are_named_in_double_quotes_as_the_advice_writes_them(
+        tmp_path: Path) -> None:
+    """``--categorical 'weight, kg'`` named two columns 'weight' and 'kg', and the draft's own
+    advice said to pass it so: no column holding a comma could be named. A name is now
+    written as in the CSV header, in double quotes, and the advice runs as printed."""
+    import re
+    import shlex
+
+    rows = [f"{20 + i},{i % 3},{60 + i}.5,{i % 2}" for i in range(12)] + ["55,2,n/a?,1"]
+    data = small_csv(tmp_path, "site.csv", 'age,"ward, code","weight, kg",y', rows)
+    base = ["schema", "draft", "--data", str(data), "--target", "y"]
+    runner = CliRunner()
+    said = " ".join(runner.invoke(app, base).output.split())
+    advice = re.search(r"rerun with --categorical (.*?) if the column holds text", said)
+    assert advice is not None and advice[1] == "'\"weight, kg\"'", said
+    res = runner.invoke(app, [*base, "--categorical", *shlex.split(advice[1]),
+                              "--categorical", '"ward, code"'])
+    assert res.exit_code == 0, res.output
+    kinds = {f.name: f.kind for f in Schema.from_dict(tomllib.loads(
+        res.output[res.output.index("# Draft"):])).features}
+    assert kinds == {"age": "continuous", "ward, code": "categorical",
+                     "weight, kg": "categorical"}
+    res = runner.invoke(app, [*base, "--categorical", "ward, code"])
+    assert res.exit_code == 2
+    assert (f"column 'ward' is not in {data} (columns: 'age', 'ward, code', 'weight, kg', "
+            "'y'): to name the column 'ward, code', write it in double quotes: --categorical "
+            "'\"ward, code\"'") in " ".join(res.output.split())
