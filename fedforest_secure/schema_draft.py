@@ -38,6 +38,7 @@ from ._cells import (
 )
 from .errors import SchemaError
 from .name_lists import comma_hint, name_arg
+from .printable import printable
 from .tablecheck import RawTable
 
 __all__ = ["SchemaDraft", "draft_schema"]
@@ -143,6 +144,13 @@ def _cells_at(table: RawTable, cells: list[str], idx: list[int]) -> str:
     return text + (f" and {rest} more cell{'s' if rest > 1 else ''}" if rest else "")
 
 
+def _comment(note: str) -> str:
+    """``note`` as one TOML comment line: a line break or another control character of a
+    column's name in it escaped (``\\n``), so that it cannot end the comment (and what
+    follows be read as TOML)."""
+    return f"# {printable(note)}"
+
+
 def _stray_note(table: RawTable, name: str, col: _Column, kind: Kind, forced: bool) -> str:
     n = len(col.text)
     how = "as --continuous asks" if forced else "from its numbers"
@@ -233,7 +241,7 @@ def draft_schema(table: RawTable, target: str, *,
     """
     _check_roles(table, target, categorical, continuous, client_column)
     notes: list[str] = [n for n in [table.ignored_note()] if n]
-    lines = [_NOTE.format(path=table.path.name, rows=len(table.rows))]
+    lines = [_NOTE.format(path=printable(table.path.name), rows=len(table.rows))]
     if client_column:
         lines.append(f"client_column = {_q(client_column)}\n")
     col = _Column.of(table.column(target))
@@ -243,7 +251,7 @@ def draft_schema(table: RawTable, target: str, *,
     kind, labels = col.guess(min_codes=1)
     if col.stray:
         notes.append(_stray_note(table, target, col, kind, False))
-        lines.append(f"# {notes[-1]}")
+        lines.append(_comment(notes[-1]))
     if task == "regression" or (task == "auto" and kind == "continuous"):
         if col.text and not col.stray:
             raise SchemaError(f"target {target!r} holds text "
@@ -265,7 +273,7 @@ def draft_schema(table: RawTable, target: str, *,
         words = _missing_words_note(table, target, col.cells, "class")
         if words:
             notes.append(words)
-            lines.append(f"# {words}")
+            lines.append(_comment(words))
         lines += ["[target]", f"name = {_q(target)}", 'kind = "classification"',
                   f"classes = [{', '.join(_q(c) for c in labels)}]", ""]
     for name in table.header:
@@ -286,7 +294,7 @@ def draft_schema(table: RawTable, target: str, *,
             kind, levels = col.guess()
         if col.stray and name not in categorical:
             notes.append(_stray_note(table, name, col, kind, name in continuous))
-            lines.append(f"# {notes[-1]}")
+            lines.append(_comment(notes[-1]))
         lines.append(f'kind = "{kind}"')
         if any(_is_missing_cell(c) for c in col.cells):
             lines.append('missing = "allowed"   # this site has missing cells in this column')
@@ -294,14 +302,14 @@ def draft_schema(table: RawTable, target: str, *,
             if kind == "categorical" else None
         if words:
             notes.append(words)
-            lines.append(f"# {words}")
+            lines.append(_comment(words))
         if kind == "categorical":
             if len(levels) < 2:
                 notes.append(f"column {name!r} has {len(levels) or 'no'} level"
                              f"{'' if levels else 's'} at this site{_listed(levels)}: a "
                              "categorical feature needs at least 2. Add the levels the other "
                              "sites use, or leave the column out of the schema")
-                lines.append(f"# {notes[-1]}")
+                lines.append(_comment(notes[-1]))
             lines.append(f"levels = [{', '.join(_q(v) for v in levels)}]")
         else:
             lines.append("# bounds = [lo, hi]   # agree on public bounds with the federation")

@@ -286,3 +286,29 @@ def test_columns_holding_a_comma_are_named_in_double_quotes_as_the_advice_writes
     assert (f"column 'ward' is not in {data} (columns: 'age', 'ward, code', 'weight, kg', "
             "'y'): to name the column 'ward, code', write it in double quotes: --categorical "
             "'\"ward, code\"'") in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize(("file", "odd"), [
+    ("site.csv", "blood pressure\n(systolic)"), ("site.csv", 'x\n[target]\nname = "x"'),
+    ("site.csv", "bell\x07 \u2028sep\r"), ("odd\nname.csv", "bp")])
+def test_a_name_with_a_line_break_gives_a_draft_that_reads_back(
+        tmp_path: Path, file: str, odd: str) -> None:
+    """The draft's notes are comments; a note quoting a column's (or the file's) name with a
+    line break ended its comment line, so the rest of the name was read as TOML: a draft that
+    did not parse, or one with keys the header wrote. The notes escape such characters
+    (``\\n``)."""
+    import csv
+
+    data = tmp_path / file
+    with data.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["age", odd, "outcome"])
+        w.writerows([[40 + i, "n/a?" if i == 4 else 110 + i, "yes" if i % 2 else "no"]
+                     for i in range(30)])
+    draft = draft_schema(read_raw(data), "outcome")
+    assert any(repr(odd.strip()) in note for note in draft.notes)
+    schema = Schema.from_dict(tomllib.loads(draft.text))
+    assert [f.name for f in schema.features] == ["age", odd.strip()]
+    assert schema.target.name == "outcome"
+    shown = file.replace("\n", "\\n")
+    assert draft.text.startswith(f"# Draft schema from {shown} ")
