@@ -37,6 +37,7 @@ from ._rawtable import _SHOW, RawTable, _at, line_numbers, read_raw
 from ._spread_checks import feature_spread_problem, target_spread_problem
 from .errors import SchemaError
 from .name_lists import comma_hint, name_arg
+from .printable import normalisation_twin
 from .schema import Schema
 
 __all__ = ["Problem", "RawTable", "check_table", "clean_rows", "line_numbers", "read_raw"]
@@ -114,7 +115,7 @@ def check_table(table: RawTable, schema: Schema, *,
         needed.append(schema.client_column)
     for name in needed:
         if name not in table.header:
-            advice = (table.separator_advice()
+            advice = (table.separator_advice() or normalisation_twin(name, table.header)
                       or f"add the column (header has: {', '.join(table.header)})")
             out.append(Problem("error", name, "missing from the table", advice))
     extra = [h or f"{header_cells(table.file_columns([k]))} (no name)"
@@ -365,8 +366,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
                            f"({', '.join(map(repr, vals[:5]))})"
                            f" at {line_numbers(unknown, lines)}; the schema's {whats} are "
                            f"{', '.join(labels)}",
-                           f"recode them to the schema's {whats}, or ask the federation to add "
-                           "them to schema.toml", _at(unknown, lines)))
+                           next((t for t in (normalisation_twin(lab, vals) for lab in labels)
+                                 if t), f"recode them to the schema's {whats}, or ask the "
+                                "federation to add them to schema.toml"), _at(unknown, lines)))
     if len({_label_key(c, index) for c in cells}) == 1 and len(cells) > 1 and what == "level":
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
                            "if it was not recorded here, tell the federation"))

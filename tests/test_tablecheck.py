@@ -810,3 +810,44 @@ def test_a_zero_is_missing_column_holding_a_comma_is_named_as_the_advice_writes_
     assert ("error: --zero-is-missing: the schema has no column 'weight'; its numeric columns "
             "are 'age', 'weight, kg': to name the column 'weight, kg', write it in double "
             "quotes: --zero-is-missing '\"weight, kg\"'") in said, said
+
+
+def test_a_name_or_label_in_another_unicode_normalisation_is_told_apart(
+        tmp_path: Path) -> None:
+    """A header or class written in NFD (e and U+0301, as some macOS tools write it) against
+    the schema's NFC was refused with messages showing the same text twice: both are shown in
+    ASCII escapes, with the normalisation to save the table in."""
+    import unicodedata
+
+    from client_app.data import load_site_table
+
+    nfc, nfd = (lambda s: unicodedata.normalize("NFC", s)), (
+        lambda s: unicodedata.normalize("NFD", s))
+    (tmp_path / "s.toml").write_text(
+        f'[target]\nname = "outcome"\nkind = "classification"\nclasses = ["{nfc("élevé")}", '
+        f'"bas"]\n\n[[features]]\nname = "{nfc("poids_é")}"\nkind = "continuous"\n'
+        "bounds = [0, 300]\n")
+    (tmp_path / "site.csv").write_text(f"{nfd('poids_é')},outcome\n50,bas\n60,{nfd('élevé')}\n")
+    problems = check_table(read_raw(tmp_path / "site.csv"), Schema.load(tmp_path / "s.toml"))
+    errors = {p.column: p for p in problems if p.severity == "error"}
+    assert errors[nfc("poids_é")].advice == (
+        f"the table's {nfd('poids_é')!r} differs from the schema's {nfc('poids_é')!r} in Unicode "
+        "normalisation only ('poids_e\\u0301' against 'poids_\\xe9'): save the table's text in "
+        "NFC")
+    assert errors["outcome"].advice.endswith(
+        "in Unicode normalisation only ('e\\u0301leve\\u0301' against '\\xe9lev\\xe9'): save "
+        "the table's text in NFC")
+    with pytest.raises(SchemaError, match=r"in Unicode normalisation only \('poids_e\\u0301' "
+                                          r"against 'poids_\\xe9'\)"):
+        load_site_table(tmp_path / "site.csv", tmp_path / "s.toml")
+    (tmp_path / "site.csv").write_text(f"{nfc('poids_é')},outcome\n50,bas\n60,{nfd('élevé')}\n")
+    with pytest.raises(SchemaError, match=r"unknown class .*in Unicode normalisation only"):
+        load_site_table(tmp_path / "site.csv", tmp_path / "s.toml")
+    schema = Schema.load(tmp_path / "s.toml")  # the in-process reader says the same
+    with pytest.raises(SchemaError, match=r"unknown class '.*' \(the table's .* in Unicode "
+                                          r"normalisation only"):
+        schema.read_csv(tmp_path / "site.csv")
+    (tmp_path / "site.csv").write_text(f"{nfd('poids_é')},outcome\n50,bas\n60,bas\n")
+    with pytest.raises(SchemaError, match=r"missing from the table \(the table's .* in Unicode "
+                                          r"normalisation only \('poids_e\\u0301' against"):
+        schema.read_csv(tmp_path / "site.csv")
