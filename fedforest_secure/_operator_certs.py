@@ -77,6 +77,12 @@ def check_site_names(names: Sequence[str], where: Path, *, renew: bool = False,
                      init: bool = False) -> None:
     """Refuse :data:`OPERATOR_NAME` as a site's name, naming the command that issues it as
     an operator's (with ``renew``, one that renews it)."""
+    twin = next((n for n in names if n != OPERATOR_NAME and n.casefold() == OPERATOR_NAME),
+                None)
+    if twin is not None:  # operator.pem on a disk that ignores letter case
+        raise ValueError(f"{twin!r} is {OPERATOR_NAME!r}, the name of an operator's "
+                         "certificate, in other letter case: a disk that ignores letter case "
+                         "keeps them in one file; give the site another name")
     if OPERATOR_NAME in names:
         issue = (f"`fedforest pki issue --ca-dir {where} --name {OPERATOR_NAME} --operator"
                  + ("` issues one" if not renew else " --renew` renews it as one"))

@@ -231,14 +231,38 @@ def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     return True
 
 
+#: what a disk that ignores letter case (macOS's and Windows' by default) does with two names
+#: that differ in it only
+_ONE_FILE = ("a disk that ignores letter case (as macOS's and Windows' do by default) keeps "
+             "them in one file")
+
+
 def _check_names(names: Sequence[str]) -> None:
+    """Refuse a name that is no file name, the CA's or the server's (``ca``, ``server``, in
+    any letter case: ``CA.pem`` is ``ca.pem`` on a disk that ignores it), and names that
+    repeat, letter case aside."""
     bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.fullmatch(n)
-           or n in ("ca", "server")]
+           or n.casefold() in ("ca", "server")]
     if bad:
         raise ValueError(f"site names {bad!r} are not usable as file names (letters, digits, "
-                         "'.', '_', '-'; not 'ca' or 'server')")
+                         "'.', '_', '-'; not 'ca' or 'server' in any letter case)")
     if len(set(names)) != len(names):
         raise ValueError(f"site names repeat: {sorted(names)!r}")
+    if len({n.casefold() for n in names}) != len(names):
+        raise ValueError(f"site names differ in letter case only: {sorted(names)!r}: "
+                         f"{_ONE_FILE}; give each site a name of its own")
+
+
+def _check_case_twins(ca_dir: Path, names: Sequence[str]) -> None:
+    """Refuse a name whose certificate would be another's in ``ca_dir`` but for letter case
+    (``Hospital-A`` beside ``hospital-a.pem``)."""
+    there = [p.name.removesuffix(".pem") for p in ca_dir.glob("*.pem")]
+    for name in names:
+        twin = next((t for t in there if t != name and t.casefold() == name.casefold()), None)
+        if twin is not None:
+            raise ValueError(f"{name!r} differs in letter case only from {twin!r}, whose "
+                             f"certificate is in {ca_dir}: {_ONE_FILE}; give the site "
+                             f"another name (or --name {twin} to renew that one)")
 
 
 def _refuse_existing(paths: Sequence[Path], hint: str) -> None:
@@ -356,6 +380,7 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     if not names:
         raise ValueError("no site name given")
     _check_names(names)
+    _check_case_twins(ca_dir, names)
     if not operator:
         check_site_names(names, ca_dir, renew=renew)
     for part in ("ca.pem", "ca.key"):
