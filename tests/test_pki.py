@@ -230,9 +230,45 @@ def test_site_names_differing_in_letter_case_only_are_refused(tmp_path: Path) ->
         assert str(refused.value) == (
             f"'Hospital-A' differs in letter case only from 'hospital-a', whose certificate is "
             f"in {certs}: a disk that ignores letter case (as macOS's and Windows' do by "
-            "default) keeps them in one file; give the site another name (or --name "
-            "hospital-a to renew that one)")
+            f"default) keeps them in one file; give the site another name (`fedforest pki "
+            f"issue --ca-dir {certs} --name hospital-a --renew` renews that one)")
     with pytest.raises(ValueError, match="'Operator' is 'operator', the name of an operator's "
                                          "certificate, in other letter case"):
         issue_client_certificates(certs, ["Operator"])
     assert sorted(p.name for p in certs.iterdir()) == before
+
+
+def test_a_site_named_by_an_older_version_in_other_letter_case_is_renewed_under_its_name(
+        tmp_path: Path) -> None:
+    """Sites named ``CA``, ``Server`` or ``Operator``, and ``Hospital-A`` beside
+    ``hospital-a``, made before the letter-case checks: each holds a token bound to its name,
+    so ``--renew`` renews its certificate under that name; a new name in other letter case is
+    still refused, naming the command that renews the one there."""
+    from fedforest_secure.pki import issue_client_certificates, load_ca
+
+    certs = tmp_path / "certs"
+    init_dev_pki(certs, 1, client_names=["hospital-a"])
+    ca = load_ca(certs / "ca.pem", certs / "ca.key")
+    olds = ["CA", "Server", "Operator", "Hospital-A"]
+    for name in olds:  # as an older version wrote them
+        issue_certificate(ca, name, server=False).write(certs / f"{name}.pem",
+                                                        certs / f"{name}.key")
+    for name in [*olds, "hospital-a"]:
+        old = (certs / f"{name}.pem").read_bytes()
+        assert issue_client_certificates(certs, [name], renew=True) == [certs / f"{name}.pem"]
+        new = load_certificate(certs / f"{name}.pem")
+        assert new.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == name
+        assert verify_signed_by(new, ca.cert)
+        kept = list(certs.glob(f"{name}.pem.replaced-*"))
+        assert len(kept) == 1 and kept[0].read_bytes() == old
+    assert load_certificate(certs / "ca.pem").subject == ca.cert.subject  # the CA untouched
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{certs} already holds CA.pem, CA.key: nothing was written (a site's certificate "
+            "is replaced only with --renew")):
+        issue_client_certificates(certs, ["CA"])
+    with pytest.raises(ValueError, match=re.escape(
+            "site names ['SERVER'] are not usable as file names")):
+        issue_client_certificates(certs, ["SERVER"], renew=True)
+    with pytest.raises(ValueError, match=re.escape(
+            "give the site another name (`fedforest pki issue --ca-dir")):
+        issue_client_certificates(certs, ["HOSPITAL-A"], renew=True)
