@@ -80,8 +80,8 @@ def shown_url(url: str) -> str:
 
 def sqlite_url(path: str | Path) -> str:
     """The ``sqlite:///`` URL of the SQLite file ``path``, its characters percent-encoded where
-    a URL would read them otherwise (``?`` as the start of the query, ``%xx`` as an escape,
-    ``#``): :func:`sqlite_file` of it is ``path`` again, whatever the path holds."""
+    a URL would read them otherwise (``?`` as the start of the query, ``%xx`` as an escape):
+    :func:`sqlite_file` of it is ``path`` again, whatever the path holds."""
     return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
 
 

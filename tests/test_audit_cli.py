@@ -260,6 +260,7 @@ def test_the_db_help_says_where_a_postgresql_password_goes_instead_of_the_comman
             "in ~/.pgpass or PGPASSWORD, not in the URL.") in said, said
 
 
+# a # and non-ASCII: a guard (SQLAlchemy keeps a # of the path), not a case that was broken
 @pytest.mark.parametrize("dirname", ["e%41", "q?", "h#1 é"])
 def test_verify_reads_a_log_whose_path_holds_url_characters(db: Path, tmp_path: Path,
                                                             dirname: str) -> None:
