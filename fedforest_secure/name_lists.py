@@ -54,13 +54,18 @@ def name_arg(name: str) -> str:
     return shlex.quote(buf.getvalue()[:-2])
 
 
-def comma_hint(part: str, names: Iterable[str], option: str) -> str | None:
+def comma_hint(part: str, names: Iterable[str], option: str, *,
+               listed: bool = True) -> str | None:
     """When ``part``, a name ``option`` gave that is none of ``names``, is a piece of one of
     them that holds a comma (``weight`` of ``weight, kg``: the name was not in double quotes),
-    how to write that one; None otherwise."""
+    how to write that one; None otherwise. A ``listed`` option reads its value as a CSV row
+    (:func:`split_names`): the name goes in double quotes; another takes the name as it is,
+    quoted for the shell only."""
     whole = next((n for n in names if "," in n and part in (p.strip() for p in n.split(","))),
                  None)
     if whole is None:
         return None
+    if not listed:
+        return f"to name the column {whole!r}, give it whole: {option} {shlex.quote(whole)}"
     return (f"to name the column {whole!r}, write it in double quotes: {option} "
             f"{name_arg(whole)}")

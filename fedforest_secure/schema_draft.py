@@ -196,12 +196,13 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
     if unnamed:  # a feature needs a name (the ignored empty columns are gone)
         raise SchemaError(f"{table.path}: {header_cells(table.file_columns(unnamed))} is empty "
                           "while its column holds values: name the column, or delete it")
-    given = [(target, "--target"), *((c, "--categorical") for c in categorical),
-             *((c, "--continuous") for c in continuous),
-             *((c, "--client-column") for c in [client_column] if c)]
-    for name, option in given:
+    given = [(target, "--target", False), *((c, "--categorical", True) for c in categorical),
+             *((c, "--continuous", True) for c in continuous),
+             *((c, "--client-column", False) for c in [client_column] if c)]
+    for name, option, listed in given:  # --target and --client-column name one column each
         if name not in table.header:
-            hint = table.separator_advice() or comma_hint(name, table.header, option)
+            hint = (table.separator_advice()
+                    or comma_hint(name, table.header, option, listed=listed))
             raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
                               f"{', '.join(map(repr, table.header))})"
                               + (f": {hint}" if hint else ""))

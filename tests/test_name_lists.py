@@ -45,3 +45,6 @@ def test_a_piece_of_a_name_holding_a_comma_is_told_how_to_name_the_whole() -> No
         "to name the column 'weight, kg', write it in double quotes: --continuous "
         "'\"weight, kg\"'")
     assert comma_hint("height", names, "--continuous") is None
+    # an option that takes one name as it is (no CSV row): the name whole, for the shell only
+    assert comma_hint("kg", names, "--target", listed=False) == (
+        "to name the column 'weight, kg', give it whole: --target 'weight, kg'")

@@ -288,6 +288,38 @@ def test_columns_holding_a_comma_are_named_in_double_quotes_as_the_advice_writes
             "'\"ward, code\"'") in " ".join(res.output.split())
 
 
+@pytest.mark.parametrize("option", ["--target", "--client-column"])
+def test_a_piece_of_a_column_named_with_a_comma_is_answered_with_a_command_that_runs(
+        tmp_path: Path, option: str) -> None:
+    """``--target`` and ``--client-column`` name one column each, their value taken as it is
+    (no CSV row): the advice to write the name in double quotes gave a command that named no
+    column. The advice gives the name whole, quoted for the shell only, and runs as printed."""
+    import re
+    import shlex
+
+    rows = [f"{20 + i},{60 + i}.5,site-{i % 2},{i % 2}" for i in range(12)]
+    data = small_csv(tmp_path, "site.csv", 'age,"weight, kg","site, id",y', rows)
+    piece, base = ("weight", ["--target"]) if option == "--target" else \
+        ("site", ["--target", "y", "--client-column"])
+    runner = CliRunner()
+    res = runner.invoke(app, ["schema", "draft", "--data", str(data), *base, piece])
+    assert res.exit_code == 2
+    said = " ".join(res.output.split())
+    whole = "weight, kg" if option == "--target" else "site, id"
+    assert (f"column {piece!r} is not in {data} (columns: 'age', 'weight, kg', 'site, id', "
+            f"'y'): to name the column {whole!r}, give it whole: {option} '{whole}'") in said
+    advice = re.search(rf"give it whole: {option} (.*)$", said)
+    assert advice is not None
+    res = runner.invoke(app, ["schema", "draft", "--data", str(data), *base,
+                              *shlex.split(advice[1])])
+    assert res.exit_code == 0, res.output
+    drafted = Schema.from_dict(tomllib.loads(res.output[res.output.index("# Draft"):]))
+    if option == "--target":
+        assert drafted.target.name == "weight, kg"
+    else:
+        assert drafted.client_column == "site, id"
+
+
 @pytest.mark.parametrize(("file", "odd"), [
     ("site.csv", "blood pressure\n(systolic)"), ("site.csv", 'x\n[target]\nname = "x"'),
     ("site.csv", "bell\x07 \u2028sep\r"), ("odd\nname.csv", "bp")])
