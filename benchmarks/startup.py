@@ -57,8 +57,9 @@ def commands(work: Path) -> dict[str, tuple[list[str], int]]:
     """What is measured: the arguments of ``python`` and the exit status each run must end
     with; ``work`` holds the server's configuration and databases."""
     config = work / "server.toml"
-    config.write_text(f'host = "127.0.0.1"\ndatabase = "sqlite:///{work / "server.db"}"\n'
-                      f'audit_database = "sqlite:///{work / "audit.db"}"\n')
+    # the databases beside server.toml (relative names are read from its directory)
+    config.write_text('host = "127.0.0.1"\ndatabase = "sqlite:///server.db"\n'
+                      'audit_database = "audit.db"\n')
     site_files(work)
     client = ["client", "--server", "https://127.0.0.1:9", "--token", "t", "--job", "j",
               "--schema", str(work / "schema.toml"), "--data", str(work / "missing.csv")]

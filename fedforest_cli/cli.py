@@ -316,7 +316,8 @@ def simulate(
     except KeyboardInterrupt as exc:
         how, code = how_stopped(exc)
         console.print(f"[yellow]{how}[/yellow]: the simulation's server and client processes "
-                      f"were stopped; what it wrote so far is in {out}", soft_wrap=True)
+                      f"were stopped; what it wrote so far is in {escape(str(out))}",
+                      soft_wrap=True)
         raise typer.Exit(code) from None
     failed = res["failed_clients"]
     if failed:  # the job finished without them: not a run that went as it should

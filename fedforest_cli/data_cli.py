@@ -23,8 +23,19 @@ schema_cli = typer.Typer(help="Write and read the federation's schema.toml.",
                          no_args_is_help=True)
 
 
-def _split(text: str | None) -> list[str]:
-    return [c.strip() for c in (text or "").split(",") if c.strip()]
+#: how a column option's help says to write its columns
+_LIST = ("; comma-separated, or the option repeated; a name holding a comma in double quotes "
+         "as in the CSV header: '\"weight, kg\"'")
+
+
+def _split(values: list[str] | None, option: str) -> list[str]:
+    """The columns an option lists (fedforest_secure.name_lists), or a usage error."""
+    from fedforest_secure.name_lists import split_names
+
+    try:
+        return split_names(values, option)
+    except ValueError as exc:
+        fail(exc)
 
 
 def format_problems(problems: list[Problem]) -> str:
@@ -42,10 +53,10 @@ def draft_cmd(
     target: Annotated[str, typer.Option(help="the column to predict")],
     out: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
     task: Annotated[str, typer.Option(help="auto | classification | regression")] = "auto",
-    categorical: Annotated[str | None, typer.Option(
-        help="comma-separated columns to draft as categorical")] = None,
-    continuous: Annotated[str | None, typer.Option(
-        help="comma-separated columns to draft as continuous")] = None,
+    categorical: Annotated[list[str] | None, typer.Option(
+        help="columns to draft as categorical" + _LIST)] = None,
+    continuous: Annotated[list[str] | None, typer.Option(
+        help="columns to draft as continuous" + _LIST)] = None,
     client_column: Annotated[str | None, typer.Option(
         help="a column naming each row's site (not a feature)")] = None,
     force: Annotated[bool, typer.Option(help="replace an existing --out file")] = False,
@@ -61,7 +72,8 @@ def draft_cmd(
     mode: Literal["auto", "classification", "regression"] = task  # type: ignore[assignment]
     try:
         draft = draft_schema(read_raw(data), target, task=mode,
-                             categorical=_split(categorical), continuous=_split(continuous),
+                             categorical=_split(categorical, "--categorical"),
+                             continuous=_split(continuous, "--continuous"),
                              client_column=client_column)
     except (FedForestError, OSError) as exc:
         fail(exc)
@@ -83,9 +95,8 @@ def register(app: typer.Typer) -> None:
     def check_cmd(
         data: Annotated[Path, typer.Option(help="the site's CSV file")],
         schema: Annotated[Path, typer.Option(help="the federation's schema.toml")],
-        zero_is_missing: Annotated[str | None, typer.Option(
-            help="comma-separated numeric columns where 0 means 'not measured'")
-        ] = None,
+        zero_is_missing: Annotated[list[str] | None, typer.Option(
+            help="numeric columns where 0 means 'not measured'" + _LIST)] = None,
         clean_out: Annotated[Path | None, typer.Option(
             help="write the rows without errors (the schema's columns only) here: a new file "
                  "no more readable than --data, a replaced one keeps its mode")] = None,
@@ -107,7 +118,8 @@ def register(app: typer.Typer) -> None:
         try:
             sch = Schema.load(schema)
             table = read_raw(data)
-            problems = check_table(table, sch, zero_is_missing=_split(zero_is_missing))
+            problems = check_table(table, sch,
+                                   zero_is_missing=_split(zero_is_missing, "--zero-is-missing"))
             # what the client finds: it has no --zero-is-missing, a zero is the number 0
             as_read = check_table(table, sch) if zero_is_missing else problems
         except (FedForestError, OSError) as exc:

@@ -48,7 +48,8 @@ def evaluate(
     models: Annotated[list[Path] | None, typer.Option(
         "--models", help="model files to score: --models a.json b.json")] = None,
     names: Annotated[str | None, typer.Option(
-        help="comma-separated labels, one per model (default: the files' names)")] = None,
+        help="comma-separated labels, one per model (default: the files' names); a label "
+             "holding a comma in double quotes, as in a CSV row: 'a,\"b, c\"'")] = None,
     reference: Annotated[str | None, typer.Option(
         help="the model the differences are taken against (default: the first)")] = None,
     out: Annotated[Path | None, typer.Option(
@@ -60,6 +61,7 @@ def evaluate(
 ) -> None:
     """Evaluate models on the sites' held-out rows (an evaluation job), then a table and a plot."""
     from fedforest_secure.evaluation.result import EvalResult
+    from fedforest_secure.name_lists import split_names
     from server_app.admin import ServerAdmin
     from server_app.jobspec import load_job_spec
     from server_app.settings import load_settings
@@ -67,7 +69,10 @@ def evaluate(
     from .evaluate_view import plot, to_markdown, to_table
 
     files = [*(models or []), *(Path(a) for a in ctx.args)]
-    labels = [n.strip() for n in names.split(",")] if names else None
+    try:
+        labels = split_names(names, "--names") if names else None
+    except ValueError as exc:
+        fail(exc)
     where = out or (files[0].resolve().parent if files else Path("."))
     if out is not None:
         _check_out_dir(out)

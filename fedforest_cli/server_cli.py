@@ -183,7 +183,7 @@ def cancel_job_cmd(config: ConfigOpt,
         fail(CancelError(f"job {job!r} finished before it was cancelled: it is {out.status}"
                          + (f" ({out.reason})" if out.reason else "")))
     console.print(f"job [bold]{escape(job)}[/bold] cancelled: it failed with the reason "
-                  f"{out.reason!r}; its sites are told at their next poll")
+                  f"{escape(repr(out.reason))}; its sites are told at their next poll")
 
 
 @server_cli.command("prune")

@@ -13,7 +13,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.evaluation.result import EvalResult
 
 from .sim_data import SiteData
-from .sim_processes import signals_held, start_client, stop_all
+from .sim_processes import db_url, signals_held, start_client, stop_all
 
 __all__ = ["EvalRun", "create_eval_job", "run_eval_clients", "wait_job", "write_eval_job"]
 
@@ -65,7 +65,7 @@ def wait_job(db: Path, job_id: str, procs: Sequence[subprocess.Popen[bytes]],
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    with ServerAdmin(f"sqlite:///{db}") as admin:
+    with ServerAdmin(db_url(db)) as admin:
         job = admin.job(job_id)
     if job is None:
         raise FedForestError(f"job {job_id} not found")

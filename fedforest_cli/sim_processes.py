@@ -37,27 +37,28 @@ def write_server_config(out: Path, port: int, certs: Path, *, mtls: bool = True,
                         ) -> Path:
     """``out/server.toml`` for a server on 127.0.0.1:``port``; the databases default to the
     SQLite files ``out/server.db`` and ``out/audit.db`` (any SQLAlchemy URL otherwise)."""
+    import tomli_w
+
     path = out / "server.toml"
-    database = database or db_url(out / "server.db")
-    audit_database = audit_database or db_url(out / "audit.db")
-    lines = [
-        'host = "127.0.0.1"', f"port = {port}",
-        f'database = "{database}"',
-        f'audit_database = "{audit_database}"',
-        "tick_seconds = 0.2", "", "[tls]",
-        f'cert = "{(certs / "server.pem").resolve()}"',
-        f'key = "{(certs / "server.key").resolve()}"',
-    ]
+    tls = {"cert": str((certs / "server.pem").resolve()),
+           "key": str((certs / "server.key").resolve())}
     if mtls:
-        lines.append(f'client_ca = "{(certs / "ca.pem").resolve()}"')
-    path.write_text("\n".join(lines) + "\n")
+        tls["client_ca"] = str((certs / "ca.pem").resolve())
+    # written by tomli_w: a " or \\ of a path is escaped
+    path.write_text(tomli_w.dumps({
+        "host": "127.0.0.1", "port": port, "database": database or db_url(out / "server.db"),
+        "audit_database": audit_database or db_url(out / "audit.db"), "tick_seconds": 0.2,
+        "tls": tls}), encoding="utf-8")
     return path
 
 
 def db_url(db: Path | str) -> str:
-    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file."""
+    """A SQLAlchemy URL: URLs pass through, a path is a SQLite file (its URL percent-encodes
+    what a URL would read otherwise: a ``?``, a ``%``)."""
+    from fedforest_secure.dburl import sqlite_url
+
     text = str(db)
-    return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+    return text if "://" in text else sqlite_url(Path(text).resolve())
 
 
 def child_env() -> dict[str, str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fedforest_secure.errors import FedForestError
@@ -99,14 +100,15 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
                                   "directory\n")
     (out / "logs").mkdir(exist_ok=True)
     t0 = time.monotonic()
-    console.rule(f"FedForest simulation: {opts.dataset}, {opts.clients} institutions, "
-                 f"profile {opts.profile}")
+    console.rule(f"FedForest simulation: {escape(opts.dataset)}, {opts.clients} institutions, "
+                 f"profile {escape(opts.profile)}")
     console.print(f"forest: T={opts.trees} trees, maximum depth M={opts.depth}, sketch size "
                   f"B={opts.bins} (change with --trees/--depth/--bins)")
     certs = out / "certs"
     init_dev_pki(certs, opts.clients, client_names=names)
     console.print(f"1. certificates: a federation CA, a server certificate for 127.0.0.1 and "
-                  f"{opts.clients} client certificates in {certs}")
+                  f"{opts.clients} client certificates in {certs}", markup=False,
+                  soft_wrap=True)
     port = free_port()
     server_toml = write_server_config(out, port, certs)
     sim = prepare_sites(opts, out, names, server_toml, table)
@@ -162,8 +164,8 @@ def run_simulation(opts: SimulateOptions) -> dict[str, Any]:
     _print_table(scores, sim, opts, wall, status["round"], over)
     _print_where(out, audit)
     for end in failed:  # the model came without them: said last, with where to look
-        console.print(f"[yellow]warning:[/yellow] {end.describe()}; its log: "
-                      f"{out / 'logs' / (end.name + '.log')}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(end.describe())}; its log: "
+                      f"{escape(str(out / 'logs' / (end.name + '.log')))}", soft_wrap=True)
     return {"scores": scores, "wall_s": wall, "train_wall_s": train_wall,
             "eval_wall_s": evaluation.wall_s, "client_exit_codes": codes, "out": out,
             "model_digest": status["model_digest"], "receipts": receipts, "audit": audit,
@@ -289,7 +291,7 @@ def _watch(db_path: Path, job_id: str, depth: int, procs: list[subprocess.Popen[
 
     from server_app.admin import ServerAdmin
 
-    with ServerAdmin(f"sqlite:///{db_path}") as admin, \
+    with ServerAdmin(db_url(db_path)) as admin, \
             Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                      TextColumn("level {task.completed}/{task.total}"), TimeElapsedColumn(),
                      console=console) as prog:
@@ -316,19 +318,20 @@ def _print_table(scores: dict[str, Any], sim: Any, opts: SimulateOptions, wall: 
     over = over or f"{opts.clients} sites"
     metric = scores["metric"]
     secure = opts.privacy_profile().secure_aggregation  # a file's name says nothing
-    table = Table(title=f"{opts.dataset}: test {metric} on {len(sim.y_test)} held-out rows "
+    table = Table(title=f"{escape(opts.dataset)}: test {metric} on {len(sim.y_test)} held-out rows "
                         f"at {opts.clients} sites (higher is better)")
     table.add_column("method")
     table.add_column(metric, justify="right")
     table.add_column("who sees what")
     sees = (f"the server sees only masked vectors and their sum over the {over}"
-            if secure else f"the server sees each site's statistics (profile {opts.profile})")
+            if secure else f"the server sees each site's statistics (profile "
+                           f"{escape(opts.profile)})")
     noise = scores.get("fedforest_noise")
     value = f"{scores['fedforest']:.4f}" + (f" ± {noise:.4f}" if noise else "")
     how = ("; scored by federated evaluation: each site on its own held-out rows, the server "
            "sums" + (" (noisy: ± is the evaluation's DP noise)" if noise else "")
            if scores.get("federated") else "")
-    table.add_row(f"FedForest over HTTPS (profile {opts.profile})", value, sees + how)
+    table.add_row(f"FedForest over HTTPS (profile {escape(opts.profile)})", value, sees + how)
     table.add_row("centralized random forest", f"{scores['centralized']:.4f}",
                   "all rows pooled in one place (what federation avoids), scored on the "
                   "pooled held-out rows")
@@ -348,11 +351,11 @@ def _print_where(out: Path, audit: dict[str, Any]) -> None:
                   f"receipts cross-checked: {status}; entries with per-client plaintext: "
                   f"{audit['plaintext_entries']}")
     for problem in audit["problems"][:5]:
-        console.print(f"  [red]problem:[/red] {problem}")
+        console.print(f"  [red]problem:[/red] {escape(problem)}")
     console.print(f"model:     {out / 'model.json'}\n"
                   f"audit log: {db}\n"
                   f"receipts:  {out / 'receipts'} (one file per site)\n"
-                  f"logs:      {out / 'logs'}")
+                  f"logs:      {out / 'logs'}", markup=False, soft_wrap=True)
     fedforest = own_command()
     console.print("next, try:\n"
                   f"  {fedforest} audit show --db {shlex.quote(str(db))}\n"

@@ -189,7 +189,7 @@ def register(app: typer.Typer) -> None:
         if _is_evaluation(body):
             what = "evaluation result (its models' scores, not a model to load)"
         console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
-                      soft_wrap=True)  # the digest on one line, to copy whole
+                      soft_wrap=True, markup=False)  # the digest on one line, to copy whole
 
     app.add_typer(model_cli, name="model")
 
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
             "digests are in the chain, so `fedforest audit verify --receipts` checks it, and "
             "`--replay` needs the whole log the operator exports")
         console.print(f"audit log of job {job} written to {out} ({entries} entries{note})",
-                      soft_wrap=True)
+                      soft_wrap=True, markup=False)
 
 
 def _holds_arrays(body: bytes) -> bool:

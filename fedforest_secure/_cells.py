@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import SchemaError
+from .printable import normalisation_twin
 
 _MISSING = frozenset({"", "na", "nan", "n/a", "null", "none"})
 _Column = Sequence[Any] | NDArray[Any]
@@ -301,6 +302,9 @@ def _label_codes(col: _Column, name: str, labels: list[str], what: str, *,
             raise _CellError(name, i, "missing value")
         code = index.get(_label_key(v, index))
         if code is None:
-            raise _CellError(name, i, f"unknown {what} {_canon(v)!r}")
+            twin = next((t for t in (normalisation_twin(lab, [_canon(v)]) for lab in labels)
+                         if t), None)
+            raise _CellError(name, i, f"unknown {what} {_canon(v)!r}"
+                             + (f" ({twin})" if twin else ""))
         out[i - 1] = code
     return out

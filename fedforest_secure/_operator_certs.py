@@ -10,7 +10,7 @@ operator's only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -74,9 +74,17 @@ def _operator_bundle_hint(where: Path) -> str:
 
 
 def check_site_names(names: Sequence[str], where: Path, *, renew: bool = False,
-                     init: bool = False) -> None:
+                     init: bool = False, known: Collection[str] = ()) -> None:
     """Refuse :data:`OPERATOR_NAME` as a site's name, naming the command that issues it as
-    an operator's (with ``renew``, one that renews it)."""
+    an operator's (with ``renew``, one that renews it), and as a new site's name in any
+    letter case (``known`` holds the names whose files are in ``where`` already, in that
+    letter case: a renewal keeps a site's name)."""
+    twin = next((n for n in names if n != OPERATOR_NAME and n not in known
+                 and n.casefold() == OPERATOR_NAME), None)
+    if twin is not None:  # operator.pem on a disk that ignores letter case
+        raise ValueError(f"{twin!r} is {OPERATOR_NAME!r}, the name of an operator's "
+                         "certificate, in other letter case: a disk that ignores letter case "
+                         "keeps them in one file; give the site another name")
     if OPERATOR_NAME in names:
         issue = (f"`fedforest pki issue --ca-dir {where} --name {OPERATOR_NAME} --operator"
                  + ("` issues one" if not renew else " --renew` renews it as one"))

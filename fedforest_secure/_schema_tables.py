@@ -31,6 +31,7 @@ from ._cells import (
 )
 from ._schema_checks import _Bounds
 from .errors import SchemaError
+from .printable import normalisation_twin
 
 
 class ColumnSpec(Protocol):
@@ -204,7 +205,9 @@ def encode_features(schema: SchemaSpec, columns: Mapping[str, _Column], n_rows: 
     X = np.empty((n_rows, schema.n_features), dtype=np.float64)
     for j, f in enumerate(schema.features):
         if f.name not in columns:
-            raise SchemaError(f"column {f.name!r}: missing from the table")
+            twin = normalisation_twin(f.name, columns)
+            raise SchemaError(f"column {f.name!r}: missing from the table"
+                              + (f" ({twin})" if twin else ""))
         col = columns[f.name]
         if f.kind == "continuous":
             X[:, j] = _numeric_column(col, f.name, allow_missing=f.may_miss)
@@ -241,7 +244,9 @@ def _encode(
 ) -> tuple[NDArray[np.float64], NDArray[Any] | None, NDArray[np.str_] | None]:
     for name in _needed_columns(schema, with_target, with_client):
         if name not in columns:
-            raise SchemaError(f"column {name!r}: missing from the table")
+            twin = normalisation_twin(name, columns)
+            raise SchemaError(f"column {name!r}: missing from the table"
+                              + (f" ({twin})" if twin else ""))
     if n_rows == 0:
         raise SchemaError("the table has no data rows")
     X = np.empty((n_rows, schema.n_features), dtype=np.float64)

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .protocol.api import LOCK_WAIT_S
 
 __all__ = ["PG_CONNECT_TIMEOUT_S", "PG_LOCK_TIMEOUT_S", "DatabaseUrlError", "SqliteWriteError",
-           "create_db_engine", "in_memory", "shown_url", "sqlite_file", "sqlite_write_error"]
+           "create_db_engine", "in_memory", "shown_url", "sqlite_file", "sqlite_url",
+           "sqlite_write_error"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
@@ -75,6 +76,13 @@ def shown_url(url: str) -> str:
     if hidden:
         parsed = parsed.update_query_dict(hidden)
     return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def sqlite_url(path: str | Path) -> str:
+    """The ``sqlite:///`` URL of the SQLite file ``path``, its characters percent-encoded where
+    a URL would read them otherwise (``?`` as the start of the query, ``%xx`` as an escape):
+    :func:`sqlite_file` of it is ``path`` again, whatever the path holds."""
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
 
 
 def sqlite_file(db: str) -> Path | None:
@@ -208,8 +216,11 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         event.listen(engine, "connect", _postgres_session_bounds)
     # the file SQLite opens: the URL's path as it is (SQLite does not expand a ~), not for
-    # a URI whose query says mode=ro, rw or memory (they create no file)
-    raw, _, query = (parsed.database or "").removeprefix("file:").partition("?")
+    # a URI whose query says mode=ro, rw or memory (they create no file); a ? in a path that
+    # is no URI is part of the file's name
+    raw, query = parsed.database or "", ""
+    if raw.startswith("file:"):
+        raw, _, query = raw[len("file:"):].partition("?")
     mode = parsed.query.get("mode") or "".join(re.findall(r"(?:^|&)mode=([^&]*)", query))
     if sqlite_file(url) is not None and raw and mode not in ("ro", "rw", "memory"):
         event.listen(engine, "do_connect", _create_owner_only(Path(raw)))

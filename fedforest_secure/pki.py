@@ -48,8 +48,8 @@ from ._operator_certs import (
 )
 from ._pem_files import check_validity, load_certificate
 from ._pem_files import load_private_key as _load_private_key
+from ._pki_names import check_case_twins, check_names, names_on_disk
 from .files import replacing, write_atomic
-from .protocol.api import NAME_PATTERN
 
 __all__ = [
     "OPERATOR_NAME",
@@ -71,8 +71,6 @@ __all__ = [
 
 _VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
-#: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
-_SITE_NAME = re.compile(NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -231,16 +229,6 @@ def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     return True
 
 
-def _check_names(names: Sequence[str]) -> None:
-    bad = [n for n in names if not isinstance(n, str) or not _SITE_NAME.fullmatch(n)
-           or n in ("ca", "server")]
-    if bad:
-        raise ValueError(f"site names {bad!r} are not usable as file names (letters, digits, "
-                         "'.', '_', '-'; not 'ca' or 'server')")
-    if len(set(names)) != len(names):
-        raise ValueError(f"site names repeat: {sorted(names)!r}")
-
-
 def _refuse_existing(paths: Sequence[Path], hint: str) -> None:
     there = [p for p in paths if p.exists() or p.is_symlink()]
     if there:
@@ -266,7 +254,7 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     names = client_names if client_names is not None else [f"client-{k}" for k in range(n_clients)]
     if len(names) != n_clients:
         raise ValueError("client_names must have n_clients entries")
-    _check_names(names)
+    check_names(names)
     out = Path(out)
     check_site_names(names, out, init=True)
     if not overwrite:
@@ -355,9 +343,11 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     names = list(names)
     if not names:
         raise ValueError("no site name given")
-    _check_names(names)
+    known = names_on_disk(ca_dir, names)  # a renewal keeps the name the files have
+    check_names(names, known)
+    check_case_twins(ca_dir, names, known, operator)
     if not operator:
-        check_site_names(names, ca_dir, renew=renew)
+        check_site_names(names, ca_dir, renew=renew, known=known)
     for part in ("ca.pem", "ca.key"):
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found: issuing needs the federation "
@@ -422,7 +412,7 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     from cryptography.hazmat.primitives.serialization import pkcs12
 
     ca_dir = Path(ca_dir)
-    _check_names([name])
+    check_names([name], names_on_disk(ca_dir, [name]))
     if not password:
         raise ValueError("a PKCS#12 file needs a password (browsers refuse to import one "
                          "without, and the file holds a private key)")

@@ -12,7 +12,10 @@ cannot hide or reorder what follows.
 
 from __future__ import annotations
 
-__all__ = ["escape_char", "printable", "printable_lines"]
+import unicodedata
+from collections.abc import Iterable
+
+__all__ = ["escape_char", "normalisation_twin", "printable", "printable_lines"]
 
 #: the escapes of characters that are not printable and have a short one
 _SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -39,3 +42,19 @@ def printable_lines(text: str) -> str:
     several lines (an error listing problems) that may quote another party, whose text must
     then be :func:`printable` already so that its ``\\n`` cannot forge a line."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def normalisation_twin(text: str, others: Iterable[str]) -> str | None:
+    """What to say when one of ``others`` is ``text`` in another Unicode normalisation (the
+    same characters composed otherwise: ``é`` as one code point, or ``e`` and U+0301), which
+    prints as the same text: that one and ``text`` written in ASCII escapes, and the
+    normalisation to save it in; None when none is."""
+    key = unicodedata.normalize("NFC", text)
+    twin = next((o for o in others if o != text and unicodedata.normalize("NFC", o) == key),
+                None)
+    if twin is None:
+        return None
+    form = next((f for f in ("NFC", "NFD") if unicodedata.is_normalized(f, text)), None)
+    save = f"save the table's text in {form}" if form else "write it as the schema does"
+    return (f"the table's {twin!r} differs from the schema's {text!r} in Unicode normalisation "
+            f"only ({ascii(twin)} against {ascii(text)}): {save}")

@@ -37,6 +37,8 @@ from ._cells import (
     header_cells,
 )
 from .errors import SchemaError
+from .name_lists import comma_hint, name_arg
+from .printable import printable
 from .tablecheck import RawTable
 
 __all__ = ["SchemaDraft", "draft_schema"]
@@ -142,13 +144,20 @@ def _cells_at(table: RawTable, cells: list[str], idx: list[int]) -> str:
     return text + (f" and {rest} more cell{'s' if rest > 1 else ''}" if rest else "")
 
 
+def _comment(note: str) -> str:
+    """``note`` as one TOML comment line: a line break or another control character of a
+    column's name in it escaped (``\\n``), so that it cannot end the comment (and what
+    follows be read as TOML)."""
+    return f"# {printable(note)}"
+
+
 def _stray_note(table: RawTable, name: str, col: _Column, kind: Kind, forced: bool) -> str:
     n = len(col.text)
     how = "as --continuous asks" if forced else "from its numbers"
     return (f"column {name!r}: {n} cell{'s are' if n > 1 else ' is'} not a number "
             f"({_cells_at(table, col.cells, col.text)}): drafted {kind} {how}. Fix "
             f"{'those cells' if n > 1 else 'that cell'} at the site (fedforest check lists "
-            f"them), or rerun with --categorical {name} if the column holds text")
+            f"them), or rerun with --categorical {name_arg(name)} if the column holds text")
 
 
 def _missing_words_note(table: RawTable, name: str, cells: list[str], what: str) -> str | None:
@@ -187,11 +196,16 @@ def _check_roles(table: RawTable, target: str, categorical: Sequence[str],
     if unnamed:  # a feature needs a name (the ignored empty columns are gone)
         raise SchemaError(f"{table.path}: {header_cells(table.file_columns(unnamed))} is empty "
                           "while its column holds values: name the column, or delete it")
-    for name in (target, *categorical, *continuous, *(c for c in [client_column] if c)):
+    given = [(target, "--target", False), *((c, "--categorical", True) for c in categorical),
+             *((c, "--continuous", True) for c in continuous),
+             *((c, "--client-column", False) for c in [client_column] if c)]
+    for name, option, listed in given:  # --target and --client-column name one column each
         if name not in table.header:
-            hint = table.separator_advice()
+            hint = (table.separator_advice()
+                    or comma_hint(name, table.header, option, listed=listed))
             raise SchemaError(f"column {name!r} is not in {table.path} (columns: "
-                              f"{', '.join(table.header)})" + (f": {hint}" if hint else ""))
+                              f"{', '.join(map(repr, table.header))})"
+                              + (f": {hint}" if hint else ""))
     ragged, what, fix = table.ragged()
     if ragged:  # read by position, their cells would land in other columns
         raise SchemaError(f"{table.path}: {what}: {fix}, then draft again")
@@ -228,7 +242,7 @@ def draft_schema(table: RawTable, target: str, *,
     """
     _check_roles(table, target, categorical, continuous, client_column)
     notes: list[str] = [n for n in [table.ignored_note()] if n]
-    lines = [_NOTE.format(path=table.path.name, rows=len(table.rows))]
+    lines = [_NOTE.format(path=printable(table.path.name), rows=len(table.rows))]
     if client_column:
         lines.append(f"client_column = {_q(client_column)}\n")
     col = _Column.of(table.column(target))
@@ -238,7 +252,7 @@ def draft_schema(table: RawTable, target: str, *,
     kind, labels = col.guess(min_codes=1)
     if col.stray:
         notes.append(_stray_note(table, target, col, kind, False))
-        lines.append(f"# {notes[-1]}")
+        lines.append(_comment(notes[-1]))
     if task == "regression" or (task == "auto" and kind == "continuous"):
         if col.text and not col.stray:
             raise SchemaError(f"target {target!r} holds text "
@@ -260,7 +274,7 @@ def draft_schema(table: RawTable, target: str, *,
         words = _missing_words_note(table, target, col.cells, "class")
         if words:
             notes.append(words)
-            lines.append(f"# {words}")
+            lines.append(_comment(words))
         lines += ["[target]", f"name = {_q(target)}", 'kind = "classification"',
                   f"classes = [{', '.join(_q(c) for c in labels)}]", ""]
     for name in table.header:
@@ -281,7 +295,7 @@ def draft_schema(table: RawTable, target: str, *,
             kind, levels = col.guess()
         if col.stray and name not in categorical:
             notes.append(_stray_note(table, name, col, kind, name in continuous))
-            lines.append(f"# {notes[-1]}")
+            lines.append(_comment(notes[-1]))
         lines.append(f'kind = "{kind}"')
         if any(_is_missing_cell(c) for c in col.cells):
             lines.append('missing = "allowed"   # this site has missing cells in this column')
@@ -289,14 +303,14 @@ def draft_schema(table: RawTable, target: str, *,
             if kind == "categorical" else None
         if words:
             notes.append(words)
-            lines.append(f"# {words}")
+            lines.append(_comment(words))
         if kind == "categorical":
             if len(levels) < 2:
                 notes.append(f"column {name!r} has {len(levels) or 'no'} level"
                              f"{'' if levels else 's'} at this site{_listed(levels)}: a "
                              "categorical feature needs at least 2. Add the levels the other "
                              "sites use, or leave the column out of the schema")
-                lines.append(f"# {notes[-1]}")
+                lines.append(_comment(notes[-1]))
             lines.append(f"levels = [{', '.join(_q(v) for v in levels)}]")
         else:
             lines.append("# bounds = [lo, hi]   # agree on public bounds with the federation")

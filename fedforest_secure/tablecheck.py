@@ -36,6 +36,8 @@ from ._cells import _canon, _is_missing, _label_key, _missing_word, _number, hea
 from ._rawtable import _SHOW, RawTable, _at, line_numbers, read_raw
 from ._spread_checks import feature_spread_problem, target_spread_problem
 from .errors import SchemaError
+from .name_lists import comma_hint, name_arg
+from .printable import normalisation_twin
 from .schema import Schema
 
 __all__ = ["Problem", "RawTable", "check_table", "clean_rows", "line_numbers", "read_raw"]
@@ -113,7 +115,7 @@ def check_table(table: RawTable, schema: Schema, *,
         needed.append(schema.client_column)
     for name in needed:
         if name not in table.header:
-            advice = (table.separator_advice()
+            advice = (table.separator_advice() or normalisation_twin(name, table.header)
                       or f"add the column (header has: {', '.join(table.header)})")
             out.append(Problem("error", name, "missing from the table", advice))
     extra = [h or f"{header_cells(table.file_columns([k]))} (no name)"
@@ -175,7 +177,7 @@ def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
     numeric = [f.name for f in schema.features if f.kind == "continuous"]
     if schema.target.kind == "regression":
         numeric.append(schema.target.name)
-    listed = ", ".join(numeric) or "none"
+    listed = ", ".join(map(repr, numeric)) or "none"
     only = f"name numeric columns only (the schema's: {listed})"
     for name in names:
         if name in numeric:
@@ -193,8 +195,9 @@ def _zero_missing_columns(schema: Schema, names: Sequence[str]) -> set[str]:
         if name == schema.client_column:
             raise SchemaError(f"--zero-is-missing: column {name!r} is the client column (each "
                               f"row's site), not a number; {only}")
+        hint = comma_hint(name, numeric, "--zero-is-missing")
         raise SchemaError(f"--zero-is-missing: the schema has no column {name!r}; its numeric "
-                          f"columns are {listed}")
+                          f"columns are {listed}" + (f": {hint}" if hint else ""))
     return set(names)
 
 
@@ -326,7 +329,8 @@ def _check_numeric(name: str, cells: list[str], bounds: tuple[float, float] | No
                     f"{line_numbers(zeros, lines)} while every other value is >= "
                     f"{min(nonzero):g}: hidden "
                     "missing values?",
-                    f"if a zero means 'not measured', rerun with --zero-is-missing {name} "
+                    "if a zero means 'not measured', rerun with --zero-is-missing "
+                    f"{name_arg(name)} "
                     + ("(--clean-out then writes the zeros as empty cells)" if allow_missing else
                        "(they become errors that --clean-out drops)"), _at(zeros, lines)))
     return out
@@ -362,8 +366,9 @@ def _check_labels(name: str, cells: list[str], labels: list[str], what: str, *,
                            f"({', '.join(map(repr, vals[:5]))})"
                            f" at {line_numbers(unknown, lines)}; the schema's {whats} are "
                            f"{', '.join(labels)}",
-                           f"recode them to the schema's {whats}, or ask the federation to add "
-                           "them to schema.toml", _at(unknown, lines)))
+                           next((t for t in (normalisation_twin(lab, vals) for lab in labels)
+                                 if t), f"recode them to the schema's {whats}, or ask the "
+                                "federation to add them to schema.toml"), _at(unknown, lines)))
     if len({_label_key(c, index) for c in cells}) == 1 and len(cells) > 1 and what == "level":
         out.append(Problem("warning", name, f"every row has the level {_canon(cells[0])!r}",
                            "if it was not recorded here, tell the federation"))

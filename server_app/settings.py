@@ -22,13 +22,16 @@ refused: each connection would see a database of its own, gone when it closes.
 
 from __future__ import annotations
 
+import shlex
 import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from fedforest_secure.config_errors import explain
-from fedforest_secure.dburl import in_memory
+from fedforest_secure.dburl import in_memory, sqlite_file, sqlite_url
 from fedforest_secure.errors import FedForestError
 
 __all__ = ["IN_MEMORY", "ConfigError", "ServerSettings", "TLSSettings", "load_settings"]
@@ -140,13 +143,18 @@ def _resolve_url(url: str, base: Path, *, path_ok: bool = False) -> str:
     """``url`` with a relative SQLite file made absolute against ``base``; with ``path_ok``
     a path (no ``scheme://``, as ``audit_database`` may be) becomes a ``sqlite:///`` URL of
     its file, ``~`` expanded."""
-    prefix = "sqlite:///"
     if path_ok and "://" not in url:
-        return prefix + str(_resolve(Path(url).expanduser(), base))
-    if url.startswith(prefix) and not url.startswith("sqlite:////"):
-        rest = url[len(prefix):]
+        return sqlite_url(_resolve(Path(url).expanduser(), base))
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):  # left to the engine's clear error
+            return url
+        rest = parsed.database or ""
         if rest and rest != ":memory:":
-            return prefix + str(_resolve(Path(rest), base))
+            # the file's path percent-encoded in the URL: a ? or % of base stays its own
+            return parsed.set(database=str(_resolve(Path(rest), base))).render_as_string(
+                hide_password=False)
     return url
 
 
@@ -163,7 +171,69 @@ def load_settings(path: Path) -> ServerSettings:
         raise ConfigError(f"cannot read the server config {path}: "
                           f"{exc.strerror or exc}") from exc
     try:
-        return ServerSettings.model_validate(raw).resolved(path.resolve().parent)
+        given = ServerSettings.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"invalid server config {path}: "
                           f"{explain(exc, ServerSettings, raw)}") from None
+    settings = given.resolved(path.resolve().parent)
+    _refuse_moved_files(path, given, settings)
+    return settings
+
+
+def _unquoted_file(url: str, base: Path, *, path_ok: bool = False) -> Path | None:
+    """The file a relative SQLite ``url`` (or ``audit_database`` path) named when its
+    resolved path was pasted into ``sqlite:///`` as it was, as earlier versions did (no
+    percent encoding): a ``?`` of ``base`` started the URL's query, a ``%41`` was read as
+    ``A``. None for a URL not resolved against ``base``."""
+    if path_ok and "://" not in url:
+        pasted = "sqlite:///" + str(_resolve(Path(url).expanduser(), base))
+    elif url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        pasted = "sqlite:///" + str(_resolve(Path(url[len("sqlite:///"):]), base))
+    else:
+        return None
+    try:
+        database = make_url(pasted).database
+    except (ArgumentError, ValueError):
+        return None
+    return Path(database) if database else None
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == b"SQLite format 3\x00"
+    except OSError:  # a directory, gone, unreadable: no database the server kept there
+        return False
+
+
+def _refuse_moved_files(path: Path, given: ServerSettings, settings: ServerSettings) -> None:
+    """Refuse a relative SQLite database that earlier versions kept outside the config's
+    directory (its name held a ``?`` or ``%xx``; see :func:`_unquoted_file`) when that file is
+    there and the one beside server.toml is not: the server would start on a new, empty
+    database (its sites' tokens, its jobs, its audit chain left behind)."""
+    base = path.resolve().parent
+    moved: list[tuple[str, str, Path, Path]] = []
+    for key, url, resolved, path_ok in (
+            ("database", given.database, settings.database, False),
+            ("audit_database", given.audit_database, settings.audit_database, True)):
+        if url is None or resolved is None:
+            continue
+        old, new = _unquoted_file(url, base, path_ok=path_ok), sqlite_file(resolved)
+        if (old is not None and new is not None and old != new and _is_sqlite(old)
+                and not new.exists()):
+            moved.append((key, url, old, new))
+    if not moved:
+        return
+    said = "; ".join(f"{key} {url!r} is {new}, which does not exist, while {old}, the file "
+                     "earlier versions opened for it, does" for key, url, old, new in moved)
+    olds = [old for _, _, old, _ in moved]
+    commands = " && ".join(  # one file kept both databases: copied to the first, moved to the last
+        f"{'cp' if olds[k + 1:].count(old) else 'mv'} {shlex.quote(str(old))} "
+        f"{shlex.quote(str(new))}" for k, (_, _, old, new) in enumerate(moved))
+    raise ConfigError(
+        f"server config {path}: {said} (earlier versions read a '?' or '%' in the config "
+        f"directory's name as part of the URL). Move the file into the config's directory to "
+        f"keep the server's data: `{commands}`; if it is another server's, give this one's "
+        "as an absolute URL: " + ", ".join(f"{key} = \"{sqlite_url(new)}\""
+                                           for key, _, _, new in moved)
+        + ". Nothing was opened.")

@@ -258,3 +258,19 @@ def test_the_db_help_says_where_a_postgresql_password_goes_instead_of_the_comman
     said = " ".join(res.output.replace("│", " ").split())
     assert ("Other users of this machine can read a command line: give a PostgreSQL password "
             "in ~/.pgpass or PGPASSWORD, not in the URL.") in said, said
+
+
+# a # and non-ASCII: a guard (SQLAlchemy keeps a # of the path), not a case that was broken
+@pytest.mark.parametrize("dirname", ["e%41", "q?", "h#1 é"])
+def test_verify_reads_a_log_whose_path_holds_url_characters(db: Path, tmp_path: Path,
+                                                            dirname: str) -> None:
+    """``--db e%41/audit.db`` opened ``eA/audit.db`` and ``--db q?/audit.db`` opened ``q``:
+    a log that exists was reported missing. The path is the file's, whatever it holds."""
+    with AuditLog(db) as log:
+        log.job("j1").model(digest="cd" * 32)
+    moved = tmp_path / dirname / "audit.db"
+    moved.parent.mkdir()
+    db.rename(moved)
+    result = runner.invoke(audit_app, ["verify", "--db", str(moved)])
+    assert result.exit_code == 0, result.output
+    assert "OK: 5 entries in 1 job(s), 0 receipt(s) checked" in result.output

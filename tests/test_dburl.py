@@ -184,3 +184,29 @@ def test_a_sqlite_file_made_through_a_uri_or_an_unusual_path_is_its_users_only(
         os.umask(old)
     made = tmp_path / path
     assert made.exists() and stat.S_IMODE(made.stat().st_mode) == 0o600
+
+
+# ? and %41 were misread; the others are a guard (SQLAlchemy keeps a # of the path)
+@pytest.mark.parametrize("name", ["conf?x", "conf%41", "x#y", "a b é", "@:+;=&[]"])
+def test_a_sqlite_url_names_its_path_whatever_the_path_holds(tmp_path: Path,
+                                                             name: str) -> None:
+    """A path pasted into ``sqlite:///`` read its ``?`` as the query and ``%41`` as ``A``.
+    The engine opens the file itself (made owner-only; a ``?`` made an empty file of the
+    path's part before it instead)."""
+    from fedforest_secure.dburl import sqlite_file, sqlite_url
+
+    path = tmp_path / name / "made.db"
+    path.parent.mkdir()
+    url = sqlite_url(path)
+    assert sqlite_file(url) == path
+    old = os.umask(0o022)
+    try:
+        engine = create_db_engine(url)
+        with engine.connect() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        engine.dispose()
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert [p.name for p in path.parent.iterdir()] == ["made.db"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

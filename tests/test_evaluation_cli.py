@@ -538,3 +538,27 @@ def test_evaluate_names_a_models_file_that_is_not_text_as_no_model_file(
             "directory") in " ".join(res.output.split()), res.output
     with ServerAdmin(f"sqlite:///{tmp_path}/s.db") as admin:
         assert admin.job("ev") is None
+
+
+def test_a_names_label_holding_a_comma_is_written_in_double_quotes(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """--names split on every comma: a label "X, 1" gave three labels for two models."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import write_eval_job
+    from server_app.admin import ServerAdmin
+    from server_app.settings import load_settings
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 1, "m2": 2})
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models)
+    args = ["evaluate", "--config", str(server), "--timeout", "0", "--job", str(job),
+            "--models", *map(str, models)]
+    res = CliRunner().invoke(app, [*args, "--names", '"X, 1",Y', "--reference", "X, 1"])
+    assert "is still waiting after 0 s" in " ".join(res.output.split()), res.output
+    with ServerAdmin.from_settings(load_settings(server)) as admin:
+        assert admin.evaluation_names("ev") == ["X, 1", "Y"]
+    res = CliRunner().invoke(app, [*args, "--names", '"X, 1,Y'])
+    assert res.exit_code == 2
+    assert ("--names '\"X, 1,Y': unexpected end of data: write a name that holds a comma or a "
+            "double quote in double quotes") in " ".join(res.output.split()), res.output

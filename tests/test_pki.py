@@ -177,13 +177,14 @@ def test_check_validity_names_the_dates_of_a_certificate_outside_them(tmp_path: 
         check_validity(cert, now=earlier)
 
 
-@pytest.mark.parametrize("name", ["hospital-a\n", "hospital a", "ca"])
+@pytest.mark.parametrize("name", ["hospital-a\n", "hospital a", "ca", "CA", "Server"])
 def test_a_site_name_with_a_trailing_newline_is_refused_as_any_bad_name(
         tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError) as refused:
         init_dev_pki(tmp_path / "certs", 1, client_names=[name])
     assert str(refused.value) == (f"site names {[name]!r} are not usable as file names "
-                                  "(letters, digits, '.', '_', '-'; not 'ca' or 'server')")
+                                  "(letters, digits, '.', '_', '-'; not 'ca' or 'server' in "
+                                  "any letter case)")
     assert not (tmp_path / "certs").exists()
 
 
@@ -205,3 +206,69 @@ def test_a_new_pki_directory_is_its_users_and_no_one_else_can_replace_its_files(
         assert stat.S_IMODE(cert.stat().st_mode) == 0o644, cert
     for key in [pki.ca_key, pki.server_key, *pki.client_keys, tmp_path / "pki" / "hospital-z.key"]:
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+
+
+def test_site_names_differing_in_letter_case_only_are_refused(tmp_path: Path) -> None:
+    """``CA`` and ``Server`` were accepted as site names, and ``Hospital-A`` beside
+    ``hospital-a``: on a disk that ignores letter case (macOS's and Windows' by default) their
+    files are the CA's, the server's or the other site's, written over or moved aside."""
+    from fedforest_secure.pki import issue_client_certificates
+
+    with pytest.raises(ValueError) as refused:
+        init_dev_pki(tmp_path / "certs", 2, client_names=["Hospital-A", "hospital-a"])
+    assert str(refused.value) == (
+        "site names differ in letter case only: ['Hospital-A', 'hospital-a']: a disk that "
+        "ignores letter case (as macOS's and Windows' do by default) keeps them in one file; "
+        "give each site a name of its own")
+    assert not (tmp_path / "certs").exists()
+    certs = tmp_path / "certs"
+    init_dev_pki(certs, 1, client_names=["hospital-a"])
+    before = sorted(p.name for p in certs.iterdir())
+    for renew in (False, True):
+        with pytest.raises(ValueError) as refused:
+            issue_client_certificates(certs, ["Hospital-A"], renew=renew)
+        assert str(refused.value) == (
+            f"'Hospital-A' differs in letter case only from 'hospital-a', whose certificate is "
+            f"in {certs}: a disk that ignores letter case (as macOS's and Windows' do by "
+            f"default) keeps them in one file; give the site another name (`fedforest pki "
+            f"issue --ca-dir {certs} --name hospital-a --renew` renews that one)")
+    with pytest.raises(ValueError, match="'Operator' is 'operator', the name of an operator's "
+                                         "certificate, in other letter case"):
+        issue_client_certificates(certs, ["Operator"])
+    assert sorted(p.name for p in certs.iterdir()) == before
+
+
+def test_a_site_named_by_an_older_version_in_other_letter_case_is_renewed_under_its_name(
+        tmp_path: Path) -> None:
+    """Sites named ``CA``, ``Server`` or ``Operator``, and ``Hospital-A`` beside
+    ``hospital-a``, made before the letter-case checks: each holds a token bound to its name,
+    so ``--renew`` renews its certificate under that name; a new name in other letter case is
+    still refused, naming the command that renews the one there."""
+    from fedforest_secure.pki import issue_client_certificates, load_ca
+
+    certs = tmp_path / "certs"
+    init_dev_pki(certs, 1, client_names=["hospital-a"])
+    ca = load_ca(certs / "ca.pem", certs / "ca.key")
+    olds = ["CA", "Server", "Operator", "Hospital-A"]
+    for name in olds:  # as an older version wrote them
+        issue_certificate(ca, name, server=False).write(certs / f"{name}.pem",
+                                                        certs / f"{name}.key")
+    for name in [*olds, "hospital-a"]:
+        old = (certs / f"{name}.pem").read_bytes()
+        assert issue_client_certificates(certs, [name], renew=True) == [certs / f"{name}.pem"]
+        new = load_certificate(certs / f"{name}.pem")
+        assert new.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == name
+        assert verify_signed_by(new, ca.cert)
+        kept = list(certs.glob(f"{name}.pem.replaced-*"))
+        assert len(kept) == 1 and kept[0].read_bytes() == old
+    assert load_certificate(certs / "ca.pem").subject == ca.cert.subject  # the CA untouched
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{certs} already holds CA.pem, CA.key: nothing was written (a site's certificate "
+            "is replaced only with --renew")):
+        issue_client_certificates(certs, ["CA"])
+    with pytest.raises(ValueError, match=re.escape(
+            "site names ['SERVER'] are not usable as file names")):
+        issue_client_certificates(certs, ["SERVER"], renew=True)
+    with pytest.raises(ValueError, match=re.escape(
+            "give the site another name (`fedforest pki issue --ca-dir")):
+        issue_client_certificates(certs, ["HOSPITAL-A"], renew=True)

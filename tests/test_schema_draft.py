@@ -171,7 +171,7 @@ def test_a_semicolon_separated_file_is_told_to_use_commas_as_check_tells_it(
         tmp_path: Path) -> None:
     table = read_raw(small_csv(tmp_path, "semi.csv", "age;y", ["30;0", "40;1"]))
     with pytest.raises(SchemaError, match=r"column 'y' is not in .*semi\.csv \(columns: "
-                                          r"age;y\): the file separates cells with ';', not "
+                                          r"'age;y'\): the file separates cells with ';', not "
                                           r"commas: save it as comma-separated CSV"):
         draft_schema(table, "y")
     res = CliRunner().invoke(app, ["schema", "draft", "--data", str(table.path), "--target",
@@ -257,3 +257,90 @@ def test_every_text_quoted_for_the_draft_reads_back_from_toml_unchanged(text: st
     from fedforest_secure.schema_draft import _q
 
     assert tomllib.loads(f"name = {_q(text)}")["name"] == text
+
+
+def test_columns_holding_a_comma_are_named_in_double_quotes_as_the_advice_writes_them(
+        tmp_path: Path) -> None:
+    """``--categorical 'weight, kg'`` named two columns 'weight' and 'kg', and the draft's own
+    advice said to pass it so: no column holding a comma could be named. A name is now
+    written as in the CSV header, in double quotes, and the advice runs as printed."""
+    import re
+    import shlex
+
+    rows = [f"{20 + i},{i % 3},{60 + i}.5,{i % 2}" for i in range(12)] + ["55,2,n/a?,1"]
+    data = small_csv(tmp_path, "site.csv", 'age,"ward, code","weight, kg",y', rows)
+    base = ["schema", "draft", "--data", str(data), "--target", "y"]
+    runner = CliRunner()
+    said = " ".join(runner.invoke(app, base).output.split())
+    advice = re.search(r"rerun with --categorical (.*?) if the column holds text", said)
+    assert advice is not None and advice[1] == "'\"weight, kg\"'", said
+    res = runner.invoke(app, [*base, "--categorical", *shlex.split(advice[1]),
+                              "--categorical", '"ward, code"'])
+    assert res.exit_code == 0, res.output
+    kinds = {f.name: f.kind for f in Schema.from_dict(tomllib.loads(
+        res.output[res.output.index("# Draft"):])).features}
+    assert kinds == {"age": "continuous", "ward, code": "categorical",
+                     "weight, kg": "categorical"}
+    res = runner.invoke(app, [*base, "--categorical", "ward, code"])
+    assert res.exit_code == 2
+    assert (f"column 'ward' is not in {data} (columns: 'age', 'ward, code', 'weight, kg', "
+            "'y'): to name the column 'ward, code', write it in double quotes: --categorical "
+            "'\"ward, code\"'") in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("option", ["--target", "--client-column"])
+def test_a_piece_of_a_column_named_with_a_comma_is_answered_with_a_command_that_runs(
+        tmp_path: Path, option: str) -> None:
+    """``--target`` and ``--client-column`` name one column each, their value taken as it is
+    (no CSV row): the advice to write the name in double quotes gave a command that named no
+    column. The advice gives the name whole, quoted for the shell only, and runs as printed."""
+    import re
+    import shlex
+
+    rows = [f"{20 + i},{60 + i}.5,site-{i % 2},{i % 2}" for i in range(12)]
+    data = small_csv(tmp_path, "site.csv", 'age,"weight, kg","site, id",y', rows)
+    piece, base = ("weight", ["--target"]) if option == "--target" else \
+        ("site", ["--target", "y", "--client-column"])
+    runner = CliRunner()
+    res = runner.invoke(app, ["schema", "draft", "--data", str(data), *base, piece])
+    assert res.exit_code == 2
+    said = " ".join(res.output.split())
+    whole = "weight, kg" if option == "--target" else "site, id"
+    assert (f"column {piece!r} is not in {data} (columns: 'age', 'weight, kg', 'site, id', "
+            f"'y'): to name the column {whole!r}, give it whole: {option} '{whole}'") in said
+    advice = re.search(rf"give it whole: {option} (.*)$", said)
+    assert advice is not None
+    res = runner.invoke(app, ["schema", "draft", "--data", str(data), *base,
+                              *shlex.split(advice[1])])
+    assert res.exit_code == 0, res.output
+    drafted = Schema.from_dict(tomllib.loads(res.output[res.output.index("# Draft"):]))
+    if option == "--target":
+        assert drafted.target.name == "weight, kg"
+    else:
+        assert drafted.client_column == "site, id"
+
+
+@pytest.mark.parametrize(("file", "odd"), [
+    ("site.csv", "blood pressure\n(systolic)"), ("site.csv", 'x\n[target]\nname = "x"'),
+    ("site.csv", "bell\x07 \u2028sep\r"), ("odd\nname.csv", "bp")])
+def test_a_name_with_a_line_break_gives_a_draft_that_reads_back(
+        tmp_path: Path, file: str, odd: str) -> None:
+    """The draft's notes are comments; a note quoting a column's (or the file's) name with a
+    line break ended its comment line, so the rest of the name was read as TOML: a draft that
+    did not parse, or one with keys the header wrote. The notes escape such characters
+    (``\\n``)."""
+    import csv
+
+    data = tmp_path / file
+    with data.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["age", odd, "outcome"])
+        w.writerows([[40 + i, "n/a?" if i == 4 else 110 + i, "yes" if i % 2 else "no"]
+                     for i in range(30)])
+    draft = draft_schema(read_raw(data), "outcome")
+    assert any(repr(odd.strip()) in note for note in draft.notes)
+    schema = Schema.from_dict(tomllib.loads(draft.text))
+    assert [f.name for f in schema.features] == ["age", odd.strip()]
+    assert schema.target.name == "outcome"
+    shown = file.replace("\n", "\\n")
+    assert draft.text.startswith(f"# Draft schema from {shown} ")

@@ -105,3 +105,122 @@ def test_a_whole_float_where_an_integer_is_due_is_still_read(tmp_path: Path) -> 
     path = tmp_path / "server.toml"
     path.write_text("max_upload_bytes = 2e9\nport = 9443\n")
     assert load_settings(path).max_upload_bytes == 2_000_000_000
+
+
+# a # and non-ASCII: a guard (SQLAlchemy keeps a # of the path), not a case that was broken
+@pytest.mark.parametrize("dirname", ["conf?x", "conf%41", "conf#1 é"])
+def test_relative_databases_stay_beside_a_config_whose_directory_holds_url_characters(
+        tmp_path: Path, dirname: str) -> None:
+    """A ``?`` in the config's directory started the URL's query and a ``%41`` was decoded
+    to ``A``: the database and the audit log were opened elsewhere (one file ``conf``, both
+    of them in it). Each is now the file beside server.toml, made readable by its owner only."""
+    import stat
+
+    from fedforest_secure.dburl import sqlite_file
+    from server_app.admin import ServerAdmin
+    from server_app.audit_hook import open_audit
+
+    conf_dir = tmp_path / dirname
+    conf_dir.mkdir()
+    (conf_dir / "server.toml").write_text('database = "sqlite:///fed.db?timeout=5"\n'
+                                          'audit_database = "audit.db"\n')
+    settings = load_settings(conf_dir / "server.toml")
+    assert sqlite_file(settings.database) == conf_dir / "fed.db"
+    assert settings.database.endswith("?timeout=5")  # the URL's own query is kept
+    assert settings.audit_database is not None
+    assert sqlite_file(settings.audit_database) == conf_dir / "audit.db"
+    with ServerAdmin.from_settings(settings) as admin:
+        admin.add_client("site-a")
+    open_audit(settings.audit_database).close()
+    assert [p.name for p in tmp_path.iterdir()] == [dirname]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in conf_dir.glob("*.db")} == {
+        "fed.db": 0o600, "audit.db": 0o600}
+
+
+def _old_layout(conf_dir: Path, audit: bool) -> None:
+    """A server's databases as earlier versions kept them: the config's resolved path pasted
+    into ``sqlite:///`` (a ``?`` of the directory starting the query, ``%41`` read as ``A``)."""
+    from server_app.admin import ServerAdmin
+    from server_app.audit_hook import open_audit
+
+    with ServerAdmin("sqlite:///" + str(conf_dir / "fed.db")) as admin:
+        admin.add_client("site-a")
+    if audit:
+        open_audit("sqlite:///" + str(conf_dir / "audit.db")).close()
+
+
+@pytest.mark.parametrize(("dirname", "old_name"), [("conf?x", "conf"),
+                                                   ("conf%41", "confA/fed.db")])
+def test_a_database_an_earlier_version_kept_outside_the_config_directory_is_refused_until_moved(
+        tmp_path: Path, dirname: str, old_name: str) -> None:
+    """Earlier versions kept the relative ``sqlite:///fed.db`` of a config in ``conf?x/`` in
+    ``./conf`` (of one in ``conf%41/`` in ``confA/fed.db``); the server now opens the file
+    beside server.toml. Where that file is missing and the old one is there, it refuses,
+    saying how to move it, instead of starting on a new, empty database; moved, the sites
+    are there."""
+    import shlex
+    import subprocess
+
+    from fedforest_secure.dburl import sqlite_url
+    from server_app.admin import ServerAdmin
+    from server_app.auth import TokenError
+
+    (tmp_path / "confA").mkdir()  # the directory a %41 was read as
+    conf_dir = tmp_path / dirname
+    conf_dir.mkdir()
+    toml = conf_dir / "server.toml"
+    toml.write_text('database = "sqlite:///fed.db"\n')
+    _old_layout(conf_dir, audit=False)
+    old, new = tmp_path / old_name, conf_dir / "fed.db"
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml)
+    move = f"mv {shlex.quote(str(old))} {shlex.quote(str(new))}"
+    assert str(refused.value) == (
+        f"server config {toml}: database 'sqlite:///fed.db' is {new}, which does not exist, "
+        f"while {old}, the file earlier versions opened for it, does (earlier versions read a "
+        "'?' or '%' in the config directory's name as part of the URL). Move the file into "
+        f"the config's directory to keep the server's data: `{move}`; if it is another "
+        f"server's, give this one's as an absolute URL: database = \"{sqlite_url(new)}\". "
+        "Nothing was opened.")
+    assert not new.exists()
+    subprocess.run(move, shell=True, check=True)
+    with ServerAdmin.from_settings(load_settings(toml)) as admin, \
+            pytest.raises(TokenError, match="client 'site-a' already exists"):
+        admin.add_client("site-a")
+
+
+def test_one_file_an_earlier_version_kept_both_databases_in_is_copied_to_each(
+        tmp_path: Path) -> None:
+    """A config in ``conf?x/`` with relative ``database`` and ``audit_database``: earlier
+    versions kept both in one file ``./conf``. The refusal copies it to the first and moves it
+    to the second; a server's own file there, or an absolute URL, is opened without a word."""
+    import subprocess
+
+    from fedforest_secure.dburl import sqlite_file, sqlite_url
+
+    conf_dir = tmp_path / "conf?x"
+    conf_dir.mkdir()
+    toml = conf_dir / "server.toml"
+    toml.write_text('database = "sqlite:///fed.db"\naudit_database = "audit.db"\n')
+    _old_layout(conf_dir, audit=True)
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml)
+    old, db, audit = tmp_path / "conf", conf_dir / "fed.db", conf_dir / "audit.db"
+    commands = f"cp {old} '{db}' && mv {old} '{audit}'"
+    assert (f"database 'sqlite:///fed.db' is {db}, which does not exist, while {old}, the file "
+            f"earlier versions opened for it, does; audit_database 'audit.db' is {audit}, "
+            f"which does not exist, while {old}, the file earlier versions opened for it, "
+            f"does (earlier") in str(refused.value)
+    assert (f"`{commands}`; if it is another server's, give this one's as an absolute URL: "
+            f"database = \"{sqlite_url(db)}\", audit_database = \"{sqlite_url(audit)}\". "
+            "Nothing was opened.") in str(refused.value)
+    subprocess.run(commands, shell=True, check=True)
+    settings = load_settings(toml)
+    assert settings.audit_database is not None
+    assert (sqlite_file(settings.database), sqlite_file(settings.audit_database)) == (db, audit)
+    db.rename(tmp_path / "conf")  # the old file back, and a new one beside server.toml
+    db.write_bytes((tmp_path / "conf").read_bytes())
+    assert sqlite_file(load_settings(toml).database) == db
+    db.unlink()
+    toml.write_text(f'database = "{sqlite_url(db)}"\n')
+    assert sqlite_file(load_settings(toml).database) == db

@@ -315,20 +315,21 @@ def test_zero_is_missing_refuses_a_column_that_is_not_a_numeric_one_of_the_schem
     its zeros."""
     table = read_raw(site_csv(tmp_path, "va"))
     with pytest.raises(SchemaError, match=r"--zero-is-missing: the schema has no column 'chl'; "
-                                          r"its numeric columns are age, trestbps, chol, "
-                                          r"thalach, oldpeak"):
+                                          r"its numeric columns are 'age', 'trestbps', 'chol', "
+                                          r"'thalach', 'oldpeak'"):
         check_table(table, schema, zero_is_missing=["chol", "chl"])
     with pytest.raises(SchemaError, match=r"--zero-is-missing: column 'fbs' is categorical: "
                                           r"its cells are levels \(0, 1\), a zero is never a "
                                           r"missing number; name numeric columns only \(the "
-                                          r"schema's: age, trestbps, chol, thalach, oldpeak\)"):
+                                          r"schema's: 'age', 'trestbps', 'chol', 'thalach', "
+                                          r"'oldpeak'\)"):
         check_table(table, schema, zero_is_missing=["fbs"])
     with pytest.raises(SchemaError, match=r"--zero-is-missing: column 'num' is the "
                                           r"classification target"):
         check_table(table, schema, zero_is_missing=["num"])
     site = Schema.from_dict(tomllib.loads(_WITH_SITE))
     with pytest.raises(SchemaError, match=r"column 'site' is the client column \(each row's "
-                                          r"site\), not a number; .*\(the schema's: age\)"):
+                                          r"site\), not a number; .*\(the schema's: 'age'\)"):
         check_table(table, site, zero_is_missing=["site"])
     res = CliRunner().invoke(app, ["check", "--data", str(table.path), "--schema",
                                    str(_doc_schema(tmp_path)), "--zero-is-missing", "chl",
@@ -767,3 +768,86 @@ def test_a_nan_written_as_a_number_or_a_nul_byte_is_refused_by_check_and_client_
     assert [(p.column, p.lines) for p in errors] == [("x", (4,))]
     with pytest.raises(SchemaError, match=rf"site.csv, line 4: column 'x': .*{what}"):
         sch.read_csv(path)
+
+
+_COMMA_SCHEMA = """\
+[target]
+name = "outcome"
+kind = "classification"
+classes = ["no", "yes"]
+[[features]]
+name = "age"
+kind = "continuous"
+bounds = [0, 120]
+[[features]]
+name = "weight, kg"
+kind = "continuous"
+bounds = [1, 300]
+missing = "allowed"
+"""
+
+
+def test_a_zero_is_missing_column_holding_a_comma_is_named_as_the_advice_writes_it(
+        tmp_path: Path) -> None:
+    """The advice said ``--zero-is-missing weight, kg``, which named the columns 'weight'
+    and 'kg': the column's zeros could not be marked missing. It says how to quote the name,
+    and the command it prints works."""
+    import re
+    import shlex
+
+    (tmp_path / "s.toml").write_text(_COMMA_SCHEMA)
+    (tmp_path / "site.csv").write_text('age,"weight, kg",outcome\n50,70.5,yes\n60,80.1,no\n'
+                                       "70,0,no\n")
+    base = ["check", "--data", str(tmp_path / "site.csv"), "--schema", str(tmp_path / "s.toml")]
+    runner = CliRunner()
+    said = runner.invoke(app, base).output
+    advice = re.search(r"rerun with --zero-is-missing (.*) \(--clean-out", said)
+    assert advice is not None and advice[1] == "'\"weight, kg\"'", said
+    said = runner.invoke(app, [*base, "--zero-is-missing", *shlex.split(advice[1])]).output
+    assert ("column 'weight, kg': 1 zero (--zero-is-missing: missing values) at line 4"
+            in said), said
+    said = " ".join(runner.invoke(app, [*base, "--zero-is-missing", "weight, kg"]).output.split())
+    assert ("error: --zero-is-missing: the schema has no column 'weight'; its numeric columns "
+            "are 'age', 'weight, kg': to name the column 'weight, kg', write it in double "
+            "quotes: --zero-is-missing '\"weight, kg\"'") in said, said
+
+
+def test_a_name_or_label_in_another_unicode_normalisation_is_told_apart(
+        tmp_path: Path) -> None:
+    """A header or class written in NFD (e and U+0301, as some macOS tools write it) against
+    the schema's NFC was refused with messages showing the same text twice: both are shown in
+    ASCII escapes, with the normalisation to save the table in."""
+    import unicodedata
+
+    from client_app.data import load_site_table
+
+    nfc, nfd = (lambda s: unicodedata.normalize("NFC", s)), (
+        lambda s: unicodedata.normalize("NFD", s))
+    (tmp_path / "s.toml").write_text(
+        f'[target]\nname = "outcome"\nkind = "classification"\nclasses = ["{nfc("élevé")}", '
+        f'"bas"]\n\n[[features]]\nname = "{nfc("poids_é")}"\nkind = "continuous"\n'
+        "bounds = [0, 300]\n")
+    (tmp_path / "site.csv").write_text(f"{nfd('poids_é')},outcome\n50,bas\n60,{nfd('élevé')}\n")
+    problems = check_table(read_raw(tmp_path / "site.csv"), Schema.load(tmp_path / "s.toml"))
+    errors = {p.column: p for p in problems if p.severity == "error"}
+    assert errors[nfc("poids_é")].advice == (
+        f"the table's {nfd('poids_é')!r} differs from the schema's {nfc('poids_é')!r} in Unicode "
+        "normalisation only ('poids_e\\u0301' against 'poids_\\xe9'): save the table's text in "
+        "NFC")
+    assert errors["outcome"].advice.endswith(
+        "in Unicode normalisation only ('e\\u0301leve\\u0301' against '\\xe9lev\\xe9'): save "
+        "the table's text in NFC")
+    with pytest.raises(SchemaError, match=r"in Unicode normalisation only \('poids_e\\u0301' "
+                                          r"against 'poids_\\xe9'\)"):
+        load_site_table(tmp_path / "site.csv", tmp_path / "s.toml")
+    (tmp_path / "site.csv").write_text(f"{nfc('poids_é')},outcome\n50,bas\n60,{nfd('élevé')}\n")
+    with pytest.raises(SchemaError, match=r"unknown class .*in Unicode normalisation only"):
+        load_site_table(tmp_path / "site.csv", tmp_path / "s.toml")
+    schema = Schema.load(tmp_path / "s.toml")  # the in-process reader says the same
+    with pytest.raises(SchemaError, match=r"unknown class '.*' \(the table's .* in Unicode "
+                                          r"normalisation only"):
+        schema.read_csv(tmp_path / "site.csv")
+    (tmp_path / "site.csv").write_text(f"{nfd('poids_é')},outcome\n50,bas\n60,bas\n")
+    with pytest.raises(SchemaError, match=r"missing from the table \(the table's .* in Unicode "
+                                          r"normalisation only \('poids_e\\u0301' against"):
+        schema.read_csv(tmp_path / "site.csv")

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from ..dburl import DatabaseUrlError, create_db_engine, shown_url, sqlite_file
+from ..dburl import DatabaseUrlError, create_db_engine, shown_url, sqlite_file, sqlite_url
 from ..errors import AuditError
 from .entry import GENESIS, Entry
 from .store import ChainRace, IndexRow, StoredArray
@@ -82,11 +82,12 @@ arrays = Table(
 
 
 def to_url(db: str | Path) -> str:
-    """A SQLAlchemy URL for ``db``: URLs (``scheme://...``) pass through, paths become SQLite."""
+    """A SQLAlchemy URL for ``db``: URLs (``scheme://...``) pass through, a path becomes the
+    URL of its SQLite file (:func:`~fedforest_secure.dburl.sqlite_url`)."""
     text = str(db)
     if "://" in text:
         return text
-    return f"sqlite:///{Path(text).expanduser().resolve()}"
+    return sqlite_url(Path(text).expanduser().resolve())
 
 
 def _missing_sqlite_file(url: str) -> bool:
