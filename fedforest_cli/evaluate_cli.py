@@ -87,6 +87,12 @@ def evaluate(
                                          'or kind = "evaluate" with an [evaluation] table')
                 job_id = spec.id
                 if admin.job(job_id) is None:
+                    if labels is not None and not files and labels != _names_of(spec):
+                        raise FedForestError(
+                            f"--names labels the files of --models: without --models the "
+                            f"models of {job_path} are labelled by its [evaluation] names "
+                            f"({', '.join(_names_of(spec))}); give --models with --names, or "
+                            "change names in the file")
                     _check_reference(reference, _names_of(spec))
                     admin.create_job(spec)
                     console.print(f"evaluation job [bold]{job_id}[/bold] created for "

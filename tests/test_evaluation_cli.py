@@ -322,6 +322,35 @@ def test_models_given_on_the_command_line_do_not_take_the_files_names(
         in " ".join(res.output.split()), res.output
 
 
+def test_names_without_models_are_refused_when_they_would_not_label_the_job_files_models(
+        tiny_parts: Any, tmp_path: Path) -> None:
+    """The job file names its models A and B: --names X,Y without --models would label
+    nothing (the file's labels stay), so the command refuses it and creates no job; --names
+    that repeat the file's labels are no change."""
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+    from fedforest_cli.sim_evaluation import write_eval_job
+    from server_app.admin import ServerAdmin
+    from server_app.settings import load_settings
+
+    server, models = _evaluation_server(tiny_parts, tmp_path, {"m1": 1, "m2": 2})
+    job = write_eval_job(tmp_path / "eval.toml", "ev", list("abc"), "open", models,
+                         names=["A", "B"])
+    args = ["evaluate", "--config", str(server), "--timeout", "0", "--job", str(job)]
+    res = CliRunner().invoke(app, [*args, "--names", "X,Y"])
+    assert res.exit_code == 2
+    assert (f"--names labels the files of --models: without --models the models of {job} are "
+            "labelled by its [evaluation] names (A, B); give --models with --names, or change "
+            "names in the file") in " ".join(res.output.split()), res.output
+    with ServerAdmin.from_settings(load_settings(server)) as admin:
+        assert admin.job("ev") is None
+    res = CliRunner().invoke(app, [*args, "--names", "A,B"])
+    assert "evaluation job ev created" in " ".join(res.output.split()), res.output
+    with ServerAdmin.from_settings(load_settings(server)) as admin:
+        assert admin.evaluation_names("ev") == ["A", "B"]
+
+
 def _declined_evaluation(tiny_parts: Any, tmp_path: Path, codes: dict[int, str]) -> str:
     """What ``fedforest evaluate --job ev`` says (exit code 2 checked, whitespace joined) when
     site b joined the evaluation job and the sites of ``codes`` (client index: decline code)
