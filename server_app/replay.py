@@ -128,7 +128,8 @@ class Runtimes:
                 event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id,
                       phase=rr.phase)
                 break
-            total = np.frombuffer(rr.aggregate or b"", dtype="<f8").copy()
+            total = _words(rr.aggregate or b"", "<f8",
+                           f"the stored aggregate of round {rr.round_id}").copy()
             contributors = [int(i) for i in json.loads(rr.contributors_json or "[]")]
             flat = unpack(rr.disclosed_blob)[1] if rr.disclosed_blob else {}
             disclosed: dict[int, dict[str, np.ndarray]] = {i: {} for i in contributors}
@@ -158,7 +159,8 @@ class Runtimes:
                 if blob is None:
                     raise RuntimeError(f"the masked upload of client {idx} in round "
                                        f"{rr.round_id} was not kept (spool {spool.root})")
-                return msgs["upload"][idx], np.frombuffer(blob, dtype="<u8")
+                return msgs["upload"][idx], _words(
+                    blob, "<u8", f"the masked upload of client {idx} in round {rr.round_id}")
             return load
 
         stored = StoredRound(
@@ -171,3 +173,12 @@ class Runtimes:
             refused=msgs.get(REFUSE, {}),
             accused={i: int(b) for i, b in msgs.get(ACCUSE, {}).items()})
         bridge.resume(task, asked, stored, rt.words())
+
+
+def _words(blob: bytes, dtype: str, what: str) -> np.ndarray:
+    """``blob`` read as 64-bit words of ``dtype``; a length that is not a whole number of
+    words is a damaged row, said as such (``what``: the row)."""
+    if len(blob) % 8:
+        raise RuntimeError(f"{what} is damaged: {len(blob)} bytes, not a whole number of "
+                           "8-byte words")
+    return np.frombuffer(blob, dtype=dtype)

@@ -85,8 +85,9 @@ def test_a_job_stopped_mid_round_keeps_no_task_in_memory_and_serves_it_as_stored
 
 def test_a_secure_job_whose_open_round_does_not_resume_keeps_no_secure_round_in_memory(
         env: dict[str, Any]) -> None:  # noqa: F811 - the fixture imported above
-    """A stored masked upload the restarted server cannot read (a ValueError while the open
-    secure round replays) stops the job, and the runtime it keeps holds no secure round."""
+    """A stored masked upload the restarted server cannot read (one byte short of whole
+    words) stops the job with words that say which row is damaged, and the runtime it keeps
+    holds no secure round."""
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
     r = task.round_id
@@ -101,7 +102,8 @@ def test_a_secure_job_whose_open_round_does_not_resume_keeps_no_secure_round_in_
     rt = env["state"].runtimes.get("job-a")
     o = offer(env, 1)
     assert o["status"] == "failed", o
-    assert o["detail"].startswith("cannot resume: buffer size must be a multiple of element "
-                                  "size"), o["detail"]
+    assert o["detail"].startswith(f"cannot resume: the masked upload of client 0 in round {r} "
+                                  "is damaged: "), o["detail"]
+    assert o["detail"].endswith("bytes, not a whole number of 8-byte words"), o["detail"]
     assert rt.secure is not None and rt.secure.current is None
     assert (rt.coord, rt.task, rt.codec, rt._bounds) == (None, None, None, None)
