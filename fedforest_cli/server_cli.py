@@ -57,7 +57,8 @@ def server(ctx: typer.Context,
 
     try:
         with locks_named(config):
-            run_server(load_settings(config), insecure_dev=insecure_dev, port=port)
+            run_server(load_settings(config), insecure_dev=insecure_dev, port=port,
+                       config_file=config)
     except FedForestError as exc:
         fail(exc)
     except KeyboardInterrupt:  # Ctrl-C: the server stopped as on SIGTERM, and says so in its log

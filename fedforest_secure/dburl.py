@@ -32,8 +32,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from .protocol.api import LOCK_WAIT_S
 
 __all__ = ["PG_CONNECT_TIMEOUT_S", "PG_LOCK_TIMEOUT_S", "DatabaseUrlError", "SqliteWriteError",
-           "create_db_engine", "in_memory", "shown_url", "sqlite_file", "sqlite_url",
-           "sqlite_write_error"]
+           "carries_secret", "create_db_engine", "in_memory", "shown_url", "sqlite_file",
+           "sqlite_url", "sqlite_write_error"]
 
 _WORKING = "postgresql+psycopg://user:password@host:5432/db or sqlite:///path/to/file.db"
 #: query parameters that carry a secret (libpq's ``password``, ``sslpassword``, ...)
@@ -76,6 +76,17 @@ def shown_url(url: str) -> str:
     if hidden:
         parsed = parsed.update_query_dict(hidden)
     return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+
+
+def carries_secret(url: str) -> bool:
+    """Whether ``url`` holds a secret: a password, a query parameter that carries one, or a
+    host part holding an ``@`` (a password whose ``@`` was not written ``%40``)."""
+    try:
+        parsed = make_url(url)
+    except _MALFORMED:
+        return False
+    return bool(parsed.password) or "@" in (parsed.host or "") or any(
+        s in k.lower() for k in parsed.query for s in _SECRET_PARAMS)
 
 
 def sqlite_url(path: str | Path) -> str:

@@ -15,13 +15,14 @@ it answers again, and the open rounds' deadlines run again from then), ``server_
 (the process did not run for a while: the open rounds' deadlines run again from then),
 ``lease_lost`` (another server took the database over: this one stops),
 ``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
-``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that
-does not name the configured host), ``shutdown_timeout`` (uvicorn's graceful stop ran out of
-time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt shares: ``report``
-names their senders), ``spool_write_failed`` (a masked upload could not be written to the
-spool: ``error`` names the file and the cause, e.g. a full disk; the site got a 503 and sends it
-again), ``spool_stray`` (once per entry: something in the spool directory that is not a job's
-folder, left alone).
+``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that does
+not name the configured host), ``config_warning`` (at start-up: server.toml gives a database
+password and other users, or its group, can read it), ``shutdown_timeout`` (uvicorn's graceful
+stop ran out of time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt
+shares: ``report`` names their senders), ``spool_write_failed`` (a masked upload could not be
+written to the spool: ``error`` names the file and the cause, e.g. a full disk; the site got a
+503 and sends it again), ``spool_stray`` (once per entry: something in the spool directory that
+is not a job's folder, left alone).
 
 Values holding a space, ``"`` or ``=``, or a character that is not printable, are quoted; inside
 the quotes ``\\`` and ``"`` are escaped with a backslash, and each character that is not printable

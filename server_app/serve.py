@@ -17,8 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from fedforest_secure.audit.log import to_url
-from fedforest_secure.dburl import shown_url
+from fedforest_secure.dburl import carries_secret, shown_url
 from fedforest_secure.errors import AuditError
+from fedforest_secure.files import readable_by
 
 from .app import create_app
 from .audit_hook import AuditSink, open_audit
@@ -60,12 +61,33 @@ def check_transport(settings: ServerSettings, *, insecure_dev: bool) -> list[str
     return check_tls_files(settings.tls, settings.host)
 
 
+def config_warnings(config: Path, settings: ServerSettings) -> list[str]:
+    """A warning when ``config`` (the server.toml ``settings`` were read from) gives a
+    database URL with its password and other users of the machine, or its group, can read
+    the file."""
+    secret = [name for name, url in (("database", settings.database),
+                                     ("audit_database", settings.audit_database))
+              if url is not None and carries_secret(url)]
+    readers = readable_by(config) if secret else None
+    if readers is None:
+        return []
+    who, mode = readers
+    whom = "other users of this machine" if who == "others" else "its group"
+    return [f"{config}: {' and '.join(secret)} holds a password and {whom} can read the file "
+            f"(mode {mode:04o}); make it readable by the server only (chmod 600 {config}), or "
+            "give the password in ~/.pgpass or PGPASSWORD instead"]
+
+
 def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
-               port: int | None = None) -> None:
+               port: int | None = None, config_file: Path | None = None) -> None:
+    """Serve ``settings`` (read from ``config_file``, if given: a password it gives others can
+    read is a warning in the log) until stopped."""
     warnings = check_transport(settings, insecure_dev=insecure_dev)
     configure()
     for warning in warnings:
         event("tls_warning", logging.WARNING, reason=warning)
+    for warning in config_warnings(config_file, settings) if config_file is not None else []:
+        event("config_warning", logging.WARNING, reason=warning)
     db = Database(settings.database)
     bound = settings.port if port is None else port
     # the port and the audit log first, the database's claim last: a start that fails a
