@@ -343,6 +343,7 @@ def _start_client_group(sites: Sequence[Any], url: str, job: str, out: Path, pro
     import sys
 
     from fedforest_cli.sim_processes import child_env
+    from fedforest_secure.files import write_atomic
 
     spec = [{"server": url, "token": s.token, "job": job, "data": str(s.csv),
              "schema": str(s.schema), "ca": str(out / "certs" / "ca.pem"),
@@ -353,7 +354,7 @@ def _start_client_group(sites: Sequence[Any], url: str, job: str, out: Path, pro
              "retry_budget_s": 600.0, "quiet": True, "profile": profile, "n_clients": k}
             for s in sites]
     path = out / f"group-{sites[0].name}.json"
-    path.write_text(json.dumps(spec))
+    write_atomic(path, json.dumps(spec), mode=0o600)  # the sites' tokens: the user's only
     with (out / f"group-{sites[0].name}.log").open("ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "fedforest_cli.client_group",
                                  str(path)], stdout=fh, stderr=subprocess.STDOUT,

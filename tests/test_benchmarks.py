@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
+import os
 import subprocess
 import sys
 import time
@@ -127,6 +129,29 @@ def test_scale_protocol_needs_three_clients(capsys: pytest.CaptureFixture[str],
                        ["protocol", "--clients", "10", "2", "--out", str(tmp_path / "out")])
     assert "--clients 2: at least 3" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_scale_gives_a_client_group_its_sites_tokens_in_a_file_only_its_user_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group file holds each site's token: it is readable by the user only (0600), whatever
+    the umask lets other files be."""
+    import stat
+    from types import SimpleNamespace
+
+    scale = _script("scale")
+    started: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **_kw: started.append(args))
+    site = SimpleNamespace(name="site-0", token="t0k3n", csv=tmp_path / "s.csv",
+                           schema=tmp_path / "schema.toml")
+    old = os.umask(0o022)
+    try:
+        scale._start_client_group([site], "https://127.0.0.1:1", "job", tmp_path, "secure", 3)
+    finally:
+        os.umask(old)
+    group = tmp_path / "group-site-0.json"
+    assert started and started[0][-1] == str(group)
+    assert stat.S_IMODE(group.stat().st_mode) == 0o600
+    assert json.loads(group.read_text())[0]["token"] == "t0k3n"
 
 
 # ------------------------------------------------------------------------------ tables
