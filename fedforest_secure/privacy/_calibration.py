@@ -52,7 +52,8 @@ class PlannedBlock:
 
 @dataclass(frozen=True)
 class PlannedRelease:
-    """One planned release: its label, the survivors its noise holds for, its blocks."""
+    """One planned release: its label, the sites whose noise it holds for (``k_min``: the
+    honest survivors, ``K_min`` less the job's ``dp.colluders``), its blocks."""
 
     label: str
     k_min: int
@@ -173,7 +174,8 @@ class JobNoise:
     sigmas : tuple of tuple of float
         Each client's scale per release and block, in integer (ring) units.
     k_min : int
-        Survivors every release's noise holds for.
+        Survivors a release needs (``K_min``): fewer must not be released. Each release's
+        noise holds for its ``k_min``, ``K_min`` less the job's ``dp.colluders``.
     epsilon, delta : float
         The job's budget, spent exactly by the whole plan.
     """
@@ -204,6 +206,24 @@ class JobNoise:
         lengths = None if dims is None else [min(int(dims.get(b.name, 0)), b.dims)
                                              for b in rel.blocks]
         return release_cost(rel, self.sigmas[i], lengths)
+
+    def epsilon_against(self, colluders: int) -> float:
+        """The whole plan's epsilon (at its delta) for an honest site's data against the server
+        and ``colluders`` colluding sites: each colluder knows (or never adds) its own noise
+        and the server may drop honest sites down to ``k_min``, so each release carries the
+        noise of ``k_min - colluders`` sites. At most the job's epsilon for up to the
+        ``dp.colluders`` the plan was calibrated for; more for more colluders.
+
+        Raises
+        ------
+        BudgetError
+            ``colluders`` not in ``[0, k_min)``.
+        """
+        if not 0 <= colluders < self.k_min:
+            raise BudgetError(f"colluders must be in [0, {self.k_min}), got {colluders}")
+        costs = [release_cost(PlannedRelease(r.label, self.k_min - colluders, r.blocks), s)
+                 for r, s in zip(self.releases, self.sigmas, strict=True)]
+        return epsilon_of(costs, self.delta)
 
     def sum_count_std(self, level: int, n_clients: int) -> float:
         """Standard deviation of the noise on one summed count of the release at ``level``

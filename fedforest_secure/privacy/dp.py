@@ -59,6 +59,7 @@ __all__ = [
     "add_distributed_noise",
     "central_sigma",
     "ddg_cost",
+    "honest_noise_adders",
     "min_survivors",
     "plan_distributed_noise",
     "require_dp_ready",
@@ -134,6 +135,29 @@ def min_survivors(n_clients: int, dropout_tolerance: float) -> int:
         raise BudgetError(f"dropout_tolerance must be in [0, 1), got {dropout_tolerance}")
     drops = math.floor(n_clients * dropout_tolerance + 1e-9)
     return max(1, n_clients - drops)
+
+
+def honest_noise_adders(n_clients: int, k_min: int, colluders: int) -> int:
+    """``K_min - colluders``: the sites whose noise a released sum holds against the server
+    and ``colluders`` colluding sites (each colluder knows, or never adds, its own noise, and
+    the server may drop honest sites down to ``K_min``). Each site's noise is calibrated for
+    this many sites, so the job's epsilon holds against up to ``colluders`` of them.
+
+    Raises
+    ------
+    BudgetError
+        ``colluders`` not an int in ``[0, K_min)``: at least one honest site's noise must
+        remain in a sum of ``K_min`` survivors.
+    """
+    if not isinstance(colluders, int) or isinstance(colluders, bool) or colluders < 0:
+        raise BudgetError(f"dp.colluders must be an int >= 0, got {colluders!r}")
+    if colluders >= k_min:
+        raise BudgetError(
+            f"dp.colluders = {colluders} is not below K_min = {k_min}, the survivors a sum of "
+            f"this job's {n_clients} sites may be released with: no honest site's noise would "
+            f"remain against that many colluders; set colluders to at most {k_min - 1}, or add "
+            "sites")
+    return k_min - colluders
 
 
 def _tau(sigma: float, n: int) -> float:
