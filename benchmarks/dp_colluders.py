@@ -23,6 +23,7 @@ import argparse
 
 from fedforest_secure import secure_sum
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.privacy import load_profile
 from fedforest_secure.privacy.allocation import job_noise
 from fedforest_secure.secagg._rounds import job_threshold
@@ -34,11 +35,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--colluders", type=int, default=0, help="the profile's dp.colluders")
     ap.add_argument("--sites", default="3,5,10,30", help="numbers of sites, comma-separated")
     args = ap.parse_args(argv)
-    print(f"secure-dp, epsilon = {args.epsilon:g}, dp.colluders = {args.colluders}")
+    try:
+        sites = [int(s) for s in args.sites.split(",")]
+    except ValueError:
+        ap.error(f"--sites: comma-separated whole numbers, got {args.sites!r}")
+    if any(n < 3 for n in sites):
+        ap.error(f"--sites: secure-dp needs at least 3 sites, got {args.sites!r}")
+    try:
+        _table(args.epsilon, args.colluders, sites)
+    except FedForestError as exc:
+        ap.error(str(exc))
+
+
+def _table(epsilon: float, colluders: int, sites: list[int]) -> None:
+    print(f"secure-dp, epsilon = {epsilon:g}, dp.colluders = {colluders}")
     print("| sites n | t | K_min | colluders c | epsilon against c colluders |")
     print("|---|---|---|---|---|")
-    for n in (int(s) for s in args.sites.split(",")):
-        prof = load_profile("secure-dp", epsilon=args.epsilon, colluders=args.colluders)
+    for n in sites:
+        prof = load_profile("secure-dp", epsilon=epsilon, colluders=colluders)
         cfg = JobConfig(job_id="j", task="classification", n_features=4, n_classes=2,
                         n_clients=n, feature_bounds=tuple((-1.0, 1.0) for _ in range(4)),
                         n_estimators=64, max_depth=6, min_samples_leaf=1, max_features=1,
