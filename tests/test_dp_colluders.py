@@ -10,6 +10,7 @@ site's noise is calibrated for ``K_min - c`` sites and the epsilon holds against
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from pathlib import Path
@@ -21,7 +22,8 @@ from fedforest_secure import secure_sum
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import BudgetError, ProfileError, RefusedRequest
 from fedforest_secure.privacy import ChaChaRandom, load_profile, sample_discrete_gaussian
-from fedforest_secure.privacy.allocation import JobNoise, job_noise
+from fedforest_secure.privacy.accountant import epsilon_of
+from fedforest_secure.privacy.allocation import JobNoise, PlannedRelease, job_noise, release_cost
 from fedforest_secure.privacy.pinning import check_job_config
 from fedforest_secure.secagg.driver import InProcessSecureSum
 from server_app.jobcheck import check_job
@@ -32,8 +34,8 @@ K = 10  # t = K_min = 7 at the secure-dp threshold 0.67
 COLLUDERS, DROPPED, HONEST = [7, 8, 9], [4, 5, 6], [0, 1, 2, 3]
 
 
-def _config(n: int = K, method: str = "random", **dp: object) -> JobConfig:
-    prof = load_profile("secure-dp", epsilon=1.0, **dp)
+def _config(n: int = K, method: str = "random", **settings: object) -> JobConfig:
+    prof = load_profile("secure-dp", epsilon=1.0, **settings)
     return JobConfig(job_id="j", task="classification", n_features=4, n_classes=2,
                      n_clients=n, feature_bounds=tuple((-1.0, 1.0) for _ in range(4)),
                      n_estimators=8, max_depth=3, min_samples_leaf=1, max_features=1,
@@ -140,14 +142,75 @@ def test_a_profile_refuses_colluders_that_are_not_a_count(value: object, message
     assert message in str(err.value)
 
 
+def _one_site_epsilon(plan: JobNoise) -> float:
+    """The plan's epsilon for a release that carries one site's noise: one site's vector."""
+    return epsilon_of([release_cost(PlannedRelease(r.label, 1, r.blocks), s)
+                       for r, s in zip(plan.releases, plan.sigmas, strict=True)], plan.delta)
+
+
+def test_colluders_at_the_single_vector_bound_are_refused_naming_the_largest_allowed() -> None:
+    """4 colluders of 10 at t = 7 (2t - n, S15) can get the server one site's vector, which
+    carries that site's noise alone: no calibration for K_min - 4 sites holds against them.
+    3, the largest c below min(2t - n, t - 1), is accepted."""
+    for c in (4, 6):
+        with pytest.raises(BudgetError) as err:
+            _plan(_config(colluders=c))
+        assert str(err.value) == (
+            f"dp.colluders = {c} is not below min(2t - n, t - 1) = 4 for this job's n = 10 "
+            "sites at threshold t = 7: that many colluders can get the server one site's "
+            "vector, which carries that site's noise alone, so no calibration for K_min - "
+            "colluders sites holds against them; set colluders to at most 3, or add sites")
+    plan = _plan(_config(colluders=3))
+    assert plan.vector_bound == 4 and [r.k_min for r in plan.releases] == [4, 4]
+    assert plan.epsilon_against(3) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_epsilon_against_colluders_past_the_bound_is_one_sites_vectors() -> None:
+    """From min(2t - n, t - 1) = 4 colluders of 10 on, the server may hold one site's vector:
+    epsilon_against says what that vector's noise alone gives, whatever the number."""
+    for colluders in (0, 3):
+        plan = _plan(_config(colluders=colluders))
+        one_site = _one_site_epsilon(plan)
+        assert one_site > plan.epsilon_against(3) >= 1.0 - 1e-6
+        assert [plan.epsilon_against(c) for c in (4, 5, 7, 9)] == [one_site] * 4
+    with pytest.raises(BudgetError, match=r"^colluders must be >= 0, got -1$"):
+        plan.epsilon_against(-1)
+    # the docs' figures: the benchmark's job (64 random trees of depth 6) at epsilon = 1
+    for colluders, one_site in ((0, 2.87), (3, 2.11)):
+        plan = _plan(dataclasses.replace(_config(colluders=colluders), n_estimators=64,
+                                         max_depth=6, n_bins=32))
+        assert round(plan.epsilon_against(4), 2) == one_site
+
+
 def test_colluders_at_k_min_or_more_leave_no_honest_noise_and_are_refused() -> None:
+    """dropout_tolerance = 0.7: K_min = 3, below the single-vector bound 4 of 10 sites."""
     with pytest.raises(BudgetError) as err:
-        _plan(_config(colluders=7))
+        _plan(_config(colluders=3, dropout_tolerance=0.7))
     assert str(err.value) == (
-        "dp.colluders = 7 is not below K_min = 7, the survivors a sum of this job's 10 sites "
+        "dp.colluders = 3 is not below K_min = 3, the survivors a sum of this job's 10 sites "
         "may be released with: no honest site's noise would remain against that many "
-        "colluders; set colluders to at most 6, or add sites")
-    assert _plan(_config(colluders=6)).releases[0].k_min == 1  # each site's own noise suffices
+        "colluders; set colluders to at most 2, or add sites")
+    plan = _plan(_config(colluders=2, dropout_tolerance=0.7))
+    assert plan.k_min == 3 and plan.releases[0].k_min == 1  # each site's own noise suffices
+
+
+def test_colluders_on_the_secagg_plus_graph_are_refused() -> None:
+    """With neighbours (SecAgg+) colluders around one site can unmask its vector on a graph the
+    server may redraw (S19): no colluders are accepted; neighbours = n - 1 is the complete
+    graph."""
+    for method in ("random", "histogram"):
+        with pytest.raises(BudgetError) as err:
+            _plan(_config(n=30, method=method, neighbours=14, colluders=1))
+        assert str(err.value) == (
+            "dp.colluders = 1 needs the complete graph: with neighbours = 14 (SecAgg+) a few "
+            "colluders around one site can get the server that site's vector, on a graph the "
+            "server may redraw each round, and that vector carries the site's own noise alone; "
+            "remove neighbours from the profile, or set colluders to 0")
+    sparse = _plan(_config(n=30, neighbours=14))
+    assert sparse.vector_bound == 1
+    assert sparse.epsilon_against(1) == _one_site_epsilon(sparse)
+    complete = _plan(_config(n=30, neighbours=29, colluders=11))
+    assert complete.vector_bound == 12 and complete.releases[0].k_min == 10
 
 
 def _job_file(tmp_path: Path, privacy: str) -> Path:
@@ -163,23 +226,27 @@ def test_a_job_file_sets_colluders_and_the_job_carries_them(tmp_path: Path) -> N
     """[privacy] colluders or [privacy.dp] colluders: the job's profile (what its config and
     its job_created audit entry hold) carries them and is named after them; left out, the
     profile holds no colluders key (jobs and model files as before) and means 0."""
-    for privacy in ("[privacy]\ncolluders = 2\n", "[privacy.dp]\ncolluders = 2\n"):
+    for privacy in ("[privacy]\ncolluders = 1\n", "[privacy.dp]\ncolluders = 1\n"):
         cfg = build_config(load_job_spec(_job_file(tmp_path, privacy)))
-        assert cfg.dp is not None and cfg.dp["colluders"] == 2
-        assert cfg.profile["name"] == "secure-dp (colluders = 2)"
+        assert cfg.dp is not None and cfg.dp["colluders"] == 1
+        assert cfg.profile["name"] == "secure-dp (colluders = 1)"
     plain = build_config(load_job_spec(_job_file(tmp_path, "")))
     assert plain.dp is not None and "colluders" not in plain.dp
     assert _plan(plain).releases[0].k_min == _plan(plain).k_min == 3
 
 
 def test_create_job_refuses_colluders_the_job_has_no_honest_noise_for(tmp_path: Path) -> None:
-    check_job(load_job_spec(_job_file(tmp_path, "[privacy]\ncolluders = 2\n")))
-    with pytest.raises(ConfigError) as err:
-        check_job(load_job_spec(_job_file(tmp_path, "[privacy]\ncolluders = 3\n")))
-    assert str(err.value) == (
-        "job 'j' cannot start: dp.colluders = 3 is not below K_min = 3, the survivors a sum of "
-        "this job's 4 sites may be released with: no honest site's noise would remain against "
-        "that many colluders; set colluders to at most 2, or add sites")
+    """4 sites at t = 3: min(2t - n, t - 1) = 2 colluders can get one site's vector."""
+    check_job(load_job_spec(_job_file(tmp_path, "[privacy]\ncolluders = 1\n")))
+    for c in (2, 3):
+        with pytest.raises(ConfigError) as err:
+            check_job(load_job_spec(_job_file(tmp_path, f"[privacy]\ncolluders = {c}\n")))
+        assert str(err.value) == (
+            f"job 'j' cannot start: dp.colluders = {c} is not below min(2t - n, t - 1) = 2 for "
+            "this job's n = 4 sites at threshold t = 3: that many colluders can get the server "
+            "one site's vector, which carries that site's noise alone, so no calibration for "
+            "K_min - colluders sites holds against them; set colluders to at most 1, or add "
+            "sites")
 
 
 def test_a_site_pinning_colluders_refuses_a_job_calibrated_for_fewer() -> None:

@@ -140,7 +140,9 @@ def _eval_noise(config_json: str) -> EvalNoise:
     blocks = tuple(PlannedBlock(b.name, block_sensitivity(layout, b).scaled(factor),
                                 layout.n_models * b.size, share) for b in layout.blocks)
     # the noise holds for the honest survivors: K_min less the colluders
-    honest = honest_noise_adders(config.n_clients, k_min, dp.get("colluders", 0))
+    honest = honest_noise_adders(config.n_clients, k_min, dp.get("colluders", 0),
+                                 threshold=float(config.profile.get("threshold", 1.0)),
+                                 neighbours=config.profile.get("neighbours"))
     release = PlannedRelease("evaluation", honest, blocks)
     (sigmas,) = calibrate([release], eps, delta)
     return EvalNoise(release, {b.name: s for b, s in zip(blocks, sigmas, strict=True)}, k_min,

@@ -178,6 +178,9 @@ class JobNoise:
         noise holds for its ``k_min``, ``K_min`` less the job's ``dp.colluders``.
     epsilon, delta : float
         The job's budget, spent exactly by the whole plan.
+    vector_bound : int
+        The fewest colluders that can get the server one site's vector
+        (:func:`~.dp.single_vector_bound`).
     """
 
     releases: tuple[PlannedRelease, ...]
@@ -186,6 +189,7 @@ class JobNoise:
     k_min: int
     epsilon: float
     delta: float
+    vector_bound: int
 
     def _index(self, level: int) -> int:
         if level not in self.levels:
@@ -211,17 +215,22 @@ class JobNoise:
         """The whole plan's epsilon (at its delta) for an honest site's data against the server
         and ``colluders`` colluding sites: each colluder knows (or never adds) its own noise
         and the server may drop honest sites down to ``k_min``, so each release carries the
-        noise of ``k_min - colluders`` sites. At most the job's epsilon for up to the
-        ``dp.colluders`` the plan was calibrated for; more for more colluders.
+        noise of ``k_min - colluders`` sites; from ``vector_bound`` colluders (or ``k_min``)
+        on, the server may hold one site's vector, which carries that site's noise alone.
+        At most the job's epsilon for up to the ``dp.colluders`` the plan was calibrated for;
+        more for more colluders.
 
         Raises
         ------
         BudgetError
-            ``colluders`` not in ``[0, k_min)``.
+            ``colluders`` below 0.
         """
-        if not 0 <= colluders < self.k_min:
-            raise BudgetError(f"colluders must be in [0, {self.k_min}), got {colluders}")
-        costs = [release_cost(PlannedRelease(r.label, self.k_min - colluders, r.blocks), s)
+        if colluders < 0:
+            raise BudgetError(f"colluders must be >= 0, got {colluders}")
+        honest = self.k_min - colluders
+        if colluders > 0 and colluders >= self.vector_bound or honest < 1:
+            honest = 1
+        costs = [release_cost(PlannedRelease(r.label, honest, r.blocks), s)
                  for r, s in zip(self.releases, self.sigmas, strict=True)]
         return epsilon_of(costs, self.delta)
 

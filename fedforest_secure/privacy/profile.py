@@ -80,8 +80,11 @@ class DPConfig(BaseModel):
         (>= 0, default 0). The noise is distributed: a colluding site knows (or never adds)
         its own share, and the server may drop honest sites down to ``K_min``, so the honest
         sites' sum carries only ``K_min - colluders`` sites' noise. Each site's noise is
-        calibrated for that many honest noise-adders; a job refuses ``colluders >= K_min``.
-        More colluders: more noise per site (docs/privacy.md, "Colluding sites").
+        calibrated for that many honest noise-adders. A job refuses ``colluders >= K_min``
+        and ``colluders >= min(2t - n, t - 1)`` (that many colluders can get the server one
+        site's vector, which carries that site's noise alone), and any colluders with
+        ``neighbours`` (SecAgg+). More colluders: more noise per site (docs/privacy.md,
+        "Colluding sites").
     class_priors : {"uniform", "rows"}
         A random-split classifier's node values: ``"uniform"`` weights the leaves' noisy class
         counts towards uniform class priors as far as the release shows the classes'
