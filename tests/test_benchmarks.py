@@ -256,3 +256,23 @@ def test_the_walkthrough_says_missing_data_before_writing(tmp_path: Path) -> Non
     assert done.returncode != 0
     assert "error: --dataset: shared data directory not found" in done.stderr
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_the_colluders_table_is_the_one_the_docs_quote(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """docs/privacy.md and threat_model.md §6 quote this table (epsilon 1 at dp.colluders = 0
+    against c colluders); colluders at the single-vector bound (4 of 10) or more is a usage
+    error naming the largest allowed."""
+    bench = _script("dp_colluders")
+    bench.main([])
+    out = capsys.readouterr().out
+    for row in ("| 3 | 3 | 3 | 1 | 1.24 |", "| 5 | 4 | 4 | 2 | 1.45 |",
+                "| 10 | 7 | 7 | 1 | 1.09 |", "| 10 | 7 | 7 | 2 | 1.20 |",
+                "| 10 | 7 | 7 | 3 | 1.35 |", "| 30 | 21 | 21 | 11 | 1.49 |"):
+        assert row in out
+    for c in (4, 7):
+        with pytest.raises(SystemExit) as err:
+            bench.main(["--colluders", str(c), "--sites", "10"])
+        assert err.value.code == 2
+        assert (f"dp.colluders = {c} is not below min(2t - n, t - 1) = 4 for this job's n = 10 "
+                "sites at threshold t = 7") in capsys.readouterr().err

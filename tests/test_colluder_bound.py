@@ -12,6 +12,8 @@ peer, as its rules say. Both sets carry ``t`` signatures once ``c + h_X >= t`` a
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from nacl.signing import SigningKey
@@ -32,6 +34,7 @@ from fedforest_secure.secagg._rounds import (
     mask_info,
     self_mask_commitment,
 )
+from fedforest_secure.secagg.driver import InProcessSecureSum
 
 JOB, L, N, R = "job-collude", 8, 10, 0
 TASK = Task(job_id=JOB, round_id=R, kind=TaskKind.HISTOGRAM, level=0, params={"stats": "count"},
@@ -146,3 +149,19 @@ def test_fewer_than_2t_minus_n_colluders_leave_one_camp_short_of_t_signatures(
     assert {r.code for r in refusals} == {"signatures"}
     assert all(f"only {len(short) + len(colluders)} signatures" in str(r) for r in refusals)
     assert (len(self_sh) >= T) != (len(key_sh) >= T)
+
+
+@pytest.mark.parametrize(("n", "threshold"), [(3, 0.67), (5, 1.0)])
+def test_at_t_equal_n_t_minus_1_colluders_below_2t_minus_n_get_the_last_vector(
+        n: int, threshold: float) -> None:
+    """The single-vector bound is ``c < min(2t - n, t - 1)``: where ``t = n`` (3 sites at
+    the secure profiles' 0.67, or any job at threshold 1.0) ``2t - n = n`` and ``t - 1``
+    colluders, fewer than ``2t - n``, subtract their vectors from the one legitimate sum of a
+    server that follows the protocol and hold the last site's vector."""
+    t = job_threshold(threshold, n)
+    assert t == n and t - 1 < 2 * t - n
+    rng = np.random.default_rng(0)
+    x = {u: rng.integers(0, 2**64, L, dtype=np.uint64) for u in range(n)}
+    total = InProcessSecureSum(range(n), threshold, record=False).sum(
+        "q", hashlib.sha256(b"q").digest(), x)
+    assert np.array_equal(total - sum(x[u] for u in range(1, n)), x[0])

@@ -101,7 +101,8 @@ def test_unknown_schema_and_profile_keys_list_the_allowed_ones() -> None:
                           "target": {"name": "y", "kind": "classification",
                                      "classes": ["0", "1"]}})
     with pytest.raises(ProfileError, match=r"dp\.sigma: unknown field \(allowed: "
-                                           r"class_priors, delta, dropout_tolerance, epsilon"):
+                                           r"class_priors, colluders, delta, dropout_tolerance, "
+                                           r"epsilon"):
         PrivacyProfile.from_dict({**load_profile("secure-dp").to_dict(),
                                   "dp": {"epsilon": 1.0, "delta": 1e-6, "sigma": 2}})
 

@@ -122,7 +122,7 @@ def eval_noise(config: JobConfig) -> EvalNoise:
 def _eval_noise(config_json: str) -> EvalNoise:
     from ..config import JobConfig
     from ..privacy.allocation import PlannedBlock, PlannedRelease, calibrate
-    from ..privacy.dp import min_survivors
+    from ..privacy.dp import honest_noise_adders, min_survivors
 
     config = JobConfig.from_json(config_json)
     dp = config.dp
@@ -139,7 +139,11 @@ def _eval_noise(config_json: str) -> EvalNoise:
     factor = float(abstention_factor(config.profile))
     blocks = tuple(PlannedBlock(b.name, block_sensitivity(layout, b).scaled(factor),
                                 layout.n_models * b.size, share) for b in layout.blocks)
-    release = PlannedRelease("evaluation", k_min, blocks)
+    # the noise holds for the honest survivors: K_min less the colluders
+    honest = honest_noise_adders(config.n_clients, k_min, dp.get("colluders", 0),
+                                 threshold=float(config.profile.get("threshold", 1.0)),
+                                 neighbours=config.profile.get("neighbours"))
+    release = PlannedRelease("evaluation", honest, blocks)
     (sigmas,) = calibrate([release], eps, delta)
     return EvalNoise(release, {b.name: s for b, s in zip(blocks, sigmas, strict=True)}, k_min,
                      eps, delta)

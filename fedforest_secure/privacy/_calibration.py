@@ -52,7 +52,8 @@ class PlannedBlock:
 
 @dataclass(frozen=True)
 class PlannedRelease:
-    """One planned release: its label, the survivors its noise holds for, its blocks."""
+    """One planned release: its label, the sites whose noise it holds for (``k_min``: the
+    honest survivors, ``K_min`` less the job's ``dp.colluders``), its blocks."""
 
     label: str
     k_min: int
@@ -173,9 +174,13 @@ class JobNoise:
     sigmas : tuple of tuple of float
         Each client's scale per release and block, in integer (ring) units.
     k_min : int
-        Survivors every release's noise holds for.
+        Survivors a release needs (``K_min``): fewer must not be released. Each release's
+        noise holds for its ``k_min``, ``K_min`` less the job's ``dp.colluders``.
     epsilon, delta : float
         The job's budget, spent exactly by the whole plan.
+    vector_bound : int
+        The fewest colluders that can get the server one site's vector
+        (:func:`~.dp.single_vector_bound`).
     """
 
     releases: tuple[PlannedRelease, ...]
@@ -184,6 +189,7 @@ class JobNoise:
     k_min: int
     epsilon: float
     delta: float
+    vector_bound: int
 
     def _index(self, level: int) -> int:
         if level not in self.levels:
@@ -204,6 +210,29 @@ class JobNoise:
         lengths = None if dims is None else [min(int(dims.get(b.name, 0)), b.dims)
                                              for b in rel.blocks]
         return release_cost(rel, self.sigmas[i], lengths)
+
+    def epsilon_against(self, colluders: int) -> float:
+        """The whole plan's epsilon (at its delta) for an honest site's data against the server
+        and ``colluders`` colluding sites: each colluder knows (or never adds) its own noise
+        and the server may drop honest sites down to ``k_min``, so each release carries the
+        noise of ``k_min - colluders`` sites; from ``vector_bound`` colluders (or ``k_min``)
+        on, the server may hold one site's vector, which carries that site's noise alone.
+        At most the job's epsilon for up to the ``dp.colluders`` the plan was calibrated for;
+        more for more colluders.
+
+        Raises
+        ------
+        BudgetError
+            ``colluders`` below 0.
+        """
+        if colluders < 0:
+            raise BudgetError(f"colluders must be >= 0, got {colluders}")
+        honest = self.k_min - colluders
+        if colluders > 0 and colluders >= self.vector_bound or honest < 1:
+            honest = 1
+        costs = [release_cost(PlannedRelease(r.label, honest, r.blocks), s)
+                 for r, s in zip(self.releases, self.sigmas, strict=True)]
+        return epsilon_of(costs, self.delta)
 
     def sum_count_std(self, level: int, n_clients: int) -> float:
         """Standard deviation of the noise on one summed count of the release at ``level``

@@ -35,7 +35,7 @@ from ._calibration import (
     check_sampling,
     release_cost,
 )
-from .dp import min_survivors, rho_for
+from .dp import honest_noise_adders, min_survivors, rho_for, single_vector_bound
 from .sensitivity import StatKind, abstention_factor, histogram_sensitivity
 
 if TYPE_CHECKING:
@@ -112,6 +112,11 @@ def _planned(config: JobConfig, unit: Mapping[str, float]) -> JobNoise:
     tol = float(_dp_value(dp, "dropout_tolerance",
                           max(0.0, 1.0 - float(config.profile.get("threshold", 1.0)))))
     k_min = min_survivors(config.n_clients, min(tol, 0.999))
+    # the releases' noise holds for the honest survivors: K_min less the colluders
+    thr, nb = float(config.profile.get("threshold", 1.0)), config.profile.get("neighbours")
+    honest = honest_noise_adders(config.n_clients, k_min, _dp_value(dp, "colluders", 0),
+                                 threshold=thr, neighbours=nb)
+    bound = single_vector_bound(config.n_clients, thr, nb)
     m = config.max_features
     width = max([config.n_bins] + [lv for lv in config.levels]) + 1
     kinds: list[tuple[str, StatKind, int]]
@@ -121,7 +126,7 @@ def _planned(config: JobConfig, unit: Mapping[str, float]) -> JobNoise:
         kinds = [("count", "count", 1), ("sum", "sum", 1), ("sumsq", "sum_sq", 1)]
     depth = config.max_depth
     if config.method == "random":
-        return _random_split_noise(config, unit, eps, delta, trees, mult, k_min)
+        return _random_split_noise(config, unit, eps, delta, trees, mult, k_min, honest, bound)
     level_w = [1.0 / depth] * depth
     releases = []
     for level in range(depth):
@@ -136,9 +141,9 @@ def _planned(config: JobConfig, unit: Mapping[str, float]) -> JobNoise:
                 sens = sens.rounded(trees * m * rows)
             blocks.append(PlannedBlock(name, sens, nodes * m * width * cols,
                                        level_w[level] / len(kinds)))
-        releases.append(PlannedRelease(f"level {level} histograms", k_min, tuple(blocks)))
+        releases.append(PlannedRelease(f"level {level} histograms", honest, tuple(blocks)))
     sig = calibrate(releases, eps, delta)
-    return JobNoise(tuple(releases), tuple(range(depth)), sig, k_min, eps, delta)
+    return JobNoise(tuple(releases), tuple(range(depth)), sig, k_min, eps, delta, bound)
 
 
 #: Budget shares of a regression's leaf release under random splits: the leaf means need the
@@ -284,7 +289,8 @@ def leaf_vote_weight(count_std: float, n_rows: float, depth: int) -> float:
 
 
 def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float,
-                        delta: float, trees: int, mult: int, k_min: int) -> JobNoise:
+                        delta: float, trees: int, mult: int, k_min: int,
+                        honest: int, bound: int) -> JobNoise:
     """Random splits: two releases. Level 0: every feature's row counts in ``n_bins``
     fixed-width bins of its public range, over one tree's rows (a record counts once per
     feature: a histogram with ``F = d`` and ``T = 1``), share :data:`MARGINAL_SHARE`; with
@@ -293,7 +299,9 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
     Level ``max_depth``: the leaves' node totals (a record sits in one leaf per tree: a
     histogram with ``F = 1`` over ``T`` trees), the rest. Counts are integers; a regression's
     sums of ``y`` and ``y**2`` get one more unit per leaf the record reaches, for each site's
-    rounding to the grid (:meth:`~.sensitivity.Sensitivity.rounded`)."""
+    rounding to the grid (:meth:`~.sensitivity.Sensitivity.rounded`). Both releases' noise
+    holds for ``honest`` sites (``K_min`` less the colluders); ``k_min`` is the survivors,
+    ``bound`` the plan's :attr:`~JobNoise.vector_bound`."""
     leaves = trees * 2**config.max_depth
     leaf_share = 1.0 - MARGINAL_SHARE
     kinds: list[tuple[str, StatKind, int, float]]
@@ -315,7 +323,7 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
         marg_share = MARGINAL_SHARE * (1.0 + a * a / config.n_features)
         leaf_share = 1.0 - marg_share
         kinds = [("count", "class_count", config.n_classes, leaf_share)]
-    marginals = PlannedRelease("marginal counts" + (" and class totals" if a else ""), k_min,
+    marginals = PlannedRelease("marginal counts" + (" and class totals" if a else ""), honest,
                                (PlannedBlock("count", marg.scaled(float(unit["count"])), dims,
                                              marg_share),))
     blocks = []
@@ -326,9 +334,9 @@ def _random_split_noise(config: JobConfig, unit: Mapping[str, float], eps: float
         if name != "count":  # each site's sums are rounded: one unit in the record's leaf
             sens = sens.rounded(trees)
         blocks.append(PlannedBlock(name, sens, leaves * cols, share))
-    release = PlannedRelease("leaf totals", k_min, tuple(blocks))
+    release = PlannedRelease("leaf totals", honest, tuple(blocks))
     sig = calibrate([marginals, release], eps, delta)
-    return JobNoise((marginals, release), (0, config.max_depth), sig, k_min, eps, delta)
+    return JobNoise((marginals, release), (0, config.max_depth), sig, k_min, eps, delta, bound)
 
 
 # ----------------------------------------------------------------------------- the rule

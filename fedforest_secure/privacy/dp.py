@@ -59,6 +59,8 @@ __all__ = [
     "add_distributed_noise",
     "central_sigma",
     "ddg_cost",
+    "honest_noise_adders",
+    "single_vector_bound",
     "min_survivors",
     "plan_distributed_noise",
     "require_dp_ready",
@@ -134,6 +136,74 @@ def min_survivors(n_clients: int, dropout_tolerance: float) -> int:
         raise BudgetError(f"dropout_tolerance must be in [0, 1), got {dropout_tolerance}")
     drops = math.floor(n_clients * dropout_tolerance + 1e-9)
     return max(1, n_clients - drops)
+
+
+def _sparse(n_clients: int, neighbours: int | None) -> bool:
+    return neighbours is not None and neighbours < n_clients - 1  # secagg's rule
+
+
+def _job_t(threshold: float, n_clients: int) -> int:
+    from ..secagg._rounds import resolve_threshold
+
+    return resolve_threshold(threshold, n_clients)
+
+
+def single_vector_bound(n_clients: int, threshold: float, neighbours: int | None = None) -> int:
+    """The fewest sites that, colluding with the server, can get it one site's vector, which
+    carries that site's own noise share alone (threat_model.md §2.2): ``min(2t - n, t - 1)``
+    on the complete graph (``t`` the unmasking threshold of the job's ``n`` sites; S15, and at
+    ``t = n`` the last site's vector from the sum); 1 on a SecAgg+ graph (``neighbours``
+    below ``n - 1``), where colluders around one site suffice on a graph the server may redraw
+    each round (S19).
+    """
+    if _sparse(n_clients, neighbours):
+        return 1
+    t = _job_t(threshold, n_clients)
+    return max(1, min(2 * t - n_clients, t - 1))
+
+
+def honest_noise_adders(n_clients: int, k_min: int, colluders: int, *, threshold: float,
+                        neighbours: int | None = None) -> int:
+    """``K_min - colluders``: the sites whose noise a released sum holds against the server
+    and ``colluders`` colluding sites (each colluder knows, or never adds, its own noise, and
+    the server may drop honest sites down to ``K_min``). Each site's noise is calibrated for
+    this many sites, so the job's epsilon holds against up to ``colluders`` of them.
+    ``threshold`` and ``neighbours`` are the profile's.
+
+    Raises
+    ------
+    BudgetError
+        ``colluders`` not an int >= 0; not below ``K_min`` (no honest site's noise would
+        remain in a sum of ``K_min`` survivors); or not below :func:`single_vector_bound`
+        (that many colluders can get the server one site's vector, which carries that site's
+        noise alone): on a SecAgg+ graph any ``colluders`` above 0.
+    """
+    if not isinstance(colluders, int) or isinstance(colluders, bool) or colluders < 0:
+        raise BudgetError(f"dp.colluders must be an int >= 0, got {colluders!r}")
+    if colluders == 0:
+        return k_min
+    if _sparse(n_clients, neighbours):
+        raise BudgetError(
+            f"dp.colluders = {colluders} needs the complete graph: with neighbours = "
+            f"{neighbours} (SecAgg+) a few colluders around one site can get the server that "
+            "site's vector, on a graph the server may redraw each round, and that vector "
+            "carries the site's own noise alone; remove neighbours from the profile, or set "
+            "colluders to 0")
+    bound = single_vector_bound(n_clients, threshold)
+    if colluders >= k_min and k_min <= bound:
+        raise BudgetError(
+            f"dp.colluders = {colluders} is not below K_min = {k_min}, the survivors a sum of "
+            f"this job's {n_clients} sites may be released with: no honest site's noise would "
+            f"remain against that many colluders; set colluders to at most {k_min - 1}, or add "
+            "sites")
+    if colluders >= bound:
+        raise BudgetError(
+            f"dp.colluders = {colluders} is not below min(2t - n, t - 1) = {bound} for this "
+            f"job's n = {n_clients} sites at threshold t = {_job_t(threshold, n_clients)}: "
+            "that many colluders can get the server one site's vector, which carries that "
+            "site's noise alone, so no calibration for K_min - colluders sites holds against "
+            f"them; set colluders to at most {bound - 1}, or add sites")
+    return k_min - colluders
 
 
 def _tau(sigma: float, n: int) -> float:

@@ -75,6 +75,16 @@ class DPConfig(BaseModel):
         ``(total_epsilon, delta)``-DP with ``total_epsilon < epsilon + h_epsilon`` (the
         accountant composes both in Renyi DP; docs/privacy.md, "H-splits"). Required for noisy
         H-splits (a job without it fails closed); ignored otherwise.
+    colluders : int
+        Sites that may collude with the server, against which ``epsilon`` still holds
+        (>= 0, default 0). The noise is distributed: a colluding site knows (or never adds)
+        its own share, and the server may drop honest sites down to ``K_min``, so the honest
+        sites' sum carries only ``K_min - colluders`` sites' noise. Each site's noise is
+        calibrated for that many honest noise-adders. A job refuses ``colluders >= K_min``
+        and ``colluders >= min(2t - n, t - 1)`` (that many colluders can get the server one
+        site's vector, which carries that site's noise alone), and any colluders with
+        ``neighbours`` (SecAgg+). More colluders: more noise per site (docs/privacy.md,
+        "Colluding sites").
     class_priors : {"uniform", "rows"}
         A random-split classifier's node values: ``"uniform"`` weights the leaves' noisy class
         counts towards uniform class priors as far as the release shows the classes'
@@ -92,6 +102,7 @@ class DPConfig(BaseModel):
     dropout_tolerance: float | None = None
     max_multiplicity: int = 4
     h_epsilon: float | None = None
+    colluders: int = 0
     class_priors: Literal["uniform", "rows"] = "uniform"
 
     @model_validator(mode="after")
@@ -108,6 +119,9 @@ class DPConfig(BaseModel):
         h = self.h_epsilon
         if h is not None and not (math.isfinite(h) and h > 0):
             raise ValueError(f"h_epsilon must be finite and > 0, got {h}")
+        if self.colluders < 0:
+            raise ValueError(f"colluders must be >= 0 (the sites that may collude with the "
+                             f"server), got {self.colluders}")
         return self
 
 
@@ -276,15 +290,17 @@ class PrivacyProfile(BaseModel):
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a JSON-ready mapping (for model files); ``neighbours`` only when set
-        and ``dp.class_priors`` only when not ``"uniform"``, so the mapping of a profile that
-        keeps those defaults holds neither key."""
+        """All fields as a JSON-ready mapping (for model files); ``neighbours`` only when set,
+        ``dp.class_priors`` only when not ``"uniform"`` and ``dp.colluders`` only when not 0,
+        so the mapping of a profile that keeps those defaults holds none of these keys."""
         out = self.model_dump(mode="json")
         if out.get("neighbours") is None:
             out.pop("neighbours", None)
         dp = out.get("dp")
         if isinstance(dp, dict) and dp.get("class_priors") == "uniform":
             dp.pop("class_priors")
+        if isinstance(dp, dict) and dp.get("colluders") == 0:
+            dp.pop("colluders")
         return out
 
     @classmethod
