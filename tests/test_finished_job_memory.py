@@ -1,7 +1,7 @@
 """What a server that runs for weeks keeps of the jobs that ended: nothing in memory (no
-runtime, no secure-aggregation index), while every reader of a finished job (its status, its
-model, its tasks, its audit chain, a late secure-aggregation request) gets the answers it got
-before."""
+runtime, no secure-aggregation index) and no spool folder, while every reader of a finished
+job (its status, its model, its tasks, its audit chain, a late secure-aggregation request)
+gets the answers it got before."""
 
 from __future__ import annotations
 
@@ -126,6 +126,7 @@ def test_jobs_run_to_the_end_leave_no_runtime_or_relay_entry_and_read_the_same(
 
     assert state.runtimes.loaded() == {}
     assert state._relay._index == {}
+    assert list((tmp_path / "spool").iterdir()) == []  # the secure jobs' folders went too
     # every reader gets what it got while the runtimes were loaded, and keeps nothing
     assert {job: _answers(state, row, job) for job in jobs} == before
     for job in ("secure-0", "secure-1"):
