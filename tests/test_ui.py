@@ -532,3 +532,40 @@ def test_the_operators_certificate_opens_the_page_of_a_server_that_asks_for_one(
         for proc in procs:
             stop(proc)
 
+
+
+@pytest.mark.integration
+def test_a_browser_waits_for_each_answer_before_asking_again() -> None:
+    """An API that takes 4 s to answer (longer than the page's 3 s between reads): the page
+    keeps asking, one request at a time, never one over another still running."""
+    import threading
+
+    from fastapi.responses import JSONResponse
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    class SlowAnswers:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.running = self.most = self.served = 0
+
+        def __iter__(self) -> SlowAnswers:
+            return self
+
+        def __next__(self) -> Any:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            time.sleep(4.0)
+            with self.lock:
+                self.running -= 1
+                self.served += 1
+            return JSONResponse({"version": "x", "jobs": [RUNNING_JOB]})
+
+    answers = SlowAnswers()
+    with _page_with_api(answers) as (driver, port):
+        driver.get(f"http://127.0.0.1:{port}/ui")
+        driver.find_element(By.ID, "token").send_keys("ffo_x")
+        driver.find_element(By.ID, "show").click()
+        WebDriverWait(driver, 60).until(lambda _: answers.served >= 3)
+    assert answers.most == 1, answers.most

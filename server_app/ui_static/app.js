@@ -3,7 +3,7 @@
 // Every value goes into the page as text (textContent), never as markup.
 (function () {
   const KEY = "fedforest-operator-token";
-  let timer = null;
+  let polling = false;
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -118,9 +118,22 @@
     if (body.jobs.length === 0) main.append(el("p", {id: "no-jobs"}, "no jobs yet"));
   }
 
+  // the next read 3 s after each answer: a slow answer never overlaps the next request
+  async function poll() {
+    try {
+      await refresh();
+    } finally {
+      setTimeout(poll, 3000);
+    }
+  }
+
   function start() {
-    if (timer === null) timer = setInterval(refresh, 3000);
-    refresh();
+    if (polling) {
+      refresh();  // another token: read now, the polling goes on
+      return;
+    }
+    polling = true;
+    poll();
   }
 
   document.addEventListener("DOMContentLoaded", function () {
