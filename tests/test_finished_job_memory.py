@@ -1,7 +1,8 @@
-"""What a server that runs for weeks keeps of the jobs that ended: nothing in memory (no
-runtime, no secure-aggregation index) and no spool folder, while every reader of a finished
-job (its status, its model, its tasks, its audit chain, a late secure-aggregation request)
-gets the answers it got before."""
+"""What a server that runs for weeks keeps of the jobs that ended: no runtime, no
+secure-aggregation index entry and no spool folder, while every reader of a finished job (its
+status, its model, its tasks, its audit chain) and every late request that builds its runtime
+again (an upload retried and its size check, a secure-aggregation message, a refusal) gets the
+answers it got before."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from nacl.signing import SigningKey
 from sqlalchemy import select
 from state_driver import answer_until_done, join_sites
@@ -30,6 +32,7 @@ from fedforest_secure.worker import Worker
 from server_app.audit_hook import open_audit
 from server_app.auth import add_client
 from server_app.db import ClientRow, Database
+from server_app.errors import ApiError
 from server_app.jobspec import load_job_spec
 from server_app.runtime import ServerState
 
@@ -99,14 +102,65 @@ def _answers(state: ServerState, row: ClientRow, job: str) -> dict[str, Any]:
             "directory": state.directory(row, job)}
 
 
+def _answer(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except ApiError as exc:
+        return (exc.status, exc.code, exc.detail)
+
+
+#: the bodies each site sent, by (job, site, round[, kind])
+Sent = dict[tuple[Any, ...], bytes]
+
+
+def _late(state: ServerState, rows: list[ClientRow], job: str, uploads: Sent,
+          messages: Sent) -> dict[str, Any]:
+    """The answers to the late requests that build a finished job's runtime: the size check of
+    each of client-1's uploads sent again (each round's bound, from the job's configuration),
+    its last upload sent again, its last unmask message of a secure job with another body (not
+    a duplicate of the stored one) and client-2 refusing that round."""
+    counted = sorted(r for (j, name, r) in uploads if j == job and name == "client-1")
+    last = counted[-1]
+    body = uploads[(job, "client-1", last)]
+    out = {"limits": [_answer(state.upload_limit, rows[1], job, r, 10**9) for r in counted],
+           "upload": _answer(state.upload, rows[1], job, last, body),
+           "round": last, "bodies": [len(uploads[(job, "client-1", r)]) for r in counted]}
+    sent = [(r, b) for (j, name, r, kind), b in messages.items()
+            if j == job and name == "client-1" and kind == "unmask"]
+    if sent:
+        r, unmask = max(sent)
+        other = unmask.replace(b'"', b' "', 1)  # the same message, another digest
+        out |= {"unmask_round": r,
+                "message": _answer(state.secagg_message, rows[1], job, r, "unmask", other),
+                "refuse": _answer(state.secagg_refuse, rows[2], job, r, "invalid_message")}
+    else:
+        out["refuse"] = _answer(state.secagg_refuse, rows[2], job, last, "invalid_message")
+    return out
+
+
 def test_jobs_run_to_the_end_leave_no_runtime_or_relay_entry_and_read_the_same(
-        tmp_path: Path, tiny_parts: Any, job_dir: Any) -> None:
+        tmp_path: Path, tiny_parts: Any, job_dir: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     parts, feat = tiny_parts
     db = Database(f"sqlite:///{tmp_path / 's.db'}")
     for k in range(K):
         add_client(db, f"client-{k}")
     state = ServerState(db, open_audit(str(tmp_path / "audit.db")),
                         spool=tmp_path / "spool")
+    uploads: Sent = {}
+    messages: Sent = {}
+    upload, message = state.upload, state.secagg_message
+
+    def keep_upload(row: ClientRow, job: str, r: int, body: bytes) -> dict[str, Any]:
+        uploads[(job, row.name, r)] = body
+        return upload(row, job, r, body)
+
+    def keep_message(row: ClientRow, job: str, r: int, kind: str, body: bytes
+                     ) -> dict[str, Any]:
+        messages[(job, row.name, r, kind)] = body
+        return message(row, job, r, kind, body)
+
+    monkeypatch.setattr(state, "upload", keep_upload)  # the bodies the sites send, kept
+    monkeypatch.setattr(state, "secagg_message", keep_message)
     jobs = {"open-0": "open", "open-1": "open", "secure-0": "secure", "secure-1": "secure"}
     for job, profile in jobs.items():
         state.create_job(load_job_spec(job_dir(tmp_path / job, parts[:K], feat, n_clients=K,
@@ -118,9 +172,12 @@ def test_jobs_run_to_the_end_leave_no_runtime_or_relay_entry_and_read_the_same(
             assert answer_until_done(state, job, rows, workers)
         else:
             run_secure_job(state, db, job, parts[:K])
-    row = _rows(db)[0]
+    monkeypatch.undo()
+    rows = _rows(db)
+    row = rows[0]
     before = {job: _answers(state, row, job) for job in jobs}
     assert all(a["status"]["status"] == "done" and a["chain"][0] for a in before.values())
+    late = {job: _late(state, rows, job, uploads, messages) for job in jobs}
 
     state.tick(full_every=1)  # between steps, as the server's periodic tick
 
@@ -129,6 +186,19 @@ def test_jobs_run_to_the_end_leave_no_runtime_or_relay_entry_and_read_the_same(
     assert list((tmp_path / "spool").iterdir()) == []  # the secure jobs' folders went too
     # every reader gets what it got while the runtimes were loaded, and keeps nothing
     assert {job: _answers(state, row, job) for job in jobs} == before
+    assert {job: _late(state, rows, job, uploads, messages) for job in jobs} == late
+    for job, a in late.items():
+        # each counted round's bound, which its upload sent again fits
+        assert all(n <= limit < 10**9 for n, limit in zip(a["bodies"], a["limits"],
+                                                          strict=True))
+        assert a["upload"] == (409, "round_closed", f"round {a['round']} is closed")
+        if jobs[job] == "secure":
+            r = a["unmask_round"]
+            assert a["message"] == (409, "round_closed", f"round {r} is not open")
+            assert a["refuse"] == (409, "round_closed", f"round {r} is not the open round")
+        else:
+            assert a["refuse"] == (409, "not_secure", "this job does not use secure "
+                                   "aggregation: there is nothing to refuse")
     for job in ("secure-0", "secure-1"):
         assert state.secagg_offer(row, job) == {"status": "done",
                                                 "detail": before[job]["status"]["reason"]}
