@@ -215,7 +215,8 @@ def test_handshakes_refused_again_and_again_are_logged_once_a_minute(
         _refused_handshake(server, nocert)
     for _ in range(50):
         _refused_handshake(server, None)
-    time.sleep(1.0)  # the server's loop has logged what it refused
+    server.wait_lines("tls_refused", 2)  # the server's loop logs what it refused
+    server.settle()  # and ends what the test sent it: no other line comes
     said = server.lines("tls_refused")
     assert len(said) == 2, said[:5]
     assert "reason=PEER_DID_NOT_RETURN_A_CERTIFICATE" in said[0] and "repeated" not in said[0]
