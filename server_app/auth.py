@@ -151,7 +151,11 @@ class TokenCache:
     while the entry is fresh (clients are never deleted by the server itself; a row removed
     from the database stops authenticating after at most ``ttl`` seconds). Unknown or wrong
     tokens are never cached. :meth:`lookup` answers from the cache only, without I/O, so the
-    server can call it on its event loop.
+    server can call it on its event loop. The cache holds one entry per site at most, and
+    none past its ``ttl`` once another token is looked up: a site's new token (rotated)
+    replaces its old one's entry, and a token the database no longer accepts (revoked,
+    rotated) loses its entry when it is refused, so a server running for weeks keeps no
+    entry of every token it ever accepted.
     """
 
     def __init__(self, db: Database, ttl: float = 30.0,
@@ -189,7 +193,14 @@ class TokenCache:
             return row
         row = authenticate(self.db, token)
         match = _TOKEN_RE.fullmatch(token)
-        if row is not None and match is not None:
-            with self._mu:
-                self._rows[match.group(1)] = (row, self.clock())
+        if match is None:
+            return row
+        now = self.clock()
+        with self._mu:
+            self._rows.pop(match.group(1), None)  # refused now, or read again below
+            for token_id, (held, since) in list(self._rows.items()):
+                if now - since >= self.ttl or (row is not None and held.id == row.id):
+                    del self._rows[token_id]  # stale, or the site's earlier token
+            if row is not None:
+                self._rows[match.group(1)] = (row, now)
         return row

@@ -56,15 +56,24 @@ class JobRuntime:
 
     def release(self) -> None:
         """The job stopped (done or failed): let its coordinator, its open round's task, codec
-        and bounds, and its open secure round go, so that a server running for weeks holds
-        none of a finished job's. A member asking for that round's task then gets its stored
-        bytes (410 once pruned), as for every other round."""
+        and bounds, its open secure round, its key directory and the key adverts for a next
+        round go, so that a server running for weeks holds none of a finished job's (and
+        :meth:`Runtimes.drop_stopped <server_app.replay.Runtimes.drop_stopped>` forgets the
+        runtime itself). A member asking for that round's task then gets its stored bytes
+        (410 once pruned), as for every other round."""
         self.coord = None
         self.task = None
         self.codec = None
         self._bounds = None
         if self.secure is not None:
             self.secure.current = None
+            self.secure.directory = {}
+            self.secure.pending = {}
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the job stopped (done or failed): its runtime has no coordinator."""
+        return self.coord is None
 
     def words(self) -> int:
         """Words of the open round's uploads: its codec's (packed grid cells one word each),

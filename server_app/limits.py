@@ -27,9 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from .auth import TokenCache
 from .db import ClientRow
 from .lease import ServerLease
-from .logs import event
+from .logs import REPEAT_EVERY_S, OncePer
 from .tls_identity import PeerNames
 
 __all__ = ["MAX_IN_FLIGHT", "NOT_SERVING", "BodyLimits", "NotServing", "TransportLimits"]
@@ -78,7 +76,7 @@ MAX_IN_FLIGHT = 32
 
 #: seconds between two log lines of the same refusal (a refused token, a site past its requests
 #: in progress at once, a body refused or cut short by its client: the event and its fields)
-LOG_EVERY_S = 60.0
+LOG_EVERY_S = REPEAT_EVERY_S
 
 
 #: what a request that meets an outage of the server's database is answered (503)
@@ -139,8 +137,8 @@ class TransportLimits:
         self.max_in_flight = max_in_flight
         #: requests in progress per site (client row id); on the event loop only
         self._in_flight: dict[int, int] = {}
-        #: when each refusal (event and fields) was last logged, and how many since were not
-        self._logged: dict[tuple[tuple[str, str | None], ...], tuple[float, int]] = {}
+        #: the refusals' lines: each event and fields once per LOG_EVERY_S
+        self._logged = OncePer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -250,20 +248,8 @@ class TransportLimits:
         repeating a refused request (a made-up token: anyone, without mutual TLS), or one cut
         short, does not fill the log; the next line says how many were left out
         (``repeated``)."""
-        key = ((" event", name), *sorted(fields.items()))
-        now = time.monotonic()
-        last, skipped = self._logged.get(key, (-math.inf, 0))
-        if now - last < LOG_EVERY_S:
-            self._logged[key] = (last, skipped + 1)
-            return
-        if len(self._logged) >= 1024:  # bounded whatever the names: the oldest go
-            for old in sorted(self._logged, key=lambda k: self._logged[k][0])[:512]:
-                del self._logged[old]
-        self._logged[key] = (now, 0)
-        said: dict[str, Any] = {"path": scope.get("path"), **fields}
-        if skipped:
-            said["repeated"] = skipped
-        event(name, logging.WARNING, **said)
+        self._logged(name, logging.WARNING, LOG_EVERY_S, same=dict(fields),
+                     path=scope.get("path"))
 
     def _peer(self, scope: Scope) -> str | None:
         """The name the connection's client certificate gives (mutual TLS), else None."""

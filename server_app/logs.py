@@ -14,15 +14,16 @@ request failed), ``close_error`` (closing a round failed: the job stops),
 it answers again, and the open rounds' deadlines run again from then), ``server_stalled``
 (the process did not run for a while: the open rounds' deadlines run again from then),
 ``lease_lost`` (another server took the database over: this one stops),
-``lease_not_returned`` (stopped while the database was down), ``tls_refused``,
-``tls_warning`` (at start-up: a ``[tls]`` file that may be wrong, e.g. a certificate that does
-not name the configured host), ``config_warning`` (at start-up: server.toml gives a database
-password and other users, or its group, can read it), ``shutdown_timeout`` (uvicorn's graceful
-stop ran out of time), ``corrupt_shares`` (a secure round's unmasking routed around corrupt
-shares: ``report`` names their senders), ``spool_write_failed`` (a masked upload could not be
-written to the spool: ``error`` names the file and the cause, e.g. a full disk; the site got a
-503 and sends it again), ``spool_stray`` (once per entry: something in the spool directory that
-is not a job's folder, left alone).
+``lease_not_returned`` (stopped while the database was down), ``tls_refused`` (the same OpenSSL
+reason and detail once a minute: :mod:`server_app.tls_identity`), ``tls_warning`` (at start-up:
+a ``[tls]`` file that may be wrong, e.g. a certificate that does not name the configured host),
+``config_warning`` (at start-up: server.toml gives a database password and other users, or its
+group, can read it), ``shutdown_timeout`` (uvicorn's graceful stop ran out of time),
+``corrupt_shares`` (a secure round's unmasking routed around corrupt shares: ``report`` names
+their senders), ``spool_write_failed`` (a masked upload could not be written to the spool:
+``error`` names the file and the cause, e.g. a full disk; the site got a 503 and sends it
+again), ``spool_stray`` (once per entry: something in the spool directory that is not a job's
+folder, left alone).
 
 Values holding a space, ``"`` or ``=``, or a character that is not printable, are quoted; inside
 the quotes ``\\`` and ``"`` are escaped with a backslash, and each character that is not printable
@@ -42,11 +43,17 @@ the coordinator's next level and the audit records.
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
+from typing import Any
 
 from fedforest_secure.printable import printable
 
-__all__ = ["configure", "event", "fields"]
+__all__ = ["REPEAT_EVERY_S", "OncePer", "configure", "event", "fields"]
+
+#: seconds between two log lines of the same event that anyone can repeat (:class:`OncePer`)
+REPEAT_EVERY_S = 60.0
 
 LOGGER = "fedforest.server"
 _log = logging.getLogger(LOGGER)
@@ -75,6 +82,44 @@ def event(name: str, severity: int = logging.INFO, /, *, exc: BaseException | No
     """Log one event line (with ``exc``'s traceback on the same line, ``|``-separated); the
     fields may use any name (``level=`` is the tree level, not a logging level)."""
     _log.log(severity, "%s", fields(event=name, **kv), exc_info=exc)
+
+
+class OncePer:
+    """Log an event at most once per ``every_s`` seconds for the same event and fields (what
+    anyone can repeat at will: a refused token, a refused TLS handshake); the next line of the
+    same event and fields says how many were left out (``repeated``). It remembers at most
+    ``most`` events and fields: past that, the half logged longest ago are forgotten."""
+
+    def __init__(self, most: int = 1024) -> None:
+        self.most = most
+        self._lock = threading.Lock()
+        #: when each event and fields was last logged, and how many since were not
+        self._logged: dict[tuple[tuple[str, str], ...], tuple[float, int]] = {}
+
+    def __call__(self, name: str, severity: int, every_s: float, /, *,
+                 same: dict[str, object], **more: object) -> bool:
+        """Log ``event=<name>`` with ``more`` then ``same`` (the fields that make two events
+        the same), unless the same was logged less than ``every_s`` ago; True if logged."""
+        key = (("", name), *sorted((k, str(v)) for k, v in same.items() if v is not None))
+        now = time.monotonic()
+        with self._lock:
+            last, skipped = self._logged.get(key, (-math.inf, 0))
+            if now - last < every_s:
+                self._logged[key] = (last, skipped + 1)
+                return False
+            if len(self._logged) >= self.most:  # bounded whatever the fields: the oldest go
+                for old in sorted(self._logged, key=lambda k: self._logged[k][0])[
+                        :max(1, self.most // 2)]:
+                    del self._logged[old]
+            self._logged[key] = (now, 0)
+        said: dict[str, Any] = {**more, **same}
+        if skipped:
+            said["repeated"] = skipped
+        event(name, severity, **said)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._logged)
 
 
 class _Formatter(logging.Formatter):

@@ -47,6 +47,13 @@ class SecAggRelay:
         #: changes), for :meth:`answered_and_waiting`
         self._index: dict[tuple[str, int], int] = {}
 
+    def keep_only(self, job_ids: set[str]) -> None:
+        """Drop what was kept of the members of every job but ``job_ids`` (those whose runtime
+        is loaded; the others' stopped): a member whose index is dropped is asked
+        :meth:`offer` again, which finds it anew."""
+        for key in [k for k in self._index if k[0] not in job_ids]:
+            del self._index[key]
+
     def answered_and_waiting(self, client: ClientRow, job_id: str) -> bool:
         """Whether this client answered the open phase of the job's open secure round and the
         phase still waits for others: then :meth:`offer` would say ``wait``. Read from memory
@@ -90,7 +97,7 @@ class SecAggRelay:
             if seat.round_status != RoundStatus.OPEN or seat.deadline_at is None or \
                     sr is None or sr.round_id != seat.round_id:
                 return {"status": "wait", "detail": "no open round"}
-            self._index[(job_id, client.id)] = seat.client_index
+            self._index[(job_id, client.id)] = seat.client_index  # until the job stops
             action, message = sr.action_for(seat.client_index)
             seq, head = self.core.audit.tip(job_id)
             return {"status": "task" if action != "wait" else "wait", "action": action,

@@ -1,7 +1,13 @@
 """The jobs' in-memory runtimes, rebuilt from the database by replay.
 
 A runtime is built on first use, and again after a restart or after a step failed unexpectedly
-(:meth:`Runtimes.guard` forgets it; the database rolled back). The coordinator is rebuilt by
+(:meth:`Runtimes.guard` forgets it; the database rolled back). Only the runtimes of waiting and
+running jobs are kept: a stopped job's (done or failed: its configuration and site names, no
+coordinator) is built for each step that asks for it, and the runtime of a job that stopped
+while loaded is forgotten at the next :meth:`Runtimes.drop_stopped`, so that a server running
+for weeks keeps no runtime of the jobs that ended (what it keeps of each is the audit log's
+tip, about 0.3 KB, and the operator page's last check of its chain, about 0.4 KB: see
+``audit_hook._AuditLogSink`` and ``ui._ChainCache``). The coordinator is rebuilt by
 replaying the stored (task digest, aggregate, disclosed, participants) of every closed round
 through ``next_task``/``submit``, checking each digest; the open round keeps its running sum in
 the database. An open secure round is rebuilt from the messages it had accepted
@@ -48,7 +54,7 @@ __all__ = ["Runtimes"]
 
 
 class Runtimes:
-    """The runtime of every job this process has touched, by job id."""
+    """The runtime of every waiting or running job this process has touched, by job id."""
 
     def __init__(self, db: Database, spool: Spool, deadlines: Deadlines,
                  on_unresumable: Callable[[Session, JobRow, str], None]) -> None:
@@ -87,8 +93,18 @@ class Runtimes:
                     # the job stops once, with the reason, not on every tick and request
                     self._on_unresumable(sess, job, f"cannot resume: {exc}")
                     rt.release()
-        self._loaded[job_id] = rt
+        if not rt.stopped:  # a stopped job's is built again when asked: no replay
+            self._loaded[job_id] = rt
         return rt
+
+    def drop_stopped(self) -> list[str]:
+        """Forget the runtimes of the jobs that stopped (done or failed) while loaded; returns
+        their ids. Called between steps: a step that stops a job still holds its runtime until
+        its commit."""
+        gone = [job_id for job_id, rt in self._loaded.items() if rt.stopped]
+        for job_id in gone:
+            self.evict(job_id)
+        return gone
 
     def evict(self, job_id: str) -> None:
         """Forget the job's runtime (and its deadline bound): the next use rebuilds it."""

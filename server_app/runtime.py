@@ -443,8 +443,9 @@ class ServerState:
         """Apply deadlines and finish rounds whose uploads are all in (called periodically).
 
         Between deadlines a tick costs no query (:meth:`Deadlines.due`); every ``full_every``-th
-        tick applies the operator's requests to cancel jobs and re-reads every running job from
-        the database (a fallback: the message that completes a phase closes it itself).
+        tick applies the operator's requests to cancel jobs, re-reads every running job from
+        the database (a fallback: the message that completes a phase closes it itself) and
+        forgets the runtimes of the jobs that stopped (:meth:`Runtimes.drop_stopped`).
         Spooled uploads are swept after a round closed."""
         self._ticks += 1
         full = self._ticks % max(full_every, 1) == 1 or full_every <= 1
@@ -462,6 +463,9 @@ class ServerState:
             self.core.changes.notify(job_id)  # after the commit: a deadline may have moved it on
         if full:
             self.apply_cancels()
+            with self.core.lock:  # between steps: what the jobs that stopped held goes
+                self.core.runtimes.drop_stopped()
+                self._relay.keep_only(set(self.core.runtimes.loaded()))
             # entries a failed append left waiting, and those a `fedforest server create-job`
             # stopped after its commit left in the database
             self.core.audit.flush_all(self.core.db.engine)

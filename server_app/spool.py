@@ -78,7 +78,9 @@ class Spool:
         return np.fromfile(path, dtype="<u8")
 
     def sweep(self, position: Callable[[str], tuple[str, int] | None]) -> None:
-        """Remove the spooled uploads of every round that is no longer open.
+        """Remove the spooled uploads of every round that is no longer open, and the folder
+        of every job that is not running once it is empty (a running job's empty folder is
+        kept for its next round).
 
         ``position(job_id)`` gives the job's ``(status, current round)`` or None. Call it after
         the commit that closed a round, under the server's lock (no upload of the open round is
@@ -92,13 +94,20 @@ class Spool:
                     event("spool_stray", logging.WARNING, path=job_dir,
                           detail="not a job's folder of the spool: left alone")
                 continue
-            rounds = [d for d in job_dir.iterdir() if d.name.isdigit() and d.is_dir()]
-            if not rounds:
-                continue
+            entries = list(job_dir.iterdir())
+            rounds = [d for d in entries if d.name.isdigit() and d.is_dir()]
+            if entries and not rounds:
+                continue  # something not the spool's in a job's folder: left alone
             pos = position(job_dir.name)
+            open_round = pos[1] if pos is not None and pos[0] == JobStatus.RUNNING else None
             for d in rounds:
-                if pos is None or pos[0] != JobStatus.RUNNING or int(d.name) < pos[1]:
+                if open_round is None or int(d.name) < open_round:
                     shutil.rmtree(d, ignore_errors=True)
+            if open_round is None:  # the job ended (or is gone): its folder goes once empty
+                try:
+                    job_dir.rmdir()
+                except OSError:
+                    pass  # something not the spool's in it: left alone
 
 
 def _make_dirs(folder: Path, root: Path) -> None:

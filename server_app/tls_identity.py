@@ -15,15 +15,23 @@ import logging
 import ssl
 from typing import Any
 
-from .logs import event
+from .logs import REPEAT_EVERY_S, OncePer
 
 __all__ = ["PeerNames", "common_name", "log_refused_handshakes", "protocol_with_peer_names"]
+
+
+#: seconds between two log lines of the same refused handshake (OpenSSL's reason and detail)
+LOG_EVERY_S = REPEAT_EVERY_S
 
 
 class _LoggedSSLObject(ssl.SSLObject):
     """An :class:`ssl.SSLObject` whose failed handshakes are logged (``event=tls_refused``,
     with OpenSSL's reason): the event loop drops them silently, and the operator needs to know
-    that a site's certificate is refused (another CA's, expired, none at all)."""
+    that a site's certificate is refused (another CA's, expired, none at all). The same reason
+    and detail is logged once per :data:`LOG_EVERY_S`, the next line counting those left out
+    (``repeated``): anyone who can reach the port can be refused, as often as they like."""
+
+    refused = OncePer()
 
     def do_handshake(self) -> None:
         try:
@@ -31,14 +39,16 @@ class _LoggedSSLObject(ssl.SSLObject):
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise  # the handshake goes on when more bytes arrive
         except ssl.SSLError as exc:
-            event("tls_refused", logging.WARNING, reason=exc.reason or type(exc).__name__,
-                  detail=str(getattr(exc, "verify_message", "") or exc.strerror or exc))
+            self.refused("tls_refused", logging.WARNING, LOG_EVERY_S, same={
+                "reason": exc.reason or type(exc).__name__,
+                "detail": str(getattr(exc, "verify_message", "") or exc.strerror or exc)})
             raise
 
 
 def log_refused_handshakes(ctx: ssl.SSLContext) -> None:
-    """Make the server context ``ctx`` log every TLS handshake it refuses."""
-    ctx.sslobject_class = _LoggedSSLObject
+    """Make the server context ``ctx`` log the TLS handshakes it refuses (each reason once per
+    :data:`LOG_EVERY_S`)."""
+    ctx.sslobject_class = type("LoggedSSLObject", (_LoggedSSLObject,), {"refused": OncePer()})
 
 
 class PeerNames:

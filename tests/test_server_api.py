@@ -786,3 +786,31 @@ def test_more_distinct_values_than_the_sites_rows_at_a_node_are_refused_naming_t
         r = upload(env, 0, task.round_id, make_upload(task, summable, dict(rep.disclosed)))
         assert r.status_code == 200 and r.json()["duplicate"] is False
     db.dispose()
+
+
+@pytest.mark.parametrize("change", ["rotate", "revoke"])
+def test_token_cache_keeps_no_entry_of_a_rotated_or_revoked_token(env: dict,
+                                                                  change: str) -> None:
+    """A site whose token is rotated again and again: the cache holds one entry for it, its
+    newest token's; a token revoked or rotated away loses its entry when it is refused, and
+    entries past their TTL go when the database is asked about another token."""
+    from server_app.auth import TokenCache, revoke_client, rotate_token
+
+    now = [0.0]
+    cache = TokenCache(env["db"], ttl=10.0, clock=lambda: now[0])
+    assert cache(env["tokens"][0]).name == "client-0"
+    token = env["tokens"][1]
+    for _ in range(20):
+        assert cache(token).name == "client-1"
+        token = rotate_token(env["db"], "client-1")
+    assert cache(token).name == "client-1"
+    assert sorted(row.name for row, _ in cache._rows.values()) == ["client-0", "client-1"]
+    now[0] = 10.0  # past the TTL: the old token is refused, and its entry goes
+    if change == "revoke":
+        revoke_client(env["db"], "client-1")
+    else:
+        rotate_token(env["db"], "client-1")
+    assert cache(token) is None
+    assert cache._rows == {}  # client-0's entry is past its TTL too
+    assert cache(env["tokens"][2]).name == "client-2"
+    assert [row.name for row, _ in cache._rows.values()] == ["client-2"]

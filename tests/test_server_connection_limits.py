@@ -2,7 +2,8 @@
 hold it or flood its log: a connection that does not finish its TLS handshake is closed after
 TLS_HANDSHAKE_S (server_app/event_loop.py); a body refused or cut short by its client, repeated,
 is logged once per LOG_EVERY_S with the site's name and the count left out
-(server_app/limits.py). The limits are shortened for the tests."""
+(server_app/limits.py), and so is a refused TLS handshake, per reason (server_app/tls_identity.py).
+The limits are shortened for the tests."""
 
 from __future__ import annotations
 
@@ -184,3 +185,44 @@ def test_a_site_whose_bodies_are_refused_again_and_again_is_logged_once_a_minute
     said = server.wait_lines("body_refused", 2)
     assert len(said) == 2 and said[1].endswith(" repeated=2"), said
 
+
+
+def _refused_handshake(server: Server, ctx: ssl.SSLContext | None) -> None:
+    """One connection the server's TLS refuses: a handshake with ``ctx`` (a context without a
+    client certificate), read until the server's alert; or (None) plain HTTP on the TLS port."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        if ctx is None:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            _closed_after(raw, CLOSED_WITHIN)
+            return
+        try:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                sock.recv(100)  # TLS 1.3: the refusal arrives after the client's handshake
+        except (ssl.SSLError, ConnectionError):
+            pass
+
+
+def test_handshakes_refused_again_and_again_are_logged_once_a_minute(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who reaches the port can be refused by TLS, without a credential: 150 handshakes
+    without a client certificate and 50 plain HTTP requests are one tls_refused line each; the
+    next of the same, a minute later, says how many were left out."""
+    from server_app import tls_identity
+
+    nocert = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    nocert.check_hostname, nocert.verify_mode = False, ssl.CERT_NONE
+    for _ in range(150):
+        _refused_handshake(server, nocert)
+    for _ in range(50):
+        _refused_handshake(server, None)
+    server.wait_lines("tls_refused", 2)  # the server's loop logs what it refused
+    server.settle()  # and ends what the test sent it: no other line comes
+    said = server.lines("tls_refused")
+    assert len(said) == 2, said[:5]
+    assert "reason=PEER_DID_NOT_RETURN_A_CERTIFICATE" in said[0] and "repeated" not in said[0]
+    assert "reason=HTTP_REQUEST" in said[1] and "repeated" not in said[1], said
+    monkeypatch.setattr(tls_identity, "LOG_EVERY_S", 0.0)  # a minute later
+    _refused_handshake(server, nocert)
+    said = server.wait_lines("tls_refused", 3)
+    assert len(said) == 3 and "reason=PEER_DID_NOT_RETURN_A_CERTIFICATE" in said[2], said
+    assert said[2].endswith(" repeated=149"), said

@@ -124,3 +124,24 @@ def test_a_spool_write_that_fails_for_another_cause_names_it_and_not_a_full_disk
     assert said.endswith(f"the upload was not counted (the site sends it again): check the "
                          f"spool directory {root} (its disk, permissions and limits)")
     assert "disk full" not in said and "free space" not in said
+
+
+def test_the_sweep_removes_the_folder_of_a_job_that_is_not_running_once_it_is_empty(
+        tmp_path: Path) -> None:
+    """A finished job's folder goes with its last round's uploads, and so does an empty folder
+    an earlier server left of a finished or deleted job; a running job's empty folder waits
+    for its next round, and a folder holding something not the spool's is left alone."""
+    root = tmp_path / "spool"
+    spool = Spool(root)
+    spool.write("done", 4, 0, np.arange(8, dtype="<u8"))
+    spool.write("running", 1, 0, np.arange(8, dtype="<u8"))
+    for job in ("old-done", "gone", "running-between-rounds"):
+        (root / job).mkdir()
+    (root / "failed").mkdir()
+    (root / "failed" / "notes.txt").write_text("an operator's file\n")
+    where = {"done": ("done", 4), "running": ("running", 1), "old-done": ("done", 7),
+             "running-between-rounds": ("running", 3), "failed": ("failed", 2)}
+    spool.sweep(where.get)
+    assert sorted(p.name for p in root.iterdir()) == ["failed", "running",
+                                                      "running-between-rounds"]
+    assert [p.name for p in (root / "running").iterdir()] == ["1"]

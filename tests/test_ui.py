@@ -10,12 +10,13 @@ import signal
 import subprocess
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import Request  # at the top: the API's route names it in a string
 
 from fedforest_cli.simulate import write_server_config
 from server_app.app import create_app
@@ -369,9 +370,11 @@ def test_ci_runs_the_browser_install_before_the_tests() -> None:
 
 
 @contextmanager
-def _page_with_api(answers: Iterator[Any]) -> Iterator[tuple[Any, int]]:
-    """The real page and script in a headless browser, served with an API that gives
-    ``answers`` in turn (then a non-JSON 502 from something in between): ``(driver, port)``."""
+def _page_with_api(answers: Iterator[Any], *, script: Callable[[str], str] = str,
+                   asked: list[str] | None = None) -> Iterator[tuple[Any, int]]:
+    """The real page and script (``script`` of its text) in a headless browser, served with an
+    API that gives ``answers`` in turn (then a non-JSON 502 from something in between), each
+    request's Authorization header appended to ``asked``: ``(driver, port)``."""
     import threading
 
     import uvicorn
@@ -383,11 +386,19 @@ def _page_with_api(answers: Iterator[Any]) -> Iterator[tuple[Any, int]]:
 
     app = FastAPI()
     app.get("/ui")(lambda: _static("index.html"))
-    app.get("/ui/app.js")(lambda: _static("app.js"))
     app.get("/ui/app.css")(lambda: _static("app.css"))
 
+    @app.get("/ui/app.js")
+    def app_js() -> Response:
+        page = _static("app.js")
+        return Response(content=script(bytes(page.body).decode()), media_type=page.media_type,
+                        headers={k: v for k, v in page.headers.items()
+                                 if k not in ("content-length", "content-type")})
+
     @app.get("/ui/api/jobs")
-    def jobs() -> Response:
+    def jobs(request: Request) -> Response:
+        if asked is not None:
+            asked.append(request.headers.get("authorization", ""))
         return next(answers, PlainTextResponse("<html>bad gateway</html>", status_code=502))
 
     port = free_port()
@@ -531,4 +542,3 @@ def test_the_operators_certificate_opens_the_page_of_a_server_that_asks_for_one(
     finally:
         for proc in procs:
             stop(proc)
-

@@ -3,7 +3,13 @@
 // Every value goes into the page as text (textContent), never as markup.
 (function () {
   const KEY = "fedforest-operator-token";
-  let timer = null;
+  // ms from an answer (or a read given up) to the next read
+  const EVERY_MS = 3000;
+  // ms a read may take before it is given up and the page says the server does not answer
+  const TIMEOUT_MS = 30000;
+  let reading = false;  // a read is in flight: the page never has two at once
+  let next = null;  // the timer of the next read
+  let newToken = false;  // a token entered during a read: read with it once that read ends
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -81,26 +87,37 @@
     const token = sessionStorage.getItem(KEY);
     const message = document.getElementById("message");
     if (!token) return;
+    const abort = new AbortController();
+    const timer = setTimeout(function () { abort.abort(); }, TIMEOUT_MS);
     let resp;
+    let body = null;
     try {
       resp = await fetch("/ui/api/jobs", {headers: {"Authorization": "Bearer " + token},
-                                          cache: "no-store"});
+                                          cache: "no-store", signal: abort.signal});
+      try {
+        body = await resp.json();
+      } catch (err) {
+        if (abort.signal.aborted) throw err;
+        body = null;  // not JSON: an error page of something in between
+      }
     } catch (err) {
-      message.textContent = "the server does not answer";
+      if (sessionStorage.getItem(KEY) === token) {
+        message.textContent = abort.signal.aborted
+          ? "the server does not answer (nothing within " + TIMEOUT_MS / 1000 + " s)"
+          : "the server does not answer";
+      }
       return;
+    } finally {
+      clearTimeout(timer);
     }
+    // another token was entered meanwhile: this answer is not for it (its read comes next)
+    if (sessionStorage.getItem(KEY) !== token) return;
     if (resp.status === 401) {  // removed or wrong: what it showed is no longer for this page
       sessionStorage.removeItem(KEY);
       message.textContent = "unknown operator token";
       document.getElementById("jobs").replaceChildren();
       document.getElementById("server").textContent = "";
       return;
-    }
-    let body = null;
-    try {
-      body = await resp.json();
-    } catch (err) {
-      body = null;  // not JSON: an error page of something in between
     }
     if (!resp.ok || body === null || !Array.isArray(body.jobs)) {
       // what the page shows stays, marked as out of date: the server says why it failed
@@ -118,9 +135,28 @@
     if (body.jobs.length === 0) main.append(el("p", {id: "no-jobs"}, "no jobs yet"));
   }
 
+  // one read at a time: the next EVERY_MS after an answer, an error or a read given up
+  async function poll() {
+    next = null;
+    reading = true;
+    try {
+      await refresh();
+    } finally {
+      reading = false;
+      const now = newToken;
+      newToken = false;
+      next = setTimeout(poll, now ? 0 : EVERY_MS);
+    }
+  }
+
+  // a token entered, or the page opened with one: read now, or once the read in flight ends
   function start() {
-    if (timer === null) timer = setInterval(refresh, 3000);
-    refresh();
+    if (reading) {
+      newToken = true;
+      return;
+    }
+    if (next !== null) clearTimeout(next);
+    poll();
   }
 
   document.addEventListener("DOMContentLoaded", function () {
