@@ -227,9 +227,20 @@ def _refuse_moved_files(path: Path, given: ServerSettings, settings: ServerSetti
     said = "; ".join(f"{key} {url!r} is {new}, which does not exist, while {old}, the file "
                      "earlier versions opened for it, does" for key, url, old, new in moved)
     olds = [old for _, _, old, _ in moved]
-    commands = " && ".join(  # one file kept both databases: copied to the first, moved to the last
-        f"{'cp' if olds[k + 1:].count(old) else 'mv'} {shlex.quote(str(old))} "
-        f"{shlex.quote(str(new))}" for k, (_, _, old, new) in enumerate(moved))
+    steps: list[str] = []
+    for k, (key, _, old, new) in enumerate(moved):
+        # one file kept both databases: copied to the first, moved to the last; with it its
+        # write-ahead log (committed steps a server that was stopped hard did not write back)
+        # and, for the server's database, the spool of an open secure round's masked uploads
+        verb = "cp" if olds[k + 1:].count(old) else "mv"
+        pairs = [(old, new)] + [(Path(f"{old}{end}"), Path(f"{new}{end}"))
+                                for end in ("-wal", "-shm") if Path(f"{old}{end}").exists()]
+        for src, dst in pairs:
+            steps.append(f"{verb} {shlex.quote(str(src))} {shlex.quote(str(dst))}")
+        spool = Path(f"{old}.spool")
+        if key == "database" and spool.is_dir():
+            steps.append(f"mv {shlex.quote(str(spool))} {shlex.quote(f'{new}.spool')}")
+    commands = " && ".join(steps)
     raise ConfigError(
         f"server config {path}: {said} (earlier versions read a '?' or '%' in the config "
         f"directory's name as part of the URL). Move the file into the config's directory to "

@@ -189,6 +189,49 @@ def test_a_database_an_earlier_version_kept_outside_the_config_directory_is_refu
         admin.add_client("site-a")
 
 
+def test_the_move_takes_the_old_databases_write_ahead_log_and_spool_with_it(
+        tmp_path: Path) -> None:
+    """An earlier version's server killed mid-job left steps in its database's write-ahead
+    log (``conf-wal``, ``conf-shm``) and an open round's masked uploads in ``conf.spool``: the
+    printed command moves them with the file, and the moved database has every step."""
+    import shlex
+    import subprocess
+    import sys
+
+    conf_dir = tmp_path / "conf?x"
+    conf_dir.mkdir()
+    toml = conf_dir / "server.toml"
+    toml.write_text('database = "sqlite:///fed.db"\n')
+    _old_layout(conf_dir, audit=False)
+    old, new = tmp_path / "conf", conf_dir / "fed.db"
+    killed = ("import os, sys\nfrom server_app.admin import ServerAdmin\n"
+              "with ServerAdmin(sys.argv[1]) as admin:\n"
+              "    admin.add_client('site-b')\n"
+              "    os._exit(0)  # no checkpoint: site-b is in the write-ahead log only\n")
+    subprocess.run([sys.executable, "-c", killed, "sqlite:///" + str(conf_dir / "fed.db")],
+                   check=True, cwd=Path(__file__).resolve().parents[1])
+    assert Path(f"{old}-wal").stat().st_size > 0
+    (tmp_path / "conf.spool" / "job-a").mkdir(parents=True)
+    (tmp_path / "conf.spool" / "job-a" / "1-0.u64").write_bytes(b"\0" * 16)
+    with pytest.raises(ConfigError) as refused:
+        load_settings(toml)
+    q = shlex.quote
+    commands = " && ".join([f"mv {q(str(old))} {q(str(new))}",
+                            f"mv {q(f'{old}-wal')} {q(f'{new}-wal')}",
+                            f"mv {q(f'{old}-shm')} {q(f'{new}-shm')}",
+                            f"mv {q(f'{old}.spool')} {q(f'{new}.spool')}"])
+    assert f"`{commands}`" in str(refused.value), str(refused.value)
+    subprocess.run(commands, shell=True, check=True)
+    from server_app.admin import ServerAdmin
+    from server_app.auth import TokenError
+
+    with ServerAdmin.from_settings(load_settings(toml)) as admin:
+        for name in ("site-a", "site-b"):
+            with pytest.raises(TokenError, match=f"client '{name}' already exists"):
+                admin.add_client(name)
+    assert (Path(f"{new}.spool") / "job-a" / "1-0.u64").read_bytes() == b"\0" * 16
+
+
 def test_one_file_an_earlier_version_kept_both_databases_in_is_copied_to_each(
         tmp_path: Path) -> None:
     """A config in ``conf?x/`` with relative ``database`` and ``audit_database``: earlier
