@@ -80,13 +80,14 @@ def shown_url(url: str) -> str:
 
 def carries_secret(url: str) -> bool:
     """Whether ``url`` holds a secret: a password, a query parameter that carries one, or a
-    host part holding an ``@`` (a password whose ``@`` was not written ``%40``)."""
+    host part holding an ``@`` (a password whose ``@`` was not written ``%40``); libpq's
+    ``passfile`` names a file of passwords, not one (logs hide it all the same)."""
     try:
         parsed = make_url(url)
     except _MALFORMED:
         return False
     return bool(parsed.password) or "@" in (parsed.host or "") or any(
-        s in k.lower() for k in parsed.query for s in _SECRET_PARAMS)
+        s in k.lower() for k in parsed.query for s in _SECRET_PARAMS if s != "passfile")
 
 
 def sqlite_url(path: str | Path) -> str:

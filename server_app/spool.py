@@ -71,11 +71,17 @@ class Spool:
                              ) from exc
 
     def read(self, job_id: str, round_id: int, idx: int) -> np.ndarray | None:
-        """The spooled vector, or None if it has no file."""
+        """The spooled vector, or None if it has no file; a file that is not whole 8-byte words
+        (damaged) is a RuntimeError naming it."""
         path = self.path(job_id, round_id, idx)
         if path is None or not path.is_file():
             return None
-        return np.fromfile(path, dtype="<u8")
+        raw = path.read_bytes()
+        if len(raw) % 8:
+            raise RuntimeError(f"the masked upload of client {idx} in round {round_id} is "
+                               f"damaged: {path} holds {len(raw)} bytes, not a whole number "
+                               "of 8-byte words")
+        return np.frombuffer(raw, dtype="<u8")
 
     def sweep(self, position: Callable[[str], tuple[str, int] | None]) -> None:
         """Remove the spooled uploads of every round that is no longer open, and the folder

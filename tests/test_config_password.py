@@ -48,6 +48,7 @@ def test_a_password_given_other_ways_in_the_url_is_seen(tmp_path: Path, database
 @pytest.mark.parametrize(("database", "mode"), [
     (PG, 0o600),  # read by the server only
     (PG.replace(":s3cret", ""), 0o644),  # the password in ~/.pgpass or PGPASSWORD
+    (PG.replace(":s3cret", "") + "?passfile=/etc/fedforest/pgpass", 0o644),  # a file of them
     ("sqlite:///fedforest-server.db", 0o644),
 ])
 def test_no_warning_without_a_password_others_can_read(

@@ -85,21 +85,31 @@ def test_a_job_stopped_mid_round_keeps_no_task_in_memory_and_serves_it_as_stored
     db.dispose()
 
 
+@pytest.mark.parametrize("kept_in", ["table", "spool"])
 def test_a_secure_job_whose_open_round_does_not_resume_keeps_no_secure_round_in_memory(
-        env: dict[str, Any]) -> None:  # noqa: F811 - the fixture imported above
+        env: dict[str, Any], tmp_path: Path,  # noqa: F811 - the fixture imported above
+        kept_in: str) -> None:
     """A stored masked upload the restarted server cannot read (one byte short of whole
-    words) stops the job with words that say which row is damaged, and the runtime it keeps
-    holds no secure round."""
+    words: its database row, or its spool file where the server keeps a spool, as on SQLite)
+    stops the job with words that say which upload is damaged, and the runtime it keeps holds
+    no secure round."""
+    if kept_in == "spool":
+        env["state"].spool = tmp_path / "server.db.spool"
     config, sa = join_all(env)
     task, vecs, _ = first_round(env, config)
     r = task.round_id
     run_until_upload(env, sa, r)
     assert post_upload(env, 0, r, upload_body(env, sa, 0, task, vecs[0])).status_code == 200
-    with env["db"].session() as sess:  # the stored masked upload lost its last byte
-        row = sess.scalar(select(UploadRow).where(UploadRow.job_id == "job-a",
-                                                  UploadRow.client_index == 0))
-        assert row is not None and row.summable is not None
-        row.summable = row.summable[:-1]
+    if kept_in == "spool":  # the spooled masked upload lost its last byte
+        spooled = env["state"].spool / "job-a" / str(r)
+        (upload,) = [p for p in spooled.iterdir() if p.name.startswith("0")]
+        upload.write_bytes(upload.read_bytes()[:-1])
+    else:
+        with env["db"].session() as sess:  # the stored masked upload lost its last byte
+            row = sess.scalar(select(UploadRow).where(UploadRow.job_id == "job-a",
+                                                      UploadRow.client_index == 0))
+            assert row is not None and row.summable is not None
+            row.summable = row.summable[:-1]
     restart(env)
     rt = env["state"].runtimes.get("job-a")
     o = offer(env, 1)
