@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 
 from fedforest_secure.audit import AuditLog
 from fedforest_secure.audit.entry import canonical_json, encode_array, jsonable
@@ -242,7 +242,11 @@ class Outbox:
     @staticmethod
     def _load(engine: Engine, job_id: str) -> list[Queued]:
         with Session(engine) as sess:
+            # every column in the one query (``arrays`` is deferred elsewhere): another process
+            # flushing the same job may delete the rows right after it, and a second query for
+            # their arrays would find them gone
             rows = sess.scalars(select(AuditOutboxRow).where(AuditOutboxRow.job_id == job_id)
+                                .options(undefer(AuditOutboxRow.arrays))
                                 .order_by(AuditOutboxRow.seq)).all()
             return [Queued(r.seq, r.kind, _payload(r), _unpack(r.arrays)) for r in rows]
 

@@ -272,6 +272,43 @@ def test_a_server_start_appends_the_entries_that_wait_once(tmp_path: Path, tiny_
         db.dispose()
 
 
+def test_a_start_whose_waiting_entries_another_process_appends_meanwhile_serves(
+        tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
+    """A server starting reads the entries that wait; another process (a `fedforest evaluate`
+    or `server create-job` flushing the same job) appends them to the log and deletes their
+    rows right after that read: the start finds them in the log and goes on, each entry in
+    the chain once (it read each row whole in its one query, not its arrays afterwards)."""
+    from sqlalchemy import event
+
+    from server_app.audit_hook import open_audit
+    from server_app.db import Database
+    from server_app.serve import flush_waiting_entries
+
+    db_url, audit_url = _waiting_join(tmp_path, tiny_parts, job_dir, monkeypatch)
+    db, other_db = Database(db_url), Database(db_url)
+    audit, other = open_audit(audit_url), open_audit(audit_url)
+    flushed: list[str] = []
+
+    def other_flushes(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if not flushed and "ORDER BY audit_outbox.seq" in statement:  # the rows just read
+            flushed.append(statement)
+            other.flush_all(other_db.engine)
+
+    event.listen(db.engine, "after_cursor_execute", other_flushes)
+    try:
+        flush_waiting_entries(db, audit, audit_url)
+        assert flushed and audit.tip("job-a")[0] == 2
+        with AuditLog(audit_url, create=False) as log:
+            assert [(e.kind, e.payload.get("client")) for e in log.entries(job_id="job-a")] \
+                == [("job_created", None), ("client_joined", "client-0")]
+    finally:
+        event.remove(db.engine, "after_cursor_execute", other_flushes)
+        for sink in (audit, other):
+            sink.close()  # type: ignore[attr-defined]
+        db.dispose()
+        other_db.dispose()
+
+
 def test_a_server_start_refuses_entries_that_another_entry_holds_the_place_of(
         tmp_path: Path, tiny_parts, job_dir, monkeypatch) -> None:
     """The log holds another entry where the waiting one belongs (another process wrote the

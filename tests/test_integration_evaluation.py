@@ -119,6 +119,8 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory, tiny_parts: Any) -> dict
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(10)
+        if cli.stdout is not None:  # unread when the set-up failed: closed, not left to gc
+            cli.stdout.close()
     return {"runs": runs, "models": models, "held": held, "root": root, "cli": cli_out,
             "cli_code": cli.returncode}
 
