@@ -38,7 +38,7 @@ from .jobs import JobRuntime, new_runtime
 from .logs import event
 from .phases import SECURE, JobStatus, RoundStatus
 from .secure_round import ACCUSE, REFUSE, StoredRound
-from .spool import Spool
+from .spool import Spool, words
 from .store import (
     client_names,
     dropped_members,
@@ -144,7 +144,7 @@ class Runtimes:
                 event("resume", logging.WARNING, job=rt.job_id, round=rr.round_id,
                       phase=rr.phase)
                 break
-            total = _words(rr.aggregate or b"", "<f8",
+            total = words(rr.aggregate or b"", "<f8",
                            f"the stored aggregate of round {rr.round_id}").copy()
             contributors = [int(i) for i in json.loads(rr.contributors_json or "[]")]
             flat = unpack(rr.disclosed_blob)[1] if rr.disclosed_blob else {}
@@ -175,7 +175,7 @@ class Runtimes:
                 if blob is None:
                     raise RuntimeError(f"the masked upload of client {idx} in round "
                                        f"{rr.round_id} was not kept (spool {spool.root})")
-                return msgs["upload"][idx], _words(
+                return msgs["upload"][idx], words(
                     blob, "<u8", f"the masked upload of client {idx} in round {rr.round_id}")
             return load
 
@@ -189,12 +189,3 @@ class Runtimes:
             refused=msgs.get(REFUSE, {}),
             accused={i: int(b) for i, b in msgs.get(ACCUSE, {}).items()})
         bridge.resume(task, asked, stored, rt.words())
-
-
-def _words(blob: bytes, dtype: str, what: str) -> np.ndarray:
-    """``blob`` read as 64-bit words of ``dtype``; a length that is not a whole number of
-    words is a damaged row, said as such (``what``: the row)."""
-    if len(blob) % 8:
-        raise RuntimeError(f"{what} is damaged: {len(blob)} bytes, not a whole number of "
-                           "8-byte words")
-    return np.frombuffer(blob, dtype=dtype)

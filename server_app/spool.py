@@ -27,7 +27,7 @@ from fedforest_secure.files import disk_full, fsync_dir, write_atomic
 from .logs import event
 from .phases import JobStatus
 
-__all__ = ["Spool", "SpoolError"]
+__all__ = ["Spool", "SpoolError", "words"]
 
 
 class SpoolError(Exception):
@@ -76,12 +76,9 @@ class Spool:
         path = self.path(job_id, round_id, idx)
         if path is None or not path.is_file():
             return None
-        raw = path.read_bytes()
-        if len(raw) % 8:
-            raise RuntimeError(f"the masked upload of client {idx} in round {round_id} is "
-                               f"damaged: {path} holds {len(raw)} bytes, not a whole number "
-                               "of 8-byte words")
-        return np.frombuffer(raw, dtype="<u8")
+        return words(path.read_bytes(), "<u8",
+                     f"the masked upload of client {idx} in round {round_id}",
+                     f"{path} holds ")
 
     def sweep(self, position: Callable[[str], tuple[str, int] | None]) -> None:
         """Remove the spooled uploads of every round that is no longer open, and the folder
@@ -123,3 +120,13 @@ def _make_dirs(folder: Path, root: Path) -> None:
     _make_dirs(folder.parent, root)
     folder.mkdir(exist_ok=True)
     fsync_dir(folder.parent)
+
+
+def words(blob: bytes, dtype: str, what: str, where: str = "") -> np.ndarray:
+    """``blob`` (a stored vector: a spooled upload, or a database row's) read as 64-bit words
+    of ``dtype``; a length that is not a whole number of words is a damaged vector, a
+    RuntimeError naming it (``what``; ``where`` its file, if it has one)."""
+    if len(blob) % 8:
+        raise RuntimeError(f"{what} is damaged: {where}{len(blob)} bytes, not a whole number "
+                           "of 8-byte words")
+    return np.frombuffer(blob, dtype=dtype)
