@@ -248,8 +248,15 @@ def format_jobs(jobs: list[JobStatus]) -> str:
         waiting = [m.name for m in st.members if m.state == "invited" and not m.declined]
         said = [f"{m.name} declined ({m.declined})" for m in st.members
                 if m.state == "invited" and m.declined]
-        detail = st.reason or "; ".join(
-            said + ([f"waiting for {', '.join(waiting)}"] if waiting else []))
+        revoked = [m.name for m in st.members if m.state == "invited" and m.revoked]
+        waits = [f"waiting for {', '.join(waiting)}"] if waiting else []
+        if revoked:  # a job waits for them in vain: say why, and what lets them join
+            note = (f"{revoked[0]} is revoked: it cannot join until `fedforest server "
+                    f"rotate-token {revoked[0]}`" if len(revoked) == 1 else
+                    f"{', '.join(revoked)} are revoked: they cannot join until `fedforest "
+                    "server rotate-token NAME`")
+            waits = [f"{waits[0]} ({note})"] if waits else [note]
+        detail = st.reason or "; ".join(said + waits)
         rows.append(f"{st.job_id:<24} {st.status:<8} "
                     f"{'-' if st.round_id < 0 else st.round_id:>5} {level:>7} "
                     f"{st.phase or '-':<9} {st.joined_clients:>3}/{st.n_clients:<2} "

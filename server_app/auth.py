@@ -21,12 +21,16 @@ from fedforest_secure.protocol.api import NAME_PATTERN
 
 from .db import ClientRow, Database, OperatorRow, lost_race
 
-__all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
-           "authenticate_operator", "hash_secret", "new_token", "revoke_client", "rotate_token"]
+__all__ = ["REVOKED", "TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
+           "authenticate_operator", "hash_secret", "is_revoked", "new_token", "revoke_client",
+           "rotate_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _NAME_RE = re.compile(NAME_PATTERN)
+
+#: the stored token hash of a revoked client: no SHA-256 hex digest equals it
+REVOKED = "revoked"
 
 
 class TokenError(ValueError):
@@ -76,7 +80,12 @@ def revoke_client(db: Database, name: str) -> None:
     """Client ``name`` keeps no token that authenticates (its memberships and audit entries
     stay); :func:`rotate_token` gives it one again."""
     _, token_id, _ = new_token()
-    _set_token(db, name, token_id, "revoked")  # no SHA-256 hex digest equals this
+    _set_token(db, name, token_id, REVOKED)
+
+
+def is_revoked(row: ClientRow) -> bool:
+    """Whether client ``row`` was revoked (and not given a token since)."""
+    return row.token_hash == REVOKED
 
 
 def _set_token(db: Database, name: str, token_id: str, token_hash: str) -> None:
