@@ -747,7 +747,8 @@ def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
         tmp_path: Path) -> None:
     """alice is dropped after round 0 and checks the honest log with her own receipts: the
     round after her drop and the model are not hers to vouch for (a note saying whose
-    receipts can), not a problem. The same receipts of a site not dropped leave a problem."""
+    receipts can, and one naming bob, of whom the directory holds no receipt), not a problem.
+    The same receipts of a site not dropped leave a problem."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
         rec = _round_zero_receipted(log, receipts)
@@ -762,7 +763,10 @@ def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
             f"job '{JOB}': these receipts are of sites the log says were dropped (alice (seq "
             f"5)): the entries after seq 3, job '{JOB}' seq 6 (round) and job '{JOB}' seq 7 "
             "(model) among them, are vouched for by the other sites' receipts only: add "
-            "theirs to check them"]
+            "theirs to check them",
+            f"job '{JOB}': no receipt in {receipts} is of bob, a member the log says joined "
+            "or took part in its rounds: what the log says that site sent and received is the "
+            "server's word only (add that site's receipts file to check it)"]
         sql(log, "DELETE FROM audit_entries WHERE seq = 5")  # no drop: a cut chain is named
         assert any("covered by no receipt" in p
                    for p in verify_log(log, receipts_dir=receipts).problems)
