@@ -15,7 +15,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 from fedforest_secure.startup import lasting_imports
 
-from ._common import console, duration, fail
+from ._common import check_output, console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
@@ -162,6 +162,31 @@ def create_job_cmd(config: ConfigOpt,
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
                   f"(min_clients = {row.min_clients}, round deadline "
                   f"{row.round_deadline_s:.0f}s)")
+
+
+@server_cli.command("model")
+def model_cmd(config: ConfigOpt,
+              job: Annotated[str, typer.Option("--job", "-j", help="the job's id")],
+              out: Annotated[Path, typer.Option(help="where to write the model")],
+              force: Annotated[bool, typer.Option(
+                  help="replace an existing --out file")] = False) -> None:
+    """Write a done job's model from the server's database (for `fedforest evaluate
+    --models`): the bytes a site downloads with `fedforest model download`, whose SHA-256 the
+    audit log's model entry holds; an existing --out file is kept unless --force."""
+    from fedforest_secure.files import write_atomic
+
+    from .site_cli import _is_evaluation
+
+    check_output(out, force=force, inputs=[("--config", config)])
+    body, digest = _admin_does(config, lambda admin: admin.model(job), existing=True)
+    try:
+        write_atomic(out, body)
+    except OSError as exc:
+        fail(exc)
+    what = ("evaluation result (its models' scores, not a model to load)"
+            if _is_evaluation(body) else "model")
+    console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
+                  soft_wrap=True, markup=False)  # the digest on one line, to copy whole
 
 
 @server_cli.command("cancel-job")

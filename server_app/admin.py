@@ -7,6 +7,7 @@ same database; nothing outside :mod:`server_app` reads its tables.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from sqlalchemy import select
 
 from fedforest_secure.audit.log import to_url
 from fedforest_secure.dburl import shown_url
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
@@ -34,7 +36,12 @@ from .serve import spool_dir
 from .settings import ConfigError, ServerSettings
 from .status import job_status
 
-__all__ = ["JobSummary", "RoundSummary", "ServerAdmin"]
+__all__ = ["JobSummary", "NoModel", "RoundSummary", "ServerAdmin"]
+
+
+class NoModel(FedForestError, LookupError):
+    """A job whose model the operator asked for has none: no such job, not done, failed, or
+    a stored model that is not the one the job records."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,27 @@ class ServerAdmin:
         with self._db.session() as sess:
             job = sess.get(JobRow, job_id)
             return None if job is None else JobSummary._of(job)
+
+    def model(self, job_id: str) -> tuple[bytes, str]:
+        """A done job's model file (an evaluation job's result) and its SHA-256: the bytes a
+        member downloads (``GET /v1/jobs/{job}/model``), whose digest the log's ``model``
+        entry holds; :class:`NoModel` if the job has none."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            if job is None:
+                raise NoModel(f"no job {job_id!r} in the server's database: `fedforest server "
+                              "status` lists its jobs")
+            if job.status == JobStatus.FAILED:
+                raise NoModel(f"job {job_id!r} failed ({job.reason}): it has no model")
+            if job.status != JobStatus.DONE or job.model_json is None:
+                raise NoModel(f"job {job_id!r} is {job.status}: it has no model yet "
+                              "(`fedforest server status` shows how far it is)")
+            body, recorded = job.model_json.encode(), job.model_digest
+        digest = hashlib.sha256(body).hexdigest()
+        if digest != recorded:
+            raise NoModel(f"the stored model of job {job_id!r} has the SHA-256 {digest}, not "
+                          f"the one the job records ({recorded}): the database was changed")
+        return body, digest
 
     def evaluation_digests(self, job_id: str) -> list[str] | None:
         """The SHA-256 of each model an evaluation job scores (None: no such job, or not an

@@ -71,7 +71,7 @@ from fedforest_secure.secagg.directory import Certification
 from . import __version__
 from .app_errors import add_error_handlers
 from .audit_hook import AuditSink, NullAudit
-from .auth import TokenCache
+from .auth import TokenCache, refusal
 from .db import ClientRow, Database
 from .errors import ApiError
 from .lease import LeaseLost, ServerLease
@@ -120,7 +120,7 @@ async def _client(request: Request,
     if not known:
         row = await run_in_threadpool(tokens, creds.credentials)
     if row is None:
-        raise ApiError(401, "unauthenticated", "unknown or revoked token")
+        raise ApiError(401, "unauthenticated", refusal(creds.credentials))
     return row
 
 

@@ -22,8 +22,8 @@ from fedforest_secure.protocol.api import NAME_PATTERN
 from .db import ClientRow, Database, OperatorRow, lost_race
 
 __all__ = ["REVOKED", "TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
-           "authenticate_operator", "hash_secret", "is_revoked", "new_token", "revoke_client",
-           "rotate_token"]
+           "authenticate_operator", "hash_secret", "is_revoked", "new_token", "refusal",
+           "revoke_client", "rotate_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
@@ -136,6 +136,16 @@ def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
     expected = row.token_hash if row is not None else hash_secret("no such token")
     ok = hmac.compare_digest(expected, hash_secret(secret))
     return row if (ok and row is not None) else None
+
+
+def refusal(token: str) -> str:
+    """Why the sites' API refused ``token`` (:func:`authenticate` found no client owning it):
+    a token of an operator's form is named as one, by its form alone (whether it is a valid
+    operator token is not looked up, so the answer tells its holder nothing more)."""
+    if token.startswith("ffo_"):
+        return ("an operator token (ffo_...) opens the operator page /ui only; the sites' "
+                "requests take a site's token (ffs_...)")
+    return "unknown or revoked token"
 
 
 def authenticate(db: Database, token: str) -> ClientRow | None:
