@@ -209,8 +209,8 @@ class ServerAdmin:
         with self._db.session() as sess:
             job = sess.get(JobRow, job_id)
             if job is None:
-                raise NoModel(f"no job {job_id!r} in the server's database: `fedforest server "
-                              "status` lists its jobs")
+                raise NoModel(f"no job {job_id!r} on this server (`fedforest server status` "
+                              "lists its jobs)")
             if job.status == JobStatus.FAILED:
                 raise NoModel(f"job {job_id!r} failed ({job.reason}): it has no model")
             if job.status != JobStatus.DONE or job.model_json is None:

@@ -85,8 +85,8 @@ def test_the_operator_is_told_why_a_job_has_no_model_and_nothing_is_written(
         done: dict, tmp_path: Path) -> None:
     out = tmp_path / "model.json"
     for job, why in [
-            ("job-x", "error: no job 'job-x' in the server's database: `fedforest server "
-                      "status` lists its jobs"),
+            ("job-x", "error: no job 'job-x' on this server (`fedforest server status` lists "
+                      "its jobs)"),
             ("job-w", "error: job 'job-w' is waiting: it has no model yet (`fedforest server "
                       "status` shows how far it is)"),
             ("job-c", "error: job 'job-c' failed (cancelled by the operator): it has no "
