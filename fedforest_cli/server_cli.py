@@ -3,6 +3,7 @@ jobs."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -174,9 +175,15 @@ def model_cmd(config: ConfigOpt,
     --models`): the bytes a site downloads with `fedforest model download`, whose SHA-256 the
     audit log's model entry holds; an existing --out file is kept unless --force."""
     from fedforest_secure.files import write_atomic
+    from server_app.settings import load_settings
 
     from .site_cli import _is_evaluation
 
+    try:
+        settings = load_settings(config)
+    except FedForestError as exc:
+        fail(exc)
+    _not_the_servers(out, settings, config)
     check_output(out, force=force, inputs=[("--config", config)])
     body, digest = _admin_does(config, lambda admin: admin.model(job), existing=True)
     try:
@@ -187,6 +194,38 @@ def model_cmd(config: ConfigOpt,
             if _is_evaluation(body) else "model")
     console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
                   soft_wrap=True, markup=False)  # the digest on one line, to copy whole
+
+
+def _not_the_servers(out: Path, settings: ServerSettings, config: Path) -> None:
+    """Exit with an error (code 2), even with ``--force``, when ``out`` names a file the server
+    keeps: its SQLite database or audit log, or the journal SQLite keeps beside either
+    (``-wal``, ``-shm``, ``-journal``), however it is named (a symlink, a relative path)."""
+    from fedforest_secure.dburl import sqlite_file
+
+    where = printable(str(config))
+    for what, key, url in (("database", "database", settings.database),
+                           ("audit log", "audit_database", settings.audit_database)):
+        kept = sqlite_file(url) if url else None
+        if kept is None:
+            continue
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = kept.with_name(kept.name + suffix)
+            if _same_file(out, path):
+                which = (f"the server's {what}" if not suffix else
+                         f"{path}, a file SQLite keeps beside the server's {what}")
+                fail(ValueError(f"{out} is {which} (`{key}` in {where}): nothing was "
+                                "written; write the model elsewhere"))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through symlinks and relative paths), or would
+    when neither exists yet."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:  # unreadable: no file of the server's that the command could replace
+        return False
 
 
 @server_cli.command("cancel-job")

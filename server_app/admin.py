@@ -15,7 +15,7 @@ from types import TracebackType
 
 from sqlalchemy import select
 
-from fedforest_secure.audit.log import to_url
+from fedforest_secure.audit.log import AuditLog, to_url
 from fedforest_secure.dburl import shown_url
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
@@ -205,7 +205,8 @@ class ServerAdmin:
     def model(self, job_id: str) -> tuple[bytes, str]:
         """A done job's model file (an evaluation job's result) and its SHA-256: the bytes a
         member downloads (``GET /v1/jobs/{job}/model``), whose digest the log's ``model``
-        entry holds; :class:`NoModel` if the job has none."""
+        entry holds; :class:`NoModel` if the job has none, or if the stored model is not the
+        one the job's row records, or the one this config's audit log records."""
         with self._db.session() as sess:
             job = sess.get(JobRow, job_id)
             if job is None:
@@ -221,7 +222,38 @@ class ServerAdmin:
         if digest != recorded:
             raise NoModel(f"the stored model of job {job_id!r} has the SHA-256 {digest}, not "
                           f"the one the job records ({recorded}): the database was changed")
+        self._check_logged_model(job_id, digest)
         return body, digest
+
+    def _check_logged_model(self, job_id: str, digest: str) -> None:
+        """:class:`NoModel` unless ``digest`` is the one the job's ``model`` entry in this
+        config's audit log holds (a job that began with no audit log, or a config that names
+        none, has no entry to compare with: the database's own record stands)."""
+        if not self._audit_url:
+            return
+        with self._db.session() as sess:
+            if sess.get(AuditedJobRow, job_id) is None:
+                return
+            waiting = job_id in first_queued(sess)
+        shown = shown_url(to_url(self._audit_url))
+        with AuditLog(to_url(self._audit_url), create=False) as log:
+            entries = log.entries(job_id=job_id, kind="model")
+        if not entries:
+            raise NoModel(
+                f"the model entry of job {job_id!r} still waits in the server's database for "
+                f"the audit log at {shown}: the running server appends it when the log "
+                "answers; run this command again then" if waiting else
+                f"the audit log at {shown} holds no model entry of job {job_id!r}: give the "
+                "server config that names the audit_database the job began with")
+        entry = entries[-1]
+        try:
+            logged = entry.payload.get("digest")
+        except ValueError:  # a damaged entry
+            logged = None
+        if logged != digest:
+            raise NoModel(f"the stored model of job {job_id!r} has the SHA-256 {digest}, not "
+                          f"the one the audit log's model entry (seq {entry.seq}) holds "
+                          f"({logged}): the database was changed")
 
     def evaluation_digests(self, job_id: str) -> list[str] | None:
         """The SHA-256 of each model an evaluation job scores (None: no such job, or not an

@@ -5,6 +5,7 @@ operator token given to the sites' commands is named as such."""
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from pathlib import Path
 
@@ -155,3 +156,77 @@ def test_the_sites_other_commands_name_an_operator_token_and_what_the_operator_r
     assert " ".join(res.output.split()) == (
         "error: the token (--token or FEDFOREST_TOKEN) is an operator token (ffo_...): it "
         f"opens the operator page /ui only, not the sites' requests; {instead}")
+
+
+@pytest.mark.parametrize(("named", "kept", "which"), [
+    ("server.db", "server.db", "the server's database (`database` in {config})"),
+    ("audit.db", "audit.db", "the server's audit log (`audit_database` in {config})"),
+    ("link-to-server.db", "server.db", "the server's database (`database` in {config})"),
+    ("relative", "audit.db", "the server's audit log (`audit_database` in {config})"),
+    ("server.db-wal", "server.db-wal", "{root}/server.db-wal, a file SQLite keeps beside the "
+                                       "server's database (`database` in {config})")])
+def test_the_model_never_replaces_the_servers_database_or_audit_log_even_forced(
+        done: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str, kept: str,
+        which: str) -> None:
+    root = done["root"]
+    if named == "link-to-server.db":
+        out = tmp_path / named
+        out.symlink_to(root / "server.db")
+    elif named == "relative":
+        monkeypatch.chdir(tmp_path)
+        out = Path(os.path.relpath(root / "audit.db", tmp_path))  # ../../model0/audit.db
+    else:
+        out = root / named
+    before = (root / kept).read_bytes() if (root / kept).exists() else None
+    for extra in ([], ["--force"]):
+        assert _model(done["config"], "job-a", out, *extra) == (
+            2, f"error: {out} is {which.format(config=done['config'], root=root)}: nothing "
+               "was written; write the model elsewhere")
+    assert ((root / kept).read_bytes() if (root / kept).exists() else None) == before
+
+
+def test_a_model_changed_in_the_database_is_refused_against_its_row_and_the_audit_log(
+        done: dict, tmp_path: Path) -> None:
+    """A copy of the server's database whose stored model is edited: alone, it is refused as
+    not the model the job's row records; edited with the row's digest too, as not the model
+    the audit log's model entry records. Nothing is written."""
+    import shutil
+    import sqlite3
+
+    root = done["root"]
+    for name in ("server.db", "audit.db"):
+        shutil.copy(root / name, tmp_path / name)
+    config = tmp_path / "server.toml"
+    config.write_text('database = "sqlite:///server.db"\naudit_database = "audit.db"\n')
+    good = hashlib.sha256(done["downloaded"]).hexdigest()
+    forged = done["downloaded"].decode().replace('"classes"', '"classes" ', 1)
+    digest = hashlib.sha256(forged.encode()).hexdigest()
+    with AuditLog(f"sqlite:///{root / 'audit.db'}", create=False) as log:
+        (entry,) = log.entries(job_id="job-a", kind="model")
+    out = tmp_path / "model.json"
+    with sqlite3.connect(tmp_path / "server.db") as con:
+        con.execute("UPDATE jobs SET model_json = ? WHERE id = 'job-a'", (forged,))
+    assert _model(config, "job-a", out) == (
+        2, f"error: the stored model of job 'job-a' has the SHA-256 {digest}, not the one the "
+           f"job records ({good}): the database was changed")
+    with sqlite3.connect(tmp_path / "server.db") as con:
+        con.execute("UPDATE jobs SET model_digest = ? WHERE id = 'job-a'", (digest,))
+    assert _model(config, "job-a", out) == (
+        2, f"error: the stored model of job 'job-a' has the SHA-256 {digest}, not the one the "
+           f"audit log's model entry (seq {entry.seq}) holds ({good}): the database was "
+           "changed")
+    assert not out.exists()
+
+
+def test_a_config_naming_another_audit_log_is_told_to_name_the_jobs(
+        done: dict, tmp_path: Path) -> None:
+    AuditLog(f"sqlite:///{tmp_path / 'other.db'}").close()  # a log without the job's chain
+    config = tmp_path / "server.toml"
+    config.write_text(f'database = "sqlite:///{done["root"] / "server.db"}"\n'
+                      'audit_database = "other.db"\n')
+    out = tmp_path / "model.json"
+    assert _model(config, "job-a", out) == (
+        2, f"error: the audit log at sqlite:///{tmp_path / 'other.db'} holds no model entry of "
+           "job 'job-a': give the server config that names the audit_database the job began "
+           "with")
+    assert not out.exists()
