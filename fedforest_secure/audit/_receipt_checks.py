@@ -157,7 +157,21 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
                                          receipted_by[job], running.get(job))
         out.extend(problems)
         notes.extend(noted)
-        unvouched = sorted(_took_part(chains.get(job, {})) - receipted_by[job])
+        chain = chains.get(job, {})
+        left = _dropped_before_uploading(chain)
+        unsent = sorted(set(left) & (_took_part(chain) - receipted_by[job]))
+        if unsent:  # no receipt can be of them: the server's word that they joined at all
+            whom, sites = (
+                (f"a member the log says joined and was dropped (seq {left[unsent[0]]}) "
+                 "before any round listed its upload", "a site that uploaded nothing keeps "
+                 "no receipt of the job, so that it joined") if len(unsent) == 1 else
+                ("members the log says joined and were dropped ("
+                 + ", ".join(f"seq {left[s]}" for s in unsent) + ") before any round listed "
+                 "their uploads", "sites that uploaded nothing keep no receipt of the job, so "
+                 "that they joined"))
+            notes.append(f"job {job!r}: no receipt in {receipts_dir} is of "
+                         f"{', '.join(unsent)}, {whom}: {sites} is the server's word only")
+        unvouched = sorted(_took_part(chain) - receipted_by[job] - set(unsent))
         if unvouched:  # the log's word alone for them: the server may have played them
             whom, sites, files = (("a member", "that site", "that site's receipts file")
                                   if len(unvouched) == 1 else
@@ -235,6 +249,19 @@ def _roster(chain: Mapping[int, Entry], covered: int) -> set[str]:
         except ValueError:  # unreadable: named by the chain's own check
             continue
     return out
+
+
+def _dropped_before_uploading(chain: Mapping[int, Entry]) -> dict[str, int]:
+    """The sites a chain records as dropped that no ``round`` entry lists as uploading, with
+    the seq of the drop."""
+    listed: set[str] = set()
+    for e in chain.values():
+        try:
+            if e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
+                listed.update(str(c) for c in e.payload["clients"])
+        except ValueError:  # unreadable: named by the chain's own check
+            continue
+    return {s: seq for s, seq in _dropped_at(chain).items() if s not in listed}
 
 
 def _took_part(chain: Mapping[int, Entry]) -> set[str]:
