@@ -121,8 +121,8 @@ def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
     """Revoke a client's token: it can no longer authenticate (its jobs' records stay)."""
     _admin_does(config, lambda admin: admin.revoke_client(name), existing=True)
     console.print(f"client [bold]{name}[/bold] revoked: its token no longer authenticates (a "
-                  "running server forgets it within 30 s); `fedforest server rotate-token "
-                  f"{name}` gives it a new one")
+                  "running server forgets it within 30 s, and refuses its joins at once); "
+                  f"`fedforest server rotate-token {name}` gives it a new one")
 
 
 @server_cli.command("add-operator")

@@ -300,7 +300,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 cert = json.dumps(Certification.from_json(body.identity_cert).to_json())
             except InvalidMessage as exc:
                 raise ApiError(400, "invalid_identity", str(exc)) from exc
-        return await run_in_threadpool(st.join, c, job_id, key, cert)
+        def join_if_held() -> dict[str, Any]:
+            # the token in the database, not the cache's row: a site revoked (or given a new
+            # token) a moment ago joins no job, as `server status` and /ui tell the operator
+            if not app.state.tokens.still_holds(c):
+                raise ApiError(401, "unauthenticated", "unknown or revoked token")
+            return st.join(c, job_id, key, cert)
+
+        return await run_in_threadpool(join_if_held)
 
     @app.post("/v1/jobs/{job_id}/decline", tags=["jobs"])
     async def decline(job_id: JobId, body: DeclineBody, c: Client) -> dict[str, Any]:
