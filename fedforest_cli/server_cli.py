@@ -3,6 +3,7 @@ jobs."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 from fedforest_secure.startup import lasting_imports
 
-from ._common import console, duration, fail
+from ._common import check_output, console, duration, fail
 from ._db_locked import locks_named
 
 if TYPE_CHECKING:
@@ -120,8 +121,8 @@ def revoke_client_cmd(name: str, config: ConfigOpt) -> None:
     """Revoke a client's token: it can no longer authenticate (its jobs' records stay)."""
     _admin_does(config, lambda admin: admin.revoke_client(name), existing=True)
     console.print(f"client [bold]{name}[/bold] revoked: its token no longer authenticates (a "
-                  "running server forgets it within 30 s); `fedforest server rotate-token "
-                  f"{name}` gives it a new one")
+                  "running server forgets it within 30 s, and refuses its joins at once); "
+                  f"`fedforest server rotate-token {name}` gives it a new one")
 
 
 @server_cli.command("add-operator")
@@ -162,6 +163,69 @@ def create_job_cmd(config: ConfigOpt,
     console.print(f"job [bold]{row.job_id}[/bold] created for {len(spec.clients)} clients "
                   f"(min_clients = {row.min_clients}, round deadline "
                   f"{row.round_deadline_s:.0f}s)")
+
+
+@server_cli.command("model")
+def model_cmd(config: ConfigOpt,
+              job: Annotated[str, typer.Option("--job", "-j", help="the job's id")],
+              out: Annotated[Path, typer.Option(help="where to write the model")],
+              force: Annotated[bool, typer.Option(
+                  help="replace an existing --out file")] = False) -> None:
+    """Write a done job's model from the server's database (for `fedforest evaluate
+    --models`): the bytes a site downloads with `fedforest model download`, whose SHA-256 the
+    audit log's model entry holds; an existing --out file is kept unless --force."""
+    from fedforest_secure.files import write_atomic
+    from server_app.settings import load_settings
+
+    from .site_cli import _is_evaluation
+
+    try:
+        settings = load_settings(config)
+    except FedForestError as exc:
+        fail(exc)
+    _not_the_servers(out, settings, config)
+    check_output(out, force=force, inputs=[("--config", config)])
+    body, digest = _admin_does(config, lambda admin: admin.model(job), existing=True)
+    try:
+        write_atomic(out, body)
+    except OSError as exc:
+        fail(exc)
+    what = ("evaluation result (its models' scores, not a model to load)"
+            if _is_evaluation(body) else "model")
+    console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
+                  soft_wrap=True, markup=False)  # the digest on one line, to copy whole
+
+
+def _not_the_servers(out: Path, settings: ServerSettings, config: Path) -> None:
+    """Exit with an error (code 2), even with ``--force``, when ``out`` names a file the server
+    keeps: its SQLite database or audit log, or the journal SQLite keeps beside either
+    (``-wal``, ``-shm``, ``-journal``), however it is named (a symlink, a relative path)."""
+    from fedforest_secure.dburl import sqlite_file
+
+    where = printable(str(config))
+    for what, key, url in (("database", "database", settings.database),
+                           ("audit log", "audit_database", settings.audit_database)):
+        kept = sqlite_file(url) if url else None
+        if kept is None:
+            continue
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = kept.with_name(kept.name + suffix)
+            if _same_file(out, path):
+                which = (f"the server's {what}" if not suffix else
+                         f"{path}, a file SQLite keeps beside the server's {what}")
+                fail(ValueError(f"{out} is {which} (`{key}` in {where}): nothing was "
+                                "written; write the model elsewhere"))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through symlinks and relative paths), or would
+    when neither exists yet."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:  # unreadable: no file of the server's that the command could replace
+        return False
 
 
 @server_cli.command("cancel-job")
@@ -248,8 +312,15 @@ def format_jobs(jobs: list[JobStatus]) -> str:
         waiting = [m.name for m in st.members if m.state == "invited" and not m.declined]
         said = [f"{m.name} declined ({m.declined})" for m in st.members
                 if m.state == "invited" and m.declined]
-        detail = st.reason or "; ".join(
-            said + ([f"waiting for {', '.join(waiting)}"] if waiting else []))
+        revoked = [m.name for m in st.members if m.state == "invited" and m.revoked]
+        waits = [f"waiting for {', '.join(waiting)}"] if waiting else []
+        if revoked:  # a job waits for them in vain: say why, and what lets them join
+            note = (f"{revoked[0]} is revoked: it cannot join until `fedforest server "
+                    f"rotate-token {revoked[0]}`" if len(revoked) == 1 else
+                    f"{', '.join(revoked)} are revoked: they cannot join until `fedforest "
+                    "server rotate-token NAME`")
+            waits = [f"{waits[0]} ({note})"] if waits else [note]
+        detail = st.reason or "; ".join(said + waits)
         rows.append(f"{st.job_id:<24} {st.status:<8} "
                     f"{'-' if st.round_id < 0 else st.round_id:>5} {level:>7} "
                     f"{st.phase or '-':<9} {st.joined_clients:>3}/{st.n_clients:<2} "

@@ -50,6 +50,19 @@ def _transport(server: str, token: str, ca: Path | None, cert: Path | None, key:
                      insecure_dev=insecure_dev)
 
 
+def _site_token(token: str, instead: str) -> None:
+    """Exit with an error (code 2), before connecting, when ``token`` is an operator's: it
+    opens ``/ui`` only, and ``instead`` says what the operator runs for what the command
+    does."""
+    if token.startswith("ffo_"):
+        fail(ValueError("the token (--token or FEDFOREST_TOKEN) is an operator token (ffo_...): "
+                        f"it opens the operator page /ui only, not the sites' requests; {instead}"))
+
+
+_SERVER_STATUS = ("the operator reads every job with `fedforest server status --config "
+                  "server.toml`")
+
+
 def format_eta(seconds: float | None) -> str:
     if seconds is None:
         return "unknown yet"
@@ -114,6 +127,8 @@ def register(app: typer.Typer) -> None:
 
         from fedforest_secure.protocol.api import JobListEntry
 
+        _site_token(token, _SERVER_STATUS)
+
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
@@ -142,6 +157,8 @@ def register(app: typer.Typer) -> None:
 
         from fedforest_secure.protocol.api import JobStatus
 
+        _site_token(token, _SERVER_STATUS)
+
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
@@ -168,6 +185,9 @@ def register(app: typer.Typer) -> None:
 
         from fedforest_secure.protocol.api import JobStatus
 
+        _site_token(token, "the operator writes a job's model from the server's database "
+                    f"with `fedforest server model --config server.toml --job {job} --out "
+                    f"{out}`")
         check_output(out, force=force)
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
@@ -209,6 +229,9 @@ def register(app: typer.Typer) -> None:
         `fedforest audit verify --db <out> --receipts <state dir>/receipts --job <job>`). The
         server serves it without the rounds' arrays (their digests are in the chain) unless
         its server.toml sets audit_arrays_for_sites = true."""
+        _site_token(token, "the operator exports a job's log from the audit database with "
+                    f"`fedforest audit export --db AUDIT_DATABASE --format jsonl --job {job} "
+                    f"--out {out}`")
         check_output(out, force=force)
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)

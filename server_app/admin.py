@@ -7,6 +7,7 @@ same database; nothing outside :mod:`server_app` reads its tables.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ from types import TracebackType
 
 from sqlalchemy import select
 
-from fedforest_secure.audit.log import to_url
+from fedforest_secure.audit.log import AuditLog, to_url
 from fedforest_secure.dburl import shown_url
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.protocol.api import JobStatus as JobStatusView
 
 from .audit_hook import AuditSink, open_audit
@@ -34,7 +36,12 @@ from .serve import spool_dir
 from .settings import ConfigError, ServerSettings
 from .status import job_status
 
-__all__ = ["JobSummary", "RoundSummary", "ServerAdmin"]
+__all__ = ["JobSummary", "NoModel", "RoundSummary", "ServerAdmin"]
+
+
+class NoModel(FedForestError, LookupError):
+    """A job whose model the operator asked for has none: no such job, not done, failed, or
+    a stored model that is not the one the job records."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,59 @@ class ServerAdmin:
         with self._db.session() as sess:
             job = sess.get(JobRow, job_id)
             return None if job is None else JobSummary._of(job)
+
+    def model(self, job_id: str) -> tuple[bytes, str]:
+        """A done job's model file (an evaluation job's result) and its SHA-256: the bytes a
+        member downloads (``GET /v1/jobs/{job}/model``), whose digest the log's ``model``
+        entry holds; :class:`NoModel` if the job has none, or if the stored model is not the
+        one the job's row records, or the one this config's audit log records."""
+        with self._db.session() as sess:
+            job = sess.get(JobRow, job_id)
+            if job is None:
+                raise NoModel(f"no job {job_id!r} on this server (`fedforest server status` "
+                              "lists its jobs)")
+            if job.status == JobStatus.FAILED:
+                raise NoModel(f"job {job_id!r} failed ({job.reason}): it has no model")
+            if job.status != JobStatus.DONE or job.model_json is None:
+                raise NoModel(f"job {job_id!r} is {job.status}: it has no model yet "
+                              "(`fedforest server status` shows how far it is)")
+            body, recorded = job.model_json.encode(), job.model_digest
+        digest = hashlib.sha256(body).hexdigest()
+        if digest != recorded:
+            raise NoModel(f"the stored model of job {job_id!r} has the SHA-256 {digest}, not "
+                          f"the one the job records ({recorded}): the database was changed")
+        self._check_logged_model(job_id, digest)
+        return body, digest
+
+    def _check_logged_model(self, job_id: str, digest: str) -> None:
+        """:class:`NoModel` unless ``digest`` is the one the job's ``model`` entry in this
+        config's audit log holds (a job that began with no audit log, or a config that names
+        none, has no entry to compare with: the database's own record stands)."""
+        if not self._audit_url:
+            return
+        with self._db.session() as sess:
+            if sess.get(AuditedJobRow, job_id) is None:
+                return
+            waiting = job_id in first_queued(sess)
+        shown = shown_url(to_url(self._audit_url))
+        with AuditLog(to_url(self._audit_url), create=False) as log:
+            entries = log.entries(job_id=job_id, kind="model")
+        if not entries:
+            raise NoModel(
+                f"the model entry of job {job_id!r} still waits in the server's database for "
+                f"the audit log at {shown}: the running server appends it when the log "
+                "answers; run this command again then" if waiting else
+                f"the audit log at {shown} holds no model entry of job {job_id!r}: give the "
+                "server config that names the audit_database the job began with")
+        entry = entries[-1]
+        try:
+            logged = entry.payload.get("digest")
+        except ValueError:  # a damaged entry
+            logged = None
+        if logged != digest:
+            raise NoModel(f"the stored model of job {job_id!r} has the SHA-256 {digest}, not "
+                          f"the one the audit log's model entry (seq {entry.seq}) holds "
+                          f"({logged}): the database was changed")
 
     def evaluation_digests(self, job_id: str) -> list[str] | None:
         """The SHA-256 of each model an evaluation job scores (None: no such job, or not an

@@ -71,7 +71,7 @@ from fedforest_secure.secagg.directory import Certification
 from . import __version__
 from .app_errors import add_error_handlers
 from .audit_hook import AuditSink, NullAudit
-from .auth import TokenCache
+from .auth import TokenCache, refusal
 from .db import ClientRow, Database
 from .errors import ApiError
 from .lease import LeaseLost, ServerLease
@@ -120,7 +120,7 @@ async def _client(request: Request,
     if not known:
         row = await run_in_threadpool(tokens, creds.credentials)
     if row is None:
-        raise ApiError(401, "unauthenticated", "unknown or revoked token")
+        raise ApiError(401, "unauthenticated", refusal(creds.credentials))
     return row
 
 
@@ -300,7 +300,14 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 cert = json.dumps(Certification.from_json(body.identity_cert).to_json())
             except InvalidMessage as exc:
                 raise ApiError(400, "invalid_identity", str(exc)) from exc
-        return await run_in_threadpool(st.join, c, job_id, key, cert)
+        def join_if_held() -> dict[str, Any]:
+            # the token in the database, not the cache's row: a site revoked (or given a new
+            # token) a moment ago joins no job, as `server status` and /ui tell the operator
+            if not app.state.tokens.still_holds(c):
+                raise ApiError(401, "unauthenticated", "unknown or revoked token")
+            return st.join(c, job_id, key, cert)
+
+        return await run_in_threadpool(join_if_held)
 
     @app.post("/v1/jobs/{job_id}/decline", tags=["jobs"])
     async def decline(job_id: JobId, body: DeclineBody, c: Client) -> dict[str, Any]:

@@ -21,12 +21,16 @@ from fedforest_secure.protocol.api import NAME_PATTERN
 
 from .db import ClientRow, Database, OperatorRow, lost_race
 
-__all__ = ["TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
-           "authenticate_operator", "hash_secret", "new_token", "revoke_client", "rotate_token"]
+__all__ = ["REVOKED", "TokenCache", "TokenError", "add_client", "add_operator", "authenticate",
+           "authenticate_operator", "hash_secret", "is_revoked", "new_token", "refusal",
+           "revoke_client", "rotate_token"]
 
 _TOKEN_RE = re.compile(r"^ffs_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _OPERATOR_RE = re.compile(r"^ffo_([A-Za-z0-9]{16})_([A-Za-z0-9_-]{43})$")
 _NAME_RE = re.compile(NAME_PATTERN)
+
+#: the stored token hash of a revoked client: no SHA-256 hex digest equals it
+REVOKED = "revoked"
 
 
 class TokenError(ValueError):
@@ -76,7 +80,12 @@ def revoke_client(db: Database, name: str) -> None:
     """Client ``name`` keeps no token that authenticates (its memberships and audit entries
     stay); :func:`rotate_token` gives it one again."""
     _, token_id, _ = new_token()
-    _set_token(db, name, token_id, "revoked")  # no SHA-256 hex digest equals this
+    _set_token(db, name, token_id, REVOKED)
+
+
+def is_revoked(row: ClientRow) -> bool:
+    """Whether client ``row`` was revoked (and not given a token since)."""
+    return row.token_hash == REVOKED
 
 
 def _set_token(db: Database, name: str, token_id: str, token_hash: str) -> None:
@@ -127,6 +136,16 @@ def authenticate_operator(db: Database, token: str) -> OperatorRow | None:
     expected = row.token_hash if row is not None else hash_secret("no such token")
     ok = hmac.compare_digest(expected, hash_secret(secret))
     return row if (ok and row is not None) else None
+
+
+def refusal(token: str) -> str:
+    """Why the sites' API refused ``token`` (:func:`authenticate` found no client owning it):
+    a token of an operator's form is named as one, by its form alone (whether it is a valid
+    operator token is not looked up, so the answer tells its holder nothing more)."""
+    if token.startswith("ffo_"):
+        return ("an operator token (ffo_...) opens the operator page /ui only; the sites' "
+                "requests take a site's token (ffs_...)")
+    return "unknown or revoked token"
 
 
 def authenticate(db: Database, token: str) -> ClientRow | None:

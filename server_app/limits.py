@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from .auth import TokenCache
+from .auth import TokenCache, refusal
 from .db import ClientRow
 from .lease import ServerLease
 from .logs import REPEAT_EVERY_S, OncePer
@@ -278,7 +278,7 @@ class TransportLimits:
         if row is None:
             self._log_limited("auth_refused", scope, reason="unknown or revoked token",
                               peer=self._peer(scope))
-            raise _Refused(401, "unauthenticated", "unknown or revoked token")
+            raise _Refused(401, "unauthenticated", refusal(token.strip()))
         if self.peer_names is not None:
             name = self._peer(scope)
             if name != row.name:

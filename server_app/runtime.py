@@ -45,6 +45,7 @@ from fedforest_secure.secure_sum import make_codec
 
 from ._joins import decline, job_offer, join
 from .audit_hook import AuditSink
+from .auth import is_revoked
 from .cancel import apply_cancels, cancel
 from .core import Core, check_seat, check_upload_round
 from .db import (
@@ -166,6 +167,13 @@ class ServerState:
             missing = [n for n in spec.clients if n not in rows]
             if missing:
                 raise ConfigError(f"unknown clients {missing}: run `fedforest server add-client`")
+            revoked = [n for n in spec.clients if is_revoked(rows[n])]
+            if revoked:
+                raise ConfigError(
+                    f"revoked clients {revoked}: their tokens no longer authenticate, so the "
+                    "job would wait for them forever; give each a new token (`fedforest "
+                    "server rotate-token NAME`, and a new certificate if its old one leaked) "
+                    "or leave it out of the job's clients")
             job = JobRow(id=spec.id, spec_json=spec.model_dump_json(),
                          config_json=config.to_json(), status=JobStatus.WAITING, reason="",
                          min_clients=min_clients, round_deadline_s=spec.round_deadline,

@@ -4,7 +4,9 @@ The fields are :class:`fedforest_secure.protocol.api.JobStatus`'s. Members see e
 names and states, as the job's audit log (which every member can fetch) records them in
 ``client_joined`` and ``client_dropped``. Why a site declined the job (its code: ``table``
 may say that a value of its table lies outside the schema's bounds) is shown to the operator
-and to that site only; nothing here is about any site's data.
+and to that site only, and so is nothing else the operator did to a site (an invited member
+whose client it revoked is ``revoked`` in its view only); nothing here is about any site's
+data.
 
 The ETA is a plain extrapolation: the time the levels so far took, per level, times the levels
 left (later levels have more nodes, so it errs on the short side). A level that overruns that
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from .db import JobRow, MemberRow, RoundRow
 from .phases import JobStatus, MemberState, RoundStatus
-from .store import client_names, closed_rounds, declines_of, members_of
+from .store import client_names, closed_rounds, declines_of, members_of, revoked_members
 
 __all__ = ["job_status", "progress"]
 
@@ -92,6 +94,10 @@ def job_status(sess: Session, job: JobRow, member: MemberRow | None, now: float,
                "dropped_round": m.dropped_round,
                "declined": declined.get(m.client_index)}
               for m in sorted(members, key=lambda m: m.client_index)]
+    if member is None:  # the operator's view: a site revoked while the job waits for it
+        revoked = revoked_members(sess, job.id)
+        for m in listed:
+            m["revoked"] = m["state"] == MemberState.INVITED and m["index"] in revoked
     return {
         "job_id": job.id, "status": job.status, "reason": job.reason,
         "round_id": job.current_round,

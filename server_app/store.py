@@ -14,6 +14,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection, Executable, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session, undefer
 
+from .auth import REVOKED
 from .db import ClientRow, JobRow, MemberRow, RoundRow, SecAggMessageRow, UploadRow
 from .errors import ApiError
 from .phases import JobStatus, MemberState, RoundStatus
@@ -40,6 +41,7 @@ __all__ = [
     "open_round",
     "open_round_deadline",
     "participants",
+    "revoked_members",
     "round_dropped",
     "round_messages",
     "rounds_of",
@@ -220,6 +222,14 @@ def client_names(sess: Session, job_id: str) -> dict[int, str]:
                         .join(ClientRow, ClientRow.id == MemberRow.client_id)
                         .where(MemberRow.job_id == job_id))
     return {int(idx): str(name) for idx, name in rows}
+
+
+def revoked_members(sess: Session, job_id: str) -> set[int]:
+    """The client indices of the job's members whose clients are revoked (no token of theirs
+    authenticates: :func:`~server_app.auth.revoke_client`)."""
+    return {int(idx) for idx in sess.scalars(
+        select(MemberRow.client_index).join(ClientRow, ClientRow.id == MemberRow.client_id)
+        .where(MemberRow.job_id == job_id, ClientRow.token_hash == REVOKED))}
 
 
 def rounds_of(sess: Session, job_id: str) -> list[RoundRow]:

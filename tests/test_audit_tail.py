@@ -149,6 +149,33 @@ def test_attack4_a_deleted_model_entry_is_caught(copy: tuple[Path, Path]) -> Non
     assert not report.ok, "a log without its model entry passes verify --receipts --replay"
 
 
+def test_a_member_no_receipt_in_the_directory_vouches_for_is_named_in_a_note(
+        copy: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every site's receipts file but client-0's: the log verifies (the others' receipts pin
+    its chain to the end), and a NOTE names the member the log lists in its rounds that no
+    receipt in the directory is of. With every site's file there is no such note."""
+    db, receipts = copy
+    assert verify_log(db, receipts).notes == []
+    two = tmp_path / "two-sites"
+    two.mkdir()
+    for k in (1, 2):
+        name = f"client-{k}.jsonl"
+        (two / name).write_bytes((receipts / name).read_bytes())
+    report = verify_log(db, two)
+    assert report.ok, report.problems
+    assert report.notes == [
+        f"job {JOB!r}: no receipt in {two} is of client-0, a member the log says joined or "
+        "took part in its rounds: what the log says that site sent and received is the "
+        "server's word only (add that site's receipts file to check it)"]
+    one = tmp_path / "one-site"
+    one.mkdir()
+    (one / "client-2.jsonl").write_bytes((receipts / "client-2.jsonl").read_bytes())
+    assert verify_log(db, one).notes == [
+        f"job {JOB!r}: no receipt in {one} is of client-0, client-1, members the log says "
+        "joined or took part in its rounds: what the log says those sites sent and received "
+        "is the server's word only (add those sites' receipts files to check it)"]
+
+
 def test_without_a_model_receipt_the_unreceipted_tail_is_named(copy: tuple[Path, Path],
                                                                tmp_path: Path) -> None:
     db, receipts = copy

@@ -747,7 +747,8 @@ def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
         tmp_path: Path) -> None:
     """alice is dropped after round 0 and checks the honest log with her own receipts: the
     round after her drop and the model are not hers to vouch for (a note saying whose
-    receipts can), not a problem. The same receipts of a site not dropped leave a problem."""
+    receipts can, and one naming bob, of whom the directory holds no receipt), not a problem.
+    The same receipts of a site not dropped leave a problem."""
     receipts = tmp_path / "receipts"
     with AuditLog(tmp_path / "audit.db") as log:
         rec = _round_zero_receipted(log, receipts)
@@ -762,10 +763,52 @@ def test_a_dropped_sites_own_receipts_leave_the_rounds_after_its_drop_to_a_note(
             f"job '{JOB}': these receipts are of sites the log says were dropped (alice (seq "
             f"5)): the entries after seq 3, job '{JOB}' seq 6 (round) and job '{JOB}' seq 7 "
             "(model) among them, are vouched for by the other sites' receipts only: add "
-            "theirs to check them"]
+            "theirs to check them",
+            f"job '{JOB}': no receipt in {receipts} is of bob, a member the log says joined "
+            "or took part in its rounds: what the log says that site sent and received is the "
+            "server's word only (add that site's receipts file to check it)"]
         sql(log, "DELETE FROM audit_entries WHERE seq = 5")  # no drop: a cut chain is named
         assert any("covered by no receipt" in p
                    for p in verify_log(log, receipts_dir=receipts).problems)
+
+
+def test_a_site_dropped_before_any_round_listed_it_is_noted_as_only_said_to_have_joined(
+        tmp_path: Path) -> None:
+    """carol joins and is dropped before round 0 closes; alice and bob receipt round 0 and the
+    model, and carol's honest receipts file holds nothing of the job: the note on carol says
+    that she joined is the server's word only (no receipts file of hers could say more), not
+    to add her file. Without bob's file, bob gets the note asking for it."""
+    receipts = tmp_path / "receipts"
+    with AuditLog(tmp_path / "audit.db") as log:
+        rec = log.job(JOB)
+        rec.job_created(schema={"features": ["x"]}, hyperparameters={"n_estimators": 1},
+                        profile={"name": "secure"})
+        for c in ("alice", "bob", "carol"):
+            rec.client_joined(c)
+        rec.client_dropped("carol", round_id=0, reason="deadline")
+        seq, head = log.tip(JOB)
+        ups = {c: upload_digest(f"{c}/0".encode()) for c in ("alice", "bob")}
+        for c, digest in ups.items():
+            write_receipt(receipts, Receipt(JOB, 0, c, digest, head, seq))
+        rec.round(_task(0), uploads=ups, aggregate=np.arange(6.0), masked=True)
+        rec.model(digest="cd" * 32)
+        seq, head = log.tip(JOB)
+        for c in ups:
+            write_receipt(receipts, ModelReceipt(JOB, c, "cd" * 32, head, seq))
+        (receipts / "carol.jsonl").write_text("")
+        carol = (f"job '{JOB}': no receipt in {receipts} is of carol, a member the log says "
+                 "joined and was dropped (seq 5) before any round listed its upload: a site "
+                 "that uploaded nothing keeps no receipt of the job, so that it joined is the "
+                 "server's word only")
+        report = verify_log(log, receipts_dir=receipts)
+        assert report.ok, report.problems
+        assert report.notes == [carol]
+        (receipts / "bob.jsonl").unlink()
+        assert verify_log(log, receipts_dir=receipts).notes == [
+            carol,
+            f"job '{JOB}': no receipt in {receipts} is of bob, a member the log says joined "
+            "or took part in its rounds: what the log says that site sent and received is the "
+            "server's word only (add that site's receipts file to check it)"]
 
 
 def test_a_round_and_model_logged_after_every_site_was_dropped_are_a_problem(

@@ -488,6 +488,25 @@ def test_token_cache_forgets_a_revoked_token_after_its_ttl(env: dict) -> None:
 
 
 @pytest.mark.parametrize("change", ["revoke", "rotate"])
+def test_a_token_revoked_while_the_cache_holds_it_joins_no_job(env: dict,
+                                                              change: str) -> None:
+    """client-0's token is in the token cache (it just read the job) when it is revoked (or
+    replaced): its other requests still pass for up to the cache's 30 s, but its join is
+    refused at once (the join checks the token in the database)."""
+    from server_app.auth import revoke_client, rotate_token
+
+    http, token = env["http"], env["tokens"][0]
+    assert http.get("/v1/jobs/job-a", headers=auth(token)).status_code == 200
+    (revoke_client if change == "revoke" else rotate_token)(env["db"], "client-0")
+    assert http.get("/v1/jobs/job-a", headers=auth(token)).status_code == 200  # cached
+    refused = http.post("/v1/jobs/job-a/join", headers=auth(token))
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["detail"] == "unknown or revoked token"
+    assert http.post("/v1/jobs/job-a/join",
+                     headers=auth(env["tokens"][1])).status_code == 200
+
+
+@pytest.mark.parametrize("change", ["revoke", "rotate"])
 def test_a_long_poll_answered_after_its_token_was_revoked_is_refused(env: dict,
                                                                      change: str) -> None:
     """A site's long poll waits for the job to start; its token is revoked (or replaced)

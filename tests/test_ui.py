@@ -491,6 +491,32 @@ def test_a_browser_shows_a_stalled_level_as_overrun_with_the_phase_deadline_not_
 
 
 @pytest.mark.integration
+def test_a_browser_marks_a_revoked_member_a_waiting_job_waits_for(tmp_path: Path) -> None:
+    """The /ui job list's ``revoked`` member: the page says it cannot join and what lets it."""
+    from fastapi.responses import JSONResponse
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    waiting = {**RUNNING_JOB, "status": "waiting", "round_id": -1, "level": None,
+               "phase": None, "members": [
+                   {"name": "client-0", "index": 0, "state": "active", "revoked": False},
+                   {"name": "client-1", "index": 1, "state": "invited", "revoked": True}]}
+    answers = iter([JSONResponse({"version": "x", "jobs": [waiting]})] * 100)
+    with _page_with_api(answers) as (driver, port):
+        driver.get(f"http://127.0.0.1:{port}/ui")
+        driver.find_element(By.ID, "token").send_keys("ffo_x")
+        driver.find_element(By.ID, "show").click()
+        WebDriverWait(driver, 30).until(
+            lambda _: driver.find_elements(By.CSS_SELECTOR, "tr.member"))
+        states = {r.get_attribute("data-member"): r.find_elements(By.TAG_NAME, "td")[2].text
+                  for r in driver.find_elements(By.CSS_SELECTOR, "tr.member")}
+        assert states == {"client-0": "active", "client-1": "invited (revoked: it cannot join "
+                          "until `fedforest server rotate-token client-1`)"}
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors
+
+
+@pytest.mark.integration
 def test_the_operators_certificate_opens_the_page_of_a_server_that_asks_for_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real server with ``client_ca`` (it asks every connection for a certificate of the

@@ -157,6 +157,29 @@ def check_receipts(entries: Sequence[Entry], receipts_dir: Path, job_id: str | N
                                          receipted_by[job], running.get(job))
         out.extend(problems)
         notes.extend(noted)
+        chain = chains.get(job, {})
+        left = _dropped_before_uploading(chain)
+        unsent = sorted(set(left) & (_took_part(chain) - receipted_by[job]))
+        if unsent:  # no receipt can be of them: the server's word that they joined at all
+            whom, sites = (
+                (f"a member the log says joined and was dropped (seq {left[unsent[0]]}) "
+                 "before any round listed its upload", "a site that uploaded nothing keeps "
+                 "no receipt of the job, so that it joined") if len(unsent) == 1 else
+                ("members the log says joined and were dropped ("
+                 + ", ".join(f"seq {left[s]}" for s in unsent) + ") before any round listed "
+                 "their uploads", "sites that uploaded nothing keep no receipt of the job, so "
+                 "that they joined"))
+            notes.append(f"job {job!r}: no receipt in {receipts_dir} is of "
+                         f"{', '.join(unsent)}, {whom}: {sites} is the server's word only")
+        unvouched = sorted(_took_part(chain) - receipted_by[job] - set(unsent))
+        if unvouched:  # the log's word alone for them: the server may have played them
+            whom, sites, files = (("a member", "that site", "that site's receipts file")
+                                  if len(unvouched) == 1 else
+                                  ("members", "those sites", "those sites' receipts files"))
+            notes.append(f"job {job!r}: no receipt in {receipts_dir} is of "
+                         f"{', '.join(unvouched)}, {whom} the log says joined or took part "
+                         f"in its rounds: what the log says {sites} sent and received is the "
+                         f"server's word only (add {files} to check it)")
     for job in sorted(set(chains) - set(covered)):
         if any(e.kind in _RECEIPTED for e in chains[job].values()):
             out.append(f"job {job!r}: no receipt in {receipts_dir} is of this job, so its "
@@ -220,6 +243,34 @@ def _roster(chain: Mapping[int, Entry], covered: int) -> set[str]:
                 if isinstance(listed, list):
                     out.update(str(c) for c in listed)
             elif e.kind in (EntryKind.CLIENT_JOINED.value, EntryKind.CLIENT_DROPPED.value):
+                out.add(str(e.payload.get("client")))
+            elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
+                out.update(str(c) for c in e.payload["clients"])
+        except ValueError:  # unreadable: named by the chain's own check
+            continue
+    return out
+
+
+def _dropped_before_uploading(chain: Mapping[int, Entry]) -> dict[str, int]:
+    """The sites a chain records as dropped that no ``round`` entry lists as uploading, with
+    the seq of the drop."""
+    listed: set[str] = set()
+    for e in chain.values():
+        try:
+            if e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
+                listed.update(str(c) for c in e.payload["clients"])
+        except ValueError:  # unreadable: named by the chain's own check
+            continue
+    return {s: seq for s, seq in _dropped_at(chain).items() if s not in listed}
+
+
+def _took_part(chain: Mapping[int, Entry]) -> set[str]:
+    """The sites the chain says joined the job or took part in a round (a site invited that
+    never joined has no part to vouch for)."""
+    out: set[str] = set()
+    for e in chain.values():
+        try:
+            if e.kind == EntryKind.CLIENT_JOINED.value:
                 out.add(str(e.payload.get("client")))
             elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
                 out.update(str(c) for c in e.payload["clients"])

@@ -25,9 +25,12 @@ and, given a receipts directory, that every receipt agrees with the log
 (see :mod:`fedforest_secure.audit.receipts`) and that the receipts cover each receipted job's
 tail: some receipt pins a chain head at or after the job's last round entry and after its model
 entry (a model receipt does), a model receipt's digest is the logged model's, and a log that lost
-its model entry is named. A failure receipt (the server told a site its job failed) needs the
-log's entry of the failure (``round_aborted`` or ``job_failed``) within the chain head it pins,
-and no model entry. A job whose chain has not ended (no ``model``, ``job_failed`` or
+its model entry is named; a site the log says joined the job or took part in its rounds and of
+which no receipt is given is named in a note (its part is the server's word only; of one
+dropped before any round listed its upload, which keeps no receipt, that it joined). A failure
+receipt (the server told a site its job failed) needs the log's entry of the failure
+(``round_aborted`` or ``job_failed``) within the chain head it pins, and no model entry. A
+job whose chain has not ended (no ``model``, ``job_failed`` or
 ``round_aborted`` entry: it was running when the log was read) and of which no receipt is a
 model or failure receipt (a site that holds one knows it ended) is checked as far as the log
 goes: its sites' receipts of later rounds and its last round not receipted yet are notes, and

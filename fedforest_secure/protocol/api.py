@@ -205,6 +205,9 @@ class MemberStatus(_Response):
     #: an invited site that declined the job: why (:data:`DECLINE_CODES`), until it joins;
     #: shown to the operator and to that site only (None to the other sites)
     declined: str | None = None
+    #: an invited site whose client the operator revoked (it cannot join until it has a new
+    #: token); in the operator's view only (False in a site's)
+    revoked: bool = False
 
 
 class JobStatus(_Response):

@@ -75,7 +75,9 @@
     for (const m of job.members) {
       const state = m.state + (m.state === "dropped" && m.dropped_round !== null
                                ? " at round " + m.dropped_round : "")
-                            + (m.declined ? " (declined: " + m.declined + ")" : "");
+                            + (m.declined ? " (declined: " + m.declined + ")" : "")
+                            + (m.revoked ? " (revoked: it cannot join until " +
+                               "`fedforest server rotate-token " + m.name + "`)" : "");
       members.append(el("tr", {class: "member state-" + m.state, "data-member": m.name},
                         el("td", {}, m.index), el("td", {}, m.name), el("td", {}, state)));
     }
