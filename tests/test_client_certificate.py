@@ -104,11 +104,12 @@ def _offering(profile: str) -> JoiningTransport:
     return tr
 
 
-def _run(tmp_path: Path, tr: JoiningTransport, cert: Path, key: Path | None) -> None:
-    """The client started with ``--cert cert --key key`` against ``tr``, until it joins
-    (:class:`_Joined`)."""
+def _run(tmp_path: Path, tr: JoiningTransport, cert: Path, key: Path | None,
+         ca: Path | None = None) -> None:
+    """The client started with ``--cert cert --key key`` (and ``--ca ca``) against ``tr``,
+    until it joins (:class:`_Joined`)."""
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None, cert=cert,
+                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=ca, cert=cert,
                          key=key, state_dir=tmp_path / "state", quiet=True)
     runner._run(opts, tr, ClientState(opts.state_dir),  # type: ignore[arg-type]
                 np.zeros((4, 2)), np.zeros(4), SiteLog(stream=io.StringIO()))
@@ -139,6 +140,36 @@ def test_a_site_whose_certificate_is_not_a_sites_does_not_join_a_secure_job(
         "joined the job")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
     assert not (tmp_path / "state" / f"identity-{JOB}.ed25519").exists()
+
+
+@pytest.mark.parametrize("profile", ["secure", "open"])
+def test_a_site_whose_ca_file_holds_two_cas_does_not_join_a_secure_job(
+        tmp_path: Path, certs: Path, profile: str) -> None:
+    """--ca holding the federation CA and another (an old CA beside the new, as in a CA
+    changeover): TLS would trust both, the identities of a secure job are checked against one
+    CA; the client stops before the join, naming the file and what to give instead. An open
+    job certifies no identity: the bundle only verifies the server there."""
+    other = tmp_path / "other"
+    init_dev_pki(other, 0)
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes((certs / "ca.pem").read_bytes() + (other / "ca.pem").read_bytes())
+    tr = _offering(profile)
+    if profile == "open":
+        with pytest.raises(_Joined):
+            _run(tmp_path, tr, certs / "client-0.pem", certs / "client-0.key", bundle)
+        return
+    with pytest.raises(FedForestError) as exc:
+        _run(tmp_path, tr, certs / "client-0.pem", certs / "client-0.key", bundle)
+    assert str(exc.value) == (
+        f"--ca {bundle}: it holds 2 certificates, not the federation CA's alone: a site trusts "
+        "one federation CA, whose certificates certify every site's identity in a secure job. "
+        "Give the federation CA's certificate alone (the ca.pem the coordinator sent, whose "
+        "fingerprint the sites compared): in a CA changeover the site moves to the new CA's "
+        "ca.pem with its certificate from that CA. This site has not joined the job")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+    with pytest.raises(_Joined):  # the CA alone: the same site joins
+        _run(tmp_path, _offering(profile), certs / "client-0.pem", certs / "client-0.key",
+             certs / "ca.pem")
 
 
 def test_a_job_without_secure_aggregation_takes_any_certificate_of_the_federation(

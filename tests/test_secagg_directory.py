@@ -431,3 +431,21 @@ def test_a_site_started_with_the_operator_certificate_is_told_so(tmp_path: Path)
         _connect_as_site_0(tmp_path, (tmp_path / "operator.pem").read_bytes(),
                            (tmp_path / "operator.key").read_bytes())
     assert not isinstance(exc.value, InvalidMessage)
+
+
+def test_a_ca_bundle_is_refused_without_accusing_a_peer(pkis: tuple[Path, Path]) -> None:
+    """A site's --ca holding two CAs (a new one and the one it replaced, as in a CA
+    changeover): a directory of sites of both is neither checked against the first CA only
+    (the second's sites accused: the job fails over this site's file) nor against both (an
+    identity of a CA the federation dropped would be taken): ValueError, no peer named."""
+    a, b = pkis
+    keys, certs = _entries(a, 2)
+    other_keys, other_certs = _entries(b, 3)
+    keys[2], certs[2] = other_keys[2], other_certs[2]
+    bundle = (a / "ca.pem").read_bytes() + (b / "ca.pem").read_bytes()
+    with pytest.raises(ValueError) as exc:
+        verify_directory(JOB, keys, certs, bundle)
+    assert not isinstance(exc.value, InvalidMessage)  # no peer accused
+    assert str(exc.value) == ("it holds 2 certificates, not the federation CA's alone: a site "
+                              "trusts one federation CA, whose certificates certify every "
+                              "site's identity in a secure job")
