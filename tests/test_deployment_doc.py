@@ -94,14 +94,14 @@ def test_the_documented_health_probe_certificate_opens_health_and_certifies_no_s
     from fedforest_secure.secagg.directory import certify_identity, verify_directory
 
     issue = [line for line in command_lines() if " --name probe " in f"{line} "]
-    assert issue == ["fedforest pki issue --ca-dir certs/ --name probe --operator"]
+    assert issue == ["fedforest pki issue --ca-dir ca/ --name probe --operator"]
     curl = [shlex.split(c) for c in re.findall(r"`(curl\s[^`]*probe\.pem[^`]*)`",
                                                  DOC.read_text())]
     assert len(curl) == 1 and curl[0][-1].endswith("/health"), curl
     if shutil.which("curl") is None:
         pytest.skip("the documented probe runs curl, which this machine lacks")
     server = provision(tmp_path, ["client-0"], [])
-    words = [str(server.certs) if w == "certs/" else w for w in shlex.split(issue[0])]
+    words = [str(server.certs) if w == "ca/" else w for w in shlex.split(issue[0])]
     res = CliRunner().invoke(app, words[1:])
     assert res.exit_code == 0, res.output
     # the documented options, against this server's URL, from the certificates' directory
