@@ -129,16 +129,18 @@ def check_own_certificate(cert: Path, job: str) -> None:
 
 def check_federation_ca(ca: Path, job: str) -> None:
     """Refuse (:class:`FedForestError`) to join the secure job ``job`` with a ``--ca`` file
-    that holds more than the federation CA's certificate (:func:`~fedforest_secure.secagg.
-    directory.federation_ca`): every identity of the job is checked against exactly one CA."""
+    that holds more than the federation CA's certificate and the CAs above it (:func:`~
+    fedforest_secure.secagg.directory.federation_ca`): every identity of the job is checked
+    against exactly one CA, the file's first."""
     try:
         federation_ca(ca.read_bytes())
     except ValueError as exc:
         raise FedForestError(
-            f"--ca {ca}: {exc}. Give the federation CA's certificate alone (the ca.pem the "
-            "coordinator sent, whose fingerprint the sites compared): in a CA changeover "
-            "the site moves to the new CA's ca.pem with its certificate from that CA. This "
-            "site has not joined the job") from None
+            f"--ca {ca}: {exc}. Give the federation CA's certificate (the ca.pem the "
+            "coordinator sent, whose fingerprint the sites compared; on an institution's PKI, "
+            "the CA that issues the sites' certificates, then the CAs above it): in a CA "
+            "changeover the site moves to the new CA's ca.pem with its certificate from that "
+            "CA. This site has not joined the job") from None
 
 
 def join_body(state: ClientState, job: str, cert: Path | None, key: Path | None, *,

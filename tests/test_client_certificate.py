@@ -15,6 +15,7 @@ import pytest
 from nacl.signing import SigningKey
 from test_client_responses import JOB, ScriptedTransport, _config, _schema
 from test_secagg_directory import _leaf
+from two_tier_pki import write_two_tier_pki
 from typer.testing import CliRunner
 
 from client_app import runner
@@ -160,16 +161,33 @@ def test_a_site_whose_ca_file_holds_two_cas_does_not_join_a_secure_job(
         return
     with pytest.raises(FedForestError) as exc:
         _run(tmp_path, tr, certs / "client-0.pem", certs / "client-0.key", bundle)
+    ca = "'CN=FedForest dev CA,O=FedForest Secure federation'"
     assert str(exc.value) == (
-        f"--ca {bundle}: it holds 2 certificates, not the federation CA's alone: a site trusts "
-        "one federation CA, whose certificates certify every site's identity in a secure job. "
-        "Give the federation CA's certificate alone (the ca.pem the coordinator sent, whose "
-        "fingerprint the sites compared): in a CA changeover the site moves to the new CA's "
-        "ca.pem with its certificate from that CA. This site has not joined the job")
+        f"--ca {bundle}: certificate 2 of 2 ({ca}) did not sign certificate 1 ({ca}): the file "
+        "holds more than the federation CA and the CAs above it. A site trusts one federation "
+        "CA, whose certificates certify every site's identity in a secure job; its --ca holds "
+        "that CA, optionally followed by the CAs above it up to a root, each signed by the "
+        "next. Give the federation CA's certificate (the ca.pem the coordinator sent, whose "
+        "fingerprint the sites compared; on an institution's PKI, the CA that issues the "
+        "sites' certificates, then the CAs above it): in a CA changeover the site moves to "
+        "the new CA's ca.pem with its certificate from that CA. This site has not joined the "
+        "job")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
     with pytest.raises(_Joined):  # the CA alone: the same site joins
         _run(tmp_path, _offering(profile), certs / "client-0.pem", certs / "client-0.key",
              certs / "ca.pem")
+
+
+def test_a_site_on_a_two_tier_pki_joins_a_secure_job_with_the_chain_as_its_ca(
+        tmp_path: Path) -> None:
+    """--ca holding the issuing CA that signed the site's certificate, then the root above it
+    (an institution's PKI): the client joins the secure job."""
+    pki = tmp_path / "pki"
+    write_two_tier_pki(pki, ["hospital-a"])
+    tr = _offering("secure")
+    with pytest.raises(_Joined):
+        _run(tmp_path, tr, pki / "hospital-a.pem", pki / "hospital-a.key", pki / "ca.pem")
+    assert tr.sent[-1] == ("POST", f"/v1/jobs/{JOB}/join")
 
 
 def test_a_job_without_secure_aggregation_takes_any_certificate_of_the_federation(

@@ -206,21 +206,39 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
 
 
 def federation_ca(ca_pem: bytes) -> x509.Certificate:
-    """The one CA certificate of the PEM text ``ca_pem`` (a site's ``--ca``), which certifies
-    every identity of a secure job. ValueError for a file holding several: TLS would trust
-    each of them, and a directory checked against one CA of several would accuse the sites of
-    the others, one checked against all would take identities from any of them (an old CA a
-    new one replaced because a key leaked, another institution's CA): a site trusts exactly
-    one federation CA."""
+    """The federation CA of the PEM text ``ca_pem`` (a site's ``--ca``): its first certificate,
+    which certifies every identity of a secure job. The file holds that CA alone, or one chain
+    from it: the CA, then the CAs above it (an institution's issuing CA, then its root, for
+    TLS), each signed by the next and nothing after a self-signed root. ValueError for anything
+    else, e.g. two unrelated CAs: TLS would trust each of them, and a directory checked against
+    one would accuse the sites of the others, one checked against all would take identities
+    from any of them (an old CA a new one replaced because a key leaked, another institution's
+    CA): a site trusts exactly one federation CA."""
     try:
         certs = x509.load_pem_x509_certificates(ca_pem)
     except ValueError:
         raise ValueError("not a PEM certificate") from None
-    if len(certs) != 1:
-        raise ValueError(f"it holds {len(certs)} certificates, not the federation CA's alone: "
-                         "a site trusts one federation CA, whose certificates certify every "
-                         "site's identity in a secure job")
+    for k, (lower, upper) in enumerate(zip(certs, certs[1:], strict=False), start=1):
+        signed = verify_signed_by(lower, upper)
+        if signed and not _self_signed(lower):
+            continue
+        what = "follows a self-signed root" if signed else \
+            f"did not sign certificate {k} ({_subject(lower)})"
+        raise ValueError(
+            f"certificate {k + 1} of {len(certs)} ({_subject(upper)}) {what}: the file "
+            "holds more than the federation CA and the CAs above it. A site trusts one "
+            "federation CA, whose certificates certify every site's identity in a secure "
+            "job; its --ca holds that CA, optionally followed by the CAs above it up to a "
+            "root, each signed by the next")
     return certs[0]
+
+
+def _self_signed(cert: x509.Certificate) -> bool:
+    return cert.issuer == cert.subject and verify_signed_by(cert, cert)
+
+
+def _subject(cert: x509.Certificate) -> str:
+    return repr(cert.subject.rfc4514_string())
 
 
 def verify_directory(job_id: str, keys: Mapping[int, bytes],
@@ -236,7 +254,7 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
     this machine's clock problem, not the peer's: :class:`RefusedRequest` (code ``other``,
     accusing nobody) says so, with this machine's time and the certificate's dates; one that
     starts within the leeway is accepted. ValueError (accusing nobody) for a ``ca_pem`` that
-    holds more than one certificate (:func:`federation_ca`).
+    holds more than the federation CA and the CAs above it (:func:`federation_ca`).
     """
     ca = federation_ca(ca_pem)
     when = now or _dt.datetime.now(_dt.UTC)
