@@ -190,9 +190,40 @@ def test_sign_refuses_a_name_in_other_letter_case_than_one_issued(tmp_path: Path
                                                                   ca: Path) -> None:
     assert _pki("sign", "--csr", str(_request(tmp_path, "hospital-a")), "--ca-dir",
                 str(ca))[0] == 0
+    """The twin's certificate was signed for its site's own key: the refusal says it is
+    renewed from that site's new request, never by a key made on the CA's side."""
     code, out = _pki("sign", "--csr", str(_request(tmp_path, "Hospital-A", "twin")),
                      "--ca-dir", str(ca))
-    assert code == 2 and "'Hospital-A' differs in letter case only from 'hospital-a'" in out
+    assert code == 2
+    assert out == (f"error: 'Hospital-A' differs in letter case only from 'hospital-a', whose "
+                   f"certificate is in {ca}: a disk that ignores letter case (as macOS's and "
+                   "Windows' do by default) keeps them in one file; give the site another name "
+                   "(a new request of the site (`fedforest pki request --name hospital-a --out "
+                   "<new directory>` at the site) signed with `fedforest pki sign --csr "
+                   f"hospital-a.csr --ca-dir {ca} --renew` renews that one)")
+    assert sorted(p.name for p in ca.iterdir()) == ["ca.key", "ca.pem", "hospital-a.pem",
+                                                    "server.key", "server.pem"]
+
+
+def test_renewing_a_signed_sites_certificate_as_an_operators_names_the_request_path(
+        tmp_path: Path, ca: Path) -> None:
+    """`pki issue --renew --operator` on a certificate `pki sign` issued for a site's own key:
+    refused, and the command that renews it as a site's is the site's new request signed with
+    `pki sign --renew` (never a key made on the CA's side)."""
+    assert _pki("sign", "--csr", str(_request(tmp_path, "hospital-a")), "--ca-dir",
+                str(ca))[0] == 0
+    code, out = _pki("issue", "--ca-dir", str(ca), "--name", "hospital-a", "--renew",
+                     "--operator")
+    assert code == 2
+    assert out == (
+        f"error: {ca / 'hospital-a.pem'} is a site's certificate: renewed with --operator it "
+        "would certify no site, and that site could take part in no secure job. A new request "
+        "of the site (`fedforest pki request --name hospital-a --out <new directory>` at the "
+        "site) signed with `fedforest pki sign --csr hospital-a.csr --ca-dir "
+        f"{ca} --renew` renews it as a site's; a browser's certificate issued as a site's "
+        "(without --operator) becomes an operator's with --from-site added (nothing was "
+        "written)")
+    assert not (ca / "hospital-a.key").exists()
 
 
 def test_request_never_replaces_the_sites_key(tmp_path: Path) -> None:
