@@ -115,9 +115,9 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     one that exists keeps its mode.
 
     With ``overwrite`` a CA already there is replaced, and the files of the other certificates
-    it signed (``<name>.pem``, ``.key``, ``.p12``), which no one trusts now, are moved aside
-    to ``<name>.<ext>.replaced-<UTC time>`` (:attr:`DevPKI.moved_aside`): a certificate left
-    in place would look like one of the new CA's.
+    it signed (``<name>.pem``, ``.key``, ``.p12``; not CA certificates), which no one trusts
+    now, are moved aside to ``<name>.<ext>.replaced-<UTC time>`` (:attr:`DevPKI.moved_aside`):
+    a certificate left in place would look like one of the new CA's.
 
     Raises
     ------
@@ -154,11 +154,19 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
                   certs, keys, [kept for _, kept in stale])
 
 
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
 def _signed_by_old_ca(out: Path, names: Sequence[str]) -> list[tuple[Path, Path]]:
     """``(path, kept)`` for the files of every certificate in ``out`` that its CA (the one a
     new CA replaces) signed, other than the CA's, the server's and those of ``names`` (written
     anew): ``<name>.pem`` and the ``.key`` and ``.p12`` beside it, each to go to
-    ``<name>.<ext>.replaced-<UTC time>``."""
+    ``<name>.<ext>.replaced-<UTC time>``. A CA certificate (a kept copy of the old CA's, a
+    bundle that starts with it) is no one's certificate to replace: it stays."""
     try:
         old = load_certificate(out / "ca.pem")
     except (OSError, ValueError):  # no CA there, or none readable: no certificate is its
@@ -170,10 +178,10 @@ def _signed_by_old_ca(out: Path, names: Sequence[str]) -> list[tuple[Path, Path]
         if name in ("ca", "server", *names) or not cert_path.is_file():
             continue
         try:
-            signed = verify_signed_by(load_certificate(cert_path), old)
+            cert = load_certificate(cert_path)
         except (OSError, ValueError):
             continue
-        if signed:
+        if verify_signed_by(cert, old) and not _is_ca(cert):  # a copy of the old CA stays
             moves += [(path, path.with_name(f"{path.name}.replaced-{stamp}"))
                       for path in (out / f"{name}.{ext}" for ext in ("pem", "key", "p12"))
                       if path.is_file()]

@@ -595,8 +595,9 @@ def test_init_force_moves_aside_what_the_old_ca_signed_and_says_so(
     """A new CA over an old one: the certificates the old CA signed that `init` does not
     write anew (an operator's with its key and browser bundle, a site's pair, a site's
     certificate signed from its request) go aside to <name>.<ext>.replaced-<time>, named in
-    the output; a certificate of another CA stays. The names can then be issued from the new
-    CA without --renew."""
+    the output; a certificate of another CA stays, and so do copies of the old CA's own
+    certificate (alone, or first in a bundle), which are no one's to replace. The names can
+    then be issued from the new CA without --renew."""
     certs, other = tmp_path / "certs", tmp_path / "other"
     assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
     monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
@@ -608,6 +609,11 @@ def test_init_force_moves_aside_what_the_old_ca_signed_and_says_so(
                 str(certs))[0] == 0
     assert _pki("init", "--out", str(other), "--name", "elsewhere")[0] == 0
     (certs / "elsewhere.pem").write_bytes((other / "elsewhere.pem").read_bytes())
+    # a kept copy of the old CA's certificate, and a bundle that starts with it: no one's
+    # certificate to replace, they stay where they are
+    (certs / "ca-2026.pem").write_bytes((certs / "ca.pem").read_bytes())
+    (certs / "chain.pem").write_bytes((certs / "ca.pem").read_bytes()
+                                      + (other / "ca.pem").read_bytes())
     before = {p.name: p.read_bytes() for p in certs.iterdir()}
     code, out = _pki("init", "--out", str(certs), "--name", "hospital-a", "--force")
     assert code == 0, out
@@ -622,7 +628,8 @@ def test_init_force_moves_aside_what_the_old_ca_signed_and_says_so(
                                  for n in ["hospital-b.pem", "hospital-b.key", "hospital-c.pem",
                                            "probe.pem", "probe.key", "probe.p12"]),
                      " ".join(out.split())), out
-    assert (certs / "elsewhere.pem").read_bytes() == before["elsewhere.pem"]
+    assert all((certs / n).read_bytes() == before[n]
+               for n in ("elsewhere.pem", "ca-2026.pem", "chain.pem"))
     ca = load_certificate(certs / "ca.pem")
     assert verify_signed_by(load_certificate(certs / "hospital-a.pem"), ca)
     assert _pki("issue", "--ca-dir", str(certs), "--name", "probe", "--operator")[0] == 0
