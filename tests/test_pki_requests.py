@@ -42,8 +42,10 @@ def _request(tmp_path: Path, name: str, where: str = "site") -> Path:
     return tmp_path / where / f"{name}.csr"
 
 
-def _without_time(cert: x509.Certificate) -> list[tuple[str, bool, object]]:
-    """The certificate's extensions, but the key identifiers that differ between two keys."""
+def _extensions(cert: x509.Certificate) -> list[tuple[str, bool, object]]:
+    """Every extension of the certificate (OID, critical, value), in its order: what two leaf
+    certificates of one CA share whatever their keys and dates (a leaf names its CA's key
+    identifier, not its own)."""
     return [(e.oid.dotted_string, e.critical, e.value) for e in cert.extensions]
 
 
@@ -77,7 +79,7 @@ def test_a_site_keeps_its_key_and_the_ca_signs_its_request(tmp_path: Path, ca: P
     assert cert.subject == x509.Name([
         x509.NameAttribute(a.oid, "hospital-a" if a.oid == NameOID.COMMON_NAME else a.value)
         for a in issued.subject])
-    assert _without_time(cert) == _without_time(issued)
+    assert _extensions(cert) == _extensions(issued)
     assert cert.issuer == issued.issuer
     assert (cert.not_valid_after_utc - cert.not_valid_before_utc
             == issued.not_valid_after_utc - issued.not_valid_before_utc)
@@ -88,6 +90,69 @@ def test_a_site_keeps_its_key_and_the_ca_signs_its_request(tmp_path: Path, ca: P
                                      key_path.read_bytes())
     assert verify_directory("job", {0: identity}, {0: certification},
                             (ca / "ca.pem").read_bytes()) == {0: "hospital-a"}
+
+
+def test_sign_copies_nothing_of_a_requests_extensions_or_other_subject_fields(
+        tmp_path: Path, ca: Path) -> None:
+    """A request asking for a CA certificate (CA:TRUE, keyCertSign, name constraints), a
+    server's (serverAuth, DNS and IP names), an operator's purpose, more key usages and other
+    subject fields: `pki sign` takes its key and its one common name only, and writes exactly
+    the certificate `pki issue` gives a site, which certifies a site's identity."""
+    import ipaddress
+
+    from fedforest_secure.pki import OPERATOR_PURPOSE
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COUNTRY_NAME, "US"),
+                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Another Org"),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "Issuing"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, "hospital-e"),
+                         x509.NameAttribute(NameOID.EMAIL_ADDRESS, "ca@example.org")])
+    usage = x509.KeyUsage(digital_signature=True, content_commitment=True,
+                          key_encipherment=True, data_encipherment=True, key_agreement=True,
+                          key_cert_sign=True, crl_sign=True, encipher_only=False,
+                          decipher_only=False)
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(subject)
+           .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+           .add_extension(usage, critical=True)
+           .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH,
+                                                 x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH,
+                                                 OPERATOR_PURPOSE]), critical=False)
+           .add_extension(x509.SubjectAlternativeName([
+               x509.DNSName("fedforest.example.org"),
+               x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]), critical=False)
+           .add_extension(x509.NameConstraints(
+               permitted_subtrees=[x509.DNSName("example.org")], excluded_subtrees=None),
+               critical=True)
+           .sign(key, hashes.SHA256()))
+    path = tmp_path / "hospital-e.csr"
+    path.write_bytes(csr.public_bytes(serialization.Encoding.PEM))
+    code, out = _pki("sign", "--csr", str(path), "--ca-dir", str(ca))
+    assert code == 0, out
+    cert = load_certificate(ca / "hospital-e.pem")
+    assert _pki("issue", "--ca-dir", str(ca), "--name", "hospital-f")[0] == 0
+    issued = load_certificate(ca / "hospital-f.pem")
+    assert cert.subject == x509.Name([
+        x509.NameAttribute(a.oid, "hospital-e" if a.oid == NameOID.COMMON_NAME else a.value)
+        for a in issued.subject])
+    assert cert.subject.rfc4514_string() == "CN=hospital-e,O=FedForest Secure federation"
+    assert _extensions(cert) == _extensions(issued)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert not cert.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+    assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+    for absent in (x509.SubjectAlternativeName, x509.NameConstraints):
+        with pytest.raises(x509.ExtensionNotFound):
+            cert.extensions.get_extension_for_class(absent)
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert cert.public_key().public_bytes(*spki) == key.public_key().public_bytes(*spki)
+    identity = bytes(SigningKey.generate().verify_key)
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    certification = certify_identity("job", identity, (ca / "hospital-e.pem").read_bytes(),
+                                     key_pem)
+    assert verify_directory("job", {0: identity}, {0: certification},
+                            (ca / "ca.pem").read_bytes()) == {0: "hospital-e"}
 
 
 def test_sign_refuses_a_name_already_issued_unless_renewing(tmp_path: Path, ca: Path) -> None:
