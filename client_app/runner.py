@@ -55,6 +55,7 @@ from .log import SiteLog
 from .loops import replay, run_open, run_secure
 from .pins import ProfileRefused, check_job_profile, job_profile_settings, pinned_profile
 from .secagg_session import (
+    check_federation_ca,
     check_own_certificate,
     identity_key,
     join_body,
@@ -202,6 +203,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         _check_job(config, opts, log)
     if opts.cert is not None and config.profile.get("secure_aggregation"):
         check_own_certificate(opts.cert, job)  # as every other site will check it
+        if opts.ca is not None:  # the CA every identity of the job is checked against
+            check_federation_ca(opts.ca, job)
     k = info.client_index
     train = (X, y) if X is not None and y is not None else None
     worker = site_worker(config, k, train, held_out, state.root, sent=info.config,

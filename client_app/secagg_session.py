@@ -62,6 +62,7 @@ from fedforest_secure.secagg.directory import (
     SITE_CERTIFICATE,
     Certification,
     certify_identity,
+    federation_ca,
     site_certificate_problem,
     verify_directory,
 )
@@ -70,8 +71,8 @@ from fedforest_secure.secure_sum import make_codec, unmask_floor
 from .state import ClientState
 from .transport import Transport
 
-__all__ = ["SecAggSession", "check_own_certificate", "identity_key", "join_body",
-           "post_refusal", "stored_identity"]
+__all__ = ["SecAggSession", "check_federation_ca", "check_own_certificate", "identity_key",
+           "join_body", "post_refusal", "stored_identity"]
 
 
 def identity_key(state: ClientState, job: str) -> SigningKey:
@@ -124,6 +125,22 @@ def check_own_certificate(cert: Path, job: str) -> None:
             f"job would fail. {SITE_CERTIFICATE[0].upper()}{SITE_CERTIFICATE[1:]}: start the "
             "client with this site's own certificate and key (ask the federation's "
             "coordinator for them). This site has not joined the job")
+
+
+def check_federation_ca(ca: Path, job: str) -> None:
+    """Refuse (:class:`FedForestError`) to join the secure job ``job`` with a ``--ca`` file
+    that holds more than the federation CA's certificate and the CAs above it (:func:`~
+    fedforest_secure.secagg.directory.federation_ca`): every identity of the job is checked
+    against exactly one CA, the file's first."""
+    try:
+        federation_ca(ca.read_bytes())
+    except ValueError as exc:
+        raise FedForestError(
+            f"--ca {ca}: {exc}. Give the federation CA's certificate (the ca.pem the "
+            "coordinator sent, whose fingerprint the sites compared; on an institution's PKI, "
+            "the CA that issues the sites' certificates, then the CAs above it): in a CA "
+            "changeover the site moves to the new CA's ca.pem with its certificate from that "
+            "CA. This site has not joined the job") from None
 
 
 def join_body(state: ClientState, job: str, cert: Path | None, key: Path | None, *,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cryptography.x509.oid import NameOID
 
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.pki import check_validity, load_certificate
@@ -116,11 +117,24 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
             check_validity(cert)
         except ValueError as exc:
             raise ValueError(f"--cert {exc}; the server refuses it: ask the federation's "
-                             "coordinator for a new certificate of this site's name (`fedforest "
-                             "pki issue --renew --name <site>` where the CA is kept; if the "
-                             "federation's CA has expired too, a new CA and a certificate from "
-                             "it)") from None
+                             "coordinator for a new certificate of this site's name "
+                             f"({_renewal(cert)}; if the federation's CA has expired too, a "
+                             "new CA and a certificate from it)") from None
     return ctx
+
+
+def _renewal(cert_path: Path) -> str:
+    """How a site gets a new certificate for a new key of its own: its request, signed where
+    the CA is kept (the site's name from the certificate at ``cert_path`` if it has one)."""
+    try:
+        names = load_certificate(cert_path).subject.get_attributes_for_oid(
+            NameOID.COMMON_NAME)
+    except (OSError, ValueError):
+        names = []
+    name = str(names[0].value) if len(names) == 1 else "<site>"
+    return (f"a new key and request made here, `fedforest pki request --name {name} --out "
+            f"<new directory>`, signed where the CA is kept, `fedforest pki sign --csr "
+            f"{name}.csr --ca-dir <CA directory> --renew`")
 
 
 @dataclass
@@ -411,8 +425,7 @@ def _clock_hint(cert_path: Path) -> str:
         by = f"{max(0, int((end - now).total_seconds() // 60))} min"
         return (f". {period}: a server whose clock is more than {by} ahead of this one "
                 "takes it for expired: ask the federation's coordinator for a new one "
-                "(`fedforest pki issue --renew --name <site>` where the CA is kept), and "
-                f"{compare}")
+                f"({_renewal(cert_path)}), and {compare}")
     return ""
 
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from .compare_cli import compare_cmd
 from .crossval_cli import cross_validate_cmd
 from .evaluate_cli import evaluate
 from .interrupts import FedforestGroup, Terminated, how_stopped
+from .pki_cli import pki_cli
 from .server_cli import server_cli
 
 __all__ = ["app"]
@@ -34,8 +34,6 @@ __all__ = ["app"]
 # every sub-command stops on SIGTERM and SIGHUP as on Ctrl-C, and says so (FedforestGroup)
 app = typer.Typer(help="FedForest Secure: federated random forests over HTTPS.",
                   no_args_is_help=True, pretty_exceptions_enable=False, cls=FedforestGroup)
-pki_cli = typer.Typer(help="Development certificates (a CA, a server and client certificates).",
-                      no_args_is_help=True)
 app.add_typer(server_cli, name="server")
 app.add_typer(pki_cli, name="pki")
 app.add_typer(audit_app, name="audit")
@@ -146,142 +144,6 @@ def client(
             said = printable(ended(res.status, res.detail))
             console.print(f"[yellow]job ended:[/yellow] {escape(said)}", soft_wrap=True)
         raise typer.Exit(3)
-
-
-# ---------------------------------------------------------------------- pki
-@pki_cli.command("init")
-def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path("certs"),
-             clients: Annotated[int, typer.Option(help="number of client certificates")] = 0,
-             host: Annotated[list[str] | None, typer.Option(
-                 help="server host names / IPs (default localhost, 127.0.0.1)")] = None,
-             name: Annotated[list[str] | None, typer.Option(
-                 help="a site's name: writes <name>.pem and <name>.key (repeat for each "
-                      "site; default client-0, client-1, ...)")] = None,
-             force: Annotated[bool, typer.Option(
-                 help="replace a CA (and certificates) already in --out: every certificate "
-                      "the old CA signed stops being trusted")] = False) -> None:
-    """Create a dev CA, a server certificate and client certificates (never over an existing
-    CA without --force; `fedforest pki issue` adds certificates from it)."""
-    from fedforest_secure.pki import init_dev_pki
-
-    hosts = tuple(host) if host else ("localhost", "127.0.0.1")
-    names = list(name) if name else None
-    if names is not None and clients not in (0, len(names)):
-        fail(ValueError(f"--clients {clients} but {len(names)} --name options"))
-    if out.exists() and not out.is_dir():
-        fail(NotADirectoryError(f"--out {out} is a file: name the directory the certificates "
-                                "go to"))
-    try:
-        paths = init_dev_pki(out, len(names) if names else clients, hosts=hosts,
-                             client_names=names, overwrite=force)
-    except (ValueError, OSError) as exc:
-        fail(exc)
-    console.print(f"CA {paths.ca_cert}; server {paths.server_cert} for {', '.join(hosts)}; "
-                  f"{len(paths.client_certs)} client certificates in {out}", markup=False)
-
-
-@pki_cli.command("issue")
-def pki_issue(ca_dir: Annotated[Path, typer.Option(
-                  help="the directory of the federation CA (ca.pem, ca.key)")] = Path("certs"),
-              name: Annotated[list[str] | None, typer.Option(
-                  help="a site's (or with --operator an operator's) name: writes <name>.pem "
-                       "and <name>.key beside the CA (repeat for each)")] = None,
-              operator: Annotated[bool, typer.Option(
-                  "--operator", help="an operator's certificate, for a browser on the "
-                  "operator page (/ui): it opens TLS connections but certifies no site in "
-                  "secure jobs; the name 'operator' is issued with --operator only")] = False,
-              p12: Annotated[bool, typer.Option(
-                  "--p12", help="with --operator, also write <name>.p12 (certificate, key and "
-                  "CA in one password-protected file), what a browser imports; the password "
-                  "is asked, or read from $FEDFOREST_P12_PASSWORD")] = False,
-              renew: Annotated[bool, typer.Option(
-                  "--renew", help="give sites that have a certificate a new key and certificate "
-                  "of the same name (a lost or leaked key; it never outlasts ca.pem); the old "
-                  "files are kept as <name>.pem.replaced-<time> and <name>.key.replaced-<time>"
-                  )] = False,
-              from_site: Annotated[bool, typer.Option(
-                  "--from-site", help="with --renew --operator: make a certificate issued as "
-                  "a site's (a browser's made without --operator) an operator's; the site of "
-                  "that name then takes part in no secure job")] = False
-              ) -> None:
-    """Client certificates signed by the existing CA: a site that joins later, or (--operator)
-    an operator's browser. Replaces a site's files only with --renew, which keeps them aside."""
-    from fedforest_secure.pki import export_pkcs12, issue_client_certificates
-
-    if p12 and not operator:
-        fail(ValueError("--p12 bundles an operator's certificate for a browser: add --operator "
-                        "(a site's certificate stays a .pem and .key for its client; nothing "
-                        "was written)"))
-    if from_site and not (renew and operator):
-        fail(ValueError("--from-site goes with --renew --operator: it makes a certificate "
-                        "issued as a site's an operator's (nothing was written)"))
-    password = _p12_password(ca_dir, list(name or []), renew) if p12 else b""
-    try:
-        written = issue_client_certificates(ca_dir, list(name or []), renew=renew,
-                                            operator=operator, from_site=from_site)
-        bundles = [export_pkcs12(ca_dir, n, password) for n in (name or [])] if p12 else []
-    except (ValueError, OSError) as exc:
-        fail(exc)
-    kind = "operator" if operator else "client"
-    console.print(f"{len(written)} {kind} certificate(s) signed by {ca_dir / 'ca.pem'}: "
-                  f"{', '.join(str(p) for p in written)}", markup=False)
-    if bundles:
-        console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
-                      markup=False)
-
-
-@pki_cli.command("p12")
-def pki_p12(ca_dir: Annotated[Path, typer.Option(
-                help="the directory of the federation CA and the certificates")] = Path("certs"),
-            name: Annotated[list[str] | None, typer.Option(
-                help="the name of a certificate issued before (<name>.pem and <name>.key); "
-                     "repeat for each")] = None) -> None:
-    """Bundle an operator's certificate issued before (`pki issue --operator` without --p12)
-    with its key and the CA into <name>.p12, what a browser imports; the password is asked, or
-    read from $FEDFOREST_P12_PASSWORD. Never replaces a file; never bundles a site's
-    certificate."""
-    from fedforest_secure.pki import export_pkcs12, load_operator_certificate
-
-    names = list(name or [])
-    if not names:
-        fail(ValueError("--name: the certificate to bundle (e.g. --name operator)"))
-    try:  # before the password is asked
-        for n in names:
-            if (ca_dir / f"{n}.pem").is_file():
-                load_operator_certificate(ca_dir / f"{n}.pem")
-    except ValueError as exc:
-        fail(exc)
-    password = _p12_password(ca_dir, names)
-    try:
-        bundles = [export_pkcs12(ca_dir, n, password) for n in names]
-    except (ValueError, OSError) as exc:
-        fail(exc)
-    console.print(f"to import into a browser: {', '.join(str(p) for p in bundles)}",
-                  markup=False)
-
-
-def _p12_password(ca_dir: Path, names: list[str], renew: bool = False) -> bytes:
-    """The .p12 files' password (asked, or $FEDFOREST_P12_PASSWORD), before anything is
-    written; exits with an error for an empty one or a .p12 already there (unless renewed:
-    the renewal moves it aside with the old pair)."""
-    there = [ca_dir / f"{n}.p12" for n in names if (ca_dir / f"{n}.p12").exists()]
-    if there and not renew:
-        fail(FileExistsError(f"{there[0]} exists: nothing was written (a site's files are "
-                             "replaced only with --renew, which keeps them aside)"))
-    password = os.environ.get("FEDFOREST_P12_PASSWORD", "").encode()
-    try:
-        password = password or typer.prompt(
-            "password of the .p12 file", hide_input=True, confirmation_prompt=True,
-            default="", show_default=False).encode()
-    except typer.Abort as exc:
-        if not isinstance(exc.__context__, EOFError):  # Ctrl-C at the prompt
-            raise
-        console.print()  # after the prompt's text
-        fail(ValueError("no terminal to ask for the .p12 file's password on: set "
-                        "FEDFOREST_P12_PASSWORD"))
-    if not password:
-        fail(ValueError("a .p12 file needs a password"))
-    return password
 
 
 # ---------------------------------------------------------------------- simulate

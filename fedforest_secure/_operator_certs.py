@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from ._pem_files import load_certificate
+from ._pki_names import site_renewal
 
 __all__ = ["OPERATOR_NAME", "OPERATOR_PURPOSE", "check_renewed_kinds", "check_site_names",
            "is_operator_certificate", "load_operator_certificate"]
@@ -121,9 +122,10 @@ def check_renewed_kinds(ca_dir: Path, names: Sequence[str], *, operator: bool,
     elif not from_site:
         sites = [n for n, kind in kinds.items() if kind is False and n != OPERATOR_NAME]
         if sites:
+            renewal = site_renewal(ca_dir, sites[0])
             raise ValueError(
                 f"{ca_dir / (sites[0] + '.pem')} is a site's certificate: renewed with "
                 "--operator it would certify no site, and that site could take part in no "
-                f"secure job. `{command} {sites[0]} --renew` renews it as a site's; a "
+                f"secure job. {renewal[0].upper()}{renewal[1:]} renews it as a site's; a "
                 "browser's certificate issued as a site's (without --operator) becomes an "
                 "operator's with --from-site added (nothing was written)")

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-__all__ = ["check_validity", "load_certificate", "load_private_key"]
+__all__ = ["check_validity", "load_certificate", "load_private_key", "load_request"]
 
 
 def load_certificate(path: Path) -> x509.Certificate:
@@ -29,6 +29,16 @@ def load_certificate(path: Path) -> x509.Certificate:
         return x509.load_pem_x509_certificate(data)
     except ValueError:
         raise _not_pem(path, data, "certificate", "x509") from None
+
+
+def load_request(path: Path) -> x509.CertificateSigningRequest:
+    """The certificate signing request in the PEM file ``path`` (ValueError naming the file
+    and what it holds instead, as :func:`load_certificate`)."""
+    data = Path(path).read_bytes()
+    try:
+        return x509.load_pem_x509_csr(data)
+    except ValueError:
+        raise _not_pem(path, data, "certificate request", "req") from None
 
 
 def load_private_key(path: Path) -> PrivateKeyTypes:

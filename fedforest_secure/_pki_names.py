@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .protocol.api import NAME_PATTERN
 
-__all__ = ["check_case_twins", "check_names", "names_on_disk"]
+__all__ = ["check_case_twins", "check_names", "names_on_disk", "site_renewal"]
 
 #: a site's name, which names its files: ``<name>.pem``, ``<name>.key``
 _SITE_NAME = re.compile(NAME_PATTERN)
@@ -55,15 +55,27 @@ def names_on_disk(ca_dir: Path, names: Sequence[str]) -> set[str]:
 def check_case_twins(ca_dir: Path, names: Sequence[str], known: Collection[str],
                       operator: bool) -> None:
     """Refuse a name not in ``known`` whose certificate would be another's in ``ca_dir`` but
-    for letter case (``Hospital-A`` beside ``hospital-a.pem``)."""
+    for letter case (``Hospital-A`` beside ``hospital-a.pem``), saying how that other one is
+    renewed."""
     there = [p.name.removesuffix(".pem") for p in ca_dir.glob("*.pem")]
     for name in names:
         if name in known:
             continue
         twin = next((t for t in there if t != name and t.casefold() == name.casefold()), None)
         if twin is not None:
-            renew = (f"`fedforest pki issue --ca-dir {ca_dir} --name {twin}"
-                     + (" --operator" if operator else "") + " --renew`")
             raise ValueError(f"{name!r} differs in letter case only from {twin!r}, whose "
                              f"certificate is in {ca_dir}: {_ONE_FILE}; give the site "
-                             f"another name ({renew} renews that one)")
+                             f"another name ({site_renewal(ca_dir, twin, operator)} renews "
+                             "that one)")
+
+
+def site_renewal(ca_dir: Path, name: str, operator: bool = False) -> str:
+    """The command(s) that renew the certificate of ``name`` in ``ca_dir``, with a new key made
+    where its key is: on the CA's side (``<name>.key`` beside it: ``pki issue --renew``) or at
+    the site (its new request, signed with ``pki sign --renew``)."""
+    if (ca_dir / f"{name}.key").is_file():  # the CA's side made this key: it makes the next
+        return (f"`fedforest pki issue --ca-dir {ca_dir} --name {name}"
+                + (" --operator" if operator else "") + " --renew`")
+    return (f"a new request of the site (`fedforest pki request --name {name} --out <new "
+            f"directory>` at the site) signed with `fedforest pki sign --csr {name}.csr "
+            f"--ca-dir {ca_dir} --renew`")

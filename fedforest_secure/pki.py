@@ -24,19 +24,14 @@ host names given) as subject alternative names. Private keys are written with mo
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import ipaddress
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from ._operator_certs import (
     OPERATOR_NAME,
@@ -48,16 +43,27 @@ from ._operator_certs import (
 )
 from ._pem_files import check_validity, load_certificate
 from ._pem_files import load_private_key as _load_private_key
+from ._pki_core import (
+    CertifiedKey,
+    certify_key,
+    create_ca,
+    issue_certificate,
+    load_ca,
+    verify_signed_by,
+)
+from ._pki_core import utc_now as _now
 from ._pki_names import check_case_twins, check_names, names_on_disk
-from .files import replacing, write_atomic
+from .files import replacing
 
 __all__ = [
     "OPERATOR_NAME",
     "OPERATOR_PURPOSE",
     "CertifiedKey",
     "DevPKI",
+    "certify_key",
     "check_validity",
     "create_ca",
+    "bundled_certificate",
     "export_pkcs12",
     "init_dev_pki",
     "issue_certificate",
@@ -69,33 +75,7 @@ __all__ = [
     "verify_signed_by",
 ]
 
-_VALIDITY_DAYS = 365
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
-
-
-@dataclass(frozen=True)
-class CertifiedKey:
-    """A private key with its certificate."""
-
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
-
-    def cert_pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
-
-    def key_pem(self) -> bytes:
-        return self.key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    def write(self, cert_path: Path, key_path: Path) -> None:
-        """Write the pair, each file whole or not at all: the certificate 0644 less the umask
-        (anyone may read it, only its user replace it: a CA's is the federation's trust
-        anchor), the key 0600."""
-        write_atomic(cert_path, self.cert_pem(), mode=0o644)
-        write_atomic(key_path, self.key_pem(), mode=0o600)
 
 
 @dataclass(frozen=True)
@@ -108,6 +88,9 @@ class DevPKI:
     server_key: Path
     client_certs: list[Path] = field(default_factory=list)
     client_keys: list[Path] = field(default_factory=list)
+    #: with ``overwrite``: where the files of certificates the replaced CA signed went
+    #: (``<name>.pem.replaced-<UTC time>``, its key and browser bundle beside it)
+    moved_aside: list[Path] = field(default_factory=list)
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -115,118 +98,6 @@ def _write_private(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
     os.chmod(path, 0o600)
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "FedForest Secure federation"),
-        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-    ])
-
-
-def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.UTC)
-
-
-def create_ca(common_name: str = "FedForest dev CA", *, days: int = _VALIDITY_DAYS,
-              now: _dt.datetime | None = None) -> CertifiedKey:
-    """A self-signed certificate authority (path length 0: it signs leaves only)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    start = (now or _now()) - _dt.timedelta(minutes=5)
-    name = _name(common_name)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + _dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                       critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return CertifiedKey(key, cert)
-
-
-_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def _check_host(host: str) -> None:
-    """An IP address, or a DNS host name (RFC 1123 labels; a ``*`` first label for a
-    wildcard): what a client can match the server certificate against."""
-    try:
-        ipaddress.ip_address(host)
-        return
-    except ValueError:
-        pass
-    name = host[:-1] if host.endswith(".") else host
-    labels = name.split(".")
-    if labels and labels[0] == "*" and len(labels) > 1:
-        labels = labels[1:]
-    if not (0 < len(name) <= 253 and all(_LABEL.fullmatch(lab) for lab in labels)):
-        raise ValueError(f"server host {host!r} is neither an IP address nor a DNS host name "
-                         "(letters, digits and '-' between dots)")
-
-
-def issue_certificate(ca: CertifiedKey, common_name: str, *, server: bool,
-                      operator: bool = False, hosts: tuple[str, ...] = (),
-                      days: int = _VALIDITY_DAYS,
-                      now: _dt.datetime | None = None) -> CertifiedKey:
-    """A leaf certificate signed by ``ca``: TLS server auth (with SANs ``hosts``) or client
-    auth; an ``operator``'s client certificate also holds :data:`OPERATOR_PURPOSE`."""
-    if server and not hosts:
-        raise ValueError("a server certificate needs at least one host name or IP address")
-    if server and operator:
-        raise ValueError("an operator's certificate is a client certificate, not a server's")
-    for host in hosts:
-        _check_host(host)
-    key = ec.generate_private_key(ec.SECP256R1())
-    start = (now or _now()) - _dt.timedelta(minutes=5)
-    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server
-              else [ExtendedKeyUsageOID.CLIENT_AUTH, OPERATOR_PURPOSE] if operator
-              else [ExtendedKeyUsageOID.CLIENT_AUTH])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        # never beyond the CA's own end: a chain is valid only while every link is
-        .not_valid_after(min(start + _dt.timedelta(days=days), ca.cert.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=True, key_cert_sign=False, crl_sign=False,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
-                       critical=False)
-    )
-    if hosts:
-        sans: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                sans.append(x509.DNSName(host))
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return CertifiedKey(key, builder.sign(ca.key, hashes.SHA256()))
-
-
-def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
-    """True if ``cert`` carries a valid signature by ``ca_cert`` (no chain or time checks)."""
-    try:
-        cert.verify_directly_issued_by(ca_cert)
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-    return True
 
 
 def _refuse_existing(paths: Sequence[Path], hint: str) -> None:
@@ -242,6 +113,11 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
     """Write a dev CA, a server certificate for ``hosts`` and ``n_clients`` client certificates.
     A missing ``out`` is made its user's only (0700: it holds the CA's and every site's key);
     one that exists keeps its mode.
+
+    With ``overwrite`` a CA already there is replaced, and the files of the other certificates
+    it signed (``<name>.pem``, ``.key``, ``.p12``; not CA certificates), which no one trusts
+    now, are moved aside to ``<name>.<ext>.replaced-<UTC time>`` (:attr:`DevPKI.moved_aside`):
+    a certificate left in place would look like one of the new CA's.
 
     Raises
     ------
@@ -265,46 +141,51 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
                                   "certificate it signed")
     ca = create_ca()
     server = issue_certificate(ca, hosts[0], server=True, hosts=hosts)  # checks the hosts
+    stale = _signed_by_old_ca(out, names) if overwrite else []
+    _refuse_existing([kept for _, kept in stale], "replaced within the same second: run it "
+                                                  "again in a second")
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca.write(out / "ca.pem", out / "ca.key")
     server.write(out / "server.pem", out / "server.key")
     certs, keys = _write_clients(ca, out, names)
+    for path, kept in stale:
+        path.rename(kept)
     return DevPKI(out / "ca.pem", out / "ca.key", out / "server.pem", out / "server.key",
-                  certs, keys)
+                  certs, keys, [kept for _, kept in stale])
 
 
-def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
-    """The CA whose certificate and private key (PEM) are at ``cert_path`` and ``key_path``.
-
-    Raises
-    ------
-    FileNotFoundError
-        Either file is missing.
-    ValueError
-        Either file is not PEM, the certificate is not a CA's, the key is not an EC key, or
-        the key is not its key.
-    """
-    cert = load_certificate(cert_path)
+def _is_ca(cert: x509.Certificate) -> bool:
     try:
-        key = _load_private_key(key_path)
-    except TypeError:  # encrypted with a password
-        raise ValueError(f"{key_path} is encrypted; give the CA's key without a password "
-                         "(keep it offline)") from None
-    try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
     except x509.ExtensionNotFound:
-        is_ca = False
-    if not is_ca:
-        raise ValueError(f"{cert_path} is not a CA certificate")
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        kind = "an RSA key" if isinstance(key, rsa.RSAPrivateKey) else "not an EC key"
-        raise ValueError(f"{key_path}: {kind}; `fedforest pki issue` signs with EC CA keys "
-                         "only (P-256, as `fedforest pki init` makes): issue this site's "
-                         "certificate with the PKI that made this CA")
-    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
-        raise ValueError(f"{key_path} does not match the CA certificate {cert_path}")
-    return CertifiedKey(key, cert)
+        return False
+
+
+def _signed_by_old_ca(out: Path, names: Sequence[str]) -> list[tuple[Path, Path]]:
+    """``(path, kept)`` for the files of every certificate in ``out`` that its CA (the one a
+    new CA replaces) signed, other than the CA's, the server's and those of ``names`` (written
+    anew): ``<name>.pem`` and the ``.key`` and ``.p12`` beside it, each to go to
+    ``<name>.<ext>.replaced-<UTC time>``. A CA certificate (a kept copy of the old CA's, a
+    bundle that starts with it) is no one's certificate to replace: it stays."""
+    try:
+        old = load_certificate(out / "ca.pem")
+    except (OSError, ValueError):  # no CA there, or none readable: no certificate is its
+        return []
+    stamp = _now().strftime("%Y%m%dT%H%M%SZ")
+    moves: list[tuple[Path, Path]] = []
+    for cert_path in sorted(out.glob("*.pem")):
+        name = cert_path.name.removesuffix(".pem")
+        if name in ("ca", "server", *names) or not cert_path.is_file():
+            continue
+        try:
+            cert = load_certificate(cert_path)
+        except (OSError, ValueError):
+            continue
+        if verify_signed_by(cert, old) and not _is_ca(cert):  # a copy of the old CA stays
+            moves += [(path, path.with_name(f"{path.name}.replaced-{stamp}"))
+                      for path in (out / f"{name}.{ext}" for ext in ("pem", "key", "p12"))
+                      if path.is_file()]
+    return moves
 
 
 def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool = False,
@@ -341,6 +222,18 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     """
     ca_dir = Path(ca_dir)
     names = list(names)
+    ca, moves = _prepare_issue(ca_dir, names, renew=renew, operator=operator,
+                               from_site=from_site)
+    return _write_clients(ca, ca_dir, names, operator, moves=moves)[0]
+
+
+def _prepare_issue(ca_dir: Path, names: list[str], *, renew: bool, operator: bool,
+                   from_site: bool, signing: bool = False
+                   ) -> tuple[CertifiedKey, list[tuple[Path, Path]]]:
+    """The CA of ``ca_dir`` that issues certificates for ``names``, and the files a renewal
+    moves aside (``(path, kept)``), once the names, the CA and the files there allow it, by
+    the rules :func:`issue_client_certificates` states (``signing``: for keys the sites made,
+    ``fedforest pki sign``, whose refusals name that command)."""
     if not names:
         raise ValueError("no site name given")
     known = names_on_disk(ca_dir, names)  # a renewal keeps the name the files have
@@ -363,24 +256,17 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
                          "certificate from it") from None
     pairs = [ca_dir / f"{n}.{ext}" for n in names for ext in ("pem", "key")]
     if not renew:
-        halves = [n for n in names if (ca_dir / f"{n}.pem").is_file()
-                  != (ca_dir / f"{n}.key").is_file()]
-        renewal = (f"`fedforest pki issue --ca-dir {ca_dir} --name {halves[0]}"
-                   + (" --operator" if operator else "") + " --renew`" if halves else "")
-        _refuse_existing(pairs, "a site's certificate is replaced only with --renew, which "
-                                "keeps the old files beside it; a site's token works only with "
-                                "a certificate of its own name" if not halves else
-                                f"{halves[0]} has half a pair, as a renewal cut short leaves "
-                                f"it: {renewal} writes a new pair and keeps what is there "
-                                "beside it")
-        return _write_clients(ca, ca_dir, names, operator)[0]
-    # half a pair (a renewal cut short between its renames, a file deleted): renewed too
+        _refuse_existing(pairs, _replaced_only_with_renew(ca_dir, names, operator, signing))
+        return ca, []
+    # half a pair (a renewal cut short between its renames, a file deleted; a certificate
+    # signed for a site's own key): renewed too
     missing = [n for n in names
                if not (ca_dir / f"{n}.pem").is_file() and not (ca_dir / f"{n}.key").is_file()]
     if missing:
+        first = "a new site's request" if signing else "a new site's"
         raise FileNotFoundError(f"{ca_dir / (missing[0] + '.pem')} not found: --renew replaces "
-                                "a site's existing certificate and key (without --renew, "
-                                "`pki issue` makes a new site's)")
+                                "a site's existing certificate (without --renew, "
+                                f"`pki {'sign' if signing else 'issue'}` makes {first})")
     pairs = [p for p in pairs if p.is_file()]
     check_renewed_kinds(ca_dir, names, operator=operator, from_site=from_site)
     stamp = _now().strftime("%Y%m%dT%H%M%SZ")
@@ -390,7 +276,28 @@ def issue_client_certificates(ca_dir: Path, names: Sequence[str], *, renew: bool
     # every target checked before anything moves
     _refuse_existing([kept for _, kept in moves], "renewed within the same second: run it "
                                                   "again in a second")
-    return _write_clients(ca, ca_dir, names, operator, moves=moves)[0]
+    return ca, moves
+
+
+def _replaced_only_with_renew(ca_dir: Path, names: Sequence[str], operator: bool,
+                              signing: bool) -> str:
+    """Why a certificate already issued under one of ``names`` is not replaced, and how."""
+    if signing:
+        return ("a site's certificate is replaced only with --renew: the site makes a new "
+                "request, and `fedforest pki sign --renew` signs it and keeps the old files "
+                "beside it; a site's token works only with a certificate of its own name")
+    halves = [n for n in names if (ca_dir / f"{n}.pem").is_file()
+              != (ca_dir / f"{n}.key").is_file()]
+    if not halves:
+        return ("a site's certificate is replaced only with --renew, which keeps the old files "
+                "beside it; a site's token works only with a certificate of its own name")
+    renewal = (f"`fedforest pki issue --ca-dir {ca_dir} --name {halves[0]}"
+               + (" --operator" if operator else "") + " --renew`")
+    own_key = ("; a certificate `fedforest pki sign` signed for a site's own key is renewed "
+               "from the site's new request with `pki sign --renew`"
+               if (ca_dir / f"{halves[0]}.pem").is_file() else "")
+    return (f"{halves[0]} has half a pair, as a renewal cut short leaves it: {renewal} writes "
+            f"a new pair and keeps what is there beside it{own_key}")
 
 
 def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
@@ -407,7 +314,8 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
         ``<name>.p12`` is there already: nothing is written.
     ValueError
         An empty password, a name not usable as a file name, a certificate that is not an
-        operator's (:func:`load_operator_certificate`), or a key that is not the certificate's.
+        operator's (:func:`load_operator_certificate`) or that ``ca.pem`` did not sign
+        (:func:`bundled_certificate`), or a key that is not the certificate's.
     """
     from cryptography.hazmat.primitives.serialization import pkcs12
 
@@ -421,7 +329,7 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     for part in ("ca.pem", f"{name}.pem", f"{name}.key"):
         if not (ca_dir / part).is_file():
             raise FileNotFoundError(f"{ca_dir / part} not found")
-    cert = load_operator_certificate(ca_dir / f"{name}.pem")
+    cert = bundled_certificate(ca_dir, name)
     try:
         key = _load_private_key(ca_dir / f"{name}.key")
     except TypeError:  # encrypted with a password
@@ -438,23 +346,51 @@ def export_pkcs12(ca_dir: Path, name: str, password: bytes) -> Path:
     return out
 
 
+def bundled_certificate(ca_dir: Path, name: str) -> x509.Certificate:
+    """The operator's certificate ``ca_dir/<name>.pem`` that :func:`export_pkcs12` bundles:
+    an operator's (:func:`load_operator_certificate`), signed by ``ca_dir/ca.pem``, the CA the
+    server trusts; ValueError naming the file and the command that issues one otherwise."""
+    cert = load_operator_certificate(ca_dir / f"{name}.pem")
+    if not verify_signed_by(cert, load_certificate(ca_dir / "ca.pem")):
+        raise ValueError(
+            f"{ca_dir / (name + '.pem')} was not signed by {ca_dir / 'ca.pem'} (a certificate "
+            "of an earlier CA, which `pki init --force` replaced, or of another federation): "
+            "the server refuses it. `fedforest pki issue --ca-dir "
+            f"{ca_dir} --name {name} --operator --renew --p12` issues one of this CA and its "
+            "bundle (the old files are kept aside); nothing was written")
+    return cert
+
+
 def _write_clients(ca: CertifiedKey, out: Path, names: Sequence[str], operator: bool = False,
                    *, moves: Sequence[tuple[Path, Path]] = ()
                    ) -> tuple[list[Path], list[Path]]:
-    """``out/<name>.pem`` and ``out/<name>.key`` for each name, signed by ``ca`` (operators'
-    certificates with ``operator``), all written or none: each file is written whole beside
-    its place first; then the files ``moves`` names are moved aside (``(path, kept)``: an old
-    pair) and the new ones renamed into place. A failure (a full disk) leaves the directory
-    as it was, the moved files back in their place."""
-    issued = [issue_certificate(ca, name, server=False, operator=operator) for name in names]
-    certs = [out / f"{name}.pem" for name in names]
-    keys = [out / f"{name}.key" for name in names]
+    """``out/<name>.pem`` and ``out/<name>.key`` for each name, a new key and its certificate
+    signed by ``ca`` (operators' certificates with ``operator``), all written or none, the
+    files ``moves`` names moved aside (:func:`_write_issued`)."""
+    issued = [(n, issue_certificate(ca, n, server=False, operator=operator)) for n in names]
+    return _write_issued(out, [(n, ck.cert_pem(), ck.key_pem()) for n, ck in issued],
+                         moves=moves)
+
+
+def _write_issued(out: Path, issued: Sequence[tuple[str, bytes, bytes | None]], *,
+                  moves: Sequence[tuple[Path, Path]] = ()) -> tuple[list[Path], list[Path]]:
+    """``out/<name>.pem`` for each ``(name, certificate PEM, key PEM)``, and ``out/<name>.key``
+    where the key is given (None: the site keeps its key), all written or none: each file is
+    written whole beside its place first; then the files ``moves`` names are moved aside
+    (``(path, kept)``: an old pair) and the new ones renamed into place. A failure (a full
+    disk) leaves the directory as it was, the moved files back in their place. Returns the
+    certificates' and the keys' paths."""
+    certs = [out / f"{name}.pem" for name, _, _ in issued]
+    keys = [out / f"{name}.key" for name, _, key in issued if key is not None]
     moved: list[tuple[Path, Path]] = []
     try:
         with contextlib.ExitStack() as stack:
-            for ck, cert, key in zip(issued, certs, keys, strict=True):
-                _fill(stack.enter_context(replacing(cert, mode=0o644)), ck.cert_pem())
-                _fill(stack.enter_context(replacing(key, mode=0o600)), ck.key_pem())
+            for name, cert_pem, key_pem in issued:
+                _fill(stack.enter_context(replacing(out / f"{name}.pem", mode=0o644)),
+                      cert_pem)
+                if key_pem is not None:
+                    _fill(stack.enter_context(replacing(out / f"{name}.key", mode=0o600)),
+                          key_pem)
             for path, kept in moves:  # every new file is written: the old ones go aside
                 moved.append((path, kept))  # first: an interrupt lands after the rename too
                 path.rename(kept)

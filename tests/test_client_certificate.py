@@ -15,6 +15,7 @@ import pytest
 from nacl.signing import SigningKey
 from test_client_responses import JOB, ScriptedTransport, _config, _schema
 from test_secagg_directory import _leaf
+from two_tier_pki import write_two_tier_pki
 from typer.testing import CliRunner
 
 from client_app import runner
@@ -104,11 +105,12 @@ def _offering(profile: str) -> JoiningTransport:
     return tr
 
 
-def _run(tmp_path: Path, tr: JoiningTransport, cert: Path, key: Path | None) -> None:
-    """The client started with ``--cert cert --key key`` against ``tr``, until it joins
-    (:class:`_Joined`)."""
+def _run(tmp_path: Path, tr: JoiningTransport, cert: Path, key: Path | None,
+         ca: Path | None = None) -> None:
+    """The client started with ``--cert cert --key key`` (and ``--ca ca``) against ``tr``,
+    until it joins (:class:`_Joined`)."""
     opts = ClientOptions(server="https://fedforest.example.org", token="t", job=JOB,
-                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=None, cert=cert,
+                         data=tmp_path / "d.csv", schema=_schema(tmp_path), ca=ca, cert=cert,
                          key=key, state_dir=tmp_path / "state", quiet=True)
     runner._run(opts, tr, ClientState(opts.state_dir),  # type: ignore[arg-type]
                 np.zeros((4, 2)), np.zeros(4), SiteLog(stream=io.StringIO()))
@@ -139,6 +141,53 @@ def test_a_site_whose_certificate_is_not_a_sites_does_not_join_a_secure_job(
         "joined the job")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
     assert not (tmp_path / "state" / f"identity-{JOB}.ed25519").exists()
+
+
+@pytest.mark.parametrize("profile", ["secure", "open"])
+def test_a_site_whose_ca_file_holds_two_cas_does_not_join_a_secure_job(
+        tmp_path: Path, certs: Path, profile: str) -> None:
+    """--ca holding the federation CA and another (an old CA beside the new, as in a CA
+    changeover): TLS would trust both, the identities of a secure job are checked against one
+    CA; the client stops before the join, naming the file and what to give instead. An open
+    job certifies no identity: the bundle only verifies the server there."""
+    other = tmp_path / "other"
+    init_dev_pki(other, 0)
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes((certs / "ca.pem").read_bytes() + (other / "ca.pem").read_bytes())
+    tr = _offering(profile)
+    if profile == "open":
+        with pytest.raises(_Joined):
+            _run(tmp_path, tr, certs / "client-0.pem", certs / "client-0.key", bundle)
+        return
+    with pytest.raises(FedForestError) as exc:
+        _run(tmp_path, tr, certs / "client-0.pem", certs / "client-0.key", bundle)
+    ca = "'CN=FedForest dev CA,O=FedForest Secure federation'"
+    assert str(exc.value) == (
+        f"--ca {bundle}: certificate 2 of 2 ({ca}) did not sign certificate 1 ({ca}): the file "
+        "holds more than the federation CA and the CAs above it. A site trusts one federation "
+        "CA, whose certificates certify every site's identity in a secure job; its --ca holds "
+        "that CA, optionally followed by the CAs above it up to a root, each signed by the "
+        "next. Give the federation CA's certificate (the ca.pem the coordinator sent, whose "
+        "fingerprint the sites compared; on an institution's PKI, the CA that issues the "
+        "sites' certificates, then the CAs above it): in a CA changeover the site moves to "
+        "the new CA's ca.pem with its certificate from that CA. This site has not joined the "
+        "job")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+    with pytest.raises(_Joined):  # the CA alone: the same site joins
+        _run(tmp_path, _offering(profile), certs / "client-0.pem", certs / "client-0.key",
+             certs / "ca.pem")
+
+
+def test_a_site_on_a_two_tier_pki_joins_a_secure_job_with_the_chain_as_its_ca(
+        tmp_path: Path) -> None:
+    """--ca holding the issuing CA that signed the site's certificate, then the root above it
+    (an institution's PKI): the client joins the secure job."""
+    pki = tmp_path / "pki"
+    write_two_tier_pki(pki, ["hospital-a"])
+    tr = _offering("secure")
+    with pytest.raises(_Joined):
+        _run(tmp_path, tr, pki / "hospital-a.pem", pki / "hospital-a.key", pki / "ca.pem")
+    assert tr.sent[-1] == ("POST", f"/v1/jobs/{JOB}/join")
 
 
 def test_a_job_without_secure_aggregation_takes_any_certificate_of_the_federation(

@@ -437,9 +437,11 @@ def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settle
         f". This certificate is valid from {start:%Y-%m-%d %H:%M:%S} to "
         f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
         f"{near_end:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 20 min ahead of "
-        "this one takes it for expired: ask the federation's coordinator for a new one "
-        "(`fedforest pki issue --renew --name <site>` where the CA is kept), and compare the "
-        "server's clock with this machine's (NTP)")
+        "this one takes it for expired: ask the federation's coordinator for a new one (a new "
+        "key and request made here, `fedforest pki request --name client-0 --out <new "
+        "directory>`, signed where the CA is kept, `fedforest pki sign --csr client-0.csr "
+        "--ca-dir <CA directory> --renew`), and compare the server's clock with this "
+        "machine's (NTP)")
     monkeypatch.setattr(transport, "_utcnow", lambda: start + dt.timedelta(days=1))
     assert transport._clock_hint(dev_pki.client_certs[0]) == ""
 

@@ -79,6 +79,20 @@ def test_every_site_command_carries_the_ca_and_the_site_certificate() -> None:
             f"{line}: the page's server refuses a site without --cert and --key"
 
 
+def test_every_pki_init_of_the_page_makes_the_server_certificate_for_the_servers_host() -> None:
+    """Each `pki init` the page gives to run (its code blocks and inline: the first CA,
+    a new one after a key leak or before the CA's end) names the server's host: without
+    --host the new server.pem covers localhost and 127.0.0.1 only, and every site refuses
+    the server by its name."""
+    inline = [" ".join(c.split()) for c in
+              re.findall(r"`((?:fedforest )?pki init --[^`]*)`", DOC.read_text())
+              if "--out" in c or "--force" in c]  # not a mention of an option (`--name`)
+    blocks = [line for line in command_lines() if line.startswith("fedforest pki init ")]
+    assert len(blocks) >= 2 and len(inline) >= 2, (blocks, inline)
+    for line in blocks + inline:
+        assert "--out" in line.split() and "--host fedforest.example.org" in line, line
+
+
 @pytest.mark.integration
 def test_the_documented_health_probe_certificate_opens_health_and_certifies_no_site(
         tmp_path: Path) -> None:
@@ -94,14 +108,14 @@ def test_the_documented_health_probe_certificate_opens_health_and_certifies_no_s
     from fedforest_secure.secagg.directory import certify_identity, verify_directory
 
     issue = [line for line in command_lines() if " --name probe " in f"{line} "]
-    assert issue == ["fedforest pki issue --ca-dir certs/ --name probe --operator"]
+    assert issue == ["fedforest pki issue --ca-dir ca/ --name probe --operator"]
     curl = [shlex.split(c) for c in re.findall(r"`(curl\s[^`]*probe\.pem[^`]*)`",
                                                  DOC.read_text())]
     assert len(curl) == 1 and curl[0][-1].endswith("/health"), curl
     if shutil.which("curl") is None:
         pytest.skip("the documented probe runs curl, which this machine lacks")
     server = provision(tmp_path, ["client-0"], [])
-    words = [str(server.certs) if w == "certs/" else w for w in shlex.split(issue[0])]
+    words = [str(server.certs) if w == "ca/" else w for w in shlex.split(issue[0])]
     res = CliRunner().invoke(app, words[1:])
     assert res.exit_code == 0, res.output
     # the documented options, against this server's URL, from the certificates' directory

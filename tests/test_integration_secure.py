@@ -23,6 +23,7 @@ from test_integration_https import (
     stop_all,
     trees,
 )
+from two_tier_pki import write_two_tier_pki
 
 from client_app.context import RESTARTED_SECURE, uploaded_before_detail
 from fedforest_cli.simulate import collect_receipts
@@ -82,6 +83,26 @@ def test_secure_job_matches_in_process_and_its_log_has_no_plaintext(
     timed = re.compile(r" phase_s=advertise:[0-9.]+,share:[0-9.]+,upload:[0-9.]+,"
                        r"sign:[0-9.]+,unmask:[0-9.]+ close_s=[0-9.]+$")
     assert all(timed.search(x) for x in closed), closed
+
+
+def test_a_secure_job_on_a_two_tier_pki_trains_with_the_chain_as_every_sites_ca(
+        tmp_path: Path, tiny_parts, job_dir) -> None:
+    """An institution's PKI (root CA -> issuing CA -> the server and the sites): every site's
+    --ca and the server's client_ca hold the issuing CA then the root. TLS reaches the root,
+    the identities are checked against the issuing CA, and the job trains."""
+    parts, feat = tiny_parts
+    fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, profile="secure")
+    write_two_tier_pki(fed.certs, [s.name for s in fed.sites])
+    try:
+        launch_server(fed)
+        clients = [launch_client(fed, k) for k in range(3)]
+        codes = [c.wait(600) for c in clients]
+    finally:
+        stop_all(fed)
+    assert codes == [0, 0, 0], [(fed.root / f"client-{k}.log").read_text() for k in range(3)]
+    got = ForestModel.from_json((fed.root / "client-0.model.json").read_text())
+    assert trees(got) == trees(reference(fed))
+    assert _job_status(fed.db_url, "job-a")["status"] == "done"
 
 
 def test_secure_client_sigkilled_mid_level_is_dropped_and_training_completes(

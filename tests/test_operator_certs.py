@@ -154,7 +154,14 @@ def test_a_file_that_holds_no_certificate_of_its_name_is_renewed_as_the_flag_say
                      *(["--operator"] if operator else []))
     assert code == 0, out
     kind = "operator" if operator else "client"
-    assert out == f"1 {kind} certificate(s) signed by {certs / 'ca.pem'}: {pem}"
+    # a site's key made on the CA's side is named, to be sent and deleted there
+    made_here = "" if operator else (
+        f"these sites' private keys were made here: {certs / 'hospital-a.key'}. Send each to "
+        "its site over a secure channel, then delete the copies here (and "
+        "<name>.key.replaced-*): whoever holds a site's key can play that site in a secure "
+        "job. A site that keeps its own key makes it with `fedforest pki request`, and "
+        "`fedforest pki sign` signs its request")
+    assert out == f"1 {kind} certificate(s) signed by {certs / 'ca.pem'}: {pem}{made_here}"
     assert is_operator_certificate(load_certificate(pem)) is operator
     (kept,) = certs.glob("hospital-a.pem.replaced-*")
     assert kept.read_bytes() == old

@@ -151,7 +151,13 @@ def test_an_expired_client_certificate_is_refused_naming_the_file_and_its_dates(
     text = str(err.value)
     assert text.startswith(f"--cert {cert}: the certificate expired on "
                            f"{after:%Y-%m-%d %H:%M} UTC"), text
-    assert "valid from" in text and "new certificate" in text
+    assert "valid from" in text
+    assert text.endswith(
+        "; the server refuses it: ask the federation's coordinator for a new certificate of "
+        "this site's name (a new key and request made here, `fedforest pki request --name old "
+        "--out <new directory>`, signed where the CA is kept, `fedforest pki sign --csr "
+        "old.csr --ca-dir <CA directory> --renew`; if the federation's CA has expired too, a "
+        "new CA and a certificate from it)"), text
 
 
 def test_a_client_certificate_not_valid_yet_is_refused_naming_the_file_and_its_dates(

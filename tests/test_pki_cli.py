@@ -4,6 +4,7 @@ certificates signed by the CA that is already there."""
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from pathlib import Path
 
 import pytest
@@ -478,11 +479,15 @@ def _half_pair_named_then_renewed(certs: Path, held: str) -> None:
     pair and the command that renews it; `--renew` then writes a new certificate."""
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a")
     assert code == 2
+    # a certificate without its key may also be one signed for a site's own key
+    own_key = ("; a certificate `fedforest pki sign` signed for a site's own key is renewed "
+               "from the site's new request with `pki sign --renew`"
+               if held.endswith(".pem") else "")
     assert " ".join(out.split()) == (
         f"error: {certs} already holds {held}: nothing was written (hospital-a has "
         "half a pair, as a renewal cut short leaves it: `fedforest pki issue --ca-dir "
         f"{certs} --name hospital-a --renew` writes a new pair and keeps what is there beside "
-        "it)")
+        f"it{own_key})")
     code, out = _pki("issue", "--ca-dir", str(certs), "--name", "hospital-a", "--renew")
     assert code == 0, out
     new = load_certificate(certs / "hospital-a.pem")
@@ -547,3 +552,84 @@ def test_a_renewal_whose_certificate_cannot_be_put_in_place_puts_the_old_pair_ba
     assert str(exc.value) == (f"[Errno 5] cannot write {certs / 'hospital-a.pem'}: "
                               "Input/output error")
     assert {p.name: p.read_bytes() for p in certs.iterdir()} == before
+
+
+def test_p12_refuses_a_certificate_the_ca_did_not_sign(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's certificate of another CA (an earlier one, which `pki init --force`
+    replaced) beside ca.pem: the server would refuse the browser's bundle, so `pki p12`
+    refuses it, before it asks for a password, naming the command that issues one of this CA;
+    nothing is written."""
+    from fedforest_secure.pki import export_pkcs12
+
+    certs, earlier = tmp_path / "certs", tmp_path / "earlier"
+    assert _pki("init", "--out", str(certs))[0] == 0
+    assert _pki("init", "--out", str(earlier))[0] == 0
+    assert _pki("issue", "--ca-dir", str(earlier), "--name", "probe", "--operator")[0] == 0
+    for ext in ("pem", "key"):
+        (certs / f"probe.{ext}").write_bytes((earlier / f"probe.{ext}").read_bytes())
+    monkeypatch.delenv("FEDFOREST_P12_PASSWORD", raising=False)
+    res = CliRunner().invoke(app, ["pki", "p12", "--ca-dir", str(certs), "--name", "probe"])
+    said = (f"{certs / 'probe.pem'} was not signed by {certs / 'ca.pem'} (a certificate of an "
+            "earlier CA, which `pki init --force` replaced, or of another federation): the "
+            f"server refuses it. `fedforest pki issue --ca-dir {certs} --name probe --operator "
+            "--renew --p12` issues one of this CA and its bundle (the old files are kept "
+            "aside); nothing was written")
+    assert res.exit_code == 2
+    assert " ".join(res.output.split()) == f"error: {said}"  # no password asked
+    assert not (certs / "probe.p12").exists()
+    with pytest.raises(ValueError) as exc:
+        export_pkcs12(certs, "probe", b"pw")
+    assert str(exc.value) == said
+    assert not (certs / "probe.p12").exists()
+    # the command it names gives the browser a bundle of this CA
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "probe", "--operator", "--renew",
+                "--p12")[0] == 0
+    assert verify_signed_by(load_certificate(certs / "probe.pem"),
+                            load_certificate(certs / "ca.pem"))
+
+
+def test_init_force_moves_aside_what_the_old_ca_signed_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new CA over an old one: the certificates the old CA signed that `init` does not
+    write anew (an operator's with its key and browser bundle, a site's pair, a site's
+    certificate signed from its request) go aside to <name>.<ext>.replaced-<time>, named in
+    the output; a certificate of another CA stays, and so do copies of the old CA's own
+    certificate (alone, or first in a bundle), which are no one's to replace. The names can
+    then be issued from the new CA without --renew."""
+    certs, other = tmp_path / "certs", tmp_path / "other"
+    assert _pki("init", "--out", str(certs), "--name", "hospital-a")[0] == 0
+    monkeypatch.setenv("FEDFOREST_P12_PASSWORD", "pw")
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "probe", "--operator", "--p12")[0] \
+        == 0
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "hospital-b")[0] == 0
+    assert _pki("request", "--name", "hospital-c", "--out", str(tmp_path / "site"))[0] == 0
+    assert _pki("sign", "--csr", str(tmp_path / "site" / "hospital-c.csr"), "--ca-dir",
+                str(certs))[0] == 0
+    assert _pki("init", "--out", str(other), "--name", "elsewhere")[0] == 0
+    (certs / "elsewhere.pem").write_bytes((other / "elsewhere.pem").read_bytes())
+    # a kept copy of the old CA's certificate, and a bundle that starts with it: no one's
+    # certificate to replace, they stay where they are
+    (certs / "ca-2026.pem").write_bytes((certs / "ca.pem").read_bytes())
+    (certs / "chain.pem").write_bytes((certs / "ca.pem").read_bytes()
+                                      + (other / "ca.pem").read_bytes())
+    before = {p.name: p.read_bytes() for p in certs.iterdir()}
+    code, out = _pki("init", "--out", str(certs), "--name", "hospital-a", "--force")
+    assert code == 0, out
+    moved = ["hospital-b.key", "hospital-b.pem", "hospital-c.pem", "probe.key", "probe.p12",
+             "probe.pem"]
+    kept = {p.name.split(".replaced-")[0]: p for p in certs.glob("*.replaced-*")}
+    assert sorted(kept) == moved
+    assert all(kept[n].read_bytes() == before[n] for n in moved)
+    assert len({p.name.split(".replaced-")[1] for p in kept.values()}) == 1
+    assert re.search(r"moved aside, as the old CA signed them and no one trusts them now: "
+                     + ", ".join(re.escape(n) + r"\.replaced-\d{8}T\d{6}Z"
+                                 for n in ["hospital-b.pem", "hospital-b.key", "hospital-c.pem",
+                                           "probe.pem", "probe.key", "probe.p12"]),
+                     " ".join(out.split())), out
+    assert all((certs / n).read_bytes() == before[n]
+               for n in ("elsewhere.pem", "ca-2026.pem", "chain.pem"))
+    ca = load_certificate(certs / "ca.pem")
+    assert verify_signed_by(load_certificate(certs / "hospital-a.pem"), ca)
+    assert _pki("issue", "--ca-dir", str(certs), "--name", "probe", "--operator")[0] == 0

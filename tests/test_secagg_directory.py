@@ -10,6 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nacl.signing import SigningKey
+from two_tier_pki import write_two_tier_pki
 
 from fedforest_secure.errors import InvalidMessage, RefusedRequest
 from fedforest_secure.pki import init_dev_pki
@@ -431,3 +432,71 @@ def test_a_site_started_with_the_operator_certificate_is_told_so(tmp_path: Path)
         _connect_as_site_0(tmp_path, (tmp_path / "operator.pem").read_bytes(),
                            (tmp_path / "operator.key").read_bytes())
     assert not isinstance(exc.value, InvalidMessage)
+
+
+@pytest.fixture(scope="module")
+def two_tier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An institution's PKI: root CA -> issuing CA -> the server and sites client-0..2."""
+    out = tmp_path_factory.mktemp("two-tier")
+    write_two_tier_pki(out, [f"client-{k}" for k in range(3)])
+    return out
+
+
+@pytest.mark.parametrize("ca_file", ["ca.pem", "issuing.pem"])
+def test_a_directory_certified_by_an_issuing_ca_verifies_with_the_chain_up_to_its_root(
+        two_tier: Path, ca_file: str) -> None:
+    """--ca holding the issuing CA then the root (what TLS needs to reach a root), or the
+    issuing CA alone: the identities are checked against the issuing CA, the file's first."""
+    keys, certs = _entries(two_tier)
+    names = verify_directory(JOB, keys, certs, (two_tier / ca_file).read_bytes())
+    assert names == {0: "client-0", 1: "client-1", 2: "client-2"}
+
+
+def test_a_directory_is_not_checked_against_the_root_above_the_issuing_ca(
+        two_tier: Path) -> None:
+    """Only the file's first CA certifies identities: a root that signed no site's certificate
+    itself (it signed the issuing CA) certifies none."""
+    keys, certs = _entries(two_tier)
+    with pytest.raises(InvalidMessage, match="not issued by the federation CA"):
+        verify_directory(JOB, keys, certs, (two_tier / "root.pem").read_bytes())
+
+
+_MORE = ("the file holds more than the federation CA and the CAs above it. A site trusts one "
+         "federation CA, whose certificates certify every site's identity in a secure job; its "
+         "--ca holds that CA, optionally followed by the CAs above it up to a root, each "
+         "signed by the next")
+_ROOT = "'CN=Institution Root CA,O=Institution'"
+_ISSUING = "'CN=Institution Issuing CA,O=Institution'"
+
+
+@pytest.mark.parametrize(("files", "what"), [
+    (["root.pem", "issuing.pem"], f"certificate 2 of 2 ({_ISSUING}) did not sign certificate 1 "
+                                  f"({_ROOT})"),
+    (["ca.pem", "root.pem"], f"certificate 3 of 3 ({_ROOT}) follows a self-signed root"),
+])
+def test_a_ca_file_that_is_not_one_chain_from_the_federation_ca_is_refused(
+        two_tier: Path, files: list[str], what: str) -> None:
+    """The root before the issuing CA, or anything after the root: ValueError, no peer named."""
+    keys, certs = _entries(two_tier)
+    ca_pem = b"".join((two_tier / f).read_bytes() for f in files)
+    with pytest.raises(ValueError) as exc:
+        verify_directory(JOB, keys, certs, ca_pem)
+    assert not isinstance(exc.value, InvalidMessage)  # no peer accused
+    assert str(exc.value) == f"{what}: {_MORE}"
+
+
+def test_a_ca_bundle_is_refused_without_accusing_a_peer(pkis: tuple[Path, Path]) -> None:
+    """A site's --ca holding two unrelated CAs (a new one and the one it replaced, as in a CA
+    changeover): a directory of sites of both is neither checked against the first CA only
+    (the second's sites accused: the job fails over this site's file) nor against both (an
+    identity of a CA the federation dropped would be taken): ValueError, no peer named."""
+    a, b = pkis
+    keys, certs = _entries(a, 2)
+    other_keys, other_certs = _entries(b, 3)
+    keys[2], certs[2] = other_keys[2], other_certs[2]
+    bundle = (a / "ca.pem").read_bytes() + (b / "ca.pem").read_bytes()
+    with pytest.raises(ValueError) as exc:
+        verify_directory(JOB, keys, certs, bundle)
+    assert not isinstance(exc.value, InvalidMessage)  # no peer accused
+    ca = "'CN=FedForest dev CA,O=FedForest Secure federation'"
+    assert str(exc.value) == f"certificate 2 of 2 ({ca}) did not sign certificate 1 ({ca}): {_MORE}"

@@ -1,5 +1,6 @@
 """docs/configuration.md's worked example, end to end, as a new user runs it: four hospitals'
-raw UCI files, ``schema draft``, ``check`` (every problem listed), ``pki init``,
+raw UCI files, ``schema draft``, ``check`` (every problem listed), ``pki init``, each site's
+``pki request`` signed with ``pki sign``,
 ``server add-client``, ``create-job``, the server, four clients, ``status``,
 ``model download``, then ``FedForestClassifier.load`` + ``predict_proba`` on held-out rows.
 
@@ -100,9 +101,20 @@ def test_the_worked_example_from_raw_files_to_predict_proba(tmp_path: Path) -> N
     assert "49 zeros at lines 7, 9, 10" in long_beach and "hidden missing values?" in long_beach
     assert "classes 2, 3, 4 of the schema never occur" in runner.invoke(app, [
         "check", "--data", str(root / "hungary" / "site.csv"), "--schema", schema]).output
-    # 4. certificates, server.toml, job.toml, sites, the job
-    run("pki", "init", "--out", str(root / "certs"), "--host", "127.0.0.1",
-        *[arg for site in SITES for arg in ("--name", site)])
+    # 4. the CA apart from the server's files; each site's own key, its request signed
+    run("pki", "init", "--out", str(root / "ca"), "--host", "127.0.0.1")
+    (root / "certs").mkdir(mode=0o700)
+    for part in ("server.pem", "server.key"):
+        (root / "ca" / part).rename(root / "certs" / part)
+    (root / "certs" / "ca.pem").write_bytes((root / "ca" / "ca.pem").read_bytes())
+    for site in SITES:
+        run("pki", "request", "--name", site, "--out", str(root / "certs"))
+        run("pki", "sign", "--csr", str(root / "certs" / f"{site}.csr"), "--ca-dir",
+            str(root / "ca"))
+        (root / "certs" / f"{site}.pem").write_bytes((root / "ca" / f"{site}.pem").read_bytes())
+    # the coordinator's side holds no site's key
+    assert sorted(p.name for p in (root / "ca").glob("*.key*")) == ["ca.key"]
+    # server.toml, job.toml, sites, the job
     port = free_port()
     (root / "server.toml").write_text(files["server.toml"].replace("port = 8443",
                                                                     f"port = {port}"))

@@ -38,7 +38,7 @@ from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, verify_signed_by
 from ._rounds import check_job_id
 
 __all__ = ["NOT_YET_VALID_LEEWAY", "SITE_CERTIFICATE", "Certification", "certificate_name",
-           "certify_identity", "identity_payload", "site_certificate_problem",
+           "certify_identity", "federation_ca", "identity_payload", "site_certificate_problem",
            "verify_directory"]
 
 #: What certifies a site's identity, as a refusal of another certificate says it.
@@ -205,6 +205,42 @@ def _check_entry(job_id: str, index: int, key: bytes, cert_text: Certification,
     return name
 
 
+def federation_ca(ca_pem: bytes) -> x509.Certificate:
+    """The federation CA of the PEM text ``ca_pem`` (a site's ``--ca``): its first certificate,
+    which certifies every identity of a secure job. The file holds that CA alone, or one chain
+    from it: the CA, then the CAs above it (an institution's issuing CA, then its root, for
+    TLS), each signed by the next and nothing after a self-signed root. ValueError for anything
+    else, e.g. two unrelated CAs: TLS would trust each of them, and a directory checked against
+    one would accuse the sites of the others, one checked against all would take identities
+    from any of them (an old CA a new one replaced because a key leaked, another institution's
+    CA): a site trusts exactly one federation CA."""
+    try:
+        certs = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError:
+        raise ValueError("not a PEM certificate") from None
+    for k, (lower, upper) in enumerate(zip(certs, certs[1:], strict=False), start=1):
+        signed = verify_signed_by(lower, upper)
+        if signed and not _self_signed(lower):
+            continue
+        what = "follows a self-signed root" if signed else \
+            f"did not sign certificate {k} ({_subject(lower)})"
+        raise ValueError(
+            f"certificate {k + 1} of {len(certs)} ({_subject(upper)}) {what}: the file "
+            "holds more than the federation CA and the CAs above it. A site trusts one "
+            "federation CA, whose certificates certify every site's identity in a secure "
+            "job; its --ca holds that CA, optionally followed by the CAs above it up to a "
+            "root, each signed by the next")
+    return certs[0]
+
+
+def _self_signed(cert: x509.Certificate) -> bool:
+    return cert.issuer == cert.subject and verify_signed_by(cert, cert)
+
+
+def _subject(cert: x509.Certificate) -> str:
+    return repr(cert.subject.rfc4514_string())
+
+
 def verify_directory(job_id: str, keys: Mapping[int, bytes],
                      certifications: Mapping[int, Certification], ca_pem: bytes, *,
                      now: _dt.datetime | None = None) -> dict[int, str]:
@@ -217,9 +253,10 @@ def verify_directory(job_id: str, keys: Mapping[int, bytes],
     has. A certificate that starts more than :data:`NOT_YET_VALID_LEEWAY` after ``now`` is
     this machine's clock problem, not the peer's: :class:`RefusedRequest` (code ``other``,
     accusing nobody) says so, with this machine's time and the certificate's dates; one that
-    starts within the leeway is accepted.
+    starts within the leeway is accepted. ValueError (accusing nobody) for a ``ca_pem`` that
+    holds more than the federation CA and the CAs above it (:func:`federation_ca`).
     """
-    ca = x509.load_pem_x509_certificate(ca_pem)
+    ca = federation_ca(ca_pem)
     when = now or _dt.datetime.now(_dt.UTC)
     names: dict[int, str] = {}
     for index in sorted(keys):
