@@ -38,7 +38,7 @@ class SiteLog:
     def __init__(self, *, stream: TextIO | None = None, plain: bool | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.plain = (not _isatty(self.stream)) if plain is None else plain
-        self.console = Console(file=self.stream, quiet=self.plain)
+        self.console = Console(file=self.stream, quiet=self.plain, emoji=False)
         #: the last :meth:`warn` message (the command does not print again what it said)
         self.last_warning: str | None = None
         self._told_lost_lines = False

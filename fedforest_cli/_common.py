@@ -23,7 +23,7 @@ from fedforest_secure.printable import printable, printable_lines
 __all__ = ["MAX_SEED", "check_output", "console", "duration", "fail", "own_command"]
 
 #: Progress and errors go to stderr; results (tables, tokens) to stdout.
-console = Console(stderr=True)
+console = Console(stderr=True, emoji=False)
 
 #: the largest ``--seed``: scikit-learn's forests take a ``random_state`` below 2**32
 MAX_SEED = 2**32 - 1

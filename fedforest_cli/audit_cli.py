@@ -55,8 +55,8 @@ class ExportFormat(enum.StrEnum):
 
 def _table_console() -> Console:
     """A console for tables: the terminal's width, or a wide one when output is redirected."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    console = Console(emoji=False)
+    return console if console.is_terminal else Console(width=200, emoji=False)
 
 
 def _is_export(db: str) -> bool:
@@ -244,7 +244,7 @@ def export(
     from fedforest_secure.audit import export_csv, export_jsonl
     from fedforest_secure.dburl import sqlite_file
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     if out is not None:
         source = sqlite_file(db)  # a path or a sqlite:/// URL: never written over
         check_output(out, force=force, inputs=[("--db", source)] if source else [])

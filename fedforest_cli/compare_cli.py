@@ -119,7 +119,7 @@ def compare_cmd(
             both.enter_context(replacing(csv_file)).write_bytes(text.encode("utf-8"))
     except (FedForestError, ValueError, OSError) as exc:
         fail(exc)
-    out_console = _Console()
+    out_console = _Console(emoji=False)
     out_console.width = max(out_console.width, 132)
     out_console.print(format_table(res))
     for note in res.settings.get("notes", []):

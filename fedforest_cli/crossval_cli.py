@@ -90,7 +90,7 @@ def cross_validate_cmd(
         table.add_row(str(v), f"{res.cv[name]:.4f}",
                       f"{folds_m.mean():.4f} ± {folds_m.std(ddof=1):.4f}",
                       "best" if v == res.best else "")
-    Console().print(table)
+    Console(emoji=False).print(table)
     p = res.privacy
     console.print(f"privacy: {p['training_jobs']} trainings and {p['evaluation_rounds']} "
                   f"evaluation rounds; every record is in {p['trainings_per_record']} "

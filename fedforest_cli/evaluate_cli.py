@@ -139,7 +139,7 @@ def evaluate(
         fail(exc)
     from rich.console import Console
 
-    Console().print(to_table(res, reference))
+    Console(emoji=False).print(to_table(res, reference))
     console.print(f"wrote {png}, {png.with_suffix('.md')} and {png.with_suffix('.json')}",
                   markup=False)
 

@@ -65,7 +65,7 @@ def pki_init(out: Annotated[Path, typer.Option(help="output directory")] = Path(
             f"{', '.join(p.name for p in paths.moved_aside)}. Each gets a certificate of the "
             f"new CA: a site from its new request (`fedforest pki sign --ca-dir {out}`), an "
             f"operator's with `fedforest pki issue --ca-dir {out} --name <name> --operator`",
-            markup=False, emoji=False, soft_wrap=True)
+            markup=False, soft_wrap=True)
     _say_site_keys_held(paths.client_keys)
 
 
@@ -189,7 +189,7 @@ def _say_site_keys_held(keys: list[Path]) -> None:
                       "here (and <name>.key.replaced-*): whoever holds a site's key can play "
                       "that site in a secure job. A site that keeps its own key makes it with "
                       "`fedforest pki request`, and `fedforest pki sign` signs its request",
-                      markup=False, emoji=False, soft_wrap=True)
+                      markup=False, soft_wrap=True)
 
 
 @pki_cli.command("request")
@@ -216,7 +216,7 @@ def pki_request(name: Annotated[str, typer.Option(
                   "the request to whoever keeps the federation CA and tell them, out of band "
                   f"(by phone), its key's SHA-256: {key_fingerprint(public)}. Put the "
                   f"certificate that comes back beside the key ({out / (name + '.pem')})",
-                  markup=False, emoji=False, soft_wrap=True)
+                  markup=False, soft_wrap=True)
 
 
 @pki_cli.command("sign")
@@ -244,12 +244,12 @@ def pki_sign(csr: Annotated[Path, typer.Option(
     console.print(f"{cert} signed by {ca_dir / 'ca.pem'} for the key of {csr}, whose SHA-256 "
                   f"is {key_fingerprint(public)}: check with the site, out of band, that it "
                   "is its key's, then send it the certificate (and ca.pem)", markup=False,
-                  emoji=False, soft_wrap=True)
+                  soft_wrap=True)
     keys = [p for p in kept if p.name.startswith(f"{cert.stem}.key.")]
     if kept:
         console.print(f"kept aside: {', '.join(str(p) for p in kept)}"
                       + (f"; {keys[0]} is a key the CA's side made for the site: delete it"
-                         if keys else ""), markup=False, emoji=False,
+                         if keys else ""), markup=False,
                   soft_wrap=True)
 
 

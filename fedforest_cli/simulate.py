@@ -54,7 +54,7 @@ from .sim_processes import (
 __all__ = ["SimulateOptions", "collect_receipts", "db_url", "free_port", "run_simulation",
            "start_client", "start_server", "wait_for_job", "wait_healthy", "write_server_config"]
 
-console = Console()
+console = Console(emoji=False)
 
 #: the file that marks a directory as a simulation's output (``--out``), which the next run
 #: may replace

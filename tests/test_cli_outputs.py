@@ -220,6 +220,16 @@ def test_an_error_is_one_line_so_its_paths_copy_whole(tmp_path: Path) -> None:
     assert line.startswith("error:") and str(deep) in line
 
 
+def test_an_error_prints_colon_words_as_written_not_as_emoji(tmp_path: Path) -> None:
+    """A fingerprint's ``AB:CD:EF`` or a file named ``:smile:`` reaches the terminal as
+    written (rich would otherwise read ``:cd:`` as an emoji code)."""
+    odd = tmp_path / "AB:CD:EF" / ":smile:.csv"
+    res = runner.invoke(app, ["check", "--data", str(odd), "--schema", str(odd)])
+    assert res.exit_code == 2
+    (line,) = res.output.strip().splitlines()
+    assert str(odd) in line
+
+
 def _download(out: Path, ca: Path, *extra: str) -> tuple[int, str, float]:
     """``fedforest model download --out out`` from a port where no server listens: exit code,
     output, seconds taken."""
