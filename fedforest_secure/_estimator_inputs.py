@@ -224,23 +224,46 @@ def refuse_tiny_target(name: Any, largest: float, middle: float, frac_bits: int 
 
 def refuse_complex(X: Any) -> None:
     """Refuse a table ``X`` with a complex column or cell in scikit-learn's words
-    (``check_array``'s), at fit and at predict alike: a complex cell of an object column
-    failed fit with a bare TypeError, and predict took the real part.
+    (``check_array``'s), at fit and at predict alike: a complex cell of an object column (or of
+    an object array) failed with a bare TypeError, and predict took a complex column's real part.
+
+    Only what can hold a complex value is read: a complex column, the cells of an object column
+    or array one column at a time (no copy of the table), a categorical column's categories;
+    numbers, text (``str``) and bool columns are skipped. Other inputs (complex arrays, lists,
+    sparse matrices) are left to ``check_array``, which refuses complex values itself.
 
     Raises
     ------
     SchemaError
         ``Complex data not supported`` and the table.
     """
-    dtypes = getattr(X, "dtypes", None)
-    if dtypes is None or isinstance(X, np.ndarray):
+    if isinstance(X, np.ndarray):
+        if X.dtype == object and _holds_complex(X.ravel()):
+            raise SchemaError(f"Complex data not supported\n{X}\n")
         return
-    kinds = [getattr(d, "kind", "O") for d in (dtypes if hasattr(dtypes, "__iter__")
-                                                else [dtypes])]
-    if "c" in kinds or ("O" in kinds and any(
-            isinstance(v, complex | np.complexfloating)
-            for v in np.asarray(X, dtype=object).ravel().tolist())):
-        raise SchemaError(f"Complex data not supported\n{X}\n")
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is None:
+        return
+    iloc = getattr(X, "iloc", None)
+    single = not hasattr(dtypes, "__iter__")  # a Series: one dtype, itself the column
+    for j, dtype in enumerate([dtypes] if single else list(dtypes)):
+        if getattr(dtype, "kind", None) == "c":
+            found = True
+        elif isinstance(dtype, np.dtype) and dtype.kind == "O":
+            col = X if single else (iloc[:, j] if iloc is not None else None)
+            found = col is not None and _holds_complex(np.asarray(col))
+        else:
+            categories = getattr(dtype, "categories", None)
+            found = categories is not None and (
+                getattr(categories.dtype, "kind", None) == "c"
+                or (categories.dtype == object and _holds_complex(np.asarray(categories))))
+        if found:
+            raise SchemaError(f"Complex data not supported\n{X}\n")
+
+
+def _holds_complex(values: np.ndarray) -> bool:
+    """Whether a 1-d object array holds a complex number (Python's or NumPy's)."""
+    return any(issubclass(t, complex | np.complexfloating) for t in set(map(type, values)))
 
 
 def refuse_duplicate_names(X: Any) -> None:

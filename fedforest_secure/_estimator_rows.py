@@ -144,13 +144,13 @@ class _EstimatorRows:
         (:meth:`ForestModel.prepare`); an array is taken by position."""
         model = self._check_fitted()
         refuse_dates(X)
+        refuse_complex(X)  # as fit refuses it, not cut to its real part nor a bare TypeError
         names = _column_names(X)
         if model.schema is not None or (names is not None and model.feature_names is not None):
             if names is None and getattr(X, "columns", None) is not None:
                 # labels that are not all strings: scikit-learn's warning (or its error for
                 # mixed labels) and the columns taken by position, as validate_data does below
                 as_schema_error(validate_data, self, X, reset=False, skip_check_array=True)
-            refuse_complex(X)  # as fit refuses it, not cut to its real part
             Xp = model.prepare(X)
             out: np.ndarray = as_schema_error(check_array, Xp, dtype=np.float64,
                                                ensure_all_finite="allow-nan")
