@@ -53,9 +53,15 @@ shared parameters, with these federated defaults:
   reading); ``fit`` refuses date, time and duration columns (datetime64 ones, and Python or
   numpy date objects in an object column; as scikit-learn's forests do) and repeated column
   names, naming the column.
-* A regression target is centred on the middle of its range; one whose centred values reach
-  past ``sqrt(float64 max) / (2 n)`` (n rows, frequency weights counted: the trees' sums of
-  y^2 would overflow) is refused at ``fit``, naming it, with the advice to rescale it.
+* A regression target is centred before the trees take their sums of y and y^2. Under the
+  open profile the centre is its median (a row counted its weight times), so a few far values
+  do not hide the bulk's spread in rounding. Under a fixed-point (secure) or DP profile it is
+  the middle of its range: the half-width about the centre is the fixed-point ring's scale
+  and the DP noise's bound, both smallest about the middle (so also under the open profile
+  where the median would put a row past what the sums of squares hold). A target reaching
+  past ``sqrt(float64 max) / (2 n)`` from the middle of its range (n rows, frequency weights
+  counted: the trees' sums of y^2 would overflow) is refused at ``fit``, naming it, with the
+  advice to rescale it.
 """
 
 from __future__ import annotations
