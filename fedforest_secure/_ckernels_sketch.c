@@ -308,18 +308,20 @@ done:
 }
 
 /* One block s0 .. e0 of sketch_values (fields: weights, codes of item sizes ws, cs): its
- * points into o2. vals are the feature's values (nv of them), miss its missing code (-1:
- * none). Returns 1 on a code out of range or weights that overflow. */
+ * points into o2, NaN after them up to o2[n_points]. vals are the feature's values (nv of
+ * them), miss its missing code (-1: none). Returns 1 on a code out of range or weights that
+ * overflow. */
 static inline __attribute__((always_inline)) int
 sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t miss,
              const double *vals, int64_t nv, double *o2, int64_t n_points, int64_t r)
 {
-    int64_t j, b, bk, total = 0, cum, pos;
+    int64_t j, b, bk, total = 0, cum, pos, q, rm, carry, base, last;
     if (miss >= 0) /* missing codes sort last in a block: the sketch ignores them */
         while (e0 > s0 && fgetk(&fl[1], e0 - 1, cs) >= miss)
             e0--;
+    bk = 0; /* no point */
     if (e0 <= s0)
-        return 0;
+        goto pad;
     for (j = s0; j < e0; j++)
         if (__builtin_add_overflow(total, fgetk(&fl[0], j, ws), &total) || total < 0)
             return 1;
@@ -328,17 +330,26 @@ sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t mi
         bk = (r >= 2 ? e0 - s0 : total) / r;
         if (bk > n_points)
             bk = n_points;
-        if (bk < 1)
-            return 0;
+        if (bk < 1) {
+            bk = 0;
+            goto pad;
+        }
     }
+    /* point b's target is max((b * total + bk - 1) / bk, 1) (integer division); b * total
+     * grows with b, so it overflows for some b iff it does for b = bk. Without a division per
+     * point: total = q * bk + rm, and (b * total + bk - 1) / bk = b * q + carry, where carry
+     * is the quotient of b * rm + bk - 1 (rm < bk: it grows by at most one per point) */
+    if (__builtin_mul_overflow(bk, total, &last) || __builtin_add_overflow(last, bk - 1, &last))
+        return 1;
+    q = total / bk;
+    rm = total % bk;
+    carry = 0;
+    last = bk - 1; /* the remainder of b * rm + bk - 1 */
+    base = 0;      /* b * q */
     pos = s0;
     cum = fgetk(&fl[0], s0, ws);
     for (b = 0; b <= bk; b++) {
-        int64_t target, code;
-        if (__builtin_mul_overflow(b, total, &target)
-            || __builtin_add_overflow(target, bk - 1, &target))
-            return 1;
-        target /= bk;
+        int64_t target = base + carry, code;
         if (target < 1)
             target = 1;
         while (cum < target && pos + 1 < e0)
@@ -347,7 +358,17 @@ sketch_block(const field *fl, int ws, int cs, int64_t s0, int64_t e0, int64_t mi
         if (code < 0 || code >= nv)
             return 1;
         o2[b] = vals[code];
+        base += q;
+        last += rm;
+        if (last >= bk) {
+            last -= bk;
+            carry++;
+        }
     }
+    bk++; /* the points written */
+pad:
+    for (b = bk; b <= n_points; b++) /* NaN: no point (the blocks' lists' padding) */
+        o2[b] = NAN;
     return 0;
 }
 
@@ -402,10 +423,11 @@ PyObject *sketch_values(PyObject *self, PyObject *args)
         for (i = 0; i < nblk && !bad; i++) {
             int64_t s0 = edges[i], e0 = edges[i + 1], f = feat[i], b;
             double *o2 = out + i * (n_points + 1);
-            for (b = 0; b <= n_points; b++) /* NaN: no point (the blocks' lists' padding) */
-                o2[b] = NAN;
-            if (!wanted[i] || e0 <= s0)
+            if (!wanted[i] || e0 <= s0) {
+                for (b = 0; b <= n_points; b++) /* NaN: no point (the lists' padding) */
+                    o2[b] = NAN;
                 continue;
+            }
             if (s0 < 0 || e0 > fl[0].n || f < 0 || f >= nf || uoff[f] < 0 || uoff[f] > nu) {
                 bad = 1;
                 break;

@@ -468,3 +468,40 @@ def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> N
     codes = rng.integers(0, 9, size=3 * 40).astype(np.int32)
     order = _order.LevelOrder(feats, node, row, np.ones(50, np.int64), codes, 40, 4)
     assert order.size == int((np.ascontiguousarray(feats)[node] >= 0).sum())
+
+
+@compiled_only
+@pytest.mark.parametrize("max_weight", [3, 400])
+@pytest.mark.parametrize("n_points,r", [(32, 0), (32, 1), (7, 1), (7, 2), (1, 3), (5, 0)])
+def test_quantile_points_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, max_weight: int, n_points: int, r: int) -> None:
+    """Each point's target rank ceil(b W / B_k) (computed without a division per point in the
+    compiled loop), over blocks of every size: empty, below and above n_points entries, with
+    multiplicities that make W no multiple of B_k (max_weight 400: keys without the weight)."""
+    from fedforest_secure._level_stats import LevelStatistics
+    from fedforest_secure._site_table import encode_features
+
+    rng = np.random.default_rng(n_points * 10 + r + max_weight)
+    n_rows, d, n_nodes, m = 300, 4, 40, 3
+    X = np.round(rng.normal(size=(n_rows, d)), 1)  # ties
+    book, codes = encode_features(X)
+    cfg = JobConfig(job_id="j", task="regression", n_features=d, n_clients=1, n_estimators=1,
+                    max_features=m, n_bins=8, profile={"name": "open"})
+    feats = np.stack([rng.choice(d, m, replace=False) for _ in range(n_nodes)])
+    feats[3, 1] = -1
+    P = 3000
+    node = rng.integers(0, n_nodes - 2, size=P)  # the last two nodes: empty blocks
+    node[: n_nodes // 2] = 5  # a large node
+    row = rng.integers(0, n_rows, size=P)
+    weight = rng.integers(1, max_weight, size=P)
+
+    def points() -> np.ndarray:
+        order = _order.LevelOrder(feats, node, row, weight, codes, n_rows, book.cbits)
+        stats = LevelStatistics(order, cfg, rng.normal(size=n_rows), book)
+        return stats.quantile_points(feats, n_points, r)
+
+    compiled = points()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = points()
+    np.testing.assert_array_equal(compiled, plain)
+    assert np.isfinite(plain).sum() > n_nodes
