@@ -76,8 +76,79 @@ typedef struct {
 
 #define POINT_LESS(x, y) ((x).v < (y).v)
 
-/* Stable sort of points by value (no NaN): the clients' non-decreasing lists, merged. */
-NATURAL_MERGE_SORT(stable_sort, point, POINT_LESS)
+/* Stable sort of points by value (no NaN): the clients' non-decreasing lists, merged.
+ * As NATURAL_MERGE_SORT, but each merge of two runs (n entries) is two merges at once without
+ * a branch on the data: from the front the n / 2 first entries (the left run's when equal),
+ * from the back the rest (the right run's last when equal), so the two walks do not wait on
+ * each other. A walk whose run is used up may read one entry past it (the other run's, or
+ * the one slack entry before and after a and tmp), and does not take it. */
+/* c ? x : y for pointers (c 0 or 1) by a mask: compilers turn ?: into a branch here */
+#define PICK(c, x, y)                                                                         \
+    ((const point *)((uintptr_t)(y)                                                           \
+                     ^ (((uintptr_t)(x) ^ (uintptr_t)(y)) & ((uintptr_t)0 - (uintptr_t)(c)))))
+
+static point *stable_sort(point *a, point *tmp, int64_t *runs, int64_t n)
+{
+    int64_t nr = 0, i, j, r;
+    point *src = a, *dst = tmp, *swap;
+    if (n <= 24) {
+        for (i = 1; i < n; i++) {
+            point x = a[i];
+            for (j = i; j > 0 && POINT_LESS(x, a[j - 1]); j--)
+                a[j] = a[j - 1];
+            a[j] = x;
+        }
+        return a;
+    }
+    runs[nr++] = 0;
+    for (i = 1; i < n; i++)
+        if (POINT_LESS(a[i], a[i - 1]))
+            runs[nr++] = i;
+    runs[nr] = n;
+    while (nr > 1) { /* merge runs two by two from src into dst, then swap */
+        int64_t out_runs = 0;
+        for (r = 0; r < nr; r += 2) {
+            int64_t s0 = runs[r], k, h, m2;
+            const point *p, *q, *pe, *qe, *pb, *qb, *ps, *qs;
+            point *o, *ob;
+            if (r + 1 >= nr) { /* an odd run out: copied as it is */
+                memcpy(dst + s0, src + s0, (size_t)(n - s0) * sizeof(point));
+                runs[out_runs++] = s0;
+                break;
+            }
+            ps = p = src + s0;
+            qs = pe = q = src + runs[r + 1];
+            qe = src + runs[r + 2];
+            pb = pe - 1;
+            qb = qe - 1;
+            o = dst + s0;
+            ob = dst + runs[r + 2] - 1;
+            m2 = runs[r + 2] - s0;
+            h = m2 / 2;
+            for (k = 0; k < h; k++) {
+                /* front: the right one only when strictly less (or the left run used up) */
+                int tq = (p == pe) | ((q != qe) & POINT_LESS(*q, *p));
+                /* back: the right one unless strictly less (or the right run used up) */
+                int tb = (qb < qs) | ((pb >= ps) & POINT_LESS(*qb, *pb));
+                *o++ = *PICK(tq, q, p);
+                q += tq;
+                p += !tq;
+                *ob-- = *PICK(tb, pb, qb);
+                pb -= tb;
+                qb -= !tb;
+            }
+            if (m2 - h > h) /* the middle entry, from the front */
+                *o = *PICK((p == pe) | ((q != qe) & POINT_LESS(*q, *p)), q, p);
+            runs[out_runs++] = s0;
+        }
+        runs[out_runs] = n;
+        nr = out_runs;
+        swap = src;
+        src = dst;
+        dst = swap;
+    }
+    return src;
+}
 
 /* Stable sort of cuts, NaN last (the cuts come nearly in order). */
 NATURAL_MERGE_SORT(sort_doubles, double, lt_nan_last)
@@ -229,8 +300,10 @@ PyObject *pooled_rows(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "pooled_rows: array sizes do not match the shape");
         goto done;
     }
+    /* pts and tmp: one slack point before and after each (stable_sort may read them) */
     mem = malloc((size_t)W * (5 * sizeof(double) + 2 * sizeof(point) + sizeof(int64_t))
-                 + sizeof(int64_t) + (size_t)n_bins * (sizeof(double) + sizeof(int64_t)));
+                 + 4 * sizeof(point) + sizeof(int64_t)
+                 + (size_t)n_bins * (sizeof(double) + sizeof(int64_t)));
     if (mem == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -240,9 +313,11 @@ PyObject *pooled_rows(PyObject *self, PyObject *args)
     sc.xs = sc.djp + W;
     sc.s = sc.xs + W;
     sc.F = sc.s + W;
-    sc.pts = (point *)(sc.F + W);
-    sc.tmp = sc.pts + W;
-    sc.runs = (int64_t *)(sc.tmp + W);
+    sc.pts = (point *)(sc.F + W) + 1;
+    sc.tmp = sc.pts + W + 2;
+    sc.runs = (int64_t *)(sc.tmp + W + 1);
+    sc.pts[-1].v = sc.pts[W].v = sc.tmp[-1].v = sc.tmp[W].v = 0.0; /* read, never taken */
+    sc.pts[-1].i = sc.pts[W].i = sc.tmp[-1].i = sc.tmp[W].i = 0;
     sc.cut_runs = sc.runs + W + 1;
     sc.cut_tmp = (double *)(sc.cut_runs + n_bins);
     Py_BEGIN_ALLOW_THREADS
