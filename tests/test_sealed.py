@@ -195,3 +195,19 @@ def test_a_sealed_tasks_histogram_arrays_are_checked_once_for_every_reader() -> 
             check_feature_slots(cfg, repeat)
     check_feature_slots(cfg, good)
     assert ("feature_slots", 2) in good.derived
+
+
+def test_a_sealed_tasks_form_is_checked_once_and_a_bad_one_refused_by_every_reader() -> None:
+    from fedforest_secure.errors import ProtocolError
+    from fedforest_secure.protocol import check_task_form
+
+    good = seal(_task())
+    good.params.pop("purpose")
+    good.params["stats"] = "full"
+    check_task_form(good)
+    assert "task_form" in good.derived
+    bad = seal(_task())
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="of the wrong type"):
+            check_task_form(bad)
+    assert "task_form" not in bad.derived
