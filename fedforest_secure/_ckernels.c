@@ -3,8 +3,9 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing). The loops are in _ckernels_sketch.c, _ckernels_stats.c and
- * _ckernels_pack.c; this file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), and a worker's routing (fedforest_secure._routing). The loops
+ * are in _ckernels_sketch.c, _ckernels_stats.c and _ckernels_pack.c; this file holds the
+ * helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -150,6 +151,9 @@ static PyMethodDef methods[] = {
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},
+    {"route_pairs", route_pairs, METH_VARARGS,
+     "route_pairs(node, row, codes, fbase, cut, left, right, out): each pair's node in the "
+     "next level through its node's numeric split (left where its code is below the cut)."},
     {"list_lengths", list_lengths, METH_VARARGS,
      "list_lengths(points, lengths, P) -> -1 or the first list with a point after its NaN "
      "padding: each list's points before its padding."},

@@ -84,5 +84,6 @@ PyObject *marginal_at(PyObject *self, PyObject *args);
 PyObject *grid_picks(PyObject *self, PyObject *args);
 PyObject *encode_values(PyObject *self, PyObject *args);
 PyObject *pack_cells(PyObject *self, PyObject *args);
+PyObject *route_pairs(PyObject *self, PyObject *args);
 
 #endif

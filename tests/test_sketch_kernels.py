@@ -505,3 +505,50 @@ def test_quantile_points_are_the_same_with_and_without_the_compiled_kernels(
     plain = points()
     np.testing.assert_array_equal(compiled, plain)
     assert np.isfinite(plain).sum() > n_nodes
+
+
+@compiled_only
+@pytest.mark.parametrize("in_node_order", [False, True])
+def test_routing_through_numeric_splits_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, in_node_order: bool) -> None:
+    """Every pair's next node (or -1 under a leaf) through thresholds between, at and beyond
+    the client's values, and the refusal of a pair whose node is not in the routing."""
+    from fedforest_secure._routing import route
+    from fedforest_secure._site_table import encode_features
+    from fedforest_secure._tree import NodeKind
+
+    rng = np.random.default_rng(5)
+    n_rows, d, n_nodes, P = 200, 3, 12, 4000
+    X = np.round(rng.normal(size=(n_rows, d)), 1)
+    book, codes = encode_features(X)
+    cfg = JobConfig(job_id="j", task="regression", n_features=d, n_clients=1, n_estimators=1,
+                    max_features=d, n_bins=8, profile={"name": "open"})
+    kind = np.full(n_nodes, NodeKind.NUMERIC, dtype=np.int32)
+    kind[[2, 7]] = NodeKind.LEAF
+    inner = np.flatnonzero(kind != NodeKind.LEAF)
+    left, right = np.full(n_nodes, -1, np.int32), np.full(n_nodes, -1, np.int32)
+    left[inner], right[inner] = 2 * np.arange(inner.size), 2 * np.arange(inner.size) + 1
+    thr = rng.choice(X.ravel(), n_nodes) + rng.choice([0.0, 0.05, -1e9, 1e9], n_nodes)
+    arrays = {"route_kind": kind, "route_feature": rng.integers(0, d, n_nodes).astype(np.int32),
+              "route_threshold": thr, "route_left": left, "route_right": right,
+              "route_set_ptr": np.zeros(n_nodes + 1, np.int64),
+              "route_set_vals": np.zeros(0, np.int32)}
+    node = rng.integers(0, n_nodes, P).astype(np.int32)
+    row = rng.integers(0, n_rows, P).astype(np.int32)
+    ptr = None
+    if in_node_order:
+        node.sort()
+        ptr = np.searchsorted(node, np.arange(n_nodes + 1))
+
+    def routed(nodes: np.ndarray) -> np.ndarray:
+        return route(arrays, n_nodes=n_nodes, node=nodes, row=row, node_ptr=ptr, codes=codes,
+                     n_rows=n_rows, book=book, config=cfg, client_index=0)
+
+    compiled = routed(node)
+    with pytest.raises(ValueError, match="out of range"):
+        routed(np.where(np.arange(P) == P - 1, n_nodes, node).astype(np.int32))
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = routed(node)
+    np.testing.assert_array_equal(compiled, plain)
+    assert compiled.dtype == plain.dtype
+    assert (plain == -1).any() and (plain % 2 == 0).any() and (plain % 2 == 1).any()
