@@ -2,6 +2,8 @@ import numpy as np
 
 def pooled_rows(points: np.ndarray, weights: np.ndarray, out: np.ndarray, R: int, K: int,
                 P: int, n_bins: int, /) -> None: ...
+def pooled_lists(lists: list[np.ndarray], weights: np.ndarray, keep: np.ndarray,
+                 out: np.ndarray, R: int, K: int, P: int, n_bins: int, /) -> None: ...
 def sketch_values(weights: np.ndarray, weight_shift: int, weight_mask: int, codes: np.ndarray,
                   code_shift: int, code_mask: int, edges: np.ndarray, wanted: np.ndarray,
                   feat: np.ndarray, uniq_off: np.ndarray, uniq_all: np.ndarray,

@@ -552,3 +552,26 @@ def test_routing_through_numeric_splits_is_the_same_with_and_without_the_compile
     np.testing.assert_array_equal(compiled, plain)
     assert compiled.dtype == plain.dtype
     assert (plain == -1).any() and (plain % 2 == 0).any() and (plain % 2 == 1).any()
+
+
+@compiled_only
+@pytest.mark.parametrize("kind", ["normal", "ties", "gaps"])
+def test_candidates_from_each_clients_own_array_equal_the_stacked_ones(kind: str) -> None:
+    """The coordinator's pooled candidates read from one (R, P) array per client (no stacked
+    copy) are those of the stacked (R, K, P) rows, rows without a point left at +inf."""
+    rng = np.random.default_rng(11)
+    R, K, P, B = 300, 6, 17, 16
+    pts, _, npts = _rows(rng, R, K, P, kind)
+    pts[:5] = np.nan  # rows without a point
+    npts[:5] = 0
+    counts = rng.integers(0, 40, size=(R, K)).astype(np.float64)
+    counts[7, 2] = -1.0  # treated as 0, as _pooled does
+    stacked = _sketch.pooled_candidates(pts, counts, B, npts)
+    lists = [np.ascontiguousarray(pts[:, k, :]) for k in range(K)]
+    np.testing.assert_array_equal(_sketch.pooled_candidates_lists(lists, counts, B, npts),
+                                  stacked)
+    assert np.isinf(stacked[:5]).all() and np.isfinite(stacked[5:, 0]).all()
+    bad = [a.copy() for a in lists]
+    bad[3][9] = [np.nan, 1.0] + [np.nan] * (P - 2)
+    with pytest.raises(ValueError, match="after its NaN padding"):
+        _sketch.pooled_candidates_lists(bad, counts + 1, B, npts + 1)
