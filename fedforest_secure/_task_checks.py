@@ -76,7 +76,24 @@ def histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str = ""
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """The evaluated nodes, features, thresholds and statistics mode a task asks a
     histogram of (``prefix``: ``"grid_"`` in a sketch task), checked against a level of
-    ``n_nodes`` nodes."""
+    ``n_nodes`` nodes. Checked and converted once per sealed task, level size and feature
+    count (every client of an in-process federation reads the same arrays, read-only); a task
+    that fails the checks is refused by every reader."""
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("histogram_arrays", prefix, n_nodes, n_features)
+    hit = memo.get(key) if memo is not None else None
+    if isinstance(hit, tuple):
+        return hit
+    out = _histogram_arrays(task, n_nodes, n_features, prefix)
+    if memo is not None:
+        for arr in out[:3]:
+            arr.flags.writeable = False  # shared by the task's readers
+        memo[key] = out
+    return out
+
+
+def _histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     try:
         nodes = task.arrays[prefix + "nodes"].astype(np.int64)
         feats = task.arrays[prefix + "features"].astype(np.int64)
@@ -114,6 +131,16 @@ def check_feature_slots(config: JobConfig, task: Task) -> None:
     is a fresh noisy copy of its statistics, so copies averaged remove the noise.
     """
     limit = plan_slots(config, task.level)
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("feature_slots", limit)
+    if memo is not None and key in memo:
+        return  # checked for this limit already (a task that fails is never recorded)
+    _check_feature_slots(task, limit)
+    if memo is not None:
+        memo[key] = True
+
+
+def _check_feature_slots(task: Task, limit: int) -> None:
     for name in ("features", "grid_features"):
         feats = task.arrays.get(name)
         if feats is None or feats.ndim != 2 or feats.size == 0:
