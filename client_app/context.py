@@ -167,11 +167,10 @@ class RunContext:
                 server_receipt: dict[str, Any] | None) -> None:
         """Record the upload ``body`` once the server has answered it (its receipt follows the
         record :meth:`receipt_sent` wrote; of the server's answer ``server_receipt``, what
-        :func:`kept_receipt` keeps goes to ``receipts.jsonl``)."""
-        if server_receipt is not None:
-            kept = kept_receipt(self.job, task.round_id, self.index, body, server_receipt)
-            self.state.add_receipt(kept)
-            self.result.receipts.append(kept)
+        :func:`kept_receipt` keeps goes to ``receipts.jsonl``). The site's own receipt (the
+        digest of the body it sent, the chain tip it was told) is written first: a server
+        answer that names another upload is refused after it, and the receipt is what
+        ``audit verify --receipts`` holds that server's log to."""
         try:
             rec = Receipt(job_id=self.job, round_id=task.round_id, client=self.name,
                           upload_digest=hashlib.sha256(body).hexdigest(),
@@ -179,6 +178,10 @@ class RunContext:
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
         write_receipt(self.state.root / "receipts", rec)
+        if server_receipt is not None:
+            kept = kept_receipt(self.job, task.round_id, self.index, body, server_receipt)
+            self.state.add_receipt(kept)
+            self.result.receipts.append(kept)
 
     def refusal_receipt(self, round_id: int, answer: dict[str, Any]) -> None:
         """Record this site's refusal of round ``round_id`` with the chain head the server

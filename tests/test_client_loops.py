@@ -233,10 +233,19 @@ def test_of_the_servers_answer_to_an_upload_the_site_keeps_what_it_knows_and_che
     assert (state.root / "receipts.jsonl").stat().st_size < 400
 
 
-def test_a_receipt_of_the_server_naming_another_upload_is_refused(tmp_path: Path) -> None:
+def test_a_receipt_of_the_server_naming_another_upload_is_refused_after_the_sites_own(
+        tmp_path: Path) -> None:
+    """The site's own receipt of the upload (the digest it sent, the chain tip it was told)
+    is on disk before the server's answer is refused: the evidence against that server."""
     with pytest.raises(ProtocolError) as err:
         _open_round(tmp_path, lambda body: {"upload_sha256": "0" * 64})
+    sent = str(err.value).rsplit("SHA-256 ", 1)[1][:64]
     assert str(err.value).startswith(
         "round 0: the server's receipt of this site's upload names another upload ("
-        f"{'0' * 64}); the upload this site sent has SHA-256 ")
+        f"{'0' * 64}); the upload this site sent has SHA-256 {sent}")
     assert not (tmp_path / "state" / "receipts.jsonl").exists()
+    recs = [r for _, r in read_receipts(tmp_path / "state" / "receipts")]
+    assert [type(r).__name__ for r in recs] == ["SentReceipt", "Receipt"]
+    assert isinstance(recs[1], Receipt)
+    assert (recs[1].round_id, recs[1].upload_digest, recs[1].chain_head_seen,
+            recs[1].seq_seen) == (0, sent, HEAD, 3)
