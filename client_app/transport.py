@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import re
 import socket
 import ssl
@@ -33,7 +34,17 @@ from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
 
 from . import stop
-from .answers import ERROR_MAX, JSON_MAX, AnswerTooLarge, SlowAnswer, answer_json, read_body
+from .answers import (
+    ERROR_MAX,
+    JSON_MAX,
+    WINDOW_BYTES,
+    WINDOW_S,
+    AnswerTooLarge,
+    SlowAnswer,
+    answer_json,
+    json_limit,
+    read_body,
+)
 from .server_url import check_server_url, is_loopback_host
 from .waits import ANSWER_MARGIN_S, CONNECT_S, MIN_SEND_RATE, attempt_timeout, body_parts
 
@@ -140,6 +151,11 @@ class Transport:
     answer_margin_s: float = field(default_factory=lambda: ANSWER_MARGIN_S)
     #: Bytes a second a body is sure to get through at: :data:`MIN_SEND_RATE`.
     min_send_rate: float = MIN_SEND_RATE
+    #: An answer's body must bring :attr:`window_bytes` in every :attr:`window_s` seconds
+    #: (:func:`~.answers.read_body`): :data:`~.answers.WINDOW_BYTES`,
+    #: :data:`~.answers.WINDOW_S`.
+    window_s: float = WINDOW_S
+    window_bytes: float = WINDOW_BYTES
 
     insecure_dev: bool = False
     #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
@@ -220,10 +236,11 @@ class Transport:
         bytes still queued in the kernel take at :attr:`min_send_rate`, and for each part of
         the body to be taken as long; attempts go on, with backoff, while
         :attr:`retry_budget_s` lasts. The answer's body is read as it comes, at most
-        ``limit`` bytes, and must keep coming after that wait at :attr:`min_send_rate` on
-        average (:func:`~.answers.read_body`): a compressed or longer answer is refused
-        (:class:`~.answers.AnswerTooLarge`, not sent again), a slower one is lost as a silent
-        one is. A request made outside the main thread (the
+        ``limit`` bytes, and must bring :attr:`window_bytes` in every :attr:`window_s`
+        seconds (the whole body within :meth:`brief`'s seconds;
+        :func:`~.answers.read_body`): a compressed or longer answer is refused
+        (:class:`~.answers.AnswerTooLarge`, not sent again), one that stopped moving is lost
+        as a silent one is. A request made outside the main thread (the
         share bundle's POST) is not retried once this process was asked to stop: the signal
         interrupts only the main thread."""
         headers = {} if content is None else {"Content-Type": content_type,
@@ -311,9 +328,11 @@ class Transport:
         with self._http.stream(method, path, content=body_parts(content), headers=headers,
                                params=params, timeout=timeout) as raw:
             ok = raw.status_code in ok_statuses or raw.status_code == 204
+            brief = self._timeout is not None  # the whole body within its seconds
             body = read_body(raw, f"{method} {path}", limit=limit if ok else ERROR_MAX,
-                             silent_s=float(timeout.read or 0.0),
-                             min_rate=self.min_send_rate, truncate=not ok)
+                             window_s=float(timeout.read or 0.0) if brief else self.window_s,
+                             window_bytes=math.inf if brief else self.window_bytes,
+                             truncate=not ok)
             return httpx.Response(raw.status_code, headers=raw.headers, content=body,
                                   request=raw.request, extensions=raw.extensions)
 
@@ -393,15 +412,18 @@ class Transport:
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """The JSON answer to ``GET path``; a :class:`ProtocolError` if it is none."""
-        return answer_json(self.request("GET", path, params=params), f"GET {path}")
+        return answer_json(self.request("GET", path, params=params, limit=json_limit(path)),
+                           f"GET {path}")
 
     def post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """The JSON answer to ``POST path`` with the JSON ``body``; a :class:`ProtocolError`
         if it is none."""
+        limit = json_limit(path)
         if body is None:
-            return answer_json(self.request("POST", path), f"POST {path}")
+            return answer_json(self.request("POST", path, limit=limit), f"POST {path}")
         return answer_json(self.request("POST", path, content=json.dumps(body).encode(),
-                                        content_type="application/json"), f"POST {path}")
+                                        content_type="application/json", limit=limit),
+                           f"POST {path}")
 
 
 def _utcnow() -> _dt.datetime:

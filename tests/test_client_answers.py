@@ -1,9 +1,11 @@
 """How a client reads its server's answers (:mod:`client_app.answers`), against a hostile or
 broken server on 127.0.0.1: it asks for them uncompressed and refuses a compressed one (a 1 MB
 gzip answer decodes to gigabytes), refuses one longer than its route's limit before reading it
-whole, takes an answer whose bytes trickle in for lost within its retry budget (and within
-:meth:`~client_app.transport.Transport.brief`'s seconds), and says that an answer nested too
-deeply is malformed instead of crashing."""
+whole (but reads a job's offer and join as long as an evaluation job's models make them), takes
+an answer whose bytes have stopped moving for lost within its retry budget (and one not whole
+within :meth:`~client_app.transport.Transport.brief`'s seconds) while it reads a slow but
+steady one to its end, and says that an answer nested too deeply is malformed instead of
+crashing."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from client_app import transport
+from client_app import answers, transport
 from client_app.answers import JSON_MAX, AnswerTooLarge
 from client_app.transport import ApiRejected, ServerUnreachable, Transport
 from fedforest_secure.errors import ProtocolError
@@ -117,6 +119,13 @@ def _transport(url: str, budget: float = 300.0) -> Transport:
     return Transport(url, "t", None, insecure_dev=True, retry_budget_s=budget)
 
 
+def _scaled(tr: Transport) -> Transport:
+    """``tr`` whose answers must bring 1 KiB in every second (the client's 60 KiB a minute,
+    in a test's seconds)."""
+    tr.window_s, tr.window_bytes = 1.0, 1024
+    return tr
+
+
 def test_the_client_asks_for_answers_uncompressed_and_refuses_a_compressed_one() -> None:
     """A gzip answer of 100 KiB that decodes to 100 MiB: the client asked for ``identity``,
     so it refuses the answer undecoded, once (not sent again)."""
@@ -174,6 +183,25 @@ def test_an_answer_of_no_announced_length_is_cut_at_its_route_limit() -> None:
     assert len(task.content) == 20 << 20
 
 
+@pytest.mark.parametrize(("method", "route"), [("GET", "offer"), ("POST", "join")])
+def test_an_evaluation_jobs_offer_and_join_are_read_beyond_the_json_limit(
+        method: str, route: str) -> None:
+    """An evaluation job's offer and join carry the text of every model it scores: 17 MiB
+    of them are read (up to 16 models of a model download's limit each)."""
+    text = "n" * (17 << 20)
+    answer = b'{"config": {"evaluation": {"model_texts": ["%s"]}}}' % text.encode()
+    with _serving(_body(answer)) as (url, heads):
+        tr = _transport(url)
+        try:
+            path = f"/v1/jobs/job-a/{route}"
+            got = tr.get_json(path) if method == "GET" else tr.post_json(path, {})
+        finally:
+            tr.close()
+    assert got["config"]["evaluation"]["model_texts"] == [text]
+    assert len(heads) == 1
+    assert answers.OFFER_MAX == (16 << 20) + 16 * 2 * (1 << 31)
+
+
 def _drip(every: float) -> Answer:
     """An answer that announces 1,000 bytes and sends one every ``every`` seconds."""
     def answer(conn: socket.socket, closing: threading.Event) -> None:
@@ -189,7 +217,7 @@ def test_an_answer_whose_bytes_trickle_in_is_taken_for_lost_within_the_retry_bud
     long; the body as a whole comes far slower than the client waits for: the attempt is
     lost, the request goes again, and the budget ends it with what happened."""
     with _serving(_drip(0.3)) as (url, heads):
-        tr = _transport(url, budget=2.0)
+        tr = _scaled(_transport(url, budget=2.0))
         try:
             out = _in_thread(lambda: tr.get_json("/v1/jobs/job-a/offer"))
         finally:
@@ -198,7 +226,7 @@ def test_an_answer_whose_bytes_trickle_in_is_taken_for_lost_within_the_retry_bud
     assert isinstance(err, ServerUnreachable), out
     assert err.failure.startswith(
         f"GET /v1/jobs/job-a/offer: no answer from the server at {url} reached this client "
-        "within 2s (the answer came too slowly: ")
+        "within 2s (the answer stopped moving: ")
     assert len(heads) >= 2  # sent again after the first was taken for lost
     assert out["took"] < 2.0 + 2 * (MARGIN + 1.0) + 5.0  # a loaded machine's seconds
 
@@ -215,6 +243,30 @@ def test_a_brief_request_whose_answer_trickles_in_gives_up_within_its_seconds() 
             tr.close()
     assert isinstance(out.get("error"), ServerUnreachable), out
     assert out["took"] < 10.0
+
+
+def test_an_answer_that_comes_slowly_but_steadily_is_read_to_its_end(margin: float) -> None:
+    """8 KiB a second for 5 s, far slower than an upload's floor (32 KiB/s) and past the
+    attempt's silent time: the body never stops moving, so it is read whole, in one
+    request."""
+    data = b" " * (40 << 10)
+
+    def steady(conn: socket.socket, closing: threading.Event) -> None:
+        conn.sendall(_head(Content_Length=len(data)))
+        for i in range(0, len(data), 512):
+            if closing.wait(1 / 16):
+                return
+            conn.sendall(data[i:i + 512])
+
+    with _serving(steady) as (url, heads):
+        tr = _scaled(_transport(url, budget=2.0))
+        try:
+            out = _in_thread(lambda: tr.request("GET", "/v1/jobs/job-a/task"))
+        finally:
+            tr.close()
+    assert "value" in out, out
+    assert out["value"].content == data
+    assert len(heads) == 1
 
 
 @pytest.mark.parametrize("status", ["200 OK", "400 Bad Request"])
