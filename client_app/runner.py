@@ -288,6 +288,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             else:
                 raise
         progress.update(bar, completed=config.max_depth + 1)
+    # training ends with the job: fetching and checking its model is not counted in it
+    cpu_training, requests_training = time.process_time() - cpu0, tr.requests - requests0
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
         # as `fedforest model download` fetches it: the digest the job records, parsed
@@ -310,8 +312,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
-        "requests": tr.requests, "requests_training": tr.requests - requests0,
-        "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
+        "requests": tr.requests, "requests_training": requests_training,
+        "cpu_s": time.process_time(), "cpu_training_s": cpu_training})
     save_stats(opts.state_dir, result, job, stats, log)
     return result
 
