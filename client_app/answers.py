@@ -8,7 +8,7 @@ once decoded). A body is read as a stream, under the byte limit of its route
 
 - :data:`OFFER_MAX` for a job's offer and its join's answer, which carry the job's
   configuration: an evaluation job's holds the text of every model it scores (at most
-  :data:`~fedforest_secure.evaluation.spec.MAX_MODELS`, each at most :data:`FILE_MAX`, the
+  :data:`~fedforest_secure.config.MAX_MODELS`, each at most :data:`FILE_MAX`, the
   limit of a model's download, and at most twice that as a JSON string);
 - :data:`JSON_MAX` (16 MiB) for every other JSON answer (a job's status, a secure-aggregation
   step, a receipt): the largest of them, a share delivery or a directory of a job of
@@ -36,8 +36,8 @@ from typing import Any
 
 import httpx
 
+from fedforest_secure.config import MAX_MODELS
 from fedforest_secure.errors import ProtocolError
-from fedforest_secure.evaluation.spec import MAX_MODELS
 
 __all__ = ["ERROR_MAX", "FILE_MAX", "JSON_MAX", "OFFER_MAX", "TASK_MAX", "WINDOW_BYTES",
            "WINDOW_S", "AnswerTooLarge", "SlowAnswer", "answer_json", "json_limit",

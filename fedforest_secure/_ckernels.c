@@ -168,7 +168,17 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
+#ifndef FEDFOREST_KERNELS_DIGEST
+#define FEDFOREST_KERNELS_DIGEST ""  /* built without setup.py: sources unknown */
+#endif
+
 PyMODINIT_FUNC PyInit__ckernels(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* what the module was built from (setup.py's source_digest), checked at import */
+    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_DIGEST", FEDFOREST_KERNELS_DIGEST)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -1,5 +1,7 @@
 import numpy as np
 
+SOURCE_DIGEST: str
+
 def pooled_rows(points: np.ndarray, weights: np.ndarray, out: np.ndarray, R: int, K: int,
                 P: int, n_bins: int, /) -> None: ...
 def pooled_lists(lists: list[np.ndarray], weights: np.ndarray, keep: np.ndarray,

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_BINS", "MAX_ESTIMATORS", "METHODS", "JobConfig", "resolve_max_features"]
+__all__ = ["MAX_BINS", "MAX_ESTIMATORS", "MAX_MODELS", "METHODS", "JobConfig",
+           "resolve_max_features"]
 
 #: the largest sketch size B a new job or fit may ask (``n_bins``): a worker's grids and
 #: sketches grow with B per node and feature
@@ -24,6 +25,9 @@ MAX_BINS = 4096
 #: the most trees a job may have (``n_estimators``): a site holds a (tree, row) pair for
 #: every tree and row it draws, so a site refuses a job of more
 MAX_ESTIMATORS = 10_000
+#: the most models one evaluation job scores (an evaluation job's configuration carries each
+#: one's text, so a site reads its offer up to this many models)
+MAX_MODELS = 16
 
 
 def _json_scalar(value: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..config import MAX_MODELS
 from ..errors import FedForestError
 from ..model import ForestModel, finite_number
 
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["EvalSpec", "EvaluationError", "MAX_EVAL_ROWS", "MAX_MODELS", "load_forest",
            "model_digest"]
 
-#: Models one evaluation job scores at most.
-MAX_MODELS = 16
 #: Held-out rows one site scores at most (the fixed-point encoding is sized for it).
 MAX_EVAL_ROWS = 1 << 24
 _MAX_SCORE_BINS = 1000
