@@ -25,8 +25,8 @@ from ._pem_files import load_certificate
 from ._pem_files import load_private_key as _load_private_key
 from .files import write_atomic
 
-__all__ = ["VALIDITY_DAYS", "CertifiedKey", "certify_key", "create_ca", "issue_certificate",
-           "load_ca", "subject_name", "utc_now", "verify_signed_by"]
+__all__ = ["VALIDITY_DAYS", "CertifiedKey", "certify_key", "create_ca", "is_ca",
+           "issue_certificate", "load_ca", "subject_name", "utc_now", "verify_signed_by"]
 
 #: how long `fedforest pki` certificates last (a leaf never outlasts its CA)
 VALIDITY_DAYS = 365
@@ -171,6 +171,14 @@ def certify_key(ca: CertifiedKey, common_name: str, public_key: ec.EllipticCurve
     return builder.sign(ca.key, hashes.SHA256())
 
 
+def is_ca(cert: x509.Certificate) -> bool:
+    """Whether ``cert`` is a CA's (its basic constraints say so)."""
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
 def verify_signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
     """True if ``cert`` carries a valid signature by ``ca_cert`` (no chain or time checks)."""
     try:
@@ -197,11 +205,7 @@ def load_ca(cert_path: Path, key_path: Path) -> CertifiedKey:
     except TypeError:  # encrypted with a password
         raise ValueError(f"{key_path} is encrypted; give the CA's key without a password "
                          "(keep it offline)") from None
-    try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        is_ca = False
-    if not is_ca:
+    if not is_ca(cert):
         raise ValueError(f"{cert_path} is not a CA certificate")
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         kind = "an RSA key" if isinstance(key, rsa.RSAPrivateKey) else "not an EC key"

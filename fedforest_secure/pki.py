@@ -47,6 +47,7 @@ from ._pki_core import (
     CertifiedKey,
     certify_key,
     create_ca,
+    is_ca,
     issue_certificate,
     load_ca,
     verify_signed_by,
@@ -63,6 +64,7 @@ __all__ = [
     "certify_key",
     "check_validity",
     "create_ca",
+    "is_ca",
     "bundled_certificate",
     "export_pkcs12",
     "init_dev_pki",
@@ -154,12 +156,6 @@ def init_dev_pki(out: Path, n_clients: int, *, hosts: tuple[str, ...] = _DEFAULT
                   certs, keys, [kept for _, kept in stale])
 
 
-def _is_ca(cert: x509.Certificate) -> bool:
-    try:
-        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-    except x509.ExtensionNotFound:
-        return False
-
 
 def _signed_by_old_ca(out: Path, names: Sequence[str]) -> list[tuple[Path, Path]]:
     """``(path, kept)`` for the files of every certificate in ``out`` that its CA (the one a
@@ -181,7 +177,7 @@ def _signed_by_old_ca(out: Path, names: Sequence[str]) -> list[tuple[Path, Path]
             cert = load_certificate(cert_path)
         except (OSError, ValueError):
             continue
-        if verify_signed_by(cert, old) and not _is_ca(cert):  # a copy of the old CA stays
+        if verify_signed_by(cert, old) and not is_ca(cert):  # a copy of the old CA stays
             moves += [(path, path.with_name(f"{path.name}.replaced-{stamp}"))
                       for path in (out / f"{name}.{ext}" for ext in ("pem", "key", "p12"))
                       if path.is_file()]

@@ -500,3 +500,47 @@ def test_a_ca_bundle_is_refused_without_accusing_a_peer(pkis: tuple[Path, Path])
     assert not isinstance(exc.value, InvalidMessage)  # no peer accused
     ca = "'CN=FedForest dev CA,O=FedForest Secure federation'"
     assert str(exc.value) == f"certificate 2 of 2 ({ca}) did not sign certificate 1 ({ca}): {_MORE}"
+
+
+def _forged_by(issuer_cert: Path, issuer_key: Path, name: str) -> tuple[bytes, bytes]:
+    """A site certificate for ``name`` signed with a key that is no CA's (the server's)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    issuer = x509.load_pem_x509_certificate(issuer_cert.read_bytes())
+    signer = serialization.load_pem_private_key(issuer_key.read_bytes(), None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(signer, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+def test_a_ca_file_that_begins_with_the_servers_certificate_certifies_no_identity(
+        pkis: tuple[Path, Path]) -> None:
+    """A "full chain" --ca (server.pem, then ca.pem): its first certificate is no CA, so it
+    certifies nothing. Otherwise a server holding only its own TLS key would make site
+    certificates that such a site takes for its peers' (it would play every peer)."""
+    a, _ = pkis
+    keys, certs = {}, {}
+    for k in range(3):
+        ident = bytes(SigningKey.generate().verify_key)
+        cert_pem, key_pem = _forged_by(a / "server.pem", a / "server.key", f"client-{k}")
+        keys[k], certs[k] = ident, certify_identity(JOB, ident, cert_pem, key_pem)
+    full_chain = (a / "server.pem").read_bytes() + (a / "ca.pem").read_bytes()
+    with pytest.raises(ValueError) as exc:
+        verify_directory(JOB, keys, certs, full_chain)
+    assert not isinstance(exc.value, InvalidMessage)  # no peer accused
+    assert str(exc.value).startswith(
+        "certificate 1 of 2 ('CN=localhost,O=FedForest Secure federation') is not a CA")

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..errors import InvalidMessage, RefusedRequest
-from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, verify_signed_by
+from ..pki import OPERATOR_NAME, OPERATOR_PURPOSE, is_ca, verify_signed_by
 from ._rounds import check_job_id
 
 __all__ = ["NOT_YET_VALID_LEEWAY", "SITE_CERTIFICATE", "Certification", "certificate_name",
@@ -126,11 +126,8 @@ def _not_a_site_certificate(cert: x509.Certificate, name: str) -> str | None:
     what it is instead. The CA also issues the server's certificate (serverAuth) and operators'
     browser certificates (clientAuth and the operator purpose), whose keys the server operator
     holds: those certify no identity."""
-    try:
-        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
-            return "a CA certificate"
-    except x509.ExtensionNotFound:
-        pass
+    if is_ca(cert):
+        return "a CA certificate"
     try:
         usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
@@ -218,6 +215,14 @@ def federation_ca(ca_pem: bytes) -> x509.Certificate:
         certs = x509.load_pem_x509_certificates(ca_pem)
     except ValueError:
         raise ValueError("not a PEM certificate") from None
+    for k, cert in enumerate(certs, start=1):
+        if not is_ca(cert):
+            raise ValueError(
+                f"certificate {k} of {len(certs)} ({_subject(cert)}) is not a CA (a server's "
+                "or a site's certificate): it certifies no site's identity. A site's --ca "
+                "holds the federation CA (ca.pem), optionally followed by the CAs above it "
+                "up to a root, each signed by the next; a \"full chain\" file that begins "
+                "with the server's certificate is not one")
     for k, (lower, upper) in enumerate(zip(certs, certs[1:], strict=False), start=1):
         signed = verify_signed_by(lower, upper)
         if signed and not _self_signed(lower):
