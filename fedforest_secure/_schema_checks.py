@@ -1,8 +1,9 @@
 """The checks a schema's fields pass, and the message a failed schema validation makes.
 
 Column names carry no surrounding spaces; public bounds are finite with ``lo < hi``; levels and
-classes are at least two distinct, trimmed labels. A pydantic ``ValidationError`` becomes one
-line naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
+classes are at least two distinct, trimmed labels, no two of them the same number (``"1"`` and
+``"1.0"``: a cell written ``1.0`` matches the label ``"1"``). A pydantic ``ValidationError``
+becomes one line naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, StrictFloat, ValidationError
 
+from ._cells import _canon, _number
 from .config_errors import allowed_keys, submodel_at
 
 _Bounds = tuple[StrictFloat, StrictFloat]
@@ -40,6 +42,27 @@ def _check_labels(labels: list[str], what: str) -> None:
     dups = sorted(lab for lab, count in Counter(labels).items() if count > 1)
     if dups:
         raise ValueError(f"duplicate {what}: {dups}")
+    seen: dict[str, str] = {}
+    for lab in labels:
+        key = _numeric_key(lab)
+        if key is None:
+            continue
+        if key in seen:
+            one = "class" if what == "classes" else "category"
+            raise ValueError(
+                f"{what} {seen[key]!r} and {lab!r} are the same number: sites that write it "
+                f"as {seen[key]} and as {lab} would give one {one} two codes (a cell matches "
+                "a label by its number); list each number once")
+        seen[key] = lab
+
+
+def _numeric_key(label: str) -> str | None:
+    """The canonical text of the number ``label`` reads as (``"1.0"``, ``"01"``: ``"1"``), as a
+    cell's number is matched to the labels; None for a label that is no number."""
+    try:
+        return _canon(_number(label))
+    except ValueError:
+        return None
 
 
 def _check_name(name: str) -> None:
