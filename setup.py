@@ -11,7 +11,8 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "fedforest_secure._ckernels",
     sources=["fedforest_secure/_ckernels.c", "fedforest_secure/_ckernels_sketch.c",
-             "fedforest_secure/_ckernels_stats.c", "fedforest_secure/_ckernels_pack.c"],
+             "fedforest_secure/_ckernels_stats.c", "fedforest_secure/_ckernels_pack.c",
+             "fedforest_secure/_ckernels_order.c"],
     depends=["fedforest_secure/_ckernels.h"],
     # no fused multiply-add: every operation rounds as numpy's does, so the bits agree
     extra_compile_args=["-O2", "-ffp-contract=off", "-std=c99"],

@@ -14,7 +14,8 @@ Times, side by side on the same machine and data:
 * **end to end**: the whole ``fedforest simulate`` (certificates, K + 1 process start-ups, joins,
   training, the centralized and local baselines, audit verification), for reference.
 * **CPU**: user + system seconds of the server (from the training job's start to its end,
-  as the server logs them) and of the clients' training, against the in-process run's own
+  as the server logs them) and of the clients' training (from their join to the job's end; the
+  model's fetch and check after it not counted), against the in-process run's own
   (``cpu_ratio_training``); the JSON also has every child process's whole CPU
   (``https_cpu_s``: start-ups, baselines and the evaluation job included). The difference,
   server + clients less in process, is the CPU the transport costs (requests, TLS, JSON, the

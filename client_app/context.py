@@ -16,8 +16,10 @@ from pydantic import BaseModel, ValidationError
 from rich.progress import Progress, TaskID
 
 from fedforest_secure.audit import Receipt, RefusedReceipt, SentReceipt, write_receipt
+from fedforest_secure.audit.entry import is_hex_digest
 from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.printable import printable
 from fedforest_secure.privacy.profile import with_profile_defaults
 from fedforest_secure.protocol import Reply, Task
 from fedforest_secure.protocol.api import JobStatus
@@ -29,7 +31,7 @@ from .state import ClientState
 from .transport import Transport
 
 __all__ = ["LONG_POLL_S", "RESTARTED_SECURE", "ClientOptions", "ClientResult", "RunContext",
-           "Watch", "dropped_detail", "ended", "job_status_briefly", "left_detail",
+           "Watch", "dropped_detail", "ended", "job_status_briefly", "kept_receipt", "left_detail",
            "parse_as", "uploaded_before_detail"]
 
 #: What a restarted client of a secure job is told when it took part in a round before: in the
@@ -164,10 +166,11 @@ class RunContext:
     def receipt(self, task: Task, body: bytes, seq: int | str, head: str,
                 server_receipt: dict[str, Any] | None) -> None:
         """Record the upload ``body`` once the server has answered it (its receipt follows the
-        record :meth:`receipt_sent` wrote)."""
-        if server_receipt is not None:
-            self.state.add_receipt(server_receipt)
-            self.result.receipts.append(server_receipt)
+        record :meth:`receipt_sent` wrote; of the server's answer ``server_receipt``, what
+        :func:`kept_receipt` keeps goes to ``receipts.jsonl``). The site's own receipt (the
+        digest of the body it sent, the chain tip it was told) is written first: a server
+        answer that names another upload is refused after it, and the receipt is what
+        ``audit verify --receipts`` holds that server's log to."""
         try:
             rec = Receipt(job_id=self.job, round_id=task.round_id, client=self.name,
                           upload_digest=hashlib.sha256(body).hexdigest(),
@@ -175,6 +178,10 @@ class RunContext:
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"the server announced a malformed audit tip: {exc}") from exc
         write_receipt(self.state.root / "receipts", rec)
+        if server_receipt is not None:
+            kept = kept_receipt(self.job, task.round_id, self.index, body, server_receipt)
+            self.state.add_receipt(kept)
+            self.result.receipts.append(kept)
 
     def refusal_receipt(self, round_id: int, answer: dict[str, Any]) -> None:
         """Record this site's refusal of round ``round_id`` with the chain head the server
@@ -227,16 +234,62 @@ class Watch:
             self.observe(st)
 
     def observe(self, st: JobStatus) -> None:
-        invited = tuple(m.name for m in st.members if m.state == "invited")
+        # the server's words, as a line of the log holds them (:func:`site_name`): a line is
+        # written when what it says changes, never for a name's tail beyond what is shown
+        invited = tuple(site_name(m.name) for m in st.members if m.state == "invited")
         if st.status == "waiting" and invited and invited != self._waiting_for:
             self.log.info(f"job {self.job}: waiting for site{'s' if len(invited) > 1 else ''} "
                           f"{_names(invited)} to join")
         self._waiting_for = invited
         for m in st.members:
-            if m.state == "dropped" and m.name not in self._dropped and m.index != self.me:
-                self._dropped.add(m.name)
+            name = site_name(m.name)
+            if m.state == "dropped" and name not in self._dropped and m.index != self.me:
+                self._dropped.add(name)
                 at = f" at round {m.dropped_round}" if m.dropped_round is not None else ""
-                self.log.warn(f"job {self.job}: site {m.name} was dropped{at}; {_goes(st)}")
+                self.log.warn(f"job {self.job}: site {name} was dropped{at}; {_goes(st)}")
+
+
+#: characters of a site name the server gives that the client's log shows (a site's name is
+#: at most 64: :data:`~fedforest_secure.protocol.api.NAME_PATTERN`)
+NAME_SHOWN = 64
+#: site names a line of the client's log lists; the others are counted
+NAMES_SHOWN = 10
+
+
+def site_name(name: str) -> str:
+    """A site name from the server as the client's log shows it: one line of printable text
+    (:func:`~fedforest_secure.printable.printable`), its first :data:`NAME_SHOWN` characters
+    and ``...`` if it is longer."""
+    return printable(name[:NAME_SHOWN]) + ("..." if len(name) > NAME_SHOWN else "")
+
+
+def kept_receipt(job: str, round_id: int, index: int, body: bytes,
+                 answer: dict[str, Any]) -> dict[str, Any]:
+    """What a site keeps of the server's answer ``answer`` to its upload ``body`` (client
+    ``index`` of ``job``, round ``round_id``): the job, round, index and the upload's SHA-256
+    as the client knows them, and of the server's words only the task's SHA-256 and the
+    audit-chain head (each kept if it is a SHA-256 hex digest) and whether the upload was a
+    duplicate: a few hundred bytes a round, whatever else the answer holds.
+
+    Raises
+    ------
+    ProtocolError
+        The answer names another upload digest than the body's.
+    """
+    digest = hashlib.sha256(body).hexdigest()
+    said = answer.get("upload_sha256")
+    if said is not None and said != digest:
+        raise ProtocolError(f"round {round_id}: the server's receipt of this site's upload "
+                            f"names another upload ({printable(str(said)[:80])}); the upload "
+                            f"this site sent has SHA-256 {digest}")
+    kept: dict[str, Any] = {"job_id": job, "round_id": round_id, "client_index": index,
+                            "upload_sha256": digest}
+    for name in ("task_sha256", "audit_head"):
+        if is_hex_digest(answer.get(name)):
+            kept[name] = answer[name]
+    if isinstance(answer.get("duplicate"), bool):
+        kept["duplicate"] = answer["duplicate"]
+    return kept
 
 
 def _goes(st: JobStatus) -> str:
@@ -258,6 +311,10 @@ def _sites(n: int) -> str:
 
 
 def _names(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``; past :data:`NAMES_SHOWN` names, ``a, b, ... and
+    N more``."""
+    if len(names) > NAMES_SHOWN:
+        return ", ".join(names[:NAMES_SHOWN]) + f" and {len(names) - NAMES_SHOWN} more"
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 

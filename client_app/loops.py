@@ -18,6 +18,7 @@ from fedforest_secure.errors import FedForestError, InvalidMessage, ProtocolErro
 from fedforest_secure.protocol import Reply, SealedTask, Task, TaskKind, make_upload
 from fedforest_secure.protocol.api import RoundInfo, SecAggStep
 
+from .answers import TASK_MAX, answer_json
 from .context import (
     LONG_POLL_S,
     RESTARTED_SECURE,
@@ -73,7 +74,8 @@ def run_open(ctx: RunContext) -> None:
     """Plain (or fixed-point) sums: one GET task / POST upload per round."""
     tr, job, result = ctx.tr, ctx.job, ctx.result
     while True:
-        resp = tr.request("GET", f"/v1/jobs/{job}/task", params={"wait": LONG_POLL_S})
+        resp = tr.request("GET", f"/v1/jobs/{job}/task", params={"wait": LONG_POLL_S},
+                          limit=TASK_MAX)
         status = resp.headers.get("X-FedForest-Status", "")
         if resp.status_code == 204:
             if status in ("done", "failed", "dropped"):
@@ -254,7 +256,7 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: Executor) -> N
             result.status, result.detail = "dropped", dropped_detail(job, why, tr)
             return
         if task is None or task.round_id != r:
-            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task").content
+            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task", limit=TASK_MAX).content
             digest = hashlib.sha256(body).digest()
             if digest.hex() != step.task_digest:
                 raise ProtocolError(f"round {r}: the task does not match its announced digest")
@@ -363,7 +365,8 @@ def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
         if r.status not in ("closed", "open") or r.kind != TaskKind.SKETCH.value:
             continue
         try:
-            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task").content
+            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r.round_id}/task",
+                              limit=TASK_MAX).content
         except ApiRejected as exc:
             if exc.code == "pruned":  # a finished job: nothing to answer, its model to fetch
                 return
@@ -382,9 +385,10 @@ def replay(tr: Transport, job: str, worker: SiteWorker) -> None:
 
 def _upload(tr: Transport, job: str, task: Task, body: bytes) -> dict[str, Any] | None:
     try:
-        receipt = dict(tr.request("POST", f"/v1/jobs/{job}/rounds/{task.round_id}/upload",
-                                  content=body).json())
-        receipt.pop("next", None)  # the next step (secure runs), not part of the receipt
+        path = f"/v1/jobs/{job}/rounds/{task.round_id}/upload"
+        receipt = answer_json(tr.request("POST", path, content=body), f"POST {path}")
+        if not isinstance(receipt, dict):
+            raise ProtocolError(f"malformed answer to POST {path}: not a receipt")
         return receipt
     except ApiRejected as exc:
         if exc.code == "round_closed" and exc.body.get("counted"):

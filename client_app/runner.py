@@ -31,8 +31,8 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedforest_secure.audit import GENESIS, write_receipt
-from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError, ProtocolError, SchemaError
+from fedforest_secure.config import MAX_BINS, MAX_ESTIMATORS, JobConfig
+from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest, SchemaError
 from fedforest_secure.files import os_error_text, readable_by, write_atomic
 from fedforest_secure.protocol.api import JoinResponse, SecAggStep
 from fedforest_secure.startup import lasting_imports
@@ -50,6 +50,7 @@ from .context import (
 )
 from .data import load_site_table, schema_sha256
 from .declines import check_server_version, decline, decline_alone, declining
+from .downloads import fetch_result
 from .evaluation import LedgeredEvalWorker, site_worker
 from .log import SiteLog
 from .loops import replay, run_open, run_secure
@@ -287,17 +288,22 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
             else:
                 raise
         progress.update(bar, completed=config.max_depth + 1)
+    # training ends with the job: fetching and checking its model is not counted in it
+    cpu_training, requests_training = time.process_time() - cpu0, tr.requests - requests0
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
-        resp = tr.request("GET", f"/v1/jobs/{job}/model")
-        model = resp.content
+        # as `fedforest model download` fetches it: the digest the job records, parsed
+        got = fetch_result(tr, job)
         kind = "model" if config.evaluation is None else "evaluation"
+        if got.kind != kind:
+            other = "an evaluation result" if got.kind == "evaluation" else "a model"
+            raise ProtocolError(f"the server's answer for job {job}'s {kind} is {other}; "
+                                "not written")
         out = opts.model_out or (opts.state_dir / f"{job}.{kind}.json")
-        write_atomic(out, model)
+        write_atomic(out, got.body)
         result.model_path = out
-        _model_receipt(ctx, model, resp.headers)
-        log.info(f"job {job} done: {kind} saved to {out} "
-                 f"(sha256 {hashlib.sha256(model).hexdigest()[:16]}...)")
+        _model_receipt(ctx, got.body, got.headers)
+        log.info(f"job {job} done: {kind} saved to {out} (sha256 {got.digest[:16]}...)")
     else:
         if result.status == "failed":
             _failed_receipt(ctx)
@@ -306,8 +312,8 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
     stats = json.dumps({
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
-        "requests": tr.requests, "requests_training": tr.requests - requests0,
-        "cpu_s": time.process_time(), "cpu_training_s": time.process_time() - cpu0})
+        "requests": tr.requests, "requests_training": requests_training,
+        "cpu_s": time.process_time(), "cpu_training_s": cpu_training})
     save_stats(opts.state_dir, result, job, stats, log)
     return result
 
@@ -429,12 +435,19 @@ def _check_outputs(opts: ClientOptions) -> None:
 def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     """Refuse a job whose configuration disagrees with this site's own schema file (bounds
     included: they calibrate the DP noise; an evaluation's models trained on a schema that
-    encodes rows otherwise) or with its pinned number of clients."""
+    encodes rows otherwise) or with its pinned number of clients, or has more trees or sketch
+    bins than a job may have."""
     from fedforest_secure.evaluation import EvalSpec
     from fedforest_secure.evaluation.trained_schema import check_model_schemas
     from fedforest_secure.privacy.pinning import check_job_config
     from fedforest_secure.schema import Schema
 
+    # what no job the server creates exceeds (its job files' limits): a site sizes its
+    # bootstrap (a pair per tree and row) and its sketches by them
+    for name, most in (("n_estimators", MAX_ESTIMATORS), ("n_bins", MAX_BINS)):
+        if getattr(config, name) > most:
+            raise RefusedRequest(f"the job's {name} is {getattr(config, name)}, more than a job "
+                                 f"may have ({most}): refusing to take part", code="job_config")
     schema = Schema.load(opts.schema)
     check_job_config(config, schema=schema, n_clients=opts.n_clients)
     if config.evaluation is not None:

@@ -33,6 +33,7 @@ DP noise; a round that announces another threshold or graph is refused.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -399,7 +400,7 @@ def post_refusal(tr: Transport, job: str, round_id: int, code: str,
                       content=body.model_dump_json(exclude_none=True).encode(),
                       content_type="application/json")
     try:
-        answer = resp.json()
-    except ValueError:
+        answer = json.loads(resp.content)
+    except (ValueError, RecursionError):
         return {}
     return answer if isinstance(answer, dict) else {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import re
 import socket
 import ssl
@@ -34,11 +35,23 @@ from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
 
 from . import stop
+from .answers import (
+    ERROR_MAX,
+    JSON_MAX,
+    WINDOW_BYTES,
+    WINDOW_S,
+    AnswerTooLarge,
+    SlowAnswer,
+    answer_json,
+    json_limit,
+    read_body,
+)
 from .server_url import check_server_url, is_loopback_host
 from .waits import ANSWER_MARGIN_S, CONNECT_S, MIN_SEND_RATE, attempt_timeout, body_parts
 
-__all__ = ["ANSWER_MARGIN_S", "MIN_SEND_RATE", "ApiRejected", "ServerUnreachable", "Transport",
-           "TransportFailed", "check_server_url", "is_loopback_host", "tls_context"]
+__all__ = ["ANSWER_MARGIN_S", "MIN_SEND_RATE", "AnswerTooLarge", "ApiRejected",
+           "ServerUnreachable", "Transport", "TransportFailed", "check_server_url",
+           "is_loopback_host", "tls_context"]
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 #: Connections closed without an answer, in a row, before the client asks whether the server
@@ -152,6 +165,11 @@ class Transport:
     answer_margin_s: float = field(default_factory=lambda: ANSWER_MARGIN_S)
     #: Bytes a second a body is sure to get through at: :data:`MIN_SEND_RATE`.
     min_send_rate: float = MIN_SEND_RATE
+    #: An answer's body must bring :attr:`window_bytes` in every :attr:`window_s` seconds
+    #: (:func:`~.answers.read_body`): :data:`~.answers.WINDOW_BYTES`,
+    #: :data:`~.answers.WINDOW_S`.
+    window_s: float = WINDOW_S
+    window_bytes: float = WINDOW_BYTES
 
     insecure_dev: bool = False
     #: Secure runs: the key advert, the share bundle, the masked upload, the survivor
@@ -188,7 +206,9 @@ class Transport:
                                   timeout=httpx.Timeout(self.answer_margin_s,
                                                         connect=CONNECT_S),
                                   limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
-                                  headers={"Authorization": f"Bearer {self.token}"},
+                                  # never compressed: answers are read as they are sent
+                                  headers={"Authorization": f"Bearer {self.token}",
+                                           "Accept-Encoding": "identity"},
                                   trust_env=scheme == "https")
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -222,14 +242,19 @@ class Transport:
     def request(self, method: str, path: str, *, content: bytes | None = None,
                 ok_statuses: tuple[int, ...] = (200,),
                 content_type: str = "application/octet-stream",
-                params: dict[str, Any] | None = None) -> httpx.Response:
+                params: dict[str, Any] | None = None, limit: int = JSON_MAX) -> httpx.Response:
         """Send with retries on network errors and 5xx/429; a 4xx raises :class:`ApiRejected`.
 
         Each attempt waits for an answer at most the long poll it asks for plus
         :attr:`answer_margin_s` (or the seconds of :meth:`brief`), plus the time the body's
         bytes still queued in the kernel take at :attr:`min_send_rate`, and for each part of
         the body to be taken as long; attempts go on, with backoff, while
-        :attr:`retry_budget_s` lasts. A request made outside the main thread (the
+        :attr:`retry_budget_s` lasts. The answer's body is read as it comes, at most
+        ``limit`` bytes, and must bring :attr:`window_bytes` in every :attr:`window_s`
+        seconds (the whole body within :meth:`brief`'s seconds;
+        :func:`~.answers.read_body`): a compressed or longer answer is refused
+        (:class:`~.answers.AnswerTooLarge`, not sent again), one that stopped moving is lost
+        as a silent one is. A request made outside the main thread (the
         share bundle's POST) is not retried once this process was asked to stop: the signal
         interrupts only the main thread."""
         headers = {} if content is None else {"Content-Type": content_type,
@@ -250,8 +275,8 @@ class Transport:
             self.requests += 1
             tries += 1
             try:
-                resp = self._http.request(method, path, content=body_parts(content),
-                                          headers=headers, params=params, timeout=timeout)
+                resp = self._answer(method, path, content, headers, params, timeout,
+                                    limit, ok_statuses)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -268,9 +293,10 @@ class Transport:
                     hangups = 0
                     if self._closes_after_handshake():
                         raise TransportFailed(self._refused(None)) from exc
-                silent = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout)
+                silent = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | SlowAnswer)
                 err: str = (f"no answer on the connection for {timeout.read or 0:.0f}s"
                             if isinstance(exc, httpx.ReadTimeout) else
+                            str(exc) if isinstance(exc, SlowAnswer) else
                             f"the connection took no part of the request body for "
                             f"{silent_s:.0f}s" if isinstance(exc, httpx.WriteTimeout)
                             else _describe(exc))
@@ -289,8 +315,8 @@ class Transport:
                     try:
                         # not JSON, or not an error object (pydantic's ValidationError is
                         # a ValueError too)
-                        body = ErrorBody.model_validate(resp.json())
-                    except ValueError:
+                        body = ErrorBody.model_validate(json.loads(resp.content))
+                    except (ValueError, RecursionError):
                         body = ErrorBody(error="http_error", detail=resp.text[:200])
                     raise ApiRejected(resp.status_code, body.error, body.detail,
                                       body.model_dump())
@@ -306,6 +332,23 @@ class Transport:
             self._waiting = True
             _sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _answer(self, method: str, path: str, content: bytes | None, headers: dict[str, str],
+                params: dict[str, Any] | None, timeout: httpx.Timeout, limit: int,
+                ok_statuses: tuple[int, ...]) -> httpx.Response:
+        """One attempt: the request sent, its answer read whole (:func:`~.answers.read_body`:
+        at most ``limit`` bytes of an answer of ``ok_statuses`` or 204, the first
+        :data:`~.answers.ERROR_MAX` of any other)."""
+        with self._http.stream(method, path, content=body_parts(content), headers=headers,
+                               params=params, timeout=timeout) as raw:
+            ok = raw.status_code in ok_statuses or raw.status_code == 204
+            brief = self._timeout is not None  # the whole body within its seconds
+            body = read_body(raw, f"{method} {path}", limit=limit if ok else ERROR_MAX,
+                             window_s=float(timeout.read or 0.0) if brief else self.window_s,
+                             window_bytes=math.inf if brief else self.window_bytes,
+                             truncate=not ok)
+            return httpx.Response(raw.status_code, headers=raw.headers, content=body,
+                                  request=raw.request, extensions=raw.extensions)
 
     def _gave_up(self, method: str, path: str, err: str, *, silent: bool, tries: int
                  ) -> ServerUnreachable:
@@ -382,13 +425,19 @@ class Transport:
                 f"server may refuse the client certificate --cert {self.cert}. {check}")
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        return self.request("GET", path, params=params).json()
+        """The JSON answer to ``GET path``; a :class:`ProtocolError` if it is none."""
+        return answer_json(self.request("GET", path, params=params, limit=json_limit(path)),
+                           f"GET {path}")
 
     def post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        """The JSON answer to ``POST path`` with the JSON ``body``; a :class:`ProtocolError`
+        if it is none."""
+        limit = json_limit(path)
         if body is None:
-            return self.request("POST", path).json()
-        return self.request("POST", path, content=json.dumps(body).encode(),
-                            content_type="application/json").json()
+            return answer_json(self.request("POST", path, limit=limit), f"POST {path}")
+        return answer_json(self.request("POST", path, content=json.dumps(body).encode(),
+                                        content_type="application/json", limit=limit),
+                           f"POST {path}")
 
 
 def _utcnow() -> _dt.datetime:
@@ -451,8 +500,8 @@ def _sleep(seconds: float) -> None:
 def _detail_of(resp: httpx.Response) -> str:
     """``": <detail>"`` from a JSON error body, or nothing."""
     try:
-        detail = ErrorBody.model_validate(resp.json()).detail
-    except ValueError:
+        detail = ErrorBody.model_validate(json.loads(resp.content)).detail
+    except (ValueError, RecursionError):
         return ""
     return f": {printable(detail[:300])}" if detail else ""
 
@@ -469,8 +518,8 @@ def _describe(exc: httpx.TransportError) -> str:
 
 def _next_of(resp: httpx.Response) -> dict[str, Any] | None:
     try:
-        body = resp.json()
-    except ValueError:
+        body = json.loads(resp.content)
+    except (ValueError, RecursionError):
         return None
     nxt = body.get("next") if isinstance(body, dict) else None
     return nxt if isinstance(nxt, dict) else None

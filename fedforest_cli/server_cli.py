@@ -174,10 +174,9 @@ def model_cmd(config: ConfigOpt,
     """Write a done job's model from the server's database (for `fedforest evaluate
     --models`): the bytes a site downloads with `fedforest model download`, whose SHA-256 the
     audit log's model entry holds; an existing --out file is kept unless --force."""
+    from client_app.downloads import is_evaluation
     from fedforest_secure.files import write_atomic
     from server_app.settings import load_settings
-
-    from .site_cli import _is_evaluation
 
     try:
         settings = load_settings(config)
@@ -191,7 +190,7 @@ def model_cmd(config: ConfigOpt,
     except OSError as exc:
         fail(exc)
     what = ("evaluation result (its models' scores, not a model to load)"
-            if _is_evaluation(body) else "model")
+            if is_evaluation(body) else "model")
     console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
                   soft_wrap=True, markup=False)  # the digest on one line, to copy whole
 

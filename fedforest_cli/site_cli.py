@@ -9,7 +9,6 @@ member of.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -181,9 +180,7 @@ def register(app: typer.Typer) -> None:
                          help="replace an existing --out file")] = False) -> None:
         """Download a finished job's model (what FedForestClassifier/Regressor.load read);
         an existing --out file is kept unless --force."""
-        from pydantic import ValidationError
-
-        from fedforest_secure.protocol.api import JobStatus
+        from client_app.downloads import fetch_result
 
         _site_token(token, "the operator writes a job's model from the server's database "
                     f"with `fedforest server model --config server.toml --job {job} --out "
@@ -192,23 +189,16 @@ def register(app: typer.Typer) -> None:
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
-                body = tr.request("GET", f"/v1/jobs/{job}/model").content
-                st = JobStatus.model_validate(tr.get_json(f"/v1/jobs/{job}"))
+                got = fetch_result(tr, job)  # checked against the job's digest, parsed
             finally:
                 tr.close()
-            digest = hashlib.sha256(body).hexdigest()
-            if st.model_digest and st.model_digest != digest:
-                raise ProtocolError(f"the model's SHA-256 {digest} is not the one the job "
-                                    f"records ({st.model_digest}); not written")
-            write_atomic(out, body)
-        except ValidationError:
-            fail(ProtocolError("malformed job status from the server"))
+            write_atomic(out, got.body)
         except (FedForestError, ValueError, OSError) as exc:
             fail(exc)
         what = "model"
-        if _is_evaluation(body):
+        if got.kind == "evaluation":
             what = "evaluation result (its models' scores, not a model to load)"
-        console.print(f"{what} of job {job} written to {out} (sha256 {digest})",
+        console.print(f"{what} of job {job} written to {out} (sha256 {got.digest})",
                       soft_wrap=True, markup=False)  # the digest on one line, to copy whole
 
     app.add_typer(model_cli, name="model")
@@ -229,6 +219,8 @@ def register(app: typer.Typer) -> None:
         `fedforest audit verify --db <out> --receipts <state dir>/receipts --job <job>`). The
         server serves it without the rounds' arrays (their digests are in the chain) unless
         its server.toml sets audit_arrays_for_sites = true."""
+        from client_app.answers import FILE_MAX
+
         _site_token(token, "the operator exports a job's log from the audit database with "
                     f"`fedforest audit export --db AUDIT_DATABASE --format jsonl --job {job} "
                     f"--out {out}`")
@@ -236,7 +228,7 @@ def register(app: typer.Typer) -> None:
         try:
             tr = _transport(server, token, ca, cert, key, insecure_dev)
             try:
-                body = tr.request("GET", f"/v1/jobs/{job}/audit").content
+                body = tr.request("GET", f"/v1/jobs/{job}/audit", limit=FILE_MAX).content
             finally:
                 tr.close()
             # `audit verify --db` reads a .jsonl.gz compressed, as `audit export` writes it
@@ -262,14 +254,3 @@ def _holds_arrays(body: bytes) -> bool:
         if isinstance(doc, dict) and "data" not in doc:
             return False
     return True
-
-
-def _is_evaluation(body: bytes) -> bool:
-    """Whether a job's downloaded result is an evaluation job's (not a forest)."""
-    from fedforest_secure.evaluation.result import FORMAT
-
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("format") == FORMAT

@@ -122,10 +122,10 @@ class AnsweredRounds:
         round's edges)."""
         if task.level != self._slot_level or not self._slots.size or not slots.keys.size:
             return
-        pos = np.minimum(np.searchsorted(self._slots, slots.keys), self._slots.size - 1)
-        seen = self._slots[pos] == slots.keys
-        again = seen & (self._slot_stats[pos] | (slots.mode == "count"))
-        if again.any():
+        if not self._released_again(slots.distinct, slots.mode).any():
+            return  # (the distinct keys, ascending, are searched much faster: same verdict)
+        again = self._released_again(slots.keys, slots.mode)
+        if again.any():  # the first such slot in the task's order, for the message
             i = int(np.flatnonzero(again)[0])
             node, feat = int(slots.nodes[i]), int(slots.features[i])
             what = (f"the totals of node {node}" if feat < 0
@@ -135,6 +135,13 @@ class AnsweredRounds:
                 "an earlier round (the task asks it again in another form: another task kind, "
                 "slot order or statistics mode); answering it again could isolate a client "
                 "by differencing", code="question_reused")
+
+    def _released_again(self, keys: np.ndarray, mode: str) -> np.ndarray:
+        """Per slot key, whether answering it would release it again (see
+        :meth:`_check_slots`)."""
+        pos = np.minimum(np.searchsorted(self._slots, keys), self._slots.size - 1)
+        seen: np.ndarray = self._slots[pos] == keys
+        return seen & (self._slot_stats[pos] | (mode == "count"))
 
     def check_sketch(self, level: int, nodes: np.ndarray, feats: np.ndarray) -> np.ndarray:
         """Refuse a sketch (its points, or its top-L ranking) of a node's feature at ``level``

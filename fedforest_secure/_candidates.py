@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _impurity, _random_splits, _secure_cdf, _sketch
+from . import _impurity, _kernels, _random_splits, _secure_cdf, _sketch
 from ._layouts import categorical_cuts, counts_block, moments_block
 from .errors import InvalidMessage, ProfileError, ProtocolError
 from .protocol import Task, TaskKind
@@ -441,12 +441,16 @@ def pooled_sketch_candidates(disc: Disclosures, ev: np.ndarray, feats: np.ndarra
         at: slice | np.ndarray = sel
         if sel.size and sel[-1] - sel[0] == sel.size - 1 and (np.diff(sel) == 1).all():
             at = slice(int(sel[0]), int(sel[-1]) + 1)  # a run of nodes: views, one copy
-        pts = np.stack([disc[k]["sketch_points"][at] for k in clients], axis=2)
-        rows = pts.reshape(sel.size * m, K, P)
         counts = cnt[a:a + step].reshape(sel.size * m, K)
         npts = np.stack([lengths[k][at] for k in clients], axis=2).reshape(sel.size * m, K)
-        thr[a:a + step] = _sketch.pooled_candidates(rows, counts, B, npts).reshape(
-            sel.size, m, B - 1)
+        if isinstance(at, slice) and _kernels.KERNELS is not None and P > 0:
+            # the compiled loops read each client's rows in place (views)
+            lists = [disc[k]["sketch_points"][at].reshape(sel.size * m, P) for k in clients]
+            cand = _sketch.pooled_candidates_lists(lists, counts, B, npts)
+        else:
+            pts = np.stack([disc[k]["sketch_points"][at] for k in clients], axis=2)
+            cand = _sketch.pooled_candidates(pts.reshape(sel.size * m, K, P), counts, B, npts)
+        thr[a:a + step] = cand.reshape(sel.size, m, B - 1)
 
     starts = range(0, E, step)
     if executor is None or len(starts) < 2:

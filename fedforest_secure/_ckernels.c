@@ -3,8 +3,9 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing). The loops are in _ckernels_sketch.c, _ckernels_stats.c and
- * _ckernels_pack.c; this file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), and a worker's routing (fedforest_secure._routing). The loops
+ * are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c and _ckernels_pack.c; this
+ * file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -124,6 +125,9 @@ static PyMethodDef methods[] = {
     {"pooled_rows", pooled_rows, METH_VARARGS,
      "pooled_rows(points, weights, out, R, K, P, n_bins): the pooled-CDF candidates of R rows "
      "(points (R, K, P), weights (R, K) summing to 1 per row) written into out (R, n_bins - 1)."},
+    {"pooled_lists", pooled_lists, METH_VARARGS,
+     "pooled_lists(lists, weights, keep, out, R, K, P, n_bins): pooled_rows of the rows with "
+     "keep[r] != 0, client c's lists the (R, P) array lists[c]."},
     {"sketch_values", sketch_values, METH_VARARGS,
      "sketch_values(weights, shift, mask, codes, shift, mask, edges, wanted, feat, uniq_off, "
      "uniq_all, missing, out, n_points, r): every wanted block's quantile points into out."},
@@ -150,6 +154,9 @@ static PyMethodDef methods[] = {
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},
+    {"route_pairs", route_pairs, METH_VARARGS,
+     "route_pairs(node, row, codes, fbase, cut, left, right, out): each pair's node in the "
+     "next level through its node's numeric split (left where its code is below the cut)."},
     {"list_lengths", list_lengths, METH_VARARGS,
      "list_lengths(points, lengths, P) -> -1 or the first list with a point after its NaN "
      "padding: each list's points before its padding."},

@@ -1,4 +1,4 @@
-/* Shared declarations of the compiled loops (_ckernels.c, _ckernels_sketch.c, _ckernels_stats.c). */
+/* Shared declarations of the compiled loops (_ckernels.c and the _ckernels_*.c files). */
 #ifndef FEDFOREST_CKERNELS_H
 #define FEDFOREST_CKERNELS_H
 
@@ -73,8 +73,10 @@ int layout_of(const field *code, const field *row, const field *w);
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
               field *f, const char *name);
 
-/* the module's functions (_ckernels_sketch.c, _ckernels_stats.c) */
+/* the module's functions (_ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c,
+ * _ckernels_pack.c) */
 PyObject *pooled_rows(PyObject *self, PyObject *args);
+PyObject *pooled_lists(PyObject *self, PyObject *args);
 PyObject *list_lengths(PyObject *self, PyObject *args);
 PyObject *sketch_values(PyObject *self, PyObject *args);
 PyObject *order_keys(PyObject *self, PyObject *args);
@@ -84,5 +86,6 @@ PyObject *marginal_at(PyObject *self, PyObject *args);
 PyObject *grid_picks(PyObject *self, PyObject *args);
 PyObject *encode_values(PyObject *self, PyObject *args);
 PyObject *pack_cells(PyObject *self, PyObject *args);
+PyObject *route_pairs(PyObject *self, PyObject *args);
 
 #endif

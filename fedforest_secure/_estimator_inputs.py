@@ -16,9 +16,10 @@ import numpy as np
 from ._secure_cdf import MIN_CELL
 from .errors import SchemaError
 
-__all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_dates",
+__all__ = ["as_schema_error", "name_text_cell", "nan_bounds", "refuse_complex", "refuse_dates",
            "refuse_duplicate_names", "refuse_huge_target", "refuse_text_weights",
-           "refuse_tiny_target", "refuse_weightless_sites"]
+           "refuse_tiny_target", "refuse_weightless_sites", "target_centre",
+           "warn_unresolved_target"]
 
 #: the least scale of a regression target in the fixed-point ring (``target_bound`` of a job):
 #: a target of smaller spread is encoded in units of this scale
@@ -95,6 +96,80 @@ def refuse_dates(X: Any) -> None:
                               f"convert it, e.g. to {how}, before fit and predict")
 
 
+def _huge_limit(rows: float) -> float:
+    """The largest centred target whose sums of squares over ``rows`` rows stay finite
+    (:func:`refuse_huge_target`)."""
+    return float(np.sqrt(np.finfo(np.float64).max)) / (2.0 * max(rows, 1.0))
+
+
+def _weighted_median(y: np.ndarray, weights: np.ndarray | None) -> float:
+    """The median of ``y`` with each row repeated its (whole) weight times: the value
+    ``np.median`` takes of the repeated rows, bit for bit."""
+    if weights is None:
+        return float(np.median(y))
+    order = np.argsort(y, kind="stable")
+    ends = np.cumsum(weights[order])  # the repeated rows y[order[i]] fill [ends[i-1], ends[i])
+    total = int(ends[-1])
+    at = np.searchsorted(ends, [(total - 1) // 2, total // 2], side="right")
+    return float(np.median(y[order[at]]))
+
+
+def target_centre(y: np.ndarray, weights: np.ndarray | None, middle: float, rows: float,
+                  plain_sums: bool) -> float:
+    """The value a regression target ``y`` (the rows kept, of frequency ``weights`` or None)
+    is centred on before the sums of y and y^2 the trees grow from are taken.
+
+    A node's ``n * Var`` comes from those sums within about ``PURE_TOLERANCE * sum y^2``
+    (:data:`~fedforest_secure._leaves.PURE_TOLERANCE`), so rows far from the centre hide the
+    spread of their nodes. With plain float sums (``plain_sums``: no fixed-point ring, no DP
+    noise) the centre is the median of y (each row counted its weight times, as the rows it
+    stands for would be): the bulk of the rows sits at 0 whatever far values a
+    few rows hold, and the trees split the bulk as on the raw target (a single y of 1e8 beside
+    y ~ 100 +- 10 left stumps when centred on the middle of the range). Otherwise, or when
+    the median would put a row beyond what the sums of squares hold (:func:`_huge_limit`), it
+    is ``middle``, the middle of y's range: the half-width it leaves is the fixed-point
+    ring's scale and the DP noise's bound, both smallest there.
+    """
+    if not plain_sums or y.size == 0:
+        return middle
+    median = _weighted_median(y, weights)
+    if max(float(y.max()) - median, median - float(y.min())) > _huge_limit(rows):
+        return middle
+    return median
+
+
+def warn_unresolved_target(name: Any, y: np.ndarray, centre: float, bound: float,
+                           frac_bits: int | None) -> None:
+    """Warn (UserWarning) where the trees cannot resolve the spread of the bulk of the target
+    ``y`` (the rows kept, before centring) about ``centre``: the middle half of y (its
+    interquartile range, as a standard deviation) is below ten times the spread that the
+    purity test takes for rounding at the bulk's distance from the centre
+    (``sqrt(PURE_TOLERANCE) * |median - centre|``), or, in a fixed-point ring of ``frac_bits``
+    with scale ``bound``, its variance spans fewer than 4 of the ring's units of y^2. A far
+    value (a sentinel) under a secure or DP profile, whose centre is the middle of the range,
+    does it; the nodes of the bulk then stop splitting."""
+    from ._leaves import PURE_TOLERANCE
+
+    if y.size < 2:
+        return
+    q1, median, q3 = (float(q) for q in np.percentile(y, [25.0, 50.0, 75.0]))
+    sd = (q3 - q1) / 1.349  # the standard deviation of a normal bulk of that middle half
+    if sd <= 0.0:
+        return  # most rows share one value: the bulk's nodes are pure
+    floor = float(np.sqrt(PURE_TOLERANCE)) * abs(median - centre)
+    ring = bound * float(np.sqrt(4.0 * 2.0 ** -frac_bits)) if frac_bits is not None else 0.0
+    if sd >= 10.0 * floor and sd >= ring:
+        return
+    what = "y" if name is None else f"y ({str(name)!r})"
+    warnings.warn(
+        f"{what}: the middle half of its values spreads about {sd:.3g} (as a standard "
+        f"deviation) around {median:.6g}, but the trees' sums of y and y^2 are taken about "
+        f"{centre:.6g}, the middle of its range [{float(y.min()):.6g}, {float(y.max()):.6g}], "
+        f"and resolve only a spread of about {max(floor, ring):.3g} there: nodes of the bulk "
+        "stop splitting and the forest comes out shallow. Correct or drop the far values of "
+        "y, or rescale it (e.g. a log)", UserWarning, stacklevel=4)  # the line calling fit
+
+
 def refuse_huge_target(name: Any, largest: float, middle: float, rows: float) -> None:
     """Refuse a centred regression target whose sums of squares could overflow float64.
 
@@ -104,7 +179,7 @@ def refuse_huge_target(name: Any, largest: float, middle: float, rows: float) ->
     two children and the noise of a DP profile add to a node's). Beyond it every tree came
     out a single leaf, or the secure aggregate non-finite.
     """
-    limit = float(np.sqrt(np.finfo(np.float64).max)) / (2.0 * max(rows, 1.0))
+    limit = _huge_limit(rows)
     if largest <= limit:
         return
     what = "y" if name is None else f"y ({str(name)!r})"
@@ -145,6 +220,50 @@ def refuse_tiny_target(name: Any, largest: float, middle: float, frac_bits: int 
                       f"would round to nothing ({where} a spread of {limit:.3g} or more), and "
                       f"every tree would be a single leaf; rescale the target (e.g. multiply it "
                       f"by {factor:.0e}) and divide the predictions back")
+
+
+def refuse_complex(X: Any) -> None:
+    """Refuse a table ``X`` with a complex column or cell in scikit-learn's words
+    (``check_array``'s), at fit and at predict alike: a complex cell of an object column (or of
+    an object array) failed with a bare TypeError, and predict took a complex column's real part.
+
+    Only what can hold a complex value is read: a complex column, the cells of an object column
+    or array one column at a time (no copy of the table), a categorical column's categories;
+    numbers, text (``str``) and bool columns are skipped. Other inputs (complex arrays, lists,
+    sparse matrices) are left to ``check_array``, which refuses complex values itself.
+
+    Raises
+    ------
+    SchemaError
+        ``Complex data not supported`` and the table.
+    """
+    if isinstance(X, np.ndarray):
+        if X.dtype == object and _holds_complex(X.ravel()):
+            raise SchemaError(f"Complex data not supported\n{X}\n")
+        return
+    dtypes = getattr(X, "dtypes", None)
+    if dtypes is None:
+        return
+    iloc = getattr(X, "iloc", None)
+    single = not hasattr(dtypes, "__iter__")  # a Series: one dtype, itself the column
+    for j, dtype in enumerate([dtypes] if single else list(dtypes)):
+        if getattr(dtype, "kind", None) == "c":
+            found = True
+        elif isinstance(dtype, np.dtype) and dtype.kind == "O":
+            col = X if single else (iloc[:, j] if iloc is not None else None)
+            found = col is not None and _holds_complex(np.asarray(col))
+        else:
+            categories = getattr(dtype, "categories", None)
+            found = categories is not None and (
+                getattr(categories.dtype, "kind", None) == "c"
+                or (categories.dtype == object and _holds_complex(np.asarray(categories))))
+        if found:
+            raise SchemaError(f"Complex data not supported\n{X}\n")
+
+
+def _holds_complex(values: np.ndarray) -> bool:
+    """Whether a 1-d object array holds a complex number (Python's or NumPy's)."""
+    return any(issubclass(t, complex | np.complexfloating) for t in set(map(type, values)))
 
 
 def refuse_duplicate_names(X: Any) -> None:

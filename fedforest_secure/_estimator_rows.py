@@ -12,7 +12,7 @@ import numpy as np
 from sklearn.utils.validation import check_array, validate_data
 
 from ._cells import no_value
-from ._estimator_inputs import as_schema_error, refuse_dates
+from ._estimator_inputs import as_schema_error, refuse_complex, refuse_dates
 from .errors import NotFittedError, SchemaError
 from .model import ForestModel, _column_names
 
@@ -28,6 +28,7 @@ def _check_label_kinds(labels: list[Any]) -> None:
             return
         raise SchemaError(f"client mixes text and numbers (e.g. {text[0]!r} and {other!r}): "
                           "give every row's institution the same kind of label")
+
 
 
 class _EstimatorRows:
@@ -143,8 +144,13 @@ class _EstimatorRows:
         (:meth:`ForestModel.prepare`); an array is taken by position."""
         model = self._check_fitted()
         refuse_dates(X)
-        if model.schema is not None or (_column_names(X) is not None
-                                        and model.feature_names is not None):
+        refuse_complex(X)  # as fit refuses it, not cut to its real part nor a bare TypeError
+        names = _column_names(X)
+        if model.schema is not None or (names is not None and model.feature_names is not None):
+            if names is None and getattr(X, "columns", None) is not None:
+                # labels that are not all strings: scikit-learn's warning (or its error for
+                # mixed labels) and the columns taken by position, as validate_data does below
+                as_schema_error(validate_data, self, X, reset=False, skip_check_array=True)
             Xp = model.prepare(X)
             out: np.ndarray = as_schema_error(check_array, Xp, dtype=np.float64,
                                                ensure_all_finite="allow-nan")

@@ -5,7 +5,7 @@ scikit-learn forest or as an ONNX model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from ._sklearn_api import FederatedTree, forest_importances, to_sklearn_forest
 from .files import write_atomic
 from .model import ForestModel
 
+#: the instance attribute holding ``(model_, y_offset_, trees, importances or None)``
+_CACHE = "_structure_cache"
+
 
 class _EstimatorStructure(_EstimatorRows):
     """The estimators' fitted trees, importances and exports."""
@@ -21,15 +24,10 @@ class _EstimatorStructure(_EstimatorRows):
     @property
     def estimators_(self) -> list[FederatedTree]:
         """The trees, one :class:`~fedforest_secure._sklearn_api.FederatedTree` each, with
-        their arrays under scikit-learn's ``tree_`` names."""
-        model = self._fitted_model()
-        offset = float(getattr(self, "y_offset_", 0.0))
-
-        def prepare(X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
-            Xc = self._validate_X_predict(X)  # as the forest's apply: names, width, levels
-            return Xc, self._predict_codes(client, Xc.shape[0], "apply")
-
-        return [FederatedTree(t, model.n_features, offset, prepare) for t in model.trees]
+        their arrays under scikit-learn's ``tree_`` names. Built once per fitted forest: every
+        read returns the same list until a fit or a load gives the estimator another
+        ``model_``."""
+        return self._structure()[0]
 
     @property
     def feature_importances_(self) -> np.ndarray:
@@ -39,9 +37,36 @@ class _EstimatorStructure(_EstimatorRows):
         statistics are noisy (with minimum-leaf abstention partial): the node counts are
         taken as a tree's (``estimators_[i].tree_``: each leaf at least one row, each inner
         node the sum of its children), and a split whose decrease comes out below zero counts
-        as no decrease."""
+        as no decrease. Each read returns a new array (computed once per fitted forest)."""
+        trees, importances = self._structure()
+        if importances is None:
+            importances = forest_importances(trees, self._fitted_model().n_features)
+            self.__dict__[_CACHE] = (*self.__dict__[_CACHE][:3], importances)
+        return importances.copy()
+
+    def _structure(self) -> tuple[list[FederatedTree], np.ndarray | None]:
+        """The fitted forest's trees (and its importances, once computed), built from
+        ``model_`` on the first read and kept while ``model_`` and ``y_offset_`` stay."""
         model = self._fitted_model()
-        return forest_importances(self.estimators_, model.n_features)
+        offset = float(getattr(self, "y_offset_", 0.0))
+        cached = self.__dict__.get(_CACHE)
+        if cached is not None and cached[0] is model and cached[1] == offset:
+            return cached[2], cached[3]
+
+        def prepare(X: Any, client: Any) -> tuple[np.ndarray, np.ndarray | None]:
+            Xc = self._validate_X_predict(X)  # as the forest's apply: names, width, levels
+            return Xc, self._predict_codes(client, Xc.shape[0], "apply")
+
+        trees = [FederatedTree(t, model.n_features, offset, prepare) for t in model.trees]
+        self.__dict__[_CACHE] = (model, offset, trees, None)
+        return trees, None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The estimator's state for pickle and deepcopy, without the built trees (they are
+        built again from ``model_``)."""
+        state = dict(cast("dict[str, Any]", super().__getstate__()))  # BaseEstimator's
+        state.pop(_CACHE, None)
+        return state
 
     def _fitted_model(self) -> ForestModel:
         if not hasattr(self, "model_"):

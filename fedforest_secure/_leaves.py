@@ -15,8 +15,16 @@ from . import _impurity
 from ._tree import TreeBuilder
 from .config import JobConfig
 
-__all__ = ["noisy_level_totals", "node_values", "reconcile_split_nodes", "splittable",
-           "splittable_noisy"]
+__all__ = ["PURE_TOLERANCE", "noisy_level_totals", "node_values", "reconcile_split_nodes",
+           "splittable", "splittable_noisy"]
+
+#: a regression node is pure when ``n * Var`` is at most this fraction of its sum of y^2
+#: (y as the sites centred it): ``sum y^2 - (sum y)^2 / n`` from float sums over the node's rows
+#: is exact only to a multiple of float64's epsilon times ``sum y^2`` that grows with the rows
+#: summed one by one (1e-12 is about 4500 epsilon), so below it equal targets and real spread
+#: cannot be told apart. Rows far from the centre raise ``sum y^2`` and with it this floor:
+#: the centre is what keeps it below the data's spread (``estimators``, ``_spread_checks``).
+PURE_TOLERANCE = 1e-12
 
 
 def node_values(totals: np.ndarray, task: str, fallback: np.ndarray) -> np.ndarray:
@@ -37,7 +45,7 @@ def splittable(config: JobConfig, totals: np.ndarray) -> np.ndarray:
     imp = _impurity.weighted_impurity(totals, cfg.task, cfg.criterion)
     scale = np.maximum(totals[:, 2] / np.maximum(n, 1e-300), 1e-300) \
         if cfg.task == "regression" else np.ones(n.size)
-    pure = imp <= 1e-12 * np.maximum(n, 1.0) * scale
+    pure = imp <= PURE_TOLERANCE * np.maximum(n, 1.0) * scale
     can: np.ndarray = ((n >= cfg.min_samples_split) & (n >= 2 * cfg.min_samples_leaf)
                        & ~pure & ~(n <= 0))
     return can

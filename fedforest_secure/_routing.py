@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _kernels
 from ._level_stats import CodeBook
 from ._sorted import has_repeats
 from ._tree import NodeKind
@@ -123,6 +124,17 @@ def route(arrays: Mapping[str, np.ndarray], *, n_nodes: int, node: np.ndarray, r
     for j in np.unique(feat[num_nodes]):
         sel = num_nodes[feat[num_nodes] == j]
         cut[sel] = np.searchsorted(book.uniq[j], thr[sel], side="right")
+    # a level of numeric splits and leaves only: one compiled pass over the pairs
+    kernels = _kernels.KERNELS
+    if (kernels is not None and miss_left is None and node.dtype == np.int32
+            and row.dtype == np.int32 and codes.dtype == np.int32
+            and bool(((kind == NodeKind.NUMERIC) | (kind == NodeKind.LEAF)).all())):
+        leaf = kind == NodeKind.LEAF
+        out = np.empty(node.size, dtype=np.int64)
+        kernels.route_pairs(node, row, np.ascontiguousarray(codes),
+                            np.where(is_num, feat, 0) * n_rows, cut,
+                            np.where(leaf, -1, left), np.where(leaf, -1, right), out)
+        return out
     # per-node values for every pair: repeated over each node's run when the pairs are in
     # node order (after a grouped level), else gathered pair by pair
     runs = np.diff(node_ptr) if node_ptr is not None and node_ptr.size == kind.size + 1 \

@@ -13,6 +13,8 @@ Everything is vectorised over many (node, feature) rows at once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from . import _kernels
@@ -300,6 +302,29 @@ def pooled_candidates(points: np.ndarray, counts: np.ndarray, n_bins: int,
                            n_bins))
     return out[0] if len(out) == 1 else np.concatenate(out) if out else \
         np.full((0, n_bins - 1), np.inf)
+
+
+def pooled_candidates_lists(lists: Sequence[np.ndarray], counts: np.ndarray, n_bins: int,
+                            npts: np.ndarray) -> np.ndarray:
+    """:func:`pooled_candidates` of rows whose clients' lists are separate arrays, ``lists[k]``
+    of shape (R, P) for client k (``counts`` and ``npts`` (R, K) as there): the compiled loops
+    read each client's array in place, without an (R, K, P) copy of them all. Needs the
+    compiled loops (:data:`~fedforest_secure._kernels.KERNELS`)."""
+    kernels = _kernels.KERNELS
+    if kernels is None:
+        raise RuntimeError("internal: pooled_candidates_lists needs the compiled loops")
+    R, K = counts.shape
+    P = lists[0].shape[1] if lists else 0
+    # the weights and rows of _pooled, each row then by the same compiled loop
+    counts = np.where(npts == 0, 0.0, np.maximum(counts, 0.0))
+    tot = counts.sum(axis=1, keepdims=True)
+    weights = np.divide(counts, tot, out=np.zeros_like(counts), where=tot > 0)
+    out = np.full((R, n_bins - 1), np.inf)
+    keep = tot[:, 0] > 0
+    if R and P and keep.any():
+        kernels.pooled_lists([_kernels.f64(a) for a in lists], _kernels.f64(weights),
+                             keep.astype(np.int64), out, R, K, P, n_bins)
+    return out
 
 
 #: sketch widths of the row buckets of :func:`_pooled` (the last bucket: the full width)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from ._layouts import CLASS_TOTALS_BLOCK, stats_kinds
+from ._tree import NodeKind
 from .config import JobConfig
 from .errors import ProtocolError
 from .protocol import SealedTask, StatKind, Task, TaskKind
 
-__all__ = ["bounded_question", "check_class_totals", "check_feature_slots", "check_random_root",
-           "check_reply_kinds", "check_sketch_grid", "group_arrays", "histogram_arrays",
-           "level_features", "sketch_n_nodes"]
+__all__ = ["bounded_question", "check_class_totals", "check_feature_slots", "check_level_nodes",
+           "check_random_root", "check_reply_kinds", "check_sketch_grid", "group_arrays",
+           "histogram_arrays", "level_features", "level_node_cap", "sketch_n_nodes"]
 
 
 def sketch_n_nodes(task: Task) -> int:
@@ -28,7 +29,32 @@ def sketch_n_nodes(task: Task) -> int:
         n_nodes = int(task.params["n_nodes"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError("sketch task lacks a valid n_nodes") from exc
+    if n_nodes < 0:
+        raise ProtocolError("sketch task lacks a valid n_nodes")
     return n_nodes
+
+
+def level_node_cap(task: Task, level_nodes: int, *, routes: bool) -> int:
+    """The most nodes the level of a whole-level sketch task can have: with ``routes`` (the
+    task routes the client's pairs from its current level of ``level_nodes`` nodes to the
+    next), two children per node of that level the routing splits (every other node is a
+    leaf); else the current level's ``level_nodes`` (at level 0: the job's trees)."""
+    if not routes:
+        return level_nodes
+    kind = task.arrays.get("route_kind")
+    if kind is None or kind.shape != (level_nodes,):
+        return 2 * level_nodes  # the routing's own check refuses it
+    return 2 * int(np.count_nonzero(kind != NodeKind.LEAF))
+
+
+def check_level_nodes(task: Task, n_nodes: int, cap: int) -> None:
+    """Refuse a whole-level sketch task whose ``n_nodes`` is more than its level can have
+    (``cap``: :func:`level_node_cap`): the client sizes its per-node totals, and the vector
+    it uploads, by it."""
+    if n_nodes > cap:
+        raise ProtocolError(f"the sketch task of level {task.level} gives n_nodes {n_nodes}; "
+                            f"the level has at most {cap} nodes (the job's trees at level 0, "
+                            f"else two children per node its routing splits)")
 
 
 def level_features(task: Task, n_nodes: int, n_features: int) -> np.ndarray | None:
@@ -76,7 +102,24 @@ def histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str = ""
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """The evaluated nodes, features, thresholds and statistics mode a task asks a
     histogram of (``prefix``: ``"grid_"`` in a sketch task), checked against a level of
-    ``n_nodes`` nodes."""
+    ``n_nodes`` nodes. Checked and converted once per sealed task, level size and feature
+    count (every client of an in-process federation reads the same arrays, read-only); a task
+    that fails the checks is refused by every reader."""
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("histogram_arrays", prefix, n_nodes, n_features)
+    hit = memo.get(key) if memo is not None else None
+    if isinstance(hit, tuple):
+        return hit
+    out = _histogram_arrays(task, n_nodes, n_features, prefix)
+    if memo is not None:
+        for arr in out[:3]:
+            arr.flags.writeable = False  # shared by the task's readers
+        memo[key] = out
+    return out
+
+
+def _histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     try:
         nodes = task.arrays[prefix + "nodes"].astype(np.int64)
         feats = task.arrays[prefix + "features"].astype(np.int64)
@@ -114,6 +157,16 @@ def check_feature_slots(config: JobConfig, task: Task) -> None:
     is a fresh noisy copy of its statistics, so copies averaged remove the noise.
     """
     limit = plan_slots(config, task.level)
+    memo = task.derived if isinstance(task, SealedTask) else None
+    key = ("feature_slots", limit)
+    if memo is not None and key in memo:
+        return  # checked for this limit already (a task that fails is never recorded)
+    _check_feature_slots(task, limit)
+    if memo is not None:
+        memo[key] = True
+
+
+def _check_feature_slots(task: Task, limit: int) -> None:
     for name in ("features", "grid_features"):
         feats = task.arrays.get(name)
         if feats is None or feats.ndim != 2 or feats.size == 0:

@@ -90,11 +90,17 @@ class Tree:
 
     @property
     def depth(self) -> int:
-        depth = np.zeros(self.n_nodes, dtype=np.int64)
-        for i in range(self.n_nodes):
-            if self.kind[i] != NodeKind.LEAF:
-                depth[self.left[i]] = depth[self.right[i]] = depth[i] + 1
-        return int(depth.max()) if depth.size else 0
+        """The number of levels below the root: one pass per level over its inner nodes."""
+        if self.n_nodes == 0:
+            return 0
+        inner = self.kind != NodeKind.LEAF
+        level, frontier = 0, np.zeros(1, dtype=np.int64)
+        while True:
+            split = frontier[inner[frontier]]
+            if split.size == 0:
+                return level
+            frontier = np.concatenate([self.left[split], self.right[split]]).astype(np.int64)
+            level += 1
 
     @property
     def uses_client(self) -> bool:

@@ -16,11 +16,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_BINS", "METHODS", "JobConfig", "resolve_max_features"]
+__all__ = ["MAX_BINS", "MAX_ESTIMATORS", "METHODS", "JobConfig", "resolve_max_features"]
 
 #: the largest sketch size B a new job or fit may ask (``n_bins``): a worker's grids and
 #: sketches grow with B per node and feature
 MAX_BINS = 4096
+#: the most trees a job may have (``n_estimators``): a site holds a (tree, row) pair for
+#: every tree and row it draws, so a site refuses a job of more
+MAX_ESTIMATORS = 10_000
 
 
 def _json_scalar(value: Any) -> Any:

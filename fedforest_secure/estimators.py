@@ -53,9 +53,15 @@ shared parameters, with these federated defaults:
   reading); ``fit`` refuses date, time and duration columns (datetime64 ones, and Python or
   numpy date objects in an object column; as scikit-learn's forests do) and repeated column
   names, naming the column.
-* A regression target is centred on the middle of its range; one whose centred values reach
-  past ``sqrt(float64 max) / (2 n)`` (n rows, frequency weights counted: the trees' sums of
-  y^2 would overflow) is refused at ``fit``, naming it, with the advice to rescale it.
+* A regression target is centred before the trees take their sums of y and y^2. Under the
+  open profile the centre is its median (a row counted its weight times), so a few far values
+  do not hide the bulk's spread in rounding. Under a fixed-point (secure) or DP profile it is
+  the middle of its range: the half-width about the centre is the fixed-point ring's scale
+  and the DP noise's bound, both smallest about the middle (so also under the open profile
+  where the median would put a row past what the sums of squares hold). A target reaching
+  past ``sqrt(float64 max) / (2 n)`` from the middle of its range (n rows, frequency weights
+  counted: the trees' sums of y^2 would overflow) is refused at ``fit``, naming it, with the
+  advice to rescale it.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ from ._estimator_inputs import (
     as_schema_error,
     name_text_cell,
     nan_bounds,
+    refuse_complex,
     refuse_dates,
     refuse_duplicate_names,
     refuse_huge_target,
@@ -88,7 +95,9 @@ from ._estimator_inputs import (
     refuse_tiny_target,
     refuse_weightless_sites,
     refuse_wide_int_labels,
+    target_centre,
     warn_unresolved,
+    warn_unresolved_target,
 )
 from ._estimator_structure import _EstimatorStructure
 from .config import MAX_BINS, METHODS, JobConfig, resolve_max_features
@@ -127,7 +136,7 @@ def _profile_types() -> list[Any]:
 #: estimator unfitted (scikit-learn's ``check_is_fitted`` says so too)
 _FITTED = ("model_", "config_", "profile_", "y_offset_", "clients_", "n_clients_",
            "n_outputs_", "classes_", "n_classes_", "n_features_in_", "feature_names_in_",
-           "_file_model")
+           "_file_model", "_structure_cache")
 
 
 class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # type: ignore[misc]
@@ -258,6 +267,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
     def _fit(self, X: Any, y: Any, sample_weight: Any, client: Any, on_round: Any) -> Any:
         """The body of :meth:`fit`, on an estimator without fitted attributes."""
         refuse_dates(X)
+        refuse_complex(X)
         refuse_duplicate_names(X)
         y_name = getattr(y, "name", None)  # a Series' name, for the messages about y
         try:
@@ -298,19 +308,24 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         shape = self._forest_shape(d, dp, int(kept.sum()), n_classes)
         self.y_offset_ = 0.0
         if self._task == "regression":
-            # centre y on the middle of its range: sums of y and y^2 then carry the spread, not
-            # an offset (y = 10^6 + noise lost its splits to rounding, and in the fixed-point
-            # ring to its scale), and under DP the noise on sums of y is halved
-            # (halves first: no overflow for targets near the float maximum)
-            self.y_offset_ = float(y_enc[kept].min() / 2.0 + y_enc[kept].max() / 2.0)
-            y_enc = y_enc - self.y_offset_
-            target_bound = float(np.max(np.abs(y_enc[kept])))
+            # centre y: sums of y and y^2 then carry the spread, not an offset (y = 10^6 +
+            # noise lost its splits to rounding, and in the fixed-point ring to its scale);
+            # the limits are checked about the middle of the range (halves first: no overflow
+            # for targets near the float maximum), the centre itself is target_centre's
+            middle = float(y_enc[kept].min() / 2.0 + y_enc[kept].max() / 2.0)
             rows = float(weights[kept].sum()) if weights is not None else float(n)
-            refuse_huge_target(y_name, target_bound, self.y_offset_, rows)
             prof = _profile_dict(self.profile)
-            refuse_tiny_target(y_name, target_bound, self.y_offset_,
-                               int(prof.get("frac_bits", 24)) if prof.get("fixed_point")
-                               else None)
+            frac_bits = int(prof.get("frac_bits", 24)) if prof.get("fixed_point") else None
+            refuse_huge_target(y_name, float(np.max(np.abs(y_enc[kept] - middle))), middle,
+                               rows)
+            refuse_tiny_target(y_name, float(np.max(np.abs(y_enc[kept] - middle))), middle,
+                               frac_bits)
+            self.y_offset_ = target_centre(y_enc[kept], None if weights is None
+                                           else weights[kept], middle, rows,
+                                           not prof.get("fixed_point") and not prof.get("dp"))
+            target_bound = float(np.max(np.abs(y_enc[kept] - self.y_offset_)))
+            warn_unresolved_target(y_name, y_enc[kept], self.y_offset_, target_bound, frac_bits)
+            y_enc = y_enc - self.y_offset_
         mf = self.max_features
         if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
             raise SchemaError(f"max_features={mf} is more than the {d} features of X")

@@ -93,11 +93,17 @@ _PROPORTION_SLACK = 1e-6
 
 
 def _column_names(X: Any) -> list[str] | None:
-    """The column names of a table (a pandas DataFrame or anything with ``.columns``)."""
+    """The column names of a table (a pandas DataFrame or anything with ``.columns``) whose
+    labels are all strings; None for other input and for labels that are not all strings
+    (``pd.DataFrame(array)``'s 0, 1, ...): scikit-learn's feature names, its columns then taken
+    by position."""
     cols = getattr(X, "columns", None)
     if cols is None or isinstance(X, np.ndarray):
         return None
-    return [str(c) for c in cols]
+    labels = list(cols)
+    if not all(isinstance(c, str) for c in labels):
+        return None
+    return labels
 
 
 def _check_proportions(tree: Tree, name: str) -> None:

@@ -37,12 +37,14 @@ from ._task_checks import (
     bounded_question,
     check_class_totals,
     check_feature_slots,
+    check_level_nodes,
     check_random_root,
     check_reply_kinds,
     check_sketch_grid,
     group_arrays,
     histogram_arrays,
     level_features,
+    level_node_cap,
     sketch_n_nodes,
 )
 from .config import JobConfig
@@ -128,6 +130,8 @@ class Worker:
         T = config.n_estimators
         self._level = 0
         self._n_nodes = T
+        #: the most nodes the current level can have (:func:`~._task_checks.level_node_cap`)
+        self._level_nodes = T
         self._sorted: LevelOrder | None = None
         self._level_feats: np.ndarray | None = None
         self._group: np.ndarray | None = None  # nodes of the current order (None: the level)
@@ -256,12 +260,16 @@ class Worker:
                                  "differencing", code="question_reused")
         # before the routing: a refused task leaves the client at its level
         check_sketch_size(task, self.config.n_bins)
-        if level == self._level + 1:
-            self._route(task)
-            self._level = level
-        elif level != self._level or (level == 0 and "route_kind" in task.arrays):
+        routes = level == self._level + 1
+        if not routes and (level != self._level or (level == 0 and "route_kind" in task.arrays)):
             raise ProtocolError(f"sketch for level {level} but this client is at level "
                                 f"{self._level}; replay the earlier sketch tasks first")
+        # the level's nodes before anything is sized by them
+        cap = level_node_cap(task, self._level_nodes, routes=routes)
+        check_level_nodes(task, n_nodes, cap)
+        if routes:
+            self._route(task)
+            self._level, self._level_nodes = level, cap
         self._n_nodes = n_nodes
         self._sorted = None
         self._level_feats = None

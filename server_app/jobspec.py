@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedforest_secure.config import MAX_BINS, JobConfig, resolve_max_features
+from fedforest_secure.config import MAX_BINS, MAX_ESTIMATORS, JobConfig, resolve_max_features
 from fedforest_secure.config_errors import allowed_keys, explain
 from fedforest_secure.privacy import available_profiles
 from fedforest_secure.privacy.pinning import schema_facts
@@ -56,7 +56,7 @@ class ForestParams(BaseModel):
     # strict: TOML's true is no number, "no" no boolean and "16" no integer
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    n_estimators: int = Field(default=50, ge=1, le=10_000, description=(
+    n_estimators: int = Field(default=50, ge=1, le=MAX_ESTIMATORS, description=(
         "number of trees T"))
     max_depth: int = Field(default=8, ge=1, le=60, description=(
         "maximum depth M of every tree (the root is depth 0)"))

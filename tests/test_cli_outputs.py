@@ -276,16 +276,21 @@ def test_model_download_checks_where_it_writes_before_connecting(tmp_path: Path,
 
 def test_model_download_names_an_evaluation_result_as_such() -> None:
     """An evaluation job's download is its models' scores: the message does not call it a
-    model (FedForestClassifier.load refuses it)."""
-    from fedforest_cli.site_cli import _is_evaluation
+    model (FedForestClassifier.load refuses it); what is neither is not written."""
+    from client_app.downloads import check_result
     from fedforest_secure import FedForestClassifier
-    from fedforest_secure.evaluation.result import FORMAT
+    from fedforest_secure.errors import ProtocolError
+    from fedforest_secure.evaluation.result import EvalResult, ModelResult
 
     X = np.arange(40.0).reshape(20, 2)
     model = FedForestClassifier(n_estimators=1, max_depth=1).fit(X, np.arange(20) % 2)
-    assert not _is_evaluation(model.model_.to_json().encode())
-    assert _is_evaluation(f'{{"format": "{FORMAT}", "job_id": "ev"}}'.encode())
-    assert not _is_evaluation(b"not json")
+    assert check_result(model.model_.to_json().encode(), None)[0] == "model"
+    scores = EvalResult(job_id="ev", task="classification", contributors=2,
+                        models=[ModelResult(name="m", digest="0" * 64, metrics={"auc": 0.5})])
+    assert check_result(scores.to_json().encode(), None)[0] == "evaluation"
+    with pytest.raises(ProtocolError, match=r"^the server's answer is not a model nor an "
+                       r"evaluation result \(.*\); not written$"):
+        check_result(b"not json", None)
 
 
 @pytest.mark.parametrize("command", [["status"], ["prune", "--keep-days", "0"],

@@ -69,6 +69,33 @@ def test_the_watch_names_the_sites_not_joined_yet_and_each_dropped_site_once() -
                     "1 site (at least 2 needed)"]
 
 
+def test_the_watch_logs_a_server_given_site_name_clipped_to_a_line_and_once() -> None:
+    """Site names come from the server: each is shown as at most 64 printable characters,
+    a list as at most 10 names, and a status whose shown names did not change adds no line
+    (a server that pads names to megabytes, or changes them every poll past what is shown,
+    fills no disk)."""
+    out = io.StringIO()
+    watch = Watch("j", SiteLog(stream=out), me=0)
+
+    def status(tail: str, n_invited: int = 1) -> JobStatus:
+        return JobStatus.model_validate({
+            "job_id": "j", "status": "waiting", "min_clients": 2, "n_clients": 2,
+            "members": [{"name": "a", "index": 0, "state": "active"},
+                        *({"name": f"site{k}-\n" + "n" * (5 << 20) + tail, "index": k + 1,
+                           "state": "invited"} for k in range(n_invited))]})
+
+    for poll in range(8):
+        watch.observe(status(str(poll)))
+    watch.observe(status("", 12))
+    lines = out.getvalue().splitlines()
+    msgs = [LINE.match(x).group(1) for x in lines]  # type: ignore[union-attr]
+    shown = "site0-\\n" + "n" * 57 + "..."  # the newline shown escaped
+    assert msgs[0] == f"job j: waiting for site {shown} to join"
+    names = ", ".join(f"site{k}-\\n" + "n" * 57 + "..." for k in range(10))
+    assert msgs[1:] == [f"job j: waiting for sites {names} and 2 more to join"]
+    assert len(out.getvalue()) < 2000
+
+
 @pytest.mark.parametrize(("job_status", "active", "says"), [
     ("done", 3, "the job finished with 3 sites"),
     ("failed", 1, "the job failed with 1 site left (at least 2 needed)"),

@@ -25,7 +25,7 @@ from client_app.state import ClientState
 from client_app.transport import Transport
 from fedforest_secure.audit import Receipt, SentReceipt, read_receipts
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError
+from fedforest_secure.errors import FedForestError, ProtocolError
 from fedforest_secure.protocol import Block, Reply, StatKind, Task, TaskKind
 
 JOB = "job-r"
@@ -174,3 +174,78 @@ def _mocked(answer: Any, tmp_path: Path) -> tuple[Transport, SiteLog, ClientOpti
     opts = ClientOptions(server="http://127.0.0.1:9", token="token", job=JOB, data=None,
                          schema=tmp_path / "schema.json", ca=None, state_dir=tmp_path / "state")
     return tr, SiteLog(plain=True), opts
+
+
+def _open_round(tmp_path: Path, upload_answer: Any) -> tuple[ClientState, ClientResult, bytes]:
+    """An open round whose upload the server answers with the JSON ``upload_answer(body)``;
+    the site's state, its result and the upload's body."""
+    task = _task_bytes()
+    asked = 0
+    sent: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal asked
+        if request.url.path == f"/v1/jobs/{JOB}/task":
+            asked += 1
+            if asked > 1:
+                return httpx.Response(204, headers={"X-FedForest-Status": "done"})
+            return httpx.Response(200, content=task, headers={
+                "X-FedForest-Task-Digest": hashlib.sha256(task).hexdigest(),
+                "X-FedForest-Audit-Seq": "3", "X-FedForest-Audit-Head": HEAD})
+        assert request.url.path == f"/v1/jobs/{JOB}/rounds/0/upload"
+        sent.append(request.content)
+        return httpx.Response(200, json=upload_answer(request.content))
+
+    tr, log, opts = _mocked(answer, tmp_path)
+    state = ClientState(tmp_path / "state")
+    result = ClientResult(status="running")
+    with Progress(disable=True) as progress:
+        ctx = _Ctx(opts=opts, tr=tr, state=state,
+                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
+                   name="alice", worker=cast(Any, _Worker()), result=result,
+                   progress=progress, bar=progress.add_task("job"), log=log,
+                   watch=Watch(JOB, log, 0), uploaded_before=False)
+        try:
+            loops.run_open(ctx)
+        finally:
+            tr.close()
+    return state, result, sent[0] if sent else b""
+
+
+def test_of_the_servers_answer_to_an_upload_the_site_keeps_what_it_knows_and_checks(
+        tmp_path: Path) -> None:
+    """The server's answer adds a field of a MiB (and a malformed chain head): the site's
+    ``receipts.jsonl`` keeps the job, round, index and upload digest it knows, and the task
+    digest and duplicate flag the server states, a few hundred bytes."""
+    task_digest = hashlib.sha256(_task_bytes()).hexdigest()
+
+    def upload_answer(body: bytes) -> dict[str, Any]:
+        return {"job_id": JOB, "round_id": 0, "client_index": 0,
+                "upload_sha256": hashlib.sha256(body).hexdigest(), "task_sha256": task_digest,
+                "duplicate": False, "audit_head": "<" * 64, "pad": "n" * (1 << 20)}
+
+    state, result, body = _open_round(tmp_path, upload_answer)
+    kept = {"job_id": JOB, "round_id": 0, "client_index": 0,
+            "upload_sha256": hashlib.sha256(body).hexdigest(), "task_sha256": task_digest,
+            "duplicate": False}
+    assert result.status == "done"
+    assert state.receipts() == [kept] and result.receipts == [kept]
+    assert (state.root / "receipts.jsonl").stat().st_size < 400
+
+
+def test_a_receipt_of_the_server_naming_another_upload_is_refused_after_the_sites_own(
+        tmp_path: Path) -> None:
+    """The site's own receipt of the upload (the digest it sent, the chain tip it was told)
+    is on disk before the server's answer is refused: the evidence against that server."""
+    with pytest.raises(ProtocolError) as err:
+        _open_round(tmp_path, lambda body: {"upload_sha256": "0" * 64})
+    sent = str(err.value).rsplit("SHA-256 ", 1)[1][:64]
+    assert str(err.value).startswith(
+        "round 0: the server's receipt of this site's upload names another upload ("
+        f"{'0' * 64}); the upload this site sent has SHA-256 {sent}")
+    assert not (tmp_path / "state" / "receipts.jsonl").exists()
+    recs = [r for _, r in read_receipts(tmp_path / "state" / "receipts")]
+    assert [type(r).__name__ for r in recs] == ["SentReceipt", "Receipt"]
+    assert isinstance(recs[1], Receipt)
+    assert (recs[1].round_id, recs[1].upload_digest, recs[1].chain_head_seen,
+            recs[1].seq_seen) == (0, sent, HEAD, 3)

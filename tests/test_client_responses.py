@@ -9,6 +9,7 @@ the loop.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from client_app.state import ClientState
 from client_app.transport import ServerUnreachable
 from fedforest_secure import load_profile
 from fedforest_secure.config import JobConfig
-from fedforest_secure.errors import FedForestError, ProtocolError
+from fedforest_secure.errors import FedForestError, ProtocolError, RefusedRequest
 from fedforest_secure.protocol.api import ErrorBody, JoinBody, JoinResponse, SecAggStep
 from fedforest_secure.schema import Schema
 
@@ -91,7 +92,7 @@ class ScriptedTransport:
             self.refusals.append(json.loads(content))
             return httpx.Response(200, json={"recorded": True})
         if method == "GET" and path in self.downloads:
-            return SimpleNamespace(content=self.downloads[path])
+            return httpx.Response(200, content=self.downloads[path])
         raise AssertionError(f"the client sent {method} {path}")
 
 
@@ -117,6 +118,9 @@ def _run(tr: ScriptedTransport, tmp_path: Path) -> Any:
 @pytest.mark.parametrize("join", [
     None, [], "ok", {"config": {}}, {"client_index": 0}, {"client_index": 0, "config": "x"},
     {"client_index": "first", "config": {}},
+    # the site's name names its receipts file and the owner line of its table's digest
+    {"client_index": 0, "config": _config("open"), "client_name": "site-a\nsite-b"},
+    {"client_index": 0, "config": _config("open"), "client_name": "s" * 300},
 ])
 def test_a_malformed_job_offer_is_a_protocol_error_and_the_site_does_not_join(
         join: Any, tmp_path: Path) -> None:
@@ -124,6 +128,20 @@ def test_a_malformed_job_offer_is_a_protocol_error_and_the_site_does_not_join(
     with pytest.raises(ProtocolError, match="malformed job offer"):
         _run(tr, tmp_path)
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
+
+
+@pytest.mark.parametrize(("name", "most"), [("n_estimators", 10_000), ("n_bins", 4096)])
+def test_a_job_of_more_trees_or_bins_than_a_job_may_have_is_declined_before_joining(
+        name: str, most: int, tmp_path: Path) -> None:
+    """A site holds a (tree, row) pair per tree and row, and sizes its sketches by the bins:
+    a job offered with more than the server's job files allow is refused, not allocated."""
+    offer = {"client_index": 0, "config": {**_config("open"), name: most + 1}}
+    tr = ScriptedTransport(offer)
+    with pytest.raises(RefusedRequest) as err:
+        _run(tr, tmp_path)
+    assert str(err.value) == (f"the job's {name} is {most + 1}, more than a job may have "
+                              f"({most}): refusing to take part")
+    assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer"), ("POST", f"/v1/jobs/{JOB}/decline")]
 
 
 @pytest.mark.parametrize("change", [{"client_index": 1}, {"config": "other"},
@@ -507,3 +525,32 @@ def test_a_refused_task_met_while_replaying_is_left_to_the_loop_if_its_round_is_
     else:
         with pytest.raises(RefusedRequest, match="forbids disclosing"):
             replay(tr, JOB, worker)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("recorded", "says"), [
+    ("0" * 64, "the model's SHA-256 {digest} is not the one the job records ({recorded}); not "
+               "written"),
+    (None, "the server's answer is not a model nor an evaluation result (not a model file "
+           "(fedforest-secure/model/v1 or fedforest-secure/model/v2 or "
+           "fedforest-secure/model/v3)); not written"),
+])
+def test_the_model_a_site_saves_at_the_end_of_its_job_is_the_jobs(
+        recorded: str | None, says: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the end of its job the client fetches the model as `fedforest model download` does:
+    one whose SHA-256 is not the one the job's status records, or that is no model, is
+    refused and not written."""
+    def done(ctx: Any) -> None:
+        ctx.result.status = "done"
+
+    monkeypatch.setattr(runner, "run_open", done)
+    body = b'{"format": "fedforest-secure/model"}'
+    status = {"job_id": JOB, "status": "done", "model_digest": recorded}
+    tr = ScriptedTransport({"client_index": 0, "config": _config("open")},
+                           gets={"rounds": [], JOB: status},
+                           downloads={f"/v1/jobs/{JOB}/model": body})
+    with pytest.raises(ProtocolError) as err:
+        _run(tr, tmp_path)
+    assert str(err.value) == says.format(digest=hashlib.sha256(body).hexdigest(),
+                                         recorded=recorded)
+    assert not (tmp_path / "state" / f"{JOB}.model.json").exists()

@@ -353,6 +353,23 @@ def test_malformed_disclosed_items_are_invalid_naming_the_item(
         check_disclosures(items, _sketch_task(_ALL), _Sizes())  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("node,slot", [(0, 0), (0, 2), (1, 1), (1, 2)])
+def test_one_list_with_a_point_after_its_padding_is_invalid_wherever_it_is(
+        node: int, slot: int) -> None:
+    """Lists that end in padding beside lists that start with a point are honest (every
+    list: its own padding at its end); one list with a point after a NaN is not."""
+    items = _honest_items()
+    pts = np.tile(np.array([0.0, 1.0, np.nan, np.nan, np.nan]), (2, 3, 1))
+    pts[1, 0] = np.nan  # an empty list
+    pts[0, 1] = [0.0, 1.0, 2.0, 3.0, 4.0]  # a full one
+    items["sketch_points"] = pts.copy()
+    check_disclosures(items, _sketch_task(_ALL), _Sizes())  # type: ignore[arg-type]
+    pts[node, slot] = [np.nan, np.nan, np.nan, np.nan, 7.0]
+    items["sketch_points"] = pts
+    with pytest.raises(InvalidMessage, match="a point after its NaN padding"):
+        check_disclosures(items, _sketch_task(_ALL), _Sizes())  # type: ignore[arg-type]
+
+
 def test_sketch_items_without_the_tasks_features_are_invalid() -> None:
     items = _honest_items()
     with pytest.raises(InvalidMessage, match="not asked without the task's features"):

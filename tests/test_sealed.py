@@ -152,3 +152,62 @@ def test_an_honest_coordinator_sends_tasks_in_the_form_a_client_accepts(profile:
         task = coord.next_task()
     assert {"route_kind", "route_threshold", "nodes", "features", "totals"} <= seen
     assert ("n_points" in seen) == (profile == "open")
+
+
+def test_a_sealed_tasks_histogram_arrays_are_checked_once_for_every_reader() -> None:
+    """Every client of an in-process federation reads the one sealed task: its arrays are
+    converted and checked once, shared read-only, and a task that fails the checks is
+    refused by every reader (nothing is kept of it)."""
+    from fedforest_secure._task_checks import check_feature_slots, histogram_arrays
+    from fedforest_secure.config import JobConfig
+    from fedforest_secure.errors import ProtocolError
+
+    feats = np.array([[0, 2], [1, 3], [2, 0], [3, 1]])
+    thr = np.sort(np.random.default_rng(0).normal(size=(4, 2, 3)), axis=2)
+    good = seal(Task(job_id="j", round_id=7, kind=TaskKind.HISTOGRAM, level=2,
+                     params={"stats": "full"},
+                     arrays={"nodes": np.arange(4), "features": feats, "thresholds": thr},
+                     layout=(Block("hist", (4, 2, 4, 1), (StatKind.COUNT,)),)))
+    first = histogram_arrays(good, 4, 4)
+    again = histogram_arrays(good, 4, 4)
+    assert all(a is b for a, b in zip(first[:3], again[:3], strict=True))
+    assert not any(a.flags.writeable for a in first[:3])
+    np.testing.assert_array_equal(first[2], thr)
+    with pytest.raises(ProtocolError, match="inconsistent"):  # another level's size
+        histogram_arrays(good, 3, 4)
+    bad = seal(Task(job_id="j", round_id=8, kind=TaskKind.HISTOGRAM, level=2,
+                    params={"stats": "full"},
+                    arrays={"nodes": np.arange(4), "features": feats,
+                            "thresholds": thr[:, :, ::-1].copy()},
+                    layout=(Block("hist", (4, 2, 4, 1), (StatKind.COUNT,)),)))
+    cfg = JobConfig(job_id="j", task="regression", n_features=4, n_clients=2, n_estimators=4,
+                    max_features=2, n_bins=4, profile={"name": "open"})
+    twice = feats.copy()
+    twice[1] = [3, 3]
+    repeat = seal(Task(job_id="j", round_id=9, kind=TaskKind.HISTOGRAM, level=2,
+                       params={"stats": "full"},
+                       arrays={"nodes": np.arange(4), "features": twice, "thresholds": thr},
+                       layout=(Block("hist", (4, 2, 4, 1), (StatKind.COUNT,)),)))
+    for _ in range(2):  # each reader refuses
+        with pytest.raises(ProtocolError, match="sorted"):
+            histogram_arrays(bad, 4, 4)
+        with pytest.raises(ProtocolError, match="node 1 repeats feature 3"):
+            check_feature_slots(cfg, repeat)
+    check_feature_slots(cfg, good)
+    assert ("feature_slots", 2) in good.derived
+
+
+def test_a_sealed_tasks_form_is_checked_once_and_a_bad_one_refused_by_every_reader() -> None:
+    from fedforest_secure.errors import ProtocolError
+    from fedforest_secure.protocol import check_task_form
+
+    good = seal(_task())
+    good.params.pop("purpose")
+    good.params["stats"] = "full"
+    check_task_form(good)
+    assert "task_form" in good.derived
+    bad = seal(_task())
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="of the wrong type"):
+            check_task_form(bad)
+    assert "task_form" not in bad.derived

@@ -468,3 +468,110 @@ def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> N
     codes = rng.integers(0, 9, size=3 * 40).astype(np.int32)
     order = _order.LevelOrder(feats, node, row, np.ones(50, np.int64), codes, 40, 4)
     assert order.size == int((np.ascontiguousarray(feats)[node] >= 0).sum())
+
+
+@compiled_only
+@pytest.mark.parametrize("max_weight", [3, 400])
+@pytest.mark.parametrize("n_points,r", [(32, 0), (32, 1), (7, 1), (7, 2), (1, 3), (5, 0)])
+def test_quantile_points_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, max_weight: int, n_points: int, r: int) -> None:
+    """Each point's target rank ceil(b W / B_k) (computed without a division per point in the
+    compiled loop), over blocks of every size: empty, below and above n_points entries, with
+    multiplicities that make W no multiple of B_k (max_weight 400: keys without the weight)."""
+    from fedforest_secure._level_stats import LevelStatistics
+    from fedforest_secure._site_table import encode_features
+
+    rng = np.random.default_rng(n_points * 10 + r + max_weight)
+    n_rows, d, n_nodes, m = 300, 4, 40, 3
+    X = np.round(rng.normal(size=(n_rows, d)), 1)  # ties
+    book, codes = encode_features(X)
+    cfg = JobConfig(job_id="j", task="regression", n_features=d, n_clients=1, n_estimators=1,
+                    max_features=m, n_bins=8, profile={"name": "open"})
+    feats = np.stack([rng.choice(d, m, replace=False) for _ in range(n_nodes)])
+    feats[3, 1] = -1
+    P = 3000
+    node = rng.integers(0, n_nodes - 2, size=P)  # the last two nodes: empty blocks
+    node[: n_nodes // 2] = 5  # a large node
+    row = rng.integers(0, n_rows, size=P)
+    weight = rng.integers(1, max_weight, size=P)
+
+    def points() -> np.ndarray:
+        order = _order.LevelOrder(feats, node, row, weight, codes, n_rows, book.cbits)
+        stats = LevelStatistics(order, cfg, rng.normal(size=n_rows), book)
+        return stats.quantile_points(feats, n_points, r)
+
+    compiled = points()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = points()
+    np.testing.assert_array_equal(compiled, plain)
+    assert np.isfinite(plain).sum() > n_nodes
+
+
+@compiled_only
+@pytest.mark.parametrize("in_node_order", [False, True])
+def test_routing_through_numeric_splits_is_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, in_node_order: bool) -> None:
+    """Every pair's next node (or -1 under a leaf) through thresholds between, at and beyond
+    the client's values, and the refusal of a pair whose node is not in the routing."""
+    from fedforest_secure._routing import route
+    from fedforest_secure._site_table import encode_features
+    from fedforest_secure._tree import NodeKind
+
+    rng = np.random.default_rng(5)
+    n_rows, d, n_nodes, P = 200, 3, 12, 4000
+    X = np.round(rng.normal(size=(n_rows, d)), 1)
+    book, codes = encode_features(X)
+    cfg = JobConfig(job_id="j", task="regression", n_features=d, n_clients=1, n_estimators=1,
+                    max_features=d, n_bins=8, profile={"name": "open"})
+    kind = np.full(n_nodes, NodeKind.NUMERIC, dtype=np.int32)
+    kind[[2, 7]] = NodeKind.LEAF
+    inner = np.flatnonzero(kind != NodeKind.LEAF)
+    left, right = np.full(n_nodes, -1, np.int32), np.full(n_nodes, -1, np.int32)
+    left[inner], right[inner] = 2 * np.arange(inner.size), 2 * np.arange(inner.size) + 1
+    thr = rng.choice(X.ravel(), n_nodes) + rng.choice([0.0, 0.05, -1e9, 1e9], n_nodes)
+    arrays = {"route_kind": kind, "route_feature": rng.integers(0, d, n_nodes).astype(np.int32),
+              "route_threshold": thr, "route_left": left, "route_right": right,
+              "route_set_ptr": np.zeros(n_nodes + 1, np.int64),
+              "route_set_vals": np.zeros(0, np.int32)}
+    node = rng.integers(0, n_nodes, P).astype(np.int32)
+    row = rng.integers(0, n_rows, P).astype(np.int32)
+    ptr = None
+    if in_node_order:
+        node.sort()
+        ptr = np.searchsorted(node, np.arange(n_nodes + 1))
+
+    def routed(nodes: np.ndarray) -> np.ndarray:
+        return route(arrays, n_nodes=n_nodes, node=nodes, row=row, node_ptr=ptr, codes=codes,
+                     n_rows=n_rows, book=book, config=cfg, client_index=0)
+
+    compiled = routed(node)
+    with pytest.raises(ValueError, match="out of range"):
+        routed(np.where(np.arange(P) == P - 1, n_nodes, node).astype(np.int32))
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = routed(node)
+    np.testing.assert_array_equal(compiled, plain)
+    assert compiled.dtype == plain.dtype
+    assert (plain == -1).any() and (plain % 2 == 0).any() and (plain % 2 == 1).any()
+
+
+@compiled_only
+@pytest.mark.parametrize("kind", ["normal", "ties", "gaps"])
+def test_candidates_from_each_clients_own_array_equal_the_stacked_ones(kind: str) -> None:
+    """The coordinator's pooled candidates read from one (R, P) array per client (no stacked
+    copy) are those of the stacked (R, K, P) rows, rows without a point left at +inf."""
+    rng = np.random.default_rng(11)
+    R, K, P, B = 300, 6, 17, 16
+    pts, _, npts = _rows(rng, R, K, P, kind)
+    pts[:5] = np.nan  # rows without a point
+    npts[:5] = 0
+    counts = rng.integers(0, 40, size=(R, K)).astype(np.float64)
+    counts[7, 2] = -1.0  # treated as 0, as _pooled does
+    stacked = _sketch.pooled_candidates(pts, counts, B, npts)
+    lists = [np.ascontiguousarray(pts[:, k, :]) for k in range(K)]
+    np.testing.assert_array_equal(_sketch.pooled_candidates_lists(lists, counts, B, npts),
+                                  stacked)
+    assert np.isinf(stacked[:5]).all() and np.isfinite(stacked[5:, 0]).all()
+    bad = [a.copy() for a in lists]
+    bad[3][9] = [np.nan, 1.0] + [np.nan] * (P - 2)
+    with pytest.raises(ValueError, match="after its NaN padding"):
+        _sketch.pooled_candidates_lists(bad, counts + 1, B, npts + 1)

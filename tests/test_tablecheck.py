@@ -851,3 +851,24 @@ def test_a_name_or_label_in_another_unicode_normalisation_is_told_apart(
     with pytest.raises(SchemaError, match=r"missing from the table \(the table's .* in Unicode "
                                           r"normalisation only \('poids_e\\u0301' against"):
         schema.read_csv(tmp_path / "site.csv")
+
+
+def test_target_bounds_far_wider_than_the_data_are_a_warning_in_every_profile(
+        tmp_path: Path) -> None:
+    """Targets of 100 +- 10 under bounds [0, 1e8]: the sites centre them on 5e7, and a node
+    whose spread is below 1e-6 of that distance (50) reads as pure in every profile, open
+    included (every tree a single leaf). The warning names it beside the fixed-point one;
+    bounds [0, 300] are fine."""
+    y = 100.0 + 10.0 * np.sin(np.arange(200))
+    path = tmp_path / "site.csv"
+    path.write_text("x,y\n" + "".join(f"{i},{v!r}\n" for i, v in enumerate(y.tolist())))
+    q1, median, q3 = np.percentile(y, [25.0, 50.0, 75.0])
+    wide = check_table(read_raw(path), _spread_schema([0.0, 200.0], [0.0, 1e8]))
+    assert [(p.severity, p.column) for p in wide] == [("warning", "y")]
+    assert wide[0].message.endswith(
+        f"trees lose splits; the middle half of its values at this site spreads about "
+        f"{(q3 - q1) / 1.349:.3g} (as a standard deviation) around {median:.6g}, far from the "
+        "middle of its bounds (5e+07) that the sites centre it on: in every profile a node "
+        "whose spread is below about 50 there reads as pure (float rounding of the sums of "
+        "y^2), and the trees stop splitting")
+    assert check_table(read_raw(path), _spread_schema([0.0, 200.0], [0.0, 300.0])) == []

@@ -330,6 +330,28 @@ def _leaf_routing(n: int, split_first: bool = False) -> dict[str, np.ndarray]:
             "route_set_vals": np.zeros(0, dtype=np.int32)}
 
 
+def test_a_sketch_task_of_more_nodes_than_its_level_can_have_is_refused_before_it_is_sized(
+        ) -> None:
+    """The client sizes its node totals (and its upload) by a sketch task's ``n_nodes``: at
+    level 0 it is at most the job's trees, at a routed level two children per split node. A
+    task asking more is refused, and the client stays at its level."""
+    rng = np.random.default_rng(1)
+    w = Worker(_cfg(n_estimators=2), rng.normal(size=(40, 3)), rng.normal(size=40),
+               client_index=0, seed=0)
+    with pytest.raises(ProtocolError) as err:
+        w.handle(_sketch_task(5, 0, 1000))
+    assert str(err.value) == ("the sketch task of level 0 gives n_nodes 1000; the level has at "
+                              "most 2 nodes (the job's trees at level 0, else two children per "
+                              "node its routing splits)")
+    w.handle(_sketch_task(5, 0, 2))
+    routing = _leaf_routing(2, split_first=True)  # root 0 splits, root 1 is a leaf
+    with pytest.raises(ProtocolError, match=r"^the sketch task of level 1 gives n_nodes 3; the "
+                       r"level has at most 2 nodes "):
+        w.handle(_sketch_task(6, 1, 3, routing=routing))
+    reply = w.handle(_sketch_task(6, 1, 2, routing=routing))
+    assert reply.summable.shape == (2 * 3,)
+
+
 def test_histogram_before_the_levels_sketch_round_is_refused() -> None:
     rng = np.random.default_rng(1)
     w = Worker(_cfg(n_estimators=1), rng.normal(size=(10, 3)), rng.normal(size=10),

@@ -142,7 +142,8 @@ class JoinResponse(_Response):
 
     client_index: int
     config: dict[str, Any]
-    client_name: str | None = None
+    #: the site's name (its certificate's): it names the site's receipts file
+    client_name: str | None = Field(default=None, pattern=NAME_PATTERN)
     #: SHA-256 of the job's schema file: the client refuses a different local schema.
     schema_sha256: str | None = None
     #: the server's version of fedforest-secure: a site of another version declines the job

@@ -182,6 +182,15 @@ def check_task_form(task: Task) -> None:
     ProtocolError
         The task carries such a field.
     """
+    memo = task.derived if isinstance(task, SealedTask) else None
+    if memo is not None and "task_form" in memo:
+        return  # checked once for every reader of the sealed task (a refused one never is)
+    _check_task_form(task)
+    if memo is not None:
+        memo["task_form"] = True
+
+
+def _check_task_form(task: Task) -> None:
     unused = (set(task.params) - TASK_PARAMS[task.kind]) | (
         set(task.arrays) - TASK_ARRAYS[task.kind]) | {
         k for k, read_with in _READ_WITH.items()

@@ -259,8 +259,7 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
     if "sketch_points" in asked:
         n_points = int(params["n_points"]) + 1 if "n_points" in params else None
         pts = want("sketch_points", _NUMBERS[:1], (rows, m, n_points))
-        nan = np.isnan(pts)
-        if np.isinf(pts).any() or (nan[..., :-1] & ~nan[..., 1:]).any():
+        if np.isinf(pts).any() or _point_after_padding(np.isnan(pts)):
             raise bad("sketch_points", "holds infinity, or a point after its NaN padding")
         if disclosed["sketch_counts"].shape == (rows,):
             raise bad("sketch_counts", f"holds one count per node, as clients of fedforest "
@@ -314,6 +313,21 @@ def check_disclosures(disclosed: dict[str, np.ndarray], task: Task,
 
 
 _KNOWN_ITEMS = _SKETCH_ITEMS | {"minmax", "node_stats", "site_stats"}
+
+
+def _point_after_padding(nan: np.ndarray) -> bool:
+    """Whether a list (the last axis of ``nan``, where a list's points are NaN) has a point
+    after a NaN: the flat array's NaN-to-point steps (one contiguous pass) less those from
+    one list's last slot to the next list's first."""
+    P = nan.shape[-1] if nan.ndim else 0
+    if nan.size == 0 or P < 2:
+        return False
+    flat = nan.reshape(-1)
+    steps = np.count_nonzero(flat[:-1] > flat[1:])
+    if not steps:
+        return False
+    lists = nan.reshape(-1, P)
+    return bool(steps > np.count_nonzero(lists[:-1, -1] > lists[1:, 0]))
 
 
 def spread_node_counts(disclosed: dict[str, np.ndarray], task: Task) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,7 +78,10 @@ class Block:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        # Python's product (exact, and much cheaper on a short tuple than numpy's); past
+        # int64 numpy's wrapped product, as always
+        n = math.prod(map(int, self.shape))
+        return n if n < 1 << 63 else int(np.prod(self.shape, dtype=np.int64))
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape),
