@@ -2,7 +2,8 @@
 
 Column names carry no surrounding spaces; public bounds are finite with ``lo < hi``; levels and
 classes are at least two distinct, trimmed labels, no two of them the same number (``"1"`` and
-``"1.0"``: a cell written ``1.0`` matches the label ``"1"``). A pydantic ``ValidationError``
+``"1.0"``: a cell written ``1.0`` matches the label ``"1"``) unless the schema is one a model or
+a job already carries (``stored``). A pydantic ``ValidationError``
 becomes one line naming every offending field, e.g. ``features[2] ('age').bounds: ...``.
 """
 
@@ -34,7 +35,10 @@ def _check_bounds(bounds: tuple[float, float] | None) -> None:
                          "column's plausible range (the grids and sketches cut its width)")
 
 
-def _check_labels(labels: list[str], what: str) -> None:
+def _check_labels(labels: list[str], what: str, *, stored: bool = False) -> None:
+    """``stored``: labels of a schema a model or a job already carries, read as written (their
+    number twins were allowed when it was written); a schema written or adopted now lists
+    each number once."""
     if len(labels) < 2:
         raise ValueError(f"needs at least 2 {what}, got {len(labels)}")
     if any(not s.strip() or s != s.strip() for s in labels):
@@ -42,18 +46,30 @@ def _check_labels(labels: list[str], what: str) -> None:
     dups = sorted(lab for lab, count in Counter(labels).items() if count > 1)
     if dups:
         raise ValueError(f"duplicate {what}: {dups}")
+    twins = number_twins(labels)
+    if twins and not stored:
+        first, second = twins[0]
+        one = "class" if what == "classes" else "category"
+        raise ValueError(
+            f"{what} {first!r} and {second!r} are the same number: sites that write it "
+            f"as {first} and as {second} would give one {one} two codes (a cell matches "
+            "a label by its number); list each number once")
+
+
+def number_twins(labels: list[str]) -> list[tuple[str, str]]:
+    """The pairs of ``labels`` that are the same number (``("1", "1.0")``), each with the
+    label listed first."""
     seen: dict[str, str] = {}
+    out = []
     for lab in labels:
         key = _numeric_key(lab)
         if key is None:
             continue
         if key in seen:
-            one = "class" if what == "classes" else "category"
-            raise ValueError(
-                f"{what} {seen[key]!r} and {lab!r} are the same number: sites that write it "
-                f"as {seen[key]} and as {lab} would give one {one} two codes (a cell matches "
-                "a label by its number); list each number once")
-        seen[key] = lab
+            out.append((seen[key], lab))
+        else:
+            seen[key] = lab
+    return out
 
 
 def _numeric_key(label: str) -> str | None:

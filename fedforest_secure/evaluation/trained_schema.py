@@ -81,7 +81,7 @@ def check_model_schemas(spec: EvalSpec, schema: Schema, *, site: bool = False) -
     for name, forest in zip(spec.names, spec.forests(), strict=True):
         if forest.schema is None:
             continue
-        diff = schema_difference(Schema.from_dict(forest.schema), schema, where)
+        diff = schema_difference(Schema.from_dict(forest.schema, stored=True), schema, where)
         if diff is None:
             continue
         head = (f"model {name!r} was trained on a schema that differs from {where}: {diff}. ")
