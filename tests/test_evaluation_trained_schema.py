@@ -1,9 +1,9 @@
 """A training job's model carries the schema it was trained on; an evaluation job's sites
 encode their held-out rows with the job's schema. Where the two encode rows otherwise (a
-categorical feature's levels in another order, another kind, other missing-value settings,
-other regression bounds) the job is refused when it is created, and a site refuses it before
-joining; a continuous feature's bounds, which only decide which values a site accepts, may
-differ."""
+categorical feature's levels in another order, another kind, missing cells the model never
+learnt, regression bounds that would clip its predictions) the job is refused when it is
+created, and a site refuses it before joining; what only narrows the rows a site accepts (a
+continuous feature's bounds, missing cells forbidden, wider regression bounds) may differ."""
 
 from __future__ import annotations
 
@@ -118,6 +118,13 @@ def test_a_continuous_features_bounds_may_differ_from_the_models() -> None:
     assert _evaluation(_job_model(), wider) is not None
 
 
+def test_a_feature_the_model_may_miss_may_be_forbidden_to_miss_in_the_job() -> None:
+    """The job's sites then send only rows with the cell, encoded as the model read them."""
+    allowed = SCHEMA.replace('levels = ["low", "mid", "high"]\n',
+                             'levels = ["low", "mid", "high"]\nmissing = "allowed"\n')
+    assert _evaluation(_job_model(allowed), SCHEMA) is not None
+
+
 REGRESSION = '''[target]
 name = "y"
 kind = "regression"
@@ -135,19 +142,29 @@ levels = ["low", "mid", "high"]
 '''
 
 
-def test_a_regression_job_whose_target_bounds_differ_from_the_models_is_refused() -> None:
+@pytest.mark.parametrize("bounds, taken", [
+    ("[0.0, 10.0]", True), ("[0.0, 100.0]", True), ("[-5.0, 10.0]", True),
+    ("[0.0, 5.0]", False), ("[5.0, 20.0]", False)])
+def test_a_regression_job_is_refused_only_where_its_target_bounds_would_clip_the_model(
+        bounds: str, taken: bool) -> None:
+    """The job's target bounds decide which targets its sites accept and where predictions
+    are clipped: bounds containing the model's (a forest predicts within them) score its own
+    predictions; narrower ones would clip them."""
     X, _ = _rows()
     forest = FedForestRegressor(n_estimators=2, max_depth=2, random_state=0).fit(
         X, X[:, 0], client=np.arange(len(X)) % 2).model_
     model = forest.for_job(REGRESSION, SITES).to_json()
     facts = {"task": "regression", "n_features": 2}
-    assert _evaluation(model, REGRESSION, facts) is not None
-    with pytest.raises(ConfigError, match=r"differs from the job's schema: the target's "
-                                          r"bounds are \[0\.0, 10\.0\] there and \[0\.0, "
-                                          r"100\.0\] in the job's schema\. The sites"):
-        _evaluation(model, REGRESSION.replace("bounds = [0.0, 10.0]\n\n[[features]]",
-                                              "bounds = [0.0, 100.0]\n\n[[features]]", 1),
-                    facts)
+    job = REGRESSION.replace("bounds = [0.0, 10.0]\n\n[[features]]",
+                             f"bounds = {bounds}\n\n[[features]]", 1)
+    if taken:
+        assert _evaluation(model, job, facts) is not None
+        return
+    with pytest.raises(ConfigError) as err:
+        _evaluation(model, job, facts)
+    assert (f"differs from the job's schema: the target's bounds are [0.0, 10.0] there and "
+            f"{bounds} in the job's schema, which would clip its predictions (the job's "
+            "bounds must contain the model's). The sites") in str(err.value)
 
 
 def _server(tmp_path: Path, schema_text: str) -> tuple[Path, Path]:

@@ -4,11 +4,23 @@ A training job's model carries the schema it was trained on (``ForestModel.schem
 of an evaluation job encode their held-out rows with the job's schema (its digest is the one
 their schema file must have), and score every model on those codes. The two must agree on
 everything that sets the codes or the scoring: the features (names, order, kind, categorical
-levels in their order, whether a cell may be missing), the target's kind, its classes in
-their order and a regression target's bounds (predictions and targets are clipped to them).
-A continuous feature's bounds only decide which values a site accepts (a tree routes any
-number), so they may differ. A model without a schema (an estimator fitted elsewhere) is
-checked by its feature names and classes only (``server_app.evaljob``).
+levels in their order), the target's kind and its classes in their order. Where the job's
+schema only narrows the rows the sites accept, the rows are encoded and scored as the model
+was trained, so the job may differ:
+
+- a continuous feature's bounds: they decide which values a site accepts (a tree routes any
+  number);
+- ``missing``: a feature the model's schema allows to be missing may be ``forbidden`` in the
+  job (its rows have the cell); the other way is refused (a missing cell would take the path
+  of a split that never learnt where such rows go);
+- a regression target's bounds: the job's must contain the model's. They decide which
+  targets a site accepts and the range predictions are clipped to; a forest predicts within
+  its own bounds (its leaves average targets within them), so within wider ones it is scored
+  on its own predictions, while narrower ones would clip them.
+
+A model without a schema (an estimator fitted elsewhere, or a training job created with
+``[data]`` facts and no schema file) is checked by its feature names and classes only
+(``server_app.evaljob``).
 
 The server checks this when it creates the job; each site checks it again against its own
 schema file before it joins, in case a server created the job anyway.
@@ -33,7 +45,7 @@ def _feature_difference(was: Feature, now: Feature, where: str) -> str | None:
     if was.levels != now.levels:
         return (f"feature {name} has the levels {_listed(was.levels or [])} there, in this "
                 f"order, and {_listed(now.levels or [])} in {where}")
-    if was.missing != now.missing:
+    if now.may_miss and not was.may_miss:
         return (f"feature {name} has missing = {was.missing!r} there and {now.missing!r} in "
                 f"{where}")
     return None
@@ -45,12 +57,17 @@ def _target_difference(was: Target, now: Target, where: str) -> str | None:
     if was.classes != now.classes:
         return (f"the target's classes are {_listed(was.classes or [])} there, in this order, "
                 f"and {_listed(now.classes or [])} in {where}")
-    if was.bounds != now.bounds:
+    if was.bounds is not None and not _contains(now.bounds, was.bounds):
         def shown(b: tuple[float, float] | None) -> str:
             return "none" if b is None else f"[{b[0]}, {b[1]}]"
         return (f"the target's bounds are {shown(was.bounds)} there and {shown(now.bounds)} "
-                f"in {where}")
+                f"in {where}, which would clip its predictions (the job's bounds must contain "
+                "the model's)")
     return None
+
+
+def _contains(outer: tuple[float, float] | None, inner: tuple[float, float]) -> bool:
+    return outer is not None and outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
 def schema_difference(trained: Schema, schema: Schema, where: str) -> str | None:
