@@ -434,8 +434,11 @@ def _check_outputs(opts: ClientOptions) -> None:
 
 def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
     """Refuse a job whose configuration disagrees with this site's own schema file (bounds
-    included: they calibrate the DP noise) or with its pinned number of clients, or has more
-    trees or sketch bins than a job may have."""
+    included: they calibrate the DP noise; an evaluation's models trained on a schema that
+    encodes rows otherwise) or with its pinned number of clients, or has more trees or sketch
+    bins than a job may have."""
+    from fedforest_secure.evaluation import EvalSpec
+    from fedforest_secure.evaluation.trained_schema import check_model_schemas
     from fedforest_secure.privacy.pinning import check_job_config
     from fedforest_secure.schema import Schema
 
@@ -445,7 +448,10 @@ def _check_job(config: JobConfig, opts: ClientOptions, log: SiteLog) -> None:
         if getattr(config, name) > most:
             raise RefusedRequest(f"the job's {name} is {getattr(config, name)}, more than a job "
                                  f"may have ({most}): refusing to take part", code="job_config")
-    check_job_config(config, schema=Schema.load(opts.schema), n_clients=opts.n_clients)
+    schema = Schema.load(opts.schema)
+    check_job_config(config, schema=schema, n_clients=opts.n_clients)
+    if config.evaluation is not None:
+        check_model_schemas(EvalSpec.of(config), schema, site=True)
     if opts.n_clients is None and config.profile.get("secure_aggregation"):
         log.warn(f"no --clients pinned: this site takes the server's word that the job has "
                  f"{config.n_clients} clients")

@@ -135,7 +135,7 @@ class _EstimatorRows:
         from ._schema_tables import feature_cells
         from .schema import Schema
 
-        return feature_cells(Schema.from_dict(model.schema), path)
+        return feature_cells(Schema.from_dict(model.schema, stored=True), path)
 
     def _validate_X_predict(self, X: Any) -> np.ndarray:
         """``X`` checked against the fit. A table with named columns is matched to

@@ -79,7 +79,7 @@ def check_schema(model: ForestModel) -> None:
     if model.schema is None:
         return
     try:
-        schema = Schema.from_dict(model.schema)
+        schema = Schema.from_dict(model.schema, stored=True)
     except SchemaError as exc:
         raise ValueError(str(exc)) from None
     names = schema.feature_names

@@ -460,7 +460,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
                                         sample_weight=sample_weight))
         from .schema import Schema
 
-        schema = Schema.from_dict(self.model_.schema)
+        schema = Schema.from_dict(self.model_.schema, stored=True)
         codes = schema.encode_target(y)  # indices into the schema's classes
         labels = np.asarray(schema.target.classes, dtype=object)[codes]
         return float(accuracy_score(labels.astype(str),

@@ -218,16 +218,18 @@ class ForestModel:
             return {}
         from .schema import Schema
 
-        schema = Schema.from_dict(self.schema)
+        schema = Schema.from_dict(self.schema, stored=True)
         return {i: name for i, (name, kind) in
                 enumerate(zip(schema.feature_names, schema.feature_kinds, strict=True))
                 if kind == "categorical"}
 
     # ------------------------------------------------------------------ a job's model
     def for_job(self, schema_text: str | None, clients: Sequence[str]) -> ForestModel:
-        """This forest with the job's schema (TOML or JSON text; anything that is not a schema,
-        such as a job's ``[data]`` facts, adds none) and its sites' names: the model file the
-        server stores and the audit log's digest covers."""
+        """This forest with the job's schema (its schema file's TOML or JSON text, read as
+        stored: :meth:`Schema.from_dict`; a job's ``[data]`` facts, JSON without ``features``
+        and ``target``, or None add none) and its sites' names: the model file the server
+        stores and the audit log's digest covers. Raises SchemaError for text that is no TOML
+        or JSON, a schema that is not valid or has another number of features."""
         from .schema import Schema
 
         schema = None
@@ -235,9 +237,10 @@ class ForestModel:
             try:
                 raw = (json.loads(schema_text) if schema_text.lstrip().startswith("{")
                        else tomllib.loads(schema_text))
-                schema = Schema.from_dict(raw)
-            except (ValueError, tomllib.TOMLDecodeError):
-                schema = None
+            except ValueError as exc:  # tomllib.TOMLDecodeError too
+                raise SchemaError(f"cannot parse the job's schema: {exc}") from None
+            if isinstance(raw, dict) and ("features" in raw or "target" in raw):
+                schema = Schema.from_dict(raw, stored=True)
         if schema is not None and schema.n_features != self.n_features:
             raise SchemaError(f"the schema has {schema.n_features} features, the forest "
                               f"{self.n_features}")
@@ -308,7 +311,7 @@ class ForestModel:
                                     for c in columns]).reshape(-1, self.n_features)
         from .schema import Schema
 
-        schema = Schema.from_dict(self.schema)
+        schema = Schema.from_dict(self.schema, stored=True)
         n = len(next(iter(columns.values()))) if columns else 0
         if n == 0:
             return np.empty((0, self.n_features))

@@ -45,7 +45,14 @@ from typing import Any, Literal
 import numpy as np
 import tomli_w
 from numpy.typing import ArrayLike, NDArray
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from . import _schema_tables
 from ._cells import _Column
@@ -62,6 +69,12 @@ from .errors import SchemaError
 from .files import write_atomic
 
 __all__ = ["Feature", "Schema", "Target"]
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Whether the schema validated is one a model or a job already carries
+    (:meth:`Schema.from_dict`'s ``stored``)."""
+    return isinstance(info.context, Mapping) and bool(info.context.get("stored"))
 
 
 class Feature(BaseModel):
@@ -101,9 +114,9 @@ class Feature(BaseModel):
 
     @field_validator("levels")
     @classmethod
-    def _levels(cls, v: list[str] | None) -> list[str] | None:
+    def _levels(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         if v is not None:
-            _check_labels(v, "levels")
+            _check_labels(v, "levels", stored=_stored(info))
         return v
 
     @model_validator(mode="after")
@@ -146,9 +159,9 @@ class Target(BaseModel):
 
     @field_validator("classes")
     @classmethod
-    def _classes(cls, v: list[str] | None) -> list[str] | None:
+    def _classes(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         if v is not None:
-            _check_labels(v, "classes")
+            _check_labels(v, "classes", stored=_stored(info))
         return v
 
     @model_validator(mode="after")
@@ -201,9 +214,17 @@ class Schema(BaseModel):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str | Path | None = None) -> Schema:
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | Path | None = None,
+                  stored: bool = False) -> Schema:
         """Validate a schema given as a mapping; ``source`` (a file the mapping was read
         from) is named in the errors.
+
+        ``stored``: the schema a model file or a stored job carries, validated when it was
+        written. It is read as written, also where its levels or classes list one number
+        twice (``"1"`` and ``"1.0"``, allowed before such schemas were refused): the model
+        was trained and scores on those labels (a cell matches a label's exact text first),
+        and its bytes are what the audit log's digest covers. A schema written or adopted
+        now (a schema file, a job's schema, a draft) lists each number once.
 
         Raises
         ------
@@ -214,7 +235,7 @@ class Schema(BaseModel):
         if not isinstance(data, Mapping):
             raise SchemaError(f"{what}: a schema must be a mapping, got {type(data).__name__}")
         try:
-            return cls.model_validate(dict(data))
+            return cls.model_validate(dict(data), context={"stored": stored})
         except ValidationError as exc:
             raise SchemaError(f"{what}: {_format_error(exc, data, Schema)}") from None
 

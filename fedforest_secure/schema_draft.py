@@ -36,6 +36,7 @@ from ._cells import (
     _number,
     header_cells,
 )
+from ._schema_checks import _numeric_key
 from .errors import SchemaError
 from .name_lists import comma_hint, name_arg
 from .printable import printable
@@ -127,9 +128,11 @@ class _Column:
         return "continuous", []
 
     def levels(self) -> list[str]:
-        """Every present value as a label (numbers in canonical form: ``1.0`` is ``"1"``)."""
+        """Every present value as a label, numbers in canonical form (``1.0`` is ``"1"``,
+        ``Infinity`` is ``"inf"``): a cell matches a label by its number, so a column holding
+        one number spelled two ways has one level for it (a schema lists each number once)."""
         labels = {_canon(v) for v in self.numbers.values()}
-        labels |= {_canon(self.cells[i]) for i in self.text}
+        labels |= {_numeric_key(self.cells[i]) or _canon(self.cells[i]) for i in self.text}
         return sorted(labels, key=_label_sort_key)
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedforest_secure.config import JobConfig
 from fedforest_secure.evaluation.spec import EvalSpec, EvaluationError
+from fedforest_secure.evaluation.trained_schema import check_model_schemas
 from fedforest_secure.model import model_text
 from fedforest_secure.schema import Schema
 
@@ -111,7 +112,9 @@ def _target_range(schema: Schema | None) -> tuple[float, float] | None:
 def evaluation_of(kind: str, params: EvaluationParams | None, schema: Schema | None,
                   facts: dict[str, Any]) -> dict[str, Any] | None:
     """``JobConfig.evaluation`` of a job: None for a training job, else the validated spec
-    (its models checked against the schema's task, features and classes)."""
+    (its models checked against the schema's task, features and classes, and a model that
+    carries its training schema against the job's schema: the levels, kinds and classes the
+    sites encode their rows with)."""
     if kind != "evaluate":
         if params is not None:
             raise ConfigError('an [evaluation] table needs kind = "evaluate"')
@@ -128,6 +131,7 @@ def evaluation_of(kind: str, params: EvaluationParams | None, schema: Schema | N
                           int(facts.get("n_classes", 0)))
         if schema is not None:
             _check_names(spec, schema)
+            check_model_schemas(spec, schema)
     except EvaluationError as exc:
         raise ConfigError(f"evaluation: {exc}") from None
     return spec.to_dict()

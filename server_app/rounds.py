@@ -31,6 +31,7 @@ from fedforest_secure.errors import (
     InvalidMessage,
     OverflowRisk,
     ProtocolError,
+    SchemaError,
     SumOutOfRange,
 )
 from fedforest_secure.model import ForestModel
@@ -437,8 +438,13 @@ class RoundDriver:
             # audit log's digest is of these bytes
             result = coord.result()
             schema = stored_schema_text(job.spec_json)
-            text = (result.for_job(schema, [rt.names[k] for k in sorted(rt.names)])
-                    if isinstance(result, ForestModel) else result).to_json()
+            try:
+                text = (result.for_job(schema, [rt.names[k] for k in sorted(rt.names)])
+                        if isinstance(result, ForestModel) else result).to_json()
+            except SchemaError as exc:  # the job's stored schema: no model without it
+                self.fail(sess, job, f"training finished, but the model cannot carry the "
+                          f"job's schema ({exc}); no model was stored", None, rt)
+                return
             job.model_json = text
             job.model_digest = hashlib.sha256(text.encode()).hexdigest()
             job.status = JobStatus.DONE

@@ -92,6 +92,26 @@ def test_invalid_schema_names_the_field(path: tuple[Any, ...], value: Any, needl
     assert isinstance(exc.value, ValueError)
 
 
+def test_levels_or_classes_that_are_the_same_number_are_refused() -> None:
+    """A cell matches a label by its number (1.0 is the level "1"), so "1" and "1.0" listed
+    both would give sites writing 1 and 1.0 two codes for one category."""
+    levels = ["1", "2", "3", "1.0", "2.0", "3.0"]  # two sites' lists, joined by hand
+    with pytest.raises(SchemaError) as exc:
+        Schema.from_dict(_with(("features", 1, "levels"), levels))
+    assert str(exc.value) == (
+        "invalid schema: features[1] ('sex').levels: levels '1' and '1.0' are the same "
+        "number: sites that write it as 1 and as 1.0 would give one category two codes (a "
+        "cell matches a label by its number); list each number once")
+    with pytest.raises(SchemaError) as exc:
+        Schema.from_dict(_with(("target", "classes"), ["0", "1", "01"], CLF))
+    assert str(exc.value) == (
+        "invalid schema: target.classes: classes '1' and '01' are the same number: sites "
+        "that write it as 1 and as 01 would give one class two codes (a cell matches a label "
+        "by its number); list each number once")
+    kept = Schema.from_dict(_with(("features", 1, "levels"), ["1", "1.5", "10", "a1"]))
+    assert kept.n_levels == [0, 4, 0]
+
+
 def test_categorical_needs_levels_and_classification_needs_classes() -> None:
     data = _with(("features", 1, "levels"), None)
     with pytest.raises(SchemaError, match="needs levels"):

@@ -344,3 +344,17 @@ def test_a_name_with_a_line_break_gives_a_draft_that_reads_back(
     assert schema.target.name == "outcome"
     shown = file.replace("\n", "\\n")
     assert draft.text.startswith(f"# Draft schema from {shown} ")
+
+
+def test_one_number_spelled_two_ways_is_drafted_as_one_level(tmp_path: Path) -> None:
+    """A cell matches a label by its number, so "inf" and "Infinity" (or "1" and "1.0") are
+    one level, written once, in the form a schema file may list."""
+    csv = tmp_path / "site.csv"
+    csv.write_text("y,dose,grade\n0,inf,1\n1,Infinity,1.0\n0,2,2\n1,-inf,2\n")
+    text = draft_schema(read_raw(csv), "y", categorical=["dose"]).text
+    assert 'levels = ["-inf", "2", "inf"]' in text
+    assert 'levels = ["1", "2"]' in text
+    out = tmp_path / "schema.toml"
+    out.write_text(text)
+    schema = Schema.load(out)
+    assert schema.features[0].levels == ["-inf", "2", "inf"]

@@ -9,6 +9,7 @@ profile, abstention, the audit log), and the server computes the metrics from th
 Modules, site side to server side:
 
 * :mod:`.spec` -- :class:`EvalSpec`: the models (their files' text) and the bins;
+* :mod:`.trained_schema` -- a model's own schema against the job's (the codes it is scored on);
 * :mod:`.layout` -- the statistics blocks and their per-record sensitivities;
 * :mod:`.stats` -- one site's sums (site side);
 * :mod:`.encoding` -- sums as exact integers (limbs), or coarse integers under DP;
