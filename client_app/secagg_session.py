@@ -124,8 +124,9 @@ def check_own_certificate(cert: Path, job: str) -> None:
             f"--cert {cert} is not a site's certificate ({unfit}): every other site of secure "
             f"job {job} would refuse this site's identity at the job's first round, and the "
             f"job would fail. {SITE_CERTIFICATE[0].upper()}{SITE_CERTIFICATE[1:]}: start the "
-            "client with this site's own certificate and key (ask the federation's "
-            "coordinator for them). This site has not joined the job")
+            "client with this site's own certificate and key (the key this site made with "
+            "`fedforest pki request`, the certificate `fedforest pki sign` gave for it where the "
+            "federation's CA is kept). This site has not joined the job")
 
 
 def check_federation_ca(ca: Path, job: str) -> None:
@@ -169,9 +170,10 @@ def join_body(state: ClientState, job: str, cert: Path | None, key: Path | None,
                 f"{given} cannot certify this site's identity key for secure job {job} "
                 f"({exc}): a site of a secure job signs its identity with its certificate's EC "
                 "private key (in --key, or in the --cert file), and the certificate names the "
-                "site in exactly one common name, as those `fedforest pki issue` writes: start "
-                "the client with this site's own certificate and key (ask the federation's "
-                "coordinator for them). This site has not joined the job") from None
+                "site in exactly one common name, as those `fedforest pki sign` writes: start "
+                "the client with this site's own certificate and key (the key this site made "
+                "with `fedforest pki request`, the certificate signed for it). This site has "
+                "not joined the job") from None
     return JoinBody(identity_key=identity.hex(),
                     identity_cert=certification).model_dump(exclude_none=True)
 

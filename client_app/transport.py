@@ -411,10 +411,11 @@ class Transport:
         if self.cert is None:
             return (f"{self.base_url} refuses the connection{said}: the server requires a "
                     "client certificate (mutual TLS). Pass --cert client.pem --key "
-                    "client.key (from the federation's `fedforest pki init`)")
+                    "client.key (this site's key from `fedforest pki request` and the "
+                    "certificate `fedforest pki sign` gave for it)")
         check = ("Is it signed by a CA the server does not trust (its [tls] client_ca), "
                  "revoked, expired, or not valid yet on the server's clock? Check that --cert "
-                 "and --key are the pair the federation's coordinator issued for this site, "
+                 "and --key are this site's key and the certificate signed for it, "
                  "and that the CA that signed it is the server's client_ca (`openssl verify "
                  f"-CAfile <that CA> {self.cert}`); the server's operator can tell which CA it "
                  f"trusts{clocks}")

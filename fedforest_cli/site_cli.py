@@ -249,7 +249,7 @@ def _holds_arrays(body: bytes) -> bool:
     for line in body.splitlines():
         try:
             doc = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # not for this message to judge: `audit verify` names a damaged line
         if isinstance(doc, dict) and "data" not in doc:
             return False

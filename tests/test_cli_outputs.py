@@ -314,3 +314,15 @@ def test_server_status_with_a_bare_path_as_database_says_to_write_a_url(tmp_path
     config.write_text('database = "server.db"\n')
     code, out = _invoke("server", "status", "--config", str(config))
     assert code == 2 and "malformed database URL" in out and "no database at" not in out, out
+
+
+def test_a_downloaded_audit_line_nested_too_deeply_is_left_to_audit_verify() -> None:
+    """`fedforest audit download` looks at what it wrote: a line a server nested 200,000 deep
+    is passed over as any unreadable line is (`audit verify` names it), not a RecursionError
+    traceback."""
+    from fedforest_cli.site_cli import _holds_arrays
+
+    nested = b"[" * 200_000 + b"\n"
+    entry = b'{"seq": 1}\n'  # an entry without its arrays
+    assert _holds_arrays(nested) is _holds_arrays(b"not json\n") is True
+    assert _holds_arrays(nested + entry) is False

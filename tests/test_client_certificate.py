@@ -136,8 +136,10 @@ def test_a_site_whose_certificate_is_not_a_sites_does_not_join_a_secure_job(
         f"{JOB} would refuse this site's identity at the job's first round, and the job would "
         "fail. A site certifies its identity with its own client certificate, whose extended "
         "key usage holds clientAuth and not the operator purpose, as those `fedforest pki "
-        "issue` writes without --operator do: start the client with this site's own "
-        "certificate and key (ask the federation's coordinator for them). This site has not "
+        "sign` (and `pki issue` without --operator) write: start the client with this site's own "
+        "certificate and key (the key this site made with `fedforest pki request`, the "
+        "certificate `fedforest pki sign` gave for it where the federation's CA is kept). "
+        "This site has not "
         "joined the job")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
     assert not (tmp_path / "state" / f"identity-{JOB}.ed25519").exists()
@@ -233,9 +235,10 @@ def test_a_certificate_and_key_that_cannot_certify_stop_a_secure_join_naming_cer
         f"{given.format(d=certs)} cannot certify this site's identity key for secure job "
         f"{JOB} ({why.format(d=certs)}): a site of a secure job signs its identity with its "
         "certificate's EC private key (in --key, or in the --cert file), and the certificate "
-        "names the site in exactly one common name, as those `fedforest pki issue` writes: "
-        "start the client with this site's own certificate and key (ask the federation's "
-        "coordinator for them). This site has not joined the job")
+        "names the site in exactly one common name, as those `fedforest pki sign` writes: "
+        "start the client with this site's own certificate and key (the key this site made "
+        "with `fedforest pki request`, the certificate signed for it). This site has not "
+        "joined the job")
     assert tr.sent == [("GET", f"/v1/jobs/{JOB}/offer")]
 
 

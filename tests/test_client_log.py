@@ -249,8 +249,8 @@ def test_a_client_certificate_not_valid_yet_on_the_servers_clock_names_the_clock
     end = made.cert.not_valid_after_utc
     assert str(err.value).endswith(
         "Is it signed by a CA the server does not trust (its [tls] client_ca), revoked, "
-        "expired, or not valid yet on the server's clock? Check that --cert and --key are the "
-        "pair the federation's coordinator issued for this site, and that the CA that signed "
+        "expired, or not valid yet on the server's clock? Check that --cert and --key are "
+        "this site's key and the certificate signed for it, and that the CA that signed "
         f"it is the server's client_ca (`openssl verify -CAfile <that CA> {tmp_path / 'c.pem'}`)"
         "; the server's operator can tell which CA it trusts. This certificate is valid from "
         f"{start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock "

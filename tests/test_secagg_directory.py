@@ -87,7 +87,7 @@ def test_the_server_cannot_certify_an_identity_with_its_own_tls_certificate(
         "directory entry 2 ('localhost'): not a site's certificate (its extended key usage "
         "holds serverAuth, no clientAuth); a site certifies its identity with its own client "
         "certificate, whose extended key usage holds clientAuth and not the operator purpose, "
-        "as those `fedforest pki issue` writes without --operator do")
+        "as those `fedforest pki sign` (and `pki issue` without --operator) write")
     assert exc.value.peer == 2
 
 
@@ -316,8 +316,8 @@ def test_a_site_whose_own_certificate_has_no_client_auth_is_told_so(
         "this site's own identity in job job-d does not check: directory entry 0 ('client-0'): "
         "not a site's certificate (it has no extended key usage); a site certifies its "
         "identity with its own client certificate, whose extended key usage holds clientAuth "
-        "and not the operator purpose, as those `fedforest pki issue` writes without "
-        "--operator do (--cert)")
+        "and not the operator purpose, as those `fedforest pki sign` (and `pki issue` without "
+        "--operator) write (--cert)")
 
 
 def _operator_directory(root: Path, n_sites: int) -> tuple[dict[int, bytes],
@@ -356,7 +356,8 @@ def test_the_operator_certificate_of_the_documented_flow_certifies_no_identity(
         "its extended key usage holds the FedForest operator purpose "
         "2.25.261349397304297363440624600421328525869.1); a site certifies its identity with "
         "its own client certificate, whose extended key usage holds clientAuth and not the "
-        "operator purpose, as those `fedforest pki issue` writes without --operator do")
+        "operator purpose, as those `fedforest pki sign` (and `pki issue` without --operator) "
+        "write")
     assert exc.value.peer == 2
 
 

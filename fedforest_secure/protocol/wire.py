@@ -79,7 +79,7 @@ class Block:
     @property
     def size(self) -> int:
         # Python's product (exact, and much cheaper on a short tuple than numpy's); past
-        # int64 numpy's wrapped product, as always
+        # int64 numpy's wrapped product
         n = math.prod(map(int, self.shape))
         return n if n < 1 << 63 else int(np.prod(self.shape, dtype=np.int64))
 

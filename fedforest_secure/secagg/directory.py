@@ -44,7 +44,7 @@ __all__ = ["NOT_YET_VALID_LEEWAY", "SITE_CERTIFICATE", "Certification", "certifi
 #: What certifies a site's identity, as a refusal of another certificate says it.
 SITE_CERTIFICATE = ("a site certifies its identity with its own client certificate, whose "
                     "extended key usage holds clientAuth and not the operator purpose, as "
-                    "those `fedforest pki issue` writes without --operator do")
+                    "those `fedforest pki sign` (and `pki issue` without --operator) write")
 
 #: how long before its start a peer's certificate is accepted. A certificate that is not valid
 #: yet on this machine's clock says that this clock is behind the CA's (which backdates its
