@@ -235,8 +235,8 @@ def test_a_client_certificate_not_valid_yet_on_the_servers_clock_names_the_clock
 
     monkeypatch.setattr(pem_files, "_dt", types.SimpleNamespace(
         datetime=Here, UTC=dt.UTC, timedelta=dt.timedelta))
-    import client_app.transport as transport
-    monkeypatch.setattr(transport, "_utcnow", lambda: here, raising=False)
+    import client_app.tls_files as tls_files
+    monkeypatch.setattr(tls_files, "_utcnow", lambda: here)
     made = issue_certificate(load_ca(dev_pki.ca_cert, dev_pki.ca_key),
                              "client-0", server=False, now=here)
     made.write(tmp_path / "c.pem", tmp_path / "c.key")
@@ -453,14 +453,14 @@ def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settle
     for months: nothing is added (the clocks are not the likely cause)."""
     import datetime as dt
 
-    import client_app.transport as transport
+    import client_app.tls_files as tls_files
     from fedforest_secure.pki import load_certificate
 
     cert = load_certificate(dev_pki.client_certs[0])
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
     near_end = end - dt.timedelta(minutes=20, seconds=30)
-    monkeypatch.setattr(transport, "_utcnow", lambda: near_end)
-    assert transport._clock_hint(dev_pki.client_certs[0]) == (
+    monkeypatch.setattr(tls_files, "_utcnow", lambda: near_end)
+    assert tls_files.clock_hint(dev_pki.client_certs[0]) == (
         f". This certificate is valid from {start:%Y-%m-%d %H:%M:%S} to "
         f"{end:%Y-%m-%d %H:%M:%S} UTC, and this machine's clock says "
         f"{near_end:%Y-%m-%d %H:%M:%S} UTC: a server whose clock is more than 20 min ahead of "
@@ -469,8 +469,8 @@ def test_the_clock_hint_names_an_expiry_within_the_hour_and_nothing_for_a_settle
         "directory>`, signed where the CA is kept, `fedforest pki sign --csr client-0.csr "
         "--ca-dir <CA directory> --renew`), and compare the server's clock with this "
         "machine's (NTP)")
-    monkeypatch.setattr(transport, "_utcnow", lambda: start + dt.timedelta(days=1))
-    assert transport._clock_hint(dev_pki.client_certs[0]) == ""
+    monkeypatch.setattr(tls_files, "_utcnow", lambda: start + dt.timedelta(days=1))
+    assert tls_files.clock_hint(dev_pki.client_certs[0]) == ""
 
 
 class _FullDisk(io.StringIO):
