@@ -251,32 +251,32 @@ def _roster(chain: Mapping[int, Entry], covered: int) -> set[str]:
     return out
 
 
-def _dropped_before_uploading(chain: Mapping[int, Entry]) -> dict[str, int]:
-    """The sites a chain records as dropped that no ``round`` entry lists as uploading, with
-    the seq of the drop."""
-    listed: set[str] = set()
-    for e in chain.values():
-        try:
-            if e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
-                listed.update(str(c) for c in e.payload["clients"])
-        except ValueError:  # unreadable: named by the chain's own check
-            continue
-    return {s: seq for s, seq in _dropped_at(chain).items() if s not in listed}
-
-
-def _took_part(chain: Mapping[int, Entry]) -> set[str]:
-    """The sites the chain says joined the job or took part in a round (a site invited that
-    never joined has no part to vouch for)."""
+def _sites_of(chain: Mapping[int, Entry], *, joined: bool) -> set[str]:
+    """The sites ``round`` entries list as uploading, and with ``joined`` those of
+    ``client_joined`` entries too."""
     out: set[str] = set()
     for e in chain.values():
         try:
-            if e.kind == EntryKind.CLIENT_JOINED.value:
+            if joined and e.kind == EntryKind.CLIENT_JOINED.value:
                 out.add(str(e.payload.get("client")))
             elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
                 out.update(str(c) for c in e.payload["clients"])
         except ValueError:  # unreadable: named by the chain's own check
             continue
     return out
+
+
+def _dropped_before_uploading(chain: Mapping[int, Entry]) -> dict[str, int]:
+    """The sites a chain records as dropped that no ``round`` entry lists as uploading, with
+    the seq of the drop."""
+    listed = _sites_of(chain, joined=False)
+    return {s: seq for s, seq in _dropped_at(chain).items() if s not in listed}
+
+
+def _took_part(chain: Mapping[int, Entry]) -> set[str]:
+    """The sites the chain says joined the job or took part in a round (a site invited that
+    never joined has no part to vouch for)."""
+    return _sites_of(chain, joined=True)
 
 
 def _last(chain: Mapping[int, Entry], kind: EntryKind) -> Entry | None:
