@@ -674,3 +674,26 @@ def test_a_next_advert_riding_on_another_clients_message_is_refused(carrier: str
         with pytest.raises(InvalidMessage, match=refused):
             server.receive_unmask(response)
     assert 2 not in server.next_adverts
+
+
+def test_a_kept_signature_verdict_holds_only_for_the_same_key_payload_and_signature() -> None:
+    """Verdicts of Ed25519 checks are kept for repeats (several clients in one process check
+    the same adverts), keyed by all three byte strings: a signature checked good for one
+    payload, key or form is refused for another, and a bad one stays bad when asked again."""
+    from nacl.signing import SigningKey
+
+    from fedforest_secure.secagg._verify import survivor_signature_ok
+
+    key, other = SigningKey.generate(), SigningKey.generate()
+    directory = {0: bytes(key.verify_key), 1: bytes(other.verify_key)}
+    payload = b"survivors of round 3: 0, 1, 2"
+    sig = key.sign(payload).signature
+    assert survivor_signature_ok(directory, 0, sig, payload)
+    assert survivor_signature_ok(directory, 0, sig, payload)  # kept: the same verdict
+    assert not survivor_signature_ok(directory, 0, sig, payload + b", 3")
+    assert not survivor_signature_ok(directory, 1, sig, payload)
+    flipped = bytes([sig[0] ^ 1]) + sig[1:]
+    for _ in range(2):
+        assert not survivor_signature_ok(directory, 0, flipped, payload)
+    assert not survivor_signature_ok(directory, 0, bytearray(flipped), payload)
+    assert survivor_signature_ok(directory, 0, sig, payload)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 from nacl.exceptions import BadSignatureError
@@ -24,10 +25,8 @@ def verify_advert(advert: object, directory: Mapping[int, bytes], job_id: str,
         raise InvalidMessage("key advertisement from an unknown client")
     payload = advert_payload(advert.job_id, advert.round_id, advert.client_id, advert.enc_key,
                              advert.mask_key, advert.self_mask_commit)
-    try:
-        VerifyKey(identity).verify(payload, advert.signature)
-    except (BadSignatureError, ValueError, TypeError) as exc:
-        raise InvalidMessage("bad key advertisement signature") from exc
+    if not _signed(identity, payload, advert.signature):
+        raise InvalidMessage("bad key advertisement signature")
     return advert
 
 
@@ -45,8 +44,28 @@ def survivor_signature_ok(directory: Mapping[int, bytes], signer: int, signature
     identity = directory.get(signer)
     if identity is None:
         return False
+    return _signed(identity, payload, signature)
+
+
+def _signed(identity: object, payload: object, signature: object) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``payload`` by the key ``identity``.
+    The verdict of the same three byte strings is kept (:func:`_ed25519_ok`): it is the same
+    whoever asks, and a run of several clients in one process checks each advert and survivor
+    signature once for all of them, not once per client."""
+    if isinstance(identity, bytes) and isinstance(payload, bytes) \
+            and isinstance(signature, bytes):
+        return _ed25519_ok(identity, payload, signature)
+    return _ed25519_check(identity, payload, signature)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ed25519_ok(identity: bytes, payload: bytes, signature: bytes) -> bool:
+    return _ed25519_check(identity, payload, signature)
+
+
+def _ed25519_check(identity: object, payload: object, signature: object) -> bool:
     try:
-        VerifyKey(identity).verify(payload, signature)
+        VerifyKey(identity).verify(payload, signature)  # type: ignore[arg-type]
     except (BadSignatureError, ValueError, TypeError):
         return False
     return True
