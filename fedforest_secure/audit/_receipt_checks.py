@@ -233,34 +233,31 @@ def _roster(chain: Mapping[int, Entry], covered: int) -> set[str]:
     ``clients`` of its ``job_created`` entry (a server logs them), the sites that joined, were
     dropped or took part in a round. An entry after ``covered`` is the server's word only (a
     site it says joined late could be one of its own)."""
+    return _sites_of(chain, _ROSTER_KINDS, covered)
+
+
+_ROSTER_KINDS = frozenset({EntryKind.JOB_CREATED.value, EntryKind.CLIENT_JOINED.value,
+                           EntryKind.CLIENT_DROPPED.value, EntryKind.ROUND.value})
+_LISTING = frozenset({EntryKind.JOB_CREATED.value, EntryKind.ROUND.value})  # "clients": [...]
+
+
+def _sites_of(chain: Mapping[int, Entry], kinds: frozenset[str],
+              covered: int | None = None) -> set[str]:
+    """The sites the entries of ``kinds`` name (up to seq ``covered`` if given): the
+    ``clients`` a ``job_created`` or ``round`` entry lists, the ``client`` of another."""
     out: set[str] = set()
     for e in chain.values():
-        if e.seq > covered:
+        if covered is not None and e.seq > covered:
             continue
         try:
-            if e.kind == EntryKind.JOB_CREATED.value:
+            if e.kind not in kinds:
+                continue
+            if e.kind in _LISTING:
                 listed = e.payload.get("clients")
                 if isinstance(listed, list):
                     out.update(str(c) for c in listed)
-            elif e.kind in (EntryKind.CLIENT_JOINED.value, EntryKind.CLIENT_DROPPED.value):
+            else:
                 out.add(str(e.payload.get("client")))
-            elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
-                out.update(str(c) for c in e.payload["clients"])
-        except ValueError:  # unreadable: named by the chain's own check
-            continue
-    return out
-
-
-def _sites_of(chain: Mapping[int, Entry], *, joined: bool) -> set[str]:
-    """The sites ``round`` entries list as uploading, and with ``joined`` those of
-    ``client_joined`` entries too."""
-    out: set[str] = set()
-    for e in chain.values():
-        try:
-            if joined and e.kind == EntryKind.CLIENT_JOINED.value:
-                out.add(str(e.payload.get("client")))
-            elif e.kind == EntryKind.ROUND.value and isinstance(e.payload.get("clients"), list):
-                out.update(str(c) for c in e.payload["clients"])
         except ValueError:  # unreadable: named by the chain's own check
             continue
     return out
@@ -269,14 +266,15 @@ def _sites_of(chain: Mapping[int, Entry], *, joined: bool) -> set[str]:
 def _dropped_before_uploading(chain: Mapping[int, Entry]) -> dict[str, int]:
     """The sites a chain records as dropped that no ``round`` entry lists as uploading, with
     the seq of the drop."""
-    listed = _sites_of(chain, joined=False)
+    listed = _sites_of(chain, frozenset({EntryKind.ROUND.value}))
     return {s: seq for s, seq in _dropped_at(chain).items() if s not in listed}
 
 
 def _took_part(chain: Mapping[int, Entry]) -> set[str]:
     """The sites the chain says joined the job or took part in a round (a site invited that
     never joined has no part to vouch for)."""
-    return _sites_of(chain, joined=True)
+    return _sites_of(chain, frozenset({EntryKind.CLIENT_JOINED.value,
+                                      EntryKind.ROUND.value}))
 
 
 def _last(chain: Mapping[int, Entry], kind: EntryKind) -> Entry | None:
