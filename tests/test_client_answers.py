@@ -12,12 +12,12 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from in_thread import in_thread
 
 from client_app import answers, transport
 from client_app.answers import JSON_MAX, AnswerTooLarge
@@ -91,22 +91,7 @@ def _body(data: bytes, status: str = "200 OK", **headers: str | int) -> Answer:
 
 
 def _in_thread(fn: Callable[[], Any], limit: float = HUNG) -> dict[str, Any]:
-    """``fn()`` in a thread, waited for ``limit`` seconds: ``{"value": ...}`` or ``{"error":
-    ...}`` (nothing if it had not returned by then), and ``took``."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except Exception as exc:  # what the test looks at
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    started = time.monotonic()
-    thread.start()
-    thread.join(limit)
-    out["took"] = time.monotonic() - started
-    return out
+    return in_thread(fn, limit)
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
+from in_thread import in_thread
 
 from client_app import transport
 from client_app.transport import ServerUnreachable, Transport
@@ -112,23 +112,6 @@ def _serve(plan: list[str | float]) -> Iterator[_Server]:
         server.close()
 
 
-def _in_thread(fn: Any, limit: float) -> dict[str, Any]:
-    """``fn()`` in a thread, waited for ``limit`` seconds: ``{"value": ...}``, ``{"error":
-    ...}``, or ``{}`` if it had not returned by then."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except Exception as exc:  # what the test looks at
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    started = time.monotonic()
-    thread.start()
-    thread.join(limit)
-    out["took"] = time.monotonic() - started
-    return out
 
 
 def test_a_request_whose_connection_goes_silent_is_sent_again_after_its_long_poll_and_margin(
@@ -140,7 +123,7 @@ def test_a_request_whose_connection_goes_silent_is_sent_again_after_its_long_pol
     with _serve(["silent"]) as server:
         tr = Transport(server.url, "t", None, insecure_dev=True, on_wait=told.append)
         try:
-            out = _in_thread(lambda: tr.request("GET", "/v1/jobs/job-a/task",
+            out = in_thread(lambda: tr.request("GET", "/v1/jobs/job-a/task",
                                                 params={"wait": 1.0}), 15.0)
         finally:
             tr.close()
@@ -157,7 +140,7 @@ def test_a_long_poll_answered_within_its_wait_and_margin_is_sent_once(margin: fl
     with _serve([1.0 + LATE]) as server:
         tr = Transport(server.url, "t", None, insecure_dev=True)
         try:
-            out = _in_thread(lambda: tr.request("GET", "/v1/jobs/job-a/secagg",
+            out = in_thread(lambda: tr.request("GET", "/v1/jobs/job-a/secagg",
                                                 params={"wait": 1.0}), 15.0)
         finally:
             tr.close()
@@ -171,7 +154,7 @@ def test_a_step_post_waits_for_its_next_step_and_the_margin(margin: float) -> No
     with _serve([1.0 + LATE]) as server:
         tr = Transport(server.url, "t", None, insecure_dev=True, step_wait=1.0)
         try:
-            out = _in_thread(lambda: tr.request(
+            out = in_thread(lambda: tr.request(
                 "POST", "/v1/jobs/job-a/rounds/2/secagg/shares", content=b"{}",
                 content_type="application/json"), 15.0)
         finally:
@@ -189,7 +172,7 @@ def test_a_request_never_answered_says_its_connection_went_silent_and_how_often_
     with _serve(["silent"] * 10) as server:
         tr = Transport(server.url, "t", None, insecure_dev=True, retry_budget_s=5.0)
         try:
-            out = _in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
+            out = in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
                                                 content=b"x"), 15.0)
         finally:
             tr.close()
@@ -214,7 +197,7 @@ def test_a_body_the_connection_stops_taking_ends_its_attempt_and_the_error_says_
     with _serve(["silent"] * 10) as server:
         tr = Transport(server.url, "t", None, insecure_dev=True, retry_budget_s=1.0)
         try:
-            out = _in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
+            out = in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
                                                 content=bytes(32 << 20)), 15.0)
         finally:
             tr.close()
@@ -294,7 +277,7 @@ def test_an_upload_over_a_slow_link_is_never_cut_while_its_body_moves(dev_pki: D
     tr = Transport(server.url, "t", dev_pki.ca_cert, retry_budget_s=2.0, answer_margin_s=2.0,
                    min_send_rate=RATE / 4)
     try:
-        out = _in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
+        out = in_thread(lambda: tr.request("POST", "/v1/jobs/job-a/rounds/2/upload",
                                             content=b"x" * BODY), 20.0)
     finally:
         tr.close()
