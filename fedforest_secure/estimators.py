@@ -40,11 +40,14 @@ shared parameters, with these federated defaults:
   is then that record's target). The profile's ``abstain_below`` counts a client's distinct
   rows (docs/privacy.md, section 2.2).
 * ``max_features``: scikit-learn's values (an int, a fraction, "sqrt", "log2", None for all);
-  default "sqrt" (classifier) and the paper's 1/3 (regressor). Each node draws exactly that
-  many features; where every drawn feature is constant on the node's rows, the node becomes a
-  leaf (scikit-learn draws further features). On binary or one-hot features, which are
-  constant below a split on them, this stops many branches early: give such data a larger
-  ``max_features``.
+  default "sqrt" (classifier) and the paper's 1/3 (regressor). Under a DP profile the default
+  takes the allocation rule's value, as a job file without ``max_features`` does (random
+  splits: 1; greedy methods: ``max(1, d // 10)`` for classification, ``min(2, d)`` for
+  regression, the count the rule chose the depth for); any other value is kept. Each node
+  draws exactly that many features; where every drawn feature is constant on the node's rows,
+  the node becomes a leaf (scikit-learn draws further features). On binary or one-hot
+  features, which are constant below a split on them, this stops many branches early: give
+  such data a larger ``max_features``.
 * ``sample_weight``: non-negative integer frequency weights (a row of weight 3 counts as three
   rows; under DP only 0 and 1).
 * ``X`` may hold missing values (NaN): every split learns where they go (see
@@ -145,6 +148,8 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
     (``_estimator_structure``), and ``save`` / ``load`` (``_estimator_files``)."""
 
     _task: ClassVar[str] = "regression"
+    #: ``max_features``'s default: under a DP profile it takes the allocation rule's value
+    _DEFAULT_MAX_FEATURES: ClassVar[Any] = 1 / 3
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "n_estimators": [Interval(Integral, 1, None, closed="left"), None],
@@ -167,7 +172,8 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
 
     def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
-                 min_impurity_decrease: float = 0.0, max_features: Any = 1 / 3,
+                 min_impurity_decrease: float = 0.0,
+                 max_features: Any = _DEFAULT_MAX_FEATURES,
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str | None = None, top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",
@@ -199,8 +205,9 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
 
     def _forest_shape(self, d: int, dp: dict[str, Any] | None, n_rows: int,
                       n_classes: int) -> dict[str, Any]:
-        """Trees, depth (0: no limit), bins, row sampling and method, with the parameters
-        left at None filled in (module docstring)."""
+        """Trees, depth (0: no limit), bins, row sampling, method and features per node, with
+        the parameters left at None filled in, and under DP ``max_features`` left at its
+        default too (module docstring)."""
         out: dict[str, Any] = {"n_estimators": self.n_estimators, "max_depth": self.max_depth,
                "n_bins": self.n_bins,
                "sampling": None if self.bootstrap is None else
@@ -218,6 +225,9 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
         for key in out:
             if out[key] is None:
                 out[key] = defaults[key]
+        # the rule's features per node, as a job file that leaves max_features out gets them
+        unset = self.max_features == self._DEFAULT_MAX_FEATURES
+        out["max_features"] = defaults["max_features"] if dp and unset else self.max_features
         return out
 
     def _seed(self) -> int:
@@ -326,7 +336,7 @@ class _FedForestBase(_EstimatorStructure, _EstimatorFiles, BaseEstimator):  # ty
             target_bound = float(np.max(np.abs(y_enc[kept] - self.y_offset_)))
             warn_unresolved_target(y_name, y_enc[kept], self.y_offset_, target_bound, frac_bits)
             y_enc = y_enc - self.y_offset_
-        mf = self.max_features
+        mf = shape["max_features"]
         if isinstance(mf, Integral) and not isinstance(mf, bool) and mf > d:
             raise SchemaError(f"max_features={mf} is more than the {d} features of X")
         self.profile_ = _profile_dict(self.profile)
@@ -399,6 +409,7 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
     """
 
     _task = "classification"
+    _DEFAULT_MAX_FEATURES = "sqrt"
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_FedForestBase._parameter_constraints,
@@ -407,7 +418,8 @@ class FedForestClassifier(ClassifierMixin, _FedForestBase):  # type: ignore[misc
 
     def __init__(self, *, n_estimators: int | None = None, max_depth: int | None = None,
                  min_samples_leaf: int = 5, min_samples_split: int = 2,
-                 min_impurity_decrease: float = 0.0, max_features: Any = "sqrt",
+                 min_impurity_decrease: float = 0.0,
+                 max_features: Any = _DEFAULT_MAX_FEATURES,
                  bootstrap: bool | None = None, n_bins: int | None = None,
                  method: str | None = None, top_l: int | None = None,
                  split_on_client: bool = False, profile: Any = "open",

@@ -276,3 +276,25 @@ def test_the_colluders_table_is_the_one_the_docs_quote(capsys: pytest.CaptureFix
         assert err.value.code == 2
         assert (f"dp.colluders = {c} is not below min(2t - n, t - 1) = 4 for this job's n = 10 "
                 "sites at threshold t = 7") in capsys.readouterr().err
+
+
+def test_colluders_the_default_sites_do_not_all_allow_are_a_usage_error_naming_sites(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--colluders 2 with the default sites 3,5,10,30 (3 sites allow 1): a usage error before
+    any of the table, naming --sites, the given numbers of sites that allow 2 and the fewest
+    sites that do; with those sites the table prints."""
+    bench = _script("dp_colluders")
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--colluders", "2"])
+    assert err.value.code == 2
+    out, errs = capsys.readouterr()
+    assert out == ""
+    assert "error: --sites: dp.colluders = 2 is not below min(2t - n, t - 1) = 2 for this " \
+        "job's n = 3 sites at threshold t = 3" in errs
+    assert errs.rstrip().endswith(
+        "Pass --sites with numbers of sites that allow 2 colluders: of yours, --sites 5,10,30 "
+        "(the fewest that allow 2: 5)")
+    bench.main(["--colluders", "2", "--sites", "5,10,30"])
+    out = capsys.readouterr().out
+    assert out.startswith("secure-dp, epsilon = 1, dp.colluders = 2\n")
+    assert "| 5 | 4 | 4 | 2 |" in out and "| 30 | 21 | 21 | 11 |" in out

@@ -314,3 +314,23 @@ def test_sites_too_small_for_any_held_out_row_are_refused_naming_the_seed() -> N
             "smallest")):
         run_comparison(data=(X, y, sites, "classification"), epsilons="inf", seeds=1,
                        methods=["local"], baseline_params=BASE)
+
+
+def test_the_diabetes_comparison_of_docs_privacy_md_reproduces_its_seeded_no_dp_rows() -> None:
+    """docs/compare_diabetes.csv and privacy.md section 3's diabetes table: the seeded rows
+    without DP (FedForest open and secure, the central and local forests) are the current
+    code's, seeds 0 and 1 refitted; the page's cells are the CSV's mean +- std."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "compare_diabetes.csv").read_text(encoding="utf-8")
+    shipped = {r["method"]: r for r in csv.DictReader(io.StringIO(text)) if r["epsilon"] == "inf"}
+    methods = ["fedforest-open", "fedforest-secure", "centralized-rf", "local"]
+    res = run_comparison("diabetes", epsilons=[math.inf], seeds=[0, 1], methods=methods)
+    page = (root / "docs" / "privacy.md").read_text(encoding="utf-8")
+    table = page[page.index("### Diabetes ("):page.index("![diabetes]")]
+    for row in res.rows():
+        want = shipped[row["method"]]
+        refit = [float(v) for v in row["scores"].split(";")]
+        np.testing.assert_allclose(refit, [float(v) for v in want["scores"].split(";")[:2]],
+                                   rtol=0, atol=5e-7, err_msg=row["method"])
+        cell = f"{float(want['mean']):.3f} ± {float(want['std']):.3f}"
+        assert f"| {want['label']} | | | | | | {cell} |" in table

@@ -694,11 +694,8 @@ def test_dp_defaults_follow_the_allocation_rule(eps: float) -> None:
             X, y, client=h)
         cfg = est.config_
         want = dp_forest_settings(eps, 120, d, 2, "classification")
-        assert (cfg.n_estimators, cfg.max_depth, cfg.n_bins, cfg.method) == (
-            want.n_estimators, want.max_depth, want.n_bins, want.method)
-        # max_features keeps scikit-learn's meaning ("sqrt" by default): a random split uses
-        # the first of the sampled features whatever their number
-        assert cfg.max_features == int(np.sqrt(d))
+        assert (cfg.n_estimators, cfg.max_depth, cfg.n_bins, cfg.method, cfg.max_features) == (
+            want.n_estimators, want.max_depth, want.n_bins, want.method, want.max_features)
         assert cfg.sampling == "all" and len(est.model_.trees) == want.n_estimators
     # what the user sets is kept
     est = FedForestClassifier(n_estimators=3, max_features=2, max_depth=2,
@@ -718,13 +715,13 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
 
     want = dp_forest_settings(1.0, 120, 10, 0, "regression")
     assert (cfg.method, cfg.n_estimators, cfg.max_depth, cfg.max_features) == (
-        "random", want.n_estimators, want.max_depth, 3)  # max_features: the default d/3
+        "random", want.n_estimators, want.max_depth, want.max_features)
     # a greedy method named by the user keeps the greedy rule
     est = FedForestRegressor(method="histogram", profile=load_profile("secure-dp", epsilon=1.0)
                              ).fit(X, y, client=np.repeat(np.arange(3), 40))
     want = dp_forest_settings(1.0, 120, 10, 0, "regression", method="histogram")
     assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
-            est.config_.max_features) == ("histogram", 8, want.max_depth, 3)  # d/3 of 10
+            est.config_.max_features) == ("histogram", 8, want.max_depth, 2)  # min(2, d)
     # so does "quantiles" named by the user, as a job file's [forest] method does; left
     # unset, the method is the quantile sketch without DP
     est = FedForestRegressor(method="quantiles", profile=load_profile("secure-dp", epsilon=1.0)
@@ -733,6 +730,48 @@ def test_dp_regression_defaults_follow_the_rule() -> None:
     assert (est.config_.method, est.config_.n_estimators, est.config_.max_depth,
             est.config_.n_bins) == ("quantiles", want.n_estimators, want.max_depth, want.n_bins)
     assert FedForestRegressor().get_params()["method"] is None
+    assert FedForestRegressor(n_estimators=2).fit(X, y).config_.max_features == 3  # d/3
+
+
+def _job_file_config(tmp_path: Any, d: int, rows: int, privacy: dict[str, Any],
+                     forest: dict[str, Any]) -> Any:
+    """The JobConfig `fedforest server create-job` builds from a job.toml (secure-dp, four
+    sites, a binary target, ``d`` features in [-5, 5])."""
+    import tomli_w
+
+    from server_app.jobspec import build_config, load_job_spec
+
+    job = {"id": "j", "clients": ["a", "b", "c", "d"], "profile": "secure-dp",
+           "public_rows": rows, "privacy": privacy, "forest": forest,
+           "data": {"task": "classification", "n_features": d, "n_classes": 2,
+                    "feature_bounds": [[-5.0, 5.0]] * d}}
+    (tmp_path / "job.toml").write_text(tomli_w.dumps(job))
+    return build_config(load_job_spec(tmp_path / "job.toml"))
+
+
+@pytest.mark.parametrize("privacy,forest", [
+    # privacy.md section 2.5: H-splits scored by the greedy levels (m = max(1, d // 10))
+    ({"h_splits": "noisy", "epsilon": 4.0, "h_epsilon": 2.0}, {"split_on_client": True}),
+    ({"epsilon": 1.0}, {"method": "histogram"}),
+    ({"epsilon": 1.0}, {}),  # random splits
+    ({"epsilon": 1.0}, {"method": "histogram", "max_features": 3}),  # the user's value
+])
+def test_a_dp_estimator_and_a_job_file_get_the_same_forest_shape(
+        tmp_path: Any, privacy: dict[str, Any], forest: dict[str, Any]) -> None:
+    """docs/privacy.md section 2.6: what a DP estimator and a job file leave unset, trees,
+    depth, bins, features per node and method, comes from the same rule; a value the user
+    sets is kept by both."""
+    rng = np.random.default_rng(2)
+    d, rows = 13, 240
+    X = np.clip(rng.normal(size=(rows, d)), -5, 5)
+    y = (X[:, 0] + 0.5 * rng.normal(size=rows) > 0).astype(int)
+    h = np.repeat(np.arange(4), rows // 4)
+    est = FedForestClassifier(profile=load_profile("secure-dp", **privacy), **forest)
+    got = est.fit(X, y, client=h).config_
+    job = _job_file_config(tmp_path, d, rows, privacy, forest)
+    fields = ("n_estimators", "max_depth", "n_bins", "max_features", "method", "bootstrap")
+    assert {k: getattr(got, k) for k in fields} == {k: getattr(job, k) for k in fields}
+    assert got.max_features == forest.get("max_features", 1)
     assert FedForestRegressor(n_estimators=2).fit(X, y).config_.method == "quantiles"
 
 

@@ -243,3 +243,25 @@ def test_class_labels_and_a_class_missing_from_a_folds_training_rows_are_told_wh
                                               r"class 2"):
         cross_validate(rare, task="classification", param="max_depth", values=[1],
                        folds=2, profile="open", n_classes=3)
+
+
+def test_the_cross_validation_figures_of_docs_privacy_md_are_the_commands() -> None:
+    """privacy.md section 2.7: `fedforest cross-validate --param max_depth --values 2,4,6
+    --folds 3 --profile secure --trees 10` (seeded, the same in every run) gives the page's
+    out-of-fold accuracies for depths 2, 4, 6."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from fedforest_cli.cli import app
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text("utf-8")
+    found = re.search(r"against (\d\.\d+), (\d\.\d+), (\d\.\d+) with\s+`--profile secure`",
+                      page)
+    assert found is not None
+    res = CliRunner().invoke(app, ["cross-validate", "--param", "max_depth", "--values",
+                                   "2,4,6", "--folds", "3", "--profile", "secure", "--trees",
+                                   "10"])
+    assert res.exit_code == 0, res.output
+    got = dict(re.findall(r"│ ([246]) +│ +(\d\.\d{4}) │", res.output))
+    assert [f"{float(got[d]):.3f}" for d in "246"] == list(found.groups())

@@ -18,7 +18,9 @@ from fedforest_secure.evaluation.metrics import (
     CLASSIFICATION_METRICS,
     REGRESSION_METRICS,
     auc_binning_bound,
+    average_precision_binning_bound,
     binned_auc,
+    binned_average_precision,
     calibration_curve,
     metrics,
     predicted_vs_actual,
@@ -242,3 +244,84 @@ def test_exact_encoding_of_a_real_sum_is_within_2_to_the_minus_41_of_its_bound()
     for b in layout.blocks:
         err = np.abs(back[b.name] - stats[b.name]).max()
         assert err <= b.bound * 2.0**-41 * 1.01 + 1e-12 * np.abs(stats[b.name]).max()
+
+
+def _ordered(neg: np.ndarray, pos: np.ndarray, order: str,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and unbinned scores with ``neg[b]`` / ``pos[b]`` rows in bin ``b`` (scores in
+    ``[b, b + 1)``), in one order inside each bin: ``"negatives_first"`` (every negative above
+    every positive, no ties), ``"positives_tied_first"`` (the positives tie above the
+    negatives) or ``"random"`` (random scores, some tied)."""
+    ys, ss = [], []
+    for b, (q, p) in enumerate(zip(neg, pos, strict=True)):
+        if order == "negatives_first":
+            lab = np.r_[np.ones(p), np.zeros(q)]
+            score = b + np.arange(p + q) / (p + q + 1)
+        elif order == "positives_tied_first":
+            lab = np.r_[np.zeros(q), np.ones(p)]
+            score = b + np.r_[np.arange(q) / (q + 2), np.full(p, 0.99)]
+        else:
+            lab = rng.permutation(np.r_[np.zeros(q), np.ones(p)])
+            score = b + rng.integers(0, 4, size=p + q) / 4
+        ys.append(lab)
+        ss.append(score)
+    return np.concatenate(ys), np.concatenate(ss)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), bins=st.integers(1, 8))
+def test_average_precision_of_unbinned_scores_is_within_the_binning_bound_which_one_order_reaches(
+        seed: int, bins: int) -> None:
+    rng = np.random.default_rng(seed)
+    neg, pos = rng.integers(0, 6, size=bins), rng.integers(0, 6, size=bins)
+    pos[rng.integers(bins)] += 1
+    binned = binned_average_precision(neg.astype(float), pos.astype(float))
+    bound = average_precision_binning_bound(neg, pos)
+    gaps = []
+    for order in ("negatives_first", "positives_tied_first", "random", "random"):
+        y, s = _ordered(neg, pos, order, rng)
+        assert binned == pytest.approx(skm.average_precision_score(y, np.floor(s)), abs=TOL)
+        gaps.append(abs(skm.average_precision_score(y, s) - binned))
+        assert gaps[-1] <= bound + TOL
+    assert max(gaps[:2]) == pytest.approx(bound, abs=TOL)  # the bound is the worst case
+
+
+def _fitted_scores(name: str, n_estimators: int, max_depth: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Held-out class codes, probabilities and sites of a seeded open forest on a shared
+    dataset (banknote: four sites by row; heart_disease: its four hospitals)."""
+    from fedforest_secure import FedForestClassifier
+    from fedforest_secure.errors import FedForestError
+    from fedforest_secure.experiments import loaders
+
+    try:
+        ds = loaders.load_dataset(name)
+    except FedForestError:
+        pytest.skip("shared data directory (../shared/data or $FEDFOREST_DATA_DIR) is missing")
+    site = ds.client if ds.client is not None else np.arange(ds.y.size) % 4
+    test = np.random.default_rng(0).random(ds.y.size) < 0.3
+    model = FedForestClassifier(n_estimators=n_estimators, max_depth=max_depth, random_state=0)
+    model.fit(ds.X[~test], ds.y[~test], client=site[~test])
+    return ds.y[test], model.predict_proba(ds.X[test]), site[test]
+
+
+@pytest.mark.parametrize("name,n_estimators,max_depth",
+                         [("banknote", 10, 3), ("banknote", 20, 6), ("heart_disease", 10, 3),
+                          ("heart_disease", 5, 2)])
+def test_on_real_data_roc_auc_and_average_precision_are_within_their_binning_bounds(
+        name: str, n_estimators: int, max_depth: int) -> None:
+    # docs/deployment.md section 9: every metric but ROC AUC and average precision equals
+    # scikit-learn's on the pooled rows to 1e-9; those two are within the bounds the result gives
+    y, p, site = _fitted_scores(name, n_estimators, max_depth)
+    layout = eval_layout(EvalSpec(models=("{}",)), "classification", 2, 0.0, dp=False)
+    assert layout.score_bins == 100
+    sites = [np.flatnonzero(site == s) for s in np.unique(site)]
+    m = metrics(_through_the_encoding(layout, p, y, sites), layout)
+    _check_classification(m, y, p, 2, layout)  # exact, AUC / AP of the bin indices
+    auc_gap = abs(m["roc_auc"] - skm.roc_auc_score(y, p[:, 1]))
+    ap_gap = abs(m["average_precision"] - skm.average_precision_score(y, p[:, 1]))
+    assert auc_gap <= m["roc_auc_binning_bound"] + TOL
+    assert ap_gap <= m["average_precision_binning_bound"] + TOL
+    if (name, n_estimators) == ("banknote", 10):
+        # the AUC's bound does not cover average precision: 8.9e-4 against 7.2e-4
+        assert m["roc_auc_binning_bound"] < ap_gap

@@ -9,9 +9,10 @@ MAE within the rounding of the sums' encoding (:mod:`.encoding`), which scales w
 target range ``r``: MSE within ``sites / rows * r^2 * 2^-41``, MAE and the mean error within
 ``sites / rows * r * 2^-41``, R^2 within ``sites / rows * r^2 / var(y) * 2^-40`` (R^2 above
 -1/3). ROC AUC and average precision are those of the scores binned into the ``G`` score
-bins (scikit-learn's on the pooled bin indices); the AUC of the unbinned scores differs from it
-by at most :func:`auc_binning_bound` (pairs of a positive and a negative row in one bin count
-as ties).
+bins (scikit-learn's on the pooled bin indices, to 1e-9); the AUC of the unbinned scores
+differs from it by at most :func:`auc_binning_bound` (pairs of a positive and a negative row in
+one bin count as ties), their average precision by at most
+:func:`average_precision_binning_bound` (the order of the rows inside each bin is unknown).
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from scipy.special import digamma
 
 from .layout import EvalLayout
 
-__all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "auc_binning_bound", "binned_auc",
-           "binned_average_precision", "calibration_curve", "classification_metrics",
-           "metrics", "predicted_vs_actual", "regression_metrics", "roc_curve"]
+__all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "auc_binning_bound",
+           "average_precision_binning_bound", "binned_auc", "binned_average_precision",
+           "calibration_curve", "classification_metrics", "metrics", "predicted_vs_actual",
+           "regression_metrics", "roc_curve"]
 
 #: the names :func:`classification_metrics` returns, in its order
 CLASSIFICATION_METRICS = ("n", "accuracy", "balanced_accuracy", "precision_macro",
                           "recall_macro", "f1_macro", "log_loss", "brier", "roc_auc",
-                          "average_precision", "roc_auc_binning_bound", "ece")
+                          "average_precision", "roc_auc_binning_bound",
+                          "average_precision_binning_bound", "ece")
 #: the names :func:`regression_metrics` returns, in its order
 REGRESSION_METRICS = ("n", "r2", "mse", "rmse", "mae", "mean_error")
 
@@ -93,6 +97,39 @@ def binned_average_precision(neg: np.ndarray, pos: np.ndarray) -> float:
     return float((recall_gain * precision).sum())
 
 
+def average_precision_binning_bound(neg: np.ndarray, pos: np.ndarray) -> float:
+    """Largest difference between :func:`binned_average_precision` and the average precision
+    of the unbinned scores, over every order (and tie) of the rows inside each bin.
+
+    Average precision is the mean, over positive rows, of the precision at the threshold of
+    the row's score. Take a bin with ``p`` positive and ``q`` negative rows below ``A``
+    positive of ``C`` rows in higher bins. Binned, each of its positives gets ``(A + p) /
+    (C + p + q)``. Unbinned, the positive ranked ``k``-th of the bin's ``p`` sees at least
+    its ``k`` positives and at most all ``q`` negatives of the bin, so its precision is at
+    least ``(A + k) / (C + k + q)`` (all the bin's negatives score above its positives), and
+    at most ``(A + p) / (C + p)`` (the bin's positives tie above its negatives). Summed over
+    the bin's positives and divided by all ``P`` positives, the two orders bound the
+    difference on each side; the bins' orders are independent, so the bound is the larger
+    side's sum over bins, and some unbinned scores reach it. (The ROC AUC's bound, half the
+    share of a bin's pairs, does not cover this: a bin's order moves the precision of every
+    later positive.)"""
+    neg = np.clip(np.asarray(neg, dtype=np.float64), 0, None)[::-1]  # highest bin first
+    pos = np.clip(np.asarray(pos, dtype=np.float64), 0, None)[::-1]
+    P = float(pos.sum())
+    if P <= 0:
+        return float("nan")
+    A = np.cumsum(pos) - pos  # positives in higher bins
+    C = A + np.cumsum(neg) - neg  # rows in higher bins
+    has = pos > 0
+    p, q, A, C = pos[has], neg[has], A[has], C[has]
+    binned = p * (A + p) / (C + p + q)
+    highest = p * (A + p) / (C + p)
+    # sum over k = 1..p of (A + k) / (D + k) = p - (D - A) (digamma(D + p + 1) - digamma(D + 1))
+    D = C + q
+    lowest = p - (D - A) * (digamma(D + p + 1.0) - digamma(D + 1.0))
+    return float(max((highest - binned).sum(), (binned - lowest).sum(), 0.0) / P)
+
+
 def calibration_curve(counts: np.ndarray, prob: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(prob_true, prob_pred, rows)`` of the non-empty bins (scikit-learn's
@@ -132,9 +169,11 @@ def classification_metrics(stats: _Stats, layout: EvalLayout) -> dict[str, float
     aucs = [binned_auc(s[:, 0], s[:, 1]) for s in scores]
     aps = [binned_average_precision(s[:, 0], s[:, 1]) for s in scores]
     bounds = [auc_binning_bound(s[:, 0], s[:, 1]) for s in scores]
+    ap_bounds = [average_precision_binning_bound(s[:, 0], s[:, 1]) for s in scores]
     out["roc_auc"] = _nanmean(aucs)
     out["average_precision"] = _nanmean(aps)
     out["roc_auc_binning_bound"] = _nanmean(bounds)
+    out["average_precision_binning_bound"] = _nanmean(ap_bounds)
     eces = []
     for counts, prob in zip(stats["calib_counts"], stats["calib_prob"], strict=True):
         t, p, rows = calibration_curve(np.asarray(counts), np.asarray(prob))
