@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import at_least  # noqa: E402
 from speed import _load, _state  # noqa: E402
 
+import fedforest_secure  # noqa: E402
 from fedforest_secure import FedForestClassifier, load_profile  # noqa: E402
 from fedforest_secure.model import ForestModel  # noqa: E402
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     hard = dataclasses.replace(soft, routing=None)
     depth = max(t.depth for t in soft.trees)
     print(f"{len(soft.trees)} trees (depth <= {depth}), width {soft.routing.width}, "
-          f"epsilon {args.epsilon}; median of {args.repeat}; {_state()}; load {_load()}")
+          f"epsilon {args.epsilon}; median of {args.repeat}; "
+          f"fedforest_secure {_state(str(Path(fedforest_secure.__file__).parent))}; "
+          f"load {_load()}")
     print("| rows | soft routing CPU s | hard splits CPU s | soft / hard |")
     print("|--:|--:|--:|--:|")
     for n in args.sizes:

@@ -1,10 +1,14 @@
 """Wall time and peak memory of FedForest ``fit`` against scikit-learn's random forest.
 
-Each measurement runs in a fresh child process (so peak RSS is that fit's own), and the
-contenders alternate within one run, since these machines are shared and noisy: compare the
-ratios, not the absolute seconds. Besides wall time, each fit's CPU time (user + system, all
-threads) is printed: on a loaded machine the CPU ratio of single-threaded contenders is the
-steadier number.
+Each measurement runs in a fresh child process, and the contenders alternate within one run,
+since these machines are shared and noisy: compare the ratios, not the absolute seconds.
+Besides wall time, each fit's CPU time (user + system, all threads) is printed: on a loaded
+machine the CPU ratio of single-threaded contenders is the steadier number. Memory is printed
+twice: ``peak MiB`` is the child process's peak RSS (the interpreter and its imports, about
+150 MiB, included), ``fit MiB`` what the fit added to it: the peak RSS during the fit less the
+RSS just before it (Linux; the peak is reset before the fit), imports the fit makes on its
+first call included unless ``--warm-up``. The line ``measured`` names the package the children
+imported and its commit (the environment's install, not necessarily this script's checkout).
 
     python benchmarks/speed.py                      # n = 10k, 100k (default)
     python benchmarks/speed.py --sizes 10000 100000 1000000 --repeat 3
@@ -21,8 +25,9 @@ against the first contender and against ``sklearn-N`` when that runs too. A suff
 runs a FedForest contender without its compiled loops (``FEDFOREST_NUMPY_KERNELS=1``: the
 same forest, from the numpy code), e.g. ``open-numpy`` or ``open-numpy-2``.
 Data: synthetic regression, d = 20, K = 10 clients, T = 50, depth 8, min leaf 5, d/3 features.
-``--trees`` changes T (both contenders' cost grows linearly in T, so the ratio at fewer trees
-compares the per-tree cost). ``--warm-up`` fits each contender once on other rows first, so
+``--trees`` changes T (scikit-learn's cost grows linearly in T; FedForest's has a part per
+fit that does not, its rounds being batched over all trees, so its ratio at fewer trees is
+above the one at T = 50). ``--warm-up`` fits each contender once on other rows first, so
 per-process start-up (imports, first-call set-up) is left out of the measured fit.
 """
 
@@ -36,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from _cli import at_least
@@ -101,13 +107,44 @@ def _child(contender: str, n: int, trees: int, depth: int, warm_up: bool, d: int
 
     if warm_up:  # one unmeasured fit on 1,000 other rows: per-process start-up left out
         fit(*_data(1000, d, 10, seed=1))
+    before = _rss_before_fit()
     cpu0 = _cpu()
     t0 = time.perf_counter()
     fit(X, y, h)
     seconds = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime - cpu0
-    print(json.dumps({"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024, "cpu": cpu}))
+    peak = usage.ru_maxrss / 1024
+    fit_peak = _status_mib("VmHWM")
+    package = sys.modules.get("fedforest_secure")
+    print(json.dumps({"seconds": seconds, "peak_mib": peak, "cpu": cpu,
+                      "fit_mib": (fit_peak if fit_peak is not None and before is not None
+                                  else peak) - (before if before is not None else 0.0),
+                      "package": None if package is None or package.__file__ is None
+                      else os.path.dirname(os.path.abspath(package.__file__))}))
+
+
+def _rss_before_fit() -> float | None:
+    """Reset this process's peak RSS to its current RSS (Linux: ``/proc/self/clear_refs``)
+    and return that RSS in MiB; None where the peak cannot be reset."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_mib("VmRSS")
+
+
+def _status_mib(field: str) -> float | None:
+    """A ``kB`` field of ``/proc/self/status`` in MiB, None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _cpu() -> float:
@@ -117,7 +154,7 @@ def _cpu() -> float:
 
 
 def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool, d: int = 20
-             ) -> dict[str, float]:
+             ) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--child", contender, "--sizes", str(n),
                           "--trees", str(trees), "--depth", str(depth), "--features", str(d)]
                          + (["--warm-up"] if warm_up else []),
@@ -125,7 +162,7 @@ def _measure(contender: str, n: int, trees: int, depth: int, warm_up: bool, d: i
     if out.returncode != 0:
         raise SystemExit(f"error: the fit of contender {contender} at n = {n} failed (exit "
                          f"code {out.returncode}); its output:\n{out.stdout}{out.stderr}")
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -152,22 +189,27 @@ def main(argv: list[str] | None = None) -> None:
     base = args.contenders[0]
     print(f"T={args.trees} depth={args.depth} d={args.features} K=10; median of {args.repeat}; "
           f"ratios against {base}; {'after a warm-up fit; ' if args.warm_up else ''}"
-          f"{_state()}; load {_load()}")
-    print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'cpu s':>8} {'peak MiB':>9} {'time x':>7} "
-          f"{'cpu x':>6} {'mem x':>6}")
+          f"script {_state()}; load {_load()}")
+    print(f"{'n':>9} {'contender':>13} {'seconds':>9} {'cpu s':>8} {'peak MiB':>9} "
+          f"{'fit MiB':>8} {'time x':>7} {'cpu x':>6} {'peak x':>7} {'fit mem x':>9}")
+    packages: set[str] = set()
     for n in args.sizes:
-        runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.contenders}
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.contenders}
         for _ in range(args.repeat):
             for c in args.contenders:  # alternate contenders within each repetition
                 runs[c].append(_measure(c, n, args.trees, args.depth, args.warm_up,
                                         args.features))
+                if runs[c][-1].get("package"):
+                    packages.add(runs[c][-1]["package"])
         med = {c: {k: statistics.median(r[k] for r in runs[c])
-                   for k in ("seconds", "cpu", "peak_mib")} for c in args.contenders}
+                   for k in ("seconds", "cpu", "peak_mib", "fit_mib")} for c in args.contenders}
         for c in args.contenders:
-            print(f"{n:>9} {c:>13} {med[c]['seconds']:>9.2f} {med[c]['cpu']:>8.2f} "
-                  f"{med[c]['peak_mib']:>9.0f} {med[c]['seconds'] / med[base]['seconds']:>7.2f} "
-                  f"{med[c]['cpu'] / med[base]['cpu']:>6.2f} "
-                  f"{med[c]['peak_mib'] / med[base]['peak_mib']:>6.2f}", flush=True)
+            m, b = med[c], med[base]
+            fit_x = f"{m['fit_mib'] / b['fit_mib']:>9.2f}" if b["fit_mib"] > 0 else f"{'-':>9}"
+            print(f"{n:>9} {c:>13} {m['seconds']:>9.2f} {m['cpu']:>8.2f} "
+                  f"{m['peak_mib']:>9.0f} {m['fit_mib']:>8.0f} "
+                  f"{m['seconds'] / b['seconds']:>7.2f} {m['cpu'] / b['cpu']:>6.2f} "
+                  f"{m['peak_mib'] / b['peak_mib']:>7.2f} {fit_x}", flush=True)
         for c in args.contenders[1:]:  # each repetition's own ratio (neighbours' load varies)
             refs = [base]
             name, n_jobs = _split(c)
@@ -178,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                 per = " ".join(f"{a['seconds'] / b['seconds']:.2f}"
                                for a, b in zip(runs[c], runs[ref], strict=True))
                 print(f"{'':>9} {c:>13} time x per repetition (vs {ref}): {per}", flush=True)
+    for package in sorted(packages):
+        print(f"measured: fedforest_secure from {package} ({_state(package)})")
     print(f"load at the end {_load()}")
 
 
@@ -186,9 +230,10 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _state() -> str:
-    """The commit measured, with '+dirty' when the working tree has changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
+def _state(where: str | None = None) -> str:
+    """The commit of the checkout holding ``where`` (default: this script), with '+dirty'
+    when its working tree has changes."""
+    here = where or os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=here,
                              capture_output=True, text=True, check=True, timeout=10)

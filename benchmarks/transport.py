@@ -10,14 +10,17 @@ Times, side by side on the same machine and data:
 * **training**: HTTPS from the first round issued to the job done (read from the server's
   database: every client has joined and loaded its table), against the in-process
   :func:`~fedforest_secure.federation.run_in_process` on the same site tables, same profile
-  (it masks too under ``secure``). This is the issue's ratio (target <= 1.5).
+  (it masks too under ``secure``). This is the issue's ratio (target <= 1.5). Each HTTPS client
+  builds its worker (its table's codes and bootstrap) before it joins, outside the span; so the
+  in-process run is given its ten workers built beforehand, outside its timing too.
 * **end to end**: the whole ``fedforest simulate`` (certificates, K + 1 process start-ups, joins,
   training, the centralized and local baselines, audit verification), for reference.
 * **CPU**: user + system seconds of the server (from the training job's start to its end,
   as the server logs them) and of the clients' training (from their join to the job's end; the
   model's fetch and check after it not counted), against the in-process run's own
   (``cpu_ratio_training``); the JSON also has every child process's whole CPU
-  (``https_cpu_s``: start-ups, baselines and the evaluation job included). The difference,
+  (``https_cpu_s``: start-ups and the evaluation job included; the centralized and local
+  baselines are fitted in this process and are not in it). The difference,
   server + clients less in process, is the CPU the transport costs (requests, TLS, JSON, the
   database, the audit log), printed per HTTP request of all clients.
 
@@ -28,8 +31,9 @@ starts computing; upload: the rest of the computing, the masking and the uploads
 unmask) and ``close``, the server's own step after the last phase (the sum, the coordinator's
 next level, the audit records).
 
-Bytes sent per client are counted by each client's transport (request bodies plus ~200 bytes of
-HTTP per request) and include the secure-aggregation messages. The summable payload is what the
+Bytes sent and received per client are counted by each client's transport (bodies plus ~200
+bytes of HTTP per request) from its start to the job's end: the secure-aggregation messages and
+the tasks are in them, the model's download after the job is not. The summable payload is what the
 paper counts: 8 bytes per entry of every round's summable vector (``layout_size`` of each task),
 and its bound ``8 T 2^M d_sampled B S`` (``d_sampled``: the features a node evaluates); the
 uploaded vectors are the words the clients actually send (``StatCodec.words``: under secure
@@ -50,14 +54,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _cli import print_table
+from _cli import at_least, print_table
 from rich.table import Table
 
 from fedforest_cli.simulate import SimulateOptions, run_simulation
 from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import FedForestError
 from fedforest_secure.federation import run_in_process
 from fedforest_secure.model import ForestModel
 from fedforest_secure.protocol import Task, layout_size
+from fedforest_secure.worker import Worker, client_seed
 from server_app.engine import round_codec
 from server_app.jobspec import build_config, load_job_spec
 
@@ -146,25 +152,28 @@ def _finite_or_null(value: Any) -> Any:
     return value
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="breast_cancer")
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--trees", type=int, default=10)
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--bins", type=int, default=16)
+    ap.add_argument("--clients", type=at_least(1), default=4)
+    ap.add_argument("--trees", type=at_least(1), default=10)
+    ap.add_argument("--depth", type=at_least(1), default=4)
+    ap.add_argument("--bins", type=at_least(2), default=16)
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--profile", default="secure")
     ap.add_argument("--deadline", type=float, default=600.0)
     ap.add_argument("--skip-in-process", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("fedforest-bench"))
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     opts = SimulateOptions(dataset=a.dataset, clients=a.clients, profile=a.profile, out=a.out,
                            trees=a.trees, depth=a.depth, bins=a.bins, max_rows=a.max_rows,
                            round_deadline=a.deadline)
     cpu0 = _children_cpu()
-    res = run_simulation(opts)
+    try:
+        res = run_simulation(opts)
+    except (ValueError, FedForestError) as exc:  # a dataset or settings simulate refuses
+        ap.error(str(exc))
     cpu_https = _children_cpu() - cpu0
     config = build_config(load_job_spec(a.out / "job.toml"))
     train_s, rounds, summable, uploaded, per_level = _training_span(a.out / "server.db", config)
@@ -177,8 +186,13 @@ def main() -> None:
                              ndmin=2)
             parts.append((tab[:, :-1], tab[:, -1].astype(np.int64) if config.task ==
                           "classification" else tab[:, -1]))
+        # built as run_in_process builds them, before the timing: an HTTPS client builds
+        # its worker before it joins, outside the training span
+        workers = [Worker(config, X, y, client_index=k, seed=client_seed(config, k),
+                          keep_last_reply=False, keep_level_order=None)
+                   for k, (X, y) in enumerate(parts)]
         c0, t0 = time.process_time(), time.perf_counter()
-        model = run_in_process(config, parts)
+        model = run_in_process(config, parts, workers=workers)
         t_inproc = time.perf_counter() - t0
         cpu_inproc = time.process_time() - c0
         https_model = ForestModel.from_json((a.out / "model.json").read_text())
@@ -186,7 +200,8 @@ def main() -> None:
     # each client's numbers of the training job (simulate runs an evaluation job after it)
     stats = [json.loads(p.read_text())
              for p in sorted((a.out / "clients").glob(f"*/stats-{config.job_id}.json"))]
-    sent = max(s["bytes_sent"] for s in stats)
+    # to the job's end (the model's download after it not counted)
+    sent = max(s.get("bytes_sent_training", s["bytes_sent"]) for s in stats)
     cpu_clients = sum(s.get("cpu_training_s", float("nan")) for s in stats)
     requests = max(s.get("requests", 0) for s in stats)
     # the requests of the clients' training span (from the join on), whose CPU is counted
@@ -194,7 +209,7 @@ def main() -> None:
     server_log = _server_log(a.out)
     server_cpu, server_training_cpu = _server_cpu(server_log, config.job_id)
     phases = _phase_seconds(server_log, config.job_id)
-    recv = max(s["bytes_received"] for s in stats)
+    recv = max(s.get("bytes_received_training", s["bytes_received"]) for s in stats)
     # the paper's count, over the d_sampled = max_features features a node evaluates
     bound = 8 * config.n_estimators * 2 ** config.max_depth * config.max_features * \
         config.n_bins * config.n_stats

@@ -290,6 +290,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         progress.update(bar, completed=config.max_depth + 1)
     # training ends with the job: fetching and checking its model is not counted in it
     cpu_training, requests_training = time.process_time() - cpu0, tr.requests - requests0
+    sent_training, received_training = tr.bytes_sent, tr.bytes_received
     if result.status == "done":
         ctx.watch.poll(tr, force=True)  # a site dropped during the last level is named too
         # as `fedforest model download` fetches it: the digest the job records, parsed
@@ -313,6 +314,7 @@ def _run(opts: ClientOptions, tr: Transport, state: ClientState, X: np.ndarray |
         "job": job, "status": result.status, "rounds": result.rounds,
         "bytes_sent": result.bytes_sent, "bytes_received": result.bytes_received,
         "requests": tr.requests, "requests_training": requests_training,
+        "bytes_sent_training": sent_training, "bytes_received_training": received_training,
         "cpu_s": time.process_time(), "cpu_training_s": cpu_training})
     save_stats(opts.state_dir, result, job, stats, log)
     return result

@@ -94,6 +94,53 @@ def test_speed_says_what_a_failing_child_printed() -> None:
     assert "contender nosuch" in message and "KeyError: 'nosuch'" in message
 
 
+def test_speed_counts_the_fits_own_memory_and_names_the_package_it_measured() -> None:
+    """The process's peak RSS holds the interpreter and its imports (about 150 MiB): the fit's
+    own memory is its peak less the RSS just before it. The package measured is the one the
+    child imported, which the environment decides, not the script's checkout."""
+    import fedforest_secure
+
+    speed = _script("speed")
+    tree = speed._measure("sklearn", 500, 2, 3, False)
+    assert tree["package"] is None  # scikit-learn's child never imports FedForest
+    assert 0 <= tree["fit_mib"] < tree["peak_mib"] / 2
+    forest = speed._measure("open", 500, 2, 3, True)
+    assert forest["package"] == os.path.dirname(os.path.abspath(fedforest_secure.__file__))
+    assert 0 <= forest["fit_mib"] < forest["peak_mib"] / 2
+
+
+# ------------------------------------------------------------------------------ transport.py
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--trees", "0"], "argument --trees: 0: at least 1"),
+    (["--dataset", "nope"], "unknown dataset 'nope'"),
+    (["--clients", "2"], "--clients 2: profile 'secure' uses secure aggregation"),
+])
+def test_transport_refuses_bad_options_with_a_usage_error(
+        argv: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capsys, _script("transport").main, [*argv, "--out", str(tmp_path / "x")])
+    assert said in err
+
+
+@pytest.mark.integration
+def test_transport_times_the_same_forest_and_counts_bytes_to_the_jobs_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The HTTPS run and the in-process run (its workers built before its timing, as each
+    HTTPS client builds its own before it joins) grow the same forest; a client's received
+    bytes stop at the job's end, before the model's download."""
+    out, numbers = tmp_path / "run", tmp_path / "numbers.json"
+    _script("transport").main(["--dataset", "wine", "--clients", "3", "--trees", "2",
+                               "--depth", "2", "--out", str(out), "--json", str(numbers)])
+    got = json.loads(numbers.read_text())
+    assert got["same_model"] is True and got["in_process_s"] > 0
+    stats = [json.loads(p.read_text()) for p in (out / "clients").glob("*/stats-*.json")
+             if "-eval" not in p.name]
+    assert len(stats) == 3
+    model = (out / "model.json").stat().st_size
+    assert got["received_bytes_per_client"] == max(s["bytes_received_training"] for s in stats)
+    assert all(s["bytes_received"] - s["bytes_received_training"] >= model for s in stats)
+    capsys.readouterr()
+
+
 # ------------------------------------------------------------------------------ paper.py
 def test_paper_refuses_secure_x_without_the_secure_profile(
         capsys: pytest.CaptureFixture[str]) -> None:
