@@ -3,9 +3,10 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing), and a worker's routing (fedforest_secure._routing). The loops
- * are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c and _ckernels_pack.c; this
- * file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing), and the
+ * coordinator's split scores of a regression's (n, sum y) histograms (fedforest_secure._splits).
+ * The loops are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c
+ * and _ckernels_split.c; this file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -160,6 +161,9 @@ static PyMethodDef methods[] = {
     {"list_lengths", list_lengths, METH_VARARGS,
      "list_lengths(points, lengths, P) -> -1 or the first list with a point after its NaN "
      "padding: each list's points before its padding."},
+    {"best_moments", best_moments, METH_VARARGS,
+     "best_moments(hist, thr, valid, gain, slot, index, left, more_left, E, m, bt, min_leaf): "
+     "per node the best numeric split of (n, sum y) histograms (E, m, bt + 1, 2)."},
     {NULL, NULL, 0, NULL},
 };
 
