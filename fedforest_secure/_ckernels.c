@@ -135,7 +135,8 @@ static PyMethodDef methods[] = {
     {"histogram_blocks", histogram_blocks, METH_VARARGS,
      "histogram_blocks(codes, shift, mask, rows, shift, mask, weights, shift, mask, edges, "
      "blocks, feat, uniq_off, uniq_all, missing, thr, y, out, S, mode): every evaluated "
-     "block's entries' statistics added to their bins of out."},
+     "block's entries' statistics added to their bins of out (mode + 2: each block's sums "
+     "added to out's, a running total)."},
     {"grid_sums", grid_sums, METH_VARARGS,
      "grid_sums(node, row, weight, pos, feats, thr, uniq_off, uniq_all, codes, y, out, n_rows, "
      "m, S, mode, has_missing, missing_bin): every evaluated pair's statistics added to its "
