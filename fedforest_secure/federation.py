@@ -132,8 +132,10 @@ def _answers(task: Task, workers: Sequence[Worker], threads: _Threads | None,
     touches only its own state and reads the shared task; with ``into`` (no threads: the
     clients one after the other) a worker may add its vector to that running total
     (:meth:`~fedforest_secure.worker.Worker.handle`)."""
-    calls = (partial(w.handle, task) if digests is None and into is None else
-             partial(w.handle, task, digests=digests, into=into) for w in workers)
+    extra: dict[str, Any] = {} if digests is None else {"digests": digests}
+    if into is not None:
+        extra["into"] = into
+    calls = (partial(w.handle, task, **extra) for w in workers)
     yield from _in_order(calls, threads)
 
 
