@@ -24,7 +24,8 @@ setup(ext_modules=[Extension(
     "fedforest_secure._ckernels",
     sources=["fedforest_secure/_ckernels.c", "fedforest_secure/_ckernels_sketch.c",
              "fedforest_secure/_ckernels_stats.c", "fedforest_secure/_ckernels_pack.c",
-             "fedforest_secure/_ckernels_order.c"],
+             "fedforest_secure/_ckernels_order.c",
+             "fedforest_secure/_ckernels_split.c"],
     depends=["fedforest_secure/_ckernels.h"],
     # the module's SOURCE_DIGEST: what it was built from
     define_macros=[("FEDFOREST_KERNELS_DIGEST", f'"{source_digest()}"')],

@@ -70,6 +70,11 @@ class AnsweredRounds:
         self._sketch_level = -1
         self._sketched = np.zeros(0, dtype=np.int64)
 
+    @property
+    def keeps_reply(self) -> bool:
+        """Whether the last reply is kept (a retried round gets it again)."""
+        return self._keep_last_reply
+
     def replay(self, round_id: int, digest: bytes) -> Reply | None:
         """The reply already given in round ``round_id`` to the task of ``digest`` (a retry),
         or None for a round after the last one answered.

@@ -3,9 +3,10 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing), and a worker's routing (fedforest_secure._routing). The loops
- * are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c and _ckernels_pack.c; this
- * file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing), and the
+ * coordinator's split scores of a regression's (n, sum y) histograms (fedforest_secure._splits).
+ * The loops are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c
+ * and _ckernels_split.c; this file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -134,7 +135,8 @@ static PyMethodDef methods[] = {
     {"histogram_blocks", histogram_blocks, METH_VARARGS,
      "histogram_blocks(codes, shift, mask, rows, shift, mask, weights, shift, mask, edges, "
      "blocks, feat, uniq_off, uniq_all, missing, thr, y, out, S, mode): every evaluated "
-     "block's entries' statistics added to their bins of out."},
+     "block's entries' statistics added to their bins of out (mode + 2: each block's sums "
+     "added to out's, a running total)."},
     {"grid_sums", grid_sums, METH_VARARGS,
      "grid_sums(node, row, weight, pos, feats, thr, uniq_off, uniq_all, codes, y, out, n_rows, "
      "m, S, mode, has_missing, missing_bin): every evaluated pair's statistics added to its "
@@ -160,6 +162,9 @@ static PyMethodDef methods[] = {
     {"list_lengths", list_lengths, METH_VARARGS,
      "list_lengths(points, lengths, P) -> -1 or the first list with a point after its NaN "
      "padding: each list's points before its padding."},
+    {"best_moments", best_moments, METH_VARARGS,
+     "best_moments(hist, thr, valid, gain, slot, index, left, more_left, E, m, bt, min_leaf): "
+     "per node the best numeric split of (n, sum y) histograms (E, m, bt + 1, 2)."},
     {NULL, NULL, 0, NULL},
 };
 

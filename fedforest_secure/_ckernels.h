@@ -74,10 +74,11 @@ int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long lo
               field *f, const char *name);
 
 /* the module's functions (_ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c,
- * _ckernels_pack.c) */
+ * _ckernels_pack.c, _ckernels_split.c) */
 PyObject *pooled_rows(PyObject *self, PyObject *args);
 PyObject *pooled_lists(PyObject *self, PyObject *args);
 PyObject *list_lengths(PyObject *self, PyObject *args);
+PyObject *best_moments(PyObject *self, PyObject *args);
 PyObject *sketch_values(PyObject *self, PyObject *args);
 PyObject *order_keys(PyObject *self, PyObject *args);
 PyObject *histogram_blocks(PyObject *self, PyObject *args);

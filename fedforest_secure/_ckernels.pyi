@@ -34,3 +34,6 @@ def pack_cells(entries: np.ndarray, out: np.ndarray, s_bits: int, /) -> None: ..
 def route_pairs(node: np.ndarray, row: np.ndarray, codes: np.ndarray, fbase: np.ndarray,
                 cut: np.ndarray, left: np.ndarray, right: np.ndarray, out: np.ndarray, /
                 ) -> None: ...
+def best_moments(hist: np.ndarray, thr: np.ndarray, valid: np.ndarray, gain: np.ndarray,
+                 slot: np.ndarray, index: np.ndarray, left: np.ndarray, more_left: np.ndarray,
+                 E: int, m: int, bt: int, min_leaf: float, /) -> None: ...

@@ -56,7 +56,10 @@ hist_entries(const field *fl, int cs, int rs, int ws, int64_t e0, int64_t e1, in
  *
  * The entries' code, row and weight are fields (see field); feat[b] is the block's feature, a
  * value is uniq_all[uniq_off[f] + code], missing[f] the missing code (an empty array: no
- * missing values); out (len(blocks), W + 1, S) is added to. */
+ * missing values); out (len(blocks), W + 1, S) is added to. With mode + 2 (a running total
+ * of other clients' sums in out) each block's bins are summed from 0.0 apart and then added
+ * to out's, as numpy adds this client's histogram to the total: every evaluated block's
+ * W + 1 bins, an empty block's zeros too. */
 PyObject *histogram_blocks(PyObject *self, PyObject *args)
 {
     PyObject *of[3], *o[9];
@@ -85,7 +88,7 @@ PyObject *histogram_blocks(PyObject *self, PyObject *args)
     nu = v[4].len / 8;
     ny = v[7].len / 8;
     W = n_eval > 0 ? (v[6].len / 8) / n_eval : 0;
-    if (S < 1 || S > MAX_WIDTH || (mode != 0 && mode != 1) || !bytes_eq(v[0].len, nblk + 1, 1, 1)
+    if (S < 1 || S > MAX_WIDTH || mode < 0 || mode > 3 || !bytes_eq(v[0].len, nblk + 1, 1, 1)
         || nf < 0 || (v[5].len != 0 && !bytes_eq(v[5].len, nf, 1, 1))
         || !bytes_eq(v[6].len, n_eval, W, 1) || !bytes_eq(v[8].len, n_eval, W + 1, S)
         || fl[1].n != fl[0].n || fl[2].n != fl[0].n) {
@@ -99,9 +102,16 @@ PyObject *histogram_blocks(PyObject *self, PyObject *args)
         const double *uall = v[4].buf, *thr = v[6].buf, *y = v[7].buf;
         double *out = v[8].buf;
         const int lay = layout_of(&fl[0], &fl[1], &fl[2]);
+        const int64_t add = mode >= 2, cells = (W + 1) * S;
+        /* with add: one block's sums, then added to out's (the running total) */
+        double *sums = add ? malloc((size_t)cells * sizeof(double)) : NULL;
+        mode &= 1;
+        if (add && sums == NULL)
+            bad = 2;
         for (q = 0; q < n_eval && !bad; q++) {
-            int64_t b = blocks[q], f, e0, e1;
+            int64_t b = blocks[q], f, e0, e1, j;
             const double *t = thr + q * W;
+            double *o = add ? sums : out + q * cells;
             if (b < 0 || b >= nblk) {
                 bad = 1;
                 break;
@@ -109,24 +119,38 @@ PyObject *histogram_blocks(PyObject *self, PyObject *args)
             f = feat[b];
             e0 = edges[b];
             e1 = edges[b + 1];
-            if (e0 >= e1)
-                continue;
-            if (f < 0 || f >= nf || e0 < 0 || e1 > fl[0].n || uoff[f] < 0 || uoff[f] > nu) {
-                bad = 1;
-                break;
+            if (add)
+                for (j = 0; j < cells; j++)
+                    sums[j] = 0.0;
+            if (e0 < e1) {
+                if (f < 0 || f >= nf || e0 < 0 || e1 > fl[0].n || uoff[f] < 0
+                    || uoff[f] > nu) {
+                    bad = 1;
+                    break;
+                }
+                if (lay == 8)
+                    bad = hist_entries(fl, 8, 8, 8, e0, e1, miss ? miss[f] : -1,
+                                       uall + uoff[f], nu - uoff[f], t, W, o, S, mode, y, ny);
+                else if (lay == 2)
+                    bad = hist_entries(fl, 2, 2, 1, e0, e1, miss ? miss[f] : -1,
+                                       uall + uoff[f], nu - uoff[f], t, W, o, S, mode, y, ny);
+                else
+                    bad = hist_entries(fl, 0, 0, 0, e0, e1, miss ? miss[f] : -1,
+                                       uall + uoff[f], nu - uoff[f], t, W, o, S, mode, y, ny);
             }
-            if (lay == 8)
-                bad = hist_entries(fl, 8, 8, 8, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
-                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
-            else if (lay == 2)
-                bad = hist_entries(fl, 2, 2, 1, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
-                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
-            else
-                bad = hist_entries(fl, 0, 0, 0, e0, e1, miss ? miss[f] : -1, uall + uoff[f],
-                                   nu - uoff[f], t, W, out + q * (W + 1) * S, S, mode, y, ny);
+            if (add && !bad) {
+                double *to = out + q * cells;
+                for (j = 0; j < cells; j++)
+                    to[j] += sums[j];
+            }
         }
+        free(sums);
     }
     Py_END_ALLOW_THREADS
+    if (bad == 2) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (bad)
         PyErr_SetString(PyExc_ValueError,
                         "histogram_blocks: an entry's block, value, row or class is out of range");

@@ -241,6 +241,28 @@ class LevelStatistics:
             return out if missing_bin else out[:, :, :-1]
         return self._histogram(nodes, feats, thr, S)
 
+    def add_histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
+                      total: np.ndarray, counts_only: bool = False, moments: bool = False
+                      ) -> bool:
+        """Add :meth:`histogram` to ``total`` (other clients' running sum, flat float64)
+        by the compiled loop, each block summed apart and then added: the floats of ``total
+        += histogram(...).ravel()``. False (``total`` untouched) where it does not apply:
+        no compiled loops, missing values, an empty level, another size, a slot left out."""
+        kernels = _kernels.KERNELS
+        order = self.order
+        n_eval, m = feats.shape
+        S = 1 if counts_only else 2 if moments and self.config.task == "regression" \
+            else self.config.n_stats
+        size = n_eval * m * (thr.shape[2] + 1) * S
+        if (kernels is None or self.config.has_missing or order.size == 0 or n_eval == 0
+                or total.dtype != np.float64 or not total.flags.c_contiguous
+                or not total.flags.writeable or total.shape != (size,)
+                or ((feats < 0) & (order.feats[nodes] >= 0)).any()):
+            return False
+        blk = (nodes[:, None] * m + np.arange(m)[None, :]).ravel()
+        self._histogram_compiled(blk, thr.reshape(blk.size, -1), S, into=total)
+        return True
+
     def _histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray, S: int
                    ) -> np.ndarray:
         order = self.order
@@ -313,12 +335,15 @@ class LevelStatistics:
             out[feats < 0] = 0.0
         return out
 
-    def _histogram_compiled(self, blk: np.ndarray, thr2: np.ndarray, S: int) -> np.ndarray:
+    def _histogram_compiled(self, blk: np.ndarray, thr2: np.ndarray, S: int,
+                            into: np.ndarray | None = None) -> np.ndarray:
         """:meth:`_histogram`'s sums (flat) by the compiled loop over the evaluated blocks
-        ``blk``: the same bins, and each bin's statistics added in the same sequence."""
+        ``blk``: the same bins, and each bin's statistics added in the same sequence. With
+        ``into`` (a running total, :meth:`add_histogram`) they are added to it, which is
+        returned."""
         order, book = self.order, self.book
         nb = thr2.shape[1] + 1
-        sums = np.zeros(blk.size * nb * S)
+        sums = np.zeros(blk.size * nb * S) if into is None else into
         kernels = _kernels.KERNELS
         if kernels is None:  # pragma: no cover - the caller checks
             return sums
@@ -335,7 +360,7 @@ class LevelStatistics:
                                  _kernels.f64(book.uniq_all),
                                  _kernels.i64(missing),
                                  _kernels.f64(thr2), self._y64, sums,
-                                 S, 1 if classes else 0)
+                                 S, (1 if classes else 0) + (2 if into is not None else 0))
         return sums
 
     def _bins_by_entries(self, row_of: np.ndarray, table: _ThresholdTable, e0: int, e1: int

@@ -58,6 +58,8 @@ class LevelOrder:
         self._code: np.ndarray | None = None  # compact form (see compact())
         self._edges: np.ndarray | None = None
         self._block_starts: np.ndarray | None = None  # cache of all_edges()
+        # each node's pairs: a block (node, used slot) holds one entry per pair of its node
+        self._node_pairs = np.bincount(node, minlength=n_nodes)
         self.key: np.ndarray | None
         self._rmask = (1 << (rbits - 8)) - 1
         node64 = node.astype(np.int64)
@@ -164,10 +166,14 @@ class LevelOrder:
         return blk
 
     def all_edges(self) -> np.ndarray:
-        """Where every block starts (``out[i]``), and the end of the last (``out[-1]``)."""
+        """Where every block starts (``out[i]``), and the end of the last (``out[-1]``): the
+        blocks' sizes added up in block order, a block of a used slot holding one entry per
+        pair of its node and one of an unused slot none."""
         if self._block_starts is None:
-            nblk = self.feats.size
-            self._block_starts = self.search(np.arange(nblk + 1, dtype=np.int64) << self.cbits)
+            sizes = (self._node_pairs[:, None] * (self.feats >= 0)).ravel()
+            edges = np.zeros(sizes.size + 1, dtype=np.int64)
+            np.cumsum(sizes, out=edges[1:])
+            self._block_starts = edges
         return self._block_starts
 
     def block_edges(self, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

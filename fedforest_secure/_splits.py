@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from . import _impurity
+from . import _impurity, _kernels
 
 __all__ = ["best_grouping", "best_numeric", "candidate_lefts", "candidate_valid",
            "clean_noisy_groups", "decode_candidate"]
@@ -108,6 +108,10 @@ def _best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarr
     if E == 0 or bt == 0:
         z = np.zeros(E, dtype=np.int64)
         return np.full(E, -np.inf), z, z, np.zeros((E, S)), np.zeros(E, dtype=bool)
+    if (not missing and task == "regression" and S == 2 and _kernels.KERNELS is not None
+            and hist.dtype == np.float64 and hist.flags.c_contiguous):
+        # the same operations in the same order, every node in one compiled pass
+        return _best_moments(hist, thresholds, valid_slot, min_leaf)
     left, total = candidate_lefts(hist, missing)
     right = total - left
     g = (_impurity.weighted_impurity(total, task, criterion)
@@ -136,6 +140,25 @@ def _best_numeric(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarr
         none_missing = np.ones(E, dtype=bool)
     miss_left = np.where(none_missing, n_left > n_right, miss_left)
     return gain, slot, idx, lstats, miss_left
+
+
+def _best_moments(hist: np.ndarray, thresholds: np.ndarray, valid_slot: np.ndarray,
+                  min_leaf: float) -> tuple[np.ndarray, ...]:
+    """:func:`_best_numeric` of a regression's (n, sum y) histograms without a missing-value
+    bin, by the compiled loop (C-contiguous ``hist``: numpy sums its bins one after the other,
+    as the loop does)."""
+    kernels = _kernels.KERNELS
+    if kernels is None:  # pragma: no cover - the caller checks
+        raise RuntimeError("internal: _best_moments needs the compiled loops")
+    E, m, bt = thresholds.shape
+    gain = np.empty(E)
+    slot = np.empty(E, dtype=np.int64)
+    idx = np.empty(E, dtype=np.int64)
+    left = np.empty((E, 2))
+    more_left = np.empty(E, dtype=np.int64)
+    kernels.best_moments(hist, _kernels.f64(thresholds), _kernels.i64(valid_slot), gain, slot,
+                         idx, left, more_left, E, m, bt, float(min_leaf))
+    return gain, slot, idx, left, more_left.astype(bool)
 
 
 def _order_key(stats: np.ndarray, task: str) -> np.ndarray:

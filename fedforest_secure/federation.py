@@ -26,7 +26,7 @@ from .config import JobConfig
 from .coordinator import Coordinator
 from .errors import ProfileError
 from .model import ForestModel
-from .protocol import Reply, Task, seal
+from .protocol import Reply, Task, TaskKind, layout_size, seal
 from .worker import Worker, client_seed
 
 __all__ = ["IN_PROCESS_ROUND_BYTES", "Aggregator", "PlainSum", "RoundRecord", "client_seed",
@@ -126,11 +126,16 @@ def _in_order(calls: Iterable[Callable[[], T]], threads: _Threads | None
 
 
 def _answers(task: Task, workers: Sequence[Worker], threads: _Threads | None,
-             digests: tuple[bytes, bytes] | None = None) -> Generator[Reply, None, None]:
+             digests: tuple[bytes, bytes] | None = None, into: np.ndarray | None = None
+             ) -> Generator[Reply, None, None]:
     """Every client's reply to ``task``, in client order (:func:`_in_order`). Each worker
-    touches only its own state and reads the shared task."""
-    calls = (partial(w.handle, task) if digests is None else
-             partial(w.handle, task, digests=digests) for w in workers)
+    touches only its own state and reads the shared task; with ``into`` (no threads: the
+    clients one after the other) a worker may add its vector to that running total
+    (:meth:`~fedforest_secure.worker.Worker.handle`)."""
+    extra: dict[str, Any] = {} if digests is None else {"digests": digests}
+    if into is not None:
+        extra["into"] = into
+    calls = (partial(w.handle, task, **extra) for w in workers)
     yield from _in_order(calls, threads)
 
 
@@ -141,14 +146,20 @@ def _by_index(replies: Iterator[Reply]) -> Callable[[int], Reply]:
 
 def _stream_plain(task: Task, workers: Sequence[Worker], threads: _Threads | None = None
                   ) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
-    """Add the clients' vectors one by one, in client order (same floats as PlainSum)."""
+    """Add the clients' vectors one by one, in client order (same floats as PlainSum).
+
+    A histogram round without threads hands the running total to each client, which adds its
+    histogram to it (the same floats, without a vector of its own) or returns its vector."""
     total: np.ndarray | None = None
     disclosed: dict[int, dict[str, np.ndarray]] = {}
     digests = (task.digest(), task.question_digest())  # the same task for every client
-    for k, reply in enumerate(_answers(task, workers, threads, digests)):
+    if threads is None and task.kind is TaskKind.HISTOGRAM:
+        total = np.zeros(layout_size(task.layout))
+    for k, reply in enumerate(_answers(task, workers, threads, digests, total)):
         if total is None:
             total = np.zeros_like(reply.summable, dtype=np.float64)
-        total += reply.summable
+        if reply.summable.size or task.kind is not TaskKind.HISTOGRAM:
+            total += reply.summable
         if reply.disclosed:
             disclosed[k] = reply.disclosed
     return (total if total is not None else np.zeros(0)), disclosed

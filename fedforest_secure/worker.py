@@ -184,12 +184,16 @@ class Worker:
                 self._p_row[keep], self._p_w[keep], self._p_node[keep])
 
     # ------------------------------------------------------------------ entry point
-    def handle(self, task: Task, *, digests: tuple[bytes, bytes] | None = None) -> Reply:
+    def handle(self, task: Task, *, digests: tuple[bytes, bytes] | None = None,
+               into: np.ndarray | None = None) -> Reply:
         """Answer one task. Answering the same round twice returns the same reply.
 
         ``digests``: the task's ``(digest(), question_digest())`` when the caller already
         computed them for this very task object (an in-process federation hands one task to
         every client); otherwise they are computed here.
+        ``into``: the round's running sum of the clients before this one (in process). A
+        worker that keeps no reply may add its histogram to it (the floats of adding its
+        vector) and return an empty vector; otherwise its vector is to be added.
         """
         if task.job_id != self.config.job_id:
             raise ProtocolError("task belongs to another job")
@@ -204,15 +208,19 @@ class Worker:
         # thresholds beyond the public bounds cut nothing: the same question without them
         question = bounded_question(self.config, task, question)
         slots = self._answers.check_new(task, question)
+        size = layout_size(task.layout)
+        added = False  # whether the histogram was added to ``into``
         if task.kind == TaskKind.SKETCH:
             reply = self._sketch(task)
         elif task.kind == TaskKind.HISTOGRAM:
-            reply = self._histogram(task)
+            # a kept reply must hold its vector (a retried round gets it again)
+            fuse = into is not None and into.shape == (size,) and not self._answers.keeps_reply
+            reply, added = self._histogram(task, into if fuse else None)
         else:  # pragma: no cover - enum is closed
             raise ProtocolError(f"unknown task kind {task.kind}")
-        if reply.summable.shape != (layout_size(task.layout),):
+        if not added and reply.summable.shape != (size,):
             raise ProtocolError("reply does not match the task layout")
-        check_reply_kinds(self.config, task, reply.summable.size)  # kinds decide the noise
+        check_reply_kinds(self.config, task, size)  # kinds decide the noise
         self._answers.answered(task.round_id, digest, reply)
         keep = self._keep_order
         if keep is None and self._sorted is not None:  # auto, by size
@@ -412,7 +420,9 @@ class Worker:
         return order, order_positions(order, self._group, feats, nodes)
 
     # ------------------------------------------------------------------ histogram round
-    def _histogram(self, task: Task) -> Reply:
+    def _histogram(self, task: Task, into: np.ndarray | None = None) -> tuple[Reply, bool]:
+        """The histogram round's reply, and whether it was added to ``into`` instead
+        (:meth:`handle`, :meth:`LevelStatistics.add_histogram`)."""
         if task.level != self._level:
             raise ProtocolError(f"histogram for level {task.level}, client is at {self._level}")
         nodes, feats, thr, mode = histogram_arrays(task, self._n_nodes, self.config.n_features)
@@ -432,7 +442,14 @@ class Worker:
             hist = self._unsorted_histogram(nodes, feats, thr, mode, missing_bin)
         else:
             order, local = self._sorted_for(feats, nodes)
-            hist = self._level_stats(order).histogram(local, feats, thr,
+            stats = self._level_stats(order)
+            if (into is not None and mode in ("full", "moments", "count")
+                    and not any(b.name == CLASS_TOTALS_BLOCK for b in task.layout)
+                    and stats.add_histogram(local, feats, thr, into,
+                                            counts_only=mode == "count",
+                                            moments=mode == "moments")):
+                return Reply(round_id=task.round_id, summable=np.zeros(0)), True
+            hist = stats.histogram(local, feats, thr,
                                                      counts_only=mode == "count",
                                                      missing_bin=missing_bin,
                                                      moments=mode == "moments")
@@ -443,7 +460,7 @@ class Worker:
         summable = np.ascontiguousarray(vec).ravel()
         if any(b.name == CLASS_TOTALS_BLOCK for b in task.layout):
             summable = np.concatenate([summable, self._class_totals(task, nodes, mode)])
-        return Reply(round_id=task.round_id, summable=summable)
+        return Reply(round_id=task.round_id, summable=summable), False
 
     def _class_totals(self, task: Task, nodes: np.ndarray, mode: str) -> np.ndarray:
         """The classes' row totals over ``nodes``, ``a`` times over

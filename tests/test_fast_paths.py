@@ -138,6 +138,35 @@ def test_level_order_keys_with_and_without_node_runs(node_sorted: bool) -> None:
     np.testing.assert_array_equal(wf, ref[:, 3].astype(np.float64))
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_level_order_block_edges_are_its_nodes_pair_counts(
+        monkeypatch: pytest.MonkeyPatch, packed: bool) -> None:
+    """Where each block (node, slot) starts in the level order is added up from its node's
+    pairs (an unused slot: none, a node without pairs: none), without searching the keys:
+    the positions a search of the sorted keys finds, in packed and unpacked keys."""
+    rng = np.random.default_rng(5)
+    n_rows, d, n_nodes, m, P = 60, 5, 9, 3, 150
+    codes = rng.integers(0, 30, d * n_rows).astype(np.int32)
+    feats = rng.integers(0, d, (n_nodes, m))
+    feats[1, 2] = feats[4, 0] = -1
+    feats[6] = -1  # a node evaluated in no slot
+    node = rng.integers(0, n_nodes, P).astype(np.int32)
+    node[node == 3] = 2  # a node without pairs
+    row = rng.integers(0, n_rows, P).astype(np.int32)
+    w = rng.integers(1, 4 if packed else 300, P).astype(np.int64)
+    lo = LevelOrder(feats, node, row, w, codes, n_rows, 16)
+    assert lo.packed is packed
+    searched = lo.search(np.arange(n_nodes * m + 1, dtype=np.int64) << 16)
+
+    def no_search(*args: object, **kwargs: object) -> np.ndarray:
+        raise AssertionError("the block edges searched the keys")
+
+    monkeypatch.setattr(LevelOrder, "search", no_search)
+    edges = lo.all_edges()
+    np.testing.assert_array_equal(edges, searched)
+    assert edges[-1] == lo.size
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_row_order_is_a_stable_argsort(seed: int) -> None:
     """The packed-key sort of the pooled sketch orders every row as a stable argsort does,

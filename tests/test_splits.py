@@ -110,3 +110,50 @@ def test_a_wide_level_is_scored_within_its_histograms_size() -> None:
     finally:
         tracemalloc.stop()
     assert peak < hist.nbytes, peak / hist.nbytes
+
+
+def _moments_level(rng: np.random.Generator, E: int, m: int, bt: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A level's (n, sum y) histograms (E, m, bt + 1, 2) with empty bins, equal bins (tied
+    gains), +inf thresholds and slots without a numeric feature."""
+    n = rng.integers(0, 6, size=(E, m, bt + 1)).astype(float)
+    n[rng.random(n.shape) < 0.3] = 0.0
+    s = np.where(n > 0, rng.normal(size=n.shape) * n, 0.0)
+    s[:, :, ::3] = n[:, :, ::3]  # whole runs of equal bins: tied gains
+    thr = np.sort(rng.normal(size=(E, m, bt)), axis=2)
+    width = rng.integers(0, bt + 1, size=(E, m))
+    thr[np.arange(bt)[None, None, :] >= width[:, :, None]] = np.inf
+    valid = rng.random((E, m)) < 0.8
+    return np.stack([n, s], axis=-1), thr, valid
+
+
+@pytest.mark.parametrize("min_leaf", [0.5, 1, 3, 5])
+def test_compiled_regression_split_scores_equal_numpy_bit_for_bit(
+        monkeypatch: pytest.MonkeyPatch, min_leaf: float) -> None:
+    """A regression level's (n, sum y) histograms are scored by one compiled pass
+    (``_splits._best_moments``) that gives every node numpy's split: the same gain, slot,
+    threshold index, left statistics and side of the larger child, to the bit (ties: the
+    first candidate; nodes without a valid split: -inf and numpy's first candidate)."""
+    from fedforest_secure import _kernels
+
+    kernels = _kernels.KERNELS
+    if kernels is None:
+        pytest.skip("the compiled loops are not built")
+    rng = np.random.default_rng(7)
+    hist, thr, valid = _moments_level(rng, 400, 6, 9)
+    hist[3, 2, 4] = [6.0, 1e300]  # a gain that overflows: inf - inf is NaN, numpy's argmax
+    thr[3, 2, 4] = 0.0
+    valid[3, 2] = True
+    compiled = _splits._best_moments(hist, thr, valid, min_leaf)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = best_numeric(hist, thr, valid, "regression", "mse", min_leaf)
+    assert len(compiled) == len(ref) == 5
+    for a, b in zip(compiled, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    gains = ref[0]
+    assert np.isnan(gains).sum() >= 1 and np.isneginf(gains).any() and np.isfinite(gains).any()
+    monkeypatch.setattr(_kernels, "KERNELS", kernels)  # best_numeric takes the compiled pass
+    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(
+        best_numeric(hist, thr, valid, "regression", "mse", min_leaf), ref, strict=True))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fedforest_secure.worker as worker_mod
-from fedforest_secure import _level_stats
+from fedforest_secure import _kernels, _level_stats
 from fedforest_secure._bootstrap import canonical_order, row_keys, tree_pairs
 from fedforest_secure._tree import NodeKind
 from fedforest_secure.config import JobConfig
@@ -785,3 +785,49 @@ def test_clients_of_equal_size_draw_their_bootstraps_independently() -> None:
         m[w._p_node, w._p_row] = w._p_w
         patterns.append(m[:, canonical_order(Xk, yk)])
     assert (patterns[0] != patterns[1]).mean() > 0.2
+
+
+@pytest.mark.parametrize("mode,S,task", [("full", 3, "regression"), ("moments", 2, "regression"),
+                                         ("count", 1, "regression"), ("full", 3, "classification")])
+def test_a_histogram_added_to_a_running_total_is_the_reply_added(mode: str, S: int,
+                                                                  task: str) -> None:
+    """A worker that keeps no reply, handed the round's running total (an in-process
+    federation's plain sum), adds its histogram to it: the floats of ``total += summable``
+    of its reply, bit for bit, and a reply without a vector of its own. A worker that keeps
+    its reply (a retried round gets it again) leaves the total to its caller."""
+    rng = np.random.default_rng(9)
+    n, T, d = 80, 3, 3
+    kw: dict[str, Any] = dict(n_estimators=T)
+    if task == "classification":
+        kw.update(task="classification", n_classes=S, criterion="gini")
+    cfg = _cfg(**kw)
+    X = rng.normal(size=(n, d)).round(1)
+    y = rng.integers(0, S, n) if task == "classification" else rng.normal(size=n)
+    feats = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
+    nodes = np.array([0, 2])
+    thr = np.sort(rng.normal(size=(2, d, 5)), axis=2)
+    thr[1, 2, 3:] = np.inf
+    hist = _hist_task(2, 0, nodes, feats[nodes], thr, S=S, mode=mode,
+                      regression=task == "regression")
+    size = hist.layout[0].size
+
+    def ready(keep: bool) -> Worker:
+        w = Worker(cfg, X, y, client_index=0, seed=5, keep_last_reply=keep)
+        w.handle(_sketch_task(1, 0, T, S=cfg.n_stats, feats=feats,
+                              regression=task == "regression"))
+        return w
+
+    before = rng.normal(size=size)  # the clients before this one
+    want = before.copy()
+    want += ready(True).handle(hist).summable
+    total = before.copy()
+    reply = ready(False).handle(hist, into=total)
+    if _kernels.KERNELS is None:  # the numpy code returns its vector, for its caller to add
+        assert reply.summable.shape == (size,) and total.tobytes() == before.tobytes()
+        total += reply.summable
+    else:
+        assert reply.summable.shape == (0,)
+    assert total.tobytes() == want.tobytes()
+    kept = before.copy()
+    reply = ready(True).handle(hist, into=kept)
+    assert kept.tobytes() == before.tobytes() and reply.summable.shape == (size,)
