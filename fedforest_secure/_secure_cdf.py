@@ -85,8 +85,9 @@ ATOM_RUNS = 3
 #: the public bounds, are not told apart until a split narrows the box
 MIN_CELL = 1e-12
 #: the planner's row-by-row steps (first grids, heavy cells, final rows' candidates and bins)
-#: run over this many cell entries at a time: their temporaries stay a few MB on any level
-CHUNK_ENTRIES = 1 << 18
+#: run over this many cell entries at a time: their temporaries stay a few hundred KB on any
+#: level, beside the round's sums and the level's results
+CHUNK_ENTRIES = 1 << 15
 
 
 class SecureCdfPlanner:

@@ -123,7 +123,9 @@ def _histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str
     try:
         nodes = task.arrays[prefix + "nodes"].astype(np.int64)
         feats = task.arrays[prefix + "features"].astype(np.int64)
-        thr = task.arrays[prefix + "thresholds"].astype(np.float64)
+        # float64 thresholds are read in place (a level's grid is as large as its histogram):
+        # a view, so the memo's read-only flag leaves the task's own array as it was
+        thr = np.asarray(task.arrays[prefix + "thresholds"], dtype=np.float64).view()
     except KeyError as exc:
         raise ProtocolError(f"histogram task lacks {exc}") from exc
     if (nodes.ndim != 1 or feats.ndim != 2 or thr.ndim != 3

@@ -173,6 +173,9 @@ def test_a_sealed_tasks_histogram_arrays_are_checked_once_for_every_reader() -> 
     assert all(a is b for a, b in zip(first[:3], again[:3], strict=True))
     assert not any(a.flags.writeable for a in first[:3])
     np.testing.assert_array_equal(first[2], thr)
+    # float64 thresholds are read where they are (a level's grid is as large as its
+    # histogram): a read-only view, the task's own array left as it was
+    assert np.shares_memory(first[2], thr) and thr.flags.writeable
     with pytest.raises(ProtocolError, match="inconsistent"):  # another level's size
         histogram_arrays(good, 3, 4)
     bad = seal(Task(job_id="j", round_id=8, kind=TaskKind.HISTOGRAM, level=2,

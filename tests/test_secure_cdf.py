@@ -367,3 +367,36 @@ def test_small_row_chunks_grow_the_same_secure_forest(monkeypatch: pytest.Monkey
     whole = fit()
     monkeypatch.setattr(secure_cdf_mod, "CHUNK_ENTRIES", 7)
     assert fit() == whole
+
+
+def test_a_wide_levels_grid_round_needs_little_beyond_its_results() -> None:
+    """The planner's row-by-row steps run a few hundred KB at a time: a level's round holds
+    its results (bins' statistics, candidates), the round's counts and a few MB besides, not
+    temporaries as large as the round's sums."""
+    import tracemalloc
+
+    E, m, B, S = 1000, 6, 32, 2
+    W = 4 * B - 1  # the first grid without a prior: 4 B cells of equal width
+    n = np.full(E, 4096.0)
+    planner = SecureCdfPlanner(np.zeros((E, m)), np.ones((E, m)), np.tile(np.arange(m), (E, 1)),
+                               np.zeros(m, dtype=bool), n, B,
+                               keep_cells=np.zeros((E, m), dtype=bool))
+    grid = planner.next_grid()
+    assert grid is not None and grid.shape == (E, m, W)
+    counts = np.full((E, m, W + 1), 32.0)  # every cell 1/128 of its node: none is heavy
+    stats = np.stack([counts, np.linspace(-1.0, 1.0, counts.size).reshape(counts.shape)],
+                     axis=-1)
+    del grid
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        planner.receive(counts, stats)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    R = E * m
+    results = 8 * R * (B * S + B - 1)  # bins' statistics and candidates, kept
+    round_counts = 8 * R * (W + 1) + 2 * R * (W + 1)  # the counts, unsplit and heavy flags
+    assert planner.next_round() is None and np.isfinite(planner.candidates()).all()
+    np.testing.assert_allclose(planner.histogram().sum(axis=2), stats.sum(axis=2))
+    assert peak < results + round_counts + 3 * 2**20, (peak - results - round_counts) / 2**20
