@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from test_integration_https import (
     Fed,
+    _job_status,
     launch_client,
     launch_server,
     run_job,
@@ -125,7 +126,15 @@ def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not
 
     def stop_client_3(clients: list[subprocess.Popen[bytes]]) -> None:
         if stop == "receipt_error":
-            _break_receipts(fed, "client-3")
+            # frozen while its receipts go (it writes none meanwhile): the job cannot end
+            # before the receipt of its next answer, which it cannot write
+            clients[3].send_signal(signal.SIGSTOP)
+            try:
+                st = _job_status(fed.db_url, "job-a")
+                assert st["status"] == "running", f"the job was {st['status']} before the stop"
+                _break_receipts(fed, "client-3")
+            finally:
+                clients[3].send_signal(signal.SIGCONT)
         else:
             clients[3].send_signal(getattr(signal, stop))
 
