@@ -39,6 +39,9 @@ install: $(STAMP)
 
 # the packages byte-compiled first: the tests start ~250 server and client processes, and
 # each would compile them again where the environment sets PYTHONDONTWRITEBYTECODE;
+# pytest runs with PYTHONDONTWRITEBYTECODE empty: it keeps the test modules it rewrote for
+# their asserts (tests/__pycache__/*-pytest-*.pyc), which each of its worker processes would
+# otherwise rewrite again in every run (about 6 s of CPU each, half of its collection);
 # TEST_WORKERS: one more test process than the 2 cores of the machine the suite is sized for,
 # as many tests spend their time waiting on their servers and clients (round deadlines,
 # restarts, long polls) while the cores are free: docs/benchmarks.md, "The test suite";
@@ -46,7 +49,7 @@ install: $(STAMP)
 TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m compileall -q $(LINT_PACKAGES)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: install
 	$(BIN)/fedforest simulate --dataset breast_cancer --clients 4 --profile secure

@@ -81,15 +81,28 @@ def _start(root: Path, parts, feat, job_dir, profile: str = "open") -> Live:
     return Live(root, port, certs, tokens, proc)
 
 
-@pytest.fixture()
-def live(tmp_path: Path, tiny_parts, job_dir) -> Iterator[Live]:
+def _serving(root: Path, tiny_parts, job_dir) -> Iterator[Live]:
     parts, feat = tiny_parts
-    lv = _start(tmp_path, parts, feat, job_dir)
+    lv = _start(root, parts, feat, job_dir)
     try:
         yield lv
     finally:
         lv.proc.terminate()  # type: ignore[attr-defined]
         lv.proc.wait(10)  # type: ignore[attr-defined]
+
+
+@pytest.fixture()
+def live(tmp_path: Path, tiny_parts, job_dir) -> Iterator[Live]:
+    """A server of its own, for a test whose sites join the job (and so change it)."""
+    yield from _serving(tmp_path, tiny_parts, job_dir)
+
+
+@pytest.fixture(scope="module")
+def unjoined(tmp_path_factory: pytest.TempPathFactory, tiny_parts, job_dir) -> Iterator[Live]:
+    """One server for the tests that change nothing on it: no site is a member of its job
+    (each of their requests is refused, or only asks who its sender is). Its log holds the
+    lines of each of those tests, in turn."""
+    yield from _serving(tmp_path_factory.mktemp("unjoined"), tiny_parts, job_dir)
 
 
 def _response_head(sock: ssl.SSLSocket, timeout: float) -> bytes:
@@ -101,8 +114,8 @@ def _response_head(sock: ssl.SSLSocket, timeout: float) -> bytes:
 
 
 def test_attack5_an_unauthenticated_huge_join_body_is_refused_before_it_is_read(
-        live: Live) -> None:
-    sock = live.raw()
+        unjoined: Live) -> None:
+    sock = unjoined.raw()
     claimed = 300 << 20
     sock.sendall(b"POST /v1/jobs/job-a/join HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  b"Content-Type: application/json\r\nContent-Length: "
@@ -113,10 +126,10 @@ def test_attack5_an_unauthenticated_huge_join_body_is_refused_before_it_is_read(
     assert head.startswith(b"HTTP/1.1 4"), "the server keeps reading an unauthenticated body"
 
 
-def test_attack5_a_stalled_upload_is_dropped(live: Live) -> None:
-    sock = live.raw()
+def test_attack5_a_stalled_upload_is_dropped(unjoined: Live) -> None:
+    sock = unjoined.raw()
     sock.sendall(b"POST /v1/jobs/job-a/rounds/0/upload HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Authorization: Bearer " + unjoined.tokens[0].encode() + b"\r\n"
                  b"Content-Type: application/octet-stream\r\nContent-Length: 16777216\r\n\r\n")
     head = _response_head(sock, 8.0)
     sock.close()
@@ -125,10 +138,10 @@ def test_attack5_a_stalled_upload_is_dropped(live: Live) -> None:
 
 
 def test_attack5_a_chunked_body_past_the_limit_is_cut_off_while_it_streams(
-        live: Live) -> None:
-    sock = live.raw()
+        unjoined: Live) -> None:
+    sock = unjoined.raw()
     sock.sendall(b"POST /v1/jobs/job-a/join HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Authorization: Bearer " + live.tokens[0].encode() + b"\r\n"
+                 b"Authorization: Bearer " + unjoined.tokens[0].encode() + b"\r\n"
                  b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     chunk = b" " * 32768
     sent = 0
@@ -153,37 +166,42 @@ def test_attack5_a_chunked_body_past_the_limit_is_cut_off_while_it_streams(
     assert sent < 32 * len(chunk), "the server read the whole body before refusing it"
 
 
-def test_attack6_a_token_is_bound_to_the_name_in_the_client_certificate(live: Live) -> None:
-    with live.http(k=2, token=0) as http:  # client-2's certificate, client-0's token
+def test_attack6_a_token_is_bound_to_the_name_in_the_client_certificate(
+        unjoined: Live) -> None:
+    before = (unjoined.root / "server.log").stat().st_size  # the lines of the tests before
+    with unjoined.http(k=2, token=0) as http:  # client-2's certificate, client-0's token
         r = http.get("/v1/me")
     assert r.status_code in (401, 403), f"client-2's certificate acts as {r.json()}"
     assert r.json()["error"] == "certificate_mismatch"
-    with live.http(k=2, token=2) as http:  # its own token over its own certificate
+    with unjoined.http(k=2, token=2) as http:  # its own token over its own certificate
         assert http.get("/v1/me").json() == {"name": "client-2"}
     # the operator reads whose token came over whose certificate (a leaked token?); and an
     # unknown token is logged too, never the token itself
-    with live.http(k=1) as http:
+    with unjoined.http(k=1) as http:
         assert http.get("/v1/me", headers={"Authorization": "Bearer nope"}).status_code == 401
-    log = (live.root / "server.log").read_text()
+    with (unjoined.root / "server.log").open("rb") as fh:
+        fh.seek(before)
+        log = fh.read().decode()
     assert "event=auth_refused" in log and "reason=certificate_mismatch token_of=client-0 " \
         "certificate_of=client-2" in log, log[-2000:]
     assert 'reason="unknown or revoked token" peer=client-1' in log, log[-2000:]
-    assert live.tokens[0] not in log and "nope" not in log
+    whole = (unjoined.root / "server.log").read_text()  # every test's lines: no token in any
+    assert not any(token in whole for token in unjoined.tokens) and "nope" not in whole
 
 
 @pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
 def test_attack6_a_forwarded_header_does_not_lend_another_connections_certificate(
-        live: Live, header: str) -> None:
+        unjoined: Live, header: str) -> None:
     """client-0 holds client-2's token: over its own certificate, it names a live connection
     of client-2's (its address and port) in a proxy header. The server binds the token to
     the certificate of the connection the request came on, whatever the headers say."""
-    other = live.raw(k=2)  # client-2's connection, kept open
+    other = unjoined.raw(k=2)  # client-2's connection, kept open
     try:
         other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert other.recv(4096).startswith(b"HTTP/1.1 200")
         host, port = other.getsockname()[:2]
         value = f"{host}:{port}" if header == "X-Forwarded-For" else f'for="{host}:{port}"'
-        with live.http(k=0, token=2) as http:
+        with unjoined.http(k=0, token=2) as http:
             r = http.get("/v1/me", headers={header: value})
     finally:
         other.close()
