@@ -21,7 +21,6 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from scipy.special import digamma
 
 from .layout import EvalLayout
 
@@ -113,6 +112,9 @@ def average_precision_binning_bound(neg: np.ndarray, pos: np.ndarray) -> float:
     side's sum over bins, and some unbinned scores reach it. (The ROC AUC's bound, half the
     share of a bin's pairs, does not cover this: a bin's order moves the precision of every
     later positive.)"""
+    # imported here: a server imports this module at start, scipy only when it scores a job
+    from scipy.special import digamma
+
     neg = np.clip(np.asarray(neg, dtype=np.float64), 0, None)[::-1]  # highest bin first
     pos = np.clip(np.asarray(pos, dtype=np.float64), 0, None)[::-1]
     P = float(pos.sum())
