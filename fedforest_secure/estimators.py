@@ -43,7 +43,8 @@ shared parameters, with these federated defaults:
   default "sqrt" (classifier) and the paper's 1/3 (regressor). Under a DP profile the default
   takes the allocation rule's value, as a job file without ``max_features`` does (random
   splits: 1; greedy methods: ``max(1, d // 10)`` for classification, ``min(2, d)`` for
-  regression, the count the rule chose the depth for); any other value is kept. Each node
+  regression, the count the rule chose the depth for); any other value is kept (the
+  default's own value given explicitly counts as the default: pass an int to choose). Each node
   draws exactly that many features; where every drawn feature is constant on the node's rows,
   the node becomes a leaf (scikit-learn draws further features). On binary or one-hot
   features, which are constant below a split on them, this stops many branches early: give
