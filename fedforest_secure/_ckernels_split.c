@@ -37,7 +37,7 @@ PyObject *best_moments(PyObject *self, PyObject *args)
     if (get_buffers(o, v, fmt, name, 8, -1, &got) != 0)
         goto done;
     if (v[3].readonly || v[4].readonly || v[5].readonly || v[6].readonly || v[7].readonly
-        || !bytes_eq(v[0].len, E * m, bt + 1, 2) || !bytes_eq(v[1].len, E, m, bt)
+        || !bytes_eq(v[0].len, E, m, 2 * (bt + 1)) || !bytes_eq(v[1].len, E, m, bt)
         || !bytes_eq(v[2].len, E, m, 1) || !bytes_eq(v[3].len, E, 1, 1)
         || !bytes_eq(v[4].len, E, 1, 1) || !bytes_eq(v[5].len, E, 1, 1)
         || !bytes_eq(v[6].len, E, 2, 1) || !bytes_eq(v[7].len, E, 1, 1)) {
