@@ -124,8 +124,9 @@ def _histogram_arrays(task: Task, n_nodes: int, n_features: int, prefix: str
         nodes = task.arrays[prefix + "nodes"].astype(np.int64)
         feats = task.arrays[prefix + "features"].astype(np.int64)
         # float64 thresholds are read in place (a level's grid is as large as its histogram):
-        # a view, so the memo's read-only flag leaves the task's own array as it was
+        # a read-only view, so no reader writes into the task, whose own array stays as it was
         thr = np.asarray(task.arrays[prefix + "thresholds"], dtype=np.float64).view()
+        thr.flags.writeable = False
     except KeyError as exc:
         raise ProtocolError(f"histogram task lacks {exc}") from exc
     if (nodes.ndim != 1 or feats.ndim != 2 or thr.ndim != 3
