@@ -95,16 +95,26 @@ int layout_of(const field *code, const field *row, const field *w)
     return 0;
 }
 
+/* a C-contiguous array's buffer and its format without a byte-order prefix ("<", "=",
+ * "@": native order on this machine), or NULL with the buffer protocol's error set */
+const char *native_format(PyObject *obj, Py_buffer *view)
+{
+    const char *fmt;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return NULL;
+    fmt = view->format;
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
+        fmt++;
+    return fmt;
+}
+
 /* the buffer of a C-contiguous integer array (signed or unsigned, 1, 2, 4 or 8 bytes) */
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
                      field *f, const char *name)
 {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+    const char *fmt = native_format(obj, view);
+    if (fmt == NULL)
         return -1;
-    fmt = view->format;
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
-        fmt++;
     /* unsigned below 8 bytes (a signed byte of -3 is not a weight of 253); 8 bytes either */
     if (strlen(fmt) != 1 || strchr(view->itemsize == 8 ? "lLqQ" : "BHI", fmt[0]) == NULL
         || (view->itemsize != 1 && view->itemsize != 2 && view->itemsize != 4

@@ -168,11 +168,10 @@ PyObject *order_keys(PyObject *self, PyObject *args)
         return NULL;
     if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0)
         goto done;
-    if (PyObject_GetBuffer(o_codes, &vc, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+    cf = native_format(o_codes, &vc);
+    if (cf == NULL)
         goto done;
     gotc = 1;
-    cf = vc.format[0] == '<' || vc.format[0] == '=' || vc.format[0] == '@' ? vc.format + 1
-                                                                            : vc.format;
     P = v[0].len / 8;
     nn = m > 0 ? (v[3].len / 8) / m : 0;
     nc = vc.len / 4;

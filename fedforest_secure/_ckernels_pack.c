@@ -37,12 +37,9 @@ done:
 /* a C-contiguous int32 array's buffer (numpy's "i"), or -1 with TypeError */
 static int get_i32(PyObject *obj, Py_buffer *view, const char *name)
 {
-    const char *fmt;
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+    const char *fmt = native_format(obj, view);
+    if (fmt == NULL)
         return -1;
-    fmt = view->format;
-    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
-        fmt++;
     if (view->itemsize != 4 || strcmp(fmt, "i") != 0) {
         PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous int32 array", name);
         PyBuffer_Release(view);
