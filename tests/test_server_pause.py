@@ -37,11 +37,21 @@ def _pause_holding_no_lock(proc: subprocess.Popen[bytes], *db_files: Path) -> No
     other server could take the database over."""
     for _ in range(100):
         proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(proc.pid)  # a signal is delivered later: it could still take a lock
         if all(_unlocked(f) for f in db_files):
             return
         proc.send_signal(signal.SIGCONT)  # let it finish its transaction
         time.sleep(0.05)
     raise AssertionError("the server held a database lock at every try")
+
+
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until process ``pid`` is stopped (state T in /proc/<pid>/stat)."""
+    deadline = time.monotonic() + timeout
+    stat = Path(f"/proc/{pid}/stat")
+    while stat.read_text().rpartition(")")[2].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.005)
 
 
 def _unlocked(db_file: Path) -> bool:
