@@ -15,10 +15,12 @@ __all__ = ["UNUSED", "lasting_imports", "skip_unused_imports"]
 #: modules the libraries of a ``fedforest`` process import when they are installed, each with
 #: a fallback when they are not, and which the process never uses: httpcore (under httpx)
 #: imports trio, an async framework, for async clients running under it (the site's client
-#: is synchronous; selenium, of the development extra, installs trio), and httpx its own
-#: command line (click, pygments) for the ``httpx`` script. About a seventh of a site
-#: client's start-up CPU (docs/benchmarks.md, "Start-up").
-UNUSED = ("trio", "httpx._main")
+#: is synchronous; selenium, of the development extra, installs trio); httpx its own command
+#: line (click, pygments) for the ``httpx`` script; FastAPI pydantic's copy of its first
+#: version, to tell whether a route's types are models of that version (the server's models
+#: are all of pydantic 2). About a seventh of a site client's start-up CPU and a twentieth of
+#: the server's (docs/benchmarks.md, "Start-up").
+UNUSED = ("trio", "httpx._main", "pydantic.v1")
 
 
 def skip_unused_imports() -> None:

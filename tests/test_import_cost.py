@@ -125,6 +125,8 @@ def test_the_server_starts_without_a_sites_modules(tmp_path: Path) -> None:
                         "--port", str(free_port()))
     assert "server_app.app" in modules  # the server was built
     assert _of(modules, NEVER_AT_START) == []
+    # nor the optional imports of its libraries that it never uses (FastAPI's of pydantic.v1)
+    assert "fastapi" in modules and _of(modules, UNUSED) == []
     assert _of(modules, SITE_ONLY) == []
     assert [m for m in _of(modules, ("client_app",))
             if m not in ("client_app", "client_app.stop")] == []
