@@ -134,7 +134,12 @@ def export(base: str, into: Path) -> str:
 
 
 def env_for(tree: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    """The environment of the runs of ``tree``: it first on ``PYTHONPATH``, and bytecode
+    written (without ``PYTHONDONTWRITEBYTECODE``), so the untimed run compiles each version's
+    modules once and no timed run compiles them again (with it set, every run of the export
+    compiled all of its modules, and this tree's runs those changed since it was compiled)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = str(tree)
     return env
 

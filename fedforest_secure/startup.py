@@ -1,14 +1,35 @@
 """The imports of a ``fedforest`` process, made once for its whole life: the command line's
 (:mod:`fedforest_cli.__main__`), a command's own modules, and a site's DP stack
-(:func:`client_app.runner.run_client`)."""
+(:func:`client_app.runner.run_client`); and the optional imports of its libraries that it
+never uses (:func:`skip_unused_imports`)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections.abc import Iterator
 
-__all__ = ["lasting_imports"]
+__all__ = ["UNUSED", "lasting_imports", "skip_unused_imports"]
+
+#: modules the libraries of a ``fedforest`` process import when they are installed, each with
+#: a fallback when they are not, and which the process never uses: httpcore (under httpx)
+#: imports trio, an async framework, for async clients running under it (the site's client
+#: is synchronous; selenium, of the development extra, installs trio); httpx its own command
+#: line (click, pygments) for the ``httpx`` script; FastAPI pydantic's copy of its first
+#: version, to tell whether a route's types are models of that version (the server's models
+#: are all of pydantic 2). About a seventh of a site client's start-up CPU and a twentieth of
+#: the server's (docs/benchmarks.md, "Start-up").
+UNUSED = ("trio", "httpx._main", "pydantic.v1")
+
+
+def skip_unused_imports() -> None:
+    """Mark the modules of :data:`UNUSED` as not installed in this process (``None`` in
+    ``sys.modules``: importing one raises ``ImportError``, and the library that tried takes
+    its fallback). One already imported is left as it is. For the ``fedforest`` command's
+    own process only, never a process that imports this package as a library."""
+    for name in UNUSED:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

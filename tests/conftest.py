@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pg_cluster import Cluster, PostgresUnavailable
+from worker_order import spread
 
 from fedforest_cli.sim_data import schema_dict, write_job_toml, write_site_files
 from fedforest_secure import _kernels
@@ -26,12 +27,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that start servers and client processes (marker ``integration``) run first:
-    ``make test`` runs ``-n 2 --dist worksteal``, which gives the first worker the first half
-    of the tests (the long ones) and the second the rest, and lets a worker that runs out take
-    half of the other's queue, so the long tests overlap with the many short ones instead of
-    finishing alone at the end. The order within each group is the collection order."""
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+    """The tests that start servers and client processes (marker ``integration``) run first,
+    each group in its collection order. Under ``make test`` (``-n 3 --dist worksteal``) they
+    are split between the starts of the first two workers' shares, the third worker running
+    short tests beside them (tests/worker_order.py): they spend much of their time waiting on
+    their processes, and the short tests fill the cores those waits leave idle."""
+    long = [item for item in items if item.get_closest_marker("integration") is not None]
+    short = [item for item in items if item.get_closest_marker("integration") is None]
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")  # set in xdist's workers
+    workers = int(count) if count.isdigit() else 1
+    items[:] = spread(long, short, workers, group=lambda item: item.nodeid.split("::")[0])
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,15 @@ def test_startup_names_a_base_that_is_not_a_commit(capsys: pytest.CaptureFixture
                                f"in {BENCH.parent}")
 
 
+def test_startup_runs_write_bytecode_where_the_environment_says_not_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The untimed run compiles each version once: a timed run that compiled the modules
+    again would count that against it."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = _script("startup").env_for(tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPATH"] == str(tmp_path)
+
+
 # ------------------------------------------------------------------------------ speed.py
 def test_speed_reads_the_jobs_suffix_from_the_right() -> None:
     speed = _script("speed")

@@ -18,6 +18,7 @@ from ports import free_port
 
 from fedforest_cli.sim_data import schema_dict, write_site_files
 from fedforest_cli.sim_processes import child_env
+from fedforest_secure.startup import UNUSED
 
 #: libraries neither the server nor a site's client without DP imports to start (the
 #: estimators, DP calibration, plots)
@@ -34,11 +35,14 @@ SITE_ONLY = ("fedforest_secure.worker", "fedforest_secure._routing",
              "fedforest_secure.evaluation.worker", "fedforest_secure.secagg.client",
              "client_app.runner", "client_app.transport", "httpx")
 
+#: the names of the modules imported in this process, as JSON (a module marked not installed,
+#: None in sys.modules, is not one of them)
+_IMPORTED = "json.dumps(sorted(m for m, mod in sys.modules.items() if mod is not None))"
 #: runs the ``fedforest`` command of argv[1:] in this process, as the installed script does;
 #: prints the imported modules as JSON when the command ends
-_RUN = """
+_RUN = f"""
 import atexit, json, sys
-atexit.register(lambda: print(json.dumps(sorted(sys.modules))))
+atexit.register(lambda: print({_IMPORTED}))
 sys.argv = ["fedforest", *sys.argv[1:]]
 from fedforest_cli.__main__ import main
 main()
@@ -99,6 +103,9 @@ def test_a_site_client_starts_without_the_servers_modules(tmp_path: Path,
     assert _of(modules, SERVER_ONLY) == []
     # an evaluation job's statistics (and the model files they score): imported for one
     assert _of(modules, ("fedforest_secure.evaluation", "fedforest_secure.model")) == []
+    # nor the optional imports of its libraries that it never uses (httpcore's trio, installed
+    # here by the development extra, and httpx's command line)
+    assert "httpx" in modules and _of(modules, UNUSED) == []
 
 
 def test_the_server_starts_without_a_sites_modules(tmp_path: Path) -> None:
@@ -109,7 +116,7 @@ def test_the_server_starts_without_a_sites_modules(tmp_path: Path) -> None:
                       f'audit_database = "sqlite:///{tmp_path / "audit.db"}"\n')
     code = ("import json, sys, uvicorn\n"
             "def serving(self, sockets=None):\n"
-            "    print(json.dumps(sorted(sys.modules)))\n"
+            f"    print({_IMPORTED})\n"
             "uvicorn.Server.run = serving\n"
             "sys.argv = ['fedforest', *sys.argv[1:]]\n"
             "from fedforest_cli.__main__ import main\n"
@@ -118,6 +125,8 @@ def test_the_server_starts_without_a_sites_modules(tmp_path: Path) -> None:
                         "--port", str(free_port()))
     assert "server_app.app" in modules  # the server was built
     assert _of(modules, NEVER_AT_START) == []
+    # nor the optional imports of its libraries that it never uses (FastAPI's of pydantic.v1)
+    assert "fastapi" in modules and _of(modules, UNUSED) == []
     assert _of(modules, SITE_ONLY) == []
     assert [m for m in _of(modules, ("client_app",))
             if m not in ("client_app", "client_app.stop")] == []
