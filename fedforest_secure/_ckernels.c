@@ -166,6 +166,9 @@ static PyMethodDef methods[] = {
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},
+    {"sorted_keys", sorted_keys, METH_VARARGS,
+     "sorted_keys(node, row, weight, codes, feats, keys, n_rows, m, shift, hi) -> number of "
+     "keys: a packed level order's keys in ascending order, without sorting."},
     {"route_pairs", route_pairs, METH_VARARGS,
      "route_pairs(node, row, codes, fbase, cut, left, right, out): each pair's node in the "
      "next level through its node's numeric split (left where its code is below the cut)."},

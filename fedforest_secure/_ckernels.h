@@ -82,6 +82,7 @@ PyObject *list_lengths(PyObject *self, PyObject *args);
 PyObject *best_moments(PyObject *self, PyObject *args);
 PyObject *sketch_values(PyObject *self, PyObject *args);
 PyObject *order_keys(PyObject *self, PyObject *args);
+PyObject *sorted_keys(PyObject *self, PyObject *args);
 PyObject *histogram_blocks(PyObject *self, PyObject *args);
 PyObject *grid_sums(PyObject *self, PyObject *args);
 PyObject *marginal_at(PyObject *self, PyObject *args);

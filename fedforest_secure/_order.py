@@ -65,6 +65,14 @@ class LevelOrder:
         node64 = node.astype(np.int64)
         row64 = row.astype(np.int64)
         hi = cbits + self.shift  # where the block field starts
+        if self.packed and _kernels.KERNELS is not None and codes.dtype == np.int32:
+            # the same keys in ascending order, written in place by a counting pass
+            self.key = np.empty(int(self.all_edges()[-1]), dtype=np.int64)
+            _kernels.KERNELS.sorted_keys(
+                _kernels.i64(node64), _kernels.i64(row64), _kernels.i64(weight),
+                np.ascontiguousarray(codes), _kernels.i64(feats), self.key, n_rows, m,
+                self.shift, hi)
+            return
         keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows

@@ -461,6 +461,74 @@ def test_level_order_keys_are_the_same_with_and_without_the_compiled_kernels(
         np.testing.assert_array_equal(compiled._w, plain._w)
 
 
+@compiled_only
+@pytest.mark.parametrize("n_rows,n_nodes,per_node,ties", [
+    (3000, 400, 8, False),    # blocks of a few entries (sorted by insertion)
+    (3000, 6, 900, False),    # dense blocks (a bitmap of their ranks)
+    (3000, 6, 900, True),     # a node's row twice, with two weights (a rank repeats)
+    (200_000, 4, 60, False),  # ranks far apart (no bitmap)
+    (6000, 30, 700, False),   # blocks of rows split on the feature: ranks in a narrow range
+])
+def test_packed_level_order_keys_built_in_order_equal_the_sorted_keys(
+        monkeypatch: pytest.MonkeyPatch, n_rows: int, n_nodes: int, per_node: int,
+        ties: bool) -> None:
+    """The compiled level order writes each block's keys in order (by insertion, a bitmap of
+    the rows' ranks, or qsort); numpy builds every key and sorts them all: the same keys."""
+    rng = np.random.default_rng(n_rows + per_node)
+    d, m = 7, 3
+    codes = rng.integers(0, n_rows // 3, size=(d, n_rows)).astype(np.int32)
+    codes[1] = np.arange(n_rows)  # feature 1: one code per row
+    feats = np.array([rng.permutation(d)[:m] for _ in range(n_nodes)])
+    feats[1, 2] = feats[3, 0] = -1
+    if n_nodes == 30:  # node i holds rows whose feature-1 code lies in its own stretch
+        feats[:, 0] = 1
+        row = np.concatenate([rng.permutation(np.arange(i * 150, i * 150 + 700))
+                              for i in range(n_nodes)])
+    else:
+        row = np.concatenate([rng.choice(n_rows, per_node, replace=False)
+                              for _ in range(n_nodes)])
+    node = np.repeat(np.arange(n_nodes), per_node)
+    if ties:
+        row[1] = row[0]
+    perm = rng.permutation(node.size)  # pairs out of node order
+    node, row = node[perm], row[perm]
+    weight = rng.integers(1, 256, size=node.size)
+    cbits = max(int(codes.max() + 1).bit_length(), 16)
+
+    def build() -> _order.LevelOrder:
+        return _order.LevelOrder(feats, node, row, weight, codes.ravel(), n_rows, cbits)
+
+    compiled = build()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = build()
+    assert compiled.packed and plain.packed
+    assert compiled.key is not None and compiled.key.size == int((feats[node] >= 0).sum())
+    np.testing.assert_array_equal(compiled.key, plain.key)
+
+
+@compiled_only
+def test_packed_keys_with_a_code_pair_or_feature_out_of_range_are_refused() -> None:
+    """A code at or past 2^(hi - shift), a pair's row past the table, a weight of 256, a
+    feature past the table and an output too short for the keys."""
+    K = _kernels.compiled()
+    assert K is not None
+    one = np.zeros(1, np.int64)
+    codes = np.zeros(4, np.int32)  # 2 features x 2 rows
+    feats = np.array([[0, 1]])
+    two_keys = np.zeros(2, np.int64)
+
+    def call(codes: np.ndarray = codes, row: np.ndarray = one, weight: np.ndarray = one + 1,
+             feats: np.ndarray = feats, keys: np.ndarray = two_keys) -> int:
+        return K.sorted_keys(one, row, weight, codes, feats, keys, 2, 2, 24, 40)
+
+    assert call() == 2
+    for bad in ({"codes": np.array([0, 1 << 16, 0, 0], np.int32)}, {"row": one + 2},
+                {"weight": one + 256}, {"feats": np.array([[0, 2]])},
+                {"keys": np.zeros(1, np.int64)}):
+        with pytest.raises(ValueError, match="sorted_keys: .* out of range"):
+            call(**bad)  # type: ignore[arg-type]
+
+
 def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> None:
     rng = np.random.default_rng(2)
     feats = np.asfortranarray(rng.integers(-1, 3, size=(5, 2)))
