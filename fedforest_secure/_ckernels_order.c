@@ -240,7 +240,7 @@ static void sort_block(int64_t *buf, int64_t c, uint64_t *bits, uint8_t *wr)
 {
     int64_t i, j, lo, hi;
     int dup = 0;
-    if (c <= 32) {
+    if (c <= 8) {
         for (i = 1; i < c; i++) {
             int64_t k = buf[i];
             for (j = i; j > 0 && buf[j - 1] > k; j--)
