@@ -208,23 +208,25 @@ PyObject *grid_sums(PyObject *self, PyObject *args)
         double *o2 = v[10].buf;
         const Py_ssize_t ny = v[9].len / 8;
         Py_ssize_t i;
-        for (s = 0; s < m && !bad; s++) {
-            for (i = 0; i < P; i++) {
-                int64_t nd = node[i], e, f, r, at, code, bin;
+        /* pair by pair, each pair's slots: a cell (one slot's) adds its pairs in their order */
+        for (i = 0; i < P && !bad; i++) {
+            int64_t nd = node[i], e;
+            if (nd < 0 || nd >= nn) {
+                bad = 1;
+                break;
+            }
+            e = pos[nd];
+            if (e < 0)
+                continue;
+            if (e >= E) {
+                bad = 1;
+                break;
+            }
+            for (s = 0; s < m; s++) {
+                int64_t f, r, at, code, bin;
                 double x, wi;
                 const double *t;
                 double *cell;
-                if (nd < 0 || nd >= nn) {
-                    bad = 1;
-                    break;
-                }
-                e = pos[nd];
-                if (e < 0)
-                    continue;
-                if (e >= E) {
-                    bad = 1;
-                    break;
-                }
                 f = feats[e * m + s];
                 if (f < 0)
                     continue;
