@@ -3,10 +3,11 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing), and the
- * coordinator's split scores of a regression's (n, sum y) histograms (fedforest_secure._splits).
- * The loops are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c
- * and _ckernels_split.c; this file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing) and node totals
+ * (fedforest_secure._level_pairs), and the coordinator's split scores of a regression's
+ * (n, sum y) histograms (fedforest_secure._splits). The loops are in _ckernels_sketch.c,
+ * _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c, _ckernels_split.c and
+ * _ckernels_pairs.c; this file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -169,6 +170,9 @@ static PyMethodDef methods[] = {
     {"sorted_keys", sorted_keys, METH_VARARGS,
      "sorted_keys(node, row, weight, codes, feats, keys, n_rows, m, shift, hi) -> number of "
      "keys: a packed level order's keys in ascending order, without sorting."},
+    {"node_totals", node_totals, METH_VARARGS,
+     "node_totals(node, row, weight, stats, out, S, weight_first): the row statistics summed "
+     "per node over the pairs, in their order."},
     {"route_pairs", route_pairs, METH_VARARGS,
      "route_pairs(node, row, codes, fbase, cut, left, right, out): each pair's node in the "
      "next level through its node's numeric split (left where its code is below the cut)."},

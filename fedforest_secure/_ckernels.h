@@ -75,7 +75,7 @@ int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long lo
               field *f, const char *name);
 
 /* the module's functions (_ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c,
- * _ckernels_pack.c, _ckernels_split.c) */
+ * _ckernels_pack.c, _ckernels_split.c, _ckernels_pairs.c) */
 PyObject *pooled_rows(PyObject *self, PyObject *args);
 PyObject *pooled_lists(PyObject *self, PyObject *args);
 PyObject *list_lengths(PyObject *self, PyObject *args);
@@ -90,5 +90,6 @@ PyObject *grid_picks(PyObject *self, PyObject *args);
 PyObject *encode_values(PyObject *self, PyObject *args);
 PyObject *pack_cells(PyObject *self, PyObject *args);
 PyObject *route_pairs(PyObject *self, PyObject *args);
+PyObject *node_totals(PyObject *self, PyObject *args);
 
 #endif

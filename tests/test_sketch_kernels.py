@@ -15,6 +15,7 @@ from fedforest_secure import (
     _candidates,
     _grid_stats,
     _kernels,
+    _level_pairs,
     _order,
     _secure_cdf,
     _sketch,
@@ -527,6 +528,29 @@ def test_packed_keys_with_a_code_pair_or_feature_out_of_range_are_refused() -> N
                 {"keys": np.zeros(1, np.int64)}):
         with pytest.raises(ValueError, match="sorted_keys: .* out of range"):
             call(**bad)  # type: ignore[arg-type]
+
+
+@compiled_only
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_node_totals_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, task: str) -> None:
+    """Per-node sums of the row statistics over pairs out of node order, with weights of 256
+    and more: the compiled pass adds each pair's terms in the pairs' order, as bincount."""
+    rng = np.random.default_rng(7)
+    n_rows, n_nodes, P = 300, 40, 5000
+    config = JobConfig(job_id="totals", task=task, n_features=2, n_clients=1,
+                       n_classes=3 if task == "classification" else 0,
+                       criterion="gini" if task == "classification" else "mse",
+                       feature_bounds=((-1.0, 1.0),) * 2, profile=load_profile("open").to_dict())
+    S = config.n_stats
+    stats_cm = rng.normal(size=(S, n_rows)) * rng.choice([1e-8, 1.0, 1e8], size=(S, 1))
+    node, row = rng.integers(0, n_nodes, size=P), rng.integers(0, n_rows, size=P)
+    w = rng.integers(1, 400, size=P)
+    compiled = _level_pairs.node_totals(config, stats_cm, row, node, w, n_nodes)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = _level_pairs.node_totals(config, stats_cm, row, node, w, n_nodes)
+    assert compiled.shape == (n_nodes, S)
+    np.testing.assert_array_equal(compiled, plain)
 
 
 def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> None:
