@@ -230,6 +230,41 @@ def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
     np.testing.assert_array_equal(compiled, plain)
 
 
+@pytest.mark.parametrize("columns,classes", [("moments", 0), ("full", 3)])
+def test_grid_statistics_are_written_into_a_view_of_a_reply(kernels: str, columns: str,
+                                                            classes: int) -> None:
+    """With ``out`` (zeros: a view into the reply after its totals), the statistics are
+    written there, the same as a new array's, and the totals before it are left as they are;
+    an ``out`` of another shape is refused."""
+    rng = np.random.default_rng(6)
+    n_rows, d, n_nodes, P, m, W = 200, 3, 6, 600, 2, 7
+    uniq_all = np.arange(50.0)
+    uniq_off = np.array([0, 20, 35, 50])
+    codes = np.concatenate([rng.integers(0, 20, n_rows), rng.integers(0, 15, n_rows),
+                            rng.integers(0, 15, n_rows)])
+    node, row = np.sort(rng.integers(0, n_nodes, P)), rng.integers(0, n_rows, P)
+    weight = rng.integers(1, 4, size=P)
+    nodes = np.array([1, 2, 4])
+    feats = rng.integers(0, d, size=(nodes.size, m))
+    thr = np.sort(rng.choice(uniq_all[:15], size=(nodes.size, m, W)), axis=2)
+    y = rng.integers(0, 3, size=n_rows).astype(float) if classes else rng.normal(size=n_rows)
+
+    def run(out: np.ndarray | None = None) -> np.ndarray:
+        return _grid_stats.bin_statistics(node, row, weight, n_nodes, nodes, feats, thr, codes,
+                                          n_rows, uniq_all, uniq_off, y, columns, classes,
+                                          out=out)
+
+    shape = _grid_stats.bin_statistics_shape(feats, thr, columns, classes)
+    reply = np.zeros(5 + int(np.prod(shape)))
+    reply[:5] = 7.0
+    written = run(reply[5:].reshape(shape))
+    assert np.shares_memory(written, reply) and (reply[:5] == 7.0).all()
+    assert reply[5:].sum() > 0
+    np.testing.assert_array_equal(reply[5:], run().ravel())
+    with pytest.raises(ValueError, match="out must be"):
+        run(np.zeros((1,) + shape))
+
+
 @compiled_only
 def test_the_secure_sketch_prior_is_the_same_with_and_without_the_compiled_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
