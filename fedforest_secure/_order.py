@@ -6,10 +6,13 @@ feature, every block is a contiguous run in which the client's values ascend, so
 sketch is a look-up and every histogram bin a contiguous segment.
 
 When the fields fit in 62 bits, one int64 key per entry carries them all, packed as
-``block | code | row | weight`` (weight in the low 8 bits): the order is a single in-place sort
-of that array, and nothing has to be gathered through a permutation afterwards. Otherwise (huge
-levels, a client with more than about a million rows, multiplicities of 256 or more) the key is
-``block | code`` and rows and weights are kept beside it, in the same order.
+``block | code | row | weight`` (weight in the low 8 bits): the order is that array sorted, and
+nothing has to be gathered through a permutation afterwards. The compiled loops write its keys
+in ascending order block by block (``sorted_keys``: each feature's rows ranked by code once,
+each block's pairs put in their rows' rank order); numpy builds every key and sorts them
+(the same array). Otherwise (huge levels, a client with more than about a million rows,
+multiplicities of 256 or more) the key is ``block | code`` and rows and weights are kept
+beside it, in the same order.
 """
 
 from __future__ import annotations
