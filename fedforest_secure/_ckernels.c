@@ -109,6 +109,20 @@ const char *native_format(PyObject *obj, Py_buffer *view)
     return fmt;
 }
 
+/* a C-contiguous int32 array's buffer (numpy's "i"), or -1 with TypeError */
+int get_i32(PyObject *obj, Py_buffer *view, const char *name)
+{
+    const char *fmt = native_format(obj, view);
+    if (fmt == NULL)
+        return -1;
+    if (view->itemsize != 4 || strcmp(fmt, "i") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous int32 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 /* the buffer of a C-contiguous integer array (signed or unsigned, 1, 2, 4 or 8 bytes) */
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
                      field *f, const char *name)

@@ -71,6 +71,7 @@ int bytes_eq(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c);
 int bytes_at_least(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b);
 int layout_of(const field *code, const field *row, const field *w);
 const char *native_format(PyObject *obj, Py_buffer *view);
+int get_i32(PyObject *obj, Py_buffer *view, const char *name);
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
               field *f, const char *name);
 

@@ -162,21 +162,18 @@ PyObject *order_keys(PyObject *self, PyObject *args)
     int got = 0, gotc = 0, bad = 0;
     static const char *fmt[6] = {"q", "q", "q", "q", "q", "q"};
     static const char *name[6] = {"node", "row", "weight", "fstart", "unused", "keys"};
-    const char *cf;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
                           &o[5], &m, &shift, &hi, &packed))
         return NULL;
-    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0)
-        goto done;
-    cf = native_format(o_codes, &vc);
-    if (cf == NULL)
+    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0
+        || get_i32(o_codes, &vc, "order_keys") != 0)
         goto done;
     gotc = 1;
     P = v[0].len / 8;
     nn = m > 0 ? (v[3].len / 8) / m : 0;
     nc = vc.len / 4;
-    if (vc.itemsize != 4 || strcmp(cf, "i") != 0 || m < 1 || m > MAX_WIDTH || shift < 0
+    if (m < 1 || m > MAX_WIDTH || shift < 0
         || shift > 62 || hi < 0 || hi > 62 || v[1].len != v[0].len || v[2].len != v[0].len
         || !bytes_eq(v[3].len, nn, m, 1) || v[4].len != v[3].len
         || !bytes_eq(v[5].len, m, P, 1)) {
@@ -300,23 +297,20 @@ PyObject *sorted_keys(PyObject *self, PyObject *args)
     int got = 0, gotc = 0, bad = 0;
     static const char *fmt[5] = {"q", "q", "q", "q", "q"};
     static const char *name[5] = {"node", "row", "weight", "feats", "keys"};
-    const char *cf;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
                           &n_rows, &m, &shift, &hi))
         return NULL;
-    if (get_buffers(o, v, fmt, name, 5, 4, &got) != 0)
-        goto done;
-    cf = native_format(o_codes, &vc);
-    if (cf == NULL)
+    if (get_buffers(o, v, fmt, name, 5, 4, &got) != 0
+        || get_i32(o_codes, &vc, "sorted_keys") != 0)
         goto done;
     gotc = 1;
-    P = v[0].len / 8;
-    nn = m > 0 ? (v[3].len / 8) / m : 0;
     nc = vc.len / 4;
     d = n_rows > 0 ? nc / n_rows : 0;
     nk = v[4].len / 8;
-    if (vc.itemsize != 4 || strcmp(cf, "i") != 0 || m < 1 || m > MAX_WIDTH || n_rows < 1
+    P = v[0].len / 8;
+    nn = m > 0 ? (v[3].len / 8) / m : 0;
+    if (m < 1 || m > MAX_WIDTH || n_rows < 1
         || n_rows >= ((Py_ssize_t)1 << 31) || nc != d * n_rows || shift < 8 || hi <= shift
         || hi > 62 || v[1].len != v[0].len || v[2].len != v[0].len
         || !bytes_eq(v[3].len, nn, m, 1) || P >= ((Py_ssize_t)1 << 40)) {
