@@ -317,6 +317,13 @@ PyObject *sorted_keys(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "sorted_keys: array sizes or types do not match");
         goto done;
     }
+    /* every block's index fits above hi (no signed overflow), every row below shift */
+    if ((nn * m > 0 && nn * m - 1 >= ((Py_ssize_t)1 << (63 - hi)))
+        || n_rows > ((Py_ssize_t)1 << (shift - 8))) {
+        PyErr_SetString(PyExc_ValueError, "sorted_keys: the block index or the row does not "
+                        "fit its field of the key");
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
     {
         const int64_t *node = v[0].buf, *row = v[1].buf, *wt = v[2].buf, *feats = v[3].buf;

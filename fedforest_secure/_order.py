@@ -71,10 +71,12 @@ class LevelOrder:
         if self.packed and _kernels.KERNELS is not None and codes.dtype == np.int32:
             # the same keys in ascending order, written in place by a counting pass
             self.key = np.empty(int(self.all_edges()[-1]), dtype=np.int64)
-            _kernels.KERNELS.sorted_keys(
+            written = _kernels.KERNELS.sorted_keys(
                 _kernels.i64(node64), _kernels.i64(row64), _kernels.i64(weight),
                 np.ascontiguousarray(codes), _kernels.i64(feats), self.key, n_rows, m,
                 self.shift, hi)
+            if written != self.key.size:
+                raise RuntimeError(f"sorted_keys wrote {written} keys of {self.key.size}")
             return
         keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)

@@ -6,6 +6,8 @@ with and without them (the worker's quantile points and sorted histograms)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -563,6 +565,40 @@ def test_packed_keys_with_a_code_pair_or_feature_out_of_range_are_refused() -> N
                 {"keys": np.zeros(1, np.int64)}):
         with pytest.raises(ValueError, match="sorted_keys: .* out of range"):
             call(**bad)  # type: ignore[arg-type]
+
+
+@compiled_only
+def test_packed_keys_whose_block_index_or_rows_do_not_fit_their_fields_are_refused() -> None:
+    """A block index at or past 2^(63 - hi) (node 1's blocks, though it has no pair) and a
+    table of more than 2^(shift - 8) rows."""
+    K = _kernels.compiled()
+    assert K is not None
+    one, codes, keys = np.zeros(1, np.int64), np.zeros(4, np.int32), np.zeros(2, np.int64)
+    feats = np.zeros((2, 2), np.int64)  # blocks 0..3
+    assert K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, 24, 61) == 2
+    assert K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, 9, 30) == 2
+    for shift, hi in ((24, 62), (8, 30)):
+        with pytest.raises(ValueError, match="sorted_keys: the block index or the row"):
+            K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, shift, hi)
+
+
+@compiled_only
+def test_a_level_order_whose_kernel_writes_too_few_keys_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    K = _kernels.compiled()
+    assert K is not None
+
+    class Short:
+        def __getattr__(self, name: str) -> Any:
+            if name == "sorted_keys":
+                return lambda *a: K.sorted_keys(*a) - 1
+            return getattr(K, name)
+
+    monkeypatch.setattr(_kernels, "KERNELS", Short())
+    codes = np.zeros(2 * 40, np.int32)
+    with pytest.raises(RuntimeError, match="sorted_keys wrote 3 keys of 4"):
+        _order.LevelOrder(np.array([[0, 1]]), np.zeros(2, np.int64), np.arange(2),
+                          np.ones(2, np.int64), codes, 40, 4)
 
 
 @compiled_only
