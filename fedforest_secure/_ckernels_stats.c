@@ -161,13 +161,14 @@ done:
 }
 
 /* A worker's histogram without a sorted order (fedforest_secure._grid_stats.bin_statistics):
- * slot by slot, every pair (node, row, weight) of an evaluated node (pos[node] >= 0) whose
- * slot has a feature finds its bin, the number of its (node, slot)'s sorted thresholds below
- * its value, by a binary search, and adds its statistics to it, pairs in their order (as one
- * numpy bincount per slot): mode 0 the weight, weight * y, weight * y * y (S of them); mode
- * 1 the weight into column y (a class code). A missing value (code past the feature's
- * distinct values, with has_missing) goes to bin W + 1 with missing_bin, else nowhere.
- * out (E, m, nb, S) is added to, nb = W + 1 + missing_bin. */
+ * pair by pair, every pair (node, row, weight) of an evaluated node (pos[node] >= 0), in
+ * each of its node's slots that has a feature, finds its bin, the number of its (node,
+ * slot)'s sorted thresholds below its value, by a binary search, and adds its statistics to
+ * it; each bin adds its pairs in the pairs' order, as numpy's bincount per slot does.
+ * Mode 0 adds the weight, weight * y, weight * y * y (S of them); mode 1 the weight into
+ * column y (a class code). A missing value (code past the feature's distinct values, with
+ * has_missing) goes to bin W + 1 with missing_bin, else nowhere. out (E, m, nb, S) is added
+ * to, nb = W + 1 + missing_bin. */
 PyObject *grid_sums(PyObject *self, PyObject *args)
 {
     PyObject *o[11];
