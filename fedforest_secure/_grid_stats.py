@@ -14,12 +14,36 @@ integer code), so ``x <= t`` is decided exactly, as everywhere else.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _kernels
 from .errors import ProtocolError
 
-__all__ = ["bin_statistics", "bin_statistics_shape"]
+if TYPE_CHECKING:
+    from .config import JobConfig
+
+__all__ = ["bin_statistics", "bin_statistics_shape", "classes_of", "columns_of", "zeros_after"]
+
+
+def columns_of(mode: str) -> str:
+    """The statistics a histogram round of ``mode`` sums, as :func:`bin_statistics` names them
+    ("count", "moments", else "full")."""
+    return {"count": "count", "moments": "moments"}.get(mode, "full")
+
+
+def classes_of(config: JobConfig) -> int:
+    """The classes a job's histograms sum per bin (0: regression)."""
+    return config.n_classes if config.task == "classification" else 0
+
+
+def zeros_after(head: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One new vector, ``head`` followed by zeros for an array of ``shape``, and that array (a
+    view of the vector's tail)."""
+    out = np.zeros(head.size + int(np.prod(shape)))
+    out[:head.size] = head
+    return out, out[head.size:].reshape(shape)
 
 
 def bin_statistics_shape(feats: np.ndarray, thr: np.ndarray, columns: str, n_classes: int = 0,
