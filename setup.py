@@ -25,7 +25,7 @@ setup(ext_modules=[Extension(
     sources=["fedforest_secure/_ckernels.c", "fedforest_secure/_ckernels_sketch.c",
              "fedforest_secure/_ckernels_stats.c", "fedforest_secure/_ckernels_pack.c",
              "fedforest_secure/_ckernels_order.c",
-             "fedforest_secure/_ckernels_split.c"],
+             "fedforest_secure/_ckernels_split.c", "fedforest_secure/_ckernels_pairs.c"],
     depends=["fedforest_secure/_ckernels.h"],
     # the module's SOURCE_DIGEST: what it was built from
     define_macros=[("FEDFOREST_KERNELS_DIGEST", f'"{source_digest()}"')],

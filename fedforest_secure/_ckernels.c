@@ -3,10 +3,11 @@
  * histograms (fedforest_secure._order, _level_stats, _grid_stats), the secure sketch's prior
  * and picks (fedforest_secure._secure_cdf), and the fixed-point encoding of secure aggregation
  * (fedforest_secure.secagg._primitives._ring) with its packed grid cells
- * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing), and the
- * coordinator's split scores of a regression's (n, sum y) histograms (fedforest_secure._splits).
- * The loops are in _ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c
- * and _ckernels_split.c; this file holds the helpers they share and the module's table.
+ * (fedforest_secure._packing), a worker's routing (fedforest_secure._routing) and node totals
+ * (fedforest_secure._level_pairs), and the coordinator's split scores of a regression's
+ * (n, sum y) histograms (fedforest_secure._splits). The loops are in _ckernels_sketch.c,
+ * _ckernels_order.c, _ckernels_stats.c, _ckernels_pack.c, _ckernels_split.c and
+ * _ckernels_pairs.c; this file holds the helpers they share and the module's table.
  *
  * Each loop computes what the numpy function beside its caller computes, every floating-point
  * operation the same one in the same order (running sums sequential, as numpy's cumsum), so
@@ -108,6 +109,20 @@ const char *native_format(PyObject *obj, Py_buffer *view)
     return fmt;
 }
 
+/* a C-contiguous int32 array's buffer (numpy's "i"), or -1 with TypeError */
+int get_i32(PyObject *obj, Py_buffer *view, const char *name)
+{
+    const char *fmt = native_format(obj, view);
+    if (fmt == NULL)
+        return -1;
+    if (view->itemsize != 4 || strcmp(fmt, "i") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous int32 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 /* the buffer of a C-contiguous integer array (signed or unsigned, 1, 2, 4 or 8 bytes) */
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
                      field *f, const char *name)
@@ -166,6 +181,12 @@ static PyMethodDef methods[] = {
     {"order_keys", order_keys, METH_VARARGS,
      "order_keys(node, row, weight, codes, fstart, unused, keys, m, shift, hi, packed) -> "
      "number of unused keys: a level order's keys, slot by slot."},
+    {"sorted_keys", sorted_keys, METH_VARARGS,
+     "sorted_keys(node, row, weight, codes, feats, keys, n_rows, m, shift, hi) -> number of "
+     "keys: a packed level order's keys in ascending order, without sorting."},
+    {"node_totals", node_totals, METH_VARARGS,
+     "node_totals(node, row, weight, stats, out, S, weight_first): the row statistics summed "
+     "per node over the pairs, in their order."},
     {"route_pairs", route_pairs, METH_VARARGS,
      "route_pairs(node, row, codes, fbase, cut, left, right, out): each pair's node in the "
      "next level through its node's numeric split (left where its code is below the cut)."},

@@ -71,17 +71,19 @@ int bytes_eq(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b, Py_ssize_t c);
 int bytes_at_least(Py_ssize_t len, Py_ssize_t a, Py_ssize_t b);
 int layout_of(const field *code, const field *row, const field *w);
 const char *native_format(PyObject *obj, Py_buffer *view);
+int get_i32(PyObject *obj, Py_buffer *view, const char *name);
 int get_field(PyObject *obj, Py_buffer *view, Py_ssize_t shift, unsigned long long mask,
               field *f, const char *name);
 
 /* the module's functions (_ckernels_sketch.c, _ckernels_order.c, _ckernels_stats.c,
- * _ckernels_pack.c, _ckernels_split.c) */
+ * _ckernels_pack.c, _ckernels_split.c, _ckernels_pairs.c) */
 PyObject *pooled_rows(PyObject *self, PyObject *args);
 PyObject *pooled_lists(PyObject *self, PyObject *args);
 PyObject *list_lengths(PyObject *self, PyObject *args);
 PyObject *best_moments(PyObject *self, PyObject *args);
 PyObject *sketch_values(PyObject *self, PyObject *args);
 PyObject *order_keys(PyObject *self, PyObject *args);
+PyObject *sorted_keys(PyObject *self, PyObject *args);
 PyObject *histogram_blocks(PyObject *self, PyObject *args);
 PyObject *grid_sums(PyObject *self, PyObject *args);
 PyObject *marginal_at(PyObject *self, PyObject *args);
@@ -89,5 +91,6 @@ PyObject *grid_picks(PyObject *self, PyObject *args);
 PyObject *encode_values(PyObject *self, PyObject *args);
 PyObject *pack_cells(PyObject *self, PyObject *args);
 PyObject *route_pairs(PyObject *self, PyObject *args);
+PyObject *node_totals(PyObject *self, PyObject *args);
 
 #endif

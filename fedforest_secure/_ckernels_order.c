@@ -1,5 +1,6 @@
-/* A worker's level order (fedforest_secure._order.LevelOrder): its keys (order_keys) and the
- * quantile points of its blocks (sketch_values, fedforest_secure._level_stats). */
+/* A worker's level order (fedforest_secure._order.LevelOrder): its keys (order_keys, and
+ * sorted_keys for packed keys in order), and the quantile points of its blocks (sketch_values,
+ * fedforest_secure._level_stats). */
 #include "_ckernels.h"
 
 /* One block s0 .. e0 of sketch_values (fields: weights, codes of item sizes ws, cs): its
@@ -161,21 +162,18 @@ PyObject *order_keys(PyObject *self, PyObject *args)
     int got = 0, gotc = 0, bad = 0;
     static const char *fmt[6] = {"q", "q", "q", "q", "q", "q"};
     static const char *name[6] = {"node", "row", "weight", "fstart", "unused", "keys"};
-    const char *cf;
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
                           &o[5], &m, &shift, &hi, &packed))
         return NULL;
-    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0)
-        goto done;
-    cf = native_format(o_codes, &vc);
-    if (cf == NULL)
+    if (get_buffers(o, v, fmt, name, 6, 5, &got) != 0
+        || get_i32(o_codes, &vc, "order_keys") != 0)
         goto done;
     gotc = 1;
     P = v[0].len / 8;
     nn = m > 0 ? (v[3].len / 8) / m : 0;
     nc = vc.len / 4;
-    if (vc.itemsize != 4 || strcmp(cf, "i") != 0 || m < 1 || m > MAX_WIDTH || shift < 0
+    if (m < 1 || m > MAX_WIDTH || shift < 0
         || shift > 62 || hi < 0 || hi > 62 || v[1].len != v[0].len || v[2].len != v[0].len
         || !bytes_eq(v[3].len, nn, m, 1) || v[4].len != v[3].len
         || !bytes_eq(v[5].len, m, P, 1)) {
@@ -222,4 +220,241 @@ done:
     if (gotc)
         PyBuffer_Release(&vc);
     return finish(v, got, PyLong_FromSsize_t(n_unused));
+}
+
+/* qsort's order of int64 values */
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts the c values of buf, each rank << 8 | weight (0 <= rank < n_rows), ascending: by
+ * insertion when they are few; else by a bitmap over the ranks between their least and their
+ * greatest when that span is not much longer than c and no rank repeats (bits: zero on entry,
+ * zero on return; wr: a weight per rank); else by qsort. */
+static void sort_block(int64_t *buf, int64_t c, uint64_t *bits, uint8_t *wr)
+{
+    int64_t i, j, lo, hi;
+    int dup = 0;
+    if (c <= 8) {
+        for (i = 1; i < c; i++) {
+            int64_t k = buf[i];
+            for (j = i; j > 0 && buf[j - 1] > k; j--)
+                buf[j] = buf[j - 1];
+            buf[j] = k;
+        }
+        return;
+    }
+    lo = hi = buf[0] >> 8;
+    for (i = 1; i < c; i++) {
+        int64_t rk = buf[i] >> 8;
+        lo = rk < lo ? rk : lo;
+        hi = rk > hi ? rk : hi;
+    }
+    lo >>= 6;
+    hi >>= 6;
+    if (hi - lo + 1 <= 8 * c) {
+        for (i = 0; i < c; i++) {
+            int64_t rk = buf[i] >> 8;
+            uint64_t bit = (uint64_t)1 << (rk & 63);
+            dup |= (bits[rk >> 6] & bit) != 0;
+            bits[rk >> 6] |= bit;
+            wr[rk] = (uint8_t)(buf[i] & 255);
+        }
+        if (!dup) {
+            for (i = lo, j = 0; i <= hi; i++) {
+                uint64_t w = bits[i];
+                if (!w)
+                    continue;
+                bits[i] = 0;
+                while (w) {
+                    int64_t rk = (i << 6) + __builtin_ctzll(w);
+                    buf[j++] = (rk << 8) | wr[rk];
+                    w &= w - 1;
+                }
+            }
+            return;
+        }
+        memset(bits + lo, 0, (size_t)(hi - lo + 1) * sizeof(uint64_t));
+    }
+    qsort(buf, (size_t)c, sizeof(int64_t), cmp_i64);
+}
+
+/* The sorted keys of a packed level order (fedforest_secure._order.LevelOrder), built block
+ * by block rather than sorted whole: keys gets, ascending, the key ((node * m + s) << hi |
+ * code << shift | row << 8 | weight) of every pair p (node[p], row[p], weight[p] < 256) and
+ * every slot s of its node whose feature f = feats[node, s] is not -1, code being
+ * codes[f * n_rows + row] (int32, 0 <= code < 2^(hi - shift)). A block (node, slot) has its
+ * run of the output (from the blocks' sizes); a feature's rows are ranked by (code, row) once,
+ * and each of its blocks sorts its pairs' ranks (sort_block). Returns the number of keys
+ * written (keys holds at least that many). */
+PyObject *sorted_keys(PyObject *self, PyObject *args)
+{
+    PyObject *o[5], *o_codes;
+    Py_buffer v[5], vc;
+    Py_ssize_t n_rows, m, shift, hi, P, nn, nc, d, nk, total = 0;
+    int got = 0, gotc = 0, bad = 0;
+    static const char *fmt[5] = {"q", "q", "q", "q", "q"};
+    static const char *name[5] = {"node", "row", "weight", "feats", "keys"};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnn", &o[0], &o[1], &o[2], &o_codes, &o[3], &o[4],
+                          &n_rows, &m, &shift, &hi))
+        return NULL;
+    if (get_buffers(o, v, fmt, name, 5, 4, &got) != 0
+        || get_i32(o_codes, &vc, "sorted_keys") != 0)
+        goto done;
+    gotc = 1;
+    nc = vc.len / 4;
+    d = n_rows > 0 ? nc / n_rows : 0;
+    nk = v[4].len / 8;
+    P = v[0].len / 8;
+    nn = m > 0 ? (v[3].len / 8) / m : 0;
+    if (m < 1 || m > MAX_WIDTH || n_rows < 1
+        || n_rows >= ((Py_ssize_t)1 << 31) || nc != d * n_rows || shift < 8 || hi <= shift
+        || hi > 62 || v[1].len != v[0].len || v[2].len != v[0].len
+        || !bytes_eq(v[3].len, nn, m, 1) || P >= ((Py_ssize_t)1 << 40)) {
+        PyErr_SetString(PyExc_ValueError, "sorted_keys: array sizes or types do not match");
+        goto done;
+    }
+    /* every block's index fits above hi (no signed overflow), every row below shift */
+    if ((nn * m > 0 && nn * m - 1 >= ((Py_ssize_t)1 << (63 - hi)))
+        || n_rows > ((Py_ssize_t)1 << (shift - 8))) {
+        PyErr_SetString(PyExc_ValueError, "sorted_keys: the block index or the row does not "
+                        "fit its field of the key");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int64_t *node = v[0].buf, *row = v[1].buf, *wt = v[2].buf, *feats = v[3].buf;
+        const int32_t *codes = vc.buf;
+        int64_t *keys = v[4].buf, *nstart = NULL, *pos = NULL, *fstart = NULL, *blocks = NULL,
+                *cnt = NULL, *lowk = NULL, *buf = NULL;
+        int32_t *prow = NULL, *rank = NULL;
+        uint64_t *bits = NULL;
+        uint8_t *pw = NULL, *wr = NULL;
+        int64_t ncode = 0, cmax = (int64_t)1 << (hi - shift), most = 0, i, p, f, b, nd;
+        nstart = calloc((size_t)nn + 2, sizeof(int64_t));
+        pos = malloc(((size_t)nn * m + 1) * sizeof(int64_t));
+        fstart = calloc((size_t)d + 2, sizeof(int64_t));
+        blocks = malloc(((size_t)nn * m + 1) * sizeof(int64_t));
+        prow = malloc(((size_t)P + 1) * sizeof(int32_t));
+        pw = malloc((size_t)P + 1);
+        lowk = malloc((size_t)n_rows * sizeof(int64_t));
+        rank = malloc((size_t)n_rows * sizeof(int32_t));
+        bits = calloc(((size_t)n_rows >> 6) + 1, sizeof(uint64_t));
+        wr = malloc((size_t)n_rows);
+        if (!nstart || !pos || !fstart || !blocks || !prow || !pw || !lowk || !rank || !bits
+            || !wr) {
+            bad = 2;
+            goto out;
+        }
+        for (i = 0; i < nc; i++) { /* the codes' range: a feature's count table */
+            if (codes[i] < 0 || codes[i] >= cmax) {
+                bad = 1;
+                goto out;
+            }
+            if (codes[i] >= ncode)
+                ncode = (int64_t)codes[i] + 1;
+        }
+        cnt = malloc(((size_t)ncode + 1) * sizeof(int64_t));
+        if (!cnt) {
+            bad = 2;
+            goto out;
+        }
+        /* the pairs by node, in their order: nstart[nd] .. nstart[nd + 1] */
+        for (p = 0; p < P; p++) {
+            if (node[p] < 0 || node[p] >= nn || row[p] < 0 || row[p] >= n_rows || wt[p] < 0
+                || wt[p] > 255) {
+                bad = 1;
+                goto out;
+            }
+            nstart[node[p] + 2]++;
+        }
+        for (nd = 0; nd < nn; nd++) {
+            most = nstart[nd + 2] > most ? nstart[nd + 2] : most;
+            nstart[nd + 2] += nstart[nd + 1];
+        }
+        for (p = 0; p < P; p++) { /* nstart[nd + 1] runs over node nd's pairs */
+            int64_t at = nstart[node[p] + 1]++;
+            prow[at] = (int32_t)row[p];
+            pw[at] = (uint8_t)wt[p];
+        }
+        buf = malloc(((size_t)most + 1) * sizeof(int64_t));
+        if (!buf) {
+            bad = 2;
+            goto out;
+        }
+        /* each block's run (a used slot holds one entry per pair of its node), and the
+         * blocks of each feature (fstart[f + 1] .. fstart[f + 2], then fstart[f] ..) */
+        for (b = 0; b < nn * m; b++) {
+            f = feats[b];
+            if (f < -1 || f >= d) {
+                bad = 1;
+                goto out;
+            }
+            pos[b] = total;
+            if (f >= 0) {
+                total += nstart[b / m + 1] - nstart[b / m];
+                fstart[f + 2]++;
+            }
+        }
+        if (total > nk) {
+            bad = 1;
+            goto out;
+        }
+        for (f = 0; f < d; f++)
+            fstart[f + 2] += fstart[f + 1];
+        for (b = 0; b < nn * m; b++)
+            if (feats[b] >= 0)
+                blocks[fstart[feats[b] + 1]++] = b;
+        for (f = 0; f < d; f++) {
+            const int32_t *fc = codes + f * n_rows;
+            if (fstart[f + 1] == fstart[f])
+                continue;
+            /* the feature's rows ranked by (code, row); lowk: code and row fields by rank */
+            memset(cnt, 0, ((size_t)ncode + 1) * sizeof(int64_t));
+            for (i = 0; i < n_rows; i++)
+                cnt[fc[i] + 1]++;
+            for (i = 0; i < ncode; i++)
+                cnt[i + 1] += cnt[i];
+            for (i = 0; i < n_rows; i++) {
+                int64_t rk = cnt[fc[i]]++;
+                rank[i] = (int32_t)rk;
+                lowk[rk] = ((int64_t)fc[i] << shift) | (i << 8);
+            }
+            for (i = fstart[f]; i < fstart[f + 1]; i++) {
+                int64_t bb = blocks[i], s0 = nstart[bb / m], c = nstart[bb / m + 1] - s0, j;
+                int64_t *kout = keys + pos[bb], blk = bb << hi;
+                for (j = 0; j < c; j++)
+                    buf[j] = ((int64_t)rank[prow[s0 + j]] << 8) | pw[s0 + j];
+                sort_block(buf, c, bits, wr);
+                for (j = 0; j < c; j++)
+                    kout[j] = blk | lowk[buf[j] >> 8] | (buf[j] & 255);
+            }
+        }
+    out:
+        free(nstart);
+        free(pos);
+        free(fstart);
+        free(blocks);
+        free(cnt);
+        free(prow);
+        free(pw);
+        free(lowk);
+        free(rank);
+        free(bits);
+        free(wr);
+        free(buf);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad == 2)
+        PyErr_NoMemory();
+    else if (bad)
+        PyErr_SetString(PyExc_ValueError, "sorted_keys: a pair's node, row or weight, a "
+                        "feature or a code is out of range, or the keys do not fit");
+done:
+    if (gotc)
+        PyBuffer_Release(&vc);
+    return finish(v, got, bad ? NULL : PyLong_FromSsize_t(total));
 }

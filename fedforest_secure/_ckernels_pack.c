@@ -34,20 +34,6 @@ done:
     return finish(v, got, Py_NewRef(Py_None));
 }
 
-/* a C-contiguous int32 array's buffer (numpy's "i"), or -1 with TypeError */
-static int get_i32(PyObject *obj, Py_buffer *view, const char *name)
-{
-    const char *fmt = native_format(obj, view);
-    if (fmt == NULL)
-        return -1;
-    if (view->itemsize != 4 || strcmp(fmt, "i") != 0) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous int32 array", name);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 /* A worker's routing of its pairs through numeric splits (fedforest_secure._routing.route):
  * pair p (node[p], row[p]) goes to left[nd] where its code codes[fbase[nd] + row[p]] is below
  * cut[nd], else to right[nd] (nd = node[p]; -1 for both where the node is a leaf): out[p].

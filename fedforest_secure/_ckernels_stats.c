@@ -161,13 +161,14 @@ done:
 }
 
 /* A worker's histogram without a sorted order (fedforest_secure._grid_stats.bin_statistics):
- * slot by slot, every pair (node, row, weight) of an evaluated node (pos[node] >= 0) whose
- * slot has a feature finds its bin, the number of its (node, slot)'s sorted thresholds below
- * its value, by a binary search, and adds its statistics to it, pairs in their order (as one
- * numpy bincount per slot): mode 0 the weight, weight * y, weight * y * y (S of them); mode
- * 1 the weight into column y (a class code). A missing value (code past the feature's
- * distinct values, with has_missing) goes to bin W + 1 with missing_bin, else nowhere.
- * out (E, m, nb, S) is added to, nb = W + 1 + missing_bin. */
+ * pair by pair, every pair (node, row, weight) of an evaluated node (pos[node] >= 0), in
+ * each of its node's slots that has a feature, finds its bin, the number of its (node,
+ * slot)'s sorted thresholds below its value, by a binary search, and adds its statistics to
+ * it; each bin adds its pairs in the pairs' order, as numpy's bincount per slot does.
+ * Mode 0 adds the weight, weight * y, weight * y * y (S of them); mode 1 the weight into
+ * column y (a class code). A missing value (code past the feature's distinct values, with
+ * has_missing) goes to bin W + 1 with missing_bin, else nowhere. out (E, m, nb, S) is added
+ * to, nb = W + 1 + missing_bin. */
 PyObject *grid_sums(PyObject *self, PyObject *args)
 {
     PyObject *o[11];
@@ -208,23 +209,25 @@ PyObject *grid_sums(PyObject *self, PyObject *args)
         double *o2 = v[10].buf;
         const Py_ssize_t ny = v[9].len / 8;
         Py_ssize_t i;
-        for (s = 0; s < m && !bad; s++) {
-            for (i = 0; i < P; i++) {
-                int64_t nd = node[i], e, f, r, at, code, bin;
+        /* pair by pair, each pair's slots: a cell (one slot's) adds its pairs in their order */
+        for (i = 0; i < P && !bad; i++) {
+            int64_t nd = node[i], e;
+            if (nd < 0 || nd >= nn) {
+                bad = 1;
+                break;
+            }
+            e = pos[nd];
+            if (e < 0)
+                continue;
+            if (e >= E) {
+                bad = 1;
+                break;
+            }
+            for (s = 0; s < m; s++) {
+                int64_t f, r, at, code, bin;
                 double x, wi;
                 const double *t;
                 double *cell;
-                if (nd < 0 || nd >= nn) {
-                    bad = 1;
-                    break;
-                }
-                e = pos[nd];
-                if (e < 0)
-                    continue;
-                if (e >= E) {
-                    bad = 1;
-                    break;
-                }
                 f = feats[e * m + s];
                 if (f < 0)
                     continue;

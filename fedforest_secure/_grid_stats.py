@@ -14,19 +14,52 @@ integer code), so ``x <= t`` is decided exactly, as everywhere else.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _kernels
 from .errors import ProtocolError
 
-__all__ = ["bin_statistics"]
+if TYPE_CHECKING:
+    from .config import JobConfig
+
+__all__ = ["bin_statistics", "bin_statistics_shape", "classes_of", "columns_of", "zeros_after"]
+
+
+def columns_of(mode: str) -> str:
+    """The statistics a histogram round of ``mode`` sums, as :func:`bin_statistics` names them
+    ("count", "moments", else "full")."""
+    return {"count": "count", "moments": "moments"}.get(mode, "full")
+
+
+def classes_of(config: JobConfig) -> int:
+    """The classes a job's histograms sum per bin (0: regression)."""
+    return config.n_classes if config.task == "classification" else 0
+
+
+def zeros_after(head: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One new vector, ``head`` followed by zeros for an array of ``shape``, and that array (a
+    view of the vector's tail)."""
+    out = np.zeros(head.size + int(np.prod(shape)))
+    out[:head.size] = head
+    return out, out[head.size:].reshape(shape)
+
+
+def bin_statistics_shape(feats: np.ndarray, thr: np.ndarray, columns: str, n_classes: int = 0,
+                         missing_bin: bool = False) -> tuple[int, int, int, int]:
+    """The shape of :func:`bin_statistics`' result: (E, m, bins, statistics)."""
+    E, m = feats.shape
+    classes = n_classes if columns != "count" and n_classes > 0 else 0
+    S = {"count": 1, "moments": 2, "full": 3}[columns] if not classes else classes
+    return E, m, thr.shape[2] + 1 + int(missing_bin), S
 
 
 def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_nodes: int,
                    nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray, codes: np.ndarray,
                    n_rows: int, uniq_all: np.ndarray, uniq_off: np.ndarray, y: np.ndarray,
                    columns: str, n_classes: int = 0, *, has_missing: bool = False,
-                   missing_bin: bool = False) -> np.ndarray:
+                   missing_bin: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """Per (evaluated node, slot, bin) statistics of the level's pairs.
 
     Parameters
@@ -47,21 +80,26 @@ def bin_statistics(node: np.ndarray, row: np.ndarray, weight: np.ndarray, n_node
         distinct value, ``uniq_off[j + 1] - uniq_off[j]``)
     missing_bin : such rows fill one more bin at the end (W + 2 bins); without it they are
         left out
+    out : zeros of the result's shape (:func:`bin_statistics_shape`) to write it into, e.g.
+        a view of the reply it goes into (None: a new array)
 
     Returns
     -------
-    array of shape (E, m, W + 1, S), or (E, m, W + 2, S) with ``missing_bin``
+    array of shape (E, m, W + 1, S), or (E, m, W + 2, S) with ``missing_bin`` (``out`` when
+    given)
     """
     E, m = feats.shape
-    W = thr.shape[2]
-    nb = W + 1 + int(missing_bin)  # with missing_bin, bin W + 1 holds the missing rows
+    shape = bin_statistics_shape(feats, thr, columns, n_classes, missing_bin)
+    W, nb, S = thr.shape[2], shape[2], shape[3]
     if has_missing:
         miss_code = np.diff(uniq_off).astype(np.int64)
     if np.isneginf(thr).any():
         raise ProtocolError("thresholds must be finite or +inf padding")
     classes = n_classes if columns != "count" and n_classes > 0 else 0
-    S = {"count": 1, "moments": 2, "full": 3}[columns] if not classes else classes
-    out = np.zeros((E, m, nb, S))
+    if out is None:
+        out = np.zeros(shape)
+    elif out.shape != shape or out.dtype != np.float64:
+        raise ValueError(f"out must be float64 of shape {shape}, not {out.dtype} {out.shape}")
     if E == 0 or node.size == 0:
         return out
     pos = np.full(n_nodes, -1, dtype=np.int64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels
 from ._order import LevelOrder
 from .config import JobConfig
 from .errors import ProtocolError
@@ -24,11 +25,16 @@ def node_totals(config: JobConfig, stats_cm: np.ndarray, row: np.ndarray, node: 
     pairs, shape (n_nodes, n_stats)."""
     S = config.n_stats
     out = np.zeros((n_nodes, S))
+    weight_first = config.task == "regression"
+    if _kernels.KERNELS is not None and w.dtype.kind in "iu":  # the same sums, one pass
+        _kernels.KERNELS.node_totals(_kernels.i64(node), _kernels.i64(row), _kernels.i64(w),
+                                     _kernels.f64(stats_cm), out, S, int(weight_first))
+        return out
     # indices converted once (numpy converts int32 indices on every gather and bincount)
     rows = row.astype(np.intp)
     node = node.astype(np.intp)
     for c in range(S):
-        if c == 0 and config.task == "regression":
+        if c == 0 and weight_first:
             # statistic 1 per row: the weights themselves (integer sums, exact either way)
             out[:, 0] = np.bincount(node, weights=w, minlength=n_nodes)
             continue

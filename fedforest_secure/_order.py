@@ -6,10 +6,13 @@ feature, every block is a contiguous run in which the client's values ascend, so
 sketch is a look-up and every histogram bin a contiguous segment.
 
 When the fields fit in 62 bits, one int64 key per entry carries them all, packed as
-``block | code | row | weight`` (weight in the low 8 bits): the order is a single in-place sort
-of that array, and nothing has to be gathered through a permutation afterwards. Otherwise (huge
-levels, a client with more than about a million rows, multiplicities of 256 or more) the key is
-``block | code`` and rows and weights are kept beside it, in the same order.
+``block | code | row | weight`` (weight in the low 8 bits): the order is that array sorted, and
+nothing has to be gathered through a permutation afterwards. The compiled loops write its keys
+in ascending order block by block (``sorted_keys``: each feature's rows ranked by code once,
+each block's pairs put in their rows' rank order); numpy builds every key and sorts them
+(the same array). Otherwise (huge levels, a client with more than about a million rows,
+multiplicities of 256 or more) the key is ``block | code`` and rows and weights are kept
+beside it, in the same order.
 """
 
 from __future__ import annotations
@@ -65,6 +68,16 @@ class LevelOrder:
         node64 = node.astype(np.int64)
         row64 = row.astype(np.int64)
         hi = cbits + self.shift  # where the block field starts
+        if self.packed and _kernels.KERNELS is not None and codes.dtype == np.int32:
+            # the same keys in ascending order, written in place by a counting pass
+            self.key = np.empty(int(self.all_edges()[-1]), dtype=np.int64)
+            written = _kernels.KERNELS.sorted_keys(
+                _kernels.i64(node64), _kernels.i64(row64), _kernels.i64(weight),
+                np.ascontiguousarray(codes), _kernels.i64(feats), self.key, n_rows, m,
+                self.shift, hi)
+            if written != self.key.size:
+                raise RuntimeError(f"sorted_keys wrote {written} keys of {self.key.size}")
+            return
         keys = np.empty((m, P), dtype=np.int64)  # slot-major: each slot's pass stays in cache
         # per node and slot: where the slot's feature's codes start (unused slots: feature 0)
         fstart = np.maximum(feats, 0).astype(np.int64) * n_rows

@@ -25,7 +25,7 @@ from ._answered import AnsweredRounds
 from ._bootstrap import canonical_order, row_keys, tree_pairs
 from ._disclosures import MAX_SKETCH_POINTS as MAX_SKETCH_POINTS
 from ._disclosures import check_sketch_size, profile_disclosures, sketch_items
-from ._grid_stats import bin_statistics
+from ._grid_stats import bin_statistics, bin_statistics_shape, classes_of, columns_of, zeros_after
 from ._layouts import CLASS_TOTALS_BLOCK
 from ._level_pairs import by_node, group_pairs, node_totals, order_positions
 from ._level_stats import CodeBook, LevelStatistics, local_gains, local_left_counts
@@ -325,8 +325,10 @@ class Worker:
                                                         self.config.n_features, "grid_")
             if mode == "gain":
                 raise ProtocolError("a sketch task asks histograms of statistics only")
-            hist = self._unsorted_histogram(nodes, gfeats, thr, mode)
-            summable = np.concatenate([summable, hist.ravel()])
+            # written into the reply's vector after the totals: the two are not concatenated
+            shape = bin_statistics_shape(gfeats, thr, columns_of(mode), classes_of(self.config))
+            summable, grid = zeros_after(summable, shape)
+            self._unsorted_histogram(nodes, gfeats, thr, mode, out=grid)
         return Reply(round_id=task.round_id, summable=summable, disclosed=disclosed)
 
     def _sketch_group(self, task: Task, n_nodes: int) -> Reply:
@@ -449,10 +451,8 @@ class Worker:
                                             counts_only=mode == "count",
                                             moments=mode == "moments")):
                 return Reply(round_id=task.round_id, summable=np.zeros(0)), True
-            hist = stats.histogram(local, feats, thr,
-                                                     counts_only=mode == "count",
-                                                     missing_bin=missing_bin,
-                                                     moments=mode == "moments")
+            hist = stats.histogram(local, feats, thr, counts_only=mode == "count",
+                                   missing_bin=missing_bin, moments=mode == "moments")
         vec = hist
         if mode == "gain":
             g = local_gains(hist, self.config)
@@ -484,13 +484,16 @@ class Worker:
         return out
 
     def _unsorted_histogram(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                            mode: str, missing_bin: bool = False) -> np.ndarray:
+                            mode: str, missing_bin: bool = False,
+                            out: np.ndarray | None = None) -> np.ndarray:
         """Per-bin statistics of a level the sketch round did not sort, by whichever costs less
         (the same sums): with fewer thresholds than about SORT_RATIO x the (pair, slot)
         entries, sort the evaluated nodes' entries for this round only (every bin is then a
         segment of the order, see :meth:`LevelStatistics.histogram`); else one pass over the
         pairs, a binary search among its own block's thresholds per entry
-        (:func:`~fedforest_secure._grid_stats.bin_statistics`)."""
+        (:func:`~fedforest_secure._grid_stats.bin_statistics`). With ``out`` (zeros of the
+        result's shape) the statistics are returned in it: the one pass writes them there, the
+        sorted order's histogram is copied in."""
         m = feats.shape[1]
         entries = self._p_node.size * m
         if np.isfinite(thr).sum() * SORT_RATIO < entries:
@@ -503,16 +506,12 @@ class Worker:
                                                      missing_bin=missing_bin,
                                                      moments=mode == "moments")
             del order
-            return hist
-        return self._bin_statistics(nodes, feats, thr, mode, missing_bin)
-
-    def _bin_statistics(self, nodes: np.ndarray, feats: np.ndarray, thr: np.ndarray,
-                        mode: str, missing_bin: bool = False) -> np.ndarray:
-        """Per-bin statistics by one pass over the level's pairs
-        (:func:`~fedforest_secure._grid_stats.bin_statistics`)."""
-        columns = {"count": "count", "moments": "moments"}.get(mode, "full")
-        classes = self.config.n_classes if self.config.task == "classification" else 0
+            if out is None:
+                return hist
+            out[...] = hist  # this path's one copy
+            return out
         return bin_statistics(self._p_node, self._p_row, self._p_w, self._n_nodes, nodes,
                               feats, thr, self._codes, self.n_rows, self._uniq_all,
-                              self._uniq_off, self._y, columns, classes,
-                              has_missing=self.config.has_missing, missing_bin=missing_bin)
+                              self._uniq_off, self._y, columns_of(mode), classes_of(self.config),
+                              has_missing=self.config.has_missing, missing_bin=missing_bin,
+                              out=out)

@@ -6,6 +6,8 @@ with and without them (the worker's quantile points and sorted histograms)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from fedforest_secure import (
     _candidates,
     _grid_stats,
     _kernels,
+    _level_pairs,
     _order,
     _secure_cdf,
     _sketch,
@@ -227,6 +230,41 @@ def test_grid_statistics_are_the_same_with_and_without_the_compiled_kernels(
     plain = run()
     assert plain.sum() > 0 and (plain[1, 2] == 0).all()
     np.testing.assert_array_equal(compiled, plain)
+
+
+@pytest.mark.parametrize("columns,classes", [("moments", 0), ("full", 3)])
+def test_grid_statistics_are_written_into_a_view_of_a_reply(kernels: str, columns: str,
+                                                            classes: int) -> None:
+    """With ``out`` (zeros: a view into the reply after its totals), the statistics are
+    written there, the same as a new array's, and the totals before it are left as they are;
+    an ``out`` of another shape is refused."""
+    rng = np.random.default_rng(6)
+    n_rows, d, n_nodes, P, m, W = 200, 3, 6, 600, 2, 7
+    uniq_all = np.arange(50.0)
+    uniq_off = np.array([0, 20, 35, 50])
+    codes = np.concatenate([rng.integers(0, 20, n_rows), rng.integers(0, 15, n_rows),
+                            rng.integers(0, 15, n_rows)])
+    node, row = np.sort(rng.integers(0, n_nodes, P)), rng.integers(0, n_rows, P)
+    weight = rng.integers(1, 4, size=P)
+    nodes = np.array([1, 2, 4])
+    feats = rng.integers(0, d, size=(nodes.size, m))
+    thr = np.sort(rng.choice(uniq_all[:15], size=(nodes.size, m, W)), axis=2)
+    y = rng.integers(0, 3, size=n_rows).astype(float) if classes else rng.normal(size=n_rows)
+
+    def run(out: np.ndarray | None = None) -> np.ndarray:
+        return _grid_stats.bin_statistics(node, row, weight, n_nodes, nodes, feats, thr, codes,
+                                          n_rows, uniq_all, uniq_off, y, columns, classes,
+                                          out=out)
+
+    shape = _grid_stats.bin_statistics_shape(feats, thr, columns, classes)
+    reply = np.zeros(5 + int(np.prod(shape)))
+    reply[:5] = 7.0
+    written = run(reply[5:].reshape(shape))
+    assert np.shares_memory(written, reply) and (reply[:5] == 7.0).all()
+    assert reply[5:].sum() > 0
+    np.testing.assert_array_equal(reply[5:], run().ravel())
+    with pytest.raises(ValueError, match="out must be"):
+        run(np.zeros((1,) + shape))
 
 
 @compiled_only
@@ -459,6 +497,131 @@ def test_level_order_keys_are_the_same_with_and_without_the_compiled_kernels(
     if not packed:
         np.testing.assert_array_equal(compiled._rows, plain._rows)
         np.testing.assert_array_equal(compiled._w, plain._w)
+
+
+@compiled_only
+@pytest.mark.parametrize("n_rows,n_nodes,per_node,ties", [
+    (3000, 400, 8, False),    # blocks of a few entries (sorted by insertion)
+    (3000, 6, 900, False),    # dense blocks (a bitmap of their ranks)
+    (3000, 6, 900, True),     # a node's row twice, with two weights (a rank repeats)
+    (200_000, 4, 60, False),  # ranks far apart (no bitmap)
+    (6000, 30, 700, False),   # blocks of rows split on the feature: ranks in a narrow range
+])
+def test_packed_level_order_keys_built_in_order_equal_the_sorted_keys(
+        monkeypatch: pytest.MonkeyPatch, n_rows: int, n_nodes: int, per_node: int,
+        ties: bool) -> None:
+    """The compiled level order writes each block's keys in order (by insertion, a bitmap of
+    the rows' ranks, or qsort); numpy builds every key and sorts them all: the same keys."""
+    rng = np.random.default_rng(n_rows + per_node)
+    d, m = 7, 3
+    codes = rng.integers(0, n_rows // 3, size=(d, n_rows)).astype(np.int32)
+    codes[1] = np.arange(n_rows)  # feature 1: one code per row
+    feats = np.array([rng.permutation(d)[:m] for _ in range(n_nodes)])
+    feats[1, 2] = feats[3, 0] = -1
+    if n_nodes == 30:  # node i holds rows whose feature-1 code lies in its own stretch
+        feats[:, 0] = 1
+        row = np.concatenate([rng.permutation(np.arange(i * 150, i * 150 + 700))
+                              for i in range(n_nodes)])
+    else:
+        row = np.concatenate([rng.choice(n_rows, per_node, replace=False)
+                              for _ in range(n_nodes)])
+    node = np.repeat(np.arange(n_nodes), per_node)
+    if ties:
+        row[1] = row[0]
+    perm = rng.permutation(node.size)  # pairs out of node order
+    node, row = node[perm], row[perm]
+    weight = rng.integers(1, 256, size=node.size)
+    cbits = max(int(codes.max() + 1).bit_length(), 16)
+
+    def build() -> _order.LevelOrder:
+        return _order.LevelOrder(feats, node, row, weight, codes.ravel(), n_rows, cbits)
+
+    compiled = build()
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = build()
+    assert compiled.packed and plain.packed
+    assert compiled.key is not None and compiled.key.size == int((feats[node] >= 0).sum())
+    np.testing.assert_array_equal(compiled.key, plain.key)
+
+
+@compiled_only
+def test_packed_keys_with_a_code_pair_or_feature_out_of_range_are_refused() -> None:
+    """A code at or past 2^(hi - shift), a pair's row past the table, a weight of 256, a
+    feature past the table and an output too short for the keys."""
+    K = _kernels.compiled()
+    assert K is not None
+    one = np.zeros(1, np.int64)
+    codes = np.zeros(4, np.int32)  # 2 features x 2 rows
+    feats = np.array([[0, 1]])
+    two_keys = np.zeros(2, np.int64)
+
+    def call(codes: np.ndarray = codes, row: np.ndarray = one, weight: np.ndarray = one + 1,
+             feats: np.ndarray = feats, keys: np.ndarray = two_keys) -> int:
+        return K.sorted_keys(one, row, weight, codes, feats, keys, 2, 2, 24, 40)
+
+    assert call() == 2
+    for bad in ({"codes": np.array([0, 1 << 16, 0, 0], np.int32)}, {"row": one + 2},
+                {"weight": one + 256}, {"feats": np.array([[0, 2]])},
+                {"keys": np.zeros(1, np.int64)}):
+        with pytest.raises(ValueError, match="sorted_keys: .* out of range"):
+            call(**bad)  # type: ignore[arg-type]
+
+
+@compiled_only
+def test_packed_keys_whose_block_index_or_rows_do_not_fit_their_fields_are_refused() -> None:
+    """A block index at or past 2^(63 - hi) (node 1's blocks, though it has no pair) and a
+    table of more than 2^(shift - 8) rows."""
+    K = _kernels.compiled()
+    assert K is not None
+    one, codes, keys = np.zeros(1, np.int64), np.zeros(4, np.int32), np.zeros(2, np.int64)
+    feats = np.zeros((2, 2), np.int64)  # blocks 0..3
+    assert K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, 24, 61) == 2
+    assert K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, 9, 30) == 2
+    for shift, hi in ((24, 62), (8, 30)):
+        with pytest.raises(ValueError, match="sorted_keys: the block index or the row"):
+            K.sorted_keys(one, one, one + 1, codes, feats, keys, 2, 2, shift, hi)
+
+
+@compiled_only
+def test_a_level_order_whose_kernel_writes_too_few_keys_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    K = _kernels.compiled()
+    assert K is not None
+
+    class Short:
+        def __getattr__(self, name: str) -> Any:
+            if name == "sorted_keys":
+                return lambda *a: K.sorted_keys(*a) - 1
+            return getattr(K, name)
+
+    monkeypatch.setattr(_kernels, "KERNELS", Short())
+    codes = np.zeros(2 * 40, np.int32)
+    with pytest.raises(RuntimeError, match="sorted_keys wrote 3 keys of 4"):
+        _order.LevelOrder(np.array([[0, 1]]), np.zeros(2, np.int64), np.arange(2),
+                          np.ones(2, np.int64), codes, 40, 4)
+
+
+@compiled_only
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_node_totals_are_the_same_with_and_without_the_compiled_kernels(
+        monkeypatch: pytest.MonkeyPatch, task: str) -> None:
+    """Per-node sums of the row statistics over pairs out of node order, with weights of 256
+    and more: the compiled pass adds each pair's terms in the pairs' order, as bincount."""
+    rng = np.random.default_rng(7)
+    n_rows, n_nodes, P = 300, 40, 5000
+    config = JobConfig(job_id="totals", task=task, n_features=2, n_clients=1,
+                       n_classes=3 if task == "classification" else 0,
+                       criterion="gini" if task == "classification" else "mse",
+                       feature_bounds=((-1.0, 1.0),) * 2, profile=load_profile("open").to_dict())
+    S = config.n_stats
+    stats_cm = rng.normal(size=(S, n_rows)) * rng.choice([1e-8, 1.0, 1e8], size=(S, 1))
+    node, row = rng.integers(0, n_nodes, size=P), rng.integers(0, n_rows, size=P)
+    w = rng.integers(1, 400, size=P)
+    compiled = _level_pairs.node_totals(config, stats_cm, row, node, w, n_nodes)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
+    plain = _level_pairs.node_totals(config, stats_cm, row, node, w, n_nodes)
+    assert compiled.shape == (n_nodes, S)
+    np.testing.assert_array_equal(compiled, plain)
 
 
 def test_a_level_order_takes_its_features_in_any_memory_order(kernels: str) -> None:
