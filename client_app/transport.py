@@ -30,11 +30,13 @@ import httpx
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
+from fedforest_secure.protocol.steps import STEP_JSON_BYTES, WITH_TASK, split_step
 
 from . import stop
 from .answers import (
     ERROR_MAX,
     JSON_MAX,
+    TASK_MAX,
     WINDOW_BYTES,
     WINDOW_S,
     AnswerTooLarge,
@@ -165,6 +167,8 @@ class Transport:
         #: HTTP requests sent (each one a round trip to the server), retries included
         self.requests = 0
         self._next_step: dict[str, Any] | None = None
+        self._next_task: bytes | None = None  # the task after the next step's JSON
+        self._step_task: bytes | None = None  # the task of the step handed over last
         #: each request's timeout while :meth:`brief` (the client's own otherwise)
         self._timeout: httpx.Timeout | None = None
 
@@ -182,9 +186,29 @@ class Transport:
             self.retry_budget_s, self._timeout = saved
 
     def take_next_step(self) -> dict[str, Any] | None:
-        """The next secure-aggregation step the last POST brought back (once), or None."""
+        """The next secure-aggregation step the last POST brought back (once), or None; the
+        task that came with it is :meth:`take_step_task`'s until the next call."""
         out, self._next_step = self._next_step, None
+        self._step_task, self._next_task = self._next_task, None
         return out
+
+    def take_step_task(self) -> bytes | None:
+        """The task bytes that came with the step :meth:`take_next_step` handed over last
+        (once), or None: unchecked, the caller checks them against the step's digest."""
+        out, self._step_task = self._step_task, None
+        return out
+
+    def _keep_next_step(self, resp: httpx.Response) -> httpx.Response:
+        """Keep the next step a step POST's answer brings (and the task after its JSON, if
+        any: :func:`~fedforest_secure.protocol.steps.split_step`); the answer with its JSON
+        alone. A body the header does not split is a :class:`ProtocolError`."""
+        text, task = split_step(resp.content, resp.headers.get(STEP_JSON_BYTES))
+        self._next_step = _next_of(text)
+        self._next_task = task if self._next_step is not None else None
+        if task is None:
+            return resp
+        return httpx.Response(resp.status_code, headers=resp.headers, content=text,
+                              request=resp.request, extensions=resp.extensions)
 
     def close(self) -> None:
         self._http.close()
@@ -212,7 +236,9 @@ class Transport:
         step = self.step_wait > 0 and method == "POST" and params is None and bool(
             _STEP_PATH.search(path))
         if step:
-            params = {"next_wait": self.step_wait}
+            # the next step's task may follow its JSON (a step of the next round)
+            params = {"next_wait": self.step_wait, WITH_TASK: "true"}
+            limit += TASK_MAX
         if self._timeout is not None:
             timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
         else:
@@ -259,7 +285,7 @@ class Transport:
                         self.on_wait(f"the server at {self.base_url} answers")
                 if resp.status_code in ok_statuses or resp.status_code == 204:
                     if step:
-                        self._next_step = _next_of(resp)
+                        resp = self._keep_next_step(resp)
                     return resp
                 if resp.status_code not in _RETRY_STATUS:
                     try:
@@ -429,9 +455,9 @@ def _describe(exc: httpx.TransportError) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _next_of(resp: httpx.Response) -> dict[str, Any] | None:
+def _next_of(content: bytes) -> dict[str, Any] | None:
     try:
-        body = json.loads(resp.content)
+        body = json.loads(content)
     except (ValueError, RecursionError):
         return None
     nxt = body.get("next") if isinstance(body, dict) else None

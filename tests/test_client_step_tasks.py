@@ -1,0 +1,115 @@
+"""A step that brings its round's task after its JSON (``?with_task=true``): the client answers
+from those bytes without asking for the task, after the same checks as a fetched task's (its
+digest against the step's); bytes that do not match, or a body the header does not split, are
+refused; a step that brings no task has its task fetched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import httpx
+import pytest
+from rich.progress import Progress
+from test_client_loops import _Ctx, _mocked, _Session, _Worker
+
+from client_app import loops
+from client_app.context import ClientResult, Watch
+from client_app.secagg_session import SecAggSession
+from client_app.state import ClientState
+from fedforest_secure.config import JobConfig
+from fedforest_secure.errors import ProtocolError
+from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
+from fedforest_secure.protocol.steps import STEP_JSON_BYTES, join_step
+
+JOB = "job-r"
+HEAD = "ab" * 32
+
+
+def _task(r: int) -> bytes:
+    layout = (Block("totals", (2, 3), (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)),)
+    return Task(job_id=JOB, round_id=r, kind=TaskKind.HISTOGRAM, level=r,
+                params={"nodes": [0, 1]}, layout=layout).to_bytes()
+
+
+def _step(r: int, digest: str) -> dict[str, Any]:
+    return {"status": "task", "action": "upload", "round_id": r, "message": "{}",
+            "task_digest": digest, "audit_seq": 3, "audit_head": HEAD}
+
+
+def _run(tmp_path: Path, attach: str) -> tuple[ClientResult, list[str], list[str]]:
+    """Round 0 from ``GET /secagg``; its upload's answer brings round 1's step with, by
+    ``attach``: its task (``"task"``), other bytes (``"altered"``), a header that does not
+    split the body (``"bad_header"``), or nothing (``"none"``). Returns the result, the
+    paths asked and the query of the upload POSTs."""
+    tasks = {r: _task(r) for r in (0, 1)}
+    digests = {r: hashlib.sha256(b).hexdigest() for r, b in tasks.items()}
+    asked: list[str] = []
+    queries: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        asked.append(path)
+        if path == f"/v1/jobs/{JOB}/secagg":
+            return httpx.Response(200, json=_step(0, digests[0]))
+        for r in (0, 1):
+            if path == f"/v1/jobs/{JOB}/rounds/{r}/task":
+                return httpx.Response(200, content=tasks[r])
+        if path.endswith("/upload"):
+            queries.append(request.url.query.decode())
+            r = int(path.split("/")[-2])
+            if r == 1:
+                return httpx.Response(200, json={"accepted": True, "round_id": 1,
+                                                 "next": {"status": "done", "detail": "ok"}})
+            text = json.dumps({"accepted": True, "round_id": 0,
+                               "next": _step(1, digests[1])}).encode()
+            if attach == "none":
+                return httpx.Response(200, content=text)
+            sent = tasks[1] if attach != "altered" else tasks[1][:-1] + b"\x01"
+            body, headers = join_step(text, sent)
+            if attach == "bad_header":
+                headers = {STEP_JSON_BYTES: str(len(body))}
+            return httpx.Response(200, content=body, headers=headers)
+        return httpx.Response(404, json={"error": "not_found", "detail": path})
+
+    tr, log, opts = _mocked(answer, tmp_path)
+    tr.step_wait = 10.0
+    result = ClientResult(status="running")
+    with Progress(disable=True) as progress:
+        ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
+                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
+                   name="alice", worker=cast(Any, _Worker()), result=result,
+                   progress=progress, bar=progress.add_task("job"), log=log,
+                   watch=Watch(JOB, log, 0), uploaded_before=False)
+        with ThreadPoolExecutor(max_workers=1) as sender:
+            loops.secure_steps(ctx, cast(SecAggSession, _Session()), sender)
+    return result, asked, queries
+
+
+def test_the_task_that_came_with_the_step_is_answered_without_fetching_it(
+        tmp_path: Path) -> None:
+    result, asked, queries = _run(tmp_path, "task")
+    assert result.status == "done" and result.rounds == 2
+    assert f"/v1/jobs/{JOB}/rounds/1/task" not in asked
+    assert f"/v1/jobs/{JOB}/rounds/0/task" in asked  # the first step came by GET, alone
+    assert all("with_task=true" in q for q in queries)
+
+
+def test_a_step_without_its_task_has_it_fetched(tmp_path: Path) -> None:
+    result, asked, _ = _run(tmp_path, "none")
+    assert result.status == "done" and result.rounds == 2
+    assert f"/v1/jobs/{JOB}/rounds/1/task" in asked
+
+
+def test_task_bytes_that_do_not_match_the_steps_digest_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolError, match="does not match its announced digest"):
+        _run(tmp_path, "altered")
+
+
+def test_a_step_answer_whose_header_does_not_split_it_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolError, match="does not leave a task"):
+        _run(tmp_path, "bad_header")
