@@ -9,19 +9,17 @@ import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
 import pytest
 from rich.progress import Progress
-from test_client_loops import _Ctx, _mocked, _Session, _Worker
+from test_client_loops import _context, _mocked, _Session
 
 from client_app import loops
-from client_app.context import ClientResult, Watch
+from client_app.context import ClientResult
 from client_app.secagg_session import SecAggSession
 from client_app.state import ClientState
-from fedforest_secure.config import JobConfig
 from fedforest_secure.errors import ProtocolError
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.protocol.steps import STEP_JSON_BYTES, join_step
@@ -80,11 +78,7 @@ def _run(tmp_path: Path, attach: str) -> tuple[ClientResult, list[str], list[str
     tr.step_wait = 10.0
     result = ClientResult(status="running")
     with Progress(disable=True) as progress:
-        ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
-                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
-                   name="alice", worker=cast(Any, _Worker()), result=result,
-                   progress=progress, bar=progress.add_task("job"), log=log,
-                   watch=Watch(JOB, log, 0), uploaded_before=False)
+        ctx = _context(tr, log, opts, ClientState(tmp_path / "state"), result, progress)
         with ThreadPoolExecutor(max_workers=1) as sender:
             loops.secure_steps(ctx, cast(SecAggSession, _Session()), sender)
     return result, asked, queries
