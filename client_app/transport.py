@@ -198,16 +198,27 @@ class Transport:
         out, self._step_task = self._step_task, None
         return out
 
-    def _keep_next_step(self, resp: httpx.Response) -> httpx.Response:
+    def _keep_next_step(self, resp: httpx.Response, what: str, limit: int) -> httpx.Response:
         """Keep the next step a step POST's answer brings (and the task after its JSON, if
         any: :func:`~fedforest_secure.protocol.steps.split_step`); the answer with its JSON
-        alone. A body the header does not split is a :class:`ProtocolError`."""
+        alone. A body the header does not split is a :class:`ProtocolError`; a JSON longer
+        than ``limit``, or a task longer than :data:`~.answers.TASK_MAX`, is
+        :class:`AnswerTooLarge`."""
         text, task = split_step(resp.content, resp.headers.get(STEP_JSON_BYTES))
+        for name, part, most in (("JSON", text, limit), ("task", task or b"", TASK_MAX)):
+            if len(part) > most:
+                raise AnswerTooLarge(f"{what}: the {name} of the server's step answer takes "
+                                     f"{len(part)} bytes; this client reads at most {most}: "
+                                     "refused (a server that sends more is broken or hostile)")
         self._next_step = _next_of(text)
         self._next_task = task if self._next_step is not None else None
         if task is None:
             return resp
-        return httpx.Response(resp.status_code, headers=resp.headers, content=text,
+        # the answer handed on is the JSON alone, and says so
+        headers = [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in (
+            "content-length", "content-type", STEP_JSON_BYTES.lower())]
+        headers.append(("Content-Type", "application/json"))
+        return httpx.Response(resp.status_code, headers=headers, content=text,
                               request=resp.request, extensions=resp.extensions)
 
     def close(self) -> None:
@@ -238,7 +249,6 @@ class Transport:
         if step:
             # the next step's task may follow its JSON (a step of the next round)
             params = {"next_wait": self.step_wait, WITH_TASK: "true"}
-            limit += TASK_MAX
         if self._timeout is not None:
             timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
         else:
@@ -252,7 +262,7 @@ class Transport:
             tries += 1
             try:
                 resp = self._answer(method, path, content, headers, params, timeout,
-                                    limit, ok_statuses)
+                                    limit, ok_statuses, with_task=step)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -285,7 +295,7 @@ class Transport:
                         self.on_wait(f"the server at {self.base_url} answers")
                 if resp.status_code in ok_statuses or resp.status_code == 204:
                     if step:
-                        resp = self._keep_next_step(resp)
+                        resp = self._keep_next_step(resp, f"{method} {path}", limit)
                     return resp
                 if resp.status_code not in _RETRY_STATUS:
                     try:
@@ -311,13 +321,19 @@ class Transport:
 
     def _answer(self, method: str, path: str, content: bytes | None, headers: dict[str, str],
                 params: dict[str, Any] | None, timeout: httpx.Timeout, limit: int,
-                ok_statuses: tuple[int, ...]) -> httpx.Response:
+                ok_statuses: tuple[int, ...], *, with_task: bool = False) -> httpx.Response:
         """One attempt: the request sent, its answer read whole (:func:`~.answers.read_body`:
         at most ``limit`` bytes of an answer of ``ok_statuses`` or 204, the first
-        :data:`~.answers.ERROR_MAX` of any other)."""
+        :data:`~.answers.ERROR_MAX` of any other). ``with_task``: a step POST's, whose answer
+        may bring a task after its JSON; then one whose head has the
+        :data:`~fedforest_secure.protocol.steps.STEP_JSON_BYTES` header is read up to
+        ``limit`` plus :data:`~.answers.TASK_MAX` bytes (its parts checked by
+        :meth:`_keep_next_step`)."""
         with self._http.stream(method, path, content=body_parts(content), headers=headers,
                                params=params, timeout=timeout) as raw:
             ok = raw.status_code in ok_statuses or raw.status_code == 204
+            if ok and with_task and STEP_JSON_BYTES in raw.headers:
+                limit += TASK_MAX
             brief = self._timeout is not None  # the whole body within its seconds
             body = read_body(raw, f"{method} {path}", limit=limit if ok else ERROR_MAX,
                              window_s=float(timeout.read or 0.0) if brief else self.window_s,

@@ -16,10 +16,12 @@ import pytest
 from rich.progress import Progress
 from test_client_loops import _context, _mocked, _Session
 
-from client_app import loops
+from client_app import loops, transport
+from client_app.answers import JSON_MAX, AnswerTooLarge
 from client_app.context import ClientResult
 from client_app.secagg_session import SecAggSession
 from client_app.state import ClientState
+from client_app.transport import Transport
 from fedforest_secure.errors import ProtocolError
 from fedforest_secure.protocol import Block, StatKind, Task, TaskKind
 from fedforest_secure.protocol.steps import STEP_JSON_BYTES, join_step
@@ -107,3 +109,57 @@ def test_task_bytes_that_do_not_match_the_steps_digest_are_refused(tmp_path: Pat
 def test_a_step_answer_whose_header_does_not_split_it_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ProtocolError, match="does not leave a task"):
         _run(tmp_path, "bad_header")
+
+
+def _step_answer(body: bytes, headers: dict[str, str]) -> Transport:
+    """A site's transport (``step_wait`` on) whose step POSTs are answered ``body``."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers=headers)
+    tr = _mocked(answer, Path("."))[0]
+    tr.step_wait = 10.0
+    return tr
+
+
+def _post_step(tr: Transport) -> httpx.Response:
+    return tr.request("POST", f"/v1/jobs/{JOB}/rounds/0/secagg/signature", content=b"{}",
+                      content_type="application/json")
+
+
+def _padded(n: int) -> bytes:
+    """A step answer's JSON of ``n`` bytes."""
+    head = b'{"accepted":"signature","pad":"'
+    return head + b"x" * (n - len(head) - 2) + b'"}'
+
+
+def test_a_step_answer_without_the_header_is_json_of_at_most_the_json_limit() -> None:
+    text = _padded(JSON_MAX + 1)
+    with pytest.raises(AnswerTooLarge, match="announces"):  # refused unread
+        _post_step(_step_answer(text, {}))
+
+
+def test_the_json_of_a_split_step_answer_is_at_most_the_json_limit() -> None:
+    body, headers = join_step(_padded(JSON_MAX + 1), b"t")
+    with pytest.raises(AnswerTooLarge, match="the JSON of the server's step answer"):
+        _post_step(_step_answer(body, headers))
+
+
+def test_the_task_of_a_split_step_answer_is_at_most_a_tasks_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "TASK_MAX", 1000)
+    text = json.dumps({"accepted": "unmask", "next": _step(1, "00" * 32)}).encode()
+    body, headers = join_step(text, b"t" * 1001)
+    with pytest.raises(AnswerTooLarge, match="the task of the server's step answer"):
+        _post_step(_step_answer(body, headers))
+    body, headers = join_step(text, b"t" * 1000)  # at the limit: taken
+    tr = _step_answer(body, headers)
+    _post_step(tr)
+    assert tr.take_next_step() is not None and tr.take_step_task() == b"t" * 1000
+
+
+def test_a_split_step_answer_is_handed_on_as_its_json_alone() -> None:
+    text = json.dumps({"accepted": "unmask", "next": _step(1, "00" * 32)}).encode()
+    resp = _post_step(_step_answer(*join_step(text, b"task bytes")))
+    assert resp.content == text
+    assert resp.headers["content-length"] == str(len(text))
+    assert resp.headers["content-type"] == "application/json"
+    assert STEP_JSON_BYTES not in resp.headers
