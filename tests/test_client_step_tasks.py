@@ -30,9 +30,9 @@ JOB = "job-r"
 HEAD = "ab" * 32
 
 
-def _task(r: int) -> bytes:
+def _task(r: int, job: str = JOB) -> bytes:
     layout = (Block("totals", (2, 3), (StatKind.COUNT, StatKind.SUM, StatKind.SUMSQ)),)
-    return Task(job_id=JOB, round_id=r, kind=TaskKind.HISTOGRAM, level=r,
+    return Task(job_id=job, round_id=r, kind=TaskKind.HISTOGRAM, level=r,
                 params={"nodes": [0, 1]}, layout=layout).to_bytes()
 
 
@@ -44,10 +44,18 @@ def _step(r: int, digest: str) -> dict[str, Any]:
 def _run(tmp_path: Path, attach: str) -> tuple[ClientResult, list[str], list[str]]:
     """Round 0 from ``GET /secagg``; its upload's answer brings round 1's step with, by
     ``attach``: its task (``"task"``), other bytes (``"altered"``), a header that does not
-    split the body (``"bad_header"``), or nothing (``"none"``). Returns the result, the
-    paths asked and the query of the upload POSTs."""
+    split the body (``"bad_header"``), nothing (``"none"``), or, with their own digest in
+    the step, round 0's task (``"other_round"``) or another job's round 1 task
+    (``"other_job"``). Returns the result, the paths asked and the query of the upload
+    POSTs; a second upload of a round is refused (409), so a client that answers a task of
+    another round again ends at once."""
     tasks = {r: _task(r) for r in (0, 1)}
     digests = {r: hashlib.sha256(b).hexdigest() for r, b in tasks.items()}
+    if attach == "other_round":
+        tasks[1], digests[1] = tasks[0], digests[0]
+    elif attach == "other_job":
+        tasks[1] = _task(1, "job-other")
+        digests[1] = hashlib.sha256(tasks[1]).hexdigest()
     asked: list[str] = []
     queries: list[str] = []
 
@@ -60,6 +68,8 @@ def _run(tmp_path: Path, attach: str) -> tuple[ClientResult, list[str], list[str
             if path == f"/v1/jobs/{JOB}/rounds/{r}/task":
                 return httpx.Response(200, content=tasks[r])
         if path.endswith("/upload"):
+            if path in asked[:-1]:
+                return httpx.Response(409, json={"error": "conflict", "detail": "uploaded"})
             queries.append(request.url.query.decode())
             r = int(path.split("/")[-2])
             if r == 1:
@@ -104,6 +114,13 @@ def test_a_step_without_its_task_has_it_fetched(tmp_path: Path) -> None:
 def test_task_bytes_that_do_not_match_the_steps_digest_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ProtocolError, match="does not match its announced digest"):
         _run(tmp_path, "altered")
+
+
+@pytest.mark.parametrize("attach", ["other_round", "other_job"])
+def test_a_task_of_another_round_or_job_that_came_with_a_step_is_refused(
+        tmp_path: Path, attach: str) -> None:
+    with pytest.raises(ProtocolError, match="a task of another job or round"):
+        _run(tmp_path, attach)
 
 
 def test_a_step_answer_whose_header_does_not_split_it_is_refused(tmp_path: Path) -> None:
