@@ -14,7 +14,7 @@ from test_server_secagg_api import K, _env, all_uploaded, h, offer, sign
 
 from fedforest_secure.protocol import Task
 from fedforest_secure.protocol.steps import STEP_JSON_BYTES, split_step
-from fedforest_secure.secagg import UnmaskRequest, parse
+from fedforest_secure.secagg import SurvivorSet, UnmaskRequest, parse
 
 
 @pytest.fixture()
@@ -53,8 +53,19 @@ def test_the_step_of_the_next_round_comes_with_its_task_after_the_json(env: dict
 def test_a_step_of_the_same_round_or_without_with_task_is_json_alone(env: dict) -> None:
     config, sa, task, _ = all_uploaded(env)
     r = task.round_id
-    for k in range(K):
+    for k in range(K - 1):
         assert sign(env, sa, k, r).status_code == 200
+    o = offer(env, K - 1)
+    assert o["action"] == "sign", o
+    signature = sa[K - 1].sign_survivors(parse(SurvivorSet, o["message"])).model_dump_json()
+    # the last signature's next step is this round's unmask: no task comes with it
+    resp = env["http"].post(f"/v1/jobs/job-a/rounds/{r}/secagg/signature?next_wait=5"
+                            "&with_task=true", headers={**h(env, K - 1), "Content-Type":
+                                                        "application/json"},
+                            content=signature.encode())
+    assert resp.status_code == 200 and STEP_JSON_BYTES not in resp.headers
+    nxt = json.loads(resp.content)["next"]
+    assert nxt["action"] == "unmask" and nxt["round_id"] == r
     for k in range(K - 1):  # the round stays open: each next step is this round's
         resp = _unmask(env, sa, k, r, "?with_task=true")
         assert STEP_JSON_BYTES not in resp.headers
