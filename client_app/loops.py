@@ -214,7 +214,10 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: Executor) -> N
     reply: Reply | None = None
     vector: np.ndarray | None = None
     while True:
-        step = parse_as(SecAggStep, tr.take_next_step() or tr.get_json(
+        brought = tr.take_next_step()
+        # the task of a step of the next round may come with it, checked below as a fetched one
+        attached = tr.take_step_task()
+        step = parse_as(SecAggStep, brought or tr.get_json(
             f"/v1/jobs/{job}/secagg", params={"wait": LONG_POLL_S}), "secure-aggregation step")
         status = step.status
         if status in ("done", "failed", "dropped"):
@@ -256,7 +259,8 @@ def secure_steps(ctx: RunContext, session: SecAggSession, sender: Executor) -> N
             result.status, result.detail = "dropped", dropped_detail(job, why, tr)
             return
         if task is None or task.round_id != r:
-            body = tr.request("GET", f"/v1/jobs/{job}/rounds/{r}/task", limit=TASK_MAX).content
+            body = attached if attached is not None else tr.request(
+                "GET", f"/v1/jobs/{job}/rounds/{r}/task", limit=TASK_MAX).content
             digest = hashlib.sha256(body).digest()
             if digest.hex() != step.task_digest:
                 raise ProtocolError(f"round {r}: the task does not match its announced digest")

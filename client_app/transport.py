@@ -30,11 +30,13 @@ import httpx
 from fedforest_secure.errors import FedForestError
 from fedforest_secure.printable import printable
 from fedforest_secure.protocol.api import ErrorBody
+from fedforest_secure.protocol.steps import STEP_JSON_BYTES, WITH_TASK, split_step
 
 from . import stop
 from .answers import (
     ERROR_MAX,
     JSON_MAX,
+    TASK_MAX,
     WINDOW_BYTES,
     WINDOW_S,
     AnswerTooLarge,
@@ -165,6 +167,8 @@ class Transport:
         #: HTTP requests sent (each one a round trip to the server), retries included
         self.requests = 0
         self._next_step: dict[str, Any] | None = None
+        self._next_task: bytes | None = None  # the task after the next step's JSON
+        self._step_task: bytes | None = None  # the task of the step handed over last
         #: each request's timeout while :meth:`brief` (the client's own otherwise)
         self._timeout: httpx.Timeout | None = None
 
@@ -182,9 +186,40 @@ class Transport:
             self.retry_budget_s, self._timeout = saved
 
     def take_next_step(self) -> dict[str, Any] | None:
-        """The next secure-aggregation step the last POST brought back (once), or None."""
+        """The next secure-aggregation step the last POST brought back (once), or None; the
+        task that came with it is :meth:`take_step_task`'s until the next call."""
         out, self._next_step = self._next_step, None
+        self._step_task, self._next_task = self._next_task, None
         return out
+
+    def take_step_task(self) -> bytes | None:
+        """The task bytes that came with the step :meth:`take_next_step` handed over last
+        (once), or None: unchecked, the caller checks them against the step's digest."""
+        out, self._step_task = self._step_task, None
+        return out
+
+    def _keep_next_step(self, resp: httpx.Response, what: str, limit: int) -> httpx.Response:
+        """Keep the next step a step POST's answer brings (and the task after its JSON, if
+        any: :func:`~fedforest_secure.protocol.steps.split_step`); the answer with its JSON
+        alone. A body the header does not split is a :class:`ProtocolError`; a JSON longer
+        than ``limit``, or a task longer than :data:`~.answers.TASK_MAX`, is
+        :class:`AnswerTooLarge`."""
+        text, task = split_step(resp.content, resp.headers.get(STEP_JSON_BYTES))
+        for name, part, most in (("JSON", text, limit), ("task", task or b"", TASK_MAX)):
+            if len(part) > most:
+                raise AnswerTooLarge(f"{what}: the {name} of the server's step answer takes "
+                                     f"{len(part)} bytes; this client reads at most {most}: "
+                                     "refused (a server that sends more is broken or hostile)")
+        self._next_step = _next_of(text)
+        self._next_task = task if self._next_step is not None else None
+        if task is None:
+            return resp
+        # the answer handed on is the JSON alone, and says so
+        headers = [(k, v) for k, v in resp.headers.multi_items() if k.lower() not in (
+            "content-length", "content-type", STEP_JSON_BYTES.lower())]
+        headers.append(("Content-Type", "application/json"))
+        return httpx.Response(resp.status_code, headers=headers, content=text,
+                              request=resp.request, extensions=resp.extensions)
 
     def close(self) -> None:
         self._http.close()
@@ -212,7 +247,8 @@ class Transport:
         step = self.step_wait > 0 and method == "POST" and params is None and bool(
             _STEP_PATH.search(path))
         if step:
-            params = {"next_wait": self.step_wait}
+            # the next step's task may follow its JSON (a step of the next round)
+            params = {"next_wait": self.step_wait, WITH_TASK: "true"}
         if self._timeout is not None:
             timeout, silent_s = self._timeout, float(self._timeout.read or 0.0)
         else:
@@ -226,7 +262,7 @@ class Transport:
             tries += 1
             try:
                 resp = self._answer(method, path, content, headers, params, timeout,
-                                    limit, ok_statuses)
+                                    limit, ok_statuses, with_task=step)
             except httpx.TransportError as exc:
                 if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(
                         exc):
@@ -259,7 +295,7 @@ class Transport:
                         self.on_wait(f"the server at {self.base_url} answers")
                 if resp.status_code in ok_statuses or resp.status_code == 204:
                     if step:
-                        self._next_step = _next_of(resp)
+                        resp = self._keep_next_step(resp, f"{method} {path}", limit)
                     return resp
                 if resp.status_code not in _RETRY_STATUS:
                     try:
@@ -285,13 +321,19 @@ class Transport:
 
     def _answer(self, method: str, path: str, content: bytes | None, headers: dict[str, str],
                 params: dict[str, Any] | None, timeout: httpx.Timeout, limit: int,
-                ok_statuses: tuple[int, ...]) -> httpx.Response:
+                ok_statuses: tuple[int, ...], *, with_task: bool = False) -> httpx.Response:
         """One attempt: the request sent, its answer read whole (:func:`~.answers.read_body`:
         at most ``limit`` bytes of an answer of ``ok_statuses`` or 204, the first
-        :data:`~.answers.ERROR_MAX` of any other)."""
+        :data:`~.answers.ERROR_MAX` of any other). ``with_task``: a step POST's, whose answer
+        may bring a task after its JSON; then one whose head has the
+        :data:`~fedforest_secure.protocol.steps.STEP_JSON_BYTES` header is read up to
+        ``limit`` plus :data:`~.answers.TASK_MAX` bytes (its parts checked by
+        :meth:`_keep_next_step`)."""
         with self._http.stream(method, path, content=body_parts(content), headers=headers,
                                params=params, timeout=timeout) as raw:
             ok = raw.status_code in ok_statuses or raw.status_code == 204
+            if ok and with_task and STEP_JSON_BYTES in raw.headers:
+                limit += TASK_MAX
             brief = self._timeout is not None  # the whole body within its seconds
             body = read_body(raw, f"{method} {path}", limit=limit if ok else ERROR_MAX,
                              window_s=float(timeout.read or 0.0) if brief else self.window_s,
@@ -429,9 +471,9 @@ def _describe(exc: httpx.TransportError) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _next_of(resp: httpx.Response) -> dict[str, Any] | None:
+def _next_of(content: bytes) -> dict[str, Any] | None:
     try:
-        body = json.loads(resp.content)
+        body = json.loads(content)
     except (ValueError, RecursionError):
         return None
     nxt = body.get("next") if isinstance(body, dict) else None

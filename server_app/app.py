@@ -49,6 +49,7 @@ from pathlib import Path as FsPath
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
@@ -66,6 +67,7 @@ from fedforest_secure.protocol.api import (
     Me,
     RefuseBody,
 )
+from fedforest_secure.protocol.steps import join_step
 from fedforest_secure.secagg.directory import Certification
 
 from . import __version__
@@ -365,19 +367,36 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         return bytes(body)
 
     for _kind in ("advert", "shares", "signature", "unmask"):
-        def _make(kind: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+        def _make(kind: str) -> Callable[..., Awaitable[dict[str, Any] | Response]]:
             async def post_secagg(job_id: JobId, round_id: RoundId, request: Request,
-                                  c: Client, next_wait: Wait = 0.0) -> dict[str, Any]:
+                                  c: Client, next_wait: Wait = 0.0, with_task: bool = False
+                                  ) -> dict[str, Any] | Response:
                 body = await _json_body(request)
                 out: dict[str, Any] = await run_in_threadpool(st.secagg_message, c, job_id,
                                                               round_id, kind, body)
                 if next_wait > 0:  # answer with the next step too: one request less
                     out["next"] = await _secagg_offer(c, job_id, next_wait)
-                return out
+                return _with_task(out, job_id, round_id) if with_task else out
             post_secagg.__name__ = f"post_secagg_{kind}"
             return post_secagg
         app.post(f"/v1/jobs/{{job_id}}/rounds/{{round_id}}/secagg/{_kind}",
-                 tags=["secagg"])(_make(_kind))
+                 tags=["secagg"], response_model=None)(_make(_kind))
+
+    def _with_task(out: dict[str, Any], job_id: str, round_id: int) -> dict[str, Any] | Response:
+        """``out`` (a step POST's answer) with the task of its next step after its JSON
+        (:mod:`fedforest_secure.protocol.steps`) when that step is a task of another round
+        than ``round_id``, the open round's (held in memory); ``out`` as is otherwise."""
+        nxt = out.get("next")
+        if not isinstance(nxt, dict) or nxt.get("status") != "task" \
+                or not isinstance(nxt.get("round_id"), int) or nxt["round_id"] == round_id:
+            return out
+        task = st.open_task_bytes(job_id, nxt["round_id"])
+        if task is None:
+            return out
+        text = json.dumps(jsonable_encoder(out), ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode()
+        content, headers = join_step(text, task)
+        return Response(content=content, media_type=OCTET, headers=headers)
 
     @app.post("/v1/jobs/{job_id}/rounds/{round_id}/secagg/refuse", tags=["secagg"])
     async def refuse(job_id: JobId, round_id: RoundId, body: RefuseBody,
@@ -419,11 +438,12 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
         body = await run_in_threadpool(st.task_bytes, c, job_id, round_id)
         return Response(content=body, media_type=OCTET)
 
-    @app.post("/v1/jobs/{job_id}/rounds/{round_id}/upload", tags=["rounds"],
+    @app.post("/v1/jobs/{job_id}/rounds/{round_id}/upload", tags=["rounds"], response_model=None,
               openapi_extra={"requestBody": {"required": True, "content": {OCTET: {
                   "schema": {"type": "string", "format": "binary"}}}}})
     async def upload(job_id: JobId, round_id: RoundId, request: Request, c: Client,
-                     next_wait: Wait = 0.0) -> dict[str, Any]:
+                     next_wait: Wait = 0.0, with_task: bool = False
+                     ) -> dict[str, Any] | Response:
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip() != OCTET:
             raise ApiError(415, "unsupported_media_type", f"uploads are {OCTET}")
@@ -443,7 +463,7 @@ def create_app(db: Database, audit: AuditSink | None = None, *, tick_seconds: fl
                 out["next"] = await _secagg_offer(c, job_id, next_wait)
             except ApiError:
                 pass  # not a secure job: the client asks GET /task as usual
-        return out
+        return _with_task(out, job_id, round_id) if with_task else out
 
     @app.get("/v1/jobs/{job_id}/audit", tags=["jobs"],
              responses={200: {"content": {"application/x-ndjson": {}}}})

@@ -268,6 +268,11 @@ class ServerState:
                                "`fedforest server prune` (the job is finished)")
             return blob
 
+    def open_task_bytes(self, job_id: str, round_id: int) -> bytes | None:
+        """The task bytes of round ``round_id`` if it is the job's open round held in memory
+        (no query: a step answer carries them after its JSON), None otherwise."""
+        return self._task_body(job_id, round_id)
+
     def _task_body(self, job_id: str, round_id: int, rr: RoundRow | None = None
                    ) -> bytes | None:
         """The open round's task bytes from memory (every client gets the same bytes object,

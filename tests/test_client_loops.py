@@ -71,6 +71,16 @@ class _Session:
         return "{}", vector
 
 
+def _context(tr: Transport, log: SiteLog, opts: ClientOptions, state: ClientState,
+             result: ClientResult, progress: Progress) -> _Ctx:
+    """Site ``alice``'s (index 0) run context of job ``JOB``, answering with :class:`_Worker`."""
+    return _Ctx(opts=opts, tr=tr, state=state,
+                config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
+                name="alice", worker=cast(Any, _Worker()), result=result, progress=progress,
+                bar=progress.add_task("job"), log=log, watch=Watch(JOB, log, 0),
+                uploaded_before=False)
+
+
 def _records(receipts: Path) -> list[Any]:
     return [r for _, r in read_receipts(receipts)] if receipts.is_dir() else []
 
@@ -114,11 +124,7 @@ def test_the_upload_is_recorded_in_the_receipts_before_its_request_is_sent(
     tr, log, opts = _mocked(answer, tmp_path)
     result = ClientResult(status="running")
     with Progress(disable=True) as progress:
-        ctx = _Ctx(opts=opts, tr=tr, state=ClientState(tmp_path / "state"),
-                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
-                   name="alice", worker=cast(Any, _Worker()), result=result,
-                   progress=progress, bar=progress.add_task("job"), log=log,
-                   watch=Watch(JOB, log, 0), uploaded_before=False)
+        ctx = _context(tr, log, opts, ClientState(tmp_path / "state"), result, progress)
         if profile == "secure":
             tr.step_wait = 10.0  # the upload's answer brings the next step, as in run_secure
             with ThreadPoolExecutor(max_workers=1) as sender:
@@ -200,11 +206,7 @@ def _open_round(tmp_path: Path, upload_answer: Any) -> tuple[ClientState, Client
     state = ClientState(tmp_path / "state")
     result = ClientResult(status="running")
     with Progress(disable=True) as progress:
-        ctx = _Ctx(opts=opts, tr=tr, state=state,
-                   config=cast(JobConfig, SimpleNamespace(profile={})), job=JOB, index=0,
-                   name="alice", worker=cast(Any, _Worker()), result=result,
-                   progress=progress, bar=progress.add_task("job"), log=log,
-                   watch=Watch(JOB, log, 0), uploaded_before=False)
+        ctx = _context(tr, log, opts, state, result, progress)
         try:
             loops.run_open(ctx)
         finally:

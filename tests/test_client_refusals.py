@@ -47,8 +47,8 @@ def _run_upload_step(error: Exception) -> tuple[list[tuple[int, str, int | None]
         def refuse_round(self, r: int, code: str, accused: int | None = None) -> None:
             refused.append((r, code, accused))
 
-    tr = SimpleNamespace(take_next_step=lambda: step, get_json=None,
-                         request=lambda *a, **k: SimpleNamespace(content=body))
+    tr = SimpleNamespace(take_next_step=lambda: step, take_step_task=lambda: None,
+                         get_json=None, request=lambda *a, **k: SimpleNamespace(content=body))
     result = ClientResult(status="running")
     stream = io.StringIO()
     ctx = SimpleNamespace(tr=tr, job="j", result=result, log=SiteLog(stream=stream),
@@ -110,9 +110,9 @@ def test_a_peer_whose_certified_identity_does_not_check_is_refused_naming_that_p
 
     result = ClientResult(status="running")
     stream = io.StringIO()
-    ctx = SimpleNamespace(tr=SimpleNamespace(take_next_step=lambda: step), job="j",
-                          result=result, log=SiteLog(stream=stream), show=lambda *a: None,
-                          waiting=lambda: None)
+    tr = SimpleNamespace(take_next_step=lambda: step, take_step_task=lambda: None)
+    ctx = SimpleNamespace(tr=tr, job="j", result=result, log=SiteLog(stream=stream),
+                          show=lambda *a: None, waiting=lambda: None)
     with ThreadPoolExecutor(max_workers=1) as sender:
         loops.secure_steps(ctx, Session(), sender)  # type: ignore[arg-type]
     assert refused == [(1, "invalid_message", 2 if in_round else None)]

@@ -83,6 +83,9 @@ class ScriptedTransport:
     def take_next_step(self) -> None:
         return None
 
+    def take_step_task(self) -> None:
+        return None
+
     def brief(self, seconds: float = 5.0) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 

@@ -160,8 +160,8 @@ def test_a_step_post_waits_for_its_next_step_and_the_margin(margin: float) -> No
         finally:
             tr.close()
         assert "value" in out, out
-        assert server.requests == ["POST /v1/jobs/job-a/rounds/2/secagg/shares?next_wait=1.0 "
-                                   "HTTP/1.1"]
+        assert server.requests == ["POST /v1/jobs/job-a/rounds/2/secagg/shares?next_wait=1.0"
+                                   "&with_task=true HTTP/1.1"]
 
 
 def test_a_request_never_answered_says_its_connection_went_silent_and_how_often_it_went(
