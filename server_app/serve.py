@@ -189,6 +189,7 @@ def run_server(settings: ServerSettings, *, insecure_dev: bool = False,
     finally:
         listener.close()
         lease.release()
+        db.dispose()  # the engine's pooled connections closed, not left to the process's end
     if lease.lost is not None:  # an error (exit status 2), though the stop itself went well
         raise lease.lost
     if hung_up:

@@ -56,6 +56,7 @@ def test_members_read_their_jobs_audit_log_and_outsiders_do_not(
         denied = http.get("/v1/jobs/job-a/audit", headers={"Authorization": f"Bearer {outsider}"})
         assert denied.status_code == 404 and denied.json()["error"] == "unknown_job"
         assert http.get("/v1/jobs/job-a/audit").status_code == 401
+    audit.close()  # type: ignore[attr-defined]
     db.dispose()
 
 

@@ -102,8 +102,11 @@ def _env(tmp_path: Path, tiny_parts, job_dir, db_url: str, profile: str,
     state.create_job(load_job_spec(job_toml))
     app = create_app(db, state=state, tick_seconds=3600)
     with TestClient(app) as http:
-        yield {"http": http, "db": db, "tokens": tokens, "parts": parts, "clock": clock,
+        env = {"http": http, "db": db, "tokens": tokens, "parts": parts, "clock": clock,
                "wall": wall or clock, "state": state, "audit": audit}
+        yield env
+    for other in env.get("extra_dbs", []):  # the engines of restart()'s servers
+        other.dispose()
     db.dispose()
 
 
@@ -868,8 +871,6 @@ def test_a_restarted_server_resumes_the_open_secure_round(env: dict, phase: str,
                       ) == [f"{k}.u64" for k in range(K)]
         env["state"].tick()  # the closed round's masked vectors are removed
         assert not (tmp_path / "server.db.spool" / "job-a" / str(r)).exists()
-    for db in env.get("extra_dbs", []):
-        db.dispose()
 
 
 def test_a_retry_after_a_restart_is_idempotent_and_a_changed_message_conflicts(
@@ -896,8 +897,6 @@ def test_a_retry_after_a_restart_is_idempotent_and_a_changed_message_conflicts(
     restart(env)
     assert post_upload(env, 0, r, body).json()["duplicate"] is True
     assert offer(env, 0)["action"] == "wait"  # counted once: nothing more is owed
-    for db in env.get("extra_dbs", []):
-        db.dispose()
 
 
 def test_a_passed_deadline_is_applied_by_the_next_request_without_a_tick(env: dict) -> None:
