@@ -4,11 +4,12 @@ databases on each backend (SQLite files; PostgreSQL in a throwaway cluster, mark
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,29 +98,36 @@ def pg_cluster() -> Iterator[Cluster]:
         cluster.stop()
 
 
-def _open_postgres_connections() -> dict[int, str]:
-    """The psycopg connections of this process still open, by id, with their databases."""
-    import psycopg  # the postgres tests' driver: installed with the development extra
-
-    gc.collect()
-    return {id(c): str(c.info.dbname) for c in gc.get_objects()
-            if isinstance(c, psycopg.Connection) and not c.closed}
-
-
 @pytest.fixture(autouse=True)
 def _no_postgres_connection_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked ``postgres`` closes the database connections it opened in this process:
+    """A test marked ``postgres`` closes the database connections it opens in this process:
     one left open (an audit log or engine never closed) would be deleted open whenever its
     owner goes, psycopg's warning then failing whichever later test of the worker runs
-    (warnings are errors), so it fails its own test's teardown here, naming the databases."""
-    marked = request.node.get_closest_marker("postgres") is not None
-    before = _open_postgres_connections() if marked else {}
-    yield
-    if marked:
-        left = sorted(db for key, db in _open_postgres_connections().items()
-                      if key not in before)
-        if left:
-            pytest.fail(f"connections to {left} left open by {request.node.nodeid}")
+    (warnings are errors), so it fails its own test's teardown here, naming the databases.
+    The connections are those ``psycopg.connect`` made during the test (SQLAlchemy's
+    psycopg dialect connects through it), held by weak references."""
+    if request.node.get_closest_marker("postgres") is None:
+        yield
+        return
+    import psycopg  # the postgres tests' driver: installed with the development extra
+
+    made: list[weakref.ref[psycopg.Connection[Any]]] = []
+    connect = psycopg.connect
+
+    def recorded(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        conn = connect(*args, **kwargs)
+        made.append(weakref.ref(conn))
+        return conn
+
+    psycopg.connect = recorded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        psycopg.connect = connect  # type: ignore[assignment]
+    left = sorted(str(c.info.dbname) for c in (ref() for ref in made)
+                  if c is not None and not c.closed)
+    if left:
+        pytest.fail(f"connections to {left} left open by {request.node.nodeid}")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
