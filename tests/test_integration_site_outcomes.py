@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 from test_integration_https import (
     Fed,
-    _job_status,
+    freeze_mid_job,
     launch_client,
     launch_server,
     run_job,
     setup_fed,
     stop_all,
-    wait_round,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,15 +87,20 @@ def _break_receipts(fed: Fed, name: str) -> None:
     raise AssertionError(f"could not replace {receipts}")
 
 
-def _run_stopping_one(fed: Fed, n: int,
+def _run_stopping_one(fed: Fed, n: int, who: int,
                       stop: Callable[[list[subprocess.Popen[bytes]]], None]) -> list[int]:
-    """Run the job with ``n`` sites, call ``stop(clients)`` once round 2 is open (to stop one
-    of them), and return every client's exit code."""
+    """Run the job with ``n`` sites, freeze site ``who`` once round 2 is open (the job cannot
+    end without it: :func:`freeze_mid_job`), call ``stop(clients)`` while it is frozen (a
+    signal sent then is delivered as it goes on), let it go on, and return every client's
+    exit code."""
     try:
         launch_server(fed)
         clients = [launch_client(fed, k) for k in range(n)]
-        wait_round(fed, 2)
-        stop(clients)
+        freeze_mid_job(fed, clients[who], 2)
+        try:
+            stop(clients)
+        finally:
+            clients[who].send_signal(signal.SIGCONT)
         return [c.wait(200) for c in clients]
     finally:
         stop_all(fed)
@@ -128,17 +132,11 @@ def test_a_secure_site_that_stops_mid_job_tells_the_server_and_the_others_do_not
         if stop == "receipt_error":
             # frozen while its receipts go (it writes none meanwhile): the job cannot end
             # before the receipt of its next answer, which it cannot write
-            clients[3].send_signal(signal.SIGSTOP)
-            try:
-                st = _job_status(fed.db_url, "job-a")
-                assert st["status"] == "running", f"the job was {st['status']} before the stop"
-                _break_receipts(fed, "client-3")
-            finally:
-                clients[3].send_signal(signal.SIGCONT)
+            _break_receipts(fed, "client-3")
         else:
             clients[3].send_signal(getattr(signal, stop))
 
-    *codes, stopped = _run_stopping_one(fed, 4, stop_client_3)
+    *codes, stopped = _run_stopping_one(fed, 4, 3, stop_client_3)
     log3 = (fed.root / "client-3.log").read_text()
     assert stopped == exit_code and said in log3, log3
     assert codes == [0, 0, 0]
@@ -162,7 +160,7 @@ def test_a_failed_jobs_log_cut_before_its_failure_does_not_verify_against_the_si
     parts, feat = tiny_parts
     fed = setup_fed(tmp_path, parts, feat, job_dir, n_clients=3, deadline=300.0,
                     min_clients=3, profile="secure")
-    _run_stopping_one(fed, 3, lambda clients: clients[2].send_signal(signal.SIGTERM))
+    _run_stopping_one(fed, 3, 2, lambda clients: clients[2].send_signal(signal.SIGTERM))
     receipts = tmp_path / "receipts"
     receipts.mkdir()
     for k in (0, 1):
